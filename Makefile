@@ -1,0 +1,43 @@
+# Two commands: `make run` (set up, start the dashboard) and `make test` (set up, run every test).
+PYTHON ?= python3
+VENV   := .venv
+PORT   ?= 8501
+PIP    := $(VENV)/bin/python -m pip
+CHROMIUM ?= /usr/bin/chromium
+
+.PHONY: run test lint bench clean
+
+$(VENV)/bin/python:
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install --quiet --upgrade pip
+
+$(VENV)/.installed: requirements.txt constraints.txt | $(VENV)/bin/python
+	$(PIP) install -r requirements.txt -c constraints.txt
+	touch $@
+
+$(VENV)/.test-installed: requirements-test.txt $(VENV)/.installed
+	$(PIP) install -r requirements-test.txt -c constraints.txt
+	touch $@
+
+.PHONY: chromium
+chromium:
+	@if [ ! -x "$(CHROMIUM)" ]; then \
+	  echo "installing Debian's chromium for the browser tests"; \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq chromium; \
+	fi
+
+run: $(VENV)/.installed
+	$(VENV)/bin/streamlit run app.py --server.port $(PORT)
+
+test: $(VENV)/.test-installed chromium
+	$(VENV)/bin/python -m pytest
+
+lint: $(VENV)/.test-installed
+	$(VENV)/bin/ruff check .
+
+bench: $(VENV)/.installed
+	@for f in benchmarks/bench_*.py; do echo "== $$f"; $(VENV)/bin/python $$f || exit 1; done
+
+clean:
+	rm -rf $(VENV) .pytest_cache test-artifacts

@@ -1,0 +1,1 @@
+"""Subcommands of ``python -m inspector``; one module per command."""

@@ -1,0 +1,190 @@
+"""Available devices and a tie-preserving, in-place ``move_model``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from .findings import InspectorError
+
+
+@dataclass(frozen=True)
+class DeviceInfo:
+    """One device a model can be loaded onto."""
+
+    name: str            # "cpu", "cuda:0", "mps", "meta"
+    label: str           # for people: "cuda:0 — NVIDIA H200 (130.2 of 139.8 GiB free)"
+    kind: str            # "cpu" | "cuda" | "mps" | "meta"
+    total_bytes: int | None = None
+    free_bytes: int | None = None
+
+
+def _gib(n: int) -> str:
+    return f"{n / 2**30:.1f}"
+
+
+def available_devices() -> list[DeviceInfo]:
+    """cpu, every CUDA device (name, free/total memory), mps where present, and meta.
+
+    >>> [d.name for d in available_devices()][0]
+    'cpu'
+    """
+    out: list[DeviceInfo] = []
+    total = free = None
+    try:
+        import psutil
+
+        vm = psutil.virtual_memory()
+        total, free = int(vm.total), int(vm.available)
+    except ImportError:  # pragma: no cover - psutil ships with streamlit
+        pass
+    cpu_label = "cpu" if total is None else f"cpu ({_gib(free)} of {_gib(total)} GiB free)"
+    out.append(DeviceInfo("cpu", cpu_label, "cpu", total, free))
+    if torch.cuda.is_available():
+        for i in range(torch.cuda.device_count()):
+            free_b, total_b = torch.cuda.mem_get_info(i)
+            name = torch.cuda.get_device_name(i)
+            out.append(DeviceInfo(f"cuda:{i}", f"cuda:{i} — {name} ({_gib(free_b)} of "
+                                  f"{_gib(total_b)} GiB free)", "cuda", int(total_b), int(free_b)))
+    if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
+        out.append(DeviceInfo("mps", "mps (Apple GPU)", "mps"))
+    out.append(DeviceInfo("meta", "meta (structure only, no memory)", "meta"))
+    return out
+
+
+def resolve_device(device: str | torch.device) -> torch.device:
+    """``device`` as a ``torch.device`` that exists here, or an InspectorError listing those that do."""
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError) as exc:
+        raise InspectorError(f"unknown device {device!r}: {exc}. Available devices: "
+                             f"{', '.join(d.name for d in available_devices())}") from None
+    if dev.type == "cuda" and dev.index is None:
+        dev = torch.device("cuda", 0)
+    names = {d.name for d in available_devices()}
+    key = dev.type if dev.type in ("cpu", "meta", "mps") else f"{dev.type}:{dev.index}"
+    if key not in names:
+        raise InspectorError(f"device {str(device)!r} is not available on this machine. "
+                             f"Available devices: {', '.join(sorted(names))}")
+    return dev
+
+
+def _target_dtype(t: torch.Tensor, dtype: torch.dtype | None) -> torch.dtype:
+    # Like nn.Module.to: only floating point and complex tensors change dtype.
+    if dtype is None or not (t.is_floating_point() or t.is_complex()):
+        return t.dtype
+    return dtype
+
+
+def _storage_key(t: torch.Tensor) -> tuple | None:
+    if t.device.type == "meta" or t.is_sparse or t.is_quantized:
+        return None
+    try:
+        return (t.device.type, t.device.index, t.untyped_storage().data_ptr())
+    except (RuntimeError, NotImplementedError):
+        return None
+
+
+def move_model(model: nn.Module, device: str | torch.device | None = None,
+               dtype: torch.dtype | None = None, *, empty: bool = False) -> nn.Module:
+    """Move and/or cast ``model`` in place, keeping every tie.
+
+    One conversion map keyed by tensor identity, and one per storage, is kept for the
+    whole call, so a Parameter held by two modules stays one Parameter, and different
+    tensors over one storage stay over one (new) storage — whatever
+    ``torch.__future__.get_overwrite_module_params_on_conversion()`` says. Gradients move too.
+
+    Args:
+        model: changed in place and returned.
+        device: target device (None keeps each tensor's device).
+        dtype: target floating-point dtype (integer and bool tensors keep theirs).
+        empty: allow moving off the meta device, giving uninitialised tensors.
+
+    >>> from torch import nn
+    >>> m = nn.Sequential(nn.Linear(2, 2, bias=False), nn.Linear(2, 2, bias=False))
+    >>> m[1].weight = m[0].weight
+    >>> _ = move_model(m, dtype=torch.float64)
+    >>> m[0].weight is m[1].weight, m[0].weight.dtype
+    (True, torch.float64)
+    """
+    dev = resolve_device(device) if device is not None else None
+    tensors = [t for _, t in model.named_parameters(remove_duplicate=False)]
+    tensors += [t for _, t in model.named_buffers(remove_duplicate=False)]
+    if dev is not None and dev.type != "meta" and not empty:
+        on_meta = [n for n, t in [*model.named_parameters(), *model.named_buffers()]
+                   if t.device.type == "meta"]
+        if on_meta:
+            raise InspectorError(
+                f"{len(on_meta)} tensors (first: {on_meta[0]}) are on the meta device and hold no "
+                f"data, so they cannot be moved to {dev}. Load real weights (a checkpoint) instead, "
+                "or ask for uninitialised memory with empty=True.")
+    converted = _convert_all(tensors, dev, dtype)
+    with torch.no_grad():
+        for module in model.modules():
+            for name, p in module._parameters.items():
+                if p is None:
+                    continue
+                new = converted[id(p)]
+                if new is not p.data:
+                    grad = p.grad
+                    p.data = new
+                    if grad is not None:
+                        p.grad = grad.to(device=new.device, dtype=new.dtype)
+            for name, b in module._buffers.items():
+                if b is not None:
+                    module._buffers[name] = converted[id(b)]
+    return model
+
+
+def _convert_all(tensors: list[torch.Tensor], dev: torch.device | None,
+                 dtype: torch.dtype | None) -> dict[int, torch.Tensor]:
+    """id(tensor) -> converted data; tensors over one storage stay over one new storage."""
+    by_storage: dict[tuple, list[torch.Tensor]] = {}
+    out: dict[int, torch.Tensor] = {}
+    for t in tensors:
+        if id(t) in out:
+            continue
+        key = _storage_key(t)
+        if key is not None:
+            by_storage.setdefault(key, []).append(t)
+        out[id(t)] = t  # placeholder, replaced below
+    for t in tensors:
+        key = _storage_key(t)
+        if key is not None and len({id(x) for x in by_storage[key]}) > 1:
+            continue
+        out[id(t)] = _convert_one(t, dev, dtype)
+    for key, group in by_storage.items():
+        uniq = {id(x): x for x in group}
+        if len(uniq) > 1:
+            out.update(_convert_shared(list(uniq.values()), dev, dtype))
+    return out
+
+
+def _convert_one(t: torch.Tensor, dev: torch.device | None, dtype: torch.dtype | None) -> torch.Tensor:
+    data = t.data if isinstance(t, nn.Parameter) else t
+    target_dtype = _target_dtype(t, dtype)
+    target_dev = dev if dev is not None else t.device
+    if data.device.type == "meta" and target_dev.type != "meta":
+        return torch.empty_like(data, device=target_dev, dtype=target_dtype)
+    if data.device == target_dev and data.dtype == target_dtype:
+        return data
+    return data.to(device=target_dev, dtype=target_dtype)
+
+
+def _convert_shared(group: list[torch.Tensor], dev: torch.device | None,
+                    dtype: torch.dtype | None) -> dict[int, torch.Tensor]:
+    """Convert one storage once and rebuild every view of it on the new storage."""
+    first = group[0]
+    if any(t.dtype != first.dtype for t in group):  # mixed dtypes over one storage: convert each
+        return {id(t): _convert_one(t, dev, dtype) for t in group}
+    target_dtype = _target_dtype(first, dtype)
+    target_dev = dev if dev is not None else first.device
+    if first.device == target_dev and first.dtype == target_dtype:
+        return {id(t): (t.data if isinstance(t, nn.Parameter) else t) for t in group}
+    storage = first.untyped_storage()
+    n = storage.nbytes() // first.element_size()
+    base = torch.empty(0, dtype=first.dtype, device=first.device).set_(storage, 0, (n,), (1,))
+    new_base = base.to(device=target_dev, dtype=target_dtype)
+    return {id(t): new_base.as_strided(t.shape, t.stride(), t.storage_offset()) for t in group}

@@ -1,0 +1,47 @@
+"""Finding: the one currency every analysis reports problems in."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Literal
+
+Severity = Literal["error", "warning", "info"]
+SEVERITY_ORDER: dict[str, int] = {"error": 0, "warning": 1, "info": 2}
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One thing an analysis found.
+
+    Args:
+        code: short stable identifier, e.g. ``"tie-broken"``.
+        severity: ``"error"``, ``"warning"`` or ``"info"``.
+        where: the tensor or module name it is about ("" for the whole model).
+        message: a sentence for people: what is wrong and what to do.
+
+    >>> Finding("tie-broken", "error", "lm_head.weight", "split").severity
+    'error'
+    """
+
+    code: str
+    severity: Severity
+    where: str
+    message: str
+
+    def __post_init__(self) -> None:
+        if self.severity not in SEVERITY_ORDER:
+            raise ValueError(
+                f"Finding severity must be one of {sorted(SEVERITY_ORDER)}, got {self.severity!r}"
+            )
+
+    def to_dict(self) -> dict[str, str]:
+        return asdict(self)
+
+
+def sort_findings(findings: list[Finding]) -> list[Finding]:
+    """Most severe first; stable within one severity."""
+    return sorted(findings, key=lambda f: SEVERITY_ORDER[f.severity])
+
+
+class InspectorError(ValueError):
+    """A user's mistake: bad input that gets a clear message, never a traceback."""

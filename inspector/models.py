@@ -1,0 +1,355 @@
+"""Model sources -> LoadedModel: samples, Python files, local Hugging Face folders, checkpoints."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import pickle
+import sys
+import threading
+import zipfile
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from .devices import move_model, resolve_device
+from .findings import Finding, InspectorError
+from .locks import model_lock
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+SAMPLE_DIR = PROJECT_ROOT / "sample_models"
+DTYPES: dict[str, torch.dtype] = {
+    "float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
+    "float64": torch.float64,
+}
+
+
+@dataclass
+class LoadedModel:
+    """A model plus what the inspector knows about it.
+
+    ``findings`` holds what loading found (missing or unexpected keys, ties restored...).
+    """
+
+    model: nn.Module
+    name: str
+    source: str
+    device: str = "cpu"
+    dtype: str | None = None
+    checkpoint: str | None = None
+    findings: list[Finding] = field(default_factory=list)
+    inputs_fn: Callable[[int], Any] | None = field(default=None, repr=False)
+    loss_fn: Callable[[Any, Any], torch.Tensor] | None = field(default=None, repr=False)
+
+    @property
+    def lock(self) -> threading.RLock:
+        """The model's lock: hold it for anything that adds hooks or runs forward/backward."""
+        return model_lock(self.model)
+
+    @property
+    def is_meta(self) -> bool:
+        return any(t.device.type == "meta" for t in _tensors(self.model))
+
+    @property
+    def has_loss(self) -> bool:
+        return self.loss_fn is not None
+
+    def example_inputs(self, batch_size: int = 2) -> Any:
+        """Example inputs on the model's device (a tensor, a tuple, or a dict of kwargs)."""
+        if self.inputs_fn is None:
+            raise InspectorError(f"model {self.name!r} has no example inputs; pass inputs explicitly")
+        return to_device(self.inputs_fn(batch_size), self.input_device())
+
+    def input_device(self) -> torch.device:
+        for t in _tensors(self.model):
+            return t.device
+        return torch.device("cpu")
+
+    def loss(self, outputs: Any, inputs: Any) -> torch.Tensor:
+        if self.loss_fn is None:
+            raise InspectorError(f"model {self.name!r} defines no loss; the sample or the file must "
+                                 "provide loss(outputs, inputs)")
+        return self.loss_fn(outputs, inputs)
+
+    def check_runnable(self) -> None:
+        """Raise a clear InspectorError if the model cannot run a forward pass (meta tensors)."""
+        ensure_runnable(self.model, self.name)
+
+
+def _tensors(model: nn.Module):
+    yield from model.parameters()
+    yield from model.buffers()
+
+
+def ensure_runnable(model: nn.Module, name: str = "model") -> None:
+    """Refuse a forward pass on a model whose tensors are on the meta device."""
+    meta = [n for n, t in [*model.named_parameters(), *model.named_buffers()] if t.device.type == "meta"]
+    if meta:
+        raise InspectorError(
+            f"{name} is on the meta device ({len(meta)} tensors, first {meta[0]}): it has a structure "
+            "but no numbers, so it cannot run a forward pass. Structure views (aliases, offsets, "
+            "device maps) work; load it with a checkpoint on a real device to run it.")
+
+
+def to_device(inputs: Any, device: torch.device) -> Any:
+    """Move a tensor, or the tensors inside a tuple/list/dict, to ``device``."""
+    if isinstance(inputs, torch.Tensor):
+        return inputs.to(device)
+    if isinstance(inputs, dict):
+        return {k: to_device(v, device) for k, v in inputs.items()}
+    if isinstance(inputs, (tuple, list)):
+        return type(inputs)(to_device(v, device) for v in inputs)
+    return inputs
+
+
+def call_model(model: nn.Module, inputs: Any) -> Any:
+    """``model(inputs)`` for a tensor, ``model(*inputs)`` for a tuple, ``model(**inputs)`` for a dict."""
+    if isinstance(inputs, dict):
+        return model(**inputs)
+    if isinstance(inputs, (tuple, list)):
+        return model(*inputs)
+    return model(inputs)
+
+
+def allowed_model_dirs() -> list[Path]:
+    """Folders Python model files may be loaded from: sample_models/ and INSPECTOR_MODEL_DIRS."""
+    dirs = [SAMPLE_DIR]
+    for part in os.environ.get("INSPECTOR_MODEL_DIRS", "").split(os.pathsep):
+        if part.strip():
+            dirs.append(Path(part.strip()).expanduser().resolve())
+    return dirs
+
+
+def load_model(source: str, checkpoint: str | os.PathLike | None = None, device: str = "cpu",
+               dtype: str | torch.dtype | None = None) -> LoadedModel:
+    """Build a model from ``source``, apply ``checkpoint``, then move it to ``device``/``dtype``.
+
+    Args:
+        source: ``"sample:<name>"``, ``"path/to/file.py:factory"`` (from an allowed folder) or
+            ``"hf:<local model directory>"``.
+        checkpoint: optional ``.safetensors`` or ``.pt/.pth/.bin`` (``weights_only=True``).
+        device: ``"cpu"``, ``"cuda:N"``, ``"mps"`` or ``"meta"``.
+        dtype: a floating dtype or its name (``"float16"``...), or None to keep the model's.
+
+    Raises:
+        InspectorError: with a message naming the source, file, tensor or device at fault.
+
+    >>> loaded = load_model("sample:tiny-gpt2")
+    >>> sum(p.numel() for p in loaded.model.parameters())
+    4080
+    """
+    dev = resolve_device(device)
+    torch_dtype = parse_dtype(dtype)
+    loaded = _build(source)
+    if checkpoint is not None:
+        loaded.findings += apply_checkpoint(loaded.model, checkpoint)
+        loaded.checkpoint = str(checkpoint)
+    if loaded.is_meta and dev.type != "meta":
+        raise InspectorError(
+            f"{loaded.name} is built on the meta device (structure only, no weights), so it cannot "
+            f"be placed on {dev}. Choose the device 'meta', or give a checkpoint with its weights.")
+    move_model(loaded.model, dev, torch_dtype)
+    loaded.device = str(dev)
+    loaded.dtype = None if torch_dtype is None else str(torch_dtype).removeprefix("torch.")
+    return loaded
+
+
+def parse_dtype(dtype: str | torch.dtype | None) -> torch.dtype | None:
+    if dtype is None or isinstance(dtype, torch.dtype):
+        return dtype
+    key = str(dtype).removeprefix("torch.")
+    if key not in DTYPES:
+        raise InspectorError(f"unknown dtype {dtype!r}; choose one of {', '.join(DTYPES)}")
+    return DTYPES[key]
+
+
+def _build(source: str) -> LoadedModel:
+    if source.startswith("sample:"):
+        return _build_sample(source.removeprefix("sample:"))
+    if source.startswith("hf:"):
+        return _build_hf(source.removeprefix("hf:"))
+    if ".py:" in source:
+        return _build_file(source)
+    raise InspectorError(f"cannot tell what kind of source {source!r} is: use 'sample:<name>', "
+                         "'path/to/file.py:factory' or 'hf:<local model directory>'")
+
+
+def _build_sample(name: str) -> LoadedModel:
+    from sample_models import SAMPLES
+
+    if name not in SAMPLES:
+        raise InspectorError(f"unknown sample {name!r}; known samples: {', '.join(SAMPLES)}")
+    s = SAMPLES[name]
+    return LoadedModel(s.build(), name, f"sample:{name}", inputs_fn=s.example_inputs,
+                       loss_fn=s.loss if s.loss_fn is not None else None)
+
+
+def _build_file(source: str) -> LoadedModel:
+    path_str, _, factory = source.rpartition(":")
+    path = Path(path_str).expanduser()
+    if not path.is_absolute():
+        path = (Path.cwd() / path)
+    path = path.resolve()
+    allowed = allowed_model_dirs()
+    if not any(path.is_relative_to(d) for d in allowed):
+        raise InspectorError(
+            f"{path} is outside the folders model files may be loaded from "
+            f"({', '.join(str(d) for d in allowed)}). Add its folder to INSPECTOR_MODEL_DIRS.")
+    if not path.is_file():
+        raise InspectorError(f"model file {path} does not exist")
+    mod_name = f"_inspector_user_{abs(hash(str(path)))}"
+    try:
+        spec = importlib.util.spec_from_file_location(mod_name, path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[mod_name] = module
+        spec.loader.exec_module(module)
+    except Exception as exc:
+        sys.modules.pop(mod_name, None)
+        raise InspectorError(f"importing {path} failed: {type(exc).__name__}: {exc}") from exc
+    fn = getattr(module, factory, None)
+    if not callable(fn):
+        names = [n for n in dir(module) if callable(getattr(module, n)) and not n.startswith("_")]
+        raise InspectorError(f"{path} has no callable {factory!r}; callables there: {', '.join(names)}")
+    try:
+        model = fn()
+    except Exception as exc:
+        raise InspectorError(f"{path.name}:{factory}() raised {type(exc).__name__}: {exc}") from exc
+    if not isinstance(model, nn.Module):
+        raise InspectorError(f"{path.name}:{factory}() returned {type(model).__name__}, not a torch nn.Module")
+    inputs_fn = getattr(module, "example_inputs", None)
+    loss_fn = getattr(module, "loss", None)
+    return LoadedModel(model, f"{path.stem}:{factory}", source,
+                       inputs_fn=inputs_fn if callable(inputs_fn) else None,
+                       loss_fn=loss_fn if callable(loss_fn) else None)
+
+
+def _build_hf(directory: str) -> LoadedModel:
+    path = Path(directory).expanduser().resolve()
+    if not (path / "config.json").is_file():
+        raise InspectorError(f"{path} is not a Hugging Face model folder (no config.json there)")
+    try:
+        import transformers
+        from transformers import AutoConfig
+
+        config = AutoConfig.from_pretrained(path, local_files_only=True)
+        model = None
+        for auto in (transformers.AutoModelForCausalLM, transformers.AutoModel):
+            try:
+                model = auto.from_pretrained(path, local_files_only=True)
+                break
+            except ValueError:
+                continue
+        if model is None:
+            raise InspectorError(f"transformers has no model class for {path} ({config.model_type})")
+    except InspectorError:
+        raise
+    except Exception as exc:
+        raise InspectorError(f"loading the Hugging Face model in {path} failed: "
+                             f"{type(exc).__name__}: {exc}") from exc
+    model.eval()
+    vocab = getattr(config, "vocab_size", None)
+
+    def inputs_fn(batch_size: int) -> dict[str, torch.Tensor]:
+        gen = torch.Generator().manual_seed(0)
+        return {"input_ids": torch.randint(0, vocab or 2, (batch_size, 8), generator=gen)}
+
+    def loss_fn(outputs: Any, inputs: Any) -> torch.Tensor:
+        logits = outputs.logits if hasattr(outputs, "logits") else outputs[0]
+        ids = inputs["input_ids"]
+        return torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, logits.size(-1)),
+                                                 ids[:, 1:].reshape(-1))
+
+    has_logits = hasattr(model, "lm_head") or hasattr(model, "get_output_embeddings") and \
+        model.get_output_embeddings() is not None
+    return LoadedModel(model, path.name, f"hf:{path}", inputs_fn=inputs_fn if vocab else None,
+                       loss_fn=loss_fn if vocab and has_logits else None)
+
+
+def read_checkpoint(path: str | os.PathLike) -> tuple[dict[str, torch.Tensor], list[Finding]]:
+    """A state dict from a ``.safetensors`` or ``.pt/.pth/.bin`` file; never runs code from it."""
+    path = Path(path)
+    findings: list[Finding] = []
+    if not path.is_file():
+        raise InspectorError(f"checkpoint {path} does not exist")
+    if path.suffix == ".safetensors":
+        from safetensors.torch import load_file
+
+        try:
+            return load_file(str(path)), findings
+        except Exception as exc:
+            raise InspectorError(f"checkpoint {path.name} is not a readable safetensors file "
+                                 f"({type(exc).__name__}: {exc}); re-save it with safetensors") from exc
+    try:
+        obj = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        raise InspectorError(
+            f"checkpoint {path.name} was refused: it holds Python objects that loading would have to "
+            f"run code for, and only plain tensors are accepted (weights_only=True). {first} "
+            "Re-save it as a plain state dict, e.g. with safetensors.") from None
+    except (RuntimeError, EOFError, zipfile.BadZipFile, OSError, ValueError) as exc:
+        raise InspectorError(f"checkpoint {path.name} is corrupt or not a torch file "
+                             f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})") from None
+    if isinstance(obj, dict):
+        for key in ("state_dict", "model_state_dict", "model"):
+            inner = obj.get(key)
+            if isinstance(inner, dict) and inner and all(isinstance(v, torch.Tensor) for v in inner.values()):
+                findings.append(Finding("checkpoint-nested", "info", str(path.name),
+                                        f"used the state dict under key {key!r} of {path.name}"))
+                obj = inner
+                break
+    if not isinstance(obj, dict) or not all(isinstance(k, str) and isinstance(v, torch.Tensor)
+                                            for k, v in obj.items()):
+        raise InspectorError(f"checkpoint {path.name} is not a state dict (a dict of names to tensors); "
+                             f"it holds {type(obj).__name__}")
+    return obj, findings
+
+
+def apply_checkpoint(model: nn.Module, path: str | os.PathLike) -> list[Finding]:
+    """Copy a checkpoint into ``model`` in place, keeping its ties; findings say what happened.
+
+    Missing and unexpected keys become warnings. A key missing only because its tie partner
+    is present (a tied model saved by safetensors keeps one name) is filled through the tie.
+    A shape mismatch raises before anything is copied, so the model is unchanged.
+    """
+    state, findings = read_checkpoint(path)
+    name = Path(path).name
+    own = model.state_dict(keep_vars=True)
+    by_id: dict[int, list[str]] = {}
+    for key, t in own.items():
+        by_id.setdefault(id(t), []).append(key)
+    for key, t in state.items():
+        if key in own and tuple(own[key].shape) != tuple(t.shape):
+            raise InspectorError(f"checkpoint {name}: tensor {key} has shape {tuple(t.shape)} but the "
+                                 f"model expects {tuple(own[key].shape)}; nothing was loaded")
+    missing, restored = [], []
+    for key, t in own.items():
+        if key in state:
+            continue
+        partners = [k for k in by_id[id(t)] if k in state]
+        (restored if partners else missing).append((key, partners))
+    unexpected = [k for k in state if k not in own]
+    for key, partners in restored:
+        findings.append(Finding("tie-restored", "info", key,
+                                f"{key} is not in {name}; it is tied to {partners[0]}, which is, so it "
+                                "shares that value"))
+    for key, _ in missing:
+        findings.append(Finding("missing-key", "warning", key,
+                                f"{key} is not in {name}; it keeps its initial value"))
+    for key in unexpected:
+        findings.append(Finding("unexpected-key", "warning", key,
+                                f"{key} is in {name} but the model has no such tensor; it was ignored"))
+    for ids, keys in by_id.items():
+        present = [k for k in keys if k in state]
+        if len(present) > 1 and any(not torch.equal(state[present[0]], state[k]) for k in present[1:]):
+            findings.append(Finding("tie-conflict", "warning", present[0],
+                                    f"{name} holds different values for the tied names "
+                                    f"{', '.join(present)}; the model keeps one tensor, with the "
+                                    f"value of {present[-1]}"))
+    with torch.no_grad():
+        model.load_state_dict(state, strict=False)
+    return findings

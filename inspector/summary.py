@@ -1,0 +1,104 @@
+"""What a model is made of: modules, parameter elements (unique and with aliases), buffers, bytes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pandas as pd
+from torch import nn
+
+from .findings import Finding
+
+
+@dataclass(frozen=True)
+class ModelSummary:
+    """Counts for the home page, the ``summary`` command and reports.
+
+    ``parameter_elements`` counts each Parameter object once (what ``parameters()`` yields);
+    ``parameter_elements_with_aliases`` counts every name (``remove_duplicate=False``).
+    """
+
+    modules: int
+    parameters: int
+    parameter_names: int
+    parameter_elements: int
+    parameter_elements_with_aliases: int
+    trainable_elements: int
+    frozen_elements: int
+    buffers: int
+    buffer_elements: int
+    bytes_table: pd.DataFrame = field(repr=False)  # columns: kind, dtype, device, tensors, elements, bytes
+
+    @property
+    def aliased_elements(self) -> int:
+        return self.parameter_elements_with_aliases - self.parameter_elements
+
+    def as_dict(self) -> dict:
+        return {
+            "modules": self.modules, "parameters": self.parameters,
+            "parameter_names": self.parameter_names,
+            "parameter_elements": self.parameter_elements,
+            "parameter_elements_with_aliases": self.parameter_elements_with_aliases,
+            "aliased_elements": self.aliased_elements,
+            "trainable_elements": self.trainable_elements, "frozen_elements": self.frozen_elements,
+            "buffers": self.buffers, "buffer_elements": self.buffer_elements,
+            "bytes": self.bytes_table.to_dict(orient="records"),
+        }
+
+
+def model_summary(model: nn.Module) -> ModelSummary:
+    """Count a model's modules, parameters and buffers; metadata only, works on meta.
+
+    >>> from torch import nn
+    >>> m = nn.Sequential(nn.Linear(2, 2, bias=False), nn.Linear(2, 2, bias=False))
+    >>> m[1].weight = m[0].weight
+    >>> s = model_summary(m)
+    >>> s.parameter_elements, s.parameter_elements_with_aliases
+    (4, 8)
+    """
+    params = list(model.parameters())
+    names = list(model.named_parameters(remove_duplicate=False))
+    buffers = list(model.buffers())
+    rows: dict[tuple[str, str, str], list[int]] = {}
+    for kind, tensors in (("parameter", params), ("buffer", buffers)):
+        for t in tensors:
+            row = rows.setdefault((kind, str(t.dtype).removeprefix("torch."), str(t.device)), [0, 0, 0])
+            row[0] += 1
+            row[1] += t.numel()
+            row[2] += t.numel() * t.element_size()
+    table = pd.DataFrame([(k, d, dev, n, e, b) for (k, d, dev), (n, e, b) in rows.items()],
+                         columns=["kind", "dtype", "device", "tensors", "elements", "bytes"])
+    trainable = sum(p.numel() for p in params if p.requires_grad)
+    total = sum(p.numel() for p in params)
+    return ModelSummary(
+        modules=sum(1 for _ in model.modules()),
+        parameters=len(params),
+        parameter_names=len(names),
+        parameter_elements=total,
+        parameter_elements_with_aliases=sum(p.numel() for _, p in names),
+        trainable_elements=trainable,
+        frozen_elements=total - trainable,
+        buffers=len(buffers),
+        buffer_elements=sum(b.numel() for b in buffers),
+        bytes_table=table,
+    )
+
+
+def format_bytes(n: float) -> str:
+    """1536 -> '1.5 KiB'."""
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"
+
+
+def summary_findings(summary: ModelSummary) -> list[Finding]:
+    """Information worth a line on the home page."""
+    out = []
+    if summary.aliased_elements:
+        out.append(Finding("aliases-present", "info", "",
+                           f"{summary.parameter_names - summary.parameters} parameter names are aliases of "
+                           f"another name; parameters() counts {summary.parameter_elements} elements, "
+                           f"{summary.parameter_elements_with_aliases} if every name were counted"))
+    return out
