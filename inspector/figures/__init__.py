@@ -1,0 +1,1 @@
+"""Plotly figure builders, one module per view: data in, go.Figure out."""
