@@ -1,0 +1,588 @@
+"""Reports: every analysis of one model in one document, as JSON, HTML, Markdown or PDF.
+
+``build_report`` runs the same public functions the dashboard and the command line run
+(summary, alias groups, offsets, placement, captures, attributions, labs) and keeps what
+they return as plain data: tables, plotly figures and findings. A section whose analysis
+is not installed, or that cannot run on this model (a forward pass on the meta device),
+is kept with ``status`` ``"skipped"`` and a note saying why; the report never stops there.
+
+The JSON form is the source of truth: ``Report.from_json(report.to_json())`` gives the
+same report back, and the HTML and Markdown forms are rendered from the same data.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import importlib
+import json
+import math
+import os
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from torch import nn
+
+from .findings import SEVERITY_ORDER, Finding, InspectorError
+
+SCHEMA_VERSION = "1.0"
+SCHEMA_PATH = Path(__file__).with_name("report_schema.json")
+TEMPLATE_DIR = Path(__file__).with_name("templates")
+CHROMIUM = "/usr/bin/chromium"
+
+SECTION_TITLES: dict[str, str] = {
+    "findings": "Findings",
+    "summary": "Summary",
+    "aliases": "Alias groups and conversions",
+    "offsets": "Flat offsets and gradient norms",
+    "placement": "Device map: plan and audit",
+    "captures": "Activation captures",
+    "attribution": "Attributions",
+    "labs": "Lab results",
+}
+SECTIONS: tuple[str, ...] = tuple(SECTION_TITLES)
+
+#: Options ``build_report`` understands, with their defaults; every report records them all.
+DEFAULT_OPTIONS: dict[str, Any] = {
+    "batch_size": 2,          # example inputs for captures, attributions and backward passes
+    "backward": False,        # run one backward pass for gradient norms when none exist yet
+    "max_memory": None,       # {device: bytes} budget for the device-map plan (None: a default split)
+    "max_rows": 60,           # rows per table in Markdown (JSON and HTML keep every row)
+}
+
+Progress = Callable[[str], None]
+
+
+# ---------------------------------------------------------------------------- data
+
+
+@dataclass(frozen=True)
+class Table:
+    """A titled table of plain JSON values (str, int, float, bool, None, lists of those)."""
+
+    title: str
+    columns: tuple[str, ...]
+    rows: tuple[tuple[Any, ...], ...]
+    note: str = ""
+
+    @classmethod
+    def from_frame(cls, title: str, df: pd.DataFrame, note: str = "") -> Table:
+        """A table from a DataFrame (its index is dropped; values made JSON-safe)."""
+        columns = tuple(str(c) for c in df.columns)
+        rows = tuple(tuple(plain(v) for v in row) for row in df.itertuples(index=False, name=None))
+        return cls(title, columns, rows, note)
+
+    @classmethod
+    def from_mapping(cls, title: str, data: Mapping[str, Any], note: str = "") -> Table:
+        """A two-column ``key, value`` table."""
+        return cls(title, ("key", "value"), tuple((str(k), plain(v)) for k, v in data.items()), note)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"title": self.title, "columns": list(self.columns),
+                "rows": [list(r) for r in self.rows], "note": self.note}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Table:
+        return cls(d["title"], tuple(d["columns"]), tuple(tuple(r) for r in d["rows"]), d.get("note", ""))
+
+
+@dataclass(frozen=True)
+class ReportFigure:
+    """An interactive plotly figure (as plain JSON) plus the table that summarises it."""
+
+    title: str
+    figure: dict[str, Any] = field(hash=False)
+    summary: Table
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"title": self.title, "figure": self.figure, "summary": self.summary.to_dict()}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> ReportFigure:
+        return cls(d["title"], d["figure"], Table.from_dict(d["summary"]))
+
+
+@dataclass(frozen=True)
+class Section:
+    """One part of a report; ``status`` is ``"ok"``, ``"skipped"`` (with a note why) or ``"error"``."""
+
+    id: str
+    title: str
+    status: str = "ok"
+    note: str = ""
+    facts: dict[str, Any] = field(default_factory=dict, hash=False)
+    tables: tuple[Table, ...] = ()
+    figures: tuple[ReportFigure, ...] = ()
+    findings: tuple[Finding, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"id": self.id, "title": self.title, "status": self.status, "note": self.note,
+                "facts": dict(self.facts), "tables": [t.to_dict() for t in self.tables],
+                "figures": [f.to_dict() for f in self.figures]}
+
+
+@dataclass(frozen=True)
+class Report:
+    """What ``build_report`` found; render it with ``to_json``, ``to_html``, ``to_markdown``, ``to_pdf``.
+
+    ``findings`` lists every section's findings, most severe first, each with its section id.
+    """
+
+    model: dict[str, Any] = field(hash=False)
+    options: dict[str, Any] = field(hash=False)
+    sections: tuple[Section, ...]
+    created: str
+    environment: dict[str, Any] = field(default_factory=dict, hash=False)
+    schema_version: str = SCHEMA_VERSION
+
+    @property
+    def findings(self) -> list[tuple[str, Finding]]:
+        """``(section id, finding)`` pairs, most severe first, in section order within a severity."""
+        pairs = [(s.id, f) for s in self.sections for f in s.findings]
+        return sorted(pairs, key=lambda p: SEVERITY_ORDER[p[1].severity])
+
+    def section(self, section_id: str) -> Section:
+        for s in self.sections:
+            if s.id == section_id:
+                return s
+        raise KeyError(f"this report has no section {section_id!r}; it has "
+                       f"{', '.join(s.id for s in self.sections)}")
+
+    # -- JSON -------------------------------------------------------------------------
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "schema_version": self.schema_version,
+            "created": self.created,
+            "model": dict(self.model),
+            "options": dict(self.options),
+            "environment": dict(self.environment),
+            "findings": [{**f.to_dict(), "section": sid} for sid, f in self.findings],
+            "sections": [s.to_dict() for s in self.sections],
+        }
+
+    def to_json(self, indent: int | None = 1) -> str:
+        """Every table, figure and finding as JSON with sorted keys: two reports diff cleanly."""
+        return json.dumps(self.to_dict(), indent=indent, sort_keys=True, ensure_ascii=False,
+                          allow_nan=False)
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Report:
+        if str(d.get("schema_version", "")).split(".")[0] != SCHEMA_VERSION.split(".")[0]:
+            raise InspectorError(f"report schema version {d.get('schema_version')!r} is not supported; "
+                                 f"this inspector reads version {SCHEMA_VERSION}")
+        by_section: dict[str, list[Finding]] = {}
+        for f in d.get("findings", []):
+            by_section.setdefault(f["section"], []).append(
+                Finding(f["code"], f["severity"], f["where"], f["message"]))
+        sections = tuple(
+            Section(s["id"], s["title"], s["status"], s.get("note", ""), dict(s.get("facts", {})),
+                    tuple(Table.from_dict(t) for t in s.get("tables", [])),
+                    tuple(ReportFigure.from_dict(f) for f in s.get("figures", [])),
+                    tuple(by_section.get(s["id"], [])))
+            for s in d["sections"])
+        return cls(dict(d["model"]), dict(d["options"]), sections, d["created"],
+                   dict(d.get("environment", {})), d["schema_version"])
+
+    @classmethod
+    def from_json(cls, text: str) -> Report:
+        """The report a ``to_json`` text describes.
+
+        >>> r = Report({"name": "m"}, {}, (Section("summary", "Summary"),), "2024-01-01T00:00:00+00:00")
+        >>> Report.from_json(r.to_json()) == r
+        True
+        """
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise InspectorError(f"not a report: the text is not JSON ({exc})") from None
+        return cls.from_dict(data)
+
+    # -- HTML / Markdown / PDF ----------------------------------------------------------
+
+    def to_html(self) -> str:
+        """One self-contained HTML file: plotly.js inlined once, every figure interactive, offline."""
+        return render_html(self)
+
+    def to_markdown(self) -> str:
+        """Headings and pipe tables for an issue tracker; figures appear as their summary tables."""
+        return render_markdown(self)
+
+    def to_pdf(self, path: str | os.PathLike, chromium: str = CHROMIUM, timeout: float = 120) -> Path:
+        """Print the HTML form to ``path`` with headless Chromium; returns the path."""
+        return render_pdf(self, path, chromium=chromium, timeout=timeout)
+
+
+# --------------------------------------------------------------------------- values
+
+
+def plain(value: Any) -> Any:
+    """A JSON-safe, stable form of ``value``: floats to 8 significant digits, NaN/inf as strings.
+
+    >>> plain(np.float32(0.1)), plain(float("nan")), plain((2, np.int64(3)))
+    (0.1, 'nan', [2, 3])
+    """
+    if value is None or isinstance(value, (bool, str)):
+        return value
+    if isinstance(value, np.bool_):
+        return bool(value)
+    if isinstance(value, (int, np.integer)):
+        return int(value)
+    if isinstance(value, (float, np.floating)):
+        x = float(value)
+        if math.isnan(x):
+            return "nan"
+        if math.isinf(x):
+            return "inf" if x > 0 else "-inf"
+        return float(f"{x:.8g}")
+    if isinstance(value, np.ndarray):
+        return [plain(v) for v in value.tolist()]
+    if isinstance(value, Mapping):
+        return {str(k): plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple, set, frozenset)):
+        items = sorted(value, key=str) if isinstance(value, (set, frozenset)) else value
+        return [plain(v) for v in items]
+    if value is pd.NA or value is pd.NaT:
+        return None
+    if hasattr(value, "tolist") and callable(value.tolist):  # torch tensors and sizes, numpy scalars
+        try:
+            return plain(value.tolist())
+        except (TypeError, ValueError, RuntimeError):
+            pass
+    return str(value)
+
+
+def _decode_arrays(obj: Any) -> Any:
+    """Plotly's ``{"dtype", "bdata"}`` typed arrays decoded to lists, everything made plain."""
+    if isinstance(obj, Mapping):
+        if "bdata" in obj and "dtype" in obj:
+            arr = np.frombuffer(base64.b64decode(obj["bdata"]), dtype=np.dtype(obj["dtype"]))
+            shape = obj.get("shape")
+            if shape:
+                dims = [int(s) for s in str(shape).split(",")] if isinstance(shape, str) else list(shape)
+                arr = arr.reshape(dims)
+            return plain(arr)
+        return {str(k): _decode_arrays(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_decode_arrays(v) for v in obj]
+    return plain(obj)
+
+
+def figure_data(fig: Any) -> dict[str, Any]:
+    """A plotly figure as plain JSON (lists, not base64 typed arrays)."""
+    raw = fig.to_plotly_json() if hasattr(fig, "to_plotly_json") else dict(fig)
+    return _decode_arrays({"data": raw.get("data", []), "layout": raw.get("layout", {})})
+
+
+def trace_summary(figure: Mapping[str, Any], title: str = "") -> Table:
+    """One row per trace: its name, type, number of points and the range of its values."""
+    rows = []
+    for i, trace in enumerate(figure.get("data", [])):
+        values = trace.get("y") if trace.get("orientation") != "h" else trace.get("x")
+        if values is None:
+            values = trace.get("z", trace.get("values", trace.get("x", [])))
+        flat = list(_flatten(values))
+        nums = [v for v in flat if isinstance(v, (int, float)) and not isinstance(v, bool)]
+        rows.append((trace.get("name") or f"trace {i}", trace.get("type", "scatter"), len(flat),
+                     plain(min(nums)) if nums else None, plain(max(nums)) if nums else None))
+    return Table(title or "figure", ("trace", "type", "points", "min", "max"), tuple(rows))
+
+
+def _flatten(values: Any) -> Iterable[Any]:
+    if isinstance(values, (list, tuple)):
+        for v in values:
+            yield from _flatten(v)
+    elif values is not None:
+        yield values
+
+
+def make_figure(title: str, fig: Any, summary: Table | pd.DataFrame | None = None) -> ReportFigure:
+    """A report figure from a plotly figure; ``summary`` is the table Markdown shows instead."""
+    data = figure_data(fig)
+    if isinstance(summary, pd.DataFrame):
+        summary = Table.from_frame(title, summary)
+    return ReportFigure(title, data, summary if summary is not None else trace_summary(data, title))
+
+
+# ------------------------------------------------------------------------- building
+
+
+class SectionUnavailable(Exception):
+    """A section cannot be built here; the message says why. It becomes a skipped section."""
+
+
+def need(module: str, *names: str) -> Any:
+    """``inspector.<module>`` or the named attributes of it; SectionUnavailable if missing."""
+    try:
+        mod = importlib.import_module(f"{__package__}.{module}")
+    except ImportError as exc:
+        raise SectionUnavailable(f"inspector.{module} is not available ({exc})") from None
+    if not names:
+        return mod
+    missing = [n for n in names if not hasattr(mod, n)]
+    if missing:
+        raise SectionUnavailable(f"inspector.{module} has no {', '.join(missing)}")
+    values = tuple(getattr(mod, n) for n in names)
+    return values[0] if len(values) == 1 else values
+
+
+@dataclass
+class Context:
+    """What section builders share: the loaded model, the options and results worth reusing."""
+
+    loaded: Any
+    options: dict[str, Any]
+    progress: Progress
+    cache: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def model(self) -> nn.Module:
+        return self.loaded.model
+
+
+SectionBuilder = Callable[[Context], Section]
+_BUILDERS: dict[str, SectionBuilder] = {}
+
+
+def section_builder(section_id: str) -> Callable[[SectionBuilder], SectionBuilder]:
+    def register(fn: SectionBuilder) -> SectionBuilder:
+        _BUILDERS[section_id] = fn
+        return fn
+    return register
+
+
+def build_report(loaded: Any, sections: Iterable[str] | None = None, *,
+                 progress: Progress | None = None, **options: Any) -> Report:
+    """Run the analyses of ``sections`` (default: all) on a loaded model and keep the results.
+
+    Args:
+        loaded: a ``LoadedModel`` (from ``load_model``).
+        sections: ids from ``SECTIONS``; ``None`` for all of them. ``"findings"`` is always
+            included, first (it lists the other sections' findings, most severe first).
+        progress: called with a line of text before each section (the CLI prints it).
+        **options: see ``DEFAULT_OPTIONS`` (``batch_size``, ``backward``, ``max_memory``,
+            ``max_rows``); unknown names raise InspectorError.
+
+    Returns:
+        A Report. Sections that cannot run here are kept as ``"skipped"`` with a note.
+
+    >>> from inspector.models import load_model
+    >>> report = build_report(load_model("sample:tiny-gpt2"), ["summary"])
+    >>> report.section("summary").facts["parameter_elements"]
+    4080
+    """
+    wanted = list(SECTIONS) if sections is None else list(dict.fromkeys(sections))
+    unknown = [s for s in wanted if s not in SECTION_TITLES]
+    if unknown:
+        raise InspectorError(f"unknown report section(s) {', '.join(map(repr, unknown))}; "
+                             f"choose from {', '.join(SECTIONS)}")
+    bad = sorted(set(options) - set(DEFAULT_OPTIONS))
+    if bad:
+        raise InspectorError(f"unknown report option(s) {', '.join(bad)}; known options: "
+                             f"{', '.join(DEFAULT_OPTIONS)}")
+    opts = {**DEFAULT_OPTIONS, **options}
+    if "findings" not in wanted:
+        wanted.insert(0, "findings")
+    ctx = Context(loaded, opts, progress or (lambda _msg: None))
+    built = []
+    for sid in [s for s in SECTIONS if s in wanted]:
+        if sid == "findings":
+            built.append(Section("findings", SECTION_TITLES["findings"]))
+            continue
+        ctx.progress(f"report section {sid}: {SECTION_TITLES[sid].lower()}")
+        built.append(_run_builder(sid, ctx))
+    return Report(model=_model_info(loaded), options=plain(opts), sections=tuple(built),
+                  created=datetime.now(UTC).isoformat(timespec="seconds"),
+                  environment=_environment())
+
+
+def _run_builder(sid: str, ctx: Context) -> Section:
+    title = SECTION_TITLES[sid]
+    builder = _BUILDERS.get(sid)
+    if builder is None:
+        return Section(sid, title, "skipped", "this section has no builder in this installation")
+    try:
+        return builder(ctx)
+    except SectionUnavailable as exc:
+        return Section(sid, title, "skipped", str(exc))
+    except InspectorError as exc:
+        return Section(sid, title, "skipped", str(exc))
+    except Exception as exc:  # noqa: BLE001 - one failed analysis must not lose the whole report
+        message = f"{type(exc).__name__}: {exc}"
+        return Section(sid, title, "error", message,
+                       findings=(Finding("report-section-failed", "error", "",
+                                         f"the {title.lower()} section failed: {message}"),))
+
+
+def _model_info(loaded: Any) -> dict[str, Any]:
+    return {"name": str(loaded.name), "source": str(loaded.source), "device": str(loaded.device),
+            "dtype": loaded.dtype, "checkpoint": None if loaded.checkpoint is None else
+            Path(loaded.checkpoint).name, "class": type(loaded.model).__name__}
+
+
+def _environment() -> dict[str, Any]:
+    import torch
+
+    from . import __version__
+    return {"inspector": __version__, "torch": torch.__version__.split("+")[0]}
+
+
+# ------------------------------------------------------------------------- sections
+
+
+@section_builder("summary")
+def _summary_section(ctx: Context) -> Section:
+    model_summary, summary_findings = need("summary", "model_summary", "summary_findings")
+    s = model_summary(ctx.model)
+    facts = {k: v for k, v in s.as_dict().items() if k != "bytes"}
+    findings = [*ctx.loaded.findings, *summary_findings(s)]
+    return Section("summary", SECTION_TITLES["summary"], facts=plain(facts),
+                   tables=(Table.from_frame("Bytes by kind, dtype and device", s.bytes_table),),
+                   findings=tuple(findings))
+
+
+# ------------------------------------------------------------------------- rendering
+
+
+def _environment_jinja():
+    import jinja2
+
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATE_DIR)), autoescape=True,
+                             undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
+    env.filters["cell"] = display_value
+    return env
+
+
+def display_value(value: Any) -> str:
+    """How a table cell reads for people: lists joined by commas, None as empty."""
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, list):
+        return ", ".join(display_value(v) for v in value)
+    if isinstance(value, float):
+        return f"{value:.6g}"
+    if isinstance(value, dict):
+        return ", ".join(f"{k}: {display_value(v)}" for k, v in value.items())
+    return str(value)
+
+
+def _script_json(data: Any) -> str:
+    """JSON safe inside a <script> element: no '<', '>' or '&' characters left."""
+    text = json.dumps(data, sort_keys=True, ensure_ascii=True, allow_nan=False, separators=(",", ":"))
+    return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+
+
+def render_html(report: Report) -> str:
+    """The report as one offline HTML file; every name passes through jinja2's autoescape."""
+    import markupsafe
+    from plotly.offline import get_plotlyjs
+
+    figures = []
+    for s in report.sections:
+        for i, f in enumerate(s.figures):
+            figures.append({"id": f"fig-{s.id}-{i}", "data": f.figure.get("data", []),
+                            "layout": f.figure.get("layout", {})})
+    template = _environment_jinja().get_template("report.html.j2")
+    return template.render(
+        report=report, findings=report.findings, titles=SECTION_TITLES,
+        figure_count=len(figures),
+        plotlyjs=markupsafe.Markup(get_plotlyjs()) if figures else "",
+        figures_json=markupsafe.Markup(_script_json(figures)),
+    )
+
+
+def _md(value: Any) -> str:
+    """Text for Markdown: HTML escaped (so names render as text), pipes and newlines made safe."""
+    text = html.escape(display_value(value), quote=False)
+    return text.replace("|", "\\|").replace("\r", " ").replace("\n", " ")
+
+
+def _md_table(table: Table, max_rows: int) -> list[str]:
+    if not table.columns:
+        return []
+    lines = ["| " + " | ".join(_md(c) for c in table.columns) + " |",
+             "|" + "|".join(" --- " for _ in table.columns) + "|"]
+    for row in table.rows[:max_rows]:
+        lines.append("| " + " | ".join(_md(v) for v in row) + " |")
+    if len(table.rows) > max_rows:
+        lines.append("")
+        lines.append(f"_{len(table.rows) - max_rows} more rows in the JSON or HTML report._")
+    return lines
+
+
+def render_markdown(report: Report) -> str:
+    """The report as Markdown: one heading per section, pipe tables, figures as tables."""
+    max_rows = int(report.options.get("max_rows") or DEFAULT_OPTIONS["max_rows"])
+    m = report.model
+    out = [f"# Model report: {_md(m.get('name'))}", "",
+           f"Source {_md(m.get('source'))} on {_md(m.get('device'))}"
+           + (f", dtype {_md(m.get('dtype'))}" if m.get("dtype") else "")
+           + (f", checkpoint {_md(m.get('checkpoint'))}" if m.get("checkpoint") else "")
+           + f". Created {_md(report.created)}; schema {_md(report.schema_version)}.", ""]
+    for s in report.sections:
+        out += [f"## {_md(s.title)}", ""]
+        if s.id == "findings":
+            pairs = report.findings
+            if not pairs:
+                out += ["No findings.", ""]
+                continue
+            rows = tuple((f.severity, f.code, f.where, f.message, SECTION_TITLES.get(sid, sid))
+                         for sid, f in pairs)
+            out += _md_table(Table("", ("severity", "code", "where", "message", "section"), rows),
+                             len(rows)) + [""]
+            continue
+        if s.status != "ok":
+            out += [f"**{s.status.capitalize()}:** {_md(s.note)}", ""]
+            continue
+        if s.note:
+            out += [_md(s.note), ""]
+        if s.facts:
+            out += _md_table(Table.from_mapping("", s.facts), max_rows) + [""]
+        for t in s.tables:
+            out += [f"### {_md(t.title)}", ""] + ([_md(t.note), ""] if t.note else [])
+            out += _md_table(t, max_rows) + [""]
+        for f in s.figures:
+            out += [f"### Figure: {_md(f.title)}", ""] + ([_md(f.summary.note), ""] if f.summary.note else [])
+            out += _md_table(f.summary, max_rows) + [""]
+    return "\n".join(out).rstrip() + "\n"
+
+
+def render_pdf(report: Report, path: str | os.PathLike, chromium: str = CHROMIUM,
+               timeout: float = 120) -> Path:
+    """Print the HTML report to a PDF with Debian's Chromium (``--headless --print-to-pdf``)."""
+    exe = shutil.which(chromium) if not os.path.isabs(chromium) else chromium
+    if not exe or not os.access(exe, os.X_OK):
+        raise InspectorError(
+            f"PDF export needs Chromium at {chromium}, which is not there. Install Debian's "
+            "chromium package (apt-get install chromium), or export HTML and print it from a browser.")
+    out = Path(path).resolve()
+    with tempfile.TemporaryDirectory(prefix="inspector-report-") as tmp:
+        page = Path(tmp) / "report.html"
+        page.write_text(report.to_html(), encoding="utf-8")
+        cmd = [exe, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+               "--disable-dev-shm-usage", "--no-pdf-header-footer", "--run-all-compositor-stages-before-draw",
+               "--virtual-time-budget=15000", f"--user-data-dir={tmp}/profile",
+               f"--print-to-pdf={out}", page.as_uri()]
+        try:
+            done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)
+        except subprocess.TimeoutExpired:
+            raise InspectorError(f"Chromium did not finish printing the PDF within {timeout:.0f} s") from None
+    if not out.is_file() or out.stat().st_size == 0:
+        tail = (done.stderr or done.stdout or "").strip().splitlines()[-3:]
+        raise InspectorError(f"Chromium did not write {out} (exit {done.returncode}): {' / '.join(tail)}")
+    return out
+
+
+def load_schema() -> dict[str, Any]:
+    """The JSON Schema every ``Report.to_json()`` text satisfies."""
+    return json.loads(SCHEMA_PATH.read_text(encoding="utf-8"))
