@@ -121,17 +121,28 @@ def move_model(model: nn.Module, device: str | torch.device | None = None,
                 f"data, so they cannot be moved to {dev}. Load real weights (a checkpoint) instead, "
                 "or ask for uninitialised memory with empty=True.")
     converted = _convert_all(tensors, dev, dtype)
+    replaced: dict[int, nn.Parameter] = {}
     with torch.no_grad():
         for module in model.modules():
             for name, p in module._parameters.items():
                 if p is None:
                     continue
+                if id(p) in replaced:
+                    module._parameters[name] = replaced[id(p)]
+                    continue
                 new = converted[id(p)]
-                if new is not p.data:
-                    grad = p.grad
-                    p.data = new
-                    if grad is not None:
-                        p.grad = grad.to(device=new.device, dtype=new.dtype)
+                if new is p.data:
+                    continue
+                grad = p.grad
+                if torch._has_compatible_shallow_copy_type(p.data, new):
+                    p.data = new  # same Parameter object, so every module holding it sees the change
+                    target = p
+                else:  # e.g. meta -> cpu: torch cannot swap the data, so one new Parameter for all holders
+                    target = nn.Parameter(new, requires_grad=p.requires_grad)
+                    replaced[id(p)] = target
+                    module._parameters[name] = target
+                if grad is not None:
+                    target.grad = grad.to(device=new.device, dtype=new.dtype)
             for name, b in module._buffers.items():
                 if b is not None:
                     module._buffers[name] = converted[id(b)]

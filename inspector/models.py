@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import pickle
+import re
 import sys
 import threading
 import zipfile
@@ -286,11 +287,17 @@ def read_checkpoint(path: str | os.PathLike) -> tuple[dict[str, torch.Tensor], l
     try:
         obj = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-        raise InspectorError(
-            f"checkpoint {path.name} was refused: it holds Python objects that loading would have to "
-            f"run code for, and only plain tensors are accepted (weights_only=True). {first} "
-            "Re-save it as a plain state dict, e.g. with safetensors.") from None
+        detail = re.search(r"WeightsUnpickler error:\s*(.+?)(?:\.\s|\n|$)", str(exc))
+        detail_text = detail.group(1).strip() if detail else ""
+        calls = pickle_globals(path)
+        if calls or "global" in detail_text.lower():
+            named = f" ({', '.join(calls[:3])})" if calls else f" ({detail_text})"
+            raise InspectorError(
+                f"checkpoint {path.name} was refused: it asks to run Python code while loading"
+                f"{named}. Only plain tensors are accepted and nothing in it was run. "
+                "If you trust it, re-save its state dict with safetensors.") from None
+        raise InspectorError(f"checkpoint {path.name} is corrupt or not a torch file "
+                             f"({detail_text or 'unreadable pickle'})") from None
     except (RuntimeError, EOFError, zipfile.BadZipFile, OSError, ValueError) as exc:
         raise InspectorError(f"checkpoint {path.name} is corrupt or not a torch file "
                              f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})") from None
@@ -307,6 +314,36 @@ def read_checkpoint(path: str | os.PathLike) -> tuple[dict[str, torch.Tensor], l
         raise InspectorError(f"checkpoint {path.name} is not a state dict (a dict of names to tensors); "
                              f"it holds {type(obj).__name__}")
     return obj, findings
+
+
+_TORCH_GLOBALS = ("torch.", "collections.OrderedDict", "builtins.set", "_codecs.encode")
+
+
+def pickle_globals(path: Path) -> list[str]:
+    """Callables other than torch's own that a pickle (or a torch zip file's data.pkl) names.
+
+    Read with ``pickletools.genops``, which parses opcodes and executes nothing.
+    """
+    import pickletools
+
+    try:
+        if zipfile.is_zipfile(path):
+            with zipfile.ZipFile(path) as zf:
+                name = next((n for n in zf.namelist() if n.endswith("data.pkl")), None)
+                data = zf.read(name) if name else b""
+        else:
+            data = path.read_bytes()
+        found, strings = [], []
+        for op, arg, _ in pickletools.genops(data):
+            if op.name in ("SHORT_BINUNICODE", "BINUNICODE", "UNICODE"):
+                strings.append(str(arg))
+            elif op.name == "GLOBAL":
+                found.append(str(arg).replace(" ", "."))
+            elif op.name == "STACK_GLOBAL" and len(strings) >= 2:
+                found.append(f"{strings[-2]}.{strings[-1]}")
+    except Exception:  # noqa: BLE001 - a broken pickle simply names nothing
+        return []
+    return [g for g in dict.fromkeys(found) if not g.startswith(_TORCH_GLOBALS)]
 
 
 def apply_checkpoint(model: nn.Module, path: str | os.PathLike) -> list[Finding]:
