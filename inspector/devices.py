@@ -152,24 +152,17 @@ def move_model(model: nn.Module, device: str | torch.device | None = None,
 def _convert_all(tensors: list[torch.Tensor], dev: torch.device | None,
                  dtype: torch.dtype | None) -> dict[int, torch.Tensor]:
     """id(tensor) -> converted data; tensors over one storage stay over one new storage."""
-    by_storage: dict[tuple, list[torch.Tensor]] = {}
+    by_storage: dict[tuple | int, dict[int, torch.Tensor]] = {}
+    for t in tensors:
+        key = _storage_key(t)
+        by_storage.setdefault(id(t) if key is None else key, {})[id(t)] = t
     out: dict[int, torch.Tensor] = {}
-    for t in tensors:
-        if id(t) in out:
-            continue
-        key = _storage_key(t)
-        if key is not None:
-            by_storage.setdefault(key, []).append(t)
-        out[id(t)] = t  # placeholder, replaced below
-    for t in tensors:
-        key = _storage_key(t)
-        if key is not None and len({id(x) for x in by_storage[key]}) > 1:
-            continue
-        out[id(t)] = _convert_one(t, dev, dtype)
-    for key, group in by_storage.items():
-        uniq = {id(x): x for x in group}
-        if len(uniq) > 1:
-            out.update(_convert_shared(list(uniq.values()), dev, dtype))
+    for group in by_storage.values():
+        if len(group) == 1:
+            (i, t), = group.items()
+            out[i] = _convert_one(t, dev, dtype)
+        else:
+            out.update(_convert_shared(list(group.values()), dev, dtype))
     return out
 
 
