@@ -1,1 +1,37 @@
-"""Classroom labs."""
+"""Classroom labs: a model with a real, silent bug, found with the inspector's views and graded
+by the inspector's own analyses.
+
+A lab is a :class:`Lab` (story, scenario builder, tasks with answer fields and a checker each,
+hints, solution). The package ships five; a teacher adds one by dropping a Python file that
+defines ``LAB = Lab(...)`` into the folder named by ``INSPECTOR_LABS_DIR``.
+
+>>> [lab.id for lab in discover_labs(labs_dir="")]
+['broken-tie', 'shifted-offsets', 'stranded-buffer', 'corrupted-capture', 'flattening-myths']
+"""
+
+from __future__ import annotations
+
+from ..findings import InspectorError
+from .core import (TEACHER_KEY_ENV, CheckResult, Field, Lab, Scenario, Task, TaskRecord, View,
+                   grade, hints_to_show, lab_done, parse_pairs, record_attempt, teacher_unlocked)
+from .discovery import LABS_DIR_ENV, LabError, discover_labs, load_lab_file
+from .records import lab_report_markdown, lab_results
+
+
+def get_lab(lab_id: str, labs_dir: str | None = None) -> Lab:
+    """The lab called ``lab_id`` (package labs and ``INSPECTOR_LABS_DIR``)."""
+    entries = discover_labs(labs_dir)
+    for e in entries:
+        if isinstance(e, Lab) and e.id == lab_id:
+            return e
+    for e in entries:
+        if isinstance(e, LabError) and e.id == lab_id:
+            raise InspectorError(e.message)
+    raise InspectorError(f"no lab {lab_id!r}; labs: "
+                         f"{', '.join(e.id for e in entries if isinstance(e, Lab))}")
+
+
+__all__ = ["Lab", "Task", "Field", "View", "Scenario", "CheckResult", "TaskRecord", "LabError",
+           "discover_labs", "load_lab_file", "get_lab", "grade", "record_attempt", "hints_to_show",
+           "lab_done", "teacher_unlocked", "parse_pairs", "lab_results", "lab_report_markdown",
+           "LABS_DIR_ENV", "TEACHER_KEY_ENV"]
