@@ -1,0 +1,210 @@
+"""Reports: JSON against the schema and back, stable output, Markdown tables, escaped names."""
+
+from __future__ import annotations
+
+import json
+
+import jsonschema
+import pytest
+import torch
+from torch import nn
+
+from inspector.__main__ import main
+from inspector.findings import Finding, InspectorError
+from inspector.models import LoadedModel, load_model
+from inspector.report import (
+    SECTIONS,
+    Report,
+    Section,
+    SectionUnavailable,
+    Table,
+    build_report,
+    load_schema,
+    make_figure,
+    need,
+    plain,
+    render_pdf,
+)
+
+HOSTILE = "<img src=x onerror=alert(1)>"
+
+
+class Hostile(nn.Module):
+    """A ModuleDict key may hold anything but a dot: here, an HTML tag with a script in it.
+
+    Parameters: blocks.<HOSTILE>.weight 2*2 = 4, .bias 2, head.weight 2*2 = 4 -> 10 elements.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleDict({HOSTILE: nn.Linear(2, 2)})
+        self.head = nn.Linear(2, 2, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.blocks[HOSTILE](x))
+
+
+def hostile_loaded() -> LoadedModel:
+    torch.manual_seed(0)
+    finding = Finding("hostile-name", "warning", f"blocks.{HOSTILE}.weight",
+                      f"module {HOSTILE} has a name made of HTML")
+    return LoadedModel(Hostile(), f"<script>alert('name')</script>{HOSTILE}", "test:hostile",
+                       findings=[finding], inputs_fn=lambda b: torch.ones(b, 2),
+                       loss_fn=lambda out, inp: out.pow(2).mean())
+
+
+@pytest.fixture(scope="module")
+def tiny_report() -> Report:
+    return build_report(load_model("sample:tiny-gpt2"))
+
+
+def test_json_validates_against_the_schema_and_round_trips(tiny_report):
+    text = tiny_report.to_json()
+    data = json.loads(text)
+    schema = load_schema()
+    jsonschema.Draft202012Validator.check_schema(schema)
+    jsonschema.validate(data, schema)
+    assert data["schema_version"] == "1.0"
+    assert [s["id"] for s in data["sections"]] == list(SECTIONS)
+    back = Report.from_json(text)
+    assert back == tiny_report
+    assert back.to_json() == text
+    # tiny-gpt2: 4080 unique parameter elements, 4592 counting the tie (16*32 = 512) twice
+    facts = data["sections"][1]["facts"]
+    assert (facts["parameter_elements"], facts["parameter_elements_with_aliases"]) == (4080, 4592)
+
+
+def test_schema_rejects_a_broken_report(tiny_report):
+    data = json.loads(tiny_report.to_json())
+    data["findings"].append({"code": "x", "severity": "fatal", "where": "", "message": "", "section": "summary"})
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(data, load_schema())
+
+
+def test_two_reports_of_one_model_differ_only_in_the_timestamp(tiny_report):
+    again = json.loads(build_report(load_model("sample:tiny-gpt2")).to_json())
+    first = json.loads(tiny_report.to_json())
+    assert first.pop("created") and again.pop("created")
+    assert json.dumps(first, sort_keys=True) == json.dumps(again, sort_keys=True)
+
+
+def test_markdown_has_the_headings_and_the_4080_of_tiny_gpt2(tiny_report):
+    md = tiny_report.to_markdown()
+    lines = md.splitlines()
+    assert lines[0] == "# Model report: tiny-gpt2"
+    headings = [line for line in lines if line.startswith("## ")]
+    assert headings[:2] == ["## Findings", "## Summary"]
+    assert len(headings) == len(SECTIONS)
+    assert "| parameter_elements | 4080 |" in lines
+    assert "| parameter_elements_with_aliases | 4592 |" in lines
+    assert "| key | value |" in lines and "| --- | --- |" in lines
+    # every table row has as many cells as its header
+    for i, line in enumerate(lines):
+        if line.startswith("|") and i + 1 < len(lines) and lines[i + 1].startswith("| ---"):
+            width = line.count(" | ")
+            j = i + 2
+            while j < len(lines) and lines[j].startswith("|"):
+                assert lines[j].replace("\\|", "").count(" | ") == width, lines[j]
+                j += 1
+
+
+def test_findings_come_first_most_severe_first_each_naming_its_section():
+    loaded = hostile_loaded()
+    loaded.findings.append(Finding("bad", "error", "head.weight", "an error"))
+    report = build_report(loaded, ["summary"])
+    assert [s.id for s in report.sections] == ["findings", "summary"]
+    assert [(sid, f.code) for sid, f in report.findings][:2] == [("summary", "bad"), ("summary", "hostile-name")]
+    html = report.to_html()
+    assert html.index('id="section-findings"') < html.index('id="section-summary"')
+    assert 'href="#section-summary"' in html
+
+
+def test_hostile_module_name_stays_escaped_text():
+    report = build_report(hostile_loaded())
+    html = report.to_html()
+    assert HOSTILE not in html
+    assert "<script>alert(" not in html
+    assert "&lt;img src=x onerror=alert(1)&gt;" in html
+    md = report.to_markdown()
+    assert HOSTILE not in md and "&lt;img src=x onerror=alert(1)&gt;" in md
+    # the JSON keeps the real name
+    assert HOSTILE in json.loads(report.to_json())["model"]["name"]
+
+
+def test_figures_are_inlined_once_and_escaped_inside_the_script():
+    import plotly.graph_objects as go
+
+    fig = go.Figure(go.Bar(x=[HOSTILE, "b"], y=[1.5, 2.0], name="norms"))
+    section = Section("offsets", "Offsets", figures=(make_figure("norms", fig), make_figure("again", fig)))
+    report = Report({"name": "m", "source": "s", "device": "cpu", "dtype": None, "checkpoint": None,
+                     "class": "M"}, {}, (Section("findings", "Findings"), section), "t")
+    html = report.to_html()
+    assert html.count("Plotly.newPlot") == 1  # one loop draws every figure
+    assert html.count('class="figure"') == 2
+    assert html.count("plotly.js v") <= 2 and len(html) > 4_000_000  # one inlined copy (~4.8 MB)
+    assert HOSTILE not in html and "</script><script" not in html
+    # the figure's data became plain lists and the summary table describes the trace
+    f = report.sections[1].figures[0]
+    assert f.figure["data"][0]["y"] == [1.5, 2.0]
+    assert f.summary.rows == (("norms", "bar", 2, 1.5, 2.0),)
+    assert "### Figure: norms" in report.to_markdown()
+
+
+def test_unknown_section_or_option_is_a_clear_error():
+    loaded = load_model("sample:tiny-gpt2")
+    with pytest.raises(InspectorError, match="unknown report section.*'bogus'.*choose from"):
+        build_report(loaded, ["bogus"])
+    with pytest.raises(InspectorError, match="unknown report option.*colour"):
+        build_report(loaded, ["summary"], colour="red")
+
+
+def test_a_missing_analysis_is_skipped_with_a_note():
+    with pytest.raises(SectionUnavailable, match="inspector.no_such_module is not available"):
+        need("no_such_module")
+    with pytest.raises(SectionUnavailable, match="inspector.summary has no no_such_function"):
+        need("summary", "model_summary", "no_such_function")
+
+
+def test_sections_on_the_meta_device_skip_what_needs_numbers():
+    with torch.device("meta"):
+        model = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 2))  # 20 + 10 = 30 elements
+    loaded = LoadedModel(model, "meta-mlp", "test:meta", device="meta",
+                         inputs_fn=lambda b: torch.zeros(b, 4))
+    report = build_report(loaded)
+    assert report.section("summary").facts["parameter_elements"] == 30
+    for sid in ("captures", "attribution"):
+        s = report.section(sid)
+        assert s.status == "skipped" and s.note, (sid, s)
+    assert all(s.status in ("ok", "skipped") for s in report.sections)
+
+
+def test_plain_values_are_stable_and_json_safe():
+    assert plain(0.1 + 0.2) == 0.3  # 8 significant digits: 0.30000000000000004 -> 0.3
+    assert plain(float("-inf")) == "-inf" and plain(float("nan")) == "nan"
+    assert plain({"a": (1, 2.5)}) == {"a": [1, 2.5]}
+    assert plain(torch.Size([2, 3])) == [2, 3]
+    assert plain(torch.float16) == "torch.float16"
+    t = Table.from_mapping("t", {"x": float("inf")})
+    assert t.rows == (("x", "inf"),)
+
+
+def test_pdf_without_chromium_is_a_clear_error(tmp_path):
+    report = Report({"name": "m"}, {}, (Section("findings", "Findings"),), "t")
+    with pytest.raises(InspectorError, match="PDF export needs Chromium at /nonexistent/chromium"):
+        render_pdf(report, tmp_path / "r.pdf", chromium="/nonexistent/chromium")
+    assert not (tmp_path / "r.pdf").exists()
+
+
+def test_cli_writes_each_format(tmp_path, capsys):
+    out = tmp_path / "r.json"
+    assert main(["report", "sample:tiny-gpt2", "--sections", "summary", "-o", str(out)]) == 0
+    data = json.loads(out.read_text())
+    jsonschema.validate(data, load_schema())
+    assert [s["id"] for s in data["sections"]] == ["findings", "summary"]
+    err = capsys.readouterr().err
+    assert "report section summary" in err and f"wrote {out}" in err
+    md = tmp_path / "r.md"
+    assert main(["report", "sample:tiny-gpt2", "--sections", "summary", "--format", "md", "-o", str(md)]) == 0
+    assert "| parameter_elements | 4080 |" in md.read_text()
+    assert main(["report", "sample:tiny-gpt2", "--sections", "bogus", "-o", str(md)]) == 2
+    assert "unknown report section" in capsys.readouterr().err
