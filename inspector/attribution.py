@@ -1,0 +1,554 @@
+"""Captum adapter: which inputs and which layers drove one output.
+
+One function, :func:`attribute`, runs a fresh captum object under the model's lock
+and returns an :class:`AttributionResult` (attribution tensors, a per-token or
+per-unit summary, captum's convergence delta where the method has one, and
+findings). The model and the inputs are left as they were found: training flags,
+``requires_grad``, ``.grad`` and hooks, also when the forward pass or captum raises.
+
+Targets: a model whose output is ``(B, C)`` is attributed at class ``target``; an
+output ``(B, T, V)`` (a language model's logits) at ``[:, position, target]``, i.e. the
+logit of next token ``target`` at ``position`` (the last one by default); an output
+``(B,)`` takes no target.
+"""
+
+from __future__ import annotations
+
+import difflib
+import inspect
+import math
+import warnings
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import torch
+from captum.attr import (
+    InputXGradient,
+    IntegratedGradients,
+    LayerAttribution,
+    LayerConductance,
+    LayerGradCam,
+    LayerIntegratedGradients,
+    Saliency,
+)
+from torch import nn
+
+from .findings import Finding, InspectorError
+from .models import LoadedModel, call_model, to_device
+
+
+@dataclass(frozen=True)
+class MethodSpec:
+    """One attribution method: its captum class and what it needs."""
+
+    name: str
+    label: str
+    captum_class: type
+    on_layer: bool
+    has_delta: bool
+    interpolates_inputs: bool
+
+
+METHODS: dict[str, MethodSpec] = {m.name: m for m in [
+    MethodSpec("ig", "Integrated Gradients", IntegratedGradients, False, True, True),
+    MethodSpec("saliency", "Saliency", Saliency, False, False, False),
+    MethodSpec("input_x_gradient", "Input x Gradient", InputXGradient, False, False, False),
+    MethodSpec("layer_ig", "Layer Integrated Gradients", LayerIntegratedGradients, True, True, False),
+    MethodSpec("layer_conductance", "Layer Conductance", LayerConductance, True, True, True),
+    MethodSpec("layer_gradcam", "Layer GradCAM", LayerGradCam, True, False, False),
+]}
+
+# captum warns on every call that it set requires_grad on the inputs; the adapter restores it.
+warnings.filterwarnings("ignore", message=r"Input Tensor \d+ did not already require gradients")
+
+_HOOK_DICTS = ("_forward_hooks", "_forward_hooks_with_kwargs", "_forward_hooks_always_called",
+               "_forward_pre_hooks", "_forward_pre_hooks_with_kwargs", "_backward_hooks",
+               "_backward_pre_hooks")
+DELTA_RELATIVE_TOLERANCE = 0.05
+DELTA_ABSOLUTE_TOLERANCE = 1e-5
+
+
+@dataclass(frozen=True)
+class Completeness:
+    """How far the attributions' sum is from ``F(input) - F(baseline)``, per sample.
+
+    ``trusted`` is True when every ``|delta|`` is at most ``tolerance * |output_diff|``
+    (or below ``1e-5`` where the output barely moves).
+    """
+
+    delta: tuple[float, ...]
+    output_diff: tuple[float, ...]
+    max_abs_delta: float
+    max_relative: float
+    tolerance: float
+    trusted: bool
+
+
+@dataclass(frozen=True)
+class AttributionResult:
+    """What :func:`attribute` found.
+
+    Attributes:
+        method: the method that ran (``"layer_ig"`` when ``"ig"`` was asked on token ids).
+        requested: the method that was asked for.
+        captum_method: the captum class used.
+        target: the class or next-token index attributed (None for one-output models).
+        position: the sequence position attributed for ``(B, T, V)`` outputs, else None.
+        layer: the module name for layer methods, else None.
+        attributions: detached CPU tensors, one per model input (or the layer output).
+        inputs: detached CPU copies of the inputs (token ids or images, for figures).
+        summary: one row per (tensor, sample, index along dim 1): columns ``tensor, sample,
+            index, token, label, score, abs_score, nans``. ``score`` is NaN where any value
+            it sums is NaN.
+        delta: captum's convergence delta per sample, where the method has one.
+        token_model: the model takes integer token ids.
+        findings: NaNs, a poor convergence delta, a method switch, the mode used.
+    """
+
+    method: str
+    requested: str
+    captum_method: str
+    target: int | None
+    position: int | None
+    layer: str | None
+    attributions: tuple[torch.Tensor, ...]
+    inputs: tuple[torch.Tensor, ...]
+    summary: pd.DataFrame
+    delta: torch.Tensor | None = None
+    token_model: bool = False
+    options: dict[str, Any] = field(default_factory=dict)
+    findings: list[Finding] = field(default_factory=list)
+
+    def completeness(self, tolerance: float = DELTA_RELATIVE_TOLERANCE) -> Completeness | None:
+        """Completeness of IG-style methods (None for methods without a delta).
+
+        ``output_diff`` is recovered as ``sum(attributions) - delta`` (captum's delta is
+        ``sum(attributions) - (F(x) - F(baseline))``).
+        """
+        if self.delta is None:
+            return None
+        delta = self.delta.detach().double().reshape(-1)
+        sums = sum(a.detach().double().reshape(a.shape[0], -1).sum(1) for a in self.attributions)
+        diff = sums - delta
+        rel = delta.abs() / diff.abs().clamp_min(1e-12)
+        ok = bool(((delta.abs() <= tolerance * diff.abs()) | (delta.abs() <= DELTA_ABSOLUTE_TOLERANCE)).all())
+        return Completeness(tuple(delta.tolist()), tuple(diff.tolist()), float(delta.abs().max()),
+                            float(rel.max()), tolerance, ok and bool(torch.isfinite(delta).all()))
+
+    def pixel_map(self, sample: int = 0) -> np.ndarray | None:
+        """A (H, W) map at the input's resolution for image inputs, summed over channels.
+
+        Layer maps (GradCAM, conductance of a conv layer) are upsampled bilinearly.
+        None when the input or the attribution is not image-shaped.
+        """
+        if not self.inputs or self.inputs[0].dim() != 4 or self.attributions[0].dim() != 4:
+            return None
+        a = self.attributions[0][sample:sample + 1].sum(1, keepdim=True)  # (1, 1, h, w)
+        size = tuple(self.inputs[0].shape[-2:])
+        if tuple(a.shape[-2:]) != size:
+            a = LayerAttribution.interpolate(a, size, "bilinear")
+        return a[0, 0].numpy()
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready: NaN becomes None; tensors are described by shape, the summary kept."""
+        comp = self.completeness()
+        summary = self.summary.astype(object).where(self.summary.notna(), None)
+        return {
+            "method": self.method, "requested": self.requested, "captum_method": self.captum_method,
+            "target": self.target, "position": self.position, "layer": self.layer,
+            "token_model": self.token_model,
+            "options": {k: _jsonable(v) for k, v in self.options.items()},
+            "attribution_shapes": [list(a.shape) for a in self.attributions],
+            "summary": summary.to_dict(orient="records"),
+            "delta": None if self.delta is None else [_finite_or_none(v) for v in self.delta.tolist()],
+            "completeness": None if comp is None else {
+                "max_abs_delta": _finite_or_none(comp.max_abs_delta),
+                "max_relative": _finite_or_none(comp.max_relative),
+                "tolerance": comp.tolerance, "trusted": comp.trusted},
+            "findings": [f.to_dict() for f in self.findings],
+        }
+
+
+def _finite_or_none(v: float) -> float | None:
+    return v if math.isfinite(v) else None
+
+
+def _jsonable(v: Any) -> Any:
+    if isinstance(v, torch.Tensor):
+        return f"tensor{list(v.shape)}"
+    return v if isinstance(v, (int, float, str, bool, type(None))) else repr(v)
+
+
+# ---------------------------------------------------------------- what fits the model
+
+
+def is_token_model(inputs: Any) -> bool:
+    """True when the first input tensor holds integers (token ids)."""
+    flat, _ = _flatten_inputs(inputs)
+    return bool(flat) and not flat[0].is_floating_point() and not flat[0].is_complex()
+
+
+def methods_for(loaded: LoadedModel, inputs: Any = None) -> list[str]:
+    """The methods that fit ``loaded`` (with ``inputs`` or its example inputs).
+
+    >>> from inspector.models import load_model
+    >>> methods_for(load_model("sample:tiny-gpt2"))
+    ['ig', 'layer_ig']
+    """
+    inputs = loaded.example_inputs(1) if inputs is None else inputs
+    convs = conv_layers(loaded.model)
+    if is_token_model(inputs):
+        return ["ig", "layer_ig"] + (["layer_gradcam"] if convs else [])
+    return ["ig", "saliency", "input_x_gradient", "layer_ig", "layer_conductance"] + \
+        (["layer_gradcam"] if convs else [])
+
+
+def layer_names(model: nn.Module) -> list[str]:
+    """Every named submodule (the root excluded), in registration order."""
+    return [n for n, _ in model.named_modules() if n]
+
+
+def conv_layers(model: nn.Module) -> list[str]:
+    """Names of the convolution modules (``Conv1d/2d/3d`` and transposed)."""
+    return [n for n, m in model.named_modules() if isinstance(m, nn.modules.conv._ConvNd)]
+
+
+def embedding_layer(model: nn.Module) -> str | None:
+    """The input-embedding module's name: ``get_input_embeddings()`` if the model has it,
+    else the first ``nn.Embedding``."""
+    names = {id(m): n for n, m in model.named_modules()}
+    getter = getattr(model, "get_input_embeddings", None)
+    if callable(getter):
+        try:
+            emb = getter()
+        except (NotImplementedError, AttributeError):
+            emb = None
+        if emb is not None and id(emb) in names:
+            return names[id(emb)]
+    for n, m in model.named_modules():
+        if isinstance(m, nn.Embedding):
+            return n
+    return None
+
+
+def default_layer(loaded: LoadedModel, method: str, inputs: Any = None) -> str | None:
+    """The layer a layer method uses when none is given (None: the user must choose)."""
+    if method == "layer_gradcam":
+        convs = conv_layers(loaded.model)
+        return convs[-1] if convs else None
+    if method == "layer_ig":
+        inputs = loaded.example_inputs(1) if inputs is None else inputs
+        return embedding_layer(loaded.model) if is_token_model(inputs) else None
+    return None
+
+
+def resolve_layer(model: nn.Module, name: str, model_name: str = "model") -> nn.Module:
+    """The submodule called ``name``; an unknown name gets an error with close names."""
+    modules = dict(model.named_modules())
+    if name and name in modules:
+        return modules[name]
+    names = layer_names(model)
+    close = difflib.get_close_matches(name, names, n=5, cutoff=0.5)
+    hint = f"did you mean {', '.join(close)}?" if close else \
+        f"its layers include {', '.join(names[:12])}{' ...' if len(names) > 12 else ''}"
+    raise InspectorError(f"{model_name} has no layer named {name!r}; {hint}")
+
+
+# ---------------------------------------------------------------- the adapter
+
+
+def attribute(loaded: LoadedModel, inputs: Any, method: str, target: int | None,
+              layer: str | None = None, *, position: int = -1, **options: Any) -> AttributionResult:
+    """Attribute one output of ``loaded`` to its inputs or to a layer, with captum.
+
+    Args:
+        loaded: the model (``load_model``); its lock is held while captum runs.
+        inputs: a tensor, a tuple or a dict of tensors; None for ``loaded.example_inputs(1)``.
+        method: ``"ig"``, ``"saliency"``, ``"input_x_gradient"``, ``"layer_ig"``,
+            ``"layer_conductance"`` or ``"layer_gradcam"``. ``"ig"`` on token ids runs as
+            ``"layer_ig"`` on the input embedding (ids have no gradient); a finding says so.
+        target: class index for ``(B, C)`` outputs, next-token id for ``(B, T, V)`` outputs,
+            None for ``(B,)`` outputs.
+        layer: module name for layer methods (default: the input embedding for
+            ``layer_ig`` on token models, the last convolution for ``layer_gradcam``).
+        position: sequence position attributed for ``(B, T, V)`` outputs (default: last).
+        **options: passed to captum's ``attribute`` (``n_steps``, ``baselines``,
+            ``internal_batch_size``...). Methods with a delta return it unless
+            ``return_convergence_delta=False``.
+
+    Raises:
+        InspectorError: unknown method or layer, a method that does not fit the model,
+            a target or position out of range, unknown options, a meta model.
+
+    >>> from inspector.models import load_model
+    >>> r = attribute(load_model("sample:cnn-bn"), None, "saliency", target=3)
+    >>> r.attributions[0].shape, len(r.summary)
+    (torch.Size([1, 3, 16, 16]), 3)
+    """
+    if method not in METHODS:
+        close = difflib.get_close_matches(str(method), list(METHODS), n=3, cutoff=0.4)
+        raise InspectorError(f"unknown attribution method {method!r}"
+                             + (f"; did you mean {', '.join(close)}?" if close else "")
+                             + f" Methods: {', '.join(METHODS)}")
+    loaded.check_runnable()
+    model = loaded.model
+    inputs = loaded.example_inputs(1) if inputs is None else to_device(inputs, loaded.input_device())
+    flat, rebuild = _flatten_inputs(inputs)
+    if not flat:
+        raise InspectorError(f"{loaded.name}: attribution needs at least one input tensor")
+    tokens = is_token_model(inputs)
+    findings: list[Finding] = []
+    requested = method
+    if tokens and not METHODS[method].on_layer:
+        if method != "ig":
+            emb = embedding_layer(model)
+            raise InspectorError(
+                f"{loaded.name} takes integer token ids, which have no gradient, so {method!r} cannot "
+                f"run on its inputs. Use 'layer_ig' on the input embedding"
+                + (f" ({emb})" if emb else "") + " or 'ig' (which runs as layer_ig there).")
+        method = "layer_ig"
+        findings.append(Finding("method-switched", "info", "",
+                                "the inputs are token ids (integers), so Integrated Gradients ran on "
+                                "the input embedding's output (LayerIntegratedGradients)"))
+    spec = METHODS[method]
+    if tokens and spec.interpolates_inputs:
+        raise InspectorError(
+            f"{spec.label} interpolates between the inputs and a baseline, but {loaded.name} takes "
+            "integer token ids, which cannot be interpolated. Use 'layer_ig' on a layer instead.")
+    if spec.name == "layer_gradcam" and not conv_layers(model):
+        raise InspectorError(
+            f"GradCAM weighs a convolution's feature maps, and {loaded.name} has no convolution "
+            "layer. Use 'layer_conductance' or 'layer_ig' for its layers, or 'ig' for its inputs.")
+    layer_module = None
+    if spec.on_layer:
+        layer = layer or default_layer(loaded, spec.name, inputs)
+        if not layer:
+            names = layer_names(model)
+            raise InspectorError(f"{spec.label} needs a layer: choose one of {loaded.name}'s modules, "
+                                 f"e.g. {', '.join(names[:8])}{' ...' if len(names) > 8 else ''}")
+        layer_module = resolve_layer(model, layer, loaded.name)
+    else:
+        layer = None
+        bad = [i for i, t in enumerate(flat) if not t.is_floating_point()]
+        if bad:
+            raise InspectorError(f"{spec.label} needs floating-point inputs; input {bad[0]} of "
+                                 f"{loaded.name} is {flat[bad[0]].dtype}. Use a layer method.")
+    options = _check_options(spec, options)
+    if spec.has_delta:
+        options.setdefault("return_convergence_delta", True)
+    forward = _TargetedForward(model, rebuild, target, position, loaded.name)
+    with loaded.lock, preserved_state(model, flat, findings), torch.enable_grad():
+        algo = spec.captum_class(forward) if layer_module is None else spec.captum_class(forward, layer_module)
+        arg = flat[0] if len(flat) == 1 else tuple(flat)
+        try:
+            out = algo.attribute(arg, target=forward.captum_target, **options)
+        except RuntimeError as exc:
+            if layer is None or "in-place" not in str(exc):
+                raise
+            inplace = [n for n, m in model.named_modules() if getattr(m, "inplace", False) is True]
+            raise InspectorError(
+                f"{spec.label} replaces the output of {layer} with its own tensor, and a later module "
+                f"changes that output in place ({', '.join(inplace) or 'an in-place operation'}), which "
+                "autograd refuses. Choose the in-place module itself (its output is the final value) "
+                "or another layer.") from exc
+    delta = None
+    if spec.has_delta and options.get("return_convergence_delta"):
+        out, delta = out
+        delta = delta.detach().to("cpu")
+    attributions = tuple(a.detach().to("cpu") for a in (out if isinstance(out, (tuple, list)) else (out,)))
+    if spec.name == "layer_gradcam" and attributions[0].dim() < 3:
+        raise InspectorError(
+            f"GradCAM needs a layer with spatial output (B, C, H, W); {layer} gives "
+            f"{tuple(attributions[0].shape)} per batch. Convolution layers: {', '.join(conv_layers(model))}")
+    kept_inputs = tuple(t.detach().to("cpu") for t in flat)
+    summary = _summary(attributions, kept_inputs, tokens, layer)
+    findings += _nan_findings(attributions, layer)
+    result = AttributionResult(method, requested, spec.captum_class.__name__, target,
+                               forward.used_position, layer, attributions, kept_inputs, summary,
+                               delta, tokens, dict(options), findings)
+    comp = result.completeness()
+    if comp is not None and not comp.trusted:
+        findings.append(Finding(
+            "completeness-poor", "warning", layer or "",
+            f"convergence delta up to {comp.max_abs_delta:.3g} is {comp.max_relative:.1%} of the output "
+            f"difference; raise n_steps (now {options.get('n_steps', 50)}) before trusting the scores"))
+    return result
+
+
+class _TargetedForward:
+    """The model's forward reduced to what captum's target indexes, with the target checked.
+
+    ``(B, T, V)`` logits are cut to ``[:, position]`` (captum recommends wrapping the forward
+    rather than passing tuple targets); a wrong target raises before captum indexes it.
+    """
+
+    def __init__(self, model: nn.Module, rebuild: Callable[[tuple], Any], target: int | None,
+                 position: int, name: str) -> None:
+        self.model, self.rebuild, self.target, self.position, self.name = model, rebuild, target, position, name
+        self.used_position: int | None = None
+        self.captum_target = target
+        if target is not None and (isinstance(target, bool) or not isinstance(target, (int, np.integer))):
+            raise InspectorError(f"target must be an integer index, got {target!r}")
+
+    def __call__(self, *xs: torch.Tensor) -> torch.Tensor:
+        out = _main_output(call_model(self.model, self.rebuild(xs)), self.name)
+        if out.dim() >= 3:
+            T = out.size(1)
+            if not -T <= self.position < T:
+                raise InspectorError(f"position {self.position} is outside the sequence of {self.name} "
+                                     f"(length {T}); choose 0..{T - 1} or -1 for the last")
+            self.used_position = self.position % T
+            out = out[:, self.position]
+            if out.dim() > 2:
+                out = out.flatten(1)
+        if out.dim() == 1:
+            out = out.unsqueeze(1)
+        if out.size(1) == 1:
+            if self.target not in (None, 0):
+                raise InspectorError(f"{self.name} gives one output per sample, so there is no target "
+                                     f"{self.target} to choose; leave the target empty")
+            return out
+        n = out.size(1)
+        what = "next-token id" if self.used_position is not None else "class index"
+        if self.target is None:
+            raise InspectorError(f"{self.name} gives {n} outputs per sample: choose a target "
+                                 f"{what} in 0..{n - 1}")
+        if not 0 <= self.target < n:
+            raise InspectorError(f"target {self.target} is out of range for {self.name}: its output has "
+                                 f"{n} entries, so the {what} must be in 0..{n - 1}")
+        return out
+
+
+def _main_output(out: Any, name: str) -> torch.Tensor:
+    if isinstance(out, torch.Tensor):
+        return out
+    logits = getattr(out, "logits", None)
+    if isinstance(logits, torch.Tensor):
+        return logits
+    if isinstance(out, (tuple, list)) and out and isinstance(out[0], torch.Tensor):
+        return out[0]
+    if isinstance(out, dict) and isinstance(out.get("logits"), torch.Tensor):
+        return out["logits"]
+    raise InspectorError(f"{name} returned {type(out).__name__}; attribution needs a tensor, "
+                         "a tuple starting with one, or an output with .logits")
+
+
+def _flatten_inputs(inputs: Any) -> tuple[list[torch.Tensor], Callable[[tuple], Any]]:
+    """Input tensors in order, and a function that rebuilds the model's call from them."""
+    if isinstance(inputs, torch.Tensor):
+        return [inputs], lambda xs: xs[0]
+    if isinstance(inputs, dict):
+        keys = [k for k, v in inputs.items() if isinstance(v, torch.Tensor)]
+        rest = {k: v for k, v in inputs.items() if k not in keys}
+        return [inputs[k] for k in keys], lambda xs: {**rest, **dict(zip(keys, xs))}
+    if isinstance(inputs, (tuple, list)):
+        if not all(isinstance(v, torch.Tensor) for v in inputs):
+            raise InspectorError("attribution inputs must be tensors (a tensor, a tuple or a dict of them)")
+        return list(inputs), lambda xs: tuple(xs)
+    raise InspectorError(f"attribution inputs must be a tensor, a tuple or a dict, got {type(inputs).__name__}")
+
+
+def _check_options(spec: MethodSpec, options: dict[str, Any]) -> dict[str, Any]:
+    allowed = [p for p in inspect.signature(spec.captum_class.attribute).parameters
+               if p not in ("self", "inputs", "target")]
+    for key in options:
+        if key not in allowed:
+            close = difflib.get_close_matches(key, allowed, n=2, cutoff=0.5)
+            raise InspectorError(f"{spec.label} has no option {key!r}"
+                                 + (f"; did you mean {', '.join(close)}?" if close else "")
+                                 + f" Options: {', '.join(allowed)}")
+    return dict(options)
+
+
+@contextmanager
+def preserved_state(model: nn.Module, tensors: list[torch.Tensor],
+                    findings: list[Finding] | None = None) -> Iterator[None]:
+    """Run in eval mode; afterwards restore every module's training flag, the tensors'
+    ``requires_grad``, the parameters' ``.grad`` and remove any hook added meanwhile.
+
+    Eval mode keeps BatchNorm's running statistics unchanged and dropout off.
+    """
+    modes = [(m, m.training) for m in model.modules()]
+    grads = [(p, p.grad) for p in model.parameters()]
+    flags = [(t, t.requires_grad) for t in tensors]
+    hooks = {id(m): {a: set(getattr(m, a, {})) for a in _HOOK_DICTS} for m in model.modules()}
+    if findings is not None and model.training:
+        findings.append(Finding("eval-mode", "info", "",
+                                "the model was in training mode; attribution ran in eval mode "
+                                "(BatchNorm statistics frozen, dropout off) and training mode was restored"))
+    model.eval()
+    try:
+        yield
+    finally:
+        for m, mode in modes:
+            m.training = mode
+        for p, g in grads:
+            if p.grad is not g:
+                p.grad = g
+        for t, flag in flags:
+            if t.requires_grad != flag and t.is_leaf:
+                t.requires_grad_(flag)
+        removed = 0
+        for m in model.modules():
+            before = hooks.get(id(m), {})
+            for a in _HOOK_DICTS:
+                d = getattr(m, a, None)
+                if d is None:
+                    continue
+                for k in [k for k in d if k not in before.get(a, ())]:
+                    del d[k]
+                    removed += 1
+        if removed and findings is not None:
+            findings.append(Finding("hook-removed", "warning", "",
+                                    f"{removed} hook(s) left behind by captum were removed"))
+
+
+def _summary(attributions: tuple[torch.Tensor, ...], inputs: tuple[torch.Tensor, ...],
+             tokens: bool, layer: str | None) -> pd.DataFrame:
+    frames = []
+    ids = inputs[0] if tokens else None
+    for i, a in enumerate(attributions):
+        name = layer or (f"input {i}" if len(attributions) > 1 else "input")
+        B = a.shape[0]
+        a3 = a.reshape(B, a.shape[1] if a.dim() > 1 else 1, -1).double()  # (B, D1, rest)
+        D = a3.shape[1]
+        score = a3.sum(-1).numpy()
+        abs_score = a3.abs().sum(-1).numpy()
+        nans = torch.isnan(a3).sum(-1).numpy()
+        sample = np.repeat(np.arange(B), D)
+        index = np.tile(np.arange(D), B)
+        per_token = ids is not None and ids.dim() >= 2 and tuple(ids.shape[:2]) == (B, D)
+        if per_token:
+            tok = ids[:, :D].reshape(-1).numpy().astype(np.int64)
+            token = pd.array(tok, dtype="Int64")
+            label = [f"{p}:{t}" for p, t in zip(index, tok)]
+        else:
+            token = pd.array([None] * (B * D), dtype="Int64")
+            kind = "channel" if a.dim() >= 4 else "feature" if a.dim() == 2 else "unit"
+            label = [f"{kind} {j}" for j in index] if a.dim() > 1 else ["output"] * (B * D)
+        frames.append(pd.DataFrame({
+            "tensor": name, "sample": sample, "index": index, "token": token, "label": label,
+            "score": score.reshape(-1), "abs_score": abs_score.reshape(-1),
+            "nans": nans.reshape(-1).astype(np.int64)}))
+    return pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
+
+
+def _nan_findings(attributions: tuple[torch.Tensor, ...], layer: str | None) -> list[Finding]:
+    out = []
+    for i, a in enumerate(attributions):
+        n = int(torch.isnan(a).sum())
+        inf = int(torch.isinf(a).sum())
+        where = layer or (f"input {i}" if len(attributions) > 1 else "input")
+        if n:
+            out.append(Finding("attribution-nan", "error", where,
+                               f"{n} of {a.numel()} attribution values are NaN; they are left blank "
+                               "in the figures, not shown as zeros. Check the model's outputs and "
+                               "weights for NaN, and the baseline"))
+        if inf:
+            out.append(Finding("attribution-inf", "error", where,
+                               f"{inf} of {a.numel()} attribution values are infinite"))
+    return out
