@@ -1,40 +1,92 @@
-"""Model Inspector: home page."""
+"""Model Inspector: home page — what the tool is, the loaded model in numbers, and its findings."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import pandas as pd
 import streamlit as st
 
-from inspector.findings import sort_findings
 from inspector.summary import format_bytes, model_summary, summary_findings
+from ui.cache import cached_analysis
 from ui.errors import guarded
 from ui.sidebar import model_picker
+from ui.tables import findings_table, paged_table, tensor_listing
 
 st.set_page_config(page_title="Model Inspector", page_icon="🔎", layout="wide")
-st.title("Model Inspector")
+
+HERE = Path(__file__).resolve().parent
+VIEWS = [  # (page file, icon, title, the question it answers)
+    ("pages/1_Alias_graph.py", "🔗", "Alias graph",
+     "Which tensors are really the same tensor, and does a conversion keep, weaken or break the ties?"),
+    ("pages/2_Flatten_map.py", "📏", "Flatten map & gradients",
+     "Where does each parameter sit in the flat vector, and how big is its gradient?"),
+    ("pages/3_Device_map.py", "🗺️", "Device map",
+     "Which device holds every parameter and every buffer, and does a plan leave any out?"),
+    ("pages/4_Hook_captures.py", "🪝", "Hook captures",
+     "What did each layer really output, and which outputs were overwritten in place?"),
+    ("pages/5_Attributions.py", "🎯", "Attributions",
+     "Which inputs and neurons drive an output (captum)?"),
+    ("pages/6_Report.py", "📄", "Report",
+     "Everything above in one HTML, JSON or Markdown file to share."),
+    ("pages/7_Labs.py", "🧪", "Labs",
+     "Guided exercises: break a model on purpose, then find the bug with the views."),
+]
+
+st.title("🔎 Model Inspector")
 st.markdown(
-    "Debug PyTorch models where training or multi-GPU inference goes silently wrong: "
-    "which parameters are really one tensor, where each sits in the flat vector, which device "
-    "holds every parameter and buffer, and what each layer really output. "
-    "Pick a model in the sidebar, then open a view.")
+    "Model Inspector loads a PyTorch model onto the device you choose and shows what silently "
+    "breaks training and multi-GPU inference: tensors that are secretly one tensor, where each "
+    "parameter sits in the flat vector and how big its gradient is, which device holds every "
+    "parameter *and buffer*, and what each layer really output. "
+    "Pick a model in the sidebar, read its summary and findings here, then open a view.")
 
 loaded = model_picker()
-if loaded is not None:
-    with guarded("summarising the model"):
-        s = model_summary(loaded.model)
-        cols = st.columns(5)
-        cols[0].metric("Modules", s.modules)
-        cols[1].metric("Parameter elements", f"{s.parameter_elements:,}",
-                       help="Each Parameter object once, as parameters() yields them")
-        cols[2].metric("Counting aliases", f"{s.parameter_elements_with_aliases:,}",
-                       delta=f"+{s.aliased_elements:,} aliased" if s.aliased_elements else None,
-                       delta_color="off")
-        cols[3].metric("Trainable / frozen", f"{s.trainable_elements:,} / {s.frozen_elements:,}")
-        cols[4].metric("Buffers", f"{s.buffers} ({s.buffer_elements:,} elements)")
-        st.subheader("Bytes by dtype and device")
-        st.dataframe(s.bytes_table.assign(size=s.bytes_table["bytes"].map(format_bytes)),
-                     hide_index=True)
-        st.subheader("Findings")
-        findings = sort_findings(loaded.findings + summary_findings(s))
-        if not findings:
-            st.success("Nothing found while loading.")
-        st.dataframe([f.to_dict() for f in findings], hide_index=True) if findings else None
+
+with st.container(border=True):
+    st.markdown("**What each view answers**")
+    for file, icon, title, question in VIEWS:
+        if (HERE / file).is_file():
+            c1, c2 = st.columns([1, 3], vertical_alignment="center")
+            with c1:
+                st.page_link(file, label=title, icon=icon)
+            c2.markdown(question)
+
+if loaded is None:
+    st.info("No model is loaded. Pick one in the sidebar.")
+    st.stop()
+
+with guarded("summarising the model"):
+    s = cached_analysis(model_summary, loaded.model)
+    st.subheader(f"{loaded.name} on {loaded.device}" + (" (structure only)" if loaded.is_meta else ""))
+    cols = st.columns(6)
+    cols[0].metric("Modules", f"{s.modules:,}")
+    cols[1].metric("Parameter elements", f"{s.parameter_elements:,}",
+                   help="Each Parameter object once, as parameters() yields them")
+    cols[2].metric("Counting every alias", f"{s.parameter_elements_with_aliases:,}",
+                   delta=f"+{s.aliased_elements:,} aliased" if s.aliased_elements else "no aliases",
+                   delta_color="off",
+                   help="named_parameters(remove_duplicate=False): a tied tensor counted once per name")
+    cols[3].metric("Trainable", f"{s.trainable_elements:,}")
+    cols[4].metric("Frozen", f"{s.frozen_elements:,}")
+    cols[5].metric("Buffers", f"{s.buffers:,}", delta=f"{s.buffer_elements:,} elements", delta_color="off")
+
+    left, right = st.columns([2, 3])
+    with left:
+        st.markdown("**Bytes by dtype and device**")
+        table = s.bytes_table.assign(size=s.bytes_table["bytes"].map(format_bytes))
+        st.dataframe(table, hide_index=True, width="stretch",
+                     column_config={"bytes": st.column_config.NumberColumn(format="%d")})
+        total = int(s.bytes_table["bytes"].sum()) if len(s.bytes_table) else 0
+        st.caption(f"{format_bytes(total)} in all"
+                   + (" — on the meta device nothing is allocated; this is what it would take."
+                      if loaded.is_meta else "."))
+    with right:
+        st.markdown("**Findings, most severe first**")
+        findings_table(loaded.findings + summary_findings(s), "home_findings",
+                       empty="Loading found nothing to report.")
+
+with guarded("listing the tensors"):
+    with st.expander("Parameters and buffers", expanded=False):
+        listing: pd.DataFrame = cached_analysis(tensor_listing, loaded.model)
+        paged_table(listing, "home_tensors", caption="every name, aliases included")

@@ -1,20 +1,33 @@
-"""Loaded models, cached per (source, checkpoint, device, dtype) and shared between sessions."""
+"""Loaded models, cached per (source, checkpoint, device, dtype) and shared between sessions.
+
+A model loaded here is one object for the whole server: every browser session that picks
+the same source, checkpoint, device and dtype gets the same :class:`LoadedModel`. Anything
+that adds hooks or runs forward/backward on it must hold ``loaded.lock``.
+"""
 
 from __future__ import annotations
 
 import hashlib
+import os
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import streamlit as st
 
+from inspector.findings import InspectorError
 from inspector.models import LoadedModel, load_model
+
+MAX_CACHED_MODELS = 6
 
 
 @dataclass(frozen=True)
 class Selection:
-    """What the user picked in the sidebar; the cache key of the loaded model."""
+    """What the user picked in the sidebar; ``key`` is the cache key of the loaded model.
+
+    >>> Selection().key
+    'sample:tiny-gpt2|None|cpu|None'
+    """
 
     source: str = "sample:tiny-gpt2"
     checkpoint: str | None = None
@@ -25,23 +38,64 @@ class Selection:
     def key(self) -> str:
         return f"{self.source}|{self.checkpoint}|{self.device}|{self.dtype}"
 
+    @property
+    def label(self) -> str:
+        """A short line for people: ``tiny-gpt2 on cpu``."""
+        name = self.source.removeprefix("sample:").removeprefix("hf:")
+        extra = f", {self.dtype}" if self.dtype else ""
+        ckpt = f" + {Path(self.checkpoint).name}" if self.checkpoint else ""
+        return f"{name}{ckpt} on {self.device}{extra}"
 
-@st.cache_resource(show_spinner=False, max_entries=6)
-def cached_model(source: str, checkpoint: str | None, device: str, dtype: str | None) -> LoadedModel:
-    """One LoadedModel per key for the whole server; guard it with ``loaded.lock``."""
+    def with_device(self, device: str) -> Selection:
+        return replace(self, device=device)
+
+
+def _file_stamp(path: str | None) -> str:
+    """Size and modification time of a checkpoint, so a file rewritten on disk loads afresh."""
+    if not path:
+        return ""
+    try:
+        st_ = os.stat(path)
+    except OSError:
+        return "missing"
+    return f"{st_.st_size}:{st_.st_mtime_ns}"
+
+
+@st.cache_resource(show_spinner=False, max_entries=MAX_CACHED_MODELS)
+def cached_model(source: str, checkpoint: str | None, device: str, dtype: str | None,
+                 stamp: str = "") -> LoadedModel:
+    """One LoadedModel per key for the whole server; guard it with ``loaded.lock``.
+
+    ``stamp`` (size and mtime of the checkpoint) is only part of the cache key. A failed
+    load raises and caches nothing.
+    """
     return load_model(source, checkpoint=checkpoint, device=device, dtype=dtype)
 
 
 def get_loaded(selection: Selection) -> LoadedModel:
-    return cached_model(selection.source, selection.checkpoint, selection.device, selection.dtype)
+    """The cached LoadedModel for ``selection`` (loading it on first use)."""
+    return cached_model(selection.source, selection.checkpoint, selection.device, selection.dtype,
+                        _file_stamp(selection.checkpoint))
+
+
+UPLOAD_DIR = Path(tempfile.gettempdir()) / "model-inspector-uploads"
+UPLOAD_SUFFIXES = (".safetensors", ".pt", ".pth", ".bin")
 
 
 def save_upload(name: str, data: bytes) -> str:
-    """Store an uploaded checkpoint under a content-addressed name; returns its path."""
+    """Store an uploaded checkpoint under a content-addressed name; returns its path.
+
+    The file is only ever read with safetensors or ``torch.load(weights_only=True)``.
+    """
+    base = Path(name).name
+    if not base.lower().endswith(UPLOAD_SUFFIXES):
+        raise InspectorError(f"uploaded file {base!r} is not a checkpoint; use one of "
+                             f"{', '.join(UPLOAD_SUFFIXES)}")
     digest = hashlib.sha256(data).hexdigest()[:16]
-    folder = Path(tempfile.gettempdir()) / "model-inspector-uploads"
-    folder.mkdir(exist_ok=True)
-    path = folder / f"{digest}-{Path(name).name}"
+    UPLOAD_DIR.mkdir(exist_ok=True)
+    path = UPLOAD_DIR / f"{digest}-{base}"
     if not path.exists():
-        path.write_bytes(data)
+        tmp = path.with_suffix(path.suffix + ".part")
+        tmp.write_bytes(data)
+        tmp.replace(path)
     return str(path)

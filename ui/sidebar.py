@@ -1,83 +1,203 @@
-"""The sidebar model picker every page calls first."""
+"""The sidebar model picker every page calls first.
+
+With a folder named ``pages/`` Streamlit runs each page on its own, so every page calls
+:func:`model_picker`; the choice lives in ``st.session_state['mi_selection']`` (a
+:class:`ui.models.Selection`) and survives page switches. The model itself is cached for
+the whole server (:mod:`ui.models`).
+
+The first run of a session also reads the URL: ``?model=sample:gpt2-small&device=meta&dtype=float16``
+(``sample=<name>`` is short for ``model=sample:<name>``).
+"""
 
 from __future__ import annotations
 
+import time
+import traceback
+
 import streamlit as st
 
-from inspector.devices import available_devices
-from inspector.findings import InspectorError, sort_findings
-from inspector.models import DTYPES
+from inspector.devices import DeviceInfo, available_devices
+from inspector.findings import Finding, InspectorError, sort_findings
+from inspector.models import DTYPES, LoadedModel, allowed_model_dirs
+from inspector.summary import format_bytes
 from sample_models import SAMPLES
 
 from .errors import guarded
 from .models import Selection, get_loaded, save_upload
 
 SELECTION = "mi_selection"
+_QUERY_DONE = "mi_query_applied"
+_LAST_LOAD = "mi_last_load"
+KINDS = ["Sample", "Python file", "Hugging Face folder"]
+AS_BUILT = "(as built)"
 
 
 def current_selection() -> Selection:
-    if SELECTION not in st.session_state:
-        st.session_state[SELECTION] = Selection()
-    return st.session_state[SELECTION]
+    """This session's selection (the default ``tiny-gpt2`` on the CPU until the user picks)."""
+    sel = st.session_state.get(SELECTION)
+    if not isinstance(sel, Selection):
+        sel = st.session_state[SELECTION] = Selection()
+    return sel
 
 
-def model_picker():
-    """Draw the picker in the sidebar and return the selected LoadedModel (None if it failed)."""
+def _severity_call(f: Finding):
+    return st.error if f.severity == "error" else st.warning if f.severity == "warning" else st.info
+
+
+def _show_error(exc: BaseException, what: str) -> None:
+    if isinstance(exc, InspectorError):
+        st.error(str(exc))
+    else:
+        st.error(f"Something went wrong while {what}: {type(exc).__name__}: {exc}")
+        with st.expander("Traceback"):
+            st.code("".join(traceback.format_exception(exc)))
+
+
+def load_selection(wanted: Selection) -> LoadedModel | None:
+    """Load ``wanted`` with progress in an ``st.status``; on success it becomes the selection.
+
+    On failure the message is shown and the previous model stays selected.
+    """
+    with st.status(f"Loading {wanted.label}…", expanded=True) as status:
+        st.write(f"Source `{wanted.source}`" + (f", checkpoint `{wanted.checkpoint}`" if wanted.checkpoint
+                                                 else ""))
+        t0 = time.perf_counter()
+        try:
+            loaded = get_loaded(wanted)
+        except Exception as exc:  # noqa: BLE001 - a failed load keeps the previous model
+            status.update(label="Loading failed; the previous model is still loaded", state="error")
+            _show_error(exc, f"loading {wanted.label}")
+            st.session_state[_LAST_LOAD] = ("error", wanted.label)
+            return None
+        st.write(f"Built and placed on `{loaded.device}` in {time.perf_counter() - t0:.1f} s.")
+        findings = sort_findings(loaded.findings)
+        for f in findings[:8]:
+            _severity_call(f)(f"**{f.code}** `{f.where}`: {f.message}")
+        if len(findings) > 8:
+            st.caption(f"…and {len(findings) - 8} more on the home page.")
+        if not findings:
+            st.write("Loading found nothing to report.")
+        status.update(label=f"Loaded {wanted.label}", state="complete", expanded=bool(findings))
+    st.session_state[SELECTION] = wanted
+    st.session_state[_LAST_LOAD] = ("ok", wanted.label)
+    return loaded
+
+
+def _apply_query_params() -> None:
+    """Once per session: load the model named in the URL, if any."""
+    if st.session_state.get(_QUERY_DONE):
+        return
+    st.session_state[_QUERY_DONE] = True
+    qp = st.query_params
+    source = qp.get("model") or (f"sample:{qp['sample']}" if qp.get("sample") else None)
+    if not source and not qp.get("device") and not qp.get("dtype"):
+        return
     sel = current_selection()
+    wanted = Selection(source or sel.source, qp.get("checkpoint") or None,
+                       qp.get("device") or sel.device, qp.get("dtype") or None)
+    if wanted != sel:
+        load_selection(wanted)
+
+
+def _device_label(devices: list[DeviceInfo], name: str) -> str:
+    return next((d.label for d in devices if d.name == name), name)
+
+
+def _source_inputs(sel: Selection) -> tuple[str, bool]:
+    """Source widgets; returns the source string and whether it is a structure-only sample."""
+    kind_now = ("Sample" if sel.source.startswith("sample:") else
+                "Hugging Face folder" if sel.source.startswith("hf:") else "Python file")
+    kind = st.radio("Source", KINDS, index=KINDS.index(kind_now), horizontal=True, key="mi_kind")
+    if kind == "Sample":
+        names = list(SAMPLES)
+        current = sel.source.removeprefix("sample:")
+        name = st.selectbox("Sample", names, index=names.index(current) if current in names else 0,
+                            key="mi_sample")
+        st.caption(SAMPLES[name].description)
+        return f"sample:{name}", SAMPLES[name].meta_only
+    if kind == "Python file":
+        source = st.text_input("File and factory", value=sel.source if kind_now == kind else "",
+                               placeholder="sample_models/small.py:ConvNet", key="mi_file",
+                               help="A Python file and a function or class in it that returns an "
+                                    "nn.Module. Optional module-level example_inputs(batch_size) "
+                                    "and loss(outputs, inputs) are used too.")
+        st.caption("Allowed folders: " + ", ".join(f"`{d}`" for d in allowed_model_dirs())
+                   + " (add more with INSPECTOR_MODEL_DIRS).")
+        return source.strip(), False
+    path = st.text_input("Local model folder", value=sel.source.removeprefix("hf:") if kind_now == kind else "",
+                         placeholder="/models/gpt2 (with config.json)", key="mi_hf")
+    return (f"hf:{path.strip()}" if path.strip() else ""), False
+
+
+def _checkpoint_inputs(sel: Selection) -> str | None:
+    with st.expander("Checkpoint (optional)", expanded=bool(sel.checkpoint)):
+        upload = st.file_uploader("Upload .safetensors / .pt / .bin", key="mi_upload",
+                                  type=["safetensors", "pt", "pth", "bin"],
+                                  help="Read with safetensors or torch.load(weights_only=True); "
+                                       "nothing in it is executed.")
+        path = st.text_input("…or a path on the server", value=sel.checkpoint or "", key="mi_ckpt_path")
+    if upload is not None:
+        with guarded("storing the upload"):
+            return save_upload(upload.name, upload.getvalue())
+        return None
+    return path.strip() or None
+
+
+def model_picker() -> LoadedModel | None:
+    """Draw the picker in the sidebar and return the selected LoadedModel (None if it failed).
+
+    A failed load shows its message and keeps the previous model, so the page stays usable.
+    """
     with st.sidebar:
-        st.header("Model")
-        kinds = ["Sample", "Python file", "Hugging Face folder"]
-        kind_now = ("Sample" if sel.source.startswith("sample:") else
-                    "Hugging Face folder" if sel.source.startswith("hf:") else "Python file")
-        kind = st.radio("Source", kinds, index=kinds.index(kind_now), horizontal=True, key="mi_kind")
-        if kind == "Sample":
-            names = list(SAMPLES)
-            current = sel.source.removeprefix("sample:") if kind_now == "Sample" else names[0]
-            name = st.selectbox("Sample", names, index=names.index(current), key="mi_sample")
-            st.caption(SAMPLES[name].description)
-            source = f"sample:{name}"
-        elif kind == "Python file":
-            source = st.text_input("File and factory", value="" if kind_now != kind else sel.source,
-                                   placeholder="sample_models/small.py:ConvNet", key="mi_file")
-        else:
-            path = st.text_input("Local model folder", key="mi_hf",
-                                 value="" if kind_now != kind else sel.source.removeprefix("hf:"))
-            source = f"hf:{path}" if path else ""
+        st.header("🔎 Model")
+        _apply_query_params()
+        sel = current_selection()
+        source, meta_only = _source_inputs(sel)
         devices = available_devices()
-        dev_names = [d.name for d in devices]
-        default_dev = "meta" if kind == "Sample" and SAMPLES[name].meta_only else \
-            (sel.device if sel.device in dev_names else "cpu")
-        device = st.selectbox("Device", dev_names, index=dev_names.index(default_dev),
-                              format_func=lambda n: next(d.label for d in devices if d.name == n),
-                              key=f"mi_device_{source}")
-        dtypes = ["(as built)", *DTYPES]
-        dtype = st.selectbox("Dtype", dtypes, index=dtypes.index(sel.dtype or "(as built)"), key="mi_dtype")
-        with st.expander("Checkpoint (optional)"):
-            upload = st.file_uploader("Upload .safetensors / .pt / .bin",
-                                      type=["safetensors", "pt", "pth", "bin"], key="mi_upload")
-            ckpt_path = st.text_input("…or a path on the server", key="mi_ckpt_path")
-        checkpoint = save_upload(upload.name, upload.getvalue()) if upload is not None else (ckpt_path or None)
-        wanted = Selection(source, checkpoint, device, None if dtype == "(as built)" else dtype)
-        if wanted != sel and st.button("Load model", type="primary", key="mi_load"):
+        names = [d.name for d in devices]
+        default_dev = "meta" if meta_only else (sel.device if sel.device in names else "cpu")
+        device = st.selectbox("Device", names, index=names.index(default_dev),
+                              format_func=lambda n: _device_label(devices, n),
+                              key=f"mi_device_{'meta' if meta_only else 'any'}",
+                              help="Every device here with its free memory; meta keeps the "
+                                   "structure without any memory (structure views only).")
+        dtypes = [AS_BUILT, *DTYPES]
+        dtype = st.selectbox("Dtype", dtypes, index=dtypes.index(sel.dtype) if sel.dtype in dtypes else 0,
+                             key="mi_dtype")
+        checkpoint = _checkpoint_inputs(sel)
+        wanted = Selection(source, checkpoint, device, None if dtype == AS_BUILT else dtype)
+        changed = wanted != sel
+        if st.button("Load model" if changed else "Loaded ✓", type="primary" if changed else "secondary",
+                     disabled=not changed, key="mi_load", width="stretch"):
             if not source:
-                st.error("Give a source first.")
+                st.error("Give a source first: a sample, a `file.py:factory` or a model folder.")
             else:
-                with st.status(f"Loading {source} on {device}…", expanded=False) as status:
-                    try:
-                        get_loaded(wanted)
-                    except InspectorError as exc:
-                        status.update(label="Loading failed", state="error")
-                        st.error(str(exc))
-                    else:
-                        st.session_state[SELECTION] = sel = wanted
-                        status.update(label=f"Loaded {source}", state="complete")
+                load_selection(wanted)
+        sel = current_selection()
         loaded = None
         with guarded("loading the model"):
             loaded = get_loaded(sel)
+        if loaded is None and sel != Selection():
+            st.warning("Falling back to the default model.")
+            st.session_state[SELECTION] = sel = Selection()
+            with guarded("loading the default model"):
+                loaded = get_loaded(sel)
         if loaded is not None:
-            st.caption(f"Loaded: **{loaded.name}** on `{loaded.device}`"
-                       + (f", `{loaded.dtype}`" if loaded.dtype else ""))
-            for f in sort_findings(loaded.findings)[:5]:
-                (st.error if f.severity == "error" else st.warning if f.severity == "warning"
-                 else st.info)(f"{f.code}: {f.message}")
+            _loaded_caption(loaded)
     return loaded
+
+
+def _loaded_caption(loaded: LoadedModel) -> None:
+    n = sum(p.numel() for p in loaded.model.parameters())
+    size = sum(p.numel() * p.element_size() for p in loaded.model.parameters())
+    st.caption(f"Loaded **{loaded.name}** on `{loaded.device}`"
+               + (f" as `{loaded.dtype}`" if loaded.dtype else "")
+               + f" · {n:,} parameters ({format_bytes(size)})"
+               + (" · structure only" if loaded.is_meta else ""))
+    if loaded.findings:
+        worst = sort_findings(loaded.findings)
+        with st.expander(f"Findings of loading ({len(worst)})", expanded=worst[0].severity == "error"):
+            for f in worst[:10]:
+                _severity_call(f)(f"**{f.code}** `{f.where}`: {f.message}")
+            if len(worst) > 10:
+                st.caption(f"…{len(worst) - 10} more on the home page.")

@@ -1,0 +1,185 @@
+"""The home page and the sidebar picker, driven through streamlit's AppTest."""
+
+from __future__ import annotations
+
+import builtins
+from pathlib import Path
+
+import pytest
+import torch
+from streamlit.testing.v1 import AppTest
+
+from sample_models import SAMPLES
+from ui.models import Selection
+
+ROOT = Path(__file__).resolve().parent.parent
+APP = str(ROOT / "app.py")
+
+
+def run_app(**query: str) -> AppTest:
+    at = AppTest.from_file(APP, default_timeout=120)
+    for k, v in query.items():
+        at.query_params[k] = v
+    return at.run()
+
+
+def errors(at: AppTest) -> list[str]:
+    return [e.value for e in at.error]
+
+
+def metric(at: AppTest, label: str) -> str:
+    return next(m.value for m in at.metric if m.label == label)
+
+
+def load(at: AppTest) -> AppTest:
+    return at.button(key="mi_load").click().run()
+
+
+def test_home_opens_with_tiny_gpt2_on_cpu():
+    at = run_app()
+    assert not at.exception
+    assert not errors(at)
+    assert at.session_state["mi_selection"] == Selection("sample:tiny-gpt2", None, "cpu", None)
+    # tiny GPT-2: 4080 unique parameter elements, 4592 with the tie counted twice.
+    assert metric(at, "Parameter elements") == "4,080"
+    assert metric(at, "Counting every alias") == "4,592"
+    assert metric(at, "Frozen") == "0"
+    # Nothing changed in the picker, so there is nothing to load.
+    assert at.button(key="mi_load").disabled
+    # The aliases finding is listed (the tie between wte and lm_head).
+    tables = [df.value for df in at.dataframe]
+    assert any("aliases-present" in set(t.get("code", [])) for t in tables)
+
+
+@pytest.mark.parametrize("name", list(SAMPLES))
+def test_every_sample_loads_through_the_picker(name):
+    at = run_app()
+    at.selectbox(key="mi_sample").set_value(name).run()
+    if SAMPLES[name].meta_only:
+        assert at.selectbox(key="mi_device_meta").value == "meta"
+    if name != "tiny-gpt2":  # the default is loaded already
+        load(at)
+    assert not at.exception
+    assert not errors(at)
+    sel = at.session_state["mi_selection"]
+    assert sel.source == f"sample:{name}"
+    assert sel.device == ("meta" if SAMPLES[name].meta_only else "cpu")
+    expected = sum(p.numel() for p in SAMPLES[name].build().parameters())
+    assert metric(at, "Parameter elements") == f"{expected:,}"
+    # The choice survives a rerun and the button says it is loaded.
+    at.run()
+    assert at.session_state["mi_selection"] == sel
+    assert at.button(key="mi_load").disabled
+
+
+def test_python_file_from_allowed_folder_loads():
+    at = run_app()
+    at.radio(key="mi_kind").set_value("Python file").run()
+    at.text_input(key="mi_file").input(f"{ROOT}/sample_models/small.py:ConvNet").run()
+    load(at)
+    assert not at.exception and not errors(at)
+    # ConvNet: conv1 224 + conv2 1168 + bn2 32 + fc 170 = 1594 parameter elements.
+    assert metric(at, "Parameter elements") == "1,594"
+
+
+def test_file_outside_allowed_folders_is_refused_and_not_imported(tmp_path):
+    marker = tmp_path / "imported.txt"
+    evil = tmp_path / "evil.py"
+    evil.write_text(f"open({str(marker)!r}, 'w').write('ran')\n"
+                    "import torch\ndef build():\n    return torch.nn.Linear(2, 2)\n")
+    at = run_app()
+    at.radio(key="mi_kind").set_value("Python file").run()
+    at.text_input(key="mi_file").input(f"{evil}:build").run()
+    load(at)
+    assert not at.exception
+    assert any("outside the folders" in e and "evil.py" in e for e in errors(at))
+    assert not marker.exists()
+    # The previous model is still loaded and the app still works.
+    assert at.session_state["mi_selection"] == Selection()
+    assert metric(at, "Parameter elements") == "4,080"
+    at.radio(key="mi_kind").set_value("Sample").run()
+    at.selectbox(key="mi_sample").set_value("cnn-bn").run()
+    load(at)
+    assert not at.exception and not errors(at)
+    assert at.session_state["mi_selection"].source == "sample:cnn-bn"
+
+
+class Hostile:
+    """Unpickling this calls open(marker, 'w'), which creates the marker file."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (builtins.open, (str(self.marker), "w"))
+
+
+def test_hostile_pickle_checkpoint_is_refused_without_running_it(tmp_path):
+    # First prove the file is really hostile: an unsafe load runs its code.
+    proof_marker = tmp_path / "proof.txt"
+    torch.save({"transformer.wte.weight": Hostile(proof_marker)}, tmp_path / "proof.pt")
+    torch.load(tmp_path / "proof.pt", weights_only=False)
+    assert proof_marker.exists()
+
+    marker = tmp_path / "pwned.txt"
+    ckpt = tmp_path / "hostile.pt"
+    torch.save({"transformer.wte.weight": Hostile(marker)}, ckpt)
+    at = run_app()
+    at.text_input(key="mi_ckpt_path").input(str(ckpt)).run()
+    load(at)
+    assert not at.exception
+    assert any("hostile.pt" in e and "refused" in e for e in errors(at))
+    assert not marker.exists()
+    assert at.session_state["mi_selection"] == Selection()
+    assert metric(at, "Parameter elements") == "4,080"
+
+
+def test_missing_checkpoint_shows_error_and_keeps_model(tmp_path):
+    at = run_app()
+    at.text_input(key="mi_ckpt_path").input(str(tmp_path / "nowhere.safetensors")).run()
+    load(at)
+    assert not at.exception
+    assert any("does not exist" in e for e in errors(at))
+    assert at.session_state["mi_selection"] == Selection()
+
+
+def test_checkpoint_from_safetensors_path_loads(tmp_path):
+    from safetensors.torch import save_file
+
+    model = SAMPLES["tiny-gpt2"].build()
+    state = {k: v.detach().clone() + 1.0 for k, v in model.state_dict().items()
+             if k != "lm_head.weight" and v.is_floating_point()}
+    save_file(state, tmp_path / "plus1.safetensors")
+    at = run_app()
+    at.text_input(key="mi_ckpt_path").input(str(tmp_path / "plus1.safetensors")).run()
+    load(at)
+    assert not at.exception and not errors(at)
+    assert at.session_state["mi_selection"].checkpoint == str(tmp_path / "plus1.safetensors")
+
+
+@pytest.mark.parametrize("query, needle", [
+    ({"device": "cuda:7"}, "cuda:7"),
+    ({"device": "tpu"}, "tpu"),
+    ({"sample": "no-such-model"}, "no-such-model"),
+    ({"model": "sample:llama-70b-meta", "device": "cpu"}, "meta"),
+])
+def test_bad_url_choice_shows_error_and_keeps_default(query, needle):
+    at = run_app(**query)
+    assert not at.exception
+    assert any(needle in e for e in errors(at)), errors(at)
+    assert at.session_state["mi_selection"] == Selection()
+    assert metric(at, "Parameter elements") == "4,080"
+    # Still usable: another sample loads afterwards.
+    at.selectbox(key="mi_sample").set_value("frozen-adapter").run()
+    load(at)
+    assert not at.exception
+    assert at.session_state["mi_selection"].source == "sample:frozen-adapter"
+
+
+def test_url_choice_loads_that_model():
+    at = run_app(model="sample:llama-70b-meta", device="meta")
+    assert not at.exception and not errors(at)
+    assert at.session_state["mi_selection"] == Selection("sample:llama-70b-meta", None, "meta", None)
+    # The tensor listing of a 70B model is paged, not drawn in one go.
+    listing = [df.value for df in at.dataframe if "requires_grad" in df.value.columns]
+    assert listing and all(len(t) <= 50 for t in listing)

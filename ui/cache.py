@@ -1,0 +1,167 @@
+"""Cache analyses per loaded model, so switching pages or rerunning does not recompute.
+
+Use it on any page::
+
+    from ui.cache import cached_analysis
+    from inspector import offset_map
+
+    loaded = model_picker()
+    df = cached_analysis(offset_map, loaded.model, trainable_only=True)
+
+The cache key is the current model's key (``st.session_state['mi_selection'].key``), the
+function's module and name, and the other arguments. Arguments may be unhashable: a
+``nn.Module``/``LoadedModel`` counts by identity (cached models are one object per key),
+a tensor by its shape, dtype and contents, containers element by element, anything else by
+``repr``.
+
+Two scopes:
+
+* ``cache_scope="model"`` (default): one result per model for the whole server, shared by
+  every browser session. For deterministic analyses of the model's structure or weights
+  (alias groups, offset maps, device-map plans, placement tables). Treat the result as
+  read-only: ``.copy()`` a DataFrame before changing it.
+* ``cache_scope="session"``: one result per browser session (kept in ``st.session_state``).
+  For anything that depends on what one user did: captures of their inputs, gradients after
+  their backward pass, attributions of their target. Another session never sees it.
+
+Pass ``cache_key=`` to tell apart results that depend on something the arguments do not
+show (e.g. a counter bumped after "run a backward pass"), and call :func:`clear_analyses`
+after changing the model in place (a re-tie) so nothing stale is shown.
+
+Work that adds hooks or runs forward/backward must still hold ``loaded.lock`` inside ``fn``
+(or around the call): the cache only avoids recomputing, it does not serialise.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import Any, Literal, TypeVar
+
+import streamlit as st
+import torch
+from torch import nn
+
+from inspector.models import LoadedModel
+
+from .models import Selection
+
+T = TypeVar("T")
+Scope = Literal["model", "session"]
+MAX_PER_MODEL = 64
+MAX_PER_SESSION = 32
+_SESSION_KEY = "mi_analyses"
+
+
+class _Store:
+    """A small thread-safe LRU of results, with one lock per entry so a result is computed once."""
+
+    def __init__(self, max_entries: int) -> None:
+        self.max_entries = max_entries
+        self.items: OrderedDict[tuple, Any] = OrderedDict()
+        self.entry_locks: dict[tuple, threading.Lock] = {}
+        self.guard = threading.Lock()
+
+    def get_or_compute(self, key: tuple, compute: Callable[[], T]) -> T:
+        with self.guard:
+            if key in self.items:
+                self.items.move_to_end(key)
+                return self.items[key]
+            lock = self.entry_locks.setdefault(key, threading.Lock())
+        with lock:
+            with self.guard:
+                if key in self.items:
+                    return self.items[key]
+            value = compute()  # an exception propagates and caches nothing
+            with self.guard:
+                self.items[key] = value
+                self.items.move_to_end(key)
+                while len(self.items) > self.max_entries:
+                    old, _ = self.items.popitem(last=False)
+                    self.entry_locks.pop(old, None)
+                self.entry_locks.pop(key, None)
+            return value
+
+    def clear(self) -> None:
+        with self.guard:
+            self.items.clear()
+
+
+@st.cache_resource(show_spinner=False, max_entries=12)
+def _model_store(model_key: str) -> _Store:
+    return _Store(MAX_PER_MODEL)
+
+
+def _session_store() -> _Store:
+    store = st.session_state.get(_SESSION_KEY)
+    if store is None:
+        store = st.session_state[_SESSION_KEY] = _Store(MAX_PER_SESSION)
+    return store
+
+
+def _freeze(value: Any) -> Any:
+    """A hashable stand-in for an argument (see the module docstring)."""
+    if isinstance(value, (str, int, float, bool, type(None), bytes)):
+        return value
+    if isinstance(value, LoadedModel):
+        return ("loaded", id(value.model))
+    if isinstance(value, nn.Module):
+        return ("module", id(value))
+    if isinstance(value, torch.Tensor):
+        t = value.detach()
+        if t.device.type == "meta":
+            return ("tensor", tuple(t.shape), str(t.dtype), "meta")
+        data = t.cpu().contiguous().view(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b""
+        return ("tensor", tuple(t.shape), str(t.dtype), hashlib.sha1(data).hexdigest())
+    if isinstance(value, dict):
+        return ("dict", tuple((_freeze(k), _freeze(v)) for k, v in value.items()))
+    if isinstance(value, (list, tuple)):
+        return (type(value).__name__, tuple(_freeze(v) for v in value))
+    if isinstance(value, (set, frozenset)):
+        return ("set", tuple(sorted(repr(_freeze(v)) for v in value)))
+    if isinstance(value, (torch.dtype, torch.device)):
+        return str(value)
+    return ("repr", type(value).__qualname__, repr(value))
+
+
+def current_model_key() -> str:
+    """The key of the model picked in this session (the default model before the picker ran)."""
+    sel = st.session_state.get("mi_selection")
+    return (sel if isinstance(sel, Selection) else Selection()).key
+
+
+def cached_analysis(fn: Callable[..., T], /, *args: Any, cache_scope: Scope = "model",
+                    cache_key: Any = None, **kwargs: Any) -> T:
+    """``fn(*args, **kwargs)``, computed once per model (or per session) and reused.
+
+    Args:
+        fn: the analysis, usually a public ``inspector`` function.
+        *args: positional arguments for ``fn`` (a model, a DataFrame, numbers...).
+        cache_scope: ``"model"`` shares the result between sessions; ``"session"`` keeps it
+            to this browser session (use it for anything built from one user's inputs).
+        cache_key: anything extra that makes results differ (hashed like the arguments).
+        **kwargs: keyword arguments for ``fn``.
+
+    Returns:
+        What ``fn`` returned; the same object on later calls with the same key.
+    """
+    key = (current_model_key(), getattr(fn, "__module__", ""), getattr(fn, "__qualname__", repr(fn)),
+           _freeze(args), _freeze(kwargs), _freeze(cache_key))
+    store = _session_store() if cache_scope == "session" else _model_store(key[0])
+    return store.get_or_compute(key, lambda: fn(*args, **kwargs))
+
+
+def clear_analyses(model_key: str | None = None) -> None:
+    """Forget cached results of one model (default: the current one), shared and this session's.
+
+    Call it after changing the model in place, e.g. after a re-tie or loading new weights.
+    """
+    key = model_key or current_model_key()
+    _model_store(key).clear()
+    store = st.session_state.get(_SESSION_KEY)
+    if store is not None:
+        with store.guard:
+            for k in [k for k in store.items if k[0] == key]:
+                del store.items[k]
