@@ -140,12 +140,31 @@ class _Obj:
         self.memkey: tuple = ()
 
 
-def _named_tensors(model: nn.Module, include_buffers: bool) -> Iterator[tuple[str, torch.Tensor, str]]:
-    for name, p in model.named_parameters(remove_duplicate=False):
-        yield name, p, "parameter"
-    if include_buffers:
-        for name, b in model.named_buffers(remove_duplicate=False):
-            yield name, b, "buffer"
+def _named_tensors(model: nn.Module, include_buffers: bool) -> list[tuple[str, torch.Tensor, str]]:
+    """``named_parameters(remove_duplicate=False)`` then ``named_buffers(remove_duplicate=False)``.
+
+    For modules that do not override those two methods, both lists come from one walk of
+    ``named_modules(remove_duplicate=False)`` (what the two methods do, each on its own walk).
+    """
+    cls = type(model)
+    if cls.named_parameters is not nn.Module.named_parameters or \
+            cls.named_buffers is not nn.Module.named_buffers:
+        out = [(n, p, "parameter") for n, p in model.named_parameters(remove_duplicate=False)]
+        if include_buffers:
+            out += [(n, b, "buffer") for n, b in model.named_buffers(remove_duplicate=False)]
+        return out
+    params: list[tuple[str, torch.Tensor, str]] = []
+    buffers: list[tuple[str, torch.Tensor, str]] = []
+    for prefix, module in model.named_modules(remove_duplicate=False):
+        dot = prefix + "." if prefix else ""
+        for k, v in module._parameters.items():
+            if v is not None:
+                params.append((dot + k, v, "parameter"))
+        if include_buffers:
+            for k, v in module._buffers.items():
+                if v is not None:
+                    buffers.append((dot + k, v, "buffer"))
+    return params + buffers
 
 
 def _not_analysable(t: torch.Tensor) -> str | None:
