@@ -157,6 +157,12 @@ def _counts(scenario: Scenario) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def _graphs(scenario: Scenario) -> list[Any]:
+    from ..figures.aliases import alias_graph_figure
+
+    return [alias_graph_figure(scenario.extras["original"]), alias_graph_figure(scenario.model)]
+
+
 def _tie_findings(scenario: Scenario) -> pd.DataFrame:
     from ..aliases import compare_ties
 
@@ -206,6 +212,8 @@ LAB = Lab(
         View("Alias groups after the conversion", lambda s: _alias_table(s.model),
              "An empty table means no two names share a tensor."),
         View("Tie check: snapshot before vs model after", _tie_findings),
+        View("Alias graphs: before, then after the conversion", _graphs,
+             "Tensors aliased by two names are drawn in one colour.", on_demand=True),
     ),
     solution=SOLUTION,
 )

@@ -247,6 +247,7 @@ class TaskRecord:
     answers: dict[str, Any] = field(default_factory=dict)
     attempts: int = 0
     passed: bool = False
+    last_passed: bool = False
     message: str = ""
     evidence: tuple[str, ...] = ()
     when: str = ""
@@ -262,6 +263,7 @@ def record_attempt(progress: dict[str, dict[str, TaskRecord]], lab_id: str, task
     rec.attempts += 1
     rec.answers = {k: _plain(v) for k, v in answers.items()}
     rec.passed = rec.passed or result.passed
+    rec.last_passed = result.passed
     rec.message = result.message
     rec.evidence = tuple(result.evidence)
     rec.when = time.strftime("%Y-%m-%d %H:%M:%S")

@@ -61,3 +61,41 @@ def _md(text: Any) -> str:
     """Text safe for a Markdown table cell: no pipes, no line breaks, no raw HTML."""
     s = str(text).replace("\\", "\\\\").replace("|", "\\|").replace("\n", " ")
     return s.replace("<", "&lt;").replace(">", "&gt;")
+
+
+def lab_section(lab: Lab, progress: Mapping[str, Mapping[str, TaskRecord]], student: str = ""):
+    """The lab's results as a ``labs`` section of :mod:`inspector.report`."""
+    from ..findings import Finding
+    from ..report import SECTION_TITLES, Section, Table
+
+    res = lab_results(lab, progress, student)
+    rows = tuple((t["id"], t["prompt"], "passed" if t["passed"] else "not passed" if t["attempts"]
+                  else "not tried", t["attempts"],
+                  "; ".join(f"{k} = {v if isinstance(v, str) else json.dumps(v)}"
+                            for k, v in t["answers"].items()),
+                  t["message"], "; ".join(t["evidence"])) for t in res["tasks"])
+    table = Table(f"{lab.title}: tasks", ("task", "question", "result", "attempts", "answers",
+                                          "feedback", "what the inspector measured"), rows)
+    open_tasks = tuple(Finding("lab-task-open", "info", t["id"],
+                               f"lab {lab.id}: task {t['id']} is not passed yet")
+                       for t in res["tasks"] if not t["passed"])
+    section = Section("labs", SECTION_TITLES["labs"], note=f"Lab {lab.title!r}"
+                      + (f", student {student}" if student else ""),
+                      facts={"lab": lab.id, "title": lab.title, "student": student,
+                             "tasks": len(res["tasks"]), "passed": res["passed"]},
+                      tables=(table,), findings=open_tasks)
+    return section
+
+
+def lab_report(lab: Lab, progress: Mapping[str, Mapping[str, TaskRecord]], loaded: Any,
+               student: str = ""):
+    """A :class:`inspector.report.Report` of the lab's model (summary) with the lab results.
+
+    Render it with ``.to_markdown()``, ``.to_html()`` or ``.to_json()``.
+    """
+    from dataclasses import replace
+
+    from ..report import build_report
+
+    report = build_report(loaded, ["summary"])
+    return replace(report, sections=(*report.sections, lab_section(lab, progress, student)))

@@ -77,12 +77,6 @@ def _row_at(table: pd.DataFrame, index: int) -> pd.Series:
     return hit.iloc[0]
 
 
-def _element(row: pd.Series, index: int) -> tuple[int, ...]:
-    shape = tuple(int(s) for s in row["shape"])
-    flat = index - int(row["start"])
-    return tuple(int(i) for i in torch.unravel_index(torch.tensor(flat), shape)) if shape else ()
-
-
 def parse_element(text: Any) -> tuple[int, ...]:
     """``"(10, 0)"``, ``"10,0"`` or ``"[10][0]"`` as ``(10, 0)``.
 
@@ -100,25 +94,24 @@ def names(scenario: Scenario) -> list[str]:
 
 
 def check_locate(scenario: Scenario, answers: Mapping[str, Any]) -> CheckResult:
-    full, trainable = _maps(scenario)
+    from ..offsets import locate
+
     index = scenario.extras["bad_index"]
-    row = _row_at(trainable, index)
-    want = _element(row, index)
-    full_row = _row_at(full, index)
-    evidence = (f"offset_map(trainable_only=True): index {index} is in {row['name']} "
-                f"[{int(row['start'])}, {int(row['end'])}), element {want}",
-                f"offset_map (all parameters): index {index} is in {full_row['name']}")
+    loc = locate(scenario.model, index, trainable_only=True)
+    naive = locate(scenario.model, index)
+    evidence = (f"locate(model, {index}, trainable_only=True): {loc.describe()}",
+                f"locate(model, {index}): {naive.name}{list(naive.element)}, the full map's answer")
     got = parse_element(answers["element"])
-    if answers["parameter"] != row["name"]:
+    if answers["parameter"] != loc.name:
         hint = (" That is what the full map says, but the vector was built from trainable parameters."
-                if answers["parameter"] == full_row["name"] else "")
+                if answers["parameter"] == naive.name else "")
         return CheckResult(False, f"{answers['parameter']} is not where index {index} of the "
-                                  f"trainable-only vector falls.{hint}", evidence[:1] and ())
-    if got != want:
+                                  f"trainable-only vector falls.{hint}")
+    if got != loc.element:
         return CheckResult(False, f"Right parameter, but element {got} is not the one: subtract the "
                                   "segment's start, then unravel in the tensor's shape.")
-    return CheckResult(True, f"Right: {row['name']}{list(want)} (segment [{int(row['start'])}, "
-                             f"{int(row['end'])}) of the trainable-only vector).", evidence)
+    return CheckResult(True, f"Right: {loc.name}{list(loc.element)} (segment [{loc.start}, "
+                             f"{loc.end}) of the trainable-only vector).", evidence)
 
 
 REASONS = (

@@ -1,0 +1,80 @@
+"""Labs: debug a model with a real, silent bug; the inspector's own analyses grade the answers."""
+
+from __future__ import annotations
+
+import os
+
+import streamlit as st
+
+from inspector.labs import TEACHER_KEY_ENV, Lab, LabError, teacher_unlocked
+from ui import labs_view as lv
+from ui.errors import guarded
+from ui.sidebar import model_picker
+
+st.set_page_config(page_title="Labs", layout="wide")
+model_picker()
+
+st.title("Labs")
+st.caption("Each lab hands you a model with a real bug that raises no error. Find it with the views, "
+           "answer the questions, and press **Check**: the inspector grades your answer with the same "
+           "analyses its pages use. Your progress is kept for this browser session.")
+
+found = lv.entries()
+labs = [e for e in found if isinstance(e, Lab)]
+lv.show_errors([e for e in found if isinstance(e, LabError)])
+if not labs:
+    st.info("No labs found.")
+    st.stop()
+
+by_id = {lab.id: lab for lab in labs}
+lab_id = st.selectbox("Lab", list(by_id), format_func=lambda i: lv.lab_label(by_id[i]), key="lab_pick")
+lab = by_id[lab_id]
+progress = lv.progress()
+done = sum(1 for t in lab.tasks if progress.get(lab.id, {}).get(t.id) and progress[lab.id][t.id].passed)
+st.progress(done / len(lab.tasks), text=f"{done} of {len(lab.tasks)} tasks passed")
+
+scenario = None
+with guarded(f"setting up the lab {lab.title}"):
+    scenario = lv.scenario_for(lab)
+if scenario is None:
+    st.stop()
+
+st.header(lab.title)
+st.markdown(lab.story)
+if lab.views:
+    st.subheader("Look at the model")
+    with guarded("showing the lab's views"):
+        lv.show_views(lab, scenario)
+
+for i, task in enumerate(lab.tasks, 1):
+    st.subheader(f"Task {i}")
+    st.markdown(task.prompt)
+    with guarded(f"showing task {i}"):
+        raw = lv.answer_fields(lab, task, scenario)
+        if st.button("Check", key=f"lab_check_{lab.id}_{task.id}", type="primary"):
+            with st.spinner("Checking with the inspector's analyses…"):
+                lv.check_task(lab, task, scenario, raw)
+        lv.show_record(lab, task)
+
+st.divider()
+left, right = st.columns(2)
+with left:
+    st.subheader("My lab report")
+    student = st.text_input("Your name (goes into the report)", key="lab_student")
+    with guarded("making the lab report"):
+        lv.report_downloads(lab, scenario, student)
+    if st.button("Start this lab again (new model, progress kept)", key=f"lab_reset_{lab.id}"):
+        lv.scenario_for(lab, fresh=True)
+
+with right:
+    st.subheader("Teacher view")
+    if not os.environ.get(TEACHER_KEY_ENV):
+        st.caption(f"Solutions are shown to teachers when the server is started with {TEACHER_KEY_ENV} "
+                   "set and the same key is entered here.")
+    else:
+        entered = st.text_input("Teacher key", type="password", key="lab_teacher_key")
+        if teacher_unlocked(entered):
+            with guarded("showing the solutions"):
+                lv.show_solutions(lab, scenario)
+        elif entered:
+            st.error("That is not the teacher key.")
