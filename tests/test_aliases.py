@@ -1,0 +1,417 @@
+"""Alias groups, tie snapshots, re-tying and the conversion check, on tiny hand-built models."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from torch import nn
+
+from inspector.aliases import (
+    CONVERSIONS,
+    _named_tensors,
+    alias_analysis,
+    alias_groups,
+    compare_ties,
+    conversion_check,
+    conversion_table,
+    retie,
+    snapshot_ties,
+)
+from inspector.findings import InspectorError
+from inspector.figures.aliases import alias_graph_figure, graph_data
+from sample_models import get_sample
+
+# --------------------------------------------------------------------------------------------
+# Hand-built models, one per kind
+
+
+def two_linears() -> nn.Sequential:
+    # 0.weight (3x4 = 12), 0.bias (3), 1.weight (3x4 = 12), 1.bias (3): 30 elements
+    return nn.Sequential(nn.Linear(4, 3), nn.Linear(4, 3))
+
+
+def same_object_model() -> nn.Sequential:
+    m = two_linears()
+    m[1].weight = m[0].weight  # one Parameter, two names: unique 12 + 3 + 3 = 18, with aliases 30
+    return m
+
+
+def shared_storage_model() -> nn.Sequential:
+    m = two_linears()
+    t = torch.randn(3, 4)
+    m[0].weight = nn.Parameter(t)  # two Parameter objects over one tensor's memory
+    m[1].weight = nn.Parameter(t)
+    return m
+
+
+class SliceBuffers(nn.Module):
+    """``full`` is a (4, 4) float32 buffer (64 bytes); ``rows`` is full[1:3] (bytes 16..48)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(2, 2)
+        self.register_buffer("full", torch.arange(16.0).reshape(4, 4))
+        self.register_buffer("rows", self.full[1:3])
+
+
+class DisjointBuffers(nn.Module):
+    """Two halves of one (4, 4) storage, and two interleaved column views of another."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        base = torch.arange(16.0).reshape(4, 4)
+        self.register_buffer("top", base[:2])       # bytes 0..32
+        self.register_buffer("bottom", base[2:])    # bytes 32..64
+        cols = torch.arange(16.0).reshape(4, 4)
+        self.register_buffer("even", cols[:, 0::2])  # extents overlap, elements do not
+        self.register_buffer("odd", cols[:, 1::2])
+
+
+# --------------------------------------------------------------------------------------------
+# alias_groups
+
+
+def test_same_object_two_names():
+    m = same_object_model()
+    a = alias_analysis(m)
+    assert [(g.names, g.kind, g.objects, g.numel, g.nbytes) for g in a.groups] == [
+        (("0.weight", "1.weight"), "same-object", 1, 12, 48)]
+    # named_parameters() keeps 0.weight, the first name
+    assert a.groups[0].names[0] == next(n for n, p in m.named_parameters() if p is m[1].weight)
+    assert (a.unique_numel, a.numel_with_aliases, a.names) == (18, 30, 4)
+    assert a.groups[0].memory_checked and not a.identity_only and a.findings == ()
+
+
+def test_shared_storage_two_parameters():
+    m = shared_storage_model()
+    g = alias_groups(m)
+    assert [(g.names, g.kind, g.objects, g.numel) for g in g] == [
+        (("0.weight", "1.weight"), "shared-storage", 2, 12)]
+    # parameters() counts the memory twice: 12 + 3 + 12 + 3
+    assert sum(p.numel() for p in m.parameters()) == 30
+
+
+def test_buffer_slice_is_overlapping_view():
+    g = alias_groups(SliceBuffers())
+    assert len(g) == 1
+    assert (g[0].names, g[0].kind, g[0].objects, g[0].tensor_kinds) == (
+        ("full", "rows"), "overlapping-view", 2, ("buffer", "buffer"))
+    # union of bytes 0..64 and 16..48 is 64 bytes = 16 float32 elements
+    assert (g[0].numel, g[0].nbytes) == (16, 64)
+
+
+def test_parameter_buffer_alias_and_transposed_view():
+    m = nn.Linear(3, 2)
+    m.register_buffer("w_copy", m.weight.detach())   # same bytes, a different object
+    m.register_buffer("w_t", m.weight.detach().t())  # same bytes, transposed: still exactly them
+    g = alias_groups(m)
+    assert [(x.names, x.kind, x.objects, x.tensor_kinds) for x in g] == [
+        (("weight", "w_copy", "w_t"), "shared-storage", 3, ("parameter", "buffer", "buffer"))]
+    assert alias_groups(m, include_buffers=False) == []
+
+
+def test_disjoint_views_are_not_aliases():
+    a = alias_analysis(DisjointBuffers())
+    assert a.groups == ()
+    assert sorted(d.regions for d in a.disjoint) == sorted([(("top",), ("bottom",)),
+                                                            (("even",), ("odd",))])
+    assert {d.storage_nbytes for d in a.disjoint} == {64}
+
+
+def test_group_of_object_and_view_takes_loosest_kind():
+    m = same_object_model()
+    m.register_buffer("w_row", m[0].weight.detach()[1])  # a row of the tied weight
+    g = alias_groups(m)
+    assert [(x.names, x.kind, x.objects) for x in g] == [
+        (("0.weight", "1.weight", "w_row"), "overlapping-view", 2)]
+
+
+def test_one_walk_lists_what_the_public_methods_list():
+    shared = nn.Linear(2, 2)
+    m = nn.Sequential(shared, nn.Sequential(shared, nn.BatchNorm1d(2)))
+    m[1][1].register_parameter("extra", None)
+    walk = [(n, id(t)) for n, t, _ in _named_tensors(m, True)]
+    public = [(n, id(t)) for n, t in m.named_parameters(remove_duplicate=False)]
+    public += [(n, id(t)) for n, t in m.named_buffers(remove_duplicate=False)]
+    assert walk == public
+    assert [x.names for x in alias_groups(m)] == [("0.weight", "1.0.weight"), ("0.bias", "1.0.bias")]
+
+
+def test_meta_device_is_identity_only():
+    with torch.device("meta"):
+        m = same_object_model()
+        m.register_buffer("w_view", m[0].weight.detach()[0])
+    a = alias_analysis(m)
+    assert [(g.names, g.kind, g.memory_checked) for g in a.groups] == [
+        (("0.weight", "1.weight"), "same-object", False)]
+    assert a.identity_only
+    assert [f.code for f in a.findings] == ["alias-identity-only"]
+    assert "meta device" in a.findings[0].message
+
+
+def test_llama_70b_meta_has_no_groups():
+    m = get_sample("llama-70b-meta").build()
+    a = alias_analysis(m)
+    assert a.groups == () and a.identity_only and a.names == 724
+
+
+def test_none_and_zero_size_parameters():
+    m = two_linears()
+    m[0].register_parameter("gone", None)
+    m[0].empty_a = nn.Parameter(torch.empty(0))
+    m[1].empty_b = nn.Parameter(torch.empty(0, 4))  # null data pointer too: not an alias of empty_a
+    m[1].empty_tied = m[0].empty_a
+    g = alias_groups(m)
+    assert [(x.names, x.kind, x.numel) for x in g] == [(("0.empty_a", "1.empty_tied"), "same-object", 0)]
+
+
+@pytest.mark.filterwarnings("ignore:torch.quantize_per_tensor")
+def test_sparse_and_quantized_are_reported_not_analysable():
+    m = nn.Module()
+    m.sp = nn.Parameter(torch.eye(3).to_sparse())
+    m.register_buffer("q", torch.quantize_per_tensor(torch.ones(4), 0.1, 0, torch.quint8))
+    m.register_buffer("q_again", m.q)
+    a = alias_analysis(m)
+    assert sorted((f.code, f.where) for f in a.findings) == [
+        ("alias-not-analysable", "q"), ("alias-not-analysable", "sp")]
+    assert [(g.names, g.kind, g.memory_checked) for g in a.groups] == [
+        (("q", "q_again"), "same-object", False)]
+
+
+def test_thousands_of_tensors_group_by_key():
+    # 1500 Linear(1, 1): 3000 tensors; every odd layer reuses the weight of the layer before
+    layers = nn.ModuleList(nn.Linear(1, 1) for _ in range(1500))
+    for i in range(1, 1500, 2):
+        layers[i].weight = layers[i - 1].weight
+    g = alias_groups(layers)
+    assert len(g) == 750
+    assert g[0].names == ("0.weight", "1.weight") and g[-1].names == ("1498.weight", "1499.weight")
+
+
+def test_bad_model_gets_clear_error():
+    with pytest.raises(InspectorError, match="nn.Module"):
+        alias_groups(None)
+
+
+def test_results_are_json_friendly():
+    a = alias_analysis(SliceBuffers())
+    json.dumps(a.to_dict())
+    json.dumps(snapshot_ties(same_object_model()).to_dict())
+    json.dumps(conversion_check(same_object_model(), "to-float64-overwrite").to_dict())
+
+
+# --------------------------------------------------------------------------------------------
+# snapshot_ties / compare_ties / retie
+
+
+def test_compare_ties_broken_and_weakened(tiny_gpt2, overwrite_flag):
+    snap = snapshot_ties(tiny_gpt2)
+    assert compare_ties(snap, tiny_gpt2) == []
+    m = tiny_gpt2.to(torch.float64)  # overwrite flag on: two objects, two storages
+    f = compare_ties(snap, m)
+    assert [(x.code, x.severity, x.where) for x in f] == [("tie-broken", "error", "transformer.wte.weight")]
+    assert "transformer.wte.weight, lm_head.weight" in f[0].message
+    assert "from 4080 to 4592" in f[0].message
+
+
+def test_compare_ties_weakened(tiny_gpt2, overwrite_flag):
+    snap = snapshot_ties(tiny_gpt2)
+    m = tiny_gpt2.to(torch.float32)  # same dtype: new objects over the same storage
+    f = compare_ties(snap, m)
+    assert [(x.code, x.severity) for x in f] == [("tie-weakened", "warning")]
+    assert "lm_head.weight" in f[0].message and "from 4080 to 4592" in f[0].message
+
+
+def test_compare_ties_missing_name(tiny_gpt2):
+    snap = snapshot_ties(tiny_gpt2)
+    del tiny_gpt2.lm_head.weight
+    f = compare_ties(snap, tiny_gpt2)
+    assert [x.code for x in f] == ["tie-broken"] and "lm_head.weight no longer exist" in f[0].message
+
+
+def test_retie_restores_identity(tiny_gpt2, overwrite_flag):
+    snap = snapshot_ties(tiny_gpt2)
+    m = tiny_gpt2.to(torch.float64)
+    assert sum(p.numel() for p in m.parameters()) == 4592
+    f = retie(m, snap)
+    assert [(x.code, x.where) for x in f] == [("tie-restored", "transformer.wte.weight")]
+    assert m.lm_head.weight is m.transformer.wte.weight
+    assert sum(p.numel() for p in m.parameters()) == 4080
+    assert compare_ties(snap, m) == [] and retie(m, snap) == []
+
+
+def test_retie_restores_overlapping_view():
+    m = SliceBuffers()
+    snap = snapshot_ties(m)
+    m.rows = m.rows.clone()  # the slice now has its own memory
+    assert [x.code for x in compare_ties(snap, m)] == ["tie-broken"]
+    retie(m, snap)
+    assert m.rows.untyped_storage().data_ptr() == m.full.untyped_storage().data_ptr()
+    assert m.rows.storage_offset() == 4 and torch.equal(m.rows, m.full[1:3])
+    assert compare_ties(snap, m) == []
+
+
+def test_retie_refuses_when_shapes_or_dtypes_differ():
+    m = same_object_model()
+    snap = snapshot_ties(m)
+    m[1].weight = nn.Parameter(torch.zeros(5, 4))
+    before = m[1].weight
+    with pytest.raises(InspectorError, match=r"1\.weight.*\(5, 4\).*\(3, 4\)"):
+        retie(m, snap)
+    assert m[1].weight is before  # nothing changed
+    m[1].weight = nn.Parameter(torch.zeros(3, 4, dtype=torch.float64))
+    with pytest.raises(InspectorError, match="dtypes differ"):
+        retie(m, snap)
+
+
+# --------------------------------------------------------------------------------------------
+# Conversion check
+
+
+def _row(result):
+    o = result.outcomes[0]
+    return o.outcome, o.same_object, o.same_storage, result.unique_after
+
+
+def test_conversion_table_on_tiny_gpt2(tiny_gpt2):
+    flag = torch.__future__.get_overwrite_module_params_on_conversion()
+    wte = tiny_gpt2.transformer.wte.weight
+    value = wte.detach().clone()
+    names = ["to-float64-overwrite", "to-float32-overwrite", "move-model-float64", "move-model-float32"]
+    table, results = conversion_table(tiny_gpt2, names)
+    got = {r.conversion: _row(r) for r in results}
+    assert got == {
+        "to-float64-overwrite": ("broken", False, False, 4592),   # different objects, different storage
+        "to-float32-overwrite": ("weakened", False, True, 4592),  # different objects, same storage
+        "move-model-float64": ("kept", True, True, 4080),         # same, same
+        "move-model-float32": ("kept", True, True, 4080),
+    }
+    assert table.iloc[0][["conversion", "same_object", "same_storage", "unique"]].tolist() == [
+        "before", True, True, 4080]
+    assert table["outcome"].tolist() == ["-", "broken", "weakened", "kept", "kept"]
+    # the model itself is untouched and the process-wide flag is back
+    assert tiny_gpt2.lm_head.weight is wte and torch.equal(wte, value) and wte.dtype == torch.float32
+    assert torch.__future__.get_overwrite_module_params_on_conversion() == flag
+
+
+def test_every_conversion_on_tiny_gpt2(tiny_gpt2):
+    got = {name: _row(conversion_check(tiny_gpt2, name)) for name in CONVERSIONS}
+    assert got["to-float64"] == ("kept", True, True, 4080)
+    assert got["to-device-overwrite"] == ("weakened", False, True, 4592)  # cpu -> cpu, new objects
+    assert got["load-state-dict-assign"] == ("weakened", False, True, 4592)
+    assert got["safetensors-file"] == ("broken", False, False, 4592)
+    assert got["safetensors-model"] == ("kept", True, True, 4080)
+    assert got["deepcopy"] == ("kept", True, True, 4080)
+    assert got["to-empty"] == ("kept", True, True, 4080)
+
+
+def test_conversion_with_retie(tiny_gpt2):
+    r = conversion_check(tiny_gpt2, "to-float64-overwrite", retie_after=True)
+    assert [f.code for f in r.findings] == ["tie-broken"]
+    assert [f.code for f in r.retied] == ["tie-restored"]
+    assert r.unique_after_retie == 4080 and r.after_retie[0].outcome == "kept"
+
+
+def test_conversion_on_meta_model():
+    with torch.device("meta"):
+        m = get_sample("tiny-gpt2").build_fn()
+    assert _row(conversion_check(m, "to-float64-overwrite")) == ("broken", False, None, 4592)
+    assert _row(conversion_check(m, "to-float64")) == ("kept", True, None, 4080)
+    assert _row(conversion_check(m, "to-empty")) == ("broken", False, False, 4592)  # meta -> cpu
+    r = conversion_check(m, "safetensors-file")
+    assert r.error is not None and "meta device" in r.error and r.outcomes == ()
+    big = conversion_check(get_sample("llama-70b-meta").build(), "to-empty")
+    assert big.error is not None and "GiB" in big.error
+
+
+def test_overwrite_flag_restored_when_conversion_fails():
+    class Refuses(nn.Linear):
+        def _apply(self, fn, recurse=True):
+            raise RuntimeError("no conversion for you")
+
+    m = nn.Sequential(Refuses(2, 2))
+    r = conversion_check(m, "to-float64-overwrite")
+    assert r.error == "RuntimeError: no conversion for you"
+    assert torch.__future__.get_overwrite_module_params_on_conversion() is False
+
+
+def test_unknown_conversion():
+    with pytest.raises(InspectorError, match="unknown conversion 'nope'"):
+        conversion_check(two_linears(), "nope")
+
+
+def test_hugging_face_gpt2_from_tiny_config():
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(vocab_size=32, n_positions=16, n_embd=16, n_layer=1, n_head=2,
+                                     bos_token_id=0, eos_token_id=0)
+    m = transformers.GPT2LMHeadModel(config)
+    a = alias_analysis(m)
+    assert [(g.names, g.kind) for g in a.groups] == [(("transformer.wte.weight", "lm_head.weight"),
+                                                       "same-object")]
+    # the same sizes as tiny-gpt2: 4080 unique, 4592 with the tie counted twice
+    assert (a.unique_numel, a.numel_with_aliases) == (4080, 4592)
+    assert _row(conversion_check(m, "to-float64-overwrite")) == ("broken", False, False, 4592)
+    assert _row(conversion_check(m, "move-model-float64")) == ("kept", True, True, 4080)
+
+
+# --------------------------------------------------------------------------------------------
+# Figure
+
+
+def test_graph_of_tied_model():
+    m = same_object_model()
+    d = graph_data(m)
+    # modules: root, 0, 1; tensors: 0.weight (held by 0 and 1), 0.bias, 1.bias
+    assert sorted(d.nodes) == ["m:", "m:0", "m:1", "t:0.bias", "t:0.weight", "t:1.bias"]
+    assert d.extra == [("m:1", "t:0.weight", 0)]
+    assert (d.left_out_modules, d.left_out_tensors) == (0, 0)
+    fig = alias_graph_figure(m)
+    assert fig.layout.title.text == "1 alias group"
+    assert any(tr.name and tr.name.startswith("same-object: 0.weight, 1.weight") for tr in fig.data)
+
+
+def test_graph_of_big_models_is_aggregated():
+    m = get_sample("llama-70b-meta").build()
+    d = graph_data(m, max_nodes=300)
+    # no aliases: root + embed_tokens, rotary_emb, layers, norm, lm_head; no tensors
+    assert len(d.nodes) == 6 and d.left_out_tensors == 724
+    assert d.left_out_modules == sum(1 for _ in m.named_modules(remove_duplicate=False)) - 6
+    assert "724 tensors left out" in alias_graph_figure(m).layout.title.text
+    layers = nn.ModuleList(nn.Sequential(nn.Linear(1, 1)) for _ in range(200))
+    layers[199][0].weight = layers[0][0].weight
+    d = graph_data(layers, max_nodes=100)
+    # kept: root, 0, 0.0, 199, 199.0 and the one tied tensor
+    assert sorted(d.nodes) == ["m:", "m:0", "m:0.0", "m:199", "m:199.0", "t:0.0.weight"]
+    assert d.left_out_tensors == 399 - 1
+
+
+def test_graph_escapes_names():
+    m = nn.Module()
+    m.add_module("<b>x</b>", nn.Linear(1, 1, bias=False))
+    m.add_module("y", nn.Linear(1, 1, bias=False))
+    m.y.weight = m.get_submodule("<b>x</b>").weight
+    fig = alias_graph_figure(m)
+    texts = [h for tr in fig.data if tr.hovertext for h in tr.hovertext]
+    assert any("&lt;b&gt;x&lt;/b&gt;" in h for h in texts) and not any("<b>" in h for h in texts)
+
+
+# --------------------------------------------------------------------------------------------
+# Command line
+
+
+def test_cli_prints_groups_and_conversion_table(capsys):
+    from inspector.__main__ import main
+
+    assert main(["aliases", "sample:tiny-gpt2", "--convert", "to-float64-overwrite",
+                 "--convert", "move-model-float64"]) == 0
+    out = capsys.readouterr().out
+    assert "transformer.wte.weight, lm_head.weight same-object" in out
+    assert "4080 unique, 4592 counting aliases" in out
+    lines = [line.split() for line in out.splitlines()]
+    assert ["overwrite", "flag", "+", ".to(float64)", "transformer.wte.weight,", "lm_head.weight",
+            "broken", "False", "False", "4592"] in lines
+    assert "tie-broken" in out
+    assert main(["aliases", "sample:tiny-gpt2", "--convert", "nope"]) == 2
