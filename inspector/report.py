@@ -21,6 +21,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -52,11 +53,22 @@ SECTIONS: tuple[str, ...] = tuple(SECTION_TITLES)
 
 #: Options ``build_report`` understands, with their defaults; every report records them all.
 DEFAULT_OPTIONS: dict[str, Any] = {
-    "batch_size": 2,          # example inputs for captures, attributions and backward passes
-    "backward": False,        # run one backward pass for gradient norms when none exist yet
-    "max_memory": None,       # {device: bytes} budget for the device-map plan (None: a default split)
-    "max_rows": 60,           # rows per table in Markdown (JSON and HTML keep every row)
+    "batch_size": 2,               # example inputs for captures, attributions and backward passes
+    "backward": False,             # one backward pass for gradient norms (earlier .grad restored after)
+    "conversions": "auto",         # conversion checks: "auto", "all", a list of names, or [] for none
+    "conversion_max_bytes": 64 << 20,  # "auto" runs every conversion only on models up to this size
+    "max_memory": None,            # device budget for the plan, e.g. "0=20GiB,cpu=64GiB" (None: no plan)
+    "capture_max_bytes": 256 << 20,    # byte budget of the activation captures
+    "attribution_method": None,    # None: the first method that fits the model
+    "attribution_target": 0,       # class index or next-token id attributed
+    "attribution_layer": None,     # layer for layer methods (None: the method's default)
+    "attribution_steps": None,     # n_steps of integrating methods (None: captum's default, 50)
+    "lab": None,                   # a lab id (or Lab) whose results go into the labs section
+    "lab_progress": None,          # {lab id: {task id: TaskRecord}} from a labs session (not recorded)
+    "student": "",
+    "max_rows": 60,                # rows per table in Markdown (JSON and HTML keep every row)
 }
+_UNRECORDED_OPTIONS = ("lab_progress",)
 
 Progress = Callable[[str], None]
 
@@ -368,8 +380,8 @@ def build_report(loaded: Any, sections: Iterable[str] | None = None, *,
         sections: ids from ``SECTIONS``; ``None`` for all of them. ``"findings"`` is always
             included, first (it lists the other sections' findings, most severe first).
         progress: called with a line of text before each section (the CLI prints it).
-        **options: see ``DEFAULT_OPTIONS`` (``batch_size``, ``backward``, ``max_memory``,
-            ``max_rows``); unknown names raise InspectorError.
+        **options: see ``DEFAULT_OPTIONS`` (``batch_size``, ``backward``, ``conversions``,
+            ``max_memory``, ``attribution_method``, ``lab``...); unknown names raise InspectorError.
 
     Returns:
         A Report. Sections that cannot run here are kept as ``"skipped"`` with a note.
@@ -398,8 +410,14 @@ def build_report(loaded: Any, sections: Iterable[str] | None = None, *,
             built.append(Section("findings", SECTION_TITLES["findings"]))
             continue
         ctx.progress(f"report section {sid}: {SECTION_TITLES[sid].lower()}")
+        start = time.perf_counter()
         built.append(_run_builder(sid, ctx))
-    return Report(model=_model_info(loaded), options=plain(opts), sections=tuple(built),
+        seconds = time.perf_counter() - start
+        if seconds >= 1:
+            ctx.progress(f"report section {sid} took {seconds:.1f} s")
+    recorded = {k: v for k, v in opts.items() if k not in _UNRECORDED_OPTIONS}
+    recorded["lab"] = getattr(opts["lab"], "id", opts["lab"])
+    return Report(model=_model_info(loaded), options=plain(recorded), sections=tuple(built),
                   created=datetime.now(UTC).isoformat(timespec="seconds"),
                   environment=_environment())
 
@@ -447,6 +465,234 @@ def _summary_section(ctx: Context) -> Section:
     return Section("summary", SECTION_TITLES["summary"], facts=plain(facts),
                    tables=(Table.from_frame("Bytes by kind, dtype and device", s.bytes_table),),
                    findings=tuple(findings))
+
+
+def _figure(ctx: Context, notes: list[str], module: str, name: str, title: str, *args: Any,
+            summary: Table | pd.DataFrame | None = None, **kwargs: Any) -> tuple[ReportFigure, ...]:
+    """``inspector.figures.<module>.<name>(*args)`` as a report figure; a note if it is missing."""
+    try:
+        fn = need(f"figures.{module}", name)
+    except SectionUnavailable as exc:
+        notes.append(f"figure {title!r} left out: {exc}")
+        return ()
+    return (make_figure(title, fn(*args, **kwargs), summary),)
+
+
+def _model_bytes(model: nn.Module) -> int:
+    seen: set[int] = set()
+    total = 0
+    for t in [*model.parameters(), *model.buffers()]:
+        if id(t) not in seen:
+            seen.add(id(t))
+            total += t.numel() * t.element_size()
+    return total
+
+
+@section_builder("aliases")
+def _aliases_section(ctx: Context) -> Section:
+    alias_analysis = need("aliases", "alias_analysis")
+    with ctx.loaded.lock:
+        analysis = alias_analysis(ctx.model)
+    notes: list[str] = []
+    facts = {"alias_groups": len(analysis.groups), "names": analysis.names,
+             "unique_elements": analysis.unique_numel, "elements_with_aliases": analysis.numel_with_aliases,
+             "identity_only": analysis.identity_only, "disjoint_views": len(analysis.disjoint)}
+    tables = [Table.from_frame("Alias groups", analysis.to_frame(),
+                               "names[0] is the name named_parameters() keeps")]
+    if analysis.disjoint:
+        tables.append(Table("Disjoint views of one storage (not aliases)", ("regions", "storage_bytes", "device"),
+                            tuple((" | ".join(", ".join(r) for r in d.regions), d.storage_nbytes, d.device)
+                                  for d in analysis.disjoint)))
+    figures = _figure(ctx, notes, "aliases", "alias_graph_figure", "Alias graph", ctx.model,
+                      list(analysis.groups), summary=tables[0])
+    names = _conversions(ctx, notes)
+    if names:
+        conversion_table = need("aliases", "conversion_table")
+        table, _results = conversion_table(ctx.model, names)
+        tables.append(Table.from_frame(
+            "Conversions (each run on a copy of the model)", table,
+            "what each conversion does to every alias group; the model itself is not changed"))
+        facts["conversions_checked"] = len(names)
+    return Section("aliases", SECTION_TITLES["aliases"], note="; ".join(notes), facts=plain(facts),
+                   tables=tuple(tables), figures=figures, findings=tuple(analysis.findings))
+
+
+def _conversions(ctx: Context, notes: list[str]) -> list[str]:
+    choice = ctx.options["conversions"]
+    if not choice:
+        return []
+    known = list(need("aliases", "CONVERSIONS"))
+    if choice == "all":
+        return known
+    if choice == "auto":
+        size, limit = _model_bytes(ctx.model), int(ctx.options["conversion_max_bytes"])
+        if size > limit:
+            notes.append(f"conversion checks left out: each copies the model ({size} bytes, more than "
+                         f"conversion_max_bytes={limit}); pass conversions='all' or a list to run them")
+            return []
+        return known
+    names = [choice] if isinstance(choice, str) else list(choice)
+    bad = [n for n in names if n not in known]
+    if bad:
+        raise InspectorError(f"unknown conversion(s) {', '.join(bad)}; choose from {', '.join(known)}")
+    return names
+
+
+@section_builder("offsets")
+def _offsets_section(ctx: Context) -> Section:
+    offset_map, offset_findings = need("offsets", "offset_map", "offset_findings")
+    notes: list[str] = []
+    model = ctx.model
+    table = offset_map(model)
+    findings = list(offset_findings(model))
+    facts: dict[str, Any] = {"tensors": len(table), "vector_length": int(table["end"].max()) if len(table) else 0}
+    tables = [Table.from_frame("Flat offset map", table,
+                               "rows in parameters() order: parameters_to_vector(...)[start:end] is each "
+                               "tensor flattened")]
+    figures = _figure(ctx, notes, "offsets", "offset_figure", "Flat offsets", table,
+                      summary=tables[0])
+    grads = _gradients(ctx, notes)
+    if grads is not None:
+        tables.append(Table.from_frame("Gradient norms per parameter", grads.by_parameter))
+        tables.append(Table.from_frame("Gradient norms per module", grads.by_module))
+        facts.update({"total_gradient_norm": grads.total_norm, **{f"grad_{k}": v for k, v in grads.counts.items()}})
+        findings += grads.findings
+        figures += _figure(ctx, notes, "offsets", "gradient_norms_figure", "Gradient norms",
+                           grads.by_parameter, summary=tables[-2])
+    return Section("offsets", SECTION_TITLES["offsets"], note="; ".join(notes), facts=plain(facts),
+                   tables=tuple(tables), figures=figures, findings=tuple(findings))
+
+
+def _gradients(ctx: Context, notes: list[str]) -> Any:
+    """Gradient norms from the gradients the model has, or from one backward pass if asked.
+
+    A backward pass for the report puts every earlier ``.grad`` back afterwards.
+    """
+    gradient_report = need("offsets", "gradient_report")
+    model = ctx.model
+    params = list(model.parameters())
+    if not ctx.options["backward"]:
+        if any(p.grad is not None for p in params):
+            with ctx.loaded.lock:
+                return gradient_report(model)
+        notes.append("no gradients yet: gradient norms left out (pass backward=True for one backward pass)")
+        return None
+    run_backward = need("offsets", "run_backward")
+    with ctx.loaded.lock:
+        before = [p.grad for p in params]
+        try:
+            result = run_backward(ctx.loaded, batch_size=int(ctx.options["batch_size"]))
+            grads = gradient_report(model)
+        finally:
+            for p, g in zip(params, before):
+                p.grad = g
+    notes.append(result.message.replace("Nothing else changed", "Every earlier .grad was put back "
+                                        "afterwards; nothing else changed"))
+    return grads
+
+
+@section_builder("placement")
+def _placement_section(ctx: Context) -> Section:
+    placement_table, placement_findings = need("placement", "placement_table", "placement_findings")
+    notes: list[str] = []
+    model = ctx.model
+    now = placement_table(model)
+    findings = list(placement_findings(model))
+    tables = [Table.from_frame("Where every parameter and buffer is now", now)]
+    facts: dict[str, Any] = {"tensors": len(now),
+                             "devices_now": sorted({str(d) for d in now["device"] if d is not None})}
+    figures: tuple[ReportFigure, ...] = ()
+    budget = ctx.options["max_memory"]
+    if budget is None:
+        notes.append("no device budget given: the device-map plan is left out (pass max_memory, "
+                      "e.g. '0=20GiB,1=20GiB,cpu=64GiB')")
+    else:
+        plan_explained, check_with_accelerate, format_max_memory = need(
+            "placement", "plan_device_map_explained", "check_with_accelerate", "format_max_memory")
+        plan = plan_explained(model, budget)
+        check = check_with_accelerate(model, plan.device_map)
+        facts.update({"budget": format_max_memory(plan.budget), "map_keys": len(plan.device_map),
+                      "accelerate_check": "passed" if check is None else check})
+        tables += [Table("Planned device map", ("key", "device"),
+                         tuple((k, plain(v)) for k, v in plan.device_map.items())),
+                   Table.from_frame("Bytes per device", plan.usage),
+                   Table.from_frame("Audit of the plan: every parameter and buffer", plan.audit),
+                   Table.from_frame("Planner decisions", plan.records_frame())]
+        findings += plan.findings
+        figures = _figure(ctx, notes, "placement", "device_map_figure", "Planned device map", model,
+                          plan.device_map, summary=tables[2])
+    return Section("placement", SECTION_TITLES["placement"], note="; ".join(notes), facts=plain(facts),
+                   tables=tuple(tables), figures=figures, findings=tuple(findings))
+
+
+@section_builder("captures")
+def _captures_section(ctx: Context) -> Section:
+    capture_activations = need("capture", "capture_activations")
+    ctx.loaded.check_runnable()
+    inputs = ctx.loaded.example_inputs(int(ctx.options["batch_size"]))
+    caps = capture_activations(ctx.model, inputs, store_on="cpu",
+                               max_bytes=ctx.options["capture_max_bytes"])
+    notes: list[str] = []
+    mutated = list(getattr(caps, "mutated", []))
+    skipped = list(getattr(caps, "skipped", []))
+    facts = {"captured": len(getattr(caps, "outputs", {})), "mutated": mutated, "skipped": len(skipped)}
+    tables = [Table.from_frame("Captured outputs", caps.stats)]
+    if skipped:
+        tables.append(Table("Left out by the byte budget", ("module",), tuple((str(s),) for s in skipped)))
+    findings = list(getattr(caps, "findings", []))
+    figures = _figure(ctx, notes, "capture", "capture_stats_figure", "Activation statistics", caps.stats,
+                      summary=tables[0])
+    return Section("captures", SECTION_TITLES["captures"], note="; ".join(notes), facts=plain(facts),
+                   tables=tuple(tables), figures=figures, findings=tuple(findings))
+
+
+@section_builder("attribution")
+def _attribution_section(ctx: Context) -> Section:
+    attribute, methods_for, methods = need("attribution", "attribute", "methods_for", "METHODS")
+    ctx.loaded.check_runnable()
+    opts = ctx.options
+    inputs = ctx.loaded.example_inputs(1)
+    method = opts["attribution_method"] or methods_for(ctx.loaded, inputs)[0]
+    extra = {}
+    if opts["attribution_steps"] is not None and method in methods and methods[method].has_delta:
+        extra["n_steps"] = int(opts["attribution_steps"])
+    result = attribute(ctx.loaded, inputs, method, opts["attribution_target"], opts["attribution_layer"],
+                       **extra)
+    notes: list[str] = []
+    facts: dict[str, Any] = {"method": result.method, "captum_method": result.captum_method,
+                             "target": result.target, "position": result.position, "layer": result.layer}
+    comp = result.completeness()
+    if comp is not None:
+        facts.update({"max_abs_delta": comp.max_abs_delta, "max_relative_delta": comp.max_relative,
+                      "trusted": comp.trusted})
+    tables = [Table.from_frame("Attribution scores", result.summary)]
+    figures: tuple[ReportFigure, ...] = ()
+    if result.token_model:
+        figures = _figure(ctx, notes, "attribution", "token_heatmap", "Attribution per token", result,
+                          summary=tables[0])
+    elif result.pixel_map() is not None:
+        figures = _figure(ctx, notes, "attribution", "image_overlay", "Attribution over the input", result,
+                          summary=tables[0])
+    else:
+        figures = _figure(ctx, notes, "attribution", "conductance_bars", "Attribution per unit", result,
+                          summary=tables[0])
+    try:
+        notes.append(need("figures.attribution", "completeness_line")(result))
+    except SectionUnavailable:
+        pass
+    return Section("attribution", SECTION_TITLES["attribution"], note=" ".join(notes), facts=plain(facts),
+                   tables=tuple(tables), figures=figures, findings=tuple(result.findings))
+
+
+@section_builder("labs")
+def _labs_section(ctx: Context) -> Section:
+    lab = ctx.options["lab"]
+    if lab is None:
+        raise SectionUnavailable("no lab results: the Labs page (or lab=..., lab_progress=...) adds them")
+    get_lab, lab_section = need("labs", "get_lab"), need("labs.records", "lab_section")
+    if isinstance(lab, str):
+        lab = get_lab(lab)
+    return lab_section(lab, ctx.options["lab_progress"] or {}, ctx.options["student"] or "")
 
 
 # ------------------------------------------------------------------------- rendering
