@@ -277,8 +277,9 @@ def attribute(loaded: LoadedModel, inputs: Any, method: str, target: int | None,
             ``layer_ig`` on token models, the last convolution for ``layer_gradcam``).
         position: sequence position attributed for ``(B, T, V)`` outputs (default: last).
         **options: passed to captum's ``attribute`` (``n_steps``, ``baselines``,
-            ``internal_batch_size``...). Methods with a delta return it unless
-            ``return_convergence_delta=False``.
+            ``internal_batch_size``...); captum's own ``method`` (the integration rule,
+            e.g. ``"riemann_middle"``) is given as ``integration_method``. Methods with a
+            delta return it unless ``return_convergence_delta=False``.
 
     Raises:
         InspectorError: unknown method or layer, a method that does not fit the model,
@@ -455,13 +456,18 @@ def _flatten_inputs(inputs: Any) -> tuple[list[torch.Tensor], Callable[[tuple], 
 def _check_options(spec: MethodSpec, options: dict[str, Any]) -> dict[str, Any]:
     allowed = [p for p in inspect.signature(spec.captum_class.attribute).parameters
                if p not in ("self", "inputs", "target")]
+    options = dict(options)
+    if "integration_method" in options and "method" in allowed:
+        options["method"] = options.pop("integration_method")
     for key in options:
         if key not in allowed:
             close = difflib.get_close_matches(key, allowed, n=2, cutoff=0.5)
             raise InspectorError(f"{spec.label} has no option {key!r}"
                                  + (f"; did you mean {', '.join(close)}?" if close else "")
-                                 + f" Options: {', '.join(allowed)}")
-    return dict(options)
+                                 + f" Options: {', '.join(allowed)}"
+                                 + (" (captum's 'method' is given as 'integration_method')"
+                                    if "method" in allowed else ""))
+    return options
 
 
 @contextmanager

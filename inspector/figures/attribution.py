@@ -1,0 +1,151 @@
+"""Figures for attributions: token heatmap, image overlay, conductance bars, completeness line.
+
+NaN scores stay NaN: heatmap cells are left blank and marked "NaN", bars are missing
+and labelled, never drawn as zeros.
+"""
+
+from __future__ import annotations
+
+import html
+
+import numpy as np
+import pandas as pd
+import plotly.graph_objects as go
+
+from ..attribution import AttributionResult
+
+DIVERGING = "RdBu"
+MAX_TOKENS = 512
+
+
+def token_heatmap(result: AttributionResult, title: str | None = None) -> go.Figure:
+    """Tokens along x, one row per sample, the summed attribution as colour; values in hover.
+
+    >>> import torch, pandas as pd
+    >>> s = pd.DataFrame({"tensor": "wte", "sample": [0, 0], "index": [0, 1], "token": [5, 7],
+    ...                   "label": ["0:5", "1:7"], "score": [0.5, float("nan")],
+    ...                   "abs_score": [0.5, float("nan")], "nans": [0, 1]})
+    >>> r = AttributionResult("layer_ig", "ig", "LayerIntegratedGradients", 3, 1, "wte",
+    ...                       (torch.zeros(1, 2, 4),), (torch.tensor([[5, 7]]),), s)
+    >>> token_heatmap(r).data[0].text.tolist()
+    [['', 'NaN']]
+    """
+    s = _first_tensor(result.summary)
+    s = s[s["index"] >= s["index"].max() - MAX_TOKENS + 1]
+    z = s.pivot(index="sample", columns="index", values="score")
+    tok = s.pivot(index="sample", columns="index", values="token")
+    nans = s.pivot(index="sample", columns="index", values="nans")
+    abs_s = s.pivot(index="sample", columns="index", values="abs_score")
+    x = [f"{p}" for p in z.columns]
+    first = tok.iloc[0].tolist()
+    ticks = [f"{p}<br>{'' if pd.isna(t) else t}" for p, t in zip(z.columns, first)]
+    text = np.where(z.isna().to_numpy(), "NaN", "")
+    custom = np.dstack([tok.to_numpy(dtype=object), abs_s.to_numpy(dtype=object),
+                        nans.to_numpy(dtype=object)])
+    fig = go.Figure(go.Heatmap(
+        z=z.to_numpy(dtype=float), x=x, y=[f"sample {i}" for i in z.index], text=text,
+        texttemplate="%{text}", customdata=custom, colorscale=DIVERGING, zmid=0,
+        colorbar=dict(title="score"),
+        hovertemplate=("position %{x}<br>token %{customdata[0]}<br>score %{z:.4g}"
+                       "<br>|score| %{customdata[1]:.4g}<br>NaN values %{customdata[2]}<extra></extra>")))
+    where = html.escape(result.layer or "inputs")
+    fig.update_layout(title=title or f"{result.captum_method} on {where}: target {result.target}"
+                      + (f" at position {result.position}" if result.position is not None else ""),
+                      xaxis=dict(title="position / token id", tickvals=x, ticktext=ticks),
+                      height=160 + 40 * len(z.index), margin=dict(l=60, r=20, t=50, b=60))
+    return fig
+
+
+def image_overlay(result: AttributionResult, sample: int = 0, opacity: float = 0.6) -> go.Figure:
+    """The input image with the attribution map (summed over channels) laid over it.
+
+    Layer maps (GradCAM, a conv layer's conductance) are upsampled to the input's size.
+    """
+    pixels = result.pixel_map(sample)
+    if pixels is None:
+        raise ValueError("image_overlay needs a (B, C, H, W) input and attribution")
+    img = result.inputs[0][sample].float()  # (C, H, W)
+    fig = go.Figure()
+    if img.shape[0] == 3:
+        lo, hi = float(img.min()), float(img.max())
+        rgb = ((img - lo) / (hi - lo if hi > lo else 1.0) * 255).clamp(0, 255).byte()
+        fig.add_trace(go.Image(z=rgb.permute(1, 2, 0).numpy(), hoverinfo="skip"))
+    else:
+        fig.add_trace(go.Heatmap(z=img.mean(0).numpy(), colorscale="gray", showscale=False,
+                                 hoverinfo="skip"))
+    fig.add_trace(go.Heatmap(
+        z=pixels, colorscale=DIVERGING, zmid=0, opacity=opacity, colorbar=dict(title="score"),
+        hovertemplate="x %{x}, y %{y}<br>score %{z:.4g}<extra></extra>"))
+    fig.update_yaxes(autorange="reversed", scaleanchor="x")
+    fig.update_layout(title=f"{result.captum_method} on {html.escape(result.layer or 'inputs')}: "
+                            f"sample {sample}, target {result.target}",
+                      height=420, margin=dict(l=20, r=20, t=50, b=20))
+    return fig
+
+
+def conductance_bars(results: AttributionResult | list[AttributionResult], top: int = 32) -> go.Figure:
+    """One result: total score of each unit (channel, neuron or position) of its layer, the
+    ``top`` largest by magnitude. Several results: one bar per layer, its total score, with
+    the output difference each should add up to where the method has a delta."""
+    if isinstance(results, AttributionResult):
+        s = _first_tensor(results.summary)
+        total = lambda v: v.sum(skipna=False)  # noqa: E731 - a NaN stays NaN, never 0
+        g = s.groupby("label", sort=False).agg(score=("score", total), abs_score=("abs_score", total),
+                                               nans=("nans", "sum"))
+        g = g.assign(order=g["abs_score"].fillna(np.inf)).sort_values("order", ascending=False).head(top)
+        labels, values, nans = list(g.index), g["score"].to_numpy(dtype=float), g["nans"].to_numpy()
+        title = f"{results.captum_method} per unit of {html.escape(results.layer or 'inputs')}"
+        if len(s["label"].unique()) > top:
+            title += f" (top {top} of {len(s['label'].unique())} by |score|)"
+        diff = None
+    else:
+        labels, values, nans, diffs = [], [], [], []
+        for r in results:
+            labels.append(html.escape(r.layer or "inputs"))
+            total = sum(float(a.double().sum()) for a in r.attributions)
+            values.append(total)
+            nans.append(int(r.summary["nans"].sum()))
+            comp = r.completeness()
+            diffs.append(None if comp is None else float(sum(comp.output_diff)))
+        values = np.asarray(values, dtype=float)
+        title = "Total attribution per layer"
+        diff = diffs
+    fig = go.Figure(go.Bar(
+        x=labels, y=values, marker_color=np.where(np.nan_to_num(values, nan=0.0) >= 0, "#2166ac", "#b2182b"),
+        text=["NaN" if n else "" for n in nans], textposition="outside",
+        hovertemplate="%{x}<br>score %{y:.4g}<extra></extra>"))
+    if diff is not None and any(d is not None for d in diff):
+        fig.add_trace(go.Scatter(x=labels, y=[np.nan if d is None else d for d in diff], mode="markers",
+                                 marker=dict(symbol="line-ew-open", size=24, color="black"),
+                                 name="F(x) − F(baseline)",
+                                 hovertemplate="%{x}<br>F(x) − F(baseline) %{y:.4g}<extra></extra>"))
+    fig.update_layout(title=title, yaxis_title="score", height=380, margin=dict(l=60, r=20, t=50, b=80),
+                      showlegend=diff is not None)
+    return fig
+
+
+def completeness_line(result: AttributionResult) -> str:
+    """One sentence on IG's completeness: the convergence delta and whether to trust the scores.
+
+    >>> import torch, pandas as pd
+    >>> r = AttributionResult("ig", "ig", "IntegratedGradients", None, None, None,
+    ...                       (torch.tensor([[2.0, 2.0, -3.0]]),), (torch.ones(1, 3),),
+    ...                       pd.DataFrame(), delta=torch.tensor([0.001]))
+    >>> completeness_line(r)
+    'Completeness: attributions sum to 1, F(x) − F(baseline) = 0.999, convergence delta 0.001 (0.1%): small enough to trust (tolerance 5%).'
+    """
+    comp = result.completeness()
+    if comp is None:
+        return f"Completeness: {result.captum_method} has no convergence delta to check."
+    total = float(sum(comp.output_diff) + sum(comp.delta))
+    diff = float(sum(comp.output_diff))
+    verdict = (f"small enough to trust (tolerance {comp.tolerance:.0%})" if comp.trusted else
+               f"too large to trust (tolerance {comp.tolerance:.0%}); raise n_steps")
+    if not np.isfinite(comp.max_abs_delta):
+        verdict = "not finite: the attributions hold NaN or infinite values"
+    return (f"Completeness: attributions sum to {total:.4g}, F(x) − F(baseline) = {diff:.4g}, "
+            f"convergence delta {comp.max_abs_delta:.3g} ({comp.max_relative:.1%}): {verdict}.")
+
+
+def _first_tensor(summary: pd.DataFrame) -> pd.DataFrame:
+    return summary[summary["tensor"] == summary["tensor"].iloc[0]]
