@@ -116,45 +116,31 @@ def offset_map(model: nn.Module, trainable_only: bool = False,
     [0, 6]
     """
     params, names = _unique_parameters(model)
-    rows: dict[str, list[Any]] = {c: [] for c in OFFSET_COLUMNS}
+    entries: list[tuple[str, torch.Tensor, list[str], str, bool]] = [
+        (name, p, names[id(p)], "parameter", p.requires_grad) for name, p in params
+        if not trainable_only or p.requires_grad]
+    if include_buffers:
+        buffers, bnames = _unique_buffers(model)
+        entries += [(name, b, bnames[id(b)], "buffer", False) for name, b in buffers]
     dtype_names: dict[torch.dtype, str] = {}
     device_names: dict[torch.device, str] = {}
+    rows = []
     offset = 0
-
-    def add(name: str, t: torch.Tensor, aliases: list[str], kind: str, requires_grad: bool) -> None:
-        nonlocal offset
+    for name, t, aliases, kind, requires_grad in entries:
         n = t.numel()
         dt = t.dtype
-        dev = t.device
         dt_name = dtype_names.get(dt)
         if dt_name is None:
             dt_name = dtype_names[dt] = str(dt).removeprefix("torch.")
+        dev = t.device
         dev_name = device_names.get(dev)
         if dev_name is None:
             dev_name = device_names[dev] = str(dev)
-        rows["name"].append(name)
-        rows["aliases"].append(tuple(aliases[1:]))
-        rows["module"].append(name.rpartition(".")[0])
-        rows["start"].append(offset)
-        rows["end"].append(offset + n)
-        rows["numel"].append(n)
-        rows["shape"].append(tuple(t.shape))
-        rows["dtype"].append(dt_name)
-        rows["device"].append(dev_name)
-        rows["requires_grad"].append(requires_grad)
-        rows["kind"].append(kind)
+        rows.append((name, tuple(aliases[1:]), name.rpartition(".")[0], offset, offset + n, n,
+                     tuple(t.shape), dt_name, dev_name, requires_grad, kind))
         offset += n
-
-    for name, p in params:
-        rg = p.requires_grad
-        if trainable_only and not rg:
-            continue
-        add(name, p, names[id(p)], "parameter", rg)
-    if include_buffers:
-        buffers, bnames = _unique_buffers(model)
-        for name, b in buffers:
-            add(name, b, bnames[id(b)], "buffer", False)
-    return _frame(OFFSET_COLUMNS, rows)
+    columns = list(zip(*rows)) if rows else [[] for _ in OFFSET_COLUMNS]
+    return _frame(OFFSET_COLUMNS, dict(zip(OFFSET_COLUMNS, columns)))
 
 
 def offset_findings(model: nn.Module, trainable_only: bool = False) -> list[Finding]:

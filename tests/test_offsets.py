@@ -1,0 +1,420 @@
+"""Flat offset map, locate, gradient norms, the backward helper and the round trip."""
+
+from __future__ import annotations
+
+import math
+
+import psutil
+import pytest
+import torch
+from torch import nn
+from torch.nn.utils import parameters_to_vector
+
+from inspector import gradient_norms, locate, offset_map
+from inspector.findings import InspectorError
+from inspector.locks import model_lock
+from inspector.models import load_model
+from inspector.offsets import (
+    OFFSET_COLUMNS,
+    flatten_roundtrip,
+    gradient_report,
+    offset_findings,
+    run_backward,
+    state_counts,
+    table_page,
+)
+from sample_models import get_sample
+
+
+def assert_matches_vector(model: nn.Module, table, tensors: list[torch.Tensor]) -> None:
+    """Every row's [start:end] slice of the concatenation is that tensor, flattened."""
+    vec = torch.cat([t.detach().reshape(-1).double() for t in tensors])
+    by_name = dict(model.named_parameters())
+    by_name.update(dict(model.named_buffers()))
+    assert len(table) == len(tensors)
+    assert int(table["end"].iloc[-1]) == vec.numel()
+    for row, t in zip(table.itertuples(), tensors):
+        assert by_name[row.name] is t
+        assert row.end - row.start == row.numel == t.numel()
+        assert row.shape == tuple(t.shape)
+        assert torch.equal(vec[row.start:row.end], t.detach().reshape(-1).double())
+
+
+# --------------------------------------------------------------------------- offset map
+
+
+def test_columns_are_the_contract():
+    assert list(offset_map(nn.Linear(2, 2)).columns) == OFFSET_COLUMNS == [
+        "name", "aliases", "module", "start", "end", "numel", "shape", "dtype", "device",
+        "requires_grad", "kind"]
+
+
+def test_tied_tiny_gpt2_agrees_with_parameters_to_vector(tiny_gpt2):
+    table = offset_map(tiny_gpt2)
+    vec = parameters_to_vector(tiny_gpt2.parameters())
+    assert vec.numel() == 4080 == int(table["end"].iloc[-1])  # tie counted once (4592 twice)
+    assert table["name"].tolist() == [n for n, _ in tiny_gpt2.named_parameters()]
+    for row, p in zip(table.itertuples(), tiny_gpt2.parameters()):
+        assert torch.equal(vec[row.start:row.end], p.detach().view(-1))
+    first = table.iloc[0]
+    # wte is 32 x 16 = 512 elements and is lm_head.weight too
+    assert (first["name"], first["aliases"], first["start"], first["end"]) == \
+        ("transformer.wte.weight", ("lm_head.weight",), 0, 512)
+    assert first["module"] == "transformer.wte"
+    assert "lm_head.weight" not in set(table["name"])
+    assert [f.code for f in offset_findings(tiny_gpt2)] == ["tied"]
+
+
+def test_frozen_adapter_full_and_trainable_maps():
+    model = get_sample("frozen-adapter").build()
+    full = offset_map(model)
+    assert_matches_vector(model, full, list(model.parameters()))
+    trainable = offset_map(model, trainable_only=True)
+    assert_matches_vector(model, trainable, [p for p in model.parameters() if p.requires_grad])
+    # layers.0: base.weight 16x8=128, base.bias 16 (frozen), lora_A 2x8=16, lora_B 16x2=32
+    row = full.set_index("name").loc["layers.0.lora_A.weight"]
+    assert (row["start"], row["end"]) == (144, 160)
+    row = trainable.set_index("name").loc["layers.0.lora_A.weight"]
+    assert (row["start"], row["end"]) == (0, 16)
+    # layers.1.lora_B.weight: full start = 144+16+32 (layer 0: 192) + 256+16+32 = 496;
+    # trainable start = 16+32 + 32 = 80; the 416 frozen elements in front are the shift
+    f = full.set_index("name").loc["layers.1.lora_B.weight", "start"]
+    t = trainable.set_index("name").loc["layers.1.lora_B.weight", "start"]
+    assert (f, t, f - t) == (496, 80, 416)
+    assert not full["requires_grad"].iloc[0] and trainable["requires_grad"].all()
+    codes = [f.code for f in offset_findings(model)]
+    assert codes == ["frozen-shift"]
+
+
+def test_cnn_bn_buffers_come_after_and_never_shift_parameters():
+    model = get_sample("cnn-bn").build()
+    params_only = offset_map(model)
+    with_buffers = offset_map(model, include_buffers=True)
+    # conv1 224 + conv2 1168 + bn2 32 + fc 170 = 1594 parameter elements
+    assert int(params_only["end"].iloc[-1]) == 1594
+    assert with_buffers[with_buffers["kind"] == "parameter"].reset_index(drop=True).equals(params_only)
+    buffers = with_buffers[with_buffers["kind"] == "buffer"]
+    # running_mean 16, running_var 16, num_batches_tracked 1 = 33 buffer elements after 1594
+    assert buffers["name"].tolist() == ["bn2.running_mean", "bn2.running_var", "bn2.num_batches_tracked"]
+    assert buffers["start"].tolist() == [1594, 1610, 1626] and int(buffers["end"].iloc[-1]) == 1627
+    assert buffers["dtype"].tolist() == ["float32", "float32", "int64"]
+    assert not buffers["requires_grad"].any()
+    assert_matches_vector(model, with_buffers, [*model.parameters(), *model.buffers()])
+
+
+def test_non_contiguous_parameter_is_flagged_and_offsets_hold_for_reshape():
+    model = nn.Sequential(nn.Linear(3, 4), nn.Linear(4, 2))
+    model[1].weight = nn.Parameter(torch.arange(8.0).reshape(4, 2).t())  # (2, 4), stride (1, 2)
+    with pytest.raises(RuntimeError, match="view size"):
+        parameters_to_vector(model.parameters())
+    table = offset_map(model)
+    assert_matches_vector(model, table, list(model.parameters()))
+    # 0.weight 12 + 0.bias 4 = 16, so 1.weight is [16, 24): row 0 of the transpose is 0, 2, 4, 6
+    row = table.set_index("name").loc["1.weight"]
+    assert (row["start"], row["end"], row["shape"]) == (16, 24, (2, 4))
+    found = offset_findings(model)
+    assert [(f.code, f.where) for f in found] == [("non-contiguous", "1.weight")]
+    assert "reshape" in found[0].message
+
+
+def test_mixed_dtypes_are_flagged():
+    model = nn.Sequential(nn.Linear(2, 2), nn.Linear(2, 2))
+    model[1].half()
+    codes = {f.code: f for f in offset_findings(model)}
+    assert "mixed-dtypes" in codes and "float32" in codes["mixed-dtypes"].message
+    assert offset_map(model)["dtype"].tolist() == ["float32", "float32", "float16", "float16"]
+
+
+def test_hugging_face_gpt2_from_a_tiny_config():
+    transformers = pytest.importorskip("transformers")
+    config = transformers.GPT2Config(vocab_size=32, n_positions=16, n_embd=16, n_layer=1, n_head=2)
+    torch.manual_seed(0)
+    model = transformers.GPT2LMHeadModel(config)
+    table = offset_map(model)
+    vec = parameters_to_vector(model.parameters())
+    assert int(table["end"].iloc[-1]) == vec.numel()
+    for row, p in zip(table.itertuples(), model.parameters()):
+        assert torch.equal(vec[row.start:row.end], p.detach().view(-1))
+    wte = table.set_index("name").loc["transformer.wte.weight"]
+    assert wte["aliases"] == ("lm_head.weight",) and wte["numel"] == 32 * 16
+
+
+def test_llama_70b_on_meta_without_allocating():
+    model = get_sample("llama-70b-meta").build()
+    rss = psutil.Process().memory_info().rss
+    table = offset_map(model, include_buffers=True)
+    assert psutil.Process().memory_info().rss - rss < 50 * 2**20  # a vector would be 276 GB
+    params = table[table["kind"] == "parameter"]
+    # embed 32000*8192 = 262,144,000; per layer q,o 67,108,864 each, k,v 8,388,608 each,
+    # gate/up/down 234,881,024 each, two norms 8192 each = 855,654,400; x80 = 68,452,352,000;
+    # + norm 8192 + lm_head 262,144,000 = 68,976,648,192
+    assert int(params["end"].iloc[-1]) == 68_976_648_192
+    assert len(params) == 1 + 80 * 9 + 2 and set(table["device"]) == {"meta"}
+    buffers = table[table["kind"] == "buffer"]
+    assert buffers["name"].tolist() == ["rotary_emb.inv_freq"]
+    assert int(buffers["start"].iloc[0]) == 68_976_648_192 and int(buffers["numel"].iloc[0]) == 64
+    loc = locate(model, 262_144_000)  # first element after the embedding
+    assert (loc.name, loc.element) == ("layers.0.input_layernorm.weight", (0,))
+
+
+def test_offset_map_does_not_change_the_model(tiny_gpt2):
+    before = [(n, id(p), p.requires_grad) for n, p in tiny_gpt2.named_parameters()]
+    offset_map(tiny_gpt2, include_buffers=True)
+    offset_findings(tiny_gpt2)
+    assert [(n, id(p), p.requires_grad) for n, p in tiny_gpt2.named_parameters()] == before
+
+
+# --------------------------------------------------------------------------- locate
+
+
+def test_locate_at_segment_edges():
+    model = nn.Sequential(nn.Linear(3, 2), nn.Linear(2, 2, bias=False))
+    # 0.weight (2, 3) -> [0, 6); 0.bias (2,) -> [6, 8); 1.weight (2, 2) -> [8, 12)
+    cases = {0: ("0.weight", (0, 0)), 5: ("0.weight", (1, 2)), 6: ("0.bias", (0,)),
+             7: ("0.bias", (1,)), 8: ("1.weight", (0, 0)), 11: ("1.weight", (1, 1))}
+    for index, (name, element) in cases.items():
+        loc = locate(model, index)
+        assert (loc.name, loc.element, loc.total) == (name, element, 12)
+        assert loc.start <= index < loc.end
+    assert locate(model, 7).offset == 1
+    assert "0.bias[1]" in locate(model, 7).describe()
+
+
+def test_locate_out_of_range_and_bad_index():
+    model = nn.Linear(3, 2)  # 6 + 2 = 8 elements
+    with pytest.raises(InspectorError, match=r"index 8 is out of range.*8 elements.*0\.\.7"):
+        locate(model, 8)
+    with pytest.raises(InspectorError, match="out of range"):
+        locate(model, -1)
+    with pytest.raises(InspectorError, match="integer"):
+        locate(model, 1.5)
+
+
+def test_locate_trainable_only_and_from_a_table():
+    model = get_sample("frozen-adapter").build()
+    # index 100 of the trainable vector: layer 0 adapters 48, layer 1 lora_A 32 -> [80, 112) is
+    # layers.1.lora_B.weight (16, 2); 100 - 80 = 20 -> row 10, column 0
+    loc = locate(model, 100, trainable_only=True)
+    assert (loc.name, loc.element, loc.requires_grad) == ("layers.1.lora_B.weight", (10, 0), True)
+    assert locate(offset_map(model, trainable_only=True), 100) == loc
+    assert locate(model, 100).name == "layers.0.base.weight"  # the full map's answer
+
+
+# --------------------------------------------------------------------------- gradient norms
+
+
+class Hand(nn.Module):
+    """block.a: grad [3, 4] (norm 5); block.b: grad [12] (norm 12) -> block 13;
+    frozen: requires_grad False; unused: no grad; bad: grad [nan, inf, 1]."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.block = nn.Module()
+        self.block.a = nn.Parameter(torch.zeros(2))
+        self.block.b = nn.Parameter(torch.zeros(1))
+        self.frozen = nn.Linear(2, 1, bias=False).requires_grad_(False)
+        self.unused = nn.Parameter(torch.zeros(3))
+        self.bad = nn.Parameter(torch.zeros(3))
+
+    def set_grads(self) -> None:
+        self.block.a.grad = torch.tensor([3.0, 4.0])
+        self.block.b.grad = torch.tensor([12.0])
+        self.bad.grad = torch.tensor([math.nan, math.inf, 1.0])
+
+
+def test_gradient_states_on_a_hand_built_model():
+    model = Hand()
+    model.set_grads()
+    table = gradient_norms(model).set_index("name")
+    assert list(gradient_norms(model).columns[:3]) == ["name", "norm", "state"]
+    assert table.loc["block.a", "norm"] == 5.0 and table.loc["block.b", "norm"] == 12.0
+    assert table["state"].to_dict() == {"block.a": "ok", "block.b": "ok", "frozen.weight": "frozen",
+                                        "unused": "none", "bad": "nonfinite"}
+    assert (table.loc["bad", "nan"], table.loc["bad", "inf"]) == (1, 1)
+    assert math.isnan(table.loc["unused", "norm"]) and math.isnan(table.loc["frozen.weight", "norm"])
+    assert state_counts(gradient_norms(model)) == {"ok": 2, "none": 1, "frozen": 1, "nonfinite": 1}
+    report = gradient_report(model)
+    assert report.counts == {"ok": 2, "none": 1, "frozen": 1, "nonfinite": 1}
+    codes = [f.code for f in report.findings]
+    assert codes == ["unreached", "nonfinite-gradient"]
+    assert report.findings[1].where == "bad" and "1 NaN and 1 Inf" in report.findings[1].message
+
+
+def test_module_norms_are_root_sum_of_squares_of_children():
+    model = Hand()
+    model.set_grads()
+    model.bad.grad = torch.tensor([0.0, 0.0, 84.0])  # finite now: 5, 12, 84
+    modules = gradient_norms(model, by="module").set_index("name")
+    # block: sqrt(5^2 + 12^2) = 13; model: sqrt(13^2 + 84^2) = sqrt(169 + 7056) = 85
+    assert modules.loc["block", "norm"] == 13.0
+    assert modules.loc["(model)", "norm"] == 85.0
+    assert modules.loc["(model)", "parameters"] == 5 and modules.loc["block", "parameters"] == 2
+    assert modules.loc["frozen", "state"] == "frozen" and math.isnan(modules.loc["frozen", "norm"])
+    assert modules.loc["block", "depth"] == 1 and modules.loc["(model)", "depth"] == 0
+    # a nonfinite parameter makes every module above it nonfinite
+    model.bad.grad = torch.tensor([math.nan, 0.0, 0.0])
+    modules = gradient_norms(model, by="module").set_index("name")
+    assert modules.loc["(model)", "state"] == "nonfinite" and modules.loc["(model)", "nan"] == 1
+    assert modules.loc["block", "state"] == "ok"
+
+
+def test_real_backward_gives_nan_and_unreached_states():
+    model = nn.ModuleDict({"used": nn.Linear(2, 1), "unused": nn.Linear(2, 1),
+                           "frozen": nn.Linear(2, 1).requires_grad_(False)})
+    x = torch.tensor([[-1.0, 0.0]])
+    y = model["used"](x) + model["frozen"](x)
+    torch.sqrt(-y.abs() - 1).sum().backward()  # sqrt of a negative: NaN gradients
+    table = gradient_norms(model).set_index("name")
+    assert table.loc["used.weight", "state"] == "nonfinite"
+    assert table.loc["unused.weight", "state"] == "none"
+    assert table.loc["frozen.weight", "state"] == "frozen"
+
+
+def test_tied_gradient_counted_once_but_under_both_modules(tiny_gpt2):
+    grad = torch.zeros(32, 16)
+    grad[0, :2] = torch.tensor([3.0, 4.0])  # norm 5
+    tiny_gpt2.transformer.wte.weight.grad = grad
+    modules = gradient_norms(tiny_gpt2, by="module").set_index("name")
+    assert modules.loc["transformer.wte", "norm"] == modules.loc["lm_head", "norm"] == 5.0
+    assert modules.loc["(model)", "norm"] == 5.0  # once, not sqrt(50)
+
+
+def test_no_gradients_yet_says_how_to_get_them(tiny_gpt2):
+    report = gradient_report(tiny_gpt2)
+    assert report.counts == {"ok": 0, "none": 16, "frozen": 0, "nonfinite": 0}
+    assert [f.code for f in report.findings] == ["no-gradients"]
+    assert "backward" in report.findings[0].message and "--backward" in report.findings[0].message
+
+
+def test_sparse_gradients_are_measured():
+    model = nn.Embedding(10, 3, sparse=True)
+    model(torch.tensor([1, 1, 4])).sum().backward()
+    assert model.weight.grad.is_sparse
+    # rows 1 (twice: grad 2 each) and 4 (1 each): sqrt(3*4 + 3*1) = sqrt(15)
+    report = gradient_report(model)
+    norm = report.by_parameter["norm"].iloc[0]
+    assert norm == pytest.approx(math.sqrt(15), rel=1e-6)
+    assert norm == pytest.approx(float(model.weight.grad.to_dense().norm()), rel=1e-6)
+    assert [f.code for f in report.findings] == ["sparse-gradient"]
+
+
+def test_gradients_on_meta_are_refused():
+    with torch.device("meta"):
+        model = nn.Linear(2, 2)
+    model.weight.grad = torch.empty(2, 2, device="meta")
+    with pytest.raises(InspectorError, match="weight.*meta device"):
+        gradient_norms(model)
+
+
+def test_reading_gradients_changes_nothing():
+    model = Hand()
+    model.set_grads()
+    grads = {n: (p.grad, p.grad.clone() if p.grad is not None else None)
+             for n, p in model.named_parameters()}
+    gradient_report(model)
+    for n, p in model.named_parameters():
+        same, copy = grads[n]
+        assert p.grad is same
+        if copy is not None:
+            torch.testing.assert_close(p.grad, copy, rtol=0, atol=0, equal_nan=True)
+
+
+@pytest.mark.cuda
+def test_gradients_on_two_devices_are_measured_each_on_its_own():
+    model = nn.Sequential(nn.Linear(2, 1, bias=False), nn.Linear(1, 1, bias=False).cuda())
+    model[0].weight.grad = torch.tensor([[3.0, 4.0]])
+    model[1].weight.grad = torch.tensor([[12.0]], device="cuda")
+    report = gradient_report(model)
+    assert report.by_parameter["device"].tolist() == ["cpu", "cuda:0"]
+    assert report.total_norm == 13.0
+    assert "several-devices" in [f.code for f in offset_findings(model)]
+
+
+# --------------------------------------------------------------------------- backward helper
+
+
+def test_run_backward_sets_grads_and_restores_everything_else():
+    loaded = load_model("sample:cnn-bn")
+    model = loaded.model
+    model.train()
+    model.fc.eval()  # a mixed set of flags must come back as it was
+    flags = {n: m.training for n, m in model.named_modules()}
+    buffers = {n: b.clone() for n, b in model.named_buffers()}
+    model.conv1.bias.requires_grad_(False)
+    stale = torch.ones_like(model.fc.weight)
+    model.fc.weight.grad = stale
+    result = run_backward(loaded, batch_size=2)
+    assert {n: m.training for n, m in model.named_modules()} == flags
+    for n, b in model.named_buffers():
+        assert torch.equal(b, buffers[n]), n  # eval mode: BatchNorm statistics untouched
+    assert not model.conv1.bias.requires_grad and model.conv1.bias.grad is None
+    assert model.fc.weight.grad is not stale
+    # 8 parameters, conv1.bias frozen: 7 get a gradient, the stale one was dropped first
+    assert (result.with_gradient, result.without_gradient, result.frozen, result.replaced) == (7, 0, 1, 1)
+    assert "backward pass" in result.message and "eval mode" in result.message
+    assert gradient_report(model).counts == {"ok": 7, "none": 0, "frozen": 1, "nonfinite": 0}
+
+
+def test_run_backward_holds_the_model_lock():
+    loaded = load_model("sample:frozen-adapter")
+    seen = []
+    handle = loaded.model.register_forward_pre_hook(
+        lambda m, a: seen.append(model_lock(m)._is_owned()))
+    try:
+        run_backward(loaded)
+    finally:
+        handle.remove()
+    assert seen == [True]
+
+
+def test_run_backward_refuses_meta_models():
+    loaded = load_model("sample:llama-70b-meta", device="meta")
+    with pytest.raises(InspectorError, match="meta device"):
+        run_backward(loaded)
+
+
+def test_run_backward_restores_flags_when_the_loss_fails():
+    loaded = load_model("sample:tiny-gpt2")
+    loaded.model.train()
+    loaded.loss_fn = lambda outputs, inputs: outputs  # not a scalar
+    with pytest.raises(InspectorError, match="not a scalar"):
+        run_backward(loaded)
+    assert all(m.training for m in loaded.model.modules())
+
+
+# --------------------------------------------------------------------------- round trip
+
+
+def test_round_trip_copies_and_restores_exactly(tiny_gpt2):
+    before = [p.detach().clone() for p in tiny_gpt2.parameters()]
+    rt = flatten_roundtrip(tiny_gpt2)
+    assert (rt.parameters, rt.vector_numel, rt.vector_dtype) == (16, 4080, "float32")
+    assert rt.shares_memory is False and rt.write_through is False
+    assert rt.restored_exactly is True and rt.views_after is True and rt.original_untouched is True
+    assert rt.error is None and rt.dtype_changed == ()
+    assert all(torch.equal(p, b) for p, b in zip(tiny_gpt2.parameters(), before))
+
+
+def test_round_trip_shows_what_goes_wrong():
+    model = nn.Sequential(nn.Linear(2, 2), nn.Linear(2, 2))
+    model[1].half()
+    rt = flatten_roundtrip(model)
+    assert rt.dtype_changed == ("1.weight", "1.bias") and rt.vector_dtype == "float32"
+    assert model[1].weight.dtype == torch.float16  # the model itself is untouched
+    model[0].weight = nn.Parameter(torch.zeros(2, 2).t())
+    rt = flatten_roundtrip(model)
+    assert rt.error is not None and "view size" in rt.error and rt.restored_exactly is False
+    with pytest.raises(InspectorError, match="meta device"):
+        flatten_roundtrip(get_sample("llama-70b-meta").build())
+    with pytest.raises(InspectorError, match="limit"):
+        flatten_roundtrip(nn.Linear(10, 10), max_elements=50)
+
+
+def test_table_page_filters_and_pages(tiny_gpt2):
+    table = offset_map(tiny_gpt2)
+    page = table_page(table, "H.0", page=2, page_size=5)
+    # 12 names contain "h.0" (case-insensitive): pages of 5 -> 3 pages; page 2 starts with the
+    # 6th: ln_1.weight, ln_1.bias, c_attn.weight, c_attn.bias, c_proj.weight | c_proj.bias
+    assert (page.matches, page.pages, page.page, len(page.rows)) == (12, 3, 2, 5)
+    assert page.rows["name"].iloc[0] == "transformer.h.0.attn.c_proj.bias"
+    assert table_page(table, "", page=99, page_size=10).page == 2
