@@ -633,17 +633,22 @@ def _captures_section(ctx: Context) -> Section:
     caps = capture_activations(ctx.model, inputs, store_on="cpu",
                                max_bytes=ctx.options["capture_max_bytes"])
     notes: list[str] = []
-    mutated = list(getattr(caps, "mutated", []))
-    skipped = list(getattr(caps, "skipped", []))
-    facts = {"captured": len(getattr(caps, "outputs", {})), "mutated": mutated, "skipped": len(skipped)}
-    tables = [Table.from_frame("Captured outputs", caps.stats)]
-    if skipped:
-        tables.append(Table("Left out by the byte budget", ("module",), tuple((str(s),) for s in skipped)))
-    findings = list(getattr(caps, "findings", []))
+    facts = {"captured": len(caps.outputs), "bytes": caps.total_bytes,
+             "mutated": sorted(caps.mutated), "skipped": len(caps.skipped)}
+    tables = [Table.from_frame("Captured outputs (detached copies)", caps.stats,
+                               "statistics of each copy; mutated: the live output was changed in place "
+                               "after the capture")]
+    if caps.mutations:
+        tables.append(Table("Outputs changed in place after capture",
+                            ("module", "path", "overwritten_by", "detected_by", "max_abs_change"),
+                            tuple((m.module, m.path, m.by, m.how, plain(m.max_abs_change))
+                                  for m in caps.mutations)))
+    if caps.skipped:
+        tables.append(Table.from_frame("Not captured", caps.skipped_table))
     figures = _figure(ctx, notes, "capture", "capture_stats_figure", "Activation statistics", caps.stats,
                       summary=tables[0])
     return Section("captures", SECTION_TITLES["captures"], note="; ".join(notes), facts=plain(facts),
-                   tables=tuple(tables), figures=figures, findings=tuple(findings))
+                   tables=tuple(tables), figures=figures, findings=tuple(caps.findings))
 
 
 @section_builder("attribution")
