@@ -1,0 +1,829 @@
+"""Activation capture as detached clones, with in-place mutation detection.
+
+A forward hook that keeps ``output`` keeps a reference to the live tensor, not a copy.
+Anything that later writes into that memory (a following ``ReLU(inplace=True)``, a
+residual ``+=``) changes what was "captured", silently. Here every capture is a
+detached copy taken inside the hook, and the capture says which live outputs were
+changed after the hook saw them, so the user knows where a bare reference is wrong.
+
+Outside inference mode the tensor version counter tells when a live output was
+written in place. Inference tensors have no version counter; there a live output is
+compared with its copy when a later module returned a tensor on the same storage
+(which is how in-place writers such as ``ReLU(inplace=True)`` show themselves).
+
+Copies to the CPU go into pooled memory: writing into pages that are already mapped
+is several times faster than a fresh allocation each time. A pool block is reused only
+once nothing (no capture, no view of one) refers to it any more.
+"""
+
+from __future__ import annotations
+
+import difflib
+import fnmatch
+import math
+import os
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any
+
+import pandas as pd
+import torch
+import torch.utils._pytree as pytree
+from torch import nn
+
+from .findings import Finding, InspectorError
+from .locks import model_lock
+from .models import call_model
+
+STATS_COLUMNS = ["module", "kind", "path", "shape", "dtype", "device", "bytes", "mean", "std", "min",
+                 "max", "nan", "inf", "zero_fraction", "mutated"]
+SKIPPED_COLUMNS = ["module", "kind", "path", "bytes", "reason"]
+_KEEP_AS_IS = (type(None), bool, int, float, complex, str, torch.Size, torch.dtype, torch.device)
+
+
+@dataclass(frozen=True)
+class Skipped:
+    """Something that was not captured, and why.
+
+    ``kind`` is ``"output"``, ``"input"`` or ``"grad"``; ``path`` names the leaf inside a
+    structured output (``""`` for the whole value); ``bytes`` is its size (0 if unknown).
+    """
+
+    module: str
+    kind: str
+    path: str
+    bytes: int
+    reason: str
+
+
+@dataclass(frozen=True)
+class Mutation:
+    """A live module output that changed after its capture.
+
+    ``by`` is the module after whose forward the change was first seen (``None`` if it
+    happened outside any module or could not be told); ``how`` is ``"version"`` (the
+    version counter moved) or ``"value"`` (inference tensors: compared with the copy).
+    """
+
+    module: str
+    path: str
+    by: str | None
+    how: str
+    max_abs_change: float | None
+
+
+@dataclass(frozen=True, eq=False)
+class Captures:
+    """What :func:`capture_activations` recorded.
+
+    Attributes:
+        outputs: module name -> detached copy of its output, structure kept (tuples,
+            lists, dicts, Hugging Face model outputs). A module called twice in one
+            forward pass gives ``name`` and ``name#2``.
+        inputs: the same for module inputs (only with ``keep_inputs=True``).
+        grads: module name -> copy of the gradient of its output (``grads=True``).
+        mutated: module name -> what overwrote its live output (the next module that ran,
+            or ``None`` when that cannot be told).
+        mutations: one :class:`Mutation` per changed tensor leaf.
+        skipped: what the byte budget or non-tensor outputs left out, with sizes.
+        references: module name -> the bare live output a naive hook would have kept
+            (only with ``keep_references=True``, for teaching).
+        order: capture keys in the order the modules ran.
+        findings: problems worth telling the user.
+        store_on: where the copies live.
+        model_output: what the forward pass returned (functional form only).
+    """
+
+    outputs: dict[str, Any] = field(default_factory=dict)
+    inputs: dict[str, Any] = field(default_factory=dict)
+    grads: dict[str, Any] = field(default_factory=dict)
+    mutated: dict[str, str | None] = field(default_factory=dict)
+    mutations: list[Mutation] = field(default_factory=list)
+    skipped: list[Skipped] = field(default_factory=list)
+    references: dict[str, Any] = field(default_factory=dict, repr=False)
+    order: list[str] = field(default_factory=list)
+    findings: list[Finding] = field(default_factory=list)
+    store_on: str = "cpu"
+    model_output: Any = field(default=None, repr=False, compare=False)
+    _state: dict[str, Any] = field(default_factory=lambda: {"done": False}, repr=False, compare=False)
+
+    def _require_done(self) -> None:
+        if not self._state["done"]:
+            raise InspectorError("the captures are complete only when the `with capturing(...)` block "
+                                 "ends; read them after the block")
+
+    @cached_property
+    def stats(self) -> pd.DataFrame:
+        """One row per captured tensor leaf: module, kind, path, shape, dtype, device, bytes,
+        mean, std, min, max, nan, inf, zero_fraction, mutated."""
+        self._require_done()
+        rows = []
+        for kind, store in (("output", self.outputs), ("input", self.inputs), ("grad", self.grads)):
+            for module, value in store.items():
+                for path, t in _tensor_leaves(value):
+                    rows.append({"module": module, "kind": kind, "path": path, **tensor_stats(t),
+                                 "mutated": kind == "output" and module in self.mutated})
+        return pd.DataFrame(rows, columns=STATS_COLUMNS)
+
+    @property
+    def skipped_table(self) -> pd.DataFrame:
+        """``skipped`` as a DataFrame (module, kind, path, bytes, reason)."""
+        return pd.DataFrame([s.__dict__ for s in self.skipped], columns=SKIPPED_COLUMNS)
+
+    @property
+    def total_bytes(self) -> int:
+        """Bytes held by the copies (outputs, inputs and grads)."""
+        return sum(t.numel() * t.element_size() for store in (self.outputs, self.inputs, self.grads)
+                   for v in store.values() for _, t in _tensor_leaves(v))
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-safe summary: stats rows, mutated modules, skipped items, findings (no tensors)."""
+        self._require_done()
+        return {
+            "store_on": self.store_on,
+            "modules": list(self.order),
+            "bytes": self.total_bytes,
+            "stats": [{k: _json_value(v) for k, v in row.items()}
+                      for row in self.stats.to_dict("records")],
+            "mutated": dict(self.mutated),
+            "mutations": [{**m.__dict__, "max_abs_change": _json_value(m.max_abs_change)}
+                          for m in self.mutations],
+            "skipped": [s.__dict__.copy() for s in self.skipped],
+            "findings": [f.to_dict() for f in self.findings],
+        }
+
+
+def _json_value(v: Any) -> Any:
+    if hasattr(v, "item") and not isinstance(v, (str, bytes)):
+        v = v.item()
+    if isinstance(v, float) and not math.isfinite(v):
+        return None if math.isnan(v) else ("inf" if v > 0 else "-inf")
+    return v
+
+
+def _tensor_leaves(value: Any, prefix: str = "") -> Iterator[tuple[str, torch.Tensor]]:
+    """(path, tensor) for every tensor inside a structured value."""
+    if isinstance(value, torch.Tensor):
+        yield prefix, value
+        return
+    leaves, _ = pytree.tree_flatten_with_path(value)
+    for keypath, leaf in leaves:
+        if isinstance(leaf, torch.Tensor):
+            yield prefix + pytree.keystr(keypath), leaf
+
+
+def tensor_stats(t: torch.Tensor) -> dict[str, Any]:
+    """Shape, dtype, device, bytes and value statistics of one tensor.
+
+    Mean, std, min and max are over the finite values; ``nan``/``inf`` count the others.
+
+    >>> s = tensor_stats(torch.tensor([0.0, 2.0, float("nan")]))
+    >>> s["mean"], s["nan"], s["zero_fraction"]
+    (1.0, 1, 0.3333333333333333)
+    """
+    n = t.numel()
+    row: dict[str, Any] = {"shape": str(tuple(t.shape)), "dtype": str(t.dtype).removeprefix("torch."),
+                           "device": str(t.device), "bytes": n * t.element_size(), "mean": None,
+                           "std": None, "min": None, "max": None, "nan": 0, "inf": 0,
+                           "zero_fraction": None}
+    if n == 0 or t.device.type == "meta":
+        return row
+    x = t.detach()
+    if x.is_complex():
+        x = x.abs()
+    x = x.double() if not x.is_floating_point() or x.dtype == torch.float64 else x.float()
+    nan = int(torch.isnan(x).sum())
+    inf = int(torch.isinf(x).sum())
+    row.update(nan=nan, inf=inf, zero_fraction=float((x == 0).sum()) / n)
+    if nan or inf:
+        x = x[torch.isfinite(x)]
+    if x.numel():
+        row.update(mean=float(x.mean()), std=float(x.std(correction=0)), min=float(x.min()),
+                   max=float(x.max()))
+    return row
+
+
+# --------------------------------------------------------------------------- selection
+
+
+def select_modules(model: nn.Module, modules: Any = None) -> dict[str, nn.Module]:
+    """The submodules to capture, by name, in ``named_modules()`` order.
+
+    Args:
+        model: the model.
+        modules: ``None`` for every submodule; otherwise a name, a glob pattern
+            (``"layers.*.act"``), a module class, a class name (``"ReLU"``), or a list of those.
+
+    Raises:
+        InspectorError: for a name or pattern that matches nothing, with close names.
+
+    >>> net = nn.Sequential(nn.Linear(2, 2), nn.ReLU())
+    >>> list(select_modules(net, "*"))
+    ['0', '1']
+    >>> list(select_modules(net, nn.ReLU))
+    ['1']
+    """
+    named = [(n, m) for n, m in model.named_modules() if n]
+    if modules is None:
+        return dict(named)
+    items = [modules] if isinstance(modules, (str, type)) else list(modules)
+    names = [n for n, _ in named]
+    chosen: set[str] = set()
+    for item in items:
+        if isinstance(item, type):
+            found = {n for n, m in named if isinstance(m, item)}
+            if not found:
+                raise InspectorError(f"no module of class {item.__name__} in {type(model).__name__}")
+        elif isinstance(item, str):
+            item = item.strip()
+            if any(c in item for c in "*?["):
+                found = {n for n in names if fnmatch.fnmatchcase(n, item)}
+            elif item in names:
+                found = {item}
+            else:
+                found = {n for n, m in named if type(m).__name__ == item}
+            if not found:
+                raise InspectorError(_unknown_name_message(item, names, model))
+        else:
+            raise InspectorError(f"modules must be names, glob patterns or module classes; "
+                                 f"got {type(item).__name__}")
+        chosen |= found
+    return {n: m for n, m in named if n in chosen}
+
+
+def _unknown_name_message(item: str, names: list[str], model: nn.Module) -> str:
+    close = difflib.get_close_matches(item, names, n=5, cutoff=0.5)
+    if not close and any(c in item for c in "*?["):
+        stem = item.split("*")[0].split("?")[0].split("[")[0]
+        close = [n for n in names if n.startswith(stem)][:5] or \
+            difflib.get_close_matches(stem, names, n=5, cutoff=0.4)
+    hint = (f"close names: {', '.join(close)}" if close else
+            f"module names look like: {', '.join(names[:5])}" if names else "it has no submodules")
+    kind = "pattern" if any(c in item for c in "*?[") else "module name"
+    return f"{type(model).__name__} has no module matching the {kind} {item!r}; {hint}"
+
+
+# --------------------------------------------------------------------------- pooled copies
+
+
+def _use_count(t: torch.Tensor) -> int:
+    return torch._C._storage_Use_Count(t.untyped_storage()._cdata)
+
+
+class _Block:
+    """One pooled byte buffer; free again once no view of it is alive."""
+
+    def __init__(self, nbytes: int, pinned: bool) -> None:
+        with torch.inference_mode(False):
+            self.data = torch.empty(nbytes, dtype=torch.uint8, pin_memory=pinned)
+        self.nbytes = nbytes
+        self.busy = False
+        self.base = _use_count(self.data)
+
+    def free(self) -> bool:
+        return not self.busy and _use_count(self.data) == self.base
+
+
+class _Pool:
+    """CPU byte blocks (pinned or not) shared by all captures, reused once unreferenced."""
+
+    BLOCK = 32 << 20
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.lock = threading.Lock()
+        self.blocks: dict[bool, list[_Block]] = {False: [], True: []}
+        self.can_count = hasattr(torch._C, "_storage_Use_Count")
+
+    def acquire(self, nbytes: int, pinned: bool, size_hint: int) -> _Block:
+        """A free block of at least ``nbytes``; a new one is ``size_hint`` big (at most BLOCK)."""
+        with self.lock:
+            blocks = self.blocks[pinned]
+            best = None
+            if self.can_count:
+                for b in blocks:
+                    if b.nbytes >= nbytes and (best is None or b.nbytes < best.nbytes) and b.free():
+                        best = b
+            if best is None:
+                best = _Block(max(nbytes, min(self.BLOCK, size_hint)), pinned)
+                if self.can_count:
+                    blocks.append(best)
+                    self._trim(blocks)
+            best.busy = True
+            return best
+
+    def release(self, blocks: list[_Block]) -> None:
+        with self.lock:
+            for b in blocks:
+                b.busy = False
+
+    def _trim(self, blocks: list[_Block]) -> None:
+        total = sum(b.nbytes for b in blocks)
+        for b in list(blocks):
+            if total <= self.limit:
+                break
+            if b.free():
+                blocks.remove(b)
+                total -= b.nbytes
+
+    def clear(self) -> None:
+        with self.lock:
+            for blocks in self.blocks.values():
+                blocks[:] = [b for b in blocks if not b.free()]
+
+
+_POOL = _Pool(int(os.environ.get("INSPECTOR_CAPTURE_POOL_BYTES", 2 << 30)))
+
+
+def release_capture_memory() -> None:
+    """Give the pooled capture memory that no capture uses any more back to the system."""
+    _POOL.clear()
+
+
+class _Allocator:
+    """Bump allocation inside pool blocks for one capture run."""
+
+    def __init__(self) -> None:
+        self.blocks: list[_Block] = []
+        self.current: dict[bool, tuple[_Block, int] | None] = {False: None, True: None}
+
+    def empty(self, shape: torch.Size, dtype: torch.dtype, pinned: bool) -> torch.Tensor:
+        nbytes = math.prod(shape) * dtype.itemsize
+        if nbytes == 0:
+            return torch.empty(shape, dtype=dtype)
+        cur = self.current[pinned]
+        if cur is None or cur[1] + nbytes > cur[0].nbytes:
+            # blocks grow with the run: small captures keep small blocks alive
+            hint = max(1 << 20, 2 * sum(b.nbytes for b in self.blocks))
+            block = _POOL.acquire(nbytes, pinned, hint)
+            self.blocks.append(block)
+            cur = (block, 0)
+        block, offset = cur
+        self.current[pinned] = (block, (offset + nbytes + 63) // 64 * 64)
+        return block.data[offset:offset + nbytes].view(dtype).view(shape)
+
+    def close(self) -> None:
+        _POOL.release(self.blocks)
+        self.blocks = []
+        self.current = {False: None, True: None}
+
+
+# --------------------------------------------------------------------------- recording
+
+
+@dataclass
+class _Live:
+    """A live output tensor leaf kept to see whether it changes after its capture."""
+
+    key: str
+    path: str
+    tensor: torch.Tensor
+    copy: torch.Tensor
+    version: int | None
+    suspect: bool = False
+    by: str | None = None
+
+
+def _storage_key(t: torch.Tensor) -> tuple[str, int] | None:
+    if t.numel() == 0 or t.device.type == "meta" or t.layout != torch.strided:
+        return None
+    try:
+        return str(t.device), t.untyped_storage().data_ptr()
+    except (RuntimeError, NotImplementedError):
+        return None
+
+
+class _Recorder:
+    """Hooks on every module; copies what is selected, watches what was copied."""
+
+    def __init__(self, model: nn.Module, selected: dict[str, nn.Module], store_on: Any,
+                 max_bytes: int | None, grads: bool, keep_inputs: bool, keep_references: bool) -> None:
+        if max_bytes is not None and max_bytes < 0:
+            raise InspectorError(f"max_bytes must be 0 or more (or None for no limit), got {max_bytes}")
+        self.model = model
+        self.selected_ids = {id(m) for m in selected.values()}
+        self.store_on = torch.device(store_on) if not isinstance(store_on, torch.device) else store_on
+        self.max_bytes = max_bytes
+        self.want_grads = grads
+        self.keep_inputs = keep_inputs
+        self.keep_references = keep_references
+        self.result = Captures(store_on=str(self.store_on))
+        self.ident = threading.get_ident()
+        self.used = 0
+        self.full = False
+        self.calls: dict[str, int] = {}
+        self.live: list[_Live] = []
+        self.by_storage: dict[tuple[str, int], list[_Live]] = {}
+        self.stack: list[str] = []
+        self.handles: list[Any] = []
+        self.grad_handles: list[Any] = []
+        self.alloc = _Allocator()
+        self.sources: set[torch.device] = set()
+        self.grad_lock = threading.Lock()
+        self.training = [(m, m.training) for m in model.modules()]
+
+    # hooks ----------------------------------------------------------------------------
+
+    def attach(self) -> None:
+        names = {id(m): n for n, m in self.model.named_modules()}
+        for module in self.model.modules():
+            name = names.get(id(module), "") or "(model)"
+            capture = id(module) in self.selected_ids
+            self.handles.append(module.register_forward_pre_hook(self._pre_hook(name)))
+            self.handles.append(module.register_forward_hook(self._hook(name, capture), with_kwargs=True))
+
+    def _pre_hook(self, name: str) -> Callable:
+        def pre_hook(module: nn.Module, args: Any) -> None:
+            if threading.get_ident() == self.ident:
+                self.stack.append(name)
+        return pre_hook
+
+    def _hook(self, name: str, capture: bool) -> Callable:
+        def hook(module: nn.Module, args: Any, kwargs: Any, output: Any) -> None:
+            if threading.get_ident() != self.ident:
+                return
+            if self.stack:
+                self.stack.pop()
+            self._watch(name, args, kwargs, output)
+            if capture:
+                self._capture(name, args, kwargs, output)
+        return hook
+
+    def _watch(self, name: str, args: Any, kwargs: Any, output: Any) -> None:
+        """Note which earlier captures this module touched (and, with versions, changed)."""
+        if not self.by_storage:
+            return
+        for value, is_output in ((output, True), (args, False), (kwargs, False)):
+            for leaf in pytree.tree_leaves(value):
+                if not isinstance(leaf, torch.Tensor):
+                    continue
+                for rec in self.by_storage.get(_storage_key(leaf), ()):
+                    if rec.suspect:
+                        continue
+                    if rec.version is not None:
+                        if rec.tensor._version != rec.version:
+                            rec.suspect, rec.by = True, name
+                    elif is_output:
+                        rec.suspect, rec.by = True, name
+
+    def _capture(self, name: str, args: Any, kwargs: Any, output: Any) -> None:
+        count = self.calls.get(name, 0) + 1
+        self.calls[name] = count
+        key = name if count == 1 else f"{name}#{count}"
+        stored = self._store(key, "output", output, watch=True)
+        if stored is not _SKIP:
+            self.result.outputs[key] = stored
+            self.result.order.append(key)
+            if self.keep_references:
+                self.result.references[key] = output
+            if self.want_grads:
+                self._grad_hooks(key, output)
+        if self.keep_inputs:
+            value = args[0] if len(args) == 1 and not kwargs else (
+                tuple(args) if not kwargs else {"args": tuple(args), "kwargs": dict(kwargs)})
+            stored_in = self._store(key, "input", value, watch=False)
+            if stored_in is not _SKIP:
+                self.result.inputs[key] = stored_in
+
+    def _store(self, key: str, kind: str, value: Any, watch: bool) -> Any:
+        """A copy of ``value`` leaf by leaf, or _SKIP (and a Skipped record)."""
+        if isinstance(value, torch.Tensor):
+            leaves, spec = [value], None
+        else:
+            leaves, spec = pytree.tree_flatten(value)
+        tensors = [t for t in leaves if isinstance(t, torch.Tensor)]
+        if not tensors:
+            if kind == "output":
+                self.result.skipped.append(Skipped(key, kind, "", 0, f"the {kind} is a "
+                                                   f"{type(value).__name__}, not a tensor or a "
+                                                   "structure holding tensors"))
+            return _SKIP
+        nbytes = sum(t.numel() * t.element_size() for t in tensors)
+        if self.full or (self.max_bytes is not None and self.used + nbytes > self.max_bytes):
+            self.full = True
+            self.result.skipped.append(Skipped(key, kind, "", nbytes,
+                                               f"over the byte budget ({self.used} of {self.max_bytes} "
+                                               "bytes used)"))
+            return _SKIP
+        self.used += nbytes
+        paths = None if spec is None else _leaf_paths(value, spec)
+        out = []
+        for i, leaf in enumerate(leaves):
+            if isinstance(leaf, torch.Tensor):
+                copy = self._copy(leaf)
+                if copy is None:
+                    self.result.skipped.append(Skipped(key, kind, paths[i] if paths else "", 0,
+                                                       "a meta tensor has no values"))
+                if watch and copy is not None:
+                    self._track(key, paths[i] if paths else "", leaf, copy)
+                out.append(copy)
+            elif isinstance(leaf, _KEEP_AS_IS):
+                out.append(leaf)
+            else:
+                self.result.skipped.append(Skipped(key, kind, paths[i] if paths else "", 0, f"a {type(leaf).__name__} is not "
+                                                   "a tensor; it was left out (None in its place)"))
+                out.append(None)
+        return out[0] if spec is None else pytree.tree_unflatten(out, spec)
+
+    def _copy(self, t: torch.Tensor) -> torch.Tensor | None:
+        if t.device.type == "meta":
+            return None
+        src = t.detach()
+        self.sources.add(src.device)
+        plain = type(src) is torch.Tensor and src.layout == torch.strided and not src.is_quantized
+        with torch.inference_mode(False):
+            if self.store_on.type == "cpu" and plain:
+                pinned = src.device.type == "cuda"
+                dst = self.alloc.empty(src.shape, src.dtype, pinned)
+                dst.copy_(src, non_blocking=pinned)
+                return dst
+            if src.device == self.store_on:
+                return src.clone()
+            return src.to(self.store_on, copy=True, non_blocking=src.device.type == "cuda")
+
+    def _track(self, key: str, path: str, t: torch.Tensor, copy: torch.Tensor) -> None:
+        skey = _storage_key(t)
+        if skey is None:
+            return
+        version = None if t.is_inference() else t._version
+        rec = _Live(key, path, t, copy, version)
+        self.live.append(rec)
+        self.by_storage.setdefault(skey, []).append(rec)
+
+    def _grad_hooks(self, key: str, output: Any) -> None:
+        if isinstance(output, torch.Tensor):
+            items = [("", output)]
+        else:
+            items = list(_tensor_leaves(output))
+        for path, t in items:
+            if t.requires_grad:
+                self.grad_handles.append(t.register_hook(self._grad_hook(key, path, len(items) == 1 and path == "")))
+
+    def _grad_hook(self, key: str, path: str, single: bool) -> Callable:
+        def hook(grad: torch.Tensor) -> None:
+            with self.grad_lock:
+                nbytes = grad.numel() * grad.element_size()
+                if self.full or (self.max_bytes is not None and self.used + nbytes > self.max_bytes):
+                    self.full = True
+                    self.result.skipped.append(Skipped(key, "grad", path, nbytes, "over the byte budget "
+                                                       f"({self.used} of {self.max_bytes} bytes used)"))
+                    return
+                self.used += nbytes
+                copy = self._copy(grad)
+                if single:
+                    self.result.grads[key] = copy
+                else:
+                    self.result.grads.setdefault(key, {})[path] = copy
+        return hook
+
+    # end ------------------------------------------------------------------------------
+
+    def detach(self) -> None:
+        for h in self.handles:
+            h.remove()
+        self.handles.clear()
+        for m, training in self.training:
+            if m.training != training:
+                m.train(training)
+
+    def finish(self) -> Captures:
+        for h in self.grad_handles:
+            h.remove()
+        self.grad_handles.clear()
+        for dev in self.sources | {self.store_on}:
+            if dev.type == "cuda":
+                torch.cuda.synchronize(dev)
+        self.alloc.close()
+        self._settle_mutations()
+        self.live.clear()
+        self.by_storage.clear()
+        r = self.result
+        if self.max_bytes == 0:
+            r.findings.append(Finding("capture-budget-zero", "warning", "",
+                                      "max_bytes is 0, so nothing was captured; give a positive byte "
+                                      "budget, or None for no limit"))
+        elif any(s.reason.startswith("over the byte budget") for s in r.skipped):
+            over = [s for s in r.skipped if s.reason.startswith("over the byte budget")]
+            r.findings.append(Finding("capture-over-budget", "info", over[0].module,
+                                      f"the byte budget of {self.max_bytes} bytes was reached at "
+                                      f"{over[0].module}; {len(over)} captures were skipped "
+                                      f"({sum(s.bytes for s in over)} bytes)"))
+        for s in r.skipped:
+            if not s.reason.startswith("over the byte budget"):
+                r.findings.append(Finding("capture-not-tensor", "info", s.module,
+                                          f"{s.module}{s.path}: {s.reason}"))
+        r._state["done"] = True
+        return r
+
+    def _settle_mutations(self) -> None:
+        r = self.result
+        for rec in self.live:
+            if rec.version is not None and not rec.suspect and rec.tensor._version != rec.version:
+                rec.suspect = True
+            if not rec.suspect:
+                continue
+            change = _max_change(rec.tensor, rec.copy)
+            if change is None:
+                continue
+            if change == 0.0 and rec.version is not None:
+                r.findings.append(Finding("capture-written-same-values", "info", rec.key,
+                                          f"{rec.key}{rec.path} was written in place"
+                                          f"{' by ' + rec.by if rec.by else ''} after its capture, "
+                                          "but its values did not change"))
+                continue
+            if change == 0.0:
+                continue
+            r.mutations.append(Mutation(rec.key, rec.path, rec.by,
+                                        "value" if rec.version is None else "version", change))
+            if rec.key not in r.mutated:
+                r.mutated[rec.key] = rec.by
+                by = f"by {rec.by}" if rec.by else "after the forward pass or outside any module"
+                r.findings.append(Finding(
+                    "capture-mutated", "warning", rec.key,
+                    f"the live output of {rec.key} was overwritten in place {by} after the hook saw it "
+                    f"(largest change {change:.4g}); a hook that kept a bare reference would hold the "
+                    "overwritten values. The capture is a copy taken before."))
+
+
+_SKIP = object()
+
+
+def _leaf_paths(value: Any, spec: Any) -> list[str]:
+    if spec is None:
+        return [""]
+    return [pytree.keystr(p) for p, _ in pytree.tree_flatten_with_path(value)[0]]
+
+
+def _max_change(live: torch.Tensor, copy: torch.Tensor) -> float | None:
+    """Largest absolute difference between the live tensor and its copy (NaN == NaN)."""
+    try:
+        with torch.inference_mode(False), torch.no_grad():
+            a = live.detach().to(copy.device)
+            if a.shape != copy.shape or a.dtype != copy.dtype:
+                return float("inf")
+            if torch.equal(a, copy):
+                return 0.0
+            if a.is_floating_point() or a.is_complex():
+                both_nan = torch.isnan(a) & torch.isnan(copy)
+                diff = (a - copy).abs().double()
+                diff = torch.where(both_nan, torch.zeros_like(diff), diff)
+                diff = torch.nan_to_num(diff, nan=float("inf"))
+                return float(diff.max())
+            return float((a.double() - copy.double()).abs().max())
+    except RuntimeError:
+        return None
+
+
+# --------------------------------------------------------------------------- public API
+
+
+@contextmanager
+def capturing(model: nn.Module, modules: Any = None, store_on: str | torch.device = "cpu",
+              max_bytes: int | None = None, grads: bool = False, *, keep_inputs: bool = False,
+              keep_references: bool = False, hold_lock: bool = True) -> Iterator[Captures]:
+    """Capture activations of the forward (and backward) passes run inside the block.
+
+    Only passes run by the thread that entered the block are recorded. The yielded
+    :class:`Captures` is complete when the block ends. Arguments are those of
+    :func:`capture_activations`; ``hold_lock=False`` leaves the model's lock alone (the
+    caller then makes sure nothing else adds hooks meanwhile).
+
+    >>> net = nn.Sequential(nn.Linear(2, 2), nn.ReLU(inplace=True))
+    >>> with capturing(net) as cap:
+    ...     _ = net(torch.ones(1, 2))
+    >>> sorted(cap.outputs), list(cap.mutated)
+    (['0', '1'], ['0'])
+    """
+    with _recording(model, modules, store_on, max_bytes, grads, keep_inputs, keep_references,
+                    hold_lock) as rec:
+        yield rec.result
+
+
+@contextmanager
+def _recording(model: nn.Module, modules: Any, store_on: Any, max_bytes: int | None, grads: bool,
+               keep_inputs: bool, keep_references: bool, hold_lock: bool) -> Iterator[_Recorder]:
+    selected = select_modules(model, modules)
+    lock = model_lock(model) if hold_lock else None
+    if lock is not None:
+        lock.acquire()
+    rec = None
+    try:
+        rec = _Recorder(model, selected, store_on, max_bytes, grads, keep_inputs, keep_references)
+        try:
+            rec.attach()
+            yield rec
+        except Exception as exc:
+            if rec.stack and hasattr(exc, "add_note"):
+                exc.add_note(f"(raised inside module {rec.stack[-1]})")
+            raise
+        finally:
+            rec.detach()
+            rec.finish()
+    finally:
+        if rec is not None:
+            rec.alloc.close()
+        if lock is not None:
+            lock.release()
+
+
+def capture_activations(model: nn.Module, inputs: Any, modules: Any = None,
+                        store_on: str | torch.device = "cpu", max_bytes: int | None = None,
+                        grads: bool = False, *, keep_inputs: bool = False,
+                        keep_references: bool = False,
+                        loss_fn: Callable[[Any, Any], torch.Tensor] | None = None) -> Captures:
+    """Run ``model`` on ``inputs`` and capture module outputs as detached copies.
+
+    Holds the model's lock; hooks are removed when it returns, also when the forward pass
+    raises; the model's own hooks, ``training`` flags, grad mode and buffers are left as they
+    were (a training-mode BatchNorm's running statistics are put back after the pass).
+
+    Args:
+        model: the model (not changed).
+        inputs: a tensor (``model(x)``), a tuple (``model(*x)``) or a dict (``model(**x)``).
+        modules: ``None`` for every submodule, or names, glob patterns, classes (see
+            :func:`select_modules`).
+        store_on: where the copies go: ``"cpu"`` (pinned, non-blocking from CUDA) or a device.
+        max_bytes: stop capturing at this many bytes; what did not fit is in ``.skipped``.
+        grads: also capture the gradient of each selected output. Runs a backward pass with
+            ``torch.autograd.grad``, so no parameter's ``.grad`` changes.
+        keep_inputs: also capture module inputs.
+        keep_references: also keep the bare live outputs (``.references``), to show what a
+            naive hook would have seen.
+        loss_fn: ``loss_fn(outputs, inputs)`` for ``grads=True``; default: the sum of the
+            floating-point outputs.
+
+    Returns:
+        Captures with ``.outputs``, ``.mutated``, ``.stats``, ``.skipped``.
+
+    Raises:
+        InspectorError: unknown module names, a negative budget, a forward pass that fails
+            (naming the module that raised).
+
+    >>> net = nn.Sequential(nn.Linear(2, 2), nn.ReLU(inplace=True))
+    >>> cap = capture_activations(net, torch.ones(1, 2), modules="0")
+    >>> cap.outputs["0"].shape, cap.mutated
+    (torch.Size([1, 2]), {'0': '1'})
+    """
+    if grads and torch.is_inference_mode_enabled():
+        raise InspectorError("grads=True needs autograd, which inference mode turns off; call "
+                             "capture_activations outside torch.inference_mode()")
+    with _recording(model, modules, store_on, max_bytes, grads, keep_inputs, keep_references,
+                    True) as rec, _buffers_kept(model):
+        try:
+            with torch.enable_grad() if grads else _nullcontext():
+                output = call_model(model, inputs)
+                if grads:
+                    _backward(model, output, inputs, loss_fn, rec.result)
+        except InspectorError:
+            raise
+        except Exception as exc:
+            where = rec.stack[-1] if rec.stack else None
+            raise InspectorError(f"the forward pass of {type(model).__name__} failed"
+                                 f"{' in module ' + where if where else ''}: "
+                                 f"{type(exc).__name__}: {exc}") from exc
+    cap = rec.result
+    object.__setattr__(cap, "model_output", output)
+    return cap
+
+
+@contextmanager
+def _nullcontext() -> Iterator[None]:
+    yield
+
+
+@contextmanager
+def _buffers_kept(model: nn.Module) -> Iterator[None]:
+    """Put buffers back as they were (a training-mode BatchNorm updates its running stats)."""
+    if not any(m.training for m in model.modules()):
+        yield
+        return
+    with torch.inference_mode(False), torch.no_grad():
+        saved = [(b, b.clone()) for b in model.buffers() if b.device.type != "meta"]
+    try:
+        yield
+    finally:
+        with torch.inference_mode(False), torch.no_grad():
+            for b, before in saved:
+                if not torch.equal(b, before):
+                    b.copy_(before)
+
+
+def _backward(model: nn.Module, output: Any, inputs: Any,
+              loss_fn: Callable[[Any, Any], torch.Tensor] | None, cap: Captures) -> None:
+    if loss_fn is not None:
+        loss = loss_fn(output, inputs)
+    else:
+        parts = [t.float().sum() for _, t in _tensor_leaves(output) if t.is_floating_point()]
+        if not parts:
+            raise InspectorError("grads=True needs a floating-point model output or a loss_fn")
+        loss = torch.stack(parts).sum()
+    wrt = [p for p in model.parameters() if p.requires_grad]
+    if not loss.requires_grad or not wrt:
+        cap.findings.append(Finding("capture-no-grads", "warning", "",
+                                    "no gradients were captured: no parameter requires grad, so "
+                                    "the loss does not depend on anything trainable"))
+        return
+    torch.autograd.grad(loss, wrt, allow_unused=True)
