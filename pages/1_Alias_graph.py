@@ -1,0 +1,115 @@
+"""Alias graph: which tensors are really one tensor, and which conversions split them."""
+
+from __future__ import annotations
+
+import html
+
+import streamlit as st
+
+from inspector.aliases import CONVERSIONS, alias_analysis, conversion_table
+from inspector.figures.aliases import alias_graph_figure
+from ui.cache import cached_analysis
+from ui.errors import guarded
+from ui.sidebar import model_picker
+from ui.tables import findings_table, paged_table
+
+st.set_page_config(page_title="Alias graph", layout="wide")
+loaded = model_picker()
+
+st.title("Alias graph")
+st.caption("Tied weights (GPT-2's token embedding and output head) are one tensor under two names. "
+           "A conversion that wraps each name separately can split them without a word: the model "
+           "then trains two copies and the unique parameter count jumps. This page shows every alias "
+           "and checks conversions on a copy of the model.")
+
+if loaded is None:
+    st.info("Load a model in the sidebar to see its aliases.")
+    st.stop()
+
+KIND_HELP = {
+    "same-object": "one Python object under several names; parameters() yields it once",
+    "shared-storage": "different objects over exactly the same memory; parameters() counts it twice",
+    "overlapping-view": "different objects whose bytes overlap partly",
+}
+OUTCOME_ICON = {"kept": "✅ kept", "weakened": "⚠️ weakened", "broken": "🛑 broken", "error": "❌ error",
+                "no ties": "— no ties", "-": "—"}
+
+analysis = None
+with guarded("finding aliases"):
+    analysis = cached_analysis(alias_analysis, loaded.model)
+
+if analysis is not None:
+    cols = st.columns(4)
+    cols[0].metric("Alias groups", len(analysis.groups))
+    cols[1].metric("Names (parameters and buffers)", f"{analysis.names:,}")
+    cols[2].metric("Unique parameter elements", f"{analysis.unique_numel:,}",
+                   help="What parameters() counts: each Parameter object once")
+    cols[3].metric("Counting every name", f"{analysis.numel_with_aliases:,}",
+                   delta=(f"+{analysis.numel_with_aliases - analysis.unique_numel:,}"
+                          if analysis.numel_with_aliases != analysis.unique_numel else None),
+                   delta_color="off")
+    if analysis.identity_only:
+        st.info("This model is on the meta device: it holds no memory, so aliases are found by object "
+                "identity only. Shared storage and overlapping views need real weights.")
+
+    st.subheader("Alias groups")
+    st.markdown(" · ".join(f"**{k}**: {v}" for k, v in KIND_HELP.items()))
+    if analysis.groups:
+        frame = analysis.to_frame()
+        paged_table(frame, "aliases_groups", caption="names[0] is the name named_parameters() keeps",
+                    column_config={"names": st.column_config.TextColumn(width="large")})
+    else:
+        st.success("No two names share a tensor or memory in this model.")
+    for d in analysis.disjoint:
+        regions = " | ".join(", ".join(html.escape(n) for n in r) for r in d.regions)
+        st.info(f"Disjoint views of one storage ({d.storage_nbytes:,} bytes on {d.device}): {regions}. "
+                "They share a storage but no bytes, so they are not aliases: writing one never "
+                "changes the other.")
+
+    st.subheader("Graph")
+    with guarded("drawing the alias graph"):
+        fig = cached_analysis(alias_graph_figure, loaded.model, list(analysis.groups))
+        st.plotly_chart(fig, width="stretch", key="aliases_graph")
+        st.caption("Squares are modules, circles parameters, diamonds buffers; each alias group has "
+                   "its own colour, with an extra edge from every other module that holds it.")
+    if analysis.findings:
+        findings_table(list(analysis.findings), "aliases_findings")
+
+st.subheader("Conversion check")
+st.caption("Each conversion runs on a deep copy of the model (the loaded model is never changed) and "
+           "reports, per alias group, whether the tie was **kept**, **weakened** (one object became "
+           "several objects over one memory) or **broken** (separate memory), with the unique "
+           "parameter count after. torch's overwrite-on-conversion flag is restored afterwards.")
+DEFAULT = ["to-float64-overwrite", "to-float32-overwrite", "move-model-float64", "move-model-float32"]
+picked = st.multiselect("Conversions", list(CONVERSIONS), default=DEFAULT, key="aliases_conversions",
+                        format_func=lambda n: CONVERSIONS[n].label)
+left, right = st.columns(2)
+if left.button("Run conversion check", type="primary", key="aliases_check"):
+    st.session_state["aliases_run"] = {"names": tuple(picked), "retie": False}
+if right.button("Re-tie after each conversion", key="aliases_retie",
+                help="Run the conversions again, then retie() each converted copy from a snapshot "
+                     "taken before, and show what it restored."):
+    st.session_state["aliases_run"] = {"names": tuple(picked), "retie": True}
+
+run = st.session_state.get("aliases_run")
+if run and run["names"]:
+    with guarded("checking conversions"), st.spinner("Converting copies of the model…"):
+        table, results = cached_analysis(conversion_table, loaded.model, list(run["names"]),
+                                         retie_after=run["retie"])
+        shown = table.assign(outcome=table["outcome"].map(lambda o: OUTCOME_ICON.get(o, o)))
+        if shown["error"].isna().all():
+            shown = shown.drop(columns=["error"])
+        st.dataframe(shown, hide_index=True, width="stretch",
+                     column_config={"unique": st.column_config.NumberColumn(
+                         "unique parameter elements", format="%d")})
+        findings = [f for r in results for f in r.findings]
+        if run["retie"]:
+            findings += [f for r in results for f in r.retied]
+            fixed = [r for r in results if r.retied]
+            if fixed:
+                st.success(" · ".join(f"{r.label}: {r.unique_after} → {r.unique_after_retie} after re-tie"
+                                      for r in fixed))
+        findings_table(findings, "aliases_conversion_findings",
+                       empty="Every tie survived the chosen conversions.")
+elif run:
+    st.warning("Pick at least one conversion.")
