@@ -6,7 +6,7 @@ import os
 
 import streamlit as st
 
-from inspector.labs import TEACHER_KEY_ENV, Lab, LabError, teacher_unlocked
+from inspector.labs import TEACHER_KEY_ENV, Lab, LabError, lab_done, teacher_unlocked
 from ui import labs_view as lv
 from ui.errors import guarded
 from ui.sidebar import model_picker
@@ -27,10 +27,10 @@ if not labs:
     st.stop()
 
 by_id = {lab.id: lab for lab in labs}
-lab_id = st.selectbox("Lab", list(by_id), format_func=lambda i: lv.lab_label(by_id[i]), key="lab_pick")
+lab_id = st.selectbox("Lab", list(by_id), format_func=lambda i: by_id[i].title, key="lab_pick")
+st.caption("Your progress: " + " · ".join(lv.lab_label(lab) for lab in labs))
 lab = by_id[lab_id]
-progress = lv.progress()
-done = sum(1 for t in lab.tasks if progress.get(lab.id, {}).get(t.id) and progress[lab.id][t.id].passed)
+done = lab_done(lab, lv.progress())
 st.progress(done / len(lab.tasks), text=f"{done} of {len(lab.tasks)} tasks passed")
 
 scenario = None
@@ -54,6 +54,7 @@ for i, task in enumerate(lab.tasks, 1):
         if st.button("Check", key=f"lab_check_{lab.id}_{task.id}", type="primary"):
             with st.spinner("Checking with the inspector's analyses…"):
                 lv.check_task(lab, task, scenario, raw)
+            st.rerun()  # so the lab picker and the progress bar show this result too
         lv.show_record(lab, task)
 
 st.divider()

@@ -1,0 +1,69 @@
+"""The Labs page: one lab end to end, a broken teacher lab file, and the teacher view."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from streamlit.testing.v1 import AppTest
+
+PAGE = str(Path(__file__).resolve().parent.parent / "pages" / "7_Labs.py")
+
+
+def _page() -> AppTest:
+    at = AppTest.from_file(PAGE, default_timeout=60)
+    at.run()
+    assert not at.exception
+    return at
+
+
+def test_complete_the_shifted_offsets_lab(monkeypatch):
+    monkeypatch.delenv("INSPECTOR_LABS_DIR", raising=False)
+    monkeypatch.delenv("INSPECTOR_TEACHER_KEY", raising=False)
+    at = _page()
+    at.selectbox(key="lab_pick").set_value("shifted-offsets").run()
+    assert not at.exception
+    assert at.header[0].value == "The shifted offsets"
+
+    # a wrong answer first: the full map's reading of index 100; feedback and the first hint
+    at.selectbox(key="lab_shifted-offsets_locate_parameter").set_value("layers.0.base.weight")
+    at.text_input(key="lab_shifted-offsets_locate_element").input("(12, 4)")
+    at.button(key="lab_check_shifted-offsets_locate").click().run()
+    assert not at.exception
+    assert any("full map says" in e.value for e in at.error)
+    assert any(i.value.startswith("Hint 1:") for i in at.info)
+
+    # trainable-only vector: layers.1.lora_B.weight holds [80, 112); 100 - 80 = 20 -> (10, 0)
+    at.selectbox(key="lab_shifted-offsets_locate_parameter").set_value("layers.1.lora_B.weight")
+    at.text_input(key="lab_shifted-offsets_locate_element").input("(10, 0)")
+    at.button(key="lab_check_shifted-offsets_locate").click().run()
+    # its full-map start 496 minus 80: the 416 frozen elements in front of it
+    at.text_input(key="lab_shifted-offsets_shift_shift").input("416")
+    at.selectbox(key="lab_shifted-offsets_shift_reason").set_value(
+        "frozen parameters come before it in parameters(), so the full map counts them")
+    at.button(key="lab_check_shifted-offsets_shift").click().run()
+    assert not at.exception
+    assert [s.value.split(":")[0] for s in at.success] == ["Right", "Right"]
+    assert not at.error
+    assert "2 of 2 tasks passed" in at.get("progress")[0].proto.text
+    assert any("✅ The shifted offsets (2/2)" in c.value for c in at.caption)
+
+
+def test_a_broken_lab_file_does_not_break_the_page(tmp_path, monkeypatch):
+    (tmp_path / "typo.py").write_text("from inspector.labs import Lab\nLAB = Lab(\n")
+    monkeypatch.setenv("INSPECTOR_LABS_DIR", str(tmp_path))
+    at = _page()
+    assert any("Lab 'typo' could not be loaded" in e.value for e in at.error)
+    assert len(at.selectbox(key="lab_pick").options) == 5
+
+
+def test_teacher_view_needs_the_key(monkeypatch):
+    monkeypatch.delenv("INSPECTOR_LABS_DIR", raising=False)
+    monkeypatch.setenv("INSPECTOR_TEACHER_KEY", "chalk")
+    at = _page()
+    at.selectbox(key="lab_pick").set_value("flattening-myths").run()
+    at.text_input(key="lab_teacher_key").input("wrong").run()
+    assert any(e.value == "That is not the teacher key." for e in at.error)
+    assert not at.json
+    at.text_input(key="lab_teacher_key").input("chalk").run()
+    assert not at.exception
+    assert [j.value for j in at.json][:2] == ['{"verdict": "false"}', '{"verdict": "false", "elements": 636}']
