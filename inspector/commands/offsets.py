@@ -1,0 +1,73 @@
+"""``python -m inspector offsets SOURCE [--trainable-only] [--backward] [--locate INDEX]``."""
+
+from __future__ import annotations
+
+import argparse
+
+from ..offsets import display_table, gradient_report, locate, offset_findings, offset_map, run_backward
+from ._common import add_source_arguments, load_from_args, print_findings, print_table, progress, write_json
+
+HELP = ("where each parameter sits in parameters_to_vector order, which tensor a flat index falls in, "
+        "and gradient norms per parameter and per module")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_source_arguments(parser)
+    parser.add_argument("--trainable-only", action="store_true",
+                        help="offsets of a vector of the parameters with requires_grad only")
+    parser.add_argument("--buffers", action="store_true",
+                        help="list buffers after the parameters (they never shift a parameter)")
+    parser.add_argument("--backward", action="store_true",
+                        help="run one backward pass on the example inputs first (sets .grad), "
+                             "then print gradient norms")
+    parser.add_argument("--locate", type=int, action="append", default=None, metavar="INDEX",
+                        help="say which parameter and element flat index INDEX falls in (repeatable)")
+    parser.add_argument("--top", type=int, default=15, metavar="K",
+                        help="layers to list by gradient norm (default 15)")
+    parser.add_argument("--max-rows", type=int, default=60, help="rows of the offset table to print")
+    parser.add_argument("--json", default=None, metavar="PATH", help="write the tables as JSON")
+
+
+def run(args: argparse.Namespace) -> int:
+    loaded = load_from_args(args)
+    model = loaded.model
+    with loaded.lock:
+        table = offset_map(model, trainable_only=args.trainable_only, include_buffers=args.buffers)
+        findings = offset_findings(model, trainable_only=args.trainable_only)
+    params = table[table["kind"] == "parameter"]
+    total = int(params["end"].iloc[-1]) if len(params) else 0
+    vector = "trainable-only vector" if args.trainable_only else "parameters_to_vector(model.parameters())"
+    print(f"model: {loaded.name} ({loaded.source}) on {loaded.device}")
+    print(f"{vector}: {len(params)} tensors, {total:,} elements")
+    print_table(display_table(table), max_rows=args.max_rows)
+    for index in args.locate or []:
+        print(locate(table, index).describe())
+    out: dict = {"model": loaded.name, "source": loaded.source, "trainable_only": args.trainable_only,
+                 "offsets": display_table(table).to_dict(orient="records")}
+    if args.backward:
+        progress("running a backward pass on the example inputs (this sets .grad)")
+        result = run_backward(loaded)
+        print(result.message)
+    if args.backward or any(p.grad is not None for p in model.parameters()):
+        with loaded.lock:
+            report = gradient_report(model)
+        counts = ", ".join(f"{n} {s}" for s, n in report.counts.items())
+        print(f"gradient norm of the whole model: {report.total_norm:.6g}; parameters: {counts}")
+        layers = report.by_module[report.by_module["owns_parameters"]]
+        layers = layers.sort_values("norm", ascending=False, na_position="last")
+        print(f"layers by gradient norm (top {args.top} of {len(layers)}):")
+        print_table(layers[["name", "norm", "state", "nan", "inf", "numel"]].head(args.top))
+        bad = report.by_parameter[report.by_parameter["state"] != "ok"]
+        if len(bad):
+            print("parameters without a usable gradient:")
+            print_table(bad[["name", "state", "norm", "nan", "inf", "numel"]], max_rows=args.max_rows)
+        findings += report.findings
+        out["gradient_norms"] = report.by_parameter.to_dict(orient="records")
+        out["module_norms"] = report.by_module.to_dict(orient="records")
+    else:
+        print("gradients: none yet (add --backward to run one backward pass on the example inputs)")
+    print_findings(loaded.findings + findings)
+    if args.json:
+        out["findings"] = [f.to_dict() for f in findings]
+        write_json(args.json, out)
+    return 0
