@@ -767,7 +767,7 @@ def _audit_rows(inv: Inventory, device_of: dict[str, Device | None],
             codes.append("meta-leftover")
         if t.name != t.leader and dev != device_of[t.leader]:
             codes.append("tie-split")
-        if t.kind == "buffer" and dev is not None and prim is not None and dev != prim:
+        if t.kind == "buffer" and dev not in (None, "meta") and prim is not None and dev != prim:
             codes.append("buffer-stranded")
         for c, v in zip(AUDIT_COLUMNS, (t.name, t.kind, t.module, dev, prim, len(seen[t.module]) > 1,
                                         ",".join(codes) or None, t.nbytes,
@@ -1120,7 +1120,10 @@ def dispatch_plan(model: nn.Module, device_map: Mapping[str, Any], *, offload_fo
                 if key not in modules and dev != "disk":
                     set_module_tensor_to_device(target, key, "cpu" if dev == "cpu" else
                                                 (f"cuda:{dev}" if isinstance(dev, int) else dev))
-            dispatch_model(target, device_map=dict(dm), offload_dir=offload_folder)
+            with warnings.catch_warnings():
+                # check_device_map warns that tensor-name keys are not module names: expected here
+                warnings.filterwarnings("ignore", message="The following device_map keys", category=UserWarning)
+                dispatch_model(target, device_map=dict(dm), offload_dir=offload_folder)
     except Exception:
         if tmp is not None:
             tmp.cleanup()

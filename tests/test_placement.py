@@ -1,0 +1,358 @@
+"""Device maps: planning, audit, accelerate side by side, dispatch, bad input.
+
+Byte counts are float32 (4 bytes an element) unless said otherwise.
+split-block (sample_models/small.py SplitBlockNet):
+    embed  Linear(64, 64)  4160 elements = 16640 bytes
+    block  fc1, fc2, fc3   16640 bytes each = 49920
+           scale (buffer)  64 elements   =   256
+           pos_table (buf) 16*64 = 1024  =  4096   -> block 54272
+    head   Linear(64, 8)   520 elements  =  2080   -> model 72992
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import warnings
+
+import pytest
+import torch
+from accelerate import infer_auto_device_map
+from accelerate.utils import check_device_map
+from torch import nn
+
+from inspector.findings import InspectorError
+from inspector.placement import (
+    accelerate_budget,
+    audit,
+    audit_device_map,
+    compare_with_accelerate,
+    dispatch_plan,
+    inventory,
+    load_device_map,
+    parse_max_memory,
+    placement_findings,
+    placement_table,
+    plan_device_map,
+    plan_device_map_explained,
+    validate_device_map,
+)
+from sample_models import get_sample
+
+GiB = 2**30
+SPLIT_BUDGET = "0=40000,1=40000,cpu=100000"
+
+
+@pytest.fixture(autouse=True)
+def _quiet_accelerate():
+    # accelerate logs "Device 0 is not available" for GPUs this machine lacks; planning is arithmetic.
+    logger = logging.getLogger("accelerate")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    yield
+    logger.setLevel(level)
+
+
+@pytest.fixture
+def split_block():
+    return get_sample("split-block").build()
+
+
+@pytest.fixture(scope="module")
+def llama():
+    return get_sample("llama-70b-meta").build()
+
+
+def passes_check(model, device_map) -> bool:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # tensor-name keys are not module names
+        check_device_map(model, device_map)
+    return True
+
+
+# ----------------------------------------------------------------------------- budgets
+
+def test_parse_max_memory():
+    assert parse_max_memory("0=20GiB,1=20GiB,cpu=200GiB") == {0: 20 * GiB, 1: 20 * GiB, "cpu": 200 * GiB}
+    # order: GPUs by index, then mps, cpu, disk; cuda:N is GPU N; GB is 10**9
+    assert list(parse_max_memory("disk=1GB,cpu=2GB,cuda:1=3,mps=4,0=5")) == [0, 1, "mps", "cpu", "disk"]
+    assert parse_max_memory({0: "1KB", "cpu": 7}) == {0: 1000, "cpu": 7}
+
+
+@pytest.mark.parametrize("text, words", [
+    ("gpu0=20GiB", "unknown device 'gpu0'"),
+    ("tpu=1GiB", "unknown device 'tpu'"),
+    ("cpu=lots", "cannot read 'lots'"),
+    ("cpu=1GiB,cpu=2GiB", "appears twice"),
+    ("", "budget is empty"),
+    ("cpu", "has no '='"),
+])
+def test_parse_max_memory_rejects(text, words):
+    with pytest.raises(InspectorError, match=words):
+        parse_max_memory(text)
+
+
+# ----------------------------------------------------------------------------- small exact plans
+
+def test_inventory_sizes_by_prefix_and_dtype(split_block):
+    inv = inventory(split_block)
+    assert (inv.sizes[""], inv.sizes["block"], inv.sizes["block.fc1"], inv.sizes["head"]) == \
+        (72992, 54272, 16640, 2080)
+    half = inventory(split_block, torch.float16)  # every tensor is floating: exactly half
+    assert half.sizes[""] == 36496
+
+
+def test_sequential_plan_exact():
+    # Linear(4, 4): 20 elements = 80 bytes; BatchNorm1d(4): weight+bias 32, running_mean 16,
+    # running_var 16, num_batches_tracked (int64) 8 -> 72 bytes; model 80 + 72 + 80 = 232.
+    m = nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4), nn.Linear(4, 4))
+    # No offload device after the GPUs: nothing reserved. 0 takes 80 + 72 = 152 <= 160; "2" moves on.
+    assert plan_device_map(m, {0: 160, 1: 100}) == {"0": 0, "1": 0, "2": 1}
+    # With cpu after GPU 0, GPU 0 keeps the largest layer (80) free: 240 - 80 = 160 again.
+    plan = plan_device_map_explained(m, {0: 240, "cpu": 1000})
+    assert plan.device_map == {"0": 0, "1": 0, "2": "cpu"}
+    assert [(r.step, r.subject, r.device, r.nbytes) for r in plan.records if r.step == "reserve"] == \
+        [("reserve", "0", 0, 80)]
+    usage = plan.usage.set_index("device")
+    assert usage.loc[0, "parameter_bytes"] == 80 + 32 and usage.loc[0, "buffer_bytes"] == 40
+    assert usage.loc["cpu", "total_bytes"] == 80
+
+
+def test_everything_fits_one_device_gives_root_key():
+    m = nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4))
+    assert plan_device_map(m, "0=1000,cpu=1000") == {"": 0}
+
+
+class BufferNeighbour(nn.Module):
+    """a: Linear(4, 4) 80 bytes; pos: a module holding only a 16-float buffer (64 bytes); b: 80."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(4, 4)
+        self.pos = nn.Module()
+        self.pos.register_buffer("table", torch.arange(16.0))
+        self.b = nn.Linear(4, 4)
+
+
+def test_buffer_only_module_goes_with_nearest_neighbour():
+    # a -> 0 (80); b: 160 > 150 -> 1; pos waits, then joins its earlier neighbour a on 0 (144 <= 150).
+    plan = plan_device_map_explained(BufferNeighbour(), {0: 150, 1: 1000})
+    assert plan.device_map == {"a": 0, "pos": 0, "b": 1}
+    rec = [r for r in plan.records if r.step == "buffer"]
+    assert [(r.subject, r.device, r.nbytes) for r in rec] == [("pos", 0, 64)]
+    assert "nearest placed neighbour a" in rec[0].reason
+
+
+# ----------------------------------------------------------------------------- split block vs accelerate
+
+OUR_SPLIT_MAP = {
+    # GPU 0 keeps 16640 (one Linear) free for offloaded layers: 40000 - 16640 = 23360 usable.
+    "embed": 0,             # 16640 of 23360; block (54272) does not fit -> split
+    "block.scale": 1,       # block's primary device: 1 holds fc1 + fc2 = 33280 of its 49920
+    "block.pos_table": 1,   # parameter bytes; 33280 + 4352 buffer bytes = 37632 <= 40000
+    "block.fc1": 1,         # 16640 + 16640 > 23360 on 0 -> 1
+    "block.fc2": 1,         # 33280 <= 40000
+    "block.fc3": "cpu",     # 49920 > 40000 -> cpu
+    "head": "cpu",          # 16640 + 2080 = 18720 <= 100000
+}
+
+
+def test_split_block_plan_exact_and_accepted_by_accelerate(split_block):
+    plan = plan_device_map_explained(split_block, SPLIT_BUDGET)
+    assert plan.device_map == OUR_SPLIT_MAP
+    assert passes_check(split_block, plan.device_map)
+    assert plan.audit["finding"].isna().all()
+    assert [f.code for f in plan.findings] == ["split-owner"]  # info: block uses its own tensors
+    buffers = [(r.subject, r.device) for r in plan.records if r.step == "buffer"]
+    assert buffers == [("block.scale", 1), ("block.pos_table", 1)]
+
+
+def test_split_block_accelerate_map_misses_buffers_and_audit_names_them(split_block):
+    theirs = infer_auto_device_map(split_block, max_memory=accelerate_budget(parse_max_memory(SPLIT_BUDGET)))
+    assert dict(theirs) == {"embed": 0, "block.fc1": 1, "block.fc2": 1, "block.fc3": "cpu", "head": "cpu"}
+    with pytest.raises(ValueError, match="block.scale, block.pos_table"):
+        check_device_map(split_block, theirs)
+    table = audit_device_map(split_block, theirs).set_index("name")
+    for name in ("block.scale", "block.pos_table"):
+        assert table.at[name, "device"] is None
+        assert table.at[name, "finding"] == "buffer-unplaced"
+        assert table.at[name, "module_primary_device"] == 1
+        assert bool(table.at[name, "split"]) is True
+    assert table["finding"].notna().sum() == 2
+    codes = [(f.code, f.where) for f in audit(split_block, theirs).findings]
+    assert codes == [("buffer-unplaced", "block.scale"), ("buffer-unplaced", "block.pos_table")]
+
+
+def test_compare_with_accelerate_side_by_side(split_block):
+    c = compare_with_accelerate(split_block, SPLIT_BUDGET)
+    assert c.ours.device_map == OUR_SPLIT_MAP
+    assert c.our_check is None
+    assert "block.scale, block.pos_table" in c.accelerate_check
+    assert c.difference[["name", "ours", "accelerate", "accelerate_finding"]].values.tolist() == [
+        ["block.scale", 1, None, "buffer-unplaced"], ["block.pos_table", 1, None, "buffer-unplaced"]]
+
+
+def test_buffers_placed_late_reserve_room_and_replan(split_block):
+    # On 1 (35000): fc1 + fc2 = 33280, then block's buffers (4352) would make 37632: 2632 over.
+    # Planning again with 2632 kept free on 1 leaves 32368 there: only fc1 fits; fc2, fc3 go to
+    # cpu, which now holds most of block's parameter bytes, so the buffers follow to cpu.
+    plan = plan_device_map_explained(split_block, "0=40000,1=35000,cpu=100000")
+    assert plan.device_map == {"embed": 0, "block.scale": "cpu", "block.pos_table": "cpu", "block.fc1": 1,
+                               "block.fc2": "cpu", "block.fc3": "cpu", "head": "cpu"}
+    assert [(r.device, r.nbytes) for r in plan.records if r.step == "reserve" and not r.subject] == [(1, 2632)]
+    assert passes_check(split_block, plan.device_map)
+
+
+# ----------------------------------------------------------------------------- ties
+
+class TiedNet(nn.Module):
+    """embed Embedding(16, 8): 128 elements = 512 bytes; body Linear(8, 8): 72 = 288;
+    head.0 Linear(8, 8): 288; head.1 Linear(8, 16) whose weight IS embed.weight (counted once,
+    under embed) plus a 16-float bias = 64 -> head 352; model 1152."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(16, 8)
+        self.body = nn.Linear(8, 8)
+        self.head = nn.Sequential(nn.Linear(8, 8), nn.Linear(8, 16))
+        self.head[1].weight = self.embed.weight
+
+
+def test_tie_across_a_split_lands_on_one_device():
+    # embed 512 + body 288 = 800 fill 0; head (352) is split: head.0 and head.1 go to 1, but
+    # head.1.weight is embed.weight, so it gets its own key on 0.
+    m = TiedNet()
+    plan = plan_device_map_explained(m, {0: 800, 1: 1000})
+    assert plan.device_map == {"embed": 0, "body": 0, "head.0": 1, "head.1.weight": 0, "head.1.bias": 1}
+    assert [(r.step, r.subject, r.device) for r in plan.records if r.step == "tie"] == \
+        [("tie", "head.1.weight", 0)]
+    assert plan.audit["finding"].isna().all()
+    assert passes_check(m, plan.device_map)
+    # A hand-made map that splits the tie is flagged.
+    table = audit_device_map(m, {"embed": 0, "body": 0, "head": 1}).set_index("name")
+    assert table.at["head.1.weight", "finding"] == "tie-split"
+    assert table.at["head.1.weight", "alias_of"] == "embed.weight"
+
+
+# ----------------------------------------------------------------------------- dispatch
+
+def test_dispatch_cpu_and_disk_matches_undispatched(split_block):
+    # cpu keeps 16640 free for a layer loaded back from disk: 76000 - 16640 = 59360 usable.
+    # embed 16640, fc1 33280, fc2 49920, fc3 would be 66560 -> disk, head -> disk.
+    # block's primary is cpu (33280 of 49920), so its buffers stay on cpu: 49920 + 4352 <= 59360.
+    dm = plan_device_map(split_block, "cpu=76000,disk=1GiB")
+    assert dm == {"embed": "cpu", "block.scale": "cpu", "block.pos_table": "cpu", "block.fc1": "cpu",
+                  "block.fc2": "cpu", "block.fc3": "disk", "head": "disk"}
+    x = get_sample("split-block").example_inputs(2)
+    with torch.no_grad():
+        expected = split_block(x)
+    before = {n: p for n, p in split_block.named_parameters()}
+    with dispatch_plan(split_block, dm) as d:
+        folder = d.offload_folder
+        assert os.path.isfile(os.path.join(folder, "index.json"))
+        with torch.no_grad():
+            got = d.model(x)
+        assert torch.equal(got, expected)
+        actual = d.table.set_index("name")["device"]
+        assert actual["block.fc3.weight"] == "disk" and actual["head.bias"] == "disk"
+        assert actual["block.scale"] == "cpu" and actual["embed.weight"] == "cpu"
+        assert d.findings == [] and d.in_place is False
+    assert not os.path.exists(folder)
+    # the model passed in is untouched: same objects, on cpu, no hooks
+    assert all(before[n] is p and p.device.type == "cpu" for n, p in split_block.named_parameters())
+    assert not hasattr(split_block.block.fc3, "_hf_hook")
+
+
+# ----------------------------------------------------------------------------- placement of real tensors
+
+def test_placement_table_meta_leftover(split_block):
+    split_block.block.register_buffer("scale", torch.empty(64, device="meta"))
+    table = placement_table(split_block).set_index("name")
+    assert table.at["block.scale", "device"] == "meta"
+    assert table.at["block.scale", "finding"] == "meta-leftover"
+    assert table["finding"].notna().sum() == 1
+
+
+def test_audit_stranded_buffer(split_block):
+    # All of block's parameters (49920 bytes) are on 1, so 1 is its primary device; scale on cpu
+    # is stranded there, pos_table on 1 is not.
+    dm = {"embed": 0, "block.scale": "cpu", "block.pos_table": 1, "block.fc1": 1, "block.fc2": 1,
+          "block.fc3": 1, "head": 1}
+    table = audit_device_map(split_block, dm).set_index("name")
+    assert table.at["block.scale", "finding"] == "buffer-stranded"
+    assert table.at["block.pos_table", "finding"] is None
+
+
+def test_all_meta_model_is_structure_only():
+    m = get_sample("split-block").build().to("meta")
+    assert placement_table(m)["finding"].isna().all()
+    assert [f.code for f in placement_findings(m)] == ["meta-model"]
+
+
+# ----------------------------------------------------------------------------- bad input
+
+def test_budget_too_small_with_nowhere_to_offload(split_block):
+    # cpu only: embed 16640, fc1 33280, fc2 49920, fc3 would need 66560 > 50000 and there is no disk.
+    with pytest.raises(ValueError, match=r"needs 72992 bytes and the budget gives 50000 bytes"):
+        plan_device_map(split_block, "cpu=50000")
+
+
+def test_unknown_device_names(split_block):
+    with pytest.raises(InspectorError, match="unknown device 'npu'"):
+        plan_device_map(split_block, "npu=1GiB")
+    with pytest.raises(InspectorError, match="device map key 'head'"):
+        audit_device_map(split_block, {"": "cpu", "head": "tpu:0"})
+
+
+def test_unknown_and_overlapping_keys(split_block):
+    dm = {"embed": 0, "block": 0, "head": 0, "blok.fc9": 1, "block.fc1": 0}
+    found = {(f.code, f.where) for f in audit(split_block, dm).findings}
+    assert found == {("unknown-key", "blok.fc9"), ("overlapping-key", "block.fc1")}
+    with pytest.raises(InspectorError, match="'blok.fc9' names no module"):
+        validate_device_map(split_block, dm)
+    with pytest.raises(InspectorError, match="'block' and 'block.fc1' overlap"):
+        dispatch_plan(split_block, {"embed": "cpu", "block": "cpu", "block.fc1": "cpu", "head": "cpu"})
+    with pytest.raises(InspectorError, match="gives no device to 2 tensors"):
+        validate_device_map(split_block, {"embed": 0, "block.fc1": 0, "block.fc2": 0, "block.fc3": 0,
+                                          "head": 0})
+
+
+@pytest.mark.parametrize("text, words", [
+    ('{"embed": 0, ', "not valid JSON"),
+    ("{'embed': 0}", "not valid JSON"),
+    ("[1, 2]", "JSON object"),
+    ('{"embed": "gpu"}', "unknown device 'gpu'"),
+])
+def test_json_map_that_does_not_parse(text, words):
+    with pytest.raises(InspectorError, match=words):
+        load_device_map(text)
+
+
+def test_json_map_round_trip(split_block):
+    assert load_device_map('{"embed": "cuda:0", "block": 1, "head": "cpu"}') == \
+        {"embed": 0, "block": 1, "head": "cpu"}
+
+
+# ----------------------------------------------------------------------------- llama-70b-meta
+
+def test_llama_70b_four_gpus_and_cpu(llama):
+    # One DecoderLayer: attention 2*8192*8192 + 2*8192*1024 = 150994944 elements, MLP 3*8192*28672
+    # = 704643072, two RMSNorms 16384 -> 855654400 elements = 3422617600 bytes (no-split class).
+    # embed_tokens and lm_head: 32000*8192*4 = 1048576000 bytes each; rotary inv_freq 64*4 = 256.
+    # GPU 0: 20 GiB = 21474836480 - 3422617600 kept free = 18052218880; embed leaves 17003642880
+    #   -> 4 layers (13690470400). GPUs 1-3: 21474836480 / 3422617600 = 6.27 -> 6 layers each.
+    # cpu: the other 58 layers + norm + lm_head = 199560429568 <= 200 GiB.
+    budget = "0=20GiB,1=20GiB,2=20GiB,3=20GiB,cpu=200GiB"
+    plan = plan_device_map_explained(llama, budget)
+    expected = {"embed_tokens": 0, "rotary_emb": 0}
+    for i in range(80):
+        expected[f"layers.{i}"] = 0 if i < 4 else 1 if i < 10 else 2 if i < 16 else 3 if i < 22 else "cpu"
+    expected.update({"norm": "cpu", "lm_head": "cpu"})
+    assert plan.device_map == expected
+    usage = plan.usage.set_index("device")["total_bytes"].to_dict()
+    assert usage == {0: 14739046656, 1: 20535705600, 2: 20535705600, 3: 20535705600, "cpu": 199560429568}
+    assert plan.audit["finding"].isna().all()
+    assert passes_check(llama, plan.device_map)
+    theirs = infer_auto_device_map(llama, max_memory=accelerate_budget(parse_max_memory(budget)),
+                                   no_split_module_classes=["DecoderLayer"])
+    assert dict(theirs) == expected  # accelerate 1.15 agrees when nothing is split with buffers
