@@ -129,12 +129,13 @@ def groups_frame(groups: tuple[AliasGroup, ...] | list[AliasGroup]) -> pd.DataFr
 class _Obj:
     """One distinct tensor object and every name it has."""
 
-    __slots__ = ("tensor", "names", "kinds", "first", "span", "memkey")
+    __slots__ = ("tensor", "names", "kinds", "order", "first", "span", "memkey")
 
     def __init__(self, tensor: torch.Tensor, first: int) -> None:
         self.tensor = tensor
         self.names: list[str] = []
         self.kinds: list[str] = []
+        self.order: list[int] = []  # walk position of each name
         self.first = first
         self.span: tuple[int, int] = (0, 0)
         self.memkey: tuple = ()
@@ -265,7 +266,8 @@ def _components_of_storage(objs: list[_Obj]) -> list[list[_Obj]]:
 
 def _make_group(objs: list[_Obj], memory_checked: bool) -> AliasGroup:
     objs = sorted(objs, key=lambda o: o.first)
-    pairs = sorted((o.first + k, n, kind) for o in objs for k, (n, kind) in enumerate(zip(o.names, o.kinds)))
+    pairs = sorted(zip((i for o in objs for i in o.order), (n for o in objs for n in o.names),
+                       (k for o in objs for k in o.kinds)))
     first = objs[0].tensor
     if len(objs) == 1:
         kind = "same-object"
@@ -325,6 +327,7 @@ def alias_analysis(model: nn.Module, include_buffers: bool = True) -> AliasAnaly
                 unique_numel += t.numel()
         o.names.append(name)
         o.kinds.append(kind)
+        o.order.append(order)
         if kind == "parameter":
             with_aliases += t.numel()
         order += 1
@@ -351,7 +354,8 @@ def alias_analysis(model: nn.Module, include_buffers: bool = True) -> AliasAnaly
             identity.append(o)  # no memory: zero-size tensors never alias by storage
         else:
             by_storage.setdefault(key, []).append(o)
-    groups: list[AliasGroup] = [_make_group([o], False) for o in identity if len(o.names) > 1]
+    found: list[tuple[int, AliasGroup]] = [(o.first, _make_group([o], False))
+                                           for o in identity if len(o.names) > 1]
     disjoint: list[DisjointViews] = []
     for objs in by_storage.values():
         if len(objs) == 1:
@@ -359,18 +363,18 @@ def alias_analysis(model: nn.Module, include_buffers: bool = True) -> AliasAnaly
                 o = objs[0]
                 o.span = _span(o.tensor)
                 o.memkey = _memkey(o.tensor, o.span)
-                groups.append(_make_group(objs, True))
+                found.append((o.first, _make_group(objs, True)))
             continue
         comps = _components_of_storage(objs)
         for comp in comps:
             if len(comp) > 1 or len(comp[0].names) > 1:
-                groups.append(_make_group(comp, True))
+                found.append((min(o.first for o in comp), _make_group(comp, True)))
         if len(comps) > 1:
             t = objs[0].tensor
             regions = tuple(tuple(n for o in sorted(c, key=lambda o: o.first) for n in o.names)
                             for c in comps)
             disjoint.append(DisjointViews(regions, t.untyped_storage().nbytes(), str(t.device)))
-    groups.sort(key=lambda g: _first_index(g, by_id))
+    groups = [g for _, g in sorted(found, key=lambda pair: pair[0])]
     identity_only = meta > 0 and not by_storage
     if meta:
         findings.append(Finding(
@@ -379,10 +383,6 @@ def alias_analysis(model: nn.Module, include_buffers: bool = True) -> AliasAnaly
             "identity only (same-object); shared storage and overlapping views cannot be seen there"))
     return AliasAnalysis(tuple(groups), tuple(disjoint), tuple(findings), identity_only, names,
                          unique_numel, with_aliases)
-
-
-def _first_index(group: AliasGroup, by_id: dict[int, _Obj]) -> int:
-    return min((o.first for o in by_id.values() if group.names[0] in o.names), default=0)
 
 
 def alias_groups(model: nn.Module, include_buffers: bool = True) -> list[AliasGroup]:
@@ -720,6 +720,11 @@ def _move(dtype: torch.dtype) -> Callable[[nn.Module, torch.device], nn.Module]:
     return run
 
 
+def _move_device(m: nn.Module, dev: torch.device) -> nn.Module:
+    with overwrite_on_conversion(True):
+        return move_model(m, device=dev)
+
+
 def _assign(m: nn.Module, dev: torch.device) -> nn.Module:
     m.load_state_dict(m.state_dict(), assign=True)
     return m
@@ -765,6 +770,8 @@ CONVERSIONS: dict[str, Conversion] = {c.name: c for c in [
     Conversion("move-model-float64", "overwrite flag + move_model(dtype=float64)", _move(torch.float64),
                allocates=2),
     Conversion("move-model-float32", "overwrite flag + move_model(dtype=float32)", _move(torch.float32),
+               allocates=1),
+    Conversion("move-model-device", "overwrite flag + move_model(device)", _move_device, needs_data=True,
                allocates=1),
     Conversion("load-state-dict-assign", "load_state_dict(own state dict, assign=True)", _assign),
     Conversion("safetensors-file", "safetensors save_file/load_file + load_state_dict(assign=True)",
@@ -864,7 +871,7 @@ def conversion_check(model: nn.Module, conversion: str, device: str | torch.devi
     on_meta = any(t.is_meta for t in [*model.parameters(), *model.buffers()])
     size = _model_bytes(model)
     need = (size if on_meta and conv.needs_data else 0) + (0 if on_meta else size * (1 + conv.allocates))
-    if on_meta and conv.needs_data and conv.name != "to-empty" and conv.name != "to-device-overwrite":
+    if on_meta and conv.needs_data and conv.name not in ("to-empty", "to-device-overwrite"):
         return ConversionResult(**base, unique_after=None, outcomes=(), findings=(),
                                 error="the model is on the meta device: it has no values to save or load")
     if need > max_bytes:

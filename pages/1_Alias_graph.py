@@ -7,6 +7,7 @@ import html
 import streamlit as st
 
 from inspector.aliases import CONVERSIONS, alias_analysis, conversion_table
+from inspector.devices import available_devices
 from inspector.figures.aliases import alias_graph_figure
 from ui.cache import cached_analysis
 from ui.errors import guarded
@@ -83,19 +84,23 @@ st.caption("Each conversion runs on a deep copy of the model (the loaded model i
 DEFAULT = ["to-float64-overwrite", "to-float32-overwrite", "move-model-float64", "move-model-float32"]
 picked = st.multiselect("Conversions", list(CONVERSIONS), default=DEFAULT, key="aliases_conversions",
                         format_func=lambda n: CONVERSIONS[n].label)
+targets = [d.name for d in available_devices() if d.kind != "meta"]
+here = loaded.device if loaded.device in targets else "cpu"
+device = st.selectbox("Target device", targets, index=targets.index(here), key="aliases_device",
+                      help="Where .to(device), to_empty(device) and the safetensors loads put the copy.")
 left, right = st.columns(2)
 if left.button("Run conversion check", type="primary", key="aliases_check"):
-    st.session_state["aliases_run"] = {"names": tuple(picked), "retie": False}
+    st.session_state["aliases_run"] = {"names": tuple(picked), "retie": False, "device": device}
 if right.button("Re-tie after each conversion", key="aliases_retie",
                 help="Run the conversions again, then retie() each converted copy from a snapshot "
                      "taken before, and show what it restored."):
-    st.session_state["aliases_run"] = {"names": tuple(picked), "retie": True}
+    st.session_state["aliases_run"] = {"names": tuple(picked), "retie": True, "device": device}
 
 run = st.session_state.get("aliases_run")
 if run and run["names"]:
     with guarded("checking conversions"), st.spinner("Converting copies of the model…"):
         table, results = cached_analysis(conversion_table, loaded.model, list(run["names"]),
-                                         retie_after=run["retie"])
+                                         device=run["device"], retie_after=run["retie"])
         shown = table.assign(outcome=table["outcome"].map(lambda o: OUTCOME_ICON.get(o, o)))
         if shown["error"].isna().all():
             shown = shown.drop(columns=["error"])

@@ -112,6 +112,17 @@ def test_parameter_buffer_alias_and_transposed_view():
     assert alias_groups(m, include_buffers=False) == []
 
 
+def test_names_keep_walk_order_across_objects():
+    m = nn.Module()
+    m.a = nn.Linear(2, 2, bias=False)   # walk: a.weight (object A)
+    m.z = nn.Linear(2, 2, bias=False)   #       z.weight (object B, A's memory)
+    m.c = nn.Linear(2, 2, bias=False)   #       c.weight (object A again)
+    m.z.weight = nn.Parameter(m.a.weight.detach())
+    m.c.weight = m.a.weight
+    assert [(g.names, g.kind, g.objects) for g in alias_groups(m)] == [
+        (("a.weight", "z.weight", "c.weight"), "shared-storage", 2)]
+
+
 def test_disjoint_views_are_not_aliases():
     a = alias_analysis(DisjointBuffers())
     assert a.groups == ()
@@ -300,6 +311,7 @@ def test_every_conversion_on_tiny_gpt2(tiny_gpt2):
     got = {name: _row(conversion_check(tiny_gpt2, name)) for name in CONVERSIONS}
     assert got["to-float64"] == ("kept", True, True, 4080)
     assert got["to-device-overwrite"] == ("weakened", False, True, 4592)  # cpu -> cpu, new objects
+    assert got["move-model-device"] == ("kept", True, True, 4080)
     assert got["load-state-dict-assign"] == ("weakened", False, True, 4592)
     assert got["safetensors-file"] == ("broken", False, False, 4592)
     assert got["safetensors-model"] == ("kept", True, True, 4080)
@@ -415,3 +427,31 @@ def test_cli_prints_groups_and_conversion_table(capsys):
             "broken", "False", "False", "4592"] in lines
     assert "tie-broken" in out
     assert main(["aliases", "sample:tiny-gpt2", "--convert", "nope"]) == 2
+
+
+# --------------------------------------------------------------------------------------------
+# CUDA
+
+
+@pytest.mark.cuda
+def test_conversions_onto_cuda(tiny_gpt2):
+    assert _row(conversion_check(tiny_gpt2, "to-device-overwrite", device="cuda")) == (
+        "broken", False, False, 4592)  # cpu -> cuda: each name gets its own copy
+    assert _row(conversion_check(tiny_gpt2, "move-model-device", device="cuda")) == ("kept", True, True, 4080)
+    assert _row(conversion_check(tiny_gpt2, "safetensors-file", device="cuda")) == (
+        "broken", False, False, 4592)
+    r = conversion_check(tiny_gpt2, "to-device-overwrite", device="cuda", retie_after=True)
+    assert r.unique_after_retie == 4080 and r.after_retie[0].outcome == "kept"
+    assert tiny_gpt2.lm_head.weight.device.type == "cpu"  # the model itself stayed
+
+
+@pytest.mark.cuda
+def test_groups_on_cuda():
+    m = SliceBuffers().cuda()
+    m.lin.register_buffer("w_copy", m.lin.weight.detach())
+    g = alias_groups(m)
+    assert [(x.names, x.kind, x.device) for x in g] == [
+        (("lin.weight", "lin.w_copy"), "shared-storage", "cuda:0"),
+        (("full", "rows"), "overlapping-view", "cuda:0")]
+    m.full = m.full.cpu()  # same numbers, other device: no longer an alias
+    assert [x.names for x in alias_groups(m)] == [("lin.weight", "lin.w_copy")]
