@@ -16,7 +16,7 @@ _API: dict[str, str] = {
     "load_model": "models", "LoadedModel": "models",
     "available_devices": "devices", "move_model": "devices",
     "alias_groups": "aliases", "snapshot_ties": "aliases", "compare_ties": "aliases",
-    "retie": "aliases",
+    "retie": "aliases", "alias_analysis": "aliases", "conversion_check": "aliases",
     "offset_map": "offsets", "locate": "offsets", "gradient_norms": "offsets",
     "plan_device_map": "placement", "audit_device_map": "placement",
     "placement_table": "placement",
