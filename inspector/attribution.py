@@ -258,6 +258,37 @@ def resolve_layer(model: nn.Module, name: str, model_name: str = "model") -> nn.
     raise InspectorError(f"{model_name} has no layer named {name!r}; {hint}")
 
 
+@dataclass(frozen=True)
+class TargetInfo:
+    """What a target can be: ``outputs`` entries per sample (1: no target), and for
+    ``(B, T, V)`` outputs the sequence length ``positions``."""
+
+    outputs: int
+    positions: int | None
+
+    @property
+    def kind(self) -> str:
+        return "next-token id" if self.positions is not None else \
+            "class index" if self.outputs > 1 else "none"
+
+
+def target_info(loaded: LoadedModel, inputs: Any = None) -> TargetInfo:
+    """One forward pass (no gradients, eval mode, under the lock) to learn the output's shape.
+
+    >>> from inspector.models import load_model
+    >>> target_info(load_model("sample:tiny-gpt2"))
+    TargetInfo(outputs=32, positions=16)
+    """
+    loaded.check_runnable()
+    inputs = loaded.example_inputs(1) if inputs is None else to_device(inputs, loaded.input_device())
+    flat, _ = _flatten_inputs(inputs)
+    with loaded.lock, preserved_state(loaded.model, flat), torch.no_grad():
+        out = _main_output(call_model(loaded.model, inputs), loaded.name)
+    if out.dim() >= 3:
+        return TargetInfo(int(out[:, -1].reshape(out.shape[0], -1).shape[1]), int(out.shape[1]))
+    return TargetInfo(int(out.shape[1]) if out.dim() == 2 else 1, None)
+
+
 # ---------------------------------------------------------------- the adapter
 
 

@@ -309,3 +309,27 @@ def test_figures_from_real_results(cnn, gpt):
     assert list(bars.data[0].x) == ["conv2", "bn2"]
     assert len(conductance_bars(cond[0]).data[0].x) == 16  # the 16 channels of conv2
     json.dumps(cam.to_dict(), allow_nan=False)
+
+
+# ---------------------------------------------------------------- command line
+
+
+def test_cli_attribute(capsys, tmp_path):
+    from inspector.__main__ import main
+
+    out_json = tmp_path / "attr.json"
+    assert main(["attribute", "sample:tiny-gpt2", "--method", "ig", "--target", "5", "--steps", "8",
+                 "--json", str(out_json)]) == 0
+    out = capsys.readouterr().out
+    assert "method: layer_ig (LayerIntegratedGradients) on layer transformer.wte, target 5 at position 15" in out
+    assert "Completeness:" in out and "method-switched" in out
+    assert json.loads(out_json.read_text())["options"]["n_steps"] == 8
+    assert main(["attribute", "sample:cnn-bn", "--method", "layer_gradcam", "--target", "10"]) == 2
+    assert "class index must be in 0..9" in capsys.readouterr().err
+
+
+def test_target_info(cnn, gpt):
+    from inspector.attribution import target_info
+
+    assert (target_info(cnn).outputs, target_info(cnn).positions, target_info(cnn).kind) == (10, None, "class index")
+    assert target_info(gpt).kind == "next-token id" and cnn.model.training

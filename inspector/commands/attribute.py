@@ -1,0 +1,57 @@
+"""``python -m inspector attribute SOURCE --method ig --target N [--layer NAME]``."""
+
+from __future__ import annotations
+
+import argparse
+
+from ..attribution import METHODS, attribute
+from ..figures.attribution import completeness_line
+from ._common import add_source_arguments, load_from_args, print_findings, print_table, progress, write_json
+
+HELP = ("captum attributions of one output (a class, or the next token's logit) to the inputs or "
+        "a layer: Integrated Gradients, Saliency, Input x Gradient, layer IG, conductance, GradCAM")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_source_arguments(parser)
+    parser.add_argument("--method", default="ig", choices=list(METHODS),
+                        help="attribution method (default: ig; on token ids it runs as layer_ig)")
+    parser.add_argument("--target", type=int, default=None,
+                        help="class index, or next-token id for language models (omit for one-output models)")
+    parser.add_argument("--layer", default=None,
+                        help="module name for layer methods (default: the input embedding for layer_ig "
+                             "on token models, the last convolution for layer_gradcam)")
+    parser.add_argument("--position", type=int, default=-1,
+                        help="sequence position attributed for (B, T, V) outputs (default: -1, the last)")
+    parser.add_argument("--steps", type=int, default=None, help="n_steps of integrating methods (default 50)")
+    parser.add_argument("--batch-size", type=int, default=1, help="example inputs to attribute (default 1)")
+    parser.add_argument("--rows", type=int, default=40, help="summary rows to print, largest |score| first")
+    parser.add_argument("--json", default=None, metavar="PATH", help="also write the result as JSON")
+
+
+def run(args: argparse.Namespace) -> int:
+    loaded = load_from_args(args)
+    loaded.check_runnable()
+    options = {}
+    if args.steps is not None:
+        if not METHODS[args.method].has_delta:
+            progress(f"--steps is ignored: {args.method} does not integrate")
+        else:
+            options["n_steps"] = args.steps
+    progress(f"running {args.method} on {loaded.name}")
+    result = attribute(loaded, loaded.example_inputs(args.batch_size), args.method, args.target,
+                       args.layer, position=args.position, **options)
+    print(f"model: {loaded.name} ({loaded.source}) on {loaded.device}")
+    where = f"layer {result.layer}" if result.layer else "inputs"
+    pos = f" at position {result.position}" if result.position is not None else ""
+    print(f"method: {result.method} ({result.captum_method}) on {where}, target {result.target}{pos}")
+    table = result.summary.assign(order=result.summary["abs_score"].fillna(float("inf")))
+    table = table.sort_values("order", ascending=False).drop(columns="order")
+    if len(table) > args.rows:
+        print(f"summary: {args.rows} of {len(table)} rows, largest |score| first")
+    print_table(table.head(args.rows), max_rows=args.rows)
+    print(completeness_line(result))
+    print_findings(loaded.findings + result.findings)
+    if args.json:
+        write_json(args.json, result.to_dict())
+    return 0

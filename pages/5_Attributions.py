@@ -1,0 +1,135 @@
+"""Attributions: which inputs and which layers drove one output (captum)."""
+
+from __future__ import annotations
+
+import json
+
+import streamlit as st
+
+from inspector.attribution import (
+    METHODS,
+    attribute,
+    conv_layers,
+    default_layer,
+    layer_names,
+    methods_for,
+    target_info,
+)
+from inspector.figures.attribution import completeness_line, conductance_bars, image_overlay, token_heatmap
+from ui.cache import cached_analysis
+from ui.errors import guarded
+from ui.sidebar import model_picker
+from ui.tables import findings_table, paged_table
+
+st.set_page_config(page_title="Attributions", layout="wide")
+loaded = model_picker()
+
+st.title("Attributions")
+st.caption("Which input tokens or pixels, and which layers, drove one output: a class score, or the "
+           "logit of a chosen next token. Computed by captum (Integrated Gradients, Saliency, "
+           "Input x Gradient, Layer Integrated Gradients, Layer Conductance, GradCAM) on the model's "
+           "example inputs, in eval mode; the model is left as it was.")
+
+if loaded is None:
+    st.info("Load a model in the sidebar to attribute its outputs.")
+    st.stop()
+
+setup = None
+with guarded("preparing the attribution inputs"):
+    batch = st.sidebar.slider("Example inputs", 1, 4, 1, key="attr_batch",
+                              help="How many example inputs to attribute (one row each)")
+    inputs = loaded.example_inputs(batch)
+    info = cached_analysis(target_info, loaded, inputs)
+    setup = (inputs, info, methods_for(loaded, inputs))
+
+if setup is None:
+    st.stop()
+inputs, info, methods = setup
+
+c1, c2, c3 = st.columns(3)
+method = c1.selectbox("Method", methods, format_func=lambda m: METHODS[m].label, key="attr_method",
+                      help="On token ids, Integrated Gradients runs on the input embedding's output")
+target = None
+if info.outputs > 1:
+    target = int(c2.number_input(f"Target ({info.kind}, 0..{info.outputs - 1})", 0, info.outputs - 1,
+                                 min(1, info.outputs - 1), key="attr_target"))
+else:
+    c2.markdown("The model gives one output per sample: no target to choose.")
+position = -1
+if info.positions is not None:
+    position = int(c3.number_input(f"Position (0..{info.positions - 1})", 0, info.positions - 1,
+                                   info.positions - 1, key="attr_position",
+                                   help="The sequence position whose next-token logit is attributed"))
+
+spec = METHODS[method]
+names = layer_names(loaded.model)
+layers: list[str] = []
+if spec.on_layer:
+    default = default_layer(loaded, method, inputs)
+    if method == "layer_conductance":
+        pick = [default or (conv_layers(loaded.model) or names)[-1]]
+        layers = st.multiselect("Layers (one bar per layer when several)", names, pick, key="attr_layers")
+    else:
+        layers = [st.selectbox("Layer", names, names.index(default) if default in names else 0,
+                               key=f"attr_layer_{method}")]
+    if not layers:
+        st.info("Choose at least one layer.")
+        st.stop()
+options = {}
+if spec.has_delta:
+    options["n_steps"] = st.slider("Integration steps (n_steps)", 4, 200, 50, key="attr_steps",
+                                   help="More steps: a smaller convergence delta, a slower run")
+
+results = []
+with guarded(f"running {spec.label}"):
+    with st.spinner(f"Running {spec.label}…"):
+        for layer in layers or [None]:
+            results.append(cached_analysis(attribute, loaded, inputs, method, target, layer,
+                                           position=position, cache_scope="session", **options))
+
+if not results:
+    st.stop()
+result = results[0]
+
+comp = result.completeness()
+line = completeness_line(result) if len(results) == 1 else \
+    " ".join(f"{r.layer}: {completeness_line(r)}" for r in results)
+if comp is None:
+    st.info(line)
+elif all(r.completeness().trusted for r in results):
+    st.success(line)
+else:
+    st.warning(line)
+
+nans = int(sum(r.summary["nans"].sum() for r in results))
+if nans:
+    st.error(f"{nans} attribution values are NaN: they are left blank in the figures, not drawn as "
+             "zeros. See the findings below.")
+
+where = f"layer `{result.layer}`" if result.layer else "the inputs"
+st.markdown(f"**{spec.label}** ({result.captum_method}) on {where}, target **{result.target}**"
+            + (f" at position **{result.position}**" if result.position is not None else ""))
+
+if result.token_model:
+    st.plotly_chart(token_heatmap(result), key="attr_token_heatmap")
+elif result.pixel_map() is not None:
+    cols = st.columns(min(batch, 4))
+    for i, col in enumerate(cols):
+        col.plotly_chart(image_overlay(result, sample=i), key=f"attr_overlay_{i}")
+if len(results) > 1:
+    st.plotly_chart(conductance_bars(results), key="attr_layer_bars")
+if method == "layer_conductance" and len(results) == 1 or not result.token_model and result.pixel_map() is None:
+    st.plotly_chart(conductance_bars(result), key="attr_unit_bars")
+
+st.subheader("Scores")
+for r in results:
+    paged_table(r.summary, f"attr_summary_{r.layer or 'inputs'}",
+                caption="score: attributions summed per token, channel or unit (NaN stays NaN)")
+
+st.subheader("Findings")
+findings_table([f for r in results for f in r.findings], "attr_findings")
+
+st.download_button("Download as JSON", json.dumps([r.to_dict() for r in results], indent=2,
+                                                  allow_nan=False),
+                   file_name=f"attributions-{loaded.name}-{method}.json", mime="application/json",
+                   key="attr_download")
