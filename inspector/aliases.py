@@ -218,6 +218,27 @@ def _overlap(a: _Obj, b: _Obj) -> bool:
     return bool(torch.isin(_byte_offsets(ta), _byte_offsets(tb)).any())
 
 
+def _union_by_elements(objs: list[_Obj], index: list[int], parent: list[int]) -> bool:
+    """Join views that share an element: one sort of every element's byte offset, no pairs.
+
+    Returns False (nothing done) when element sizes differ or the views are too big.
+    """
+    if len({o.tensor.element_size() for o in objs}) != 1 or \
+            sum(o.tensor.numel() for o in objs) > _EXACT_OVERLAP_MAX_NUMEL:
+        return False
+    offsets = [_byte_offsets(o.tensor) for o in objs]
+    labels = torch.cat([torch.full((len(off),), k, dtype=torch.long) for k, off in enumerate(offsets)])
+    flat = torch.cat(offsets)
+    order = torch.argsort(flat, stable=True)
+    flat, labels = flat[order], labels[order]
+    hit = (flat[1:] == flat[:-1]) & (labels[1:] != labels[:-1])
+    for a, b in set(zip(labels[:-1][hit].tolist(), labels[1:][hit].tolist())):
+        ra, rb = _find(parent, index[a]), _find(parent, index[b])
+        if ra != rb:
+            parent[ra] = rb
+    return True
+
+
 def _memkey(t: torch.Tensor, span: tuple[int, int]) -> tuple:
     """Equal keys mean exactly the same bytes."""
     if _dense(t, span):
@@ -253,6 +274,8 @@ def _components_of_storage(objs: list[_Obj]) -> list[list[_Obj]]:
             if j != i:
                 parent[_find(parent, i)] = _find(parent, j)
         heads = list(by_mem.values())
+        if len(heads) > 2 and _union_by_elements([objs[i] for i in heads], heads, parent):
+            continue
         for x in range(len(heads)):  # distinct memories in one extent cluster: usually one or two
             for y in range(x + 1, len(heads)):
                 a, b = heads[x], heads[y]

@@ -19,8 +19,8 @@ from inspector.aliases import (
     retie,
     snapshot_ties,
 )
-from inspector.findings import InspectorError
 from inspector.figures.aliases import alias_graph_figure, graph_data
+from inspector.findings import InspectorError
 from sample_models import get_sample
 
 # --------------------------------------------------------------------------------------------
@@ -129,6 +129,19 @@ def test_disjoint_views_are_not_aliases():
     assert sorted(d.regions for d in a.disjoint) == sorted([(("top",), ("bottom",)),
                                                             (("even",), ("odd",))])
     assert {d.storage_nbytes for d in a.disjoint} == {64}
+
+
+def test_many_interleaved_views_of_one_storage():
+    # 16 column views of one (4, 16) storage: all byte extents overlap, no element is shared,
+    # except "cols_pair" (columns 0..1), which overlaps col0 and col1
+    m = nn.Module()
+    base = torch.zeros(4, 16)
+    for i in range(16):
+        m.register_buffer(f"col{i}", base[:, i])
+    m.register_buffer("cols_pair", base[:, 0:2])
+    a = alias_analysis(m)
+    assert [(g.names, g.kind) for g in a.groups] == [(("col0", "col1", "cols_pair"), "overlapping-view")]
+    assert len(a.disjoint) == 1 and len(a.disjoint[0].regions) == 15
 
 
 def test_group_of_object_and_view_takes_loosest_kind():
