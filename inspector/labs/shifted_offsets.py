@@ -162,6 +162,14 @@ def _side_by_side(scenario: Scenario) -> pd.DataFrame:
     return out.reset_index()
 
 
+def _strip(scenario: Scenario) -> Any:
+    from ..figures.offsets import offset_strip
+    from ..offsets import gradient_norms
+
+    full, trainable = _maps(scenario)
+    return offset_strip(full, trainable, gradient_norms(scenario.model))
+
+
 def _norms(scenario: Scenario) -> pd.DataFrame:
     from ..offsets import gradient_norms
 
@@ -201,6 +209,8 @@ LAB = Lab(
     views=(
         View("Offsets: full map vs trainable-only map", _side_by_side,
              "Rows in parameters() order; frozen rows have no trainable offsets."),
+        View("Offset strip: full vector above, trainable-only vector below", _strip,
+             "Hover a segment for its name and range; the colour is its gradient norm."),
         View("Gradient norms per parameter", _norms),
     ),
     solution=SOLUTION,

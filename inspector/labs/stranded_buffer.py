@@ -113,6 +113,12 @@ def check_map(scenario: Scenario, answers: Mapping[str, Any]) -> CheckResult:
                        evidence)
 
 
+def _treemap(scenario: Scenario) -> Any:
+    from ..figures.placement import placement_treemap
+
+    return placement_treemap(_accelerate_audit(scenario), title="accelerate's map, by module")
+
+
 def _default_map(scenario: Scenario) -> str:
     return json.dumps(scenario.extras["device_map"], indent=1)
 
@@ -158,6 +164,8 @@ LAB = Lab(
         View("accelerate's map", lambda s: pd.DataFrame(
             [{"key": k, "device": str(v)} for k, v in s.extras["device_map"].items()])),
         View("Audit of accelerate's map (every parameter and buffer)", _accelerate_audit),
+        View("accelerate's map as a treemap", _treemap,
+             "Boxes sized by bytes and coloured by device; a tensor with a finding is red."),
         View("Budget", lambda s: pd.DataFrame([{"device": str(k), "bytes": v}
                                                for k, v in s.extras["max_memory"].items()])),
     ),
