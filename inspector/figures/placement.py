@@ -1,0 +1,183 @@
+"""Device-map figures: a treemap of the module tree coloured by device, and bytes per device.
+
+Both take the tables of :mod:`inspector.placement` (audit, placement, usage) and return a
+``go.Figure``. Big models are aggregated so a figure never has thousands of marks.
+"""
+
+from __future__ import annotations
+
+import html
+from collections.abc import Mapping
+from typing import Any
+
+import pandas as pd
+import plotly.graph_objects as go
+
+from ..summary import format_bytes
+
+PALETTE = ["#4C78A8", "#F58518", "#54A24B", "#B279A2", "#9D755D", "#72B7B2", "#EECA3B", "#FF9DA6"]
+FIXED = {"cpu": "#8C8C8C", "disk": "#5B4636", "mps": "#2CA9B7", "meta": "#D9D9D9",
+         None: "#FFFFFF", "mixed": "#C7C7C7"}
+RED = "#D62728"
+ROOT = "(model)"
+
+
+def device_colours(devices: list[Any]) -> dict[Any, str]:
+    """A stable colour per device: GPUs from a palette by index, fixed ones for cpu/disk/mps/meta.
+
+    >>> device_colours([0, "cpu"])
+    {0: '#4C78A8', 'cpu': '#8C8C8C'}
+    """
+    out = {}
+    for d in devices:
+        if isinstance(d, int):
+            out[d] = PALETTE[d % len(PALETTE)]
+        else:
+            out[d] = FIXED.get(d, "#C7C7C7")
+    return out
+
+
+def _depth(name: str) -> int:
+    return 0 if not name else name.count(".") + 1
+
+
+def _ancestor(name: str, depth: int) -> str:
+    return ".".join(name.split(".")[:depth])
+
+
+def _leaf_of(name: str, kind: str, depth: int) -> tuple[str, str]:
+    """The leaf a tensor row is drawn in, and that leaf's parent, at the given depth."""
+    if _depth(name) <= depth:
+        return name, name.rpartition(".")[0]
+    anc = _ancestor(name, depth)
+    return f"{anc} [{kind}s]", anc
+
+
+def _choose_depth(names: list[str], max_nodes: int) -> int:
+    deepest = max((_depth(n) for n in names), default=1)
+    best = 1
+    for depth in range(1, deepest + 1):
+        nodes: set[str] = set()
+        for n in names:
+            leaf, parent = _leaf_of(n, "x", depth)
+            nodes.add(leaf)
+            while parent:
+                nodes.add(parent)
+                parent = parent.rpartition(".")[0]
+        if len(nodes) > max_nodes:
+            break
+        best = depth
+    return best
+
+
+def placement_treemap(table: pd.DataFrame, max_nodes: int = 400, title: str = "") -> go.Figure:
+    """The module tree sized by bytes, coloured by device; buffers hatched; findings in red.
+
+    Args:
+        table: an audit or placement table (columns name, kind, device, finding, bytes, alias_of).
+        max_nodes: above this many boxes, tensors below a depth are summed per module (parameters
+            and buffers in separate boxes, so buffers stay visible).
+        title: figure title.
+
+    >>> import pandas as pd
+    >>> t = pd.DataFrame({"name": ["a.weight", "a.buf"], "kind": ["parameter", "buffer"],
+    ...                   "device": [0, None], "finding": [None, "buffer-unplaced"],
+    ...                   "bytes": [64, 16], "alias_of": [None, None]})
+    >>> len(placement_treemap(t).data[0].ids)
+    4
+    """
+    depth = _choose_depth(table["name"].tolist(), max_nodes)
+    nodes: dict[str, dict[str, Any]] = {ROOT: {"parent": "", "bytes": 0, "devices": set(), "codes": set(),
+                                               "kind": "module", "count": 0}}
+
+    def node(nid: str, parent: str, kind: str) -> dict[str, Any]:
+        if nid not in nodes:
+            nodes[nid] = {"parent": parent or ROOT, "bytes": 0, "devices": set(), "codes": set(),
+                          "kind": kind, "count": 0}
+            if parent and parent not in nodes:
+                node(parent, parent.rpartition(".")[0], "module")
+        return nodes[nid]
+
+    for row in table.itertuples(index=False):
+        leaf, parent = _leaf_of(row.name, row.kind, depth)
+        n = node(leaf, parent, row.kind)
+        n["bytes"] += 0 if row.alias_of is not None else int(row.bytes)
+        n["devices"].add(row.device)
+        n["count"] += 1
+        codes = set(row.finding.split(",")) if isinstance(row.finding, str) else set()
+        p: str | None = leaf
+        while p:
+            nodes[p]["codes"] |= codes
+            nodes[p]["devices"].add(row.device)
+            p = nodes[p]["parent"]
+    devices = sorted({d for n in nodes.values() for d in n["devices"] if d is not None}, key=str)
+    colours = device_colours(devices)
+    ids, parents, labels, values, fill, line, width, pattern, hover = ([] for _ in range(9))
+    for nid, n in nodes.items():
+        leaf = n["kind"] != "module"
+        devs = n["devices"]
+        dev = next(iter(devs)) if len(devs) == 1 else "mixed"
+        ids.append(nid)
+        parents.append("" if nid == ROOT else n["parent"])
+        short = nid if nid == ROOT else nid.rpartition(".")[2] if leaf and "[" not in nid else \
+            nid.rpartition(".")[2]
+        labels.append(html.escape(("▦ " if n["kind"] == "buffer" else "") + short))
+        values.append(n["bytes"] if leaf else 0)
+        fill.append(colours.get(dev, FIXED.get(dev, FIXED["mixed"])))
+        line.append(RED if n["codes"] else "#FFFFFF")
+        width.append(3 if n["codes"] and leaf else 2 if n["codes"] else 1)
+        pattern.append("x" if n["kind"] == "buffer" else "")
+        where = ", ".join(sorted(map(str, devs)))
+        extra = f"<br>tensors: {n['count']}" if leaf and n["count"] > 1 else ""
+        found = f"<br><b>{html.escape(', '.join(sorted(n['codes'])))}</b>" if n["codes"] else ""
+        hover.append(f"{html.escape(nid)}<br>{n['kind']}<br>device: {html.escape(where)}{extra}{found}")
+    fig = go.Figure(go.Treemap(
+        ids=ids, parents=parents, labels=labels, values=values, branchvalues="remainder",
+        marker=dict(colors=fill, line=dict(color=line, width=width), pattern=dict(shape=pattern)),
+        hovertext=hover, hoverinfo="text", maxdepth=4))
+    legend = "  ".join(f"<span style='color:{c}'>■</span> {html.escape(str(d))}" for d, c in colours.items())
+    fig.update_layout(
+        title=title or None, margin=dict(t=40 if title else 10, l=5, r=5, b=30), height=560,
+        annotations=[dict(text=f"{legend}  ▦ hatched = buffer  <span style='color:{RED}'>■</span> red edge "
+                          "= finding", showarrow=False, x=0, y=-0.05, xref="paper", yref="paper",
+                          xanchor="left")])
+    return fig
+
+
+def usage_bars(usage: pd.DataFrame, title: str = "") -> go.Figure:
+    """Parameter and buffer bytes per device, stacked, with the budget marked and room kept free.
+
+    >>> import pandas as pd
+    >>> u = pd.DataFrame({"device": [0, "cpu"], "parameter_bytes": [10, 5], "buffer_bytes": [2, 0],
+    ...                   "total_bytes": [12, 5], "budget_bytes": [20, 50], "reserved_bytes": [4, 0]})
+    >>> [t.name for t in usage_bars(u).data]
+    ['parameters', 'buffers', 'kept free', 'budget']
+    """
+    x = ["(none)" if d is None else str(d) for d in usage["device"]]
+    fig = go.Figure()
+    for col, name, colour, shape in (("parameter_bytes", "parameters", "#4C78A8", ""),
+                                     ("buffer_bytes", "buffers", "#F58518", "x"),
+                                     ("reserved_bytes", "kept free", "#DDDDDD", "/")):
+        vals = [0 if pd.isna(v) else int(v) for v in usage[col]]
+        fig.add_bar(x=x, y=vals, name=name, marker=dict(color=colour, pattern=dict(shape=shape)),
+                    hovertext=[format_bytes(v) for v in vals], hoverinfo="text+name")
+    budgets = [None if pd.isna(v) else int(v) for v in usage["budget_bytes"]]
+    fig.add_scatter(x=x, y=budgets, mode="markers", name="budget",
+                    marker=dict(symbol="line-ew-open", size=44, line=dict(width=3, color=RED)),
+                    hovertext=[format_bytes(v) if v is not None else "no budget" for v in budgets],
+                    hoverinfo="text+name")
+    fig.update_layout(barmode="stack", title=title or None, yaxis_title="bytes", xaxis_title="device",
+                      height=360, margin=dict(t=40 if title else 10, l=5, r=5, b=5))
+    return fig
+
+
+def usage_side_by_side(ours: pd.DataFrame, theirs: pd.DataFrame,
+                       labels: Mapping[str, str] | None = None) -> go.Figure:
+    """Total bytes per device for two plans side by side (ours, accelerate's), with the budget."""
+    labels = dict(labels or {"ours": "plan_device_map", "theirs": "accelerate"})
+    fig = go.Figure()
+    for df, key, colour in ((ours, "ours", "#4C78A8"), (theirs, "theirs", "#F58518")):
+        fig.add_bar(x=["(none)" if d is None else str(d) for d in df["device"]],
+                    y=df["total_bytes"].astype(int).tolist(), name=labels[key], marker_color=colour)
+    fig.update_layout(barmode="group", yaxis_title="bytes", height=320, margin=dict(t=10, l=5, r=5, b=5))
+    return fig
