@@ -417,7 +417,7 @@ class _Recorder:
         self.calls: dict[str, int] = {}
         self.live: list[_Live] = []
         self.by_storage: dict[tuple[str, int], list[_Live]] = {}
-        self.stack: list[str] = []
+        self.stack: list[tuple[str, str]] = []
         self.handles: list[Any] = []
         self.grad_handles: list[Any] = []
         self.alloc = _Allocator()
@@ -432,24 +432,36 @@ class _Recorder:
         for module in self.model.modules():
             name = names.get(id(module), "") or "(model)"
             capture = id(module) in self.selected_ids
-            self.handles.append(module.register_forward_pre_hook(self._pre_hook(name)))
+            self.handles.append(module.register_forward_pre_hook(self._pre_hook(name, capture),
+                                                                 with_kwargs=True))
             self.handles.append(module.register_forward_hook(self._hook(name, capture), with_kwargs=True))
 
-    def _pre_hook(self, name: str) -> Callable:
-        def pre_hook(module: nn.Module, args: Any) -> None:
-            if threading.get_ident() == self.ident:
-                self.stack.append(name)
+    def _pre_hook(self, name: str, capture: bool) -> Callable:
+        def pre_hook(module: nn.Module, args: Any, kwargs: Any) -> None:
+            if threading.get_ident() != self.ident:
+                return
+            key = name
+            if capture:
+                count = self.calls.get(name, 0) + 1
+                self.calls[name] = count
+                key = name if count == 1 else f"{name}#{count}"
+                if self.keep_inputs:  # before the module runs: an in-place module changes its input
+                    value = args[0] if len(args) == 1 and not kwargs else (
+                        tuple(args) if not kwargs else {"args": tuple(args), "kwargs": dict(kwargs)})
+                    stored = self._store(key, "input", value, watch=False)
+                    if stored is not _SKIP:
+                        self.result.inputs[key] = stored
+            self.stack.append((name, key))
         return pre_hook
 
     def _hook(self, name: str, capture: bool) -> Callable:
         def hook(module: nn.Module, args: Any, kwargs: Any, output: Any) -> None:
             if threading.get_ident() != self.ident:
                 return
-            if self.stack:
-                self.stack.pop()
+            key = self.stack.pop()[1] if self.stack else name
             self._watch(name, args, kwargs, output)
             if capture:
-                self._capture(name, args, kwargs, output)
+                self._capture(key, output)
         return hook
 
     def _watch(self, name: str, args: Any, kwargs: Any, output: Any) -> None:
@@ -469,10 +481,7 @@ class _Recorder:
                     elif is_output:
                         rec.suspect, rec.by = True, name
 
-    def _capture(self, name: str, args: Any, kwargs: Any, output: Any) -> None:
-        count = self.calls.get(name, 0) + 1
-        self.calls[name] = count
-        key = name if count == 1 else f"{name}#{count}"
+    def _capture(self, key: str, output: Any) -> None:
         stored = self._store(key, "output", output, watch=True)
         if stored is not _SKIP:
             self.result.outputs[key] = stored
@@ -481,12 +490,6 @@ class _Recorder:
                 self.result.references[key] = output
             if self.want_grads:
                 self._grad_hooks(key, output)
-        if self.keep_inputs:
-            value = args[0] if len(args) == 1 and not kwargs else (
-                tuple(args) if not kwargs else {"args": tuple(args), "kwargs": dict(kwargs)})
-            stored_in = self._store(key, "input", value, watch=False)
-            if stored_in is not _SKIP:
-                self.result.inputs[key] = stored_in
 
     def _store(self, key: str, kind: str, value: Any, watch: bool) -> Any:
         """A copy of ``value`` leaf by leaf, or _SKIP (and a Skipped record)."""
@@ -717,7 +720,7 @@ def _recording(model: nn.Module, modules: Any, store_on: Any, max_bytes: int | N
             yield rec
         except Exception as exc:
             if rec.stack and hasattr(exc, "add_note"):
-                exc.add_note(f"(raised inside module {rec.stack[-1]})")
+                exc.add_note(f"(raised inside module {rec.stack[-1][0]})")
             raise
         finally:
             rec.detach()
@@ -780,7 +783,7 @@ def capture_activations(model: nn.Module, inputs: Any, modules: Any = None,
         except InspectorError:
             raise
         except Exception as exc:
-            where = rec.stack[-1] if rec.stack else None
+            where = rec.stack[-1][0] if rec.stack else None
             raise InspectorError(f"the forward pass of {type(model).__name__} failed"
                                  f"{' in module ' + where if where else ''}: "
                                  f"{type(exc).__name__}: {exc}") from exc

@@ -1,0 +1,313 @@
+"""Activation capture: detached copies, in-place mutation detection, hook hygiene, threads."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+from torch import nn
+
+from inspector.capture import Captures, capture_activations, capturing, select_modules
+from inspector.findings import InspectorError
+from sample_models import get_sample
+
+CNN_ORDER = ["conv1", "relu1", "conv2", "bn2", "relu2", "pool", "fc"]
+# cnn-bn, batch 2, float32: conv1/relu1 (2, 8, 16, 16) = 4096 elements = 16384 bytes;
+# conv2/bn2/relu2 (2, 16, 16, 16) = 32768 bytes; pool (2, 16, 1, 1) = 128; fc (2, 10) = 80.
+CNN_BYTES = {"conv1": 16384, "relu1": 16384, "conv2": 32768, "bn2": 32768, "relu2": 32768,
+             "pool": 128, "fc": 80}
+GRAD_MODES = {"grad": torch.enable_grad, "no_grad": torch.no_grad, "inference_mode": torch.inference_mode}
+
+
+@pytest.fixture
+def cnn():
+    sample = get_sample("cnn-bn")
+    return sample.build().eval(), sample.example_inputs(2)
+
+
+def hook_state(model: nn.Module) -> dict[str, tuple[int, ...]]:
+    return {n: (*m._forward_hooks, *m._forward_pre_hooks, *m._backward_hooks)
+            for n, m in model.named_modules()}
+
+
+@pytest.mark.parametrize("mode", list(GRAD_MODES))
+def test_inplace_relu_copies_equal_captum_and_mutations_are_named(cnn, mode):
+    from captum.attr import LayerActivation
+
+    model, x = cnn
+    expected = {name: LayerActivation(model, getattr(model, name)).attribute(x).detach()
+                for name in CNN_ORDER}
+    with GRAD_MODES[mode]():
+        cap = capture_activations(model, x, keep_references=True)
+    assert cap.order == CNN_ORDER
+    for name in CNN_ORDER:
+        assert torch.equal(cap.outputs[name], expected[name]), name
+    # relu1 runs in place on conv1's output, relu2 on bn2's output
+    assert cap.mutated == {"conv1": "relu1", "bn2": "relu2"}
+    how = "value" if mode == "inference_mode" else "version"
+    assert [(m.module, m.by, m.how) for m in cap.mutations] == [("conv1", "relu1", how), ("bn2", "relu2", how)]
+    # the copy keeps conv1's negative values; the bare reference was overwritten by the ReLU
+    assert (cap.outputs["conv1"] < 0).any()
+    assert (cap.references["conv1"] >= 0).all()
+    assert not torch.equal(cap.references["conv1"], cap.outputs["conv1"])
+    assert torch.equal(cap.references["relu1"], cap.outputs["relu1"])
+    assert [f.where for f in cap.findings if f.code == "capture-mutated"] == ["conv1", "bn2"]
+    stats = cap.stats.set_index("module")
+    assert stats.loc["conv1", "mutated"] and not stats.loc["relu1", "mutated"]
+    assert stats.loc["conv2", "bytes"] == 32768 and stats.loc["conv2", "shape"] == "(2, 16, 16, 16)"
+    assert cap.outputs["conv1"].device.type == "cpu" and not cap.outputs["conv1"].requires_grad
+
+
+def test_copies_are_plain_tensors_after_inference_mode(cnn):
+    model, x = cnn
+    with torch.inference_mode():
+        cap = capture_activations(model, x)
+    out = cap.outputs["fc"]
+    assert not out.is_inference()
+    out.add_(1)  # a normal tensor can be changed outside inference mode
+
+
+def test_model_output_and_state_unchanged(tiny_gpt2):
+    ids = get_sample("tiny-gpt2").example_inputs(2)
+    tiny_gpt2.eval()
+    before_params = {n: id(p) for n, p in tiny_gpt2.named_parameters()}
+    plain = tiny_gpt2(ids)
+    grad_before = torch.is_grad_enabled()
+    cap = capture_activations(tiny_gpt2, ids, grads=True)
+    again = tiny_gpt2(ids)
+    assert torch.equal(cap.model_output, plain)  # bitwise
+    assert torch.equal(again, plain)
+    assert torch.is_grad_enabled() == grad_before
+    assert not tiny_gpt2.training
+    assert {n: id(p) for n, p in tiny_gpt2.named_parameters()} == before_params
+    assert all(p.grad is None for p in tiny_gpt2.parameters())
+    assert hook_state(tiny_gpt2) == {n: () for n, _ in tiny_gpt2.named_modules()}
+    # d(sum of logits)/d(lm_head output) is all ones
+    assert torch.equal(cap.grads["lm_head"], torch.ones(2, 16, 32))
+
+
+def test_training_flag_and_batchnorm_statistics_restored():
+    model = get_sample("cnn-bn").build()  # training mode: BatchNorm updates running stats
+    x = get_sample("cnn-bn").example_inputs(2)
+    mean_before = model.bn2.running_mean.clone()
+    count_before = int(model.bn2.num_batches_tracked)
+    cap = capture_activations(model, x)
+    assert model.training and model.bn2.training
+    assert torch.equal(model.bn2.running_mean, mean_before)
+    assert int(model.bn2.num_batches_tracked) == count_before
+    assert cap.mutated == {"conv1": "relu1", "bn2": "relu2"}
+
+
+def test_no_hooks_left_after_a_failing_forward(cnn):
+    model, _ = cnn
+    seen = []
+    user = model.conv2.register_forward_hook(lambda m, a, o: seen.append(o.shape))
+    before = hook_state(model)
+    wrong = torch.zeros(2, 4, 16, 16)  # conv1 expects 3 channels
+    with pytest.raises(InspectorError, match="in module conv1"):
+        capture_activations(model, wrong)
+    assert hook_state(model) == before
+    with pytest.raises(RuntimeError) as info:
+        with capturing(model):
+            model(wrong)
+    assert "(raised inside module conv1)" in info.value.__notes__
+    assert hook_state(model) == before
+    model(torch.zeros(1, 3, 16, 16))
+    assert seen == [torch.Size([1, 16, 16, 16])]  # the user's hook still works
+    user.remove()
+
+
+def test_byte_budget_stops_and_lists_what_it_skipped(cnn):
+    model, x = cnn
+    # conv1 + relu1 = 32768 bytes fit in 40000; conv2 (32768 more) does not, so capturing
+    # stops there: pool (128) would fit but comes after the budget was reached.
+    cap = capture_activations(model, x, max_bytes=40000)
+    assert cap.order == ["conv1", "relu1"]
+    assert cap.total_bytes == 32768
+    assert [(s.module, s.bytes) for s in cap.skipped] == [(n, CNN_BYTES[n]) for n in CNN_ORDER[2:]]
+    assert cap.skipped_table["bytes"].sum() == 32768 * 3 + 128 + 80
+    assert [f.code for f in cap.findings if f.code.startswith("capture-over")] == ["capture-over-budget"]
+    # everything fits exactly at the total
+    full = capture_activations(model, x, max_bytes=sum(CNN_BYTES.values()))
+    assert full.order == CNN_ORDER and full.skipped == []
+
+
+def test_zero_and_negative_budget(cnn):
+    model, x = cnn
+    cap = capture_activations(model, x, max_bytes=0)
+    assert cap.outputs == {} and cap.total_bytes == 0
+    assert [s.module for s in cap.skipped] == CNN_ORDER
+    assert [f.code for f in cap.findings] == ["capture-budget-zero"]
+    assert len(cap.stats) == 0
+    with pytest.raises(InspectorError, match="max_bytes must be 0 or more"):
+        capture_activations(model, x, max_bytes=-1)
+
+
+class _Note:
+    """Not a tensor: a capture cannot copy it."""
+
+
+class _Odd(nn.Module):
+    def forward(self, x: torch.Tensor):
+        return {"y": x * 2, "note": _Note(), "n": 3}
+
+
+class _Text(nn.Module):
+    def forward(self, x: torch.Tensor) -> str:
+        return "done"
+
+
+class _OddNet(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.odd = _Odd()
+        self.text = _Text()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.text(x)
+        return self.odd(x)["y"]
+
+
+def test_non_tensor_outputs_are_skipped_with_a_reason():
+    cap = capture_activations(_OddNet(), torch.ones(2))
+    assert list(cap.outputs) == ["odd"]
+    assert torch.equal(cap.outputs["odd"]["y"], torch.full((2,), 2.0))
+    assert cap.outputs["odd"]["n"] == 3 and cap.outputs["odd"]["note"] is None
+    reasons = {(s.module, s.path): s.reason for s in cap.skipped}
+    assert reasons[("text", "")] == "the output is a str, not a tensor or a structure holding tensors"
+    assert "_Note is not a tensor" in reasons[("odd", "['note']")]
+    assert {f.code for f in cap.findings} == {"capture-not-tensor"}
+
+
+def test_module_selection_by_name_pattern_and_class(cnn):
+    model, x = cnn
+    assert list(select_modules(model, ["conv*", nn.BatchNorm2d])) == ["conv1", "conv2", "bn2"]
+    assert list(select_modules(model, "ReLU")) == ["relu1", "relu2"]
+    cap = capture_activations(model, x, modules="conv1")
+    assert cap.order == ["conv1"]
+    assert cap.mutated == {"conv1": "relu1"}  # the overwriter is named even when it is not captured
+    with pytest.raises(InspectorError, match=r"module name 'conv3'; close names: conv2, conv1"):
+        capture_activations(model, x, modules="conv3")
+    with pytest.raises(InspectorError, match=r"pattern 'layer\*'"):
+        select_modules(model, "layer*")
+
+
+def test_hugging_face_gpt2_structured_outputs():
+    from transformers import GPT2Config
+    from transformers.modeling_outputs import BaseModelOutputWithPastAndCrossAttentions
+    from transformers.models.gpt2.modeling_gpt2 import GPT2Model
+
+    config = GPT2Config(vocab_size=32, n_positions=16, n_embd=16, n_layer=1, n_head=2,
+                        bos_token_id=0, eos_token_id=0, attn_implementation="eager")
+    torch.manual_seed(0)
+
+    class Wrapper(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.gpt = GPT2Model(config)
+
+        def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+            return self.gpt(input_ids=input_ids).last_hidden_state
+
+    model = Wrapper().eval()
+    ids = torch.arange(8).view(1, 8)
+    plain = model(ids)
+    cap = capture_activations(model, {"input_ids": ids}, modules=["gpt", "gpt.h.0", "gpt.h.0.attn"])
+    attn = cap.outputs["gpt.h.0.attn"]
+    assert type(attn) is tuple and len(attn) == 2
+    assert attn[0].shape == (1, 8, 16) and attn[1].shape == (1, 2, 8, 8)  # (B, nh, T, T) weights
+    assert torch.allclose(attn[1].sum(-1), torch.ones(1, 2, 8))
+    assert type(cap.outputs["gpt"]) is BaseModelOutputWithPastAndCrossAttentions
+    assert torch.equal(cap.outputs["gpt"].last_hidden_state, plain)
+    assert torch.equal(cap.model_output, plain)
+    paths = cap.stats.query("module == 'gpt.h.0.attn'")["path"].tolist()
+    assert paths == ["[0]", "[1]"]
+
+
+class _Rendezvous(nn.Module):
+    """Waits inside forward until the other thread is inside forward too."""
+
+    def __init__(self, barrier: threading.Barrier) -> None:
+        super().__init__()
+        self.barrier = barrier
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.barrier.wait(timeout=10)
+        return x + 1
+
+
+def _meeting_model() -> tuple[nn.Sequential, threading.Barrier]:
+    barrier = threading.Barrier(2)
+    lin = nn.Linear(2, 2)
+    with torch.no_grad():
+        lin.weight.copy_(torch.eye(2))
+        lin.bias.zero_()
+    return nn.Sequential(lin, _Rendezvous(barrier), nn.ReLU()), barrier
+
+
+def test_two_threads_capturing_at_once_each_see_only_their_own_pass():
+    model, _ = _meeting_model()
+    results: dict[str, Captures] = {}
+    errors: list[BaseException] = []
+
+    def work(tag: str, value: float) -> None:
+        try:
+            # hold_lock=False: both passes really run at the same time (they meet in forward)
+            with capturing(model, hold_lock=False) as cap:
+                model(torch.full((1, 2), value))
+            results[tag] = cap
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(t, v)) for t, v in (("a", 1.0), ("b", 5.0))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=30)
+    assert not errors
+    for tag, value in (("a", 1.0), ("b", 5.0)):
+        cap = results[tag]
+        assert cap.order == ["0", "1", "2"]  # no "0#2": the other thread's pass is not recorded
+        assert torch.equal(cap.outputs["0"], torch.full((1, 2), value))
+        assert torch.equal(cap.outputs["2"], torch.full((1, 2), value + 1))
+    assert hook_state(model) == {n: () for n, _ in model.named_modules()}
+
+
+def test_capture_ignores_a_plain_forward_of_another_thread():
+    model, _ = _meeting_model()
+    other: list[torch.Tensor] = []
+    thread = threading.Thread(target=lambda: other.append(model(torch.full((1, 2), 7.0))))
+    thread.start()  # not locked: it meets the capture's pass inside forward
+    cap = capture_activations(model, torch.full((1, 2), 2.0))
+    thread.join(timeout=30)
+    assert cap.order == ["0", "1", "2"]
+    assert torch.equal(cap.outputs["1"], torch.full((1, 2), 3.0))
+    assert torch.equal(other[0], torch.full((1, 2), 8.0))
+
+
+def test_context_manager_inputs_and_grads(cnn):
+    model, x = cnn
+    with capturing(model, modules=["relu1", "fc"], grads=True, keep_inputs=True) as cap:
+        with pytest.raises(InspectorError, match="when the `with capturing"):
+            cap.stats
+        out = model(x)
+        out.sum().backward()
+    # relu1 ran in place on its input: the input copy keeps the negatives, the output has none
+    assert (cap.inputs["relu1"] < 0).any() and (cap.outputs["relu1"] >= 0).all()
+    assert torch.equal(cap.grads["fc"], torch.ones(2, 10))
+    assert cap.grads["relu1"].shape == (2, 8, 16, 16)
+    assert set(cap.stats["kind"]) == {"output", "input", "grad"}
+    model.zero_grad(set_to_none=True)
+
+
+def test_to_dict_is_json_safe(cnn):
+    import json
+
+    model, x = cnn
+    data = capture_activations(model, torch.cat([x, torch.full((1, 3, 16, 16), float("nan"))])).to_dict()
+    text = json.dumps(data, allow_nan=False)
+    assert json.loads(text)["mutated"]["conv1"] == "relu1"
+    fc = next(r for r in data["stats"] if r["module"] == "fc")
+    # eval-mode BatchNorm uses running stats: only the NaN image's 10 logits are NaN
+    assert fc["nan"] == 10 and fc["shape"] == "(3, 10)"
