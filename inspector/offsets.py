@@ -737,30 +737,6 @@ def state_counts(table: pd.DataFrame) -> dict[str, int]:
     return {s: int(vc.get(s, 0)) for s in STATES}
 
 
-@dataclass(frozen=True)
-class TablePage:
-    """One page of a filtered table."""
-
-    rows: pd.DataFrame = field(repr=False)
-    page: int
-    pages: int
-    matches: int
-
-
-def table_page(table: pd.DataFrame, query: str = "", page: int = 1, page_size: int = 50) -> TablePage:
-    """Rows whose name contains ``query`` (case-insensitive), cut into pages of ``page_size``.
-
-    >>> table_page(pd.DataFrame({"name": ["a.x", "b.y", "a.z"]}), "a.", page_size=1).pages
-    2
-    """
-    rows = table
-    if query:
-        rows = table[table["name"].str.contains(query, case=False, regex=False)]
-    pages = max(1, math.ceil(len(rows) / page_size))
-    page = min(max(1, page), pages)
-    return TablePage(rows.iloc[(page - 1) * page_size: page * page_size], page, pages, len(rows))
-
-
 def display_table(table: pd.DataFrame) -> pd.DataFrame:
     """The offset map with tuples written out (``aliases`` and ``shape`` as text), for showing.
 

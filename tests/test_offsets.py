@@ -21,7 +21,6 @@ from inspector.offsets import (
     offset_findings,
     run_backward,
     state_counts,
-    table_page,
 )
 from sample_models import get_sample
 
@@ -408,13 +407,3 @@ def test_round_trip_shows_what_goes_wrong():
         flatten_roundtrip(get_sample("llama-70b-meta").build())
     with pytest.raises(InspectorError, match="limit"):
         flatten_roundtrip(nn.Linear(10, 10), max_elements=50)
-
-
-def test_table_page_filters_and_pages(tiny_gpt2):
-    table = offset_map(tiny_gpt2)
-    page = table_page(table, "H.0", page=2, page_size=5)
-    # 12 names contain "h.0" (case-insensitive): pages of 5 -> 3 pages; page 2 starts with the
-    # 6th: ln_1.weight, ln_1.bias, c_attn.weight, c_attn.bias, c_proj.weight | c_proj.bias
-    assert (page.matches, page.pages, page.page, len(page.rows)) == (12, 3, 2, 5)
-    assert page.rows["name"].iloc[0] == "transformer.h.0.attn.c_proj.bias"
-    assert table_page(table, "", page=99, page_size=10).page == 2

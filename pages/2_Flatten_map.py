@@ -1,0 +1,153 @@
+"""Flatten map: where each parameter sits in the flat vector, and how big its gradient is."""
+
+from __future__ import annotations
+
+import math
+
+import streamlit as st
+
+from inspector.figures.offsets import layer_norm_bars, offset_strip
+from inspector.findings import InspectorError
+from inspector.offsets import (
+    display_table,
+    flatten_roundtrip,
+    gradient_report,
+    locate,
+    offset_findings,
+    offset_map,
+    run_backward,
+)
+from ui.cache import cached_analysis
+from ui.errors import guarded
+from ui.sidebar import model_picker
+from ui.tables import findings_table, paged_table
+
+st.set_page_config(page_title="Flatten map", layout="wide")
+loaded = model_picker()
+
+st.title("Flatten map")
+st.caption("Gradient checks, custom optimizers and \"my gradient vector has the wrong length\" all need "
+           "to know where each parameter sits in `parameters_to_vector` order. Four things people get "
+           "wrong: `parameters()` does **not** skip frozen parameters (so filtering on `requires_grad` "
+           "moves every later offset), `parameters_to_vector` **copies**, buffers are not parameters, "
+           "and a tied parameter appears **once**.")
+
+if loaded is None:
+    st.info("Load a model in the sidebar to see its flat vector.")
+    st.stop()
+
+model = loaded.model
+full = trainable = None
+findings: list = []
+with guarded("building the offset maps"):
+    with_buffers = st.toggle("List buffers after the parameters", value=False, key="offsets_buffers",
+                             help="Buffers are not parameters: they come after, and never shift an offset")
+    full = cached_analysis(offset_map, model, include_buffers=with_buffers)
+    trainable = cached_analysis(offset_map, model, trainable_only=True)
+    findings = list(cached_analysis(offset_findings, model))
+
+if full is None:
+    st.stop()
+
+params = full[full["kind"] == "parameter"]
+total = int(params["numel"].sum())
+frozen = int(params.loc[~params["requires_grad"], "numel"].sum())
+cols = st.columns(5)
+cols[0].metric("Tensors in parameters()", f"{len(params):,}")
+cols[1].metric("Flat vector length", f"{total:,}")
+cols[2].metric("Trainable-only length", f"{int(trainable['numel'].sum()):,}")
+cols[3].metric("Frozen elements (holes)", f"{frozen:,}",
+               help="In parameters_to_vector(model.parameters()) but not in a trainable-only vector")
+cols[4].metric("Aliases kept once", int(params["aliases"].map(len).sum()))
+
+st.subheader("Backward pass")
+grads_note = ("This model is on the meta device: it has no numbers, so no gradients." if loaded.is_meta
+              else None if loaded.has_loss else "This model defines no loss, so it cannot run backward.")
+st.caption("Gradient norms read `.grad`. The button runs the model's loss on its example inputs and "
+           "calls `backward()` in eval mode, under the model's lock: it sets `.grad` (dropping earlier "
+           "gradients) and changes nothing else. The model is shared by every browser session.")
+if st.button("Run a backward pass", key="offsets_backward", type="primary", disabled=grads_note is not None,
+             help=grads_note):
+    with guarded("running a backward pass"), st.spinner("Running forward and backward…"):
+        st.session_state["offsets_backward_message"] = run_backward(loaded).message
+if grads_note:
+    st.info(grads_note)
+if st.session_state.get("offsets_backward_message"):
+    st.success(st.session_state["offsets_backward_message"])
+
+report = None
+if not loaded.is_meta:
+    with guarded("reading gradient norms"), loaded.lock:
+        report = gradient_report(model)
+        findings += report.findings
+
+st.subheader("The flat vector")
+with guarded("drawing the offset strip"):
+    norms = report.by_parameter if report is not None and report.counts["ok"] + report.counts["nonfinite"] else None
+    st.plotly_chart(offset_strip(full, trainable, norms), width="stretch", key="offsets_strip")
+    st.caption("Top row: `parameters_to_vector(model.parameters())`; bottom row: a vector of trainable "
+               "parameters only. Each frozen segment in the top row is a hole the bottom row closes, so "
+               "every trainable segment after it starts earlier. Hover a segment for its name, shape and "
+               "range; on big models neighbouring tensors are merged into one mark.")
+
+st.subheader("Find a flat index")
+left, right = st.columns([1, 2])
+index = left.number_input("Flat index", min_value=0, value=0, step=1, key="offsets_index")
+which = left.radio("Vector", ["parameters()", "trainable only"], horizontal=True, key="offsets_which")
+with right, guarded("locating the index"):
+    loc = locate(full if which == "parameters()" else trainable, int(index))
+    st.success(loc.describe())
+    if not loc.requires_grad:
+        st.warning(f"{loc.name} is frozen: a trainable-only gradient vector does not contain it.")
+
+st.subheader("Offset maps side by side")
+show = ["name", "start", "end", "numel", "shape", "requires_grad", "aliases", "dtype", "device", "kind"]
+left, right = st.columns(2)
+with left:
+    st.markdown("**`parameters_to_vector(model.parameters())`** — frozen rows are the holes")
+    paged_table(display_table(full)[show], "offsets_full")
+with right:
+    st.markdown("**Trainable only** — `[p for p in model.parameters() if p.requires_grad]`")
+    paged_table(display_table(trainable)[show], "offsets_trainable")
+
+st.subheader("Gradient norms")
+if report is None:
+    st.info("No gradients on the meta device.")
+else:
+    counts = report.counts
+    cols = st.columns(5)
+    cols[0].metric("Whole-model norm", "—" if math.isnan(report.total_norm) else f"{report.total_norm:.4g}")
+    cols[1].metric("ok", counts["ok"])
+    cols[2].metric("no gradient", counts["none"], help="trainable, but the loss did not reach it")
+    cols[3].metric("frozen", counts["frozen"])
+    cols[4].metric("NaN / Inf", counts["nonfinite"])
+    with guarded("drawing per-layer norms"):
+        top_k = st.slider("Layers shown", 5, 50, 15, key="offsets_top_k")
+        st.plotly_chart(layer_norm_bars(report.by_module, top_k=top_k), width="stretch", key="offsets_bars")
+    tab_p, tab_m = st.tabs(["Per parameter", "Per module"])
+    with tab_p:
+        paged_table(report.by_parameter, "offsets_norms")
+    with tab_m:
+        paged_table(report.by_module, "offsets_module_norms",
+                    caption="a module's norm covers every parameter below it; (model) is the whole model")
+
+st.subheader("Round trip: parameters_to_vector → vector_to_parameters")
+st.caption("Run on copies of the parameters, never on the model. It shows what the vector is, rather "
+           "than saying it.")
+with guarded("running the round trip"):
+    try:
+        rt = cached_analysis(flatten_roundtrip, model)
+    except InspectorError as exc:
+        st.info(str(exc))
+    else:
+        cols = st.columns(4)
+        cols[0].metric("Vector shares memory", "yes" if rt.shares_memory else "no")
+        cols[1].metric("Writing the vector changes a parameter", "yes" if rt.write_through else "no")
+        cols[2].metric("Restored exactly", "yes" if rt.restored_exactly else "no")
+        cols[3].metric("Parameters are views of it afterwards", "yes" if rt.views_after else "no")
+        st.markdown("\n".join(f"{i}. {step}" for i, step in enumerate(rt.steps, 1)))
+        if rt.error:
+            st.warning(f"parameters_to_vector failed on this model: {rt.error}")
+
+st.subheader("Findings")
+findings_table(findings, "offsets_findings", empty="Nothing stops parameters_to_vector here.")

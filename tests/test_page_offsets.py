@@ -1,0 +1,86 @@
+"""The Flatten map page: both maps, the strip, locate, the backward button, norms, the round trip."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from streamlit.testing.v1 import AppTest
+
+PAGE = str(Path(__file__).resolve().parent.parent / "pages" / "2_Flatten_map.py")
+
+
+@pytest.fixture(autouse=True)
+def fresh_models():
+    """The backward button sets .grad on the cached (shared) model: drop it after each test."""
+    yield
+    from ui.models import cached_model
+
+    cached_model.clear()
+
+
+def _metrics(at: AppTest) -> dict[str, str]:
+    return {m.label: m.value for m in at.metric}
+
+
+def _page(model: str | None = None, device: str | None = None) -> AppTest:
+    at = AppTest.from_file(PAGE, default_timeout=60)
+    if model:
+        at.query_params["model"] = model
+    if device:
+        at.query_params["device"] = device
+    return at.run()
+
+
+def test_page_shows_maps_and_backward_button_fills_gradient_norms():
+    at = _page()
+    assert not at.exception, [e.value for e in at.exception]
+    m = _metrics(at)
+    # tiny-gpt2: 16 tensors, 4080 elements (the tied 512 once), all trainable, one alias
+    assert (m["Tensors in parameters()"], m["Flat vector length"], m["Trainable-only length"],
+            m["Frozen elements (holes)"], m["Aliases kept once"]) == ("16", "4,080", "4,080", "0", "1")
+    assert m["ok"] == "0" and m["no gradient"] == "16"
+    assert len(at.get("plotly_chart")) == 2
+    assert any("element 0 of the 4080-element vector is transformer.wte.weight[0, 0]" in s.value
+               for s in at.success)
+    assert (m["Vector shares memory"], m["Restored exactly"]) == ("no", "yes")
+    assert "no-gradients" in set(at.dataframe[-1].value["code"])
+
+    at.button(key="offsets_backward").click().run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert any("Ran a backward pass" in s.value for s in at.success)
+    m = _metrics(at)
+    assert (m["ok"], m["no gradient"], m["frozen"], m["NaN / Inf"]) == ("16", "0", "0", "0")
+    assert m["Whole-model norm"] != "—"
+
+    at.number_input(key="offsets_index").set_value(4079).run()
+    assert any("transformer.ln_f.bias[15]" in s.value for s in at.success)
+    at.number_input(key="offsets_index").set_value(4080).run()
+    assert not at.exception
+    assert any("out of range" in e.value for e in at.error)
+
+
+def test_page_frozen_adapter_shows_the_shift():
+    at = _page("sample:frozen-adapter")
+    assert not at.exception, [e.value for e in at.exception]
+    m = _metrics(at)
+    # 12 tensors; frozen base layers 144 + 272 + 68 = 484 of 636; adapters 152
+    assert (m["Flat vector length"], m["Trainable-only length"], m["Frozen elements (holes)"]) == \
+        ("636", "152", "484")
+    at.number_input(key="offsets_index").set_value(100).run()
+    assert any("layers.0.base.weight" in s.value for s in at.success)
+    assert any("frozen" in w.value for w in at.warning)
+    at.radio(key="offsets_which").set_value("trainable only").run()
+    assert any("layers.1.lora_B.weight[10, 0]" in s.value for s in at.success)
+    at.button(key="offsets_backward").click().run()
+    assert not at.exception, [e.value for e in at.exception]
+    m = _metrics(at)
+    assert (m["ok"], m["frozen"]) == ("6", "6")
+
+
+def test_page_on_meta_model_has_offsets_but_no_backward():
+    at = _page("sample:llama-70b-meta", "meta")
+    assert not at.exception, [e.value for e in at.exception]
+    assert _metrics(at)["Flat vector length"] == "68,976,648,192"
+    assert at.button(key="offsets_backward").disabled
+    assert any("meta device" in i.value for i in at.info)
