@@ -17,23 +17,23 @@ st.set_page_config(page_title="Model Inspector", page_icon="🔎", layout="wide"
 
 HERE = Path(__file__).resolve().parent
 VIEWS = [  # (page file, icon, title, the question it answers)
-    ("pages/1_Alias_graph.py", "🔗", "Alias graph",
+    ("pages/1_Alias_graph.py", ":material/link:", "Alias graph",
      "Which tensors are really the same tensor, and does a conversion keep, weaken or break the ties?"),
-    ("pages/2_Flatten_map.py", "📏", "Flatten map & gradients",
+    ("pages/2_Flatten_map.py", ":material/straighten:", "Flatten map & gradients",
      "Where does each parameter sit in the flat vector, and how big is its gradient?"),
-    ("pages/3_Device_map.py", "🗺️", "Device map",
+    ("pages/3_Device_map.py", ":material/lan:", "Device map",
      "Which device holds every parameter and every buffer, and does a plan leave any out?"),
-    ("pages/4_Hook_captures.py", "🪝", "Hook captures",
+    ("pages/4_Hook_captures.py", ":material/phishing:", "Hook captures",
      "What did each layer really output, and which outputs were overwritten in place?"),
-    ("pages/5_Attributions.py", "🎯", "Attributions",
+    ("pages/5_Attributions.py", ":material/target:", "Attributions",
      "Which inputs and neurons drive an output (captum)?"),
-    ("pages/6_Report.py", "📄", "Report",
+    ("pages/6_Report.py", ":material/description:", "Report",
      "Everything above in one HTML, JSON or Markdown file to share."),
-    ("pages/7_Labs.py", "🧪", "Labs",
+    ("pages/7_Labs.py", ":material/science:", "Labs",
      "Guided exercises: break a model on purpose, then find the bug with the views."),
 ]
 
-st.title("🔎 Model Inspector")
+st.title("Model Inspector")
 st.markdown(
     "Model Inspector loads a PyTorch model onto the device you choose and shows what silently "
     "breaks training and multi-GPU inference: tensors that are secretly one tensor, where each "
@@ -65,11 +65,12 @@ with guarded("summarising the model"):
                    help="Each Parameter object once, as parameters() yields them")
     cols[2].metric("Counting every alias", f"{s.parameter_elements_with_aliases:,}",
                    delta=f"+{s.aliased_elements:,} aliased" if s.aliased_elements else "no aliases",
-                   delta_color="off",
+                   delta_color="off", delta_arrow="off",
                    help="named_parameters(remove_duplicate=False): a tied tensor counted once per name")
     cols[3].metric("Trainable", f"{s.trainable_elements:,}")
     cols[4].metric("Frozen", f"{s.frozen_elements:,}")
-    cols[5].metric("Buffers", f"{s.buffers:,}", delta=f"{s.buffer_elements:,} elements", delta_color="off")
+    cols[5].metric("Buffers", f"{s.buffers:,}", delta=f"{s.buffer_elements:,} elements", delta_color="off",
+                   delta_arrow="off")
 
     left, right = st.columns([2, 3])
     with left:

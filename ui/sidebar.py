@@ -149,7 +149,7 @@ def model_picker() -> LoadedModel | None:
     A failed load shows its message and keeps the previous model, so the page stays usable.
     """
     with st.sidebar:
-        st.header("🔎 Model")
+        st.header(":material/model_training: Model")
         _apply_query_params()
         sel = current_selection()
         source, meta_only = _source_inputs(sel)
@@ -167,12 +167,13 @@ def model_picker() -> LoadedModel | None:
         checkpoint = _checkpoint_inputs(sel)
         wanted = Selection(source, checkpoint, device, None if dtype == AS_BUILT else dtype)
         changed = wanted != sel
-        if st.button("Load model" if changed else "Loaded ✓", type="primary" if changed else "secondary",
-                     disabled=not changed, key="mi_load", width="stretch"):
+        slot = st.empty()
+        if slot.button("Load model" if changed else "Loaded ✓", type="primary" if changed else "secondary",
+                       disabled=not changed, key="mi_load", width="stretch"):
             if not source:
                 st.error("Give a source first: a sample, a `file.py:factory` or a model folder.")
-            else:
-                load_selection(wanted)
+            elif load_selection(wanted) is not None:
+                slot.button("Loaded ✓", disabled=True, key="mi_loaded_now", width="stretch")
         sel = current_selection()
         loaded = None
         with guarded("loading the model"):

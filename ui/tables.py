@@ -11,7 +11,7 @@ import streamlit as st
 from inspector.findings import Finding, sort_findings
 
 PAGE_SIZE = 50
-SEVERITY_ICON = {"error": "🛑", "warning": "⚠️", "info": "ℹ️"}
+SEVERITY_BADGE = {"error": "red", "warning": "orange", "info": "blue"}
 
 
 def filter_rows(df: pd.DataFrame, text: str, columns: Sequence[str] | None = None) -> pd.DataFrame:
@@ -62,9 +62,9 @@ def paged_table(df: pd.DataFrame, key: str, *, page_size: int = PAGE_SIZE,
 
 
 def findings_frame(findings: list[Finding]) -> pd.DataFrame:
-    """Findings most severe first, as a table with an icon per severity."""
-    rows = [{"": SEVERITY_ICON[f.severity], **f.to_dict()} for f in sort_findings(findings)]
-    return pd.DataFrame(rows, columns=["", "severity", "code", "where", "message"])
+    """Findings most severe first, as a table."""
+    rows = [f.to_dict() for f in sort_findings(findings)]
+    return pd.DataFrame(rows, columns=["severity", "code", "where", "message"])
 
 
 def findings_table(findings: list[Finding], key: str, *, empty: str = "Nothing to report.") -> None:
@@ -72,9 +72,9 @@ def findings_table(findings: list[Finding], key: str, *, empty: str = "Nothing t
     if not findings:
         st.success(empty)
         return
-    counts = {s: sum(f.severity == s for f in findings) for s in SEVERITY_ICON}
-    st.markdown(" · ".join(f"{SEVERITY_ICON[s]} **{n}** {s}{'s' if n != 1 else ''}"
-                           for s, n in counts.items() if n))
+    counts = {s: sum(f.severity == s for f in findings) for s in SEVERITY_BADGE}
+    st.markdown(" ".join(f":{SEVERITY_BADGE[s]}-badge[{n} {s}{'s' if n != 1 else ''}]"
+                         for s, n in counts.items() if n))
     paged_table(findings_frame(findings), key, page_size=20,
                 column_config={"message": st.column_config.TextColumn(width="large")})
 

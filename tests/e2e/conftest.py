@@ -1,0 +1,117 @@
+"""Browser fixtures: the real app under `streamlit run` on a free port, and Debian's chromium.
+
+Both are session-scoped: one server and one browser for every end-to-end test. Tests that
+use them skip cleanly where /usr/bin/chromium is missing.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+CHROMIUM = "/usr/bin/chromium"
+ARTIFACTS = ROOT / "test-artifacts"
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait_healthy(url: str, proc: subprocess.Popen, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"streamlit exited with code {proc.returncode} before it was healthy")
+        try:
+            with urllib.request.urlopen(f"{url}/_stcore/health", timeout=2) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(0.3)
+    raise RuntimeError(f"streamlit did not answer {url}/_stcore/health within {timeout:.0f} s")
+
+
+@pytest.fixture(scope="session")
+def chromium_path() -> str:
+    if not os.access(CHROMIUM, os.X_OK):
+        pytest.skip(f"needs Debian's chromium at {CHROMIUM}")
+    pytest.importorskip("playwright.sync_api")
+    return CHROMIUM
+
+
+@pytest.fixture(scope="session")
+def app_url(chromium_path) -> str:
+    """`streamlit run app.py` on a free port; yields its base URL, stops it afterwards."""
+    port = _free_port()
+    ARTIFACTS.mkdir(exist_ok=True)
+    log = open(ARTIFACTS / "streamlit.log", "w")  # noqa: SIM115 - closed after the server stops
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "streamlit", "run", "app.py", "--server.port", str(port),
+         "--server.headless", "true", "--server.address", "127.0.0.1",
+         "--browser.gatherUsageStats", "false"],
+        cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        _wait_healthy(url, proc, timeout=120)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        log.close()
+
+
+@pytest.fixture(scope="session")
+def chromium(chromium_path):
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=chromium_path, args=CHROMIUM_ARGS)
+        try:
+            yield browser
+        finally:
+            browser.close()
+
+
+@pytest.fixture(scope="session")
+def artifacts() -> Path:
+    ARTIFACTS.mkdir(exist_ok=True)
+    return ARTIFACTS
+
+
+@pytest.fixture(scope="session")
+def wait_for_app():
+    """The function that waits for a Streamlit script run to finish: ``wait_for_app(page)``."""
+    return _wait_for_app
+
+
+def _wait_for_app(page, timeout: float = 120) -> None:
+    """Wait until the script run is over: content is drawn and the 'running' widget is gone."""
+    page.wait_for_selector('[data-testid="stSidebar"]', timeout=timeout * 1000)
+    deadline = time.monotonic() + timeout
+    quiet_since = None
+    while time.monotonic() < deadline:
+        running = page.locator('[data-testid="stStatusWidget"]').count() > 0
+        skeleton = page.locator('[data-testid="stAppSkeleton"]').count() > 0
+        if running or skeleton:
+            quiet_since = None
+        elif quiet_since is None:
+            quiet_since = time.monotonic()
+        elif time.monotonic() - quiet_since > 1.0:
+            return
+        page.wait_for_timeout(200)
+    raise AssertionError(f"the app was still running after {timeout:.0f} s")
