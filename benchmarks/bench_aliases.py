@@ -21,6 +21,7 @@ from accelerate.utils import find_tied_parameters  # noqa: E402
 from torch import nn  # noqa: E402
 
 from inspector.aliases import alias_groups  # noqa: E402
+from inspector.figures.aliases import alias_graph_figure  # noqa: E402
 from sample_models import get_sample  # noqa: E402
 
 TARGET = 1.5
@@ -58,16 +59,31 @@ def bench(name: str, repeats: int) -> float:
     return med["alias_groups"] / base
 
 
+def bench_figure(name: str, repeats: int = 3) -> None:
+    model = get_sample(name).build()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fig = alias_graph_figure(model)
+        times.append(time.perf_counter() - t0)
+    marks = sum(len(tr.x) for tr in fig.data if tr.x is not None)
+    print(f"alias_graph_figure on {name}: {statistics.median(times) * 1e3:.0f} ms, {len(fig.data)} traces, "
+          f"{marks} points; {fig.layout.title.text}")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--repeats", type=int, default=30)
     parser.add_argument("--samples", nargs="*", default=["llama-70b-meta", "tiny-gpt2"])
+    parser.add_argument("--figures", nargs="*", default=["llama-70b-meta", "gpt2-small"])
     args = parser.parse_args()
     ratios = {name: bench(name, args.repeats) for name in args.samples}
     ratio = ratios.get("llama-70b-meta", next(iter(ratios.values())))
     verdict = "meets" if ratio <= TARGET else "misses"
     print(f"alias_groups / find_tied_parameters on {args.samples[0]}: {ratio:.2f}x "
           f"({verdict} the target of at most {TARGET}x)")
+    for name in args.figures:
+        bench_figure(name)
     return 0
 
 
