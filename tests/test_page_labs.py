@@ -47,6 +47,13 @@ def test_complete_the_shifted_offsets_lab(monkeypatch):
     assert "2 of 2 tasks passed" in at.get("progress")[0].proto.text
     assert any("✅ The shifted offsets (2/2)" in c.value for c in at.caption)
 
+    # the lab report: Markdown right away, the report module's HTML on request
+    at.text_input(key="lab_student").input("Ada").run()
+    assert len(at.get("download_button")) == 1
+    at.button(key="lab_html_btn_shifted-offsets").click().run()
+    assert not at.exception
+    assert len(at.get("download_button")) == 2
+
 
 def test_a_broken_lab_file_does_not_break_the_page(tmp_path, monkeypatch):
     (tmp_path / "typo.py").write_text("from inspector.labs import Lab\nLAB = Lab(\n")

@@ -16,7 +16,7 @@ from .core import CheckResult, Field, Lab, Scenario, Task, View
 
 STORY = """\
 Your team converts checkpoints to float64 for a numerical study. The conversion script is
-three lines:
+two lines:
 
 ```python
 state = {k: v.to(torch.float64) for k, v in model.state_dict().items()}
@@ -211,7 +211,8 @@ LAB = Lab(
         View("Alias groups before the conversion", lambda s: _alias_table(s.extras["original"])),
         View("Alias groups after the conversion", lambda s: _alias_table(s.model),
              "An empty table means no two names share a tensor."),
-        View("Tie check: snapshot before vs model after", _tie_findings),
+        View("Tie check: snapshot before vs model after", _tie_findings,
+             "compare_ties(snapshot taken before the conversion, model now).", on_demand=True),
         View("Alias graphs: before, then after the conversion", _graphs,
              "Tensors aliased by two names are drawn in one colour.", on_demand=True),
     ),
