@@ -549,16 +549,21 @@ def _offsets_section(ctx: Context) -> Section:
     tables = [Table.from_frame("Flat offset map", table,
                                "rows in parameters() order: parameters_to_vector(...)[start:end] is each "
                                "tensor flattened")]
-    figures = _figure(ctx, notes, "offsets", "offset_figure", "Flat offsets", table,
-                      summary=tables[0])
+    trainable = None
+    if any(not p.requires_grad for p in model.parameters()):
+        trainable = offset_map(model, trainable_only=True)
+        tables.append(Table.from_frame("Flat offset map of the trainable parameters only", trainable,
+                                       "frozen parameters are left out, so later offsets move left"))
     grads = _gradients(ctx, notes)
+    figures = _figure(ctx, notes, "offsets", "offset_strip", "Flat vector", table, trainable,
+                      None if grads is None else grads.by_parameter, summary=tables[0])
     if grads is not None:
         tables.append(Table.from_frame("Gradient norms per parameter", grads.by_parameter))
         tables.append(Table.from_frame("Gradient norms per module", grads.by_module))
         facts.update({"total_gradient_norm": grads.total_norm, **{f"grad_{k}": v for k, v in grads.counts.items()}})
         findings += grads.findings
-        figures += _figure(ctx, notes, "offsets", "gradient_norms_figure", "Gradient norms",
-                           grads.by_parameter, summary=tables[-2])
+        figures += _figure(ctx, notes, "offsets", "layer_norm_bars", "Gradient norm per layer",
+                           grads.by_module, summary=tables[-1])
     return Section("offsets", SECTION_TITLES["offsets"], note="; ".join(notes), facts=plain(facts),
                    tables=tuple(tables), figures=figures, findings=tuple(findings))
 
@@ -601,11 +606,12 @@ def _placement_section(ctx: Context) -> Section:
     tables = [Table.from_frame("Where every parameter and buffer is now", now)]
     facts: dict[str, Any] = {"tensors": len(now),
                              "devices_now": sorted({str(d) for d in now["device"] if d is not None})}
-    figures: tuple[ReportFigure, ...] = ()
+    figures = _figure(ctx, notes, "placement", "placement_treemap", "Where every tensor is now", now,
+                      summary=tables[0])
     budget = ctx.options["max_memory"]
     if budget is None:
         notes.append("no device budget given: the device-map plan is left out (pass max_memory, "
-                      "e.g. '0=20GiB,1=20GiB,cpu=64GiB')")
+                     "e.g. '0=20GiB,1=20GiB,cpu=64GiB')")
     else:
         plan_explained, check_with_accelerate, format_max_memory = need(
             "placement", "plan_device_map_explained", "check_with_accelerate", "format_max_memory")
@@ -619,8 +625,10 @@ def _placement_section(ctx: Context) -> Section:
                    Table.from_frame("Audit of the plan: every parameter and buffer", plan.audit),
                    Table.from_frame("Planner decisions", plan.records_frame())]
         findings += plan.findings
-        figures = _figure(ctx, notes, "placement", "device_map_figure", "Planned device map", model,
-                          plan.device_map, summary=tables[2])
+        figures += _figure(ctx, notes, "placement", "placement_treemap", "Planned device map", plan.audit,
+                           summary=tables[3])
+        figures += _figure(ctx, notes, "placement", "usage_bars", "Bytes per device against the budget",
+                           plan.usage, summary=tables[2])
     return Section("placement", SECTION_TITLES["placement"], note="; ".join(notes), facts=plain(facts),
                    tables=tuple(tables), figures=figures, findings=tuple(findings))
 

@@ -85,7 +85,20 @@ def test_two_reports_of_one_model_differ_only_in_the_timestamp(tiny_report):
     again = json.loads(build_report(load_model("sample:tiny-gpt2")).to_json())
     first = json.loads(tiny_report.to_json())
     assert first.pop("created") and again.pop("created")
-    assert json.dumps(first, sort_keys=True) == json.dumps(again, sort_keys=True)
+    assert _differences(first, again) == []
+
+
+def _differences(a, b, path: str = "") -> list[str]:
+    """Paths where two JSON values differ (empty when they are equal)."""
+    if type(a) is not type(b):
+        return [f"{path}: {a!r:.80} != {b!r:.80}"]
+    if isinstance(a, dict):
+        return [d for k in sorted(set(a) | set(b)) for d in _differences(a.get(k), b.get(k), f"{path}.{k}")]
+    if isinstance(a, list):
+        if len(a) != len(b):
+            return [f"{path}: {len(a)} items != {len(b)}"]
+        return [d for i, (x, y) in enumerate(zip(a, b)) for d in _differences(x, y, f"{path}[{i}]")]
+    return [] if a == b else [f"{path}: {a!r:.80} != {b!r:.80}"]
 
 
 def test_markdown_has_the_headings_and_the_4080_of_tiny_gpt2(tiny_report):
