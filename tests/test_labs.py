@@ -8,9 +8,24 @@ from pathlib import Path
 import pytest
 import torch
 
-from inspector.labs import (CheckResult, Field, Lab, LabError, TaskRecord, discover_labs, get_lab,
-                            grade, hints_to_show, lab_done, lab_report_markdown, lab_results,
-                            load_lab_file, parse_pairs, record_attempt, teacher_unlocked)
+from inspector.labs import (
+    CheckResult,
+    Field,
+    Lab,
+    LabError,
+    TaskRecord,
+    discover_labs,
+    get_lab,
+    grade,
+    hints_to_show,
+    lab_done,
+    lab_report_markdown,
+    lab_results,
+    load_lab_file,
+    parse_pairs,
+    record_attempt,
+    teacher_unlocked,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "docs" / "examples" / "lab_frozen_head.py"

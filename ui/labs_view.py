@@ -7,8 +7,20 @@ from typing import Any
 import pandas as pd
 import streamlit as st
 
-from inspector.labs import (CheckResult, Field, Lab, LabError, Scenario, Task, TaskRecord,
-                            discover_labs, grade, hints_to_show, lab_done, record_attempt)
+from inspector.labs import (
+    CheckResult,
+    Field,
+    Lab,
+    LabError,
+    Scenario,
+    Task,
+    TaskRecord,
+    discover_labs,
+    grade,
+    hints_to_show,
+    lab_done,
+    record_attempt,
+)
 
 PROGRESS = "labs_progress"
 SCENARIOS = "labs_scenarios"

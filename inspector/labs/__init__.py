@@ -12,8 +12,22 @@ defines ``LAB = Lab(...)`` into the folder named by ``INSPECTOR_LABS_DIR``.
 from __future__ import annotations
 
 from ..findings import InspectorError
-from .core import (TEACHER_KEY_ENV, CheckResult, Field, Lab, Scenario, Task, TaskRecord, View,
-                   grade, hints_to_show, lab_done, parse_pairs, record_attempt, teacher_unlocked)
+from .core import (
+    TEACHER_KEY_ENV,
+    CheckResult,
+    Field,
+    Lab,
+    Scenario,
+    Task,
+    TaskRecord,
+    View,
+    grade,
+    hints_to_show,
+    lab_done,
+    parse_pairs,
+    record_attempt,
+    teacher_unlocked,
+)
 from .discovery import LABS_DIR_ENV, LabError, discover_labs, load_lab_file
 from .records import lab_report_markdown, lab_results
 

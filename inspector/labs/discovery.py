@@ -105,7 +105,7 @@ def load_lab_file(path: str | os.PathLike) -> list[Lab | LabError]:
 def _labs_in(module: ModuleType, source: str, stem: str) -> list[Lab | LabError]:
     found = getattr(module, "LABS", None)
     if found is None:
-        found = [getattr(module, "LAB")] if hasattr(module, "LAB") else []
+        found = [module.LAB] if hasattr(module, "LAB") else []
     labs = [lab for lab in found if isinstance(lab, Lab)]
     if not labs or len(labs) != len(found):
         bad = [type(x).__name__ for x in found if not isinstance(x, Lab)]
