@@ -419,7 +419,7 @@ def test_graph_escapes_names():
     m.add_module("y", nn.Linear(1, 1, bias=False))
     m.y.weight = m.get_submodule("<b>x</b>").weight
     fig = alias_graph_figure(m)
-    texts = [h for tr in fig.data if tr.hovertext for h in tr.hovertext]
+    texts = [h for tr in fig.data for h in [*(tr.hovertext or ()), *(tr.text or ()), tr.name or ""]]
     assert any("&lt;b&gt;x&lt;/b&gt;" in h for h in texts) and not any("<b>" in h for h in texts)
 
 

@@ -144,6 +144,13 @@ def alias_graph_figure(model: nn.Module, groups: list[AliasGroup] | None = None,
         keys = [k for k, (_, kd, g) in data.nodes.items() if kd == kind and g < 0 and k in pos]
         if keys:
             fig.add_trace(_nodes(keys, data, pos, symbol, color, f"{kind}s", show_text=False))
+    holders = {a for a, _, _ in data.extra} | {a for a, b in data.tree if data.nodes[b][2] >= 0}
+    holders = sorted(k for k in holders if k in pos and k != "m:")
+    if holders:  # name the modules that hold an aliased tensor
+        fig.add_trace(go.Scatter(
+            x=[pos[k][0] for k in holders], y=[pos[k][1] for k in holders], mode="text",
+            text=[html.escape(data.nodes[k][0]) for k in holders], textposition="top center",
+            hoverinfo="skip", showlegend=False))
     for i, g in enumerate(groups):
         color = PALETTE[i % len(PALETTE)]
         edges = [(a, b) for a, b, gi in data.extra if gi == i]
@@ -163,10 +170,11 @@ def alias_graph_figure(model: nn.Module, groups: list[AliasGroup] | None = None,
         title += (f" — large model: showing {shown}; {data.left_out_modules} modules and "
                   f"{data.left_out_tensors} tensors left out")
     width = max(1, max((x for x, _ in pos.values()), default=1))
+    pad = max(2.0, 0.08 * width)  # room for the names of aliased tensors at the edges
     fig.update_layout(title=title, showlegend=True, hovermode="closest", height=520,
                       margin=dict(l=10, r=10, t=50, b=10), plot_bgcolor="white",
                       legend=dict(orientation="h", yanchor="top", y=-0.02),
-                      xaxis=dict(visible=False, range=[-1, width + 1]),
+                      xaxis=dict(visible=False, range=[-pad, width + pad]),
                       yaxis=dict(visible=False))
     return fig
 
@@ -188,6 +196,6 @@ def _nodes(keys: list[str], data: GraphData, pos: dict[str, tuple[float, float]]
         x=[pos[k][0] for k in keys], y=[pos[k][1] for k in keys],
         mode="markers+text" if show_text else "markers",
         marker=dict(symbol=symbol, color=color, size=size, line=dict(color="white", width=1)),
-        text=[lab.rpartition(".")[2] for lab in labels] if show_text else None,
+        text=labels if show_text else None,
         textposition="bottom center", hovertext=[f"{data.nodes[k][1]}: {lab}" for k, lab in zip(keys, labels)],
         hoverinfo="text", name=name, legendgroup=group, showlegend=True)
