@@ -1,0 +1,115 @@
+"""Hook captures: what each layer really output, as detached copies, and which outputs were overwritten."""
+
+from __future__ import annotations
+
+import streamlit as st
+import torch
+
+from inspector.capture import capture_activations, select_modules
+from inspector.devices import available_devices
+from inspector.figures.capture import (
+    capture_heatmap,
+    capture_histogram,
+    clone_vs_reference_figure,
+    clone_vs_reference_table,
+)
+from inspector.summary import format_bytes
+from ui.errors import guarded
+from ui.sidebar import model_picker
+from ui.tables import findings_table, paged_table
+
+RESULTS = "cap_results"  # per browser session: {run key: Captures}; never shared between sessions
+MODES = {"no_grad": torch.no_grad, "inference_mode": torch.inference_mode, "grad enabled": torch.enable_grad}
+
+st.set_page_config(page_title="Hook captures", layout="wide")
+loaded = model_picker()
+
+st.title("Hook captures")
+st.caption("Each selected module's output is copied inside its forward hook (`detach().clone()`), "
+           "so nothing that runs later can change it. A hook that keeps `output` itself keeps a "
+           "reference: a following `ReLU(inplace=True)` or residual `+=` rewrites what it "
+           "\"captured\". Modules whose live output changed after the hook are listed as mutated.")
+
+if loaded is None:
+    st.info("Load a model in the sidebar to capture its activations.")
+    st.stop()
+
+names = [n for n, _ in loaded.model.named_modules() if n]
+c1, c2 = st.columns([2, 1])
+patterns = c1.text_input("Modules: names, glob patterns or class names, comma separated (empty: every module)",
+                         key="cap_patterns", placeholder="transformer.h.*.mlp, ReLU")
+picked = c2.multiselect("…or pick modules", names, key="cap_picked")
+c3, c4, c5, c6 = st.columns(4)
+batch = c3.slider("Example inputs", 1, 4, 2, key="cap_batch")
+limit = c4.checkbox("Byte budget", value=True, key="cap_limit",
+                    help="Stop capturing once the copies reach this size; the rest is listed as skipped")
+budget_mib = c4.number_input("Budget (MiB)", min_value=0.0, value=256.0, step=16.0, key="cap_budget",
+                             disabled=not limit)
+devices = [d.name for d in available_devices() if d.name != "meta"]
+store_on = c5.selectbox("Store copies on", devices, key="cap_store",
+                        help="cpu: pinned memory and non-blocking copies from a GPU")
+mode = c6.radio("Autograd mode", list(MODES), key="cap_mode", horizontal=False)
+teach = st.checkbox("Also keep bare references (what a naive hook would have seen)", value=True,
+                    key="cap_teach")
+
+selection = [p.strip() for p in patterns.split(",") if p.strip()] + picked
+max_bytes = int(budget_mib * 2**20) if limit else None
+run_key = (st.session_state["mi_selection"].key, tuple(selection), batch, max_bytes, store_on, mode, teach)
+
+caps = None
+with guarded("capturing activations"):
+    loaded.check_runnable()
+    chosen = select_modules(loaded.model, selection or None)  # unknown names: a clear error
+    results = st.session_state.setdefault(RESULTS, {})
+    caps = results.get(run_key)
+    if caps is None or st.button("Capture again", key="cap_again"):
+        inputs = loaded.example_inputs(batch)
+        with st.spinner(f"Capturing {len(chosen)} modules…"), loaded.lock, MODES[mode]():
+            caps = capture_activations(loaded.model, inputs, modules=selection or None, store_on=store_on,
+                                       max_bytes=max_bytes, keep_references=teach)
+        results.clear()  # keep one capture per session: copies can be large
+        results[run_key] = caps
+
+if caps is None:
+    st.stop()
+
+m1, m2, m3, m4 = st.columns(4)
+m1.metric("Captured outputs", len(caps.outputs))
+m2.metric("Bytes held", format_bytes(caps.total_bytes))
+m3.metric("Mutated after capture", len(caps.mutated))
+m4.metric("Skipped", len(caps.skipped))
+
+if caps.mutated:
+    lines = [f"- `{m.module}{m.path}` overwritten by `{m.by or 'code outside any module'}` "
+             f"(seen by {m.how}, largest change {m.max_abs_change:.4g})" for m in caps.mutations]
+    st.warning("These live outputs were changed in place after their hook ran; a bare reference to them "
+               "is wrong, the copies here are right:\n\n" + "\n".join(lines))
+else:
+    st.success("No captured output was changed in place after its hook ran.")
+
+st.subheader("Statistics of the copies")
+paged_table(caps.stats, key="cap_stats", filter_columns=["module", "dtype", "shape"])
+if caps.skipped:
+    st.subheader("Not captured")
+    paged_table(caps.skipped_table, key="cap_skipped")
+
+if caps.order:
+    st.subheader("One capture")
+    default = next(iter(caps.mutated), caps.order[0])
+    shown = st.selectbox("Module", caps.order, index=caps.order.index(default), key="cap_show")
+    ref = caps.references.get(shown) if teach else None
+    left, right = st.columns(2)
+    left.plotly_chart(capture_histogram(caps.outputs[shown], title=f"{shown}: values", reference=ref),
+                      key="cap_hist")
+    right.plotly_chart(capture_heatmap(caps.outputs[shown], title=f"{shown}: 2-D slice"), key="cap_heatmap")
+
+if teach and caps.references:
+    st.subheader("Copy vs bare reference")
+    st.caption("How far the reference a naive hook keeps is from what the module really output, after "
+               "the forward pass. Red: corrupted captures.")
+    st.plotly_chart(clone_vs_reference_figure(caps), key="cap_clone_vs_bare")
+    with st.expander("As a table"):
+        st.dataframe(clone_vs_reference_table(caps), hide_index=True)
+
+st.subheader("Findings")
+findings_table(caps.findings, key="cap_findings", empty="Nothing to report.")

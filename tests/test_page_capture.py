@@ -1,0 +1,70 @@
+"""The Hook captures page: stats, mutated modules, figures, errors, per-session results."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from streamlit.testing.v1 import AppTest
+
+from ui.models import Selection
+
+PAGE = str(Path(__file__).resolve().parent.parent / "pages" / "4_Hook_captures.py")
+
+
+def _run(source: str | None = None) -> AppTest:
+    at = AppTest.from_file(PAGE, default_timeout=60)
+    if source is not None:
+        at.session_state["mi_selection"] = Selection(source=source)
+    at.run()
+    assert not at.exception, [e.value for e in at.exception]
+    return at
+
+
+def test_cnn_mutated_modules_stats_and_figures():
+    at = _run("sample:cnn-bn")
+    assert not at.error
+    warning = " ".join(w.value for w in at.warning)
+    assert "`conv1` overwritten by `relu1`" in warning and "`bn2` overwritten by `relu2`" in warning
+    stats = at.dataframe[0].value
+    assert list(stats["module"]) == ["conv1", "relu1", "conv2", "bn2", "relu2", "pool", "fc"]
+    assert at.selectbox(key="cap_show").value == "conv1"  # the first corrupted capture is shown
+    assert [c.key for c in at.get("plotly_chart")] == ["cap_hist", "cap_heatmap", "cap_clone_vs_bare"]
+
+    # a pattern, in inference mode: mutations are found by comparing values
+    at.text_input(key="cap_patterns").set_value("conv*, bn2")
+    at.radio(key="cap_mode").set_value("inference_mode").run()
+    assert not at.exception and not at.error
+    assert list(at.dataframe[0].value["module"]) == ["conv1", "conv2", "bn2"]
+    assert "seen by value" in " ".join(w.value for w in at.warning)
+
+
+def test_unknown_module_and_zero_budget():
+    at = _run("sample:cnn-bn")
+    at.text_input(key="cap_patterns").set_value("conv3").run()
+    assert not at.exception
+    assert any("close names: conv2, conv1" in e.value for e in at.error)
+
+    at.text_input(key="cap_patterns").set_value("").run()
+    at.number_input(key="cap_budget").set_value(0.0).run()
+    assert not at.exception and not at.error
+    assert at.metric[0].value == "0"  # nothing captured
+    assert at.metric[3].value == "7"  # every module listed as skipped
+    assert "capture-budget-zero" in set(at.dataframe[-1].value["code"])
+
+
+def test_sessions_keep_their_own_captures():
+    a = _run("sample:cnn-bn")
+    b = _run("sample:cnn-bn")
+    a.text_input(key="cap_patterns").set_value("fc").run()
+    assert not a.exception
+    caps_a = next(iter(a.session_state["cap_results"].values()))
+    caps_b = next(iter(b.session_state["cap_results"].values()))
+    assert caps_a is not caps_b
+    assert caps_a.order == ["fc"] and len(caps_b.order) == 7
+
+
+def test_default_tiny_gpt2():
+    at = _run()
+    assert not at.error
+    assert any("No captured output was changed" in s.value for s in at.success)
+    assert at.metric[0].value == str(len(at.dataframe[0].value))
