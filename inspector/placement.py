@@ -375,7 +375,9 @@ def _reserves(inv: Inventory, budget: dict[Device, int], no_split: set[str]) -> 
     reserve = {d: size if d in main else 0 for d in devices}
     records = [Decision("reserve", name, d, size,
                         f"kept {size} bytes free on {d} to load back the largest layer ({name or 'model'}) "
-                        "when it runs from an offload device") for d in main if size]
+                        "when it runs from an offload device"
+                        + (f"; that is more than its budget ({budget[d]}), so nothing else goes there"
+                           if size > budget[d] else "")) for d in main if size]
     return reserve, records
 
 
@@ -596,12 +598,12 @@ def _plan(model: nn.Module, max_memory: str | Mapping[Any, Any],
     extra: dict[Device, int] = {d: 0 for d in devices}
     extra_records: list[Decision] = []
     for _attempt in range(len(devices) + 3):
-        capacity = {d: budget[d] - reserve[d] - extra[d] for d in devices}
+        capacity = {d: max(0, budget[d] - reserve[d] - extra[d]) for d in devices}
         state = _walk(inv, budget, capacity, no_split)
         pending = _place_pending(inv, state, devices)
         device_map = dict(state.assigned)
         ties = _keep_ties(inv, device_map)
-        over = _overflow(inv, device_map, {d: budget[d] - reserve[d] for d in devices})
+        over = _overflow(inv, device_map, {d: max(0, budget[d] - reserve[d]) for d in devices})
         if not over:
             break
         for d, n in over.items():
@@ -629,7 +631,10 @@ def plan_device_map_explained(model: nn.Module, max_memory: str | Mapping[Any, A
     >>> plan.device_map, [r.step for r in plan.records][-2:]
     ({'0': 0, '1': 1}, ['place', 'clean'])
     """
-    p = _plan(model, max_memory, no_split_module_classes, dtype)
+    return _explain(model, _plan(model, max_memory, no_split_module_classes, dtype))
+
+
+def _explain(model: nn.Module, p: _Plan) -> PlanResult:
     table = audit_device_map(model, p.device_map, _inventory=p.inv)
     usage = device_usage(table, p.budget, p.reserve)
     findings = _table_findings(table) + _split_notes(p.inv, p.split, p.device_map, p.no_split)
@@ -1004,11 +1009,12 @@ def compare_with_accelerate(model: nn.Module, max_memory: str | Mapping[Any, Any
     budget = parse_max_memory(max_memory)
     no_split = default_no_split(model, no_split_module_classes)
     t0 = time.perf_counter()
-    ours = plan_device_map_explained(model, budget, no_split, dtype)
+    planned = _plan(model, budget, no_split, dtype)
     t1 = time.perf_counter()
     theirs = infer_auto_device_map(model, max_memory=accelerate_budget(budget),
                                    no_split_module_classes=list(no_split), dtype=dtype)
     t2 = time.perf_counter()
+    ours = _explain(model, planned)
     theirs = normalise_map(dict(theirs))
     result = audit(model, theirs)
     usage = device_usage(result.table, budget)
@@ -1130,3 +1136,53 @@ def dispatch_plan(model: nn.Module, device_map: Mapping[str, Any], *, offload_fo
         raise
     table = placement_table(target)
     return Dispatched(target, dm, table, _table_findings(table), offload_folder, in_place, tmp)
+
+
+@dataclass(frozen=True)
+class DispatchCheck:
+    """What :func:`try_dispatch` saw: where the copy's tensors are, and whether outputs agree."""
+
+    table: pd.DataFrame = field(repr=False)
+    findings: list[Finding]
+    outputs_equal: bool
+    max_abs_difference: float
+    message: str
+
+
+def try_dispatch(loaded: Any, device_map: Mapping[str, Any]) -> DispatchCheck:
+    """Dispatch a copy of a loaded model by ``device_map`` and compare outputs with the original.
+
+    The original runs its example inputs under its lock; the copy (hooks, offload folder and all)
+    is thrown away afterwards, so the loaded model is unchanged.
+    """
+    from .models import call_model, to_device
+
+    loaded.check_runnable()
+    inputs = loaded.example_inputs(2)
+    with loaded.lock, torch.no_grad():
+        expected = call_model(loaded.model, inputs)
+    with dispatch_plan(loaded.model, device_map) as d, torch.no_grad():
+        got = call_model(d.model, inputs)
+        table, findings = d.table, d.findings
+    expected = expected if isinstance(expected, torch.Tensor) else getattr(expected, "logits", expected[0])
+    got = got if isinstance(got, torch.Tensor) else getattr(got, "logits", got[0])
+    got = to_device(got, expected.device)
+    diff = float((got.float() - expected.float()).abs().max()) if expected.numel() else 0.0
+    equal = bool(torch.equal(got, expected))
+    message = ("the dispatched copy gives exactly the same outputs" if equal else
+               f"the dispatched copy's outputs differ by up to {diff:.3g}")
+    return DispatchCheck(table, findings, equal, diff, message)
+
+
+def suggest_budget(model: nn.Module) -> dict[Device, int]:
+    """A budget that splits the model: two GPUs with 55% of its bytes each, cpu with twice them.
+
+    GPU 0 also gets room for the largest layer, which it keeps free for offloaded layers.
+
+    >>> suggest_budget(nn.Linear(10, 10))  # 440 bytes, one layer
+    {0: 682, 1: 242, 'cpu': 880}
+    """
+    inv = inventory(model)
+    total = inv.sizes[""]
+    _, largest = _largest_layer(inv, set(default_no_split(model, None)))
+    return {0: int(total * 0.55) + largest, 1: int(total * 0.55), "cpu": 2 * total}

@@ -356,3 +356,25 @@ def test_llama_70b_four_gpus_and_cpu(llama):
     theirs = infer_auto_device_map(llama, max_memory=accelerate_budget(parse_max_memory(budget)),
                                    no_split_module_classes=["DecoderLayer"])
     assert dict(theirs) == expected  # accelerate 1.15 agrees when nothing is split with buffers
+
+
+# ----------------------------------------------------------------------------- command line
+
+def test_cli_devicemap_compare_and_json(tmp_path, capsys):
+    from inspector.__main__ import main
+
+    out = tmp_path / "plan.json"
+    assert main(["devicemap", "sample:split-block", "--max-memory", SPLIT_BUDGET, "--compare-accelerate",
+                 "--json", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "block.scale: 1" in text and "buffer-unplaced [block.pos_table]" in text
+    import json
+
+    data = json.loads(out.read_text())
+    assert data["device_map"] == OUR_SPLIT_MAP
+    assert data["accelerate"]["device_map"] == {"embed": 0, "block.fc1": 1, "block.fc2": 1,
+                                                "block.fc3": "cpu", "head": "cpu"}
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"embed": 0,')
+    assert main(["devicemap", "sample:split-block", "--audit", str(bad)]) == 2
+    assert "not valid JSON" in capsys.readouterr().err

@@ -1,0 +1,141 @@
+"""Device map: plan where every parameter and buffer goes, side by side with accelerate's plan."""
+
+from __future__ import annotations
+
+import pandas as pd
+import streamlit as st
+
+from inspector.figures.placement import placement_treemap, usage_bars, usage_side_by_side
+from inspector.placement import (
+    audit,
+    compare_with_accelerate,
+    device_usage,
+    format_max_memory,
+    load_device_map,
+    parse_max_memory,
+    placement_findings,
+    placement_table,
+    suggest_budget,
+    try_dispatch,
+)
+from ui.cache import cached_analysis
+from ui.errors import guarded
+from ui.sidebar import model_picker
+from ui.tables import findings_table, paged_table
+
+st.set_page_config(page_title="Device map", layout="wide")
+loaded = model_picker()
+
+st.title("Device map")
+st.caption("accelerate's `infer_auto_device_map` fills devices greedily and splits a module that does not "
+           "fit. When that module owns buffers directly (a scale vector, a position table, running "
+           "statistics) the map simply lacks them: `dispatch_model` leaves them where they were and the "
+           "forward pass mixes devices. Here every parameter **and every buffer** gets a device, and both "
+           "plans are audited tensor by tensor. Planning is arithmetic: GPUs you do not have are fine.")
+
+if loaded is None:
+    st.info("Load a model in the sidebar to plan its device map.")
+    st.stop()
+model = loaded.model
+
+st.subheader("Budget per device")
+st.caption("Devices: a GPU index (0, 1, …), `mps`, `cpu` or `disk`. Sizes: bytes or with a unit (20GiB, 500MB).")
+budget_rows = pd.DataFrame([(str(d), str(n)) for d, n in cached_analysis(suggest_budget, model).items()],
+                           columns=["device", "budget"])
+left, right = st.columns([2, 3])
+with left:
+    edited = st.data_editor(budget_rows, num_rows="dynamic", hide_index=True, key=f"dm_budget_{loaded.source}",
+                            column_config={"device": st.column_config.TextColumn(required=True),
+                                           "budget": st.column_config.TextColumn(required=True)})
+with right:
+    classes = sorted({type(m).__name__ for m in model.modules()})
+    default = [c for c in (getattr(model, "_no_split_modules", None) or []) if c in classes]
+    no_split = st.multiselect("Never split these module classes", classes, default=default, key="dm_no_split",
+                              help="Defaults to the model's _no_split_modules")
+
+comparison = None
+with guarded("planning the device map"):
+    rows = edited.dropna()
+    budget = parse_max_memory(",".join(f"{d}={b}" for d, b in zip(rows["device"], rows["budget"])))
+    with right:
+        st.code(format_max_memory(budget), language=None)
+    comparison = cached_analysis(compare_with_accelerate, model, format_max_memory(budget), list(no_split))
+
+if comparison is None:
+    st.stop()
+ours = comparison.ours
+theirs_unplaced = comparison.accelerate_audit["device"].isna().sum()
+cols = st.columns(4)
+cols[0].metric("Keys: ours / accelerate's", f"{len(ours.device_map)} / {len(comparison.accelerate_map)}")
+cols[1].metric("Tensors without a device in accelerate's map", int(theirs_unplaced))
+cols[2].metric("check_device_map on ours", "passes" if comparison.our_check is None else "fails")
+cols[3].metric("check_device_map on accelerate's", "passes" if comparison.accelerate_check is None else "fails")
+if comparison.accelerate_check:
+    st.error(f"accelerate's own check rejects its map: {comparison.accelerate_check}")
+
+st.subheader("Our plan and accelerate's, side by side")
+a, b = st.columns(2)
+a.markdown("**plan_device_map**")
+a.dataframe(pd.DataFrame({"key": list(ours.device_map), "device": [str(v) for v in ours.device_map.values()]}),
+            hide_index=True, width="stretch", height=260)
+b.markdown("**accelerate.infer_auto_device_map**")
+b.dataframe(pd.DataFrame({"key": list(comparison.accelerate_map),
+                          "device": [str(v) for v in comparison.accelerate_map.values()]}),
+            hide_index=True, width="stretch", height=260)
+st.plotly_chart(usage_side_by_side(ours.usage, comparison.accelerate_usage), key="dm_side_by_side")
+if len(comparison.difference):
+    st.markdown(f"**{len(comparison.difference)} tensors placed differently or flagged differently**")
+    paged_table(comparison.difference.astype(str), "dm_difference")
+else:
+    st.success("The two maps place every tensor alike.")
+
+tabs = st.tabs(["Treemap", "Bytes per device", "Findings", "Decisions", "Actual placement", "Audit a map"])
+with tabs[0]:
+    which = st.radio("Show", ["our plan", "accelerate's plan", "where the tensors are now"], horizontal=True,
+                     key="dm_tree_which")
+    with guarded("drawing the treemap"):
+        table = {"our plan": ours.audit, "accelerate's plan": comparison.accelerate_audit}.get(which)
+        if table is None:
+            table = cached_analysis(placement_table, model)
+        st.plotly_chart(placement_treemap(table), key="dm_treemap")
+with tabs[1]:
+    st.plotly_chart(usage_bars(ours.usage, "plan_device_map"), key="dm_usage_ours")
+    st.plotly_chart(usage_bars(comparison.accelerate_usage, "accelerate (no room kept free is shown)"),
+                    key="dm_usage_theirs")
+with tabs[2]:
+    st.markdown("**Our plan**")
+    findings_table(ours.findings, "dm_findings_ours", empty="Every parameter and buffer has a device.")
+    st.markdown("**accelerate's plan**")
+    findings_table(comparison.accelerate_findings, "dm_findings_theirs",
+                   empty="accelerate's map places every tensor too.")
+with tabs[3]:
+    st.caption("Each step of the planner, in order: budgets, room kept free, placements, splits, "
+               "buffers placed with their module, ties kept together.")
+    paged_table(ours.records_frame().astype({"device": str}), "dm_records", page_size=100)
+with tabs[4]:
+    with guarded("reading where the tensors are"):
+        actual = cached_analysis(placement_table, model)
+        st.caption(f"{loaded.name} as loaded on `{loaded.device}`: one row per parameter and buffer name.")
+        findings_table(cached_analysis(placement_findings, model), "dm_findings_actual",
+                       empty="Every tensor sits with its module's parameters.")
+        paged_table(actual.astype({"device": str, "module_primary_device": str}), "dm_actual")
+    here = {"cpu", "disk"} | ({"mps"} if "mps" in loaded.device else set())
+    local = all(isinstance(v, str) and v in here for v in ours.device_map.values()) or \
+        all(v in ("cpu", "disk") for v in ours.device_map.values())
+    st.markdown("**Try the plan**: dispatch a copy with accelerate and compare outputs with the loaded model.")
+    if st.button("Dispatch a copy", key="dm_dispatch", disabled=loaded.is_meta or not local,
+                 help=None if local else "This plan uses devices this page does not dispatch to; plan for "
+                                         "cpu and disk (e.g. cpu=…,disk=…) to try it here"):
+        with guarded("dispatching a copy"), st.spinner("Dispatching…"):
+            check = try_dispatch(loaded, ours.device_map)
+            (st.success if check.outputs_equal else st.warning)(check.message)
+            findings_table(check.findings, "dm_dispatch_findings", empty="Every tensor is where the plan says.")
+            paged_table(check.table.astype({"device": str, "module_primary_device": str}), "dm_dispatch_table")
+with tabs[5]:
+    text = st.text_area("A device map as JSON (e.g. a model's hf_device_map)",
+                        value='{"": "cpu"}', key="dm_json", height=120)
+    with guarded("auditing the map"):
+        result = audit(model, load_device_map(text, "the JSON map"))
+        findings_table(result.findings, "dm_json_findings", empty="This map places every tensor.")
+        st.plotly_chart(usage_bars(device_usage(result.table, budget), "this map"), key="dm_json_usage")
+        paged_table(result.table.astype({"device": str, "module_primary_device": str}), "dm_json_table")
