@@ -285,3 +285,21 @@ def test_the_documented_example_lab_grades_with_gradient_norms():
     sc = lab.build()
     assert grade(lab, "frozen", sc, {"names": ["fc.weight", "fc.bias"]}).passed
     assert not grade(lab, "frozen", sc, {"names": ["conv1.weight", "conv1.bias"]}).passed
+
+
+def test_a_lab_file_runs_again_only_when_it_changes(tmp_path):
+    path = tmp_path / "counter.py"
+    body = (EXAMPLE.read_text()
+            + "\nimport builtins\nbuiltins._lab_runs = getattr(builtins, '_lab_runs', 0) + 1\n")
+    path.write_text(body)
+    import builtins
+    builtins._lab_runs = 0
+    try:
+        assert [lab.title for lab in load_lab_file(path)] == ["The frozen head"]
+        load_lab_file(path)
+        assert builtins._lab_runs == 1
+        path.write_text(body.replace('title="The frozen head"', 'title="The frozen classifier"'))
+        assert [lab.title for lab in load_lab_file(path)] == ["The frozen classifier"]
+        assert builtins._lab_runs == 2
+    finally:
+        del builtins._lab_runs

@@ -22,6 +22,7 @@ from .core import Lab
 
 LABS_DIR_ENV = "INSPECTOR_LABS_DIR"
 _FRAMEWORK = {"core", "discovery", "records", "views"}
+_FILE_CACHE: dict[str, tuple[tuple[int, int], tuple[Lab | LabError, ...]]] = {}
 
 
 @dataclass(frozen=True)
@@ -84,8 +85,26 @@ def _folder_labs(folder: Path) -> list[Lab | LabError]:
 
 
 def load_lab_file(path: str | os.PathLike) -> list[Lab | LabError]:
-    """The labs one Python file defines, or one LabError saying why there are none."""
+    """The labs one Python file defines, or one LabError saying why there are none.
+
+    A file is run again only when it changed (size or modification time), so the page can
+    look for labs on every rerun and a teacher's edit shows up on the next one.
+    """
     path = Path(path).resolve()
+    try:
+        st = path.stat()
+        stamp = (st.st_mtime_ns, st.st_size)
+    except OSError as exc:
+        return [LabError(path.stem, str(path), f"{path.name} cannot be read: {exc}")]
+    cached = _FILE_CACHE.get(str(path))
+    if cached is not None and cached[0] == stamp:
+        return list(cached[1])
+    found = _run_lab_file(path)
+    _FILE_CACHE[str(path)] = (stamp, tuple(found))
+    return found
+
+
+def _run_lab_file(path: Path) -> list[Lab | LabError]:
     mod_name = f"_inspector_lab_{path.stem}_{abs(hash(str(path)))}"
     try:
         spec = importlib.util.spec_from_file_location(mod_name, path)
