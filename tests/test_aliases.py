@@ -427,11 +427,18 @@ def test_graph_escapes_names():
 # Command line
 
 
-def test_cli_prints_groups_and_conversion_table(capsys):
-    from inspector.__main__ import main
+def _cli(argv: list[str]) -> int:
+    import argparse
 
-    assert main(["aliases", "sample:tiny-gpt2", "--convert", "to-float64-overwrite",
-                 "--convert", "move-model-float64"]) == 0
+    from inspector.commands import aliases as command
+
+    parser = argparse.ArgumentParser()
+    command.add_arguments(parser)
+    return command.run(parser.parse_args(argv))
+
+
+def test_cli_prints_groups_and_conversion_table(capsys):
+    assert _cli(["sample:tiny-gpt2", "--convert", "to-float64-overwrite", "--convert", "move-model-float64"]) == 0
     out = capsys.readouterr().out
     assert "transformer.wte.weight, lm_head.weight same-object" in out
     assert "4080 unique, 4592 counting aliases" in out
@@ -439,7 +446,8 @@ def test_cli_prints_groups_and_conversion_table(capsys):
     assert ["overwrite", "flag", "+", ".to(float64)", "transformer.wte.weight,", "lm_head.weight",
             "broken", "False", "False", "4592"] in lines
     assert "tie-broken" in out
-    assert main(["aliases", "sample:tiny-gpt2", "--convert", "nope"]) == 2
+    with pytest.raises(InspectorError, match="unknown conversion 'nope'"):
+        _cli(["sample:tiny-gpt2", "--convert", "nope"])
 
 
 # --------------------------------------------------------------------------------------------
