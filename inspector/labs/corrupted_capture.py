@@ -137,6 +137,14 @@ def _compare(scenario: Scenario) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def _histograms(scenario: Scenario) -> list[Any]:
+    from ..figures.capture import capture_histogram
+
+    return [capture_histogram(ref, title=f"{name}: what the naive hook kept")
+            for name, ref in scenario.extras["naive"].items()
+            if isinstance(ref, torch.Tensor) and ref.dim() == 4]
+
+
 def _stats(scenario: Scenario) -> pd.DataFrame:
     return _captures(scenario).stats
 
@@ -171,6 +179,8 @@ LAB = Lab(
         View("Naive hook vs detached clones", _compare,
              "A capture you can trust has the same values as its clone."),
         View("Capture statistics (clones)", _stats),
+        View("Histograms of the naive captures", _histograms,
+             "Convolution and BatchNorm outputs are usually centred near zero.", on_demand=True),
     ),
     solution=SOLUTION,
 )
