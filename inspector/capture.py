@@ -195,14 +195,15 @@ def tensor_stats(t: torch.Tensor) -> dict[str, Any]:
     if x.is_complex():
         x = x.abs()
     x = x.double() if not x.is_floating_point() or x.dtype == torch.float64 else x.float()
-    nan = int(torch.isnan(x).sum())
-    inf = int(torch.isinf(x).sum())
-    row.update(nan=nan, inf=inf, zero_fraction=float((x == 0).sum()) / n)
-    if nan or inf:
+    nan = inf = 0
+    if not bool(torch.isfinite(x).all()):
+        nan, inf = int(torch.isnan(x).sum()), int(torch.isinf(x).sum())
         x = x[torch.isfinite(x)]
+    row.update(nan=nan, inf=inf, zero_fraction=(n - int(torch.count_nonzero(x)) - nan - inf) / n)
     if x.numel():
-        row.update(mean=float(x.mean()), std=float(x.std(correction=0)), min=float(x.min()),
-                   max=float(x.max()))
+        std, mean = torch.std_mean(x, correction=0)
+        lo, hi = torch.aminmax(x)
+        row.update(mean=float(mean), std=float(std), min=float(lo), max=float(hi))
     return row
 
 

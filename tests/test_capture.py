@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from inspector.capture import Captures, capture_activations, capturing, select_modules
+from inspector.capture import _POOL, Captures, capture_activations, capturing, select_modules
 from inspector.findings import InspectorError
 from sample_models import get_sample
 
@@ -311,3 +311,42 @@ def test_to_dict_is_json_safe(cnn):
     fc = next(r for r in data["stats"] if r["module"] == "fc")
     # eval-mode BatchNorm uses running stats: only the NaN image's 10 logits are NaN
     assert fc["nan"] == 10 and fc["shape"] == "(3, 10)"
+
+
+def test_pooled_memory_is_reused_only_when_no_capture_refers_to_it(cnn):
+    model, x = cnn
+    first = capture_activations(model, x, modules="conv2")
+    kept = first.outputs["conv2"].clone()
+    ptr = first.outputs["conv2"].untyped_storage().data_ptr()
+    second = capture_activations(model, 2 * x, modules="conv2")
+    # the first capture is still alive: its memory was not handed out again
+    assert second.outputs["conv2"].untyped_storage().data_ptr() != ptr
+    assert torch.equal(first.outputs["conv2"], kept)
+    view = first.outputs["conv2"][0]  # a view keeps the pooled block alive too
+    del first
+    third = capture_activations(model, 3 * x, modules="conv2")
+    assert third.outputs["conv2"].untyped_storage().data_ptr() != ptr
+    assert torch.equal(view, kept[0])
+    del view, third
+    blocks = list(_POOL.blocks[False])
+    fourth = capture_activations(model, x, modules="conv2")
+    assert _POOL.blocks[False] == blocks  # a free block was reused; nothing new was allocated
+    assert torch.equal(fourth.outputs["conv2"], kept)
+    assert fourth.outputs["conv2"].untyped_storage().data_ptr() != second.outputs["conv2"].untyped_storage().data_ptr()
+
+
+@pytest.mark.cuda
+def test_cuda_outputs_copied_to_pinned_cpu_memory():
+    sample = get_sample("cnn-bn")
+    model = sample.build().eval().cuda()
+    x = sample.example_inputs(2).cuda()
+    for mode in GRAD_MODES.values():
+        with mode():
+            on_cpu = capture_activations(model, x, keep_references=True)
+            on_gpu = capture_activations(model, x, store_on="cuda")
+        assert on_cpu.mutated == on_gpu.mutated == {"conv1": "relu1", "bn2": "relu2"}
+        for name in CNN_ORDER:
+            assert on_cpu.outputs[name].is_pinned()
+            assert on_gpu.outputs[name].device.type == "cuda"
+            assert torch.equal(on_cpu.outputs[name], on_gpu.outputs[name].cpu()), name
+        assert (on_cpu.outputs["conv1"] < 0).any() and (on_cpu.references["conv1"] >= 0).all()
