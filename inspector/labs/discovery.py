@@ -21,7 +21,7 @@ from types import ModuleType
 from .core import Lab
 
 LABS_DIR_ENV = "INSPECTOR_LABS_DIR"
-_FRAMEWORK = {"core", "discovery", "records", "views"}
+_FRAMEWORK = {"core", "discovery", "records"}
 _FILE_CACHE: dict[str, tuple[tuple[int, int], tuple[Lab | LabError, ...]]] = {}
 
 
@@ -55,7 +55,8 @@ def discover_labs(labs_dir: str | os.PathLike | None = None) -> list[Lab | LabEr
         except Exception as exc:  # noqa: BLE001 - one broken lab must not hide the others
             entries.append(_error(name, f"{__package__}.{name}", exc))
             continue
-        entries.extend(_labs_in(module, f"{__package__}.{name}", name))
+        if hasattr(module, "LAB") or hasattr(module, "LABS"):  # other modules are helpers
+            entries.extend(_labs_in(module, f"{__package__}.{name}", name))
     folder = os.environ.get(LABS_DIR_ENV, "") if labs_dir is None else str(labs_dir)
     for part in [p for p in folder.split(os.pathsep) if p.strip()]:
         entries.extend(_folder_labs(Path(part.strip()).expanduser()))
