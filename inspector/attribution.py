@@ -15,12 +15,14 @@ logit of next token ``target`` at ``position`` (the last one by default); an out
 from __future__ import annotations
 
 import difflib
+import functools
 import inspect
 import math
 import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -101,12 +103,13 @@ class AttributionResult:
         layer: the module name for layer methods, else None.
         attributions: detached CPU tensors, one per model input (or the layer output).
         inputs: detached CPU copies of the inputs (token ids or images, for figures).
-        summary: one row per (tensor, sample, index along dim 1): columns ``tensor, sample,
-            index, token, label, score, abs_score, nans``. ``score`` is NaN where any value
-            it sums is NaN.
         delta: captum's convergence delta per sample, where the method has one.
         token_model: the model takes integer token ids.
         findings: NaNs, a poor convergence delta, a method switch, the mode used.
+
+    ``summary`` (built on first use) has one row per (tensor, sample, index along dim 1):
+    columns ``tensor, sample, index, token, label, score, abs_score, nans``; ``score`` is NaN
+    where any value it sums is NaN. For token models the index is the position.
     """
 
     method: str
@@ -117,11 +120,14 @@ class AttributionResult:
     layer: str | None
     attributions: tuple[torch.Tensor, ...]
     inputs: tuple[torch.Tensor, ...]
-    summary: pd.DataFrame
     delta: torch.Tensor | None = None
     token_model: bool = False
     options: dict[str, Any] = field(default_factory=dict)
     findings: list[Finding] = field(default_factory=list)
+
+    @cached_property
+    def summary(self) -> pd.DataFrame:
+        return _summary(self.attributions, self.inputs, self.token_model, self.layer)
 
     def completeness(self, tolerance: float = DELTA_RELATIVE_TOLERANCE) -> Completeness | None:
         """Completeness of IG-style methods (None for methods without a delta).
@@ -326,8 +332,9 @@ def attribute(loaded: LoadedModel, inputs: Any, method: str, target: int | None,
         raise InspectorError(f"unknown attribution method {method!r}"
                              + (f"; did you mean {', '.join(close)}?" if close else "")
                              + f" Methods: {', '.join(METHODS)}")
-    loaded.check_runnable()
     model = loaded.model
+    if any(t.is_meta for t in model.parameters()) or any(t.is_meta for t in model.buffers()):
+        loaded.check_runnable()  # raises with the first meta tensor's name
     inputs = loaded.example_inputs(1) if inputs is None else to_device(inputs, loaded.input_device())
     flat, rebuild = _flatten_inputs(inputs)
     if not flat:
@@ -397,11 +404,9 @@ def attribute(loaded: LoadedModel, inputs: Any, method: str, target: int | None,
             f"GradCAM needs a layer with spatial output (B, C, H, W); {layer} gives "
             f"{tuple(attributions[0].shape)} per batch. Convolution layers: {', '.join(conv_layers(model))}")
     kept_inputs = tuple(t.detach().to("cpu") for t in flat)
-    summary = _summary(attributions, kept_inputs, tokens, layer)
     findings += _nan_findings(attributions, layer)
     result = AttributionResult(method, requested, spec.captum_class.__name__, target,
-                               forward.used_position, layer, attributions, kept_inputs, summary,
-                               delta, tokens, dict(options), findings)
+                               forward.used_position, layer, attributions, kept_inputs, delta, tokens, dict(options), findings)
     comp = result.completeness()
     if comp is not None and not comp.trusted:
         findings.append(Finding(
@@ -484,9 +489,14 @@ def _flatten_inputs(inputs: Any) -> tuple[list[torch.Tensor], Callable[[tuple], 
     raise InspectorError(f"attribution inputs must be a tensor, a tuple or a dict, got {type(inputs).__name__}")
 
 
+@functools.cache
+def _option_names(captum_class: type) -> tuple[str, ...]:
+    return tuple(p for p in inspect.signature(captum_class.attribute).parameters
+                 if p not in ("self", "inputs", "target"))
+
+
 def _check_options(spec: MethodSpec, options: dict[str, Any]) -> dict[str, Any]:
-    allowed = [p for p in inspect.signature(spec.captum_class.attribute).parameters
-               if p not in ("self", "inputs", "target")]
+    allowed = _option_names(spec.captum_class)
     options = dict(options)
     if "integration_method" in options and "method" in allowed:
         options["method"] = options.pop("integration_method")
@@ -509,36 +519,37 @@ def preserved_state(model: nn.Module, tensors: list[torch.Tensor],
 
     Eval mode keeps BatchNorm's running statistics unchanged and dropout off.
     """
-    modes = [(m, m.training) for m in model.modules()]
+    modules = list(model.modules())
+    modes = [m.training for m in modules]
     grads = [(p, p.grad) for p in model.parameters()]
     flags = [(t, t.requires_grad) for t in tensors]
-    hooks = {id(m): {a: set(getattr(m, a, {})) for a in _HOOK_DICTS} for m in model.modules()}
-    if findings is not None and model.training:
-        findings.append(Finding("eval-mode", "info", "",
-                                "the model was in training mode; attribution ran in eval mode "
-                                "(BatchNorm statistics frozen, dropout off) and training mode was restored"))
-    model.eval()
+    hooks = [[set(m.__dict__.get(a, ())) for a in _HOOK_DICTS] for m in modules]
+    if model.training:
+        if findings is not None:
+            findings.append(Finding("eval-mode", "info", "",
+                                    "the model was in training mode; attribution ran in eval mode (BatchNorm "
+                                    "statistics frozen, dropout off) and training mode was restored"))
+    if any(modes):
+        model.eval()
     try:
         yield
     finally:
-        for m, mode in modes:
-            m.training = mode
+        removed = 0
+        for m, mode, before in zip(modules, modes, hooks):
+            if m.training != mode:
+                object.__setattr__(m, "training", mode)  # what Module.__setattr__ does for a bool
+            for a, keys in zip(_HOOK_DICTS, before):
+                d = m.__dict__.get(a)
+                if d and len(d) != len(keys) or d and any(k not in keys for k in d):
+                    for k in [k for k in d if k not in keys]:
+                        del d[k]
+                        removed += 1
         for p, g in grads:
             if p.grad is not g:
                 p.grad = g
         for t, flag in flags:
             if t.requires_grad != flag and t.is_leaf:
                 t.requires_grad_(flag)
-        removed = 0
-        for m in model.modules():
-            before = hooks.get(id(m), {})
-            for a in _HOOK_DICTS:
-                d = getattr(m, a, None)
-                if d is None:
-                    continue
-                for k in [k for k in d if k not in before.get(a, ())]:
-                    del d[k]
-                    removed += 1
         if removed and findings is not None:
             findings.append(Finding("hook-removed", "warning", "",
                                     f"{removed} hook(s) left behind by captum were removed"))
@@ -577,6 +588,8 @@ def _summary(attributions: tuple[torch.Tensor, ...], inputs: tuple[torch.Tensor,
 def _nan_findings(attributions: tuple[torch.Tensor, ...], layer: str | None) -> list[Finding]:
     out = []
     for i, a in enumerate(attributions):
+        if not a.is_floating_point() or bool(torch.isfinite(a.sum())):
+            continue  # a finite sum means no NaN and no infinity (one reduction, no mask)
         n = int(torch.isnan(a).sum())
         inf = int(torch.isinf(a).sum())
         where = layer or (f"input {i}" if len(attributions) > 1 else "input")

@@ -21,12 +21,10 @@ MAX_TOKENS = 512
 def token_heatmap(result: AttributionResult, title: str | None = None) -> go.Figure:
     """Tokens along x, one row per sample, the summed attribution as colour; values in hover.
 
-    >>> import torch, pandas as pd
-    >>> s = pd.DataFrame({"tensor": "wte", "sample": [0, 0], "index": [0, 1], "token": [5, 7],
-    ...                   "label": ["0:5", "1:7"], "score": [0.5, float("nan")],
-    ...                   "abs_score": [0.5, float("nan")], "nans": [0, 1]})
+    >>> import torch
+    >>> a = torch.tensor([[[0.25, 0.25], [float("nan"), 1.0]]])  # (1 sample, 2 tokens, width 2)
     >>> r = AttributionResult("layer_ig", "ig", "LayerIntegratedGradients", 3, 1, "wte",
-    ...                       (torch.zeros(1, 2, 4),), (torch.tensor([[5, 7]]),), s)
+    ...                       (a,), (torch.tensor([[5, 7]]),), token_model=True)
     >>> token_heatmap(r).data[0].text.tolist()
     [['', 'NaN']]
     """
@@ -127,10 +125,10 @@ def conductance_bars(results: AttributionResult | list[AttributionResult], top: 
 def completeness_line(result: AttributionResult) -> str:
     """One sentence on IG's completeness: the convergence delta and whether to trust the scores.
 
-    >>> import torch, pandas as pd
+    >>> import torch
     >>> r = AttributionResult("ig", "ig", "IntegratedGradients", None, None, None,
     ...                       (torch.tensor([[2.0, 2.0, -3.0]]),), (torch.ones(1, 3),),
-    ...                       pd.DataFrame(), delta=torch.tensor([0.001]))
+    ...                       delta=torch.tensor([0.001]))
     >>> completeness_line(r)
     'Completeness: attributions sum to 1, F(x) − F(baseline) = 0.999, convergence delta 0.001 (0.1%): small enough to trust (tolerance 5%).'
     """

@@ -1,0 +1,117 @@
+"""Adapter overhead: ``inspector.attribute`` against captum called directly with the same arguments.
+
+Both sides run the same captum class on the same model (eval mode), inputs, target and
+options; the direct side wraps the forward the way captum's docs recommend for language
+models (``lambda ids: model(ids)[:, -1]``). Repeats are paired and interleaved (the order
+flips every repeat); the figure is the median of the per-pair ratios. Target: <= 1.1x.
+
+    python benchmarks/bench_attribution.py [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+from captum.attr import (
+    InputXGradient,
+    IntegratedGradients,
+    LayerConductance,
+    LayerGradCam,
+    LayerIntegratedGradients,
+    Saliency,
+)
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from inspector.attribution import attribute  # noqa: E402
+from inspector.models import load_model  # noqa: E402
+
+TARGET_RATIO = 1.1
+
+
+def time_pair(ours, direct, repeats: int) -> tuple[float, float, float]:
+    """Median seconds of each side and median of the per-pair ratios ours/direct."""
+    ours(), direct()  # warm up both (captum's lazy imports, allocator)
+    t_ours, t_direct, ratios = [], [], []
+    for i in range(repeats):
+        order = (ours, direct) if i % 2 == 0 else (direct, ours)
+        times = {}
+        for fn in order:
+            t0 = time.perf_counter()
+            fn()
+            times[fn] = time.perf_counter() - t0
+        t_ours.append(times[ours])
+        t_direct.append(times[direct])
+        ratios.append(times[ours] / times[direct])
+    return statistics.median(t_ours), statistics.median(t_direct), statistics.median(ratios)
+
+
+def cases(quick: bool):
+    cnn = load_model("sample:cnn-bn")
+    x = cnn.example_inputs(8)
+    m = cnn.model.eval()  # the adapter runs captum in eval mode; so does the direct side
+    layers = dict(m.named_modules())
+    n = 16 if quick else 50
+    yield ("cnn-bn ig", 5 if quick else 21,
+           lambda: attribute(cnn, x, "ig", 3, n_steps=n, return_convergence_delta=True),
+           lambda: IntegratedGradients(m).attribute(x, target=3, n_steps=n, return_convergence_delta=True))
+    yield ("cnn-bn saliency", 5 if quick else 41,
+           lambda: attribute(cnn, x, "saliency", 3),
+           lambda: Saliency(m).attribute(x, target=3))
+    yield ("cnn-bn input_x_gradient", 5 if quick else 41,
+           lambda: attribute(cnn, x, "input_x_gradient", 3),
+           lambda: InputXGradient(m).attribute(x, target=3))
+    yield ("cnn-bn layer_conductance conv2", 5 if quick else 21,
+           lambda: attribute(cnn, x, "layer_conductance", 3, "conv2", n_steps=n, return_convergence_delta=True),
+           lambda: LayerConductance(m, layers["conv2"]).attribute(x, target=3, n_steps=n,
+                                                                  return_convergence_delta=True))
+    yield ("cnn-bn layer_gradcam conv2", 5 if quick else 41,
+           lambda: attribute(cnn, x, "layer_gradcam", 3, "conv2"),
+           lambda: LayerGradCam(m, layers["conv2"]).attribute(x, target=3))
+
+    tiny = load_model("sample:tiny-gpt2")
+    ids = tiny.example_inputs(4)
+    tm = tiny.model.eval()
+    yield ("tiny-gpt2 layer_ig wte", 5 if quick else 21,
+           lambda: attribute(tiny, ids, "layer_ig", 7, n_steps=n, return_convergence_delta=True),
+           lambda: LayerIntegratedGradients(lambda t: tm(t)[:, -1], tm.transformer.wte).attribute(
+               ids, target=7, n_steps=n, return_convergence_delta=True))
+
+    big = load_model("sample:gpt2-small")
+    bids = big.example_inputs(1)[:, :8]  # (1, 8) tokens keep it to seconds on a small CPU
+    bm = big.model.eval()
+    steps = 4 if quick else 8
+    yield (f"gpt2-small layer_ig wte (8 tokens, {steps} steps)", 3 if quick else 7,
+           lambda: attribute(big, bids, "layer_ig", 7, n_steps=steps, return_convergence_delta=True),
+           lambda: LayerIntegratedGradients(lambda t: bm(t)[:, -1], bm.transformer.wte).attribute(
+               bids, target=7, n_steps=steps, return_convergence_delta=True))
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="fewer steps and repeats")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch CPU threads for both sides (default 1: steadier on a shared machine)")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    print(f"torch {torch.__version__}, {args.threads} CPU thread(s)")
+    print(f"{'case':40} {'repeats':>7} {'ours ms':>9} {'captum ms':>10} {'ratio':>7}  target <= {TARGET_RATIO}x")
+    worst = 0.0
+    for name, repeats, ours, direct in cases(args.quick):
+        t_o, t_d, ratio = time_pair(ours, direct, repeats)
+        worst = max(worst, ratio)
+        flag = "ok" if ratio <= TARGET_RATIO else "OVER"
+        print(f"{name:40} {repeats:7d} {t_o * 1e3:9.2f} {t_d * 1e3:10.2f} {ratio:6.3f}x  {flag}", flush=True)
+    print(f"worst median ratio: {worst:.3f}x ({'meets' if worst <= TARGET_RATIO else 'misses'} "
+          f"the {TARGET_RATIO}x target)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
