@@ -686,7 +686,7 @@ def flatten_roundtrip(model: nn.Module, max_elements: int = 20_000_000) -> Round
         return RoundTrip(len(copies), 0, "", False, False, False, (), False,
                          _untouched(originals, before), msg, tuple(steps))
     shares = _overlaps(vec, copies)
-    steps.append(f"vec = parameters_to_vector(params): {vec.numel():,} elements of {vec.dtype}; it "
+    steps.append(f"vec = parameters_to_vector(params): {vec.numel():,} elements of {str(vec.dtype).removeprefix('torch.')}; it "
                  f"{'shares' if shares else 'shares no'} memory with the parameters")
     write_through = False
     if vec.numel():

@@ -135,7 +135,7 @@ def offset_strip(full: pd.DataFrame, trainable: pd.DataFrame | None = None,
             marker=dict(color=colour, pattern=dict(shape=pattern), line=dict(width=0.5, color="white"))))
     rows = [FULL_ROW] + ([TRAINABLE_ROW] if trainable is not None else [])
     fig.update_layout(
-        barmode="overlay", height=150 + 60 * len(rows), margin=dict(l=10, r=10, t=40, b=40),
+        barmode="overlay", showlegend=True, height=150 + 60 * len(rows), margin=dict(l=10, r=10, t=40, b=40),
         title="Flat vector: one segment per tensor", legend=dict(orientation="h", y=-0.35),
         xaxis=dict(title="flat offset", rangemode="tozero"),
         yaxis=dict(categoryorder="array", categoryarray=rows[::-1]))
