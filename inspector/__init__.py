@@ -20,7 +20,7 @@ _API: dict[str, str] = {
     "offset_map": "offsets", "locate": "offsets", "gradient_norms": "offsets",
     "plan_device_map": "placement", "audit_device_map": "placement",
     "placement_table": "placement",
-    "capture_activations": "capture",
+    "capture_activations": "capture", "capturing": "capture", "Captures": "capture",
     "attribute": "attribution",
     "build_report": "report",
     "Finding": "findings", "InspectorError": "findings",

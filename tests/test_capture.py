@@ -350,3 +350,53 @@ def test_cuda_outputs_copied_to_pinned_cpu_memory():
             assert on_gpu.outputs[name].device.type == "cuda"
             assert torch.equal(on_cpu.outputs[name], on_gpu.outputs[name].cpu()), name
         assert (on_cpu.outputs["conv1"] < 0).any() and (on_cpu.references["conv1"] >= 0).all()
+
+
+def test_figures_histogram_heatmap_and_clone_vs_bare(cnn):
+    from inspector.figures.capture import (
+        capture_heatmap,
+        capture_histogram,
+        capture_stats_figure,
+        clone_vs_reference_figure,
+        clone_vs_reference_table,
+        heatmap_slice,
+        histogram_data,
+    )
+
+    model, x = cnn
+    cap = capture_activations(model, x, keep_references=True)
+    # conv1 (2, 8, 16, 16): 4096 values in the histogram
+    assert histogram_data(cap.outputs["conv1"])["count"].sum() == 4096
+    hist = capture_histogram(cap.outputs["conv1"], reference=cap.references["conv1"])
+    assert len(hist.data) == 2 and sum(hist.data[1].y) == 4096
+    # convolution maps: samples x per-channel means; sequences: tokens x channels of sample 0
+    m, rows, _ = heatmap_slice(cap.outputs["conv2"])
+    assert tuple(m.shape) == (2, 16) and rows == "sample"
+    assert torch.allclose(m[1, 3], cap.outputs["conv2"][1, 3].mean())
+    m, rows, _ = heatmap_slice(torch.zeros(2, 512, 768))
+    assert tuple(m.shape) == (128, 192) and rows == "token (sample 0)"  # pooled from 512 x 768
+    assert capture_heatmap(cap.outputs["fc"]).data[0].type == "heatmap"
+    table = clone_vs_reference_table(cap).set_index("module")
+    assert table["corrupted"].to_dict() == {n: n in ("conv1", "bn2") for n in CNN_ORDER}
+    assert table.loc["conv1", "overwritten_by"] == "relu1"
+    assert table.loc["relu1", "max_abs_diff"] == 0.0
+    bars = clone_vs_reference_figure(cap).data[0]
+    assert [c == "#d62728" for c in bars.marker.color] == [n in ("conv1", "bn2") for n in CNN_ORDER]
+    assert len(capture_stats_figure(cap.stats).data) == 3
+
+
+def test_command_line(cnn, tmp_path, capsys):
+    import json
+
+    from inspector.__main__ import main
+
+    out = tmp_path / "cap.json"
+    assert main(["capture", "sample:cnn-bn", "--modules", "conv*", "--modules", "bn2",
+                 "--json", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "conv1: overwritten by relu1" in text and "bn2: overwritten by relu2" in text
+    data = json.loads(out.read_text())
+    assert data["modules"] == ["conv1", "conv2", "bn2"]
+    assert data["mutated"] == {"conv1": "relu1", "bn2": "relu2"}
+    assert main(["capture", "sample:cnn-bn", "--modules", "conv3"]) == 2
+    assert "close names: conv2, conv1" in capsys.readouterr().err
