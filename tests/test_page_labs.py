@@ -92,3 +92,21 @@ def test_every_package_lab_renders_with_its_views(monkeypatch):
     # broken-tie's alias graphs and stranded-buffer's treemap are plotly charts
     at.selectbox(key="lab_pick").set_value("stranded-buffer").run()
     assert len(at.get("plotly_chart")) == 1
+
+
+def test_a_failing_teacher_checker_is_reported_not_raised(tmp_path, monkeypatch):
+    (tmp_path / "oops.py").write_text(
+        "from inspector.labs import Field, Lab, Scenario, Task\n"
+        "from inspector.models import load_model\n"
+        "def check(scenario, answers):\n"
+        "    return 1 / 0\n"
+        "LAB = Lab('oops', 'Oops', 'A checker with a bug.', lambda: Scenario(load_model('sample:cnn-bn')),\n"
+        "          (Task('t', 'Say anything.', (Field('a', 'Answer'),), check),))\n")
+    monkeypatch.setenv("INSPECTOR_LABS_DIR", str(tmp_path))
+    at = _page()
+    at.selectbox(key="lab_pick").set_value("oops").run()
+    at.text_input(key="lab_oops_t_a").input("hello")
+    at.button(key="lab_check_oops_t").click().run()
+    assert not at.exception
+    assert [e.value for e in at.error] == [
+        "The checker of this task failed: ZeroDivisionError: division by zero"]
