@@ -811,8 +811,11 @@ def render_markdown(report: Report) -> str:
             out += [f"### {_md(t.title)}", ""] + ([_md(t.note), ""] if t.note else [])
             out += _md_table(t, max_rows) + [""]
         for f in s.figures:
-            out += [f"### Figure: {_md(f.title)}", ""] + ([_md(f.summary.note), ""] if f.summary.note else [])
-            out += _md_table(f.summary, max_rows) + [""]
+            out += [f"### Figure: {_md(f.title)}", ""]
+            if f.summary in s.tables:
+                out += [f"_Drawn from the table {_md(f.summary.title)} above._", ""]
+                continue
+            out += ([_md(f.summary.note), ""] if f.summary.note else []) + _md_table(f.summary, max_rows) + [""]
     return "\n".join(out).rstrip() + "\n"
 
 

@@ -1,0 +1,100 @@
+"""The HTML report of gpt2-small: time after loading and file size, against the issue's targets.
+
+Side by side, in one run with interleaved repeats (median):
+
+* ours: ``build_report(loaded, sections)`` then ``Report.to_html()`` — every section that runs
+  without a GPU (attribution is left out by default: Integrated Gradients is 50 forward and
+  backward passes of the whole model, a GPU-sized job at this scale; ``--with-attribution``
+  adds it), plotly.js inlined once for every figure;
+* what people do today: save each of the same figures with plotly's own
+  ``fig.to_html(include_plotlyjs=True)`` (plotly.js inlined in every file), plus the tables as
+  ``DataFrame.to_html``.
+
+Targets: at most 5 s after loading, at most 8 MB.
+
+    .venv/bin/python benchmarks/bench_report.py [--repeats 3] [--sample gpt2-small]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import pandas as pd  # noqa: E402
+import plotly.graph_objects as go  # noqa: E402
+
+from inspector.models import load_model  # noqa: E402
+from inspector.report import SECTIONS, Report, build_report  # noqa: E402
+
+TARGET_SECONDS = 5.0
+TARGET_BYTES = 8 * 1024 * 1024
+
+
+def ours(loaded, sections) -> tuple[float, float, int, Report]:
+    t0 = time.perf_counter()
+    report = build_report(loaded, sections)
+    t1 = time.perf_counter()
+    html = report.to_html()
+    t2 = time.perf_counter()
+    return t1 - t0, t2 - t1, len(html.encode("utf-8")), report
+
+
+def usual(report: Report) -> tuple[float, int]:
+    """Each figure saved with plotly.js inlined, each table with pandas: time and total bytes."""
+    t0 = time.perf_counter()
+    total = 0
+    for s in report.sections:
+        for f in s.figures:
+            total += len(go.Figure(f.figure).to_html(include_plotlyjs=True, full_html=True).encode("utf-8"))
+        for t in s.tables:
+            total += len(pd.DataFrame([list(r) for r in t.rows], columns=list(t.columns)).to_html().encode("utf-8"))
+    return time.perf_counter() - t0, total
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sample", default="gpt2-small")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--with-attribution", action="store_true")
+    args = parser.parse_args()
+    sections = [s for s in SECTIONS if args.with_attribution or s != "attribution"]
+    t0 = time.perf_counter()
+    loaded = load_model(f"sample:{args.sample}")
+    print(f"loaded sample:{args.sample} in {time.perf_counter() - t0:.1f} s (not counted); "
+          f"sections: {', '.join(sections)}")
+    build_times, html_times, sizes, usual_times, usual_sizes = [], [], [], [], []
+    report = None
+    for i in range(args.repeats):
+        b, h, n, report = ours(loaded, sections)
+        u, un = usual(report)
+        build_times.append(b)
+        html_times.append(h)
+        sizes.append(n)
+        usual_times.append(u)
+        usual_sizes.append(un)
+        print(f"  repeat {i + 1}: build {b:.2f} s + html {h:.2f} s, {n / 2**20:.2f} MiB | "
+              f"per-figure plotly files {u:.2f} s, {un / 2**20:.2f} MiB")
+    total = statistics.median(b + h for b, h in zip(build_times, html_times))
+    size = statistics.median(sizes)
+    figures = sum(len(s.figures) for s in report.sections)
+    statuses = [(s.id, s.status) for s in report.sections]
+    print()
+    print(f"figures: {figures}; sections: {', '.join(f'{sid} ({st})' for sid, st in statuses)}")
+    print(f"ours: build {statistics.median(build_times):.2f} s + to_html {statistics.median(html_times):.2f} s "
+          f"= {total:.2f} s (target <= {TARGET_SECONDS:.0f} s: ratio {total / TARGET_SECONDS:.2f}, "
+          f"{'met' if total <= TARGET_SECONDS else 'NOT met'})")
+    print(f"ours: one file of {size / 2**20:.2f} MiB (target <= {TARGET_BYTES / 2**20:.0f} MiB: ratio "
+          f"{size / TARGET_BYTES:.2f}, {'met' if size <= TARGET_BYTES else 'NOT met'})")
+    u_size = statistics.median(usual_sizes)
+    print(f"usual (plotly.js in every figure file): {statistics.median(usual_times):.2f} s to write, "
+          f"{u_size / 2**20:.2f} MiB in {figures} figure files + tables; ours is {size / u_size:.2f}x the bytes")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
