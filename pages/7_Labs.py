@@ -54,7 +54,7 @@ for i, task in enumerate(lab.tasks, 1):
         if st.button("Check", key=f"lab_check_{lab.id}_{task.id}", type="primary"):
             with st.spinner("Checking with the inspector's analyses…"):
                 lv.check_task(lab, task, scenario, raw)
-            st.rerun()  # so the lab picker and the progress bar show this result too
+            st.rerun()  # so the progress line and bar above show this result too
         lv.show_record(lab, task)
 
 st.divider()
@@ -66,6 +66,7 @@ with left:
         lv.report_downloads(lab, scenario, student)
     if st.button("Start this lab again (new model, progress kept)", key=f"lab_reset_{lab.id}"):
         lv.scenario_for(lab, fresh=True)
+        st.rerun()
 
 with right:
     st.subheader("Teacher view")
