@@ -186,16 +186,26 @@ class Inventory:
     tensors: tuple[TensorInfo, ...]
     by_name: dict[str, TensorInfo]
     sizes: dict[str, int]             # module or tensor name -> bytes of unique tensors under it
+    param_sizes: dict[str, int]       # module or tensor name -> bytes of unique parameters under it
     children: dict[str, list[str]]    # module -> child module names (full)
     direct: dict[str, list[str]]      # module -> its own tensor names (parameters, then buffers)
     classes: dict[str, str]           # module -> class name
     order: dict[str, int]             # every module and tensor name -> position in module order
+    parent: dict[str, str]            # module -> its parent module ("" for the root's children)
     ties: tuple[tuple[str, ...], ...]  # names of one object, leader first (two or more)
     param_owners: frozenset[str]       # modules with at least one parameter name under them
-    prefixes: dict[str, tuple[str, ...]]  # module -> itself and its ancestors, root first
+    _ancestors: dict[str, tuple[str, ...]] = field(default_factory=dict, repr=False, compare=False)
 
     def has_params(self, module: str) -> bool:
         return module in self.param_owners
+
+    def ancestors(self, module: str) -> tuple[str, ...]:
+        """The module and every module above it, root ("") first."""
+        out = self._ancestors.get(module)
+        if out is None:
+            out = ("",) if not module else self.ancestors(self.parent[module]) + (module,)
+            self._ancestors[module] = out
+        return out
 
 
 def _prefixes(module: str) -> list[str]:
@@ -223,10 +233,11 @@ def inventory(model: nn.Module, dtype: torch.dtype | str | None = None) -> Inven
     Bytes count each tensor object once, under its first name (as ``named_parameters()``
     and accelerate's ``compute_module_sizes`` do). With ``dtype``, floating tensors are sized
     as if cast to it (never larger than they are); integer and bool tensors keep their size.
+    Module sizes are summed bottom-up over the modules, not per tensor and prefix.
 
     >>> m = nn.Sequential(nn.Linear(2, 2), nn.BatchNorm1d(2))  # 24 + 16 bytes; buffers 16 + 8
-    >>> inventory(m).sizes[""], inventory(m).sizes["1"]
-    (64, 40)
+    >>> inventory(m).sizes[""], inventory(m).sizes["1"], inventory(m).param_sizes[""]
+    (64, 40, 40)
     """
     if isinstance(dtype, str):
         dtype = getattr(torch, dtype.removeprefix("torch."), None)
@@ -238,22 +249,30 @@ def inventory(model: nn.Module, dtype: torch.dtype | str | None = None) -> Inven
     direct: dict[str, list[str]] = {}
     classes: dict[str, str] = {}
     order: dict[str, int] = {}
+    parent: dict[str, str] = {}
+    sizes: dict[str, int] = {}
+    psizes: dict[str, int] = {}
+    has_param: dict[str, bool] = {}
     first: dict[int, str] = {}
-    prefixes: dict[str, tuple[str, ...]] = {}
+    groups: dict[str, list[str]] = {}
     # Pre-order over every path (like named_modules(remove_duplicate=False)); a tensor's leader is
     # its first name in this order, which is the name named_parameters()/named_buffers() keep.
     # The model holds every tensor for the whole pass, so ids are not reused while grouping.
-    stack: list[tuple[str, nn.Module, tuple[str, ...]]] = [("", model, ())]
+    stack: list[tuple[str, nn.Module]] = [("", model)]
     while stack:
-        mname, mod, parents = stack.pop()
-        prefixes[mname] = parents + (mname,)
+        mname, mod = stack.pop()
         classes[mname] = type(mod).__name__
         order[mname] = len(order)
         prefix = f"{mname}." if mname else ""
-        kids = [(prefix + c, m) for c, m in mod._modules.items() if m is not None]
-        children[mname] = [k for k, _ in kids]
-        stack.extend((k, m, prefixes[mname]) for k, m in reversed(kids))
+        kids = children[mname] = []
+        for c, sub in mod._modules.items():
+            if sub is not None:
+                kids.append(prefix + c)
+                parent[prefix + c] = mname
+        stack.extend(zip(reversed(kids), [m for m in reversed(mod._modules.values()) if m is not None]))
         own = direct[mname] = []
+        total = ptotal = 0
+        owns_param = False
         for kind, store in (("parameter", mod._parameters), ("buffer", mod._buffers)):
             for local, t in store.items():
                 if t is None:
@@ -261,26 +280,30 @@ def inventory(model: nn.Module, dtype: torch.dtype | str | None = None) -> Inven
                 full = prefix + local
                 own.append(full)
                 order[full] = len(order)
-                persistent = kind == "parameter" or local not in mod._non_persistent_buffers_set
-                tensors.append(TensorInfo(full, kind, mname, _byte_size(t, dtype),
-                                          first.setdefault(id(t), full), persistent))
-    sizes: dict[str, int] = {}
-    groups: dict[str, list[str]] = {}
-    for t in tensors:
-        if t.name == t.leader:
-            for prefix in prefixes[t.module]:
-                sizes[prefix] = sizes.get(prefix, 0) + t.nbytes
-            sizes[t.name] = t.nbytes
-        else:
-            sizes[t.name] = 0
-        groups.setdefault(t.leader, []).append(t.name)
-    for mname in classes:
-        sizes.setdefault(mname, 0)
-    ties = tuple(tuple([leader] + [n for n in names if n != leader])
-                 for leader, names in groups.items() if len(names) > 1)
-    owners = frozenset(p for t in tensors if t.kind == "parameter" for p in prefixes[t.module])
-    return Inventory(tuple(tensors), {t.name: t for t in tensors}, sizes, children, direct,
-                     classes, order, ties, owners, prefixes)
+                leader = first.setdefault(id(t), full)
+                nbytes = _byte_size(t, dtype)
+                is_param = kind == "parameter"
+                tensors.append(TensorInfo(full, kind, mname, nbytes, leader,
+                                          is_param or local not in mod._non_persistent_buffers_set))
+                if leader == full:
+                    sizes[full] = nbytes
+                    total += nbytes
+                    psizes[full] = nbytes if is_param else 0
+                    ptotal += nbytes if is_param else 0
+                else:
+                    sizes[full] = psizes[full] = 0
+                    groups.setdefault(leader, [leader]).append(full)
+                owns_param |= is_param
+        sizes[mname], psizes[mname], has_param[mname] = total, ptotal, owns_param
+    for mname in reversed(order):  # children come after their parent in pre-order
+        if mname in classes and mname:
+            up = parent[mname]
+            sizes[up] += sizes[mname]
+            psizes[up] += psizes[mname]
+            has_param[up] |= has_param[mname]
+    return Inventory(tuple(tensors), {t.name: t for t in tensors}, sizes, psizes, children, direct,
+                     classes, order, parent, tuple(tuple(g) for g in groups.values()),
+                     frozenset(m for m, v in has_param.items() if v))
 
 
 # ----------------------------------------------------------------------------- records, results
@@ -461,51 +484,53 @@ def _lookup(device_map: Mapping[str, Device], name: str) -> tuple[str | None, De
         probe = _parent(probe)
 
 
-def _primary_devices(inv: Inventory, device_map: Mapping[str, Device],
-                     devices: list[Device]) -> dict[str, Device | None]:
-    """Per module: the device with most of its parameter bytes (aliases counted); first on ties."""
-    per: dict[str, dict[Device, int]] = {}
-    for t in inv.tensors:
-        if t.kind != "parameter":
-            continue
-        _, dev = _lookup(device_map, t.name)
-        if dev is None:
-            continue
-        nbytes = inv.by_name[t.leader].nbytes
-        for prefix in inv.prefixes[t.module]:
-            bucket = per.setdefault(prefix, {})
-            bucket[dev] = bucket.get(dev, 0) + nbytes
+def _primary_device(inv: Inventory, device_map: Mapping[str, Device], module: str,
+                    devices: list[Device]) -> Device | None:
+    """The device holding most of a module's parameter bytes (the earlier device on a tie)."""
+    key, dev = _lookup(device_map, module)
+    if key is not None:
+        return dev
+    per: dict[Device, int] = {}
+    prefix = f"{module}." if module else ""
+    for k, d in device_map.items():
+        if k.startswith(prefix):
+            per[d] = per.get(d, 0) + inv.param_sizes.get(k, 0)
+    per = {d: n for d, n in per.items() if n}
+    if not per:
+        return None
     rank = {d: i for i, d in enumerate(devices)}
-    return {m: max(b, key=lambda d: (b[d], -rank.get(d, len(rank)))) for m, b in per.items()}
+    return max(per, key=lambda d: (per[d], -rank.get(d, len(rank))))
 
 
 def _neighbour_device(inv: Inventory, module: str, owner: str, device_map: Mapping[str, Device],
-                      primary: dict[str, Device | None]) -> tuple[Device | None, str]:
+                      devices: list[Device]) -> tuple[Device | None, str]:
     """Device of the nearest sibling that holds parameters (earlier one first on equal distance)."""
     siblings = inv.children[owner]
     i = siblings.index(module)
     for dist in range(1, len(siblings)):
         for j in (i - dist, i + dist):
             if 0 <= j < len(siblings) and inv.has_params(siblings[j]):
-                sib = siblings[j]
-                dev = device_map.get(sib, primary.get(sib))
+                dev = _primary_device(inv, device_map, siblings[j], devices)
                 if dev is not None:
-                    return dev, sib
-    return primary.get(owner), owner
+                    return dev, siblings[j]
+    return _primary_device(inv, device_map, owner, devices), owner
 
 
 def _place_pending(inv: Inventory, state: _WalkState, devices: list[Device]) -> list[Decision]:
     """Own buffers of split modules -> the module's primary device; buffer-only modules -> neighbour."""
     records = []
-    primary = _primary_devices(inv, state.assigned, devices)
+    placed = dict(state.assigned)  # decide from the walk alone, so the order of pending does not matter
+    primary: dict[str, Device | None] = {}
     for name, owner in state.pending:
         size = inv.sizes[name]
         if name in inv.by_name:  # a buffer the split module owns directly
-            dev = primary.get(owner) or devices[0]
+            if owner not in primary:
+                primary[owner] = _primary_device(inv, placed, owner, devices)
+            dev = primary[owner] if primary[owner] is not None else devices[0]
             reason = (f"{owner or 'the model'} is split; its own buffer goes to its primary device {dev}, "
                       "which holds most of its parameter bytes")
         else:
-            dev, near = _neighbour_device(inv, name, owner, state.assigned, primary)
+            dev, near = _neighbour_device(inv, name, owner, placed, devices)
             dev = devices[0] if dev is None else dev
             reason = f"holds buffers but no parameters; goes with its nearest placed neighbour {near or 'model'}"
         state.assigned[name] = dev
@@ -558,11 +583,10 @@ def clean_map(device_map: Mapping[str, Device], inv: Inventory) -> dict[str, Dev
 
 
 def _overflow(inv: Inventory, device_map: Mapping[str, Device], capacity: dict[Device, int]) -> dict[Device, int]:
+    """Bytes over capacity per device (keys never overlap, so each tensor is counted once)."""
     used: dict[Device, int] = {}
-    for t in inv.tensors:
-        if t.name == t.leader:
-            _, dev = _lookup(device_map, t.name)
-            used[dev] = used.get(dev, 0) + t.nbytes
+    for key, dev in device_map.items():
+        used[dev] = used.get(dev, 0) + inv.sizes[key]
     return {d: used.get(d, 0) - capacity[d] for d in capacity if used.get(d, 0) > capacity[d]}
 
 
@@ -635,7 +659,7 @@ def plan_device_map_explained(model: nn.Module, max_memory: str | Mapping[Any, A
 
 
 def _explain(model: nn.Module, p: _Plan) -> PlanResult:
-    table = audit_device_map(model, p.device_map, _inventory=p.inv)
+    table = audit_device_map(model, p.device_map)
     usage = device_usage(table, p.budget, p.reserve)
     findings = _table_findings(table) + _split_notes(p.inv, p.split, p.device_map, p.no_split)
     return PlanResult(p.device_map, tuple(p.records), findings, p.budget, usage, table)
@@ -724,10 +748,11 @@ def load_device_map(text: str, source: str = "device map") -> dict[str, Device]:
     return normalise_map(data)
 
 
-def _key_findings(inv: Inventory, device_map: Mapping[str, Device]) -> list[Finding]:
+def _key_findings(names: set[str], device_map: Mapping[str, Device]) -> list[Finding]:
+    """unknown-key and overlapping-key findings; ``names`` holds every module and tensor name."""
     findings = []
     for key in device_map:
-        if key and key not in inv.classes and key not in inv.by_name:
+        if key and key not in names:
             findings.append(Finding("unknown-key", "error", key,
                                     f"device map key {key!r} names no module, parameter or buffer of the "
                                     "model; fix its spelling or remove it"))
@@ -743,47 +768,102 @@ def _key_findings(inv: Inventory, device_map: Mapping[str, Device]) -> list[Find
     return findings
 
 
-def _audit_rows(inv: Inventory, device_of: dict[str, Device | None],
-                devices: list[Device], meta_ok: bool = False) -> pd.DataFrame:
-    """Rows for every tensor name, given each name's device (None: unassigned)."""
-    owners = {t.module for t in inv.tensors}  # only the modules that own tensors need a primary
-    per: dict[str, dict[Device, int]] = {m: {} for m in owners}
-    seen: dict[str, set] = {m: set() for m in owners}
-    by_name = inv.by_name
-    for t in inv.tensors:
-        dev = device_of[t.name]
-        is_param = t.kind == "parameter" and dev is not None
-        nbytes = t.nbytes if t.name == t.leader else by_name[t.leader].nbytes
-        for prefix in inv.prefixes[t.module]:
-            if prefix in owners:
-                seen[prefix].add(dev)
-                if is_param:
-                    bucket = per[prefix]
-                    bucket[dev] = bucket.get(dev, 0) + nbytes
+class _Row(NamedTuple):
+    name: str
+    kind: str
+    module: str
+    nbytes: int
+    leader: str
+    owners: tuple[str, ...]  # modules above (and including) this one that own tensors directly
+    tensor: torch.Tensor
+
+
+def _tensor_rows(model: nn.Module) -> tuple[list[_Row], list[str]]:
+    """Every parameter and buffer name in module order, and every module name (one pass)."""
+    rows: list[_Row] = []
+    modules: list[str] = []
+    first: dict[int, str] = {}
+    stack: list[tuple[str, nn.Module, tuple[str, ...]]] = [("", model, ())]
+    while stack:
+        mname, mod, chain = stack.pop()
+        modules.append(mname)
+        prefix = f"{mname}." if mname else ""
+        params, buffers = mod._parameters, mod._buffers
+        if params or buffers:
+            chain = chain + (mname,)
+        stack.extend(reversed([(prefix + c, m, chain) for c, m in mod._modules.items() if m is not None]))
+        for kind, store in (("parameter", params), ("buffer", buffers)):
+            for local, t in store.items():
+                if t is not None:
+                    full = prefix + local
+                    rows.append(_Row(full, kind, mname, t.numel() * t.element_size(),
+                                     first.setdefault(id(t), full), chain, t))
+    return rows, modules
+
+
+def _audit_rows(rows: list[_Row], device_of: list[Device | None], devices: list[Device],
+                meta_ok: bool = False) -> pd.DataFrame:
+    """The audit table, given each row's device (None: unassigned)."""
+    per: dict[str, dict[Device, int]] = {}
+    seen: dict[str, set] = {}
+    leader_dev: dict[str, Device | None] = {}
+    for r, dev in zip(rows, device_of):
+        is_leader = r.name == r.leader
+        if is_leader:
+            leader_dev[r.name] = dev
+        for m in r.owners:
+            bucket = seen.get(m)
+            if bucket is None:
+                bucket = seen[m] = set()
+                per[m] = {}
+            bucket.add(dev)
+            if is_leader and dev is not None and r.kind == "parameter":
+                pm = per[m]
+                pm[dev] = pm.get(dev, 0) + r.nbytes
     rank = {d: i for i, d in enumerate(devices)}
     primary = {m: max(b, key=lambda d: (b[d], -rank.get(d, len(rank)))) for m, b in per.items() if b}
-    cols: dict[str, list] = {c: [] for c in AUDIT_COLUMNS}
-    for t in inv.tensors:
-        dev, prim = device_of[t.name], primary.get(t.module)
+    findings, primaries, splits, aliases = [], [], [], []
+    for r, dev in zip(rows, device_of):
+        prim = primary.get(r.module)
         codes = []
         if dev is None:
-            codes.append(f"{'param' if t.kind == 'parameter' else 'buffer'}-unplaced")
+            codes.append("param-unplaced" if r.kind == "parameter" else "buffer-unplaced")
         elif dev == "meta" and not meta_ok:
             codes.append("meta-leftover")
-        if t.name != t.leader and dev != device_of[t.leader]:
+        alias = None if r.name == r.leader else r.leader
+        if alias is not None and dev != leader_dev[alias]:
             codes.append("tie-split")
-        if t.kind == "buffer" and dev not in (None, "meta") and prim is not None and dev != prim:
+        if r.kind == "buffer" and prim is not None and dev != prim and dev not in (None, "meta"):
             codes.append("buffer-stranded")
-        for c, v in zip(AUDIT_COLUMNS, (t.name, t.kind, t.module, dev, prim, len(seen[t.module]) > 1,
-                                        ",".join(codes) or None, t.nbytes,
-                                        None if t.name == t.leader else t.leader)):
-            cols[c].append(v)
+        findings.append(",".join(codes) if codes else None)
+        primaries.append(prim)
+        splits.append(len(seen[r.module]) > 1)
+        aliases.append(alias)
+    columns = {"name": [r.name for r in rows], "kind": [r.kind for r in rows],
+               "module": [r.module for r in rows], "device": device_of, "module_primary_device": primaries,
+               "split": splits, "finding": findings, "bytes": [r.nbytes for r in rows], "alias_of": aliases}
     typed = {"split": bool, "bytes": "int64"}
-    return pd.DataFrame({c: pd.Series(v, dtype=typed.get(c, object)) for c, v in cols.items()})
+    return pd.DataFrame({c: pd.Series(v, dtype=typed.get(c, object)) for c, v in columns.items()})
 
 
-def audit_device_map(model: nn.Module, device_map: Mapping[str, Any], *,
-                     _inventory: Inventory | None = None) -> pd.DataFrame:
+def _map_devices(rows: list[_Row], dm: Mapping[str, Device]) -> list[Device | None]:
+    """Each row's device under the map: its own key, else the key covering its module."""
+    by_module: dict[str, Device | None] = {}
+    out = []
+    for r in rows:
+        dev = dm.get(r.name)
+        if dev is None and r.name not in dm:
+            dev = by_module.get(r.module, _MISSING)
+            if dev is _MISSING:
+                dev = by_module[r.module] = _lookup(dm, r.module)[1]
+        out.append(dev)
+    return out
+
+
+_MISSING: Any = object()
+
+
+def audit_device_map(model: nn.Module, device_map: Mapping[str, Any]) -> pd.DataFrame:
     """Where a device map sends every parameter and buffer name, and what is wrong with it.
 
     Works for any map: ours, accelerate's, a model's ``hf_device_map``, one read from JSON.
@@ -792,17 +872,15 @@ def audit_device_map(model: nn.Module, device_map: Mapping[str, Any], *,
     bytes), ``split`` (the owning module's tensors are on more than one device), ``finding``
     (comma-separated codes: ``param-unplaced``, ``buffer-unplaced``, ``tie-split``,
     ``buffer-stranded``), then ``bytes`` and ``alias_of``. Findings about the keys themselves
-    (``unknown-key``, ``overlapping-key``) come from :func:`audit_findings`.
+    (``unknown-key``, ``overlapping-key``) come from :func:`audit`.
 
     >>> m = nn.Sequential(nn.Linear(2, 2), nn.BatchNorm1d(2))
     >>> audit_device_map(m, {"0": 0, "1.weight": 0, "1.bias": 0})["finding"].dropna().tolist()
     ['buffer-unplaced', 'buffer-unplaced', 'buffer-unplaced']
     """
-    inv = _inventory or inventory(model)
     dm = normalise_map(device_map)
-    device_of = {t.name: _lookup(dm, t.name)[1] for t in inv.tensors}
-    devices = sorted(set(dm.values()), key=device_order)
-    return _audit_rows(inv, device_of, devices)
+    rows, _ = _tensor_rows(model)
+    return _audit_rows(rows, _map_devices(rows, dm), sorted(set(dm.values()), key=device_order))
 
 
 def audit(model: nn.Module, device_map: Mapping[str, Any]) -> DeviceMapAudit:
@@ -811,9 +889,11 @@ def audit(model: nn.Module, device_map: Mapping[str, Any]) -> DeviceMapAudit:
     >>> audit(nn.Linear(2, 2), {"weight": 0, "bias": 0, "nope": 1}).findings[0].code
     'unknown-key'
     """
-    inv = inventory(model)
-    table = audit_device_map(model, device_map, _inventory=inv)
-    return DeviceMapAudit(table, _key_findings(inv, normalise_map(device_map)) + _table_findings(table))
+    dm = normalise_map(device_map)
+    rows, modules = _tensor_rows(model)
+    table = _audit_rows(rows, _map_devices(rows, dm), sorted(set(dm.values()), key=device_order))
+    names = set(modules) | {r.name for r in rows}
+    return DeviceMapAudit(table, _key_findings(names, dm) + _table_findings(table))
 
 
 def audit_findings(model: nn.Module, device_map: Mapping[str, Any]) -> list[Finding]:
@@ -919,20 +999,18 @@ def placement_table(model: nn.Module) -> pd.DataFrame:
     >>> placement_table(nn.Linear(2, 2))["device"].tolist()
     ['cpu', 'cpu']
     """
-    inv = inventory(model)
+    rows, _ = _tensor_rows(model)
     modules = dict(model.named_modules(remove_duplicate=False))
-    device_of: dict[str, Device | None] = {}
-    for t in inv.tensors:
-        mod = modules[t.module]
-        local = t.name[len(t.module) + 1:] if t.module else t.name
-        tensor = mod._parameters.get(local) if t.kind == "parameter" else mod._buffers.get(local)
-        dev = _torch_device_key(tensor)
+    device_of: list[Device | None] = []
+    for r in rows:
+        dev = _torch_device_key(r.tensor)
         if dev == "meta":
-            dev = _offloaded_device(mod, local) or "meta"
-        device_of[t.name] = dev
-    all_meta = bool(device_of) and all(d == "meta" for d in device_of.values())
-    devices = sorted({d for d in device_of.values() if d is not None}, key=device_order)
-    return _audit_rows(inv, device_of, devices, meta_ok=all_meta)
+            mod = modules[r.module]
+            dev = _offloaded_device(mod, r.name[len(r.module) + 1:] if r.module else r.name) or "meta"
+        device_of.append(dev)
+    all_meta = bool(device_of) and all(d == "meta" for d in device_of)
+    devices = sorted({d for d in device_of if d is not None}, key=device_order)
+    return _audit_rows(rows, device_of, devices, meta_ok=all_meta)
 
 
 def placement_findings(model: nn.Module) -> list[Finding]:
@@ -1063,11 +1141,10 @@ class Dispatched:
 
 def validate_device_map(model: nn.Module, device_map: Mapping[str, Any]) -> dict[str, Device]:
     """The map normalised, or an InspectorError for unknown keys, overlaps and unplaced tensors."""
+    result = audit(model, device_map)
     dm = normalise_map(device_map)
-    inv = inventory(model)
-    problems = _key_findings(inv, dm)
-    table = audit_device_map(model, dm, _inventory=inv)
-    unplaced = table.loc[table["device"].isna(), "name"].tolist()
+    problems = [f for f in result.findings if f.code in ("unknown-key", "overlapping-key")]
+    unplaced = result.table.loc[result.table["device"].isna(), "name"].tolist()
     if problems:
         raise InspectorError("the device map cannot be used: " + "; ".join(f.message for f in problems[:5]))
     if unplaced:
