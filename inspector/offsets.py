@@ -29,7 +29,7 @@ OFFSET_COLUMNS = ["name", "aliases", "module", "start", "end", "numel", "shape",
 PARAMETER_NORM_COLUMNS = ["name", "norm", "state", "nan", "inf", "numel", "dtype", "device",
                           "requires_grad"]
 MODULE_NORM_COLUMNS = ["name", "norm", "state", "nan", "inf", "numel", "parameters", "ok", "none",
-                       "frozen", "nonfinite", "depth", "owns_parameters"]
+                       "frozen", "nonfinite", "depth", "owns_parameters", "own_norm"]
 STATES = ("ok", "none", "frozen", "nonfinite")
 ROOT = "(model)"
 
@@ -79,7 +79,7 @@ def _frame(columns: list[str], rows: dict[str, list[Any]]) -> pd.DataFrame:
             data[col] = np.asarray(values, dtype=np.int64)
         elif col in ("requires_grad", "owns_parameters"):
             data[col] = np.asarray(values, dtype=bool)
-        elif col == "norm":
+        elif col in ("norm", "own_norm"):
             data[col] = np.asarray(values, dtype=np.float64)
         else:
             arr = np.empty(len(values), dtype=object)
@@ -298,8 +298,9 @@ class GradientNorms:
 
     ``by_parameter`` has columns ``name, norm, state, nan, inf, numel, dtype, device,
     requires_grad``; ``by_module`` has ``name, norm, state, nan, inf, numel, parameters,
-    ok, none, frozen, nonfinite, depth, owns_parameters``. ``norm`` is NaN where there is no
-    gradient.
+    ok, none, frozen, nonfinite, depth, owns_parameters, own_norm``. A module's ``norm`` covers
+    every parameter below it, ``own_norm`` only those it holds itself (a layer's own weights).
+    Norms are NaN where there is no gradient.
     """
 
     by_parameter: pd.DataFrame = field(repr=False)
@@ -388,7 +389,7 @@ def gradient_report(model: nn.Module) -> GradientNorms:
 
     rows: dict[str, list[Any]] = {c: [] for c in PARAMETER_NORM_COLUMNS}
     modules: dict[str, list[float]] = {}   # name -> [sum of squares, nan, inf, numel, params, states x4]
-    owners: set[str] = set()
+    own: dict[str, list[float]] = {}   # module -> [sum of squares of the parameters it holds itself, grads]
     for i, (name, p) in enumerate(params):
         g = p.grad
         norm = norms[i]
@@ -414,10 +415,15 @@ def gradient_report(model: nn.Module) -> GradientNorms:
         rows["requires_grad"].append(p.requires_grad)
         sq = norm * norm if g is not None else 0.0
         prefixes: dict[str, None] = {}
+        holders: dict[str, None] = {}
         for alias in names[id(p)]:
-            owners.add(alias.rpartition(".")[0])
+            holders[alias.rpartition(".")[0]] = None
             for prefix in _module_prefixes(alias):
                 prefixes[prefix] = None
+        for holder in holders:
+            acc = own.setdefault(holder, [0.0, 0])
+            acc[0] += sq
+            acc[1] += g is not None
         for prefix in prefixes:
             acc = modules.get(prefix)
             if acc is None:
@@ -453,7 +459,9 @@ def gradient_report(model: nn.Module) -> GradientNorms:
         mrows["frozen"].append(frozen)
         mrows["nonfinite"].append(nonfinite)
         mrows["depth"].append(0 if not prefix else prefix.count(".") + 1)
-        mrows["owns_parameters"].append(prefix in owners)
+        held = own.get(prefix)
+        mrows["owns_parameters"].append(held is not None)
+        mrows["own_norm"].append(math.sqrt(held[0]) if held is not None and held[1] else math.nan)
     by_module = _frame(MODULE_NORM_COLUMNS, mrows)
     total = float(by_module["norm"].iloc[0]) if len(by_module) else math.nan
     findings += _gradient_findings(by_parameter, params)

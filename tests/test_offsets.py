@@ -407,3 +407,75 @@ def test_round_trip_shows_what_goes_wrong():
         flatten_roundtrip(get_sample("llama-70b-meta").build())
     with pytest.raises(InspectorError, match="limit"):
         flatten_roundtrip(nn.Linear(10, 10), max_elements=50)
+
+
+# --------------------------------------------------------------------------- figures
+
+
+def test_strip_is_bounded_on_big_models_and_keeps_buffers_apart():
+    from inspector.figures.offsets import offset_strip, strip_segments
+
+    model = get_sample("llama-70b-meta").build()
+    table = offset_map(model, include_buffers=True)
+    segments = strip_segments(table, max_segments=300)
+    # 723 parameters in runs of ceil(724 / 300) = 3 -> 241 marks, plus the one buffer on its own
+    assert len(segments) == 242
+    assert (segments[-1].state, segments[-1].tensors, segments[-1].start) == ("buffer", 1, 68_976_648_192)
+    assert segments[-2].end == 68_976_648_192 and segments[0].start == 0
+    fig = offset_strip(table, offset_map(model, trainable_only=True))
+    assert sum(len(t.x) for t in fig.data) <= 600
+
+
+def test_strip_colours_states_and_escapes_names():
+    from inspector.figures.offsets import offset_strip, strip_segments
+
+    model = Hand()
+    model.add_module("<b>x", nn.Linear(1, 1, bias=False))
+    model.set_grads()
+    norms = gradient_norms(model)
+    segments = strip_segments(offset_map(model), norms)
+    # parameters() order: the model's own (unused, bad), then block.a, block.b, frozen, <b>x
+    assert [s.state for s in segments] == ["none", "nonfinite", "ok", "ok", "frozen", "none"]
+    assert segments[2].norm == 5.0
+    assert "&lt;b&gt;x.weight" in segments[-1].hover and "<b>x.weight" not in segments[-1].hover
+    fig = offset_strip(offset_map(model), offset_map(model, trainable_only=True), norms)
+    assert {t.name for t in fig.data} == {"gradient norm", "frozen (requires_grad=False)",
+                                          "trainable, no gradient", "NaN / Inf gradient"}
+
+
+def test_layer_bars_top_k_and_rest():
+    from inspector.figures.offsets import layer_norm_bars
+
+    model = Hand()
+    model.set_grads()
+    model.bad.grad = torch.tensor([0.0, 0.0, 84.0])
+    # own parameters: block holds a (5) and b (12) -> 13; the model itself holds unused (no
+    # gradient) and bad (84) -> 84; frozen has no gradient and is left out
+    modules = gradient_norms(model, by="module").set_index("name")
+    assert modules.loc["(model)", "own_norm"] == 84.0 and modules.loc["(model)", "norm"] == 85.0
+    bars = layer_norm_bars(modules.reset_index(), top_k=1).data[0]
+    assert list(bars.y) == ["(model)", "rest (1 module)"]
+    assert list(bars.x) == [84.0, 13.0]
+
+
+# --------------------------------------------------------------------------- command line
+
+
+def test_offsets_command(capsys, tmp_path):
+    import json
+
+    from inspector.__main__ import main
+
+    out_json = tmp_path / "offsets.json"
+    code = main(["offsets", "sample:frozen-adapter", "--trainable-only", "--locate", "100",
+                 "--backward", "--json", str(out_json)])
+    out = capsys.readouterr().out
+    assert code == 0
+    assert "trainable-only vector: 6 tensors, 152 elements" in out
+    assert "element 100 of the 152-element vector is layers.1.lora_B.weight[10, 0]" in out
+    assert "Ran a backward pass" in out and "6 ok, 0 none, 6 frozen, 0 nonfinite" in out
+    data = json.loads(out_json.read_text())
+    assert [r["start"] for r in data["offsets"]] == [0, 16, 48, 80, 112, 144]
+    assert {r["state"] for r in data["gradient_norms"]} == {"ok", "frozen"}
+    assert main(["offsets", "sample:frozen-adapter", "--locate", "636"]) == 2
+    assert "out of range" in capsys.readouterr().err

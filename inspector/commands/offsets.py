@@ -54,9 +54,9 @@ def run(args: argparse.Namespace) -> int:
         counts = ", ".join(f"{n} {s}" for s, n in report.counts.items())
         print(f"gradient norm of the whole model: {report.total_norm:.6g}; parameters: {counts}")
         layers = report.by_module[report.by_module["owns_parameters"]]
-        layers = layers.sort_values("norm", ascending=False, na_position="last")
-        print(f"layers by gradient norm (top {args.top} of {len(layers)}):")
-        print_table(layers[["name", "norm", "state", "nan", "inf", "numel"]].head(args.top))
+        layers = layers.sort_values("own_norm", ascending=False, na_position="last")
+        print(f"layers by the gradient norm of their own parameters (top {args.top} of {len(layers)}):")
+        print_table(layers[["name", "own_norm", "norm", "state", "nan", "inf", "numel"]].head(args.top))
         bad = report.by_parameter[report.by_parameter["state"] != "ok"]
         if len(bad):
             print("parameters without a usable gradient:")

@@ -63,9 +63,13 @@ def strip_segments(table: pd.DataFrame, norms: pd.DataFrame | None = None, row: 
     if not rows:
         return []
     chunk = max(1, math.ceil(len(rows) / max_segments))
+    parts: list[list] = []
+    for r in rows:  # runs of up to `chunk` neighbours; parameters and buffers never share a mark
+        if not parts or len(parts[-1]) == chunk or parts[-1][-1].kind != r.kind:
+            parts.append([])
+        parts[-1].append(r)
     out = []
-    for i in range(0, len(rows), chunk):
-        part = rows[i:i + chunk]
+    for part in parts:
         states, sq, have = [], 0.0, False
         for r in part:
             st, norm = _state(r, lookup)
@@ -73,7 +77,7 @@ def strip_segments(table: pd.DataFrame, norms: pd.DataFrame | None = None, row: 
             if not math.isnan(norm):
                 sq += norm * norm
                 have = True
-        state = next((s for s in ("nonfinite", "buffer", "ok", "trainable", "none", "frozen") if s in states))
+        state = next(s for s in ("nonfinite", "buffer", "ok", "trainable", "none", "frozen") if s in states)
         norm = math.sqrt(sq) if have else math.nan
         first, last = part[0], part[-1]
         if len(part) == 1:
@@ -143,8 +147,10 @@ def offset_strip(full: pd.DataFrame, trainable: pd.DataFrame | None = None,
 
 
 def layer_norm_bars(by_module: pd.DataFrame, top_k: int = 15) -> go.Figure:
-    """Gradient norm of each module that holds parameters itself: the largest ``top_k``, plus
-    one bar for the rest (root of the sum of their squares), on a log axis.
+    """Gradient norm of each layer (a module's own parameters, not its children's): the
+    largest ``top_k``, plus one bar for the rest (root of the sum of their squares), on a log axis.
+
+    Parameters held by the model itself (not by a submodule) show as ``(model)``.
 
     >>> from inspector.offsets import gradient_norms
     >>> from torch import nn
@@ -154,7 +160,8 @@ def layer_norm_bars(by_module: pd.DataFrame, top_k: int = 15) -> go.Figure:
     >>> list(layer_norm_bars(gradient_norms(m, by="module"), top_k=1).data[0].y)
     ['1', 'rest (1 module)']
     """
-    layers = by_module[by_module["owns_parameters"] & by_module["norm"].notna()]
+    layers = by_module[by_module["owns_parameters"] & by_module["own_norm"].notna()]
+    layers = layers.assign(norm=layers["own_norm"])
     fig = go.Figure()
     if layers.empty:
         fig.add_annotation(text="No gradients yet: run a backward pass", showarrow=False,
