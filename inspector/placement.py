@@ -194,18 +194,9 @@ class Inventory:
     parent: dict[str, str]            # module -> its parent module ("" for the root's children)
     ties: tuple[tuple[str, ...], ...]  # names of one object, leader first (two or more)
     param_owners: frozenset[str]       # modules with at least one parameter name under them
-    _ancestors: dict[str, tuple[str, ...]] = field(default_factory=dict, repr=False, compare=False)
 
     def has_params(self, module: str) -> bool:
         return module in self.param_owners
-
-    def ancestors(self, module: str) -> tuple[str, ...]:
-        """The module and every module above it, root ("") first."""
-        out = self._ancestors.get(module)
-        if out is None:
-            out = ("",) if not module else self.ancestors(self.parent[module]) + (module,)
-            self._ancestors[module] = out
-        return out
 
 
 def _prefixes(module: str) -> list[str]:

@@ -378,3 +378,23 @@ def test_cli_devicemap_compare_and_json(tmp_path, capsys):
     bad.write_text('{"embed": 0,')
     assert main(["devicemap", "sample:split-block", "--audit", str(bad)]) == 2
     assert "not valid JSON" in capsys.readouterr().err
+
+
+@pytest.mark.cuda
+def test_dispatch_split_block_gpu_and_cpu(split_block):
+    # GPU 0 keeps 16640 free: 80000 - 16640 = 63360. embed 16640, fc1 33280, fc2 49920; fc3 would
+    # be 66560 -> cpu, head -> cpu. block's primary is 0 (33280 of 49920), so its buffers go to 0:
+    # 49920 + 4352 = 54272 <= 63360.
+    dm = plan_device_map(split_block, {0: 80000, "cpu": 10**9})
+    assert dm == {"embed": 0, "block.scale": 0, "block.pos_table": 0, "block.fc1": 0, "block.fc2": 0,
+                  "block.fc3": "cpu", "head": "cpu"}
+    x = get_sample("split-block").example_inputs(2)
+    with torch.no_grad():
+        expected = split_block(x)
+    with dispatch_plan(split_block, dm) as d, torch.no_grad():
+        got = d.model(x.to("cuda:0"))
+        actual = d.table.set_index("name")["device"]
+        assert actual["block.scale"] == 0 and actual["block.pos_table"] == 0
+        assert actual["block.fc3.weight"] == "cpu"
+        assert d.findings == []
+    torch.testing.assert_close(got.cpu(), expected, rtol=1e-4, atol=1e-5)
