@@ -84,3 +84,16 @@ def test_page_on_meta_model_has_offsets_but_no_backward():
     assert _metrics(at)["Flat vector length"] == "68.98 B"  # 68,976,648,192
     assert at.button(key="offsets_backward").disabled
     assert any("meta device" in i.value for i in at.info)
+
+
+def test_page_buffers_toggle_adds_buffer_rows_after_parameters():
+    at = _page("sample:cnn-bn")
+    assert not at.exception, [e.value for e in at.exception]
+    assert _metrics(at)["Flat vector length"] == "1,594"  # conv1 224 + conv2 1168 + bn2 32 + fc 170
+    at.toggle(key="offsets_buffers").set_value(True).run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert _metrics(at)["Flat vector length"] == "1,594"  # buffers never count as parameters
+    full = next(df.value for df in at.dataframe if "kind" in df.value.columns)
+    buffers = full[full["kind"] == "buffer"]
+    assert buffers["name"].tolist() == ["bn2.running_mean", "bn2.running_var", "bn2.num_batches_tracked"]
+    assert buffers["start"].tolist() == [1594, 1610, 1626]
