@@ -78,11 +78,13 @@ st.caption("Gradient norms read `.grad`. The button runs the model's loss on its
 if st.button("Run a backward pass", key="offsets_backward", type="primary", disabled=grads_note is not None,
              help=grads_note):
     with guarded("running a backward pass"), st.spinner("Running forward and backward…"):
-        st.session_state["offsets_backward_message"] = run_backward(loaded).message
+        messages = st.session_state.setdefault("offsets_backward_messages", {})
+        messages[st.session_state["mi_selection"].key] = run_backward(loaded).message
 if grads_note:
     st.info(grads_note)
-if st.session_state.get("offsets_backward_message"):
-    st.success(st.session_state["offsets_backward_message"])
+done = st.session_state.get("offsets_backward_messages", {}).get(st.session_state["mi_selection"].key)
+if done:
+    st.success(done)
 
 report = None
 if not loaded.is_meta:
