@@ -34,6 +34,7 @@ import torch
 import torch.utils._pytree as pytree
 from torch import nn
 
+from .devices import resolve_device
 from .findings import Finding, InspectorError
 from .locks import model_lock
 from .models import call_model
@@ -406,7 +407,9 @@ class _Recorder:
             raise InspectorError(f"max_bytes must be 0 or more (or None for no limit), got {max_bytes}")
         self.model = model
         self.selected_ids = {id(m) for m in selected.values()}
-        self.store_on = torch.device(store_on) if not isinstance(store_on, torch.device) else store_on
+        self.store_on = resolve_device(store_on)
+        if self.store_on.type == "meta":
+            raise InspectorError("store_on='meta' would keep no values; choose cpu or a GPU")
         self.max_bytes = max_bytes
         self.want_grads = grads
         self.keep_inputs = keep_inputs

@@ -400,3 +400,12 @@ def test_command_line(cnn, tmp_path, capsys):
     assert data["mutated"] == {"conv1": "relu1", "bn2": "relu2"}
     assert main(["capture", "sample:cnn-bn", "--modules", "conv3"]) == 2
     assert "close names: conv2, conv1" in capsys.readouterr().err
+
+
+def test_bad_store_device(cnn):
+    model, x = cnn
+    with pytest.raises(InspectorError, match="not available on this machine"):
+        capture_activations(model, x, store_on="cuda:7")
+    with pytest.raises(InspectorError, match="would keep no values"):
+        capture_activations(model, x, store_on="meta")
+    assert hook_state(model) == {n: () for n, _ in model.named_modules()}
