@@ -1145,13 +1145,26 @@ def validate_device_map(model: nn.Module, device_map: Mapping[str, Any]) -> dict
     return dm
 
 
-def _check_devices_exist(dm: Mapping[str, Device]) -> None:
-    for dev in set(dm.values()):
+def missing_devices(device_map: Mapping[str, Any]) -> list[Device]:
+    """The devices a map uses that this machine does not have (disk and cpu are always here).
+
+    >>> missing_devices({"a": "cpu", "b": "disk"})
+    []
+    """
+    out = []
+    for dev in sorted(set(normalise_map(device_map).values()), key=device_order):
         if isinstance(dev, int) and not (torch.cuda.is_available() and dev < torch.cuda.device_count()):
-            raise InspectorError(f"the map uses GPU {dev}, which this machine does not have; plan for the "
-                                 "devices here (e.g. cpu and disk) to dispatch")
-        if dev == "mps" and not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
-            raise InspectorError("the map uses 'mps', which this machine does not have")
+            out.append(dev)
+        elif dev == "mps" and not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
+            out.append(dev)
+    return out
+
+
+def _check_devices_exist(dm: Mapping[str, Device]) -> None:
+    missing = missing_devices(dm)
+    if missing:
+        raise InspectorError(f"the map uses {', '.join(map(repr, missing))}, which this machine does not "
+                             "have; plan for the devices here (e.g. cpu and disk) to dispatch")
 
 
 def dispatch_plan(model: nn.Module, device_map: Mapping[str, Any], *, offload_folder: str | None = None,

@@ -12,6 +12,7 @@ from inspector.placement import (
     device_usage,
     format_max_memory,
     load_device_map,
+    missing_devices,
     parse_max_memory,
     placement_findings,
     placement_table,
@@ -50,7 +51,8 @@ with left:
 with right:
     classes = sorted({type(m).__name__ for m in model.modules()})
     default = [c for c in (getattr(model, "_no_split_modules", None) or []) if c in classes]
-    no_split = st.multiselect("Never split these module classes", classes, default=default, key="dm_no_split",
+    no_split = st.multiselect("Never split these module classes", classes, default=default,
+                              key=f"dm_no_split_{loaded.source}",
                               help="Defaults to the model's _no_split_modules")
 
 comparison = None
@@ -119,12 +121,10 @@ with tabs[4]:
         findings_table(cached_analysis(placement_findings, model), "dm_findings_actual",
                        empty="Every tensor sits with its module's parameters.")
         paged_table(actual.astype({"device": str, "module_primary_device": str}), "dm_actual")
-    here = {"cpu", "disk"} | ({"mps"} if "mps" in loaded.device else set())
-    local = all(isinstance(v, str) and v in here for v in ours.device_map.values()) or \
-        all(v in ("cpu", "disk") for v in ours.device_map.values())
+    local = not missing_devices(ours.device_map)
     st.markdown("**Try the plan**: dispatch a copy with accelerate and compare outputs with the loaded model.")
     if st.button("Dispatch a copy", key="dm_dispatch", disabled=loaded.is_meta or not local,
-                 help=None if local else "This plan uses devices this page does not dispatch to; plan for "
+                 help=None if local else "This plan uses devices this machine does not have; plan for "
                                          "cpu and disk (e.g. cpu=…,disk=…) to try it here"):
         with guarded("dispatching a copy"), st.spinner("Dispatching…"):
             check = try_dispatch(loaded, ours.device_map)

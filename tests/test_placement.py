@@ -398,3 +398,26 @@ def test_dispatch_split_block_gpu_and_cpu(split_block):
         assert actual["block.fc3.weight"] == "cpu"
         assert d.findings == []
     torch.testing.assert_close(got.cpu(), expected, rtol=1e-4, atol=1e-5)
+
+
+# ----------------------------------------------------------------------------- figures
+
+def test_treemap_buffers_findings_and_aggregation(split_block, llama):
+    from inspector.figures.placement import RED, placement_treemap, usage_bars
+
+    theirs = {"embed": 0, "block.fc1": 1, "block.fc2": 1, "block.fc3": "cpu", "head": "cpu"}
+    tree = placement_treemap(audit_device_map(split_block, theirs)).data[0]
+    ids = list(tree.ids)
+    # 12 tensors + 7 modules (model, embed, block, fc1-3, head): every tensor its own box
+    assert len(ids) == 19
+    at = {i: k for k, i in enumerate(ids)}
+    assert tree.marker.pattern.shape[at["block.scale"]] == "x"          # buffers hatched
+    assert tree.marker.pattern.shape[at["block.fc1.weight"]] == ""
+    assert tree.marker.line.color[at["block.pos_table"]] == RED         # unplaced: red edge
+    assert tree.marker.line.color[at["block.fc1.weight"]] != RED
+    # llama-70b-meta: 80 layers aggregated to one parameters box each, never thousands of marks
+    big = placement_treemap(plan_device_map_explained(llama, "0=20GiB,1=20GiB,2=20GiB,3=20GiB,cpu=200GiB").audit)
+    assert len(big.data[0].ids) <= 400
+    assert "layers.7 [parameters]" in big.data[0].ids and "rotary_emb.inv_freq" in big.data[0].ids
+    bars = usage_bars(plan_device_map_explained(split_block, SPLIT_BUDGET).usage)
+    assert list(bars.data[0].x) == ["0", "1", "cpu"] and list(bars.data[1].y) == [0, 4352, 0]
