@@ -218,9 +218,12 @@ def layer_names(model: nn.Module) -> list[str]:
     return [n for n, _ in model.named_modules() if n]
 
 
+_CONV = nn.modules.conv._ConvNd
+
+
 def conv_layers(model: nn.Module) -> list[str]:
     """Names of the convolution modules (``Conv1d/2d/3d`` and transposed)."""
-    return [n for n, m in model.named_modules() if isinstance(m, nn.modules.conv._ConvNd)]
+    return [n for n, m in model.named_modules() if isinstance(m, _CONV)]
 
 
 def embedding_layer(model: nn.Module) -> str | None:
@@ -333,9 +336,10 @@ def attribute(loaded: LoadedModel, inputs: Any, method: str, target: int | None,
                              + (f"; did you mean {', '.join(close)}?" if close else "")
                              + f" Methods: {', '.join(METHODS)}")
     model = loaded.model
-    if any(t.is_meta for t in model.parameters()) or any(t.is_meta for t in model.buffers()):
+    device = loaded.input_device()
+    if device.type == "meta":
         loaded.check_runnable()  # raises with the first meta tensor's name
-    inputs = loaded.example_inputs(1) if inputs is None else to_device(inputs, loaded.input_device())
+    inputs = loaded.example_inputs(1) if inputs is None else to_device(inputs, device)
     flat, rebuild = _flatten_inputs(inputs)
     if not flat:
         raise InspectorError(f"{loaded.name}: attribution needs at least one input tensor")
@@ -358,7 +362,7 @@ def attribute(loaded: LoadedModel, inputs: Any, method: str, target: int | None,
         raise InspectorError(
             f"{spec.label} interpolates between the inputs and a baseline, but {loaded.name} takes "
             "integer token ids, which cannot be interpolated. Use 'layer_ig' on a layer instead.")
-    if spec.name == "layer_gradcam" and not conv_layers(model):
+    if spec.name == "layer_gradcam" and not any(isinstance(m, _CONV) for m in model.modules()):
         raise InspectorError(
             f"GradCAM weighs a convolution's feature maps, and {loaded.name} has no convolution "
             "layer. Use 'layer_conductance' or 'layer_ig' for its layers, or 'ig' for its inputs.")
@@ -381,7 +385,10 @@ def attribute(loaded: LoadedModel, inputs: Any, method: str, target: int | None,
         options.setdefault("return_convergence_delta", True)
     forward = _TargetedForward(model, rebuild, target, position, loaded.name)
     with loaded.lock, preserved_state(model, flat, findings), torch.enable_grad():
-        algo = spec.captum_class(forward) if layer_module is None else spec.captum_class(forward, layer_module)
+        def run(*xs: torch.Tensor) -> torch.Tensor:  # a plain function: captum inspects its signature
+            return forward(*xs)
+
+        algo = spec.captum_class(run) if layer_module is None else spec.captum_class(run, layer_module)
         arg = flat[0] if len(flat) == 1 else tuple(flat)
         try:
             out = algo.attribute(arg, target=forward.captum_target, **options)
@@ -521,9 +528,9 @@ def preserved_state(model: nn.Module, tensors: list[torch.Tensor],
     """
     modules = list(model.modules())
     modes = [m.training for m in modules]
-    grads = [(p, p.grad) for p in model.parameters()]
+    grads = [(p, p.grad) for m in modules for p in m._parameters.values() if p is not None]
     flags = [(t, t.requires_grad) for t in tensors]
-    hooks = [[set(m.__dict__.get(a, ())) for a in _HOOK_DICTS] for m in modules]
+    hooks = [[tuple(m.__dict__.get(a) or ()) for a in _HOOK_DICTS] for m in modules]  # keys before
     if model.training:
         if findings is not None:
             findings.append(Finding("eval-mode", "info", "",
@@ -540,7 +547,7 @@ def preserved_state(model: nn.Module, tensors: list[torch.Tensor],
                 object.__setattr__(m, "training", mode)  # what Module.__setattr__ does for a bool
             for a, keys in zip(_HOOK_DICTS, before):
                 d = m.__dict__.get(a)
-                if d and len(d) != len(keys) or d and any(k not in keys for k in d):
+                if d and tuple(d) != keys:  # hook dicts keep insertion order
                     for k in [k for k in d if k not in keys]:
                         del d[k]
                         removed += 1
@@ -588,7 +595,7 @@ def _summary(attributions: tuple[torch.Tensor, ...], inputs: tuple[torch.Tensor,
 def _nan_findings(attributions: tuple[torch.Tensor, ...], layer: str | None) -> list[Finding]:
     out = []
     for i, a in enumerate(attributions):
-        if not a.is_floating_point() or bool(torch.isfinite(a.sum())):
+        if not a.is_floating_point() or math.isfinite(a.sum().item()):
             continue  # a finite sum means no NaN and no infinity (one reduction, no mask)
         n = int(torch.isnan(a).sum())
         inf = int(torch.isinf(a).sum())
