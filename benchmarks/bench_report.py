@@ -27,8 +27,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import pandas as pd  # noqa: E402
 import plotly.graph_objects as go  # noqa: E402
+import torch  # noqa: E402
 
-from inspector.models import load_model  # noqa: E402
+from inspector.models import call_model, load_model  # noqa: E402
 from inspector.report import SECTIONS, Report, build_report  # noqa: E402
 
 TARGET_SECONDS = 5.0
@@ -56,6 +57,15 @@ def usual(report: Report) -> tuple[float, int]:
     return time.perf_counter() - t0, total
 
 
+def plain_forward(loaded) -> float:
+    """One forward pass of the model on its example inputs: how fast this machine is right now."""
+    inputs = loaded.example_inputs(2)
+    t0 = time.perf_counter()
+    with torch.no_grad():
+        call_model(loaded.model, inputs)
+    return time.perf_counter() - t0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sample", default="gpt2-small")
@@ -67,9 +77,10 @@ def main() -> int:
     loaded = load_model(f"sample:{args.sample}")
     print(f"loaded sample:{args.sample} in {time.perf_counter() - t0:.1f} s (not counted); "
           f"sections: {', '.join(sections)}")
-    build_times, html_times, sizes, usual_times, usual_sizes = [], [], [], [], []
+    build_times, html_times, sizes, usual_times, usual_sizes, forwards = [], [], [], [], [], []
     report = None
     for i in range(args.repeats):
+        forwards.append(plain_forward(loaded))
         b, h, n, report = ours(loaded, sections)
         u, un = usual(report)
         build_times.append(b)
@@ -91,6 +102,9 @@ def main() -> int:
     print(f"ours: one file of {size / 2**20:.2f} MiB (target <= {TARGET_BYTES / 2**20:.0f} MiB: ratio "
           f"{size / TARGET_BYTES:.2f}, {'met' if size <= TARGET_BYTES else 'NOT met'})")
     u_size = statistics.median(usual_sizes)
+    fwd = statistics.median(forwards)
+    print(f"reference: one plain forward pass (batch 2) takes {fwd:.2f} s on this machine now; the report "
+          f"costs {total / fwd:.1f} of them")
     print(f"usual (plotly.js in every figure file): {statistics.median(usual_times):.2f} s to write, "
           f"{u_size / 2**20:.2f} MiB in {figures} figure files + tables; ours is {size / u_size:.2f}x the bytes")
     return 0

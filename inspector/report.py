@@ -391,16 +391,8 @@ def build_report(loaded: Any, sections: Iterable[str] | None = None, *,
     >>> report.section("summary").facts["parameter_elements"]
     4080
     """
-    wanted = list(SECTIONS) if sections is None else list(dict.fromkeys(sections))
-    unknown = [s for s in wanted if s not in SECTION_TITLES]
-    if unknown:
-        raise InspectorError(f"unknown report section(s) {', '.join(map(repr, unknown))}; "
-                             f"choose from {', '.join(SECTIONS)}")
-    bad = sorted(set(options) - set(DEFAULT_OPTIONS))
-    if bad:
-        raise InspectorError(f"unknown report option(s) {', '.join(bad)}; known options: "
-                             f"{', '.join(DEFAULT_OPTIONS)}")
-    opts = {**DEFAULT_OPTIONS, **options}
+    wanted = check_sections(sections)
+    opts = check_options(options)
     if "findings" not in wanted:
         wanted.insert(0, "findings")
     ctx = Context(loaded, opts, progress or (lambda _msg: None))
@@ -420,6 +412,29 @@ def build_report(loaded: Any, sections: Iterable[str] | None = None, *,
     return Report(model=_model_info(loaded), options=plain(recorded), sections=tuple(built),
                   created=datetime.now(UTC).isoformat(timespec="seconds"),
                   environment=_environment())
+
+
+def check_sections(sections: Iterable[str] | None) -> list[str]:
+    """The section ids asked for (all for None), once each; InspectorError names unknown ones.
+
+    >>> check_sections(["summary", "summary"])
+    ['summary']
+    """
+    wanted = list(SECTIONS) if sections is None else list(dict.fromkeys(sections))
+    unknown = [s for s in wanted if s not in SECTION_TITLES]
+    if unknown:
+        raise InspectorError(f"unknown report section(s) {', '.join(map(repr, unknown))}; "
+                             f"choose from {', '.join(SECTIONS)}")
+    return wanted
+
+
+def check_options(options: Mapping[str, Any]) -> dict[str, Any]:
+    """Every option with its default filled in; InspectorError names unknown options."""
+    bad = sorted(set(options) - set(DEFAULT_OPTIONS))
+    if bad:
+        raise InspectorError(f"unknown report option(s) {', '.join(bad)}; known options: "
+                             f"{', '.join(DEFAULT_OPTIONS)}")
+    return {**DEFAULT_OPTIONS, **options}
 
 
 def _run_builder(sid: str, ctx: Context) -> Section:

@@ -33,23 +33,28 @@ with st.form("report_options"):
     batch_size = left.number_input("Batch size of the example inputs", min_value=1, max_value=64,
                                    value=2, step=1)
     backward = right.checkbox("Run one backward pass for gradient norms", value=False,
-                              help="Gradients are computed on a copy of the state and the model's "
-                                   "existing .grad values are kept.")
+                              help="The model's earlier .grad values are put back afterwards.")
+    max_memory = left.text_input("Device budget for a device-map plan (optional)",
+                                 placeholder="0=20GiB,1=20GiB,cpu=64GiB")
+    steps = right.number_input("Attribution steps (integrating methods)", min_value=1, max_value=300,
+                               value=50, step=1, help="Fewer steps are faster on big models on a CPU.")
     submitted = st.form_submit_button("Build report", type="primary")
 
 if submitted:
-    st.session_state["report_request"] = (tuple(picked), int(batch_size), bool(backward))
+    st.session_state["report_request"] = (tuple(picked), int(batch_size), bool(backward),
+                                          max_memory.strip() or None, int(steps))
 
 request = st.session_state.get("report_request")
 if request is None:
     st.info("Choose the sections and press **Build report**.")
     st.stop()
 
-sections, batch_size, backward = request
+sections, batch_size, backward, max_memory, steps = request
 report = None
 with guarded("building the report"), st.spinner("Running the analyses…"):
     report = cached_analysis(build_report, loaded, list(sections), cache_scope="session",
-                             batch_size=batch_size, backward=backward)
+                             batch_size=batch_size, backward=backward, max_memory=max_memory,
+                             attribution_steps=steps)
 if report is None:
     st.stop()
 

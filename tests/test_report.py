@@ -221,3 +221,79 @@ def test_cli_writes_each_format(tmp_path, capsys):
     assert "| parameter_elements | 4080 |" in md.read_text()
     assert main(["report", "sample:tiny-gpt2", "--sections", "bogus", "-o", str(md)]) == 2
     assert "unknown report section" in capsys.readouterr().err
+
+
+def test_tiny_gpt2_sections_hold_what_the_analyses_found(tiny_report):
+    r = tiny_report
+    # one tie: lm_head.weight is transformer.wte.weight, 32*16 = 512 elements, 2048 bytes
+    aliases = r.section("aliases")
+    assert aliases.tables[0].rows[0][:5] == ("transformer.wte.weight, lm_head.weight", "same-object", 1, 512, 2048)
+    conv = aliases.tables[1]
+    col = {c: i for i, c in enumerate(conv.columns)}
+    broken = [row for row in conv.rows if row[col["outcome"]] == "broken"]
+    assert broken and all(row[col["unique"]] == 4592 for row in broken)  # the tie counted twice
+    assert [f.title for f in aliases.figures] == ["Alias graph"]
+    # flat vector: 4080 elements; the tied weight appears once, first, at 0..512
+    offsets = r.section("offsets")
+    assert offsets.facts == {"tensors": 16, "vector_length": 4080}
+    assert offsets.tables[0].rows[0][:6] == ("transformer.wte.weight", ["lm_head.weight"], "transformer.wte", 0, 512, 512)
+    assert "no gradients yet" in offsets.note
+    # 16 parameters + the alias name lm_head.weight + the mask buffer = 18 rows, all on cpu
+    placement = r.section("placement")
+    assert placement.facts == {"tensors": 18, "devices_now": ["cpu"]}
+    assert "no device budget given" in placement.note
+    assert r.section("captures").facts["captured"] == 15
+    attribution = r.section("attribution")
+    assert attribution.facts["layer"] == "transformer.wte" and attribution.facts["method"] == "layer_ig"
+    assert r.section("labs").status == "skipped"
+    html = r.to_html()
+    n_figures = sum(len(s.figures) for s in r.sections)
+    assert html.count('class="figure"') == n_figures == 5
+
+
+def test_backward_option_reports_gradients_and_puts_earlier_grads_back():
+    loaded = load_model("sample:frozen-adapter")
+    first = next(p for p in loaded.model.parameters() if p.requires_grad)
+    earlier = torch.full_like(first, 7.0)
+    first.grad = earlier
+    report = build_report(loaded, ["offsets"], backward=True)
+    assert first.grad is earlier  # the very same tensor, values untouched
+    assert all(p.grad is None for p in loaded.model.parameters() if p is not first)
+    offsets = report.section("offsets")
+    titles = [t.title for t in offsets.tables]
+    assert titles == ["Flat offset map", "Flat offset map of the trainable parameters only",
+                      "Gradient norms per parameter", "Gradient norms per module"]
+    # 3 LoRA layers: 6 trainable (lora_A, lora_B) and 6 frozen (base weight, bias) parameters
+    assert (offsets.facts["grad_ok"], offsets.facts["grad_frozen"]) == (6, 6)
+    assert "put back" in offsets.note
+    assert [f.title for f in offsets.figures] == ["Flat vector", "Gradient norm per layer"]
+
+
+def test_plan_with_a_budget_places_the_split_blocks_buffers():
+    loaded = load_model("sample:split-block")
+    report = build_report(loaded, ["placement"], max_memory="0=30000,1=30000,cpu=1GB")
+    s = report.section("placement")
+    assert s.status == "ok" and s.facts["accelerate_check"] == "passed"
+    audit = next(t for t in s.tables if t.title.startswith("Audit of the plan"))
+    col = {c: i for i, c in enumerate(audit.columns)}
+    devices = {row[col["name"]]: row[col["device"]] for row in audit.rows}
+    assert devices["block.scale"] is not None and devices["block.pos_table"] is not None
+    assert [f.title for f in s.figures] == ["Where every tensor is now", "Planned device map",
+                                           "Bytes per device against the budget"]
+    bad = build_report(loaded, ["placement"], max_memory="0=3x")
+    assert bad.section("placement").status == "skipped"
+    assert "cannot read '3x'" in bad.section("placement").note
+
+
+def test_conversions_option_and_lab_results():
+    loaded = load_model("sample:tiny-gpt2")
+    none = build_report(loaded, ["aliases"], conversions=[])
+    assert [t.title for t in none.section("aliases").tables] == ["Alias groups"]
+    wrong = build_report(loaded, ["aliases"], conversions=["to-nowhere"])
+    assert wrong.section("aliases").status == "skipped" and "to-nowhere" in wrong.section("aliases").note
+    lab = build_report(loaded, ["labs"], lab="broken-tie", student="Ada")
+    s = lab.section("labs")
+    assert s.status == "ok" and s.facts["lab"] == "broken-tie" and s.facts["passed"] == 0
+    assert lab.options["lab"] == "broken-tie" and "lab_progress" not in lab.options
+    assert all(f.code == "lab-task-open" for f in s.findings)
+    jsonschema.validate(json.loads(lab.to_json()), load_schema())

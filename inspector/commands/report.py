@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 from ..findings import InspectorError
-from ..report import SECTIONS, build_report
+from ..report import SECTIONS, build_report, check_options, check_sections
 from ._common import add_source_arguments, load_from_args, progress
 
 HELP = "write a report of every analysis (HTML, JSON, Markdown or PDF)"
@@ -17,18 +16,26 @@ FORMATS = {"html": ".html", "json": ".json", "md": ".md", "pdf": ".pdf"}
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_source_arguments(parser)
     parser.add_argument("--sections", nargs="+", default=None, metavar="SECTION",
-                        help=f"sections to include (default: all): {', '.join(SECTIONS)}")
+                        help=f"sections to include (default: all; findings always): {', '.join(SECTIONS)}")
     parser.add_argument("--format", choices=list(FORMATS), default=None,
                         help="output format (default: from the -o file's extension, else html)")
     parser.add_argument("-o", "--output", required=True, help="file to write")
     parser.add_argument("--batch-size", type=int, default=None, help="batch size of the example inputs")
     parser.add_argument("--backward", action="store_true",
-                        help="run one backward pass so the report has gradient norms")
-    parser.add_argument("--max-memory", default=None, metavar="JSON",
-                        help='device budget for the device-map plan, e.g. \'{"0": "2GiB", "cpu": "8GiB"}\'')
+                        help="run one backward pass for gradient norms (earlier .grad values are put back)")
+    parser.add_argument("--max-memory", default=None, metavar="BUDGET",
+                        help="device budget for the device-map plan, e.g. 0=20GiB,1=20GiB,cpu=64GiB")
+    parser.add_argument("--conversions", nargs="+", default=None, metavar="NAME",
+                        help="conversion checks to run: names, 'all' or 'none' "
+                             "(default: all of them on models up to 64 MiB)")
+    parser.add_argument("--attribution-method", default=None, help="ig, saliency, layer_ig, ...")
+    parser.add_argument("--attribution-target", type=int, default=None,
+                        help="class index or next-token id to attribute (default 0)")
+    parser.add_argument("--attribution-steps", type=int, default=None,
+                        help="n_steps of integrating attribution methods (default: captum's 50)")
 
 
-def _format(args: argparse.Namespace) -> str:
+def output_format(args: argparse.Namespace) -> str:
     if args.format:
         return args.format
     suffix = Path(args.output).suffix.lower()
@@ -38,7 +45,7 @@ def _format(args: argparse.Namespace) -> str:
     return "html"
 
 
-def _options(args: argparse.Namespace) -> dict:
+def options_from_args(args: argparse.Namespace) -> dict:
     options: dict = {}
     if args.batch_size is not None:
         if args.batch_size < 1:
@@ -47,24 +54,23 @@ def _options(args: argparse.Namespace) -> dict:
     if args.backward:
         options["backward"] = True
     if args.max_memory:
-        try:
-            budget = json.loads(args.max_memory)
-        except json.JSONDecodeError as exc:
-            raise InspectorError(f"--max-memory is not JSON ({exc.msg}); write it like "
-                                 '\'{"0": "2GiB", "cpu": "8GiB"}\'') from None
-        if not isinstance(budget, dict):
-            raise InspectorError("--max-memory must be a JSON object of device to size")
-        options["max_memory"] = budget
+        options["max_memory"] = args.max_memory
+    if args.conversions:
+        names = [n for part in args.conversions for n in part.split(",") if n]
+        options["conversions"] = [] if names == ["none"] else "all" if names == ["all"] else names
+    for key in ("attribution_method", "attribution_target", "attribution_steps"):
+        if getattr(args, key) is not None:
+            options[key] = getattr(args, key)
+    check_options(options)
     return options
 
 
 def run(args: argparse.Namespace) -> int:
-    fmt = _format(args)
+    fmt = output_format(args)
+    sections = None
     if args.sections:
-        sections = [s for part in args.sections for s in part.split(",") if s]
-    else:
-        sections = None
-    options = _options(args)
+        sections = check_sections([s for part in args.sections for s in part.split(",") if s])
+    options = options_from_args(args)
     loaded = load_from_args(args)
     report = build_report(loaded, sections, progress=progress, **options)
     out = Path(args.output)
@@ -75,10 +81,13 @@ def run(args: argparse.Namespace) -> int:
     else:
         text = {"html": report.to_html, "json": report.to_json, "md": report.to_markdown}[fmt]()
         out.write_text(text, encoding="utf-8")
+    for s in report.sections:
+        if s.status != "ok":
+            progress(f"section {s.id} {s.status}: {s.note}")
     skipped = [s.id for s in report.sections if s.status != "ok"]
     counts = {sev: sum(1 for _, f in report.findings if f.severity == sev)
               for sev in ("error", "warning", "info")}
     progress(f"wrote {out} ({out.stat().st_size} bytes); findings: {counts['error']} errors, "
              f"{counts['warning']} warnings, {counts['info']} info"
-             + (f"; skipped: {', '.join(skipped)}" if skipped else ""))
+             + (f"; not included: {', '.join(skipped)}" if skipped else ""))
     return 0
