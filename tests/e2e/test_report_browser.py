@@ -32,22 +32,22 @@ class Hostile(nn.Module):
 
 
 def _report_with_hostile_names() -> Report:
-    """The tiny-gpt2 report plus a section whose figure and table carry the hostile name."""
+    """A full report of a model whose module is named with HTML, plus one more hostile figure.
+
+    Every analysis shows the name somewhere: tables, the alias graph, the placement treemap,
+    the capture statistics, the attribution bars.
+    """
     import plotly.graph_objects as go
 
     torch.manual_seed(0)
     loaded = LoadedModel(Hostile(), f"tiny {HOSTILE}", "test:hostile",
                          findings=[Finding("hostile", "warning", f"blocks.{HOSTILE}", f"named {HOSTILE}")],
-                         inputs_fn=lambda b: torch.ones(b, 2))
-    hostile = build_report(loaded)
-    tiny = build_report(load_model("sample:tiny-gpt2"))
+                         inputs_fn=lambda b: torch.ones(b, 2), loss_fn=lambda out, inp: out.pow(2).mean())
+    report = build_report(loaded, backward=True, max_memory="0=40,cpu=1000")
     fig = go.Figure(go.Bar(x=[HOSTILE, "</script><script>alert(2)</script>"], y=[1, 2]))
     extra = Section("labs", "Lab results", figures=(make_figure(HOSTILE, fig),))
-    sections = [s for s in tiny.sections if s.id != "labs"] + [extra]
-    merged = [*hostile.section("summary").findings]
-    sections = [Section(s.id, s.title, s.status, s.note, s.facts, s.tables, s.figures,
-                        s.findings + tuple(merged) if s.id == "summary" else s.findings) for s in sections]
-    return Report(hostile.model, hostile.options, tuple(sections), hostile.created, hostile.environment)
+    sections = tuple(extra if s.id == "labs" else s for s in report.sections)
+    return Report(report.model, report.options, sections, report.created, report.environment)
 
 
 @pytest.fixture(scope="module")
