@@ -387,15 +387,18 @@ def gradient_report(model: nn.Module) -> GradientNorms:
     for i, v in zip(dense_idx, _grad_norms(dense)):
         norms[i] = v
 
-    rows: dict[str, list[Any]] = {c: [] for c in PARAMETER_NORM_COLUMNS}
-    modules: dict[str, list[float]] = {}   # name -> [sum of squares, nan, inf, numel, params, states x4]
-    own: dict[str, list[float]] = {}   # module -> [sum of squares of the parameters it holds itself, grads]
+    prows: list[tuple] = []
+    modules: dict[str, list[float]] = {}   # name -> [sum of squares, nan, inf, numel, params, states x4, grads]
+    own: dict[str, list[float]] = {}       # module -> [sum of squares of what it holds itself, grads]
+    chains: dict[str, tuple[str, ...]] = {}  # module -> itself and every parent, root ("") first
+    labels: dict[Any, str] = {}
     for i, (name, p) in enumerate(params):
         g = p.grad
         norm = norms[i]
         nan = inf = 0
+        rg = p.requires_grad
         if g is None:
-            state = "none" if p.requires_grad else "frozen"
+            state = "none" if rg else "frozen"
         else:
             if not math.isfinite(norm):
                 values = g.coalesce().values() if g.is_sparse else g
@@ -403,27 +406,31 @@ def gradient_report(model: nn.Module) -> GradientNorms:
                 inf = int(torch.isinf(values).sum())
                 if nan == 0 and inf == 0:  # finite values whose norm overflowed the grad's dtype
                     norm = float(torch.linalg.vector_norm(values.double()))
-            state = "frozen" if not p.requires_grad else "nonfinite" if nan or inf else "ok"
-        rows["name"].append(name)
-        rows["norm"].append(norm)
-        rows["state"].append(state)
-        rows["nan"].append(nan)
-        rows["inf"].append(inf)
-        rows["numel"].append(p.numel())
-        rows["dtype"].append(str(p.dtype).removeprefix("torch."))
-        rows["device"].append(str(p.device if g is None else g.device))
-        rows["requires_grad"].append(p.requires_grad)
-        sq = norm * norm if g is not None else 0.0
+            state = "frozen" if not rg else "nonfinite" if nan or inf else "ok"
+        numel = p.numel()
+        dt, dev = p.dtype, (p.device if g is None else g.device)
+        dt_name = labels.get(dt) or labels.setdefault(dt, str(dt).removeprefix("torch."))
+        dev_name = labels.get(dev) or labels.setdefault(dev, str(dev))
+        prows.append((name, norm, state, nan, inf, numel, dt_name, dev_name, rg))
+        has = g is not None
+        sq = norm * norm if has else 0.0
+        aliases = names[id(p)]
+        if len(aliases) == 1:
+            holders = (name.rpartition(".")[0],)
+        else:
+            holders = tuple(dict.fromkeys(a.rpartition(".")[0] for a in aliases))
         prefixes: dict[str, None] = {}
-        holders: dict[str, None] = {}
-        for alias in names[id(p)]:
-            holders[alias.rpartition(".")[0]] = None
-            for prefix in _module_prefixes(alias):
-                prefixes[prefix] = None
         for holder in holders:
-            acc = own.setdefault(holder, [0.0, 0])
+            acc = own.get(holder)
+            if acc is None:
+                acc = own[holder] = [0.0, 0]
             acc[0] += sq
-            acc[1] += g is not None
+            acc[1] += has
+            chain = chains.get(holder)
+            if chain is None:
+                chain = chains[holder] = tuple(_module_prefixes(holder + ".x"))
+            prefixes.update(dict.fromkeys(chain))
+        col = 5 + STATES.index(state)
         for prefix in prefixes:
             acc = modules.get(prefix)
             if acc is None:
@@ -431,74 +438,60 @@ def gradient_report(model: nn.Module) -> GradientNorms:
             acc[0] += sq
             acc[1] += nan
             acc[2] += inf
-            acc[3] += p.numel()
+            acc[3] += numel
             acc[4] += 1
-            acc[5 + STATES.index(state)] += 1
-            acc[9] += g is not None
-    by_parameter = _frame(PARAMETER_NORM_COLUMNS, rows)
+            acc[col] += 1
+            acc[9] += has
+    pcols = list(zip(*prows)) if prows else [[] for _ in PARAMETER_NORM_COLUMNS]
+    by_parameter = _frame(PARAMETER_NORM_COLUMNS, dict(zip(PARAMETER_NORM_COLUMNS, pcols)))
 
-    mrows: dict[str, list[Any]] = {c: [] for c in MODULE_NORM_COLUMNS}
+    mrows = []
     for prefix, (sq, nan, inf, numel, count, ok, none, frozen, nonfinite, with_grad) in modules.items():
-        if nonfinite:
-            state = "nonfinite"
-        elif ok:
-            state = "ok"
-        elif none:
-            state = "none"
-        else:
-            state = "frozen"
-        mrows["name"].append(prefix if prefix else ROOT)
-        mrows["norm"].append(math.sqrt(sq) if with_grad else math.nan)
-        mrows["state"].append(state)
-        mrows["nan"].append(nan)
-        mrows["inf"].append(inf)
-        mrows["numel"].append(numel)
-        mrows["parameters"].append(count)
-        mrows["ok"].append(ok)
-        mrows["none"].append(none)
-        mrows["frozen"].append(frozen)
-        mrows["nonfinite"].append(nonfinite)
-        mrows["depth"].append(0 if not prefix else prefix.count(".") + 1)
+        state = "nonfinite" if nonfinite else "ok" if ok else "none" if none else "frozen"
         held = own.get(prefix)
-        mrows["owns_parameters"].append(held is not None)
-        mrows["own_norm"].append(math.sqrt(held[0]) if held is not None and held[1] else math.nan)
-    by_module = _frame(MODULE_NORM_COLUMNS, mrows)
-    total = float(by_module["norm"].iloc[0]) if len(by_module) else math.nan
-    findings += _gradient_findings(by_parameter, params)
+        mrows.append((prefix if prefix else ROOT, math.sqrt(sq) if with_grad else math.nan, state, nan, inf,
+                      numel, count, ok, none, frozen, nonfinite, 0 if not prefix else prefix.count(".") + 1,
+                      held is not None,
+                      math.sqrt(held[0]) if held is not None and held[1] else math.nan))
+    mcols = list(zip(*mrows)) if mrows else [[] for _ in MODULE_NORM_COLUMNS]
+    by_module = _frame(MODULE_NORM_COLUMNS, dict(zip(MODULE_NORM_COLUMNS, mcols)))
+    total = mrows[0][1] if mrows else math.nan
+    findings += _gradient_findings(prows)
     return GradientNorms(by_parameter, by_module, findings, total)
 
 
-def _gradient_findings(table: pd.DataFrame, params: list[tuple[str, nn.Parameter]]) -> list[Finding]:
+def _gradient_findings(rows: list[tuple]) -> list[Finding]:
+    """Findings from the per-parameter rows (name, norm, state, nan, inf, numel, dtype, device, rg)."""
     out: list[Finding] = []
-    trainable = table[table["requires_grad"]]
-    if len(trainable) and trainable["state"].eq("none").all():
+    trainable = [r for r in rows if r[8]]
+    if trainable and all(r[2] == "none" for r in trainable):
         out.append(Finding(
             "no-gradients", "warning", "",
             "no trainable parameter has a gradient yet. Run a backward pass: the 'Run a backward "
             "pass' button on the Flatten map page, `python -m inspector offsets SOURCE --backward`, "
             "inspector.offsets.run_backward(loaded), or loss.backward() on a batch of your own."))
         return out
-    if len(params) and not len(trainable):
+    if rows and not trainable:
         out.append(Finding("all-frozen", "info", "",
                            "every parameter has requires_grad=False: there is nothing to train"))
-    none = table[table["state"].eq("none")]
-    if len(none):
+    none = [r[0] for r in rows if r[2] == "none"]
+    if none:
         out.append(Finding(
-            "unreached", "warning", str(none["name"].iloc[0]),
+            "unreached", "warning", none[0],
             f"{len(none)} trainable parameters have no gradient although others do (first: "
-            f"{none['name'].iloc[0]}): the loss does not depend on them, or they were skipped in "
+            f"{none[0]}): the loss does not depend on them, or they were skipped in "
             "the forward pass. An optimizer leaves them unchanged."))
-    bad = table[table["state"].eq("nonfinite")]
-    for _, row in bad.iterrows():
+    for name, _, state, nan, inf, numel, *_ in rows:
+        if state == "nonfinite":
+            out.append(Finding(
+                "nonfinite-gradient", "error", name,
+                f"the gradient of {name} holds {nan} NaN and {inf} Inf values of {numel}; one "
+                "optimizer step spreads them to the weights."))
+    stale = [r[0] for r in rows if not r[8] and not math.isnan(r[1])]
+    if stale:
         out.append(Finding(
-            "nonfinite-gradient", "error", str(row["name"]),
-            f"the gradient of {row['name']} holds {row['nan']} NaN and {row['inf']} Inf values of "
-            f"{row['numel']}; one optimizer step spreads them to the weights."))
-    stale = table[(~table["requires_grad"]) & table["norm"].notna()]
-    if len(stale):
-        out.append(Finding(
-            "frozen-with-gradient", "info", str(stale["name"].iloc[0]),
-            f"{len(stale)} frozen parameters still hold a gradient (first: {stale['name'].iloc[0]}): "
+            "frozen-with-gradient", "info", stale[0],
+            f"{len(stale)} frozen parameters still hold a gradient (first: {stale[0]}): "
             "an optimizer that was given them still applies it (and weight decay). Set their .grad "
             "to None, or leave them out of the optimizer."))
     return out
