@@ -166,8 +166,8 @@ def usage_bars(usage: pd.DataFrame, title: str = "") -> go.Figure:
                     marker=dict(symbol="line-ew-open", size=44, line=dict(width=3, color=RED)),
                     hovertext=[format_bytes(v) if v is not None else "no budget" for v in budgets],
                     hoverinfo="text+name")
-    fig.update_layout(barmode="stack", title=title or None, yaxis_title="bytes", xaxis_title="device",
-                      height=360, margin=dict(t=40 if title else 10, l=5, r=5, b=5))
+    fig.update_layout(barmode="stack", title=title or None, yaxis_title="bytes", yaxis_tickformat="~s",
+                      xaxis_title="device", xaxis_type="category", height=360, margin=dict(t=40 if title else 10, l=5, r=5, b=5))
     return fig
 
 
@@ -179,5 +179,7 @@ def usage_side_by_side(ours: pd.DataFrame, theirs: pd.DataFrame,
     for df, key, colour in ((ours, "ours", "#4C78A8"), (theirs, "theirs", "#F58518")):
         fig.add_bar(x=["(none)" if d is None else str(d) for d in df["device"]],
                     y=df["total_bytes"].astype(int).tolist(), name=labels[key], marker_color=colour)
-    fig.update_layout(barmode="group", yaxis_title="bytes", height=320, margin=dict(t=10, l=5, r=5, b=5))
+    fig.update_layout(barmode="group", yaxis_title="bytes", yaxis_tickformat="~s", xaxis_type="category",
+                      height=320,
+                      margin=dict(t=10, l=5, r=5, b=5))
     return fig
