@@ -50,18 +50,11 @@ def _report_with_hostile_names() -> Report:
     return Report(report.model, report.options, sections, report.created, report.environment)
 
 
-@pytest.fixture(scope="module")
-def browser():
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM,
-                              args=["--headless", "--no-sandbox", "--disable-gpu",
-                                    "--disable-background-networking"])
-        try:
-            yield b
-        finally:
-            b.close()
+@pytest.fixture
+def browser(chromium):
+    """The session's headless Chromium (tests/e2e/conftest.py): /usr/bin/chromium, launched with
+    --headless --no-sandbox --disable-gpu --disable-background-networking."""
+    return chromium
 
 
 def _open(browser, path: Path):
