@@ -49,3 +49,32 @@ def test_page_renders_on_meta_model(page: Path):
 def test_pages_are_found():
     assert (ROOT / "app.py").is_file()
     assert all(p.suffix == ".py" for p in PAGES)
+
+
+CAPTURE_PAGE = ROOT / "pages" / "4_Hook_captures.py"
+
+
+def _wte_shape(at: AppTest) -> str:
+    stats = next(df.value for df in at.dataframe if {"module", "shape"} <= set(df.value.columns))
+    return stats.loc[stats["module"] == "transformer.wte", "shape"].iloc[0]
+
+
+@pytest.mark.skipif(not CAPTURE_PAGE.is_file(), reason="needs the Hook captures page")
+def test_two_sessions_capture_on_one_model_and_see_only_their_own():
+    """Two sessions share the cached tiny-gpt2 object but keep their own captures."""
+    from ui.models import Selection, get_loaded
+
+    model = get_loaded(Selection()).model
+    a = AppTest.from_file(str(CAPTURE_PAGE), default_timeout=120).run()
+    b = AppTest.from_file(str(CAPTURE_PAGE), default_timeout=120).run()
+    a.slider(key="cap_batch").set_value(1).run()
+    b.slider(key="cap_batch").set_value(4).run()
+    assert not a.exception and not b.exception
+    # tiny-gpt2: the token embedding outputs (batch, 16 positions, width 16).
+    assert _wte_shape(a) == "(1, 16, 16)"
+    assert _wte_shape(b) == "(4, 16, 16)"
+    a.run()  # after b captured on the same model object, a still shows its own capture
+    assert _wte_shape(a) == "(1, 16, 16)"
+    assert get_loaded(Selection()).model is model
+    # No hook outlives a capture on the shared model.
+    assert all(not m._forward_hooks and not m._forward_pre_hooks for m in model.modules())

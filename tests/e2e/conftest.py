@@ -100,18 +100,17 @@ def wait_for_app():
 
 
 def _wait_for_app(page, timeout: float = 120) -> None:
-    """Wait until the script run is over: content is drawn and the 'running' widget is gone."""
-    page.wait_for_selector('[data-testid="stSidebar"]', timeout=timeout * 1000)
+    """Wait until the script run is over: the app root says ``notRunning`` for a whole second."""
+    page.wait_for_selector('[data-testid="stApp"]', timeout=timeout * 1000)
     deadline = time.monotonic() + timeout
     quiet_since = None
     while time.monotonic() < deadline:
-        running = page.locator('[data-testid="stStatusWidget"]').count() > 0
-        skeleton = page.locator('[data-testid="stAppSkeleton"]').count() > 0
-        if running or skeleton:
+        state = page.locator('[data-testid="stApp"]').first.get_attribute("data-test-script-state")
+        if state != "notRunning":
             quiet_since = None
         elif quiet_since is None:
             quiet_since = time.monotonic()
         elif time.monotonic() - quiet_since > 1.0:
             return
-        page.wait_for_timeout(200)
+        page.wait_for_timeout(150)
     raise AssertionError(f"the app was still running after {timeout:.0f} s")

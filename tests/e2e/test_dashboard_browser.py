@@ -83,3 +83,57 @@ def test_picker_loads_another_model_in_the_browser(app_url, chromium, artifacts,
         page.screenshot(path=artifacts / "picker-cnn-bn.png", full_page=True)
     finally:
         context.close()
+
+
+def _bytes_held(page) -> str:
+    metric = page.locator('[data-testid="stMetric"]').filter(has_text="Bytes held")
+    return metric.locator('[data-testid="stMetricValue"]').inner_text().strip()
+
+
+def _expected_bytes(batch: int) -> str:
+    """What one capture of every tiny-gpt2 module on ``batch`` example inputs holds."""
+    from inspector.capture import capture_activations
+    from inspector.models import load_model
+    from inspector.summary import format_bytes
+
+    loaded = load_model("sample:tiny-gpt2")
+    return format_bytes(capture_activations(loaded.model, loaded.example_inputs(batch)).total_bytes)
+
+
+def test_two_sessions_capture_on_one_model_at_once(app_url, chromium, artifacts, wait_for_app):
+    """Two browser contexts capture on the same cached model together; each sees its own inputs."""
+    one, four = _expected_bytes(1), _expected_bytes(4)
+    assert one != four
+    contexts = [chromium.new_context(viewport={"width": 1400, "height": 1000}) for _ in range(2)]
+    try:
+        a, b = (c.new_page() for c in contexts)
+        for page in (a, b):
+            page.goto(f"{app_url}/Hook_captures", wait_until="domcontentloaded")
+        for page in (a, b):
+            wait_for_app(page)
+            page.wait_for_selector(".js-plotly-plot", timeout=60_000)
+        # Batch size 1 in one session and 4 in the other, sent before either run finishes.
+        a.locator('[data-testid="stSlider"] input[type="range"]').first.press("Home")
+        b.locator('[data-testid="stSlider"] input[type="range"]').first.press("End")
+        for page in (a, b):
+            wait_for_app(page)
+        assert (_bytes_held(a), _bytes_held(b)) == (one, four)
+        # Rerun both (the "r" shortcut): the page then offers "Capture again".
+        for page in (a, b):
+            page.locator("h1").first.click()
+            page.keyboard.press("r")
+        for page in (a, b):
+            wait_for_app(page)
+        assert (_bytes_held(a), _bytes_held(b)) == (one, four)
+        # Capture again in both at once: the shared model's lock serialises the two forward passes.
+        a.get_by_role("button", name="Capture again").click()
+        b.get_by_role("button", name="Capture again").click()
+        for page in (a, b):
+            wait_for_app(page)
+        assert (_bytes_held(a), _bytes_held(b)) == (one, four)
+        for name, page in (("a", a), ("b", b)):
+            assert page.locator('[data-testid="stException"]').count() == 0
+            page.screenshot(path=artifacts / f"captures-session-{name}.png", full_page=True)
+    finally:
+        for c in contexts:
+            c.close()
