@@ -63,6 +63,7 @@ DEFAULT_OPTIONS: dict[str, Any] = {
     "attribution_target": 0,       # class index or next-token id attributed
     "attribution_layer": None,     # layer for layer methods (None: the method's default)
     "attribution_steps": None,     # n_steps of integrating methods (None: captum's default, 50)
+    "attribution_cpu_max_bytes": 64 << 20,  # on a CPU, attribute only models up to this size (None: any)
     "lab": None,                   # a lab id (or Lab) whose results go into the labs section
     "lab_progress": None,          # {lab id: {task id: TaskRecord}} from a labs session (not recorded)
     "student": "",
@@ -679,6 +680,14 @@ def _attribution_section(ctx: Context) -> Section:
     attribute, methods_for, methods = need("attribution", "attribute", "methods_for", "METHODS")
     ctx.loaded.check_runnable()
     opts = ctx.options
+    limit = opts["attribution_cpu_max_bytes"]
+    size = _model_bytes(ctx.model)
+    if limit is not None and ctx.loaded.input_device().type == "cpu" and size > int(limit):
+        raise SectionUnavailable(
+            f"attribution left out: the model has {size} bytes on the CPU, more than "
+            f"attribution_cpu_max_bytes={int(limit)}; Integrated Gradients runs about 50 forward and "
+            "backward passes of it. Load it on a GPU, or pass attribution_cpu_max_bytes=None "
+            "(and perhaps a small attribution_steps) to run it here.")
     inputs = ctx.loaded.example_inputs(1)
     method = opts["attribution_method"] or methods_for(ctx.loaded, inputs)[0]
     extra = {}

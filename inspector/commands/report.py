@@ -33,6 +33,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="class index or next-token id to attribute (default 0)")
     parser.add_argument("--attribution-steps", type=int, default=None,
                         help="n_steps of integrating attribution methods (default: captum's 50)")
+    parser.add_argument("--attribute-on-cpu", action="store_true",
+                        help="attribute models over 64 MiB on the CPU too (slow: ~50 passes of the model)")
 
 
 def output_format(args: argparse.Namespace) -> str:
@@ -61,6 +63,8 @@ def options_from_args(args: argparse.Namespace) -> dict:
     for key in ("attribution_method", "attribution_target", "attribution_steps"):
         if getattr(args, key) is not None:
             options[key] = getattr(args, key)
+    if args.attribute_on_cpu:
+        options["attribution_cpu_max_bytes"] = None
     check_options(options)
     return options
 
