@@ -520,6 +520,12 @@ def _place_pending(inv: Inventory, state: _WalkState, devices: list[Device]) -> 
             dev = primary[owner] if primary[owner] is not None else devices[0]
             reason = (f"{owner or 'the model'} is split; its own buffer goes to its primary device {dev}, "
                       "which holds most of its parameter bytes")
+            main = main_device(devices)
+            if dev == "disk" and main in devices:
+                dev = main
+                reason = (f"{owner or 'the model'} is split and keeps most parameter bytes on disk; "
+                          f"dispatch_model offloads whole modules only, so its own buffer goes to {main}, "
+                          "where layers loaded from disk run")
         else:
             dev, near = _neighbour_device(inv, name, owner, placed, devices)
             dev = devices[0] if dev is None else dev
@@ -528,6 +534,22 @@ def _place_pending(inv: Inventory, state: _WalkState, devices: list[Device]) -> 
         state.used[dev] += size
         records.append(Decision("buffer", name, dev, size, reason))
     return records
+
+
+def main_device(devices: Iterable[Any]) -> Device:
+    """Where offloaded layers run: the first GPU, else mps, else cpu (as ``dispatch_model`` does).
+
+    >>> main_device(["cpu", 1, "disk", 0]), main_device(["cpu", "disk"])
+    (0, 'cpu')
+    """
+    devs = [d for d in devices if d is not None]
+    gpus = sorted(d for d in devs if isinstance(d, int))
+    return gpus[0] if gpus else "mps" if "mps" in devs else "cpu"
+
+
+def _offload_devices(main: Device) -> set[Device]:
+    """Devices whose tensors run on ``main``: disk, and cpu too when a GPU leads."""
+    return {"disk"} if main in ("cpu", "mps") else {"cpu", "disk"}
 
 
 def _isolate(inv: Inventory, device_map: dict[str, Device], name: str) -> None:
@@ -794,7 +816,13 @@ def _tensor_rows(model: nn.Module) -> tuple[list[_Row], list[str]]:
 
 def _audit_rows(rows: list[_Row], device_of: list[Device | None], devices: list[Device],
                 meta_ok: bool = False) -> pd.DataFrame:
-    """The audit table, given each row's device (None: unassigned)."""
+    """The audit table, given each row's device (None: unassigned).
+
+    A buffer is not stranded when its module's parameters are offloaded (disk, or cpu behind a
+    GPU) and the buffer sits on the device those layers run on.
+    """
+    main = main_device(devices)
+    offload = _offload_devices(main)
     per: dict[str, dict[Device, int]] = {}
     seen: dict[str, set] = {}
     leader_dev: dict[str, Device | None] = {}
@@ -824,7 +852,8 @@ def _audit_rows(rows: list[_Row], device_of: list[Device | None], devices: list[
         alias = None if r.name == r.leader else r.leader
         if alias is not None and dev != leader_dev[alias]:
             codes.append("tie-split")
-        if r.kind == "buffer" and prim is not None and dev != prim and dev not in (None, "meta"):
+        if r.kind == "buffer" and prim is not None and dev != prim and dev not in (None, "meta") \
+                and not (prim in offload and dev == main):
             codes.append("buffer-stranded")
         findings.append(",".join(codes) if codes else None)
         primaries.append(prim)
