@@ -10,7 +10,7 @@ import torch
 from streamlit.testing.v1 import AppTest
 
 from sample_models import SAMPLES
-from ui.models import Selection
+from ui.models import Selection, get_loaded
 
 ROOT = Path(__file__).resolve().parent.parent
 APP = str(ROOT / "app.py")
@@ -64,7 +64,7 @@ def test_every_sample_loads_through_the_picker(name):
     sel = at.session_state["mi_selection"]
     assert sel.source == f"sample:{name}"
     assert sel.device == ("meta" if SAMPLES[name].meta_only else "cpu")
-    expected = sum(p.numel() for p in SAMPLES[name].build().parameters())
+    expected = sum(p.numel() for p in get_loaded(sel).model.parameters())  # the cached object
     assert metric(at, "Parameter elements") == f"{expected:,}"
     # The choice survives a rerun and the button says it is loaded.
     at.run()
@@ -183,3 +183,67 @@ def test_url_choice_loads_that_model():
     # The tensor listing of a 70B model is paged, not drawn in one go.
     listing = [df.value for df in at.dataframe if "requires_grad" in df.value.columns]
     assert listing and all(len(t) <= 50 for t in listing)
+
+
+def _counting_script(counter_path: str, scope: str) -> None:
+    import streamlit as st
+
+    from ui.cache import cached_analysis
+    from ui.sidebar import model_picker
+
+    loaded = model_picker()
+
+    def count_parameters(model, scale):
+        with open(counter_path, "a") as f:
+            f.write("x")
+        return sum(p.numel() for p in model.parameters()) * scale
+
+    st.metric("counted", cached_analysis(count_parameters, loaded.model, 1, cache_scope=scope,
+                                         cache_key=counter_path))
+
+
+def _counting(counter, scope):
+    return AppTest.from_function(_counting_script, args=(str(counter), scope), default_timeout=60).run()
+
+
+def test_cached_analysis_is_shared_per_model_across_sessions(tmp_path):
+    counter = tmp_path / "calls.txt"
+    a = _counting(counter, "model")
+    b = _counting(counter, "model")
+    a.run()
+    assert not a.exception and not b.exception
+    assert metric(a, "counted") == metric(b, "counted") == "4080"
+    assert counter.read_text() == "x"  # computed once for both sessions and the rerun
+
+
+def test_cached_analysis_session_scope_is_per_session(tmp_path):
+    counter = tmp_path / "calls.txt"
+    a = _counting(counter, "session")
+    a.run()
+    assert counter.read_text() == "x"  # the rerun reuses this session's result
+    b = _counting(counter, "session")
+    assert metric(b, "counted") == "4080"
+    assert counter.read_text() == "xx"  # another session computes its own
+
+
+def _failing_script() -> None:
+    import streamlit as st
+
+    from inspector.findings import InspectorError
+    from ui.errors import guarded
+
+    with guarded("reading the table"):
+        raise InspectorError("tensor lm_head.weight is missing; load a checkpoint that has it")
+    with guarded("drawing the chart"):
+        raise RuntimeError("shape mismatch in the figure builder")
+    st.write("still here")
+
+
+def test_guarded_shows_user_errors_plainly_and_bugs_with_a_traceback():
+    at = AppTest.from_function(_failing_script, default_timeout=30).run()
+    assert not at.exception
+    assert errors(at)[0] == "tensor lm_head.weight is missing; load a checkpoint that has it"
+    assert errors(at)[1].startswith("Something went wrong while drawing the chart: RuntimeError")
+    assert len(at.expander) == 1 and "Traceback" in at.expander[0].label
+    assert "shape mismatch" in at.expander[0].code[0].value
+    assert at.markdown[-1].value == "still here"
