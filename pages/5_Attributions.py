@@ -33,6 +33,10 @@ st.caption("Which input tokens or pixels, and which layers, drove one output: a 
 if loaded is None:
     st.info("Load a model in the sidebar to attribute its outputs.")
     st.stop()
+if loaded.is_meta:
+    st.info(f"{loaded.name} is on the meta device: it has a structure but no weights, so there is "
+            "no output to attribute. Load it on a real device with a checkpoint.")
+    st.stop()
 
 setup = None
 with guarded("preparing the attribution inputs"):

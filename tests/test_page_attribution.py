@@ -58,3 +58,13 @@ def test_cnn_gradcam_overlay_and_conductance_bars():
     at.multiselect(key="attr_layers").set_value(["bn2"]).run()
     assert not at.exception and not at.error
     assert [c.key for c in at.get("plotly_chart")] == ["attr_overlay_0", "attr_unit_bars"]
+
+
+def test_meta_model_explains_instead_of_running():
+    at = AppTest.from_file(PAGE, default_timeout=60)
+    at.query_params["model"] = "sample:llama-70b-meta"
+    at.query_params["device"] = "meta"
+    at.run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert any("meta device" in i.value for i in at.info)
+    assert not at.get("plotly_chart")
