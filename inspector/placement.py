@@ -520,12 +520,7 @@ def _place_pending(inv: Inventory, state: _WalkState, devices: list[Device]) -> 
             dev = primary[owner] if primary[owner] is not None else devices[0]
             reason = (f"{owner or 'the model'} is split; its own buffer goes to its primary device {dev}, "
                       "which holds most of its parameter bytes")
-            main = main_device(devices)
-            if dev == "disk" and main in devices:
-                dev = main
-                reason = (f"{owner or 'the model'} is split and keeps most parameter bytes on disk; "
-                          f"dispatch_model offloads whole modules only, so its own buffer goes to {main}, "
-                          "where layers loaded from disk run")
+
         else:
             dev, near = _neighbour_device(inv, name, owner, placed, devices)
             dev = devices[0] if dev is None else dev
@@ -674,12 +669,11 @@ def plan_device_map_explained(model: nn.Module, max_memory: str | Mapping[Any, A
 def _explain(model: nn.Module, p: _Plan) -> PlanResult:
     table = audit_device_map(model, p.device_map)
     usage = device_usage(table, p.budget, p.reserve)
-    findings = _table_findings(table) + _split_notes(p.inv, p.split, p.device_map, p.no_split)
+    findings = _table_findings(table) + _split_notes(p.inv, p.split, p.device_map)
     return PlanResult(p.device_map, tuple(p.records), findings, p.budget, usage, table)
 
 
-def _split_notes(inv: Inventory, split: list[str], device_map: Mapping[str, Device],
-                 no_split: set[str]) -> list[Finding]:
+def _split_notes(inv: Inventory, split: list[str], device_map: Mapping[str, Device]) -> list[Finding]:
     """Info: a split module that owns tensors directly may mix devices in its own forward."""
     out = []
     for m in split:
@@ -815,14 +809,15 @@ def _tensor_rows(model: nn.Module) -> tuple[list[_Row], list[str]]:
 
 
 def _audit_rows(rows: list[_Row], device_of: list[Device | None], devices: list[Device],
-                meta_ok: bool = False) -> pd.DataFrame:
+                meta_ok: bool = False, dispatched: bool = False) -> pd.DataFrame:
     """The audit table, given each row's device (None: unassigned).
 
-    A buffer is not stranded when its module's parameters are offloaded (disk, or cpu behind a
-    GPU) and the buffer sits on the device those layers run on.
+    With ``dispatched`` (real placement after accelerate's hooks), a buffer is not stranded
+    when its module's parameters are offloaded (disk, or cpu behind a GPU) and the buffer sits
+    on the device those layers run on: accelerate keeps buffers there unless told otherwise.
     """
     main = main_device(devices)
-    offload = _offload_devices(main)
+    offload = _offload_devices(main) if dispatched else set()
     per: dict[str, dict[Device, int]] = {}
     seen: dict[str, set] = {}
     leader_dev: dict[str, Device | None] = {}
@@ -1022,15 +1017,17 @@ def placement_table(model: nn.Module) -> pd.DataFrame:
     rows, _ = _tensor_rows(model)
     modules = dict(model.named_modules(remove_duplicate=False))
     device_of: list[Device | None] = []
+    offloaded = False
     for r in rows:
         dev = _torch_device_key(r.tensor)
         if dev == "meta":
             mod = modules[r.module]
             dev = _offloaded_device(mod, r.name[len(r.module) + 1:] if r.module else r.name) or "meta"
+            offloaded |= dev != "meta"
         device_of.append(dev)
     all_meta = bool(device_of) and all(d == "meta" for d in device_of)
     devices = sorted({d for d in device_of if d is not None}, key=device_order)
-    return _audit_rows(rows, device_of, devices, meta_ok=all_meta)
+    return _audit_rows(rows, device_of, devices, meta_ok=all_meta, dispatched=offloaded)
 
 
 def placement_findings(model: nn.Module) -> list[Finding]:
@@ -1232,10 +1229,14 @@ def dispatch_plan(model: nn.Module, device_map: Mapping[str, Any], *, offload_fo
     try:
         with model_lock(target):
             modules = dict(target.named_modules())
+            main = main_device(dm.values())
             for key, dev in dm.items():
-                if key not in modules and dev != "disk":
-                    set_module_tensor_to_device(target, key, "cpu" if dev == "cpu" else
-                                                (f"cuda:{dev}" if isinstance(dev, int) else dev))
+                if key not in modules:
+                    # dispatch_model places and offloads whole modules only: a tensor key (a split
+                    # module's own buffer) is moved here, and one mapped to disk stays in memory
+                    # on the device where disk layers run.
+                    dev = main if dev == "disk" else dev
+                    set_module_tensor_to_device(target, key, f"cuda:{dev}" if isinstance(dev, int) else dev)
             with warnings.catch_warnings():
                 # check_device_map warns that tensor-name keys are not module names: expected here
                 warnings.filterwarnings("ignore", message="The following device_map keys", category=UserWarning)

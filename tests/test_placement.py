@@ -423,15 +423,21 @@ def test_treemap_buffers_findings_and_aggregation(split_block, llama):
     assert list(bars.data[0].x) == ["0", "1", "cpu"] and list(bars.data[1].y) == [0, 4352, 0]
 
 
-def test_buffers_of_a_block_mostly_on_disk_go_where_disk_layers_run(split_block):
+def test_buffers_of_a_block_mostly_on_disk(split_block):
     # cpu keeps 16640 free: 60000 - 16640 = 43360. embed 16640, fc1 33280; fc2 would be 49920 ->
-    # disk, fc3 and head -> disk. block's primary is disk (33280 of 49920), but dispatch_model
-    # offloads whole modules only, so its buffers go to cpu, where disk layers run.
+    # disk, fc3 and head -> disk. block's primary is disk (33280 of 49920), so its buffers map to
+    # disk. dispatch_model offloads whole modules only: they stay in memory on the cpu, where the
+    # disk layers run, and the audit of the dispatched copy accepts that.
     dm = plan_device_map(split_block, "cpu=60000,disk=1GiB")
-    assert dm == {"embed": "cpu", "block.scale": "cpu", "block.pos_table": "cpu", "block.fc1": "cpu",
+    assert dm == {"embed": "cpu", "block.scale": "disk", "block.pos_table": "disk", "block.fc1": "cpu",
                   "block.fc2": "disk", "block.fc3": "disk", "head": "disk"}
     assert audit_device_map(split_block, dm)["finding"].isna().all()
+    # a map-level audit still calls a buffer on cpu stranded next to a module mostly on disk
+    table = audit_device_map(split_block, {**dm, "block.scale": "cpu"}).set_index("name")
+    assert table.at["block.scale", "finding"] == "buffer-stranded"
     x = get_sample("split-block").example_inputs(2)
     with dispatch_plan(split_block, dm) as d, torch.no_grad():
         assert torch.equal(d.model(x), split_block(x))
+        actual = d.table.set_index("name")
+        assert actual.at["block.scale", "device"] == "cpu" and actual.at["block.fc2.weight", "device"] == "disk"
         assert d.findings == []
