@@ -35,7 +35,7 @@ with st.form("report_options"):
     backward = right.checkbox("Run one backward pass for gradient norms", value=False,
                               help="The model's earlier .grad values are put back afterwards.")
     max_memory = left.text_input("Device budget for a device-map plan (optional)",
-                                 placeholder="0=20GiB,1=20GiB,cpu=64GiB")
+                                 placeholder="0=20GiB,1=20GiB,cpu=64GiB", key="report_budget")
     steps = right.number_input("Attribution steps (integrating methods)", min_value=1, max_value=300,
                                value=50, step=1, help="Fewer steps are faster on big models on a CPU.")
     submitted = st.form_submit_button("Build report", type="primary")

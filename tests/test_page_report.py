@@ -7,25 +7,48 @@ from pathlib import Path
 
 from streamlit.testing.v1 import AppTest
 
+from inspector.report import SECTION_TITLES
+
 PAGE = str(Path(__file__).resolve().parent.parent / "pages" / "6_Report.py")
+
+
+def _labels(at: AppTest) -> list[str]:
+    return [b.proto.label for b in at.get("download_button")]
 
 
 def test_report_page_builds_and_offers_every_format():
     at = AppTest.from_file(PAGE, default_timeout=60)
     at.run()
     assert not at.exception
+    assert not _labels(at)  # nothing to download before the report is built
     sections = at.multiselect[0]
-    assert "summary" in sections.options[0] or "Summary" in str(sections.options)
+    assert list(sections.options) == [t for sid, t in SECTION_TITLES.items() if sid != "findings"]
     sections.set_value(["summary"])
     at.button[0].click()  # the form's submit button
     at.run()
     assert not at.exception
     assert not at.error, [e.value for e in at.error]
-    labels = [b.proto.label for b in at.get("download_button")]
-    assert any(label.startswith("HTML") for label in labels)
-    assert any(label.startswith("JSON") for label in labels)
-    assert any(label.startswith("Markdown") for label in labels)
+    labels = _labels(at)
+    assert [label.split(" ")[0] for label in labels] == ["HTML", "JSON", "Markdown"]
     if os.access("/usr/bin/chromium", os.X_OK):
         assert any(b.label == "Make PDF" for b in at.button)
     preview = "\n".join(m.value for m in at.markdown)
-    assert "4080" in preview  # tiny-gpt2's unique parameter elements
+    assert "| parameter_elements | 4080 |" in preview  # tiny-gpt2's unique parameter elements
+    assert "## Alias groups" not in preview
+
+
+def test_report_page_every_section_with_a_budget():
+    at = AppTest.from_file(PAGE, default_timeout=120)
+    at.run()
+    at.text_input(key="report_budget").set_value("0=8KB,cpu=1GB")  # the device budget (tiny-gpt2 is 16 KiB)
+    at.button[0].click()
+    at.run()
+    assert not at.exception
+    assert not at.error, [e.value for e in at.error]
+    metrics = {m.label: m.value for m in at.metric}
+    assert metrics["Errors"] == "0" and metrics["Sections"] == "7"  # all but the lab results
+    assert [w.value.split(":")[0] for w in at.warning] == ["Lab results"]
+    preview = "\n".join(m.value for m in at.markdown)
+    for title in ("## Findings", "## Summary", "## Alias groups and conversions", "## Device map: plan and audit",
+                  "### Planned device map", "## Activation captures", "## Attributions"):
+        assert title in preview, title
