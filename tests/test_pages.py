@@ -14,7 +14,8 @@ from streamlit.testing.v1 import AppTest
 ROOT = Path(__file__).resolve().parent.parent
 PAGES = sorted((ROOT / "pages").glob("*.py"))
 # Pages that draw a chart as soon as they open on the default model.
-CHART_PAGES = {"1_Alias_graph.py", "2_Flatten_map.py", "3_Device_map.py", "4_Hook_captures.py"}
+CHART_PAGES = {"1_Alias_graph.py", "2_Flatten_map.py", "3_Device_map.py", "4_Hook_captures.py",
+               "5_Attributions.py"}
 
 
 def _run(page: Path) -> AppTest:

@@ -9,7 +9,7 @@ import pytest
 pytestmark = pytest.mark.e2e
 
 # Pages that draw a plotly chart as soon as they open on the default model.
-CHART_PAGES = ("Alias_graph", "Flatten_map", "Device_map", "Hook_captures")
+CHART_PAGES = ("Alias_graph", "Flatten_map", "Device_map", "Hook_captures", "Attributions")
 
 
 def _slug(text: str) -> str:
