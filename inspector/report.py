@@ -349,12 +349,11 @@ def need(module: str, *names: str) -> Any:
 
 @dataclass
 class Context:
-    """What section builders share: the loaded model, the options and results worth reusing."""
+    """What section builders get: the loaded model, every option, the progress callback."""
 
     loaded: Any
     options: dict[str, Any]
     progress: Progress
-    cache: dict[str, Any] = field(default_factory=dict)
 
     @property
     def model(self) -> nn.Module:

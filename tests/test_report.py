@@ -297,3 +297,19 @@ def test_conversions_option_and_lab_results():
     assert lab.options["lab"] == "broken-tie" and "lab_progress" not in lab.options
     assert all(f.code == "lab-task-open" for f in s.findings)
     jsonschema.validate(json.loads(lab.to_json()), load_schema())
+
+
+def test_a_section_that_raises_becomes_an_error_section_and_an_error_finding(monkeypatch):
+    from inspector import report as report_module
+
+    def broken(ctx):
+        raise RuntimeError("analysis bug")
+
+    monkeypatch.setitem(report_module._BUILDERS, "labs", broken)
+    report = build_report(load_model("sample:tiny-gpt2"), ["summary", "labs"])
+    labs = report.section("labs")
+    assert (labs.status, labs.note) == ("error", "RuntimeError: analysis bug")
+    sid, first = report.findings[0]
+    assert (sid, first.code, first.severity) == ("labs", "report-section-failed", "error")
+    assert report.section("summary").status == "ok"
+    assert "**Error:** RuntimeError: analysis bug" in report.to_markdown()
