@@ -37,10 +37,21 @@ TARGET_SECONDS = 5.0
 TARGET_BYTES = 8 * 1024 * 1024
 
 
+SECTION_SECONDS: dict[str, list[float]] = {}
+
+
 def ours(loaded, options) -> tuple[float, float, int, Report]:
+    marks: list[tuple[str, float]] = []
+
+    def progress(message: str) -> None:
+        if message.startswith("report section ") and ":" in message:
+            marks.append((message.split()[2].rstrip(":"), time.perf_counter()))
+
     t0 = time.perf_counter()
-    report = build_report(loaded, **options)
+    report = build_report(loaded, progress=progress, **options)
     t1 = time.perf_counter()
+    for (sid, start), (_, end) in zip(marks, [*marks[1:], ("", t1)]):
+        SECTION_SECONDS.setdefault(sid, []).append(end - start)
     html = report.to_html()
     t2 = time.perf_counter()
     return t1 - t0, t2 - t1, len(html.encode("utf-8")), report
@@ -97,6 +108,8 @@ def main() -> int:
     statuses = [(s.id, s.status) for s in report.sections]
     print()
     print(f"figures: {figures}; sections: {', '.join(f'{sid} ({st})' for sid, st in statuses)}")
+    print("per section (median s): " + ", ".join(f"{sid} {statistics.median(v):.2f}"
+                                                 for sid, v in SECTION_SECONDS.items()))
     print(f"ours: build {statistics.median(build_times):.2f} s + to_html {statistics.median(html_times):.2f} s "
           f"= {total:.2f} s (target <= {TARGET_SECONDS:.0f} s: ratio {total / TARGET_SECONDS:.2f}, "
           f"{'met' if total <= TARGET_SECONDS else 'NOT met'})")
