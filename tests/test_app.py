@@ -247,3 +247,32 @@ def test_guarded_shows_user_errors_plainly_and_bugs_with_a_traceback():
     assert len(at.expander) == 1 and "Traceback" in at.expander[0].label
     assert "shape mismatch" in at.expander[0].code[0].value
     assert at.markdown[-1].value == "still here"
+
+
+def test_uploaded_checkpoint_loads_and_hostile_upload_is_refused(tmp_path):
+    from safetensors.torch import save_file
+
+    from ui.models import UPLOAD_DIR
+
+    model = SAMPLES["tiny-gpt2"].build()
+    state = {k: v.detach().clone() for k, v in model.state_dict().items() if k != "lm_head.weight"}
+    save_file(state, tmp_path / "weights.safetensors")
+    at = run_app()
+    at.file_uploader(key="mi_upload").upload("weights.safetensors",
+                                             (tmp_path / "weights.safetensors").read_bytes()).run()
+    load(at)
+    assert not at.exception and not errors(at)
+    ckpt = at.session_state["mi_selection"].checkpoint
+    assert Path(ckpt).parent == UPLOAD_DIR and ckpt.endswith("-weights.safetensors")
+    # lm_head.weight is not in the file but is tied to transformer.wte.weight, which is.
+    tables = [df.value for df in at.dataframe]
+    assert any("tie-restored" in set(t.get("code", [])) for t in tables)
+
+    marker = tmp_path / "pwned.txt"
+    torch.save({"transformer.wte.weight": Hostile(marker)}, tmp_path / "evil.pt")
+    at.file_uploader(key="mi_upload").upload("evil.pt", (tmp_path / "evil.pt").read_bytes()).run()
+    load(at)
+    assert not at.exception
+    assert any("evil.pt" in e and "refused" in e for e in errors(at))
+    assert not marker.exists()
+    assert at.session_state["mi_selection"].checkpoint == ckpt  # the previous model stays
