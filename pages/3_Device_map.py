@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pandas as pd
 import streamlit as st
 
@@ -132,8 +134,10 @@ with tabs[4]:
             findings_table(check.findings, "dm_dispatch_findings", empty="Every tensor is where the plan says.")
             paged_table(check.table.astype({"device": str, "module_primary_device": str}), "dm_dispatch_table")
 with tabs[5]:
-    text = st.text_area("A device map as JSON (e.g. a model's hf_device_map)",
-                        value='{"": "cpu"}', key="dm_json", height=120)
+    hf_map = getattr(model, "hf_device_map", None)
+    text = st.text_area("A device map as JSON (e.g. a model's hf_device_map)", key=f"dm_json_{loaded.source}",
+                        value=json.dumps(hf_map, default=str) if isinstance(hf_map, dict) else '{"": "cpu"}',
+                        height=120, help="Prefilled with the loaded model's hf_device_map when it has one")
     with guarded("auditing the map"):
         result = audit(model, load_device_map(text, "the JSON map"))
         findings_table(result.findings, "dm_json_findings", empty="This map places every tensor.")
