@@ -628,17 +628,24 @@ def _placement_section(ctx: Context) -> Section:
         notes.append("no device budget given: the device-map plan is left out (pass max_memory, "
                      "e.g. '0=20GiB,1=20GiB,cpu=64GiB')")
     else:
-        plan_explained, check_with_accelerate, format_max_memory = need(
-            "placement", "plan_device_map_explained", "check_with_accelerate", "format_max_memory")
-        plan = plan_explained(model, budget)
-        check = check_with_accelerate(model, plan.device_map)
+        compare_with_accelerate, format_max_memory = need(
+            "placement", "compare_with_accelerate", "format_max_memory")
+        with ctx.loaded.lock:
+            comparison = compare_with_accelerate(model, budget)
+        plan = comparison.ours
         facts.update({"budget": format_max_memory(plan.budget), "map_keys": len(plan.device_map),
-                      "accelerate_check": "passed" if check is None else check})
+                      "accelerate_check": "passed" if comparison.our_check is None else comparison.our_check,
+                      "accelerate_infer_auto_device_map_check": "passed" if comparison.accelerate_check is None
+                      else comparison.accelerate_check,
+                      "accelerate_map_problems": len(comparison.accelerate_findings)})
         tables += [Table("Planned device map", ("key", "device"),
                          tuple((k, plain(v)) for k, v in plan.device_map.items())),
                    Table.from_frame("Bytes per device", plan.usage),
                    Table.from_frame("Audit of the plan: every parameter and buffer", plan.audit),
-                   Table.from_frame("Planner decisions", plan.records_frame())]
+                   Table.from_frame("Planner decisions", plan.records_frame()),
+                   Table.from_frame("Where accelerate's infer_auto_device_map differs, same budget",
+                                    comparison.difference,
+                                    "for comparison only: these are not findings about this model")]
         findings += plan.findings
         figures += _figure(ctx, notes, "placement", "placement_treemap", "Planned device map", plan.audit,
                            summary=tables[3])
