@@ -270,14 +270,21 @@ def test_backward_option_reports_gradients_and_puts_earlier_grads_back():
 
 
 def test_plan_with_a_budget_places_the_split_blocks_buffers():
+    # split-block, float32: embed 16384 + 256 bytes, block.fc1..3 16640 each, block.scale 256,
+    # block.pos_table 4096, head 2080. With 40000 bytes on each GPU the block is split: fc1 and fc2
+    # go to GPU 1, fc3 to the CPU, so GPU 1 holds most of the block's bytes and gets its buffers.
     loaded = load_model("sample:split-block")
-    report = build_report(loaded, ["placement"], max_memory="0=30000,1=30000,cpu=1GB")
+    report = build_report(loaded, ["placement"], max_memory="0=40000,1=40000,cpu=100000")
     s = report.section("placement")
     assert s.status == "ok" and s.facts["accelerate_check"] == "passed"
     audit = next(t for t in s.tables if t.title.startswith("Audit of the plan"))
     col = {c: i for i, c in enumerate(audit.columns)}
     devices = {row[col["name"]]: row[col["device"]] for row in audit.rows}
-    assert devices["block.scale"] is not None and devices["block.pos_table"] is not None
+    assert (devices["block.scale"], devices["block.pos_table"], devices["block.fc3.weight"]) == (1, 1, "cpu")
+    # accelerate's infer_auto_device_map leaves exactly those two buffers out of its map
+    diff = s.tables[-1]
+    assert [(r[0], r[2], r[3]) for r in diff.rows] == [("block.scale", 1, None), ("block.pos_table", 1, None)]
+    assert "block.scale, block.pos_table" in s.facts["accelerate_infer_auto_device_map_check"]
     assert [f.title for f in s.figures] == ["Where every tensor is now", "Planned device map",
                                            "Bytes per device against the budget"]
     bad = build_report(loaded, ["placement"], max_memory="0=3x")
