@@ -1219,6 +1219,12 @@ def dispatch_plan(model: nn.Module, device_map: Mapping[str, Any], *, offload_fo
 
     dm = validate_device_map(model, device_map)
     _check_devices_exist(dm)
+    if "" in dm and dm[""] == "disk":
+        # accelerate cannot offload the root key itself (it finds no tensors under ""): name
+        # the root's parts instead, all on disk.
+        dev = dm.pop("")
+        dm.update({n: dev for n, _ in model.named_children()})
+        dm.update({n: dev for n, _ in [*model.named_parameters(recurse=False), *model.named_buffers(recurse=False)]})
     ensure_runnable(model)
     with model_lock(model):
         target = model if in_place else copy.deepcopy(model)

@@ -441,3 +441,14 @@ def test_buffers_of_a_block_mostly_on_disk(split_block):
         actual = d.table.set_index("name")
         assert actual.at["block.scale", "device"] == "cpu" and actual.at["block.fc2.weight", "device"] == "disk"
         assert d.findings == []
+
+
+def test_dispatch_whole_model_to_disk():
+    # accelerate finds no tensors under the root key "", so the root is named by its parts
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4), nn.Linear(4, 2)).eval()
+    assert plan_device_map(m, "cpu=100,disk=1GiB") == {"": "disk"}  # 232 bytes; cpu keeps 80 free
+    x = torch.randn(3, 4)
+    with dispatch_plan(m, {"": "disk"}) as d, torch.no_grad():
+        assert torch.equal(d.model(x), m(x))
+        assert set(d.table.loc[d.table["kind"] == "parameter", "device"]) == {"disk"}
