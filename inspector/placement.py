@@ -83,7 +83,11 @@ def normalise_device(value: Any) -> Device:
 
 
 def device_order(device: Device) -> tuple[int, int]:
-    """Sort key: GPUs by index, then mps, cpu, disk (the order devices are filled)."""
+    """Sort key: GPUs by index, then mps, cpu, disk (the order devices are filled).
+
+    >>> sorted(["disk", "cpu", 1, "mps", 0], key=device_order)
+    [0, 1, 'mps', 'cpu', 'disk']
+    """
     if isinstance(device, int):
         return (0, device)
     return (1, DEVICE_KINDS.index(device)) if device in DEVICE_KINDS else (2, 0)
@@ -574,7 +578,12 @@ def _keep_ties(inv: Inventory, device_map: dict[str, Device]) -> list[Decision]:
 
 
 def clean_map(device_map: Mapping[str, Device], inv: Inventory) -> dict[str, Device]:
-    """Merge keys into their highest ancestor whose keys all share one device; keep module order."""
+    """Merge keys into their highest ancestor whose keys all share one device; keep module order.
+
+    >>> m = nn.Sequential(nn.Linear(2, 2), nn.Linear(2, 2))
+    >>> clean_map({"1.bias": 0, "0": 0, "1.weight": 0}, inventory(m)), clean_map({"0": 0, "1": 1}, inventory(m))
+    ({'': 0}, {'0': 0, '1': 1})
+    """
     below: dict[str, set] = {}
     for key, dev in device_map.items():
         for prefix in _prefixes(key)[:-1] if key else [""]:
@@ -599,7 +608,11 @@ def _overflow(inv: Inventory, device_map: Mapping[str, Device], capacity: dict[D
 
 
 def default_no_split(model: nn.Module, no_split_module_classes: Iterable[str] | str | None) -> list[str]:
-    """The classes never to split: the argument, else the model's ``_no_split_modules``."""
+    """The classes never to split: the argument, else the model's ``_no_split_modules``.
+
+    >>> default_no_split(nn.Linear(2, 2), None), default_no_split(nn.Linear(2, 2), "Block")
+    ([], ['Block'])
+    """
     if no_split_module_classes is None:
         return list(getattr(model, "_no_split_modules", None) or [])
     if isinstance(no_split_module_classes, str):
@@ -912,7 +925,11 @@ def audit(model: nn.Module, device_map: Mapping[str, Any]) -> DeviceMapAudit:
 
 
 def audit_findings(model: nn.Module, device_map: Mapping[str, Any]) -> list[Finding]:
-    """The findings of :func:`audit`."""
+    """The findings of :func:`audit`.
+
+    >>> [f.code for f in audit_findings(nn.Linear(2, 2), {"weight": 0})]
+    ['param-unplaced']
+    """
     return audit(model, device_map).findings
 
 
@@ -961,6 +978,10 @@ def device_usage(table: pd.DataFrame, budget: Mapping[Device, int] | None = None
 
     Columns: ``device, parameter_bytes, buffer_bytes, total_bytes, budget_bytes, reserved_bytes``;
     unassigned tensors are on the row whose device is None.
+
+    >>> m = nn.Sequential(nn.Linear(2, 2), nn.BatchNorm1d(2))  # params 24 + 16, buffers 16 + 8
+    >>> device_usage(audit_device_map(m, {"": "cpu"}))[["device", "parameter_bytes", "buffer_bytes"]].values.tolist()
+    [['cpu', 40, 24]]
     """
     unique = table[table["alias_of"].isna()]
     devices = list(budget or [])
@@ -1031,7 +1052,11 @@ def placement_table(model: nn.Module) -> pd.DataFrame:
 
 
 def placement_findings(model: nn.Module) -> list[Finding]:
-    """Findings of :func:`placement_table`, plus an info line for a structure-only model."""
+    """Findings of :func:`placement_table`, plus an info line for a structure-only model.
+
+    >>> [f.code for f in placement_findings(nn.Linear(2, 2, device="meta"))]
+    ['meta-model']
+    """
     table = placement_table(model)
     out = _table_findings(table)
     if len(table) and (table["device"] == "meta").all():
@@ -1069,6 +1094,9 @@ def check_with_accelerate(model: nn.Module, device_map: Mapping[str, Any]) -> st
 
     Its warning about keys that are tensor names (not modules) is expected for split modules
     and is not reported.
+
+    >>> check_with_accelerate(nn.Linear(2, 2), {"weight": "cpu"})
+    'The device_map provided does not give any device for the following parameters: bias'
     """
     from accelerate.utils import check_device_map
 
@@ -1082,7 +1110,11 @@ def check_with_accelerate(model: nn.Module, device_map: Mapping[str, Any]) -> st
 
 
 def accelerate_budget(budget: Mapping[Device, int]) -> dict[int | str, int]:
-    """A budget in the form accelerate's ``max_memory`` takes (a fresh dict: accelerate edits it)."""
+    """A budget in the form accelerate's ``max_memory`` takes (a fresh dict: accelerate edits it).
+
+    >>> accelerate_budget(parse_max_memory("0=1KiB,cpu=2KiB"))
+    {0: 1024, 'cpu': 2048}
+    """
     return {d: int(n) for d, n in budget.items()}
 
 
@@ -1157,7 +1189,11 @@ class Dispatched:
 
 
 def validate_device_map(model: nn.Module, device_map: Mapping[str, Any]) -> dict[str, Device]:
-    """The map normalised, or an InspectorError for unknown keys, overlaps and unplaced tensors."""
+    """The map normalised, or an InspectorError for unknown keys, overlaps and unplaced tensors.
+
+    >>> validate_device_map(nn.Linear(2, 2), {"": "cuda:0"})
+    {'': 0}
+    """
     result = audit(model, device_map)
     dm = normalise_map(device_map)
     problems = [f for f in result.findings if f.code in ("unknown-key", "overlapping-key")]
