@@ -222,6 +222,17 @@ def _byte_size(t: torch.Tensor, dtype_size: int | None) -> int:
     return t.numel() * size
 
 
+def _sum_up(modules: list[str], parent: dict[str, str], sizes: dict[str, int], psizes: dict[str, int],
+            has_param: dict[str, bool]) -> None:
+    """Add each module's totals into its parent, deepest first (``modules`` is in pre-order)."""
+    for mname in reversed(modules):
+        if mname:
+            up = parent[mname]
+            sizes[up] += sizes[mname]
+            psizes[up] += psizes[mname]
+            has_param[up] |= has_param[mname]
+
+
 def inventory(model: nn.Module, dtype: torch.dtype | str | None = None) -> Inventory:
     """Every parameter and buffer name (aliases too) and bytes by prefix, in one pass.
 
@@ -290,12 +301,7 @@ def inventory(model: nn.Module, dtype: torch.dtype | str | None = None) -> Inven
                     groups.setdefault(leader, [leader]).append(full)
                 owns_param |= is_param
         sizes[mname], psizes[mname], has_param[mname] = total, ptotal, owns_param
-    for mname in reversed(order):  # children come after their parent in pre-order
-        if mname in classes and mname:
-            up = parent[mname]
-            sizes[up] += sizes[mname]
-            psizes[up] += psizes[mname]
-            has_param[up] |= has_param[mname]
+    _sum_up(list(classes), parent, sizes, psizes, has_param)
     return Inventory(tuple(tensors), {t.name: t for t in tensors}, sizes, psizes, children, direct,
                      classes, order, parent, tuple(tuple(g) for g in groups.values()),
                      frozenset(m for m, v in has_param.items() if v))

@@ -452,3 +452,11 @@ def test_dispatch_whole_model_to_disk():
     with dispatch_plan(m, {"": "disk"}) as d, torch.no_grad():
         assert torch.equal(d.model(x), m(x))
         assert set(d.table.loc[d.table["kind"] == "parameter", "device"]) == {"disk"}
+
+
+def test_dispatch_in_place_says_so_and_changes_the_model():
+    m = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 2))
+    with dispatch_plan(m, {"0": "cpu", "1": "disk"}, in_place=True) as d:
+        assert d.model is m and d.in_place is True
+        assert m[1].weight.device.type == "meta" and hasattr(m[1], "_hf_hook")  # offloaded in place
+        assert d.table.set_index("name").at["1.weight", "device"] == "disk"
