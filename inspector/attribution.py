@@ -18,7 +18,6 @@ import difflib
 import functools
 import inspect
 import math
-import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -63,9 +62,6 @@ METHODS: dict[str, MethodSpec] = {m.name: m for m in [
     MethodSpec("layer_conductance", "Layer Conductance", LayerConductance, True, True, True),
     MethodSpec("layer_gradcam", "Layer GradCAM", LayerGradCam, True, False, False),
 ]}
-
-# captum warns on every call that it set requires_grad on the inputs; the adapter restores it.
-warnings.filterwarnings("ignore", message=r"Input Tensor \d+ did not already require gradients")
 
 _HOOK_DICTS = ("_forward_hooks", "_forward_hooks_with_kwargs", "_forward_hooks_always_called",
                "_forward_pre_hooks", "_forward_pre_hooks_with_kwargs", "_backward_hooks",
@@ -390,6 +386,10 @@ def attribute(loaded: LoadedModel, inputs: Any, method: str, target: int | None,
 
         algo = spec.captum_class(run) if layer_module is None else spec.captum_class(run, layer_module)
         arg = flat[0] if len(flat) == 1 else tuple(flat)
+        if layer_module is None:  # captum would set it itself, with a warning; restored below either way
+            for t in flat:
+                if t.is_leaf and not t.requires_grad:
+                    t.requires_grad_(True)
         try:
             out = algo.attribute(arg, target=forward.captum_target, **options)
         except RuntimeError as exc:

@@ -333,3 +333,10 @@ def test_target_info(cnn, gpt):
 
     assert (target_info(cnn).outputs, target_info(cnn).positions, target_info(cnn).kind) == (10, None, "class index")
     assert target_info(gpt).kind == "next-token id" and cnn.model.training
+
+
+def test_no_requires_grad_warning_and_flag_restored(cnn, recwarn):
+    x = cnn.example_inputs(1)
+    attribute(cnn, x, "saliency", target=2)
+    assert not [w for w in recwarn if "require gradients" in str(w.message)]
+    assert x.requires_grad is False
