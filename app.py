@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
+from urllib.parse import urlencode
 
 import pandas as pd
 import streamlit as st
@@ -91,3 +93,17 @@ with guarded("listing the tensors"):
     with st.expander("Parameters and buffers", expanded=False):
         listing: pd.DataFrame = cached_analysis(tensor_listing, loaded.model)
         paged_table(listing, "home_tensors", caption="every name, aliases included")
+
+sel = st.session_state["mi_selection"]
+with st.expander("The same model from the command line, or as a link"):
+    args = [sel.source, "--device", sel.device]
+    args += ["--dtype", sel.dtype] if sel.dtype else []
+    args += ["--checkpoint", sel.checkpoint] if sel.checkpoint else []
+    quoted = " ".join(shlex.quote(a) for a in args)
+    commands = {"summary": "", "aliases": "", "offsets": "", "devicemap": "", "capture": "",
+                "report": " -o report.html"}
+    st.code("\n".join(f"python -m inspector {cmd} {quoted}{extra}" for cmd, extra in commands.items()),
+            language="bash")
+    query = {"model": sel.source, "device": sel.device, **({"dtype": sel.dtype} if sel.dtype else {})}
+    st.caption("Open the dashboard with this model already chosen (uploads are not part of the link):")
+    st.code(f"?{urlencode(query)}", language="text")

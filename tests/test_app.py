@@ -49,6 +49,10 @@ def test_home_opens_with_tiny_gpt2_on_cpu():
     # The aliases finding is listed (the tie between wte and lm_head).
     tables = [df.value for df in at.dataframe]
     assert any("aliases-present" in set(t.get("code", [])) for t in tables)
+    # The same model from the command line and as a link.
+    codes = [c.value for c in at.code]
+    assert any("python -m inspector summary sample:tiny-gpt2 --device cpu" in c for c in codes)
+    assert "?model=sample%3Atiny-gpt2&device=cpu" in codes
 
 
 @pytest.mark.parametrize("name", list(SAMPLES))
