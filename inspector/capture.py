@@ -218,7 +218,8 @@ def select_modules(model: nn.Module, modules: Any = None) -> dict[str, nn.Module
     Args:
         model: the model.
         modules: ``None`` for every submodule; otherwise a name, a glob pattern
-            (``"layers.*.act"``), a module class, a class name (``"ReLU"``), or a list of those.
+            (``"layers.*.act"``), a module class, a class name (``"ReLU"``), or a list of those
+            (a string may hold several, separated by commas).
 
     Raises:
         InspectorError: for a name or pattern that matches nothing, with close names.
@@ -233,6 +234,11 @@ def select_modules(model: nn.Module, modules: Any = None) -> dict[str, nn.Module
     if modules is None:
         return dict(named)
     items = [modules] if isinstance(modules, (str, type)) else list(modules)
+    items = [part for item in items for part in (item.split(",") if isinstance(item, str) else [item])]
+    items = [item for item in items if not isinstance(item, str) or item.strip()]
+    if not items:
+        raise InspectorError("no modules were selected: give names, glob patterns or classes, "
+                             "or None for every module")
     names = [n for n, _ in named]
     chosen: set[str] = set()
     for item in items:

@@ -184,6 +184,9 @@ def test_module_selection_by_name_pattern_and_class(cnn):
     model, x = cnn
     assert list(select_modules(model, ["conv*", nn.BatchNorm2d])) == ["conv1", "conv2", "bn2"]
     assert list(select_modules(model, "ReLU")) == ["relu1", "relu2"]
+    assert list(select_modules(model, "fc, relu*")) == ["relu1", "relu2", "fc"]
+    with pytest.raises(InspectorError, match="no modules were selected"):
+        select_modules(model, [])
     cap = capture_activations(model, x, modules="conv1")
     assert cap.order == ["conv1"]
     assert cap.mutated == {"conv1": "relu1"}  # the overwriter is named even when it is not captured
