@@ -280,3 +280,31 @@ def test_uploaded_checkpoint_loads_and_hostile_upload_is_refused(tmp_path):
     assert any("evil.pt" in e and "refused" in e for e in errors(at))
     assert not marker.exists()
     assert at.session_state["mi_selection"].checkpoint == ckpt  # the previous model stays
+
+
+def test_local_hugging_face_folder_loads(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    config = transformers.GPT2Config(vocab_size=32, n_positions=16, n_embd=16, n_layer=1, n_head=2)
+    torch.manual_seed(0)
+    hf = transformers.GPT2LMHeadModel(config)
+    hf.save_pretrained(tmp_path / "tiny-hf")
+    unique = sum(p.numel() for p in hf.parameters())
+    at = run_app()
+    at.radio(key="mi_kind").set_value("Hugging Face folder").run()
+    at.text_input(key="mi_hf").input(str(tmp_path / "tiny-hf")).run()
+    load(at)
+    assert not at.exception and not errors(at)
+    assert at.session_state["mi_selection"].source == f"hf:{tmp_path / 'tiny-hf'}"
+    assert metric(at, "Parameter elements") == f"{unique:,}"
+    # lm_head.weight is tied to transformer.wte.weight: 32 * 16 = 512 elements counted twice.
+    assert metric(at, "Counting every alias") == f"{unique + 512:,}"
+
+
+def test_folder_without_config_is_a_clear_error(tmp_path):
+    at = run_app()
+    at.radio(key="mi_kind").set_value("Hugging Face folder").run()
+    at.text_input(key="mi_hf").input(str(tmp_path)).run()
+    load(at)
+    assert not at.exception
+    assert any("no config.json" in e for e in errors(at))
+    assert at.session_state["mi_selection"] == Selection()
