@@ -308,3 +308,12 @@ def test_folder_without_config_is_a_clear_error(tmp_path):
     assert not at.exception
     assert any("no config.json" in e for e in errors(at))
     assert at.session_state["mi_selection"] == Selection()
+
+
+def test_leaving_a_structure_only_sample_goes_back_to_the_cpu():
+    at = run_app(model="sample:llama-70b-meta", device="meta")
+    at.selectbox(key="mi_sample").set_value("cnn-bn").run()
+    assert at.selectbox(key="mi_device_any").value == "cpu"
+    load(at)
+    assert not at.exception and not errors(at)
+    assert at.session_state["mi_selection"] == Selection("sample:cnn-bn", None, "cpu", None)

@@ -155,7 +155,10 @@ def model_picker() -> LoadedModel | None:
         source, meta_only = _source_inputs(sel)
         devices = available_devices()
         names = [d.name for d in devices]
-        default_dev = "meta" if meta_only else (sel.device if sel.device in names else "cpu")
+        was_meta_only = sel.source.startswith("sample:") and getattr(
+            SAMPLES.get(sel.source.removeprefix("sample:")), "meta_only", False)
+        default_dev = ("meta" if meta_only else
+                       "cpu" if was_meta_only or sel.device not in names else sel.device)
         device = st.selectbox("Device", names, index=names.index(default_dev),
                               format_func=lambda n: _device_label(devices, n),
                               key=f"mi_device_{'meta' if meta_only else 'any'}",
