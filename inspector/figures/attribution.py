@@ -50,7 +50,7 @@ def token_heatmap(result: AttributionResult, title: str | None = None) -> go.Fig
     fig.update_layout(title=title or f"{result.captum_method} on {where}: target {result.target}"
                       + (f" at position {result.position}" if result.position is not None else ""),
                       xaxis=dict(title="position / token id", tickvals=x, ticktext=ticks),
-                      height=160 + 40 * len(z.index), margin=dict(l=60, r=20, t=50, b=60))
+                      height=240 + 40 * len(z.index), margin=dict(l=60, r=20, t=50, b=60))
     return fig
 
 
