@@ -186,7 +186,12 @@ def test_url_choice_loads_that_model():
     assert at.session_state["mi_selection"] == Selection("sample:llama-70b-meta", None, "meta", None)
     # The tensor listing of a 70B model is paged, not drawn in one go.
     listing = [df.value for df in at.dataframe if "requires_grad" in df.value.columns]
-    assert listing and all(len(t) <= 50 for t in listing)
+    # 723 parameters + 1 buffer (rotary inv_freq): 50 rows a page, 15 pages.
+    assert len(listing) == 1 and len(listing[0]) == 50
+    assert at.number_input(key="home_tensors_page_15").max == 15
+    at.text_input(key="home_tensors_filter").input("layers.79.mlp").run()
+    listing = next(df.value for df in at.dataframe if "requires_grad" in df.value.columns)
+    assert list(listing["name"]) == [f"layers.79.mlp.{p}_proj.weight" for p in ("gate", "up", "down")]
 
 
 def _counting_script(counter_path: str, scope: str) -> None:
