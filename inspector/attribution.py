@@ -182,6 +182,8 @@ def _finite_or_none(v: float) -> float | None:
 def _jsonable(v: Any) -> Any:
     if isinstance(v, torch.Tensor):
         return f"tensor{list(v.shape)}"
+    if isinstance(v, (tuple, list)):
+        return [_jsonable(x) for x in v]
     return v if isinstance(v, (int, float, str, bool, type(None))) else repr(v)
 
 
@@ -315,7 +317,9 @@ def attribute(loaded: LoadedModel, inputs: Any, method: str, target: int | None,
         **options: passed to captum's ``attribute`` (``n_steps``, ``baselines``,
             ``internal_batch_size``...); captum's own ``method`` (the integration rule,
             e.g. ``"riemann_middle"``) is given as ``integration_method``. Methods with a
-            delta return it unless ``return_convergence_delta=False``.
+            delta return it unless ``return_convergence_delta=False``. On token models the
+            first tensor (the ids) is attributed; further ones (an attention mask) are passed
+            through as captum's ``additional_forward_args``.
 
     Raises:
         InspectorError: unknown method or layer, a method that does not fit the model,
@@ -386,6 +390,9 @@ def attribute(loaded: LoadedModel, inputs: Any, method: str, target: int | None,
 
         algo = spec.captum_class(run) if layer_module is None else spec.captum_class(run, layer_module)
         arg = flat[0] if len(flat) == 1 else tuple(flat)
+        if tokens and len(flat) > 1 and "additional_forward_args" not in options:
+            # token ids are the input; the rest (an attention mask...) passes through unchanged
+            arg, options = flat[0], {**options, "additional_forward_args": tuple(flat[1:])}
         if layer_module is None:  # captum would set it itself, with a warning; restored below either way
             for t in flat:
                 if t.is_leaf and not t.requires_grad:
@@ -413,7 +420,8 @@ def attribute(loaded: LoadedModel, inputs: Any, method: str, target: int | None,
     kept_inputs = tuple(t.detach().to("cpu") for t in flat)
     findings += _nan_findings(attributions, layer)
     result = AttributionResult(method, requested, spec.captum_class.__name__, target,
-                               forward.used_position, layer, attributions, kept_inputs, delta, tokens, dict(options), findings)
+                               forward.used_position, layer, attributions, kept_inputs, delta, tokens,
+                               dict(options), findings)
     comp = result.completeness()
     if comp is not None and not comp.trusted:
         findings.append(Finding(

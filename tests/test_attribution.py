@@ -340,3 +340,29 @@ def test_no_requires_grad_warning_and_flag_restored(cnn, recwarn):
     attribute(cnn, x, "saliency", target=2)
     assert not [w for w in recwarn if "require gradients" in str(w.message)]
     assert x.requires_grad is False
+
+
+class _MaskedTokens(nn.Module):
+    """ids (B, T) and a 0/1 mask (B, T) -> logits (B, T, 5); masked tokens contribute nothing."""
+
+    def __init__(self):
+        super().__init__()
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(0)
+            self.emb = nn.Embedding(5, 3)
+            self.head = nn.Linear(3, 5)
+
+    def forward(self, input_ids, attention_mask):
+        x = self.emb(input_ids) * attention_mask[..., None]  # (B, T, 3)
+        return self.head(x.cumsum(1))  # (B, T, 5)
+
+
+def test_token_model_with_a_mask_passes_the_mask_through():
+    model = _MaskedTokens()
+    inputs = {"input_ids": torch.tensor([[1, 2, 3, 4]]), "attention_mask": torch.tensor([[1, 1, 0, 1]])}
+    r = attribute(wrap(model), inputs, "ig", target=2, n_steps=8)
+    assert r.layer == "emb" and r.to_dict()["options"]["additional_forward_args"] == ["tensor[1, 4]"]
+    direct = LayerIntegratedGradients(lambda ids, mask: model(ids, mask)[:, -1], model.emb).attribute(
+        inputs["input_ids"], target=2, n_steps=8, additional_forward_args=(inputs["attention_mask"],))
+    assert torch.equal(r.attributions[0], direct)
+    assert r.summary["score"][2] == 0  # the masked token (position 2) drove nothing
