@@ -415,8 +415,8 @@ def attribute(loaded: LoadedModel, inputs: Any, method: str, target: int | None,
     attributions = tuple(a.detach().to("cpu") for a in (out if isinstance(out, (tuple, list)) else (out,)))
     if spec.name == "layer_gradcam" and attributions[0].dim() < 3:
         raise InspectorError(
-            f"GradCAM needs a layer with spatial output (B, C, H, W); {layer} gives "
-            f"{tuple(attributions[0].shape)} per batch. Convolution layers: {', '.join(conv_layers(model))}")
+            f"GradCAM needs a layer with spatial output (B, C, H, W); {layer} has none (its map has "
+            f"shape {tuple(attributions[0].shape)}). Convolution layers: {', '.join(conv_layers(model))}")
     kept_inputs = tuple(t.detach().to("cpu") for t in flat)
     findings += _nan_findings(attributions, layer)
     result = AttributionResult(method, requested, spec.captum_class.__name__, target,
@@ -442,9 +442,9 @@ class _TargetedForward:
                  position: int, name: str) -> None:
         self.model, self.rebuild, self.target, self.position, self.name = model, rebuild, target, position, name
         self.used_position: int | None = None
-        self.captum_target = target
         if target is not None and (isinstance(target, bool) or not isinstance(target, (int, np.integer))):
             raise InspectorError(f"target must be an integer index, got {target!r}")
+        self.target = self.captum_target = None if target is None else int(target)
 
     def __call__(self, *xs: torch.Tensor) -> torch.Tensor:
         out = _main_output(call_model(self.model, self.rebuild(xs)), self.name)
