@@ -22,6 +22,7 @@ import shutil
 import subprocess
 import tempfile
 import time
+import warnings
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -630,7 +631,9 @@ def _placement_section(ctx: Context) -> Section:
     else:
         compare_with_accelerate, format_max_memory = need(
             "placement", "compare_with_accelerate", "format_max_memory")
-        with ctx.loaded.lock:
+        with ctx.loaded.lock, warnings.catch_warnings():
+            # accelerate warns about its own plan's offloaded buffers; the diff table shows that
+            warnings.filterwarnings("ignore", category=UserWarning, module="accelerate")
             comparison = compare_with_accelerate(model, budget)
         plan = comparison.ours
         facts.update({"budget": format_max_memory(plan.budget), "map_keys": len(plan.device_map),
