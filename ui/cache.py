@@ -126,6 +126,13 @@ def _freeze(value: Any) -> Any:
     return ("repr", type(value).__qualname__, repr(value))
 
 
+def _function_id(fn: Callable) -> tuple:
+    """Module, qualified name and source line: two lambdas on one page stay apart."""
+    code = getattr(fn, "__code__", None)
+    where = (code.co_filename, code.co_firstlineno) if code is not None else ()
+    return (getattr(fn, "__module__", ""), getattr(fn, "__qualname__", repr(fn)), *where)
+
+
 def current_model_key() -> str:
     """The key of the model picked in this session (the default model before the picker ran)."""
     sel = st.session_state.get("mi_selection")
@@ -147,8 +154,7 @@ def cached_analysis(fn: Callable[..., T], /, *args: Any, cache_scope: Scope = "m
     Returns:
         What ``fn`` returned; the same object on later calls with the same key.
     """
-    key = (current_model_key(), getattr(fn, "__module__", ""), getattr(fn, "__qualname__", repr(fn)),
-           _freeze(args), _freeze(kwargs), _freeze(cache_key))
+    key = (current_model_key(), _function_id(fn), _freeze(args), _freeze(kwargs), _freeze(cache_key))
     store = _session_store() if cache_scope == "session" else _model_store(key[0])
     return store.get_or_compute(key, lambda: fn(*args, **kwargs))
 
