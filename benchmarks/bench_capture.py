@@ -15,7 +15,7 @@ Targets: inspector-all <= 1.10x, inspector-3 <= 1.02x (bare references cost abou
 Both wall-clock and process CPU-time ratios are printed: on a machine shared with other
 work the CPU time of this process is the steadier of the two.
 
-Run: ``python benchmarks/bench_capture.py [--repeats 7] [--device cpu]``
+Run: ``python benchmarks/bench_capture.py [--repeats 7] [--device cpu] [--threads 1]``
 """
 
 from __future__ import annotations
@@ -80,7 +80,11 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--batch", type=int, default=4)
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch CPU threads (1 gives steadier figures on a busy machine)")
     args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     device = torch.device(args.device)
     sample = get_sample("gpt2-small")
     model = sample.build().eval().to(device)
