@@ -7,9 +7,11 @@ detached copy taken inside the hook, and the capture says which live outputs wer
 changed after the hook saw them, so the user knows where a bare reference is wrong.
 
 Outside inference mode the tensor version counter tells when a live output was
-written in place. Inference tensors have no version counter; there a live output is
-compared with its copy when a later module returned a tensor on the same storage
-(which is how in-place writers such as ``ReLU(inplace=True)`` show themselves).
+written in place (checked after every module and at the end of the pass). Inference
+tensors have no version counter; there a live output is compared with its copy when a
+later module returns a tensor on the same storage (which is how in-place writers such as
+``ReLU(inplace=True)`` or a returned residual ``x += ...`` show themselves), and it is
+held only weakly, so capturing in inference mode keeps no activation alive longer.
 
 Copies to the CPU go into pooled memory: writing into pages that are already mapped
 is several times faster than a fresh allocation each time. A pool block is reused only
@@ -23,6 +25,7 @@ import fnmatch
 import math
 import os
 import threading
+import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -400,15 +403,23 @@ def _memcpy(dst: torch.Tensor, src: torch.Tensor) -> bool:
 
 @dataclass
 class _Live:
-    """A live output tensor leaf kept to see whether it changes after its capture."""
+    """A captured output tensor leaf, watched for in-place changes.
+
+    Tensors with a version counter are held until the end of the pass, so a write by any
+    code (inside a module or not) is seen. Inference tensors are held only weakly, so
+    capturing keeps no extra memory alive in inference mode; watching one ends when it is
+    gone (its memory may then be reused, which a copy does not mind).
+    """
 
     key: str
     path: str
-    tensor: torch.Tensor
+    ref: Callable[[], torch.Tensor | None]
     copy: torch.Tensor
     version: int | None
-    suspect: bool = False
+    source: torch.device
+    change: float | None = None
     by: str | None = None
+    written_by: list[str | None] = field(default_factory=list)
 
 
 def _storage_key(t: torch.Tensor) -> tuple[str, int] | None:
@@ -499,13 +510,29 @@ class _Recorder:
                 if not isinstance(leaf, torch.Tensor):
                     continue
                 for rec in self.by_storage.get(_storage_key(leaf), ()):
-                    if rec.suspect:
+                    if rec.change is not None:
+                        continue
+                    t = rec.ref()
+                    if t is None:  # gone (its memory may be reused): nothing left to watch
                         continue
                     if rec.version is not None:
-                        if rec.tensor._version != rec.version:
-                            rec.suspect, rec.by = True, name
+                        if t._version != rec.version:
+                            rec.version = t._version
+                            self._compare(rec, t, name)
                     elif is_output:
-                        rec.suspect, rec.by = True, name
+                        self._compare(rec, t, name)
+
+    def _compare(self, rec: _Live, t: torch.Tensor, by: str | None) -> None:
+        """Compare the live tensor with its copy now; note a change and who made it."""
+        if rec.source.type == "cuda":
+            torch.cuda.synchronize(rec.source)  # the copy may still be in flight
+        change = _max_change(t, rec.copy)
+        if change is None:
+            return
+        if change != 0.0:
+            rec.change, rec.by = change, by
+        elif rec.version is not None:
+            rec.written_by.append(by)
 
     def _capture(self, key: str, output: Any) -> None:
         stored = self._store(key, "output", output, watch=True)
@@ -579,7 +606,8 @@ class _Recorder:
         if skey is None:
             return
         version = None if t.is_inference() else t._version
-        rec = _Live(key, path, t, copy, version)
+        ref = weakref.ref(t) if version is None else (lambda t=t: t)
+        rec = _Live(key, path, ref, copy, version, t.device)
         self.live.append(rec)
         self.by_storage.setdefault(skey, []).append(rec)
 
@@ -651,21 +679,19 @@ class _Recorder:
     def _settle_mutations(self) -> None:
         r = self.result
         for rec in self.live:
-            if rec.version is not None and not rec.suspect and rec.tensor._version != rec.version:
-                rec.suspect = True
-            if not rec.suspect:
-                continue
-            change = _max_change(rec.tensor, rec.copy)
-            if change is None:
-                continue
-            if change == 0.0 and rec.version is not None:
+            t = rec.ref()
+            if rec.change is None and t is not None and rec.version is not None \
+                    and t._version != rec.version:
+                self._compare(rec, t, None)
+            if rec.change is None and rec.written_by:
+                by = rec.written_by[0]
                 r.findings.append(Finding("capture-written-same-values", "info", rec.key,
                                           f"{rec.key}{rec.path} was written in place"
-                                          f"{' by ' + rec.by if rec.by else ''} after its capture, "
+                                          f"{' by ' + by if by else ''} after its capture, "
                                           "but its values did not change"))
+            if rec.change is None:
                 continue
-            if change == 0.0:
-                continue
+            change = rec.change
             r.mutations.append(Mutation(rec.key, rec.path, rec.by,
                                         "value" if rec.version is None else "version", change))
             if rec.key not in r.mutated:
@@ -739,6 +765,7 @@ def capturing(model: nn.Module, modules: Any = None, store_on: str | torch.devic
     caller then makes sure nothing else adds hooks meanwhile).
 
     >>> net = nn.Sequential(nn.Linear(2, 2), nn.ReLU(inplace=True))
+    >>> _ = nn.init.constant_(net[0].weight, -1.0)  # outputs below zero: the ReLU changes them
     >>> with capturing(net) as cap:
     ...     _ = net(torch.ones(1, 2))
     >>> sorted(cap.outputs), list(cap.mutated)
@@ -810,6 +837,7 @@ def capture_activations(model: nn.Module, inputs: Any, modules: Any = None,
             (naming the module that raised).
 
     >>> net = nn.Sequential(nn.Linear(2, 2), nn.ReLU(inplace=True))
+    >>> _ = nn.init.constant_(net[0].weight, -1.0)  # outputs below zero: the ReLU changes them
     >>> cap = capture_activations(net, torch.ones(1, 2), modules="0")
     >>> cap.outputs["0"].shape, cap.mutated
     (torch.Size([1, 2]), {'0': '1'})

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import weakref
 
 import pytest
 import torch
@@ -412,3 +413,37 @@ def test_bad_store_device(cnn):
     with pytest.raises(InspectorError, match="would keep no values"):
         capture_activations(model, x, store_on="meta")
     assert hook_state(model) == {n: () for n, _ in model.named_modules()}
+
+
+class _Probe(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = x * 2
+        self.ref = weakref.ref(y)
+        return y
+
+
+class _Checker(nn.Module):
+    def __init__(self, probe: _Probe) -> None:
+        super().__init__()
+        self.probe = [probe]  # a list, so it is not a submodule
+        self.alive: list[bool] = []
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.alive.append(self.probe[0].ref() is not None)
+        return x
+
+
+def test_inference_mode_capture_keeps_no_activation_alive():
+    probe = _Probe()
+    checker = _Checker(probe)
+    model = nn.Sequential(probe, nn.Identity(), nn.Linear(2, 2), checker)
+    x = torch.ones(1, 2)
+    with torch.inference_mode():
+        model(x)
+        cap = capture_activations(model, x)
+    with torch.no_grad():
+        capture_activations(model, x)  # version counters: held to the end of the pass
+    # plain pass: the probe's output is gone once the Linear ran; the same when capturing in
+    # inference mode (watched through a weak reference); held while capturing under no_grad
+    assert checker.alive == [False, False, True]
+    assert torch.equal(cap.outputs["0"], torch.full((1, 2), 2.0))
