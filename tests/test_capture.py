@@ -294,7 +294,7 @@ def test_context_manager_inputs_and_grads(cnn):
     model, x = cnn
     with capturing(model, modules=["relu1", "fc"], grads=True, keep_inputs=True) as cap:
         with pytest.raises(InspectorError, match="when the `with capturing"):
-            cap.stats
+            _ = cap.stats
         out = model(x)
         out.sum().backward()
     # relu1 ran in place on its input: the input copy keeps the negatives, the output has none
