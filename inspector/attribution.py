@@ -18,8 +18,7 @@ import difflib
 import functools
 import inspect
 import math
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
@@ -37,6 +36,7 @@ from captum.attr import (
     Saliency,
 )
 from torch import nn
+from torch.utils.hooks import RemovableHandle
 
 from .findings import Finding, InspectorError
 from .models import LoadedModel, call_model, to_device
@@ -336,14 +336,15 @@ def attribute(loaded: LoadedModel, inputs: Any, method: str, target: int | None,
                              + (f"; did you mean {', '.join(close)}?" if close else "")
                              + f" Methods: {', '.join(METHODS)}")
     model = loaded.model
-    device = loaded.input_device()
+    named = _named_modules(model)  # one walk, reused for the device, the layer and the state
+    device = _first_device(named)
     if device.type == "meta":
         loaded.check_runnable()  # raises with the first meta tensor's name
     inputs = loaded.example_inputs(1) if inputs is None else to_device(inputs, device)
     flat, rebuild = _flatten_inputs(inputs)
     if not flat:
         raise InspectorError(f"{loaded.name}: attribution needs at least one input tensor")
-    tokens = is_token_model(inputs)
+    tokens = not flat[0].is_floating_point() and not flat[0].is_complex()
     findings: list[Finding] = []
     requested = method
     if tokens and not METHODS[method].on_layer:
@@ -362,7 +363,7 @@ def attribute(loaded: LoadedModel, inputs: Any, method: str, target: int | None,
         raise InspectorError(
             f"{spec.label} interpolates between the inputs and a baseline, but {loaded.name} takes "
             "integer token ids, which cannot be interpolated. Use 'layer_ig' on a layer instead.")
-    if spec.name == "layer_gradcam" and not any(isinstance(m, _CONV) for m in model.modules()):
+    if spec.name == "layer_gradcam" and not any(isinstance(m, _CONV) for _, m in named):
         raise InspectorError(
             f"GradCAM weighs a convolution's feature maps, and {loaded.name} has no convolution "
             "layer. Use 'layer_conductance' or 'layer_ig' for its layers, or 'ig' for its inputs.")
@@ -373,7 +374,9 @@ def attribute(loaded: LoadedModel, inputs: Any, method: str, target: int | None,
             names = layer_names(model)
             raise InspectorError(f"{spec.label} needs a layer: choose one of {loaded.name}'s modules, "
                                  f"e.g. {', '.join(names[:8])}{' ...' if len(names) > 8 else ''}")
-        layer_module = resolve_layer(model, layer, loaded.name)
+        layer_module = next((m for n, m in named if n == layer), None) if layer else None
+        if layer_module is None:
+            layer_module = resolve_layer(model, layer, loaded.name)  # raises with close names
     else:
         layer = None
         bad = [i for i, t in enumerate(flat) if not t.is_floating_point()]
@@ -384,7 +387,8 @@ def attribute(loaded: LoadedModel, inputs: Any, method: str, target: int | None,
     if spec.has_delta:
         options.setdefault("return_convergence_delta", True)
     forward = _TargetedForward(model, rebuild, target, position, loaded.name)
-    with loaded.lock, preserved_state(model, flat, findings), torch.enable_grad():
+    with loaded.lock, preserved_state(model, flat, findings, modules=[m for _, m in named]), \
+            torch.enable_grad():
         def run(*xs: torch.Tensor) -> torch.Tensor:  # a plain function: captum inspects its signature
             return forward(*xs)
 
@@ -411,13 +415,13 @@ def attribute(loaded: LoadedModel, inputs: Any, method: str, target: int | None,
     delta = None
     if spec.has_delta and options.get("return_convergence_delta"):
         out, delta = out
-        delta = delta.detach().to("cpu")
-    attributions = tuple(a.detach().to("cpu") for a in (out if isinstance(out, (tuple, list)) else (out,)))
+        delta = _to_cpu(delta)
+    attributions = tuple(_to_cpu(a) for a in (out if isinstance(out, (tuple, list)) else (out,)))
     if spec.name == "layer_gradcam" and attributions[0].dim() < 3:
         raise InspectorError(
             f"GradCAM needs a layer with spatial output (B, C, H, W); {layer} has none (its map has "
             f"shape {tuple(attributions[0].shape)}). Convolution layers: {', '.join(conv_layers(model))}")
-    kept_inputs = tuple(t.detach().to("cpu") for t in flat)
+    kept_inputs = tuple(_to_cpu(t) for t in flat)
     findings += _nan_findings(attributions, layer)
     result = AttributionResult(method, requested, spec.captum_class.__name__, target,
                                forward.used_position, layer, attributions, kept_inputs, delta, tokens,
@@ -526,48 +530,107 @@ def _check_options(spec: MethodSpec, options: dict[str, Any]) -> dict[str, Any]:
     return options
 
 
-@contextmanager
-def preserved_state(model: nn.Module, tensors: list[torch.Tensor],
-                    findings: list[Finding] | None = None) -> Iterator[None]:
+class preserved_state:  # noqa: N801 - used as a context manager, like contextlib's
     """Run in eval mode; afterwards restore every module's training flag, the tensors'
     ``requires_grad``, the parameters' ``.grad`` and remove any hook added meanwhile.
 
-    Eval mode keeps BatchNorm's running statistics unchanged and dropout off.
+    Eval mode keeps BatchNorm's running statistics unchanged and dropout off. Hooks added
+    meanwhile are found by their handle id: ids only grow, so a hook whose id is at least
+    the next id at entry is new (nothing is scanned when no hook was registered at all).
+    ``modules`` may pass ``list(model.modules())`` when the caller has walked it already.
+
+    >>> lin = nn.Linear(2, 1).train()
+    >>> with preserved_state(lin, []):
+    ...     _ = lin.register_forward_hook(lambda *a: None)
+    ...     lin.training
+    False
+    >>> lin.training, len(lin._forward_hooks)
+    (True, 0)
     """
-    modules = list(model.modules())
-    modes = [m.training for m in modules]
-    grads = [(p, p.grad) for m in modules for p in m._parameters.values() if p is not None]
-    flags = [(t, t.requires_grad) for t in tensors]
-    hooks = [[tuple(m.__dict__.get(a) or ()) for a in _HOOK_DICTS] for m in modules]  # keys before
-    if model.training:
-        if findings is not None:
-            findings.append(Finding("eval-mode", "info", "",
-                                    "the model was in training mode; attribution ran in eval mode (BatchNorm "
-                                    "statistics frozen, dropout off) and training mode was restored"))
-    if any(modes):
-        model.eval()
-    try:
-        yield
-    finally:
+
+    __slots__ = ("model", "tensors", "findings", "modules", "modes", "grads", "flags", "hook_id")
+
+    def __init__(self, model: nn.Module, tensors: list[torch.Tensor],
+                 findings: list[Finding] | None = None, *, modules: list[nn.Module] | None = None) -> None:
+        self.model, self.tensors, self.findings = model, tensors, findings
+        self.modules = [m for _, m in _named_modules(model)] if modules is None else modules
+
+    def __enter__(self) -> None:
+        modules = self.modules
+        self.modes = modes = [m.training for m in modules]
+        self.grads = [(p, p.grad) for m in modules for p in m._parameters.values() if p is not None]
+        self.flags = [(t, t.requires_grad) for t in self.tensors]
+        self.hook_id = RemovableHandle.next_id
+        if self.model.training and self.findings is not None:
+            self.findings.append(Finding("eval-mode", "info", "",
+                                         "the model was in training mode; attribution ran in eval mode "
+                                         "(BatchNorm statistics frozen, dropout off) and training mode "
+                                         "was restored"))
+        if any(modes):
+            self.model.eval()
+
+    def __exit__(self, *exc: object) -> None:
+        modules, modes = self.modules, self.modes
+        if [m.training for m in modules] != modes:
+            for m, mode in zip(modules, modes):
+                if m.training != mode:
+                    object.__setattr__(m, "training", mode)  # what Module.__setattr__ does for a bool
         removed = 0
-        for m, mode, before in zip(modules, modes, hooks):
-            if m.training != mode:
-                object.__setattr__(m, "training", mode)  # what Module.__setattr__ does for a bool
-            for a, keys in zip(_HOOK_DICTS, before):
-                d = m.__dict__.get(a)
-                if d and tuple(d) != keys:  # hook dicts keep insertion order
-                    for k in [k for k in d if k not in keys]:
-                        del d[k]
-                        removed += 1
-        for p, g in grads:
+        start = self.hook_id
+        if RemovableHandle.next_id != start:  # some hook was registered meanwhile
+            for m in modules:
+                md = m.__dict__
+                for a in _HOOK_DICTS:
+                    d = md.get(a)
+                    if d:
+                        new = [k for k in d if isinstance(k, int) and k >= start]
+                        for k in new:
+                            del d[k]
+                        removed += len(new)
+        for p, g in self.grads:
             if p.grad is not g:
                 p.grad = g
-        for t, flag in flags:
+        for t, flag in self.flags:
             if t.requires_grad != flag and t.is_leaf:
                 t.requires_grad_(flag)
-        if removed and findings is not None:
-            findings.append(Finding("hook-removed", "warning", "",
-                                    f"{removed} hook(s) left behind by captum were removed"))
+        if removed and self.findings is not None:
+            self.findings.append(Finding("hook-removed", "warning", "",
+                                         f"{removed} hook(s) left behind by captum were removed"))
+
+
+def _named_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    """``list(model.named_modules())``: same names, same order, each module once (an
+    explicit stack instead of nested generators, which cost more on every call)."""
+    out: list[tuple[str, nn.Module]] = []
+    seen: set[int] = set()
+    stack = [("", model)]
+    while stack:
+        name, m = stack.pop()
+        if id(m) in seen:
+            continue
+        seen.add(id(m))
+        out.append((name, m))
+        children = m._modules
+        if children:
+            prefix = name + "." if name else ""
+            stack.extend(reversed([(prefix + k, c) for k, c in children.items() if c is not None]))
+    return out
+
+
+def _first_device(named: list[tuple[str, nn.Module]]) -> torch.device:
+    """The device of the first parameter (else buffer) in module order, like
+    ``LoadedModel.input_device``; CPU for a model without tensors."""
+    for attr in ("_parameters", "_buffers"):
+        for _, m in named:
+            for t in (m.__dict__.get(attr) or {}).values():
+                if t is not None:
+                    return t.device
+    return torch.device("cpu")
+
+
+def _to_cpu(t: torch.Tensor) -> torch.Tensor:
+    t = t.detach()
+    return t if t.device.type == "cpu" else t.to("cpu")
 
 
 def _summary(attributions: tuple[torch.Tensor, ...], inputs: tuple[torch.Tensor, ...],
