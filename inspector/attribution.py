@@ -14,6 +14,7 @@ logit of next token ``target`` at ``position`` (the last one by default); an out
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import functools
 import inspect
@@ -175,6 +176,18 @@ class AttributionResult:
         }
 
 
+def _new_result(**fields: Any) -> AttributionResult:
+    """``AttributionResult(**fields)`` with every field given, filled in one step (a frozen
+    dataclass's ``__init__`` sets its fields one ``object.__setattr__`` at a time)."""
+    assert fields.keys() == _RESULT_FIELDS
+    result = object.__new__(AttributionResult)
+    result.__dict__.update(fields)
+    return result
+
+
+_RESULT_FIELDS = {f.name for f in dataclasses.fields(AttributionResult)}
+
+
 def _finite_or_none(v: float) -> float | None:
     return v if math.isfinite(v) else None
 
@@ -217,6 +230,7 @@ def layer_names(model: nn.Module) -> list[str]:
 
 
 _CONV = nn.modules.conv._ConvNd
+_CPU = torch.device("cpu")
 
 
 def conv_layers(model: nn.Module) -> list[str]:
@@ -336,9 +350,10 @@ def attribute(loaded: LoadedModel, inputs: Any, method: str, target: int | None,
                              + (f"; did you mean {', '.join(close)}?" if close else "")
                              + f" Methods: {', '.join(METHODS)}")
     model = loaded.model
-    named = _named_modules(model)  # one walk, reused for the device, the layer and the state
-    device = _first_device(named)
-    if device.type == "meta":
+    modules = _modules(model)  # one walk, reused for the device, the layer check and the state
+    first = _first_tensor(modules)
+    device = _CPU if first is None else first.device
+    if first is not None and first.is_meta:
         loaded.check_runnable()  # raises with the first meta tensor's name
     inputs = loaded.example_inputs(1) if inputs is None else to_device(inputs, device)
     flat, rebuild = _flatten_inputs(inputs)
@@ -363,7 +378,9 @@ def attribute(loaded: LoadedModel, inputs: Any, method: str, target: int | None,
         raise InspectorError(
             f"{spec.label} interpolates between the inputs and a baseline, but {loaded.name} takes "
             "integer token ids, which cannot be interpolated. Use 'layer_ig' on a layer instead.")
-    if spec.name == "layer_gradcam" and not any(isinstance(m, _CONV) for _, m in named):
+    given = _submodule(model, layer) if spec.on_layer and layer else None
+    if spec.name == "layer_gradcam" and not isinstance(given, _CONV) and \
+            not any(isinstance(m, _CONV) for m in modules):
         raise InspectorError(
             f"GradCAM weighs a convolution's feature maps, and {loaded.name} has no convolution "
             "layer. Use 'layer_conductance' or 'layer_ig' for its layers, or 'ig' for its inputs.")
@@ -374,7 +391,7 @@ def attribute(loaded: LoadedModel, inputs: Any, method: str, target: int | None,
             names = layer_names(model)
             raise InspectorError(f"{spec.label} needs a layer: choose one of {loaded.name}'s modules, "
                                  f"e.g. {', '.join(names[:8])}{' ...' if len(names) > 8 else ''}")
-        layer_module = next((m for n, m in named if n == layer), None) if layer else None
+        layer_module = given if given is not None else _submodule(model, layer)
         if layer_module is None:
             layer_module = resolve_layer(model, layer, loaded.name)  # raises with close names
     else:
@@ -387,8 +404,7 @@ def attribute(loaded: LoadedModel, inputs: Any, method: str, target: int | None,
     if spec.has_delta:
         options.setdefault("return_convergence_delta", True)
     forward = _TargetedForward(model, rebuild, target, position, loaded.name)
-    with loaded.lock, preserved_state(model, flat, findings, modules=[m for _, m in named]), \
-            torch.enable_grad():
+    with loaded.lock, preserved_state(model, flat, findings, modules=modules), torch.enable_grad():
         def run(*xs: torch.Tensor) -> torch.Tensor:  # a plain function: captum inspects its signature
             return forward(*xs)
 
@@ -416,16 +432,17 @@ def attribute(loaded: LoadedModel, inputs: Any, method: str, target: int | None,
     if spec.has_delta and options.get("return_convergence_delta"):
         out, delta = out
         delta = _to_cpu(delta)
-    attributions = tuple(_to_cpu(a) for a in (out if isinstance(out, (tuple, list)) else (out,)))
+    attributions = (_to_cpu(out),) if isinstance(out, torch.Tensor) else tuple(_to_cpu(a) for a in out)
     if spec.name == "layer_gradcam" and attributions[0].dim() < 3:
         raise InspectorError(
             f"GradCAM needs a layer with spatial output (B, C, H, W); {layer} has none (its map has "
             f"shape {tuple(attributions[0].shape)}). Convolution layers: {', '.join(conv_layers(model))}")
     kept_inputs = tuple(_to_cpu(t) for t in flat)
     findings += _nan_findings(attributions, layer)
-    result = AttributionResult(method, requested, spec.captum_class.__name__, target,
-                               forward.used_position, layer, attributions, kept_inputs, delta, tokens,
-                               dict(options), findings)
+    result = _new_result(method=method, requested=requested, captum_method=spec.captum_class.__name__,
+                         target=target, position=forward.used_position, layer=layer,
+                         attributions=attributions, inputs=kept_inputs, delta=delta, token_model=tokens,
+                         options=dict(options), findings=findings)
     comp = result.completeness()
     if comp is not None and not comp.trusted:
         findings.append(Finding(
@@ -553,7 +570,7 @@ class preserved_state:  # noqa: N801 - used as a context manager, like contextli
     def __init__(self, model: nn.Module, tensors: list[torch.Tensor],
                  findings: list[Finding] | None = None, *, modules: list[nn.Module] | None = None) -> None:
         self.model, self.tensors, self.findings = model, tensors, findings
-        self.modules = [m for _, m in _named_modules(model)] if modules is None else modules
+        self.modules = _modules(model) if modules is None else modules
 
     def __enter__(self) -> None:
         modules = self.modules
@@ -579,11 +596,11 @@ class preserved_state:  # noqa: N801 - used as a context manager, like contextli
         start = self.hook_id
         if RemovableHandle.next_id != start:  # some hook was registered meanwhile
             for m in modules:
-                md = m.__dict__
-                for a in _HOOK_DICTS:
-                    d = md.get(a)
-                    if d:
-                        new = [k for k in d if isinstance(k, int) and k >= start]
+                for d in map(m.__dict__.get, _HOOK_DICTS):
+                    # hooks are added at either end of their dict (appended, or prepended), so a
+                    # dict holds a new one only if its first or its last key is new
+                    if d and (_is_new(next(iter(d)), start) or _is_new(next(reversed(d)), start)):
+                        new = [k for k in d if _is_new(k, start)]
                         for k in new:
                             del d[k]
                         removed += len(new)
@@ -598,39 +615,53 @@ class preserved_state:  # noqa: N801 - used as a context manager, like contextli
                                          f"{removed} hook(s) left behind by captum were removed"))
 
 
-def _named_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
-    """``list(model.named_modules())``: same names, same order, each module once (an
-    explicit stack instead of nested generators, which cost more on every call)."""
-    out: list[tuple[str, nn.Module]] = []
+def _is_new(key: Any, start: int) -> bool:
+    return isinstance(key, int) and key >= start
+
+
+def _modules(model: nn.Module) -> list[nn.Module]:
+    """``list(model.modules())``: same order, each module once (an explicit stack instead of
+    nested generators, which cost more on every call)."""
+    out: list[nn.Module] = []
     seen: set[int] = set()
-    stack = [("", model)]
+    stack = [model]
     while stack:
-        name, m = stack.pop()
-        if id(m) in seen:
+        m = stack.pop()
+        if m is None or id(m) in seen:
             continue
         seen.add(id(m))
-        out.append((name, m))
+        out.append(m)
         children = m._modules
         if children:
-            prefix = name + "." if name else ""
-            stack.extend(reversed([(prefix + k, c) for k, c in children.items() if c is not None]))
+            stack.extend(reversed(children.values()))
     return out
 
 
-def _first_device(named: list[tuple[str, nn.Module]]) -> torch.device:
-    """The device of the first parameter (else buffer) in module order, like
-    ``LoadedModel.input_device``; CPU for a model without tensors."""
+def _first_tensor(modules: list[nn.Module]) -> torch.Tensor | None:
+    """The first parameter (else buffer) in module order: the tensor whose device
+    ``LoadedModel.input_device`` reports."""
     for attr in ("_parameters", "_buffers"):
-        for _, m in named:
+        for m in modules:
             for t in (m.__dict__.get(attr) or {}).values():
                 if t is not None:
-                    return t.device
-    return torch.device("cpu")
+                    return t
+    return None
+
+
+def _submodule(model: nn.Module, name: str) -> nn.Module | None:
+    """The registered submodule at dotted path ``name`` (None if there is none), without a walk."""
+    m: nn.Module | None = model
+    for part in name.split("."):
+        children = getattr(m, "_modules", None)
+        m = children.get(part) if isinstance(children, dict) else None
+        if m is None:
+            return None
+    return m
 
 
 def _to_cpu(t: torch.Tensor) -> torch.Tensor:
     t = t.detach()
-    return t if t.device.type == "cpu" else t.to("cpu")
+    return t if t.is_cpu else t.to("cpu")
 
 
 def _summary(attributions: tuple[torch.Tensor, ...], inputs: tuple[torch.Tensor, ...],
