@@ -26,6 +26,7 @@ from torch import nn
 from .devices import move_model
 from .findings import Finding, InspectorError
 from .locks import model_lock
+from .summary import model_bytes
 
 KINDS = ("same-object", "shared-storage", "overlapping-view")
 _EXACT_OVERLAP_MAX_NUMEL = 1 << 22  # beyond this, strided views are compared by byte extent
@@ -844,16 +845,6 @@ class ConversionResult:
         return _result_rows([self])
 
 
-def _model_bytes(model: nn.Module) -> int:
-    seen: set[int] = set()
-    total = 0
-    for t in [*model.parameters(), *model.buffers()]:
-        if id(t) not in seen:
-            seen.add(id(t))
-            total += t.numel() * t.element_size()
-    return total
-
-
 def _target_device(model: nn.Module, device: str | torch.device | None) -> torch.device:
     if device is not None:
         from .devices import resolve_device
@@ -892,7 +883,7 @@ def conversion_check(model: nn.Module, conversion: str, device: str | torch.devi
     snap = snapshot_ties(model)
     base = dict(conversion=conv.name, label=conv.label, device=str(dev), unique_before=snap.unique_numel)
     on_meta = any(t.is_meta for t in [*model.parameters(), *model.buffers()])
-    size = _model_bytes(model)
+    size = model_bytes(model)
     need = (size if on_meta and conv.needs_data else 0) + (0 if on_meta else size * (1 + conv.allocates))
     if on_meta and conv.needs_data and conv.name not in ("to-empty", "to-device-overwrite"):
         return ConversionResult(**base, unique_after=None, outcomes=(), findings=(),

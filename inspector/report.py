@@ -34,6 +34,7 @@ import pandas as pd
 from torch import nn
 
 from .findings import SEVERITY_ORDER, Finding, InspectorError
+from .summary import model_bytes
 
 SCHEMA_VERSION = "1.0"
 SCHEMA_PATH = Path(__file__).with_name("report_schema.json")
@@ -494,16 +495,6 @@ def _figure(ctx: Context, notes: list[str], module: str, name: str, title: str, 
     return (make_figure(title, fn(*args, **kwargs), summary),)
 
 
-def _model_bytes(model: nn.Module) -> int:
-    seen: set[int] = set()
-    total = 0
-    for t in [*model.parameters(), *model.buffers()]:
-        if id(t) not in seen:
-            seen.add(id(t))
-            total += t.numel() * t.element_size()
-    return total
-
-
 @section_builder("aliases")
 def _aliases_section(ctx: Context) -> Section:
     alias_analysis = need("aliases", "alias_analysis")
@@ -541,7 +532,7 @@ def _conversions(ctx: Context, notes: list[str]) -> list[str]:
     if choice == "all":
         return known
     if choice == "auto":
-        size, limit = _model_bytes(ctx.model), int(ctx.options["conversion_max_bytes"])
+        size, limit = model_bytes(ctx.model), int(ctx.options["conversion_max_bytes"])
         if size > limit:
             notes.append(f"conversion checks left out: each copies the model ({size} bytes, more than "
                          f"conversion_max_bytes={limit}); pass conversions='all' or a list to run them")
@@ -690,7 +681,7 @@ def _attribution_section(ctx: Context) -> Section:
     ctx.loaded.check_runnable()
     opts = ctx.options
     limit = opts["attribution_cpu_max_bytes"]
-    size = _model_bytes(ctx.model)
+    size = model_bytes(ctx.model)
     if limit is not None and ctx.loaded.input_device().type == "cpu" and size > int(limit):
         raise SectionUnavailable(
             f"attribution left out: the model has {size} bytes on the CPU, more than "

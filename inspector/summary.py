@@ -84,6 +84,21 @@ def model_summary(model: nn.Module) -> ModelSummary:
     )
 
 
+def model_bytes(model: nn.Module) -> int:
+    """Bytes of every parameter and buffer, each tensor object counted once.
+
+    >>> model_bytes(nn.Linear(2, 3))  # (6 + 3) float32 elements
+    36
+    """
+    seen: set[int] = set()
+    total = 0
+    for t in [*model.parameters(), *model.buffers()]:
+        if id(t) not in seen:
+            seen.add(id(t))
+            total += t.numel() * t.element_size()
+    return total
+
+
 def format_bytes(n: float) -> str:
     """1536 -> '1.5 KiB'."""
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
