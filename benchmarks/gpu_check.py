@@ -21,8 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch  # noqa: E402
 
-from inspector import (capture_activations, gradient_norms, load_model, move_model,  # noqa: E402
-                       plan_device_map)
+from inspector import capture_activations, gradient_norms, load_model, move_model, plan_device_map  # noqa: E402
 from inspector.offsets import run_backward  # noqa: E402
 from inspector.placement import dispatch_plan  # noqa: E402
 

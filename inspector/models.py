@@ -380,7 +380,7 @@ def apply_checkpoint(model: nn.Module, path: str | os.PathLike) -> list[Finding]
     for key in unexpected:
         findings.append(Finding("unexpected-key", "warning", key,
                                 f"{key} is in {name} but the model has no such tensor; it was ignored"))
-    for ids, keys in by_id.items():
+    for keys in by_id.values():
         present = [k for k in keys if k in state]
         if len(present) > 1 and any(not torch.equal(state[present[0]], state[k]) for k in present[1:]):
             findings.append(Finding("tie-conflict", "warning", present[0],

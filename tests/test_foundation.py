@@ -14,7 +14,7 @@ from torch import nn
 from inspector import InspectorError, available_devices, load_model, move_model
 from inspector.models import PROJECT_ROOT, apply_checkpoint
 from inspector.summary import model_summary
-from sample_models import GPT2_SMALL, SAMPLES, GPT, get_sample
+from sample_models import GPT, GPT2_SMALL, SAMPLES, get_sample
 
 
 def unique_elements(model: nn.Module) -> int:
