@@ -13,12 +13,14 @@ from inspector.figures.capture import (
     clone_vs_reference_figure,
     clone_vs_reference_table,
 )
-from inspector.summary import format_bytes
+from inspector.summary import format_bytes, model_bytes
+from ui.cache import cached_analysis
 from ui.errors import guarded
 from ui.sidebar import model_picker
 from ui.tables import findings_table, paged_table
 
 RESULTS = "cap_results"  # per browser session: {run key: Captures}; never shared between sessions
+AUTO_BYTES = 16 * 2**20  # models up to this size are captured as soon as the page opens
 MODES = {"no_grad": torch.no_grad, "inference_mode": torch.inference_mode, "grad enabled": torch.enable_grad}
 
 st.set_page_config(page_title="Hook captures", layout="wide")
@@ -62,7 +64,15 @@ with guarded("capturing activations"):
     chosen = select_modules(loaded.model, selection or None)  # unknown names: a clear error
     results = st.session_state.setdefault(RESULTS, {})
     caps = results.get(run_key)
-    if caps is None or st.button("Capture again", key="cap_again"):
+    size = cached_analysis(model_bytes, loaded.model)
+    auto = size <= AUTO_BYTES
+    if caps is None and not auto:
+        st.info(f"{loaded.name} holds {format_bytes(size)} of weights: capturing its "
+                f"{len(chosen)} selected modules waits for the button. Narrow the selection first "
+                "(e.g. `transformer.h.0*`) to keep the copies small and the capture quick.")
+    again = st.button("Capture again" if caps is not None or auto else "Capture", key="cap_again",
+                      type="secondary" if caps is not None or auto else "primary")
+    if again or (caps is None and auto):
         inputs = loaded.example_inputs(batch)
         with st.spinner(f"Capturing {len(chosen)} modules…"), loaded.lock, MODES[mode]():
             caps = capture_activations(loaded.model, inputs, modules=selection or None, store_on=store_on,

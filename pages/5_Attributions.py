@@ -16,10 +16,14 @@ from inspector.attribution import (
     target_info,
 )
 from inspector.figures.attribution import completeness_line, conductance_bars, image_overlay, token_heatmap
+from inspector.summary import format_bytes, model_bytes
 from ui.cache import cached_analysis
 from ui.errors import guarded
 from ui.sidebar import model_picker
 from ui.tables import findings_table, paged_table
+
+AUTO_BYTES = 16 * 2**20  # models up to this size are attributed as soon as the page opens
+ASKED = "attr_asked"  # per browser session: the settings whose attributions were asked for
 
 st.set_page_config(page_title="Attributions", layout="wide")
 loaded = model_picker()
@@ -84,12 +88,28 @@ if spec.has_delta:
     options["n_steps"] = st.slider("Integration steps (n_steps)", 4, 200, 50, key="attr_steps",
                                    help="More steps: a smaller convergence delta, a slower run")
 
+size = cached_analysis(model_bytes, loaded.model)
+run_key = (st.session_state["mi_selection"].key, batch, method, target, position, tuple(layers),
+           tuple(sorted(options.items())))
+asked = st.session_state.setdefault(ASKED, set())
+if size > AUTO_BYTES and run_key not in asked:
+    st.info(f"{loaded.name} holds {format_bytes(size)} of weights: {spec.label} runs a forward and "
+            "backward pass per step, which takes a while on a model this size, so it waits for the "
+            "button. Results stay here for this browser session.")
+if st.button("Compute attributions", key="attr_compute", type="primary"):
+    asked.add(run_key)
+if size > AUTO_BYTES and run_key not in asked:
+    st.stop()
+
 results = []
 with guarded(f"running {spec.label}"):
-    with st.spinner(f"Running {spec.label}…"):
-        for layer in layers or [None]:
+    with st.status(f"Running {spec.label}…", expanded=False) as status:
+        for i, layer in enumerate(layers or [None]):
+            status.update(label=f"Running {spec.label}" + (f" on {layer}" if layer else "")
+                          + (f" ({i + 1} of {len(layers)})" if len(layers) > 1 else "") + "…")
             results.append(cached_analysis(attribute, loaded, inputs, method, target, layer,
                                            position=position, cache_scope="session", **options))
+        status.update(label=f"{spec.label}: done", state="complete")
 
 if not results:
     st.stop()

@@ -68,3 +68,45 @@ def test_meta_model_explains_instead_of_running():
     assert not at.exception, [e.value for e in at.exception]
     assert any("meta device" in i.value for i in at.info)
     assert not at.get("plotly_chart")
+
+
+MID_MODEL = '''
+import torch
+from torch import nn
+
+
+def build():
+    # 2304 * 2048 + 2048 + 2048 * 4 + 4 = 4,728,836 float32 weights: 18.04 MiB (shown as 18.0 MiB), over the 16 MiB
+    # up to which the pages work as soon as they open.
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(2304, 2048), nn.ReLU(), nn.Linear(2048, 4))
+
+
+def example_inputs(batch_size):
+    return torch.randn(batch_size, 2304, generator=torch.Generator().manual_seed(1))
+'''
+
+
+def test_mid_size_model_waits_for_the_button(tmp_path, monkeypatch):
+    (tmp_path / "mid.py").write_text(MID_MODEL)
+    monkeypatch.setenv("INSPECTOR_MODEL_DIRS", str(tmp_path))
+    at = _run(f"{tmp_path / 'mid.py'}:build")
+    assert not at.error
+    assert any("18.0 MiB" in i.value and "waits for the button" in i.value for i in at.info)
+    assert not at.get("plotly_chart") and not at.session_state["attr_asked"]
+    assert "mi_analyses" not in at.session_state or not at.session_state["mi_analyses"].items
+    at.number_input(key="attr_target").set_value(3).run()  # changing the settings does not compute
+    assert not at.exception and not at.get("plotly_chart")
+
+    at.button(key="attr_compute").click().run()
+    assert not at.exception and not at.error
+    assert "target **3**" in " ".join(m.value for m in at.markdown)
+    assert len(at.session_state["attr_asked"]) == 1
+    at.run()  # the result stays on later reruns
+    assert not at.exception and "target **3**" in " ".join(m.value for m in at.markdown)
+    assert not any("waits for the button" in i.value for i in at.info)
+
+    at.number_input(key="attr_target").set_value(2).run()  # new settings wait for the button again
+    assert not at.exception and any("waits for the button" in i.value for i in at.info)
+    at.number_input(key="attr_target").set_value(3).run()  # the earlier result is still there
+    assert "target **3**" in " ".join(m.value for m in at.markdown)

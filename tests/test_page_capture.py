@@ -68,3 +68,40 @@ def test_default_tiny_gpt2():
     assert not at.error
     assert any("No captured output was changed" in s.value for s in at.success)
     assert at.metric[0].value == str(len(at.dataframe[0].value))
+    assert at.button(key="cap_again").label == "Capture again"  # drawn on the run that captured
+
+
+MID_MODEL = '''
+import torch
+from torch import nn
+
+
+def build():
+    # 2304 * 2048 + 2048 + 2048 * 4 + 4 = 4,728,836 float32 weights: 18.04 MiB (shown as 18.0 MiB), over the 16 MiB
+    # up to which the pages work as soon as they open.
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(2304, 2048), nn.ReLU(), nn.Linear(2048, 4))
+
+
+def example_inputs(batch_size):
+    return torch.randn(batch_size, 2304, generator=torch.Generator().manual_seed(1))
+'''
+
+
+def test_mid_size_model_waits_for_the_button(tmp_path, monkeypatch):
+    (tmp_path / "mid.py").write_text(MID_MODEL)
+    monkeypatch.setenv("INSPECTOR_MODEL_DIRS", str(tmp_path))
+    at = _run(f"{tmp_path / 'mid.py'}:build")
+    assert not at.error
+    assert not at.session_state["cap_results"]  # nothing captured on first render
+    assert not at.metric and not at.get("plotly_chart")
+    assert any("18.0 MiB" in i.value and "waits for the button" in i.value for i in at.info)
+    at.run()  # a rerun does not capture either
+    assert not at.session_state["cap_results"]
+
+    at.button(key="cap_again").click().run()
+    assert not at.exception and not at.error
+    assert list(at.dataframe[0].value["module"]) == ["0", "1", "2"]
+    assert at.metric[0].value == "3"
+    at.run()  # the capture stays on later reruns, and the button now offers to capture again
+    assert at.metric[0].value == "3" and at.button(key="cap_again").label == "Capture again"
