@@ -17,7 +17,7 @@ import os
 import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import pandas as pd
 import torch
@@ -903,7 +903,8 @@ def conversion_check(model: nn.Module, conversion: str, device: str | torch.devi
     current = _current_tensors(work)
     outcomes = [_outcome(g, lay, current) for g, lay in zip(snap.groups, snap.layouts)]
     after = _unique_numel(work)
-    findings = _outcome_findings(outcomes, snap.unique_numel, after)
+    findings = [replace(f, message=f"After {base['label']}: {f.message}")
+                for f in _outcome_findings(outcomes, snap.unique_numel, after)]
     retied: list[Finding] = []
     after_retie: list[GroupOutcome] = []
     unique_retie = None
