@@ -404,7 +404,7 @@ def attribute(loaded: LoadedModel, inputs: Any, method: str, target: int | None,
     if spec.has_delta:
         options.setdefault("return_convergence_delta", True)
     forward = _TargetedForward(model, rebuild, target, position, loaded.name)
-    with loaded.lock, preserved_state(model, flat, findings, modules=modules), torch.enable_grad():
+    with loaded.lock, preserved_state(model, flat, findings, modules=modules, enable_grad=True):
         def run(*xs: torch.Tensor) -> torch.Tensor:  # a plain function: captum inspects its signature
             return forward(*xs)
 
@@ -554,7 +554,8 @@ class preserved_state:  # noqa: N801 - used as a context manager, like contextli
     Eval mode keeps BatchNorm's running statistics unchanged and dropout off. Hooks added
     meanwhile are found by their handle id: ids only grow, so a hook whose id is at least
     the next id at entry is new (nothing is scanned when no hook was registered at all).
-    ``modules`` may pass ``list(model.modules())`` when the caller has walked it already.
+    ``modules`` may pass ``list(model.modules())`` when the caller has walked it already;
+    ``enable_grad`` also turns gradient computation on inside (as ``torch.enable_grad()``).
 
     >>> lin = nn.Linear(2, 1).train()
     >>> with preserved_state(lin, []):
@@ -565,12 +566,15 @@ class preserved_state:  # noqa: N801 - used as a context manager, like contextli
     (True, 0)
     """
 
-    __slots__ = ("model", "tensors", "findings", "modules", "modes", "grads", "flags", "hook_id")
+    __slots__ = ("model", "tensors", "findings", "modules", "enable_grad", "modes", "grads", "flags",
+                 "hook_id", "grad_switched")
 
     def __init__(self, model: nn.Module, tensors: list[torch.Tensor],
-                 findings: list[Finding] | None = None, *, modules: list[nn.Module] | None = None) -> None:
+                 findings: list[Finding] | None = None, *, modules: list[nn.Module] | None = None,
+                 enable_grad: bool = False) -> None:
         self.model, self.tensors, self.findings = model, tensors, findings
         self.modules = _modules(model) if modules is None else modules
+        self.enable_grad = enable_grad
 
     def __enter__(self) -> None:
         modules = self.modules
@@ -585,8 +589,13 @@ class preserved_state:  # noqa: N801 - used as a context manager, like contextli
                                          "was restored"))
         if any(modes):
             self.model.eval()
+        self.grad_switched = self.enable_grad and not torch.is_grad_enabled()
+        if self.grad_switched:
+            torch.set_grad_enabled(True)
 
     def __exit__(self, *exc: object) -> None:
+        if self.grad_switched:
+            torch.set_grad_enabled(False)
         modules, modes = self.modules, self.modes
         if [m.training for m in modules] != modes:
             for m, mode in zip(modules, modes):
