@@ -13,6 +13,7 @@ from inspector.figures.capture import (
     clone_vs_reference_figure,
     clone_vs_reference_table,
 )
+from inspector.responsive import runs_at_once
 from inspector.summary import format_bytes, model_bytes
 from ui.cache import cached_analysis
 from ui.errors import guarded
@@ -20,7 +21,6 @@ from ui.sidebar import model_picker
 from ui.tables import findings_table, paged_table
 
 RESULTS = "cap_results"  # per browser session: {run key: Captures}; never shared between sessions
-AUTO_BYTES = 16 * 2**20  # models up to this size are captured as soon as the page opens
 MODES = {"no_grad": torch.no_grad, "inference_mode": torch.inference_mode, "grad enabled": torch.enable_grad}
 
 st.set_page_config(page_title="Hook captures", layout="wide")
@@ -64,11 +64,10 @@ with guarded("capturing activations"):
     chosen = select_modules(loaded.model, selection or None)  # unknown names: a clear error
     results = st.session_state.setdefault(RESULTS, {})
     caps = results.get(run_key)
-    size = cached_analysis(model_bytes, loaded.model)
-    auto = size <= AUTO_BYTES
+    auto = cached_analysis(runs_at_once, loaded.model)
     if caps is None and not auto:
-        st.info(f"{loaded.name} holds {format_bytes(size)} of weights: capturing its "
-                f"{len(chosen)} selected modules waits for the button. Narrow the selection first "
+        st.info(f"{loaded.name} holds {format_bytes(model_bytes(loaded.model))} of weights: capturing "
+                f"its {len(chosen)} selected modules waits for the button. Narrow the selection first "
                 "(e.g. `transformer.h.0*`) to keep the copies small and the capture quick.")
     again = st.button("Capture again" if caps is not None or auto else "Capture", key="cap_again",
                       type="secondary" if caps is not None or auto else "primary")

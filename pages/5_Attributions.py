@@ -13,16 +13,15 @@ from inspector.attribution import (
     default_layer,
     layer_names,
     methods_for,
-    target_info,
 )
 from inspector.figures.attribution import completeness_line, conductance_bars, image_overlay, token_heatmap
+from inspector.responsive import quick_target_info, runs_at_once
 from inspector.summary import format_bytes, model_bytes
 from ui.cache import cached_analysis
 from ui.errors import guarded
 from ui.sidebar import model_picker
 from ui.tables import findings_table, paged_table
 
-AUTO_BYTES = 16 * 2**20  # models up to this size are attributed as soon as the page opens
 ASKED = "attr_asked"  # per browser session: the settings whose attributions were asked for
 
 st.set_page_config(page_title="Attributions", layout="wide")
@@ -47,7 +46,7 @@ with guarded("preparing the attribution inputs"):
     batch = st.sidebar.slider("Example inputs", 1, 4, 1, key="attr_batch",
                               help="How many example inputs to attribute (one row each)")
     inputs = loaded.example_inputs(batch)
-    info = cached_analysis(target_info, loaded, inputs)
+    info = cached_analysis(quick_target_info, loaded, inputs)
     setup = (inputs, info, methods_for(loaded, inputs))
 
 if setup is None:
@@ -88,17 +87,17 @@ if spec.has_delta:
     options["n_steps"] = st.slider("Integration steps (n_steps)", 4, 200, 50, key="attr_steps",
                                    help="More steps: a smaller convergence delta, a slower run")
 
-size = cached_analysis(model_bytes, loaded.model)
+auto = cached_analysis(runs_at_once, loaded.model)
 run_key = (st.session_state["mi_selection"].key, batch, method, target, position, tuple(layers),
            tuple(sorted(options.items())))
 asked = st.session_state.setdefault(ASKED, set())
-if size > AUTO_BYTES and run_key not in asked:
-    st.info(f"{loaded.name} holds {format_bytes(size)} of weights: {spec.label} runs a forward and "
-            "backward pass per step, which takes a while on a model this size, so it waits for the "
-            "button. Results stay here for this browser session.")
+if not auto and run_key not in asked:
+    st.info(f"{loaded.name} holds {format_bytes(model_bytes(loaded.model))} of weights: "
+            f"{spec.label} runs a forward and backward pass per step, which takes a while on a "
+            "model this size, so it waits for the button. Results stay here for this browser session.")
 if st.button("Compute attributions", key="attr_compute", type="primary"):
     asked.add(run_key)
-if size > AUTO_BYTES and run_key not in asked:
+if not auto and run_key not in asked:
     st.stop()
 
 results = []

@@ -1,0 +1,48 @@
+"""Keep the dashboard quick on big models: what may run as soon as a page opens, cheap probes."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from .attribution import TargetInfo, target_info
+from .models import LoadedModel
+from .summary import model_bytes
+
+AUTO_RUN_BYTES = 16 * 2**20  # models up to this size are analysed as soon as a page opens
+
+
+def runs_at_once(model: nn.Module, limit: int = AUTO_RUN_BYTES) -> bool:
+    """True when ``model`` is small enough (parameters and buffers, in bytes) to analyse unasked.
+
+    Bigger models wait for an explicit button on the pages that run forward/backward passes.
+
+    >>> runs_at_once(nn.Linear(2, 3)), runs_at_once(nn.Linear(2, 3), limit=35)  # 36 bytes
+    (True, False)
+    """
+    return model_bytes(model) <= limit
+
+
+def quick_target_info(loaded: LoadedModel, inputs: Any = None) -> TargetInfo:
+    """:func:`inspector.attribution.target_info` from one token of one sample when it can.
+
+    For a ``(B, T)`` tensor of token ids the model runs on ``inputs[:1, :1]``: a next-token model
+    answers ``(1, 1, V)``, so the targets are the ``V`` ids and the positions the ``T`` of
+    ``inputs``. Any other input, or a model whose output length is not its input length, gets
+    the full forward pass of ``target_info`` (one sample).
+
+    >>> from inspector.models import load_model
+    >>> quick_target_info(load_model("sample:tiny-gpt2"))
+    TargetInfo(outputs=32, positions=16)
+    """
+    inputs = loaded.example_inputs(1) if inputs is None else inputs
+    if isinstance(inputs, torch.Tensor) and inputs.dim() == 2 and not inputs.is_floating_point() \
+            and not inputs.is_complex() and inputs.shape[1] > 1:
+        one = target_info(loaded, inputs[:1, :1])
+        if one.positions == 1:
+            return TargetInfo(one.outputs, int(inputs.shape[1]))
+    if isinstance(inputs, torch.Tensor) and inputs.dim() >= 1 and inputs.shape[0] > 1:
+        inputs = inputs[:1]
+    return target_info(loaded, inputs)
