@@ -28,10 +28,12 @@ def runs_at_once(model: nn.Module, limit: int = AUTO_RUN_BYTES) -> bool:
 def quick_target_info(loaded: LoadedModel, inputs: Any = None) -> TargetInfo:
     """:func:`inspector.attribution.target_info` from one token of one sample when it can.
 
-    For a ``(B, T)`` tensor of token ids the model runs on ``inputs[:1, :1]``: a next-token model
-    answers ``(1, 1, V)``, so the targets are the ``V`` ids and the positions the ``T`` of
-    ``inputs``. Any other input, or a model whose output length is not its input length, gets
-    the full forward pass of ``target_info`` (one sample).
+    For a ``(B, T)`` tensor of token ids the model first runs on ``inputs[:1, :1]``: a next-token
+    model answers ``(1, 1, V)`` (one output position per input token), so the targets are the
+    ``V`` ids and the positions the ``T`` of ``inputs``, at the cost of a one-token forward pass.
+    Any other input or answer (no position, several, an error) gets the full forward pass of
+    ``target_info`` on one sample. A model that keeps one position for one token but truncates
+    longer inputs is not told apart: its positions are over-counted.
 
     >>> from inspector.models import load_model
     >>> quick_target_info(load_model("sample:tiny-gpt2"))
@@ -40,8 +42,11 @@ def quick_target_info(loaded: LoadedModel, inputs: Any = None) -> TargetInfo:
     inputs = loaded.example_inputs(1) if inputs is None else inputs
     if isinstance(inputs, torch.Tensor) and inputs.dim() == 2 and not inputs.is_floating_point() \
             and not inputs.is_complex() and inputs.shape[1] > 1:
-        one = target_info(loaded, inputs[:1, :1])
-        if one.positions == 1:
+        try:
+            one = target_info(loaded, inputs[:1, :1])
+        except Exception:  # noqa: BLE001 - e.g. a model that needs more than one token: ask the full pass
+            one = None
+        if one is not None and one.positions == 1:
             return TargetInfo(one.outputs, int(inputs.shape[1]))
     if isinstance(inputs, torch.Tensor) and inputs.dim() >= 1 and inputs.shape[0] > 1:
         inputs = inputs[:1]
