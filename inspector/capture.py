@@ -200,10 +200,24 @@ def tensor_stats(t: torch.Tensor) -> dict[str, Any]:
     if x.is_complex():
         x = x.abs()
     x = x.double() if not x.is_floating_point() or x.dtype == torch.float64 else x.float()
-    nan = inf = 0
-    if not bool(torch.isfinite(x).all()):
-        nan, inf = int(torch.isnan(x).sum()), int(torch.isinf(x).sum())
-        x = x[torch.isfinite(x)]
+    flat = x.reshape(-1)
+    total = flat.sum()
+    if bool(torch.isfinite(total)):  # a NaN or Inf anywhere would make the sum non-finite
+        nan = inf = 0
+        zeros = n - int(torch.count_nonzero(flat))
+        mean = float(total) / n
+        mean_sq = float(torch.dot(flat, flat)) / n  # one pass each, no temporaries
+        var = mean_sq - mean * mean
+        if math.isfinite(mean_sq) and var > 1e-3 * mean_sq:
+            std = math.sqrt(var)
+        else:  # heavy cancellation (|mean| >> std) or overflow: the exact two-pass formula
+            std_t, mean_t = torch.std_mean(flat, correction=0)
+            std, mean = float(std_t), float(mean_t)
+        lo, hi = torch.aminmax(flat)
+        row.update(nan=0, inf=0, zero_fraction=zeros / n, mean=mean, std=std, min=float(lo), max=float(hi))
+        return row
+    nan, inf = int(torch.isnan(flat).sum()), int(torch.isinf(flat).sum())
+    x = flat[torch.isfinite(flat)]
     row.update(nan=nan, inf=inf, zero_fraction=(n - int(torch.count_nonzero(x)) - nan - inf) / n)
     if x.numel():
         std, mean = torch.std_mean(x, correction=0)

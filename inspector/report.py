@@ -55,7 +55,7 @@ SECTIONS: tuple[str, ...] = tuple(SECTION_TITLES)
 
 #: Options ``build_report`` understands, with their defaults; every report records them all.
 DEFAULT_OPTIONS: dict[str, Any] = {
-    "batch_size": 2,               # example inputs for captures, attributions and backward passes
+    "batch_size": 1,               # example inputs for captures and backward passes
     "backward": False,             # one backward pass for gradient norms (earlier .grad restored after)
     "conversions": "auto",         # conversion checks: "auto", "all", a list of names, or [] for none
     "conversion_max_bytes": 64 << 20,  # "auto" runs every conversion only on models up to this size
@@ -677,7 +677,6 @@ def _captures_section(ctx: Context) -> Section:
 
 @section_builder("attribution")
 def _attribution_section(ctx: Context) -> Section:
-    attribute, methods_for, methods = need("attribution", "attribute", "methods_for", "METHODS")
     ctx.loaded.check_runnable()
     opts = ctx.options
     limit = opts["attribution_cpu_max_bytes"]
@@ -688,6 +687,7 @@ def _attribution_section(ctx: Context) -> Section:
             f"attribution_cpu_max_bytes={int(limit)}; Integrated Gradients runs about 50 forward and "
             "backward passes of it. Load it on a GPU, or pass attribution_cpu_max_bytes=None "
             "(and perhaps a small attribution_steps) to run it here.")
+    attribute, methods_for, methods = need("attribution", "attribute", "methods_for", "METHODS")
     inputs = ctx.loaded.example_inputs(1)
     method = opts["attribution_method"] or methods_for(ctx.loaded, inputs)[0]
     extra = {}
