@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
-from .attribution import TargetInfo, target_info
 from .models import LoadedModel
 from .summary import model_bytes
+
+if TYPE_CHECKING:
+    from .attribution import TargetInfo
 
 AUTO_RUN_BYTES = 16 * 2**20  # models up to this size are analysed as soon as a page opens
 
@@ -39,6 +41,8 @@ def quick_target_info(loaded: LoadedModel, inputs: Any = None) -> TargetInfo:
     >>> quick_target_info(load_model("sample:tiny-gpt2"))
     TargetInfo(outputs=32, positions=16)
     """
+    from .attribution import TargetInfo, target_info  # captum: imported by the pages that attribute
+
     inputs = loaded.example_inputs(1) if inputs is None else inputs
     if isinstance(inputs, torch.Tensor) and inputs.dim() == 2 and not inputs.is_floating_point() \
             and not inputs.is_complex() and inputs.shape[1] > 1:
