@@ -31,3 +31,28 @@ def overwrite_flag():
         yield
     finally:
         torch.__future__.set_overwrite_module_params_on_conversion(before)
+
+
+MID_MODEL = '''
+import torch
+from torch import nn
+
+
+def build():
+    # 2304 * 2048 + 2048 + 2048 * 4 + 4 = 4,728,836 float32 weights: 18.04 MiB (shown as 18.0 MiB),
+    # over the 16 MiB up to which the pages work as soon as they open.
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(2304, 2048), nn.ReLU(), nn.Linear(2048, 4))
+
+
+def example_inputs(batch_size):
+    return torch.randn(batch_size, 2304, generator=torch.Generator().manual_seed(1))
+'''
+
+
+@pytest.fixture
+def mid_size_model(tmp_path, monkeypatch) -> str:
+    """Source of an 18 MiB model in an allowed folder: big enough that pages wait for a button."""
+    (tmp_path / "mid.py").write_text(MID_MODEL)
+    monkeypatch.setenv("INSPECTOR_MODEL_DIRS", str(tmp_path))
+    return f"{tmp_path / 'mid.py'}:build"

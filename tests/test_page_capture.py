@@ -71,27 +71,8 @@ def test_default_tiny_gpt2():
     assert at.button(key="cap_again").label == "Capture again"  # drawn on the run that captured
 
 
-MID_MODEL = '''
-import torch
-from torch import nn
-
-
-def build():
-    # 2304 * 2048 + 2048 + 2048 * 4 + 4 = 4,728,836 float32 weights: 18.04 MiB (shown as 18.0 MiB), over the 16 MiB
-    # up to which the pages work as soon as they open.
-    torch.manual_seed(0)
-    return nn.Sequential(nn.Linear(2304, 2048), nn.ReLU(), nn.Linear(2048, 4))
-
-
-def example_inputs(batch_size):
-    return torch.randn(batch_size, 2304, generator=torch.Generator().manual_seed(1))
-'''
-
-
-def test_mid_size_model_waits_for_the_button(tmp_path, monkeypatch):
-    (tmp_path / "mid.py").write_text(MID_MODEL)
-    monkeypatch.setenv("INSPECTOR_MODEL_DIRS", str(tmp_path))
-    at = _run(f"{tmp_path / 'mid.py'}:build")
+def test_mid_size_model_waits_for_the_button(mid_size_model):
+    at = _run(mid_size_model)
     assert not at.error
     assert not at.session_state["cap_results"]  # nothing captured on first render
     assert not at.metric and not at.get("plotly_chart")
