@@ -10,18 +10,13 @@ from streamlit.testing.v1 import AppTest
 from inspector.attribution import TargetInfo, target_info
 from inspector.models import LoadedModel, load_model
 from inspector.responsive import quick_target_info
-from ui.models import Selection
+from tests.apptest import run_page
 
 PAGE = str(Path(__file__).resolve().parent.parent / "pages" / "5_Attributions.py")
 
 
 def _run(source: str | None = None) -> AppTest:
-    at = AppTest.from_file(PAGE, default_timeout=60)
-    if source is not None:
-        at.session_state["mi_selection"] = Selection(source=source)
-    at.run()
-    assert not at.exception, [e.value for e in at.exception]
-    return at
+    return run_page("5_Attributions.py", source)
 
 
 def test_tiny_gpt2_token_attributions():

@@ -2,22 +2,13 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from streamlit.testing.v1 import AppTest
 
-from ui.models import Selection
-
-PAGE = str(Path(__file__).resolve().parent.parent / "pages" / "4_Hook_captures.py")
+from tests.apptest import run_page
 
 
 def _run(source: str | None = None) -> AppTest:
-    at = AppTest.from_file(PAGE, default_timeout=60)
-    if source is not None:
-        at.session_state["mi_selection"] = Selection(source=source)
-    at.run()
-    assert not at.exception, [e.value for e in at.exception]
-    return at
+    return run_page("4_Hook_captures.py", source)
 
 
 def test_cnn_mutated_modules_stats_and_figures():

@@ -1,0 +1,21 @@
+"""Running one dashboard page with Streamlit's AppTest."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from streamlit.testing.v1 import AppTest
+
+from ui.models import Selection
+
+PAGES = Path(__file__).resolve().parent.parent / "pages"
+
+
+def run_page(page: str, source: str | None = None, timeout: float = 60) -> AppTest:
+    """Run ``pages/<page>`` once (with ``source`` selected, if given) and fail on any exception."""
+    at = AppTest.from_file(str(PAGES / page), default_timeout=timeout)
+    if source is not None:
+        at.session_state["mi_selection"] = Selection(source=source)
+    at.run()
+    assert not at.exception, [e.value for e in at.exception]
+    return at
