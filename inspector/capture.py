@@ -488,9 +488,12 @@ class _Recorder:
             self.handles.append(module.register_forward_hook(self._hook(name, capture), with_kwargs=True))
 
     def _pre_hook(self, name: str, capture: bool) -> Callable:
-        def pre_hook(module: nn.Module, args: Any, kwargs: Any) -> None:
+        def pre_hook(module: nn.Module, args: Any, kwargs: Any = None) -> None:
+            # kwargs has a default: another thread's forward can run while torch registers this
+            # hook, between adding it and marking it as taking kwargs, and call it without them.
             if threading.get_ident() != self.ident:
                 return
+            kwargs = kwargs or {}
             key = name
             if capture:
                 count = self.calls.get(name, 0) + 1
@@ -506,9 +509,10 @@ class _Recorder:
         return pre_hook
 
     def _hook(self, name: str, capture: bool) -> Callable:
-        def hook(module: nn.Module, args: Any, kwargs: Any, output: Any) -> None:
-            if threading.get_ident() != self.ident:
+        def hook(module: nn.Module, args: Any, *kwargs_output: Any) -> None:
+            if threading.get_ident() != self.ident:  # see pre_hook: may come without kwargs
                 return
+            kwargs, output = kwargs_output if len(kwargs_output) == 2 else ({}, kwargs_output[0])
             key = self.stack.pop()[1] if self.stack else name
             self._watch(name, args, kwargs, output)
             if capture:

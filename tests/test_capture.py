@@ -447,3 +447,11 @@ def test_inference_mode_capture_keeps_no_activation_alive():
     # inference mode (watched through a weak reference); held while capturing under no_grad
     assert checker.alive == [False, False, True]
     assert torch.equal(cap.outputs["0"], torch.full((1, 2), 2.0))
+
+
+def test_capturing_while_another_thread_runs_forward_many_times():
+    # torch adds a hook to _forward_hooks before marking it as taking kwargs; a forward pass
+    # in another thread at that moment calls it without kwargs. Fifty rounds hit that window
+    # often (about a third of single rounds did before hooks accepted both call forms).
+    for _ in range(50):
+        test_two_threads_capturing_at_once_each_see_only_their_own_pass()
