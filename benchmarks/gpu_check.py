@@ -22,6 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import torch  # noqa: E402
 
 from inspector import capture_activations, gradient_norms, load_model, move_model, plan_device_map  # noqa: E402
+from inspector.aliases import overwrite_on_conversion  # noqa: E402
 from inspector.offsets import run_backward  # noqa: E402
 from inspector.placement import dispatch_plan  # noqa: E402
 
@@ -64,9 +65,7 @@ def main() -> int:
 
     @check("move_model to the device in float16 under the overwrite flag")
     def _():
-        before = torch.__future__.get_overwrite_module_params_on_conversion()
-        torch.__future__.set_overwrite_module_params_on_conversion(True)
-        try:
+        with overwrite_on_conversion(True):
             m = load_model("sample:tiny-gpt2").model
             plain = load_model("sample:tiny-gpt2").model.to(dev, torch.float16)
             move_model(m, dev, torch.float16)
@@ -74,8 +73,6 @@ def main() -> int:
             assert m.lm_head.weight.dtype == torch.float16
             return (f"move_model {sum(p.numel() for p in m.parameters())}, "
                     f"plain .to {sum(p.numel() for p in plain.parameters())}")
-        finally:
-            torch.__future__.set_overwrite_module_params_on_conversion(before)
 
     @check("captures from the device into pinned CPU memory, mutation named")
     def _():

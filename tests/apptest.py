@@ -11,11 +11,18 @@ from ui.models import Selection
 PAGES = Path(__file__).resolve().parent.parent / "pages"
 
 
-def run_page(page: str, source: str | None = None, timeout: float = 60) -> AppTest:
-    """Run ``pages/<page>`` once (with ``source`` selected, if given) and fail on any exception."""
+def run_page(page: str, source: str | None = None, timeout: float = 60,
+             query: dict[str, str] | None = None) -> AppTest:
+    """Run ``pages/<page>`` once and fail on any exception.
+
+    ``source`` selects a model through the session; ``query`` sets URL parameters instead
+    (``{"model": ..., "device": ...}``), as a shared link would.
+    """
     at = AppTest.from_file(str(PAGES / page), default_timeout=timeout)
     if source is not None:
         at.session_state["mi_selection"] = Selection(source=source)
+    for key, value in (query or {}).items():
+        at.query_params[key] = value
     at.run()
     assert not at.exception, [e.value for e in at.exception]
     return at

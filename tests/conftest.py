@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from inspector.aliases import overwrite_on_conversion
 from sample_models import get_sample
 
 
@@ -25,12 +26,8 @@ def tiny_gpt2():
 @pytest.fixture
 def overwrite_flag():
     """Turn on torch's overwrite-on-conversion flag for one test, and back off after."""
-    before = torch.__future__.get_overwrite_module_params_on_conversion()
-    torch.__future__.set_overwrite_module_params_on_conversion(True)
-    try:
+    with overwrite_on_conversion(True):
         yield
-    finally:
-        torch.__future__.set_overwrite_module_params_on_conversion(before)
 
 
 MID_MODEL = '''

@@ -7,6 +7,8 @@ from pathlib import Path
 import torch
 from streamlit.testing.v1 import AppTest
 
+from tests.apptest import run_page
+
 PAGE = str(Path(__file__).resolve().parent.parent / "pages" / "1_Alias_graph.py")
 
 
@@ -50,11 +52,7 @@ def test_alias_page_groups_graph_conversions_and_retie():
 
 
 def test_alias_page_on_meta_model_says_identity_only():
-    at = AppTest.from_file(PAGE, default_timeout=60)
-    at.query_params["model"] = "sample:llama-70b-meta"
-    at.query_params["device"] = "meta"
-    at.run()
-    assert not at.exception, [e.value for e in at.exception]
+    at = run_page("1_Alias_graph.py", query={"model": "sample:llama-70b-meta", "device": "meta"})
     assert any("meta device" in i.value for i in at.info)
     assert any("No two names share" in s.value for s in at.success)
     at.button(key="aliases_check").click().run()

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import torch
 from streamlit.testing.v1 import AppTest
 
@@ -11,8 +9,6 @@ from inspector.attribution import TargetInfo, target_info
 from inspector.models import LoadedModel, load_model
 from inspector.responsive import quick_target_info
 from tests.apptest import run_page
-
-PAGE = str(Path(__file__).resolve().parent.parent / "pages" / "5_Attributions.py")
 
 
 def _run(source: str | None = None) -> AppTest:
@@ -60,11 +56,7 @@ def test_cnn_gradcam_overlay_and_conductance_bars():
 
 
 def test_meta_model_explains_instead_of_running():
-    at = AppTest.from_file(PAGE, default_timeout=60)
-    at.query_params["model"] = "sample:llama-70b-meta"
-    at.query_params["device"] = "meta"
-    at.run()
-    assert not at.exception, [e.value for e in at.exception]
+    at = run_page("5_Attributions.py", query={"model": "sample:llama-70b-meta", "device": "meta"})
     assert any("meta device" in i.value for i in at.info)
     assert not at.get("plotly_chart")
 

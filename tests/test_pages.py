@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 from streamlit.testing.v1 import AppTest
 
+from tests.apptest import run_page
+
 ROOT = Path(__file__).resolve().parent.parent
 PAGES = sorted((ROOT / "pages").glob("*.py"))
 # Pages that draw a chart as soon as they open on the default model.
@@ -39,11 +41,7 @@ def test_page_renders_on_default_model(page: Path):
 @pytest.mark.parametrize("page", PAGES, ids=[p.name for p in PAGES])
 def test_page_renders_on_meta_model(page: Path):
     """Structure-only models: pages either show their structure views or explain, never crash."""
-    at = AppTest.from_file(str(page), default_timeout=120)
-    at.query_params["model"] = "sample:llama-70b-meta"
-    at.query_params["device"] = "meta"
-    at.run()
-    assert not at.exception, [e.value for e in at.exception]
+    at = run_page(page.name, timeout=120, query={"model": "sample:llama-70b-meta", "device": "meta"})
     assert at.session_state["mi_selection"].device == "meta"
 
 
