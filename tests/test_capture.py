@@ -455,3 +455,15 @@ def test_capturing_while_another_thread_runs_forward_many_times():
     # often (about a third of single rounds did before hooks accepted both call forms).
     for _ in range(50):
         test_two_threads_capturing_at_once_each_see_only_their_own_pass()
+
+
+def test_release_capture_memory_drops_unused_pool_blocks_only():
+    from inspector.capture import _POOL, release_capture_memory
+
+    model = get_sample("cnn-bn").build()
+    kept = capture_activations(model, get_sample("cnn-bn").example_inputs(2), modules=["conv1"])
+    capture_activations(model, get_sample("cnn-bn").example_inputs(2), modules=["conv2"])
+    release_capture_memory()
+    remaining = [b for blocks in _POOL.blocks.values() for b in blocks]
+    assert all(not b.free() for b in remaining)  # only blocks a live capture still uses
+    assert torch.equal(kept.outputs["conv1"], model.conv1(get_sample("cnn-bn").example_inputs(2)))
