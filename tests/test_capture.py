@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import threading
 import weakref
 
@@ -9,7 +10,7 @@ import pytest
 import torch
 from torch import nn
 
-from inspector.capture import _POOL, Captures, capture_activations, capturing, select_modules
+from inspector.capture import Captures, capture_activations, capturing, select_modules
 from inspector.findings import InspectorError
 from sample_models import get_sample
 
@@ -317,26 +318,19 @@ def test_to_dict_is_json_safe(cnn):
     assert fc["nan"] == 10 and fc["shape"] == "(3, 10)"
 
 
-def test_pooled_memory_is_reused_only_when_no_capture_refers_to_it(cnn):
+def test_each_copy_owns_its_memory_and_frees_it_with_the_capture(cnn):
     model, x = cnn
     first = capture_activations(model, x, modules="conv2")
-    kept = first.outputs["conv2"].clone()
-    ptr = first.outputs["conv2"].untyped_storage().data_ptr()
     second = capture_activations(model, 2 * x, modules="conv2")
-    # the first capture is still alive: its memory was not handed out again
-    assert second.outputs["conv2"].untyped_storage().data_ptr() != ptr
-    assert torch.equal(first.outputs["conv2"], kept)
-    view = first.outputs["conv2"][0]  # a view keeps the pooled block alive too
-    del first
-    third = capture_activations(model, 3 * x, modules="conv2")
-    assert third.outputs["conv2"].untyped_storage().data_ptr() != ptr
-    assert torch.equal(view, kept[0])
-    del view, third
-    blocks = list(_POOL.blocks[False])
-    fourth = capture_activations(model, x, modules="conv2")
-    assert _POOL.blocks[False] == blocks  # a free block was reused; nothing new was allocated
-    assert torch.equal(fourth.outputs["conv2"], kept)
-    assert fourth.outputs["conv2"].untyped_storage().data_ptr() != second.outputs["conv2"].untyped_storage().data_ptr()
+    out = first.outputs["conv2"]
+    # exactly its own bytes (2 x 16 x 16 x 16 float32 = 32768), not a view into a bigger block
+    assert out.untyped_storage().nbytes() == CNN_BYTES["conv2"] == out.numel() * out.element_size()
+    assert out.untyped_storage().data_ptr() != second.outputs["conv2"].untyped_storage().data_ptr()
+    assert torch.equal(second.outputs["conv2"], model.conv2(model.relu1(model.conv1(2 * x))))
+    gone = weakref.ref(out)
+    del first, out
+    gc.collect()
+    assert gone() is None  # nothing inside the inspector holds a capture once it is dropped
 
 
 @pytest.mark.cuda
@@ -455,15 +449,3 @@ def test_capturing_while_another_thread_runs_forward_many_times():
     # often (about a third of single rounds did before hooks accepted both call forms).
     for _ in range(50):
         test_two_threads_capturing_at_once_each_see_only_their_own_pass()
-
-
-def test_release_capture_memory_drops_unused_pool_blocks_only():
-    from inspector.capture import _POOL, release_capture_memory
-
-    model = get_sample("cnn-bn").build()
-    kept = capture_activations(model, get_sample("cnn-bn").example_inputs(2), modules=["conv1"])
-    capture_activations(model, get_sample("cnn-bn").example_inputs(2), modules=["conv2"])
-    release_capture_memory()
-    remaining = [b for blocks in _POOL.blocks.values() for b in blocks]
-    assert all(not b.free() for b in remaining)  # only blocks a live capture still uses
-    assert torch.equal(kept.outputs["conv1"], model.conv1(get_sample("cnn-bn").example_inputs(2)))
