@@ -317,7 +317,7 @@ def _memcpy(dst: torch.Tensor, src: torch.Tensor) -> bool:
 _MEMCPY_BYTES = 1 << 18   # below this torch copies on one thread anyway; clone() is cheaper
 
 
-@dataclass
+@dataclass(slots=True)
 class _Live:
     """A captured output tensor leaf, watched for in-place changes.
 
@@ -486,11 +486,15 @@ class _Recorder:
         With version counters a write is noted (and its values compared at the end); without
         them (inference mode) a live output whose storage a module hands back is compared now.
         """
+        by_storage = self.by_storage
         for value, is_output in ((output, True), (args, False), (kwargs, False)):
-            for t in _top_tensors(value):
-                recs = self.by_storage.get(_storage_key(t))
+            for t in ((value,) if type(value) is torch.Tensor else _top_tensors(value)):
+                skey = _storage_key(t)
+                recs = by_storage.get(skey)
                 if not recs:
                     continue
+                if any(rec.ref() is None for rec in recs):  # memory reused: drop what is gone
+                    recs[:] = [rec for rec in recs if rec.ref() is not None]
                 for rec in recs:
                     if rec.change is not None:
                         continue
@@ -528,6 +532,14 @@ class _Recorder:
 
     def _store(self, key: str, kind: str, value: Any, watch: bool) -> Any:
         """A copy of ``value`` leaf by leaf, or _SKIP (and a Skipped record)."""
+        if isinstance(value, torch.Tensor) and not value.is_meta:  # the common case, kept short
+            nbytes = value.numel() * value.element_size()
+            if not self.full and (self.max_bytes is None or self.used + nbytes <= self.max_bytes):
+                self.used += nbytes
+                copy = self._copy(value)
+                if watch:
+                    self._track(key, "", value, copy)
+                return copy
         leaves, spec, paths = _flat(value)
         nbytes = 0
         tensors = 0
