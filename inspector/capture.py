@@ -26,6 +26,7 @@ import fnmatch
 import math
 import threading
 import weakref
+from collections import deque
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -315,6 +316,7 @@ def _memcpy(dst: torch.Tensor, src: torch.Tensor) -> bool:
 
 
 _MEMCPY_BYTES = 1 << 18   # below this torch copies on one thread anyway; clone() is cheaper
+_IN_FLIGHT_BYTES = 1 << 30  # GPU clones waiting for their copy to the host, at most
 
 
 @dataclass(slots=True)
@@ -412,6 +414,9 @@ class _Recorder:
         self.handles: list[Any] = []
         self.grad_handles: list[Any] = []
         self.sources: set[torch.device] = set()
+        self.copy_streams: dict[torch.device, Any] = {}
+        self.in_flight: deque[tuple[Any, int, Any]] = deque()   # (copy done event, bytes, compute stream)
+        self.in_flight_bytes = 0
         self.grad_lock = threading.Lock()
         self.training = [(m, m.training) for _, m in named]
 
@@ -602,13 +607,44 @@ class _Recorder:
                     if _memcpy(dst, src):
                         return dst
                 return src.clone(memory_format=torch.contiguous_format)
-            pinned = device.type == "cuda"
-            dst = torch.empty(src.shape, dtype=src.dtype, pin_memory=pinned)
-            dst.copy_(src, non_blocking=pinned)
-            return dst
+            if device.type == "cuda":
+                return self._to_host(src)
+            return src.to("cpu", copy=True)
         if device == self.store_on:
             return src.clone()
         return src.to(self.store_on, copy=True, non_blocking=device.type == "cuda")
+
+    def _to_host(self, src: torch.Tensor) -> torch.Tensor:
+        """Copy a CUDA tensor into pinned CPU memory on a side stream, overlapping the forward.
+
+        A private clone is taken on the compute stream first (device-to-device, cheap), so a later
+        in-place write to the live tensor can never race with the copy; the copy stream waits for
+        that clone, and the allocator does not reuse the clone's memory before the copy is done
+        (``record_stream``). At most ``_IN_FLIGHT_BYTES`` of clones wait at a time: beyond that the
+        compute stream waits for the oldest copy (a stream wait; the CPU never blocks). The only
+        synchronisation is at the end of the capture.
+        """
+        device = src.device
+        side = self.copy_streams.get(device)
+        if side is None:
+            side = self.copy_streams[device] = torch.cuda.Stream(device)
+        compute = torch.cuda.current_stream(device)
+        private = src.clone(memory_format=torch.contiguous_format)
+        side.wait_stream(compute)
+        dst = torch.empty(src.shape, dtype=src.dtype, pin_memory=True)
+        with torch.cuda.stream(side):
+            dst.copy_(private, non_blocking=True)
+            done = torch.cuda.Event()
+            done.record(side)
+        private.record_stream(side)
+        nbytes = private.numel() * private.element_size()
+        self.in_flight.append((done, nbytes, compute))
+        self.in_flight_bytes += nbytes
+        while self.in_flight_bytes > _IN_FLIGHT_BYTES and len(self.in_flight) > 1:
+            event, n, stream = self.in_flight.popleft()
+            stream.wait_event(event)
+            self.in_flight_bytes -= n
+        return dst
 
     def _track(self, key: str, path: str, t: torch.Tensor, copy: torch.Tensor) -> None:
         skey = _storage_key(t)
@@ -668,7 +704,9 @@ class _Recorder:
         self.grad_handles.clear()
         for dev in self.sources | {self.store_on}:
             if dev.type == "cuda":
-                torch.cuda.synchronize(dev)
+                torch.cuda.synchronize(dev)  # the one synchronisation: every copy is done after it
+        self.in_flight.clear()
+        self.in_flight_bytes = 0
         self._settle_mutations()
         self.live.clear()
         self.by_storage.clear()
