@@ -343,10 +343,11 @@ class _Live:
 
 
 def _storage_key(t: torch.Tensor) -> int | None:
-    if t.layout != torch.strided or t.numel() == 0 or t.is_meta:
+    """The address where ``t``'s storage starts (no storage object is made: this runs per hook)."""
+    if t.layout != torch.strided or t.is_meta or t.numel() == 0:
         return None
     try:
-        return t.untyped_storage().data_ptr()
+        return t.data_ptr() - t.storage_offset() * t.element_size()
     except (RuntimeError, NotImplementedError):
         return None
 
