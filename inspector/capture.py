@@ -411,6 +411,7 @@ class _Recorder:
         self.calls: dict[str, int] = {}
         self.live: list[_Live] = []
         self.by_storage: dict[int, list[_Live]] = {}
+        self.versioned = False   # whether any watched tensor has a version counter
         self.pending: dict[str, list[str]] = {}   # keys given by pre-hooks (keep_inputs)
         self.handles: list[Any] = []
         self.grad_handles: list[Any] = []
@@ -493,7 +494,10 @@ class _Recorder:
         them (inference mode) a live output whose storage a module hands back is compared now.
         """
         by_storage = self.by_storage
-        for value, is_output in ((output, True), (args, False), (kwargs, False)):
+        # only tensors with version counters tell a write through an input; others are compared
+        # when a module hands their storage back
+        watched = ((output, True), (args, False), (kwargs, False)) if self.versioned else ((output, True),)
+        for value, is_output in watched:
             for t in ((value,) if type(value) is torch.Tensor else _top_tensors(value)):
                 skey = _storage_key(t)
                 recs = by_storage.get(skey)
@@ -655,6 +659,7 @@ class _Recorder:
             version, ref = None, weakref.ref(t)
         else:
             version, ref = t._version, (lambda t=t: t)
+            self.versioned = True
         rec = _Live(key, path, ref, copy, version, t.device)
         self.live.append(rec)
         recs = self.by_storage.get(skey)
