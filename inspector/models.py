@@ -232,42 +232,11 @@ def _build_hf(directory: str) -> LoadedModel:
     path = Path(directory).expanduser().resolve()
     if not (path / "config.json").is_file():
         raise InspectorError(f"{path} is not a Hugging Face model folder (no config.json there)")
-    try:
-        import transformers
-        from transformers import AutoConfig
+    from . import hf
 
-        config = AutoConfig.from_pretrained(path, local_files_only=True)
-        model = None
-        for auto in (transformers.AutoModelForCausalLM, transformers.AutoModel):
-            try:
-                model = auto.from_pretrained(path, local_files_only=True)
-                break
-            except ValueError:
-                continue
-        if model is None:
-            raise InspectorError(f"transformers has no model class for {path} ({config.model_type})")
-    except InspectorError:
-        raise
-    except Exception as exc:
-        raise InspectorError(f"loading the Hugging Face model in {path} failed: "
-                             f"{type(exc).__name__}: {exc}") from exc
-    model.eval()
-    vocab = getattr(config, "vocab_size", None)
-
-    def inputs_fn(batch_size: int) -> dict[str, torch.Tensor]:
-        gen = torch.Generator().manual_seed(0)
-        return {"input_ids": torch.randint(0, vocab or 2, (batch_size, 8), generator=gen)}
-
-    def loss_fn(outputs: Any, inputs: Any) -> torch.Tensor:
-        logits = outputs.logits if hasattr(outputs, "logits") else outputs[0]
-        ids = inputs["input_ids"]
-        return torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, logits.size(-1)),
-                                                 ids[:, 1:].reshape(-1))
-
-    has_logits = hasattr(model, "lm_head") or hasattr(model, "get_output_embeddings") and \
-        model.get_output_embeddings() is not None
-    return LoadedModel(model, path.name, f"hf:{path}", inputs_fn=inputs_fn if vocab else None,
-                       loss_fn=loss_fn if vocab and has_logits else None)
+    model, findings = hf.load_hf_folder(path)
+    return LoadedModel(model, path.name, f"hf:{path}", findings=findings,
+                       inputs_fn=hf.example_inputs_for(model), loss_fn=hf.loss_for(model))
 
 
 def read_checkpoint(path: str | os.PathLike) -> tuple[dict[str, torch.Tensor], list[Finding]]:
