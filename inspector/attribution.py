@@ -242,6 +242,12 @@ def embedding_layer(model: nn.Module) -> str | None:
     """The input-embedding module's name: ``get_input_embeddings()`` if the model has it,
     else the first ``nn.Embedding``."""
     names = {id(m): n for n, m in model.named_modules()}
+    encoder = getattr(model, "get_encoder", None)
+    if callable(encoder) and getattr(getattr(model, "config", None), "is_encoder_decoder", False):
+        try:  # an encoder-decoder embeds its input ids in the encoder (its shared table is not called)
+            model = encoder() or model
+        except (NotImplementedError, AttributeError):
+            pass
     getter = getattr(model, "get_input_embeddings", None)
     if callable(getter):
         try:

@@ -285,8 +285,9 @@ def example_inputs_for(model: nn.Module) -> Callable[[int], dict[str, torch.Tens
             gen = torch.Generator().manual_seed(0)
             return {"pixel_values": torch.randn(batch_size, channels, h, w, generator=gen)}
         return pixels
-    text = _sub_config(config, "text_config")
+    text = _sub_config(config, "text_config", "encoder")
     vocab = getattr(text, "vocab_size", None)
+    decoder_vocab = getattr(_sub_config(config, "decoder"), "vocab_size", None) or vocab
     if not vocab:
         return None
     limit = getattr(text, "max_position_embeddings", None) or getattr(text, "n_positions", None)
@@ -297,7 +298,7 @@ def example_inputs_for(model: nn.Module) -> Callable[[int], dict[str, torch.Tens
         ids = torch.randint(0, vocab, (batch_size, length), generator=gen)
         inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
         if kind == "seq2seq":
-            inputs["decoder_input_ids"] = torch.randint(0, vocab, (batch_size, length), generator=gen)
+            inputs["decoder_input_ids"] = torch.randint(0, decoder_vocab, (batch_size, length), generator=gen)
         return inputs
     return tokens
 

@@ -20,6 +20,7 @@ from torch import nn
 from .devices import move_model, resolve_device
 from .findings import Finding, InspectorError
 from .locks import model_lock
+from .wrappers import unwrap
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 SAMPLE_DIR = PROJECT_ROOT / "sample_models"
@@ -45,6 +46,14 @@ class LoadedModel:
     findings: list[Finding] = field(default_factory=list)
     inputs_fn: Callable[[int], Any] | None = field(default=None, repr=False)
     loss_fn: Callable[[Any, Any], torch.Tensor] | None = field(default=None, repr=False)
+    wrappers: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        """A wrapped model (``torch.compile``, DDP, FSDP) is inspected as the model underneath."""
+        unwrapped = unwrap(self.model)
+        if unwrapped.wrappers:
+            self.model, self.wrappers = unwrapped.module, unwrapped.wrappers
+            self.findings = [*unwrapped.findings(), *self.findings]
 
     @property
     def lock(self) -> threading.RLock:
@@ -315,6 +324,26 @@ def pickle_globals(path: Path) -> list[str]:
     return [g for g in dict.fromkeys(found) if not g.startswith(_TORCH_GLOBALS)]
 
 
+WRAPPER_PREFIXES = ("_orig_mod.", "module.")
+
+
+def strip_wrapper_prefix(state: dict[str, torch.Tensor], own: dict[str, Any]) -> tuple[dict[str, torch.Tensor], str]:
+    """``state`` without the ``_orig_mod.`` / ``module.`` prefixes a wrapped model writes, when
+    every key has them and the model's names do not; returns the prefix stripped ("" for none).
+
+    >>> strip_wrapper_prefix({"_orig_mod.module.w": 1}, {"w": 0})
+    ({'w': 1}, '_orig_mod.module.')
+    """
+    stripped = ""
+    while state and not any(k in own for k in state):
+        prefix = next((p for p in WRAPPER_PREFIXES if all(k.startswith(p) for k in state)), None)
+        if prefix is None:
+            break
+        state = {k[len(prefix):]: v for k, v in state.items()}
+        stripped += prefix
+    return state, stripped
+
+
 def apply_checkpoint(model: nn.Module, path: str | os.PathLike) -> list[Finding]:
     """Copy a checkpoint into ``model`` in place, keeping its ties; findings say what happened.
 
@@ -325,6 +354,11 @@ def apply_checkpoint(model: nn.Module, path: str | os.PathLike) -> list[Finding]
     state, findings = read_checkpoint(path)
     name = Path(path).name
     own = model.state_dict(keep_vars=True)
+    state, stripped = strip_wrapper_prefix(state, own)
+    if stripped:
+        findings.append(Finding("checkpoint-wrapped", "info", name,
+                                f"{name} was saved from a wrapped model (names start with {stripped!r}, "
+                                "as torch.compile or DDP write them); the names were read without it"))
     by_id: dict[int, list[str]] = {}
     for key, t in own.items():
         by_id.setdefault(id(t), []).append(key)

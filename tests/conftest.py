@@ -53,3 +53,11 @@ def mid_size_model(tmp_path, monkeypatch) -> str:
     (tmp_path / "mid.py").write_text(MID_MODEL)
     monkeypatch.setenv("INSPECTOR_MODEL_DIRS", str(tmp_path))
     return f"{tmp_path / 'mid.py'}:build"
+
+
+@pytest.fixture(scope="session")
+def hf_folders(tmp_path_factory):
+    """Tiny GPT-2, BERT, T5, BART, Llama (tied, untied), ViT and BERT2BERT folders, saved once."""
+    from hf_folders import save_all
+
+    return save_all(tmp_path_factory.mktemp("hf"))
