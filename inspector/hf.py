@@ -111,25 +111,45 @@ def load_hf_folder(path: Path) -> tuple[nn.Module, list[Finding]]:
         raise InspectorError(f"loading the Hugging Face model in {path} failed: "
                              f"{type(exc).__name__}: {exc}") from exc
     model.eval()
-    findings = class_findings(choice)
-    findings += compare_saved(model, path, wrong_class=not choice.is_saved and choice.saved is not None)
-    if choice.saved is None and any(f.code in ("unexpected-tensor", "left-at-init") for f in findings):
-        findings = [_as_error(f) for f in findings]
-    return model, findings
+    checked = compare_saved(model, path)
+    mismatch = mismatch_finding(checked, path)
+    if mismatch is not None:  # not the saved model: what would be warnings are errors
+        checked = [mismatch, *(_as_error(f) if f.code in ("unexpected-tensor", "left-at-init") else f
+                               for f in checked)]
+    return model, [*class_findings(choice, matches=mismatch is None), *checked]
 
 
-def class_findings(choice: ClassChoice) -> list[Finding]:
+def mismatch_finding(findings: list[Finding], path: Path) -> Finding | None:
+    """An error when saved tensors were dropped *and* model tensors were left at their initial
+    value (or a shape changed): the model is then not the one saved in ``path``."""
+    count = {code: sum(_tensors_in(f) for f in findings if f.code == code)
+             for code in ("unexpected-tensor", "left-at-init", "shape-changed")}
+    if not (count["unexpected-tensor"] and count["left-at-init"]) and not count["shape-changed"]:
+        return None
+    shapes = f", {count['shape-changed']} changed shape" if count["shape-changed"] else ""
+    return Finding("hf-not-saved-model", "error", "",
+                   f"this is not the model saved in {path.name}: {count['unexpected-tensor']} saved tensors "
+                   f"have no place in it and {count['left-at-init']} of its tensors hold random initial "
+                   f"values{shapes}. Its outputs and every number derived from them are not the saved model's")
+
+
+def class_findings(choice: ClassChoice, matches: bool = True) -> list[Finding]:
+    """What class loaded the folder; an error when it is not the saved class and the tensors do
+    not match, a warning when the class is another (or unknown) but every saved tensor loaded."""
     name = choice.chosen.__name__
     if choice.is_saved:
         return [Finding("hf-class", "info", "", f"loaded as {name}, the class the folder was saved from")]
+    severity = "warning" if matches else "error"
     if choice.saved is None:
-        return [Finding("hf-class-guessed", "warning", "",
+        return [Finding("hf-class-guessed", severity, "",
                         f"the folder does not say which class it was saved from ({choice.reason}); "
-                        "add it to config.json 'architectures' if the findings below show a mismatch")]
-    return [Finding("hf-class-differs", "error", "",
-                    f"the folder was saved from {choice.saved}, but this model is a {name} ({choice.reason}): "
-                    "it is not the saved model. Install a transformers version that has "
-                    f"{choice.saved}, or fix 'architectures' in config.json")]
+                        "add it to config.json 'architectures'")]
+    tail = ("every saved tensor found its place, so it is likely the same model" if matches else
+            "it is not the saved model")
+    return [Finding("hf-class-differs", severity, "",
+                    f"the folder was saved from {choice.saved}, but this model is a {name} ({choice.reason}); "
+                    f"{tail}. Install a transformers version that has {choice.saved}, or fix "
+                    "'architectures' in config.json")]
 
 
 def _as_error(f: Finding) -> Finding:
@@ -183,11 +203,11 @@ def _candidates(key: str, prefix: str) -> list[str]:
     return out
 
 
-def compare_saved(model: nn.Module, path: Path, wrong_class: bool = False) -> list[Finding]:
+def compare_saved(model: nn.Module, path: Path) -> list[Finding]:
     """Compare every saved tensor of ``path`` with ``model``'s state dict; findings for each difference.
 
     A model tensor not saved under its own name counts as filled when a tensor it is tied to
-    (the same object) was saved. ``wrong_class`` makes missing and unexpected tensors errors.
+    (the same object) was saved.
     """
     files = saved_files(path)
     if not files:
@@ -217,16 +237,16 @@ def compare_saved(model: nn.Module, path: Path, wrong_class: bool = False) -> li
             dtype.append((where, saved.dtype, t.dtype))
         elif t.device.type != "meta" and not torch.equal(t.detach().cpu(), saved):
             differ.append(where)
-    left = [k for k, t in own.items() if id(t) not in filled and not (k in filled_keys)]
+    left = [k for k, t in own.items() if id(t) not in filled and k not in filled_keys]
     # a tensor a conversion built (merged experts...) has no identity in the model: by key
     left += [k for k, t in expected.items() if id(t) not in names_of and k not in filled_keys]
-    sev = "error" if wrong_class else "warning"
+    sev = "warning"
     out: list[Finding] = []
-    out += _listed(unexpected, "unexpected-tensor", sev, lambda k: (
-        f"{k} is saved in {path.name} but this model has no such tensor; it was not loaded"))
     out += _listed(left, "left-at-init", sev, lambda k: (
         f"{k} is not saved in {path.name} (nor any tensor tied to it): it holds its random "
         "initial value"))
+    out += _listed(unexpected, "unexpected-tensor", sev, lambda k: (
+        f"{k} is saved in {path.name} but this model has no such tensor; it was not loaded"))
     out += _listed(shape, "shape-changed", "error", lambda s: (
         f"{s[0]} is saved with shape {s[1]} but the model has {s[2]}; it holds its initial value"))
     out += _listed(dtype, "dtype-changed", "warning", lambda s: (
@@ -242,8 +262,16 @@ def _listed(items: list, code: str, severity: str, message: Callable[[Any], str]
     out = [Finding(code, severity, item if isinstance(item, str) else item[0], message(item))
            for item in items[:MAX_LISTED]]
     if len(items) > MAX_LISTED:
-        out.append(Finding(code, severity, "", f"... and {len(items) - MAX_LISTED} more {code} tensors"))
+        out.append(Finding(code, severity, "", f"{len(items) - MAX_LISTED} more {code} tensors, not listed"))
     return out
+
+
+def _tensors_in(f: Finding) -> int:
+    """How many tensors one finding of :func:`_listed` stands for."""
+    if f.where:
+        return 1
+    head = f.message.split(" ", 1)[0]
+    return int(head) if head.isdigit() else 1
 
 
 # ---------------------------------------------------------------- inputs and loss from the config

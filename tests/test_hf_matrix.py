@@ -7,11 +7,11 @@ import json
 
 import pytest
 import torch
+from apptest import PAGES, run_page
+from hf_folders import ARCHITECTURES, SAVED_CLASS
 from safetensors.torch import load_file
 from streamlit.testing.v1 import AppTest
 
-from apptest import PAGES, run_page
-from hf_folders import ARCHITECTURES, SAVED_CLASS
 from inspector.__main__ import main
 from inspector.hf import saved_form
 from inspector.models import load_model
@@ -20,13 +20,13 @@ pytest.importorskip("transformers")
 
 COMMANDS = {  # the smallest inputs each command takes
     "summary": [],
-    "aliases": ["--convert", "all", "--retie"],
+    "aliases": ["--convert", "to-float64-overwrite", "--retie"],
     "offsets": ["--backward", "--locate", "0"],
-    "devicemap": ["--max-memory", "0=8KB,cpu=1GB", "--compare-accelerate"],
+    "devicemap": ["--max-memory", "0=8KB,cpu=1GB"],
     "capture": ["--batch-size", "1"],
     "attribute": ["--target", "1", "--steps", "2"],
-    "report": ["--format", "json", "--batch-size", "1", "--attribution-steps", "2", "--backward",
-               "--max-memory", "0=8KB,cpu=1GB"],
+    "report": ["--format", "json", "--batch-size", "1", "--attribution-steps", "2",
+               "--max-memory", "0=8KB,cpu=1GB", "--conversions", "to-float64"],
 }
 
 
@@ -112,7 +112,8 @@ def test_every_page(hf_folders, arch):
             at.button(key=key).click().run()
             assert not at.exception, (page, [e.value for e in at.exception])
         if page == "6_Report.py":
-            at.number_input[0].set_value(1)
+            at.number_input[0].set_value(1)  # batch size
+            at.number_input[1].set_value(2)  # attribution steps
             at.button[0].click().run()
             assert not at.exception, [e.value for e in at.exception]
             assert not at.error, (page, [e.value for e in at.error])
@@ -121,19 +122,24 @@ def test_every_page(hf_folders, arch):
     assert_saved_weights(loaded.model, hf_folders[arch])  # the pages inspected the saved weights, unchanged
 
 
-def test_home_page_shows_the_wrong_class(hf_folders, tmp_path):
-    folder = tmp_path / "bart"
-    folder.mkdir()
-    for f in hf_folders["bart"].iterdir():
-        (folder / f.name).write_bytes(f.read_bytes())
-    config = json.loads((folder / "config.json").read_text())
-    config["architectures"] = ["BartForSomethingNew"]
-    (folder / "config.json").write_text(json.dumps(config))
-    at = AppTest.from_file(str(PAGES.parent / "app.py"), default_timeout=120)
-    from ui.models import Selection
+def _copy(folder, to, architectures):
+    to.mkdir()
+    for f in folder.iterdir():
+        (to / f.name).write_bytes(f.read_bytes())
+    config = json.loads((to / "config.json").read_text())
+    if architectures is None:
+        config.pop("architectures", None)
+    else:
+        config["architectures"] = architectures
+    (to / "config.json").write_text(json.dumps(config))
+    return to
 
-    at.session_state["mi_selection"] = Selection(source=f"hf:{folder}")
-    at.run()
-    assert not at.exception
+
+def test_home_page_shows_a_model_that_is_not_the_saved_one(hf_folders, tmp_path):
+    # The folder holds BartForConditionalGeneration's tensors but names BartForCausalLM: the
+    # encoder (and the shared table) have no place in it, its decoder embedding and head are random.
+    folder = _copy(hf_folders["bart"], tmp_path / "bart", ["BartForCausalLM"])
+    at = run_page("../app.py", f"hf:{folder}", timeout=120)
     shown = "\n".join(df.value.to_string() for df in at.dataframe)
-    assert "hf-class-differs" in shown and "left-at-init" in shown
+    assert "hf-not-saved-model" in shown and "left-at-init" in shown
+    assert any("hf-not-saved-model" in e.value for e in at.error)
