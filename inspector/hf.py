@@ -116,7 +116,28 @@ def load_hf_folder(path: Path) -> tuple[nn.Module, list[Finding]]:
     if mismatch is not None:  # not the saved model: what would be warnings are errors
         checked = [mismatch, *(_as_error(f) if f.code in ("unexpected-tensor", "left-at-init") else f
                                for f in checked)]
-    return model, [*class_findings(choice, matches=mismatch is None), *checked]
+    return model, [*class_findings(choice, matches=mismatch is None), *tie_findings(model), *checked]
+
+
+def tie_findings(model: nn.Module) -> list[Finding]:
+    """A warning when the config asks to tie the output embedding to the input embedding and the
+    loaded model does not (transformers keeps both when the folder saved two different values)."""
+    config = getattr(model, "config", None)
+    if not getattr(config, "tie_word_embeddings", False):
+        return []
+    try:
+        inp, out = model.get_input_embeddings(), model.get_output_embeddings()
+    except (AttributeError, NotImplementedError):
+        return []
+    w_in, w_out = getattr(inp, "weight", None), getattr(out, "weight", None)
+    if not isinstance(w_in, torch.Tensor) or not isinstance(w_out, torch.Tensor) or w_in is w_out:
+        return []
+    names = {id(m): n for n, m in model.named_modules()}
+    a, b = names.get(id(out), "the output embedding"), names.get(id(inp), "the input embedding")
+    return [Finding("hf-tie-skipped", "warning", f"{a}.weight",
+                    f"config.json says tie_word_embeddings, but {a}.weight and {b}.weight are two tensors: "
+                    "the folder saved two different values, so transformers kept both. Set "
+                    "tie_word_embeddings to false, or re-tie them (the aliases view shows the pair)")]
 
 
 def mismatch_finding(findings: list[Finding], path: Path) -> Finding | None:

@@ -10,7 +10,6 @@ import torch
 from apptest import PAGES, run_page
 from hf_folders import ARCHITECTURES, SAVED_CLASS
 from safetensors.torch import load_file
-from streamlit.testing.v1 import AppTest
 
 from inspector.__main__ import main
 from inspector.hf import saved_form
