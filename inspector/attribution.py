@@ -512,6 +512,11 @@ def _main_output(out: Any, name: str) -> torch.Tensor:
         return out[0]
     if isinstance(out, dict) and isinstance(out.get("logits"), torch.Tensor):
         return out["logits"]
+    if getattr(out, "last_hidden_state", None) is not None:
+        raise InspectorError(f"{name} returned {type(out).__name__}, hidden states without logits: it is a "
+                             "model without a head, so there is no output to attribute. Load a model with a "
+                             "head (a ...ForCausalLM, ...ForConditionalGeneration or ...ForSequenceClassification "
+                             "class), or use the captures view for its hidden states")
     raise InspectorError(f"{name} returned {type(out).__name__}; attribution needs a tensor, "
                          "a tuple starting with one, or an output with .logits")
 

@@ -353,24 +353,21 @@ def example_inputs_for(model: nn.Module) -> Callable[[int], dict[str, torch.Tens
 
 
 def loss_for(model: nn.Module) -> Callable[[Any, Any], torch.Tensor] | None:
-    """A loss on the model's logits: next-token cross-entropy for causal LMs (on the decoder ids
-    for encoder-decoders), per-token cross-entropy for masked LMs, class 0 for classifiers.
-    None for a model without a head (no logits)."""
-    out_emb = getattr(model, "get_output_embeddings", None)
-    has_head = callable(out_emb) and out_emb() is not None
-    kind = input_kind(model)
-    if kind == "pixels":
-        if not hasattr(model, "classifier"):
-            return None
-
+    """A loss on the model's logits: cross-entropy against class 0 for classifiers (sequence,
+    token or image), next-token cross-entropy for causal LMs (on the decoder ids for
+    encoder-decoders), per-token cross-entropy for masked LMs. None for a model without a head."""
+    cls_name = type(model).__name__
+    if cls_name.endswith("Classification"):
         def classify(outputs: Any, inputs: Any) -> torch.Tensor:
             logits = _logits(outputs)
+            logits = logits.reshape(-1, logits.size(-1))
             return nn.functional.cross_entropy(logits, torch.zeros(len(logits), dtype=torch.long,
                                                                    device=logits.device))
         return classify
-    if not has_head:
+    out_emb = getattr(model, "get_output_embeddings", None)
+    if input_kind(model) == "pixels" or not callable(out_emb) or out_emb() is None:
         return None
-    masked = type(model).__name__.endswith(("ForMaskedLM", "ForPreTraining"))
+    masked = cls_name.endswith(("ForMaskedLM", "ForPreTraining"))
 
     def language(outputs: Any, inputs: Any) -> torch.Tensor:
         logits = _logits(outputs)

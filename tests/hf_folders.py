@@ -29,6 +29,8 @@ def _text(tf: Any) -> dict[str, Callable[[], Any]]:
         "bert": lambda: tf.BertForMaskedLM(bert()),
         "t5": lambda: tf.T5ForConditionalGeneration(tf.T5Config(
             vocab_size=VOCAB, d_model=16, d_kv=8, d_ff=32, num_layers=1, num_heads=2, decoder_start_token_id=0)),
+        "t5-bare": lambda: tf.T5Model(tf.T5Config(
+            vocab_size=VOCAB, d_model=16, d_kv=8, d_ff=32, num_layers=1, num_heads=2, decoder_start_token_id=0)),
         "bart": lambda: tf.BartForConditionalGeneration(tf.BartConfig(
             vocab_size=VOCAB, d_model=16, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2,
             decoder_attention_heads=2, encoder_ffn_dim=32, decoder_ffn_dim=32, max_position_embeddings=32)),
@@ -42,9 +44,10 @@ def _text(tf: Any) -> dict[str, Callable[[], Any]]:
     }
 
 
-ARCHITECTURES = ("gpt2", "bert", "t5", "bart", "llama-tied", "llama-untied", "vit", "bert2bert")
+ARCHITECTURES = ("gpt2", "bert", "t5", "t5-bare", "bart", "llama-tied", "llama-untied", "vit", "bert2bert")
 #: What each architecture is saved as (``config.architectures[0]``).
 SAVED_CLASS = {"gpt2": "GPT2LMHeadModel", "bert": "BertForMaskedLM", "t5": "T5ForConditionalGeneration",
+               "t5-bare": "T5Model",
                "bart": "BartForConditionalGeneration", "llama-tied": "LlamaForCausalLM",
                "llama-untied": "LlamaForCausalLM", "vit": "ViTForImageClassification",
                "bert2bert": "EncoderDecoderModel"}
