@@ -137,3 +137,43 @@ def test_encoder_decoder_attributes_through_the_encoder_embedding(hf_folders):
     result = attribute(t5, None, "ig", target=3, n_steps=2)
     assert result.layer == "encoder.embed_tokens"
     assert result.attributions[0].shape == (1, 8, 16)  # one score per input token and hidden unit
+
+
+def test_reports_carry_the_loading_findings(hf_folders, tmp_path):
+    folder = copy_folder(hf_folders["bart"], tmp_path / "bart", architectures=["BartForCausalLM"])
+    out = tmp_path / "r.json"
+    assert main(["report", f"hf:{folder}", "--sections", "summary", "-o", str(out)]) == 0
+    findings = json.loads(out.read_text())["findings"]
+    assert ("hf-not-saved-model", "error") in {(f["code"], f["severity"]) for f in findings}
+    assert sum(f["code"] == "left-at-init" for f in findings) == 2
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("arch", ["t5", "vit", "llama-tied"])
+def test_on_cuda(hf_folders, arch, capsys):
+    loaded = load_model(f"hf:{hf_folders[arch]}", device="cuda:0", dtype="float16")
+    inputs = loaded.example_inputs(2)
+    assert all(t.device.type == "cuda" for t in inputs.values())
+    with torch.no_grad():
+        loaded.model(**inputs)
+    for command in (["capture"], ["attribute", "--target", "1", "--steps", "2"], ["offsets", "--backward"]):
+        assert main([command[0], f"hf:{hf_folders[arch]}", "--device", "cuda:0", *command[1:]]) == 0, \
+            capsys.readouterr().err
+
+
+def test_compare_saved_names_changed_values_and_shapes(hf_folders):
+    from inspector.hf import compare_saved, mismatch_finding
+
+    folder = hf_folders["gpt2"]
+    model = load_model(f"hf:{folder}").model
+    assert compare_saved(model, folder) == []
+    with torch.no_grad():
+        model.transformer.ln_f.bias.add_(1.0)
+    assert [(f.code, f.where) for f in compare_saved(model, folder)] == [("weight-differs", "transformer.ln_f.bias")]
+    # a wider model (n_embd 32, not 16): each of GPT-2's 16 saved tensors (wte, wpe, ln_1, attn
+    # c_attn and c_proj, ln_2, mlp c_fc and c_proj, ln_f; weights and biases) has a hidden dimension
+    wide = transformers.GPT2LMHeadModel(transformers.GPT2Config(vocab_size=64, n_positions=32, n_embd=32,
+                                                                n_layer=1, n_head=2))
+    found = compare_saved(wide, folder)
+    assert {f.code for f in found} == {"shape-changed"} and len(found) == 16
+    assert mismatch_finding(found, folder).severity == "error"
