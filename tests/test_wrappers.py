@@ -119,3 +119,19 @@ def test_a_plain_model_is_its_own_underlying_model(tiny_gpt2):
     u = unwrap(tiny_gpt2)
     assert u.module is tiny_gpt2 and u.wrappers == () and u.findings() == []
     assert LoadedModel(tiny_gpt2, "tiny", "test").findings == []
+
+
+def test_home_and_alias_pages_on_a_compiled_model(tmp_path, monkeypatch):
+    from apptest import run_page
+
+    (tmp_path / "compiled.py").write_text(COMPILED_FILE)
+    monkeypatch.setenv("INSPECTOR_MODEL_DIRS", str(tmp_path))
+    source = f"{tmp_path / 'compiled.py'}:build"
+    home = run_page("../app.py", source)
+    frames = [df.value for df in home.dataframe]
+    assert any("model-wrapped" in set(f.get("code", [])) for f in frames)
+    names = next(f["name"] for f in frames if "same_as" in f)  # every parameter and buffer name
+    assert names.iloc[0] == "transformer.wte.weight" and not names.str.contains("_orig_mod").any()
+    aliases = run_page("1_Alias_graph.py", source)
+    shown = "\n".join(df.value.to_string() for df in aliases.dataframe)
+    assert "transformer.wte.weight" in shown and "_orig_mod." not in shown
