@@ -66,11 +66,18 @@ class Unwrapped:
         if not self.wrappers:
             return []
         chain = " inside ".join(self.wrappers)
-        return [Finding("model-wrapped", "info", "",
-                        f"the model is wrapped in {chain}; the inspector looks at the "
-                        f"{type(self.module).__name__} underneath, so names are yours (without "
-                        f"{self.prefix!r}), ties are those of your tensors, and forward passes run "
-                        "it eagerly")]
+        out = [Finding("model-wrapped", "info", "",
+                       f"the model is wrapped in {chain}; the inspector looks at the "
+                       f"{type(self.module).__name__} underneath, so names are yours (without "
+                       f"{self.prefix!r}), ties are those of your tensors, and forward passes run "
+                       "it eagerly")]
+        flat = [n for n, _ in self.module.named_parameters() if n.rsplit(".", 1)[-1] == "_flat_param"]
+        if flat:
+            out.append(Finding("fsdp-flat-parameters", "warning", flat[0],
+                               f"FSDP (use_orig_params=False) holds the parameters as {len(flat)} flat "
+                               f"tensor(s) ({flat[0]}...): your parameter names, shapes and ties are not "
+                               "visible. Wrap with use_orig_params=True, or shard with FSDP2's fully_shard"))
+        return out
 
 
 def unwrap(model: nn.Module) -> Unwrapped:

@@ -71,6 +71,10 @@ def test_ddp_and_fsdp_wrappers(tiny_gpt2, tmp_path):
         assert next(n for n, _ in fsdp.named_parameters()).startswith("_fsdp_wrapped_module.")
         assert inspector.offset_map(fsdp)["name"].iloc[0] == "transformer.wte.weight"
         assert [g.names for g in inspector.alias_groups(fsdp)] == [TIE]
+        assert [f.code for f in unwrap(fsdp).findings()] == ["model-wrapped"]
+        flat = FullyShardedDataParallel(load_model("sample:tiny-gpt2").model, device_id=torch.device("cpu"))
+        assert [(f.code, f.where) for f in unwrap(flat).findings()] == \
+            [("model-wrapped", ""), ("fsdp-flat-parameters", "_flat_param")]
 
 
 def test_loaded_model_unwraps_once_and_says_so(tiny_gpt2):
