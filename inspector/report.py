@@ -13,7 +13,6 @@ same report back, and the HTML and Markdown forms are rendered from the same dat
 from __future__ import annotations
 
 import base64
-import html
 import importlib
 import json
 import math
@@ -33,6 +32,7 @@ import numpy as np
 import pandas as pd
 from torch import nn
 
+from .escaping import markdown_text
 from .findings import SEVERITY_ORDER, Finding, InspectorError
 from .summary import model_bytes
 
@@ -785,9 +785,8 @@ def render_html(report: Report) -> str:
 
 
 def _md(value: Any) -> str:
-    """Text for Markdown: HTML escaped (so names render as text), pipes and newlines made safe."""
-    text = html.escape(display_value(value), quote=False)
-    return text.replace("|", "\\|").replace("\r", " ").replace("\n", " ")
+    """A value as literal Markdown text: no link, image, markup or table break survives."""
+    return markdown_text(display_value(value))
 
 
 def _md_table(table: Table, max_rows: int) -> list[str]:
