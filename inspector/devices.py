@@ -56,14 +56,21 @@ def available_devices() -> list[DeviceInfo]:
 
 def resolve_device(device: str | torch.device) -> torch.device:
     """``device`` as a ``torch.device`` that exists here, or an InspectorError listing those that do."""
+    if not isinstance(device, (str, torch.device)) or isinstance(device, bool):
+        raise InspectorError(f"device must be a name such as 'cpu' or 'cuda:0', got "
+                             f"{type(device).__name__} {device!r}. Available devices: "
+                             f"{', '.join(d.name for d in available_devices())}")
     try:
         dev = torch.device(device)
-    except (RuntimeError, TypeError) as exc:
+    except (RuntimeError, TypeError, ValueError) as exc:
         raise InspectorError(f"unknown device {device!r}: {exc}. Available devices: "
                              f"{', '.join(d.name for d in available_devices())}") from None
     if dev.type == "cuda" and dev.index is None:
         dev = torch.device("cuda", 0)
     names = {d.name for d in available_devices()}
+    if dev.type in ("cpu", "meta", "mps") and dev.index not in (None, 0):
+        raise InspectorError(f"device {str(device)!r} does not exist: there is one {dev.type} device, "
+                             f"named {dev.type!r}. Available devices: {', '.join(sorted(names))}")
     key = dev.type if dev.type in ("cpu", "meta", "mps") else f"{dev.type}:{dev.index}"
     if key not in names:
         raise InspectorError(f"device {str(device)!r} is not available on this machine. "

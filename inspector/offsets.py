@@ -562,7 +562,7 @@ def run_backward(loaded: Any, batch_size: int = 2, accumulate: bool = False) -> 
     >>> r.with_gradient, r.frozen
     (6, 6)
     """
-    from .models import call_model
+    from .models import call_model, model_code
 
     model: nn.Module = loaded.model
     loaded.check_runnable()
@@ -577,8 +577,10 @@ def run_backward(loaded: Any, batch_size: int = 2, accumulate: bool = False) -> 
         try:
             model.eval()
             inputs = loaded.example_inputs(batch_size)
-            with torch.enable_grad():
+            with torch.enable_grad(), model_code(f"the forward pass of {loaded.name}",
+                                                  "fix its forward (or example_inputs) in the model file"):
                 outputs = call_model(model, inputs)
+            with torch.enable_grad():
                 loss = loaded.loss(outputs, inputs)
                 if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
                     shape = tuple(loss.shape) if isinstance(loss, torch.Tensor) else type(loss).__name__
@@ -592,7 +594,9 @@ def run_backward(loaded: Any, batch_size: int = 2, accumulate: bool = False) -> 
                         if p.grad is not None:
                             replaced += 1
                             p.grad = None
-                loss.backward()
+                with model_code(f"the backward pass of {loaded.name}",
+                                "fix the loss or the forward in the model file"):
+                    loss.backward()
         finally:
             for m, was_training in modes.items():
                 m.training = was_training

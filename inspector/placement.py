@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 import re
 import tempfile
 import time
@@ -109,6 +110,9 @@ def parse_size(value: int | float | str, what: str = "size") -> int:
             raise InspectorError(f"{what}: cannot read {value!r} as a size; write bytes or a number "
                                  "with a unit such as 20GiB, 500MB or 4096")
         number, unit = float(match.group(1)), match.group(2).upper()
+    if not math.isfinite(number):
+        raise InspectorError(f"{what}: {value!r} is not a finite number of bytes; write bytes or a "
+                             "number with a unit such as 20GiB, 500MB or 4096")
     if number < 0:
         raise InspectorError(f"{what}: {value!r} is negative")
     return int(number * _UNITS[unit])
