@@ -20,10 +20,12 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-# Marks that start Markdown (or Streamlit) syntax anywhere in a line; `_` only at a word's edge
-# (GFM never reads an underscore inside a word as emphasis), `.` only after `www` (an autolink).
-_MARKS = re.compile(r"([\\`*\[\]()!|~$:@#{}]|(?<![A-Za-z0-9])_|_(?![A-Za-z0-9])|(?<=\bwww)\.)", re.IGNORECASE)
-_BLOCK_START = re.compile(r"^(\s*\d*)([-+=]|(?<=\d)[.)])")
+# Marks that start Markdown (or Streamlit) syntax anywhere in a line. `_` only at a word's edge
+# (GFM never reads an underscore inside a word as emphasis); `.` only after `www` and `:` only
+# before `/` or after mailto/xmpp (the autolinks GFM makes of bare text).
+_MARKS = re.compile(r"([\\`*\[\]()!|~$@#{}]|(?<![A-Za-z0-9])_|_(?![A-Za-z0-9])|(?<=\bwww)\."
+                    r"|:(?=/)|(?<=mailto):|(?<=xmpp):)", re.IGNORECASE)
+_BLOCK_START = re.compile(r"^(\s*)([-+=])|^(\s*\d+)([.)])")
 _LINE_BREAKS = re.compile(r"[\r\n\u2028\u2029\x0b\x0c]+")
 _BACKTICKS = re.compile(r"`+")
 
@@ -32,8 +34,8 @@ def markdown_text(value: Any) -> str:
     r"""``value`` as literal text inside Markdown (CommonMark/GFM, Streamlit's ``st.markdown``).
 
     ``<``, ``>`` and ``&`` become entities; the marks that start a link, an image, emphasis,
-    code, a table cell, a Streamlit directive (``:red[...]``, ``:material/x:``), LaTeX or an
-    autolink (``http://``, ``www.``, ``a@b``) are backslash-escaped; line breaks become spaces
+    code, a table cell, a Streamlit directive (``:red[...]``), LaTeX or an autolink
+    (``http://``, ``www.``, ``a@b``) are backslash-escaped; line breaks become spaces
     so a name cannot start a new block. Rendered, the text reads exactly as ``value``.
 
     >>> print(markdown_text("![k](http://h/x.png)"))
@@ -46,7 +48,7 @@ def markdown_text(value: Any) -> str:
     text = _LINE_BREAKS.sub(" ", "" if value is None else str(value))
     text = html.escape(text, quote=False)
     text = _MARKS.sub(r"\\\1", text)
-    return _BLOCK_START.sub(r"\1\\\2", text, count=1)
+    return _BLOCK_START.sub(lambda m: f"{m[1]}\\{m[2]}" if m[2] else f"{m[3]}\\{m[4]}", text, count=1)
 
 
 def markdown_code(value: Any) -> str:
