@@ -117,6 +117,9 @@ def move_model(model: nn.Module, device: str | torch.device | None = None,
     (True, torch.float64)
     """
     dev = resolve_device(device) if device is not None else None
+    if dtype is not None and (not isinstance(dtype, torch.dtype) or not dtype.is_floating_point):
+        raise InspectorError(f"dtype {dtype!r} is not a floating-point torch dtype; choose one of "
+                             "float32, float16, bfloat16, float64 (integer tensors keep theirs anyway)")
     tensors = [t for _, t in model.named_parameters(remove_duplicate=False)]
     tensors += [t for _, t in model.named_buffers(remove_duplicate=False)]
     if dev is not None and dev.type != "meta" and not empty:

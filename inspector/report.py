@@ -215,11 +215,24 @@ class Report:
         >>> Report.from_json(r.to_json()) == r
         True
         """
+        if not isinstance(text, (str, bytes, bytearray)):
+            raise InspectorError(f"not a report: expected the JSON text of a report, got {type(text).__name__}")
         try:
             data = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise InspectorError(f"not a report: the text is not JSON ({exc})") from None
-        return cls.from_dict(data)
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise InspectorError(f"not a report: the text is not JSON ({exc}); give a file written by "
+                                 "'python -m inspector report --format json'") from None
+        if not isinstance(data, Mapping):
+            raise InspectorError(f"not a report: the JSON holds {type(data).__name__}, not an object; give "
+                                 "a file written by 'python -m inspector report --format json'")
+        try:
+            return cls.from_dict(data)
+        except InspectorError:
+            raise
+        except (KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:
+            what = f"missing field {exc}" if isinstance(exc, KeyError) else f"{type(exc).__name__}: {exc}"
+            raise InspectorError(f"not a report: the JSON does not follow the report schema ({what}); "
+                                 "give a file written by 'python -m inspector report --format json'") from None
 
     # -- HTML / Markdown / PDF ----------------------------------------------------------
 

@@ -37,6 +37,46 @@ def show_error(exc: BaseException, what: str = "") -> None:
         st.code("".join(traceback.format_exception(exc)), language="text")
 
 
+_installed = False
+
+
+def install_page_handler() -> None:
+    """Make every page's uncaught exception a one-line ``st.error`` with the traceback behind
+    an expander, instead of Streamlit's raw traceback. Idempotent; the sidebar calls it.
+
+    Streamlit calls ``streamlit.error_util.show_uncaught_app_exception`` for an exception that
+    leaves a page script; it is replaced, for this server process, by a function that shows
+    :func:`show_error`'s message and puts ``st.exception`` (the traceback) in a collapsed
+    expander. If drawing that fails, Streamlit's own display runs.
+    """
+    global _installed
+    if _installed:
+        return
+    from streamlit import error_util
+
+    original = error_util.show_uncaught_app_exception
+
+    def show_uncaught(ex: BaseException) -> None:
+        try:
+            from streamlit.delta_generator_singletons import get_dg_singleton_instance
+
+            with get_dg_singleton_instance().main_dg:
+                label = "running this page"
+                if isinstance(ex, InspectorError):
+                    st.error(markdown_text(ex))
+                else:
+                    text = str(ex).strip().splitlines()[0] if str(ex).strip() else ""
+                    st.error(markdown_text(f"Something went wrong while {label}: {type(ex).__name__}"
+                                           + (f": {text}" if text else "")))
+                with st.expander("Traceback (for a bug report)"):
+                    st.exception(ex)
+        except Exception:  # noqa: BLE001 - fall back to Streamlit's own display
+            original(ex)
+
+    error_util.show_uncaught_app_exception = show_uncaught
+    _installed = True
+
+
 @contextmanager
 def guarded(what: str = "") -> Iterator[None]:
     """Run a block; a user's mistake shows st.error, anything else a short message + traceback.

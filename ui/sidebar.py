@@ -22,8 +22,9 @@ from inspector.models import DTYPES, LoadedModel, allowed_model_dirs
 from inspector.summary import format_bytes
 from sample_models import SAMPLES
 
-from .errors import finding_markdown, guarded, show_error
-from .models import Selection, get_loaded, save_upload
+from .errors import finding_markdown, guarded, install_page_handler, show_error
+from .models import Selection, get_loaded
+from .uploads import session_uploads
 
 SELECTION = "mi_selection"
 _QUERY_DONE = "mi_query_applied"
@@ -129,7 +130,7 @@ def _checkpoint_inputs(sel: Selection) -> str | None:
         path = st.text_input("…or a path on the server", value=sel.checkpoint or "", key="mi_ckpt_path")
     if upload is not None:
         with guarded("storing the upload"):
-            return save_upload(upload.name, upload.getvalue())
+            return session_uploads().save(upload.name, upload.getvalue())
         return None
     return path.strip() or None
 
@@ -139,6 +140,7 @@ def model_picker() -> LoadedModel | None:
 
     A failed load shows its message and keeps the previous model, so the page stays usable.
     """
+    install_page_handler()
     with st.sidebar:
         st.header(":material/model_training: Model")
         _apply_query_params()
