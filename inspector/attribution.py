@@ -39,6 +39,7 @@ from captum.attr import (
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
+from .checks import require_loaded
 from .findings import Finding, InspectorError
 from .models import LoadedModel, call_model, model_code, to_device
 
@@ -345,6 +346,7 @@ def attribute(loaded: LoadedModel, inputs: Any, method: str, target: int | None,
     >>> r.attributions[0].shape, len(r.summary)
     (torch.Size([1, 3, 16, 16]), 3)
     """
+    require_loaded(loaded, "attribute")
     if method not in METHODS:
         close = difflib.get_close_matches(str(method), list(METHODS), n=3, cutoff=0.4)
         raise InspectorError(f"unknown attribution method {method!r}"

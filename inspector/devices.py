@@ -117,6 +117,8 @@ def move_model(model: nn.Module, device: str | torch.device | None = None,
     (True, torch.float64)
     """
     dev = resolve_device(device) if device is not None else None
+    if isinstance(dtype, str):
+        dtype = getattr(torch, dtype.removeprefix("torch."), dtype)
     if dtype is not None and (not isinstance(dtype, torch.dtype) or not dtype.is_floating_point):
         raise InspectorError(f"dtype {dtype!r} is not a floating-point torch dtype; choose one of "
                              "float32, float16, bfloat16, float64 (integer tensors keep theirs anyway)")

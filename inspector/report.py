@@ -32,6 +32,7 @@ import numpy as np
 import pandas as pd
 from torch import nn
 
+from .checks import require_loaded
 from .escaping import markdown_text
 from .findings import SEVERITY_ORDER, Finding, InspectorError
 from .summary import model_bytes
@@ -406,6 +407,7 @@ def build_report(loaded: Any, sections: Iterable[str] | None = None, *,
     >>> report.section("summary").facts["parameter_elements"]
     4080
     """
+    require_loaded(loaded, "build_report")
     wanted = check_sections(sections)
     opts = check_options(options)
     if "findings" not in wanted:

@@ -280,11 +280,15 @@ def _lib_cases() -> list[tuple[str, Callable, str]]:
     from inspector import (
         attribute,
         capture_activations,
+        compare_ties,
+        gradient_norms,
         load_model,
         locate,
+        model_summary,
         move_model,
         offset_map,
         plan_device_map,
+        retie,
     )
     from inspector.models import read_checkpoint
     from inspector.offsets import run_backward
@@ -324,6 +328,17 @@ def _lib_cases() -> list[tuple[str, Callable, str]]:
         ("report-unknown-section", lambda t, f: build_report(t, ["everything"]), "choose from"),
         ("backward-forward-fails",
          lambda t, f: run_backward(load_model(f"{f['models']}/nets.py:bad_forward")), "fix its forward"),
+        ("offset-map-none", lambda t, f: offset_map(None), "needs a torch nn.Module"),
+        ("summary-none", lambda t, f: model_summary(None), "needs a torch nn.Module"),
+        ("plan-none", lambda t, f: plan_device_map(None, "cpu=1GB"), "needs a torch nn.Module"),
+        ("capture-none", lambda t, f: capture_activations(None, torch.ones(1)), "needs a torch nn.Module"),
+        ("compare-ties-none", lambda t, f: compare_ties(None, t.model), "needs a TieSnapshot"),
+        ("retie-none", lambda t, f: retie(t.model, None), "needs a TieSnapshot"),
+        ("report-of-none", lambda t, f: build_report(None), "needs a LoadedModel"),
+        ("attribute-module-not-loaded", lambda t, f: attribute(t.model, None, "ig", target=1), "needs a LoadedModel"),
+        ("attribute-target-text", lambda t, f: attribute(t, None, "ig", target="a"), "must be an integer"),
+        ("gradient-norms-by", lambda t, f: gradient_norms(t.model, by="layer"), "choose 'parameter' or 'module'"),
+        ("locate-text", lambda t, f: locate(offset_map(t.model), "3"), "must be an integer"),
         ("from-json-not-json", lambda t, f: Report.from_json("not json"), "not JSON"),
         ("from-json-list", lambda t, f: Report.from_json("[1, 2]"), "not an object"),
         ("from-json-null", lambda t, f: Report.from_json("null"), "not an object"),
