@@ -43,6 +43,11 @@ def build():
     return Hostile()
 
 
+def exits():
+    import sys
+    sys.exit(0)
+
+
 def example_inputs(batch_size):
     return torch.linspace(-1, 1, 4 * batch_size).reshape(batch_size, 4)
 

@@ -90,3 +90,15 @@ def test_the_checks_catch_live_markup():
     assert live_markdown(f"finding {KEY}") and live_markdown(f"module {JS}") and live_markdown(LINK)
     assert live_markdown("see http://evil/x") and not live_markdown("`http://evil/x`")
     assert live_figure_text({"data": [{"x": [LINK]}]}) and not live_figure_text({"x": ["a<br>b"]})
+
+
+def test_a_factory_that_calls_sys_exit_is_an_error_and_the_app_stays_usable(hostile):
+    at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=120).run()
+    at.radio(key="mi_kind").set_value("Python file").run()
+    at.text_input(key="mi_file").input(hostile[0].replace(":build", ":exits")).run()
+    at.button(key="mi_load").click().run()
+    assert not at.exception, [e.value for e in at.exception]
+    shown = [e.value.replace("\\", "") for e in at.error]  # as it reads: the Markdown escapes gone
+    assert any("exits() called sys.exit(0)" in e and "return an nn.Module" in e for e in shown), shown
+    assert at.session_state["mi_selection"] == Selection()  # the previous model stays loaded
+    assert any(m.label == "Parameter elements" and m.value == "4,080" for m in at.metric)
