@@ -417,14 +417,26 @@ def test_every_transformers_loader_call_passes_trust_remote_code_false():
 
 def test_uploads_are_bounded_and_removed_with_their_session(tmp_path):
     import gc
+    import subprocess
+    import sys
 
     from ui.uploads import UploadStore, sweep_stale_uploads
 
-    stale = tmp_path / "left-by-a-killed-server"
+    done = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    stale = tmp_path / f"{done.stdout.strip()}-0123"  # a server that has exited
     stale.mkdir()
     (stale / "old.pt").write_bytes(b"x" * 10)
+    running = tmp_path / f"{os.getppid()}-4567"  # another server that still runs
+    running.mkdir()
+    (tmp_path / "loose-file.pt").write_bytes(b"x")
+    os.utime(tmp_path / "loose-file.pt", (1e9, 1e9))  # written long ago
+    (tmp_path / "fresh-file.pt").write_bytes(b"x")  # just written by someone else: kept
     first, second = UploadStore(tmp_path, limit=100), UploadStore(tmp_path, limit=100)
-    assert sweep_stale_uploads(tmp_path) == [stale] and not stale.exists()
+    removed = sweep_stale_uploads(tmp_path)
+    assert sorted(removed) == sorted([stale, tmp_path / "loose-file.pt"]) and not stale.exists()
+    assert running.is_dir() and first.folder.name.startswith(f"{os.getpid()}-")
+    running.rmdir()
+    (tmp_path / "fresh-file.pt").unlink()
     a = Path(first.save("a.safetensors", b"1" * 60))
     with pytest.raises(InspectorError, match="INSPECTOR_UPLOAD_LIMIT"):
         second.save("b.pt", b"2" * 60)  # 60 + 60 > 100 bytes in all

@@ -24,7 +24,7 @@ from sample_models import SAMPLES
 
 from .errors import finding_markdown, guarded, install_page_handler, show_error
 from .models import Selection, get_loaded
-from .uploads import session_uploads
+from .uploads import session_uploads, sweep_once
 
 SELECTION = "mi_selection"
 _QUERY_DONE = "mi_query_applied"
@@ -141,6 +141,7 @@ def model_picker() -> LoadedModel | None:
     A failed load shows its message and keeps the previous model, so the page stays usable.
     """
     install_page_handler()
+    sweep_once()
     with st.sidebar:
         st.header(":material/model_training: Model")
         _apply_query_params()

@@ -1,11 +1,13 @@
 """Uploaded checkpoints: one folder per browser session, removed when the session ends.
 
-An upload is stored under ``UPLOAD_DIR/<session id>/`` so the loader can read it by path
-(only ever with safetensors or ``torch.load(weights_only=True)``). The folder belongs to an
-:class:`UploadStore` kept in the session's state: when Streamlit drops the session, the store
-is collected and its folder removed. Folders left by an earlier server (one that was killed)
-are removed the first time this server stores an upload. All uploads together may take at
-most ``INSPECTOR_UPLOAD_LIMIT`` bytes (default 2 GiB); a bigger one is refused, not stored.
+An upload is stored under ``UPLOAD_DIR/<server pid>-<session id>/`` so the loader can read it
+by path (only ever with safetensors or ``torch.load(weights_only=True)``). The folder belongs
+to an :class:`UploadStore` kept in the session's state: when Streamlit drops the session, the
+store is collected and its folder removed. Folders left by a server that is no longer running
+(one that was killed) are removed when a server starts (:func:`sweep_once`); folders of other
+running servers are left alone. All uploads together may take at most
+``INSPECTOR_UPLOAD_LIMIT`` bytes (default 8 GiB, twice the largest single upload the server
+accepts); an upload that does not fit is refused, not stored.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import os
 import shutil
 import tempfile
 import threading
+import time
 import uuid
 import weakref
 from pathlib import Path
@@ -24,7 +27,7 @@ from inspector.summary import format_bytes
 
 UPLOAD_DIR = Path(tempfile.gettempdir()) / "model-inspector-uploads"
 UPLOAD_SUFFIXES = (".safetensors", ".pt", ".pth", ".bin")
-DEFAULT_LIMIT = 2 << 30
+DEFAULT_LIMIT = 8 << 30
 _SESSION_KEY = "mi_uploads"
 _lock = threading.Lock()
 _live: weakref.WeakSet[UploadStore] = weakref.WeakSet()
@@ -32,7 +35,7 @@ _swept = False
 
 
 def upload_limit() -> int:
-    """Bytes all uploads together may take: ``INSPECTOR_UPLOAD_LIMIT`` or 2 GiB."""
+    """Bytes all uploads together may take: ``INSPECTOR_UPLOAD_LIMIT`` or 8 GiB."""
     raw = os.environ.get("INSPECTOR_UPLOAD_LIMIT", "").strip()
     if not raw:
         return DEFAULT_LIMIT
@@ -56,22 +59,46 @@ def folder_bytes(folder: Path) -> int:
     return total
 
 
-def sweep_stale_uploads(root: Path = UPLOAD_DIR) -> list[Path]:
-    """Remove every session folder under ``root`` that no live store of this server owns.
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OSError):
+        return True
+    return True
 
-    Returns the removed folders. Called once per server process before the first upload.
+
+def sweep_stale_uploads(root: Path = UPLOAD_DIR) -> list[Path]:
+    """Remove what no live session owns under ``root``: folders of servers that are not
+    running, folders of this server whose store is gone, and anything else an hour old.
+    Folders of other running servers stay. Returns what was removed.
     """
     owned = {store.folder for store in list(_live)}
     removed = []
     if root.is_dir():
         for entry in root.iterdir():
-            if entry not in owned:
-                if entry.is_dir():
-                    shutil.rmtree(entry, ignore_errors=True)
-                else:
-                    entry.unlink(missing_ok=True)
-                removed.append(entry)
+            pid_text = entry.name.partition("-")[0]
+            pid = int(pid_text) if pid_text.isdigit() and entry.is_dir() else None
+            if entry in owned or (pid is not None and pid != os.getpid() and _running(pid)):
+                continue
+            if pid is None and time.time() - entry.stat().st_mtime < 3600:
+                continue  # not a session folder: only removed once it is an hour old
+            if entry.is_dir():
+                shutil.rmtree(entry, ignore_errors=True)
+            else:
+                entry.unlink(missing_ok=True)
+            removed.append(entry)
     return removed
+
+
+def sweep_once() -> None:
+    """:func:`sweep_stale_uploads` of ``UPLOAD_DIR``, once per server process."""
+    global _swept
+    with _lock:
+        if not _swept:
+            sweep_stale_uploads(UPLOAD_DIR)
+            _swept = True
 
 
 class UploadStore:
@@ -89,7 +116,7 @@ class UploadStore:
 
     def __init__(self, root: Path = UPLOAD_DIR, limit: int | None = None) -> None:
         self.root = root
-        self.folder = root / uuid.uuid4().hex
+        self.folder = root / f"{os.getpid()}-{uuid.uuid4().hex}"
         self.limit = limit
         self._finalizer = weakref.finalize(self, shutil.rmtree, str(self.folder), True)
         with _lock:
@@ -97,7 +124,6 @@ class UploadStore:
 
     def save(self, name: str, data: bytes) -> str:
         """Store one uploaded checkpoint; returns its path. InspectorError if refused."""
-        global _swept
         base = Path(name).name
         if not base.lower().endswith(UPLOAD_SUFFIXES):
             raise InspectorError(f"uploaded file {base!r} is not a checkpoint; use one of "
@@ -105,10 +131,9 @@ class UploadStore:
         limit = upload_limit() if self.limit is None else self.limit
         digest = hashlib.sha256(data).hexdigest()[:16]
         path = self.folder / f"{digest}-{base}"
+        if self.root == UPLOAD_DIR:
+            sweep_once()
         with _lock:
-            if not _swept and self.root == UPLOAD_DIR:
-                sweep_stale_uploads(self.root)
-                _swept = True
             if path.exists():
                 return str(path)
             used = folder_bytes(self.root)
