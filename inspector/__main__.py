@@ -13,6 +13,7 @@ import sys
 import traceback
 
 from . import commands
+from .escaping import plain_terminal, terminal_text
 from .findings import InspectorError
 
 
@@ -46,7 +47,8 @@ def main(argv: list[str] | None = None) -> int:
         return exc.code if isinstance(exc.code, int) else 2
     debug = bool(getattr(args, "debug", False))
     try:
-        return int(args._run(args) or 0)
+        with plain_terminal():
+            return int(args._run(args) or 0)
     except InspectorError as exc:
         return _fail(str(exc), debug)
     except KeyboardInterrupt:
@@ -64,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
 def _fail(message: str, debug: bool) -> int:
     if debug:
         traceback.print_exc(file=sys.stderr)
-    print(f"error: {message}", file=sys.stderr)
+    print(f"error: {terminal_text(message)}", file=sys.stderr)
     return 2
 
 

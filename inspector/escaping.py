@@ -7,16 +7,20 @@ text, never as a link, an image or markup. Three helpers, used everywhere a name
 
 * :func:`markdown_text` for a name (or a sentence holding names) inside Markdown prose;
 * :func:`markdown_code` for a name shown as inline code;
-* :func:`plot_text` for a name in plotly text (see also :func:`escape_figure`).
+* :func:`plot_text` for a name in plotly text (see also :func:`escape_figure`);
+* :func:`terminal_text` for the command line (see also :func:`plain_terminal`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import html
+import io
 import re
-from collections.abc import Callable
+import sys
+from collections.abc import Callable, Iterator
 from functools import wraps
-from typing import Any, TypeVar
+from typing import Any, TextIO, TypeVar
 
 import numpy as np
 
@@ -137,3 +141,42 @@ def escaped_figure(builder: F) -> F:
         return escape_figure(builder(*args, **kwargs))
 
     return build  # type: ignore[return-value]
+
+
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def terminal_text(value: Any) -> str:
+    r"""``value`` for a terminal: control characters (ANSI colours, OSC 8 links, carriage
+    returns) written as visible ``\x1b``-style escapes; tabs and newlines kept.
+
+    >>> print(terminal_text("a\x1b[31mred\rb"))
+    a\x1b[31mred\x0db
+    """
+    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", "" if value is None else str(value))
+
+
+class _PlainText(io.TextIOBase):
+    """A text stream that passes everything through :func:`terminal_text`."""
+
+    def __init__(self, raw: TextIO) -> None:
+        self.raw = raw
+
+    def write(self, text: str) -> int:
+        self.raw.write(terminal_text(text))
+        return len(text)
+
+    def flush(self) -> None:
+        self.raw.flush()
+
+
+@contextlib.contextmanager
+def plain_terminal() -> Iterator[None]:
+    """While the block runs, ``sys.stdout`` and ``sys.stderr`` show control characters as escapes,
+    so a name printed by a command cannot restyle, rewrite or link the user's terminal."""
+    out, err = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = _PlainText(out), _PlainText(err)
+    try:
+        yield
+    finally:
+        sys.stdout, sys.stderr = out, err

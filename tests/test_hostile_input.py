@@ -452,3 +452,13 @@ def test_uploads_are_bounded_and_removed_with_their_session(tmp_path):
     second.close()
     assert not any(tmp_path.iterdir())
 
+
+
+def test_names_with_terminal_escapes_print_as_visible_text(files, tmp_path, capsys):
+    osc_link = "\x1b]8;;http://evil/x\x1b\\click\x1b]8;;\x1b\\"
+    path = tmp_path / "ansi.safetensors"
+    save_file({f"\x1b[2J{osc_link}\r": torch.ones(1)}, str(path))
+    assert main(["summary", f"{files['models']}/nets.py:good", "--checkpoint", str(path)]) == 0
+    out, err = capsys.readouterr()
+    assert "unexpected-key" in out and "\\x1b]8;;http://evil/x" in out
+    assert not any(c in out + err for c in "\x1b\r")
