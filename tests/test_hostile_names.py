@@ -102,3 +102,24 @@ def test_a_factory_that_calls_sys_exit_is_an_error_and_the_app_stays_usable(host
     assert any("exits() called sys.exit(0)" in e and "return an nn.Module" in e for e in shown), shown
     assert at.session_state["mi_selection"] == Selection()  # the previous model stays loaded
     assert any(m.label == "Parameter elements" and m.value == "4,080" for m in at.metric)
+
+
+def _page_that_raises():
+    import streamlit as st
+
+    from ui.errors import install_page_handler
+
+    install_page_handler()
+    st.write("before the bug")
+    raise ZeroDivisionError("[x](javascript:alert(1)) in a message")
+
+
+def test_an_uncaught_page_error_is_one_escaped_line_with_the_traceback_behind_an_expander():
+    at = AppTest.from_function(_page_that_raises, default_timeout=30).run()
+    assert [e.value for e in at.error] == [
+        "Something went wrong while running this page: ZeroDivisionError: "
+        "\\[x\\]\\(javascript:alert\\(1\\)\\) in a message"]
+    assert not live_markdown(at.error[0].value)
+    assert [x.label for x in at.expander] == ["Traceback (for a bug report)"]
+    assert len(at.expander[0].exception) == 1  # the traceback, folded away
+    assert at.markdown[0].value == "before the bug"
