@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import html
-
 import streamlit as st
 
 from inspector.aliases import CONVERSIONS, alias_analysis, conversion_table
@@ -63,7 +61,7 @@ if analysis is not None:
     else:
         st.success("No two names share a tensor or memory in this model.")
     for d in analysis.disjoint:
-        regions = " | ".join(", ".join(html.escape(n) for n in r) for r in d.regions)
+        regions = " | ".join(", ".join(r) for r in d.regions)
         st.info(f"Disjoint views of one storage ({d.storage_nbytes:,} bytes on {markdown_text(d.device)}): "
                 f"{markdown_text(regions)}. "
                 "They share a storage but no bytes, so they are not aliases: writing one never "
