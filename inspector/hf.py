@@ -180,23 +180,38 @@ def _as_error(f: Finding) -> Finding:
 # ---------------------------------------------------------------- saved tensors vs the model
 
 
+WEIGHT_FILES = (("model.safetensors.index.json", "model.safetensors"),
+                ("pytorch_model.bin.index.json", "pytorch_model.bin"))
+
+
 def saved_files(path: Path) -> list[Path]:
-    """The weight files of a folder: one ``model.safetensors``, or the shards its index lists."""
-    index = path / "model.safetensors.index.json"
-    if index.is_file():
-        try:
-            shards = sorted(set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values()))
-        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
-            raise InspectorError(f"{index} is not a readable shard index ({type(exc).__name__}: {exc})") from exc
-        return [path / s for s in shards if Path(s).name == s]
-    return [p for p in (path / "model.safetensors",) if p.is_file()]
+    """The weight files of a folder: ``model.safetensors`` (or the shards its index lists), else
+    ``pytorch_model.bin`` (or its shards), as transformers looks for them."""
+    for index_name, single in WEIGHT_FILES:
+        index = path / index_name
+        if index.is_file():
+            try:
+                shards = sorted(set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values()))
+            except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+                raise InspectorError(f"{index} is not a readable shard index "
+                                     f"({type(exc).__name__}: {exc})") from exc
+            return [path / s for s in shards if isinstance(s, str) and Path(s).name == s]
+        if (path / single).is_file():
+            return [path / single]
+    return []
 
 
 def _saved_tensors(files: list[Path]) -> Iterator[tuple[str, torch.Tensor]]:
-    """One tensor at a time, so a large folder is never held in memory twice."""
+    """One tensor (safetensors) or one file (torch, read with ``weights_only=True``) at a time,
+    so a large folder is never held in memory twice."""
     from safetensors import safe_open
 
+    from .models import read_checkpoint
+
     for file in files:
+        if file.suffix != ".safetensors":
+            yield from read_checkpoint(file)[0].items()
+            continue
         with safe_open(str(file), framework="pt") as fh:
             for key in fh.keys():
                 yield key, fh.get_tensor(key)
@@ -233,7 +248,8 @@ def compare_saved(model: nn.Module, path: Path) -> list[Finding]:
     files = saved_files(path)
     if not files:
         return [Finding("hf-not-checked", "info", path.name,
-                        f"{path.name} holds no model.safetensors; its tensors were not compared with the model")]
+                        f"{path.name} holds no model.safetensors or pytorch_model.bin; its tensors were not "
+                        "compared with the model")]
     own = model.state_dict(keep_vars=True)
     names_of: dict[int, list[str]] = {}
     for key, t in own.items():

@@ -177,3 +177,14 @@ def test_compare_saved_names_changed_values_and_shapes(hf_folders):
     found = compare_saved(wide, folder)
     assert {f.code for f in found} == {"shape-changed"} and len(found) == 16
     assert mismatch_finding(found, folder).severity == "error"
+
+
+def test_a_torch_weights_folder_is_checked_too(hf_folders, tmp_path):
+    folder = copy_folder(hf_folders["gpt2"], tmp_path / "gpt2")
+    state = load_file(str(folder / "model.safetensors"))
+    (folder / "model.safetensors").unlink()
+    del state["transformer.ln_f.bias"]
+    torch.save(state, folder / "pytorch_model.bin")
+    loaded = load_model(f"hf:{folder}")
+    assert [(f.code, f.where) for f in loaded.findings] == [("hf-class", ""), ("left-at-init", "transformer.ln_f.bias")]
+    assert torch.equal(loaded.model.transformer.wte.weight, state["transformer.wte.weight"])
