@@ -6,8 +6,10 @@ folder names none that transformers knows does it fall back, in this order, to t
 :data:`FALLBACK_AUTO_CLASSES` that has a class for the config. Then it compares every saved
 tensor with the model (:func:`compare_saved`): a saved tensor the model has no place for, a
 model tensor no saved tensor filled (left at its random initialisation), a shape or dtype that
-changed, or a value that differs become findings. They are errors when the model is not the
-saved one (another class, or an unknown class and keys that do not match).
+changed, or a value that differs become findings. When saved tensors were dropped *and*
+model tensors were left at their initial values (or shapes changed), the model is not the
+saved one: those findings are errors, and so is the class finding when the class is not the
+one the folder names.
 
 Example inputs come from the config (:func:`example_inputs_for`): token ids and an attention
 mask for text models, decoder ids as well for encoder-decoders, pixel values for vision models.
