@@ -21,6 +21,7 @@ import pandas as pd
 import torch
 from torch import nn
 
+from .distributed.tensors import has_dtensors
 from .findings import Finding, InspectorError
 from .locks import model_lock
 
@@ -140,7 +141,12 @@ def offset_map(model: nn.Module, trainable_only: bool = False,
                      tuple(t.shape), dt_name, dev_name, requires_grad, kind))
         offset += n
     columns = list(zip(*rows)) if rows else [[] for _ in OFFSET_COLUMNS]
-    return _frame(OFFSET_COLUMNS, dict(zip(OFFSET_COLUMNS, columns)))
+    table = _frame(OFFSET_COLUMNS, dict(zip(OFFSET_COLUMNS, columns)))
+    tensors = [t for _, t, *_ in entries]
+    if has_dtensors(tensors):  # FSDP2 / tensor parallel: add this rank's pieces
+        from .distributed.analyses import with_local_offsets
+        table = with_local_offsets(table, tensors)
+    return table
 
 
 def offset_findings(model: nn.Module, trainable_only: bool = False) -> list[Finding]:
@@ -356,6 +362,9 @@ def gradient_report(model: nn.Module) -> GradientNorms:
     >>> gradient_report(m).total_norm
     5.0
     """
+    if has_dtensors(p for p in model.parameters()):  # FSDP2 / tensor parallel: global norms, one collective
+        from .distributed.gradients import dtensor_gradient_report
+        return dtensor_gradient_report(model)
     params, names = _unique_parameters(model)
     findings: list[Finding] = []
     dense_idx: list[int] = []

@@ -133,7 +133,8 @@ def _collective_device(group: Any) -> torch.device:
     return torch.device("cpu")
 
 
-def _local_numbers(tensors: list[tuple[str, str, torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor, list[float]]:
+def _local_numbers(tensors: list[tuple[str, str, torch.Tensor]],
+                   with_hashes: bool = True) -> tuple[torch.Tensor, torch.Tensor, list[float]]:
     """Per-tensor stats (float64) and hashes (int64) of this rank, plus replication factors."""
     stats = torch.zeros(len(tensors), _PER_TENSOR, dtype=torch.float64)
     hashes: list[torch.Tensor] = []
@@ -152,8 +153,10 @@ def _local_numbers(tensors: list[tuple[str, str, torch.Tensor]]) -> tuple[torch.
                 grads[i] = lg
                 groups.setdefault((lg.device, lg.dtype), []).append(i)
             stats[i, 4] = 1
-        h1, h2 = _hash_pair(piece) if piece.numel() else (torch.zeros((), dtype=torch.int64),) * 2
-        hashes.append(torch.stack([h1.cpu(), h2.cpu()]))
+        if with_hashes and piece.numel():
+            hashes.append(torch.stack(_hash_pair(piece)))
+        else:
+            hashes.append(torch.zeros(2, dtype=torch.int64))
     for idx in groups.values():
         norms = torch._foreach_norm([grads[i] for i in idx])
         values = torch.stack([n.double() for n in norms]).cpu()
@@ -165,7 +168,12 @@ def _local_numbers(tensors: list[tuple[str, str, torch.Tensor]]) -> tuple[torch.
                 stats[i, 2] = int(torch.isinf(g).sum())
                 if stats[i, 1] == 0 and stats[i, 2] == 0:  # finite values whose norm overflowed
                     stats[i, 0] = float(torch.linalg.vector_norm(g.double())) ** 2
-    hash_tensor = torch.stack(hashes) if hashes else torch.zeros(0, 2, dtype=torch.int64)
+    hash_tensor = torch.zeros(len(hashes), 2, dtype=torch.int64)
+    by_device: dict[torch.device, list[int]] = {}
+    for i, h in enumerate(hashes):
+        by_device.setdefault(h.device, []).append(i)
+    for dev_idx in by_device.values():  # one device-to-host copy per device
+        hash_tensor[dev_idx] = torch.stack([hashes[i] for i in dev_idx]).cpu()
     return stats, hash_tensor, replication
 
 
@@ -206,12 +214,26 @@ def check_step(model: nn.Module, step: int, path: str | os.PathLike | None = "in
     >>> check_step(m, 0, path=None).record["global"]["grad_norm"] > 0
     True
     """
+    record, rank, world = collect(model, step, group=group, note=note)
+    findings = step_findings(record, far_factor=far_factor)
+    record["findings"] = [f.to_dict() for f in findings]
+    if rank == 0 and path is not None:
+        append_record(path, record)
+    return StepCheck(step, rank, world, record, findings)
+
+
+def collect(model: nn.Module, step: int = 0, *, group: Any = None, note: str = "",
+            hashes: bool = True) -> tuple[dict[str, Any], int, int]:
+    """The step record without findings, and this rank and the world size (one all_gather).
+
+    Every rank of ``group`` must call it at the same time (it is a collective).
+    """
     tensors = _unique(model)
     initialised = dist.is_available() and dist.is_initialized()
     world = dist.get_world_size(group) if initialised else 1
     rank = dist.get_rank(group) if initialised else 0
     device = _collective_device(group) if initialised else torch.device("cpu")
-    stats, hashes, replication = _local_numbers(tensors)
+    stats, hash_values, replication = _local_numbers(tensors, hashes)
     first = next((t for _, _, t in tensors), None)
     own = [
         float(sum(local(t).numel() * local(t).element_size() for _, k, t in tensors if k == "parameter")),
@@ -221,16 +243,12 @@ def check_step(model: nn.Module, step: int, path: str | os.PathLike | None = "in
     ] + _memory(local(first).device if first is not None else torch.device("cpu"))
     packed = torch.cat([stats.reshape(-1), torch.tensor(own, dtype=torch.float64)])
     all_stats = _gather(packed, group, world, device)
-    all_hashes = _gather(hashes, group, world, device)
+    all_hashes = _gather(hash_values, group, world, device)
     per_tensor = all_stats[:, : stats.numel()].reshape(world, len(tensors), _PER_TENSOR)
     per_rank = all_stats[:, stats.numel():]
     record = _record(tensors, per_tensor, per_rank, all_hashes, replication, step, world,
                      str(dist.get_backend(group)) if initialised else "none", note)
-    findings = step_findings(record, far_factor=far_factor)
-    record["findings"] = [f.to_dict() for f in findings]
-    if rank == 0 and path is not None:
-        append_record(path, record)
-    return StepCheck(step, rank, world, record, findings)
+    return record, rank, world
 
 
 def _record(tensors: list[tuple[str, str, torch.Tensor]], per_tensor: torch.Tensor, per_rank: torch.Tensor,
@@ -260,7 +278,7 @@ def _record(tensors: list[tuple[str, str, torch.Tensor]], per_tensor: torch.Tens
             "name": name, "kind": kind, "placements": placements_text(t),
             "mesh": list(t.device_mesh.shape) if is_dtensor(t) else [],
             "shape": list(t.shape), "numel": t.numel(), "dtype": str(t.dtype).removeprefix("torch."),
-            "requires_grad": bool(t.requires_grad) if kind == "parameter" else False,
+            "requires_grad": bool(t.requires_grad) if kind == "parameter" else False, "has_grad": has_grad,
             "local_numel": [int(v) for v in per_tensor[:, i, 3].tolist()],
             "grad_norm": math.sqrt(gsq) if has_grad and gsq >= 0 else None,
             "local_grad_norm": [math.sqrt(v) if has_grad and v >= 0 else None for v in sq],

@@ -21,7 +21,7 @@ def step_findings(record: dict[str, Any], far_factor: float = 10.0) -> list[Find
     findings: list[Finding] = []
     for row in record["tensors"]:
         findings += _drift(row, record["step"])
-        findings += _nonfinite(row)
+        findings += nonfinite_by_rank(row)
         findings += _unsynchronised(row)
     findings += _far_off(record, far_factor)
     findings += _imbalance(record)
@@ -56,7 +56,8 @@ def _drift(row: dict[str, Any], step: int) -> list[Finding]:
     return out
 
 
-def _nonfinite(row: dict[str, Any]) -> list[Finding]:
+def nonfinite_by_rank(row: dict[str, Any]) -> list[Finding]:
+    """``nonfinite-gradient`` naming the ranks whose local piece of a tensor's gradient holds NaN/Inf."""
     bad = [r for r, (n, i) in enumerate(zip(row["nan"], row["inf"])) if n or i]
     if not bad:
         return []

@@ -8,7 +8,8 @@ analyses can call it for every tensor without asking first.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -131,3 +132,24 @@ def _global_offset(t: torch.Tensor) -> tuple[int, ...]:
         offset[dim] += start
         shape[dim] = stop - start
     return tuple(offset)
+
+
+@contextmanager
+def kept_sharded(model: nn.Module) -> Iterator[None]:
+    """Reshard the FSDP2 units that were sharded before, once the block exits.
+
+    FSDP2 leaves the root unit's parameters gathered after a forward pass (it expects a
+    backward pass next); an inspection's forward pass must leave the model as it found it.
+    """
+    try:
+        from torch.distributed.fsdp import FSDPModule
+    except ImportError:  # pragma: no cover - torch built without distributed
+        yield
+        return
+    units = [m for m in model.modules() if isinstance(m, FSDPModule)]
+    sharded = units if units and model_has_dtensors(model) else []
+    try:
+        yield
+    finally:
+        for m in sharded:
+            m.reshard()
