@@ -123,3 +123,32 @@ def test_planted_drift_names_tensor_and_ranks(world2):
         (1, "nonfinite-gradient", "blocks.0.fc1.weight"), (2, "replica-drift", "scale")]
     assert planted.per_rank.set_index(["step", "rank"])["nonfinite"].to_dict() == {
         (1, 0): 0, (1, 1): 1, (2, 0): 0, (2, 1): 0}
+
+
+@pytest.mark.parametrize("fmt", ["json", "md", "html"])
+def test_report_of_a_run_file_has_a_section_per_rank(world2, tmp_path, fmt):
+    import jsonschema
+
+    from inspector.__main__ import main
+    from inspector.report import load_schema
+
+    out, _ = world2
+    target = tmp_path / f"run.{fmt}"
+    assert main(["report", str(out / "planted.jsonl"), "-o", str(target)]) == 0
+    text = target.read_text(encoding="utf-8")
+    if fmt == "json":
+        data = json.loads(text)
+        jsonschema.validate(data, load_schema())
+        assert [s["id"] for s in data["sections"]] == ["findings", "run", "rank-0", "rank-1", "tensors"]
+        assert [(f["code"], f["where"]) for f in data["findings"]] == [
+            ("nonfinite-gradient", "blocks.0.fc1.weight"), ("replica-drift", "scale")]
+        rank1 = data["sections"][3]
+        assert rank1["facts"]["nonfinite_gradient_values"] == 1
+        assert rank1["tables"][1]["rows"] == [[1, "blocks.0.fc1.weight", "nonfinite gradient"],
+                                              [2, "scale", "differs from its replicas"]]
+        assert data["sections"][2]["tables"][1]["rows"] == []
+    elif fmt == "md":
+        assert "## Rank 0" in text and "## Rank 1" in text
+        assert "| 2 | scale | differs from its replicas |" in text
+    else:
+        assert 'id="section-rank-1"' in text and "Gradient norm per rank" in text

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -123,3 +124,22 @@ def unique_findings(run: DistributedRun) -> list[tuple[list[int], Finding]]:
         else:
             seen[key] = ([step], f)
     return list(seen.values())
+
+
+def rank_issues(run: DistributedRun, rank: int) -> pd.DataFrame:
+    """Where ``rank`` stands out, step by step: ``step, tensor, issue`` with ``issue`` in
+    ``"nonfinite gradient"`` (its piece holds NaN/Inf) and ``"differs from its replicas"``
+    (its bits differ from the majority of the ranks that must hold the same values)."""
+    rows = []
+    for rec in run.records:
+        for t in rec["tensors"]:
+            if rank < len(t["nan"]) and (t["nan"][rank] or t["inf"][rank]):
+                rows.append((rec["step"], t["name"], "nonfinite gradient"))
+            keys, hashes = t.get("replica_key", []), t.get("hash", [])
+            if rank >= len(keys) or keys[rank] < 0 or not hashes:
+                continue
+            peers = [tuple(hashes[r]) for r in range(len(keys)) if keys[r] == keys[rank]]
+            majority = Counter(peers).most_common(1)[0][0]  # ties: the lowest rank's bits, as check_step
+            if len(set(peers)) > 1 and tuple(hashes[rank]) != majority:
+                rows.append((rec["step"], t["name"], "differs from its replicas"))
+    return pd.DataFrame(rows, columns=["step", "tensor", "issue"])
