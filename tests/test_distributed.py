@@ -1,7 +1,7 @@
-"""FSDP2 and DTensor on a world of 2 gloo processes on the CPU, started once for the module.
+"""FSDP2 and DTensor on a world of 2 gloo processes on the CPU, started once per test session.
 
-tests/distributed_worker.py runs on each rank: the ``distributed`` command as torchrun would
-run it, then the analyses on an FSDP2 model and a tensor-parallel model, with a NaN and two
+tests/distributed_worker.py runs on each rank (the ``world2`` fixture in conftest.py starts it):
+the ``distributed`` command as torchrun would run it, then the analyses on an FSDP2 model and a tensor-parallel model, with a NaN and two
 drifts planted on rank 1. Sizes of sample_models/fsdp.py:build (see its docstring): 18282
 parameters, every sharded dimension even, so each rank holds 9141.
 """
@@ -10,26 +10,10 @@ from __future__ import annotations
 
 import json
 import math
-import socket
 
 import pytest
-import torch.multiprocessing as mp
-from distributed_worker import worker
 
 from inspector.distributed import read_run
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@pytest.fixture(scope="module")
-def world2(tmp_path_factory):
-    out = tmp_path_factory.mktemp("world2")
-    mp.spawn(worker, args=(2, _free_port(), str(out)), nprocs=2, join=True)
-    return out, [json.loads((out / f"rank{r}.json").read_text()) for r in (0, 1)]
 
 
 def _rows(rows: list[list], key: int = 0) -> dict:
