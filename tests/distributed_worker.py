@@ -118,6 +118,9 @@ def _fsdp_checks(rank: int, out: Path) -> dict:
             model.scale[3] += 1e-6
     check = check_step(model, 2, path=str(out / "planted.jsonl"))
     res["drift_findings"] = [f.to_dict() for f in check.findings]
+    with torch.no_grad():  # saved weights = built weights + 1, so a load is told from a fresh build
+        for p in model.parameters():
+            p.add_(1.0)
     _try(res, "dcp", lambda: _save_dcp(model, out / "dcp"))
     return res
 

@@ -30,3 +30,23 @@ def test_page_says_what_is_wrong_with_a_file_that_is_no_run(tmp_path):
         'notes.jsonl line 1 is not a check_step record (no "format": "inspector-distributed")']
     missing = run_page("8_Distributed.py", query={"run": str(tmp_path / "none.jsonl")})
     assert "does not exist" in missing.error[0].value
+
+
+def test_sidebar_lists_and_loads_a_distributed_checkpoint_folder(world2):
+    from pathlib import Path
+
+    from apptest import PAGES
+    from streamlit.testing.v1 import AppTest
+
+    from ui.models import Selection
+
+    out, _ = world2
+    source = str(Path(__file__).resolve().parent.parent / "sample_models" / "fsdp.py") + ":build"
+    at = AppTest.from_file(str(PAGES / "8_Distributed.py"), default_timeout=60)
+    at.session_state["mi_selection"] = Selection(source=source, checkpoint=str(out / "dcp"))
+    at.run()
+    assert not at.exception and not at.error, [e.value for e in at.error]
+    captions = [c.value for c in at.sidebar.caption]
+    assert "Distributed checkpoint: 19 entries in 37 pieces" in captions
+    listing = at.sidebar.dataframe[0].value
+    assert listing.set_index("name").loc["stem.weight", "pieces"] == "2"

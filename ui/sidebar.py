@@ -17,6 +17,7 @@ import traceback
 import streamlit as st
 
 from inspector.devices import DeviceInfo, available_devices
+from inspector.distributed.checkpoint import dcp_listing, is_dcp_folder
 from inspector.findings import Finding, InspectorError, sort_findings
 from inspector.models import DTYPES, LoadedModel, allowed_model_dirs
 from inspector.summary import format_bytes
@@ -135,7 +136,14 @@ def _checkpoint_inputs(sel: Selection) -> str | None:
                                   type=["safetensors", "pt", "pth", "bin"],
                                   help="Read with safetensors or torch.load(weights_only=True); "
                                        "nothing in it is executed.")
-        path = st.text_input("…or a path on the server", value=sel.checkpoint or "", key="mi_ckpt_path")
+        path = st.text_input("…or a path on the server", value=sel.checkpoint or "", key="mi_ckpt_path",
+                             help="A file, or a torch.distributed.checkpoint folder (put together here)")
+        if path.strip() and is_dcp_folder(path.strip()):
+            with guarded("reading the distributed checkpoint"):
+                listing = dcp_listing(path.strip())
+                st.caption(f"Distributed checkpoint: {len(listing)} entries in {int(listing['pieces'].sum())} "
+                           "pieces")
+                st.dataframe(listing[["name", "shape", "pieces"]].astype(str), hide_index=True, height=160)
     if upload is not None:
         with guarded("storing the upload"):
             return save_upload(upload.name, upload.getvalue())
