@@ -65,21 +65,23 @@ def _unique(model: nn.Module) -> list[tuple[str, str, torch.Tensor]]:
     return out
 
 
-def _hash_pair(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Two int64 sums of the raw bits: equal tensors give equal pairs, bit for bit."""
+def _hash_pair(t: torch.Tensor) -> torch.Tensor:
+    """Two int64 sums of the raw bits (all elements, every other one): equal tensors give equal pairs.
+
+    Any one changed element changes the first sum; two elements swapped between even and
+    odd positions change the second. Sums accumulate in int64 without copying the tensor.
+    """
     flat = t.detach().reshape(-1)
     if not flat.is_contiguous():
         flat = flat.contiguous()
     view = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}.get(flat.element_size())
     if flat.dtype == torch.bool:
-        bits = flat.to(torch.int64)
+        bits = flat.view(torch.int8)
     elif view is None:
-        bits = flat.view(torch.uint8).to(torch.int64)
+        bits = flat.view(torch.uint8)
     else:
-        bits = flat.view(view).to(torch.int64)
-    # position-weighted second sum catches swapped elements; int64 arithmetic wraps, the same on every rank
-    weights = torch.arange(1, bits.numel() + 1, device=bits.device, dtype=torch.int64) % 65521 + 1
-    return bits.sum(), (bits * weights).sum()
+        bits = flat.view(view)
+    return torch.stack([bits.sum(dtype=torch.int64), bits[::2].sum(dtype=torch.int64)])
 
 
 def _replica_key(t: torch.Tensor) -> int:
@@ -143,8 +145,9 @@ def _local_numbers(tensors: list[tuple[str, str, torch.Tensor]],
     grads: dict[int, torch.Tensor] = {}
     for i, (_, kind, t) in enumerate(tensors):
         piece = local(t)
+        key = _replica_key(t)
         stats[i, 3] = piece.numel()
-        stats[i, 5] = _replica_key(t)
+        stats[i, 5] = key
         g = t.grad if kind == "parameter" else None
         replication.append(_replication(g) if g is not None else math.nan)
         if g is not None:
@@ -153,8 +156,8 @@ def _local_numbers(tensors: list[tuple[str, str, torch.Tensor]],
                 grads[i] = lg
                 groups.setdefault((lg.device, lg.dtype), []).append(i)
             stats[i, 4] = 1
-        if with_hashes and piece.numel():
-            hashes.append(torch.stack(_hash_pair(piece)))
+        if with_hashes and key >= 0 and piece.numel():  # only tensors some other rank must equal
+            hashes.append(_hash_pair(piece))
         else:
             hashes.append(torch.zeros(2, dtype=torch.int64))
     for idx in groups.values():
@@ -241,11 +244,14 @@ def collect(model: nn.Module, step: int = 0, *, group: Any = None, note: str = "
                   for _, k, t in tensors if k == "parameter" and t.grad is not None)),
         float(sum(local(t).numel() * local(t).element_size() for _, k, t in tensors if k == "buffer")),
     ] + _memory(local(first).device if first is not None else torch.device("cpu"))
-    packed = torch.cat([stats.reshape(-1), torch.tensor(own, dtype=torch.float64)])
-    all_stats = _gather(packed, group, world, device)
-    all_hashes = _gather(hash_values, group, world, device)
-    per_tensor = all_stats[:, : stats.numel()].reshape(world, len(tensors), _PER_TENSOR)
-    per_rank = all_stats[:, stats.numel():]
+    # one all_gather: the int64 hashes travel as float64 bit patterns (copied, never computed on)
+    packed = torch.cat([stats.reshape(-1), torch.tensor(own, dtype=torch.float64),
+                        hash_values.reshape(-1).view(torch.float64)])
+    gathered = _gather(packed, group, world, device)
+    n_stats = stats.numel()
+    per_tensor = gathered[:, :n_stats].reshape(world, len(tensors), _PER_TENSOR)
+    per_rank = gathered[:, n_stats:n_stats + _PER_RANK]
+    all_hashes = gathered[:, n_stats + _PER_RANK:].contiguous().view(torch.int64).reshape(world, len(tensors), 2)
     record = _record(tensors, per_tensor, per_rank, all_hashes, replication, step, world,
                      str(dist.get_backend(group)) if initialised else "none", note)
     return record, rank, world
