@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from apptest import run_page
+from tests.apptest import run_page
 
 
 def test_page_shows_the_planted_faults_of_a_two_rank_run(world2):
@@ -35,9 +35,9 @@ def test_page_says_what_is_wrong_with_a_file_that_is_no_run(tmp_path):
 def test_sidebar_lists_and_loads_a_distributed_checkpoint_folder(world2):
     from pathlib import Path
 
-    from apptest import PAGES
     from streamlit.testing.v1 import AppTest
 
+    from tests.apptest import PAGES
     from ui.models import Selection
 
     out, _ = world2
