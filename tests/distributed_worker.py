@@ -83,6 +83,13 @@ def _fsdp_checks(rank: int, out: Path) -> dict:
     _try(res, "placement", lambda: inspector.placement_table(model)[
         ["name", "placements", "local_bytes", "bytes_per_rank"]].astype(str).values.tolist())
 
+    def per_rank():
+        from inspector.distributed.analyses import mesh_dims, rank_bytes
+
+        return {"ranks": rank_bytes(inspector.placement_table(model)).values.tolist(),
+                "mesh_dims": mesh_dims(model).values.tolist()}
+    _try(res, "rank_bytes", per_rank)
+
     def capture():
         from sample_models.fsdp import example_inputs
 

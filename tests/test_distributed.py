@@ -76,6 +76,10 @@ def test_placement_aliases_capture_and_report_accept_dtensors(world2):
         # stem.weight: 16 rows x 32 x 4 bytes = 2048 bytes on each rank
         assert placement["stem.weight"][1:] == ["Shard(0)", "2048", "{0: 2048, 1: 2048}"]
         assert placement["scale"][1:] == ["", "128", "{}"]
+        # every parameter is Shard(0) over the 2 ranks: 9141 elements x 4 bytes = 36564 bytes each;
+        # the buffer scale is a plain tensor, not placed on a mesh
+        assert res["rank_bytes"]["ranks"] == [[0, 36564, 36564, 0], [1, 36564, 36564, 0]]
+        assert res["rank_bytes"]["mesh_dims"] == [["(2,)", 0, 2, "Shard(0)", 18, 36564]]
         assert res["capture"]["still_dtensor"] is True
         assert "blocks.0.fc1" in res["capture"]["outputs"]
         assert {sid: status for sid, (status, _) in res["report"].items()
