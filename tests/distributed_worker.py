@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import time
 import traceback
 from pathlib import Path
 
@@ -179,11 +180,16 @@ def worker(rank: int, world: int, port: int, out: str) -> None:
     out_dir = Path(out)
     torch.manual_seed(0)
     results: dict = {"rank": rank}
+    start = time.perf_counter()
     results["cli"] = _cli(rank, world, port, out_dir)
+    seconds = {"cli": time.perf_counter() - start}
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port + 1}", rank=rank, world_size=world)
     try:
         results["fsdp"] = _fsdp_checks(rank, out_dir)
+        seconds["fsdp"] = time.perf_counter() - start - sum(seconds.values())
         results["tp"] = _tp_checks(rank, world)
+        seconds["tp"] = time.perf_counter() - start - sum(seconds.values())
     finally:
         dist.destroy_process_group()
+    results["seconds"] = seconds
     (out_dir / f"rank{rank}.json").write_text(json.dumps(results, default=str), encoding="utf-8")
