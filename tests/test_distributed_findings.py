@@ -86,3 +86,31 @@ def test_a_line_that_is_not_a_record_is_named():
                   '"tensors": [], "global": {}}\n{oops', "run.jsonl")
     with pytest.raises(InspectorError, match="x.jsonl holds no step records"):
         parse_run("\n", "x.jsonl")
+
+
+@pytest.mark.parametrize("shard", ["fsdp", "ddp", "none"])
+def test_command_runs_as_one_process_without_torchrun(tmp_path, shard, capsys):
+    import torch.distributed as dist
+
+    from inspector.__main__ import main
+    from inspector.distributed import read_run
+
+    out = tmp_path / "run.jsonl"
+    assert main(["distributed", "sample_models/fsdp.py:build", "--shard", shard, "--steps", "2",
+                 "-o", str(out)]) == 0
+    assert not dist.is_initialized()  # the group it made is gone
+    run = read_run(out)
+    assert (run.world_size, run.backend, run.steps["step"].tolist()) == (1, "gloo", [0, 1])
+    assert run.per_rank["param_numel"].tolist() == [18282, 18282]
+    placements = set(run.tensors.loc[run.tensors["kind"] == "parameter", "placements"])
+    assert placements == ({"Shard(0)"} if shard == "fsdp" else {""})
+    assert "step 1: grad norm" in capsys.readouterr().out
+
+
+def test_command_refuses_bad_input_with_exit_2(tmp_path, capsys):
+    from inspector.__main__ import main
+
+    assert main(["distributed", "sample_models/fsdp.py:build", "--steps", "0", "-o", str(tmp_path / "r")]) == 2
+    assert "--steps must be at least 1" in capsys.readouterr().err
+    assert main(["distributed", "sample:llama-70b-meta", "-o", str(tmp_path / "r")]) == 2
+    assert "meta device" in capsys.readouterr().err
