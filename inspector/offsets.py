@@ -358,7 +358,7 @@ def gradient_report(model: nn.Module, grads: Mapping[str, torch.Tensor | None] |
     """
     if has_dtensors(p for p in model.parameters()):  # FSDP2 / tensor parallel: global norms, one collective
         from .distributed.gradients import dtensor_gradient_report
-        return dtensor_gradient_report(model)
+        return dtensor_gradient_report(model, grads)
     params, names = _unique_parameters(model)
     gradients = _gradients_of(model, params, names, grads)
     report = _report(params, names, gradients)

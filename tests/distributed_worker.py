@@ -73,6 +73,7 @@ def _fsdp_checks(rank: int, out: Path) -> dict:
     res["local_norms_direct"] = {n: float(torch.linalg.vector_norm(p.grad.to_local()))
                                  for n, p in model.named_parameters()}
     res["check_total"] = check_step(model, 0, path=None).record["global"]["grad_norm"]
+    _try(res, "explicit_grads", lambda: gradient_report(model, grads={}))
     res["clip_total"] = float(torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=math.inf))
 
     table = inspector.offset_map(model)

@@ -40,6 +40,7 @@ def test_global_gradient_norm_equals_clip_grad_norm(world2):
         assert res["report_total"] == pytest.approx(res["clip_total"], rel=1e-6)
         assert res["check_total"] == pytest.approx(res["clip_total"], rel=1e-6)
         assert res["module_names"][0] == "(model)" and res["module_norms"][0] == res["report_total"]
+        assert res["explicit_grads"]["error"].startswith("InspectorError: gradients passed explicitly")
         local = {row[0]: row[2] for row in res["report_rows"]}
         assert local == pytest.approx(res["local_norms_direct"], rel=1e-6)
     # the global per-parameter norms agree between ranks, the local ones do not

@@ -6,12 +6,14 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 import pandas as pd
 from torch import nn
 
-from ..findings import Finding
+from ..findings import Finding, InspectorError
 from ..offsets import MODULE_NORM_COLUMNS, PARAMETER_NORM_COLUMNS, ROOT, GradientNorms
 from .analyses import global_gradient_rows
 from .findings import nonfinite_by_rank
@@ -19,14 +21,22 @@ from .findings import nonfinite_by_rank
 DTENSOR_NORM_COLUMNS = ["local_norm", "placements", "nonfinite_ranks"]
 
 
-def dtensor_gradient_report(model: nn.Module) -> GradientNorms:
+def dtensor_gradient_report(model: nn.Module, grads: Mapping[str, Any] | None = None) -> GradientNorms:
     """Per-parameter and per-module gradient norms of a sharded model, in one collective.
 
     ``norm`` is the global L2 norm (the total equals ``torch.nn.utils.clip_grad_norm_``'s on
     the same model); ``local_norm`` is this rank's piece; ``nan``/``inf`` count over all
     ranks and ``nonfinite_ranks`` names the ranks whose piece holds them. Every rank must
     call it at the same time.
+
+    Raises:
+        InspectorError: ``grads`` is given: gradients of a sharded model are read from ``.grad``.
     """
+    if grads is not None:
+        raise InspectorError(
+            "gradients passed explicitly are not read for a model with DTensor parameters (FSDP2, tensor "
+            "parallel): its gradients are measured from each parameter's .grad on every rank. Leave grads "
+            "out, after loss.backward() on every rank.")
     rows, rank, _ = global_gradient_rows(model)
     aliases: dict[str, list[str]] = {}
     by_id: dict[int, str] = {}
