@@ -138,16 +138,17 @@ def _collective_device(group: Any) -> torch.device:
 def _local_numbers(tensors: list[tuple[str, str, torch.Tensor]],
                    with_hashes: bool = True) -> tuple[torch.Tensor, torch.Tensor, list[float]]:
     """Per-tensor stats (float64) and hashes (int64) of this rank, plus replication factors."""
-    stats = torch.zeros(len(tensors), _PER_TENSOR, dtype=torch.float64)
-    hashes: list[torch.Tensor] = []
+    stats = [[0.0] * _PER_TENSOR for _ in tensors]
+    hashes: dict[int, torch.Tensor] = {}
     replication: list[float] = []
     groups: dict[tuple[torch.device, torch.dtype], list[int]] = {}
     grads: dict[int, torch.Tensor] = {}
     for i, (_, kind, t) in enumerate(tensors):
         piece = local(t)
         key = _replica_key(t)
-        stats[i, 3] = piece.numel()
-        stats[i, 5] = key
+        row = stats[i]
+        row[3] = piece.numel()
+        row[5] = key
         g = t.grad if kind == "parameter" else None
         replication.append(_replication(g) if g is not None else math.nan)
         if g is not None:
@@ -155,29 +156,27 @@ def _local_numbers(tensors: list[tuple[str, str, torch.Tensor]],
             if lg.layout == torch.strided and lg.numel():
                 grads[i] = lg
                 groups.setdefault((lg.device, lg.dtype), []).append(i)
-            stats[i, 4] = 1
-        if with_hashes and key >= 0 and piece.numel():  # only tensors some other rank must equal
-            hashes.append(_hash_pair(piece))
-        else:
-            hashes.append(torch.zeros(2, dtype=torch.int64))
+            row[4] = 1
+        if with_hashes and key >= 0 and row[3]:  # only tensors some other rank must equal
+            hashes[i] = _hash_pair(piece)
     for idx in groups.values():
         norms = torch._foreach_norm([grads[i] for i in idx])
-        values = torch.stack([n.double() for n in norms]).cpu()
+        values = torch.stack(norms).double().cpu()
         for i, v in zip(idx, values.tolist()):
-            stats[i, 0] = v * v
+            stats[i][0] = v * v
             if not math.isfinite(v):
                 g = grads[i]
-                stats[i, 1] = int(torch.isnan(g).sum())
-                stats[i, 2] = int(torch.isinf(g).sum())
-                if stats[i, 1] == 0 and stats[i, 2] == 0:  # finite values whose norm overflowed
-                    stats[i, 0] = float(torch.linalg.vector_norm(g.double())) ** 2
-    hash_tensor = torch.zeros(len(hashes), 2, dtype=torch.int64)
+                stats[i][1] = int(torch.isnan(g).sum())
+                stats[i][2] = int(torch.isinf(g).sum())
+                if stats[i][1] == 0 and stats[i][2] == 0:  # finite values whose norm overflowed
+                    stats[i][0] = float(torch.linalg.vector_norm(g.double())) ** 2
+    hash_tensor = torch.zeros(len(tensors), 2, dtype=torch.int64)
     by_device: dict[torch.device, list[int]] = {}
-    for i, h in enumerate(hashes):
+    for i, h in hashes.items():
         by_device.setdefault(h.device, []).append(i)
     for dev_idx in by_device.values():  # one device-to-host copy per device
         hash_tensor[dev_idx] = torch.stack([hashes[i] for i in dev_idx]).cpu()
-    return stats, hash_tensor, replication
+    return torch.tensor(stats, dtype=torch.float64).reshape(len(tensors), _PER_TENSOR), hash_tensor, replication
 
 
 def _gather(tensor: torch.Tensor, group: Any, world: int, device: torch.device) -> torch.Tensor:
@@ -260,50 +259,52 @@ def collect(model: nn.Module, step: int = 0, *, group: Any = None, note: str = "
 def _record(tensors: list[tuple[str, str, torch.Tensor]], per_tensor: torch.Tensor, per_rank: torch.Tensor,
             hashes: torch.Tensor, replication: list[float], step: int, world: int, backend: str,
             note: str) -> dict[str, Any]:
+    pt = per_tensor.tolist()    # [rank][tensor][stat]
+    hs = hashes.tolist()        # [rank][tensor][2]
+    ranks_ = range(world)
     rows = []
     total_sq = 0.0
     global_nonfinite = 0
     for i, (name, kind, t) in enumerate(tensors):
-        sq = per_tensor[:, i, 0].tolist()
-        nan = [int(v) for v in per_tensor[:, i, 1].tolist()]
-        inf = [int(v) for v in per_tensor[:, i, 2].tolist()]
-        has_grad = bool(per_tensor[0, i, 4] > 0) or bool((per_tensor[:, i, 4] > 0).any())
+        sq = [pt[r][i][0] for r in ranks_]
+        nan = [int(pt[r][i][1]) for r in ranks_]
+        inf = [int(pt[r][i][2]) for r in ranks_]
+        has_grad = any(pt[r][i][4] > 0 for r in ranks_)
         factor = replication[i]
-        if not has_grad:
+        if not has_grad or factor == 0.0:
             gsq = math.nan
         elif math.isnan(factor):
             gsq = sq[0]
-        elif factor == 0.0:
-            gsq = math.nan
         else:
             gsq = sum(sq) / factor
         if has_grad and not math.isnan(gsq):
             total_sq += gsq
         global_nonfinite += sum(nan) + sum(inf)
+        dtensor = is_dtensor(t)
         rows.append({
-            "name": name, "kind": kind, "placements": placements_text(t),
-            "mesh": list(t.device_mesh.shape) if is_dtensor(t) else [],
+            "name": name, "kind": kind, "placements": placements_text(t) if dtensor else "",
+            "mesh": list(t.device_mesh.shape) if dtensor else [],
             "shape": list(t.shape), "numel": t.numel(), "dtype": str(t.dtype).removeprefix("torch."),
             "requires_grad": bool(t.requires_grad) if kind == "parameter" else False, "has_grad": has_grad,
-            "local_numel": [int(v) for v in per_tensor[:, i, 3].tolist()],
+            "local_numel": [int(pt[r][i][3]) for r in ranks_],
             "grad_norm": math.sqrt(gsq) if has_grad and gsq >= 0 else None,
             "local_grad_norm": [math.sqrt(v) if has_grad and v >= 0 else None for v in sq],
             "nan": nan, "inf": inf,
-            "replica_key": [int(v) for v in per_tensor[:, i, 5].tolist()],
-            "hash": [[int(a), int(b)] for a, b in hashes[:, i].tolist()] if hashes.numel() else [],
+            "replica_key": [int(pt[r][i][5]) for r in ranks_],
+            "hash": [hs[r][i] for r in ranks_],
         })
+    is_param = [k == "parameter" for _, k, _ in tensors]
     ranks = []
-    for r in range(world):
-        sq = per_tensor[r, :, 0]
-        numel = per_tensor[r, :, 3]
-        params = torch.tensor([k == "parameter" for _, k, _ in tensors], dtype=torch.bool)
+    for r in ranks_:
+        stats = pt[r]
+        sq = sum(row[0] for row, p in zip(stats, is_param) if p)
         pb, gb, bb, alloc, peak, rss, peak_rss = per_rank[r].tolist()
         ranks.append({
             "rank": r,
-            "grad_norm": math.sqrt(float(sq[params].sum())) if params.any() else None,
-            "nonfinite": int(per_tensor[r, :, 1].sum() + per_tensor[r, :, 2].sum()),
-            "param_numel": int(numel[params].sum()), "param_bytes": int(pb), "grad_bytes": int(gb),
-            "buffer_bytes": int(bb),
+            "grad_norm": math.sqrt(sq) if any(is_param) and sq >= 0 else None,
+            "nonfinite": int(sum(row[1] + row[2] for row in stats)),
+            "param_numel": int(sum(row[3] for row, p in zip(stats, is_param) if p)),
+            "param_bytes": int(pb), "grad_bytes": int(gb), "buffer_bytes": int(bb),
             "device_allocated": None if math.isnan(alloc) else int(alloc),
             "device_peak": None if math.isnan(peak) else int(peak),
             "rss": None if math.isnan(rss) else int(rss), "peak_rss": int(peak_rss),
