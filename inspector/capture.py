@@ -38,6 +38,7 @@ import torch
 import torch.utils._pytree as pytree
 from torch import nn
 
+from .checks import require_module
 from .devices import resolve_device
 from .distributed.tensors import kept_sharded
 from .findings import Finding, InspectorError
@@ -861,6 +862,7 @@ def capture_activations(model: nn.Module, inputs: Any, modules: Any = None,
     >>> cap.outputs["0"].shape, cap.mutated
     (torch.Size([1, 2]), {'0': '1'})
     """
+    require_module(model, "capture_activations")
     if grads and torch.is_inference_mode_enabled():
         raise InspectorError("grads=True needs autograd, which inference mode turns off; call "
                              "capture_activations outside torch.inference_mode()")

@@ -111,6 +111,6 @@ def test_command_refuses_bad_input_with_exit_2(tmp_path, capsys):
     from inspector.__main__ import main
 
     assert main(["distributed", "sample_models/fsdp.py:build", "--steps", "0", "-o", str(tmp_path / "r")]) == 2
-    assert "--steps must be at least 1" in capsys.readouterr().err
+    assert "argument --steps: must be a whole number of at least 1, got 0" in capsys.readouterr().err
     assert main(["distributed", "sample:llama-70b-meta", "-o", str(tmp_path / "r")]) == 2
     assert "meta device" in capsys.readouterr().err

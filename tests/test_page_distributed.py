@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from inspector.escaping import markdown_text
 from tests.apptest import run_page
 
 
@@ -26,8 +27,8 @@ def test_page_says_what_is_wrong_with_a_file_that_is_no_run(tmp_path):
     bad = tmp_path / "notes.jsonl"
     bad.write_text('{"step": 1}\n', encoding="utf-8")
     at = run_page("8_Distributed.py", query={"run": str(bad)})
-    assert [e.value for e in at.error] == [
-        'notes.jsonl line 1 is not a check_step record (no "format": "inspector-distributed")']
+    assert [e.value for e in at.error] == [markdown_text(  # errors are shown as escaped Markdown
+        'notes.jsonl line 1 is not a check_step record (no "format": "inspector-distributed")')]
     missing = run_page("8_Distributed.py", query={"run": str(tmp_path / "none.jsonl")})
     assert "does not exist" in missing.error[0].value
 

@@ -9,6 +9,7 @@ import pandas as pd
 
 from ..distributed.checkpoint import dcp_listing, is_dcp_folder
 from ..models import read_checkpoint
+from . import _types as types
 from ._common import print_findings, print_table, write_json
 
 HELP = ("list the tensors of a checkpoint: a .safetensors/.pt/.bin file, or a torch.distributed.checkpoint "
@@ -16,9 +17,10 @@ HELP = ("list the tensors of a checkpoint: a .safetensors/.pt/.bin file, or a to
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("path", help="checkpoint file, or torch.distributed.checkpoint folder")
-    parser.add_argument("--max-rows", type=int, default=60, help="rows to print")
-    parser.add_argument("--json", default=None, metavar="PATH", help="write the listing as JSON")
+    parser.add_argument("path", type=types.checkpoint, help="checkpoint file, or torch.distributed.checkpoint folder")
+    parser.add_argument("--max-rows", type=types.positive_int, default=60, help="rows to print")
+    parser.add_argument("--json", default=None, type=types.output_file, metavar="PATH",
+                        help="write the listing as JSON")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -8,6 +8,7 @@ from pathlib import Path
 from ..distributed.train import SHARD_MODES, process_group, rank_device, shard, train_and_check
 from ..findings import InspectorError
 from ..models import load_model
+from . import _types as types
 from ._common import print_findings, progress
 
 HELP = ("under torchrun: shard the model on every rank, train a few steps and check each one "
@@ -19,16 +20,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                                        "or sample:<name>")
     parser.add_argument("--shard", choices=SHARD_MODES, default="fsdp",
                         help="fsdp: fully_shard each block then the model (default); ddp; none")
-    parser.add_argument("--steps", type=int, default=3, help="training steps to run and check (default 3)")
-    parser.add_argument("--batch-size", type=int, default=2, help="batch size per rank (default 2)")
+    parser.add_argument("--steps", type=types.positive_int, default=3,
+                        help="training steps to run and check (default 3)")
+    parser.add_argument("--batch-size", type=types.positive_int, default=2, help="batch size per rank (default 2)")
     parser.add_argument("--lr", type=float, default=1e-2, help="SGD learning rate (default 0.01)")
     parser.add_argument("--device", default="cpu", help="cpu (gloo) or cuda (NCCL, one GPU per rank)")
-    parser.add_argument("-o", "--output", required=True, help="JSON-lines run file rank 0 writes (replaced)")
+    parser.add_argument("-o", "--output", required=True, type=types.output_file,
+                        help="JSON-lines run file rank 0 writes (replaced)")
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.steps < 1:
-        raise InspectorError(f"--steps must be at least 1, got {args.steps}")
     with process_group(args.device) as (rank, world):
         device = rank_device(args.device)
         loaded = load_model(args.source, device=str(device))
