@@ -40,6 +40,7 @@ from torch import nn
 
 from .checks import require_module
 from .devices import resolve_device
+from .distributed.tensors import kept_sharded
 from .findings import Finding, InspectorError
 from .locks import model_lock
 from .models import call_model
@@ -866,7 +867,7 @@ def capture_activations(model: nn.Module, inputs: Any, modules: Any = None,
         raise InspectorError("grads=True needs autograd, which inference mode turns off; call "
                              "capture_activations outside torch.inference_mode()")
     with _recording(model, modules, store_on, max_bytes, grads, keep_inputs, keep_references,
-                    True) as rec, _buffers_kept(model):
+                    True) as rec, _buffers_kept(model), kept_sharded(model):
         try:
             with torch.enable_grad() if grads else _nullcontext():
                 output = call_model(model, inputs)

@@ -332,9 +332,13 @@ def refuse_remote_code(path: Path) -> None:
 
 
 def read_checkpoint(path: str | os.PathLike) -> tuple[dict[str, torch.Tensor], list[Finding]]:
-    """A state dict from a ``.safetensors`` or ``.pt/.pth/.bin`` file; never runs code from it."""
+    """A state dict from a ``.safetensors`` or ``.pt/.pth/.bin`` file, or a ``torch.distributed.checkpoint``
+    folder; never runs code from it."""
     path = Path(path)
     findings: list[Finding] = []
+    if path.is_dir():  # a torch.distributed.checkpoint folder, put together in this process
+        from .distributed.checkpoint import read_dcp
+        return read_dcp(path)
     if not path.is_file():
         raise InspectorError(f"checkpoint {path} does not exist")
     if path.suffix == ".safetensors":

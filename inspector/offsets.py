@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from .checks import require_module
+from .distributed.tensors import has_dtensors
 from .findings import Finding, InspectorError
 from .gradient_pass import REPORTS, gradient_l2_norms
 from .locks import model_lock
@@ -144,7 +145,12 @@ def offset_map(model: nn.Module, trainable_only: bool = False,
                      tuple(t.shape), dt_name, dev_name, requires_grad, kind))
         offset += n
     columns = list(zip(*rows)) if rows else [[] for _ in OFFSET_COLUMNS]
-    return _frame(OFFSET_COLUMNS, dict(zip(OFFSET_COLUMNS, columns)))
+    table = _frame(OFFSET_COLUMNS, dict(zip(OFFSET_COLUMNS, columns)))
+    tensors = [t for _, t, *_ in entries]
+    if has_dtensors(tensors):  # FSDP2 / tensor parallel: add this rank's pieces
+        from .distributed.analyses import with_local_offsets
+        table = with_local_offsets(table, tensors)
+    return table
 
 
 def offset_findings(model: nn.Module, trainable_only: bool = False) -> list[Finding]:
@@ -352,6 +358,9 @@ def gradient_report(model: nn.Module, grads: Mapping[str, torch.Tensor | None] |
     >>> gradient_report(m, grads={"1.weight": torch.tensor([[12.0]])}).total_norm
     12.0
     """
+    if has_dtensors(p for p in model.parameters()):  # FSDP2 / tensor parallel: global norms, one collective
+        from .distributed.gradients import dtensor_gradient_report
+        return dtensor_gradient_report(model, grads)
     params, names = _unique_parameters(model)
     gradients = _gradients_of(model, params, names, grads)
     report = _report(params, names, gradients)

@@ -31,6 +31,7 @@ import torch
 from torch import nn
 
 from .checks import require_module
+from .distributed.tensors import has_dtensors
 from .findings import Finding, InspectorError
 from .locks import model_lock
 
@@ -1062,7 +1063,11 @@ def placement_table(model: nn.Module) -> pd.DataFrame:
         device_of.append(dev)
     all_meta = bool(device_of) and all(d == "meta" for d in device_of)
     devices = sorted({d for d in device_of if d is not None}, key=device_order)
-    return _audit_rows(rows, device_of, devices, meta_ok=all_meta, dispatched=offloaded)
+    table = _audit_rows(rows, device_of, devices, meta_ok=all_meta, dispatched=offloaded)
+    if has_dtensors(r.tensor for r in rows):  # FSDP2 / tensor parallel: bytes per rank
+        from .distributed.analyses import with_rank_bytes
+        table = with_rank_bytes(table, model)
+    return table
 
 
 def placement_findings(model: nn.Module) -> list[Finding]:

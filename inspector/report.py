@@ -33,6 +33,7 @@ import pandas as pd
 from torch import nn
 
 from .checks import require_loaded
+from .distributed.tensors import kept_sharded
 from .escaping import markdown_text
 from .findings import SEVERITY_ORDER, Finding, InspectorError
 from .summary import model_bytes
@@ -460,7 +461,8 @@ def _run_builder(sid: str, ctx: Context) -> Section:
     if builder is None:
         return Section(sid, title, "skipped", "this section has no builder in this installation")
     try:
-        return builder(ctx)
+        with kept_sharded(ctx.loaded.model):
+            return builder(ctx)
     except SectionUnavailable as exc:
         return Section(sid, title, "skipped", str(exc))
     except InspectorError as exc:

@@ -16,6 +16,7 @@ import time
 import streamlit as st
 
 from inspector.devices import DeviceInfo, available_devices
+from inspector.distributed.checkpoint import dcp_listing, is_dcp_folder
 from inspector.escaping import markdown_code, markdown_text
 from inspector.findings import Finding, sort_findings
 from inspector.models import DTYPES, LoadedModel, allowed_model_dirs
@@ -127,7 +128,14 @@ def _checkpoint_inputs(sel: Selection) -> str | None:
                                   type=["safetensors", "pt", "pth", "bin"],
                                   help="Read with safetensors or torch.load(weights_only=True); "
                                        "nothing in it is executed.")
-        path = st.text_input("…or a path on the server", value=sel.checkpoint or "", key="mi_ckpt_path")
+        path = st.text_input("…or a path on the server", value=sel.checkpoint or "", key="mi_ckpt_path",
+                             help="A file, or a torch.distributed.checkpoint folder (put together here)")
+        if path.strip() and is_dcp_folder(path.strip()):
+            with guarded("reading the distributed checkpoint"):
+                listing = dcp_listing(path.strip())
+                st.caption(f"Distributed checkpoint: {len(listing)} entries in {int(listing['pieces'].sum())} "
+                           "pieces")
+                st.dataframe(listing[["name", "shape", "pieces"]].astype(str), hide_index=True, height=160)
     if upload is not None:
         with guarded("storing the upload"):
             return session_uploads().save(upload.name, upload.getvalue())

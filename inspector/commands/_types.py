@@ -68,6 +68,17 @@ def input_file(text: str) -> str:
     return str(path)
 
 
+def checkpoint(text: str) -> str:
+    """An existing checkpoint file, or a torch.distributed.checkpoint folder (with its ``.metadata``)."""
+    path = Path(text).expanduser()
+    if path.is_dir():
+        if not (path / ".metadata").is_file():
+            raise argparse.ArgumentTypeError(f"{path} is not a file, nor a torch.distributed.checkpoint folder "
+                                             "(it has no .metadata file); give a checkpoint file or such a folder")
+        return str(path)
+    return input_file(text)
+
+
 def output_file(text: str) -> str:
     """A file that can be written: its folder exists (it is never created) and takes a new file.
 

@@ -5,12 +5,15 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from ..distributed import is_run_file, read_run
+from ..distributed.report import run_report
 from ..findings import InspectorError
 from ..report import SECTIONS, build_report, check_options, check_sections
 from . import _types as types
 from ._common import add_source_arguments, load_from_args, progress
 
-HELP = "write a report of every analysis (HTML, JSON, Markdown or PDF)"
+HELP = ("write a report of every analysis (HTML, JSON, Markdown or PDF); SOURCE may also be the "
+        "JSON-lines file of a distributed run")
 FORMATS = {"html": ".html", "json": ".json", "md": ".md", "pdf": ".pdf"}
 
 
@@ -75,9 +78,12 @@ def run(args: argparse.Namespace) -> int:
     sections = None
     if args.sections:
         sections = check_sections([s for part in args.sections for s in part.split(",") if s])
-    options = options_from_args(args)
-    loaded = load_from_args(args)
-    report = build_report(loaded, sections, progress=progress, **options)
+    if is_run_file(args.source):  # a distributed run file: per-rank sections
+        report = run_report(read_run(args.source))
+    else:
+        options = options_from_args(args)
+        loaded = load_from_args(args)
+        report = build_report(loaded, sections, progress=progress, **options)
     out = Path(args.output)
     progress(f"rendering {fmt}")
     if fmt == "pdf":
