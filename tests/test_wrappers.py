@@ -139,3 +139,15 @@ def test_home_and_alias_pages_on_a_compiled_model(tmp_path, monkeypatch):
     aliases = run_page("1_Alias_graph.py", source)
     shown = "\n".join(df.value.to_string() for df in aliases.dataframe)
     assert "transformer.wte.weight" in shown and "_orig_mod." not in shown
+
+
+def test_distributed_records_name_tensors_as_written(tmp_path, capsys):
+    from inspector.distributed import read_run
+
+    names = {}
+    for shard in ("ddp", "none"):
+        out = tmp_path / f"{shard}.jsonl"
+        assert main(["distributed", "sample_models/fsdp.py:build", "--shard", shard, "--steps", "1",
+                     "-o", str(out)]) == 0
+        names[shard] = list(read_run(out).tensors["name"])
+    assert names["ddp"] == names["none"] and not any(n.startswith("module.") for n in names["ddp"])
