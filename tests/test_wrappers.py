@@ -36,6 +36,10 @@ def test_compiled_model_names_and_ties_are_the_models(tiny_gpt2):
     table = inspector.offset_map(compiled)
     assert table["name"].iloc[0] == "transformer.wte.weight" and int(table["end"].iloc[-1]) == 4080
     assert inspector.model_summary(compiled).parameter_elements_with_aliases == 4592
+    assert inspector.gradient_norms(compiled)["name"].iloc[0] == "transformer.wte.weight"
+    assert not inspector.placement_table(compiled)["name"].str.startswith("_orig_mod").any()
+    plan = inspector.plan_device_map(compiled, {"cpu": 10**9})
+    assert not any(k.startswith("_orig_mod") for k in plan)
 
 
 def test_retie_through_the_compiled_wrapper(tiny_gpt2):
