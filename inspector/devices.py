@@ -75,11 +75,18 @@ def resolve_device(device: str | torch.device) -> torch.device:
     ``"cpu"`` and ``"meta"`` never touch CUDA; a CUDA index is checked against
     ``torch.cuda.device_count()`` (no context is created, no memory is queried).
     """
+    if not isinstance(device, (str, torch.device)) or isinstance(device, bool):
+        raise InspectorError(f"device must be a name such as 'cpu' or 'cuda:0', got "
+                             f"{type(device).__name__} {device!r}. Available devices: "
+                             f"{', '.join(device_names())}")
     try:
         dev = torch.device(device)
-    except (RuntimeError, TypeError) as exc:
+    except (RuntimeError, TypeError, ValueError) as exc:
         raise InspectorError(f"unknown device {device!r}: {exc}. Available devices: "
                              f"{', '.join(device_names())}") from None
+    if dev.type in ("cpu", "meta", "mps") and dev.index not in (None, 0):
+        raise InspectorError(f"device {str(device)!r} does not exist: there is one {dev.type} device, "
+                             f"named {dev.type!r}. Available devices: {', '.join(sorted(device_names()))}")
     if dev.type in ("cpu", "meta"):
         return dev
     if dev.type == "cuda" and dev.index is None:
@@ -131,6 +138,11 @@ def move_model(model: nn.Module, device: str | torch.device | None = None,
     (True, torch.float64)
     """
     dev = resolve_device(device) if device is not None else None
+    if isinstance(dtype, str):
+        dtype = getattr(torch, dtype.removeprefix("torch."), dtype)
+    if dtype is not None and (not isinstance(dtype, torch.dtype) or not dtype.is_floating_point):
+        raise InspectorError(f"dtype {dtype!r} is not a floating-point torch dtype; choose one of "
+                             "float32, float16, bfloat16, float64 (integer tensors keep theirs anyway)")
     tensors = [t for _, t in model.named_parameters(remove_duplicate=False)]
     tensors += [t for _, t in model.named_buffers(remove_duplicate=False)]
     if dev is not None and dev.type != "meta" and not empty:

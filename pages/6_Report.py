@@ -8,6 +8,7 @@ from pathlib import Path
 
 import streamlit as st
 
+from inspector.escaping import markdown_text
 from inspector.report import CHROMIUM, SECTION_TITLES, SECTIONS, build_report
 from ui.cache import cached_analysis
 from ui.errors import guarded
@@ -66,7 +67,7 @@ c3.metric("Info", counts["info"])
 c4.metric("Sections", sum(1 for s in report.sections if s.status == "ok"))
 for s in report.sections:
     if s.status != "ok":
-        (st.error if s.status == "error" else st.warning)(f"{s.title}: {s.status} — {s.note}")
+        (st.error if s.status == "error" else st.warning)(f"{s.title}: {s.status} — {markdown_text(s.note)}")
 
 stem = f"report-{loaded.name}".replace("/", "_").replace(":", "_")
 st.subheader("Download")
