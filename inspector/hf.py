@@ -4,9 +4,10 @@ A folder written by ``save_pretrained`` names the class it was saved from in
 ``config.json`` (``architectures``). :func:`load_hf_folder` loads that class; only when the
 folder names none that transformers knows does it fall back, in this order, to the first of
 :data:`FALLBACK_AUTO_CLASSES` that has a class for the config. Then it compares every saved
-tensor with the model (:func:`compare_saved`): a saved tensor the model has no place for, a
-model tensor no saved tensor filled (left at its random initialisation), a shape or dtype that
-changed, or a value that differs become findings. When saved tensors were dropped *and*
+tensor with the model (:func:`inspector.hf_saved.check_saved`, from the files' headers and
+transformers' loading report; values are read only where they may differ): a saved tensor the
+model has no place for, a model tensor no saved tensor filled (left at its random
+initialisation), a shape or dtype that changed, or a value that differs become findings. When saved tensors were dropped *and*
 model tensors were left at their initial values (or shapes changed), the model is not the
 saved one: those findings are errors, and so is the class finding when the class is not the
 one the folder names.
@@ -17,8 +18,7 @@ mask for text models, decoder ids as well for encoder-decoders, pixel values for
 
 from __future__ import annotations
 
-import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,6 +27,7 @@ import torch
 from torch import nn
 
 from .findings import Finding, InspectorError
+from .hf_saved import SavedCheck, check_saved
 
 #: Auto-class mappings tried, in this order, when ``config.architectures`` names no class
 #: transformers knows: a causal language-model head first (sequence-to-sequence first for an
@@ -37,8 +38,6 @@ FALLBACK_AUTO_CLASSES: tuple[str, ...] = (
     "MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING", "MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING", "MODEL_MAPPING",
 )
 SEQUENCE_LENGTH = 8
-#: Findings reported one by one; beyond this many of one kind they are summed up in one.
-MAX_LISTED = 20
 
 
 @dataclass(frozen=True)
@@ -106,15 +105,17 @@ def load_hf_folder(path: Path) -> tuple[nn.Module, list[Finding]]:
 
         config = AutoConfig.from_pretrained(path, local_files_only=True, trust_remote_code=False)
         choice = choose_class(config)
-        model = choice.chosen.from_pretrained(path, local_files_only=True, trust_remote_code=False)
+        model, loading = choice.chosen.from_pretrained(path, local_files_only=True, trust_remote_code=False,
+                                                       output_loading_info=True)
     except InspectorError:
         raise
     except Exception as exc:
         raise InspectorError(f"loading the Hugging Face model in {path} failed: "
                              f"{type(exc).__name__}: {exc}") from exc
     model.eval()
-    checked = compare_saved(model, path)
-    mismatch = mismatch_finding(checked, path)
+    check = check_saved(model, path, loading)
+    checked = check.findings()
+    mismatch = mismatch_finding(check)
     if mismatch is not None:  # not the saved model: what would be warnings are errors
         checked = [mismatch, *(_as_error(f) if f.code in ("unexpected-tensor", "left-at-init") else f
                                for f in checked)]
@@ -142,17 +143,15 @@ def tie_findings(model: nn.Module) -> list[Finding]:
                     "tie_word_embeddings to false, or re-tie them (the aliases view shows the pair)")]
 
 
-def mismatch_finding(findings: list[Finding], path: Path) -> Finding | None:
+def mismatch_finding(check: SavedCheck) -> Finding | None:
     """An error when saved tensors were dropped *and* model tensors were left at their initial
-    value (or a shape changed): the model is then not the one saved in ``path``."""
-    count = {code: sum(_tensors_in(f) for f in findings if f.code == code)
-             for code in ("unexpected-tensor", "left-at-init", "shape-changed")}
-    if not (count["unexpected-tensor"] and count["left-at-init"]) and not count["shape-changed"]:
+    value (or a shape changed): the model is then not the one saved in the folder."""
+    if check.is_saved_model:
         return None
-    shapes = f", {count['shape-changed']} changed shape" if count["shape-changed"] else ""
+    shapes = f", {len(check.shape)} changed shape" if check.shape else ""
     return Finding("hf-not-saved-model", "error", "",
-                   f"this is not the model saved in {path.name}: {count['unexpected-tensor']} saved tensors "
-                   f"have no place in it and {count['left-at-init']} of its tensors hold random initial "
+                   f"this is not the model saved in {check.folder}: {len(check.unexpected)} saved tensors "
+                   f"have no place in it and {len(check.left)} of its tensors hold random initial "
                    f"values{shapes}. Its outputs and every number derived from them are not the saved model's")
 
 
@@ -177,140 +176,6 @@ def class_findings(choice: ClassChoice, matches: bool = True) -> list[Finding]:
 
 def _as_error(f: Finding) -> Finding:
     return Finding(f.code, "error", f.where, f.message) if f.severity == "warning" else f
-
-
-# ---------------------------------------------------------------- saved tensors vs the model
-
-
-WEIGHT_FILES = (("model.safetensors.index.json", "model.safetensors"),
-                ("pytorch_model.bin.index.json", "pytorch_model.bin"))
-
-
-def saved_files(path: Path) -> list[Path]:
-    """The weight files of a folder: ``model.safetensors`` (or the shards its index lists), else
-    ``pytorch_model.bin`` (or its shards), as transformers looks for them."""
-    for index_name, single in WEIGHT_FILES:
-        index = path / index_name
-        if index.is_file():
-            try:
-                shards = sorted(set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values()))
-            except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
-                raise InspectorError(f"{index} is not a readable shard index "
-                                     f"({type(exc).__name__}: {exc})") from exc
-            return [path / s for s in shards if isinstance(s, str) and Path(s).name == s]
-        if (path / single).is_file():
-            return [path / single]
-    return []
-
-
-def _saved_tensors(files: list[Path]) -> Iterator[tuple[str, torch.Tensor]]:
-    """One tensor (safetensors) or one file (torch, read with ``weights_only=True``) at a time,
-    so a large folder is never held in memory twice."""
-    from safetensors import safe_open
-
-    from .models import read_checkpoint
-
-    for file in files:
-        if file.suffix != ".safetensors":
-            yield from read_checkpoint(file)[0].items()
-            continue
-        with safe_open(str(file), framework="pt") as fh:
-            for key in fh.keys():
-                yield key, fh.get_tensor(key)
-
-
-def saved_form(model: nn.Module, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """``state`` under the names ``save_pretrained`` writes: transformers renames some tensors
-    on loading (and may merge some), and writes the original names back on saving."""
-    try:
-        from transformers.core_model_loading import revert_weight_conversion
-    except ImportError:  # a transformers without weight conversions saves the names it loads
-        return dict(state)
-    try:
-        with torch.no_grad():
-            return dict(revert_weight_conversion(model, dict(state)))
-    except Exception:  # noqa: BLE001 - a conversion that cannot run backwards: compare by name
-        return dict(state)
-
-
-def _candidates(key: str, prefix: str) -> list[str]:
-    """Names a saved key may have in the model: itself, with or without the base-model prefix."""
-    out = [key]
-    if prefix:
-        out += [key[len(prefix) + 1:]] if key.startswith(prefix + ".") else [f"{prefix}.{key}"]
-    return out
-
-
-def compare_saved(model: nn.Module, path: Path) -> list[Finding]:
-    """Compare every saved tensor of ``path`` with ``model``'s state dict; findings for each difference.
-
-    A model tensor not saved under its own name counts as filled when a tensor it is tied to
-    (the same object) was saved.
-    """
-    files = saved_files(path)
-    if not files:
-        return [Finding("hf-not-checked", "info", path.name,
-                        f"{path.name} holds no model.safetensors or pytorch_model.bin; its tensors were not "
-                        "compared with the model")]
-    own = model.state_dict(keep_vars=True)
-    names_of: dict[int, list[str]] = {}
-    for key, t in own.items():
-        names_of.setdefault(id(t), []).append(key)
-    expected = saved_form(model, own)
-    prefix = getattr(model, "base_model_prefix", "") or ""
-    filled: set[int] = set()
-    filled_keys: set[str] = set()
-    unexpected, shape, dtype, differ = [], [], [], []
-    for key, saved in _saved_tensors(files):
-        name = next((c for c in _candidates(key, prefix) if c in expected), None)
-        if name is None:
-            unexpected.append(key)
-            continue
-        t = expected[name]
-        filled.add(id(t))
-        filled_keys.add(name)
-        where = names_of.get(id(t), [name])[0]
-        if tuple(t.shape) != tuple(saved.shape):
-            shape.append((where, tuple(saved.shape), tuple(t.shape)))
-        elif t.dtype != saved.dtype:
-            dtype.append((where, saved.dtype, t.dtype))
-        elif t.device.type != "meta" and not torch.equal(t.detach().cpu(), saved):
-            differ.append(where)
-    left = [k for k, t in own.items() if id(t) not in filled and k not in filled_keys]
-    # a tensor a conversion built (merged experts...) has no identity in the model: by key
-    left += [k for k, t in expected.items() if id(t) not in names_of and k not in filled_keys]
-    sev = "warning"
-    out: list[Finding] = []
-    out += _listed(left, "left-at-init", sev, lambda k: (
-        f"{k} is not saved in {path.name} (nor any tensor tied to it): it holds its random "
-        "initial value"))
-    out += _listed(unexpected, "unexpected-tensor", sev, lambda k: (
-        f"{k} is saved in {path.name} but this model has no such tensor; it was not loaded"))
-    out += _listed(shape, "shape-changed", "error", lambda s: (
-        f"{s[0]} is saved with shape {s[1]} but the model has {s[2]}; it holds its initial value"))
-    out += _listed(dtype, "dtype-changed", "warning", lambda s: (
-        f"{s[0]} is saved as {str(s[1]).removeprefix('torch.')} but the model holds "
-        f"{str(s[2]).removeprefix('torch.')}"))
-    out += _listed(differ, "weight-differs", "warning", lambda k: (
-        f"{k} differs from the value saved in {path.name} (a tie made it share another saved tensor's "
-        "value, or loading changed it)"))
-    return out
-
-
-def _listed(items: list, code: str, severity: str, message: Callable[[Any], str]) -> list[Finding]:
-    out = [Finding(code, severity, item if isinstance(item, str) else item[0], message(item))
-           for item in items[:MAX_LISTED]]
-    if len(items) > MAX_LISTED:
-        out.append(Finding(code, severity, "", f"{len(items) - MAX_LISTED} more {code} tensors, not listed"))
-    return out
-
-
-def _tensors_in(f: Finding) -> int:
-    """How many tensors one finding of :func:`_listed` stands for."""
-    if f.where:
-        return 1
-    head = f.message.split(" ", 1)[0]
-    return int(head) if head.isdigit() else 1
 
 
 # ---------------------------------------------------------------- inputs and loss from the config

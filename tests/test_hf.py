@@ -162,7 +162,8 @@ def test_on_cuda(hf_folders, arch, capsys):
 
 
 def test_compare_saved_names_changed_values_and_shapes(hf_folders):
-    from inspector.hf import compare_saved, mismatch_finding
+    from inspector.hf import mismatch_finding
+    from inspector.hf_saved import check_saved, compare_saved
 
     folder = hf_folders["gpt2"]
     model = load_model(f"hf:{folder}").model
@@ -174,9 +175,10 @@ def test_compare_saved_names_changed_values_and_shapes(hf_folders):
     # c_attn and c_proj, ln_2, mlp c_fc and c_proj, ln_f; weights and biases) has a hidden dimension
     wide = transformers.GPT2LMHeadModel(transformers.GPT2Config(vocab_size=64, n_positions=32, n_embd=32,
                                                                 n_layer=1, n_head=2))
-    found = compare_saved(wide, folder)
+    check = check_saved(wide, folder)
+    found = check.findings()
     assert {f.code for f in found} == {"shape-changed"} and len(found) == 16
-    assert mismatch_finding(found, folder).severity == "error"
+    assert mismatch_finding(check).severity == "error"
 
 
 def test_a_torch_weights_folder_is_checked_too(hf_folders, tmp_path):

@@ -12,7 +12,7 @@ from hf_folders import ARCHITECTURES, SAVED_CLASS
 from safetensors.torch import load_file
 
 from inspector.__main__ import main
-from inspector.hf import saved_form
+from inspector.hf_saved import saved_form
 from inspector.models import load_model
 
 pytest.importorskip("transformers")
