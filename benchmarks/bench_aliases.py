@@ -17,6 +17,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from _timing import interleaved  # noqa: E402
 from accelerate.utils import find_tied_parameters  # noqa: E402
 from torch import nn  # noqa: E402
 
@@ -40,15 +41,7 @@ def bench(name: str, repeats: int) -> float:
     model = get_sample(name).build()
     fns = {"alias_groups": alias_groups, "find_tied_parameters": find_tied_parameters,
            "bare walk": bare_walk}
-    times: dict[str, list[float]] = {k: [] for k in fns}
-    for fn in fns.values():  # warm up
-        fn(model)
-    for _ in range(repeats):
-        for key, fn in fns.items():
-            t0 = time.perf_counter()
-            fn(model)
-            times[key].append(time.perf_counter() - t0)
-    med = {k: statistics.median(v) for k, v in times.items()}
+    med = interleaved({k: (lambda fn=fn: fn(model)) for k, fn in fns.items()}, repeats)
     base = med["find_tied_parameters"]
     groups = alias_groups(model)
     print(f"{name}: {sum(1 for _ in model.named_parameters(remove_duplicate=False))} parameter names, "

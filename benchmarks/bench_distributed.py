@@ -24,9 +24,7 @@ import argparse
 import math
 import os
 import socket
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -36,19 +34,7 @@ import torch.multiprocessing as mp
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-
-def _time(fns: dict, repeats: int, sync) -> dict[str, float]:
-    times: dict[str, list[float]] = {k: [] for k in fns}
-    for fn in fns.values():
-        fn()
-    for _ in range(repeats):
-        for name, fn in fns.items():
-            sync()
-            t = time.perf_counter()
-            fn()
-            sync()
-            times[name].append(time.perf_counter() - t)
-    return {k: statistics.median(v) for k, v in times.items()}
+from _timing import interleaved  # noqa: E402
 
 
 def _bench(factory: str, device: torch.device, repeats: int, batch_size: int) -> dict[str, float]:
@@ -84,7 +70,7 @@ def _bench(factory: str, device: torch.device, repeats: int, batch_size: int) ->
         "check_step": lambda: check_step(model, 0, path=None),
         "check_step, no hashes": lambda: collect(model, 0, hashes=False),
     }
-    return _time(fns, repeats, sync) | {"parameters": sum(p.numel() for p in model.parameters())}
+    return interleaved(fns, repeats, sync) | {"parameters": sum(p.numel() for p in model.parameters())}
 
 
 def _worker(rank: int, world: int, port: int, args: argparse.Namespace) -> None:

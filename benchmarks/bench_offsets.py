@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import statistics
 import sys
 import threading
 import time
@@ -34,25 +33,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from _timing import interleaved  # noqa: E402
+
 from inspector.models import load_model  # noqa: E402
 from inspector.offsets import gradient_norms, gradient_report, offset_map, run_backward  # noqa: E402
 from inspector.summary import format_bytes  # noqa: E402
-
-
-def interleaved(contenders: dict[str, Callable[[], object]], repeats: int, sync: Callable[[], None]) -> dict[str, float]:
-    """Median seconds of each contender, run in turn ``repeats`` times (after one warm-up each)."""
-    times: dict[str, list[float]] = {k: [] for k in contenders}
-    for fn in contenders.values():
-        fn()
-    sync()
-    for _ in range(repeats):
-        for name, fn in contenders.items():
-            sync()
-            t = time.perf_counter()
-            fn()
-            sync()
-            times[name].append(time.perf_counter() - t)
-    return {k: statistics.median(v) for k, v in times.items()}
 
 
 class PeakRSS:
@@ -120,7 +105,7 @@ def bench_offset_map(repeats: int) -> None:
             offset += n
         return rows
 
-    t = interleaved({"bare walk": bare_walk, "offset_map": lambda: offset_map(model)}, repeats, lambda: None)
+    t = interleaved({"bare walk": bare_walk, "offset_map": lambda: offset_map(model)}, repeats)
     print(f"== offset_map on llama-70b-meta ({len(bare_walk())} tensors, meta device)")
     print(f"   bare walk of named_parameters(): {t['bare walk'] * 1e3:8.2f} ms")
     print(f"   offset_map:                      {t['offset_map'] * 1e3:8.2f} ms")

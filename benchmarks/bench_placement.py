@@ -16,14 +16,13 @@ from __future__ import annotations
 
 import argparse
 import logging
-import statistics
 import sys
-import time
 import warnings
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from _timing import interleaved  # noqa: E402
 from accelerate import infer_auto_device_map  # noqa: E402
 from accelerate.utils import check_device_map  # noqa: E402
 
@@ -32,19 +31,6 @@ from sample_models import get_sample  # noqa: E402
 
 BUDGET = "0=20GiB,1=20GiB,2=20GiB,3=20GiB,cpu=200GiB"
 TARGETS = {"plan": 0.5, "audit": 1.0}
-
-
-def interleaved(fns: dict, repeats: int) -> dict[str, float]:
-    times: dict[str, list[float]] = {k: [] for k in fns}
-    for fn in fns.values():  # warm up
-        fn()
-    for i in range(repeats):
-        order = list(fns.items()) if i % 2 == 0 else list(reversed(fns.items()))
-        for key, fn in order:
-            t0 = time.perf_counter()
-            fn()
-            times[key].append(time.perf_counter() - t0)
-    return {k: statistics.median(v) for k, v in times.items()}
 
 
 def main() -> int:
@@ -64,11 +50,11 @@ def main() -> int:
         "plan_device_map": lambda: plan_device_map(model, budget),
         "infer_auto_device_map": lambda: infer_auto_device_map(
             model, max_memory=accelerate_budget(budget), no_split_module_classes=no_split),
-    }, args.repeats)
+    }, args.repeats, order="flip")
     audit = interleaved({
         "audit_device_map": lambda: audit_device_map(model, ours),
         "check_device_map": lambda: check_device_map(model, ours),
-    }, args.repeats)
+    }, args.repeats, order="flip")
     ratios = {"plan": plan["plan_device_map"] / plan["infer_auto_device_map"],
               "audit": audit["audit_device_map"] / audit["check_device_map"]}
     for k, v in {**plan, **audit}.items():

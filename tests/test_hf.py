@@ -190,3 +190,46 @@ def test_a_torch_weights_folder_is_checked_too(hf_folders, tmp_path):
     loaded = load_model(f"hf:{folder}")
     assert [(f.code, f.where) for f in loaded.findings] == [("hf-class", ""), ("left-at-init", "transformer.ln_f.bias")]
     assert torch.equal(loaded.model.transformer.wte.weight, state["transformer.wte.weight"])
+
+
+def test_loading_reads_no_saved_value_twice(hf_folders):
+    # a clean folder: transformers reports nothing missing, no tensor is filled by two saved ones
+    from inspector.hf import choose_class
+    from inspector.hf_saved import check_saved
+
+    folder = hf_folders["gpt2"]
+    model, loading = choose_class(transformers.AutoConfig.from_pretrained(folder)).chosen.from_pretrained(
+        folder, output_loading_info=True)
+    check = check_saved(model, folder, loading)
+    assert check.values_read == 0 and check.findings() == []
+    assert check_saved(model, folder).values_read == 16  # without a report: all 16 saved values
+    with torch.no_grad():
+        model.transformer.ln_f.bias.add_(1.0)
+    # the report says ln_f.bias was loaded: its value is not read (check_saved(model, folder) would)
+    assert check_saved(model, folder, loading).differ == ()
+    # a report that says it was not loaded: the saved value is read and compared
+    missing = {**loading, "missing_keys": {"transformer.ln_f.bias"}}
+    check = check_saved(model, folder, missing)
+    assert check.values_read == 1 and check.differ == ("transformer.ln_f.bias",)
+    assert [(f.code, f.where) for f in check.findings()] == [("weight-differs", "transformer.ln_f.bias")]
+
+
+def test_a_tensor_saved_twice_is_read_and_compared(hf_folders, tmp_path):
+    # a torch file keeps both names of GPT-2's tied table (wte and lm_head): transformers ties
+    # them, so both saved values fill one tensor and are compared; the second one here differs
+    folder = copy_folder(hf_folders["gpt2"], tmp_path / "gpt2")
+    state = load_file(str(folder / "model.safetensors"))
+    (folder / "model.safetensors").unlink()
+    state["lm_head.weight"] = state["transformer.wte.weight"].clone()
+    torch.save(state, folder / "pytorch_model.bin")
+    loaded = load_model(f"hf:{folder}")
+    assert loaded.model.lm_head.weight is loaded.model.transformer.wte.weight
+    assert codes(loaded.findings) == {("hf-class", "info"): 1}
+    from inspector.hf_saved import check_saved
+
+    model = loaded.model
+    with torch.no_grad():
+        model.transformer.wte.weight[0, 0] += 1.0  # as if one of the two saved values had won a tie
+    _, loading = transformers.GPT2LMHeadModel.from_pretrained(folder, output_loading_info=True)
+    check = check_saved(model, folder, loading)
+    assert check.values_read == 2 and check.differ == ("transformer.wte.weight", "transformer.wte.weight")
