@@ -1,7 +1,8 @@
 """Browser fixtures: the real app under `streamlit run` on a free port, and Debian's chromium.
 
 Both are session-scoped: one server and one browser for every end-to-end test. Tests that
-use them skip cleanly where /usr/bin/chromium is missing.
+use them skip cleanly where /usr/bin/chromium is missing. A test that needs a server of its own
+(another environment or other options) starts one with :func:`serve_app`.
 """
 
 from __future__ import annotations
@@ -12,6 +13,9 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -51,28 +55,51 @@ def chromium_path() -> str:
     return CHROMIUM
 
 
+@dataclass(frozen=True)
+class Server:
+    """A running `streamlit run app.py`: its base URL and process id."""
+
+    url: str
+    pid: int
+
+
+@contextmanager
+def serve_app(log: Path, env: dict[str, str] | None = None, options: Sequence[str] = (),
+              timeout: float = 120) -> Iterator[Server]:
+    """`streamlit run app.py` on a free port of 127.0.0.1 until the block ends.
+
+    Args:
+        log: file that receives the server's output.
+        env: the server's environment (this process's when None).
+        options: more ``streamlit run`` options, e.g. ``["--server.disconnectedSessionTTL", "2"]``.
+        timeout: seconds to wait for ``/_stcore/health``.
+    """
+    port = _free_port()
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "w") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "streamlit", "run", "app.py", "--server.port", str(port),
+             "--server.headless", "true", "--server.address", "127.0.0.1",
+             "--browser.gatherUsageStats", "false", *options],
+            cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
+        try:
+            url = f"http://127.0.0.1:{port}"
+            _wait_healthy(url, proc, timeout=timeout)
+            yield Server(url, proc.pid)
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
 @pytest.fixture(scope="session")
 def app_url(chromium_path) -> str:
     """`streamlit run app.py` on a free port; yields its base URL, stops it afterwards."""
-    port = _free_port()
-    ARTIFACTS.mkdir(exist_ok=True)
-    log = open(ARTIFACTS / "streamlit.log", "w")  # noqa: SIM115 - closed after the server stops
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "streamlit", "run", "app.py", "--server.port", str(port),
-         "--server.headless", "true", "--server.address", "127.0.0.1",
-         "--browser.gatherUsageStats", "false"],
-        cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        _wait_healthy(url, proc, timeout=120)
-        yield url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        log.close()
+    with serve_app(ARTIFACTS / "streamlit.log") as server:
+        yield server.url
 
 
 @pytest.fixture(scope="session")

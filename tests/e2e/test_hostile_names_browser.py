@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 from urllib.parse import urlencode, urlparse
 
@@ -15,7 +13,7 @@ import pytest
 
 from inspector.models import load_model
 from inspector.report import build_report
-from tests.e2e.conftest import ROOT, _free_port, _wait_healthy
+from tests.e2e.conftest import serve_app
 from tests.hostile_names import IMG, JS, KEY, write_hostile_model
 
 pytestmark = pytest.mark.e2e
@@ -30,24 +28,9 @@ def hostile_app(chromium_path, tmp_path_factory, artifacts):
     """Its own `streamlit run app.py`, allowed to load model files from the test's folder."""
     folder = tmp_path_factory.mktemp("hostile-browser")
     source, checkpoint = write_hostile_model(folder)
-    port = _free_port()
     env = {**os.environ, "INSPECTOR_MODEL_DIRS": str(folder)}
-    log = open(artifacts / "streamlit-hostile.log", "w")  # noqa: SIM115 - closed below
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "streamlit", "run", "app.py", "--server.port", str(port), "--server.headless",
-         "true", "--server.address", "127.0.0.1", "--browser.gatherUsageStats", "false"],
-        cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        _wait_healthy(url, proc, timeout=120)
-        yield url, source, checkpoint
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        log.close()
+    with serve_app(artifacts / "streamlit-hostile.log", env=env) as server:
+        yield server.url, source, checkpoint
 
 
 def _guarded_context(chromium, allowed: str | None):

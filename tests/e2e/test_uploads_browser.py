@@ -3,15 +3,13 @@ the tab closed, and the session's folder gone once Streamlit forgets the session
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import time
 
 import pytest
 from safetensors.torch import save_file
 
 from sample_models import SAMPLES
-from tests.e2e.conftest import ROOT, _free_port, _wait_healthy
+from tests.e2e.conftest import serve_app
 from ui.uploads import UPLOAD_DIR
 
 pytestmark = pytest.mark.e2e
@@ -20,23 +18,8 @@ pytestmark = pytest.mark.e2e
 @pytest.fixture(scope="module")
 def short_lived_sessions(chromium_path, artifacts):
     """`streamlit run app.py` that forgets a closed tab's session after 2 s (default 120 s)."""
-    port = _free_port()
-    log = open(artifacts / "streamlit-uploads.log", "w")  # noqa: SIM115 - closed below
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "streamlit", "run", "app.py", "--server.port", str(port), "--server.headless",
-         "true", "--server.address", "127.0.0.1", "--server.disconnectedSessionTTL", "2"],
-        cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        _wait_healthy(url, proc, timeout=120)
-        yield url, proc.pid
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        log.close()
+    with serve_app(artifacts / "streamlit-uploads.log", options=["--server.disconnectedSessionTTL", "2"]) as server:
+        yield server.url, server.pid
 
 
 def _folders(pid: int) -> list:
