@@ -33,6 +33,8 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from _hooks import clone, hooked  # noqa: E402
+
 from inspector.capture import capture_activations  # noqa: E402
 from sample_models import get_sample  # noqa: E402
 
@@ -53,33 +55,6 @@ def deep_llama() -> tuple[nn.Module, dict]:
 def cnn_bn() -> tuple[nn.Module, torch.Tensor]:
     sample = get_sample("cnn-bn")
     return sample.build().eval(), sample.example_inputs(8)
-
-
-def _clone(out):
-    if isinstance(out, torch.Tensor):
-        return out.detach().clone()
-    if isinstance(out, (tuple, list)):
-        return [o.detach().clone() if isinstance(o, torch.Tensor) else o for o in out]
-    return out
-
-
-def hooked(model: nn.Module, run: Callable[[], object], clone: bool) -> dict:
-    store: dict[str, object] = {}
-    handles = []
-    for name, module in model.named_modules():
-        if clone:
-            def hook(m, a, out, name=name):
-                store[name] = _clone(out)
-        else:
-            def hook(m, a, out):
-                return None
-        handles.append(module.register_forward_hook(hook))
-    try:
-        run()
-    finally:
-        for h in handles:
-            h.remove()
-    return store
 
 
 def call(model: nn.Module, x) -> object:
@@ -105,8 +80,8 @@ def bench(label: str, model: nn.Module, x, repeats: int) -> float:
     modules = sum(1 for _ in model.named_modules())
     variants = {
         "plain": lambda: call(model, x),
-        "clone-hooks": lambda: hooked(model, lambda: call(model, x), clone=True),
-        "no-op-hooks": lambda: hooked(model, lambda: call(model, x), clone=False),
+        "clone-hooks": lambda: hooked(model, lambda: call(model, x), clone),
+        "no-op-hooks": lambda: hooked(model, lambda: call(model, x), None),
         "inspector": lambda: capture_activations(model, x),
     }
     with torch.inference_mode():

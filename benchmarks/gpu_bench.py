@@ -32,7 +32,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch  # noqa: E402
-from torch import nn  # noqa: E402
+from _hooks import hooked  # noqa: E402
 
 from inspector.capture import capture_activations  # noqa: E402
 from inspector.offsets import gradient_norms, gradient_report  # noqa: E402
@@ -67,27 +67,6 @@ def paired(variants: dict[str, Callable[[], object]], base: str, repeats: int,
             del result
     return {n: (statistics.median(times[n]), statistics.median(t / b for t, b in zip(times[n], times[base])))
             for n in names}
-
-
-def hooked(model: nn.Module, run: Callable[[], object], keep: Callable[[torch.Tensor], object] | None) -> dict:
-    """A forward hook on every module that keeps ``keep(output)`` (tensor leaves), or nothing."""
-    store: dict[str, object] = {}
-    handles = []
-    for name, module in model.named_modules():
-        def hook(m, a, out, name=name):
-            if keep is None:
-                return
-            if isinstance(out, torch.Tensor):
-                store[name] = keep(out)
-            elif isinstance(out, (tuple, list)):
-                store[name] = [keep(o) if isinstance(o, torch.Tensor) else o for o in out]
-        handles.append(module.register_forward_hook(hook))
-    try:
-        run()
-    finally:
-        for h in handles:
-            h.remove()
-    return store
 
 
 def d2h_bandwidth(device: torch.device, nbytes: int) -> float:
