@@ -23,11 +23,15 @@ import torch
 from ..findings import Finding, InspectorError
 
 METADATA = ".metadata"
-_ALLOWED_MODULES = ("torch.distributed.checkpoint.metadata", "torch.distributed.checkpoint.filesystem",
-                    "torch.distributed.checkpoint._extension")
-_ALLOWED = {("torch", "Size"), ("torch.serialization", "_get_layout"), ("pathlib", "PosixPath"),
-            ("pathlib", "PurePosixPath"), ("pathlib", "WindowsPath"), ("pathlib", "PureWindowsPath"),
-            ("collections", "OrderedDict"), ("builtins", "set"), ("builtins", "frozenset")}
+_METADATA_CLASSES = ("Metadata", "MetadataIndex", "StorageMeta", "TensorStorageMetadata", "ChunkStorageMetadata",
+                     "TensorProperties", "BytesStorageMetadata", "_MEM_FORMAT_ENCODING")
+# Exact (module, name) pairs a checkpoint index may build; nothing else is ever looked up.
+_ALLOWED = {("torch.distributed.checkpoint.metadata", n) for n in _METADATA_CLASSES} | {
+    ("torch.distributed.checkpoint.filesystem", "_StorageInfo"), ("torch", "Size"),
+    ("torch.serialization", "_get_layout"), ("pathlib", "PosixPath"), ("pathlib", "PurePosixPath"),
+    ("pathlib", "WindowsPath"), ("pathlib", "PureWindowsPath"), ("collections", "OrderedDict"),
+    ("builtins", "set"), ("builtins", "frozenset")}
+_FUNCTIONS = {("torch.serialization", "_get_layout")}
 
 
 def is_dcp_folder(path: str | os.PathLike) -> bool:
@@ -43,8 +47,10 @@ class _MetadataUnpickler(pickle.Unpickler):
         if module == "torch" and isinstance(getattr(torch, name, None), (torch.dtype, torch.memory_format,
                                                                         torch.layout)):
             return getattr(torch, name)
-        if (module, name) in _ALLOWED or (module in _ALLOWED_MODULES and not name.startswith("__")):
-            return super().find_class(module, name)
+        if "." not in name and (module, name) in _ALLOWED:
+            obj = super().find_class(module, name)
+            if (module, name) in _FUNCTIONS or (isinstance(obj, type) and obj.__module__ in (module, f"{module}._local")):
+                return obj
         raise pickle.UnpicklingError(f"{module}.{name}")
 
 
