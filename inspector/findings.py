@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Literal
+from typing import Any, Literal
 
 Severity = Literal["error", "warning", "info"]
 SEVERITY_ORDER: dict[str, int] = {"error": 0, "warning": 1, "info": 2}
@@ -36,6 +36,24 @@ class Finding:
 
     def to_dict(self) -> dict[str, str]:
         return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Any) -> Finding:
+        """The finding ``to_dict`` wrote, checked: exactly the four keys, each a string.
+
+        Raises:
+            ValueError: ``data`` is not such a dict, or its severity is unknown.
+
+        >>> Finding.from_dict({"code": "c", "severity": "info", "where": "", "message": "m"}).code
+        'c'
+        """
+        keys = ("code", "severity", "where", "message")
+        if not isinstance(data, dict) or sorted(data) != sorted(keys):
+            got = ", ".join(sorted(map(str, data))) if isinstance(data, dict) else type(data).__name__
+            raise ValueError(f"a finding has exactly the keys {', '.join(keys)}; got {got}")
+        if not all(isinstance(data[k], str) for k in keys):
+            raise ValueError(f"a finding's {', '.join(keys)} are strings")
+        return cls(data["code"], data["severity"], data["where"], data["message"])
 
 
 def sort_findings(findings: list[Finding]) -> list[Finding]:
