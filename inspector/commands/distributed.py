@@ -23,8 +23,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--steps", type=types.positive_int, default=3,
                         help="training steps to run and check (default 3)")
     parser.add_argument("--batch-size", type=types.positive_int, default=2, help="batch size per rank (default 2)")
-    parser.add_argument("--lr", type=float, default=1e-2, help="SGD learning rate (default 0.01)")
-    parser.add_argument("--device", default="cpu", help="cpu (gloo) or cuda (NCCL, one GPU per rank)")
+    parser.add_argument("--lr", type=types.positive_float, default=1e-2, help="SGD learning rate (default 0.01)")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                        help="cpu (gloo) or cuda (NCCL, each rank on the GPU of its LOCAL_RANK)")
     parser.add_argument("-o", "--output", required=True, type=types.output_file,
                         help="JSON-lines run file rank 0 writes (replaced)")
 
