@@ -331,9 +331,9 @@ def refuse_remote_code(path: Path) -> None:
             "(file.py:factory) in a folder listed in INSPECTOR_MODEL_DIRS.")
 
 
-def read_checkpoint(path: str | os.PathLike) -> tuple[dict[str, torch.Tensor], list[Finding]]:
+def read_checkpoint(path: str | os.PathLike, *, mmap: bool = False) -> tuple[dict[str, torch.Tensor], list[Finding]]:
     """A state dict from a ``.safetensors`` or ``.pt/.pth/.bin`` file, or a ``torch.distributed.checkpoint``
-    folder; never runs code from it."""
+    folder; never runs code from it. ``mmap``: a torch zip file's tensors stay on disk until read."""
     path = Path(path)
     findings: list[Finding] = []
     if path.is_dir():  # a torch.distributed.checkpoint folder, put together in this process
@@ -350,7 +350,7 @@ def read_checkpoint(path: str | os.PathLike) -> tuple[dict[str, torch.Tensor], l
             raise InspectorError(f"checkpoint {path.name} is not a readable safetensors file "
                                  f"({type(exc).__name__}: {exc}); re-save it with safetensors") from exc
     try:
-        obj = torch.load(path, map_location="cpu", weights_only=True)
+        obj = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap and zipfile.is_zipfile(path))
     except pickle.UnpicklingError as exc:
         detail = re.search(r"WeightsUnpickler error:\s*(.+?)(?:\.\s|\n|$)", str(exc))
         detail_text = detail.group(1).strip() if detail else ""
