@@ -13,7 +13,7 @@ import sys
 import traceback
 
 from . import commands
-from .escaping import plain_terminal, terminal_text
+from .escaping import terminal_text
 from .findings import InspectorError
 
 
@@ -47,8 +47,7 @@ def main(argv: list[str] | None = None) -> int:
         return exc.code if isinstance(exc.code, int) else 2
     debug = bool(getattr(args, "debug", False))
     try:
-        with plain_terminal():
-            return int(args._run(args) or 0)
+        return int(args._run(args) or 0)
     except InspectorError as exc:
         return _fail(str(exc), debug)
     except KeyboardInterrupt:
@@ -65,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _fail(message: str, debug: bool) -> int:
     if debug:
-        traceback.print_exc(file=sys.stderr)
+        print(terminal_text(traceback.format_exc()), end="", file=sys.stderr)
     print(f"error: {terminal_text(message)}", file=sys.stderr)
     return 2
 

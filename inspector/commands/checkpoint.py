@@ -7,7 +7,7 @@ import argparse
 from ..checkpoint_listing import checkpoint_listing
 from ..distributed.checkpoint import is_dcp_folder
 from . import _types as types
-from ._common import print_findings, print_table, write_json
+from ._common import print_findings, print_table, say, write_json
 
 HELP = ("list the tensors of a checkpoint: a .safetensors/.pt/.bin file, or a torch.distributed.checkpoint "
         "folder with the pieces each tensor is stored in (nothing in it is executed)")
@@ -23,10 +23,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     table, findings = checkpoint_listing(args.path)
     if is_dcp_folder(args.path):
-        print(f"distributed checkpoint {args.path}: {len(table)} entries, {int(table['pieces'].sum())} pieces "
+        say(f"distributed checkpoint {args.path}: {len(table)} entries, {int(table['pieces'].sum())} pieces "
               f"in {len({f for fs in table['files'] for f in fs.split(', ') if f})} files")
     else:
-        print(f"checkpoint {args.path}: {len(table)} tensors")
+        say(f"checkpoint {args.path}: {len(table)} tensors")
     print_table(table, args.max_rows)
     print_findings(findings)
     if args.json:

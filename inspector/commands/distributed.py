@@ -9,7 +9,7 @@ from ..distributed.train import SHARD_MODES, process_group, rank_device, shard, 
 from ..findings import InspectorError
 from ..models import load_model
 from . import _types as types
-from ._common import print_findings, progress
+from ._common import print_findings, progress, say
 
 HELP = ("under torchrun: shard the model on every rank, train a few steps and check each one "
         "(replica drift, nonfinite gradients by rank, imbalance, memory); rank 0 writes a JSON-lines run file")
@@ -50,7 +50,7 @@ def run(args: argparse.Namespace) -> int:
             g = check.record["global"]
             per_rank = ", ".join(f"{r['grad_norm']:.4g}" for r in check.record["ranks"]
                                  if r["grad_norm"] is not None)
-            print(f"step {check.step}: grad norm {g['grad_norm']:.6g} (per rank: {per_rank}); "
+            say(f"step {check.step}: grad norm {g['grad_norm']:.6g} (per rank: {per_rank}); "
                   f"{len(check.findings)} findings")
         print_findings(checks[-1].findings)
         progress(f"wrote {out}")
