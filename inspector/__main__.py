@@ -14,7 +14,7 @@ import traceback
 
 from . import commands
 from .escaping import terminal_text
-from .findings import InspectorError
+from .findings import InspectorError, first_line
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -57,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
         return _fail(f"code run by the command called sys.exit({exc.code!r}); fix the model file so "
                      "that it returns or raises instead", debug)
     except Exception as exc:  # noqa: BLE001 - a bug must not end in a raw traceback either
-        text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        text = first_line(exc)
         return _fail(f"unexpected {type(exc).__name__}" + (f": {text}" if text else "")
                      + ". Run again with --debug for the traceback and report it as a bug.", debug)
 

@@ -63,3 +63,13 @@ def sort_findings(findings: list[Finding]) -> list[Finding]:
 
 class InspectorError(ValueError):
     """A user's mistake: bad input that gets a clear message, never a traceback."""
+
+
+def first_line(exc: BaseException) -> str:
+    """The first line of ``exc``'s message ("" when it has none), for one-line error reports.
+
+    >>> first_line(ValueError("bad shape\\n  details"))
+    'bad shape'
+    """
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else ""

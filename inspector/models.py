@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from .devices import move_model, resolve_device
-from .findings import Finding, InspectorError
+from .findings import Finding, InspectorError, first_line
 from .locks import model_lock
 from .wrappers import unwrap
 
@@ -141,7 +141,7 @@ def model_code(what: str, fix: str = "fix the model file, or pick another model"
     except SystemExit as exc:
         raise ModelCodeError(f"{what} called sys.exit({exc.code!r}) instead of returning; {fix}") from None
     except Exception as exc:  # noqa: BLE001 - the user's code may raise anything
-        text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        text = first_line(exc)
         raise ModelCodeError(f"{what} raised {type(exc).__name__}"
                              + (f": {text}" if text else "") + f"; {fix}") from exc
 
@@ -370,7 +370,7 @@ def read_checkpoint(path: str | os.PathLike, *, mmap: bool = False) -> tuple[dic
                 f"checkpoint {path.name} was refused: it asks to run Python code while loading "
                 f"({', '.join(calls[:3])}). Only plain tensors are accepted and nothing in it was run. "
                 "If you trust it, re-save its state dict with safetensors.") from None
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        first = first_line(exc)
         raise InspectorError(f"checkpoint {path.name} is corrupt or not a torch file "
                              f"({type(exc).__name__}{': ' + first[:200] if first else ''}); give a "
                              ".safetensors file or one written by torch.save(model.state_dict(), path)") from None
