@@ -70,7 +70,8 @@ def gradient_l2_norms(grads: Sequence[torch.Tensor], local: LocalView = _plain,
             norms = torch._foreach_norm(members)
         except (RuntimeError, NotImplementedError):  # pragma: no cover - kernels missing on a backend
             norms = [torch.linalg.vector_norm(t) for t in members]
-        values = torch.stack(norms).float()
+        # float64 keeps a float64 gradient's norm exact; MPS has no float64
+        values = torch.stack(norms).to(torch.float32 if device.type == "mps" else torch.float64)
         if reduce is not None:
             values = reduce(values * values, idx).sqrt()
         parts, order = per_device.setdefault(device, ([], []))
