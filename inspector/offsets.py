@@ -119,7 +119,7 @@ def offset_map(model: nn.Module, trainable_only: bool = False,
     >>> offset_map(m, trainable_only=True)["start"].tolist()
     [0, 6]
     """
-    require_module(model, "offset_map")
+    model = require_module(model, "offset_map")
     params, names = _unique_parameters(model)
     entries: list[tuple[str, torch.Tensor, list[str], str, bool]] = [
         (name, p, names[id(p)], "parameter", p.requires_grad) for name, p in params
@@ -578,7 +578,7 @@ def gradient_norms(model: nn.Module, by: str = "parameter",
     >>> gradient_norms(m, by="module")["name"].tolist()
     ['(model)', '0', '1']
     """
-    require_module(model, "gradient_norms")
+    model = require_module(model, "gradient_norms")
     if by not in ("parameter", "module"):
         raise InspectorError(f"gradient_norms(by={by!r}): choose 'parameter' or 'module'")
     params, names = _unique_parameters(model)

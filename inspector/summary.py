@@ -57,7 +57,7 @@ def model_summary(model: nn.Module) -> ModelSummary:
     >>> s.parameter_elements, s.parameter_elements_with_aliases
     (4, 8)
     """
-    require_module(model, "model_summary")
+    model = require_module(model, "model_summary")
     params = list(model.parameters())
     names = list(model.named_parameters(remove_duplicate=False))
     buffers = list(model.buffers())
