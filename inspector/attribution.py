@@ -263,8 +263,26 @@ def default_layer(loaded: LoadedModel, method: str, inputs: Any = None) -> str |
         return convs[-1] if convs else None
     if method == "layer_ig":
         inputs = loaded.example_inputs(1) if inputs is None else inputs
-        return embedding_layer(loaded.model) if is_token_model(inputs) else None
+        return embedding_layer(loaded.model) if is_token_model(inputs) else safe_layer(loaded.model)
     return None
+
+
+def safe_layer(model: nn.Module) -> str | None:
+    """A layer whose output no later module overwrites in place: the last such convolution,
+    else the first such leaf module (None for a model without submodules).
+
+    Layer methods swap a layer's output for their own tensor; an ``inplace=True`` module
+    right after it (``ReLU(inplace=True)`` after a convolution) then fails in autograd.
+
+    >>> from sample_models import get_sample
+    >>> safe_layer(get_sample("cnn-bn").build())  # conv1 is followed by ReLU(inplace=True)
+    'conv2'
+    """
+    leaves = [(n, m) for n, m in model.named_modules() if n and not any(True for _ in m.children())]
+    fine = [n for i, (n, _) in enumerate(leaves)
+            if i + 1 >= len(leaves) or not getattr(leaves[i + 1][1], "inplace", False)]
+    convs = [n for n in conv_layers(model) if n in fine]
+    return convs[-1] if convs else fine[0] if fine else None
 
 
 def resolve_layer(model: nn.Module, name: str, model_name: str = "model") -> nn.Module:
