@@ -17,6 +17,7 @@ from inspector.offsets import (
     offset_map,
     run_backward,
 )
+from inspector.summary import format_count
 from ui.cache import cached_analysis
 from ui.errors import guarded
 from ui.sidebar import model_picker
@@ -55,16 +56,11 @@ frozen = int(params.loc[~params["requires_grad"], "numel"].sum())
 trainable_total = int(trainable["numel"].sum())
 
 
-def count(n: int) -> str:
-    """Exact below a billion; 68.98 B above (the exact number is in the metric's help)."""
-    return f"{n:,}" if n < 10**9 else f"{n / 1e9:,.2f} B"
-
-
 cols = st.columns(5)
 cols[0].metric("Tensors in parameters()", f"{len(params):,}")
-cols[1].metric("Flat vector length", count(total), help=f"{total:,} elements")
-cols[2].metric("Trainable-only length", count(trainable_total), help=f"{trainable_total:,} elements")
-cols[3].metric("Frozen elements (holes)", count(frozen),
+cols[1].metric("Flat vector length", format_count(total), help=f"{total:,} elements")
+cols[2].metric("Trainable-only length", format_count(trainable_total), help=f"{trainable_total:,} elements")
+cols[3].metric("Frozen elements (holes)", format_count(frozen),
                help=f"{frozen:,} elements in parameters_to_vector(model.parameters()) but not in a "
                     "trainable-only vector")
 cols[4].metric("Aliases kept once", int(params["aliases"].map(len).sum()))

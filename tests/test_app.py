@@ -9,6 +9,7 @@ import pytest
 import torch
 from streamlit.testing.v1 import AppTest
 
+from inspector.summary import format_count
 from sample_models import SAMPLES
 from ui.models import Selection, get_loaded
 
@@ -69,7 +70,9 @@ def test_every_sample_loads_through_the_picker(name):
     assert sel.source == f"sample:{name}"
     assert sel.device == ("meta" if SAMPLES[name].meta_only else "cpu")
     expected = sum(p.numel() for p in get_loaded(sel).model.parameters())  # the cached object
-    assert metric(at, "Parameter elements") == f"{expected:,}"
+    shown = next(m for m in at.metric if m.label == "Parameter elements")
+    assert shown.value == format_count(expected)  # short above a million ("124.4 M")...
+    assert shown.proto.help.startswith(f"{expected:,}")  # ...and exact in its help
     # The choice survives a rerun and the button says it is loaded.
     at.run()
     assert at.session_state["mi_selection"] == sel

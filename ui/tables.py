@@ -48,7 +48,8 @@ def fit_columns(df: pd.DataFrame, column_config: dict | None = None) -> dict:
             continue
         values = df[col]
         is_int = pd.api.types.is_integer_dtype(values) and not pd.api.types.is_bool_dtype(values)
-        widest = max([len(str(col)), *(len(cell_text(v)) for v in values.head(500))])
+        header = given.get("label") if isinstance(given, dict) and given.get("label") else col
+        widest = max([len(str(header)), *(len(cell_text(v)) for v in values.head(500))])
         px = widest * CHAR_PX + CELL_PAD_PX
         if not is_int:
             px = min(px, MAX_FIT_PX)
