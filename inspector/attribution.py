@@ -319,7 +319,8 @@ def target_info(loaded: LoadedModel, inputs: Any = None) -> TargetInfo:
     TargetInfo(outputs=32, positions=16)
     """
     loaded.check_runnable()
-    inputs = loaded.example_inputs(1) if inputs is None else to_device(inputs, loaded.input_device())
+    inputs = loaded.example_inputs(1) if inputs is None else \
+        to_device(inputs, loaded.input_device(), loaded.input_dtype())
     flat, _ = _flatten_inputs(inputs)
     with loaded.lock, preserved_state(loaded.model, flat), torch.no_grad():
         out = _main_output(call_model(loaded.model, inputs), loaded.name)
@@ -332,7 +333,8 @@ def target_info(loaded: LoadedModel, inputs: Any = None) -> TargetInfo:
 
 
 def attribute(loaded: LoadedModel, inputs: Any, method: str, target: int | None,
-              layer: str | None = None, *, position: int = -1, **options: Any) -> AttributionResult:
+              layer: str | None = None, *, position: int = -1,
+              progress: Callable[[int, int], None] | None = None, **options: Any) -> AttributionResult:
     """Attribute one output of ``loaded`` to its inputs or to a layer, with captum.
 
     Args:
@@ -346,6 +348,9 @@ def attribute(loaded: LoadedModel, inputs: Any, method: str, target: int | None,
         layer: module name for layer methods (default: the input embedding for
             ``layer_ig`` on token models, the last convolution for ``layer_gradcam``).
         position: sequence position attributed for ``(B, T, V)`` outputs (default: last).
+        progress: called as ``progress(done, expected)`` after each forward pass captum makes.
+            With it, integrating methods run their steps in about ten chunks (captum's
+            ``internal_batch_size``, unless given), so ``done`` moves while they run.
         **options: passed to captum's ``attribute`` (``n_steps``, ``baselines``,
             ``internal_batch_size``...); captum's own ``method`` (the integration rule,
             e.g. ``"riemann_middle"``) is given as ``integration_method``. Methods with a
@@ -373,7 +378,7 @@ def attribute(loaded: LoadedModel, inputs: Any, method: str, target: int | None,
     device = _CPU if first is None else first.device
     if first is not None and first.is_meta:
         loaded.check_runnable()  # raises with the first meta tensor's name
-    inputs = loaded.example_inputs(1) if inputs is None else to_device(inputs, device)
+    inputs = loaded.example_inputs(1) if inputs is None else to_device(inputs, device, loaded.input_dtype())
     flat, rebuild = _flatten_inputs(inputs)
     if not flat:
         raise InspectorError(f"{loaded.name}: attribution needs at least one input tensor")
@@ -422,6 +427,18 @@ def attribute(loaded: LoadedModel, inputs: Any, method: str, target: int | None,
     if spec.has_delta:
         options.setdefault("return_convergence_delta", True)
     forward = _TargetedForward(model, rebuild, target, position, loaded.name)
+    expected = 1
+    if progress is not None:
+        rows = int(flat[0].shape[0]) if flat[0].dim() else 1
+        if spec.has_delta:
+            steps = int(options.get("n_steps", 50))
+            options.setdefault("internal_batch_size", rows * max(1, math.ceil(steps / 10)))
+            per_call = max(1, int(options["internal_batch_size"]) // max(rows, 1))
+            chunks = math.ceil(steps / per_call)
+            # captum's extra passes: outputs at the inputs and baselines (for the delta); conductance
+            # also runs every chunk twice
+            expected = 2 * chunks + 2 if spec.name == "layer_conductance" else chunks + 4
+        forward.on_call = lambda n: progress(min(n, expected), expected)
     with loaded.lock, preserved_state(model, flat, findings, modules=modules, enable_grad=True):
         def run(*xs: torch.Tensor) -> torch.Tensor:  # a plain function: captum inspects its signature
             return forward(*xs)
@@ -481,12 +498,17 @@ class _TargetedForward:
                  position: int, name: str) -> None:
         self.model, self.rebuild, self.target, self.position, self.name = model, rebuild, target, position, name
         self.used_position: int | None = None
+        self.calls = 0
+        self.on_call: Callable[[int], None] | None = None
         if target is not None and (isinstance(target, bool) or not isinstance(target, (int, np.integer))):
             raise InspectorError(f"target must be an integer index, got {target!r}")
         self.target = self.captum_target = None if target is None else int(target)
 
     def __call__(self, *xs: torch.Tensor) -> torch.Tensor:
         out = _main_output(call_model(self.model, self.rebuild(xs)), self.name)
+        self.calls += 1
+        if self.on_call is not None:
+            self.on_call(self.calls)
         if out.dim() >= 3:
             T = out.size(1)
             if not -T <= self.position < T:

@@ -320,7 +320,14 @@ def _flatten(values: Any) -> Iterable[Any]:
 
 
 def make_figure(title: str, fig: Any, summary: Table | pd.DataFrame | None = None) -> ReportFigure:
-    """A report figure from a plotly figure; ``summary`` is the table Markdown shows instead."""
+    """A report figure from a plotly figure; ``summary`` is the table Markdown shows instead.
+
+    Every axis makes room for its tick labels (long module names are not cut at the edge).
+    """
+    if hasattr(fig, "update_xaxes"):
+        from .figures.palette import readable
+
+        readable(fig)
     data = figure_data(fig)
     if isinstance(summary, pd.DataFrame):
         summary = Table.from_frame(title, summary)

@@ -7,6 +7,7 @@ import json
 import pandas as pd
 import streamlit as st
 
+from inspector.figures.palette import key_label
 from inspector.figures.placement import placement_treemap, usage_bars, usage_side_by_side
 from inspector.placement import (
     audit,
@@ -24,9 +25,16 @@ from inspector.placement import (
 from ui.cache import cached_analysis
 from ui.errors import guarded
 from ui.sidebar import model_picker
-from ui.tables import findings_table, paged_table
+from ui.tables import findings_table, paged_table, show_frame
 
 st.set_page_config(page_title="Device map", layout="wide")
+
+
+def map_frame(device_map: dict) -> pd.DataFrame:
+    """A device map as a table; accelerate's key "" (the model itself) reads "(whole model)"."""
+    return pd.DataFrame({"key": [key_label(k) for k in device_map], "device": [str(v) for v in device_map.values()]})
+
+
 loaded = model_picker()
 
 st.title("Device map")
@@ -80,12 +88,11 @@ if comparison.accelerate_check:
 st.subheader("Our plan and accelerate's, side by side")
 a, b = st.columns(2)
 a.markdown("**plan_device_map**")
-a.dataframe(pd.DataFrame({"key": list(ours.device_map), "device": [str(v) for v in ours.device_map.values()]}),
-            hide_index=True, width="stretch", height=260)
+with a:
+    show_frame(map_frame(ours.device_map), height=260)
 b.markdown("**accelerate.infer_auto_device_map**")
-b.dataframe(pd.DataFrame({"key": list(comparison.accelerate_map),
-                          "device": [str(v) for v in comparison.accelerate_map.values()]}),
-            hide_index=True, width="stretch", height=260)
+with b:
+    show_frame(map_frame(comparison.accelerate_map), height=260)
 st.plotly_chart(usage_side_by_side(ours.usage, comparison.accelerate_usage), key="dm_side_by_side")
 if len(comparison.difference):
     st.markdown(f"**{len(comparison.difference)} tensors placed differently or flagged differently**")

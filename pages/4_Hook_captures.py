@@ -17,8 +17,8 @@ from inspector.responsive import runs_at_once
 from inspector.summary import format_bytes, model_bytes
 from ui.cache import cached_analysis
 from ui.errors import guarded
-from ui.sidebar import model_picker
 from ui.running import model_runs
+from ui.sidebar import model_picker
 from ui.tables import findings_table, paged_table, show_frame
 
 RESULTS = "cap_results"  # per browser session: {run key: Captures}; never shared between sessions

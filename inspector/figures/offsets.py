@@ -10,6 +10,8 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
+from .palette import readable
+
 FULL_ROW = "parameters()"
 TRAINABLE_ROW = "trainable only"
 STYLE = {  # state -> (legend label, colour, bar pattern)
@@ -191,4 +193,4 @@ def layer_norm_bars(by_module: pd.DataFrame, top_k: int = 15) -> go.Figure:
         height=120 + 22 * len(names), margin=dict(l=10, r=10, t=40, b=40),
         xaxis=dict(title="L2 norm of the gradient (log)", type="log"),
         yaxis=dict(autorange="reversed"))
-    return fig
+    return readable(fig)
