@@ -10,9 +10,10 @@ measures gradient norms per parameter and per module in one pass.
 from __future__ import annotations
 
 import bisect
+import difflib
 import math
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,6 +23,7 @@ import torch
 from torch import nn
 
 from .findings import Finding, InspectorError
+from .gradient_pass import REPORTS, gradient_l2_norms
 from .locks import model_lock
 
 OFFSET_COLUMNS = ["name", "aliases", "module", "start", "end", "numel", "shape", "dtype",
@@ -315,60 +317,101 @@ class GradientNorms:
         return {s: int(vc.get(s, 0)) for s in STATES}
 
 
-def _grad_norms(grads: list[torch.Tensor]) -> list[float]:
-    """L2 norm of each dense gradient: one fused call per (device, dtype), one sync per group."""
-    out = [0.0] * len(grads)
-    groups: dict[tuple[torch.device, torch.dtype], list[int]] = {}
-    for i, g in enumerate(grads):
-        groups.setdefault((g.device, g.dtype), []).append(i)
-    for idx in groups.values():
-        tensors = [grads[i] for i in idx]
-        try:
-            norms = torch._foreach_norm(tensors)
-        except (RuntimeError, NotImplementedError):  # pragma: no cover - kernels missing on a backend
-            norms = [torch.linalg.vector_norm(t) for t in tensors]
-        values = torch.stack([n.float() for n in norms]).cpu().tolist()
-        for i, v in zip(idx, values):
-            out[i] = v
-    return out
-
-
 def _module_prefixes(name: str) -> list[str]:
     parts = name.split(".")[:-1]
     return [".".join(parts[:k]) for k in range(len(parts) + 1)]
 
 
-def gradient_report(model: nn.Module) -> GradientNorms:
+def gradient_report(model: nn.Module, grads: Mapping[str, torch.Tensor | None] | None = None) -> GradientNorms:
     """Gradient norms per parameter and per module, plus findings, in one pass.
 
     A module's norm covers every parameter below it (each tensor once, tied ones under
     every module that holds them): the square root of the sum of their squared norms.
-    States: ``ok``; ``none`` (requires grad, but ``.grad`` is None: the loss did not reach
+    States: ``ok``; ``none`` (requires grad, but there is no gradient: the loss did not reach
     it, or no backward pass ran); ``frozen`` (``requires_grad`` is False); ``nonfinite``
-    (the gradient holds NaN or Inf; see the ``nan`` and ``inf`` counts). Gradients on
-    several devices are measured on their own device. Reading gradients changes nothing.
+    (the gradient holds NaN or Inf; see the ``nan`` and ``inf`` counts). Gradients are read
+    once, with one fused norm per device and dtype and one copy of the norms to the host per
+    device; each is measured on its own device. Reading gradients changes nothing.
+
+    Args:
+        model: the model; read, never changed.
+        grads: gradients to measure instead of the parameters' ``.grad``: parameter name (any
+            of a tied parameter's names) -> gradient, e.g. from ``torch.autograd.grad``.
+            A parameter left out, or given ``None``, has no gradient.
 
     Raises:
-        InspectorError: a gradient is on the meta device (it holds no numbers).
+        InspectorError: a gradient is on the meta device (it holds no numbers); ``grads``
+            names no parameter of the model, names one twice, or does not match its shape.
 
     >>> m = nn.Sequential(nn.Linear(1, 1, bias=False), nn.Linear(1, 1, bias=False))
     >>> m[0].weight.grad = torch.tensor([[3.0]]); m[1].weight.grad = torch.tensor([[4.0]])
     >>> gradient_report(m).total_norm
     5.0
+    >>> gradient_report(m, grads={"1.weight": torch.tensor([[12.0]])}).total_norm
+    12.0
     """
     params, names = _unique_parameters(model)
+    gradients = _gradients_of(model, params, names, grads)
+    report = _report(params, names, gradients)
+    REPORTS.put(model, _cache_key(params, gradients, grads is not None), report)
+    return report
+
+
+def _gradients_of(model: nn.Module, params: list[tuple[str, nn.Parameter]], names: dict[int, list[str]],
+               grads: Mapping[str, torch.Tensor | None] | None) -> list[torch.Tensor | None]:
+    """The gradient of each parameter: its ``.grad``, or the one ``grads`` gives for it."""
+    if grads is None:
+        return [p.grad for _, p in params]
+    if not isinstance(grads, Mapping):
+        raise InspectorError(f"grads must map parameter names to gradient tensors, got {type(grads).__name__}")
+    index: dict[str, int] = {}
+    for i, (_, p) in enumerate(params):
+        for alias in names[id(p)]:
+            index[alias] = i
+    out: list[torch.Tensor | None] = [None] * len(params)
+    given: dict[int, str] = {}
+    for key, g in grads.items():
+        i = index.get(key)
+        if i is None:
+            close = difflib.get_close_matches(str(key), list(index), n=3, cutoff=0.5)
+            hint = f"close names: {', '.join(close)}" if close else \
+                f"parameter names look like: {', '.join(list(index)[:3])}"
+            raise InspectorError(f"gradients were given for {key!r}, which is not a parameter of "
+                                 f"{type(model).__name__}; {hint}")
+        if g is not None and not isinstance(g, torch.Tensor):
+            raise InspectorError(f"the gradient given for {key} is a {type(g).__name__}, not a tensor")
+        name, p = params[i]
+        if i in given and out[i] is not g:
+            raise InspectorError(f"{key} and {given[i]} are one tied parameter, but two different "
+                                 "gradients were given for it; give one, under either name")
+        if g is not None and g.shape != p.shape:
+            raise InspectorError(f"the gradient given for {key} has shape {tuple(g.shape)}, but the "
+                                 f"parameter has shape {tuple(p.shape)}")
+        given[i] = key
+        out[i] = g
+    return out
+
+
+def _cache_key(params: list[tuple[str, nn.Parameter]], gradients: list[torch.Tensor | None],
+               explicit: bool) -> Any:
+    structure = (explicit, tuple((name, id(p), p.requires_grad, p.dtype, p.device, p.shape)
+                                 for name, p in params))
+    return REPORTS.key(gradients, structure)
+
+
+def _report(params: list[tuple[str, nn.Parameter]], names: dict[int, list[str]],
+            gradients: list[torch.Tensor | None]) -> GradientNorms:
     findings: list[Finding] = []
     dense_idx: list[int] = []
     dense: list[torch.Tensor] = []
     norms = [math.nan] * len(params)
-    meta = [n for n, p in params if p.grad is not None and p.grad.device.type == "meta"]
+    meta = [n for (n, _), g in zip(params, gradients) if g is not None and g.device.type == "meta"]
     if meta:
         raise InspectorError(
             f"the gradient of {meta[0]} ({len(meta)} gradients in all) is on the meta device: it has "
             "a shape but no numbers, so it has no norm. Load the model with weights on a real device "
             "and run a backward pass there.")
-    for i, (name, p) in enumerate(params):
-        g = p.grad
+    for i, ((name, p), g) in enumerate(zip(params, gradients)):
         if g is None:
             continue
         if g.is_sparse:
@@ -384,7 +427,7 @@ def gradient_report(model: nn.Module) -> GradientNorms:
             continue
         dense_idx.append(i)
         dense.append(g)
-    for i, v in zip(dense_idx, _grad_norms(dense)):
+    for i, v in zip(dense_idx, gradient_l2_norms(dense).tolist()):
         norms[i] = v
 
     prows: list[tuple] = []
@@ -393,7 +436,7 @@ def gradient_report(model: nn.Module) -> GradientNorms:
     chains: dict[str, tuple[str, ...]] = {}  # module -> itself and every parent, root ("") first
     labels: dict[Any, str] = {}
     for i, (name, p) in enumerate(params):
-        g = p.grad
+        g = gradients[i]
         norm = norms[i]
         nan = inf = 0
         rg = p.requires_grad
@@ -497,18 +540,25 @@ def _gradient_findings(rows: list[tuple]) -> list[Finding]:
     return out
 
 
-def gradient_norms(model: nn.Module, by: str = "parameter") -> pd.DataFrame:
+def gradient_norms(model: nn.Module, by: str = "parameter",
+                   grads: Mapping[str, torch.Tensor | None] | None = None) -> pd.DataFrame:
     """L2 norm of each parameter's gradient, or of each module's (over all parameters below it).
+
+    Both tables come from one pass over the gradients: the last pass is kept per model while
+    every gradient is the same tensor at the same version, so asking for ``by="parameter"``
+    and then ``by="module"`` reads the gradients once.
 
     Args:
         model: the model; its gradients are read, never changed.
         by: ``"parameter"`` or ``"module"``.
+        grads: gradients to use instead of ``.grad`` (parameter name -> tensor), e.g. from
+            ``torch.autograd.grad``; see :func:`gradient_report`.
 
     Returns:
         Columns ``name, norm, state, ...`` (see :class:`GradientNorms`); ``state`` is one of
         ``"ok" | "none" | "frozen" | "nonfinite"``. Module names are dotted prefixes; the
         model itself is ``"(model)"``. Use :func:`gradient_report` to get both tables and the
-        findings from one pass.
+        findings at once.
 
     >>> m = nn.Sequential(nn.Linear(2, 1, bias=False), nn.Linear(1, 1))
     >>> m[0].weight.grad = torch.tensor([[3.0, 4.0]])
@@ -519,8 +569,14 @@ def gradient_norms(model: nn.Module, by: str = "parameter") -> pd.DataFrame:
     """
     if by not in ("parameter", "module"):
         raise InspectorError(f"gradient_norms(by={by!r}): choose 'parameter' or 'module'")
-    report = gradient_report(model)
-    return report.by_parameter if by == "parameter" else report.by_module
+    params, names = _unique_parameters(model)
+    gradients = _gradients_of(model, params, names, grads)
+    key = _cache_key(params, gradients, grads is not None)
+    report = REPORTS.get(model, key, gradients)
+    if report is None:
+        report = _report(params, names, gradients)
+        REPORTS.put(model, key, report)
+    return (report.by_parameter if by == "parameter" else report.by_module).copy()
 
 
 # --------------------------------------------------------------------------- backward pass

@@ -1,0 +1,134 @@
+"""One pass over the gradients: an L2 norm per gradient, one fused call per device and dtype.
+
+The gradient norm tables (per parameter and per module) are built from the numbers this
+module measures. It reads every gradient once, with one ``torch._foreach_norm`` per
+(device, dtype) group, and copies the norms of each device to the host once.
+
+The measuring is split in two steps so that gradients held in pieces (one shard per
+process, as with ``DTensor``) can plug in without touching the tables:
+
+* ``local`` gives, for each gradient, the plain tensor of the elements this process holds
+  (the gradient itself by default);
+* ``reduce``, when given, receives the squared norms of one group on its device and returns
+  the squared norms of the whole tensors (for shards: a sum over the processes that hold
+  the pieces). Without it the norms are taken as measured, so the numbers are exactly those
+  of ``torch._foreach_norm``.
+
+A small cache keeps the last result per model, keyed on every gradient's identity and
+version counter, so asking for the per-parameter table and then for the per-module one
+reads the gradients once.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from collections.abc import Callable, Hashable, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+LocalView = Callable[[torch.Tensor], torch.Tensor]
+SquaresReducer = Callable[[torch.Tensor, Sequence[int]], torch.Tensor]
+
+
+def _plain(t: torch.Tensor) -> torch.Tensor:
+    return t
+
+
+def gradient_l2_norms(grads: Sequence[torch.Tensor], local: LocalView = _plain,
+                      reduce: SquaresReducer | None = None) -> np.ndarray:
+    """L2 norm of each dense gradient, as float64, in the order given.
+
+    Args:
+        grads: strided tensors (any devices and dtypes).
+        local: maps a gradient to the tensor of the elements this process holds.
+        reduce: ``reduce(squares, indices)`` gets the squared local norms (float32, on the
+            group's device) of the gradients ``grads[i] for i in indices`` and returns the
+            squared norms of the whole gradients; ``None`` keeps the local norms.
+
+    Returns:
+        One norm per gradient (NaN or Inf where the gradient holds such values).
+
+    >>> gradient_l2_norms([torch.tensor([3.0, 4.0]), torch.tensor([1.0], dtype=torch.float64)]).tolist()
+    [5.0, 1.0]
+    """
+    out = np.zeros(len(grads), dtype=np.float64)
+    if not grads:
+        return out
+    groups: dict[tuple[torch.device, torch.dtype], list[int]] = {}
+    tensors: list[torch.Tensor] = []
+    for i, g in enumerate(grads):
+        t = local(g)
+        tensors.append(t)
+        groups.setdefault((t.device, t.dtype), []).append(i)
+    per_device: dict[torch.device, tuple[list[torch.Tensor], list[int]]] = {}
+    for (device, _), idx in groups.items():
+        members = [tensors[i] for i in idx]
+        try:
+            norms = torch._foreach_norm(members)
+        except (RuntimeError, NotImplementedError):  # pragma: no cover - kernels missing on a backend
+            norms = [torch.linalg.vector_norm(t) for t in members]
+        values = torch.stack(norms).float()
+        if reduce is not None:
+            values = reduce(values * values, idx).sqrt()
+        parts, order = per_device.setdefault(device, ([], []))
+        parts.append(values)
+        order.extend(idx)
+    for parts, order in per_device.values():
+        values = parts[0] if len(parts) == 1 else torch.cat(parts)
+        out[order] = values.cpu().numpy()  # one host transfer per device
+    return out
+
+
+class _Cache:
+    """The last result per model, valid while every gradient is the same object at the same version."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.entries: weakref.WeakKeyDictionary[Any, tuple[Hashable, list[Any], Any]] = weakref.WeakKeyDictionary()
+
+    @staticmethod
+    def key(grads: Sequence[torch.Tensor | None], extra: Hashable) -> tuple[Hashable, list[Any]] | None:
+        """(hashable key, weak references to the gradients), or None when a gradient cannot be
+        keyed (an inference tensor has no version counter)."""
+        versions = []
+        refs: list[Any] = []
+        try:
+            for g in grads:
+                if g is None:
+                    versions.append(None)
+                    refs.append(None)
+                else:
+                    versions.append((id(g), g._version))
+                    refs.append(weakref.ref(g))
+        except (RuntimeError, TypeError):
+            return None
+        return (extra, tuple(versions)), refs
+
+    def get(self, owner: Any, key: tuple[Hashable, list[Any]] | None,
+            grads: Sequence[torch.Tensor | None]) -> Any:
+        if key is None:
+            return None
+        with self.lock:
+            entry = self.entries.get(owner)
+        if entry is None or entry[0] != key[0]:
+            return None
+        # ids are only unique while the objects live: the very same tensors must still be there
+        for ref, g in zip(entry[1], grads):
+            if (ref is None) != (g is None) or (ref is not None and ref() is not g):
+                return None
+        return entry[2]
+
+    def put(self, owner: Any, key: tuple[Hashable, list[Any]] | None, value: Any) -> None:
+        if key is None:
+            return
+        try:
+            with self.lock:
+                self.entries[owner] = (key[0], key[1], value)
+        except TypeError:  # pragma: no cover - an owner that cannot be weakly referenced
+            pass
+
+
+REPORTS = _Cache()
