@@ -8,6 +8,7 @@ import streamlit as st
 
 from inspector.figures.offsets import layer_norm_bars, offset_strip
 from inspector.findings import InspectorError
+from inspector.loss_gradients import loss_gradients
 from inspector.offsets import (
     display_table,
     flatten_roundtrip,
@@ -15,13 +16,16 @@ from inspector.offsets import (
     locate,
     offset_findings,
     offset_map,
-    run_backward,
 )
 from inspector.summary import format_count
 from ui.cache import cached_analysis
 from ui.errors import guarded
+from ui.running import model_runs
 from ui.sidebar import model_picker
 from ui.tables import findings_table, paged_table
+
+GRADS = "offsets_grads"  # per browser session: {model key: LossGradients}; never on the shared model
+ROUNDTRIP_MAX = 20_000_000  # elements; the round trip holds two extra copies of the parameters
 
 st.set_page_config(page_title="Flatten map", layout="wide")
 loaded = model_picker()
@@ -68,24 +72,31 @@ cols[4].metric("Aliases kept once", int(params["aliases"].map(len).sum()))
 st.subheader("Backward pass")
 grads_note = ("This model is on the meta device: it has no numbers, so no gradients." if loaded.is_meta
               else None if loaded.has_loss else "This model defines no loss, so it cannot run backward.")
-st.caption("Gradient norms read `.grad`. The button runs the model's loss on its example inputs and "
-           "calls `backward()` in eval mode, under the model's lock: it sets `.grad` (dropping earlier "
-           "gradients) and changes nothing else. The model is shared by every browser session.")
+st.caption("The button runs the model's loss on its example inputs in eval mode, under the model's lock, "
+           "and computes the gradients with `torch.autograd.grad`. They are kept for this browser session "
+           "only: the model is shared by every session, and its `.grad` is never set.")
+key = st.session_state["mi_selection"].key
+session_grads = st.session_state.setdefault(GRADS, {})  # {model key: LossGradients}, this session's own
 if st.button("Run a backward pass", key="offsets_backward", type="primary", disabled=grads_note is not None,
-             help=grads_note):
-    with guarded("running a backward pass"), st.spinner("Running forward and backward…"):
-        messages = st.session_state.setdefault("offsets_backward_messages", {})
-        messages[st.session_state["mi_selection"].key] = run_backward(loaded).message
+             help=grads_note) and model_runs(loaded):
+    with guarded("running a backward pass"), st.status("Running a backward pass…", expanded=True) as status:
+        try:
+            result = loss_gradients(loaded, progress=st.write)
+        except Exception:
+            status.update(label="The backward pass failed: see the message below", state="error", expanded=False)
+            raise
+        session_grads[key] = result
+        status.update(label=f"Backward pass done in {result.seconds:.1f} s", state="complete", expanded=False)
 if grads_note:
     st.info(grads_note)
-done = st.session_state.get("offsets_backward_messages", {}).get(st.session_state["mi_selection"].key)
-if done:
-    st.success(done)
+mine = session_grads.get(key)
+if mine is not None:
+    st.success(mine.message)
 
 report = None
 if not loaded.is_meta:
     with guarded("reading gradient norms"), loaded.lock:
-        report = gradient_report(model)
+        report = gradient_report(model, grads=mine.grads if mine is not None else {})
         findings += report.findings
 
 st.subheader("The flat vector")
@@ -143,7 +154,11 @@ st.caption("Run on copies of the parameters, never on the model. It shows what t
            "than saying it.")
 with guarded("running the round trip"):
     try:
-        rt = cached_analysis(flatten_roundtrip, model)
+        if total > ROUNDTRIP_MAX:
+            raise InspectorError(f"{loaded.name} has {format_count(total)} parameter elements; the round trip "
+                                 f"copies the parameters twice, so this page runs it on models up to "
+                                 f"{format_count(ROUNDTRIP_MAX)}. Pick a smaller model in the sidebar to see it.")
+        rt = cached_analysis(flatten_roundtrip, model, max_elements=ROUNDTRIP_MAX)
     except InspectorError as exc:
         st.info(str(exc))
     else:

@@ -93,10 +93,13 @@ with guarded("building the report"):
                          text=f"Section {len(done)} of {total}: {line.partition(': ')[2]}…")
 
     extra = {"attribution_cpu_max_bytes": None} if any_size else {}
-    # The lambda keeps the callback out of the cache key: a rerun reuses the report built before.
-    report = cached_analysis(lambda *a, **k: build_report(*a, progress=progress, **k), loaded, list(sections),
-                             cache_scope="session", batch_size=batch_size, backward=backward,
-                             max_memory=max_memory, attribution_steps=steps, **extra)
+    # This session's gradients (Flatten map's backward pass), never another session's .grad.
+    mine = st.session_state.get("offsets_grads", {}).get(st.session_state["mi_selection"].key)
+    grads = mine.grads if mine is not None else {}
+    # The lambda keeps the callback and the gradients out of the cache key (cache_key stands for them).
+    report = cached_analysis(lambda *a, **k: build_report(*a, progress=progress, gradients=grads, **k), loaded,
+                             list(sections), cache_scope="session", cache_key=id(mine), batch_size=batch_size,
+                             backward=backward, max_memory=max_memory, attribution_steps=steps, **extra)
     bar.empty()
 if report is None:
     st.stop()
