@@ -200,12 +200,13 @@ def model_picker() -> LoadedModel | None:
         wanted = Selection(source, checkpoint, device, None if dtype == AS_BUILT else dtype)
         changed = wanted != sel
         slot = st.empty()
-        if slot.button("Load model" if changed else "Loaded ✓", type="primary" if changed else "secondary",
+        if slot.button("Load model" if changed else "Loaded", type="primary" if changed else "secondary",
+                       icon=None if changed else ":material/check:",
                        disabled=not changed, key="mi_load", width="stretch"):
             if not source:
                 st.error("Give a source first: a sample, a `file.py:factory` or a model folder.")
             elif load_selection(wanted) is not None:
-                slot.button("Loaded ✓", disabled=True, key="mi_loaded_now", width="stretch")
+                slot.button("Loaded", icon=":material/check:", disabled=True, key="mi_loaded_now", width="stretch")
         sel = current_selection()
         loaded = None
         with guarded("loading the model"):
