@@ -58,19 +58,16 @@ def home() -> None:
                        delta_color="off", delta_arrow="off",
                        help=f"{s.buffers:,} buffers, {s.buffer_elements:,} elements")
 
-        left, right = st.columns([2, 3])
-        with left:
-            st.markdown("**Bytes by dtype and device**")
-            table = s.bytes_table.assign(size=s.bytes_table["bytes"].map(format_bytes))
-            show_frame(table[["kind", "dtype", "device", "tensors", "elements", "size", "bytes"]])
-            total = int(s.bytes_table["bytes"].sum()) if len(s.bytes_table) else 0
-            st.caption(f"{format_bytes(total)} in all"
-                       + (" — on the meta device nothing is allocated; this is what it would take."
-                          if loaded.is_meta else "."))
-        with right:
-            st.markdown("**Findings, most severe first**")
-            findings_table(loaded.findings + summary_findings(s), "home_findings",
-                           empty="Loading found nothing to report.")
+        st.markdown("**Bytes by dtype and device**")
+        table = s.bytes_table.assign(size=s.bytes_table["bytes"].map(format_bytes))
+        show_frame(table[["kind", "dtype", "device", "tensors", "elements", "size", "bytes"]], width="content")
+        total = int(s.bytes_table["bytes"].sum()) if len(s.bytes_table) else 0
+        st.caption(f"{format_bytes(total)} in all"
+                   + (" — on the meta device nothing is allocated; this is what it would take."
+                      if loaded.is_meta else "."))
+        st.markdown("**Findings, most severe first**")
+        findings_table(loaded.findings + summary_findings(s), "home_findings",
+                       empty="Loading found nothing to report.")
 
     with guarded("listing the tensors"):
         with st.expander("Parameters and buffers", expanded=False):

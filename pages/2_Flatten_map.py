@@ -163,10 +163,14 @@ with guarded("running the round trip"):
         st.info(str(exc))
     else:
         cols = st.columns(4)
-        cols[0].metric("Vector shares memory", "yes" if rt.shares_memory else "no")
-        cols[1].metric("Writing the vector changes a parameter", "yes" if rt.write_through else "no")
-        cols[2].metric("Restored exactly", "yes" if rt.restored_exactly else "no")
-        cols[3].metric("Parameters are views of it afterwards", "yes" if rt.views_after else "no")
+        cols[0].metric("Vector shares memory", "yes" if rt.shares_memory else "no",
+                       help="Does the vector share memory with the parameters?")
+        cols[1].metric("Writes reach parameters", "yes" if rt.write_through else "no",
+                       help="Does writing into the vector change a parameter?")
+        cols[2].metric("Restored exactly", "yes" if rt.restored_exactly else "no",
+                       help="Does vector_to_parameters give back every value bit for bit?")
+        cols[3].metric("Views afterwards", "yes" if rt.views_after else "no",
+                       help="Are the parameters views of the vector after vector_to_parameters?")
         st.markdown("\n".join(f"{i}. {step}" for i, step in enumerate(rt.steps, 1)))
         if rt.error:
             st.warning(f"parameters_to_vector failed on this model: {rt.error}")

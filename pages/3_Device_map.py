@@ -78,10 +78,14 @@ if comparison is None:
 ours = comparison.ours
 theirs_unplaced = comparison.accelerate_audit["device"].isna().sum()
 cols = st.columns(4)
-cols[0].metric("Keys: ours / accelerate's", f"{len(ours.device_map)} / {len(comparison.accelerate_map)}")
-cols[1].metric("Tensors without a device in accelerate's map", int(theirs_unplaced))
-cols[2].metric("check_device_map on ours", "passes" if comparison.our_check is None else "fails")
-cols[3].metric("check_device_map on accelerate's", "passes" if comparison.accelerate_check is None else "fails")
+cols[0].metric("Keys: ours / accelerate's", f"{len(ours.device_map)} / {len(comparison.accelerate_map)}",
+               help="Entries of each device map")
+cols[1].metric("Unplaced by accelerate", int(theirs_unplaced),
+               help="Parameters and buffers that accelerate's map gives no device")
+cols[2].metric("Check of ours", "passes" if comparison.our_check is None else "fails",
+               help="accelerate.utils.check_device_map on plan_device_map's map")
+cols[3].metric("Check of accelerate's", "passes" if comparison.accelerate_check is None else "fails",
+               help="accelerate.utils.check_device_map on infer_auto_device_map's map")
 if comparison.accelerate_check:
     st.error(f"accelerate's own check rejects its map: {comparison.accelerate_check}")
 

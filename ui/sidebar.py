@@ -118,7 +118,7 @@ def device_label(devices: list[DeviceInfo], name: str) -> str:
     'cpu'
     """
     label = next((d.label for d in devices if d.name == name), name)
-    return _FREE.sub("", label)
+    return "meta (structure only)" if name == "meta" else _FREE.sub("", label)
 
 
 def _memory_caption(devices: list[DeviceInfo], name: str) -> str:
