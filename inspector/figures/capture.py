@@ -190,7 +190,7 @@ def capture_stats_figure(stats: pd.DataFrame, title: str = "Activation statistic
     fig.add_scatter(x=labels, y=rows["min"], mode="markers", name="min", marker=dict(symbol="triangle-down",
                     color="#999"))
     fig.add_scatter(x=labels, y=rows["mean"], mode="markers", name="mean ± std",
-                    error_y=dict(type="data", array=rows["std"].fillna(0.0).tolist()),
+                    error_y=dict(type="data", array=rows["std"].fillna(0.0).tolist(), color="#555555"),
                     marker=dict(color=[MUTATED_COLOR if m else OK_COLOR for m in mutated], size=8))
     fig.update_layout(title=title, xaxis_title="module", yaxis_title="value", legend=dict(orientation="h"))
     return readable(fig)

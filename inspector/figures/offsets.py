@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
+from plotly.colors import sample_colorscale
 
 from .palette import readable
 
@@ -124,11 +125,20 @@ def offset_strip(full: pd.DataFrame, trainable: pd.DataFrame | None = None,
     ok = [s for s in segments if s.state == "ok"]
     if ok:
         logs = [math.log10(max(s.norm, 1e-30)) for s in ok]
+        lo, hi = min(logs), max(logs)
+        span = hi - lo or 1.0
+        # Colours are computed here: plotly.js warns "Invalid color specifier" for bars coloured by
+        # numbers. An invisible marker carries the colour bar.
+        colours = sample_colorscale("Viridis", [(v - lo) / span for v in logs])
         fig.add_trace(go.Bar(
             y=[s.row for s in ok], x=[s.end - s.start for s in ok], base=[s.start for s in ok],
-            orientation="h", name="gradient norm", hovertext=[s.hover for s in ok],
+            orientation="h", name="gradient norm", hovertext=[s.hover for s in ok], showlegend=False,
             hovertemplate="%{hovertext}<extra></extra>",
-            marker=dict(color=logs, colorscale="Viridis", line=dict(width=0.5, color="white"),
+            marker=dict(color=colours, line=dict(width=0.5, color="white"))))
+        fig.add_trace(go.Scatter(
+            x=[ok[0].start, ok[0].start], y=[ok[0].row, ok[0].row], mode="markers", opacity=0, showlegend=False,
+            hoverinfo="skip", name="log10 gradient norm",
+            marker=dict(color=[lo, hi], colorscale="Viridis", showscale=True,
                         colorbar=dict(title="log10 ‖grad‖", thickness=12))))
     for state, (label, colour, pattern) in STYLE.items():
         segs = [s for s in segments if s.state == state]

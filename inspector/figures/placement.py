@@ -136,20 +136,26 @@ def usage_bars(usage: pd.DataFrame, title: str = "") -> go.Figure:
     >>> import pandas as pd
     >>> u = pd.DataFrame({"device": [0, "cpu"], "parameter_bytes": [10, 5], "buffer_bytes": [2, 0],
     ...                   "total_bytes": [12, 5], "budget_bytes": [20, 50], "reserved_bytes": [4, 0]})
-    >>> [t.name for t in usage_bars(u).data]
+    >>> [t.name for t in usage_bars(u).data if t.showlegend is not False]
     ['parameters', 'buffers', 'kept free', 'budget']
+    >>> [t.marker.color for t in usage_bars(u).data if t.name == "parameters"][:2]  # GPU 0, cpu
+    ['#4C78A8', '#8C8C8C']
     """
     x = [device_key(d) for d in usage["device"]]
-    colours = [device_colours([d])[d] for d in usage["device"]]
     fig = go.Figure()
     for col, name, shape, opacity in (("parameter_bytes", "parameters", "", 1.0),
                                       ("buffer_bytes", "buffers", "x", 1.0),
                                       ("reserved_bytes", "kept free", ".", 0.35)):
         vals = [0 if pd.isna(v) else int(v) for v in usage[col]]
-        fig.add_bar(x=x, y=vals, name=name, opacity=opacity,
-                    marker=dict(color=colours, pattern=dict(shape=shape, fgcolor="#333333"),
-                                line=dict(color="#333333", width=0.5)),
-                    hovertext=[format_bytes(v) for v in vals], hoverinfo="text+name")
+        # one trace per device (a bar's pattern takes one colour), one grey legend entry per kind
+        for dev, v in zip(x, vals):
+            fig.add_bar(x=[dev], y=[v], name=name, legendgroup=name, showlegend=False, opacity=opacity,
+                        marker=dict(color=device_colours([dev])[dev], line=dict(color="#333333", width=0.5),
+                                    pattern=dict(shape=shape, fgcolor="#333333")),
+                        hovertext=[format_bytes(v)], hoverinfo="text+name")
+        fig.add_bar(x=[x[0]] if x else [], y=[0] if x else [], name=name, legendgroup=name, opacity=opacity,
+                    marker=dict(color="#BBBBBB", line=dict(color="#333333", width=0.5),
+                                pattern=dict(shape=shape, fgcolor="#333333")), hoverinfo="skip")
     budgets = [None if pd.isna(v) else int(v) for v in usage["budget_bytes"]]
     fig.add_scatter(x=x, y=budgets, mode="markers", name="budget",
                     marker=dict(symbol="line-ew-open", size=44, line=dict(width=3, color=RED)),
