@@ -8,6 +8,7 @@ from urllib.parse import urlencode
 import pandas as pd
 import streamlit as st
 
+from inspector.escaping import markdown_text
 from inspector.summary import format_bytes, format_count, model_summary, summary_findings
 from ui.cache import cached_analysis
 from ui.errors import guarded
@@ -42,7 +43,8 @@ def home() -> None:
 
     with guarded("summarising the model"):
         s = cached_analysis(model_summary, loaded.model)
-        st.subheader(f"{loaded.name} on {loaded.device}" + (" (structure only)" if loaded.is_meta else ""))
+        st.subheader(f"{markdown_text(loaded.name)} on {markdown_text(loaded.device)}"
+                     + (" (structure only)" if loaded.is_meta else ""))
         cols = st.columns(6)
         cols[0].metric("Modules", format_count(s.modules), help=f"{s.modules:,} modules")
         cols[1].metric("Parameter elements", format_count(s.parameter_elements),

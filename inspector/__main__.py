@@ -10,14 +10,17 @@ import argparse
 import importlib
 import pkgutil
 import sys
+import traceback
 
 from . import commands
+from .escaping import plain_terminal, terminal_text
 from .findings import InspectorError
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m inspector",
                                      description="Debug PyTorch models: ties, offsets, device maps, captures.")
+    parser.add_argument("--debug", action="store_true", help="print the full traceback of an error")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for info in sorted(pkgutil.iter_modules(commands.__path__), key=lambda m: m.name):
         if info.name.startswith("_"):
@@ -25,17 +28,46 @@ def build_parser() -> argparse.ArgumentParser:
         mod = importlib.import_module(f"{commands.__name__}.{info.name}")
         p = sub.add_parser(info.name, help=mod.HELP, description=mod.HELP)
         mod.add_arguments(p)
+        p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                       help="print the full traceback of an error")
         p.set_defaults(_run=mod.run)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    """Run one command; every failure is exit status 2 with one line on stderr naming the fix.
+
+    Bad arguments are refused by argparse before anything runs. While a command runs, an
+    ``InspectorError`` prints its message; anything else (a bug, or the model's own code
+    exiting) prints one line too, with the traceback only under ``--debug``.
+    """
     try:
-        return int(args._run(args) or 0)
+        args = build_parser().parse_args(argv)
+    except SystemExit as exc:  # argparse printed the usage error (status 2) or --help (status 0)
+        return exc.code if isinstance(exc.code, int) else 2
+    debug = bool(getattr(args, "debug", False))
+    try:
+        with plain_terminal():
+            return int(args._run(args) or 0)
     except InspectorError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+        return _fail(str(exc), debug)
+    except KeyboardInterrupt:
+        print("error: interrupted", file=sys.stderr)
+        return 130
+    except SystemExit as exc:  # model code that called sys.exit outside the places that catch it
+        return _fail(f"code run by the command called sys.exit({exc.code!r}); fix the model file so "
+                     "that it returns or raises instead", debug)
+    except Exception as exc:  # noqa: BLE001 - a bug must not end in a raw traceback either
+        text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        return _fail(f"unexpected {type(exc).__name__}" + (f": {text}" if text else "")
+                     + ". Run again with --debug for the traceback and report it as a bug.", debug)
+
+
+def _fail(message: str, debug: bool) -> int:
+    if debug:
+        traceback.print_exc(file=sys.stderr)
+    print(f"error: {terminal_text(message)}", file=sys.stderr)
+    return 2
 
 
 if __name__ == "__main__":

@@ -23,6 +23,7 @@ import pandas as pd
 import torch
 from torch import nn
 
+from .checks import require_module
 from .devices import move_model
 from .findings import Finding, InspectorError
 from .locks import model_lock
@@ -604,6 +605,10 @@ def compare_ties(snapshot: TieSnapshot, model: nn.Module) -> list[Finding]:
     >>> [f.code for f in compare_ties(s, m)]
     ['tie-broken']
     """
+    require_module(model, "compare_ties")
+    if not isinstance(snapshot, TieSnapshot):
+        raise InspectorError(f"compare_ties needs a TieSnapshot from snapshot_ties(model), got "
+                             f"{type(snapshot).__name__}")
     current = _current_tensors(model)
     outcomes = [_outcome(g, lay, current) for g, lay in zip(snapshot.groups, snapshot.layouts)]
     return _outcome_findings(outcomes, snapshot.unique_numel, _unique_numel(model))
@@ -637,6 +642,10 @@ def retie(model: nn.Module, snapshot: TieSnapshot) -> list[Finding]:
     >>> [f.code for f in retie(m, s)], m[0].weight is m[1].weight
     (['tie-restored'], True)
     """
+    require_module(model, "retie")
+    if not isinstance(snapshot, TieSnapshot):
+        raise InspectorError(f"retie needs a TieSnapshot from snapshot_ties(model), got "
+                             f"{type(snapshot).__name__}")
     with model_lock(model):
         current = _current_tensors(model)
         todo = []

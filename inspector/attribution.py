@@ -39,8 +39,9 @@ from captum.attr import (
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
+from .checks import require_loaded
 from .findings import Finding, InspectorError
-from .models import LoadedModel, call_model, to_device
+from .models import LoadedModel, call_model, model_code, to_device
 
 
 @dataclass(frozen=True)
@@ -322,7 +323,8 @@ def target_info(loaded: LoadedModel, inputs: Any = None) -> TargetInfo:
     inputs = loaded.example_inputs(1) if inputs is None else \
         to_device(inputs, loaded.input_device(), loaded.input_dtype())
     flat, _ = _flatten_inputs(inputs)
-    with loaded.lock, preserved_state(loaded.model, flat), torch.no_grad():
+    with loaded.lock, preserved_state(loaded.model, flat), torch.no_grad(), \
+            model_code(f"the forward pass of {loaded.name}", "fix its forward in the model file"):
         out = _main_output(call_model(loaded.model, inputs), loaded.name)
     if out.dim() >= 3:
         return TargetInfo(int(out[:, -1].reshape(out.shape[0], -1).shape[1]), int(out.shape[1]))
@@ -367,6 +369,7 @@ def attribute(loaded: LoadedModel, inputs: Any, method: str, target: int | None,
     >>> r.attributions[0].shape, len(r.summary)
     (torch.Size([1, 3, 16, 16]), 3)
     """
+    require_loaded(loaded, "attribute")
     if method not in METHODS:
         close = difflib.get_close_matches(str(method), list(METHODS), n=3, cutoff=0.4)
         raise InspectorError(f"unknown attribution method {method!r}"
@@ -452,17 +455,19 @@ def attribute(loaded: LoadedModel, inputs: Any, method: str, target: int | None,
             for t in flat:
                 if t.is_leaf and not t.requires_grad:
                     t.requires_grad_(True)
-        try:
-            out = algo.attribute(arg, target=forward.captum_target, **options)
-        except RuntimeError as exc:
-            if layer is None or "in-place" not in str(exc):
-                raise
-            inplace = [n for n, m in model.named_modules() if getattr(m, "inplace", False) is True]
-            raise InspectorError(
-                f"{spec.label} replaces the output of {layer} with its own tensor, and a later module "
-                f"changes that output in place ({', '.join(inplace) or 'an in-place operation'}), which "
-                "autograd refuses. Choose the in-place module itself (its output is the final value) "
-                "or another layer.") from exc
+        with model_code(f"{spec.label} on {loaded.name}",
+                        "fix the model's forward in its file, or choose another method or layer"):
+            try:
+                out = algo.attribute(arg, target=forward.captum_target, **options)
+            except RuntimeError as exc:
+                if layer is None or "in-place" not in str(exc) or isinstance(exc, InspectorError):
+                    raise
+                inplace = [n for n, m in model.named_modules() if getattr(m, "inplace", False) is True]
+                raise InspectorError(
+                    f"{spec.label} replaces the output of {layer} with its own tensor, and a later module "
+                    f"changes that output in place ({', '.join(inplace) or 'an in-place operation'}), which "
+                    "autograd refuses. Choose the in-place module itself (its output is the final value) "
+                    "or another layer.") from exc
     delta = None
     if spec.has_delta and options.get("return_convergence_delta"):
         out, delta = out
@@ -584,6 +589,11 @@ def _check_options(spec: MethodSpec, options: dict[str, Any]) -> dict[str, Any]:
                                  + f" Options: {', '.join(allowed)}"
                                  + (" (captum's 'method' is given as 'integration_method')"
                                     if "method" in allowed else ""))
+    for key in ("n_steps", "internal_batch_size"):
+        value = options.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, np.integer))
+                                  or value < 1):
+            raise InspectorError(f"{key} must be a whole number of at least 1, got {value!r}")
     return options
 
 

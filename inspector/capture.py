@@ -38,7 +38,9 @@ import torch
 import torch.utils._pytree as pytree
 from torch import nn
 
+from .checks import require_module
 from .devices import resolve_device
+from .distributed.tensors import kept_sharded
 from .findings import Finding, InspectorError
 from .locks import model_lock
 from .models import call_model
@@ -860,11 +862,12 @@ def capture_activations(model: nn.Module, inputs: Any, modules: Any = None,
     >>> cap.outputs["0"].shape, cap.mutated
     (torch.Size([1, 2]), {'0': '1'})
     """
+    require_module(model, "capture_activations")
     if grads and torch.is_inference_mode_enabled():
         raise InspectorError("grads=True needs autograd, which inference mode turns off; call "
                              "capture_activations outside torch.inference_mode()")
     with _recording(model, modules, store_on, max_bytes, grads, keep_inputs, keep_references,
-                    True) as rec, _buffers_kept(model):
+                    True) as rec, _buffers_kept(model), kept_sharded(model):
         try:
             with torch.enable_grad() if grads else _nullcontext():
                 output = call_model(model, inputs)

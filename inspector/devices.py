@@ -56,14 +56,21 @@ def available_devices() -> list[DeviceInfo]:
 
 def resolve_device(device: str | torch.device) -> torch.device:
     """``device`` as a ``torch.device`` that exists here, or an InspectorError listing those that do."""
+    if not isinstance(device, (str, torch.device)) or isinstance(device, bool):
+        raise InspectorError(f"device must be a name such as 'cpu' or 'cuda:0', got "
+                             f"{type(device).__name__} {device!r}. Available devices: "
+                             f"{', '.join(d.name for d in available_devices())}")
     try:
         dev = torch.device(device)
-    except (RuntimeError, TypeError) as exc:
+    except (RuntimeError, TypeError, ValueError) as exc:
         raise InspectorError(f"unknown device {device!r}: {exc}. Available devices: "
                              f"{', '.join(d.name for d in available_devices())}") from None
     if dev.type == "cuda" and dev.index is None:
         dev = torch.device("cuda", 0)
     names = {d.name for d in available_devices()}
+    if dev.type in ("cpu", "meta", "mps") and dev.index not in (None, 0):
+        raise InspectorError(f"device {str(device)!r} does not exist: there is one {dev.type} device, "
+                             f"named {dev.type!r}. Available devices: {', '.join(sorted(names))}")
     key = dev.type if dev.type in ("cpu", "meta", "mps") else f"{dev.type}:{dev.index}"
     if key not in names:
         raise InspectorError(f"device {str(device)!r} is not available on this machine. "
@@ -110,6 +117,11 @@ def move_model(model: nn.Module, device: str | torch.device | None = None,
     (True, torch.float64)
     """
     dev = resolve_device(device) if device is not None else None
+    if isinstance(dtype, str):
+        dtype = getattr(torch, dtype.removeprefix("torch."), dtype)
+    if dtype is not None and (not isinstance(dtype, torch.dtype) or not dtype.is_floating_point):
+        raise InspectorError(f"dtype {dtype!r} is not a floating-point torch dtype; choose one of "
+                             "float32, float16, bfloat16, float64 (integer tensors keep theirs anyway)")
     tensors = [t for _, t in model.named_parameters(remove_duplicate=False)]
     tensors += [t for _, t in model.named_buffers(remove_duplicate=False)]
     if dev is not None and dev.type != "meta" and not empty:

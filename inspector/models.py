@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import importlib.util
+import io
 import os
 import pickle
 import re
 import sys
 import threading
 import zipfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -68,7 +70,12 @@ class LoadedModel:
         """
         if self.inputs_fn is None:
             raise InspectorError(f"model {self.name!r} has no example inputs; pass inputs explicitly")
-        return to_device(self.inputs_fn(batch_size), self.input_device(), self.input_dtype())
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise InspectorError(f"batch size must be a whole number of at least 1, got {batch_size!r}")
+        with model_code(f"example_inputs({batch_size}) of {self.name}",
+                        "fix example_inputs(batch_size) in the model file"):
+            inputs = self.inputs_fn(batch_size)
+        return to_device(inputs, self.input_device(), self.input_dtype())
 
     def input_device(self) -> torch.device:
         for t in _tensors(self.model):
@@ -86,7 +93,8 @@ class LoadedModel:
         if self.loss_fn is None:
             raise InspectorError(f"model {self.name!r} defines no loss; the sample or the file must "
                                  "provide loss(outputs, inputs)")
-        return self.loss_fn(outputs, inputs)
+        with model_code(f"loss(outputs, inputs) of {self.name}", "fix loss(outputs, inputs) in the model file"):
+            return self.loss_fn(outputs, inputs)
 
     def check_runnable(self) -> None:
         """Raise a clear InspectorError if the model cannot run a forward pass (meta tensors)."""
@@ -106,6 +114,39 @@ def ensure_runnable(model: nn.Module, name: str = "model") -> None:
             f"{name} is on the meta device ({len(meta)} tensors, first {meta[0]}): it has a structure "
             "but no numbers, so it cannot run a forward pass. Structure views (aliases, offsets, "
             "device maps) work; load it with a checkpoint on a real device to run it.")
+
+
+class ModelCodeError(InspectorError, RuntimeError):
+    """The model's own code (its forward, loss, example inputs or factory) raised or exited.
+
+    An ``InspectorError`` (a clear message, exit status 2, no traceback) that is also a
+    ``RuntimeError``, so code that catches a failed forward pass as one still does.
+    """
+
+
+@contextmanager
+def model_code(what: str, fix: str = "fix the model file, or pick another model") -> Iterator[None]:
+    """Run the user's model code: any exception (or ``sys.exit``) becomes a ModelCodeError.
+
+    The message names ``what`` ran, the exception, and ``fix``; the original is chained.
+    An ``InspectorError`` passes through unchanged; ``KeyboardInterrupt`` too.
+
+    >>> with model_code("forward of m"):
+    ...     raise ZeroDivisionError("division by zero")
+    Traceback (most recent call last):
+    ...
+    inspector.models.ModelCodeError: forward of m raised ZeroDivisionError: division by zero; fix the model file, or pick another model
+    """
+    try:
+        yield
+    except InspectorError:
+        raise
+    except SystemExit as exc:
+        raise ModelCodeError(f"{what} called sys.exit({exc.code!r}) instead of returning; {fix}") from None
+    except Exception as exc:  # noqa: BLE001 - the user's code may raise anything
+        text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        raise ModelCodeError(f"{what} raised {type(exc).__name__}"
+                             + (f": {text}" if text else "") + f"; {fix}") from exc
 
 
 def to_device(inputs: Any, device: torch.device, dtype: torch.dtype | None = None) -> Any:
@@ -163,6 +204,12 @@ def load_model(source: str, checkpoint: str | os.PathLike | None = None, device:
     >>> sum(p.numel() for p in loaded.model.parameters())
     4080
     """
+    if not isinstance(source, str) or not source.strip():
+        raise InspectorError(f"source must be a non-empty string such as 'sample:tiny-gpt2', "
+                             f"'path/to/file.py:factory' or 'hf:<local model directory>', got {source!r}")
+    if checkpoint is not None and not isinstance(checkpoint, (str, os.PathLike)):
+        raise InspectorError(f"checkpoint must be a path to a .safetensors or .pt/.pth/.bin file (or None), "
+                             f"got {type(checkpoint).__name__}")
     dev = resolve_device(device)
     torch_dtype = parse_dtype(dtype)
     loaded = _build(source)
@@ -180,9 +227,19 @@ def load_model(source: str, checkpoint: str | os.PathLike | None = None, device:
 
 
 def parse_dtype(dtype: str | torch.dtype | None) -> torch.dtype | None:
-    if dtype is None or isinstance(dtype, torch.dtype):
+    """A floating-point torch dtype from itself or its name; None stays None.
+
+    >>> parse_dtype("float16"), parse_dtype(None)
+    (torch.float16, None)
+    """
+    if dtype is None:
+        return None
+    if isinstance(dtype, torch.dtype):
+        if dtype not in DTYPES.values():
+            raise InspectorError(f"dtype {dtype} is not a floating-point dtype a model can be cast to; "
+                                 f"choose one of {', '.join(DTYPES)}")
         return dtype
-    key = str(dtype).removeprefix("torch.")
+    key = str(dtype).removeprefix("torch.") if isinstance(dtype, str) else None
     if key not in DTYPES:
         raise InspectorError(f"unknown dtype {dtype!r}; choose one of {', '.join(DTYPES)}")
     return DTYPES[key]
@@ -227,18 +284,17 @@ def _build_file(source: str) -> LoadedModel:
         spec = importlib.util.spec_from_file_location(mod_name, path)
         module = importlib.util.module_from_spec(spec)
         sys.modules[mod_name] = module
-        spec.loader.exec_module(module)
-    except Exception as exc:
+        with model_code(f"importing {path}", "fix the file"):
+            spec.loader.exec_module(module)
+    except InspectorError:
         sys.modules.pop(mod_name, None)
-        raise InspectorError(f"importing {path} failed: {type(exc).__name__}: {exc}") from exc
+        raise
     fn = getattr(module, factory, None)
     if not callable(fn):
         names = [n for n in dir(module) if callable(getattr(module, n)) and not n.startswith("_")]
         raise InspectorError(f"{path} has no callable {factory!r}; callables there: {', '.join(names)}")
-    try:
+    with model_code(f"{path.name}:{factory}()", "make the factory return an nn.Module"):
         model = fn()
-    except Exception as exc:
-        raise InspectorError(f"{path.name}:{factory}() raised {type(exc).__name__}: {exc}") from exc
     if not isinstance(model, nn.Module):
         raise InspectorError(f"{path.name}:{factory}() returned {type(model).__name__}, not a torch nn.Module")
     inputs_fn = getattr(module, "example_inputs", None)
@@ -252,15 +308,16 @@ def _build_hf(directory: str) -> LoadedModel:
     path = Path(directory).expanduser().resolve()
     if not (path / "config.json").is_file():
         raise InspectorError(f"{path} is not a Hugging Face model folder (no config.json there)")
+    refuse_remote_code(path)
     try:
         import transformers
         from transformers import AutoConfig
 
-        config = AutoConfig.from_pretrained(path, local_files_only=True)
+        config = AutoConfig.from_pretrained(path, local_files_only=True, trust_remote_code=False)
         model = None
         for auto in (transformers.AutoModelForCausalLM, transformers.AutoModel):
             try:
-                model = auto.from_pretrained(path, local_files_only=True)
+                model = auto.from_pretrained(path, local_files_only=True, trust_remote_code=False)
                 break
             except ValueError:
                 continue
@@ -290,10 +347,40 @@ def _build_hf(directory: str) -> LoadedModel:
                        loss_fn=loss_fn if vocab and has_logits else None)
 
 
+def refuse_remote_code(path: Path) -> None:
+    """Refuse a Hugging Face folder whose config asks transformers to run Python from the folder.
+
+    ``auto_map`` in ``config.json`` names classes in the folder's own ``.py`` files; loading
+    them would run that code. The file is read as JSON only; nothing from it runs.
+    """
+    import json
+
+    config_file = path / "config.json"
+    try:
+        config = json.loads(config_file.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise InspectorError(f"{config_file} is not readable JSON ({type(exc).__name__}: {exc}); "
+                             "fix or replace the folder's config.json") from None
+    if not isinstance(config, dict):
+        raise InspectorError(f"{config_file} does not hold a JSON object; fix or replace it")
+    if "auto_map" in config:
+        names = config["auto_map"]
+        shown = ", ".join(map(str, names.values())) if isinstance(names, dict) else str(names)
+        raise InspectorError(
+            f"{path} was refused: its config.json has auto_map ({shown[:200]}), so loading it would run "
+            "Python code from the folder, and the inspector never runs code from a model folder. "
+            "Load a model whose architecture ships with transformers, or write a model file "
+            "(file.py:factory) in a folder listed in INSPECTOR_MODEL_DIRS.")
+
+
 def read_checkpoint(path: str | os.PathLike) -> tuple[dict[str, torch.Tensor], list[Finding]]:
-    """A state dict from a ``.safetensors`` or ``.pt/.pth/.bin`` file; never runs code from it."""
+    """A state dict from a ``.safetensors`` or ``.pt/.pth/.bin`` file, or a ``torch.distributed.checkpoint``
+    folder; never runs code from it."""
     path = Path(path)
     findings: list[Finding] = []
+    if path.is_dir():  # a torch.distributed.checkpoint folder, put together in this process
+        from .distributed.checkpoint import read_dcp
+        return read_dcp(path)
     if not path.is_file():
         raise InspectorError(f"checkpoint {path} does not exist")
     if path.suffix == ".safetensors":
@@ -318,9 +405,17 @@ def read_checkpoint(path: str | os.PathLike) -> tuple[dict[str, torch.Tensor], l
                 "If you trust it, re-save its state dict with safetensors.") from None
         raise InspectorError(f"checkpoint {path.name} is corrupt or not a torch file "
                              f"({detail_text or 'unreadable pickle'})") from None
-    except (RuntimeError, EOFError, zipfile.BadZipFile, OSError, ValueError) as exc:
+    except Exception as exc:  # noqa: BLE001 - any other failure means the file is not a torch file
+        calls = pickle_globals(path)
+        if calls:
+            raise InspectorError(
+                f"checkpoint {path.name} was refused: it asks to run Python code while loading "
+                f"({', '.join(calls[:3])}). Only plain tensors are accepted and nothing in it was run. "
+                "If you trust it, re-save its state dict with safetensors.") from None
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
         raise InspectorError(f"checkpoint {path.name} is corrupt or not a torch file "
-                             f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})") from None
+                             f"({type(exc).__name__}{': ' + first[:200] if first else ''}); give a "
+                             ".safetensors file or one written by torch.save(model.state_dict(), path)") from None
     if isinstance(obj, dict):
         for key in ("state_dict", "model_state_dict", "model"):
             inner = obj.get(key)
@@ -353,16 +448,24 @@ def pickle_globals(path: Path) -> list[str]:
                 data = zf.read(name) if name else b""
         else:
             data = path.read_bytes()
-        found, strings = [], []
-        for op, arg, _ in pickletools.genops(data):
-            if op.name in ("SHORT_BINUNICODE", "BINUNICODE", "UNICODE"):
-                strings.append(str(arg))
-            elif op.name == "GLOBAL":
-                found.append(str(arg).replace(" ", "."))
-            elif op.name == "STACK_GLOBAL" and len(strings) >= 2:
-                found.append(f"{strings[-2]}.{strings[-1]}")
-    except Exception:  # noqa: BLE001 - a broken pickle simply names nothing
+    except Exception:  # noqa: BLE001 - an unreadable file names nothing
         return []
+    found: list[str] = []
+    strings: list[str] = []
+    stream = io.BytesIO(data)
+    # A legacy torch file is several pickles in a row (magic number, protocol, system info,
+    # the object), then raw storage bytes: read pickle after pickle until one does not parse.
+    while stream.tell() < len(data):
+        try:
+            for op, arg, _ in pickletools.genops(stream):
+                if op.name in ("SHORT_BINUNICODE", "BINUNICODE", "UNICODE"):
+                    strings.append(str(arg))
+                elif op.name == "GLOBAL":
+                    found.append(str(arg).replace(" ", "."))
+                elif op.name == "STACK_GLOBAL" and len(strings) >= 2:
+                    found.append(f"{strings[-2]}.{strings[-1]}")
+        except Exception:  # noqa: BLE001 - past the last pickle (or a broken one): stop reading
+            break
     return [g for g in dict.fromkeys(found) if not g.startswith(_TORCH_GLOBALS)]
 
 
@@ -400,6 +503,7 @@ def apply_checkpoint(model: nn.Module, path: str | os.PathLike) -> list[Finding]
     for key in unexpected:
         findings.append(Finding("unexpected-key", "warning", key,
                                 f"{key} is in {name} but the model has no such tensor; it was ignored"))
+    findings += _dtype_findings(own, state, name)
     for keys in by_id.values():
         present = [k for k in keys if k in state]
         if len(present) > 1 and any(not torch.equal(state[present[0]], state[k]) for k in present[1:]):
@@ -410,3 +514,28 @@ def apply_checkpoint(model: nn.Module, path: str | os.PathLike) -> list[Finding]
     with torch.no_grad():
         model.load_state_dict(state, strict=False)
     return findings
+
+
+def _kind(dtype: torch.dtype) -> str:
+    return ("bool" if dtype == torch.bool else "complex" if dtype.is_complex else
+            "floating-point" if dtype.is_floating_point else "integer")
+
+
+def _dtype_findings(own: dict[str, torch.Tensor], state: dict[str, torch.Tensor], name: str) -> list[Finding]:
+    """A warning for each checkpoint tensor whose kind (integer, floating...) differs from the
+    model's tensor it is copied into, an info for each other dtype change; the copy casts."""
+    out = []
+    for key, t in state.items():
+        mine = own.get(key)
+        if mine is None or mine.dtype == t.dtype:
+            continue
+        have, got = str(mine.dtype).removeprefix("torch."), str(t.dtype).removeprefix("torch.")
+        if _kind(mine.dtype) != _kind(t.dtype):
+            out.append(Finding("dtype-mismatch", "warning", key,
+                               f"{name} holds {key} as {got} ({_kind(t.dtype)}) but the model's tensor is "
+                               f"{have}; the values were cast to {have}. Check that the checkpoint "
+                               "belongs to this model, or re-save it with the right dtype"))
+        else:
+            out.append(Finding("dtype-cast", "info", key,
+                               f"{name} holds {key} as {got}; it was cast to the model's {have}"))
+    return out

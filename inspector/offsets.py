@@ -22,6 +22,8 @@ import pandas as pd
 import torch
 from torch import nn
 
+from .checks import require_module
+from .distributed.tensors import has_dtensors
 from .findings import Finding, InspectorError
 from .gradient_pass import REPORTS, gradient_l2_norms
 from .locks import model_lock
@@ -117,6 +119,7 @@ def offset_map(model: nn.Module, trainable_only: bool = False,
     >>> offset_map(m, trainable_only=True)["start"].tolist()
     [0, 6]
     """
+    require_module(model, "offset_map")
     params, names = _unique_parameters(model)
     entries: list[tuple[str, torch.Tensor, list[str], str, bool]] = [
         (name, p, names[id(p)], "parameter", p.requires_grad) for name, p in params
@@ -142,7 +145,12 @@ def offset_map(model: nn.Module, trainable_only: bool = False,
                      tuple(t.shape), dt_name, dev_name, requires_grad, kind))
         offset += n
     columns = list(zip(*rows)) if rows else [[] for _ in OFFSET_COLUMNS]
-    return _frame(OFFSET_COLUMNS, dict(zip(OFFSET_COLUMNS, columns)))
+    table = _frame(OFFSET_COLUMNS, dict(zip(OFFSET_COLUMNS, columns)))
+    tensors = [t for _, t, *_ in entries]
+    if has_dtensors(tensors):  # FSDP2 / tensor parallel: add this rank's pieces
+        from .distributed.analyses import with_local_offsets
+        table = with_local_offsets(table, tensors)
+    return table
 
 
 def offset_findings(model: nn.Module, trainable_only: bool = False) -> list[Finding]:
@@ -350,6 +358,9 @@ def gradient_report(model: nn.Module, grads: Mapping[str, torch.Tensor | None] |
     >>> gradient_report(m, grads={"1.weight": torch.tensor([[12.0]])}).total_norm
     12.0
     """
+    if has_dtensors(p for p in model.parameters()):  # FSDP2 / tensor parallel: global norms, one collective
+        from .distributed.gradients import dtensor_gradient_report
+        return dtensor_gradient_report(model, grads)
     params, names = _unique_parameters(model)
     gradients = _gradients_of(model, params, names, grads)
     report = _report(params, names, gradients)
@@ -567,6 +578,7 @@ def gradient_norms(model: nn.Module, by: str = "parameter",
     >>> gradient_norms(m, by="module")["name"].tolist()
     ['(model)', '0', '1']
     """
+    require_module(model, "gradient_norms")
     if by not in ("parameter", "module"):
         raise InspectorError(f"gradient_norms(by={by!r}): choose 'parameter' or 'module'")
     params, names = _unique_parameters(model)
@@ -618,7 +630,7 @@ def run_backward(loaded: Any, batch_size: int = 2, accumulate: bool = False) -> 
     >>> r.with_gradient, r.frozen
     (6, 6)
     """
-    from .models import call_model
+    from .models import call_model, model_code
 
     model: nn.Module = loaded.model
     loaded.check_runnable()
@@ -633,8 +645,10 @@ def run_backward(loaded: Any, batch_size: int = 2, accumulate: bool = False) -> 
         try:
             model.eval()
             inputs = loaded.example_inputs(batch_size)
-            with torch.enable_grad():
+            with torch.enable_grad(), model_code(f"the forward pass of {loaded.name}",
+                                                  "fix its forward (or example_inputs) in the model file"):
                 outputs = call_model(model, inputs)
+            with torch.enable_grad():
                 loss = loaded.loss(outputs, inputs)
                 if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
                     shape = tuple(loss.shape) if isinstance(loss, torch.Tensor) else type(loss).__name__
@@ -648,7 +662,9 @@ def run_backward(loaded: Any, batch_size: int = 2, accumulate: bool = False) -> 
                         if p.grad is not None:
                             replaced += 1
                             p.grad = None
-                loss.backward()
+                with model_code(f"the backward pass of {loaded.name}",
+                                "fix the loss or the forward in the model file"):
+                    loss.backward()
         finally:
             for m, was_training in modes.items():
                 m.training = was_training

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 import re
 import tempfile
 import time
@@ -29,6 +30,8 @@ import pandas as pd
 import torch
 from torch import nn
 
+from .checks import require_module
+from .distributed.tensors import has_dtensors
 from .findings import Finding, InspectorError
 from .locks import model_lock
 
@@ -109,6 +112,9 @@ def parse_size(value: int | float | str, what: str = "size") -> int:
             raise InspectorError(f"{what}: cannot read {value!r} as a size; write bytes or a number "
                                  "with a unit such as 20GiB, 500MB or 4096")
         number, unit = float(match.group(1)), match.group(2).upper()
+    if not math.isfinite(number):
+        raise InspectorError(f"{what}: {value!r} is not a finite number of bytes; write bytes or a "
+                             "number with a unit such as 20GiB, 500MB or 4096")
     if number < 0:
         raise InspectorError(f"{what}: {value!r} is negative")
     return int(number * _UNITS[unit])
@@ -738,6 +744,7 @@ def plan_device_map(model: nn.Module, max_memory: str | Mapping[Any, Any],
     >>> plan_device_map(m, {0: 90, 1: 1000})  # "1" does not fit on 0; its tied weight stays there
     {'0': 0, '1.weight': 0, '1.bias': 1}
     """
+    require_module(model, "plan_device_map")
     return _plan(model, max_memory, no_split_module_classes, dtype).device_map
 
 
@@ -912,6 +919,7 @@ def audit_device_map(model: nn.Module, device_map: Mapping[str, Any]) -> pd.Data
     >>> audit_device_map(m, {"0": 0, "1.weight": 0, "1.bias": 0})["finding"].dropna().tolist()
     ['buffer-unplaced', 'buffer-unplaced', 'buffer-unplaced']
     """
+    require_module(model, "audit_device_map")
     dm = normalise_map(device_map)
     rows, _ = _tensor_rows(model)
     return _audit_rows(rows, _map_devices(rows, dm), sorted(set(dm.values()), key=device_order))
@@ -1041,6 +1049,7 @@ def placement_table(model: nn.Module) -> pd.DataFrame:
     >>> placement_table(nn.Linear(2, 2))["device"].tolist()
     ['cpu', 'cpu']
     """
+    require_module(model, "placement_table")
     rows, _ = _tensor_rows(model)
     modules = dict(model.named_modules(remove_duplicate=False))
     device_of: list[Device | None] = []
@@ -1054,7 +1063,11 @@ def placement_table(model: nn.Module) -> pd.DataFrame:
         device_of.append(dev)
     all_meta = bool(device_of) and all(d == "meta" for d in device_of)
     devices = sorted({d for d in device_of if d is not None}, key=device_order)
-    return _audit_rows(rows, device_of, devices, meta_ok=all_meta, dispatched=offloaded)
+    table = _audit_rows(rows, device_of, devices, meta_ok=all_meta, dispatched=offloaded)
+    if has_dtensors(r.tensor for r in rows):  # FSDP2 / tensor parallel: bytes per rank
+        from .distributed.analyses import with_rank_bytes
+        table = with_rank_bytes(table, model)
+    return table
 
 
 def placement_findings(model: nn.Module) -> list[Finding]:

@@ -13,7 +13,6 @@ same report back, and the HTML and Markdown forms are rendered from the same dat
 from __future__ import annotations
 
 import base64
-import html
 import importlib
 import json
 import math
@@ -33,6 +32,9 @@ import numpy as np
 import pandas as pd
 from torch import nn
 
+from .checks import require_loaded
+from .distributed.tensors import kept_sharded
+from .escaping import markdown_text
 from .findings import SEVERITY_ORDER, Finding, InspectorError
 from .summary import model_bytes
 
@@ -216,11 +218,24 @@ class Report:
         >>> Report.from_json(r.to_json()) == r
         True
         """
+        if not isinstance(text, (str, bytes, bytearray)):
+            raise InspectorError(f"not a report: expected the JSON text of a report, got {type(text).__name__}")
         try:
             data = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise InspectorError(f"not a report: the text is not JSON ({exc})") from None
-        return cls.from_dict(data)
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise InspectorError(f"not a report: the text is not JSON ({exc}); give a file written by "
+                                 "'python -m inspector report --format json'") from None
+        if not isinstance(data, Mapping):
+            raise InspectorError(f"not a report: the JSON holds {type(data).__name__}, not an object; give "
+                                 "a file written by 'python -m inspector report --format json'")
+        try:
+            return cls.from_dict(data)
+        except InspectorError:
+            raise
+        except (KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:
+            what = f"missing field {exc}" if isinstance(exc, KeyError) else f"{type(exc).__name__}: {exc}"
+            raise InspectorError(f"not a report: the JSON does not follow the report schema ({what}); "
+                                 "give a file written by 'python -m inspector report --format json'") from None
 
     # -- HTML / Markdown / PDF ----------------------------------------------------------
 
@@ -401,6 +416,7 @@ def build_report(loaded: Any, sections: Iterable[str] | None = None, *,
     >>> report.section("summary").facts["parameter_elements"]
     4080
     """
+    require_loaded(loaded, "build_report")
     wanted = check_sections(sections)
     opts = check_options(options)
     if "findings" not in wanted:
@@ -453,7 +469,8 @@ def _run_builder(sid: str, ctx: Context) -> Section:
     if builder is None:
         return Section(sid, title, "skipped", "this section has no builder in this installation")
     try:
-        return builder(ctx)
+        with kept_sharded(ctx.loaded.model):
+            return builder(ctx)
     except SectionUnavailable as exc:
         return Section(sid, title, "skipped", str(exc))
     except InspectorError as exc:
@@ -790,9 +807,8 @@ def render_html(report: Report) -> str:
 
 
 def _md(value: Any) -> str:
-    """Text for Markdown: HTML escaped (so names render as text), pipes and newlines made safe."""
-    text = html.escape(display_value(value), quote=False)
-    return text.replace("|", "\\|").replace("\r", " ").replace("\n", " ")
+    """A value as literal Markdown text: no link, image, markup or table break survives."""
+    return markdown_text(display_value(value))
 
 
 def _md_table(table: Table, max_rows: int) -> list[str]:

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 import pandas as pd
 from torch import nn
 
+from .checks import require_module
 from .findings import Finding
 
 
@@ -57,6 +58,7 @@ def model_summary(model: nn.Module) -> ModelSummary:
     >>> s.parameter_elements, s.parameter_elements_with_aliases
     (4, 8)
     """
+    require_module(model, "model_summary")
     params = list(model.parameters())
     names = list(model.named_parameters(remove_duplicate=False))
     buffers = list(model.buffers())

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import html
-
 import streamlit as st
 
 from inspector.aliases import CONVERSIONS, alias_analysis, conversion_table
 from inspector.devices import available_devices
+from inspector.escaping import markdown_text
 from inspector.figures.aliases import alias_graph_figure
 from inspector.summary import format_count
 from ui.cache import cached_analysis
@@ -65,8 +64,9 @@ if analysis is not None:
     else:
         st.success("No two names share a tensor or memory in this model.")
     for d in analysis.disjoint:
-        regions = " | ".join(", ".join(html.escape(n) for n in r) for r in d.regions)
-        st.info(f"Disjoint views of one storage ({d.storage_nbytes:,} bytes on {d.device}): {regions}. "
+        regions = " | ".join(", ".join(r) for r in d.regions)
+        st.info(f"Disjoint views of one storage ({d.storage_nbytes:,} bytes on {markdown_text(d.device)}): "
+                f"{markdown_text(regions)}. "
                 "They share a storage but no bytes, so they are not aliases: writing one never "
                 "changes the other.")
 

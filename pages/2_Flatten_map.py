@@ -6,6 +6,7 @@ import math
 
 import streamlit as st
 
+from inspector.escaping import markdown_code, markdown_text
 from inspector.figures.offsets import layer_norm_bars, offset_strip
 from inspector.findings import InspectorError
 from inspector.loss_gradients import loss_gradients
@@ -114,9 +115,9 @@ index = left.number_input("Flat index", min_value=0, value=0, step=1, key="offse
 which = left.radio("Vector", ["parameters()", "trainable only"], horizontal=True, key="offsets_which")
 with right, guarded("locating the index"):
     loc = locate(full if which == "parameters()" else trainable, int(index))
-    st.success(loc.describe())
+    st.success(markdown_text(loc.describe()))
     if not loc.requires_grad:
-        st.warning(f"{loc.name} is frozen: a trainable-only gradient vector does not contain it.")
+        st.warning(f"{markdown_code(loc.name)} is frozen: a trainable-only gradient vector does not contain it.")
 
 st.subheader("Offset maps side by side")
 show = ["name", "start", "end", "numel", "shape", "requires_grad", "aliases", "dtype", "device", "kind"]
@@ -160,7 +161,7 @@ with guarded("running the round trip"):
                                  f"{format_count(ROUNDTRIP_MAX)}. Pick a smaller model in the sidebar to see it.")
         rt = cached_analysis(flatten_roundtrip, model, max_elements=ROUNDTRIP_MAX)
     except InspectorError as exc:
-        st.info(str(exc))
+        st.info(markdown_text(exc))
     else:
         cols = st.columns(4)
         cols[0].metric("Vector shares memory", "yes" if rt.shares_memory else "no",
@@ -171,9 +172,9 @@ with guarded("running the round trip"):
                        help="Does vector_to_parameters give back every value bit for bit?")
         cols[3].metric("Views afterwards", "yes" if rt.views_after else "no",
                        help="Are the parameters views of the vector after vector_to_parameters?")
-        st.markdown("\n".join(f"{i}. {step}" for i, step in enumerate(rt.steps, 1)))
+        st.markdown("\n".join(f"{i}. {markdown_text(step)}" for i, step in enumerate(rt.steps, 1)))
         if rt.error:
-            st.warning(f"parameters_to_vector failed on this model: {rt.error}")
+            st.warning(f"parameters_to_vector failed on this model: {markdown_text(rt.error)}")
 
 st.subheader("Findings")
 findings_table(findings, "offsets_findings", empty="Nothing stops parameters_to_vector here.")

@@ -7,6 +7,7 @@ import json
 import pandas as pd
 import streamlit as st
 
+from inspector.escaping import markdown_code, markdown_text
 from inspector.figures.palette import key_label
 from inspector.figures.placement import placement_treemap, usage_bars, usage_side_by_side
 from inspector.placement import (
@@ -87,7 +88,7 @@ cols[2].metric("Check of ours", "passes" if comparison.our_check is None else "f
 cols[3].metric("Check of accelerate's", "passes" if comparison.accelerate_check is None else "fails",
                help="accelerate.utils.check_device_map on infer_auto_device_map's map")
 if comparison.accelerate_check:
-    st.error(f"accelerate's own check rejects its map: {comparison.accelerate_check}")
+    st.error(f"accelerate's own check rejects its map: {markdown_text(comparison.accelerate_check)}")
 
 st.subheader("Our plan and accelerate's, side by side")
 a, b = st.columns(2)
@@ -130,7 +131,7 @@ with tabs[3]:
 with tabs[4]:
     with guarded("reading where the tensors are"):
         actual = cached_analysis(placement_table, model)
-        st.caption(f"{loaded.name} as loaded on `{loaded.device}`: one row per parameter and buffer name.")
+        st.caption(f"{markdown_text(loaded.name)} as loaded on {markdown_code(loaded.device)}: one row per parameter and buffer name.")
         findings_table(cached_analysis(placement_findings, model), "dm_findings_actual",
                        empty="Every tensor sits with its module's parameters.")
         paged_table(actual.astype({"device": str, "module_primary_device": str}), "dm_actual")
@@ -141,7 +142,7 @@ with tabs[4]:
                                          "cpu and disk (e.g. cpu=…,disk=…) to try it here"):
         with guarded("dispatching a copy"), st.spinner("Dispatching…"):
             check = try_dispatch(loaded, ours.device_map)
-            (st.success if check.outputs_equal else st.warning)(check.message)
+            (st.success if check.outputs_equal else st.warning)(markdown_text(check.message))
             findings_table(check.findings, "dm_dispatch_findings", empty="Every tensor is where the plan says.")
             paged_table(check.table.astype({"device": str, "module_primary_device": str}), "dm_dispatch_table")
 with tabs[5]:

@@ -7,6 +7,7 @@ import torch
 
 from inspector.capture import capture_activations, select_modules
 from inspector.devices import available_devices
+from inspector.escaping import markdown_text
 from inspector.figures.capture import (
     capture_heatmap,
     capture_histogram,
@@ -69,7 +70,7 @@ with guarded("capturing activations"):
     caps = results.get(run_key)
     auto = cached_analysis(runs_at_once, loaded.model)
     if caps is None and not auto:
-        st.info(f"{loaded.name} holds {format_bytes(model_bytes(loaded.model))} of weights: capturing "
+        st.info(f"{markdown_text(loaded.name)} holds {format_bytes(model_bytes(loaded.model))} of weights: capturing "
                 f"its {len(chosen)} selected modules waits for the button. Narrow the selection first "
                 "(e.g. `transformer.h.0*`) to keep the copies small and the capture quick.")
     again = st.button("Capture again" if caps is not None or auto else "Capture", key="cap_again",

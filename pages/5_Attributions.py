@@ -14,6 +14,7 @@ from inspector.attribution import (
     layer_names,
     methods_for,
 )
+from inspector.escaping import markdown_code, markdown_text
 from inspector.figures.attribution import completeness_line, conductance_bars, image_overlay, token_heatmap
 from inspector.responsive import quick_target_info, runs_at_once
 from inspector.summary import format_bytes, model_bytes
@@ -38,7 +39,7 @@ if loaded is None:
     st.info("Load a model in the sidebar to attribute its outputs.")
     st.stop()
 if loaded.is_meta:
-    st.info(f"{loaded.name} is on the meta device: it has a structure but no weights, so there is "
+    st.info(f"{markdown_text(loaded.name)} is on the meta device: it has a structure but no weights, so there is "
             "no output to attribute. Load it on a real device with a checkpoint.")
     st.stop()
 if not model_runs(loaded):
@@ -95,7 +96,7 @@ run_key = (st.session_state["mi_selection"].key, batch, method, target, position
            tuple(sorted(options.items())))
 asked = st.session_state.setdefault(ASKED, set())
 if not auto and run_key not in asked:
-    st.info(f"{loaded.name} holds {format_bytes(model_bytes(loaded.model))} of weights: "
+    st.info(f"{markdown_text(loaded.name)} holds {format_bytes(model_bytes(loaded.model))} of weights: "
             f"{spec.label} runs a forward and backward pass per step, which takes a while on a "
             "model this size, so it waits for the button. Results stay here for this browser session.")
 if st.button("Compute attributions", key="attr_compute", type="primary"):
@@ -109,7 +110,7 @@ with guarded(f"running {spec.label}"):
         bar = st.progress(0.0)
         try:
             for i, layer in enumerate(layers or [None]):
-                what = f"{spec.label}" + (f" on {layer}" if layer else "") + \
+                what = f"{spec.label}" + (f" on {markdown_text(layer)}" if layer else "") + \
                     (f" ({i + 1} of {len(layers)})" if len(layers) > 1 else "")
                 status.update(label=f"Running {what}…")
 
@@ -146,7 +147,7 @@ if nans:
     st.error(f"{nans} attribution values are NaN: they are left blank in the figures, not drawn as "
              "zeros. See the findings below.")
 
-where = f"layer `{result.layer}`" if result.layer else "the inputs"
+where = f"layer {markdown_code(result.layer)}" if result.layer else "the inputs"
 st.markdown(f"**{spec.label}** ({result.captum_method}) on {where}, target **{result.target}**"
             + (f" at position **{result.position}**" if result.position is not None else ""))
 

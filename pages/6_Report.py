@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import os
+import re
 import tempfile
 from pathlib import Path
 
 import streamlit as st
 
+from inspector.escaping import markdown_text
 from inspector.report import CHROMIUM, SECTION_TITLES, SECTIONS, build_report
 from ui.cache import cached_analysis
 from ui.errors import guarded
@@ -39,11 +41,16 @@ PAGE_WORDS = {
 }
 
 
+_API = re.compile("|".join(map(re.escape, PAGE_WORDS)))
+
+
 def page_words(note: str) -> str:
-    """A section's note with library arguments replaced by the controls of this page."""
-    for api, control in PAGE_WORDS.items():
-        note = note.replace(api, control)
-    return note
+    """A section's note as Markdown, library arguments replaced by the controls of this page."""
+    out, pos = [], 0
+    for m in _API.finditer(note):
+        out += [markdown_text(note[pos:m.start()]), PAGE_WORDS[m.group()]]
+        pos = m.end()
+    return "".join([*out, markdown_text(note[pos:])])
 
 
 with st.form("report_options"):

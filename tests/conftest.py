@@ -53,3 +53,24 @@ def mid_size_model(tmp_path, monkeypatch) -> str:
     (tmp_path / "mid.py").write_text(MID_MODEL)
     monkeypatch.setenv("INSPECTOR_MODEL_DIRS", str(tmp_path))
     return f"{tmp_path / 'mid.py'}:build"
+
+
+@pytest.fixture(scope="session")
+def world2(tmp_path_factory):
+    """Run tests/distributed_worker.py on a world of 2 gloo processes once; (folder, per-rank results).
+
+    The folder holds ``run.jsonl`` (the distributed command, 3 steps), ``planted.jsonl`` (a NaN on
+    rank 1 at step 1, a drifted buffer on rank 1 at step 2) and ``dcp/`` (a distributed checkpoint).
+    """
+    import json
+    import socket
+
+    import torch.multiprocessing as mp
+    from distributed_worker import worker
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out = tmp_path_factory.mktemp("world2")
+    mp.spawn(worker, args=(2, port, str(out)), nprocs=2, join=True)
+    return out, [json.loads((out / f"rank{r}.json").read_text()) for r in (0, 1)]

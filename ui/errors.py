@@ -1,4 +1,8 @@
-"""Show errors without losing the app: user mistakes as st.error, bugs with a traceback."""
+"""Show errors without losing the app: user mistakes as st.error, bugs with a traceback.
+
+Every message passes through :func:`inspector.escaping.markdown_text`: a file name, tensor
+name or exception text is shown as the characters it holds, never as Markdown.
+"""
 
 from __future__ import annotations
 
@@ -9,9 +13,68 @@ from contextlib import contextmanager
 
 import streamlit as st
 
-from inspector.findings import InspectorError
+from inspector.escaping import markdown_code, markdown_text
+from inspector.findings import Finding, InspectorError
 
 log = logging.getLogger("model_inspector.ui")
+
+
+def show_error(exc: BaseException, what: str = "") -> None:
+    """One error on the page: an ``InspectorError`` as its message; anything else as a short
+    message naming ``what`` was being done, with the traceback in a collapsed expander (and
+    in the server log). A ``sys.exit`` from the model's code counts as a bug, not a stop."""
+    if isinstance(exc, InspectorError):
+        st.error(markdown_text(exc))
+        return
+    label = f" while {what}" if what else ""
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    if isinstance(exc, SystemExit):
+        text = f"sys.exit({exc.code!r}) was called; the model's code must return or raise instead"
+    log.error("unexpected error%s", label, exc_info=(type(exc), exc, exc.__traceback__))
+    st.error(markdown_text(f"Something went wrong{label}: {type(exc).__name__}"
+                           + (f": {text}" if text else "")))
+    with st.expander("Traceback (for a bug report)"):
+        st.code("".join(traceback.format_exception(exc)), language="text")
+
+
+_installed = False
+
+
+def install_page_handler() -> None:
+    """Make every page's uncaught exception a one-line ``st.error`` with the traceback behind
+    an expander, instead of Streamlit's raw traceback. Idempotent; the sidebar calls it.
+
+    Streamlit calls ``streamlit.error_util.show_uncaught_app_exception`` for an exception that
+    leaves a page script; it is replaced, for this server process, by a function that shows
+    :func:`show_error`'s message and puts ``st.exception`` (the traceback) in a collapsed
+    expander. If drawing that fails, Streamlit's own display runs.
+    """
+    global _installed
+    if _installed:
+        return
+    from streamlit import error_util
+
+    original = error_util.show_uncaught_app_exception
+
+    def show_uncaught(ex: BaseException) -> None:
+        try:
+            from streamlit.delta_generator_singletons import get_dg_singleton_instance
+
+            with get_dg_singleton_instance().main_dg:
+                label = "running this page"
+                if isinstance(ex, InspectorError):
+                    st.error(markdown_text(ex))
+                else:
+                    text = str(ex).strip().splitlines()[0] if str(ex).strip() else ""
+                    st.error(markdown_text(f"Something went wrong while {label}: {type(ex).__name__}"
+                                           + (f": {text}" if text else "")))
+                with st.expander("Traceback (for a bug report)"):
+                    st.exception(ex)
+        except Exception:  # noqa: BLE001 - fall back to Streamlit's own display
+            original(ex)
+
+    error_util.show_uncaught_app_exception = show_uncaught
+    _installed = True
 
 
 @contextmanager
@@ -22,16 +85,23 @@ def guarded(what: str = "") -> Iterator[None]:
     shows its message as it is. Any other exception is a bug: a one-line message naming
     ``what`` was being done, the traceback in a collapsed expander, and the same traceback
     in the server log. Either way the block stops and the rest of the page still renders.
+    A ``SystemExit`` raised by model code is shown the same way instead of ending the run.
 
     Streamlit's own control flow (``st.stop()``, ``st.rerun()``) passes through.
     """
     try:
         yield
-    except InspectorError as exc:
-        st.error(str(exc))
     except Exception as exc:  # noqa: BLE001 - the app must stay usable
-        label = f" while {what}" if what else ""
-        log.exception("unexpected error%s", label)
-        st.error(f"Something went wrong{label}: {type(exc).__name__}: {exc}")
-        with st.expander("Traceback (for a bug report)"):
-            st.code(traceback.format_exc(), language="text")
+        show_error(exc, what)
+    except SystemExit as exc:
+        show_error(exc, what)
+
+
+def finding_markdown(f: Finding) -> str:
+    r"""A finding as one Markdown line: code in bold, the name as code, the message as text.
+
+    >>> print(finding_markdown(Finding("missing-key", "warning", "![k](http://h/x.png)", "x [y](z)")))
+    **missing-key** `![k](http://h/x.png)`: x \[y\]\(z\)
+    """
+    where = f" {markdown_code(f.where)}" if f.where else ""
+    return f"**{markdown_text(f.code)}**{where}: {markdown_text(f.message)}"

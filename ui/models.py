@@ -7,15 +7,12 @@ that adds hooks or runs forward/backward on it must hold ``loaded.lock``.
 
 from __future__ import annotations
 
-import hashlib
 import os
-import tempfile
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 import streamlit as st
 
-from inspector.findings import InspectorError
 from inspector.models import LoadedModel, load_model
 
 MAX_CACHED_MODELS = 6
@@ -76,26 +73,3 @@ def get_loaded(selection: Selection) -> LoadedModel:
     """The cached LoadedModel for ``selection`` (loading it on first use)."""
     return cached_model(selection.source, selection.checkpoint, selection.device, selection.dtype,
                         _file_stamp(selection.checkpoint))
-
-
-UPLOAD_DIR = Path(tempfile.gettempdir()) / "model-inspector-uploads"
-UPLOAD_SUFFIXES = (".safetensors", ".pt", ".pth", ".bin")
-
-
-def save_upload(name: str, data: bytes) -> str:
-    """Store an uploaded checkpoint under a content-addressed name; returns its path.
-
-    The file is only ever read with safetensors or ``torch.load(weights_only=True)``.
-    """
-    base = Path(name).name
-    if not base.lower().endswith(UPLOAD_SUFFIXES):
-        raise InspectorError(f"uploaded file {base!r} is not a checkpoint; use one of "
-                             f"{', '.join(UPLOAD_SUFFIXES)}")
-    digest = hashlib.sha256(data).hexdigest()[:16]
-    UPLOAD_DIR.mkdir(exist_ok=True)
-    path = UPLOAD_DIR / f"{digest}-{base}"
-    if not path.exists():
-        tmp = path.with_suffix(path.suffix + ".part")
-        tmp.write_bytes(data)
-        tmp.replace(path)
-    return str(path)

@@ -47,6 +47,8 @@ VIEWS = [
          "Everything above in one HTML, JSON or Markdown file to share."),
     View("pages/7_Labs.py", "Labs", ":material/science:",
          "Guided exercises: break a model on purpose, then find the bug with the views."),
+    View("pages/8_Distributed.py", "Distributed", ":material/hub:",
+         "In a torchrun training run: do the ranks' gradients, memory and replicas agree?"),
 ]
 
 

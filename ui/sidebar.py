@@ -13,18 +13,20 @@ from __future__ import annotations
 
 import re
 import time
-import traceback
 
 import streamlit as st
 
 from inspector.devices import DeviceInfo, available_devices
-from inspector.findings import Finding, InspectorError, sort_findings
+from inspector.distributed.checkpoint import dcp_listing, is_dcp_folder
+from inspector.escaping import markdown_code, markdown_text
+from inspector.findings import Finding, sort_findings
 from inspector.models import DTYPES, LoadedModel, allowed_model_dirs
 from inspector.summary import format_bytes
 from sample_models import SAMPLES
 
-from .errors import guarded
-from .models import Selection, get_loaded, save_upload
+from .errors import finding_markdown, guarded, install_page_handler, show_error
+from .models import Selection, get_loaded
+from .uploads import session_uploads, sweep_once
 
 SELECTION = "mi_selection"
 _QUERY_DONE = "mi_query_applied"
@@ -45,43 +47,35 @@ def _severity_call(f: Finding):
     return st.error if f.severity == "error" else st.warning if f.severity == "warning" else st.info
 
 
-def _show_error(exc: BaseException, what: str) -> None:
-    if isinstance(exc, InspectorError):
-        st.error(str(exc))
-    else:
-        st.error(f"Something went wrong while {what}: {type(exc).__name__}: {exc}")
-        with st.expander("Traceback"):
-            st.code("".join(traceback.format_exception(exc)))
-
-
 def load_selection(wanted: Selection) -> LoadedModel | None:
     """Load ``wanted`` with progress in an ``st.status``; on success it becomes the selection.
 
     On failure the message is shown and the previous model stays selected.
     """
     failure: BaseException | None = None
-    with st.status(f"Loading {wanted.label}…", expanded=True) as status:
-        st.write(f"Source `{wanted.source}`" + (f", checkpoint `{wanted.checkpoint}`" if wanted.checkpoint
-                                                 else ""))
+    with st.status(f"Loading {markdown_text(wanted.label)}…", expanded=True) as status:
+        st.write(f"Source {markdown_code(wanted.source)}"
+                 + (f", checkpoint {markdown_code(wanted.checkpoint)}" if wanted.checkpoint else ""))
         t0 = time.perf_counter()
         try:
             loaded = get_loaded(wanted)
-        except Exception as exc:  # noqa: BLE001 - a failed load keeps the previous model
+        except (Exception, SystemExit) as exc:  # noqa: BLE001 - a failed load keeps the previous model
             failure = exc
-            status.update(label=f"Loading {wanted.label} failed; the previous model is still loaded",
-                          state="error", expanded=True)
+            status.update(label=f"Loading {markdown_text(wanted.label)} failed; the previous model is still "
+                                "loaded", state="error", expanded=True)
         else:
-            st.write(f"Built and placed on `{loaded.device}` in {time.perf_counter() - t0:.1f} s.")
+            st.write(f"Built and placed on {markdown_code(loaded.device)} in {time.perf_counter() - t0:.1f} s.")
             findings = sort_findings(loaded.findings)
             for f in findings[:8]:
-                _severity_call(f)(f"**{f.code}** `{f.where}`: {f.message}")
+                _severity_call(f)(finding_markdown(f))
             if len(findings) > 8:
                 st.caption(f"…and {len(findings) - 8} more on the home page.")
             if not findings:
                 st.write("Loading found nothing to report.")
-            status.update(label=f"Loaded {wanted.label}", state="complete", expanded=bool(findings))
+            status.update(label=f"Loaded {markdown_text(wanted.label)}", state="complete",
+                          expanded=bool(findings))
     if failure is not None:  # the reason stands outside the status box, so it is never folded away
-        _show_error(failure, f"loading {wanted.label}")
+        show_error(failure, f"loading {wanted.label}")
         st.session_state[_LAST_LOAD] = ("error", wanted.label)
         return None
     st.session_state[SELECTION] = wanted
@@ -147,7 +141,7 @@ def _source_inputs(sel: Selection) -> tuple[str, bool]:
                                help="A Python file and a function or class in it that returns an "
                                     "nn.Module. Optional module-level example_inputs(batch_size) "
                                     "and loss(outputs, inputs) are used too.")
-        st.caption("Allowed folders: " + ", ".join(f"`{d}`" for d in allowed_model_dirs())
+        st.caption("Allowed folders: " + ", ".join(markdown_code(d) for d in allowed_model_dirs())
                    + " (add more with INSPECTOR_MODEL_DIRS).")
         return source.strip(), False
     path = st.text_input("Local model folder", value=sel.source.removeprefix("hf:") if kind_now == kind else "",
@@ -161,10 +155,17 @@ def _checkpoint_inputs(sel: Selection) -> str | None:
                                   type=["safetensors", "pt", "pth", "bin"],
                                   help="Read with safetensors or torch.load(weights_only=True); "
                                        "nothing in it is executed.")
-        path = st.text_input("…or a path on the server", value=sel.checkpoint or "", key="mi_ckpt_path")
+        path = st.text_input("…or a path on the server", value=sel.checkpoint or "", key="mi_ckpt_path",
+                             help="A file, or a torch.distributed.checkpoint folder (put together here)")
+        if path.strip() and is_dcp_folder(path.strip()):
+            with guarded("reading the distributed checkpoint"):
+                listing = dcp_listing(path.strip())
+                st.caption(f"Distributed checkpoint: {len(listing)} entries in {int(listing['pieces'].sum())} "
+                           "pieces")
+                st.dataframe(listing[["name", "shape", "pieces"]].astype(str), hide_index=True, height=160)
     if upload is not None:
         with guarded("storing the upload"):
-            return save_upload(upload.name, upload.getvalue())
+            return session_uploads().save(upload.name, upload.getvalue())
         return None
     return path.strip() or None
 
@@ -174,6 +175,8 @@ def model_picker() -> LoadedModel | None:
 
     A failed load shows its message and keeps the previous model, so the page stays usable.
     """
+    install_page_handler()
+    sweep_once()
     with st.sidebar:
         st.header(":material/model_training: Model")
         _apply_query_params()
@@ -224,14 +227,14 @@ def model_picker() -> LoadedModel | None:
 def _loaded_caption(loaded: LoadedModel) -> None:
     n = sum(p.numel() for p in loaded.model.parameters())
     size = sum(p.numel() * p.element_size() for p in loaded.model.parameters())
-    st.caption(f"Loaded **{loaded.name}** on `{loaded.device}`"
-               + (f" as `{loaded.dtype}`" if loaded.dtype else "")
+    st.caption(f"Loaded **{markdown_text(loaded.name)}** on {markdown_code(loaded.device)}"
+               + (f" as {markdown_code(loaded.dtype)}" if loaded.dtype else "")
                + f" · {n:,} parameters ({format_bytes(size)})"
                + (" · structure only" if loaded.is_meta else ""))
     if loaded.findings:
         worst = sort_findings(loaded.findings)
         with st.expander(f"Findings of loading ({len(worst)})", expanded=worst[0].severity == "error"):
             for f in worst[:10]:
-                _severity_call(f)(f"**{f.code}** `{f.where}`: {f.message}")
+                _severity_call(f)(finding_markdown(f))
             if len(worst) > 10:
                 st.caption(f"…{len(worst) - 10} more on the home page.")

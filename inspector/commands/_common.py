@@ -11,14 +11,16 @@ import pandas as pd
 
 from ..findings import Finding, sort_findings
 from ..models import LoadedModel, load_model
+from . import _types as types
 
 
 def add_source_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("source", help="sample:<name>, path/to/file.py:factory or hf:<local dir>")
-    parser.add_argument("--checkpoint", default=None, help=".safetensors or .pt/.bin file to apply")
-    parser.add_argument("--device", default=None,
+    parser.add_argument("--checkpoint", default=None, type=types.checkpoint,
+                        help=".safetensors or .pt/.bin file, or torch.distributed.checkpoint folder, to apply")
+    parser.add_argument("--device", default=None, type=types.device,
                         help="cpu, cuda:N, mps or meta (default: cpu; meta for structure-only samples)")
-    parser.add_argument("--dtype", default=None, help="float32, float16, bfloat16 or float64")
+    parser.add_argument("--dtype", default=None, type=types.dtype, help="float32, float16, bfloat16 or float64")
 
 
 def default_device(source: str) -> str:

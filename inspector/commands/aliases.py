@@ -6,6 +6,7 @@ import argparse
 
 from ..aliases import CONVERSIONS, alias_analysis, conversion_table
 from ..findings import InspectorError
+from . import _types as types
 from ._common import add_source_arguments, load_from_args, print_findings, print_table, progress, write_json
 
 HELP = "alias groups (tied, shared-storage, overlapping tensors) and the conversions that break them"
@@ -18,7 +19,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "or 'all' (repeatable)")
     parser.add_argument("--retie", action="store_true",
                         help="also re-tie the converted copy and show the result")
-    parser.add_argument("--json", default=None, metavar="PATH", help="write the results as JSON")
+    parser.add_argument("--json", default=None, metavar="PATH", type=types.output_file, help="write the results as JSON")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -6,6 +6,7 @@ import argparse
 
 from ..attribution import METHODS, attribute
 from ..figures.attribution import completeness_line
+from . import _types as types
 from ._common import add_source_arguments, load_from_args, print_findings, print_table, progress, write_json
 
 HELP = ("captum attributions of one output (a class, or the next token's logit) to the inputs or "
@@ -23,10 +24,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "on token models, the last convolution for layer_gradcam)")
     parser.add_argument("--position", type=int, default=-1,
                         help="sequence position attributed for (B, T, V) outputs (default: -1, the last)")
-    parser.add_argument("--steps", type=int, default=None, help="n_steps of integrating methods (default 50)")
-    parser.add_argument("--batch-size", type=int, default=1, help="example inputs to attribute (default 1)")
-    parser.add_argument("--rows", type=int, default=40, help="summary rows to print, largest |score| first")
-    parser.add_argument("--json", default=None, metavar="PATH", help="also write the result as JSON")
+    parser.add_argument("--steps", type=types.positive_int, default=None, help="n_steps of integrating methods (default 50)")
+    parser.add_argument("--batch-size", type=types.positive_int, default=1, help="example inputs to attribute (default 1)")
+    parser.add_argument("--rows", type=types.positive_int, default=40, help="summary rows to print, largest |score| first")
+    parser.add_argument("--json", default=None, metavar="PATH", type=types.output_file, help="also write the result as JSON")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -16,6 +16,7 @@ from ..placement import (
     plan_device_map_explained,
 )
 from ..summary import format_bytes
+from . import _types as types
 from ._common import add_source_arguments, load_from_args, print_findings, print_table, progress, write_json
 
 HELP = ("plan a device map that places every parameter and buffer for a memory budget, audit it "
@@ -32,9 +33,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "_no_split_modules)")
     parser.add_argument("--compare-accelerate", action="store_true",
                         help="also run accelerate's infer_auto_device_map and audit both side by side")
-    parser.add_argument("--audit", default=None, metavar="MAP.json",
+    parser.add_argument("--audit", default=None, metavar="MAP.json", type=types.input_file,
                         help="audit this JSON device map instead of planning one")
-    parser.add_argument("--json", default=None, metavar="OUT", help="write the result as JSON")
+    parser.add_argument("--json", default=None, metavar="OUT", type=types.output_file, help="write the result as JSON")
 
 
 def _usage_table(usage):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from ..offsets import display_table, gradient_report, locate, offset_findings, offset_map, run_backward
+from . import _types as types
 from ._common import add_source_arguments, load_from_args, print_findings, print_table, progress, write_json
 
 HELP = ("where each parameter sits in parameters_to_vector order, which tensor a flat index falls in, "
@@ -20,12 +21,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--backward", action="store_true",
                         help="run one backward pass on the example inputs first (sets .grad), "
                              "then print gradient norms")
-    parser.add_argument("--locate", type=int, action="append", default=None, metavar="INDEX",
+    parser.add_argument("--locate", type=types.non_negative_int, action="append", default=None, metavar="INDEX",
                         help="say which parameter and element flat index INDEX falls in (repeatable)")
-    parser.add_argument("--top", type=int, default=15, metavar="K",
+    parser.add_argument("--top", type=types.positive_int, default=15, metavar="K",
                         help="layers to list by gradient norm (default 15)")
-    parser.add_argument("--max-rows", type=int, default=60, help="rows of the offset table to print")
-    parser.add_argument("--json", default=None, metavar="PATH", help="write the tables as JSON")
+    parser.add_argument("--max-rows", type=types.positive_int, default=60, help="rows of the offset table to print")
+    parser.add_argument("--json", default=None, metavar="PATH", type=types.output_file, help="write the tables as JSON")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -5,11 +5,15 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from ..distributed import is_run_file, read_run
+from ..distributed.report import run_report
 from ..findings import InspectorError
 from ..report import SECTIONS, build_report, check_options, check_sections
+from . import _types as types
 from ._common import add_source_arguments, load_from_args, progress
 
-HELP = "write a report of every analysis (HTML, JSON, Markdown or PDF)"
+HELP = ("write a report of every analysis (HTML, JSON, Markdown or PDF); SOURCE may also be the "
+        "JSON-lines file of a distributed run")
 FORMATS = {"html": ".html", "json": ".json", "md": ".md", "pdf": ".pdf"}
 
 
@@ -19,8 +23,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"sections to include (default: all; findings always): {', '.join(SECTIONS)}")
     parser.add_argument("--format", choices=list(FORMATS), default=None,
                         help="output format (default: from the -o file's extension, else html)")
-    parser.add_argument("-o", "--output", required=True, help="file to write")
-    parser.add_argument("--batch-size", type=int, default=None, help="batch size of the example inputs")
+    parser.add_argument("-o", "--output", required=True, type=types.output_file, help="file to write")
+    parser.add_argument("--batch-size", type=types.positive_int, default=None, help="batch size of the example inputs")
     parser.add_argument("--backward", action="store_true",
                         help="run one backward pass for gradient norms (earlier .grad values are put back)")
     parser.add_argument("--max-memory", default=None, metavar="BUDGET",
@@ -31,7 +35,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--attribution-method", default=None, help="ig, saliency, layer_ig, ...")
     parser.add_argument("--attribution-target", type=int, default=None,
                         help="class index or next-token id to attribute (default 0)")
-    parser.add_argument("--attribution-steps", type=int, default=None,
+    parser.add_argument("--attribution-steps", type=types.positive_int, default=None,
                         help="n_steps of integrating attribution methods (default: captum's 50)")
     parser.add_argument("--attribute-on-cpu", action="store_true",
                         help="attribute models over 64 MiB on the CPU too (slow: ~50 passes of the model)")
@@ -74,11 +78,13 @@ def run(args: argparse.Namespace) -> int:
     sections = None
     if args.sections:
         sections = check_sections([s for part in args.sections for s in part.split(",") if s])
-    options = options_from_args(args)
-    loaded = load_from_args(args)
-    report = build_report(loaded, sections, progress=progress, **options)
+    if is_run_file(args.source):  # a distributed run file: per-rank sections
+        report = run_report(read_run(args.source))
+    else:
+        options = options_from_args(args)
+        loaded = load_from_args(args)
+        report = build_report(loaded, sections, progress=progress, **options)
     out = Path(args.output)
-    out.parent.mkdir(parents=True, exist_ok=True)
     progress(f"rendering {fmt}")
     if fmt == "pdf":
         report.to_pdf(out)

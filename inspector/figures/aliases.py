@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import html
 from dataclasses import dataclass
 
 import plotly.graph_objects as go
 from torch import nn
 
 from ..aliases import AliasGroup, alias_groups
+from ..escaping import escaped_figure, plot_text
 
 PALETTE = ["#d62728", "#1f77b4", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf", "#e377c2", "#8c564b",
            "#bcbd22", "#7f7f7f"]
@@ -119,6 +119,7 @@ def _tree_layout(data: GraphData) -> dict[str, tuple[float, float]]:
     return pos
 
 
+@escaped_figure
 def alias_graph_figure(model: nn.Module, groups: list[AliasGroup] | None = None,
                        max_nodes: int = 300) -> go.Figure:
     """A plotly graph: modules, edges to the tensors they hold, each alias group in one colour.
@@ -149,7 +150,7 @@ def alias_graph_figure(model: nn.Module, groups: list[AliasGroup] | None = None,
     if holders:  # name the modules that hold an aliased tensor
         fig.add_trace(go.Scatter(
             x=[pos[k][0] for k in holders], y=[pos[k][1] for k in holders], mode="text",
-            text=[html.escape(data.nodes[k][0]) for k in holders], textposition="top center",
+            text=[data.nodes[k][0] for k in holders], textposition="top center",
             hoverinfo="skip", showlegend=False))
     for i, g in enumerate(groups):
         color = PALETTE[i % len(PALETTE)]
@@ -160,7 +161,7 @@ def alias_graph_figure(model: nn.Module, groups: list[AliasGroup] | None = None,
                                      hoverinfo="skip", showlegend=False, legendgroup=f"g{i}"))
         keys = [k for k, (_, _, gi) in data.nodes.items() if gi == i and k in pos]
         if keys:
-            label = f"{g.kind}: {html.escape(', '.join(g.names))}"
+            label = f"{g.kind}: {', '.join(g.names)}"
             fig.add_trace(_nodes(keys, data, pos, "circle", color, label[:80], show_text=True,
                                  size=13, group=f"g{i}"))
     title = f"{len(groups)} alias group{'s' if len(groups) != 1 else ''}"
@@ -191,11 +192,11 @@ def _segments(edges: list[tuple[str, str]], pos: dict[str, tuple[float, float]])
 
 def _nodes(keys: list[str], data: GraphData, pos: dict[str, tuple[float, float]], symbol: str,
            color: str, name: str, show_text: bool, size: int = 9, group: str | None = None) -> go.Scatter:
-    labels = [html.escape(data.nodes[k][0]) for k in keys]
+    labels = [data.nodes[k][0] for k in keys]
     return go.Scatter(
         x=[pos[k][0] for k in keys], y=[pos[k][1] for k in keys],
         mode="markers+text" if show_text else "markers",
         marker=dict(symbol=symbol, color=color, size=size, line=dict(color="white", width=1)),
         text=labels if show_text else None,
-        textposition="bottom center", hovertext=[f"{data.nodes[k][1]}: {lab}" for k, lab in zip(keys, labels)],
+        textposition="bottom center", hovertext=[f"{data.nodes[k][1]}: {plot_text(lab)}" for k, lab in zip(keys, labels)],
         hoverinfo="text", name=name, legendgroup=group, showlegend=True)

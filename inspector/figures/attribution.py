@@ -6,13 +6,12 @@ and labelled, never drawn as zeros.
 
 from __future__ import annotations
 
-import html
-
 import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
 from ..attribution import AttributionResult
+from ..escaping import escaped_figure, plot_text
 from .palette import readable
 
 DIVERGING = "RdBu"
@@ -20,6 +19,7 @@ MAX_TOKENS = 512
 MAX_TICKS = 32  # token labels on the x axis of a token heatmap; every n-th token beyond that
 
 
+@escaped_figure
 def token_heatmap(result: AttributionResult, title: str | None = None) -> go.Figure:
     """Tokens along x, one row per sample, the summed attribution as colour; values in hover.
 
@@ -39,7 +39,7 @@ def token_heatmap(result: AttributionResult, title: str | None = None) -> go.Fig
     x = [f"{p}" for p in z.columns]
     first = tok.iloc[0].tolist()
     every = max(1, -(-len(x) // MAX_TICKS))  # label every n-th token so labels never overlap
-    ticks = [f"{p}<br>{'' if pd.isna(t) else t}" for p, t in zip(z.columns, first)]
+    ticks = [f"{plot_text(p)}<br>{'' if pd.isna(t) else plot_text(t)}" for p, t in zip(z.columns, first)]
     text = np.where(z.isna().to_numpy(), "NaN", "")
     custom = np.dstack([tok.to_numpy(dtype=object), abs_s.to_numpy(dtype=object),
                         nans.to_numpy(dtype=object)])
@@ -49,7 +49,7 @@ def token_heatmap(result: AttributionResult, title: str | None = None) -> go.Fig
         colorbar=dict(title="score"),
         hovertemplate=("position %{x}<br>token %{customdata[0]}<br>score %{z:.4g}"
                        "<br>|score| %{customdata[1]:.4g}<br>NaN values %{customdata[2]}<extra></extra>")))
-    where = html.escape(result.layer or "inputs")
+    where = result.layer or "inputs"
     fig.update_layout(title=title or f"{result.captum_method} on {where}: target {result.target}"
                       + (f" at position {result.position}" if result.position is not None else ""),
                       xaxis=dict(title="position / token id" + (f" (every {every}th labelled)" if every > 1
@@ -59,6 +59,7 @@ def token_heatmap(result: AttributionResult, title: str | None = None) -> go.Fig
     return fig
 
 
+@escaped_figure
 def image_overlay(result: AttributionResult, sample: int = 0, opacity: float = 0.6) -> go.Figure:
     """The input image and its attribution map (summed over channels), side by side.
 
@@ -94,12 +95,13 @@ def image_overlay(result: AttributionResult, sample: int = 0, opacity: float = 0
     fig.update_yaxes(autorange="reversed")
     fig.update_yaxes(scaleanchor="x", row=1, col=1)
     fig.update_yaxes(scaleanchor="x2", row=1, col=2)
-    fig.update_layout(title=f"{result.captum_method} on {html.escape(result.layer or 'inputs')}: "
+    fig.update_layout(title=f"{result.captum_method} on {result.layer or 'inputs'}: "
                             f"sample {sample}, target {result.target}",
                       height=380, margin=dict(l=20, r=60, t=70, b=20))
     return fig
 
 
+@escaped_figure
 def conductance_bars(results: AttributionResult | list[AttributionResult], top: int = 32) -> go.Figure:
     """One result: total score of each unit (channel, neuron or position) of its layer, the
     ``top`` largest by magnitude. Several results: one bar per layer, its total score, with
@@ -111,14 +113,14 @@ def conductance_bars(results: AttributionResult | list[AttributionResult], top: 
                                                nans=("nans", "sum"))
         g = g.assign(order=g["abs_score"].fillna(np.inf)).sort_values("order", ascending=False).head(top)
         labels, values, nans = list(g.index), g["score"].to_numpy(dtype=float), g["nans"].to_numpy()
-        title = f"{results.captum_method} per unit of {html.escape(results.layer or 'inputs')}"
+        title = f"{results.captum_method} per unit of {results.layer or 'inputs'}"
         if len(s["label"].unique()) > top:
             title += f" (top {top} of {len(s['label'].unique())} by |score|)"
         diff = None
     else:
         labels, values, nans, diffs = [], [], [], []
         for r in results:
-            labels.append(html.escape(r.layer or "inputs"))
+            labels.append(r.layer or "inputs")
             total = sum(float(a.double().sum()) for a in r.attributions)
             values.append(total)
             nans.append(int(r.summary["nans"].sum()))

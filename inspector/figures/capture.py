@@ -13,6 +13,7 @@ import pandas as pd
 import plotly.graph_objects as go
 import torch
 
+from ..escaping import escaped_figure
 from .palette import readable
 
 MAX_ROWS = 128
@@ -54,6 +55,7 @@ def histogram_data(t: torch.Tensor, bins: int = 60) -> pd.DataFrame:
                          "count": counts.long().tolist()})
 
 
+@escaped_figure
 def capture_histogram(value: Any, title: str = "", bins: int = 60,
                       reference: Any = None) -> go.Figure:
     """Histogram of one capture (the first tensor of a structured output).
@@ -116,6 +118,7 @@ def _pool(m: torch.Tensor, max_rows: int, max_cols: int) -> torch.Tensor:
     return m
 
 
+@escaped_figure
 def capture_heatmap(value: Any, title: str = "") -> go.Figure:
     """Heatmap of a 2-D slice of one capture (see :func:`heatmap_slice`)."""
     t = _first_tensor(value)
@@ -158,6 +161,7 @@ def clone_vs_reference_table(captures: Any) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=["module", "max_abs_diff", "corrupted", "overwritten_by"])
 
 
+@escaped_figure
 def clone_vs_reference_figure(captures: Any, title: str = "Copy vs bare reference") -> go.Figure:
     """One bar per captured module: how far a bare reference drifted from the true output.
 
@@ -176,6 +180,7 @@ def clone_vs_reference_figure(captures: Any, title: str = "Copy vs bare referenc
     return readable(fig)
 
 
+@escaped_figure
 def capture_stats_figure(stats: pd.DataFrame, title: str = "Activation statistics") -> go.Figure:
     """Mean with one standard deviation, and min/max, of each captured output, in call order.
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import html
 import math
 from dataclasses import dataclass
 
@@ -11,6 +10,7 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.colors import sample_colorscale
 
+from ..escaping import escaped_figure, plot_text
 from .palette import readable
 
 FULL_ROW = "parameters()"
@@ -84,14 +84,14 @@ def strip_segments(table: pd.DataFrame, norms: pd.DataFrame | None = None, row: 
         norm = math.sqrt(sq) if have else math.nan
         first, last = part[0], part[-1]
         if len(part) == 1:
-            head = (f"<b>{html.escape(first.name)}</b><br>shape {html.escape(str(tuple(first.shape)))} "
-                    f"{html.escape(first.dtype)}")
+            head = (f"<b>{plot_text(first.name)}</b><br>shape {plot_text(str(tuple(first.shape)))} "
+                    f"{plot_text(first.dtype)}")
             if first.aliases:
-                head += f"<br>also {html.escape(', '.join(first.aliases))}"
+                head += f"<br>also {plot_text(', '.join(first.aliases))}"
         else:
             counts = {s: states.count(s) for s in dict.fromkeys(states)}
-            head = (f"<b>{len(part)} tensors</b>: {html.escape(first.name)} … {html.escape(last.name)}"
-                    f"<br>{html.escape(', '.join(f'{n} {s}' for s, n in counts.items()))}")
+            head = (f"<b>{len(part)} tensors</b>: {plot_text(first.name)} … {plot_text(last.name)}"
+                    f"<br>{plot_text(', '.join(f'{n} {s}' for s, n in counts.items()))}")
         grad = "" if lookup is None or state == "buffer" else (
             f"<br>gradient norm {norm:.4g}" if have else "<br>no gradient")
         hover = (f"{head}<br>range [{first.start:,}, {last.end:,}) — {last.end - first.start:,} elements"
@@ -100,6 +100,7 @@ def strip_segments(table: pd.DataFrame, norms: pd.DataFrame | None = None, row: 
     return out
 
 
+@escaped_figure
 def offset_strip(full: pd.DataFrame, trainable: pd.DataFrame | None = None,
                  norms: pd.DataFrame | None = None, max_segments: int = 300) -> go.Figure:
     """x = flat offset; one segment per tensor, coloured by log10 of its gradient norm.
@@ -158,6 +159,7 @@ def offset_strip(full: pd.DataFrame, trainable: pd.DataFrame | None = None,
     return fig
 
 
+@escaped_figure
 def layer_norm_bars(by_module: pd.DataFrame, top_k: int = 15) -> go.Figure:
     """Gradient norm of each layer (a module's own parameters, not its children's): the
     largest ``top_k``, plus one bar for the rest (root of the sum of their squares), on a log axis.
@@ -183,10 +185,10 @@ def layer_norm_bars(by_module: pd.DataFrame, top_k: int = 15) -> go.Figure:
     finite = layers["norm"].replace([np.inf, -np.inf], np.nan)
     order = layers.assign(_key=finite.fillna(np.inf)).sort_values("_key", ascending=False)
     top, rest = order.head(top_k), order.iloc[top_k:]
-    names = [html.escape(str(n)) for n in top["name"]]
+    names = [str(n) for n in top["name"]]
     values = [float(v) for v in top["norm"]]
     colours = ["#d62728" if s == "nonfinite" else "#1f77b4" for s in top["state"]]
-    hover = [f"<b>{n}</b><br>norm {v:.4g}<br>{p} parameters, {e:,} elements<br>state {s}"
+    hover = [f"<b>{plot_text(n)}</b><br>norm {v:.4g}<br>{p} parameters, {e:,} elements<br>state {s}"
              for n, v, p, e, s in zip(names, values, top["parameters"], top["numel"], top["state"])]
     if len(rest):
         rest_norm = float(np.sqrt(np.square(rest["norm"].to_numpy(dtype=float)).sum()))

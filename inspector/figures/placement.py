@@ -6,13 +6,13 @@ Both take the tables of :mod:`inspector.placement` (audit, placement, usage) and
 
 from __future__ import annotations
 
-import html
 from collections.abc import Mapping
 from typing import Any
 
 import pandas as pd
 import plotly.graph_objects as go
 
+from ..escaping import escaped_figure, plot_text
 from ..summary import format_bytes
 from .palette import FIXED_COLOURS, WHOLE_MODEL, device_colours, device_key, readable
 
@@ -54,6 +54,7 @@ def _choose_depth(names: list[str], max_nodes: int) -> int:
     return best
 
 
+@escaped_figure
 def placement_treemap(table: pd.DataFrame, max_nodes: int = 400, title: str = "") -> go.Figure:
     """The module tree sized by bytes, coloured by device; buffers hatched; findings in red.
 
@@ -104,7 +105,7 @@ def placement_treemap(table: pd.DataFrame, max_nodes: int = 400, title: str = ""
         ids.append(nid)
         parents.append("" if nid == ROOT else n["parent"])
         short = WHOLE_MODEL if nid == "" else nid if nid == ROOT else nid.rpartition(".")[2]
-        labels.append(html.escape(("▦ " if n["kind"] == "buffer" else "") + short))
+        labels.append(("▦ " if n["kind"] == "buffer" else "") + short)
         values.append(n["bytes"] if leaf else 0)
         fill.append(colours.get(dev, FIXED.get(dev, FIXED["mixed"])))
         line.append(RED if n["codes"] else "#FFFFFF")
@@ -112,13 +113,13 @@ def placement_treemap(table: pd.DataFrame, max_nodes: int = 400, title: str = ""
         pattern.append("x" if n["kind"] == "buffer" else "")
         where = ", ".join(sorted(map(str, devs)))
         extra = f"<br>tensors: {n['count']}" if leaf and n["count"] > 1 else ""
-        found = f"<br><b>{html.escape(', '.join(sorted(n['codes'])))}</b>" if n["codes"] else ""
-        hover.append(f"{html.escape(nid)}<br>{n['kind']}<br>device: {html.escape(where)}{extra}{found}")
+        found = f"<br><b>{plot_text(', '.join(sorted(n['codes'])))}</b>" if n["codes"] else ""
+        hover.append(f"{plot_text(nid)}<br>{n['kind']}<br>device: {plot_text(where)}{extra}{found}")
     fig = go.Figure(go.Treemap(
         ids=ids, parents=parents, labels=labels, values=values, branchvalues="remainder",
         marker=dict(colors=fill, line=dict(color=line, width=width), pattern=dict(shape=pattern)),
         hovertext=hover, hoverinfo="text", maxdepth=4))
-    legend = "  ".join(f"<span style='color:{c}'>■</span> {html.escape(str(d))}" for d, c in colours.items())
+    legend = "  ".join(f"<span style='color:{c}'>■</span> {plot_text(str(d))}" for d, c in colours.items())
     fig.update_layout(
         title=title or None, margin=dict(t=40 if title else 10, l=5, r=5, b=30), height=560,
         annotations=[dict(text=f"{legend}  ▦ hatched = buffer  <span style='color:{RED}'>■</span> red edge "
@@ -127,6 +128,7 @@ def placement_treemap(table: pd.DataFrame, max_nodes: int = 400, title: str = ""
     return fig
 
 
+@escaped_figure
 def usage_bars(usage: pd.DataFrame, title: str = "") -> go.Figure:
     """Parameter and buffer bytes per device, stacked, with the budget marked and room kept free.
 
@@ -167,6 +169,7 @@ def usage_bars(usage: pd.DataFrame, title: str = "") -> go.Figure:
     return readable(fig)
 
 
+@escaped_figure
 def usage_side_by_side(ours: pd.DataFrame, theirs: pd.DataFrame,
                        labels: Mapping[str, str] | None = None) -> go.Figure:
     """Total bytes per device for two plans side by side (ours, accelerate's).

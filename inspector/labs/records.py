@@ -7,6 +7,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
+from ..escaping import markdown_text
 from .core import Lab, TaskRecord
 
 
@@ -53,14 +54,13 @@ def lab_report_markdown(lab: Lab, progress: Mapping[str, Mapping[str, TaskRecord
         if t["message"]:
             lines += [f"Feedback: {t['message']}", ""]
         if t["evidence"]:
-            lines += ["What the inspector measured:", ""] + [f"- {e}" for e in t["evidence"]] + [""]
+            lines += ["What the inspector measured:", ""] + [f"- {_md(e)}" for e in t["evidence"]] + [""]
     return "\n".join(lines)
 
 
 def _md(text: Any) -> str:
-    """Text safe for a Markdown table cell: no pipes, no line breaks, no raw HTML."""
-    s = str(text).replace("\\", "\\\\").replace("|", "\\|").replace("\n", " ")
-    return s.replace("<", "&lt;").replace(">", "&gt;")
+    """Text safe for Markdown (a table cell too): no link, image, markup or table break."""
+    return markdown_text(text)
 
 
 def lab_section(lab: Lab, progress: Mapping[str, Mapping[str, TaskRecord]], student: str = ""):

@@ -1,0 +1,42 @@
+"""``python -m inspector checkpoint PATH``: the tensors (and pieces) of a checkpoint, without a model."""
+
+from __future__ import annotations
+
+import argparse
+import math
+
+import pandas as pd
+
+from ..distributed.checkpoint import dcp_listing, is_dcp_folder
+from ..models import read_checkpoint
+from . import _types as types
+from ._common import print_findings, print_table, write_json
+
+HELP = ("list the tensors of a checkpoint: a .safetensors/.pt/.bin file, or a torch.distributed.checkpoint "
+        "folder with the pieces each tensor is stored in (nothing in it is executed)")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("path", type=types.checkpoint, help="checkpoint file, or torch.distributed.checkpoint folder")
+    parser.add_argument("--max-rows", type=types.positive_int, default=60, help="rows to print")
+    parser.add_argument("--json", default=None, type=types.output_file, metavar="PATH",
+                        help="write the listing as JSON")
+
+
+def run(args: argparse.Namespace) -> int:
+    if is_dcp_folder(args.path):
+        table = dcp_listing(args.path)
+        print(f"distributed checkpoint {args.path}: {len(table)} entries, {int(table['pieces'].sum())} pieces "
+              f"in {len({f for fs in table['files'] for f in fs.split(', ') if f})} files")
+        findings = []
+    else:
+        state, findings = read_checkpoint(args.path)
+        table = pd.DataFrame([(k, "tensor", str(v.dtype).removeprefix("torch."), tuple(v.shape),
+                               math.prod(v.shape)) for k, v in state.items()],
+                             columns=["name", "kind", "dtype", "shape", "numel"])
+        print(f"checkpoint {args.path}: {len(table)} tensors")
+    print_table(table, args.max_rows)
+    print_findings(findings)
+    if args.json:
+        write_json(args.json, table.to_dict(orient="records"))
+    return 0

@@ -1,0 +1,56 @@
+"""``torchrun --nproc-per-node N -m inspector distributed SOURCE --shard fsdp --steps K -o run.jsonl``."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from ..distributed.train import SHARD_MODES, process_group, rank_device, shard, train_and_check
+from ..findings import InspectorError
+from ..models import load_model
+from . import _types as types
+from ._common import print_findings, progress
+
+HELP = ("under torchrun: shard the model on every rank, train a few steps and check each one "
+        "(replica drift, nonfinite gradients by rank, imbalance, memory); rank 0 writes a JSON-lines run file")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("source", help="path/to/file.py:factory (the file defines example_inputs and loss) "
+                                       "or sample:<name>")
+    parser.add_argument("--shard", choices=SHARD_MODES, default="fsdp",
+                        help="fsdp: fully_shard each block then the model (default); ddp; none")
+    parser.add_argument("--steps", type=types.positive_int, default=3,
+                        help="training steps to run and check (default 3)")
+    parser.add_argument("--batch-size", type=types.positive_int, default=2, help="batch size per rank (default 2)")
+    parser.add_argument("--lr", type=float, default=1e-2, help="SGD learning rate (default 0.01)")
+    parser.add_argument("--device", default="cpu", help="cpu (gloo) or cuda (NCCL, one GPU per rank)")
+    parser.add_argument("-o", "--output", required=True, type=types.output_file,
+                        help="JSON-lines run file rank 0 writes (replaced)")
+
+
+def run(args: argparse.Namespace) -> int:
+    with process_group(args.device) as (rank, world):
+        device = rank_device(args.device)
+        loaded = load_model(args.source, device=str(device))
+        if not loaded.has_loss:
+            raise InspectorError(f"{loaded.source} defines no loss(outputs, inputs); the file must define one "
+                                 "to train")
+        out = Path(args.output)
+        if rank == 0:
+            progress(f"{loaded.name}: {args.shard} on {world} rank(s), {args.steps} steps -> {out}")
+            out.unlink(missing_ok=True)
+        model = shard(loaded.model, args.shard, device)
+        checks = train_and_check(model, loaded.example_inputs, loaded.loss, args.steps, str(out),
+                                 batch_size=args.batch_size, lr=args.lr, device=device,
+                                 note=f"{loaded.source} --shard {args.shard}")
+    if rank == 0:
+        for check in checks:
+            g = check.record["global"]
+            per_rank = ", ".join(f"{r['grad_norm']:.4g}" for r in check.record["ranks"]
+                                 if r["grad_norm"] is not None)
+            print(f"step {check.step}: grad norm {g['grad_norm']:.6g} (per rank: {per_rank}); "
+                  f"{len(check.findings)} findings")
+        print_findings(checks[-1].findings)
+        progress(f"wrote {out}")
+    return 1 if any(f.severity == "error" for c in checks for f in c.findings) else 0

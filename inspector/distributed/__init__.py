@@ -1,0 +1,18 @@
+"""Distributed training (torch.distributed, FSDP2, DTensor): per-step checks and merged runs.
+
+Under ``torchrun``, call :func:`check_step` on every rank after the backward pass; rank 0
+appends one JSON line per step, which :func:`read_run`, ``python -m inspector report`` and
+the Distributed page read::
+
+    from inspector.distributed import check_step
+    check_step(model, step, "run.jsonl")
+"""
+
+from __future__ import annotations
+
+from .check import StepCheck, check_step
+from .run import DistributedRun, is_run_file, parse_run, read_run, unique_findings
+from .tensors import is_dtensor, local_piece, model_has_dtensors, placements_text
+
+__all__ = ["StepCheck", "check_step", "DistributedRun", "read_run", "parse_run", "is_run_file",
+           "unique_findings", "is_dtensor", "local_piece", "model_has_dtensors", "placements_text"]

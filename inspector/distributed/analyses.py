@@ -1,0 +1,128 @@
+"""DTensor columns and global gradient norms for the single-model analyses.
+
+``offset_map``, ``gradient_report`` and ``placement_table`` call into here when a model's
+parameters are DTensors (FSDP2, tensor parallelism): their ``shape``/``numel`` are global,
+so the global columns stay as they are and this adds what this rank holds.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import torch
+from torch import nn
+
+from .check import collect
+from .tensors import is_dtensor, local_piece, placements_text
+
+LOCAL_OFFSET_COLUMNS = ["local_start", "local_end", "local_numel", "piece_start", "piece_end",
+                        "placements", "mesh"]
+
+
+def with_local_offsets(table: pd.DataFrame, tensors: list[torch.Tensor]) -> pd.DataFrame:
+    """``offset_map`` rows plus this rank's piece of each tensor.
+
+    ``local_start/local_end``: offsets in this rank's flat vector of local pieces
+    (``parameters_to_vector(p.to_local() for p ...)``); ``local_numel``: elements this rank
+    holds; ``piece_start/piece_end``: the global flat indices the piece covers (``piece_end``
+    is -1 when the piece is not one contiguous range, e.g. ``Shard(1)``); ``placements``
+    and ``mesh`` as DTensor says (``""`` and ``()`` for plain tensors).
+    """
+    local_start, local_end, local_numel, piece_start, piece_end, placements, mesh = ([] for _ in range(7))
+    offset = 0
+    for start, t in zip(table["start"].tolist(), tensors):
+        piece = local_piece(t)
+        local_start.append(offset)
+        offset += piece.numel
+        local_end.append(offset)
+        local_numel.append(piece.numel)
+        piece_start.append(start + piece.start)
+        piece_end.append(start + piece.end if piece.contiguous else -1)
+        placements.append(placements_text(t))
+        mesh.append(tuple(t.device_mesh.shape) if is_dtensor(t) else ())
+    out = table.copy()
+    for col, values in zip(LOCAL_OFFSET_COLUMNS, (local_start, local_end, local_numel, piece_start, piece_end,
+                                                  placements, mesh)):
+        out[col] = np.asarray(values, dtype=np.int64) if col not in ("placements", "mesh") else values
+    return out
+
+
+def bytes_per_rank(t: torch.Tensor) -> dict[int, int]:
+    """Bytes of ``t`` each rank of its mesh holds, from metadata (global rank -> bytes)."""
+    size = t.element_size()
+    if not is_dtensor(t):
+        return {}
+    mesh = t.device_mesh
+    ranks = mesh.mesh.reshape(-1).tolist()
+    out = {}
+    for flat, rank in enumerate(ranks):
+        coordinate = np.unravel_index(flat, tuple(mesh.shape))
+        shape = list(t.shape)
+        for i, p in enumerate(t.placements):
+            dim = getattr(p, "dim", None)
+            if dim is None or type(p).__name__ != "Shard":
+                continue
+            chunk = -(-shape[dim] // mesh.size(i))
+            start = min(int(coordinate[i]) * chunk, shape[dim])
+            shape[dim] = min(start + chunk, shape[dim]) - start
+        out[int(rank)] = int(math.prod(shape)) * size
+    return out
+
+
+def with_rank_bytes(table: pd.DataFrame, model: nn.Module) -> pd.DataFrame:
+    """``placement_table`` rows plus ``placements``, ``mesh``, ``local_bytes`` (this rank) and
+    ``bytes_per_rank`` (global rank -> bytes, from the placements)."""
+    tensors = dict(model.named_parameters(remove_duplicate=False))
+    tensors.update(model.named_buffers(remove_duplicate=False))
+    out = table.copy()
+    found = [tensors.get(n) for n in table["name"].tolist()]
+    out["placements"] = [placements_text(t) if t is not None else "" for t in found]
+    out["mesh"] = [tuple(t.device_mesh.shape) if is_dtensor(t) else () for t in found]
+    out["local_bytes"] = [local_piece(t).numel * t.element_size() if t is not None else 0 for t in found]
+    out["bytes_per_rank"] = [bytes_per_rank(t) if t is not None else {} for t in found]
+    return out
+
+
+def rank_bytes(table: pd.DataFrame) -> pd.DataFrame:
+    """Bytes per rank from a ``placement_table`` that has ``bytes_per_rank``: columns ``rank,
+    bytes, sharded_bytes, replicated_bytes``."""
+    totals: dict[int, list[int]] = {}
+    for placements, per_rank in zip(table["placements"], table["bytes_per_rank"]):
+        sharded = "Shard" in placements
+        for rank, nbytes in per_rank.items():
+            acc = totals.setdefault(rank, [0, 0, 0])
+            acc[0] += nbytes
+            acc[1 if sharded else 2] += nbytes
+    rows = [(r, *v) for r, v in sorted(totals.items())]
+    return pd.DataFrame(rows, columns=["rank", "bytes", "sharded_bytes", "replicated_bytes"])
+
+
+def mesh_dims(model: nn.Module) -> pd.DataFrame:
+    """One row per mesh dimension of the model's DTensors: ``mesh, dim, size, placement, tensors,
+    bytes_per_rank`` (bytes each rank holds of the tensors placed that way on that dimension)."""
+    rows: dict[tuple, list] = {}
+    seen: set[int] = set()
+    for t in list(model.parameters()) + list(model.buffers()):
+        if not is_dtensor(t) or id(t) in seen:
+            continue
+        seen.add(id(t))
+        local_bytes = local_piece(t).numel * t.element_size()
+        for i, placement in enumerate(placements_text(t).split(", ")):
+            key = (tuple(t.device_mesh.shape), i, t.device_mesh.size(i), placement)
+            acc = rows.setdefault(key, [0, 0])
+            acc[0] += 1
+            acc[1] += local_bytes
+    data = [(str(k[0]), k[1], k[2], k[3], v[0], v[1]) for k, v in rows.items()]
+    return pd.DataFrame(data, columns=["mesh", "dim", "size", "placement", "tensors", "local_bytes"])
+
+
+def global_gradient_rows(model: nn.Module) -> tuple[list[dict[str, Any]], int, int]:
+    """Per-parameter gradient rows with global and per-rank norms (one collective).
+
+    Every rank must call it at the same time, as with ``clip_grad_norm_``.
+    """
+    record, rank, world = collect(model, hashes=False)
+    return [r for r in record["tensors"] if r["kind"] == "parameter"], rank, world

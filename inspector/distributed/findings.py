@@ -1,0 +1,138 @@
+"""Findings of one distributed step, from the gathered record alone (the same on every rank)."""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from statistics import median
+from typing import Any
+
+from ..findings import Finding
+
+
+def _ranks(ranks: list[int]) -> str:
+    if len(ranks) == 1:
+        return f"rank {ranks[0]}"
+    return "ranks " + ", ".join(str(r) for r in ranks[:-1]) + f" and {ranks[-1]}"
+
+
+def step_findings(record: dict[str, Any], far_factor: float = 10.0) -> list[Finding]:
+    """Every finding of one step record (see :func:`inspector.distributed.check_step`)."""
+    findings: list[Finding] = []
+    for row in record["tensors"]:
+        findings += _drift(row, record["step"])
+        findings += nonfinite_by_rank(row)
+        findings += _unsynchronised(row)
+    findings += _far_off(record, far_factor)
+    findings += _imbalance(record)
+    return findings
+
+
+def _drift(row: dict[str, Any], step: int) -> list[Finding]:
+    """Ranks that must hold the same values of a tensor but hold different bits."""
+    out = []
+    keys = row["replica_key"]
+    by_key: dict[int, list[int]] = {}
+    for r, k in enumerate(keys):
+        if k >= 0:
+            by_key.setdefault(k, []).append(r)
+    for ranks in by_key.values():
+        if len(ranks) < 2:
+            continue
+        hashes = {r: tuple(row["hash"][r]) for r in ranks}
+        counts = Counter(hashes.values())
+        if len(counts) == 1:
+            continue
+        majority, _ = counts.most_common(1)[0]
+        agree = [r for r in ranks if hashes[r] == majority]
+        differ = [r for r in ranks if hashes[r] != majority]
+        out.append(Finding(
+            "replica-drift", "error", row["name"],
+            f"{row['kind']} {row['name']} should be identical on {_ranks(ranks)} but at step {step} "
+            f"{_ranks(differ)} {'holds' if len(differ) == 1 else 'hold'} different values from "
+            f"{_ranks(agree)}. Something updated it on one rank only (an unsynchronised buffer such "
+            "as BatchNorm running statistics, a parameter outside FSDP/DDP, a rank-dependent "
+            "seed or in-place edit); broadcast it from rank 0 or shard/wrap it."))
+    return out
+
+
+def nonfinite_by_rank(row: dict[str, Any]) -> list[Finding]:
+    """``nonfinite-gradient`` naming the ranks whose local piece of a tensor's gradient holds NaN/Inf."""
+    bad = [r for r, (n, i) in enumerate(zip(row["nan"], row["inf"])) if n or i]
+    if not bad:
+        return []
+    counts = "; ".join(f"rank {r}: {row['nan'][r]} NaN, {row['inf'][r]} Inf" for r in bad)
+    fine = [r for r in range(len(row["nan"])) if r not in bad]
+    tail = f"; {_ranks(fine)} {'is' if len(fine) == 1 else 'are'} finite" if fine else ""
+    return [Finding(
+        "nonfinite-gradient", "error", row["name"],
+        f"the gradient of {row['name']} is not finite on {_ranks(bad)} ({counts} in the local "
+        f"piece){tail}. The next optimizer step spreads it to the weights; look at that rank's "
+        "data batch and loss.")]
+
+
+def _unsynchronised(row: dict[str, Any]) -> list[Finding]:
+    """A plain (not sharded, not DTensor) parameter whose gradient differs between ranks."""
+    if row["kind"] != "parameter" or row["placements"] or len(row["local_grad_norm"]) < 2:
+        return []
+    norms = row["local_grad_norm"]
+    if any(v is None for v in norms):
+        return []
+    lo, hi = min(norms), max(norms)
+    if hi - lo <= 1e-5 * max(hi, 1e-30):
+        return []
+    return [Finding(
+        "gradient-not-synchronized", "warning", row["name"],
+        f"{row['name']} is a plain parameter on every rank, but its gradient norm ranges from "
+        f"{lo:.4g} to {hi:.4g} across ranks: its gradients are not averaged, so the replicas will "
+        "drift apart. Shard it with fully_shard, wrap the model in DDP, or all-reduce its gradient.")]
+
+
+def _far_off(record: dict[str, Any], far_factor: float) -> list[Finding]:
+    """A rank whose gradient RMS per element is far from the other ranks' median."""
+    rms: dict[int, float] = {}
+    for rank in range(record["world_size"]):
+        sq = numel = 0.0
+        for row in record["tensors"]:
+            v = row["local_grad_norm"][rank] if row["local_grad_norm"] else None
+            if v is None or not math.isfinite(v):
+                continue
+            sq += v * v
+            numel += row["local_numel"][rank]
+        if numel:
+            rms[rank] = math.sqrt(sq / numel)
+    if len(rms) < 2:
+        return []
+    out = []
+    for rank, value in rms.items():
+        others = median(v for r, v in rms.items() if r != rank)
+        if others <= 0 or value <= 0:
+            continue
+        ratio = value / others
+        if ratio >= far_factor:
+            out.append(Finding(
+                "gradient-far-off", "warning", f"rank {rank}",
+                f"rank {rank}'s gradients are {ratio:.3g}x larger per element than the other ranks' "
+                f"median (RMS {value:.3g} against {others:.3g}): a bad batch, a different loss scale "
+                "or a missed gradient reduction on that rank."))
+    return out
+
+
+def _imbalance(record: dict[str, Any], threshold: float = 0.05) -> list[Finding]:
+    """Ranks holding unequal shares of the sharded parameters."""
+    world = record["world_size"]
+    sharded = [r for r in record["tensors"] if r["kind"] == "parameter" and "Shard" in r["placements"]]
+    if world < 2 or not sharded:
+        return []
+    totals = [sum(r["local_numel"][k] for r in sharded) for k in range(world)]
+    mean = sum(totals) / world
+    if mean == 0 or (max(totals) - mean) / mean <= threshold:
+        return []
+    worst = sorted(sharded, key=lambda r: max(r["local_numel"]) - min(r["local_numel"]), reverse=True)[:3]
+    names = ", ".join(f"{r['name']} ({'/'.join(str(n) for n in r['local_numel'])})" for r in worst)
+    big = totals.index(max(totals))
+    return [Finding(
+        "shard-imbalance", "warning", f"rank {big}",
+        f"rank {big} holds {max(totals)} sharded parameter elements, {100 * (max(totals) - mean) / mean:.1f}% "
+        f"above the mean of {mean:.0f} (per rank: {', '.join(str(t) for t in totals)}); most uneven: "
+        f"{names}. Dimension 0 of those tensors does not divide by the number of shards.")]

@@ -1,0 +1,68 @@
+"""A distributed run file as a Report: the run, one section per rank, the tensors of the last step.
+
+``python -m inspector report run.jsonl -o run.html`` and the Distributed page use it; the
+Report renders to HTML, JSON and Markdown like a model report.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import pandas as pd
+
+from ..report import Report, Section, Table, make_figure
+from .run import DistributedRun, rank_issues, unique_findings
+
+
+def run_report(run: DistributedRun) -> Report:
+    """Sections ``findings``, ``run``, ``rank-0`` ... ``rank-N``, ``tensors`` of one run file."""
+    from ..figures.distributed import grad_norm_figure, memory_figure
+
+    first = run.records[0]
+    findings = tuple(f for _, f in unique_findings(run))
+    seen_at = Table("Findings by step", ("code", "where", "steps"),
+                    tuple((f.code, f.where, ", ".join(str(s) for s in steps)) for steps, f in unique_findings(run)))
+    overview = Section(
+        "run", "Distributed run", facts={
+            "file": run.path, "world_size": run.world_size, "backend": run.backend,
+            "steps": len(run.steps), "first_step": int(run.steps["step"].iloc[0]),
+            "last_step": int(run.steps["step"].iloc[-1]), "note": str(first.get("note", "")),
+            "parameter_elements": int(first["global"].get("param_numel", 0))},
+        tables=(Table.from_frame("Steps", run.steps), seen_at),
+        figures=(make_figure("Gradient norm per rank", grad_norm_figure(run.per_rank, run.steps)),
+                 make_figure("Memory per rank", memory_figure(run.per_rank))),
+        findings=findings)
+    ranks = tuple(_rank_section(run, rank) for rank in sorted(run.per_rank["rank"].unique()))
+    tensors = Section("tensors", f"Tensors at step {int(run.steps['step'].iloc[-1])}",
+                      tables=(Table.from_frame("Tensors", _tensor_table(run.tensors)),))
+    return Report(
+        model={"name": run.path, "source": run.path, "device": run.backend, "dtype": None, "checkpoint": None,
+               "class": "distributed run"},
+        options={"world_size": run.world_size},
+        sections=(Section("findings", "Findings"), overview, *ranks, tensors),
+        created=datetime.now(UTC).isoformat(timespec="seconds"),
+        environment={"backend": run.backend})
+
+
+def _rank_section(run: DistributedRun, rank: int) -> Section:
+    rows = run.per_rank[run.per_rank["rank"] == rank].drop(columns=["rank"])
+    last = rows.iloc[-1]
+    issues = rank_issues(run, int(rank))
+    return Section(
+        f"rank-{int(rank)}", f"Rank {int(rank)}",
+        facts={"parameter_elements": int(last["param_numel"]), "parameter_bytes": int(last["param_bytes"]),
+               "gradient_bytes": int(last["grad_bytes"]), "buffer_bytes": int(last["buffer_bytes"]),
+               "nonfinite_gradient_values": int(rows["nonfinite"].sum()),
+               "tensors_where_it_stands_out": int(issues["tensor"].nunique())},
+        tables=(Table.from_frame(f"Rank {int(rank)} by step", rows),
+                Table.from_frame(f"Where rank {int(rank)} stands out", issues,
+                                 "nonfinite gradient pieces, and replicated tensors whose bits differ from the "
+                                 "majority")))
+
+
+def _tensor_table(tensors: pd.DataFrame) -> pd.DataFrame:
+    out = tensors.copy()
+    for col in ("mesh", "shape", "local_numel", "local_grad_norm", "nan", "inf"):
+        out[col] = out[col].map(lambda v: " / ".join("" if x is None else f"{x:.4g}" if isinstance(x, float)
+                                                     else str(x) for x in v) if isinstance(v, list) else v)
+    return out

@@ -1,0 +1,145 @@
+"""Reading the JSON-lines file ``check_step`` writes: one record per step, merged over ranks."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from ..findings import Finding, InspectorError
+from .check import FORMAT
+
+RANK_COLUMNS = ["step", "rank", "grad_norm", "nonfinite", "param_numel", "param_bytes", "grad_bytes",
+                "buffer_bytes", "device_allocated", "device_peak", "rss", "peak_rss"]
+TENSOR_COLUMNS = ["name", "kind", "placements", "mesh", "shape", "numel", "local_numel", "grad_norm",
+                  "local_grad_norm", "nan", "inf"]
+
+
+@dataclass(frozen=True)
+class DistributedRun:
+    """The steps of one distributed run, as tables.
+
+    ``per_rank``: one row per (step, rank) with columns ``RANK_COLUMNS``; ``steps``: one row
+    per step (``step, grad_norm, nonfinite, findings``); ``tensors``: the last step's tensors
+    (``TENSOR_COLUMNS``); ``findings``: ``(step, Finding)`` pairs in file order.
+    """
+
+    path: str
+    world_size: int
+    backend: str
+    records: list[dict[str, Any]] = field(repr=False)
+    per_rank: pd.DataFrame = field(repr=False)
+    steps: pd.DataFrame = field(repr=False)
+    tensors: pd.DataFrame = field(repr=False)
+    findings: list[tuple[int, Finding]] = field(default_factory=list)
+
+    def tensors_at(self, step: int) -> pd.DataFrame:
+        """The tensors table of ``step`` (the last record with that step number)."""
+        for rec in reversed(self.records):
+            if rec["step"] == step:
+                return _tensor_frame(rec)
+        raise InspectorError(f"{self.path} has no step {step}; steps: {self.steps['step'].tolist()}")
+
+
+def is_run_file(path: str | os.PathLike) -> bool:
+    """Whether ``path`` starts with a ``check_step`` record (reads the first line only)."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            first = fh.readline(1_000_000)
+        return json.loads(first).get("format") == FORMAT
+    except (OSError, ValueError, AttributeError, UnicodeDecodeError):
+        return False
+
+
+def read_run(path: str | os.PathLike) -> DistributedRun:
+    """Read a run file written by :func:`check_step` (or ``python -m inspector distributed``).
+
+    Raises:
+        InspectorError: the file is missing, empty, or a line is not a step record (the
+            message names the file and the line).
+    """
+    p = Path(path)
+    if not p.is_file():
+        raise InspectorError(f"run file {p} does not exist; write it with inspector.distributed.check_step "
+                             "or `torchrun ... -m inspector distributed ... -o FILE`")
+    try:
+        text = p.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InspectorError(f"run file {p.name} cannot be read as UTF-8 text ({exc})") from None
+    return parse_run(text, p.name)
+
+
+def parse_run(text: str, name: str = "run file") -> DistributedRun:
+    """Like :func:`read_run`, from the file's text (an upload)."""
+    records = []
+    for number, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except ValueError as exc:
+            raise InspectorError(f"{name} line {number} is not JSON ({exc}); a run file holds one "
+                                 "check_step record per line") from None
+        if not isinstance(rec, dict) or rec.get("format") != FORMAT:
+            raise InspectorError(f"{name} line {number} is not a check_step record (no "
+                                 f"\"format\": \"{FORMAT}\")")
+        missing = [k for k in ("step", "world_size", "ranks", "tensors", "global") if k not in rec]
+        if missing:
+            raise InspectorError(f"{name} line {number} lacks {', '.join(missing)}")
+        records.append(rec)
+    if not records:
+        raise InspectorError(f"{name} holds no step records")
+    rank_rows, step_rows, findings = [], [], []
+    for rec in records:
+        for r in rec["ranks"]:
+            rank_rows.append([rec["step"]] + [r.get(c) for c in RANK_COLUMNS[1:]])
+        step_findings = [Finding(**f) for f in rec.get("findings", [])]
+        findings += [(rec["step"], f) for f in step_findings]
+        step_rows.append([rec["step"], rec["global"].get("grad_norm"), rec["global"].get("nonfinite", 0),
+                          len(step_findings)])
+    per_rank = pd.DataFrame(rank_rows, columns=RANK_COLUMNS)
+    steps = pd.DataFrame(step_rows, columns=["step", "grad_norm", "nonfinite", "findings"])
+    last = records[-1]
+    return DistributedRun(name, int(last["world_size"]), str(last.get("backend", "")), records,
+                          per_rank, steps, _tensor_frame(last), findings)
+
+
+def _tensor_frame(record: dict[str, Any]) -> pd.DataFrame:
+    rows = [[t.get(c) for c in TENSOR_COLUMNS] for t in record["tensors"]]
+    return pd.DataFrame(rows, columns=TENSOR_COLUMNS)
+
+
+def unique_findings(run: DistributedRun) -> list[tuple[list[int], Finding]]:
+    """Each distinct finding once, with the steps it was seen at (first step first)."""
+    seen: dict[tuple[str, str, str], tuple[list[int], Finding]] = {}
+    for step, f in run.findings:
+        key = (f.code, f.severity, f.where)
+        if key in seen:
+            seen[key][0].append(step)
+        else:
+            seen[key] = ([step], f)
+    return list(seen.values())
+
+
+def rank_issues(run: DistributedRun, rank: int) -> pd.DataFrame:
+    """Where ``rank`` stands out, step by step: ``step, tensor, issue`` with ``issue`` in
+    ``"nonfinite gradient"`` (its piece holds NaN/Inf) and ``"differs from its replicas"``
+    (its bits differ from the majority of the ranks that must hold the same values)."""
+    rows = []
+    for rec in run.records:
+        for t in rec["tensors"]:
+            if rank < len(t["nan"]) and (t["nan"][rank] or t["inf"][rank]):
+                rows.append((rec["step"], t["name"], "nonfinite gradient"))
+            keys, hashes = t.get("replica_key", []), t.get("hash", [])
+            if rank >= len(keys) or keys[rank] < 0 or not hashes:
+                continue
+            peers = [tuple(hashes[r]) for r in range(len(keys)) if keys[r] == keys[rank]]
+            majority = Counter(peers).most_common(1)[0][0]  # ties: the lowest rank's bits, as check_step
+            if len(set(peers)) > 1 and tuple(hashes[rank]) != majority:
+                rows.append((rec["step"], t["name"], "differs from its replicas"))
+    return pd.DataFrame(rows, columns=["step", "tensor", "issue"])

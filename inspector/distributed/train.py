@@ -1,0 +1,103 @@
+"""Run a few training steps of a model under torch.distributed, checking every step.
+
+Used by ``python -m inspector distributed``; every rank runs the same code (``torchrun``
+starts them). Without ``torchrun`` it runs as a world of one process.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from ..findings import InspectorError
+from .check import StepCheck, check_step
+
+SHARD_MODES = ("fsdp", "ddp", "none")
+
+
+@contextlib.contextmanager
+def process_group(device: str = "cpu") -> Iterator[tuple[int, int]]:
+    """The process group torchrun describes in the environment, or a world of one.
+
+    Yields ``(rank, world_size)``. A group that was already initialised is used and left
+    alone; one made here is destroyed on exit. NCCL for CUDA devices, gloo otherwise.
+    """
+    if dist.is_initialized():
+        yield dist.get_rank(), dist.get_world_size()
+        return
+    backend = "nccl" if device.startswith("cuda") else "gloo"
+    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
+        dist.init_process_group(backend)
+    else:
+        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        yield dist.get_rank(), dist.get_world_size()
+    finally:
+        dist.destroy_process_group()
+
+
+def rank_device(device: str) -> torch.device:
+    """``cuda`` becomes this rank's GPU (``LOCAL_RANK``); anything else is kept."""
+    if device == "cuda":
+        index = int(os.environ.get("LOCAL_RANK", "0"))
+        torch.cuda.set_device(index)
+        return torch.device("cuda", index)
+    return torch.device(device)
+
+
+def fsdp_units(model: nn.Module) -> list[nn.Module]:
+    """The submodules to shard one by one: ``model.fsdp_units()`` if it has it, else every
+    member of every ``nn.ModuleList`` (transformer blocks)."""
+    units = getattr(model, "fsdp_units", None)
+    if callable(units):
+        return list(units())
+    return [m for mod in model.modules() if isinstance(mod, nn.ModuleList) for m in mod]
+
+
+def shard(model: nn.Module, mode: str, device: torch.device) -> nn.Module:
+    """``model`` sharded with FSDP2 (in place), wrapped in DDP, or as it is."""
+    if mode not in SHARD_MODES:
+        raise InspectorError(f"--shard {mode!r}: choose one of {', '.join(SHARD_MODES)}")
+    if mode == "fsdp":
+        from torch.distributed.fsdp import fully_shard
+
+        for unit in fsdp_units(model):
+            fully_shard(unit)
+        fully_shard(model)
+        return model
+    if mode == "ddp":
+        from torch.nn.parallel import DistributedDataParallel
+
+        return DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+    return model
+
+
+def train_and_check(model: nn.Module, inputs_fn: Callable[[int], Any], loss_fn: Callable[[Any, Any], torch.Tensor],
+                    steps: int, path: str | None, *, batch_size: int = 2, lr: float = 1e-2,
+                    device: torch.device | str = "cpu", note: str = "",
+                    after_backward: Callable[[nn.Module, int], None] | None = None) -> list[StepCheck]:
+    """``steps`` SGD steps of ``loss_fn(model(x), x)``, calling :func:`check_step` after each backward.
+
+    ``after_backward(model, step)``, if given, runs between the backward pass and the check.
+    """
+    from ..models import call_model, to_device
+
+    device = torch.device(device)
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr)
+    checks = []
+    for step in range(steps):
+        inputs = to_device(inputs_fn(batch_size), device)
+        loss = loss_fn(call_model(model, inputs), inputs)
+        loss.backward()
+        if after_backward is not None:
+            after_backward(model, step)
+        checks.append(check_step(model, step, path, note=note))
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    return checks

@@ -1,0 +1,182 @@
+"""Names from a model or a file are data: escape them for Markdown and for plotly text.
+
+Parameter, module, buffer and checkpoint-key names are chosen by whoever wrote the model
+or the file. Anything that renders Markdown (Streamlit's ``st.markdown``/``st.warning``/...,
+Markdown reports) or plotly's HTML subset (labels, hover text, titles) must show them as
+text, never as a link, an image or markup. Three helpers, used everywhere a name is shown:
+
+* :func:`markdown_text` for a name (or a sentence holding names) inside Markdown prose;
+* :func:`markdown_code` for a name shown as inline code;
+* :func:`plot_text` for a name in plotly text (see also :func:`escape_figure`);
+* :func:`terminal_text` for the command line (see also :func:`plain_terminal`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import html
+import io
+import re
+import sys
+from collections.abc import Callable, Iterator
+from functools import wraps
+from typing import Any, TextIO, TypeVar
+
+import numpy as np
+
+# Marks that start Markdown (or Streamlit) syntax anywhere in a line. `_` only at a word's edge
+# (GFM never reads an underscore inside a word as emphasis); `.` only after `www` and `:` only
+# before `/` or after mailto/xmpp (the autolinks GFM makes of bare text).
+_MARKS = re.compile(r"([\\`*\[\]()!|~$@#{}]|(?<![A-Za-z0-9])_|_(?![A-Za-z0-9])|(?<=\bwww)\."
+                    r"|:(?=/)|(?<=mailto):|(?<=xmpp):)", re.IGNORECASE)
+_BLOCK_START = re.compile(r"^(\s*)([-+=])|^(\s*\d+)([.)])")
+_LINE_BREAKS = re.compile(r"[\r\n\u2028\u2029\x0b\x0c]+")
+_BACKTICKS = re.compile(r"`+")
+
+
+def markdown_text(value: Any) -> str:
+    r"""``value`` as literal text inside Markdown (CommonMark/GFM, Streamlit's ``st.markdown``).
+
+    ``<``, ``>`` and ``&`` become entities; the marks that start a link, an image, emphasis,
+    code, a table cell, a Streamlit directive (``:red[...]``), LaTeX or an autolink
+    (``http://``, ``www.``, ``a@b``) are backslash-escaped; line breaks become spaces
+    so a name cannot start a new block. Rendered, the text reads exactly as ``value``.
+
+    >>> print(markdown_text("![k](http://h/x.png)"))
+    \!\[k\]\(http\://h/x.png\)
+    >>> print(markdown_text("<b>a|b</b> parameter_elements"))
+    &lt;b&gt;a\|b&lt;/b&gt; parameter_elements
+    >>> print(markdown_text("1. x"))
+    1\. x
+    """
+    text = _LINE_BREAKS.sub(" ", "" if value is None else str(value))
+    text = html.escape(text, quote=False)
+    text = _MARKS.sub(r"\\\1", text)
+    return _BLOCK_START.sub(lambda m: f"{m[1]}\\{m[2]}" if m[2] else f"{m[3]}\\{m[4]}", text, count=1)
+
+
+def markdown_code(value: Any) -> str:
+    """``value`` as one inline code span, whatever backticks it holds (CommonMark's rule).
+
+    >>> markdown_code("lm_head.weight")
+    '`lm_head.weight`'
+    >>> markdown_code("a`b")
+    '``a`b``'
+    """
+    text = _LINE_BREAKS.sub(" ", "" if value is None else str(value))
+    if not text:
+        return "` `"
+    longest = max((len(m) for m in _BACKTICKS.findall(text)), default=0)
+    fence = "`" * (longest + 1)
+    pad = " " if text[0] in "` " or text[-1] in "` " else ""
+    return f"{fence}{pad}{text}{pad}{fence}"
+
+
+def plot_text(value: Any) -> str:
+    """``value`` for plotly's text (labels, hover, titles): ``<``, ``>`` and ``&`` as entities.
+
+    Plotly draws ``<a href>``, ``<br>``, ``<b>``... in any text it shows; the entities it
+    decodes back are shown as the characters.
+
+    >>> plot_text('<a href="http://h">x</a> & y')
+    '&lt;a href="http://h"&gt;x&lt;/a&gt; &amp; y'
+    """
+    return html.escape("" if value is None else str(value), quote=False)
+
+
+# Trace and layout fields that only ever carry data (names, categories), never markup we write.
+_TRACE_FIELDS = ("x", "y", "ids", "parents", "labels", "text", "customdata", "name")
+_AXIS_FIELDS = ("categoryarray", "tickvals")
+
+
+def _escape_values(values: Any) -> Any:
+    if values is None:
+        return None
+    if isinstance(values, str):
+        return plot_text(values)
+    if isinstance(values, np.ndarray):
+        if values.dtype.kind in "OUS":
+            return np.vectorize(_escape_values, otypes=[object])(values) if values.size else values
+        return values
+    if isinstance(values, (list, tuple)):
+        return type(values)(_escape_values(v) for v in values)
+    return values
+
+
+def escape_figure(fig: Any) -> Any:
+    """Escape, in place, every data string of a plotly figure; returns the figure.
+
+    Covers each trace's ``x``, ``y``, ``ids``, ``parents``, ``labels``, ``text``,
+    ``customdata`` and ``name``, the layout's title, every axis title and category array.
+    Hover texts, tick texts and annotations, which hold markup the builders write
+    (``<br>``, ``<b>``), are escaped where each name enters them, with :func:`plot_text`.
+    """
+    for trace in fig.data:
+        for key in _TRACE_FIELDS:
+            if key in trace and trace[key] is not None:
+                trace[key] = _escape_values(trace[key])
+    layout = fig.layout
+    if layout.title is not None and layout.title.text:
+        layout.title.text = plot_text(layout.title.text)
+    for key in list(layout.to_plotly_json()):
+        if not key.startswith(("xaxis", "yaxis")):
+            continue
+        axis = layout[key]
+        if axis.title is not None and axis.title.text:
+            axis.title.text = plot_text(axis.title.text)
+        for field in _AXIS_FIELDS:
+            if axis[field] is not None:
+                axis[field] = _escape_values(axis[field])
+    return fig
+
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def escaped_figure(builder: F) -> F:
+    """Decorator for figure builders: the returned figure goes through :func:`escape_figure`."""
+
+    @wraps(builder)
+    def build(*args: Any, **kwargs: Any) -> Any:
+        return escape_figure(builder(*args, **kwargs))
+
+    return build  # type: ignore[return-value]
+
+
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def terminal_text(value: Any) -> str:
+    r"""``value`` for a terminal: control characters (ANSI colours, OSC 8 links, carriage
+    returns) written as visible ``\x1b``-style escapes; tabs and newlines kept.
+
+    >>> print(terminal_text("a\x1b[31mred\rb"))
+    a\x1b[31mred\x0db
+    """
+    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", "" if value is None else str(value))
+
+
+class _PlainText(io.TextIOBase):
+    """A text stream that passes everything through :func:`terminal_text`."""
+
+    def __init__(self, raw: TextIO) -> None:
+        self.raw = raw
+
+    def write(self, text: str) -> int:
+        self.raw.write(terminal_text(text))
+        return len(text)
+
+    def flush(self) -> None:
+        self.raw.flush()
+
+
+@contextlib.contextmanager
+def plain_terminal() -> Iterator[None]:
+    """While the block runs, ``sys.stdout`` and ``sys.stderr`` show control characters as escapes,
+    so a name printed by a command cannot restyle, rewrite or link the user's terminal."""
+    out, err = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = _PlainText(out), _PlainText(err)
+    try:
+        yield
+    finally:
+        sys.stdout, sys.stderr = out, err

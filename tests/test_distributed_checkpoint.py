@@ -1,0 +1,59 @@
+"""torch.distributed.checkpoint folders in one process: the one the world of 2 saved (FSDP2, 2 files)."""
+
+from __future__ import annotations
+
+import pickle
+import shutil
+
+import pytest
+import torch
+
+from inspector.__main__ import main
+from inspector.distributed.checkpoint import dcp_listing
+from inspector.findings import InspectorError
+from inspector.models import load_model
+from sample_models.fsdp import build
+
+SOURCE = "sample_models/fsdp.py:build"
+
+
+def test_listing_names_every_tensor_and_its_pieces(world2):
+    out, _ = world2
+    table = dcp_listing(out / "dcp").set_index("name")
+    # 18 parameters + the buffer scale; stem.weight (32, 32) in two 16-row pieces, one per rank
+    assert len(table) == 19
+    assert table.loc["stem.weight", ["shape", "numel", "pieces"]].tolist() == [(32, 32), 1024, 2]
+    assert table.loc["stem.weight", "piece_shapes"] == "16x32@0,0 16x32@16,0"
+    assert table.loc["stem.weight", "files"] == "__0_0.distcp, __1_0.distcp"
+    assert table.loc["head.bias", "piece_shapes"] == "5@0 5@5"
+
+
+def test_checkpoint_folder_loads_into_the_model_in_one_process(world2, capsys):
+    out, _ = world2
+    loaded = load_model(SOURCE, checkpoint=str(out / "dcp"))
+    fresh = build()
+    for (name, p), q in zip(loaded.model.named_parameters(), fresh.parameters()):
+        torch.testing.assert_close(p, q + 1.0, msg=name)  # the worker added 1 before saving
+    assert [f.code for f in loaded.findings] == ["distributed-checkpoint"]
+    assert "19 tensors put together from 37 pieces in 2 files" in loaded.findings[0].message
+    assert main(["checkpoint", str(out / "dcp")]) == 0
+    assert "19 entries, 37 pieces in 2 files" in capsys.readouterr().out
+
+
+def test_metadata_that_asks_to_run_code_is_refused(world2, tmp_path):
+    out, _ = world2
+    folder = tmp_path / "evil"
+    shutil.copytree(out / "dcp", folder)
+    (folder / ".metadata").write_bytes(pickle.dumps(shutil.rmtree))  # a global call on load
+    with pytest.raises(InspectorError, match=r"evil/.metadata was refused: it asks to run shutil.rmtree"):
+        load_model(SOURCE, checkpoint=str(folder))
+    assert folder.exists()
+
+
+def test_missing_rank_file_is_named(world2, tmp_path):
+    out, _ = world2
+    folder = tmp_path / "partial"
+    shutil.copytree(out / "dcp", folder)
+    (folder / "__1_0.distcp").unlink()
+    with pytest.raises(InspectorError, match=r"__1_0.distcp \(holding stem.weight\) cannot be read"):
+        load_model(SOURCE, checkpoint=str(folder))

@@ -1,0 +1,116 @@
+"""check_step's findings from step records, and check_step itself in a world of one process."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from inspector.distributed import check_step, parse_run
+from inspector.distributed.findings import step_findings
+from inspector.findings import InspectorError
+
+
+def _row(name, local_norms, local_numel, placements="Shard(0)", kind="parameter", nan=None, keys=None,
+         hashes=None):
+    world = len(local_norms)
+    return {"name": name, "kind": kind, "placements": placements, "local_grad_norm": local_norms,
+            "local_numel": local_numel, "nan": nan or [0] * world, "inf": [0] * world,
+            "replica_key": keys or [-1] * world, "hash": hashes or [[0, 0]] * world}
+
+
+def _record(rows, world=2):
+    return {"step": 7, "world_size": world, "tensors": rows}
+
+
+def test_a_rank_far_off_the_others_is_named():
+    # RMS per element: rank 0 sqrt(1/100) = 0.1, rank 1 0.1, rank 2 sqrt(400/100) = 2.0 -> 20x the median
+    rows = [_row("w", [1.0, 1.0, 20.0], [100, 100, 100])]
+    found = step_findings(_record(rows, world=3))
+    assert [(f.code, f.where) for f in found] == [("gradient-far-off", "rank 2")]
+    assert "20x larger per element" in found[0].message
+    assert step_findings(_record(rows, world=3), far_factor=25.0) == []
+
+
+def test_uneven_shards_are_an_imbalance():
+    # a (3, 4) weight on 2 ranks: torch.chunk gives 2 rows (8 elements) and 1 row (4); with a
+    # 10-element bias split 5/5, rank 0 holds 13 and rank 1 holds 9: mean 11, +18.2%
+    rows = [_row("w", [1.0, 1.0], [8, 4]), _row("b", [1.0, 1.0], [5, 5])]
+    found = step_findings(_record(rows))
+    assert [(f.code, f.where) for f in found] == [("shard-imbalance", "rank 0")]
+    assert "rank 0 holds 13 sharded parameter elements, 18.2% above the mean of 11" in found[0].message
+    assert "w (8/4)" in found[0].message
+
+
+def test_a_plain_parameter_whose_gradient_differs_is_not_synchronised():
+    rows = [_row("head.weight", [3.0, 3.5], [6, 6], placements="", keys=[0, 0])]
+    found = step_findings(_record(rows))
+    assert [(f.code, f.where) for f in found] == [("gradient-not-synchronized", "head.weight")]
+    assert "from 3 to 3.5 across ranks" in found[0].message
+
+
+def test_drift_names_the_minority_ranks():
+    # four ranks hold a replicated buffer; ranks 1 and 3 agree with rank 0 except rank 2
+    rows = [_row("bn.running_mean", [None] * 4, [4] * 4, placements="", kind="buffer", keys=[0] * 4,
+                 hashes=[[5, 1], [5, 1], [6, 1], [5, 1]])]
+    found = step_findings(_record(rows, world=4))
+    assert [(f.code, f.where) for f in found] == [("replica-drift", "bn.running_mean")]
+    assert "identical on ranks 0, 1, 2 and 3 but at step 7 rank 2 holds different values from ranks 0, 1 and 3" \
+        in found[0].message
+
+
+def test_check_step_in_one_process_writes_a_line_per_step(tmp_path):
+    # Linear(2, 1) on ones(1, 2), loss = output sum: weight grad (1, 1), bias grad 1 -> norm sqrt(3)
+    model = nn.Linear(2, 1)
+    model(torch.ones(1, 2)).sum().backward()
+    path = tmp_path / "run.jsonl"
+    first = check_step(model, 0, path)
+    model.bias.grad[0] = math.inf
+    second = check_step(model, 1, path)
+    assert first.record["global"]["grad_norm"] == pytest.approx(math.sqrt(3))
+    assert first.ok and (first.rank, first.world_size) == (0, 1)
+    assert [(f.code, f.where) for f in second.findings] == [("nonfinite-gradient", "bias")]
+    lines = path.read_text().splitlines()
+    assert len(lines) == 2
+    run = parse_run("\n".join(lines))
+    assert run.steps["grad_norm"].tolist()[0] == pytest.approx(math.sqrt(3))
+    assert math.isnan(run.steps["grad_norm"].tolist()[1])  # Inf is written as null
+    assert run.per_rank["nonfinite"].tolist() == [0, 1]
+
+
+def test_a_line_that_is_not_a_record_is_named():
+    with pytest.raises(InspectorError, match="run.jsonl line 2 is not JSON"):
+        parse_run('{"format": "inspector-distributed", "step": 0, "world_size": 1, "ranks": [], '
+                  '"tensors": [], "global": {}}\n{oops', "run.jsonl")
+    with pytest.raises(InspectorError, match="x.jsonl holds no step records"):
+        parse_run("\n", "x.jsonl")
+
+
+@pytest.mark.parametrize("shard", ["fsdp", "ddp", "none"])
+def test_command_runs_as_one_process_without_torchrun(tmp_path, shard, capsys):
+    import torch.distributed as dist
+
+    from inspector.__main__ import main
+    from inspector.distributed import read_run
+
+    out = tmp_path / "run.jsonl"
+    assert main(["distributed", "sample_models/fsdp.py:build", "--shard", shard, "--steps", "2",
+                 "-o", str(out)]) == 0
+    assert not dist.is_initialized()  # the group it made is gone
+    run = read_run(out)
+    assert (run.world_size, run.backend, run.steps["step"].tolist()) == (1, "gloo", [0, 1])
+    assert run.per_rank["param_numel"].tolist() == [18282, 18282]
+    placements = set(run.tensors.loc[run.tensors["kind"] == "parameter", "placements"])
+    assert placements == ({"Shard(0)"} if shard == "fsdp" else {""})
+    assert "step 1: grad norm" in capsys.readouterr().out
+
+
+def test_command_refuses_bad_input_with_exit_2(tmp_path, capsys):
+    from inspector.__main__ import main
+
+    assert main(["distributed", "sample_models/fsdp.py:build", "--steps", "0", "-o", str(tmp_path / "r")]) == 2
+    assert "argument --steps: must be a whole number of at least 1, got 0" in capsys.readouterr().err
+    assert main(["distributed", "sample:llama-70b-meta", "-o", str(tmp_path / "r")]) == 2
+    assert "meta device" in capsys.readouterr().err
