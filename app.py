@@ -91,5 +91,5 @@ def home() -> None:
         st.code(f"?{urlencode(query)}", language="text")
 
 
-st.set_page_config(page_title="Model Inspector", page_icon=":material/search:", layout="wide")
+st.set_page_config(page_title="Model Inspector", layout="wide")  # a Material page icon is fetched from the web
 navigation(home).run()

@@ -7,12 +7,14 @@ listed in ``VIEWS`` still gets a place, titled from its file name.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import streamlit as st
+from PIL import Image, ImageDraw
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -64,8 +66,23 @@ def all_views() -> list[View]:
     return views
 
 
+@functools.cache
+def page_icon() -> Image.Image:
+    """The browser tab's icon, drawn here (a lens): a Material page icon would be fetched from the web."""
+    img = Image.new("RGBA", (64, 64), (0, 0, 0, 0))
+    draw = ImageDraw.Draw(img)
+    draw.ellipse((6, 6, 44, 44), outline=(255, 75, 75, 255), width=7)
+    draw.line((38, 38, 58, 58), fill=(255, 75, 75, 255), width=9)
+    return img
+
+
 def navigation(home: Callable[[], None]) -> st.navigation:
-    """The sidebar navigation: ``home`` first (titled Home), then every view."""
+    """The sidebar navigation: ``home`` first (titled Home), then every view.
+
+    Every page keeps one locally drawn tab icon (:func:`page_icon`); the Material icons show in
+    the navigation only.
+    """
     pages = [st.Page(home, title="Home", icon=":material/home:", default=True)]
     pages += [st.Page(v.file, title=v.title, icon=v.icon, url_path=v.url_path) for v in all_views()]
+    st.set_page_config(page_icon=page_icon())
     return st.navigation(pages)
