@@ -45,6 +45,7 @@ class ModelPages:
         # tall enough that a screenshot shows the figures too (the app scrolls inside its own container)
         self.context = browser.new_context(viewport={"width": 1400, "height": 2600}, accept_downloads=True)
         self.page = self.context.new_page()
+        self.page.set_default_timeout(120_000)  # two shared cores under load: a page switch can be slow
         self.errors: list[str] = []
         self.page.on("pageerror", lambda e: self.errors.append(str(e)))
         self.page.goto(f"{app_url}/?{MODELS[name]}", wait_until="domcontentloaded")
