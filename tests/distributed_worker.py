@@ -117,7 +117,7 @@ def _fsdp_checks(rank: int, out: Path) -> dict:
         from sample_models.fsdp import example_inputs, loss
 
         loaded = LoadedModel(model, "fsdp", "sample_models/fsdp.py:build", inputs_fn=example_inputs, loss_fn=loss)
-        rep = inspector.build_report(loaded, conversions=[])
+        rep = inspector.build_report(loaded, conversions=[], attribution_steps=4)
         return {s.id: [s.status, s.note] for s in rep.sections}
     _try(res, "report", report_sections)
 
