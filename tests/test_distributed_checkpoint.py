@@ -57,3 +57,35 @@ def test_missing_rank_file_is_named(world2, tmp_path):
     (folder / "__1_0.distcp").unlink()
     with pytest.raises(InspectorError, match=r"__1_0.distcp \(holding stem.weight\) cannot be read"):
         load_model(SOURCE, checkpoint=str(folder))
+
+
+def test_non_tensor_entries_are_listed_and_left_out_of_the_load(tmp_path, capsys):
+    import torch.distributed.checkpoint as dcp
+
+    model = build()
+    state = dict(model.state_dict())
+    with torch.no_grad():
+        state = {k: v + 2.0 for k, v in state.items()}
+    state["step"] = 7                                 # an optimizer step count
+    state["meta"] = {"lr": 0.01, "name": "run-a"}     # flattened by DCP into meta.lr and meta.name
+    folder = tmp_path / "with-extras"
+    dcp.save(state, checkpoint_id=str(folder), no_dist=True)
+
+    table = dcp_listing(folder).set_index("name")
+    extras = table[table["kind"] == "bytes"]
+    assert extras.index.tolist() == ["step", "meta.lr", "meta.name"]
+    assert extras["pieces"].tolist() == [1, 1, 1] and extras["numel"].tolist() == [0, 0, 0]
+    assert (table["kind"] == "tensor").sum() == 19
+
+    loaded = load_model(SOURCE, checkpoint=str(folder))
+    for (name, p), q in zip(loaded.model.named_parameters(), model.parameters()):
+        torch.testing.assert_close(p, q + 2.0, msg=name)
+    found = {f.code: f for f in loaded.findings}
+    assert "19 tensors put together from 19 pieces in 1 files" in found["distributed-checkpoint"].message
+    assert found["checkpoint-non-tensor"].where == "step"
+    assert "3 entries of with-extras are not tensors (first: step)" in found["checkpoint-non-tensor"].message
+    assert "unexpected-key" not in found  # the extras are not offered to load_state_dict
+
+    assert main(["checkpoint", str(folder)]) == 0
+    text = capsys.readouterr().out
+    assert "22 entries" in text and "meta.name" in text
