@@ -746,6 +746,17 @@ def _to_device(m: nn.Module, dev: torch.device) -> nn.Module:
         return m.to(dev)
 
 
+def _to_device_plain(m: nn.Module, dev: torch.device) -> nn.Module:
+    return m.to(dev)
+
+
+def _cuda(m: nn.Module, dev: torch.device) -> nn.Module:
+    if dev.type != "cuda":
+        raise InspectorError(f"Module.cuda() moves to a CUDA device; the target here is {dev}. "
+                             "Pick a cuda:N device for this conversion.")
+    return m.cuda(dev)
+
+
 def _move(dtype: torch.dtype) -> Callable[[nn.Module, torch.device], nn.Module]:
     def run(m: nn.Module, dev: torch.device) -> nn.Module:
         with overwrite_on_conversion(True):
@@ -798,6 +809,10 @@ CONVERSIONS: dict[str, Conversion] = {c.name: c for c in [
                allocates=2),
     Conversion("to-float32-overwrite", "overwrite flag + .to(float32)", _to_dtype(torch.float32, True),
                allocates=1),
+    Conversion("to-device", ".to(device), default flags (each buffer moved on its own: views break)",
+               _to_device_plain, needs_data=True, allocates=1),
+    Conversion("cuda", "Module.cuda(), default flags (each buffer moved on its own: views break)", _cuda,
+               needs_data=True, allocates=1),
     Conversion("to-device-overwrite", "overwrite flag + .to(device)", _to_device, needs_data=True,
                allocates=1),
     Conversion("move-model-float64", "overwrite flag + move_model(dtype=float64)", _move(torch.float64),
@@ -873,7 +888,8 @@ def conversion_check(model: nn.Module, conversion: str, device: str | torch.devi
     Args:
         model: the model to check.
         conversion: a key of :data:`CONVERSIONS`.
-        device: target of ``to-device-overwrite``, ``to-empty`` and the safetensors loads
+        device: target of ``to-device``, ``cuda``, ``to-device-overwrite``, ``to-empty`` and the
+            safetensors loads
             (default: the model's device; cpu for a meta model).
         retie_after: also run :func:`retie` on the converted copy and report the result.
         max_bytes: refuse conversions that would allocate more than this.

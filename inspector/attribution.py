@@ -243,6 +243,12 @@ def embedding_layer(model: nn.Module) -> str | None:
     """The input-embedding module's name: ``get_input_embeddings()`` if the model has it,
     else the first ``nn.Embedding``."""
     names = {id(m): n for n, m in model.named_modules()}
+    encoder = getattr(model, "get_encoder", None)
+    if callable(encoder) and getattr(getattr(model, "config", None), "is_encoder_decoder", False):
+        try:  # an encoder-decoder embeds its input ids in the encoder (its shared table is not called)
+            model = encoder() or model
+        except (NotImplementedError, AttributeError):
+            pass
     getter = getattr(model, "get_input_embeddings", None)
     if callable(getter):
         try:
@@ -511,6 +517,11 @@ def _main_output(out: Any, name: str) -> torch.Tensor:
         return out[0]
     if isinstance(out, dict) and isinstance(out.get("logits"), torch.Tensor):
         return out["logits"]
+    if getattr(out, "last_hidden_state", None) is not None:
+        raise InspectorError(f"{name} returned {type(out).__name__}, hidden states without logits: it is a "
+                             "model without a head, so there is no output to attribute. Load a model with a "
+                             "head (a ...ForCausalLM, ...ForConditionalGeneration or ...ForSequenceClassification "
+                             "class), or use the captures view for its hidden states")
     raise InspectorError(f"{name} returned {type(out).__name__}; attribution needs a tensor, "
                          "a tuple starting with one, or an output with .logits")
 

@@ -13,9 +13,10 @@ later module returns a tensor on the same storage (which is how in-place writers
 ``ReLU(inplace=True)`` or a returned residual ``x += ...`` show themselves), and it is
 held only weakly, so capturing in inference mode keeps no activation alive longer.
 
-Copies to the CPU go into pooled memory: writing into pages that are already mapped
-is several times faster than a fresh allocation each time. A pool block is reused only
-once nothing (no capture, no view of one) refers to it any more.
+Each copy is its own tensor (pinned when it comes from a GPU): no memory is held once
+the captures that use it are gone. Per module the hooks do one copy and an O(1) record;
+names are resolved once per call, statistics are computed after the pass, and values
+are compared only where a storage was written in place.
 """
 
 from __future__ import annotations
@@ -23,9 +24,9 @@ from __future__ import annotations
 import difflib
 import fnmatch
 import math
-import os
 import threading
 import weakref
+from collections import deque
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -249,7 +250,11 @@ def select_modules(model: nn.Module, modules: Any = None) -> dict[str, nn.Module
     >>> list(select_modules(net, nn.ReLU))
     ['1']
     """
-    named = [(n, m) for n, m in model.named_modules() if n]
+    return _select(model, list(model.named_modules()), modules)
+
+
+def _select(model: nn.Module, named_modules: list[tuple[str, nn.Module]], modules: Any) -> dict[str, nn.Module]:
+    named = [(n, m) for n, m in named_modules if n]
     if modules is None:
         return dict(named)
     items = [modules] if isinstance(modules, (str, type)) else list(modules)
@@ -294,118 +299,13 @@ def _unknown_name_message(item: str, names: list[str], model: nn.Module) -> str:
     return f"{type(model).__name__} has no module matching the {kind} {item!r}; {hint}"
 
 
-# --------------------------------------------------------------------------- pooled copies
-
-
-def _use_count(t: torch.Tensor) -> int:
-    return torch._C._storage_Use_Count(t.untyped_storage()._cdata)
-
-
-class _Block:
-    """One pooled byte buffer; free again once no view of it is alive."""
-
-    def __init__(self, nbytes: int, pinned: bool) -> None:
-        with torch.inference_mode(False):
-            self.data = torch.empty(nbytes, dtype=torch.uint8, pin_memory=pinned)
-        self.nbytes = nbytes
-        self.busy = False
-        self.base = _use_count(self.data)
-
-    def free(self) -> bool:
-        return not self.busy and _use_count(self.data) == self.base
-
-
-class _Pool:
-    """CPU byte blocks (pinned or not) shared by all captures, reused once unreferenced."""
-
-    BLOCK = 32 << 20
-
-    def __init__(self, limit: int) -> None:
-        self.limit = limit
-        self.lock = threading.Lock()
-        self.blocks: dict[bool, list[_Block]] = {False: [], True: []}
-        self.can_count = hasattr(torch._C, "_storage_Use_Count")
-
-    def acquire(self, nbytes: int, pinned: bool, size_hint: int) -> _Block:
-        """A free block of at least ``nbytes``; a new one is ``size_hint`` big (at most BLOCK)."""
-        with self.lock:
-            blocks = self.blocks[pinned]
-            best = None
-            if self.can_count:
-                for b in blocks:
-                    if b.nbytes >= nbytes and (best is None or b.nbytes < best.nbytes) and b.free():
-                        best = b
-            if best is None:
-                best = _Block(max(nbytes, min(self.BLOCK, size_hint)), pinned)
-                if self.can_count:
-                    blocks.append(best)
-                    self._trim(blocks)
-            best.busy = True
-            return best
-
-    def release(self, blocks: list[_Block]) -> None:
-        with self.lock:
-            for b in blocks:
-                b.busy = False
-
-    def _trim(self, blocks: list[_Block]) -> None:
-        total = sum(b.nbytes for b in blocks)
-        for b in list(blocks):
-            if total <= self.limit:
-                break
-            if b.free():
-                blocks.remove(b)
-                total -= b.nbytes
-
-    def clear(self) -> None:
-        with self.lock:
-            for blocks in self.blocks.values():
-                blocks[:] = [b for b in blocks if not b.free()]
-
-
-_POOL = _Pool(int(os.environ.get("INSPECTOR_CAPTURE_POOL_BYTES", 2 << 30)))
-
-
-def release_capture_memory() -> None:
-    """Give the pooled capture memory that no capture uses any more back to the system."""
-    _POOL.clear()
-
-
-class _Allocator:
-    """Bump allocation inside pool blocks for one capture run."""
-
-    def __init__(self) -> None:
-        self.blocks: list[_Block] = []
-        self.current: dict[bool, tuple[_Block, int] | None] = {False: None, True: None}
-
-    def empty(self, shape: torch.Size, dtype: torch.dtype, pinned: bool) -> torch.Tensor:
-        nbytes = math.prod(shape) * dtype.itemsize
-        if nbytes == 0:
-            return torch.empty(shape, dtype=dtype)
-        cur = self.current[pinned]
-        if cur is None or cur[1] + nbytes > cur[0].nbytes:
-            # blocks grow with the run: small captures keep small blocks alive
-            hint = max(1 << 20, 2 * sum(b.nbytes for b in self.blocks))
-            block = _POOL.acquire(nbytes, pinned, hint)
-            self.blocks.append(block)
-            cur = (block, 0)
-        block, offset = cur
-        self.current[pinned] = (block, (offset + nbytes + 63) // 64 * 64)
-        return block.data[offset:offset + nbytes].view(dtype).view(shape)
-
-    def close(self) -> None:
-        _POOL.release(self.blocks)
-        self.blocks = []
-        self.current = {False: None, True: None}
-
-
 # --------------------------------------------------------------------------- recording
 
 
 def _memcpy(dst: torch.Tensor, src: torch.Tensor) -> bool:
     """Copy the bytes of a contiguous CPU tensor with one plain memcpy; False if it can't.
 
-    torch's ``copy_`` splits a CPU copy over its thread pool, which costs several times
+    torch's ``copy_`` splits a large CPU copy over its thread pool, which costs several times
     more CPU time than one memcpy when the cores are busy (as they are during a forward pass).
     """
     if not src.is_contiguous() or src.is_conj() or src.is_neg() or src.numel() == 0:
@@ -417,14 +317,20 @@ def _memcpy(dst: torch.Tensor, src: torch.Tensor) -> bool:
     return True
 
 
-@dataclass
+_MEMCPY_BYTES = 1 << 18   # below this torch copies on one thread anyway; clone() is cheaper
+_IN_FLIGHT_BYTES = 1 << 30  # GPU clones waiting for their copy to the host, at most
+
+
+@dataclass(slots=True)
 class _Live:
     """A captured output tensor leaf, watched for in-place changes.
 
     Tensors with a version counter are held until the end of the pass, so a write by any
-    code (inside a module or not) is seen. Inference tensors are held only weakly, so
-    capturing keeps no extra memory alive in inference mode; watching one ends when it is
-    gone (its memory may then be reused, which a copy does not mind).
+    code (inside a module or not) is seen; their values are compared with the copy once, at
+    the end, and only when the version moved. Inference tensors are held only weakly, so
+    capturing keeps no extra memory alive in inference mode; they are compared when a later
+    module hands back their storage, and watching one ends when it is gone (its memory may
+    then be reused, which a copy does not mind).
     """
 
     key: str
@@ -438,27 +344,64 @@ class _Live:
     written_by: list[str | None] = field(default_factory=list)
 
 
-def _storage_key(t: torch.Tensor) -> tuple[str, int] | None:
-    if t.numel() == 0 or t.device.type == "meta" or t.layout != torch.strided:
+def _storage_key(t: torch.Tensor) -> int | None:
+    """The address where ``t``'s storage starts (no storage object is made: this runs per hook)."""
+    if t.layout != torch.strided or t.is_meta or t.numel() == 0:
         return None
     try:
-        return str(t.device), t.untyped_storage().data_ptr()
+        return t.data_ptr() - t.storage_offset() * t.element_size()
     except (RuntimeError, NotImplementedError):
         return None
+
+
+def _top_tensors(value: Any) -> Iterator[torch.Tensor]:
+    """The tensors of a value and of its first level (tuple, list or dict items): O(size)."""
+    if isinstance(value, torch.Tensor):
+        yield value
+    elif isinstance(value, (tuple, list)):
+        for v in value:
+            if isinstance(v, torch.Tensor):
+                yield v
+    elif isinstance(value, dict):
+        for v in value.values():
+            if isinstance(v, torch.Tensor):
+                yield v
+
+
+def _flat(value: Any) -> tuple[list[Any], Any, list[str] | None]:
+    """(leaves, spec, paths): a fast path for a tensor and for flat tuples and lists of
+    tensors; pytree for anything else (spec None means the value is one tensor)."""
+    if isinstance(value, torch.Tensor):
+        return [value], None, None
+    if type(value) in (tuple, list) and all(isinstance(v, torch.Tensor) or v is None for v in value):
+        return list(value), type(value), [f"[{i}]" for i in range(len(value))]
+    leaves, spec = pytree.tree_flatten(value)
+    return leaves, spec, None
+
+
+def _unflat(out: list[Any], spec: Any) -> Any:
+    if spec is None:
+        return out[0]
+    if spec in (tuple, list):
+        return spec(out)
+    return pytree.tree_unflatten(out, spec)
 
 
 class _Recorder:
     """Hooks on every module; copies what is selected, watches what was copied."""
 
-    def __init__(self, model: nn.Module, selected: dict[str, nn.Module], store_on: Any,
-                 max_bytes: int | None, grads: bool, keep_inputs: bool, keep_references: bool) -> None:
+    def __init__(self, model: nn.Module, named: list[tuple[str, nn.Module]], selected: dict[str, nn.Module],
+                 store_on: Any, max_bytes: int | None, grads: bool, keep_inputs: bool,
+                 keep_references: bool) -> None:
         if max_bytes is not None and max_bytes < 0:
             raise InspectorError(f"max_bytes must be 0 or more (or None for no limit), got {max_bytes}")
         self.model = model
+        self.named = named
         self.selected_ids = {id(m) for m in selected.values()}
         self.store_on = resolve_device(store_on)
         if self.store_on.type == "meta":
             raise InspectorError("store_on='meta' would keep no values; choose cpu or a GPU")
+        self.to_cpu = self.store_on.type == "cpu"
         self.max_bytes = max_bytes
         self.want_grads = grads
         self.keep_inputs = keep_inputs
@@ -469,78 +412,113 @@ class _Recorder:
         self.full = False
         self.calls: dict[str, int] = {}
         self.live: list[_Live] = []
-        self.by_storage: dict[tuple[str, int], list[_Live]] = {}
-        self.stack: list[tuple[str, str]] = []
+        self.by_storage: dict[int, list[_Live]] = {}
+        self.versioned = False   # whether any watched tensor has a version counter
+        self.pending: dict[str, list[str]] = {}   # keys given by pre-hooks (keep_inputs)
         self.handles: list[Any] = []
         self.grad_handles: list[Any] = []
-        self.alloc = _Allocator()
         self.sources: set[torch.device] = set()
+        self.copy_streams: dict[torch.device, Any] = {}
+        self.in_flight: deque[tuple[Any, int, Any]] = deque()   # (copy done event, bytes, compute stream)
+        self.in_flight_bytes = 0
         self.grad_lock = threading.Lock()
-        self.training = [(m, m.training) for m in model.modules()]
+        self.training = [(m, m.training) for _, m in named]
 
     # hooks ----------------------------------------------------------------------------
 
     def attach(self) -> None:
-        names = {id(m): n for n, m in self.model.named_modules()}
-        for module in self.model.modules():
-            name = names.get(id(module), "") or "(model)"
+        """One forward hook per module (a pre-hook too on the selected ones when inputs are kept)."""
+        seen: set[int] = set()
+        for name, module in self.named:
+            if id(module) in seen:
+                continue
+            seen.add(id(module))
+            name = name or "(model)"
             capture = id(module) in self.selected_ids
-            self.handles.append(module.register_forward_pre_hook(self._pre_hook(name, capture),
-                                                                 with_kwargs=True))
+            if capture and self.keep_inputs:
+                self.handles.append(module.register_forward_pre_hook(self._pre_hook(name), with_kwargs=True))
             self.handles.append(module.register_forward_hook(self._hook(name, capture), with_kwargs=True))
 
-    def _pre_hook(self, name: str, capture: bool) -> Callable:
+    def where(self, exc: BaseException) -> str | None:
+        """The innermost module of the model whose forward the exception went through."""
+        names = {id(m): n or "(model)" for n, m in self.named}
+        found = None
+        tb = exc.__traceback__
+        while tb is not None:
+            owner = tb.tb_frame.f_locals.get("self")
+            if owner is not None and id(owner) in names:
+                found = names[id(owner)]
+            tb = tb.tb_next
+        return found
+
+    def _key(self, name: str) -> str:
+        count = self.calls.get(name, 0) + 1
+        self.calls[name] = count
+        return name if count == 1 else f"{name}#{count}"
+
+    def _pre_hook(self, name: str) -> Callable:
+        ident = self.ident
+
         def pre_hook(module: nn.Module, args: Any, kwargs: Any = None) -> None:
             # kwargs has a default: another thread's forward can run while torch registers this
             # hook, between adding it and marking it as taking kwargs, and call it without them.
-            if threading.get_ident() != self.ident:
+            if threading.get_ident() != ident:
                 return
+            # before the module runs: an in-place module changes its input
+            key = self._key(name)
+            self.pending.setdefault(name, []).append(key)
             kwargs = kwargs or {}
-            key = name
-            if capture:
-                count = self.calls.get(name, 0) + 1
-                self.calls[name] = count
-                key = name if count == 1 else f"{name}#{count}"
-                if self.keep_inputs:  # before the module runs: an in-place module changes its input
-                    value = args[0] if len(args) == 1 and not kwargs else (
-                        tuple(args) if not kwargs else {"args": tuple(args), "kwargs": dict(kwargs)})
-                    stored = self._store(key, "input", value, watch=False)
-                    if stored is not _SKIP:
-                        self.result.inputs[key] = stored
-            self.stack.append((name, key))
+            value = args[0] if len(args) == 1 and not kwargs else (
+                tuple(args) if not kwargs else {"args": tuple(args), "kwargs": dict(kwargs)})
+            stored = self._store(key, "input", value, watch=False)
+            if stored is not _SKIP:
+                self.result.inputs[key] = stored
         return pre_hook
 
     def _hook(self, name: str, capture: bool) -> Callable:
+        ident = self.ident
+
         def hook(module: nn.Module, args: Any, *kwargs_output: Any) -> None:
-            if threading.get_ident() != self.ident:  # see pre_hook: may come without kwargs
+            if threading.get_ident() != ident:  # see pre_hook: may come without kwargs
                 return
-            kwargs, output = kwargs_output if len(kwargs_output) == 2 else ({}, kwargs_output[0])
-            key = self.stack.pop()[1] if self.stack else name
-            self._watch(name, args, kwargs, output)
+            kwargs, output = kwargs_output if len(kwargs_output) == 2 else (None, kwargs_output[0])
+            if self.by_storage:
+                self._watch(name, args, kwargs, output)
             if capture:
-                self._capture(key, output)
+                pending = self.pending.get(name) if self.keep_inputs else None
+                self._capture(pending.pop() if pending else self._key(name), output)
         return hook
 
     def _watch(self, name: str, args: Any, kwargs: Any, output: Any) -> None:
-        """Note which earlier captures this module touched (and, with versions, changed)."""
-        if not self.by_storage:
-            return
-        for value, is_output in ((output, True), (args, False), (kwargs, False)):
-            for leaf in pytree.tree_leaves(value):
-                if not isinstance(leaf, torch.Tensor):
+        """Note which earlier captures this module wrote in place: O(1) per tensor it touched.
+
+        With version counters a write is noted (and its values compared at the end); without
+        them (inference mode) a live output whose storage a module hands back is compared now.
+        """
+        by_storage = self.by_storage
+        # only tensors with version counters tell a write through an input; others are compared
+        # when a module hands their storage back
+        watched = ((output, True), (args, False), (kwargs, False)) if self.versioned else ((output, True),)
+        for value, is_output in watched:
+            for t in ((value,) if type(value) is torch.Tensor else _top_tensors(value)):
+                skey = _storage_key(t)
+                recs = by_storage.get(skey)
+                if not recs:
                     continue
-                for rec in self.by_storage.get(_storage_key(leaf), ()):
+                if any(rec.ref() is None for rec in recs):  # memory reused: drop what is gone
+                    recs[:] = [rec for rec in recs if rec.ref() is not None]
+                for rec in recs:
                     if rec.change is not None:
                         continue
-                    t = rec.ref()
-                    if t is None:  # gone (its memory may be reused): nothing left to watch
+                    live = rec.ref()
+                    if live is None:  # gone (its memory may be reused): nothing left to watch
                         continue
                     if rec.version is not None:
-                        if t._version != rec.version:
-                            rec.version = t._version
-                            self._compare(rec, t, name)
+                        if live._version != rec.version:
+                            rec.version = live._version
+                            rec.written_by.append(name)
                     elif is_output:
-                        self._compare(rec, t, name)
+                        self._compare(rec, live, name)
 
     def _compare(self, rec: _Live, t: torch.Tensor, by: str | None) -> None:
         """Compare the live tensor with its copy now; note a change and who made it."""
@@ -566,18 +544,27 @@ class _Recorder:
 
     def _store(self, key: str, kind: str, value: Any, watch: bool) -> Any:
         """A copy of ``value`` leaf by leaf, or _SKIP (and a Skipped record)."""
-        if isinstance(value, torch.Tensor):
-            leaves, spec = [value], None
-        else:
-            leaves, spec = pytree.tree_flatten(value)
-        tensors = [t for t in leaves if isinstance(t, torch.Tensor)]
+        if isinstance(value, torch.Tensor) and not value.is_meta:  # the common case, kept short
+            nbytes = value.numel() * value.element_size()
+            if not self.full and (self.max_bytes is None or self.used + nbytes <= self.max_bytes):
+                self.used += nbytes
+                copy = self._copy(value)
+                if watch:
+                    self._track(key, "", value, copy)
+                return copy
+        leaves, spec, paths = _flat(value)
+        nbytes = 0
+        tensors = 0
+        for t in leaves:
+            if isinstance(t, torch.Tensor):
+                tensors += 1
+                nbytes += t.numel() * t.element_size()
         if not tensors:
             if kind == "output":
                 self.result.skipped.append(Skipped(key, kind, "", 0, f"the {kind} is a "
                                                    f"{type(value).__name__}, not a tensor or a "
                                                    "structure holding tensors"))
             return _SKIP
-        nbytes = sum(t.numel() * t.element_size() for t in tensors)
         if self.full or (self.max_bytes is not None and self.used + nbytes > self.max_bytes):
             self.full = True
             self.result.skipped.append(Skipped(key, kind, "", nbytes,
@@ -585,7 +572,8 @@ class _Recorder:
                                                "bytes used)"))
             return _SKIP
         self.used += nbytes
-        paths = None if spec is None else _leaf_paths(value, spec)
+        if spec is not None and paths is None and len(leaves) > 0:
+            paths = _leaf_paths(value, spec)
         out = []
         for i, leaf in enumerate(leaves):
             if isinstance(leaf, torch.Tensor):
@@ -593,7 +581,7 @@ class _Recorder:
                 if copy is None:
                     self.result.skipped.append(Skipped(key, kind, paths[i] if paths else "", 0,
                                                        "a meta tensor has no values"))
-                if watch and copy is not None:
+                elif watch:
                     self._track(key, paths[i] if paths else "", leaf, copy)
                 out.append(copy)
             elif isinstance(leaf, _KEEP_AS_IS):
@@ -602,34 +590,85 @@ class _Recorder:
                 self.result.skipped.append(Skipped(key, kind, paths[i] if paths else "", 0, f"a {type(leaf).__name__} is not "
                                                    "a tensor; it was left out (None in its place)"))
                 out.append(None)
-        return out[0] if spec is None else pytree.tree_unflatten(out, spec)
+        return _unflat(out, spec)
 
     def _copy(self, t: torch.Tensor) -> torch.Tensor | None:
-        if t.device.type == "meta":
+        """One copy of ``t`` where the captures are kept; a plain tensor even in inference mode."""
+        if t.is_meta:
             return None
+        if torch.is_inference_mode_enabled():
+            with torch._C._InferenceMode(False):
+                return self._copy_now(t)
+        return self._copy_now(t)
+
+    def _copy_now(self, t: torch.Tensor) -> torch.Tensor:
         src = t.detach()
-        self.sources.add(src.device)
+        device = src.device
+        if device not in self.sources:
+            self.sources.add(device)
         plain = type(src) is torch.Tensor and src.layout == torch.strided and not src.is_quantized
-        with torch.inference_mode(False):
-            if self.store_on.type == "cpu" and plain:
-                pinned = src.device.type == "cuda"
-                dst = self.alloc.empty(src.shape, src.dtype, pinned)
-                if not (src.device.type == "cpu" and _memcpy(dst, src)):
-                    dst.copy_(src, non_blocking=pinned)
-                return dst
-            if src.device == self.store_on:
-                return src.clone()
-            return src.to(self.store_on, copy=True, non_blocking=src.device.type == "cuda")
+        if self.to_cpu and plain:
+            if device.type == "cpu":
+                if src.numel() * src.element_size() >= _MEMCPY_BYTES:
+                    dst = torch.empty(src.shape, dtype=src.dtype)
+                    if _memcpy(dst, src):
+                        return dst
+                return src.clone(memory_format=torch.contiguous_format)
+            if device.type == "cuda":
+                return self._to_host(src)
+            return src.to("cpu", copy=True)
+        if device == self.store_on:
+            return src.clone()
+        return src.to(self.store_on, copy=True, non_blocking=device.type == "cuda")
+
+    def _to_host(self, src: torch.Tensor) -> torch.Tensor:
+        """Copy a CUDA tensor into pinned CPU memory on a side stream, overlapping the forward.
+
+        A private clone is taken on the compute stream first (device-to-device, cheap), so a later
+        in-place write to the live tensor can never race with the copy; the copy stream waits for
+        that clone, and the allocator does not reuse the clone's memory before the copy is done
+        (``record_stream``). At most ``_IN_FLIGHT_BYTES`` of clones wait at a time: beyond that the
+        compute stream waits for the oldest copy (a stream wait; the CPU never blocks). The only
+        synchronisation is at the end of the capture.
+        """
+        device = src.device
+        side = self.copy_streams.get(device)
+        if side is None:
+            side = self.copy_streams[device] = torch.cuda.Stream(device)
+        compute = torch.cuda.current_stream(device)
+        private = src.clone(memory_format=torch.contiguous_format)
+        side.wait_stream(compute)
+        dst = torch.empty(src.shape, dtype=src.dtype, pin_memory=True)
+        with torch.cuda.stream(side):
+            dst.copy_(private, non_blocking=True)
+            done = torch.cuda.Event()
+            done.record(side)
+        private.record_stream(side)
+        nbytes = private.numel() * private.element_size()
+        self.in_flight.append((done, nbytes, compute))
+        self.in_flight_bytes += nbytes
+        while self.in_flight_bytes > _IN_FLIGHT_BYTES and len(self.in_flight) > 1:
+            event, n, stream = self.in_flight.popleft()
+            stream.wait_event(event)
+            self.in_flight_bytes -= n
+        return dst
 
     def _track(self, key: str, path: str, t: torch.Tensor, copy: torch.Tensor) -> None:
         skey = _storage_key(t)
         if skey is None:
             return
-        version = None if t.is_inference() else t._version
-        ref = weakref.ref(t) if version is None else (lambda t=t: t)
+        if t.is_inference():
+            version, ref = None, weakref.ref(t)
+        else:
+            version, ref = t._version, (lambda t=t: t)
+            self.versioned = True
         rec = _Live(key, path, ref, copy, version, t.device)
         self.live.append(rec)
-        self.by_storage.setdefault(skey, []).append(rec)
+        recs = self.by_storage.get(skey)
+        if recs is None:
+            self.by_storage[skey] = [rec]
+        else:
+            recs.append(rec)
 
     def _grad_hooks(self, key: str, output: Any) -> None:
         if isinstance(output, torch.Tensor):
@@ -673,8 +712,9 @@ class _Recorder:
         self.grad_handles.clear()
         for dev in self.sources | {self.store_on}:
             if dev.type == "cuda":
-                torch.cuda.synchronize(dev)
-        self.alloc.close()
+                torch.cuda.synchronize(dev)  # the one synchronisation: every copy is done after it
+        self.in_flight.clear()
+        self.in_flight_bytes = 0
         self._settle_mutations()
         self.live.clear()
         self.by_storage.clear()
@@ -700,9 +740,14 @@ class _Recorder:
         r = self.result
         for rec in self.live:
             t = rec.ref()
-            if rec.change is None and t is not None and rec.version is not None \
-                    and t._version != rec.version:
-                self._compare(rec, t, None)
+            if rec.change is None and t is not None and rec.version is not None:
+                if t._version != rec.version:  # written after the last module that touched it
+                    rec.written_by.append(None)
+                if rec.written_by:  # one comparison, after the pass; the first writer is named
+                    writers, rec.written_by = rec.written_by, []
+                    self._compare(rec, t, writers[0])
+                    if rec.change is None:
+                        rec.written_by = writers
             if rec.change is None and rec.written_by:
                 by = rec.written_by[0]
                 r.findings.append(Finding("capture-written-same-values", "info", rec.key,
@@ -760,10 +805,10 @@ def _max_change(live: torch.Tensor, copy: torch.Tensor) -> float | None:
             if same or (same is None and torch.equal(a, copy)):
                 return 0.0
             if a.is_floating_point() or a.is_complex():
-                both_nan = torch.isnan(a) & torch.isnan(copy)
-                diff = (a - copy).abs().double()
-                diff = torch.where(both_nan, torch.zeros_like(diff), diff)
-                diff = torch.nan_to_num(diff, nan=float("inf"))
+                diff = (a - copy).abs()  # in the tensors' own precision: no float64 temporaries
+                if not bool(torch.isfinite(diff).all()):
+                    both_nan = torch.isnan(a) & torch.isnan(copy)
+                    diff = torch.nan_to_num(diff.masked_fill_(both_nan, 0), nan=float("inf"))
                 return float(diff.max())
             return float((a.double() - copy.double()).abs().max())
     except RuntimeError:
@@ -799,26 +844,26 @@ def capturing(model: nn.Module, modules: Any = None, store_on: str | torch.devic
 @contextmanager
 def _recording(model: nn.Module, modules: Any, store_on: Any, max_bytes: int | None, grads: bool,
                keep_inputs: bool, keep_references: bool, hold_lock: bool) -> Iterator[_Recorder]:
-    selected = select_modules(model, modules)
+    named = list(model.named_modules())  # resolved once per call
+    selected = _select(model, named, modules)
     lock = model_lock(model) if hold_lock else None
     if lock is not None:
         lock.acquire()
     rec = None
     try:
-        rec = _Recorder(model, selected, store_on, max_bytes, grads, keep_inputs, keep_references)
+        rec = _Recorder(model, named, selected, store_on, max_bytes, grads, keep_inputs, keep_references)
         try:
             rec.attach()
             yield rec
         except Exception as exc:
-            if rec.stack and hasattr(exc, "add_note"):
-                exc.add_note(f"(raised inside module {rec.stack[-1][0]})")
+            where = rec.where(exc)
+            if where and hasattr(exc, "add_note"):
+                exc.add_note(f"(raised inside module {where})")
             raise
         finally:
             rec.detach()
             rec.finish()
     finally:
-        if rec is not None:
-            rec.alloc.close()
         if lock is not None:
             lock.release()
 
@@ -876,7 +921,7 @@ def capture_activations(model: nn.Module, inputs: Any, modules: Any = None,
         except InspectorError:
             raise
         except Exception as exc:
-            where = rec.stack[-1][0] if rec.stack else None
+            where = rec.where(exc)
             raise InspectorError(f"the forward pass of {type(model).__name__} failed"
                                  f"{' in module ' + where if where else ''}: "
                                  f"{type(exc).__name__}: {exc}") from exc

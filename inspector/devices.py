@@ -54,24 +54,45 @@ def available_devices() -> list[DeviceInfo]:
     return out
 
 
+def device_names() -> list[str]:
+    """The devices here, by name, without touching any GPU's memory (no CUDA context is made).
+
+    >>> device_names()[0], device_names()[-1]
+    ('cpu', 'meta')
+    """
+    names = ["cpu"]
+    if torch.cuda.is_available():
+        names += [f"cuda:{i}" for i in range(torch.cuda.device_count())]
+    if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
+        names.append("mps")
+    names.append("meta")
+    return names
+
+
 def resolve_device(device: str | torch.device) -> torch.device:
-    """``device`` as a ``torch.device`` that exists here, or an InspectorError listing those that do."""
+    """``device`` as a ``torch.device`` that exists here, or an InspectorError listing those that do.
+
+    ``"cpu"`` and ``"meta"`` never touch CUDA; a CUDA index is checked against
+    ``torch.cuda.device_count()`` (no context is created, no memory is queried).
+    """
     if not isinstance(device, (str, torch.device)) or isinstance(device, bool):
         raise InspectorError(f"device must be a name such as 'cpu' or 'cuda:0', got "
                              f"{type(device).__name__} {device!r}. Available devices: "
-                             f"{', '.join(d.name for d in available_devices())}")
+                             f"{', '.join(device_names())}")
     try:
         dev = torch.device(device)
     except (RuntimeError, TypeError, ValueError) as exc:
         raise InspectorError(f"unknown device {device!r}: {exc}. Available devices: "
-                             f"{', '.join(d.name for d in available_devices())}") from None
-    if dev.type == "cuda" and dev.index is None:
-        dev = torch.device("cuda", 0)
-    names = {d.name for d in available_devices()}
+                             f"{', '.join(device_names())}") from None
     if dev.type in ("cpu", "meta", "mps") and dev.index not in (None, 0):
         raise InspectorError(f"device {str(device)!r} does not exist: there is one {dev.type} device, "
-                             f"named {dev.type!r}. Available devices: {', '.join(sorted(names))}")
-    key = dev.type if dev.type in ("cpu", "meta", "mps") else f"{dev.type}:{dev.index}"
+                             f"named {dev.type!r}. Available devices: {', '.join(sorted(device_names()))}")
+    if dev.type in ("cpu", "meta"):
+        return dev
+    if dev.type == "cuda" and dev.index is None:
+        dev = torch.device("cuda", 0)
+    names = device_names()
+    key = dev.type if dev.type == "mps" else f"{dev.type}:{dev.index}"
     if key not in names:
         raise InspectorError(f"device {str(device)!r} is not available on this machine. "
                              f"Available devices: {', '.join(sorted(names))}")

@@ -22,6 +22,7 @@ from torch import nn
 from .devices import move_model, resolve_device
 from .findings import Finding, InspectorError
 from .locks import model_lock
+from .wrappers import unwrap
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 SAMPLE_DIR = PROJECT_ROOT / "sample_models"
@@ -47,6 +48,14 @@ class LoadedModel:
     findings: list[Finding] = field(default_factory=list)
     inputs_fn: Callable[[int], Any] | None = field(default=None, repr=False)
     loss_fn: Callable[[Any, Any], torch.Tensor] | None = field(default=None, repr=False)
+    wrappers: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        """A wrapped model (``torch.compile``, DDP, FSDP) is inspected as the model underneath."""
+        unwrapped = unwrap(self.model)
+        if unwrapped.wrappers:
+            self.model, self.wrappers = unwrapped.module, unwrapped.wrappers
+            self.findings = [*unwrapped.findings(), *self.findings]
 
     @property
     def lock(self) -> threading.RLock:
@@ -289,42 +298,11 @@ def _build_hf(directory: str) -> LoadedModel:
     if not (path / "config.json").is_file():
         raise InspectorError(f"{path} is not a Hugging Face model folder (no config.json there)")
     refuse_remote_code(path)
-    try:
-        import transformers
-        from transformers import AutoConfig
+    from . import hf
 
-        config = AutoConfig.from_pretrained(path, local_files_only=True, trust_remote_code=False)
-        model = None
-        for auto in (transformers.AutoModelForCausalLM, transformers.AutoModel):
-            try:
-                model = auto.from_pretrained(path, local_files_only=True, trust_remote_code=False)
-                break
-            except ValueError:
-                continue
-        if model is None:
-            raise InspectorError(f"transformers has no model class for {path} ({config.model_type})")
-    except InspectorError:
-        raise
-    except Exception as exc:
-        raise InspectorError(f"loading the Hugging Face model in {path} failed: "
-                             f"{type(exc).__name__}: {exc}") from exc
-    model.eval()
-    vocab = getattr(config, "vocab_size", None)
-
-    def inputs_fn(batch_size: int) -> dict[str, torch.Tensor]:
-        gen = torch.Generator().manual_seed(0)
-        return {"input_ids": torch.randint(0, vocab or 2, (batch_size, 8), generator=gen)}
-
-    def loss_fn(outputs: Any, inputs: Any) -> torch.Tensor:
-        logits = outputs.logits if hasattr(outputs, "logits") else outputs[0]
-        ids = inputs["input_ids"]
-        return torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, logits.size(-1)),
-                                                 ids[:, 1:].reshape(-1))
-
-    has_logits = hasattr(model, "lm_head") or hasattr(model, "get_output_embeddings") and \
-        model.get_output_embeddings() is not None
-    return LoadedModel(model, path.name, f"hf:{path}", inputs_fn=inputs_fn if vocab else None,
-                       loss_fn=loss_fn if vocab and has_logits else None)
+    model, findings = hf.load_hf_folder(path)
+    return LoadedModel(model, path.name, f"hf:{path}", findings=findings,
+                       inputs_fn=hf.example_inputs_for(model), loss_fn=hf.loss_for(model))
 
 
 def refuse_remote_code(path: Path) -> None:
@@ -449,6 +427,26 @@ def pickle_globals(path: Path) -> list[str]:
     return [g for g in dict.fromkeys(found) if not g.startswith(_TORCH_GLOBALS)]
 
 
+WRAPPER_PREFIXES = ("_orig_mod.", "module.")
+
+
+def strip_wrapper_prefix(state: dict[str, torch.Tensor], own: dict[str, Any]) -> tuple[dict[str, torch.Tensor], str]:
+    """``state`` without the ``_orig_mod.`` / ``module.`` prefixes a wrapped model writes, when
+    every key has them and the model's names do not; returns the prefix stripped ("" for none).
+
+    >>> strip_wrapper_prefix({"_orig_mod.module.w": 1}, {"w": 0})
+    ({'w': 1}, '_orig_mod.module.')
+    """
+    stripped = ""
+    while state and not any(k in own for k in state):
+        prefix = next((p for p in WRAPPER_PREFIXES if all(k.startswith(p) for k in state)), None)
+        if prefix is None:
+            break
+        state = {k[len(prefix):]: v for k, v in state.items()}
+        stripped += prefix
+    return state, stripped
+
+
 def apply_checkpoint(model: nn.Module, path: str | os.PathLike) -> list[Finding]:
     """Copy a checkpoint into ``model`` in place, keeping its ties; findings say what happened.
 
@@ -459,6 +457,11 @@ def apply_checkpoint(model: nn.Module, path: str | os.PathLike) -> list[Finding]
     state, findings = read_checkpoint(path)
     name = Path(path).name
     own = model.state_dict(keep_vars=True)
+    state, stripped = strip_wrapper_prefix(state, own)
+    if stripped:
+        findings.append(Finding("checkpoint-wrapped", "info", name,
+                                f"{name} was saved from a wrapped model (names start with {stripped!r}, "
+                                "as torch.compile or DDP write them); the names were read without it"))
     by_id: dict[int, list[str]] = {}
     for key, t in own.items():
         by_id.setdefault(id(t), []).append(key)

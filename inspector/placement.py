@@ -388,27 +388,55 @@ def _largest_layer(inv: Inventory, no_split: set[str]) -> tuple[str, int]:
     return best, best_size
 
 
-def _reserves(inv: Inventory, budget: dict[Device, int], no_split: set[str]) -> tuple[dict[Device, int], list[Decision]]:
-    """Room kept free on a main device for loading back the largest offloaded layer.
-
-    A layer offloaded to the CPU runs on the first GPU (or mps), and one offloaded to disk is
-    read through the CPU, so those keep the largest layer free when an offload device exists.
-    """
+def _main_devices(budget: dict[Device, int]) -> list[Device]:
+    """Devices that load back offloaded layers: the first GPU when cpu or disk follows, and the
+    cpu when disk follows."""
     devices = list(budget)
-    name, size = _largest_layer(inv, no_split)
     gpus = [d for d in devices if d not in ("cpu", "disk")]
     main: list[Device] = []
     if gpus and ("cpu" in devices or "disk" in devices):
         main.append(gpus[0])
     if "cpu" in devices and "disk" in devices:
         main.append("cpu")
-    reserve = {d: size if d in main else 0 for d in devices}
-    records = [Decision("reserve", name, d, size,
-                        f"kept {size} bytes free on {d} to load back the largest layer ({name or 'model'}) "
-                        "when it runs from an offload device"
-                        + (f"; that is more than its budget ({budget[d]}), so nothing else goes there"
-                           if size > budget[d] else "")) for d in main if size]
-    return reserve, records
+    return main
+
+
+def _offloads(device_map: Mapping[str, Device], budget: dict[Device, int]) -> bool:
+    """Whether anything lands on a device whose layers run elsewhere (cpu after a GPU, disk)."""
+    offload = _offload_devices(main_device(budget))
+    return any(d in offload for d in device_map.values())
+
+
+class _Reserve:
+    """Room kept free on a main device: the largest layer still to place (accelerate's rule).
+
+    ``largest[unit]`` is the biggest leaf or no-split module inside ``unit`` (0 for a tensor).
+    """
+
+    def __init__(self, inv: Inventory, no_split: set[str], main: list[Device]) -> None:
+        self.inv, self.no_split, self.main = inv, no_split, set(main)
+        self.largest: dict[str, tuple[int, str]] = {}
+        self.kept: dict[Device, tuple[int, str]] = {}
+
+    def within(self, unit: str) -> tuple[int, str]:
+        got = self.largest.get(unit)
+        if got is None:
+            kids = self.inv.children.get(unit)
+            if kids is None:
+                got = (0, "")
+            elif not kids or self.inv.classes[unit] in self.no_split:
+                got = (self.inv.sizes[unit], unit)
+            else:
+                got = max((self.within(k) for k in kids), default=(0, ""))
+            self.largest[unit] = got
+        return got
+
+    def on(self, dev: Device, queue: Iterable[str]) -> int:
+        if dev not in self.main:
+            return 0
+        size, name = max((self.within(u) for u in queue), default=(0, ""))
+        self.kept[dev] = (size, name)
+        return size
 
 
 def _splittable(inv: Inventory, name: str, no_split: set[str]) -> bool:
@@ -434,8 +462,12 @@ def _units_of(inv: Inventory, module: str, state: _WalkState) -> list[str]:
 
 
 def _walk(inv: Inventory, budget: dict[Device, int], capacity: dict[Device, int],
-          no_split: set[str]) -> _WalkState:
-    """Fill devices in order; split what does not fit; move on when nothing more fits."""
+          no_split: set[str], reserve: _Reserve | None = None) -> _WalkState:
+    """Fill devices in order; split what does not fit; move on when nothing more fits.
+
+    With ``reserve``, a main device keeps the largest layer still to place free (the unit
+    being placed does not count: it is not loaded back while it sits there).
+    """
     devices = list(budget)
     state = _WalkState({}, {d: 0 for d in devices}, [""], [], [])
     queue = deque(_units_of(inv, "", state))
@@ -444,7 +476,8 @@ def _walk(inv: Inventory, budget: dict[Device, int], capacity: dict[Device, int]
         unit = queue.popleft()
         size = inv.sizes[unit]
         dev = devices[i]
-        if state.used[dev] + size <= capacity[dev]:
+        keep = reserve.on(dev, queue) if reserve is not None else 0
+        if state.used[dev] + size <= capacity[dev] - keep:
             state.assigned[unit] = dev
             state.used[dev] += size
             state.records.append(Decision("place", unit, dev, size,
@@ -454,13 +487,13 @@ def _walk(inv: Inventory, budget: dict[Device, int], capacity: dict[Device, int]
             parts = _units_of(inv, unit, state)
             queue.extendleft(reversed(parts))
             state.records.append(Decision("split", unit, dev, size,
-                                          f"{size} bytes do not fit the {capacity[dev] - state.used[dev]} "
+                                          f"{size} bytes do not fit the {capacity[dev] - keep - state.used[dev]} "
                                           f"left on {dev}; placing its {len(parts)} parts one by one"))
         elif i + 1 < len(devices):
             why = "cannot be split" if unit not in inv.children or not inv.children[unit] else \
                 f"is a {inv.classes[unit]} (no-split)"
             state.records.append(Decision("next-device", unit, devices[i + 1], size,
-                                          f"{size} bytes do not fit the {capacity[dev] - state.used[dev]} "
+                                          f"{size} bytes do not fit the {capacity[dev] - keep - state.used[dev]} "
                                           f"left on {dev} and it {why}"))
             i += 1
             queue.appendleft(unit)
@@ -651,16 +684,22 @@ def _plan(model: nn.Module, max_memory: str | Mapping[Any, Any],
     no_split = set(default_no_split(model, no_split_module_classes))
     inv = inventory(model, dtype)
     devices = list(budget)
-    reserve, reserve_records = _reserves(inv, budget, no_split)
+    main = _main_devices(budget)
     extra: dict[Device, int] = {d: 0 for d in devices}
     extra_records: list[Decision] = []
-    for _attempt in range(len(devices) + 3):
-        capacity = {d: max(0, budget[d] - reserve[d] - extra[d]) for d in devices}
-        state = _walk(inv, budget, capacity, no_split)
+    reserve: _Reserve | None = None  # room to load back layers is kept only when something is offloaded
+    for _attempt in range(len(devices) + 4):
+        capacity = {d: max(0, budget[d] - extra[d]) for d in devices}
+        state = _walk(inv, budget, capacity, no_split, reserve)
         pending = _place_pending(inv, state, devices)
         device_map = dict(state.assigned)
         ties = _keep_ties(inv, device_map)
-        over = _overflow(inv, device_map, {d: max(0, budget[d] - reserve[d]) for d in devices})
+        if reserve is None and main and _offloads(device_map, budget):
+            reserve = _Reserve(inv, no_split, main)
+            extra = {d: 0 for d in devices}  # room found for buffers without a reserve does not carry over
+            extra_records = []
+            continue
+        over = _overflow(inv, device_map, {d: budget[d] for d in devices})
         if not over:
             break
         for d, n in over.items():
@@ -671,11 +710,17 @@ def _plan(model: nn.Module, max_memory: str | Mapping[Any, Any],
     else:
         raise InspectorError(f"could not fit the buffers of split modules into the budget "
                              f"({format_max_memory(budget)}); raise a budget or add disk=...")
+    kept = {} if reserve is None else reserve.kept
+    reserve_records = [Decision("reserve", name, d, size,
+                                f"kept {size} bytes free on {d} to load back the largest layer still to "
+                                f"place ({name or 'model'}) when it runs from an offload device")
+                       for d, (size, name) in kept.items() if size]
+    reserved = {d: kept.get(d, (0, ""))[0] for d in devices}
     cleaned = clean_map(device_map, inv)
     records = (_budget_records(budget) + reserve_records + extra_records + state.records + pending + ties
                + [Decision("clean", "", None, 0, f"merged {len(device_map)} keys into {len(cleaned)} "
                            "where a whole module sits on one device")])
-    return _Plan(cleaned, records, inv, budget, reserve, state.split, no_split)
+    return _Plan(cleaned, records, inv, budget, reserved, state.split, no_split)
 
 
 def plan_device_map_explained(model: nn.Module, max_memory: str | Mapping[Any, Any],

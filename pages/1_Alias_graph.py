@@ -5,7 +5,7 @@ from __future__ import annotations
 import streamlit as st
 
 from inspector.aliases import CONVERSIONS, alias_analysis, conversion_table
-from inspector.devices import available_devices
+from inspector.devices import device_names
 from inspector.escaping import markdown_text
 from inspector.figures.aliases import alias_graph_figure
 from ui.cache import cached_analysis
@@ -84,7 +84,7 @@ st.caption("Each conversion runs on a deep copy of the model (the loaded model i
 DEFAULT = ["to-float64-overwrite", "to-float32-overwrite", "move-model-float64", "move-model-float32"]
 picked = st.multiselect("Conversions", list(CONVERSIONS), default=DEFAULT, key="aliases_conversions",
                         format_func=lambda n: CONVERSIONS[n].label)
-targets = [d.name for d in available_devices() if d.kind != "meta"]
+targets = [d for d in device_names() if d != "meta"]
 here = loaded.device if loaded.device in targets else "cpu"
 device = st.selectbox("Target device", targets, index=targets.index(here), key="aliases_device",
                       help="Where .to(device), to_empty(device) and the safetensors loads put the copy.")

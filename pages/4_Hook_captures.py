@@ -6,7 +6,7 @@ import streamlit as st
 import torch
 
 from inspector.capture import capture_activations, select_modules
-from inspector.devices import available_devices
+from inspector.devices import device_names
 from inspector.escaping import markdown_text
 from inspector.figures.capture import (
     capture_heatmap,
@@ -48,7 +48,7 @@ limit = c4.checkbox("Byte budget", value=True, key="cap_limit",
                     help="Stop capturing once the copies reach this size; the rest is listed as skipped")
 budget_mib = c4.number_input("Budget (MiB)", min_value=0.0, value=256.0, step=16.0, key="cap_budget",
                              disabled=not limit)
-devices = [d.name for d in available_devices() if d.name != "meta"]
+devices = [d for d in device_names() if d != "meta"]
 store_on = c5.selectbox("Store copies on", devices, key="cap_store",
                         help="cpu: pinned memory and non-blocking copies from a GPU")
 mode = c6.radio("Autograd mode", list(MODES), key="cap_mode", horizontal=False)

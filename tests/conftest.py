@@ -56,6 +56,14 @@ def mid_size_model(tmp_path, monkeypatch) -> str:
 
 
 @pytest.fixture(scope="session")
+def hf_folders(tmp_path_factory):
+    """Tiny GPT-2, BERT, T5, BART, Llama (tied, untied), ViT and BERT2BERT folders, saved once."""
+    from hf_folders import save_all
+
+    return save_all(tmp_path_factory.mktemp("hf"))
+
+
+@pytest.fixture(scope="session")
 def world2(tmp_path_factory):
     """Run tests/distributed_worker.py on a world of 2 gloo processes once; (folder, per-rank results).
 

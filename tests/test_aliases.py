@@ -19,6 +19,7 @@ from inspector.aliases import (
     retie,
     snapshot_ties,
 )
+from inspector.devices import move_model
 from inspector.figures.aliases import alias_graph_figure, graph_data
 from inspector.findings import InspectorError
 from sample_models import get_sample
@@ -321,8 +322,10 @@ def test_conversion_table_on_tiny_gpt2(tiny_gpt2):
 
 
 def test_every_conversion_on_tiny_gpt2(tiny_gpt2):
-    got = {name: _row(conversion_check(tiny_gpt2, name)) for name in CONVERSIONS}
+    names = [n for n in CONVERSIONS if n != "cuda" or torch.cuda.is_available()]
+    got = {name: _row(conversion_check(tiny_gpt2, name)) for name in names}
     assert got["to-float64"] == ("kept", True, True, 4080)
+    assert got["to-device"] == ("kept", True, True, 4080)  # cpu -> cpu: .to() hands back the same tensors
     assert got["to-device-overwrite"] == ("weakened", False, True, 4592)  # cpu -> cpu, new objects
     assert got["move-model-device"] == ("kept", True, True, 4080)
     assert got["load-state-dict-assign"] == ("weakened", False, True, 4592)
@@ -330,6 +333,22 @@ def test_every_conversion_on_tiny_gpt2(tiny_gpt2):
     assert got["safetensors-model"] == ("kept", True, True, 4080)
     assert got["deepcopy"] == ("kept", True, True, 4080)
     assert got["to-empty"] == ("kept", True, True, 4080)
+
+
+def test_module_cuda_needs_a_cuda_target(tiny_gpt2):
+    r = conversion_check(tiny_gpt2, "cuda", device="cpu")
+    assert r.outcomes == () and "Module.cuda() moves to a CUDA device" in r.error and "cuda:N" in r.error
+
+
+def test_a_view_breaks_when_buffers_are_converted_one_by_one_and_move_model_keeps_it():
+    # full is (4, 4); rows = full[1:3]. .to(float64) converts each buffer on its own: two storages.
+    broken = conversion_check(SliceBuffers(), "to-float64").outcomes[0]
+    assert (broken.names, broken.outcome, broken.same_storage) == (("full", "rows"), "broken", False)
+    kept = conversion_check(SliceBuffers(), "move-model-float64").outcomes[0]
+    assert (kept.outcome, kept.same_storage) == ("kept", True)
+    m = move_model(SliceBuffers(), dtype=torch.float64)
+    assert m.rows.dtype == torch.float64 and m.rows.data_ptr() == m.full[1:3].data_ptr()
+    assert [(g.names, g.kind) for g in alias_groups(m)] == [(("full", "rows"), "overlapping-view")]
 
 
 def test_conversion_with_retie(tiny_gpt2):
@@ -468,7 +487,15 @@ def test_conversions_onto_cuda(tiny_gpt2):
 
 @pytest.mark.cuda
 def test_groups_on_cuda():
-    m = SliceBuffers().cuda()
+    # Module.cuda() moves full and rows one by one: the view does not survive, as the table says
+    plain = SliceBuffers().cuda()
+    assert [g.kind for g in alias_groups(plain)] == []
+    for name in ("cuda", "to-device"):
+        o = conversion_check(SliceBuffers(), name, device="cuda").outcomes[0]
+        assert (o.names, o.outcome, o.same_storage) == (("full", "rows"), "broken", False), name
+    o = conversion_check(SliceBuffers(), "move-model-device", device="cuda").outcomes[0]
+    assert (o.outcome, o.same_storage) == ("kept", True)
+    m = move_model(SliceBuffers(), "cuda")  # keeps the view
     m.lin.register_buffer("w_copy", m.lin.weight.detach())
     g = alias_groups(m)
     assert [(x.names, x.kind, x.device) for x in g] == [

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import threading
 import weakref
 
@@ -9,7 +10,7 @@ import pytest
 import torch
 from torch import nn
 
-from inspector.capture import _POOL, Captures, capture_activations, capturing, select_modules
+from inspector.capture import Captures, capture_activations, capturing, select_modules
 from inspector.findings import InspectorError
 from sample_models import get_sample
 
@@ -317,26 +318,19 @@ def test_to_dict_is_json_safe(cnn):
     assert fc["nan"] == 10 and fc["shape"] == "(3, 10)"
 
 
-def test_pooled_memory_is_reused_only_when_no_capture_refers_to_it(cnn):
+def test_each_copy_owns_its_memory_and_frees_it_with_the_capture(cnn):
     model, x = cnn
     first = capture_activations(model, x, modules="conv2")
-    kept = first.outputs["conv2"].clone()
-    ptr = first.outputs["conv2"].untyped_storage().data_ptr()
     second = capture_activations(model, 2 * x, modules="conv2")
-    # the first capture is still alive: its memory was not handed out again
-    assert second.outputs["conv2"].untyped_storage().data_ptr() != ptr
-    assert torch.equal(first.outputs["conv2"], kept)
-    view = first.outputs["conv2"][0]  # a view keeps the pooled block alive too
-    del first
-    third = capture_activations(model, 3 * x, modules="conv2")
-    assert third.outputs["conv2"].untyped_storage().data_ptr() != ptr
-    assert torch.equal(view, kept[0])
-    del view, third
-    blocks = list(_POOL.blocks[False])
-    fourth = capture_activations(model, x, modules="conv2")
-    assert _POOL.blocks[False] == blocks  # a free block was reused; nothing new was allocated
-    assert torch.equal(fourth.outputs["conv2"], kept)
-    assert fourth.outputs["conv2"].untyped_storage().data_ptr() != second.outputs["conv2"].untyped_storage().data_ptr()
+    out = first.outputs["conv2"]
+    # exactly its own bytes (2 x 16 x 16 x 16 float32 = 32768), not a view into a bigger block
+    assert out.untyped_storage().nbytes() == CNN_BYTES["conv2"] == out.numel() * out.element_size()
+    assert out.untyped_storage().data_ptr() != second.outputs["conv2"].untyped_storage().data_ptr()
+    assert torch.equal(second.outputs["conv2"], model.conv2(model.relu1(model.conv1(2 * x))))
+    gone = weakref.ref(out)
+    del first, out
+    gc.collect()
+    assert gone() is None  # nothing inside the inspector holds a capture once it is dropped
 
 
 @pytest.mark.cuda
@@ -354,6 +348,37 @@ def test_cuda_outputs_copied_to_pinned_cpu_memory():
             assert on_gpu.outputs[name].device.type == "cuda"
             assert torch.equal(on_cpu.outputs[name], on_gpu.outputs[name].cpu()), name
         assert (on_cpu.outputs["conv1"] < 0).any() and (on_cpu.references["conv1"] >= 0).all()
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("in_flight", [1, 1 << 30])
+def test_cuda_copies_to_the_host_overlap_yet_stay_exact(monkeypatch, in_flight):
+    import inspector.capture as capture
+
+    # in_flight=1: the compute stream waits for each earlier copy; 1 GiB: copies run freely
+    monkeypatch.setattr(capture, "_IN_FLIGHT_BYTES", in_flight)
+    torch.manual_seed(0)
+    # each conv output is 32 x 8 x 128 x 128 float32 = 16 MiB: copies take long enough to race
+    model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(inplace=True),
+                          nn.Conv2d(8, 8, 3, padding=1), nn.ReLU(inplace=True)).cuda().eval()
+    x = torch.randn(32, 3, 128, 128, device="cuda")
+    with torch.no_grad():
+        c0 = model[0](x)
+        r1 = torch.relu(c0)
+        c2 = model[2](r1)
+        expected = {"0": c0.cpu(), "1": r1.cpu(), "2": c2.cpu(), "3": torch.relu(c2).cpu()}
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    for mode in GRAD_MODES.values():
+        with mode():
+            cap = capture_activations(model, x)
+        assert cap.mutated == {"0": "1", "2": "3"}  # ReLU(inplace=True) overwrote both convs
+        for name, value in expected.items():
+            assert cap.outputs[name].is_pinned() and torch.equal(cap.outputs[name], value), name
+        del cap
+    torch.empty(1, device="cuda")  # lets the allocator take back clones whose copies are done
+    torch.cuda.synchronize()
+    assert torch.cuda.memory_allocated() <= before + 512  # no clone outlives the capture
 
 
 def test_figures_histogram_heatmap_and_clone_vs_bare(cnn):
@@ -455,15 +480,3 @@ def test_capturing_while_another_thread_runs_forward_many_times():
     # often (about a third of single rounds did before hooks accepted both call forms).
     for _ in range(50):
         test_two_threads_capturing_at_once_each_see_only_their_own_pass()
-
-
-def test_release_capture_memory_drops_unused_pool_blocks_only():
-    from inspector.capture import _POOL, release_capture_memory
-
-    model = get_sample("cnn-bn").build()
-    kept = capture_activations(model, get_sample("cnn-bn").example_inputs(2), modules=["conv1"])
-    capture_activations(model, get_sample("cnn-bn").example_inputs(2), modules=["conv2"])
-    release_capture_memory()
-    remaining = [b for blocks in _POOL.blocks.values() for b in blocks]
-    assert all(not b.free() for b in remaining)  # only blocks a live capture still uses
-    assert torch.equal(kept.outputs["conv1"], model.conv1(get_sample("cnn-bn").example_inputs(2)))

@@ -108,14 +108,20 @@ def test_sequential_plan_exact():
     m = nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4), nn.Linear(4, 4))
     # No offload device after the GPUs: nothing reserved. 0 takes 80 + 72 = 152 <= 160; "2" moves on.
     assert plan_device_map(m, {0: 160, 1: 100}) == {"0": 0, "1": 0, "2": 1}
-    # With cpu after GPU 0, GPU 0 keeps the largest layer (80) free: 240 - 80 = 160 again.
-    plan = plan_device_map_explained(m, {0: 240, "cpu": 1000})
-    assert plan.device_map == {"0": 0, "1": 0, "2": "cpu"}
+    # With cpu after GPU 0 and the whole model fitting on it (232 <= 240), nothing is offloaded,
+    # so nothing is reserved.
+    assert plan_device_map(m, {0: 240, "cpu": 1000}) == {"": 0}
+    # With 200, "2" would not fit (232 > 200), so GPU 0 keeps the largest layer still to place
+    # free: placing "0" the largest left is "2" (80): 80 <= 200 - 80; placing "1", still 80:
+    # 80 + 72 = 152 > 120, so "1" and "2" go to cpu, as accelerate decides.
+    plan = plan_device_map_explained(m, {0: 200, "cpu": 1000})
+    assert plan.device_map == {"0": 0, "1": "cpu", "2": "cpu"}
+    assert plan.device_map == dict(infer_auto_device_map(m, max_memory={0: 200, "cpu": 1000}))
     assert [(r.step, r.subject, r.device, r.nbytes) for r in plan.records if r.step == "reserve"] == \
-        [("reserve", "0", 0, 80)]
+        [("reserve", "2", 0, 80)]
     usage = plan.usage.set_index("device")
-    assert usage.loc[0, "parameter_bytes"] == 80 + 32 and usage.loc[0, "buffer_bytes"] == 40
-    assert usage.loc["cpu", "total_bytes"] == 80
+    assert usage.loc[0, "parameter_bytes"] == 80 and usage.loc[0, "reserved_bytes"] == 80
+    assert usage.loc["cpu", "total_bytes"] == 72 + 80
 
 
 def test_everything_fits_one_device_gives_root_key():
@@ -146,15 +152,17 @@ def test_buffer_only_module_goes_with_nearest_neighbour():
 # ----------------------------------------------------------------------------- split block vs accelerate
 
 OUR_SPLIT_MAP = {
-    # GPU 0 keeps 16640 (one Linear) free for offloaded layers: 40000 - 16640 = 23360 usable.
-    "embed": 0,             # 16640 of 23360; block (54272) does not fit -> split
-    "block.scale": 1,       # block's primary device: 1 holds fc1 + fc2 = 33280 of its 49920
-    "block.pos_table": 1,   # parameter bytes; 33280 + 4352 buffer bytes = 37632 <= 40000
-    "block.fc1": 1,         # 16640 + 16640 > 23360 on 0 -> 1
-    "block.fc2": 1,         # 33280 <= 40000
-    "block.fc3": "cpu",     # 49920 > 40000 -> cpu
-    "head": "cpu",          # 16640 + 2080 = 18720 <= 100000
+    # The whole model fits on the two GPUs, so nothing is offloaded and nothing is reserved
+    # (accelerate keeps one Linear, 16640, free on GPU 0 anyway and offloads fc3 and head).
+    "embed": 0,             # 16640 of 40000; block (54272) does not fit -> split
+    "block.scale": 1,       # block's primary device: 1 holds fc2 + fc3 = 33280 of its 49920
+    "block.pos_table": 1,   # parameter bytes; 33280 + 2080 + 4352 buffer bytes = 39712 <= 40000
+    "block.fc1": 0,         # 16640 + 16640 = 33280 <= 40000
+    "block.fc2": 1,         # 49920 > 40000 on 0 -> 1
+    "block.fc3": 1,         # 33280 <= 40000
+    "head": 1,              # 33280 + 2080 = 35360 <= 40000
 }
+ACCELERATE_SPLIT_MAP = {"embed": 0, "block.fc1": 1, "block.fc2": 1, "block.fc3": "cpu", "head": "cpu"}
 
 
 def test_split_block_plan_exact_and_accepted_by_accelerate(split_block):
@@ -169,7 +177,7 @@ def test_split_block_plan_exact_and_accepted_by_accelerate(split_block):
 
 def test_split_block_accelerate_map_misses_buffers_and_audit_names_them(split_block):
     theirs = infer_auto_device_map(split_block, max_memory=accelerate_budget(parse_max_memory(SPLIT_BUDGET)))
-    assert dict(theirs) == {"embed": 0, "block.fc1": 1, "block.fc2": 1, "block.fc3": "cpu", "head": "cpu"}
+    assert dict(theirs) == ACCELERATE_SPLIT_MAP
     with pytest.raises(ValueError, match="block.scale, block.pos_table"):
         check_device_map(split_block, theirs)
     table = audit_device_map(split_block, theirs).set_index("name")
@@ -188,8 +196,12 @@ def test_compare_with_accelerate_side_by_side(split_block):
     assert c.ours.device_map == OUR_SPLIT_MAP
     assert c.our_check is None
     assert "block.scale, block.pos_table" in c.accelerate_check
-    assert c.difference[["name", "ours", "accelerate", "accelerate_finding"]].values.tolist() == [
-        ["block.scale", 1, None, "buffer-unplaced"], ["block.pos_table", 1, None, "buffer-unplaced"]]
+    rows = c.difference[["name", "ours", "accelerate", "accelerate_finding"]].values.tolist()
+    assert rows[:2] == [["block.scale", 1, None, "buffer-unplaced"], ["block.pos_table", 1, None, "buffer-unplaced"]]
+    # the rest: what accelerate offloads to the cpu (or moves to GPU 1) while room is left on the GPUs
+    assert [(r[0], r[1], r[2]) for r in rows[2:]] == [
+        ("block.fc1.weight", 0, 1), ("block.fc1.bias", 0, 1), ("block.fc3.weight", 1, "cpu"),
+        ("block.fc3.bias", 1, "cpu"), ("head.weight", 1, "cpu"), ("head.bias", 1, "cpu")]
 
 
 def test_buffers_placed_late_reserve_room_and_replan(split_block):
@@ -237,10 +249,11 @@ def test_tie_across_a_split_lands_on_one_device():
 # ----------------------------------------------------------------------------- dispatch
 
 def test_dispatch_cpu_and_disk_matches_undispatched(split_block):
-    # cpu keeps 16640 free for a layer loaded back from disk: 76000 - 16640 = 59360 usable.
-    # embed 16640, fc1 33280, fc2 49920, fc3 would be 66560 -> disk, head -> disk.
-    # block's primary is cpu (33280 of 49920), so its buffers stay on cpu: 49920 + 4352 <= 59360.
-    dm = plan_device_map(split_block, "cpu=76000,disk=1GiB")
+    # Without a reserve the model (72992) does not fit 67000, so something goes to disk and the
+    # cpu keeps the largest layer still to place free: placing fc2 that is fc3 (16640):
+    # 49920 <= 67000 - 16640; placing fc3 it is head (2080): 66560 > 64920 -> disk, head -> disk.
+    # block's primary is cpu (33280 of 49920), so its buffers stay on cpu: 49920 + 4352 <= 67000.
+    dm = plan_device_map(split_block, "cpu=67000,disk=1GiB")
     assert dm == {"embed": "cpu", "block.scale": "cpu", "block.pos_table": "cpu", "block.fc1": "cpu",
                   "block.fc2": "cpu", "block.fc3": "disk", "head": "disk"}
     x = get_sample("split-block").example_inputs(2)

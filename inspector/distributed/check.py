@@ -24,6 +24,7 @@ import torch.distributed as dist
 from torch import nn
 
 from ..findings import Finding
+from ..wrappers import underlying
 from .findings import step_findings
 from .tensors import is_dtensor, local, placements_text
 
@@ -230,7 +231,7 @@ def collect(model: nn.Module, step: int = 0, *, group: Any = None, note: str = "
 
     Every rank of ``group`` must call it at the same time (it is a collective).
     """
-    tensors = _unique(model)
+    tensors = _unique(underlying(model))  # DDP / torch.compile: the names the user wrote
     initialised = dist.is_available() and dist.is_initialized()
     world = dist.get_world_size(group) if initialised else 1
     rank = dist.get_rank(group) if initialised else 0

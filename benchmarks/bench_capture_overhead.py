@@ -1,0 +1,146 @@
+"""Per-module cost of ``capture_activations`` next to hand-written clone hooks, in one run.
+
+Models:
+  llama-deep  a 28-layer, width-64 Llama built from a ``transformers`` config (371 modules),
+              batch 1 x 16 tokens: Python work per hook dominates, as on a big model on a GPU.
+  cnn-bn      the small ``cnn-bn`` sample (batch 8).
+
+Variants, run in a rotating order in every repeat (one CPU thread, inference mode):
+  plain         model(x), no hooks
+  clone-hooks   a forward hook on every module keeping ``output.detach().clone()`` (tensor
+                leaves of a tuple output cloned the same way), the baseline people write
+  no-op-hooks   a forward hook on every module that does nothing (the floor)
+  inspector     capture_activations(model, x), every module, copies on the CPU
+
+Per-module overhead = (median paired time - plain) / modules. Target: inspector's per-module
+overhead on llama-deep at most 2x that of the clone hooks.
+
+Run: ``python benchmarks/bench_capture_overhead.py [--repeats 21] [--model llama-deep,cnn-bn]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+from torch import nn
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from inspector.capture import capture_activations  # noqa: E402
+from sample_models import get_sample  # noqa: E402
+
+TARGET = 2.0
+
+
+def deep_llama() -> tuple[nn.Module, dict]:
+    """28 layers of width 64 (371 modules) from a transformers LlamaConfig, and a 1 x 16 batch."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=28,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(config).eval()
+    return model, {"input_ids": torch.randint(0, 256, (1, 16)), "use_cache": False}
+
+
+def cnn_bn() -> tuple[nn.Module, torch.Tensor]:
+    sample = get_sample("cnn-bn")
+    return sample.build().eval(), sample.example_inputs(8)
+
+
+def _clone(out):
+    if isinstance(out, torch.Tensor):
+        return out.detach().clone()
+    if isinstance(out, (tuple, list)):
+        return [o.detach().clone() if isinstance(o, torch.Tensor) else o for o in out]
+    return out
+
+
+def hooked(model: nn.Module, run: Callable[[], object], clone: bool) -> dict:
+    store: dict[str, object] = {}
+    handles = []
+    for name, module in model.named_modules():
+        if clone:
+            def hook(m, a, out, name=name):
+                store[name] = _clone(out)
+        else:
+            def hook(m, a, out):
+                return None
+        handles.append(module.register_forward_hook(hook))
+    try:
+        run()
+    finally:
+        for h in handles:
+            h.remove()
+    return store
+
+
+def call(model: nn.Module, x) -> object:
+    return model(**x) if isinstance(x, dict) else model(x)
+
+
+def paired(variants: dict[str, Callable[[], object]], repeats: int) -> dict[str, list[float]]:
+    times: dict[str, list[float]] = {n: [] for n in variants}
+    names = list(variants)
+    for name in names:  # warm-up
+        variants[name]()
+    for i in range(repeats):
+        for name in names[i % len(names):] + names[:i % len(names)]:
+            gc.collect()
+            t = time.perf_counter()
+            result = variants[name]()
+            times[name].append(time.perf_counter() - t)
+            del result
+    return times
+
+
+def bench(label: str, model: nn.Module, x, repeats: int) -> float:
+    modules = sum(1 for _ in model.named_modules())
+    variants = {
+        "plain": lambda: call(model, x),
+        "clone-hooks": lambda: hooked(model, lambda: call(model, x), clone=True),
+        "no-op-hooks": lambda: hooked(model, lambda: call(model, x), clone=False),
+        "inspector": lambda: capture_activations(model, x),
+    }
+    with torch.inference_mode():
+        times = paired(variants, repeats)
+        cap = capture_activations(model, x)
+    plain = times["plain"]
+    print(f"== {label}: {modules} modules, {cap.total_bytes / 1024:.0f} KiB captured in "
+          f"{len(cap.outputs)} copies, {repeats} paired repeats, {torch.get_num_threads()} thread(s)")
+    print(f"   {'variant':<13}{'median ms':>10}{'x plain':>9}{'us/module':>11}")
+    over = {}
+    for name, ts in times.items():
+        ratio = statistics.median(t / p for t, p in zip(ts, plain))
+        extra = statistics.median(t - p for t, p in zip(ts, plain))
+        over[name] = extra / modules
+        print(f"   {name:<13}{statistics.median(ts) * 1e3:>10.2f}{ratio:>9.2f}{over[name] * 1e6:>11.1f}")
+    ratio = over["inspector"] / over["clone-hooks"]
+    print(f"   per-module overhead, inspector / clone hooks: {ratio:.2f}x (target <= {TARGET}x: "
+          f"{'OK' if ratio <= TARGET else 'MISSED'})")
+    return ratio
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=21)
+    parser.add_argument("--model", default="llama-deep,cnn-bn")
+    parser.add_argument("--threads", type=int, default=1)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    print(f"torch {torch.__version__}")
+    for label in args.model.split(","):
+        model, x = deep_llama() if label == "llama-deep" else cnn_bn()
+        bench(label, model, x, args.repeats)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
