@@ -61,6 +61,7 @@ def test_missing_rank_file_is_named(world2, tmp_path):
 
 def test_non_tensor_entries_are_listed_and_left_out_of_the_load(tmp_path, capsys):
     import torch.distributed.checkpoint as dcp
+
     model = build()
     state = dict(model.state_dict())
     with torch.no_grad():
