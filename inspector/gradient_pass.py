@@ -14,6 +14,10 @@ process, as with ``DTensor``) can plug in without touching the tables:
   the pieces). Without it the norms are taken as measured, so the numbers are exactly those
   of ``torch._foreach_norm``.
 
+:class:`Pieces` bundles both steps with what else a sharded measurement needs (counts of
+NaN and Inf per process, agreement on a cache hit); ``inspector.distributed.gradients``
+implements it for DTensor gradients.
+
 A small cache keeps the last result per model, keyed on every gradient's identity and
 version counter, so asking for the per-parameter table and then for the per-module one
 reads the gradients once.
@@ -24,7 +28,7 @@ from __future__ import annotations
 import threading
 import weakref
 from collections.abc import Callable, Hashable, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -35,6 +39,30 @@ SquaresReducer = Callable[[torch.Tensor, Sequence[int]], torch.Tensor]
 
 def _plain(t: torch.Tensor) -> torch.Tensor:
     return t
+
+
+class Pieces(Protocol):
+    """Gradients held in pieces by several processes: how to measure them as whole tensors.
+
+    Every process must make the same calls in the same order: ``reduce``,
+    ``gather_counts`` and ``agree`` are collectives.
+    """
+
+    def local(self, grad: torch.Tensor) -> torch.Tensor:
+        """The plain tensor of the elements this process holds."""
+
+    def reduce(self, squares: torch.Tensor, grads: Sequence[torch.Tensor]) -> torch.Tensor:
+        """Squared local norms of ``grads`` (one tensor, one entry each) -> squared norms of the whole
+        gradients. Used as the ``reduce`` of :func:`gradient_l2_norms`."""
+
+    def gather_counts(self, counts: torch.Tensor) -> torch.Tensor:
+        """This process's ``(k, 2)`` NaN/Inf counts -> ``(processes, k, 2)``, every process's counts."""
+
+    def agree(self, hit: bool) -> bool:
+        """True when every process found its cached result (so all use it or none does)."""
+
+    def version(self, grad: torch.Tensor) -> int:
+        """A counter that changes whenever this process's piece of ``grad`` is written."""
 
 
 def gradient_l2_norms(grads: Sequence[torch.Tensor], local: LocalView = _plain,
@@ -91,9 +119,11 @@ class _Cache:
         self.entries: weakref.WeakKeyDictionary[Any, tuple[Hashable, list[Any], Any]] = weakref.WeakKeyDictionary()
 
     @staticmethod
-    def key(grads: Sequence[torch.Tensor | None], extra: Hashable) -> tuple[Hashable, list[Any]] | None:
+    def key(grads: Sequence[torch.Tensor | None], extra: Hashable,
+            version: Callable[[torch.Tensor], int] | None = None) -> tuple[Hashable, list[Any]] | None:
         """(hashable key, weak references to the gradients), or None when a gradient cannot be
-        keyed (an inference tensor has no version counter)."""
+        keyed (an inference tensor has no version counter). ``version(g)`` replaces
+        ``g._version`` (for a DTensor, the counter of this process's piece)."""
         versions = []
         refs: list[Any] = []
         try:
@@ -102,7 +132,7 @@ class _Cache:
                     versions.append(None)
                     refs.append(None)
                 else:
-                    versions.append((id(g), g._version))
+                    versions.append((id(g), g._version if version is None else version(g)))
                     refs.append(weakref.ref(g))
         except (RuntimeError, TypeError):
             return None

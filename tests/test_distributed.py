@@ -40,7 +40,16 @@ def test_global_gradient_norm_equals_clip_grad_norm(world2):
         assert res["report_total"] == pytest.approx(res["clip_total"], rel=1e-6)
         assert res["check_total"] == pytest.approx(res["clip_total"], rel=1e-6)
         assert res["module_names"][0] == "(model)" and res["module_norms"][0] == res["report_total"]
-        assert res["explicit_grads"]["error"].startswith("InspectorError: gradients passed explicitly")
+        # explicit DTensor gradients: the same pass, the same numbers
+        assert res["explicit_total"] == res["report_total"]
+        assert res["explicit_local"] == [row[2] for row in res["report_rows"]]
+        assert res["fc1_total"] == pytest.approx(res["fc1_direct"], rel=1e-6)
+        assert res["fc1_total"] < res["report_total"]
+        assert res["explicit_local_piece"]["error"].startswith(
+            "InspectorError: the gradient given for stem.weight has shape (16, 32), but the parameter has "
+            "shape (32, 32) (the parameter is a DTensor")
+        rows = _rows(res["report_rows"])
+        assert res["norms_twice"] == [[rows["stem.weight"][1], rows["stem.bias"][1]], [res["report_total"]]]
         local = {row[0]: row[2] for row in res["report_rows"]}
         assert local == pytest.approx(res["local_norms_direct"], rel=1e-6)
     # the global per-parameter norms agree between ranks, the local ones do not

@@ -8,14 +8,12 @@ so the global columns stay as they are and this adds what this rank holds.
 from __future__ import annotations
 
 import math
-from typing import Any
 
 import numpy as np
 import pandas as pd
 import torch
 from torch import nn
 
-from .check import collect
 from .tensors import is_dtensor, local_piece, placements_text
 
 LOCAL_OFFSET_COLUMNS = ["local_start", "local_end", "local_numel", "piece_start", "piece_end",
@@ -117,12 +115,3 @@ def mesh_dims(model: nn.Module) -> pd.DataFrame:
             acc[1] += local_bytes
     data = [(str(k[0]), k[1], k[2], k[3], v[0], v[1]) for k, v in rows.items()]
     return pd.DataFrame(data, columns=["mesh", "dim", "size", "placement", "tensors", "local_bytes"])
-
-
-def global_gradient_rows(model: nn.Module) -> tuple[list[dict[str, Any]], int, int]:
-    """Per-parameter gradient rows with global and per-rank norms (one collective).
-
-    Every rank must call it at the same time, as with ``clip_grad_norm_``.
-    """
-    record, rank, world = collect(model, hashes=False)
-    return [r for r in record["tensors"] if r["kind"] == "parameter"], rank, world

@@ -165,8 +165,8 @@ def read_dcp(folder: str | os.PathLike) -> tuple[dict[str, torch.Tensor], list[F
             fh.close()
     findings = [Finding("distributed-checkpoint", "info", p.name,
                         f"{p.name} is a torch.distributed.checkpoint folder: {len(state)} tensors put together "
-                        f"from {sum(len(v) for v in pieces.values())} pieces in "
-                        f"{len({x.file for v in pieces.values() for x in v})} files")]
+                        f"from {sum(len(pieces.get(k, [])) for k in state)} pieces in "
+                        f"{len({x.file for k in state for x in pieces.get(k, [])})} files")]
     if skipped:
         findings.append(Finding("checkpoint-non-tensor", "info", skipped[0],
                                 f"{len(skipped)} entries of {p.name} are not tensors (first: {skipped[0]}); "
