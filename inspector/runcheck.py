@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from .findings import first_line
 from .models import LoadedModel, call_model
 
 
@@ -67,7 +68,7 @@ def try_forward(loaded: LoadedModel) -> RunCheck:
             with torch.no_grad():
                 call_model(model, inputs)
         except (RuntimeError, NotImplementedError, TypeError) as exc:
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            first = first_line(exc) or type(exc).__name__
             return RunCheck(False, loaded.name, dtype, device, f"{type(exc).__name__}: {first}",
                             converted=loaded.dtype is not None)
         finally:
