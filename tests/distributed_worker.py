@@ -83,7 +83,7 @@ def _fsdp_checks(rank: int, out: Path) -> dict:
     res["fc1_direct"] = math.sqrt(sum(float(torch.linalg.vector_norm(g.full_tensor())) ** 2 for g in fc1.values()))
     _try(res, "explicit_local_piece", lambda: gradient_report(model, grads={"stem.weight": named["stem.weight"]
                                                                           .grad.to_local()}))
-    # per parameter then per module: the second call reuses the pass (the ranks agree on it)
+    # per parameter then per module: two passes, every rank makes both
     res["norms_twice"] = [gradient_norms(model)["norm"].tolist()[:2],
                           gradient_norms(model, by="module")["norm"].tolist()[:1]]
     res["clip_total"] = float(torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=math.inf))
