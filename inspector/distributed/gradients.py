@@ -31,7 +31,7 @@ def _sharded_dims(g: torch.Tensor) -> tuple[int, ...]:
     """Mesh dimensions whose ranks hold different pieces of ``g`` (their squares add up)."""
     if not is_dtensor(g):
         return ()
-    return tuple(i for i, p in enumerate(g.placements) if type(p).__name__.endswith("Shard"))
+    return tuple(i for i, p in enumerate(g.placements) if p.is_shard())
 
 
 class ShardedGradients:
