@@ -59,3 +59,20 @@ def test_inspecting_between_forward_and_backward_keeps_gathered_units_gathered(w
     assert is_dtensor(model.blocks[0].fc1.weight)  # sharded before, sharded after
     loss(outputs, x).backward()
     assert model.stem.weight.grad is not None and is_dtensor(model.stem.weight)
+
+
+def test_report_placement_section_shows_bytes_per_rank_and_mesh_dimension(world1):
+    from inspector.models import LoadedModel
+    from inspector.report import build_report
+    from sample_models.fsdp import example_inputs, loss
+
+    model = _sharded_sample()
+    loaded = LoadedModel(model, "fsdp", "sample_models/fsdp.py:build", inputs_fn=example_inputs, loss_fn=loss)
+    section = build_report(loaded, ["placement"]).section("placement")
+    tables = {t.title: t for t in section.tables}
+    # 18 parameters, 18,282 float32 elements, all Shard(0) on a mesh of one rank: 73,128 bytes on rank 0
+    per_rank = tables["Bytes of DTensor parameters and buffers per rank (from their placements)"]
+    assert per_rank.columns == ("rank", "bytes", "sharded_bytes", "replicated_bytes")
+    assert per_rank.rows == ((0, 73128, 73128, 0),)
+    per_dim = tables["Bytes this rank holds per mesh dimension and placement"]
+    assert per_dim.rows == (("(1,)", 0, 1, "Shard(0)", 18, 73128),)

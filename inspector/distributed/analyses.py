@@ -99,7 +99,7 @@ def rank_bytes(table: pd.DataFrame) -> pd.DataFrame:
 
 def mesh_dims(model: nn.Module) -> pd.DataFrame:
     """One row per mesh dimension of the model's DTensors: ``mesh, dim, size, placement, tensors,
-    bytes_per_rank`` (bytes each rank holds of the tensors placed that way on that dimension)."""
+    local_bytes`` (bytes this rank holds of the tensors placed that way on that dimension)."""
     rows: dict[tuple, list] = {}
     seen: set[int] = set()
     for t in list(model.parameters()) + list(model.buffers()):
@@ -114,3 +114,12 @@ def mesh_dims(model: nn.Module) -> pd.DataFrame:
             acc[1] += local_bytes
     data = [(str(k[0]), k[1], k[2], k[3], v[0], v[1]) for k, v in rows.items()]
     return pd.DataFrame(data, columns=["mesh", "dim", "size", "placement", "tensors", "local_bytes"])
+
+
+def sharding_tables(model: nn.Module, table: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
+    """(title, table) pairs to show next to a ``placement_table`` of a model with DTensor
+    parameters: :func:`rank_bytes` and :func:`mesh_dims`; none for a plain model."""
+    if "bytes_per_rank" not in table.columns:
+        return []
+    return [("Bytes of DTensor parameters and buffers per rank (from their placements)", rank_bytes(table)),
+            ("Bytes this rank holds per mesh dimension and placement", mesh_dims(model))]
