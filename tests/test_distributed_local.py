@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import subprocess
 import sys
 
@@ -76,3 +77,38 @@ def test_report_placement_section_shows_bytes_per_rank_and_mesh_dimension(world1
     assert per_rank.rows == ((0, 73128, 73128, 0),)
     per_dim = tables["Bytes this rank holds per mesh dimension and placement"]
     assert per_dim.rows == (("(1,)", 0, 1, "Shard(0)", 18, 73128),)
+
+
+def test_check_step_global_norm_is_nan_like_clip_grad_norm_when_a_gradient_holds_nan():
+    from torch import nn
+
+    from inspector.distributed import check_step
+
+    # weight grad (1, 1), bias grad 1: norm sqrt(3); a NaN in the weight's gradient makes it NaN
+    model = nn.Linear(2, 1)
+    model(torch.ones(1, 2)).sum().backward()
+    model.weight.grad[0, 0] = float("nan")
+    result = check_step(model, 0, None)
+    assert [(f.code, f.where) for f in result.findings] == [("nonfinite-gradient", "weight")]
+    assert math.isnan(result.record["global"]["grad_norm"])
+    assert math.isnan(float(torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=math.inf)))
+
+
+def test_check_step_global_norm_is_unknown_for_a_partial_gradient(world1):
+    from torch import nn
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor, Partial, Replicate, distribute_tensor
+
+    from inspector.distributed import check_step
+    from inspector.offsets import gradient_report
+
+    mesh = init_device_mesh("cpu", (1,))
+    model = nn.Module()
+    model.w = nn.Parameter(distribute_tensor(torch.ones(2), mesh, [Replicate()]))
+    model.b = nn.Parameter(distribute_tensor(torch.ones(1), mesh, [Replicate()]))
+    model.w.grad = DTensor.from_local(torch.tensor([3.0, 4.0]), mesh, [Partial()])  # a pending sum
+    model.b.grad = DTensor.from_local(torch.tensor([12.0]), mesh, [Replicate()])
+    record = check_step(model, 0, None).record
+    assert math.isnan(record["global"]["grad_norm"])
+    assert {r["name"]: r["grad_norm"] for r in record["tensors"]} == {"w": None, "b": 12.0}
+    assert gradient_report(model).total_norm == 13.0  # reduced first: sqrt(25 + 144)
