@@ -198,14 +198,16 @@ def _strided_checks(rank: int, world: int) -> dict:
 
     import inspector
     from inspector.distributed.analyses import rank_bytes
+    from inspector.offsets import gradient_report
 
     mesh = init_device_mesh("cpu", (world,))
     model = nn.Module()
     full = torch.arange(16, dtype=torch.float32).reshape(8, 2)
     model.w = nn.Parameter(distribute_tensor(full, mesh, [_StridedShard(0, split_factor=2)]))
+    model.w.grad = distribute_tensor(full, mesh, [_StridedShard(0, split_factor=2)])
     table = inspector.offset_map(model)
     placement = inspector.placement_table(model)
-    return {"local_rows": model.w.to_local()[:, 0].div(2).int().tolist(),
+    return {"grad_total": gradient_report(model).total_norm, "local_rows": model.w.to_local()[:, 0].div(2).int().tolist(),
             "offsets": table[["name", "numel", "local_numel", "piece_start", "piece_end"]].values.tolist(),
             "bytes_per_rank": {str(k): v for k, v in placement["bytes_per_rank"].iloc[0].items()},
             "local_bytes": int(placement["local_bytes"].iloc[0]), "sharded": bool(placement["sharded"].iloc[0]),

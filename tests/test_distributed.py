@@ -162,3 +162,4 @@ def test_strided_shard_sizes_and_unknown_ranges(world2):
         assert res["bytes_per_rank"] == {"0": 32, "1": 32}
         assert res["local_bytes"] == 32 and res["sharded"]
         assert res["rank_bytes"] == [[0, 32, 32, 0], [1, 32, 32, 0]]
+        assert res["grad_total"] == pytest.approx(math.sqrt(sum(i * i for i in range(16))))  # sqrt(1240)

@@ -91,7 +91,7 @@ def _replica_key(t: torch.Tensor) -> int:
         return 0
     mesh = t.device_mesh
     coordinate = mesh.get_coordinate()
-    replicate = [type(p).__name__ == "Replicate" for p in t.placements]
+    replicate = [p.is_replicate() for p in t.placements]
     if coordinate is None or not any(replicate):
         return -1
     key = 0

@@ -18,7 +18,7 @@ import torch.distributed as dist
 
 from ..findings import Finding
 from .findings import nonfinite_by_rank
-from .tensors import is_dtensor, placements_text
+from .tensors import is_dtensor, placements_text, splits
 
 DTENSOR_NORM_COLUMNS = ["local_norm", "placements", "nonfinite_ranks"]
 
@@ -31,7 +31,7 @@ def _sharded_dims(g: torch.Tensor) -> tuple[int, ...]:
     """Mesh dimensions whose ranks hold different pieces of ``g`` (their squares add up)."""
     if not is_dtensor(g):
         return ()
-    return tuple(i for i, p in enumerate(g.placements) if p.is_shard())
+    return tuple(i for i, p in enumerate(g.placements) if splits(p))
 
 
 class ShardedGradients:

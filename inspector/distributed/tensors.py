@@ -65,10 +65,16 @@ def placements_text(t: torch.Tensor) -> str:
 def _placement(p: object) -> str:
     dim = getattr(p, "dim", None)
     name = type(p).__name__
-    if dim is not None and p.is_shard():
+    if dim is not None and splits(p):
         factor = _split_factor(p)
         return f"{name}({dim}, split_factor={factor})" if factor != 1 else f"{name}({dim})"
     return f"{name}()"
+
+
+def splits(p: object) -> bool:
+    """Whether placement ``p`` splits a dimension: ``Shard`` or ``_StridedShard`` (which is not a
+    ``Shard`` for ``is_shard()`` in recent torch)."""
+    return bool(p.is_shard()) or getattr(p, "split_factor", None) is not None
 
 
 def _split_factor(p: object) -> int:
@@ -78,7 +84,7 @@ def _split_factor(p: object) -> int:
 
 def is_sharded(t: torch.Tensor) -> bool:
     """Whether some mesh dimension splits ``t`` (``Shard`` or ``_StridedShard``)."""
-    return is_dtensor(t) and any(p.is_shard() for p in t.placements)
+    return is_dtensor(t) and any(splits(p) for p in t.placements)
 
 
 def piece_layout(t: torch.Tensor, coordinate: Sequence[int]) -> tuple[list[int], list[int] | None]:
@@ -94,7 +100,7 @@ def piece_layout(t: torch.Tensor, coordinate: Sequence[int]) -> tuple[list[int],
     shape = list(t.shape)
     offset: list[int] | None = [0] * len(shape)
     for i, p in enumerate(t.placements):
-        if not p.is_shard():  # Replicate, Partial: the whole current size
+        if not splits(p):  # Replicate, Partial: the whole current size
             continue
         dim, parts, at = p.dim, t.device_mesh.size(i), int(coordinate[i])
         size, factor = shape[dim], _split_factor(p)
