@@ -71,7 +71,12 @@ class LoadedModel:
         return self.loss_fn is not None
 
     def example_inputs(self, batch_size: int = 2) -> Any:
-        """Example inputs on the model's device (a tensor, a tuple, or a dict of kwargs)."""
+        """Example inputs on the model's device, floating tensors in the model's dtype.
+
+        A tensor, a tuple, or a dict of kwargs. Integer inputs (token ids) keep their dtype;
+        floating ones (images, features) take the dtype of the model's first floating
+        parameter, so a model loaded as float16 gets float16 inputs.
+        """
         if self.inputs_fn is None:
             raise InspectorError(f"model {self.name!r} has no example inputs; pass inputs explicitly")
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
@@ -79,12 +84,19 @@ class LoadedModel:
         with model_code(f"example_inputs({batch_size}) of {self.name}",
                         "fix example_inputs(batch_size) in the model file"):
             inputs = self.inputs_fn(batch_size)
-        return to_device(inputs, self.input_device())
+        return to_device(inputs, self.input_device(), self.input_dtype())
 
     def input_device(self) -> torch.device:
         for t in _tensors(self.model):
             return t.device
         return torch.device("cpu")
+
+    def input_dtype(self) -> torch.dtype | None:
+        """The dtype of the first floating parameter (or buffer); None if there is none."""
+        for t in _tensors(self.model):
+            if t.is_floating_point():
+                return t.dtype
+        return None
 
     def loss(self, outputs: Any, inputs: Any) -> torch.Tensor:
         if self.loss_fn is None:
@@ -146,14 +158,22 @@ def model_code(what: str, fix: str = "fix the model file, or pick another model"
                              + (f": {text}" if text else "") + f"; {fix}") from exc
 
 
-def to_device(inputs: Any, device: torch.device) -> Any:
-    """Move a tensor, or the tensors inside a tuple/list/dict, to ``device``."""
+def to_device(inputs: Any, device: torch.device, dtype: torch.dtype | None = None) -> Any:
+    """Move a tensor, or the tensors inside a tuple/list/dict, to ``device``.
+
+    With ``dtype``, floating tensors are cast to it too (integer and bool tensors keep theirs).
+
+    >>> to_device((torch.ones(1), torch.ones(1, dtype=torch.long)), torch.device("cpu"),
+    ...           torch.float16)[0].dtype
+    torch.float16
+    """
     if isinstance(inputs, torch.Tensor):
-        return inputs.to(device)
+        cast = dtype is not None and inputs.is_floating_point()
+        return inputs.to(device=device, dtype=dtype if cast else inputs.dtype)
     if isinstance(inputs, dict):
-        return {k: to_device(v, device) for k, v in inputs.items()}
+        return {k: to_device(v, device, dtype) for k, v in inputs.items()}
     if isinstance(inputs, (tuple, list)):
-        return type(inputs)(to_device(v, device) for v in inputs)
+        return type(inputs)(to_device(v, device, dtype) for v in inputs)
     return inputs
 
 
