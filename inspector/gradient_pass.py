@@ -15,20 +15,19 @@ process, as with ``DTensor``) can plug in without touching the tables:
   of ``torch._foreach_norm``.
 
 :class:`Pieces` bundles both steps with what else a sharded measurement needs (counts of
-NaN and Inf per process, agreement on a cache hit); ``inspector.distributed.gradients``
-implements it for DTensor gradients.
+NaN and Inf per process); ``inspector.distributed.gradients`` implements it for DTensor
+gradients.
 
-A small cache keeps the last result per model, keyed on every gradient's identity and
-version counter, so asking for the per-parameter table and then for the per-module one
-reads the gradients once.
+Nothing is cached: every call reads the gradients as they are now (an in-place edit
+through ``.data`` does not move a tensor's version counter, so no key on versions can be
+trusted). ``inspector.offsets.gradient_report`` returns the per-parameter and per-module
+tables from one pass.
 """
 
 from __future__ import annotations
 
-import threading
-import weakref
-from collections.abc import Callable, Hashable, Sequence
-from typing import Any, Protocol
+from collections.abc import Callable, Sequence
+from typing import Protocol
 
 import numpy as np
 import torch
@@ -44,8 +43,8 @@ def _plain(t: torch.Tensor) -> torch.Tensor:
 class Pieces(Protocol):
     """Gradients held in pieces by several processes: how to measure them as whole tensors.
 
-    Every process must make the same calls in the same order: ``reduce``,
-    ``gather_counts`` and ``agree`` are collectives.
+    Every process must make the same calls in the same order: ``reduce`` and
+    ``gather_counts`` are collectives.
     """
 
     def local(self, grad: torch.Tensor) -> torch.Tensor:
@@ -57,12 +56,6 @@ class Pieces(Protocol):
 
     def gather_counts(self, counts: torch.Tensor) -> torch.Tensor:
         """This process's ``(k, 2)`` NaN/Inf counts -> ``(processes, k, 2)``, every process's counts."""
-
-    def agree(self, hit: bool) -> bool:
-        """True when every process found its cached result (so all use it or none does)."""
-
-    def version(self, grad: torch.Tensor) -> int:
-        """A counter that changes whenever this process's piece of ``grad`` is written."""
 
 
 def gradient_l2_norms(grads: Sequence[torch.Tensor], local: LocalView = _plain,
@@ -110,56 +103,3 @@ def gradient_l2_norms(grads: Sequence[torch.Tensor], local: LocalView = _plain,
         out[order] = values.cpu().numpy()  # one host transfer per device
     return out
 
-
-class _Cache:
-    """The last result per model, valid while every gradient is the same object at the same version."""
-
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.entries: weakref.WeakKeyDictionary[Any, tuple[Hashable, list[Any], Any]] = weakref.WeakKeyDictionary()
-
-    @staticmethod
-    def key(grads: Sequence[torch.Tensor | None], extra: Hashable,
-            version: Callable[[torch.Tensor], int] | None = None) -> tuple[Hashable, list[Any]] | None:
-        """(hashable key, weak references to the gradients), or None when a gradient cannot be
-        keyed (an inference tensor has no version counter). ``version(g)`` replaces
-        ``g._version`` (for a DTensor, the counter of this process's piece)."""
-        versions = []
-        refs: list[Any] = []
-        try:
-            for g in grads:
-                if g is None:
-                    versions.append(None)
-                    refs.append(None)
-                else:
-                    versions.append((id(g), g._version if version is None else version(g)))
-                    refs.append(weakref.ref(g))
-        except (RuntimeError, TypeError):
-            return None
-        return (extra, tuple(versions)), refs
-
-    def get(self, owner: Any, key: tuple[Hashable, list[Any]] | None,
-            grads: Sequence[torch.Tensor | None]) -> Any:
-        if key is None:
-            return None
-        with self.lock:
-            entry = self.entries.get(owner)
-        if entry is None or entry[0] != key[0]:
-            return None
-        # ids are only unique while the objects live: the very same tensors must still be there
-        for ref, g in zip(entry[1], grads):
-            if (ref is None) != (g is None) or (ref is not None and ref() is not g):
-                return None
-        return entry[2]
-
-    def put(self, owner: Any, key: tuple[Hashable, list[Any]] | None, value: Any) -> None:
-        if key is None:
-            return
-        try:
-            with self.lock:
-                self.entries[owner] = (key[0], key[1], value)
-        except TypeError:  # pragma: no cover - an owner that cannot be weakly referenced
-            pass
-
-
-REPORTS = _Cache()

@@ -25,7 +25,7 @@ from torch import nn
 from .checks import require_module
 from .distributed.tensors import has_dtensors
 from .findings import Finding, InspectorError
-from .gradient_pass import REPORTS, Pieces, gradient_l2_norms
+from .gradient_pass import Pieces, gradient_l2_norms
 from .locks import model_lock
 
 OFFSET_COLUMNS = ["name", "aliases", "module", "start", "end", "numel", "shape", "dtype",
@@ -368,9 +368,7 @@ def gradient_report(model: nn.Module, grads: Mapping[str, torch.Tensor | None] |
     params, names = _unique_parameters(model)
     gradients = _gradients_of(model, params, names, grads)
     pieces = _pieces(params, gradients)
-    report = _report(params, names, gradients, pieces)
-    REPORTS.put(model, _cache_key(params, gradients, grads is not None, pieces), report)
-    return report
+    return _report(params, names, gradients, pieces)
 
 
 def _pieces(params: list[tuple[str, nn.Parameter]], gradients: list[torch.Tensor | None]) -> Pieces | None:
@@ -416,13 +414,6 @@ def _gradients_of(model: nn.Module, params: list[tuple[str, nn.Parameter]], name
         given[i] = key
         out[i] = g
     return out
-
-
-def _cache_key(params: list[tuple[str, nn.Parameter]], gradients: list[torch.Tensor | None],
-               explicit: bool, pieces: Pieces | None = None) -> Any:
-    structure = (explicit, tuple((name, id(p), p.requires_grad, p.dtype, p.device, p.shape)
-                                 for name, p in params))
-    return REPORTS.key(gradients, structure, None if pieces is None else pieces.version)
 
 
 def _report(params: list[tuple[str, nn.Parameter]], names: dict[int, list[str]],
@@ -612,9 +603,9 @@ def gradient_norms(model: nn.Module, by: str = "parameter",
                    grads: Mapping[str, torch.Tensor | None] | None = None) -> pd.DataFrame:
     """L2 norm of each parameter's gradient, or of each module's (over all parameters below it).
 
-    Both tables come from one pass over the gradients: the last pass is kept per model while
-    every gradient is the same tensor at the same version, so asking for ``by="parameter"``
-    and then ``by="module"`` reads the gradients once.
+    Each call reads the gradients as they are now (one pass, nothing is cached). To get
+    both tables, call :func:`gradient_report` once: it returns ``by_parameter`` and
+    ``by_module`` (and the findings) from a single pass, where two calls here make two.
 
     Args:
         model: the model; its gradients are read, never changed.
@@ -625,8 +616,7 @@ def gradient_norms(model: nn.Module, by: str = "parameter",
     Returns:
         Columns ``name, norm, state, ...`` (see :class:`GradientNorms`); ``state`` is one of
         ``"ok" | "none" | "frozen" | "nonfinite"``. Module names are dotted prefixes; the
-        model itself is ``"(model)"``. Use :func:`gradient_report` to get both tables and the
-        findings at once.
+        model itself is ``"(model)"``.
 
     >>> m = nn.Sequential(nn.Linear(2, 1, bias=False), nn.Linear(1, 1))
     >>> m[0].weight.grad = torch.tensor([[3.0, 4.0]])
@@ -640,15 +630,8 @@ def gradient_norms(model: nn.Module, by: str = "parameter",
         raise InspectorError(f"gradient_norms(by={by!r}): choose 'parameter' or 'module'")
     params, names = _unique_parameters(model)
     gradients = _gradients_of(model, params, names, grads)
-    pieces = _pieces(params, gradients)
-    key = _cache_key(params, gradients, grads is not None, pieces)
-    report = REPORTS.get(model, key, gradients)
-    if pieces is not None and not pieces.agree(report is not None):  # every process measures, or none
-        report = None
-    if report is None:
-        report = _report(params, names, gradients, pieces)
-        REPORTS.put(model, key, report)
-    return (report.by_parameter if by == "parameter" else report.by_module).copy()
+    report = _report(params, names, gradients, _pieces(params, gradients))
+    return report.by_parameter if by == "parameter" else report.by_module
 
 
 # --------------------------------------------------------------------------- backward pass

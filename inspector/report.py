@@ -667,6 +667,9 @@ def _placement_section(ctx: Context) -> Section:
                            summary=tables[3])
         figures += _figure(ctx, notes, "placement", "usage_bars", "Bytes per device against the budget",
                            plan.usage, summary=tables[2])
+    if "bytes_per_rank" in now.columns:  # DTensor parameters (FSDP2, tensor parallel)
+        from .distributed.analyses import sharding_tables
+        tables += [Table.from_frame(title, df) for title, df in sharding_tables(model, now)]
     return Section("placement", SECTION_TITLES["placement"], note="; ".join(notes), facts=plain(facts),
                    tables=tuple(tables), figures=figures, findings=tuple(findings))
 

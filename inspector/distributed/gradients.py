@@ -1,6 +1,6 @@
 """Gradient norms of a model whose parameters are DTensors: global (as ``clip_grad_norm_``) and local.
 
-``inspector.offsets.gradient_report`` and ``gradient_norms`` measure DTensor gradients with
+``inspector.offsets.gradient_report`` (and ``gradient_norms``, one table of it) measure DTensor gradients with
 the one fused pass of ``inspector.gradient_pass``, through :class:`ShardedGradients`: each
 rank measures its local pieces, one ``all_reduce`` per mesh dimension that shards them adds
 the squares up, and the per-module sums are the same code as for plain models. This module
@@ -18,7 +18,7 @@ import torch.distributed as dist
 
 from ..findings import Finding
 from .findings import nonfinite_by_rank
-from .tensors import is_dtensor, placements_text
+from .tensors import is_dtensor, placements_text, splits
 
 DTENSOR_NORM_COLUMNS = ["local_norm", "placements", "nonfinite_ranks"]
 
@@ -31,7 +31,7 @@ def _sharded_dims(g: torch.Tensor) -> tuple[int, ...]:
     """Mesh dimensions whose ranks hold different pieces of ``g`` (their squares add up)."""
     if not is_dtensor(g):
         return ()
-    return tuple(i for i, p in enumerate(g.placements) if type(p).__name__.endswith("Shard"))
+    return tuple(i for i, p in enumerate(g.placements) if splits(p))
 
 
 class ShardedGradients:
@@ -88,18 +88,6 @@ class ShardedGradients:
         out = [torch.empty_like(moved) for _ in range(world)]
         dist.all_gather(out, moved)
         return torch.stack(out).cpu()
-
-    def agree(self, hit: bool) -> bool:
-        if not _initialised() or dist.get_world_size() == 1:
-            return hit
-        flag = torch.tensor([1 if hit else 0], dtype=torch.int32)
-        if "nccl" in str(dist.get_backend()).lower() and torch.cuda.is_available():
-            flag = flag.cuda()
-        dist.all_reduce(flag, op=dist.ReduceOp.MIN)
-        return bool(flag.item())
-
-    def version(self, grad: torch.Tensor) -> int:
-        return grad.to_local()._version if is_dtensor(grad) else grad._version  # a view shares the counter
 
     def local_norms(self) -> dict[int, float]:
         """This rank's norm of each gradient the pass measured (one host copy per group)."""
