@@ -886,6 +886,7 @@ def capturing(model: nn.Module, modules: Any = None, store_on: str | torch.devic
     >>> sorted(cap.outputs), list(cap.mutated)
     (['0', '1'], ['0'])
     """
+    model = require_module(model, "capturing")
     with _recording(model, modules, store_on, max_bytes, grads, keep_inputs, keep_references,
                     hold_lock) as rec:
         yield rec.result
@@ -957,7 +958,7 @@ def capture_activations(model: nn.Module, inputs: Any, modules: Any = None,
     >>> cap.outputs["0"].shape, cap.mutated
     (torch.Size([1, 2]), {'0': '1'})
     """
-    require_module(model, "capture_activations")
+    model = require_module(model, "capture_activations")
     if grads and torch.is_inference_mode_enabled():
         raise InspectorError("grads=True needs autograd, which inference mode turns off; call "
                              "capture_activations outside torch.inference_mode()")
