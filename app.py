@@ -3,108 +3,93 @@
 from __future__ import annotations
 
 import shlex
-from pathlib import Path
 from urllib.parse import urlencode
 
 import pandas as pd
 import streamlit as st
 
 from inspector.escaping import markdown_text
-from inspector.summary import format_bytes, model_summary, summary_findings
+from inspector.summary import format_bytes, format_count, model_summary, summary_findings
 from ui.cache import cached_analysis
 from ui.errors import guarded
+from ui.navigation import all_views, navigation
 from ui.sidebar import model_picker
-from ui.tables import findings_table, paged_table, tensor_listing
+from ui.tables import findings_table, paged_table, show_frame, tensor_listing
 
-st.set_page_config(page_title="Model Inspector", page_icon="🔎", layout="wide")
 
-HERE = Path(__file__).resolve().parent
-VIEWS = [  # (page file, icon, title, the question it answers)
-    ("pages/1_Alias_graph.py", ":material/link:", "Alias graph",
-     "Which tensors are really the same tensor, and does a conversion keep, weaken or break the ties?"),
-    ("pages/2_Flatten_map.py", ":material/straighten:", "Flatten map & gradients",
-     "Where does each parameter sit in the flat vector, and how big is its gradient?"),
-    ("pages/3_Device_map.py", ":material/lan:", "Device map",
-     "Which device holds every parameter and every buffer, and does a plan leave any out?"),
-    ("pages/4_Hook_captures.py", ":material/phishing:", "Hook captures",
-     "What did each layer really output, and which outputs were overwritten in place?"),
-    ("pages/5_Attributions.py", ":material/target:", "Attributions",
-     "Which inputs and neurons drive an output (captum)?"),
-    ("pages/6_Report.py", ":material/description:", "Report",
-     "Everything above in one HTML, JSON or Markdown file to share."),
-    ("pages/7_Labs.py", ":material/science:", "Labs",
-     "Guided exercises: break a model on purpose, then find the bug with the views."),
-]
+def home() -> None:
+    """The home page: what the tool is, the loaded model in numbers, and its findings."""
+    st.title("Model Inspector")
+    st.markdown(
+        "Model Inspector loads a PyTorch model onto the device you choose and shows what silently "
+        "breaks training and multi-GPU inference: tensors that are secretly one tensor, where each "
+        "parameter sits in the flat vector and how big its gradient is, which device holds every "
+        "parameter *and buffer*, and what each layer really output. "
+        "Pick a model in the sidebar, read its summary and findings here, then open a view.")
 
-st.title("Model Inspector")
-st.markdown(
-    "Model Inspector loads a PyTorch model onto the device you choose and shows what silently "
-    "breaks training and multi-GPU inference: tensors that are secretly one tensor, where each "
-    "parameter sits in the flat vector and how big its gradient is, which device holds every "
-    "parameter *and buffer*, and what each layer really output. "
-    "Pick a model in the sidebar, read its summary and findings here, then open a view.")
+    loaded = model_picker()
 
-loaded = model_picker()
-
-with st.container(border=True):
-    st.markdown("**What each view answers**")
-    for file, icon, title, question in VIEWS:
-        if (HERE / file).is_file():
+    with st.container(border=True):
+        st.markdown("**What each view answers**")
+        for view in all_views():
             c1, c2 = st.columns([1, 3], vertical_alignment="center")
             with c1:
-                st.page_link(file, label=title, icon=icon)
-            c2.markdown(question)
+                st.page_link(view.file, label=view.title, icon=view.icon)
+            c2.markdown(view.question)
 
-if loaded is None:
-    st.info("No model is loaded. Pick one in the sidebar.")
-    st.stop()
+    if loaded is None:
+        st.info("No model is loaded. Pick one in the sidebar.")
+        return
 
-with guarded("summarising the model"):
-    s = cached_analysis(model_summary, loaded.model)
-    st.subheader(f"{markdown_text(loaded.name)} on {markdown_text(loaded.device)}" + (" (structure only)" if loaded.is_meta else ""))
-    cols = st.columns(6)
-    cols[0].metric("Modules", f"{s.modules:,}")
-    cols[1].metric("Parameter elements", f"{s.parameter_elements:,}",
-                   help="Each Parameter object once, as parameters() yields them")
-    cols[2].metric("Counting every alias", f"{s.parameter_elements_with_aliases:,}",
-                   delta=f"+{s.aliased_elements:,} aliased" if s.aliased_elements else "no aliases",
-                   delta_color="off", delta_arrow="off",
-                   help="named_parameters(remove_duplicate=False): a tied tensor counted once per name")
-    cols[3].metric("Trainable", f"{s.trainable_elements:,}")
-    cols[4].metric("Frozen", f"{s.frozen_elements:,}")
-    cols[5].metric("Buffers", f"{s.buffers:,}", delta=f"{s.buffer_elements:,} elements", delta_color="off",
-                   delta_arrow="off")
+    with guarded("summarising the model"):
+        s = cached_analysis(model_summary, loaded.model)
+        st.subheader(f"{markdown_text(loaded.name)} on {markdown_text(loaded.device)}"
+                     + (" (structure only)" if loaded.is_meta else ""))
+        cols = st.columns(6)
+        cols[0].metric("Modules", format_count(s.modules), help=f"{s.modules:,} modules")
+        cols[1].metric("Parameter elements", format_count(s.parameter_elements),
+                       help=f"{s.parameter_elements:,}: each Parameter object once, as parameters() yields them")
+        cols[2].metric("Counting every alias", format_count(s.parameter_elements_with_aliases),
+                       delta=f"+{format_count(s.aliased_elements)} aliased" if s.aliased_elements else "no aliases",
+                       delta_color="off", delta_arrow="off",
+                       help=f"{s.parameter_elements_with_aliases:,}: named_parameters(remove_duplicate=False), "
+                            "a tied tensor counted once per name")
+        cols[3].metric("Trainable", format_count(s.trainable_elements), help=f"{s.trainable_elements:,} elements")
+        cols[4].metric("Frozen", format_count(s.frozen_elements), help=f"{s.frozen_elements:,} elements")
+        cols[5].metric("Buffers", format_count(s.buffers), delta=f"{format_count(s.buffer_elements)} elements",
+                       delta_color="off", delta_arrow="off",
+                       help=f"{s.buffers:,} buffers, {s.buffer_elements:,} elements")
 
-    left, right = st.columns([2, 3])
-    with left:
         st.markdown("**Bytes by dtype and device**")
         table = s.bytes_table.assign(size=s.bytes_table["bytes"].map(format_bytes))
-        st.dataframe(table, hide_index=True, width="stretch",
-                     column_config={"bytes": st.column_config.NumberColumn(format="%d")})
+        show_frame(table[["kind", "dtype", "device", "tensors", "elements", "size", "bytes"]], width="content")
         total = int(s.bytes_table["bytes"].sum()) if len(s.bytes_table) else 0
         st.caption(f"{format_bytes(total)} in all"
                    + (" — on the meta device nothing is allocated; this is what it would take."
                       if loaded.is_meta else "."))
-    with right:
         st.markdown("**Findings, most severe first**")
         findings_table(loaded.findings + summary_findings(s), "home_findings",
                        empty="Loading found nothing to report.")
 
-with guarded("listing the tensors"):
-    with st.expander("Parameters and buffers", expanded=False):
-        listing: pd.DataFrame = cached_analysis(tensor_listing, loaded.model)
-        paged_table(listing, "home_tensors", caption="every name, aliases included")
+    with guarded("listing the tensors"):
+        with st.expander("Parameters and buffers", expanded=False):
+            listing: pd.DataFrame = cached_analysis(tensor_listing, loaded.model)
+            paged_table(listing, "home_tensors", caption="every name, aliases included")
 
-sel = st.session_state["mi_selection"]
-with st.expander("The same model from the command line, or as a link"):
-    args = [sel.source, "--device", sel.device]
-    args += ["--dtype", sel.dtype] if sel.dtype else []
-    args += ["--checkpoint", sel.checkpoint] if sel.checkpoint else []
-    quoted = " ".join(shlex.quote(a) for a in args)
-    commands = {"summary": "", "aliases": "", "offsets": "", "devicemap": "", "capture": "",
-                "report": " -o report.html"}
-    st.code("\n".join(f"python -m inspector {cmd} {quoted}{extra}" for cmd, extra in commands.items()),
-            language="bash")
-    query = {"model": sel.source, "device": sel.device, **({"dtype": sel.dtype} if sel.dtype else {})}
-    st.caption("Open the dashboard with this model already chosen (uploads are not part of the link):")
-    st.code(f"?{urlencode(query)}", language="text")
+    sel = st.session_state["mi_selection"]
+    with st.expander("The same model from the command line, or as a link"):
+        args = [sel.source, "--device", sel.device]
+        args += ["--dtype", sel.dtype] if sel.dtype else []
+        args += ["--checkpoint", sel.checkpoint] if sel.checkpoint else []
+        quoted = " ".join(shlex.quote(a) for a in args)
+        commands = {"summary": "", "aliases": "", "offsets": "", "devicemap": "", "capture": "",
+                    "report": " -o report.html"}
+        st.code("\n".join(f"python -m inspector {cmd} {quoted}{extra}" for cmd, extra in commands.items()),
+                language="bash")
+        query = {"model": sel.source, "device": sel.device, **({"dtype": sel.dtype} if sel.dtype else {})}
+        st.caption("Open the dashboard with this model already chosen (uploads are not part of the link):")
+        st.code(f"?{urlencode(query)}", language="text")
+
+
+st.set_page_config(page_title="Model Inspector", layout="wide")  # a Material page icon is fetched from the web
+navigation(home).run()

@@ -30,25 +30,11 @@ _API: dict[str, str] = {
 
 __all__ = sorted(_API)
 
-# Functions a model enters the analyses through: each sees through torch.compile, DDP and FSDP
-# wrappers (inspector.wrappers), so names and ties are those of the model underneath.
-_TAKE_MODELS = frozenset({
-    "alias_groups", "snapshot_ties", "compare_ties", "retie", "alias_analysis", "conversion_check",
-    "offset_map", "gradient_norms", "plan_device_map", "audit_device_map", "placement_table",
-    "plan_device_map_explained", "compare_with_accelerate", "dispatch_plan", "capture_activations",
-    "capturing", "model_summary",
-})
-
-
 def __getattr__(name: str) -> Any:
     module = _API.get(name)
     if module is None:
         raise AttributeError(f"module 'inspector' has no attribute {name!r}")
     value = getattr(importlib.import_module(f".{module}", __name__), name)
-    if name in _TAKE_MODELS:
-        from .wrappers import accepting_wrapped
-
-        value = accepting_wrapped(value)
     globals()[name] = value
     return value
 

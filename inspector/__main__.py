@@ -1,32 +1,72 @@
 """Command line: ``python -m inspector COMMAND SOURCE ...``.
 
 Each command lives in ``inspector/commands/<name>.py`` with ``HELP``,
-``add_arguments(parser)`` and ``run(args) -> int``; they are found by name.
+``add_arguments(parser)`` and ``run(args) -> int``; they are found by name. Only the
+chosen command's module is imported: the list in ``--help`` reads each ``HELP`` from its
+source file without running it.
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
 import importlib
 import pkgutil
 import sys
 import traceback
+from pathlib import Path
 
 from . import commands
-from .escaping import plain_terminal, terminal_text
-from .findings import InspectorError
+from .escaping import terminal_text
+from .findings import InspectorError, first_line
 
 
-def build_parser() -> argparse.ArgumentParser:
+def command_names() -> list[str]:
+    """Every command, sorted: the public modules of ``inspector/commands``."""
+    return sorted(m.name for m in pkgutil.iter_modules(commands.__path__) if not m.name.startswith("_"))
+
+
+def _help_text(name: str) -> str:
+    """The command's ``HELP``, read from its source when it is a plain string literal, else imported."""
+    try:
+        tree = ast.parse((Path(commands.__path__[0]) / f"{name}.py").read_text(encoding="utf-8"))
+        for node in tree.body:
+            if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "HELP"
+                                                    for t in node.targets):
+                value = ast.literal_eval(node.value)
+                if isinstance(value, str):
+                    return value
+    except (OSError, SyntaxError, ValueError):
+        pass
+    return importlib.import_module(f"{commands.__name__}.{name}").HELP
+
+
+def _chosen(argv: list[str], names: list[str]) -> str | None:
+    """The command named in ``argv``: the first word that is not an option (the top-level options
+    take no value)."""
+    for word in argv:
+        if word == "--":
+            continue
+        if not word.startswith("-"):
+            return word if word in names else None
+    return None
+
+
+def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
+    """The command-line parser; with ``argv``, only the command it names gets its arguments (and
+    only that command's module is imported); without, every command does."""
     parser = argparse.ArgumentParser(prog="python -m inspector",
                                      description="Debug PyTorch models: ties, offsets, device maps, captures.")
     parser.add_argument("--debug", action="store_true", help="print the full traceback of an error")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for info in sorted(pkgutil.iter_modules(commands.__path__), key=lambda m: m.name):
-        if info.name.startswith("_"):
+    names = command_names()
+    chosen = _chosen(argv, names) if argv is not None else None
+    for name in names:
+        if argv is not None and name != chosen:
+            sub.add_parser(name, help=_help_text(name))
             continue
-        mod = importlib.import_module(f"{commands.__name__}.{info.name}")
-        p = sub.add_parser(info.name, help=mod.HELP, description=mod.HELP)
+        mod = importlib.import_module(f"{commands.__name__}.{name}")
+        p = sub.add_parser(name, help=mod.HELP, description=mod.HELP)
         mod.add_arguments(p)
         p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
                        help="print the full traceback of an error")
@@ -41,14 +81,14 @@ def main(argv: list[str] | None = None) -> int:
     ``InspectorError`` prints its message; anything else (a bug, or the model's own code
     exiting) prints one line too, with the traceback only under ``--debug``.
     """
+    argv = sys.argv[1:] if argv is None else list(argv)
     try:
-        args = build_parser().parse_args(argv)
+        args = build_parser(argv).parse_args(argv)
     except SystemExit as exc:  # argparse printed the usage error (status 2) or --help (status 0)
         return exc.code if isinstance(exc.code, int) else 2
     debug = bool(getattr(args, "debug", False))
     try:
-        with plain_terminal():
-            return int(args._run(args) or 0)
+        return int(args._run(args) or 0)
     except InspectorError as exc:
         return _fail(str(exc), debug)
     except KeyboardInterrupt:
@@ -58,14 +98,14 @@ def main(argv: list[str] | None = None) -> int:
         return _fail(f"code run by the command called sys.exit({exc.code!r}); fix the model file so "
                      "that it returns or raises instead", debug)
     except Exception as exc:  # noqa: BLE001 - a bug must not end in a raw traceback either
-        text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        text = first_line(exc)
         return _fail(f"unexpected {type(exc).__name__}" + (f": {text}" if text else "")
                      + ". Run again with --debug for the traceback and report it as a bug.", debug)
 
 
 def _fail(message: str, debug: bool) -> int:
     if debug:
-        traceback.print_exc(file=sys.stderr)
+        print(terminal_text(traceback.format_exc()), end="", file=sys.stderr)
     print(f"error: {terminal_text(message)}", file=sys.stderr)
     return 2
 

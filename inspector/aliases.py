@@ -339,8 +339,7 @@ def alias_analysis(model: nn.Module, include_buffers: bool = True) -> AliasAnaly
     >>> a.unique_numel, a.numel_with_aliases, a.groups[0].names
     (4, 8, ('0.weight', '1.weight'))
     """
-    if not isinstance(model, nn.Module):
-        raise InspectorError(f"alias analysis needs a torch nn.Module, got {type(model).__name__}")
+    model = require_module(model, "alias_analysis")
     by_id: dict[int, _Obj] = {}
     order = 0
     names = unique_numel = with_aliases = 0
@@ -481,6 +480,7 @@ def snapshot_ties(model: nn.Module, include_buffers: bool = True) -> TieSnapshot
     >>> len(s.groups), s.unique_numel
     (1, 4)
     """
+    model = require_module(model, "snapshot_ties")
     analysis = alias_analysis(model, include_buffers)
     current = _current_tensors(model, include_buffers)
     layouts = []
@@ -605,7 +605,7 @@ def compare_ties(snapshot: TieSnapshot, model: nn.Module) -> list[Finding]:
     >>> [f.code for f in compare_ties(s, m)]
     ['tie-broken']
     """
-    require_module(model, "compare_ties")
+    model = require_module(model, "compare_ties")
     if not isinstance(snapshot, TieSnapshot):
         raise InspectorError(f"compare_ties needs a TieSnapshot from snapshot_ties(model), got "
                              f"{type(snapshot).__name__}")
@@ -642,7 +642,7 @@ def retie(model: nn.Module, snapshot: TieSnapshot) -> list[Finding]:
     >>> [f.code for f in retie(m, s)], m[0].weight is m[1].weight
     (['tie-restored'], True)
     """
-    require_module(model, "retie")
+    model = require_module(model, "retie")
     if not isinstance(snapshot, TieSnapshot):
         raise InspectorError(f"retie needs a TieSnapshot from snapshot_ties(model), got "
                              f"{type(snapshot).__name__}")
@@ -901,6 +901,7 @@ def conversion_check(model: nn.Module, conversion: str, device: str | torch.devi
     >>> r.outcomes[0].outcome, r.unique_before, r.unique_after
     ('broken', 4, 8)
     """
+    model = require_module(model, "conversion_check")
     conv = CONVERSIONS.get(conversion)
     if conv is None:
         raise InspectorError(f"unknown conversion {conversion!r}; choose one of {', '.join(CONVERSIONS)}")

@@ -270,8 +270,26 @@ def default_layer(loaded: LoadedModel, method: str, inputs: Any = None) -> str |
         return convs[-1] if convs else None
     if method == "layer_ig":
         inputs = loaded.example_inputs(1) if inputs is None else inputs
-        return embedding_layer(loaded.model) if is_token_model(inputs) else None
+        return embedding_layer(loaded.model) if is_token_model(inputs) else safe_layer(loaded.model)
     return None
+
+
+def safe_layer(model: nn.Module) -> str | None:
+    """A layer whose output no later module overwrites in place: the last such convolution,
+    else the first such leaf module (None for a model without submodules).
+
+    Layer methods swap a layer's output for their own tensor; an ``inplace=True`` module
+    right after it (``ReLU(inplace=True)`` after a convolution) then fails in autograd.
+
+    >>> from sample_models import get_sample
+    >>> safe_layer(get_sample("cnn-bn").build())  # conv1 is followed by ReLU(inplace=True)
+    'conv2'
+    """
+    leaves = [(n, m) for n, m in model.named_modules() if n and not any(True for _ in m.children())]
+    fine = [n for i, (n, _) in enumerate(leaves)
+            if i + 1 >= len(leaves) or not getattr(leaves[i + 1][1], "inplace", False)]
+    convs = [n for n in conv_layers(model) if n in fine]
+    return convs[-1] if convs else fine[0] if fine else None
 
 
 def resolve_layer(model: nn.Module, name: str, model_name: str = "model") -> nn.Module:
@@ -308,7 +326,8 @@ def target_info(loaded: LoadedModel, inputs: Any = None) -> TargetInfo:
     TargetInfo(outputs=32, positions=16)
     """
     loaded.check_runnable()
-    inputs = loaded.example_inputs(1) if inputs is None else to_device(inputs, loaded.input_device())
+    inputs = loaded.example_inputs(1) if inputs is None else \
+        to_device(inputs, loaded.input_device(), loaded.input_dtype())
     flat, _ = _flatten_inputs(inputs)
     with loaded.lock, preserved_state(loaded.model, flat), torch.no_grad(), \
             model_code(f"the forward pass of {loaded.name}", "fix its forward in the model file"):
@@ -322,7 +341,8 @@ def target_info(loaded: LoadedModel, inputs: Any = None) -> TargetInfo:
 
 
 def attribute(loaded: LoadedModel, inputs: Any, method: str, target: int | None,
-              layer: str | None = None, *, position: int = -1, **options: Any) -> AttributionResult:
+              layer: str | None = None, *, position: int = -1,
+              progress: Callable[[int, int], None] | None = None, **options: Any) -> AttributionResult:
     """Attribute one output of ``loaded`` to its inputs or to a layer, with captum.
 
     Args:
@@ -336,6 +356,9 @@ def attribute(loaded: LoadedModel, inputs: Any, method: str, target: int | None,
         layer: module name for layer methods (default: the input embedding for
             ``layer_ig`` on token models, the last convolution for ``layer_gradcam``).
         position: sequence position attributed for ``(B, T, V)`` outputs (default: last).
+        progress: called as ``progress(done, expected)`` after each forward pass captum makes.
+            With it, integrating methods run their steps in about ten chunks (captum's
+            ``internal_batch_size``, unless given), so ``done`` moves while they run.
         **options: passed to captum's ``attribute`` (``n_steps``, ``baselines``,
             ``internal_batch_size``...); captum's own ``method`` (the integration rule,
             e.g. ``"riemann_middle"``) is given as ``integration_method``. Methods with a
@@ -364,7 +387,7 @@ def attribute(loaded: LoadedModel, inputs: Any, method: str, target: int | None,
     device = _CPU if first is None else first.device
     if first is not None and first.is_meta:
         loaded.check_runnable()  # raises with the first meta tensor's name
-    inputs = loaded.example_inputs(1) if inputs is None else to_device(inputs, device)
+    inputs = loaded.example_inputs(1) if inputs is None else to_device(inputs, device, loaded.input_dtype())
     flat, rebuild = _flatten_inputs(inputs)
     if not flat:
         raise InspectorError(f"{loaded.name}: attribution needs at least one input tensor")
@@ -413,6 +436,18 @@ def attribute(loaded: LoadedModel, inputs: Any, method: str, target: int | None,
     if spec.has_delta:
         options.setdefault("return_convergence_delta", True)
     forward = _TargetedForward(model, rebuild, target, position, loaded.name)
+    expected = 1
+    if progress is not None:
+        rows = int(flat[0].shape[0]) if flat[0].dim() else 1
+        if spec.has_delta:
+            steps = int(options.get("n_steps", 50))
+            options.setdefault("internal_batch_size", rows * max(1, math.ceil(steps / 10)))
+            per_call = max(1, int(options["internal_batch_size"]) // max(rows, 1))
+            chunks = math.ceil(steps / per_call)
+            # captum's extra passes: outputs at the inputs and baselines (for the delta); conductance
+            # also runs every chunk twice
+            expected = 2 * chunks + 2 if spec.name == "layer_conductance" else chunks + 4
+        forward.on_call = lambda n: progress(min(n, expected), expected)
     with loaded.lock, preserved_state(model, flat, findings, modules=modules, enable_grad=True):
         def run(*xs: torch.Tensor) -> torch.Tensor:  # a plain function: captum inspects its signature
             return forward(*xs)
@@ -474,12 +509,17 @@ class _TargetedForward:
                  position: int, name: str) -> None:
         self.model, self.rebuild, self.target, self.position, self.name = model, rebuild, target, position, name
         self.used_position: int | None = None
+        self.calls = 0
+        self.on_call: Callable[[int], None] | None = None
         if target is not None and (isinstance(target, bool) or not isinstance(target, (int, np.integer))):
             raise InspectorError(f"target must be an integer index, got {target!r}")
         self.target = self.captum_target = None if target is None else int(target)
 
     def __call__(self, *xs: torch.Tensor) -> torch.Tensor:
         out = _main_output(call_model(self.model, self.rebuild(xs)), self.name)
+        self.calls += 1
+        if self.on_call is not None:
+            self.on_call(self.calls)
         if out.dim() >= 3:
             T = out.size(1)
             if not -T <= self.position < T:

@@ -477,16 +477,59 @@ class _Recorder:
 
     def _hook(self, name: str, capture: bool) -> Callable:
         ident = self.ident
+        get_ident = threading.get_ident
+        # the common case, kept to one copy and one record: a CPU tensor output copied to the CPU
+        # with no budget, inputs, references or gradients to look after
+        fast = capture and self.to_cpu and self.max_bytes is None and not (
+            self.keep_inputs or self.keep_references or self.want_grads)
+        calls, outputs, order, live, by_storage = (self.calls, self.result.outputs, self.result.order,
+                                                   self.live, self.by_storage)
+        tensor, cpu, inference_enabled = torch.Tensor, torch.device("cpu"), torch.is_inference_mode_enabled
+        no_inference = torch._C._InferenceMode
 
         def hook(module: nn.Module, args: Any, *kwargs_output: Any) -> None:
-            if threading.get_ident() != ident:  # see pre_hook: may come without kwargs
+            if get_ident() != ident:  # see pre_hook: may come without kwargs
                 return
             kwargs, output = kwargs_output if len(kwargs_output) == 2 else (None, kwargs_output[0])
-            if self.by_storage:
-                self._watch(name, args, kwargs, output)
-            if capture:
-                pending = self.pending.get(name) if self.keep_inputs else None
-                self._capture(pending.pop() if pending else self._key(name), output)
+            if by_storage:
+                if self.versioned or type(output) is not tensor or output.layout != torch.strided \
+                        or output.is_meta:
+                    self._watch(name, args, kwargs, output)
+                elif output.numel() and (output.data_ptr() - output.storage_offset() * output.element_size()
+                                         in by_storage):  # only outputs are watched here: O(1)
+                    self._watch(name, args, kwargs, output)
+            if not capture:
+                return
+            if fast and type(output) is tensor and output.layout == torch.strided and \
+                    output.device == cpu and output.nbytes < _MEMCPY_BYTES and not output.is_quantized:
+                if name in calls:
+                    key = self._key(name)
+                else:
+                    calls[name] = 1
+                    key = name
+                if inference_enabled():
+                    with no_inference(False):
+                        copy = output.detach().clone(memory_format=torch.contiguous_format)
+                else:
+                    copy = output.detach().clone(memory_format=torch.contiguous_format)
+                if output.is_inference():
+                    rec = _Live(key, "", weakref.ref(output), copy, None, cpu)
+                else:
+                    rec = _Live(key, "", (lambda t=output: t), copy, output._version, cpu)
+                    self.versioned = True
+                outputs[key] = copy
+                order.append(key)
+                if output.numel():
+                    skey = output.data_ptr() - output.storage_offset() * output.element_size()
+                    live.append(rec)
+                    recs = by_storage.get(skey)
+                    if recs is None:
+                        by_storage[skey] = [rec]
+                    else:
+                        recs.append(rec)
+                return
+            pending = self.pending.get(name) if self.keep_inputs else None
+            self._capture(pending.pop() if pending else self._key(name), output)
         return hook
 
     def _watch(self, name: str, args: Any, kwargs: Any, output: Any) -> None:
@@ -796,6 +839,13 @@ def _same_bytes(a: torch.Tensor, b: torch.Tensor) -> bool | None:
 
 def _max_change(live: torch.Tensor, copy: torch.Tensor) -> float | None:
     """Largest absolute difference between the live tensor and its copy (NaN == NaN)."""
+    if live.device == copy.device and live.shape == copy.shape and live.dtype == copy.dtype \
+            and live.numel() * live.element_size() < _MEMCPY_BYTES:
+        try:  # the common case (a pass-through output, unchanged): one small compare, no temporaries
+            if torch.equal(live, copy):
+                return 0.0
+        except RuntimeError:
+            pass
     try:
         with torch.inference_mode(False), torch.no_grad():
             a = live.detach().to(copy.device)
@@ -836,6 +886,7 @@ def capturing(model: nn.Module, modules: Any = None, store_on: str | torch.devic
     >>> sorted(cap.outputs), list(cap.mutated)
     (['0', '1'], ['0'])
     """
+    model = require_module(model, "capturing")
     with _recording(model, modules, store_on, max_bytes, grads, keep_inputs, keep_references,
                     hold_lock) as rec:
         yield rec.result
@@ -907,7 +958,7 @@ def capture_activations(model: nn.Module, inputs: Any, modules: Any = None,
     >>> cap.outputs["0"].shape, cap.mutated
     (torch.Size([1, 2]), {'0': '1'})
     """
-    require_module(model, "capture_activations")
+    model = require_module(model, "capture_activations")
     if grads and torch.is_inference_mode_enabled():
         raise InspectorError("grads=True needs autograd, which inference mode turns off; call "
                              "capture_activations outside torch.inference_mode()")

@@ -11,7 +11,9 @@ from .findings import InspectorError
 
 
 def require_module(model: Any, what: str) -> nn.Module:
-    """``model`` if it is an ``nn.Module``; otherwise an InspectorError naming ``what`` needs one.
+    """The model under any ``torch.compile`` / DDP / FSDP wrappers of ``model`` (see
+    :mod:`inspector.wrappers`); an InspectorError naming ``what`` if ``model`` is no ``nn.Module``.
+    Every entry point uses the returned module, so names are those the user wrote.
 
     >>> require_module(None, "offset_map")
     Traceback (most recent call last):
@@ -21,7 +23,9 @@ def require_module(model: Any, what: str) -> nn.Module:
     if not isinstance(model, nn.Module):
         raise InspectorError(f"{what} needs a torch nn.Module (a model), got {type(model).__name__}; "
                              "load one with load_model(...)")
-    return model
+    from .wrappers import underlying
+
+    return underlying(model)
 
 
 def require_loaded(loaded: Any, what: str) -> Any:

@@ -3,24 +3,21 @@
 Parameter, module, buffer and checkpoint-key names are chosen by whoever wrote the model
 or the file. Anything that renders Markdown (Streamlit's ``st.markdown``/``st.warning``/...,
 Markdown reports) or plotly's HTML subset (labels, hover text, titles) must show them as
-text, never as a link, an image or markup. Three helpers, used everywhere a name is shown:
+text, never as a link, an image or markup. Four helpers, used everywhere a name is shown:
 
 * :func:`markdown_text` for a name (or a sentence holding names) inside Markdown prose;
 * :func:`markdown_code` for a name shown as inline code;
 * :func:`plot_text` for a name in plotly text (see also :func:`escape_figure`);
-* :func:`terminal_text` for the command line (see also :func:`plain_terminal`).
+* :func:`terminal_text` for the command line.
 """
 
 from __future__ import annotations
 
-import contextlib
 import html
-import io
 import re
-import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from functools import wraps
-from typing import Any, TextIO, TypeVar
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -154,29 +151,3 @@ def terminal_text(value: Any) -> str:
     a\x1b[31mred\x0db
     """
     return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", "" if value is None else str(value))
-
-
-class _PlainText(io.TextIOBase):
-    """A text stream that passes everything through :func:`terminal_text`."""
-
-    def __init__(self, raw: TextIO) -> None:
-        self.raw = raw
-
-    def write(self, text: str) -> int:
-        self.raw.write(terminal_text(text))
-        return len(text)
-
-    def flush(self) -> None:
-        self.raw.flush()
-
-
-@contextlib.contextmanager
-def plain_terminal() -> Iterator[None]:
-    """While the block runs, ``sys.stdout`` and ``sys.stderr`` show control characters as escapes,
-    so a name printed by a command cannot restyle, rewrite or link the user's terminal."""
-    out, err = sys.stdout, sys.stderr
-    sys.stdout, sys.stderr = _PlainText(out), _PlainText(err)
-    try:
-        yield
-    finally:
-        sys.stdout, sys.stderr = out, err

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Literal
+from typing import Any, Literal
 
 Severity = Literal["error", "warning", "info"]
 SEVERITY_ORDER: dict[str, int] = {"error": 0, "warning": 1, "info": 2}
@@ -37,6 +37,24 @@ class Finding:
     def to_dict(self) -> dict[str, str]:
         return asdict(self)
 
+    @classmethod
+    def from_dict(cls, data: Any) -> Finding:
+        """The finding ``to_dict`` wrote, checked: exactly the four keys, each a string.
+
+        Raises:
+            ValueError: ``data`` is not such a dict, or its severity is unknown.
+
+        >>> Finding.from_dict({"code": "c", "severity": "info", "where": "", "message": "m"}).code
+        'c'
+        """
+        keys = ("code", "severity", "where", "message")
+        if not isinstance(data, dict) or sorted(data) != sorted(keys):
+            got = ", ".join(sorted(map(str, data))) if isinstance(data, dict) else type(data).__name__
+            raise ValueError(f"a finding has exactly the keys {', '.join(keys)}; got {got}")
+        if not all(isinstance(data[k], str) for k in keys):
+            raise ValueError(f"a finding's {', '.join(keys)} are strings")
+        return cls(data["code"], data["severity"], data["where"], data["message"])
+
 
 def sort_findings(findings: list[Finding]) -> list[Finding]:
     """Most severe first; stable within one severity."""
@@ -45,3 +63,13 @@ def sort_findings(findings: list[Finding]) -> list[Finding]:
 
 class InspectorError(ValueError):
     """A user's mistake: bad input that gets a clear message, never a traceback."""
+
+
+def first_line(exc: BaseException) -> str:
+    """The first line of ``exc``'s message ("" when it has none), for one-line error reports.
+
+    >>> first_line(ValueError("bad shape\\n  details"))
+    'bad shape'
+    """
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else ""

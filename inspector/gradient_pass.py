@@ -14,17 +14,20 @@ process, as with ``DTensor``) can plug in without touching the tables:
   the pieces). Without it the norms are taken as measured, so the numbers are exactly those
   of ``torch._foreach_norm``.
 
-A small cache keeps the last result per model, keyed on every gradient's identity and
-version counter, so asking for the per-parameter table and then for the per-module one
-reads the gradients once.
+:class:`Pieces` bundles both steps with what else a sharded measurement needs (counts of
+NaN and Inf per process); ``inspector.distributed.gradients`` implements it for DTensor
+gradients.
+
+Nothing is cached: every call reads the gradients as they are now (an in-place edit
+through ``.data`` does not move a tensor's version counter, so no key on versions can be
+trusted). ``inspector.offsets.gradient_report`` returns the per-parameter and per-module
+tables from one pass.
 """
 
 from __future__ import annotations
 
-import threading
-import weakref
-from collections.abc import Callable, Hashable, Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Protocol
 
 import numpy as np
 import torch
@@ -35,6 +38,24 @@ SquaresReducer = Callable[[torch.Tensor, Sequence[int]], torch.Tensor]
 
 def _plain(t: torch.Tensor) -> torch.Tensor:
     return t
+
+
+class Pieces(Protocol):
+    """Gradients held in pieces by several processes: how to measure them as whole tensors.
+
+    Every process must make the same calls in the same order: ``reduce`` and
+    ``gather_counts`` are collectives.
+    """
+
+    def local(self, grad: torch.Tensor) -> torch.Tensor:
+        """The plain tensor of the elements this process holds."""
+
+    def reduce(self, squares: torch.Tensor, grads: Sequence[torch.Tensor]) -> torch.Tensor:
+        """Squared local norms of ``grads`` (one tensor, one entry each) -> squared norms of the whole
+        gradients. Used as the ``reduce`` of :func:`gradient_l2_norms`."""
+
+    def gather_counts(self, counts: torch.Tensor) -> torch.Tensor:
+        """This process's ``(k, 2)`` NaN/Inf counts -> ``(processes, k, 2)``, every process's counts."""
 
 
 def gradient_l2_norms(grads: Sequence[torch.Tensor], local: LocalView = _plain,
@@ -70,7 +91,8 @@ def gradient_l2_norms(grads: Sequence[torch.Tensor], local: LocalView = _plain,
             norms = torch._foreach_norm(members)
         except (RuntimeError, NotImplementedError):  # pragma: no cover - kernels missing on a backend
             norms = [torch.linalg.vector_norm(t) for t in members]
-        values = torch.stack(norms).float()
+        # float64 keeps a float64 gradient's norm exact; MPS has no float64
+        values = torch.stack(norms).to(torch.float32 if device.type == "mps" else torch.float64)
         if reduce is not None:
             values = reduce(values * values, idx).sqrt()
         parts, order = per_device.setdefault(device, ([], []))
@@ -81,54 +103,3 @@ def gradient_l2_norms(grads: Sequence[torch.Tensor], local: LocalView = _plain,
         out[order] = values.cpu().numpy()  # one host transfer per device
     return out
 
-
-class _Cache:
-    """The last result per model, valid while every gradient is the same object at the same version."""
-
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.entries: weakref.WeakKeyDictionary[Any, tuple[Hashable, list[Any], Any]] = weakref.WeakKeyDictionary()
-
-    @staticmethod
-    def key(grads: Sequence[torch.Tensor | None], extra: Hashable) -> tuple[Hashable, list[Any]] | None:
-        """(hashable key, weak references to the gradients), or None when a gradient cannot be
-        keyed (an inference tensor has no version counter)."""
-        versions = []
-        refs: list[Any] = []
-        try:
-            for g in grads:
-                if g is None:
-                    versions.append(None)
-                    refs.append(None)
-                else:
-                    versions.append((id(g), g._version))
-                    refs.append(weakref.ref(g))
-        except (RuntimeError, TypeError):
-            return None
-        return (extra, tuple(versions)), refs
-
-    def get(self, owner: Any, key: tuple[Hashable, list[Any]] | None,
-            grads: Sequence[torch.Tensor | None]) -> Any:
-        if key is None:
-            return None
-        with self.lock:
-            entry = self.entries.get(owner)
-        if entry is None or entry[0] != key[0]:
-            return None
-        # ids are only unique while the objects live: the very same tensors must still be there
-        for ref, g in zip(entry[1], grads):
-            if (ref is None) != (g is None) or (ref is not None and ref() is not g):
-                return None
-        return entry[2]
-
-    def put(self, owner: Any, key: tuple[Hashable, list[Any]] | None, value: Any) -> None:
-        if key is None:
-            return
-        try:
-            with self.lock:
-                self.entries[owner] = (key[0], key[1], value)
-        except TypeError:  # pragma: no cover - an owner that cannot be weakly referenced
-            pass
-
-
-REPORTS = _Cache()

@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from .devices import move_model, resolve_device
-from .findings import Finding, InspectorError
+from .findings import Finding, InspectorError, first_line
 from .locks import model_lock
 from .wrappers import unwrap
 
@@ -71,7 +71,12 @@ class LoadedModel:
         return self.loss_fn is not None
 
     def example_inputs(self, batch_size: int = 2) -> Any:
-        """Example inputs on the model's device (a tensor, a tuple, or a dict of kwargs)."""
+        """Example inputs on the model's device, floating tensors in the model's dtype.
+
+        A tensor, a tuple, or a dict of kwargs. Integer inputs (token ids) keep their dtype;
+        floating ones (images, features) take the dtype of the model's first floating
+        parameter, so a model loaded as float16 gets float16 inputs.
+        """
         if self.inputs_fn is None:
             raise InspectorError(f"model {self.name!r} has no example inputs; pass inputs explicitly")
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
@@ -79,12 +84,19 @@ class LoadedModel:
         with model_code(f"example_inputs({batch_size}) of {self.name}",
                         "fix example_inputs(batch_size) in the model file"):
             inputs = self.inputs_fn(batch_size)
-        return to_device(inputs, self.input_device())
+        return to_device(inputs, self.input_device(), self.input_dtype())
 
     def input_device(self) -> torch.device:
         for t in _tensors(self.model):
             return t.device
         return torch.device("cpu")
+
+    def input_dtype(self) -> torch.dtype | None:
+        """The dtype of the first floating parameter (or buffer); None if there is none."""
+        for t in _tensors(self.model):
+            if t.is_floating_point():
+                return t.dtype
+        return None
 
     def loss(self, outputs: Any, inputs: Any) -> torch.Tensor:
         if self.loss_fn is None:
@@ -141,19 +153,27 @@ def model_code(what: str, fix: str = "fix the model file, or pick another model"
     except SystemExit as exc:
         raise ModelCodeError(f"{what} called sys.exit({exc.code!r}) instead of returning; {fix}") from None
     except Exception as exc:  # noqa: BLE001 - the user's code may raise anything
-        text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        text = first_line(exc)
         raise ModelCodeError(f"{what} raised {type(exc).__name__}"
                              + (f": {text}" if text else "") + f"; {fix}") from exc
 
 
-def to_device(inputs: Any, device: torch.device) -> Any:
-    """Move a tensor, or the tensors inside a tuple/list/dict, to ``device``."""
+def to_device(inputs: Any, device: torch.device, dtype: torch.dtype | None = None) -> Any:
+    """Move a tensor, or the tensors inside a tuple/list/dict, to ``device``.
+
+    With ``dtype``, floating tensors are cast to it too (integer and bool tensors keep theirs).
+
+    >>> to_device((torch.ones(1), torch.ones(1, dtype=torch.long)), torch.device("cpu"),
+    ...           torch.float16)[0].dtype
+    torch.float16
+    """
     if isinstance(inputs, torch.Tensor):
-        return inputs.to(device)
+        cast = dtype is not None and inputs.is_floating_point()
+        return inputs.to(device=device, dtype=dtype if cast else inputs.dtype)
     if isinstance(inputs, dict):
-        return {k: to_device(v, device) for k, v in inputs.items()}
+        return {k: to_device(v, device, dtype) for k, v in inputs.items()}
     if isinstance(inputs, (tuple, list)):
-        return type(inputs)(to_device(v, device) for v in inputs)
+        return type(inputs)(to_device(v, device, dtype) for v in inputs)
     return inputs
 
 
@@ -331,9 +351,9 @@ def refuse_remote_code(path: Path) -> None:
             "(file.py:factory) in a folder listed in INSPECTOR_MODEL_DIRS.")
 
 
-def read_checkpoint(path: str | os.PathLike) -> tuple[dict[str, torch.Tensor], list[Finding]]:
+def read_checkpoint(path: str | os.PathLike, *, mmap: bool = False) -> tuple[dict[str, torch.Tensor], list[Finding]]:
     """A state dict from a ``.safetensors`` or ``.pt/.pth/.bin`` file, or a ``torch.distributed.checkpoint``
-    folder; never runs code from it."""
+    folder; never runs code from it. ``mmap``: a torch zip file's tensors stay on disk until read."""
     path = Path(path)
     findings: list[Finding] = []
     if path.is_dir():  # a torch.distributed.checkpoint folder, put together in this process
@@ -350,7 +370,7 @@ def read_checkpoint(path: str | os.PathLike) -> tuple[dict[str, torch.Tensor], l
             raise InspectorError(f"checkpoint {path.name} is not a readable safetensors file "
                                  f"({type(exc).__name__}: {exc}); re-save it with safetensors") from exc
     try:
-        obj = torch.load(path, map_location="cpu", weights_only=True)
+        obj = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap and zipfile.is_zipfile(path))
     except pickle.UnpicklingError as exc:
         detail = re.search(r"WeightsUnpickler error:\s*(.+?)(?:\.\s|\n|$)", str(exc))
         detail_text = detail.group(1).strip() if detail else ""
@@ -370,7 +390,7 @@ def read_checkpoint(path: str | os.PathLike) -> tuple[dict[str, torch.Tensor], l
                 f"checkpoint {path.name} was refused: it asks to run Python code while loading "
                 f"({', '.join(calls[:3])}). Only plain tensors are accepted and nothing in it was run. "
                 "If you trust it, re-save its state dict with safetensors.") from None
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        first = first_line(exc)
         raise InspectorError(f"checkpoint {path.name} is corrupt or not a torch file "
                              f"({type(exc).__name__}{': ' + first[:200] if first else ''}); give a "
                              ".safetensors file or one written by torch.save(model.state_dict(), path)") from None

@@ -25,7 +25,7 @@ from torch import nn
 from .checks import require_module
 from .distributed.tensors import has_dtensors
 from .findings import Finding, InspectorError
-from .gradient_pass import REPORTS, gradient_l2_norms
+from .gradient_pass import Pieces, gradient_l2_norms
 from .locks import model_lock
 
 OFFSET_COLUMNS = ["name", "aliases", "module", "start", "end", "numel", "shape", "dtype",
@@ -119,7 +119,7 @@ def offset_map(model: nn.Module, trainable_only: bool = False,
     >>> offset_map(m, trainable_only=True)["start"].tolist()
     [0, 6]
     """
-    require_module(model, "offset_map")
+    model = require_module(model, "offset_map")
     params, names = _unique_parameters(model)
     entries: list[tuple[str, torch.Tensor, list[str], str, bool]] = [
         (name, p, names[id(p)], "parameter", p.requires_grad) for name, p in params
@@ -341,6 +341,13 @@ def gradient_report(model: nn.Module, grads: Mapping[str, torch.Tensor | None] |
     once, with one fused norm per device and dtype and one copy of the norms to the host per
     device; each is measured on its own device. Reading gradients changes nothing.
 
+    For DTensor parameters (FSDP2, tensor parallel) ``norm`` is the global norm (the total
+    equals ``torch.nn.utils.clip_grad_norm_``): each rank measures its pieces in the same
+    pass and one ``all_reduce`` of the squares per sharding mesh dimension adds them up, so
+    every rank must call it at the same time. ``by_parameter`` then also has ``local_norm``
+    (this rank's piece), ``placements`` and ``nonfinite_ranks``; ``nan``/``inf`` count over
+    all ranks.
+
     Args:
         model: the model; read, never changed.
         grads: gradients to measure instead of the parameters' ``.grad``: parameter name (any
@@ -358,14 +365,18 @@ def gradient_report(model: nn.Module, grads: Mapping[str, torch.Tensor | None] |
     >>> gradient_report(m, grads={"1.weight": torch.tensor([[12.0]])}).total_norm
     12.0
     """
-    if has_dtensors(p for p in model.parameters()):  # FSDP2 / tensor parallel: global norms, one collective
-        from .distributed.gradients import dtensor_gradient_report
-        return dtensor_gradient_report(model, grads)
     params, names = _unique_parameters(model)
     gradients = _gradients_of(model, params, names, grads)
-    report = _report(params, names, gradients)
-    REPORTS.put(model, _cache_key(params, gradients, grads is not None), report)
-    return report
+    pieces = _pieces(params, gradients)
+    return _report(params, names, gradients, pieces)
+
+
+def _pieces(params: list[tuple[str, nn.Parameter]], gradients: list[torch.Tensor | None]) -> Pieces | None:
+    """How to measure gradients held in pieces across processes (DTensor: FSDP2, tensor parallel)."""
+    if not (has_dtensors(p for _, p in params) or has_dtensors(g for g in gradients if g is not None)):
+        return None
+    from .distributed.gradients import ShardedGradients
+    return ShardedGradients()
 
 
 def _gradients_of(model: nn.Module, params: list[tuple[str, nn.Parameter]], names: dict[int, list[str]],
@@ -396,22 +407,17 @@ def _gradients_of(model: nn.Module, params: list[tuple[str, nn.Parameter]], name
             raise InspectorError(f"{key} and {given[i]} are one tied parameter, but two different "
                                  "gradients were given for it; give one, under either name")
         if g is not None and g.shape != p.shape:
+            sharded = " (the parameter is a DTensor: give its gradient as a DTensor, as torch.autograd.grad " \
+                "returns it, not this rank's local piece)" if has_dtensors([p]) and not has_dtensors([g]) else ""
             raise InspectorError(f"the gradient given for {key} has shape {tuple(g.shape)}, but the "
-                                 f"parameter has shape {tuple(p.shape)}")
+                                 f"parameter has shape {tuple(p.shape)}{sharded}")
         given[i] = key
         out[i] = g
     return out
 
 
-def _cache_key(params: list[tuple[str, nn.Parameter]], gradients: list[torch.Tensor | None],
-               explicit: bool) -> Any:
-    structure = (explicit, tuple((name, id(p), p.requires_grad, p.dtype, p.device, p.shape)
-                                 for name, p in params))
-    return REPORTS.key(gradients, structure)
-
-
 def _report(params: list[tuple[str, nn.Parameter]], names: dict[int, list[str]],
-            gradients: list[torch.Tensor | None]) -> GradientNorms:
+            gradients: list[torch.Tensor | None], pieces: Pieces | None = None) -> GradientNorms:
     findings: list[Finding] = []
     dense_idx: list[int] = []
     dense: list[torch.Tensor] = []
@@ -438,8 +444,14 @@ def _report(params: list[tuple[str, nn.Parameter]], names: dict[int, list[str]],
             continue
         dense_idx.append(i)
         dense.append(g)
-    for i, v in zip(dense_idx, gradient_l2_norms(dense).tolist()):
+    if pieces is None:
+        measured = gradient_l2_norms(dense)
+    else:
+        measured = gradient_l2_norms(dense, local=pieces.local,
+                                     reduce=lambda squares, idx: pieces.reduce(squares, [dense[k] for k in idx]))
+    for i, v in zip(dense_idx, measured.tolist()):
         norms[i] = v
+    counts, per_rank = _nonfinite_counts(gradients, norms, pieces)
 
     prows: list[tuple] = []
     modules: dict[str, list[float]] = {}   # name -> [sum of squares, nan, inf, numel, params, states x4, grads]
@@ -454,12 +466,7 @@ def _report(params: list[tuple[str, nn.Parameter]], names: dict[int, list[str]],
         if g is None:
             state = "none" if rg else "frozen"
         else:
-            if not math.isfinite(norm):
-                values = g.coalesce().values() if g.is_sparse else g
-                nan = int(torch.isnan(values).sum())
-                inf = int(torch.isinf(values).sum())
-                if nan == 0 and inf == 0:  # finite values whose norm overflowed the grad's dtype
-                    norm = float(torch.linalg.vector_norm(values.double()))
+            nan, inf = counts.get(i, (0, 0))
             state = "frozen" if not rg else "nonfinite" if nan or inf else "ok"
         numel = p.numel()
         dt, dev = p.dtype, (p.device if g is None else g.device)
@@ -511,7 +518,48 @@ def _report(params: list[tuple[str, nn.Parameter]], names: dict[int, list[str]],
     by_module = _frame(MODULE_NORM_COLUMNS, dict(zip(MODULE_NORM_COLUMNS, mcols)))
     total = mrows[0][1] if mrows else math.nan
     findings += _gradient_findings(prows)
+    if pieces is not None:  # this rank's norms, placements, and the ranks whose pieces are not finite
+        from .distributed.gradients import with_rank_columns
+        by_parameter, findings = with_rank_columns(by_parameter, [p for _, p in params], gradients, pieces,
+                                                   per_rank, findings)
     return GradientNorms(by_parameter, by_module, findings, total)
+
+
+def _nonfinite_counts(gradients: list[torch.Tensor | None], norms: list[float], pieces: Pieces | None
+                      ) -> tuple[dict[int, tuple[int, int]], dict[int, list[tuple[int, int]]]]:
+    """NaN and Inf counts of each gradient whose norm is not finite, in place of ``norms`` the norm
+    in float64 where the values are finite but their norm overflowed the gradient's dtype.
+
+    Returns:
+        (index -> total (NaN, Inf)), and for pieces (index -> (NaN, Inf) of each process's piece).
+    """
+    bad = [i for i, g in enumerate(gradients) if g is not None and not math.isfinite(norms[i])]
+    if not bad:
+        return {}, {}
+    local = []
+    for i in bad:
+        g = gradients[i]
+        values = g.coalesce().values() if g.is_sparse else g if pieces is None else pieces.local(g)
+        local.append((int(torch.isnan(values).sum()), int(torch.isinf(values).sum())))
+    per_rank: dict[int, list[tuple[int, int]]] = {}
+    if pieces is None:
+        totals = dict(zip(bad, local))
+    else:  # every process has the same ``bad``: the reduced norms are the same everywhere
+        gathered = pieces.gather_counts(torch.tensor(local, dtype=torch.int64).reshape(len(bad), 2)).tolist()
+        per_rank = {i: [tuple(rank[k]) for rank in gathered] for k, i in enumerate(bad)}
+        totals = {i: (sum(c[0] for c in v), sum(c[1] for c in v)) for i, v in per_rank.items()}
+    for i in bad:
+        if totals[i] != (0, 0):
+            continue
+        g = gradients[i]  # finite values whose norm overflowed the grad's dtype
+        values = g.coalesce().values() if g.is_sparse else g
+        if pieces is None:
+            norms[i] = float(torch.linalg.vector_norm(values.double()))
+        else:
+            square = torch.linalg.vector_norm(pieces.local(values).double()).square().reshape(1)
+            norms[i] = float(pieces.reduce(square, [g]).sqrt())
+    per_rank = {i: v for i, v in per_rank.items() if totals[i] != (0, 0)}
+    return totals, per_rank
 
 
 def _gradient_findings(rows: list[tuple]) -> list[Finding]:
@@ -555,9 +603,9 @@ def gradient_norms(model: nn.Module, by: str = "parameter",
                    grads: Mapping[str, torch.Tensor | None] | None = None) -> pd.DataFrame:
     """L2 norm of each parameter's gradient, or of each module's (over all parameters below it).
 
-    Both tables come from one pass over the gradients: the last pass is kept per model while
-    every gradient is the same tensor at the same version, so asking for ``by="parameter"``
-    and then ``by="module"`` reads the gradients once.
+    Each call reads the gradients as they are now (one pass, nothing is cached). To get
+    both tables, call :func:`gradient_report` once: it returns ``by_parameter`` and
+    ``by_module`` (and the findings) from a single pass, where two calls here make two.
 
     Args:
         model: the model; its gradients are read, never changed.
@@ -568,8 +616,7 @@ def gradient_norms(model: nn.Module, by: str = "parameter",
     Returns:
         Columns ``name, norm, state, ...`` (see :class:`GradientNorms`); ``state`` is one of
         ``"ok" | "none" | "frozen" | "nonfinite"``. Module names are dotted prefixes; the
-        model itself is ``"(model)"``. Use :func:`gradient_report` to get both tables and the
-        findings at once.
+        model itself is ``"(model)"``.
 
     >>> m = nn.Sequential(nn.Linear(2, 1, bias=False), nn.Linear(1, 1))
     >>> m[0].weight.grad = torch.tensor([[3.0, 4.0]])
@@ -578,17 +625,13 @@ def gradient_norms(model: nn.Module, by: str = "parameter",
     >>> gradient_norms(m, by="module")["name"].tolist()
     ['(model)', '0', '1']
     """
-    require_module(model, "gradient_norms")
+    model = require_module(model, "gradient_norms")
     if by not in ("parameter", "module"):
         raise InspectorError(f"gradient_norms(by={by!r}): choose 'parameter' or 'module'")
     params, names = _unique_parameters(model)
     gradients = _gradients_of(model, params, names, grads)
-    key = _cache_key(params, gradients, grads is not None)
-    report = REPORTS.get(model, key, gradients)
-    if report is None:
-        report = _report(params, names, gradients)
-        REPORTS.put(model, key, report)
-    return (report.by_parameter if by == "parameter" else report.by_module).copy()
+    report = _report(params, names, gradients, _pieces(params, gradients))
+    return report.by_parameter if by == "parameter" else report.by_module
 
 
 # --------------------------------------------------------------------------- backward pass

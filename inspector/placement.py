@@ -733,6 +733,7 @@ def plan_device_map_explained(model: nn.Module, max_memory: str | Mapping[Any, A
     >>> plan.device_map, [r.step for r in plan.records][-2:]
     ({'0': 0, '1': 1}, ['place', 'clean'])
     """
+    model = require_module(model, "plan_device_map_explained")
     return _explain(model, _plan(model, max_memory, no_split_module_classes, dtype))
 
 
@@ -789,7 +790,7 @@ def plan_device_map(model: nn.Module, max_memory: str | Mapping[Any, Any],
     >>> plan_device_map(m, {0: 90, 1: 1000})  # "1" does not fit on 0; its tied weight stays there
     {'0': 0, '1.weight': 0, '1.bias': 1}
     """
-    require_module(model, "plan_device_map")
+    model = require_module(model, "plan_device_map")
     return _plan(model, max_memory, no_split_module_classes, dtype).device_map
 
 
@@ -964,7 +965,7 @@ def audit_device_map(model: nn.Module, device_map: Mapping[str, Any]) -> pd.Data
     >>> audit_device_map(m, {"0": 0, "1.weight": 0, "1.bias": 0})["finding"].dropna().tolist()
     ['buffer-unplaced', 'buffer-unplaced', 'buffer-unplaced']
     """
-    require_module(model, "audit_device_map")
+    model = require_module(model, "audit_device_map")
     dm = normalise_map(device_map)
     rows, _ = _tensor_rows(model)
     return _audit_rows(rows, _map_devices(rows, dm), sorted(set(dm.values()), key=device_order))
@@ -1094,7 +1095,7 @@ def placement_table(model: nn.Module) -> pd.DataFrame:
     >>> placement_table(nn.Linear(2, 2))["device"].tolist()
     ['cpu', 'cpu']
     """
-    require_module(model, "placement_table")
+    model = require_module(model, "placement_table")
     rows, _ = _tensor_rows(model)
     modules = dict(model.named_modules(remove_duplicate=False))
     device_of: list[Device | None] = []
@@ -1197,6 +1198,7 @@ def compare_with_accelerate(model: nn.Module, max_memory: str | Mapping[Any, Any
     """
     from accelerate import infer_auto_device_map
 
+    model = require_module(model, "compare_with_accelerate")
     budget = parse_max_memory(max_memory)
     no_split = default_no_split(model, no_split_module_classes)
     t0 = time.perf_counter()
@@ -1317,6 +1319,7 @@ def dispatch_plan(model: nn.Module, device_map: Mapping[str, Any], *, offload_fo
 
     from .models import ensure_runnable
 
+    model = require_module(model, "dispatch_plan")
     dm = validate_device_map(model, device_map)
     _check_devices_exist(dm)
     if "" in dm and dm[""] == "disk":

@@ -70,10 +70,11 @@ DEFAULT_OPTIONS: dict[str, Any] = {
     "attribution_cpu_max_bytes": 64 << 20,  # on a CPU, attribute only models up to this size (None: any)
     "lab": None,                   # a lab id (or Lab) whose results go into the labs section
     "lab_progress": None,          # {lab id: {task id: TaskRecord}} from a labs session (not recorded)
+    "gradients": None,             # {parameter name: gradient} to report instead of .grad (not recorded)
     "student": "",
     "max_rows": 60,                # rows per table in Markdown (JSON and HTML keep every row)
 }
-_UNRECORDED_OPTIONS = ("lab_progress",)
+_UNRECORDED_OPTIONS = ("lab_progress", "gradients")
 
 Progress = Callable[[str], None]
 
@@ -335,7 +336,14 @@ def _flatten(values: Any) -> Iterable[Any]:
 
 
 def make_figure(title: str, fig: Any, summary: Table | pd.DataFrame | None = None) -> ReportFigure:
-    """A report figure from a plotly figure; ``summary`` is the table Markdown shows instead."""
+    """A report figure from a plotly figure; ``summary`` is the table Markdown shows instead.
+
+    Every axis makes room for its tick labels (long module names are not cut at the edge).
+    """
+    if hasattr(fig, "update_xaxes"):
+        from .figures.palette import readable
+
+        readable(fig)
     data = figure_data(fig)
     if isinstance(summary, pd.DataFrame):
         summary = Table.from_frame(title, summary)
@@ -593,30 +601,27 @@ def _offsets_section(ctx: Context) -> Section:
 
 
 def _gradients(ctx: Context, notes: list[str]) -> Any:
-    """Gradient norms from the gradients the model has, or from one backward pass if asked.
+    """Gradient norms from the ``gradients`` option, the model's ``.grad``, or one backward pass if asked.
 
-    A backward pass for the report puts every earlier ``.grad`` back afterwards.
+    The backward pass for the report uses ``torch.autograd.grad``: no ``.grad`` is set.
     """
     gradient_report = need("offsets", "gradient_report")
     model = ctx.model
-    params = list(model.parameters())
+    given = ctx.options["gradients"]
     if not ctx.options["backward"]:
-        if any(p.grad is not None for p in params):
+        if given:
+            with ctx.loaded.lock:
+                return gradient_report(model, grads=given)
+        if given is None and any(p.grad is not None for p in model.parameters()):
             with ctx.loaded.lock:
                 return gradient_report(model)
         notes.append("no gradients yet: gradient norms left out (pass backward=True for one backward pass)")
         return None
-    run_backward = need("offsets", "run_backward")
+    loss_gradients = need("loss_gradients", "loss_gradients")
+    result = loss_gradients(ctx.loaded, batch_size=int(ctx.options["batch_size"]))
     with ctx.loaded.lock:
-        before = [p.grad for p in params]
-        try:
-            result = run_backward(ctx.loaded, batch_size=int(ctx.options["batch_size"]))
-            grads = gradient_report(model)
-        finally:
-            for p, g in zip(params, before):
-                p.grad = g
-    notes.append(result.message.replace("Nothing else changed", "Every earlier .grad was put back "
-                                        "afterwards; nothing else changed"))
+        grads = gradient_report(model, grads=result.grads)
+    notes.append(result.message)
     return grads
 
 
@@ -662,6 +667,9 @@ def _placement_section(ctx: Context) -> Section:
                            summary=tables[3])
         figures += _figure(ctx, notes, "placement", "usage_bars", "Bytes per device against the budget",
                            plan.usage, summary=tables[2])
+    if "bytes_per_rank" in now.columns:  # DTensor parameters (FSDP2, tensor parallel)
+        from .distributed.analyses import sharding_tables
+        tables += [Table.from_frame(title, df) for title, df in sharding_tables(model, now)]
     return Section("placement", SECTION_TITLES["placement"], note="; ".join(notes), facts=plain(facts),
                    tables=tuple(tables), figures=figures, findings=tuple(findings))
 

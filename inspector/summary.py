@@ -29,6 +29,7 @@ class ModelSummary:
     buffers: int
     buffer_elements: int
     bytes_table: pd.DataFrame = field(repr=False)  # columns: kind, dtype, device, tensors, elements, bytes
+    aliases: tuple[tuple[str, str], ...] = ()  # (alias name, the name parameters() keeps for it)
 
     @property
     def aliased_elements(self) -> int:
@@ -57,7 +58,7 @@ def model_summary(model: nn.Module) -> ModelSummary:
     >>> s.parameter_elements, s.parameter_elements_with_aliases
     (4, 8)
     """
-    require_module(model, "model_summary")
+    model = require_module(model, "model_summary")
     params = list(model.parameters())
     names = list(model.named_parameters(remove_duplicate=False))
     buffers = list(model.buffers())
@@ -70,6 +71,12 @@ def model_summary(model: nn.Module) -> ModelSummary:
             row[2] += t.numel() * t.element_size()
     table = pd.DataFrame([(k, d, dev, n, e, b) for (k, d, dev), (n, e, b) in rows.items()],
                          columns=["kind", "dtype", "device", "tensors", "elements", "bytes"])
+    first: dict[int, str] = {}
+    aliases = []
+    for name, p in names:
+        kept = first.setdefault(id(p), name)
+        if kept != name:
+            aliases.append((name, kept))
     trainable = sum(p.numel() for p in params if p.requires_grad)
     total = sum(p.numel() for p in params)
     return ModelSummary(
@@ -83,6 +90,7 @@ def model_summary(model: nn.Module) -> ModelSummary:
         buffers=len(buffers),
         buffer_elements=sum(b.numel() for b in buffers),
         bytes_table=table,
+        aliases=tuple(aliases),
     )
 
 
@@ -110,12 +118,29 @@ def format_bytes(n: float) -> str:
     return f"{n:.1f} TiB"
 
 
+def format_count(n: float, exact_below: int = 1_000_000) -> str:
+    """A count that fits a narrow cell: exact with separators below ``exact_below``, else short.
+
+    >>> format_count(4080), format_count(124_439_808), format_count(68_976_648_192)
+    ('4,080', '124.4 M', '69.0 B')
+    """
+    if abs(n) < exact_below:
+        return f"{int(n):,}"
+    for unit, size in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if abs(n) >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{int(n):,}"
+
+
 def summary_findings(summary: ModelSummary) -> list[Finding]:
     """Information worth a line on the home page."""
     out = []
     if summary.aliased_elements:
-        out.append(Finding("aliases-present", "info", "",
+        pairs = summary.aliases
+        named = "; ".join(f"{a} is {b}" for a, b in pairs[:3]) + (f"; {len(pairs) - 3} more" if len(pairs) > 3 else "")
+        where = pairs[0][0] if pairs else ""
+        out.append(Finding("aliases-present", "info", where,
                            f"{summary.parameter_names - summary.parameters} parameter names are aliases of "
-                           f"another name; parameters() counts {summary.parameter_elements} elements, "
-                           f"{summary.parameter_elements_with_aliases} if every name were counted"))
+                           f"another name ({named}): parameters() counts {summary.parameter_elements:,} "
+                           f"elements, {summary.parameter_elements_with_aliases:,} if every name were counted"))
     return out

@@ -4,25 +4,21 @@
 ``_orig_mod.<name>``; ``DistributedDataParallel``, ``DataParallel`` and the first FSDP
 (``FullyShardedDataParallel``) hold the model as ``.module``. Analyses run on the module
 underneath, so names are those the user wrote and ties are compared on the tensors
-themselves. A model enters the analyses in two places, and both unwrap it here: the
-public functions of :mod:`inspector` (:func:`accepting_wrapped`) and :class:`LoadedModel`
-(which also keeps a finding that says what wrapped the model).
+themselves. Every function that takes a model unwraps it here, through
+:func:`inspector.checks.require_module`, however it is imported; :class:`LoadedModel` also
+keeps a finding that says what wrapped the model.
 
 FSDP2's ``fully_shard`` changes the module in place and adds no wrapper: nothing to do here.
 """
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
 from torch import nn
 
 from .findings import Finding
-
-F = TypeVar("F", bound=Callable[..., Any])
 
 
 def _wrapper_classes() -> tuple[type, ...]:
@@ -101,13 +97,3 @@ def unwrap(model: nn.Module) -> Unwrapped:
 def underlying(model: Any) -> Any:
     """``unwrap(model).module`` for a module; anything else as it is."""
     return unwrap(model).module if isinstance(model, nn.Module) else model
-
-
-def accepting_wrapped(fn: F) -> F:
-    """``fn`` with every module argument replaced by the model under its wrappers."""
-
-    @functools.wraps(fn)
-    def call(*args: Any, **kwargs: Any) -> Any:
-        return fn(*(underlying(a) for a in args), **{k: underlying(v) for k, v in kwargs.items()})
-
-    return call  # type: ignore[return-value]

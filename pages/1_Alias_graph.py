@@ -8,10 +8,11 @@ from inspector.aliases import CONVERSIONS, alias_analysis, conversion_table
 from inspector.devices import device_names
 from inspector.escaping import markdown_text
 from inspector.figures.aliases import alias_graph_figure
+from inspector.summary import format_count
 from ui.cache import cached_analysis
 from ui.errors import guarded
 from ui.sidebar import model_picker
-from ui.tables import findings_table, paged_table
+from ui.tables import findings_table, paged_table, show_frame
 
 st.set_page_config(page_title="Alias graph", layout="wide")
 loaded = model_picker()
@@ -31,8 +32,9 @@ KIND_HELP = {
     "shared-storage": "different objects over exactly the same memory; parameters() counts it twice",
     "overlapping-view": "different objects whose bytes overlap partly",
 }
-OUTCOME_ICON = {"kept": "✅ kept", "weakened": "⚠️ weakened", "broken": "🛑 broken", "error": "❌ error",
-                "no ties": "— no ties", "-": "—"}
+OUTCOME_ICON = {"kept": ":green[:material/check_circle: kept]", "weakened": ":orange[:material/warning: weakened]",
+                "broken": ":red[:material/link_off: broken]", "error": ":red[:material/error: error]",
+                "no ties": ":gray[:material/remove: no ties]"}
 
 analysis = None
 with guarded("finding aliases"):
@@ -41,11 +43,12 @@ with guarded("finding aliases"):
 if analysis is not None:
     cols = st.columns(4)
     cols[0].metric("Alias groups", len(analysis.groups))
-    cols[1].metric("Names (parameters and buffers)", f"{analysis.names:,}")
-    cols[2].metric("Unique parameter elements", f"{analysis.unique_numel:,}",
-                   help="What parameters() counts: each Parameter object once")
-    cols[3].metric("Counting every name", f"{analysis.numel_with_aliases:,}",
-                   delta=(f"+{analysis.numel_with_aliases - analysis.unique_numel:,}"
+    cols[1].metric("Names (parameters and buffers)", format_count(analysis.names), help=f"{analysis.names:,}")
+    cols[2].metric("Unique parameter elements", format_count(analysis.unique_numel),
+                   help=f"{analysis.unique_numel:,}: what parameters() counts, each Parameter object once")
+    cols[3].metric("Counting every name", format_count(analysis.numel_with_aliases),
+                   help=f"{analysis.numel_with_aliases:,}",
+                   delta=(f"+{format_count(analysis.numel_with_aliases - analysis.unique_numel)}"
                           if analysis.numel_with_aliases != analysis.unique_numel else None),
                    delta_color="off")
     if analysis.identity_only:
@@ -101,12 +104,14 @@ if run and run["names"]:
     with guarded("checking conversions"), st.spinner("Converting copies of the model…"):
         table, results = cached_analysis(conversion_table, loaded.model, list(run["names"]),
                                          device=run["device"], retie_after=run["retie"])
-        shown = table.assign(outcome=table["outcome"].map(lambda o: OUTCOME_ICON.get(o, o)))
+        outcomes = table[table["outcome"].isin(list(OUTCOME_ICON))]
+        st.markdown(" · ".join(f"**{c}**: {OUTCOME_ICON[o]}" for c, o in
+                               dict(zip(outcomes["conversion"], outcomes["outcome"])).items()))
+        shown = table
         if shown["error"].isna().all():
             shown = shown.drop(columns=["error"])
-        st.dataframe(shown, hide_index=True, width="stretch",
-                     column_config={"unique": st.column_config.NumberColumn(
-                         "unique parameter elements", format="%d")})
+        show_frame(shown, {"unique": st.column_config.NumberColumn("unique parameter elements",
+                                                                   format="localized")})
         findings = [f for r in results for f in r.findings]
         if run["retie"]:
             findings += [f for r in results for f in r.retied]

@@ -9,6 +9,7 @@ import streamlit as st
 from inspector.escaping import markdown_code, markdown_text
 from inspector.figures.offsets import layer_norm_bars, offset_strip
 from inspector.findings import InspectorError
+from inspector.loss_gradients import loss_gradients
 from inspector.offsets import (
     display_table,
     flatten_roundtrip,
@@ -16,12 +17,16 @@ from inspector.offsets import (
     locate,
     offset_findings,
     offset_map,
-    run_backward,
 )
+from inspector.summary import format_count
 from ui.cache import cached_analysis
 from ui.errors import guarded
+from ui.running import model_runs
 from ui.sidebar import model_picker
 from ui.tables import findings_table, paged_table
+
+GRADS = "offsets_grads"  # per browser session: {model key: LossGradients}; never on the shared model
+ROUNDTRIP_MAX = 20_000_000  # elements; the round trip holds two extra copies of the parameters
 
 st.set_page_config(page_title="Flatten map", layout="wide")
 loaded = model_picker()
@@ -56,16 +61,11 @@ frozen = int(params.loc[~params["requires_grad"], "numel"].sum())
 trainable_total = int(trainable["numel"].sum())
 
 
-def count(n: int) -> str:
-    """Exact below a billion; 68.98 B above (the exact number is in the metric's help)."""
-    return f"{n:,}" if n < 10**9 else f"{n / 1e9:,.2f} B"
-
-
 cols = st.columns(5)
 cols[0].metric("Tensors in parameters()", f"{len(params):,}")
-cols[1].metric("Flat vector length", count(total), help=f"{total:,} elements")
-cols[2].metric("Trainable-only length", count(trainable_total), help=f"{trainable_total:,} elements")
-cols[3].metric("Frozen elements (holes)", count(frozen),
+cols[1].metric("Flat vector length", format_count(total), help=f"{total:,} elements")
+cols[2].metric("Trainable-only length", format_count(trainable_total), help=f"{trainable_total:,} elements")
+cols[3].metric("Frozen elements (holes)", format_count(frozen),
                help=f"{frozen:,} elements in parameters_to_vector(model.parameters()) but not in a "
                     "trainable-only vector")
 cols[4].metric("Aliases kept once", int(params["aliases"].map(len).sum()))
@@ -73,24 +73,31 @@ cols[4].metric("Aliases kept once", int(params["aliases"].map(len).sum()))
 st.subheader("Backward pass")
 grads_note = ("This model is on the meta device: it has no numbers, so no gradients." if loaded.is_meta
               else None if loaded.has_loss else "This model defines no loss, so it cannot run backward.")
-st.caption("Gradient norms read `.grad`. The button runs the model's loss on its example inputs and "
-           "calls `backward()` in eval mode, under the model's lock: it sets `.grad` (dropping earlier "
-           "gradients) and changes nothing else. The model is shared by every browser session.")
+st.caption("The button runs the model's loss on its example inputs in eval mode, under the model's lock, "
+           "and computes the gradients with `torch.autograd.grad`. They are kept for this browser session "
+           "only: the model is shared by every session, and its `.grad` is never set.")
+key = st.session_state["mi_selection"].key
+session_grads = st.session_state.setdefault(GRADS, {})  # {model key: LossGradients}, this session's own
 if st.button("Run a backward pass", key="offsets_backward", type="primary", disabled=grads_note is not None,
-             help=grads_note):
-    with guarded("running a backward pass"), st.spinner("Running forward and backward…"):
-        messages = st.session_state.setdefault("offsets_backward_messages", {})
-        messages[st.session_state["mi_selection"].key] = run_backward(loaded).message
+             help=grads_note) and model_runs(loaded):
+    with guarded("running a backward pass"), st.status("Running a backward pass…", expanded=True) as status:
+        try:
+            result = loss_gradients(loaded, progress=st.write)
+        except Exception:
+            status.update(label="The backward pass failed: see the message below", state="error", expanded=False)
+            raise
+        session_grads[key] = result
+        status.update(label=f"Backward pass done in {result.seconds:.1f} s", state="complete", expanded=False)
 if grads_note:
     st.info(grads_note)
-done = st.session_state.get("offsets_backward_messages", {}).get(st.session_state["mi_selection"].key)
-if done:
-    st.success(done)
+mine = session_grads.get(key)
+if mine is not None:
+    st.success(mine.message)
 
 report = None
 if not loaded.is_meta:
     with guarded("reading gradient norms"), loaded.lock:
-        report = gradient_report(model)
+        report = gradient_report(model, grads=mine.grads if mine is not None else {})
         findings += report.findings
 
 st.subheader("The flat vector")
@@ -148,15 +155,23 @@ st.caption("Run on copies of the parameters, never on the model. It shows what t
            "than saying it.")
 with guarded("running the round trip"):
     try:
-        rt = cached_analysis(flatten_roundtrip, model)
+        if total > ROUNDTRIP_MAX:
+            raise InspectorError(f"{loaded.name} has {format_count(total)} parameter elements; the round trip "
+                                 f"copies the parameters twice, so this page runs it on models up to "
+                                 f"{format_count(ROUNDTRIP_MAX)}. Pick a smaller model in the sidebar to see it.")
+        rt = cached_analysis(flatten_roundtrip, model, max_elements=ROUNDTRIP_MAX)
     except InspectorError as exc:
         st.info(markdown_text(exc))
     else:
         cols = st.columns(4)
-        cols[0].metric("Vector shares memory", "yes" if rt.shares_memory else "no")
-        cols[1].metric("Writing the vector changes a parameter", "yes" if rt.write_through else "no")
-        cols[2].metric("Restored exactly", "yes" if rt.restored_exactly else "no")
-        cols[3].metric("Parameters are views of it afterwards", "yes" if rt.views_after else "no")
+        cols[0].metric("Vector shares memory", "yes" if rt.shares_memory else "no",
+                       help="Does the vector share memory with the parameters?")
+        cols[1].metric("Writes reach parameters", "yes" if rt.write_through else "no",
+                       help="Does writing into the vector change a parameter?")
+        cols[2].metric("Restored exactly", "yes" if rt.restored_exactly else "no",
+                       help="Does vector_to_parameters give back every value bit for bit?")
+        cols[3].metric("Views afterwards", "yes" if rt.views_after else "no",
+                       help="Are the parameters views of the vector after vector_to_parameters?")
         st.markdown("\n".join(f"{i}. {markdown_text(step)}" for i, step in enumerate(rt.steps, 1)))
         if rt.error:
             st.warning(f"parameters_to_vector failed on this model: {markdown_text(rt.error)}")

@@ -8,6 +8,7 @@ import pandas as pd
 import streamlit as st
 
 from inspector.escaping import markdown_code, markdown_text
+from inspector.figures.palette import key_label
 from inspector.figures.placement import placement_treemap, usage_bars, usage_side_by_side
 from inspector.placement import (
     audit,
@@ -25,9 +26,16 @@ from inspector.placement import (
 from ui.cache import cached_analysis
 from ui.errors import guarded
 from ui.sidebar import model_picker
-from ui.tables import findings_table, paged_table
+from ui.tables import findings_table, paged_table, show_frame
 
 st.set_page_config(page_title="Device map", layout="wide")
+
+
+def map_frame(device_map: dict) -> pd.DataFrame:
+    """A device map as a table; accelerate's key "" (the model itself) reads "(whole model)"."""
+    return pd.DataFrame({"key": [key_label(k) for k in device_map], "device": [str(v) for v in device_map.values()]})
+
+
 loaded = model_picker()
 
 st.title("Device map")
@@ -71,22 +79,25 @@ if comparison is None:
 ours = comparison.ours
 theirs_unplaced = comparison.accelerate_audit["device"].isna().sum()
 cols = st.columns(4)
-cols[0].metric("Keys: ours / accelerate's", f"{len(ours.device_map)} / {len(comparison.accelerate_map)}")
-cols[1].metric("Tensors without a device in accelerate's map", int(theirs_unplaced))
-cols[2].metric("check_device_map on ours", "passes" if comparison.our_check is None else "fails")
-cols[3].metric("check_device_map on accelerate's", "passes" if comparison.accelerate_check is None else "fails")
+cols[0].metric("Keys: ours / accelerate's", f"{len(ours.device_map)} / {len(comparison.accelerate_map)}",
+               help="Entries of each device map")
+cols[1].metric("Unplaced by accelerate", int(theirs_unplaced),
+               help="Parameters and buffers that accelerate's map gives no device")
+cols[2].metric("Check of ours", "passes" if comparison.our_check is None else "fails",
+               help="accelerate.utils.check_device_map on plan_device_map's map")
+cols[3].metric("Check of accelerate's", "passes" if comparison.accelerate_check is None else "fails",
+               help="accelerate.utils.check_device_map on infer_auto_device_map's map")
 if comparison.accelerate_check:
     st.error(f"accelerate's own check rejects its map: {markdown_text(comparison.accelerate_check)}")
 
 st.subheader("Our plan and accelerate's, side by side")
 a, b = st.columns(2)
 a.markdown("**plan_device_map**")
-a.dataframe(pd.DataFrame({"key": list(ours.device_map), "device": [str(v) for v in ours.device_map.values()]}),
-            hide_index=True, width="stretch", height=260)
+with a:
+    show_frame(map_frame(ours.device_map), height=260)
 b.markdown("**accelerate.infer_auto_device_map**")
-b.dataframe(pd.DataFrame({"key": list(comparison.accelerate_map),
-                          "device": [str(v) for v in comparison.accelerate_map.values()]}),
-            hide_index=True, width="stretch", height=260)
+with b:
+    show_frame(map_frame(comparison.accelerate_map), height=260)
 st.plotly_chart(usage_side_by_side(ours.usage, comparison.accelerate_usage), key="dm_side_by_side")
 if len(comparison.difference):
     st.markdown(f"**{len(comparison.difference)} tensors placed differently or flagged differently**")

@@ -18,8 +18,9 @@ from inspector.responsive import runs_at_once
 from inspector.summary import format_bytes, model_bytes
 from ui.cache import cached_analysis
 from ui.errors import guarded
+from ui.running import model_runs
 from ui.sidebar import model_picker
-from ui.tables import findings_table, paged_table
+from ui.tables import findings_table, paged_table, show_frame
 
 RESULTS = "cap_results"  # per browser session: {run key: Captures}; never shared between sessions
 MODES = {"no_grad": torch.no_grad, "inference_mode": torch.inference_mode, "grad enabled": torch.enable_grad}
@@ -35,6 +36,8 @@ st.caption("Each selected module's output is copied inside its forward hook (`de
 
 if loaded is None:
     st.info("Load a model in the sidebar to capture its activations.")
+    st.stop()
+if not loaded.is_meta and not model_runs(loaded):
     st.stop()
 
 names = [n for n, _ in loaded.model.named_modules() if n]
@@ -89,7 +92,12 @@ m2.metric("Bytes held", format_bytes(caps.total_bytes))
 m3.metric("Mutated after capture", len(caps.mutated))
 m4.metric("Skipped", len(caps.skipped))
 
-if caps.mutated:
+if not caps.outputs:
+    reason = (f"the byte budget of {budget_mib:g} MiB left out all {len(caps.skipped)} selected outputs"
+              if caps.skipped else "no selected module ran in the forward pass")
+    st.warning(f"Nothing was captured: {reason}, so nothing can be said about in-place changes. "
+               "Raise **Budget (MiB)** or untick **Byte budget**, then capture again.")
+elif caps.mutated:
     lines = [f"- `{m.module}{m.path}` overwritten by `{m.by or 'code outside any module'}` "
              f"(seen by {m.how}, largest change {m.max_abs_change:.4g})" for m in caps.mutations]
     st.warning("These live outputs were changed in place after their hook ran; a bare reference to them "
@@ -119,7 +127,7 @@ if teach and caps.references:
                "the forward pass. Red: corrupted captures.")
     st.plotly_chart(clone_vs_reference_figure(caps), key="cap_clone_vs_bare")
     with st.expander("As a table"):
-        st.dataframe(clone_vs_reference_table(caps), hide_index=True)
+        show_frame(clone_vs_reference_table(caps))
 
 st.subheader("Findings")
 findings_table(caps.findings, key="cap_findings", empty="Nothing to report.")

@@ -20,6 +20,7 @@ from inspector.responsive import quick_target_info, runs_at_once
 from inspector.summary import format_bytes, model_bytes
 from ui.cache import cached_analysis
 from ui.errors import guarded
+from ui.running import model_runs
 from ui.sidebar import model_picker
 from ui.tables import findings_table, paged_table
 
@@ -40,6 +41,8 @@ if loaded is None:
 if loaded.is_meta:
     st.info(f"{markdown_text(loaded.name)} is on the meta device: it has a structure but no weights, so there is "
             "no output to attribute. Load it on a real device with a checkpoint.")
+    st.stop()
+if not model_runs(loaded):
     st.stop()
 
 setup = None
@@ -103,14 +106,28 @@ if not auto and run_key not in asked:
 
 results = []
 with guarded(f"running {spec.label}"):
-    with st.status(f"Running {spec.label}…", expanded=False) as status:
-        for i, layer in enumerate(layers or [None]):
-            status.update(label=f"Running {spec.label}" + (f" on {markdown_text(layer)}" if layer else "")
-                          + (f" ({i + 1} of {len(layers)})" if len(layers) > 1 else "") + "…")
-            results.append(cached_analysis(attribute, loaded, inputs, method, target, layer,
-                                           position=position, cache_scope="session", **options))
-        status.update(label=f"{spec.label}: done", state="complete")
+    with st.status(f"Running {spec.label}…", expanded=True) as status:
+        bar = st.progress(0.0)
+        try:
+            for i, layer in enumerate(layers or [None]):
+                what = f"{spec.label}" + (f" on {markdown_text(layer)}" if layer else "") + \
+                    (f" ({i + 1} of {len(layers)})" if len(layers) > 1 else "")
+                status.update(label=f"Running {what}…")
 
+                def step(done: int, expected: int, i: int = i, what: str = what) -> None:
+                    """captum's forward passes so far, as a share of all layers' work."""
+                    share = (i + done / max(expected, 1)) / max(len(layers), 1)
+                    bar.progress(min(share, 1.0), text=f"{what}: forward pass {done} of about {expected}")
+
+                # The lambda keeps the callback out of the cache key, so a rerun reuses the result.
+                results.append(cached_analysis(
+                    lambda *a, **k: attribute(*a, progress=step, **k), loaded, inputs, method, target, layer,
+                    position=position, cache_scope="session", **options))
+        except Exception:
+            status.update(label=f"{spec.label} failed: see the message below", state="error", expanded=False)
+            raise
+        bar.empty()
+        status.update(label=f"{spec.label}: done", state="complete", expanded=False)
 if not results:
     st.stop()
 result = results[0]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import tempfile
 from pathlib import Path
 
@@ -27,35 +28,86 @@ if loaded is None:
     st.stop()
 
 choices = [s for s in SECTIONS if s != "findings"]
+MAX_BATCH, MAX_STEPS = 64, 300
+BATCH_LABEL, STEPS_LABEL = "Batch size of the example inputs", "Attribution steps (integrating methods)"
+ANY_SIZE = "Attribute models of any size on the CPU"
+# What the library says to a caller, and the control on this page that does the same.
+PAGE_WORDS = {
+    "pass backward=True for one backward pass": "tick **Run one backward pass for gradient norms**",
+    "pass attribution_cpu_max_bytes=None (and perhaps a small attribution_steps) to run it here":
+        f"tick **{ANY_SIZE}** (and perhaps lower **{STEPS_LABEL}**) to run it here",
+    "the Labs page (or lab=..., lab_progress=...) adds them":
+        "check an answer on the **Labs** page, then build the report again",
+}
+
+
+_API = re.compile("|".join(map(re.escape, PAGE_WORDS)))
+
+
+def page_words(note: str) -> str:
+    """A section's note as Markdown, library arguments replaced by the controls of this page."""
+    out, pos = [], 0
+    for m in _API.finditer(note):
+        out += [markdown_text(note[pos:m.start()]), PAGE_WORDS[m.group()]]
+        pos = m.end()
+    return "".join([*out, markdown_text(note[pos:])])
+
+
 with st.form("report_options"):
     picked = st.multiselect("Sections", choices, default=choices, format_func=SECTION_TITLES.get,
                             help="The findings list is always included, at the top.")
     left, right = st.columns(2)
-    batch_size = left.number_input("Batch size of the example inputs", min_value=1, max_value=64,
-                                   value=2, step=1)
+    batch_size = left.number_input(BATCH_LABEL, min_value=1, value=2, step=1, help=f"1 to {MAX_BATCH}")
     backward = right.checkbox("Run one backward pass for gradient norms", value=False,
                               help="The model's earlier .grad values are put back afterwards.")
     max_memory = left.text_input("Device budget for a device-map plan (optional)",
                                  placeholder="0=20GiB,1=20GiB,cpu=64GiB", key="report_budget")
-    steps = right.number_input("Attribution steps (integrating methods)", min_value=1, max_value=300,
-                               value=50, step=1, help="Fewer steps are faster on big models on a CPU.")
+    steps = right.number_input(STEPS_LABEL, min_value=1, value=50, step=1,
+                               help=f"1 to {MAX_STEPS}. Fewer steps are faster on big models on a CPU.")
+    any_size = right.checkbox(ANY_SIZE, value=False, key="report_any_size",
+                              help="By default models over 64 MiB on a CPU are left out of the attribution "
+                                   "section: it runs about 50 forward and backward passes.")
     submitted = st.form_submit_button("Build report", type="primary")
 
 if submitted:
-    st.session_state["report_request"] = (tuple(picked), int(batch_size), bool(backward),
-                                          max_memory.strip() or None, int(steps))
+    if not 1 <= batch_size <= MAX_BATCH:
+        st.error(f"A batch of {int(batch_size):,} example inputs is too many: choose 1 to {MAX_BATCH} in "
+                 f"**{BATCH_LABEL}** and press **Build report** again.")
+    elif not 1 <= steps <= MAX_STEPS:
+        st.error(f"{int(steps):,} attribution steps are too many: choose 1 to {MAX_STEPS} in "
+                 f"**{STEPS_LABEL}** and press **Build report** again.")
+    else:
+        st.session_state["report_request"] = (tuple(picked), int(batch_size), bool(backward),
+                                              max_memory.strip() or None, int(steps), bool(any_size))
 
 request = st.session_state.get("report_request")
 if request is None:
     st.info("Choose the sections and press **Build report**.")
     st.stop()
 
-sections, batch_size, backward, max_memory, steps = request
+sections, batch_size, backward, max_memory, steps, any_size = request
 report = None
-with guarded("building the report"), st.spinner("Running the analyses…"):
-    report = cached_analysis(build_report, loaded, list(sections), cache_scope="session",
-                             batch_size=batch_size, backward=backward, max_memory=max_memory,
-                             attribution_steps=steps)
+with guarded("building the report"):
+    bar = st.progress(0.0, text="Running the analyses…")
+    total = len(sections)
+    done: list[str] = []
+
+    def progress(line: str) -> None:
+        """build_report calls this before each section (and after a slow one, with its time)."""
+        if line.startswith("report section") and " took " not in line:
+            done.append(line)
+            bar.progress(min(len(done) - 1, total) / max(total, 1),
+                         text=f"Section {len(done)} of {total}: {line.partition(': ')[2]}…")
+
+    extra = {"attribution_cpu_max_bytes": None} if any_size else {}
+    # This session's gradients (Flatten map's backward pass), never another session's .grad.
+    mine = st.session_state.get("offsets_grads", {}).get(st.session_state["mi_selection"].key)
+    grads = mine.grads if mine is not None else {}
+    # The lambda keeps the callback and the gradients out of the cache key (cache_key stands for them).
+    report = cached_analysis(lambda *a, **k: build_report(*a, progress=progress, gradients=grads, **k), loaded,
+                             list(sections), cache_scope="session", cache_key=id(mine), batch_size=batch_size,
+                             backward=backward, max_memory=max_memory, attribution_steps=steps, **extra)
+    bar.empty()
 if report is None:
     st.stop()
 
@@ -67,7 +119,7 @@ c3.metric("Info", counts["info"])
 c4.metric("Sections", sum(1 for s in report.sections if s.status == "ok"))
 for s in report.sections:
     if s.status != "ok":
-        (st.error if s.status == "error" else st.warning)(f"{s.title}: {s.status} — {markdown_text(s.note)}")
+        (st.error if s.status == "error" else st.warning)(f"{s.title}: {s.status} — {page_words(s.note)}")
 
 stem = f"report-{loaded.name}".replace("/", "_").replace(":", "_")
 st.subheader("Download")

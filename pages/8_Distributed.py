@@ -7,6 +7,7 @@ import streamlit as st
 from inspector.distributed import parse_run, read_run, unique_findings
 from inspector.distributed.report import run_report
 from inspector.distributed.run import rank_issues
+from inspector.escaping import markdown_text
 from inspector.figures.distributed import grad_norm_figure, memory_figure
 from ui.errors import guarded
 from ui.sidebar import model_picker
@@ -66,13 +67,13 @@ st.subheader("One rank")
 rank = st.selectbox("Rank", sorted(run.per_rank["rank"].unique().tolist()), key="dist_rank")
 issues = rank_issues(run, int(rank))
 if len(issues):
-    st.warning(f"Rank {rank} stands out at {len(issues)} (step, tensor) places.")
+    st.warning(f"Rank {markdown_text(rank)} stands out at {len(issues)} (step, tensor) places.")
     st.dataframe(issues, hide_index=True, width="stretch")
 else:
-    st.success(f"Rank {rank} agrees with its replicas and has finite gradients at every step.")
+    st.success(f"Rank {markdown_text(rank)} agrees with its replicas and has finite gradients at every step.")
 st.dataframe(run.per_rank[run.per_rank["rank"] == rank], hide_index=True, width="stretch")
 
-st.subheader(f"Tensors at step {step}")
+st.subheader(f"Tensors at step {markdown_text(step)}")
 paged_table(run.tensors_at(step).drop(columns=["mesh"]).astype(str), key="dist_tensors")
 
 report = run_report(run)

@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from . import fsdp
 from .gpt import GPT, GPTConfig, example_tokens, next_token_loss
 from .llama import Llama, LlamaConfig
 from .small import AdapterMLP, ConvNet, SplitBlockNet
@@ -117,6 +118,16 @@ SAMPLES: dict[str, Sample] = {s.name: s for s in [
         _seeded(SplitBlockNet),
         lambda b: torch.randn(b, 16, 64, generator=torch.Generator().manual_seed(0)),
         _regression_loss,
+    ),
+    Sample(
+        "fsdp-mlp",
+        "A residual MLP laid out for FSDP2 (a stem, two pre-norm blocks that are the fully_shard "
+        "units, a head; 18,282 parameters, every sharded dimension even) with a replicated buffer "
+        "scale. The same model as sample_models/fsdp.py:build, which torchrun -m inspector "
+        "distributed shards; here it runs in one process.",
+        _seeded(fsdp.FSDPNet),
+        fsdp.example_inputs,
+        fsdp.loss,
     ),
     Sample(
         "llama-70b-meta",

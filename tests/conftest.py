@@ -72,6 +72,8 @@ def world2(tmp_path_factory):
     """
     import json
     import socket
+    import sys
+    import types
 
     import torch.multiprocessing as mp
     from distributed_worker import worker
@@ -80,5 +82,12 @@ def world2(tmp_path_factory):
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     out = tmp_path_factory.mktemp("world2")
-    mp.spawn(worker, args=(2, port, str(out)), nprocs=2, join=True)
+    # The spawned ranks re-run the parent's ``__main__`` unless it is a bare module; after an
+    # AppTest that would be a page script left behind by streamlit.
+    main = sys.modules["__main__"]
+    sys.modules["__main__"] = types.ModuleType("__main__")
+    try:
+        mp.spawn(worker, args=(2, port, str(out)), nprocs=2, join=True)
+    finally:
+        sys.modules["__main__"] = main
     return out, [json.loads((out / f"rank{r}.json").read_text()) for r in (0, 1)]

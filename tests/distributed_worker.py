@@ -60,7 +60,7 @@ def _cli(rank: int, world: int, port: int, out: Path) -> dict:
 def _fsdp_checks(rank: int, out: Path) -> dict:
     import inspector
     from inspector.distributed import check_step
-    from inspector.offsets import gradient_report
+    from inspector.offsets import gradient_norms, gradient_report
 
     res: dict = {}
     model = _fsdp_model()
@@ -73,7 +73,19 @@ def _fsdp_checks(rank: int, out: Path) -> dict:
     res["local_norms_direct"] = {n: float(torch.linalg.vector_norm(p.grad.to_local()))
                                  for n, p in model.named_parameters()}
     res["check_total"] = check_step(model, 0, path=None).record["global"]["grad_norm"]
-    _try(res, "explicit_grads", lambda: gradient_report(model, grads={}))
+    named = dict(model.named_parameters())
+    explicit = gradient_report(model, grads={n: p.grad for n, p in named.items()})
+    res["explicit_total"] = explicit.total_norm
+    res["explicit_local"] = explicit.by_parameter["local_norm"].tolist()
+    # only fc1's gradients given (as DTensors, as torch.autograd.grad returns them)
+    fc1 = {n: p.grad for n, p in named.items() if ".fc1." in n}
+    res["fc1_total"] = gradient_report(model, grads=fc1).total_norm
+    res["fc1_direct"] = math.sqrt(sum(float(torch.linalg.vector_norm(g.full_tensor())) ** 2 for g in fc1.values()))
+    _try(res, "explicit_local_piece", lambda: gradient_report(model, grads={"stem.weight": named["stem.weight"]
+                                                                          .grad.to_local()}))
+    # per parameter then per module: two passes, every rank makes both
+    res["norms_twice"] = [gradient_norms(model)["norm"].tolist()[:2],
+                          gradient_norms(model, by="module")["norm"].tolist()[:1]]
     res["clip_total"] = float(torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=math.inf))
 
     table = inspector.offset_map(model)
@@ -105,7 +117,7 @@ def _fsdp_checks(rank: int, out: Path) -> dict:
         from sample_models.fsdp import example_inputs, loss
 
         loaded = LoadedModel(model, "fsdp", "sample_models/fsdp.py:build", inputs_fn=example_inputs, loss_fn=loss)
-        rep = inspector.build_report(loaded, conversions=[])
+        rep = inspector.build_report(loaded, conversions=[], attribution_steps=4)
         return {s.id: [s.status, s.note] for s in rep.sections}
     _try(res, "report", report_sections)
 
@@ -177,6 +189,31 @@ def _tp_checks(rank: int, world: int) -> dict:
     return res
 
 
+def _strided_checks(rank: int, world: int) -> dict:
+    """A (8, 2) parameter placed as FSDP2 places one over tensor parallelism: _StridedShard(0, split_factor=2);
+    each rank holds 4 rows (rank 0 rows 0-1 and 4-5), 8 elements, 32 bytes, in two blocks."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import distribute_tensor
+    from torch.distributed.tensor.placement_types import _StridedShard
+
+    import inspector
+    from inspector.distributed.analyses import rank_bytes
+    from inspector.offsets import gradient_report
+
+    mesh = init_device_mesh("cpu", (world,))
+    model = nn.Module()
+    full = torch.arange(16, dtype=torch.float32).reshape(8, 2)
+    model.w = nn.Parameter(distribute_tensor(full, mesh, [_StridedShard(0, split_factor=2)]))
+    model.w.grad = distribute_tensor(full, mesh, [_StridedShard(0, split_factor=2)])
+    table = inspector.offset_map(model)
+    placement = inspector.placement_table(model)
+    return {"grad_total": gradient_report(model).total_norm, "local_rows": model.w.to_local()[:, 0].div(2).int().tolist(),
+            "offsets": table[["name", "numel", "local_numel", "piece_start", "piece_end"]].values.tolist(),
+            "bytes_per_rank": {str(k): v for k, v in placement["bytes_per_rank"].iloc[0].items()},
+            "local_bytes": int(placement["local_bytes"].iloc[0]), "sharded": bool(placement["sharded"].iloc[0]),
+            "rank_bytes": rank_bytes(placement).values.tolist()}
+
+
 def worker(rank: int, world: int, port: int, out: str) -> None:
     out_dir = Path(out)
     torch.manual_seed(0)
@@ -190,6 +227,7 @@ def worker(rank: int, world: int, port: int, out: str) -> None:
         seconds["fsdp"] = time.perf_counter() - start - sum(seconds.values())
         results["tp"] = _tp_checks(rank, world)
         seconds["tp"] = time.perf_counter() - start - sum(seconds.values())
+        _try(results, "strided", lambda: _strided_checks(rank, world))
     finally:
         dist.destroy_process_group()
     results["seconds"] = seconds

@@ -9,6 +9,7 @@ import pytest
 import torch
 from streamlit.testing.v1 import AppTest
 
+from inspector.summary import format_count
 from sample_models import SAMPLES
 from ui.models import Selection, get_loaded
 
@@ -69,7 +70,9 @@ def test_every_sample_loads_through_the_picker(name):
     assert sel.source == f"sample:{name}"
     assert sel.device == ("meta" if SAMPLES[name].meta_only else "cpu")
     expected = sum(p.numel() for p in get_loaded(sel).model.parameters())  # the cached object
-    assert metric(at, "Parameter elements") == f"{expected:,}"
+    shown = next(m for m in at.metric if m.label == "Parameter elements")
+    assert shown.value == format_count(expected)  # short above a million ("124.4 M")...
+    assert shown.proto.help.startswith(f"{expected:,}")  # ...and exact in its help
     # The choice survives a rerun and the button says it is loaded.
     at.run()
     assert at.session_state["mi_selection"] == sel
@@ -322,3 +325,40 @@ def test_leaving_a_structure_only_sample_goes_back_to_the_cpu():
     load(at)
     assert not at.exception and not errors(at)
     assert at.session_state["mi_selection"] == Selection("sample:cnn-bn", None, "cpu", None)
+
+
+def test_home_findings_name_the_alias_and_views_have_titles():
+    at = run_app()
+    findings = next(df.value for df in at.dataframe if "code" in df.value.columns)
+    row = findings[findings["code"] == "aliases-present"].iloc[0]
+    assert row["where"] == "lm_head.weight"
+    assert "lm_head.weight is transformer.wte.weight" in row["message"]
+    links = [link.proto.label for link in at.get("page_link")]
+    assert links[:3] == ["Alias graph", "Flatten map & gradients", "Device map"]
+
+
+def test_big_counts_fit_and_stay_exact_in_help():
+    at = run_app(model="sample:llama-70b-meta", device="meta")
+    assert not at.exception and not errors(at)
+    shown = next(m for m in at.metric if m.label == "Parameter elements")
+    assert shown.value == "69.0 B" and shown.proto.help.startswith("68,976,648,192")
+    table = next(df for df in at.dataframe if "elements" in df.value.columns)
+    assert table.value["elements"].tolist() == [68_976_648_192, 64]  # parameters, the rotary buffer
+    assert table.value["size"].tolist()[0] == "257.0 GiB"
+    # every column is wide enough for its widest value, written with thousands separators
+    import json
+
+    widths = {c: cfg.get("width") for c, cfg in json.loads(table.proto.columns).items()}
+    assert widths["elements"] >= len("68,976,648,192") * 8 and widths["bytes"] >= len("275,906,592,768") * 8
+
+
+def test_device_picker_value_is_the_device_name():
+    from inspector.devices import available_devices
+
+    at = run_app()
+    picker = at.selectbox(key="mi_device_any")
+    assert picker.value == "cpu" and picker.options[0] == "cpu"  # the label carries no live memory
+    captions = " ".join(c.value for c in at.sidebar.caption)
+    if not any(d.kind in ("cuda", "mps") for d in available_devices()):
+        assert "No GPU found on this server" in captions
+    assert "free on cpu" in captions

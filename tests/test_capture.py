@@ -397,7 +397,10 @@ def test_figures_histogram_heatmap_and_clone_vs_bare(cnn):
     # conv1 (2, 8, 16, 16): 4096 values in the histogram
     assert histogram_data(cap.outputs["conv1"])["count"].sum() == 4096
     hist = capture_histogram(cap.outputs["conv1"], reference=cap.references["conv1"])
-    assert len(hist.data) == 2 and sum(hist.data[1].y) == 4096
+    # the reference is a step outline over the same bins (its last point repeats the last bin)
+    assert len(hist.data) == 2 and sum(hist.data[1].y[:-1]) == 4096
+    # legend swatches are the colours drawn: solid bars, an unblended outline
+    assert hist.data[0].marker.color != hist.data[1].line.color and hist.data[0].opacity is None
     # convolution maps: samples x per-channel means; sequences: tokens x channels of sample 0
     m, rows, _ = heatmap_slice(cap.outputs["conv2"])
     assert tuple(m.shape) == (2, 16) and rows == "sample"

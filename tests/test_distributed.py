@@ -40,7 +40,16 @@ def test_global_gradient_norm_equals_clip_grad_norm(world2):
         assert res["report_total"] == pytest.approx(res["clip_total"], rel=1e-6)
         assert res["check_total"] == pytest.approx(res["clip_total"], rel=1e-6)
         assert res["module_names"][0] == "(model)" and res["module_norms"][0] == res["report_total"]
-        assert res["explicit_grads"]["error"].startswith("InspectorError: gradients passed explicitly")
+        # explicit DTensor gradients: the same pass, the same numbers
+        assert res["explicit_total"] == res["report_total"]
+        assert res["explicit_local"] == [row[2] for row in res["report_rows"]]
+        assert res["fc1_total"] == pytest.approx(res["fc1_direct"], rel=1e-6)
+        assert res["fc1_total"] < res["report_total"]
+        assert res["explicit_local_piece"]["error"].startswith(
+            "InspectorError: the gradient given for stem.weight has shape (16, 32), but the parameter has "
+            "shape (32, 32) (the parameter is a DTensor")
+        rows = _rows(res["report_rows"])
+        assert res["norms_twice"] == [[rows["stem.weight"][1], rows["stem.bias"][1]], [res["report_total"]]]
         local = {row[0]: row[2] for row in res["report_rows"]}
         assert local == pytest.approx(res["local_norms_direct"], rel=1e-6)
     # the global per-parameter norms agree between ranks, the local ones do not
@@ -141,3 +150,16 @@ def test_report_of_a_run_file_has_a_section_per_rank(world2, tmp_path, fmt):
         assert "| 2 | scale | differs from its replicas |" in text
     else:
         assert 'id="section-rank-1"' in text and "Gradient norm per rank" in text
+
+
+def test_strided_shard_sizes_and_unknown_ranges(world2):
+    # FSDP2 over tensor parallel: _StridedShard(0, split_factor=2) of an (8, 2) float32 tensor on 2 ranks:
+    # 4 rows each (rank 0 rows 0, 1, 4, 5), 8 elements, 32 bytes, in two blocks (no one range)
+    _, ranks = world2
+    for rank, res in enumerate(r["strided"] for r in ranks):
+        assert res["local_rows"] == ([0, 1, 4, 5] if rank == 0 else [2, 3, 6, 7])
+        assert res["offsets"] == [["w", 16, 8, -1, -1]]
+        assert res["bytes_per_rank"] == {"0": 32, "1": 32}
+        assert res["local_bytes"] == 32 and res["sharded"]
+        assert res["rank_bytes"] == [[0, 32, 32, 0], [1, 32, 32, 0]]
+        assert res["grad_total"] == pytest.approx(math.sqrt(sum(i * i for i in range(16))))  # sqrt(1240)

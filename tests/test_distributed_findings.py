@@ -114,3 +114,19 @@ def test_command_refuses_bad_input_with_exit_2(tmp_path, capsys):
     assert "argument --steps: must be a whole number of at least 1, got 0" in capsys.readouterr().err
     assert main(["distributed", "sample:llama-70b-meta", "-o", str(tmp_path / "r")]) == 2
     assert "meta device" in capsys.readouterr().err
+
+
+def test_fsdp_sample_is_the_file_model_and_runs_by_name(tmp_path):
+    from inspector.__main__ import main
+    from inspector.distributed import read_run
+    from sample_models import SAMPLES
+
+    assert "fsdp-mlp" in SAMPLES and not SAMPLES["fsdp-mlp"].meta_only
+    by_name, by_file = tmp_path / "name.jsonl", tmp_path / "file.jsonl"
+    assert main(["distributed", "sample:fsdp-mlp", "--shard", "none", "--steps", "1", "-o", str(by_name)]) == 0
+    assert main(["distributed", "sample_models/fsdp.py:build", "--shard", "none", "--steps", "1",
+                 "-o", str(by_file)]) == 0
+    # the same seeded weights and batch: the same gradient norm, bit for bit
+    name_run, file_run = read_run(by_name), read_run(by_file)
+    assert name_run.steps["grad_norm"].tolist() == file_run.steps["grad_norm"].tolist()
+    assert name_run.per_rank["param_numel"].tolist() == [18282]

@@ -1,4 +1,4 @@
-"""Gradient norms from one pass: explicit gradients, the per-model cache, the reduce seam."""
+"""Gradient norms from one pass: explicit gradients, fresh numbers on every call, the reduce seam."""
 
 from __future__ import annotations
 
@@ -85,27 +85,37 @@ def test_explicit_gradients_name_checks(tiny_gpt2):
         gradient_report(tiny_gpt2, grads={"lm_head.weight": [1.0]})
 
 
-def test_both_tables_come_from_one_pass_and_changes_are_seen():
+def test_gradient_report_gives_both_tables_from_one_pass():
     model = two_layers()
     model[0].weight.grad = torch.tensor([[3.0, 4.0]])
     model[1].weight.grad = torch.tensor([[12.0]])
     with CountNorms() as counter:
-        by_param = gradient_norms(model)
-        by_module = gradient_norms(model, by="module")
+        report = gradient_report(model)
     assert counter.calls == 1
-    assert by_param["norm"].tolist() == [5.0, 12.0]
-    assert by_module.set_index("name").loc["(model)", "norm"] == 13.0
-    by_param.loc[0, "norm"] = -1.0  # the caller's copy: the next call is not affected
+    assert report.by_parameter["norm"].tolist() == [5.0, 12.0]
+    assert report.by_module.set_index("name").loc["(model)", "norm"] == 13.0
+
+
+def test_every_call_sees_the_gradients_as_they_are_now():
+    model = two_layers()
+    model[0].weight.grad = torch.tensor([[3.0, 4.0]])
+    model[1].weight.grad = torch.tensor([[12.0]])
     assert gradient_norms(model)["norm"].tolist() == [5.0, 12.0]
-    model[1].weight.grad.mul_(7)  # in place: the version counter moves
-    assert gradient_norms(model)["norm"].tolist() == [5.0, 84.0]
-    model[1].weight.grad = torch.tensor([[0.0]])  # a new tensor
-    assert gradient_norms(model)["norm"].tolist() == [5.0, 0.0]
+    # hand-written clipping through .data: the version counter does not move
+    version = model[0].weight.grad._version
+    model[0].weight.grad.data.mul_(2)
+    assert model[0].weight.grad._version == version
+    assert gradient_norms(model)["norm"].tolist() == [10.0, 12.0]
+    assert gradient_norms(model, by="module").set_index("name").loc["0", "norm"] == 10.0
+    assert gradient_report(model).total_norm == pytest.approx(math.hypot(10.0, 12.0))
+    model[1].weight.grad.mul_(7)
+    assert gradient_norms(model)["norm"].tolist() == [10.0, 84.0]
+    model[1].weight.grad = torch.tensor([[0.0]])
+    assert gradient_norms(model)["norm"].tolist() == [10.0, 0.0]
     model[1].weight.requires_grad_(False)
     assert gradient_norms(model)["state"].tolist() == ["ok", "frozen"]
-    # another caller's explicit gradients are never mixed up with .grad
     assert gradient_norms(model, grads={"0.weight": torch.tensor([[6.0, 8.0]])})["norm"].tolist()[0] == 10.0
-    assert gradient_norms(model)["norm"].tolist()[0] == 5.0
+    assert gradient_norms(model)["norm"].tolist()[0] == 10.0
 
 
 def test_one_fused_norm_per_dtype_and_the_reduce_seam():

@@ -208,6 +208,16 @@ CLI_CASES: list[tuple[str, list[str], str]] = [
     ("devicemap-audit-missing", ["devicemap", "sample:tiny-gpt2", "--audit", "{root}/absent.json"],
      "does not exist"),
     ("devicemap-audit-not-json", ["devicemap", "sample:tiny-gpt2", "--audit", "{root}/map.json"], "write it like"),
+    ("distributed-gpu-index", ["distributed", "sample:tiny-gpt2", "--device", "cuda:1", "-o", "{root}/run.jsonl"],
+     "invalid choice: 'cuda:1'"),
+    ("distributed-unknown-device", ["distributed", "sample:tiny-gpt2", "--device", "foo", "-o", "{root}/run.jsonl"],
+     "invalid choice: 'foo'"),
+    ("distributed-nan-lr", ["distributed", "sample:tiny-gpt2", "--lr", "nan", "-o", "{root}/run.jsonl"],
+     "must be a finite number above 0, got nan"),
+    ("distributed-negative-lr", ["distributed", "sample:tiny-gpt2", "--lr=-0.1", "-o", "{root}/run.jsonl"],
+     "must be a finite number above 0, got -0.1"),
+    ("distributed-word-lr", ["distributed", "sample:tiny-gpt2", "--lr", "fast", "-o", "{root}/run.jsonl"],
+     "must be a number, got 'fast'"),
     ("no-source", ["summary"], "required: source"),
     ("unknown-command", ["explode", "sample:tiny-gpt2"], "invalid choice"),
 ]
@@ -462,3 +472,32 @@ def test_names_with_terminal_escapes_print_as_visible_text(files, tmp_path, caps
     out, err = capsys.readouterr()
     assert "unexpected-key" in out and "\\x1b]8;;http://evil/x" in out
     assert not any(c in out + err for c in "\x1b\r")
+
+
+_NOISY = '''
+import sys
+from torch import nn
+
+
+def noisy():
+    sys.stderr.write("loading 50%|#####     |\\r")  # a progress bar, as tqdm draws it
+    sys.stderr.flush()
+    assert sys.stderr.encoding is not None and callable(sys.stderr.isatty)
+    return nn.Linear(2, 2)
+
+
+def loud():
+    raise ValueError("\\x1b[31mred\\x1b]8;;http://evil/x\\x1b\\\\")
+'''
+
+
+def test_the_model_code_own_output_is_left_alone_and_names_are_escaped(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("INSPECTOR_MODEL_DIRS", str(tmp_path))
+    (tmp_path / "noisy.py").write_text(_NOISY, encoding="utf-8")
+    assert main(["summary", f"{tmp_path}/noisy.py:noisy"]) == 0
+    out, err = capsys.readouterr()
+    assert "loading 50%|#####     |\r" in err and "\\x0d" not in err
+    assert main(["summary", f"{tmp_path}/noisy.py:loud", "--debug"]) == 2
+    out, err = capsys.readouterr()
+    assert "Traceback" in err and "\\x1b[31mred" in err
+    assert "\x1b" not in out + err

@@ -103,3 +103,21 @@ def test_quick_target_info_matches_the_full_forward():
     # decides, (1, 5, 5): 5 targets at 5 positions.
     odd = LoadedModel(_DropLast(), "drop-last", "test", inputs_fn=lambda b: torch.zeros(b, 6, dtype=torch.long))
     assert quick_target_info(odd) == target_info(odd) == TargetInfo(5, 5)
+
+
+def _status_labels(at: AppTest) -> list[str]:
+    return [e.label for e in at.get("status")]
+
+
+def test_layer_ig_on_cnn_defaults_to_a_layer_that_runs_and_a_failure_ends_the_status():
+    at = _run("sample:cnn-bn")
+    at.selectbox(key="attr_method").set_value("layer_ig").run()
+    assert not at.exception and not at.error, [e.value for e in at.error]
+    # conv1 is overwritten in place by relu1, which Layer IG cannot attribute: conv2 is the default
+    assert at.selectbox(key="attr_layer_layer_ig").value == "conv2"
+    assert any(label.endswith(": done") for label in _status_labels(at))
+    at.selectbox(key="attr_layer_layer_ig").set_value("conv1").run()
+    assert not at.exception
+    assert any("relu1" in e.value for e in at.error)
+    labels = _status_labels(at)
+    assert any("failed" in label for label in labels) and not any("Running" in label for label in labels)

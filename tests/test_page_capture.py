@@ -40,6 +40,9 @@ def test_unknown_module_and_zero_budget():
     assert not at.exception and not at.error
     assert at.metric[0].value == "0"  # nothing captured
     assert at.metric[3].value == "7"  # every module listed as skipped
+    assert not at.success  # no "nothing was changed in place": conv1 and bn2 are, but were not captured
+    assert any(w.value.startswith("Nothing was captured: the byte budget of 0 MiB left out all 7") and
+               "**Budget (MiB)**" in w.value for w in at.warning)
     assert "capture-budget-zero" in set(at.dataframe[-1].value["code"])
 
 

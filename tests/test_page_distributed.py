@@ -51,3 +51,22 @@ def test_sidebar_lists_and_loads_a_distributed_checkpoint_folder(world2):
     assert "Distributed checkpoint: 19 entries in 37 pieces" in captions
     listing = at.sidebar.dataframe[0].value
     assert listing.set_index("name").loc["stem.weight", "pieces"] == "2"
+
+
+def test_an_uploaded_run_file_is_shown_and_a_bad_one_is_named(world2):
+    out, _ = world2
+    at = run_page("8_Distributed.py")
+    assert [i.value for i in at.info] == ["Choose a run file to see it."]
+    data = (out / "planted.jsonl").read_bytes()
+    at.file_uploader(key="dist_upload").upload("planted.jsonl", data).run()
+    assert not at.exception and not at.error, [e.value for e in at.error]
+    assert [m.value for m in at.metric] == ["2", "gloo", "2", "2"]
+    at.selectbox(key="dist_rank").set_value(1).run()
+    assert at.warning[0].value == "Rank 1 stands out at 2 (step, tensor) places."
+    # the upload wins over a server path typed beside it; a file that is no run is named
+    at.text_input(key="dist_path").set_value(str(out / "run.jsonl"))
+    at.file_uploader(key="dist_upload").upload("notes.jsonl", b'{"step": 1}\n').run()
+    assert not at.exception
+    assert [e.value for e in at.error] == [markdown_text(
+        'notes.jsonl line 1 is not a check_step record (no "format": "inspector-distributed")')]
+    assert len(at.metric) == 0  # the page stops before the figures

@@ -45,7 +45,7 @@ def test_complete_the_shifted_offsets_lab(monkeypatch):
     assert [s.value.split(":")[0] for s in at.success] == ["Right", "Right"]
     assert not at.error
     assert "2 of 2 tasks passed" in at.get("progress")[0].proto.text
-    assert any("✅ The shifted offsets (2/2)" in c.value for c in at.caption)
+    assert any(":green[:material/check_circle:] The shifted offsets (2/2)" in c.value for c in at.caption)
 
     # the lab report: Markdown right away, the report module's HTML on request
     at.text_input(key="lab_student").input("Ada").run()

@@ -12,7 +12,7 @@ PAGE = str(Path(__file__).resolve().parent.parent / "pages" / "2_Flatten_map.py"
 
 @pytest.fixture(autouse=True)
 def fresh_models():
-    """The backward button sets .grad on the cached (shared) model: drop it after each test."""
+    """Each test starts from freshly loaded models."""
     yield
     from ui.models import cached_model
 
@@ -57,6 +57,10 @@ def test_page_shows_maps_and_backward_button_fills_gradient_norms():
     m = _metrics(at)
     assert (m["ok"], m["no gradient"], m["frozen"], m["NaN / Inf"]) == ("16", "0", "0", "0")
     assert m["Whole-model norm"] != "—"
+    # the gradients are this session's: the shared model's .grad stays empty
+    from ui.models import Selection, get_loaded
+
+    assert all(p.grad is None for p in get_loaded(Selection()).model.parameters())
 
     at.number_input(key="offsets_index").set_value(4079).run()
     assert any("transformer.ln_f.bias[15]" in _text(s) for s in at.success)
@@ -86,7 +90,8 @@ def test_page_frozen_adapter_shows_the_shift():
 def test_page_on_meta_model_has_offsets_but_no_backward():
     at = _page("sample:llama-70b-meta", "meta")
     assert not at.exception, [e.value for e in at.exception]
-    assert _metrics(at)["Flat vector length"] == "68.98 B"  # 68,976,648,192
+    length = next(m for m in at.metric if m.label == "Flat vector length")
+    assert length.value == "69.0 B" and length.proto.help == "68,976,648,192 elements"
     assert at.button(key="offsets_backward").disabled
     assert any("meta device" in i.value for i in at.info)
 
@@ -102,3 +107,23 @@ def test_page_buffers_toggle_adds_buffer_rows_after_parameters():
     buffers = full[full["kind"] == "buffer"]
     assert buffers["name"].tolist() == ["bn2.running_mean", "bn2.running_var", "bn2.num_batches_tracked"]
     assert buffers["start"].tolist() == [1594, 1610, 1626]
+
+
+def test_sessions_keep_their_own_gradients():
+    """One session's backward pass is not seen by another session on the same cached model."""
+    a, b = _page(), _page()
+    a.button(key="offsets_backward").click().run()
+    assert _metrics(a)["ok"] == "16"
+    b.run()
+    assert not b.exception
+    m = _metrics(b)
+    assert (m["ok"], m["no gradient"], m["Whole-model norm"]) == ("0", "16", "—")
+    a.run()  # and a keeps its own after b ran
+    assert _metrics(a)["ok"] == "16"
+
+
+def test_round_trip_on_a_big_model_names_the_sidebar_not_an_argument():
+    at = _page("sample:gpt2-small")
+    assert not at.exception
+    note = next(i.value for i in at.info if "round trip" in i.value)
+    assert "124.4 M parameter elements" in note and "sidebar" in note and "max_elements" not in note

@@ -52,3 +52,23 @@ def test_report_page_every_section_with_a_budget():
     for title in ("## Findings", "## Summary", "## Alias groups and conversions", "## Device map: plan and audit",
                   "### Planned device map", "## Activation captures", "## Attributions"):
         assert title in preview, title
+
+
+def test_report_page_refuses_a_huge_batch_and_names_its_controls():
+    at = AppTest.from_file(PAGE, default_timeout=60)
+    at.run()
+    at.multiselect[0].set_value(["summary", "labs"])
+    at.number_input[0].set_value(100000)  # Batch size of the example inputs
+    at.button[0].click()
+    at.run()
+    assert not at.exception
+    assert any("100,000 example inputs is too many" in e.value and "**Batch size of the example inputs**"
+               in e.value for e in at.error)
+    assert "report_request" not in at.session_state  # nothing was built with it
+    at.number_input[0].set_value(2)
+    at.button[0].click()
+    at.run()
+    assert not at.error
+    # The skipped lab section says what to do on the pages, not which library argument to pass.
+    warning = next(w.value for w in at.warning if w.value.startswith("Lab results"))
+    assert "**Labs** page" in warning and "lab=" not in warning

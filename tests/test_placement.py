@@ -433,7 +433,14 @@ def test_treemap_buffers_findings_and_aggregation(split_block, llama):
     assert len(big.data[0].ids) <= 400
     assert "layers.7 [parameters]" in big.data[0].ids and "rotary_emb.inv_freq" in big.data[0].ids
     bars = usage_bars(plan_device_map_explained(split_block, SPLIT_BUDGET).usage)
-    assert list(bars.data[0].x) == ["0", "1", "cpu"] and list(bars.data[1].y) == [0, 4352, 0]
+    # one bar per device and kind, in the device's own colour (the same as in the treemap)
+    per_kind = {}
+    for t in bars.data:
+        if t.type == "bar" and t.showlegend is False:
+            per_kind.setdefault(t.name, {})[t.x[0]] = (t.y[0], t.marker.color)
+    assert list(per_kind["parameters"]) == ["0", "1", "cpu"]
+    assert [v for v, _ in per_kind["buffers"].values()] == [0, 4352, 0]
+    assert per_kind["buffers"]["1"][1] == tree.marker.colors[at["block.fc1.weight"]]  # GPU 1 in both
 
 
 def test_buffers_of_a_block_mostly_on_disk(split_block):

@@ -253,7 +253,7 @@ def test_tiny_gpt2_sections_hold_what_the_analyses_found(tiny_report):
     assert html.count('class="figure"') == n_figures == 5
 
 
-def test_backward_option_reports_gradients_and_puts_earlier_grads_back():
+def test_backward_option_reports_gradients_and_leaves_grad_alone():
     loaded = load_model("sample:frozen-adapter")
     first = next(p for p in loaded.model.parameters() if p.requires_grad)
     earlier = torch.full_like(first, 7.0)
@@ -267,7 +267,7 @@ def test_backward_option_reports_gradients_and_puts_earlier_grads_back():
                       "Gradient norms per parameter", "Gradient norms per module"]
     # 3 LoRA layers: 6 trainable (lora_A, lora_B) and 6 frozen (base weight, bias) parameters
     assert (offsets.facts["grad_ok"], offsets.facts["grad_frozen"]) == (6, 6)
-    assert "put back" in offsets.note
+    assert "no .grad was set" in offsets.note
     assert [f.title for f in offsets.figures] == ["Flat vector", "Gradient norm per layer"]
 
 
@@ -324,3 +324,18 @@ def test_a_section_that_raises_becomes_an_error_section_and_an_error_finding(mon
     assert (sid, first.code, first.severity) == ("labs", "report-section-failed", "error")
     assert report.section("summary").status == "ok"
     assert "**Error:** RuntimeError: analysis bug" in report.to_markdown()
+
+
+def test_gradients_option_reports_given_gradients_and_ignores_grad():
+    from inspector.loss_gradients import loss_gradients
+
+    loaded = load_model("sample:frozen-adapter")
+    mine = loss_gradients(loaded)
+    first = next(p for p in loaded.model.parameters() if p.requires_grad)
+    first.grad = torch.full_like(first, float("nan"))  # someone else's gradient on the shared model
+    offsets = build_report(loaded, ["offsets"], gradients=mine.grads).section("offsets")
+    assert (offsets.facts["grad_ok"], offsets.facts["grad_nonfinite"], offsets.facts["grad_frozen"]) == (6, 0, 6)
+    # an empty mapping means "no gradients in this session": .grad is not read either
+    empty = build_report(loaded, ["offsets"], gradients={}).section("offsets")
+    assert "grad_ok" not in empty.facts and "no gradients yet" in empty.note
+    assert "gradients" not in build_report(loaded, ["summary"], gradients={}).options

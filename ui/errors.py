@@ -14,7 +14,7 @@ from contextlib import contextmanager
 import streamlit as st
 
 from inspector.escaping import markdown_code, markdown_text
-from inspector.findings import Finding, InspectorError
+from inspector.findings import Finding, InspectorError, first_line
 
 log = logging.getLogger("model_inspector.ui")
 
@@ -27,7 +27,7 @@ def show_error(exc: BaseException, what: str = "") -> None:
         st.error(markdown_text(exc))
         return
     label = f" while {what}" if what else ""
-    text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    text = first_line(exc)
     if isinstance(exc, SystemExit):
         text = f"sys.exit({exc.code!r}) was called; the model's code must return or raise instead"
     log.error("unexpected error%s", label, exc_info=(type(exc), exc, exc.__traceback__))
@@ -46,8 +46,7 @@ def install_page_handler() -> None:
 
     Streamlit calls ``streamlit.error_util.show_uncaught_app_exception`` for an exception that
     leaves a page script; it is replaced, for this server process, by a function that shows
-    :func:`show_error`'s message and puts ``st.exception`` (the traceback) in a collapsed
-    expander. If drawing that fails, Streamlit's own display runs.
+    :func:`show_error`'s message and traceback. If drawing that fails, Streamlit's own display runs.
     """
     global _installed
     if _installed:
@@ -61,15 +60,7 @@ def install_page_handler() -> None:
             from streamlit.delta_generator_singletons import get_dg_singleton_instance
 
             with get_dg_singleton_instance().main_dg:
-                label = "running this page"
-                if isinstance(ex, InspectorError):
-                    st.error(markdown_text(ex))
-                else:
-                    text = str(ex).strip().splitlines()[0] if str(ex).strip() else ""
-                    st.error(markdown_text(f"Something went wrong while {label}: {type(ex).__name__}"
-                                           + (f": {text}" if text else "")))
-                with st.expander("Traceback (for a bug report)"):
-                    st.exception(ex)
+                show_error(ex, "running this page")
         except Exception:  # noqa: BLE001 - fall back to Streamlit's own display
             original(ex)
 

@@ -41,7 +41,7 @@ def progress() -> dict[str, dict[str, TaskRecord]]:
 
 def lab_label(lab: Lab) -> str:
     done = lab_done(lab, progress())
-    mark = "✅ " if done == len(lab.tasks) else ""
+    mark = ":green[:material/check_circle:] " if done == len(lab.tasks) else ""
     return f"{mark}{lab.title} ({done}/{len(lab.tasks)})"
 
 

@@ -11,6 +11,7 @@ The first run of a session also reads the URL: ``?model=sample:gpt2-small&device
 
 from __future__ import annotations
 
+import re
 import time
 
 import streamlit as st
@@ -51,6 +52,7 @@ def load_selection(wanted: Selection) -> LoadedModel | None:
 
     On failure the message is shown and the previous model stays selected.
     """
+    failure: BaseException | None = None
     with st.status(f"Loading {markdown_text(wanted.label)}…", expanded=True) as status:
         st.write(f"Source {markdown_code(wanted.source)}"
                  + (f", checkpoint {markdown_code(wanted.checkpoint)}" if wanted.checkpoint else ""))
@@ -58,19 +60,24 @@ def load_selection(wanted: Selection) -> LoadedModel | None:
         try:
             loaded = get_loaded(wanted)
         except (Exception, SystemExit) as exc:  # noqa: BLE001 - a failed load keeps the previous model
-            status.update(label="Loading failed; the previous model is still loaded", state="error")
-            show_error(exc, f"loading {wanted.label}")
-            st.session_state[_LAST_LOAD] = ("error", wanted.label)
-            return None
-        st.write(f"Built and placed on {markdown_code(loaded.device)} in {time.perf_counter() - t0:.1f} s.")
-        findings = sort_findings(loaded.findings)
-        for f in findings[:8]:
-            _severity_call(f)(finding_markdown(f))
-        if len(findings) > 8:
-            st.caption(f"…and {len(findings) - 8} more on the home page.")
-        if not findings:
-            st.write("Loading found nothing to report.")
-        status.update(label=f"Loaded {markdown_text(wanted.label)}", state="complete", expanded=bool(findings))
+            failure = exc
+            status.update(label=f"Loading {markdown_text(wanted.label)} failed; the previous model is still "
+                                "loaded", state="error", expanded=True)
+        else:
+            st.write(f"Built and placed on {markdown_code(loaded.device)} in {time.perf_counter() - t0:.1f} s.")
+            findings = sort_findings(loaded.findings)
+            for f in findings[:8]:
+                _severity_call(f)(finding_markdown(f))
+            if len(findings) > 8:
+                st.caption(f"…and {len(findings) - 8} more on the home page.")
+            if not findings:
+                st.write("Loading found nothing to report.")
+            status.update(label=f"Loaded {markdown_text(wanted.label)}", state="complete",
+                          expanded=bool(findings))
+    if failure is not None:  # the reason stands outside the status box, so it is never folded away
+        show_error(failure, f"loading {wanted.label}")
+        st.session_state[_LAST_LOAD] = ("error", wanted.label)
+        return None
     st.session_state[SELECTION] = wanted
     st.session_state[_LAST_LOAD] = ("ok", wanted.label)
     return loaded
@@ -92,8 +99,28 @@ def _apply_query_params() -> None:
         load_selection(wanted)
 
 
-def _device_label(devices: list[DeviceInfo], name: str) -> str:
-    return next((d.label for d in devices if d.name == name), name)
+_FREE = re.compile(r"\s*\([\d.]+ of [\d.]+ GiB free\)")
+
+
+def device_label(devices: list[DeviceInfo], name: str) -> str:
+    """The picker's label for a device: fixed text, without the live free memory.
+
+    The widget's value stays the device name; a label that changed between two runs (free
+    memory does) would no longer match the option the browser sent back.
+
+    >>> device_label([DeviceInfo("cpu", "cpu (20.0 of 23.5 GiB free)", "cpu")], "cpu")
+    'cpu'
+    """
+    label = next((d.label for d in devices if d.name == name), name)
+    return "meta (structure only)" if name == "meta" else _FREE.sub("", label)
+
+
+def _memory_caption(devices: list[DeviceInfo], name: str) -> str:
+    info = next((d for d in devices if d.name == name), None)
+    free = "" if info is None or info.free_bytes is None or info.total_bytes is None else \
+        f"{format_bytes(info.free_bytes)} of {format_bytes(info.total_bytes)} free on {name}. "
+    gpus = [d for d in devices if d.kind in ("cuda", "mps")]
+    return free + ("" if gpus else "No GPU found on this server: cpu and meta only.")
 
 
 def _source_inputs(sel: Selection) -> tuple[str, bool]:
@@ -162,10 +189,13 @@ def model_picker() -> LoadedModel | None:
         default_dev = ("meta" if meta_only else
                        "cpu" if was_meta_only or sel.device not in names else sel.device)
         device = st.selectbox("Device", names, index=names.index(default_dev),
-                              format_func=lambda n: _device_label(devices, n),
+                              format_func=lambda n: device_label(devices, n),
                               key=f"mi_device_{'meta' if meta_only else 'any'}",
-                              help="Every device here with its free memory; meta keeps the "
-                                   "structure without any memory (structure views only).")
+                              help="Every device on this server; meta keeps the structure without "
+                                   "any memory (structure views only).")
+        if device not in names:  # never a label: fall back to the device it names, or the default
+            device = next((n for n in names if str(device).startswith(n)), default_dev)
+        st.caption(_memory_caption(devices, device))
         dtypes = [AS_BUILT, *DTYPES]
         dtype = st.selectbox("Dtype", dtypes, index=dtypes.index(sel.dtype) if sel.dtype in dtypes else 0,
                              key="mi_dtype")
@@ -173,12 +203,13 @@ def model_picker() -> LoadedModel | None:
         wanted = Selection(source, checkpoint, device, None if dtype == AS_BUILT else dtype)
         changed = wanted != sel
         slot = st.empty()
-        if slot.button("Load model" if changed else "Loaded ✓", type="primary" if changed else "secondary",
+        if slot.button("Load model" if changed else "Loaded", type="primary" if changed else "secondary",
+                       icon=None if changed else ":material/check:",
                        disabled=not changed, key="mi_load", width="stretch"):
             if not source:
                 st.error("Give a source first: a sample, a `file.py:factory` or a model folder.")
             elif load_selection(wanted) is not None:
-                slot.button("Loaded ✓", disabled=True, key="mi_loaded_now", width="stretch")
+                slot.button("Loaded", icon=":material/check:", disabled=True, key="mi_loaded_now", width="stretch")
         sel = current_selection()
         loaded = None
         with guarded("loading the model"):

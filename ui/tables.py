@@ -12,6 +12,61 @@ from inspector.findings import Finding, sort_findings
 
 PAGE_SIZE = 50
 SEVERITY_BADGE = {"error": "red", "warning": "orange", "info": "blue"}
+CHAR_PX = 8        # width of one character of the grid's 14 px font, rounded up
+CELL_PAD_PX = 30   # cell padding plus room for the sort arrow in the header
+MAX_FIT_PX = 480   # wider text columns scroll inside their cell rather than push the table
+MESSAGE_PX = 560   # width of a findings message column
+LINE_PX = 21       # one wrapped line of grid text
+
+
+def cell_text(value) -> str:
+    """How the grid writes a value (numbers with thousands separators, as the columns are formatted)."""
+    if isinstance(value, bool) or value is None:
+        return str(value)
+    if isinstance(value, int):
+        return f"{value:,}"
+    if isinstance(value, float):
+        return "" if math.isnan(value) else f"{value:,.4g}" if abs(value) < 1e6 else f"{value:,.0f}"
+    return str(value)
+
+
+def fit_columns(df: pd.DataFrame, column_config: dict | None = None) -> dict:
+    """Column settings that make every column wide enough for its header and its widest value.
+
+    Integer columns show thousands separators (``68,976,648,192``) and are never clipped;
+    text columns are fitted up to ``MAX_FIT_PX``. Settings given in ``column_config`` win;
+    a width is only added where none was given.
+
+    >>> cfg = fit_columns(pd.DataFrame({"elements": [68_976_648_192]}))
+    >>> cfg["elements"]["width"] >= len("68,976,648,192") * CHAR_PX, cfg["elements"]["type_config"]["format"]
+    (True, 'localized')
+    """
+    out = dict(column_config or {})
+    for col in df.columns:
+        given = out.get(col)
+        if isinstance(given, dict) and given.get("width") is not None or given is None and col in out:
+            continue
+        values = df[col]
+        is_int = pd.api.types.is_integer_dtype(values) and not pd.api.types.is_bool_dtype(values)
+        header = given.get("label") if isinstance(given, dict) and given.get("label") else col
+        widest = max([len(str(header)), *(len(cell_text(v)) for v in values.head(500))])
+        px = widest * CHAR_PX + CELL_PAD_PX
+        if not is_int:
+            px = min(px, MAX_FIT_PX)
+        if isinstance(given, dict):
+            out[col] = {**given, "width": px}
+        elif is_int:
+            out[col] = st.column_config.NumberColumn(width=px, format="localized")
+        else:
+            out[col] = st.column_config.Column(width=px)
+    return out
+
+
+def show_frame(df: pd.DataFrame, column_config: dict | None = None, **kwargs) -> None:
+    """``st.dataframe`` with every column fitted to its content (see :func:`fit_columns`)."""
+    kwargs.setdefault("hide_index", True)
+    kwargs.setdefault("width", "stretch")
+    st.dataframe(df, column_config=fit_columns(df, column_config), **kwargs)
 
 
 def filter_rows(df: pd.DataFrame, text: str, columns: Sequence[str] | None = None) -> pd.DataFrame:
@@ -57,7 +112,7 @@ def paged_table(df: pd.DataFrame, key: str, *, page_size: int = PAGE_SIZE,
         shown = view = df
         if caption:
             st.caption(caption)
-    st.dataframe(view, hide_index=True, width="stretch", **dataframe_kwargs)
+    show_frame(view, **dataframe_kwargs)
     return shown
 
 
@@ -75,8 +130,23 @@ def findings_table(findings: list[Finding], key: str, *, empty: str = "Nothing t
     counts = {s: sum(f.severity == s for f in findings) for s in SEVERITY_BADGE}
     st.markdown(" ".join(f":{SEVERITY_BADGE[s]}-badge[{n} {s}{'s' if n != 1 else ''}]"
                          for s, n in counts.items() if n))
-    paged_table(findings_frame(findings), key, page_size=20,
-                column_config={"message": st.column_config.TextColumn(width="large")})
+    frame = findings_frame(findings)
+    longest = int(frame["message"].str.len().max()) if len(frame) else 0
+    paged_table(frame, key, page_size=20, row_height=message_row_height(longest),
+                column_config={"message": st.column_config.TextColumn(width=MESSAGE_PX)})
+
+
+def message_row_height(longest: int) -> int | None:
+    """A row height that shows a message of ``longest`` characters whole (None: one line is enough).
+
+    The grid wraps text only in rows taller than 4rem (64 px), so a wrapping row is at least 66 px.
+
+    >>> message_row_height(40), message_row_height(300)
+    (None, 94)
+    """
+    per_line = (MESSAGE_PX - 16) // 7  # about 7 px per character of wrapped text
+    lines = math.ceil(longest / per_line)
+    return None if lines <= 1 else max(66, lines * LINE_PX + 10)
 
 
 def tensor_listing(model) -> pd.DataFrame:

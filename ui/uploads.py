@@ -82,8 +82,13 @@ def sweep_stale_uploads(root: Path = UPLOAD_DIR) -> list[Path]:
             pid = int(pid_text) if pid_text.isdigit() and entry.is_dir() else None
             if entry in owned or (pid is not None and pid != os.getpid() and _running(pid)):
                 continue
-            if pid is None and time.time() - entry.stat().st_mtime < 3600:
-                continue  # not a session folder: only removed once it is an hour old
+            if pid is None:
+                try:
+                    age = time.time() - entry.stat().st_mtime
+                except OSError:  # removed meanwhile (another server's sweep), or a dangling link
+                    continue
+                if age < 3600:
+                    continue  # not a session folder: only removed once it is an hour old
             if entry.is_dir():
                 shutil.rmtree(entry, ignore_errors=True)
             else:

@@ -9,6 +9,7 @@ from typing import Any
 
 import pandas as pd
 
+from ..escaping import terminal_text
 from ..findings import Finding, sort_findings
 from ..models import LoadedModel, load_model
 from . import _types as types
@@ -40,24 +41,29 @@ def load_from_args(args: argparse.Namespace) -> LoadedModel:
     return load_model(args.source, checkpoint=args.checkpoint, device=device, dtype=args.dtype)
 
 
+def say(text: Any = "") -> None:
+    """Print one line of command output; names in it cannot restyle, rewrite or link the terminal."""
+    print(terminal_text(text))
+
+
 def progress(message: str) -> None:
-    print(f"... {message}", file=sys.stderr, flush=True)
+    print(f"... {terminal_text(message)}", file=sys.stderr, flush=True)
 
 
 def print_table(df: pd.DataFrame, max_rows: int = 60) -> None:
     with pd.option_context("display.max_rows", max_rows, "display.max_columns", None,
                            "display.width", 200, "display.max_colwidth", 60):
-        print(df.to_string(index=False) if len(df) <= max_rows else df)
+        say(df.to_string(index=False) if len(df) <= max_rows else df)
 
 
 def print_findings(findings: list[Finding]) -> None:
     if not findings:
-        print("findings: none")
+        say("findings: none")
         return
-    print(f"findings ({len(findings)}):")
+    say(f"findings ({len(findings)}):")
     for f in sort_findings(findings):
         where = f" [{f.where}]" if f.where else ""
-        print(f"  {f.severity.upper():7} {f.code}{where}: {f.message}")
+        say(f"  {f.severity.upper():7} {f.code}{where}: {f.message}")
 
 
 def write_json(path: str, data: Any) -> None:

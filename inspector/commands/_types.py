@@ -9,6 +9,7 @@ ends in an unwritable path.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 from pathlib import Path
 
@@ -30,6 +31,17 @@ def non_negative_int(text: str) -> int:
     value = _int(text)
     if value < 0:
         raise argparse.ArgumentTypeError(f"must be a whole number of 0 or more, got {text}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    """A finite number above 0 (learning rates)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number, got {text!r}") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a finite number above 0, got {text}")
     return value
 
 

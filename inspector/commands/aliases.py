@@ -7,7 +7,15 @@ import argparse
 from ..aliases import CONVERSIONS, alias_analysis, conversion_table
 from ..findings import InspectorError
 from . import _types as types
-from ._common import add_source_arguments, load_from_args, print_findings, print_table, progress, write_json
+from ._common import (
+    add_source_arguments,
+    load_from_args,
+    print_findings,
+    print_table,
+    progress,
+    say,
+    write_json,
+)
 
 HELP = "alias groups (tied, shared-storage, overlapping tensors) and the conversions that break them"
 
@@ -34,23 +42,23 @@ def run(args: argparse.Namespace) -> int:
     loaded = load_from_args(args)
     with loaded.lock:
         analysis = alias_analysis(loaded.model)
-    print(f"model: {loaded.name} ({loaded.source}) on {loaded.device}")
-    print(f"parameter elements: {analysis.unique_numel} unique, {analysis.numel_with_aliases} "
+    say(f"model: {loaded.name} ({loaded.source}) on {loaded.device}")
+    say(f"parameter elements: {analysis.unique_numel} unique, {analysis.numel_with_aliases} "
           f"counting aliases; {analysis.names} names")
     if analysis.groups:
-        print(f"alias groups ({len(analysis.groups)}):")
+        say(f"alias groups ({len(analysis.groups)}):")
         print_table(analysis.to_frame())
     else:
-        print("alias groups: none")
+        say("alias groups: none")
     for d in analysis.disjoint:
         regions = " | ".join(", ".join(r) for r in d.regions)
-        print(f"info: disjoint views of one storage ({d.storage_nbytes} bytes), not aliases: {regions}")
+        say(f"info: disjoint views of one storage ({d.storage_nbytes} bytes), not aliases: {regions}")
     findings = list(analysis.findings)
     results = []
     if names:
         progress(f"running {len(names)} conversion(s) on copies of the model")
         table, results = conversion_table(loaded.model, names, retie_after=args.retie)
-        print("conversion check:")
+        say("conversion check:")
         print_table(table.drop(columns=["error"]) if table["error"].isna().all() else table, max_rows=200)
         for r in results:
             findings += [f for f in r.findings]

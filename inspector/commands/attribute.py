@@ -7,7 +7,15 @@ import argparse
 from ..attribution import METHODS, attribute
 from ..figures.attribution import completeness_line
 from . import _types as types
-from ._common import add_source_arguments, load_from_args, print_findings, print_table, progress, write_json
+from ._common import (
+    add_source_arguments,
+    load_from_args,
+    print_findings,
+    print_table,
+    progress,
+    say,
+    write_json,
+)
 
 HELP = ("captum attributions of one output (a class, or the next token's logit) to the inputs or "
         "a layer: Integrated Gradients, Saliency, Input x Gradient, layer IG, conductance, GradCAM")
@@ -42,16 +50,16 @@ def run(args: argparse.Namespace) -> int:
     progress(f"running {args.method} on {loaded.name}")
     result = attribute(loaded, loaded.example_inputs(args.batch_size), args.method, args.target,
                        args.layer, position=args.position, **options)
-    print(f"model: {loaded.name} ({loaded.source}) on {loaded.device}")
+    say(f"model: {loaded.name} ({loaded.source}) on {loaded.device}")
     where = f"layer {result.layer}" if result.layer else "inputs"
     pos = f" at position {result.position}" if result.position is not None else ""
-    print(f"method: {result.method} ({result.captum_method}) on {where}, target {result.target}{pos}")
+    say(f"method: {result.method} ({result.captum_method}) on {where}, target {result.target}{pos}")
     table = result.summary.assign(order=result.summary["abs_score"].fillna(float("inf")))
     table = table.sort_values("order", ascending=False).drop(columns="order")
     if len(table) > args.rows:
-        print(f"summary: {args.rows} of {len(table)} rows, largest |score| first")
+        say(f"summary: {args.rows} of {len(table)} rows, largest |score| first")
     print_table(table.head(args.rows), max_rows=args.rows)
-    print(completeness_line(result))
+    say(completeness_line(result))
     print_findings(loaded.findings + result.findings)
     if args.json:
         write_json(args.json, result.to_dict())

@@ -9,7 +9,15 @@ import torch
 from ..capture import capture_activations
 from ..summary import format_bytes
 from . import _types as types
-from ._common import add_source_arguments, load_from_args, print_findings, print_table, progress, write_json
+from ._common import (
+    add_source_arguments,
+    load_from_args,
+    print_findings,
+    print_table,
+    progress,
+    say,
+    write_json,
+)
 
 HELP = "capture module outputs as detached copies: statistics, and outputs overwritten in place"
 
@@ -40,18 +48,18 @@ def run(args: argparse.Namespace) -> int:
         caps = capture_activations(loaded.model, inputs, modules=args.modules, store_on=args.store_on,
                                    max_bytes=args.max_bytes, grads=args.grads, keep_inputs=args.inputs,
                                    loss_fn=loaded.loss if args.grads and loaded.has_loss else None)
-    print(f"model: {loaded.name} ({loaded.source}) on {loaded.device}")
-    print(f"captured: {len(caps.outputs)} outputs, {format_bytes(caps.total_bytes)} on {caps.store_on}")
+    say(f"model: {loaded.name} ({loaded.source}) on {loaded.device}")
+    say(f"captured: {len(caps.outputs)} outputs, {format_bytes(caps.total_bytes)} on {caps.store_on}")
     print_table(caps.stats.drop(columns=["device"]), max_rows=200)
     if caps.mutated:
-        print(f"mutated after capture ({len(caps.mutated)}): a bare reference to these outputs is wrong")
+        say(f"mutated after capture ({len(caps.mutated)}): a bare reference to these outputs is wrong")
         for m in caps.mutations:
-            print(f"  {m.module}{m.path}: overwritten by {m.by or 'code outside any module'} "
+            say(f"  {m.module}{m.path}: overwritten by {m.by or 'code outside any module'} "
                   f"(seen by {m.how}, largest change {m.max_abs_change:.4g})")
     else:
-        print("mutated after capture: none")
+        say("mutated after capture: none")
     if caps.skipped:
-        print(f"skipped ({len(caps.skipped)}):")
+        say(f"skipped ({len(caps.skipped)}):")
         print_table(caps.skipped_table)
     print_findings(loaded.findings + caps.findings)
     if args.json:

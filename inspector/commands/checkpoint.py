@@ -3,14 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import math
 
-import pandas as pd
-
-from ..distributed.checkpoint import dcp_listing, is_dcp_folder
-from ..models import read_checkpoint
+from ..checkpoint_listing import checkpoint_listing
+from ..distributed.checkpoint import is_dcp_folder
 from . import _types as types
-from ._common import print_findings, print_table, write_json
+from ._common import print_findings, print_table, say, write_json
 
 HELP = ("list the tensors of a checkpoint: a .safetensors/.pt/.bin file, or a torch.distributed.checkpoint "
         "folder with the pieces each tensor is stored in (nothing in it is executed)")
@@ -24,17 +21,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    table, findings = checkpoint_listing(args.path)
     if is_dcp_folder(args.path):
-        table = dcp_listing(args.path)
-        print(f"distributed checkpoint {args.path}: {len(table)} entries, {int(table['pieces'].sum())} pieces "
+        say(f"distributed checkpoint {args.path}: {len(table)} entries, {int(table['pieces'].sum())} pieces "
               f"in {len({f for fs in table['files'] for f in fs.split(', ') if f})} files")
-        findings = []
     else:
-        state, findings = read_checkpoint(args.path)
-        table = pd.DataFrame([(k, "tensor", str(v.dtype).removeprefix("torch."), tuple(v.shape),
-                               math.prod(v.shape)) for k, v in state.items()],
-                             columns=["name", "kind", "dtype", "shape", "numel"])
-        print(f"checkpoint {args.path}: {len(table)} tensors")
+        say(f"checkpoint {args.path}: {len(table)} tensors")
     print_table(table, args.max_rows)
     print_findings(findings)
     if args.json:

@@ -17,7 +17,15 @@ from ..placement import (
 )
 from ..summary import format_bytes
 from . import _types as types
-from ._common import add_source_arguments, load_from_args, print_findings, print_table, progress, write_json
+from ._common import (
+    add_source_arguments,
+    load_from_args,
+    print_findings,
+    print_table,
+    progress,
+    say,
+    write_json,
+)
 
 HELP = ("plan a device map that places every parameter and buffer for a memory budget, audit it "
         "(or a map from a JSON file), and compare with accelerate's infer_auto_device_map")
@@ -53,7 +61,7 @@ def _run_audit(args: argparse.Namespace, loaded) -> int:
     result = audit(loaded.model, dm)
     budget = parse_max_memory(args.max_memory) if args.max_memory else None
     usage = device_usage(result.table, budget)
-    print(f"audit of {path} for {loaded.name}: {len(dm)} keys")
+    say(f"audit of {path} for {loaded.name}: {len(dm)} keys")
     print_table(_usage_table(usage))
     print_findings(result.findings)
     if args.json:
@@ -80,22 +88,22 @@ def run(args: argparse.Namespace) -> int:
     else:
         comparison = None
         plan = plan_device_map_explained(loaded.model, args.max_memory, no_split)
-    print(f"device map for {loaded.name} ({len(plan.device_map)} keys):")
+    say(f"device map for {loaded.name} ({len(plan.device_map)} keys):")
     for key, dev in plan.device_map.items():
-        print(f"  {key or '(whole model)'}: {dev!r}")
+        say(f"  {key or '(whole model)'}: {dev!r}")
     print_table(_usage_table(plan.usage))
     print_findings(plan.findings)
     if comparison is not None:
-        print(f"\naccelerate.infer_auto_device_map ({len(comparison.accelerate_map)} keys, "
+        say(f"\naccelerate.infer_auto_device_map ({len(comparison.accelerate_map)} keys, "
               f"{comparison.accelerate_seconds * 1000:.1f} ms; ours {comparison.our_seconds * 1000:.1f} ms)")
-        print(f"check_device_map on ours: {comparison.our_check or 'ok'}")
-        print(f"check_device_map on accelerate's: {comparison.accelerate_check or 'ok'}")
+        say(f"check_device_map on ours: {comparison.our_check or 'ok'}")
+        say(f"check_device_map on accelerate's: {comparison.accelerate_check or 'ok'}")
         if len(comparison.difference):
-            print("tensors where the maps differ:")
+            say("tensors where the maps differ:")
             print_table(comparison.difference)
         else:
-            print("the two maps place every tensor alike")
-        print("accelerate's map:")
+            say("the two maps place every tensor alike")
+        say("accelerate's map:")
         print_findings(comparison.accelerate_findings)
     if args.json:
         data = {"model": loaded.source, "max_memory": {str(k): v for k, v in plan.budget.items()},

@@ -9,7 +9,7 @@ from ..distributed.train import SHARD_MODES, process_group, rank_device, shard, 
 from ..findings import InspectorError
 from ..models import load_model
 from . import _types as types
-from ._common import print_findings, progress
+from ._common import print_findings, progress, say
 
 HELP = ("under torchrun: shard the model on every rank, train a few steps and check each one "
         "(replica drift, nonfinite gradients by rank, imbalance, memory); rank 0 writes a JSON-lines run file")
@@ -23,8 +23,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--steps", type=types.positive_int, default=3,
                         help="training steps to run and check (default 3)")
     parser.add_argument("--batch-size", type=types.positive_int, default=2, help="batch size per rank (default 2)")
-    parser.add_argument("--lr", type=float, default=1e-2, help="SGD learning rate (default 0.01)")
-    parser.add_argument("--device", default="cpu", help="cpu (gloo) or cuda (NCCL, one GPU per rank)")
+    parser.add_argument("--lr", type=types.positive_float, default=1e-2, help="SGD learning rate (default 0.01)")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                        help="cpu (gloo) or cuda (NCCL, each rank on the GPU of its LOCAL_RANK)")
     parser.add_argument("-o", "--output", required=True, type=types.output_file,
                         help="JSON-lines run file rank 0 writes (replaced)")
 
@@ -49,7 +50,7 @@ def run(args: argparse.Namespace) -> int:
             g = check.record["global"]
             per_rank = ", ".join(f"{r['grad_norm']:.4g}" for r in check.record["ranks"]
                                  if r["grad_norm"] is not None)
-            print(f"step {check.step}: grad norm {g['grad_norm']:.6g} (per rank: {per_rank}); "
+            say(f"step {check.step}: grad norm {g['grad_norm']:.6g} (per rank: {per_rank}); "
                   f"{len(check.findings)} findings")
         print_findings(checks[-1].findings)
         progress(f"wrote {out}")

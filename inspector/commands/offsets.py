@@ -6,7 +6,15 @@ import argparse
 
 from ..offsets import display_table, gradient_report, locate, offset_findings, offset_map, run_backward
 from . import _types as types
-from ._common import add_source_arguments, load_from_args, print_findings, print_table, progress, write_json
+from ._common import (
+    add_source_arguments,
+    load_from_args,
+    print_findings,
+    print_table,
+    progress,
+    say,
+    write_json,
+)
 
 HELP = ("where each parameter sits in parameters_to_vector order, which tensor a flat index falls in, "
         "and gradient norms per parameter and per module")
@@ -38,35 +46,35 @@ def run(args: argparse.Namespace) -> int:
     params = table[table["kind"] == "parameter"]
     total = int(params["end"].iloc[-1]) if len(params) else 0
     vector = "trainable-only vector" if args.trainable_only else "parameters_to_vector(model.parameters())"
-    print(f"model: {loaded.name} ({loaded.source}) on {loaded.device}")
-    print(f"{vector}: {len(params)} tensors, {total:,} elements")
+    say(f"model: {loaded.name} ({loaded.source}) on {loaded.device}")
+    say(f"{vector}: {len(params)} tensors, {total:,} elements")
     print_table(display_table(table), max_rows=args.max_rows)
     for index in args.locate or []:
-        print(locate(table, index).describe())
+        say(locate(table, index).describe())
     out: dict = {"model": loaded.name, "source": loaded.source, "trainable_only": args.trainable_only,
                  "offsets": display_table(table).to_dict(orient="records")}
     if args.backward:
         progress("running a backward pass on the example inputs (this sets .grad)")
         result = run_backward(loaded)
-        print(result.message)
+        say(result.message)
     if args.backward or any(p.grad is not None for p in model.parameters()):
         with loaded.lock:
             report = gradient_report(model)
         counts = ", ".join(f"{n} {s}" for s, n in report.counts.items())
-        print(f"gradient norm of the whole model: {report.total_norm:.6g}; parameters: {counts}")
+        say(f"gradient norm of the whole model: {report.total_norm:.6g}; parameters: {counts}")
         layers = report.by_module[report.by_module["owns_parameters"]]
         layers = layers.sort_values("own_norm", ascending=False, na_position="last")
-        print(f"layers by the gradient norm of their own parameters (top {args.top} of {len(layers)}):")
+        say(f"layers by the gradient norm of their own parameters (top {args.top} of {len(layers)}):")
         print_table(layers[["name", "own_norm", "norm", "state", "nan", "inf", "numel"]].head(args.top))
         bad = report.by_parameter[report.by_parameter["state"] != "ok"]
         if len(bad):
-            print("parameters without a usable gradient:")
+            say("parameters without a usable gradient:")
             print_table(bad[["name", "state", "norm", "nan", "inf", "numel"]], max_rows=args.max_rows)
         findings += report.findings
         out["gradient_norms"] = report.by_parameter.to_dict(orient="records")
         out["module_norms"] = report.by_module.to_dict(orient="records")
     else:
-        print("gradients: none yet (add --backward to run one backward pass on the example inputs)")
+        say("gradients: none yet (add --backward to run one backward pass on the example inputs)")
     print_findings(loaded.findings + findings)
     if args.json:
         out["findings"] = [f.to_dict() for f in findings]

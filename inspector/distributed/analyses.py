@@ -8,15 +8,13 @@ so the global columns stay as they are and this adds what this rank holds.
 from __future__ import annotations
 
 import math
-from typing import Any
 
 import numpy as np
 import pandas as pd
 import torch
 from torch import nn
 
-from .check import collect
-from .tensors import is_dtensor, local_piece, placements_text
+from .tensors import is_dtensor, is_sharded, local_piece, piece_layout, placements_text
 
 LOCAL_OFFSET_COLUMNS = ["local_start", "local_end", "local_numel", "piece_start", "piece_end",
                         "placements", "mesh"]
@@ -28,7 +26,8 @@ def with_local_offsets(table: pd.DataFrame, tensors: list[torch.Tensor]) -> pd.D
     ``local_start/local_end``: offsets in this rank's flat vector of local pieces
     (``parameters_to_vector(p.to_local() for p ...)``); ``local_numel``: elements this rank
     holds; ``piece_start/piece_end``: the global flat indices the piece covers (``piece_end``
-    is -1 when the piece is not one contiguous range, e.g. ``Shard(1)``); ``placements``
+    is -1 when the piece is not one contiguous range, e.g. ``Shard(1)``; both are -1 when
+    the piece is several blocks, ``_StridedShard``); ``placements``
     and ``mesh`` as DTensor says (``""`` and ``()`` for plain tensors).
     """
     local_start, local_end, local_numel, piece_start, piece_end, placements, mesh = ([] for _ in range(7))
@@ -39,7 +38,7 @@ def with_local_offsets(table: pd.DataFrame, tensors: list[torch.Tensor]) -> pd.D
         offset += piece.numel
         local_end.append(offset)
         local_numel.append(piece.numel)
-        piece_start.append(start + piece.start)
+        piece_start.append(start + piece.start if piece.start >= 0 else -1)
         piece_end.append(start + piece.end if piece.contiguous else -1)
         placements.append(placements_text(t))
         mesh.append(tuple(t.device_mesh.shape) if is_dtensor(t) else ())
@@ -51,30 +50,28 @@ def with_local_offsets(table: pd.DataFrame, tensors: list[torch.Tensor]) -> pd.D
 
 
 def bytes_per_rank(t: torch.Tensor) -> dict[int, int]:
-    """Bytes of ``t`` each rank of its mesh holds, from metadata (global rank -> bytes)."""
-    size = t.element_size()
+    """Bytes of ``t`` each rank of its mesh holds (global rank -> bytes): this rank's from its
+    local tensor, the others' from the placements (:func:`~.tensors.piece_layout`)."""
     if not is_dtensor(t):
         return {}
+    size = t.element_size()
     mesh = t.device_mesh
     ranks = mesh.mesh.reshape(-1).tolist()
     out = {}
     for flat, rank in enumerate(ranks):
-        coordinate = np.unravel_index(flat, tuple(mesh.shape))
-        shape = list(t.shape)
-        for i, p in enumerate(t.placements):
-            dim = getattr(p, "dim", None)
-            if dim is None or type(p).__name__ != "Shard":
-                continue
-            chunk = -(-shape[dim] // mesh.size(i))
-            start = min(int(coordinate[i]) * chunk, shape[dim])
-            shape[dim] = min(start + chunk, shape[dim]) - start
+        coordinate = [int(c) for c in np.unravel_index(flat, tuple(mesh.shape))]
+        shape, _ = piece_layout(t, coordinate)
         out[int(rank)] = int(math.prod(shape)) * size
+    here = mesh.get_coordinate()
+    if here is not None:
+        out[int(ranks[int(np.ravel_multi_index(tuple(here), tuple(mesh.shape)))])] = t.to_local().numel() * size
     return out
 
 
 def with_rank_bytes(table: pd.DataFrame, model: nn.Module) -> pd.DataFrame:
     """``placement_table`` rows plus ``placements``, ``mesh``, ``local_bytes`` (this rank) and
-    ``bytes_per_rank`` (global rank -> bytes, from the placements)."""
+    ``bytes_per_rank`` (global rank -> bytes, from the placements) and ``sharded`` (some mesh
+    dimension splits the tensor)."""
     tensors = dict(model.named_parameters(remove_duplicate=False))
     tensors.update(model.named_buffers(remove_duplicate=False))
     out = table.copy()
@@ -83,6 +80,7 @@ def with_rank_bytes(table: pd.DataFrame, model: nn.Module) -> pd.DataFrame:
     out["mesh"] = [tuple(t.device_mesh.shape) if is_dtensor(t) else () for t in found]
     out["local_bytes"] = [local_piece(t).numel * t.element_size() if t is not None else 0 for t in found]
     out["bytes_per_rank"] = [bytes_per_rank(t) if t is not None else {} for t in found]
+    out["sharded"] = [t is not None and is_sharded(t) for t in found]
     return out
 
 
@@ -90,8 +88,7 @@ def rank_bytes(table: pd.DataFrame) -> pd.DataFrame:
     """Bytes per rank from a ``placement_table`` that has ``bytes_per_rank``: columns ``rank,
     bytes, sharded_bytes, replicated_bytes``."""
     totals: dict[int, list[int]] = {}
-    for placements, per_rank in zip(table["placements"], table["bytes_per_rank"]):
-        sharded = "Shard" in placements
+    for sharded, per_rank in zip(table["sharded"], table["bytes_per_rank"]):
         for rank, nbytes in per_rank.items():
             acc = totals.setdefault(rank, [0, 0, 0])
             acc[0] += nbytes
@@ -102,7 +99,7 @@ def rank_bytes(table: pd.DataFrame) -> pd.DataFrame:
 
 def mesh_dims(model: nn.Module) -> pd.DataFrame:
     """One row per mesh dimension of the model's DTensors: ``mesh, dim, size, placement, tensors,
-    bytes_per_rank`` (bytes each rank holds of the tensors placed that way on that dimension)."""
+    local_bytes`` (bytes this rank holds of the tensors placed that way on that dimension)."""
     rows: dict[tuple, list] = {}
     seen: set[int] = set()
     for t in list(model.parameters()) + list(model.buffers()):
@@ -119,10 +116,10 @@ def mesh_dims(model: nn.Module) -> pd.DataFrame:
     return pd.DataFrame(data, columns=["mesh", "dim", "size", "placement", "tensors", "local_bytes"])
 
 
-def global_gradient_rows(model: nn.Module) -> tuple[list[dict[str, Any]], int, int]:
-    """Per-parameter gradient rows with global and per-rank norms (one collective).
-
-    Every rank must call it at the same time, as with ``clip_grad_norm_``.
-    """
-    record, rank, world = collect(model, hashes=False)
-    return [r for r in record["tensors"] if r["kind"] == "parameter"], rank, world
+def sharding_tables(model: nn.Module, table: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
+    """(title, table) pairs to show next to a ``placement_table`` of a model with DTensor
+    parameters: :func:`rank_bytes` and :func:`mesh_dims`; none for a plain model."""
+    if "bytes_per_rank" not in table.columns:
+        return []
+    return [("Bytes of DTensor parameters and buffers per rank (from their placements)", rank_bytes(table)),
+            ("Bytes this rank holds per mesh dimension and placement", mesh_dims(model))]

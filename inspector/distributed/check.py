@@ -91,7 +91,7 @@ def _replica_key(t: torch.Tensor) -> int:
         return 0
     mesh = t.device_mesh
     coordinate = mesh.get_coordinate()
-    replicate = [type(p).__name__ == "Replicate" for p in t.placements]
+    replicate = [p.is_replicate() for p in t.placements]
     if coordinate is None or not any(replicate):
         return -1
     key = 0
@@ -106,10 +106,9 @@ def _replication(g: torch.Tensor) -> float:
         return math.nan  # a plain tensor: every rank has all of it; measured from rank 0's copy
     factor = 1
     for i, p in enumerate(g.placements):
-        name = type(p).__name__
-        if name == "Replicate":
+        if p.is_replicate():
             factor *= g.device_mesh.size(i)
-        elif name.startswith("Partial") or name == "_Partial":
+        elif p.is_partial():
             return 0.0
     return float(factor)
 
@@ -278,7 +277,7 @@ def _record(tensors: list[tuple[str, str, torch.Tensor]], per_tensor: torch.Tens
             gsq = sq[0]
         else:
             gsq = sum(sq) / factor
-        if has_grad and not math.isnan(gsq):
+        if has_grad:  # a NaN gradient makes the total NaN, as in clip_grad_norm_; so does a Partial one
             total_sq += gsq
         global_nonfinite += sum(nan) + sum(inf)
         dtensor = is_dtensor(t)

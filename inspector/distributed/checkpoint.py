@@ -23,11 +23,15 @@ import torch
 from ..findings import Finding, InspectorError
 
 METADATA = ".metadata"
-_ALLOWED_MODULES = ("torch.distributed.checkpoint.metadata", "torch.distributed.checkpoint.filesystem",
-                    "torch.distributed.checkpoint._extension")
-_ALLOWED = {("torch", "Size"), ("torch.serialization", "_get_layout"), ("pathlib", "PosixPath"),
-            ("pathlib", "PurePosixPath"), ("pathlib", "WindowsPath"), ("pathlib", "PureWindowsPath"),
-            ("collections", "OrderedDict"), ("builtins", "set"), ("builtins", "frozenset")}
+_METADATA_CLASSES = ("Metadata", "MetadataIndex", "StorageMeta", "TensorStorageMetadata", "ChunkStorageMetadata",
+                     "TensorProperties", "BytesStorageMetadata", "_MEM_FORMAT_ENCODING")
+# Exact (module, name) pairs a checkpoint index may build; nothing else is ever looked up.
+_ALLOWED = {("torch.distributed.checkpoint.metadata", n) for n in _METADATA_CLASSES} | {
+    ("torch.distributed.checkpoint.filesystem", "_StorageInfo"), ("torch", "Size"),
+    ("torch.serialization", "_get_layout"), ("pathlib", "PosixPath"), ("pathlib", "PurePosixPath"),
+    ("pathlib", "WindowsPath"), ("pathlib", "PureWindowsPath"), ("collections", "OrderedDict"),
+    ("builtins", "set"), ("builtins", "frozenset")}
+_FUNCTIONS = {("torch.serialization", "_get_layout")}
 
 
 def is_dcp_folder(path: str | os.PathLike) -> bool:
@@ -43,8 +47,10 @@ class _MetadataUnpickler(pickle.Unpickler):
         if module == "torch" and isinstance(getattr(torch, name, None), (torch.dtype, torch.memory_format,
                                                                         torch.layout)):
             return getattr(torch, name)
-        if (module, name) in _ALLOWED or (module in _ALLOWED_MODULES and not name.startswith("__")):
-            return super().find_class(module, name)
+        if "." not in name and (module, name) in _ALLOWED:
+            obj = super().find_class(module, name)
+            if (module, name) in _FUNCTIONS or (isinstance(obj, type) and obj.__module__ in (module, f"{module}._local")):
+                return obj
         raise pickle.UnpicklingError(f"{module}.{name}")
 
 
@@ -55,13 +61,18 @@ def read_metadata(folder: str | os.PathLike) -> Any:
         raise InspectorError(f"{p} is not a torch.distributed.checkpoint folder (it has no {METADATA} file)")
     try:
         with open(p / METADATA, "rb") as fh:
-            return _MetadataUnpickler(fh).load()
+            metadata = _MetadataUnpickler(fh).load()
     except pickle.UnpicklingError as exc:
         raise InspectorError(f"{p.name}/{METADATA} was refused: it asks to run {exc} while loading, which a "
                              "checkpoint index never needs. Nothing in it was run.") from None
     except (EOFError, OSError, ValueError, AttributeError, ImportError) as exc:
         raise InspectorError(f"{p.name}/{METADATA} is corrupt or from an unknown torch version "
                              f"({type(exc).__name__}: {exc})") from None
+    if not isinstance(getattr(metadata, "state_dict_metadata", None), dict) or not isinstance(
+            getattr(metadata, "storage_data", None), dict):
+        raise InspectorError(f"{p.name}/{METADATA} is not a checkpoint index (it holds a "
+                             f"{type(metadata).__name__}); the file is corrupt")
+    return metadata
 
 
 @dataclass(frozen=True)
@@ -85,8 +96,13 @@ def _pieces(metadata: Any) -> dict[str, list[Piece]]:
         entry = metadata.state_dict_metadata.get(index.fqn)
         chunks = getattr(entry, "chunks", None) or []
         sizes = next((tuple(c.sizes) for c in chunks if tuple(c.offsets) == tuple(index.offset or ())), ())
-        out.setdefault(index.fqn, []).append(Piece(index.fqn, tuple(index.offset or ()), sizes,
-                                                   str(info.relative_path), int(info.offset), int(info.length)))
+        try:
+            piece = Piece(index.fqn, tuple(index.offset or ()), sizes, str(info.relative_path), int(info.offset),
+                          int(info.length))
+        except (TypeError, ValueError, AttributeError):
+            raise InspectorError(f"{METADATA}: the storage entry of tensor {getattr(index, 'fqn', index)} is "
+                                 "corrupt (its offset, length or file is not readable)") from None
+        out.setdefault(index.fqn, []).append(piece)
     return out
 
 
@@ -130,14 +146,15 @@ def read_dcp(folder: str | os.PathLike) -> tuple[dict[str, torch.Tensor], list[F
             if not hasattr(entry, "size"):
                 skipped.append(name)
                 continue
-            whole = torch.empty(tuple(entry.size), dtype=entry.properties.dtype)
+            own = pieces.get(name, [])
+            whole = torch.empty(_checked_shape(p, name, entry, own), dtype=entry.properties.dtype)
+            covered = torch.zeros(whole.shape, dtype=torch.bool)
             filled = 0
-            for piece in pieces.get(name, []):
+            for piece in own:
                 value = _read_piece(p, piece, handles)
-                region = whole
-                for dim, (start, size) in enumerate(zip(piece.offsets, value.shape)):
-                    region = region.narrow(dim, start, size)
+                region, seen = _region(p, piece, value, whole, covered)
                 region.copy_(value)
+                seen.fill_(True)
                 filled += value.numel()
             if filled != whole.numel():
                 raise InspectorError(f"{p.name}: tensor {name} has pieces for {filled} of its {whole.numel()} "
@@ -148,13 +165,56 @@ def read_dcp(folder: str | os.PathLike) -> tuple[dict[str, torch.Tensor], list[F
             fh.close()
     findings = [Finding("distributed-checkpoint", "info", p.name,
                         f"{p.name} is a torch.distributed.checkpoint folder: {len(state)} tensors put together "
-                        f"from {sum(len(v) for v in pieces.values())} pieces in "
-                        f"{len({x.file for v in pieces.values() for x in v})} files")]
+                        f"from {sum(len(pieces.get(k, [])) for k in state)} pieces in "
+                        f"{len({x.file for k in state for x in pieces.get(k, [])})} files")]
     if skipped:
         findings.append(Finding("checkpoint-non-tensor", "info", skipped[0],
                                 f"{len(skipped)} entries of {p.name} are not tensors (first: {skipped[0]}); "
                                 "they were listed but not loaded (loading them would unpickle them)"))
     return state, findings
+
+
+def _checked_shape(folder: Path, name: str, entry: Any, own: list[Piece]) -> tuple[int, ...]:
+    """The entry's shape, once its size, dtype and pieces are plausible for the bytes stored."""
+    size = tuple(getattr(entry, "size", ()))
+    dtype = getattr(getattr(entry, "properties", None), "dtype", None)
+    if not isinstance(dtype, torch.dtype) or not all(isinstance(n, int) and n >= 0 for n in size):
+        raise InspectorError(f"{folder.name}/{METADATA}: tensor {name} has an invalid size {size!r} or dtype "
+                             f"{dtype!r}; the index is corrupt")
+    stored = 0
+    for piece in own:
+        if len(piece.offsets) != len(size) or any(not isinstance(o, int) or o < 0 for o in piece.offsets):
+            raise InspectorError(f"{folder.name}/{METADATA}: a piece of tensor {name} has offsets "
+                                 f"{piece.offsets} for a tensor of shape {size}; the index is corrupt")
+        if piece.file_offset < 0 or piece.length < 0:
+            raise InspectorError(f"{folder.name}/{METADATA}: a piece of tensor {name} has a negative place "
+                                 f"or length in {piece.file}; the index is corrupt")
+        stored += piece.length
+    needed = math.prod(size) * dtype.itemsize
+    if needed > stored:
+        raise InspectorError(f"{folder.name}/{METADATA}: tensor {name} claims shape {size} ({needed} bytes) but its "
+                             f"pieces hold only {stored} bytes; the index is corrupt")
+    return size
+
+
+def _region(folder: Path, piece: Piece, value: torch.Tensor, whole: torch.Tensor,
+            covered: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Where ``value`` goes in ``whole`` (and in the ``covered`` mask), after bounds, shape and dtype checks."""
+    where = f"{folder.name}: the piece of {piece.name} at offset {piece.offsets} in {piece.file}"
+    if value.dtype != whole.dtype:
+        raise InspectorError(f"{where} is {value.dtype}, but the index says {whole.dtype}")
+    if value.dim() != whole.dim() or (piece.sizes and tuple(value.shape) != piece.sizes):
+        raise InspectorError(f"{where} has shape {tuple(value.shape)}, but the index says "
+                             f"{piece.sizes or tuple(whole.shape)}")
+    if any(o + n > total for o, n, total in zip(piece.offsets, value.shape, whole.shape)):
+        raise InspectorError(f"{where} with shape {tuple(value.shape)} reaches past the tensor's shape "
+                             f"{tuple(whole.shape)}")
+    region, seen = whole, covered
+    for dim, (start, size) in enumerate(zip(piece.offsets, value.shape)):
+        region, seen = region.narrow(dim, start, size), seen.narrow(dim, start, size)
+    if bool(seen.any()):
+        raise InspectorError(f"{where} overlaps another piece of the same tensor; the index is corrupt")
+    return region, seen
 
 
 def _read_piece(folder: Path, piece: Piece, handles: dict[str, Any]) -> torch.Tensor:
@@ -167,6 +227,9 @@ def _read_piece(folder: Path, piece: Piece, handles: dict[str, Any]) -> torch.Te
             fh = handles[piece.file] = open(path, "rb")
         except OSError as exc:
             raise InspectorError(f"{folder.name}: {piece.file} (holding {piece.name}) cannot be read: {exc}") from None
+    if piece.file_offset + piece.length > os.fstat(fh.fileno()).st_size:
+        raise InspectorError(f"{folder.name}: the piece of {piece.name} needs bytes {piece.file_offset}.."
+                             f"{piece.file_offset + piece.length} of {piece.file}, which is shorter")
     fh.seek(piece.file_offset)
     data = fh.read(piece.length)
     try:

@@ -1,115 +1,122 @@
 """Gradient norms of a model whose parameters are DTensors: global (as ``clip_grad_norm_``) and local.
 
-``inspector.offsets.gradient_report`` hands DTensor models to :func:`dtensor_gradient_report`.
+``inspector.offsets.gradient_report`` (and ``gradient_norms``, one table of it) measure DTensor gradients with
+the one fused pass of ``inspector.gradient_pass``, through :class:`ShardedGradients`: each
+rank measures its local pieces, one ``all_reduce`` per mesh dimension that shards them adds
+the squares up, and the per-module sums are the same code as for plain models. This module
+then adds this rank's ``local_norm``, the ``placements`` and the ranks holding NaN/Inf.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Sequence
 
-import numpy as np
 import pandas as pd
-from torch import nn
+import torch
+import torch.distributed as dist
 
-from ..findings import Finding, InspectorError
-from ..offsets import MODULE_NORM_COLUMNS, PARAMETER_NORM_COLUMNS, ROOT, GradientNorms
-from .analyses import global_gradient_rows
+from ..findings import Finding
 from .findings import nonfinite_by_rank
+from .tensors import is_dtensor, placements_text, splits
 
 DTENSOR_NORM_COLUMNS = ["local_norm", "placements", "nonfinite_ranks"]
 
 
-def dtensor_gradient_report(model: nn.Module, grads: Mapping[str, Any] | None = None) -> GradientNorms:
-    """Per-parameter and per-module gradient norms of a sharded model, in one collective.
+def _initialised() -> bool:
+    return dist.is_available() and dist.is_initialized()
 
-    ``norm`` is the global L2 norm (the total equals ``torch.nn.utils.clip_grad_norm_``'s on
-    the same model); ``local_norm`` is this rank's piece; ``nan``/``inf`` count over all
-    ranks and ``nonfinite_ranks`` names the ranks whose piece holds them. Every rank must
-    call it at the same time.
 
-    Raises:
-        InspectorError: ``grads`` is given: gradients of a sharded model are read from ``.grad``.
+def _sharded_dims(g: torch.Tensor) -> tuple[int, ...]:
+    """Mesh dimensions whose ranks hold different pieces of ``g`` (their squares add up)."""
+    if not is_dtensor(g):
+        return ()
+    return tuple(i for i, p in enumerate(g.placements) if splits(p))
+
+
+class ShardedGradients:
+    """:class:`inspector.gradient_pass.Pieces` for DTensor gradients (FSDP2, tensor parallel).
+
+    A ``Shard`` mesh dimension splits a gradient: the squared norms of the pieces are summed
+    over that dimension's process group. A ``Replicate`` dimension holds copies: nothing to
+    add. A ``Partial`` gradient (pending sums) is reduced to ``Replicate`` first, as
+    ``clip_grad_norm_`` does. Plain gradients are measured as they are.
     """
-    if grads is not None:
-        raise InspectorError(
-            "gradients passed explicitly are not read for a model with DTensor parameters (FSDP2, tensor "
-            "parallel): its gradients are measured from each parameter's .grad on every rank. Leave grads "
-            "out, after loss.backward() on every rank.")
-    rows, rank, _ = global_gradient_rows(model)
-    aliases: dict[str, list[str]] = {}
-    by_id: dict[int, str] = {}
-    for name, p in model.named_parameters(remove_duplicate=False):
-        first = by_id.setdefault(id(p), name)
-        aliases.setdefault(first, []).append(name)
-    prows = []
-    for r in rows:
-        has = r["has_grad"]
-        nan, inf = sum(r["nan"]), sum(r["inf"])
-        norm = r["grad_norm"] if r["grad_norm"] is not None else math.nan
-        if has and (nan or inf):
-            norm = math.nan
-        state = ("frozen" if not r["requires_grad"] else "nonfinite" if nan or inf
-                 else "ok" if has else "none")
-        local_norm = r["local_grad_norm"][rank]
-        prows.append({"name": r["name"], "norm": norm, "state": state, "nan": nan, "inf": inf,
-                      "numel": r["numel"], "dtype": r["dtype"], "device": "", "requires_grad": r["requires_grad"],
-                      "local_norm": math.nan if local_norm is None else local_norm,
-                      "placements": r["placements"],
-                      "nonfinite_ranks": tuple(k for k, (a, b) in enumerate(zip(r["nan"], r["inf"])) if a or b)})
-    devices = {n: str(p.device) for n, p in model.named_parameters()}
-    for row in prows:
-        row["device"] = devices.get(row["name"], "")
-    by_parameter = pd.DataFrame(prows, columns=PARAMETER_NORM_COLUMNS + DTENSOR_NORM_COLUMNS)
-    by_module = _by_module(prows, aliases)
-    findings: list[Finding] = []
-    for r in rows:
-        findings += nonfinite_by_rank(r)
-    if prows and all(r["state"] in ("none", "frozen") for r in prows) and any(r["requires_grad"] for r in prows):
-        findings.append(Finding("no-gradients", "warning", "",
-                                "no trainable parameter has a gradient yet: run a backward pass on every rank"))
-    total = float(by_module["norm"].iloc[0]) if len(by_module) else math.nan
-    return GradientNorms(by_parameter, by_module, findings, total)
+
+    def __init__(self) -> None:
+        self.local_squares: dict[int, float] = {}   # id(gradient) -> this rank's squared norm
+        self._measured: list[tuple[list[torch.Tensor], torch.Tensor]] = []
+
+    def local(self, grad: torch.Tensor) -> torch.Tensor:
+        if not is_dtensor(grad):
+            return grad
+        if any(p.is_partial() for p in grad.placements):
+            from torch.distributed.tensor import Replicate
+
+            grad = grad.redistribute(grad.device_mesh, [Replicate() if p.is_partial() else p
+                                                        for p in grad.placements])
+        return grad.to_local()
+
+    def reduce(self, squares: torch.Tensor, grads: Sequence[torch.Tensor]) -> torch.Tensor:
+        """Record this rank's squares, then add them up over the mesh dimensions that shard each
+        gradient: one all_reduce per (mesh, dimensions) group and dimension."""
+        self._measured.append((list(grads), squares))
+        groups: dict[tuple, list[int]] = {}
+        for pos, g in enumerate(grads):
+            dims = _sharded_dims(g)
+            if dims:
+                groups.setdefault((g.device_mesh, dims), []).append(pos)
+        if not groups:
+            return squares
+        out = squares.clone()
+        for (mesh, dims), pos in groups.items():
+            index = torch.tensor(pos, device=squares.device)
+            part = out.index_select(0, index)
+            for d in dims:
+                dist.all_reduce(part, group=mesh.get_group(d))
+            out.index_copy_(0, index, part)
+        return out
+
+    def gather_counts(self, counts: torch.Tensor) -> torch.Tensor:
+        if not _initialised() or dist.get_world_size() == 1:
+            return counts.unsqueeze(0)
+        world = dist.get_world_size()
+        device = torch.device("cpu")
+        if "nccl" in str(dist.get_backend()).lower() and torch.cuda.is_available():
+            device = torch.device("cuda", torch.cuda.current_device())
+        moved = counts.to(device)
+        out = [torch.empty_like(moved) for _ in range(world)]
+        dist.all_gather(out, moved)
+        return torch.stack(out).cpu()
+
+    def local_norms(self) -> dict[int, float]:
+        """This rank's norm of each gradient the pass measured (one host copy per group)."""
+        out: dict[int, float] = {}
+        for grads, squares in self._measured:
+            for g, v in zip(grads, squares.double().cpu().tolist()):
+                out[id(g)] = math.sqrt(v) if v >= 0 else math.nan
+        return out
 
 
-def _prefixes(holder: str) -> list[str]:
-    parts = holder.split(".") if holder else []
-    return [".".join(parts[:k]) for k in range(len(parts) + 1)]
+def with_rank_columns(by_parameter: pd.DataFrame, params: Sequence[torch.Tensor],
+                      gradients: Sequence[torch.Tensor | None], pieces: ShardedGradients, per_rank: dict[int, list[tuple[int, int]]],
+                      findings: list[Finding]) -> tuple[pd.DataFrame, list[Finding]]:
+    """The per-parameter table plus ``local_norm``, ``placements`` and ``nonfinite_ranks``; the
+    ``nonfinite-gradient`` findings replaced by ones naming the ranks.
 
-
-def _by_module(prows: list[dict], aliases: dict[str, list[str]]) -> pd.DataFrame:
-    """Sum of squares by every module prefix (each tensor once per module), as ``gradient_report``."""
-    acc: dict[str, dict] = {}
-    for r in prows:
-        holders = list(dict.fromkeys(a.rpartition(".")[0] for a in aliases.get(r["name"], [r["name"]])))
-        has = r["state"] in ("ok", "nonfinite")
-        sq = r["norm"] ** 2 if has else 0.0
-        prefixes = dict.fromkeys(p for h in holders for p in _prefixes(h))
-        for prefix in prefixes:
-            a = acc.setdefault(prefix, {"sq": 0.0, "nan": 0, "inf": 0, "numel": 0, "parameters": 0, "ok": 0,
-                                        "none": 0, "frozen": 0, "nonfinite": 0, "grads": 0, "own": None})
-            a["sq"] += sq
-            a["nan"] += r["nan"]
-            a["inf"] += r["inf"]
-            a["numel"] += r["numel"]
-            a["parameters"] += 1
-            a[r["state"]] += 1
-            a["grads"] += has
-        for h in holders:
-            own = acc[h]["own"] or [0.0, 0]
-            own[0] += sq
-            own[1] += has
-            acc[h]["own"] = own
-    rows = []
-    for prefix, a in acc.items():
-        state = "nonfinite" if a["nonfinite"] else "ok" if a["ok"] else "none" if a["none"] else "frozen"
-        own = a["own"]
-        rows.append((prefix or ROOT, math.sqrt(a["sq"]) if a["grads"] else math.nan, state, a["nan"], a["inf"],
-                     a["numel"], a["parameters"], a["ok"], a["none"], a["frozen"], a["nonfinite"],
-                     0 if not prefix else prefix.count(".") + 1, own is not None,
-                     math.sqrt(own[0]) if own is not None and own[1] else math.nan))
-    frame = pd.DataFrame(rows, columns=MODULE_NORM_COLUMNS)
-    for col in ("nan", "inf", "numel", "parameters", "ok", "none", "frozen", "nonfinite", "depth"):
-        frame[col] = np.asarray(frame[col], dtype=np.int64)
-    return frame
+    Args:
+        by_parameter: rows in the order of ``params`` and ``gradients``.
+        per_rank: row index -> (NaN, Inf) counts of each rank's piece, for the nonfinite rows.
+    """
+    local = pieces.local_norms()
+    out = by_parameter.copy()
+    out["local_norm"] = [local.get(id(g), math.nan) if g is not None else math.nan for g in gradients]
+    out["placements"] = [placements_text(p) for p in params]
+    out["nonfinite_ranks"] = [tuple(r for r, (nan, inf) in enumerate(per_rank.get(i, [])) if nan or inf)
+                              for i in range(len(gradients))]
+    kept = [f for f in findings if f.code != "nonfinite-gradient"]
+    names = out["name"].tolist()
+    for i, counts in per_rank.items():
+        kept += nonfinite_by_rank({"name": names[i], "nan": [c[0] for c in counts],
+                                   "inf": [c[1] for c in counts]})
+    return out, kept

@@ -91,6 +91,9 @@ def parse_run(text: str, name: str = "run file") -> DistributedRun:
         missing = [k for k in ("step", "world_size", "ranks", "tensors", "global") if k not in rec]
         if missing:
             raise InspectorError(f"{name} line {number} lacks {', '.join(missing)}")
+        problem = _record_problem(rec)
+        if problem:
+            raise InspectorError(f"{name} line {number} is not a valid check_step record: {problem}")
         records.append(rec)
     if not records:
         raise InspectorError(f"{name} holds no step records")
@@ -98,7 +101,7 @@ def parse_run(text: str, name: str = "run file") -> DistributedRun:
     for rec in records:
         for r in rec["ranks"]:
             rank_rows.append([rec["step"]] + [r.get(c) for c in RANK_COLUMNS[1:]])
-        step_findings = [Finding(**f) for f in rec.get("findings", [])]
+        step_findings = [Finding.from_dict(f) for f in rec.get("findings", [])]
         findings += [(rec["step"], f) for f in step_findings]
         step_rows.append([rec["step"], rec["global"].get("grad_norm"), rec["global"].get("nonfinite", 0),
                           len(step_findings)])
@@ -107,6 +110,51 @@ def parse_run(text: str, name: str = "run file") -> DistributedRun:
     last = records[-1]
     return DistributedRun(name, int(last["world_size"]), str(last.get("backend", "")), records,
                           per_rank, steps, _tensor_frame(last), findings)
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return value is None or (isinstance(value, (int, float)) and not isinstance(value, bool))
+
+
+def _record_problem(rec: dict[str, Any]) -> str:
+    """What is wrong with one parsed line's types ("" when nothing): the fields tables, figures,
+    pages and reports read, with the types ``check_step`` writes."""
+    if not _is_int(rec["step"]):
+        return f"step must be an integer, not {rec['step']!r}"
+    if not _is_int(rec["world_size"]) or rec["world_size"] < 1:
+        return f"world_size must be a positive integer, not {rec['world_size']!r}"
+    if not isinstance(rec.get("backend", ""), str) or not isinstance(rec.get("note", ""), str):
+        return "backend and note must be strings"
+    if not isinstance(rec["global"], dict) or not all(_is_number(v) for v in rec["global"].values()):
+        return "global must be an object of numbers"
+    if not isinstance(rec["ranks"], list) or not all(isinstance(r, dict) for r in rec["ranks"]):
+        return "ranks must be a list of objects"
+    for r in rec["ranks"]:
+        if not _is_int(r.get("rank")) or not 0 <= r["rank"] < rec["world_size"]:
+            return f"each rank's \"rank\" must be an integer from 0 to world_size - 1, not {r.get('rank')!r}"
+        bad = [c for c in RANK_COLUMNS[2:] if not _is_number(r.get(c))]
+        bad += [c for c in ("param_numel", "param_bytes", "grad_bytes", "buffer_bytes") if not _is_int(r.get(c))]
+        if bad:
+            return f"rank {r['rank']} has a non-numeric {bad[0]}"
+    if not isinstance(rec["tensors"], list) or not all(
+            isinstance(t, dict) and isinstance(t.get("name"), str) for t in rec["tensors"]):
+        return "tensors must be a list of objects, each with a string name"
+    for t in rec["tensors"]:
+        if not all(isinstance(t.get(k, []), list) for k in ("nan", "inf", "replica_key", "hash")):
+            return f"tensor {t['name']!r}: nan, inf, replica_key and hash must be lists"
+    findings = rec.get("findings", [])
+    if not isinstance(findings, list):
+        return "findings must be a list"
+    for f in findings:
+        try:
+            Finding.from_dict(f)
+        except ValueError as exc:
+            return str(exc)
+    return ""
 
 
 def _tensor_frame(record: dict[str, Any]) -> pd.DataFrame:
@@ -133,7 +181,8 @@ def rank_issues(run: DistributedRun, rank: int) -> pd.DataFrame:
     rows = []
     for rec in run.records:
         for t in rec["tensors"]:
-            if rank < len(t["nan"]) and (t["nan"][rank] or t["inf"][rank]):
+            nan, inf = t.get("nan", []), t.get("inf", [])
+            if (rank < len(nan) and nan[rank]) or (rank < len(inf) and inf[rank]):
                 rows.append((rec["step"], t["name"], "nonfinite gradient"))
             keys, hashes = t.get("replica_key", []), t.get("hash", [])
             if rank >= len(keys) or keys[rank] < 0 or not hashes:

@@ -8,17 +8,24 @@ analyses can call it for every tensor without asking first.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+import math
+import sys
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
 from torch import nn
 
-try:  # public since torch 2.4
-    from torch.distributed.tensor import DTensor
-except ImportError:  # pragma: no cover - torch built without distributed
-    DTensor = None  # type: ignore[assignment,misc]
+
+def _dtensor_type() -> type | None:
+    """``DTensor``, or None while ``torch.distributed.tensor`` was never imported.
+
+    Importing it costs seconds, and no DTensor can exist before it is imported (FSDP2 and
+    ``parallelize_module`` import it), so the analyses never import it themselves.
+    """
+    module = sys.modules.get("torch.distributed.tensor")
+    return getattr(module, "DTensor", None) if module is not None else None
 
 
 def is_dtensor(t: object) -> bool:
@@ -27,11 +34,14 @@ def is_dtensor(t: object) -> bool:
     >>> is_dtensor(torch.zeros(2))
     False
     """
-    return DTensor is not None and isinstance(t, DTensor)
+    cls = _dtensor_type()
+    return cls is not None and isinstance(t, cls)
 
 
 def has_dtensors(tensors: Iterable[torch.Tensor]) -> bool:
     """Whether any of ``tensors`` is a DTensor."""
+    if _dtensor_type() is None:
+        return False
     return any(is_dtensor(t) for t in tensors)
 
 
@@ -55,26 +65,57 @@ def placements_text(t: torch.Tensor) -> str:
 def _placement(p: object) -> str:
     dim = getattr(p, "dim", None)
     name = type(p).__name__
-    if dim is not None and name.endswith("Shard"):
-        return f"{name}({dim})"
+    if dim is not None and splits(p):
+        factor = _split_factor(p)
+        return f"{name}({dim}, split_factor={factor})" if factor != 1 else f"{name}({dim})"
     return f"{name}()"
 
 
-def mesh_shape(t: torch.Tensor) -> tuple[int, ...]:
-    """The device mesh's shape, ``()`` for a plain tensor."""
-    return tuple(t.device_mesh.shape) if is_dtensor(t) else ()
+def splits(p: object) -> bool:
+    """Whether placement ``p`` splits a dimension: ``Shard`` or ``_StridedShard`` (which is not a
+    ``Shard`` for ``is_shard()`` in recent torch)."""
+    return bool(p.is_shard()) or getattr(p, "split_factor", None) is not None
 
 
-def replicated_dims(t: torch.Tensor) -> tuple[int, ...]:
-    """Mesh dimensions over which ``t`` is replicated (every rank on them holds the same piece)."""
-    if not is_dtensor(t):
-        return ()
-    return tuple(i for i, p in enumerate(t.placements) if type(p).__name__ == "Replicate")
+def _split_factor(p: object) -> int:
+    """1 for ``Shard``; the split factor of a ``_StridedShard`` (FSDP2 over tensor parallel)."""
+    return int(getattr(p, "split_factor", 1) or 1)
 
 
 def is_sharded(t: torch.Tensor) -> bool:
     """Whether some mesh dimension splits ``t`` (``Shard`` or ``_StridedShard``)."""
-    return is_dtensor(t) and any(type(p).__name__.endswith("Shard") for p in t.placements)
+    return is_dtensor(t) and any(splits(p) for p in t.placements)
+
+
+def piece_layout(t: torch.Tensor, coordinate: Sequence[int]) -> tuple[list[int], list[int] | None]:
+    """Shape of the piece of DTensor ``t`` that the rank at mesh ``coordinate`` holds, and its offset
+    in each global dimension (None when the piece is not one block: ``_StridedShard``).
+
+    ``Shard(d)`` splits the current size of dimension ``d`` as ``torch.chunk`` does, mesh
+    dimension by mesh dimension; ``Replicate()`` and ``Partial()`` hold the whole size.
+    ``_StridedShard(d, split_factor=f)`` (FSDP2 over tensor parallel) splits ``d`` into
+    ``n * f`` chunks of which the rank takes every ``n``-th: the size is exact, the piece is
+    ``f`` separate blocks.
+    """
+    shape = list(t.shape)
+    offset: list[int] | None = [0] * len(shape)
+    for i, p in enumerate(t.placements):
+        if not splits(p):  # Replicate, Partial: the whole current size
+            continue
+        dim, parts, at = p.dim, t.device_mesh.size(i), int(coordinate[i])
+        size, factor = shape[dim], _split_factor(p)
+        if factor == 1:
+            chunk = -(-size // parts)
+            start = min(at * chunk, size)
+            shape[dim] = min(start + chunk, size) - start
+            if offset is not None:
+                offset[dim] += start
+            continue
+        chunk = -(-size // (parts * factor))
+        bounds = [(min(k * chunk, size), min((k + 1) * chunk, size)) for k in range(parts * factor)]
+        shape[dim] = sum(b - a for a, b in bounds[at::parts])
+        offset = None
+    return shape, offset
 
 
 @dataclass(frozen=True)
@@ -84,7 +125,8 @@ class LocalPiece:
     ``start``/``end`` are element offsets into the global tensor flattened in row-major
     order; they form one contiguous range only when the piece is a block of leading rows
     (``Shard(0)`` on a 1-D mesh, the FSDP2 default); otherwise ``contiguous`` is False and
-    ``start`` is the offset of the piece's first element.
+    ``start`` is the offset of the piece's first element, or -1 when it is not known
+    (``_StridedShard``: the piece is several blocks).
     """
 
     numel: int
@@ -95,15 +137,21 @@ class LocalPiece:
 
 
 def local_piece(t: torch.Tensor) -> LocalPiece:
-    """This rank's piece of ``t``: the whole tensor for a plain or replicated one."""
+    """This rank's piece of ``t``: the whole tensor for a plain or replicated one.
+
+    ``numel`` and ``shape`` are those of the local tensor itself.
+    """
     n = t.numel()
     if not is_dtensor(t):
         return LocalPiece(n, 0, n, True, tuple(t.shape))
     shape = tuple(t.to_local().shape)
-    numel = 1
-    for s in shape:
-        numel *= s
-    offsets = _global_offset(t)
+    numel = math.prod(shape)
+    coordinate = t.device_mesh.get_coordinate()
+    if coordinate is None:  # this rank is not in the mesh: it holds nothing
+        return LocalPiece(numel, 0, 0, numel == 0, shape)
+    _, offsets = piece_layout(t, coordinate)
+    if offsets is None:
+        return LocalPiece(numel, -1, -1, False, shape)
     start = 0
     stride = 1
     for dim in range(len(t.shape) - 1, -1, -1):
@@ -114,24 +162,17 @@ def local_piece(t: torch.Tensor) -> LocalPiece:
     return LocalPiece(numel, start, start + numel if contiguous else start, contiguous, shape)
 
 
-def _global_offset(t: torch.Tensor) -> tuple[int, ...]:
-    """Offset of the local piece in each global dimension (``torch.chunk`` split per mesh dim)."""
-    shape = list(t.shape)
-    offset = [0] * len(shape)
-    coordinate = t.device_mesh.get_coordinate()
-    if coordinate is None:  # this rank is not in the mesh: it holds nothing
-        return tuple(offset)
-    for i, p in enumerate(t.placements):
-        dim = getattr(p, "dim", None)
-        if dim is None or type(p).__name__ != "Shard":
+def _own_parameters(unit: nn.Module, units: set[int]) -> list[torch.Tensor]:
+    """The parameters an FSDP2 unit manages: those below it that no nested unit manages."""
+    out = list(unit.parameters(recurse=False))
+    stack = list(unit.children())
+    while stack:
+        m = stack.pop()
+        if id(m) in units:
             continue
-        size, parts = shape[dim], t.device_mesh.size(i)
-        chunk = -(-size // parts)
-        start = min(coordinate[i] * chunk, size)
-        stop = min(start + chunk, size)
-        offset[dim] += start
-        shape[dim] = stop - start
-    return tuple(offset)
+        out.extend(m.parameters(recurse=False))
+        stack.extend(m.children())
+    return out
 
 
 @contextmanager
@@ -140,14 +181,16 @@ def kept_sharded(model: nn.Module) -> Iterator[None]:
 
     FSDP2 leaves the root unit's parameters gathered after a forward pass (it expects a
     backward pass next); an inspection's forward pass must leave the model as it found it.
+    A unit the caller left gathered (between their forward and backward) stays gathered.
     """
-    try:
-        from torch.distributed.fsdp import FSDPModule
-    except ImportError:  # pragma: no cover - torch built without distributed
+    fsdp = sys.modules.get("torch.distributed.fsdp")  # FSDP2 imports it; without it there is no unit
+    unit_type = getattr(fsdp, "FSDPModule", None)
+    if unit_type is None:
         yield
         return
-    units = [m for m in model.modules() if isinstance(m, FSDPModule)]
-    sharded = units if units and model_has_dtensors(model) else []
+    units = [m for m in model.modules() if isinstance(m, unit_type)]
+    ids = {id(m) for m in units}
+    sharded = [m for m in units if all(is_dtensor(p) for p in _own_parameters(m, ids))]
     try:
         yield
     finally:

@@ -12,9 +12,11 @@ import plotly.graph_objects as go
 
 from ..attribution import AttributionResult
 from ..escaping import escaped_figure, plot_text
+from .palette import readable
 
 DIVERGING = "RdBu"
 MAX_TOKENS = 512
+MAX_TICKS = 32  # token labels on the x axis of a token heatmap; every n-th token beyond that
 
 
 @escaped_figure
@@ -36,6 +38,7 @@ def token_heatmap(result: AttributionResult, title: str | None = None) -> go.Fig
     abs_s = s.pivot(index="sample", columns="index", values="abs_score")
     x = [f"{p}" for p in z.columns]
     first = tok.iloc[0].tolist()
+    every = max(1, -(-len(x) // MAX_TICKS))  # label every n-th token so labels never overlap
     ticks = [f"{plot_text(p)}<br>{'' if pd.isna(t) else plot_text(t)}" for p, t in zip(z.columns, first)]
     text = np.where(z.isna().to_numpy(), "NaN", "")
     custom = np.dstack([tok.to_numpy(dtype=object), abs_s.to_numpy(dtype=object),
@@ -49,36 +52,52 @@ def token_heatmap(result: AttributionResult, title: str | None = None) -> go.Fig
     where = result.layer or "inputs"
     fig.update_layout(title=title or f"{result.captum_method} on {where}: target {result.target}"
                       + (f" at position {result.position}" if result.position is not None else ""),
-                      xaxis=dict(title="position / token id", tickvals=x, ticktext=ticks),
+                      xaxis=dict(title="position / token id" + (f" (every {every}th labelled)" if every > 1
+                                                                  else ""),
+                                 tickvals=x[::every], ticktext=ticks[::every], tickangle=0),
                       height=240 + 40 * len(z.index), margin=dict(l=60, r=20, t=50, b=60))
     return fig
 
 
 @escaped_figure
 def image_overlay(result: AttributionResult, sample: int = 0, opacity: float = 0.6) -> go.Figure:
-    """The input image with the attribution map (summed over channels) laid over it.
+    """The input image and its attribution map (summed over channels), side by side.
 
+    Two panels with the same pixel grid, so a pixel's score sits at the same place as the
+    pixel: scores painted over an image of noise (random example inputs) would hide both.
     Layer maps (GradCAM, a conv layer's conductance) are upsampled to the input's size.
+    ``opacity`` is kept for callers of the earlier overlay and no longer used.
+
+    >>> import torch
+    >>> x = torch.rand(1, 3, 4, 4)
+    >>> r = AttributionResult("saliency", "saliency", "Saliency", 0, None, None, (x,), (x,))
+    >>> [type(t).__name__ for t in image_overlay(r).data]
+    ['Image', 'Heatmap']
     """
+    from plotly.subplots import make_subplots
+
     pixels = result.pixel_map(sample)
     if pixels is None:
         raise ValueError("image_overlay needs a (B, C, H, W) input and attribution")
     img = result.inputs[0][sample].float()  # (C, H, W)
-    fig = go.Figure()
+    fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.08,
+                        subplot_titles=("input", "attribution (summed over channels)"))
     if img.shape[0] == 3:
         lo, hi = float(img.min()), float(img.max())
         rgb = ((img - lo) / (hi - lo if hi > lo else 1.0) * 255).clamp(0, 255).byte()
-        fig.add_trace(go.Image(z=rgb.permute(1, 2, 0).numpy(), hoverinfo="skip"))
+        fig.add_trace(go.Image(z=rgb.permute(1, 2, 0).numpy(), hoverinfo="skip"), row=1, col=1)
     else:
         fig.add_trace(go.Heatmap(z=img.mean(0).numpy(), colorscale="gray", showscale=False,
-                                 hoverinfo="skip"))
+                                 hovertemplate="x %{x}, y %{y}<br>value %{z:.4g}<extra></extra>"), row=1, col=1)
     fig.add_trace(go.Heatmap(
-        z=pixels, colorscale=DIVERGING, zmid=0, opacity=opacity, colorbar=dict(title="score"),
-        hovertemplate="x %{x}, y %{y}<br>score %{z:.4g}<extra></extra>"))
-    fig.update_yaxes(autorange="reversed", scaleanchor="x")
+        z=pixels.astype(float), colorscale=DIVERGING, zmid=0, colorbar=dict(title="score", x=1.02),
+        hovertemplate="x %{x}, y %{y}<br>score %{z:.4g}<extra></extra>"), row=1, col=2)
+    fig.update_yaxes(autorange="reversed")
+    fig.update_yaxes(scaleanchor="x", row=1, col=1)
+    fig.update_yaxes(scaleanchor="x2", row=1, col=2)
     fig.update_layout(title=f"{result.captum_method} on {result.layer or 'inputs'}: "
                             f"sample {sample}, target {result.target}",
-                      height=420, margin=dict(l=20, r=20, t=50, b=20))
+                      height=380, margin=dict(l=20, r=60, t=70, b=20))
     return fig
 
 
@@ -121,7 +140,7 @@ def conductance_bars(results: AttributionResult | list[AttributionResult], top: 
                                  hovertemplate="%{x}<br>F(x) − F(baseline) %{y:.4g}<extra></extra>"))
     fig.update_layout(title=title, yaxis_title="score", height=380, margin=dict(l=60, r=20, t=50, b=80),
                       showlegend=diff is not None)
-    return fig
+    return readable(fig)
 
 
 def completeness_line(result: AttributionResult) -> str:

@@ -14,6 +14,7 @@ import plotly.graph_objects as go
 import torch
 
 from ..escaping import escaped_figure
+from .palette import readable
 
 MAX_ROWS = 128
 MAX_COLS = 192
@@ -65,18 +66,20 @@ def capture_histogram(value: Any, title: str = "", bins: int = 60,
     t = _first_tensor(value)
     fig = go.Figure()
     data = histogram_data(t, bins)
+    # Solid bars for the copy and an outline for the reference: where they overlap neither colour
+    # is blended, so the legend's swatches are the colours drawn.
     fig.add_bar(x=(data["left"] + data["right"]) / 2, y=data["count"], name="copy (what the module output)",
-                marker_color=OK_COLOR, width=(data["right"] - data["left"]).tolist(), opacity=0.75)
+                marker=dict(color=OK_COLOR, line=dict(width=0)), width=(data["right"] - data["left"]).tolist())
     if reference is not None and len(data):
         r = _finite_float(_first_tensor(reference)).float()
         lo, hi = float(data["left"].iloc[0]), float(data["right"].iloc[-1])
-        counts = torch.histc(r.clamp(lo, hi), bins=bins, min=lo, max=hi)
-        fig.add_bar(x=(data["left"] + data["right"]) / 2, y=counts.long().tolist(),
-                    name="bare reference (what a naive hook holds)", marker_color=MUTATED_COLOR,
-                    width=(data["right"] - data["left"]).tolist(), opacity=0.55)
+        counts = torch.histc(r.clamp(lo, hi), bins=bins, min=lo, max=hi).long().tolist()
+        edges = [*data["left"].tolist(), float(data["right"].iloc[-1])]
+        fig.add_scatter(x=edges, y=[*counts, counts[-1]], mode="lines", line=dict(shape="hv", color=MUTATED_COLOR,
+                        width=2.5), name="bare reference (what a naive hook holds)")
     fig.update_layout(barmode="overlay", title=title or f"values {tuple(t.shape)}",
                       xaxis_title="value", yaxis_title="count", bargap=0, legend=dict(orientation="h"))
-    return fig
+    return readable(fig)
 
 
 def heatmap_slice(t: torch.Tensor) -> tuple[torch.Tensor, str, str]:
@@ -174,7 +177,7 @@ def clone_vs_reference_figure(captures: Any, title: str = "Copy vs bare referenc
                            hovertemplate="%{x}<br>max |copy - bare| = %{y:.4g}<extra></extra>"))
     fig.update_layout(title=title, xaxis_title="module", yaxis_title="max |copy - bare reference|",
                       showlegend=False)
-    return fig
+    return readable(fig)
 
 
 @escaped_figure
@@ -192,7 +195,7 @@ def capture_stats_figure(stats: pd.DataFrame, title: str = "Activation statistic
     fig.add_scatter(x=labels, y=rows["min"], mode="markers", name="min", marker=dict(symbol="triangle-down",
                     color="#999"))
     fig.add_scatter(x=labels, y=rows["mean"], mode="markers", name="mean ± std",
-                    error_y=dict(type="data", array=rows["std"].fillna(0.0).tolist()),
+                    error_y=dict(type="data", array=rows["std"].fillna(0.0).tolist(), color="#555555"),
                     marker=dict(color=[MUTATED_COLOR if m else OK_COLOR for m in mutated], size=8))
     fig.update_layout(title=title, xaxis_title="module", yaxis_title="value", legend=dict(orientation="h"))
-    return fig
+    return readable(fig)

@@ -7,6 +7,8 @@ import html
 import pandas as pd
 import plotly.graph_objects as go
 
+from ..escaping import escaped_figure, plot_text
+
 MEMORY_COLUMNS = {  # column -> legend label
     "param_bytes": "parameters (local pieces)",
     "grad_bytes": "gradients (local pieces)",
@@ -17,12 +19,13 @@ MEMORY_COLUMNS = {  # column -> legend label
 }
 
 
+@escaped_figure
 def grad_norm_figure(per_rank: pd.DataFrame, steps: pd.DataFrame) -> go.Figure:
     """One line per rank (norm of its local gradient pieces) plus the global norm, over steps."""
     fig = go.Figure()
     for rank, rows in per_rank.groupby("rank", sort=True):
         fig.add_trace(go.Scatter(x=rows["step"], y=rows["grad_norm"], mode="lines+markers", name=f"rank {rank}",
-                                 hovertemplate=f"rank {rank}<br>step %{{x}}<br>local norm %{{y:.4g}}<extra></extra>"))
+                                 hovertemplate=f"rank {plot_text(rank)}<br>step %{{x}}<br>local norm %{{y:.4g}}<extra></extra>"))
     fig.add_trace(go.Scatter(x=steps["step"], y=steps["grad_norm"], mode="lines+markers", name="global",
                              line={"dash": "dash", "color": "#333"},
                              hovertemplate="global<br>step %{x}<br>norm %{y:.4g}<extra></extra>"))
@@ -31,6 +34,7 @@ def grad_norm_figure(per_rank: pd.DataFrame, steps: pd.DataFrame) -> go.Figure:
     return fig
 
 
+@escaped_figure
 def memory_figure(per_rank: pd.DataFrame, step: int | None = None) -> go.Figure:
     """Grouped bars: each memory measure per rank at ``step`` (default: the last step)."""
     if step is None:

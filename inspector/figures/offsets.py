@@ -8,8 +8,10 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
+from plotly.colors import sample_colorscale
 
 from ..escaping import escaped_figure, plot_text
+from .palette import readable
 
 FULL_ROW = "parameters()"
 TRAINABLE_ROW = "trainable only"
@@ -124,11 +126,20 @@ def offset_strip(full: pd.DataFrame, trainable: pd.DataFrame | None = None,
     ok = [s for s in segments if s.state == "ok"]
     if ok:
         logs = [math.log10(max(s.norm, 1e-30)) for s in ok]
+        lo, hi = min(logs), max(logs)
+        span = hi - lo or 1.0
+        # Colours are computed here: plotly.js warns "Invalid color specifier" for bars coloured by
+        # numbers. An invisible marker carries the colour bar.
+        colours = sample_colorscale("Viridis", [(v - lo) / span for v in logs])
         fig.add_trace(go.Bar(
             y=[s.row for s in ok], x=[s.end - s.start for s in ok], base=[s.start for s in ok],
-            orientation="h", name="gradient norm", hovertext=[s.hover for s in ok],
+            orientation="h", name="gradient norm", hovertext=[s.hover for s in ok], showlegend=False,
             hovertemplate="%{hovertext}<extra></extra>",
-            marker=dict(color=logs, colorscale="Viridis", line=dict(width=0.5, color="white"),
+            marker=dict(color=colours, line=dict(width=0.5, color="white"))))
+        fig.add_trace(go.Scatter(
+            x=[ok[0].start, ok[0].start], y=[ok[0].row, ok[0].row], mode="markers", opacity=0, showlegend=False,
+            hoverinfo="skip", name="log10 gradient norm",
+            marker=dict(color=[lo, hi], colorscale="Viridis", showscale=True,
                         colorbar=dict(title="log10 ‖grad‖", thickness=12))))
     for state, (label, colour, pattern) in STYLE.items():
         segs = [s for s in segments if s.state == state]
@@ -194,4 +205,4 @@ def layer_norm_bars(by_module: pd.DataFrame, top_k: int = 15) -> go.Figure:
         height=120 + 22 * len(names), margin=dict(l=10, r=10, t=40, b=40),
         xaxis=dict(title="L2 norm of the gradient (log)", type="log"),
         yaxis=dict(autorange="reversed"))
-    return fig
+    return readable(fig)

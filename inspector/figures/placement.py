@@ -14,27 +14,11 @@ import plotly.graph_objects as go
 
 from ..escaping import escaped_figure, plot_text
 from ..summary import format_bytes
+from .palette import FIXED_COLOURS, WHOLE_MODEL, device_colours, device_key, readable
 
-PALETTE = ["#4C78A8", "#F58518", "#54A24B", "#B279A2", "#9D755D", "#72B7B2", "#EECA3B", "#FF9DA6"]
-FIXED = {"cpu": "#8C8C8C", "disk": "#5B4636", "mps": "#2CA9B7", "meta": "#D9D9D9",
-         None: "#FFFFFF", "mixed": "#C7C7C7"}
 RED = "#D62728"
 ROOT = "(model)"
-
-
-def device_colours(devices: list[Any]) -> dict[Any, str]:
-    """A stable colour per device: GPUs from a palette by index, fixed ones for cpu/disk/mps/meta.
-
-    >>> device_colours([0, "cpu"])
-    {0: '#4C78A8', 'cpu': '#8C8C8C'}
-    """
-    out = {}
-    for d in devices:
-        if isinstance(d, int):
-            out[d] = PALETTE[d % len(PALETTE)]
-        else:
-            out[d] = FIXED.get(d, "#C7C7C7")
-    return out
+FIXED = {**FIXED_COLOURS, None: FIXED_COLOURS["(none)"]}
 
 
 def _depth(name: str) -> int:
@@ -120,8 +104,7 @@ def placement_treemap(table: pd.DataFrame, max_nodes: int = 400, title: str = ""
         dev = next(iter(devs)) if len(devs) == 1 else "mixed"
         ids.append(nid)
         parents.append("" if nid == ROOT else n["parent"])
-        short = nid if nid == ROOT else nid.rpartition(".")[2] if leaf and "[" not in nid else \
-            nid.rpartition(".")[2]
+        short = WHOLE_MODEL if nid == "" else nid if nid == ROOT else nid.rpartition(".")[2]
         labels.append(("▦ " if n["kind"] == "buffer" else "") + short)
         values.append(n["bytes"] if leaf else 0)
         fill.append(colours.get(dev, FIXED.get(dev, FIXED["mixed"])))
@@ -149,40 +132,69 @@ def placement_treemap(table: pd.DataFrame, max_nodes: int = 400, title: str = ""
 def usage_bars(usage: pd.DataFrame, title: str = "") -> go.Figure:
     """Parameter and buffer bytes per device, stacked, with the budget marked and room kept free.
 
+    Each device has its own colour (the same in every figure); parameters are solid, buffers
+    hatched, room kept free light and dotted.
+
     >>> import pandas as pd
     >>> u = pd.DataFrame({"device": [0, "cpu"], "parameter_bytes": [10, 5], "buffer_bytes": [2, 0],
     ...                   "total_bytes": [12, 5], "budget_bytes": [20, 50], "reserved_bytes": [4, 0]})
-    >>> [t.name for t in usage_bars(u).data]
+    >>> [t.name for t in usage_bars(u).data if t.showlegend is not False]
     ['parameters', 'buffers', 'kept free', 'budget']
+    >>> [t.marker.color for t in usage_bars(u).data if t.name == "parameters"][:2]  # GPU 0, cpu
+    ['#4C78A8', '#8C8C8C']
     """
-    x = ["(none)" if d is None else str(d) for d in usage["device"]]
+    x = [device_key(d) for d in usage["device"]]
     fig = go.Figure()
-    for col, name, colour, shape in (("parameter_bytes", "parameters", "#4C78A8", ""),
-                                     ("buffer_bytes", "buffers", "#F58518", "x"),
-                                     ("reserved_bytes", "kept free", "#DDDDDD", "/")):
+    for col, name, shape, opacity in (("parameter_bytes", "parameters", "", 1.0),
+                                      ("buffer_bytes", "buffers", "x", 1.0),
+                                      ("reserved_bytes", "kept free", ".", 0.35)):
         vals = [0 if pd.isna(v) else int(v) for v in usage[col]]
-        fig.add_bar(x=x, y=vals, name=name, marker=dict(color=colour, pattern=dict(shape=shape)),
-                    hovertext=[format_bytes(v) for v in vals], hoverinfo="text+name")
+        # one trace per device (a bar's pattern takes one colour), one grey legend entry per kind
+        for dev, v in zip(x, vals):
+            fig.add_bar(x=[dev], y=[v], name=name, legendgroup=name, showlegend=False, opacity=opacity,
+                        marker=dict(color=device_colours([dev])[dev], line=dict(color="#333333", width=0.5),
+                                    pattern=dict(shape=shape, fgcolor="#333333")),
+                        hovertext=[format_bytes(v)], hoverinfo="text+name")
+        fig.add_bar(x=[x[0]] if x else [], y=[0] if x else [], name=name, legendgroup=name, opacity=opacity,
+                    marker=dict(color="#BBBBBB", line=dict(color="#333333", width=0.5),
+                                pattern=dict(shape=shape, fgcolor="#333333")), hoverinfo="skip")
     budgets = [None if pd.isna(v) else int(v) for v in usage["budget_bytes"]]
     fig.add_scatter(x=x, y=budgets, mode="markers", name="budget",
                     marker=dict(symbol="line-ew-open", size=44, line=dict(width=3, color=RED)),
                     hovertext=[format_bytes(v) if v is not None else "no budget" for v in budgets],
                     hoverinfo="text+name")
     fig.update_layout(barmode="stack", title=title or None, yaxis_title="bytes", yaxis_tickformat="~s",
-                      xaxis_title="device", xaxis_type="category", height=360, margin=dict(t=40 if title else 10, l=5, r=5, b=5))
-    return fig
+                      xaxis_title="device (colour: the device, as in every figure)", xaxis_type="category",
+                      height=360, margin=dict(t=40 if title else 10, l=5, r=5, b=5))
+    return readable(fig)
 
 
 @escaped_figure
 def usage_side_by_side(ours: pd.DataFrame, theirs: pd.DataFrame,
                        labels: Mapping[str, str] | None = None) -> go.Figure:
-    """Total bytes per device for two plans side by side (ours, accelerate's), with the budget."""
+    """Total bytes per device for two plans side by side (ours, accelerate's).
+
+    The x axis groups the bars by plan; each device keeps its own colour (one trace per
+    device, so the legend lists devices), as in the treemap and the bytes-per-device bars.
+
+    >>> import pandas as pd
+    >>> a = pd.DataFrame({"device": [0, "cpu"], "total_bytes": [10, 5]})
+    >>> b = pd.DataFrame({"device": [0], "total_bytes": [15]})
+    >>> [(t.name, list(t.x[0])) for t in usage_side_by_side(a, b).data]
+    [('0', ['plan_device_map', 'accelerate']), ('cpu', ['plan_device_map'])]
+    """
     labels = dict(labels or {"ours": "plan_device_map", "theirs": "accelerate"})
+    per_device: dict[str, tuple[list[str], list[int]]] = {}
+    for df, key in ((ours, "ours"), (theirs, "theirs")):
+        for d, b in zip(df["device"], df["total_bytes"]):
+            plans, values = per_device.setdefault(device_key(d), ([], []))
+            plans.append(labels[key])
+            values.append(0 if pd.isna(b) else int(b))
     fig = go.Figure()
-    for df, key, colour in ((ours, "ours", "#4C78A8"), (theirs, "theirs", "#F58518")):
-        fig.add_bar(x=["(none)" if d is None else str(d) for d in df["device"]],
-                    y=df["total_bytes"].astype(int).tolist(), name=labels[key], marker_color=colour)
-    fig.update_layout(barmode="group", yaxis_title="bytes", yaxis_tickformat="~s", xaxis_type="category",
-                      height=320,
-                      margin=dict(t=10, l=5, r=5, b=5))
-    return fig
+    for dev, (plans, values) in per_device.items():
+        fig.add_bar(x=[plans, [dev] * len(plans)], y=values, name=dev,
+                    marker=dict(color=device_colours([dev])[dev], line=dict(color="#333333", width=0.5)),
+                    hovertext=[format_bytes(v) for v in values], hoverinfo="text+name")
+    fig.update_layout(barmode="group", yaxis_title="bytes", yaxis_tickformat="~s", height=320,
+                      legend_title_text="device", margin=dict(t=10, l=5, r=5, b=5))
+    return readable(fig)

@@ -74,6 +74,8 @@ def _open(browser, path: Path):
     context.route("**/*", route)
     page.on("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))
     page.on("pageerror", lambda e: errors.append(str(e)))
+    # plotly.js logs a colour it cannot read (and draws it black): count those as errors too
+    page.on("console", lambda m: errors.append(m.text) if "Invalid color" in m.text else None)
     page.goto(path.as_uri(), wait_until="load")
     return context, page, requests, dialogs, errors
 

@@ -1,0 +1,68 @@
+"""One colour per device for every figure of the dashboard and the report, and readable axes.
+
+GPU ``n`` (``0``, ``"cuda:0"``) always gets the same colour, ``cpu``, ``disk``, ``mps`` and
+``meta`` fixed ones, so a device looks alike in the device-map treemap, the bytes-per-device
+bars and the comparison of two plans.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from typing import Any
+
+GPU_COLOURS = ["#4C78A8", "#F58518", "#54A24B", "#B279A2", "#9D755D", "#72B7B2", "#EECA3B", "#FF9DA6"]
+FIXED_COLOURS = {"cpu": "#8C8C8C", "disk": "#5B4636", "mps": "#2CA9B7", "meta": "#D9D9D9",
+                 "(none)": "#FFFFFF", "mixed": "#C7C7C7"}
+OTHER = "#C7C7C7"
+WHOLE_MODEL = "(whole model)"  # accelerate's device-map key "" (the model itself)
+
+
+def device_key(device: Any) -> str:
+    """A device as one spelling: ``0``, ``"0"``, ``"cuda:0"`` -> ``"0"``; None -> ``"(none)"``.
+
+    >>> [device_key(d) for d in (0, "cuda:1", "cpu", None)]
+    ['0', '1', 'cpu', '(none)']
+    """
+    if device is None:
+        return "(none)"
+    text = str(device).strip()
+    m = re.fullmatch(r"(?:cuda:)?(\d+)", text)
+    return m.group(1) if m else text
+
+
+def device_colour(device: Any) -> str:
+    """The one colour of ``device`` in every figure.
+
+    >>> device_colour(0) == device_colour("cuda:0") == device_colour("0"), device_colour("cpu")
+    (True, '#8C8C8C')
+    """
+    key = device_key(device)
+    if key.isdigit():
+        return GPU_COLOURS[int(key) % len(GPU_COLOURS)]
+    return FIXED_COLOURS.get(key, OTHER)
+
+
+def device_colours(devices: Iterable[Any]) -> dict[Any, str]:
+    """``{device: colour}`` for several devices (see :func:`device_colour`).
+
+    >>> device_colours([0, "cpu"])
+    {0: '#4C78A8', 'cpu': '#8C8C8C'}
+    """
+    return {d: device_colour(d) for d in devices}
+
+
+def key_label(key: str) -> str:
+    """A device-map key for people: accelerate's ``""`` is the whole model.
+
+    >>> key_label(""), key_label("transformer.h.0")
+    ('(whole model)', 'transformer.h.0')
+    """
+    return WHOLE_MODEL if key == "" else key
+
+
+def readable(fig: Any) -> Any:
+    """Let every axis take the room its tick labels need (long module names are not cut); returns ``fig``."""
+    fig.update_xaxes(automargin=True)
+    fig.update_yaxes(automargin=True)
+    return fig

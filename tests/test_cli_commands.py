@@ -1,0 +1,42 @@
+"""The command line imports only the chosen command's module; ``--help`` still lists every command."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from unittest.mock import patch
+
+from inspector.__main__ import command_names, main
+
+
+def test_help_lists_every_command_with_its_one_line_description(capsys):
+    assert main(["--help"]) == 0
+    text = " ".join(capsys.readouterr().out.split())  # argparse wraps the lines
+    names = command_names()
+    assert names == ["aliases", "attribute", "capture", "checkpoint", "devicemap", "distributed", "offsets",
+                     "report", "summary"]
+    for name in names:
+        help_text = importlib.import_module(f"inspector.commands.{name}").HELP
+        assert f"{name} {' '.join(help_text.split())}" in text, name
+
+
+def test_only_the_chosen_command_module_is_imported(capsys):
+    def loaded() -> list[str]:
+        return sorted(m for m in sys.modules if m.startswith("inspector.commands.")
+                      and not m.startswith("inspector.commands._"))
+
+    with patch.dict(sys.modules):  # the command modules this process has, restored afterwards
+        for name in loaded():
+            del sys.modules[name]
+        assert main(["--help"]) == 0
+        assert loaded() == []  # the list of commands comes from their source files
+        assert main(["checkpoint", "--help"]) == 0
+        assert loaded() == ["inspector.commands.checkpoint"]
+    assert "usage: python -m inspector checkpoint" in capsys.readouterr().out
+
+
+def test_options_before_the_command_and_unknown_commands(capsys, tmp_path):
+    assert main(["--debug", "checkpoint", str(tmp_path / "none.safetensors")]) == 2
+    assert "none.safetensors" in capsys.readouterr().err
+    assert main(["nosuch"]) == 2
+    assert "invalid choice: 'nosuch'" in capsys.readouterr().err
