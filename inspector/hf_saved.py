@@ -3,7 +3,7 @@
 Names, shapes and dtypes come from the files' headers (the safetensors header; a torch file is
 opened memory-mapped, so its tensors are not read). Values are read only where a saved value may
 differ from the model's tensor: when several saved tensors fill one model tensor (a tie), and when
-transformers' loading report (``from_pretrained(..., output_loading_info=True)``) says it did not
+transformers' loading report (``output_loading_info=True`` of ``from_pretrained``) says it did not
 load a tensor the files hold. Without a loading report (a model changed since it was loaded) every
 saved value is compared.
 """
@@ -200,7 +200,7 @@ def check_saved(model: nn.Module, path: Path, loading: Mapping[str, Any] | None 
     Args:
         model: the model, loaded from ``path`` or not.
         path: a Hugging Face model folder.
-        loading: what ``from_pretrained(path, output_loading_info=True)`` returned with ``model``
+        loading: what ``from_pretrained`` with ``output_loading_info=True`` returned with ``model``
             (``missing_keys``, ``mismatched_keys``, ``error_msgs``). With it, values are read only
             for saved tensors that share one model tensor and for model tensors the report says
             were not loaded; without it (the model may have changed since), every saved value.
