@@ -175,6 +175,8 @@ class TensorInventory:
         by_storage: storage key -> indices into ``unique`` (object numbers) of the objects
             over that storage, first-seen order; objects without a key are left out.
         include_buffers: whether buffers were walked.
+        modules: every module name, ``named_modules(remove_duplicate=False)`` order (``""`` is
+            the root; a module held twice is listed under both names).
 
     >>> from torch import nn
     >>> m = nn.Sequential(nn.Linear(2, 2, bias=False), nn.Linear(2, 2, bias=False))
@@ -191,6 +193,7 @@ class TensorInventory:
     by_object: dict[int, tuple[int, ...]] = field(repr=False)
     by_storage: dict[tuple, tuple[int, ...]] = field(repr=False)
     include_buffers: bool = True
+    modules: tuple[str, ...] = field(default=(), repr=False)
 
     def __len__(self) -> int:
         return len(self.entries)
@@ -270,8 +273,11 @@ class TensorInventory:
         return any(e.device.type == "meta" for e in self.unique_entries())
 
 
-def _walk(model: nn.Module, include_buffers: bool) -> list[tuple[str, str, str, torch.Tensor, str]]:
+def _walk(model: nn.Module, include_buffers: bool,
+          modules: list[str]) -> list[tuple[str, str, str, torch.Tensor, str]]:
     """(name, module, attr, tensor, kind) for ``named_parameters`` then ``named_buffers``, with duplicates.
+
+    Appends every module name to ``modules`` on the way.
 
     For modules that do not override those two methods, both lists come from one walk of
     ``named_modules(remove_duplicate=False)`` (what the two methods do, each on its own walk).
@@ -279,6 +285,7 @@ def _walk(model: nn.Module, include_buffers: bool) -> list[tuple[str, str, str, 
     cls = type(model)
     if cls.named_parameters is not nn.Module.named_parameters or \
             cls.named_buffers is not nn.Module.named_buffers:
+        modules.extend(n for n, _ in model.named_modules(remove_duplicate=False))
         out = [(n, *_split(n), t, "parameter") for n, t in model.named_parameters(remove_duplicate=False)]
         if include_buffers:
             out += [(n, *_split(n), t, "buffer") for n, t in model.named_buffers(remove_duplicate=False)]
@@ -286,6 +293,7 @@ def _walk(model: nn.Module, include_buffers: bool) -> list[tuple[str, str, str, 
     params: list[tuple[str, str, str, torch.Tensor, str]] = []
     buffers: list[tuple[str, str, str, torch.Tensor, str]] = []
     for prefix, module in model.named_modules(remove_duplicate=False):
+        modules.append(prefix)
         dot = prefix + "." if prefix else ""
         for k, v in module._parameters.items():
             if v is not None:
@@ -327,7 +335,8 @@ def tensor_inventory(model: nn.Module, include_buffers: bool = True) -> TensorIn
     unique: list[int] = []
     by_object: dict[int, list[int]] = {}
     by_storage: dict[tuple, list[int]] = {}
-    for i, (name, module, attr, t, kind) in enumerate(_walk(model, include_buffers)):
+    modules: list[str] = []
+    for i, (name, module, attr, t, kind) in enumerate(_walk(model, include_buffers, modules)):
         seen = by_object.get(id(t))
         if seen is None:
             obj = len(unique)
@@ -343,4 +352,4 @@ def tensor_inventory(model: nn.Module, include_buffers: bool = True) -> TensorIn
             e = TensorEntry(name, kind, module, attr, t, f.name, f.obj, f.storage_key)
         entries.append(e)
     return TensorInventory(tuple(entries), tuple(unique), {k: tuple(v) for k, v in by_object.items()},
-                           {k: tuple(v) for k, v in by_storage.items()}, include_buffers)
+                           {k: tuple(v) for k, v in by_storage.items()}, include_buffers, tuple(modules))

@@ -535,8 +535,8 @@ def _aliases_section(ctx: Context) -> Section:
         tables.append(Table("Disjoint views of one storage (not aliases)", ("regions", "storage_bytes", "device"),
                             tuple((" | ".join(", ".join(r) for r in d.regions), d.storage_nbytes, d.device)
                                   for d in analysis.disjoint)))
-    figures = _figure(ctx, notes, "aliases", "alias_graph_figure", "Alias graph", ctx.model,
-                      list(analysis.groups), summary=tables[0])
+    figures = _figure(ctx, notes, "aliases", "alias_graph_figure", "Alias graph",
+                      need("aliases", "graph_data")(ctx.model, list(analysis.groups)), summary=tables[0])
     names = _conversions(ctx, notes)
     if names:
         conversion_table = need("aliases", "conversion_table")
