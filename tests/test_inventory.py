@@ -37,6 +37,8 @@ def test_entries_follow_the_walk_with_owners_and_first_names():
     assert [e.is_alias for e in inv] == [False, False, True, False, False, False]
     assert inv.unique == (0, 1, 3, 4, 5)
     assert inv.by_object[id(m[0].weight)] == (0, 2)
+    assert inv.aliased == {0: (0, 2)}  # only object 0 (0.weight) has two names
+    assert [inv.entries_of(o) for o in range(5)] == [(0, 2), (1,), (3,), (4,), (5,)]
     assert inv.entries[2].tensor is m[0].weight is m[1].weight
     assert inv.names_of(m[0].weight) == ["0.weight", "1.weight"]
     assert inv.names_of(torch.zeros(1)) == []

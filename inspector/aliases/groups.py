@@ -173,13 +173,14 @@ def alias_analysis(model: nn.Module, include_buffers: bool = True) -> AliasAnaly
 
 def analyse_inventory(inv: TensorInventory) -> AliasAnalysis:
     """:func:`alias_analysis` of a model already walked by :func:`~inspector.inventory.tensor_inventory`."""
-    objs, unique_numel, with_aliases = _objects(inv)
+    objects = [inv.entries_of(o) for o in range(len(inv.unique))]  # entry indices of each object
     findings: list[Finding] = []
-    by_storage: dict[tuple, list[_Obj]] = {}
-    identity: list[_Obj] = []
+    by_storage: dict[tuple, list[int]] = {}
+    identity: list[int] = []
     meta = 0
-    for o, key in zip(objs, (inv.entries[i].storage_key for i in inv.unique)):
-        t = o.tensor
+    for o, idx in enumerate(objects):
+        e = inv.entries[idx[0]]
+        t = e.tensor
         if t.is_meta:
             meta += 1
             identity.append(o)
@@ -187,42 +188,49 @@ def analyse_inventory(inv: TensorInventory) -> AliasAnalysis:
         why = _not_analysable(t)
         if why is None and t.numel() == 0:
             identity.append(o)  # no memory: zero-size tensors never alias by storage
-        elif why is not None or key is None:
+        elif why is not None or e.storage_key is None:
             why = why or "it has no storage that can be read"
-            findings.append(Finding("alias-not-analysable", "info", o.names[0],
-                                    f"{o.names[0]}: {why}, so only object identity was checked for "
+            findings.append(Finding("alias-not-analysable", "info", e.name,
+                                    f"{e.name}: {why}, so only object identity was checked for "
                                     "aliases; shared memory with other tensors is not detected"))
             identity.append(o)
         else:
-            by_storage.setdefault(key, []).append(o)
-    found = [(o.first, _make_group([o], False)) for o in identity if len(o.names) > 1]
-    more, disjoint = _storage_groups(by_storage)
+            by_storage.setdefault(e.storage_key, []).append(o)
+    found = [(objects[o][0], _make_group([_obj(inv, objects[o])], False))
+             for o in identity if len(objects[o]) > 1]
+    more, disjoint = _storage_groups({key: [_obj(inv, objects[o]) for o in objs]
+                                      for key, objs in by_storage.items()
+                                      if len(objs) > 1 or len(objects[objs[0]]) > 1})
     groups = [g for _, g in sorted(found + more, key=lambda pair: pair[0])]
     if meta:
         findings.append(Finding(
             "alias-identity-only", "info", "",
             f"{meta} tensors are on the meta device and hold no memory: aliases were found by object "
             "identity only (same-object); shared storage and overlapping views cannot be seen there"))
+    unique_numel, with_aliases = _parameter_elements(inv)
     return AliasAnalysis(tuple(groups), tuple(disjoint), tuple(findings), meta > 0 and not by_storage,
                          len(inv.entries), unique_numel, with_aliases)
 
 
-def _objects(inv: TensorInventory) -> tuple[list[_Obj], int, int]:
-    """One :class:`_Obj` per distinct tensor, first-seen order; parameter elements unique and with aliases."""
-    objs: list[_Obj] = []
-    unique_numel = with_aliases = 0
-    for i, e in enumerate(inv.entries):
-        if e.obj == len(objs):
-            objs.append(_Obj(e.tensor, i))
-            if e.kind == "parameter":
-                unique_numel += e.tensor.numel()
-        o = objs[e.obj]
-        o.names.append(e.name)
-        o.kinds.append(e.kind)
-        o.order.append(i)
+def _obj(inv: TensorInventory, idx: tuple[int, ...]) -> _Obj:
+    """The :class:`_Obj` of one tensor object from the indices of its entries."""
+    o = _Obj(inv.entries[idx[0]].tensor, idx[0])
+    o.names = [inv.entries[i].name for i in idx]
+    o.kinds = [inv.entries[i].kind for i in idx]
+    o.order = list(idx)
+    return o
+
+
+def _parameter_elements(inv: TensorInventory) -> tuple[int, int]:
+    """Parameter elements counting each object once (``parameters()``), and counting every name."""
+    unique = with_aliases = 0
+    for e in inv.entries:
         if e.kind == "parameter":
-            with_aliases += e.tensor.numel()
-    return objs, unique_numel, with_aliases
+            n = e.tensor.numel()
+            with_aliases += n
+            if e.name == e.first_name:
+                unique += n
+    return unique, with_aliases
 
 
 def _storage_groups(by_storage: dict[tuple, list[_Obj]]) -> tuple[list[tuple[int, AliasGroup]],
