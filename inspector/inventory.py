@@ -27,30 +27,24 @@ KINDS = ("parameter", "buffer")
 def storage_key(t: torch.Tensor) -> tuple[str, int | None, int] | None:
     """``(device type, device index, address of the storage)``: equal keys mean one storage.
 
-    None where there is no memory to compare: meta and fake tensors, tensors with no
-    elements, sparse and quantized tensors, wrapper subclasses without storage (a DTensor
-    itself; its ``to_local()`` has one). No storage object is made, so this is cheap.
+    None where there is no memory to compare: meta and fake tensors, tensors whose storage
+    is empty, sparse and quantized tensors, wrapper subclasses without storage (a DTensor
+    itself; its ``to_local()`` has one).
 
     >>> w = torch.zeros(2, 3)
     >>> storage_key(w[1]) == storage_key(w), storage_key(torch.zeros(2, device="meta"))
     (True, None)
     """
-    if t.is_meta or t.layout != torch.strided or t.is_quantized or t.numel() == 0 or _is_fake(t):
-        return None
     try:
-        ptr = t.data_ptr() - t.storage_offset() * t.element_size()
+        storage = t.untyped_storage()  # sparse tensors and wrapper subclasses have none: they raise
     except (RuntimeError, NotImplementedError, TypeError):
         return None
-    if ptr == 0:
+    device = storage.device
+    # meta and fake tensors have their storage on meta (reading a fake one's address warns)
+    if device.type == "meta" or t.is_quantized or t.layout is not torch.strided:
         return None
-    return (t.device.type, t.device.index, ptr)
-
-
-def _is_fake(t: torch.Tensor) -> bool:
-    """Whether ``t`` is a FakeTensor (no fake tensor exists unless its module was imported)."""
-    module = sys.modules.get("torch._subclasses.fake_tensor")
-    cls = getattr(module, "FakeTensor", None) if module is not None else None
-    return cls is not None and isinstance(t, cls)
+    ptr = storage.data_ptr()
+    return None if ptr == 0 else (device.type, device.index, ptr)
 
 
 def _dtensor_type() -> type | None:
@@ -283,36 +277,85 @@ class TensorInventory:
         return any(e.device.type == "meta" for e in self.unique_entries())
 
 
-def _walk(model: nn.Module, include_buffers: bool,
-          modules: list[str]) -> list[tuple[str, str, str, torch.Tensor, str]]:
-    """(name, module, attr, tensor, kind) for ``named_parameters`` then ``named_buffers``, with duplicates.
+class _Builder:
+    """Entries and groupings, filled one name at a time in walk order."""
 
-    Appends every module name to ``modules`` on the way.
+    def __init__(self) -> None:
+        self.dtensor = _dtensor_type()
+        self.entries: list[TensorEntry] = []
+        self.unique: list[int] = []
+        self.first: dict[int, int] = {}  # id(tensor) -> index of its first entry
+        self.aliased: dict[int, list[int]] = {}
+        self.by_storage: dict[tuple, list[int]] = {}
+        self.modules: list[str] = []
 
-    For modules that do not override those two methods, both lists come from one walk of
-    ``named_modules(remove_duplicate=False)`` (what the two methods do, each on its own walk).
-    """
-    cls = type(model)
-    if cls.named_parameters is not nn.Module.named_parameters or \
-            cls.named_buffers is not nn.Module.named_buffers:
-        modules.extend(n for n, _ in model.named_modules(remove_duplicate=False))
-        out = [(n, *_split(n), t, "parameter") for n, t in model.named_parameters(remove_duplicate=False)]
+    def add(self, name: str, kind: str, module: str, attr: str, t: torch.Tensor) -> None:
+        entries = self.entries
+        i = len(entries)
+        j = self.first.get(id(t))
+        if j is None:
+            obj = len(self.unique)
+            self.first[id(t)] = i
+            self.unique.append(i)
+            key = None if self.dtensor is not None and isinstance(t, self.dtensor) else storage_key(t)
+            # tuple.__new__: TensorEntry(...) without its keyword handling, for the hot loop
+            entries.append(tuple.__new__(TensorEntry, (name, kind, module, attr, t, name, obj, key)))
+            if key is not None:
+                self.by_storage.setdefault(key, []).append(obj)
+        else:
+            f = entries[j]
+            self.aliased.setdefault(f.obj, [j]).append(i)
+            entries.append(tuple.__new__(TensorEntry, (name, kind, module, attr, t, f.name, f.obj,
+                                                       f.storage_key)))
+
+    def walk(self, model: nn.Module, include_buffers: bool) -> None:
+        """``named_parameters`` then ``named_buffers``, with duplicates, and every module name.
+
+        Where no module overrides ``named_modules`` and the root overrides neither
+        ``named_parameters`` nor ``named_buffers``, one pre-order walk over ``_modules`` with a
+        stack visits what ``named_modules(remove_duplicate=False)`` yields, in its order, without
+        its chain of generators (one per level of depth); otherwise the three methods are asked.
+        """
+        cls = type(model)
+        if cls.named_parameters is nn.Module.named_parameters and cls.named_buffers is nn.Module.named_buffers:
+            buffers = self._stack_walk(model, include_buffers)
+            if buffers is not None:
+                for b in buffers:
+                    self.add(*b)
+                return
+            self.__init__()  # type: ignore[misc]
+        self.modules.extend(n for n, _ in model.named_modules(remove_duplicate=False))
+        for n, t in model.named_parameters(remove_duplicate=False):
+            self.add(n, "parameter", *_split(n), t)
         if include_buffers:
-            out += [(n, *_split(n), t, "buffer") for n, t in model.named_buffers(remove_duplicate=False)]
-        return out
-    params: list[tuple[str, str, str, torch.Tensor, str]] = []
-    buffers: list[tuple[str, str, str, torch.Tensor, str]] = []
-    for prefix, module in model.named_modules(remove_duplicate=False):
-        modules.append(prefix)
-        dot = prefix + "." if prefix else ""
-        for k, v in module._parameters.items():
-            if v is not None:
-                params.append((dot + k, prefix, k, v, "parameter"))
-        if include_buffers:
-            for k, v in module._buffers.items():
+            for n, t in model.named_buffers(remove_duplicate=False):
+                self.add(n, "buffer", *_split(n), t)
+
+    def _stack_walk(self, model: nn.Module,
+                    include_buffers: bool) -> list[tuple[str, str, str, str, torch.Tensor]] | None:
+        """Add every parameter; return the buffers to add after them (None: some module overrides
+        ``named_modules``, start again with the methods)."""
+        buffers: list[tuple[str, str, str, str, torch.Tensor]] = []
+        plain = nn.Module.named_modules
+        add, modules = self.add, self.modules
+        stack: list[tuple[str, nn.Module]] = [("", model)]
+        while stack:
+            prefix, module = stack.pop()
+            if type(module).named_modules is not plain:
+                return None
+            modules.append(prefix)
+            dot = prefix + "." if prefix else ""
+            for k, v in module._parameters.items():
                 if v is not None:
-                    buffers.append((dot + k, prefix, k, v, "buffer"))
-    return params + buffers
+                    add(dot + k, "parameter", prefix, k, v)
+            if include_buffers:
+                for k, v in module._buffers.items():
+                    if v is not None:
+                        buffers.append((dot + k, "buffer", prefix, k, v))
+            for k, m in reversed(module._modules.items()):
+                if m is not None:
+                    stack.append((dot + k, m))
+        return buffers
 
 
 def _split(name: str) -> tuple[str, str]:
@@ -320,7 +363,8 @@ def _split(name: str) -> tuple[str, str]:
     return module, attr
 
 
-def tensor_inventory(model: nn.Module, include_buffers: bool = True) -> TensorInventory:
+def tensor_inventory(model: nn.Module, include_buffers: bool = True, *,
+                     what: str = "tensor_inventory") -> TensorInventory:
     """Walk ``model``'s parameters and buffers once, keeping every name and grouping by object and storage.
 
     Metadata only: works on the meta device and allocates nothing. The model is not changed.
@@ -328,6 +372,7 @@ def tensor_inventory(model: nn.Module, include_buffers: bool = True) -> TensorIn
     Args:
         model: any ``nn.Module``.
         include_buffers: also walk ``named_buffers(remove_duplicate=False)``.
+        what: the function to name when ``model`` is no ``nn.Module`` (the one the user called).
 
     Returns:
         The :class:`TensorInventory`; build it once per analysis and pass it on.
@@ -339,28 +384,8 @@ def tensor_inventory(model: nn.Module, include_buffers: bool = True) -> TensorIn
     >>> [e.is_alias for e in inv], inv.unique_numel(), inv.numel_with_aliases()
     ([False, True], 4, 8)
     """
-    model = require_module(model, "tensor_inventory")
-    dtensor = _dtensor_type()
-    entries: list[TensorEntry] = []
-    unique: list[int] = []
-    first: dict[int, int] = {}  # id(tensor) -> index of its first entry
-    aliased: dict[int, list[int]] = {}
-    by_storage: dict[tuple, list[int]] = {}
-    modules: list[str] = []
-    new = tuple.__new__  # TensorEntry(...) without the keyword handling: a third of the walk's time
-    for i, (name, module, attr, t, kind) in enumerate(_walk(model, include_buffers, modules)):
-        j = first.get(id(t))
-        if j is None:
-            obj = len(unique)
-            first[id(t)] = i
-            unique.append(i)
-            key = None if dtensor is not None and isinstance(t, dtensor) else storage_key(t)
-            entries.append(new(TensorEntry, (name, kind, module, attr, t, name, obj, key)))
-            if key is not None:
-                by_storage.setdefault(key, []).append(obj)
-        else:
-            f = entries[j]
-            aliased.setdefault(f.obj, [j]).append(i)
-            entries.append(new(TensorEntry, (name, kind, module, attr, t, f.name, f.obj, f.storage_key)))
-    return TensorInventory(tuple(entries), tuple(unique), {k: tuple(v) for k, v in aliased.items()},
-                           {k: tuple(v) for k, v in by_storage.items()}, include_buffers, tuple(modules))
+    model = require_module(model, what)
+    b = _Builder()
+    b.walk(model, include_buffers)
+    return TensorInventory(tuple(b.entries), tuple(b.unique), {k: tuple(v) for k, v in b.aliased.items()},
+                           {k: tuple(v) for k, v in b.by_storage.items()}, include_buffers, tuple(b.modules))

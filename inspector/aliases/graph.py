@@ -6,7 +6,6 @@ from dataclasses import dataclass
 
 from torch import nn
 
-from ..checks import require_module
 from ..inventory import TensorInventory, tensor_inventory
 from .groups import AliasGroup, analyse_inventory
 
@@ -48,8 +47,7 @@ def graph_data(model: nn.Module, groups: list[AliasGroup] | tuple[AliasGroup, ..
     >>> len(d.nodes), d.extra
     (4, [('m:1', 't:0.weight', 0)])
     """
-    model = require_module(model, "graph_data")
-    inv = tensor_inventory(model)
+    inv = tensor_inventory(model, what="graph_data")
     groups = analyse_inventory(inv).groups if groups is None else tuple(groups)
     return inventory_graph(inv, groups, max_nodes)
 

@@ -17,7 +17,6 @@ from dataclasses import dataclass
 import pandas as pd
 from torch import nn
 
-from ..checks import require_module
 from ..findings import Finding
 from ..inventory import TensorInventory, tensor_inventory
 from .memory import _components_of_storage, _memkey, _not_analysable, _Obj, _span
@@ -167,13 +166,13 @@ def alias_analysis(model: nn.Module, include_buffers: bool = True) -> AliasAnaly
     >>> a.unique_numel, a.numel_with_aliases, a.groups[0].names
     (4, 8, ('0.weight', '1.weight'))
     """
-    model = require_module(model, "alias_analysis")
-    return analyse_inventory(tensor_inventory(model, include_buffers))
+    return analyse_inventory(tensor_inventory(model, include_buffers, what="alias_analysis"))
 
 
 def analyse_inventory(inv: TensorInventory) -> AliasAnalysis:
     """:func:`alias_analysis` of a model already walked by :func:`~inspector.inventory.tensor_inventory`."""
-    objects = [inv.entries_of(o) for o in range(len(inv.unique))]  # entry indices of each object
+    aliased = inv.aliased
+    objects = [aliased.get(o) or (i,) for o, i in enumerate(inv.unique)]  # entry indices of each object
     findings: list[Finding] = []
     by_storage: dict[tuple, list[int]] = {}
     identity: list[int] = []

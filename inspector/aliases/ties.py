@@ -61,8 +61,7 @@ def snapshot_ties(model: nn.Module, include_buffers: bool = True) -> TieSnapshot
     >>> len(s.groups), s.unique_numel
     (1, 4)
     """
-    model = require_module(model, "snapshot_ties")
-    return snapshot_inventory(tensor_inventory(model, include_buffers))
+    return snapshot_inventory(tensor_inventory(model, include_buffers, what="snapshot_ties"))
 
 
 def snapshot_inventory(inv: TensorInventory) -> TieSnapshot:
@@ -180,11 +179,10 @@ def compare_ties(snapshot: TieSnapshot, model: nn.Module) -> list[Finding]:
     >>> [f.code for f in compare_ties(s, m)]
     ['tie-broken']
     """
-    model = require_module(model, "compare_ties")
+    inv = tensor_inventory(model, what="compare_ties")
     if not isinstance(snapshot, TieSnapshot):
         raise InspectorError(f"compare_ties needs a TieSnapshot from snapshot_ties(model), got "
                              f"{type(snapshot).__name__}")
-    inv = tensor_inventory(model)
     return _outcome_findings(outcomes(snapshot, inv.tensors()), snapshot.unique_numel, inv.unique_numel())
 
 
