@@ -92,7 +92,7 @@ def attribute(loaded: LoadedModel, inputs: Any, method: str, target: int | None,
     return _result(call, out, target)
 
 
-@dataclass
+@dataclass(slots=True)
 class _Call:
     """One captum call, prepared and checked: the method, the layer, the inputs, the forward."""
 
