@@ -117,16 +117,12 @@ def _tensor_rows(model: nn.Module) -> tuple[list[_Row], list[str]]:
     return rows, modules
 
 
-def _audit_rows(rows: list[_Row], device_of: list[Device | None], devices: list[Device],
-                meta_ok: bool = False, dispatched: bool = False) -> pd.DataFrame:
-    """The audit table, given each row's device (None: unassigned).
+def _module_devices(rows: list[_Row], device_of: list[Device | None], devices: list[Device],
+                    ) -> tuple[dict[str, Device], dict[str, set], dict[str, Device | None]]:
+    """Per owning module: its primary device and every device its tensors use; each leader's device.
 
-    With ``dispatched`` (real placement after accelerate's hooks), a buffer is not stranded
-    when its module's parameters are offloaded (disk, or cpu behind a GPU) and the buffer sits
-    on the device those layers run on: accelerate keeps buffers there unless told otherwise.
+    The primary device holds most of the module's parameter bytes (the earlier device on a tie).
     """
-    main = main_device(devices)
-    offload = offload_devices(main) if dispatched else set()
     per: dict[str, dict[Device, int]] = {}
     seen: dict[str, set] = {}
     leader_dev: dict[str, Device | None] = {}
@@ -145,6 +141,20 @@ def _audit_rows(rows: list[_Row], device_of: list[Device | None], devices: list[
                 pm[dev] = pm.get(dev, 0) + r.nbytes
     rank = {d: i for i, d in enumerate(devices)}
     primary = {m: max(b, key=lambda d: (b[d], -rank.get(d, len(rank)))) for m, b in per.items() if b}
+    return primary, seen, leader_dev
+
+
+def _audit_rows(rows: list[_Row], device_of: list[Device | None], devices: list[Device],
+                meta_ok: bool = False, dispatched: bool = False) -> pd.DataFrame:
+    """The audit table, given each row's device (None: unassigned).
+
+    With ``dispatched`` (real placement after accelerate's hooks), a buffer is not stranded
+    when its module's parameters are offloaded (disk, or cpu behind a GPU) and the buffer sits
+    on the device those layers run on: accelerate keeps buffers there unless told otherwise.
+    """
+    main = main_device(devices)
+    offload = offload_devices(main) if dispatched else set()
+    primary, seen, leader_dev = _module_devices(rows, device_of, devices)
     findings, primaries, splits, aliases = [], [], [], []
     for r, dev in zip(rows, device_of):
         prim = primary.get(r.module)

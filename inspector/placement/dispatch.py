@@ -92,6 +92,36 @@ def _check_devices_exist(dm: Mapping[str, Device]) -> None:
                              "have; plan for the devices here (e.g. cpu and disk) to dispatch")
 
 
+def _root_parts_on_disk(model: nn.Module, dm: dict[str, Device]) -> dict[str, Device]:
+    """The map with a root key on disk replaced by the root's parts, all on disk.
+
+    accelerate cannot offload the root key itself (it finds no tensors under ``""``).
+    """
+    if dm.get("") != "disk":
+        return dm
+    out = {k: v for k, v in dm.items() if k}
+    out.update({n: "disk" for n, _ in model.named_children()})
+    out.update({n: "disk" for n, _ in [*model.named_parameters(recurse=False), *model.named_buffers(recurse=False)]})
+    return out
+
+
+def _move_tensor_keys(target: nn.Module, dm: Mapping[str, Device]) -> None:
+    """Move the tensors the map names directly (not modules) to their device, in place.
+
+    ``dispatch_model`` places and offloads whole modules only: a tensor key (a split module's
+    own buffer) is moved here, and one mapped to disk stays in memory on the device where disk
+    layers run.
+    """
+    from accelerate.utils import set_module_tensor_to_device
+
+    modules = dict(target.named_modules())
+    main = main_device(dm.values())
+    for key, dev in dm.items():
+        if key not in modules:
+            dev = main if dev == "disk" else dev
+            set_module_tensor_to_device(target, key, f"cuda:{dev}" if isinstance(dev, int) else dev)
+
+
 def dispatch_plan(model: nn.Module, device_map: Mapping[str, Any], *, offload_folder: str | None = None,
                   in_place: bool = False) -> Dispatched:
     """Apply a device map with ``accelerate.dispatch_model`` and audit where tensors end up.
@@ -112,19 +142,13 @@ def dispatch_plan(model: nn.Module, device_map: Mapping[str, Any], *, offload_fo
     ['cpu', 'disk']
     """
     from accelerate import dispatch_model
-    from accelerate.utils import set_module_tensor_to_device
 
     from ..models import ensure_runnable
 
     model = require_module(model, "dispatch_plan")
     dm = validate_device_map(model, device_map)
     _check_devices_exist(dm)
-    if "" in dm and dm[""] == "disk":
-        # accelerate cannot offload the root key itself (it finds no tensors under ""): name
-        # the root's parts instead, all on disk.
-        dev = dm.pop("")
-        dm.update({n: dev for n, _ in model.named_children()})
-        dm.update({n: dev for n, _ in [*model.named_parameters(recurse=False), *model.named_buffers(recurse=False)]})
+    dm = _root_parts_on_disk(model, dm)
     ensure_runnable(model)
     with model_lock(model):
         target = model if in_place else copy.deepcopy(model)
@@ -134,15 +158,7 @@ def dispatch_plan(model: nn.Module, device_map: Mapping[str, Any], *, offload_fo
         offload_folder = tmp.name
     try:
         with model_lock(target):
-            modules = dict(target.named_modules())
-            main = main_device(dm.values())
-            for key, dev in dm.items():
-                if key not in modules:
-                    # dispatch_model places and offloads whole modules only: a tensor key (a split
-                    # module's own buffer) is moved here, and one mapped to disk stays in memory
-                    # on the device where disk layers run.
-                    dev = main if dev == "disk" else dev
-                    set_module_tensor_to_device(target, key, f"cuda:{dev}" if isinstance(dev, int) else dev)
+            _move_tensor_keys(target, dm)
             with warnings.catch_warnings():
                 # check_device_map warns that tensor-name keys are not module names: expected here
                 warnings.filterwarnings("ignore", message="The following device_map keys", category=UserWarning)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import NamedTuple
 
 import torch
@@ -74,6 +74,72 @@ def _sum_up(modules: list[str], parent: dict[str, str], sizes: dict[str, int], p
             has_param[up] |= has_param[mname]
 
 
+def _dtype_size(dtype: torch.dtype | str | None) -> int | None:
+    """Bytes per element of ``dtype`` (a dtype or its name), or None."""
+    if isinstance(dtype, str):
+        dtype = getattr(torch, dtype.removeprefix("torch."), None)
+        if not isinstance(dtype, torch.dtype):
+            raise InspectorError("unknown dtype for sizing; use e.g. float16, bfloat16 or float32")
+    return None if dtype is None else torch.empty((), dtype=dtype, device="meta").element_size()
+
+
+@dataclass
+class _Tables:
+    """What the walk fills in: the fields of :class:`Inventory` while they are built."""
+
+    tensors: list[TensorInfo] = field(default_factory=list)
+    children: dict[str, list[str]] = field(default_factory=dict)
+    direct: dict[str, list[str]] = field(default_factory=dict)
+    classes: dict[str, str] = field(default_factory=dict)
+    order: dict[str, int] = field(default_factory=dict)
+    parent: dict[str, str] = field(default_factory=dict)
+    sizes: dict[str, int] = field(default_factory=dict)
+    psizes: dict[str, int] = field(default_factory=dict)
+    has_param: dict[str, bool] = field(default_factory=dict)
+    first: dict[int, str] = field(default_factory=dict)      # id(tensor) -> its first name
+    groups: dict[str, list[str]] = field(default_factory=dict)  # first name -> every name
+
+    def module(self, mname: str, mod: nn.Module) -> list[tuple[str, nn.Module]]:
+        """Record a module; return its children (full name, module) in order."""
+        self.classes[mname] = type(mod).__name__
+        self.order[mname] = len(self.order)
+        prefix = f"{mname}." if mname else ""
+        kids = [(prefix + c, sub) for c, sub in mod._modules.items() if sub is not None]
+        self.children[mname] = [k for k, _ in kids]
+        for k, _ in kids:
+            self.parent[k] = mname
+        return kids
+
+    def own_tensors(self, mname: str, mod: nn.Module, dtype_size: int | None) -> None:
+        """Record a module's own parameters, then buffers, and its own totals."""
+        prefix = f"{mname}." if mname else ""
+        own = self.direct[mname] = []
+        total = ptotal = 0
+        owns_param = False
+        for kind, store in (("parameter", mod._parameters), ("buffer", mod._buffers)):
+            is_param = kind == "parameter"
+            for local, t in store.items():
+                if t is None:
+                    continue
+                full = prefix + local
+                own.append(full)
+                self.order[full] = len(self.order)
+                leader = self.first.setdefault(id(t), full)
+                nbytes = _byte_size(t, dtype_size)
+                self.tensors.append(TensorInfo(full, kind, mname, nbytes, leader,
+                                               is_param or local not in mod._non_persistent_buffers_set))
+                if leader == full:
+                    self.sizes[full] = nbytes
+                    self.psizes[full] = nbytes if is_param else 0
+                    total += nbytes
+                    ptotal += nbytes if is_param else 0
+                else:
+                    self.sizes[full] = self.psizes[full] = 0
+                    self.groups.setdefault(leader, [leader]).append(full)
+                owns_param |= is_param
+        self.sizes[mname], self.psizes[mname], self.has_param[mname] = total, ptotal, owns_param
+
+
 def inventory(model: nn.Module, dtype: torch.dtype | str | None = None) -> Inventory:
     """Every parameter and buffer name (aliases too) and bytes by prefix, in one pass.
 
@@ -86,68 +152,20 @@ def inventory(model: nn.Module, dtype: torch.dtype | str | None = None) -> Inven
     >>> inventory(m).sizes[""], inventory(m).sizes["1"], inventory(m).param_sizes[""]
     (64, 40, 40)
     """
-    if isinstance(dtype, str):
-        dtype = getattr(torch, dtype.removeprefix("torch."), None)
-        if not isinstance(dtype, torch.dtype):
-            raise InspectorError("unknown dtype for sizing; use e.g. float16, bfloat16 or float32")
-    dtype = None if dtype is None else torch.empty((), dtype=dtype, device="meta").element_size()
-    tensors: list[TensorInfo] = []
-    children: dict[str, list[str]] = {}
-    direct: dict[str, list[str]] = {}
-    classes: dict[str, str] = {}
-    order: dict[str, int] = {}
-    parent: dict[str, str] = {}
-    sizes: dict[str, int] = {}
-    psizes: dict[str, int] = {}
-    has_param: dict[str, bool] = {}
-    first: dict[int, str] = {}
-    groups: dict[str, list[str]] = {}
+    dtype_size = _dtype_size(dtype)
+    tb = _Tables()
     # Pre-order over every path (like named_modules(remove_duplicate=False)); a tensor's leader is
     # its first name in this order, which is the name named_parameters()/named_buffers() keep.
     # The model holds every tensor for the whole pass, so ids are not reused while grouping.
     stack: list[tuple[str, nn.Module]] = [("", model)]
     while stack:
         mname, mod = stack.pop()
-        classes[mname] = type(mod).__name__
-        order[mname] = len(order)
-        prefix = f"{mname}." if mname else ""
-        kids = children[mname] = []
-        for c, sub in mod._modules.items():
-            if sub is not None:
-                kids.append(prefix + c)
-                parent[prefix + c] = mname
-        stack.extend(zip(reversed(kids), [m for m in reversed(mod._modules.values()) if m is not None]))
-        own = direct[mname] = []
-        total = ptotal = 0
-        owns_param = False
-        for kind, store in (("parameter", mod._parameters), ("buffer", mod._buffers)):
-            for local, t in store.items():
-                if t is None:
-                    continue
-                full = prefix + local
-                own.append(full)
-                order[full] = len(order)
-                leader = first.setdefault(id(t), full)
-                nbytes = _byte_size(t, dtype)
-                is_param = kind == "parameter"
-                tensors.append(TensorInfo(full, kind, mname, nbytes, leader,
-                                          is_param or local not in mod._non_persistent_buffers_set))
-                if leader == full:
-                    sizes[full] = nbytes
-                    total += nbytes
-                    psizes[full] = nbytes if is_param else 0
-                    ptotal += nbytes if is_param else 0
-                else:
-                    sizes[full] = psizes[full] = 0
-                    groups.setdefault(leader, [leader]).append(full)
-                owns_param |= is_param
-        sizes[mname], psizes[mname], has_param[mname] = total, ptotal, owns_param
-    _sum_up(list(classes), parent, sizes, psizes, has_param)
-    return Inventory(tuple(tensors), {t.name: t for t in tensors}, sizes, psizes, children, direct,
-                     classes, order, parent, tuple(tuple(g) for g in groups.values()),
-                     frozenset(m for m, v in has_param.items() if v))
-
-
+        stack.extend(reversed(tb.module(mname, mod)))
+        tb.own_tensors(mname, mod, dtype_size)
+    _sum_up(list(tb.classes), tb.parent, tb.sizes, tb.psizes, tb.has_param)
+    return Inventory(tuple(tb.tensors), {t.name: t for t in tb.tensors}, tb.sizes, tb.psizes, tb.children,
+                     tb.direct, tb.classes, tb.order, tb.parent, tuple(tuple(g) for g in tb.groups.values()),
+                     frozenset(m for m, v in tb.has_param.items() if v))
 
 
 def lookup(device_map: Mapping[str, Device], name: str) -> tuple[str | None, Device | None]:
