@@ -119,9 +119,11 @@ def budget_texts(draw: st.DrawFn) -> tuple[str, dict[int | str, int]]:
         number = draw(st.integers(0, 10**6))  # small enough that a float product stays exact
         unit = draw(st.sampled_from(sorted(UNITS)))
         spelt = "".join(c.lower() if draw(st.booleans()) else c for c in unit)  # any case: "gIb", "Mb"
-        sep = draw(st.sampled_from(["=", ":"]))
+        name = draw(_spellings(dev))
+        # "DEVICE:SIZE" too, except after a bare "cuda", where "cuda:7" names GPU 7
+        sep = "=" if name == "cuda" else draw(st.sampled_from(["=", ":"]))
         gap = draw(st.sampled_from(["", " "]))
-        parts.append(f"{gap}{draw(_spellings(dev))}{sep}{gap}{number}{gap}{spelt}{gap}")
+        parts.append(f"{gap}{name}{sep}{gap}{number}{gap}{spelt}{gap}")
         expected[dev] = number * UNITS[unit]
     return ",".join(parts), expected
 
