@@ -104,16 +104,22 @@ class _Tables:
         self.classes[mname] = type(mod).__name__
         self.order[mname] = len(self.order)
         prefix = f"{mname}." if mname else ""
-        kids = [(prefix + c, sub) for c, sub in mod._modules.items() if sub is not None]
-        self.children[mname] = [k for k, _ in kids]
-        for k, _ in kids:
-            self.parent[k] = mname
+        names = self.children[mname] = []
+        kids = []
+        parent = self.parent
+        for c, sub in mod._modules.items():
+            if sub is not None:
+                full = prefix + c
+                names.append(full)
+                kids.append((full, sub))
+                parent[full] = mname
         return kids
 
     def own_tensors(self, mname: str, mod: nn.Module, dtype_size: int | None) -> None:
         """Record a module's own parameters, then buffers, and its own totals."""
         prefix = f"{mname}." if mname else ""
         own = self.direct[mname] = []
+        order, first, sizes, psizes, tensors = self.order, self.first, self.sizes, self.psizes, self.tensors
         total = ptotal = 0
         owns_param = False
         for kind, store in (("parameter", mod._parameters), ("buffer", mod._buffers)):
@@ -123,21 +129,21 @@ class _Tables:
                     continue
                 full = prefix + local
                 own.append(full)
-                self.order[full] = len(self.order)
-                leader = self.first.setdefault(id(t), full)
+                order[full] = len(order)
+                leader = first.setdefault(id(t), full)
                 nbytes = _byte_size(t, dtype_size)
-                self.tensors.append(TensorInfo(full, kind, mname, nbytes, leader,
-                                               is_param or local not in mod._non_persistent_buffers_set))
+                tensors.append(TensorInfo(full, kind, mname, nbytes, leader,
+                                          is_param or local not in mod._non_persistent_buffers_set))
                 if leader == full:
-                    self.sizes[full] = nbytes
-                    self.psizes[full] = nbytes if is_param else 0
+                    sizes[full] = nbytes
+                    psizes[full] = nbytes if is_param else 0
                     total += nbytes
                     ptotal += nbytes if is_param else 0
                 else:
-                    self.sizes[full] = self.psizes[full] = 0
+                    sizes[full] = psizes[full] = 0
                     self.groups.setdefault(leader, [leader]).append(full)
                 owns_param |= is_param
-        self.sizes[mname], self.psizes[mname], self.has_param[mname] = total, ptotal, owns_param
+        sizes[mname], psizes[mname], self.has_param[mname] = total, ptotal, owns_param
 
 
 def inventory(model: nn.Module, dtype: torch.dtype | str | None = None) -> Inventory:
