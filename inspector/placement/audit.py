@@ -14,9 +14,8 @@ from torch import nn
 from ..checks import require_module
 from ..distributed.tensors import has_dtensors
 from ..findings import Finding, InspectorError
-from ..inventory import TensorInventory, tensor_inventory
 from .budget import Device, device_order, main_device, normalise_device, offload_devices, torch_device_key
-from .inventory import entries_by_module, lookup, parent_name
+from .inventory import lookup, parent_name
 
 AUDIT_COLUMNS = ["name", "kind", "module", "device", "module_primary_device", "split", "finding",
                  "bytes", "alias_of"]
@@ -95,25 +94,26 @@ class _Row(NamedTuple):
     tensor: torch.Tensor
 
 
-def _tensor_rows(model: nn.Module, tensors: TensorInventory | None = None) -> tuple[list[_Row], list[str]]:
-    """Every parameter and buffer name in module order, and every module name.
-
-    The tensors come from ``tensors`` (the model's :func:`~inspector.inventory.tensor_inventory`,
-    walked here if not given); the module walk only orders them and names the modules.
-    """
-    own = entries_by_module(tensor_inventory(model) if tensors is None else tensors)
+def _tensor_rows(model: nn.Module) -> tuple[list[_Row], list[str]]:
+    """Every parameter and buffer name in module order, and every module name (one pass)."""
     rows: list[_Row] = []
     modules: list[str] = []
+    first: dict[int, str] = {}
     stack: list[tuple[str, nn.Module, tuple[str, ...]]] = [("", model, ())]
     while stack:
         mname, mod, chain = stack.pop()
         modules.append(mname)
         prefix = f"{mname}." if mname else ""
-        if mod._parameters or mod._buffers:
+        params, buffers = mod._parameters, mod._buffers
+        if params or buffers:
             chain = chain + (mname,)
         stack.extend(reversed([(prefix + c, m, chain) for c, m in mod._modules.items() if m is not None]))
-        for e in own.get(mname, ()):
-            rows.append(_Row(e.name, e.kind, mname, e.nbytes, e.first_name, chain, e.tensor))
+        for kind, store in (("parameter", params), ("buffer", buffers)):
+            for local, t in store.items():
+                if t is not None:
+                    full = prefix + local
+                    rows.append(_Row(full, kind, mname, t.numel() * t.element_size(),
+                                     first.setdefault(id(t), full), chain, t))
     return rows, modules
 
 
@@ -197,8 +197,7 @@ def _map_devices(rows: list[_Row], dm: Mapping[str, Device]) -> list[Device | No
 _MISSING: Any = object()
 
 
-def audit_device_map(model: nn.Module, device_map: Mapping[str, Any], *,
-                     tensors: TensorInventory | None = None) -> pd.DataFrame:
+def audit_device_map(model: nn.Module, device_map: Mapping[str, Any]) -> pd.DataFrame:
     """Where a device map sends every parameter and buffer name, and what is wrong with it.
 
     Works for any map: ours, accelerate's, a model's ``hf_device_map``, one read from JSON.
@@ -207,8 +206,7 @@ def audit_device_map(model: nn.Module, device_map: Mapping[str, Any], *,
     bytes), ``split`` (the owning module's tensors are on more than one device), ``finding``
     (comma-separated codes: ``param-unplaced``, ``buffer-unplaced``, ``tie-split``,
     ``buffer-stranded``), then ``bytes`` and ``alias_of``. Findings about the keys themselves
-    (``unknown-key``, ``overlapping-key``) come from :func:`audit`. Pass ``tensors`` (the
-    model's :func:`~inspector.inventory.tensor_inventory`) to reuse a walk already made.
+    (``unknown-key``, ``overlapping-key``) come from :func:`audit`.
 
     >>> m = nn.Sequential(nn.Linear(2, 2), nn.BatchNorm1d(2))
     >>> audit_device_map(m, {"0": 0, "1.weight": 0, "1.bias": 0})["finding"].dropna().tolist()
@@ -216,19 +214,18 @@ def audit_device_map(model: nn.Module, device_map: Mapping[str, Any], *,
     """
     model = require_module(model, "audit_device_map")
     dm = normalise_map(device_map)
-    rows, _ = _tensor_rows(model, tensors)
+    rows, _ = _tensor_rows(model)
     return _audit_rows(rows, _map_devices(rows, dm), sorted(set(dm.values()), key=device_order))
 
 
-def audit(model: nn.Module, device_map: Mapping[str, Any], *,
-          tensors: TensorInventory | None = None) -> DeviceMapAudit:
+def audit(model: nn.Module, device_map: Mapping[str, Any]) -> DeviceMapAudit:
     """:func:`audit_device_map` plus findings (rows and keys), most severe first.
 
     >>> audit(nn.Linear(2, 2), {"weight": 0, "bias": 0, "nope": 1}).findings[0].code
     'unknown-key'
     """
     dm = normalise_map(device_map)
-    rows, modules = _tensor_rows(model, tensors)
+    rows, modules = _tensor_rows(model)
     table = _audit_rows(rows, _map_devices(rows, dm), sorted(set(dm.values()), key=device_order))
     names = set(modules) | {r.name for r in rows}
     return DeviceMapAudit(table, _key_findings(names, dm) + table_findings(table))

@@ -95,7 +95,7 @@ def compare_with_accelerate(model: nn.Module, max_memory: str | Mapping[Any, Any
     t2 = time.perf_counter()
     ours = explain(model, planned)
     theirs = normalise_map(dict(theirs))
-    result = audit(model, theirs, tensors=planned.tensors)
+    result = audit(model, theirs)
     usage = device_usage(result.table, budget)
     a, b = ours.audit.set_index("name"), result.table.set_index("name")
     differs = [n for n in a.index if a.at[n, "device"] != b.at[n, "device"]

@@ -22,7 +22,6 @@ from torch import nn
 
 from ..checks import require_module
 from ..findings import Finding, InspectorError
-from ..inventory import TensorInventory, tensor_inventory
 from .audit import audit_device_map, device_usage, table_findings
 from .budget import Device, format_max_memory, parse_max_memory
 from .inventory import Inventory, inventory, lookup, prefixes
@@ -131,17 +130,15 @@ class _Plan:
     reserve: dict[Device, int]
     split: list[str]
     no_split: set[str]
-    tensors: TensorInventory  # the one walk over the model's tensors, reused by the audit
 
 
 def plan_steps(model: nn.Module, max_memory: str | Mapping[Any, Any],
-               no_split_module_classes: Iterable[str] | str | None,
-               dtype: torch.dtype | str | None) -> _Plan:
+          no_split_module_classes: Iterable[str] | str | None,
+          dtype: torch.dtype | str | None) -> _Plan:
     """The planning steps in order; a rerun reserves room that buffers placed late overfilled."""
     budget = parse_max_memory(max_memory)
     no_split = set(default_no_split(model, no_split_module_classes))
-    tensors = tensor_inventory(model)
-    inv = inventory(model, dtype, tensors)
+    inv = inventory(model, dtype)
     devices = list(budget)
     main = main_devices(budget)
     extra: dict[Device, int] = {d: 0 for d in devices}
@@ -179,7 +176,7 @@ def plan_steps(model: nn.Module, max_memory: str | Mapping[Any, Any],
     records = (budget_records(budget) + reserve_records + extra_records + state.records + pending + ties
                + [Decision("clean", "", None, 0, f"merged {len(device_map)} keys into {len(cleaned)} "
                            "where a whole module sits on one device")])
-    return _Plan(cleaned, records, inv, budget, reserved, state.split, no_split, tensors)
+    return _Plan(cleaned, records, inv, budget, reserved, state.split, no_split)
 
 
 def plan_device_map_explained(model: nn.Module, max_memory: str | Mapping[Any, Any],
@@ -197,7 +194,7 @@ def plan_device_map_explained(model: nn.Module, max_memory: str | Mapping[Any, A
 
 
 def explain(model: nn.Module, p: _Plan) -> PlacementPlan:
-    table = audit_device_map(model, p.device_map, tensors=p.tensors)
+    table = audit_device_map(model, p.device_map)
     usage = device_usage(table, p.budget, p.reserve)
     findings = table_findings(table) + _split_notes(p.inv, p.split, p.device_map)
     return PlacementPlan(p.device_map, tuple(p.records), findings, p.budget, usage, table)
