@@ -176,10 +176,14 @@ def analyse_inventory(inv: TensorInventory) -> AliasAnalysis:
     findings: list[Finding] = []
     by_storage: dict[tuple, list[int]] = {}
     identity: list[int] = []
-    meta = 0
+    meta = unique_numel = with_aliases = 0
     for o, idx in enumerate(objects):
         e = inv.entries[idx[0]]
         t = e.tensor
+        if e.kind == "parameter":  # parameters() counts it once; every parameter name counts it again
+            n = t.numel()
+            unique_numel += n
+            with_aliases += n if len(idx) == 1 else n * sum(inv.entries[i].kind == "parameter" for i in idx)
         if t.is_meta:
             meta += 1
             identity.append(o)
@@ -206,7 +210,6 @@ def analyse_inventory(inv: TensorInventory) -> AliasAnalysis:
             "alias-identity-only", "info", "",
             f"{meta} tensors are on the meta device and hold no memory: aliases were found by object "
             "identity only (same-object); shared storage and overlapping views cannot be seen there"))
-    unique_numel, with_aliases = _parameter_elements(inv)
     return AliasAnalysis(tuple(groups), tuple(disjoint), tuple(findings), meta > 0 and not by_storage,
                          len(inv.entries), unique_numel, with_aliases)
 
@@ -218,18 +221,6 @@ def _obj(inv: TensorInventory, idx: tuple[int, ...]) -> _Obj:
     o.kinds = [inv.entries[i].kind for i in idx]
     o.order = list(idx)
     return o
-
-
-def _parameter_elements(inv: TensorInventory) -> tuple[int, int]:
-    """Parameter elements counting each object once (``parameters()``), and counting every name."""
-    unique = with_aliases = 0
-    for e in inv.entries:
-        if e.kind == "parameter":
-            n = e.tensor.numel()
-            with_aliases += n
-            if e.name == e.first_name:
-                unique += n
-    return unique, with_aliases
 
 
 def _storage_groups(by_storage: dict[tuple, list[_Obj]]) -> tuple[list[tuple[int, AliasGroup]],
