@@ -35,6 +35,8 @@ def storage_key(t: torch.Tensor) -> tuple[str, int | None, int] | None:
     >>> storage_key(w[1]) == storage_key(w), storage_key(torch.zeros(2, device="meta"))
     (True, None)
     """
+    if t.is_meta:
+        return None
     try:
         storage = t.untyped_storage()  # sparse tensors and wrapper subclasses have none: they raise
     except (RuntimeError, NotImplementedError, TypeError):
@@ -297,7 +299,8 @@ class _Builder:
             obj = len(self.unique)
             self.first[id(t)] = i
             self.unique.append(i)
-            key = None if self.dtensor is not None and isinstance(t, self.dtensor) else storage_key(t)
+            dtensor = self.dtensor
+            key = None if dtensor is not None and isinstance(t, dtensor) else storage_key(t)
             # tuple.__new__: TensorEntry(...) without its keyword handling, for the hot loop
             entries.append(tuple.__new__(TensorEntry, (name, kind, module, attr, t, name, obj, key)))
             if key is not None:
