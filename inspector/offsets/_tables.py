@@ -1,0 +1,77 @@
+"""Column lists, the one walk over a model's parameters and buffers, and typed table building."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import torch
+from torch import nn
+
+OFFSET_COLUMNS = ["name", "aliases", "module", "start", "end", "numel", "shape", "dtype",
+                  "device", "requires_grad", "kind"]
+PARAMETER_NORM_COLUMNS = ["name", "norm", "state", "nan", "inf", "numel", "dtype", "device",
+                          "requires_grad"]
+MODULE_NORM_COLUMNS = ["name", "norm", "state", "nan", "inf", "numel", "parameters", "ok", "none",
+                       "frozen", "nonfinite", "depth", "owns_parameters", "own_norm"]
+STATES = ("ok", "none", "frozen", "nonfinite")
+ROOT = "(model)"
+
+_INT_COLUMNS = {"start", "end", "numel", "nan", "inf", "parameters", "ok", "none", "frozen",
+                "nonfinite", "depth"}
+
+Named = list[tuple[str, torch.Tensor]]
+
+
+def _first_names(pairs) -> tuple[Named, dict[int, list[str]]]:
+    first: Named = []
+    names: dict[int, list[str]] = {}
+    for name, t in pairs:
+        seen = names.get(id(t))
+        if seen is None:
+            names[id(t)] = [name]
+            first.append((name, t))
+        else:
+            seen.append(name)
+    return first, names
+
+
+def unique_parameters(model: nn.Module) -> tuple[list[tuple[str, nn.Parameter]], dict[int, list[str]]]:
+    """``named_parameters()`` order (first name wins) and every alias, from one walk.
+
+    Walking ``remove_duplicate=False`` and keeping the first name of each object gives
+    exactly the order of ``parameters()``: both visit modules in the same pre-order.
+    """
+    return _first_names(model.named_parameters(remove_duplicate=False))  # type: ignore[return-value]
+
+
+def unique_buffers(model: nn.Module) -> tuple[Named, dict[int, list[str]]]:
+    """``named_buffers()`` order (first name wins) and every alias, from one walk."""
+    return _first_names(model.named_buffers(remove_duplicate=False))
+
+
+def frame(columns: list[str], rows: list[tuple]) -> pd.DataFrame:
+    """A table of ``rows`` (tuples in ``columns`` order) with numpy dtypes set per column."""
+    values_by_column = list(zip(*rows)) if rows else [[] for _ in columns]
+    data: dict[str, Any] = {}
+    for col, values in zip(columns, values_by_column):
+        if col in _INT_COLUMNS:
+            data[col] = np.asarray(values, dtype=np.int64)
+        elif col in ("requires_grad", "owns_parameters"):
+            data[col] = np.asarray(values, dtype=bool)
+        elif col in ("norm", "own_norm"):
+            data[col] = np.asarray(values, dtype=np.float64)
+        else:
+            arr = np.empty(len(values), dtype=object)
+            arr[:] = values
+            data[col] = arr
+    return pd.DataFrame(data, columns=columns, copy=False)
+
+
+def label(cache: dict[Any, str], key: Any) -> str:
+    """``str(key)`` without a ``torch.`` prefix, computed once per distinct dtype or device."""
+    text = cache.get(key)
+    if text is None:
+        text = cache[key] = str(key).removeprefix("torch.")
+    return text
