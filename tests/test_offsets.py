@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import threading
 
 import psutil
 import pytest
@@ -354,16 +355,33 @@ def test_run_backward_sets_grads_and_restores_everything_else():
     assert gradient_report(model).counts == {"ok": 7, "none": 0, "frozen": 1, "nonfinite": 0}
 
 
+def other_thread_acquires(lock) -> bool:
+    """Whether a second thread can take ``lock`` right now (without waiting); it lets go at once."""
+    got = []
+
+    def attempt() -> None:
+        ok = lock.acquire(blocking=False)
+        got.append(ok)
+        if ok:
+            lock.release()
+
+    thread = threading.Thread(target=attempt)
+    thread.start()
+    thread.join()
+    return got[0]
+
+
 def test_run_backward_holds_the_model_lock():
     loaded = load_model("sample:frozen-adapter")
     seen = []
     handle = loaded.model.register_forward_pre_hook(
-        lambda m, a: seen.append(model_lock(m)._is_owned()))
+        lambda m, a: seen.append(other_thread_acquires(model_lock(m))))
     try:
         run_backward(loaded)
     finally:
         handle.remove()
-    assert seen == [True]
+    assert seen == [False]  # held during the forward pass
+    assert other_thread_acquires(model_lock(loaded.model))  # and let go afterwards
 
 
 def test_run_backward_refuses_meta_models():
