@@ -1,4 +1,4 @@
-"""Column lists, the one walk over a model's parameters and buffers, and typed table building."""
+"""Column lists, tensors in ``parameters()`` order from the inventory, and typed table building."""
 
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import torch
-from torch import nn
+
+from ..inventory import TensorInventory
 
 OFFSET_COLUMNS = ["name", "aliases", "module", "start", "end", "numel", "shape", "dtype",
                   "device", "requires_grad", "kind"]
@@ -24,31 +25,23 @@ _INT_COLUMNS = {"start", "end", "numel", "nan", "inf", "parameters", "ok", "none
 Named = list[tuple[str, torch.Tensor]]
 
 
-def _first_names(pairs) -> tuple[Named, dict[int, list[str]]]:
+def named_unique(inventory: TensorInventory, kind: str = "parameter") -> tuple[Named, dict[int, list[str]]]:
+    """The first name and the tensor of each distinct object of ``kind``, and every name of each.
+
+    The order is ``named_parameters()`` (or ``named_buffers()``): the first name of each object,
+    in the inventory's walk order, which is that of ``parameters()``.
+    """
+    entries = inventory.entries
+    by_object = inventory.by_object
     first: Named = []
     names: dict[int, list[str]] = {}
-    for name, t in pairs:
-        seen = names.get(id(t))
-        if seen is None:
-            names[id(t)] = [name]
-            first.append((name, t))
-        else:
-            seen.append(name)
+    for i in inventory.unique:
+        e = entries[i]
+        if e.kind == kind:
+            t = e.tensor
+            first.append((e.name, t))
+            names[id(t)] = [entries[j].name for j in by_object[id(t)]]
     return first, names
-
-
-def unique_parameters(model: nn.Module) -> tuple[list[tuple[str, nn.Parameter]], dict[int, list[str]]]:
-    """``named_parameters()`` order (first name wins) and every alias, from one walk.
-
-    Walking ``remove_duplicate=False`` and keeping the first name of each object gives
-    exactly the order of ``parameters()``: both visit modules in the same pre-order.
-    """
-    return _first_names(model.named_parameters(remove_duplicate=False))  # type: ignore[return-value]
-
-
-def unique_buffers(model: nn.Module) -> tuple[Named, dict[int, list[str]]]:
-    """``named_buffers()`` order (first name wins) and every alias, from one walk."""
-    return _first_names(model.named_buffers(remove_duplicate=False))
 
 
 def frame(columns: list[str], rows: list[tuple]) -> pd.DataFrame:

@@ -20,6 +20,7 @@ from torch import nn
 from ..checks import require_module
 from ..distributed.tensors import has_dtensors
 from ..findings import Finding, InspectorError
+from ..inventory import tensor_inventory
 from ._tables import (
     MODULE_NORM_COLUMNS,
     PARAMETER_NORM_COLUMNS,
@@ -27,7 +28,7 @@ from ._tables import (
     STATES,
     frame,
     label,
-    unique_parameters,
+    named_unique,
 )
 from .gradient_pass import Pieces, gradient_l2_norms
 
@@ -97,7 +98,8 @@ def gradient_report(model: nn.Module, grads: Mapping[str, torch.Tensor | None] |
     >>> gradient_report(m, grads={"1.weight": torch.tensor([[12.0]])}).total_norm
     12.0
     """
-    params, names = unique_parameters(model)
+    model = require_module(model, "gradient_report")
+    params, names = named_unique(tensor_inventory(model, include_buffers=False))
     gradients = _gradients_of(model, params, names, grads)
     return _report(params, names, gradients, _pieces(params, gradients))
 
@@ -374,7 +376,7 @@ def gradient_norms(model: nn.Module, by: str = "parameter",
     model = require_module(model, "gradient_norms")
     if by not in ("parameter", "module"):
         raise InspectorError(f"gradient_norms(by={by!r}): choose 'parameter' or 'module'")
-    params, names = unique_parameters(model)
+    params, names = named_unique(tensor_inventory(model, include_buffers=False))
     gradients = _gradients_of(model, params, names, grads)
     report = _report(params, names, gradients, _pieces(params, gradients))
     return report.by_parameter if by == "parameter" else report.by_module

@@ -20,7 +20,8 @@ from torch import nn
 from ..checks import require_module
 from ..distributed.tensors import has_dtensors
 from ..findings import Finding, InspectorError
-from ._tables import OFFSET_COLUMNS, frame, label, unique_buffers, unique_parameters
+from ..inventory import tensor_inventory
+from ._tables import OFFSET_COLUMNS, frame, label, named_unique
 
 # --------------------------------------------------------------------------- offset map
 
@@ -53,12 +54,13 @@ def offset_map(model: nn.Module, trainable_only: bool = False,
     [0, 6]
     """
     model = require_module(model, "offset_map")
-    params, names = unique_parameters(model)
+    inventory = tensor_inventory(model, include_buffers=include_buffers)
+    params, names = named_unique(inventory)
     entries: list[tuple[str, torch.Tensor, list[str], str, bool]] = [
         (name, p, names[id(p)], "parameter", p.requires_grad) for name, p in params
         if not trainable_only or p.requires_grad]
     if include_buffers:
-        buffers, bnames = unique_buffers(model)
+        buffers, bnames = named_unique(inventory, "buffer")
         entries += [(name, b, bnames[id(b)], "buffer", False) for name, b in buffers]
     labels: dict = {}
     rows = []
@@ -89,7 +91,8 @@ def offset_findings(model: nn.Module, trainable_only: bool = False) -> list[Find
     >>> [f.code for f in offset_findings(m)]
     ['non-contiguous']
     """
-    all_params, names = unique_parameters(model)
+    model = require_module(model, "offset_findings")
+    all_params, names = named_unique(tensor_inventory(model, include_buffers=False))
     params = [(n, p) for n, p in all_params if p.requires_grad] if trainable_only else all_params
     out = _contiguity_findings(params) + _mixing_findings(params) + _frozen_shift_findings(all_params)
     for name, p in params:

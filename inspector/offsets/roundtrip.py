@@ -9,8 +9,11 @@ import torch
 from torch import nn
 from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
+from ..checks import require_module
 from ..findings import InspectorError
+from ..inventory import storage_key, tensor_inventory
 from ..locks import model_lock
+from ._tables import named_unique
 
 
 @dataclass(frozen=True)
@@ -30,18 +33,10 @@ class RoundTrip:
     steps: tuple[str, ...] = ()
 
 
-def _overlaps(a: torch.Tensor, tensors: Iterable[torch.Tensor]) -> bool:
-    lo = a.data_ptr()
-    hi = lo + a.numel() * a.element_size()
-    for t in tensors:
-        if t.device != a.device or t.numel() == 0:
-            continue
-        s = t.untyped_storage()
-        tlo = s.data_ptr()
-        thi = tlo + s.nbytes()
-        if tlo < hi and lo < thi:
-            return True
-    return False
+def _shares_storage(vec: torch.Tensor, tensors: Iterable[torch.Tensor]) -> bool:
+    """Whether any of ``tensors`` lies in ``vec``'s storage (empty tensors hold no memory)."""
+    key = storage_key(vec)
+    return key is not None and any(storage_key(t) == key for t in tensors)
 
 
 def flatten_roundtrip(model: nn.Module, max_elements: int = 20_000_000) -> RoundTrip:
@@ -60,7 +55,7 @@ def flatten_roundtrip(model: nn.Module, max_elements: int = 20_000_000) -> Round
     (False, False, True, True)
     """
     with model_lock(model):
-        named = list(model.named_parameters())
+        named, _ = named_unique(tensor_inventory(require_module(model, "flatten_roundtrip"), include_buffers=False))
         originals = [p for _, p in named]
         before, copies = _copies(originals, max_elements)
     total = sum(p.numel() for p in originals)
@@ -73,7 +68,7 @@ def flatten_roundtrip(model: nn.Module, max_elements: int = 20_000_000) -> Round
         steps.append(f"parameters_to_vector raised: {msg}")
         return RoundTrip(len(copies), 0, "", False, False, False, (), False,
                          _untouched(originals, before), msg, tuple(steps))
-    shares = _overlaps(vec, copies)
+    shares = _shares_storage(vec, copies)
     steps.append(f"vec = parameters_to_vector(params): {vec.numel():,} elements of {str(vec.dtype).removeprefix('torch.')}; it "
                  f"{'shares' if shares else 'shares no'} memory with the parameters")
     write_through = _writes_through(vec, copies, steps)
@@ -84,7 +79,7 @@ def flatten_roundtrip(model: nn.Module, max_elements: int = 20_000_000) -> Round
         vector_to_parameters(vec, copies)
     changed = tuple(n for (n, _), c, d in zip(named, copies, dtypes_before) if c.dtype != d)
     exact = all(torch.equal(c.detach().to(b.dtype), b) for c, b in zip(copies, before))
-    views = _overlaps(vec, copies[:1]) if copies else False
+    views = _shares_storage(vec, copies[:1])
     steps.append("vector_to_parameters(vec, params) after overwriting them with NaN: values "
                  + ("restored exactly (torch.equal on every tensor)" if exact else "NOT restored exactly"))
     if changed:
