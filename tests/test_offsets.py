@@ -330,6 +330,32 @@ def test_gradients_on_two_devices_are_measured_each_on_its_own():
     assert "several-devices" in [f.code for f in offset_findings(model)]
 
 
+
+def test_gradient_report_and_findings_use_the_names_under_torch_compile():
+    model = nn.Sequential(nn.Linear(2, 1, bias=False), nn.Linear(1, 1, bias=False))
+    model[1].weight.requires_grad_(False)
+    model[0].weight.grad = torch.tensor([[3.0, 4.0]])  # norm 5
+    compiled = torch.compile(model)  # a wrapper whose own names start with _orig_mod.
+    report = gradient_report(compiled)
+    assert report.by_parameter["name"].tolist() == ["0.weight", "1.weight"]
+    assert report.by_module["name"].tolist() == ["(model)", "0", "1"]
+    assert report.total_norm == 5.0
+    assert gradient_report(compiled, grads={"0.weight": torch.tensor([[6.0, 8.0]])}).total_norm == 10.0
+    assert [f.code for f in offset_findings(compiled)] == []  # 1.weight is frozen but last: no shift
+    model[0].weight.requires_grad_(False)
+    model[1].weight.requires_grad_(True)
+    assert [(f.code, f.where) for f in offset_findings(compiled)] == [("frozen-shift", "0.weight")]
+
+
+def test_gradient_report_and_findings_refuse_what_is_not_a_model():
+    with pytest.raises(InspectorError, match="gradient_report needs a torch nn.Module"):
+        gradient_report({"weight": torch.zeros(1)})
+    with pytest.raises(InspectorError, match="offset_findings needs a torch nn.Module"):
+        offset_findings(None)
+    with pytest.raises(InspectorError, match="flatten_roundtrip needs a torch nn.Module"):
+        flatten_roundtrip([torch.zeros(1)])
+
+
 # --------------------------------------------------------------------------- backward helper
 
 

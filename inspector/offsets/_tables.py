@@ -26,22 +26,28 @@ Named = list[tuple[str, torch.Tensor]]
 
 
 def named_unique(inventory: TensorInventory, kind: str = "parameter") -> tuple[Named, dict[int, list[str]]]:
-    """The first name and the tensor of each distinct object of ``kind``, and every name of each.
+    """The first name and the tensor of each distinct object of ``kind``, and the names of shared ones.
 
     The order is ``named_parameters()`` (or ``named_buffers()``): the first name of each object,
     in the inventory's walk order, which is that of ``parameters()``.
+
+    Returns:
+        ``[(first name, tensor)]`` and ``{id(tensor): every name, first name first}`` for the
+        objects held under more than one name (an object left out has only its first name).
     """
     entries = inventory.entries
     by_object = inventory.by_object
     first: Named = []
-    names: dict[int, list[str]] = {}
+    shared: dict[int, list[str]] = {}
     for i in inventory.unique:
         e = entries[i]
         if e.kind == kind:
             t = e.tensor
             first.append((e.name, t))
-            names[id(t)] = [entries[j].name for j in by_object[id(t)]]
-    return first, names
+            held = by_object[id(t)]
+            if len(held) > 1:
+                shared[id(t)] = [entries[j].name for j in held]
+    return first, shared
 
 
 def frame(columns: list[str], rows: list[tuple]) -> pd.DataFrame:

@@ -33,6 +33,7 @@ from ._tables import (
 from .gradient_pass import Pieces, gradient_l2_norms
 
 Params = list[tuple[str, nn.Parameter]]
+_STATE_COLUMN = {state: 5 + k for k, state in enumerate(STATES)}  # in the module sums below
 Gradients = list[torch.Tensor | None]
 
 @dataclass(frozen=True)
@@ -99,9 +100,9 @@ def gradient_report(model: nn.Module, grads: Mapping[str, torch.Tensor | None] |
     12.0
     """
     model = require_module(model, "gradient_report")
-    params, names = named_unique(tensor_inventory(model, include_buffers=False))
-    gradients = _gradients_of(model, params, names, grads)
-    return _report(params, names, gradients, _pieces(params, gradients))
+    params, shared = named_unique(tensor_inventory(model, include_buffers=False))
+    gradients = _gradients_of(model, params, shared, grads)
+    return _report(params, shared, gradients, _pieces(params, gradients))
 
 
 def _pieces(params: list[tuple[str, nn.Parameter]], gradients: list[torch.Tensor | None]) -> Pieces | None:
@@ -112,7 +113,7 @@ def _pieces(params: list[tuple[str, nn.Parameter]], gradients: list[torch.Tensor
     return ShardedGradients()
 
 
-def _gradients_of(model: nn.Module, params: list[tuple[str, nn.Parameter]], names: dict[int, list[str]],
+def _gradients_of(model: nn.Module, params: list[tuple[str, nn.Parameter]], shared: dict[int, list[str]],
                grads: Mapping[str, torch.Tensor | None] | None) -> list[torch.Tensor | None]:
     """The gradient of each parameter: its ``.grad``, or the one ``grads`` gives for it."""
     if grads is None:
@@ -120,8 +121,8 @@ def _gradients_of(model: nn.Module, params: list[tuple[str, nn.Parameter]], name
     if not isinstance(grads, Mapping):
         raise InspectorError(f"grads must map parameter names to gradient tensors, got {type(grads).__name__}")
     index: dict[str, int] = {}
-    for i, (_, p) in enumerate(params):
-        for alias in names[id(p)]:
+    for i, (name, p) in enumerate(params):
+        for alias in shared.get(id(p), (name,)):
             index[alias] = i
     out: list[torch.Tensor | None] = [None] * len(params)
     given: dict[int, str] = {}
@@ -149,12 +150,12 @@ def _gradients_of(model: nn.Module, params: list[tuple[str, nn.Parameter]], name
     return out
 
 
-def _report(params: Params, names: dict[int, list[str]], gradients: Gradients,
+def _report(params: Params, shared: dict[int, list[str]], gradients: Gradients,
             pieces: Pieces | None = None) -> GradientNorms:
     findings: list[Finding] = []
     norms = _measure(params, gradients, pieces, findings)
     counts, per_rank = _nonfinite_counts(gradients, norms, pieces)
-    prows, modules, own = _rows(params, names, gradients, norms, counts)
+    prows, modules, own = _rows(params, shared, gradients, norms, counts)
     by_parameter = frame(PARAMETER_NORM_COLUMNS, prows)
     mrows = _module_rows(modules, own)
     by_module = frame(MODULE_NORM_COLUMNS, mrows)
@@ -203,8 +204,8 @@ def _measure(params: Params, gradients: Gradients, pieces: Pieces | None, findin
     return norms
 
 
-def _rows(params: Params, names: dict[int, list[str]], gradients: Gradients, norms: list[float],
-            counts: dict[int, tuple[int, int]]) -> tuple[list[tuple], dict[str, list], dict[str, list]]:
+def _rows(params: Params, shared: dict[int, list[str]], gradients: Gradients, norms: list[float],
+          counts: dict[int, tuple[int, int]]) -> tuple[list[tuple], dict[str, list], dict[str, list]]:
     """Rows per parameter, and per module prefix the sums of everything below it and of what it holds.
 
     Returns:
@@ -214,7 +215,7 @@ def _rows(params: Params, names: dict[int, list[str]], gradients: Gradients, nor
     prows: list[tuple] = []
     modules: dict[str, list] = {}
     own: dict[str, list] = {}
-    chains: dict[str, tuple[str, ...]] = {}  # module -> itself and every parent, root ("") first
+    chains: dict[str, list[list]] = {}  # holder -> the sums of itself and of every parent, root first
     labels: dict[Any, str] = {}
     for i, (name, p) in enumerate(params):
         g = gradients[i]
@@ -226,29 +227,27 @@ def _rows(params: Params, names: dict[int, list[str]], gradients: Gradients, nor
         else:
             state = "frozen" if not rg else "nonfinite" if nan or inf else "ok"
         numel = p.numel()
-        prows.append((name, norm, state, nan, inf, numel, label(labels, p.dtype),
-                      label(labels, p.device if g is None else g.device), rg))
+        dt, dev = p.dtype, (p.device if g is None else g.device)
+        prows.append((name, norm, state, nan, inf, numel, labels.get(dt) or label(labels, dt),
+                      labels.get(dev) or label(labels, dev), rg))
         has = g is not None
         sq = norm * norm if has else 0.0
-        aliases = names[id(p)]
-        holders = (name.rpartition(".")[0],) if len(aliases) == 1 else \
+        aliases = shared.get(id(p))
+        holders = (name.rpartition(".")[0],) if aliases is None else \
             tuple(dict.fromkeys(a.rpartition(".")[0] for a in aliases))
-        prefixes: dict[str, None] = {}
         for holder in holders:
-            acc = own.get(holder)
-            if acc is None:
-                acc = own[holder] = [0.0, 0]
-            acc[0] += sq
-            acc[1] += has
-            chain = chains.get(holder)
-            if chain is None:
-                chain = chains[holder] = tuple(_module_prefixes(holder + ".x"))
-            prefixes.update(dict.fromkeys(chain))
-        col = 5 + STATES.index(state)
-        for prefix in prefixes:
-            acc = modules.get(prefix)
-            if acc is None:
-                acc = modules[prefix] = [0.0, 0, 0, 0, 0, 0, 0, 0, 0, 0]
+            held = own.get(holder)
+            if held is None:
+                held = own[holder] = [0.0, 0]
+                chains[holder] = [modules.setdefault(prefix, [0.0, 0, 0, 0, 0, 0, 0, 0, 0, 0])
+                                  for prefix in dict.fromkeys(_module_prefixes(holder + ".x"))]
+            held[0] += sq
+            held[1] += has
+        # a tied parameter counts once in every module above any of its holders
+        sums = chains[holders[0]] if len(holders) == 1 else \
+            list({id(acc): acc for holder in holders for acc in chains[holder]}.values())
+        col = _STATE_COLUMN[state]
+        for acc in sums:
             acc[0] += sq
             acc[1] += nan
             acc[2] += inf
@@ -376,9 +375,9 @@ def gradient_norms(model: nn.Module, by: str = "parameter",
     model = require_module(model, "gradient_norms")
     if by not in ("parameter", "module"):
         raise InspectorError(f"gradient_norms(by={by!r}): choose 'parameter' or 'module'")
-    params, names = named_unique(tensor_inventory(model, include_buffers=False))
-    gradients = _gradients_of(model, params, names, grads)
-    report = _report(params, names, gradients, _pieces(params, gradients))
+    params, shared = named_unique(tensor_inventory(model, include_buffers=False))
+    gradients = _gradients_of(model, params, shared, grads)
+    report = _report(params, shared, gradients, _pieces(params, gradients))
     return report.by_parameter if by == "parameter" else report.by_module
 
 

@@ -55,23 +55,29 @@ def offset_map(model: nn.Module, trainable_only: bool = False,
     """
     model = require_module(model, "offset_map")
     inventory = tensor_inventory(model, include_buffers=include_buffers)
-    params, names = named_unique(inventory)
-    entries: list[tuple[str, torch.Tensor, list[str], str, bool]] = [
-        (name, p, names[id(p)], "parameter", p.requires_grad) for name, p in params
-        if not trainable_only or p.requires_grad]
+    params, shared = named_unique(inventory)
+    entries = [(name, p, "parameter", p.requires_grad) for name, p in params
+               if not trainable_only or p.requires_grad]
     if include_buffers:
-        buffers, bnames = named_unique(inventory, "buffer")
-        entries += [(name, b, bnames[id(b)], "buffer", False) for name, b in buffers]
-    labels: dict = {}
+        buffers, shared_buffers = named_unique(inventory, "buffer")
+        shared.update(shared_buffers)
+        entries += [(name, b, "buffer", False) for name, b in buffers]
+    dtype_names: dict[torch.dtype, str] = {}
+    device_names: dict[torch.device, str] = {}
     rows = []
     offset = 0
-    for name, t, aliases, kind, requires_grad in entries:
+    for name, t, kind, requires_grad in entries:
         n = t.numel()
-        rows.append((name, tuple(aliases[1:]), name.rpartition(".")[0], offset, offset + n, n,
-                     tuple(t.shape), label(labels, t.dtype), label(labels, t.device), requires_grad, kind))
+        dt = t.dtype
+        dt_name = dtype_names.get(dt) or label(dtype_names, dt)
+        dev = t.device
+        dev_name = device_names.get(dev) or label(device_names, dev)
+        names = shared.get(id(t))
+        rows.append((name, tuple(names[1:]) if names else (), name.rpartition(".")[0], offset, offset + n, n,
+                     tuple(t.shape), dt_name, dev_name, requires_grad, kind))
         offset += n
     table = frame(OFFSET_COLUMNS, rows)
-    tensors = [t for _, t, *_ in entries]
+    tensors = [t for _, t, _, _ in entries]
     if has_dtensors(tensors):  # FSDP2 / tensor parallel: add this rank's pieces
         from ..distributed.analyses import with_local_offsets
         table = with_local_offsets(table, tensors)
@@ -92,16 +98,16 @@ def offset_findings(model: nn.Module, trainable_only: bool = False) -> list[Find
     ['non-contiguous']
     """
     model = require_module(model, "offset_findings")
-    all_params, names = named_unique(tensor_inventory(model, include_buffers=False))
+    all_params, shared = named_unique(tensor_inventory(model, include_buffers=False))
     params = [(n, p) for n, p in all_params if p.requires_grad] if trainable_only else all_params
     out = _contiguity_findings(params) + _mixing_findings(params) + _frozen_shift_findings(all_params)
     for name, p in params:
-        others = names[id(p)][1:]
-        if others:
+        names = shared.get(id(p))
+        if names:
             out.append(Finding(
                 "tied", "info", name,
-                f"{name} is also reachable as {', '.join(others)}: it is one Parameter object, so it "
-                f"appears once in the flat vector ({p.numel()} elements, not {p.numel() * len(names[id(p)])})."))
+                f"{name} is also reachable as {', '.join(names[1:])}: it is one Parameter object, so it "
+                f"appears once in the flat vector ({p.numel()} elements, not {p.numel() * len(names)})."))
     if any(p.device.type == "meta" for _, p in params):
         out.append(Finding(
             "meta", "info", "",

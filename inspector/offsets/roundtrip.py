@@ -54,8 +54,9 @@ def flatten_roundtrip(model: nn.Module, max_elements: int = 20_000_000) -> Round
     >>> rt.shares_memory, rt.write_through, rt.restored_exactly, rt.views_after
     (False, False, True, True)
     """
+    inner = require_module(model, "flatten_roundtrip")
     with model_lock(model):
-        named, _ = named_unique(tensor_inventory(require_module(model, "flatten_roundtrip"), include_buffers=False))
+        named, _ = named_unique(tensor_inventory(inner, include_buffers=False))
         originals = [p for _, p in named]
         before, copies = _copies(originals, max_elements)
     total = sum(p.numel() for p in originals)
