@@ -1,4 +1,4 @@
-"""Column lists, tensors in ``parameters()`` order from the inventory, and typed table building."""
+"""Column lists, the walk that gives tensors in ``parameters()`` order, and typed table building."""
 
 from __future__ import annotations
 
@@ -7,8 +7,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import torch
-
-from ..inventory import TensorInventory
+from torch import nn
 
 OFFSET_COLUMNS = ["name", "aliases", "module", "start", "end", "numel", "shape", "dtype",
                   "device", "requires_grad", "kind"]
@@ -25,28 +24,32 @@ _INT_COLUMNS = {"start", "end", "numel", "nan", "inf", "parameters", "ok", "none
 Named = list[tuple[str, torch.Tensor]]
 
 
-def named_unique(inventory: TensorInventory, kind: str = "parameter") -> tuple[Named, dict[int, list[str]]]:
+def named_unique(model: nn.Module, kind: str = "parameter") -> tuple[Named, dict[int, list[str]]]:
     """The first name and the tensor of each distinct object of ``kind``, and the names of shared ones.
 
-    The order is ``named_parameters()`` (or ``named_buffers()``): the first name of each object,
-    in the inventory's walk order, which is that of ``parameters()``.
+    One walk over ``named_parameters(remove_duplicate=False)`` (or ``named_buffers``): keeping the
+    first name of each object gives exactly the order of ``parameters()`` (``buffers()``).
+    ``inspector.inventory.tensor_inventory`` holds the same facts, but also builds a record and a
+    storage key per tensor, which these tables never read: on ``llama-70b-meta`` (723 tensors)
+    it made ``offset_map`` 1.09x and, on 799 small parameters, ``gradient_report`` 1.24x slower.
 
     Returns:
         ``[(first name, tensor)]`` and ``{id(tensor): every name, first name first}`` for the
         objects held under more than one name (an object left out has only its first name).
     """
-    entries = inventory.entries
-    by_object = inventory.by_object
+    pairs = model.named_parameters(remove_duplicate=False) if kind == "parameter" else \
+        model.named_buffers(remove_duplicate=False)
     first: Named = []
+    names: dict[int, list[str]] = {}
     shared: dict[int, list[str]] = {}
-    for i in inventory.unique:
-        e = entries[i]
-        if e.kind == kind:
-            t = e.tensor
-            first.append((e.name, t))
-            held = by_object[id(t)]
-            if len(held) > 1:
-                shared[id(t)] = [entries[j].name for j in held]
+    for name, t in pairs:
+        seen = names.get(id(t))
+        if seen is None:
+            names[id(t)] = [name]
+            first.append((name, t))
+        else:
+            seen.append(name)
+            shared[id(t)] = seen
     return first, shared
 
 
