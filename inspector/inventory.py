@@ -27,15 +27,15 @@ KINDS = ("parameter", "buffer")
 def storage_key(t: torch.Tensor) -> tuple[str, int | None, int] | None:
     """``(device type, device index, address of the storage)``: equal keys mean one storage.
 
-    None where there is no memory to compare: meta and fake tensors, tensors whose storage
-    is empty, sparse and quantized tensors, wrapper subclasses without storage (a DTensor
+    None where there is no memory to compare: meta and fake tensors, tensors with no
+    elements, sparse and quantized tensors, wrapper subclasses without storage (a DTensor
     itself; its ``to_local()`` has one).
 
     >>> w = torch.zeros(2, 3)
     >>> storage_key(w[1]) == storage_key(w), storage_key(torch.zeros(2, device="meta"))
     (True, None)
     """
-    if t.is_meta:
+    if t.is_meta or t.numel() == 0:
         return None
     try:
         storage = t.untyped_storage()  # sparse tensors and wrapper subclasses have none: they raise
