@@ -3,8 +3,9 @@
 Every analysis that groups tensors by identity or by memory starts here:
 ``named_parameters(remove_duplicate=False)`` then ``named_buffers(remove_duplicate=False)``,
 one entry per name, each holding its tensor (so ``id()``s are not reused while the
-inventory lives), the name ``named_parameters()`` keeps for that object, and the key of
-the storage under it. DTensors (FSDP2, tensor parallelism) carry their global shape and
+inventory lives) and the name ``named_parameters()`` keeps for that object. Storage keys
+are read when first asked for (see :class:`StorageKeys`), so a walk whose reader never
+groups by memory pays nothing for them. DTensors (FSDP2, tensor parallelism) carry their global shape and
 this rank's local shape and bytes; ``torch.distributed.tensor`` is never imported here.
 """
 
@@ -54,12 +55,48 @@ def _dtensor_type() -> type | None:
     return getattr(module, "DTensor", None) if module is not None else None
 
 
+class StorageKeys:
+    """The :func:`storage_key` of each object of one inventory, read on first ask and then kept.
+
+    Reading a storage key costs more than the rest of the walk over that tensor (a storage
+    object is made to read its address), and most readers of an inventory never group by
+    memory, so keys are not read during the walk. The first time any key of an inventory is
+    asked for (:attr:`TensorEntry.storage_key`, :attr:`TensorInventory.by_storage`,
+    :meth:`TensorInventory.storage_groups`), the keys of every object are read together and
+    kept: from then on they stay fixed for the inventory's life, like the rest of it, and all
+    readers see the same keys. They describe the storages as they were at that first ask; an
+    inventory describes one model state, so walk again after changing the model (replacing
+    ``.data``, moving, converting), as for every other fact it holds. A DTensor's key is None.
+    """
+
+    __slots__ = ("_tensors", "_keys")
+
+    def __init__(self) -> None:
+        self._tensors: list[torch.Tensor] = []  # first-seen order: index = object number
+        self._keys: list[tuple | None] | None = None
+
+    def __getitem__(self, obj: int) -> tuple | None:
+        return self.all()[obj]
+
+    def all(self) -> list[tuple | None]:
+        """Every object's key, object-number order (read now if not read yet)."""
+        keys = self._keys
+        if keys is None:
+            dtensor = _dtensor_type()
+            keys = self._keys = [None if dtensor is not None and isinstance(t, dtensor) else storage_key(t)
+                                 for t in self._tensors]
+        return keys
+
+    def __repr__(self) -> str:
+        return f"StorageKeys({len(self._tensors)} objects, {'read' if self._keys is not None else 'not read'})"
+
+
 class TensorEntry(NamedTuple):
     """One name of one tensor, as the walk met it (an immutable record).
 
-    The walk records who holds the tensor, the name that object was first met under and its
-    storage key; everything else is read from the tensor when asked, so a walk over a model
-    with a million names stays as fast as ``named_parameters()`` itself.
+    The walk records who holds the tensor and the name that object was first met under;
+    everything else, the storage key too, is read from the tensor when asked, so a walk over
+    a model with a million names stays as fast as ``named_parameters()`` itself.
 
     Attributes:
         name: full dotted name (``"h.0.attn.c_attn.weight"``).
@@ -70,7 +107,8 @@ class TensorEntry(NamedTuple):
         first_name: the first name of the same object: what ``named_parameters()`` (or
             ``named_buffers()``) keeps; equal to ``name`` for the first holder.
         obj: number of the object: index into :attr:`TensorInventory.unique`.
-        storage_key: :func:`storage_key` of the tensor at walk time, or None (always for a DTensor).
+        storage_keys: the keys of the inventory's objects, shared by all its entries; read
+            :attr:`storage_key` instead.
     """
 
     name: str
@@ -80,7 +118,13 @@ class TensorEntry(NamedTuple):
     tensor: torch.Tensor
     first_name: str
     obj: int
-    storage_key: tuple | None
+    storage_keys: StorageKeys
+
+    @property
+    def storage_key(self) -> tuple | None:
+        """:func:`storage_key` of the tensor, or None (always for a DTensor); read once per
+        inventory, on first ask (:class:`StorageKeys`)."""
+        return self.storage_keys[self.obj]
 
     @property
     def is_alias(self) -> bool:
@@ -169,11 +213,11 @@ class TensorInventory:
             first-seen order (parameters as ``parameters()`` yields them, then buffers).
         aliased: object number -> indices into ``entries`` of every name of that object, for
             the objects held under two or more names (same-object ties).
-        by_storage: storage key -> indices into ``unique`` (object numbers) of the objects
-            over that storage, first-seen order; objects without a key are left out.
         include_buffers: whether buffers were walked.
         modules: every module name, ``named_modules(remove_duplicate=False)`` order (``""`` is
             the root; a module held twice is listed under both names).
+        module_objects: the module under each name of ``modules`` (same order).
+        storage_keys: the objects' storage keys, read on first ask (:class:`StorageKeys`).
 
     >>> from torch import nn
     >>> m = nn.Sequential(nn.Linear(2, 2, bias=False), nn.Linear(2, 2, bias=False))
@@ -188,9 +232,10 @@ class TensorInventory:
     entries: tuple[TensorEntry, ...]
     unique: tuple[int, ...]
     aliased: dict[int, tuple[int, ...]] = field(repr=False)
-    by_storage: dict[tuple, tuple[int, ...]] = field(repr=False)
     include_buffers: bool = True
     modules: tuple[str, ...] = field(default=(), repr=False)
+    module_objects: tuple[nn.Module, ...] = field(default=(), repr=False, compare=False)
+    storage_keys: StorageKeys = field(default_factory=StorageKeys, repr=False, compare=False)
 
     def __len__(self) -> int:
         return len(self.entries)
@@ -223,6 +268,16 @@ class TensorInventory:
     def by_object(self) -> dict[int, tuple[int, ...]]:
         """``id(tensor)`` -> indices into ``entries`` of every name of that object, first-seen order."""
         return {id(self.entries[i].tensor): self.entries_of(o) for o, i in enumerate(self.unique)}
+
+    @cached_property
+    def by_storage(self) -> dict[tuple, tuple[int, ...]]:
+        """Storage key -> object numbers (indices into ``unique``) of the objects over that
+        storage, first-seen order; objects without a key are left out. Made on first ask."""
+        out: dict[tuple, list[int]] = {}
+        for obj, key in enumerate(self.storage_keys.all()):
+            if key is not None:
+                out.setdefault(key, []).append(obj)
+        return {k: tuple(v) for k, v in out.items()}
 
     @cached_property
     def by_name(self) -> dict[str, TensorEntry]:
@@ -283,33 +338,30 @@ class _Builder:
     """Entries and groupings, filled one name at a time in walk order."""
 
     def __init__(self) -> None:
-        self.dtensor = _dtensor_type()
         self.entries: list[TensorEntry] = []
         self.unique: list[int] = []
         self.first: dict[int, int] = {}  # id(tensor) -> index of its first entry
         self.aliased: dict[int, list[int]] = {}
-        self.by_storage: dict[tuple, list[int]] = {}
+        self.keys = StorageKeys()
         self.modules: list[str] = []
+        self.module_objects: list[nn.Module] = []
 
     def add(self, name: str, kind: str, module: str, attr: str, t: torch.Tensor) -> None:
         entries = self.entries
         i = len(entries)
         j = self.first.get(id(t))
         if j is None:
-            obj = len(self.unique)
+            tensors = self.keys._tensors
+            obj = len(tensors)
             self.first[id(t)] = i
             self.unique.append(i)
-            dtensor = self.dtensor
-            key = None if dtensor is not None and isinstance(t, dtensor) else storage_key(t)
+            tensors.append(t)
             # tuple.__new__: TensorEntry(...) without its keyword handling, for the hot loop
-            entries.append(tuple.__new__(TensorEntry, (name, kind, module, attr, t, name, obj, key)))
-            if key is not None:
-                self.by_storage.setdefault(key, []).append(obj)
+            entries.append(tuple.__new__(TensorEntry, (name, kind, module, attr, t, name, obj, self.keys)))
         else:
             f = entries[j]
             self.aliased.setdefault(f.obj, [j]).append(i)
-            entries.append(tuple.__new__(TensorEntry, (name, kind, module, attr, t, f.name, f.obj,
-                                                       f.storage_key)))
+            entries.append(tuple.__new__(TensorEntry, (name, kind, module, attr, t, f.name, f.obj, self.keys)))
 
     def walk(self, model: nn.Module, include_buffers: bool) -> None:
         """``named_parameters`` then ``named_buffers``, with duplicates, and every module name.
@@ -327,7 +379,9 @@ class _Builder:
                     self.add(*b)
                 return
             self.__init__()  # type: ignore[misc]
-        self.modules.extend(n for n, _ in model.named_modules(remove_duplicate=False))
+        for n, m in model.named_modules(remove_duplicate=False):
+            self.modules.append(n)
+            self.module_objects.append(m)
         for n, t in model.named_parameters(remove_duplicate=False):
             self.add(n, "parameter", *_split(n), t)
         if include_buffers:
@@ -340,13 +394,14 @@ class _Builder:
         ``named_modules``, start again with the methods)."""
         buffers: list[tuple[str, str, str, str, torch.Tensor]] = []
         plain = nn.Module.named_modules
-        add, modules = self.add, self.modules
+        add, modules, objects = self.add, self.modules, self.module_objects
         stack: list[tuple[str, nn.Module]] = [("", model)]
         while stack:
             prefix, module = stack.pop()
             if type(module).named_modules is not plain:
                 return None
             modules.append(prefix)
+            objects.append(module)
             dot = prefix + "." if prefix else ""
             for k, v in module._parameters.items():
                 if v is not None:
@@ -391,4 +446,4 @@ def tensor_inventory(model: nn.Module, include_buffers: bool = True, *,
     b = _Builder()
     b.walk(model, include_buffers)
     return TensorInventory(tuple(b.entries), tuple(b.unique), {k: tuple(v) for k, v in b.aliased.items()},
-                           {k: tuple(v) for k, v in b.by_storage.items()}, include_buffers, tuple(b.modules))
+                           include_buffers, tuple(b.modules), tuple(b.module_objects), b.keys)
