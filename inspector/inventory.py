@@ -256,6 +256,33 @@ class TensorInventory:
         out = [self.entries[i] for i in self.unique]
         return out if kind is None else [e for e in out if e.kind == kind]
 
+    def named_unique(self, kind: str = "parameter") -> tuple[list[tuple[str, torch.Tensor]], dict[int, list[str]]]:
+        """What ``named_parameters()`` (``named_buffers()`` for ``kind="buffer"``) yields, and the
+        names of the objects held under more than one name of that kind.
+
+        Returns:
+            ``[(first name, tensor)]`` in ``parameters()`` (``buffers()``) order, and
+            ``{id(tensor): every name of that kind, first name first}`` for the objects with two
+            or more such names (an object left out has only its first name).
+        """
+        entries = self.entries
+        if not self.aliased:  # every name is its own object
+            return [(e.name, e.tensor) for e in entries if e.kind == kind], {}
+        first: list[tuple[str, torch.Tensor]] = []
+        seen: dict[int, list[str]] = {}
+        shared: dict[int, list[str]] = {}
+        for e in entries:
+            if e.kind != kind:
+                continue
+            names = seen.get(e.obj)
+            if names is None:
+                seen[e.obj] = [e.name]
+                first.append((e.name, e.tensor))
+            else:
+                names.append(e.name)
+                shared[id(e.tensor)] = names
+        return first, shared
+
     def names_of(self, t: torch.Tensor) -> list[str]:
         """Every name of tensor object ``t`` (empty if the model does not hold it)."""
         return [self.entries[i].name for i in self.by_object.get(id(t), ())]
@@ -278,6 +305,19 @@ class TensorInventory:
             if key is not None:
                 out.setdefault(key, []).append(obj)
         return {k: tuple(v) for k, v in out.items()}
+
+    @cached_property
+    def own_entries(self) -> dict[str, list[TensorEntry]]:
+        """Module name -> the entries that module holds itself (parameters, then buffers), walk
+        order; modules that hold none are absent. Made on first ask."""
+        out: dict[str, list[TensorEntry]] = {}
+        for e in self.entries:
+            own = out.get(e.module)
+            if own is None:
+                out[e.module] = [e]
+            else:
+                own.append(e)
+        return out
 
     @cached_property
     def by_name(self) -> dict[str, TensorEntry]:

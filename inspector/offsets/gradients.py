@@ -20,6 +20,7 @@ from torch import nn
 from ..checks import require_module
 from ..distributed.tensors import has_dtensors
 from ..findings import Finding, InspectorError
+from ..inventory import tensor_inventory
 from ._tables import (
     MODULE_NORM_COLUMNS,
     PARAMETER_NORM_COLUMNS,
@@ -27,7 +28,6 @@ from ._tables import (
     STATES,
     frame,
     label,
-    named_unique,
 )
 from .gradient_pass import Pieces, gradient_l2_norms
 
@@ -99,7 +99,7 @@ def gradient_report(model: nn.Module, grads: Mapping[str, torch.Tensor | None] |
     12.0
     """
     model = require_module(model, "gradient_report")
-    params, shared = named_unique(model)
+    params, shared = tensor_inventory(model, include_buffers=False).named_unique()
     gradients = _gradients_of(model, params, shared, grads)
     return _report(params, shared, gradients, _pieces(params, gradients))
 
@@ -374,7 +374,7 @@ def gradient_norms(model: nn.Module, by: str = "parameter",
     model = require_module(model, "gradient_norms")
     if by not in ("parameter", "module"):
         raise InspectorError(f"gradient_norms(by={by!r}): choose 'parameter' or 'module'")
-    params, shared = named_unique(model)
+    params, shared = tensor_inventory(model, include_buffers=False).named_unique()
     gradients = _gradients_of(model, params, shared, grads)
     report = _report(params, shared, gradients, _pieces(params, gradients))
     return report.by_parameter if by == "parameter" else report.by_module

@@ -20,7 +20,8 @@ from torch import nn
 from ..checks import require_module
 from ..distributed.tensors import has_dtensors
 from ..findings import Finding, InspectorError
-from ._tables import OFFSET_COLUMNS, frame, label, named_unique
+from ..inventory import tensor_inventory
+from ._tables import OFFSET_COLUMNS, frame, label
 
 # --------------------------------------------------------------------------- offset map
 
@@ -53,11 +54,12 @@ def offset_map(model: nn.Module, trainable_only: bool = False,
     [0, 6]
     """
     model = require_module(model, "offset_map")
-    params, shared = named_unique(model)
+    inventory = tensor_inventory(model, include_buffers)
+    params, shared = inventory.named_unique()
     entries = [(name, p, "parameter", p.requires_grad) for name, p in params
                if not trainable_only or p.requires_grad]
     if include_buffers:
-        buffers, shared_buffers = named_unique(model, "buffer")
+        buffers, shared_buffers = inventory.named_unique("buffer")
         shared.update(shared_buffers)
         entries += [(name, b, "buffer", False) for name, b in buffers]
     dtype_names: dict[torch.dtype, str] = {}
@@ -96,7 +98,7 @@ def offset_findings(model: nn.Module, trainable_only: bool = False) -> list[Find
     ['non-contiguous']
     """
     model = require_module(model, "offset_findings")
-    all_params, shared = named_unique(model)
+    all_params, shared = tensor_inventory(model, include_buffers=False).named_unique()
     params = [(n, p) for n, p in all_params if p.requires_grad] if trainable_only else all_params
     out = _contiguity_findings(params) + _mixing_findings(params) + _frozen_shift_findings(all_params)
     for name, p in params:

@@ -11,9 +11,8 @@ from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
 from ..checks import require_module
 from ..findings import InspectorError
-from ..inventory import storage_key
+from ..inventory import storage_key, tensor_inventory
 from ..locks import model_lock
-from ._tables import named_unique
 
 
 @dataclass(frozen=True)
@@ -56,7 +55,7 @@ def flatten_roundtrip(model: nn.Module, max_elements: int = 20_000_000) -> Round
     """
     inner = require_module(model, "flatten_roundtrip")
     with model_lock(model):
-        named, _ = named_unique(inner)
+        named, _ = tensor_inventory(inner, include_buffers=False).named_unique()
         originals = [p for _, p in named]
         before, copies = _copies(originals, max_elements)
     total = sum(p.numel() for p in originals)

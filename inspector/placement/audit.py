@@ -11,9 +11,9 @@ import pandas as pd
 import torch
 from torch import nn
 
-from ..checks import require_module
 from ..distributed.tensors import has_dtensors
 from ..findings import Finding, InspectorError
+from ..inventory import TensorInventory, tensor_inventory
 from .budget import Device, device_order, main_device, normalise_device, offload_devices, torch_device_key
 from .inventory import lookup, parent_name
 
@@ -94,27 +94,21 @@ class _Row(NamedTuple):
     tensor: torch.Tensor
 
 
-def _tensor_rows(model: nn.Module) -> tuple[list[_Row], list[str]]:
-    """Every parameter and buffer name in module order, and every module name (one pass)."""
+def _tensor_rows(tensors: TensorInventory) -> list[_Row]:
+    """Every parameter and buffer name of the walked model, in module order (a module's
+    parameters, then its buffers, then its children's)."""
     rows: list[_Row] = []
-    modules: list[str] = []
-    first: dict[int, str] = {}
-    stack: list[tuple[str, nn.Module, tuple[str, ...]]] = [("", model, ())]
-    while stack:
-        mname, mod, chain = stack.pop()
-        modules.append(mname)
-        prefix = f"{mname}." if mname else ""
-        params, buffers = mod._parameters, mod._buffers
-        if params or buffers:
+    own = tensors.own_entries
+    chains: dict[str, tuple[str, ...]] = {}
+    for mname, mod in zip(tensors.modules, tensors.module_objects):
+        chain = chains[mname.rpartition(".")[0]] if mname else ()
+        if mod._parameters or mod._buffers:
             chain = chain + (mname,)
-        stack.extend(reversed([(prefix + c, m, chain) for c, m in mod._modules.items() if m is not None]))
-        for kind, store in (("parameter", params), ("buffer", buffers)):
-            for local, t in store.items():
-                if t is not None:
-                    full = prefix + local
-                    rows.append(_Row(full, kind, mname, t.numel() * t.element_size(),
-                                     first.setdefault(id(t), full), chain, t))
-    return rows, modules
+        chains[mname] = chain
+        for e in own.get(mname, ()):
+            t = e.tensor
+            rows.append(_Row(e.name, e.kind, mname, t.numel() * t.element_size(), e.first_name, chain, t))
+    return rows
 
 
 def _module_devices(rows: list[_Row], device_of: list[Device | None], devices: list[Device],
@@ -212,9 +206,13 @@ def audit_device_map(model: nn.Module, device_map: Mapping[str, Any]) -> pd.Data
     >>> audit_device_map(m, {"0": 0, "1.weight": 0, "1.bias": 0})["finding"].dropna().tolist()
     ['buffer-unplaced', 'buffer-unplaced', 'buffer-unplaced']
     """
-    model = require_module(model, "audit_device_map")
+    return audit_table(tensor_inventory(model, what="audit_device_map"), device_map)
+
+
+def audit_table(tensors: TensorInventory, device_map: Mapping[str, Any]) -> pd.DataFrame:
+    """:func:`audit_device_map` of the model walked by ``tensors``."""
     dm = normalise_map(device_map)
-    rows, _ = _tensor_rows(model)
+    rows = _tensor_rows(tensors)
     return _audit_rows(rows, _map_devices(rows, dm), sorted(set(dm.values()), key=device_order))
 
 
@@ -224,10 +222,15 @@ def audit(model: nn.Module, device_map: Mapping[str, Any]) -> DeviceMapAudit:
     >>> audit(nn.Linear(2, 2), {"weight": 0, "bias": 0, "nope": 1}).findings[0].code
     'unknown-key'
     """
+    return audit_inventory(tensor_inventory(model, what="audit"), device_map)
+
+
+def audit_inventory(tensors: TensorInventory, device_map: Mapping[str, Any]) -> DeviceMapAudit:
+    """:func:`audit` of the model walked by ``tensors``."""
     dm = normalise_map(device_map)
-    rows, modules = _tensor_rows(model)
+    rows = _tensor_rows(tensors)
     table = _audit_rows(rows, _map_devices(rows, dm), sorted(set(dm.values()), key=device_order))
-    names = set(modules) | {r.name for r in rows}
+    names = set(tensors.modules) | {r.name for r in rows}
     return DeviceMapAudit(table, _key_findings(names, dm) + table_findings(table))
 
 
@@ -342,9 +345,9 @@ def placement_table(model: nn.Module) -> pd.DataFrame:
     >>> placement_table(nn.Linear(2, 2))["device"].tolist()
     ['cpu', 'cpu']
     """
-    model = require_module(model, "placement_table")
-    rows, _ = _tensor_rows(model)
-    modules = dict(model.named_modules(remove_duplicate=False))
+    tensors = tensor_inventory(model, what="placement_table")
+    rows = _tensor_rows(tensors)
+    modules = dict(zip(tensors.modules, tensors.module_objects))
     device_of: list[Device | None] = []
     offloaded = False
     for r in rows:

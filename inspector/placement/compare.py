@@ -14,7 +14,7 @@ from torch import nn
 
 from ..checks import require_module
 from ..findings import Finding
-from .audit import audit, device_usage, normalise_map
+from .audit import audit_inventory, device_usage, normalise_map
 from .budget import Device, parse_max_memory
 from .plan import PlacementPlan, default_no_split, explain, plan_steps
 
@@ -95,7 +95,7 @@ def compare_with_accelerate(model: nn.Module, max_memory: str | Mapping[Any, Any
     t2 = time.perf_counter()
     ours = explain(model, planned)
     theirs = normalise_map(dict(theirs))
-    result = audit(model, theirs)
+    result = audit_inventory(planned.inv.source, theirs)
     usage = device_usage(result.table, budget)
     a, b = ours.audit.set_index("name"), result.table.set_index("name")
     differs = [n for n in a.index if a.at[n, "device"] != b.at[n, "device"]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from ..findings import InspectorError
+from ..inventory import TensorEntry, TensorInventory, tensor_inventory
 from .budget import Device
 
 
@@ -39,6 +40,7 @@ class Inventory:
     parent: dict[str, str]            # module -> its parent module ("" for the root's children)
     ties: tuple[tuple[str, ...], ...]  # names of one object, leader first (two or more)
     param_owners: frozenset[str]       # modules with at least one parameter name under them
+    source: TensorInventory = field(repr=False, compare=False)  # the walk these tables come from
 
     def has_params(self, module: str) -> bool:
         return module in self.param_owners
@@ -96,57 +98,45 @@ class _Tables:
     sizes: dict[str, int] = field(default_factory=dict)
     psizes: dict[str, int] = field(default_factory=dict)
     has_param: dict[str, bool] = field(default_factory=dict)
-    first: dict[int, str] = field(default_factory=dict)      # id(tensor) -> its first name
     groups: dict[str, list[str]] = field(default_factory=dict)  # first name -> every name
 
-    def module(self, mname: str, mod: nn.Module) -> list[tuple[str, nn.Module]]:
-        """Record a module; return its children (full name, module) in order."""
+    def module(self, mname: str, mod: nn.Module) -> None:
+        """Record a module (they come in pre-order, so its parent is recorded already)."""
         self.classes[mname] = type(mod).__name__
         self.order[mname] = len(self.order)
-        prefix = f"{mname}." if mname else ""
-        names = self.children[mname] = []
-        kids = []
-        parent = self.parent
-        for c, sub in mod._modules.items():
-            if sub is not None:
-                full = prefix + c
-                names.append(full)
-                kids.append((full, sub))
-                parent[full] = mname
-        return kids
+        self.children[mname] = []
+        if mname:
+            up = self.parent[mname] = mname.rpartition(".")[0]
+            self.children[up].append(mname)
 
-    def own_tensors(self, mname: str, mod: nn.Module, dtype_size: int | None) -> None:
-        """Record a module's own parameters, then buffers, and its own totals."""
-        prefix = f"{mname}." if mname else ""
-        own = self.direct[mname] = []
-        order, first, sizes, psizes, tensors = self.order, self.first, self.sizes, self.psizes, self.tensors
+    def own_tensors(self, mname: str, mod: nn.Module, own: Iterable[TensorEntry], dtype_size: int | None) -> None:
+        """Record a module's own parameters, then buffers (its entries), and its own totals."""
+        names = self.direct[mname] = []
+        order, sizes, psizes, tensors = self.order, self.sizes, self.psizes, self.tensors
         total = ptotal = 0
         owns_param = False
-        for kind, store in (("parameter", mod._parameters), ("buffer", mod._buffers)):
-            is_param = kind == "parameter"
-            for local, t in store.items():
-                if t is None:
-                    continue
-                full = prefix + local
-                own.append(full)
-                order[full] = len(order)
-                leader = first.setdefault(id(t), full)
-                nbytes = _byte_size(t, dtype_size)
-                tensors.append(TensorInfo(full, kind, mname, nbytes, leader,
-                                          is_param or local not in mod._non_persistent_buffers_set))
-                if leader == full:
-                    sizes[full] = nbytes
-                    psizes[full] = nbytes if is_param else 0
-                    total += nbytes
-                    ptotal += nbytes if is_param else 0
-                else:
-                    sizes[full] = psizes[full] = 0
-                    self.groups.setdefault(leader, [leader]).append(full)
-                owns_param |= is_param
+        for e in own:
+            full, leader = e.name, e.first_name
+            is_param = e.kind == "parameter"
+            names.append(full)
+            order[full] = len(order)
+            nbytes = _byte_size(e.tensor, dtype_size)
+            tensors.append(TensorInfo(full, e.kind, mname, nbytes, leader,
+                                      is_param or e.attr not in mod._non_persistent_buffers_set))
+            if leader == full:
+                sizes[full] = nbytes
+                psizes[full] = nbytes if is_param else 0
+                total += nbytes
+                ptotal += nbytes if is_param else 0
+            else:
+                sizes[full] = psizes[full] = 0
+                self.groups.setdefault(leader, [leader]).append(full)
+            owns_param |= is_param
         sizes[mname], psizes[mname], self.has_param[mname] = total, ptotal, owns_param
 
 
-def inventory(model: nn.Module, dtype: torch.dtype | str | None = None) -> Inventory:
+def inventory(model: nn.Module, dtype: torch.dtype | str | None = None,
+              tensors: TensorInventory | None = None) -> Inventory:
     """Every parameter and buffer name (aliases too) and bytes by prefix, in one pass.
 
     Bytes count each tensor object once, under its first name (as ``named_parameters()``
@@ -154,24 +144,29 @@ def inventory(model: nn.Module, dtype: torch.dtype | str | None = None) -> Inven
     as if cast to it (never larger than they are); integer and bool tensors keep their size.
     Module sizes are summed bottom-up over the modules, not per tensor and prefix.
 
+    Args:
+        model: any module, also on the meta device; it is not changed.
+        dtype: size floating tensors as if cast to this dtype.
+        tensors: the model's :func:`~inspector.inventory.tensor_inventory`, if the caller has
+            one (walked here otherwise); the result keeps it as ``source``.
+
     >>> m = nn.Sequential(nn.Linear(2, 2), nn.BatchNorm1d(2))  # 24 + 16 bytes; buffers 16 + 8
     >>> inventory(m).sizes[""], inventory(m).sizes["1"], inventory(m).param_sizes[""]
     (64, 40, 40)
     """
     dtype_size = _dtype_size(dtype)
+    inv = tensor_inventory(model) if tensors is None else tensors
+    own = inv.own_entries
     tb = _Tables()
-    # Pre-order over every path (like named_modules(remove_duplicate=False)); a tensor's leader is
-    # its first name in this order, which is the name named_parameters()/named_buffers() keep.
-    # The model holds every tensor for the whole pass, so ids are not reused while grouping.
-    stack: list[tuple[str, nn.Module]] = [("", model)]
-    while stack:
-        mname, mod = stack.pop()
-        stack.extend(reversed(tb.module(mname, mod)))
-        tb.own_tensors(mname, mod, dtype_size)
+    # Modules in pre-order over every path (named_modules(remove_duplicate=False)), each one's
+    # own tensors right after it; a tensor's leader is the name named_parameters() keeps.
+    for mname, mod in zip(inv.modules, inv.module_objects):
+        tb.module(mname, mod)
+        tb.own_tensors(mname, mod, own.get(mname, ()), dtype_size)
     _sum_up(list(tb.classes), tb.parent, tb.sizes, tb.psizes, tb.has_param)
     return Inventory(tuple(tb.tensors), {t.name: t for t in tb.tensors}, tb.sizes, tb.psizes, tb.children,
                      tb.direct, tb.classes, tb.order, tb.parent, tuple(tuple(g) for g in tb.groups.values()),
-                     frozenset(m for m, v in tb.has_param.items() if v))
+                     frozenset(m for m, v in tb.has_param.items() if v), inv)
 
 
 def lookup(device_map: Mapping[str, Device], name: str) -> tuple[str | None, Device | None]:

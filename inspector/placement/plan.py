@@ -22,7 +22,7 @@ from torch import nn
 
 from ..checks import require_module
 from ..findings import Finding, InspectorError
-from .audit import audit_device_map, device_usage, table_findings
+from .audit import audit_table, device_usage, table_findings
 from .budget import Device, format_max_memory, parse_max_memory
 from .inventory import Inventory, inventory, lookup, prefixes
 from .walk import Decision, Reserve, budget_records, main_devices, offloads, place_pending, walk
@@ -194,7 +194,7 @@ def plan_device_map_explained(model: nn.Module, max_memory: str | Mapping[Any, A
 
 
 def explain(model: nn.Module, p: _Plan) -> PlacementPlan:
-    table = audit_device_map(model, p.device_map)
+    table = audit_table(p.inv.source, p.device_map)
     usage = device_usage(table, p.budget, p.reserve)
     findings = table_findings(table) + _split_notes(p.inv, p.split, p.device_map)
     return PlacementPlan(p.device_map, tuple(p.records), findings, p.budget, usage, table)
