@@ -217,6 +217,8 @@ class TensorInventory:
         modules: every module name, ``named_modules(remove_duplicate=False)`` order (``""`` is
             the root; a module held twice is listed under both names).
         module_objects: the module under each name of ``modules`` (same order).
+        spans: ``(module name, start, end)``: ``entries[start:end]`` are that module's own
+            parameters (or its own buffers), where the walk knew them (None: see ``own_entries``).
         storage_keys: the objects' storage keys, read on first ask (:class:`StorageKeys`).
 
     >>> from torch import nn
@@ -236,6 +238,7 @@ class TensorInventory:
     modules: tuple[str, ...] = field(default=(), repr=False)
     module_objects: tuple[nn.Module, ...] = field(default=(), repr=False, compare=False)
     storage_keys: StorageKeys = field(default_factory=StorageKeys, repr=False, compare=False)
+    spans: tuple[tuple[str, int, int], ...] | None = field(default=None, repr=False, compare=False)
 
     def __len__(self) -> int:
         return len(self.entries)
@@ -311,7 +314,16 @@ class TensorInventory:
         """Module name -> the entries that module holds itself (parameters, then buffers), walk
         order; modules that hold none are absent. Made on first ask."""
         out: dict[str, list[TensorEntry]] = {}
-        for e in self.entries:
+        entries = self.entries
+        if self.spans is not None:
+            for module, start, end in self.spans:
+                own = out.get(module)
+                if own is None:
+                    out[module] = list(entries[start:end])
+                else:
+                    own += entries[start:end]
+            return out
+        for e in entries:
             own = out.get(e.module)
             if own is None:
                 out[e.module] = [e]
@@ -385,11 +397,14 @@ class _Builder:
         self.keys = StorageKeys()
         self.modules: list[str] = []
         self.module_objects: list[nn.Module] = []
+        self.spans: list[tuple[str, int, int]] | None = None  # see TensorInventory.spans
 
-    def add(self, name: str, kind: str, module: str, attr: str, t: torch.Tensor) -> None:
+    def add(self, name: str, kind: str, module: str, attr: str, t: torch.Tensor, j: int | None = None) -> None:
+        """Record one name; ``j`` is the index of the object's first entry where the caller knows it."""
         entries = self.entries
         i = len(entries)
-        j = self.first.get(id(t))
+        if j is None:
+            j = self.first.get(id(t))
         if j is None:
             tensors = self.keys._tensors
             obj = len(tensors)
@@ -413,10 +428,7 @@ class _Builder:
         """
         cls = type(model)
         if cls.named_parameters is nn.Module.named_parameters and cls.named_buffers is nn.Module.named_buffers:
-            buffers = self._stack_walk(model, include_buffers)
-            if buffers is not None:
-                for b in buffers:
-                    self.add(*b)
+            if self._stack_walk(model, include_buffers):
                 return
             self.__init__()  # type: ignore[misc]
         for n, m in model.named_modules(remove_duplicate=False):
@@ -428,32 +440,59 @@ class _Builder:
             for n, t in model.named_buffers(remove_duplicate=False):
                 self.add(n, "buffer", *_split(n), t)
 
-    def _stack_walk(self, model: nn.Module,
-                    include_buffers: bool) -> list[tuple[str, str, str, str, torch.Tensor]] | None:
-        """Add every parameter; return the buffers to add after them (None: some module overrides
-        ``named_modules``, start again with the methods)."""
-        buffers: list[tuple[str, str, str, str, torch.Tensor]] = []
+    def _stack_walk(self, model: nn.Module, include_buffers: bool) -> bool:
+        """Every module, then its parameters, then (after all parameters) the buffers; False
+        (nothing kept) where some module overrides ``named_modules``: start again with the methods.
+
+        ``add`` written out, for parameters: this loop is the whole cost of an inventory.
+        """
         plain = nn.Module.named_modules
-        add, modules, objects = self.add, self.modules, self.module_objects
+        modules, objects, entries, unique, first = self.modules, self.module_objects, self.entries, \
+            self.unique, self.first
+        keys = self.keys
+        tensors = keys._tensors
+        owners: list[tuple[str, str, dict]] = []  # (module name, its prefix, its _buffers) with buffers
+        spans: list[tuple[str, int, int]] = []  # (module name, start, end): its parameters, its buffers
         stack: list[tuple[str, nn.Module]] = [("", model)]
+        new, entry = tuple.__new__, TensorEntry  # TensorEntry(...) without its keyword handling
         while stack:
             prefix, module = stack.pop()
             if type(module).named_modules is not plain:
-                return None
+                return False
             modules.append(prefix)
             objects.append(module)
             dot = prefix + "." if prefix else ""
+            start = len(entries)
             for k, v in module._parameters.items():
-                if v is not None:
-                    add(dot + k, "parameter", prefix, k, v)
-            if include_buffers:
-                for k, v in module._buffers.items():
-                    if v is not None:
-                        buffers.append((dot + k, "buffer", prefix, k, v))
+                if v is None:
+                    continue
+                i = len(entries)
+                j = first.setdefault(id(v), i)
+                if j == i:
+                    obj = len(tensors)
+                    unique.append(i)
+                    tensors.append(v)
+                    name = dot + k
+                    entries.append(new(entry, (name, "parameter", prefix, k, v, name, obj, keys)))
+                else:
+                    self.add(dot + k, "parameter", prefix, k, v, j)
+            if len(entries) > start:
+                spans.append((prefix, start, len(entries)))
+            if include_buffers and module._buffers:
+                owners.append((prefix, dot, module._buffers))
             for k, m in reversed(module._modules.items()):
                 if m is not None:
                     stack.append((dot + k, m))
-        return buffers
+        add = self.add
+        for prefix, dot, buffers in owners:
+            start = len(entries)
+            for k, v in buffers.items():
+                if v is not None:
+                    add(dot + k, "buffer", prefix, k, v)
+            if len(entries) > start:
+                spans.append((prefix, start, len(entries)))
+        self.spans = spans
+        return True
 
 
 def _split(name: str) -> tuple[str, str]:
@@ -486,4 +525,5 @@ def tensor_inventory(model: nn.Module, include_buffers: bool = True, *,
     b = _Builder()
     b.walk(model, include_buffers)
     return TensorInventory(tuple(b.entries), tuple(b.unique), {k: tuple(v) for k, v in b.aliased.items()},
-                           include_buffers, tuple(b.modules), tuple(b.module_objects), b.keys)
+                           include_buffers, tuple(b.modules), tuple(b.module_objects), b.keys,
+                           None if b.spans is None else tuple(b.spans))

@@ -100,14 +100,15 @@ def _tensor_rows(tensors: TensorInventory) -> list[_Row]:
     rows: list[_Row] = []
     own = tensors.own_entries
     chains: dict[str, tuple[str, ...]] = {}
+    new = tuple.__new__
     for mname, mod in zip(tensors.modules, tensors.module_objects):
         chain = chains[mname.rpartition(".")[0]] if mname else ()
         if mod._parameters or mod._buffers:
             chain = chain + (mname,)
         chains[mname] = chain
         for e in own.get(mname, ()):
-            t = e.tensor
-            rows.append(_Row(e.name, e.kind, mname, t.numel() * t.element_size(), e.first_name, chain, t))
+            t = e.tensor  # tuple.__new__: _Row(...) without its keyword handling, once per tensor
+            rows.append(new(_Row, (e.name, e.kind, mname, t.numel() * t.element_size(), e.first_name, chain, t)))
     return rows
 
 

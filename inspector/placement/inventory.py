@@ -100,14 +100,27 @@ class _Tables:
     has_param: dict[str, bool] = field(default_factory=dict)
     groups: dict[str, list[str]] = field(default_factory=dict)  # first name -> every name
 
-    def module(self, mname: str, mod: nn.Module) -> None:
-        """Record a module (they come in pre-order, so its parent is recorded already)."""
-        self.classes[mname] = type(mod).__name__
-        self.order[mname] = len(self.order)
-        self.children[mname] = []
-        if mname:
-            up = self.parent[mname] = mname.rpartition(".")[0]
-            self.children[up].append(mname)
+    def modules(self, inv: TensorInventory, dtype_size: int | None) -> None:
+        """Record every module in pre-order (a parent before its children), each one's own
+        tensors right after it."""
+        classes, order, children, parent, direct = self.classes, self.order, self.children, self.parent, \
+            self.direct
+        sizes, psizes, has_param = self.sizes, self.psizes, self.has_param
+        own = inv.own_entries
+        for mname, mod in zip(inv.modules, inv.module_objects):
+            classes[mname] = type(mod).__name__
+            order[mname] = len(order)
+            children[mname] = []
+            if mname:
+                up = parent[mname] = mname.rpartition(".")[0]
+                children[up].append(mname)
+            entries = own.get(mname)
+            if entries is None:
+                direct[mname] = []
+                sizes[mname] = psizes[mname] = 0
+                has_param[mname] = False
+            else:
+                self.own_tensors(mname, mod, entries, dtype_size)
 
     def own_tensors(self, mname: str, mod: nn.Module, own: Iterable[TensorEntry], dtype_size: int | None) -> None:
         """Record a module's own parameters, then buffers (its entries), and its own totals."""
@@ -115,14 +128,16 @@ class _Tables:
         order, sizes, psizes, tensors = self.order, self.sizes, self.psizes, self.tensors
         total = ptotal = 0
         owns_param = False
+        new = tuple.__new__
         for e in own:
             full, leader = e.name, e.first_name
             is_param = e.kind == "parameter"
             names.append(full)
             order[full] = len(order)
             nbytes = _byte_size(e.tensor, dtype_size)
-            tensors.append(TensorInfo(full, e.kind, mname, nbytes, leader,
-                                      is_param or e.attr not in mod._non_persistent_buffers_set))
+            # tuple.__new__: TensorInfo(...) without its keyword handling, once per tensor
+            tensors.append(new(TensorInfo, (full, e.kind, mname, nbytes, leader,
+                                            is_param or e.attr not in mod._non_persistent_buffers_set)))
             if leader == full:
                 sizes[full] = nbytes
                 psizes[full] = nbytes if is_param else 0
@@ -156,13 +171,10 @@ def inventory(model: nn.Module, dtype: torch.dtype | str | None = None,
     """
     dtype_size = _dtype_size(dtype)
     inv = tensor_inventory(model) if tensors is None else tensors
-    own = inv.own_entries
     tb = _Tables()
-    # Modules in pre-order over every path (named_modules(remove_duplicate=False)), each one's
-    # own tensors right after it; a tensor's leader is the name named_parameters() keeps.
-    for mname, mod in zip(inv.modules, inv.module_objects):
-        tb.module(mname, mod)
-        tb.own_tensors(mname, mod, own.get(mname, ()), dtype_size)
+    # Modules in pre-order over every path (named_modules(remove_duplicate=False)); a tensor's
+    # leader is the name named_parameters() keeps.
+    tb.modules(inv, dtype_size)
     _sum_up(list(tb.classes), tb.parent, tb.sizes, tb.psizes, tb.has_param)
     return Inventory(tuple(tb.tensors), {t.name: t for t in tb.tensors}, tb.sizes, tb.psizes, tb.children,
                      tb.direct, tb.classes, tb.order, tb.parent, tuple(tuple(g) for g in tb.groups.values()),
