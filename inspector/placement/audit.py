@@ -5,15 +5,14 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any
 
 import pandas as pd
-import torch
 from torch import nn
 
 from ..distributed.tensors import has_dtensors
 from ..findings import Finding, InspectorError
-from ..inventory import TensorInventory, tensor_inventory
+from ..inventory import TensorEntry, TensorInventory, tensor_inventory
 from .budget import Device, device_order, main_device, normalise_device, offload_devices, torch_device_key
 from .inventory import lookup, parent_name
 
@@ -84,36 +83,32 @@ def _key_findings(names: set[str], device_map: Mapping[str, Device]) -> list[Fin
     return findings
 
 
-class _Row(NamedTuple):
-    name: str
-    kind: str
-    module: str
-    nbytes: int
-    leader: str
-    owners: tuple[str, ...]  # modules above (and including) this one that own tensors directly
-    tensor: torch.Tensor
+Chains = dict[str, tuple[str, ...]]  # module -> the modules above it and itself that hold tensors
 
 
-def _tensor_rows(tensors: TensorInventory) -> list[_Row]:
+def _tensor_rows(tensors: TensorInventory) -> tuple[list[TensorEntry], Chains]:
     """Every parameter and buffer name of the walked model, in module order (a module's
-    parameters, then its buffers, then its children's)."""
-    rows: list[_Row] = []
+    parameters, then its buffers, then its children's), and each owning module's chain of
+    owning modules from the root down (itself last)."""
+    rows: list[TensorEntry] = []
     own = tensors.own_entries
-    chains: dict[str, tuple[str, ...]] = {}
-    new = tuple.__new__
-    for mname, mod in zip(tensors.modules, tensors.module_objects):
-        chain = chains[mname.rpartition(".")[0]] if mname else ()
-        if mod._parameters or mod._buffers:
-            chain = chain + (mname,)
-        chains[mname] = chain
-        for e in own.get(mname, ()):
-            t = e.tensor  # tuple.__new__: _Row(...) without its keyword handling, once per tensor
-            rows.append(new(_Row, (e.name, e.kind, mname, t.numel() * t.element_size(), e.first_name, chain, t)))
-    return rows
+    chains: Chains = {"": ("",) if "" in own else ()}
+    for mname in tensors.modules:
+        if mname:
+            chain = chains[mname.rpartition(".")[0]]
+            mine = own.get(mname)
+            if mine is None:
+                chains[mname] = chain
+                continue
+            chains[mname] = chain + (mname,)
+        else:
+            mine = own.get("", ())
+        rows += mine
+    return rows, chains
 
 
-def _module_devices(rows: list[_Row], device_of: list[Device | None], devices: list[Device],
-                    ) -> tuple[dict[str, Device], dict[str, set], dict[str, Device | None]]:
+def _module_devices(rows: list[TensorEntry], chains: Chains, device_of: list[Device | None],
+                    devices: list[Device]) -> tuple[dict[str, Device], dict[str, set], dict[str, Device | None]]:
     """Per owning module: its primary device and every device its tensors use; each leader's device.
 
     The primary device holds most of the module's parameter bytes (the earlier device on a tie).
@@ -122,10 +117,10 @@ def _module_devices(rows: list[_Row], device_of: list[Device | None], devices: l
     seen: dict[str, set] = {}
     leader_dev: dict[str, Device | None] = {}
     for r, dev in zip(rows, device_of):
-        is_leader = r.name == r.leader
+        is_leader = r.name == r.first_name
         if is_leader:
             leader_dev[r.name] = dev
-        for m in r.owners:
+        for m in chains[r.module]:
             bucket = seen.get(m)
             if bucket is None:
                 bucket = seen[m] = set()
@@ -139,7 +134,7 @@ def _module_devices(rows: list[_Row], device_of: list[Device | None], devices: l
     return primary, seen, leader_dev
 
 
-def _audit_rows(rows: list[_Row], device_of: list[Device | None], devices: list[Device],
+def _audit_rows(rows: list[TensorEntry], chains: Chains, device_of: list[Device | None], devices: list[Device],
                 meta_ok: bool = False, dispatched: bool = False) -> pd.DataFrame:
     """The audit table, given each row's device (None: unassigned).
 
@@ -149,7 +144,7 @@ def _audit_rows(rows: list[_Row], device_of: list[Device | None], devices: list[
     """
     main = main_device(devices)
     offload = offload_devices(main) if dispatched else set()
-    primary, seen, leader_dev = _module_devices(rows, device_of, devices)
+    primary, seen, leader_dev = _module_devices(rows, chains, device_of, devices)
     findings, primaries, splits, aliases = [], [], [], []
     for r, dev in zip(rows, device_of):
         prim = primary.get(r.module)
@@ -158,7 +153,7 @@ def _audit_rows(rows: list[_Row], device_of: list[Device | None], devices: list[
             codes.append("param-unplaced" if r.kind == "parameter" else "buffer-unplaced")
         elif dev == "meta" and not meta_ok:
             codes.append("meta-leftover")
-        alias = None if r.name == r.leader else r.leader
+        alias = None if r.name == r.first_name else r.first_name
         if alias is not None and dev != leader_dev[alias]:
             codes.append("tie-split")
         if r.kind == "buffer" and prim is not None and dev != prim and dev not in (None, "meta") \
@@ -175,7 +170,7 @@ def _audit_rows(rows: list[_Row], device_of: list[Device | None], devices: list[
     return pd.DataFrame({c: pd.Series(v, dtype=typed.get(c, object)) for c, v in columns.items()})
 
 
-def _map_devices(rows: list[_Row], dm: Mapping[str, Device]) -> list[Device | None]:
+def _map_devices(rows: list[TensorEntry], dm: Mapping[str, Device]) -> list[Device | None]:
     """Each row's device under the map: its own key, else the key covering its module."""
     by_module: dict[str, Device | None] = {}
     out = []
@@ -213,8 +208,8 @@ def audit_device_map(model: nn.Module, device_map: Mapping[str, Any]) -> pd.Data
 def audit_table(tensors: TensorInventory, device_map: Mapping[str, Any]) -> pd.DataFrame:
     """:func:`audit_device_map` of the model walked by ``tensors``."""
     dm = normalise_map(device_map)
-    rows = _tensor_rows(tensors)
-    return _audit_rows(rows, _map_devices(rows, dm), sorted(set(dm.values()), key=device_order))
+    rows, chains = _tensor_rows(tensors)
+    return _audit_rows(rows, chains, _map_devices(rows, dm), sorted(set(dm.values()), key=device_order))
 
 
 def audit(model: nn.Module, device_map: Mapping[str, Any]) -> DeviceMapAudit:
@@ -229,8 +224,8 @@ def audit(model: nn.Module, device_map: Mapping[str, Any]) -> DeviceMapAudit:
 def audit_inventory(tensors: TensorInventory, device_map: Mapping[str, Any]) -> DeviceMapAudit:
     """:func:`audit` of the model walked by ``tensors``."""
     dm = normalise_map(device_map)
-    rows = _tensor_rows(tensors)
-    table = _audit_rows(rows, _map_devices(rows, dm), sorted(set(dm.values()), key=device_order))
+    rows, chains = _tensor_rows(tensors)
+    table = _audit_rows(rows, chains, _map_devices(rows, dm), sorted(set(dm.values()), key=device_order))
     names = set(tensors.modules) | {r.name for r in rows}
     return DeviceMapAudit(table, _key_findings(names, dm) + table_findings(table))
 
@@ -347,7 +342,7 @@ def placement_table(model: nn.Module) -> pd.DataFrame:
     ['cpu', 'cpu']
     """
     tensors = tensor_inventory(model, what="placement_table")
-    rows = _tensor_rows(tensors)
+    rows, chains = _tensor_rows(tensors)
     modules = dict(zip(tensors.modules, tensors.module_objects))
     device_of: list[Device | None] = []
     offloaded = False
@@ -360,7 +355,7 @@ def placement_table(model: nn.Module) -> pd.DataFrame:
         device_of.append(dev)
     all_meta = bool(device_of) and all(d == "meta" for d in device_of)
     devices = sorted({d for d in device_of if d is not None}, key=device_order)
-    table = _audit_rows(rows, device_of, devices, meta_ok=all_meta, dispatched=offloaded)
+    table = _audit_rows(rows, chains, device_of, devices, meta_ok=all_meta, dispatched=offloaded)
     if has_dtensors(r.tensor for r in rows):  # FSDP2 / tensor parallel: bytes per rank
         from ..distributed.analyses import with_rank_bytes
         table = with_rank_bytes(table, model)

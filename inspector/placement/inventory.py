@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import NamedTuple
 
 import torch
@@ -27,10 +28,12 @@ class TensorInfo(NamedTuple):
 
 @dataclass(frozen=True)
 class Inventory:
-    """Every tensor name and module of a model, with bytes by module prefix (one pass)."""
+    """Every tensor name and module of a model, with bytes by module prefix (one pass).
 
-    tensors: tuple[TensorInfo, ...]
-    by_name: dict[str, TensorInfo]
+    ``tensors`` and ``by_name`` (a :class:`TensorInfo` per name) are made on first ask: the
+    planner itself reads only the tables below.
+    """
+
     sizes: dict[str, int]             # module or tensor name -> bytes of unique tensors under it
     param_sizes: dict[str, int]       # module or tensor name -> bytes of unique parameters under it
     children: dict[str, list[str]]    # module -> child module names (full)
@@ -41,9 +44,33 @@ class Inventory:
     ties: tuple[tuple[str, ...], ...]  # names of one object, leader first (two or more)
     param_owners: frozenset[str]       # modules with at least one parameter name under them
     source: TensorInventory = field(repr=False, compare=False)  # the walk these tables come from
+    dtype_size: int | None = None     # bytes per element floating tensors are sized at (None: their own)
 
     def has_params(self, module: str) -> bool:
         return module in self.param_owners
+
+    def kind_of(self, name: str) -> str | None:
+        """``"parameter"``, ``"buffer"``, or None for a name that is no tensor (a module)."""
+        e = self.source.by_name.get(name)
+        return None if e is None else e.kind
+
+    @cached_property
+    def tensors(self) -> tuple[TensorInfo, ...]:
+        """Every tensor name, in module order (a module's parameters, then its buffers)."""
+        entries = self.source.by_name
+        modules = dict(zip(self.source.modules, self.source.module_objects))
+        out = []
+        for m, names in self.direct.items():
+            for n in names:
+                e = entries[n]
+                out.append(TensorInfo(n, e.kind, m, _byte_size(e.tensor, self.dtype_size), e.first_name,
+                                      e.kind == "parameter" or e.attr not in modules[m]._non_persistent_buffers_set))
+        return tuple(out)
+
+    @cached_property
+    def by_name(self) -> dict[str, TensorInfo]:
+        """Tensor name -> its :class:`TensorInfo`."""
+        return {t.name: t for t in self.tensors}
 
 
 def prefixes(module: str) -> list[str]:
@@ -89,7 +116,6 @@ def _dtype_size(dtype: torch.dtype | str | None) -> int | None:
 class _Tables:
     """What the walk fills in: the fields of :class:`Inventory` while they are built."""
 
-    tensors: list[TensorInfo] = field(default_factory=list)
     children: dict[str, list[str]] = field(default_factory=dict)
     direct: dict[str, list[str]] = field(default_factory=dict)
     classes: dict[str, str] = field(default_factory=dict)
@@ -125,19 +151,14 @@ class _Tables:
     def own_tensors(self, mname: str, mod: nn.Module, own: Iterable[TensorEntry], dtype_size: int | None) -> None:
         """Record a module's own parameters, then buffers (its entries), and its own totals."""
         names = self.direct[mname] = []
-        order, sizes, psizes, tensors = self.order, self.sizes, self.psizes, self.tensors
+        order, sizes, psizes = self.order, self.sizes, self.psizes
         total = ptotal = 0
         owns_param = False
-        new = tuple.__new__
-        for e in own:
-            full, leader = e.name, e.first_name
-            is_param = e.kind == "parameter"
+        for full, kind, _, _, t, leader, _, _ in own:  # a TensorEntry, unpacked
+            is_param = kind == "parameter"
             names.append(full)
             order[full] = len(order)
-            nbytes = _byte_size(e.tensor, dtype_size)
-            # tuple.__new__: TensorInfo(...) without its keyword handling, once per tensor
-            tensors.append(new(TensorInfo, (full, e.kind, mname, nbytes, leader,
-                                            is_param or e.attr not in mod._non_persistent_buffers_set)))
+            nbytes = t.numel() * t.element_size() if dtype_size is None else _byte_size(t, dtype_size)
             if leader == full:
                 sizes[full] = nbytes
                 psizes[full] = nbytes if is_param else 0
@@ -176,9 +197,9 @@ def inventory(model: nn.Module, dtype: torch.dtype | str | None = None,
     # leader is the name named_parameters() keeps.
     tb.modules(inv, dtype_size)
     _sum_up(list(tb.classes), tb.parent, tb.sizes, tb.psizes, tb.has_param)
-    return Inventory(tuple(tb.tensors), {t.name: t for t in tb.tensors}, tb.sizes, tb.psizes, tb.children,
-                     tb.direct, tb.classes, tb.order, tb.parent, tuple(tuple(g) for g in tb.groups.values()),
-                     frozenset(m for m, v in tb.has_param.items() if v), inv)
+    return Inventory(tb.sizes, tb.psizes, tb.children, tb.direct, tb.classes, tb.order, tb.parent,
+                     tuple(tuple(g) for g in tb.groups.values()), frozenset(m for m, v in tb.has_param.items() if v),
+                     inv, dtype_size)
 
 
 def lookup(device_map: Mapping[str, Device], name: str) -> tuple[str | None, Device | None]:

@@ -116,9 +116,9 @@ def _units_of(inv: Inventory, module: str, state: _WalkState) -> list[str]:
     Its own buffers, and children that hold buffers but no parameters, wait until the
     devices of its parameters are known (see :func:`place_pending`).
     """
-    units = [n for n in inv.direct[module] if inv.by_name[n].kind == "parameter"]
+    units = [n for n in inv.direct[module] if inv.kind_of(n) == "parameter"]
     for n in inv.direct[module]:
-        if inv.by_name[n].kind == "buffer":
+        if inv.kind_of(n) == "buffer":
             state.pending.append((n, module))
     for child in inv.children[module]:
         if inv.sizes[child] > 0 and not inv.has_params(child):
@@ -220,7 +220,7 @@ def place_pending(inv: Inventory, state: _WalkState, devices: list[Device]) -> l
     primary: dict[str, Device | None] = {}
     for name, owner in state.pending:
         size = inv.sizes[name]
-        if name in inv.by_name:  # a buffer the split module owns directly
+        if inv.kind_of(name) is not None:  # a buffer the split module owns directly
             if owner not in primary:
                 primary[owner] = _primary_device(inv, placed, owner, devices)
             dev = primary[owner] if primary[owner] is not None else devices[0]
