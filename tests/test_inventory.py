@@ -207,3 +207,57 @@ def test_dtensor_entries_have_global_and_local_sizes(world1):
     assert (w.is_dtensor, w.placements, w.mesh, w.storage_key, w.storage_offset) == (
         True, "Shard(0)", (1,), None, 0)
     assert inv.module_bytes() == {"": 60} and inv.module_bytes(local=True) == {"": 36}
+
+
+def test_storage_keys_are_read_on_first_ask_then_kept():
+    m = tied_model()
+    inv = tensor_inventory(m)
+    before = storage_key(m[0].weight)
+    with torch.no_grad():
+        m[0].weight.data = torch.zeros(3, 4)  # same Parameter object, a new storage
+    # first ask after the change: the keys describe the storage as it is now, for every reader
+    now = storage_key(m[0].weight)
+    assert now != before
+    assert inv.entries[0].storage_key == inv.entries[2].storage_key == now
+    assert inv.by_storage[now] == (0,)  # w_row still views the old storage: no longer grouped
+    assert inv.storage_groups() == []
+    m[0].weight.data = torch.zeros(3, 4)
+    # asked once: kept for the inventory's life, and the same for entries and groups
+    assert inv.entries[0].storage_key == now and inv.by_storage[now] == (0,)
+    assert tensor_inventory(m).entries[0].storage_key == storage_key(m[0].weight) != now
+
+
+def test_named_unique_is_what_named_parameters_and_named_buffers_yield():
+    m = tied_model()
+    m.register_buffer("again", m[0].scale)  # one buffer under two names
+    inv = tensor_inventory(m)
+    params, shared = inv.named_unique()
+    assert [(n, id(t)) for n, t in params] == [(n, id(t)) for n, t in m.named_parameters()]
+    assert shared == {id(m[0].weight): ["0.weight", "1.weight"]}
+    buffers, shared_buffers = inv.named_unique("buffer")
+    assert [(n, id(t)) for n, t in buffers] == [(n, id(t)) for n, t in m.named_buffers()]
+    # root's buffers come first (named_buffers order): "again" is the first name of 0.scale's object
+    assert shared_buffers == {id(m[0].scale): ["again", "0.scale"]}
+    assert tensor_inventory(nn.Linear(2, 2)).named_unique()[1] == {}
+
+
+def test_own_entries_and_module_objects():
+    m = tied_model()
+    inv = tensor_inventory(m)
+    assert [(n, id(o)) for n, o in zip(inv.modules, inv.module_objects)] == [
+        (n, id(o)) for n, o in m.named_modules(remove_duplicate=False)]
+    # each module's own tensors: its parameters, then its buffers
+    assert {k: [e.name for e in v] for k, v in inv.own_entries.items()} == {
+        "": ["w_row"], "0": ["0.weight", "0.bias", "0.scale"], "1": ["1.weight", "1.bias"]}
+
+
+def test_own_entries_without_the_stack_walk():
+    class Renamed(nn.Sequential):  # overrides named_modules: the inventory asks the methods
+        def named_modules(self, *args, **kwargs):
+            return super().named_modules(*args, **kwargs)
+
+    m = Renamed(nn.Linear(2, 2), nn.BatchNorm1d(2))
+    inv = tensor_inventory(m)
+    assert {k: [e.attr for e in v] for k, v in inv.own_entries.items()} == {
+        "0": ["weight", "bias"], "1": ["weight", "bias", "running_mean", "running_var", "num_batches_tracked"]}
+    assert inv.modules == ("", "0", "1") and inv.module_objects[2] is m[1]

@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from ..findings import InspectorError
+from ..inventory import tensor_inventory
 from ..locks import model_lock
 
 Progress = Callable[[str], None]
@@ -192,7 +193,7 @@ def loss_gradients(loaded: Any, batch_size: int = 2, progress: Progress | None =
     say = progress or (lambda _line: None)
     model: nn.Module = loaded.model
     _require_loss(loaded)
-    named = list(model.named_parameters())
+    named, _ = tensor_inventory(model, include_buffers=False).named_unique()  # named_parameters()
     trainable = [(n, p) for n, p in named if p.requires_grad]
     with loaded.lock:
         start = time.perf_counter()
