@@ -289,6 +289,8 @@ def _build_file(source: str) -> LoadedModel:
     mod_name = f"_inspector_user_{abs(hash(str(path)))}"
     try:
         spec = importlib.util.spec_from_file_location(mod_name, path)
+        if spec is None or spec.loader is None:
+            raise InspectorError(f"model file {path} cannot be imported as a Python module")
         module = importlib.util.module_from_spec(spec)
         sys.modules[mod_name] = module
         with model_code(f"importing {path}", "fix the file"):
@@ -493,7 +495,8 @@ def apply_checkpoint(model: nn.Module, path: str | os.PathLike) -> list[Finding]
         if key in own and tuple(own[key].shape) != tuple(t.shape):
             raise InspectorError(f"checkpoint {name}: tensor {key} has shape {tuple(t.shape)} but the "
                                  f"model expects {tuple(own[key].shape)}; nothing was loaded")
-    missing, restored = [], []
+    missing: list[tuple[str, list[str]]] = []
+    restored: list[tuple[str, list[str]]] = []
     for key, t in own.items():
         if key in state:
             continue

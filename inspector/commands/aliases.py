@@ -54,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
         regions = " | ".join(", ".join(r) for r in d.regions)
         say(f"info: disjoint views of one storage ({d.storage_nbytes} bytes), not aliases: {regions}")
     findings = list(analysis.findings)
-    results = []
+    results: list = []
     if names:
         progress(f"running {len(names)} conversion(s) on copies of the model")
         table, results = conversion_table(loaded.model, names, retie_after=args.retie)
