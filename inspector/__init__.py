@@ -28,6 +28,7 @@ from .attribution import METHODS, AttributionResult, attribute, methods_for
 from .capture import Captures, capture_activations, capturing, select_modules
 from .devices import DeviceInfo, available_devices, device_names, move_model
 from .findings import Finding, InspectorError, sort_findings
+from .inventory import TensorEntry, TensorInventory, storage_key, tensor_inventory
 from .loss_gradients import LossGradients, loss_gradients
 from .models import LoadedModel, load_model
 from .offsets import (
@@ -44,6 +45,7 @@ from .offsets import (
 from .placement import (
     Comparison,
     DeviceMapAudit,
+    PlacementPlan,
     PlanResult,
     audit_device_map,
     compare_with_accelerate,
@@ -63,12 +65,13 @@ __all__ = [
     "CONVERSIONS", "METHODS", "SECTIONS",
     "AliasAnalysis", "AliasGroup", "AttributionResult", "BackwardResult", "Captures", "Comparison",
     "ConversionResult", "DeviceInfo", "DeviceMapAudit", "Finding", "GradientNorms", "InspectorError",
-    "LoadedModel", "Location", "LossGradients", "ModelSummary", "PlanResult", "Report", "TieSnapshot",
+    "LoadedModel", "Location", "LossGradients", "ModelSummary", "PlacementPlan", "PlanResult", "Report",
+    "TensorEntry", "TensorInventory", "TieSnapshot",
     "alias_analysis", "alias_groups", "attribute", "audit_device_map", "available_devices", "build_report",
     "capture_activations", "capturing", "compare_ties", "compare_with_accelerate", "conversion_check",
     "conversion_table", "device_names", "dispatch_plan", "format_bytes", "format_count", "gradient_norms",
     "gradient_report", "load_model", "locate", "loss_gradients", "methods_for", "model_summary", "move_model",
     "offset_findings", "offset_map", "parse_max_memory", "placement_findings", "placement_table",
     "plan_device_map", "plan_device_map_explained", "retie", "run_backward", "select_modules",
-    "snapshot_ties", "sort_findings", "summary_findings",
+    "snapshot_ties", "sort_findings", "storage_key", "summary_findings", "tensor_inventory",
 ]
