@@ -318,6 +318,9 @@ def _build_hf(directory: str) -> LoadedModel:
     if not (path / "config.json").is_file():
         raise InspectorError(f"{path} is not a Hugging Face model folder (no config.json there)")
     refuse_remote_code(path)
+    if importlib.util.find_spec("transformers") is None:
+        raise InspectorError(f"loading the Hugging Face folder {path} needs transformers: "
+                             "pip install 'model-inspector[hf]'")
     from . import hf
 
     model, findings = hf.load_hf_folder(path)

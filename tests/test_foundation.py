@@ -335,3 +335,10 @@ def test_to_device_moves_every_tensor_of_a_pytree_and_casts_only_floating_ones()
     assert (out["batch"].ids.device.type, out["batch"].ids.dtype) == ("meta", torch.int64)
     assert out["extra"][0].dtype == torch.float16 and out["extra"][1] == "tag"
     assert inputs["batch"].x.device.type == "cpu"  # the input is not changed
+
+
+def test_hf_folder_without_transformers_names_the_extra(tmp_path, monkeypatch):
+    (tmp_path / "config.json").write_text('{"model_type": "gpt2"}')
+    monkeypatch.setitem(sys.modules, "transformers", None)  # as where the hf extra is not installed
+    with pytest.raises(InspectorError, match=r"needs transformers: pip install 'model-inspector\[hf\]'"):
+        load_model(f"hf:{tmp_path}")
