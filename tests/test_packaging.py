@@ -136,3 +136,9 @@ def test_installed_home_page_runs(installed, tmp_path):
     assert out.returncode == 0, out.stderr
     folder, title = out.stdout.split()[0], out.stdout.strip().splitlines()[-1]
     assert folder.endswith("share/model-inspector") and title == "Model Inspector"
+
+
+def test_serve_without_streamlit_names_the_app_extra(capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "streamlit", None)  # as where the app extra is not installed
+    assert main(["serve", "--port", "1"]) == 2
+    assert "the dashboard needs streamlit: pip install 'model-inspector[app]'" in capsys.readouterr().err
