@@ -24,7 +24,7 @@ from .aliases import (
     retie,
     snapshot_ties,
 )
-from .attribution import METHODS, AttributionResult, attribute, methods_for
+from .attribution import METHODS, Attribution, AttributionResult, attribute, methods_for
 from .capture import Captures, capture_activations, capturing, select_modules
 from .devices import DeviceInfo, available_devices, device_names, move_model
 from .findings import Finding, InspectorError, sort_findings
@@ -63,7 +63,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "CONVERSIONS", "METHODS", "SECTIONS",
-    "AliasAnalysis", "AliasGroup", "AttributionResult", "BackwardResult", "Captures", "Comparison",
+    "AliasAnalysis", "AliasGroup", "Attribution", "AttributionResult", "BackwardResult", "Captures", "Comparison",
     "ConversionResult", "DeviceInfo", "DeviceMapAudit", "Finding", "GradientNorms", "InspectorError",
     "LoadedModel", "Location", "LossGradients", "ModelSummary", "PlacementPlan", "PlanResult", "Report",
     "TensorEntry", "TensorInventory", "TieSnapshot",
