@@ -330,7 +330,7 @@ def test_a_section_that_raises_becomes_an_error_section_and_an_error_finding(mon
 
 
 def test_gradients_option_reports_given_gradients_and_ignores_grad():
-    from inspector.loss_gradients import loss_gradients
+    from inspector.offsets import loss_gradients
 
     loaded = load_model("sample:frozen-adapter")
     mine = loss_gradients(loaded)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ...aliases import CONVERSIONS, alias_analysis, conversion_table
+from ...aliases import CONVERSIONS, alias_analysis, conversion_table, graph_data
 from ...figures.aliases import alias_graph_figure
 from ...findings import InspectorError
 from ...summary import model_bytes
@@ -27,7 +27,7 @@ def aliases_section(ctx: Context) -> Section:
         tables.append(Table("Disjoint views of one storage (not aliases)", ("regions", "storage_bytes", "device"),
                             tuple((" | ".join(", ".join(r) for r in d.regions), d.storage_nbytes, d.device)
                                   for d in analysis.disjoint)))
-    figures = (make_figure("Alias graph", alias_graph_figure(ctx.model, list(analysis.groups)), tables[0]),)
+    figures = (make_figure("Alias graph", alias_graph_figure(graph_data(ctx.model, list(analysis.groups))), tables[0]),)
     names = _conversions(ctx, notes)
     if names:
         table, _results = conversion_table(ctx.model, names)

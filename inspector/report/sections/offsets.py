@@ -5,8 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from ...figures.offsets import layer_norm_bars, offset_strip
-from ...loss_gradients import loss_gradients
-from ...offsets import gradient_report, offset_findings, offset_map
+from ...offsets import gradient_report, loss_gradients, offset_findings, offset_map
 from ..data import Section, Table, make_figure, plain
 from ..options import SECTION_TITLES
 from .context import Context
