@@ -29,15 +29,16 @@ from .capture import Captures, capture_activations, capturing, select_modules
 from .devices import DeviceInfo, available_devices, device_names, move_model
 from .findings import Finding, InspectorError, sort_findings
 from .inventory import TensorEntry, TensorInventory, storage_key, tensor_inventory
-from .loss_gradients import LossGradients, loss_gradients
 from .models import LoadedModel, load_model
 from .offsets import (
     BackwardResult,
     GradientNorms,
     Location,
+    LossGradients,
     gradient_norms,
     gradient_report,
     locate,
+    loss_gradients,
     offset_findings,
     offset_map,
     run_backward,
