@@ -44,7 +44,7 @@ import streamlit as st
 import torch
 from torch import nn
 
-from inspector.models import LoadedModel
+from inspector import LoadedModel
 
 from .models import Selection
 

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from ..aliases import CONVERSIONS, alias_analysis, conversion_table
-from ..findings import InspectorError
+from .. import CONVERSIONS, InspectorError, alias_analysis, conversion_table
 from . import _types as types
 from ._common import (
     add_source_arguments,

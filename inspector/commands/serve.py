@@ -6,8 +6,8 @@ import argparse
 import importlib.util
 import subprocess
 
+from .. import InspectorError
 from ..dashboard import streamlit_command
-from ..findings import InspectorError
 from ._common import progress
 
 HELP = "start the dashboard (streamlit run app.py); other options, e.g. --server.address 0.0.0.0, go to streamlit"
