@@ -1,6 +1,7 @@
 """The hooks of a capture: one copy and an O(1) record per selected module output.
 
-Every module gets a forward hook (the unselected ones only watch for in-place writes);
+One global forward hook answers for every module of the model (the unselected ones only
+watch for in-place writes; other models and other threads pass straight through);
 names are resolved once per capture, statistics are computed after the pass, and values
 are compared only where a storage was written in place (see :mod:`.watch`).
 """
@@ -9,16 +10,18 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
+from torch.nn.modules.module import register_module_forward_hook
 
 from ..findings import Finding, InspectorError
 from .leaves import KEEP_AS_IS, flat, leaf_paths, tensor_leaves, unflat
 from .results import Captures, Skipped
-from .storage import MEMCPY_BYTES, Storage, plain_copies
+from .storage import MEMCPY_BYTES, Storage
 from .watch import Watcher, live_record
 
 _SKIP = object()
@@ -70,17 +73,18 @@ class Recorder:
     # hooks ----------------------------------------------------------------------------
 
     def attach(self) -> None:
-        """One forward hook per module (a pre-hook too on the selected ones when inputs are kept)."""
-        seen: set[int] = set()
+        """One global forward hook that answers for the model's modules (a pre-hook too on the
+        selected ones when inputs are kept): nothing to register or remove per module."""
+        table: dict[int, tuple[str, bool]] = {}
         for name, module in self.named:
-            if id(module) in seen:
+            if id(module) in table:
                 continue
-            seen.add(id(module))
-            name = name or "(model)"
             capture = id(module) in self.selected_ids
+            table[id(module)] = (name or "(model)", capture)
             if capture and self.options.keep_inputs:
-                self.handles.append(module.register_forward_pre_hook(self._pre_hook(name), with_kwargs=True))
-            self.handles.append(module.register_forward_hook(self._hook(name, capture), with_kwargs=True))
+                self.handles.append(module.register_forward_pre_hook(self._pre_hook(name or "(model)"),
+                                                                     with_kwargs=True))
+        self.handles.append(register_module_forward_hook(self._hook(table), with_kwargs=True))
 
     def where(self, exc: BaseException) -> str | None:
         """The innermost module of the model whose forward the exception went through."""
@@ -113,19 +117,23 @@ class Recorder:
             kwargs = kwargs or {}
             value = args[0] if len(args) == 1 and not kwargs else (
                 tuple(args) if not kwargs else {"args": tuple(args), "kwargs": dict(kwargs)})
-            stored = self._store(key, "input", value, watch=False)
+            with torch._C._InferenceMode(False) if torch.is_inference_mode_enabled() else nullcontext():
+                stored = self._store(key, "input", value, watch=False)
             if stored is not _SKIP:
                 self.result.inputs[key] = stored
         return pre_hook
 
-    def _hook(self, name: str, capture: bool) -> Callable:
+    def _hook(self, table: dict[int, tuple[str, bool]]) -> Callable:
         ident, get_ident, tensor = self.ident, threading.get_ident, torch.Tensor
         watcher, by_storage = self.watcher, self.watcher.by_storage
-        short = self._short if capture and self.options.fast else None
+        inference, outside = torch.is_inference_mode_enabled, torch._C._InferenceMode
+        take = self._short if self.options.fast else self._take
 
         def hook(module: nn.Module, args: Any, *kwargs_output: Any) -> None:
-            if get_ident() != ident:  # see pre_hook: may come without kwargs
+            # kwargs may be missing: see pre_hook. Other threads and other models pass through.
+            if get_ident() != ident or (entry := table.get(id(module))) is None:
                 return
+            name, capture = entry
             output = kwargs_output[-1]
             if by_storage:
                 if watcher.versioned or type(output) is not tensor:
@@ -133,17 +141,26 @@ class Recorder:
                 elif output.layout == torch.strided and output.numel() and not output.is_meta and (
                         output.data_ptr() - output.storage_offset() * output.element_size() in by_storage):
                     watcher.touched(name, args, None, output)  # only outputs are watched here: O(1)
-            if not capture or (short is not None and short(name, output)):
+            if not capture:
                 return
-            pending = self.pending.get(name) if self.options.keep_inputs else None
-            self._capture(pending.pop() if pending else self._key(name), output)
+            if inference():  # copies are plain tensors, also when the pass runs in inference mode
+                with outside(False):
+                    take(name, output)
+            else:
+                take(name, output)
         return hook
 
-    def _short(self, name: str, output: Any) -> bool:
+    def _take(self, name: str, output: Any) -> None:
+        pending = self.pending.get(name) if self.options.keep_inputs else None
+        self._capture(pending.pop() if pending else self._key(name), output)
+
+    def _short(self, name: str, output: Any) -> None:
         """The common case: a small plain CPU tensor (or a flat tuple or list of them) copied to
-        the CPU with no budget, inputs, references or gradients to look after. False if it is not."""
+        the CPU with no budget, inputs, references or gradients to look after: one copy, one
+        record per tensor. Anything else goes the long way (:meth:`_take`)."""
         tensor = torch.Tensor
-        leaves = (output,) if type(output) is tensor else output if type(output) in (tuple, list) else ()
+        single = type(output) is tensor
+        leaves = (output,) if single else output if type(output) in (tuple, list) else ()
         tensors = 0
         for t in leaves:
             if t is None:
@@ -151,26 +168,24 @@ class Recorder:
             tensors += 1
             if not (type(t) is tensor and t.is_cpu and t.layout == torch.strided and not t.is_quantized
                     and t.nbytes < MEMCPY_BYTES):
-                return False
+                return self._take(name, output)
         if not tensors:
-            return False
-        key = self._key(name) if name in self.calls else name
-        if key is name:
-            self.calls[name] = 1
-        single = type(output) is tensor
+            return self._take(name, output)
+        calls = self.calls
+        if name in calls:
+            key = self._key(name)
+        else:
+            calls[name] = 1
+            key = name
         copies = []
         for i, t in enumerate(leaves):
-            if t is None:
-                copies.append(None)
-                continue
-            copy = t.detach().clone(memory_format=torch.contiguous_format)  # in the caller's mode
+            copy = None if t is None else t.detach().clone(memory_format=torch.contiguous_format)
             copies.append(copy)
-            if t.numel():
+            if copy is not None and t.numel():
                 self.watcher.add(live_record(key, "" if single else f"[{i}]", t, copy),
                                  t.data_ptr() - t.storage_offset() * t.element_size())
         self.result.outputs[key] = copies[0] if single else type(output)(copies)
         self.result.order.append(key)
-        return True
 
     def _capture(self, key: str, output: Any) -> None:
         stored = self._store(key, "output", output, watch=True)
@@ -262,8 +277,6 @@ class Recorder:
         self.storage.finish()
         r = self.result
         self.watcher.settle(r)
-        for store in (r.outputs, r.inputs, r.grads):
-            plain_copies(store)
         r.findings.extend(_budget_findings(r.skipped, self.options.max_bytes))
         r._state["done"] = True
         return r

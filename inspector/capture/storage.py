@@ -8,14 +8,10 @@ overlaps the forward pass; the one synchronisation is at the end of the capture.
 from __future__ import annotations
 
 from collections import deque
-from contextlib import nullcontext
 from typing import Any
 
 import numpy as np
 import torch
-import torch.utils._pytree as pytree
-
-from .leaves import tensor_leaves
 
 MEMCPY_BYTES = 1 << 18
 """Below this size torch copies on one thread anyway, and ``clone()`` is cheaper than a memcpy."""
@@ -52,8 +48,7 @@ class Storage:
 
     def copy(self, t: torch.Tensor) -> torch.Tensor | None:
         """One copy of ``t`` where the captures are kept (None for a meta tensor, which has no
-        values). Made in the caller's mode: in inference mode it is an inference tensor until
-        :func:`plain_copies` turns it into a plain one after the pass."""
+        values); call it outside inference mode, so the copy is a plain tensor."""
         if t.is_meta:
             return None
         src = t.detach()
@@ -115,31 +110,3 @@ class Storage:
         self.in_flight.clear()
         self.in_flight_bytes = 0
 
-
-def as_plain(t: torch.Tensor) -> torch.Tensor:
-    """A normal tensor with the values of ``t`` (on the same memory where it can be);
-    call it outside inference mode."""
-    if not t.is_inference():
-        return t
-    if type(t) is torch.Tensor and t.layout == torch.strided and not (t.is_quantized or t.is_conj() or t.is_neg()):
-        return torch.empty(0, dtype=t.dtype, device=t.device).set_(t.untyped_storage(), t.storage_offset(),
-                                                                   t.shape, t.stride())
-    return t.clone()
-
-
-def plain_copies(store: dict[str, Any]) -> None:
-    """In place: every inference tensor among the values of ``store`` becomes a normal tensor.
-
-    Copies are taken in the forward pass's own mode (leaving inference mode in every hook
-    costs more than the copy); once, after the pass, they become tensors a user can change
-    outside inference mode. The memory is the same: nothing is copied again.
-    """
-    if not store:
-        return
-    with torch._C._InferenceMode(False) if torch.is_inference_mode_enabled() else nullcontext():
-        for key, value in store.items():
-            if type(value) is torch.Tensor:
-                if value.is_inference():
-                    store[key] = as_plain(value)
-            elif value is not None and any(t.is_inference() for _, t in tensor_leaves(value)):
-                store[key] = pytree.tree_map_only(torch.Tensor, as_plain, value)
