@@ -26,8 +26,9 @@ def reference_drift(captures: Any) -> pd.DataFrame:
     >>> net = nn.Sequential(nn.Linear(2, 2), nn.ReLU(inplace=True))
     >>> _ = nn.init.constant_(net[0].weight, -1.0)
     >>> _ = nn.init.constant_(net[0].bias, 0.0)
-    >>> reference_drift(capture_activations(net, torch.ones(1, 2), keep_references=True)).values.tolist()
-    [['0', 2.0, True, '1'], ['1', 0.0, False, None]]
+    >>> drift = reference_drift(capture_activations(net, torch.ones(1, 2), keep_references=True))
+    >>> drift[["module", "max_abs_diff", "corrupted"]].values.tolist(), drift["overwritten_by"][0]
+    ([['0', 2.0, True], ['1', 0.0, False]], '1')
     """
     rows = []
     for key in captures.order:
