@@ -5,7 +5,8 @@ Models:
               batch 1 x 16 tokens: Python work per hook dominates, as on a big model on a GPU.
   cnn-bn      the small ``cnn-bn`` sample (batch 8).
 
-Variants, run in a rotating order in every repeat (one CPU thread, inference mode):
+Variants, run in a rotating order in every repeat (one CPU thread, inference mode, or no_grad
+with ``--mode no_grad``, where outputs have version counters):
   plain         model(x), no hooks
   clone-hooks   a forward hook on every module keeping ``output.detach().clone()`` (tensor
                 items of a tuple, list, dict or model output cloned the same way; the model's
@@ -82,7 +83,10 @@ def paired(variants: dict[str, Callable[[], object]], repeats: int,
     return times
 
 
-def bench(label: str, model: nn.Module, x, repeats: int) -> float:
+MODES = {"inference": torch.inference_mode, "no_grad": torch.no_grad}
+
+
+def bench(label: str, model: nn.Module, x, repeats: int, mode: str = "inference") -> float:
     modules = sum(1 for _ in model.named_modules())
     variants = {
         "plain": lambda: call(model, x),
@@ -90,13 +94,13 @@ def bench(label: str, model: nn.Module, x, repeats: int) -> float:
         "no-op-hooks": lambda: hooked(model, lambda: call(model, x), None),
         "inspector": lambda: capture_activations(model, x),
     }
-    with torch.inference_mode():
+    with MODES[mode]():
         runs = {"wall": paired(variants, repeats), "cpu": paired(variants, repeats, time.process_time)}
         cap = capture_activations(model, x)
         kept = hooked(model, lambda: call(model, x), clone)
     ours = [t for v in cap.outputs.values() for _, t in tensor_leaves(v)]
     theirs = [t for v in kept.values() for _, t in tensor_leaves(v)]
-    print(f"== {label}: {modules} modules, {repeats} paired repeats, {torch.get_num_threads()} thread(s), "
+    print(f"== {label}, {mode}: {modules} modules, {repeats} paired repeats, {torch.get_num_threads()} thread(s), "
           f"load average {os.getloadavg()[0]:.2f}; copies kept: inspector {len(ours)} tensors, "
           f"{sum(t.nbytes for t in ours) / 1024:.0f} KiB; clone hooks {len(theirs)} tensors, "
           f"{sum(t.nbytes for t in theirs) / 1024:.0f} KiB")
@@ -121,12 +125,14 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=21)
     parser.add_argument("--model", default="llama-deep,cnn-bn")
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--mode", default="inference", choices=list(MODES),
+                        help="inference: tensors without version counters; no_grad: with them")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     print(f"torch {torch.__version__}")
     for label in args.model.split(","):
         model, x = deep_llama() if label == "llama-deep" else cnn_bn()
-        bench(label, model, x, args.repeats)
+        bench(label, model, x, args.repeats, args.mode)
     return 0
 
 

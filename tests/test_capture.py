@@ -111,13 +111,16 @@ def test_no_hooks_left_after_a_failing_forward(cnn):
         capture_activations(model, wrong)
     assert hook_state(model) == before
     with pytest.raises(RuntimeError) as info:
-        with capturing(model):
+        with capturing(model) as cap:
             model(wrong)
     assert "(raised inside module conv1)" in info.value.__notes__
     assert hook_state(model) == before
     model(torch.zeros(1, 3, 16, 16))
     assert seen == [torch.Size([1, 16, 16, 16])]  # the user's hook still works
     user.remove()
+    done = capture_activations(model, torch.zeros(1, 3, 16, 16))
+    model(torch.zeros(1, 3, 16, 16))  # no hook of either capture is left to record this pass
+    assert cap.outputs == {} and list(done.outputs) == CNN_ORDER
 
 
 def test_byte_budget_stops_and_lists_what_it_skipped(cnn):
