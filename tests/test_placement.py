@@ -23,6 +23,8 @@ from torch import nn
 
 from inspector.findings import InspectorError
 from inspector.placement import (
+    PlacementPlan,
+    PlanResult,
     accelerate_budget,
     audit,
     audit_device_map,
@@ -93,6 +95,13 @@ def test_parse_max_memory_rejects(text, words):
 
 
 # ----------------------------------------------------------------------------- small exact plans
+
+def test_the_explained_plan_is_a_placement_plan(split_block):
+    plan = plan_device_map_explained(split_block, SPLIT_BUDGET)
+    assert isinstance(plan, PlacementPlan) and PlanResult is PlacementPlan  # the earlier name still works
+    assert plan.device_map == plan_device_map(split_block, SPLIT_BUDGET)
+    assert plan.budget == parse_max_memory(SPLIT_BUDGET)
+
 
 def test_inventory_sizes_by_prefix_and_dtype(split_block):
     inv = inventory(split_block)

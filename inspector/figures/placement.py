@@ -54,24 +54,12 @@ def _choose_depth(names: list[str], max_nodes: int) -> int:
     return best
 
 
-@escaped_figure
-def placement_treemap(table: pd.DataFrame, max_nodes: int = 400, title: str = "") -> go.Figure:
-    """The module tree sized by bytes, coloured by device; buffers hatched; findings in red.
+def _tree_nodes(table: pd.DataFrame, depth: int) -> dict[str, dict[str, Any]]:
+    """Boxes of the treemap by id: parent, bytes, devices, finding codes, kind and tensor count.
 
-    Args:
-        table: an audit or placement table (columns name, kind, device, finding, bytes, alias_of).
-        max_nodes: above this many boxes, tensors below a depth are summed per module (parameters
-            and buffers in separate boxes, so buffers stay visible).
-        title: figure title.
-
-    >>> import pandas as pd
-    >>> t = pd.DataFrame({"name": ["a.weight", "a.buf"], "kind": ["parameter", "buffer"],
-    ...                   "device": [0, None], "finding": [None, "buffer-unplaced"],
-    ...                   "bytes": [64, 16], "alias_of": [None, None]})
-    >>> len(placement_treemap(t).data[0].ids)
-    4
+    Devices and codes of a tensor are added to every box above it; bytes count each tensor
+    object once (aliases add none).
     """
-    depth = _choose_depth(table["name"].tolist(), max_nodes)
     nodes: dict[str, dict[str, Any]] = {ROOT: {"parent": "", "bytes": 0, "devices": set(), "codes": set(),
                                                "kind": "module", "count": 0}}
 
@@ -95,30 +83,59 @@ def placement_treemap(table: pd.DataFrame, max_nodes: int = 400, title: str = ""
             nodes[p]["codes"] |= codes
             nodes[p]["devices"].add(row.device)
             p = nodes[p]["parent"]
-    devices = sorted({d for n in nodes.values() for d in n["devices"] if d is not None}, key=str)
-    colours = device_colours(devices)
-    ids, parents, labels, values, fill, line, width, pattern, hover = ([] for _ in range(9))
+    return nodes
+
+
+def _treemap_marks(nodes: dict[str, dict[str, Any]], colours: Mapping[Any, str]) -> dict[str, list[Any]]:
+    """One entry per box for each treemap property (ids, parents, labels, values, colours, hover)."""
+    marks: dict[str, list[Any]] = {k: [] for k in ("ids", "parents", "labels", "values", "fill", "line",
+                                                   "width", "pattern", "hover")}
     for nid, n in nodes.items():
         leaf = n["kind"] != "module"
         devs = n["devices"]
         dev = next(iter(devs)) if len(devs) == 1 else "mixed"
-        ids.append(nid)
-        parents.append("" if nid == ROOT else n["parent"])
+        marks["ids"].append(nid)
+        marks["parents"].append("" if nid == ROOT else n["parent"])
         short = WHOLE_MODEL if nid == "" else nid if nid == ROOT else nid.rpartition(".")[2]
-        labels.append(("▦ " if n["kind"] == "buffer" else "") + short)
-        values.append(n["bytes"] if leaf else 0)
-        fill.append(colours.get(dev, FIXED.get(dev, FIXED["mixed"])))
-        line.append(RED if n["codes"] else "#FFFFFF")
-        width.append(3 if n["codes"] and leaf else 2 if n["codes"] else 1)
-        pattern.append("x" if n["kind"] == "buffer" else "")
+        marks["labels"].append(("▦ " if n["kind"] == "buffer" else "") + short)
+        marks["values"].append(n["bytes"] if leaf else 0)
+        marks["fill"].append(colours.get(dev, FIXED.get(dev, FIXED["mixed"])))
+        marks["line"].append(RED if n["codes"] else "#FFFFFF")
+        marks["width"].append(3 if n["codes"] and leaf else 2 if n["codes"] else 1)
+        marks["pattern"].append("x" if n["kind"] == "buffer" else "")
         where = ", ".join(sorted(map(str, devs)))
         extra = f"<br>tensors: {n['count']}" if leaf and n["count"] > 1 else ""
         found = f"<br><b>{plot_text(', '.join(sorted(n['codes'])))}</b>" if n["codes"] else ""
-        hover.append(f"{plot_text(nid)}<br>{n['kind']}<br>device: {plot_text(where)}{extra}{found}")
+        marks["hover"].append(f"{plot_text(nid)}<br>{n['kind']}<br>device: {plot_text(where)}{extra}{found}")
+    return marks
+
+
+@escaped_figure
+def placement_treemap(table: pd.DataFrame, max_nodes: int = 400, title: str = "") -> go.Figure:
+    """The module tree sized by bytes, coloured by device; buffers hatched; findings in red.
+
+    Args:
+        table: an audit or placement table (columns name, kind, device, finding, bytes, alias_of).
+        max_nodes: above this many boxes, tensors below a depth are summed per module (parameters
+            and buffers in separate boxes, so buffers stay visible).
+        title: figure title.
+
+    >>> import pandas as pd
+    >>> t = pd.DataFrame({"name": ["a.weight", "a.buf"], "kind": ["parameter", "buffer"],
+    ...                   "device": [0, None], "finding": [None, "buffer-unplaced"],
+    ...                   "bytes": [64, 16], "alias_of": [None, None]})
+    >>> len(placement_treemap(t).data[0].ids)
+    4
+    """
+    nodes = _tree_nodes(table, _choose_depth(table["name"].tolist(), max_nodes))
+    devices = sorted({d for n in nodes.values() for d in n["devices"] if d is not None}, key=str)
+    colours = device_colours(devices)
+    marks = _treemap_marks(nodes, colours)
+    marker = dict(colors=marks["fill"], line=dict(color=marks["line"], width=marks["width"]),
+                  pattern=dict(shape=marks["pattern"]))
     fig = go.Figure(go.Treemap(
-        ids=ids, parents=parents, labels=labels, values=values, branchvalues="remainder",
-        marker=dict(colors=fill, line=dict(color=line, width=width), pattern=dict(shape=pattern)),
-        hovertext=hover, hoverinfo="text", maxdepth=4))
+        ids=marks["ids"], parents=marks["parents"], labels=marks["labels"], values=marks["values"],
+        branchvalues="remainder", marker=marker, hovertext=marks["hover"], hoverinfo="text", maxdepth=4))
     legend = "  ".join(f"<span style='color:{c}'>■</span> {plot_text(str(d))}" for d, c in colours.items())
     fig.update_layout(
         title=title or None, margin=dict(t=40 if title else 10, l=5, r=5, b=30), height=560,

@@ -1,0 +1,346 @@
+"""One walk over a model's parameters and buffers, with every name, owner and storage.
+
+Every analysis that groups tensors by identity or by memory starts here:
+``named_parameters(remove_duplicate=False)`` then ``named_buffers(remove_duplicate=False)``,
+one entry per name, each holding its tensor (so ``id()``s are not reused while the
+inventory lives), the name ``named_parameters()`` keeps for that object, and the key of
+the storage under it. DTensors (FSDP2, tensor parallelism) carry their global shape and
+this rank's local shape and bytes; ``torch.distributed.tensor`` is never imported here.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import NamedTuple
+
+import torch
+from torch import nn
+
+from .checks import require_module
+
+KINDS = ("parameter", "buffer")
+
+
+def storage_key(t: torch.Tensor) -> tuple[str, int | None, int] | None:
+    """``(device type, device index, address of the storage)``: equal keys mean one storage.
+
+    None where there is no memory to compare: meta and fake tensors, tensors with no
+    elements, sparse and quantized tensors, wrapper subclasses without storage (a DTensor
+    itself; its ``to_local()`` has one). No storage object is made, so this is cheap.
+
+    >>> w = torch.zeros(2, 3)
+    >>> storage_key(w[1]) == storage_key(w), storage_key(torch.zeros(2, device="meta"))
+    (True, None)
+    """
+    if t.layout != torch.strided or t.is_meta or t.is_quantized or t.numel() == 0 or _is_fake(t):
+        return None
+    try:
+        ptr = t.data_ptr() - t.storage_offset() * t.element_size()
+    except (RuntimeError, NotImplementedError, TypeError):
+        return None
+    if ptr == 0:
+        return None
+    return (t.device.type, t.device.index, ptr)
+
+
+def _is_fake(t: torch.Tensor) -> bool:
+    """Whether ``t`` is a FakeTensor (no fake tensor exists unless its module was imported)."""
+    module = sys.modules.get("torch._subclasses.fake_tensor")
+    cls = getattr(module, "FakeTensor", None) if module is not None else None
+    return cls is not None and isinstance(t, cls)
+
+
+def _dtensor_type() -> type | None:
+    module = sys.modules.get("torch.distributed.tensor")
+    return getattr(module, "DTensor", None) if module is not None else None
+
+
+class TensorEntry(NamedTuple):
+    """One name of one tensor, as the walk met it (an immutable record).
+
+    The walk records who holds the tensor, the name that object was first met under and its
+    storage key; everything else is read from the tensor when asked, so a walk over a model
+    with a million names stays as fast as ``named_parameters()`` itself.
+
+    Attributes:
+        name: full dotted name (``"h.0.attn.c_attn.weight"``).
+        kind: ``"parameter"`` or ``"buffer"``.
+        module: name of the module that holds it under ``attr`` (``""`` for the root).
+        attr: the key in that module's ``_parameters`` or ``_buffers``.
+        tensor: the tensor itself (kept alive while the inventory lives).
+        first_name: the first name of the same object: what ``named_parameters()`` (or
+            ``named_buffers()``) keeps; equal to ``name`` for the first holder.
+        obj: number of the object: index into :attr:`TensorInventory.unique`.
+        storage_key: :func:`storage_key` of the tensor at walk time, or None (always for a DTensor).
+    """
+
+    name: str
+    kind: str
+    module: str
+    attr: str
+    tensor: torch.Tensor
+    first_name: str
+    obj: int
+    storage_key: tuple | None
+
+    @property
+    def is_alias(self) -> bool:
+        """Whether an earlier name holds the same object."""
+        return self.name != self.first_name
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """Global shape."""
+        return tuple(self.tensor.shape)
+
+    @property
+    def numel(self) -> int:
+        """Elements (global for a DTensor)."""
+        return self.tensor.numel()
+
+    @property
+    def nbytes(self) -> int:
+        """``numel * element_size`` (global for a DTensor)."""
+        return self.tensor.numel() * self.tensor.element_size()
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.tensor.dtype
+
+    @property
+    def dtype_name(self) -> str:
+        """``"float32"``, ``"bfloat16"``..."""
+        return str(self.tensor.dtype).removeprefix("torch.")
+
+    @property
+    def device(self) -> torch.device:
+        return self.tensor.device
+
+    @property
+    def requires_grad(self) -> bool:
+        return self.tensor.requires_grad
+
+    @property
+    def storage_offset(self) -> int:
+        """In elements; 0 where the tensor has no strided storage (sparse, quantized, DTensor)."""
+        t = self.tensor
+        if t.layout != torch.strided or t.is_quantized or self.is_dtensor:
+            return 0
+        return t.storage_offset()
+
+    @property
+    def is_dtensor(self) -> bool:
+        cls = _dtensor_type()
+        return cls is not None and isinstance(self.tensor, cls)
+
+    @property
+    def local_shape(self) -> tuple[int, ...]:
+        """Shape of this rank's piece (``shape`` for a plain tensor)."""
+        return tuple(self.tensor.to_local().shape) if self.is_dtensor else tuple(self.tensor.shape)
+
+    @property
+    def local_nbytes(self) -> int:
+        """Bytes of this rank's piece (``nbytes`` for a plain tensor)."""
+        t = self.tensor.to_local() if self.is_dtensor else self.tensor
+        return t.numel() * t.element_size()
+
+    @property
+    def placements(self) -> str:
+        """DTensor placements as text (``"Shard(0)"``), ``""`` for a plain tensor."""
+        if not self.is_dtensor:
+            return ""
+        from .distributed.tensors import placements_text
+
+        return placements_text(self.tensor)
+
+    @property
+    def mesh(self) -> tuple[int, ...]:
+        """Shape of the DTensor's device mesh, ``()`` for a plain tensor."""
+        return tuple(self.tensor.device_mesh.shape) if self.is_dtensor else ()
+
+
+@dataclass(frozen=True)
+class TensorInventory:
+    """Every parameter and buffer name of a model, grouped by object and by storage.
+
+    Attributes:
+        entries: one per name, ``named_parameters(remove_duplicate=False)`` then
+            ``named_buffers(remove_duplicate=False)`` order.
+        unique: index into ``entries`` of each distinct tensor object's first name, in
+            first-seen order (parameters as ``parameters()`` yields them, then buffers).
+        by_object: ``id(tensor)`` -> indices into ``entries`` of every name of that object.
+        by_storage: storage key -> indices into ``unique`` (object numbers) of the objects
+            over that storage, first-seen order; objects without a key are left out.
+        include_buffers: whether buffers were walked.
+
+    >>> from torch import nn
+    >>> m = nn.Sequential(nn.Linear(2, 2, bias=False), nn.Linear(2, 2, bias=False))
+    >>> m[1].weight = m[0].weight
+    >>> inv = tensor_inventory(m)
+    >>> [(e.name, e.first_name, e.module, e.nbytes) for e in inv.entries]
+    [('0.weight', '0.weight', '0', 16), ('1.weight', '0.weight', '1', 16)]
+    >>> len(inv.unique), inv.unique_bytes(), inv.module_bytes()[""]
+    (1, 16, 16)
+    """
+
+    entries: tuple[TensorEntry, ...]
+    unique: tuple[int, ...]
+    by_object: dict[int, tuple[int, ...]] = field(repr=False)
+    by_storage: dict[tuple, tuple[int, ...]] = field(repr=False)
+    include_buffers: bool = True
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    def __iter__(self) -> Iterator[TensorEntry]:
+        return iter(self.entries)
+
+    def parameters(self) -> list[TensorEntry]:
+        """Every parameter name, in walk order."""
+        return [e for e in self.entries if e.kind == "parameter"]
+
+    def buffers(self) -> list[TensorEntry]:
+        """Every buffer name, in walk order."""
+        return [e for e in self.entries if e.kind == "buffer"]
+
+    def unique_entries(self, kind: str | None = None) -> list[TensorEntry]:
+        """The first name of each distinct object (optionally of one ``kind``), first-seen order."""
+        out = [self.entries[i] for i in self.unique]
+        return out if kind is None else [e for e in out if e.kind == kind]
+
+    def names_of(self, t: torch.Tensor) -> list[str]:
+        """Every name of tensor object ``t`` (empty if the model does not hold it)."""
+        return [self.entries[i].name for i in self.by_object.get(id(t), ())]
+
+    @cached_property
+    def by_name(self) -> dict[str, TensorEntry]:
+        """Name -> entry (the first entry for a name listed twice)."""
+        out: dict[str, TensorEntry] = {}
+        for e in self.entries:
+            out.setdefault(e.name, e)
+        return out
+
+    def tensors(self) -> dict[str, torch.Tensor]:
+        """Name -> tensor, for every name."""
+        return {name: e.tensor for name, e in self.by_name.items()}
+
+    def unique_numel(self, kind: str = "parameter") -> int:
+        """Elements of the distinct objects of ``kind`` (what ``parameters()`` counts)."""
+        return sum(e.numel for e in self.unique_entries(kind))
+
+    def numel_with_aliases(self, kind: str = "parameter") -> int:
+        """Elements counting every name of ``kind``."""
+        return sum(e.numel for e in self.entries if e.kind == kind)
+
+    def unique_bytes(self) -> int:
+        """Bytes of every distinct object (parameters and walked buffers), each counted once."""
+        return sum(e.nbytes for e in self.unique_entries())
+
+    def module_bytes(self, local: bool = False) -> dict[str, int]:
+        """Module name -> bytes of the distinct tensors below it, each counted at its first name.
+
+        One pass that adds each tensor's bytes to every parent prefix of its first holder
+        (``""`` is the whole model). Modules that hold no tensor below them are absent.
+
+        Args:
+            local: count this rank's bytes of DTensors instead of the global bytes.
+        """
+        sizes: dict[str, int] = {}
+        for e in self.unique_entries():
+            n = e.local_nbytes if local else e.nbytes
+            sizes[""] = sizes.get("", 0) + n
+            if not e.module:
+                continue
+            parts = e.module.split(".")
+            for k in range(1, len(parts) + 1):
+                prefix = ".".join(parts[:k])
+                sizes[prefix] = sizes.get(prefix, 0) + n
+        return sizes
+
+    def storage_groups(self) -> list[list[TensorEntry]]:
+        """First entries of the objects over each storage that holds two or more objects."""
+        return [[self.entries[self.unique[o]] for o in objs]
+                for objs in self.by_storage.values() if len(objs) > 1]
+
+    def has_meta(self) -> bool:
+        """Whether any tensor is on the meta device."""
+        return any(e.device.type == "meta" for e in self.unique_entries())
+
+
+def _walk(model: nn.Module, include_buffers: bool) -> list[tuple[str, str, str, torch.Tensor, str]]:
+    """(name, module, attr, tensor, kind) for ``named_parameters`` then ``named_buffers``, with duplicates.
+
+    For modules that do not override those two methods, both lists come from one walk of
+    ``named_modules(remove_duplicate=False)`` (what the two methods do, each on its own walk).
+    """
+    cls = type(model)
+    if cls.named_parameters is not nn.Module.named_parameters or \
+            cls.named_buffers is not nn.Module.named_buffers:
+        out = [(n, *_split(n), t, "parameter") for n, t in model.named_parameters(remove_duplicate=False)]
+        if include_buffers:
+            out += [(n, *_split(n), t, "buffer") for n, t in model.named_buffers(remove_duplicate=False)]
+        return out
+    params: list[tuple[str, str, str, torch.Tensor, str]] = []
+    buffers: list[tuple[str, str, str, torch.Tensor, str]] = []
+    for prefix, module in model.named_modules(remove_duplicate=False):
+        dot = prefix + "." if prefix else ""
+        for k, v in module._parameters.items():
+            if v is not None:
+                params.append((dot + k, prefix, k, v, "parameter"))
+        if include_buffers:
+            for k, v in module._buffers.items():
+                if v is not None:
+                    buffers.append((dot + k, prefix, k, v, "buffer"))
+    return params + buffers
+
+
+def _split(name: str) -> tuple[str, str]:
+    module, _, attr = name.rpartition(".")
+    return module, attr
+
+
+def tensor_inventory(model: nn.Module, include_buffers: bool = True) -> TensorInventory:
+    """Walk ``model``'s parameters and buffers once, keeping every name and grouping by object and storage.
+
+    Metadata only: works on the meta device and allocates nothing. The model is not changed.
+
+    Args:
+        model: any ``nn.Module``.
+        include_buffers: also walk ``named_buffers(remove_duplicate=False)``.
+
+    Returns:
+        The :class:`TensorInventory`; build it once per analysis and pass it on.
+
+    >>> from torch import nn
+    >>> m = nn.Sequential(nn.Linear(2, 2, bias=False), nn.Linear(2, 2, bias=False))
+    >>> m[1].weight = m[0].weight
+    >>> inv = tensor_inventory(m)
+    >>> [e.is_alias for e in inv], inv.unique_numel(), inv.numel_with_aliases()
+    ([False, True], 4, 8)
+    """
+    model = require_module(model, "tensor_inventory")
+    dtensor = _dtensor_type()
+    entries: list[TensorEntry] = []
+    unique: list[int] = []
+    by_object: dict[int, list[int]] = {}
+    by_storage: dict[tuple, list[int]] = {}
+    for i, (name, module, attr, t, kind) in enumerate(_walk(model, include_buffers)):
+        seen = by_object.get(id(t))
+        if seen is None:
+            obj = len(unique)
+            by_object[id(t)] = [i]
+            unique.append(i)
+            key = None if dtensor is not None and isinstance(t, dtensor) else storage_key(t)
+            e = TensorEntry(name, kind, module, attr, t, name, obj, key)
+            if key is not None:
+                by_storage.setdefault(key, []).append(obj)
+        else:
+            f = entries[seen[0]]
+            seen.append(i)
+            e = TensorEntry(name, kind, module, attr, t, f.name, f.obj, f.storage_key)
+        entries.append(e)
+    return TensorInventory(tuple(entries), tuple(unique), {k: tuple(v) for k, v in by_object.items()},
+                           {k: tuple(v) for k, v in by_storage.items()}, include_buffers)
