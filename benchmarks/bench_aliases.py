@@ -21,7 +21,7 @@ from _timing import interleaved  # noqa: E402
 from accelerate.utils import find_tied_parameters  # noqa: E402
 from torch import nn  # noqa: E402
 
-from inspector.aliases import alias_groups  # noqa: E402
+from inspector.aliases import alias_groups, graph_data  # noqa: E402
 from inspector.figures.aliases import alias_graph_figure  # noqa: E402
 from sample_models import get_sample  # noqa: E402
 
@@ -57,7 +57,7 @@ def bench_figure(name: str, repeats: int = 3) -> None:
     times = []
     for _ in range(repeats):
         t0 = time.perf_counter()
-        fig = alias_graph_figure(model)
+        fig = alias_graph_figure(graph_data(model))
         times.append(time.perf_counter() - t0)
     marks = sum(len(tr.x) for tr in fig.data if tr.x is not None)
     print(f"alias_graph_figure on {name}: {statistics.median(times) * 1e3:.0f} ms, {len(fig.data)} traces, "

@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from .findings import InspectorError
+from .inventory import TensorInventory, tensor_inventory
 
 
 @dataclass(frozen=True)
@@ -106,15 +107,6 @@ def _target_dtype(t: torch.Tensor, dtype: torch.dtype | None) -> torch.dtype:
     return dtype
 
 
-def _storage_key(t: torch.Tensor) -> tuple | None:
-    if t.device.type == "meta" or t.is_sparse or t.is_quantized:
-        return None
-    try:
-        return (t.device.type, t.device.index, t.untyped_storage().data_ptr())
-    except (RuntimeError, NotImplementedError):
-        return None
-
-
 def move_model(model: nn.Module, device: str | torch.device | None = None,
                dtype: torch.dtype | None = None, *, empty: bool = False) -> nn.Module:
     """Move and/or cast ``model`` in place, keeping every tie.
@@ -137,65 +129,78 @@ def move_model(model: nn.Module, device: str | torch.device | None = None,
     >>> m[0].weight is m[1].weight, m[0].weight.dtype
     (True, torch.float64)
     """
+    dev, dtype = _target(device, dtype)
+    inv = tensor_inventory(model)
+    if dev is not None and dev.type != "meta" and not empty:
+        on_meta = [e.name for e in inv.unique_entries() if e.device.type == "meta"]
+        if on_meta:
+            raise InspectorError(
+                f"{len(on_meta)} tensors (first: {on_meta[0]}) are on the meta device and hold no "
+                f"data, so they cannot be moved to {dev}. Load real weights (a checkpoint) instead, "
+                "or ask for uninitialised memory with empty=True.")
+    converted = _convert_all(inv, dev, dtype)
+    replaced: dict[int, nn.Parameter] = {}  # Parameters that had to be new objects, for every holder
+    with torch.no_grad():
+        for module in model.modules():
+            _put_back(module, converted, replaced)
+    return model
+
+
+def _target(device: str | torch.device | None,
+            dtype: torch.dtype | str | None) -> tuple[torch.device | None, torch.dtype | None]:
+    """The device and floating-point dtype asked for, checked."""
     dev = resolve_device(device) if device is not None else None
     if isinstance(dtype, str):
         dtype = getattr(torch, dtype.removeprefix("torch."), dtype)
     if dtype is not None and (not isinstance(dtype, torch.dtype) or not dtype.is_floating_point):
         raise InspectorError(f"dtype {dtype!r} is not a floating-point torch dtype; choose one of "
                              "float32, float16, bfloat16, float64 (integer tensors keep theirs anyway)")
-    tensors = [t for _, t in model.named_parameters(remove_duplicate=False)]
-    tensors += [t for _, t in model.named_buffers(remove_duplicate=False)]
-    if dev is not None and dev.type != "meta" and not empty:
-        on_meta = [n for n, t in [*model.named_parameters(), *model.named_buffers()]
-                   if t.device.type == "meta"]
-        if on_meta:
-            raise InspectorError(
-                f"{len(on_meta)} tensors (first: {on_meta[0]}) are on the meta device and hold no "
-                f"data, so they cannot be moved to {dev}. Load real weights (a checkpoint) instead, "
-                "or ask for uninitialised memory with empty=True.")
-    converted = _convert_all(tensors, dev, dtype)
-    replaced: dict[int, nn.Parameter] = {}
-    with torch.no_grad():
-        for module in model.modules():
-            for name, p in module._parameters.items():
-                if p is None:
-                    continue
-                if id(p) in replaced:
-                    module._parameters[name] = replaced[id(p)]
-                    continue
-                new = converted[id(p)]
-                if new is p.data:
-                    continue
-                grad = p.grad
-                if torch._has_compatible_shallow_copy_type(p.data, new):
-                    p.data = new  # same Parameter object, so every module holding it sees the change
-                    target = p
-                else:  # e.g. meta -> cpu: torch cannot swap the data, so one new Parameter for all holders
-                    target = nn.Parameter(new, requires_grad=p.requires_grad)
-                    replaced[id(p)] = target
-                    module._parameters[name] = target
-                if grad is not None:
-                    target.grad = grad.to(device=new.device, dtype=new.dtype)
-            for name, b in module._buffers.items():
-                if b is not None:
-                    module._buffers[name] = converted[id(b)]
-    return model
+    return dev, dtype
 
 
-def _convert_all(tensors: list[torch.Tensor], dev: torch.device | None,
+def _put_back(module: nn.Module, converted: dict[int, torch.Tensor], replaced: dict[int, nn.Parameter]) -> None:
+    """Give ``module``'s own parameters and buffers their converted data, in place.
+
+    A Parameter keeps its object (``p.data = new``) so every module holding it sees the change;
+    where torch cannot swap the data (meta -> cpu) one new Parameter replaces it for every holder.
+    """
+    for name, p in module._parameters.items():
+        if p is None:
+            continue
+        if id(p) in replaced:
+            module._parameters[name] = replaced[id(p)]
+            continue
+        new = converted[id(p)]
+        if new is p.data:
+            continue
+        grad = p.grad
+        if torch._has_compatible_shallow_copy_type(p.data, new):
+            p.data = new
+            target = p
+        else:
+            target = nn.Parameter(new, requires_grad=p.requires_grad)
+            replaced[id(p)] = target
+            module._parameters[name] = target
+        if grad is not None:
+            target.grad = grad.to(device=new.device, dtype=new.dtype)
+    for name, b in module._buffers.items():
+        if b is not None:
+            module._buffers[name] = converted[id(b)]
+
+
+def _convert_all(inv: TensorInventory, dev: torch.device | None,
                  dtype: torch.dtype | None) -> dict[int, torch.Tensor]:
     """id(tensor) -> converted data; tensors over one storage stay over one new storage."""
-    by_storage: dict[tuple | int, dict[int, torch.Tensor]] = {}
-    for t in tensors:
-        key = _storage_key(t)
-        by_storage.setdefault(id(t) if key is None else key, {})[id(t)] = t
     out: dict[int, torch.Tensor] = {}
-    for group in by_storage.values():
+    for objs in inv.by_storage.values():
+        group = [inv.entries[inv.unique[o]].tensor for o in objs]
         if len(group) == 1:
-            (i, t), = group.items()
-            out[i] = _convert_one(t, dev, dtype)
+            out[id(group[0])] = _convert_one(group[0], dev, dtype)
         else:
-            out.update(_convert_shared(list(group.values()), dev, dtype))
+            out.update(_convert_shared(group, dev, dtype))
+    for e in inv.unique_entries():
+        if e.storage_key is None:  # no memory to share (meta, empty, sparse, quantized, DTensor)
+            out[id(e.tensor)] = _convert_one(e.tensor, dev, dtype)
     return out
 
 

@@ -29,28 +29,24 @@ def storage_key(t: torch.Tensor) -> tuple[str, int | None, int] | None:
 
     None where there is no memory to compare: meta and fake tensors, tensors with no
     elements, sparse and quantized tensors, wrapper subclasses without storage (a DTensor
-    itself; its ``to_local()`` has one). No storage object is made, so this is cheap.
+    itself; its ``to_local()`` has one).
 
     >>> w = torch.zeros(2, 3)
     >>> storage_key(w[1]) == storage_key(w), storage_key(torch.zeros(2, device="meta"))
     (True, None)
     """
-    if t.layout != torch.strided or t.is_meta or t.is_quantized or t.numel() == 0 or _is_fake(t):
+    if t.is_meta or t.numel() == 0:
         return None
     try:
-        ptr = t.data_ptr() - t.storage_offset() * t.element_size()
+        storage = t.untyped_storage()  # sparse tensors and wrapper subclasses have none: they raise
     except (RuntimeError, NotImplementedError, TypeError):
         return None
-    if ptr == 0:
+    device = storage.device
+    # meta and fake tensors have their storage on meta (reading a fake one's address warns)
+    if device.type == "meta" or t.is_quantized or t.layout is not torch.strided:
         return None
-    return (t.device.type, t.device.index, ptr)
-
-
-def _is_fake(t: torch.Tensor) -> bool:
-    """Whether ``t`` is a FakeTensor (no fake tensor exists unless its module was imported)."""
-    module = sys.modules.get("torch._subclasses.fake_tensor")
-    cls = getattr(module, "FakeTensor", None) if module is not None else None
-    return cls is not None and isinstance(t, cls)
+    ptr = storage.data_ptr()
+    return None if ptr == 0 else (device.type, device.index, ptr)
 
 
 def _dtensor_type() -> type | None:
@@ -171,10 +167,13 @@ class TensorInventory:
             ``named_buffers(remove_duplicate=False)`` order.
         unique: index into ``entries`` of each distinct tensor object's first name, in
             first-seen order (parameters as ``parameters()`` yields them, then buffers).
-        by_object: ``id(tensor)`` -> indices into ``entries`` of every name of that object.
+        aliased: object number -> indices into ``entries`` of every name of that object, for
+            the objects held under two or more names (same-object ties).
         by_storage: storage key -> indices into ``unique`` (object numbers) of the objects
             over that storage, first-seen order; objects without a key are left out.
         include_buffers: whether buffers were walked.
+        modules: every module name, ``named_modules(remove_duplicate=False)`` order (``""`` is
+            the root; a module held twice is listed under both names).
 
     >>> from torch import nn
     >>> m = nn.Sequential(nn.Linear(2, 2, bias=False), nn.Linear(2, 2, bias=False))
@@ -188,9 +187,10 @@ class TensorInventory:
 
     entries: tuple[TensorEntry, ...]
     unique: tuple[int, ...]
-    by_object: dict[int, tuple[int, ...]] = field(repr=False)
+    aliased: dict[int, tuple[int, ...]] = field(repr=False)
     by_storage: dict[tuple, tuple[int, ...]] = field(repr=False)
     include_buffers: bool = True
+    modules: tuple[str, ...] = field(default=(), repr=False)
 
     def __len__(self) -> int:
         return len(self.entries)
@@ -214,6 +214,15 @@ class TensorInventory:
     def names_of(self, t: torch.Tensor) -> list[str]:
         """Every name of tensor object ``t`` (empty if the model does not hold it)."""
         return [self.entries[i].name for i in self.by_object.get(id(t), ())]
+
+    def entries_of(self, obj: int) -> tuple[int, ...]:
+        """Indices into ``entries`` of every name of object number ``obj``."""
+        return self.aliased.get(obj) or (self.unique[obj],)
+
+    @cached_property
+    def by_object(self) -> dict[int, tuple[int, ...]]:
+        """``id(tensor)`` -> indices into ``entries`` of every name of that object, first-seen order."""
+        return {id(self.entries[i].tensor): self.entries_of(o) for o, i in enumerate(self.unique)}
 
     @cached_property
     def by_name(self) -> dict[str, TensorEntry]:
@@ -270,31 +279,86 @@ class TensorInventory:
         return any(e.device.type == "meta" for e in self.unique_entries())
 
 
-def _walk(model: nn.Module, include_buffers: bool) -> list[tuple[str, str, str, torch.Tensor, str]]:
-    """(name, module, attr, tensor, kind) for ``named_parameters`` then ``named_buffers``, with duplicates.
+class _Builder:
+    """Entries and groupings, filled one name at a time in walk order."""
 
-    For modules that do not override those two methods, both lists come from one walk of
-    ``named_modules(remove_duplicate=False)`` (what the two methods do, each on its own walk).
-    """
-    cls = type(model)
-    if cls.named_parameters is not nn.Module.named_parameters or \
-            cls.named_buffers is not nn.Module.named_buffers:
-        out = [(n, *_split(n), t, "parameter") for n, t in model.named_parameters(remove_duplicate=False)]
+    def __init__(self) -> None:
+        self.dtensor = _dtensor_type()
+        self.entries: list[TensorEntry] = []
+        self.unique: list[int] = []
+        self.first: dict[int, int] = {}  # id(tensor) -> index of its first entry
+        self.aliased: dict[int, list[int]] = {}
+        self.by_storage: dict[tuple, list[int]] = {}
+        self.modules: list[str] = []
+
+    def add(self, name: str, kind: str, module: str, attr: str, t: torch.Tensor) -> None:
+        entries = self.entries
+        i = len(entries)
+        j = self.first.get(id(t))
+        if j is None:
+            obj = len(self.unique)
+            self.first[id(t)] = i
+            self.unique.append(i)
+            dtensor = self.dtensor
+            key = None if dtensor is not None and isinstance(t, dtensor) else storage_key(t)
+            # tuple.__new__: TensorEntry(...) without its keyword handling, for the hot loop
+            entries.append(tuple.__new__(TensorEntry, (name, kind, module, attr, t, name, obj, key)))
+            if key is not None:
+                self.by_storage.setdefault(key, []).append(obj)
+        else:
+            f = entries[j]
+            self.aliased.setdefault(f.obj, [j]).append(i)
+            entries.append(tuple.__new__(TensorEntry, (name, kind, module, attr, t, f.name, f.obj,
+                                                       f.storage_key)))
+
+    def walk(self, model: nn.Module, include_buffers: bool) -> None:
+        """``named_parameters`` then ``named_buffers``, with duplicates, and every module name.
+
+        Where no module overrides ``named_modules`` and the root overrides neither
+        ``named_parameters`` nor ``named_buffers``, one pre-order walk over ``_modules`` with a
+        stack visits what ``named_modules(remove_duplicate=False)`` yields, in its order, without
+        its chain of generators (one per level of depth); otherwise the three methods are asked.
+        """
+        cls = type(model)
+        if cls.named_parameters is nn.Module.named_parameters and cls.named_buffers is nn.Module.named_buffers:
+            buffers = self._stack_walk(model, include_buffers)
+            if buffers is not None:
+                for b in buffers:
+                    self.add(*b)
+                return
+            self.__init__()  # type: ignore[misc]
+        self.modules.extend(n for n, _ in model.named_modules(remove_duplicate=False))
+        for n, t in model.named_parameters(remove_duplicate=False):
+            self.add(n, "parameter", *_split(n), t)
         if include_buffers:
-            out += [(n, *_split(n), t, "buffer") for n, t in model.named_buffers(remove_duplicate=False)]
-        return out
-    params: list[tuple[str, str, str, torch.Tensor, str]] = []
-    buffers: list[tuple[str, str, str, torch.Tensor, str]] = []
-    for prefix, module in model.named_modules(remove_duplicate=False):
-        dot = prefix + "." if prefix else ""
-        for k, v in module._parameters.items():
-            if v is not None:
-                params.append((dot + k, prefix, k, v, "parameter"))
-        if include_buffers:
-            for k, v in module._buffers.items():
+            for n, t in model.named_buffers(remove_duplicate=False):
+                self.add(n, "buffer", *_split(n), t)
+
+    def _stack_walk(self, model: nn.Module,
+                    include_buffers: bool) -> list[tuple[str, str, str, str, torch.Tensor]] | None:
+        """Add every parameter; return the buffers to add after them (None: some module overrides
+        ``named_modules``, start again with the methods)."""
+        buffers: list[tuple[str, str, str, str, torch.Tensor]] = []
+        plain = nn.Module.named_modules
+        add, modules = self.add, self.modules
+        stack: list[tuple[str, nn.Module]] = [("", model)]
+        while stack:
+            prefix, module = stack.pop()
+            if type(module).named_modules is not plain:
+                return None
+            modules.append(prefix)
+            dot = prefix + "." if prefix else ""
+            for k, v in module._parameters.items():
                 if v is not None:
-                    buffers.append((dot + k, prefix, k, v, "buffer"))
-    return params + buffers
+                    add(dot + k, "parameter", prefix, k, v)
+            if include_buffers:
+                for k, v in module._buffers.items():
+                    if v is not None:
+                        buffers.append((dot + k, "buffer", prefix, k, v))
+            for k, m in reversed(module._modules.items()):
+                if m is not None:
+                    stack.append((dot + k, m))
+        return buffers
 
 
 def _split(name: str) -> tuple[str, str]:
@@ -302,7 +366,8 @@ def _split(name: str) -> tuple[str, str]:
     return module, attr
 
 
-def tensor_inventory(model: nn.Module, include_buffers: bool = True) -> TensorInventory:
+def tensor_inventory(model: nn.Module, include_buffers: bool = True, *,
+                     what: str = "tensor_inventory") -> TensorInventory:
     """Walk ``model``'s parameters and buffers once, keeping every name and grouping by object and storage.
 
     Metadata only: works on the meta device and allocates nothing. The model is not changed.
@@ -310,6 +375,7 @@ def tensor_inventory(model: nn.Module, include_buffers: bool = True) -> TensorIn
     Args:
         model: any ``nn.Module``.
         include_buffers: also walk ``named_buffers(remove_duplicate=False)``.
+        what: the function to name when ``model`` is no ``nn.Module`` (the one the user called).
 
     Returns:
         The :class:`TensorInventory`; build it once per analysis and pass it on.
@@ -321,26 +387,8 @@ def tensor_inventory(model: nn.Module, include_buffers: bool = True) -> TensorIn
     >>> [e.is_alias for e in inv], inv.unique_numel(), inv.numel_with_aliases()
     ([False, True], 4, 8)
     """
-    model = require_module(model, "tensor_inventory")
-    dtensor = _dtensor_type()
-    entries: list[TensorEntry] = []
-    unique: list[int] = []
-    by_object: dict[int, list[int]] = {}
-    by_storage: dict[tuple, list[int]] = {}
-    for i, (name, module, attr, t, kind) in enumerate(_walk(model, include_buffers)):
-        seen = by_object.get(id(t))
-        if seen is None:
-            obj = len(unique)
-            by_object[id(t)] = [i]
-            unique.append(i)
-            key = None if dtensor is not None and isinstance(t, dtensor) else storage_key(t)
-            e = TensorEntry(name, kind, module, attr, t, name, obj, key)
-            if key is not None:
-                by_storage.setdefault(key, []).append(obj)
-        else:
-            f = entries[seen[0]]
-            seen.append(i)
-            e = TensorEntry(name, kind, module, attr, t, f.name, f.obj, f.storage_key)
-        entries.append(e)
-    return TensorInventory(tuple(entries), tuple(unique), {k: tuple(v) for k, v in by_object.items()},
-                           {k: tuple(v) for k, v in by_storage.items()}, include_buffers)
+    model = require_module(model, what)
+    b = _Builder()
+    b.walk(model, include_buffers)
+    return TensorInventory(tuple(b.entries), tuple(b.unique), {k: tuple(v) for k, v in b.aliased.items()},
+                           {k: tuple(v) for k, v in b.by_storage.items()}, include_buffers, tuple(b.modules))

@@ -9,6 +9,7 @@ from torch import nn
 
 from .checks import require_module
 from .findings import Finding
+from .inventory import tensor_inventory
 
 
 @dataclass(frozen=True)
@@ -59,38 +60,33 @@ def model_summary(model: nn.Module) -> ModelSummary:
     (4, 8)
     """
     model = require_module(model, "model_summary")
-    params = list(model.parameters())
-    names = list(model.named_parameters(remove_duplicate=False))
-    buffers = list(model.buffers())
+    inv = tensor_inventory(model)
+    names = inv.parameters()
+    params = inv.unique_entries("parameter")
+    buffers = list({id(e.tensor): e for e in inv.buffers()}.values())  # as buffers() yields them
     rows: dict[tuple[str, str, str], list[int]] = {}
-    for kind, tensors in (("parameter", params), ("buffer", buffers)):
-        for t in tensors:
-            row = rows.setdefault((kind, str(t.dtype).removeprefix("torch."), str(t.device)), [0, 0, 0])
+    for kind, entries in (("parameter", params), ("buffer", buffers)):
+        for e in entries:
+            row = rows.setdefault((kind, e.dtype_name, str(e.device)), [0, 0, 0])
             row[0] += 1
-            row[1] += t.numel()
-            row[2] += t.numel() * t.element_size()
+            row[1] += e.numel
+            row[2] += e.nbytes
     table = pd.DataFrame([(k, d, dev, n, e, b) for (k, d, dev), (n, e, b) in rows.items()],
                          columns=["kind", "dtype", "device", "tensors", "elements", "bytes"])
-    first: dict[int, str] = {}
-    aliases = []
-    for name, p in names:
-        kept = first.setdefault(id(p), name)
-        if kept != name:
-            aliases.append((name, kept))
-    trainable = sum(p.numel() for p in params if p.requires_grad)
-    total = sum(p.numel() for p in params)
+    trainable = sum(e.numel for e in params if e.requires_grad)
+    total = sum(e.numel for e in params)
     return ModelSummary(
         modules=sum(1 for _ in model.modules()),
         parameters=len(params),
         parameter_names=len(names),
         parameter_elements=total,
-        parameter_elements_with_aliases=sum(p.numel() for _, p in names),
+        parameter_elements_with_aliases=sum(e.numel for e in names),
         trainable_elements=trainable,
         frozen_elements=total - trainable,
         buffers=len(buffers),
-        buffer_elements=sum(b.numel() for b in buffers),
+        buffer_elements=sum(e.numel for e in buffers),
         bytes_table=table,
-        aliases=tuple(aliases),
+        aliases=tuple((e.name, e.first_name) for e in names if e.is_alias),
     )
 
 
@@ -100,13 +96,7 @@ def model_bytes(model: nn.Module) -> int:
     >>> model_bytes(nn.Linear(2, 3))  # (6 + 3) float32 elements
     36
     """
-    seen: set[int] = set()
-    total = 0
-    for t in [*model.parameters(), *model.buffers()]:
-        if id(t) not in seen:
-            seen.add(id(t))
-            total += t.numel() * t.element_size()
-    return total
+    return tensor_inventory(model).unique_bytes()
 
 
 def format_bytes(n: float) -> str:

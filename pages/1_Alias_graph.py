@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from inspector.aliases import CONVERSIONS, alias_analysis, conversion_table
+from inspector.aliases import CONVERSIONS, alias_analysis, conversion_table, graph_data
 from inspector.devices import device_names
 from inspector.escaping import markdown_text
 from inspector.figures.aliases import alias_graph_figure
@@ -72,7 +72,8 @@ if analysis is not None:
 
     st.subheader("Graph")
     with guarded("drawing the alias graph"):
-        fig = cached_analysis(alias_graph_figure, loaded.model, list(analysis.groups))
+        data = cached_analysis(graph_data, loaded.model, list(analysis.groups))
+        fig = cached_analysis(alias_graph_figure, data)
         st.plotly_chart(fig, width="stretch", key="aliases_graph")
         st.caption("Squares are modules, circles parameters, diamonds buffers; each alias group has "
                    "its own colour, with an extra edge from every other module that holds it.")

@@ -9,12 +9,12 @@ import streamlit as st
 from inspector.escaping import markdown_code, markdown_text
 from inspector.figures.offsets import layer_norm_bars, offset_strip
 from inspector.findings import InspectorError
-from inspector.loss_gradients import loss_gradients
 from inspector.offsets import (
     display_table,
     flatten_roundtrip,
     gradient_report,
     locate,
+    loss_gradients,
     offset_findings,
     offset_map,
 )

@@ -10,18 +10,19 @@ from torch import nn
 
 from inspector.aliases import (
     CONVERSIONS,
-    _named_tensors,
     alias_analysis,
     alias_groups,
     compare_ties,
     conversion_check,
     conversion_table,
+    graph_data,
     retie,
     snapshot_ties,
 )
 from inspector.devices import move_model
-from inspector.figures.aliases import alias_graph_figure, graph_data
+from inspector.figures.aliases import alias_graph_figure
 from inspector.findings import InspectorError
+from inspector.inventory import tensor_inventory
 from sample_models import get_sample
 
 # --------------------------------------------------------------------------------------------
@@ -157,7 +158,7 @@ def test_one_walk_lists_what_the_public_methods_list():
     shared = nn.Linear(2, 2)
     m = nn.Sequential(shared, nn.Sequential(shared, nn.BatchNorm1d(2)))
     m[1][1].register_parameter("extra", None)
-    walk = [(n, id(t)) for n, t, _ in _named_tensors(m, True)]
+    walk = [(e.name, id(e.tensor)) for e in tensor_inventory(m)]
     public = [(n, id(t)) for n, t in m.named_parameters(remove_duplicate=False)]
     public += [(n, id(t)) for n, t in m.named_buffers(remove_duplicate=False)]
     assert walk == public
@@ -412,7 +413,7 @@ def test_graph_of_tied_model():
     assert sorted(d.nodes) == ["m:", "m:0", "m:1", "t:0.bias", "t:0.weight", "t:1.bias"]
     assert d.extra == [("m:1", "t:0.weight", 0)]
     assert (d.left_out_modules, d.left_out_tensors) == (0, 0)
-    fig = alias_graph_figure(m)
+    fig = alias_graph_figure(d)
     assert fig.layout.title.text == "1 alias group"
     assert any(tr.name and tr.name.startswith("same-object: 0.weight, 1.weight") for tr in fig.data)
 
@@ -423,7 +424,7 @@ def test_graph_of_big_models_is_aggregated():
     # no aliases: root + embed_tokens, rotary_emb, layers, norm, lm_head; no tensors
     assert len(d.nodes) == 6 and d.left_out_tensors == 724
     assert d.left_out_modules == sum(1 for _ in m.named_modules(remove_duplicate=False)) - 6
-    assert "724 tensors left out" in alias_graph_figure(m).layout.title.text
+    assert "724 tensors left out" in alias_graph_figure(d).layout.title.text
     layers = nn.ModuleList(nn.Sequential(nn.Linear(1, 1)) for _ in range(200))
     layers[199][0].weight = layers[0][0].weight
     d = graph_data(layers, max_nodes=100)
@@ -437,7 +438,7 @@ def test_graph_escapes_names():
     m.add_module("<b>x</b>", nn.Linear(1, 1, bias=False))
     m.add_module("y", nn.Linear(1, 1, bias=False))
     m.y.weight = m.get_submodule("<b>x</b>").weight
-    fig = alias_graph_figure(m)
+    fig = alias_graph_figure(graph_data(m))
     texts = [h for tr in fig.data for h in [*(tr.hovertext or ()), *(tr.text or ()), tr.name or ""]]
     assert any("&lt;b&gt;x&lt;/b&gt;" in h for h in texts) and not any("<b>" in h for h in texts)
 

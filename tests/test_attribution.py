@@ -366,3 +366,10 @@ def test_token_model_with_a_mask_passes_the_mask_through():
         inputs["input_ids"], target=2, n_steps=8, additional_forward_args=(inputs["attention_mask"],))
     assert torch.equal(r.attributions[0], direct)
     assert r.summary["score"][2] == 0  # the masked token (position 2) drove nothing
+
+
+def test_the_result_is_the_public_attribution_type():
+    from inspector.attribution import Attribution, AttributionResult
+
+    result = attribute(load_model("sample:cnn-bn"), None, "saliency", target=3)
+    assert type(result) is Attribution and AttributionResult is Attribution

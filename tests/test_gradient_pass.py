@@ -12,8 +12,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from inspector import gradient_norms
 from inspector.findings import InspectorError
-from inspector.gradient_pass import gradient_l2_norms
-from inspector.offsets import gradient_report
+from inspector.offsets import gradient_l2_norms, gradient_report
 
 
 class CountNorms(TorchDispatchMode):

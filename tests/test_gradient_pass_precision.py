@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from inspector.gradient_pass import gradient_l2_norms
+from inspector.offsets import gradient_l2_norms
 
 
 def test_a_float64_norm_is_not_rounded_to_float32():

@@ -37,6 +37,8 @@ def test_entries_follow_the_walk_with_owners_and_first_names():
     assert [e.is_alias for e in inv] == [False, False, True, False, False, False]
     assert inv.unique == (0, 1, 3, 4, 5)
     assert inv.by_object[id(m[0].weight)] == (0, 2)
+    assert inv.aliased == {0: (0, 2)}  # only object 0 (0.weight) has two names
+    assert [inv.entries_of(o) for o in range(5)] == [(0, 2), (1,), (3,), (4,), (5,)]
     assert inv.entries[2].tensor is m[0].weight is m[1].weight
     assert inv.names_of(m[0].weight) == ["0.weight", "1.weight"]
     assert inv.names_of(torch.zeros(1)) == []
@@ -154,6 +156,7 @@ def test_storage_key():
     assert storage_key(w.clone()) != key
     assert storage_key(torch.zeros(2, device="meta")) is None
     assert storage_key(torch.zeros(0)) is None  # no elements, no memory
+    assert storage_key(w[2:]) is None  # no elements, even as a view of w's storage
     assert storage_key(w.to_sparse()) is None
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

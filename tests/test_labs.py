@@ -259,8 +259,7 @@ def test_progress_hints_and_report():
 
 def test_lab_report_through_the_report_module_validates():
     jsonschema = pytest.importorskip("jsonschema")
-    from inspector.labs.records import lab_report
-    from inspector.report import load_schema
+    from inspector.report import lab_report, load_schema
 
     lab = get_lab("broken-tie", labs_dir="")
     report = lab_report(lab, {}, scenario(lab.id).loaded, "Ada")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import threading
 
 import psutil
 import pytest
@@ -329,6 +330,32 @@ def test_gradients_on_two_devices_are_measured_each_on_its_own():
     assert "several-devices" in [f.code for f in offset_findings(model)]
 
 
+
+def test_gradient_report_and_findings_use_the_names_under_torch_compile():
+    model = nn.Sequential(nn.Linear(2, 1, bias=False), nn.Linear(1, 1, bias=False))
+    model[1].weight.requires_grad_(False)
+    model[0].weight.grad = torch.tensor([[3.0, 4.0]])  # norm 5
+    compiled = torch.compile(model)  # a wrapper whose own names start with _orig_mod.
+    report = gradient_report(compiled)
+    assert report.by_parameter["name"].tolist() == ["0.weight", "1.weight"]
+    assert report.by_module["name"].tolist() == ["(model)", "0", "1"]
+    assert report.total_norm == 5.0
+    assert gradient_report(compiled, grads={"0.weight": torch.tensor([[6.0, 8.0]])}).total_norm == 10.0
+    assert [f.code for f in offset_findings(compiled)] == []  # 1.weight is frozen but last: no shift
+    model[0].weight.requires_grad_(False)
+    model[1].weight.requires_grad_(True)
+    assert [(f.code, f.where) for f in offset_findings(compiled)] == [("frozen-shift", "0.weight")]
+
+
+def test_gradient_report_and_findings_refuse_what_is_not_a_model():
+    with pytest.raises(InspectorError, match="gradient_report needs a torch nn.Module"):
+        gradient_report({"weight": torch.zeros(1)})
+    with pytest.raises(InspectorError, match="offset_findings needs a torch nn.Module"):
+        offset_findings(None)
+    with pytest.raises(InspectorError, match="flatten_roundtrip needs a torch nn.Module"):
+        flatten_roundtrip([torch.zeros(1)])
+
+
 # --------------------------------------------------------------------------- backward helper
 
 
@@ -354,16 +381,33 @@ def test_run_backward_sets_grads_and_restores_everything_else():
     assert gradient_report(model).counts == {"ok": 7, "none": 0, "frozen": 1, "nonfinite": 0}
 
 
+def other_thread_acquires(lock) -> bool:
+    """Whether a second thread can take ``lock`` right now (without waiting); it lets go at once."""
+    got = []
+
+    def attempt() -> None:
+        ok = lock.acquire(blocking=False)
+        got.append(ok)
+        if ok:
+            lock.release()
+
+    thread = threading.Thread(target=attempt)
+    thread.start()
+    thread.join()
+    return got[0]
+
+
 def test_run_backward_holds_the_model_lock():
     loaded = load_model("sample:frozen-adapter")
     seen = []
     handle = loaded.model.register_forward_pre_hook(
-        lambda m, a: seen.append(model_lock(m)._is_owned()))
+        lambda m, a: seen.append(other_thread_acquires(model_lock(m))))
     try:
         run_backward(loaded)
     finally:
         handle.remove()
-    assert seen == [True]
+    assert seen == [False]  # held during the forward pass
+    assert other_thread_acquires(model_lock(loaded.model))  # and let go afterwards
 
 
 def test_run_backward_refuses_meta_models():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 
 import jsonschema
 import pytest
@@ -13,15 +14,14 @@ from inspector.__main__ import main
 from inspector.findings import Finding, InspectorError
 from inspector.models import LoadedModel, load_model
 from inspector.report import (
+    SECTION_BUILDERS,
     SECTIONS,
     Report,
     Section,
-    SectionUnavailable,
     Table,
     build_report,
     load_schema,
     make_figure,
-    need,
     plain,
     render_pdf,
 )
@@ -173,11 +173,16 @@ def test_unknown_section_or_option_is_a_clear_error():
         build_report(loaded, ["summary"], colour="red")
 
 
-def test_a_missing_analysis_is_skipped_with_a_note():
-    with pytest.raises(SectionUnavailable, match="inspector.no_such_module is not available"):
-        need("no_such_module")
-    with pytest.raises(SectionUnavailable, match="inspector.summary has no no_such_function"):
-        need("summary", "model_summary", "no_such_function")
+def test_a_missing_analysis_is_skipped_with_a_note(monkeypatch):
+    monkeypatch.setitem(sys.modules, "inspector.attribution", None)  # import fails, as without captum
+    report = build_report(load_model("sample:cnn-bn"), ["summary", "attribution"])
+    attribution = report.section("attribution")
+    assert attribution.status == "skipped"
+    assert attribution.note.startswith("inspector.attribution is not available (")
+    assert report.section("summary").status == "ok"
+    monkeypatch.delitem(SECTION_BUILDERS, "labs")
+    labs = build_report(load_model("sample:cnn-bn"), ["labs"], lab="broken-tie").section("labs")
+    assert (labs.status, labs.note) == ("skipped", "this section has no builder in this installation")
 
 
 def test_sections_on_the_meta_device_skip_what_needs_numbers():
@@ -311,12 +316,10 @@ def test_conversions_option_and_lab_results():
 
 
 def test_a_section_that_raises_becomes_an_error_section_and_an_error_finding(monkeypatch):
-    from inspector import report as report_module
-
     def broken(ctx):
         raise RuntimeError("analysis bug")
 
-    monkeypatch.setitem(report_module._BUILDERS, "labs", broken)
+    monkeypatch.setitem(SECTION_BUILDERS, "labs", broken)
     report = build_report(load_model("sample:tiny-gpt2"), ["summary", "labs"])
     labs = report.section("labs")
     assert (labs.status, labs.note) == ("error", "RuntimeError: analysis bug")
@@ -327,7 +330,7 @@ def test_a_section_that_raises_becomes_an_error_section_and_an_error_finding(mon
 
 
 def test_gradients_option_reports_given_gradients_and_ignores_grad():
-    from inspector.loss_gradients import loss_gradients
+    from inspector.offsets import loss_gradients
 
     loaded = load_model("sample:frozen-adapter")
     mine = loss_gradients(loaded)

@@ -174,7 +174,7 @@ def show_solutions(lab: Lab, scenario: Scenario) -> None:
 def report_downloads(lab: Lab, scenario: Scenario, student: str) -> None:
     """Download buttons: the Markdown lab report, and the report module's HTML with the results."""
     from inspector.labs import lab_report_markdown
-    from inspector.labs.records import lab_report
+    from inspector.report import lab_report
 
     recs = progress().get(lab.id, {})
     st.download_button("Download my lab report (Markdown)", lab_report_markdown(lab, progress(), student),

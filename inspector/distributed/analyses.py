@@ -14,6 +14,7 @@ import pandas as pd
 import torch
 from torch import nn
 
+from ..inventory import tensor_inventory
 from .tensors import is_dtensor, is_sharded, local_piece, piece_layout, placements_text
 
 LOCAL_OFFSET_COLUMNS = ["local_start", "local_end", "local_numel", "piece_start", "piece_end",
@@ -72,8 +73,7 @@ def with_rank_bytes(table: pd.DataFrame, model: nn.Module) -> pd.DataFrame:
     """``placement_table`` rows plus ``placements``, ``mesh``, ``local_bytes`` (this rank) and
     ``bytes_per_rank`` (global rank -> bytes, from the placements) and ``sharded`` (some mesh
     dimension splits the tensor)."""
-    tensors = dict(model.named_parameters(remove_duplicate=False))
-    tensors.update(model.named_buffers(remove_duplicate=False))
+    tensors = tensor_inventory(model).tensors()
     out = table.copy()
     found = [tensors.get(n) for n in table["name"].tolist()]
     out["placements"] = [placements_text(t) if t is not None else "" for t in found]
@@ -101,12 +101,11 @@ def mesh_dims(model: nn.Module) -> pd.DataFrame:
     """One row per mesh dimension of the model's DTensors: ``mesh, dim, size, placement, tensors,
     local_bytes`` (bytes this rank holds of the tensors placed that way on that dimension)."""
     rows: dict[tuple, list] = {}
-    seen: set[int] = set()
-    for t in list(model.parameters()) + list(model.buffers()):
-        if not is_dtensor(t) or id(t) in seen:
+    for e in tensor_inventory(model).unique_entries():
+        t = e.tensor
+        if not is_dtensor(t):
             continue
-        seen.add(id(t))
-        local_bytes = local_piece(t).numel * t.element_size()
+        local_bytes = e.local_nbytes
         for i, placement in enumerate(placements_text(t).split(", ")):
             key = (tuple(t.device_mesh.shape), i, t.device_mesh.size(i), placement)
             acc = rows.setdefault(key, [0, 0])

@@ -1,7 +1,7 @@
 """Gradient norms of a model whose parameters are DTensors: global (as ``clip_grad_norm_``) and local.
 
 ``inspector.offsets.gradient_report`` (and ``gradient_norms``, one table of it) measure DTensor gradients with
-the one fused pass of ``inspector.gradient_pass``, through :class:`ShardedGradients`: each
+the one fused pass of ``inspector.offsets.gradient_pass``, through :class:`ShardedGradients`: each
 rank measures its local pieces, one ``all_reduce`` per mesh dimension that shards them adds
 the squares up, and the per-module sums are the same code as for plain models. This module
 then adds this rank's ``local_norm``, the ``placements`` and the ranks holding NaN/Inf.
@@ -35,7 +35,7 @@ def _sharded_dims(g: torch.Tensor) -> tuple[int, ...]:
 
 
 class ShardedGradients:
-    """:class:`inspector.gradient_pass.Pieces` for DTensor gradients (FSDP2, tensor parallel).
+    """:class:`inspector.offsets.Pieces` for DTensor gradients (FSDP2, tensor parallel).
 
     A ``Shard`` mesh dimension splits a gradient: the squared norms of the pieces are summed
     over that dimension's process group. A ``Replicate`` dimension holds copies: nothing to

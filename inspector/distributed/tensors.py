@@ -40,9 +40,8 @@ def is_dtensor(t: object) -> bool:
 
 def has_dtensors(tensors: Iterable[torch.Tensor]) -> bool:
     """Whether any of ``tensors`` is a DTensor."""
-    if _dtensor_type() is None:
-        return False
-    return any(is_dtensor(t) for t in tensors)
+    cls = _dtensor_type()
+    return cls is not None and any(isinstance(t, cls) for t in tensors)
 
 
 def model_has_dtensors(model: nn.Module) -> bool:

@@ -2,98 +2,13 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import plotly.graph_objects as go
-from torch import nn
 
-from ..aliases import AliasGroup, alias_groups
+from ..aliases import GraphData
 from ..escaping import escaped_figure, plot_text
 
 PALETTE = ["#d62728", "#1f77b4", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf", "#e377c2", "#8c564b",
            "#bcbd22", "#7f7f7f"]
-
-
-@dataclass(frozen=True)
-class GraphData:
-    """Nodes and edges of the alias graph, before layout.
-
-    ``nodes`` maps a node key to (label, kind, group index or -1); keys are module names
-    (``"m:" + name``) and tensor objects (``"t:" + first name``). ``tree`` edges go from a
-    parent module to a child module or to a tensor's first holder; ``extra`` edges go from
-    every other holder of an aliased tensor. ``left_out`` counts what a big model hides.
-    """
-
-    nodes: dict[str, tuple[str, str, int]]
-    tree: list[tuple[str, str]]
-    extra: list[tuple[str, str, int]]
-    left_out_modules: int
-    left_out_tensors: int
-
-
-def graph_data(model: nn.Module, groups: list[AliasGroup] | None = None,
-               max_nodes: int = 300) -> GraphData:
-    """Modules and tensors of ``model``; only aliased tensors and their paths when it is big.
-
-    >>> from torch import nn
-    >>> m = nn.Sequential(nn.Linear(2, 2, bias=False), nn.Linear(2, 2, bias=False))
-    >>> m[1].weight = m[0].weight
-    >>> d = graph_data(m)
-    >>> len(d.nodes), d.extra
-    (4, [('m:1', 't:0.weight', 0)])
-    """
-    groups = alias_groups(model) if groups is None else groups
-    group_of: dict[str, int] = {n: i for i, g in enumerate(groups) for n in g.names}
-    modules = [name for name, _ in model.named_modules(remove_duplicate=False)]
-    holders: dict[int, list[tuple[str, str]]] = {}  # id(tensor) -> [(module, full name)]
-    tensors: dict[int, str] = {}
-    for prefix, module in model.named_modules(remove_duplicate=False):
-        dot = prefix + "." if prefix else ""
-        for store in (module._parameters, module._buffers):
-            for k, v in store.items():
-                if v is None:
-                    continue
-                tensors.setdefault(id(v), dot + k)
-                holders.setdefault(id(v), []).append((prefix, dot + k))
-    total = len(modules) + len(tensors)
-    big = total > max_nodes
-    if big:
-        keep_t = {i: n for i, n in tensors.items()
-                  if any(full in group_of for _, full in holders[i])}
-        keep_m = {""}
-        for i in keep_t:
-            for mod, _ in holders[i]:
-                parts = mod.split(".") if mod else []
-                keep_m.update(".".join(parts[:k]) for k in range(len(parts) + 1))
-        if not keep_t:  # nothing aliased: show the top level
-            keep_m.update(m for m in modules if m and "." not in m)
-        mods = [m for m in modules if m in keep_m]
-    else:
-        keep_t, mods = tensors, modules
-    nodes: dict[str, tuple[str, str, int]] = {}
-    tree: list[tuple[str, str]] = []
-    for m in dict.fromkeys(mods):
-        nodes["m:" + m] = (m or "(root)", "module", -1)
-        if m:
-            parent = m.rpartition(".")[0]
-            tree.append(("m:" + parent, "m:" + m))
-    extra: list[tuple[str, str, int]] = []
-    for i, first in keep_t.items():
-        names = [full for _, full in holders[i]]
-        g = next((group_of[n] for n in names if n in group_of), -1)
-        key = "t:" + first
-        nodes[key] = (first, "buffer" if _is_buffer(model, holders[i][0]) else "tensor", g)
-        tree.append(("m:" + holders[i][0][0], key))
-        for mod, _ in holders[i][1:]:
-            extra.append(("m:" + mod, key, g))
-    left_m = len(set(modules)) - len({k for k in nodes if k.startswith("m:")})
-    return GraphData(nodes, tree, extra, left_m, len(tensors) - len(keep_t))
-
-
-def _is_buffer(model: nn.Module, holder: tuple[str, str]) -> bool:
-    mod, full = holder
-    module = model.get_submodule(mod) if mod else model
-    return full.rpartition(".")[2] in module._buffers
 
 
 def _tree_layout(data: GraphData) -> dict[str, tuple[float, float]]:
@@ -120,21 +35,20 @@ def _tree_layout(data: GraphData) -> dict[str, tuple[float, float]]:
 
 
 @escaped_figure
-def alias_graph_figure(model: nn.Module, groups: list[AliasGroup] | None = None,
-                       max_nodes: int = 300) -> go.Figure:
+def alias_graph_figure(data: GraphData) -> go.Figure:
     """A plotly graph: modules, edges to the tensors they hold, each alias group in one colour.
 
-    On models with more than ``max_nodes`` modules and tensors only the aliased tensors and
-    the paths from the root to them are drawn, and the title says how many were left out.
+    ``data`` comes from :func:`inspector.aliases.graph_data`; on a big model it holds only the
+    aliased tensors and the paths from the root to them, and the title says how many were left out.
 
     >>> from torch import nn
+    >>> from inspector.aliases import graph_data
     >>> m = nn.Sequential(nn.Linear(2, 2, bias=False), nn.Linear(2, 2, bias=False))
     >>> m[1].weight = m[0].weight
-    >>> len(alias_graph_figure(m).data) > 0
+    >>> len(alias_graph_figure(graph_data(m)).data) > 0
     True
     """
-    groups = alias_groups(model) if groups is None else groups
-    data = graph_data(model, groups, max_nodes)
+    groups = data.groups
     pos = _tree_layout(data)
     fig = go.Figure()
     ex, ey = _segments([(a, b) for a, b in data.tree], pos)

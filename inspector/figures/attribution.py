@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
-from ..attribution import AttributionResult
+from ..attribution import Attribution
 from ..escaping import escaped_figure, plot_text
 from .palette import readable
 
@@ -20,12 +20,12 @@ MAX_TICKS = 32  # token labels on the x axis of a token heatmap; every n-th toke
 
 
 @escaped_figure
-def token_heatmap(result: AttributionResult, title: str | None = None) -> go.Figure:
+def token_heatmap(result: Attribution, title: str | None = None) -> go.Figure:
     """Tokens along x, one row per sample, the summed attribution as colour; values in hover.
 
     >>> import torch
     >>> a = torch.tensor([[[0.25, 0.25], [float("nan"), 1.0]]])  # (1 sample, 2 tokens, width 2)
-    >>> r = AttributionResult("layer_ig", "ig", "LayerIntegratedGradients", 3, 1, "wte",
+    >>> r = Attribution("layer_ig", "ig", "LayerIntegratedGradients", 3, 1, "wte",
     ...                       (a,), (torch.tensor([[5, 7]]),), token_model=True)
     >>> token_heatmap(r).data[0].text.tolist()
     [['', 'NaN']]
@@ -60,7 +60,7 @@ def token_heatmap(result: AttributionResult, title: str | None = None) -> go.Fig
 
 
 @escaped_figure
-def image_overlay(result: AttributionResult, sample: int = 0, opacity: float = 0.6) -> go.Figure:
+def image_overlay(result: Attribution, sample: int = 0, opacity: float = 0.6) -> go.Figure:
     """The input image and its attribution map (summed over channels), side by side.
 
     Two panels with the same pixel grid, so a pixel's score sits at the same place as the
@@ -70,7 +70,7 @@ def image_overlay(result: AttributionResult, sample: int = 0, opacity: float = 0
 
     >>> import torch
     >>> x = torch.rand(1, 3, 4, 4)
-    >>> r = AttributionResult("saliency", "saliency", "Saliency", 0, None, None, (x,), (x,))
+    >>> r = Attribution("saliency", "saliency", "Saliency", 0, None, None, (x,), (x,))
     >>> [type(t).__name__ for t in image_overlay(r).data]
     ['Image', 'Heatmap']
     """
@@ -102,11 +102,11 @@ def image_overlay(result: AttributionResult, sample: int = 0, opacity: float = 0
 
 
 @escaped_figure
-def conductance_bars(results: AttributionResult | list[AttributionResult], top: int = 32) -> go.Figure:
+def conductance_bars(results: Attribution | list[Attribution], top: int = 32) -> go.Figure:
     """One result: total score of each unit (channel, neuron or position) of its layer, the
     ``top`` largest by magnitude. Several results: one bar per layer, its total score, with
     the output difference each should add up to where the method has a delta."""
-    if isinstance(results, AttributionResult):
+    if isinstance(results, Attribution):
         s = _first_tensor(results.summary)
         total = lambda v: v.sum(skipna=False)  # noqa: E731 - a NaN stays NaN, never 0
         g = s.groupby("label", sort=False).agg(score=("score", total), abs_score=("abs_score", total),
@@ -143,11 +143,11 @@ def conductance_bars(results: AttributionResult | list[AttributionResult], top: 
     return readable(fig)
 
 
-def completeness_line(result: AttributionResult) -> str:
+def completeness_line(result: Attribution) -> str:
     """One sentence on IG's completeness: the convergence delta and whether to trust the scores.
 
     >>> import torch
-    >>> r = AttributionResult("ig", "ig", "IntegratedGradients", None, None, None,
+    >>> r = Attribution("ig", "ig", "IntegratedGradients", None, None, None,
     ...                       (torch.tensor([[2.0, 2.0, -3.0]]),), (torch.ones(1, 3),),
     ...                       delta=torch.tensor([0.001]))
     >>> completeness_line(r)

@@ -158,9 +158,10 @@ def _counts(scenario: Scenario) -> pd.DataFrame:
 
 
 def _graphs(scenario: Scenario) -> list[Any]:
+    from ..aliases import graph_data
     from ..figures.aliases import alias_graph_figure
 
-    return [alias_graph_figure(scenario.extras["original"]), alias_graph_figure(scenario.model)]
+    return [alias_graph_figure(graph_data(scenario.extras["original"])), alias_graph_figure(graph_data(scenario.model))]
 
 
 def _tie_findings(scenario: Scenario) -> pd.DataFrame:

@@ -1,0 +1,79 @@
+"""Column lists, the walk that gives tensors in ``parameters()`` order, and typed table building."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import torch
+from torch import nn
+
+OFFSET_COLUMNS = ["name", "aliases", "module", "start", "end", "numel", "shape", "dtype",
+                  "device", "requires_grad", "kind"]
+PARAMETER_NORM_COLUMNS = ["name", "norm", "state", "nan", "inf", "numel", "dtype", "device",
+                          "requires_grad"]
+MODULE_NORM_COLUMNS = ["name", "norm", "state", "nan", "inf", "numel", "parameters", "ok", "none",
+                       "frozen", "nonfinite", "depth", "owns_parameters", "own_norm"]
+STATES = ("ok", "none", "frozen", "nonfinite")
+ROOT = "(model)"
+
+_INT_COLUMNS = {"start", "end", "numel", "nan", "inf", "parameters", "ok", "none", "frozen",
+                "nonfinite", "depth"}
+
+Named = list[tuple[str, torch.Tensor]]
+
+
+def named_unique(model: nn.Module, kind: str = "parameter") -> tuple[Named, dict[int, list[str]]]:
+    """The first name and the tensor of each distinct object of ``kind``, and the names of shared ones.
+
+    One walk over ``named_parameters(remove_duplicate=False)`` (or ``named_buffers``): keeping the
+    first name of each object gives exactly the order of ``parameters()`` (``buffers()``).
+    ``inspector.inventory.tensor_inventory`` holds the same facts, but also builds a record and a
+    storage key per tensor, which these tables never read: on ``llama-70b-meta`` (723 tensors)
+    it made ``offset_map`` 1.09x and, on 799 small parameters, ``gradient_report`` 1.24x slower.
+
+    Returns:
+        ``[(first name, tensor)]`` and ``{id(tensor): every name, first name first}`` for the
+        objects held under more than one name (an object left out has only its first name).
+    """
+    pairs = model.named_parameters(remove_duplicate=False) if kind == "parameter" else \
+        model.named_buffers(remove_duplicate=False)
+    first: Named = []
+    names: dict[int, list[str]] = {}
+    shared: dict[int, list[str]] = {}
+    for name, t in pairs:
+        seen = names.get(id(t))
+        if seen is None:
+            names[id(t)] = [name]
+            first.append((name, t))
+        else:
+            seen.append(name)
+            shared[id(t)] = seen
+    return first, shared
+
+
+def frame(columns: list[str], rows: list[tuple]) -> pd.DataFrame:
+    """A table of ``rows`` (tuples in ``columns`` order) with numpy dtypes set per column."""
+    values_by_column = list(zip(*rows)) if rows else [[] for _ in columns]
+    data: dict[str, Any] = {}
+    for col, values in zip(columns, values_by_column):
+        if col in _INT_COLUMNS:
+            data[col] = np.asarray(values, dtype=np.int64)
+        elif col in ("requires_grad", "owns_parameters"):
+            data[col] = np.asarray(values, dtype=bool)
+        elif col in ("norm", "own_norm"):
+            data[col] = np.asarray(values, dtype=np.float64)
+        else:
+            arr = np.empty(len(values), dtype=object)
+            arr[:] = values
+            data[col] = arr
+    return pd.DataFrame(data, columns=columns, copy=False)
+
+
+def label(cache: dict[Any, str], key: Any) -> str:
+    """``str(key)`` without a ``torch.`` prefix, computed once per distinct dtype or device."""
+    text = cache.get(key)
+    if text is None:
+        text = cache[key] = str(key).removeprefix("torch.")
+    return text

@@ -1,0 +1,37 @@
+"""Reports: every analysis of one model in one document, as JSON, HTML, Markdown or PDF.
+
+``build_report`` runs the same public functions the dashboard and the command line run
+(summary, alias groups, offsets, placement, captures, attributions, labs), one section
+function each (:data:`SECTION_BUILDERS`), and keeps what they return as plain data: tables,
+plotly figures and findings. A section whose analysis is not installed, or that cannot run
+on this model (a forward pass on the meta device), is kept with ``status`` ``"skipped"`` and
+a note saying why; the report never stops there.
+
+The JSON form is the source of truth: ``Report.from_json(report.to_json())`` gives the
+same report back, and the HTML and Markdown forms are rendered from the same data.
+"""
+
+from __future__ import annotations
+
+from .build import build_report, lab_report, run_section
+from .data import ReportFigure, Section, Table, figure_data, make_figure, plain, trace_summary
+from .model import Report
+from .options import DEFAULT_OPTIONS, SECTION_TITLES, SECTIONS, check_options, check_sections
+from .render import (
+    CHROMIUM,
+    SCHEMA_PATH,
+    SCHEMA_VERSION,
+    TEMPLATE_DIR,
+    display_value,
+    load_schema,
+    render_html,
+    render_markdown,
+    render_pdf,
+)
+from .sections import SECTION_BUILDERS, Context, SectionBuilder, SectionUnavailable, lab_section
+
+__all__ = ["CHROMIUM", "DEFAULT_OPTIONS", "SCHEMA_PATH", "SCHEMA_VERSION", "SECTIONS", "SECTION_BUILDERS",
+           "SECTION_TITLES", "TEMPLATE_DIR", "Context", "Report", "ReportFigure", "Section", "SectionBuilder",
+           "SectionUnavailable", "Table", "build_report", "check_options", "check_sections", "display_value",
+           "figure_data", "lab_report", "lab_section", "load_schema", "make_figure", "plain", "render_html",
+           "render_markdown", "render_pdf", "run_section", "trace_summary"]

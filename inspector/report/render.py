@@ -1,0 +1,162 @@
+"""A report rendered: one offline HTML file, Markdown, a PDF printed by Chromium; its JSON schema."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ..escaping import markdown_text
+from ..findings import InspectorError
+from .data import Table
+from .options import DEFAULT_OPTIONS, SECTION_TITLES
+
+if TYPE_CHECKING:
+    from .model import Report
+
+SCHEMA_VERSION = "1.0"
+SCHEMA_PATH = Path(__file__).parent.parent / "report_schema.json"
+TEMPLATE_DIR = Path(__file__).parent.parent / "templates"
+CHROMIUM = "/usr/bin/chromium"
+
+
+def _environment_jinja() -> Any:
+    import jinja2
+
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATE_DIR)), autoescape=True,
+                             undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
+    env.filters["cell"] = display_value
+    return env
+
+
+def display_value(value: Any) -> str:
+    """How a table cell reads for people: lists joined by commas, None as empty."""
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, list):
+        return ", ".join(display_value(v) for v in value)
+    if isinstance(value, float):
+        return f"{value:.6g}"
+    if isinstance(value, dict):
+        return ", ".join(f"{k}: {display_value(v)}" for k, v in value.items())
+    return str(value)
+
+
+def _script_json(data: Any) -> str:
+    """JSON safe inside a <script> element: no '<', '>' or '&' characters left."""
+    text = json.dumps(data, sort_keys=True, ensure_ascii=True, allow_nan=False, separators=(",", ":"))
+    return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+
+
+def render_html(report: Report) -> str:
+    """The report as one offline HTML file; every name passes through jinja2's autoescape."""
+    import markupsafe
+    from plotly.offline import get_plotlyjs
+
+    figures = []
+    for s in report.sections:
+        for i, f in enumerate(s.figures):
+            figures.append({"id": f"fig-{s.id}-{i}", "data": f.figure.get("data", []),
+                            "layout": f.figure.get("layout", {})})
+    template = _environment_jinja().get_template("report.html.j2")
+    return template.render(
+        report=report, findings=report.findings, titles=SECTION_TITLES,
+        figure_count=len(figures),
+        plotlyjs=markupsafe.Markup(get_plotlyjs()) if figures else "",
+        figures_json=markupsafe.Markup(_script_json(figures)),
+    )
+
+
+def _md(value: Any) -> str:
+    """A value as literal Markdown text: no link, image, markup or table break survives."""
+    return markdown_text(display_value(value))
+
+
+def _md_table(table: Table, max_rows: int) -> list[str]:
+    if not table.columns:
+        return []
+    lines = ["| " + " | ".join(_md(c) for c in table.columns) + " |",
+             "|" + "|".join(" --- " for _ in table.columns) + "|"]
+    for row in table.rows[:max_rows]:
+        lines.append("| " + " | ".join(_md(v) for v in row) + " |")
+    if len(table.rows) > max_rows:
+        lines.append("")
+        lines.append(f"_{len(table.rows) - max_rows} more rows in the JSON or HTML report._")
+    return lines
+
+
+def render_markdown(report: Report) -> str:
+    """The report as Markdown: one heading per section, pipe tables, figures as tables."""
+    max_rows = int(report.options.get("max_rows") or DEFAULT_OPTIONS["max_rows"])
+    m = report.model
+    out = [f"# Model report: {_md(m.get('name'))}", "",
+           f"Source {_md(m.get('source'))} on {_md(m.get('device'))}"
+           + (f", dtype {_md(m.get('dtype'))}" if m.get("dtype") else "")
+           + (f", checkpoint {_md(m.get('checkpoint'))}" if m.get("checkpoint") else "")
+           + f". Created {_md(report.created)}; schema {_md(report.schema_version)}.", ""]
+    for s in report.sections:
+        out += [f"## {_md(s.title)}", ""]
+        if s.id == "findings":
+            pairs = report.findings
+            if not pairs:
+                out += ["No findings.", ""]
+                continue
+            rows = tuple((f.severity, f.code, f.where, f.message, SECTION_TITLES.get(sid, sid))
+                         for sid, f in pairs)
+            out += _md_table(Table("", ("severity", "code", "where", "message", "section"), rows),
+                             len(rows)) + [""]
+            continue
+        if s.status != "ok":
+            out += [f"**{s.status.capitalize()}:** {_md(s.note)}", ""]
+            continue
+        if s.note:
+            out += [_md(s.note), ""]
+        if s.facts:
+            out += _md_table(Table.from_mapping("", s.facts), max_rows) + [""]
+        for t in s.tables:
+            out += [f"### {_md(t.title)}", ""] + ([_md(t.note), ""] if t.note else [])
+            out += _md_table(t, max_rows) + [""]
+        for f in s.figures:
+            out += [f"### Figure: {_md(f.title)}", ""]
+            if f.summary in s.tables:
+                out += [f"_Drawn from the table {_md(f.summary.title)} above._", ""]
+                continue
+            out += ([_md(f.summary.note), ""] if f.summary.note else []) + _md_table(f.summary, max_rows) + [""]
+    return "\n".join(out).rstrip() + "\n"
+
+
+def render_pdf(report: Report, path: str | os.PathLike, chromium: str = CHROMIUM,
+               timeout: float = 120) -> Path:
+    """Print the HTML report to a PDF with Debian's Chromium (``--headless --print-to-pdf``)."""
+    exe = shutil.which(chromium) if not os.path.isabs(chromium) else chromium
+    if not exe or not os.access(exe, os.X_OK):
+        raise InspectorError(
+            f"PDF export needs Chromium at {chromium}, which is not there. Install Debian's "
+            "chromium package (apt-get install chromium), or export HTML and print it from a browser.")
+    out = Path(path).resolve()
+    with tempfile.TemporaryDirectory(prefix="inspector-report-") as tmp:
+        page = Path(tmp) / "report.html"
+        page.write_text(render_html(report), encoding="utf-8")
+        cmd = [exe, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+               "--disable-dev-shm-usage", "--no-pdf-header-footer", "--run-all-compositor-stages-before-draw",
+               "--virtual-time-budget=15000", f"--user-data-dir={tmp}/profile",
+               f"--print-to-pdf={out}", page.as_uri()]
+        try:
+            done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)
+        except subprocess.TimeoutExpired:
+            raise InspectorError(f"Chromium did not finish printing the PDF within {timeout:.0f} s") from None
+    if not out.is_file() or out.stat().st_size == 0:
+        tail = (done.stderr or done.stdout or "").strip().splitlines()[-3:]
+        raise InspectorError(f"Chromium did not write {out} (exit {done.returncode}): {' / '.join(tail)}")
+    return out
+
+
+def load_schema() -> dict[str, Any]:
+    """The JSON Schema every ``Report.to_json()`` text satisfies."""
+    return json.loads(SCHEMA_PATH.read_text(encoding="utf-8"))

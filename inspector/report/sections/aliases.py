@@ -1,0 +1,60 @@
+"""The aliases section: alias groups, disjoint views, and what each conversion does to them."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ...aliases import CONVERSIONS, alias_analysis, conversion_table, graph_data
+from ...figures.aliases import alias_graph_figure
+from ...findings import InspectorError
+from ...summary import model_bytes
+from ..data import Section, Table, make_figure, plain
+from ..options import SECTION_TITLES
+from .context import Context
+
+
+def aliases_section(ctx: Context) -> Section:
+    with ctx.loaded.lock:
+        analysis = alias_analysis(ctx.model)
+    notes: list[str] = []
+    facts: dict[str, Any] = {
+        "alias_groups": len(analysis.groups), "names": analysis.names,
+        "unique_elements": analysis.unique_numel, "elements_with_aliases": analysis.numel_with_aliases,
+        "identity_only": analysis.identity_only, "disjoint_views": len(analysis.disjoint)}
+    tables = [Table.from_frame("Alias groups", analysis.to_frame(),
+                               "names[0] is the name named_parameters() keeps")]
+    if analysis.disjoint:
+        tables.append(Table("Disjoint views of one storage (not aliases)", ("regions", "storage_bytes", "device"),
+                            tuple((" | ".join(", ".join(r) for r in d.regions), d.storage_nbytes, d.device)
+                                  for d in analysis.disjoint)))
+    figures = (make_figure("Alias graph", alias_graph_figure(graph_data(ctx.model, list(analysis.groups))), tables[0]),)
+    names = _conversions(ctx, notes)
+    if names:
+        table, _results = conversion_table(ctx.model, names)
+        tables.append(Table.from_frame(
+            "Conversions (each run on a copy of the model)", table,
+            "what each conversion does to every alias group; the model itself is not changed"))
+        facts["conversions_checked"] = len(names)
+    return Section("aliases", SECTION_TITLES["aliases"], note="; ".join(notes), facts=plain(facts),
+                   tables=tuple(tables), figures=figures, findings=tuple(analysis.findings))
+
+
+def _conversions(ctx: Context, notes: list[str]) -> list[str]:
+    choice = ctx.options["conversions"]
+    if not choice:
+        return []
+    known = list(CONVERSIONS)
+    if choice == "all":
+        return known
+    if choice == "auto":
+        size, limit = model_bytes(ctx.model), int(ctx.options["conversion_max_bytes"])
+        if size > limit:
+            notes.append(f"conversion checks left out: each copies the model ({size} bytes, more than "
+                         f"conversion_max_bytes={limit}); pass conversions='all' or a list to run them")
+            return []
+        return known
+    names = [choice] if isinstance(choice, str) else list(choice)
+    bad = [n for n in names if n not in known]
+    if bad:
+        raise InspectorError(f"unknown conversion(s) {', '.join(bad)}; choose from {', '.join(known)}")
+    return names
