@@ -25,7 +25,7 @@ from .aliases import (
     snapshot_ties,
 )
 from .attribution import METHODS, Attribution, AttributionResult, attribute, methods_for
-from .capture import Captures, capture_activations, capturing, select_modules
+from .capture import Captures, capture_activations, capturing, reference_drift, select_modules
 from .devices import DeviceInfo, available_devices, device_names, move_model
 from .findings import Finding, InspectorError, sort_findings
 from .inventory import TensorEntry, TensorInventory, storage_key, tensor_inventory
@@ -72,7 +72,7 @@ __all__ = [
     "capture_activations", "capturing", "compare_ties", "compare_with_accelerate", "conversion_check",
     "conversion_table", "device_names", "dispatch_plan", "format_bytes", "format_count", "gradient_norms",
     "gradient_report", "load_model", "locate", "loss_gradients", "methods_for", "model_summary", "move_model",
-    "offset_findings", "offset_map", "parse_max_memory", "placement_findings", "placement_table",
+    "offset_findings", "offset_map", "parse_max_memory", "placement_findings", "placement_table", "reference_drift",
     "plan_device_map", "plan_device_map_explained", "retie", "run_backward", "select_modules",
     "snapshot_ties", "sort_findings", "storage_key", "summary_findings", "tensor_inventory",
 ]

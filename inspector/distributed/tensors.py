@@ -181,8 +181,10 @@ def _own_parameters(unit: nn.Module, units: set[int]) -> list[torch.Tensor]:
 
 
 @contextmanager
-def kept_sharded(model: nn.Module) -> Iterator[None]:
+def kept_sharded(model: nn.Module, modules: Iterable[nn.Module] | None = None) -> Iterator[None]:
     """Reshard the FSDP2 units that were sharded before, once the block exits.
+
+    ``modules`` are the model's modules when the caller has walked them already.
 
     FSDP2 leaves the root unit's parameters gathered after a forward pass (it expects a
     backward pass next); an inspection's forward pass must leave the model as it found it.
@@ -193,7 +195,7 @@ def kept_sharded(model: nn.Module) -> Iterator[None]:
     if unit_type is None:
         yield
         return
-    units = [m for m in model.modules() if isinstance(m, unit_type)]
+    units = [m for m in (model.modules() if modules is None else modules) if isinstance(m, unit_type)]
     ids = {id(m) for m in units}
     sharded = [m for m in units if all(is_dtensor(p) for p in _own_parameters(m, ids))]
     try:
