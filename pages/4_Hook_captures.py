@@ -5,17 +5,15 @@ from __future__ import annotations
 import streamlit as st
 import torch
 
-from inspector.capture import capture_activations, select_modules
-from inspector.devices import device_names
+from inspector import capture_activations, device_names, format_bytes, reference_drift, select_modules
 from inspector.escaping import markdown_text
 from inspector.figures.capture import (
     capture_heatmap,
     capture_histogram,
     clone_vs_reference_figure,
-    clone_vs_reference_table,
 )
 from inspector.responsive import runs_at_once
-from inspector.summary import format_bytes, model_bytes
+from inspector.summary import model_bytes
 from ui.cache import cached_analysis
 from ui.errors import guarded
 from ui.running import model_runs
@@ -125,9 +123,10 @@ if teach and caps.references:
     st.subheader("Copy vs bare reference")
     st.caption("How far the reference a naive hook keeps is from what the module really output, after "
                "the forward pass. Red: corrupted captures.")
-    st.plotly_chart(clone_vs_reference_figure(caps), key="cap_clone_vs_bare")
+    drift = reference_drift(caps)
+    st.plotly_chart(clone_vs_reference_figure(drift), key="cap_clone_vs_bare")
     with st.expander("As a table"):
-        show_frame(clone_vs_reference_table(caps))
+        show_frame(drift)
 
 st.subheader("Findings")
 findings_table(caps.findings, key="cap_findings", empty="Nothing to report.")

@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch import nn
 
-from inspector.capture import Captures, capture_activations, capturing, select_modules
+from inspector.capture import Captures, capture_activations, capturing, reference_drift, select_modules
 from inspector.findings import InspectorError
 from sample_models import get_sample
 
@@ -111,13 +111,16 @@ def test_no_hooks_left_after_a_failing_forward(cnn):
         capture_activations(model, wrong)
     assert hook_state(model) == before
     with pytest.raises(RuntimeError) as info:
-        with capturing(model):
+        with capturing(model) as cap:
             model(wrong)
     assert "(raised inside module conv1)" in info.value.__notes__
     assert hook_state(model) == before
     model(torch.zeros(1, 3, 16, 16))
     assert seen == [torch.Size([1, 16, 16, 16])]  # the user's hook still works
     user.remove()
+    done = capture_activations(model, torch.zeros(1, 3, 16, 16))
+    model(torch.zeros(1, 3, 16, 16))  # no hook of either capture is left to record this pass
+    assert cap.outputs == {} and list(done.outputs) == CNN_ORDER
 
 
 def test_byte_budget_stops_and_lists_what_it_skipped(cnn):
@@ -353,10 +356,10 @@ def test_cuda_outputs_copied_to_pinned_cpu_memory():
 @pytest.mark.cuda
 @pytest.mark.parametrize("in_flight", [1, 1 << 30])
 def test_cuda_copies_to_the_host_overlap_yet_stay_exact(monkeypatch, in_flight):
-    import inspector.capture as capture
+    from inspector.capture import storage
 
     # in_flight=1: the compute stream waits for each earlier copy; 1 GiB: copies run freely
-    monkeypatch.setattr(capture, "_IN_FLIGHT_BYTES", in_flight)
+    monkeypatch.setattr(storage, "IN_FLIGHT_BYTES", in_flight)
     torch.manual_seed(0)
     # each conv output is 32 x 8 x 128 x 128 float32 = 16 MiB: copies take long enough to race
     model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(inplace=True),
@@ -387,7 +390,6 @@ def test_figures_histogram_heatmap_and_clone_vs_bare(cnn):
         capture_histogram,
         capture_stats_figure,
         clone_vs_reference_figure,
-        clone_vs_reference_table,
         heatmap_slice,
         histogram_data,
     )
@@ -408,11 +410,12 @@ def test_figures_histogram_heatmap_and_clone_vs_bare(cnn):
     m, rows, _ = heatmap_slice(torch.zeros(2, 512, 768))
     assert tuple(m.shape) == (128, 192) and rows == "token (sample 0)"  # pooled from 512 x 768
     assert capture_heatmap(cap.outputs["fc"]).data[0].type == "heatmap"
-    table = clone_vs_reference_table(cap).set_index("module")
+    drift = reference_drift(cap)
+    table = drift.set_index("module")
     assert table["corrupted"].to_dict() == {n: n in ("conv1", "bn2") for n in CNN_ORDER}
     assert table.loc["conv1", "overwritten_by"] == "relu1"
     assert table.loc["relu1", "max_abs_diff"] == 0.0
-    bars = clone_vs_reference_figure(cap).data[0]
+    bars = clone_vs_reference_figure(drift).data[0]
     assert [c == "#d62728" for c in bars.marker.color] == [n in ("conv1", "bn2") for n in CNN_ORDER]
     assert len(capture_stats_figure(cap.stats).data) == 3
 
@@ -461,7 +464,7 @@ class _Checker(nn.Module):
         return x
 
 
-def test_inference_mode_capture_keeps_no_activation_alive():
+def test_capture_keeps_no_activation_alive():
     probe = _Probe()
     checker = _Checker(probe)
     model = nn.Sequential(probe, nn.Identity(), nn.Linear(2, 2), checker)
@@ -470,11 +473,47 @@ def test_inference_mode_capture_keeps_no_activation_alive():
         model(x)
         cap = capture_activations(model, x)
     with torch.no_grad():
-        capture_activations(model, x)  # version counters: held to the end of the pass
-    # plain pass: the probe's output is gone once the Linear ran; the same when capturing in
-    # inference mode (watched through a weak reference); held while capturing under no_grad
-    assert checker.alive == [False, False, True]
+        on_versions = capture_activations(model, x)
+    # plain pass: the probe's output is gone once the Linear ran; the same when capturing, in
+    # inference mode and with version counters (no_grad): captured outputs are watched weakly
+    assert checker.alive == [False, False, False]
     assert torch.equal(cap.outputs["0"], torch.full((1, 2), 2.0))
+    assert torch.equal(on_versions.outputs["0"], torch.full((1, 2), 2.0)) and not on_versions.mutated
+
+
+class _WritesThroughAView(nn.Module):
+    """Keeps only a view of its first child's output and writes into it in place."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.scale = nn.Identity()
+        self.act = nn.ReLU(inplace=True)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.scale(x * 2)  # y = 2x: [-2, 4]
+        flat = y.view(-1)  # the output object y may go; the view keeps it (and its version) alive
+        del y
+        return self.act(flat)  # writes [-2, 4] -> [0, 4] in place
+
+
+def test_written_through_a_view_of_a_dropped_output_is_still_seen():
+    model = _WritesThroughAView()
+    # version counters only: an inference tensor's view does not keep its base object alive
+    for mode in (torch.no_grad, torch.enable_grad):
+        with mode():
+            cap = capture_activations(model, torch.tensor([[-1.0, 2.0]]))
+        assert torch.equal(cap.outputs["scale"], torch.tensor([[-2.0, 4.0]])), mode
+        assert cap.mutated == {"scale": "act"}, mode
+        assert cap.mutations[0].max_abs_change == 2.0  # |0 - (-2)|
+
+
+def test_a_write_after_the_forward_is_seen_while_the_output_lives():
+    net = nn.Sequential(nn.Linear(2, 2), nn.Identity())
+    with torch.no_grad(), capturing(net) as cap:
+        out = net(torch.ones(1, 2))
+        out.add_(1)  # outside any module: the Identity's output is the Linear's output
+    assert cap.mutated == {"0": None, "1": None}
+    assert {m.how for m in cap.mutations} == {"version"}
 
 
 def test_capturing_while_another_thread_runs_forward_many_times():

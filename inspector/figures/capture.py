@@ -1,7 +1,8 @@
 """Figures for activation captures: histogram, 2-D slice heatmap, clone vs bare reference.
 
-Data in (a :class:`~inspector.capture.Captures`, a tensor or a stats DataFrame), go.Figure
-out. Big tensors are aggregated first (histograms are binned, heatmaps are pooled to at
+Data in (a captured value, a tensor, the stats frame or the drift frame of
+:func:`inspector.capture.reference_drift`), go.Figure out; the figures compute no
+differences themselves. Big tensors are aggregated first (histograms are binned, heatmaps are pooled to at
 most a few hundred cells a side), so no figure carries tens of thousands of marks.
 """
 
@@ -13,6 +14,7 @@ import pandas as pd
 import plotly.graph_objects as go
 import torch
 
+from ..capture import first_tensor
 from ..escaping import escaped_figure
 from .palette import readable
 
@@ -20,14 +22,6 @@ MAX_ROWS = 128
 MAX_COLS = 192
 MUTATED_COLOR = "#d62728"
 OK_COLOR = "#1f77b4"
-
-
-def _first_tensor(value: Any) -> torch.Tensor:
-    from ..capture import _tensor_leaves
-
-    for _, t in _tensor_leaves(value):
-        return t
-    raise ValueError("the capture holds no tensor")
 
 
 def _finite_float(t: torch.Tensor) -> torch.Tensor:
@@ -63,7 +57,7 @@ def capture_histogram(value: Any, title: str = "", bins: int = 60,
     With ``reference`` (the bare live output a naive hook kept), both are drawn on the
     same bins, so the values the overwrite destroyed show up.
     """
-    t = _first_tensor(value)
+    t = first_tensor(value)
     fig = go.Figure()
     data = histogram_data(t, bins)
     # Solid bars for the copy and an outline for the reference: where they overlap neither colour
@@ -71,7 +65,7 @@ def capture_histogram(value: Any, title: str = "", bins: int = 60,
     fig.add_bar(x=(data["left"] + data["right"]) / 2, y=data["count"], name="copy (what the module output)",
                 marker=dict(color=OK_COLOR, line=dict(width=0)), width=(data["right"] - data["left"]).tolist())
     if reference is not None and len(data):
-        r = _finite_float(_first_tensor(reference)).float()
+        r = _finite_float(first_tensor(reference)).float()
         lo, hi = float(data["left"].iloc[0]), float(data["right"].iloc[-1])
         counts = torch.histc(r.clamp(lo, hi), bins=bins, min=lo, max=hi).long().tolist()
         edges = [*data["left"].tolist(), float(data["right"].iloc[-1])]
@@ -121,7 +115,7 @@ def _pool(m: torch.Tensor, max_rows: int, max_cols: int) -> torch.Tensor:
 @escaped_figure
 def capture_heatmap(value: Any, title: str = "") -> go.Figure:
     """Heatmap of a 2-D slice of one capture (see :func:`heatmap_slice`)."""
-    t = _first_tensor(value)
+    t = first_tensor(value)
     m, rows, cols = heatmap_slice(t)
     fig = go.Figure(go.Heatmap(z=m.tolist(), colorscale="RdBu", zmid=0, colorbar=dict(title="value")))
     pooled = "" if tuple(m.shape) == _raw_shape(t) else f", pooled to {tuple(m.shape)}"
@@ -138,37 +132,14 @@ def _raw_shape(t: torch.Tensor) -> tuple[int, ...]:
     return tuple(t.shape) if t.dim() == 2 else ()
 
 
-def clone_vs_reference_table(captures: Any) -> pd.DataFrame:
-    """Per captured module: the largest difference between the copy and the bare reference.
-
-    Columns: module, max_abs_diff, corrupted (the bare reference no longer holds what the
-    module output), overwritten_by. Needs a capture made with ``keep_references=True``.
-    """
-    rows = []
-    for key in captures.order:
-        ref = captures.references.get(key)
-        diff = None
-        if ref is not None:
-            from ..capture import _max_change, _tensor_leaves
-
-            refs = dict(_tensor_leaves(ref))
-            diffs = [_max_change(refs[p], t) for p, t in _tensor_leaves(captures.outputs[key]) if p in refs]
-            diffs = [d for d in diffs if d is not None]
-            diff = max(diffs) if diffs else None
-        rows.append({"module": key, "max_abs_diff": diff,
-                     "corrupted": bool(diff) or key in captures.mutated,
-                     "overwritten_by": captures.mutated.get(key)})
-    return pd.DataFrame(rows, columns=["module", "max_abs_diff", "corrupted", "overwritten_by"])
-
-
 @escaped_figure
-def clone_vs_reference_figure(captures: Any, title: str = "Copy vs bare reference") -> go.Figure:
+def clone_vs_reference_figure(table: pd.DataFrame, title: str = "Copy vs bare reference") -> go.Figure:
     """One bar per captured module: how far a bare reference drifted from the true output.
 
-    Corrupted captures (the live output was overwritten after the hook) are red and
-    labelled with the module that overwrote them.
+    ``table`` is :func:`inspector.capture.reference_drift` of a capture (columns module,
+    max_abs_diff, corrupted, overwritten_by). Corrupted captures (the live output was
+    overwritten after the hook) are red and labelled with the module that overwrote them.
     """
-    table = clone_vs_reference_table(captures)
     colors = [MUTATED_COLOR if c else OK_COLOR for c in table["corrupted"]]
     labels = [f"overwritten by {b}" if c and b else ("overwritten" if c else "")
               for c, b in zip(table["corrupted"], table["overwritten_by"])]

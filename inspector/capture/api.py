@@ -1,0 +1,177 @@
+"""The public entry points: :func:`capturing` (a block) and :func:`capture_activations` (one call).
+
+A forward hook that keeps ``output`` keeps a reference to the live tensor, not a copy.
+Anything that later writes into that memory (a following ``ReLU(inplace=True)``, a
+residual ``+=``) changes what was "captured", silently. Here every capture is a detached
+copy taken inside the hook, and the capture says which live outputs were changed after
+the hook saw them (see :mod:`.watch`), so the user knows where a bare reference is wrong.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, nullcontext
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..checks import require_module
+from ..devices import resolve_device
+from ..distributed.tensors import kept_sharded
+from ..findings import Finding, InspectorError
+from ..locks import model_lock
+from ..models import call_model
+from .leaves import tensor_leaves
+from .recorder import Options, Recorder
+from .results import Captures
+from .select import select_from
+
+
+@contextmanager
+def capturing(model: nn.Module, modules: Any = None, store_on: str | torch.device = "cpu",
+              max_bytes: int | None = None, grads: bool = False, *, keep_inputs: bool = False,
+              keep_references: bool = False, hold_lock: bool = True) -> Iterator[Captures]:
+    """Capture activations of the forward (and backward) passes run inside the block.
+
+    Only passes run by the thread that entered the block are recorded. The yielded
+    :class:`Captures` is complete when the block ends. Arguments are those of
+    :func:`capture_activations`; ``hold_lock=False`` leaves the model's lock alone (the
+    caller then makes sure nothing else adds hooks meanwhile).
+
+    >>> net = nn.Sequential(nn.Linear(2, 2), nn.ReLU(inplace=True))
+    >>> _ = nn.init.constant_(net[0].weight, -1.0)  # outputs below zero: the ReLU changes them
+    >>> with capturing(net) as cap:
+    ...     _ = net(torch.ones(1, 2))
+    >>> sorted(cap.outputs), list(cap.mutated)
+    (['0', '1'], ['0'])
+    """
+    model = require_module(model, "capturing")
+    options = Options(resolve_device(store_on), max_bytes, grads, keep_inputs, keep_references)
+    with _recording(model, list(model.named_modules()), modules, options, hold_lock) as rec:
+        yield rec.result
+
+
+@contextmanager
+def _recording(model: nn.Module, named: list[tuple[str, nn.Module]], modules: Any, options: Options,
+               hold_lock: bool) -> Iterator[Recorder]:
+    selected = select_from(model, named, modules)
+    lock = model_lock(model) if hold_lock else None
+    if lock is not None:
+        lock.acquire()
+    rec = None
+    try:
+        rec = Recorder(named, selected, options)
+        try:
+            rec.attach()
+            yield rec
+        except Exception as exc:
+            where = rec.where(exc)
+            if where and hasattr(exc, "add_note"):
+                exc.add_note(f"(raised inside module {where})")
+            raise
+        finally:
+            rec.detach()
+            rec.finish()
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def capture_activations(model: nn.Module, inputs: Any, modules: Any = None,
+                        store_on: str | torch.device = "cpu", max_bytes: int | None = None,
+                        grads: bool = False, *, keep_inputs: bool = False,
+                        keep_references: bool = False,
+                        loss_fn: Callable[[Any, Any], torch.Tensor] | None = None) -> Captures:
+    """Run ``model`` on ``inputs`` and capture module outputs as detached copies.
+
+    Holds the model's lock; hooks are removed when it returns, also when the forward pass
+    raises; the model's own hooks, ``training`` flags, grad mode and buffers are left as they
+    were (a training-mode BatchNorm's running statistics are put back after the pass).
+
+    Args:
+        model: the model (not changed).
+        inputs: a tensor (``model(x)``), a tuple (``model(*x)``) or a dict (``model(**x)``).
+        modules: ``None`` for every submodule, or names, glob patterns, classes (see
+            :func:`select_modules`).
+        store_on: where the copies go: ``"cpu"`` (pinned, non-blocking from CUDA) or a device.
+        max_bytes: stop capturing at this many bytes; what did not fit is in ``.skipped``.
+        grads: also capture the gradient of each selected output. Runs a backward pass with
+            ``torch.autograd.grad``, so no parameter's ``.grad`` changes.
+        keep_inputs: also capture module inputs.
+        keep_references: also keep the bare live outputs (``.references``), to show what a
+            naive hook would have seen.
+        loss_fn: ``loss_fn(outputs, inputs)`` for ``grads=True``; default: the sum of the
+            floating-point outputs.
+
+    Returns:
+        Captures with ``.outputs``, ``.mutated``, ``.stats``, ``.skipped``.
+
+    Raises:
+        InspectorError: unknown module names, a negative budget, a forward pass that fails
+            (naming the module that raised).
+
+    >>> net = nn.Sequential(nn.Linear(2, 2), nn.ReLU(inplace=True))
+    >>> _ = nn.init.constant_(net[0].weight, -1.0)  # outputs below zero: the ReLU changes them
+    >>> cap = capture_activations(net, torch.ones(1, 2), modules="0")
+    >>> cap.outputs["0"].shape, cap.mutated
+    (torch.Size([1, 2]), {'0': '1'})
+    """
+    model = require_module(model, "capture_activations")
+    if grads and torch.is_inference_mode_enabled():
+        raise InspectorError("grads=True needs autograd, which inference mode turns off; call "
+                             "capture_activations outside torch.inference_mode()")
+    named = list(model.named_modules())  # the one walk of this call
+    options = Options(resolve_device(store_on), max_bytes, grads, keep_inputs, keep_references)
+    with _recording(model, named, modules, options, True) as rec, \
+            _buffers_kept(model, [m for _, m in named]), kept_sharded(model, [m for _, m in named]):
+        try:
+            with torch.enable_grad() if grads else nullcontext():
+                output = call_model(model, inputs)
+                if grads:
+                    _backward(model, output, inputs, loss_fn, rec.result)
+        except InspectorError:
+            raise
+        except Exception as exc:
+            where = rec.where(exc)
+            raise InspectorError(f"the forward pass of {type(model).__name__} failed"
+                                 f"{' in module ' + where if where else ''}: "
+                                 f"{type(exc).__name__}: {exc}") from exc
+    cap = rec.result
+    object.__setattr__(cap, "model_output", output)
+    return cap
+
+
+@contextmanager
+def _buffers_kept(model: nn.Module, modules: list[nn.Module]) -> Iterator[None]:
+    """Put buffers back as they were (a training-mode BatchNorm updates its running stats)."""
+    if not any(m.training for m in modules):
+        yield
+        return
+    with torch.inference_mode(False), torch.no_grad():
+        saved = [(b, b.clone()) for b in model.buffers() if b.device.type != "meta"]
+    try:
+        yield
+    finally:
+        with torch.inference_mode(False), torch.no_grad():
+            for b, before in saved:
+                if not torch.equal(b, before):
+                    b.copy_(before)
+
+
+def _backward(model: nn.Module, output: Any, inputs: Any,
+              loss_fn: Callable[[Any, Any], torch.Tensor] | None, cap: Captures) -> None:
+    if loss_fn is not None:
+        loss = loss_fn(output, inputs)
+    else:
+        parts = [t.float().sum() for _, t in tensor_leaves(output) if t.is_floating_point()]
+        if not parts:
+            raise InspectorError("grads=True needs a floating-point model output or a loss_fn")
+        loss = torch.stack(parts).sum()
+    wrt = [p for p in model.parameters() if p.requires_grad]
+    if not loss.requires_grad or not wrt:
+        cap.findings.append(Finding("capture-no-grads", "warning", "",
+                                    "no gradients were captured: no parameter requires grad, so "
+                                    "the loss does not depend on anything trainable"))
+        return
+    torch.autograd.grad(loss, wrt, allow_unused=True)

@@ -1,0 +1,300 @@
+"""The hooks of a capture: one copy and an O(1) record per selected module output.
+
+One global forward hook answers for every module of the model (the unselected ones only
+watch for in-place writes; other models and other threads pass straight through);
+names are resolved once per capture, statistics are computed after the pass, and values
+are compared only where a storage was written in place (see :mod:`.watch`).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from contextlib import nullcontext
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+from torch.nn.modules.module import register_module_forward_hook
+
+from ..findings import Finding, InspectorError
+from .leaves import KEEP_AS_IS, flat, leaf_paths, tensor_leaves, unflat
+from .results import Captures, Skipped
+from .storage import MEMCPY_BYTES, Storage
+from .watch import Watcher, live_record
+
+_SKIP = object()
+_BUDGET = "over the byte budget"
+
+
+@dataclass(frozen=True)
+class Options:
+    """What a capture keeps, as given to :func:`~inspector.capture.capture_activations`."""
+
+    store_on: torch.device
+    max_bytes: int | None = None
+    grads: bool = False
+    keep_inputs: bool = False
+    keep_references: bool = False
+
+    @property
+    def fast(self) -> bool:
+        """Whether a plain CPU tensor output can take the short path: one copy, one record."""
+        return self.store_on.type == "cpu" and self.max_bytes is None and not (
+            self.keep_inputs or self.keep_references or self.grads)
+
+
+class Recorder:
+    """Hooks on every module; copies what is selected, watches what was copied."""
+
+    def __init__(self, named: list[tuple[str, nn.Module]], selected: dict[str, nn.Module],
+                 options: Options) -> None:
+        if options.max_bytes is not None and options.max_bytes < 0:
+            raise InspectorError(f"max_bytes must be 0 or more (or None for no limit), got {options.max_bytes}")
+        if options.store_on.type == "meta":
+            raise InspectorError("store_on='meta' would keep no values; choose cpu or a GPU")
+        self.named = named
+        self.selected_ids = {id(m) for m in selected.values()}
+        self.options = options
+        self.storage = Storage(options.store_on)
+        self.watcher = Watcher()
+        self.result = Captures(store_on=str(options.store_on))
+        self.ident = threading.get_ident()
+        self.used = 0
+        self.full = False
+        self.calls: dict[str, int] = {}
+        self.pending: dict[str, list[str]] = {}   # keys given by pre-hooks (keep_inputs)
+        self.handles: list[Any] = []
+        self.grad_handles: list[Any] = []
+        self.grad_lock = threading.Lock()
+        self.training = [(m, m.training) for _, m in named]
+
+    # hooks ----------------------------------------------------------------------------
+
+    def attach(self) -> None:
+        """One global forward hook that answers for the model's modules (a pre-hook too on the
+        selected ones when inputs are kept): nothing to register or remove per module."""
+        table: dict[int, tuple[str, bool]] = {}
+        for name, module in self.named:
+            if id(module) in table:
+                continue
+            capture = id(module) in self.selected_ids
+            table[id(module)] = (name or "(model)", capture)
+            if capture and self.options.keep_inputs:
+                self.handles.append(module.register_forward_pre_hook(self._pre_hook(name or "(model)"),
+                                                                     with_kwargs=True))
+        self.handles.append(register_module_forward_hook(self._hook(table), with_kwargs=True))
+
+    def where(self, exc: BaseException) -> str | None:
+        """The innermost module of the model whose forward the exception went through."""
+        names = {id(m): n or "(model)" for n, m in self.named}
+        found = None
+        tb = exc.__traceback__
+        while tb is not None:
+            owner = tb.tb_frame.f_locals.get("self")
+            if owner is not None and id(owner) in names:
+                found = names[id(owner)]
+            tb = tb.tb_next
+        return found
+
+    def _key(self, name: str) -> str:
+        count = self.calls.get(name, 0) + 1
+        self.calls[name] = count
+        return name if count == 1 else f"{name}#{count}"
+
+    def _pre_hook(self, name: str) -> Callable:
+        ident = self.ident
+
+        def pre_hook(module: nn.Module, args: Any, kwargs: Any = None) -> None:
+            # kwargs has a default: another thread's forward can run while torch registers this
+            # hook, between adding it and marking it as taking kwargs, and call it without them.
+            if threading.get_ident() != ident:
+                return
+            # before the module runs: an in-place module changes its input
+            key = self._key(name)
+            self.pending.setdefault(name, []).append(key)
+            kwargs = kwargs or {}
+            value = args[0] if len(args) == 1 and not kwargs else (
+                tuple(args) if not kwargs else {"args": tuple(args), "kwargs": dict(kwargs)})
+            with torch._C._InferenceMode(False) if torch.is_inference_mode_enabled() else nullcontext():
+                stored = self._store(key, "input", value, watch=False)
+            if stored is not _SKIP:
+                self.result.inputs[key] = stored
+        return pre_hook
+
+    def _hook(self, table: dict[int, tuple[str, bool]]) -> Callable:
+        ident, get_ident, tensor = self.ident, threading.get_ident, torch.Tensor
+        watcher, by_storage = self.watcher, self.watcher.by_storage
+        inference, outside = torch.is_inference_mode_enabled, torch._C._InferenceMode
+        take = self._short if self.options.fast else self._take
+
+        def hook(module: nn.Module, args: Any, *kwargs_output: Any) -> None:
+            # kwargs may be missing: see pre_hook. Other threads and other models pass through.
+            if get_ident() != ident or (entry := table.get(id(module))) is None:
+                return
+            name, capture = entry
+            output = kwargs_output[-1]
+            if by_storage:
+                if watcher.versioned or type(output) is not tensor:
+                    watcher.touched(name, args, kwargs_output[0] if len(kwargs_output) == 2 else None, output)
+                elif output.layout == torch.strided and output.numel() and not output.is_meta and (
+                        output.data_ptr() - output.storage_offset() * output.element_size() in by_storage):
+                    watcher.touched(name, args, None, output)  # only outputs are watched here: O(1)
+            if not capture:
+                return
+            if inference():  # copies are plain tensors, also when the pass runs in inference mode
+                with outside(False):
+                    take(name, output)
+            else:
+                take(name, output)
+        return hook
+
+    def _take(self, name: str, output: Any) -> None:
+        pending = self.pending.get(name) if self.options.keep_inputs else None
+        self._capture(pending.pop() if pending else self._key(name), output)
+
+    def _short(self, name: str, output: Any) -> None:
+        """The common case: a small plain CPU tensor (or a flat tuple or list of them) copied to
+        the CPU with no budget, inputs, references or gradients to look after: one copy, one
+        record per tensor. Anything else goes the long way (:meth:`_take`)."""
+        tensor = torch.Tensor
+        single = type(output) is tensor
+        leaves = (output,) if single else output if type(output) in (tuple, list) else ()
+        tensors = 0
+        for t in leaves:
+            if t is None:
+                continue
+            tensors += 1
+            if not (type(t) is tensor and t.is_cpu and t.layout == torch.strided and not t.is_quantized
+                    and t.nbytes < MEMCPY_BYTES):
+                return self._take(name, output)
+        if not tensors:
+            return self._take(name, output)
+        calls = self.calls
+        if name in calls:
+            key = self._key(name)
+        else:
+            calls[name] = 1
+            key = name
+        copies = []
+        for i, t in enumerate(leaves):
+            copy = None if t is None else t.detach().clone(memory_format=torch.contiguous_format)
+            copies.append(copy)
+            if copy is not None and t.numel():
+                self.watcher.add(live_record(key, "" if single else f"[{i}]", t, copy),
+                                 t.data_ptr() - t.storage_offset() * t.element_size())
+        self.result.outputs[key] = copies[0] if single else type(output)(copies)
+        self.result.order.append(key)
+
+    def _capture(self, key: str, output: Any) -> None:
+        stored = self._store(key, "output", output, watch=True)
+        if stored is not _SKIP:
+            self.result.outputs[key] = stored
+            self.result.order.append(key)
+            if self.options.keep_references:
+                self.result.references[key] = output
+            if self.options.grads:
+                self._grad_hooks(key, output)
+
+    def _fits(self, key: str, kind: str, path: str, nbytes: int) -> bool:
+        """Count ``nbytes`` against the budget; False (and a Skipped record) when over it."""
+        limit = self.options.max_bytes
+        if self.full or (limit is not None and self.used + nbytes > limit):
+            self.full = True
+            self.result.skipped.append(Skipped(key, kind, path, nbytes,
+                                               f"{_BUDGET} ({self.used} of {limit} bytes used)"))
+            return False
+        self.used += nbytes
+        return True
+
+    def _store(self, key: str, kind: str, value: Any, watch: bool) -> Any:
+        """A copy of ``value`` leaf by leaf, or _SKIP (and a Skipped record)."""
+        leaves, spec, paths = flat(value)
+        tensors = [t for t in leaves if isinstance(t, torch.Tensor)]
+        if not tensors:
+            if kind == "output":
+                self.result.skipped.append(Skipped(key, kind, "", 0, f"the {kind} is a "
+                                                   f"{type(value).__name__}, not a tensor or a "
+                                                   "structure holding tensors"))
+            return _SKIP
+        if not self._fits(key, kind, "", sum(t.numel() * t.element_size() for t in tensors)):
+            return _SKIP
+        if paths is None:
+            paths = leaf_paths(value, spec)
+        return unflat([self._store_leaf(key, kind, path, leaf, watch) for path, leaf in zip(paths, leaves)],
+                      spec)
+
+    def _store_leaf(self, key: str, kind: str, path: str, leaf: Any, watch: bool) -> Any:
+        if isinstance(leaf, torch.Tensor):
+            copy = self.storage.copy(leaf)
+            if copy is None:
+                self.result.skipped.append(Skipped(key, kind, path, 0, "a meta tensor has no values"))
+            elif watch:
+                self.watcher.track(key, path, leaf, copy)
+            return copy
+        if isinstance(leaf, KEEP_AS_IS):
+            return leaf
+        self.result.skipped.append(Skipped(key, kind, path, 0, f"a {type(leaf).__name__} is not "
+                                           "a tensor; it was left out (None in its place)"))
+        return None
+
+    def _grad_hooks(self, key: str, output: Any) -> None:
+        items = [("", output)] if isinstance(output, torch.Tensor) else list(tensor_leaves(output))
+        for path, t in items:
+            if t.requires_grad:
+                single = len(items) == 1 and path == ""
+                self.grad_handles.append(t.register_hook(self._grad_hook(key, path, single)))
+
+    def _grad_hook(self, key: str, path: str, single: bool) -> Callable:
+        def hook(grad: torch.Tensor) -> None:
+            with self.grad_lock:
+                if not self._fits(key, "grad", path, grad.numel() * grad.element_size()):
+                    return
+                copy = self.storage.copy(grad)
+                if single:
+                    self.result.grads[key] = copy
+                else:
+                    self.result.grads.setdefault(key, {})[path] = copy
+        return hook
+
+    # end ------------------------------------------------------------------------------
+
+    def detach(self) -> None:
+        """Remove the forward hooks and put every module's ``training`` flag back."""
+        for h in self.handles:
+            h.remove()
+        self.handles.clear()
+        for m, training in self.training:
+            if m.training != training:
+                m.train(training)
+
+    def finish(self) -> Captures:
+        """Remove the gradient hooks, wait for the copies, settle mutations, add findings."""
+        for h in self.grad_handles:
+            h.remove()
+        self.grad_handles.clear()
+        self.storage.finish()
+        r = self.result
+        self.watcher.settle(r)
+        r.findings.extend(_budget_findings(r.skipped, self.options.max_bytes))
+        r._state["done"] = True
+        return r
+
+
+def _budget_findings(skipped: list[Skipped], max_bytes: int | None) -> list[Finding]:
+    found = []
+    over = [s for s in skipped if s.reason.startswith(_BUDGET)]
+    if max_bytes == 0:
+        found.append(Finding("capture-budget-zero", "warning", "",
+                             "max_bytes is 0, so nothing was captured; give a positive byte "
+                             "budget, or None for no limit"))
+    elif over:
+        found.append(Finding("capture-over-budget", "info", over[0].module,
+                             f"the byte budget of {max_bytes} bytes was reached at "
+                             f"{over[0].module}; {len(over)} captures were skipped "
+                             f"({sum(s.bytes for s in over)} bytes)"))
+    for s in skipped:
+        if not s.reason.startswith(_BUDGET):
+            found.append(Finding("capture-not-tensor", "info", s.module, f"{s.module}{s.path}: {s.reason}"))
+    return found

@@ -1,0 +1,191 @@
+"""Mutation watch: which captured live outputs were written in place after their copy.
+
+Every captured tensor leaf is held only weakly, with its version counter (tensors made
+outside inference mode) and the address of its storage: capturing keeps no activation
+alive longer than the model does. A view keeps its base tensor object alive, so a write
+through a view of a captured output is still seen.
+
+- With a version counter, a module whose output or top-level inputs share a watched
+  storage notes a write when the version moved (O(1) per tensor it touched), and values
+  are compared only where the version moved: at once on the CPU; on a GPU after the pass
+  (no synchronisation inside the forward), the written tensor then being held to the end.
+  At the end every output still alive is checked once more, so a write outside any
+  module is seen too.
+- Inference tensors have no version counter: a live output is compared with its copy
+  when a later module returns a tensor on the same storage (which is how in-place
+  writers such as ``ReLU(inplace=True)`` or a returned ``x += ...`` show themselves).
+
+Watching an output ends when its tensor object is gone: nothing can read it any more
+(its memory may then be reused, which a copy does not mind).
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from ..findings import Finding
+from .compare import max_abs_change
+from .leaves import top_tensors
+from .results import Captures, Mutation
+
+
+@dataclass(slots=True)
+class Live:
+    """One captured output tensor leaf, watched for in-place changes."""
+
+    key: str
+    path: str
+    ref: Callable[[], torch.Tensor | None]
+    copy: torch.Tensor
+    version: int | None
+    source: torch.device
+    change: float | None = None
+    by: str | None = None
+    written_by: list[str | None] | None = None
+    hold: torch.Tensor | None = None
+
+
+def storage_key(t: torch.Tensor) -> int | None:
+    """The address where ``t``'s storage starts (no storage object is made: this runs per hook)."""
+    if t.layout != torch.strided or t.is_meta or t.numel() == 0:
+        return None
+    try:
+        return t.data_ptr() - t.storage_offset() * t.element_size()
+    except (RuntimeError, NotImplementedError):
+        return None
+
+
+def live_record(key: str, path: str, t: torch.Tensor, copy: torch.Tensor) -> Live:
+    """A weak record of ``t`` (with its version when it has one) and its copy."""
+    version = None if t.is_inference() else t._version
+    return Live(key, path, weakref.ref(t), copy, version, t.device)
+
+
+class Watcher:
+    """The watched outputs of one capture, indexed by storage address."""
+
+    def __init__(self) -> None:
+        self.live: list[Live] = []
+        self.by_storage: dict[int, list[Live]] = {}
+        self.versioned = False   # whether any watched tensor has a version counter
+
+    def add(self, rec: Live, skey: int) -> None:
+        """Watch ``rec``, whose tensor's storage starts at ``skey``."""
+        if rec.version is not None:
+            self.versioned = True
+        self.live.append(rec)
+        recs = self.by_storage.get(skey)
+        if recs is None:
+            self.by_storage[skey] = [rec]
+        else:
+            recs.append(rec)
+
+    def track(self, key: str, path: str, t: torch.Tensor, copy: torch.Tensor) -> None:
+        """Watch the live tensor ``t`` whose copy is ``copy`` (nothing for empty or meta tensors)."""
+        skey = storage_key(t)
+        if skey is not None:
+            self.add(live_record(key, path, t, copy), skey)
+
+    def touched(self, name: str, args: Any, kwargs: Any, output: Any) -> None:
+        """Module ``name`` returned ``output`` from ``args``/``kwargs``: note the watched
+        outputs it wrote in place (O(1) per top-level tensor it touched).
+
+        Only tensors with version counters tell a write through an input; inference tensors
+        are compared when a module hands their storage back.
+        """
+        by_storage = self.by_storage
+        values = (output, args, kwargs) if self.versioned else (output,)
+        for i, value in enumerate(values):
+            for t in ((value,) if type(value) is torch.Tensor else top_tensors(value)):
+                recs = by_storage.get(storage_key(t))
+                if recs:
+                    self._seen(recs, name, i == 0)
+
+    def _seen(self, recs: list[Live], name: str, is_output: bool) -> None:
+        alive = []
+        for rec in recs:
+            live = rec.ref()
+            if live is None:  # gone (its memory may be reused): nothing left to watch
+                continue
+            alive.append(rec)
+            if rec.change is not None:
+                continue
+            if rec.version is not None:
+                if live._version != rec.version:
+                    rec.version = live._version
+                    if rec.source.type == "cuda":  # compared after the pass: no synchronisation now
+                        rec.hold = live
+                        _note_writer(rec, name)
+                    else:  # compared now: the tensor may be gone by the end of the pass
+                        compare(rec, live, name)
+            elif is_output:
+                compare(rec, live, name)
+        if len(alive) != len(recs):
+            recs[:] = alive
+
+    def settle(self, result: Captures) -> None:
+        """After the pass: compare what was written, and report mutations into ``result``."""
+        for rec in self.live:
+            t = rec.ref()
+            if rec.change is None and t is not None and rec.version is not None:
+                _settle_versioned(rec, t)
+            if rec.change is None and rec.written_by:
+                by = rec.written_by[0]
+                result.findings.append(Finding("capture-written-same-values", "info", rec.key,
+                                               f"{rec.key}{rec.path} was written in place"
+                                               f"{' by ' + by if by else ''} after its capture, "
+                                               "but its values did not change"))
+            if rec.change is not None:
+                _report(rec, result)
+        self.live.clear()
+        self.by_storage.clear()
+
+
+def _note_writer(rec: Live, by: str | None) -> None:
+    if rec.written_by is None:
+        rec.written_by = [by]
+    else:
+        rec.written_by.append(by)
+
+
+def compare(rec: Live, t: torch.Tensor, by: str | None) -> None:
+    """Compare the live tensor with its copy now; note a change and who made it."""
+    if rec.source.type == "cuda":
+        torch.cuda.synchronize(rec.source)  # the copy may still be in flight
+    change = max_abs_change(t, rec.copy)
+    if change is None:
+        return
+    if change != 0.0:
+        rec.change, rec.by = change, by
+    elif rec.version is not None:
+        _note_writer(rec, by)
+
+
+def _settle_versioned(rec: Live, t: torch.Tensor) -> None:
+    if t._version != rec.version:  # written after the last module that touched it
+        _note_writer(rec, None)
+    if rec.written_by:  # one comparison, after the pass; the first writer is named
+        writers, rec.written_by = rec.written_by, []
+        compare(rec, t, writers[0])
+        if rec.change is None:
+            rec.written_by = writers
+
+
+def _report(rec: Live, result: Captures) -> None:
+    change = rec.change
+    result.mutations.append(Mutation(rec.key, rec.path, rec.by,
+                                     "value" if rec.version is None else "version", change))
+    if rec.key in result.mutated:
+        return
+    result.mutated[rec.key] = rec.by
+    by = f"by {rec.by}" if rec.by else "after the forward pass or outside any module"
+    result.findings.append(Finding(
+        "capture-mutated", "warning", rec.key,
+        f"the live output of {rec.key} was overwritten in place {by} after the hook saw it "
+        f"(largest change {change:.4g}); a hook that kept a bare reference would hold the "
+        "overwritten values. The capture is a copy taken before."))
