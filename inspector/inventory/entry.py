@@ -89,7 +89,7 @@ class TensorEntry(NamedTuple):
         t = self.tensor
         if t.layout != torch.strided or t.is_quantized or self.is_dtensor:
             return 0
-        return t.storage_offset()
+        return int(t.storage_offset())
 
     @property
     def is_dtensor(self) -> bool:
@@ -99,13 +99,17 @@ class TensorEntry(NamedTuple):
     @property
     def local_shape(self) -> tuple[int, ...]:
         """Shape of this rank's piece (``shape`` for a plain tensor)."""
-        return tuple(self.tensor.to_local().shape) if self.is_dtensor else tuple(self.tensor.shape)
+        return tuple(self._local().shape)
 
     @property
     def local_nbytes(self) -> int:
         """Bytes of this rank's piece (``nbytes`` for a plain tensor)."""
-        t = self.tensor.to_local() if self.is_dtensor else self.tensor
+        t = self._local()
         return t.numel() * t.element_size()
+
+    def _local(self) -> torch.Tensor:
+        """This rank's piece of a DTensor (``to_local()``), else the tensor itself."""
+        return self.tensor.to_local() if self.is_dtensor else self.tensor  # type: ignore[attr-defined]
 
     @property
     def placements(self) -> str:
@@ -119,4 +123,4 @@ class TensorEntry(NamedTuple):
     @property
     def mesh(self) -> tuple[int, ...]:
         """Shape of the DTensor's device mesh, ``()`` for a plain tensor."""
-        return tuple(self.tensor.device_mesh.shape) if self.is_dtensor else ()
+        return tuple(self.tensor.device_mesh.shape) if self.is_dtensor else ()  # type: ignore[attr-defined]

@@ -62,8 +62,8 @@ class _Builder:
         for n, t in model.named_parameters(remove_duplicate=False):
             self.add(n, "parameter", *_split(n), t)
         if include_buffers:
-            for n, t in model.named_buffers(remove_duplicate=False):
-                self.add(n, "buffer", *_split(n), t)
+            for n, b in model.named_buffers(remove_duplicate=False):
+                self.add(n, "buffer", *_split(n), b)
 
     def _stack_walk(self, model: nn.Module, include_buffers: bool) -> bool:
         """Every module, then its parameters, then (after all parameters) the buffers; False
