@@ -146,9 +146,9 @@ class _Tables:
                 sizes[mname] = psizes[mname] = 0
                 has_param[mname] = False
             else:
-                self.own_tensors(mname, mod, entries, dtype_size)
+                self.own_tensors(mname, entries, dtype_size)
 
-    def own_tensors(self, mname: str, mod: nn.Module, own: Iterable[TensorEntry], dtype_size: int | None) -> None:
+    def own_tensors(self, mname: str, own: Iterable[TensorEntry], dtype_size: int | None) -> None:
         """Record a module's own parameters, then buffers (its entries), and its own totals."""
         names = self.direct[mname] = []
         order, sizes, psizes = self.order, self.sizes, self.psizes
