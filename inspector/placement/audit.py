@@ -108,7 +108,7 @@ def _tensor_rows(tensors: TensorInventory) -> tuple[list[TensorEntry], Chains]:
 
 
 def _module_devices(rows: list[TensorEntry], chains: Chains, device_of: list[Device | None],
-                    devices: list[Device]) -> tuple[dict[str, Device], dict[str, set], dict[str, Device | None]]:
+                    devices: list[Device], nbytes: list[int]) -> tuple[dict[str, Device], dict[str, set], dict[str, Device | None]]:
     """Per owning module: its primary device and every device its tensors use; each leader's device.
 
     The primary device holds most of the module's parameter bytes (the earlier device on a tie).
@@ -116,7 +116,7 @@ def _module_devices(rows: list[TensorEntry], chains: Chains, device_of: list[Dev
     per: dict[str, dict[Device, int]] = {}
     seen: dict[str, set] = {}
     leader_dev: dict[str, Device | None] = {}
-    for r, dev in zip(rows, device_of):
+    for r, dev, n in zip(rows, device_of, nbytes):
         is_leader = r.name == r.first_name
         if is_leader:
             leader_dev[r.name] = dev
@@ -128,7 +128,7 @@ def _module_devices(rows: list[TensorEntry], chains: Chains, device_of: list[Dev
             bucket.add(dev)
             if is_leader and dev is not None and r.kind == "parameter":
                 pm = per[m]
-                pm[dev] = pm.get(dev, 0) + r.nbytes
+                pm[dev] = pm.get(dev, 0) + n
     rank = {d: i for i, d in enumerate(devices)}
     primary = {m: max(b, key=lambda d: (b[d], -rank.get(d, len(rank)))) for m, b in per.items() if b}
     return primary, seen, leader_dev
@@ -144,7 +144,8 @@ def _audit_rows(rows: list[TensorEntry], chains: Chains, device_of: list[Device 
     """
     main = main_device(devices)
     offload = offload_devices(main) if dispatched else set()
-    primary, seen, leader_dev = _module_devices(rows, chains, device_of, devices)
+    nbytes = [r.tensor.numel() * r.tensor.element_size() for r in rows]
+    primary, seen, leader_dev = _module_devices(rows, chains, device_of, devices, nbytes)
     findings, primaries, splits, aliases = [], [], [], []
     for r, dev in zip(rows, device_of):
         prim = primary.get(r.module)
@@ -165,7 +166,7 @@ def _audit_rows(rows: list[TensorEntry], chains: Chains, device_of: list[Device 
         aliases.append(alias)
     columns = {"name": [r.name for r in rows], "kind": [r.kind for r in rows],
                "module": [r.module for r in rows], "device": device_of, "module_primary_device": primaries,
-               "split": splits, "finding": findings, "bytes": [r.nbytes for r in rows], "alias_of": aliases}
+               "split": splits, "finding": findings, "bytes": nbytes, "alias_of": aliases}
     typed = {"split": bool, "bytes": "int64"}
     return pd.DataFrame({c: pd.Series(v, dtype=typed.get(c, object)) for c, v in columns.items()})
 
