@@ -111,7 +111,8 @@ class Recorder:
                 continue
             capture = id(module) in self.selected_ids
             # torch runs global forward hooks before a module's own: where the module has
-            # some, the value its caller gets is known only after them
+            # some, the value its caller gets is known only after them (``_forward_hooks``
+            # holds them all, those taking kwargs or always called too)
             if module._forward_hooks:
                 own[id(module)] = (name or "(model)", capture)
                 hooked.append(module)
