@@ -55,7 +55,8 @@ def storage_key(t: torch.Tensor) -> int | None:
     if t.layout != torch.strided or t.is_meta or t.numel() == 0:
         return None
     try:
-        return int(t.data_ptr() - t.storage_offset() * t.element_size())
+        # storage_offset() is typed int | SymInt; it is a SymInt only under symbolic tracing
+        return t.data_ptr() - t.storage_offset() * t.element_size()  # type: ignore[return-value]
     except (RuntimeError, NotImplementedError):
         return None
 
