@@ -29,6 +29,12 @@ def cnn():
 
 
 def hook_state(model: nn.Module) -> dict[str, tuple[int, ...]]:
+    """The model's hooks by module; fails if any process-wide module hook is registered."""
+    from torch.nn.modules import module as torch_module
+
+    leaked = {kind: dict(getattr(torch_module, f"_global_{kind}"))
+              for kind in ("forward_hooks", "forward_pre_hooks", "backward_hooks", "backward_pre_hooks")}
+    assert not any(leaked.values()), f"process-wide module hooks left: {leaked}"
     return {n: (*m._forward_hooks, *m._forward_pre_hooks, *m._backward_hooks)
             for n, m in model.named_modules()}
 
@@ -121,6 +127,22 @@ def test_no_hooks_left_after_a_failing_forward(cnn):
     done = capture_activations(model, torch.zeros(1, 3, 16, 16))
     model(torch.zeros(1, 3, 16, 16))  # no hook of either capture is left to record this pass
     assert cap.outputs == {} and list(done.outputs) == CNN_ORDER
+
+
+def test_no_hooks_left_after_an_interrupt():
+    class Interrupting(nn.Module):
+        def forward(self, x):
+            raise KeyboardInterrupt
+
+    model = nn.Sequential(nn.Linear(2, 2), Interrupting())
+    before = hook_state(model)
+    with pytest.raises(KeyboardInterrupt):
+        capture_activations(model, torch.zeros(1, 2))
+    assert hook_state(model) == before
+    with pytest.raises(KeyboardInterrupt):
+        with capturing(model):
+            model(torch.zeros(1, 2))
+    assert hook_state(model) == before
 
 
 def test_byte_budget_stops_and_lists_what_it_skipped(cnn):
