@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.utils._pytree import tree_map_only
+from torch.utils._pytree import tree_map
 
 from .devices import move_model, resolve_device
 from .findings import Finding, InspectorError, first_line
@@ -159,7 +159,7 @@ def model_code(what: str, fix: str = "fix the model file, or pick another model"
 
 
 def to_device(inputs: Any, device: torch.device, dtype: torch.dtype | None = None) -> Any:
-    """Move a tensor, or every tensor inside a pytree (tuples, lists, dicts, named tuples), to ``device``.
+    """Move a tensor, or every tensor inside tuples, lists, dicts, named tuples and their subclasses, to ``device``.
 
     With ``dtype``, floating tensors are cast to it too (integer and bool tensors keep theirs).
     Anything that is not a tensor is returned as it is.
@@ -168,11 +168,26 @@ def to_device(inputs: Any, device: torch.device, dtype: torch.dtype | None = Non
     ...           torch.float16)[0].dtype
     torch.float16
     """
-    def move(t: torch.Tensor) -> torch.Tensor:
-        cast = dtype is not None and t.is_floating_point()
-        return t.to(device=device, dtype=dtype if cast else t.dtype)
+    def move(leaf: Any) -> Any:
+        if isinstance(leaf, torch.Tensor):
+            cast = dtype is not None and leaf.is_floating_point()
+            return leaf.to(device=device, dtype=dtype if cast else leaf.dtype)
+        if isinstance(leaf, dict):  # a dict subclass pytree does not know (registered ones never get here)
+            return _rebuild(leaf, {k: to_device(v, device, dtype) for k, v in leaf.items()})
+        if isinstance(leaf, (list, tuple)):
+            return _rebuild(leaf, [to_device(v, device, dtype) for v in leaf])
+        return leaf
 
-    return tree_map_only(torch.Tensor, move, inputs)
+    return tree_map(move, inputs)
+
+
+def _rebuild(original: Any, items: Any) -> Any:
+    """``items`` as ``type(original)`` where that type is built from them, else as its plain base."""
+    try:
+        return type(original)(items)
+    except Exception:  # noqa: BLE001 - a subclass with its own constructor: keep the contents
+        base = dict if isinstance(original, dict) else list if isinstance(original, list) else tuple
+        return base(items)
 
 
 def call_model(model: nn.Module, inputs: Any) -> Any:
