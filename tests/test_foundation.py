@@ -12,7 +12,8 @@ import torch
 from torch import nn
 
 from inspector import InspectorError, available_devices, load_model, move_model
-from inspector.models import PROJECT_ROOT, apply_checkpoint
+from inspector.checkpoints import apply_checkpoint
+from inspector.models import PROJECT_ROOT
 from inspector.summary import model_summary
 from sample_models import GPT, GPT2_SMALL, SAMPLES, get_sample
 
