@@ -15,18 +15,21 @@ from .aliases import (
     AliasAnalysis,
     AliasGroup,
     ConversionResult,
+    GraphData,
     TieSnapshot,
     alias_analysis,
     alias_groups,
     compare_ties,
     conversion_check,
     conversion_table,
+    graph_data,
     retie,
     snapshot_ties,
 )
 from .attribution import METHODS, Attribution, AttributionResult, attribute, methods_for
 from .capture import Captures, capture_activations, capturing, reference_drift, select_modules
 from .devices import DeviceInfo, available_devices, device_names, move_model
+from .distributed.report import run_report
 from .findings import Finding, InspectorError, sort_findings
 from .inventory import TensorEntry, TensorInventory, storage_key, tensor_inventory
 from .models import LoadedModel, load_model
@@ -65,14 +68,14 @@ __version__ = "0.1.0"
 __all__ = [
     "CONVERSIONS", "METHODS", "SECTIONS",
     "AliasAnalysis", "AliasGroup", "Attribution", "AttributionResult", "BackwardResult", "Captures", "Comparison",
-    "ConversionResult", "DeviceInfo", "DeviceMapAudit", "Finding", "GradientNorms", "InspectorError",
+    "ConversionResult", "DeviceInfo", "GraphData", "DeviceMapAudit", "Finding", "GradientNorms", "InspectorError",
     "LoadedModel", "Location", "LossGradients", "ModelSummary", "PlacementPlan", "PlanResult", "Report",
     "TensorEntry", "TensorInventory", "TieSnapshot",
     "alias_analysis", "alias_groups", "attribute", "audit_device_map", "available_devices", "build_report",
     "capture_activations", "capturing", "compare_ties", "compare_with_accelerate", "conversion_check",
-    "conversion_table", "device_names", "dispatch_plan", "format_bytes", "format_count", "gradient_norms",
+    "conversion_table", "device_names", "dispatch_plan", "format_bytes", "format_count", "gradient_norms", "graph_data",
     "gradient_report", "load_model", "locate", "loss_gradients", "methods_for", "model_summary", "move_model",
     "offset_findings", "offset_map", "parse_max_memory", "placement_findings", "placement_table", "reference_drift",
-    "plan_device_map", "plan_device_map_explained", "retie", "run_backward", "select_modules",
+    "plan_device_map", "plan_device_map_explained", "retie", "run_backward", "run_report", "select_modules",
     "snapshot_ties", "sort_findings", "storage_key", "summary_findings", "tensor_inventory",
 ]

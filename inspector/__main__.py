@@ -19,6 +19,7 @@ from pathlib import Path
 from . import commands
 from .escaping import terminal_text
 from .findings import InspectorError, first_line
+from .program import program_name
 
 
 def command_names() -> list[str]:
@@ -50,12 +51,6 @@ def _chosen(argv: list[str], names: list[str]) -> str | None:
         if not word.startswith("-"):
             return word if word in names else None
     return None
-
-
-def program_name() -> str:
-    """``model-inspector`` when run as that script, else ``python -m inspector``."""
-    name = Path(sys.argv[0]).name if sys.argv and sys.argv[0] else ""
-    return name if name.startswith("model-inspector") else "python -m inspector"
 
 
 def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:

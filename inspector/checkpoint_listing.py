@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pandas as pd
 
+from .checkpoints import read_checkpoint
 from .distributed.checkpoint import dcp_listing, is_dcp_folder
 from .findings import Finding, InspectorError
-from .models import read_checkpoint
 
 COLUMNS = ["name", "kind", "dtype", "shape", "numel"]
 # safetensors' dtype codes -> torch's names

@@ -158,7 +158,7 @@ class SavedFiles:
 
 def _torch_file(file: Path) -> Mapping[str, torch.Tensor]:
     """A torch weight file, memory-mapped where its format allows (nothing read until used)."""
-    from .models import read_checkpoint
+    from .checkpoints import read_checkpoint
 
     try:
         state = torch.load(file, map_location="cpu", weights_only=True, mmap=True)

@@ -16,7 +16,7 @@ from inspector import (
     offset_map,
 )
 from inspector.escaping import markdown_code, markdown_text
-from inspector.figures.offsets import layer_norm_bars, offset_strip
+from inspector.figures import layer_norm_bars, offset_strip
 from inspector.offsets import display_table, flatten_roundtrip
 from ui.cache import cached_analysis
 from ui.errors import guarded

@@ -9,8 +9,7 @@ import streamlit as st
 
 from inspector import compare_with_accelerate, parse_max_memory, placement_findings, placement_table
 from inspector.escaping import markdown_code, markdown_text
-from inspector.figures.palette import key_label
-from inspector.figures.placement import placement_treemap, usage_bars, usage_side_by_side
+from inspector.figures import key_label, placement_treemap, usage_bars, usage_side_by_side
 from inspector.placement import (
     audit,
     device_usage,

@@ -7,7 +7,7 @@ import torch
 
 from inspector import capture_activations, device_names, format_bytes, reference_drift, select_modules
 from inspector.escaping import markdown_text
-from inspector.figures.capture import (
+from inspector.figures import (
     capture_heatmap,
     capture_histogram,
     clone_vs_reference_figure,

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import streamlit as st
 
-from inspector.distributed import parse_run, read_run, unique_findings
-from inspector.distributed.report import run_report
-from inspector.distributed.run import rank_issues
+from inspector import run_report
+from inspector.distributed import parse_run, rank_issues, read_run, unique_findings
 from inspector.escaping import markdown_text
-from inspector.figures.distributed import grad_norm_figure, memory_figure
+from inspector.figures import grad_norm_figure, memory_figure
 from ui.errors import guarded
 from ui.sidebar import model_picker
 from ui.tables import findings_table, paged_table

@@ -245,6 +245,39 @@ def test_clear_analyses_drops_the_models_shared_and_session_results(tmp_path):
         assert metric(a, "counted") == "4080"
 
 
+def _many_keys_script(counter_path: str) -> None:
+    import streamlit as st
+
+    from ui.cache import MAX_SHARED, cached_analysis, clear_analyses, shared_key_count
+    from ui.sidebar import model_picker
+
+    loaded = model_picker()
+
+    def numel(model, i):
+        if i == MAX_SHARED + 4:
+            with open(counter_path, "a") as f:
+                f.write("x")
+        return i
+
+    for i in range(MAX_SHARED + 5):
+        cached_analysis(numel, loaded.model, i, cache_key=counter_path)
+    st.metric("held", shared_key_count())
+    clear_analyses()
+    st.metric("after clear", shared_key_count())
+    cached_analysis(numel, loaded.model, MAX_SHARED + 4, cache_key=counter_path)  # cleared: computed again
+
+
+def test_shared_cache_keys_stay_bounded_and_clear_still_drops_the_newest(tmp_path):
+    from ui.cache import MAX_SHARED
+
+    counter = tmp_path / "calls.txt"
+    at = AppTest.from_function(_many_keys_script, args=(str(counter),), default_timeout=120).run()
+    assert not at.exception
+    assert metric(at, "held") == str(MAX_SHARED)  # not MAX_SHARED + 5: the oldest keys went
+    assert metric(at, "after clear") == "0"  # every key held was this model's
+    assert counter.read_text() == "xx"
+
+
 def test_cached_analysis_session_scope_is_per_session(tmp_path):
     counter = tmp_path / "calls.txt"
     a = _counting(counter, "session")

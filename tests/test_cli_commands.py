@@ -40,3 +40,22 @@ def test_options_before_the_command_and_unknown_commands(capsys, tmp_path):
     assert "none.safetensors" in capsys.readouterr().err
     assert main(["nosuch"]) == 2
     assert "invalid choice: 'nosuch'" in capsys.readouterr().err
+
+
+def test_messages_name_the_command_as_it_was_run(monkeypatch, tmp_path):
+    import pytest
+    import torch
+    from torch import nn
+
+    from inspector import InspectorError, Report, gradient_report
+
+    monkeypatch.setattr(sys, "argv", ["/somewhere/bin/model-inspector"])
+    for text in ("not json", "[1]", '{"schema_version": "1.0"}'):
+        with pytest.raises(InspectorError, match=r"written by 'model-inspector report --format json'"):
+            Report.from_json(text)
+    model = nn.Linear(2, 1)
+    model(torch.ones(1, 2))  # no backward yet
+    [finding] = gradient_report(model).findings
+    assert "`model-inspector offsets SOURCE --backward`" in finding.message
+    monkeypatch.setattr(sys, "argv", ["/somewhere/inspector/__main__.py"])
+    assert "`python -m inspector offsets SOURCE --backward`" in gradient_report(model).findings[0].message

@@ -300,7 +300,7 @@ def _lib_cases() -> list[tuple[str, Callable, str]]:
         plan_device_map,
         retie,
     )
-    from inspector.models import read_checkpoint
+    from inspector.checkpoints import read_checkpoint
     from inspector.offsets import run_backward
     from inspector.placement import parse_max_memory
     from inspector.report import Report, build_report

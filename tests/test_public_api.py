@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 import inspector
 
+ROOT = Path(__file__).resolve().parent.parent
 CONTRACT = ["load_model", "available_devices", "move_model", "alias_groups", "snapshot_ties", "compare_ties",
             "retie", "offset_map", "locate", "gradient_norms", "plan_device_map", "audit_device_map",
             "placement_table", "capture_activations", "attribute", "build_report", "Finding"]
@@ -26,8 +28,8 @@ def test_the_contract_names_and_every_listed_name_are_attributes_of_the_package(
 
 
 def test_import_inspector_leaves_the_heavy_libraries_unimported():
-    # plotly is imported by the report's figure modules; its submodules load lazily (about 20 ms)
-    heavy = ["transformers", "accelerate", "captum", "streamlit", "matplotlib"]
+    # as the package docstring says: plotly only with a figure (the report sections import theirs when run)
+    heavy = ["transformers", "accelerate", "captum", "plotly", "streamlit", "matplotlib"]
     code = ("import sys, inspector; "
             f"print(','.join(m for m in {heavy!r} if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
@@ -40,3 +42,36 @@ def test_attribute_without_captum_names_the_extra(monkeypatch):
     loaded = inspector.load_model("sample:cnn-bn")
     with pytest.raises(inspector.InspectorError, match=r"pip install 'model-inspector\[attribution\]'"):
         inspector.attribute(loaded, loaded.example_inputs(1), method="saliency", target=0)
+
+
+def _inspector_imports(path):
+    """``(line, module, names)`` for every import of ``inspector`` in ``path``, relative ones resolved."""
+    import ast
+
+    package = ".".join(path.relative_to(ROOT).with_suffix("").parts[:-1])
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ImportFrom):
+            module = node.module or ""
+            if node.level:
+                base = package.split(".")[:len(package.split(".")) - node.level + 1]
+                module = ".".join([*base, module] if module else base)
+            yield node.lineno, module, [a.name for a in node.names], package
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                yield node.lineno, alias.name, [], package
+
+
+def test_pages_ui_and_commands_import_only_public_names_of_inspector_and_its_packages():
+    files = [ROOT / "app.py", *sorted((ROOT / "pages").glob("*.py")), *sorted((ROOT / "ui").rglob("*.py")),
+             *sorted((ROOT / "inspector" / "commands").rglob("*.py"))]
+    bad = []
+    for path in files:
+        for line, module, names, package in _inspector_imports(path):
+            parts = module.split(".")
+            if parts[0] != "inspector" or module == package or module.startswith(package + "."):
+                continue  # not the library, or the file's own package (the commands' helpers)
+            inner = len(parts) > 2 and not ROOT.joinpath(*parts, "__init__.py").exists()
+            private = [p for p in parts + names if p.startswith("_")]
+            if inner or private:
+                bad.append(f"{path.relative_to(ROOT)}:{line}: from {module} import {', '.join(names)}")
+    assert bad == []

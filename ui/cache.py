@@ -63,15 +63,42 @@ def _shared_result(model_key: str, key: tuple, _compute: Callable[[], Any]) -> A
     that result), caches nothing when ``_compute`` raises, and drops the least recently used
     results past ``MAX_SHARED``. ``_compute`` is not part of the key (leading underscore).
     """
-    _shared_keys(model_key).add(key)
     return _compute()
 
 
+class _SharedKeys:
+    """The keys of ``_shared_result``, least recently used first, so that one model's results can
+    be dropped (:func:`clear_analyses`). Touched on every call, so it drops the key Streamlit
+    evicts: it never holds more than ``MAX_SHARED``."""
+
+    def __init__(self) -> None:
+        self.keys: OrderedDict[tuple, None] = OrderedDict()
+        self.guard = threading.Lock()
+
+    def touch(self, key: tuple) -> None:
+        with self.guard:
+            self.keys[key] = None
+            self.keys.move_to_end(key)
+            while len(self.keys) > MAX_SHARED:
+                self.keys.popitem(last=False)
+
+    def pop_model(self, model_key: str) -> list[tuple]:
+        with self.guard:
+            gone = [k for k in self.keys if k[0] == model_key]
+            for k in gone:
+                del self.keys[k]
+            return gone
+
+
 @st.cache_resource(show_spinner=False)
-def _shared_keys(model_key: str) -> set[tuple]:
-    """The keys ``_shared_result`` was asked for with ``model_key``, so that one model's results
-    can be dropped (:func:`clear_analyses`)."""
-    return set()
+def _shared_keys() -> _SharedKeys:
+    """The process's one :class:`_SharedKeys`."""
+    return _SharedKeys()
+
+
+def shared_key_count() -> int:
+    """How many shared results this process knows of (at most ``MAX_SHARED``)."""
+    return len(_shared_keys().keys)
 
 
 class _SessionResults:
@@ -161,6 +188,7 @@ def cached_analysis(fn: Callable[..., T], /, *args: Any, cache_scope: Scope = "m
     key = (current_model_key(), _function_id(fn), _freeze(args), _freeze(kwargs), _freeze(cache_key))
     if cache_scope == "session":
         return _session_results().get_or_compute(key, lambda: fn(*args, **kwargs))
+    _shared_keys().touch(key)
     return cast(T, _shared_result(key[0], key, lambda: fn(*args, **kwargs)))
 
 
@@ -170,10 +198,8 @@ def clear_analyses(model_key: str | None = None) -> None:
     Call it after changing the model in place, e.g. after a re-tie or loading new weights.
     """
     model_key = model_key or current_model_key()
-    keys = _shared_keys(model_key)
-    for key in list(keys):
+    for key in _shared_keys().pop_model(model_key):
         _shared_result.clear(model_key, key, None)
-        keys.discard(key)
     store = st.session_state.get(_SESSION_KEY)
     if store is not None:
         store.drop_model(model_key)

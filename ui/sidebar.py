@@ -17,7 +17,7 @@ import time
 import streamlit as st
 
 from inspector import DeviceInfo, Finding, LoadedModel, available_devices, format_bytes, sort_findings
-from inspector.distributed.checkpoint import dcp_listing, is_dcp_folder
+from inspector.distributed import dcp_listing, is_dcp_folder
 from inspector.escaping import markdown_code, markdown_text
 from inspector.models import DTYPES, allowed_model_dirs
 from sample_models import SAMPLES

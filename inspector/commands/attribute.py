@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from .. import METHODS, attribute
-from ..figures.attribution import completeness_line
+from ..figures import completeness_line
 from . import _types as types
 from ._common import (
     add_source_arguments,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from ..checkpoint_listing import checkpoint_listing
-from ..distributed.checkpoint import is_dcp_folder
+from ..distributed import is_dcp_folder
 from . import _types as types
 from ._common import print_findings, print_table, say, write_json
 

@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 
 from .. import InspectorError, load_model
-from ..distributed.train import SHARD_MODES, process_group, rank_device, shard, train_and_check
+from ..distributed import SHARD_MODES, process_group, rank_device, shard, train_and_check
 from . import _types as types
 from ._common import print_findings, progress, say
 

@@ -5,9 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from .. import SECTIONS, InspectorError, build_report
+from .. import SECTIONS, InspectorError, build_report, run_report
 from ..distributed import is_run_file, read_run
-from ..distributed.report import run_report
 from ..report import check_options, check_sections
 from . import _types as types
 from ._common import add_source_arguments, load_from_args, progress

@@ -11,8 +11,12 @@ the Distributed page read::
 from __future__ import annotations
 
 from .check import StepCheck, check_step
-from .run import DistributedRun, is_run_file, parse_run, read_run, unique_findings
+from .checkpoint import dcp_listing, is_dcp_folder
+from .run import DistributedRun, is_run_file, parse_run, rank_issues, read_run, unique_findings
 from .tensors import is_dtensor, local_piece, model_has_dtensors, placements_text
+from .train import SHARD_MODES, process_group, rank_device, shard, train_and_check
 
 __all__ = ["StepCheck", "check_step", "DistributedRun", "read_run", "parse_run", "is_run_file",
-           "unique_findings", "is_dtensor", "local_piece", "model_has_dtensors", "placements_text"]
+           "unique_findings", "is_dtensor", "local_piece", "model_has_dtensors", "placements_text",
+           "rank_issues", "dcp_listing", "is_dcp_folder",
+           "SHARD_MODES", "process_group", "rank_device", "shard", "train_and_check"]

@@ -21,6 +21,7 @@ from ..checks import require_module
 from ..distributed.tensors import has_dtensors
 from ..findings import Finding, InspectorError
 from ..inventory import tensor_inventory
+from ..program import program_name
 from ._tables import (
     MODULE_NORM_COLUMNS,
     PARAMETER_NORM_COLUMNS,
@@ -316,7 +317,7 @@ def _gradient_findings(rows: list[tuple]) -> list[Finding]:
         out.append(Finding(
             "no-gradients", "warning", "",
             "no trainable parameter has a gradient yet. Run a backward pass: the 'Run a backward "
-            "pass' button on the Flatten map page, `python -m inspector offsets SOURCE --backward`, "
+            f"pass' button on the Flatten map page, `{program_name()} offsets SOURCE --backward`, "
             "inspector.offsets.run_backward(loaded), or loss.backward() on a batch of your own."))
         return out
     if rows and not trainable:

@@ -11,7 +11,6 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from ..figures.palette import readable
 from ..findings import Finding
 
 
@@ -167,6 +166,8 @@ def make_figure(title: str, fig: Any, summary: Table | pd.DataFrame | None = Non
     Every axis makes room for its tick labels (long module names are not cut at the edge).
     """
     if hasattr(fig, "update_xaxes"):
+        from ..figures.palette import readable  # here: the figures package loads plotly
+
         readable(fig)
     data = figure_data(fig)
     if isinstance(summary, pd.DataFrame):

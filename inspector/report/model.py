@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from ..findings import SEVERITY_ORDER, Finding, InspectorError
+from ..program import program_name
 from .data import ReportFigure, Section, Table
 from .render import CHROMIUM, SCHEMA_VERSION, render_html, render_markdown, render_pdf
 
@@ -95,10 +96,10 @@ class Report:
             data = json.loads(text)
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise InspectorError(f"not a report: the text is not JSON ({exc}); give a file written by "
-                                 "'python -m inspector report --format json'") from None
+                                 f"'{program_name()} report --format json'") from None
         if not isinstance(data, Mapping):
             raise InspectorError(f"not a report: the JSON holds {type(data).__name__}, not an object; give "
-                                 "a file written by 'python -m inspector report --format json'")
+                                 f"a file written by '{program_name()} report --format json'")
         try:
             return cls.from_dict(data)
         except InspectorError:
@@ -106,7 +107,7 @@ class Report:
         except (KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:
             what = f"missing field {exc}" if isinstance(exc, KeyError) else f"{type(exc).__name__}: {exc}"
             raise InspectorError(f"not a report: the JSON does not follow the report schema ({what}); "
-                                 "give a file written by 'python -m inspector report --format json'") from None
+                                 f"give a file written by '{program_name()} report --format json'") from None
 
     # -- HTML / Markdown / PDF ----------------------------------------------------------
 

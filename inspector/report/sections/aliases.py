@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Any
 
 from ...aliases import CONVERSIONS, alias_analysis, conversion_table, graph_data
-from ...figures.aliases import alias_graph_figure
 from ...findings import InspectorError
 from ...summary import model_bytes
 from ..data import Section, Table, make_figure, plain
@@ -14,6 +13,7 @@ from .context import Context
 
 
 def aliases_section(ctx: Context) -> Section:
+    from ...figures.aliases import alias_graph_figure
     with ctx.loaded.lock:
         analysis = alias_analysis(ctx.model)
     notes: list[str] = []

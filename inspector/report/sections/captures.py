@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 from ...capture import capture_activations
-from ...figures.capture import capture_stats_figure
 from ..data import Section, Table, make_figure, plain
 from ..options import SECTION_TITLES
 from .context import Context
 
 
 def captures_section(ctx: Context) -> Section:
+    from ...figures.capture import capture_stats_figure
     ctx.loaded.check_runnable()
     inputs = ctx.loaded.example_inputs(int(ctx.options["batch_size"]))
     caps = capture_activations(ctx.model, inputs, store_on="cpu",

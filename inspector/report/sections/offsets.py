@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from ...figures.offsets import layer_norm_bars, offset_strip
 from ...offsets import gradient_report, loss_gradients, offset_findings, offset_map
 from ..data import Section, Table, make_figure, plain
 from ..options import SECTION_TITLES
@@ -12,6 +11,7 @@ from .context import Context
 
 
 def offsets_section(ctx: Context) -> Section:
+    from ...figures.offsets import layer_norm_bars, offset_strip
     notes: list[str] = []
     model = ctx.model
     table = offset_map(model)

@@ -6,7 +6,6 @@ import warnings
 from typing import Any
 
 from ...distributed.analyses import sharding_tables
-from ...figures.placement import placement_treemap, usage_bars
 from ...placement import compare_with_accelerate, format_max_memory, placement_findings, placement_table
 from ..data import ReportFigure, Section, Table, make_figure, plain
 from ..options import SECTION_TITLES
@@ -14,6 +13,7 @@ from .context import Context
 
 
 def placement_section(ctx: Context) -> Section:
+    from ...figures.placement import placement_treemap
     notes: list[str] = []
     model = ctx.model
     now = placement_table(model)
@@ -40,6 +40,7 @@ def placement_section(ctx: Context) -> Section:
 def _plan(ctx: Context, budget: Any, facts: dict[str, Any]
           ) -> tuple[list[Table], tuple[ReportFigure, ...], list[Any]]:
     """The plan for ``budget`` next to accelerate's: its tables, figures and findings; ``facts`` updated."""
+    from ...figures.placement import placement_treemap, usage_bars
     with ctx.loaded.lock, warnings.catch_warnings():
         # accelerate warns about its own plan's offloaded buffers; the diff table shows that
         warnings.filterwarnings("ignore", category=UserWarning, module="accelerate")
