@@ -14,12 +14,15 @@ import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple, cast
 
 import torch
 from torch import nn
 
 from .checks import require_module
+
+if TYPE_CHECKING:
+    from torch.distributed.tensor import DTensor
 
 KINDS = ("parameter", "buffer")
 
@@ -125,7 +128,7 @@ class TensorEntry(NamedTuple):
         t = self.tensor
         if t.layout != torch.strided or t.is_quantized or self.is_dtensor:
             return 0
-        return t.storage_offset()
+        return int(t.storage_offset())
 
     @property
     def is_dtensor(self) -> bool:
@@ -135,12 +138,13 @@ class TensorEntry(NamedTuple):
     @property
     def local_shape(self) -> tuple[int, ...]:
         """Shape of this rank's piece (``shape`` for a plain tensor)."""
-        return tuple(self.tensor.to_local().shape) if self.is_dtensor else tuple(self.tensor.shape)
+        t = cast("DTensor", self.tensor).to_local() if self.is_dtensor else self.tensor
+        return tuple(t.shape)
 
     @property
     def local_nbytes(self) -> int:
         """Bytes of this rank's piece (``nbytes`` for a plain tensor)."""
-        t = self.tensor.to_local() if self.is_dtensor else self.tensor
+        t = cast("DTensor", self.tensor).to_local() if self.is_dtensor else self.tensor
         return t.numel() * t.element_size()
 
     @property
@@ -155,7 +159,7 @@ class TensorEntry(NamedTuple):
     @property
     def mesh(self) -> tuple[int, ...]:
         """Shape of the DTensor's device mesh, ``()`` for a plain tensor."""
-        return tuple(self.tensor.device_mesh.shape) if self.is_dtensor else ()
+        return tuple(cast("DTensor", self.tensor).device_mesh.shape) if self.is_dtensor else ()
 
 
 @dataclass(frozen=True)
@@ -331,8 +335,8 @@ class _Builder:
         for n, t in model.named_parameters(remove_duplicate=False):
             self.add(n, "parameter", *_split(n), t)
         if include_buffers:
-            for n, t in model.named_buffers(remove_duplicate=False):
-                self.add(n, "buffer", *_split(n), t)
+            for n, buf in model.named_buffers(remove_duplicate=False):
+                self.add(n, "buffer", *_split(n), buf)
 
     def _stack_walk(self, model: nn.Module,
                     include_buffers: bool) -> list[tuple[str, str, str, str, torch.Tensor]] | None:
@@ -352,9 +356,9 @@ class _Builder:
                 if v is not None:
                     add(dot + k, "parameter", prefix, k, v)
             if include_buffers:
-                for k, v in module._buffers.items():
-                    if v is not None:
-                        buffers.append((dot + k, "buffer", prefix, k, v))
+                for k, b in module._buffers.items():
+                    if b is not None:
+                        buffers.append((dot + k, "buffer", prefix, k, b))
             for k, m in reversed(module._modules.items()):
                 if m is not None:
                     stack.append((dot + k, m))
