@@ -35,6 +35,7 @@ test: $(VENV)/.test-installed chromium
 
 lint: $(VENV)/.test-installed
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy
 
 bench: $(VENV)/.installed
 	@for f in benchmarks/bench_*.py; do echo "== $$f"; $(VENV)/bin/python $$f || exit 1; done

@@ -8,8 +8,8 @@ from urllib.parse import urlencode
 import pandas as pd
 import streamlit as st
 
+from inspector import format_bytes, format_count, model_summary, summary_findings
 from inspector.escaping import markdown_text
-from inspector.summary import format_bytes, format_count, model_summary, summary_findings
 from ui.cache import cached_analysis
 from ui.errors import guarded
 from ui.navigation import all_views, navigation

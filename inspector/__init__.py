@@ -1,43 +1,78 @@
 """Model Inspector: debug PyTorch models — ties, flat offsets, device maps, captures.
 
-The public API is flat; the modules behind it are loaded on first use::
+The public API is flat: every function and result type below is imported from here::
 
     from inspector import load_model, alias_groups, offset_map, plan_device_map
+
+``import inspector`` loads torch, numpy and pandas; transformers, accelerate, captum, plotly
+and streamlit are imported only by the calls that use them.
 """
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from .aliases import (
+    CONVERSIONS,
+    AliasAnalysis,
+    AliasGroup,
+    ConversionResult,
+    TieSnapshot,
+    alias_analysis,
+    alias_groups,
+    compare_ties,
+    conversion_check,
+    conversion_table,
+    retie,
+    snapshot_ties,
+)
+from .attribution import METHODS, Attribution, AttributionResult, attribute, methods_for
+from .capture import Captures, capture_activations, capturing, reference_drift, select_modules
+from .devices import DeviceInfo, available_devices, device_names, move_model
+from .findings import Finding, InspectorError, sort_findings
+from .inventory import TensorEntry, TensorInventory, storage_key, tensor_inventory
+from .models import LoadedModel, load_model
+from .offsets import (
+    BackwardResult,
+    GradientNorms,
+    Location,
+    LossGradients,
+    gradient_norms,
+    gradient_report,
+    locate,
+    loss_gradients,
+    offset_findings,
+    offset_map,
+    run_backward,
+)
+from .placement import (
+    Comparison,
+    DeviceMapAudit,
+    PlacementPlan,
+    PlanResult,
+    audit_device_map,
+    compare_with_accelerate,
+    dispatch_plan,
+    parse_max_memory,
+    placement_findings,
+    placement_table,
+    plan_device_map,
+    plan_device_map_explained,
+)
+from .report import SECTIONS, Report, build_report
+from .summary import ModelSummary, format_bytes, format_count, model_summary, summary_findings
 
 __version__ = "0.1.0"
 
-_API: dict[str, str] = {
-    "load_model": "models", "LoadedModel": "models",
-    "available_devices": "devices", "move_model": "devices",
-    "alias_groups": "aliases", "snapshot_ties": "aliases", "compare_ties": "aliases",
-    "retie": "aliases", "alias_analysis": "aliases", "conversion_check": "aliases",
-    "offset_map": "offsets", "locate": "offsets", "gradient_norms": "offsets",
-    "plan_device_map": "placement", "audit_device_map": "placement",
-    "placement_table": "placement", "plan_device_map_explained": "placement",
-    "parse_max_memory": "placement", "compare_with_accelerate": "placement", "dispatch_plan": "placement",
-    "capture_activations": "capture", "capturing": "capture", "Captures": "capture",
-    "attribute": "attribution",
-    "build_report": "report",
-    "Finding": "findings", "InspectorError": "findings",
-    "model_summary": "summary",
-}
-
-__all__ = sorted(_API)
-
-def __getattr__(name: str) -> Any:
-    module = _API.get(name)
-    if module is None:
-        raise AttributeError(f"module 'inspector' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f".{module}", __name__), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__all__ = [
+    "CONVERSIONS", "METHODS", "SECTIONS",
+    "AliasAnalysis", "AliasGroup", "Attribution", "AttributionResult", "BackwardResult", "Captures", "Comparison",
+    "ConversionResult", "DeviceInfo", "DeviceMapAudit", "Finding", "GradientNorms", "InspectorError",
+    "LoadedModel", "Location", "LossGradients", "ModelSummary", "PlacementPlan", "PlanResult", "Report",
+    "TensorEntry", "TensorInventory", "TieSnapshot",
+    "alias_analysis", "alias_groups", "attribute", "audit_device_map", "available_devices", "build_report",
+    "capture_activations", "capturing", "compare_ties", "compare_with_accelerate", "conversion_check",
+    "conversion_table", "device_names", "dispatch_plan", "format_bytes", "format_count", "gradient_norms",
+    "gradient_report", "load_model", "locate", "loss_gradients", "methods_for", "model_summary", "move_model",
+    "offset_findings", "offset_map", "parse_max_memory", "placement_findings", "placement_table", "reference_drift",
+    "plan_device_map", "plan_device_map_explained", "retie", "run_backward", "select_modules",
+    "snapshot_ties", "sort_findings", "storage_key", "summary_findings", "tensor_inventory",
+]

@@ -52,10 +52,16 @@ def _chosen(argv: list[str], names: list[str]) -> str | None:
     return None
 
 
+def program_name() -> str:
+    """``model-inspector`` when run as that script, else ``python -m inspector``."""
+    name = Path(sys.argv[0]).name if sys.argv and sys.argv[0] else ""
+    return name if name.startswith("model-inspector") else "python -m inspector"
+
+
 def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     """The command-line parser; with ``argv``, only the command it names gets its arguments (and
     only that command's module is imported); without, every command does."""
-    parser = argparse.ArgumentParser(prog="python -m inspector",
+    parser = argparse.ArgumentParser(prog=program_name(),
                                      description="Debug PyTorch models: ties, offsets, device maps, captures.")
     parser.add_argument("--debug", action="store_true", help="print the full traceback of an error")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -83,7 +89,11 @@ def main(argv: list[str] | None = None) -> int:
     """
     argv = sys.argv[1:] if argv is None else list(argv)
     try:
-        args = build_parser(argv).parse_args(argv)
+        parser = build_parser(argv)
+        args, unknown = parser.parse_known_args(argv)
+        if unknown and not getattr(args, "_passthrough", False):
+            parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+        args.passthrough = unknown
     except SystemExit as exc:  # argparse printed the usage error (status 2) or --help (status 0)
         return exc.code if isinstance(exc.code, int) else 2
     debug = bool(getattr(args, "debug", False))

@@ -26,7 +26,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .findings import Finding, InspectorError
+from .findings import Finding, InspectorError, Severity
 from .hf_saved import SavedCheck, check_saved
 
 #: Auto-class mappings tried, in this order, when ``config.architectures`` names no class
@@ -48,7 +48,7 @@ class ClassChoice:
     ``chosen`` is the class used; ``is_saved`` says whether they are the same.
     """
 
-    chosen: type
+    chosen: Any  # a transformers PreTrainedModel subclass
     saved: str | None
     reason: str
 
@@ -76,7 +76,7 @@ def choose_class(config: Any) -> ClassChoice:
     for name in names:
         cls = getattr(transformers, name, None) if name.isidentifier() else None
         if isinstance(cls, type) and issubclass(cls, transformers.PreTrainedModel) and \
-                isinstance(config, cls.config_class):
+                cls.config_class is not None and isinstance(config, cls.config_class):
             return ClassChoice(cls, names[0], f"config.architectures names {name}")
     order = list(FALLBACK_AUTO_CLASSES)
     if getattr(config, "is_encoder_decoder", False):
@@ -129,7 +129,8 @@ def tie_findings(model: nn.Module) -> list[Finding]:
     if not getattr(config, "tie_word_embeddings", False):
         return []
     try:
-        inp, out = model.get_input_embeddings(), model.get_output_embeddings()
+        hf_model: Any = model  # a transformers PreTrainedModel
+        inp, out = hf_model.get_input_embeddings(), hf_model.get_output_embeddings()
     except (AttributeError, NotImplementedError):
         return []
     w_in, w_out = getattr(inp, "weight", None), getattr(out, "weight", None)
@@ -161,7 +162,7 @@ def class_findings(choice: ClassChoice, matches: bool = True) -> list[Finding]:
     name = choice.chosen.__name__
     if choice.is_saved:
         return [Finding("hf-class", "info", "", f"loaded as {name}, the class the folder was saved from")]
-    severity = "warning" if matches else "error"
+    severity: Severity = "warning" if matches else "error"
     if choice.saved is None:
         return [Finding("hf-class-guessed", severity, "",
                         f"the folder does not say which class it was saved from ({choice.reason}); "
@@ -219,9 +220,9 @@ def example_inputs_for(model: nn.Module) -> Callable[[int], dict[str, torch.Tens
         return pixels
     text = _sub_config(config, "text_config", "encoder")
     vocab = getattr(text, "vocab_size", None)
-    decoder_vocab = getattr(_sub_config(config, "decoder"), "vocab_size", None) or vocab
-    if not vocab:
+    if not isinstance(vocab, int) or vocab <= 0:
         return None
+    decoder_vocab: int = getattr(_sub_config(config, "decoder"), "vocab_size", None) or vocab
     limit = getattr(text, "max_position_embeddings", None) or getattr(text, "n_positions", None)
     length = min(SEQUENCE_LENGTH, limit) if isinstance(limit, int) and limit > 0 else SEQUENCE_LENGTH
 

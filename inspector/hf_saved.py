@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .findings import Finding, InspectorError
+from .findings import Finding, InspectorError, Severity
 
 #: Findings reported one by one; beyond this many of one kind they are summed up in one.
 MAX_LISTED = 20
@@ -82,7 +82,7 @@ class SavedCheck:
         return out
 
 
-def _listed(items: tuple, code: str, severity: str, message: Callable[[Any], str]) -> list[Finding]:
+def _listed(items: tuple, code: str, severity: Severity, message: Callable[[Any], str]) -> list[Finding]:
     out = [Finding(code, severity, item if isinstance(item, str) else item[0], message(item))
            for item in items[:MAX_LISTED]]
     if len(items) > MAX_LISTED:
@@ -178,7 +178,7 @@ def saved_form(model: nn.Module, state: dict[str, torch.Tensor]) -> dict[str, to
         return dict(state)
     try:
         with torch.no_grad():
-            return dict(revert_weight_conversion(model, dict(state)))
+            return dict(revert_weight_conversion(model, dict(state)))  # type: ignore[arg-type]
     except Exception:  # noqa: BLE001 - a conversion that cannot run backwards: compare by name
         return dict(state)
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import importlib.util
-import io
 import os
 import pickle
 import re
@@ -18,6 +17,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.utils._pytree import tree_map_only
 
 from .devices import move_model, resolve_device
 from .findings import Finding, InspectorError, first_line
@@ -159,22 +159,20 @@ def model_code(what: str, fix: str = "fix the model file, or pick another model"
 
 
 def to_device(inputs: Any, device: torch.device, dtype: torch.dtype | None = None) -> Any:
-    """Move a tensor, or the tensors inside a tuple/list/dict, to ``device``.
+    """Move a tensor, or every tensor inside a pytree (tuples, lists, dicts, named tuples), to ``device``.
 
     With ``dtype``, floating tensors are cast to it too (integer and bool tensors keep theirs).
+    Anything that is not a tensor is returned as it is.
 
     >>> to_device((torch.ones(1), torch.ones(1, dtype=torch.long)), torch.device("cpu"),
     ...           torch.float16)[0].dtype
     torch.float16
     """
-    if isinstance(inputs, torch.Tensor):
-        cast = dtype is not None and inputs.is_floating_point()
-        return inputs.to(device=device, dtype=dtype if cast else inputs.dtype)
-    if isinstance(inputs, dict):
-        return {k: to_device(v, device, dtype) for k, v in inputs.items()}
-    if isinstance(inputs, (tuple, list)):
-        return type(inputs)(to_device(v, device, dtype) for v in inputs)
-    return inputs
+    def move(t: torch.Tensor) -> torch.Tensor:
+        cast = dtype is not None and t.is_floating_point()
+        return t.to(device=device, dtype=dtype if cast else t.dtype)
+
+    return tree_map_only(torch.Tensor, move, inputs)
 
 
 def call_model(model: nn.Module, inputs: Any) -> Any:
@@ -291,6 +289,8 @@ def _build_file(source: str) -> LoadedModel:
     mod_name = f"_inspector_user_{abs(hash(str(path)))}"
     try:
         spec = importlib.util.spec_from_file_location(mod_name, path)
+        if spec is None or spec.loader is None:
+            raise InspectorError(f"model file {path} cannot be imported as a Python module")
         module = importlib.util.module_from_spec(spec)
         sys.modules[mod_name] = module
         with model_code(f"importing {path}", "fix the file"):
@@ -318,6 +318,9 @@ def _build_hf(directory: str) -> LoadedModel:
     if not (path / "config.json").is_file():
         raise InspectorError(f"{path} is not a Hugging Face model folder (no config.json there)")
     refuse_remote_code(path)
+    if importlib.util.find_spec("transformers") is None:
+        raise InspectorError(f"loading the Hugging Face folder {path} needs transformers: "
+                             "pip install 'model-inspector[hf]'")
     from . import hf
 
     model, findings = hf.load_hf_folder(path)
@@ -409,25 +412,31 @@ def read_checkpoint(path: str | os.PathLike, *, mmap: bool = False) -> tuple[dic
     return obj, findings
 
 
+def pickle_globals(path: Path) -> list[str]:
+    """Callables outside torch's own that a checkpoint's pickle names; nothing in it is executed.
+
+    A torch zip file is read by ``torch.serialization.get_unsafe_globals_in_checkpoint``
+    (everything outside torch's ``weights_only`` allowlist). That function refuses bare and
+    legacy pickles, and torch's error for them names no callable, so those are read with
+    ``pickletools.genops``, which parses opcodes of every protocol and executes nothing.
+    """
+    try:
+        if zipfile.is_zipfile(path):
+            return sorted(torch.serialization.get_unsafe_globals_in_checkpoint(path))
+        data = path.read_bytes()
+    except Exception:  # noqa: BLE001 - an unreadable file names nothing
+        return []
+    return _bare_pickle_globals(data)
+
+
 _TORCH_GLOBALS = ("torch.", "collections.OrderedDict", "builtins.set", "_codecs.encode")
 
 
-def pickle_globals(path: Path) -> list[str]:
-    """Callables other than torch's own that a pickle (or a torch zip file's data.pkl) names.
-
-    Read with ``pickletools.genops``, which parses opcodes and executes nothing.
-    """
+def _bare_pickle_globals(data: bytes) -> list[str]:
+    """The globals named by the pickles at the start of ``data``, minus torch's own, in file order."""
+    import io
     import pickletools
 
-    try:
-        if zipfile.is_zipfile(path):
-            with zipfile.ZipFile(path) as zf:
-                name = next((n for n in zf.namelist() if n.endswith("data.pkl")), None)
-                data = zf.read(name) if name else b""
-        else:
-            data = path.read_bytes()
-    except Exception:  # noqa: BLE001 - an unreadable file names nothing
-        return []
     found: list[str] = []
     strings: list[str] = []
     stream = io.BytesIO(data)
@@ -489,7 +498,8 @@ def apply_checkpoint(model: nn.Module, path: str | os.PathLike) -> list[Finding]
         if key in own and tuple(own[key].shape) != tuple(t.shape):
             raise InspectorError(f"checkpoint {name}: tensor {key} has shape {tuple(t.shape)} but the "
                                  f"model expects {tuple(own[key].shape)}; nothing was loaded")
-    missing, restored = [], []
+    missing: list[tuple[str, list[str]]] = []
+    restored: list[tuple[str, list[str]]] = []
     for key, t in own.items():
         if key in state:
             continue

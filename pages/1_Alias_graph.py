@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import streamlit as st
 
-from inspector.aliases import CONVERSIONS, alias_analysis, conversion_table, graph_data
-from inspector.devices import device_names
+from inspector import CONVERSIONS, alias_analysis, conversion_table, device_names, format_count
+from inspector.aliases import graph_data
 from inspector.escaping import markdown_text
 from inspector.figures.aliases import alias_graph_figure
-from inspector.summary import format_count
 from ui.cache import cached_analysis
 from ui.errors import guarded
 from ui.sidebar import model_picker

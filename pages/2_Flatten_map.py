@@ -6,19 +6,18 @@ import math
 
 import streamlit as st
 
-from inspector.escaping import markdown_code, markdown_text
-from inspector.figures.offsets import layer_norm_bars, offset_strip
-from inspector.findings import InspectorError
-from inspector.offsets import (
-    display_table,
-    flatten_roundtrip,
+from inspector import (
+    InspectorError,
+    format_count,
     gradient_report,
     locate,
     loss_gradients,
     offset_findings,
     offset_map,
 )
-from inspector.summary import format_count
+from inspector.escaping import markdown_code, markdown_text
+from inspector.figures.offsets import layer_norm_bars, offset_strip
+from inspector.offsets import display_table, flatten_roundtrip
 from ui.cache import cached_analysis
 from ui.errors import guarded
 from ui.running import model_runs

@@ -7,19 +7,16 @@ import json
 import pandas as pd
 import streamlit as st
 
+from inspector import compare_with_accelerate, parse_max_memory, placement_findings, placement_table
 from inspector.escaping import markdown_code, markdown_text
 from inspector.figures.palette import key_label
 from inspector.figures.placement import placement_treemap, usage_bars, usage_side_by_side
 from inspector.placement import (
     audit,
-    compare_with_accelerate,
     device_usage,
     format_max_memory,
     load_device_map,
     missing_devices,
-    parse_max_memory,
-    placement_findings,
-    placement_table,
     suggest_budget,
     try_dispatch,
 )

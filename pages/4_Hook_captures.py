@@ -5,8 +5,7 @@ from __future__ import annotations
 import streamlit as st
 import torch
 
-from inspector.capture import capture_activations, reference_drift, select_modules
-from inspector.devices import device_names
+from inspector import capture_activations, device_names, format_bytes, reference_drift, select_modules
 from inspector.escaping import markdown_text
 from inspector.figures.capture import (
     capture_heatmap,
@@ -14,7 +13,7 @@ from inspector.figures.capture import (
     clone_vs_reference_figure,
 )
 from inspector.responsive import runs_at_once
-from inspector.summary import format_bytes, model_bytes
+from inspector.summary import model_bytes
 from ui.cache import cached_analysis
 from ui.errors import guarded
 from ui.running import model_runs

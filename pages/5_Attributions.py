@@ -6,18 +6,12 @@ import json
 
 import streamlit as st
 
-from inspector.attribution import (
-    METHODS,
-    attribute,
-    conv_layers,
-    default_layer,
-    layer_names,
-    methods_for,
-)
+from inspector import METHODS, attribute, format_bytes, methods_for
+from inspector.attribution import conv_layers, default_layer, layer_names
 from inspector.escaping import markdown_code, markdown_text
 from inspector.figures.attribution import completeness_line, conductance_bars, image_overlay, token_heatmap
 from inspector.responsive import quick_target_info, runs_at_once
-from inspector.summary import format_bytes, model_bytes
+from inspector.summary import model_bytes
 from ui.cache import cached_analysis
 from ui.errors import guarded
 from ui.running import model_runs

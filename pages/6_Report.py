@@ -9,8 +9,9 @@ from pathlib import Path
 
 import streamlit as st
 
+from inspector import SECTIONS, build_report
 from inspector.escaping import markdown_text
-from inspector.report import CHROMIUM, SECTION_TITLES, SECTIONS, build_report
+from inspector.report import CHROMIUM, SECTION_TITLES
 from ui.cache import cached_analysis
 from ui.errors import guarded
 from ui.sidebar import model_picker

@@ -197,13 +197,15 @@ def test_url_choice_loads_that_model():
     assert list(listing["name"]) == [f"layers.79.mlp.{p}_proj.weight" for p in ("gate", "up", "down")]
 
 
-def _counting_script(counter_path: str, scope: str) -> None:
+def _counting_script(counter_path: str, scope: str, clear: bool = False) -> None:
     import streamlit as st
 
-    from ui.cache import cached_analysis
+    from ui.cache import cached_analysis, clear_analyses
     from ui.sidebar import model_picker
 
     loaded = model_picker()
+    if clear:
+        clear_analyses()
 
     def count_parameters(model, scale):
         with open(counter_path, "a") as f:
@@ -214,8 +216,8 @@ def _counting_script(counter_path: str, scope: str) -> None:
                                          cache_key=counter_path))
 
 
-def _counting(counter, scope):
-    return AppTest.from_function(_counting_script, args=(str(counter), scope), default_timeout=60).run()
+def _counting(counter, scope, clear=False):
+    return AppTest.from_function(_counting_script, args=(str(counter), scope, clear), default_timeout=60).run()
 
 
 def test_cached_analysis_is_shared_per_model_across_sessions(tmp_path):
@@ -226,6 +228,21 @@ def test_cached_analysis_is_shared_per_model_across_sessions(tmp_path):
     assert not a.exception and not b.exception
     assert metric(a, "counted") == metric(b, "counted") == "4080"
     assert counter.read_text() == "x"  # computed once for both sessions and the rerun
+
+
+def test_clear_analyses_drops_the_models_shared_and_session_results(tmp_path):
+    for scope in ("model", "session"):
+        counter = tmp_path / f"{scope}.txt"
+        a = _counting(counter, scope)
+        assert counter.read_text() == "x"
+        _counting(counter, scope, clear=True)  # cleared, then computed again
+        assert counter.read_text() == "xx"
+        if scope == "model":
+            _counting(counter, scope)  # a new session finds the recomputed shared result
+            assert counter.read_text() == "xx"
+        a.run()  # session a's own result is its own (session) or still shared (model)
+        assert counter.read_text() == "xx"
+        assert metric(a, "counted") == "4080"
 
 
 def test_cached_analysis_session_scope_is_per_session(tmp_path):

@@ -320,3 +320,25 @@ def test_cli_summary():
     bad = subprocess.run([sys.executable, "-m", "inspector", "summary", "sample:nope"],
                          capture_output=True, text=True, cwd=PROJECT_ROOT)
     assert bad.returncode == 2 and "known samples" in bad.stderr
+
+
+def test_to_device_moves_every_tensor_of_a_pytree_and_casts_only_floating_ones():
+    from collections import namedtuple
+
+    from inspector.models import to_device
+
+    Batch = namedtuple("Batch", "x ids")
+    inputs = {"batch": Batch(torch.ones(2), torch.arange(2)), "extra": [torch.zeros(1, dtype=torch.float64), "tag"]}
+    out = to_device(inputs, torch.device("meta"), torch.float16)
+    assert isinstance(out["batch"], Batch)
+    assert (out["batch"].x.device.type, out["batch"].x.dtype) == ("meta", torch.float16)
+    assert (out["batch"].ids.device.type, out["batch"].ids.dtype) == ("meta", torch.int64)
+    assert out["extra"][0].dtype == torch.float16 and out["extra"][1] == "tag"
+    assert inputs["batch"].x.device.type == "cpu"  # the input is not changed
+
+
+def test_hf_folder_without_transformers_names_the_extra(tmp_path, monkeypatch):
+    (tmp_path / "config.json").write_text('{"model_type": "gpt2"}')
+    monkeypatch.setitem(sys.modules, "transformers", None)  # as where the hf extra is not installed
+    with pytest.raises(InspectorError, match=r"needs transformers: pip install 'model-inspector\[hf\]'"):
+        load_model(f"hf:{tmp_path}")

@@ -38,66 +38,70 @@ import hashlib
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, TypeVar, cast
 
 import streamlit as st
 import torch
 from torch import nn
 
-from inspector.models import LoadedModel
+from inspector import LoadedModel
 
 from .models import Selection
 
 T = TypeVar("T")
 Scope = Literal["model", "session"]
-MAX_PER_MODEL = 64
+MAX_SHARED = 12 * 64  # results shared between sessions, all models together (least recently used go first)
 MAX_PER_SESSION = 32
 _SESSION_KEY = "mi_analyses"
 
 
-class _Store:
-    """A small thread-safe LRU of results, with one lock per entry so a result is computed once."""
+@st.cache_resource(show_spinner=False, max_entries=MAX_SHARED)
+def _shared_result(model_key: str, key: tuple, _compute: Callable[[], Any]) -> Any:
+    """One result per (model, call) for the whole server.
 
-    def __init__(self, max_entries: int) -> None:
-        self.max_entries = max_entries
+    Streamlit computes a missing key once (other sessions asking for it meanwhile wait for
+    that result), caches nothing when ``_compute`` raises, and drops the least recently used
+    results past ``MAX_SHARED``. ``_compute`` is not part of the key (leading underscore).
+    """
+    _shared_keys(model_key).add(key)
+    return _compute()
+
+
+@st.cache_resource(show_spinner=False)
+def _shared_keys(model_key: str) -> set[tuple]:
+    """The keys ``_shared_result`` was asked for with ``model_key``, so that one model's results
+    can be dropped (:func:`clear_analyses`)."""
+    return set()
+
+
+class _SessionResults:
+    """One browser session's results: at most ``MAX_PER_SESSION``, least recently used dropped first."""
+
+    def __init__(self) -> None:
         self.items: OrderedDict[tuple, Any] = OrderedDict()
-        self.entry_locks: dict[tuple, threading.Lock] = {}
-        self.guard = threading.Lock()
+        self.guard = threading.RLock()  # a session's fragments may run while its script does
 
     def get_or_compute(self, key: tuple, compute: Callable[[], T]) -> T:
         with self.guard:
             if key in self.items:
                 self.items.move_to_end(key)
-                return self.items[key]
-            lock = self.entry_locks.setdefault(key, threading.Lock())
-        with lock:
-            with self.guard:
-                if key in self.items:
-                    return self.items[key]
+                return cast(T, self.items[key])
             value = compute()  # an exception propagates and caches nothing
-            with self.guard:
-                self.items[key] = value
-                self.items.move_to_end(key)
-                while len(self.items) > self.max_entries:
-                    old, _ = self.items.popitem(last=False)
-                    self.entry_locks.pop(old, None)
-                self.entry_locks.pop(key, None)
+            self.items[key] = value
+            while len(self.items) > MAX_PER_SESSION:
+                self.items.popitem(last=False)
             return value
 
-    def clear(self) -> None:
+    def drop_model(self, model_key: str) -> None:
         with self.guard:
-            self.items.clear()
+            for k in [k for k in self.items if k[0] == model_key]:
+                del self.items[k]
 
 
-@st.cache_resource(show_spinner=False, max_entries=12)
-def _model_store(model_key: str) -> _Store:
-    return _Store(MAX_PER_MODEL)
-
-
-def _session_store() -> _Store:
+def _session_results() -> _SessionResults:
     store = st.session_state.get(_SESSION_KEY)
     if store is None:
-        store = st.session_state[_SESSION_KEY] = _Store(MAX_PER_SESSION)
+        store = st.session_state[_SESSION_KEY] = _SessionResults()
     return store
 
 
@@ -155,8 +159,9 @@ def cached_analysis(fn: Callable[..., T], /, *args: Any, cache_scope: Scope = "m
         What ``fn`` returned; the same object on later calls with the same key.
     """
     key = (current_model_key(), _function_id(fn), _freeze(args), _freeze(kwargs), _freeze(cache_key))
-    store = _session_store() if cache_scope == "session" else _model_store(key[0])
-    return store.get_or_compute(key, lambda: fn(*args, **kwargs))
+    if cache_scope == "session":
+        return _session_results().get_or_compute(key, lambda: fn(*args, **kwargs))
+    return cast(T, _shared_result(key[0], key, lambda: fn(*args, **kwargs)))
 
 
 def clear_analyses(model_key: str | None = None) -> None:
@@ -164,10 +169,11 @@ def clear_analyses(model_key: str | None = None) -> None:
 
     Call it after changing the model in place, e.g. after a re-tie or loading new weights.
     """
-    key = model_key or current_model_key()
-    _model_store(key).clear()
+    model_key = model_key or current_model_key()
+    keys = _shared_keys(model_key)
+    for key in list(keys):
+        _shared_result.clear(model_key, key, None)
+        keys.discard(key)
     store = st.session_state.get(_SESSION_KEY)
     if store is not None:
-        with store.guard:
-            for k in [k for k in store.items if k[0] == key]:
-                del store.items[k]
+        store.drop_model(model_key)

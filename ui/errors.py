@@ -13,8 +13,9 @@ from contextlib import contextmanager
 
 import streamlit as st
 
+from inspector import Finding, InspectorError
 from inspector.escaping import markdown_code, markdown_text
-from inspector.findings import Finding, InspectorError, first_line
+from inspector.findings import first_line
 
 log = logging.getLogger("model_inspector.ui")
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import streamlit as st
 
-from inspector.models import LoadedModel, load_model
+from inspector import LoadedModel, load_model
 
 MAX_CACHED_MODELS = 6
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from inspector.models import LoadedModel
+from inspector import LoadedModel
 from inspector.runcheck import RunCheck, try_forward
 
 from .cache import cached_analysis

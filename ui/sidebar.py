@@ -16,12 +16,10 @@ import time
 
 import streamlit as st
 
-from inspector.devices import DeviceInfo, available_devices
+from inspector import DeviceInfo, Finding, LoadedModel, available_devices, format_bytes, sort_findings
 from inspector.distributed.checkpoint import dcp_listing, is_dcp_folder
 from inspector.escaping import markdown_code, markdown_text
-from inspector.findings import Finding, sort_findings
-from inspector.models import DTYPES, LoadedModel, allowed_model_dirs
-from inspector.summary import format_bytes
+from inspector.models import DTYPES, allowed_model_dirs
 from sample_models import SAMPLES
 
 from .errors import finding_markdown, guarded, install_page_handler, show_error

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 import pandas as pd
 import streamlit as st
 
-from inspector.findings import Finding, sort_findings
+from inspector import Finding, sort_findings
 
 PAGE_SIZE = 50
 SEVERITY_BADGE = {"error": "red", "warning": "orange", "info": "blue"}

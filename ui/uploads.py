@@ -22,8 +22,7 @@ import uuid
 import weakref
 from pathlib import Path
 
-from inspector.findings import InspectorError
-from inspector.summary import format_bytes
+from inspector import InspectorError, format_bytes
 
 UPLOAD_DIR = Path(tempfile.gettempdir()) / "model-inspector-uploads"
 UPLOAD_SUFFIXES = (".safetensors", ".pt", ".pth", ".bin")

@@ -9,37 +9,43 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from captum.attr import (
-    InputXGradient,
-    IntegratedGradients,
-    LayerConductance,
-    LayerGradCam,
-    LayerIntegratedGradients,
-    Saliency,
-)
 
 from ..findings import InspectorError
 
 
+def captum_attr() -> Any:
+    """``captum.attr``, imported on first use (it takes seconds, and captum is an optional extra)."""
+    try:
+        import captum.attr
+    except ImportError as exc:
+        raise InspectorError("attributions need captum: pip install 'model-inspector[attribution]'") from exc
+    return captum.attr
+
+
 @dataclass(frozen=True)
 class MethodSpec:
-    """One attribution method: its captum class and what it needs."""
+    """One attribution method: the name of its captum class and what it needs."""
 
     name: str
     label: str
-    captum_class: type
+    captum_name: str
     on_layer: bool
     has_delta: bool
     interpolates_inputs: bool
 
+    @property
+    def captum_class(self) -> type:
+        """The captum class (``captum.attr.<captum_name>``)."""
+        return getattr(captum_attr(), self.captum_name)
+
 
 METHODS: dict[str, MethodSpec] = {m.name: m for m in [
-    MethodSpec("ig", "Integrated Gradients", IntegratedGradients, False, True, True),
-    MethodSpec("saliency", "Saliency", Saliency, False, False, False),
-    MethodSpec("input_x_gradient", "Input x Gradient", InputXGradient, False, False, False),
-    MethodSpec("layer_ig", "Layer Integrated Gradients", LayerIntegratedGradients, True, True, False),
-    MethodSpec("layer_conductance", "Layer Conductance", LayerConductance, True, True, True),
-    MethodSpec("layer_gradcam", "Layer GradCAM", LayerGradCam, True, False, False),
+    MethodSpec("ig", "Integrated Gradients", "IntegratedGradients", False, True, True),
+    MethodSpec("saliency", "Saliency", "Saliency", False, False, False),
+    MethodSpec("input_x_gradient", "Input x Gradient", "InputXGradient", False, False, False),
+    MethodSpec("layer_ig", "Layer Integrated Gradients", "LayerIntegratedGradients", True, True, False),
+    MethodSpec("layer_conductance", "Layer Conductance", "LayerConductance", True, True, True),
+    MethodSpec("layer_gradcam", "Layer GradCAM", "LayerGradCam", True, False, False),
 ]}
 
 

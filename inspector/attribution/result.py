@@ -11,9 +11,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import torch
-from captum.attr import LayerAttribution
 
 from ..findings import Finding
+from .methods import captum_attr
 
 DELTA_RELATIVE_TOLERANCE = 0.05
 DELTA_ABSOLUTE_TOLERANCE = 1e-5
@@ -101,7 +101,7 @@ class Attribution:
         a = self.attributions[0][sample:sample + 1].sum(1, keepdim=True)  # (1, 1, h, w)
         size = tuple(self.inputs[0].shape[-2:])
         if tuple(a.shape[-2:]) != size:
-            a = LayerAttribution.interpolate(a, size, "bilinear")
+            a = captum_attr().LayerAttribution.interpolate(a, size, "bilinear")
         return a[0, 0].numpy()
 
     def to_dict(self) -> dict[str, Any]:

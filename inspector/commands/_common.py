@@ -9,9 +9,8 @@ from typing import Any
 
 import pandas as pd
 
+from .. import Finding, LoadedModel, load_model, sort_findings
 from ..escaping import terminal_text
-from ..findings import Finding, sort_findings
-from ..models import LoadedModel, load_model
 from . import _types as types
 
 

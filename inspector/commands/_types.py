@@ -13,8 +13,8 @@ import math
 import os
 from pathlib import Path
 
+from .. import InspectorError
 from ..devices import resolve_device
-from ..findings import InspectorError
 from ..models import DTYPES
 
 

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from ..aliases import CONVERSIONS, alias_analysis, conversion_table
-from ..findings import InspectorError
+from .. import CONVERSIONS, InspectorError, alias_analysis, conversion_table
 from . import _types as types
 from ._common import (
     add_source_arguments,
@@ -54,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
         regions = " | ".join(", ".join(r) for r in d.regions)
         say(f"info: disjoint views of one storage ({d.storage_nbytes} bytes), not aliases: {regions}")
     findings = list(analysis.findings)
-    results = []
+    results: list = []
     if names:
         progress(f"running {len(names)} conversion(s) on copies of the model")
         table, results = conversion_table(loaded.model, names, retie_after=args.retie)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from ..attribution import METHODS, attribute
+from .. import METHODS, attribute
 from ..figures.attribution import completeness_line
 from . import _types as types
 from ._common import (

@@ -6,8 +6,7 @@ import argparse
 
 import torch
 
-from ..capture import capture_activations
-from ..summary import format_bytes
+from .. import capture_activations, format_bytes
 from . import _types as types
 from ._common import (
     add_source_arguments,

@@ -6,16 +6,14 @@ import argparse
 import logging
 from pathlib import Path
 
-from ..findings import InspectorError
-from ..placement import (
-    audit,
+from .. import (
+    InspectorError,
     compare_with_accelerate,
-    device_usage,
-    load_device_map,
+    format_bytes,
     parse_max_memory,
     plan_device_map_explained,
 )
-from ..summary import format_bytes
+from ..placement import audit, device_usage, load_device_map
 from . import _types as types
 from ._common import (
     add_source_arguments,

@@ -5,9 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from .. import InspectorError, load_model
 from ..distributed.train import SHARD_MODES, process_group, rank_device, shard, train_and_check
-from ..findings import InspectorError
-from ..models import load_model
 from . import _types as types
 from ._common import print_findings, progress, say
 

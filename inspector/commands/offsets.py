@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from ..offsets import display_table, gradient_report, locate, offset_findings, offset_map, run_backward
+from .. import gradient_report, locate, offset_findings, offset_map, run_backward
+from ..offsets import display_table
 from . import _types as types
 from ._common import (
     add_source_arguments,

@@ -5,10 +5,10 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from .. import SECTIONS, InspectorError, build_report
 from ..distributed import is_run_file, read_run
 from ..distributed.report import run_report
-from ..findings import InspectorError
-from ..report import SECTIONS, build_report, check_options, check_sections
+from ..report import check_options, check_sections
 from . import _types as types
 from ._common import add_source_arguments, load_from_args, progress
 

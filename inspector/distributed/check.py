@@ -283,7 +283,7 @@ def _record(tensors: list[tuple[str, str, torch.Tensor]], per_tensor: torch.Tens
         dtensor = is_dtensor(t)
         rows.append({
             "name": name, "kind": kind, "placements": placements_text(t) if dtensor else "",
-            "mesh": list(t.device_mesh.shape) if dtensor else [],
+            "mesh": list(t.device_mesh.shape) if is_dtensor(t) else [],
             "shape": list(t.shape), "numel": t.numel(), "dtype": str(t.dtype).removeprefix("torch."),
             "requires_grad": bool(t.requires_grad) if kind == "parameter" else False, "has_grad": has_grad,
             "local_numel": [int(pt[r][i][3]) for r in ranks_],

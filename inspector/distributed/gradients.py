@@ -64,13 +64,13 @@ class ShardedGradients:
         groups: dict[tuple, list[int]] = {}
         for pos, g in enumerate(grads):
             dims = _sharded_dims(g)
-            if dims:
+            if dims and is_dtensor(g):
                 groups.setdefault((g.device_mesh, dims), []).append(pos)
         if not groups:
             return squares
         out = squares.clone()
-        for (mesh, dims), pos in groups.items():
-            index = torch.tensor(pos, device=squares.device)
+        for (mesh, dims), positions in groups.items():
+            index = torch.tensor(positions, device=squares.device)
             part = out.index_select(0, index)
             for d in dims:
                 dist.all_reduce(part, group=mesh.get_group(d))

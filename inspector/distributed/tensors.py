@@ -13,9 +13,14 @@ import sys
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 from torch import nn
+
+if TYPE_CHECKING:
+    from torch.distributed.tensor import DTensor
+    from typing_extensions import TypeIs
 
 
 def _dtensor_type() -> type | None:
@@ -28,7 +33,7 @@ def _dtensor_type() -> type | None:
     return getattr(module, "DTensor", None) if module is not None else None
 
 
-def is_dtensor(t: object) -> bool:
+def is_dtensor(t: object) -> TypeIs[DTensor]:
     """Whether ``t`` is a DTensor (a parameter of an FSDP2 or tensor-parallel module).
 
     >>> is_dtensor(torch.zeros(2))
@@ -70,7 +75,7 @@ def _placement(p: object) -> str:
     return f"{name}()"
 
 
-def splits(p: object) -> bool:
+def splits(p: Any) -> bool:
     """Whether placement ``p`` splits a dimension: ``Shard`` or ``_StridedShard`` (which is not a
     ``Shard`` for ``is_shard()`` in recent torch)."""
     return bool(p.is_shard()) or getattr(p, "split_factor", None) is not None
@@ -96,12 +101,13 @@ def piece_layout(t: torch.Tensor, coordinate: Sequence[int]) -> tuple[list[int],
     ``n * f`` chunks of which the rank takes every ``n``-th: the size is exact, the piece is
     ``f`` separate blocks.
     """
-    shape = list(t.shape)
+    dt = cast("DTensor", t)
+    shape = list(dt.shape)
     offset: list[int] | None = [0] * len(shape)
-    for i, p in enumerate(t.placements):
+    for i, p in enumerate(cast(Sequence[Any], dt.placements)):
         if not splits(p):  # Replicate, Partial: the whole current size
             continue
-        dim, parts, at = p.dim, t.device_mesh.size(i), int(coordinate[i])
+        dim, parts, at = p.dim, dt.device_mesh.size(i), int(coordinate[i])
         size, factor = shape[dim], _split_factor(p)
         if factor == 1:
             chunk = -(-size // parts)
@@ -163,7 +169,7 @@ def local_piece(t: torch.Tensor) -> LocalPiece:
 
 def _own_parameters(unit: nn.Module, units: set[int]) -> list[torch.Tensor]:
     """The parameters an FSDP2 unit manages: those below it that no nested unit manages."""
-    out = list(unit.parameters(recurse=False))
+    out: list[torch.Tensor] = list(unit.parameters(recurse=False))
     stack = list(unit.children())
     while stack:
         m = stack.pop()

@@ -102,7 +102,7 @@ def check_group(scenario: Scenario, answers: Mapping[str, Any]) -> CheckResult:
                      "two names still share memory")
     if answers["count"] != count:
         wrong.append(f"{answers['count']} is not the number of elements parameters() yields now")
-    if wrong:
+    if wrong or match is None:
         return CheckResult(False, "Not yet: " + "; ".join(wrong) + ".")
     return CheckResult(True, f"Right: {', '.join(sorted(named))} became separate tensors "
                              f"({match[1]}), and parameters() now yields {count} elements.", evidence)

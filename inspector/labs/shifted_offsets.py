@@ -57,9 +57,14 @@ def build() -> Scenario:
         loaded.loss(out, inputs).backward()
     trainable = [p for p in model.parameters() if p.requires_grad]
     with torch.no_grad():
-        flat = parameters_to_vector([p.grad for p in trainable])
+        missing = [n for n, p in model.named_parameters() if p.requires_grad and p.grad is None]
+        if missing:
+            raise InspectorError(f"parameter {missing[0]} got no gradient from the loss; the lab needs every "
+                                 "trainable parameter to get one")
+        grads = [p.grad for p in trainable if p.grad is not None]
+        flat = parameters_to_vector(grads)
         flat[BAD_INDEX] = float("nan")
-        torch.nn.utils.vector_to_parameters(flat, [p.grad for p in trainable])
+        torch.nn.utils.vector_to_parameters(flat, grads)
     loaded.name = "frozen-adapter (adapters trained, NaN in the gradient)"
     return Scenario(loaded, {"bad_index": BAD_INDEX})
 
