@@ -29,6 +29,12 @@ def cnn():
 
 
 def hook_state(model: nn.Module) -> dict[str, tuple[int, ...]]:
+    """The model's hooks by module; fails if any process-wide module hook is registered."""
+    from torch.nn.modules import module as torch_module
+
+    leaked = {kind: dict(getattr(torch_module, f"_global_{kind}"))
+              for kind in ("forward_hooks", "forward_pre_hooks", "backward_hooks", "backward_pre_hooks")}
+    assert not any(leaked.values()), f"process-wide module hooks left: {leaked}"
     return {n: (*m._forward_hooks, *m._forward_pre_hooks, *m._backward_hooks)
             for n, m in model.named_modules()}
 
@@ -121,6 +127,22 @@ def test_no_hooks_left_after_a_failing_forward(cnn):
     done = capture_activations(model, torch.zeros(1, 3, 16, 16))
     model(torch.zeros(1, 3, 16, 16))  # no hook of either capture is left to record this pass
     assert cap.outputs == {} and list(done.outputs) == CNN_ORDER
+
+
+def test_no_hooks_left_after_an_interrupt():
+    class Interrupting(nn.Module):
+        def forward(self, x):
+            raise KeyboardInterrupt
+
+    model = nn.Sequential(nn.Linear(2, 2), Interrupting())
+    before = hook_state(model)
+    with pytest.raises(KeyboardInterrupt):
+        capture_activations(model, torch.zeros(1, 2))
+    assert hook_state(model) == before
+    with pytest.raises(KeyboardInterrupt):
+        with capturing(model):
+            model(torch.zeros(1, 2))
+    assert hook_state(model) == before
 
 
 def test_byte_budget_stops_and_lists_what_it_skipped(cnn):
@@ -522,3 +544,142 @@ def test_capturing_while_another_thread_runs_forward_many_times():
     # often (about a third of single rounds did before hooks accepted both call forms).
     for _ in range(50):
         test_two_threads_capturing_at_once_each_see_only_their_own_pass()
+
+
+def _eye_net(relu_inplace: bool = False) -> nn.Sequential:
+    lin = nn.Linear(2, 2)
+    with torch.no_grad():
+        lin.weight.copy_(torch.eye(2))
+        lin.bias.zero_()
+    return nn.Sequential(lin, nn.ReLU(inplace=relu_inplace))
+
+
+def test_a_users_hook_that_replaces_the_output_is_captured_as_replaced():
+    net = _eye_net()
+    x = torch.tensor([[1.0, -2.0]])
+    net[0].register_forward_hook(lambda m, a, o: o * 10)  # [[1, -2]] -> [[10, -20]]
+    for cap in (capture_activations(net, x), capture_activations(net, x, keep_inputs=True, max_bytes=1 << 20)):
+        assert torch.equal(cap.outputs["0"], torch.tensor([[10.0, -20.0]]))  # what ReLU received
+        assert torch.equal(cap.outputs["1"], torch.tensor([[10.0, 0.0]]))
+        assert torch.equal(cap.model_output, torch.tensor([[10.0, 0.0]]))
+        assert cap.mutated == {}
+
+
+@pytest.mark.parametrize("mode", list(GRAD_MODES))
+def test_a_users_hook_that_doubles_the_output_in_place_is_no_mutation(mode):
+    net = _eye_net()
+    x = torch.tensor([[1.0, -2.0]])
+    net[0].register_forward_hook(lambda m, a, o: o.mul_(2))  # in place, returns the same tensor
+    with GRAD_MODES[mode]():
+        cap = capture_activations(net, x)
+    assert cap.mutated == {} and cap.mutations == []
+    assert torch.equal(cap.outputs["0"], torch.tensor([[2.0, -4.0]]))
+    assert torch.equal(cap.outputs["1"], torch.tensor([[2.0, 0.0]]))
+    assert [f.code for f in cap.findings] == []
+
+
+def test_users_hooks_run_in_order_before_the_capture_and_stay_as_they_were():
+    net = _eye_net(relu_inplace=True)
+    x = torch.tensor([[1.0, -2.0]])
+    calls: list[str] = []
+
+    def plus_one(m, a, o):
+        calls.append("plus_one")
+        return o + 1
+
+    def times_two(m, a, kwargs, o):
+        calls.append("times_two")
+        return o * 2
+
+    def minus_three(m, a, o):
+        calls.append("minus_three")
+        return o - 3
+
+    def first(m, a, o):
+        calls.append("first")
+
+    def pre(m, a):
+        calls.append("pre")
+
+    handles = [net[0].register_forward_hook(plus_one), net[0].register_forward_hook(times_two, with_kwargs=True),
+               net[0].register_forward_hook(minus_three, always_call=True),
+               net[0].register_forward_hook(first, prepend=True), net[0].register_forward_pre_hook(pre)]
+
+    def hooks() -> list[tuple]:
+        m = net[0]
+        return [tuple(m._forward_hooks.items()), tuple(m._forward_hooks_with_kwargs),
+                tuple(m._forward_hooks_always_called), tuple(m._forward_pre_hooks.items())]
+
+    before = hooks()
+    plain = net(x)
+    assert calls == ["pre", "first", "plus_one", "times_two", "minus_three"]
+    cap = capture_activations(net, x, keep_references=True)
+    # ((x + 1) * 2) - 3 = [[1, -5]]: the value the in-place ReLU received and then wrote
+    assert torch.equal(cap.outputs["0"], torch.tensor([[1.0, -5.0]]))
+    assert torch.equal(cap.outputs["1"], torch.tensor([[1.0, 0.0]]))
+    assert cap.mutated == {"0": "1"}  # by the model's in-place ReLU, not by a hook
+    assert hooks() == before
+    assert [h for _, h in hooks()[0]] == [first, plus_one, times_two, minus_three]  # the same objects
+    calls.clear()
+    assert torch.equal(net(x), plain) and torch.equal(plain, torch.tensor([[1.0, 0.0]]))
+    assert calls == ["pre", "first", "plus_one", "times_two", "minus_three"]
+    for h in handles:
+        h.remove()
+    assert hook_state(net) == {n: () for n, _ in net.named_modules()}
+
+
+class _Gate(nn.Module):
+    """Tells that it is inside forward, then waits until it is let through."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inside, self.go = threading.Event(), threading.Event()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.inside.set()
+        assert self.go.wait(timeout=30)
+        return x + 1
+
+
+def test_another_thread_running_another_model_during_a_capture_is_unaffected():
+    gate = _Gate()
+    captured = _eye_net()
+    captured.insert(1, gate)  # Linear -> Gate -> ReLU
+    captured[0].register_forward_hook(lambda m, a, o: o * 10)
+    other = _eye_net()
+    other_calls: list[tuple[str, torch.Tensor]] = []
+
+    def other_hook(m, a, o):
+        other_calls.append((type(m).__name__, o.clone()))
+        return o - 1
+
+    other[0].register_forward_hook(other_hook)
+    other[1].register_forward_hook(lambda m, a, o: other_calls.append((type(m).__name__, o.clone())))
+    inputs = [torch.tensor([[float(i), -3.0]]) for i in range(5)]
+    alone = [other(v) for v in inputs]
+    alone_calls = list(other_calls)
+    other_calls.clear()
+    during: list[torch.Tensor] = []
+    errors: list[BaseException] = []
+
+    def run_other() -> None:
+        try:
+            assert gate.inside.wait(timeout=30)  # the capture's pass is inside forward now
+            during.extend(other(v) for v in inputs)
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+        finally:
+            gate.go.set()
+
+    thread = threading.Thread(target=run_other)
+    thread.start()
+    cap = capture_activations(captured, torch.tensor([[1.0, -2.0]]))
+    thread.join(timeout=30)
+    assert not errors
+    assert all(torch.equal(a, b) for a, b in zip(during, alone, strict=True))
+    assert len(other_calls) == len(alone_calls) == 10
+    assert all(n == m and torch.equal(a, b) for (n, a), (m, b) in zip(other_calls, alone_calls, strict=True))
+    assert cap.order == ["0", "1", "2"]  # nothing of the other model
+    assert torch.equal(cap.outputs["0"], torch.tensor([[10.0, -20.0]]))
+    assert torch.equal(cap.outputs["1"], torch.tensor([[11.0, -19.0]]))
+    assert torch.equal(cap.outputs["2"], torch.tensor([[11.0, 0.0]]))

@@ -37,8 +37,8 @@ def reference_drift(captures: Any) -> pd.DataFrame:
         if ref is not None:
             refs = dict(tensor_leaves(ref))
             diffs = [max_abs_change(refs[p], t) for p, t in tensor_leaves(captures.outputs[key]) if p in refs]
-            diffs = [d for d in diffs if d is not None]
-            diff = max(diffs) if diffs else None
+            found = [d for d in diffs if d is not None]
+            diff = max(found) if found else None
         rows.append({"module": key, "max_abs_diff": diff,
                      "corrupted": bool(diff) or key in captures.mutated,
                      "overwritten_by": captures.mutated.get(key)})

@@ -69,7 +69,7 @@ def tensor_stats(t: torch.Tensor) -> dict[str, Any]:
     x = flat[torch.isfinite(flat)]
     row.update(nan=nan, inf=inf, zero_fraction=(n - int(torch.count_nonzero(x)) - nan - inf) / n)
     if x.numel():
-        std, mean = torch.std_mean(x, correction=0)
+        std_x, mean_x = torch.std_mean(x, correction=0)
         lo, hi = torch.aminmax(x)
-        row.update(mean=float(mean), std=float(std), min=float(lo), max=float(hi))
+        row.update(mean=float(mean_x), std=float(std_x), min=float(lo), max=float(hi))
     return row

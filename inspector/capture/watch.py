@@ -55,7 +55,8 @@ def storage_key(t: torch.Tensor) -> int | None:
     if t.layout != torch.strided or t.is_meta or t.numel() == 0:
         return None
     try:
-        return t.data_ptr() - t.storage_offset() * t.element_size()
+        # storage_offset() is typed int | SymInt; it is a SymInt only under symbolic tracing
+        return t.data_ptr() - t.storage_offset() * t.element_size()  # type: ignore[return-value]
     except (RuntimeError, NotImplementedError):
         return None
 
@@ -102,7 +103,8 @@ class Watcher:
         values = (output, args, kwargs) if self.versioned else (output,)
         for i, value in enumerate(values):
             for t in ((value,) if type(value) is torch.Tensor else top_tensors(value)):
-                recs = by_storage.get(storage_key(t))
+                skey = storage_key(t)
+                recs = by_storage.get(skey) if skey is not None else None
                 if recs:
                     self._seen(recs, name, i == 0)
 
