@@ -41,7 +41,7 @@ def available_devices() -> list[DeviceInfo]:
         total, free = int(vm.total), int(vm.available)
     except ImportError:  # pragma: no cover - psutil ships with streamlit
         pass
-    cpu_label = "cpu" if total is None else f"cpu ({_gib(free)} of {_gib(total)} GiB free)"
+    cpu_label = "cpu" if total is None or free is None else f"cpu ({_gib(free)} of {_gib(total)} GiB free)"
     out.append(DeviceInfo("cpu", cpu_label, "cpu", total, free))
     if torch.cuda.is_available():
         for i in range(torch.cuda.device_count()):

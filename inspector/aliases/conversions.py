@@ -9,6 +9,7 @@ import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 import pandas as pd
 import torch
@@ -240,7 +241,7 @@ def _refusal(conv: Conversion, inv: TensorInventory, max_bytes: int) -> str | No
 def _check(model: nn.Module, conv: Conversion, dev: torch.device, inv: TensorInventory, snap: TieSnapshot,
            retie_after: bool, max_bytes: int) -> ConversionResult:
     """:func:`conversion_check` with the model's inventory and snapshot already made."""
-    base = dict(conversion=conv.name, label=conv.label, device=str(dev), unique_before=snap.unique_numel)
+    base: dict[str, Any] = dict(conversion=conv.name, label=conv.label, device=str(dev), unique_before=snap.unique_numel)
     error = _refusal(conv, inv, max_bytes)
     if error is not None:
         return ConversionResult(**base, unique_after=None, outcomes=(), findings=(), error=error)

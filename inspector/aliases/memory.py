@@ -39,7 +39,7 @@ def _not_analysable(t: torch.Tensor) -> str | None:
 def _span(t: torch.Tensor) -> tuple[int, int]:
     """Byte range [start, end) of ``t`` in its storage, from offset, shape and strides."""
     es = t.element_size()
-    start = t.storage_offset() * es
+    start = int(t.storage_offset()) * es
     extent = 1 + sum((s - 1) * st for s, st in zip(t.shape, t.stride()))
     return start, start + extent * es
 

@@ -76,7 +76,7 @@ def snapshot_inventory(inv: TensorInventory) -> TieSnapshot:
             t = current[name]
             rows.append(TensorLayout(name, kind, ids.setdefault(id(t), len(ids)), tuple(t.shape),
                                      tuple(t.stride()) if t.layout == torch.strided else (),
-                                     t.storage_offset() if t.layout == torch.strided else 0,
+                                     int(t.storage_offset()) if t.layout == torch.strided else 0,
                                      str(t.dtype).removeprefix("torch.")))
         layouts.append(tuple(rows))
     return TieSnapshot(analysis.groups, tuple(layouts), analysis.unique_numel, analysis.identity_only)
@@ -195,7 +195,8 @@ def _set_tensor(model: nn.Module, name: str, kind: str, value: torch.Tensor) -> 
     prefix, _, leaf = name.rpartition(".")
     module = model.get_submodule(prefix) if prefix else model
     if kind == "parameter":
-        module._parameters[leaf] = value
+        # A tensor from this slot (a Parameter, or a plain tensor someone stored there): the stubs say Parameter.
+        module._parameters[leaf] = value  # type: ignore[assignment]
     else:
         module._buffers[leaf] = value
 

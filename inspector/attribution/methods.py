@@ -50,7 +50,7 @@ METHODS: dict[str, MethodSpec] = {m.name: m for m in [
 
 
 @functools.cache
-def _option_names(captum_class: type) -> tuple[str, ...]:
+def _option_names(captum_class: type[Any]) -> tuple[str, ...]:
     return tuple(p for p in inspect.signature(captum_class.attribute).parameters
                  if p not in ("self", "inputs", "target"))
 

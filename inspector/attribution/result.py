@@ -165,7 +165,7 @@ def attribution_summary(attributions: tuple[torch.Tensor, ...], inputs: tuple[to
         sample = np.repeat(np.arange(B), D)
         index = np.tile(np.arange(D), B)
         per_token = ids is not None and ids.dim() >= 2 and tuple(ids.shape[:2]) == (B, D)
-        if per_token:
+        if per_token and ids is not None:
             tok = ids[:, :D].reshape(-1).numpy().astype(np.int64)
             token = pd.array(tok, dtype="Int64")
             label = [f"{p}:{t}" for p, t in zip(index, tok)]

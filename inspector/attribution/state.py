@@ -107,7 +107,7 @@ def module_list(model: nn.Module) -> list[nn.Module]:
     nested generators, which cost more on every call)."""
     out: list[nn.Module] = []
     seen: set[int] = set()
-    stack = [model]
+    stack: list[nn.Module | None] = [model]
     while stack:
         m = stack.pop()
         if m is None or id(m) in seen:

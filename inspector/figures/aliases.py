@@ -59,8 +59,8 @@ def alias_graph_figure(data: GraphData) -> go.Figure:
         keys = [k for k, (_, kd, g) in data.nodes.items() if kd == kind and g < 0 and k in pos]
         if keys:
             fig.add_trace(_nodes(keys, data, pos, symbol, color, f"{kind}s", show_text=False))
-    holders = {a for a, _, _ in data.extra} | {a for a, b in data.tree if data.nodes[b][2] >= 0}
-    holders = sorted(k for k in holders if k in pos and k != "m:")
+    held = {a for a, _, _ in data.extra} | {a for a, b in data.tree if data.nodes[b][2] >= 0}
+    holders = sorted(k for k in held if k in pos and k != "m:")
     if holders:  # name the modules that hold an aliased tensor
         fig.add_trace(go.Scatter(
             x=[pos[k][0] for k in holders], y=[pos[k][1] for k in holders], mode="text",

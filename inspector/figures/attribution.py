@@ -121,8 +121,8 @@ def conductance_bars(results: Attribution | list[Attribution], top: int = 32) ->
         labels, values, nans, diffs = [], [], [], []
         for r in results:
             labels.append(r.layer or "inputs")
-            total = sum(float(a.double().sum()) for a in r.attributions)
-            values.append(total)
+            layer_total = sum(float(a.double().sum()) for a in r.attributions)
+            values.append(layer_total)
             nans.append(int(r.summary["nans"].sum()))
             comp = r.completeness()
             diffs.append(None if comp is None else float(sum(comp.output_diff)))

@@ -18,7 +18,7 @@ from .palette import FIXED_COLOURS, WHOLE_MODEL, device_colours, device_key, rea
 
 RED = "#D62728"
 ROOT = "(model)"
-FIXED = {**FIXED_COLOURS, None: FIXED_COLOURS["(none)"]}
+FIXED: dict[Any, str] = {**FIXED_COLOURS, None: FIXED_COLOURS["(none)"]}
 
 
 def _depth(name: str) -> int:

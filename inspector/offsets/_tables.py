@@ -25,7 +25,7 @@ Named = list[tuple[str, torch.Tensor]]
 
 def frame(columns: list[str], rows: list[tuple]) -> pd.DataFrame:
     """A table of ``rows`` (tuples in ``columns`` order) with numpy dtypes set per column."""
-    values_by_column = list(zip(*rows)) if rows else [[] for _ in columns]
+    values_by_column: list[Any] = list(zip(*rows)) if rows else [[] for _ in columns]
     data: dict[str, Any] = {}
     for col, values in zip(columns, values_by_column):
         if col in _INT_COLUMNS:

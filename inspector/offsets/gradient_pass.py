@@ -88,7 +88,7 @@ def gradient_l2_norms(grads: Sequence[torch.Tensor], local: LocalView = _plain,
     for (device, _), idx in groups.items():
         members = [tensors[i] for i in idx]
         try:
-            norms = torch._foreach_norm(members)
+            norms: list[torch.Tensor] | tuple[torch.Tensor, ...] = torch._foreach_norm(members)
         except (RuntimeError, NotImplementedError):  # pragma: no cover - kernels missing on a backend
             norms = [torch.linalg.vector_norm(t) for t in members]
         # float64 keeps a float64 gradient's norm exact; MPS has no float64

@@ -11,7 +11,7 @@ import difflib
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import pandas as pd
 import torch
@@ -32,7 +32,7 @@ from ._tables import (
 )
 from .gradient_pass import Pieces, gradient_l2_norms
 
-Params = list[tuple[str, nn.Parameter]]
+Params = list[tuple[str, torch.Tensor]]
 _STATE_COLUMN = {state: 5 + k for k, state in enumerate(STATES)}  # in the module sums below
 Gradients = list[torch.Tensor | None]
 
@@ -105,7 +105,7 @@ def gradient_report(model: nn.Module, grads: Mapping[str, torch.Tensor | None] |
     return _report(params, shared, gradients, _pieces(params, gradients))
 
 
-def _pieces(params: list[tuple[str, nn.Parameter]], gradients: list[torch.Tensor | None]) -> Pieces | None:
+def _pieces(params: Params, gradients: list[torch.Tensor | None]) -> Pieces | None:
     """How to measure gradients held in pieces across processes (DTensor: FSDP2, tensor parallel)."""
     if not (has_dtensors(p for _, p in params) or has_dtensors(g for g in gradients if g is not None)):
         return None
@@ -113,7 +113,7 @@ def _pieces(params: list[tuple[str, nn.Parameter]], gradients: list[torch.Tensor
     return ShardedGradients()
 
 
-def _gradients_of(model: nn.Module, params: list[tuple[str, nn.Parameter]], shared: dict[int, list[str]],
+def _gradients_of(model: nn.Module, params: Params, shared: dict[int, list[str]],
                grads: Mapping[str, torch.Tensor | None] | None) -> list[torch.Tensor | None]:
     """The gradient of each parameter: its ``.grad``, or the one ``grads`` gives for it."""
     if grads is None:
@@ -121,9 +121,9 @@ def _gradients_of(model: nn.Module, params: list[tuple[str, nn.Parameter]], shar
     if not isinstance(grads, Mapping):
         raise InspectorError(f"grads must map parameter names to gradient tensors, got {type(grads).__name__}")
     index: dict[str, int] = {}
-    for i, (name, p) in enumerate(params):
+    for j, (name, p) in enumerate(params):
         for alias in shared.get(id(p), (name,)):
-            index[alias] = i
+            index[alias] = j
     out: list[torch.Tensor | None] = [None] * len(params)
     given: dict[int, str] = {}
     for key, g in grads.items():
@@ -162,8 +162,9 @@ def _report(params: Params, shared: dict[int, list[str]], gradients: Gradients,
     total = mrows[0][1] if mrows else math.nan
     findings += _gradient_findings(prows)
     if pieces is not None:  # this rank's norms, placements, and the ranks whose pieces are not finite
-        from ..distributed.gradients import with_rank_columns
-        by_parameter, findings = with_rank_columns(by_parameter, [p for _, p in params], gradients, pieces,
+        from ..distributed.gradients import ShardedGradients, with_rank_columns
+        by_parameter, findings = with_rank_columns(by_parameter, [p for _, p in params], gradients,
+                                                   cast(ShardedGradients, pieces),  # made by _pieces
                                                    per_rank, findings)
     return GradientNorms(by_parameter, by_module, findings, total)
 
@@ -285,7 +286,7 @@ def _nonfinite_counts(gradients: list[torch.Tensor | None], norms: list[float], 
         return {}, {}
     local = []
     for i in bad:
-        g = gradients[i]
+        g = cast(torch.Tensor, gradients[i])  # ``bad`` holds gradients only
         values = g.coalesce().values() if g.is_sparse else g if pieces is None else pieces.local(g)
         local.append((int(torch.isnan(values).sum()), int(torch.isinf(values).sum())))
     per_rank: dict[int, list[tuple[int, int]]] = {}
@@ -298,7 +299,7 @@ def _nonfinite_counts(gradients: list[torch.Tensor | None], norms: list[float], 
     for i in bad:
         if totals[i] != (0, 0):
             continue
-        g = gradients[i]  # finite values whose norm overflowed the grad's dtype
+        g = cast(torch.Tensor, gradients[i])  # finite values whose norm overflowed the grad's dtype
         values = g.coalesce().values() if g.is_sparse else g
         if pieces is None:
             norms[i] = float(torch.linalg.vector_norm(values.double()))

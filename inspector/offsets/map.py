@@ -116,7 +116,7 @@ def offset_findings(model: nn.Module, trainable_only: bool = False) -> list[Find
     return out
 
 
-def _contiguity_findings(params: list[tuple[str, nn.Parameter]]) -> list[Finding]:
+def _contiguity_findings(params: list[tuple[str, torch.Tensor]]) -> list[Finding]:
     """``non-contiguous``: parameters that ``view(-1)`` cannot flatten."""
     return [Finding(
         "non-contiguous", "warning", name,
@@ -127,7 +127,7 @@ def _contiguity_findings(params: list[tuple[str, nn.Parameter]]) -> list[Finding
         for name, p in params if p.device.type != "meta" and not p.is_contiguous()]
 
 
-def _mixing_findings(params: list[tuple[str, nn.Parameter]]) -> list[Finding]:
+def _mixing_findings(params: list[tuple[str, torch.Tensor]]) -> list[Finding]:
     """``mixed-dtypes`` and ``several-devices``: what one flat vector cannot hold as it is."""
     out: list[Finding] = []
     dtypes: dict[str, list[str]] = {}
@@ -153,7 +153,7 @@ def _mixing_findings(params: list[tuple[str, nn.Parameter]]) -> list[Finding]:
     return out
 
 
-def _frozen_shift_findings(all_params: list[tuple[str, nn.Parameter]]) -> list[Finding]:
+def _frozen_shift_findings(all_params: list[tuple[str, torch.Tensor]]) -> list[Finding]:
     """``frozen-shift``: frozen parameters before trainable ones move the trainable-only offsets."""
     frozen = [(i, n) for i, (n, p) in enumerate(all_params) if not p.requires_grad]
     if not frozen or len(frozen) == len(all_params):

@@ -93,7 +93,7 @@ def flatten_roundtrip(model: nn.Module, max_elements: int = 20_000_000) -> Round
                      exact, changed, views, untouched, None, tuple(steps))
 
 
-def _copies(originals: list[nn.Parameter], max_elements: int) -> tuple[list[torch.Tensor], list[nn.Parameter]]:
+def _copies(originals: list[torch.Tensor], max_elements: int) -> tuple[list[torch.Tensor], list[nn.Parameter]]:
     """A plain copy of every parameter (to compare against) and a Parameter copy (to work on)."""
     total = sum(p.numel() for p in originals)
     if any(p.device.type == "meta" for p in originals):
@@ -124,6 +124,6 @@ def _writes_through(vec: torch.Tensor, copies: list[nn.Parameter], steps: list[s
     return write_through
 
 
-def _untouched(originals: list[nn.Parameter], before: list[torch.Tensor]) -> bool:
+def _untouched(originals: list[torch.Tensor], before: list[torch.Tensor]) -> bool:
     with torch.no_grad():
         return all(torch.equal(p.detach(), b) for p, b in zip(originals, before))

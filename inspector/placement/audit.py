@@ -11,14 +11,14 @@ import pandas as pd
 from torch import nn
 
 from ..distributed.tensors import has_dtensors
-from ..findings import Finding, InspectorError
+from ..findings import Finding, InspectorError, Severity
 from ..inventory import TensorEntry, TensorInventory, tensor_inventory
 from .budget import Device, device_order, main_device, normalise_device, offload_devices, torch_device_key
 from .inventory import lookup, parent_name
 
 AUDIT_COLUMNS = ["name", "kind", "module", "device", "module_primary_device", "split", "finding",
                  "bytes", "alias_of"]
-_SEVERITY = {"param-unplaced": "error", "buffer-unplaced": "error", "tie-split": "error",
+_SEVERITY: dict[str, Severity] = {"param-unplaced": "error", "buffer-unplaced": "error", "tie-split": "error",
              "meta-leftover": "error", "buffer-stranded": "warning", "unknown-key": "error",
              "overlapping-key": "warning"}
 _MAX_FINDINGS_PER_CODE = 20
@@ -102,7 +102,7 @@ def _tensor_rows(tensors: TensorInventory) -> tuple[list[TensorEntry], Chains]:
                 continue
             chains[mname] = chain + (mname,)
         else:
-            mine = own.get("", ())
+            mine = own.get("", [])
         rows += mine
     return rows, chains
 

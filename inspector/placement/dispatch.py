@@ -76,7 +76,7 @@ def missing_devices(device_map: Mapping[str, Any]) -> list[Device]:
     >>> missing_devices({"a": "cpu", "b": "disk"})
     []
     """
-    out = []
+    out: list[Device] = []
     for dev in sorted(set(normalise_map(device_map).values()), key=device_order):
         if isinstance(dev, int) and not (torch.cuda.is_available() and dev < torch.cuda.device_count()):
             out.append(dev)

@@ -56,6 +56,7 @@ def _isolate(inv: Inventory, device_map: dict[str, Device], name: str) -> None:
     """Refine the map until ``name`` has its own key (same devices everywhere else)."""
     key, dev = lookup(device_map, name)
     while key != name:
+        assert key is not None and dev is not None  # every tensor was placed before ties are kept
         del device_map[key]
         for part in inv.direct[key] + inv.children[key]:
             device_map[part] = dev
@@ -67,6 +68,7 @@ def _keep_ties(inv: Inventory, device_map: dict[str, Device]) -> list[Decision]:
     records = []
     for names in inv.ties:
         _, lead_dev = lookup(device_map, names[0])
+        assert lead_dev is not None  # every tensor was placed before ties are kept
         for alias in names[1:]:
             _, dev = lookup(device_map, alias)
             if dev != lead_dev:

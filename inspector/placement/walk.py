@@ -223,7 +223,8 @@ def place_pending(inv: Inventory, state: _WalkState, devices: list[Device]) -> l
         if inv.kind_of(name) is not None:  # a buffer the split module owns directly
             if owner not in primary:
                 primary[owner] = _primary_device(inv, placed, owner, devices)
-            dev = primary[owner] if primary[owner] is not None else devices[0]
+            dev = primary[owner]
+            dev = dev if dev is not None else devices[0]
             reason = (f"{owner or 'the model'} is split; its own buffer goes to its primary device {dev}, "
                       "which holds most of its parameter bytes")
 

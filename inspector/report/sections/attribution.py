@@ -24,7 +24,7 @@ def attribution_section(ctx: Context) -> Section:
     opts = ctx.options
     inputs = ctx.loaded.example_inputs(1)
     method = opts["attribution_method"] or methods_for(ctx.loaded, inputs)[0]
-    extra = {}
+    extra: dict[str, Any] = {}
     if opts["attribution_steps"] is not None and method in METHODS and METHODS[method].has_delta:
         extra["n_steps"] = int(opts["attribution_steps"])
     result = attribute(ctx.loaded, inputs, method, opts["attribution_target"], opts["attribution_layer"],

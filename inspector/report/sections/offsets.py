@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from ...offsets import gradient_report, loss_gradients, offset_findings, offset_map
-from ..data import Section, Table, make_figure, plain
+from ..data import ReportFigure, Section, Table, make_figure, plain
 from ..options import SECTION_TITLES
 from .context import Context
 
@@ -27,7 +27,7 @@ def offsets_section(ctx: Context) -> Section:
                                        "frozen parameters are left out, so later offsets move left"))
     grads = _gradients(ctx, notes)
     strip = offset_strip(table, trainable, None if grads is None else grads.by_parameter)
-    figures = (make_figure("Flat vector", strip, tables[0]),)
+    figures: tuple[ReportFigure, ...] = (make_figure("Flat vector", strip, tables[0]),)
     if grads is not None:
         tables.append(Table.from_frame("Gradient norms per parameter", grads.by_parameter))
         tables.append(Table.from_frame("Gradient norms per module", grads.by_module))
