@@ -99,10 +99,8 @@ def capture_activations(model: nn.Module, inputs: Any, modules: Any = None,
         grads: also capture the gradient of each selected output. Runs a backward pass with
             ``torch.autograd.grad``, so no parameter's ``.grad`` changes.
         keep_inputs: also capture module inputs.
-        keep_references: also keep the bare live outputs (``.references``), to show what a
-            naive hook would have seen.
-        loss_fn: ``loss_fn(outputs, inputs)`` for ``grads=True``; default: the sum of the
-            floating-point outputs.
+        keep_references: also keep the bare live outputs (``.references``): what a naive hook saw.
+        loss_fn: ``loss_fn(outputs, inputs)`` for ``grads=True``; default: sum of float outputs.
 
     Returns:
         Captures with ``.outputs``, ``.mutated``, ``.stats``, ``.skipped``.
