@@ -6,9 +6,9 @@ import argparse
 from pathlib import Path
 
 from .. import InspectorError, load_model
+from .. import cli_types as types
+from ..cli_common import print_findings, progress, say
 from ..distributed import SHARD_MODES, process_group, rank_device, shard, train_and_check
-from . import _types as types
-from ._common import print_findings, progress, say
 
 HELP = ("under torchrun: shard the model on every rank, train a few steps and check each one "
         "(replica drift, nonfinite gradients by rank, imbalance, memory); rank 0 writes a JSON-lines run file")

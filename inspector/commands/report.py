@@ -6,10 +6,10 @@ import argparse
 from pathlib import Path
 
 from .. import SECTIONS, InspectorError, build_report, run_report
+from .. import cli_types as types
+from ..cli_common import add_source_arguments, load_from_args, progress
 from ..distributed import is_run_file, read_run
 from ..report import check_options, check_sections
-from . import _types as types
-from ._common import add_source_arguments, load_from_args, progress
 
 HELP = ("write a report of every analysis (HTML, JSON, Markdown or PDF); SOURCE may also be the "
         "JSON-lines file of a distributed run")

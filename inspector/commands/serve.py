@@ -7,8 +7,8 @@ import importlib.util
 import subprocess
 
 from .. import InspectorError
+from ..cli_common import progress
 from ..dashboard import streamlit_command
-from ._common import progress
 
 HELP = "start the dashboard (streamlit run app.py); other options, e.g. --server.address 0.0.0.0, go to streamlit"
 

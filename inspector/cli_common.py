@@ -9,9 +9,10 @@ from typing import Any
 
 import pandas as pd
 
-from .. import Finding, LoadedModel, load_model, sort_findings
-from ..escaping import terminal_text
-from . import _types as types
+from . import cli_types as types
+from .escaping import terminal_text
+from .findings import Finding, sort_findings
+from .models import LoadedModel, load_model
 
 
 def add_source_arguments(parser: argparse.ArgumentParser) -> None:

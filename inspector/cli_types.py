@@ -13,9 +13,9 @@ import math
 import os
 from pathlib import Path
 
-from .. import InspectorError
-from ..devices import resolve_device
-from ..models import DTYPES
+from .devices import resolve_device
+from .findings import InspectorError
+from .models import DTYPES
 
 
 def positive_int(text: str) -> int:
