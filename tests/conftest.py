@@ -63,6 +63,16 @@ def hf_folders(tmp_path_factory):
     return save_all(tmp_path_factory.mktemp("hf"))
 
 
+@pytest.fixture
+def world1():
+    """A gloo process group of one process (the library's own world of one), destroyed afterwards."""
+    from inspector.distributed import process_group
+
+    with process_group("cpu") as (rank, world_size):
+        assert (rank, world_size) == (0, 1)
+        yield
+
+
 @pytest.fixture(scope="session")
 def world2(tmp_path_factory):
     """Run tests/distributed_worker.py on a world of 2 gloo processes once; (folder, per-rank results).

@@ -6,9 +6,7 @@ import math
 import subprocess
 import sys
 
-import pytest
 import torch
-import torch.distributed as dist
 
 from inspector.distributed.tensors import is_dtensor
 
@@ -19,15 +17,6 @@ def test_analyses_do_not_import_torch_distributed_tensor():
             "'torch.distributed.fsdp'))))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
     assert out.stdout.strip() == "[]"
-
-
-@pytest.fixture
-def world1(tmp_path):
-    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
 
 
 def _sharded_sample():

@@ -6,7 +6,6 @@ import warnings
 
 import pytest
 import torch
-import torch.distributed as dist
 from torch import nn
 
 from inspector.findings import InspectorError
@@ -177,15 +176,6 @@ def test_storage_key_of_a_fake_tensor_is_none_without_a_warning():
 def test_not_a_module_is_refused():
     with pytest.raises(InspectorError, match="tensor_inventory"):
         tensor_inventory(torch.zeros(2))
-
-
-@pytest.fixture
-def world1(tmp_path):
-    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
 
 
 def test_dtensor_entries_have_global_and_local_sizes(world1):

@@ -2,30 +2,18 @@
 
 from __future__ import annotations
 
-import contextlib
-
 import torch
-import torch.distributed as dist
 from torch import nn
 
 import inspector
 from inspector.__main__ import main
 from inspector.aliases import overwrite_on_conversion
+from inspector.distributed import process_group
 from inspector.models import LoadedModel, load_model
 from inspector.wrappers import unwrap
 
 # tiny-gpt2: wte (32, 16) is lm_head; 4080 unique parameter elements, 4592 counting the tie twice.
 TIE = ("transformer.wte.weight", "lm_head.weight")
-
-
-@contextlib.contextmanager
-def process_group(tmp_path):
-    """A one-process gloo group, destroyed afterwards."""
-    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
 
 
 def test_compiled_model_names_and_ties_are_the_models(tiny_gpt2):
@@ -62,10 +50,10 @@ def test_captures_name_the_modules_as_written(tiny_gpt2):
     assert caps.outputs["lm_head"].shape == (1, 4, 32)
 
 
-def test_ddp_and_fsdp_wrappers(tiny_gpt2, tmp_path):
+def test_ddp_and_fsdp_wrappers(tiny_gpt2):
     from torch.distributed.fsdp import FullyShardedDataParallel
 
-    with process_group(tmp_path):
+    with process_group():  # a gloo world of one
         ddp = nn.parallel.DistributedDataParallel(tiny_gpt2)
         assert unwrap(ddp).wrappers == ("DistributedDataParallel",) and unwrap(ddp).prefix == "module."
         assert [g.names for g in inspector.alias_groups(ddp)] == [TIE]
