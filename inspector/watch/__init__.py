@@ -7,9 +7,11 @@ grows; findings (``nonfinite-forward``, ``dead-gradient``, ...) name the module 
 
 from __future__ import annotations
 
+from .core import Watch, WatchResult, watch
 from .record import FORMAT, VERSION, RunMeta, RunWriter, StepRecord, record_batch, schema
 from .run import MODULE_COLUMNS, STEP_COLUMNS, Run, StepFinding, parse_run_bytes, read_run
 from .synthetic import synthetic_run
 
 __all__ = ["FORMAT", "VERSION", "MODULE_COLUMNS", "STEP_COLUMNS", "Run", "RunMeta", "RunWriter", "StepFinding",
-           "StepRecord", "parse_run_bytes", "read_run", "record_batch", "schema", "synthetic_run"]
+           "StepRecord", "parse_run_bytes", "read_run", "record_batch", "schema", "synthetic_run",
+           "Watch", "WatchResult", "watch"]
