@@ -11,7 +11,8 @@ from .core import Watch, WatchResult, watch
 from .record import FORMAT, VERSION, RunMeta, RunWriter, StepRecord, record_batch, schema
 from .run import MODULE_COLUMNS, STEP_COLUMNS, Run, StepFinding, parse_run_bytes, read_run
 from .synthetic import synthetic_run
+from .train import OPTIMIZERS, make_optimizer, train_watched
 
 __all__ = ["FORMAT", "VERSION", "MODULE_COLUMNS", "STEP_COLUMNS", "Run", "RunMeta", "RunWriter", "StepFinding",
            "StepRecord", "parse_run_bytes", "read_run", "record_batch", "schema", "synthetic_run",
-           "Watch", "WatchResult", "watch"]
+           "Watch", "WatchResult", "watch", "OPTIMIZERS", "make_optimizer", "train_watched"]

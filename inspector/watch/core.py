@@ -211,8 +211,8 @@ class Watch:
         moved = vector.to(device)
         out = [torch.empty_like(moved) for _ in range(self.world)]
         dist.all_gather(out, moved, group=self.group)
-        m, p = len(self.layout.modules), len(self.layout.parameters)
-        return [Numbers.unpack(o.cpu().numpy(), m, p) for o in out]
+        sizes = len(self.layout.modules), len(self.layout.parameters), len(self.layout.buffers)
+        return [Numbers.unpack(o.cpu().numpy(), *sizes) for o in out]
 
     def _write(self, per_rank: list[Numbers], scalars: dict[str, float], shared: list[Finding]) -> None:
         step = self.state.count
@@ -221,8 +221,8 @@ class Watch:
             found = list(shared) if rank == 0 else []
             found += nonfinite_findings(n, self.module_names, rank, self.world)
             found += self.detectors[rank].gradients(n.param_grad, n.has_grad, n.module_grad)
-            if not np.isnan(n.param_norm).all():
-                found += self.detectors[rank].parameters(n.param_norm, np.zeros(0), ())
+            if n.checked:
+                found += self.detectors[rank].parameters(n.param_norm, n.buffer_norm, self.layout.buffers)
             new = self._first_time(found, step, rank)
             records.append(_record(step, rank, n, scalars if rank == 0 else {}, self._lrs(), new))
         if self._writer is not None:

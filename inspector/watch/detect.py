@@ -56,14 +56,18 @@ class Detectors:
         return out
 
     def parameters(self, param_norm: np.ndarray, buffer_norm: np.ndarray, buffers: tuple[str, ...]) -> list[Finding]:
-        """``nonfinite-parameter`` for every parameter or buffer whose values hold NaN/Inf."""
+        """``nonfinite-parameter`` for the parameters and buffers whose values hold NaN/Inf (one
+        finding per kind, naming the first in model order and counting the others)."""
         out = []
         for names, norms, kind in ((self.layout.parameters, param_norm, "parameter"), (buffers, buffer_norm, "buffer")):
-            for i in np.flatnonzero(np.isinf(norms) | np.isnan(norms)):
-                out.append(Finding("nonfinite-parameter", "error", names[i],
-                                   f"{kind} {names[i]} holds NaN/Inf values (not only its gradient): the last "
-                                   "optimizer step or a write into it made it so; every later output that uses it "
-                                   "is non-finite"))
+            bad = [names[i] for i in np.flatnonzero(np.isinf(norms) | np.isnan(norms))]
+            if not bad:
+                continue
+            others = f" (and {len(bad) - 1} other {kind}s: {', '.join(bad[1:4])}{', ...' if len(bad) > 4 else ''})"
+            out.append(Finding("nonfinite-parameter", "error", bad[0],
+                               f"{kind} {bad[0]}{others if len(bad) > 1 else ''} holds NaN/Inf values (not only its "
+                               "gradient): the last optimizer step or a write into it made it so; every later "
+                               "output that uses it is non-finite"))
         return out
 
 

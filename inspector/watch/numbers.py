@@ -11,7 +11,7 @@ import numpy as np
 import torch
 
 _SCALARS = ["step_time", "loss", "grad_norm", "nonfinite", "scale", "skipped", "device_allocated", "device_peak",
-            "rss", "forward", "backward"]
+            "rss", "forward", "backward", "checked"]
 _MODULE = ["module_grad", "module_param", "module_update", "module_nonfinite"]
 _PARAM = ["param_grad", "has_grad", "param_norm"]
 
@@ -25,6 +25,7 @@ class Numbers:
 
     modules: int
     parameters: int
+    buffers: int = 0
     step_time: float = math.nan
     loss: float = math.nan
     grad_norm: float = math.nan
@@ -36,6 +37,7 @@ class Numbers:
     rss: float = math.nan
     forward: float = NO_PRODUCER
     backward: float = NO_PRODUCER
+    checked: float = 0.0  # 1: a check step (parameter norms taken)
     module_grad: np.ndarray = field(default_factory=lambda: np.zeros(0))
     module_param: np.ndarray = field(default_factory=lambda: np.zeros(0))
     module_update: np.ndarray = field(default_factory=lambda: np.zeros(0))
@@ -43,6 +45,7 @@ class Numbers:
     param_grad: np.ndarray = field(default_factory=lambda: np.zeros(0))
     has_grad: np.ndarray = field(default_factory=lambda: np.zeros(0))
     param_norm: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    buffer_norm: np.ndarray = field(default_factory=lambda: np.zeros(0))
 
     def __post_init__(self) -> None:
         for name in _MODULE:
@@ -51,18 +54,21 @@ class Numbers:
         for name in _PARAM:
             if not len(getattr(self, name)):
                 setattr(self, name, np.full(self.parameters, np.nan))
+        if not len(self.buffer_norm):
+            self.buffer_norm = np.full(self.buffers, np.nan)
 
     def pack(self) -> torch.Tensor:
         """Everything as one float64 vector of a length fixed by the layout."""
         parts = [np.asarray([getattr(self, n) for n in _SCALARS], dtype=np.float64)]
-        parts += [np.asarray(getattr(self, n), dtype=np.float64) for n in _MODULE + _PARAM]
+        parts += [np.asarray(getattr(self, n), dtype=np.float64) for n in _MODULE + _PARAM + ["buffer_norm"]]
         return torch.from_numpy(np.concatenate(parts))
 
     @classmethod
-    def unpack(cls, vector: np.ndarray, modules: int, parameters: int) -> Numbers:
-        out = cls(modules, parameters, **{n: float(v) for n, v in zip(_SCALARS, vector[:len(_SCALARS)], strict=True)})
+    def unpack(cls, vector: np.ndarray, modules: int, parameters: int, buffers: int) -> Numbers:
+        out = cls(modules, parameters, buffers,
+                  **{n: float(v) for n, v in zip(_SCALARS, vector[:len(_SCALARS)], strict=True)})
         start = len(_SCALARS)
-        for names, width in ((_MODULE, modules), (_PARAM, parameters)):
+        for names, width in ((_MODULE, modules), (_PARAM, parameters), (["buffer_norm"], buffers)):
             for n in names:
                 setattr(out, n, np.asarray(vector[start:start + width], dtype=np.float64))
                 start += width

@@ -83,7 +83,8 @@ def transfer_step(w: Watch, check: bool) -> tuple[Numbers, dict[str, float]]:
     params = st.params
     parts: list[torch.Tensor] = [t for _, t in st.grad_parts]
     param_parts = fused_norms(params) if check else []
-    parts += [t for _, t in param_parts]
+    buffer_parts = fused_norms(current(w.root, layout.buffers, "buffer")) if check else []
+    parts += [t for _, t in param_parts + buffer_parts]
     update_parts: list[tuple[np.ndarray, torch.Tensor]] = []
     if st.before is not None:
         live = [p.detach() for p in params if p is not None]
@@ -102,17 +103,18 @@ def transfer_step(w: Watch, check: bool) -> tuple[Numbers, dict[str, float]]:
     host = to_host(parts)
     pos = 0
 
-    def spread(pairs: list[tuple[np.ndarray, torch.Tensor]]) -> np.ndarray:
+    def spread(pairs: list[tuple[np.ndarray, torch.Tensor]], width: int = len(layout.parameters)) -> np.ndarray:
         nonlocal pos
-        out = np.full(len(layout.parameters), np.nan)
+        out = np.full(width, np.nan)
         for idx, _ in pairs:
             out[idx] = host[pos]
             pos += 1
         return out
 
-    n = Numbers(len(layout.modules), len(layout.parameters))
+    n = Numbers(len(layout.modules), len(layout.parameters), len(layout.buffers), checked=float(check))
     n.param_grad, n.has_grad = spread(st.grad_parts), st.has_grad
     n.param_norm = spread(param_parts)
+    n.buffer_norm = spread(buffer_parts, len(layout.buffers))
     update = spread(update_parts)
     flags = host[pos] > 0 if values else np.zeros(0, dtype=bool)
     pos += 1 if values else 0
