@@ -226,3 +226,22 @@ def test_bad_arguments():
     with pytest.raises(InspectorError, match="w.step"):
         with watch(m, torch.optim.SGD(m.parameters(), lr=0.1), "/tmp/never-written.inspect") as w:
             w.step()
+
+
+def test_grad_scaler_scale_and_a_nan_buffer(tmp_path):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4), nn.Linear(4, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
+    x = torch.randn(8, 4)
+    with watch(model, opt, tmp_path / "r.inspect", scaler=scaler) as w:
+        for step in range(3):
+            scaler.scale(model(x).sum()).backward()
+            scaler.step(opt)
+            scaler.update()
+            opt.zero_grad()
+            if step == 1:
+                model[1].running_var.fill_(math.nan)  # written between steps: seen at the next one
+    run = read_run(tmp_path / "r.inspect")
+    assert run.steps["scale"].tolist() == [1024.0] * 3 and not run.steps["skipped"].any()
+    assert _codes(w, "nonfinite-parameter") == [(2, "1.running_var")]
