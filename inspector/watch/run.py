@@ -37,7 +37,7 @@ class StepFinding:
         return Finding(self.code, self.severity, self.where, self.message)  # type: ignore[arg-type]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Run:
     """A watched training run, as tables (see :func:`read_run`).
 
