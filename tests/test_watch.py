@@ -245,3 +245,15 @@ def test_grad_scaler_scale_and_a_nan_buffer(tmp_path):
     run = read_run(tmp_path / "r.inspect")
     assert run.steps["scale"].tolist() == [1024.0] * 3 and not run.steps["skipped"].any()
     assert _codes(w, "nonfinite-parameter") == [(2, "1.running_var")]
+
+
+def test_the_run_file_reads_while_the_watch_writes_it(tmp_path):
+    model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 1))
+    with watch(model, None, tmp_path / "r.inspect") as w:
+        for _ in range(2):
+            model(torch.ones(1, 4)).sum().backward()
+            w.step()
+            model.zero_grad()
+        live = read_run(tmp_path / "r.inspect")
+        assert live.steps["step"].tolist() == [0, 1] and not live.complete
+    assert read_run(tmp_path / "r.inspect").complete
