@@ -218,11 +218,14 @@ def test_training_is_bit_identical_with_and_without_watch(tmp_path):
     assert (ratio[0] > 0).sum() == 3 and math.isnan(ratio[1, 0])  # a, inner.0, b moved; step 1 not checked
 
 
-def test_bad_arguments():
+def test_bad_arguments(tmp_path):
     with pytest.raises(InspectorError, match="nn.Module"):
         with watch("model", None, "x.inspect"):
             pass
     m = nn.Linear(2, 1)
+    with pytest.raises(InspectorError, match="cannot write the run file"):
+        with watch(m, None, tmp_path):  # a folder
+            pass
     with pytest.raises(InspectorError, match="w.step"):
         with watch(m, torch.optim.SGD(m.parameters(), lr=0.1), "/tmp/never-written.inspect") as w:
             w.step()
@@ -257,3 +260,12 @@ def test_the_run_file_reads_while_the_watch_writes_it(tmp_path):
         live = read_run(tmp_path / "r.inspect")
         assert live.steps["step"].tolist() == [0, 1] and not live.complete
     assert read_run(tmp_path / "r.inspect").complete
+
+
+def test_a_model_with_nothing_to_train(tmp_path):
+    m = nn.Linear(2, 1).requires_grad_(False)
+    with watch(m, None, tmp_path / "r.inspect") as w:
+        m(torch.ones(1, 2))
+        w.step()
+    run = read_run(tmp_path / "r.inspect")
+    assert run.module_order == () and run.matrix()[1].shape == (1, 0) and run.modules.empty

@@ -24,6 +24,8 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
+from ..findings import InspectorError
+
 FORMAT = "inspector-watch"
 VERSION = 1
 META_KEY = b"inspector-watch"
@@ -187,9 +189,13 @@ class RunWriter:
 
         self.path = Path(path)
         self.meta = meta
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.path.unlink(missing_ok=True)  # a new file: a reader's memory map of an old run stays valid
-        self._file: BinaryIO = open(self.path, "wb")  # noqa: SIM115 - closed by close()
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self.path.unlink(missing_ok=True)  # a new file: a reader's memory map of an old run stays valid
+            self._file: BinaryIO = open(self.path, "wb")  # noqa: SIM115 - closed by close()
+        except OSError as exc:
+            raise InspectorError(f"cannot write the run file {self.path} ({exc.strerror or exc}); "
+                                 "give a file path in a writable folder") from None
         sch = schema().with_metadata({META_KEY: meta.to_json().encode()})
         self._writer = pa.ipc.new_stream(self._file, sch)
         self._file.flush()
