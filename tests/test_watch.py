@@ -269,3 +269,24 @@ def test_a_model_with_nothing_to_train(tmp_path):
         w.step()
     run = read_run(tmp_path / "r.inspect")
     assert run.module_order == () and run.matrix()[1].shape == (1, 0) and run.modules.empty
+
+
+def test_numbers_of_one_hand_worked_step(tmp_path):
+    # w = [3, 4], x = [1, 1], loss = w . x: grad [1, 1] (norm sqrt 2); SGD lr 0.1 -> w = [2.9, 3.9]
+    # (norm sqrt(23.62) = 4.86004); update ratio = 0.1 sqrt 2 / 4.86004 = 0.029099
+    m = nn.Linear(2, 1, bias=False)
+    with torch.no_grad():
+        m.weight.copy_(torch.tensor([[3.0, 4.0]]))
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    with watch(m, opt, tmp_path / "r.inspect", update_ratio=True) as w:
+        loss = m(torch.ones(1, 2)).sum()
+        loss.backward()
+        w.log(loss=loss, tokens=2)
+        opt.step()
+    run = read_run(tmp_path / "r.inspect")
+    row = run.at(0).iloc[0]
+    assert row["grad_norm"] == pytest.approx(math.sqrt(2), rel=1e-6)
+    assert row["param_norm"] == pytest.approx(math.sqrt(23.62), rel=1e-6)
+    assert row["update_ratio"] == pytest.approx(0.1 * math.sqrt(2) / math.sqrt(23.62), rel=1e-5)
+    step = run.steps.iloc[0]
+    assert (step["loss"], step["tokens"], step["lr_0"], step["grad_norm"]) == (7.0, 2.0, 0.1, pytest.approx(math.sqrt(2)))
