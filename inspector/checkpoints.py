@@ -13,7 +13,14 @@ from typing import Any
 import torch
 from torch import nn
 
-from .checkpoint_guards import check_zip_sizes, is_safetensors, printable_keys, readable_path, refuse_uncopyable, shown_name
+from .checkpoint_guards import (
+    check_zip_sizes,
+    is_safetensors,
+    printable_keys,
+    readable_path,
+    refuse_uncopyable,
+    shown_name,
+)
 from .findings import Finding, InspectorError, first_line
 
 
@@ -33,14 +40,66 @@ def refuse_remote_code(path: Path) -> None:
                              "fix or replace the folder's config.json") from None
     if not isinstance(config, dict):
         raise InspectorError(f"{config_file} does not hold a JSON object; fix or replace it")
-    if "auto_map" in config:
-        names = config["auto_map"]
-        shown = ", ".join(map(str, names.values())) if isinstance(names, dict) else str(names)
-        raise InspectorError(
-            f"{path} was refused: its config.json has auto_map ({shown[:200]}), so loading it would run "
-            "Python code from the folder, and the inspector never runs code from a model folder. "
-            "Load a model whose architecture ships with transformers, or write a model file "
-            "(file.py:factory) in a folder listed in INSPECTOR_MODEL_DIRS.")
+    refuse_code_fields(config, path)
+
+
+#: config.json fields that name an implementation transformers looks up by name; a value that is
+#: not a plain name (``org/repo``, ``org/repo@rev:fn``) makes it fetch and run a kernel from the Hub.
+IMPLEMENTATION_FIELDS = ("attn_implementation", "_attn_implementation", "_attn_implementation_internal",
+                         "experts_implementation", "_experts_implementation", "_experts_implementation_internal")
+#: quantization methods whose transformers integration fetches kernels (code) from the Hub.
+KERNEL_QUANT_METHODS = frozenset({"eetq", "fbgemm_fp8", "fp8", "gguf", "metal", "mxfp4", "nvfp4"})
+_PLAIN_NAME = re.compile(r"[A-Za-z0-9_|-]{1,64}")
+
+
+def code_fields(config: Any, where: str = "") -> list[str]:
+    """The fields of a config (and of its sub-configs, at any depth) that would make transformers
+    fetch or run code: ``auto_map``, an implementation given as a Hub repository, a quantization
+    method that loads Hub kernels. Each as ``path: value``.
+
+    >>> code_fields({"text_config": {"_attn_implementation": "org/kernel"}, "auto_map": {"AutoModel": "m.M"}})
+    ["auto_map: {'AutoModel': 'm.M'}", 'text_config._attn_implementation: org/kernel']
+    """
+    found: list[str] = []
+    stack: list[tuple[str, Any]] = [(where, config)]
+    while stack:
+        prefix, node = stack.pop()
+        if isinstance(node, list):
+            stack.extend((f"{prefix}[{i}]", v) for i, v in enumerate(node))
+            continue
+        if not isinstance(node, dict):
+            continue
+        for key, value in node.items():
+            name = f"{prefix}.{key}" if prefix else str(key)
+            if key == "auto_map" or key == "custom_pipelines":
+                found.append(f"{name}: {value}")
+            elif key in IMPLEMENTATION_FIELDS and value is not None:
+                values = value.values() if isinstance(value, dict) else [value]
+                if any(v is not None and not (isinstance(v, str) and _PLAIN_NAME.fullmatch(v)) for v in values):
+                    found.append(f"{name}: {value}")
+            elif key == "quantization_config" and isinstance(value, dict) and \
+                    str(value.get("quant_method", "")).lower() in KERNEL_QUANT_METHODS:
+                found.append(f"{name}.quant_method: {value.get('quant_method')}")
+            else:
+                stack.append((name, value))
+    return sorted(found)
+
+
+def refuse_code_fields(config: Any, path: Path) -> None:
+    """Raise naming every field of ``config`` (from ``path``'s config.json) that would fetch or run code."""
+    fields = code_fields(config)
+    if not fields:
+        return
+    shown = "; ".join(fields)[:300]
+    if any(f.split(":")[0].rsplit(".", 1)[-1] in ("auto_map", "custom_pipelines") for f in fields):
+        why = "loading it would run Python code from the folder"
+    else:
+        why = "loading it would make transformers fetch and run kernel code from the Hugging Face Hub"
+    raise InspectorError(
+        f"{path} was refused: its config.json has {shown}, so {why}, and the inspector never runs code "
+        "from a model folder. Remove those fields (or set the implementation to eager or sdpa), load a "
+        "model whose architecture ships with transformers, or write a model file (file.py:factory) in a "
+        "folder listed in INSPECTOR_MODEL_DIRS.")
 
 
 def read_checkpoint(path: str | os.PathLike, *, mmap: bool = False) -> tuple[dict[str, torch.Tensor], list[Finding]]:
