@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 from typing import Any
 
@@ -48,11 +49,21 @@ def load_from_args(args: argparse.Namespace) -> LoadedModel:
 
 def say(text: Any = "") -> None:
     """Print one line of command output; names in it cannot restyle, rewrite or link the terminal."""
-    print(terminal_text(text))
+    print(_printable(terminal_text(text)))
 
 
 def progress(message: str) -> None:
-    print(f"... {terminal_text(message)}", file=sys.stderr, flush=True)
+    print(f"... {_printable(terminal_text(message))}", file=sys.stderr, flush=True)
+
+
+def _printable(text: str) -> str:
+    r"""``text`` with lone surrogates written as escapes: the bytes of a file name that is not UTF-8
+    as ``\xff``, any other as ``\ud800``."""
+    text = _NAME_BYTES.sub(lambda m: f"\\x{ord(m.group()) - 0xDC00:02x}", text)
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+_NAME_BYTES = re.compile("[\udc80-\udcff]")  # how Python reads the bytes of a file name that are not UTF-8
 
 
 def print_table(df: pd.DataFrame, max_rows: int = 60) -> None:
