@@ -45,13 +45,13 @@ _PEAK = textwrap.dedent('''
     from inspector.distributed.checkpoint import read_dcp
     def vm():
         return int(next(l for l in open("/proc/self/status") if l.startswith("VmSize")).split()[1]) * 1024
-    limit = vm() + (256 << 20)  # 256 MiB above what is mapped now; each bomb asks for 1 GiB or more
+    limit = vm() + (128 << 20)  # 128 MiB above what is mapped now; each bomb asks for 256 MiB or more
     resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
     for reader, path in ((read_checkpoint, sys.argv[1]), (read_dcp, sys.argv[2]), (read_dcp, sys.argv[3])):
         try:
             reader(path)
         except InspectorError as exc:
-            print("REFUSED", str(exc)[:80])
+            print("REFUSED", exc)
         except MemoryError:
             print("memory error"); sys.exit(1)
     print("peak MiB", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024)
@@ -59,15 +59,16 @@ _PEAK = textwrap.dedent('''
 
 
 def test_bombs_are_refused_before_they_allocate_under_a_memory_limit(tmp_path, files):
-    # a 1 MiB torch zip whose entry inflates to 1 GiB; DCP indexes claiming (40000, 40000) and 10**6 x 10**6
-    zip_bomb(tmp_path / "gib.pt", mebibytes=1024)
-    assert (tmp_path / "gib.pt").stat().st_size < 2 << 20
+    # a 256 KiB torch zip whose entry inflates to 256 MiB; DCP indexes claiming (40000, 40000) and 10**6 x 10**6
+    zip_bomb(tmp_path / "gib.pt", mebibytes=256)
+    assert (tmp_path / "gib.pt").stat().st_size < 1 << 20
     done = subprocess.run([sys.executable, "-c", _PEAK, str(tmp_path / "gib.pt"), str(files / "dcp-huge-piece"),
                            str(files / "dcp-million-square")], capture_output=True, text=True, cwd=ROOT,
                           timeout=120)
     assert done.returncode == 0, done.stdout + done.stderr
     assert done.stdout.count("REFUSED") == 3, done.stdout
-    assert "memory error" not in done.stdout
+    for said in ("Nothing was inflated", "which is shorter", "claims shape (1000000, 1000000)"):
+        assert said in done.stdout, done.stdout
 
 
 def test_a_model_file_cannot_change_torch_settings_for_later_models(files):
