@@ -341,6 +341,7 @@ def _lib_cases() -> list[tuple[str, Callable, str]]:
         offset_map,
         plan_device_map,
         retie,
+        snapshot_ties,
     )
     from inspector.checkpoint_listing import checkpoint_listing
     from inspector.checkpoints import apply_checkpoint, read_checkpoint
@@ -422,6 +423,8 @@ def _lib_cases() -> list[tuple[str, Callable, str]]:
         ("load-hf-kernel", lambda t, f: load_model(f"hf:{f['root']}/hf-kernel"), "never runs code"),
         ("apply-sparse-into-tiny", lambda t, f: apply_checkpoint(t.model, f["root"] / "sparse.pt"),
          "fills none"),
+        ("retie-other-models-snapshot", lambda t, f: retie(t.model, snapshot_ties(load_model("sample:cnn-bn").model)),
+         "taken of another model"),
         ("parse-5000-digits", lambda t, f: parse_size("9" * 5000 + "GiB"), "far larger than any memory"),
         ("load-deep-nesting", lambda t, f: load_model(f"{f['models']}/loading.py:deep"), "more than 200 deep"),
     ]
