@@ -19,7 +19,7 @@ _UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
           "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
 _ACCELERATE_UNITS = frozenset({"KB", "MB", "GB", "KIB", "MIB", "GIB"})  # convert_file_size_to_int's
 _EXAMPLES = "20GiB, 500MB or 4096"
-_MAX_DIGITS = 40
+_MAX_DIGITS = 1000  # under the 4,300 digits Python reads as an int
 _SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([A-Za-z]*)\s*$")
 
 
