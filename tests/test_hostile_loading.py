@@ -161,3 +161,26 @@ def test_tutorial_dcp_layout_loads_the_model_part_and_names_what_it_skipped(file
     assert "optim (" in found["checkpoint-part"].message
     assert "step" in found["checkpoint-non-tensor"].message
     assert not any(f.code in ("missing-key", "unexpected-key") for f in loaded.findings)
+
+
+def test_the_dashboard_refuses_a_huge_config_from_a_shared_url_and_takes_a_limit_from_the_user(files):
+    from streamlit.testing.v1 import AppTest
+
+    from ui.models import Selection
+
+    at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=120)
+    at.query_params["model"] = f"hf:{files}/hf-million-layers"
+    at.run()
+    assert not at.exception
+    assert any("was refused" in e.value and "Largest model" in e.value for e in at.error), [e.value for e in at.error]
+    assert at.session_state["mi_selection"] == Selection()  # the default model stays
+    at.radio(key="mi_kind").set_value("Hugging Face folder").run()
+    at.text_input(key="mi_hf").input(f"{files}/hf-base").run()
+    at.text_input(key="mi_max_size").input("1KB").run()
+    at.button(key="mi_load").click().run()
+    assert any("more than the limit of 1000 B" in e.value for e in at.error), [e.value for e in at.error]
+    at.text_input(key="mi_max_size").input("1MiB").run()
+    at.button(key="mi_load").click().run()
+    assert at.session_state["mi_selection"].source == f"hf:{files}/hf-base"
+    at.radio(key="mi_kind").set_value("Python file").run()
+    assert any("A model file is Python code" in w.value for w in at.warning)
