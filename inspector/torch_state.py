@@ -19,7 +19,7 @@ def _settings() -> dict[str, tuple[Callable[[], Any], Callable[[Any], None]]]:
     cudnn, matmul = torch.backends.cudnn, torch.backends.cuda.matmul
     settings: dict[str, tuple[Callable[[], Any], Callable[[Any], None]]] = {
         "default dtype": (torch.get_default_dtype, torch.set_default_dtype),
-        "grad mode": (torch.is_grad_enabled, torch.set_grad_enabled),
+        "grad mode": (torch.is_grad_enabled, _set_grad_mode),
         "deterministic algorithms": (
             lambda: (torch.are_deterministic_algorithms_enabled(),
                      torch.is_deterministic_algorithms_warn_only_enabled()),
@@ -36,6 +36,10 @@ def _settings() -> dict[str, tuple[Callable[[], Any], Callable[[Any], None]]]:
     if hasattr(torch, "get_default_device"):
         settings["default device"] = (torch.get_default_device, torch.set_default_device)
     return settings
+
+
+def _set_grad_mode(enabled: bool) -> None:
+    torch.set_grad_enabled(enabled)  # called, not entered: it sets the mode at once
 
 
 def _set_cudnn(enabled: bool, benchmark: bool, deterministic: bool) -> None:
