@@ -27,7 +27,7 @@ import torch
 from torch import nn
 
 from .findings import Finding, InspectorError, Severity
-from .hf_limits import check_index_paths, check_model_size, saved_architectures
+from .hf_limits import check_folder_files, check_model_size, saved_architectures
 from .hf_saved import SavedCheck, check_saved
 
 #: Auto-class mappings tried, in this order, when ``config.architectures`` names no class
@@ -104,7 +104,7 @@ def load_hf_folder(path: Path, max_bytes: int | None = None) -> tuple[nn.Module,
     Raises:
         InspectorError: the folder cannot be read, transformers has no class for it, or it is too large.
     """
-    check_index_paths(path)
+    check_folder_files(path)
     try:
         from transformers import AutoConfig
 

@@ -66,6 +66,17 @@ def check_index_paths(folder: Path) -> None:
                     "into the folder and list them by file name.")
 
 
+def check_folder_files(folder: Path) -> None:
+    """Before transformers reads anything: every file an index names lies inside the folder, and
+    no torch weight file there declares more bytes than it could hold (a zip bomb)."""
+    from .checkpoint_guards import check_zip_sizes
+
+    check_index_paths(folder)
+    for file in sorted(folder.iterdir()):
+        if file.suffix in (".bin", ".pt", ".pth") and file.is_file():
+            check_zip_sizes(file, f"{folder.name}/{file.name}")
+
+
 @dataclass(frozen=True)
 class SizeEstimate:
     """Bytes of parameters and buffers and the number of modules a config builds (estimated)."""

@@ -188,6 +188,9 @@ def write_loading_files(root: Path) -> None:
     outside = root / "outside-weights"
     outside.mkdir()
     shutil.copy(root / "hf-base" / "model.safetensors", outside / "model.safetensors")
+    bomb_folder = _hf_folder(root, "hf-bomb")
+    (bomb_folder / "model.safetensors").unlink()
+    zip_bomb(bomb_folder / "pytorch_model.bin")
     _index_outside(root, "hf-index-up", "../outside-weights/model.safetensors")
     _index_outside(root, "hf-index-absolute", str(outside / "model.safetensors"))
     torch.save({"fc.weight": torch.eye(2, 3).to_sparse(), "fc.bias": torch.full((2,), 7.0)}, root / "sparse.pt")

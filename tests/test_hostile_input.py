@@ -244,6 +244,7 @@ CLI_CASES: list[tuple[str, list[str], str]] = [
      "modules, more than"),
     ("hf-max-model-size-small", ["summary", "hf:{root}/hf-base", "--max-model-size", "1KB"], "Nothing was built"),
     ("hf-max-model-size-text", ["summary", "hf:{root}/hf-base", "--max-model-size", "big"], "cannot read 'big'"),
+    ("hf-zip-bomb-weights", ["summary", "hf:{root}/hf-bomb"], "hf-bomb/pytorch_model.bin was refused"),
     ("hf-index-parent", ["summary", "hf:{root}/hf-index-up"], "lies outside the folder"),
     ("hf-index-absolute", ["summary", "hf:{root}/hf-index-absolute"], "lies outside the folder"),
     ("hf-attn-kernel", ["summary", "hf:{root}/hf-kernel"], "fetch and run kernel code"),
