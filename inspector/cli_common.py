@@ -21,12 +21,22 @@ def add_source_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("source", help="sample:<name>, path/to/file.py:factory or hf:<local dir>")
     parser.add_argument("--checkpoint", default=None, type=types.checkpoint,
                         help=".safetensors or .pt/.bin file, or torch.distributed.checkpoint folder, to apply")
-    parser.add_argument("--max-model-size", default=None, metavar="SIZE",
+    parser.add_argument("--max-model-size", default=None, metavar="SIZE", type=model_size,
                         help="largest Hugging Face model to build, e.g. 40GiB (estimated from config.json "
                              "first; default INSPECTOR_MAX_MODEL_SIZE, else half of this machine's memory)")
     parser.add_argument("--device", default=None, type=types.device,
                         help="cpu, cuda:N, mps or meta (default: cpu; meta for structure-only samples)")
     parser.add_argument("--dtype", default=None, type=types.dtype, help="float32, float16, bfloat16 or float64")
+
+
+def model_size(text: str) -> int:
+    """``--max-model-size``: bytes or a size with a unit (``40GiB``), checked while parsing."""
+    from .placement import parse_size
+
+    try:
+        return parse_size(text, "--max-model-size")
+    except InspectorError as exc:
+        raise argparse.ArgumentTypeError(str(exc).removeprefix("--max-model-size: ")) from None
 
 
 def default_device(source: str) -> str:
