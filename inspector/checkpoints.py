@@ -43,19 +43,35 @@ def refuse_remote_code(path: Path) -> None:
     refuse_code_fields(config, path)
 
 
-#: config.json fields that name an implementation transformers looks up by name; a value that is
-#: not a plain name (``org/repo``, ``org/repo@rev:fn``) makes it fetch and run a kernel from the Hub.
+#: config.json fields that name an implementation transformers looks up by name. Values other than
+#: those below make it fetch and run a kernel from the Hub: a repository (``org/repo@rev:fn``), the
+#: experts kernels ``deepgemm`` and ``sonicmoe``, and flash attention where the flash_attn package is
+#: missing (transformers then falls back to a Hub kernel).
 IMPLEMENTATION_FIELDS = ("attn_implementation", "_attn_implementation", "_attn_implementation_internal",
                          "experts_implementation", "_experts_implementation", "_experts_implementation_internal")
+LOCAL_IMPLEMENTATIONS = frozenset({"eager", "sdpa", "flex_attention", "batched_mm", "grouped_mm"})
+
+
+def _local_implementation(value: Any) -> bool:
+    """Whether an implementation name runs code of torch or transformers only (never a Hub kernel)."""
+    if value is None:
+        return True
+    if not isinstance(value, str):
+        return False
+    name = value.removeprefix("paged|")
+    if name.startswith("flash_attention_") and name[len("flash_attention_"):].isdigit():
+        import importlib.util
+
+        return importlib.util.find_spec("flash_attn") is not None
+    return name in LOCAL_IMPLEMENTATIONS
 #: quantization methods whose transformers integration fetches kernels (code) from the Hub.
 KERNEL_QUANT_METHODS = frozenset({"eetq", "fbgemm_fp8", "fp8", "gguf", "metal", "mxfp4", "nvfp4"})
-_PLAIN_NAME = re.compile(r"[A-Za-z0-9_|-]{1,64}")
 
 
 def code_fields(config: Any, where: str = "") -> list[str]:
     """The fields of a config (and of its sub-configs, at any depth) that would make transformers
-    fetch or run code: ``auto_map``, an implementation given as a Hub repository, a quantization
-    method that loads Hub kernels. Each as ``path: value``.
+    fetch or run code: ``auto_map``, an implementation that is a Hub kernel, a quantization method
+    that loads Hub kernels. Each as ``path: value``.
 
     >>> code_fields({"text_config": {"_attn_implementation": "org/kernel"}, "auto_map": {"AutoModel": "m.M"}})
     ["auto_map: {'AutoModel': 'm.M'}", 'text_config._attn_implementation: org/kernel']
@@ -75,7 +91,7 @@ def code_fields(config: Any, where: str = "") -> list[str]:
                 found.append(f"{name}: {value}")
             elif key in IMPLEMENTATION_FIELDS and value is not None:
                 values = value.values() if isinstance(value, dict) else [value]
-                if any(v is not None and not (isinstance(v, str) and _PLAIN_NAME.fullmatch(v)) for v in values):
+                if not all(_local_implementation(v) for v in values):
                     found.append(f"{name}: {value}")
             elif key == "quantization_config" and isinstance(value, dict) and \
                     str(value.get("quant_method", "")).lower() in KERNEL_QUANT_METHODS:
@@ -86,7 +102,11 @@ def code_fields(config: Any, where: str = "") -> list[str]:
 
 
 def refuse_code_fields(config: Any, path: Path) -> None:
-    """Raise naming every field of ``config`` (from ``path``'s config.json) that would fetch or run code."""
+    """Raise naming every field of ``config`` (from ``path``'s config.json) that would fetch or run code.
+
+    >>> refuse_code_fields({"_attn_implementation": "sdpa", "text_config": {"experts_implementation": "eager"}},
+    ...                    Path("m"))
+    """
     fields = code_fields(config)
     if not fields:
         return

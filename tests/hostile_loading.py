@@ -184,6 +184,7 @@ def write_loading_files(root: Path) -> None:
     _hf_folder(root, "hf-kernel", _attn_implementation="kernels-community/flash-attn")
     _hf_folder(root, "hf-sub-kernel", text_config={"attn_implementation": "evil/repo@main:fn"})
     _hf_folder(root, "hf-quant-kernel", quantization_config={"quant_method": "mxfp4"})
+    _hf_folder(root, "hf-experts-kernel", _experts_implementation="sonicmoe")
     _hf_folder(root, "hf-arch-string", architectures="GPT2LMHeadModel")
     outside = root / "outside-weights"
     outside.mkdir()

@@ -249,6 +249,7 @@ CLI_CASES: list[tuple[str, list[str], str]] = [
     ("hf-index-absolute", ["summary", "hf:{root}/hf-index-absolute"], "lies outside the folder"),
     ("hf-attn-kernel", ["summary", "hf:{root}/hf-kernel"], "fetch and run kernel code"),
     ("hf-sub-config-kernel", ["summary", "hf:{root}/hf-sub-kernel"], "text_config.attn_implementation"),
+    ("hf-experts-kernel", ["summary", "hf:{root}/hf-experts-kernel"], "_experts_implementation: sonicmoe"),
     ("hf-quantization-kernel", ["summary", "hf:{root}/hf-quant-kernel"], "quant_method: mxfp4"),
     ("sparse-checkpoint-tensor", ["summary", "{models}/nets.py:good", "--checkpoint", "{root}/sparse.pt"],
      "sparse_coo layout"),
