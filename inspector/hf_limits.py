@@ -1,5 +1,6 @@
-"""What a Hugging Face folder may ask for before anything is built: files inside the folder only,
-and a model no larger than a limit the user (never the folder) sets.
+"""What a Hugging Face folder may ask for before anything is built: no config field that fetches or
+runs code, files inside the folder only, and a model no larger than a limit the user (never the
+folder) sets.
 
 The size is estimated on the meta device, which allocates nothing, from copies of the config
 with one and two layers per layer-count field, extrapolated linearly; so a config that claims a
@@ -28,6 +29,85 @@ MAX_MODULES = 200_000
 #: A config whose layers cannot be counted down is built whole on the meta device only up to this many layers.
 MAX_UNESTIMATED_LAYERS = 1_000
 INDEX_FILES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
+
+
+#: config.json fields that name an implementation transformers looks up by name. Values other than
+#: those below make it fetch and run a kernel from the Hub: a repository (``org/repo@rev:fn``), the
+#: experts kernels ``deepgemm`` and ``sonicmoe``, and flash attention where the flash_attn package is
+#: missing (transformers then falls back to a Hub kernel).
+IMPLEMENTATION_FIELDS = ("attn_implementation", "_attn_implementation", "_attn_implementation_internal",
+                         "experts_implementation", "_experts_implementation", "_experts_implementation_internal")
+LOCAL_IMPLEMENTATIONS = frozenset({"eager", "sdpa", "flex_attention", "batched_mm", "grouped_mm"})
+
+
+def _local_implementation(value: Any) -> bool:
+    """Whether an implementation name runs code of torch or transformers only (never a Hub kernel)."""
+    if value is None:
+        return True
+    if not isinstance(value, str):
+        return False
+    name = value.removeprefix("paged|")
+    if name.startswith("flash_attention_") and name[len("flash_attention_"):].isdigit():
+        import importlib.util
+
+        return importlib.util.find_spec("flash_attn") is not None
+    return name in LOCAL_IMPLEMENTATIONS
+#: quantization methods whose transformers integration fetches kernels (code) from the Hub.
+KERNEL_QUANT_METHODS = frozenset({"eetq", "fbgemm_fp8", "fp8", "gguf", "metal", "mxfp4", "nvfp4"})
+
+
+def code_fields(config: Any, where: str = "") -> list[str]:
+    """The fields of a config (and of its sub-configs, at any depth) that would make transformers
+    fetch or run code: ``auto_map``, an implementation that is a Hub kernel, a quantization method
+    that loads Hub kernels. Each as ``path: value``.
+
+    >>> code_fields({"text_config": {"_attn_implementation": "org/kernel"}, "auto_map": {"AutoModel": "m.M"}})
+    ["auto_map: {'AutoModel': 'm.M'}", 'text_config._attn_implementation: org/kernel']
+    """
+    found: list[str] = []
+    stack: list[tuple[str, Any]] = [(where, config)]
+    while stack:
+        prefix, node = stack.pop()
+        if isinstance(node, list):
+            stack.extend((f"{prefix}[{i}]", v) for i, v in enumerate(node))
+            continue
+        if not isinstance(node, dict):
+            continue
+        for key, value in node.items():
+            name = f"{prefix}.{key}" if prefix else str(key)
+            if key == "auto_map" or key == "custom_pipelines":
+                found.append(f"{name}: {value}")
+            elif key in IMPLEMENTATION_FIELDS and value is not None:
+                values = value.values() if isinstance(value, dict) else [value]
+                if not all(_local_implementation(v) for v in values):
+                    found.append(f"{name}: {value}")
+            elif key == "quantization_config" and isinstance(value, dict) and \
+                    str(value.get("quant_method", "")).lower() in KERNEL_QUANT_METHODS:
+                found.append(f"{name}.quant_method: {value.get('quant_method')}")
+            else:
+                stack.append((name, value))
+    return sorted(found)
+
+
+def refuse_code_fields(config: Any, path: Path) -> None:
+    """Raise naming every field of ``config`` (from ``path``'s config.json) that would fetch or run code.
+
+    >>> refuse_code_fields({"_attn_implementation": "sdpa", "text_config": {"experts_implementation": "eager"}},
+    ...                    Path("m"))
+    """
+    fields = code_fields(config)
+    if not fields:
+        return
+    shown = "; ".join(fields)[:300]
+    if any(f.split(":")[0].rsplit(".", 1)[-1] in ("auto_map", "custom_pipelines") for f in fields):
+        why = "loading it would run Python code from the folder"
+    else:
+        why = "loading it would make transformers fetch and run kernel code from the Hugging Face Hub"
+    raise InspectorError(
+        f"{path} was refused: its config.json has {shown}, so {why}, and the inspector never runs code "
+        "from a model folder. Remove those fields (or set the implementation to eager or sdpa), load a "
+        "model whose architecture ships with transformers, or write a model file (file.py:factory) in a "
+        "folder listed in INSPECTOR_MODEL_DIRS.")
 
 
 def saved_architectures(config: Any) -> list[str]:
