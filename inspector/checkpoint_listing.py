@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from .checkpoint_guards import is_safetensors, printable_keys, readable_path, shown_name
 from .checkpoints import read_checkpoint
 from .distributed.checkpoint import dcp_listing, is_dcp_folder
 from .findings import Finding, InspectorError
@@ -33,15 +34,18 @@ def checkpoint_listing(path: str | os.PathLike) -> tuple[pd.DataFrame, list[Find
     p = Path(path)
     if is_dcp_folder(p):
         return dcp_listing(p), []
-    if p.suffix == ".safetensors" and p.is_file():
-        return _safetensors_listing(p), []
+    if p.is_file() and is_safetensors(p):
+        with readable_path(p) as readable:
+            table = _safetensors_listing(readable, shown_name(p))
+        keys, findings = printable_keys(dict.fromkeys(table["name"]), shown_name(p))  # type: ignore[arg-type]
+        return table.assign(name=list(keys)), findings
     state, findings = read_checkpoint(p, mmap=True)
     rows = [(k, "tensor", str(v.dtype).removeprefix("torch."), tuple(v.shape), math.prod(v.shape))
             for k, v in state.items()]
     return pd.DataFrame(rows, columns=COLUMNS), findings
 
 
-def _safetensors_listing(path: Path) -> pd.DataFrame:
+def _safetensors_listing(path: Path, name: str) -> pd.DataFrame:
     from safetensors import safe_open
 
     rows = []
@@ -52,6 +56,6 @@ def _safetensors_listing(path: Path) -> pd.DataFrame:
                 shape, code = tuple(piece.get_shape()), piece.get_dtype()
                 rows.append((key, "tensor", _SAFETENSORS_DTYPES.get(code, code.lower()), shape, math.prod(shape)))
     except Exception as exc:  # noqa: BLE001 - any failure means the header is not safetensors
-        raise InspectorError(f"checkpoint {path.name} is not a readable safetensors file "
+        raise InspectorError(f"checkpoint {name} is not a readable safetensors file "
                              f"({type(exc).__name__}: {exc}); re-save it with safetensors") from None
     return pd.DataFrame(rows, columns=COLUMNS)

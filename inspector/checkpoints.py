@@ -13,7 +13,16 @@ from typing import Any
 import torch
 from torch import nn
 
+from .checkpoint_guards import (
+    check_zip_sizes,
+    is_safetensors,
+    printable_keys,
+    readable_path,
+    refuse_uncopyable,
+    shown_name,
+)
 from .findings import Finding, InspectorError, first_line
+from .hf_limits import refuse_code_fields
 
 
 def refuse_remote_code(path: Path) -> None:
@@ -32,36 +41,44 @@ def refuse_remote_code(path: Path) -> None:
                              "fix or replace the folder's config.json") from None
     if not isinstance(config, dict):
         raise InspectorError(f"{config_file} does not hold a JSON object; fix or replace it")
-    if "auto_map" in config:
-        names = config["auto_map"]
-        shown = ", ".join(map(str, names.values())) if isinstance(names, dict) else str(names)
-        raise InspectorError(
-            f"{path} was refused: its config.json has auto_map ({shown[:200]}), so loading it would run "
-            "Python code from the folder, and the inspector never runs code from a model folder. "
-            "Load a model whose architecture ships with transformers, or write a model file "
-            "(file.py:factory) in a folder listed in INSPECTOR_MODEL_DIRS.")
+    refuse_code_fields(config, path)
 
 
 def read_checkpoint(path: str | os.PathLike, *, mmap: bool = False) -> tuple[dict[str, torch.Tensor], list[Finding]]:
     """A state dict from a ``.safetensors`` or ``.pt/.pth/.bin`` file, or a ``torch.distributed.checkpoint``
-    folder; never runs code from it. ``mmap``: a torch zip file's tensors stay on disk until read."""
+    folder; never runs code from it. ``mmap``: a torch zip file's tensors stay on disk until read.
+
+    A torch zip whose entries declare more bytes than the archive could hold is refused before
+    anything is inflated; keys that are not valid Unicode text come back escaped, with a warning.
+    """
     path = Path(path)
-    findings: list[Finding] = []
     if path.is_dir():  # a torch.distributed.checkpoint folder, put together in this process
         from .distributed.checkpoint import read_dcp
-        return read_dcp(path)
-    if not path.is_file():
-        raise InspectorError(f"checkpoint {path} does not exist")
-    if path.suffix == ".safetensors":
+        state, findings = read_dcp(path)
+    elif not path.is_file():
+        raise InspectorError(f"checkpoint {shown_name(path, full=True)} does not exist")
+    else:
+        with readable_path(path) as readable:
+            state, findings = _read_file(readable, shown_name(path), mmap)
+    state, renamed = printable_keys(state, shown_name(path))
+    return state, findings + renamed
+
+
+def _read_file(path: Path, name: str, mmap: bool) -> tuple[dict[str, torch.Tensor], list[Finding]]:
+    findings: list[Finding] = []
+    if is_safetensors(path):
         from safetensors.torch import load_file
 
         try:
             return load_file(str(path)), findings
         except Exception as exc:
-            raise InspectorError(f"checkpoint {path.name} is not a readable safetensors file "
+            raise InspectorError(f"checkpoint {name} is not a readable safetensors file "
                                  f"({type(exc).__name__}: {exc}); re-save it with safetensors") from exc
+    is_zip = zipfile.is_zipfile(path)
+    if is_zip:
+        check_zip_sizes(path, name)
     try:
-        obj = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap and zipfile.is_zipfile(path))
+        obj = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap and is_zip)
     except pickle.UnpicklingError as exc:
         detail = re.search(r"WeightsUnpickler error:\s*(.+?)(?:\.\s|\n|$)", str(exc))
         detail_text = detail.group(1).strip() if detail else ""
@@ -69,33 +86,33 @@ def read_checkpoint(path: str | os.PathLike, *, mmap: bool = False) -> tuple[dic
         if calls or "global" in detail_text.lower():
             named = f" ({', '.join(calls[:3])})" if calls else f" ({detail_text})"
             raise InspectorError(
-                f"checkpoint {path.name} was refused: it asks to run Python code while loading"
+                f"checkpoint {name} was refused: it asks to run Python code while loading"
                 f"{named}. Only plain tensors are accepted and nothing in it was run. "
                 "If you trust it, re-save its state dict with safetensors.") from None
-        raise InspectorError(f"checkpoint {path.name} is corrupt or not a torch file "
+        raise InspectorError(f"checkpoint {name} is corrupt or not a torch file "
                              f"({detail_text or 'unreadable pickle'})") from None
     except Exception as exc:  # noqa: BLE001 - any other failure means the file is not a torch file
         calls = pickle_globals(path)
         if calls:
             raise InspectorError(
-                f"checkpoint {path.name} was refused: it asks to run Python code while loading "
+                f"checkpoint {name} was refused: it asks to run Python code while loading "
                 f"({', '.join(calls[:3])}). Only plain tensors are accepted and nothing in it was run. "
                 "If you trust it, re-save its state dict with safetensors.") from None
         first = first_line(exc)
-        raise InspectorError(f"checkpoint {path.name} is corrupt or not a torch file "
+        raise InspectorError(f"checkpoint {name} is corrupt or not a torch file "
                              f"({type(exc).__name__}{': ' + first[:200] if first else ''}); give a "
                              ".safetensors file or one written by torch.save(model.state_dict(), path)") from None
     if isinstance(obj, dict):
         for key in ("state_dict", "model_state_dict", "model"):
             inner = obj.get(key)
             if isinstance(inner, dict) and inner and all(isinstance(v, torch.Tensor) for v in inner.values()):
-                findings.append(Finding("checkpoint-nested", "info", str(path.name),
-                                        f"used the state dict under key {key!r} of {path.name}"))
+                findings.append(Finding("checkpoint-nested", "info", name,
+                                        f"used the state dict under key {key!r} of {name}"))
                 obj = inner
                 break
     if not isinstance(obj, dict) or not all(isinstance(k, str) and isinstance(v, torch.Tensor)
                                             for k, v in obj.items()):
-        raise InspectorError(f"checkpoint {path.name} is not a state dict (a dict of names to tensors); "
+        raise InspectorError(f"checkpoint {name} is not a state dict (a dict of names to tensors); "
                              f"it holds {type(obj).__name__}")
     return obj, findings
 
@@ -164,6 +181,45 @@ def strip_wrapper_prefix(state: dict[str, torch.Tensor], own: dict[str, Any]) ->
     return state, stripped
 
 
+def model_part(state: dict[str, torch.Tensor], own: dict[str, Any], name: str) -> tuple[dict[str, torch.Tensor], list[Finding]]:
+    """The part of ``state`` under one top-level name (``model`` of ``{"model": ..., "optim": ...,
+    "step": ...}``, as ``torch.distributed.checkpoint`` tutorials save it), when no key fits the
+    model as it is and that part's keys do; an info finding names the parts skipped.
+
+    >>> part, found = model_part({"model.w": 1, "optim.state.w.exp_avg": 2}, {"w": 0}, "ckpt")
+    >>> part, found[0].message
+    ({'w': 1}, "used the 'model' part of ckpt; skipped the other top-level parts: optim (1 entries)")
+    """
+    if not state or any(k in own for k in state):
+        return state, []
+    parts: dict[str, dict[str, torch.Tensor]] = {}
+    for key, value in state.items():
+        top, dot, rest = key.partition(".")
+        if dot:
+            parts.setdefault(top, {})[rest] = value
+    fits = {top: sum(k in own for k in part) for top, part in parts.items()}
+    best = max(fits, key=lambda top: fits[top], default=None)
+    if best is None or not fits[best]:
+        return state, []
+    skipped = {key.partition(".")[0] for key in state if key.partition(".")[0] != best}
+    counts = ", ".join(f"{top} ({sum(k.partition('.')[0] == top for k in state)} entries)" for top in sorted(skipped))
+    return parts[best], [Finding("checkpoint-part", "info", name,
+                                 f"used the {best!r} part of {name}; skipped the other top-level parts: "
+                                 f"{counts or 'none'}")]
+
+
+def refuse_filling_nothing(state: dict[str, torch.Tensor], own: dict[str, Any], name: str) -> None:
+    """Raise when no tensor of ``state`` has a place in the model: loading it would leave every
+    tensor at its initial value, which is never what was meant."""
+    if any(k in own for k in state):
+        return
+    theirs = ", ".join(list(state)[:3]) or "none: it holds no tensors"
+    mine = ", ".join(list(own)[:3]) or "none"
+    raise InspectorError(f"checkpoint {name} fills none of the model's {len(own)} tensors: its names "
+                         f"(first: {theirs}) match none of the model's (first: {mine}); nothing was loaded. "
+                         "Give the checkpoint saved from this model")
+
+
 def apply_checkpoint(model: nn.Module, path: str | os.PathLike) -> list[Finding]:
     """Copy a checkpoint into ``model`` in place, keeping its ties; findings say what happened.
 
@@ -172,13 +228,17 @@ def apply_checkpoint(model: nn.Module, path: str | os.PathLike) -> list[Finding]
     A shape mismatch raises before anything is copied, so the model is unchanged.
     """
     state, findings = read_checkpoint(path)
-    name = Path(path).name
+    name = shown_name(Path(path))
     own = model.state_dict(keep_vars=True)
     state, stripped = strip_wrapper_prefix(state, own)
     if stripped:
         findings.append(Finding("checkpoint-wrapped", "info", name,
                                 f"{name} was saved from a wrapped model (names start with {stripped!r}, "
                                 "as torch.compile or DDP write them); the names were read without it"))
+    state, part_findings = model_part(state, own, name)
+    findings += part_findings
+    refuse_filling_nothing(state, own, name)
+    refuse_uncopyable(state, own, name)
     by_id: dict[int, list[str]] = {}
     for key, t in own.items():
         by_id.setdefault(id(t), []).append(key)

@@ -100,10 +100,17 @@ def resolve_device(device: str | torch.device) -> torch.device:
     return dev
 
 
+#: The complex dtype a complex tensor takes when a model is cast to a floating dtype (bfloat16 has none).
+COMPLEX_OF = {torch.float16: torch.complex32, torch.float32: torch.complex64, torch.float64: torch.complex128}
+
+
 def _target_dtype(t: torch.Tensor, dtype: torch.dtype | None) -> torch.dtype:
-    # Like nn.Module.to: only floating point and complex tensors change dtype.
+    # Like nn.Module.to: only floating point and complex tensors change dtype; a complex tensor
+    # stays complex (its counterpart of ``dtype``, or its own dtype), never losing its imaginary part.
     if dtype is None or not (t.is_floating_point() or t.is_complex()):
         return t.dtype
+    if t.is_complex() and not dtype.is_complex:
+        return COMPLEX_OF.get(dtype, t.dtype)
     return dtype
 
 

@@ -27,6 +27,7 @@ import torch
 from torch import nn
 
 from .findings import Finding, InspectorError, Severity
+from .hf_limits import check_folder_files, check_model_size, saved_architectures
 from .hf_saved import SavedCheck, check_saved
 
 #: Auto-class mappings tried, in this order, when ``config.architectures`` names no class
@@ -72,7 +73,7 @@ def choose_class(config: Any) -> ClassChoice:
     import transformers
     from transformers.models.auto import modeling_auto
 
-    names = [a for a in (getattr(config, "architectures", None) or []) if isinstance(a, str)]
+    names = saved_architectures(config)
     for name in names:
         cls = getattr(transformers, name, None) if name.isidentifier() else None
         if isinstance(cls, type) and issubclass(cls, transformers.PreTrainedModel) and \
@@ -94,17 +95,22 @@ def choose_class(config: Any) -> ClassChoice:
                          f"(model_type {getattr(config, 'model_type', '?')!r})")
 
 
-def load_hf_folder(path: Path) -> tuple[nn.Module, list[Finding]]:
+def load_hf_folder(path: Path, max_bytes: int | None = None) -> tuple[nn.Module, list[Finding]]:
     """Load the model saved in ``path`` (eval mode, on the CPU) and check it against the saved files.
 
+    ``max_bytes``: the largest model built (estimated on the meta device first; see
+    :func:`inspector.hf_limits.check_model_size`).
+
     Raises:
-        InspectorError: the folder cannot be read or transformers has no class for it.
+        InspectorError: the folder cannot be read, transformers has no class for it, or it is too large.
     """
+    check_folder_files(path)
     try:
         from transformers import AutoConfig
 
         config = AutoConfig.from_pretrained(path, local_files_only=True, trust_remote_code=False)
         choice = choose_class(config)
+        check_model_size(choice.chosen, config, path, max_bytes)
         model, loading = choice.chosen.from_pretrained(path, local_files_only=True, trust_remote_code=False,
                                                        output_loading_info=True)
     except InspectorError:

@@ -22,9 +22,11 @@ from .checkpoints import apply_checkpoint, refuse_remote_code
 from .checkpoints import pickle_globals as pickle_globals
 from .checkpoints import read_checkpoint as read_checkpoint
 from .checkpoints import strip_wrapper_prefix as strip_wrapper_prefix
-from .devices import move_model, resolve_device
+from .devices import COMPLEX_OF, move_model, resolve_device
 from .findings import Finding, InspectorError, first_line
 from .locks import model_lock
+from .placement.budget import parse_size
+from .torch_state import restored_torch_state
 from .wrappers import unwrap
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
@@ -137,11 +139,14 @@ class ModelCodeError(InspectorError, RuntimeError):
 
 
 @contextmanager
-def model_code(what: str, fix: str = "fix the model file, or pick another model") -> Iterator[None]:
+def model_code(what: str, fix: str = "fix the model file, or pick another model",
+               changed: list[str] | None = None) -> Iterator[None]:
     """Run the user's model code: any exception (or ``sys.exit``) becomes a ModelCodeError.
 
     The message names ``what`` ran, the exception, and ``fix``; the original is chained.
-    An ``InspectorError`` passes through unchanged; ``KeyboardInterrupt`` too.
+    An ``InspectorError`` passes through unchanged; ``KeyboardInterrupt`` too. Process-wide
+    torch settings the code changed (default dtype, grad mode...) are put back afterwards and,
+    when ``changed`` is given, listed there (:func:`inspector.torch_state.restored_torch_state`).
 
     >>> with model_code("forward of m"):
     ...     raise ZeroDivisionError("division by zero")
@@ -150,7 +155,8 @@ def model_code(what: str, fix: str = "fix the model file, or pick another model"
     inspector.models.ModelCodeError: forward of m raised ZeroDivisionError: division by zero; fix the model file, or pick another model
     """
     try:
-        yield
+        with restored_torch_state(changed):
+            yield
     except InspectorError:
         raise
     except SystemExit as exc:
@@ -212,7 +218,7 @@ def allowed_model_dirs() -> list[Path]:
 
 
 def load_model(source: str, checkpoint: str | os.PathLike | None = None, device: str = "cpu",
-               dtype: str | torch.dtype | None = None) -> LoadedModel:
+               dtype: str | torch.dtype | None = None, *, max_model_size: int | str | None = None) -> LoadedModel:
     """Build a model from ``source``, apply ``checkpoint``, then move it to ``device``/``dtype``.
 
     Args:
@@ -221,6 +227,10 @@ def load_model(source: str, checkpoint: str | os.PathLike | None = None, device:
         checkpoint: optional ``.safetensors`` or ``.pt/.pth/.bin`` (``weights_only=True``).
         device: ``"cpu"``, ``"cuda:N"``, ``"mps"`` or ``"meta"``.
         dtype: a floating dtype or its name (``"float16"``...), or None to keep the model's.
+            Complex tensors stay complex (complex32/64/128), with a finding.
+        max_model_size: the largest Hugging Face model built (bytes or ``"20GiB"``), estimated
+            on the meta device from its config before anything is allocated; None: the server's
+            ``INSPECTOR_MAX_MODEL_SIZE``, else half of this machine's memory. A folder cannot raise it.
 
     Raises:
         InspectorError: with a message naming the source, file, tensor or device at fault.
@@ -237,7 +247,9 @@ def load_model(source: str, checkpoint: str | os.PathLike | None = None, device:
                              f"got {type(checkpoint).__name__}")
     dev = resolve_device(device)
     torch_dtype = parse_dtype(dtype)
-    loaded = _build(source)
+    limit = None if max_model_size is None else parse_size(max_model_size, "max_model_size")
+    loaded = _build(source, limit)
+    refuse_deep_nesting(loaded.model, loaded.name)
     if checkpoint is not None:
         loaded.findings += apply_checkpoint(loaded.model, checkpoint)
         loaded.checkpoint = str(checkpoint)
@@ -245,6 +257,7 @@ def load_model(source: str, checkpoint: str | os.PathLike | None = None, device:
         raise InspectorError(
             f"{loaded.name} is built on the meta device (structure only, no weights), so it cannot "
             f"be placed on {dev}. Choose the device 'meta', or give a checkpoint with its weights.")
+    loaded.findings += complex_cast_findings(loaded.model, torch_dtype)
     move_model(loaded.model, dev, torch_dtype)
     loaded.device = str(dev)
     loaded.dtype = None if torch_dtype is None else str(torch_dtype).removeprefix("torch.")
@@ -270,11 +283,46 @@ def parse_dtype(dtype: str | torch.dtype | None) -> torch.dtype | None:
     return DTYPES[key]
 
 
-def _build(source: str) -> LoadedModel:
+#: Deepest nesting of modules accepted: torch walks modules recursively, so deeper models fail everywhere.
+MAX_DEPTH = 200
+
+
+def refuse_deep_nesting(model: nn.Module, name: str) -> None:
+    """Raise when modules nest deeper than :data:`MAX_DEPTH` (walked without recursion)."""
+    stack = [(model, 0)]
+    seen: set[int] = set()
+    while stack:
+        module, depth = stack.pop()
+        if depth > MAX_DEPTH:
+            raise InspectorError(f"{name} nests modules more than {MAX_DEPTH} deep; torch walks modules "
+                                 "recursively, so no analysis can run on it. Flatten the nesting (an "
+                                 "nn.ModuleList or nn.Sequential of the repeated blocks)")
+        if id(module) in seen:
+            continue
+        seen.add(id(module))
+        stack.extend((child, depth + 1) for child in module._modules.values() if child is not None)
+
+
+def complex_cast_findings(model: nn.Module, dtype: torch.dtype | None) -> list[Finding]:
+    """An info finding per complex tensor when the model is cast to ``dtype``: it stays complex."""
+    if dtype is None:
+        return []
+    out = []
+    for n, t in [*model.named_parameters(), *model.named_buffers()]:
+        if t.is_complex():
+            kept = COMPLEX_OF.get(dtype, t.dtype)
+            out.append(Finding("complex-kept", "info", n,
+                               f"{n} is {str(t.dtype).removeprefix('torch.')}: casting the model to "
+                               f"{str(dtype).removeprefix('torch.')} made it {str(kept).removeprefix('torch.')}, "
+                               "keeping its imaginary part"))
+    return out
+
+
+def _build(source: str, max_bytes: int | None = None) -> LoadedModel:
     if source.startswith("sample:"):
         return _build_sample(source.removeprefix("sample:"))
     if source.startswith("hf:"):
-        return _build_hf(source.removeprefix("hf:"))
+        return _build_hf(source.removeprefix("hf:"), max_bytes)
     if ".py:" in source:
         return _build_file(source)
     raise InspectorError(f"cannot tell what kind of source {source!r} is: use 'sample:<name>', "
@@ -305,13 +353,14 @@ def _build_file(source: str) -> LoadedModel:
     if not path.is_file():
         raise InspectorError(f"model file {path} does not exist")
     mod_name = f"_inspector_user_{abs(hash(str(path)))}"
+    changed: list[str] = []
     try:
         spec = importlib.util.spec_from_file_location(mod_name, path)
         if spec is None or spec.loader is None:
             raise InspectorError(f"model file {path} cannot be imported as a Python module")
         module = importlib.util.module_from_spec(spec)
         sys.modules[mod_name] = module
-        with model_code(f"importing {path}", "fix the file"):
+        with model_code(f"importing {path}", "fix the file", changed):
             spec.loader.exec_module(module)
     except InspectorError:
         sys.modules.pop(mod_name, None)
@@ -320,18 +369,21 @@ def _build_file(source: str) -> LoadedModel:
     if not callable(fn):
         names = [n for n in dir(module) if callable(getattr(module, n)) and not n.startswith("_")]
         raise InspectorError(f"{path} has no callable {factory!r}; callables there: {', '.join(names)}")
-    with model_code(f"{path.name}:{factory}()", "make the factory return an nn.Module"):
+    with model_code(f"{path.name}:{factory}()", "make the factory return an nn.Module", changed):
         model = fn()
     if not isinstance(model, nn.Module):
         raise InspectorError(f"{path.name}:{factory}() returned {type(model).__name__}, not a torch nn.Module")
     inputs_fn = getattr(module, "example_inputs", None)
     loss_fn = getattr(module, "loss", None)
-    return LoadedModel(model, f"{path.stem}:{factory}", source,
+    findings = [Finding("torch-state-restored", "warning", path.name,
+                        f"{path.name} changed a process-wide torch setting ({c}) while loading; it was put back, "
+                        "so it does not affect other models. Set it inside the model instead") for c in changed]
+    return LoadedModel(model, f"{path.stem}:{factory}", source, findings=findings,
                        inputs_fn=inputs_fn if callable(inputs_fn) else None,
                        loss_fn=loss_fn if callable(loss_fn) else None)
 
 
-def _build_hf(directory: str) -> LoadedModel:
+def _build_hf(directory: str, max_bytes: int | None = None) -> LoadedModel:
     path = Path(directory).expanduser().resolve()
     if not (path / "config.json").is_file():
         raise InspectorError(f"{path} is not a Hugging Face model folder (no config.json there)")
@@ -341,6 +393,6 @@ def _build_hf(directory: str) -> LoadedModel:
                              "pip install 'model-inspector[hf]'")
     from . import hf
 
-    model, findings = hf.load_hf_folder(path)
+    model, findings = hf.load_hf_folder(path, max_bytes)
     return LoadedModel(model, path.name, f"hf:{path}", findings=findings,
                        inputs_fn=hf.example_inputs_for(model), loss_fn=hf.loss_for(model))

@@ -37,9 +37,10 @@ def _wrapper_classes() -> tuple[type, ...]:
 
 def _inner(model: nn.Module) -> nn.Module | None:
     """The module one wrapper holds, or None when ``model`` is no wrapper."""
-    orig = model.__dict__.get("_modules", {}).get("_orig_mod")
-    if type(model).__name__ == "OptimizedModule" and isinstance(orig, nn.Module):
-        return orig  # torch.compile (torch._dynamo's OptimizedModule)
+    if type(model).__name__ == "OptimizedModule":  # torch.compile (torch._dynamo's OptimizedModule)
+        modules = model.__dict__.get("_modules")
+        orig = modules.get("_orig_mod") if isinstance(modules, dict) else None
+        return orig if isinstance(orig, nn.Module) else None
     if isinstance(model, _wrapper_classes()):
         inner = getattr(model, "module", None)
         return inner if isinstance(inner, nn.Module) else None

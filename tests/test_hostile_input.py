@@ -22,6 +22,7 @@ from torch import nn
 
 from inspector.__main__ import main
 from inspector.findings import InspectorError
+from tests.hostile_loading import write_loading_files
 
 MARKER = "code-ran.txt"
 
@@ -120,6 +121,7 @@ def files(tmp_path_factory) -> dict[str, Path]:
     (bad_json / "config.json").write_text("{not json")
     (root / "map.json").write_text("this is not JSON")
     (root / "outdir").mkdir()
+    write_loading_files(root)
     return {"root": root, "marker": marker, "models": models, "outside": outside, "hf": hf}
 
 
@@ -218,6 +220,48 @@ CLI_CASES: list[tuple[str, list[str], str]] = [
      "must be a finite number above 0, got -0.1"),
     ("distributed-word-lr", ["distributed", "sample:tiny-gpt2", "--lr", "fast", "-o", "{root}/run.jsonl"],
      "must be a number, got 'fast'"),
+    ("zip-bomb-checkpoint", ["summary", "{models}/nets.py:good", "--checkpoint", "{root}/bomb.pt"],
+     "Nothing was inflated"),
+    ("zip-bomb-listing", ["checkpoint", "{root}/bomb.pt"], "Nothing was inflated"),
+    ("dcp-piece-2-40-bytes", ["summary", "{models}/nets.py:good", "--checkpoint", "{root}/dcp-huge-piece"],
+     "which is shorter"),
+    ("dcp-length-2-62", ["summary", "{models}/nets.py:good", "--checkpoint", "{root}/dcp-length-2-62"],
+     "which is shorter"),
+    ("dcp-million-square", ["summary", "{models}/nets.py:good", "--checkpoint", "{root}/dcp-million-square"],
+     "claims shape (1000000, 1000000)"),
+    ("dcp-string-keys", ["summary", "{models}/nets.py:good", "--checkpoint", "{root}/dcp-string-keys"],
+     "not by a tensor name"),
+    ("dcp-string-keys-listing", ["checkpoint", "{root}/dcp-string-keys"], "not by a tensor name"),
+    ("dcp-no-properties", ["summary", "{models}/nets.py:good", "--checkpoint", "{root}/dcp-no-properties"],
+     "no readable size, dtype (properties)"),
+    ("dcp-no-properties-listing", ["checkpoint", "{root}/dcp-no-properties"], "no readable size, dtype"),
+    ("dcp-no-chunks", ["summary", "{models}/nets.py:good", "--checkpoint", "{root}/dcp-no-chunks"],
+     "list of pieces (chunks)"),
+    ("dcp-many-claims", ["summary", "{models}/nets.py:good", "--checkpoint", "{root}/dcp-many-claims"],
+     "nothing was allocated"),
+    ("hf-million-layers", ["summary", "hf:{root}/hf-million-layers"], "--max-model-size"),
+    ("hf-million-layers-limit-raised", ["summary", "hf:{root}/hf-million-layers", "--max-model-size", "1TiB"],
+     "modules, more than"),
+    ("hf-max-model-size-small", ["summary", "hf:{root}/hf-base", "--max-model-size", "1KB"], "Nothing was built"),
+    ("hf-max-model-size-text", ["summary", "hf:{root}/hf-base", "--max-model-size", "big"], "cannot read 'big'"),
+    ("hf-zip-bomb-weights", ["summary", "hf:{root}/hf-bomb"], "hf-bomb/pytorch_model.bin was refused"),
+    ("hf-index-parent", ["summary", "hf:{root}/hf-index-up"], "lies outside the folder"),
+    ("hf-index-absolute", ["summary", "hf:{root}/hf-index-absolute"], "lies outside the folder"),
+    ("hf-attn-kernel", ["summary", "hf:{root}/hf-kernel"], "fetch and run kernel code"),
+    ("hf-sub-config-kernel", ["summary", "hf:{root}/hf-sub-kernel"], "text_config.attn_implementation"),
+    ("hf-experts-kernel", ["summary", "hf:{root}/hf-experts-kernel"], "_experts_implementation: sonicmoe"),
+    ("hf-quantization-kernel", ["summary", "hf:{root}/hf-quant-kernel"], "quant_method: mxfp4"),
+    ("sparse-checkpoint-tensor", ["summary", "{models}/nets.py:good", "--checkpoint", "{root}/sparse.pt"],
+     "sparse_coo layout"),
+    ("meta-checkpoint-tensor", ["summary", "{models}/nets.py:good", "--checkpoint", "{root}/meta.pt"],
+     "on the meta device"),
+    ("checkpoint-fills-nothing", ["summary", "{models}/nets.py:good", "--checkpoint", "{root}/unrelated.safetensors"],
+     "fills none of the model's 2 tensors"),
+    ("report-to-dev-full", ["report", "sample:tiny-gpt2", "-o", "/dev/full", "--sections", "summary"],
+     "cannot be written"),
+    ("devicemap-5000-digit-budget", ["devicemap", "sample:tiny-gpt2", "--max-memory", "cpu=" + "9" * 5000],
+     "far larger than any memory"),
+    ("model-nested-2000-deep", ["summary", "{models}/loading.py:deep"], "more than 200 deep"),
     ("no-source", ["summary"], "required: source"),
     ("unknown-command", ["explode", "sample:tiny-gpt2"], "invalid choice"),
 ]
@@ -299,10 +343,14 @@ def _lib_cases() -> list[tuple[str, Callable, str]]:
         offset_map,
         plan_device_map,
         retie,
+        snapshot_ties,
     )
-    from inspector.checkpoints import read_checkpoint
+    from inspector.checkpoint_listing import checkpoint_listing
+    from inspector.checkpoints import apply_checkpoint, read_checkpoint
+    from inspector.distributed import dcp_listing
+    from inspector.distributed.checkpoint import read_dcp
     from inspector.offsets import run_backward
-    from inspector.placement import parse_max_memory
+    from inspector.placement import parse_max_memory, parse_size
     from inspector.report import Report, build_report
 
     return [
@@ -363,6 +411,24 @@ def _lib_cases() -> list[tuple[str, Callable, str]]:
          "report schema"),
         ("from-json-old-schema", lambda t, f: Report.from_json(_report_text(schema_version="0.1")),
          "not supported"),
+        ("read-zip-bomb", lambda t, f: read_checkpoint(f["root"] / "bomb.pt"), "inflate far beyond"),
+        ("list-zip-bomb", lambda t, f: checkpoint_listing(f["root"] / "bomb.pt"), "inflate far beyond"),
+        ("read-dcp-2-62", lambda t, f: read_dcp(f["root"] / "dcp-length-2-62"), "which is shorter"),
+        ("read-dcp-million-square", lambda t, f: read_dcp(f["root"] / "dcp-million-square"), "pieces hold only"),
+        ("list-dcp-no-chunks", lambda t, f: dcp_listing(f["root"] / "dcp-no-chunks"), "list of pieces (chunks)"),
+        ("load-hf-million-layers", lambda t, f: load_model(f"hf:{f['root']}/hf-million-layers"), "was refused"),
+        ("load-hf-size-limit", lambda t, f: load_model(f"hf:{f['root']}/hf-base", max_model_size=1000),
+         "more than the limit of"),
+        ("load-hf-size-limit-nan", lambda t, f: load_model(f"hf:{f['root']}/hf-base", max_model_size="nan"),
+         "cannot read 'nan'"),
+        ("load-hf-index-outside", lambda t, f: load_model(f"hf:{f['root']}/hf-index-up"), "must be inside"),
+        ("load-hf-kernel", lambda t, f: load_model(f"hf:{f['root']}/hf-kernel"), "never runs code"),
+        ("apply-sparse-into-tiny", lambda t, f: apply_checkpoint(t.model, f["root"] / "sparse.pt"),
+         "fills none"),
+        ("retie-other-models-snapshot", lambda t, f: retie(t.model, snapshot_ties(load_model("sample:cnn-bn").model)),
+         "taken of another model"),
+        ("parse-5000-digits", lambda t, f: parse_size("9" * 5000 + "GiB"), "far larger than any memory"),
+        ("load-deep-nesting", lambda t, f: load_model(f"{f['models']}/loading.py:deep"), "more than 200 deep"),
     ]
 
 
@@ -467,7 +533,7 @@ def test_uploads_are_bounded_and_removed_with_their_session(tmp_path):
 def test_names_with_terminal_escapes_print_as_visible_text(files, tmp_path, capsys):
     osc_link = "\x1b]8;;http://evil/x\x1b\\click\x1b]8;;\x1b\\"
     path = tmp_path / "ansi.safetensors"
-    save_file({f"\x1b[2J{osc_link}\r": torch.ones(1)}, str(path))
+    save_file({f"\x1b[2J{osc_link}\r": torch.ones(1), "fc.bias": torch.zeros(2)}, str(path))
     assert main(["summary", f"{files['models']}/nets.py:good", "--checkpoint", str(path)]) == 0
     out, err = capsys.readouterr()
     assert "unexpected-key" in out and "\\x1b]8;;http://evil/x" in out

@@ -30,10 +30,12 @@ class Selection:
     checkpoint: str | None = None
     device: str = "cpu"
     dtype: str | None = None
+    max_model_size: str | None = None  # the largest Hugging Face model to build (None: the server's default)
 
     @property
     def key(self) -> str:
-        return f"{self.source}|{self.checkpoint}|{self.device}|{self.dtype}"
+        return f"{self.source}|{self.checkpoint}|{self.device}|{self.dtype}" + (
+            f"|{self.max_model_size}" if self.max_model_size else "")
 
     @property
     def label(self) -> str:
@@ -60,16 +62,16 @@ def _file_stamp(path: str | None) -> str:
 
 @st.cache_resource(show_spinner=False, max_entries=MAX_CACHED_MODELS)
 def cached_model(source: str, checkpoint: str | None, device: str, dtype: str | None,
-                 stamp: str = "") -> LoadedModel:
+                 stamp: str = "", max_model_size: str | None = None) -> LoadedModel:
     """One LoadedModel per key for the whole server; guard it with ``loaded.lock``.
 
     ``stamp`` (size and mtime of the checkpoint) is only part of the cache key. A failed
     load raises and caches nothing.
     """
-    return load_model(source, checkpoint=checkpoint, device=device, dtype=dtype)
+    return load_model(source, checkpoint=checkpoint, device=device, dtype=dtype, max_model_size=max_model_size)
 
 
 def get_loaded(selection: Selection) -> LoadedModel:
     """The cached LoadedModel for ``selection`` (loading it on first use)."""
     return cached_model(selection.source, selection.checkpoint, selection.device, selection.dtype,
-                        _file_stamp(selection.checkpoint))
+                        _file_stamp(selection.checkpoint), selection.max_model_size)

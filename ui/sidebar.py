@@ -19,7 +19,9 @@ import streamlit as st
 from inspector import DeviceInfo, Finding, LoadedModel, available_devices, format_bytes, sort_findings
 from inspector.distributed import dcp_listing, is_dcp_folder
 from inspector.escaping import markdown_code, markdown_text
+from inspector.hf_limits import default_max_bytes
 from inspector.models import DTYPES, allowed_model_dirs
+from inspector.placement import parse_size
 from sample_models import SAMPLES
 
 from .errors import finding_markdown, guarded, install_page_handler, show_error
@@ -30,6 +32,10 @@ SELECTION = "mi_selection"
 _QUERY_DONE = "mi_query_applied"
 _LAST_LOAD = "mi_last_load"
 KINDS = ["Sample", "Python file", "Hugging Face folder"]
+MODEL_FILES_ARE_CODE = ("A model file is Python code: loading it runs it in this server, with the server's "
+                        "rights, for every session. It can read files, change settings or end the server "
+                        "(os._exit). Load only files you trust; checkpoints and Hugging Face folders never "
+                        "run code.")
 AS_BUILT = "(as built)"
 
 
@@ -141,10 +147,27 @@ def _source_inputs(sel: Selection) -> tuple[str, bool]:
                                     "and loss(outputs, inputs) are used too.")
         st.caption("Allowed folders: " + ", ".join(markdown_code(d) for d in allowed_model_dirs())
                    + " (add more with INSPECTOR_MODEL_DIRS).")
+        st.warning(MODEL_FILES_ARE_CODE, icon=":material/warning:")
         return source.strip(), False
     path = st.text_input("Local model folder", value=sel.source.removeprefix("hf:") if kind_now == kind else "",
                          placeholder="/models/gpt2 (with config.json)", key="mi_hf")
     return (f"hf:{path.strip()}" if path.strip() else ""), False
+
+
+def _max_size_input(sel: Selection, source: str) -> str | None:
+    """The largest Hugging Face model to build, as the user typed it (None: the server's default)."""
+    if not source.startswith("hf:"):
+        return sel.max_model_size
+    text = st.text_input("Largest model", value=sel.max_model_size or "", key="mi_max_size",
+                         placeholder=f"default {format_bytes(default_max_bytes())}",
+                         help="The folder's config.json is sized on the meta device first; a larger model "
+                              "is refused before anything is built. E.g. 40GiB. The folder cannot change this.")
+    if not text.strip():
+        return None
+    with guarded("reading the largest model size"):
+        parse_size(text.strip(), "Largest model")
+        return text.strip()
+    return sel.max_model_size
 
 
 def _checkpoint_inputs(sel: Selection) -> str | None:
@@ -198,7 +221,8 @@ def model_picker() -> LoadedModel | None:
         dtype = st.selectbox("Dtype", dtypes, index=dtypes.index(sel.dtype) if sel.dtype in dtypes else 0,
                              key="mi_dtype")
         checkpoint = _checkpoint_inputs(sel)
-        wanted = Selection(source, checkpoint, device, None if dtype == AS_BUILT else dtype)
+        max_size = _max_size_input(sel, source)
+        wanted = Selection(source, checkpoint, device, None if dtype == AS_BUILT else dtype, max_size)
         changed = wanted != sel
         slot = st.empty()
         if slot.button("Load model" if changed else "Loaded", type="primary" if changed else "secondary",

@@ -245,9 +245,9 @@ def _check(model: nn.Module, conv: Conversion, dev: torch.device, inv: TensorInv
     error = _refusal(conv, inv, max_bytes)
     if error is not None:
         return ConversionResult(**base, unique_after=None, outcomes=(), findings=(), error=error)
-    with model_lock(model):
-        work = copy.deepcopy(model)
     try:
+        with model_lock(model):
+            work = copy.deepcopy(model)  # a sparse parameter cannot be deep-copied: a result too
         work = conv.run(work, dev)
     except Exception as exc:  # noqa: BLE001 - a failing conversion is a result, not a crash
         msg = str(exc).strip().splitlines()

@@ -37,13 +37,15 @@ class TensorLayout:
 class TieSnapshot:
     """The ties of a model at one moment, by name (holds no tensors).
 
-    ``unique_numel`` is what ``parameters()`` counted then.
+    ``unique_numel`` is what ``parameters()`` counted then; ``tensor_names`` every tensor name
+    the model had (so :func:`retie` can tell a snapshot of another model).
     """
 
     groups: tuple[AliasGroup, ...]
     layouts: tuple[tuple[TensorLayout, ...], ...]
     unique_numel: int
     identity_only: bool
+    tensor_names: frozenset[str] = frozenset()
 
     def to_dict(self) -> dict:
         return {"groups": [g.to_dict() for g in self.groups],
@@ -79,7 +81,8 @@ def snapshot_inventory(inv: TensorInventory) -> TieSnapshot:
                                      int(t.storage_offset()) if t.layout == torch.strided else 0,
                                      str(t.dtype).removeprefix("torch.")))
         layouts.append(tuple(rows))
-    return TieSnapshot(analysis.groups, tuple(layouts), analysis.unique_numel, analysis.identity_only)
+    return TieSnapshot(analysis.groups, tuple(layouts), analysis.unique_numel, analysis.identity_only,
+                       frozenset(current))
 
 
 @dataclass(frozen=True)
@@ -226,12 +229,24 @@ def retie(model: nn.Module, snapshot: TieSnapshot) -> list[Finding]:
                              f"{type(snapshot).__name__}")
     with model_lock(model):
         current = tensor_inventory(model).tensors()
+        _refuse_other_model(snapshot, current)
         todo = [(g, layouts, o) for g, layouts, o in zip(snapshot.groups, snapshot.layouts,
                                                          outcomes(snapshot, current))
                 if o.outcome != "kept"]
         for g, layouts, o in todo:
             _check_retie(g, layouts, o, current)
         return [_retie_group(model, g, layouts, o, current) for g, layouts, o in todo]
+
+
+def _refuse_other_model(snapshot: TieSnapshot, current: dict[str, torch.Tensor]) -> None:
+    """Raise when ``snapshot`` was taken of another model: over half its tensor names are not in this one."""
+    names = snapshot.tensor_names
+    gone = sorted(names - current.keys())
+    if 2 * len(gone) > len(names):
+        raise InspectorError(f"retie: the snapshot was taken of another model: {len(gone)} of the {len(names)} "
+                             f"tensors it names are not in this model (first: {', '.join(gone[:2])}); nothing was "
+                             "changed. Take the snapshot of this model with snapshot_ties(model) before "
+                             "converting it")
 
 
 def _check_retie(g: AliasGroup, layouts: tuple[TensorLayout, ...], o: GroupOutcome,

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from .. import SECTIONS, InspectorError, build_report, run_report
 from .. import cli_types as types
-from ..cli_common import add_source_arguments, load_from_args, progress
+from ..cli_common import add_source_arguments, load_from_args, progress, write_text
 from ..distributed import is_run_file, read_run
 from ..report import check_options, check_sections, watch_report
 from ..watch import is_watch_file
@@ -93,7 +93,7 @@ def run(args: argparse.Namespace) -> int:
         report.to_pdf(out)
     else:
         text = {"html": report.to_html, "json": report.to_json, "md": report.to_markdown}[fmt]()
-        out.write_text(text, encoding="utf-8")
+        write_text(out, text)
     for s in report.sections:
         if s.status != "ok":
             progress(f"section {s.id} {s.status}: {s.note}")

@@ -20,6 +20,7 @@ from typing import Any
 import pandas as pd
 import torch
 
+from ..checkpoint_guards import check_zip_sizes
 from ..findings import Finding, InspectorError
 
 METADATA = ".metadata"
@@ -87,22 +88,66 @@ class Piece:
     length: int
 
 
-def _pieces(metadata: Any) -> dict[str, list[Piece]]:
+@dataclass(frozen=True)
+class Entry:
+    """One state-dict entry of the index: a tensor (shape, dtype, chunks) or pickled bytes."""
+
+    name: str
+    kind: str  # "tensor" or "bytes"
+    shape: tuple[int, ...] = ()
+    dtype: torch.dtype | None = None
+    chunks: tuple[tuple[tuple[int, ...], tuple[int, ...]], ...] = ()  # (offsets, sizes)
+
+
+def _ints(value: Any) -> tuple[int, ...] | None:
+    try:
+        out = tuple(value)
+    except TypeError:
+        return None
+    return out if all(type(n) is int and n >= 0 for n in out) else None
+
+
+def _entries(folder: Path, metadata: Any) -> dict[str, Entry]:
+    """Every entry of the index, its fields checked for type (an index is data from a file)."""
+    out: dict[str, Entry] = {}
+    for name, entry in metadata.state_dict_metadata.items():
+        if not isinstance(name, str):
+            raise InspectorError(f"{folder.name}/{METADATA}: an entry is named {name!r}, not by text; the index "
+                                 "is corrupt")
+        if not hasattr(entry, "size"):
+            out[name] = Entry(name, "bytes")
+            continue
+        shape, dtype = _ints(entry.size), getattr(getattr(entry, "properties", None), "dtype", None)
+        chunks = getattr(entry, "chunks", None)
+        parsed = [(_ints(getattr(c, "offsets", None)), _ints(getattr(c, "sizes", None)))
+                  for c in chunks] if isinstance(chunks, list) else None
+        if shape is None or not isinstance(dtype, torch.dtype) or parsed is None or any(
+                o is None or z is None for o, z in parsed):
+            raise InspectorError(f"{folder.name}/{METADATA}: tensor {name} has no readable size, dtype "
+                                 "(properties) or list of pieces (chunks); the index is corrupt")
+        out[name] = Entry(name, "tensor", shape, dtype, tuple((o, z) for o, z in parsed if o is not None and z is not None))
+    return out
+
+
+def _pieces(folder: Path, metadata: Any, entries: dict[str, Entry]) -> dict[str, list[Piece]]:
     out: dict[str, list[Piece]] = {}
     for index, info in metadata.storage_data.items():
+        fqn = getattr(index, "fqn", None)
+        if not isinstance(fqn, str):
+            raise InspectorError(f"{folder.name}/{METADATA}: a storage entry is keyed by {index!r:.80}, not by a "
+                                 "tensor name; the index is corrupt")
         if getattr(info, "transform_descriptors", None):
-            raise InspectorError(f"tensor {index.fqn} is stored with transforms "
+            raise InspectorError(f"tensor {fqn} is stored with transforms "
                                  f"{info.transform_descriptors}; this reader takes plain pieces only")
-        entry = metadata.state_dict_metadata.get(index.fqn)
-        chunks = getattr(entry, "chunks", None) or []
-        sizes = next((tuple(c.sizes) for c in chunks if tuple(c.offsets) == tuple(index.offset or ())), ())
-        try:
-            piece = Piece(index.fqn, tuple(index.offset or ()), sizes, str(info.relative_path), int(info.offset),
-                          int(info.length))
-        except (TypeError, ValueError, AttributeError):
-            raise InspectorError(f"{METADATA}: the storage entry of tensor {getattr(index, 'fqn', index)} is "
-                                 "corrupt (its offset, length or file is not readable)") from None
-        out.setdefault(index.fqn, []).append(piece)
+        entry = entries.get(fqn)
+        offsets = _ints(getattr(index, "offset", None) or ())
+        sizes = next((z for o, z in (entry.chunks if entry else ()) if o == offsets), ())
+        file_offset, length = getattr(info, "offset", None), getattr(info, "length", None)
+        if offsets is None or type(file_offset) is not int or type(length) is not int or \
+                not isinstance(getattr(info, "relative_path", None), (str, os.PathLike)):
+            raise InspectorError(f"{folder.name}/{METADATA}: the storage entry of tensor {fqn} is corrupt (its "
+                                 "offset, length or file is not readable)")
+        out.setdefault(fqn, []).append(Piece(fqn, offsets, sizes, str(info.relative_path), file_offset, length))
     return out
 
 
@@ -112,18 +157,19 @@ def dcp_listing(folder: str | os.PathLike) -> pd.DataFrame:
     ``kind`` is ``"tensor"`` or ``"bytes"`` (a pickled non-tensor value, e.g. an optimizer step
     count, which is listed but never loaded).
     """
-    metadata = read_metadata(folder)
-    pieces = _pieces(metadata)
+    p = Path(folder)
+    metadata = read_metadata(p)
+    entries = _entries(p, metadata)
+    pieces = _pieces(p, metadata, entries)
     rows = []
-    for name, entry in metadata.state_dict_metadata.items():
+    for name, entry in entries.items():
         own = pieces.get(name, [])
-        files = ", ".join(sorted({p.file for p in own}))
-        if hasattr(entry, "size"):
-            shape = tuple(entry.size)
-            rows.append((name, "tensor", str(entry.properties.dtype).removeprefix("torch."), shape,
-                         math.prod(shape), len(entry.chunks),
-                         " ".join("x".join(map(str, c.sizes)) + "@" + ",".join(map(str, c.offsets))
-                                  for c in entry.chunks), files))
+        files = ", ".join(sorted({x.file for x in own}))
+        if entry.kind == "tensor":
+            rows.append((name, "tensor", str(entry.dtype).removeprefix("torch."), entry.shape,
+                         math.prod(entry.shape), len(entry.chunks),
+                         " ".join("x".join(map(str, z)) + "@" + ",".join(map(str, o)) for o, z in entry.chunks),
+                         files))
         else:
             rows.append((name, "bytes", "", (), 0, len(own), "", files))
     return pd.DataFrame(rows, columns=["name", "kind", "dtype", "shape", "numel", "pieces", "piece_shapes", "files"])
@@ -132,34 +178,23 @@ def dcp_listing(folder: str | os.PathLike) -> pd.DataFrame:
 def read_dcp(folder: str | os.PathLike) -> tuple[dict[str, torch.Tensor], list[Finding]]:
     """Whole tensors on the CPU from a distributed checkpoint folder, plus findings.
 
+    Every size the index claims is checked against the files on disk before anything is
+    allocated: all tensors together may not need more bytes than the files hold.
+
     Raises:
         InspectorError: the folder, its index or a piece is unreadable, or a piece is missing.
     """
     p = Path(folder)
     metadata = read_metadata(p)
-    pieces = _pieces(metadata)
+    entries = _entries(p, metadata)
+    pieces = _pieces(p, metadata, entries)
+    tensors = [e for e in entries.values() if e.kind == "tensor"]
+    _check_claims(p, tensors, pieces)
     state: dict[str, torch.Tensor] = {}
-    skipped = []
     handles: dict[str, Any] = {}
     try:
-        for name, entry in metadata.state_dict_metadata.items():
-            if not hasattr(entry, "size"):
-                skipped.append(name)
-                continue
-            own = pieces.get(name, [])
-            whole = torch.empty(_checked_shape(p, name, entry, own), dtype=entry.properties.dtype)
-            covered = torch.zeros(whole.shape, dtype=torch.bool)
-            filled = 0
-            for piece in own:
-                value = _read_piece(p, piece, handles)
-                region, seen = _region(p, piece, value, whole, covered)
-                region.copy_(value)
-                seen.fill_(True)
-                filled += value.numel()
-            if filled != whole.numel():
-                raise InspectorError(f"{p.name}: tensor {name} has pieces for {filled} of its {whole.numel()} "
-                                     "elements; a rank's .distcp file is missing or incomplete")
-            state[name] = whole
+        for entry in tensors:
+            state[entry.name] = _assemble(p, entry, pieces.get(entry.name, []), handles)
     finally:
         for fh in handles.values():
             fh.close()
@@ -167,34 +202,76 @@ def read_dcp(folder: str | os.PathLike) -> tuple[dict[str, torch.Tensor], list[F
                         f"{p.name} is a torch.distributed.checkpoint folder: {len(state)} tensors put together "
                         f"from {sum(len(pieces.get(k, [])) for k in state)} pieces in "
                         f"{len({x.file for k in state for x in pieces.get(k, [])})} files")]
+    skipped = [e.name for e in entries.values() if e.kind == "bytes"]
     if skipped:
+        tops = ", ".join(dict.fromkeys(n.partition(".")[0] for n in skipped))
         findings.append(Finding("checkpoint-non-tensor", "info", skipped[0],
-                                f"{len(skipped)} entries of {p.name} are not tensors (first: {skipped[0]}); "
-                                "they were listed but not loaded (loading them would unpickle them)"))
+                                f"{len(skipped)} entries of {p.name} are not tensors (first: {skipped[0]}); they were "
+                                f"listed but not loaded (loading them would unpickle them). Their top-level "
+                                f"names: {tops}"))
     return state, findings
 
 
-def _checked_shape(folder: Path, name: str, entry: Any, own: list[Piece]) -> tuple[int, ...]:
-    """The entry's shape, once its size, dtype and pieces are plausible for the bytes stored."""
-    size = tuple(getattr(entry, "size", ()))
-    dtype = getattr(getattr(entry, "properties", None), "dtype", None)
-    if not isinstance(dtype, torch.dtype) or not all(isinstance(n, int) and n >= 0 for n in size):
-        raise InspectorError(f"{folder.name}/{METADATA}: tensor {name} has an invalid size {size!r} or dtype "
-                             f"{dtype!r}; the index is corrupt")
+def _assemble(folder: Path, entry: Entry, own: list[Piece], handles: dict[str, Any]) -> torch.Tensor:
+    whole = torch.empty(entry.shape, dtype=entry.dtype)
+    covered = torch.zeros(whole.shape, dtype=torch.bool)
+    filled = 0
+    for piece in own:
+        value = _read_piece(folder, piece, handles)
+        region, seen = _region(folder, piece, value, whole, covered)
+        region.copy_(value)
+        seen.fill_(True)
+        filled += value.numel()
+    if filled != whole.numel():
+        raise InspectorError(f"{folder.name}: tensor {entry.name} has pieces for {filled} of its {whole.numel()} "
+                             "elements; a rank's .distcp file is missing or incomplete")
+    return whole
+
+
+def _check_claims(folder: Path, tensors: list[Entry], pieces: dict[str, list[Piece]]) -> None:
+    """Raise unless every piece lies inside a file of the folder and every tensor (and all of them
+    together) fits in the bytes stored, before any tensor is allocated."""
+    sizes: dict[str, int] = {}
+    for entry in tensors:
+        _checked_shape(folder, entry, pieces.get(entry.name, []), sizes)
+    needed = sum(math.prod(e.shape) * (e.dtype.itemsize if e.dtype else 1) for e in tensors)
+    stored = sum(sizes.values())
+    if needed > stored:
+        raise InspectorError(f"{folder.name}/{METADATA}: its tensors claim {needed:,} bytes in all but its files "
+                             f"hold only {stored:,}; the index is corrupt (nothing was allocated)")
+
+
+def _file_size(folder: Path, piece: Piece, sizes: dict[str, int]) -> int:
+    if piece.file not in sizes:
+        path = (folder / piece.file).resolve()
+        if not path.is_relative_to(folder.resolve()):
+            raise InspectorError(f"{folder.name}: tensor {piece.name} points outside the folder ({piece.file})")
+        try:
+            sizes[piece.file] = path.stat().st_size
+        except OSError as exc:
+            raise InspectorError(f"{folder.name}: {piece.file} (holding {piece.name}) cannot be read: {exc}") from None
+    return sizes[piece.file]
+
+
+def _checked_shape(folder: Path, entry: Entry, own: list[Piece], sizes: dict[str, int]) -> None:
+    """Raise unless the entry's pieces are plausible for its shape and lie inside their files."""
+    name, size = entry.name, entry.shape
     stored = 0
     for piece in own:
-        if len(piece.offsets) != len(size) or any(not isinstance(o, int) or o < 0 for o in piece.offsets):
+        if len(piece.offsets) != len(size):
             raise InspectorError(f"{folder.name}/{METADATA}: a piece of tensor {name} has offsets "
                                  f"{piece.offsets} for a tensor of shape {size}; the index is corrupt")
         if piece.file_offset < 0 or piece.length < 0:
             raise InspectorError(f"{folder.name}/{METADATA}: a piece of tensor {name} has a negative place "
                                  f"or length in {piece.file}; the index is corrupt")
+        if piece.file_offset + piece.length > _file_size(folder, piece, sizes):
+            raise InspectorError(f"{folder.name}: the piece of {piece.name} needs bytes {piece.file_offset}.."
+                                 f"{piece.file_offset + piece.length} of {piece.file}, which is shorter")
         stored += piece.length
-    needed = math.prod(size) * dtype.itemsize
+    needed = math.prod(size) * (entry.dtype.itemsize if entry.dtype else 1)
     if needed > stored:
         raise InspectorError(f"{folder.name}/{METADATA}: tensor {name} claims shape {size} ({needed} bytes) but its "
                              f"pieces hold only {stored} bytes; the index is corrupt")
-    return size
 
 
 def _region(folder: Path, piece: Piece, value: torch.Tensor, whole: torch.Tensor,
@@ -219,8 +296,6 @@ def _region(folder: Path, piece: Piece, value: torch.Tensor, whole: torch.Tensor
 
 def _read_piece(folder: Path, piece: Piece, handles: dict[str, Any]) -> torch.Tensor:
     path = (folder / piece.file).resolve()
-    if not path.is_relative_to(folder.resolve()):
-        raise InspectorError(f"{folder.name}: tensor {piece.name} points outside the folder ({piece.file})")
     fh = handles.get(piece.file)
     if fh is None:
         try:
@@ -231,9 +306,11 @@ def _read_piece(folder: Path, piece: Piece, handles: dict[str, Any]) -> torch.Te
         raise InspectorError(f"{folder.name}: the piece of {piece.name} needs bytes {piece.file_offset}.."
                              f"{piece.file_offset + piece.length} of {piece.file}, which is shorter")
     fh.seek(piece.file_offset)
-    data = fh.read(piece.length)
+    data = io.BytesIO(fh.read(piece.length))
+    check_zip_sizes(data, f"{piece.file} (the piece of {piece.name})")
+    data.seek(0)
     try:
-        value = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+        value = torch.load(data, map_location="cpu", weights_only=True)
     except Exception as exc:  # noqa: BLE001 - any failure is a corrupt piece
         raise InspectorError(f"{folder.name}: the piece of {piece.name} in {piece.file} is corrupt "
                              f"({type(exc).__name__})") from None

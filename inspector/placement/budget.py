@@ -19,6 +19,7 @@ _UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
           "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
 _ACCELERATE_UNITS = frozenset({"KB", "MB", "GB", "KIB", "MIB", "GIB"})  # convert_file_size_to_int's
 _EXAMPLES = "20GiB, 500MB or 4096"
+_MAX_DIGITS = 1000  # under the 4,300 digits Python reads as an int
 _SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([A-Za-z]*)\s*$")
 
 
@@ -96,6 +97,9 @@ def parse_size(value: int | float | str, what: str = "size") -> int:
         raise InspectorError(f"{what}: cannot read {value!r} as a size; write bytes or a number "
                              f"with a unit such as {_EXAMPLES}")
     number, unit = match.group(1), match.group(2).upper()
+    if len(number.lstrip("0")) > _MAX_DIGITS:  # no memory is that large; int() would also refuse 4,300+ digits
+        raise InspectorError(f"{what}: {str(value)[:20]}... ({len(number)} digits) is far larger than any "
+                             f"memory; write bytes or a number with a unit such as {_EXAMPLES}")
     if unit in _ACCELERATE_UNITS:
         # upper case: accelerate reads a final lower-case "b" as bits ("5Gb" = 5 * 10**9 / 8)
         return _checked_bytes(_accelerate_size(number + unit, value, what), value, what)
