@@ -9,6 +9,7 @@ never averages away), the lines keep each bin's lowest and highest point.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -16,7 +17,7 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from ..escaping import escaped_figure, plot_text
+from ..escaping import escaped_figure
 
 MAX_ROWS, MAX_COLS = 120, 300
 MAX_LINE_POINTS = 2_000
@@ -119,24 +120,36 @@ def norm_grid(modules: pd.DataFrame, value: str = "grad_norm", *, max_rows: int 
     raw = pd.to_numeric(modules[value], errors="coerce").to_numpy(dtype=np.float32, na_value=np.nan)
     flat = cols * n_rows + rows  # a (step, module) layout: a run file written step by step fills it in order
     if len(flat) == n_rows * n_cols and (flat == np.arange(len(flat))).all():
-        dense = raw.reshape(n_cols, n_rows).copy()
+        dense, recorded_nan = raw.reshape(n_cols, n_rows), np.isnan(raw).reshape(n_cols, n_rows)
     else:
         dense = np.full(n_cols * n_rows, np.nan, dtype=np.float32)
         dense[flat] = raw
-        dense = dense.reshape(n_cols, n_rows)
-    bad = np.isinf(dense)
-    nan = np.isnan(dense)
-    if nan.any():  # a recorded NaN is not finite; a cell nobody wrote is only empty
         written = np.zeros(n_cols * n_rows, dtype=bool)
-        written[flat] = True
-        bad |= nan & written.reshape(n_cols, n_rows)
-    dense[bad | nan] = -np.inf  # -inf: nothing finite, so np.maximum needs no NaN check
+        written[flat] = np.isnan(raw)
+        dense, recorded_nan = dense.reshape(n_cols, n_rows), written.reshape(n_cols, n_rows)
+    return bin_matrix(steps, dense, names, nonfinite=recorded_nan, max_rows=max_rows, max_cols=max_cols)
+
+
+def bin_matrix(steps: np.ndarray, values: np.ndarray, modules: Sequence[str], *, nonfinite: np.ndarray | None = None,
+               max_rows: int = MAX_ROWS, max_cols: int = MAX_COLS) -> NormGrid:
+    """Bin a steps × modules array (``Run.matrix``) into at most ``max_rows`` × ``max_cols`` cells.
+
+    ``steps`` label the rows of ``values`` (ascending; a run's order); NaN in ``values`` is a
+    value not taken, unless ``nonfinite`` (same shape) marks it as a recorded NaN; Inf is always
+    not finite. Each cell holds the largest finite value of its modules and steps.
+    """
+    n_cols, n_rows = values.shape
+    bad = np.isinf(values)
+    if nonfinite is not None:
+        bad |= nonfinite & np.isnan(values)
+    dense = np.where(np.isfinite(values), values, -np.inf)  # -inf: nothing finite, so np.maximum needs no NaN check
     rb = max(1, math.ceil(n_rows / max(1, max_rows)))
     cb = max(1, math.ceil(n_cols / max(1, max_cols)))
-    values = _reduce(dense, cb, rb, np.maximum, -np.inf).T.astype(np.float64)
-    values[values == -np.inf] = np.nan
-    nonfinite = _reduce(bad, cb, rb, np.logical_or, False).T
-    return NormGrid(_bin_labels(names, rb), steps[::cb], values, nonfinite, rb, cb, n_rows, n_cols)
+    out = _reduce(dense, cb, rb, np.maximum, -np.inf).T.astype(np.float64)
+    out[out == -np.inf] = np.nan
+    marks = _reduce(bad, cb, rb, np.logical_or, False).T
+    return NormGrid(_bin_labels(np.asarray(modules, dtype=object), rb), np.asarray(steps)[::cb], out, marks,
+                    rb, cb, n_rows, n_cols)
 
 
 def _log_ticks(lo: float, hi: float) -> tuple[list[float], list[str]]:
@@ -156,7 +169,7 @@ def norm_heatmap(grid: NormGrid, title: str = "Gradient norm per module and step
     positive = v[np.isfinite(v) & (v > 0)]
     lo = math.log10(float(positive.min())) if positive.size else 0.0
     hi = math.log10(float(positive.max())) if positive.size else 1.0
-    floor = math.floor(lo) - 1
+    floor = math.floor(lo + 1e-6) - 1  # float32 norms: 0.01 is a hair below 1e-2
     with np.errstate(divide="ignore", invalid="ignore"):
         z = np.where(v > 0, np.log10(np.where(v > 0, v, 1.0)), np.where(v == 0, floor, np.nan))
     tickvals, ticktext = _log_ticks(floor, hi)
@@ -271,13 +284,14 @@ def findings_timeline(findings: pd.DataFrame) -> go.Figure:
         rows = shown[shown["severity"] == severity]
         if not len(rows):
             continue
-        rank = rows["rank"].map(lambda r: "" if r is None or r != r else f" on rank {r}") \
-            if "rank" in rows.columns else pd.Series([""] * len(rows), index=rows.index)
-        text = [f"{plot_text(w)}{plot_text(r)}<br>{plot_text(m)[:160]}"
-                for w, r, m in zip(rows["where"], rank, rows["message"], strict=True)]
+        ranks = rows["rank"] if "rank" in rows.columns else pd.Series([None] * len(rows), index=rows.index)
+        where = [f"{w} on rank {int(r)}" if r is not None and r == r else str(w)
+                 for w, r in zip(rows["where"], ranks, strict=True)]
         fig.add_trace(go.Scatter(x=rows["step"], y=rows["code"], mode="markers", name=severity,
-                                 marker={"color": colour, "size": 10, "symbol": "diamond"}, text=text,
-                                 hovertemplate="%{y} at step %{x}<br>%{text}<extra></extra>"))
+                                 marker={"color": colour, "size": 10, "symbol": "diamond"},
+                                 customdata=[[w, str(m)[:200]] for w, m in zip(where, rows["message"], strict=True)],
+                                 hovertemplate="%{y} at step %{x}<br>%{customdata[0]}<br>%{customdata[1]}"
+                                               "<extra></extra>"))
     codes = shown["code"].nunique() if len(shown) else 1
     fig.update_layout(title="Findings by step" + (f" (the first {MAX_MARKS:,} of {len(findings):,})"
                                                    if len(findings) > MAX_MARKS else ""),
