@@ -74,9 +74,21 @@ def norm_grid_of(_opened: Opened, key: tuple[Any, ...], column: str, rank: int) 
     """The heatmap's grid of ``column`` on ``rank`` (computed once per file version)."""
     run = _opened.run
     steps, values = run.matrix(column, rank)
-    _, nonfinite = run.matrix("nonfinite", rank)
-    order = np.argsort(steps, kind="stable")
-    return bin_matrix(steps[order], values[order], run.module_order, nonfinite=nonfinite[order] > 0)
+    nonfinite = None
+    if np.isnan(values).any():  # a NaN may be recorded (counted as not finite) or a value not taken
+        nonfinite = run.matrix("nonfinite", rank)[1] > 0
+    if len(steps) > 1 and (np.diff(steps) < 0).any():
+        order = np.argsort(steps, kind="stable")
+        steps, values = steps[order], values[order]
+        nonfinite = nonfinite[order] if nonfinite is not None else None
+    return bin_matrix(steps, values, run.module_order, nonfinite=nonfinite)
+
+
+def clear_cache() -> None:
+    """Forget every run read and grid binned (the next open reads the file again)."""
+    _read_path.clear()
+    _read_upload.clear()
+    norm_grid_of.clear()
 
 
 def findings_frame(run: Run) -> pd.DataFrame:

@@ -88,15 +88,16 @@ def _bin_labels(names: np.ndarray, per_bin: int) -> list[str]:
 
 def _reduce(dense: np.ndarray, rb: int, cb: int, ufunc: np.ufunc, fill: float | bool) -> np.ndarray:
     """``dense`` in blocks of ``rb`` rows × ``cb`` columns, each block reduced with ``ufunc``
-    (``fill`` pads the last blocks)."""
+    (``fill`` pads the last column block). Rows first, whole rows at a time: on a long run
+    (steps × modules) that is one vector operation per step, with no copy of the array."""
     rows, cols = dense.shape
-    pr, pc = -rows % rb, -cols % cb
-    if pc:
-        dense = np.pad(dense, ((0, 0), (0, pc)), constant_values=fill)
-    out = ufunc.reduce(dense.reshape(rows, -1, cb), axis=2)  # columns first: contiguous
-    if pr:
-        out = np.pad(out, ((0, pr), (0, 0)), constant_values=fill)
-    return ufunc.reduce(out.reshape(-1, rb, out.shape[1]), axis=1)
+    full = rows - rows % rb
+    out = ufunc.reduce(dense[:full].reshape(-1, rb, cols), axis=1)
+    if full < rows:
+        out = np.concatenate([out, ufunc.reduce(dense[full:], axis=0, keepdims=True)])
+    if -cols % cb:
+        out = np.pad(out, ((0, 0), (0, -cols % cb)), constant_values=fill)
+    return ufunc.reduce(out.reshape(out.shape[0], -1, cb), axis=2)
 
 
 def norm_grid(modules: pd.DataFrame, value: str = "grad_norm", *, max_rows: int = MAX_ROWS,
@@ -139,12 +140,17 @@ def bin_matrix(steps: np.ndarray, values: np.ndarray, modules: Sequence[str], *,
     not finite. Each cell holds the largest finite value of its modules and steps.
     """
     n_cols, n_rows = values.shape
+    rb = max(1, math.ceil(n_rows / max(1, max_rows)))
+    cb = max(1, math.ceil(n_cols / max(1, max_cols)))
+    if np.isfinite(values).all():  # the usual run: no copy, nothing to mark
+        out = _reduce(values, cb, rb, np.maximum, -np.inf).T.astype(np.float64)
+        marks = np.zeros(out.shape, dtype=bool)
+        return NormGrid(_bin_labels(np.asarray(modules, dtype=object), rb), np.asarray(steps)[::cb], out, marks,
+                        rb, cb, n_rows, n_cols)
     bad = np.isinf(values)
     if nonfinite is not None:
         bad |= nonfinite & np.isnan(values)
     dense = np.where(np.isfinite(values), values, -np.inf)  # -inf: nothing finite, so np.maximum needs no NaN check
-    rb = max(1, math.ceil(n_rows / max(1, max_rows)))
-    cb = max(1, math.ceil(n_cols / max(1, max_cols)))
     out = _reduce(dense, cb, rb, np.maximum, -np.inf).T.astype(np.float64)
     out[out == -np.inf] = np.nan
     marks = _reduce(bad, cb, rb, np.logical_or, False).T
