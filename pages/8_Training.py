@@ -57,7 +57,8 @@ def _findings(opened: Opened) -> None:
     if not len(found):
         st.success("No findings: nothing went wrong at any recorded step.")
         return
-    event = st.plotly_chart(findings_timeline(found), width="stretch", on_select="rerun",
+    first, last = int(opened.run.steps["step"].min()), int(opened.run.steps["step"].max())
+    event = st.plotly_chart(findings_timeline(found, (first, last)), width="stretch", on_select="rerun",
                             selection_mode="points", key="train_timeline")
     points = (event.selection.points if event and event.selection else None) or []
     picked = int(points[0]["x"]) if points else None

@@ -153,7 +153,7 @@ def available_columns(run: Run) -> list[str]:
 
 def module_table(run: Run, step: int, rank: int) -> pd.DataFrame:
     """The per-module numbers of one step and rank (the last row of that step), read from that
-    row alone: ``module, grad_norm, param_norm, update_ratio, nonfinite``."""
+    row alone: ``module, grad_norm`` and of ``param_norm, update_ratio, nonfinite`` those taken at that step."""
     table = run.table
     hits = np.flatnonzero((table.column("step").to_numpy() == step) & (table.column("rank").to_numpy() == rank))
     if not len(hits):
@@ -162,7 +162,8 @@ def module_table(run: Run, step: int, rank: int) -> pd.DataFrame:
     frame = pd.DataFrame({"module": list(run.meta.modules)})
     for name, col in MODULE_COLUMNS.items():
         values = row.column(col)[0].as_py()
-        frame[name] = np.asarray(values, dtype=np.float64) if values is not None else np.nan
+        if values is not None or name == "grad_norm":  # a number this run does not record: no column
+            frame[name] = np.asarray(values, dtype=np.float64) if values is not None else np.nan
     return frame
 
 
@@ -214,6 +215,10 @@ def watch_ranks_part(run: Run, step: int) -> None:
     per_rank = run.steps
     st.plotly_chart(grad_norm_figure(per_rank[["step", "rank", "grad_norm"]], None), width="stretch")
     at = nearest_step(np.unique(per_rank["step"].to_numpy()), step)
-    st.plotly_chart(memory_figure(per_rank, at), width="stretch")
+    memory = [c for c in ("device_allocated", "device_peak", "rss") if per_rank[c].notna().any()]
+    if memory:
+        st.plotly_chart(memory_figure(per_rank, at), width="stretch")
+    else:
+        st.caption("This run recorded no memory numbers.")
     rows, config = readable(per_rank[per_rank["step"] == at])
     st.dataframe(rows, hide_index=True, width="stretch", column_config=config)

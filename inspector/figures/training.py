@@ -158,6 +158,19 @@ def bin_matrix(steps: np.ndarray, values: np.ndarray, modules: Sequence[str], *,
                     rb, cb, n_rows, n_cols)
 
 
+def step_axis(first: float, last: float) -> dict:
+    """A step axis: whole steps only (a run of a few steps gets one tick per step, never 0.5),
+    with thousands separators.
+
+    >>> step_axis(0, 3)["dtick"], step_axis(0, 10_000).get("dtick")
+    (1, None)
+    """
+    axis: dict = {"tickformat": ",d", "automargin": True}
+    if last - first <= 10:
+        axis["dtick"] = 1
+    return axis
+
+
 def _log_ticks(lo: float, hi: float) -> tuple[list[float], list[str]]:
     decades = list(range(math.floor(lo), math.ceil(hi) + 1)) or [0]
     step = max(1, math.ceil(len(decades) / 8))
@@ -200,7 +213,8 @@ def norm_heatmap(grid: NormGrid, title: str = "Gradient norm per module and step
     fig.update_layout(
         title=title + (f" (each cell: the largest of {note})" if note else ""),
         xaxis_title=f"step ({grid.step_count:,} recorded)", yaxis_title=f"module ({grid.modules:,})",
-        yaxis={"autorange": "reversed", "automargin": True}, xaxis={"automargin": True},
+        yaxis={"autorange": "reversed", "automargin": True},
+        xaxis=step_axis(float(x[0]), float(x[-1])) if len(x) else {"automargin": True},
         height=int(min(900, max(320, 14 * len(grid.labels) + 140))), showlegend=bool(rr.size),
         legend={"orientation": "h", "y": 1.02, "yanchor": "bottom", "x": 1, "xanchor": "right"},
         margin={"l": 60, "r": 20, "t": 60, "b": 50})
@@ -257,8 +271,10 @@ def loss_norm_figure(steps: pd.DataFrame) -> go.Figure:
                                      marker={"symbol": "x", "color": "#D62728", "size": 8},
                                      hovertemplate=f"{label} not finite<br>step %{{x}}<extra></extra>"),
                           row=row, col=1)
-        if col == "grad_norm" and y.size and (y > 0).all():
-            fig.update_yaxes(type="log", row=row, col=1)
+        if col == "grad_norm" and y.size and (y > 0).all():  # label decades only: 1, 10, 100, not 2 5 2 5
+            fig.update_yaxes(type="log", row=row, col=1, **({"dtick": 1} if y.max() >= 10 * y.min() else {}))
+    if len(x_all):
+        fig.update_xaxes(**step_axis(float(np.min(x_all)), float(np.max(x_all))))
     fig.update_xaxes(title_text="step", row=len(panels), col=1)
     fig.update_layout(height=200 + 160 * len(panels), showlegend=False,
                       margin={"l": 60, "r": 20, "t": 40, "b": 40})
@@ -278,11 +294,12 @@ def _not_finite_steps(steps: pd.DataFrame, col: str) -> np.ndarray:
 
 
 @escaped_figure
-def findings_timeline(findings: pd.DataFrame) -> go.Figure:
+def findings_timeline(findings: pd.DataFrame, steps: tuple[int, int] | None = None) -> go.Figure:
     """Each finding a point at its step, one row per code, coloured by severity.
 
     ``findings``: ``step``, ``code``, ``severity``, ``where``, ``message`` columns (``rank`` too
-    where known). Click a point to go to its step.
+    where known); ``steps``: the run's first and last step, so the axis spans the whole run.
+    Click a point to go to its step.
     """
     fig = go.Figure()
     shown = findings.sort_values("step", kind="stable").head(MAX_MARKS)
@@ -302,7 +319,15 @@ def findings_timeline(findings: pd.DataFrame) -> go.Figure:
     fig.update_layout(title="Findings by step" + (f" (the first {MAX_MARKS:,} of {len(findings):,})"
                                                    if len(findings) > MAX_MARKS else ""),
                       xaxis_title="step", yaxis={"type": "category", "automargin": True},
+                      xaxis=_timeline_axis(findings, steps),
                       height=int(160 + 28 * codes), clickmode="event+select",
                       legend={"orientation": "h", "y": 1.02, "yanchor": "bottom", "x": 1, "xanchor": "right"},
                       margin={"l": 60, "r": 20, "t": 60, "b": 40})
     return fig
+
+
+def _timeline_axis(findings: pd.DataFrame, steps: tuple[int, int] | None) -> dict:
+    lo, hi = steps if steps is not None else (
+        (int(findings["step"].min()), int(findings["step"].max())) if len(findings) else (0, 1))
+    pad = max(0.5, (hi - lo) * 0.02)
+    return {**step_axis(lo, hi), "range": [lo - pad, hi + pad]}
