@@ -134,3 +134,11 @@ def test_the_old_distributed_address_goes_to_the_training_page():
     assert REDIRECTS == {"Distributed": "pages/8_Training.py"}
     assert "pages/8_Training.py" in {v.file for v in VIEWS}
     assert "Distributed" not in {v.url_path for v in VIEWS}  # the address is free for the redirect
+
+
+def test_the_old_address_opened_directly_shows_the_run(growing):
+    path, writer = growing
+    writer.write([_record(0)])
+    at = run_page("9_Distributed.py", query={"run": str(path)})
+    assert not at.error and [t.value for t in at.title] == ["Training"]
+    assert _metrics(at)["Steps"] == "1"
