@@ -30,7 +30,7 @@ from inspector.labs import (
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "docs" / "examples" / "lab_frozen_head.py"
 PACKAGE_LABS = ["broken-tie", "shifted-offsets", "stranded-buffer", "corrupted-capture",
-                "flattening-myths"]
+                "flattening-myths", "late-overflow"]
 
 _SCENARIOS: dict[str, object] = {}
 
@@ -134,6 +134,10 @@ WRONG = [
     ("flattening-myths", "skips-frozen", {"verdict": "true", "elements": 636}),
     # 152 is the trainable-only length; parameters() also yields the 484 frozen elements
     ("flattening-myths", "skips-frozen", {"verdict": "false", "elements": 152}),
+    # head only passes the gate's NaN on; step 11 is when inp, given NaN weights, produces too
+    ("late-overflow", "producer", {"module": "head", "step": 10}),
+    ("late-overflow", "producer", {"module": "gate", "step": 11}),
+    ("late-overflow", "fix", {"fix": "lower the learning rate tenfold"}),
 ]
 SOLVED = sorted({(lab, task) for lab, task, _ in WRONG})
 

@@ -9,10 +9,12 @@ from .. import SECTIONS, InspectorError, build_report, run_report
 from .. import cli_types as types
 from ..cli_common import add_source_arguments, load_from_args, progress
 from ..distributed import is_run_file, read_run
-from ..report import check_options, check_sections
+from ..report import check_options, check_sections, watch_report
+from ..watch import is_watch_file
+from ..watch import read_run as read_watch_run
 
 HELP = ("write a report of every analysis (HTML, JSON, Markdown or PDF); SOURCE may also be the "
-        "JSON-lines file of a distributed run")
+        "JSON-lines file of a distributed run or the run file of a watched training run")
 FORMATS = {"html": ".html", "json": ".json", "md": ".md", "pdf": ".pdf"}
 
 
@@ -79,6 +81,8 @@ def run(args: argparse.Namespace) -> int:
         sections = check_sections([s for part in args.sections for s in part.split(",") if s])
     if is_run_file(args.source):  # a distributed run file: per-rank sections
         report = run_report(read_run(args.source))
+    elif is_watch_file(args.source):  # a watched run: steps, findings by step, the module heatmap
+        report = watch_report(read_watch_run(args.source))
     else:
         options = options_from_args(args)
         loaded = load_from_args(args)

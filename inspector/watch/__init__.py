@@ -7,9 +7,13 @@ grows; findings (``nonfinite-forward``, ``dead-gradient``, ...) name the module 
 
 from __future__ import annotations
 
+from .core import Watch, WatchResult, watch
 from .record import FORMAT, VERSION, RunMeta, RunWriter, StepRecord, record_batch, schema
-from .run import MODULE_COLUMNS, STEP_COLUMNS, Run, StepFinding, parse_run_bytes, read_run
+from .run import MODULE_COLUMNS, STEP_COLUMNS, Run, StepFinding, is_watch_file, parse_run_bytes, read_run
+from .summary import Heatmap, first_findings, heatmap
 from .synthetic import synthetic_run
+from .train import OPTIMIZERS, make_optimizer, train_watched
 
 __all__ = ["FORMAT", "VERSION", "MODULE_COLUMNS", "STEP_COLUMNS", "Run", "RunMeta", "RunWriter", "StepFinding",
-           "StepRecord", "parse_run_bytes", "read_run", "record_batch", "schema", "synthetic_run"]
+           "StepRecord", "is_watch_file", "parse_run_bytes", "read_run", "record_batch", "schema", "synthetic_run",
+           "Watch", "WatchResult", "watch", "Heatmap", "first_findings", "heatmap", "OPTIMIZERS", "make_optimizer", "train_watched"]

@@ -218,6 +218,15 @@ def parse_run_bytes(data: bytes, name: str = "run file") -> Run:
     return _from_distributed(parse_run(text, name))
 
 
+def is_watch_file(path: str | os.PathLike) -> bool:
+    """Whether ``path`` starts like a watch run file (an Arrow IPC stream; reads 4 bytes)."""
+    try:
+        with open(path, "rb") as fh:
+            return fh.read(4) == STREAM_MAGIC
+    except OSError:
+        return False
+
+
 def read_run(path: str | os.PathLike) -> Run:
     """Read a run file written by :func:`inspector.watch` (or a ``check_step`` ``run.jsonl``).
 

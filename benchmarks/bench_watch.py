@@ -1,0 +1,121 @@
+"""Cost of ``watch`` on a training step, next to the same step without it and under
+``torch.autograd.detect_anomaly``, in one run.
+
+One gpt2-small (124M parameters, random weights) trains with AdamW on the CPU, batch
+``--batch`` x ``--seq`` tokens. Every repeat runs each variant for one step, in a rotating
+order, on the same model and optimizer:
+
+  plain           forward, backward, optimizer.step(), zero_grad()
+  watch           the same step inside ``watch(model, optimizer, path)`` (defaults: every
+                  step, gradient norms per parameter and module, parameter norms, lr, memory,
+                  findings, one Arrow row written and flushed)
+  watch+nonfinite the same with ``nonfinite=True`` (forward and backward producers)
+  detect_anomaly  the plain step under ``torch.autograd.detect_anomaly()``
+
+The watch block is entered before and left after the timed step (opening it, which snapshots
+the ties and creates the file, is not a per-step cost). Ratios are medians of paired
+per-repeat ratios against ``plain``, by the wall clock and by this process's CPU time (on a
+shared machine the CPU time is the steadier; with one thread it is the work done).
+Targets: watch <= 1.03x, watch+nonfinite <= 1.10x. Also printed: run file bytes per tensor
+per step.
+
+Run: ``python benchmarks/bench_watch.py [--repeats 7] [--batch 1] [--seq 128] [--threads 1]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from contextlib import ExitStack, nullcontext
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from inspector import read_run, watch  # noqa: E402
+from inspector.watch import RunWriter  # noqa: E402
+from sample_models import GPT, GPT2_SMALL, example_tokens, next_token_loss  # noqa: E402
+
+TARGETS = {"watch": 1.03, "watch+nonfinite": 1.10}
+
+
+def _variants(model: torch.nn.Module, opt: torch.optim.Optimizer, folder: Path) -> dict[str, Callable[[], object]]:
+    return {
+        "plain": nullcontext,
+        "watch": lambda: watch(model, opt, folder / "w.inspect"),
+        "watch+nonfinite": lambda: watch(model, opt, folder / "n.inspect", nonfinite=True, capture_bytes=0),
+        "detect_anomaly": lambda: torch.autograd.detect_anomaly(check_nan=True),
+    }
+
+
+def _step(model: torch.nn.Module, opt: torch.optim.Optimizer, tokens: torch.Tensor) -> None:
+    loss = next_token_loss(model(tokens), tokens)
+    loss.backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+
+
+def measure(repeats: int, batch: int, seq: int) -> tuple[dict[str, list[float]], dict[str, list[float]], float, int]:
+    torch.manual_seed(0)
+    model = GPT(GPT2_SMALL)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-5)
+    tokens = example_tokens(GPT2_SMALL, batch, seq_len=seq)
+    with tempfile.TemporaryDirectory() as tmp:
+        variants = _variants(model, opt, Path(tmp))
+        names = list(variants)
+        wall: dict[str, list[float]] = {n: [] for n in names}
+        cpu: dict[str, list[float]] = {n: [] for n in names}
+        for n in names:  # warm-up
+            with variants[n]():
+                _step(model, opt, tokens)
+        for i in range(repeats):
+            for n in names[i % len(names):] + names[:i % len(names)]:
+                with ExitStack() as stack:
+                    stack.enter_context(variants[n]())
+                    t, c = time.perf_counter(), time.process_time()
+                    _step(model, opt, tokens)
+                    wall[n].append(time.perf_counter() - t)
+                    cpu[n].append(time.process_time() - c)
+        path = Path(tmp) / "w.inspect"
+        run = read_run(path)
+        with RunWriter(Path(tmp) / "header.inspect", run.meta):  # the schema and metadata, written once
+            pass
+        per_step = os.path.getsize(path) - os.path.getsize(Path(tmp) / "header.inspect")
+        per_tensor = per_step / len(run.steps) / len(run.meta.parameters)
+    return wall, cpu, per_tensor, len(run.meta.parameters)
+
+
+def _ratios(times: dict[str, list[float]]) -> dict[str, float]:
+    base = times["plain"]
+    return {n: statistics.median(t / b for t, b in zip(v, base, strict=True)) for n, v in times.items()}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument("--seq", type=int, default=128)
+    parser.add_argument("--threads", type=int, default=1)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    wall, cpu, per_tensor, tensors = measure(args.repeats, args.batch, args.seq)
+    print(f"== gpt2-small training step (AdamW), CPU, {args.batch}x{args.seq} tokens, {args.repeats} repeats, "
+          f"{torch.get_num_threads()} thread(s), torch {torch.__version__}")
+    rw, rc = _ratios(wall), _ratios(cpu)
+    print(f"{'variant':<18}{'wall s':>9}{'x plain':>9}{'cpu s':>9}{'x plain':>9}  target")
+    for n in wall:
+        target = TARGETS.get(n)
+        verdict = "" if target is None else f"<= {target:.2f}x: {'met' if rc[n] <= target else 'NOT met'} (cpu)"
+        print(f"{n:<18}{statistics.median(wall[n]):>9.3f}{rw[n]:>9.3f}{statistics.median(cpu[n]):>9.3f}"
+              f"{rc[n]:>9.3f}  {verdict}")
+    print(f"run file: {per_tensor:.1f} bytes per tensor per step, {tensors} tensors (target <= 32)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,69 @@
+"""``python -m inspector watch FILE.py:factory --steps N [-o run.inspect]``: train with the watch on."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+from .. import InspectorError, load_model
+from .. import cli_types as types
+from ..cli_common import progress, say
+from ..distributed import SHARD_MODES, process_group, rank_device, shard
+from ..watch import OPTIMIZERS, StepFinding, train_watched
+
+HELP = ("train a model file's loop for N steps with the watch on: per-step norms, learning rates and memory "
+        "into an Arrow run file, findings (NaN producers, dead or exploding gradients, ...) as they appear")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("source", help="path/to/file.py:factory (the file defines example_inputs and loss) "
+                                       "or sample:<name>")
+    parser.add_argument("--steps", type=types.positive_int, default=20, help="training steps (default 20)")
+    parser.add_argument("--optimizer", choices=sorted(OPTIMIZERS), default="adamw", help="default adamw")
+    parser.add_argument("--lr", type=types.positive_float, default=1e-3, help="learning rate (default 0.001)")
+    parser.add_argument("--batch-size", type=types.positive_int, default=2, help="batch size (default 2)")
+    parser.add_argument("--every", type=types.positive_int, default=1,
+                        help="parameter norms, ties and optimizer membership every Nth step (default 1)")
+    parser.add_argument("--nonfinite", action="store_true",
+                        help="name the module that first produced NaN/Inf, forward and backward (costs more)")
+    parser.add_argument("--update-ratio", action="store_true",
+                        help="record each module's update-to-weight ratio (keeps a copy of the weights)")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="cpu (default) or cuda")
+    parser.add_argument("--shard", choices=SHARD_MODES, default="none",
+                        help="under torchrun: fsdp, ddp or none (default)")
+    parser.add_argument("--fail-on", choices=("error", "warning", "never"), default="never",
+                        help="exit 1 when a finding of this severity (or worse) appeared (default never)")
+    parser.add_argument("-o", "--output", default="run.inspect", type=types.output_file,
+                        help="the run file rank 0 writes (replaced; default run.inspect)")
+
+
+def _print(f: StepFinding) -> None:
+    rank = f" rank {f.rank}" if f.rank else ""
+    say(f"step {f.step}{rank}: {f.severity} {f.code} at {f.where}: {f.message}")
+
+
+def run(args: argparse.Namespace) -> int:
+    distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1
+    if args.shard != "none" and not distributed:
+        raise InspectorError(f"--shard {args.shard} needs several ranks: start the command with torchrun")
+    with process_group(args.device) as (rank, world):
+        device = rank_device(args.device)
+        loaded = load_model(args.source, device=str(device))
+        if not loaded.has_loss:
+            raise InspectorError(f"{loaded.source} defines no loss(outputs, inputs); the file must define one "
+                                 "to train")
+        out = Path(args.output)
+        if rank == 0:
+            progress(f"{loaded.name}: {args.steps} steps, {args.optimizer} lr {args.lr}, {world} rank(s) -> {out}")
+        model = shard(loaded.model, args.shard, device) if distributed else loaded.model
+        result = train_watched(model, loaded.example_inputs, loaded.loss, args.steps, out,
+                               optimizer=args.optimizer, lr=args.lr, batch_size=args.batch_size, device=device,
+                               every=args.every, nonfinite=args.nonfinite, update_ratio=args.update_ratio,
+                               name=loaded.name, note=loaded.source, on_finding=_print if rank == 0 else None)
+    if rank != 0:
+        return 0
+    errors = sum(f.severity == "error" for f in result.findings)
+    say(f"{result.steps} steps watched; {len(result.findings)} findings ({errors} errors); wrote {out}")
+    worst = {"error": ("error",), "warning": ("error", "warning"), "never": ()}[args.fail_on]
+    return 1 if any(f.severity in worst for f in result.findings) else 0

@@ -1,0 +1,66 @@
+"""A watched run file as a Report: the run, its findings by step, the heatmap, one step's modules.
+
+``python -m inspector report run.inspect -o run.html`` uses it; the Report renders to HTML,
+JSON and Markdown like a model report.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import numpy as np
+import pandas as pd
+
+from ..watch import Run, first_findings, heatmap
+from .data import Section, Table, make_figure
+from .model import Report
+
+MAX_STEP_ROWS = 200
+
+
+def _thin(frame: pd.DataFrame, rows: int = MAX_STEP_ROWS) -> pd.DataFrame:
+    """At most ``rows`` evenly spaced rows (the last kept)."""
+    if len(frame) <= rows:
+        return frame
+    keep = np.unique(np.linspace(0, len(frame) - 1, rows).round().astype(int))
+    return frame.iloc[keep]
+
+
+def _focus_step(run: Run) -> int:
+    """The step to show module by module: the first error finding's, else the last step."""
+    errors = [f.step for f in run.findings if f.severity == "error"]
+    return min(errors) if errors else int(run.steps["step"].max())
+
+
+def watch_report(run: Run) -> Report:
+    """Sections ``findings``, ``run``, ``modules`` of one watched run (see :func:`inspector.read_run`)."""
+    from ..figures import heatmap_figure, run_lines_figure
+
+    found = first_findings(run)
+    steps = run.steps
+    by_step = Table("Findings by step", ("step", "rank", "code", "severity", "where", "message"),
+                    tuple((f.step, f.rank, f.code, f.severity, f.where, f.message) for f in found))
+    columns = [c for c in steps.columns if c not in ("time",) and not steps[c].isna().all()]
+    facts = {"file": run.path, "model": run.meta.model, "world_size": run.world_size,
+             "steps": int(steps["step"].nunique()) if len(steps) else 0, "modules": len(run.module_order),
+             "parameters": len(run.meta.parameters), "every": run.meta.every, "checks": ", ".join(run.meta.checks),
+             "complete": run.complete, "note": run.meta.note}
+    figures = (make_figure("Loss and gradient norm", run_lines_figure(run)),) if len(steps) else ()
+    if len(steps) and run.module_order:
+        figures += (make_figure("Gradient norm per module and step", heatmap_figure(heatmap(run))),)
+    overview = Section("run", "Watched run", facts=facts,
+                       tables=(Table.from_frame("Steps", _thin(steps[columns]),
+                                                f"every step up to {MAX_STEP_ROWS} rows, else evenly spaced ones"),
+                               by_step),
+                       figures=figures, findings=tuple(f.finding for f in found))
+    sections = [Section("findings", "Findings"), overview]
+    if len(steps) and run.module_order:
+        step = _focus_step(run)
+        sections.append(Section("modules", f"Modules at step {step}",
+                                tables=(Table.from_frame(f"Per module at step {step}", run.at(step)),)))
+    return Report(
+        model={"name": run.meta.model, "source": run.path, "device": "", "dtype": None, "checkpoint": None,
+               "class": "watched run"},
+        options={"world_size": run.world_size, "every": run.meta.every},
+        sections=tuple(sections), created=datetime.now(UTC).isoformat(timespec="seconds"),
+        environment={})

@@ -1,0 +1,37 @@
+"""The inputs and outputs of the module that first produced a NaN/Inf, as detached copies."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..capture import Captures, Skipped
+from ..findings import Finding
+from .tracer import BATCH, Producer, floating
+
+
+def _copy(value: Any, budget: list[int], module: str, kind: str, skipped: list[Skipped]) -> Any:
+    """Detached clones of the floating tensors of ``value`` (a tensor or a flat structure) on the CPU."""
+    out = []
+    for i, t in enumerate(floating(value)):
+        size = t.numel() * t.element_size()
+        if size > budget[0]:
+            skipped.append(Skipped(module, kind, f"[{i}]", size, "over the capture byte budget"))
+            continue
+        budget[0] -= size
+        out.append(t.detach().to("cpu", copy=True))
+    return out[0] if len(out) == 1 else tuple(out)
+
+
+def capture_producer(kept: dict[int, tuple[Any, Any, int]], producer: Producer, max_bytes: int,
+                     step: int) -> Captures:
+    """A :class:`Captures` of the producer's inputs and outputs at ``step`` (within ``max_bytes``)."""
+    name = producer.module if producer.module != BATCH else "(batch)"
+    args, output, _ = kept.get(producer.call, ((), None, 0))
+    budget, skipped = [max_bytes], []
+    inputs = {name: _copy(args, budget, name, "input", skipped)}
+    outputs = {name: _copy(output, budget, name, "output", skipped)}
+    note = Finding("nonfinite-forward", "error", name,
+                   f"inputs and outputs of {name} at step {step}, when it first produced NaN/Inf")
+    return Captures(outputs=outputs, inputs=inputs, order=[name], skipped=skipped, findings=[note],
+                    store_on="cpu", _state={"done": True})
+

@@ -1,0 +1,90 @@
+"""One rank's numbers at one step, as a builder that packs into one vector (for ``all_gather``)."""
+
+from __future__ import annotations
+
+import math
+import os
+import resource
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+_SCALARS = ["step_time", "loss", "grad_norm", "nonfinite", "scale", "skipped", "device_allocated", "device_peak",
+            "rss", "forward", "backward", "checked"]
+_MODULE = ["module_grad", "module_param", "module_update", "module_nonfinite"]
+_PARAM = ["param_grad", "has_grad", "param_norm"]
+
+NO_PRODUCER, BATCH_PRODUCER = -1.0, -2.0
+
+
+@dataclass
+class Numbers:
+    """What one rank measured at one step (NaN where not taken); ``forward``/``backward`` are
+    indices into the model's ``named_modules()`` (``NO_PRODUCER``, ``BATCH_PRODUCER``)."""
+
+    modules: int
+    parameters: int
+    buffers: int = 0
+    step_time: float = math.nan
+    loss: float = math.nan
+    grad_norm: float = math.nan
+    nonfinite: float = 0.0
+    scale: float = math.nan
+    skipped: float = 0.0
+    device_allocated: float = math.nan
+    device_peak: float = math.nan
+    rss: float = math.nan
+    forward: float = NO_PRODUCER
+    backward: float = NO_PRODUCER
+    checked: float = 0.0  # 1: a check step (parameter norms taken)
+    module_grad: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    module_param: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    module_update: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    module_nonfinite: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    param_grad: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    has_grad: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    param_norm: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    buffer_norm: np.ndarray = field(default_factory=lambda: np.zeros(0))
+
+    def __post_init__(self) -> None:
+        for name in _MODULE:
+            if not len(getattr(self, name)):
+                setattr(self, name, np.full(self.modules, np.nan))
+        for name in _PARAM:
+            if not len(getattr(self, name)):
+                setattr(self, name, np.full(self.parameters, np.nan))
+        if not len(self.buffer_norm):
+            self.buffer_norm = np.full(self.buffers, np.nan)
+
+    def pack(self) -> torch.Tensor:
+        """Everything as one float64 vector of a length fixed by the layout."""
+        parts = [np.asarray([getattr(self, n) for n in _SCALARS], dtype=np.float64)]
+        parts += [np.asarray(getattr(self, n), dtype=np.float64) for n in _MODULE + _PARAM + ["buffer_norm"]]
+        return torch.from_numpy(np.concatenate(parts))
+
+    @classmethod
+    def unpack(cls, vector: np.ndarray, modules: int, parameters: int, buffers: int) -> Numbers:
+        out = cls(modules, parameters, buffers,
+                  **{n: float(v) for n, v in zip(_SCALARS, vector[:len(_SCALARS)], strict=True)})
+        start = len(_SCALARS)
+        for names, width in ((_MODULE, modules), (_PARAM, parameters), (["buffer_norm"], buffers)):
+            for n in names:
+                setattr(out, n, np.asarray(vector[start:start + width], dtype=np.float64))
+                start += width
+        out.has_grad = out.has_grad > 0
+        return out
+
+
+def memory(device: torch.device | None) -> tuple[float, float, float]:
+    """Device memory allocated and peak (CUDA; NaN elsewhere) and this process's RSS, in bytes."""
+    alloc = peak = math.nan
+    if device is not None and device.type == "cuda":
+        alloc = float(torch.cuda.memory_allocated(device))
+        peak = float(torch.cuda.max_memory_allocated(device))
+    try:
+        with open("/proc/self/statm") as fh:
+            rss = float(int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE"))
+    except (OSError, ValueError, IndexError):
+        rss = float(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024.0
+    return alloc, peak, rss

@@ -1,0 +1,228 @@
+"""watch(): findings named at the step they appear, on tiny models; hooks gone; model unchanged."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from inspector import InspectorError, read_run, watch
+
+
+class Planted(nn.Module):
+    """A linear layer whose output turns Inf when ``armed`` (the producer)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+        self.armed = False
+
+    def forward(self, x):
+        y = self.lin(x)
+        return y * math.inf if self.armed else y
+
+
+class NanGrad(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * math.nan
+
+
+class BadBackward(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.armed = False
+
+    def forward(self, x):
+        return NanGrad.apply(x) if self.armed else x
+
+
+class Net(nn.Module):
+    # a (4->4) -> inner[planted(lin 4->4), relu] -> bad -> b (4->1); unused never runs
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(4, 4)
+        self.inner = nn.Sequential(Planted(), nn.ReLU())
+        self.bad = BadBackward()
+        self.b = nn.Linear(4, 1)
+        self.unused = nn.Linear(4, 4)
+
+    def forward(self, x):
+        return self.b(self.bad(self.inner(self.a(x))))
+
+
+def _train(model, opt, w, steps, *, before=None, zero=True):
+    torch.manual_seed(0)
+    xs = torch.randn(steps, 2, 4)
+    for s in range(steps):
+        if before:
+            before(s)
+        loss = model(xs[s]).pow(2).mean()
+        loss.backward()
+        w.log(loss=loss)
+        opt.step()
+        if zero:
+            opt.zero_grad()
+
+
+def _codes(w, code):
+    return [(f.step, f.where) for f in w.findings if f.code == code]
+
+
+def test_forward_inf_named_at_its_producer_and_step(tmp_path):
+    torch.manual_seed(0)
+    model = Net()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+
+    def arm(step):
+        model.inner[0].armed = step == 3
+
+    with watch(model, opt, tmp_path / "r.inspect", nonfinite=True) as w:
+        _train(model, opt, w, 5, before=arm)
+    # the producer only: not lin (finite), not the relu / inner / bad / b / root downstream of it.
+    # Its Inf made every gradient NaN, so SGD wrote NaN into a's weights: at step 4, a produces.
+    assert _codes(w, "nonfinite-forward") == [(3, "inner.0"), (4, "a")]
+    assert _codes(w, "nonfinite-parameter") == [(3, "a.weight")]  # norms taken after the update; one finding
+    cap = w.result.captures
+    assert torch.isfinite(cap.inputs["inner.0"]).all() and torch.isinf(cap.outputs["inner.0"]).all()
+    run = read_run(tmp_path / "r.inspect")
+    assert [(f.step, f.where) for f in run.findings if f.code == "nonfinite-forward"] == [(3, "inner.0"), (4, "a")]
+    assert run.steps["loss"].iloc[:3].map(math.isfinite).all() and math.isnan(run.steps["loss"].iloc[3])
+
+
+def test_nonfinite_batch_is_named_as_the_input(tmp_path):
+    model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 1))
+    x = torch.ones(2, 4)
+    x[0, 1] = math.nan
+    with watch(model, None, tmp_path / "r.inspect", nonfinite=True) as w:
+        model(x).sum().backward()
+        w.step()
+    assert _codes(w, "nonfinite-forward") == [(0, "input")]
+
+
+def test_backward_nan_from_a_custom_function_is_named(tmp_path):
+    torch.manual_seed(0)
+    model = Net()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+
+    def arm(step):
+        model.bad.armed = step == 2
+
+    with watch(model, opt, tmp_path / "r.inspect", nonfinite=True) as w:
+        _train(model, opt, w, 3, before=arm)
+    assert _codes(w, "nonfinite-backward") == [(2, "bad")]
+    assert _codes(w, "nonfinite-forward") == []
+    run = read_run(tmp_path / "r.inspect")
+    nonfinite = run.at(2).set_index("module")["nonfinite"]
+    assert nonfinite["a"] == 4 * 4 + 4 and nonfinite["b"] == 0  # a's weight and bias gradients are all NaN
+
+
+def test_parameter_left_out_of_the_optimizer_and_dead_gradient(tmp_path):
+    torch.manual_seed(0)
+    model = Net()
+    opt = torch.optim.SGD([p for n, p in model.named_parameters() if not n.startswith("b.")], lr=0.01)
+    with watch(model, opt, tmp_path / "r.inspect", window=3) as w:
+        _train(model, opt, w, 4)
+    assert _codes(w, "not-in-optimizer") == [(0, "b.weight"), (0, "b.bias")]
+    # never used in forward: no gradient at steps 0, 1, 2 -> found at the third
+    assert _codes(w, "dead-gradient") == [(2, "unused.weight"), (2, "unused.bias")]
+
+
+def test_gradient_not_cleared(tmp_path):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    with watch(model, opt, tmp_path / "a.inspect") as w:
+        _train(model, opt, w, 3, zero=False)
+    assert [s for s, _ in _codes(w, "gradient-not-cleared")] == [1]
+    for set_to_none in (True, False):  # cleared either way: nothing found
+        with watch(model, opt, tmp_path / "b.inspect") as w:
+            for _ in range(3):
+                model(torch.ones(1, 4)).sum().backward()
+                opt.step()
+                opt.zero_grad(set_to_none=set_to_none)
+        assert _codes(w, "gradient-not-cleared") == []
+
+
+def test_exploding_gradient(tmp_path):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.0)
+    x = torch.randn(2, 4)
+    with watch(model, opt, tmp_path / "r.inspect") as w:
+        for step in range(10):
+            (model(x).sum() * (1000.0 if step == 8 else 1.0)).backward()
+            opt.step()
+            opt.zero_grad()
+    assert _codes(w, "exploding-gradient") == [(8, "0"), (8, "1")]
+
+
+def test_tie_broken_by_load_state_dict_assign(tmp_path):
+    model = nn.Sequential(nn.Embedding(8, 4), nn.Linear(4, 8, bias=False))
+    model[1].weight = model[0].weight
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    ids = torch.tensor([[1, 2, 3]])
+    with watch(model, opt, tmp_path / "r.inspect") as w:
+        for step in range(4):
+            if step == 2:  # a checkpoint whose tensors were copied one by one
+                copied = {k: v.clone() for k, v in model.state_dict().items()}
+                model.load_state_dict(copied, assign=True)
+            model(ids).sum().backward()
+            opt.step()
+            opt.zero_grad()
+    assert _codes(w, "tie-broken")[0][0] == 2
+    assert (2, "0.weight") in _codes(w, "not-in-optimizer")  # the new objects are not the optimizer's
+
+
+def test_hooks_gone_and_model_unchanged_after_an_exception(tmp_path):
+    torch.manual_seed(0)
+    model = Net()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    hooks = [(len(m._forward_hooks), len(m._forward_pre_hooks), len(m._backward_hooks)) for m in model.modules()]
+    opt_hooks = (len(opt._optimizer_step_pre_hooks), len(opt._optimizer_step_post_hooks))
+    with pytest.raises(KeyboardInterrupt):
+        with watch(model, opt, tmp_path / "r.inspect", nonfinite=True) as w:
+            _train(model, opt, w, 2)
+            raise KeyboardInterrupt
+    assert hooks == [(len(m._forward_hooks), len(m._forward_pre_hooks), len(m._backward_hooks))
+                     for m in model.modules()]
+    assert opt_hooks == (len(opt._optimizer_step_pre_hooks), len(opt._optimizer_step_post_hooks))
+    assert not w.result.completed and read_run(tmp_path / "r.inspect").steps["step"].tolist() == [0, 1]
+
+
+def test_training_is_bit_identical_with_and_without_watch(tmp_path):
+    def run(watched):
+        torch.manual_seed(0)
+        model = Net()
+        opt = torch.optim.AdamW(model.parameters(), lr=0.01)
+        if not watched:
+            class Plain:
+                def log(self, **kw):
+                    pass
+            _train(model, opt, Plain(), 4)
+        else:
+            with watch(model, opt, tmp_path / "r.inspect", nonfinite=True, update_ratio=True, every=2) as w:
+                _train(model, opt, w, 4)
+        return [p.detach().clone() for p in model.parameters()], opt.state_dict()["state"][0]["exp_avg"]
+
+    (p1, s1), (p2, s2) = run(False), run(True)
+    assert all(torch.equal(a, b) for a, b in zip(p1, p2, strict=True)) and torch.equal(s1, s2)
+    run_ = read_run(tmp_path / "r.inspect")
+    steps, ratio = run_.matrix("update_ratio")
+    assert (ratio[0] > 0).sum() == 3 and math.isnan(ratio[1, 0])  # a, inner.0, b moved; step 1 not checked
+
+
+def test_bad_arguments():
+    with pytest.raises(InspectorError, match="nn.Module"):
+        with watch("model", None, "x.inspect"):
+            pass
+    m = nn.Linear(2, 1)
+    with pytest.raises(InspectorError, match="w.step"):
+        with watch(m, torch.optim.SGD(m.parameters(), lr=0.1), "/tmp/never-written.inspect") as w:
+            w.step()

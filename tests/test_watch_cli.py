@@ -1,0 +1,64 @@
+"""``python -m inspector watch``, driven in-process through ``main(argv)``."""
+
+from __future__ import annotations
+
+import textwrap
+
+from inspector import read_run
+from inspector.__main__ import main
+
+PLANTED = textwrap.dedent('''
+    import torch
+    from torch import nn
+
+
+    class Net(nn.Module):  # a (4->4) then b (4->1); at the third call a's output is scaled by Inf
+        def __init__(self):
+            super().__init__()
+            self.a = nn.Linear(4, 4)
+            self.b = nn.Linear(4, 1)
+            self.calls = 0
+
+        def forward(self, x):
+            self.calls += 1
+            return self.b(self.a(x) * (float("inf") if self.calls == 3 else 1.0))
+
+
+    def build():
+        torch.manual_seed(0)
+        return Net()
+
+
+    def example_inputs(batch_size):
+        return torch.ones(batch_size, 4)
+
+
+    def loss(outputs, inputs):
+        return outputs.pow(2).mean()
+''')
+
+
+def test_watch_command_writes_the_run_file_and_exits_0(tmp_path, capsys):
+    out = tmp_path / "run.inspect"
+    assert main(["watch", "sample:tiny-gpt2", "--steps", "3", "--lr", "0.01", "-o", str(out)]) == 0
+    run = read_run(out)
+    assert run.complete and run.steps["step"].tolist() == [0, 1, 2]
+    assert run.steps["lr_0"].tolist() == [0.01] * 3 and run.steps["loss"].notna().all()
+    assert "transformer.h.0.attn.c_attn" in run.module_order
+    assert "3 steps watched" in capsys.readouterr().out
+
+
+def test_findings_print_as_they_appear_and_fail_on_error(tmp_path, monkeypatch, capsys):
+    (tmp_path / "planted.py").write_text(PLANTED)
+    monkeypatch.setenv("INSPECTOR_MODEL_DIRS", str(tmp_path))
+    args = ["watch", f"{tmp_path / 'planted.py'}:build", "--steps", "4", "--nonfinite", "--optimizer", "sgd",
+            "-o", str(tmp_path / "r.inspect")]
+    assert main(args) == 0  # the run completed: findings alone do not fail it
+    text = capsys.readouterr().out
+    assert "step 2: error nonfinite-forward at (root)" in text  # the forward itself scaled by Inf
+    assert main(args + ["--fail-on", "error"]) == 1
+
+
+def test_bad_source_exits_2(tmp_path, capsys):
+    assert main(["watch", "sample:no-such-model", "--steps", "1", "-o", str(tmp_path / "r.inspect")]) == 2
+    assert "no-such-model" in capsys.readouterr().err
