@@ -6,7 +6,7 @@ from __future__ import annotations
 import streamlit as st
 
 from inspector.escaping import markdown_text
-from inspector.figures.training import findings_timeline, loss_norm_figure, norm_heatmap
+from inspector.figures import findings_timeline, loss_norm_figure, norm_heatmap
 from ui.errors import guarded
 from ui.sidebar import model_picker
 from ui.tables import paged_table

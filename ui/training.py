@@ -15,8 +15,7 @@ from inspector import InspectorError, format_bytes, run_report
 from inspector.distributed import DistributedRun, parse_run, rank_issues, unique_findings
 from inspector.distributed import read_run as read_distributed
 from inspector.escaping import markdown_text
-from inspector.figures import grad_norm_figure, memory_figure
-from inspector.figures.training import NormGrid, bin_matrix
+from inspector.figures import NormGrid, bin_matrix, grad_norm_figure, memory_figure
 from inspector.watch import MODULE_COLUMNS, Run, parse_run_bytes, read_run
 from ui.tables import paged_table
 

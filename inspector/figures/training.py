@@ -131,7 +131,7 @@ def norm_grid(modules: pd.DataFrame, value: str = "grad_norm", *, max_rows: int 
     return bin_matrix(steps, dense, names, nonfinite=recorded_nan, max_rows=max_rows, max_cols=max_cols)
 
 
-def bin_matrix(steps: np.ndarray, values: np.ndarray, modules: Sequence[str], *, nonfinite: np.ndarray | None = None,
+def bin_matrix(steps: np.ndarray, values: np.ndarray, modules: Sequence[str] | np.ndarray, *, nonfinite: np.ndarray | None = None,
                max_rows: int = MAX_ROWS, max_cols: int = MAX_COLS) -> NormGrid:
     """Bin a steps × modules array (``Run.matrix``) into at most ``max_rows`` × ``max_cols`` cells.
 
