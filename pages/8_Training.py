@@ -91,8 +91,7 @@ def _show(opened: Opened) -> None:
     _findings(opened)
 
     st.subheader("Gradient norms over steps")
-    st.session_state.setdefault("train_latest", True)
-    latest = st.checkbox("Follow the latest step", key="train_latest")
+    latest = st.checkbox("Follow the latest step", value=True, key="train_latest")
     if latest or "train_step" not in st.session_state:
         st.session_state["train_step"] = int(steps[-1])
     wanted = st.number_input("Step", step=1, key="train_step", disabled=latest,
