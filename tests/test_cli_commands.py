@@ -14,7 +14,7 @@ def test_help_lists_every_command_with_its_one_line_description(capsys):
     text = " ".join(capsys.readouterr().out.split())  # argparse wraps the lines
     names = command_names()
     assert names == ["aliases", "attribute", "capture", "checkpoint", "devicemap", "distributed", "offsets",
-                     "report", "serve", "summary"]
+                     "report", "serve", "summary", "watch"]
     for name in names:
         help_text = importlib.import_module(f"inspector.commands.{name}").HELP
         assert f"{name} {' '.join(help_text.split())}" in text, name

@@ -218,11 +218,75 @@ def test_training_is_bit_identical_with_and_without_watch(tmp_path):
     assert (ratio[0] > 0).sum() == 3 and math.isnan(ratio[1, 0])  # a, inner.0, b moved; step 1 not checked
 
 
-def test_bad_arguments():
+def test_bad_arguments(tmp_path):
     with pytest.raises(InspectorError, match="nn.Module"):
         with watch("model", None, "x.inspect"):
             pass
     m = nn.Linear(2, 1)
+    with pytest.raises(InspectorError, match="cannot write the run file"):
+        with watch(m, None, tmp_path):  # a folder
+            pass
     with pytest.raises(InspectorError, match="w.step"):
         with watch(m, torch.optim.SGD(m.parameters(), lr=0.1), "/tmp/never-written.inspect") as w:
             w.step()
+
+
+def test_grad_scaler_scale_and_a_nan_buffer(tmp_path):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4), nn.Linear(4, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
+    x = torch.randn(8, 4)
+    with watch(model, opt, tmp_path / "r.inspect", scaler=scaler) as w:
+        for step in range(3):
+            scaler.scale(model(x).sum()).backward()
+            scaler.step(opt)
+            scaler.update()
+            opt.zero_grad()
+            if step == 1:
+                model[1].running_var.fill_(math.nan)  # written between steps: seen at the next one
+    run = read_run(tmp_path / "r.inspect")
+    assert run.steps["scale"].tolist() == [1024.0] * 3 and not run.steps["skipped"].any()
+    assert _codes(w, "nonfinite-parameter") == [(2, "1.running_var")]
+
+
+def test_the_run_file_reads_while_the_watch_writes_it(tmp_path):
+    model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 1))
+    with watch(model, None, tmp_path / "r.inspect") as w:
+        for _ in range(2):
+            model(torch.ones(1, 4)).sum().backward()
+            w.step()
+            model.zero_grad()
+        live = read_run(tmp_path / "r.inspect")
+        assert live.steps["step"].tolist() == [0, 1] and not live.complete
+    assert read_run(tmp_path / "r.inspect").complete
+
+
+def test_a_model_with_nothing_to_train(tmp_path):
+    m = nn.Linear(2, 1).requires_grad_(False)
+    with watch(m, None, tmp_path / "r.inspect") as w:
+        m(torch.ones(1, 2))
+        w.step()
+    run = read_run(tmp_path / "r.inspect")
+    assert run.module_order == () and run.matrix()[1].shape == (1, 0) and run.modules.empty
+
+
+def test_numbers_of_one_hand_worked_step(tmp_path):
+    # w = [3, 4], x = [1, 1], loss = w . x: grad [1, 1] (norm sqrt 2); SGD lr 0.1 -> w = [2.9, 3.9]
+    # (norm sqrt(23.62) = 4.86004); update ratio = 0.1 sqrt 2 / 4.86004 = 0.029099
+    m = nn.Linear(2, 1, bias=False)
+    with torch.no_grad():
+        m.weight.copy_(torch.tensor([[3.0, 4.0]]))
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    with watch(m, opt, tmp_path / "r.inspect", update_ratio=True) as w:
+        loss = m(torch.ones(1, 2)).sum()
+        loss.backward()
+        w.log(loss=loss, tokens=2)
+        opt.step()
+    run = read_run(tmp_path / "r.inspect")
+    row = run.at(0).iloc[0]
+    assert row["grad_norm"] == pytest.approx(math.sqrt(2), rel=1e-6)
+    assert row["param_norm"] == pytest.approx(math.sqrt(23.62), rel=1e-6)
+    assert row["update_ratio"] == pytest.approx(0.1 * math.sqrt(2) / math.sqrt(23.62), rel=1e-5)
+    step = run.steps.iloc[0]
+    assert (step["loss"], step["tokens"], step["lr_0"], step["grad_norm"]) == (7.0, 2.0, 0.1, pytest.approx(math.sqrt(2)))

@@ -99,3 +99,18 @@ def test_reads_check_step_jsonl(tmp_path):
     direct = {t["name"]: t["grad_norm"] for t in rec["tensors"]}
     expected = np.hypot(direct["0.weight"], direct["0.bias"])
     assert run.matrix()[1][1, 0] == pytest.approx(expected, rel=1e-6)
+
+
+@pytest.mark.parametrize("change", [{"world_size": 0}, {"modules": [1, 2]}, {"parameter_modules": [0, 0, 7]},
+                                    {"version": 999}, {"format": "other"}, {"every": "1"}])
+def test_bad_metadata_is_refused_by_name(tmp_path, change):
+    import pyarrow as pa
+
+    from inspector.watch.record import META_KEY
+
+    meta = json.loads(_meta().to_json()) | change
+    path = tmp_path / "bad.inspect"
+    with open(path, "wb") as fh, pa.ipc.new_stream(fh, schema().with_metadata({META_KEY: json.dumps(meta)})):
+        pass
+    with pytest.raises(InspectorError, match="bad.inspect"):
+        read_run(path)

@@ -12,8 +12,8 @@ from ..cli_common import progress, say
 from ..distributed import SHARD_MODES, process_group, rank_device, shard
 from ..watch import OPTIMIZERS, StepFinding, train_watched
 
-HELP = ("train a model file's loop for N steps with the watch on: per-step norms, learning rates and memory "
-        "into an Arrow run file, findings (NaN producers, dead or exploding gradients, ...) as they appear")
+HELP = ("train a model file's loop for N steps with the watch on: norms, learning rates and memory of every "
+        "step into an Arrow run file, findings (NaN producers, dead or exploding gradients, ...) as they appear")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

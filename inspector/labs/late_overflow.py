@@ -50,6 +50,7 @@ class Gate(nn.Module):
 
     def __init__(self, stable: bool = False) -> None:
         super().__init__()
+        self.sharpness: torch.Tensor
         self.register_buffer("sharpness", torch.tensor(1.0))
         self.stable = stable
 
@@ -80,7 +81,9 @@ def _loss(outputs: torch.Tensor, inputs: torch.Tensor) -> torch.Tensor:
 
 
 def _sharpen(model: nn.Module, step: int) -> None:
-    model.gate.sharpness.fill_(GROWTH ** step)
+    gate = model.get_submodule("gate")
+    assert isinstance(gate, Gate)
+    gate.sharpness.fill_(GROWTH ** step)
 
 
 def watch_training(model: nn.Module, folder: str | Path) -> Any:

@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 
 from ..watch import Run, first_findings, heatmap
-from .data import Section, Table, make_figure
+from .data import ReportFigure, Section, Table, make_figure
 from .model import Report
 
 MAX_STEP_ROWS = 200
@@ -45,7 +45,7 @@ def watch_report(run: Run) -> Report:
              "steps": int(steps["step"].nunique()) if len(steps) else 0, "modules": len(run.module_order),
              "parameters": len(run.meta.parameters), "every": run.meta.every, "checks": ", ".join(run.meta.checks),
              "complete": run.complete, "note": run.meta.note}
-    figures = (make_figure("Loss and gradient norm", run_lines_figure(run)),) if len(steps) else ()
+    figures: tuple[ReportFigure, ...] = (make_figure("Loss and gradient norm", run_lines_figure(run)),) if len(steps) else ()
     if len(steps) and run.module_order:
         figures += (make_figure("Gradient norm per module and step", heatmap_figure(heatmap(run))),)
     overview = Section("run", "Watched run", facts=facts,

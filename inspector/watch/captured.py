@@ -27,7 +27,8 @@ def capture_producer(kept: dict[int, tuple[Any, Any, int]], producer: Producer, 
     """A :class:`Captures` of the producer's inputs and outputs at ``step`` (within ``max_bytes``)."""
     name = producer.module if producer.module != BATCH else "(batch)"
     args, output, _ = kept.get(producer.call, ((), None, 0))
-    budget, skipped = [max_bytes], []
+    budget: list[int] = [max_bytes]
+    skipped: list[Skipped] = []
     inputs = {name: _copy(args, budget, name, "input", skipped)}
     outputs = {name: _copy(output, budget, name, "output", skipped)}
     note = Finding("nonfinite-forward", "error", name,

@@ -29,7 +29,7 @@ from .steps import StepState, nonfinite_findings, transfer_step
 from .tracer import NonfiniteTracer, forward_producer
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class WatchResult:
     """What a finished :func:`watch` block recorded: ``steps`` written to ``path``, every
     finding at its first step, and the ``captures`` of the first ``nonfinite-forward`` producer."""

@@ -65,8 +65,9 @@ class Numbers:
 
     @classmethod
     def unpack(cls, vector: np.ndarray, modules: int, parameters: int, buffers: int) -> Numbers:
-        out = cls(modules, parameters, buffers,
-                  **{n: float(v) for n, v in zip(_SCALARS, vector[:len(_SCALARS)], strict=True)})
+        out = cls(modules, parameters, buffers)
+        for n, v in zip(_SCALARS, vector[:len(_SCALARS)], strict=True):
+            setattr(out, n, float(v))
         start = len(_SCALARS)
         for names, width in ((_MODULE, modules), (_PARAM, parameters), (["buffer_norm"], buffers)):
             for n in names:

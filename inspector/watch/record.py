@@ -24,6 +24,8 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
+from ..findings import InspectorError
+
 FORMAT = "inspector-watch"
 VERSION = 1
 META_KEY = b"inspector-watch"
@@ -69,8 +71,31 @@ class RunMeta:
             raise ValueError(f"run file version {data['version']} is newer than this reader ({VERSION}); "
                              "upgrade model-inspector")
         known = {f.name for f in fields(cls)}
-        kwargs = {k: tuple(v) if isinstance(v, list) else v for k, v in data.items() if k in known}
-        return cls(**kwargs)
+        kwargs: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in data.items() if k in known}
+        try:
+            meta = cls(**kwargs)
+        except TypeError as exc:
+            raise ValueError(f"run metadata lacks a field ({exc})") from None
+        problem = meta._problem()
+        if problem:
+            raise ValueError(f"run metadata: {problem}")
+        return meta
+
+    def _problem(self) -> str:
+        """What is wrong with the types a reader relies on ("" when nothing)."""
+        def whole(v: Any) -> bool:
+            return isinstance(v, int) and not isinstance(v, bool)
+
+        if not whole(self.world_size) or self.world_size < 1 or not whole(self.every) or self.every < 1:
+            return "world_size and every must be positive integers"
+        if not all(isinstance(n, str) for n in (*self.modules, *self.parameters, *self.checks)):
+            return "modules, parameters and checks must be lists of strings"
+        if len(self.parameter_modules) != len(self.parameters) or not all(
+                whole(i) and 0 <= i < len(self.modules) for i in self.parameter_modules):
+            return "parameter_modules must give each parameter the index of a module"
+        if not isinstance(self.model, str) or not isinstance(self.note, str):
+            return "model and note must be strings"
+        return ""
 
 
 @dataclass(frozen=True)
@@ -164,9 +189,13 @@ class RunWriter:
 
         self.path = Path(path)
         self.meta = meta
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.path.unlink(missing_ok=True)  # a new file: a reader's memory map of an old run stays valid
-        self._file: BinaryIO = open(self.path, "wb")  # noqa: SIM115 - closed by close()
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self.path.unlink(missing_ok=True)  # a new file: a reader's memory map of an old run stays valid
+            self._file: BinaryIO = open(self.path, "wb")  # noqa: SIM115 - closed by close()
+        except OSError as exc:
+            raise InspectorError(f"cannot write the run file {self.path} ({exc.strerror or exc}); "
+                                 "give a file path in a writable folder") from None
         sch = schema().with_metadata({META_KEY: meta.to_json().encode()})
         self._writer = pa.ipc.new_stream(self._file, sch)
         self._file.flush()

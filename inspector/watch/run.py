@@ -37,7 +37,7 @@ class StepFinding:
         return Finding(self.code, self.severity, self.where, self.message)  # type: ignore[arg-type]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Run:
     """A watched training run, as tables (see :func:`read_run`).
 
@@ -135,7 +135,7 @@ def _list_matrix(column: Any, width: int, name: str) -> np.ndarray:
         lengths = pc.list_value_length(arr).to_numpy(zero_copy_only=False)
         bad = int(np.flatnonzero(valid & (lengths != width))[0])
         raise InspectorError(f"{name}: row {bad} has {lengths[bad]} per-module values, not {width}; the file is damaged")
-    if valid.all():
+    if valid.all() or width == 0:
         return flat.reshape(len(arr), width)
     out = np.full((len(arr), width), np.nan, dtype=np.float32)
     out[valid] = flat.reshape(-1, width)

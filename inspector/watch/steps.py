@@ -43,9 +43,7 @@ class StepState:
         self.findings = findings
 
     def post(self, root: torch.nn.Module, names: tuple[str, ...]) -> None:
-        params = current(root, names)
-        self.after = {i: (id(p.grad), p.grad._version) for i, p in enumerate(params)
-                      if p is not None and p.grad is not None}
+        self.after = {i: (id(g), g._version) for i, g in enumerate(_grads(root, names)) if g is not None}
         self.count += 1
         self.start = time.perf_counter()
         self.params, self.grad_parts, self.before = [], [], None
@@ -55,18 +53,16 @@ class StepState:
         step, were neither set to None nor zeroed (``zero_()`` moves the version counter)."""
         if self.after is None:
             return
-        params = current(root, names)
+        grads = _grads(root, names)
         self.suspects = {i: key[0] for i, key in self.after.items()
-                         if params[i] is not None and params[i].grad is not None
-                         and (id(params[i].grad), params[i].grad._version) == key}
+                         if (g := grads[i]) is not None and (id(g), g._version) == key}
         self.after = None
 
     def confirm_not_cleared(self, root: torch.nn.Module, names: tuple[str, ...]) -> list[Finding]:
         if not self.suspects:
             return []
-        params = current(root, names)
-        kept = [names[i] for i, gid in self.suspects.items()
-                if params[i] is not None and params[i].grad is not None and id(params[i].grad) == gid]
+        grads = _grads(root, names)
+        kept = [names[i] for i, gid in self.suspects.items() if id(grads[i]) == gid]
         self.suspects = {}
         if not kept:
             return []
@@ -75,6 +71,14 @@ class StepState:
                         f"{', ...' if len(kept) > 3 else ''}) were not cleared after the last step: this "
                         "step's gradient is added to the old one. Call optimizer.zero_grad() (or "
                         "model.zero_grad()) once per step")]
+
+
+def _grad(p: torch.Tensor | None) -> torch.Tensor | None:
+    return None if p is None else p.grad
+
+
+def _grads(root: torch.nn.Module, names: tuple[str, ...]) -> list[torch.Tensor | None]:
+    return [_grad(p) for p in current(root, names)]
 
 
 def transfer_step(w: Watch, check: bool) -> tuple[Numbers, dict[str, float]]:
@@ -139,8 +143,9 @@ def _fill(n: Numbers, w: Watch, params: list[torch.Tensor | None], update: np.nd
     g = np.where(n.has_grad, n.param_grad, 0.0)
     counts = np.zeros(len(params))
     for i in np.flatnonzero(n.has_grad & ~np.isfinite(n.param_grad)):  # rare: a sync per bad tensor
-        grad = params[i].grad  # type: ignore[union-attr]
-        counts[i] = float(torch.isnan(grad).sum() + torch.isinf(grad).sum())
+        grad = _grad(params[i])
+        if grad is not None:
+            counts[i] = float(torch.isnan(grad).sum() + torch.isinf(grad).sum())
     n.nonfinite = float(counts.sum())
     n.module_nonfinite = layout.per_module(counts, "sum")
     n.module_grad = layout.per_module(g)

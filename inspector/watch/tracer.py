@@ -19,14 +19,17 @@ import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
+from ..distributed import is_dtensor
+
 INPUT, OUTPUT = 0, 1
+CHECKED = (torch.float16, torch.bfloat16, torch.float32, torch.float64)  # aminmax takes these
 BATCH = "input"  # the name a non-finite batch gets
 
 
 def floating(value: Any, depth: int = 0) -> Iterator[torch.Tensor]:
     """The floating-point tensors of a value and of its nested tuples, lists and dicts."""
     if isinstance(value, torch.Tensor):
-        if value.is_floating_point() and value.numel():
+        if value.dtype in CHECKED and value.numel():
             yield value
     elif depth < 3 and isinstance(value, (tuple, list)):
         for v in value:
@@ -37,8 +40,11 @@ def floating(value: Any, depth: int = 0) -> Iterator[torch.Tensor]:
 
 
 def nonfinite_flag(t: torch.Tensor) -> torch.Tensor:
-    """A 0-d bool tensor on ``t``'s device: ``t`` holds a NaN or an Inf (one pass, no copy of ``t``)."""
-    low, high = torch.aminmax(t.detach())  # NaN propagates into both
+    """A 0-d bool tensor on ``t``'s device: ``t`` holds a NaN or an Inf (one pass, no copy of ``t``).
+
+    For a DTensor, this rank's local piece: no collective inside a hook."""
+    piece = t.to_local() if is_dtensor(t) else t
+    low, high = torch.aminmax(piece.detach())  # NaN propagates into both
     return torch.logical_not(torch.isfinite(low) & torch.isfinite(high))
 
 
@@ -104,7 +110,7 @@ class NonfiniteTracer:
 
     def _grad_hook(self, call: int, kind: int) -> Any:
         def hook(grad: torch.Tensor) -> None:
-            if grad is not None and grad.is_floating_point() and grad.numel():
+            if grad is not None and grad.dtype in CHECKED and grad.numel():
                 self._add(call, kind, 1, grad)
         return hook
 
