@@ -90,6 +90,9 @@ def test_heatmap_colours_by_decade_and_marks_nonfinite_cells():
     assert heat.colorbar.ticktext[0] == "0" and heat.zmin == -3 and heat.zmax == 2
     marks = fig.data[1]
     assert list(marks.x) == [2] and list(marks.y) == ["a"] and marks.name == "NaN or Inf"
+    # no zero: the colours span the smallest to the largest norm, 0.5 to 8
+    heat = norm_heatmap(norm_grid(frame.assign(grad_norm=[0.5, 1.0, 2.0, 4.0, 8.0, 1.0]))).data[0]
+    assert (heat.zmin, heat.zmax) == pytest.approx((math.log10(0.5), math.log10(8.0)))
 
 
 def test_heatmap_escapes_module_names():

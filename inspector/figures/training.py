@@ -182,17 +182,19 @@ def _log_ticks(lo: float, hi: float) -> tuple[list[float], list[str]]:
 def norm_heatmap(grid: NormGrid, title: str = "Gradient norm per module and step") -> go.Figure:
     """The grid as a heatmap with a log colour scale; nonfinite cells marked with a red ×.
 
-    A zero norm (a dead gradient) takes the bottom colour, below the smallest nonzero norm.
+    The colours span the smallest to the largest nonzero norm; a zero norm (a dead gradient)
+    takes the bottom colour, a decade below the smallest nonzero norm, labelled 0.
     """
     v = grid.values.astype(np.float64)
     positive = v[np.isfinite(v) & (v > 0)]
     lo = math.log10(float(positive.min())) if positive.size else 0.0
     hi = math.log10(float(positive.max())) if positive.size else 1.0
-    floor = math.floor(lo + 1e-6) - 1  # float32 norms: 0.01 is a hair below 1e-2
+    zeros = bool((v == 0).any())
+    floor = math.floor(lo + 1e-6) - 1 if zeros else lo  # float32 norms: 0.01 is a hair below 1e-2
     with np.errstate(divide="ignore", invalid="ignore"):
         z = np.where(v > 0, np.log10(np.where(v > 0, v, 1.0)), np.where(v == 0, floor, np.nan))
     tickvals, ticktext = _log_ticks(floor, hi)
-    if positive.size and (v == 0).any():
+    if positive.size and zeros:
         tickvals, ticktext = [float(floor)] + tickvals[1:], ["0"] + ticktext[1:]
     x = grid.steps.astype(np.int64)
     fig = go.Figure(go.Heatmap(
