@@ -142,12 +142,13 @@ def test_report_of_a_run_file_has_a_section_per_rank(world2, tmp_path, fmt):
             ("nonfinite-gradient", "blocks.0.fc1.weight"), ("replica-drift", "scale")]
         rank1 = data["sections"][3]
         assert rank1["facts"]["nonfinite_gradient_values"] == 1
+        # two ranks whose buffer differs: no majority says which is right, so both are named
         assert rank1["tables"][1]["rows"] == [[1, "blocks.0.fc1.weight", "nonfinite gradient"],
-                                              [2, "scale", "differs from its replicas"]]
-        assert data["sections"][2]["tables"][1]["rows"] == []
+                                              [2, "scale", "replicas disagree, no majority"]]
+        assert data["sections"][2]["tables"][1]["rows"] == [[2, "scale", "replicas disagree, no majority"]]
     elif fmt == "md":
         assert "## Rank 0" in text and "## Rank 1" in text
-        assert "| 2 | scale | differs from its replicas |" in text
+        assert "| 2 | scale | replicas disagree, no majority |" in text
     else:
         assert 'id="section-rank-1"' in text and "Gradient norm per rank" in text
 

@@ -76,7 +76,7 @@ def test_a_valid_record_still_reads(record):
 def test_page_shows_an_error_not_the_image_a_step_asks_for(record, tmp_path):
     path = tmp_path / "run.jsonl"
     path.write_text(_with(record, lambda r: r.update(step="![x](http://h/x.png)")), encoding="utf-8")
-    at = run_page("8_Distributed.py", query={"run": str(path)})
+    at = run_page("8_Training.py", query={"run": str(path)})
     assert len(at.error) == 1 and "step must be an integer" in at.error[0].value
     assert not [s for s in at.subheader if "Tensors at step" in s.value]
 
@@ -87,11 +87,12 @@ def test_figures_escape_values_from_the_file():
                              "grad_bytes": [0], "buffer_bytes": [0], "device_allocated": [None],
                              "device_peak": [None], "rss": [None]})
     steps = pd.DataFrame({"step": [0], "grad_norm": [1.0]})
-    norms = grad_norm_figure(per_rank, steps)
-    assert norms.data[0].name == "rank &lt;a href=\"http://h\"&gt;r&lt;/a&gt;"
-    assert "<a " not in norms.data[0].hovertemplate
+    norms = grad_norm_figure(per_rank, steps)  # the global norm first, then the ranks
+    assert norms.data[1].name == "rank &lt;a href=\"http://h\"&gt;r&lt;/a&gt;"
+    assert "<a " not in norms.data[1].hovertemplate
     memory = memory_figure(per_rank, 0)
-    assert list(memory.data[0].x) == ["rank &lt;a href=\"http://h\"&gt;r&lt;/a&gt;"]
+    assert memory.data[0].name == "rank &lt;a href=\"http://h\"&gt;r&lt;/a&gt;"
+    assert "<a " not in memory.data[0].hovertemplate
 
 
 def test_finding_from_dict_round_trips():

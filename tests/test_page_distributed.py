@@ -1,35 +1,112 @@
-"""The Distributed page: a run file by server path or upload; figures, findings, one rank's view."""
+"""The per-rank part of the Training page on check_step run files: the planted faults of a real
+two-rank run, a hand-planted ``--shard none`` run, readable units, and errors that name the file."""
 
 from __future__ import annotations
 
+import json
+
+import pytest
+
+from inspector.distributed import read_run
+from inspector.distributed.findings import step_findings
 from inspector.escaping import markdown_text
 from tests.apptest import run_page
+
+MIB = 2 ** 20
+
+
+def _issues(at):
+    return next(d.value for d in at.dataframe if list(d.value.columns) == ["step", "tensor", "issue"])
+
+
+def _rank_rows(at):
+    return next(d for d in at.dataframe if "peak_rss" in d.value.columns)
 
 
 def test_page_shows_the_planted_faults_of_a_two_rank_run(world2):
     out, _ = world2
-    at = run_page("8_Distributed.py", query={"run": str(out / "planted.jsonl")})
+    at = run_page("8_Training.py", query={"run": str(out / "planted.jsonl")})
     assert not at.error, [e.value for e in at.error]
-    assert [m.value for m in at.metric] == ["2", "gloo", "2", "2"]
-    charts = at.get("plotly_chart")
-    assert len(charts) == 2
-    at.selectbox(key="dist_rank").set_value(1).run()
+    metrics = {m.label: m.value for m in at.metric}
+    assert (metrics["Ranks"], metrics["Steps"], metrics["Findings"]) == ("2", "2", "2")
+    at.selectbox(key="train_rank").set_value(1).run()
     assert not at.exception
     assert at.warning[0].value == "Rank 1 stands out at 2 (step, tensor) places."
-    issues = at.dataframe[-3].value  # findings steps, issues, the rank's rows, tensors
-    assert issues[["step", "tensor", "issue"]].values.tolist() == [
-        [1, "blocks.0.fc1.weight", "nonfinite gradient"], [2, "scale", "differs from its replicas"]]
-    at.selectbox(key="dist_rank").set_value(0).run()
-    assert at.success[-1].value.startswith("Rank 0 agrees with its replicas")
+    # two ranks whose buffer differs: no majority says which is right, so rank 0 is named too
+    assert _issues(at).values.tolist() == [
+        [1, "blocks.0.fc1.weight", "nonfinite gradient"], [2, "scale", "replicas disagree, no majority"]]
+    at.selectbox(key="train_rank").set_value(0).run()
+    assert at.warning[0].value == "Rank 0 stands out at 1 (step, tensor) places."
+    assert not [s for s in at.success if "agrees with its replicas" in s.value]
+
+
+def test_peak_rss_is_never_below_rss_in_a_real_run(world2):
+    out, _ = world2
+    per_rank = read_run(out / "run.jsonl").per_rank
+    assert per_rank["rss"].notna().all()
+    assert (per_rank["peak_rss"] >= per_rank["rss"]).all(), per_rank[["rss", "peak_rss"]]
+
+
+def _record(step: int) -> dict:
+    """Two ranks of ``--shard none``: plain parameters (still equal) whose gradients were never averaged
+    (rank 1's norms are twice rank 0's) and a BatchNorm buffer each rank updated on its own."""
+    def tensor(name, kind, norms, hashes):
+        return {"name": name, "kind": kind, "placements": "", "mesh": [], "shape": [4], "numel": 4,
+                "dtype": "float32", "requires_grad": kind == "parameter", "has_grad": kind == "parameter",
+                "local_numel": [4, 4], "grad_norm": None, "local_grad_norm": norms, "nan": [0, 0], "inf": [0, 0],
+                "replica_key": [0, 0], "hash": hashes}
+    rec = {"format": "inspector-distributed", "version": 1, "step": step, "time": 0.0, "world_size": 2,
+           "backend": "gloo", "note": "",
+           "global": {"grad_norm": 1.2345678901234567, "nonfinite": 0, "param_numel": 8},
+           "ranks": [{"rank": r, "grad_norm": [1.2345678901234567, 2.469135780246913][r], "nonfinite": 0,
+                      "param_numel": 8, "param_bytes": 32, "grad_bytes": 32, "buffer_bytes": 2048,
+                      "device_allocated": None, "device_peak": None, "rss": 512 * MIB, "peak_rss": 600 * MIB}
+                     for r in (0, 1)],
+           "tensors": [tensor("fc.weight", "parameter", [1.0, 2.0], [[1, 1], [1, 1]]),
+                       tensor("fc.bias", "parameter", [0.5, 1.0], [[3, 3], [3, 3]]),
+                       tensor("bn.running_mean", "buffer", [None, None], [[5, 5], [6, 6]])]}
+    rec["findings"] = [f.to_dict() for f in step_findings(rec)]
+    return rec
+
+
+@pytest.fixture
+def shard_none(tmp_path):
+    path = tmp_path / "none.jsonl"
+    path.write_text("".join(json.dumps(_record(s)) + "\n" for s in (0, 1)), encoding="utf-8")
+    return path
+
+
+def test_rank_0_of_a_shard_none_run_is_not_said_to_agree(shard_none):
+    at = run_page("8_Training.py", query={"run": str(shard_none)})
+    assert not at.error, [e.value for e in at.error]
+    found = {m.label: m.value for m in at.metric}["Findings"]
+    assert found == "6"  # per step: two gradient-not-synchronized, a replica-drift, (two steps)
+    at.selectbox(key="train_rank").set_value(0).run()
+    assert not [s for s in at.success if "agrees with its replicas" in s.value]
+    # per step: two parameters whose gradients differ, one buffer whose replicas disagree
+    assert at.warning[0].value == "Rank 0 stands out at 6 (step, tensor) places."
+    assert _issues(at)[["tensor", "issue"]].values.tolist()[:3] == [
+        ["fc.weight", "gradient not synchronized"], ["fc.bias", "gradient not synchronized"],
+        ["bn.running_mean", "replicas disagree, no majority"]]
+
+
+def test_rank_numbers_are_in_binary_units_and_four_digits(shard_none):
+    at = run_page("8_Training.py", query={"run": str(shard_none)})
+    rows = _rank_rows(at)
+    assert rows.value[["rss", "peak_rss", "buffer_bytes"]].values.tolist() == [["512.0 MiB", "600.0 MiB", "2.0 KiB"]] * 2
+    assert '"%.4g"' in rows.proto.columns and "grad_norm" in rows.proto.columns  # 1.235, not 1.2345678901234567
+    memory = next(json.loads(c.proto.spec) for c in at.get("plotly_chart") if "Memory per rank" in c.proto.spec)
+    assert memory["layout"]["yaxis"]["type"] == "log"
+    assert memory["data"][0]["text"] == ["32 B", "32 B", "2.0 KiB", "512.0 MiB", "600.0 MiB"]
 
 
 def test_page_says_what_is_wrong_with_a_file_that_is_no_run(tmp_path):
     bad = tmp_path / "notes.jsonl"
     bad.write_text('{"step": 1}\n', encoding="utf-8")
-    at = run_page("8_Distributed.py", query={"run": str(bad)})
-    assert [e.value for e in at.error] == [markdown_text(  # errors are shown as escaped Markdown
-        'notes.jsonl line 1 is not a check_step record (no "format": "inspector-distributed")')]
-    missing = run_page("8_Distributed.py", query={"run": str(tmp_path / "none.jsonl")})
+    at = run_page("8_Training.py", query={"run": str(bad)})
+    assert [e.value for e in at.error] == [markdown_text(
+        "notes.jsonl is neither a watch run file (Arrow stream) nor a check_step run.jsonl")]
+    missing = run_page("8_Training.py", query={"run": str(tmp_path / "none.jsonl")})
     assert "does not exist" in missing.error[0].value
 
 
@@ -43,7 +120,7 @@ def test_sidebar_lists_and_loads_a_distributed_checkpoint_folder(world2):
 
     out, _ = world2
     source = str(Path(__file__).resolve().parent.parent / "sample_models" / "fsdp.py") + ":build"
-    at = AppTest.from_file(str(PAGES / "8_Distributed.py"), default_timeout=60)
+    at = AppTest.from_file(str(PAGES / "8_Training.py"), default_timeout=60)
     at.session_state["mi_selection"] = Selection(source=source, checkpoint=str(out / "dcp"))
     at.run()
     assert not at.exception and not at.error, [e.value for e in at.error]
@@ -55,17 +132,17 @@ def test_sidebar_lists_and_loads_a_distributed_checkpoint_folder(world2):
 
 def test_an_uploaded_run_file_is_shown_and_a_bad_one_is_named(world2):
     out, _ = world2
-    at = run_page("8_Distributed.py")
+    at = run_page("8_Training.py")
     assert [i.value for i in at.info] == ["Choose a run file to see it."]
     data = (out / "planted.jsonl").read_bytes()
-    at.file_uploader(key="dist_upload").upload("planted.jsonl", data).run()
+    at.file_uploader(key="train_upload").upload("planted.jsonl", data).run()
     assert not at.exception and not at.error, [e.value for e in at.error]
-    assert [m.value for m in at.metric] == ["2", "gloo", "2", "2"]
-    at.selectbox(key="dist_rank").set_value(1).run()
+    assert {m.label: m.value for m in at.metric}["Ranks"] == "2"
+    at.selectbox(key="train_rank").set_value(1).run()
     assert at.warning[0].value == "Rank 1 stands out at 2 (step, tensor) places."
     # the upload wins over a server path typed beside it; a file that is no run is named
-    at.text_input(key="dist_path").set_value(str(out / "run.jsonl"))
-    at.file_uploader(key="dist_upload").upload("notes.jsonl", b'{"step": 1}\n').run()
+    at.text_input(key="train_path").set_value(str(out / "run.jsonl"))
+    at.file_uploader(key="train_upload").upload("notes.jsonl", b'{"step": 1}\n').run()
     assert not at.exception
     assert [e.value for e in at.error] == [markdown_text(
         'notes.jsonl line 1 is not a check_step record (no "format": "inspector-distributed")')]

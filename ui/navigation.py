@@ -49,9 +49,11 @@ VIEWS = [
          "Everything above in one HTML, JSON or Markdown file to share."),
     View("pages/7_Labs.py", "Labs", ":material/science:",
          "Guided exercises: break a model on purpose, then find the bug with the views."),
-    View("pages/8_Distributed.py", "Distributed", ":material/hub:",
-         "In a torchrun training run: do the ranks' gradients, memory and replicas agree?"),
+    View("pages/8_Training.py", "Training", ":material/monitoring:",
+         "In a training run, live: which module's gradient exploded or died, at which step, and do the "
+         "ranks' gradients, memory and replicas agree?"),
 ]
+REDIRECTS = {"Distributed": "pages/8_Training.py"}  # old address -> the page that took it over
 
 
 def all_views() -> list[View]:
@@ -60,7 +62,7 @@ def all_views() -> list[View]:
     views = [v for v in VIEWS if (ROOT / v.file).is_file()]
     for path in sorted((ROOT / "pages").glob("*.py")):
         rel = f"pages/{path.name}"
-        if rel not in listed and not path.name.startswith("_"):
+        if rel not in listed and not path.name.startswith("_") and re.sub(r"^\d+_", "", path.stem) not in REDIRECTS:
             title = re.sub(r"^\d+_", "", path.stem).replace("_", " ")
             views.append(View(rel, title, ":material/article:", ""))
     return views
@@ -84,5 +86,12 @@ def navigation(home: Callable[[], None]) -> st.navigation:
     """
     pages = [st.Page(home, title="Home", icon=":material/home:", default=True)]
     pages += [st.Page(v.file, title=v.title, icon=v.icon, url_path=v.url_path) for v in all_views()]
+    pages += [st.Page(functools.partial(_redirect, target), title=old, url_path=old, visibility="hidden")
+              for old, target in REDIRECTS.items()]
     st.set_page_config(page_icon=page_icon())
     return st.navigation(pages)
+
+
+def _redirect(target: str) -> None:
+    """An old page address: go to the page that took it over, with the same URL parameters."""
+    st.switch_page(target, query_params=dict(st.query_params))

@@ -14,6 +14,7 @@ import json
 import math
 import os
 import resource
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -118,14 +119,22 @@ def _memory(device: torch.device) -> list[float]:
     if device.type == "cuda":
         alloc = float(torch.cuda.memory_allocated(device))
         peak = float(torch.cuda.max_memory_allocated(device))
-    rss = math.nan
-    try:
-        with open("/proc/self/statm") as fh:
-            rss = float(int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE"))
-    except (OSError, ValueError, IndexError):
-        pass
-    peak_rss = float(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024.0
+    rss, peak_rss = _rss()
     return [alloc, peak, rss, peak_rss]
+
+
+def _rss() -> tuple[float, float]:
+    """This process's resident set size and its peak, in bytes, from one reading of
+    ``/proc/self/status`` (VmRSS, VmHWM: the same counters, so the peak is never below the
+    current value); elsewhere the peak from ``getrusage`` and no current value."""
+    try:
+        with open("/proc/self/status", encoding="ascii", errors="replace") as fh:
+            fields = dict(line.split(":", 1) for line in fh if ":" in line)
+        rss = float(int(fields["VmRSS"].split()[0]) * 1024)
+        return rss, max(rss, float(int(fields["VmHWM"].split()[0]) * 1024))
+    except (OSError, KeyError, ValueError, IndexError):
+        peak = float(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
+        return math.nan, peak * (1.0 if sys.platform == "darwin" else 1024.0)  # macOS counts bytes, Linux KiB
 
 
 def _collective_device(group: Any) -> torch.device:

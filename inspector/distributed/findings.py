@@ -71,16 +71,22 @@ def nonfinite_by_rank(row: dict[str, Any]) -> list[Finding]:
         "data batch and loss.")]
 
 
+def unsynchronised(row: dict[str, Any]) -> bool:
+    """Whether ``row`` is a plain (not sharded, not DTensor) parameter whose gradient norm differs
+    between ranks (by more than 1e-5 relative)."""
+    norms = row.get("local_grad_norm") or []
+    if row.get("kind") != "parameter" or row.get("placements") or len(norms) < 2 or any(v is None for v in norms):
+        return False
+    lo, hi = min(norms), max(norms)
+    return bool(hi - lo > 1e-5 * max(hi, 1e-30))
+
+
 def _unsynchronised(row: dict[str, Any]) -> list[Finding]:
     """A plain (not sharded, not DTensor) parameter whose gradient differs between ranks."""
-    if row["kind"] != "parameter" or row["placements"] or len(row["local_grad_norm"]) < 2:
+    if not unsynchronised(row):
         return []
     norms = row["local_grad_norm"]
-    if any(v is None for v in norms):
-        return []
     lo, hi = min(norms), max(norms)
-    if hi - lo <= 1e-5 * max(hi, 1e-30):
-        return []
     return [Finding(
         "gradient-not-synchronized", "warning", row["name"],
         f"{row['name']} is a plain parameter on every rank, but its gradient norm ranges from "

@@ -56,8 +56,9 @@ def _rank_section(run: DistributedRun, rank: int) -> Section:
                "tensors_where_it_stands_out": int(issues["tensor"].nunique())},
         tables=(Table.from_frame(f"Rank {int(rank)} by step", rows),
                 Table.from_frame(f"Where rank {int(rank)} stands out", issues,
-                                 "nonfinite gradient pieces, and replicated tensors whose bits differ from the "
-                                 "majority")))
+                                 "nonfinite gradient pieces, replicated tensors whose bits differ from the "
+                                 "majority (or from each other, with no majority), and plain parameters "
+                                 "whose gradients differ between ranks")))
 
 
 def _tensor_table(tensors: pd.DataFrame) -> pd.DataFrame:

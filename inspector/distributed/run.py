@@ -13,6 +13,7 @@ import pandas as pd
 
 from ..findings import Finding, InspectorError
 from .check import FORMAT
+from .findings import unsynchronised
 
 RANK_COLUMNS = ["step", "rank", "grad_norm", "nonfinite", "param_numel", "param_bytes", "grad_bytes",
                 "buffer_bytes", "device_allocated", "device_peak", "rss", "peak_rss"]
@@ -176,19 +177,33 @@ def unique_findings(run: DistributedRun) -> list[tuple[list[int], Finding]]:
 
 def rank_issues(run: DistributedRun, rank: int) -> pd.DataFrame:
     """Where ``rank`` stands out, step by step: ``step, tensor, issue`` with ``issue`` in
-    ``"nonfinite gradient"`` (its piece holds NaN/Inf) and ``"differs from its replicas"``
-    (its bits differ from the majority of the ranks that must hold the same values)."""
+    ``"nonfinite gradient"`` (its piece holds NaN/Inf), ``"differs from its replicas"`` (its bits
+    differ from the majority of the ranks that must hold the same values), ``"replicas disagree,
+    no majority"`` (they differ and no majority says which is right: every one of them is named)
+    and ``"gradient not synchronized"`` (a plain parameter whose gradient differs between ranks:
+    every rank is named)."""
     rows = []
     for rec in run.records:
         for t in rec["tensors"]:
             nan, inf = t.get("nan", []), t.get("inf", [])
             if (rank < len(nan) and nan[rank]) or (rank < len(inf) and inf[rank]):
                 rows.append((rec["step"], t["name"], "nonfinite gradient"))
-            keys, hashes = t.get("replica_key", []), t.get("hash", [])
-            if rank >= len(keys) or keys[rank] < 0 or not hashes:
-                continue
-            peers = [tuple(hashes[r]) for r in range(len(keys)) if keys[r] == keys[rank]]
-            majority = Counter(peers).most_common(1)[0][0]  # ties: the lowest rank's bits, as check_step
-            if len(set(peers)) > 1 and tuple(hashes[rank]) != majority:
-                rows.append((rec["step"], t["name"], "differs from its replicas"))
+            drift = _replica_issue(t, rank)
+            if drift:
+                rows.append((rec["step"], t["name"], drift))
+            if rank < len(t.get("local_grad_norm") or []) and unsynchronised(t):
+                rows.append((rec["step"], t["name"], "gradient not synchronized"))
     return pd.DataFrame(rows, columns=["step", "tensor", "issue"])
+
+
+def _replica_issue(t: dict[str, Any], rank: int) -> str:
+    keys, hashes = t.get("replica_key", []), t.get("hash", [])
+    if rank >= len(keys) or keys[rank] < 0 or not hashes:
+        return ""
+    peers = [tuple(hashes[r]) for r in range(len(keys)) if keys[r] == keys[rank]]
+    counts = Counter(peers).most_common()
+    if len(counts) < 2:
+        return ""
+    if counts[0][1] == counts[1][1]:
+        return "replicas disagree, no majority"
+    return "differs from its replicas" if tuple(hashes[rank]) != counts[0][0] else ""

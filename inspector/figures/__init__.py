@@ -13,6 +13,15 @@ from .distributed import grad_norm_figure, memory_figure
 from .offsets import layer_norm_bars, offset_strip
 from .palette import device_colour, device_colours, device_key, key_label, readable
 from .placement import placement_treemap, usage_bars, usage_side_by_side
+from .training import (
+    NormGrid,
+    bin_matrix,
+    envelope,
+    findings_timeline,
+    loss_norm_figure,
+    norm_grid,
+    norm_heatmap,
+)
 from .watch import heatmap_figure, run_lines_figure
 
 __all__ = [
@@ -21,4 +30,5 @@ __all__ = [
     "device_key", "grad_norm_figure", "image_overlay", "key_label", "layer_norm_bars", "memory_figure",
     "offset_strip", "placement_treemap", "readable", "token_heatmap", "usage_bars", "usage_side_by_side",
     "heatmap_figure", "run_lines_figure",
+    "NormGrid", "bin_matrix", "envelope", "findings_timeline", "loss_norm_figure", "norm_grid", "norm_heatmap",
 ]

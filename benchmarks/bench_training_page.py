@@ -1,0 +1,119 @@
+"""The Training page on a long run: open a 10,000-step × 1,000-module run file, rerun, follow a new step.
+
+Target: the page opens (read, bin, draw) in at most 3 s, and no chart sent to the browser
+exceeds 1 MB. Beside it, what the tools people use today draw for the same run: one line chart
+per module (``wandb.watch`` / TensorBoard scalars, here built with plotly and serialised
+as the server would send them), timed in the same process.
+
+Run: ``.venv/bin/python benchmarks/bench_training_page.py [--steps 10000] [--modules 1000]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import numpy as np  # noqa: E402
+import plotly.graph_objects as go  # noqa: E402
+from streamlit.testing.v1 import AppTest  # noqa: E402
+
+import ui.training as ui_training  # noqa: E402
+from inspector.watch import RunMeta, RunWriter, StepRecord  # noqa: E402
+
+OPEN_S, CHART_BYTES = 3.0, 1_000_000
+
+
+def _records(steps: range, norms: np.ndarray) -> list[StepRecord]:
+    return [StepRecord(step=s, rank=0, time=float(s), loss=1.0 / (1 + s / 1000), grad_norm=float(np.sqrt((norms[s] ** 2).sum())),
+                       module_grad_norm=norms[s], module_nonfinite=np.zeros(norms.shape[1], np.int32),
+                       param_grad_norm=norms[s]) for s in steps]
+
+
+def _write(path: Path, steps: int, modules: int) -> tuple[RunWriter, float]:
+    rng = np.random.default_rng(0)
+    norms = (np.exp(rng.normal(0, 1, modules)) * (1 + 0.1 * rng.standard_normal((steps + 1, modules)))).astype(np.float32)
+    names = tuple(f"model.layers.{i // 10}.block{i % 10}" for i in range(modules))
+    meta = RunMeta(model="bench", world_size=1, every=1, modules=names, parameters=tuple(f"{n}.weight" for n in names),
+                   parameter_modules=tuple(range(modules)))
+    writer = RunWriter(path, meta)
+    t = time.perf_counter()
+    for start in range(0, steps, 500):
+        writer.write(_records(range(start, min(start + 500, steps)), norms))
+    return writer, time.perf_counter() - t
+
+
+def _chart_bytes(at: AppTest) -> list[int]:
+    return [len(el.proto.spec.encode()) for el in at.get("plotly_chart")]
+
+
+def _timed(at: AppTest) -> float:
+    t = time.perf_counter()
+    at.run()
+    if at.exception or at.error:
+        raise SystemExit(f"the page failed: {[e.value for e in [*at.exception, *at.error]]}")
+    return time.perf_counter() - t
+
+
+def _per_layer_charts(steps: int, modules: int, limit: int) -> tuple[float, int]:
+    """Seconds and bytes for one line chart per module (``limit`` of them built, scaled to all)."""
+    rng = np.random.default_rng(1)
+    x = np.arange(steps)
+    t = time.perf_counter()
+    size = 0
+    for _ in range(limit):
+        fig = go.Figure(go.Scatter(x=x, y=rng.random(steps).astype(np.float32), mode="lines"))
+        size += len(fig.to_json())
+    return (time.perf_counter() - t) * modules / limit, size * modules // limit
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=10_000)
+    parser.add_argument("--modules", type=int, default=1_000)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--per-layer-sample", type=int, default=100,
+                        help="per-layer charts actually built (the time is scaled to every module)")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "run.inspect"
+        writer, write_s = _write(path, args.steps, args.modules)
+        size = path.stat().st_size
+        print(f"run file: {args.steps:,} steps × {args.modules:,} modules, {size / 2**20:.1f} MiB "
+              f"({size / (args.steps * args.modules):.1f} bytes per module per step), written in {write_s:.2f} s\n")
+        opens = []
+        for _ in range(args.repeats):  # a fresh session and an empty server cache each time: the first open
+            ui_training.clear_cache()
+            at = AppTest.from_file(str(ROOT / "pages" / "8_Training.py"), default_timeout=600)
+            at.query_params["run"] = str(path)
+            opens.append(_timed(at))
+        warm = statistics.median(_timed(at) for _ in range(args.repeats))
+        writer.write(_records(range(args.steps, args.steps + 1), np.ones((args.steps + 1, args.modules), np.float32)))
+        grown = _timed(at)
+        last = next(m.value for m in at.metric if m.label == "Last step")
+        writer.close()
+        charts = _chart_bytes(at)
+        per_layer_s, per_layer_bytes = _per_layer_charts(args.steps, args.modules, args.per_layer_sample)
+    first = statistics.median(opens)
+    print(f"{'what':44} {'seconds':>8} {'/target':>8} {'chart MB':>9}")
+    print(f"{'Training page, first open (median)':44} {first:8.2f} {first / OPEN_S:8.2f} {max(charts) / 1e6:9.2f}"
+          f"   (each open: {', '.join(f'{o:.2f}' for o in opens)}; the first also imports and loads the sidebar model)")
+    print(f"{'Training page, rerun, file unchanged':44} {warm:8.2f} {'':>8}")
+    print(f"{'Training page, rerun after a step (to ' + last + ')':44} {grown:8.2f} {grown / OPEN_S:8.2f}")
+    print(f"{'one line chart per module (built, serialised)':44} {per_layer_s:8.2f} {per_layer_s / OPEN_S:8.2f} "
+          f"{per_layer_bytes / 1e6:9.1f}")
+    print(f"\nper-layer charts / Training page: {per_layer_s / first:.1f}x the time, "
+          f"{per_layer_bytes / sum(charts):.0f}x the bytes sent ({len(charts)} charts on the page)")
+    ok = first <= OPEN_S and max(charts) <= CHART_BYTES
+    print("verdict:", "meets the targets" if ok else "MISSES a target")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

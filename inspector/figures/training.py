@@ -1,0 +1,335 @@
+"""Figures of a training run over steps: a module × step heatmap of gradient norms, the loss and
+global norm, and the findings on a timeline.
+
+Every figure stays small whatever the run's length: the heatmap keeps at most ``max_rows`` ×
+``max_cols`` cells (each cell the largest norm of the modules and steps it covers, so a spike
+never averages away), the lines keep each bin's lowest and highest point.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from ..escaping import escaped_figure
+
+MAX_ROWS, MAX_COLS = 120, 300
+MAX_LINE_POINTS = 2_000
+MAX_MARKS = 2_000
+SEVERITY_COLOURS = {"error": "#D62728", "warning": "#FF7F0E", "info": "#1F77B4"}
+
+
+@dataclass(frozen=True)
+class NormGrid:
+    """Module × step norms, binned: ``values[r, c]`` is the largest finite norm of the modules of
+    row ``r`` at the steps of column ``c`` (NaN: none recorded there); ``nonfinite[r, c]`` says one
+    of them was NaN or Inf.
+
+    ``labels``: one per row (the module, or the first of the row's modules and how many more);
+    ``steps``: the first step of each column; ``rows_per_bin`` modules and ``steps_per_bin``
+    recorded steps make one cell.
+    """
+
+    labels: list[str]
+    steps: np.ndarray
+    values: np.ndarray
+    nonfinite: np.ndarray
+    rows_per_bin: int
+    steps_per_bin: int
+    modules: int
+    step_count: int
+
+
+def _codes(values: pd.Series) -> tuple[np.ndarray, np.ndarray]:
+    """Codes in first-appearance order (categoricals keep their categories' order) and the uniques."""
+    if isinstance(values.dtype, pd.CategoricalDtype):
+        cats, codes = values.cat.categories, values.cat.codes.to_numpy()
+        used = np.flatnonzero(np.bincount(codes if codes.min() >= 0 else codes[codes >= 0], minlength=len(cats)))
+        if len(used) == len(cats):
+            return codes, np.asarray(cats)
+        remap = np.full(len(cats), -1, dtype=np.int64)
+        remap[used] = np.arange(len(used))
+        return remap[codes], np.asarray(cats[used])
+    codes, uniques = pd.factorize(values, sort=False)
+    return codes, np.asarray(uniques)
+
+
+def _sorted_codes(values: pd.Series) -> tuple[np.ndarray, np.ndarray]:
+    """Codes in ascending order of the values (steps), and the sorted uniques."""
+    v = values.to_numpy()
+    if v.dtype.kind in "iu" and v.size:
+        lo, hi = int(v.min()), int(v.max())
+        if hi - lo <= 4 * v.size:  # dense enough: counting beats hashing
+            offset = v - lo
+            seen = np.bincount(offset, minlength=hi - lo + 1) > 0
+            if seen.all():
+                return offset, np.arange(lo, hi + 1)
+            return (np.cumsum(seen) - 1)[offset], np.flatnonzero(seen) + lo
+    codes, uniques = pd.factorize(values, sort=False)
+    order = np.argsort(uniques, kind="stable")
+    ranks = np.empty(len(order), dtype=np.int64)
+    ranks[order] = np.arange(len(order))
+    return ranks[codes], np.asarray(uniques)[order]
+
+
+def _bin_labels(names: np.ndarray, per_bin: int) -> list[str]:
+    labels = []
+    for start in range(0, len(names), per_bin):
+        chunk = names[start:start + per_bin]
+        labels.append(str(chunk[0]) if len(chunk) == 1 else f"{chunk[0]} (+{len(chunk) - 1})")
+    return labels
+
+
+def _reduce(dense: np.ndarray, rb: int, cb: int, ufunc: np.ufunc, fill: float | bool) -> np.ndarray:
+    """``dense`` in blocks of ``rb`` rows × ``cb`` columns, each block reduced with ``ufunc``
+    (``fill`` pads the last column block). Rows first, whole rows at a time: on a long run
+    (steps × modules) that is one vector operation per step, with no copy of the array."""
+    rows, cols = dense.shape
+    full = rows - rows % rb
+    out = ufunc.reduce(dense[:full].reshape(-1, rb, cols), axis=1)
+    if full < rows:
+        out = np.concatenate([out, ufunc.reduce(dense[full:], axis=0, keepdims=True)])
+    if -cols % cb:
+        out = np.pad(out, ((0, 0), (0, -cols % cb)), constant_values=fill)
+    return ufunc.reduce(out.reshape(out.shape[0], -1, cb), axis=2)
+
+
+def norm_grid(modules: pd.DataFrame, value: str = "grad_norm", *, max_rows: int = MAX_ROWS,
+              max_cols: int = MAX_COLS) -> NormGrid:
+    """Bin a long table (``step``, ``module``, ``value`` columns; one row per module and step) into
+    at most ``max_rows`` × ``max_cols`` cells.
+
+    Modules keep their order of first appearance (execution or registration order); adjacent
+    modules share a row and adjacent recorded steps a column; each cell holds the largest finite
+    value it covers.
+
+    >>> long = pd.DataFrame({"step": [0, 0, 1, 1], "module": ["a", "b", "a", "b"],
+    ...                      "grad_norm": [1.0, 4.0, 2.0, float("nan")]})
+    >>> g = norm_grid(long, max_rows=1, max_cols=1)
+    >>> g.labels, g.values.tolist(), g.nonfinite.tolist()
+    (['a (+1)'], [[4.0]], [[True]])
+    """
+    rows, names = _codes(modules["module"])
+    cols, steps = _sorted_codes(modules["step"])
+    n_rows, n_cols = len(names), len(steps)
+    raw = pd.to_numeric(modules[value], errors="coerce").to_numpy(dtype=np.float32, na_value=np.nan)
+    flat = cols * n_rows + rows  # a (step, module) layout: a run file written step by step fills it in order
+    if len(flat) == n_rows * n_cols and (flat == np.arange(len(flat))).all():
+        dense, recorded_nan = raw.reshape(n_cols, n_rows), np.isnan(raw).reshape(n_cols, n_rows)
+    else:
+        dense = np.full(n_cols * n_rows, np.nan, dtype=np.float32)
+        dense[flat] = raw
+        written = np.zeros(n_cols * n_rows, dtype=bool)
+        written[flat] = np.isnan(raw)
+        dense, recorded_nan = dense.reshape(n_cols, n_rows), written.reshape(n_cols, n_rows)
+    return bin_matrix(steps, dense, names, nonfinite=recorded_nan, max_rows=max_rows, max_cols=max_cols)
+
+
+def bin_matrix(steps: np.ndarray, values: np.ndarray, modules: Sequence[str] | np.ndarray, *, nonfinite: np.ndarray | None = None,
+               max_rows: int = MAX_ROWS, max_cols: int = MAX_COLS) -> NormGrid:
+    """Bin a steps × modules array (``Run.matrix``) into at most ``max_rows`` × ``max_cols`` cells.
+
+    ``steps`` label the rows of ``values`` (ascending; a run's order); NaN in ``values`` is a
+    value not taken, unless ``nonfinite`` (same shape) marks it as a recorded NaN; Inf is always
+    not finite. Each cell holds the largest finite value of its modules and steps.
+    """
+    n_cols, n_rows = values.shape
+    rb = max(1, math.ceil(n_rows / max(1, max_rows)))
+    cb = max(1, math.ceil(n_cols / max(1, max_cols)))
+    if np.isfinite(values).all():  # the usual run: no copy, nothing to mark
+        out = _reduce(values, cb, rb, np.maximum, -np.inf).T.astype(np.float64)
+        marks = np.zeros(out.shape, dtype=bool)
+        return NormGrid(_bin_labels(np.asarray(modules, dtype=object), rb), np.asarray(steps)[::cb], out, marks,
+                        rb, cb, n_rows, n_cols)
+    bad = np.isinf(values)
+    if nonfinite is not None:
+        bad |= nonfinite & np.isnan(values)
+    dense = np.where(np.isfinite(values), values, -np.inf)  # -inf: nothing finite, so np.maximum needs no NaN check
+    out = _reduce(dense, cb, rb, np.maximum, -np.inf).T.astype(np.float64)
+    out[out == -np.inf] = np.nan
+    marks = _reduce(bad, cb, rb, np.logical_or, False).T
+    return NormGrid(_bin_labels(np.asarray(modules, dtype=object), rb), np.asarray(steps)[::cb], out, marks,
+                    rb, cb, n_rows, n_cols)
+
+
+def step_axis(first: float, last: float) -> dict:
+    """A step axis: whole steps only (a run of a few steps gets one tick per step, never 0.5),
+    with thousands separators.
+
+    >>> step_axis(0, 3)["dtick"], step_axis(0, 10_000).get("dtick")
+    (1, None)
+    """
+    axis: dict = {"tickformat": ",d", "automargin": True}
+    if last - first <= 10:
+        axis["dtick"] = 1
+    return axis
+
+
+def _log_ticks(lo: float, hi: float) -> tuple[list[float], list[str]]:
+    decades = list(range(math.floor(lo), math.ceil(hi) + 1)) or [0]
+    step = max(1, math.ceil(len(decades) / 8))
+    vals = [float(d) for d in decades[::step]]
+    return vals, [f"1e{int(d)}" if not 0 <= d <= 3 else f"{10 ** int(d):g}" for d in vals]
+
+
+@escaped_figure
+def norm_heatmap(grid: NormGrid, title: str = "Gradient norm per module and step") -> go.Figure:
+    """The grid as a heatmap with a log colour scale; nonfinite cells marked with a red ×.
+
+    The colours span the smallest to the largest nonzero norm; a zero norm (a dead gradient)
+    takes the bottom colour, a decade below the smallest nonzero norm, labelled 0.
+    """
+    v = grid.values.astype(np.float64)
+    positive = v[np.isfinite(v) & (v > 0)]
+    lo = math.log10(float(positive.min())) if positive.size else 0.0
+    hi = math.log10(float(positive.max())) if positive.size else 1.0
+    zeros = bool((v == 0).any())
+    floor = math.floor(lo + 1e-6) - 1 if zeros else lo  # float32 norms: 0.01 is a hair below 1e-2
+    with np.errstate(divide="ignore", invalid="ignore"):
+        z = np.where(v > 0, np.log10(np.where(v > 0, v, 1.0)), np.where(v == 0, floor, np.nan))
+    tickvals, ticktext = _log_ticks(floor, hi)
+    if positive.size and zeros:
+        tickvals, ticktext = [float(floor)] + tickvals[1:], ["0"] + ticktext[1:]
+    x = grid.steps.astype(np.int64)
+    fig = go.Figure(go.Heatmap(
+        z=z.astype(np.float32), x=x, y=grid.labels, customdata=v.astype(np.float32),
+        colorscale="Viridis", zmin=floor, zmax=max(hi, floor + 1), hoverongaps=False,
+        colorbar={"title": {"text": "norm"}, "tickvals": tickvals, "ticktext": ticktext},
+        hovertemplate="%{y}<br>step %{x}" + ("" if grid.steps_per_bin == 1 else f" (+{grid.steps_per_bin - 1})")
+                      + "<br>norm %{customdata:.4g}<extra></extra>"))
+    rr, cc = np.nonzero(grid.nonfinite)
+    if rr.size:
+        keep = np.argsort(cc, kind="stable")[:MAX_MARKS]
+        fig.add_trace(go.Scatter(x=x[cc[keep]], y=[grid.labels[i] for i in rr[keep]], mode="markers",
+                                 marker={"symbol": "x", "color": "#D62728", "size": 7}, name="NaN or Inf",
+                                 hovertemplate="%{y}<br>step %{x}<br>NaN or Inf<extra></extra>"))
+    per = [f"{grid.rows_per_bin} modules" if grid.rows_per_bin > 1 else "",
+           f"{grid.steps_per_bin} steps" if grid.steps_per_bin > 1 else ""]
+    note = " and ".join(p for p in per if p)
+    fig.update_layout(
+        title=title + (f" (each cell: the largest of {note})" if note else ""),
+        xaxis_title=f"step ({grid.step_count:,} recorded)", yaxis_title=f"module ({grid.modules:,})",
+        yaxis={"autorange": "reversed", "automargin": True},
+        xaxis=step_axis(float(x[0]), float(x[-1])) if len(x) else {"automargin": True},
+        height=int(min(900, max(320, 14 * len(grid.labels) + 140))), showlegend=bool(rr.size),
+        legend={"orientation": "h", "y": 1.02, "yanchor": "bottom", "x": 1, "xanchor": "right"},
+        margin={"l": 60, "r": 20, "t": 60, "b": 50})
+    return fig
+
+
+def envelope(x: np.ndarray, y: np.ndarray, max_points: int = MAX_LINE_POINTS) -> tuple[np.ndarray, np.ndarray]:
+    """At most ``max_points`` points of a line: each of ``max_points // 2`` bins keeps its lowest
+    and its highest point, in step order (a spike survives); NaN points are kept out.
+
+    >>> envelope(np.arange(6), np.array([1., 5, 2, 3, 0, 4]), max_points=4)
+    (array([0, 1, 4, 5]), array([1., 5., 0., 4.]))
+    """
+    x, y = np.asarray(x), np.asarray(y, dtype=np.float64)
+    finite = np.isfinite(y)
+    x, y = x[finite], y[finite]
+    if len(y) <= max_points:
+        return x, y
+    bins = max(1, max_points // 2)
+    size = math.ceil(len(y) / bins)
+    keep = []
+    for start in range(0, len(y), size):
+        part = y[start:start + size]
+        keep += sorted({start + int(np.argmin(part)), start + int(np.argmax(part))})
+    idx = np.asarray(keep)
+    return x[idx], y[idx]
+
+
+@escaped_figure
+def loss_norm_figure(steps: pd.DataFrame) -> go.Figure:
+    """The loss (when recorded) above the global gradient norm, over steps, sharing the step axis.
+
+    ``steps``: ``step`` and ``grad_norm`` columns, ``loss`` where logged. Long runs are drawn from
+    each bin's lowest and highest point (:func:`envelope`); a step whose value was NaN or Inf is a
+    red × at the bottom of its panel.
+    """
+    panels = [(c, t) for c, t in (("loss", "loss"), ("grad_norm", "global gradient norm"))
+              if c in steps.columns and pd.to_numeric(steps[c], errors="coerce").notna().any()]
+    panels = panels or [("grad_norm", "global gradient norm")]
+    fig = make_subplots(rows=len(panels), cols=1, shared_xaxes=True, vertical_spacing=0.08,
+                        subplot_titles=[t for _, t in panels])
+    x_all = steps["step"].to_numpy()
+    for row, (col, label) in enumerate(panels, 1):
+        y_all = (pd.to_numeric(steps[col], errors="coerce").to_numpy(dtype=np.float64, na_value=np.nan)
+                 if col in steps.columns else np.full(len(steps), np.nan))
+        x, y = envelope(x_all, y_all)
+        fig.add_trace(go.Scatter(x=x, y=y, mode="lines", name=label, line={"color": "#333333"},
+                                 hovertemplate=f"{label}<br>step %{{x}}<br>%{{y:.4g}}<extra></extra>"),
+                      row=row, col=1)
+        bad = _not_finite_steps(steps, col)
+        if bad.size:
+            floor = float(y.min()) if y.size else 0.0
+            fig.add_trace(go.Scatter(x=bad, y=np.full(bad.size, floor), mode="markers", name=f"{label}: NaN or Inf",
+                                     marker={"symbol": "x", "color": "#D62728", "size": 8},
+                                     hovertemplate=f"{label} not finite<br>step %{{x}}<extra></extra>"),
+                          row=row, col=1)
+        if col == "grad_norm" and y.size and (y > 0).all():  # label decades only: 1, 10, 100, not 2 5 2 5
+            fig.update_yaxes(type="log", row=row, col=1, **({"dtick": 1} if y.max() >= 10 * y.min() else {}))
+    if len(x_all):
+        fig.update_xaxes(**step_axis(float(np.min(x_all)), float(np.max(x_all))))
+    fig.update_xaxes(title_text="step", row=len(panels), col=1)
+    fig.update_layout(height=200 + 160 * len(panels), showlegend=False,
+                      margin={"l": 60, "r": 20, "t": 40, "b": 40})
+    return fig
+
+
+def _not_finite_steps(steps: pd.DataFrame, col: str) -> np.ndarray:
+    """Steps where ``col`` was recorded as NaN or Inf: an Inf, or a NaN on a step whose
+    ``nonfinite`` count is above zero (elsewhere a NaN is a step that recorded no value)."""
+    if col not in steps.columns:
+        return steps["step"].to_numpy()[:0]
+    y = pd.to_numeric(steps[col], errors="coerce").to_numpy(dtype=np.float64, na_value=np.nan)
+    bad = np.isinf(y)
+    if "nonfinite" in steps.columns:
+        bad |= np.isnan(y) & (pd.to_numeric(steps["nonfinite"], errors="coerce").fillna(0).to_numpy() > 0)
+    return steps["step"].to_numpy()[bad][:MAX_MARKS]
+
+
+@escaped_figure
+def findings_timeline(findings: pd.DataFrame, steps: tuple[int, int] | None = None) -> go.Figure:
+    """Each finding a point at its step, one row per code, coloured by severity.
+
+    ``findings``: ``step``, ``code``, ``severity``, ``where``, ``message`` columns (``rank`` too
+    where known); ``steps``: the run's first and last step, so the axis spans the whole run.
+    Click a point to go to its step.
+    """
+    fig = go.Figure()
+    shown = findings.sort_values("step", kind="stable").head(MAX_MARKS)
+    for severity, colour in SEVERITY_COLOURS.items():
+        rows = shown[shown["severity"] == severity]
+        if not len(rows):
+            continue
+        ranks = rows["rank"] if "rank" in rows.columns else pd.Series([None] * len(rows), index=rows.index)
+        where = [f"{w} on rank {int(r)}" if r is not None and r == r else str(w)
+                 for w, r in zip(rows["where"], ranks, strict=True)]
+        fig.add_trace(go.Scatter(x=rows["step"], y=rows["code"], mode="markers", name=severity,
+                                 marker={"color": colour, "size": 10, "symbol": "diamond"},
+                                 customdata=[[w, str(m)[:200]] for w, m in zip(where, rows["message"], strict=True)],
+                                 hovertemplate="%{y} at step %{x}<br>%{customdata[0]}<br>%{customdata[1]}"
+                                               "<extra></extra>"))
+    codes = shown["code"].nunique() if len(shown) else 1
+    fig.update_layout(title="Findings by step" + (f" (the first {MAX_MARKS:,} of {len(findings):,})"
+                                                   if len(findings) > MAX_MARKS else ""),
+                      xaxis_title="step", yaxis={"type": "category", "automargin": True},
+                      xaxis=_timeline_axis(findings, steps),
+                      height=int(160 + 28 * codes), clickmode="event+select",
+                      legend={"orientation": "h", "y": 1.02, "yanchor": "bottom", "x": 1, "xanchor": "right"},
+                      margin={"l": 60, "r": 20, "t": 60, "b": 40})
+    return fig
+
+
+def _timeline_axis(findings: pd.DataFrame, steps: tuple[int, int] | None) -> dict:
+    lo, hi = steps if steps is not None else (
+        (int(findings["step"].min()), int(findings["step"].max())) if len(findings) else (0, 1))
+    pad = max(0.5, (hi - lo) * 0.02)
+    return {**step_axis(lo, hi), "range": [lo - pad, hi + pad]}

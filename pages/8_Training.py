@@ -1,0 +1,132 @@
+"""Training: a run file (inspector.watch, or check_step's run.jsonl) followed live: norms per
+module and step, loss, findings on a timeline, one step's modules, and the ranks side by side."""
+
+from __future__ import annotations
+
+import streamlit as st
+
+from inspector.escaping import markdown_text
+from inspector.figures import findings_timeline, loss_norm_figure, norm_heatmap
+from ui.errors import guarded
+from ui.sidebar import model_picker
+from ui.tables import paged_table
+from ui.training import (
+    Opened,
+    available_columns,
+    distributed_part,
+    findings_frame,
+    main_steps,
+    module_table,
+    nearest_step,
+    norm_grid_of,
+    open_run,
+    rank_steps,
+    readable,
+    watch_ranks_part,
+)
+
+REFRESH_S = 3
+
+st.set_page_config(page_title="Training", layout="wide")
+model_picker()
+
+st.title("Training")
+st.caption("Open the file `with inspector.watch(model, optimizer, 'run.inspect'):` writes around your own loop "
+           "(or `python -m inspector watch`), or the `run.jsonl` of `inspector.distributed.check_step` / "
+           "`torchrun ... -m inspector distributed`. A file on the server is read again every few seconds while "
+           "it grows: gradient norms of every module at every step, the loss, each finding at the step it "
+           "appeared, one step's modules, and the ranks side by side.")
+
+left, right = st.columns(2)
+upload = left.file_uploader("Upload a run file (.inspect or .jsonl)", type=["inspect", "arrow", "jsonl", "json", "txt"],
+                            key="train_upload")
+path = right.text_input("…or a path on the server", value=st.query_params.get("run", ""), key="train_path",
+                        placeholder="/path/to/run.inspect")
+follow = right.toggle(f"Follow the file while it grows (every {REFRESH_S} s)", value=True, key="train_follow",
+                      disabled=upload is not None, help="An upload is a copy: it does not grow.")
+
+
+def _go_to(step: int) -> None:
+    st.session_state["train_latest"] = False
+    st.session_state["train_step"] = int(step)
+
+
+def _findings(opened: Opened) -> None:
+    found = findings_frame(opened.run)
+    st.subheader("Findings")
+    if not len(found):
+        st.success("No findings: nothing went wrong at any recorded step.")
+        return
+    first, last = int(opened.run.steps["step"].min()), int(opened.run.steps["step"].max())
+    event = st.plotly_chart(findings_timeline(found, (first, last)), width="stretch", on_select="rerun",
+                            selection_mode="points", key="train_timeline")
+    points = (event.selection.points if event and event.selection else None) or []
+    picked = int(points[0]["x"]) if points else None
+    if picked is not None and st.session_state.get("train_timeline_applied") != picked:
+        st.session_state["train_timeline_applied"] = picked
+        _go_to(picked)
+    labels = [f"step {s} · {c} · {w}" for s, c, w in zip(found["step"], found["code"], found["where"], strict=True)]
+    choice = st.selectbox("Go to the step of a finding", range(len(found)), index=None, key="train_jump",
+                          format_func=lambda i: labels[i], placeholder="a finding…")
+    if choice is not None and st.session_state.get("train_jump_applied") != choice:
+        st.session_state["train_jump_applied"] = choice
+        _go_to(int(found["step"].iloc[choice]))
+    paged_table(found, "train_findings", page_size=20)
+
+
+def _show(opened: Opened) -> None:
+    run = opened.run
+    ranks = sorted(int(r) for r in run.steps["rank"].unique())
+    rank = st.selectbox("Rank", ranks, key="train_rank") if len(ranks) > 1 else ranks[0]
+    steps = rank_steps(run, rank)
+    cols = st.columns(5)
+    cols[0].metric("Steps", f"{len(steps):,}")
+    cols[1].metric("Last step", f"{int(steps[-1]):,}")
+    cols[2].metric("Modules", f"{len(run.module_order):,}")
+    cols[3].metric("Ranks", run.world_size)
+    cols[4].metric("Findings", f"{len(run.findings):,}")
+    st.caption(("Complete: the run ended and closed its file." if run.complete else
+                "Still being written (or its writer stopped): every complete step is shown.")
+               + f" Read {markdown_text(run.path)}.")
+    _findings(opened)
+
+    st.subheader("Gradient norms over steps")
+    latest = st.checkbox("Follow the latest step", value=True, key="train_latest")
+    if latest or "train_step" not in st.session_state:
+        st.session_state["train_step"] = int(steps[-1])
+    wanted = st.number_input("Step", step=1, key="train_step", disabled=latest,
+                             help="The step of the table below and of the dotted line; the nearest recorded step is shown.")
+    step = nearest_step(steps, int(wanted))
+    column = st.radio("Per module", available_columns(run), horizontal=True, key="train_column",
+                      format_func=lambda c: c.replace("_", " "))
+    grid = norm_grid_of(opened, opened.key, column, rank)
+    heat = norm_heatmap(grid, title=f"{column.replace('_', ' ')} per module and step")
+    heat.add_vline(x=step, line={"color": "#D62728", "width": 1, "dash": "dot"})
+    st.plotly_chart(heat, width="stretch")
+    st.plotly_chart(loss_norm_figure(main_steps(opened)), width="stretch")
+
+    st.subheader(f"Modules at step {step:,}")
+    table, config = readable(module_table(run, step, rank))
+    paged_table(table, "train_modules", column_config=config, filter_columns=["module"])
+
+    if opened.distributed is not None:
+        distributed_part(opened.distributed, step, rank)
+    elif run.world_size > 1:
+        watch_ranks_part(run, step)
+
+
+@st.fragment(run_every=REFRESH_S if follow and upload is None and path.strip() else None)
+def live() -> None:
+    opened, failed = None, True
+    with guarded("reading the run file"):
+        opened, failed = open_run(upload, path), False
+    if failed:
+        return
+    if opened is None:
+        st.info("Choose a run file to see it.")
+        return
+    with guarded("showing the run"):
+        _show(opened)
+
+
+live()

@@ -1,0 +1,144 @@
+"""The Training page on run files written here: a file that grows between reruns, a jump to a
+finding's step, an upload, a file that is no run, and the old Distributed address."""
+
+from __future__ import annotations
+
+import base64
+import json
+
+import numpy as np
+import pytest
+
+from inspector import Finding
+from inspector.watch import RunMeta, RunWriter, StepRecord, synthetic_run
+from tests.apptest import run_page
+
+MODULES = ("embed", "blocks.0", "head")
+
+
+def _record(step: int, findings: list[dict[str, str]] | None = None) -> StepRecord:
+    """Module m at step s: gradient norm (s + 1) * 10**m, so step 3's head holds 4 * 100 = 400."""
+    norms = np.array([(step + 1) * 10.0 ** m for m in range(len(MODULES))], dtype=np.float32)
+    return StepRecord(step=step, rank=0, time=float(step), loss=1.0 / (step + 1),
+                      grad_norm=float(np.sqrt((norms.astype(np.float64) ** 2).sum())),
+                      module_grad_norm=norms, module_nonfinite=np.zeros(len(MODULES), np.int32),
+                      param_grad_norm=norms, findings=findings or [])
+
+
+@pytest.fixture
+def growing(tmp_path):
+    path = tmp_path / "run.inspect"
+    meta = RunMeta(model="tiny", world_size=1, every=1, modules=MODULES,
+                   parameters=tuple(f"{m}.weight" for m in MODULES), parameter_modules=(0, 1, 2))
+    with RunWriter(path, meta) as writer:
+        yield path, writer
+
+
+def _figures(at) -> list[dict]:
+    return [json.loads(c.proto.spec) for c in at.get("plotly_chart")]
+
+
+def _array(value) -> list:
+    """A plotly data array as a list (plotly sends numpy arrays as base64 typed arrays)."""
+    if isinstance(value, dict) and "bdata" in value:
+        return np.frombuffer(base64.b64decode(value["bdata"]), dtype=value["dtype"]).tolist()
+    return list(value)
+
+
+def _heatmap(at) -> dict:
+    return next(f["data"][0] for f in _figures(at) if f["data"] and f["data"][0]["type"] == "heatmap")
+
+
+def _metrics(at) -> dict[str, str]:
+    return {m.label: m.value for m in at.metric}
+
+
+def _modules_at(at):
+    heading = [s.value for s in at.subheader if s.value.startswith("Modules at step")]
+    table = next(d.value for d in at.dataframe if "module" in d.value.columns and "grad_norm" in d.value.columns)
+    return heading, table
+
+
+def test_the_page_follows_a_file_that_grows_between_reruns(growing):
+    path, writer = growing
+    for step in range(3):
+        writer.write([_record(step)])
+    at = run_page("8_Training.py", query={"run": str(path)})
+    assert not at.error, [e.value for e in at.error]
+    assert _metrics(at) == {"Steps": "3", "Last step": "2", "Modules": "3", "Ranks": "1", "Findings": "0"}
+    assert "Still being written" in at.caption[1].value
+    heading, table = _modules_at(at)
+    assert heading == ["Modules at step 2"]
+    assert table.set_index("module")["grad_norm"].tolist() == [3.0, 30.0, 300.0]
+
+    writer.write([_record(3, [Finding("exploding-gradient", "warning", "head", "400 is far above").to_dict()])])
+    at.run()
+    assert not at.exception and not at.error
+    assert _metrics(at)["Last step"] == "3" and _metrics(at)["Findings"] == "1"
+    heading, table = _modules_at(at)
+    assert heading == ["Modules at step 3"]  # "Follow the latest step" is on by default
+    assert table.set_index("module").loc["head", "grad_norm"] == 400.0
+    heat = _heatmap(at)
+    assert _array(heat["x"]) == [0, 1, 2, 3] and heat["y"] == list(MODULES)
+
+
+def test_a_finding_takes_the_page_to_its_step(growing):
+    path, writer = growing
+    for step in range(6):
+        fs = [Finding("dead-gradient", "warning", "blocks.0", "zero for 2 steps").to_dict()] if step == 2 else []
+        writer.write([_record(step, fs)])
+    at = run_page("8_Training.py", query={"run": str(path)})
+    assert _modules_at(at)[0] == ["Modules at step 5"]
+    at.selectbox(key="train_jump").set_value(0).run()
+    assert not at.exception
+    assert at.checkbox(key="train_latest").value is False
+    assert at.number_input(key="train_step").value == 2
+    heading, table = _modules_at(at)
+    assert heading == ["Modules at step 2"]
+    assert table.set_index("module").loc["blocks.0", "grad_norm"] == 30.0
+    at.number_input(key="train_step").set_value(4).run()  # any step by hand
+    assert _modules_at(at)[0] == ["Modules at step 4"]
+
+
+def test_an_uploaded_run_is_shown_and_a_file_that_is_no_run_is_named(tmp_path):
+    path = tmp_path / "r.inspect"
+    synthetic_run(path, steps=40, modules=6, world_size=2)
+    at = run_page("8_Training.py")
+    assert [i.value for i in at.info] == ["Choose a run file to see it."]
+    at.file_uploader(key="train_upload").upload("r.inspect", path.read_bytes()).run()
+    assert not at.exception and not at.error, [e.value for e in at.error]
+    assert _metrics(at) == {"Steps": "40", "Last step": "39", "Modules": "6", "Ranks": "2", "Findings": "1"}
+    assert [h.value for h in at.main.header] == ["Ranks"]  # the per-rank part of a two-rank run
+    at.file_uploader(key="train_upload").upload("notes.inspect", b"not a run").run()
+    assert not at.exception
+    assert len(at.error) == 1 and at.error[0].value.startswith("notes.inspect ")
+    assert len(at.metric) == 0
+
+
+def test_ten_thousand_steps_of_a_hundred_modules_stay_a_few_hundred_cells(tmp_path):
+    path = tmp_path / "long.inspect"
+    synthetic_run(path, steps=10_000, modules=100, chunk=2_000)
+    at = run_page("8_Training.py", query={"run": str(path)})
+    assert not at.error, [e.value for e in at.error]
+    assert max(len(c.proto.spec) for c in at.get("plotly_chart")) < 1_000_000
+    timeline = _figures(at)[0]["data"][0]  # the explosion synthetic_run plants at step 7,500
+    assert _array(timeline["x"]) == [7500] and timeline["y"] == ["exploding-gradient"]
+    heat = _heatmap(at)
+    # 100 modules fit (one row each); 10,000 steps in columns of ceil(10000 / 300) = 34
+    assert len(heat["y"]) == 100 and _array(heat["x"])[:3] == [0, 34, 68]
+
+
+def test_the_old_distributed_address_goes_to_the_training_page():
+    from ui.navigation import REDIRECTS, VIEWS
+
+    assert REDIRECTS == {"Distributed": "pages/8_Training.py"}
+    assert "pages/8_Training.py" in {v.file for v in VIEWS}
+    assert "Distributed" not in {v.url_path for v in VIEWS}  # the address is free for the redirect
+
+
+def test_the_old_address_opened_directly_shows_the_run(growing):
+    path, writer = growing
+    writer.write([_record(0)])
+    at = run_page("9_Distributed.py", query={"run": str(path)})
+    assert not at.error and [t.value for t in at.title] == ["Training"]
+    assert _metrics(at)["Steps"] == "1"

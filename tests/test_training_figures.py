@@ -1,0 +1,160 @@
+"""Figures of a training run: the binned module × step heatmap, the loss and norm lines, the findings timeline."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from inspector.figures.distributed import grad_norm_figure, memory_figure, rank_colour
+from inspector.figures.training import (
+    MAX_COLS,
+    MAX_ROWS,
+    bin_matrix,
+    envelope,
+    findings_timeline,
+    loss_norm_figure,
+    norm_grid,
+    norm_heatmap,
+)
+
+
+def _long(drop=(), order="steps") -> pd.DataFrame:
+    """5 modules × 7 steps; module m at step s holds 10 s + m. Planted: Inf at (5, m4), a recorded
+    NaN at (6, m0); nothing recorded at (1, m1), (6, m3), (6, m4)."""
+    rows = [(s, f"m{m}", 10.0 * s + m) for s in range(7) for m in range(5) if (s, m) not in drop]
+    frame = pd.DataFrame(rows, columns=["step", "module", "grad_norm"])
+    frame.loc[(frame.step == 5) & (frame.module == "m4"), "grad_norm"] = math.inf
+    frame.loc[(frame.step == 6) & (frame.module == "m0"), "grad_norm"] = math.nan
+    return frame.sample(frac=1.0, random_state=0) if order == "shuffled" else frame
+
+
+@pytest.mark.parametrize("order", ["steps", "shuffled"])
+def test_grid_cells_hold_the_largest_finite_value_of_their_block(order):
+    frame = _long(drop={(1, 1), (6, 3), (6, 4)}, order=order)
+    if order == "shuffled":  # first appearance decides the module order: keep m0..m4 first
+        frame = pd.concat([frame[frame.step == 0].sort_values("module"), frame[frame.step != 0]])
+    g = norm_grid(frame, max_rows=2, max_cols=3)
+    # 5 modules in rows of ceil(5/2) = 3 ({m0, m1, m2}, {m3, m4}); 7 steps in columns of ceil(7/3) = 3
+    assert (g.rows_per_bin, g.steps_per_bin, g.modules, g.step_count) == (3, 3, 5, 7)
+    assert g.labels == ["m0 (+2)", "m3 (+1)"]
+    assert g.steps.tolist() == [0, 3, 6]
+    # row 0: steps 0-2 -> 22 (step 2, m2); 3-5 -> 52; 6 -> 62 (m0's NaN left out)
+    # row 1: 24; steps 3-5 without the Inf at (5, m4) -> 53; step 6 recorded nothing -> empty
+    expected = [[22, 52, 62], [24, 53, math.nan]]
+    np.testing.assert_array_equal(g.values, np.array(expected))
+    assert g.nonfinite.tolist() == [[False, False, True], [False, True, False]]
+
+
+def test_the_same_grid_from_a_steps_by_modules_array():
+    values = np.array([[10.0 * s + m for m in range(5)] for s in range(7)], dtype=np.float32)
+    values[5, 4] = np.inf
+    values[6, 0] = np.nan
+    recorded_nan = np.zeros_like(values, dtype=bool)
+    recorded_nan[6, 0] = True
+    g = bin_matrix(np.arange(7), values, [f"m{m}" for m in range(5)], nonfinite=recorded_nan, max_rows=2, max_cols=3)
+    np.testing.assert_array_equal(g.values, np.array([[22, 52, 62], [24, 53, 64]]))
+    assert g.nonfinite.tolist() == [[False, False, True], [False, True, False]]
+    # a NaN nobody marked as recorded is a value not taken: an empty cell, no mark
+    g = bin_matrix(np.arange(7), values, [f"m{m}" for m in range(5)], max_rows=5, max_cols=7)
+    assert math.isnan(g.values[0, 6]) and not g.nonfinite[0, 6] and g.nonfinite[4, 5]
+
+
+def test_a_big_run_is_binned_to_a_bounded_grid_that_keeps_its_spike():
+    rng = np.random.default_rng(0)
+    values = rng.random((10_000, 1_000), dtype=np.float32)
+    values[7_777, 555] = 1e6
+    g = bin_matrix(np.arange(10_000), values, [f"layers.{i}" for i in range(1_000)])
+    assert g.values.shape[0] <= MAX_ROWS and g.values.shape[1] <= MAX_COLS
+    # 1,000 modules in rows of ceil(1000/120) = 9, 10,000 steps in columns of ceil(10000/300) = 34
+    assert (g.rows_per_bin, g.steps_per_bin) == (9, 34)
+    r, c = np.unravel_index(np.nanargmax(g.values), g.values.shape)
+    assert (r, c) == (555 // 9, 7_777 // 34) and g.values[r, c] == 1e6
+    assert g.labels[r] == "layers.549 (+8)"
+    fig = norm_heatmap(g)
+    assert len(fig.to_json()) < 1_000_000
+
+
+def test_heatmap_colours_by_decade_and_marks_nonfinite_cells():
+    frame = pd.DataFrame({"step": [0, 0, 1, 1, 2, 2], "module": ["a", "b"] * 3,
+                          "grad_norm": [0.01, 100.0, 0.0, 1.0, math.inf, 10.0]})
+    fig = norm_heatmap(norm_grid(frame))
+    heat = fig.data[0]
+    z = np.asarray(heat.z, dtype=float)  # rows a, b; columns steps 0, 1, 2
+    # log10: a: -2, (zero -> the floor one decade below the smallest, -3), (Inf: empty); b: 2, 0, 1
+    np.testing.assert_allclose(z[0, :2], [-2, -3])
+    assert math.isnan(z[0, 2])
+    np.testing.assert_allclose(z[1], [2, 0, 1])
+    assert heat.colorbar.ticktext[0] == "0" and heat.zmin == -3 and heat.zmax == 2
+    marks = fig.data[1]
+    assert list(marks.x) == [2] and list(marks.y) == ["a"] and marks.name == "NaN or Inf"
+    # no zero: the colours span the smallest to the largest norm, 0.5 to 8
+    heat = norm_heatmap(norm_grid(frame.assign(grad_norm=[0.5, 1.0, 2.0, 4.0, 8.0, 1.0]))).data[0]
+    assert (heat.zmin, heat.zmax) == pytest.approx((math.log10(0.5), math.log10(8.0)))
+
+
+def test_heatmap_escapes_module_names():
+    frame = pd.DataFrame({"step": [0], "module": ['<img src="x">'], "grad_norm": [1.0]})
+    heat = norm_heatmap(norm_grid(frame)).data[0]
+    assert list(heat.y) == ["&lt;img src=\"x\"&gt;"]
+
+
+def test_envelope_keeps_each_bins_extremes_in_order():
+    x = np.arange(10_000)
+    y = np.ones(10_000)
+    y[4_321] = 50.0
+    y[9_000] = -3.0
+    y[5] = np.nan
+    ex, ey = envelope(x, y, max_points=100)
+    assert len(ex) <= 100 and (np.diff(ex) > 0).all()
+    assert 4_321 in ex and 9_000 in ex and 5 not in ex
+    assert ey.max() == 50.0 and ey.min() == -3.0
+
+
+def test_loss_and_norm_lines_mark_the_steps_that_were_not_finite():
+    steps = pd.DataFrame({"step": [0, 1, 2, 3], "loss": [2.0, 1.5, math.inf, 1.0],
+                          "grad_norm": [3.0, math.nan, 2.0, 1.0], "nonfinite": [0, 4, 0, 0]})
+    fig = loss_norm_figure(steps)
+    names = [t.name for t in fig.data]
+    assert names == ["loss", "loss: NaN or Inf", "global gradient norm", "global gradient norm: NaN or Inf"]
+    assert list(fig.data[0].x) == [0, 1, 3] and list(fig.data[1].x) == [2]
+    assert list(fig.data[2].x) == [0, 2, 3] and list(fig.data[3].x) == [1]  # a NaN flagged by the step's count
+    assert fig.layout.yaxis2.type == "log"
+    no_loss = loss_norm_figure(steps.drop(columns=["loss"]))
+    assert [t.name for t in no_loss.data][0] == "global gradient norm"
+
+
+def test_findings_timeline_puts_each_finding_at_its_step():
+    found = pd.DataFrame({"step": [40, 7, 7], "rank": [None, 1, None],
+                          "severity": ["warning", "error", "error"],
+                          "code": ["exploding-gradient", "nonfinite-forward", "dead-gradient"],
+                          "where": ["layers.3", "blocks.<b>0</b>", "head"], "message": ["m1", "m2", "m3"]})
+    fig = findings_timeline(found)
+    assert [t.name for t in fig.data] == ["error", "warning"]
+    errors = fig.data[0]
+    assert list(errors.x) == [7, 7] and list(errors.y) == ["nonfinite-forward", "dead-gradient"]
+    assert errors.customdata[0][0] == "blocks.&lt;b&gt;0&lt;/b&gt; on rank 1"
+    assert list(fig.data[1].x) == [40] and fig.layout.clickmode == "event+select"
+
+
+def test_rank_lines_stay_visible_over_the_global_norm_and_keep_their_colours():
+    # replicas: both ranks hold the global norm exactly (``--shard none``)
+    per_rank = pd.DataFrame({"step": [0, 0, 1, 1], "rank": [0, 1, 0, 1], "grad_norm": [2.0, 2.0, 1.0, 1.0],
+                             "param_bytes": [2 ** 30] * 4, "grad_bytes": [2 ** 30] * 4, "buffer_bytes": [3072] * 4,
+                             "rss": [600 * 2 ** 20] * 4, "peak_rss": [700 * 2 ** 20] * 4})
+    steps = pd.DataFrame({"step": [0, 1], "grad_norm": [2.0, 1.0]})
+    fig = grad_norm_figure(per_rank, steps)
+    assert [t.name for t in fig.data] == ["global", "rank 0", "rank 1"]  # the global band is drawn first, under
+    assert fig.data[0].line.width > fig.data[1].line.width
+    assert fig.data[1].marker.symbol != fig.data[2].marker.symbol
+    assert fig.data[1].line.dash != fig.data[2].line.dash
+    memory = memory_figure(per_rank, 1)
+    assert [t.name for t in memory.data] == ["rank 0", "rank 1"]
+    assert [t.marker.color for t in memory.data] == [rank_colour(0), rank_colour(1)] == \
+           [t.line.color for t in fig.data[1:]]
+    # 3 KiB of buffers beside 1 GiB: a log axis whose range starts below the smallest bar
+    assert memory.layout.yaxis.type == "log" and memory.layout.yaxis.range[0] < math.log10(3072)
+    assert list(memory.data[0].text) == ["1.0 GiB", "1.0 GiB", "3.0 KiB", "600.0 MiB", "700.0 MiB"]
+    assert "KiB" in " ".join(memory.layout.yaxis.ticktext) and "GiB" in " ".join(memory.layout.yaxis.ticktext)

@@ -1,0 +1,223 @@
+"""The Training page's reading and tables: a run file by path or upload, read again only when it
+changed, and its numbers in readable units."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import streamlit as st
+
+from inspector import InspectorError, format_bytes, run_report
+from inspector.distributed import DistributedRun, parse_run, rank_issues, unique_findings
+from inspector.distributed import read_run as read_distributed
+from inspector.escaping import markdown_text
+from inspector.figures import NormGrid, bin_matrix, grad_norm_figure, memory_figure
+from inspector.watch import MODULE_COLUMNS, Run, parse_run_bytes, read_run
+from ui.tables import paged_table
+
+NORM_FORMAT = "%.4g"
+BYTES_COLUMNS = ("param_bytes", "grad_bytes", "buffer_bytes", "device_allocated", "device_peak", "rss", "peak_rss")
+NORM_COLUMNS = ("grad_norm", "param_norm", "update_ratio", "local_grad_norm", "loss")
+
+
+@dataclass(frozen=True)
+class Opened:
+    """A run as the page shows it: the run, and for a ``check_step`` file its per-rank detail.
+
+    ``key`` changes whenever the file does (path, size, modification time; or the upload's id).
+    """
+
+    key: tuple[Any, ...]
+    run: Run
+    distributed: DistributedRun | None
+
+
+@st.cache_resource(show_spinner=False, max_entries=4)
+def _read_path(path: str, size: int, mtime_ns: int) -> Opened:
+    run = read_run(path)
+    dist = read_distributed(path) if "distributed" in run.meta.checks else None
+    return Opened((path, size, mtime_ns), run, dist)
+
+
+@st.cache_resource(show_spinner=False, max_entries=4)
+def _read_upload(name: str, file_id: str, _data: bytes) -> Opened:
+    run = parse_run_bytes(_data, name)
+    dist = parse_run(_data.decode("utf-8", errors="replace"), name) if "distributed" in run.meta.checks else None
+    return Opened((name, file_id), run, dist)
+
+
+def open_run(upload: Any, path: str) -> Opened | None:
+    """The run of ``upload`` (wins) or of the server ``path``; None when neither is given.
+
+    A path is read again only when its size or modification time changed, so a page that
+    refreshes every few seconds costs a ``stat`` while the file stands still.
+    """
+    if upload is not None:
+        return _read_upload(upload.name, upload.file_id, upload.getvalue())
+    if not path.strip():
+        return None
+    p = path.strip()
+    try:
+        st_ = os.stat(p)
+    except OSError:
+        return _read_path(p, -1, -1)  # read_run names the missing file
+    return _read_path(p, st_.st_size, st_.st_mtime_ns)
+
+
+@st.cache_resource(show_spinner=False, max_entries=16)
+def norm_grid_of(_opened: Opened, key: tuple[Any, ...], column: str, rank: int) -> NormGrid:
+    """The heatmap's grid of ``column`` on ``rank`` (computed once per file version)."""
+    run = _opened.run
+    steps, values = run.matrix(column, rank)
+    nonfinite = None
+    if np.isnan(values).any():  # a NaN may be recorded (counted as not finite) or a value not taken
+        nonfinite = run.matrix("nonfinite", rank)[1] > 0
+    if len(steps) > 1 and (np.diff(steps) < 0).any():
+        order = np.argsort(steps, kind="stable")
+        steps, values = steps[order], values[order]
+        nonfinite = nonfinite[order] if nonfinite is not None else None
+    return bin_matrix(steps, values, run.module_order, nonfinite=nonfinite)
+
+
+def clear_cache() -> None:
+    """Forget every run read and grid binned (the next open reads the file again)."""
+    _read_path.clear()
+    _read_upload.clear()
+    norm_grid_of.clear()
+
+
+def findings_frame(run: Run) -> pd.DataFrame:
+    """Every finding of the run with its step and rank, first step first."""
+    rows = [(f.step, f.rank, f.severity, f.code, f.where, f.message) for f in run.findings]
+    frame = pd.DataFrame(rows, columns=["step", "rank", "severity", "code", "where", "message"])
+    return frame.sort_values("step", kind="stable").reset_index(drop=True)
+
+
+def main_steps(opened: Opened) -> pd.DataFrame:
+    """One row per step for the loss and global-norm lines: the global norm of a ``check_step``
+    file, else rank 0's row (the lowest rank's where rank 0 is absent)."""
+    if opened.distributed is not None:
+        return opened.distributed.steps
+    steps = opened.run.steps
+    if not len(steps):
+        return steps
+    first = steps["rank"].min()
+    return steps[steps["rank"] == first].drop_duplicates("step", keep="last").sort_values("step")
+
+
+def nearest_step(steps: np.ndarray, wanted: int) -> int:
+    """The recorded step closest to ``wanted`` (the earlier one on a tie)."""
+    i = int(np.searchsorted(steps, wanted))
+    if i >= len(steps):
+        return int(steps[-1])
+    if i == 0 or steps[i] == wanted:
+        return int(steps[i])
+    return int(steps[i - 1] if wanted - steps[i - 1] <= steps[i] - wanted else steps[i])
+
+
+def readable(frame: pd.DataFrame) -> tuple[pd.DataFrame, dict[str, Any]]:
+    """``frame`` for people: byte columns in binary units, norms to four significant digits
+    (the column settings to pass to the table), empty cells for values not taken."""
+    out = frame.copy()
+    config: dict[str, Any] = {}
+    for col in out.columns:
+        if col in BYTES_COLUMNS:
+            out[col] = [format_bytes(v) if v is not None and v == v else "" for v in out[col]]
+        elif col in NORM_COLUMNS and pd.api.types.is_numeric_dtype(out[col]):
+            config[col] = st.column_config.NumberColumn(format=NORM_FORMAT)
+        elif col in NORM_COLUMNS:
+            out[col] = [_norms_text(v) for v in out[col]]
+    return out, config
+
+
+def _norms_text(value: Any) -> str:
+    if isinstance(value, (list, tuple)):
+        return ", ".join(_norms_text(v) for v in value)
+    if value is None or (isinstance(value, float) and value != value):
+        return ""
+    return f"{value:.4g}" if isinstance(value, (int, float)) else str(value)
+
+
+def available_columns(run: Run) -> list[str]:
+    """The per-module numbers this run recorded (``grad_norm`` first), of ``MODULE_COLUMNS``."""
+    table = run.table
+    out = [name for name, col in MODULE_COLUMNS.items()
+           if name != "nonfinite" and table.num_rows and table.column(col).null_count < table.num_rows]
+    return out or ["grad_norm"]
+
+
+def module_table(run: Run, step: int, rank: int) -> pd.DataFrame:
+    """The per-module numbers of one step and rank (the last row of that step), read from that
+    row alone: ``module, grad_norm`` and of ``param_norm, update_ratio, nonfinite`` those taken at that step."""
+    table = run.table
+    hits = np.flatnonzero((table.column("step").to_numpy() == step) & (table.column("rank").to_numpy() == rank))
+    if not len(hits):
+        raise InspectorError(f"{run.path} has no step {step} for rank {rank}")
+    row = table.slice(int(hits[-1]), 1)
+    frame = pd.DataFrame({"module": list(run.meta.modules)})
+    for name, col in MODULE_COLUMNS.items():
+        values = row.column(col)[0].as_py()
+        if values is not None or name == "grad_norm":  # a number this run does not record: no column
+            frame[name] = np.asarray(values, dtype=np.float64) if values is not None else np.nan
+    return frame
+
+
+def rank_steps(run: Run, rank: int) -> np.ndarray:
+    """The sorted step numbers recorded for ``rank``."""
+    steps = run.steps
+    return np.unique(steps.loc[steps["rank"] == rank, "step"].to_numpy())
+
+
+def distributed_part(dist: DistributedRun, step: int, rank: int) -> None:
+    """The ranks of a ``check_step`` run side by side: findings by tensor, norms and memory per
+    rank, where ``rank`` stands out, its rows and the tensors at ``step``; the run's report."""
+    st.header("Ranks")
+    found = unique_findings(dist)
+    st.caption(f"{dist.world_size} ranks on {markdown_text(dist.backend)}. Each rank's gradient norm is the norm "
+               "of the pieces it holds; the pale band is the global norm (what `clip_grad_norm_` returns). A gap "
+               "in a rank's line is a step where its gradients were not finite.")
+    if found:
+        st.dataframe(pd.DataFrame([{"code": f.code, "where": f.where, "steps": ", ".join(map(str, s))}
+                                   for s, f in found]), hide_index=True, width="stretch")
+    st.plotly_chart(grad_norm_figure(dist.per_rank, dist.steps), width="stretch")
+    dsteps = np.unique(dist.per_rank["step"].to_numpy())
+    at = nearest_step(dsteps, step)
+    st.plotly_chart(memory_figure(dist.per_rank, at), width="stretch")
+    issues = rank_issues(dist, rank)
+    if len(issues):
+        st.warning(f"Rank {rank} stands out at {len(issues)} (step, tensor) places.")
+        st.dataframe(issues, hide_index=True, width="stretch")
+    else:
+        st.success(f"Rank {rank} agrees with its replicas and has finite gradients at every step.")
+    rows, config = readable(dist.per_rank[dist.per_rank["rank"] == rank])
+    st.dataframe(rows, hide_index=True, width="stretch", column_config=config)
+    st.subheader(f"Tensors at step {at:,}")
+    tensors, config = readable(dist.tensors_at(at).drop(columns=["mesh"]))
+    paged_table(tensors.astype({c: str for c in tensors.columns if c not in config}), key="dist_tensors",
+                column_config=config)
+    report = run_report(dist)
+    left, right = st.columns(2)
+    left.download_button("Markdown report", report.to_markdown(), file_name="distributed-run.md", mime="text/markdown")
+    right.download_button("JSON report", report.to_json(), file_name="distributed-run.json",
+                          mime="application/json")
+
+
+def watch_ranks_part(run: Run, step: int) -> None:
+    """The ranks of a watched run side by side: gradient norm and memory per rank, and each
+    rank's numbers at ``step``."""
+    st.header("Ranks")
+    st.caption("Each rank's line is the gradient norm it recorded; memory is each rank's process and device.")
+    per_rank = run.steps
+    st.plotly_chart(grad_norm_figure(per_rank[["step", "rank", "grad_norm"]], None), width="stretch")
+    at = nearest_step(np.unique(per_rank["step"].to_numpy()), step)
+    memory = [c for c in ("device_allocated", "device_peak", "rss") if per_rank[c].notna().any()]
+    if memory:
+        st.plotly_chart(memory_figure(per_rank, at), width="stretch")
+    else:
+        st.caption("This run recorded no memory numbers.")
+    rows, config = readable(per_rank[per_rank["step"] == at])
+    st.dataframe(rows, hide_index=True, width="stretch", column_config=config)
