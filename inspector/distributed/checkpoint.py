@@ -146,20 +146,7 @@ def read_dcp(folder: str | os.PathLike) -> tuple[dict[str, torch.Tensor], list[F
             if not hasattr(entry, "size"):
                 skipped.append(name)
                 continue
-            own = pieces.get(name, [])
-            whole = torch.empty(_checked_shape(p, name, entry, own), dtype=entry.properties.dtype)
-            covered = torch.zeros(whole.shape, dtype=torch.bool)
-            filled = 0
-            for piece in own:
-                value = _read_piece(p, piece, handles)
-                region, seen = _region(p, piece, value, whole, covered)
-                region.copy_(value)
-                seen.fill_(True)
-                filled += value.numel()
-            if filled != whole.numel():
-                raise InspectorError(f"{p.name}: tensor {name} has pieces for {filled} of its {whole.numel()} "
-                                     "elements; a rank's .distcp file is missing or incomplete")
-            state[name] = whole
+            state[name] = read_dcp_tensor(p, name, entry, pieces.get(name, []), handles)
     finally:
         for fh in handles.values():
             fh.close()
@@ -172,6 +159,29 @@ def read_dcp(folder: str | os.PathLike) -> tuple[dict[str, torch.Tensor], list[F
                                 f"{len(skipped)} entries of {p.name} are not tensors (first: {skipped[0]}); "
                                 "they were listed but not loaded (loading them would unpickle them)"))
     return state, findings
+
+
+def read_dcp_tensor(folder: Path, name: str, entry: Any, own: list[Piece], handles: dict[str, Any]) -> torch.Tensor:
+    """One whole tensor on the CPU from its pieces (``own``), after every bounds and shape check;
+    ``handles`` keeps the open ``.distcp`` files (the caller closes them)."""
+    whole = torch.empty(_checked_shape(folder, name, entry, own), dtype=entry.properties.dtype)
+    covered = torch.zeros(whole.shape, dtype=torch.bool)
+    filled = 0
+    for piece in own:
+        value = _read_piece(folder, piece, handles)
+        region, seen = _region(folder, piece, value, whole, covered)
+        region.copy_(value)
+        seen.fill_(True)
+        filled += value.numel()
+    if filled != whole.numel():
+        raise InspectorError(f"{folder.name}: tensor {name} has pieces for {filled} of its {whole.numel()} "
+                             "elements; a rank's .distcp file is missing or incomplete")
+    return whole
+
+
+def dcp_pieces(metadata: Any) -> dict[str, list[Piece]]:
+    """The stored pieces of every tensor of a checkpoint index (:func:`read_metadata`), by name."""
+    return _pieces(metadata)
 
 
 def _checked_shape(folder: Path, name: str, entry: Any, own: list[Piece]) -> tuple[int, ...]:

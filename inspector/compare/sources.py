@@ -1,0 +1,279 @@
+"""The two sides of a comparison: models, state dicts and checkpoints read one tensor at a time.
+
+A :class:`TensorSource` lists every tensor's name, shape, dtype and device without reading its
+values, and reads one tensor when asked. A ``.safetensors`` file is read tensor by tensor into
+one reused buffer (nothing is memory-mapped, so a process holds about one tensor per side); a
+``torch.distributed.checkpoint`` folder is put together one tensor at a time from its pieces;
+a torch ``.pt/.bin`` zip file is memory-mapped by ``torch.load(weights_only=True, mmap=True)``.
+Nothing in a checkpoint is ever executed: the readers are the loader's own.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import struct
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..checkpoint_listing import _SAFETENSORS_DTYPES
+from ..checkpoints import read_checkpoint
+from ..distributed.checkpoint import dcp_pieces, is_dcp_folder, read_dcp_tensor, read_metadata
+from ..findings import Finding, InspectorError
+from ..models import LoadedModel, load_model
+
+
+@dataclass(frozen=True)
+class Meta:
+    """What a side knows about one tensor before reading it."""
+
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+    device: str
+
+
+@dataclass
+class TensorSource:
+    """One side of a comparison (built by :func:`open_source`).
+
+    ``entries``: name -> :class:`Meta`, in the source's order; ``ties``: groups of names that are
+    one tensor here (same object or same storage); ``trainable``: names that training would
+    change (a model's ``requires_grad`` parameters; every floating tensor of a file);
+    ``is_model``: whether ties can be expressed here (a file may store a tie once).
+    """
+
+    label: str
+    kind: str
+    entries: dict[str, Meta]
+    ties: list[tuple[str, ...]] = field(default_factory=list)
+    trainable: frozenset[str] = frozenset()
+    is_model: bool = False
+    findings: list[Finding] = field(default_factory=list)
+
+    def read(self, name: str) -> torch.Tensor:
+        """The tensor ``name`` on the CPU; valid until the next ``read`` of this side."""
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Release open files."""
+
+
+class ModelSide(TensorSource):
+    """The tensors of a model in memory (its state dict names, aliases included)."""
+
+    def __init__(self, label: str, model: nn.Module, findings: list[Finding] | None = None) -> None:
+        from ..aliases import alias_groups
+        from ..inventory import tensor_inventory
+
+        self._tensors: dict[str, torch.Tensor] = {}
+        trainable = set()
+        for e in tensor_inventory(model).entries:
+            if e.kind == "buffer" and e.attr in model.get_submodule(e.module)._non_persistent_buffers_set:
+                continue  # never saved in a state dict, so never in a checkpoint
+            self._tensors[e.name] = e.tensor
+            if e.kind == "parameter" and e.requires_grad and e.tensor.is_floating_point():
+                trainable.add(e.name)
+        entries = {n: Meta(tuple(t.shape), t.dtype, str(t.device)) for n, t in self._tensors.items()}
+        ties = [tuple(n for n in g.names if n in entries) for g in alias_groups(model)
+                if g.kind in ("same-object", "shared-storage")]
+        super().__init__(label, "model", entries, [t for t in ties if len(t) > 1], frozenset(trainable),
+                         True, list(findings or []))
+
+    def read(self, name: str) -> torch.Tensor:
+        t = self._tensors[name].detach()
+        if t.device.type == "meta":
+            raise InspectorError(f"{self.label}: tensor {name} is on the meta device (no values); load the "
+                                 "model with a checkpoint on a real device to compare values")
+        return t.cpu() if t.device.type != "cpu" else t
+
+
+class StateDictSide(TensorSource):
+    """A dict of names to tensors (a state dict in memory, or a torch file's)."""
+
+    def __init__(self, label: str, state: Mapping[str, torch.Tensor], kind: str = "state dict",
+                 findings: list[Finding] | None = None) -> None:
+        self._tensors = dict(state)
+        entries = {n: Meta(tuple(t.shape), t.dtype, str(t.device)) for n, t in self._tensors.items()}
+        super().__init__(label, kind, entries, _shared_storage_groups(self._tensors),
+                         frozenset(n for n, t in self._tensors.items() if t.is_floating_point()),
+                         False, list(findings or []))
+
+    def read(self, name: str) -> torch.Tensor:
+        t = self._tensors[name].detach()
+        return t.cpu() if t.device.type != "cpu" else t
+
+
+def _shared_storage_groups(state: Mapping[str, torch.Tensor]) -> list[tuple[str, ...]]:
+    """Names whose tensors are one stretch of one storage (``torch.save`` keeps a tie that way)."""
+    by_key: dict[tuple, list[str]] = {}
+    for name, t in state.items():
+        if t.layout != torch.strided or t.device.type == "meta":
+            continue
+        key = (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), tuple(t.stride()), t.dtype)
+        by_key.setdefault(key, []).append(name)
+    return [tuple(v) for v in by_key.values() if len(v) > 1]
+
+
+class SafetensorsSide(TensorSource):
+    """A ``.safetensors`` file: its header parsed and checked, each tensor read into a reused buffer."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        try:
+            self._fh = open(path, "rb", buffering=0)  # noqa: SIM115 - closed by close()
+        except OSError as exc:
+            raise InspectorError(f"checkpoint {path} cannot be read: {exc}") from None
+        try:
+            entries, self._offsets = _safetensors_header(path, self._fh)
+        except BaseException:
+            self._fh.close()
+            raise
+        self._buffer = torch.empty(0, dtype=torch.uint8)
+        super().__init__(path.name, "safetensors", entries, [],
+                         frozenset(n for n, m in entries.items() if m.dtype.is_floating_point))
+
+    def read(self, name: str) -> torch.Tensor:
+        start, end = self._offsets[name]
+        if self._buffer.numel() < end - start:
+            self._buffer = torch.empty(end - start, dtype=torch.uint8)
+        view = self._buffer[: end - start]
+        self._fh.seek(start)
+        got = self._fh.readinto(memoryview(view.numpy()))
+        if got != end - start:
+            raise InspectorError(f"checkpoint {self.path.name}: tensor {name} ends past the end of the file; "
+                                 "the file is truncated")
+        meta = self.entries[name]
+        return view.view(meta.dtype).view(meta.shape)
+
+    def close(self) -> None:
+        self._fh.close()
+
+
+def _safetensors_header(path: Path, fh: Any) -> tuple[dict[str, Meta], dict[str, tuple[int, int]]]:
+    """Entries and absolute byte ranges from a safetensors header, every range checked against the file."""
+    size = os.fstat(fh.fileno()).st_size
+    bad = f"checkpoint {path.name} is not a readable safetensors file"
+    head = fh.read(8)
+    length = struct.unpack("<Q", head)[0] if len(head) == 8 else -1
+    if not 0 < length <= min(size - 8, 100 << 20):
+        raise InspectorError(f"{bad} (its header length is wrong); re-save it with safetensors")
+    try:
+        header = json.loads(fh.read(length))
+    except (ValueError, UnicodeDecodeError):
+        raise InspectorError(f"{bad} (its header is not JSON); re-save it with safetensors") from None
+    if not isinstance(header, dict):
+        raise InspectorError(f"{bad} (its header is not a JSON object); re-save it with safetensors")
+    entries: dict[str, Meta] = {}
+    offsets: dict[str, tuple[int, int]] = {}
+    base = 8 + length
+    for name, info in sorted(((k, v) for k, v in header.items() if k != "__metadata__"),
+                             key=lambda kv: _first_offset(kv[1])):
+        try:
+            dtype = getattr(torch, _SAFETENSORS_DTYPES[info["dtype"]])
+            shape = tuple(int(n) for n in info["shape"])
+            start, end = (int(x) for x in info["data_offsets"])
+        except (KeyError, TypeError, ValueError, AttributeError):
+            raise InspectorError(f"{bad}: the header entry of tensor {name} is invalid") from None
+        if min(shape, default=0) < 0 or end - start != math.prod(shape) * dtype.itemsize or start < 0 \
+                or base + end > size:
+            raise InspectorError(f"{bad}: tensor {name} has shape {shape} but bytes {start}..{end} "
+                                 f"(the file has {size - base} data bytes); the file is corrupt")
+        entries[name] = Meta(shape, dtype, "cpu")
+        offsets[name] = (base + start, base + end)
+    return entries, offsets
+
+
+def _first_offset(info: Any) -> int:
+    try:
+        return int(info["data_offsets"][0])
+    except (KeyError, TypeError, ValueError, IndexError):
+        return -1
+
+
+class DcpSide(TensorSource):
+    """A ``torch.distributed.checkpoint`` folder: each tensor put together from its pieces when read."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._metadata = read_metadata(path)
+        self._pieces = dcp_pieces(self._metadata)
+        self._handles: dict[str, Any] = {}
+        entries = {}
+        for name, entry in self._metadata.state_dict_metadata.items():
+            if hasattr(entry, "size") and isinstance(getattr(entry.properties, "dtype", None), torch.dtype):
+                entries[name] = Meta(tuple(entry.size), entry.properties.dtype, "cpu")
+        super().__init__(path.name, "distributed checkpoint", entries, [],
+                         frozenset(n for n, m in entries.items() if m.dtype.is_floating_point))
+
+    def read(self, name: str) -> torch.Tensor:
+        return read_dcp_tensor(self.path, name, self._metadata.state_dict_metadata[name],
+                               self._pieces.get(name, []), self._handles)
+
+    def close(self) -> None:
+        for fh in self._handles.values():
+            fh.close()
+        self._handles.clear()
+
+
+Spec = str | os.PathLike | LoadedModel | nn.Module | Mapping[str, torch.Tensor]
+
+
+def _open(spec: Spec, device: str) -> TensorSource:
+    if isinstance(spec, LoadedModel):
+        return ModelSide(spec.name, spec.model, spec.findings)
+    if isinstance(spec, nn.Module):
+        return ModelSide(type(spec).__name__, spec)
+    if isinstance(spec, Mapping):
+        if not all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in spec.items()):
+            raise InspectorError("a state dict to compare must map names (str) to tensors")
+        return StateDictSide("state dict", spec)
+    if not isinstance(spec, (str, os.PathLike)):
+        raise InspectorError(f"cannot compare a {type(spec).__name__}: give a source ('sample:NAME', "
+                             "'FILE.py:factory', 'hf:DIR'), a checkpoint file or folder, a model or a state dict")
+    text = os.fspath(spec)
+    if isinstance(text, str) and (text.startswith(("sample:", "hf:")) or ".py:" in text):
+        loaded = load_model(text, device=device)
+        return ModelSide(loaded.name, loaded.model, loaded.findings)
+    path = Path(text).expanduser()
+    if is_dcp_folder(path):
+        return DcpSide(path)
+    if path.is_dir() and (path / "config.json").is_file():
+        loaded = load_model(f"hf:{path}", device=device)
+        return ModelSide(loaded.name, loaded.model, loaded.findings)
+    if not path.exists():
+        raise InspectorError(f"{path} does not exist: give a source ('sample:NAME', 'FILE.py:factory', "
+                             "'hf:DIR'), a .safetensors/.pt/.bin file or a torch.distributed.checkpoint folder")
+    if path.suffix == ".safetensors" and path.is_file():
+        return SafetensorsSide(path)
+    if path.is_dir():
+        raise InspectorError(f"{path} is a folder but neither a torch.distributed.checkpoint folder (no .metadata) "
+                             "nor a Hugging Face model folder (no config.json)")
+    state, findings = read_checkpoint(path, mmap=True)
+    return StateDictSide(path.name, state, "torch file", findings)
+
+
+@contextmanager
+def open_source(spec: Spec, device: str = "cpu") -> Iterator[TensorSource]:
+    """One side of a comparison, closed afterwards.
+
+    Args:
+        spec: ``"sample:NAME"``, ``"FILE.py:factory"``, ``"hf:DIR"`` (or a Hugging Face folder), a
+            ``.safetensors``/``.pt``/``.bin`` file, a ``torch.distributed.checkpoint`` folder, a
+            ``LoadedModel``, an ``nn.Module`` or a state dict.
+        device: where a model built from a source string is placed.
+
+    Raises:
+        InspectorError: the source is unknown, missing, corrupt or refused.
+    """
+    side = _open(spec, device)
+    try:
+        yield side
+    finally:
+        side.close()
