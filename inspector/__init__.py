@@ -62,6 +62,7 @@ from .placement import (
 )
 from .report import SECTIONS, Report, build_report
 from .summary import ModelSummary, format_bytes, format_count, model_summary, summary_findings
+from .watch import Run, StepFinding, read_run
 
 __version__ = "0.1.0"
 
@@ -78,4 +79,5 @@ __all__ = [
     "offset_findings", "offset_map", "parse_max_memory", "placement_findings", "placement_table", "reference_drift",
     "plan_device_map", "plan_device_map_explained", "retie", "run_backward", "run_report", "select_modules",
     "snapshot_ties", "sort_findings", "storage_key", "summary_findings", "tensor_inventory",
+    "Run", "StepFinding", "read_run",
 ]

@@ -1,0 +1,15 @@
+"""Watch a training run step by step: ``with watch(model, optimizer, "run.inspect") as w: ...``.
+
+Every step records per-module gradient and parameter norms, learning rates, step time and
+memory into an Arrow run file (:mod:`.record`) that :func:`read_run` reads, also while it
+grows; findings (``nonfinite-forward``, ``dead-gradient``, ...) name the module and the step.
+"""
+
+from __future__ import annotations
+
+from .record import FORMAT, VERSION, RunMeta, RunWriter, StepRecord, record_batch, schema
+from .run import MODULE_COLUMNS, STEP_COLUMNS, Run, StepFinding, parse_run_bytes, read_run
+from .synthetic import synthetic_run
+
+__all__ = ["FORMAT", "VERSION", "MODULE_COLUMNS", "STEP_COLUMNS", "Run", "RunMeta", "RunWriter", "StepFinding",
+           "StepRecord", "parse_run_bytes", "read_run", "record_batch", "schema", "synthetic_run"]

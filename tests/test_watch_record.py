@@ -1,0 +1,101 @@
+"""The run file: typed schema, round trip, growth, truncation, size, and check_step's run.jsonl."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import numpy as np
+import pytest
+
+from inspector import InspectorError
+from inspector.watch import RunMeta, RunWriter, StepRecord, parse_run_bytes, read_run, schema, synthetic_run
+
+
+def _meta(modules: int = 3) -> RunMeta:
+    names = tuple(f"m{i}" for i in range(modules))
+    return RunMeta("tiny", 1, 1, names, tuple(f"{n}.weight" for n in names), tuple(range(modules)))
+
+
+def _record(step: int, modules: int = 3, **kw) -> StepRecord:
+    norms = np.arange(modules, dtype=np.float32) + step  # module i at step s: i + s
+    return StepRecord(step=step, rank=0, time=100.0 + step, loss=1.0 / (step + 1), lr=[0.1, 0.01],
+                      module_grad_norm=norms, module_nonfinite=np.zeros(modules, np.int32),
+                      param_grad_norm=norms, **kw)
+
+
+def test_schema_is_the_record_type():
+    assert schema().names == [f.name for f in dataclasses.fields(StepRecord)]
+
+
+def test_round_trip_names_every_column(tmp_path):
+    path = tmp_path / "r.inspect"
+    finding = {"code": "dead-gradient", "severity": "warning", "where": "m1", "message": "zero"}
+    with RunWriter(path, _meta()) as w:
+        w.write([_record(0, scalar_names=["acc"], scalar_values=[0.5])])
+        w.write([_record(1, findings=[finding], module_param_norm=np.ones(3, np.float32))])
+    run = read_run(path)
+    assert run.complete and run.module_order == ("m0", "m1", "m2")
+    assert run.steps["step"].tolist() == [0, 1]
+    assert run.steps["lr_1"].tolist() == [0.01, 0.01]
+    assert run.steps["acc"].iloc[0] == 0.5 and np.isnan(run.steps["acc"].iloc[1])
+    assert [(f.step, f.rank, f.code, f.where) for f in run.findings] == [(1, 0, "dead-gradient", "m1")]
+    steps, grid = run.matrix("grad_norm")
+    assert steps.tolist() == [0, 1] and grid.tolist() == [[0, 1, 2], [1, 2, 3]]
+    assert np.isnan(run.matrix("param_norm")[1][0]).all()  # not taken at step 0
+    m = run.modules
+    assert len(m) == 6 and m.loc[(m.step == 1) & (m.module == "m2"), "grad_norm"].item() == 3.0
+    assert run.at(1)["param_norm"].tolist() == [1.0, 1.0, 1.0]
+    assert parse_run_bytes(path.read_bytes()).steps["step"].tolist() == [0, 1]
+
+
+def test_readable_while_written_and_after_a_cut_mid_batch(tmp_path):
+    path = tmp_path / "r.inspect"
+    w = RunWriter(path, _meta())
+    for s in range(5):
+        w.write([_record(s)])
+    grown = read_run(path)  # no end-of-stream marker yet
+    assert not grown.complete and grown.steps["step"].tolist() == [0, 1, 2, 3, 4]
+    w.write([_record(5)])
+    size = path.stat().st_size
+    w.close()
+    data = path.read_bytes()
+    for cut in (size - 1, size - 40, size - 200):  # the writer died inside step 5
+        cutfile = tmp_path / f"cut{cut}.inspect"
+        cutfile.write_bytes(data[:cut])
+        run = read_run(cutfile)
+        assert run.steps["step"].tolist() == [0, 1, 2, 3, 4] and not run.complete
+
+
+def test_bytes_per_tensor_per_step(tmp_path):
+    path = tmp_path / "big.inspect"
+    synthetic_run(path, steps=200, modules=500, chunk=1)  # one batch per step, as watch writes
+    per = path.stat().st_size / (200 * 500)
+    assert per <= 32, per  # about 20 bytes: 16 per module + 4 per parameter, + framing
+
+
+def test_not_a_run_file(tmp_path):
+    bad = tmp_path / "x.inspect"
+    bad.write_bytes(b"hello")
+    with pytest.raises(InspectorError, match="x.inspect"):
+        read_run(bad)
+    with pytest.raises(InspectorError, match="does not exist"):
+        read_run(tmp_path / "missing.inspect")
+
+
+def test_reads_check_step_jsonl(tmp_path):
+    import torch
+
+    from inspector.distributed import check_step
+
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 1))
+    path = tmp_path / "run.jsonl"
+    for step in range(2):
+        model(torch.ones(1, 2)).sum().backward()
+        check_step(model, step, path)
+    run = read_run(path)
+    assert run.module_order == ("0", "1") and run.steps["step"].tolist() == [0, 1]
+    rec = json.loads(path.read_text().splitlines()[1])
+    direct = {t["name"]: t["grad_norm"] for t in rec["tensors"]}
+    expected = np.hypot(direct["0.weight"], direct["0.bias"])
+    assert run.matrix()[1][1, 0] == pytest.approx(expected, rel=1e-6)
