@@ -65,13 +65,14 @@ class RunComparison:
         a, b: the run files' names.
         steps: one row per step either run has: ``step``, then each quantity for A and B and their
             relative difference (``loss_a, loss_b, loss_diff, grad_norm_a, grad_norm_b, grad_norm_diff``).
-        modules: per module and step the gradient norms of A and B and the relative difference
-            (``step, module, grad_norm_a, grad_norm_b, diff``).
+        modules: one row per module of both runs, in model order: ``module, first_divergence`` (its first
+            step beyond the tolerance, or None), ``max_diff`` (its largest relative difference) and
+            ``diff_at_divergence`` (at the runs' first divergence).
         first_divergence: the first step where the loss or a module's gradient norm differs by more
             than ``tolerance`` (relative), or None.
         first_modules: the modules beyond the tolerance at that step, largest difference first.
         tolerance: the relative tolerance used.
-        findings: ``run-diverged`` (or ``runs-agree``), ``steps-missing``.
+        findings: ``run-diverged`` (or ``runs-agree``), ``steps-missing``, ``modules-differ``.
     """
 
     a: str
