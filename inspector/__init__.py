@@ -63,6 +63,7 @@ from .placement import (
 from .report import SECTIONS, Report, build_report
 from .summary import ModelSummary, format_bytes, format_count, model_summary, summary_findings
 from .watch import Run, StepFinding, read_run
+from .compare import RunComparison, WeightComparison, compare
 
 __version__ = "0.1.0"
 
@@ -80,4 +81,5 @@ __all__ = [
     "plan_device_map", "plan_device_map_explained", "retie", "run_backward", "run_report", "select_modules",
     "snapshot_ties", "sort_findings", "storage_key", "summary_findings", "tensor_inventory",
     "Run", "StepFinding", "read_run",
+    "RunComparison", "WeightComparison", "compare",
 ]

@@ -1,7 +1,8 @@
 """Pairing the names of two sides: the same name, or a prefix change (``model.``, ``_orig_mod.``, ``module.``).
 
 A prefix rule ``(old, new)`` maps ``old + rest`` in A to ``new + rest`` in B. Rules are read off
-the names that only one side has (their longest common dotted ending), most frequent first, and
+the names that only one side has (their longest common dotted ending, two components at least),
+most frequent first, and
 a pair is kept only when both tensors have one shape and dtype; the values are compared later.
 """
 
@@ -26,13 +27,13 @@ class Pairing:
 
 
 def _split_prefix(a: str, b: str) -> tuple[str, str] | None:
-    """The prefixes before the longest common dotted ending of ``a`` and ``b`` (None when the last
-    component differs)."""
+    """The prefixes before the longest common dotted ending of ``a`` and ``b`` (None when they share
+    fewer than two trailing components: ``weight`` alone says nothing about where a tensor went)."""
     pa, pb = a.split("."), b.split(".")
     n = 0
     while n < min(len(pa), len(pb)) and pa[-1 - n] == pb[-1 - n]:
         n += 1
-    if n == 0:
+    if n < 2:
         return None
     old, new = ".".join(pa[:-n]), ".".join(pb[:-n])
     return (old + "." if old else "", new + "." if new else "")

@@ -115,7 +115,8 @@ def _exact_cast(ta: torch.Tensor, tb: torch.Tensor) -> bool:
 
 def match_by_value(sa: TensorSource, sb: TensorSource, missing: Sequence[str],
                    extra: Sequence[str]) -> list[tuple[str, str]]:
-    """Pairs of a name only in A and one only in B whose tensors have one shape, dtype and the same bits."""
+    """Pairs of a name only in A and one only in B whose tensors have one shape, dtype and the same bits
+    (tensors whose elements are all equal are left out: every initial LayerNorm weight would match)."""
     groups: dict[tuple, list[str]] = {}
     for nb in extra:
         m = sb.entries[nb]
@@ -129,6 +130,8 @@ def match_by_value(sa: TensorSource, sb: TensorSource, missing: Sequence[str],
         if not candidates or "meta" in m.device or budget <= 0:
             continue
         ta = sa.read(na).clone()
+        if _constant(ta):
+            continue  # all ones or all zeros: equal bits say nothing about where it went
         for nb in candidates:
             budget -= 1
             if pair_stats(ta, sb.read(nb)).bitwise_equal:
@@ -136,6 +139,11 @@ def match_by_value(sa: TensorSource, sb: TensorSource, missing: Sequence[str],
                 candidates.remove(nb)
                 break
     return out
+
+
+def _constant(t: torch.Tensor) -> bool:
+    flat = t.reshape(-1)
+    return flat.numel() < 2 or bool((flat == flat[0]).all())
 
 
 def module_table(tensors: pd.DataFrame) -> pd.DataFrame:
