@@ -1,4 +1,4 @@
-"""Comparing two checkpoints holds about two tensors in memory: a subprocess measures its peak RSS.
+"""Comparing two checkpoints holds at most about two tensors in memory: a subprocess measures its peak RSS.
 
 The peak is Linux's VmHWM, reset with ``/proc/self/clear_refs`` just before the comparison. The
 same process then loads both files whole (safetensors' ``load_file``) as a control: the measure
@@ -95,8 +95,9 @@ def test_peak_memory_is_about_two_tensors(tmp_path):
 
 def _check(kind: str, grown: dict[str, int]) -> None:
     tensor = SIDE * SIDE * 4
-    # two whole files are 64 MiB. A safetensors comparison holds A's and B's tensor; a distributed
-    # checkpoint's reader also holds the piece's bytes and its loaded copy while it puts B's tensor
-    # together (A's stays): 2 + 3 tensors, plus a coverage mask of a quarter tensor
+    # two whole files are 64 MiB. A safetensors comparison streams both files in 1 MiB chunks (three
+    # per side in flight: about 7 MiB measured); a distributed checkpoint's reader puts each tensor
+    # together whole, holding the piece's bytes and its loaded copy meanwhile, with A's tensor kept:
+    # 2 + 3 tensors and a coverage mask of a quarter tensor (about 21 MiB measured)
     assert grown["whole"] > 2 * TENSORS * tensor * 0.9, (kind, grown)
-    assert grown["compare"] < (3 if kind == "safetensors" else 6) * tensor + 8 * MIB, (kind, grown)
+    assert grown["compare"] < (2 * tensor + 4 * MIB if kind == "safetensors" else 6 * tensor + 8 * MIB), (kind, grown)

@@ -2,7 +2,7 @@
 
 The arithmetic runs in numpy on chunks of ``CHUNK`` elements, single-threaded and in cache:
 one pass computes the difference, its largest magnitude and both sums of squares, and an equal
-chunk costs only a byte comparison. bfloat16 and float16 are widened to float32 chunk by chunk,
+chunk costs only a byte comparison (until one chunk differs; later chunks are not compared bytewise). bfloat16 and float16 are widened to float32 chunk by chunk,
 so memory stays at the two tensors plus one chunk.
 """
 
@@ -39,7 +39,7 @@ class PairStats:
 
 
 def _raw(t: torch.Tensor) -> np.ndarray:
-    """The bytes of ``t`` as a flat integer array (any dtype, bool and bfloat16 included)."""
+    """The bytes of a real ``t`` as a flat integer array (any dtype, bool and bfloat16 included)."""
     t = t.contiguous().reshape(-1)
     if t.dtype == torch.bool:
         t = t.view(torch.uint8)
@@ -59,6 +59,75 @@ def _widen(raw: np.ndarray, dtype: torch.dtype, out: np.ndarray) -> np.ndarray:
     return torch.from_numpy(raw).view(dtype).to(torch.float64).numpy()
 
 
+class StatsStream:
+    """Builds :class:`PairStats` from aligned chunks of two tensors' raw values, fed in order.
+
+    A chunk is a flat integer array of the tensor's raw bytes (:func:`raw_values`); A's and B's
+    chunk of one call hold the same elements. Memory: the chunks plus three float scratch chunks.
+    """
+
+    def __init__(self, dtype: torch.dtype) -> None:
+        self.dtype = dtype
+        self.equal, self.max_abs, self.sq_d, self.sq_a = True, 0.0, 0.0, 0.0
+        self.nonfinite_a = self.nonfinite_b = 0
+        self._scratch: dict[str, np.ndarray] = {}
+
+    def _buffer(self, key: str, size: int, dtype: type) -> np.ndarray:
+        buf = self._scratch.get(key)
+        if buf is None or buf.size < size or buf.dtype != dtype:
+            buf = self._scratch[key] = np.empty(size, dtype=dtype)
+        return buf[:size]
+
+    def add(self, ca: np.ndarray, cb: np.ndarray) -> None:
+        """Take one pair of aligned raw chunks."""
+        same = self.equal and np.array_equal(ca, cb)  # once a chunk differed, the rest are subtracted unchecked
+        self.equal = same
+        fa = _widen(ca, self.dtype, self._buffer("a", ca.size, np.float32))
+        sq_a = float(np.dot(fa, fa))
+        if same:
+            if not math.isfinite(sq_a):
+                bad = self._nonfinite(fa)
+                self.nonfinite_a += bad
+                self.nonfinite_b += bad
+            self.sq_a += sq_a
+            return
+        fb = _widen(cb, self.dtype, self._buffer("b", cb.size, np.float32))
+        d = np.subtract(fb, fa, out=self._buffer("d", fa.size, fa.dtype.type))
+        sq_d = float(np.dot(d, d))
+        if not (math.isfinite(sq_a) and math.isfinite(sq_d)):
+            self.nonfinite_a += self._nonfinite(fa)
+            self.nonfinite_b += self._nonfinite(fb)
+        self.sq_a += sq_a
+        self.sq_d += sq_d
+        self.max_abs = max(self.max_abs, float(d.max()), -float(d.min()))
+
+    def _nonfinite(self, values: np.ndarray) -> int:
+        return int(values.size - np.count_nonzero(np.isfinite(values))) if self.dtype.is_floating_point else 0
+
+    def finish(self) -> PairStats:
+        if self.equal:
+            return PairStats(True, 0.0, 0.0, _root(self.sq_a, self.nonfinite_a), self.nonfinite_a, self.nonfinite_b)
+        broken = self.nonfinite_a or self.nonfinite_b
+        return PairStats(False, math.nan if broken else self.max_abs, math.nan if broken else math.sqrt(self.sq_d),
+                         _root(self.sq_a, self.nonfinite_a), self.nonfinite_a, self.nonfinite_b)
+
+
+def _root(sq: float, nonfinite: int) -> float:
+    return math.nan if nonfinite else math.sqrt(sq)
+
+
+def raw_values(t: torch.Tensor) -> np.ndarray:
+    """The raw values of a CPU tensor as a flat integer array of its element size (no copy when contiguous)."""
+    if t.dtype.is_complex:
+        t = torch.view_as_real(t)
+    return _raw(t)
+
+
+def stream_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype whose elements :func:`raw_values` yields for ``dtype`` (a complex one's real part)."""
+    return {torch.complex64: torch.float32, torch.complex128: torch.float64}.get(dtype, dtype)
+
+
 def pair_stats(a: torch.Tensor, b: torch.Tensor) -> PairStats:
     """Compare two CPU tensors of one shape and dtype, chunk by chunk; neither is changed.
 
@@ -66,41 +135,8 @@ def pair_stats(a: torch.Tensor, b: torch.Tensor) -> PairStats:
     >>> s.bitwise_equal, s.max_abs, s.diff_norm, s.norm_a
     (False, 1.0, 1.0, 5.0)
     """
-    if a.dtype.is_complex:
-        a, b = torch.view_as_real(a), torch.view_as_real(b)
-    ra, rb = _raw(a), _raw(b)
-    dtype = a.dtype
-    equal, max_abs, sq_d, sq_a = True, 0.0, 0.0, 0.0
-    scratch_a = np.empty(min(CHUNK, ra.size), dtype=np.float32)
-    scratch_b = np.empty_like(scratch_a)
-    scratch_d: np.ndarray | None = None
+    ra, rb = raw_values(a), raw_values(b)
+    stream = StatsStream(stream_dtype(a.dtype))
     for start in range(0, ra.size, CHUNK):
-        ca, cb = ra[start:start + CHUNK], rb[start:start + CHUNK]
-        same = np.array_equal(ca, cb)
-        equal = equal and same
-        fa = _widen(ca, dtype, scratch_a)
-        sq_a += float(np.dot(fa, fa))
-        if same:
-            continue
-        fb = _widen(cb, dtype, scratch_b)
-        if scratch_d is None or scratch_d.dtype != fa.dtype:
-            scratch_d = np.empty(min(CHUNK, ra.size), dtype=fa.dtype)
-        d = np.subtract(fb, fa, out=scratch_d[: fa.size])
-        hi, lo = float(d.max()), float(d.min())
-        max_abs = max(max_abs, hi, -lo) if not (math.isnan(hi) or math.isnan(lo)) else math.nan
-        sq_d += float(np.dot(d, d))
-    nonfinite_a = nonfinite_b = 0
-    if not (math.isfinite(sq_a) and math.isfinite(sq_d) and math.isfinite(max_abs)) and dtype.is_floating_point:
-        nonfinite_a = int((~torch.isfinite(a)).sum())
-        nonfinite_b = int((~torch.isfinite(b)).sum())
-        if nonfinite_a or nonfinite_b:
-            sq_d = max_abs = math.nan
-        if nonfinite_a:
-            sq_a = math.nan
-    return PairStats(equal, 0.0 if equal else max_abs, 0.0 if equal else math.sqrt(sq_d), math.sqrt(sq_a),
-                     nonfinite_a, nonfinite_b)
-
-
-def nonfinite_count(t: torch.Tensor) -> int:
-    """NaN and Inf elements of ``t`` (0 for integer and bool tensors)."""
-    return int((~torch.isfinite(t)).sum()) if t.dtype.is_floating_point or t.dtype.is_complex else 0
+        stream.add(ra[start:start + CHUNK], rb[start:start + CHUNK])
+    return stream.finish()

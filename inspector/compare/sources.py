@@ -1,8 +1,9 @@
 """The two sides of a comparison: models, state dicts and checkpoints read one tensor at a time.
 
 A :class:`TensorSource` lists every tensor's name, shape, dtype and device without reading its
-values, and reads one tensor when asked. A ``.safetensors`` file is read tensor by tensor into
-one reused buffer (nothing is memory-mapped, so a process holds about one tensor per side); a
+values, and reads one tensor (or streams its raw values in chunks) when asked. A ``.safetensors``
+file is streamed chunk by chunk into one reused buffer (nothing is memory-mapped, so a process
+holds a chunk per side, and a whole tensor only where the dtypes differ); a
 ``torch.distributed.checkpoint`` folder is put together one tensor at a time from its pieces;
 a torch ``.pt/.bin`` zip file is memory-mapped by ``torch.load(weights_only=True, mmap=True)``.
 Nothing in a checkpoint is ever executed: the readers are the loader's own.
@@ -20,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -28,6 +30,7 @@ from ..checkpoints import read_checkpoint
 from ..distributed.checkpoint import dcp_pieces, is_dcp_folder, read_dcp_tensor, read_metadata
 from ..findings import Finding, InspectorError
 from ..models import LoadedModel, load_model
+from .kernels import CHUNK, raw_values
 
 
 @dataclass(frozen=True)
@@ -56,10 +59,22 @@ class TensorSource:
     trainable: frozenset[str] = frozenset()
     is_model: bool = False
     findings: list[Finding] = field(default_factory=list)
+    streams: bool = False  # chunks come from a file, so reading ahead pays
 
     def read(self, name: str) -> torch.Tensor:
         """The tensor ``name`` on the CPU; valid until the next ``read`` of this side."""
         raise NotImplementedError
+
+    def prefetch(self, name: str) -> None:
+        """Ask the system to start reading ``name`` from the disk (into its page cache, not into this
+        process) while the caller works on something else; a hint only."""
+
+    def chunks(self, name: str) -> Iterator[np.ndarray]:
+        """The raw values of ``name`` (:func:`raw_values`), ``CHUNK`` elements at a time; each chunk is
+        valid until the next one is taken."""
+        raw = raw_values(self.read(name))
+        for start in range(0, raw.size, CHUNK):
+            yield raw[start:start + CHUNK]
 
     def close(self) -> None:
         """Release open files."""
@@ -136,8 +151,9 @@ class SafetensorsSide(TensorSource):
             self._fh.close()
             raise
         self._buffer = torch.empty(0, dtype=torch.uint8)
+        self._chunk = torch.empty(0, dtype=torch.uint8)
         super().__init__(path.name, "safetensors", entries, [],
-                         frozenset(n for n, m in entries.items() if m.dtype.is_floating_point))
+                         frozenset(n for n, m in entries.items() if m.dtype.is_floating_point), streams=True)
 
     def read(self, name: str) -> torch.Tensor:
         start, end = self._offsets[name]
@@ -151,6 +167,29 @@ class SafetensorsSide(TensorSource):
                                  "the file is truncated")
         meta = self.entries[name]
         return view.view(meta.dtype).view(meta.shape)
+
+    def chunks(self, name: str) -> Iterator[np.ndarray]:
+        """Read straight from the file, one chunk at a time into a ring of ``RING`` reused buffers (a
+        chunk stays valid while the next two are read ahead): the tensor is never whole in memory."""
+        start, end = self._offsets[name]
+        meta = self.entries[name]
+        step = CHUNK * meta.dtype.itemsize
+        if self._chunk.numel() < RING * min(step, end - start):
+            self._chunk = torch.empty(RING * min(step, end - start), dtype=torch.uint8)
+        ring = self._chunk.numpy().reshape(RING, -1)
+        element = raw_values(torch.empty(0, dtype=meta.dtype)).dtype
+        for i, pos in enumerate(range(start, end, step)):
+            n = min(step, end - pos)
+            view = ring[i % RING, :n]
+            if os.preadv(self._fh.fileno(), [view], pos) != n:
+                raise InspectorError(f"checkpoint {self.path.name}: tensor {name} ends past the end of the file; "
+                                     "the file is truncated")
+            yield view.view(element)
+
+    def prefetch(self, name: str) -> None:
+        start, end = self._offsets[name]
+        if end > start and hasattr(os, "posix_fadvise"):
+            os.posix_fadvise(self._fh.fileno(), start, end - start, os.POSIX_FADV_WILLNEED)
 
     def close(self) -> None:
         self._fh.close()
@@ -222,6 +261,7 @@ class DcpSide(TensorSource):
         self._handles.clear()
 
 
+RING = 3
 Spec = str | os.PathLike | LoadedModel | nn.Module | Mapping[str, torch.Tensor]
 
 

@@ -3,19 +3,22 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
-from typing import Any
+import queue
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, TypeVar
 
 import pandas as pd
 import torch
 
 from .findings import weight_findings
-from .kernels import pair_stats
+from .kernels import StatsStream, pair_stats, stream_dtype
 from .names import pair_names
 from .result import MODULE_COLUMNS, TENSOR_COLUMNS, WeightComparison
 from .sources import Meta, Spec, TensorSource, open_source
 
 Progress = Callable[[str], None]
+T = TypeVar("T")
 _MAX_VALUE_MATCHES = 1024
 
 
@@ -33,6 +36,9 @@ def compare_sides(sa: TensorSource, sb: TensorSource, progress: Progress | None 
     for i, (na, nb) in enumerate(pairing.pairs):
         if progress is not None and i % 100 == 0:
             progress(f"comparing tensor {i + 1} of {len(pairing.pairs)}: {na}")
+        if i + 1 < len(pairing.pairs):  # the disk reads the next pair while this one is compared
+            sa.prefetch(pairing.pairs[i + 1][0])
+            sb.prefetch(pairing.pairs[i + 1][1])
         rows[na] = pair_row(sa, sb, na, nb)
         read += _nbytes(sa.entries[na]) + _nbytes(sb.entries[nb])
     by_value = match_by_value(sa, sb, pairing.missing, pairing.extra)
@@ -89,20 +95,64 @@ def pair_row(sa: TensorSource, sb: TensorSource, na: str, nb: str) -> dict[str, 
     if "meta" in (ma.device, mb.device):
         row["status"] = "no-values"
         return row
-    ta = sa.read(na)
-    tb = sb.read(nb)
     if ma.dtype != mb.dtype:
+        ta = sa.read(na)
+        tb = sb.read(nb)
         wide = torch.promote_types(ma.dtype, mb.dtype)
         stats = pair_stats(ta.to(wide), tb.to(wide))
         row["status"] = "dtype-changed"
         row["exact_cast"] = _exact_cast(ta, tb)
     else:
-        stats = pair_stats(ta, tb)
+        stream = StatsStream(stream_dtype(ma.dtype))
+        pairs = zip(sa.chunks(na), sb.chunks(nb), strict=True)
+        for ca, cb in (read_ahead(pairs) if sa.streams or sb.streams else pairs):
+            stream.add(ca, cb)
+        stats = stream.finish()
         row["status"] = "equal" if stats.bitwise_equal else "changed"
     row.update(bitwise_equal=stats.bitwise_equal, max_abs=stats.max_abs, rel_change=stats.rel_change,
                diff_norm=stats.diff_norm, norm_a=stats.norm_a, nonfinite_a=stats.nonfinite_a,
                nonfinite_b=stats.nonfinite_b)
     return row
+
+
+def read_ahead(items: Iterator[T]) -> Iterator[T]:
+    """``items``, produced one step ahead in a thread: the next chunks are read from the disk while
+    this one is compared (file reads and numpy both let other threads run). The producer stops
+    when the consumer does; its exception is raised here."""
+    done = object()
+    slot: queue.Queue[Any] = queue.Queue(maxsize=1)
+    stop = threading.Event()
+
+    def produce() -> None:
+        try:
+            for item in items:
+                while not stop.is_set():
+                    try:
+                        slot.put(item, timeout=0.1)
+                        break
+                    except queue.Full:
+                        continue
+                if stop.is_set():
+                    return
+            slot.put(done)
+        except BaseException as exc:  # noqa: BLE001 - handed to the consumer
+            slot.put(exc)
+
+    worker = threading.Thread(target=produce, daemon=True)
+    worker.start()
+    try:
+        while (item := slot.get()) is not done:
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+    finally:
+        stop.set()
+        while worker.is_alive():
+            try:
+                slot.get(timeout=0.1)
+            except queue.Empty:
+                pass
+        worker.join()
 
 
 def _exact_cast(ta: torch.Tensor, tb: torch.Tensor) -> bool:
