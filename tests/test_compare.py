@@ -194,3 +194,27 @@ def test_cli_compares_two_files_in_process(tmp_path, capsys):
     assert data["facts"]["changed"] == 1 and {f["code"] for f in data["findings"]} == {"unchanged-tensor"}
     assert main(["compare", str(tmp_path / "a.safetensors"), str(tmp_path / "none.pt")]) == 2
     assert "none.pt does not exist" in capsys.readouterr().err
+
+
+def test_report_section_in_json_html_and_markdown(tmp_path):
+    import jsonschema
+
+    from inspector import build_report, load_model
+    from inspector.report import load_schema
+
+    loaded = load_model("sample:tiny-gpt2")
+    assert build_report(loaded, ["compare"]).section("compare").status == "skipped"
+    state = {k: v.detach().clone() for k, v in loaded.model.state_dict().items() if k != "lm_head.weight"}
+    state["transformer.h.0.mlp.c_fc.weight"] += 0.1
+    save_file(state, str(tmp_path / "ft.safetensors"))
+    report = build_report(loaded, ["compare"], compare_with=str(tmp_path / "ft.safetensors"))
+    section = report.section("compare")
+    assert section.status == "ok" and section.facts["changed"] == 1 and section.facts["b"] == "ft.safetensors"
+    assert "tie-stored-once" in {f.code for f in section.findings}
+    jsonschema.validate(json.loads(report.to_json()), load_schema())
+    assert "Compared with another model or checkpoint" in report.to_html()
+    assert "| transformer.h.0.mlp.c_fc.weight | transformer.h.0.mlp.c_fc.weight | changed |" in report.to_markdown()
+    out = tmp_path / "r.md"
+    assert main(["report", "sample:tiny-gpt2", "--sections", "compare", "--compare-with",
+                 str(tmp_path / "ft.safetensors"), "-o", str(out)]) == 0
+    assert "unchanged-tensor" in out.read_text()

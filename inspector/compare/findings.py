@@ -189,8 +189,8 @@ def unchanged_findings(sa: TensorSource, sb: TensorSource, tensors: pd.DataFrame
     out = []
     for module, names in _covering_modules(same, pool):
         numel = int(tensors.loc[tensors["name"].isin(names), "numel"].sum())
-        what = (f"all {len(names)} trainable tensors of {module} ({numel} elements) are" if module not in names
-                else f"{module} ({numel} elements) is")
+        what = (f"{names[0]} ({numel} elements) is" if len(names) == 1 else
+                f"all {len(names)} trainable tensors of {module} ({numel} elements) are")
         out.append(Finding("unchanged-tensor", "warning", module,
                            f"{what} bitwise identical in {sb.label} although other tensors changed: frozen by "
                            "mistake, left out of the optimizer, or a load that never happened"))
