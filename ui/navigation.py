@@ -51,6 +51,8 @@ VIEWS = [
          "Guided exercises: break a model on purpose, then find the bug with the views."),
     View("pages/8_Distributed.py", "Distributed", ":material/hub:",
          "In a torchrun training run: do the ranks' gradients, memory and replicas agree?"),
+    View("pages/9_Compare.py", "Compare", ":material/compare_arrows:",
+         "What changed between two models or checkpoints, and where do two runs part?"),
 ]
 
 
