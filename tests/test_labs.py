@@ -30,7 +30,7 @@ from inspector.labs import (
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "docs" / "examples" / "lab_frozen_head.py"
 PACKAGE_LABS = ["broken-tie", "shifted-offsets", "stranded-buffer", "corrupted-capture",
-                "flattening-myths"]
+                "flattening-myths", "silent-block"]
 
 _SCENARIOS: dict[str, object] = {}
 
@@ -134,6 +134,11 @@ WRONG = [
     ("flattening-myths", "skips-frozen", {"verdict": "true", "elements": 636}),
     # 152 is the trainable-only length; parameters() also yields the 484 frozen elements
     ("flattening-myths", "skips-frozen", {"verdict": "false", "elements": 152}),
+    # blocks.0 is the block left out of the optimizer; 8416 = 32 + 32 + 4096 + 128 + 4096 + 32
+    ("silent-block", "which", {"module": "blocks.1", "elements": 8416}),
+    ("silent-block", "which", {"module": "blocks.0", "elements": 8384}),  # without the LayerNorm
+    ("silent-block", "why", {"reason": "frozen: its parameters have requires_grad=False"}),
+    ("silent-block", "why", {"reason": "no gradient reaches it: it is cut off from the loss"}),
 ]
 SOLVED = sorted({(lab, task) for lab, task, _ in WRONG})
 

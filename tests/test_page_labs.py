@@ -60,7 +60,7 @@ def test_a_broken_lab_file_does_not_break_the_page(tmp_path, monkeypatch):
     monkeypatch.setenv("INSPECTOR_LABS_DIR", str(tmp_path))
     at = _page()
     assert any("Lab 'typo' could not be loaded" in e.value for e in at.error)
-    assert len(at.selectbox(key="lab_pick").options) == 5
+    assert len(at.selectbox(key="lab_pick").options) == 6
 
 
 def test_teacher_view_needs_the_key(monkeypatch):
@@ -80,7 +80,7 @@ def test_every_package_lab_renders_with_its_views(monkeypatch):
     monkeypatch.delenv("INSPECTOR_LABS_DIR", raising=False)
     at = _page()
     for lab_id in ["broken-tie", "shifted-offsets", "stranded-buffer", "corrupted-capture",
-                   "flattening-myths"]:
+                   "flattening-myths", "silent-block"]:
         at.selectbox(key="lab_pick").set_value(lab_id).run()
         assert not at.exception, lab_id
         assert not [w.value for w in at.warning if "not available" in w.value], lab_id
