@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 from .. import cli_types as types
 from ..cli_common import print_findings, print_table, progress, say, write_json
@@ -63,9 +64,9 @@ def _print_runs(result: RunComparison, args: argparse.Namespace) -> None:
     print_table(result.steps, args.max_rows)
 
 
-def to_json(result: WeightComparison | RunComparison) -> dict:
+def to_json(result: WeightComparison | RunComparison) -> dict[str, Any]:
     """The result as plain data: facts, findings and tables (lists of records)."""
-    data = {"a": result.a, "b": result.b, "facts": dict(result.facts),
+    data: dict[str, Any] = {"a": result.a, "b": result.b, "facts": dict(result.facts),
             "findings": [x.to_dict() for x in result.findings]}
     if isinstance(result, WeightComparison):
         data["tensors"] = result.tensors.to_dict(orient="records")

@@ -53,7 +53,7 @@ def compare(a: Spec, b: Spec, *, device: str = "cpu", tolerance: float = 0.05,
     """
     runs = is_run_source(a), is_run_source(b)
     if all(runs):
-        return compare_runs(a, b, tolerance=tolerance)  # type: ignore[arg-type]
+        return compare_runs(a, b, tolerance=tolerance)
     if any(runs):
         from ..findings import InspectorError
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import struct
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -64,6 +65,11 @@ class TensorSource:
     def read(self, name: str) -> torch.Tensor:
         """The tensor ``name`` on the CPU; valid until the next ``read`` of this side."""
         raise NotImplementedError
+
+    def display_order(self) -> list[str]:
+        """The names in the order tables show them: a model's own order; a file's names sorted with
+        their numbers as numbers (``h.2`` before ``h.10``), since files keep no model order."""
+        return list(self.entries)
 
     def prefetch(self, name: str) -> None:
         """Ask the system to start reading ``name`` from the disk (into its page cache, not into this
@@ -125,6 +131,15 @@ class StateDictSide(TensorSource):
         return t.cpu() if t.device.type != "cpu" else t
 
 
+def natural_key(name: str) -> list[tuple[int, int | str]]:
+    """Sort key that reads the numbers in a name as numbers.
+
+    >>> sorted(["h.10.w", "h.2.w", "emb"], key=natural_key)
+    ['emb', 'h.2.w', 'h.10.w']
+    """
+    return [(0, int(part)) if part.isdigit() else (1, part) for part in re.split(r"(\d+)", name) if part]
+
+
 def _shared_storage_groups(state: Mapping[str, torch.Tensor]) -> list[tuple[str, ...]]:
     """Names whose tensors are one stretch of one storage (``torch.save`` keeps a tie that way)."""
     by_key: dict[tuple, list[str]] = {}
@@ -155,13 +170,16 @@ class SafetensorsSide(TensorSource):
         super().__init__(path.name, "safetensors", entries, [],
                          frozenset(n for n, m in entries.items() if m.dtype.is_floating_point), streams=True)
 
+    def display_order(self) -> list[str]:
+        return sorted(self.entries, key=natural_key)
+
     def read(self, name: str) -> torch.Tensor:
         start, end = self._offsets[name]
         if self._buffer.numel() < end - start:
             self._buffer = torch.empty(end - start, dtype=torch.uint8)
         view = self._buffer[: end - start]
         self._fh.seek(start)
-        got = self._fh.readinto(memoryview(view.numpy()))
+        got = self._fh.readinto(view.numpy().data)
         if got != end - start:
             raise InspectorError(f"checkpoint {self.path.name}: tensor {name} ends past the end of the file; "
                                  "the file is truncated")
@@ -181,7 +199,7 @@ class SafetensorsSide(TensorSource):
         for i, pos in enumerate(range(start, end, step)):
             n = min(step, end - pos)
             view = ring[i % RING, :n]
-            if os.preadv(self._fh.fileno(), [view], pos) != n:
+            if os.preadv(self._fh.fileno(), [view.data], pos) != n:
                 raise InspectorError(f"checkpoint {self.path.name}: tensor {name} ends past the end of the file; "
                                      "the file is truncated")
             yield view.view(element)
@@ -250,6 +268,9 @@ class DcpSide(TensorSource):
                 entries[name] = Meta(tuple(entry.size), entry.properties.dtype, "cpu")
         super().__init__(path.name, "distributed checkpoint", entries, [],
                          frozenset(n for n, m in entries.items() if m.dtype.is_floating_point))
+
+    def display_order(self) -> list[str]:
+        return sorted(self.entries, key=natural_key)
 
     def read(self, name: str) -> torch.Tensor:
         return read_dcp_tensor(self.path, name, self._metadata.state_dict_metadata[name],

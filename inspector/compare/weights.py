@@ -48,8 +48,9 @@ def compare_sides(sa: TensorSource, sb: TensorSource, progress: Progress | None 
     for na in pairing.missing:
         if na not in rows:
             rows[na] = _lone_row(na, "", sa.entries[na], None, na in sa.trainable)
-    ordered = [rows[n] for n in sa.entries if n in rows]
-    ordered += [_lone_row("", nb, None, sb.entries[nb], False) for nb in pairing.extra if nb not in matched_b]
+    ordered = [rows[n] for n in sa.display_order() if n in rows]
+    extra = set(pairing.extra) - matched_b
+    ordered += [_lone_row("", nb, None, sb.entries[nb], False) for nb in sb.display_order() if nb in extra]
     tensors = pd.DataFrame(ordered, columns=TENSOR_COLUMNS)
     renamed = tuple((r["name"], r["name_b"]) for r in ordered if r["name"] and r["name_b"] and r["name"] != r["name_b"])
     findings = weight_findings(sa, sb, tensors, pairing.rules, by_value)
@@ -204,7 +205,7 @@ def module_table(tensors: pd.DataFrame) -> pd.DataFrame:
             continue
         parts = row.name.split(".")[:-1]
         for depth in range(1, len(parts) + 1):
-            entry = acc.setdefault(".".join(parts[:depth]), [depth, 0, 0, 0, 0.0, 0.0, 0.0])
+            entry = acc.setdefault(".".join(parts[:depth]), [float(depth), 0.0, 0.0, 0.0, 0.0, 0.0, 0.0])
             entry[1] += 1
             entry[2] += 0 if row.bitwise_equal else 1
             entry[3] += row.numel
@@ -212,8 +213,8 @@ def module_table(tensors: pd.DataFrame) -> pd.DataFrame:
             entry[5] += row.norm_a ** 2
             entry[6] = max(entry[6], row.max_abs) if not math.isnan(row.max_abs) else math.nan
     rows = []
-    for module, (depth, count, changed, numel, sq_d, sq_a, max_abs) in acc.items():
+    for module, (level, count, changed, numel, sq_d, sq_a, max_abs) in acc.items():
         diff, norm = math.sqrt(sq_d), math.sqrt(sq_a)
         rel = 0.0 if diff == 0 else (diff / norm if norm else math.inf)
-        rows.append((module, int(depth), int(count), int(changed), int(numel), diff, norm, rel, max_abs))
+        rows.append((module, int(level), int(count), int(changed), int(numel), diff, norm, rel, max_abs))
     return pd.DataFrame(rows, columns=MODULE_COLUMNS)

@@ -56,7 +56,7 @@ def build() -> Scenario:
 
     loaded = load_model("sample:fsdp-mlp")
     base = copy.deepcopy(loaded.model)
-    model = loaded.model
+    model: Any = loaded.model  # fsdp-mlp: stem, blocks, norm, head
     groups = [{"params": list(model.head.parameters()), "lr": LR},
               {"params": list(model.norm.parameters()), "lr": LR}]
     for i in range(1, len(model.blocks)):  # the bug: blocks[-len(blocks)] = blocks.0 is never added
@@ -77,7 +77,8 @@ def build() -> Scenario:
 
 
 def module_names(scenario: Scenario) -> list[str]:
-    return [n for n, _ in scenario.model.named_children()] + [f"blocks.{i}" for i in range(len(scenario.model.blocks))]
+    model: Any = scenario.model
+    return [n for n, _ in model.named_children()] + [f"blocks.{i}" for i in range(len(model.blocks))]
 
 
 def _unchanged(scenario: Scenario) -> dict[str, str]:
