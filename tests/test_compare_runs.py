@@ -71,3 +71,25 @@ def test_cli_compares_two_runs(runs, capsys):
     assert main(["compare", a, b]) == 0
     out = capsys.readouterr().out
     assert "first divergence at step 6; modules first: block.1" in out and "run-diverged" in out
+
+
+def test_two_check_step_run_files(world1, tmp_path):
+    """check_step's run.jsonl (read through read_run): B's second layer gets 3x the gradient from step 2 on."""
+    import torch
+    from torch import nn
+
+    from inspector.distributed import check_step
+
+    for name, part_at in (("a", None), ("b", 2)):
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(3, 3), nn.Linear(3, 1))
+        for step in range(4):
+            model.zero_grad()
+            model(torch.ones(2, 3)).sum().backward()
+            if part_at is not None and step >= part_at:
+                for p in model[1].parameters():
+                    p.grad.mul_(3)
+            check_step(model, step, tmp_path / f"{name}.jsonl")
+    result = compare(tmp_path / "a.jsonl", tmp_path / "b.jsonl")
+    assert result.first_divergence == 2 and result.first_modules == ("1",)
+    assert result.steps["loss_a"].isna().all()  # check_step records no loss

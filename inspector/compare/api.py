@@ -6,6 +6,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from ..watch import Run
+from ..watch.record import STREAM_MAGIC
 from .result import RunComparison, WeightComparison
 from .runs import compare_runs
 from .sources import Spec
@@ -13,13 +15,23 @@ from .weights import Progress, compare_weights
 
 
 def is_run_source(spec: Any) -> bool:
-    """Whether ``spec`` names a run file (the watch's Arrow file or ``check_step``'s JSON lines)."""
+    """Whether ``spec`` is a run file: the watch's Arrow stream, or ``check_step``'s JSON lines (read
+    from the first bytes, whatever the name)."""
+    from ..distributed import is_run_file
+
+    if isinstance(spec, Run):
+        return True
     if not isinstance(spec, (str, os.PathLike)):
         return False
     path = Path(os.fspath(spec))
     if not path.is_file() or path.suffix in (".safetensors", ".pt", ".pth", ".bin"):
         return False
-    return path.suffix in (".inspect", ".arrow", ".jsonl")
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(4)
+    except OSError:
+        return False
+    return head == STREAM_MAGIC or is_run_file(path)
 
 
 def compare(a: Spec, b: Spec, *, device: str = "cpu", tolerance: float = 0.05,
