@@ -164,7 +164,12 @@ def read_dcp(folder: str | os.PathLike) -> tuple[dict[str, torch.Tensor], list[F
 def read_dcp_tensor(folder: Path, name: str, entry: Any, own: list[Piece], handles: dict[str, Any]) -> torch.Tensor:
     """One whole tensor on the CPU from its pieces (``own``), after every bounds and shape check;
     ``handles`` keeps the open ``.distcp`` files (the caller closes them)."""
-    whole = torch.empty(_checked_shape(folder, name, entry, own), dtype=entry.properties.dtype)
+    shape = _checked_shape(folder, name, entry, own)
+    if len(own) == 1 and not any(own[0].offsets):  # one piece: the whole tensor, once it is checked
+        value = _read_piece(folder, own[0], handles)
+        if tuple(value.shape) == shape and value.dtype == entry.properties.dtype and own[0].sizes in ((), shape):
+            return value
+    whole = torch.empty(shape, dtype=entry.properties.dtype)
     covered = torch.zeros(whole.shape, dtype=torch.bool)
     filled = 0
     for piece in own:
