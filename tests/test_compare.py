@@ -218,3 +218,19 @@ def test_report_section_in_json_html_and_markdown(tmp_path):
     assert main(["report", "sample:tiny-gpt2", "--sections", "compare", "--compare-with",
                  str(tmp_path / "ft.safetensors"), "-o", str(out)]) == 0
     assert "unchanged-tensor" in out.read_text()
+
+
+def test_a_folder_of_safetensors_shards_is_one_side(tmp_path):
+    a = tiny()
+    state = state_of(a)
+    names = list(state)
+    folder = tmp_path / "sharded"
+    folder.mkdir()
+    save_file({k: state[k] for k in names[:3]}, str(folder / "model-00001-of-00002.safetensors"))
+    save_file({k: state[k] for k in names[3:]}, str(folder / "model-00002-of-00002.safetensors"))
+    (folder / "config.json").write_text("{}")  # a Hugging Face folder: read as files, no model built
+    result = compare(a, folder)
+    assert result.b_kind == "safetensors (2 files)" and result.codes() == [] and result.facts["equal"] == 6
+    save_file({names[0]: state[names[0]]}, str(folder / "model-extra.safetensors"))
+    with pytest.raises(InspectorError, match=f"tensor {names[0]} is in both"):
+        compare(a, folder)

@@ -254,6 +254,47 @@ def _first_offset(info: Any) -> int:
         return -1
 
 
+class ShardedSafetensorsSide(TensorSource):
+    """A folder of ``.safetensors`` files (a sharded Hugging Face checkpoint): one side, each tensor read
+    from the file that holds it, the files never loaded whole."""
+
+    def __init__(self, path: Path, files: list[Path]) -> None:
+        self.path = path
+        self._shards: list[SafetensorsSide] = []
+        self._owner: dict[str, SafetensorsSide] = {}
+        try:
+            for f in files:
+                shard = SafetensorsSide(f)
+                self._shards.append(shard)
+                for name in shard.entries:
+                    if name in self._owner:
+                        raise InspectorError(f"{path.name}: tensor {name} is in both {self._owner[name].path.name} "
+                                             f"and {f.name}; a checkpoint folder holds each tensor once")
+                    self._owner[name] = shard
+        except BaseException:
+            self.close()
+            raise
+        entries = {n: m for shard in self._shards for n, m in shard.entries.items()}
+        super().__init__(path.name, f"safetensors ({len(files)} files)", entries, [],
+                         frozenset(n for n, m in entries.items() if m.dtype.is_floating_point), streams=True)
+
+    def display_order(self) -> list[str]:
+        return sorted(self.entries, key=natural_key)
+
+    def read(self, name: str) -> torch.Tensor:
+        return self._owner[name].read(name)
+
+    def chunks(self, name: str) -> Iterator[np.ndarray]:
+        return self._owner[name].chunks(name)
+
+    def prefetch(self, name: str) -> None:
+        self._owner[name].prefetch(name)
+
+    def close(self) -> None:
+        for shard in self._shards:
+            shard.close()
+
+
 class DcpSide(TensorSource):
     """A ``torch.distributed.checkpoint`` folder: each tensor put together from its pieces when read."""
 
@@ -305,6 +346,9 @@ def _open(spec: Spec, device: str) -> TensorSource:
     path = Path(text).expanduser()
     if is_dcp_folder(path):
         return DcpSide(path)
+    shards = sorted(path.glob("*.safetensors"), key=lambda f: natural_key(f.name)) if path.is_dir() else []
+    if shards:  # a checkpoint folder (a Hugging Face one too): its files, read tensor by tensor
+        return ShardedSafetensorsSide(path, shards)
     if path.is_dir() and (path / "config.json").is_file():
         loaded = load_model(f"hf:{path}", device=device)
         return ModelSide(loaded.name, loaded.model, loaded.findings)
@@ -325,9 +369,10 @@ def open_source(spec: Spec, device: str = "cpu") -> Iterator[TensorSource]:
     """One side of a comparison, closed afterwards.
 
     Args:
-        spec: ``"sample:NAME"``, ``"FILE.py:factory"``, ``"hf:DIR"`` (or a Hugging Face folder), a
-            ``.safetensors``/``.pt``/``.bin`` file, a ``torch.distributed.checkpoint`` folder, a
-            ``LoadedModel``, an ``nn.Module`` or a state dict.
+        spec: ``"sample:NAME"``, ``"FILE.py:factory"``, ``"hf:DIR"`` (the model built from the folder), a
+            ``.safetensors``/``.pt``/``.bin`` file, a folder of ``.safetensors`` files (a sharded or
+            Hugging Face checkpoint, read file by file without building a model), a
+            ``torch.distributed.checkpoint`` folder, a ``LoadedModel``, an ``nn.Module`` or a state dict.
         device: where a model built from a source string is placed.
 
     Raises:
