@@ -108,7 +108,11 @@ class ModelSide(TensorSource):
                          True, list(findings or []))
 
     def read(self, name: str) -> torch.Tensor:
+        from ..distributed.tensors import is_dtensor
+
         t = self._tensors[name].detach()
+        if is_dtensor(t):  # a sharded parameter: gathered whole (a collective: every rank must compare)
+            t = t.full_tensor()
         if t.device.type == "meta":
             raise InspectorError(f"{self.label}: tensor {name} is on the meta device (no values); load the "
                                  "model with a checkpoint on a real device to compare values")
