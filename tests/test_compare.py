@@ -234,3 +234,18 @@ def test_a_folder_of_safetensors_shards_is_one_side(tmp_path):
     save_file({names[0]: state[names[0]]}, str(folder / "model-extra.safetensors"))
     with pytest.raises(InspectorError, match=f"tensor {names[0]} is in both"):
         compare(a, folder)
+
+
+def test_a_rename_that_is_no_prefix_is_found_by_equal_bits_but_not_for_constant_tensors():
+    a = tiny()
+    state = state_of(a)
+    state["other.kernel"] = state.pop("blocks.1.fc.weight")  # arange values: one tensor only has them
+    state["other.zeros"] = torch.zeros(3)
+    with torch.no_grad():
+        a.blocks[1].fc.bias.zero_()  # all zeros: equal bits say nothing about where it went
+    state.pop("blocks.1.fc.bias")
+    result = compare(a, state)
+    renamed = finding(result, "renamed")
+    assert renamed.where == "blocks.1.fc.weight" and "is other.kernel in state dict" in renamed.message
+    assert dict(result.renamed) == {"blocks.1.fc.weight": "other.kernel"}
+    assert [f.where for f in result.findings if f.code in ("missing", "extra")] == ["blocks.1.fc.bias", "other.zeros"]
