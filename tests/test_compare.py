@@ -249,3 +249,15 @@ def test_a_rename_that_is_no_prefix_is_found_by_equal_bits_but_not_for_constant_
     assert renamed.where == "blocks.1.fc.weight" and "is other.kernel in state dict" in renamed.message
     assert dict(result.renamed) == {"blocks.1.fc.weight": "other.kernel"}
     assert [f.where for f in result.findings if f.code in ("missing", "extra")] == ["blocks.1.fc.bias", "other.zeros"]
+
+
+def test_corrupt_and_truncated_safetensors_are_named(tmp_path):
+    a = tiny()
+    save_file(state_of(a), str(tmp_path / "ok.safetensors"))
+    data = (tmp_path / "ok.safetensors").read_bytes()
+    (tmp_path / "cut.safetensors").write_bytes(data[:-8])
+    with pytest.raises(InspectorError, match=r"cut.safetensors is not a readable safetensors file: tensor \S+ has shape"):
+        compare(a, tmp_path / "cut.safetensors")
+    (tmp_path / "junk.safetensors").write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00not json at all!")
+    with pytest.raises(InspectorError, match="junk.safetensors is not a readable safetensors file"):
+        compare(tmp_path / "junk.safetensors", a)
