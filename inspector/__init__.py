@@ -28,6 +28,7 @@ from .aliases import (
 )
 from .attribution import METHODS, Attribution, AttributionResult, attribute, methods_for
 from .capture import Captures, capture_activations, capturing, reference_drift, select_modules
+from .compare import RunComparison, WeightComparison, compare
 from .devices import DeviceInfo, available_devices, device_names, move_model
 from .distributed.report import run_report
 from .findings import Finding, InspectorError, sort_findings
@@ -63,7 +64,6 @@ from .placement import (
 from .report import SECTIONS, Report, build_report
 from .summary import ModelSummary, format_bytes, format_count, model_summary, summary_findings
 from .watch import Run, StepFinding, read_run
-from .compare import RunComparison, WeightComparison, compare
 
 __version__ = "0.1.0"
 
