@@ -6,7 +6,7 @@ import argparse
 from typing import Any
 
 from .. import cli_types as types
-from ..cli_common import print_findings, print_table, progress, say, write_json
+from ..cli_common import default_device, print_findings, print_table, progress, say, write_json
 from ..compare import RunComparison, WeightComparison, compare
 
 HELP = ("compare two models or checkpoints (sample:, FILE.py:factory, hf:, .safetensors/.pt/.bin, "
@@ -17,7 +17,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("a", help="A: a source (sample:NAME, FILE.py:factory, hf:DIR), a checkpoint file or "
                                   "folder, or a run file")
     parser.add_argument("b", help="B: the same kinds as A")
-    parser.add_argument("--device", default="cpu", type=types.device, help="where models built from sources go")
+    parser.add_argument("--device", default=None, type=types.device,
+                        help="where models built from sources go (default: cpu; meta for structure-only samples, "
+                             "whose names, shapes and dtypes are then compared without values)")
     parser.add_argument("--tolerance", default=0.05, type=types.positive_float,
                         help="run files: relative difference beyond which the runs diverge (default 0.05)")
     parser.add_argument("--all", action="store_true", help="list every tensor, not only those that differ")
@@ -28,7 +30,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     progress(f"comparing {args.a} with {args.b}")
-    result = compare(args.a, args.b, device=args.device, tolerance=args.tolerance, progress=progress)
+    device = args.device or ("meta" if "meta" in (default_device(args.a), default_device(args.b)) else "cpu")
+    result = compare(args.a, args.b, device=device, tolerance=args.tolerance, progress=progress)
     if isinstance(result, RunComparison):
         _print_runs(result, args)
     else:
