@@ -28,6 +28,7 @@ from .aliases import (
 )
 from .attribution import METHODS, Attribution, AttributionResult, attribute, methods_for
 from .capture import Captures, capture_activations, capturing, reference_drift, select_modules
+from .compare import RunComparison, WeightComparison, compare
 from .devices import DeviceInfo, available_devices, device_names, move_model
 from .distributed.report import run_report
 from .findings import Finding, InspectorError, sort_findings
@@ -80,4 +81,5 @@ __all__ = [
     "plan_device_map", "plan_device_map_explained", "retie", "run_backward", "run_report", "select_modules",
     "snapshot_ties", "sort_findings", "storage_key", "summary_findings", "tensor_inventory",
     "Run", "StepFinding", "WatchResult", "read_run", "watch",
+    "RunComparison", "WeightComparison", "compare",
 ]

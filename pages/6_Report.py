@@ -39,6 +39,8 @@ PAGE_WORDS = {
         f"tick **{ANY_SIZE}** (and perhaps lower **{STEPS_LABEL}**) to run it here",
     "the Labs page (or lab=..., lab_progress=...) adds them":
         "check an answer on the **Labs** page, then build the report again",
+    "pass compare_with=<a source, checkpoint file or folder> (the command line's --compare-with)":
+        "compare on the **Compare** page, or run `python -m inspector report ... --compare-with B`",
 }
 
 
@@ -55,7 +57,8 @@ def page_words(note: str) -> str:
 
 
 with st.form("report_options"):
-    picked = st.multiselect("Sections", choices, default=choices, format_func=SECTION_TITLES.get,
+    picked = st.multiselect("Sections", choices, default=[c for c in choices if c != "compare"],  # needs a B
+                            format_func=SECTION_TITLES.get,
                             help="The findings list is always included, at the top.")
     left, right = st.columns(2)
     batch_size = left.number_input(BATCH_LABEL, min_value=1, value=2, step=1, help=f"1 to {MAX_BATCH}")

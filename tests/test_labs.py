@@ -30,7 +30,7 @@ from inspector.labs import (
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "docs" / "examples" / "lab_frozen_head.py"
 PACKAGE_LABS = ["broken-tie", "shifted-offsets", "stranded-buffer", "corrupted-capture",
-                "flattening-myths", "late-overflow"]
+                "flattening-myths", "late-overflow", "silent-block"]
 
 _SCENARIOS: dict[str, object] = {}
 
@@ -138,6 +138,11 @@ WRONG = [
     ("late-overflow", "producer", {"module": "head", "step": 10}),
     ("late-overflow", "producer", {"module": "gate", "step": 11}),
     ("late-overflow", "fix", {"fix": "lower the learning rate tenfold"}),
+    # blocks.0 is the block left out of the optimizer; 8416 = 32 + 32 + 4096 + 128 + 4096 + 32
+    ("silent-block", "which", {"module": "blocks.1", "elements": 8416}),
+    ("silent-block", "which", {"module": "blocks.0", "elements": 8384}),  # without the LayerNorm
+    ("silent-block", "why", {"reason": "frozen: its parameters have requires_grad=False"}),
+    ("silent-block", "why", {"reason": "no gradient reaches it: it is cut off from the loss"}),
 ]
 SOLVED = sorted({(lab, task) for lab, task, _ in WRONG})
 

@@ -52,6 +52,8 @@ VIEWS = [
     View("pages/8_Training.py", "Training", ":material/monitoring:",
          "In a training run, live: which module's gradient exploded or died, at which step, and do the "
          "ranks' gradients, memory and replicas agree?"),
+    View("pages/9_Compare.py", "Compare", ":material/compare_arrows:",
+         "What changed between two models or checkpoints, and where do two runs part?"),
 ]
 REDIRECTS = {"Distributed": "pages/8_Training.py"}  # old address -> the page that took it over
 

@@ -33,6 +33,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--conversions", nargs="+", default=None, metavar="NAME",
                         help="conversion checks to run: names, 'all' or 'none' "
                              "(default: all of them on models up to 64 MiB)")
+    parser.add_argument("--compare-with", default=None, metavar="B",
+                        help="compare section: a source, checkpoint file or folder to compare the model with")
     parser.add_argument("--attribution-method", default=None, help="ig, saliency, layer_ig, ...")
     parser.add_argument("--attribution-target", type=int, default=None,
                         help="class index or next-token id to attribute (default 0)")
@@ -70,6 +72,8 @@ def options_from_args(args: argparse.Namespace) -> dict:
             options[key] = getattr(args, key)
     if args.attribute_on_cpu:
         options["attribution_cpu_max_bytes"] = None
+    if args.compare_with:
+        options["compare_with"] = args.compare_with
     check_options(options)
     return options
 

@@ -212,7 +212,28 @@ def read_dcp(folder: str | os.PathLike) -> tuple[dict[str, torch.Tensor], list[F
     return state, findings
 
 
+def dcp_index(folder: str | os.PathLike) -> tuple[dict[str, Entry], dict[str, list[Piece]]]:
+    """Every entry of a checkpoint folder's index and the stored pieces of each tensor, by name, once
+    every claim was checked against the files (nothing allocated); read one with :func:`read_dcp_tensor`."""
+    p = Path(folder)
+    metadata = read_metadata(p)
+    entries = _entries(p, metadata)
+    pieces = _pieces(p, metadata, entries)
+    _check_claims(p, [e for e in entries.values() if e.kind == "tensor"], pieces)
+    return entries, pieces
+
+
+def read_dcp_tensor(folder: Path, entry: Entry, own: list[Piece], handles: dict[str, Any]) -> torch.Tensor:
+    """One whole tensor on the CPU from its checked pieces (``own``); ``handles`` keeps the open
+    ``.distcp`` files (the caller closes them)."""
+    return _assemble(folder, entry, own, handles)
+
+
 def _assemble(folder: Path, entry: Entry, own: list[Piece], handles: dict[str, Any]) -> torch.Tensor:
+    if len(own) == 1 and not any(own[0].offsets):  # one piece: the whole tensor, once it is checked
+        value = _read_piece(folder, own[0], handles)
+        if tuple(value.shape) == entry.shape and value.dtype == entry.dtype and own[0].sizes in ((), entry.shape):
+            return value
     whole = torch.empty(entry.shape, dtype=entry.dtype)
     covered = torch.zeros(whole.shape, dtype=torch.bool)
     filled = 0

@@ -9,6 +9,7 @@ from __future__ import annotations
 from .aliases import alias_graph_figure
 from .attribution import completeness_line, conductance_bars, image_overlay, token_heatmap
 from .capture import capture_heatmap, capture_histogram, capture_stats_figure, clone_vs_reference_figure
+from .compare import module_change_bars, module_rows, run_divergence_figure
 from .distributed import grad_norm_figure, memory_figure
 from .offsets import layer_norm_bars, offset_strip
 from .palette import device_colour, device_colours, device_key, key_label, readable
@@ -31,4 +32,5 @@ __all__ = [
     "offset_strip", "placement_treemap", "readable", "token_heatmap", "usage_bars", "usage_side_by_side",
     "heatmap_figure", "run_lines_figure",
     "NormGrid", "bin_matrix", "envelope", "findings_timeline", "loss_norm_figure", "norm_grid", "norm_heatmap",
+    "module_change_bars", "module_rows", "run_divergence_figure",
 ]

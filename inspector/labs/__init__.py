@@ -5,8 +5,9 @@ A lab is a :class:`Lab` (story, scenario builder, tasks with answer fields and a
 hints, solution). The package ships six; a teacher adds one by dropping a Python file that
 defines ``LAB = Lab(...)`` into the folder named by ``INSPECTOR_LABS_DIR``.
 
->>> [lab.id for lab in discover_labs(labs_dir="")]
-['broken-tie', 'shifted-offsets', 'stranded-buffer', 'corrupted-capture', 'flattening-myths', 'late-overflow']
+>>> [lab.id for lab in discover_labs(labs_dir="")]  # doctest: +NORMALIZE_WHITESPACE
+['broken-tie', 'shifted-offsets', 'stranded-buffer', 'corrupted-capture', 'flattening-myths',
+ 'late-overflow', 'silent-block']
 """
 
 from __future__ import annotations

@@ -16,6 +16,7 @@ SECTION_TITLES: dict[str, str] = {
     "captures": "Activation captures",
     "attribution": "Attributions",
     "labs": "Lab results",
+    "compare": "Compared with another model or checkpoint",
 }
 SECTIONS: tuple[str, ...] = tuple(SECTION_TITLES)
 
@@ -37,6 +38,7 @@ DEFAULT_OPTIONS: dict[str, Any] = {
     "gradients": None,             # {parameter name: gradient} to report instead of .grad (not recorded)
     "student": "",
     "max_rows": 60,                # rows per table in Markdown (JSON and HTML keep every row)
+    "compare_with": None,          # B for the compare section: a source, checkpoint file or folder (None: skipped)
 }
 UNRECORDED_OPTIONS = ("lab_progress", "gradients")
 

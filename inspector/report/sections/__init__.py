@@ -9,6 +9,7 @@ from __future__ import annotations
 from .aliases import aliases_section
 from .attribution import attribution_section
 from .captures import captures_section
+from .compare import compare_section
 from .context import Context, SectionBuilder, SectionUnavailable
 from .labs import lab_section, labs_section
 from .offsets import offsets_section
@@ -23,8 +24,10 @@ SECTION_BUILDERS: dict[str, SectionBuilder] = {
     "captures": captures_section,
     "attribution": attribution_section,
     "labs": labs_section,
+    "compare": compare_section,
 }
 
 __all__ = ["SECTION_BUILDERS", "Context", "SectionBuilder", "SectionUnavailable", "aliases_section",
            "attribution_section", "captures_section", "lab_section", "labs_section", "offsets_section",
-           "placement_section", "summary_section"]
+           "placement_section", "summary_section",
+           "compare_section"]

@@ -1,0 +1,83 @@
+"""``python -m inspector compare A B``: what changed between two models, checkpoints or run files."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from .. import cli_types as types
+from ..cli_common import default_device, print_findings, print_table, progress, say, write_json
+from ..compare import RunComparison, WeightComparison, compare
+
+HELP = ("compare two models or checkpoints (sample:, FILE.py:factory, hf:, .safetensors/.pt/.bin, "
+        "torch.distributed.checkpoint folders) tensor by tensor, or two run files step by step")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("a", help="A: a source (sample:NAME, FILE.py:factory, hf:DIR), a checkpoint file or "
+                                  "folder, or a run file")
+    parser.add_argument("b", help="B: the same kinds as A")
+    parser.add_argument("--device", default=None, type=types.device,
+                        help="where models built from sources go (default: cpu; meta for structure-only samples, "
+                             "whose names, shapes and dtypes are then compared without values)")
+    parser.add_argument("--tolerance", default=0.05, type=types.positive_float,
+                        help="run files: relative difference beyond which the runs diverge (default 0.05)")
+    parser.add_argument("--all", action="store_true", help="list every tensor, not only those that differ")
+    parser.add_argument("--max-rows", type=types.positive_int, default=60, help="rows to print")
+    parser.add_argument("--json", default=None, type=types.output_file, metavar="PATH",
+                        help="write the tables and findings as JSON")
+
+
+def run(args: argparse.Namespace) -> int:
+    progress(f"comparing {args.a} with {args.b}")
+    device = args.device or ("meta" if "meta" in (default_device(args.a), default_device(args.b)) else "cpu")
+    result = compare(args.a, args.b, device=device, tolerance=args.tolerance, progress=progress)
+    if isinstance(result, RunComparison):
+        _print_runs(result, args)
+    else:
+        _print_weights(result, args)
+    print_findings(list(result.findings))
+    if args.json:
+        write_json(args.json, to_json(result))
+    return 0
+
+
+def _print_weights(result: WeightComparison, args: argparse.Namespace) -> None:
+    f = result.facts
+    say(f"A: {result.a} ({result.a_kind}), B: {result.b} ({result.b_kind})")
+    say(f"{f['compared']} tensors compared: {f['changed']} changed, {f['equal']} bitwise equal; "
+        f"{f['missing']} only in A, {f['extra']} only in B, {f['renamed']} renamed")
+    shown = result.tensors if args.all else result.tensors[result.tensors["status"] != "equal"]
+    columns = ["name", "name_b", "status", "shape_a", "shape_b", "dtype_a", "dtype_b", "max_abs", "rel_change"]
+    if len(shown):
+        print_table(shown[columns], args.max_rows)
+    top = result.modules[result.modules["changed"] > 0].sort_values("rel_change", ascending=False)
+    if len(top):
+        say("modules that changed most (‖B−A‖/‖A‖):")
+        print_table(top[["module", "tensors", "changed", "rel_change", "max_abs"]], min(args.max_rows, 20))
+
+
+def _print_runs(result: RunComparison, args: argparse.Namespace) -> None:
+    say(f"A: {result.a}, B: {result.b}: {result.facts['common_steps']} common steps, tolerance {result.tolerance:g}")
+    if result.first_divergence is None:
+        say("the runs agree at every common step")
+    else:
+        say(f"first divergence at step {result.first_divergence}; modules first: "
+            f"{', '.join(result.first_modules[:10]) or '(the loss only)'}")
+    print_table(result.steps, args.max_rows)
+
+
+def to_json(result: WeightComparison | RunComparison) -> dict[str, Any]:
+    """The result as plain data: facts, findings and tables (lists of records)."""
+    data: dict[str, Any] = {"a": result.a, "b": result.b, "facts": dict(result.facts),
+            "findings": [x.to_dict() for x in result.findings]}
+    if isinstance(result, WeightComparison):
+        data["tensors"] = result.tensors.to_dict(orient="records")
+        data["modules"] = result.modules.to_dict(orient="records")
+        data["renamed"] = [list(p) for p in result.renamed]
+    else:
+        data["steps"] = result.steps.to_dict(orient="records")
+        data["modules"] = result.modules.astype(object).where(result.modules.notna(), None).to_dict(orient="records")
+        data["first_divergence"] = result.first_divergence
+        data["first_modules"] = list(result.first_modules)
+    return data

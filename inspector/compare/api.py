@@ -1,0 +1,74 @@
+"""``compare(a, b)``: two models or checkpoints, or two run files."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from ..watch import Run
+from ..watch.record import STREAM_MAGIC
+from .result import RunComparison, WeightComparison
+from .runs import compare_runs
+from .sources import Spec
+from .weights import Progress, compare_weights
+
+
+def is_run_source(spec: Any) -> bool:
+    """Whether ``spec`` is a run file: the watch's Arrow stream, or ``check_step``'s JSON lines (read
+    from the first bytes, whatever the name)."""
+    from ..distributed import is_run_file
+
+    if isinstance(spec, Run):
+        return True
+    if not isinstance(spec, (str, os.PathLike)):
+        return False
+    path = Path(os.fspath(spec))
+    if not path.is_file() or path.suffix in (".safetensors", ".pt", ".pth", ".bin"):
+        return False
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(4)
+    except OSError:
+        return False
+    return head == STREAM_MAGIC or is_run_file(path)
+
+
+def compare(a: Spec, b: Spec, *, device: str = "cpu", tolerance: float = 0.05,
+            progress: Progress | None = None) -> WeightComparison | RunComparison:
+    """What changed from ``a`` to ``b``.
+
+    Args:
+        a, b: two model sources or checkpoints (``"sample:NAME"``, ``"FILE.py:factory"``, ``"hf:DIR"``,
+            a ``.safetensors``/``.pt``/``.bin`` file, a ``torch.distributed.checkpoint`` folder, a
+            ``LoadedModel``, an ``nn.Module`` or a state dict), or two run files.
+        device: where a model built from a source string is placed.
+        tolerance: for run files, the relative difference beyond which two runs diverge.
+        progress: called with a line of text now and then.
+
+    Returns:
+        a :class:`WeightComparison` (tensors, modules, findings), or a :class:`RunComparison`.
+
+    Raises:
+        InspectorError: a source is unknown, missing, corrupt or refused, or one is a run file
+            and the other is not.
+
+    >>> import torch
+    >>> from torch import nn
+    >>> a = nn.Sequential(nn.Linear(2, 2), nn.Linear(2, 2))
+    >>> b = {k: v + (k.startswith("1.")) for k, v in a.state_dict().items()}  # layer 1 moved by 1
+    >>> result = compare(a, b)
+    >>> result.codes()
+    ['unchanged-tensor']
+    >>> result.findings[0].where, result.modules["changed"].tolist()
+    ('0', [0, 2])
+    """
+    runs = is_run_source(a), is_run_source(b)
+    if all(runs):
+        return compare_runs(a, b, tolerance=tolerance)
+    if any(runs):
+        from ..findings import InspectorError
+
+        raise InspectorError(f"{a if runs[0] else b} is a run file but the other side is not: compare two run "
+                             "files, or two models/checkpoints")
+    return compare_weights(a, b, device=device, progress=progress)

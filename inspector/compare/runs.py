@@ -1,0 +1,144 @@
+"""Two training runs side by side: the first step where they part, and the modules that part first.
+
+Both run files are read with :func:`inspector.watch.read_run` (the watch's Arrow file, or a
+``check_step`` ``run.jsonl``). Two numbers differ beyond ``tolerance`` when
+``|B − A| / max(|A|, |B|) > tolerance``; a value that is finite on one side and not on the
+other always does.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from ..findings import Finding, InspectorError
+from .result import RunComparison
+
+RUN_MODULE_COLUMNS = ["module", "first_divergence", "max_diff", "diff_at_divergence"]
+
+
+def relative_difference(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """``|b − a| / max(|a|, |b|)`` elementwise: 0 where both are 0 or both NaN, inf where only one is finite.
+
+    >>> relative_difference(np.array([1.0, 0.0, 2.0]), np.array([1.5, 0.0, np.nan])).tolist()
+    [0.3333333333333333, 0.0, inf]
+    """
+    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        scale = np.maximum(np.abs(a), np.abs(b))
+        out = np.where(scale > 0, np.abs(b - a) / np.where(scale > 0, scale, 1.0), 0.0)
+    fa, fb = np.isfinite(a), np.isfinite(b)
+    out = np.where(fa & fb, out, np.inf)
+    return np.where(~fa & ~fb & (np.isnan(a) == np.isnan(b)), 0.0, out)
+
+
+def _read(run: Any) -> Any:
+    from ..watch import Run, read_run
+
+    if isinstance(run, Run):
+        return run
+    if not isinstance(run, (str, os.PathLike)):
+        raise InspectorError(f"a run to compare is a run file path or a Run, not {type(run).__name__}")
+    return read_run(run)
+
+
+def _steps(run: Any, rank: int) -> pd.DataFrame:
+    steps = run.steps[run.steps["rank"] == rank]
+    if not len(steps):
+        raise InspectorError(f"{run.path} has no steps for rank {rank}")
+    return steps[["step", "loss", "grad_norm"]].drop_duplicates("step", keep="last")
+
+
+def _module_matrix(run: Any, rank: int, steps: np.ndarray, modules: list[str]) -> np.ndarray:
+    """Gradient norms (len(steps) × len(modules)) of ``run`` at those steps and modules."""
+    have_steps, values = run.matrix("grad_norm", rank)
+    row = {int(s): i for i, s in enumerate(have_steps)}
+    col = {m: i for i, m in enumerate(run.module_order)}
+    return values[np.ix_([row[int(s)] for s in steps], [col[m] for m in modules])].astype(np.float64)
+
+
+def compare_runs(a: Any, b: Any, *, tolerance: float = 0.05, rank: int = 0) -> RunComparison:
+    """Runs ``a`` and ``b`` (paths or :class:`inspector.watch.Run`) step by step.
+
+    Args:
+        tolerance: relative difference (``|B − A| / max(|A|, |B|)``) beyond which a quantity diverges.
+        rank: the rank whose numbers are compared.
+
+    Raises:
+        InspectorError: a run file is unreadable, or the runs share no step.
+    """
+    if not (isinstance(tolerance, (int, float)) and tolerance >= 0 and math.isfinite(tolerance)):
+        raise InspectorError(f"tolerance must be a finite number of 0 or more, got {tolerance!r}")
+    ra, rb = _read(a), _read(b)
+    sa, sb = _steps(ra, rank), _steps(rb, rank)
+    steps = sa.merge(sb, on="step", how="outer", suffixes=("_a", "_b")).sort_values("step", ignore_index=True)
+    for q in ("loss", "grad_norm"):
+        steps[f"{q}_diff"] = relative_difference(steps[f"{q}_a"].to_numpy(), steps[f"{q}_b"].to_numpy())
+    steps = steps[["step", "loss_a", "loss_b", "loss_diff", "grad_norm_a", "grad_norm_b", "grad_norm_diff"]]
+    common = np.array(sorted(set(sa["step"]) & set(sb["step"])), dtype=np.int64)
+    if not len(common):
+        raise InspectorError(f"{ra.path} and {rb.path} share no step (A: {sa['step'].min()}..{sa['step'].max()}, "
+                             f"B: {sb['step'].min()}..{sb['step'].max()}); nothing to compare")
+    modules = [m for m in ra.module_order if m in set(rb.module_order)]
+    diff = relative_difference(_module_matrix(ra, rank, common, modules), _module_matrix(rb, rank, common, modules))
+    loss = steps.set_index("step").loc[common, "loss_diff"].to_numpy()
+    loss_known = steps.set_index("step").loc[common, ["loss_a", "loss_b"]].notna().all(axis=1).to_numpy()
+    loss_out = loss_known & (loss > tolerance)
+    beyond = diff > tolerance
+    parted = np.flatnonzero(loss_out | beyond.any(axis=1))
+    first = int(common[parted[0]]) if len(parted) else None
+    first_modules: tuple[str, ...] = ()
+    if first is not None:
+        row = diff[parted[0]]
+        first_modules = tuple(modules[i] for i in np.argsort(-row, kind="stable") if row[i] > tolerance)
+    table = _module_table(modules, common, diff, beyond, first, parted)
+    findings = _findings(ra, rb, sa, sb, modules, first, first_modules, loss_out, parted, tolerance, steps)
+    facts = {"steps_a": len(sa), "steps_b": len(sb), "common_steps": len(common), "modules": len(modules),
+             "tolerance": tolerance, "first_divergence": first}
+    return RunComparison(ra.path, rb.path, steps, table, first, first_modules, float(tolerance), tuple(findings), facts)
+
+
+def _module_table(modules: list[str], common: np.ndarray, diff: np.ndarray, beyond: np.ndarray,
+                  first: int | None, parted: np.ndarray) -> pd.DataFrame:
+    """Per module (model order): its first step beyond the tolerance, its largest and its first-step difference."""
+    rows = []
+    for j, m in enumerate(modules):
+        hits = np.flatnonzero(beyond[:, j])
+        col = diff[:, j]
+        rows.append((m, int(common[hits[0]]) if len(hits) else None,
+                     float(np.max(col)) if len(col) else math.nan,
+                     float(col[parted[0]]) if first is not None else math.nan))
+    table = pd.DataFrame(rows, columns=RUN_MODULE_COLUMNS)
+    table["first_divergence"] = table["first_divergence"].astype("Int64")
+    return table
+
+
+def _findings(ra: Any, rb: Any, sa: pd.DataFrame, sb: pd.DataFrame, modules: list[str], first: int | None,
+              first_modules: tuple[str, ...], loss_out: np.ndarray, parted: np.ndarray, tolerance: float,
+              steps: pd.DataFrame) -> list[Finding]:
+    out = []
+    if first is None:
+        out.append(Finding("runs-agree", "info", "", f"{ra.path} and {rb.path} agree within {tolerance:g} (relative) "
+                           f"in loss and every module's gradient norm at all {len(set(sa['step']) & set(sb['step']))} "
+                           "common steps"))
+    else:
+        at = steps.set_index("step").loc[first]
+        loss_text = (f"the loss is {at['loss_a']:.6g} in A and {at['loss_b']:.6g} in B" if loss_out[parted[0]]
+                     else "the loss still agrees")
+        shown = ", ".join(first_modules[:5]) + (f" and {len(first_modules) - 5} more" if len(first_modules) > 5 else "")
+        out.append(Finding("run-diverged", "warning", first_modules[0] if first_modules else "loss",
+                           f"{ra.path} and {rb.path} diverge first at step {first} (beyond {tolerance:g} relative): "
+                           f"{loss_text}" + (f"; the gradient norms of {shown} part first" if first_modules else "")))
+    only_a, only_b = set(sa["step"]) - set(sb["step"]), set(sb["step"]) - set(sa["step"])
+    if only_a or only_b:
+        out.append(Finding("steps-missing", "info", "", f"{len(only_a)} steps are only in {ra.path} and {len(only_b)} "
+                           f"only in {rb.path}; they are shown but not compared"))
+    differ = sorted(set(ra.module_order) ^ set(rb.module_order))
+    if differ:
+        out.append(Finding("modules-differ", "warning", differ[0], f"{len(differ)} modules are in one run only "
+                           f"(first: {differ[0]}); only the {len(modules)} modules of both are compared"))
+    return out

@@ -1,0 +1,385 @@
+"""The two sides of a comparison: models, state dicts and checkpoints read one tensor at a time.
+
+A :class:`TensorSource` lists every tensor's name, shape, dtype and device without reading its
+values, and reads one tensor (or streams its raw values in chunks) when asked. A ``.safetensors``
+file is streamed chunk by chunk into one reused buffer (nothing is memory-mapped, so a process
+holds a chunk per side, and a whole tensor only where the dtypes differ); a
+``torch.distributed.checkpoint`` folder is put together one tensor at a time from its pieces;
+a torch ``.pt/.bin`` zip file is memory-mapped by ``torch.load(weights_only=True, mmap=True)``.
+Nothing in a checkpoint is ever executed: the readers are the loader's own.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import struct
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from ..checkpoint_listing import _SAFETENSORS_DTYPES
+from ..checkpoints import read_checkpoint
+from ..distributed.checkpoint import dcp_index, is_dcp_folder, read_dcp_tensor
+from ..findings import Finding, InspectorError
+from ..models import LoadedModel, load_model
+from .kernels import CHUNK, raw_values
+
+
+@dataclass(frozen=True)
+class Meta:
+    """What a side knows about one tensor before reading it."""
+
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+    device: str
+
+
+@dataclass
+class TensorSource:
+    """One side of a comparison (built by :func:`open_source`).
+
+    ``entries``: name -> :class:`Meta`, in the source's order; ``ties``: groups of names that are
+    one tensor here (same object or same storage); ``trainable``: names that training would
+    change (a model's ``requires_grad`` parameters; every floating tensor of a file);
+    ``is_model``: whether ties can be expressed here (a file may store a tie once).
+    """
+
+    label: str
+    kind: str
+    entries: dict[str, Meta]
+    ties: list[tuple[str, ...]] = field(default_factory=list)
+    trainable: frozenset[str] = frozenset()
+    is_model: bool = False
+    findings: list[Finding] = field(default_factory=list)
+    streams: bool = False  # chunks come from a file, so reading ahead pays
+
+    def read(self, name: str) -> torch.Tensor:
+        """The tensor ``name`` on the CPU; valid until the next ``read`` of this side."""
+        raise NotImplementedError
+
+    def display_order(self) -> list[str]:
+        """The names in the order tables show them: a model's own order; a file's names sorted with
+        their numbers as numbers (``h.2`` before ``h.10``), since files keep no model order."""
+        return list(self.entries)
+
+    def prefetch(self, name: str) -> None:
+        """Ask the system to start reading ``name`` from the disk (into its page cache, not into this
+        process) while the caller works on something else; a hint only."""
+
+    def chunks(self, name: str) -> Iterator[np.ndarray]:
+        """The raw values of ``name`` (:func:`raw_values`), ``CHUNK`` elements at a time; each chunk is
+        valid until the next one is taken."""
+        raw = raw_values(self.read(name))
+        for start in range(0, raw.size, CHUNK):
+            yield raw[start:start + CHUNK]
+
+    def close(self) -> None:
+        """Release open files."""
+
+
+class ModelSide(TensorSource):
+    """The tensors of a model in memory (its state dict names, aliases included)."""
+
+    def __init__(self, label: str, model: nn.Module, findings: list[Finding] | None = None) -> None:
+        from ..aliases import alias_groups
+        from ..inventory import tensor_inventory
+
+        self._tensors: dict[str, torch.Tensor] = {}
+        trainable = set()
+        for e in tensor_inventory(model).entries:
+            if e.kind == "buffer" and e.attr in model.get_submodule(e.module)._non_persistent_buffers_set:
+                continue  # never saved in a state dict, so never in a checkpoint
+            self._tensors[e.name] = e.tensor
+            if e.kind == "parameter" and e.requires_grad and e.tensor.is_floating_point():
+                trainable.add(e.name)
+        entries = {n: Meta(tuple(t.shape), t.dtype, str(t.device)) for n, t in self._tensors.items()}
+        ties = [tuple(n for n in g.names if n in entries) for g in alias_groups(model)
+                if g.kind in ("same-object", "shared-storage")]
+        super().__init__(label, "model", entries, [t for t in ties if len(t) > 1], frozenset(trainable),
+                         True, list(findings or []))
+
+    def read(self, name: str) -> torch.Tensor:
+        from ..distributed.tensors import is_dtensor
+
+        t = self._tensors[name].detach()
+        if is_dtensor(t):  # a sharded parameter: gathered whole (a collective: every rank must compare)
+            t = t.full_tensor()
+        if t.device.type == "meta":
+            raise InspectorError(f"{self.label}: tensor {name} is on the meta device (no values); load the "
+                                 "model with a checkpoint on a real device to compare values")
+        return t.cpu() if t.device.type != "cpu" else t
+
+
+class StateDictSide(TensorSource):
+    """A dict of names to tensors (a state dict in memory, or a torch file's)."""
+
+    def __init__(self, label: str, state: Mapping[str, torch.Tensor], kind: str = "state dict",
+                 findings: list[Finding] | None = None) -> None:
+        self._tensors = dict(state)
+        entries = {n: Meta(tuple(t.shape), t.dtype, str(t.device)) for n, t in self._tensors.items()}
+        super().__init__(label, kind, entries, _shared_storage_groups(self._tensors),
+                         frozenset(n for n, t in self._tensors.items() if t.is_floating_point()),
+                         False, list(findings or []))
+
+    def read(self, name: str) -> torch.Tensor:
+        t = self._tensors[name].detach()
+        return t.cpu() if t.device.type != "cpu" else t
+
+
+def natural_key(name: str) -> list[tuple[int, int | str]]:
+    """Sort key that reads the numbers in a name as numbers.
+
+    >>> sorted(["h.10.w", "h.2.w", "emb"], key=natural_key)
+    ['emb', 'h.2.w', 'h.10.w']
+    """
+    return [(0, int(part)) if part.isdigit() else (1, part) for part in re.split(r"(\d+)", name) if part]
+
+
+def _shared_storage_groups(state: Mapping[str, torch.Tensor]) -> list[tuple[str, ...]]:
+    """Names whose tensors are one stretch of one storage (``torch.save`` keeps a tie that way)."""
+    by_key: dict[tuple, list[str]] = {}
+    for name, t in state.items():
+        if t.layout != torch.strided or t.device.type == "meta":
+            continue
+        key = (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), tuple(t.stride()), t.dtype)
+        by_key.setdefault(key, []).append(name)
+    return [tuple(v) for v in by_key.values() if len(v) > 1]
+
+
+class SafetensorsSide(TensorSource):
+    """A ``.safetensors`` file: its header parsed and checked, each tensor read into a reused buffer."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        try:
+            self._fh = open(path, "rb", buffering=0)  # noqa: SIM115 - closed by close()
+        except OSError as exc:
+            raise InspectorError(f"checkpoint {path} cannot be read: {exc}") from None
+        try:
+            entries, self._offsets = _safetensors_header(path, self._fh)
+        except BaseException:
+            self._fh.close()
+            raise
+        self._buffer = torch.empty(0, dtype=torch.uint8)
+        self._chunk = torch.empty(0, dtype=torch.uint8)
+        super().__init__(path.name, "safetensors", entries, [],
+                         frozenset(n for n, m in entries.items() if m.dtype.is_floating_point), streams=True)
+
+    def display_order(self) -> list[str]:
+        return sorted(self.entries, key=natural_key)
+
+    def read(self, name: str) -> torch.Tensor:
+        start, end = self._offsets[name]
+        if self._buffer.numel() < end - start:
+            self._buffer = torch.empty(end - start, dtype=torch.uint8)
+        view = self._buffer[: end - start]
+        self._fh.seek(start)
+        got = self._fh.readinto(view.numpy().data)
+        if got != end - start:
+            raise InspectorError(f"checkpoint {self.path.name}: tensor {name} ends past the end of the file; "
+                                 "the file is truncated")
+        meta = self.entries[name]
+        return view.view(meta.dtype).view(meta.shape)
+
+    def chunks(self, name: str) -> Iterator[np.ndarray]:
+        """Read straight from the file, one chunk at a time into a ring of ``RING`` reused buffers (a
+        chunk stays valid while the next two are read ahead): the tensor is never whole in memory."""
+        start, end = self._offsets[name]
+        meta = self.entries[name]
+        step = CHUNK * meta.dtype.itemsize
+        if self._chunk.numel() < RING * min(step, end - start):
+            self._chunk = torch.empty(RING * min(step, end - start), dtype=torch.uint8)
+        ring = self._chunk.numpy().reshape(RING, -1)
+        element = raw_values(torch.empty(0, dtype=meta.dtype)).dtype
+        for i, pos in enumerate(range(start, end, step)):
+            n = min(step, end - pos)
+            view = ring[i % RING, :n]
+            if os.preadv(self._fh.fileno(), [view.data], pos) != n:
+                raise InspectorError(f"checkpoint {self.path.name}: tensor {name} ends past the end of the file; "
+                                     "the file is truncated")
+            yield view.view(element)
+
+    def prefetch(self, name: str) -> None:
+        start, end = self._offsets[name]
+        if end > start and hasattr(os, "posix_fadvise"):
+            os.posix_fadvise(self._fh.fileno(), start, end - start, os.POSIX_FADV_WILLNEED)
+
+    def close(self) -> None:
+        self._fh.close()
+
+
+def _safetensors_header(path: Path, fh: Any) -> tuple[dict[str, Meta], dict[str, tuple[int, int]]]:
+    """Entries and absolute byte ranges from a safetensors header, every range checked against the file."""
+    size = os.fstat(fh.fileno()).st_size
+    bad = f"checkpoint {path.name} is not a readable safetensors file"
+    head = fh.read(8)
+    length = struct.unpack("<Q", head)[0] if len(head) == 8 else -1
+    if not 0 < length <= min(size - 8, 100 << 20):
+        raise InspectorError(f"{bad} (its header length is wrong); re-save it with safetensors")
+    try:
+        header = json.loads(fh.read(length))
+    except (ValueError, UnicodeDecodeError):
+        raise InspectorError(f"{bad} (its header is not JSON); re-save it with safetensors") from None
+    if not isinstance(header, dict):
+        raise InspectorError(f"{bad} (its header is not a JSON object); re-save it with safetensors")
+    entries: dict[str, Meta] = {}
+    offsets: dict[str, tuple[int, int]] = {}
+    base = 8 + length
+    for name, info in sorted(((k, v) for k, v in header.items() if k != "__metadata__"),
+                             key=lambda kv: _first_offset(kv[1])):
+        try:
+            dtype = getattr(torch, _SAFETENSORS_DTYPES[info["dtype"]])
+            shape = tuple(int(n) for n in info["shape"])
+            start, end = (int(x) for x in info["data_offsets"])
+        except (KeyError, TypeError, ValueError, AttributeError):
+            raise InspectorError(f"{bad}: the header entry of tensor {name} is invalid") from None
+        if min(shape, default=0) < 0 or end - start != math.prod(shape) * dtype.itemsize or start < 0 \
+                or base + end > size:
+            raise InspectorError(f"{bad}: tensor {name} has shape {shape} but bytes {start}..{end} "
+                                 f"(the file has {size - base} data bytes); the file is corrupt")
+        entries[name] = Meta(shape, dtype, "cpu")
+        offsets[name] = (base + start, base + end)
+    return entries, offsets
+
+
+def _first_offset(info: Any) -> int:
+    try:
+        return int(info["data_offsets"][0])
+    except (KeyError, TypeError, ValueError, IndexError):
+        return -1
+
+
+class ShardedSafetensorsSide(TensorSource):
+    """A folder of ``.safetensors`` files (a sharded Hugging Face checkpoint): one side, each tensor read
+    from the file that holds it, the files never loaded whole."""
+
+    def __init__(self, path: Path, files: list[Path]) -> None:
+        self.path = path
+        self._shards: list[SafetensorsSide] = []
+        self._owner: dict[str, SafetensorsSide] = {}
+        try:
+            for f in files:
+                shard = SafetensorsSide(f)
+                self._shards.append(shard)
+                for name in shard.entries:
+                    if name in self._owner:
+                        raise InspectorError(f"{path.name}: tensor {name} is in both {self._owner[name].path.name} "
+                                             f"and {f.name}; a checkpoint folder holds each tensor once")
+                    self._owner[name] = shard
+        except BaseException:
+            self.close()
+            raise
+        entries = {n: m for shard in self._shards for n, m in shard.entries.items()}
+        super().__init__(path.name, f"safetensors ({len(files)} files)", entries, [],
+                         frozenset(n for n, m in entries.items() if m.dtype.is_floating_point), streams=True)
+
+    def display_order(self) -> list[str]:
+        return sorted(self.entries, key=natural_key)
+
+    def read(self, name: str) -> torch.Tensor:
+        return self._owner[name].read(name)
+
+    def chunks(self, name: str) -> Iterator[np.ndarray]:
+        return self._owner[name].chunks(name)
+
+    def prefetch(self, name: str) -> None:
+        self._owner[name].prefetch(name)
+
+    def close(self) -> None:
+        for shard in self._shards:
+            shard.close()
+
+
+class DcpSide(TensorSource):
+    """A ``torch.distributed.checkpoint`` folder: each tensor put together from its pieces when read."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._entries, self._pieces = dcp_index(path)
+        self._handles: dict[str, Any] = {}
+        entries = {name: Meta(e.shape, e.dtype, "cpu") for name, e in self._entries.items()
+                   if e.kind == "tensor" and e.dtype is not None}
+        super().__init__(path.name, "distributed checkpoint", entries, [],
+                         frozenset(n for n, m in entries.items() if m.dtype.is_floating_point))
+
+    def display_order(self) -> list[str]:
+        return sorted(self.entries, key=natural_key)
+
+    def read(self, name: str) -> torch.Tensor:
+        return read_dcp_tensor(self.path, self._entries[name], self._pieces.get(name, []), self._handles)
+
+    def close(self) -> None:
+        for fh in self._handles.values():
+            fh.close()
+        self._handles.clear()
+
+
+RING = 3
+Spec = str | os.PathLike | LoadedModel | nn.Module | Mapping[str, torch.Tensor]
+
+
+def _open(spec: Spec, device: str) -> TensorSource:
+    if isinstance(spec, LoadedModel):
+        return ModelSide(spec.name, spec.model, spec.findings)
+    if isinstance(spec, nn.Module):
+        return ModelSide(type(spec).__name__, spec)
+    if isinstance(spec, Mapping):
+        if not all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in spec.items()):
+            raise InspectorError("a state dict to compare must map names (str) to tensors")
+        return StateDictSide("state dict", spec)
+    if not isinstance(spec, (str, os.PathLike)):
+        raise InspectorError(f"cannot compare a {type(spec).__name__}: give a source ('sample:NAME', "
+                             "'FILE.py:factory', 'hf:DIR'), a checkpoint file or folder, a model or a state dict")
+    text = os.fspath(spec)
+    if isinstance(text, str) and (text.startswith(("sample:", "hf:")) or ".py:" in text):
+        loaded = load_model(text, device=device)
+        return ModelSide(loaded.name, loaded.model, loaded.findings)
+    path = Path(text).expanduser()
+    if is_dcp_folder(path):
+        return DcpSide(path)
+    shards = sorted(path.glob("*.safetensors"), key=lambda f: natural_key(f.name)) if path.is_dir() else []
+    if shards:  # a checkpoint folder (a Hugging Face one too): its files, read tensor by tensor
+        return ShardedSafetensorsSide(path, shards)
+    if path.is_dir() and (path / "config.json").is_file():
+        loaded = load_model(f"hf:{path}", device=device)
+        return ModelSide(loaded.name, loaded.model, loaded.findings)
+    if not path.exists():
+        raise InspectorError(f"{path} does not exist: give a source ('sample:NAME', 'FILE.py:factory', "
+                             "'hf:DIR'), a .safetensors/.pt/.bin file or a torch.distributed.checkpoint folder")
+    if path.suffix == ".safetensors" and path.is_file():
+        return SafetensorsSide(path)
+    if path.is_dir():
+        raise InspectorError(f"{path} is a folder but neither a torch.distributed.checkpoint folder (no .metadata) "
+                             "nor a Hugging Face model folder (no config.json)")
+    state, findings = read_checkpoint(path, mmap=True)
+    return StateDictSide(path.name, state, "torch file", findings)
+
+
+@contextmanager
+def open_source(spec: Spec, device: str = "cpu") -> Iterator[TensorSource]:
+    """One side of a comparison, closed afterwards.
+
+    Args:
+        spec: ``"sample:NAME"``, ``"FILE.py:factory"``, ``"hf:DIR"`` (the model built from the folder), a
+            ``.safetensors``/``.pt``/``.bin`` file, a folder of ``.safetensors`` files (a sharded or
+            Hugging Face checkpoint, read file by file without building a model), a
+            ``torch.distributed.checkpoint`` folder, a ``LoadedModel``, an ``nn.Module`` or a state dict.
+        device: where a model built from a source string is placed.
+
+    Raises:
+        InspectorError: the source is unknown, missing, corrupt or refused.
+    """
+    side = _open(spec, device)
+    try:
+        yield side
+    finally:
+        side.close()

@@ -1,0 +1,82 @@
+"""Figures of a comparison: change per module in model order, two runs' losses and where they part."""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+import plotly.graph_objects as go
+
+from ..escaping import escaped_figure, plot_text
+
+CHANGED, UNCHANGED = "#4C78A8", "#E45756"
+MAX_BARS = 80
+
+
+def module_rows(modules: pd.DataFrame, max_bars: int = MAX_BARS) -> tuple[pd.DataFrame, str]:
+    """The modules to draw and what they are: the innermost ones (those that hold tensors directly)
+    when there are at most ``max_bars``, else every module of the deepest depth that has at most that many.
+
+    >>> frame = pd.DataFrame({"module": ["a", "a.b", "a.c", "d"], "depth": [1, 2, 2, 1]})
+    >>> rows, what = module_rows(frame)
+    >>> rows["module"].tolist(), what
+    (['a.b', 'a.c', 'd'], 'innermost modules')
+    """
+    names = modules["module"].tolist()
+    inner = [not any(other.startswith(m + ".") for other in names) for m in names]
+    if sum(inner) <= max_bars:
+        return modules[inner], "innermost modules"
+    counts = modules["depth"].value_counts()
+    fitting = [int(d) for d, n in counts.items() if n <= max_bars]
+    level = max(fitting) if fitting else int(counts.index.min())
+    return modules[modules["depth"] == level], f"modules at depth {level}"
+
+
+@escaped_figure
+def module_change_bars(modules: pd.DataFrame, depth: int | None = None) -> go.Figure:
+    """One bar per module (:func:`module_rows`, or every module at ``depth``), in model order: ‖B−A‖/‖A‖
+    over its tensors. Modules whose tensors are all bitwise equal get a red marker at zero."""
+    if depth is None:
+        rows, what = module_rows(modules)
+    else:
+        rows, what = modules[modules["depth"] == depth], f"modules at depth {depth}"
+    names = [plot_text(m) for m in rows["module"]]
+    rel = [0.0 if math.isnan(v) else v for v in rows["rel_change"]]
+    unchanged = (rows["changed"] == 0).tolist()
+    fig = go.Figure(go.Bar(
+        x=names, y=rel, marker_color=[UNCHANGED if u else CHANGED for u in unchanged],
+        customdata=list(zip(rows["tensors"], rows["changed"], rows["max_abs"], strict=True)),
+        hovertemplate="%{x}<br>‖B−A‖/‖A‖ %{y:.4g}<br>%{customdata[1]} of %{customdata[0]} tensors changed"
+                      "<br>max |B−A| %{customdata[2]:.4g}<extra></extra>", name="changed"))
+    if any(unchanged):
+        fig.add_trace(go.Scatter(x=[n for n, u in zip(names, unchanged, strict=True) if u],
+                                 y=[0.0] * sum(unchanged), mode="markers", name="bitwise unchanged",
+                                 marker={"symbol": "x", "size": 10, "color": UNCHANGED},
+                                 hovertemplate="%{x}: every tensor bitwise equal<extra></extra>"))
+    fig.update_layout(title=f"Change per module ({what}), in model order", yaxis_title="‖B−A‖ / ‖A‖",
+                      height=380, margin={"l": 60, "r": 20, "t": 50, "b": 120}, showlegend=any(unchanged),
+                      xaxis={"tickangle": -45, "type": "category"})
+    return fig
+
+
+@escaped_figure
+def run_divergence_figure(steps: pd.DataFrame, first_divergence: int | None = None,
+                          a: str = "A", b: str = "B") -> go.Figure:
+    """Loss and gradient norm of two runs over the steps, a line where they first part."""
+    from plotly.subplots import make_subplots
+
+    fig = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.08,
+                        subplot_titles=("loss", "gradient norm"))
+    for row, q in ((1, "loss"), (2, "grad_norm")):
+        for side, label, dash in (("a", a, "solid"), ("b", b, "dash")):
+            fig.add_trace(go.Scatter(x=steps["step"], y=steps[f"{q}_{side}"], mode="lines", name=plot_text(label),
+                                     line={"dash": dash}, legendgroup=side, showlegend=row == 1,
+                                     hovertemplate=f"{plot_text(label)}<br>step %{{x}}<br>{q} %{{y:.5g}}<extra></extra>"),
+                          row=row, col=1)
+    if first_divergence is not None:
+        fig.add_vline(x=first_divergence, line={"color": UNCHANGED, "dash": "dot"})
+        fig.add_annotation(x=first_divergence, y=1, yref="paper", text=f"diverge at step {first_divergence}",
+                           showarrow=False, yshift=10, font={"color": UNCHANGED})
+    fig.update_layout(height=460, margin={"l": 60, "r": 20, "t": 60, "b": 40}, title="Two runs side by side")
+    fig.update_xaxes(title_text="step", row=2, col=1)
+    return fig

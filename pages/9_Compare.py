@@ -1,0 +1,117 @@
+"""Compare: what changed from the loaded model to another model or checkpoint, or between two runs."""
+
+from __future__ import annotations
+
+import os
+
+import streamlit as st
+
+from inspector import InspectorError, compare
+from inspector.compare import RunComparison, WeightComparison, compare_runs
+from inspector.escaping import markdown_text
+from inspector.figures import module_change_bars, run_divergence_figure
+from inspector.watch import parse_run_bytes, read_run
+from ui.cache import cached_analysis
+from ui.errors import guarded
+from ui.sidebar import model_picker
+from ui.tables import findings_table, paged_table
+from ui.uploads import session_uploads
+
+st.set_page_config(page_title="Compare", layout="wide")
+loaded = model_picker()
+
+st.title("Compare")
+st.caption("What changed between two models or checkpoints, tensor by tensor (bitwise equal or not, the "
+           "largest change, ‖B−A‖/‖A‖), summed per module; ties broken or added, renamed prefixes, dtype "
+           "conversions and the precision they lost, tensors a fine-tune never touched. Or two training runs "
+           "side by side: the first step where they part, and the modules that part first.")
+mode = st.radio("Compare", ["the loaded model with B", "two run files"], horizontal=True, key="cmp_mode")
+
+
+def _stamp(path: str) -> tuple:
+    try:
+        st_ = os.stat(path)
+        return (path, st_.st_mtime_ns, st_.st_size)
+    except OSError:
+        return (path,)
+
+
+def pick_b() -> str | None:
+    left, right = st.columns(2)
+    text = left.text_input("B: a source or a path on the server", value=st.query_params.get("b", ""), key="cmp_b",
+                           placeholder="sample:tiny-gpt2, hf:/models/gpt2, /ckpt/model.safetensors, /ckpt/dcp")
+    upload = right.file_uploader("…or upload B (.safetensors / .pt / .bin)", key="cmp_upload",
+                                 type=["safetensors", "pt", "pth", "bin"])
+    if upload is not None:
+        return session_uploads().save(upload.name, upload.getvalue())
+    return text.strip() or None
+
+
+def show_weights(result: WeightComparison) -> None:
+    f = result.facts
+    c1, c2, c3, c4 = st.columns(4)
+    c1.metric("Tensors compared", f["compared"])
+    c2.metric("Changed", f["changed"])
+    c3.metric("Bitwise equal", f["equal"])
+    c4.metric("Only in A / only in B", f"{f['missing']} / {f['extra']}")
+    st.subheader("Findings")
+    findings_table(list(result.findings), key="cmp_findings", empty="Nothing to report: no tie, name, dtype or "
+                   "shape changed, and every trainable tensor that could change did.")
+    st.subheader("Change per module")
+    st.plotly_chart(module_change_bars(result.modules), width="stretch", key="cmp_modules_chart")
+    st.subheader("Tensors")
+    only = st.toggle("Only tensors that differ", value=True, key="cmp_only_changed")
+    table = result.tensors[result.tensors["status"] != "equal"] if only else result.tensors
+    paged_table(table.astype({"shape_a": str, "shape_b": str}), key="cmp_tensors")
+
+
+def show_runs(result: RunComparison) -> None:
+    c1, c2, c3 = st.columns(3)
+    c1.metric("Common steps", result.facts["common_steps"])
+    c2.metric("First divergence", "none" if result.first_divergence is None else result.first_divergence)
+    c3.metric("Modules first", len(result.first_modules))
+    findings_table(list(result.findings), key="cmp_run_findings")
+    if result.first_modules:
+        st.markdown("Modules beyond the tolerance at the first divergence, largest first: "
+                    + ", ".join(f"`{markdown_text(m)}`" for m in result.first_modules[:20]))
+    st.plotly_chart(run_divergence_figure(result.steps, result.first_divergence, result.a, result.b),
+                    width="stretch", key="cmp_runs_chart")
+    paged_table(result.modules.astype({"first_divergence": object}), key="cmp_run_modules")
+    paged_table(result.steps, key="cmp_steps")
+
+
+def pick_run(side: str, col) -> object | None:
+    upload = col.file_uploader(f"Run {side} (upload)", key=f"cmp_run_upload_{side}")
+    path = col.text_input(f"…or run {side} as a path on the server", key=f"cmp_run_path_{side}",
+                          value=st.query_params.get(f"run_{side.lower()}", ""))
+    if upload is not None:
+        return parse_run_bytes(upload.getvalue(), upload.name)
+    return read_run(path.strip()) if path.strip() else None
+
+
+if mode == "two run files":
+    left, right = st.columns(2)
+    with guarded("reading the run files"):
+        run_a, run_b = pick_run("A", left), pick_run("B", right)
+        tolerance = st.number_input("Tolerance (relative)", min_value=0.0, value=0.05, step=0.01, key="cmp_tol")
+        if run_a is None or run_b is None:
+            st.info("Choose two run files.")
+        else:
+            show_runs(compare_runs(run_a, run_b, tolerance=float(tolerance)))
+    st.stop()
+
+if loaded is None:
+    st.info("Pick a model in the sidebar: it is A.")
+    st.stop()
+with guarded("comparing"):
+    b = pick_b()
+    if b is None:
+        st.info(f"A is **{markdown_text(loaded.name)}**. Give B: another source, a checkpoint file or folder.")
+        st.stop()
+    with loaded.lock:
+        result = cached_analysis(compare, loaded, b, device=str(loaded.device), cache_scope="session",
+                                 cache_key=_stamp(b))
+    if not isinstance(result, WeightComparison):
+        raise InspectorError(f"{b} is a run file; choose 'two run files' above to compare runs")
+    st.caption(f"A: {markdown_text(result.a)} ({result.a_kind}) · B: {markdown_text(result.b)} ({result.b_kind})")
+    show_weights(result)

@@ -1,0 +1,95 @@
+"""compare on two run files: the first step where they part and the modules that part first."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from inspector import InspectorError, RunComparison, compare
+from inspector.__main__ import main
+from inspector.watch import RunMeta, RunWriter, StepRecord
+
+MODULES = ("embed", "block.0", "block.1", "head")
+
+
+def write_run(path, *, part_at: int | None = None, steps: int = 10) -> str:
+    """Gradient norms (1, 2, 3, 4) / (1 + step), loss 2 / (1 + step). From ``part_at`` on, block.1's
+    norm grows (x1.5 at part_at, x2.5 one step later...), and from the step after, the loss is 20% higher."""
+    meta = RunMeta(model="m", world_size=1, every=1, modules=MODULES,
+                   parameters=tuple(m + ".weight" for m in MODULES), parameter_modules=(0, 1, 2, 3))
+    with RunWriter(path, meta) as w:
+        for s in range(steps):
+            g = np.array([1.0, 2.0, 3.0, 4.0], np.float32) / (1 + s)
+            loss = 2.0 / (1 + s)
+            if part_at is not None and s >= part_at:
+                g[2] *= 1.5 + s - part_at
+                loss *= 1.2 if s > part_at else 1.0
+            w.write([StepRecord(step=s, rank=0, time=float(s), loss=loss, grad_norm=float(np.linalg.norm(g)),
+                                module_grad_norm=g, module_nonfinite=np.zeros(4, np.int32), param_grad_norm=g)])
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("runs")
+    return (write_run(folder / "a.inspect"), write_run(folder / "b.inspect", part_at=6),
+            write_run(folder / "same.inspect"), write_run(folder / "short.inspect", steps=4))
+
+
+def test_runs_that_part_at_a_known_step(runs):
+    a, b, _, _ = runs
+    result = compare(a, b)
+    assert isinstance(result, RunComparison)
+    assert result.first_divergence == 6 and result.first_modules == ("block.1",)
+    # at step 6 block.1 is 3/7 in A and 1.5 * 3/7 in B: |B - A| / max = 0.5 / 1.5 = 1/3
+    table = result.modules.set_index("module")
+    assert table.loc["block.1", "diff_at_divergence"] == pytest.approx(1 / 3, rel=1e-6)
+    assert table["first_divergence"].isna().tolist() == [True, True, False, True]
+    steps = result.steps.set_index("step")
+    assert steps.loc[6, "loss_diff"] == 0 and steps.loc[7, "loss_diff"] == pytest.approx(0.2 / 1.2)
+    f = result.findings[0]
+    assert f.code == "run-diverged" and f.where == "block.1" and "step 6" in f.message
+    # with a tolerance above 1/3 the module's step-6 jump is within it; the 20% loss gap is not, from step 7
+    assert compare(a, b, tolerance=0.4).first_divergence == 7
+
+
+def test_runs_that_agree_and_runs_of_different_length(runs):
+    a, _, same, short = runs
+    assert compare(a, same).codes() == ["runs-agree"]
+    result = compare(a, short)
+    assert result.first_divergence is None and set(result.codes()) == {"runs-agree", "steps-missing"}
+    assert len(result.steps) == 10 and result.facts["common_steps"] == 4
+
+
+def test_a_run_against_a_checkpoint_is_refused(runs, tmp_path):
+    with pytest.raises(InspectorError, match="a.inspect is a run file but the other side is not"):
+        compare(runs[0], "sample:tiny-gpt2")
+
+
+def test_cli_compares_two_runs(runs, capsys):
+    a, b, _, _ = runs
+    assert main(["compare", a, b]) == 0
+    out = capsys.readouterr().out
+    assert "first divergence at step 6; modules first: block.1" in out and "run-diverged" in out
+
+
+def test_two_check_step_run_files(world1, tmp_path):
+    """check_step's run.jsonl (read through read_run): B's second layer gets 3x the gradient from step 2 on."""
+    import torch
+    from torch import nn
+
+    from inspector.distributed import check_step
+
+    for name, part_at in (("a", None), ("b", 2)):
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(3, 3), nn.Linear(3, 1))
+        for step in range(4):
+            model.zero_grad()
+            model(torch.ones(2, 3)).sum().backward()
+            if part_at is not None and step >= part_at:
+                for p in model[1].parameters():
+                    p.grad.mul_(3)
+            check_step(model, step, tmp_path / f"{name}.jsonl")
+    result = compare(tmp_path / "a.jsonl", tmp_path / "b.jsonl")
+    assert result.first_divergence == 2 and result.first_modules == ("1",)
+    assert result.steps["loss_a"].isna().all()  # check_step records no loss

@@ -1,0 +1,41 @@
+"""The Compare page: B from a path beside the loaded model (findings first, chart, tensors), two runs."""
+
+from __future__ import annotations
+
+from apptest import run_page
+from safetensors.torch import save_file
+
+from inspector import load_model
+
+
+def test_weights_against_a_fine_tuned_checkpoint(tmp_path):
+    state = {k: v.detach().clone() for k, v in load_model("sample:tiny-gpt2").model.state_dict().items()
+             if k != "lm_head.weight"}
+    state["transformer.h.0.mlp.c_fc.weight"] += 0.1
+    save_file(state, str(tmp_path / "ft.safetensors"))
+    at = run_page("9_Compare.py", source="sample:tiny-gpt2")
+    assert any("Give B" in i.value for i in at.info)
+    at.text_input(key="cmp_b").input(str(tmp_path / "ft.safetensors")).run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert [m.value for m in at.metric] == ["16", "1", "15", "1 / 0"]
+    findings = at.dataframe[0].value
+    assert findings["code"].iloc[0] == "unchanged-tensor" and "tie-stored-once" in set(findings["code"])
+    assert len(at.get("plotly_chart")) == 1
+    tensors = at.dataframe[-1].value
+    assert tensors["name"].tolist() == ["transformer.h.0.mlp.c_fc.weight", "lm_head.weight"]
+
+
+def test_a_missing_b_is_an_error_not_a_crash():
+    at = run_page("9_Compare.py", source="sample:tiny-gpt2", query={"b": "/nowhere/b.safetensors"})
+    assert any("does not exist" in e.value for e in at.error)
+
+
+def test_two_runs(tmp_path):
+    from test_compare_runs import write_run
+
+    a, b = write_run(tmp_path / "a.inspect"), write_run(tmp_path / "b.inspect", part_at=6)
+    at = run_page("9_Compare.py", source="sample:tiny-gpt2", query={"run_a": a, "run_b": b})
+    at.radio(key="cmp_mode").set_value("two run files").run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert [m.value for m in at.metric] == ["10", "6", "1"]
+    assert len(at.get("plotly_chart")) == 1
