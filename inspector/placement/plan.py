@@ -3,7 +3,8 @@
 The planner fills devices in order like accelerate's ``infer_auto_device_map``, but it
 never leaves a tensor out: the buffers a split module owns directly go to the device that
 holds most of that module's parameter bytes, a module that holds only buffers goes with its
-nearest placed neighbour, and every name of a tied tensor lands on one device. Each step
+nearest placed neighbour, every name of a tied tensor lands on one device, and a module's own
+tensors (a layer's weight and bias) stay on one device, the tied one's when there is a tie. Each step
 returns records of what it decided and why, so the dashboard can show them.
 
 Planning is arithmetic on tensor sizes: it works on the meta device and for devices this
@@ -80,6 +81,37 @@ def _keep_ties(inv: Inventory, device_map: dict[str, Device]) -> list[Decision]:
     return records
 
 
+def _keep_direct_together(inv: Inventory, device_map: dict[str, Device], devices: list[Device]) -> list[Decision]:
+    """A module's own tensors (a layer's weight and bias) go to one device, as accelerate keeps a
+    layer: ``dispatch_model`` hooks modules, not tensors, so a layer split across devices would mix
+    them in its forward. The device is the one a tied tensor among them must be on (its first
+    name's), else the one holding most of their bytes (the earlier device on equal bytes)."""
+    lead_of = {alias: names[0] for names in inv.ties for alias in names[1:]}
+    rank = {d: i for i, d in enumerate(devices)}
+    records = []
+    for module, names in inv.direct.items():
+        devs = {n: lookup(device_map, n)[1] for n in names}
+        if len(set(devs.values())) < 2:
+            continue
+        tied = [n for n in names if n in lead_of]
+        if tied:
+            target, why = devs[tied[0]], f"{tied[0]} is the same tensor as {lead_of[tied[0]]}, on {devs[tied[0]]}"
+        else:
+            per: dict[Device, int] = {}
+            for n, d in devs.items():
+                per[d] = per.get(d, 0) + inv.sizes.get(n, 0)  # type: ignore[index]
+            target = max(per, key=lambda d: (per[d], -rank.get(d, len(rank))))
+            why = f"{target} holds most of their bytes"
+        for n in names:
+            if devs[n] != target:
+                _isolate(inv, device_map, n)
+                device_map[n] = target  # type: ignore[assignment]
+                records.append(Decision("together", n, target, inv.sizes.get(n, 0),
+                                        f"{module or 'the model'} keeps its own tensors on one device ({why}); "
+                                        f"moved from {devs[n]}"))
+    return records
+
+
 def clean_map(device_map: Mapping[str, Device], inv: Inventory) -> dict[str, Device]:
     """Merge keys into their highest ancestor whose keys all share one device; keep module order.
 
@@ -152,6 +184,7 @@ def plan_steps(model: nn.Module, max_memory: str | Mapping[Any, Any],
         pending = place_pending(inv, state, devices)
         device_map = dict(state.assigned)
         ties = _keep_ties(inv, device_map)
+        ties += _keep_direct_together(inv, device_map, devices)
         if reserve is None and main and offloads(device_map, budget):
             reserve = Reserve(inv, no_split, main)
             extra = {d: 0 for d in devices}  # room found for buffers without a reserve does not carry over
@@ -163,7 +196,7 @@ def plan_steps(model: nn.Module, max_memory: str | Mapping[Any, Any],
         for d, n in over.items():
             extra[d] += n
             extra_records.append(Decision("reserve", "", d, n,
-                                          f"buffers placed after the walk overfilled {d} by {n} bytes; "
+                                          f"tensors placed after the walk (buffers, ties, layers kept whole) overfilled {d} by {n} bytes; "
                                           "kept that much free and planned again"))
     else:
         raise InspectorError(f"could not fit the buffers of split modules into the budget "
@@ -228,7 +261,8 @@ def plan_device_map(model: nn.Module, max_memory: str | Mapping[Any, Any],
     ``no_split_module_classes`` (default: the model's ``_no_split_modules``). The buffers a
     split module owns directly go to the device holding most of its parameter bytes (the
     earlier device on a tie); a module with buffers and no parameters goes with its nearest
-    placed neighbour; every name of a tied tensor lands on one device. When an offload device
+    placed neighbour; every name of a tied tensor lands on one device, and the tensors a module
+    owns directly (a layer's weight and bias) stay together. When an offload device
     follows, the first GPU (and the CPU before disk) keeps the largest layer free, as
     accelerate does. The map passes ``accelerate.utils.check_device_map`` and can be handed to
     ``accelerate.dispatch_model``. See :func:`plan_device_map_explained` for the reasons.
@@ -245,8 +279,8 @@ def plan_device_map(model: nn.Module, max_memory: str | Mapping[Any, Any],
 
     >>> m = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 4))  # 80 bytes each
     >>> m[1].weight = m[0].weight  # tied: 80 + 16 bytes in all
-    >>> plan_device_map(m, {0: 90, 1: 1000})  # "1" does not fit on 0; its tied weight stays there
-    {'0': 0, '1.weight': 0, '1.bias': 1}
+    >>> plan_device_map(m, {0: 90, 1: 1000})  # "1" does not fit after "0", and cannot leave its weight: all on 1
+    {'': 1}
     """
     model = require_module(model, "plan_device_map")
     return plan_steps(model, max_memory, no_split_module_classes, dtype).device_map
