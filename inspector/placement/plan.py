@@ -25,7 +25,7 @@ from ..checks import require_module
 from ..findings import Finding, InspectorError
 from .audit import audit_table, device_usage, table_findings
 from .budget import Device, format_max_memory, parse_max_memory
-from .inventory import Inventory, inventory, lookup, prefixes
+from .inventory import Inventory, inventory, lookup, parent_name, prefixes
 from .walk import Decision, Reserve, budget_records, main_devices, offloads, place_pending, walk
 
 
@@ -64,51 +64,57 @@ def _isolate(inv: Inventory, device_map: dict[str, Device], name: str) -> None:
         key, dev = lookup(device_map, name)
 
 
-def _keep_ties(inv: Inventory, device_map: dict[str, Device]) -> list[Decision]:
-    """Every name of one tensor object goes to the device of its first name."""
-    records = []
-    for names in inv.ties:
-        _, lead_dev = lookup(device_map, names[0])
-        assert lead_dev is not None  # every tensor was placed before ties are kept
-        for alias in names[1:]:
-            _, dev = lookup(device_map, alias)
-            if dev != lead_dev:
-                _isolate(inv, device_map, alias)
-                device_map[alias] = lead_dev
-                records.append(Decision("tie", alias, lead_dev, 0,
-                                        f"is the same tensor as {names[0]}, which is on {lead_dev}; "
-                                        f"moved from {dev} so the tie holds (its bytes are counted once)"))
-    return records
+def _together_groups(inv: Inventory) -> list[list[str]]:
+    """Tensor names that must share a device: every name of one object, and the tensors one module
+    owns directly, joined where they meet (a layer whose weight and bias are tied to two others)."""
+    root: dict[str, str] = {}
+
+    def find(n: str) -> str:
+        while root.setdefault(n, n) != n:
+            root[n] = root[root[n]]
+            n = root[n]
+        return n
+
+    for names in [*inv.ties, *(names for names in inv.direct.values() if len(names) > 1)]:
+        for n in names[1:]:
+            root[find(n)] = find(names[0])
+    groups: dict[str, list[str]] = {}
+    for n in root:
+        groups.setdefault(find(n), []).append(n)
+    return [sorted(g, key=lambda n: inv.order.get(n, -1)) for g in groups.values() if len(g) > 1]
 
 
-def _keep_direct_together(inv: Inventory, device_map: dict[str, Device], devices: list[Device]) -> list[Decision]:
-    """A module's own tensors (a layer's weight and bias) go to one device, as accelerate keeps a
-    layer: ``dispatch_model`` hooks modules, not tensors, so a layer split across devices would mix
-    them in its forward. The device is the one a tied tensor among them must be on (its first
-    name's), else the one holding most of their bytes (the earlier device on equal bytes)."""
+def _keep_together(inv: Inventory, device_map: dict[str, Device], devices: list[Device]) -> list[Decision]:
+    """Every name of a tied tensor on one device, and a module's own tensors (a layer's weight and
+    bias) on one device, as accelerate keeps a layer: ``dispatch_model`` hooks modules, not tensors,
+    so a layer split across devices would mix them in its forward. The device is the first tied
+    tensor's (in module order), else the one holding most of the group's bytes (earlier on equal)."""
     lead_of = {alias: names[0] for names in inv.ties for alias in names[1:]}
+    leaders = {names[0] for names in inv.ties}
     rank = {d: i for i, d in enumerate(devices)}
     records = []
-    for module, names in inv.direct.items():
-        devs = {n: lookup(device_map, n)[1] for n in names}
+    for group in _together_groups(inv):
+        devs = {n: lookup(device_map, n)[1] for n in group}
         if len(set(devs.values())) < 2:
             continue
-        tied = [n for n in names if n in lead_of]
-        if tied:
-            target, why = devs[tied[0]], f"{tied[0]} is the same tensor as {lead_of[tied[0]]}, on {devs[tied[0]]}"
+        lead = next((n for n in group if n in leaders), None)
+        if lead is not None:
+            target = devs[lead]
         else:
             per: dict[Device, int] = {}
             for n, d in devs.items():
                 per[d] = per.get(d, 0) + inv.sizes.get(n, 0)  # type: ignore[index]
             target = max(per, key=lambda d: (per[d], -rank.get(d, len(rank))))
-            why = f"{target} holds most of their bytes"
-        for n in names:
-            if devs[n] != target:
-                _isolate(inv, device_map, n)
-                device_map[n] = target  # type: ignore[assignment]
-                records.append(Decision("together", n, target, inv.sizes.get(n, 0),
-                                        f"{module or 'the model'} keeps its own tensors on one device ({why}); "
-                                        f"moved from {devs[n]}"))
+        for n in group:
+            if devs[n] == target:
+                continue
+            _isolate(inv, device_map, n)
+            device_map[n] = target  # type: ignore[assignment]
+            why = (f"is the same tensor as {lead_of[n]}, which is on {target}; moved from {devs[n]} so the tie "
+                   "holds (its bytes are counted once)" if n in lead_of else
+                   f"{parent_name(n) or 'the model'} keeps its own tensors on one device, with "
+                   f"{lead or 'most of their bytes'} on {target}; moved from {devs[n]}")
+            records.append(Decision("tie" if n in lead_of else "together", n, target, inv.sizes.get(n, 0), why))
     return records
 
 
@@ -183,8 +189,7 @@ def plan_steps(model: nn.Module, max_memory: str | Mapping[Any, Any],
         state = walk(inv, budget, capacity, no_split, reserve)
         pending = place_pending(inv, state, devices)
         device_map = dict(state.assigned)
-        ties = _keep_ties(inv, device_map)
-        ties += _keep_direct_together(inv, device_map, devices)
+        ties = _keep_together(inv, device_map, devices)
         if reserve is None and main and offloads(device_map, budget):
             reserve = Reserve(inv, no_split, main)
             extra = {d: 0 for d in devices}  # room found for buffers without a reserve does not carry over
