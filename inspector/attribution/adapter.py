@@ -26,7 +26,7 @@ from torch import nn
 from ..checks import require_loaded
 from ..findings import Finding, InspectorError
 from ..models import LoadedModel, model_code, to_device
-from .forward import TargetedForward, flatten_inputs
+from .forward import TargetedForward, flatten_inputs, predicted_target
 from .layers import (
     CONV,
     conv_layers,
@@ -55,8 +55,10 @@ def attribute(loaded: LoadedModel, inputs: Any, method: str, target: int | None,
         method: ``"ig"``, ``"saliency"``, ``"input_x_gradient"``, ``"layer_ig"``,
             ``"layer_conductance"`` or ``"layer_gradcam"``. ``"ig"`` on token ids runs as
             ``"layer_ig"`` on the input embedding (ids have no gradient); a finding says so.
-        target: class index for ``(B, C)`` outputs, next-token id for ``(B, T, V)`` outputs,
-            None for ``(B,)`` outputs.
+        target: class index for ``(B, C)`` outputs, next-token id for ``(B, T, V)`` outputs;
+            None for the model's own prediction (the first example's largest output: its
+            predicted class, or its next token at ``position``; an ``attribution-target``
+            finding says which) and for ``(B,)`` outputs.
         layer: module name for layer methods (default: the input embedding for
             ``layer_ig`` on token models, the last convolution for ``layer_gradcam``).
         position: sequence position attributed for ``(B, T, V)`` outputs (default: last).
@@ -89,7 +91,7 @@ def attribute(loaded: LoadedModel, inputs: Any, method: str, target: int | None,
     if progress is not None:
         _report_progress(call, progress)
     out = _run(loaded, call)
-    return _result(call, out, target)
+    return _result(call, out, call.forward.target)
 
 
 @dataclass(slots=True)
@@ -128,8 +130,22 @@ def _prepare(loaded: LoadedModel, inputs: Any, method: str, target: int | None, 
     options = check_options(spec, options)
     if spec.has_delta:
         options.setdefault("return_convergence_delta", True)
+    if target is None:
+        target = _default_target(loaded, inputs, position, modules, findings)
     forward = TargetedForward(model, rebuild, target, position, loaded.name)
     return _Call(spec, method, layer, layer_module, flat, tokens, modules, forward, options, findings)
+
+
+def _default_target(loaded: LoadedModel, inputs: Any, position: int, modules: list[nn.Module],
+                    findings: list[Finding]) -> int | None:
+    predicted = predicted_target(loaded, inputs, position, modules)
+    if predicted is None:
+        return None
+    target, what = predicted
+    findings.append(Finding("attribution-target", "info", "",
+                            f"no target given: attributed the predicted {what}, {target} (the largest output "
+                            "of the first example); give a target to attribute another"))
+    return target
 
 
 def _method_for_inputs(loaded: LoadedModel, method: str, tokens: bool, findings: list[Finding]) -> MethodSpec:

@@ -48,6 +48,27 @@ def target_info(loaded: LoadedModel, inputs: Any = None) -> TargetInfo:
     return TargetInfo(int(out.shape[1]) if out.dim() == 2 else 1, None)
 
 
+def predicted_target(loaded: LoadedModel, inputs: Any, position: int = -1,
+                     modules: list[nn.Module] | None = None) -> tuple[int, str] | None:
+    """The model's own prediction as a target: the largest output of the first example (at
+    ``position`` for ``(B, T, V)`` logits, the next token there), and what it is; None for a
+    model with one output per sample or a position outside the sequence (the target check then
+    says so). One forward pass, no gradients, eval mode, under the lock."""
+    flat, _ = flatten_inputs(inputs)
+    with loaded.lock, preserved_state(loaded.model, flat, modules=modules), torch.no_grad(), \
+            model_code(f"the forward pass of {loaded.name}", "fix its forward in the model file"):
+        out = main_output(call_model(loaded.model, inputs), loaded.name)
+    what = "class"
+    if out.dim() >= 3:
+        if not -out.size(1) <= position < out.size(1):
+            return None
+        out, what = out[:, position], f"token at position {position % out.size(1)}"
+    out = out.reshape(out.size(0), -1) if out.dim() >= 2 else out.reshape(-1, 1)
+    if out.size(1) < 2:
+        return None
+    return int(out[0].float().argmax()), what
+
+
 class TargetedForward:
     """The model's forward reduced to what captum's target indexes, with the target checked.
 
