@@ -135,16 +135,25 @@ def _fallbacks(config: Any) -> list[tuple[str, Any]]:
 
 def _unused_count(cls: Any, config: Any, saved_keys: Collection[str]) -> int:
     """How many saved tensors ``cls`` (built on the meta device) has no place for."""
+    gap = saved_gap(cls, config, saved_keys)
+    return len(saved_keys) + 1 if gap is None else len(gap[0])
+
+
+def saved_gap(cls: Any, config: Any, saved_keys: Collection[str]) -> tuple[list[str], list[str]] | None:
+    """(saved names ``cls`` has no place for, names it would save that the folder lacks), from the
+    class built on the meta device (nothing allocated); None when it cannot be built."""
     from .hf_saved import _candidates, saved_form
 
     try:
         with torch.device("meta"):
             model = cls(config)
-    except Exception:  # noqa: BLE001 - a class that cannot be built for this config: never chosen
-        return len(saved_keys) + 1
+    except Exception:  # noqa: BLE001 - a class that cannot be built for this config
+        return None
     expected = saved_form(model, model.state_dict())
     prefix = getattr(model, "base_model_prefix", "") or ""
-    return sum(not any(c in expected for c in _candidates(k, prefix)) for k in saved_keys)
+    unused = [k for k in saved_keys if not any(c in expected for c in _candidates(k, prefix))]
+    placed = {c for k in saved_keys for c in _candidates(k, prefix)}
+    return unused, [k for k in expected if k not in placed]
 
 
 def load_hf_folder(path: Path) -> tuple[nn.Module, list[Finding]]:
@@ -172,6 +181,7 @@ def _from_pretrained(path: Path) -> tuple[nn.Module, dict[str, Any], ClassChoice
     the saved ones are loaded at their initial values (``ignore_mismatched_sizes``) and reported."""
     from .hf_saved import SavedFiles, saved_files
 
+    choice = None
     try:
         from transformers import AutoConfig
 
@@ -185,9 +195,26 @@ def _from_pretrained(path: Path) -> tuple[nn.Module, dict[str, Any], ClassChoice
     except InspectorError:
         raise
     except Exception as exc:
+        message, lacking = _without_pointer(str(exc)), _lacking(path, choice) if choice is not None else ""
+        message = message.rstrip(". ") + lacking if lacking else message
         raise InspectorError(f"loading the Hugging Face model in {path} failed: {type(exc).__name__}: "
-                             f"{_without_pointer(str(exc))}") from exc
+                             f"{message}") from exc
     return model, loading, choice
+
+
+def _lacking(path: Path, choice: ClassChoice) -> str:
+    """What the folder lacks for the chosen class (a merge of experts needs every expert's tensors)."""
+    from .hf_saved import SavedFiles, saved_files
+
+    try:
+        with SavedFiles(saved_files(path)) as saved:
+            gap = saved_gap(choice.chosen, choice.chosen.config_class.from_pretrained(path), list(saved.shapes))
+    except Exception:  # noqa: BLE001 - this only adds detail to a message
+        return ""
+    if not gap or not gap[1]:
+        return ""
+    names = ", ".join(gap[1][:5]) + (f" and {len(gap[1]) - 5} more" if len(gap[1]) > 5 else "")
+    return f". {choice.chosen.__name__} needs saved tensors the folder does not hold: {names}"
 
 
 def _without_pointer(message: str) -> str:
@@ -195,8 +222,7 @@ def _without_pointer(message: str) -> str:
     for tail in ("For details look at the `CONVERSION` entries of the above report!",
                  "For details look at the above report!"):
         if tail in message:
-            return message.replace(tail, "transformers' loading report (shown at its warning verbosity, "
-                                         "TRANSFORMERS_VERBOSITY=warning) names the tensors.")
+            return message.replace(" " + tail, "").replace(tail, "").rstrip()
     return message
 
 
