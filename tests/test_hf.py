@@ -95,6 +95,11 @@ def test_config_asks_for_a_tie_the_saved_values_refuse(hf_folders, tmp_path):
     assert m.lm_head.weight is not m.model.embed_tokens.weight
     assert codes(loaded.findings) == {("hf-class", "info"): 1, ("hf-tie-skipped", "warning"): 1}
     assert loaded.findings[1].where == "lm_head.weight" and "model.embed_tokens.weight" in loaded.findings[1].message
+    # the aliases view lists tied tensors only, so the advice does not send the user there for a pair
+    from inspector import alias_groups
+
+    assert not alias_groups(m) or all("lm_head.weight" not in g.names for g in alias_groups(m))
+    assert "shows the pair" not in loaded.findings[1].message and "tie_weights" in loaded.findings[1].message
 
 
 def test_dtype_changed_by_the_config(hf_folders, tmp_path):

@@ -35,7 +35,7 @@ def forward_advice(loaded: LoadedModel, other: str = "") -> str:
     if str(getattr(loaded, "source", "")).startswith("hf:"):
         return ("the forward is transformers' code and the inputs come from config.json: check the folder's "
                 "config (sizes, special token ids)" + (f", {other}" if other else "") + ", or pass inputs of your own")
-    return "fix its forward in the model file" + (f", or {other}" if other else "")
+    return "fix the model's forward in its file" + (f", or {other}" if other else "")
 
 
 def target_info(loaded: LoadedModel, inputs: Any = None) -> TargetInfo:
