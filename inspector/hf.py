@@ -106,9 +106,13 @@ def choose_class(config: Any, saved_keys: Collection[str] | None = None) -> Clas
         raise InspectorError(f"transformers has no model class for {type(config).__name__} "
                              f"(model_type {getattr(config, 'model_type', '?')!r})")
     mapping_name, cls, unused = candidates[0][0], candidates[0][1], None
-    if saved_keys is not None:
-        mapping_name, cls, unused = min(((m, c, _unused_count(c, config, saved_keys)) for m, c in candidates),
-                                        key=lambda x: x[2])  # min keeps the first of equal counts
+    if saved_keys is not None:  # the first with no saved tensor unused, else the fewest (the first of equal)
+        for m, c in candidates:
+            count = _unused_count(c, config, saved_keys)
+            if unused is None or count < unused:
+                mapping_name, cls, unused = m, c, count
+            if count == 0:
+                break
     placed = "" if unused is None else (", the first fallback with a place for every saved tensor" if unused == 0
                                         else f", the fallback that leaves the fewest saved tensors unused ({unused})")
     return ClassChoice(cls, names[0] if names else None, f"{why}; {mapping_name} gives {cls.__name__}{placed}",

@@ -264,7 +264,7 @@ def saved_origins(model: nn.Module, own: Mapping[str, torch.Tensor], expected: M
     for key, t in own.items():
         if key in expected or names_of[id(t)][0] != key:
             continue
-        for name in saved_form(model, {key: t}):
+        for name in saved_form(model, {key: torch.empty_like(t, device="meta")}):  # names only: no copy
             out.setdefault(name, key)
     return out
 
