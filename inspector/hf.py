@@ -86,7 +86,7 @@ def choose_class(config: Any, saved_keys: Collection[str] | None = None) -> Clas
     import transformers
 
     names = [a for a in (getattr(config, "architectures", None) or []) if isinstance(a, str)]
-    exists = None
+    exists: Any = None
     for name in names:
         cls = getattr(transformers, name, None) if name.isidentifier() else None
         if isinstance(cls, type) and issubclass(cls, transformers.PreTrainedModel) and cls.config_class is not None:

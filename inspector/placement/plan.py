@@ -94,7 +94,11 @@ def _keep_together(inv: Inventory, device_map: dict[str, Device], devices: list[
     rank = {d: i for i, d in enumerate(devices)}
     records = []
     for group in _together_groups(inv):
-        devs = {n: lookup(device_map, n)[1] for n in group}
+        devs: dict[str, Device] = {}
+        for n in group:
+            dev = lookup(device_map, n)[1]
+            assert dev is not None  # every tensor was placed before this step
+            devs[n] = dev
         if len(set(devs.values())) < 2:
             continue
         lead = next((n for n in group if n in leaders), None)
@@ -103,13 +107,13 @@ def _keep_together(inv: Inventory, device_map: dict[str, Device], devices: list[
         else:
             per: dict[Device, int] = {}
             for n, d in devs.items():
-                per[d] = per.get(d, 0) + inv.sizes.get(n, 0)  # type: ignore[index]
+                per[d] = per.get(d, 0) + inv.sizes.get(n, 0)
             target = max(per, key=lambda d: (per[d], -rank.get(d, len(rank))))
         for n in group:
             if devs[n] == target:
                 continue
             _isolate(inv, device_map, n)
-            device_map[n] = target  # type: ignore[assignment]
+            device_map[n] = target
             why = (f"is the same tensor as {lead_of[n]}, which is on {target}; moved from {devs[n]} so the tie "
                    "holds (its bytes are counted once)" if n in lead_of else
                    f"{parent_name(n) or 'the model'} keeps its own tensors on one device, with "
