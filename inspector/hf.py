@@ -169,7 +169,7 @@ def load_hf_folder(path: Path) -> tuple[nn.Module, list[Finding]]:
     Raises:
         InspectorError: the folder cannot be read or transformers has no class for it.
     """
-    model, loading, choice = _from_pretrained(path)
+    model, loading, choice = _load_with_report(path)
     model.eval()
     check = check_saved(model, path, loading)
     checked = check.findings()
@@ -180,12 +180,12 @@ def load_hf_folder(path: Path) -> tuple[nn.Module, list[Finding]]:
     return model, [*class_findings(choice, matches=mismatch is None), *tie_findings(model), *checked]
 
 
-def _from_pretrained(path: Path) -> tuple[nn.Module, dict[str, Any], ClassChoice]:
+def _load_with_report(path: Path) -> tuple[nn.Module, dict[str, Any], ClassChoice]:
     """``from_pretrained`` of the chosen class with its loading report; shapes that differ from
     the saved ones are loaded at their initial values (``ignore_mismatched_sizes``) and reported."""
     from .hf_saved import SavedFiles, saved_files
 
-    choice = None
+    choice, config = None, None
     try:
         from transformers import AutoConfig
 
@@ -199,20 +199,20 @@ def _from_pretrained(path: Path) -> tuple[nn.Module, dict[str, Any], ClassChoice
     except InspectorError:
         raise
     except Exception as exc:
-        message, lacking = _without_pointer(str(exc)), _lacking(path, choice) if choice is not None else ""
+        message, lacking = _without_pointer(str(exc)), _lacking(path, choice, config) if choice is not None else ""
         message = message.rstrip(". ") + lacking if lacking else message
         raise InspectorError(f"loading the Hugging Face model in {path} failed: {type(exc).__name__}: "
                              f"{message}") from exc
     return model, loading, choice
 
 
-def _lacking(path: Path, choice: ClassChoice) -> str:
+def _lacking(path: Path, choice: ClassChoice, config: Any) -> str:
     """What the folder lacks for the chosen class (a merge of experts needs every expert's tensors)."""
     from .hf_saved import SavedFiles, saved_files
 
     try:
         with SavedFiles(saved_files(path)) as saved:
-            gap = saved_gap(choice.chosen, choice.chosen.config_class.from_pretrained(path), list(saved.shapes))
+            gap = saved_gap(choice.chosen, config, list(saved.shapes))
     except Exception:  # noqa: BLE001 - this only adds detail to a message
         return ""
     if not gap or not gap[1]:
