@@ -87,8 +87,7 @@ class LoadedModel:
             raise InspectorError(f"model {self.name!r} has no example inputs; pass inputs explicitly")
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise InspectorError(f"batch size must be a whole number of at least 1, got {batch_size!r}")
-        with model_code(f"example_inputs({batch_size}) of {self.name}",
-                        "fix example_inputs(batch_size) in the model file"):
+        with model_code(f"example_inputs({batch_size}) of {self.name}", self._advice("example_inputs(batch_size)")):
             inputs = self.inputs_fn(batch_size)
         return to_device(inputs, self.input_device(), self.input_dtype())
 
@@ -108,8 +107,14 @@ class LoadedModel:
         if self.loss_fn is None:
             raise InspectorError(f"model {self.name!r} defines no loss; the sample or the file must "
                                  "provide loss(outputs, inputs)")
-        with model_code(f"loss(outputs, inputs) of {self.name}", "fix loss(outputs, inputs) in the model file"):
+        with model_code(f"loss(outputs, inputs) of {self.name}", self._advice("loss(outputs, inputs)")):
             return self.loss_fn(outputs, inputs)
+
+    def _advice(self, what: str) -> str:
+        if self.source.startswith("hf:"):  # built from the folder's config.json, not from a file of the user's
+            return ("a folder's example inputs and loss are built from its config.json: check its sizes and "
+                    "token ids, or pass inputs of your own")
+        return f"fix {what} in the model file"
 
     def check_runnable(self) -> None:
         """Raise a clear InspectorError if the model cannot run a forward pass (meta tensors)."""

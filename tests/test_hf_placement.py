@@ -123,3 +123,19 @@ def test_an_accelerate_dispatched_factory_runs(tmp_path, monkeypatch, capsys):
     assert "accelerate-offloaded" in {f.code for f in loaded.findings}
     for argv in (["offsets", source, "--backward"], ["attribute", source, "--steps", "2"]):
         assert main(argv) == 0, capsys.readouterr().err[-1500:]
+
+
+@pytest.mark.cuda
+def test_the_plan_runs_dispatched_on_a_gpu(models):
+    # GPU 0 8 KiB: the word embedding and the projection tied to it (weight and bias) on GPU 0,
+    # the rest on disk, run from GPU 0; the outputs equal the undispatched model's
+    loaded = models["distilbert"]
+    plan = plan_device_map_explained(loaded.model, "0=10KiB,cpu=8KiB,disk=1GiB")
+    assert plan.device_map["vocab_projector"] == 0
+    inputs = loaded.example_inputs(2)
+    with torch.no_grad():
+        expected = loaded.model(**inputs).logits
+    with dispatch_plan(loaded.model, plan.device_map) as d, torch.no_grad():
+        got = d.model(**{k: v.to("cuda:0") for k, v in inputs.items()}).logits
+        assert set(d.table.groupby("module")["device"].nunique()) == {1}
+    torch.testing.assert_close(got.cpu(), expected, rtol=1e-4, atol=1e-5)
