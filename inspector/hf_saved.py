@@ -11,6 +11,7 @@ saved value is compared.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -53,6 +54,8 @@ class SavedCheck:
     dtype: tuple[tuple[str, torch.dtype, torch.dtype], ...] = ()
     differ: tuple[str, ...] = ()
     values_read: int = field(default=0, compare=False)
+    #: the other names of each ``left`` tensor (a tie): reported once, under its first name
+    also: Mapping[str, tuple[str, ...]] = field(default_factory=dict, compare=False)
 
     @property
     def is_saved_model(self) -> bool:
@@ -68,7 +71,8 @@ class SavedCheck:
                             f"{name} holds no model.safetensors or pytorch_model.bin; its tensors were not "
                             "compared with the model")]
         out = _listed(self.left, "left-at-init", "warning", lambda k: (
-            f"{k} is not saved in {name} (nor any tensor tied to it): it holds its random initial value"))
+            f"{k}{_also(self.also.get(k, ()))} is not saved in {name} (nor any tensor tied to it): it holds "
+            "its random initial value"))
         out += _listed(self.unexpected, "unexpected-tensor", "warning", lambda k: (
             f"{k} is saved in {name} but this model has no such tensor; it was not loaded"))
         out += _listed(self.shape, "shape-changed", "error", lambda s: (
@@ -80,6 +84,10 @@ class SavedCheck:
             f"{k} differs from the value saved in {name} (a tie made it share another saved tensor's "
             "value, or loading changed it)"))
         return out
+
+
+def _also(names: tuple[str, ...]) -> str:
+    return f" (the same tensor as {', '.join(names)})" if names else ""
 
 
 def _listed(items: tuple, code: str, severity: Severity, message: Callable[[Any], str]) -> list[Finding]:
@@ -195,15 +203,19 @@ def check_saved(model: nn.Module, path: Path, loading: Mapping[str, Any] | None 
     """Compare the tensors saved in ``path`` with ``model``'s state dict.
 
     A model tensor not saved under its own name counts as filled when a tensor it is tied to
-    (the same object) was saved.
+    (the same object) was saved, or when transformers' conversion mapping builds it from saved
+    tensors (merged experts: :func:`saved_origins`). Tensors the class rebuilds at init and
+    never saves (``_keys_to_ignore_on_save``, ``_keys_to_ignore_on_load_missing``: sinusoidal
+    positions) are not left at init.
 
     Args:
         model: the model, loaded from ``path`` or not.
         path: a Hugging Face model folder.
         loading: what ``from_pretrained`` with ``output_loading_info=True`` returned with ``model``
-            (``missing_keys``, ``mismatched_keys``, ``error_msgs``). With it, values are read only
-            for saved tensors that share one model tensor and for model tensors the report says
-            were not loaded; without it (the model may have changed since), every saved value.
+            (``missing_keys``, ``mismatched_keys``, ``error_msgs``). With it, the tensors left at
+            init are the ones it reports missing, and values are read only for saved tensors that
+            share one model tensor and for model tensors the report says were not loaded; without
+            it (the model may have changed since), every saved value.
     """
     files = saved_files(path)
     if not files:
@@ -213,6 +225,7 @@ def check_saved(model: nn.Module, path: Path, loading: Mapping[str, Any] | None 
     for key, t in own.items():
         names_of.setdefault(id(t), []).append(key)
     expected = saved_form(model, own)
+    origin = saved_origins(model, own, expected, names_of)
     prefix = getattr(model, "base_model_prefix", "") or ""
     with SavedFiles(files) as saved:
         placed: dict[str, str] = {}  # saved key -> name in `expected`
@@ -223,28 +236,61 @@ def check_saved(model: nn.Module, path: Path, loading: Mapping[str, Any] | None 
                 unexpected.append(key)
             else:
                 placed[key] = name
-        to_read = _values_to_read(placed, expected, names_of, loading)
-        filled_ids = {id(expected[n]) for n in placed.values()}
-        filled_keys = set(placed.values())
+        to_read = _values_to_read(placed, expected, names_of, loading, origin)
         shape, dtype, differ = [], [], []
         for key, name in placed.items():
-            t = expected[name]
-            where = names_of.get(id(t), [name])[0]
+            t, where = expected[name], origin.get(name, name)
             if tuple(t.shape) != saved.shapes[key]:
                 shape.append((where, saved.shapes[key], tuple(t.shape)))
             elif t.dtype != saved.dtypes[key]:
                 dtype.append((where, saved.dtypes[key], t.dtype))
             elif key in to_read and t.device.type != "meta" and not torch.equal(t.detach().cpu(), saved.value(key)):
                 differ.append(where)
-    left = [k for k, t in own.items() if id(t) not in filled_ids and k not in filled_keys]
-    # a tensor a conversion built (merged experts...) has no identity in the model: by key
-    left += [k for k, t in expected.items() if id(t) not in names_of and k not in filled_keys]
+    left = _left_at_init(model, names_of, {origin.get(n, n) for n in placed.values()}, loading)
+    also = {k: tuple(a for a in names_of[id(own[k])] if a != k) for k in left}
     return SavedCheck(path.name, True, tuple(unexpected), tuple(left), tuple(shape), tuple(dtype), tuple(differ),
-                      values_read=len(to_read))
+                      values_read=len(to_read), also={k: v for k, v in also.items() if v})
+
+
+def saved_origins(model: nn.Module, own: Mapping[str, torch.Tensor], expected: Mapping[str, torch.Tensor],
+                  names_of: Mapping[int, list[str]]) -> dict[str, str]:
+    """Each name of ``expected`` (the saved form) -> the first model name of the tensor it comes from.
+
+    By identity where the saved form keeps the model's tensor; otherwise transformers' conversion
+    mapping is run backwards on each converted model tensor alone (a merged ``experts.gate_up_proj``
+    gives every expert's ``gate_proj`` and ``up_proj``), since a conversion builds new tensors.
+    """
+    out = {name: names_of[id(t)][0] for name, t in expected.items() if id(t) in names_of}
+    for key, t in own.items():
+        if key in expected or names_of[id(t)][0] != key:
+            continue
+        for name in saved_form(model, {key: torch.empty_like(t, device="meta")}):  # names only: no copy
+            out.setdefault(name, key)
+    return out
+
+
+def _left_at_init(model: nn.Module, names_of: Mapping[int, list[str]],
+                  filled: set[str], loading: Mapping[str, Any] | None) -> list[str]:
+    """The first name of each model tensor that holds its initial value: no saved tensor filled it
+    (by name, tie or conversion), and transformers' loading report says it is missing (without a
+    report: the class does not rebuild it itself, as it does sinusoidal positions)."""
+    unfilled = [names for names in names_of.values() if not filled.intersection(names)]
+    if loading is not None and not loading.get("error_msgs"):
+        missing = set(loading.get("missing_keys") or ())
+        return [names[0] for names in unfilled if missing.intersection(names)]
+    ignore = _ignore_pattern(model)
+    return [names[0] for names in unfilled if not (ignore and all(ignore.search(n) for n in names))]
+
+
+def _ignore_pattern(model: nn.Module) -> re.Pattern[str] | None:
+    """The tensors the class does not save or rebuilds at init (sinusoidal positions...)."""
+    patterns = [p for attr in ("_keys_to_ignore_on_save", "_keys_to_ignore_on_load_missing")
+                for p in (getattr(model, attr, None) or ()) if isinstance(p, str)]
+    return re.compile("|".join(f"({p})" for p in patterns)) if patterns else None
 
 
 def _values_to_read(placed: dict[str, str], expected: dict[str, torch.Tensor], names_of: dict[int, list[str]],
-                    loading: Mapping[str, Any] | None) -> set[str]:
+                    loading: Mapping[str, Any] | None, origin: Mapping[str, str]) -> set[str]:
     """The saved keys whose values must be compared: all without a loading report; with one, those
     that fill a model tensor another saved key fills too (a tie), and those that fill a tensor the
     report says was not loaded (missing, or another shape)."""
@@ -256,9 +302,8 @@ def _values_to_read(placed: dict[str, str], expected: dict[str, torch.Tensor], n
         keys_of.setdefault(id(expected[name]), []).append(key)
     out: set[str] = set()
     for ident, keys in keys_of.items():
-        names = names_of.get(ident)
-        # a tensor a conversion built has no model name of its own: read it when anything was not loaded
-        if len(keys) > 1 or (not_loaded and (names is None or not_loaded.intersection(names))):
+        names = names_of.get(ident) or [origin.get(placed[keys[0]], placed[keys[0]])]
+        if len(keys) > 1 or not_loaded.intersection(names):
             out.update(keys)
     return out
 

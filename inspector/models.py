@@ -69,7 +69,10 @@ class LoadedModel:
 
     @property
     def is_meta(self) -> bool:
-        return any(t.device.type == "meta" for t in _tensors(self.model))
+        """Whether some tensor is on the meta device with no weights behind it (tensors that
+        accelerate offloaded to the cpu or disk and loads for each forward do not count)."""
+        served = offloaded_ids(self.model)
+        return any(t.device.type == "meta" and id(t) not in served for t in _tensors(self.model))
 
     @property
     def has_loss(self) -> bool:
@@ -86,8 +89,7 @@ class LoadedModel:
             raise InspectorError(f"model {self.name!r} has no example inputs; pass inputs explicitly")
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise InspectorError(f"batch size must be a whole number of at least 1, got {batch_size!r}")
-        with model_code(f"example_inputs({batch_size}) of {self.name}",
-                        "fix example_inputs(batch_size) in the model file"):
+        with model_code(f"example_inputs({batch_size}) of {self.name}", self._advice("example_inputs(batch_size)")):
             inputs = self.inputs_fn(batch_size)
         return to_device(inputs, self.input_device(), self.input_dtype())
 
@@ -107,8 +109,14 @@ class LoadedModel:
         if self.loss_fn is None:
             raise InspectorError(f"model {self.name!r} defines no loss; the sample or the file must "
                                  "provide loss(outputs, inputs)")
-        with model_code(f"loss(outputs, inputs) of {self.name}", "fix loss(outputs, inputs) in the model file"):
+        with model_code(f"loss(outputs, inputs) of {self.name}", self._advice("loss(outputs, inputs)")):
             return self.loss_fn(outputs, inputs)
+
+    def _advice(self, what: str) -> str:
+        if self.source.startswith("hf:"):  # built from the folder's config.json, not from a file of the user's
+            return ("a folder's example inputs and loss are built from its config.json: check its sizes and "
+                    "token ids, or pass inputs of your own")
+        return f"fix {what} in the model file"
 
     def check_runnable(self) -> None:
         """Raise a clear InspectorError if the model cannot run a forward pass (meta tensors)."""
@@ -120,9 +128,25 @@ def _tensors(model: nn.Module):
     yield from model.buffers()
 
 
+def offloaded_ids(model: nn.Module) -> set[int]:
+    """ids of the meta tensors that accelerate's hooks load before each forward (weights that
+    ``dispatch_model`` offloaded to the cpu or disk): they have weights, kept elsewhere."""
+    out: set[int] = set()
+    for module in model.modules():
+        hook = getattr(module, "_hf_hook", None)
+        hooks = getattr(hook, "hooks", None) or ([hook] if hook is not None else [])
+        if any(getattr(h, "offload", False) and getattr(h, "weights_map", None) is not None for h in hooks):
+            out.update(id(t) for t in [*module.parameters(recurse=False), *module.buffers(recurse=False)]
+                       if t.device.type == "meta")
+    return out
+
+
 def ensure_runnable(model: nn.Module, name: str = "model") -> None:
-    """Refuse a forward pass on a model whose tensors are on the meta device."""
-    meta = [n for n, t in [*model.named_parameters(), *model.named_buffers()] if t.device.type == "meta"]
+    """Refuse a forward pass on a model whose tensors are on the meta device (those accelerate
+    offloaded and loads for each forward are fine)."""
+    served = offloaded_ids(model)
+    meta = [n for n, t in [*model.named_parameters(), *model.named_buffers()]
+            if t.device.type == "meta" and id(t) not in served]
     if meta:
         raise InspectorError(
             f"{name} is on the meta device ({len(meta)} tensors, first {meta[0]}): it has a structure "
@@ -258,7 +282,14 @@ def load_model(source: str, checkpoint: str | os.PathLike | None = None, device:
             f"{loaded.name} is built on the meta device (structure only, no weights), so it cannot "
             f"be placed on {dev}. Choose the device 'meta', or give a checkpoint with its weights.")
     loaded.findings += complex_cast_findings(loaded.model, torch_dtype)
-    move_model(loaded.model, dev, torch_dtype)
+    if offloaded_ids(loaded.model):  # dispatched by accelerate with offloading: its hooks place the tensors
+        loaded.findings.append(Finding(
+            "accelerate-offloaded", "info", "",
+            f"{loaded.name} was dispatched by accelerate with weights offloaded to the cpu or disk; it stays "
+            f"where accelerate put it (not moved to {dev}), and its hooks load the offloaded weights for each "
+            "forward pass. Their gradients are not kept: accelerate drops the loaded copy after the forward"))
+    else:
+        move_model(loaded.model, dev, torch_dtype)
     loaded.device = str(dev)
     loaded.dtype = None if torch_dtype is None else str(torch_dtype).removeprefix("torch.")
     return loaded

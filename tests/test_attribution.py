@@ -215,7 +215,6 @@ def test_preserved_state_removes_a_hook_added_inside():
 @pytest.mark.parametrize("kwargs, message", [
     (dict(method="ig", target=10), r"target 10 is out of range .* class index must be in 0\.\.9"),
     (dict(method="saliency", target=-1), r"target -1 is out of range .* 0\.\.9"),
-    (dict(method="ig", target=None), r"gives 10 outputs per sample: choose a target class index in 0\.\.9"),
     (dict(method="layer_conductance", target=1, layer="conv3"), r"no layer named 'conv3'; did you mean conv2, conv1"),
     (dict(method="layer_gradcam", target=1, layer="fcc"), r"did you mean fc\?"),
     (dict(method="layer_gradcam", target=1, layer="fc"), r"spatial output .* Convolution layers: conv1, conv2"),
@@ -227,6 +226,18 @@ def test_preserved_state_removes_a_hook_added_inside():
 def test_bad_input_on_cnn(cnn, kwargs, message):
     with pytest.raises(InspectorError, match=message):
         attribute(cnn, None, **kwargs)
+
+
+def test_no_target_attributes_the_predicted_class(cnn):
+    # the first example's largest logit is the class attributed, and a finding says so
+    inputs = cnn.example_inputs(1)
+    with torch.no_grad():
+        predicted = int(cnn.model(inputs)[0].argmax())
+    result = attribute(cnn, inputs, "saliency", None)
+    assert result.target == predicted
+    note = next(f for f in result.findings if f.code == "attribution-target")
+    assert f"the predicted class, {predicted}" in note.message
+    assert torch.equal(result.attributions[0], attribute(cnn, inputs, "saliency", predicted).attributions[0])
 
 
 @pytest.mark.parametrize("kwargs, message", [

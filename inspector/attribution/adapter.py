@@ -26,7 +26,7 @@ from torch import nn
 from ..checks import require_loaded
 from ..findings import Finding, InspectorError
 from ..models import LoadedModel, model_code, to_device
-from .forward import TargetedForward, flatten_inputs
+from .forward import TargetedForward, flatten_inputs, forward_advice, predicted_target
 from .layers import (
     CONV,
     conv_layers,
@@ -55,8 +55,10 @@ def attribute(loaded: LoadedModel, inputs: Any, method: str, target: int | None,
         method: ``"ig"``, ``"saliency"``, ``"input_x_gradient"``, ``"layer_ig"``,
             ``"layer_conductance"`` or ``"layer_gradcam"``. ``"ig"`` on token ids runs as
             ``"layer_ig"`` on the input embedding (ids have no gradient); a finding says so.
-        target: class index for ``(B, C)`` outputs, next-token id for ``(B, T, V)`` outputs,
-            None for ``(B,)`` outputs.
+        target: class index for ``(B, C)`` outputs, next-token id for ``(B, T, V)`` outputs;
+            None for the model's own prediction (the first example's largest output: its
+            predicted class, or its next token at ``position``; an ``attribution-target``
+            finding says which) and for ``(B,)`` outputs.
         layer: module name for layer methods (default: the input embedding for
             ``layer_ig`` on token models, the last convolution for ``layer_gradcam``).
         position: sequence position attributed for ``(B, T, V)`` outputs (default: last).
@@ -89,7 +91,7 @@ def attribute(loaded: LoadedModel, inputs: Any, method: str, target: int | None,
     if progress is not None:
         _report_progress(call, progress)
     out = _run(loaded, call)
-    return _result(call, out, target)
+    return _result(call, out, call.forward.target)
 
 
 @dataclass(slots=True)
@@ -106,6 +108,7 @@ class _Call:
     forward: TargetedForward
     options: dict[str, Any]
     findings: list[Finding]
+    attributed: int = 1  # the first ``attributed`` of ``flat`` are attributed; the rest pass through
 
 
 def _prepare(loaded: LoadedModel, inputs: Any, method: str, target: int | None, layer: str | None,
@@ -122,14 +125,54 @@ def _prepare(loaded: LoadedModel, inputs: Any, method: str, target: int | None, 
     if not flat:
         raise InspectorError(f"{loaded.name}: attribution needs at least one input tensor")
     tokens = not flat[0].is_floating_point() and not flat[0].is_complex()
+    flat, rebuild, attributed = _attributed_first(flat, rebuild, tokens)
     findings: list[Finding] = []
     spec = _method_for_inputs(loaded, method, tokens, findings)
     layer, layer_module = _layer(loaded, spec, layer, modules, inputs, flat)
     options = check_options(spec, options)
     if spec.has_delta:
         options.setdefault("return_convergence_delta", True)
+    if target is None:
+        target = _default_target(loaded, inputs, position, modules, findings)
     forward = TargetedForward(model, rebuild, target, position, loaded.name)
-    return _Call(spec, method, layer, layer_module, flat, tokens, modules, forward, options, findings)
+    return _Call(spec, method, layer, layer_module, flat, tokens, modules, forward, options, findings, attributed)
+
+
+def _placeholder_token(model: nn.Module) -> int | None:
+    """The token id a text-and-image model (Llava) replaces with image features, if any."""
+    config = getattr(model, "config", None)
+    for name in ("image_token_index", "image_token_id"):
+        token = getattr(config, name, None)
+        if isinstance(token, int) and not isinstance(token, bool):
+            return token
+    return None
+
+
+def _attributed_first(flat: list[torch.Tensor], rebuild: Callable[[tuple], Any],
+                      tokens: bool) -> tuple[list[torch.Tensor], Callable[[tuple], Any], int]:
+    """The inputs in the order captum takes them: those attributed first (the token ids; else every
+    floating-point input: features, pixels), then those passed through (masks, decoder ids, labels)."""
+    if tokens:
+        return flat, rebuild, 1
+    order = [i for i, t in enumerate(flat) if t.is_floating_point()]
+    order += [i for i in range(len(flat)) if i not in order]
+    if order == list(range(len(flat))):
+        return flat, rebuild, sum(t.is_floating_point() for t in flat) or len(flat)
+    back = [order.index(i) for i in range(len(flat))]
+    return ([flat[i] for i in order], lambda xs: rebuild(tuple(xs[j] for j in back)),
+            sum(t.is_floating_point() for t in flat))
+
+
+def _default_target(loaded: LoadedModel, inputs: Any, position: int, modules: list[nn.Module],
+                    findings: list[Finding]) -> int | None:
+    predicted = predicted_target(loaded, inputs, position, modules)
+    if predicted is None:
+        return None
+    target, what = predicted
+    findings.append(Finding("attribution-target", "info", "",
+                            f"no target given: attributed the predicted {what}, {target} (the largest output "
+                            "of the first example); give a target to attribute another"))
+    return target
 
 
 def _method_for_inputs(loaded: LoadedModel, method: str, tokens: bool, findings: list[Finding]) -> MethodSpec:
@@ -164,7 +207,7 @@ def _layer(loaded: LoadedModel, spec: MethodSpec, layer: str | None, modules: li
             f"GradCAM weighs a convolution's feature maps, and {loaded.name} has no convolution "
             "layer. Use 'layer_conductance' or 'layer_ig' for its layers, or 'ig' for its inputs.")
     if not spec.on_layer:
-        bad = [i for i, t in enumerate(flat) if not t.is_floating_point()]
+        bad = [i for i, t in enumerate(flat[:1]) if not t.is_floating_point()]  # the attributed come first
         if bad:
             raise InspectorError(f"{spec.label} needs floating-point inputs; input {bad[0]} of "
                                  f"{loaded.name} is {flat[bad[0]].dtype}. Use a layer method.")
@@ -205,17 +248,22 @@ def _run(loaded: LoadedModel, call: _Call) -> Any:
             return forward(*xs)
 
         algo = spec.captum_class(run) if call.layer_module is None else spec.captum_class(run, call.layer_module)
-        arg = flat[0] if len(flat) == 1 else tuple(flat)
-        if call.tokens and len(flat) > 1 and "additional_forward_args" not in options:
-            # token ids are the input; the rest (an attention mask...) passes through unchanged
-            arg, options = flat[0], {**options, "additional_forward_args": tuple(flat[1:])}
+        n = call.attributed
+        arg = flat[0] if n == 1 else tuple(flat[:n])
+        if call.tokens and "baselines" not in options and (keep := _placeholder_token(model)) is not None:
+            # a baseline of token 0 everywhere but the image placeholders, which the model needs
+            options = {**options, "baselines": torch.where(flat[0] == keep, flat[0], torch.zeros_like(flat[0]))}
+        if len(flat) > n and "additional_forward_args" not in options:
+            # token ids (or features, pixels) are the input; the rest (an attention mask, decoder
+            # ids, labels) passes through unchanged
+            options = {**options, "additional_forward_args": tuple(flat[n:])}
             call.options = options  # the result records them
         if call.layer_module is None:  # captum would set it itself, with a warning; restored below either way
-            for t in flat:
+            for t in flat[:n]:
                 if t.is_leaf and not t.requires_grad:
                     t.requires_grad_(True)
         with model_code(f"{spec.label} on {loaded.name}",
-                        "fix the model's forward in its file, or choose another method or layer"):
+                        forward_advice(loaded, "choose another method or layer")):
             try:
                 return algo.attribute(arg, target=forward.captum_target, **options)
             except RuntimeError as exc:

@@ -29,6 +29,15 @@ class TargetInfo:
             "class index" if self.outputs > 1 else "none"
 
 
+def forward_advice(loaded: LoadedModel, other: str = "") -> str:
+    """What to do when the model's forward raises: fix the file it comes from, or, for a Hugging
+    Face folder (transformers' code, inputs built from its config), check the folder's config."""
+    if str(getattr(loaded, "source", "")).startswith("hf:"):
+        return ("the forward is transformers' code and the inputs come from config.json: check the folder's "
+                "config (sizes, special token ids)" + (f", {other}" if other else "") + ", or pass inputs of your own")
+    return "fix the model's forward in its file" + (f", or {other}" if other else "")
+
+
 def target_info(loaded: LoadedModel, inputs: Any = None) -> TargetInfo:
     """One forward pass (no gradients, eval mode, under the lock) to learn the output's shape.
 
@@ -41,11 +50,32 @@ def target_info(loaded: LoadedModel, inputs: Any = None) -> TargetInfo:
         to_device(inputs, loaded.input_device(), loaded.input_dtype())
     flat, _ = flatten_inputs(inputs)
     with loaded.lock, preserved_state(loaded.model, flat), torch.no_grad(), \
-            model_code(f"the forward pass of {loaded.name}", "fix its forward in the model file"):
+            model_code(f"the forward pass of {loaded.name}", forward_advice(loaded)):
         out = main_output(call_model(loaded.model, inputs), loaded.name)
     if out.dim() >= 3:
         return TargetInfo(int(out[:, -1].reshape(out.shape[0], -1).shape[1]), int(out.shape[1]))
     return TargetInfo(int(out.shape[1]) if out.dim() == 2 else 1, None)
+
+
+def predicted_target(loaded: LoadedModel, inputs: Any, position: int = -1,
+                     modules: list[nn.Module] | None = None) -> tuple[int, str] | None:
+    """The model's own prediction as a target: the largest output of the first example (at
+    ``position`` for ``(B, T, V)`` logits, the next token there), and what it is; None for a
+    model with one output per sample or a position outside the sequence (the target check then
+    says so). One forward pass, no gradients, eval mode, under the lock."""
+    flat, _ = flatten_inputs(inputs)
+    with loaded.lock, preserved_state(loaded.model, flat, modules=modules), torch.no_grad(), \
+            model_code(f"the forward pass of {loaded.name}", forward_advice(loaded)):
+        out = main_output(call_model(loaded.model, inputs), loaded.name)
+    what = "class"
+    if out.dim() >= 3:
+        if not -out.size(1) <= position < out.size(1):
+            return None
+        out, what = out[:, position], f"token at position {position % out.size(1)}"
+    out = out.reshape(out.size(0), -1) if out.dim() >= 2 else out.reshape(-1, 1)
+    if out.size(1) < 2:
+        return None
+    return int(out[0].float().argmax()), what
 
 
 class TargetedForward:
@@ -107,6 +137,9 @@ def main_output(out: Any, name: str) -> torch.Tensor:
         return out[0]
     if isinstance(out, dict) and isinstance(out.get("logits"), torch.Tensor):
         return out["logits"]
+    per_image = getattr(out, "logits_per_image", None)
+    if isinstance(per_image, torch.Tensor):  # a text-and-image model (CLIP): each image's score with its own text
+        return per_image.diagonal()
     if getattr(out, "last_hidden_state", None) is not None:
         raise InspectorError(f"{name} returned {type(out).__name__}, hidden states without logits: it is a "
                              "model without a head, so there is no output to attribute. Load a model with a "

@@ -10,6 +10,9 @@ from torch.utils.hooks import RemovableHandle
 
 from ..findings import Finding
 
+#: The attribute transformers sets on a model once it has installed its output-capturing hooks
+#: (lazily, on the first forward that needs hidden states); it never installs them again while set.
+CAPTURE_MARK = "_output_capturing_hooks_installed"
 _HOOK_DICTS = ("_forward_hooks", "_forward_hooks_with_kwargs", "_forward_hooks_always_called",
                "_forward_pre_hooks", "_forward_pre_hooks_with_kwargs", "_backward_hooks",
                "_backward_pre_hooks")
@@ -35,7 +38,7 @@ class preserved_state:  # noqa: N801 - used as a context manager, like contextli
     """
 
     __slots__ = ("model", "tensors", "findings", "modules", "enable_grad", "modes", "grads", "flags",
-                 "hook_id", "grad_switched")
+                 "hook_id", "grad_switched", "marked")
 
     def __init__(self, model: nn.Module, tensors: list[torch.Tensor],
                  findings: list[Finding] | None = None, *, modules: list[nn.Module] | None = None,
@@ -50,6 +53,7 @@ class preserved_state:  # noqa: N801 - used as a context manager, like contextli
         self.grads = [(p, p.grad) for m in modules for p in m._parameters.values() if p is not None]
         self.flags = [(t, t.requires_grad) for t in self.tensors]
         self.hook_id = RemovableHandle.next_id
+        self.marked = {id(m) for m in modules if m.__dict__.get(CAPTURE_MARK)}
         if self.model.training and self.findings is not None:
             self.findings.append(Finding("eval-mode", "info", "",
                                          "the model was in training mode; attribution ran in eval mode "
@@ -72,6 +76,10 @@ class preserved_state:  # noqa: N801 - used as a context manager, like contextli
         start = self.hook_id
         # some hook was registered meanwhile only if the next handle id moved
         removed = _remove_hooks_since(modules, start) if RemovableHandle.next_id != start else 0
+        if removed:  # transformers marks a model whose output-capturing hooks it installed: unmark it
+            for m in modules:
+                if m.__dict__.get(CAPTURE_MARK) and id(m) not in self.marked:
+                    del m.__dict__[CAPTURE_MARK]
         for p, g in self.grads:
             if p.grad is not g:
                 p.grad = g
@@ -80,7 +88,8 @@ class preserved_state:  # noqa: N801 - used as a context manager, like contextli
                 t.requires_grad_(flag)
         if removed and self.findings is not None:
             self.findings.append(Finding("hook-removed", "warning", "",
-                                         f"{removed} hook(s) left behind by captum were removed"))
+                                         f"{removed} hook(s) added during the call (by captum, or transformers' output "
+                                         "capturing, which adds them again when needed) were removed"))
 
 
 def _remove_hooks_since(modules: list[nn.Module], start: int) -> int:

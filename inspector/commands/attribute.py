@@ -26,7 +26,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--method", default="ig", choices=list(METHODS),
                         help="attribution method (default: ig; on token ids it runs as layer_ig)")
     parser.add_argument("--target", type=int, default=None,
-                        help="class index, or next-token id for language models (omit for one-output models)")
+                        help="class index, or next-token id for language models (default: the model's predicted "
+                             "class or next token, which the output names)")
     parser.add_argument("--layer", default=None,
                         help="module name for layer methods (default: the input embedding for layer_ig "
                              "on token models, the last convolution for layer_gradcam)")
@@ -53,7 +54,8 @@ def run(args: argparse.Namespace) -> int:
     say(f"model: {loaded.name} ({loaded.source}) on {loaded.device}")
     where = f"layer {result.layer}" if result.layer else "inputs"
     pos = f" at position {result.position}" if result.position is not None else ""
-    say(f"method: {result.method} ({result.captum_method}) on {where}, target {result.target}{pos}")
+    chosen = " (predicted: no --target given)" if args.target is None and result.target is not None else ""
+    say(f"method: {result.method} ({result.captum_method}) on {where}, target {result.target}{chosen}{pos}")
     table = result.summary.assign(order=result.summary["abs_score"].fillna(float("inf")))
     table = table.sort_values("order", ascending=False).drop(columns="order")
     if len(table) > args.rows:

@@ -91,7 +91,10 @@ def run(args: argparse.Namespace) -> int:
         say(f"  {key or '(whole model)'}: {dev!r}")
     print_table(_usage_table(plan.usage))
     print_findings(plan.findings)
-    if comparison is not None:
+    if comparison is not None and comparison.accelerate_error is not None:
+        say(f"\naccelerate could not plan this model: infer_auto_device_map raised {comparison.accelerate_error}; "
+            "the map above is ours alone")
+    elif comparison is not None:
         say(f"\naccelerate.infer_auto_device_map ({len(comparison.accelerate_map)} keys, "
               f"{comparison.accelerate_seconds * 1000:.1f} ms; ours {comparison.our_seconds * 1000:.1f} ms)")
         say(f"check_device_map on ours: {comparison.our_check or 'ok'}")
@@ -111,6 +114,7 @@ def run(args: argparse.Namespace) -> int:
         if comparison is not None:
             data["accelerate"] = {
                 "device_map": comparison.accelerate_map, "check_device_map": comparison.accelerate_check,
+                "error": comparison.accelerate_error,
                 "findings": [f.to_dict() for f in comparison.accelerate_findings],
                 "difference": comparison.difference.to_dict(orient="records")}
         write_json(args.json, data)

@@ -26,6 +26,8 @@ class Comparison:
     ``difference`` has a row for each tensor name whose device or finding differs: ``name,
     kind, ours, accelerate, our_finding, accelerate_finding``. ``*_check`` is None when
     ``accelerate.utils.check_device_map`` accepts the map, else its error message.
+    ``accelerate_error`` is None when accelerate planned, else what it raised: its map is then
+    empty, its audit leaves every tensor without a device, and ``difference`` is empty.
     """
 
     ours: PlacementPlan
@@ -38,6 +40,7 @@ class Comparison:
     accelerate_check: str | None
     our_seconds: float
     accelerate_seconds: float
+    accelerate_error: str | None = None
 
 
 def check_with_accelerate(model: nn.Module, device_map: Mapping[str, Any]) -> str | None:
@@ -90,23 +93,33 @@ def compare_with_accelerate(model: nn.Module, max_memory: str | Mapping[Any, Any
     t0 = time.perf_counter()
     planned = plan_steps(model, budget, no_split, dtype)
     t1 = time.perf_counter()
-    theirs = infer_auto_device_map(model, max_memory=accelerate_budget(budget),
-                                   no_split_module_classes=list(no_split), dtype=dtype)
+    try:
+        theirs = normalise_map(dict(infer_auto_device_map(model, max_memory=accelerate_budget(budget),
+                                                          no_split_module_classes=list(no_split), dtype=dtype)))
+        error = None
+    except Exception as exc:  # noqa: BLE001 - accelerate's planner fails on some models; ours still stands
+        theirs, error = {}, f"{type(exc).__name__}: {exc}"
     t2 = time.perf_counter()
     ours = explain(model, planned)
-    theirs = normalise_map(dict(theirs))
     result = audit_inventory(planned.inv.source, theirs)
     usage = device_usage(result.table, budget)
+    if error is not None:
+        failed = Finding("accelerate-failed", "warning", "",
+                         f"accelerate's infer_auto_device_map could not plan this model ({error}); "
+                         "only our plan is shown")
+        return Comparison(ours, theirs, result.table, [failed], usage, _difference([], ours.audit, result.table),
+                          check_with_accelerate(model, ours.device_map), error, t1 - t0, t2 - t1, error)
     a, b = ours.audit.set_index("name"), result.table.set_index("name")
     differs = [n for n in a.index if a.at[n, "device"] != b.at[n, "device"]
                or a.at[n, "finding"] != b.at[n, "finding"]]
-    diff = pd.DataFrame({"name": differs, "kind": [a.at[n, "kind"] for n in differs],
-                         "ours": [a.at[n, "device"] for n in differs],
-                         "accelerate": [b.at[n, "device"] for n in differs],
-                         "our_finding": [a.at[n, "finding"] for n in differs],
-                         "accelerate_finding": [b.at[n, "finding"] for n in differs]})
-    return Comparison(ours, theirs, result.table, result.findings, usage, diff.astype(object),
+    return Comparison(ours, theirs, result.table, result.findings, usage, _difference(differs, a, b),
                       check_with_accelerate(model, ours.device_map), check_with_accelerate(model, theirs),
                       t1 - t0, t2 - t1)
 
 
+def _difference(differs: list[str], a: pd.DataFrame, b: pd.DataFrame) -> pd.DataFrame:
+    return pd.DataFrame({"name": differs, "kind": [a.at[n, "kind"] for n in differs],
+                         "ours": [a.at[n, "device"] for n in differs],
+                         "accelerate": [b.at[n, "device"] for n in differs],
+                         "our_finding": [a.at[n, "finding"] for n in differs],
+                         "accelerate_finding": [b.at[n, "finding"] for n in differs]}).astype(object)

@@ -3,7 +3,8 @@
 The planner fills devices in order like accelerate's ``infer_auto_device_map``, but it
 never leaves a tensor out: the buffers a split module owns directly go to the device that
 holds most of that module's parameter bytes, a module that holds only buffers goes with its
-nearest placed neighbour, and every name of a tied tensor lands on one device. Each step
+nearest placed neighbour, every name of a tied tensor lands on one device, and a module's own
+tensors (a layer's weight and bias) stay on one device, the tied one's when there is a tie. Each step
 returns records of what it decided and why, so the dashboard can show them.
 
 Planning is arithmetic on tensor sizes: it works on the meta device and for devices this
@@ -24,7 +25,7 @@ from ..checks import require_module
 from ..findings import Finding, InspectorError
 from .audit import audit_table, device_usage, table_findings
 from .budget import Device, format_max_memory, parse_max_memory
-from .inventory import Inventory, inventory, lookup, prefixes
+from .inventory import Inventory, inventory, lookup, parent_name, prefixes
 from .walk import Decision, Reserve, budget_records, main_devices, offloads, place_pending, walk
 
 
@@ -63,20 +64,61 @@ def _isolate(inv: Inventory, device_map: dict[str, Device], name: str) -> None:
         key, dev = lookup(device_map, name)
 
 
-def _keep_ties(inv: Inventory, device_map: dict[str, Device]) -> list[Decision]:
-    """Every name of one tensor object goes to the device of its first name."""
+def _together_groups(inv: Inventory) -> list[list[str]]:
+    """Tensor names that must share a device: every name of one object, and the tensors one module
+    owns directly, joined where they meet (a layer whose weight and bias are tied to two others)."""
+    root: dict[str, str] = {}
+
+    def find(n: str) -> str:
+        while root.setdefault(n, n) != n:
+            root[n] = root[root[n]]
+            n = root[n]
+        return n
+
+    for names in [*inv.ties, *(names for names in inv.direct.values() if len(names) > 1)]:
+        for n in names[1:]:
+            root[find(n)] = find(names[0])
+    groups: dict[str, list[str]] = {}
+    for n in root:
+        groups.setdefault(find(n), []).append(n)
+    return [sorted(g, key=lambda n: inv.order.get(n, -1)) for g in groups.values() if len(g) > 1]
+
+
+def _keep_together(inv: Inventory, device_map: dict[str, Device], devices: list[Device]) -> list[Decision]:
+    """Every name of a tied tensor on one device, and a module's own tensors (a layer's weight and
+    bias) on one device, as accelerate keeps a layer: ``dispatch_model`` hooks modules, not tensors,
+    so a layer split across devices would mix them in its forward. The device is the first tied
+    tensor's (in module order), else the one holding most of the group's bytes (earlier on equal)."""
+    lead_of = {alias: names[0] for names in inv.ties for alias in names[1:]}
+    leaders = {names[0] for names in inv.ties}
+    rank = {d: i for i, d in enumerate(devices)}
     records = []
-    for names in inv.ties:
-        _, lead_dev = lookup(device_map, names[0])
-        assert lead_dev is not None  # every tensor was placed before ties are kept
-        for alias in names[1:]:
-            _, dev = lookup(device_map, alias)
-            if dev != lead_dev:
-                _isolate(inv, device_map, alias)
-                device_map[alias] = lead_dev
-                records.append(Decision("tie", alias, lead_dev, 0,
-                                        f"is the same tensor as {names[0]}, which is on {lead_dev}; "
-                                        f"moved from {dev} so the tie holds (its bytes are counted once)"))
+    for group in _together_groups(inv):
+        devs: dict[str, Device] = {}
+        for n in group:
+            dev = lookup(device_map, n)[1]
+            assert dev is not None  # every tensor was placed before this step
+            devs[n] = dev
+        if len(set(devs.values())) < 2:
+            continue
+        lead = next((n for n in group if n in leaders), None)
+        if lead is not None:
+            target = devs[lead]
+        else:
+            per: dict[Device, int] = {}
+            for n, d in devs.items():
+                per[d] = per.get(d, 0) + inv.sizes.get(n, 0)
+            target = max(per, key=lambda d: (per[d], -rank.get(d, len(rank))))
+        for n in group:
+            if devs[n] == target:
+                continue
+            _isolate(inv, device_map, n)
+            device_map[n] = target
+            why = (f"is the same tensor as {lead_of[n]}, which is on {target}; moved from {devs[n]} so the tie "
+                   "holds (its bytes are counted once)" if n in lead_of else
+                   f"{parent_name(n) or 'the model'} keeps its own tensors on one device, with "
+                   f"{lead or 'most of their bytes'} on {target}; moved from {devs[n]}")
+            records.append(Decision("tie" if n in lead_of else "together", n, target, inv.sizes.get(n, 0), why))
     return records
 
 
@@ -151,7 +193,7 @@ def plan_steps(model: nn.Module, max_memory: str | Mapping[Any, Any],
         state = walk(inv, budget, capacity, no_split, reserve)
         pending = place_pending(inv, state, devices)
         device_map = dict(state.assigned)
-        ties = _keep_ties(inv, device_map)
+        ties = _keep_together(inv, device_map, devices)
         if reserve is None and main and offloads(device_map, budget):
             reserve = Reserve(inv, no_split, main)
             extra = {d: 0 for d in devices}  # room found for buffers without a reserve does not carry over
@@ -163,7 +205,7 @@ def plan_steps(model: nn.Module, max_memory: str | Mapping[Any, Any],
         for d, n in over.items():
             extra[d] += n
             extra_records.append(Decision("reserve", "", d, n,
-                                          f"buffers placed after the walk overfilled {d} by {n} bytes; "
+                                          f"tensors placed after the walk (buffers, ties, layers kept whole) overfilled {d} by {n} bytes; "
                                           "kept that much free and planned again"))
     else:
         raise InspectorError(f"could not fit the buffers of split modules into the budget "
@@ -228,7 +270,8 @@ def plan_device_map(model: nn.Module, max_memory: str | Mapping[Any, Any],
     ``no_split_module_classes`` (default: the model's ``_no_split_modules``). The buffers a
     split module owns directly go to the device holding most of its parameter bytes (the
     earlier device on a tie); a module with buffers and no parameters goes with its nearest
-    placed neighbour; every name of a tied tensor lands on one device. When an offload device
+    placed neighbour; every name of a tied tensor lands on one device, and the tensors a module
+    owns directly (a layer's weight and bias) stay together. When an offload device
     follows, the first GPU (and the CPU before disk) keeps the largest layer free, as
     accelerate does. The map passes ``accelerate.utils.check_device_map`` and can be handed to
     ``accelerate.dispatch_model``. See :func:`plan_device_map_explained` for the reasons.
@@ -245,8 +288,8 @@ def plan_device_map(model: nn.Module, max_memory: str | Mapping[Any, Any],
 
     >>> m = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 4))  # 80 bytes each
     >>> m[1].weight = m[0].weight  # tied: 80 + 16 bytes in all
-    >>> plan_device_map(m, {0: 90, 1: 1000})  # "1" does not fit on 0; its tied weight stays there
-    {'0': 0, '1.weight': 0, '1.bias': 1}
+    >>> plan_device_map(m, {0: 90, 1: 1000})  # "1" does not fit after "0", and cannot leave its weight: all on 1
+    {'': 1}
     """
     model = require_module(model, "plan_device_map")
     return plan_steps(model, max_memory, no_split_module_classes, dtype).device_map

@@ -16,7 +16,7 @@ from .inventory import Inventory, lookup
 class Decision:
     """One thing the planner decided, and why."""
 
-    step: str           # "budget", "reserve", "place", "split", "next-device", "buffer", "tie", "clean"
+    step: str  # "budget", "reserve", "place", "split", "next-device", "buffer", "tie", "together", "clean"
     subject: str        # module or tensor name ("" for the whole model or a device-level step)
     device: Device | None
     nbytes: int
