@@ -11,6 +11,8 @@ import re
 from collections.abc import Iterable
 from typing import Any
 
+from ..units import bytes_ticks
+
 GPU_COLOURS = ["#4C78A8", "#F58518", "#54A24B", "#B279A2", "#9D755D", "#72B7B2", "#EECA3B", "#FF9DA6"]
 FIXED_COLOURS = {"cpu": "#8C8C8C", "disk": "#5B4636", "mps": "#2CA9B7", "meta": "#D9D9D9",
                  "(none)": "#FFFFFF", "mixed": "#C7C7C7"}
@@ -65,4 +67,21 @@ def readable(fig: Any) -> Any:
     """Let every axis take the room its tick labels need (long module names are not cut); returns ``fig``."""
     fig.update_xaxes(automargin=True)
     fig.update_yaxes(automargin=True)
+    return fig
+
+
+def bytes_axis(fig: Any, values: Iterable[float | None], axis: str = "y", title: str = "bytes") -> Any:
+    """Label a bytes axis in binary units (``10.0 GiB``), the units budgets are given in; returns ``fig``.
+
+    Plotly's own ``~s`` format writes decimal prefixes (40 GiB would read ``43G``).
+
+    >>> import plotly.graph_objects as go
+    >>> fig = bytes_axis(go.Figure(go.Bar(y=[40 * 2**30])), [40 * 2**30])
+    >>> fig.layout.yaxis.ticktext[:3]
+    ('0 B', '10.0 GiB', '20.0 GiB')
+    """
+    finite = [float(v) for v in values if v is not None and v == v]
+    ticks, text = bytes_ticks(max(finite, default=0.0))
+    update = fig.update_yaxes if axis == "y" else fig.update_xaxes
+    update(tickmode="array", tickvals=ticks, ticktext=text, title_text=title, tickformat=None)
     return fig
