@@ -61,8 +61,8 @@ def home() -> None:
                        help=f"{s.buffers:,} buffers, {s.buffer_elements:,} elements")
 
         st.markdown("**Bytes by dtype and device**")
-        table = s.bytes_table.assign(size=s.bytes_table["bytes"].map(format_bytes))
-        show_frame(table[["kind", "dtype", "device", "tensors", "elements", "size", "bytes"]], width="content")
+        show_frame(s.bytes_table.rename(columns={"bytes": "size"})
+                   .assign(size=s.bytes_table["bytes"].map(format_bytes)), width="content")
         total = int(s.bytes_table["bytes"].sum()) if len(s.bytes_table) else 0
         st.caption(f"{format_bytes(total)} in all"
                    + (" — on the meta device nothing is allocated; this is what it would take."

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 import pandas as pd
 import streamlit as st
 
-from inspector import Finding, sort_findings
+from inspector import Finding, format_bytes, sort_findings
 
 PAGE_SIZE = 50
 SEVERITY_BADGE = {"error": "red", "warning": "orange", "info": "blue"}
@@ -62,10 +62,30 @@ def fit_columns(df: pd.DataFrame, column_config: dict | None = None) -> dict:
     return out
 
 
+def is_bytes_column(name: object) -> bool:
+    """Columns that hold byte counts: ``bytes``, ``nbytes``, ``total_bytes``, ``bytes_on_0``…"""
+    text = str(name)
+    return text in ("bytes", "nbytes") or text.endswith("_bytes") or text.startswith("bytes_")
+
+
+def human_bytes(df: pd.DataFrame) -> pd.DataFrame:
+    """``df`` with every numeric bytes column written in binary units (``144.5 GiB``), as people read them.
+
+    >>> human_bytes(pd.DataFrame({"name": ["w"], "bytes": [155_171_243_763]}))["bytes"].tolist()
+    ['144.5 GiB']
+    """
+    cols = [c for c in df.columns if is_bytes_column(c) and pd.api.types.is_numeric_dtype(df[c])
+            and not pd.api.types.is_bool_dtype(df[c])]
+    if not cols:
+        return df
+    return df.assign(**{str(c): df[c].map(format_bytes) for c in cols})
+
+
 def show_frame(df: pd.DataFrame, column_config: dict | None = None, **kwargs) -> None:
-    """``st.dataframe`` with every column fitted to its content (see :func:`fit_columns`)."""
+    """``st.dataframe`` with bytes in binary units and every column fitted to its content (see :func:`fit_columns`)."""
     kwargs.setdefault("hide_index", True)
     kwargs.setdefault("width", "stretch")
+    df = human_bytes(df)
     st.dataframe(df, column_config=fit_columns(df, column_config), **kwargs)
 
 
