@@ -15,6 +15,7 @@ from ui.errors import guarded
 from ui.navigation import all_views, navigation
 from ui.sidebar import model_picker
 from ui.tables import findings_table, paged_table, show_frame, tensor_listing
+from ui.tree_view import model_tree_section
 
 
 def home() -> None:
@@ -70,6 +71,9 @@ def home() -> None:
         st.markdown("**Findings, most severe first**")
         findings_table(loaded.findings + summary_findings(s), "home_findings",
                        empty="Loading found nothing to report.")
+
+    with guarded("drawing the model tree"):
+        model_tree_section(loaded)
 
     with guarded("listing the tensors"):
         with st.expander("Parameters and buffers", expanded=False):

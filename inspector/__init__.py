@@ -62,6 +62,8 @@ from .placement import (
 )
 from .report import SECTIONS, Report, build_report
 from .summary import ModelSummary, format_bytes, format_count, model_summary, summary_findings
+from .tree import LENSES, ModuleTree, module_tree, tensor_badges
+from .units import format_number
 
 __version__ = "0.1.0"
 
@@ -78,4 +80,5 @@ __all__ = [
     "offset_findings", "offset_map", "parse_max_memory", "placement_findings", "placement_table", "reference_drift",
     "plan_device_map", "plan_device_map_explained", "retie", "run_backward", "run_report", "select_modules",
     "snapshot_ties", "sort_findings", "storage_key", "summary_findings", "tensor_inventory",
+    "LENSES", "ModuleTree", "format_number", "module_tree", "tensor_badges",
 ]
