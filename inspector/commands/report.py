@@ -68,6 +68,11 @@ def options_from_args(args: argparse.Namespace) -> dict:
             options[key] = getattr(args, key)
     if args.attribute_on_cpu:
         options["attribution_cpu_max_bytes"] = None
+    options["controls"] = {"backward": "add --backward for one backward pass",
+                           "conversions": "add --conversions all to run them",
+                           "attribution_cpu_max_bytes": "add --attribute-on-cpu (and perhaps a small "
+                                                        "--attribution-steps) to run it here",
+                           "lab": "the dashboard's Labs page adds them"}
     check_options(options)
     return options
 
