@@ -144,9 +144,14 @@ with tabs[4]:
         paged_table(actual.astype({"device": str, "module_primary_device": str}), "dm_actual")
     local = not missing_devices(ours.device_map)
     st.markdown("**Try the plan**: dispatch a copy with accelerate and compare outputs with the loaded model.")
-    if st.button("Dispatch a copy", key="dm_dispatch", disabled=loaded.is_meta or not local,
-                 help=None if local else "This plan uses devices this machine does not have; plan for "
-                                         "cpu and disk (e.g. cpu=…,disk=…) to try it here"):
+    why_not = ("The model is on the meta device: it has no weights to dispatch. Load it on cpu or a GPU."
+               if loaded.is_meta else None if local else
+               "This plan uses devices this server does not have ("
+               + ", ".join(f"GPU {d}" if isinstance(d, int) else str(d) for d in missing_devices(ours.device_map))
+               + "): to try it here, give a budget for cpu and disk only (e.g. cpu=1GiB,disk=100GiB).")
+    if why_not:
+        st.info(why_not)
+    if st.button("Dispatch a copy", key="dm_dispatch", disabled=why_not is not None, help=why_not):
         with guarded("dispatching a copy"), st.spinner("Dispatching…"):
             check = try_dispatch(loaded, ours.device_map)
             (st.success if check.outputs_equal else st.warning)(markdown_text(check.message))
