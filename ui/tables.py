@@ -115,13 +115,12 @@ def paged_table(df: pd.DataFrame, key: str, *, page_size: int = PAGE_SIZE,
     ``key`` must be unique on the page (it names the filter and page widgets).
     """
     if len(df) > page_size:
-        left, right = st.columns([3, 1])
-        text = left.text_input("Filter", key=f"{key}_filter", placeholder="part of a name, dtype, device…",
-                               label_visibility="collapsed")
+        left, right = st.columns([3, 1], vertical_alignment="bottom")
+        text = left.text_input("Filter rows", key=f"{key}_filter", placeholder="part of a name, dtype, device…")
         shown = filter_rows(df, text, filter_columns)
         pages = max(1, math.ceil(len(shown) / page_size))
-        page = right.number_input(f"Page (of {pages})", min_value=1, max_value=pages, value=1, step=1,
-                                  key=f"{key}_page_{pages}", label_visibility="collapsed")
+        page = right.number_input(f"Page (1 to {pages})", min_value=1, max_value=pages, value=1, step=1,
+                                  key=f"{key}_page_{pages}")
         start = (int(page) - 1) * page_size
         st.caption(f"{caption + ' · ' if caption else ''}rows {start + 1 if len(shown) else 0}–"
                    f"{min(start + page_size, len(shown))} of {len(shown):,}"
