@@ -17,6 +17,7 @@ CELL_PAD_PX = 30   # cell padding plus room for the sort arrow in the header
 MAX_FIT_PX = 480   # wider text columns scroll inside their cell rather than push the table
 MESSAGE_PX = 560   # width of a findings message column
 LINE_PX = 21       # one wrapped line of grid text
+TABLE_PX = 1100    # a table wider than this (a wide page at 1440 px) hides its right-hand columns
 
 
 def cell_text(value) -> str:
@@ -42,6 +43,7 @@ def fit_columns(df: pd.DataFrame, column_config: dict | None = None) -> dict:
     (True, 'localized')
     """
     out = dict(column_config or {})
+    text_cols: dict[str, int] = {}  # text columns fitted here -> the width their header needs
     for col in df.columns:
         given = out.get(col)
         if isinstance(given, dict) and given.get("width") is not None or given is None and col in out:
@@ -53,13 +55,31 @@ def fit_columns(df: pd.DataFrame, column_config: dict | None = None) -> dict:
         px = widest * CHAR_PX + CELL_PAD_PX
         if not is_int:
             px = min(px, MAX_FIT_PX)
+            text_cols[col] = len(str(header)) * CHAR_PX + CELL_PAD_PX
         if isinstance(given, dict):
             out[col] = {**given, "width": px}
         elif is_int:
             out[col] = st.column_config.NumberColumn(width=px, format="localized")
         else:
             out[col] = st.column_config.Column(width=px)
-    return out
+    return _fit_table(out, text_cols)
+
+
+def _fit_table(config: dict, text_cols: dict[str, int]) -> dict:
+    """Narrow the wide text columns (never below their header, never the first) until the table
+    fits ``TABLE_PX``, so that the columns on the right are not pushed out of sight."""
+    widths = {c: cfg.get("width") for c, cfg in config.items() if isinstance(cfg, dict)}
+    total = sum(w for w in widths.values() if isinstance(w, int))
+    first = next(iter(config), None)
+    give = {c: widths[c] - floor for c, floor in text_cols.items()
+            if c != first and isinstance(widths.get(c), int) and widths[c] > max(floor, 160)}
+    extra = total - TABLE_PX
+    if extra <= 0 or not give:
+        return config
+    share = min(1.0, extra / sum(give.values()))
+    for c, room in give.items():
+        config[c] = {**config[c], "width": int(widths[c] - room * share)}
+    return config
 
 
 def is_bytes_column(name: object) -> bool:

@@ -8,7 +8,7 @@ import streamlit as st
 
 from inspector import LENSES, ModuleTree, format_bytes, gradient_report, module_tree, tensor_badges
 from inspector.escaping import markdown_code
-from inspector.figures import module_tree_figure
+from inspector.figures import module_tree_figure, shown_level
 
 from .cache import cached_analysis
 from .tables import paged_table
@@ -58,8 +58,8 @@ def model_tree_section(loaded) -> None:
     """Draw the model tree: lens, search, module, the icicle, and the module's tensors."""
     st.subheader("Model tree")
     tree = session_tree(loaded)
-    c1, c2, c3 = st.columns([3, 2, 3])
-    lens = c1.segmented_control("Colour by", LENSES, default="device", key="home_tree_lens") or "device"
+    lens = st.segmented_control("Colour by", LENSES, default="device", key="home_tree_lens") or "device"
+    c2, c3 = st.columns([2, 3])
     query = c2.text_input("Search modules", key="home_tree_search", placeholder="attn, mlp.c_fc, Linear…",
                           help="Part of a module name or class; the module list below keeps the matches")
     matches = tree.search(query)
@@ -76,6 +76,10 @@ def model_tree_section(loaded) -> None:
     if notes.get(lens):
         st.info(notes[lens])
     st.plotly_chart(module_tree_figure(tree, lens, focus=focus or ""), key="home_tree")
+    level = shown_level(tree, focus or "")
+    if level != (focus or ""):
+        st.caption(f"{markdown_code(focus)} holds no bytes of its own (a tied tensor is counted at its first "
+                   f"holder), so the tree opens at {markdown_code(level or '(model)')}.")
     st.caption("Width is bytes: each tensor counted once, at the module that holds it first (a tied "
                "weight's second holder adds nothing). Modules without tensors (activations, dropout) "
                "have no width; find them with the search.")

@@ -13,12 +13,12 @@ from .distributed import grad_norm_figure, memory_figure
 from .offsets import layer_norm_bars, offset_strip
 from .palette import bytes_axis, device_colour, device_colours, device_key, key_label, readable
 from .placement import placement_treemap, usage_bars, usage_side_by_side
-from .tree import lens_colours, module_tree_figure
+from .tree import lens_colours, module_tree_figure, shown_level
 
 __all__ = [
     "alias_graph_figure", "capture_heatmap", "capture_histogram", "capture_stats_figure",
     "clone_vs_reference_figure", "completeness_line", "conductance_bars", "device_colour", "device_colours",
     "device_key", "grad_norm_figure", "image_overlay", "key_label", "layer_norm_bars", "memory_figure",
     "offset_strip", "placement_treemap", "readable", "token_heatmap", "usage_bars", "usage_side_by_side",
-    "bytes_axis", "lens_colours", "module_tree_figure",
+    "bytes_axis", "lens_colours", "module_tree_figure", "shown_level",
 ]

@@ -69,6 +69,23 @@ def _hover(row: Any) -> str:
             f" · alias: {plot_text(row.alias_group)}<br>{row.captured}")
 
 
+def shown_level(tree: ModuleTree, focus: str) -> str:
+    """The module the figure opens at for ``focus``: itself, or its nearest ancestor that holds
+    bytes (a module whose tensors are all counted elsewhere, a tied head, has no box of its own).
+
+    >>> from torch import nn
+    >>> from inspector.tree import module_tree
+    >>> m = nn.Sequential(nn.Linear(2, 2), nn.Sequential(nn.ReLU()))
+    >>> shown_level(module_tree(m), "1.0"), shown_level(module_tree(m), "0")
+    ('', '0')
+    """
+    sizes = dict(zip(tree.modules["id"], tree.modules["bytes"], strict=True))
+    node = focus
+    while node and not sizes.get(node):
+        node = node.rpartition(".")[0]
+    return node
+
+
 @escaped_figure
 def module_tree_figure(tree: ModuleTree, lens: str = "device", focus: str = "", max_depth: int = 4,
                        height: int = 460) -> go.Figure:
@@ -77,7 +94,8 @@ def module_tree_figure(tree: ModuleTree, lens: str = "device", focus: str = "", 
     Args:
         tree: :func:`inspector.module_tree` of the model.
         lens: ``"device"``, ``"dtype"``, ``"gradient norm"``, ``"alias group"`` or ``"captured"``.
-        focus: module name the figure starts zoomed on (``""``: the whole model).
+        focus: module name the figure starts zoomed on and outlines in red (``""``: the whole model);
+            one without bytes of its own opens at its nearest ancestor that has some.
         max_depth: levels drawn at once below the focus (click a box to go deeper).
         height: pixels.
 
@@ -90,12 +108,15 @@ def module_tree_figure(tree: ModuleTree, lens: str = "device", focus: str = "", 
     m = tree.modules
     colours, legend = lens_colours(tree, lens)
     parents = ["" if p is None or p != p else node_id(p) for p in m["parent"]]
+    start = shown_level(tree, focus)
+    edge = ["#D62728" if i == focus and focus else "#FFFFFF" for i in m["id"]]
     fig = go.Figure(go.Icicle(
         ids=[node_id(i) for i in m["id"]], parents=parents, labels=m["label"].tolist(),
-        values=m["bytes"].tolist(), branchvalues="total", marker=dict(colors=colours, line=dict(width=1,
-                                                                                                color="#FFFFFF")),
+        values=m["bytes"].tolist(), branchvalues="total",
+        marker=dict(colors=colours, line=dict(width=[3 if i == focus and focus else 1 for i in m["id"]],
+                                              color=edge)),
         hovertext=[_hover(r) for r in m.itertuples()], hoverinfo="text", maxdepth=max_depth,
-        level=plot_text(node_id(focus)) if focus else None, tiling=dict(orientation="v"),
+        level=plot_text(node_id(start)) if start else None, tiling=dict(orientation="v"),
         textinfo="label"))
     fig.update_layout(height=height, margin=dict(t=10, l=5, r=5, b=40),
                       annotations=[dict(text=f"{plot_text(lens)}: {legend}", showarrow=False, x=0, y=-0.02,
