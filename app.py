@@ -46,7 +46,7 @@ def home() -> None:
         s = cached_analysis(model_summary, loaded.model)
         st.subheader(f"{markdown_text(loaded.name)} on {markdown_text(loaded.device)}"
                      + (" (structure only)" if loaded.is_meta else ""))
-        cols = st.columns(6)
+        cols = [*st.columns(3), *st.columns(3)]  # two rows: "69.0 billion" needs the room
         cols[0].metric("Modules", format_count(s.modules), help=f"{s.modules:,} modules")
         cols[1].metric("Parameter elements", format_count(s.parameter_elements),
                        help=f"{s.parameter_elements:,}: each Parameter object once, as parameters() yields them")

@@ -1,7 +1,7 @@
 """The module tree as data: every module with its bytes, devices, dtypes, gradient norm, alias
 group and capture state, and every tensor name with its badges (tied to…, view of…).
 
-The home page draws it as an icicle (:func:`inspector.figures.module_tree_figure`), the report
+The home page draws it as a treemap (:func:`inspector.figures.module_tree_figure`), the report
 lists it; both read :func:`module_tree`. Metadata only (works on the meta device); gradient
 norms and capture states come from results the caller already has.
 """

@@ -66,7 +66,7 @@ if analysis is not None:
     if analysis.groups:
         frame = analysis.to_frame()
         paged_table(frame, "aliases_groups", caption="names[0] is the name named_parameters() keeps",
-                    column_config={"names": st.column_config.TextColumn(width="large")})
+                    column_config={"names": st.column_config.TextColumn()})
     else:
         st.success("No two names share a tensor or memory in this model.")
     for d in analysis.disjoint:

@@ -17,7 +17,7 @@ CELL_PAD_PX = 30   # cell padding plus room for the sort arrow in the header
 MAX_FIT_PX = 480   # wider text columns scroll inside their cell rather than push the table
 MESSAGE_PX = 560   # width of a findings message column
 LINE_PX = 21       # one wrapped line of grid text
-TABLE_PX = 1100    # a table wider than this (a wide page at 1440 px) hides its right-hand columns
+TABLE_PX = 940     # a table wider than this (a wide page at 1440 px) hides its right-hand columns
 
 
 def cell_text(value) -> str:

@@ -1,4 +1,4 @@
-"""The home page's model tree: the module hierarchy sized by bytes, coloured by a lens, searchable,
+"""The home page's model tree: the module hierarchy (a treemap) sized by bytes, coloured by a lens, searchable,
 and the selected module's tensors with their badges and the pages that explain them."""
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ def tensor_frame(tree: ModuleTree, module: str) -> pd.DataFrame:
 
 
 def model_tree_section(loaded) -> None:
-    """Draw the model tree: lens, search, module, the icicle, and the module's tensors."""
+    """Draw the model tree: lens, search, module, the treemap, and the module's tensors."""
     st.subheader("Model tree")
     tree = session_tree(loaded)
     lens = st.segmented_control("Colour by", LENSES, default="device", key="home_tree_lens") or "device"
@@ -68,7 +68,7 @@ def model_tree_section(loaded) -> None:
         matches = [""]
     focus = c3.selectbox(f"Module ({len(matches):,} of {len(tree.modules):,})", matches,
                          format_func=lambda m: m or "(model)", key="home_tree_module",
-                         help="The tree opens at this module; click a box to go down, the top bar to go up")
+                         help="The tree opens at this module, outlined in red")
     notes = {"gradient norm": None if tree.has_gradients else
              "No gradients in this session yet: run a backward pass on the Flatten map page.",
              "captured": None if tree.has_captures else
@@ -80,9 +80,9 @@ def model_tree_section(loaded) -> None:
     if level != (focus or ""):
         st.caption(f"{markdown_code(focus)} holds no bytes of its own (a tied tensor is counted at its first "
                    f"holder), so the tree opens at {markdown_code(level or '(model)')}.")
-    st.caption("Width is bytes: each tensor counted once, at the module that holds it first (a tied "
-               "weight's second holder adds nothing). Modules without tensors (activations, dropout) "
-               "have no width; find them with the search.")
+    st.caption("Area is bytes: each tensor counted once, at the module that holds it first (a tied "
+               "weight's second holder adds nothing). Click a box to go down, the bar above to go back up. "
+               "Modules without tensors (activations, dropout) have no area; find them with the search.")
     frame = tensor_frame(tree, focus or "")
     st.markdown(f"**Tensors at and below {markdown_code(focus or '(model)')}**")
     paged_table(frame, "home_tree_tensors", page_size=25,

@@ -16,7 +16,7 @@ from .palette import readable
 
 DIVERGING = "RdBu"
 MAX_TOKENS = 512
-MAX_TICKS = 32  # token labels on the x axis of a token heatmap; every n-th token beyond that
+MAX_TICKS = 20  # token labels on the x axis of a token heatmap; every n-th token beyond that
 
 
 @escaped_figure

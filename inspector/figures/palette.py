@@ -128,9 +128,22 @@ def count_axis(fig: Any, top: float, axis: str = "x", title: str = "") -> Any:
 
 
 def log_decades(fig: Any, values: Iterable[float | None], axis: str = "x") -> Any:
-    """On a log axis spanning a decade or more, one labelled tick per decade (``10⁻³``), never the
-    ``2 3 4 … 1 2 3`` of plotly's minor labels; returns ``fig``."""
-    finite = [math.log10(v) for v in values if v is not None and v == v and 0 < v < math.inf]
-    if finite and max(finite) - min(finite) >= 1:
-        (fig.update_xaxes if axis == "x" else fig.update_yaxes)(dtick=1, exponentformat="power", minor_showgrid=False)
-    return fig
+    """Readable ticks on a log axis: one per decade (``10⁻³``) over a decade or more, else 1-2-5 steps
+    written out (``0.2``, ``0.5``, ``1``), never the bare ``2 3 4 … 1 2 3`` of minor labels; returns ``fig``.
+
+    >>> import plotly.graph_objects as go
+    >>> log_decades(go.Figure(), [0.3, 2.5]).layout.xaxis.ticktext
+    ('0.5', '1', '2')
+    """
+    logs = [math.log10(v) for v in values if v is not None and v == v and 0 < v < math.inf]
+    if not logs:
+        return fig
+    update = fig.update_xaxes if axis == "x" else fig.update_yaxes
+    lo, hi = min(logs), max(logs)
+    if hi - lo >= 1:
+        return update(dtick=1, exponentformat="power")
+    ticks = [m * 10.0 ** e for e in range(math.floor(lo) - 1, math.ceil(hi) + 1) for m in (1, 2, 5)
+             if lo <= math.log10(m * 10.0 ** e) <= hi]
+    if len(ticks) < 2:  # a narrow range: plotly's own ticks are written out in full there
+        return fig
+    return update(tickmode="array", tickvals=ticks, ticktext=[f"{t:g}" for t in ticks])

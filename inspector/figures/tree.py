@@ -1,4 +1,4 @@
-"""The module tree as an icicle: one box per module, sized by bytes, coloured by a lens."""
+"""The module tree as a treemap: one box per module, sized by bytes, coloured by a lens."""
 
 from __future__ import annotations
 
@@ -87,9 +87,9 @@ def shown_level(tree: ModuleTree, focus: str) -> str:
 
 
 @escaped_figure
-def module_tree_figure(tree: ModuleTree, lens: str = "device", focus: str = "", max_depth: int = 4,
+def module_tree_figure(tree: ModuleTree, lens: str = "device", focus: str = "", max_depth: int = 3,
                        height: int = 460) -> go.Figure:
-    """An icicle of the module tree: width by bytes (each tensor once), colour by ``lens``.
+    """A treemap of the module tree: area by bytes (each tensor once), colour by ``lens``.
 
     Args:
         tree: :func:`inspector.module_tree` of the model.
@@ -110,14 +110,14 @@ def module_tree_figure(tree: ModuleTree, lens: str = "device", focus: str = "", 
     parents = ["" if p is None or p != p else node_id(p) for p in m["parent"]]
     start = shown_level(tree, focus)
     edge = ["#D62728" if i == focus and focus else "#FFFFFF" for i in m["id"]]
-    fig = go.Figure(go.Icicle(
+    fig = go.Figure(go.Treemap(
         ids=[node_id(i) for i in m["id"]], parents=parents, labels=m["label"].tolist(),
         values=m["bytes"].tolist(), branchvalues="total",
         marker=dict(colors=colours, line=dict(width=[3 if i == focus and focus else 1 for i in m["id"]],
                                               color=edge)),
         hovertext=[_hover(r) for r in m.itertuples()], hoverinfo="text", maxdepth=max_depth,
-        level=plot_text(node_id(start)) if start else None, tiling=dict(orientation="v"),
-        textinfo="label"))
+        level=plot_text(node_id(start)) if start else None, pathbar=dict(visible=True),
+        tiling=dict(pad=2), textinfo="label"))
     fig.update_layout(height=height, margin=dict(t=10, l=5, r=5, b=40),
                       annotations=[dict(text=f"{plot_text(lens)}: {legend}", showarrow=False, x=0, y=-0.02,
                                         xref="paper", yref="paper", xanchor="left", yanchor="top")])

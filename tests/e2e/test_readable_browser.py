@@ -5,12 +5,15 @@ of each step under test-artifacts/readable/, and what the reader sees checked: s
 from __future__ import annotations
 
 import re
+import time
 
 import pytest
 
 pytestmark = pytest.mark.e2e
 
 VIEWPORT = {"width": 1440, "height": 900}
+TIMES: list[tuple[str, float]] = []
+STARTED = [time.monotonic()]
 RAW_NUMBER = re.compile(r"(?<![\w.,:/%-])\d{5,}(?![\w.,%])")  # 5+ digits without separators
 
 # Every tick label box of every plotly figure, per axis; pairs of one axis that overlap by more than 1 px.
@@ -52,8 +55,17 @@ def _check_reads_well(page, where: str) -> str:
 
 
 def _open(page, url: str, wait_for_app, charts: bool = False) -> None:
-    page.goto(url, wait_until="domcontentloaded")
+    """Open ``url``: the first time by address, then through the sidebar, in the same session."""
+    path = url.split("/", 3)[3] if url.count("/") > 2 else ""
+    nav = page.locator(f'[data-testid="stSidebarNav"] a[href$="/{path}"]') if page.url.startswith("http") \
+        and "?" not in path else None
+    started = time.monotonic()
+    if nav is not None and nav.count():
+        nav.first.click()
+    else:
+        page.goto(url, wait_until="domcontentloaded")
     wait_for_app(page)
+    TIMES.append((path or "home", round(time.monotonic() - started, 1)))
     if charts:
         page.wait_for_selector(".js-plotly-plot .main-svg", timeout=60_000)
         page.wait_for_timeout(300)
@@ -66,6 +78,7 @@ def _shot(page, folder, name: str) -> None:
     page.wait_for_timeout(400)
     page.screenshot(path=folder / f"{name}.png")
     page.set_viewport_size(VIEWPORT)
+    TIMES.append((name, round(time.monotonic() - STARTED[0], 1)))
 
 
 def _lens(page, name: str) -> None:
@@ -78,6 +91,7 @@ def _click(page, wait_for_app, name: str) -> None:
 
 
 def test_a_reader_walks_every_page(app_url, chromium, artifacts, wait_for_app):
+    STARTED[0] = time.monotonic()
     folder = artifacts / "readable"
     folder.mkdir(exist_ok=True)
     context = chromium.new_context(viewport=VIEWPORT)
@@ -159,6 +173,7 @@ def test_a_reader_walks_every_page(app_url, chromium, artifacts, wait_for_app):
         assert "No gradients in this session yet" not in text
         _shot(page, folder, "9-home-gradients")
         assert errors == []
+        print("seconds:", TIMES)
     finally:
         _shot(page, folder, "last")
         context.close()
@@ -179,6 +194,7 @@ def test_a_reader_walks_every_page(app_url, chromium, artifacts, wait_for_app):
         _shot(page, folder, "11-device-map-llama-70b")
     finally:
         context.close()
+        print("seconds:", TIMES[-4:])
     context = chromium.new_context(viewport=VIEWPORT)
     page = context.new_page()
     try:
