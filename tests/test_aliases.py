@@ -461,7 +461,7 @@ def test_cli_prints_groups_and_conversion_table(capsys):
     assert _cli(["sample:tiny-gpt2", "--convert", "to-float64-overwrite", "--convert", "move-model-float64"]) == 0
     out = capsys.readouterr().out
     assert "transformer.wte.weight, lm_head.weight same-object" in out
-    assert "4080 unique, 4592 counting aliases" in out
+    assert "4,080 unique, 4,592 counting aliases" in out
     lines = [line.split() for line in out.splitlines()]
     assert ["overwrite", "flag", "+", ".to(float64)", "transformer.wte.weight,", "lm_head.weight",
             "broken", "False", "False", "4592"] in lines
