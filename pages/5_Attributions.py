@@ -18,6 +18,7 @@ from ui.errors import guarded
 from ui.running import model_runs
 from ui.sidebar import model_picker
 from ui.tables import findings_table, paged_table
+from ui.tokens import token_decoder
 
 ASKED = "attr_asked"  # per browser session: the settings whose attributions were asked for
 
@@ -165,7 +166,7 @@ st.markdown(f"**{spec.label}** ({result.captum_method}) on {where}, target **{re
             + (f" at position **{result.position}**" if result.position is not None else ""))
 
 if result.token_model:
-    st.plotly_chart(token_heatmap(result), key="attr_token_heatmap")
+    st.plotly_chart(token_heatmap(result, decode=token_decoder(loaded)), key="attr_token_heatmap")
 elif result.pixel_map() is not None:
     cols = st.columns(min(batch, 4))
     for i, col in enumerate(cols):
