@@ -94,10 +94,10 @@ def test_tree_of_a_70b_model_on_meta_stays_quick():
     model = SAMPLES["llama-70b-meta"].build()
     start = time.perf_counter()
     t = module_tree(model)
-    fig = module_tree_figure(t, "dtype", focus="model.layers.3")
+    fig = module_tree_figure(t, "dtype", focus="layers.3")
     took = time.perf_counter() - start
     assert len(t.modules) > 700 and took < 3.0, took
-    assert fig.data[0].level == "/model.layers.3" and fig.data[0].values[0] == t.modules["bytes"].iloc[0]
+    assert fig.data[0].level == "/layers.3" and fig.data[0].values[0] == t.modules["bytes"].iloc[0]
     assert format_bytes(t.modules["bytes"].iloc[0]).endswith("GiB")
 
 
@@ -117,6 +117,8 @@ def test_home_page_tree_lens_search_and_badges():
     at.text_input(key="home_tree_search").input("lm_head").run()
     assert at.selectbox(key="home_tree_module").options == ["lm_head"]
     assert at.selectbox(key="home_tree_module").value == "lm_head"
+    # lm_head's weight is counted at transformer.wte: the tree opens at the model, lm_head outlined
+    assert any("holds no bytes of its own" in c.value for c in at.caption)
     table = next(df.value for df in at.dataframe if "badges" in df.value.columns)
     assert table["name"].tolist() == ["lm_head.weight"]
     assert table["badges"].iloc[0].startswith("tied to transformer.wte.weight")

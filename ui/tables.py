@@ -181,9 +181,9 @@ def message_row_height(longest: int) -> int | None:
     The grid wraps text only in rows taller than 4rem (64 px), so a wrapping row is at least 66 px.
 
     >>> message_row_height(40), message_row_height(300)
-    (None, 94)
+    (None, 115)
     """
-    per_line = (MESSAGE_PX - 16) // 7  # about 7 px per character of wrapped text
+    per_line = (MESSAGE_PX - 16) // 8  # about 7 px per character, and room for wrapping at word ends
     lines = math.ceil(longest / per_line)
     return None if lines <= 1 else max(66, lines * LINE_PX + 10)
 

@@ -16,6 +16,7 @@ from .palette import FIXED_COLOURS, device_colour
 CATEGORY = ["#4C78A8", "#F58518", "#54A24B", "#B279A2", "#E45756", "#72B7B2", "#EECA3B", "#9D755D",
             "#FF9DA6", "#BAB0AC"]
 EMPTY = "#F2F2F2"
+RED = "#D62728"
 STATES = {"captured": "#54A24B", "mutated after capture": "#E45756", "not captured": "#D9D9D9"}
 LENS_COLUMN = {"device": "device", "dtype": "dtype", "gradient norm": "grad_norm", "alias group": "alias_group",
                "captured": "captured"}
@@ -109,15 +110,17 @@ def module_tree_figure(tree: ModuleTree, lens: str = "device", focus: str = "", 
     colours, legend = lens_colours(tree, lens)
     parents = ["" if p is None or p != p else node_id(p) for p in m["parent"]]
     start = shown_level(tree, focus)
-    edge = ["#D62728" if i == focus and focus else "#FFFFFF" for i in m["id"]]
-    fig = go.Figure(go.Treemap(
-        ids=[node_id(i) for i in m["id"]], parents=parents, labels=m["label"].tolist(),
-        values=m["bytes"].tolist(), branchvalues="total",
-        marker=dict(colors=colours, line=dict(width=[3 if i == focus and focus else 1 for i in m["id"]],
-                                              color=edge)),
-        hovertext=[_hover(r) for r in m.itertuples()], hoverinfo="text", maxdepth=max_depth,
-        level=plot_text(node_id(start)) if start else None, pathbar=dict(visible=True),
-        tiling=dict(pad=2), textinfo="label"))
+    chosen = [i == focus for i in m["id"]] if focus else None
+    line = dict(width=[3 if c else 1 for c in chosen], color=[RED if c else "#FFFFFF" for c in chosen]) \
+        if chosen else dict(width=1, color="#FFFFFF")
+    trace = dict(type="treemap", ids=[node_id(i) for i in m["id"]], parents=parents, labels=m["label"].tolist(),
+                 values=m["bytes"].tolist(), branchvalues="total", marker=dict(colors=colours, line=line),
+                 hovertext=[_hover(r) for r in m.itertuples()], hoverinfo="text", maxdepth=max_depth,
+                 pathbar=dict(visible=True), tiling=dict(pad=2), textinfo="label",
+                 **({"level": plot_text(node_id(start))} if start else {}))
+    # Every value above is built here from known types: plotly's per-element validation of ~1,000
+    # colours and labels would take most of the time on a 70B model.
+    fig = go.Figure(data=[trace], _validate=False)
     fig.update_layout(height=height, margin=dict(t=10, l=5, r=5, b=40),
                       annotations=[dict(text=f"{plot_text(lens)}: {legend}", showarrow=False, x=0, y=-0.02,
                                         xref="paper", yref="paper", xanchor="left", yanchor="top")])
