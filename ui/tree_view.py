@@ -36,8 +36,11 @@ def session_tree(loaded) -> ModuleTree:
     if grads is None and not caps:
         return cached_analysis(module_tree, loaded.model)
     with loaded.lock:
-        report = None if grads is None else cached_analysis(gradient_report, loaded.model, grads=grads.grads,
-                                                            cache_scope="session", cache_key=id(grads))
+        # The lambda keeps the gradients out of the cache key (hashing them would read every value);
+        # cache_key stands for them.
+        report = None if grads is None else cached_analysis(
+            lambda model: gradient_report(model, grads=grads.grads), loaded.model, cache_scope="session",
+            cache_key=("tree gradients", id(grads)))
     captured = sorted({m for c in caps for m in c.outputs})
     mutated = sorted({m for c in caps for m in c.mutated})
     return cached_analysis(module_tree, loaded.model, report, captured=captured, mutated=mutated,
