@@ -176,6 +176,8 @@ def test_bad_url_choice_shows_error_and_keeps_default(query, needle):
     assert any(needle in e for e in errors(at)), errors(at)
     assert at.session_state["mi_selection"] == Selection()
     assert metric(at, "Parameter elements") == "4,080"
+    # said on the page itself, not only in the sidebar
+    assert any("The link asked for" in e.value and needle in e.value for e in at.main.error)
     # Still usable: another sample loads afterwards.
     at.selectbox(key="mi_sample").set_value("frozen-adapter").run()
     load(at)
@@ -382,6 +384,10 @@ def test_home_findings_name_the_alias_and_views_have_titles():
     findings = next(df.value for df in at.dataframe if "code" in df.value.columns)
     row = findings[findings["code"] == "aliases-present"].iloc[0]
     assert row["where"] == "lm_head.weight"
+    assert row["message"].startswith("1 parameter name is an alias of another name")
+    # the sidebar and the page give one size for the model: parameters and buffers
+    assert "16.2 KiB with buffers" in " ".join(c.value for c in at.sidebar.caption)
+    assert any(c.value.startswith("16.2 KiB in all") for c in at.main.caption)
     assert "lm_head.weight is transformer.wte.weight" in row["message"]
     links = [link.proto.label for link in at.get("page_link")]
     assert links[:3] == ["Alias graph", "Flatten map & gradients", "Device map"]

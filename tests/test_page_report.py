@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import torch
 from streamlit.testing.v1 import AppTest
 
 from inspector.report import SECTION_TITLES
@@ -52,6 +53,9 @@ def test_report_page_every_section_with_a_budget():
     for title in ("## Findings", "## Summary", "## Alias groups and conversions", "## Device map: plan and audit",
                   "### Planned device map", "## Activation captures", "## Attributions"):
         assert title in preview, title
+    assert "| mutated | 0 |" in preview  # a count, never an empty cell
+    if not torch.cuda.is_available():  # no Module.cuda() error row on a CPU-only server, but a note
+        assert "| Module.cuda" not in preview and "left out: the model is not on a CUDA device" in preview
 
 
 def test_report_page_refuses_a_huge_batch_and_names_its_controls():
