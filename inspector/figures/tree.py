@@ -46,7 +46,7 @@ def _norm_colours(norms: list[float]) -> tuple[list[str], str]:
     span = hi - lo or 1.0
     colours = [sample_colorscale("Viridis", (math.log10(n) - lo) / span)[0] if n == n and n > 0 else EMPTY
                for n in norms]
-    return colours, (f"gradient norm (log scale): <span style='color:#440154'>■</span> {10 ** lo:.3g} … "
+    return colours, (f"log scale, <span style='color:#440154'>■</span> {10 ** lo:.3g} … "
                      f"<span style='color:#FDE725'>■</span> {10 ** hi:.3g}; light grey: no gradient")
 
 
@@ -88,7 +88,7 @@ def shown_level(tree: ModuleTree, focus: str) -> str:
 
 
 @escaped_figure
-def module_tree_figure(tree: ModuleTree, lens: str = "device", focus: str = "", max_depth: int = 3,
+def module_tree_figure(tree: ModuleTree, lens: str = "device", focus: str = "", max_depth: int = 4,
                        height: int = 460) -> go.Figure:
     """A treemap of the module tree: area by bytes (each tensor once), colour by ``lens``.
 

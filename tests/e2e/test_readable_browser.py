@@ -76,9 +76,16 @@ def _shot(page, folder, name: str) -> None:
     tall = page.evaluate("() => document.querySelector('[data-testid=\"stMain\"]').scrollHeight")
     page.set_viewport_size({"width": VIEWPORT["width"], "height": min(max(tall, VIEWPORT["height"]), 12000)})
     page.wait_for_timeout(400)
-    page.screenshot(path=folder / f"{name}.png")
+    page.screenshot(path=folder / f"{name}.png", timeout=120_000)
     page.set_viewport_size(VIEWPORT)
     TIMES.append((name, round(time.monotonic() - STARTED[0], 1)))
+
+
+def _context(chromium):
+    """A browser context at 1440x900 that waits long enough on a loaded shared machine."""
+    context = chromium.new_context(viewport=VIEWPORT)
+    context.set_default_timeout(90_000)
+    return context
 
 
 def _lens(page, name: str) -> None:
@@ -94,7 +101,7 @@ def test_a_reader_walks_every_page(app_url, chromium, artifacts, wait_for_app):
     STARTED[0] = time.monotonic()
     folder = artifacts / "readable"
     folder.mkdir(exist_ok=True)
-    context = chromium.new_context(viewport=VIEWPORT)
+    context = _context(chromium)
     page = context.new_page()
     errors: list[str] = []
     page.on("pageerror", lambda e: errors.append(str(e)))
@@ -180,7 +187,7 @@ def test_a_reader_walks_every_page(app_url, chromium, artifacts, wait_for_app):
 
     # A 70-billion-parameter model on meta: the tree stays quick and every size reads in GiB;
     # a bad link's model is named on the page itself.
-    context = chromium.new_context(viewport=VIEWPORT)
+    context = _context(chromium)
     page = context.new_page()
     try:
         _open(page, f"{app_url}/?model=sample:llama-70b-meta&device=meta", wait_for_app, charts=True)
@@ -195,7 +202,7 @@ def test_a_reader_walks_every_page(app_url, chromium, artifacts, wait_for_app):
     finally:
         context.close()
         print("seconds:", TIMES[-4:])
-    context = chromium.new_context(viewport=VIEWPORT)
+    context = _context(chromium)
     page = context.new_page()
     try:
         _open(page, f"{app_url}/?sample=no-such-model", wait_for_app)
