@@ -9,6 +9,8 @@ which a reader takes for bytes). This module imports nothing from the package.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
+from typing import Any
 
 BYTE_UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
 COUNT_UNITS = (("trillion", 1e12), ("billion", 1e9), ("million", 1e6))
@@ -77,3 +79,12 @@ def bytes_ticks(top: float, count: int = 6) -> tuple[list[float], list[str]]:
     step = next(m * magnitude for m in (1, 2, 2.5, 5, 10) if m * magnitude >= raw) * unit
     ticks = [i * step for i in range(int(top // step) + 2)]
     return ticks, [format_bytes(t) for t in ticks]
+
+
+def format_budget(budget: Mapping[Any, int]) -> str:
+    """A device budget for people: ``0: 144.5 GiB, cpu: 513.9 GiB``.
+
+    >>> format_budget({0: 155_171_243_763, "cpu": 2**30})
+    '0: 144.5 GiB, cpu: 1.0 GiB'
+    """
+    return ", ".join(f"{d}: {format_bytes(n)}" for d, n in budget.items())

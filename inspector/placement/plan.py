@@ -22,9 +22,9 @@ from torch import nn
 
 from ..checks import require_module
 from ..findings import Finding, InspectorError
-from ..units import format_bytes
+from ..units import format_budget, format_bytes
 from .audit import audit_table, device_usage, table_findings
-from .budget import Device, format_max_memory, parse_max_memory
+from .budget import Device, parse_max_memory
 from .inventory import Inventory, inventory, lookup, prefixes
 from .walk import Decision, Reserve, budget_records, main_devices, offloads, place_pending, walk
 
@@ -168,7 +168,7 @@ def plan_steps(model: nn.Module, max_memory: str | Mapping[Any, Any],
                                           "kept that much free and planned again"))
     else:
         raise InspectorError(f"could not fit the buffers of split modules into the budget "
-                             f"({format_max_memory(budget)}); raise a budget or add disk=...")
+                             f"({format_budget(budget)}); raise a budget or add disk=...")
     kept = {} if reserve is None else reserve.kept
     reserve_records = [Decision("reserve", name, d, size,
                                 f"kept {format_bytes(size)} free on {d} to load back the largest layer still to "
