@@ -146,3 +146,12 @@ def test_token_axis_reads_the_tokenizers_text(tmp_path):
     text_axis = token_heatmap(result, decode=token_decoder(hf_like)).layout.xaxis
     assert list(text_axis.ticktext) == ["0<br>the", "1<br>cat", "2<br>sat", "3<br>w0"]
     assert text_axis.title.text.startswith("position / token text")
+
+
+def test_stop_button_forgets_the_run():
+    at = _run()
+    assert at.button(key="attr_cancel").proto.label == "Stop"
+    at.button(key="attr_cancel").click().run()
+    assert not at.exception
+    assert any(w.value.startswith("Stopped.") for w in at.warning)
+    assert not at.get("plotly_chart")  # nothing of the stopped run is drawn
