@@ -15,6 +15,7 @@ from ui.errors import guarded
 from ui.navigation import all_views, navigation
 from ui.sidebar import model_picker
 from ui.tables import findings_table, paged_table, show_frame, tensor_listing
+from ui.tree_view import model_tree_section
 
 
 def home() -> None:
@@ -45,7 +46,7 @@ def home() -> None:
         s = cached_analysis(model_summary, loaded.model)
         st.subheader(f"{markdown_text(loaded.name)} on {markdown_text(loaded.device)}"
                      + (" (structure only)" if loaded.is_meta else ""))
-        cols = st.columns(6)
+        cols = [*st.columns(3), *st.columns(3)]  # two rows: "69.0 billion" needs the room
         cols[0].metric("Modules", format_count(s.modules), help=f"{s.modules:,} modules")
         cols[1].metric("Parameter elements", format_count(s.parameter_elements),
                        help=f"{s.parameter_elements:,}: each Parameter object once, as parameters() yields them")
@@ -61,8 +62,8 @@ def home() -> None:
                        help=f"{s.buffers:,} buffers, {s.buffer_elements:,} elements")
 
         st.markdown("**Bytes by dtype and device**")
-        table = s.bytes_table.assign(size=s.bytes_table["bytes"].map(format_bytes))
-        show_frame(table[["kind", "dtype", "device", "tensors", "elements", "size", "bytes"]], width="content")
+        show_frame(s.bytes_table.rename(columns={"bytes": "size"})
+                   .assign(size=s.bytes_table["bytes"].map(format_bytes)), width="content")
         total = int(s.bytes_table["bytes"].sum()) if len(s.bytes_table) else 0
         st.caption(f"{format_bytes(total)} in all"
                    + (" — on the meta device nothing is allocated; this is what it would take."
@@ -70,6 +71,9 @@ def home() -> None:
         st.markdown("**Findings, most severe first**")
         findings_table(loaded.findings + summary_findings(s), "home_findings",
                        empty="Loading found nothing to report.")
+
+    with guarded("drawing the model tree"):
+        model_tree_section(loaded)
 
     with guarded("listing the tensors"):
         with st.expander("Parameters and buffers", expanded=False):

@@ -63,6 +63,8 @@ from .placement import (
 )
 from .report import SECTIONS, Report, build_report
 from .summary import ModelSummary, format_bytes, format_count, model_summary, summary_findings
+from .tree import LENSES, ModuleTree, module_tree, tensor_badges
+from .units import format_number
 from .watch import Run, StepFinding, WatchResult, read_run, watch
 
 __version__ = "0.1.0"
@@ -82,4 +84,5 @@ __all__ = [
     "snapshot_ties", "sort_findings", "storage_key", "summary_findings", "tensor_inventory",
     "Run", "StepFinding", "WatchResult", "read_run", "watch",
     "RunComparison", "WeightComparison", "compare",
+    "LENSES", "ModuleTree", "format_number", "module_tree", "tensor_badges",
 ]

@@ -9,6 +9,7 @@ from torch import nn
 
 from .findings import InspectorError
 from .inventory import TensorInventory, tensor_inventory
+from .units import format_bytes
 
 
 @dataclass(frozen=True)
@@ -16,14 +17,10 @@ class DeviceInfo:
     """One device a model can be loaded onto."""
 
     name: str            # "cpu", "cuda:0", "mps", "meta"
-    label: str           # for people: "cuda:0 — NVIDIA H200 (130.2 of 139.8 GiB free)"
+    label: str           # for people: "cuda:0 — NVIDIA H200 (130.2 GiB of 139.8 GiB free)"
     kind: str            # "cpu" | "cuda" | "mps" | "meta"
     total_bytes: int | None = None
     free_bytes: int | None = None
-
-
-def _gib(n: int) -> str:
-    return f"{n / 2**30:.1f}"
 
 
 def available_devices() -> list[DeviceInfo]:
@@ -41,14 +38,14 @@ def available_devices() -> list[DeviceInfo]:
         total, free = int(vm.total), int(vm.available)
     except ImportError:  # pragma: no cover - psutil ships with streamlit
         pass
-    cpu_label = "cpu" if total is None or free is None else f"cpu ({_gib(free)} of {_gib(total)} GiB free)"
+    cpu_label = "cpu" if total is None or free is None else f"cpu ({format_bytes(free)} of {format_bytes(total)} free)"
     out.append(DeviceInfo("cpu", cpu_label, "cpu", total, free))
     if torch.cuda.is_available():
         for i in range(torch.cuda.device_count()):
             free_b, total_b = torch.cuda.mem_get_info(i)
             name = torch.cuda.get_device_name(i)
-            out.append(DeviceInfo(f"cuda:{i}", f"cuda:{i} — {name} ({_gib(free_b)} of "
-                                  f"{_gib(total_b)} GiB free)", "cuda", int(total_b), int(free_b)))
+            out.append(DeviceInfo(f"cuda:{i}", f"cuda:{i} — {name} ({format_bytes(free_b)} of "
+                                  f"{format_bytes(total_b)} free)", "cuda", int(total_b), int(free_b)))
     if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
         out.append(DeviceInfo("mps", "mps (Apple GPU)", "mps"))
     out.append(DeviceInfo("meta", "meta (structure only, no memory)", "meta"))

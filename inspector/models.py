@@ -356,6 +356,9 @@ def _build(source: str, max_bytes: int | None = None) -> LoadedModel:
         return _build_hf(source.removeprefix("hf:"), max_bytes)
     if ".py:" in source:
         return _build_file(source)
+    if source.endswith(".py"):
+        raise InspectorError(f"{source!r} names a Python file but no factory: add ':' and the function or class "
+                             f"in it that returns the model, e.g. '{source}:build'")
     raise InspectorError(f"cannot tell what kind of source {source!r} is: use 'sample:<name>', "
                          "'path/to/file.py:factory' or 'hf:<local model directory>'")
 

@@ -10,6 +10,9 @@ from torch import nn
 from .checks import require_module
 from .findings import Finding
 from .inventory import tensor_inventory
+from .units import format_bytes, format_count
+
+__all__ = ["ModelSummary", "format_bytes", "format_count", "model_bytes", "model_summary", "summary_findings"]
 
 
 @dataclass(frozen=True)
@@ -99,29 +102,6 @@ def model_bytes(model: nn.Module) -> int:
     return tensor_inventory(model).unique_bytes()
 
 
-def format_bytes(n: float) -> str:
-    """1536 -> '1.5 KiB'."""
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} TiB"
-
-
-def format_count(n: float, exact_below: int = 1_000_000) -> str:
-    """A count that fits a narrow cell: exact with separators below ``exact_below``, else short.
-
-    >>> format_count(4080), format_count(124_439_808), format_count(68_976_648_192)
-    ('4,080', '124.4 M', '69.0 B')
-    """
-    if abs(n) < exact_below:
-        return f"{int(n):,}"
-    for unit, size in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)):
-        if abs(n) >= size:
-            return f"{n / size:.1f} {unit}"
-    return f"{int(n):,}"
-
-
 def summary_findings(summary: ModelSummary) -> list[Finding]:
     """Information worth a line on the home page."""
     out = []
@@ -129,8 +109,10 @@ def summary_findings(summary: ModelSummary) -> list[Finding]:
         pairs = summary.aliases
         named = "; ".join(f"{a} is {b}" for a, b in pairs[:3]) + (f"; {len(pairs) - 3} more" if len(pairs) > 3 else "")
         where = pairs[0][0] if pairs else ""
+        n = summary.parameter_names - summary.parameters
+        names = "1 parameter name is an alias" if n == 1 else f"{n:,} parameter names are aliases"
         out.append(Finding("aliases-present", "info", where,
-                           f"{summary.parameter_names - summary.parameters} parameter names are aliases of "
-                           f"another name ({named}): parameters() counts {summary.parameter_elements:,} "
-                           f"elements, {summary.parameter_elements_with_aliases:,} if every name were counted"))
+                           f"{names} of another name ({named}): parameters() counts "
+                           f"{format_count(summary.parameter_elements)} elements, "
+                           f"{format_count(summary.parameter_elements_with_aliases)} if every name were counted"))
     return out

@@ -4,7 +4,15 @@ from __future__ import annotations
 
 import streamlit as st
 
-from inspector import CONVERSIONS, alias_analysis, conversion_table, device_names, format_count, graph_data
+from inspector import (
+    CONVERSIONS,
+    alias_analysis,
+    conversion_table,
+    device_names,
+    format_bytes,
+    format_count,
+    graph_data,
+)
 from inspector.escaping import markdown_text
 from inspector.figures import alias_graph_figure
 from ui.cache import cached_analysis
@@ -58,12 +66,12 @@ if analysis is not None:
     if analysis.groups:
         frame = analysis.to_frame()
         paged_table(frame, "aliases_groups", caption="names[0] is the name named_parameters() keeps",
-                    column_config={"names": st.column_config.TextColumn(width="large")})
+                    column_config={"names": st.column_config.TextColumn()})
     else:
         st.success("No two names share a tensor or memory in this model.")
     for d in analysis.disjoint:
         regions = " | ".join(", ".join(r) for r in d.regions)
-        st.info(f"Disjoint views of one storage ({d.storage_nbytes:,} bytes on {markdown_text(d.device)}): "
+        st.info(f"Disjoint views of one storage ({format_bytes(d.storage_nbytes)} on {markdown_text(d.device)}): "
                 f"{markdown_text(regions)}. "
                 "They share a storage but no bytes, so they are not aliases: writing one never "
                 "changes the other.")
@@ -116,7 +124,8 @@ if run and run["names"]:
             findings += [f for r in results for f in r.retied]
             fixed = [r for r in results if r.retied]
             if fixed:
-                st.success(" · ".join(f"{r.label}: {r.unique_after} → {r.unique_after_retie} after re-tie"
+                st.success(" · ".join(f"{r.label}: {format_count(r.unique_after)} → "
+                                      f"{format_count(r.unique_after_retie)} after re-tie"
                                       for r in fixed))
         findings_table(findings, "aliases_conversion_findings",
                        empty="Every tie survived the chosen conversions.")

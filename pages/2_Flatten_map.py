@@ -60,13 +60,13 @@ frozen = int(params.loc[~params["requires_grad"], "numel"].sum())
 trainable_total = int(trainable["numel"].sum())
 
 
-cols = st.columns(5)
-cols[0].metric("Tensors in parameters()", f"{len(params):,}")
-cols[1].metric("Flat vector length", format_count(total), help=f"{total:,} elements")
-cols[2].metric("Trainable-only length", format_count(trainable_total), help=f"{trainable_total:,} elements")
-cols[3].metric("Frozen elements (holes)", format_count(frozen),
+cols = [*st.columns(3), *st.columns(3)]  # two rows: "69.0 billion" needs the room
+cols[0].metric("Flat vector length", format_count(total), help=f"{total:,} elements")
+cols[1].metric("Trainable-only length", format_count(trainable_total), help=f"{trainable_total:,} elements")
+cols[2].metric("Frozen elements (holes)", format_count(frozen),
                help=f"{frozen:,} elements in parameters_to_vector(model.parameters()) but not in a "
                     "trainable-only vector")
+cols[3].metric("Tensors in parameters()", f"{len(params):,}")
 cols[4].metric("Aliases kept once", int(params["aliases"].map(len).sum()))
 
 st.subheader("Backward pass")

@@ -7,7 +7,13 @@ import json
 import pandas as pd
 import streamlit as st
 
-from inspector import compare_with_accelerate, parse_max_memory, placement_findings, placement_table
+from inspector import (
+    compare_with_accelerate,
+    format_bytes,
+    parse_max_memory,
+    placement_findings,
+    placement_table,
+)
 from inspector.escaping import markdown_code, markdown_text
 from inspector.figures import key_label, placement_treemap, usage_bars, usage_side_by_side
 from inspector.placement import (
@@ -25,6 +31,11 @@ from ui.sidebar import model_picker
 from ui.tables import findings_table, paged_table, show_frame
 
 st.set_page_config(page_title="Device map", layout="wide")
+
+
+def budget_text(n: int) -> str:
+    """A budget as the editor shows it and reads back: ``144.52GiB`` (binary units, no space)."""
+    return format_bytes(n, 2).replace(" ", "")
 
 
 def map_frame(device_map: dict) -> pd.DataFrame:
@@ -48,7 +59,7 @@ model = loaded.model
 
 st.subheader("Budget per device")
 st.caption("Devices: a GPU index (0, 1, …), `mps`, `cpu` or `disk`. Sizes: bytes or with a unit (20GiB, 500MB).")
-budget_rows = pd.DataFrame([(str(d), str(n)) for d, n in cached_analysis(suggest_budget, model).items()],
+budget_rows = pd.DataFrame([(str(d), budget_text(n)) for d, n in cached_analysis(suggest_budget, model).items()],
                            columns=["device", "budget"])
 left, right = st.columns([2, 3])
 with left:
@@ -67,7 +78,7 @@ with guarded("planning the device map"):
     rows = edited.dropna()
     budget = parse_max_memory(",".join(f"{d}={b}" for d, b in zip(rows["device"], rows["budget"])))
     with right:
-        st.code(format_max_memory(budget), language=None)
+        st.code(",".join(f"{d}={budget_text(n)}" for d, n in budget.items()), language=None)
     comparison = cached_analysis(compare_with_accelerate, model, format_max_memory(budget), list(no_split))
 
 if comparison is None:
@@ -133,9 +144,14 @@ with tabs[4]:
         paged_table(actual.astype({"device": str, "module_primary_device": str}), "dm_actual")
     local = not missing_devices(ours.device_map)
     st.markdown("**Try the plan**: dispatch a copy with accelerate and compare outputs with the loaded model.")
-    if st.button("Dispatch a copy", key="dm_dispatch", disabled=loaded.is_meta or not local,
-                 help=None if local else "This plan uses devices this machine does not have; plan for "
-                                         "cpu and disk (e.g. cpu=…,disk=…) to try it here"):
+    why_not = ("The model is on the meta device: it has no weights to dispatch. Load it on cpu or a GPU."
+               if loaded.is_meta else None if local else
+               "This plan uses devices this server does not have ("
+               + ", ".join(f"GPU {d}" if isinstance(d, int) else str(d) for d in missing_devices(ours.device_map))
+               + "): to try it here, give a budget for cpu and disk only (e.g. cpu=1GiB,disk=100GiB).")
+    if why_not:
+        st.info(why_not)
+    if st.button("Dispatch a copy", key="dm_dispatch", disabled=why_not is not None, help=why_not):
         with guarded("dispatching a copy"), st.spinner("Dispatching…"):
             check = try_dispatch(loaded, ours.device_map)
             (st.success if check.outputs_equal else st.warning)(markdown_text(check.message))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 
 import streamlit as st
 
@@ -17,6 +18,7 @@ from ui.errors import guarded
 from ui.running import model_runs
 from ui.sidebar import model_picker
 from ui.tables import findings_table, paged_table
+from ui.tokens import token_decoder
 
 ASKED = "attr_asked"  # per browser session: the settings whose attributions were asked for
 
@@ -89,6 +91,11 @@ auto = cached_analysis(runs_at_once, loaded.model)
 run_key = (st.session_state["mi_selection"].key, batch, method, target, position, tuple(layers),
            tuple(sorted(options.items())))
 asked = st.session_state.setdefault(ASKED, set())
+if st.session_state.get("attr_cancel"):  # pressed while the run went on: that run stopped, forget it
+    asked.discard(run_key)
+    st.warning("Stopped. Press **Compute attributions** to run it again (fewer **Integration steps** "
+               "run faster).")
+    st.stop()
 if not auto and run_key not in asked:
     st.info(f"{markdown_text(loaded.name)} holds {format_bytes(model_bytes(loaded.model))} of weights: "
             f"{spec.label} runs a forward and backward pass per step, which takes a while on a "
@@ -98,10 +105,23 @@ if st.button("Compute attributions", key="attr_compute", type="primary"):
 if not auto and run_key not in asked:
     st.stop()
 
+
+
+def progress_text(share: float, elapsed: float) -> str:
+    """``"40% done, about 1 min 20 s left"`` from the share done and the seconds it took."""
+    if share <= 0.02 or elapsed < 1:
+        return f"{share:.0%} done"
+    left = elapsed * (1 - share) / share
+    return f"{share:.0%} done, about " + (f"{left:.0f} s" if left < 90 else f"{left // 60:.0f} min {left % 60:.0f} s") \
+        + " left"
+
+
 results = []
 with guarded(f"running {spec.label}"):
     with st.status(f"Running {spec.label}…", expanded=True) as status:
         bar = st.progress(0.0)
+        st.button("Stop", key="attr_cancel", icon=":material/stop:", help="Stop this run; nothing is kept")
+        started = time.monotonic()
         try:
             for i, layer in enumerate(layers or [None]):
                 what = f"{spec.label}" + (f" on {markdown_text(layer)}" if layer else "") + \
@@ -110,8 +130,8 @@ with guarded(f"running {spec.label}"):
 
                 def step(done: int, expected: int, i: int = i, what: str = what) -> None:
                     """captum's forward passes so far, as a share of all layers' work."""
-                    share = (i + done / max(expected, 1)) / max(len(layers), 1)
-                    bar.progress(min(share, 1.0), text=f"{what}: forward pass {done} of about {expected}")
+                    share = min((i + done / max(expected, 1)) / max(len(layers), 1), 1.0)
+                    bar.progress(share, text=f"{what}: {progress_text(share, time.monotonic() - started)}")
 
                 # The lambda keeps the callback out of the cache key, so a rerun reuses the result.
                 results.append(cached_analysis(
@@ -146,7 +166,7 @@ st.markdown(f"**{spec.label}** ({result.captum_method}) on {where}, target **{re
             + (f" at position **{result.position}**" if result.position is not None else ""))
 
 if result.token_model:
-    st.plotly_chart(token_heatmap(result), key="attr_token_heatmap")
+    st.plotly_chart(token_heatmap(result, decode=token_decoder(loaded)), key="attr_token_heatmap")
 elif result.pixel_map() is not None:
     cols = st.columns(min(batch, 4))
     for i, col in enumerate(cols):

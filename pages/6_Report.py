@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import re
 import tempfile
 from pathlib import Path
 
@@ -32,28 +31,17 @@ choices = [s for s in SECTIONS if s != "findings"]
 MAX_BATCH, MAX_STEPS = 64, 300
 BATCH_LABEL, STEPS_LABEL = "Batch size of the example inputs", "Attribution steps (integrating methods)"
 ANY_SIZE = "Attribute models of any size on the CPU"
-# What the library says to a caller, and the control on this page that does the same.
-PAGE_WORDS = {
-    "pass backward=True for one backward pass": "tick **Run one backward pass for gradient norms**",
-    "pass attribution_cpu_max_bytes=None (and perhaps a small attribution_steps) to run it here":
-        f"tick **{ANY_SIZE}** (and perhaps lower **{STEPS_LABEL}**) to run it here",
-    "the Labs page (or lab=..., lab_progress=...) adds them":
-        "check an answer on the **Labs** page, then build the report again",
-    "pass compare_with=<a source, checkpoint file or folder> (the command line's --compare-with)":
-        "compare on the **Compare** page, or run `python -m inspector report ... --compare-with B`",
+BACKWARD_LABEL = "Run one backward pass for gradient norms"
+CONVERSIONS_LABEL = "Check every conversion, whatever the model's size"
+# How a reader of this page turns each option on: the report names these controls, not arguments.
+CONTROLS = {
+    "backward": f"tick “{BACKWARD_LABEL}” on the Report page and build the report again",
+    "conversions": f"tick “{CONVERSIONS_LABEL}” on the Report page to run them",
+    "attribution_cpu_max_bytes": f"tick “{ANY_SIZE}” on the Report page (and perhaps lower “{STEPS_LABEL}”) "
+                                 "to run it here",
+    "lab": "check an answer on the Labs page, then build the report again",
+    "compare_with": "compare on the Compare page, or run `python -m inspector report ... --compare-with B`",
 }
-
-
-_API = re.compile("|".join(map(re.escape, PAGE_WORDS)))
-
-
-def page_words(note: str) -> str:
-    """A section's note as Markdown, library arguments replaced by the controls of this page."""
-    out, pos = [], 0
-    for m in _API.finditer(note):
-        out += [markdown_text(note[pos:m.start()]), PAGE_WORDS[m.group()]]
-        pos = m.end()
-    return "".join([*out, markdown_text(note[pos:])])
 
 
 with st.form("report_options"):
@@ -62,7 +50,7 @@ with st.form("report_options"):
                             help="The findings list is always included, at the top.")
     left, right = st.columns(2)
     batch_size = left.number_input(BATCH_LABEL, min_value=1, value=2, step=1, help=f"1 to {MAX_BATCH}")
-    backward = right.checkbox("Run one backward pass for gradient norms", value=False,
+    backward = right.checkbox(BACKWARD_LABEL, value=False,
                               help="The model's earlier .grad values are put back afterwards.")
     max_memory = left.text_input("Device budget for a device-map plan (optional)",
                                  placeholder="0=20GiB,1=20GiB,cpu=64GiB", key="report_budget")
@@ -71,6 +59,9 @@ with st.form("report_options"):
     any_size = right.checkbox(ANY_SIZE, value=False, key="report_any_size",
                               help="By default models over 64 MiB on a CPU are left out of the attribution "
                                    "section: it runs about 50 forward and backward passes.")
+    every_conversion = left.checkbox(CONVERSIONS_LABEL, value=False, key="report_conversions",
+                                     help="By default the conversion checks run on models up to 64 MiB: "
+                                          "each one copies the model.")
     submitted = st.form_submit_button("Build report", type="primary")
 
 if submitted:
@@ -82,14 +73,15 @@ if submitted:
                  f"**{STEPS_LABEL}** and press **Build report** again.")
     else:
         st.session_state["report_request"] = (tuple(picked), int(batch_size), bool(backward),
-                                              max_memory.strip() or None, int(steps), bool(any_size))
+                                              max_memory.strip() or None, int(steps), bool(any_size),
+                                              bool(every_conversion))
 
 request = st.session_state.get("report_request")
 if request is None:
     st.info("Choose the sections and press **Build report**.")
     st.stop()
 
-sections, batch_size, backward, max_memory, steps, any_size = request
+sections, batch_size, backward, max_memory, steps, any_size, every_conversion = request
 report = None
 with guarded("building the report"):
     bar = st.progress(0.0, text="Running the analyses…")
@@ -104,13 +96,15 @@ with guarded("building the report"):
                          text=f"Section {len(done)} of {total}: {line.partition(': ')[2]}…")
 
     extra = {"attribution_cpu_max_bytes": None} if any_size else {}
+    extra |= {"conversions": "all"} if every_conversion else {}
     # This session's gradients (Flatten map's backward pass), never another session's .grad.
     mine = st.session_state.get("offsets_grads", {}).get(st.session_state["mi_selection"].key)
     grads = mine.grads if mine is not None else {}
     # The lambda keeps the callback and the gradients out of the cache key (cache_key stands for them).
     report = cached_analysis(lambda *a, **k: build_report(*a, progress=progress, gradients=grads, **k), loaded,
                              list(sections), cache_scope="session", cache_key=id(mine), batch_size=batch_size,
-                             backward=backward, max_memory=max_memory, attribution_steps=steps, **extra)
+                             backward=backward, max_memory=max_memory, attribution_steps=steps,
+                             controls=CONTROLS, **extra)
     bar.empty()
 if report is None:
     st.stop()
@@ -123,7 +117,7 @@ c3.metric("Info", counts["info"])
 c4.metric("Sections", sum(1 for s in report.sections if s.status == "ok"))
 for s in report.sections:
     if s.status != "ok":
-        (st.error if s.status == "error" else st.warning)(f"{s.title}: {s.status} — {page_words(s.note)}")
+        (st.error if s.status == "error" else st.warning)(f"{s.title}: {s.status} — {markdown_text(s.note)}")
 
 stem = f"report-{loaded.name}".replace("/", "_").replace(":", "_")
 st.subheader("Download")

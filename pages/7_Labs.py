@@ -51,7 +51,10 @@ for i, task in enumerate(lab.tasks, 1):
     st.markdown(task.prompt)
     with guarded(f"showing task {i}"):
         raw = lv.answer_fields(lab, task, scenario)
-        if st.button("Check", key=f"lab_check_{lab.id}_{task.id}", type="primary"):
+        checked = st.button("Check", key=f"lab_check_{lab.id}_{task.id}", type="primary")
+        if checked and lv.is_empty_answer(raw):
+            st.warning("Give an answer first: an empty answer is not checked and does not count as an attempt.")
+        elif checked:
             with st.spinner("Checking with the inspector's analyses…"):
                 lv.check_task(lab, task, scenario, raw)
             st.rerun()  # so the progress line and bar above show this result too

@@ -239,7 +239,7 @@ def test_compare_ties_broken_and_weakened(tiny_gpt2, overwrite_flag):
     f = compare_ties(snap, m)
     assert [(x.code, x.severity, x.where) for x in f] == [("tie-broken", "error", "transformer.wte.weight")]
     assert "transformer.wte.weight, lm_head.weight" in f[0].message
-    assert "from 4080 to 4592" in f[0].message
+    assert "from 4,080 to 4,592" in f[0].message
 
 
 def test_compare_ties_weakened(tiny_gpt2, overwrite_flag):
@@ -247,7 +247,7 @@ def test_compare_ties_weakened(tiny_gpt2, overwrite_flag):
     m = tiny_gpt2.to(torch.float32)  # same dtype: new objects over the same storage
     f = compare_ties(snap, m)
     assert [(x.code, x.severity) for x in f] == [("tie-weakened", "warning")]
-    assert "lm_head.weight" in f[0].message and "from 4080 to 4592" in f[0].message
+    assert "lm_head.weight" in f[0].message and "from 4,080 to 4,592" in f[0].message
 
 
 def test_compare_ties_missing_name(tiny_gpt2):
@@ -461,7 +461,7 @@ def test_cli_prints_groups_and_conversion_table(capsys):
     assert _cli(["sample:tiny-gpt2", "--convert", "to-float64-overwrite", "--convert", "move-model-float64"]) == 0
     out = capsys.readouterr().out
     assert "transformer.wte.weight, lm_head.weight same-object" in out
-    assert "4080 unique, 4592 counting aliases" in out
+    assert "4,080 unique, 4,592 counting aliases" in out
     lines = [line.split() for line in out.splitlines()]
     assert ["overwrite", "flag", "+", ".to(float64)", "transformer.wte.weight,", "lm_head.weight",
             "broken", "False", "False", "4592"] in lines

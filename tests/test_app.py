@@ -176,6 +176,8 @@ def test_bad_url_choice_shows_error_and_keeps_default(query, needle):
     assert any(needle in e for e in errors(at)), errors(at)
     assert at.session_state["mi_selection"] == Selection()
     assert metric(at, "Parameter elements") == "4,080"
+    # said on the page itself, not only in the sidebar
+    assert any("The link asked for" in e.value and needle in e.value for e in at.main.error)
     # Still usable: another sample loads afterwards.
     at.selectbox(key="mi_sample").set_value("frozen-adapter").run()
     load(at)
@@ -382,6 +384,10 @@ def test_home_findings_name_the_alias_and_views_have_titles():
     findings = next(df.value for df in at.dataframe if "code" in df.value.columns)
     row = findings[findings["code"] == "aliases-present"].iloc[0]
     assert row["where"] == "lm_head.weight"
+    assert row["message"].startswith("1 parameter name is an alias of another name")
+    # the sidebar and the page give one size for the model: parameters and buffers
+    assert "16.2 KiB with buffers" in " ".join(c.value for c in at.sidebar.caption)
+    assert any(c.value.startswith("16.2 KiB in all") for c in at.main.caption)
     assert "lm_head.weight is transformer.wte.weight" in row["message"]
     links = [link.proto.label for link in at.get("page_link")]
     assert links[:3] == ["Alias graph", "Flatten map & gradients", "Device map"]
@@ -391,7 +397,7 @@ def test_big_counts_fit_and_stay_exact_in_help():
     at = run_app(model="sample:llama-70b-meta", device="meta")
     assert not at.exception and not errors(at)
     shown = next(m for m in at.metric if m.label == "Parameter elements")
-    assert shown.value == "69.0 B" and shown.proto.help.startswith("68,976,648,192")
+    assert shown.value == "69.0 billion" and shown.proto.help.startswith("68,976,648,192")
     table = next(df for df in at.dataframe if "elements" in df.value.columns)
     assert table.value["elements"].tolist() == [68_976_648_192, 64]  # parameters, the rotary buffer
     assert table.value["size"].tolist()[0] == "257.0 GiB"
@@ -399,7 +405,7 @@ def test_big_counts_fit_and_stay_exact_in_help():
     import json
 
     widths = {c: cfg.get("width") for c, cfg in json.loads(table.proto.columns).items()}
-    assert widths["elements"] >= len("68,976,648,192") * 8 and widths["bytes"] >= len("275,906,592,768") * 8
+    assert widths["elements"] >= len("68,976,648,192") * 8 and "bytes" not in widths  # sizes read "257.0 GiB"
 
 
 def test_device_picker_value_is_the_device_name():

@@ -317,7 +317,7 @@ def test_summary_counts(tiny_gpt2):
 def test_cli_summary():
     out = subprocess.run([sys.executable, "-m", "inspector", "summary", "sample:tiny-gpt2"],
                          capture_output=True, text=True, cwd=PROJECT_ROOT, check=True).stdout
-    assert "4080 unique, 4592 counting aliases" in out
+    assert "4,080 unique, 4,592 counting aliases" in out
     bad = subprocess.run([sys.executable, "-m", "inspector", "summary", "sample:nope"],
                          capture_output=True, text=True, cwd=PROJECT_ROOT)
     assert bad.returncode == 2 and "known samples" in bad.stderr

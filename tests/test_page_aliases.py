@@ -49,7 +49,7 @@ def test_alias_page_groups_graph_conversions_and_retie():
     table = _table(at, "same_storage")
     retied = table[table["conversion"].str.endswith("+ retie")]
     assert retied[["outcome", "unique"]].values.tolist() == [["kept", 4080], ["kept", 4080]]
-    assert any("4592 → 4080 after re-tie" in s.value for s in at.success)
+    assert any("4,592 → 4,080 after re-tie" in s.value for s in at.success)
     codes = set(_table(at, "code")["code"])
     assert codes == {"tie-broken", "tie-weakened", "tie-restored"}
 

@@ -121,3 +121,37 @@ def test_layer_ig_on_cnn_defaults_to_a_layer_that_runs_and_a_failure_ends_the_st
     assert any("relu1" in e.value for e in at.error)
     labels = _status_labels(at)
     assert any("failed" in label for label in labels) and not any("Running" in label for label in labels)
+
+
+def test_token_axis_reads_the_tokenizers_text(tmp_path):
+    """A model folder with a tokenizer: the heatmap's axis shows the tokens as text, not ids."""
+    from tokenizers import Tokenizer, models
+    from transformers import PreTrainedTokenizerFast
+
+    from inspector import attribute
+    from inspector.figures import token_heatmap
+    from ui.tokens import token_decoder
+
+    words = ["[UNK]", "the", "cat", "sat", *(f"w{i}" for i in range(28))]  # 32 ids, tiny-gpt2's vocabulary
+    fast = PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.WordLevel(
+        {w: i for i, w in enumerate(words)}, unk_token="[UNK]")))
+    fast.save_pretrained(tmp_path)
+    loaded = load_model("sample:tiny-gpt2")
+    inputs = torch.tensor([[1, 2, 3, 4]])
+    result = attribute(loaded, inputs, "layer_ig", 2, position=-1, n_steps=4)
+    ids_axis = token_heatmap(result).layout.xaxis
+    assert list(ids_axis.ticktext) == ["0<br>1", "1<br>2", "2<br>3", "3<br>4"]
+    assert token_decoder(loaded) is None  # a sample has no tokenizer
+    hf_like = LoadedModel(loaded.model, "tiny", f"hf:{tmp_path}")
+    text_axis = token_heatmap(result, decode=token_decoder(hf_like)).layout.xaxis
+    assert list(text_axis.ticktext) == ["0<br>the", "1<br>cat", "2<br>sat", "3<br>w0"]
+    assert text_axis.title.text.startswith("position / token text")
+
+
+def test_stop_button_forgets_the_run():
+    at = _run()
+    assert at.button(key="attr_cancel").proto.label == "Stop"
+    at.button(key="attr_cancel").click().run()
+    assert not at.exception
+    assert any(w.value.startswith("Stopped.") for w in at.warning)
+    assert not at.get("plotly_chart")  # nothing of the stopped run is drawn

@@ -24,6 +24,11 @@ def test_complete_the_shifted_offsets_lab(monkeypatch):
     assert not at.exception
     assert at.header[0].value == "The shifted offsets"
 
+    # an empty answer is no attempt: no hint, nothing recorded
+    at.button(key="lab_check_shifted-offsets_locate").click().run()
+    assert any("Give an answer first" in w.value for w in at.warning)
+    assert not any(i.value.startswith("Hint") for i in at.info) and not any("Attempts" in c.value for c in at.caption)
+
     # a wrong answer first: the full map's reading of index 100; feedback and the first hint
     at.selectbox(key="lab_shifted-offsets_locate_parameter").set_value("layers.0.base.weight")
     at.text_input(key="lab_shifted-offsets_locate_element").input("(12, 4)")

@@ -91,7 +91,7 @@ def test_page_on_meta_model_has_offsets_but_no_backward():
     at = _page("sample:llama-70b-meta", "meta")
     assert not at.exception, [e.value for e in at.exception]
     length = next(m for m in at.metric if m.label == "Flat vector length")
-    assert length.value == "69.0 B" and length.proto.help == "68,976,648,192 elements"
+    assert length.value == "69.0 billion" and length.proto.help == "68,976,648,192 elements"
     assert at.button(key="offsets_backward").disabled
     assert any("meta device" in i.value for i in at.info)
 
@@ -126,4 +126,4 @@ def test_round_trip_on_a_big_model_names_the_sidebar_not_an_argument():
     at = _page("sample:gpt2-small")
     assert not at.exception
     note = next(i.value for i in at.info if "round trip" in i.value)
-    assert "124.4 M parameter elements" in note and "sidebar" in note and "max_elements" not in note
+    assert "124.4 million parameter elements" in note and "sidebar" in note and "max_elements" not in note

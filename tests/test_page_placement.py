@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import torch
 from streamlit.testing.v1 import AppTest
 
 from ui.models import Selection
@@ -39,6 +40,11 @@ def test_split_block_page_flags_accelerates_missing_buffers():
     records = _table(at, "reason")
     assert {"budget", "place", "split", "buffer", "clean"} <= set(records["step"])
     assert len(at.get("plotly_chart")) >= 4
+    budgets = at.dataframe[0].value if "budget" in at.dataframe[0].value.columns else None
+    assert budgets is None or all(b.endswith("iB") or b.endswith(" B") for b in budgets["budget"])
+    if not torch.cuda.is_available():  # the dispatch button says why it is off, on the page
+        assert at.button(key="dm_dispatch").disabled
+        assert any("does not have (GPU 0, GPU 1)" in i.value for i in at.info)
 
     at.radio(key="dm_tree_which").set_value("accelerate's plan").run()
     assert not at.exception, [e.value for e in at.exception]

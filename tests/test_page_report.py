@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import torch
 from streamlit.testing.v1 import AppTest
 
 from inspector.report import SECTION_TITLES
@@ -52,6 +53,9 @@ def test_report_page_every_section_with_a_budget():
     for title in ("## Findings", "## Summary", "## Alias groups and conversions", "## Device map: plan and audit",
                   "### Planned device map", "## Activation captures", "## Attributions"):
         assert title in preview, title
+    assert "| mutated | 0 |" in preview  # a count, never an empty cell
+    if not torch.cuda.is_available():  # no Module.cuda() error row on a CPU-only server, but a note
+        assert "| Module.cuda" not in preview and "left out: the model is not on a CUDA device" in preview
 
 
 def test_report_page_refuses_a_huge_batch_and_names_its_controls():
@@ -71,4 +75,4 @@ def test_report_page_refuses_a_huge_batch_and_names_its_controls():
     assert not at.error
     # The skipped lab section says what to do on the pages, not which library argument to pass.
     warning = next(w.value for w in at.warning if w.value.startswith("Lab results"))
-    assert "**Labs** page" in warning and "lab=" not in warning
+    assert "Labs page" in warning and "lab=" not in warning

@@ -317,7 +317,7 @@ def test_all_meta_model_is_structure_only():
 
 def test_budget_too_small_with_nowhere_to_offload(split_block):
     # cpu only: embed 16640, fc1 33280, fc2 49920, fc3 would need 66560 > 50000 and there is no disk.
-    with pytest.raises(ValueError, match=r"needs 72992 bytes and the budget gives 50000 bytes"):
+    with pytest.raises(ValueError, match=r"needs 71.3 KiB and the budget gives 48.8 KiB"):
         plan_device_map(split_block, "cpu=50000")
 
 

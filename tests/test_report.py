@@ -255,7 +255,7 @@ def test_tiny_gpt2_sections_hold_what_the_analyses_found(tiny_report):
     assert r.section("labs").status == "skipped"
     html = r.to_html()
     n_figures = sum(len(s.figures) for s in r.sections)
-    assert html.count('class="figure"') == n_figures == 5
+    assert html.count('class="figure"') == n_figures == 6  # five analyses' figures and the summary's model tree
 
 
 def test_backward_option_reports_gradients_and_leaves_grad_alone():

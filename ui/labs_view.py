@@ -119,6 +119,16 @@ def answer_fields(lab: Lab, task: Task, scenario: Scenario) -> dict[str, Any]:
     return raw
 
 
+def is_empty_answer(raw: dict[str, Any]) -> bool:
+    """Whether nothing was answered: every field unset, blank or an empty choice.
+
+    >>> is_empty_answer({"a": None, "b": "  ", "c": []}), is_empty_answer({"a": "x", "b": ""})
+    (True, False)
+    """
+    return all(v is None or (isinstance(v, str) and not v.strip()) or (isinstance(v, (list, tuple)) and not v)
+               for v in raw.values())
+
+
 def check_task(lab: Lab, task: Task, scenario: Scenario, raw: dict[str, Any]) -> CheckResult:
     """Grade one task with the lab's checker and record the attempt in this session's progress."""
     try:

@@ -16,14 +16,24 @@ import time
 
 import streamlit as st
 
-from inspector import DeviceInfo, Finding, LoadedModel, available_devices, format_bytes, sort_findings
+from inspector import (
+    DeviceInfo,
+    Finding,
+    LoadedModel,
+    available_devices,
+    format_bytes,
+    format_count,
+    sort_findings,
+)
 from inspector.distributed import dcp_listing, is_dcp_folder
 from inspector.escaping import markdown_code, markdown_text
 from inspector.hf_limits import default_max_bytes
 from inspector.models import DTYPES, allowed_model_dirs
 from inspector.placement import parse_size
+from inspector.summary import model_bytes
 from sample_models import SAMPLES
 
+from .cache import cached_analysis
 from .errors import finding_markdown, guarded, install_page_handler, show_error
 from .models import Selection, get_loaded
 from .uploads import session_uploads, sweep_once
@@ -31,6 +41,7 @@ from .uploads import session_uploads, sweep_once
 SELECTION = "mi_selection"
 _QUERY_DONE = "mi_query_applied"
 _LAST_LOAD = "mi_last_load"
+_QUERY_FAILED = "mi_query_failed"
 KINDS = ["Sample", "Python file", "Hugging Face folder"]
 MODEL_FILES_ARE_CODE = ("A model file is Python code: loading it runs it in this server, with the server's "
                         "rights, for every session. It can read files, change settings or end the server "
@@ -99,11 +110,11 @@ def _apply_query_params() -> None:
     sel = current_selection()
     wanted = Selection(source or sel.source, qp.get("checkpoint") or None,
                        qp.get("device") or sel.device, qp.get("dtype") or None)
-    if wanted != sel:
-        load_selection(wanted)
+    if wanted != sel and load_selection(wanted) is None:
+        st.session_state[_QUERY_FAILED] = wanted.label
 
 
-_FREE = re.compile(r"\s*\([\d.]+ of [\d.]+ GiB free\)")
+_FREE = re.compile(r"\s*\([^()]* of [^()]* free\)")
 
 
 def device_label(devices: list[DeviceInfo], name: str) -> str:
@@ -112,7 +123,7 @@ def device_label(devices: list[DeviceInfo], name: str) -> str:
     The widget's value stays the device name; a label that changed between two runs (free
     memory does) would no longer match the option the browser sent back.
 
-    >>> device_label([DeviceInfo("cpu", "cpu (20.0 of 23.5 GiB free)", "cpu")], "cpu")
+    >>> device_label([DeviceInfo("cpu", "cpu (20.0 GiB of 23.5 GiB free)", "cpu")], "cpu")
     'cpu'
     """
     label = next((d.label for d in devices if d.name == name), name)
@@ -243,15 +254,19 @@ def model_picker() -> LoadedModel | None:
                 loaded = get_loaded(sel)
         if loaded is not None:
             _loaded_caption(loaded)
+    failed = st.session_state.pop(_QUERY_FAILED, None)
+    if failed:  # the link's model failed: say so where the reader looks, not only in the sidebar
+        st.error(f"The link asked for {markdown_code(failed)}, which could not be loaded (the reason is in "
+                 f"the sidebar). Showing {markdown_code(current_selection().label)} instead.")
     return loaded
 
 
 def _loaded_caption(loaded: LoadedModel) -> None:
     n = sum(p.numel() for p in loaded.model.parameters())
-    size = sum(p.numel() * p.element_size() for p in loaded.model.parameters())
+    size = cached_analysis(model_bytes, loaded.model)  # parameters and buffers, as every page counts them
     st.caption(f"Loaded **{markdown_text(loaded.name)}** on {markdown_code(loaded.device)}"
                + (f" as {markdown_code(loaded.dtype)}" if loaded.dtype else "")
-               + f" · {n:,} parameters ({format_bytes(size)})"
+               + f" · {format_count(n)} parameter elements, {format_bytes(size)} with buffers"
                + (" · structure only" if loaded.is_meta else ""))
     if loaded.findings:
         worst = sort_findings(loaded.findings)

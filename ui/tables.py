@@ -8,7 +8,7 @@ from collections.abc import Sequence
 import pandas as pd
 import streamlit as st
 
-from inspector import Finding, sort_findings
+from inspector import Finding, format_bytes, sort_findings
 
 PAGE_SIZE = 50
 SEVERITY_BADGE = {"error": "red", "warning": "orange", "info": "blue"}
@@ -17,6 +17,7 @@ CELL_PAD_PX = 30   # cell padding plus room for the sort arrow in the header
 MAX_FIT_PX = 480   # wider text columns scroll inside their cell rather than push the table
 MESSAGE_PX = 560   # width of a findings message column
 LINE_PX = 21       # one wrapped line of grid text
+TABLE_PX = 940     # a table wider than this (a wide page at 1440 px) hides its right-hand columns
 
 
 def cell_text(value) -> str:
@@ -42,6 +43,7 @@ def fit_columns(df: pd.DataFrame, column_config: dict | None = None) -> dict:
     (True, 'localized')
     """
     out = dict(column_config or {})
+    text_cols: dict[str, int] = {}  # text columns fitted here -> the width their header needs
     for col in df.columns:
         given = out.get(col)
         if isinstance(given, dict) and given.get("width") is not None or given is None and col in out:
@@ -53,19 +55,57 @@ def fit_columns(df: pd.DataFrame, column_config: dict | None = None) -> dict:
         px = widest * CHAR_PX + CELL_PAD_PX
         if not is_int:
             px = min(px, MAX_FIT_PX)
+            text_cols[col] = len(str(header)) * CHAR_PX + CELL_PAD_PX
         if isinstance(given, dict):
             out[col] = {**given, "width": px}
         elif is_int:
             out[col] = st.column_config.NumberColumn(width=px, format="localized")
         else:
             out[col] = st.column_config.Column(width=px)
-    return out
+    return _fit_table(out, text_cols)
+
+
+def _fit_table(config: dict, text_cols: dict[str, int]) -> dict:
+    """Narrow the wide text columns (never below their header, never the first) until the table
+    fits ``TABLE_PX``, so that the columns on the right are not pushed out of sight."""
+    widths = {c: cfg.get("width") for c, cfg in config.items() if isinstance(cfg, dict)}
+    total = sum(w for w in widths.values() if isinstance(w, int))
+    first = next(iter(config), None)
+    give = {c: widths[c] - floor for c, floor in text_cols.items()
+            if c != first and isinstance(widths.get(c), int) and widths[c] > max(floor, 160)}
+    extra = total - TABLE_PX
+    if extra <= 0 or not give:
+        return config
+    share = min(1.0, extra / sum(give.values()))
+    for c, room in give.items():
+        config[c] = {**config[c], "width": int(widths[c] - room * share)}
+    return config
+
+
+def is_bytes_column(name: object) -> bool:
+    """Columns that hold byte counts: ``bytes``, ``nbytes``, ``total_bytes``, ``bytes_on_0``…"""
+    text = str(name)
+    return text in ("bytes", "nbytes") or text.endswith("_bytes") or text.startswith("bytes_")
+
+
+def human_bytes(df: pd.DataFrame) -> pd.DataFrame:
+    """``df`` with every numeric bytes column written in binary units (``144.5 GiB``), as people read them.
+
+    >>> human_bytes(pd.DataFrame({"name": ["w"], "bytes": [155_171_243_763]}))["bytes"].tolist()
+    ['144.5 GiB']
+    """
+    cols = [c for c in df.columns if is_bytes_column(c) and pd.api.types.is_numeric_dtype(df[c])
+            and not pd.api.types.is_bool_dtype(df[c])]
+    if not cols:
+        return df
+    return df.assign(**{str(c): df[c].map(format_bytes) for c in cols})
 
 
 def show_frame(df: pd.DataFrame, column_config: dict | None = None, **kwargs) -> None:
-    """``st.dataframe`` with every column fitted to its content (see :func:`fit_columns`)."""
+    """``st.dataframe`` with bytes in binary units and every column fitted to its content (see :func:`fit_columns`)."""
     kwargs.setdefault("hide_index", True)
     kwargs.setdefault("width", "stretch")
+    df = human_bytes(df)
     st.dataframe(df, column_config=fit_columns(df, column_config), **kwargs)
 
 
@@ -95,13 +135,12 @@ def paged_table(df: pd.DataFrame, key: str, *, page_size: int = PAGE_SIZE,
     ``key`` must be unique on the page (it names the filter and page widgets).
     """
     if len(df) > page_size:
-        left, right = st.columns([3, 1])
-        text = left.text_input("Filter", key=f"{key}_filter", placeholder="part of a name, dtype, device…",
-                               label_visibility="collapsed")
+        left, right = st.columns([3, 1], vertical_alignment="bottom")
+        text = left.text_input("Filter rows", key=f"{key}_filter", placeholder="part of a name, dtype, device…")
         shown = filter_rows(df, text, filter_columns)
         pages = max(1, math.ceil(len(shown) / page_size))
-        page = right.number_input(f"Page (of {pages})", min_value=1, max_value=pages, value=1, step=1,
-                                  key=f"{key}_page_{pages}", label_visibility="collapsed")
+        page = right.number_input(f"Page (1 to {pages})", min_value=1, max_value=pages, value=1, step=1,
+                                  key=f"{key}_page_{pages}")
         start = (int(page) - 1) * page_size
         st.caption(f"{caption + ' · ' if caption else ''}rows {start + 1 if len(shown) else 0}–"
                    f"{min(start + page_size, len(shown))} of {len(shown):,}"
@@ -142,9 +181,9 @@ def message_row_height(longest: int) -> int | None:
     The grid wraps text only in rows taller than 4rem (64 px), so a wrapping row is at least 66 px.
 
     >>> message_row_height(40), message_row_height(300)
-    (None, 94)
+    (None, 115)
     """
-    per_line = (MESSAGE_PX - 16) // 7  # about 7 px per character of wrapped text
+    per_line = (MESSAGE_PX - 16) // 8  # about 7 px per character, and room for wrapping at word ends
     lines = math.ceil(longest / per_line)
     return None if lines <= 1 else max(66, lines * LINE_PX + 10)
 

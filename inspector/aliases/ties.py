@@ -142,7 +142,7 @@ def _outcome(group: AliasGroup, layouts: tuple[TensorLayout, ...],
 
 def _outcome_findings(outcomes: list[GroupOutcome], before: int, after: int) -> list[Finding]:
     findings = []
-    change = f"the unique parameter count went from {before} to {after}"
+    change = f"the unique parameter count went from {before:,} to {after:,}"
     for o in outcomes:
         names = ", ".join(o.names)
         if o.missing:

@@ -46,6 +46,7 @@ from torch import nn
 from torch.nn.modules.module import register_module_forward_hook
 
 from ..findings import Finding, InspectorError
+from ..units import format_bytes
 from .leaves import KEEP_AS_IS, flat, leaf_paths, tensor_leaves, unflat
 from .results import Captures, Skipped
 from .storage import MEMCPY_BYTES, Storage
@@ -244,7 +245,7 @@ class Recorder:
         if self.full or (limit is not None and self.used + nbytes > limit):
             self.full = True
             self.result.skipped.append(Skipped(key, kind, path, nbytes,
-                                               f"{_BUDGET} ({self.used} of {limit} bytes used)"))
+                                               f"{_BUDGET} ({format_bytes(self.used)} of {format_bytes(limit)} used)"))
             return False
         self.used += nbytes
         return True
@@ -332,9 +333,9 @@ def _budget_findings(skipped: list[Skipped], max_bytes: int | None) -> list[Find
                              "budget, or None for no limit"))
     elif over:
         found.append(Finding("capture-over-budget", "info", over[0].module,
-                             f"the byte budget of {max_bytes} bytes was reached at "
+                             f"the byte budget of {format_bytes(max_bytes)} was reached at "
                              f"{over[0].module}; {len(over)} captures were skipped "
-                             f"({sum(s.bytes for s in over)} bytes)"))
+                             f"({format_bytes(sum(s.bytes for s in over))})"))
     for s in skipped:
         if not s.reason.startswith(_BUDGET):
             found.append(Finding("capture-not-tensor", "info", s.module, f"{s.module}{s.path}: {s.reason}"))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from .. import CONVERSIONS, InspectorError, alias_analysis, conversion_table
+from .. import CONVERSIONS, InspectorError, alias_analysis, conversion_table, format_bytes
 from .. import cli_types as types
 from ..cli_common import (
     add_source_arguments,
@@ -42,8 +42,8 @@ def run(args: argparse.Namespace) -> int:
     with loaded.lock:
         analysis = alias_analysis(loaded.model)
     say(f"model: {loaded.name} ({loaded.source}) on {loaded.device}")
-    say(f"parameter elements: {analysis.unique_numel} unique, {analysis.numel_with_aliases} "
-          f"counting aliases; {analysis.names} names")
+    say(f"parameter elements: {analysis.unique_numel:,} unique, {analysis.numel_with_aliases:,} "
+          f"counting aliases; {analysis.names:,} names")
     if analysis.groups:
         say(f"alias groups ({len(analysis.groups)}):")
         print_table(analysis.to_frame())
@@ -51,7 +51,7 @@ def run(args: argparse.Namespace) -> int:
         say("alias groups: none")
     for d in analysis.disjoint:
         regions = " | ".join(", ".join(r) for r in d.regions)
-        say(f"info: disjoint views of one storage ({d.storage_nbytes} bytes), not aliases: {regions}")
+        say(f"info: disjoint views of one storage ({format_bytes(d.storage_nbytes)}), not aliases: {regions}")
     findings = list(analysis.findings)
     results: list = []
     if names:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from .. import SECTIONS, InspectorError, build_report, run_report
+from .. import SECTIONS, InspectorError, build_report, format_bytes, run_report
 from .. import cli_types as types
 from ..cli_common import add_source_arguments, load_from_args, progress, write_text
 from ..distributed import is_run_file, read_run
@@ -74,6 +74,12 @@ def options_from_args(args: argparse.Namespace) -> dict:
         options["attribution_cpu_max_bytes"] = None
     if args.compare_with:
         options["compare_with"] = args.compare_with
+    options["controls"] = {"backward": "add --backward for one backward pass",
+                           "conversions": "add --conversions all to run them",
+                           "attribution_cpu_max_bytes": "add --attribute-on-cpu (and perhaps a small "
+                                                        "--attribution-steps) to run it here",
+                           "lab": "the dashboard's Labs page adds them",
+                           "compare_with": "add --compare-with B (a source, checkpoint file or folder)"}
     check_options(options)
     return options
 
@@ -104,7 +110,7 @@ def run(args: argparse.Namespace) -> int:
     skipped = [s.id for s in report.sections if s.status != "ok"]
     counts = {sev: sum(1 for _, f in report.findings if f.severity == sev)
               for sev in ("error", "warning", "info")}
-    progress(f"wrote {out} ({out.stat().st_size} bytes); findings: {counts['error']} errors, "
+    progress(f"wrote {out} ({format_bytes(out.stat().st_size)}); findings: {counts['error']} errors, "
              f"{counts['warning']} warnings, {counts['info']} info"
              + (f"; not included: {', '.join(skipped)}" if skipped else ""))
     return 0

@@ -12,7 +12,7 @@ from .capture import capture_heatmap, capture_histogram, capture_stats_figure, c
 from .compare import module_change_bars, module_rows, run_divergence_figure
 from .distributed import grad_norm_figure, memory_figure
 from .offsets import layer_norm_bars, offset_strip
-from .palette import device_colour, device_colours, device_key, key_label, readable
+from .palette import bytes_axis, device_colour, device_colours, device_key, key_label, readable
 from .placement import placement_treemap, usage_bars, usage_side_by_side
 from .training import (
     NormGrid,
@@ -23,6 +23,7 @@ from .training import (
     norm_grid,
     norm_heatmap,
 )
+from .tree import lens_colours, module_tree_figure, shown_level
 from .watch import heatmap_figure, run_lines_figure
 
 __all__ = [
@@ -33,4 +34,5 @@ __all__ = [
     "heatmap_figure", "run_lines_figure",
     "NormGrid", "bin_matrix", "envelope", "findings_timeline", "loss_norm_figure", "norm_grid", "norm_heatmap",
     "module_change_bars", "module_rows", "run_divergence_figure",
+    "bytes_axis", "lens_colours", "module_tree_figure", "shown_level",
 ]

@@ -54,18 +54,13 @@ def alias_graph_figure(data: GraphData) -> go.Figure:
     ex, ey = _segments([(a, b) for a, b in data.tree], pos)
     fig.add_trace(go.Scatter(x=ex, y=ey, mode="lines", line=dict(color="#c7c7c7", width=1),
                              hoverinfo="skip", showlegend=False))
-    for kind, symbol, color in (("module", "square", "#636363"), ("tensor", "circle", "#bdbdbd"),
-                                ("buffer", "diamond", "#bdbdbd")):
+    for kind, symbol, color, name in (("module", "square", "#636363", "modules"),
+                                      ("tensor", "circle", "#bdbdbd", "parameters"),
+                                      ("buffer", "diamond", "#bdbdbd", "buffers")):
         keys = [k for k, (_, kd, g) in data.nodes.items() if kd == kind and g < 0 and k in pos]
         if keys:
-            fig.add_trace(_nodes(keys, data, pos, symbol, color, f"{kind}s", show_text=False))
-    held = {a for a, _, _ in data.extra} | {a for a, b in data.tree if data.nodes[b][2] >= 0}
-    holders = sorted(k for k in held if k in pos and k != "m:")
-    if holders:  # name the modules that hold an aliased tensor
-        fig.add_trace(go.Scatter(
-            x=[pos[k][0] for k in holders], y=[pos[k][1] for k in holders], mode="text",
-            text=[data.nodes[k][0] for k in holders], textposition="top center",
-            hoverinfo="skip", showlegend=False))
+            fig.add_trace(_nodes(keys, data, pos, symbol, color, name, show_text=False))
+    fig.add_trace(_module_labels(data, pos))
     for i, g in enumerate(groups):
         color = PALETTE[i % len(PALETTE)]
         edges = [(a, b) for a, b, gi in data.extra if gi == i]
@@ -94,6 +89,31 @@ def alias_graph_figure(data: GraphData) -> go.Figure:
     return fig
 
 
+PLOT_PX = 1100    # drawing width of the figure in a wide page at 1440 px
+CHAR_PX = 6.6     # one character of the 11 px label font
+
+
+def _module_labels(data: GraphData, pos: dict[str, tuple[float, float]]) -> go.Scatter:
+    """Every module's short name above its square, cut to the room between it and its neighbours."""
+    keys = [k for k, (_, kind, _) in data.nodes.items() if kind == "module" and k in pos]
+    xs = [x for x, _ in pos.values()]
+    span = max(xs, default=1) - min(xs, default=0) or 1
+    px = PLOT_PX / (span * 1.2)  # pixels per unit of x, the padding included
+    rows: dict[float, list[float]] = {}
+    for k in keys:
+        rows.setdefault(pos[k][1], []).append(pos[k][0])
+    texts = []
+    for k in keys:
+        x, y = pos[k]
+        others = [abs(o - x) for o in rows[y] if o != x]
+        room = int((min(others, default=span) * px - 6) / CHAR_PX)
+        short = data.nodes[k][0].rpartition(".")[2] or "(model)"
+        texts.append(short if len(short) <= room else short[:room - 1] + "…" if room >= 3 else "")
+    return go.Scatter(x=[pos[k][0] for k in keys], y=[pos[k][1] + 0.12 for k in keys], mode="text", text=texts,
+                      textposition="top center", textfont=dict(size=11, color="#333333"), hoverinfo="skip",
+                      showlegend=False)
+
+
 def _segments(edges: list[tuple[str, str]], pos: dict[str, tuple[float, float]]) -> tuple[list, list]:
     xs: list[float | None] = []
     ys: list[float | None] = []
@@ -112,5 +132,5 @@ def _nodes(keys: list[str], data: GraphData, pos: dict[str, tuple[float, float]]
         mode="markers+text" if show_text else "markers",
         marker=dict(symbol=symbol, color=color, size=size, line=dict(color="white", width=1)),
         text=labels if show_text else None,
-        textposition="bottom center", hovertext=[f"{data.nodes[k][1]}: {plot_text(lab)}" for k, lab in zip(keys, labels)],
+        textposition="bottom center", textfont=dict(size=11), hovertext=[f"{data.nodes[k][1]}: {plot_text(lab)}" for k, lab in zip(keys, labels)],
         hoverinfo="text", name=name, legendgroup=group, showlegend=True)

@@ -6,6 +6,8 @@ and labelled, never drawn as zeros.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
@@ -16,12 +18,16 @@ from .palette import readable
 
 DIVERGING = "RdBu"
 MAX_TOKENS = 512
-MAX_TICKS = 32  # token labels on the x axis of a token heatmap; every n-th token beyond that
+MAX_TICKS = 20  # token labels on the x axis of a token heatmap; every n-th token beyond that
 
 
 @escaped_figure
-def token_heatmap(result: Attribution, title: str | None = None) -> go.Figure:
+def token_heatmap(result: Attribution, title: str | None = None,
+                  decode: Callable[[int], str] | None = None) -> go.Figure:
     """Tokens along x, one row per sample, the summed attribution as colour; values in hover.
+
+    With ``decode`` (token id -> text, from the model's tokenizer) the axis shows the tokens as
+    text; without one it shows their ids.
 
     >>> import torch
     >>> a = torch.tensor([[[0.25, 0.25], [float("nan"), 1.0]]])  # (1 sample, 2 tokens, width 2)
@@ -39,7 +45,8 @@ def token_heatmap(result: Attribution, title: str | None = None) -> go.Figure:
     x = [f"{p}" for p in z.columns]
     first = tok.iloc[0].tolist()
     every = max(1, -(-len(x) // MAX_TICKS))  # label every n-th token so labels never overlap
-    ticks = [f"{plot_text(p)}<br>{'' if pd.isna(t) else plot_text(t)}" for p, t in zip(z.columns, first)]
+    ticks = [f"{plot_text(p)}<br>{'' if pd.isna(t) else plot_text(_token_text(int(t), decode))}"
+             for p, t in zip(z.columns, first, strict=True)]
     text = np.where(z.isna().to_numpy(), "NaN", "")
     custom = np.dstack([tok.to_numpy(dtype=object), abs_s.to_numpy(dtype=object),
                         nans.to_numpy(dtype=object)])
@@ -52,11 +59,27 @@ def token_heatmap(result: Attribution, title: str | None = None) -> go.Figure:
     where = result.layer or "inputs"
     fig.update_layout(title=title or f"{result.captum_method} on {where}: target {result.target}"
                       + (f" at position {result.position}" if result.position is not None else ""),
-                      xaxis=dict(title="position / token id" + (f" (every {every}th labelled)" if every > 1
+                      xaxis=dict(title=f"position / token {'text' if decode else 'id'}"
+                                 + (f" (every {every}th labelled)" if every > 1
                                                                   else ""),
                                  tickvals=x[::every], ticktext=ticks[::every], tickangle=0),
                       height=240 + 40 * len(z.index), margin=dict(l=60, r=20, t=50, b=60))
     return fig
+
+
+def _token_text(token: int, decode: Callable[[int], str] | None, width: int = 10) -> str:
+    """A token for an axis label: its text (spaces shown as ␣, cut to ``width``), else its id.
+
+    >>> _token_text(3, lambda t: " the"), _token_text(3, None), _token_text(3, lambda t: "x" * 20)[-1]
+    ('␣the', '3', '…')
+    """
+    if decode is None:
+        return str(token)
+    try:
+        text = decode(token).replace(" ", "␣").replace("\n", "⏎") or str(token)
+    except Exception:  # noqa: BLE001 - a tokenizer that cannot decode an id: show the id
+        return str(token)
+    return text if len(text) <= width else text[:width - 1] + "…"
 
 
 @escaped_figure

@@ -16,7 +16,7 @@ import torch
 
 from ..capture import first_tensor
 from ..escaping import escaped_figure
-from .palette import readable
+from .palette import legend_on_top, readable, whole_ticks
 
 MAX_ROWS = 128
 MAX_COLS = 192
@@ -72,8 +72,8 @@ def capture_histogram(value: Any, title: str = "", bins: int = 60,
         fig.add_scatter(x=edges, y=[*counts, counts[-1]], mode="lines", line=dict(shape="hv", color=MUTATED_COLOR,
                         width=2.5), name="bare reference (what a naive hook holds)")
     fig.update_layout(barmode="overlay", title=title or f"values {tuple(t.shape)}",
-                      xaxis_title="value", yaxis_title="count", bargap=0, legend=dict(orientation="h"))
-    return readable(fig)
+                      xaxis_title="value", yaxis_title="count", bargap=0)
+    return readable(legend_on_top(fig))
 
 
 def heatmap_slice(t: torch.Tensor) -> tuple[torch.Tensor, str, str]:
@@ -121,7 +121,8 @@ def capture_heatmap(value: Any, title: str = "") -> go.Figure:
     pooled = "" if tuple(m.shape) == _raw_shape(t) else f", pooled to {tuple(m.shape)}"
     fig.update_layout(title=title or f"{tuple(t.shape)}{pooled}", xaxis_title=cols, yaxis_title=rows,
                       yaxis_autorange="reversed")
-    return fig
+    whole_ticks(fig, m.shape[1] - 1, "x")
+    return whole_ticks(fig, m.shape[0] - 1, "y")
 
 
 def _raw_shape(t: torch.Tensor) -> tuple[int, ...]:
@@ -139,15 +140,29 @@ def clone_vs_reference_figure(table: pd.DataFrame, title: str = "Copy vs bare re
     ``table`` is :func:`inspector.capture.reference_drift` of a capture (columns module,
     max_abs_diff, corrupted, overwritten_by). Corrupted captures (the live output was
     overwritten after the hook) are red and labelled with the module that overwrote them.
+    Modules run down the y axis, so every name reads in full; when every difference is 0 the
+    figure says so instead of drawing an empty box.
+
+    >>> t = pd.DataFrame({"module": ["a", "b"], "max_abs_diff": [0.0, 0.0], "corrupted": [False, False],
+    ...                   "overwritten_by": [None, None]})
+    >>> clone_vs_reference_figure(t).layout.annotations[0].text[:29]
+    'Every difference is 0: each b'
     """
     colors = [MUTATED_COLOR if c else OK_COLOR for c in table["corrupted"]]
     labels = [f"overwritten by {b}" if c and b else ("overwritten" if c else "")
-              for c, b in zip(table["corrupted"], table["overwritten_by"])]
-    fig = go.Figure(go.Bar(x=table["module"], y=table["max_abs_diff"].fillna(0.0), marker_color=colors,
+              for c, b in zip(table["corrupted"], table["overwritten_by"], strict=True)]
+    diffs = table["max_abs_diff"].fillna(0.0)
+    fig = go.Figure(go.Bar(y=table["module"], x=diffs, orientation="h", marker_color=colors,
                            text=labels, textposition="outside",
-                           hovertemplate="%{x}<br>max |copy - bare| = %{y:.4g}<extra></extra>"))
-    fig.update_layout(title=title, xaxis_title="module", yaxis_title="max |copy - bare reference|",
-                      showlegend=False)
+                           hovertemplate="%{y}<br>max |copy - bare| = %{x:.4g}<extra></extra>"))
+    fig.update_layout(title=title, yaxis_title="module", xaxis_title="max |copy - bare reference|",
+                      showlegend=False, yaxis=dict(autorange="reversed", type="category"),
+                      height=min(140 + 20 * len(table), 1600))
+    if len(table) and not (diffs != 0).any():
+        fig.update_xaxes(range=[0, 1], tickvals=[0], ticktext=["0"])
+        fig.add_annotation(text="Every difference is 0: each bare reference still equals its copy "
+                                "(nothing overwrote these outputs)", showarrow=False, x=0.5, y=0.5,
+                           xref="paper", yref="paper", bgcolor="white")
     return readable(fig)
 
 
@@ -155,18 +170,29 @@ def clone_vs_reference_figure(table: pd.DataFrame, title: str = "Copy vs bare re
 def capture_stats_figure(stats: pd.DataFrame, title: str = "Activation statistics") -> go.Figure:
     """Mean with one standard deviation, and min/max, of each captured output, in call order.
 
-    Mutated outputs (changed in place after their capture) are red.
+    Modules run down the y axis (every name reads in full). The value axis spans the means and
+    standard deviations; a min or max beyond it is drawn at its edge as an open marker, so one
+    huge output (logits, a mask) no longer flattens the others. Mutated outputs are red.
     """
     rows = stats[stats["kind"] == "output"] if "kind" in stats else stats
-    labels = [m if not p else f"{m}{p}" for m, p in zip(rows["module"], rows.get("path", [""] * len(rows)))]
+    paths = rows["path"] if "path" in rows else pd.Series([""] * len(rows), index=rows.index)
+    labels = [m if not p else f"{m}{p}" for m, p in zip(rows["module"], paths, strict=True)]
     mutated = rows["mutated"].fillna(False).astype(bool).tolist() if "mutated" in rows else [False] * len(rows)
+    std = rows["std"].fillna(0.0)
+    lo, hi = float((rows["mean"] - std).min()), float((rows["mean"] + std).max())
+    pad = (hi - lo) * 0.5 or 1.0
+    lo, hi = lo - pad, hi + pad
     fig = go.Figure()
-    fig.add_scatter(x=labels, y=rows["max"], mode="markers", name="max", marker=dict(symbol="triangle-up",
-                    color="#999"))
-    fig.add_scatter(x=labels, y=rows["min"], mode="markers", name="min", marker=dict(symbol="triangle-down",
-                    color="#999"))
-    fig.add_scatter(x=labels, y=rows["mean"], mode="markers", name="mean ± std",
-                    error_y=dict(type="data", array=rows["std"].fillna(0.0).tolist(), color="#555555"),
+    for col, name, symbol in (("max", "max", "triangle-right"), ("min", "min", "triangle-left")):
+        vals = rows[col].astype(float)
+        out = (vals > hi) | (vals < lo)
+        fig.add_scatter(y=labels, x=vals.clip(lo, hi), mode="markers", name=name,
+                        customdata=vals, hovertemplate="%{y}<br>" + name + " %{customdata:.4g}<extra></extra>",
+                        marker=dict(symbol=[f"{symbol}-open" if o else symbol for o in out], color="#999"))
+    fig.add_scatter(y=labels, x=rows["mean"], mode="markers", name="mean ± std",
+                    error_x=dict(type="data", array=std.tolist(), color="#555555"),
                     marker=dict(color=[MUTATED_COLOR if m else OK_COLOR for m in mutated], size=8))
-    fig.update_layout(title=title, xaxis_title="module", yaxis_title="value", legend=dict(orientation="h"))
-    return readable(fig)
+    fig.update_layout(title=title, yaxis_title="module", xaxis_title="value (open marker: beyond the axis)",
+                      xaxis_range=[lo, hi], yaxis=dict(autorange="reversed", type="category"),
+                      height=min(180 + 20 * len(labels), 1600))
+    return readable(legend_on_top(fig))

@@ -11,7 +11,7 @@ import plotly.graph_objects as go
 from plotly.colors import sample_colorscale
 
 from ..escaping import escaped_figure, plot_text
-from .palette import readable
+from .palette import count_axis, legend_on_top, log_decades, readable
 
 FULL_ROW = "parameters()"
 TRAINABLE_ROW = "trainable only"
@@ -152,10 +152,12 @@ def offset_strip(full: pd.DataFrame, trainable: pd.DataFrame | None = None,
             marker=dict(color=colour, pattern=dict(shape=pattern), line=dict(width=0.5, color="white"))))
     rows = [FULL_ROW] + ([TRAINABLE_ROW] if trainable is not None else [])
     fig.update_layout(
-        barmode="overlay", showlegend=True, height=150 + 60 * len(rows), margin=dict(l=10, r=10, t=40, b=40),
-        title="Flat vector: one segment per tensor", legend=dict(orientation="h", y=-0.35),
-        xaxis=dict(title="flat offset", rangemode="tozero"),
+        barmode="overlay", showlegend=True, height=190 + 60 * len(rows), margin=dict(l=10, r=10, t=40, b=40),
+        title="Flat vector: one segment per tensor",
+        xaxis=dict(title="flat offset (elements)", rangemode="tozero"),
         yaxis=dict(categoryorder="array", categoryarray=rows[::-1]))
+    count_axis(fig, max((s.end for s in segments), default=0))
+    legend_on_top(fig)
     return fig
 
 
@@ -205,4 +207,4 @@ def layer_norm_bars(by_module: pd.DataFrame, top_k: int = 15) -> go.Figure:
         height=120 + 22 * len(names), margin=dict(l=10, r=10, t=40, b=40),
         xaxis=dict(title="L2 norm of the gradient (log)", type="log"),
         yaxis=dict(autorange="reversed"))
-    return readable(fig)
+    return readable(log_decades(fig, shown))

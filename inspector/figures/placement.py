@@ -13,8 +13,8 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from ..escaping import escaped_figure, plot_text
-from ..summary import format_bytes
-from .palette import FIXED_COLOURS, WHOLE_MODEL, device_colours, device_key, readable
+from ..units import format_bytes
+from .palette import FIXED_COLOURS, WHOLE_MODEL, bytes_axis, device_colours, device_key, readable
 
 RED = "#D62728"
 ROOT = "(model)"
@@ -177,13 +177,14 @@ def usage_bars(usage: pd.DataFrame, title: str = "") -> go.Figure:
                                 pattern=dict(shape=shape, fgcolor="#333333")), hoverinfo="skip")
     budgets = [None if pd.isna(v) else int(v) for v in usage["budget_bytes"]]
     fig.add_scatter(x=x, y=budgets, mode="markers", name="budget",
-                    marker=dict(symbol="line-ew-open", size=44, line=dict(width=3, color=RED)),
+                    marker=dict(symbol="line-ew-open", size=44, color=RED, line=dict(width=3, color=RED)),
                     hovertext=[format_bytes(v) if v is not None else "no budget" for v in budgets],
                     hoverinfo="text+name")
-    fig.update_layout(barmode="stack", title=title or None, yaxis_title="bytes", yaxis_tickformat="~s",
+    fig.update_layout(barmode="stack", title=title or None,
                       xaxis_title="device (colour: the device, as in every figure)", xaxis_type="category",
                       height=360, margin=dict(t=40 if title else 10, l=5, r=5, b=5))
-    return readable(fig)
+    stacked = usage[["parameter_bytes", "buffer_bytes", "reserved_bytes"]].fillna(0).sum(axis=1)
+    return readable(bytes_axis(fig, [*stacked, *budgets]))
 
 
 @escaped_figure
@@ -212,6 +213,5 @@ def usage_side_by_side(ours: pd.DataFrame, theirs: pd.DataFrame,
         fig.add_bar(x=[plans, [dev] * len(plans)], y=values, name=dev,
                     marker=dict(color=device_colours([dev])[dev], line=dict(color="#333333", width=0.5)),
                     hovertext=[format_bytes(v) for v in values], hoverinfo="text+name")
-    fig.update_layout(barmode="group", yaxis_title="bytes", yaxis_tickformat="~s", height=320,
-                      legend_title_text="device", margin=dict(t=10, l=5, r=5, b=5))
-    return readable(fig)
+    fig.update_layout(barmode="group", height=320, legend_title_text="device", margin=dict(t=10, l=5, r=5, b=5))
+    return readable(bytes_axis(fig, [v for _, values in per_device.values() for v in values]))

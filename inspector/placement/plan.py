@@ -23,8 +23,9 @@ from torch import nn
 
 from ..checks import require_module
 from ..findings import Finding, InspectorError
+from ..units import format_budget, format_bytes
 from .audit import audit_table, device_usage, table_findings
-from .budget import Device, format_max_memory, parse_max_memory
+from .budget import Device, parse_max_memory
 from .inventory import Inventory, inventory, lookup, parent_name, prefixes
 from .walk import Decision, Reserve, budget_records, main_devices, offloads, place_pending, walk
 
@@ -205,14 +206,14 @@ def plan_steps(model: nn.Module, max_memory: str | Mapping[Any, Any],
         for d, n in over.items():
             extra[d] += n
             extra_records.append(Decision("reserve", "", d, n,
-                                          f"tensors placed after the walk (buffers, ties, layers kept whole) overfilled {d} by {n} bytes; "
+                                          f"tensors placed after the walk (buffers, ties, layers kept whole) overfilled {d} by {format_bytes(n)}; "
                                           "kept that much free and planned again"))
     else:
         raise InspectorError(f"could not fit the buffers of split modules into the budget "
-                             f"({format_max_memory(budget)}); raise a budget or add disk=...")
+                             f"({format_budget(budget)}); raise a budget or add disk=...")
     kept = {} if reserve is None else reserve.kept
     reserve_records = [Decision("reserve", name, d, size,
-                                f"kept {size} bytes free on {d} to load back the largest layer still to "
+                                f"kept {format_bytes(size)} free on {d} to load back the largest layer still to "
                                 f"place ({name or 'model'}) when it runs from an offload device")
                        for d, (size, name) in kept.items() if size]
     reserved = {d: kept.get(d, (0, ""))[0] for d in devices}

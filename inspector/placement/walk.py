@@ -8,7 +8,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..findings import InspectorError
-from .budget import Device, format_max_memory, main_device, offload_devices
+from ..units import format_bytes
+from .budget import Device, main_device, offload_devices
 from .inventory import Inventory, lookup
 
 
@@ -37,7 +38,7 @@ class _WalkState:
 
 
 def budget_records(budget: dict[Device, int]) -> list[Decision]:
-    return [Decision("budget", "", d, n, f"device {d} may hold {n} bytes") for d, n in budget.items()]
+    return [Decision("budget", "", d, n, f"device {d} may hold {format_bytes(n)}") for d, n in budget.items()]
 
 
 def largest_layer(inv: Inventory, no_split: set[str]) -> tuple[str, int]:
@@ -148,20 +149,21 @@ def walk(inv: Inventory, budget: dict[Device, int], capacity: dict[Device, int],
             state.assigned[unit] = dev
             state.used[dev] += size
             state.records.append(Decision("place", unit, dev, size,
-                                          f"fits: {state.used[dev]} of {capacity[dev]} bytes used on {dev}"))
+                                          f"fits: {format_bytes(state.used[dev])} of {format_bytes(capacity[dev])} used on {dev}"))
         elif _splittable(inv, unit, no_split):
             state.split.append(unit)
             parts = _units_of(inv, unit, state)
             queue.extendleft(reversed(parts))
             state.records.append(Decision("split", unit, dev, size,
-                                          f"{size} bytes do not fit the {capacity[dev] - keep - state.used[dev]} "
-                                          f"left on {dev}; placing its {len(parts)} parts one by one"))
+                                          f"{format_bytes(size)} do not fit the "
+                                          f"{format_bytes(capacity[dev] - keep - state.used[dev])} left on {dev}; placing its {len(parts)} parts one by one"))
         elif i + 1 < len(devices):
             why = "cannot be split" if unit not in inv.children or not inv.children[unit] else \
                 f"is a {inv.classes[unit]} (no-split)"
             state.records.append(Decision("next-device", unit, devices[i + 1], size,
-                                          f"{size} bytes do not fit the {capacity[dev] - keep - state.used[dev]} "
-                                          f"left on {dev} and it {why}"))
+                                          f"{format_bytes(size)} do not fit the "
+                                          f"{format_bytes(capacity[dev] - keep - state.used[dev])} left on {dev} "
+                                          f"and it {why}"))
             i += 1
             queue.appendleft(unit)
         else:
@@ -173,11 +175,12 @@ def _raise_no_room(inv: Inventory, budget: dict[Device, int], capacity: dict[Dev
                    unit: str, state: _WalkState) -> None:
     need, have = inv.sizes[""], sum(budget.values())
     hint = "" if "disk" in budget else "; add disk=... to offload to disk"
+    last = list(budget)[-1]
+    given = ", ".join(f"{d}: {format_bytes(n)}" for d, n in budget.items())
     raise InspectorError(
-        f"the budget is too small: the model needs {need} bytes and the budget gives {have} bytes "
-        f"({format_max_memory(budget)}). {unit or 'the model'} ({inv.sizes[unit]} bytes) does not fit "
-        f"on the last device {list(budget)[-1]!r} ({capacity[list(budget)[-1]] - state.used[list(budget)[-1]]} "
-        f"bytes left there){hint} or raise a budget.")
+        f"the budget is too small: the model needs {format_bytes(need)} and the budget gives {format_bytes(have)} "
+        f"({given}). {unit or 'the model'} ({format_bytes(inv.sizes[unit])}) does not fit on the last device "
+        f"{last!r} ({format_bytes(capacity[last] - state.used[last])} left there){hint} or raise a budget.")
 
 
 

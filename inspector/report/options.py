@@ -39,8 +39,29 @@ DEFAULT_OPTIONS: dict[str, Any] = {
     "student": "",
     "max_rows": 60,                # rows per table in Markdown (JSON and HTML keep every row)
     "compare_with": None,          # B for the compare section: a source, checkpoint file or folder (None: skipped)
+    "controls": None,              # {option: how this reader turns it on} (not recorded); see how_to
 }
-UNRECORDED_OPTIONS = ("lab_progress", "gradients")
+UNRECORDED_OPTIONS = ("lab_progress", "gradients", "controls")
+
+#: How a caller of ``build_report`` turns each option on; the CLI and the dashboard pass their own words
+#: (their flags, their controls) in the ``controls`` option, so a report speaks to the one who made it.
+PYTHON_CONTROLS: dict[str, str] = {
+    "backward": "pass backward=True for one backward pass",
+    "conversions": "pass conversions='all' to run them",
+    "attribution_cpu_max_bytes": "pass attribution_cpu_max_bytes=None (and perhaps a small attribution_steps) "
+                                 "to run it here",
+    "lab": "the Labs page (or lab=..., lab_progress=...) adds them",
+    "compare_with": "pass compare_with=<a source, checkpoint file or folder>",
+}
+
+
+def how_to(options: Mapping[str, Any], option: str) -> str:
+    """The words that tell this report's reader how to turn ``option`` on.
+
+    >>> how_to({"controls": {"backward": "tick Backward"}}, "backward"), how_to({}, "lab")[:13]
+    ('tick Backward', 'the Labs page')
+    """
+    return {**PYTHON_CONTROLS, **(options.get("controls") or {})}[option]
 
 
 def check_sections(sections: Iterable[str] | None) -> list[str]:

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..escaping import markdown_text
 from ..findings import InspectorError
+from ..units import format_bytes
 from .data import Table
 from .options import DEFAULT_OPTIONS, SECTION_TITLES
 
@@ -33,12 +34,27 @@ def _environment_jinja() -> Any:
     return env
 
 
-def display_value(value: Any) -> str:
-    """How a table cell reads for people: lists joined by commas, None as empty."""
+def is_bytes_key(column: Any) -> bool:
+    """Whether a column or fact holds a byte count: ``bytes``, ``nbytes``, ``total_bytes``, ``bytes_…``."""
+    text = str(column)
+    return text in ("bytes", "nbytes") or text.endswith("_bytes") or text.startswith("bytes_")
+
+
+def display_value(value: Any, column: Any = "") -> str:
+    """How a table cell reads for people: lists joined by commas, None as empty, byte counts in
+    binary units, big counts with thousands separators (the JSON keeps the exact numbers).
+
+    >>> display_value(155_171_243_763, "bytes"), display_value(4592), display_value(68_976_648_192)
+    ('144.5 GiB', '4592', '68,976,648,192')
+    """
     if value is None:
         return ""
     if isinstance(value, bool):
         return "yes" if value else "no"
+    if isinstance(value, int) and is_bytes_key(column):
+        return format_bytes(value)
+    if isinstance(value, int) and abs(value) >= 10_000:
+        return f"{value:,}"
     if isinstance(value, list):
         return ", ".join(display_value(v) for v in value)
     if isinstance(value, float):
@@ -73,9 +89,9 @@ def render_html(report: Report) -> str:
     )
 
 
-def _md(value: Any) -> str:
+def _md(value: Any, column: Any = "") -> str:
     """A value as literal Markdown text: no link, image, markup or table break survives."""
-    return markdown_text(display_value(value))
+    return markdown_text(display_value(value, column))
 
 
 def _md_table(table: Table, max_rows: int) -> list[str]:
@@ -84,7 +100,8 @@ def _md_table(table: Table, max_rows: int) -> list[str]:
     lines = ["| " + " | ".join(_md(c) for c in table.columns) + " |",
              "|" + "|".join(" --- " for _ in table.columns) + "|"]
     for row in table.rows[:max_rows]:
-        lines.append("| " + " | ".join(_md(v) for v in row) + " |")
+        keys = (row[0], row[0]) if table.columns == ("key", "value") else table.columns  # a fact names itself
+        lines.append("| " + " | ".join(_md(v, c) for v, c in zip(row, keys, strict=True)) + " |")
     if len(table.rows) > max_rows:
         lines.append("")
         lines.append(f"_{len(table.rows) - max_rows} more rows in the JSON or HTML report._")

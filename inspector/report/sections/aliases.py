@@ -7,8 +7,9 @@ from typing import Any
 from ...aliases import CONVERSIONS, alias_analysis, conversion_table, graph_data
 from ...findings import InspectorError
 from ...summary import model_bytes
+from ...units import format_bytes
 from ..data import Section, Table, make_figure, plain
-from ..options import SECTION_TITLES
+from ..options import SECTION_TITLES, how_to
 from .context import Context
 
 
@@ -39,18 +40,25 @@ def aliases_section(ctx: Context) -> Section:
                    tables=tuple(tables), figures=figures, findings=tuple(analysis.findings))
 
 
+def _on_cuda(model) -> bool:
+    return any(t.device.type == "cuda" for t in (*model.parameters(), *model.buffers()))
+
+
 def _conversions(ctx: Context, notes: list[str]) -> list[str]:
     choice = ctx.options["conversions"]
     if not choice:
         return []
     known = list(CONVERSIONS)
+    if choice in ("all", "auto") and not _on_cuda(ctx.model):
+        known.remove("cuda")
+        notes.append("Module.cuda() left out: the model is not on a CUDA device")
     if choice == "all":
         return known
     if choice == "auto":
         size, limit = model_bytes(ctx.model), int(ctx.options["conversion_max_bytes"])
         if size > limit:
-            notes.append(f"conversion checks left out: each copies the model ({size} bytes, more than "
-                         f"conversion_max_bytes={limit}); pass conversions='all' or a list to run them")
+            notes.append(f"conversion checks left out: each copies the model ({format_bytes(size)}, more than "
+                         f"the {format_bytes(limit)} checked by default); {how_to(ctx.options, 'conversions')}")
             return []
         return known
     names = [choice] if isinstance(choice, str) else list(choice)

@@ -8,8 +8,9 @@ from __future__ import annotations
 from typing import Any
 
 from ...summary import model_bytes
+from ...units import format_bytes
 from ..data import ReportFigure, Section, Table, make_figure, plain
-from ..options import SECTION_TITLES
+from ..options import SECTION_TITLES, how_to
 from .context import Context, SectionUnavailable
 
 
@@ -54,7 +55,7 @@ def _check_size(ctx: Context) -> None:
     size = model_bytes(ctx.model)
     if limit is not None and ctx.loaded.input_device().type == "cpu" and size > int(limit):
         raise SectionUnavailable(
-            f"attribution left out: the model has {size} bytes on the CPU, more than "
-            f"attribution_cpu_max_bytes={int(limit)}; Integrated Gradients runs about 50 forward and "
-            "backward passes of it. Load it on a GPU, or pass attribution_cpu_max_bytes=None "
-            "(and perhaps a small attribution_steps) to run it here.")
+            f"attribution left out: the model holds {format_bytes(size)} on the CPU, more than the "
+            f"{format_bytes(int(limit))} attributed there by default; Integrated Gradients runs about 50 "
+            f"forward and backward passes of it. Load it on a GPU, or "
+            f"{how_to(ctx.options, 'attribution_cpu_max_bytes')}.")

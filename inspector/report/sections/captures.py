@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from ...capture import capture_activations
+from ...units import format_bytes
 from ..data import Section, Table, make_figure, plain
 from ..options import SECTION_TITLES
 from .context import Context
@@ -14,8 +15,9 @@ def captures_section(ctx: Context) -> Section:
     inputs = ctx.loaded.example_inputs(int(ctx.options["batch_size"]))
     caps = capture_activations(ctx.model, inputs, store_on="cpu",
                                max_bytes=ctx.options["capture_max_bytes"])
-    facts = {"captured": len(caps.outputs), "bytes": caps.total_bytes,
-             "mutated": sorted(caps.mutated), "skipped": len(caps.skipped)}
+    facts = {"captured": len(caps.outputs), "bytes": caps.total_bytes, "size": format_bytes(caps.total_bytes),
+             "mutated": len(caps.mutated), "mutated_modules": ", ".join(sorted(caps.mutated)) or "none",
+             "skipped": len(caps.skipped)}
     tables = [Table.from_frame("Captured outputs (detached copies)", caps.stats,
                                "statistics of each copy; mutated: the live output was changed in place "
                                "after the capture")]

@@ -7,7 +7,7 @@ from typing import Any
 
 from ...compare import WeightComparison, compare
 from ..data import Section, Table, make_figure, plain
-from ..options import SECTION_TITLES
+from ..options import SECTION_TITLES, how_to
 from .context import Context, SectionUnavailable
 
 TENSOR_TABLE_COLUMNS = ["name", "name_b", "status", "shape_a", "shape_b", "dtype_a", "dtype_b", "device_a",
@@ -19,8 +19,7 @@ def compare_section(ctx: Context) -> Section:
     """Compare the report's model with ``compare_with`` (a source, a checkpoint file or folder)."""
     other = ctx.options["compare_with"]
     if other is None:
-        raise SectionUnavailable("nothing to compare with: pass compare_with=<a source, checkpoint file or "
-                                 "folder> (the command line's --compare-with)")
+        raise SectionUnavailable(f"nothing to compare with: {how_to(ctx.options, 'compare_with')}")
     with ctx.loaded.lock:
         result = compare(ctx.loaded, other, device=str(ctx.loaded.device), progress=ctx.progress)
     assert isinstance(result, WeightComparison)

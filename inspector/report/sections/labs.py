@@ -9,14 +9,14 @@ from typing import Any
 from ...findings import Finding
 from ...labs import get_lab, lab_results
 from ..data import Section, Table
-from ..options import SECTION_TITLES
+from ..options import SECTION_TITLES, how_to
 from .context import Context, SectionUnavailable
 
 
 def labs_section(ctx: Context) -> Section:
     lab = ctx.options["lab"]
     if lab is None:
-        raise SectionUnavailable("no lab results: the Labs page (or lab=..., lab_progress=...) adds them")
+        raise SectionUnavailable(f"no lab results: {how_to(ctx.options, 'lab')}")
     if isinstance(lab, str):
         lab = get_lab(lab)
     return lab_section(lab_results(lab, ctx.options["lab_progress"] or {}, ctx.options["student"] or ""))

@@ -6,7 +6,7 @@ from typing import Any
 
 from ...offsets import gradient_report, loss_gradients, offset_findings, offset_map
 from ..data import ReportFigure, Section, Table, make_figure, plain
-from ..options import SECTION_TITLES
+from ..options import SECTION_TITLES, how_to
 from .context import Context
 
 
@@ -52,7 +52,7 @@ def _gradients(ctx: Context, notes: list[str]) -> Any:
         if given is None and any(p.grad is not None for p in model.parameters()):
             with ctx.loaded.lock:
                 return gradient_report(model)
-        notes.append("no gradients yet: gradient norms left out (pass backward=True for one backward pass)")
+        notes.append(f"no gradients yet: gradient norms left out ({how_to(ctx.options, 'backward')})")
         return None
     result = loss_gradients(ctx.loaded, batch_size=int(ctx.options["batch_size"]))
     with ctx.loaded.lock:

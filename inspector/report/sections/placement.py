@@ -6,7 +6,8 @@ import warnings
 from typing import Any
 
 from ...distributed.analyses import sharding_tables
-from ...placement import compare_with_accelerate, format_max_memory, placement_findings, placement_table
+from ...placement import compare_with_accelerate, placement_findings, placement_table
+from ...units import format_budget
 from ..data import ReportFigure, Section, Table, make_figure, plain
 from ..options import SECTION_TITLES
 from .context import Context
@@ -46,7 +47,7 @@ def _plan(ctx: Context, budget: Any, facts: dict[str, Any]
         warnings.filterwarnings("ignore", category=UserWarning, module="accelerate")
         comparison = compare_with_accelerate(ctx.model, budget)
     plan = comparison.ours
-    facts.update({"budget": format_max_memory(plan.budget), "map_keys": len(plan.device_map),
+    facts.update({"budget": format_budget(plan.budget), "map_keys": len(plan.device_map),
                   "accelerate_check": "passed" if comparison.our_check is None else comparison.our_check,
                   "accelerate_infer_auto_device_map_check": "passed" if comparison.accelerate_check is None
                   else comparison.accelerate_check,
