@@ -28,7 +28,7 @@ from .aliases import (
 )
 from .attribution import METHODS, Attribution, AttributionResult, attribute, methods_for
 from .capture import Captures, capture_activations, capturing, reference_drift, select_modules
-from .compare import RunComparison, WeightComparison, compare
+from .comparison import RunComparison, WeightComparison, compare
 from .devices import DeviceInfo, available_devices, device_names, move_model
 from .distributed.report import run_report
 from .findings import Finding, InspectorError, sort_findings

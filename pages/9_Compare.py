@@ -7,7 +7,7 @@ import os
 import streamlit as st
 
 from inspector import InspectorError, compare
-from inspector.compare import RunComparison, WeightComparison, compare_runs
+from inspector.comparison import RunComparison, WeightComparison, compare_runs
 from inspector.escaping import markdown_text
 from inspector.figures import module_change_bars, run_divergence_figure
 from inspector.watch import parse_run_bytes, read_run

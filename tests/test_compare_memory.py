@@ -23,7 +23,7 @@ SCRIPT = r"""
 import gc, json, sys
 import torch
 from safetensors.torch import load_file
-from inspector.compare import compare
+from inspector import compare
 
 def status(key):
     for line in open("/proc/self/status"):

@@ -7,7 +7,7 @@ from typing import Any
 
 from .. import cli_types as types
 from ..cli_common import default_device, print_findings, print_table, progress, say, write_json
-from ..compare import RunComparison, WeightComparison, compare
+from ..comparison import RunComparison, WeightComparison, compare
 
 HELP = ("compare two models or checkpoints (sample:, FILE.py:factory, hf:, .safetensors/.pt/.bin, "
         "torch.distributed.checkpoint folders) tensor by tensor, or two run files step by step")

@@ -52,7 +52,7 @@ first block (`blocks[-2]`, i.e. `blocks.0`) is in no parameter group. Loop over
 
 
 def build() -> Scenario:
-    from ..compare import compare
+    from ..comparison import compare
 
     loaded = load_model("sample:fsdp-mlp")
     base = copy.deepcopy(loaded.model)

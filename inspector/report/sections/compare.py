@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from ...compare import WeightComparison, compare
+from ...comparison import WeightComparison, compare
 from ..data import Section, Table, make_figure, plain
 from ..options import SECTION_TITLES, how_to
 from .context import Context, SectionUnavailable
