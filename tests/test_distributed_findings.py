@@ -81,9 +81,10 @@ def test_check_step_in_one_process_writes_a_line_per_step(tmp_path):
 
 
 def test_a_line_that_is_not_a_record_is_named():
+    record = ('{"format": "inspector-distributed", "step": 0, "world_size": 1, "ranks": [], '
+              '"tensors": [], "global": {}}')
     with pytest.raises(InspectorError, match="run.jsonl line 2 is not JSON"):
-        parse_run('{"format": "inspector-distributed", "step": 0, "world_size": 1, "ranks": [], '
-                  '"tensors": [], "global": {}}\n{oops', "run.jsonl")
+        parse_run(record + "\n{oops\n" + record, "run.jsonl")
     with pytest.raises(InspectorError, match="x.jsonl holds no step records"):
         parse_run("\n", "x.jsonl")
 

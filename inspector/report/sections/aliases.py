@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from ...aliases import CONVERSIONS, alias_analysis, conversion_table, graph_data
+from ...distributed import model_has_dtensors
 from ...findings import InspectorError
 from ...summary import model_bytes
 from ..data import Section, Table, make_figure, plain
@@ -44,6 +45,11 @@ def _conversions(ctx: Context, notes: list[str]) -> list[str]:
     if not choice:
         return []
     known = list(CONVERSIONS)
+    if model_has_dtensors(ctx.model):
+        notes.append("conversion checks skipped: the parameters are DTensors (FSDP2 or tensor parallel) and each "
+                     "check converts a copy of the model, which a sharded module cannot make; run them on the "
+                     "model before sharding it")
+        return []
     if choice == "all":
         return known
     if choice == "auto":
