@@ -62,22 +62,28 @@ class StepCheck:
         return not any(f.severity in ("error", "warning") for f in self.findings)
 
 
-def _unique(model: nn.Module) -> list[tuple[str, str, torch.Tensor]]:
+def _unique(model: nn.Module) -> tuple[list[tuple[str, str, torch.Tensor]], list[tuple[dict, int]]]:
+    """Each parameter then buffer once (first name), and every registry dict walked with its size:
+    while each dict holds the same objects in the same number, the list is still right."""
     seen: set[int] = set()
     out = []
+    registries: list[tuple[dict, int]] = []
+    for module in model.modules():
+        for reg in (module._modules, module._parameters, module._buffers):
+            registries.append((reg, len(reg)))
     for kind, items in (("parameter", model.named_parameters()), ("buffer", model.named_buffers())):
         for name, t in items:
             if id(t) not in seen:
                 seen.add(id(t))
                 out.append((name, kind, t))
-    return out
+    return out, registries
 
 
 @dataclass
 class _Plan:
     """What does not change between steps, for one model and world size."""
 
-    ids: tuple[int, ...]
+    registries: list[tuple[dict, int, tuple[int, ...]]]
     world: int
     tensors: list[tuple[str, str, torch.Tensor]]
     dtensor: list[bool]
@@ -85,6 +91,23 @@ class _Plan:
     holders: list[float]
     static: list[dict[str, Any]]
     resync: str
+    is_param: list[bool]
+    sizes: list[int]          # element sizes
+    flats: list[torch.Tensor | None] = field(default_factory=list)   # 1-D views of the local pieces
+    pointers: list[int] = field(default_factory=list)                # their data pointers when made
+
+    def valid(self, world: int, resync: str) -> bool:
+        """Whether the model still holds the same modules, parameters and buffers."""
+        return (self.world, self.resync) == (world, resync) and all(
+            len(reg) == n and tuple(map(id, reg.values())) == ids for reg, n, ids in self.registries)
+
+    def local_flats(self, pieces: list[torch.Tensor]) -> list[torch.Tensor | None]:
+        """1-D views of ``pieces``, remade when a piece's storage changed (``p.data = ...``)."""
+        pointers = [p.data_ptr() if p.layout == torch.strided else 0 for p in pieces]
+        if pointers != self.pointers:
+            self.flats = [digest.flat(p) if p.layout == torch.strided else None for p in pieces]
+            self.pointers = pointers
+        return self.flats
 
 
 _plans: weakref.WeakKeyDictionary[nn.Module, _Plan] = weakref.WeakKeyDictionary()
@@ -99,20 +122,21 @@ def _resync(model: nn.Module) -> str:
 
 def _plan(model: nn.Module, world: int) -> _Plan:
     inner = underlying(model)  # DDP / torch.compile: the names the user wrote
-    tensors = _unique(inner)
-    ids = tuple(id(t) for _, _, t in tensors)
-    cached = _plans.get(inner)
     resync = _resync(model)
-    if cached is not None and (cached.ids, cached.world, cached.resync) == (ids, world, resync):
+    cached = _plans.get(inner)
+    if cached is not None and cached.valid(world, resync):
         return cached
+    tensors, registries = _unique(inner)
     static = [{
         "name": name, "kind": kind, "placements": placements_text(t),
         "mesh": list(t.device_mesh.shape) if is_dtensor(t) else [],
         "shape": list(t.shape), "numel": t.numel(), "dtype": str(t.dtype).removeprefix("torch."),
         "requires_grad": False, "resync": resync if kind == "buffer" else "",
     } for name, kind, t in tensors]
-    plan = _Plan(ids, world, tensors, [is_dtensor(t) for _, _, t in tensors],
-                 [replica_key(t, world) for _, _, t in tensors], [holders(t, world) for _, _, t in tensors], static, resync)
+    plan = _Plan([(reg, n, tuple(map(id, reg.values()))) for reg, n in registries], world, tensors,
+                 [is_dtensor(t) for _, _, t in tensors], [replica_key(t, world) for _, _, t in tensors],
+                 [holders(t, world) for _, _, t in tensors], static, resync,
+                 [k == "parameter" for _, k, _ in tensors], [t.element_size() for _, _, t in tensors])
     _plans[inner] = plan
     return plan
 
@@ -179,7 +203,7 @@ def _local_numbers(plan: _Plan, call: int, with_hashes: bool) -> tuple[torch.Ten
         if g.layout == torch.strided and g.numel():
             grads[i] = g
     _grad_squares(grads, stats)
-    flats = [digest.flat(p) if p.layout == torch.strided else None for p in pieces]
+    flats = plan.local_flats(pieces)
     ranges = [digest.part(f.numel(), call) if f is not None else (0, 0) for f in flats]
     parts = [f[a:b] if f is not None else None for f, (a, b) in zip(flats, ranges, strict=True)]
     full = any(stats[i][1] or stats[i][2] for i in grads)  # non-finite gradients: read every value
@@ -270,15 +294,16 @@ def collect(model: nn.Module, step: int = 0, *, group: Any = None, note: str = "
     world = dist.get_world_size(group) if initialised else 1
     rank = dist.get_rank(group) if initialised else 0
     plan = _plan(model, world)
-    call = next_call(group) if initialised else 0
+    call = next_call(group)
     if initialised:
         agree(group, rank, world, {"step": int(step), "call": call, "tensors": len(plan.tensors)}, timeout)
     device = _collective_device(group) if initialised else torch.device("cpu")
     stats, hash_values, factors = _local_numbers(plan, call, hashes)
-    grad_bytes = sum(int(stats[i, 3]) * t.element_size() for i, (_, k, t) in enumerate(plan.tensors)
-                     if k == "parameter" and t.grad is not None)
-    param_bytes = sum(int(stats[i, 3]) * t.element_size() for i, (_, k, t) in enumerate(plan.tensors) if k == "parameter")
-    buffer_bytes = sum(int(stats[i, 3]) * t.element_size() for i, (_, k, t) in enumerate(plan.tensors) if k == "buffer")
+    numel = stats[:, 3].tolist()
+    sizes = [n * e for n, e in zip(numel, plan.sizes, strict=True)]
+    grad_bytes = sum(b for b, (_, k, t) in zip(sizes, plan.tensors, strict=True) if k == "parameter" and t.grad is not None)
+    param_bytes = sum(b for b, p in zip(sizes, plan.is_param, strict=True) if p)
+    buffer_bytes = sum(sizes) - param_bytes
     first = next((t for _, _, t in plan.tensors), None)
     own = [float(param_bytes), float(grad_bytes), float(buffer_bytes)] + \
         _memory(first.device if first is not None else torch.device("cpu")) + _loss_value(loss)

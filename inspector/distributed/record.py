@@ -28,56 +28,48 @@ def build_record(static: list[dict[str, Any]], holders: list[float], per_tensor:
     ``static``: per tensor, the fields that do not change between steps; ``holders``: how many
     ranks hold each element of each gradient (NaN: a plain tensor, 0: a ``Partial`` one).
     """
-    pt = per_tensor.tolist()    # [rank][tensor][stat]
-    hs = hashes.tolist()        # [rank][tensor][2]
-    ranks_ = range(world)
-    rows = []
-    total_sq = 0.0
-    global_nonfinite = 0
-    for i, fixed in enumerate(static):
-        sq = [pt[r][i][0] for r in ranks_]
-        nan = [int(pt[r][i][1]) for r in ranks_]
-        inf = [int(pt[r][i][2]) for r in ranks_]
-        has_grad = any(pt[r][i][4] > 0 for r in ranks_)
-        factor = holders[i]
-        if not has_grad or factor == 0.0:
-            gsq = math.nan
-        elif math.isnan(factor):
-            gsq = sq[0]
-        else:  # each element is held by `factor` ranks: the sum over ranks counts it that often
-            gsq = sum(sq) / factor
-        if has_grad:  # a NaN gradient makes the total NaN, as in clip_grad_norm_; so does a Partial one
-            total_sq += gsq
-        global_nonfinite += sum(nan) + sum(inf)
-        rows.append({
-            **fixed, "has_grad": has_grad,
-            "local_numel": [int(pt[r][i][3]) for r in ranks_],
-            "grad_norm": math.sqrt(gsq) if has_grad and gsq >= 0 else None,
-            "local_grad_norm": [math.sqrt(v) if has_grad and v >= 0 else None for v in sq],
-            "nan": nan, "inf": inf,
-            "value_nan": [int(pt[r][i][6]) for r in ranks_], "value_inf": [int(pt[r][i][7]) for r in ranks_],
-            "replica_key": [int(pt[r][i][5]) for r in ranks_],
-            "hash": [hs[r][i] for r in ranks_],
-        })
+    n = len(static)
+    cols = per_tensor.permute(2, 1, 0)                      # [stat][tensor][rank]
+    sq = cols[0]
+    has = (cols[4] > 0).any(dim=1).tolist()
+    factor = torch.tensor(holders, dtype=torch.float64)
+    # each element is held by `factor` ranks: the sum over ranks counts it that often; a plain
+    # tensor (NaN factor): rank 0's copy; a Partial one (0): unknown
+    gsq = torch.where(factor.isnan(), sq[:, 0] if world else torch.zeros(n, dtype=torch.float64),
+                      sq.sum(dim=1) / factor.where(factor > 0, torch.ones_like(factor)))
+    gsq = gsq.where(factor != 0, torch.full_like(gsq, math.nan))
+    has_t = torch.tensor(has, dtype=torch.bool)
+    total_sq = float(gsq[has_t].sum()) if n else 0.0  # a NaN gradient makes the total NaN, as in clip_grad_norm_
+    grad_norm = [math.sqrt(v) if h and v >= 0 else None for v, h in zip(gsq.tolist(), has, strict=True)]
+    local = [[math.sqrt(v) if h and v >= 0 else None for v in row] for row, h in zip(sq.tolist(), has, strict=True)]
+    ints = cols[[1, 2, 3, 5, 6, 7]].long().contiguous().tolist()
+    nan, inf, numel, keys, vnan, vinf = ints
+    hs = hashes.permute(1, 0, 2).tolist()    # [tensor][rank][2]
+    rows = [{**fixed, "has_grad": has[i], "local_numel": numel[i], "grad_norm": grad_norm[i],
+             "local_grad_norm": local[i], "nan": nan[i], "inf": inf[i], "value_nan": vnan[i],
+             "value_inf": vinf[i], "replica_key": keys[i], "hash": hs[i]}
+            for i, fixed in enumerate(static)]
+    global_nonfinite = int(cols[1].sum() + cols[2].sum()) if n else 0
+    is_param = torch.tensor([s["kind"] == "parameter" for s in static], dtype=torch.bool)
+    sums = torch.stack([sq[is_param].sum(dim=0), (cols[1] + cols[2]).sum(dim=0), (cols[6] + cols[7]).sum(dim=0),
+                        cols[3][is_param].sum(dim=0)]).T.tolist() if n else [[0.0] * 4] * world
     return {
         "format": FORMAT, "version": VERSION, "step": int(step), "time": time.time(),
         "world_size": world, "backend": backend, "note": note,
         "global": {"grad_norm": math.sqrt(total_sq), "nonfinite": global_nonfinite,
                    "param_numel": sum(r["numel"] for r in rows if r["kind"] == "parameter")},
-        "ranks": [_rank(r, pt[r], per_rank[r].tolist(), static) for r in ranks_], "tensors": rows,
+        "ranks": [_rank(r, sums[r], per_rank[r].tolist(), bool(is_param.any())) for r in range(world)],
+        "tensors": rows,
     }
 
 
-def _rank(r: int, stats: list[list[float]], own: list[float], static: list[dict[str, Any]]) -> dict[str, Any]:
-    is_param = [s["kind"] == "parameter" for s in static]
-    sq = sum(row[0] for row, p in zip(stats, is_param, strict=True) if p)
+def _rank(r: int, sums: list[float], own: list[float], has_params: bool) -> dict[str, Any]:
+    sq, nonfinite, value_nonfinite, numel = sums
     pb, gb, bb, alloc, peak, rss, peak_rss, loss, has_loss = own
     return {
         "rank": r,
-        "grad_norm": math.sqrt(sq) if any(is_param) and sq >= 0 else None,
-        "nonfinite": int(sum(row[1] + row[2] for row in stats)),
-        "value_nonfinite": int(sum(row[6] + row[7] for row in stats)),
-        "param_numel": int(sum(row[3] for row, p in zip(stats, is_param, strict=True) if p)),
+        "grad_norm": math.sqrt(sq) if has_params and sq >= 0 else None,
+        "nonfinite": int(nonfinite), "value_nonfinite": int(value_nonfinite), "param_numel": int(numel),
         "param_bytes": int(pb), "grad_bytes": int(gb), "buffer_bytes": int(bb),
         "device_allocated": None if math.isnan(alloc) else int(alloc),
         "device_peak": None if math.isnan(peak) else int(peak),

@@ -31,6 +31,8 @@ def _store() -> Any:
 
 
 def _tag(group: Any) -> str:
+    if not (dist.is_available() and dist.is_initialized()):
+        return "inspector/check/local"
     return "inspector/check/" + ",".join(str(r) for r in dist.get_process_group_ranks(group or dist.group.WORLD))
 
 
@@ -71,13 +73,14 @@ def agree(group: Any, rank: int, world: int, fingerprint: dict[str, int], timeou
     differ = {r: f for r, f in seen.items() if f is not None and
               (f["step"], f["tensors"]) != (fingerprint["step"], fingerprint["tensors"])}
     if differ:
-        where = "; ".join(f"rank {r} is at step {f['step']} with {f['tensors']} tensors" for r, f in differ.items())
-        behind = min([(f["step"], r) for r, f in differ.items()] + [(fingerprint["step"], rank)])[1]
+        where = "; ".join(f"rank {r} made it at step {f['step']} with {f['tensors']} tensors"
+                          for r, f in differ.items())
+        later = max([(f["step"], r) for r, f in differ.items()] + [(fingerprint["step"], rank)])[1]
         raise InspectorError(
             f"check_step call {call} on rank {rank} is at step {fingerprint['step']} with "
             f"{fingerprint['tensors']} tensors, but {where}. Every rank must call check_step at the same "
-            f"steps on the same model; rank {behind} is behind (it skipped a call or checks another model). "
-            "No collective was started.")
+            f"steps on the same model: rank {later}, at the later step, skipped a call at an earlier step "
+            "(or the ranks check different models). No collective was started.")
     if call > 1:
         store.delete_key(f"{tag}/{call - 1}/{rank}")  # every rank has read it: they all reached this call
 
