@@ -13,7 +13,8 @@ and under DDP), each rank times, interleaved and as medians:
 - ``check_step, no hashes``: the same with value hashing off (``collect(..., hashes=False)``),
   to show what hashing costs.
 
-Rank 0 prints milliseconds and the ratios check / train step and check / clip_grad_norm_.
+Rank 0 prints milliseconds (wall clock and this process's CPU time) and the ratios check / train
+step and check / clip_grad_norm_.
 Target: the check under 5% of the training step on ``many``. Where CUDA is available,
 ``--device cuda`` runs world size 1 on NCCL. Run: ``python benchmarks/bench_distributed.py
 [--repeats N] [--world-size 2] [--device cpu|cuda]``.
@@ -95,7 +96,25 @@ def _bench(factory: str, device: torch.device, repeats: int, batch_size: int, wr
         "check_step": lambda: check_step(model, 0, path=None),
         "check_step, no hashes": lambda: collect(model, 0, hashes=False),
     }
-    return interleaved(fns, repeats, sync) | {"parameters": sum(p.numel() for p in model.parameters())}
+    wall = interleaved(fns, repeats, sync)
+    cpu = _cpu_medians(fns, repeats, sync)
+    return wall | {f"cpu {k}": v for k, v in cpu.items()} | {"parameters": sum(p.numel() for p in model.parameters())}
+
+
+def _cpu_medians(fns: dict, repeats: int, sync) -> dict[str, float]:
+    """Median CPU seconds of this process per call (interleaved): the cost without the waits a
+    shared machine adds to the wall clock (a rank descheduled while the other waits for it)."""
+    import statistics
+    import time
+
+    times: dict[str, list[float]] = {k: [] for k in fns}
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            sync()
+            t = time.process_time()
+            fn()
+            times[name].append(time.process_time() - t)
+    return {k: statistics.median(v) for k, v in times.items()}
 
 
 def _worker(rank: int, world: int, port: int, args: argparse.Namespace) -> None:
@@ -117,10 +136,13 @@ def _worker(rank: int, world: int, port: int, args: argparse.Namespace) -> None:
                 print(f"\n{factory} {wrap} ({result['parameters']:,} parameters, batch {batch} per rank, world {world}, "
                       f"{backend}, {args.repeats} repeats, medians)")
                 for name in ("train step", "clip_grad_norm_", "check_step", "check_step, no hashes"):
-                    print(f"  {name:24} {result[name] * 1e3:9.3f} ms")
+                    print(f"  {name:24} {result[name] * 1e3:9.3f} ms wall  {result['cpu ' + name] * 1e3:9.3f} ms CPU")
                 print(f"  check_step / train step       {check / step:7.3f}x")
                 print(f"  check_step / clip_grad_norm_  {check / result['clip_grad_norm_']:7.3f}x")
                 print(f"  no-hash check / train step    {result['check_step, no hashes'] / step:7.3f}x")
+                cpu_step, cpu_check = result["cpu train step"], result["cpu check_step"]
+                print(f"  by CPU time: check_step / train step {cpu_check / cpu_step:7.3f}x, "
+                      f"clip_grad_norm_ / train step {result['cpu clip_grad_norm_'] / cpu_step:7.3f}x")
     finally:
         dist.destroy_process_group()
 

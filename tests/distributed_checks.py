@@ -102,9 +102,9 @@ def ddp_batchnorm(rank: int) -> dict:
 
 def nonfinite(rank: int) -> dict:
     """An Inf written into rank 1's FSDP shard; a NaN batch on rank 1 under DDP (with loss=)."""
+    from distributed_worker import _backward, _fsdp_model
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from distributed_worker import _backward, _fsdp_model
     from inspector.distributed import check_step
 
     res = {}
@@ -128,6 +128,7 @@ def nonfinite(rank: int) -> dict:
 def far_off(rank: int) -> dict:
     """Rank 1 scales its FSDP gradient pieces by 0.01: with 2 ranks no majority says which is off."""
     from distributed_worker import _backward, _fsdp_model
+
     from inspector.distributed import check_step
 
     model = _fsdp_model()
@@ -174,8 +175,9 @@ def hash_edits(rank: int) -> dict:
 
 def report_on_fsdp(rank: int) -> dict:
     """build_report with its default options on an FSDP2 model: no deepcopy of a sharded module."""
-    import inspector
     from distributed_worker import _fsdp_model
+
+    import inspector
     from inspector.aliases import conversion_check
     from inspector.models import LoadedModel
     from sample_models.fsdp import example_inputs, loss

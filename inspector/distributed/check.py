@@ -19,11 +19,16 @@ Parameter values are read whole when a gradient is not finite, to name where it 
 
 from __future__ import annotations
 
+import gc
 import math
+import operator
 import os
 import resource
 import weakref
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
+from itertools import chain
 from typing import Any
 
 import torch
@@ -83,7 +88,9 @@ def _unique(model: nn.Module) -> tuple[list[tuple[str, str, torch.Tensor]], list
 class _Plan:
     """What does not change between steps, for one model and world size."""
 
-    registries: list[tuple[dict, int, tuple[int, ...]]]
+    registries: list[dict]
+    sizes_of_registries: list[int]
+    held: list[Any]           # every object the registries held, in order
     world: int
     tensors: list[tuple[str, str, torch.Tensor]]
     dtensor: list[bool]
@@ -98,8 +105,9 @@ class _Plan:
 
     def valid(self, world: int, resync: str) -> bool:
         """Whether the model still holds the same modules, parameters and buffers."""
-        return (self.world, self.resync) == (world, resync) and all(
-            len(reg) == n and tuple(map(id, reg.values())) == ids for reg, n, ids in self.registries)
+        return (self.world, self.resync) == (world, resync) and \
+            list(map(len, self.registries)) == self.sizes_of_registries and \
+            all(map(operator.is_, chain.from_iterable(r.values() for r in self.registries), self.held))
 
     def local_flats(self, pieces: list[torch.Tensor]) -> list[torch.Tensor | None]:
         """1-D views of ``pieces``, remade when a piece's storage changed (``p.data = ...``)."""
@@ -133,7 +141,8 @@ def _plan(model: nn.Module, world: int) -> _Plan:
         "shape": list(t.shape), "numel": t.numel(), "dtype": str(t.dtype).removeprefix("torch."),
         "requires_grad": False, "resync": resync if kind == "buffer" else "",
     } for name, kind, t in tensors]
-    plan = _Plan([(reg, n, tuple(map(id, reg.values()))) for reg, n in registries], world, tensors,
+    regs = [reg for reg, _ in registries]
+    plan = _Plan(regs, [n for _, n in registries], list(chain.from_iterable(r.values() for r in regs)), world, tensors,
                  [is_dtensor(t) for _, _, t in tensors], [replica_key(t, world) for _, _, t in tensors],
                  [holders(t, world) for _, _, t in tensors], static, resync,
                  [k == "parameter" for _, k, _ in tensors], [t.element_size() for _, _, t in tensors])
@@ -196,7 +205,7 @@ def _local_numbers(plan: _Plan, call: int, with_hashes: bool) -> tuple[torch.Ten
         if g is None:
             continue
         row[4] = 1
-        if is_dtensor(g):
+        if plan.dtensor[i]:
             if g.placements != t.placements:  # type: ignore[attr-defined]
                 factors[i] = holders(g, plan.world)
             g = g._local_tensor  # type: ignore[attr-defined]
@@ -207,7 +216,10 @@ def _local_numbers(plan: _Plan, call: int, with_hashes: bool) -> tuple[torch.Ten
     ranges = [digest.part(f.numel(), call) if f is not None else (0, 0) for f in flats]
     parts = [f[a:b] if f is not None else None for f, (a, b) in zip(flats, ranges, strict=True)]
     full = any(stats[i][1] or stats[i][2] for i in grads)  # non-finite gradients: read every value
-    checked = [(i, flats[i] if full else p) for i, p in enumerate(parts) if p is not None]
+    checked: list[tuple[int, torch.Tensor]] = []
+    for i, (f, p) in enumerate(zip(flats, parts, strict=True)):
+        if f is not None and p is not None:
+            checked.append((i, f if full else p))
     for (i, _), (nan, inf) in zip(checked, digest.nonfinite_counts([v for _, v in checked]), strict=True):
         stats[i][6], stats[i][7] = nan, inf
     hash_tensor = torch.zeros(len(pieces), 2, dtype=torch.int64)
@@ -269,12 +281,31 @@ def check_step(model: nn.Module, step: int, path: str | os.PathLike | None = "in
     >>> check_step(m, 0, path=None).record["global"]["grad_norm"] > 0
     True
     """
-    record, rank, world = collect(model, step, group=group, note=note, loss=loss, timeout=timeout)
-    findings = step_findings(record, far_factor=far_factor)
-    record["findings"] = [f.to_dict() for f in findings]
+    with _collector_paused():
+        record, rank, world = collect(model, step, group=group, note=note, loss=loss, timeout=timeout)
+        findings = step_findings(record, far_factor=far_factor)
+        record["findings"] = [f.to_dict() for f in findings]
     if rank == 0 and path is not None:
         append_record(path, record)
     return StepCheck(step, rank, world, record, findings)
+
+
+@contextmanager
+def _collector_paused() -> Iterator[None]:
+    """Python's cyclic garbage collector off while the record's small lists and dicts are made.
+
+    A record holds a few containers per tensor; made with the collector on, they trigger
+    collections that walk every object of the process (a training process holds hundreds of
+    thousands), which cost more than the check itself. Reference counting still frees
+    everything; the collector's state is put back as it was.
+    """
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
 
 
 def _loss_value(loss: Any) -> list[float]:

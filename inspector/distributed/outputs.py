@@ -42,7 +42,7 @@ def _recorder(name: str, seen: dict[str, dict[str, Any]]) -> Any:
             mesh = output.device_mesh
             seen[name] = {"placements": placements_text(output), "mesh": tuple(mesh.shape),
                           "coordinate": mesh.get_coordinate(), "shape": tuple(output.shape),
-                          "local_shape": tuple(output._local_tensor.shape)}  # type: ignore[attr-defined]
+                          "local_shape": tuple(output._local_tensor.shape)}
     return hook
 
 

@@ -29,7 +29,7 @@ def build_record(static: list[dict[str, Any]], holders: list[float], per_tensor:
     ranks hold each element of each gradient (NaN: a plain tensor, 0: a ``Partial`` one).
     """
     n = len(static)
-    cols = per_tensor.permute(2, 1, 0)                      # [stat][tensor][rank]
+    cols = per_tensor.permute(2, 1, 0).contiguous()         # [stat][tensor][rank]
     sq = cols[0]
     has = (cols[4] > 0).any(dim=1).tolist()
     factor = torch.tensor(holders, dtype=torch.float64)
@@ -41,10 +41,10 @@ def build_record(static: list[dict[str, Any]], holders: list[float], per_tensor:
     has_t = torch.tensor(has, dtype=torch.bool)
     total_sq = float(gsq[has_t].sum()) if n else 0.0  # a NaN gradient makes the total NaN, as in clip_grad_norm_
     grad_norm = [math.sqrt(v) if h and v >= 0 else None for v, h in zip(gsq.tolist(), has, strict=True)]
-    local = [[math.sqrt(v) if h and v >= 0 else None for v in row] for row, h in zip(sq.tolist(), has, strict=True)]
-    ints = cols[[1, 2, 3, 5, 6, 7]].long().contiguous().tolist()
-    nan, inf, numel, keys, vnan, vinf = ints
-    hs = hashes.permute(1, 0, 2).tolist()    # [tensor][rank][2]
+    local = [[math.sqrt(v) if h and v >= 0 else None for v in row] for row, h in zip(_per_tensor(sq), has, strict=True)]
+    nan, inf, numel, keys, vnan, vinf = (_per_tensor(cols[k].long()) for k in (1, 2, 3, 5, 6, 7))
+    hs = [list(map(list, zip(*pair, strict=True))) for pair in zip(*(_per_tensor(hashes[:, :, j].T) for j in range(2)),
+                                                                   strict=True)]  # [tensor][rank][2]
     rows = [{**fixed, "has_grad": has[i], "local_numel": numel[i], "grad_norm": grad_norm[i],
              "local_grad_norm": local[i], "nan": nan[i], "inf": inf[i], "value_nan": vnan[i],
              "value_inf": vinf[i], "replica_key": keys[i], "hash": hs[i]}
@@ -61,6 +61,12 @@ def build_record(static: list[dict[str, Any]], holders: list[float], per_tensor:
         "ranks": [_rank(r, sums[r], per_rank[r].tolist(), bool(is_param.any())) for r in range(world)],
         "tensors": rows,
     }
+
+
+def _per_tensor(columns: torch.Tensor) -> list[list[Any]]:
+    """An (n tensors, world) tensor as n lists of one number per rank (built from rows: fast)."""
+    return list(map(list, zip(*columns.T.contiguous().tolist(), strict=True))) if columns.numel() else \
+        [[] for _ in range(columns.shape[0])]
 
 
 def _rank(r: int, sums: list[float], own: list[float], has_params: bool) -> dict[str, Any]:

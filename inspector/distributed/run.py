@@ -117,9 +117,11 @@ def _parse_line(line: str, number: int, name: str) -> dict[str, Any]:
     except RecursionError:
         raise InspectorError(f"{name} line {number} nests brackets too deeply to be a check_step "
                              "record") from None
-    except ValueError as exc:
+    except json.JSONDecodeError as exc:
         raise InspectorError(f"{name} line {number} is not JSON ({exc}); a run file holds one "
                              "check_step record per line") from None
+    except ValueError as exc:  # NaN, Infinity, out-of-range numbers
+        raise InspectorError(f"{name} line {number} is not a valid check_step record: {exc}") from None
     if not isinstance(rec, dict) or rec.get("format") != FORMAT:
         raise InspectorError(f"{name} line {number} is not a check_step record (no "
                              f"\"format\": \"{FORMAT}\")")
@@ -137,7 +139,8 @@ def parse_run(text: str, name: str = "run file") -> DistributedRun:
     records: list[dict[str, Any]] = []
     notes: list[Finding] = []
     lines = text.lstrip("\ufeff").splitlines()
-    last = max((i for i, line in enumerate(lines) if line.strip()), default=-1)
+    # a run stopped while writing leaves a last line without its newline
+    last = len(lines) - 1 if text and not text.endswith(("\n", "\r")) else -1
     for number, line in enumerate(lines, 1):
         if not line.strip():
             continue

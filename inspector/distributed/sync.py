@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 from datetime import timedelta
-from typing import Any
+from typing import Any, NoReturn
 
 import torch.distributed as dist
 
@@ -50,6 +50,24 @@ def _read(store: Any, key: str) -> dict[str, int] | None:
         return None
 
 
+def _read_all(store: Any, keys: list[str]) -> list[dict[str, int] | None]:
+    """The fingerprints under ``keys`` (which exist): one round trip where the store can."""
+    try:
+        values = store.multi_get(keys) if hasattr(store, "multi_get") else [store.get(k) for k in keys]
+        return [json.loads(v) for v in values]
+    except (RuntimeError, ValueError):
+        return [_read(store, k) for k in keys]
+
+
+def _last(store: Any, tag: str, r: int, call: int) -> dict[str, int] | None:
+    """Rank ``r``'s latest fingerprint before ``call`` (each rank keeps its latest key)."""
+    for earlier in range(call - 1, max(call - 64, 0), -1):
+        found = _read(store, f"{tag}/{earlier}/{r}")
+        if found is not None:
+            return found
+    return None
+
+
 def agree(group: Any, rank: int, world: int, fingerprint: dict[str, int], timeout: float) -> None:
     """Publish this rank's fingerprint and wait up to ``timeout`` seconds for every other rank's.
 
@@ -61,15 +79,14 @@ def agree(group: Any, rank: int, world: int, fingerprint: dict[str, int], timeou
     if world == 1 or store is None:
         return
     tag, call = _tag(group), fingerprint["call"]
-    mine = json.dumps(fingerprint)
-    store.set(f"{tag}/{call}/{rank}", mine)
-    store.set(f"{tag}/last/{rank}", mine)
+    store.set(f"{tag}/{call}/{rank}", json.dumps(fingerprint))
     others = [r for r in range(world) if r != rank]
+    keys = [f"{tag}/{call}/{r}" for r in others]
     try:
-        store.wait([f"{tag}/{call}/{r}" for r in others], timedelta(seconds=timeout))
+        store.wait(keys, timedelta(seconds=timeout))
     except (RuntimeError, dist.DistError):
         _late(store, tag, rank, others, fingerprint, timeout)
-    seen = {r: _read(store, f"{tag}/{call}/{r}") for r in others}
+    seen = dict(zip(others, _read_all(store, keys), strict=True))
     differ = {r: f for r, f in seen.items() if f is not None and
               (f["step"], f["tensors"]) != (fingerprint["step"], fingerprint["tensors"])}
     if differ:
@@ -85,12 +102,13 @@ def agree(group: Any, rank: int, world: int, fingerprint: dict[str, int], timeou
         store.delete_key(f"{tag}/{call - 1}/{rank}")  # every rank has read it: they all reached this call
 
 
-def _late(store: Any, tag: str, rank: int, others: list[int], fingerprint: dict[str, int], timeout: float) -> None:
+def _late(store: Any, tag: str, rank: int, others: list[int], fingerprint: dict[str, int],
+          timeout: float) -> NoReturn:
     call = fingerprint["call"]
     missing = [r for r in others if not store.check([f"{tag}/{call}/{r}"])]
     parts = []
     for r in missing:
-        last = _read(store, f"{tag}/last/{r}")
+        last = _last(store, tag, r, call)
         parts.append(f"rank {r} " + (f"made {last['call']} call(s), the last at step {last['step']}" if last
                                      else "made no call yet"))
     raise InspectorError(
