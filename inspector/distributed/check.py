@@ -19,14 +19,11 @@ Parameter values are read whole when a gradient is not finite, to name where it 
 
 from __future__ import annotations
 
-import gc
 import math
 import operator
 import os
 import resource
 import weakref
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from itertools import chain
 from typing import Any
@@ -102,6 +99,7 @@ class _Plan:
     sizes: list[int]          # element sizes
     flats: list[torch.Tensor | None] = field(default_factory=list)   # 1-D views of the local pieces
     pointers: list[int] = field(default_factory=list)                # their data pointers when made
+    lengths: list[int] = field(default_factory=list)                 # their element counts
 
     def valid(self, world: int, resync: str) -> bool:
         """Whether the model still holds the same modules, parameters and buffers."""
@@ -115,6 +113,7 @@ class _Plan:
         if pointers != self.pointers:
             self.flats = [digest.flat(p) if p.layout == torch.strided else None for p in pieces]
             self.pointers = pointers
+            self.lengths = [f.numel() if f is not None else 0 for f in self.flats]
         return self.flats
 
 
@@ -213,7 +212,7 @@ def _local_numbers(plan: _Plan, call: int, with_hashes: bool) -> tuple[torch.Ten
             grads[i] = g
     _grad_squares(grads, stats)
     flats = plan.local_flats(pieces)
-    ranges = [digest.part(f.numel(), call) if f is not None else (0, 0) for f in flats]
+    ranges = [digest.part(n, call) for n in plan.lengths]
     parts = [f[a:b] if f is not None else None for f, (a, b) in zip(flats, ranges, strict=True)]
     full = any(stats[i][1] or stats[i][2] for i in grads)  # non-finite gradients: read every value
     checked: list[tuple[int, torch.Tensor]] = []
@@ -226,12 +225,12 @@ def _local_numbers(plan: _Plan, call: int, with_hashes: bool) -> tuple[torch.Ten
     if with_hashes:
         by_device: dict[torch.device, list[int]] = {}
         for i, p in enumerate(parts):
-            if p is not None and plan.keys[i] >= 0 and p.numel():  # only tensors another rank must equal
+            if p is not None and plan.keys[i] >= 0 and ranges[i][1] > ranges[i][0]:  # another rank must equal it
                 by_device.setdefault(p.device, []).append(i)
         for idx in by_device.values():  # one device-to-host copy per device
             hash_tensor[idx, 0] = digest.hashes([(parts[i], ranges[i][0]) for i in idx]).cpu()  # type: ignore[misc]
-            hash_tensor[idx, 1] = torch.tensor([-1 if flats[i].numel() <= digest.WHOLE  # type: ignore[union-attr]
-                                                else call % digest.PARTS for i in idx])
+            hash_tensor[idx, 1] = torch.tensor([-1 if plan.lengths[i] <= digest.WHOLE else call % digest.PARTS
+                                                for i in idx])
     return torch.tensor(stats, dtype=torch.float64).reshape(len(pieces), PER_TENSOR), hash_tensor, factors
 
 
@@ -281,31 +280,12 @@ def check_step(model: nn.Module, step: int, path: str | os.PathLike | None = "in
     >>> check_step(m, 0, path=None).record["global"]["grad_norm"] > 0
     True
     """
-    with _collector_paused():
-        record, rank, world = collect(model, step, group=group, note=note, loss=loss, timeout=timeout)
-        findings = step_findings(record, far_factor=far_factor)
-        record["findings"] = [f.to_dict() for f in findings]
+    record, rank, world = collect(model, step, group=group, note=note, loss=loss, timeout=timeout)
+    findings = step_findings(record, far_factor=far_factor)
+    record["findings"] = [f.to_dict() for f in findings]
     if rank == 0 and path is not None:
         append_record(path, record)
     return StepCheck(step, rank, world, record, findings)
-
-
-@contextmanager
-def _collector_paused() -> Iterator[None]:
-    """Python's cyclic garbage collector off while the record's small lists and dicts are made.
-
-    A record holds a few containers per tensor; made with the collector on, they trigger
-    collections that walk every object of the process (a training process holds hundreds of
-    thousands), which cost more than the check itself. Reference counting still frees
-    everything; the collector's state is put back as it was.
-    """
-    was = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was:
-            gc.enable()
 
 
 def _loss_value(loss: Any) -> list[float]:

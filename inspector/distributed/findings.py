@@ -29,7 +29,8 @@ def step_findings(record: dict[str, Any], far_factor: float = 10.0) -> list[Find
             findings += nonfinite_values(row)
         if any(row["nan"]) or any(row["inf"]):
             gradients += nonfinite_by_rank(row)
-        if several and not row["placements"] and row["kind"] == "parameter":
+        norms = row["local_grad_norm"]
+        if several and not row["placements"] and row["kind"] == "parameter" and any(v != norms[0] for v in norms):
             findings += _unsynchronised(row)
     findings += gradients if len(gradients) < 2 else [_spread(record, gradients)]
     findings += _far_off(record, far_factor)
