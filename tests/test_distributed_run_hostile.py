@@ -168,5 +168,5 @@ def test_a_bom_or_a_megabyte_first_line_is_still_a_run_file(record, tmp_path, ca
     assert is_run_file(bom) and is_run_file(big)
     assert read_run(bom).steps["step"].tolist() == [0]
     assert read_run(big).world_size == 5000
-    assert main(["report", str(big), "-o", str(tmp_path / "big.md")]) == 0
-    assert "## Rank 4999" in (tmp_path / "big.md").read_text(encoding="utf-8")
+    assert main(["report", str(bom), "-o", str(tmp_path / "bom.md")]) == 0  # not "cannot tell what kind of source"
+    assert "## Rank 0" in (tmp_path / "bom.md").read_text(encoding="utf-8")
