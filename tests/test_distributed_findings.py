@@ -178,3 +178,22 @@ def test_hash_sees_swaps_and_ulp_pairs_and_depends_on_position_only():
     assert covered[0][0] == 0 and covered[-1][1] == n
     assert all(x[1] == y[0] for x, y in zip(covered, covered[1:]) if x[1] < n)
     assert part(WHOLE, 5) == (0, WHOLE)
+
+
+@pytest.mark.parametrize("mode", ["fsdp", "ddp"])
+def test_what_check_step_keeps_between_steps_does_not_keep_the_model_alive(world1, mode):
+    import gc
+    import weakref
+
+    from inspector.distributed.train import shard
+    from sample_models.fsdp import build, example_inputs, loss
+
+    model = shard(build(), mode, torch.device("cpu"))
+    x = example_inputs(2)
+    loss(model(x), x).backward()
+    first = check_step(model, 0, path=None).record["global"]["grad_norm"]
+    assert check_step(model, 1, path=None).record["global"]["grad_norm"] == first  # the kept plan: same numbers
+    ref = weakref.ref(model)
+    del model
+    gc.collect()
+    assert ref() is None

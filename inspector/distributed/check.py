@@ -20,12 +20,10 @@ Parameter values are read whole when a gradient is not finite, to name where it 
 from __future__ import annotations
 
 import math
-import operator
 import os
 import resource
 import weakref
 from dataclasses import dataclass, field
-from itertools import chain
 from typing import Any
 
 import torch
@@ -64,30 +62,42 @@ class StepCheck:
         return not any(f.severity in ("error", "warning") for f in self.findings)
 
 
-def _unique(model: nn.Module) -> tuple[list[tuple[str, str, torch.Tensor]], list[tuple[dict, int]]]:
-    """Each parameter then buffer once (first name), and every registry dict walked with its size:
-    while each dict holds the same objects in the same number, the list is still right."""
+def _registries(module: nn.Module) -> tuple[dict, dict, dict]:
+    return module._modules, module._parameters, module._buffers
+
+
+def _unique(model: nn.Module) -> list[tuple[str, str, torch.Tensor]]:
+    """Each parameter then buffer once, under its first name."""
     seen: set[int] = set()
     out = []
-    registries: list[tuple[dict, int]] = []
-    for module in model.modules():
-        for reg in (module._modules, module._parameters, module._buffers):
-            registries.append((reg, len(reg)))
     for kind, items in (("parameter", model.named_parameters()), ("buffer", model.named_buffers())):
         for name, t in items:
             if id(t) not in seen:
                 seen.add(id(t))
                 out.append((name, kind, t))
-    return out, registries
+    return out
+
+
+def _held(modules: list[weakref.ref]) -> list[int] | None:
+    """Ids of everything the modules' registries hold, in order (with their sizes); None when a
+    module is gone."""
+    out: list[int] = []
+    for ref in modules:
+        module = ref()
+        if module is None:
+            return None
+        for reg in _registries(module):
+            out.append(len(reg))
+            out.extend(map(id, reg.values()))
+    return out
 
 
 @dataclass
 class _Plan:
     """What does not change between steps, for one model and world size."""
 
-    registries: list[dict]
-    sizes_of_registries: list[int]
-    held: list[Any]           # every object the registries held, in order
+    modules: list[weakref.ref]   # weakly: a plan must not keep a model alive
+    held: list[int] | None       # sizes and ids of what their registries held
     world: int
     tensors: list[tuple[str, str, torch.Tensor]]
     dtensor: list[bool]
@@ -103,9 +113,7 @@ class _Plan:
 
     def valid(self, world: int, resync: str) -> bool:
         """Whether the model still holds the same modules, parameters and buffers."""
-        return (self.world, self.resync) == (world, resync) and \
-            list(map(len, self.registries)) == self.sizes_of_registries and \
-            all(map(operator.is_, chain.from_iterable(r.values() for r in self.registries), self.held))
+        return (self.world, self.resync) == (world, resync) and _held(self.modules) == self.held
 
     def local_flats(self, pieces: list[torch.Tensor]) -> list[torch.Tensor | None]:
         """1-D views of ``pieces``, remade when a piece's storage changed (``p.data = ...``)."""
@@ -133,15 +141,15 @@ def _plan(model: nn.Module, world: int) -> _Plan:
     cached = _plans.get(inner)
     if cached is not None and cached.valid(world, resync):
         return cached
-    tensors, registries = _unique(inner)
+    tensors = _unique(inner)
+    modules = [weakref.ref(m) for m in inner.modules()]
     static = [{
         "name": name, "kind": kind, "placements": placements_text(t),
         "mesh": list(t.device_mesh.shape) if is_dtensor(t) else [],
         "shape": list(t.shape), "numel": t.numel(), "dtype": str(t.dtype).removeprefix("torch."),
         "requires_grad": False, "resync": resync if kind == "buffer" else "",
     } for name, kind, t in tensors]
-    regs = [reg for reg, _ in registries]
-    plan = _Plan(regs, [n for _, n in registries], list(chain.from_iterable(r.values() for r in regs)), world, tensors,
+    plan = _Plan(modules, _held(modules), world, tensors,
                  [is_dtensor(t) for _, _, t in tensors], [replica_key(t, world) for _, _, t in tensors],
                  [holders(t, world) for _, _, t in tensors], static, resync,
                  [k == "parameter" for _, k, _ in tensors], [t.element_size() for _, _, t in tensors])
