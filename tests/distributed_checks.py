@@ -227,7 +227,7 @@ def skipped_call(rank: int) -> dict:
         model(torch.ones(2, 4)).sum().backward()
         if (rank, i) in ((1, 1), (0, 2)):  # rank 1 skips step 1; rank 0 has said so and stops checking
             return "skipped"
-        return len(check_step(model, i, path=None, timeout=2.0 if (rank, i) == (0, 1) else 120.0).findings)
+        return len(check_step(model, i, path=None, timeout=1.0 if (rank, i) == (0, 1) else 120.0).findings)
 
     for i in range(3):
         _try(res, f"step{i}", lambda i=i: step(i))
@@ -246,7 +246,7 @@ def failing_model(rank: int) -> dict:
 
     res: dict = {}
     _try(res, "error", lambda: train_and_check(Fails(4, 2), lambda b: torch.ones(b, 4),
-                                               lambda out, x: out.sum(), 1, None, timeout=2.0))
+                                               lambda out, x: out.sum(), 1, None, timeout=1.0))
     return res
 
 
