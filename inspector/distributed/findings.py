@@ -23,14 +23,15 @@ def step_findings(record: dict[str, Any], far_factor: float = 10.0) -> list[Find
     several = record["world_size"] > 1
     for row in record["tensors"]:  # cheap tests first: most rows of a healthy step have nothing to say
         hashes = row["hash"]
-        if several and any(h != hashes[0] for h in hashes):
+        if several and hashes and hashes.count(hashes[0]) != len(hashes):
             findings += _drift(row, record["step"])
         if any(row.get("value_nan") or ()) or any(row.get("value_inf") or ()):
             findings += nonfinite_values(row)
         if any(row["nan"]) or any(row["inf"]):
             gradients += nonfinite_by_rank(row)
         norms = row["local_grad_norm"]
-        if several and not row["placements"] and row["kind"] == "parameter" and any(v != norms[0] for v in norms):
+        if several and not row["placements"] and row["kind"] == "parameter" and norms \
+                and norms.count(norms[0]) != len(norms):
             findings += _unsynchronised(row)
     findings += gradients if len(gradients) < 2 else [_spread(record, gradients)]
     findings += _far_off(record, far_factor)
