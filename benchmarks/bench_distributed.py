@@ -1,7 +1,8 @@
 """What ``check_step`` costs next to the training step it watches, world size 2 (gloo, CPU).
 
-For the FSDP2 sample (``sample_models/fsdp.py:build``, 18,282 parameters) and a wider one
-(``build_wide``, 8,425,994 parameters), each rank times, interleaved and as medians:
+For the FSDP2 sample (``sample_models/fsdp.py:build``, 18,282 parameters), a wider one
+(``build_wide``, 8,425,994 parameters) and ``many`` (1,000 tensors, 9,870,000 elements, under FSDP2
+and under DDP), each rank times, interleaved and as medians:
 
 - ``train step``: forward, backward and ``optimizer.step()`` of the FSDP2 model (SGD), the
   thing being watched;
@@ -12,8 +13,9 @@ For the FSDP2 sample (``sample_models/fsdp.py:build``, 18,282 parameters) and a 
 - ``check_step, no hashes``: the same with value hashing off (``collect(..., hashes=False)``),
   to show what hashing costs.
 
-Rank 0 prints milliseconds and the ratios check / train step and check / clip_grad_norm_.
-Target: the check under 25% of the training step on the wide model. Where CUDA is available,
+Rank 0 prints milliseconds (wall clock and this process's CPU time) and the ratios check / train
+step and check / clip_grad_norm_.
+Target: the check under 5% of the training step on ``many``. Where CUDA is available,
 ``--device cuda`` runs world size 1 on NCCL. Run: ``python benchmarks/bench_distributed.py
 [--repeats N] [--world-size 2] [--device cpu|cuda]``.
 """
@@ -37,7 +39,25 @@ sys.path.insert(0, str(ROOT))
 from _timing import interleaved  # noqa: E402
 
 
-def _bench(factory: str, device: torch.device, repeats: int, batch_size: int) -> dict[str, float]:
+class Many(torch.nn.Module):
+    """1,000 tensors, 9,870,000 elements: 500 Linear(140, 140) (19,600 + 140 each) in 10 FSDP units of 50."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.units = torch.nn.ModuleList(torch.nn.Sequential(*[torch.nn.Linear(140, 140) for _ in range(50)])
+                                         for _ in range(10))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for unit in self.units:
+            x = torch.tanh(unit(x))
+        return x
+
+    def fsdp_units(self) -> list[torch.nn.Module]:
+        return list(self.units)
+
+
+def _bench(factory: str, device: torch.device, repeats: int, batch_size: int, wrap: str = "fsdp") -> dict[str, float]:
     from torch.distributed.fsdp import fully_shard
 
     import sample_models.fsdp as sample
@@ -46,16 +66,22 @@ def _bench(factory: str, device: torch.device, repeats: int, batch_size: int) ->
     from inspector.distributed.train import fsdp_units
 
     with torch.device(device):
-        model = getattr(sample, factory)()
-    for unit in fsdp_units(model):
-        fully_shard(unit)
-    fully_shard(model)
+        model = Many() if factory == "many" else getattr(sample, factory)()
+    if wrap == "ddp":
+        model = torch.nn.parallel.DistributedDataParallel(model)
+    else:
+        for unit in fsdp_units(model):
+            fully_shard(unit)
+        fully_shard(model)
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
-    x = sample.example_inputs(batch_size).to(device)
+    g = torch.Generator().manual_seed(dist.get_rank())
+    x = torch.randn(batch_size, 140, generator=g).to(device) if factory == "many" else \
+        sample.example_inputs(batch_size).to(device)
 
     def train_step() -> None:
         optimizer.zero_grad(set_to_none=False)
-        sample.loss(model(x), x).backward()
+        out = model(x)
+        (out.pow(2).mean() if factory == "many" else sample.loss(out, x)).backward()
         optimizer.step()
 
     def sync() -> None:
@@ -70,7 +96,25 @@ def _bench(factory: str, device: torch.device, repeats: int, batch_size: int) ->
         "check_step": lambda: check_step(model, 0, path=None),
         "check_step, no hashes": lambda: collect(model, 0, hashes=False),
     }
-    return interleaved(fns, repeats, sync) | {"parameters": sum(p.numel() for p in model.parameters())}
+    wall = interleaved(fns, repeats, sync)
+    cpu = _cpu_medians(fns, repeats, sync)
+    return wall | {f"cpu {k}": v for k, v in cpu.items()} | {"parameters": sum(p.numel() for p in model.parameters())}
+
+
+def _cpu_medians(fns: dict, repeats: int, sync) -> dict[str, float]:
+    """Median CPU seconds of this process per call (interleaved): the cost without the waits a
+    shared machine adds to the wall clock (a rank descheduled while the other waits for it)."""
+    import statistics
+    import time
+
+    times: dict[str, list[float]] = {k: [] for k in fns}
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            sync()
+            t = time.process_time()
+            fn()
+            times[name].append(time.process_time() - t)
+    return {k: statistics.median(v) for k, v in times.items()}
 
 
 def _worker(rank: int, world: int, port: int, args: argparse.Namespace) -> None:
@@ -82,17 +126,23 @@ def _worker(rank: int, world: int, port: int, args: argparse.Namespace) -> None:
         torch.cuda.set_device(device)
     dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     try:
-        for factory, batch in (("build", 32), ("build_wide", 32)):
-            result = _bench(factory, device, args.repeats, batch)
+        for factory, batch, wrap in (("build", 32, "fsdp"), ("build_wide", 32, "fsdp"), ("many", 32, "fsdp"),
+                                     ("many", 32, "ddp")):
+            if args.only and factory not in args.only:
+                continue
+            result = _bench(factory, device, args.repeats, batch, wrap)
             if rank == 0:
                 step, check = result["train step"], result["check_step"]
-                print(f"\n{factory} ({result['parameters']:,} parameters, batch {batch} per rank, world {world}, "
+                print(f"\n{factory} {wrap} ({result['parameters']:,} parameters, batch {batch} per rank, world {world}, "
                       f"{backend}, {args.repeats} repeats, medians)")
                 for name in ("train step", "clip_grad_norm_", "check_step", "check_step, no hashes"):
-                    print(f"  {name:24} {result[name] * 1e3:9.3f} ms")
+                    print(f"  {name:24} {result[name] * 1e3:9.3f} ms wall  {result['cpu ' + name] * 1e3:9.3f} ms CPU")
                 print(f"  check_step / train step       {check / step:7.3f}x")
                 print(f"  check_step / clip_grad_norm_  {check / result['clip_grad_norm_']:7.3f}x")
                 print(f"  no-hash check / train step    {result['check_step, no hashes'] / step:7.3f}x")
+                cpu_step, cpu_check = result["cpu train step"], result["cpu check_step"]
+                print(f"  by CPU time: check_step / train step {cpu_check / cpu_step:7.3f}x, "
+                      f"clip_grad_norm_ / train step {result['cpu clip_grad_norm_'] / cpu_step:7.3f}x")
     finally:
         dist.destroy_process_group()
 
@@ -102,6 +152,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--world-size", type=int, default=None)
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    parser.add_argument("--only", nargs="*", default=None, help="factories to run (build, build_wide, many)")
     args = parser.parse_args()
     world = args.world_size or (1 if args.device == "cuda" else 2)
     with socket.socket() as s:

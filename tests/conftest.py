@@ -101,3 +101,27 @@ def world2(tmp_path_factory):
     finally:
         sys.modules["__main__"] = main
     return out, [json.loads((out / f"rank{r}.json").read_text()) for r in (0, 1)]
+
+
+@pytest.fixture(scope="session")
+def world4(tmp_path_factory):
+    """tests/distributed_checks.py's ``mesh_worker`` on 4 gloo processes once: per-rank results."""
+    import json
+    import socket
+    import sys
+    import types
+
+    import torch.multiprocessing as mp
+    from distributed_checks import mesh_worker
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out = tmp_path_factory.mktemp("world4")
+    main = sys.modules["__main__"]
+    sys.modules["__main__"] = types.ModuleType("__main__")
+    try:
+        mp.spawn(mesh_worker, args=(4, port, str(out)), nprocs=4, join=True)
+    finally:
+        sys.modules["__main__"] = main
+    return [json.loads((out / f"rank{r}.json").read_text()) for r in range(4)]

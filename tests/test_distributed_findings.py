@@ -81,9 +81,10 @@ def test_check_step_in_one_process_writes_a_line_per_step(tmp_path):
 
 
 def test_a_line_that_is_not_a_record_is_named():
+    record = ('{"format": "inspector-distributed", "step": 0, "world_size": 1, "ranks": [], '
+              '"tensors": [], "global": {}}')
     with pytest.raises(InspectorError, match="run.jsonl line 2 is not JSON"):
-        parse_run('{"format": "inspector-distributed", "step": 0, "world_size": 1, "ranks": [], '
-                  '"tensors": [], "global": {}}\n{oops', "run.jsonl")
+        parse_run(record + "\n{oops\n" + record, "run.jsonl")
     with pytest.raises(InspectorError, match="x.jsonl holds no step records"):
         parse_run("\n", "x.jsonl")
 
@@ -130,3 +131,69 @@ def test_fsdp_sample_is_the_file_model_and_runs_by_name(tmp_path):
     name_run, file_run = read_run(by_name), read_run(by_file)
     assert name_run.steps["grad_norm"].tolist() == file_run.steps["grad_norm"].tolist()
     assert name_run.per_rank["param_numel"].tolist() == [18282]
+
+
+def test_a_rank_far_below_the_others_is_named_too():
+    # RMS per element: ranks 0 and 2 sqrt(100/100) = 1, rank 1 (gradients x 0.01) 0.01 -> 100x below the median 1
+    rows = [_row("w", [10.0, 0.1, 10.0], [100, 100, 100])]
+    found = step_findings(_record(rows, world=3))
+    assert [(f.code, f.where) for f in found] == [("gradient-far-off", "rank 1")]
+    assert "rank 1's gradients are 100x smaller per element than the median of the 3 ranks" in found[0].message
+
+
+def test_with_two_ranks_far_off_names_both_and_says_there_is_no_majority():
+    rows = [_row("w", [10.0, 0.1], [100, 100])]
+    found = step_findings(_record(rows))
+    assert [(f.code, f.where) for f in found] == [("gradient-far-off", "ranks 0 and 1")]
+    assert "100x larger per element than rank 1's" in found[0].message
+    assert "With 2 ranks there is no majority" in found[0].message
+
+
+def test_nonfinite_gradients_in_many_tensors_are_one_finding_naming_the_origin():
+    rows = [_row(n, [None, None], [4, 4], nan=[4, 4]) for n in ("a", "b", "c", "d")]
+    rows[2]["value_nan"], rows[2]["value_inf"] = [0, 0], [0, 1]  # rank 1's piece of c holds an Inf
+    found = step_findings(_record(rows))
+    assert [(f.code, f.where) for f in found] == [("nonfinite-parameter", "c"), ("nonfinite-gradient", "a")]
+    assert "the gradients of 4 tensors are not finite on ranks 0 and 1 (a, b, c and 1 more)" in found[1].message
+    assert "start at rank 1's piece of parameter c" in found[1].message
+
+
+def test_hash_sees_swaps_and_ulp_pairs_and_depends_on_position_only():
+    from inspector.distributed.digest import PARTS, WHOLE, hashes, part
+
+    a = torch.linspace(-3.0, 3.0, 101)
+    swapped = a.clone()
+    swapped[[10, 12]] = swapped[[12, 10]]          # same parity: a sum of every other element misses it
+    ulp = a.clone()
+    bits = ulp.view(torch.int32)
+    bits[20] += 1
+    bits[21] -= 1                                   # the sum of the bits misses it
+    h = hashes([(a, 0), (swapped, 0), (ulp, 0), (a.clone(), 0), (a[50:], 50)]).tolist()
+    assert h[0] == h[3] and len({h[0], h[1], h[2]}) == 3
+    # a part hashed alone equals the same part hashed among others: the position is the tensor's
+    assert hashes([(a[50:], 50)]).tolist() == [h[4]]
+    # parts of a large piece cover it exactly once over PARTS calls
+    n = WHOLE * 3 + 7
+    covered = sorted(part(n, call) for call in range(PARTS))
+    assert covered[0][0] == 0 and covered[-1][1] == n
+    assert all(x[1] == y[0] for x, y in zip(covered, covered[1:]) if x[1] < n)
+    assert part(WHOLE, 5) == (0, WHOLE)
+
+
+@pytest.mark.parametrize("mode", ["fsdp", "ddp"])
+def test_what_check_step_keeps_between_steps_does_not_keep_the_model_alive(world1, mode):
+    import gc
+    import weakref
+
+    from inspector.distributed.train import shard
+    from sample_models.fsdp import build, example_inputs, loss
+
+    model = shard(build(), mode, torch.device("cpu"))
+    x = example_inputs(2)
+    loss(model(x), x).backward()
+    first = check_step(model, 0, path=None).record["global"]["grad_norm"]
+    assert check_step(model, 1, path=None).record["global"]["grad_norm"] == first  # the kept plan: same numbers
+    ref = weakref.ref(model)
+    del model
+    gc.collect()
+    assert ref() is None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 
 import pandas as pd
 import pytest
@@ -11,7 +12,7 @@ import torch
 from torch import nn
 
 from inspector.__main__ import main
-from inspector.distributed import parse_run
+from inspector.distributed import parse_run, read_run
 from inspector.distributed.check import check_step
 from inspector.figures.distributed import grad_norm_figure, memory_figure
 from inspector.findings import Finding, InspectorError
@@ -51,6 +52,15 @@ HOSTILE = [
     (lambda r: r.update(findings=[{"code": "c", "severity": "fatal", "where": "", "message": "m"}]),
      r"Finding severity must be one of"),
     (lambda r: r.update(backend=["gloo"]), r"backend and note must be strings"),
+    (lambda r: r["tensors"][0].update(replica_key=["0"]), r"tensor 'weight': replica_key must be a list of integers"),
+    (lambda r: r["tensors"][0].update(replica_key=[0.5]), r"tensor 'weight': replica_key must be a list of integers"),
+    (lambda r: r["tensors"][0].update(hash=[["x", 1]]), r"tensor 'weight': hash must be a list of integer lists"),
+    (lambda r: r["tensors"][0].update(hash=[7]), r"tensor 'weight': hash must be a list of integer lists"),
+    (lambda r: r["tensors"][0].update(replica_key=[0], hash=[]),
+     r"tensor 'weight': hash has 0 entries for 1 replica keys"),
+    (lambda r: r["tensors"][0].update(nan=[0, 0, 0]), r"tensor 'weight': nan has more entries than world_size \(1\)"),
+    (lambda r: r["tensors"][0].update(local_grad_norm=["1"]), r"tensor 'weight': grad_norm and local_grad_norm must be numbers"),
+    (lambda r: r.update(version="2"), r"version must be an integer, not '2'"),
 ]
 
 
@@ -98,3 +108,66 @@ def test_figures_escape_values_from_the_file():
 def test_finding_from_dict_round_trips():
     f = Finding("c", "warning", "w", "m")
     assert Finding.from_dict(f.to_dict()) == f
+
+
+def _line(record: dict, **changes) -> str:
+    rec = copy.deepcopy(record)
+    rec.update(changes)
+    return json.dumps(rec)
+
+
+@pytest.mark.parametrize("spelling, message", [
+    ("NaN", "NaN is not a number a run file holds"), ("Infinity", "Infinity is not a number a run file holds"),
+    ("-Infinity", "-Infinity is not a number a run file holds"), ("1e400", "1e400 is out of range for a float"),
+    ("1" + "0" * 400, "the integer 10000000000000000000... has 401 digits, more than a run file holds")])
+def test_numbers_json_cannot_hold_are_refused(record, spelling, message):
+    text = json.dumps(record) + "\n" + json.dumps(record).replace('"step": 0', f'"step": {spelling}', 1) + "\n"
+    with pytest.raises(InspectorError, match=r"run.jsonl line 2 is not a valid check_step record: " + re.escape(message)):
+        parse_run(text, "run.jsonl")
+
+
+def test_deeply_nested_brackets_are_refused(record, tmp_path, capsys):
+    text = json.dumps(record) + "\n" + "[" * 100_000 + "]" * 100_000 + "\n"
+    with pytest.raises(InspectorError, match="run.jsonl line 2 nests brackets too deeply"):
+        parse_run(text, "run.jsonl")
+    from inspector.placement import load_device_map
+
+    with pytest.raises(InspectorError, match="map.json nests brackets too deeply"):
+        load_device_map('{"a": ' + "[" * 100_000 + "]" * 100_000 + "}", "map.json")
+
+
+def test_a_newer_version_reads_with_a_warning(record):
+    run = parse_run(_line(record, version=999, future={"x": 1}) + "\n", "run.jsonl")
+    assert [(f.code, f.severity) for _, f in run.findings] == [("run-file-newer", "warning")]
+    assert "version 999; this one reads version 1" in run.findings[0][1].message
+
+
+def test_a_cut_last_line_keeps_every_complete_step(record, tmp_path):
+    whole = _line(record) + "\n" + _line(record, step=1) + "\n"
+    cut = _line(record, step=2)[:57]
+    path = tmp_path / "run.jsonl"
+    path.write_text(whole + cut, encoding="utf-8")
+    run = read_run(path)
+    assert run.steps["step"].tolist() == [0, 1]
+    assert [(s, f.code) for s, f in run.findings] == [(1, "run-file-truncated")]
+    assert "line 3" in run.findings[0][1].message and "Read 2 complete steps" in run.findings[0][1].message
+    with pytest.raises(InspectorError, match="line 2 is not JSON"):  # a bad line in the middle is still an error
+        parse_run(_line(record) + "\n" + cut + "\n" + _line(record, step=1), "run.jsonl")
+
+
+def test_a_bom_or_a_megabyte_first_line_is_still_a_run_file(record, tmp_path, capsys):
+    from inspector.distributed import is_run_file
+
+    bom = tmp_path / "bom.jsonl"
+    bom.write_bytes(b"\xef\xbb\xbf" + (_line(record) + "\n").encode())
+    many = copy.deepcopy(record)
+    many["world_size"] = 5000
+    many["ranks"] = [dict(record["ranks"][0], rank=r) for r in range(5000)]
+    big = tmp_path / "big.jsonl"
+    big.write_text(json.dumps(many) + "\n", encoding="utf-8")
+    assert big.stat().st_size > 1_100_000
+    assert is_run_file(bom) and is_run_file(big)
+    assert read_run(bom).steps["step"].tolist() == [0]
+    assert read_run(big).world_size == 5000
+    assert main(["report", str(bom), "-o", str(tmp_path / "bom.md")]) == 0  # not "cannot tell what kind of source"
+    assert "## Rank 0" in (tmp_path / "bom.md").read_text(encoding="utf-8")

@@ -227,6 +227,9 @@ def _conversion(name: str) -> Conversion:
 
 def _refusal(conv: Conversion, inv: TensorInventory, max_bytes: int) -> str | None:
     """Why ``conv`` is not run on a copy of the model walked by ``inv``, or None."""
+    if any(e.is_dtensor for e in inv.unique_entries()):
+        return ("skipped: the parameters are DTensors (FSDP2 or tensor parallel), and a sharded module cannot "
+                "be copied to convert; check the conversion on the model before sharding it")
     on_meta = inv.has_meta()
     size = inv.unique_bytes()
     need = (size if on_meta and conv.needs_data else 0) + (0 if on_meta else size * (1 + conv.allocates))

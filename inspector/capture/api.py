@@ -18,6 +18,7 @@ from torch import nn
 
 from ..checks import require_module
 from ..devices import resolve_device
+from ..distributed.outputs import output_placements, placement_notes
 from ..distributed.tensors import kept_sharded
 from ..findings import Finding, InspectorError
 from ..locks import model_lock
@@ -121,7 +122,7 @@ def capture_activations(model: nn.Module, inputs: Any, modules: Any = None,
                              "capture_activations outside torch.inference_mode()")
     named = list(model.named_modules())  # the one walk of this call
     options = Options(resolve_device(store_on), max_bytes, grads, keep_inputs, keep_references)
-    with _recording(model, named, modules, options, True) as rec, \
+    with _recording(model, named, modules, options, True) as rec, output_placements(named) as placed, \
             _buffers_kept(model, [m for _, m in named]), kept_sharded(model, [m for _, m in named]):
         try:
             with torch.enable_grad() if grads else nullcontext():
@@ -137,6 +138,9 @@ def capture_activations(model: nn.Module, inputs: Any, modules: Any = None,
                                  f"{type(exc).__name__}: {exc}") from exc
     cap = rec.result
     object.__setattr__(cap, "model_output", output)
+    notes, shard_findings = placement_notes(placed, cap.outputs)
+    cap.placements.update(notes)  # tensor parallel: which piece of a DTensor output each capture is
+    cap.findings.extend(shard_findings)
     return cap
 
 

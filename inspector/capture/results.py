@@ -67,6 +67,8 @@ class Captures:
         findings: problems worth telling the user.
         store_on: where the copies live.
         model_output: what the forward pass returned (functional form only).
+        placements: module name -> what its captured output is when the module computed a
+            DTensor (tensor parallel): ``"piece of rank 1 ..."`` or ``"whole output ..."``.
     """
 
     outputs: dict[str, Any] = field(default_factory=dict)
@@ -80,6 +82,7 @@ class Captures:
     findings: list[Finding] = field(default_factory=list)
     store_on: str = "cpu"
     model_output: Any = field(default=None, repr=False, compare=False)
+    placements: dict[str, str] = field(default_factory=dict)
     _state: dict[str, Any] = field(default_factory=lambda: {"done": False}, repr=False, compare=False)
 
     def _require_done(self) -> None:

@@ -12,10 +12,11 @@ import math
 import numpy as np
 import pandas as pd
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from ..inventory import tensor_inventory
-from .tensors import is_dtensor, is_sharded, local_piece, piece_layout, placements_text
+from .tensors import is_dtensor, is_sharded, local_piece, piece_layout, placements_text, rank_coordinates
 
 LOCAL_OFFSET_COLUMNS = ["local_start", "local_end", "local_numel", "piece_start", "piece_end",
                         "placements", "mesh"]
@@ -51,21 +52,17 @@ def with_local_offsets(table: pd.DataFrame, tensors: list[torch.Tensor]) -> pd.D
 
 
 def bytes_per_rank(t: torch.Tensor) -> dict[int, int]:
-    """Bytes of ``t`` each rank of its mesh holds (global rank -> bytes): this rank's from its
-    local tensor, the others' from the placements (:func:`~.tensors.piece_layout`)."""
+    """Bytes of ``t`` each rank holds (global rank -> bytes): this rank's from its local tensor,
+    the others' from the placements (:func:`~.tensors.piece_layout`). A tensor on a sub-mesh of a
+    2-D mesh (FSDP on the data-parallel dimension next to tensor parallelism) is held by every
+    rank of the root mesh, at that rank's coordinate in its own copy of the sub-mesh."""
     if not is_dtensor(t):
         return {}
     size = t.element_size()
-    mesh = t.device_mesh
-    ranks = mesh.mesh.reshape(-1).tolist()
-    out = {}
-    for flat, rank in enumerate(ranks):
-        coordinate = [int(c) for c in np.unravel_index(flat, tuple(mesh.shape))]
-        shape, _ = piece_layout(t, coordinate)
-        out[int(rank)] = int(math.prod(shape)) * size
-    here = mesh.get_coordinate()
-    if here is not None:
-        out[int(ranks[int(np.ravel_multi_index(tuple(here), tuple(mesh.shape)))])] = t.to_local().numel() * size
+    out = {rank: int(math.prod(piece_layout(t, coordinate)[0])) * size
+           for rank, coordinate in rank_coordinates(t.device_mesh)}
+    if t.device_mesh.get_coordinate() is not None and dist.is_available() and dist.is_initialized():
+        out[dist.get_rank()] = t.to_local().numel() * size
     return out
 
 

@@ -1,23 +1,30 @@
 """``check_step``: one call per training step, on every rank, that finds the silent multi-GPU bugs.
 
-Each rank reduces its own tensors to a few numbers per tensor (local gradient sum of
-squares, NaN and Inf counts, local element count and two integer hashes of the local
-values); one ``all_gather`` of those numbers (O(number of tensors), never the tensors)
-gives every rank the same picture, so every rank returns the same findings. Rank 0
-appends the step as one JSON line to a file that ``read_run``, ``report`` and the
-Distributed page read.
+Each rank reduces its own tensors to a few numbers per tensor (local gradient sum of squares,
+NaN and Inf counts of the gradient and of the values, the local element count and one
+position-dependent hash of part of the local values, see :mod:`.digest`); one ``all_gather``
+of those numbers (O(number of tensors), never the tensors) gives every rank the same
+picture, so every rank returns the same findings. Before it, the ranks agree on a small
+fingerprint through the store, with a timeout (:mod:`.sync`): a rank that skipped a call is
+named instead of a hang. Rank 0 appends the step as one JSON line to a file that
+``read_run``, ``report`` and the Distributed page read.
+
+Cost: what does not change between steps (names, placements, replica keys) is worked out once
+per model and kept while the model's tensors stay the same objects; per step, one fused norm
+pass over the local gradients, one over a 1/``PARTS`` part of the local values (hash and
+NaN/Inf), and one small gather. A value that differs between replicas is found within
+:data:`~.digest.PARTS` calls (at once in tensors of up to :data:`~.digest.WHOLE` elements).
+Parameter values are read whole when a gradient is not finite, to name where it started.
 """
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import resource
 import sys
-import time
+import weakref
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -26,15 +33,15 @@ from torch import nn
 
 from ..findings import Finding
 from ..wrappers import underlying
+from . import digest
 from .findings import step_findings
-from .tensors import is_dtensor, local, placements_text
+from .record import FORMAT, PER_RANK, PER_TENSOR, VERSION, append_record, build_record
+from .sync import agree, next_call
+from .tensors import holders, is_dtensor, placements_text, replica_key
 
-FORMAT = "inspector-distributed"
-VERSION = 1
-# per tensor: local grad sum of squares, NaN, Inf, local numel, has grad, replica key
-_PER_TENSOR = 6
-# per rank: param bytes, grad bytes, buffer bytes, device allocated, device peak, rss, peak rss
-_PER_RANK = 7
+__all__ = ["FORMAT", "VERSION", "StepCheck", "append_record", "check_step", "collect"]
+
+TIMEOUT = 300.0  # seconds a rank waits for the others to reach the same check_step call
 
 
 @dataclass(frozen=True)
@@ -56,7 +63,12 @@ class StepCheck:
         return not any(f.severity in ("error", "warning") for f in self.findings)
 
 
+def _registries(module: nn.Module) -> tuple[dict, dict, dict]:
+    return module._modules, module._parameters, module._buffers
+
+
 def _unique(model: nn.Module) -> list[tuple[str, str, torch.Tensor]]:
+    """Each parameter then buffer once, under its first name."""
     seen: set[int] = set()
     out = []
     for kind, items in (("parameter", model.named_parameters()), ("buffer", model.named_buffers())):
@@ -67,51 +79,83 @@ def _unique(model: nn.Module) -> list[tuple[str, str, torch.Tensor]]:
     return out
 
 
-def _hash_pair(t: torch.Tensor) -> torch.Tensor:
-    """Two int64 sums of the raw bits (all elements, every other one): equal tensors give equal pairs.
-
-    Any one changed element changes the first sum; two elements swapped between even and
-    odd positions change the second. Sums accumulate in int64 without copying the tensor.
-    """
-    flat = t.detach().reshape(-1)
-    if not flat.is_contiguous():
-        flat = flat.contiguous()
-    view = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}.get(flat.element_size())
-    if flat.dtype == torch.bool:
-        bits = flat.view(torch.int8)
-    elif view is None:
-        bits = flat.view(torch.uint8)
-    else:
-        bits = flat.view(view)
-    return torch.stack([bits.sum(dtype=torch.int64), bits[::2].sum(dtype=torch.int64)])
+def _held(modules: list[weakref.ref]) -> list[int] | None:
+    """Ids of everything the modules' registries hold, in order (with their sizes); None when a
+    module is gone."""
+    out: list[int] = []
+    for ref in modules:
+        module = ref()
+        if module is None:
+            return None
+        for reg in _registries(module):
+            out.append(len(reg))
+            out.extend(map(id, reg.values()))
+    return out
 
 
-def _replica_key(t: torch.Tensor) -> int:
-    """Ranks with the same key must hold the same values of ``t``; -1: no rank must."""
-    if not is_dtensor(t):
-        return 0
-    mesh = t.device_mesh
-    coordinate = mesh.get_coordinate()
-    replicate = [p.is_replicate() for p in t.placements]
-    if coordinate is None or not any(replicate):
-        return -1
-    key = 0
-    for i, size in enumerate(mesh.shape):
-        key = key * size + (0 if replicate[i] else coordinate[i])
-    return key
+@dataclass
+class _Plan:
+    """What does not change between steps, for one model and world size."""
+
+    modules: list[weakref.ref]   # weakly: a plan must not keep a model alive
+    held: list[int] | None       # sizes and ids of what their registries held
+    world: int
+    tensors: list[tuple[str, str, torch.Tensor]]
+    dtensor: list[bool]
+    keys: list[int]
+    holders: list[float]
+    static: list[dict[str, Any]]
+    resync: str
+    is_param: list[bool]
+    sizes: list[int]          # element sizes
+    flats: list[torch.Tensor | None] = field(default_factory=list)   # 1-D views of the local pieces
+    pointers: list[int] = field(default_factory=list)                # their data pointers when made
+    lengths: list[int] = field(default_factory=list)                 # their element counts
+
+    def valid(self, world: int, resync: str) -> bool:
+        """Whether the model still holds the same modules, parameters and buffers."""
+        return (self.world, self.resync) == (world, resync) and _held(self.modules) == self.held
+
+    def local_flats(self, pieces: list[torch.Tensor]) -> list[torch.Tensor | None]:
+        """1-D views of ``pieces``, remade when a piece's storage changed (``p.data = ...``)."""
+        pointers = [p.data_ptr() if p.layout == torch.strided else 0 for p in pieces]
+        if pointers != self.pointers:
+            self.flats = [digest.flat(p) if p.layout == torch.strided else None for p in pieces]
+            self.pointers = pointers
+            self.lengths = [f.numel() if f is not None else 0 for f in self.flats]
+        return self.flats
 
 
-def _replication(g: torch.Tensor) -> float:
-    """How many ranks hold each element of ``g``; NaN when a ``Partial`` placement hides the sum."""
-    if not is_dtensor(g):
-        return math.nan  # a plain tensor: every rank has all of it; measured from rank 0's copy
-    factor = 1
-    for i, p in enumerate(g.placements):
-        if p.is_replicate():
-            factor *= g.device_mesh.size(i)
-        elif p.is_partial():
-            return 0.0
-    return float(factor)
+_plans: weakref.WeakKeyDictionary[nn.Module, _Plan] = weakref.WeakKeyDictionary()
+
+
+def _resync(model: nn.Module) -> str:
+    """What the wrapper copies from rank 0 to every rank before each forward pass."""
+    if type(model).__name__ == "DistributedDataParallel" and getattr(model, "broadcast_buffers", False):
+        return "buffers"
+    return ""
+
+
+def _plan(model: nn.Module, world: int) -> _Plan:
+    inner = underlying(model)  # DDP / torch.compile: the names the user wrote
+    resync = _resync(model)
+    cached = _plans.get(inner)
+    if cached is not None and cached.valid(world, resync):
+        return cached
+    tensors = _unique(inner)
+    modules = [weakref.ref(m) for m in inner.modules()]
+    static = [{
+        "name": name, "kind": kind, "placements": placements_text(t),
+        "mesh": list(t.device_mesh.shape) if is_dtensor(t) else [],
+        "shape": list(t.shape), "numel": t.numel(), "dtype": str(t.dtype).removeprefix("torch."),
+        "requires_grad": False, "resync": resync if kind == "buffer" else "",
+    } for name, kind, t in tensors]
+    plan = _Plan(modules, _held(modules), world, tensors,
+                 [is_dtensor(t) for _, _, t in tensors], [replica_key(t, world) for _, _, t in tensors],
+                 [holders(t, world) for _, _, t in tensors], static, resync,
+                 [k == "parameter" for _, k, _ in tensors], [t.element_size() for _, _, t in tensors])
+    _plans[inner] = plan
+    return plan
 
 
 def _memory(device: torch.device) -> list[float]:
@@ -144,34 +188,14 @@ def _collective_device(group: Any) -> torch.device:
     return torch.device("cpu")
 
 
-def _local_numbers(tensors: list[tuple[str, str, torch.Tensor]],
-                   with_hashes: bool = True) -> tuple[torch.Tensor, torch.Tensor, list[float]]:
-    """Per-tensor stats (float64) and hashes (int64) of this rank, plus replication factors."""
-    stats = [[0.0] * _PER_TENSOR for _ in tensors]
-    hashes: dict[int, torch.Tensor] = {}
-    replication: list[float] = []
+def _grad_squares(grads: dict[int, torch.Tensor], stats: list[list[float]]) -> None:
+    """Local squared norms (one fused pass per device and dtype); NaN/Inf counts where not finite."""
     groups: dict[tuple[torch.device, torch.dtype], list[int]] = {}
-    grads: dict[int, torch.Tensor] = {}
-    for i, (_, kind, t) in enumerate(tensors):
-        piece = local(t)
-        key = _replica_key(t)
-        row = stats[i]
-        row[3] = piece.numel()
-        row[5] = key
-        g = t.grad if kind == "parameter" else None
-        replication.append(_replication(g) if g is not None else math.nan)
-        if g is not None:
-            lg = local(g)
-            if lg.layout == torch.strided and lg.numel():
-                grads[i] = lg
-                groups.setdefault((lg.device, lg.dtype), []).append(i)
-            row[4] = 1
-        if with_hashes and key >= 0 and row[3]:  # only tensors some other rank must equal
-            hashes[i] = _hash_pair(piece)
+    for i, g in grads.items():
+        groups.setdefault((g.device, g.dtype), []).append(i)
     for idx in groups.values():
-        norms = torch._foreach_norm([grads[i] for i in idx])
-        values = torch.stack(norms).double().cpu()
-        for i, v in zip(idx, values.tolist()):
+        values = torch.stack(torch._foreach_norm([grads[i] for i in idx])).double().cpu()
+        for i, v in zip(idx, values.tolist(), strict=True):
             stats[i][0] = v * v
             if not math.isfinite(v):
                 g = grads[i]
@@ -179,13 +203,52 @@ def _local_numbers(tensors: list[tuple[str, str, torch.Tensor]],
                 stats[i][2] = int(torch.isinf(g).sum())
                 if stats[i][1] == 0 and stats[i][2] == 0:  # finite values whose norm overflowed
                     stats[i][0] = float(torch.linalg.vector_norm(g.double())) ** 2
-    hash_tensor = torch.zeros(len(tensors), 2, dtype=torch.int64)
-    by_device: dict[torch.device, list[int]] = {}
-    for i, h in hashes.items():
-        by_device.setdefault(h.device, []).append(i)
-    for dev_idx in by_device.values():  # one device-to-host copy per device
-        hash_tensor[dev_idx] = torch.stack([hashes[i] for i in dev_idx]).cpu()
-    return torch.tensor(stats, dtype=torch.float64).reshape(len(tensors), _PER_TENSOR), hash_tensor, replication
+
+
+def _local_numbers(plan: _Plan, call: int, with_hashes: bool) -> tuple[torch.Tensor, torch.Tensor, list[float]]:
+    """Per-tensor stats (float64) and hashes (int64, with the part read) of this rank, and the
+    number of ranks holding each gradient element."""
+    stats = [[0.0] * PER_TENSOR for _ in plan.tensors]
+    pieces = [t._local_tensor if dt else t  # type: ignore[attr-defined]
+              for (_, _, t), dt in zip(plan.tensors, plan.dtensor, strict=True)]
+    grads: dict[int, torch.Tensor] = {}
+    factors = list(plan.holders)
+    for i, ((_, kind, t), piece) in enumerate(zip(plan.tensors, pieces, strict=True)):
+        row = stats[i]
+        row[3] = piece.numel()
+        row[5] = plan.keys[i]
+        g = t.grad if kind == "parameter" else None
+        if g is None:
+            continue
+        row[4] = 1
+        if plan.dtensor[i]:
+            if g.placements != t.placements:  # type: ignore[attr-defined]
+                factors[i] = holders(g, plan.world)
+            g = g._local_tensor  # type: ignore[attr-defined]
+        if g.layout == torch.strided and g.numel():
+            grads[i] = g
+    _grad_squares(grads, stats)
+    flats = plan.local_flats(pieces)
+    ranges = [digest.part(n, call) for n in plan.lengths]
+    parts = [f[a:b] if f is not None else None for f, (a, b) in zip(flats, ranges, strict=True)]
+    full = any(stats[i][1] or stats[i][2] for i in grads)  # non-finite gradients: read every value
+    checked: list[tuple[int, torch.Tensor]] = []
+    for i, (f, p) in enumerate(zip(flats, parts, strict=True)):
+        if f is not None and p is not None:
+            checked.append((i, f if full else p))
+    for (i, _), (nan, inf) in zip(checked, digest.nonfinite_counts([v for _, v in checked]), strict=True):
+        stats[i][6], stats[i][7] = nan, inf
+    hash_tensor = torch.zeros(len(pieces), 2, dtype=torch.int64)
+    if with_hashes:
+        by_device: dict[torch.device, list[int]] = {}
+        for i, p in enumerate(parts):
+            if p is not None and plan.keys[i] >= 0 and ranges[i][1] > ranges[i][0]:  # another rank must equal it
+                by_device.setdefault(p.device, []).append(i)
+        for idx in by_device.values():  # one device-to-host copy per device
+            hash_tensor[idx, 0] = digest.hashes([(parts[i], ranges[i][0]) for i in idx]).cpu()  # type: ignore[misc]
+            hash_tensor[idx, 1] = torch.tensor([-1 if plan.lengths[i] <= digest.WHOLE else call % digest.PARTS
+                                                for i in idx])
+    return torch.tensor(stats, dtype=torch.float64).reshape(len(pieces), PER_TENSOR), hash_tensor, factors
 
 
 def _gather(tensor: torch.Tensor, group: Any, world: int, device: torch.device) -> torch.Tensor:
@@ -198,34 +261,43 @@ def _gather(tensor: torch.Tensor, group: Any, world: int, device: torch.device) 
 
 
 def check_step(model: nn.Module, step: int, path: str | os.PathLike | None = "inspector-distributed.jsonl", *,
-               group: Any = None, note: str = "", far_factor: float = 10.0) -> StepCheck:
-    """Compare every rank's gradients, replicas and memory at one training step.
+               group: Any = None, note: str = "", far_factor: float = 10.0, loss: Any = None,
+               timeout: float = TIMEOUT) -> StepCheck:
+    """Compare every rank's gradients, replicas, values and memory at one training step.
 
     Call it on every rank after ``loss.backward()`` (before ``optimizer.zero_grad()``), every
-    step or every N steps; it reads the model and changes nothing. Without an initialised
-    process group it checks this one process.
+    step or every N steps, at the same steps on every rank; it reads the model and changes
+    nothing. Without an initialised process group it checks this one process.
 
     Args:
-        model: the model of this rank (FSDP2, tensor-parallel, DDP or plain).
+        model: the model of this rank (FSDP2, tensor-parallel, 2-D meshes, DDP or plain).
         step: the training step number, written to the record.
         path: JSON-lines file rank 0 appends one line to; None writes nothing.
         group: the process group to compare over (default: every rank).
         note: free text stored with the record (a run name, a learning rate...).
         far_factor: a rank whose gradient RMS per element is this many times above or below
             the other ranks' median is reported.
+        loss: this rank's loss (a tensor or number), to name the rank whose loss went
+            non-finite first when NaN has spread to every rank through the gradient reduction.
+        timeout: seconds to wait for the other ranks to reach the same call before raising.
 
     Returns:
         :class:`StepCheck` with the record and the findings: ``replica-drift`` (a replicated
-        parameter or buffer differs; names the tensor and the ranks), ``nonfinite-gradient``
-        (by rank and tensor), ``gradient-not-synchronized`` (a plain parameter's gradient
-        differs across ranks), ``gradient-far-off``, ``shard-imbalance``.
+        parameter or buffer differs; names the tensor and the ranks), ``replica-resynchronised``
+        (a buffer that differs but the wrapper copies from rank 0 before the next forward pass),
+        ``nonfinite-parameter`` and ``nonfinite-gradient`` (by rank and tensor, with where it
+        started), ``gradient-not-synchronized``, ``gradient-far-off``, ``shard-imbalance``.
+
+    Raises:
+        InspectorError: another rank did not reach this call within ``timeout`` seconds or is at
+            another step (the message names it); no collective was started.
 
     >>> m = nn.Linear(2, 1)
     >>> m(torch.ones(1, 2)).sum().backward()
     >>> check_step(m, 0, path=None).record["global"]["grad_norm"] > 0
     True
     """
-    record, rank, world = collect(model, step, group=group, note=note)
+    record, rank, world = collect(model, step, group=group, note=note, loss=loss, timeout=timeout)
     findings = step_findings(record, far_factor=far_factor)
     record["findings"] = [f.to_dict() for f in findings]
     if rank == 0 and path is not None:
@@ -233,115 +305,46 @@ def check_step(model: nn.Module, step: int, path: str | os.PathLike | None = "in
     return StepCheck(step, rank, world, record, findings)
 
 
-def collect(model: nn.Module, step: int = 0, *, group: Any = None, note: str = "",
-            hashes: bool = True) -> tuple[dict[str, Any], int, int]:
+def _loss_value(loss: Any) -> list[float]:
+    if loss is None:
+        return [math.nan, 0.0]
+    value = loss.detach().float().mean() if isinstance(loss, torch.Tensor) else loss
+    return [float(value), 1.0]
+
+
+def collect(model: nn.Module, step: int = 0, *, group: Any = None, note: str = "", hashes: bool = True,
+            loss: Any = None, timeout: float = TIMEOUT) -> tuple[dict[str, Any], int, int]:
     """The step record without findings, and this rank and the world size (one all_gather).
 
     Every rank of ``group`` must call it at the same time (it is a collective).
     """
-    tensors = _unique(underlying(model))  # DDP / torch.compile: the names the user wrote
     initialised = dist.is_available() and dist.is_initialized()
     world = dist.get_world_size(group) if initialised else 1
     rank = dist.get_rank(group) if initialised else 0
+    plan = _plan(model, world)
+    call = next_call(group)
+    if initialised:
+        agree(group, rank, world, {"step": int(step), "call": call, "tensors": len(plan.tensors)}, timeout)
     device = _collective_device(group) if initialised else torch.device("cpu")
-    stats, hash_values, replication = _local_numbers(tensors, hashes)
-    first = next((t for _, _, t in tensors), None)
-    own = [
-        float(sum(local(t).numel() * local(t).element_size() for _, k, t in tensors if k == "parameter")),
-        float(sum(local(t.grad).numel() * local(t.grad).element_size()
-                  for _, k, t in tensors if k == "parameter" and t.grad is not None)),
-        float(sum(local(t).numel() * local(t).element_size() for _, k, t in tensors if k == "buffer")),
-    ] + _memory(local(first).device if first is not None else torch.device("cpu"))
+    stats, hash_values, factors = _local_numbers(plan, call, hashes)
+    numel = stats[:, 3].tolist()
+    sizes = [n * e for n, e in zip(numel, plan.sizes, strict=True)]
+    grad_bytes = sum(b for b, (_, k, t) in zip(sizes, plan.tensors, strict=True) if k == "parameter" and t.grad is not None)
+    param_bytes = sum(b for b, p in zip(sizes, plan.is_param, strict=True) if p)
+    buffer_bytes = sum(sizes) - param_bytes
+    first = next((t for _, _, t in plan.tensors), None)
+    own = [float(param_bytes), float(grad_bytes), float(buffer_bytes)] + \
+        _memory(first.device if first is not None else torch.device("cpu")) + _loss_value(loss)
     # one all_gather: the int64 hashes travel as float64 bit patterns (copied, never computed on)
     packed = torch.cat([stats.reshape(-1), torch.tensor(own, dtype=torch.float64),
                         hash_values.reshape(-1).view(torch.float64)])
     gathered = _gather(packed, group, world, device)
     n_stats = stats.numel()
-    per_tensor = gathered[:, :n_stats].reshape(world, len(tensors), _PER_TENSOR)
-    per_rank = gathered[:, n_stats:n_stats + _PER_RANK]
-    all_hashes = gathered[:, n_stats + _PER_RANK:].contiguous().view(torch.int64).reshape(world, len(tensors), 2)
-    record = _record(tensors, per_tensor, per_rank, all_hashes, replication, step, world,
-                     str(dist.get_backend(group)) if initialised else "none", note)
+    per_tensor = gathered[:, :n_stats].reshape(world, len(plan.tensors), PER_TENSOR)
+    per_rank = gathered[:, n_stats:n_stats + PER_RANK]
+    all_hashes = gathered[:, n_stats + PER_RANK:].contiguous().view(torch.int64).reshape(world, len(plan.tensors), 2)
+    static = [{**s, "requires_grad": bool(t.requires_grad) if k == "parameter" else False}
+              for s, (_, k, t) in zip(plan.static, plan.tensors, strict=True)]
+    record = build_record(static, factors, per_tensor, per_rank, all_hashes, step, world,
+                          str(dist.get_backend(group)) if initialised else "none", note)
     return record, rank, world
-
-
-def _record(tensors: list[tuple[str, str, torch.Tensor]], per_tensor: torch.Tensor, per_rank: torch.Tensor,
-            hashes: torch.Tensor, replication: list[float], step: int, world: int, backend: str,
-            note: str) -> dict[str, Any]:
-    pt = per_tensor.tolist()    # [rank][tensor][stat]
-    hs = hashes.tolist()        # [rank][tensor][2]
-    ranks_ = range(world)
-    rows = []
-    total_sq = 0.0
-    global_nonfinite = 0
-    for i, (name, kind, t) in enumerate(tensors):
-        sq = [pt[r][i][0] for r in ranks_]
-        nan = [int(pt[r][i][1]) for r in ranks_]
-        inf = [int(pt[r][i][2]) for r in ranks_]
-        has_grad = any(pt[r][i][4] > 0 for r in ranks_)
-        factor = replication[i]
-        if not has_grad or factor == 0.0:
-            gsq = math.nan
-        elif math.isnan(factor):
-            gsq = sq[0]
-        else:
-            gsq = sum(sq) / factor
-        if has_grad:  # a NaN gradient makes the total NaN, as in clip_grad_norm_; so does a Partial one
-            total_sq += gsq
-        global_nonfinite += sum(nan) + sum(inf)
-        dtensor = is_dtensor(t)
-        rows.append({
-            "name": name, "kind": kind, "placements": placements_text(t) if dtensor else "",
-            "mesh": list(t.device_mesh.shape) if is_dtensor(t) else [],
-            "shape": list(t.shape), "numel": t.numel(), "dtype": str(t.dtype).removeprefix("torch."),
-            "requires_grad": bool(t.requires_grad) if kind == "parameter" else False, "has_grad": has_grad,
-            "local_numel": [int(pt[r][i][3]) for r in ranks_],
-            "grad_norm": math.sqrt(gsq) if has_grad and gsq >= 0 else None,
-            "local_grad_norm": [math.sqrt(v) if has_grad and v >= 0 else None for v in sq],
-            "nan": nan, "inf": inf,
-            "replica_key": [int(pt[r][i][5]) for r in ranks_],
-            "hash": [hs[r][i] for r in ranks_],
-        })
-    is_param = [k == "parameter" for _, k, _ in tensors]
-    ranks = []
-    for r in ranks_:
-        stats = pt[r]
-        sq = sum(row[0] for row, p in zip(stats, is_param) if p)
-        pb, gb, bb, alloc, peak, rss, peak_rss = per_rank[r].tolist()
-        ranks.append({
-            "rank": r,
-            "grad_norm": math.sqrt(sq) if any(is_param) and sq >= 0 else None,
-            "nonfinite": int(sum(row[1] + row[2] for row in stats)),
-            "param_numel": int(sum(row[3] for row, p in zip(stats, is_param) if p)),
-            "param_bytes": int(pb), "grad_bytes": int(gb), "buffer_bytes": int(bb),
-            "device_allocated": None if math.isnan(alloc) else int(alloc),
-            "device_peak": None if math.isnan(peak) else int(peak),
-            "rss": None if math.isnan(rss) else int(rss), "peak_rss": int(peak_rss),
-        })
-    return {
-        "format": FORMAT, "version": VERSION, "step": int(step), "time": time.time(),
-        "world_size": world, "backend": backend, "note": note,
-        "global": {"grad_norm": math.sqrt(total_sq), "nonfinite": global_nonfinite,
-                   "param_numel": sum(r["numel"] for r in rows if r["kind"] == "parameter")},
-        "ranks": ranks, "tensors": rows,
-    }
-
-
-def append_record(path: str | os.PathLike, record: dict[str, Any]) -> None:
-    """Append ``record`` as one JSON line to ``path`` (its folder is made if missing)."""
-    p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    line = json.dumps(_finite(record), allow_nan=False, default=str, separators=(",", ":"))
-    with open(p, "a", encoding="utf-8") as fh:
-        fh.write(line + "\n")
-
-
-def _finite(value: Any) -> Any:
-    """NaN and Inf become null: JSON has no spelling for them."""
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_finite(v) for v in value]
-    return value

@@ -19,10 +19,21 @@ def _ranks(ranks: list[int]) -> str:
 def step_findings(record: dict[str, Any], far_factor: float = 10.0) -> list[Finding]:
     """Every finding of one step record (see :func:`inspector.distributed.check_step`)."""
     findings: list[Finding] = []
-    for row in record["tensors"]:
-        findings += _drift(row, record["step"])
-        findings += nonfinite_by_rank(row)
-        findings += _unsynchronised(row)
+    gradients: list[Finding] = []
+    several = record["world_size"] > 1
+    for row in record["tensors"]:  # cheap tests first: most rows of a healthy step have nothing to say
+        hashes = row["hash"]
+        if several and hashes and hashes.count(hashes[0]) != len(hashes):
+            findings += _drift(row, record["step"])
+        if any(row.get("value_nan") or ()) or any(row.get("value_inf") or ()):
+            findings += nonfinite_values(row)
+        if any(row["nan"]) or any(row["inf"]):
+            gradients += nonfinite_by_rank(row)
+        norms = row["local_grad_norm"]
+        if several and not row["placements"] and row["kind"] == "parameter" and norms \
+                and norms.count(norms[0]) != len(norms):
+            findings += _unsynchronised(row)
+    findings += gradients if len(gradients) < 2 else [_spread(record, gradients)]
     findings += _far_off(record, far_factor)
     findings += _imbalance(record)
     return findings
@@ -46,6 +57,14 @@ def _drift(row: dict[str, Any], step: int) -> list[Finding]:
         majority, _ = counts.most_common(1)[0]
         agree = [r for r in ranks if hashes[r] == majority]
         differ = [r for r in ranks if hashes[r] != majority]
+        if row.get("resync") == "buffers" and 0 in ranks:
+            out.append(Finding(
+                "replica-resynchronised", "info", row["name"],
+                f"buffer {row['name']} differs between {_ranks(ranks)} at step {step} (each rank updated it "
+                "in its own forward pass, as BatchNorm does with its running statistics). "
+                "DistributedDataParallel(broadcast_buffers=True) copies rank 0's buffers to every rank at the "
+                "start of the next forward pass, so the copies are re-synchronised: not a drift."))
+            continue
         out.append(Finding(
             "replica-drift", "error", row["name"],
             f"{row['kind']} {row['name']} should be identical on {_ranks(ranks)} but at step {step} "
@@ -79,6 +98,55 @@ def unsynchronised(row: dict[str, Any]) -> bool:
         return False
     lo, hi = min(norms), max(norms)
     return bool(hi - lo > 1e-5 * max(hi, 1e-30))
+def nonfinite_values(row: dict[str, Any]) -> list[Finding]:
+    """``nonfinite-parameter``: the ranks whose local piece of a parameter's or buffer's values
+    (not its gradient) holds NaN/Inf."""
+    nan, inf = row.get("value_nan") or [], row.get("value_inf") or []
+    bad = [r for r, (n, i) in enumerate(zip(nan, inf, strict=True)) if n or i]
+    if not bad:
+        return []
+    counts = "; ".join(f"rank {r}: {nan[r]} NaN, {inf[r]} Inf" for r in bad)
+    fine = [r for r in range(len(nan)) if r not in bad]
+    tail = f"; {_ranks(fine)} {'is' if len(fine) == 1 else 'are'} finite" if fine else ""
+    return [Finding(
+        "nonfinite-parameter", "error", row["name"],
+        f"the values of {row['kind']} {row['name']} (not its gradient) are not finite on {_ranks(bad)} "
+        f"({counts} in the local piece){tail}. Every forward pass now spreads it to the outputs and "
+        "gradients of every rank: look for what wrote it (an optimizer step on a non-finite gradient, "
+        "an in-place edit, a checkpoint load).")]
+
+
+def _origin(record: dict[str, Any]) -> str:
+    """Where non-finite values started, as far as one step's numbers tell."""
+    for row in record["tensors"]:
+        bad = [r for r, (n, i) in enumerate(zip(row.get("value_nan") or [], row.get("value_inf") or [],
+                                                 strict=True)) if n or i]
+        if bad:
+            return (f"They start at {_ranks(bad)}'s piece of {row['kind']} {row['name']}, whose values are "
+                    "not finite (the first such tensor in registration order)")
+    ranks = record.get("ranks", [])
+    losses = [r.get("loss_finite") for r in ranks]
+    bad = [r["rank"] for r in ranks if r.get("loss_finite") is False]
+    if bad and len(bad) < len(ranks):
+        return f"They start at the loss of {_ranks(bad)}, which is not finite while the other ranks' is"
+    if bad:
+        return "The loss is not finite on every rank: look at the model's forward pass and the batches"
+    if all(v is None for v in losses):
+        return ("Every rank's values are finite: pass loss= to check_step to name the rank whose loss "
+                "went non-finite first")
+    return "Every rank's values and loss are finite: the backward pass made them (an overflow in a layer)"
+
+
+def _spread(record: dict[str, Any], found: list[Finding]) -> Finding:
+    """One ``nonfinite-gradient`` for many tensors: NaN reached them through the gradient reduction."""
+    ranks = sorted({r for row in record["tensors"] for r, (n, i) in enumerate(zip(row["nan"], row["inf"],
+                                                                                 strict=True)) if n or i})
+    names = [f.where for f in found]
+    shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+    return Finding(
+        "nonfinite-gradient", "error", names[0],
+        f"the gradients of {len(names)} tensors are not finite on {_ranks(ranks)} ({shown}): non-finite "
+        f"values spread through the forward pass and the gradient reduction. {_origin(record)}.")
 
 
 def _unsynchronised(row: dict[str, Any]) -> list[Finding]:
@@ -94,8 +162,8 @@ def _unsynchronised(row: dict[str, Any]) -> list[Finding]:
         "drift apart. Shard it with fully_shard, wrap the model in DDP, or all-reduce its gradient.")]
 
 
-def _far_off(record: dict[str, Any], far_factor: float) -> list[Finding]:
-    """A rank whose gradient RMS per element is far from the other ranks' median."""
+def _rms(record: dict[str, Any]) -> dict[int, float]:
+    """Each rank's gradient RMS per element over its local pieces (finite ones only)."""
     rms: dict[int, float] = {}
     for rank in range(record["world_size"]):
         sq = numel = 0.0
@@ -107,20 +175,35 @@ def _far_off(record: dict[str, Any], far_factor: float) -> list[Finding]:
             numel += row["local_numel"][rank]
         if numel:
             rms[rank] = math.sqrt(sq / numel)
-    if len(rms) < 2:
+    return rms
+
+
+def _far_off(record: dict[str, Any], far_factor: float) -> list[Finding]:
+    """A rank whose gradient RMS per element is far above or below the other ranks' median."""
+    rms = _rms(record)
+    if len(rms) < 2 or any(v <= 0 for v in rms.values()):
         return []
+    if len(rms) == 2:
+        (a, va), (b, vb) = sorted(rms.items(), key=lambda kv: -kv[1])
+        if va / vb < far_factor:
+            return []
+        return [Finding(
+            "gradient-far-off", "warning", f"ranks {min(a, b)} and {max(a, b)}",
+            f"rank {a}'s gradients are {va / vb:.3g}x larger per element than rank {b}'s (RMS {va:.3g} "
+            f"against {vb:.3g}). With 2 ranks there is no majority to tell which one is off: compare each "
+            "with an earlier step, or run with more ranks. Causes: a bad batch, a different loss scale or a "
+            "missed gradient reduction on one rank.")]
     out = []
+    middle = median(rms.values())  # of every rank: one rank far off cannot move it
     for rank, value in rms.items():
-        others = median(v for r, v in rms.items() if r != rank)
-        if others <= 0 or value <= 0:
-            continue
-        ratio = value / others
-        if ratio >= far_factor:
+        ratio = value / middle
+        if ratio >= far_factor or ratio <= 1 / far_factor:
+            how = f"{ratio:.3g}x larger" if ratio > 1 else f"{1 / ratio:.3g}x smaller"
             out.append(Finding(
                 "gradient-far-off", "warning", f"rank {rank}",
-                f"rank {rank}'s gradients are {ratio:.3g}x larger per element than the other ranks' "
-                f"median (RMS {value:.3g} against {others:.3g}): a bad batch, a different loss scale "
-                "or a missed gradient reduction on that rank."))
+                f"rank {rank}'s gradients are {how} per element than the median of the {len(rms)} ranks "
+                f"(RMS {value:.3g} against {middle:.3g}): a bad batch, a different loss scale or a missed gradient reduction "
+                "on that rank."))
     return out
 
 

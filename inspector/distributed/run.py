@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import math
 import os
+import re
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -12,11 +14,11 @@ from typing import Any
 import pandas as pd
 
 from ..findings import Finding, InspectorError
-from .check import FORMAT
 from .findings import unsynchronised
+from .record import FORMAT, VERSION
 
 RANK_COLUMNS = ["step", "rank", "grad_norm", "nonfinite", "param_numel", "param_bytes", "grad_bytes",
-                "buffer_bytes", "device_allocated", "device_peak", "rss", "peak_rss"]
+                "buffer_bytes", "device_allocated", "device_peak", "rss", "peak_rss", "value_nonfinite", "loss"]
 TENSOR_COLUMNS = ["name", "kind", "placements", "mesh", "shape", "numel", "local_numel", "grad_norm",
                   "local_grad_norm", "nan", "inf"]
 
@@ -47,13 +49,25 @@ class DistributedRun:
         raise InspectorError(f"{self.path} has no step {step}; steps: {self.steps['step'].tolist()}")
 
 
+_PREFIX = re.compile(r'\s*\{\s*"format"\s*:\s*"' + FORMAT + '"')
+_FIRST_LINE_LIMIT = 64 << 20  # a first line this long is not parsed to tell what the file is
+
+
 def is_run_file(path: str | os.PathLike) -> bool:
-    """Whether ``path`` starts with a ``check_step`` record (reads the first line only)."""
+    """Whether ``path`` starts with a ``check_step`` record.
+
+    The writer puts ``"format"`` first, so the first bytes tell (a record of thousands of
+    ranks is megabytes long); a file that starts otherwise has its first line parsed.
+    """
     try:
-        with open(path, encoding="utf-8") as fh:
-            first = fh.readline(1_000_000)
-        return json.loads(first).get("format") == FORMAT
-    except (OSError, ValueError, AttributeError, UnicodeDecodeError):
+        with open(path, "rb") as fh:
+            head = fh.read(4096)
+            if _PREFIX.match(head.decode("utf-8", errors="ignore").lstrip("\ufeff")):
+                return True
+            fh.seek(0)
+            first = fh.readline(_FIRST_LINE_LIMIT).decode("utf-8-sig")
+        return _loads(first).get("format") == FORMAT
+    except (OSError, ValueError, AttributeError, UnicodeDecodeError, RecursionError):
         return False
 
 
@@ -62,42 +76,96 @@ def read_run(path: str | os.PathLike) -> DistributedRun:
 
     Raises:
         InspectorError: the file is missing, empty, or a line is not a step record (the
-            message names the file and the line).
+            message names the file and the line). A last line cut short (a run that was
+            stopped while writing) is left out with a ``run-file-truncated`` finding.
     """
     p = Path(path)
     if not p.is_file():
         raise InspectorError(f"run file {p} does not exist; write it with inspector.distributed.check_step "
                              "or `torchrun ... -m inspector distributed ... -o FILE`")
     try:
-        text = p.read_text(encoding="utf-8")
+        text = p.read_text(encoding="utf-8-sig")
     except (OSError, UnicodeDecodeError) as exc:
         raise InspectorError(f"run file {p.name} cannot be read as UTF-8 text ({exc})") from None
     return parse_run(text, p.name)
 
 
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a number a run file holds")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"{text[:20]} is out of range for a float")
+    return value
+
+
+def _bounded_int(text: str) -> int:
+    if len(text.lstrip("-")) > 19:
+        raise ValueError(f"the integer {text[:20]}... has {len(text)} digits, more than a run file holds")
+    return int(text)
+
+
+def _loads(line: str) -> Any:
+    """``json.loads`` that refuses NaN, Infinity, floats out of range and integers past 64 bits."""
+    return json.loads(line, parse_constant=_reject_constant, parse_float=_finite_float, parse_int=_bounded_int)
+
+
+def _parse_line(line: str, number: int, name: str) -> dict[str, Any]:
+    try:
+        rec = _loads(line)
+    except RecursionError:
+        raise InspectorError(f"{name} line {number} nests brackets too deeply to be a check_step "
+                             "record") from None
+    except json.JSONDecodeError as exc:
+        raise InspectorError(f"{name} line {number} is not JSON ({exc}); a run file holds one "
+                             "check_step record per line") from None
+    except ValueError as exc:  # NaN, Infinity, out-of-range numbers
+        raise InspectorError(f"{name} line {number} is not a valid check_step record: {exc}") from None
+    if not isinstance(rec, dict) or rec.get("format") != FORMAT:
+        raise InspectorError(f"{name} line {number} is not a check_step record (no "
+                             f"\"format\": \"{FORMAT}\")")
+    missing = [k for k in ("step", "world_size", "ranks", "tensors", "global") if k not in rec]
+    if missing:
+        raise InspectorError(f"{name} line {number} lacks {', '.join(missing)}")
+    problem = _record_problem(rec)
+    if problem:
+        raise InspectorError(f"{name} line {number} is not a valid check_step record: {problem}")
+    return rec
+
+
 def parse_run(text: str, name: str = "run file") -> DistributedRun:
     """Like :func:`read_run`, from the file's text (an upload)."""
-    records = []
-    for number, line in enumerate(text.splitlines(), 1):
+    records: list[dict[str, Any]] = []
+    notes: list[Finding] = []
+    lines = text.lstrip("\ufeff").splitlines()
+    # a run stopped while writing leaves a last line without its newline
+    last = len(lines) - 1 if text and not text.endswith(("\n", "\r")) else -1
+    for number, line in enumerate(lines, 1):
         if not line.strip():
             continue
         try:
-            rec = json.loads(line)
-        except ValueError as exc:
-            raise InspectorError(f"{name} line {number} is not JSON ({exc}); a run file holds one "
-                                 "check_step record per line") from None
-        if not isinstance(rec, dict) or rec.get("format") != FORMAT:
-            raise InspectorError(f"{name} line {number} is not a check_step record (no "
-                                 f"\"format\": \"{FORMAT}\")")
-        missing = [k for k in ("step", "world_size", "ranks", "tensors", "global") if k not in rec]
-        if missing:
-            raise InspectorError(f"{name} line {number} lacks {', '.join(missing)}")
-        problem = _record_problem(rec)
-        if problem:
-            raise InspectorError(f"{name} line {number} is not a valid check_step record: {problem}")
-        records.append(rec)
+            records.append(_parse_line(line, number, name))
+        except InspectorError as exc:
+            if number - 1 != last or not records or "is not JSON" not in str(exc):
+                raise
+            notes.append(Finding("run-file-truncated", "warning", name,
+                                 f"the last line of {name} (line {number}) is cut short ({len(line)} characters "
+                                 f"that are not a whole record): the run stopped while writing it. Read "
+                                 f"{len(records)} complete steps before it."))
     if not records:
         raise InspectorError(f"{name} holds no step records")
+    newer = sorted({rec["version"] for rec in records if _is_int(rec.get("version")) and rec["version"] > VERSION})
+    if newer:
+        notes.insert(0, Finding("run-file-newer", "warning", name,
+                                f"{name} was written by a newer version of the record (version "
+                                f"{', '.join(str(v) for v in newer)}; this one reads version {VERSION}): fields "
+                                "it does not know are left out; update model-inspector to read them all."))
+    return _run(records, notes, name)
+
+
+def _run(records: list[dict[str, Any]], notes: list[Finding], name: str) -> DistributedRun:
     rank_rows, step_rows, findings = [], [], []
     for rec in records:
         for r in rec["ranks"]:
@@ -106,6 +174,7 @@ def parse_run(text: str, name: str = "run file") -> DistributedRun:
         findings += [(rec["step"], f) for f in step_findings]
         step_rows.append([rec["step"], rec["global"].get("grad_norm"), rec["global"].get("nonfinite", 0),
                           len(step_findings)])
+    findings += [(records[-1]["step"], f) for f in notes]
     per_rank = pd.DataFrame(rank_rows, columns=RANK_COLUMNS)
     steps = pd.DataFrame(step_rows, columns=["step", "grad_norm", "nonfinite", "findings"])
     last = records[-1]
@@ -126,8 +195,10 @@ def _record_problem(rec: dict[str, Any]) -> str:
     pages and reports read, with the types ``check_step`` writes."""
     if not _is_int(rec["step"]):
         return f"step must be an integer, not {rec['step']!r}"
-    if not _is_int(rec["world_size"]) or rec["world_size"] < 1:
+    if not _is_int(rec["world_size"]) or not 1 <= rec["world_size"] <= 1 << 20:
         return f"world_size must be a positive integer, not {rec['world_size']!r}"
+    if "version" in rec and not _is_int(rec["version"]):
+        return f"version must be an integer, not {rec['version']!r}"
     if not isinstance(rec.get("backend", ""), str) or not isinstance(rec.get("note", ""), str):
         return "backend and note must be strings"
     if not isinstance(rec["global"], dict) or not all(_is_number(v) for v in rec["global"].values()):
@@ -145,8 +216,9 @@ def _record_problem(rec: dict[str, Any]) -> str:
             isinstance(t, dict) and isinstance(t.get("name"), str) for t in rec["tensors"]):
         return "tensors must be a list of objects, each with a string name"
     for t in rec["tensors"]:
-        if not all(isinstance(t.get(k, []), list) for k in ("nan", "inf", "replica_key", "hash")):
-            return f"tensor {t['name']!r}: nan, inf, replica_key and hash must be lists"
+        problem = _tensor_problem(t, rec["world_size"])
+        if problem:
+            return f"tensor {t['name']!r}: {problem}"
     findings = rec.get("findings", [])
     if not isinstance(findings, list):
         return "findings must be a list"
@@ -155,6 +227,30 @@ def _record_problem(rec: dict[str, Any]) -> str:
             Finding.from_dict(f)
         except ValueError as exc:
             return str(exc)
+    return ""
+
+
+_PER_RANK_INTS = ("nan", "inf", "replica_key", "local_numel", "value_nan", "value_inf")
+
+
+def _tensor_problem(t: dict[str, Any], world: int) -> str:
+    """What is wrong with one tensor row ("" when nothing)."""
+    if not all(isinstance(t.get(k, []), list) for k in ("nan", "inf", "replica_key", "hash")):
+        return "nan, inf, replica_key and hash must be lists"
+    for key in _PER_RANK_INTS:
+        values = t.get(key)
+        if values is not None and (not isinstance(values, list) or not all(_is_int(v) for v in values)):
+            return f"{key} must be a list of integers, one per rank"
+    if not all(_is_number(v) for v in t.get("local_grad_norm") or []) or not _is_number(t.get("grad_norm")):
+        return "grad_norm and local_grad_norm must be numbers"
+    if not all(isinstance(h, list) and h and all(_is_int(x) for x in h) for h in t.get("hash", [])):
+        return "hash must be a list of integer lists, one per rank"
+    keys, hashes = t.get("replica_key", []), t.get("hash", [])
+    if len(hashes) < len(keys):
+        return f"hash has {len(hashes)} entries for {len(keys)} replica keys: each rank needs one"
+    long = [k for k in (*_PER_RANK_INTS, "hash", "local_grad_norm") if len(t.get(k) or []) > world]
+    if long:
+        return f"{long[0]} has more entries than world_size ({world})"
     return ""
 
 
@@ -177,18 +273,22 @@ def unique_findings(run: DistributedRun) -> list[tuple[list[int], Finding]]:
 
 def rank_issues(run: DistributedRun, rank: int) -> pd.DataFrame:
     """Where ``rank`` stands out, step by step: ``step, tensor, issue`` with ``issue`` in
-    ``"nonfinite gradient"`` (its piece holds NaN/Inf), ``"differs from its replicas"`` (its bits
-    differ from the majority of the ranks that must hold the same values), ``"replicas disagree,
-    no majority"`` (they differ and no majority says which is right: every one of them is named)
-    and ``"gradient not synchronized"`` (a plain parameter whose gradient differs between ranks:
-    every rank is named)."""
+    ``"nonfinite gradient"`` (its piece holds NaN/Inf), ``"nonfinite values"`` (the values of its
+    piece do), ``"differs from its replicas"`` (its bits differ from the majority of the ranks that
+    must hold the same values), ``"replicas disagree, no majority"`` (they differ and no majority
+    says which is right: every one of them is named) and ``"gradient not synchronized"`` (a plain
+    parameter whose gradient differs between ranks: every rank is named). Buffers that the wrapper
+    re-synchronises (DDP's ``broadcast_buffers``) are not counted as drift."""
     rows = []
     for rec in run.records:
         for t in rec["tensors"]:
             nan, inf = t.get("nan", []), t.get("inf", [])
             if (rank < len(nan) and nan[rank]) or (rank < len(inf) and inf[rank]):
                 rows.append((rec["step"], t["name"], "nonfinite gradient"))
-            drift = _replica_issue(t, rank)
+            vnan, vinf = t.get("value_nan") or [], t.get("value_inf") or []
+            if (rank < len(vnan) and vnan[rank]) or (rank < len(vinf) and vinf[rank]):
+                rows.append((rec["step"], t["name"], "nonfinite values"))
+            drift = "" if t.get("resync") == "buffers" else _replica_issue(t, rank)
             if drift:
                 rows.append((rec["step"], t["name"], drift))
             if rank < len(t.get("local_grad_norm") or []) and unsynchronised(t):

@@ -203,3 +203,66 @@ def kept_sharded(model: nn.Module, modules: Iterable[nn.Module] | None = None) -
     finally:
         for m in sharded:
             m.reshard()
+
+
+def split_dims(t: torch.Tensor) -> list[int]:
+    """Mesh dimensions on which the ranks of ``t``'s mesh hold different values: ``Shard``,
+    ``_StridedShard`` and ``Partial`` (pending sums); ``Replicate`` dimensions hold copies."""
+    if not is_dtensor(t):
+        return []
+    return [i for i, p in enumerate(cast(Sequence[Any], t.placements)) if splits(p) or p.is_partial()]
+
+
+def replica_key(t: torch.Tensor, world: int) -> int:
+    """Ranks with the same key hold the same local values of ``t``; -1 when no two ranks of a
+    ``world``-rank group do (every rank holds a piece of its own).
+
+    The key is this rank's coordinate on the mesh dimensions that split ``t``. A DTensor on a
+    sub-mesh (FSDP on the data-parallel dimension of a 2-D mesh) has a copy of that sub-mesh on
+    every other rank of the group: ranks at the same coordinate of their own sub-mesh hold the
+    same piece, so they share a key. A plain tensor is the same on every rank: key 0.
+    """
+    if not is_dtensor(t):
+        return 0 if world > 1 else -1
+    mesh = t.device_mesh
+    coordinate = mesh.get_coordinate()
+    dims = split_dims(t)
+    pieces = math.prod(mesh.size(i) for i in dims)
+    if coordinate is None or pieces >= world:
+        return -1
+    key = 0
+    for i in dims:
+        key = key * mesh.size(i) + coordinate[i]
+    return key
+
+
+def holders(t: torch.Tensor, world: int) -> float:
+    """How many ranks of a ``world``-rank group hold each element of ``t``: the group size over
+    the number of distinct pieces; 0 when a ``Partial`` placement hides the values (pending sums);
+    NaN for a plain tensor (every rank has all of it)."""
+    if not is_dtensor(t):
+        return math.nan
+    if any(p.is_partial() for p in cast(Sequence[Any], t.placements)):
+        return 0.0
+    pieces = math.prod(t.device_mesh.size(i) for i in split_dims(t))
+    return max(world / pieces, 1.0)
+
+
+def rank_coordinates(mesh: Any) -> list[tuple[int, list[int]]]:
+    """(global rank, coordinate in ``mesh``) for every rank that holds a copy of ``mesh``.
+
+    A sub-mesh (``mesh_2d["dp"]``) is one of several copies, one per coordinate of the other
+    dimensions of its root mesh: every rank of the root has a coordinate in its own copy.
+    Without a root mesh (or names to map it), the ranks of ``mesh`` itself.
+    """
+    import numpy as np
+
+    root = getattr(mesh, "_get_root_mesh", lambda: mesh)()
+    names, root_names = mesh.mesh_dim_names, root.mesh_dim_names
+    if root is not mesh and names and root_names and all(n in root_names for n in names):
+        dims = [root_names.index(n) for n in names]
+        ranks = root.mesh.reshape(-1).tolist()
+        return [(int(r), [int(np.unravel_index(flat, tuple(root.shape))[d]) for d in dims])
+                for flat, r in enumerate(ranks)]
+    ranks = mesh.mesh.reshape(-1).tolist()
+    return [(int(r), [int(c) for c in np.unravel_index(flat, tuple(mesh.shape))]) for flat, r in enumerate(ranks)]

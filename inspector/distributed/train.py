@@ -16,7 +16,7 @@ import torch.distributed as dist
 from torch import nn
 
 from ..findings import InspectorError
-from .check import StepCheck, check_step
+from .check import TIMEOUT, StepCheck, check_step
 
 SHARD_MODES = ("fsdp", "ddp", "none")
 
@@ -78,26 +78,58 @@ def shard(model: nn.Module, mode: str, device: torch.device) -> nn.Module:
     return model
 
 
+def _forward_backward(model: nn.Module, inputs: Any, loss_fn: Callable[[Any, Any], torch.Tensor],
+                      step: int) -> torch.Tensor:
+    """One forward pass, loss and backward pass; an error names this rank and where it came from."""
+    from ..models import call_model
+
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    try:
+        loss = loss_fn(call_model(model, inputs), inputs)
+        loss.backward()
+    except InspectorError:
+        raise
+    except dist.DistError as exc:  # a collective inside FSDP/DDP failed: another rank stopped
+        raise InspectorError(f"rank {rank} lost another rank during the forward/backward pass of step {step} "
+                             f"({type(exc).__name__}: {_first_line(exc)}); the other ranks' messages say "
+                             "which one stopped and why") from exc
+    except Exception as exc:  # noqa: BLE001 - the user's model: named as such, not as a bug of ours
+        raise InspectorError(f"rank {rank}: the model's forward pass or loss raised at step {step}: "
+                             f"{type(exc).__name__}: {_first_line(exc)}. The error is in the model file, not in "
+                             "the check; run the model on one process to debug it") from exc
+    return loss
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = str(exc).strip().splitlines()
+    return lines[0] if lines else ""
+
+
 def train_and_check(model: nn.Module, inputs_fn: Callable[[int], Any], loss_fn: Callable[[Any, Any], torch.Tensor],
                     steps: int, path: str | None, *, batch_size: int = 2, lr: float = 1e-2,
                     device: torch.device | str = "cpu", note: str = "",
-                    after_backward: Callable[[nn.Module, int], None] | None = None) -> list[StepCheck]:
+                    after_backward: Callable[[nn.Module, int], None] | None = None,
+                    timeout: float = TIMEOUT) -> list[StepCheck]:
     """``steps`` SGD steps of ``loss_fn(model(x), x)``, calling :func:`check_step` after each backward.
 
-    ``after_backward(model, step)``, if given, runs between the backward pass and the check.
+    ``after_backward(model, step)``, if given, runs between the backward pass and the check;
+    ``timeout`` is :func:`check_step`'s.
+
+    Raises:
+        InspectorError: the model's forward pass, loss or backward pass raised on this rank (the
+            message names the rank and the step), or another rank did not reach a check in time.
     """
-    from ..models import call_model, to_device
+    from ..models import to_device
 
     device = torch.device(device)
     optimizer = torch.optim.SGD(model.parameters(), lr=lr)
     checks = []
     for step in range(steps):
         inputs = to_device(inputs_fn(batch_size), device)
-        loss = loss_fn(call_model(model, inputs), inputs)
-        loss.backward()
+        loss = _forward_backward(model, inputs, loss_fn, step)
         if after_backward is not None:
             after_backward(model, step)
-        checks.append(check_step(model, step, path, note=note))
+        checks.append(check_step(model, step, path, note=note, loss=loss, timeout=timeout))
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
     return checks

@@ -58,6 +58,9 @@ def load_device_map(text: str, source: str = "device map") -> dict[str, Device]:
     except json.JSONDecodeError as exc:
         raise InspectorError(f"{source} is not valid JSON: {exc.msg} at line {exc.lineno}, "
                              f"column {exc.colno}; write it like {{\"embed\": 0, \"head\": \"cpu\"}}") from None
+    except RecursionError:
+        raise InspectorError(f"{source} nests brackets too deeply to read; a device map is one flat JSON object "
+                             "of names to devices") from None
     if not isinstance(data, dict):
         raise InspectorError(f"{source} must be a JSON object of names to devices, not {type(data).__name__}")
     return normalise_map(data)

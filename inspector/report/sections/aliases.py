@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from ...aliases import CONVERSIONS, alias_analysis, conversion_table, graph_data
+from ...distributed import model_has_dtensors
 from ...findings import InspectorError
 from ...summary import model_bytes
 from ...units import format_bytes
@@ -49,6 +50,11 @@ def _conversions(ctx: Context, notes: list[str]) -> list[str]:
     if not choice:
         return []
     known = list(CONVERSIONS)
+    if model_has_dtensors(ctx.model):
+        notes.append("conversion checks skipped: the parameters are DTensors (FSDP2 or tensor parallel) and each "
+                     "check converts a copy of the model, which a sharded module cannot make; run them on the "
+                     "model before sharding it")
+        return []
     if choice in ("all", "auto") and not _on_cuda(ctx.model):
         known.remove("cuda")
         notes.append("Module.cuda() left out: the model is not on a CUDA device")

@@ -1,0 +1,121 @@
+"""Cheap per-step digests of this rank's tensor pieces: position-dependent hashes and NaN/Inf counts.
+
+A hash is one int64 per tensor: the wrapping sum, over the elements, of a mixing function
+(multiply, xor-shift, multiply) of each element's raw bits plus its position times an odd
+constant. Any change of bits changes one term unpredictably, so two swapped elements, a
++1/-1 ulp pair or any other edit that keeps a plain sum changes the hash (a collision needs
+two different sets of 64-bit mixes to add up the same: about 2^-64 per change).
+
+Reading every element every step would cost as much as a copy of the model, so a piece is
+read in :data:`PARTS` parts, one part per call (pieces of up to :data:`WHOLE` elements are
+read whole every call): a value that differs between replicas is found within ``PARTS``
+calls of ``check_step``, and within one call when it differs in a small tensor. The parts
+of all tensors of one device and bit width are hashed together in one pass (a handful of
+kernels, not a few per tensor), on the device that holds them.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+
+PARTS = 32            # a large piece is hashed in 32 parts, one per call: drift found within 32 calls
+WHOLE = 4096          # pieces up to 4,096 elements are hashed (and checked for NaN/Inf) whole every call
+_GOLDEN = -7046029254386353131   # 0x9E3779B97F4A7C15 (as int64): position multiplier
+_MIX1 = -4658895280553007687     # 0xBF58476D1CE4E5B9
+_MIX2 = -7723592293110705685     # 0x94D049BB133111EB
+_INT = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def part(numel: int, call: int) -> tuple[int, int]:
+    """The element range of a ``numel``-element piece that call number ``call`` reads."""
+    if numel <= WHOLE:
+        return 0, numel
+    size = -(-numel // PARTS)
+    start = min((call % PARTS) * size, numel)
+    return start, min(start + size, numel)
+
+
+def flat(piece: torch.Tensor) -> torch.Tensor:
+    """``piece`` as a 1-D contiguous tensor (a view when it already is contiguous)."""
+    out = piece.reshape(-1)
+    return out if out.is_contiguous() else out.contiguous()
+
+
+def _bits(values: torch.Tensor) -> torch.Tensor:
+    """The raw bits of a 1-D contiguous tensor as integers of the same width (a view)."""
+    if values.dtype == torch.bool:
+        return values.view(torch.int8)
+    view = _INT.get(values.element_size())
+    return values.view(view) if view is not None else values.view(torch.uint8)
+
+
+def _mix(x: torch.Tensor) -> torch.Tensor:
+    """Multiply, xor-shift, multiply, in place on int64 (multiplications wrap): every input bit
+    reaches every output bit, and the map is not additive."""
+    x.mul_(_MIX1)
+    x.bitwise_xor_(torch.bitwise_right_shift(x, 32).bitwise_and_(0xFFFFFFFF))
+    return x.mul_(_MIX2)
+
+
+def _ramp(lengths: torch.Tensor, values: torch.Tensor, total: int) -> torch.Tensor:
+    """``values[k]`` repeated ``lengths[k]`` times (``repeat_interleave``, as a cheaper cumsum)."""
+    steps = torch.zeros(total, dtype=torch.int64, device=values.device)
+    steps[0] = values[0]
+    ends = torch.cumsum(lengths, 0)[:-1]
+    steps.index_add_(0, ends, values[1:] - values[:-1])
+    return torch.cumsum(steps, 0)
+
+
+def hashes(pieces: Sequence[tuple[torch.Tensor, int]]) -> torch.Tensor:
+    """One int64 hash per ``(values, start)``: ``values`` is a 1-D contiguous slice of a piece
+    that begins at element ``start`` of it. All on one device; returns an (n,) int64 tensor there.
+
+    >>> a = torch.tensor([1.0, 2.0, 3.0])
+    >>> h = hashes([(a, 0), (a[[1, 0, 2]], 0), (a[1:], 1)])
+    >>> bool(h[0] != h[1]), bool(hashes([(a[1:], 1)])[0] == h[2])
+    (True, True)
+    """
+    if not pieces:
+        return torch.zeros(0, dtype=torch.int64)
+    device = pieces[0][0].device
+    out = torch.zeros(len(pieces), dtype=torch.int64, device=device)
+    groups: dict[torch.dtype, list[int]] = {}
+    bits = [_bits(v) for v, _ in pieces]
+    for i, b in enumerate(bits):
+        if b.numel():
+            groups.setdefault(b.dtype, []).append(i)
+    for idx in groups.values():
+        sizes = [bits[i].numel() for i in idx]
+        lengths = torch.tensor(sizes, device=device)
+        ends = torch.cumsum(lengths, 0)
+        starts = torch.tensor([pieces[i][1] for i in idx], device=device)
+        x = torch.cat([bits[i] for i in idx]).to(torch.int64)
+        # element k of a piece at position p of its tensor: x = bits + p * golden, p = k + (start - offset)
+        position = torch.arange(x.numel(), device=device, dtype=torch.int64)
+        position.add_(_ramp(lengths, starts - (ends - lengths), x.numel()))
+        _mix(x.add_(position.mul_(_GOLDEN)))
+        running = torch.cumsum(x, 0)  # wraps like the sum; a piece's sum is a difference of two
+        summed = running[ends - 1]
+        summed[1:] -= running[ends[:-1] - 1]
+        out[torch.tensor(idx, device=device)] = summed
+    return out
+
+
+def nonfinite_counts(values: Sequence[torch.Tensor]) -> list[tuple[int, int]]:
+    """(NaN, Inf) counts of each tensor: one fused norm pass, then exact counts only where a
+    norm is not finite (it also overflows for large finite values; those count (0, 0))."""
+    out = [(0, 0)] * len(values)
+    groups: dict[tuple[torch.device, torch.dtype], list[int]] = {}
+    for i, v in enumerate(values):
+        if v.numel() and (v.is_floating_point() or v.is_complex()):
+            groups.setdefault((v.device, v.dtype), []).append(i)
+    for idx in groups.values():
+        norms = torch.stack(torch._foreach_norm([values[i] for i in idx])).double().cpu().tolist()
+        for i, norm in zip(idx, norms, strict=True):
+            if not math.isfinite(norm):
+                v = values[i]
+                out[i] = (int(torch.isnan(v).sum()), int(torch.isinf(v).sum()))
+    return out
