@@ -121,6 +121,10 @@ class Watch:
         self.tie_ids = self._tie_ids()
         if self.rank == 0:
             self._writer = RunWriter(self.path, self.meta)
+        if self._nonfinite:
+            from .captured import remove_captures
+
+            remove_captures(self.path, self.rank, self.world)
         self._handles.append(self.root.register_forward_pre_hook(self._forward_start))
         if self._nonfinite:
             self.tracer = NonfiniteTracer(self.root, backward=True, keep=self.capture_bytes > 0)
@@ -159,13 +163,14 @@ class Watch:
         tracer = self.tracer
         if tracer is None or not tracer.keep or not tracer.kept or self.captures is not None:
             return
-        from .captured import capture_producer
+        from .captured import capture_producer, captures_path, save_captures
 
         calls, meta = tracer.calls, tracer.meta
         flags = to_host([torch.stack([v.reshape(()) for v in tracer.values])]) if tracer.values else [np.zeros(0)]
         producer = forward_producer(calls, meta, flags[0] > 0, self.module_names[0])
         if producer is not None:
-            self.captures = capture_producer(tracer.kept, producer, self.capture_bytes, self.state.count)
+            self.captures = capture_producer(tracer.kept, producer, self.capture_bytes, self.state.count, self.rank)
+            save_captures(self.captures, captures_path(self.path, self.rank, self.world))
             tracer.keep = False  # one capture per run: the first producer
         tracer.kept.clear()
 
