@@ -18,6 +18,7 @@ from torch.utils.hooks import RemovableHandle
 
 from ..aliases import compare_ties, snapshot_ties
 from ..capture import Captures
+from ..distributed import is_dtensor
 from ..findings import Finding, InspectorError
 from ..wrappers import underlying
 from .detect import Detectors, not_in_optimizer
@@ -65,6 +66,7 @@ class Watch:
         self.capture_bytes = capture_bytes if nonfinite else 0
         self.on_finding = on_finding
         self.layout = Layout.of(self.root)
+        self.sharded = any(is_dtensor(p) for p in self.root.parameters())  # FSDP2 / tensor parallel
         self.module_names = [n for n, _ in self.root.named_modules()]
         initialised = dist.is_available() and dist.is_initialized()
         self.group = group
@@ -201,10 +203,18 @@ class Watch:
         check = self.state.count % self.every == 0
         numbers, scalars = transfer_step(self, check)
         findings = self.state.findings
+        numbers.shared = float(len(findings))
         numbers_all = self._gather(numbers)
-        if self.rank == 0:
-            self._write(numbers_all, scalars, findings)
+        if self.world > 1 and numbers_all[0].shared:  # rare: rank 0's step findings, to every rank
+            findings = self._from_rank0(findings)
+        self._write(numbers_all, scalars, findings)  # every rank: the same findings; rank 0 writes
         self.state.post(self.root, self.layout.parameters)
+
+    def _from_rank0(self, findings: list[Finding]) -> list[Finding]:
+        box: list[Any] = [[f.to_dict() for f in findings] if self.rank == 0 else None]
+        src = dist.get_global_rank(self.group, 0) if self.group is not None else 0
+        dist.broadcast_object_list(box, src=src, group=self.group)
+        return [Finding(**d) for d in box[0]]
 
     def _gather(self, numbers: Numbers) -> list[Numbers]:
         if self.world == 1:
@@ -229,7 +239,8 @@ class Watch:
             if n.checked:
                 found += self.detectors[rank].parameters(n.param_norm, n.buffer_norm, self.layout.buffers)
             new = self._first_time(found, step, rank)
-            records.append(_record(step, rank, n, scalars if rank == 0 else {}, self._lrs(), new))
+            if self._writer is not None:
+                records.append(_record(step, rank, n, scalars if rank == 0 else {}, self._lrs(), new))
         if self._writer is not None:
             self._writer.write(records)
 
