@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
+from ..distributed import is_dtensor
 from ..findings import Finding
 from .layout import current, fused_norms, global_norms, shard_key, to_host
 from .numbers import BATCH_PRODUCER, NO_PRODUCER, Numbers, memory
@@ -158,8 +159,25 @@ def _norm_parts(w: Watch, check: bool) -> tuple[Pairs, Pairs, Pairs, Pairs]:
     return grad_parts, param_parts, buffer_parts, update_parts
 
 
+def _overflowed(norms: np.ndarray, tensors: list[torch.Tensor | None]) -> None:
+    """Where a float32 norm came out Inf, tell an overflow of the sum of squares (values near
+    1e20 and up, all finite) from a real Inf value: recompute those norms in float64 (rare: a
+    sync per such tensor; a sharded tensor's local piece)."""
+    for i in np.flatnonzero(np.isinf(norms)):
+        t = tensors[i]
+        if t is None:
+            continue
+        piece = (t.to_local() if is_dtensor(t) else t).detach()  # type: ignore[attr-defined]
+        if bool(torch.isfinite(piece).all()):
+            norms[i] = float(torch.linalg.vector_norm(piece.double()))
+
+
 def _fill(n: Numbers, w: Watch, params: list[torch.Tensor | None], update: np.ndarray, check: bool) -> None:
     layout = w.layout
+    _overflowed(n.param_grad, [_grad(p) for p in params])
+    if check:
+        _overflowed(n.param_norm, params)
+        _overflowed(n.buffer_norm, current(w.root, layout.buffers, "buffer"))
     g = np.where(n.has_grad, n.param_grad, 0.0)
     counts = np.zeros(len(params))
     for i in np.flatnonzero(n.has_grad & ~np.isfinite(n.param_grad)):  # rare: a sync per bad tensor
