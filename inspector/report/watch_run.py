@@ -40,7 +40,7 @@ def _captures_section(run: Run) -> Section | None:
     name, step, rank = producer_of(caps)
     columns = ["kind", "path", "shape", "dtype", "mean", "std", "min", "max", "nan", "inf"]
     stats = caps.stats[[c for c in columns if c in caps.stats.columns]]
-    tables = (Table.from_frame(f"Inputs and outputs of {name} at step {step}", stats,
+    tables: tuple[Table, ...] = (Table.from_frame(f"Inputs and outputs of {name} at step {step}", stats,
                                "detached copies taken when it first produced NaN/Inf"),)
     if caps.skipped:
         tables += (Table.from_frame("Left out by the capture byte budget", caps.skipped_table),)

@@ -58,7 +58,7 @@ def fused_norms(tensors: list[torch.Tensor | None]) -> list[tuple[np.ndarray, to
     for i, t in enumerate(tensors):
         if t is None:
             continue
-        if is_dtensor(t) and any(p.is_partial() for p in t.placements):  # type: ignore[attr-defined]
+        if is_dtensor(t) and any(p.is_partial() for p in t.placements):
             t = _replicated(t)  # pending sums (a collective every rank makes alike), as clip_grad_norm_ does
         piece = (t.to_local() if is_dtensor(t) else t).detach()
         if piece.numel() and piece.layout == torch.strided:
@@ -103,8 +103,8 @@ def shard_key(t: torch.Tensor | None) -> ShardKey | None:
     None for a plain tensor or one that every rank holds whole."""
     if t is None or not is_dtensor(t):
         return None
-    dims = tuple(d for d, p in enumerate(t.placements) if p.is_shard())  # type: ignore[attr-defined]
-    return (t.device_mesh, dims) if dims else None  # type: ignore[attr-defined]
+    dims = tuple(d for d, p in enumerate(t.placements) if p.is_shard())
+    return (t.device_mesh, dims) if dims else None
 
 
 def global_norms(sets: list[list[tuple[np.ndarray, torch.Tensor]]], keys: list[ShardKey | None],

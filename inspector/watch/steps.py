@@ -167,7 +167,7 @@ def _overflowed(norms: np.ndarray, tensors: list[torch.Tensor | None]) -> None:
         t = tensors[i]
         if t is None:
             continue
-        piece = (t.to_local() if is_dtensor(t) else t).detach()  # type: ignore[attr-defined]
+        piece = (t.to_local() if is_dtensor(t) else t).detach()
         if bool(torch.isfinite(piece).all()):
             norms[i] = float(torch.linalg.vector_norm(piece.double()))
 
