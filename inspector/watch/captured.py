@@ -46,7 +46,7 @@ def _note(name: str, step: int, rank: int | None) -> Finding:
 def capture_producer(kept: dict[int, tuple[Any, Any, int]], producer: Producer, max_bytes: int,
                      step: int, rank: int = 0) -> Captures:
     """A :class:`Captures` of the producer's inputs and outputs at ``step`` (within ``max_bytes``)."""
-    name = producer.module if producer.module != BATCH else "(batch)"
+    name = (producer.module or "(root)") if producer.module != BATCH else "(batch)"  # as the findings name them
     args, output, _ = kept.get(producer.call, ((), None, 0))
     budget: list[int] = [max_bytes]
     skipped: list[Skipped] = []
