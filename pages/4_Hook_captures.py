@@ -16,6 +16,7 @@ from inspector.responsive import runs_at_once
 from inspector.summary import model_bytes
 from ui.cache import cached_analysis
 from ui.errors import guarded
+from ui.run_captures import run_captures_section
 from ui.running import model_runs
 from ui.sidebar import model_picker
 from ui.tables import findings_table, paged_table, show_frame
@@ -31,6 +32,7 @@ st.caption("Each selected module's output is copied inside its forward hook (`de
            "so nothing that runs later can change it. A hook that keeps `output` itself keeps a "
            "reference: a following `ReLU(inplace=True)` or residual `+=` rewrites what it "
            "\"captured\". Modules whose live output changed after the hook are listed as mutated.")
+run_captures_section()  # a watched run's stored producer captures (no model needed)
 
 if loaded is None:
     st.info("Load a model in the sidebar to capture its activations.")

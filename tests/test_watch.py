@@ -290,3 +290,15 @@ def test_numbers_of_one_hand_worked_step(tmp_path):
     assert row["update_ratio"] == pytest.approx(0.1 * math.sqrt(2) / math.sqrt(23.62), rel=1e-5)
     step = run.steps.iloc[0]
     assert (step["loss"], step["tokens"], step["lr_0"], step["grad_norm"]) == (7.0, 2.0, 0.1, pytest.approx(math.sqrt(2)))
+
+
+def test_huge_finite_weights_are_not_called_nonfinite(tmp_path):
+    model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 1))
+    with torch.no_grad():
+        model[0].weight.fill_(1e30)  # finite, but its float32 sum of squares overflows
+    with watch(model, None, tmp_path / "r.inspect") as w:
+        model[1](torch.ones(2, 4)).sum().backward()
+        w.step()
+    assert not _codes(w, "nonfinite-parameter")
+    norms = read_run(tmp_path / "r.inspect").at(0).set_index("module")["param_norm"]
+    assert norms["0"] == pytest.approx(4e30, rel=1e-5)  # sqrt(16) * 1e30, from float64

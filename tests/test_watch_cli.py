@@ -62,3 +62,15 @@ def test_findings_print_as_they_appear_and_fail_on_error(tmp_path, monkeypatch, 
 def test_bad_source_exits_2(tmp_path, capsys):
     assert main(["watch", "sample:no-such-model", "--steps", "1", "-o", str(tmp_path / "r.inspect")]) == 2
     assert "no-such-model" in capsys.readouterr().err
+
+
+def test_report_of_a_run_with_captures_and_of_the_captures_file(tmp_path, monkeypatch, capsys):
+    (tmp_path / "planted.py").write_text(PLANTED)
+    monkeypatch.setenv("INSPECTOR_MODEL_DIRS", str(tmp_path))
+    run = tmp_path / "r.inspect"
+    assert main(["watch", f"{tmp_path / 'planted.py'}:build", "--steps", "3", "--nonfinite", "-o", str(run)]) == 0
+    assert main(["report", str(run), "-o", str(tmp_path / "r.md")]) == 0
+    assert "## Captures of (root) at step 2" in (tmp_path / "r.md").read_text().replace("\\", "")
+    capsys.readouterr()
+    assert main(["report", f"{run}.captures.safetensors", "-o", str(tmp_path / "c.md")]) == 2
+    assert f"report {run} -o" in capsys.readouterr().err

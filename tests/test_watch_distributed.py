@@ -7,6 +7,8 @@ import math
 import socket
 from pathlib import Path
 
+import numpy as np
+import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
@@ -42,7 +44,7 @@ def _worker(rank: int, world: int, port: int, out: str) -> None:
                 w.log(loss=loss)
                 opt.step()
                 opt.zero_grad()
-        (Path(out) / f"rank{rank}.json").write_text(json.dumps([f.code for f in w.findings]))
+        (Path(out) / f"rank{rank}.json").write_text(json.dumps([list(f.__dict__.values()) for f in w.findings]))
     finally:
         dist.destroy_process_group()
 
@@ -64,4 +66,74 @@ def test_two_ranks_join_one_file(tmp_path):
     assert forward == [(2, 1, "(root)")]  # rank 1's own forward, never rank 0
     codes = {f.code for f in run.findings}
     assert "nonfinite-gradient" in codes  # check_step's own findings join the record
-    assert not (tmp_path / "rank1.json").read_text().count("nonfinite")  # rank 1 writes nothing; rank 0 reports
+    on0, on1 = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1))
+    assert on0 == on1 and [2, 1, "nonfinite-forward"] in [f[:3] for f in on1]  # every rank knows every finding
+    assert [tuple(f[:3]) for f in on0] == [(f.step, f.rank, f.code) for f in run.findings]
+
+
+class Two(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.up = nn.Linear(4, 6)
+        self.down = nn.Linear(6, 4)
+
+    def forward(self, x):
+        return self.down(torch.relu(self.up(x)))
+
+
+def _sharded(kind: str, world: int) -> nn.Module:
+    torch.manual_seed(0)
+    model = Two()
+    if kind == "replica":
+        return model
+    if kind == "fsdp":
+        from torch.distributed.fsdp import fully_shard
+
+        fully_shard(model.up)
+        return fully_shard(model)
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    mesh = init_device_mesh("cpu", (world,))
+    return parallelize_module(model, mesh, {"up": ColwiseParallel(), "down": RowwiseParallel()})
+
+
+def _sharded_worker(rank: int, world: int, port: int, out: str) -> None:
+    from inspector import watch
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    try:
+        xs = torch.randn(3, 5, 4, generator=torch.Generator().manual_seed(1))  # the same batches on each rank
+        for kind in ("fsdp", "tp", "replica"):
+            model = _sharded(kind, world)
+            opt = torch.optim.SGD(model.parameters(), lr=0.1)
+            with watch(model, opt, Path(out) / f"{kind}.inspect", update_ratio=True, distributed=False) as w:
+                for x in xs:
+                    model(x).pow(2).sum().backward()
+                    opt.step()
+                    opt.zero_grad()
+            (Path(out) / f"{kind}-rank{rank}.json").write_text(json.dumps([f.code for f in w.findings]))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_sharded_norms_are_global_like_an_unsharded_replica(tmp_path):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mp.start_processes(_sharded_worker, args=(2, port, str(tmp_path)), nprocs=2, join=True, start_method="fork")
+    from inspector import read_run
+
+    replica = read_run(tmp_path / "replica.inspect")
+    for kind in ("fsdp", "tp"):
+        run = read_run(tmp_path / f"{kind}.inspect")
+        assert run.meta.modules == replica.meta.modules and run.meta.parameters == replica.meta.parameters
+        for rank in (0, 1):  # each rank's row holds the global numbers, not its piece's
+            for column in ("grad_norm", "param_norm", "update_ratio"):
+                want = replica.matrix(column, 0)[1]
+                got = run.matrix(column, rank)[1]
+                np.testing.assert_allclose(got, want, rtol=1e-5, err_msg=f"{kind} rank {rank} {column}")
+            p_want = replica.parameters.query("rank == 0")["grad_norm"].to_numpy()
+            p_got = run.parameters.query(f"rank == {rank}")["grad_norm"].to_numpy()
+            np.testing.assert_allclose(p_got, p_want, rtol=1e-5, err_msg=f"{kind} rank {rank} parameters")
+        assert run.steps["grad_norm"].to_numpy() == pytest.approx(replica.steps["grad_norm"].to_numpy(), rel=1e-5)

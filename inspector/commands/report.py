@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import re
 from pathlib import Path
 
 from .. import SECTIONS, InspectorError, build_report, format_bytes, run_report
@@ -91,6 +92,10 @@ def run(args: argparse.Namespace) -> int:
         sections = check_sections([s for part in args.sections for s in part.split(",") if s])
     if is_run_file(args.source):  # a distributed run file: per-rank sections
         report = run_report(read_run(args.source))
+    elif str(args.source).endswith(".captures.safetensors"):
+        run_file = re.sub(r"(\.rank\d+)?\.captures\.safetensors$", "", str(args.source))
+        raise InspectorError(f"{args.source} holds the captures a watched run stored next to its run file; "
+                             f"report the run file, which includes them: report {run_file} -o ...")
     elif is_watch_file(args.source):  # a watched run: steps, findings by step, the module heatmap
         report = watch_report(read_watch_run(args.source))
     else:

@@ -61,9 +61,8 @@ def run(args: argparse.Namespace) -> int:
                                optimizer=args.optimizer, lr=args.lr, batch_size=args.batch_size, device=device,
                                every=args.every, nonfinite=args.nonfinite, update_ratio=args.update_ratio,
                                name=loaded.name, note=loaded.source, on_finding=_print if rank == 0 else None)
-    if rank != 0:
-        return 0
     errors = sum(f.severity == "error" for f in result.findings)
-    say(f"{result.steps} steps watched; {len(result.findings)} findings ({errors} errors); wrote {out}")
+    if rank == 0:
+        say(f"{result.steps} steps watched; {len(result.findings)} findings ({errors} errors); wrote {out}")
     worst = {"error": ("error",), "warning": ("error", "warning"), "never": ()}[args.fail_on]
     return 1 if any(f.severity in worst for f in result.findings) else 0

@@ -160,6 +160,12 @@ def _steps(scenario: Scenario) -> pd.DataFrame:
     return scenario.extras["run"].steps[["step", "loss", "grad_norm", "nonfinite"]]
 
 
+def _captures(scenario: Scenario) -> pd.DataFrame:
+    caps = scenario.extras["run"].captures
+    columns = ["module", "kind", "shape", "min", "max", "nan", "inf"]
+    return caps.stats[columns] if caps is not None else pd.DataFrame(columns=columns)
+
+
 def _findings(scenario: Scenario) -> pd.DataFrame:
     rows = [{"step": f.step, "code": f.code, "where": f.where, "message": f.message}
             for f in scenario.extras["run"].findings]
@@ -196,6 +202,8 @@ LAB = Lab(
     views=(
         View("Loss and gradient norm per step", _steps, "From the watch's run file."),
         View("Findings of the watch", _findings, "Each at the step it first appeared."),
+        View("Inputs and outputs of the producer", _captures,
+             "Copied by the watch when the module first produced NaN/Inf (stored next to the run file)."),
     ),
     solution=SOLUTION,
 )

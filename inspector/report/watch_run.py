@@ -11,7 +11,7 @@ from datetime import UTC, datetime
 import numpy as np
 import pandas as pd
 
-from ..watch import Run, first_findings, heatmap
+from ..watch import Run, first_findings, heatmap, producer_of
 from .data import ReportFigure, Section, Table, make_figure
 from .model import Report
 
@@ -32,8 +32,25 @@ def _focus_step(run: Run) -> int:
     return min(errors) if errors else int(run.steps["step"].max())
 
 
+def _captures_section(run: Run) -> Section | None:
+    """The stored inputs and outputs of the first ``nonfinite-forward`` producer, if any."""
+    caps = run.captures
+    if caps is None:
+        return None
+    name, step, rank = producer_of(caps)
+    columns = ["kind", "path", "shape", "dtype", "mean", "std", "min", "max", "nan", "inf"]
+    stats = caps.stats[[c for c in columns if c in caps.stats.columns]]
+    tables: tuple[Table, ...] = (Table.from_frame(f"Inputs and outputs of {name} at step {step}", stats,
+                               "detached copies taken when it first produced NaN/Inf"),)
+    if caps.skipped:
+        tables += (Table.from_frame("Left out by the capture byte budget", caps.skipped_table),)
+    return Section("captures", f"Captures of {name} at step {step}", facts={"module": name, "step": step,
+                   "rank": rank, "bytes": caps.total_bytes}, tables=tables)
+
+
 def watch_report(run: Run) -> Report:
-    """Sections ``findings``, ``run``, ``modules`` of one watched run (see :func:`inspector.read_run`)."""
+    """Sections ``findings``, ``run``, ``modules`` of one watched run (see :func:`inspector.read_run`),
+    and ``captures`` when the run stored a ``nonfinite-forward`` producer's inputs and outputs."""
     from ..figures import heatmap_figure, run_lines_figure
 
     found = first_findings(run)
@@ -58,6 +75,9 @@ def watch_report(run: Run) -> Report:
         step = _focus_step(run)
         sections.append(Section("modules", f"Modules at step {step}",
                                 tables=(Table.from_frame(f"Per module at step {step}", run.at(step)),)))
+    captured = _captures_section(run)
+    if captured is not None:
+        sections.append(captured)
     return Report(
         model={"name": run.meta.model, "source": run.path, "device": "", "dtype": None, "checkpoint": None,
                "class": "watched run"},

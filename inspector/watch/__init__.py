@@ -7,6 +7,7 @@ grows; findings (``nonfinite-forward``, ``dead-gradient``, ...) name the module 
 
 from __future__ import annotations
 
+from .captured import captures_path, load_captures, producer_of, read_captures, save_captures
 from .core import Watch, WatchResult, watch
 from .record import FORMAT, VERSION, RunMeta, RunWriter, StepRecord, record_batch, schema
 from .run import MODULE_COLUMNS, STEP_COLUMNS, Run, StepFinding, is_watch_file, parse_run_bytes, read_run
@@ -16,4 +17,5 @@ from .train import OPTIMIZERS, make_optimizer, train_watched
 
 __all__ = ["FORMAT", "VERSION", "MODULE_COLUMNS", "STEP_COLUMNS", "Run", "RunMeta", "RunWriter", "StepFinding",
            "StepRecord", "is_watch_file", "parse_run_bytes", "read_run", "record_batch", "schema", "synthetic_run",
-           "Watch", "WatchResult", "watch", "Heatmap", "first_findings", "heatmap", "OPTIMIZERS", "make_optimizer", "train_watched"]
+           "Watch", "WatchResult", "watch", "Heatmap", "first_findings", "heatmap", "OPTIMIZERS", "make_optimizer", "train_watched",
+           "captures_path", "load_captures", "producer_of", "read_captures", "save_captures"]

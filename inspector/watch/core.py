@@ -18,6 +18,7 @@ from torch.utils.hooks import RemovableHandle
 
 from ..aliases import compare_ties, snapshot_ties
 from ..capture import Captures
+from ..distributed import is_dtensor
 from ..findings import Finding, InspectorError
 from ..wrappers import underlying
 from .detect import Detectors, not_in_optimizer
@@ -65,6 +66,7 @@ class Watch:
         self.capture_bytes = capture_bytes if nonfinite else 0
         self.on_finding = on_finding
         self.layout = Layout.of(self.root)
+        self.sharded = any(is_dtensor(p) for p in self.root.parameters())  # FSDP2 / tensor parallel
         self.module_names = [n for n, _ in self.root.named_modules()]
         initialised = dist.is_available() and dist.is_initialized()
         self.group = group
@@ -121,6 +123,10 @@ class Watch:
         self.tie_ids = self._tie_ids()
         if self.rank == 0:
             self._writer = RunWriter(self.path, self.meta)
+        if self._nonfinite:
+            from .captured import remove_captures
+
+            remove_captures(self.path, self.rank, self.world)
         self._handles.append(self.root.register_forward_pre_hook(self._forward_start))
         if self._nonfinite:
             self.tracer = NonfiniteTracer(self.root, backward=True, keep=self.capture_bytes > 0)
@@ -159,13 +165,14 @@ class Watch:
         tracer = self.tracer
         if tracer is None or not tracer.keep or not tracer.kept or self.captures is not None:
             return
-        from .captured import capture_producer
+        from .captured import capture_producer, captures_path, save_captures
 
         calls, meta = tracer.calls, tracer.meta
         flags = to_host([torch.stack([v.reshape(()) for v in tracer.values])]) if tracer.values else [np.zeros(0)]
         producer = forward_producer(calls, meta, flags[0] > 0, self.module_names[0])
         if producer is not None:
-            self.captures = capture_producer(tracer.kept, producer, self.capture_bytes, self.state.count)
+            self.captures = capture_producer(tracer.kept, producer, self.capture_bytes, self.state.count, self.rank)
+            save_captures(self.captures, captures_path(self.path, self.rank, self.world))
             tracer.keep = False  # one capture per run: the first producer
         tracer.kept.clear()
 
@@ -196,10 +203,18 @@ class Watch:
         check = self.state.count % self.every == 0
         numbers, scalars = transfer_step(self, check)
         findings = self.state.findings
+        numbers.shared = float(len(findings))
         numbers_all = self._gather(numbers)
-        if self.rank == 0:
-            self._write(numbers_all, scalars, findings)
+        if self.world > 1 and numbers_all[0].shared:  # rare: rank 0's step findings, to every rank
+            findings = self._from_rank0(findings)
+        self._write(numbers_all, scalars, findings)  # every rank: the same findings; rank 0 writes
         self.state.post(self.root, self.layout.parameters)
+
+    def _from_rank0(self, findings: list[Finding]) -> list[Finding]:
+        box: list[Any] = [[f.to_dict() for f in findings] if self.rank == 0 else None]
+        src = dist.get_global_rank(self.group, 0) if self.group is not None else 0
+        dist.broadcast_object_list(box, src=src, group=self.group)
+        return [Finding(**d) for d in box[0]]
 
     def _gather(self, numbers: Numbers) -> list[Numbers]:
         if self.world == 1:
@@ -224,7 +239,8 @@ class Watch:
             if n.checked:
                 found += self.detectors[rank].parameters(n.param_norm, n.buffer_norm, self.layout.buffers)
             new = self._first_time(found, step, rank)
-            records.append(_record(step, rank, n, scalars if rank == 0 else {}, self._lrs(), new))
+            if self._writer is not None:
+                records.append(_record(step, rank, n, scalars if rank == 0 else {}, self._lrs(), new))
         if self._writer is not None:
             self._writer.write(records)
 

@@ -58,6 +58,8 @@ def fused_norms(tensors: list[torch.Tensor | None]) -> list[tuple[np.ndarray, to
     for i, t in enumerate(tensors):
         if t is None:
             continue
+        if is_dtensor(t) and any(p.is_partial() for p in t.placements):
+            t = _replicated(t)  # pending sums (a collective every rank makes alike), as clip_grad_norm_ does
         piece = (t.to_local() if is_dtensor(t) else t).detach()
         if piece.numel() and piece.layout == torch.strided:
             idx, ts = groups.setdefault((piece.device, piece.dtype), ([], []))
@@ -68,6 +70,13 @@ def fused_norms(tensors: list[torch.Tensor | None]) -> list[tuple[np.ndarray, to
         norms = torch._foreach_norm(ts)
         out.append((np.asarray(idx, dtype=np.int64), torch.stack(norms).float()))
     return out
+
+
+def _replicated(t: torch.Tensor) -> torch.Tensor:
+    from torch.distributed.tensor import Replicate
+
+    return t.redistribute(t.device_mesh, [Replicate() if p.is_partial() else p  # type: ignore[attr-defined]
+                                          for p in t.placements])  # type: ignore[attr-defined]
 
 
 def to_host(parts: list[torch.Tensor]) -> list[np.ndarray]:
@@ -84,3 +93,47 @@ def to_host(parts: list[torch.Tensor]) -> list[np.ndarray]:
             out[i] = flat[start:start + n]
             start += n
     return out
+
+
+ShardKey = tuple[object, tuple[int, ...]]  # (device mesh, the mesh dimensions that shard a tensor)
+
+
+def shard_key(t: torch.Tensor | None) -> ShardKey | None:
+    """``(mesh, dims)`` for a DTensor split over mesh dimensions ``dims`` (``Shard`` placements);
+    None for a plain tensor or one that every rank holds whole."""
+    if t is None or not is_dtensor(t):
+        return None
+    dims = tuple(d for d, p in enumerate(t.placements) if p.is_shard())
+    return (t.device_mesh, dims) if dims else None
+
+
+def global_norms(sets: list[list[tuple[np.ndarray, torch.Tensor]]], keys: list[ShardKey | None],
+                 device: torch.device) -> list[list[tuple[np.ndarray, torch.Tensor]]]:
+    """Local-piece norms made global: for the tensors ``keys`` marks as sharded, the squared norms
+    of every set (gradients, parameters, updates: one slot per parameter each, so every rank
+    sends the same length) are summed with one ``all_reduce`` per (mesh, sharding dimension)
+    group, as ``clip_grad_norm_`` does; other norms are returned as they are. Nothing is synced
+    to the host. Every rank must call it with the same sets and keys."""
+    import torch.distributed as dist
+
+    groups: dict[ShardKey, list[int]] = {}
+    for i, key in enumerate(keys):
+        if key is not None:
+            groups.setdefault(key, []).append(i)
+    if not groups:
+        return sets
+    dense = []
+    for pairs in sets:
+        squares = torch.zeros(len(keys), dtype=torch.float64, device=device)
+        for idx, norms in pairs:
+            squares[torch.from_numpy(idx).to(device)] = norms.to(device, torch.float64) ** 2
+        dense.append(squares)
+    for (mesh, dims), positions in groups.items():
+        where = torch.tensor(positions, device=device)
+        vec = torch.cat([d.index_select(0, where) for d in dense])
+        for dim in dims:
+            dist.all_reduce(vec, group=mesh.get_group(dim))  # type: ignore[attr-defined]
+        for k, d in enumerate(dense):
+            d.index_copy_(0, where, vec[k * len(positions):(k + 1) * len(positions)])
+    return [[(idx, d[torch.from_numpy(idx).to(device)].sqrt().to(norms.device, torch.float32))
+             for idx, norms in pairs] for pairs, d in zip(sets, dense, strict=True)]

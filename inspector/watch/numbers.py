@@ -11,7 +11,7 @@ import numpy as np
 import torch
 
 _SCALARS = ["step_time", "loss", "grad_norm", "nonfinite", "scale", "skipped", "device_allocated", "device_peak",
-            "rss", "forward", "backward", "checked"]
+            "rss", "forward", "backward", "checked", "shared"]
 _MODULE = ["module_grad", "module_param", "module_update", "module_nonfinite"]
 _PARAM = ["param_grad", "has_grad", "param_norm"]
 
@@ -38,6 +38,7 @@ class Numbers:
     forward: float = NO_PRODUCER
     backward: float = NO_PRODUCER
     checked: float = 0.0  # 1: a check step (parameter norms taken)
+    shared: float = 0.0  # how many findings this rank's own checks made (rank 0's go to every rank)
     module_grad: np.ndarray = field(default_factory=lambda: np.zeros(0))
     module_param: np.ndarray = field(default_factory=lambda: np.zeros(0))
     module_update: np.ndarray = field(default_factory=lambda: np.zeros(0))

@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from ..capture import Captures
 from ..findings import Finding, InspectorError
 from .record import META_KEY, STREAM_MAGIC, RunMeta, StepRecord, record_batch, schema
 
@@ -55,6 +56,15 @@ class Run:
     findings: list[StepFinding]
     complete: bool
     table: Any = field(repr=False)  # the pyarrow.Table of the rows
+    source: str = ""  # the file's full path ("" for an upload)
+
+    @cached_property
+    def captures(self) -> Captures | None:
+        """The inputs and outputs of the first ``nonfinite-forward`` producer, stored next to the
+        run file (:func:`~inspector.watch.captured.read_captures`); None when there are none."""
+        from .captured import read_captures
+
+        return read_captures(self.source) if self.source else None
 
     @property
     def module_order(self) -> tuple[str, ...]:
@@ -199,8 +209,8 @@ def _findings(table: Any) -> list[StepFinding]:
     return out
 
 
-def _from_table(name: str, meta: RunMeta, table: Any, complete: bool) -> Run:
-    return Run(name, meta, _steps_frame(table, meta), _findings(table), complete, table)
+def _from_table(name: str, meta: RunMeta, table: Any, complete: bool, source: str = "") -> Run:
+    return Run(name, meta, _steps_frame(table, meta), _findings(table), complete, table, source)
 
 
 def parse_run_bytes(data: bytes, name: str = "run file") -> Run:
@@ -245,7 +255,7 @@ def read_run(path: str | os.PathLike) -> Run:
         head = fh.read(4)
     if head == STREAM_MAGIC:
         with pa.memory_map(str(p), "r") as source:  # zero-copy: 10,000 × 1,000 steps read in well under 1 s
-            return _from_table(p.name, *_read_stream(source, p.name))
+            return _from_table(p.name, *_read_stream(source, p.name), source=str(p))
     from ..distributed import is_run_file
     from ..distributed import read_run as read_distributed
 

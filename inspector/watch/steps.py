@@ -9,8 +9,9 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
+from ..distributed import is_dtensor
 from ..findings import Finding
-from .layout import current, fused_norms, to_host
+from .layout import current, fused_norms, global_norms, shard_key, to_host
 from .numbers import BATCH_PRODUCER, NO_PRODUCER, Numbers, memory
 from .tracer import BATCH, producers
 
@@ -85,17 +86,8 @@ def transfer_step(w: Watch, check: bool) -> tuple[Numbers, dict[str, float]]:
     """Everything measured this step, brought to the host with one copy per device."""
     st, layout = w.state, w.layout
     params = st.params
-    parts: list[torch.Tensor] = [t for _, t in st.grad_parts]
-    param_parts = fused_norms(params) if check else []
-    buffer_parts = fused_norms(current(w.root, layout.buffers, "buffer")) if check else []
-    parts += [t for _, t in param_parts + buffer_parts]
-    update_parts: list[tuple[np.ndarray, torch.Tensor]] = []
-    if st.before is not None:
-        live = [p.detach() for p in params if p is not None]
-        update_parts = fused_norms(list(torch._foreach_sub(live, st.before)))
-        positions = np.flatnonzero([p is not None for p in params])
-        update_parts = [(positions[idx], t) for idx, t in update_parts]
-        parts += [t for _, t in update_parts]
+    grad_parts, param_parts, buffer_parts, update_parts = _norm_parts(w, check)
+    parts: list[torch.Tensor] = [t for _, t in grad_parts + param_parts + buffer_parts + update_parts]
     calls, meta, values = w.tracer.take() if w.tracer is not None else ([], [], [])
     if values:
         parts.append(torch.stack([v.reshape(()) for v in values]))
@@ -116,7 +108,7 @@ def transfer_step(w: Watch, check: bool) -> tuple[Numbers, dict[str, float]]:
         return out
 
     n = Numbers(len(layout.modules), len(layout.parameters), len(layout.buffers), checked=float(check))
-    n.param_grad, n.has_grad = spread(st.grad_parts), st.has_grad
+    n.param_grad, n.has_grad = spread(grad_parts), st.has_grad
     n.param_norm = spread(param_parts)
     n.buffer_norm = spread(buffer_parts, len(layout.buffers))
     update = spread(update_parts)
@@ -138,8 +130,54 @@ def transfer_step(w: Watch, check: bool) -> tuple[Numbers, dict[str, float]]:
     return n, scalars
 
 
+Pairs = list[tuple[np.ndarray, torch.Tensor]]
+
+
+def _norm_parts(w: Watch, check: bool) -> tuple[Pairs, Pairs, Pairs, Pairs]:
+    """Gradient, parameter, buffer and update norms on the device (global ones under FSDP2 / TP)."""
+    st = w.state
+    params = st.params
+    param_parts = fused_norms(params) if check else []
+    buffer_parts = fused_norms(current(w.root, w.layout.buffers, "buffer")) if check else []
+    update_parts: Pairs = []
+    if st.before is not None:
+        live = [p.detach() for p in params if p is not None]
+        update_parts = fused_norms(list(torch._foreach_sub(live, st.before)))
+        positions = np.flatnonzero([p is not None for p in params])
+        update_parts = [(positions[idx], t) for idx, t in update_parts]
+    grad_parts = st.grad_parts
+    if w.sharded:
+        keys = [shard_key(p) for p in params]
+        first = next(p for p, k in zip(params, keys, strict=True) if k is not None) if any(keys) else None
+        if first is not None:
+            device = first.to_local().device  # type: ignore[attr-defined]
+            sets = [grad_parts] + ([param_parts] if check else []) + ([update_parts] if st.before is not None else [])
+            done = global_norms(sets, keys, device)
+            grad_parts = done[0]
+            param_parts = done[1] if check else param_parts
+            update_parts = done[-1] if st.before is not None else update_parts
+    return grad_parts, param_parts, buffer_parts, update_parts
+
+
+def _overflowed(norms: np.ndarray, tensors: list[torch.Tensor | None]) -> None:
+    """Where a float32 norm came out Inf, tell an overflow of the sum of squares (values near
+    1e20 and up, all finite) from a real Inf value: recompute those norms in float64 (rare: a
+    sync per such tensor; a sharded tensor's local piece)."""
+    for i in np.flatnonzero(np.isinf(norms)):
+        t = tensors[i]
+        if t is None:
+            continue
+        piece = (t.to_local() if is_dtensor(t) else t).detach()
+        if bool(torch.isfinite(piece).all()):
+            norms[i] = float(torch.linalg.vector_norm(piece.double()))
+
+
 def _fill(n: Numbers, w: Watch, params: list[torch.Tensor | None], update: np.ndarray, check: bool) -> None:
     layout = w.layout
+    _overflowed(n.param_grad, [_grad(p) for p in params])
+    if check:
+        _overflowed(n.param_norm, params)
+        _overflowed(n.buffer_norm, current(w.root, layout.buffers, "buffer"))
     g = np.where(n.has_grad, n.param_grad, 0.0)
     counts = np.zeros(len(params))
     for i in np.flatnonzero(n.has_grad & ~np.isfinite(n.param_grad)):  # rare: a sync per bad tensor

@@ -1,0 +1,37 @@
+"""The stored inputs and outputs of a watched run's first NaN/Inf producer (Hook captures page)."""
+
+from __future__ import annotations
+
+import streamlit as st
+
+from inspector.figures import capture_heatmap, capture_histogram
+from inspector.watch import producer_of, read_captures
+from ui.errors import guarded
+from ui.tables import paged_table
+
+
+def run_captures_section() -> None:
+    """An expander: give a run file written by ``watch(..., nonfinite=True)``, see its producer's copies."""
+    with st.expander("Captures of a watched run (the first module that produced NaN/Inf)"):
+        path = st.text_input("Run file", key="cap_run_path", placeholder="run.inspect",
+                             help="Written by watch(model, optimizer, path, nonfinite=True) or "
+                                  "`python -m inspector watch ... --nonfinite`; its captures file lies next to it")
+        if not path.strip():
+            return
+        with guarded("reading the run's captures"):
+            caps = read_captures(path.strip())
+            if caps is None:
+                st.info("This run stored no captures: no module produced NaN/Inf, or it ran without "
+                        "`nonfinite=True`.")
+                return
+            name, step, rank = producer_of(caps)
+            st.markdown(f"Inputs and outputs of **`{name}`** at step **{step}**{f' on rank {rank}' if rank else ''}, copied when it first "
+                        "produced NaN/Inf from finite inputs.")
+            paged_table(caps.stats, key="cap_run_stats")
+            if caps.skipped:
+                paged_table(caps.skipped_table, key="cap_run_skipped")
+            left, right = st.columns(2)
+            left.plotly_chart(capture_histogram(caps.outputs[name], title=f"{name}: output values"),
+                              key="cap_run_hist")
+            right.plotly_chart(capture_heatmap(caps.outputs[name], title=f"{name}: output, 2-D slice"),
+                               key="cap_run_heatmap")
