@@ -67,6 +67,6 @@ def print_findings(findings: list[Finding]) -> None:
 
 
 def write_json(path: str, data: Any) -> None:
-    with open(path, "w", encoding="utf-8") as fh:
+    with types.open_output(path) as fh:
         json.dump(data, fh, indent=2, default=str)
     progress(f"wrote {path}")

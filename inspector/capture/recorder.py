@@ -35,12 +35,14 @@ that the dictionary changed size during iteration.
 
 from __future__ import annotations
 
+import math
 import threading
 from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 from torch.nn.modules.module import register_module_forward_hook
@@ -77,8 +79,7 @@ class Recorder:
 
     def __init__(self, named: list[tuple[str, nn.Module]], selected: dict[str, nn.Module],
                  options: Options) -> None:
-        if options.max_bytes is not None and options.max_bytes < 0:
-            raise InspectorError(f"max_bytes must be 0 or more (or None for no limit), got {options.max_bytes}")
+        _check_budget(options.max_bytes)
         if options.store_on.type == "meta":
             raise InspectorError("store_on='meta' would keep no values; choose cpu or a GPU")
         self.named = named
@@ -321,6 +322,19 @@ class Recorder:
         r.findings.extend(_budget_findings(r.skipped, self.options.max_bytes))
         r._state["done"] = True
         return r
+
+
+def _check_budget(max_bytes: Any) -> None:
+    """A byte budget is None or a finite number of 0 or more (NaN would compare as no limit)."""
+    if max_bytes is None:
+        return
+    if isinstance(max_bytes, bool) or not isinstance(max_bytes, (int, float, np.integer, np.floating)):
+        raise InspectorError(f"max_bytes must be a number of bytes (or None for no limit), got "
+                             f"{type(max_bytes).__name__} {max_bytes!r}")
+    if not math.isfinite(max_bytes):
+        raise InspectorError(f"max_bytes must be a finite number of bytes (or None for no limit), got {max_bytes}")
+    if max_bytes < 0:
+        raise InspectorError(f"max_bytes must be 0 or more (or None for no limit), got {max_bytes}")
 
 
 def _budget_findings(skipped: list[Skipped], max_bytes: int | None) -> list[Finding]:

@@ -23,7 +23,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--format", choices=list(FORMATS), default=None,
                         help="output format (default: from the -o file's extension, else html)")
     parser.add_argument("-o", "--output", required=True, type=types.output_file, help="file to write")
-    parser.add_argument("--batch-size", type=types.positive_int, default=None, help="batch size of the example inputs")
+    parser.add_argument("--batch-size", type=types.batch_size, default=None, help="batch size of the example inputs")
     parser.add_argument("--backward", action="store_true",
                         help="run one backward pass for gradient norms (earlier .grad values are put back)")
     parser.add_argument("--max-memory", default=None, metavar="BUDGET",
@@ -32,9 +32,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="conversion checks to run: names, 'all' or 'none' "
                              "(default: all of them on models up to 64 MiB)")
     parser.add_argument("--attribution-method", default=None, help="ig, saliency, layer_ig, ...")
-    parser.add_argument("--attribution-target", type=int, default=None,
+    parser.add_argument("--attribution-target", type=types.class_index, default=None,
                         help="class index or next-token id to attribute (default 0)")
-    parser.add_argument("--attribution-steps", type=types.positive_int, default=None,
+    parser.add_argument("--attribution-steps", type=types.steps, default=None,
                         help="n_steps of integrating attribution methods (default: captum's 50)")
     parser.add_argument("--attribute-on-cpu", action="store_true",
                         help="attribute models over 64 MiB on the CPU too (slow: ~50 passes of the model)")
@@ -89,7 +89,8 @@ def run(args: argparse.Namespace) -> int:
         report.to_pdf(out)
     else:
         text = {"html": report.to_html, "json": report.to_json, "md": report.to_markdown}[fmt]()
-        out.write_text(text, encoding="utf-8")
+        with types.open_output(out) as fh:
+            fh.write(text)
     for s in report.sections:
         if s.status != "ok":
             progress(f"section {s.id} {s.status}: {s.note}")
