@@ -36,7 +36,14 @@ from .results import Captures, Mutation
 
 @dataclass(slots=True)
 class Live:
-    """One captured output tensor leaf, watched for in-place changes."""
+    """One captured output tensor leaf, watched for in-place changes.
+
+    Captures of one tensor object whose copies are known to hold the same values (taken at
+    the same version, or both found equal to the live tensor at one moment) are one watch:
+    the later ones point at the first (``leader``) and only the first is compared. A chain of
+    in-place or pass-through modules, each handing the same tensor on, then costs one
+    comparison per module, not one per earlier capture.
+    """
 
     key: str
     path: str
@@ -46,8 +53,12 @@ class Live:
     source: torch.device
     change: float | None = None
     by: str | None = None
-    written_by: list[str | None] | None = None
+    written_by: list[str | None] | None = None  # the first writer that left the values as they were
     hold: torch.Tensor | None = None
+    at: int | None = None             # the version (or, without one, the touch) the copy is known equal at
+    leader: Live | None = None        # the watch this capture joined
+    fresh: list[Live] | None = None   # captures that joined since this watch last noted a writer
+    late: bool = False                # the change was found after the pass
 
 
 def storage_key(t: torch.Tensor) -> int | None:
@@ -64,7 +75,7 @@ def storage_key(t: torch.Tensor) -> int | None:
 def live_record(key: str, path: str, t: torch.Tensor, copy: torch.Tensor) -> Live:
     """A weak record of ``t`` (with its version when it has one) and its copy."""
     version = None if t.is_inference() else t._version
-    return Live(key, path, weakref.ref(t), copy, version, t.device)
+    return Live(key, path, weakref.ref(t), copy, version, t.device, at=version)
 
 
 class Watcher:
@@ -72,14 +83,25 @@ class Watcher:
 
     def __init__(self) -> None:
         self.live: list[Live] = []
-        self.by_storage: dict[int, list[Live]] = {}
+        self.by_storage: dict[int, list[Live]] = {}   # the leading watches on each storage
+        self.latest: dict[int, Live] = {}             # id(tensor) -> its most recent leading watch
         self.versioned = False   # whether any watched tensor has a version counter
+        self.tick = 0            # counts the touches (inference tensors: when a copy was last equal)
 
     def add(self, rec: Live, skey: int) -> None:
         """Watch ``rec``, whose tensor's storage starts at ``skey``."""
         if rec.version is not None:
             self.versioned = True
         self.live.append(rec)
+        t = rec.ref()
+        lead = self.latest.get(id(t))
+        if lead is not None and lead.change is None and lead.hold is None and lead.ref() is t and (
+                lead.at == (rec.version if rec.version is not None else self.tick)):
+            rec.leader = lead  # the same tensor, the same values as that watch's copy
+            if rec.version is not None:  # its first writer is the next one the lead notes
+                _pending(lead, [rec])
+            return
+        self.latest[id(t)] = rec
         recs = self.by_storage.get(skey)
         if recs is None:
             self.by_storage[skey] = [rec]
@@ -94,11 +116,12 @@ class Watcher:
 
     def touched(self, name: str, args: Any, kwargs: Any, output: Any) -> None:
         """Module ``name`` returned ``output`` from ``args``/``kwargs``: note the watched
-        outputs it wrote in place (O(1) per top-level tensor it touched).
+        outputs it wrote in place (O(1) per top-level tensor it touched, amortised).
 
         Only tensors with version counters tell a write through an input; inference tensors
         are compared when a module hands their storage back.
         """
+        self.tick += 1
         by_storage = self.by_storage
         values = (output, args, kwargs) if self.versioned else (output,)
         for i, value in enumerate(values):
@@ -109,13 +132,10 @@ class Watcher:
                     self._seen(recs, name, i == 0)
 
     def _seen(self, recs: list[Live], name: str, is_output: bool) -> None:
-        alive = []
+        kept, synced = [], {}
         for rec in recs:
             live = rec.ref()
             if live is None:  # gone (its memory may be reused): nothing left to watch
-                continue
-            alive.append(rec)
-            if rec.change is not None:
                 continue
             if rec.version is not None:
                 if live._version != rec.version:
@@ -123,19 +143,40 @@ class Watcher:
                     if rec.source.type == "cuda":  # compared after the pass: no synchronisation now
                         rec.hold = live
                         _note_writer(rec, name)
-                    else:  # compared now: the tensor may be gone by the end of the pass
-                        compare(rec, live, name)
+                        continue  # held: nothing more to learn during the pass
+                    compare(rec, live, name)  # now: the tensor may be gone by the end of the pass
+                    if rec.change is None:
+                        rec.at = rec.version
             elif is_output:
                 compare(rec, live, name)
-        if len(alive) != len(recs):
-            recs[:] = alive
+                if rec.change is None:
+                    rec.at = self.tick
+            if rec.change is not None:
+                continue  # found: nothing more to watch
+            if rec.at == (rec.version if rec.version is not None else self.tick):
+                lead = synced.setdefault(id(live), rec)
+                if lead is not rec:  # both equal to the live tensor now: one watch from here on
+                    rec.leader = lead
+                    if rec.version is not None:
+                        _pending(lead, [m for m in (rec.fresh or ()) if not m.written_by]
+                                 + ([] if rec.written_by else [rec]))
+                        rec.fresh = None
+                    continue
+            kept.append(rec)
+        if len(kept) != len(recs):
+            recs[:] = kept
 
     def settle(self, result: Captures) -> None:
         """After the pass: compare what was written, and report mutations into ``result``."""
         for rec in self.live:
-            t = rec.ref()
-            if rec.change is None and t is not None and rec.version is not None:
-                _settle_versioned(rec, t)
+            lead = _leader(rec)
+            if lead is not rec:
+                _follow(rec, lead)
+            else:
+                t = rec.ref()
+                if rec.change is None and t is not None and rec.version is not None:
+                    _settle_versioned(rec, t)
+                    rec.late = rec.change is not None
             if rec.change is None and rec.written_by:
                 by = rec.written_by[0]
                 result.findings.append(Finding("capture-written-same-values", "info", rec.key,
@@ -146,13 +187,41 @@ class Watcher:
                 _report(rec, result)
         self.live.clear()
         self.by_storage.clear()
+        self.latest.clear()
+
+
+def _pending(lead: Live, recs: list[Live]) -> None:
+    if recs:
+        if lead.fresh is None:
+            lead.fresh = recs
+        else:
+            lead.fresh.extend(recs)
+
+
+def _leader(rec: Live) -> Live:
+    while rec.leader is not None:
+        rec = rec.leader
+    return rec
+
+
+def _follow(rec: Live, lead: Live) -> None:
+    """A capture that joined ``lead`` shares its fate: what changed it changed this one too."""
+    if lead.change is not None:
+        rec.change = lead.change
+        # a change found after the pass is named by this capture's own first writer, as for a lead
+        rec.by = (rec.written_by[0] if rec.written_by else None) if lead.late else lead.by
 
 
 def _note_writer(rec: Live, by: str | None) -> None:
-    if rec.written_by is None:
+    """Keep the first writer (the one a finding names); captures that joined this watch since
+    it last noted one get this one as their first."""
+    if not rec.written_by:
         rec.written_by = [by]
-    else:
-        rec.written_by.append(by)
+    if rec.fresh:
+        for member in rec.fresh:
+            if not member.written_by:
+                member.written_by = [by]
+        rec.fresh = None
 
 
 def compare(rec: Live, t: torch.Tensor, by: str | None) -> None:
@@ -171,6 +240,7 @@ def compare(rec: Live, t: torch.Tensor, by: str | None) -> None:
 def _settle_versioned(rec: Live, t: torch.Tensor) -> None:
     if t._version != rec.version:  # written after the last module that touched it
         _note_writer(rec, None)
+    rec.fresh = None  # not written since they joined (else noted just above)
     if rec.written_by:  # one comparison, after the pass; the first writer is named
         writers, rec.written_by = rec.written_by, []
         compare(rec, t, writers[0])
