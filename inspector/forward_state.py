@@ -5,80 +5,64 @@ a buffer written in place (``self.count.add_(1)``), a cache attribute set on fir
 an inspection (a capture, a report, a gradient pass), that pass is not the user's, so
 :func:`module_state_kept` puts every module back as it was, in training and eval mode alike:
 
-- plain attributes that were rebound, added or deleted (the module's ``__dict__``);
-- parameters, buffers and submodules that were rebound (the same tensor objects come back);
+- plain attributes that were rebound to another value, added or deleted (the module's ``__dict__``);
+- buffers that were rebound (the same tensor objects come back);
 - buffer values written in place (a copy of each buffer is taken first, and written back
   where the values differ afterwards).
 
-Values mutated inside a container that stays bound (``self.log.append(x)``) are not tracked.
+Values mutated inside a container that stays bound (``self.log.append(x)``), and parameters or
+submodules registered anew by the forward, are not tracked.
 A module whose class changed during the pass (torch's lazy modules become their full class on
 the first call) is left as it became: putting its old attributes back would break it.
 """
 
 from __future__ import annotations
 
-import operator
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 import torch
 from torch import nn
 
-_SLOTS = ("_parameters", "_buffers", "_modules")
+
+def _dicts(modules: list[nn.Module]) -> list[dict]:
+    """Each module's ``__dict__`` and its buffer dict, in one flat list."""
+    return [d for m in modules for d in (m.__dict__, m._buffers)]
 
 
-class _Saved:
-    """One module's attributes and registered tensors, by identity."""
+def _unchanged(current: list[dict], saved: list[dict]) -> bool:
+    """Whether every dict holds the same keys bound to the same (or equal) values: one comparison
+    in C, which takes identical values as equal without comparing them."""
+    try:
+        return current == saved
+    except Exception:  # noqa: BLE001 - a rebound value whose == raises (a tensor) is a change
+        return False
 
-    __slots__ = ("name", "module", "cls", "attrs", "slots")
 
-    def __init__(self, name: str, module: nn.Module) -> None:
-        d = module.__dict__
-        self.name, self.module, self.cls = name, module, type(module)
-        self.attrs = dict(d)
-        self.slots = tuple(dict(d[s]) if isinstance(d.get(s), dict) else None for s in _SLOTS)
-
-    def changed(self) -> bool:
-        d = self.module.__dict__
-        if not _same(d, self.attrs):
-            return True
-        return any(saved is not None and not _same(d[s], saved) for s, saved in zip(_SLOTS, self.slots, strict=True))
-
-    def restore(self) -> list[str]:
-        """Put the attributes back; the names of what had changed."""
-        d, changed = self.module.__dict__, []
-        for key in [k for k in d if k not in self.attrs]:
-            del d[key]
+def _restore(current: dict, saved: dict) -> list[str]:
+    """Put ``saved``'s bindings back into ``current``; the names that had changed."""
+    changed = [k for k in current if k not in saved]
+    for key in changed:
+        del current[key]
+    for key, value in saved.items():
+        if current.get(key, _MISSING) is not value:
+            current[key] = value
             changed.append(key)
-        for key, value in self.attrs.items():
-            if d.get(key, _MISSING) is not value:
-                d[key] = value
-                changed.append(key)
-        for slot, saved in zip(_SLOTS, self.slots, strict=True):
-            current = d.get(slot)
-            if saved is None or not isinstance(current, dict) or _same(current, saved):
-                continue
-            changed += [k for k in {*current, *saved} if current.get(k, _MISSING) is not saved.get(k, _MISSING)]
-            current.clear()
-            current.update(saved)
-        return changed
+    return changed
 
 
 _MISSING = object()
 
 
-def _same(current: dict, saved: dict) -> bool:
-    """The same keys bound to the same objects (insertion order kept by a rebinding)."""
-    return len(current) == len(saved) and current.keys() == saved.keys() and \
-        all(map(operator.is_, current.values(), saved.values()))
-
-
 def _buffer_copies(named: list[tuple[str, nn.Module]]) -> list[tuple[str, torch.Tensor, torch.Tensor]]:
+    found = [(prefix, m._buffers) for prefix, m in named if m._buffers]
+    if not found:
+        return []
     seen: set[int] = set()
     saved = []
     with torch.inference_mode(False), torch.no_grad():
-        for prefix, m in named:
-            for key, b in m._buffers.items():
+        for prefix, buffers in found:
+            for key, b in buffers.items():
                 if b is None or id(b) in seen or b.is_meta or b.layout != torch.strided:
                     continue
                 seen.add(id(b))
@@ -120,19 +104,35 @@ def module_state_kept(named: list[tuple[str, nn.Module]]) -> Iterator[list[str]]
     >>> hasattr(net, "calls"), restored
     (False, ['(model): calls'])
     """
-    saved = [_Saved(n, m) for n, m in named]
+    modules = [m for _, m in named]
+    classes = [type(m) for m in modules]
+    live = _dicts(modules)
+    saved = [d.copy() for d in live]
     buffers = _buffer_copies(named)
     restored: list[str] = []
     try:
         yield restored
     finally:
-        for s in saved:
-            if type(s.module) is s.cls and s.changed():
-                restored.append(f"{s.name or '(model)'}: {', '.join(sorted(s.restore()))}")
+        if not _unchanged(live, saved):  # the common case: one comparison, nothing to do
+            restored += _put_back(named, classes, live, saved)
         written = _restore_buffers(buffers)
         if written:
             shown = ", ".join(written[:5]) + (f" and {len(written) - 5} more" if len(written) > 5 else "")
             restored.append(f"buffers written in place: {shown}")
+
+
+def _put_back(named: list[tuple[str, nn.Module]], classes: list[type], live: list[dict],
+              saved: list[dict]) -> list[str]:
+    lines = []
+    for i, (name, m) in enumerate(named):
+        if type(m) is not classes[i]:  # a lazy module became its full class: left as it became
+            continue
+        # __dict__ first: it binds the buffer dict that follows
+        changed = [k for cur, old in zip(live[2 * i:2 * i + 2], saved[2 * i:2 * i + 2], strict=True)
+                   if not _unchanged([cur], [old]) for k in _restore(cur, old)]
+        if changed:
+            lines.append(f"{name or '(model)'}: {', '.join(sorted(set(changed)))}")
+    return lines
 
 
 def restored_message(restored: list[str]) -> str:

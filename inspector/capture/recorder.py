@@ -51,7 +51,7 @@ from ..findings import Finding, InspectorError
 from .leaves import KEEP_AS_IS, flat, leaf_paths, tensor_leaves, unflat
 from .results import Captures, Skipped
 from .storage import MEMCPY_BYTES, Storage
-from .watch import Watcher, live_record
+from .watch import Watcher, live_record, storage_key
 
 _SKIP = object()
 _BUDGET = "over the byte budget"
@@ -180,8 +180,7 @@ class Recorder:
             if by_storage:
                 if watcher.versioned or type(output) is not tensor:
                     watcher.touched(name, args, kwargs_output[0] if len(kwargs_output) == 2 else None, output)
-                elif output.layout == torch.strided and output.numel() and not output.is_meta and (
-                        output.data_ptr() - output.storage_offset() * output.element_size() in by_storage):
+                elif storage_key(output) in by_storage:
                     watcher.touched(name, args, None, output)  # only outputs are watched here: O(1)
             if not capture:
                 return
@@ -225,7 +224,7 @@ class Recorder:
             copies.append(copy)
             if copy is not None and t.numel():
                 self.watcher.add(live_record(key, "" if single else f"[{i}]", t, copy),
-                                 t.data_ptr() - t.storage_offset() * t.element_size())
+                                 t.untyped_storage().data_ptr())
         self.result.outputs[key] = copies[0] if single else type(output)(copies)
         self.result.order.append(key)
 

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -34,7 +33,6 @@ from .leaves import top_tensors
 from .results import Captures, Mutation
 
 
-@dataclass(slots=True)
 class Live:
     """One captured output tensor leaf, watched for in-place changes.
 
@@ -45,37 +43,40 @@ class Live:
     comparison per module, not one per earlier capture.
     """
 
-    key: str
-    path: str
-    ref: Callable[[], torch.Tensor | None]
-    copy: torch.Tensor
-    version: int | None
-    source: torch.device
-    change: float | None = None
-    by: str | None = None
-    written_by: list[str | None] | None = None  # the first writer that left the values as they were
-    hold: torch.Tensor | None = None
-    at: int | None = None             # the version (or, without one, the touch) the copy is known equal at
-    leader: Live | None = None        # the watch this capture joined
-    fresh: list[Live] | None = None   # captures that joined since this watch last noted a writer
-    late: bool = False                # the change was found after the pass
+    # a class of its own rather than a dataclass: one is made per captured tensor, in the hook
+    __slots__ = ("key", "path", "ref", "copy", "version", "source", "change", "by", "written_by", "hold",
+                 "at", "leader", "fresh", "late")
+
+    def __init__(self, key: str, path: str, ref: Callable[[], torch.Tensor | None], copy: torch.Tensor,
+                 version: int | None, source: torch.device) -> None:
+        self.key, self.path, self.ref, self.copy, self.version, self.source = key, path, ref, copy, version, source
+        self.change: float | None = None
+        self.by: str | None = None
+        self.written_by: list[str | None] | None = None  # the first writer that left the values as they were
+        self.hold: torch.Tensor | None = None
+        self.at: int | None = version      # the version (or, without one, the touch) the copy is known equal at
+        self.leader: Live | None = None    # the watch this capture joined
+        self.fresh: list[Live] | None = None  # captures that joined since this watch last noted a writer
+        self.late = False                  # the change was found after the pass
 
 
 def storage_key(t: torch.Tensor) -> int | None:
-    """The address where ``t``'s storage starts (no storage object is made: this runs per hook)."""
-    if t.layout != torch.strided or t.is_meta or t.numel() == 0:
+    """The address where ``t``'s storage starts; None where it has none (empty, meta, sparse).
+
+    One call into torch (the storage's own address), which costs less than reading the
+    tensor's address, offset and element size: this runs in the hooks."""
+    if t.layout != torch.strided:
         return None
     try:
-        # storage_offset() is typed int | SymInt; it is a SymInt only under symbolic tracing
-        return t.data_ptr() - t.storage_offset() * t.element_size()  # type: ignore[return-value]
-    except (RuntimeError, NotImplementedError):
+        return t.untyped_storage().data_ptr() or None
+    except (RuntimeError, NotImplementedError, TypeError):
         return None
 
 
 def live_record(key: str, path: str, t: torch.Tensor, copy: torch.Tensor) -> Live:
     """A weak record of ``t`` (with its version when it has one) and its copy."""
     version = None if t.is_inference() else t._version
-    return Live(key, path, weakref.ref(t), copy, version, t.device, at=version)
+    return Live(key, path, weakref.ref(t), copy, version, t.device)
 
 
 class Watcher:
