@@ -80,8 +80,10 @@ def _restore_buffers(saved: list[tuple[str, torch.Tensor, torch.Tensor]]) -> lis
                 continue
             if b.shape == before.shape and b.dtype == before.dtype:
                 b.copy_(before)
-            else:  # resized in place: give it its old shape and values back
-                b.set_(before)
+            elif b.dtype == before.dtype:  # resized in place: its old shape and values back
+                b.set_(before.untyped_storage(), 0, before.shape, before.stride())
+            else:  # given another dtype through .data
+                b.data = before
             written.append(name)
     return written
 

@@ -133,7 +133,8 @@ class Watcher:
                     self._seen(recs, name, i == 0)
 
     def _seen(self, recs: list[Live], name: str, is_output: bool) -> None:
-        kept, synced = [], {}
+        kept: list[Live] = []
+        synced: dict[int, Live] = {}
         for rec in recs:
             live = rec.ref()
             if live is None:  # gone (its memory may be reused): nothing left to watch
