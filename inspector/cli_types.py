@@ -197,6 +197,9 @@ def open_output(path: str | os.PathLike[str], mode: str = "w") -> IO[str]:
     after opening, so a FIFO or device put in its place after the arguments were checked
     is refused too, with an :class:`~inspector.InspectorError`.
     """
+    special = _special_file(Path(path))
+    if special:
+        raise InspectorError(f"{path} is {special}, not a regular file; give a regular file name")
     flags = os.O_WRONLY | os.O_CREAT | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
     flags |= os.O_APPEND if mode == "a" else 0
     try:
