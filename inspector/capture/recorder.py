@@ -224,7 +224,7 @@ class Recorder:
             copies.append(copy)
             if copy is not None and t.numel():
                 self.watcher.add(live_record(key, "" if single else f"[{i}]", t, copy),
-                                 t.untyped_storage().data_ptr())
+                                 t.untyped_storage().data_ptr(), t)
         self.result.outputs[key] = copies[0] if single else type(output)(copies)
         self.result.order.append(key)
 

@@ -89,12 +89,11 @@ class Watcher:
         self.versioned = False   # whether any watched tensor has a version counter
         self.tick = 0            # counts the touches (inference tensors: when a copy was last equal)
 
-    def add(self, rec: Live, skey: int) -> None:
-        """Watch ``rec``, whose tensor's storage starts at ``skey``."""
+    def add(self, rec: Live, skey: int, t: torch.Tensor) -> None:
+        """Watch ``rec`` of the live tensor ``t``, whose storage starts at ``skey``."""
         if rec.version is not None:
             self.versioned = True
         self.live.append(rec)
-        t = rec.ref()
         lead = self.latest.get(id(t))
         if lead is not None and lead.change is None and lead.hold is None and lead.ref() is t and (
                 lead.at == (rec.version if rec.version is not None else self.tick)):
@@ -113,7 +112,7 @@ class Watcher:
         """Watch the live tensor ``t`` whose copy is ``copy`` (nothing for empty or meta tensors)."""
         skey = storage_key(t)
         if skey is not None:
-            self.add(live_record(key, path, t, copy), skey)
+            self.add(live_record(key, path, t, copy), skey, t)
 
     def touched(self, name: str, args: Any, kwargs: Any, output: Any) -> None:
         """Module ``name`` returned ``output`` from ``args``/``kwargs``: note the watched
@@ -133,28 +132,16 @@ class Watcher:
                     self._seen(recs, name, i == 0)
 
     def _seen(self, recs: list[Live], name: str, is_output: bool) -> None:
+        if len(recs) == 1:  # the common case: nothing to join
+            if self._check(recs[0], name, is_output) is None:
+                recs.clear()
+            return
         kept: list[Live] = []
         synced: dict[int, Live] = {}
         for rec in recs:
-            live = rec.ref()
-            if live is None:  # gone (its memory may be reused): nothing left to watch
+            live = self._check(rec, name, is_output)
+            if live is None:
                 continue
-            if rec.version is not None:
-                if live._version != rec.version:
-                    rec.version = live._version
-                    if rec.source.type == "cuda":  # compared after the pass: no synchronisation now
-                        rec.hold = live
-                        _note_writer(rec, name)
-                        continue  # held: nothing more to learn during the pass
-                    compare(rec, live, name)  # now: the tensor may be gone by the end of the pass
-                    if rec.change is None:
-                        rec.at = rec.version
-            elif is_output:
-                compare(rec, live, name)
-                if rec.change is None:
-                    rec.at = self.tick
-            if rec.change is not None:
-                continue  # found: nothing more to watch
             if rec.at == (rec.version if rec.version is not None else self.tick):
                 lead = synced.setdefault(id(live), rec)
                 if lead is not rec:  # both equal to the live tensor now: one watch from here on
@@ -167,6 +154,28 @@ class Watcher:
             kept.append(rec)
         if len(kept) != len(recs):
             recs[:] = kept
+
+    def _check(self, rec: Live, name: str, is_output: bool) -> torch.Tensor | None:
+        """Look at one watch after module ``name`` ran; its live tensor, or None when there is
+        nothing left to watch (gone, changed, or held for a comparison after the pass)."""
+        live = rec.ref()
+        if live is None:  # gone (its memory may be reused): nothing left to watch
+            return None
+        if rec.version is not None:
+            if live._version != rec.version:
+                rec.version = live._version
+                if rec.source.type == "cuda":  # compared after the pass: no synchronisation now
+                    rec.hold = live
+                    _note_writer(rec, name)
+                    return None
+                compare(rec, live, name)  # now: the tensor may be gone by the end of the pass
+                if rec.change is None:
+                    rec.at = rec.version
+        elif is_output:
+            compare(rec, live, name)
+            if rec.change is None:
+                rec.at = self.tick
+        return None if rec.change is not None else live
 
     def settle(self, result: Captures) -> None:
         """After the pass: compare what was written, and report mutations into ``result``."""
