@@ -95,13 +95,14 @@ def print_findings(findings: list[Finding]) -> None:
 def write_text(path: str | os.PathLike, text: str) -> None:
     """Write ``text`` as UTF-8 (characters that are not text, such as lone surrogates, escaped);
     a failed write (a full disk, ``/dev/full``) is an InspectorError naming the file."""
-    data = text.encode("utf-8", "backslashreplace")
-    try:
-        with open(path, "wb") as fh:
-            fh.write(data)
-    except OSError as exc:
-        raise InspectorError(f"{os.fsdecode(path)} cannot be written ({exc.strerror or type(exc).__name__}); "
-                             "give a file on a disk with room, which you may write") from None
+    safe = text.encode("utf-8", "backslashreplace").decode("utf-8")
+    with types.open_output(path) as fh:  # a regular file only; never blocks on a FIFO
+        try:
+            fh.write(safe)
+            fh.flush()
+        except OSError as exc:
+            raise InspectorError(f"{os.fsdecode(path)} cannot be written ({exc.strerror or type(exc).__name__}); "
+                                 "give a file on a disk with room, which you may write") from None
 
 
 def write_json(path: str, data: Any) -> None:

@@ -9,6 +9,12 @@ text, never as a link, an image or markup. Four helpers, used everywhere a name 
 * :func:`markdown_code` for a name shown as inline code;
 * :func:`plot_text` for a name in plotly text (see also :func:`escape_figure`);
 * :func:`terminal_text` for the command line.
+
+Characters that move or hide text rather than show it (C0/C1 controls such as ESC and NUL,
+the bidirectional overrides such as RTL-override U+202E, lone surrogates) are written as
+visible ``\x1b`` / ``\u202e`` escapes by all of them (see :func:`visible_text`), so a name
+cannot reorder, hide or restyle what is around it in a terminal, a report or a figure;
+:func:`json_visible` does the same, losslessly, for JSON text.
 """
 
 from __future__ import annotations
@@ -31,6 +37,38 @@ _LINE_BREAKS = re.compile(r"[\r\n\u2028\u2029\x0b\x0c]+")
 _BACKTICKS = re.compile(r"`+")
 
 
+# Controls (but tab and newline), DEL and C1, the bidirectional marks, embeddings, overrides and
+# isolates, and lone surrogates (which no UTF-8 file can hold).
+_HIDDEN = "\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069\ud800-\udfff"
+_INVISIBLE = re.compile(f"[{_HIDDEN}]")
+_INVISIBLE_OR_BREAK = re.compile(f"[{_HIDDEN}\t\n]")
+
+
+def _escape_char(m: re.Match[str]) -> str:
+    code = ord(m.group())
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+
+
+def visible_text(value: Any, keep_lines: bool = False) -> str:
+    r"""``value`` with every control, bidirectional-override and lone-surrogate character written
+    as a visible escape (``\x1b``, ``\x00``, ``\u202e``); tab and newline too unless ``keep_lines``.
+
+    >>> print(visible_text("evil\u202eexe.pt\x00\x1b[2J"))
+    evil\u202eexe.pt\x00\x1b[2J
+    """
+    pattern = _INVISIBLE if keep_lines else _INVISIBLE_OR_BREAK
+    return pattern.sub(_escape_char, "" if value is None else str(value))
+
+
+def json_visible(text: str) -> str:
+    r"""JSON text with those characters as JSON ``\uXXXX`` escapes: the same data, shown safely.
+
+    >>> json_visible('{"k": "a\u202eb"}')
+    '{"k": "a\\u202eb"}'
+    """
+    return _INVISIBLE.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
+
+
 def markdown_text(value: Any) -> str:
     r"""``value`` as literal text inside Markdown (CommonMark/GFM, Streamlit's ``st.markdown``).
 
@@ -46,7 +84,7 @@ def markdown_text(value: Any) -> str:
     >>> print(markdown_text("1. x"))
     1\. x
     """
-    text = _LINE_BREAKS.sub(" ", "" if value is None else str(value))
+    text = visible_text(_LINE_BREAKS.sub(" ", "" if value is None else str(value)), keep_lines=True)
     text = html.escape(text, quote=False)
     text = _MARKS.sub(r"\\\1", text)
     return _BLOCK_START.sub(lambda m: f"{m[1]}\\{m[2]}" if m[2] else f"{m[3]}\\{m[4]}", text, count=1)
@@ -60,7 +98,7 @@ def markdown_code(value: Any) -> str:
     >>> markdown_code("a`b")
     '``a`b``'
     """
-    text = _LINE_BREAKS.sub(" ", "" if value is None else str(value))
+    text = visible_text(_LINE_BREAKS.sub(" ", "" if value is None else str(value)), keep_lines=True)
     if not text:
         return "` `"
     longest = max((len(m) for m in _BACKTICKS.findall(text)), default=0)
@@ -78,7 +116,7 @@ def plot_text(value: Any) -> str:
     >>> plot_text('<a href="http://h">x</a> & y')
     '&lt;a href="http://h"&gt;x&lt;/a&gt; &amp; y'
     """
-    return html.escape("" if value is None else str(value), quote=False)
+    return html.escape(visible_text(value), quote=False)
 
 
 # Trace and layout fields that only ever carry data (names, categories), never markup we write.
@@ -140,14 +178,12 @@ def escaped_figure(builder: F) -> F:
     return build  # type: ignore[return-value]
 
 
-_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
-
-
 def terminal_text(value: Any) -> str:
     r"""``value`` for a terminal: control characters (ANSI colours, OSC 8 links, carriage
-    returns) written as visible ``\x1b``-style escapes; tabs and newlines kept.
+    returns, NUL) and bidirectional overrides written as visible ``\x1b``/``\u202e`` escapes;
+    tabs and newlines kept.
 
-    >>> print(terminal_text("a\x1b[31mred\rb"))
-    a\x1b[31mred\x0db
+    >>> print(terminal_text("a\x1b[31mred\rb\u202e"))
+    a\x1b[31mred\x0db\u202e
     """
-    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", "" if value is None else str(value))
+    return visible_text(value, keep_lines=True)

@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from .findings import first_line
+from .forward_state import module_state_kept
 from .models import LoadedModel, call_model
 
 
@@ -60,7 +61,7 @@ def try_forward(loaded: LoadedModel) -> RunCheck:
     if loaded.is_meta or loaded.inputs_fn is None:
         return RunCheck(True, loaded.name, dtype, device)
     model = loaded.model
-    with loaded.lock:
+    with loaded.lock, module_state_kept(list(model.named_modules())):
         modes = {m: m.training for m in model.modules()}
         try:
             model.eval()

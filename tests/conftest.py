@@ -125,3 +125,36 @@ def world4(tmp_path_factory):
     finally:
         sys.modules["__main__"] = main
     return [json.loads((out / f"rank{r}.json").read_text()) for r in range(4)]
+# Helpers that multiprocessing and torch keep for the life of the interpreter; they end with it.
+_INTERPRETER_HELPERS = ("multiprocessing.resource_tracker", "multiprocessing.forkserver",
+                        "torch._inductor.compile_worker")
+
+
+def _left_behind() -> list:
+    import psutil
+
+    found = []
+    for p in psutil.Process().children(recursive=True):
+        try:
+            cmdline = " ".join(p.cmdline())
+        except psutil.Error:
+            continue
+        if not any(h in cmdline for h in _INTERPRETER_HELPERS):
+            found.append(p)
+    return found
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _no_process_left_behind():
+    """The suite leaves no process running: a server, worker or shell a test started is gone when
+    the tests end (an error at the last test's teardown names any that is not, and stops it)."""
+    yield
+    import psutil
+
+    _, alive = psutil.wait_procs(_left_behind(), timeout=10)
+    if alive:
+        names = [f"{p.pid}: {' '.join(p.cmdline())[:200]}" for p in alive if p.is_running()]
+        for p in alive:
+            p.kill()
+        if names:
+            pytest.fail("tests left these processes running:\n" + "\n".join(names), pytrace=False)

@@ -122,6 +122,7 @@ def files(tmp_path_factory) -> dict[str, Path]:
     (root / "map.json").write_text("this is not JSON")
     (root / "outdir").mkdir()
     write_loading_files(root)
+    os.mkfifo(root / "pipe")  # a named pipe: opening it to write would wait for a reader forever
     return {"root": root, "marker": marker, "models": models, "outside": outside, "hf": hf}
 
 
@@ -257,11 +258,42 @@ CLI_CASES: list[tuple[str, list[str], str]] = [
      "on the meta device"),
     ("checkpoint-fills-nothing", ["summary", "{models}/nets.py:good", "--checkpoint", "{root}/unrelated.safetensors"],
      "fills none of the model's 2 tensors"),
-    ("report-to-dev-full", ["report", "sample:tiny-gpt2", "-o", "/dev/full", "--sections", "summary"],
-     "cannot be written"),
     ("devicemap-5000-digit-budget", ["devicemap", "sample:tiny-gpt2", "--max-memory", "cpu=" + "9" * 5000],
      "far larger than any memory"),
     ("model-nested-2000-deep", ["summary", "{models}/loading.py:deep"], "more than 200 deep"),
+    ("report-output-fifo", ["report", "sample:tiny-gpt2", "-o", "{root}/pipe"], "is a FIFO (named pipe)"),
+    ("capture-json-fifo", ["capture", "sample:tiny-gpt2", "--json", "{root}/pipe"], "not a regular file"),
+    ("report-output-dev-full", ["report", "sample:tiny-gpt2", "-o", "/dev/full"], "is a character device"),
+    ("offsets-json-dev-null", ["offsets", "sample:tiny-gpt2", "--json", "/dev/null"], "give a regular file name"),
+    ("attribute-steps-billion", ["attribute", "sample:cnn-bn", "--steps", "1000000000"], "at most 10000"),
+    ("attribute-batch-size-huge", ["attribute", "sample:cnn-bn", "--batch-size", "100000"], "at most 4096"),
+    ("attribute-target-negative", ["attribute", "sample:cnn-bn", "--target", "-1"], "0 or more"),
+    ("attribute-position-huge", ["attribute", "sample:tiny-gpt2", "--position", "99999999999"], "at most 2147483647"),
+    ("attribute-rows-huge", ["attribute", "sample:cnn-bn", "--rows", "10000000000"], "at most 1000000"),
+    ("capture-batch-size-huge", ["capture", "sample:tiny-gpt2", "--batch-size", "5000"], "at most 4096"),
+    ("capture-max-bytes-huge", ["capture", "sample:tiny-gpt2", "--max-bytes", "9" * 25], "at most 4611686018427387904"),
+    ("capture-max-bytes-float", ["capture", "sample:tiny-gpt2", "--max-bytes", "1e9"], "whole number, got '1e9'"),
+    ("offsets-locate-5000-digits", ["offsets", "sample:tiny-gpt2", "--locate", "7" * 5000], "at most 40 digits"),
+    ("offsets-top-huge", ["offsets", "sample:tiny-gpt2", "--top", "2000000"], "at most 1000000"),
+    ("checkpoint-max-rows-huge", ["checkpoint", "{root}/wrong_shape.safetensors", "--max-rows", "2000000"],
+     "at most 1000000"),
+    ("report-batch-size-huge", ["report", "sample:tiny-gpt2", "-o", "{root}/outdir/r.html", "--batch-size", "9999"],
+     "at most 4096"),
+    ("report-attribution-steps-huge", ["report", "sample:tiny-gpt2", "-o", "{root}/outdir/r.html",
+                                       "--attribution-steps", "1000000000"], "at most 10000"),
+    ("report-attribution-target-negative", ["report", "sample:tiny-gpt2", "-o", "{root}/outdir/r.html",
+                                            "--attribution-target", "-3"], "0 or more"),
+    ("distributed-steps-huge", ["distributed", "sample:tiny-gpt2", "--steps", "10000000", "-o", "{root}/run.jsonl"],
+     "at most 1000000"),
+    ("distributed-batch-size-huge", ["distributed", "sample:tiny-gpt2", "--batch-size", "100000", "-o",
+                                     "{root}/run.jsonl"], "at most 4096"),
+    ("distributed-lr-huge", ["distributed", "sample:tiny-gpt2", "--lr", "1e9", "-o", "{root}/run.jsonl"],
+     "at most 1e+06"),
+    ("distributed-lr-inf", ["distributed", "sample:tiny-gpt2", "--lr", "inf", "-o", "{root}/run.jsonl"],
+     "must be a finite number above 0, got inf"),
+    ("serve-port-zero", ["serve", "--port", "0"], "at least 1"),
+    ("serve-port-huge", ["serve", "--port", "70000"], "at most 65535"),
+    ("serve-port-text", ["serve", "--port", "http"], "whole number, got 'http'"),
     ("no-source", ["summary"], "required: source"),
     ("unknown-command", ["explode", "sample:tiny-gpt2"], "invalid choice"),
 ]
@@ -347,6 +379,7 @@ def _lib_cases() -> list[tuple[str, Callable, str]]:
     )
     from inspector.checkpoint_listing import checkpoint_listing
     from inspector.checkpoints import apply_checkpoint, read_checkpoint
+    from inspector.cli_types import open_output
     from inspector.distributed import dcp_listing
     from inspector.distributed.checkpoint import read_dcp
     from inspector.offsets import run_backward
@@ -377,6 +410,15 @@ def _lib_cases() -> list[tuple[str, Callable, str]]:
          lambda t, f: attribute(t, None, "ig", target=1, internal_batch_size=0), "internal_batch_size must be"),
         ("capture-negative-budget", lambda t, f: capture_activations(t.model, t.example_inputs(1), max_bytes=-1),
          "max_bytes must be 0 or more"),
+        ("open-output-fifo", lambda t, f: open_output(f["root"] / "pipe"), "not a regular file"),
+        ("capture-nan-budget", lambda t, f: capture_activations(t.model, t.example_inputs(1), max_bytes=float("nan")),
+         "max_bytes must be a finite number"),
+        ("capture-inf-budget", lambda t, f: capture_activations(t.model, t.example_inputs(1), max_bytes=float("inf")),
+         "max_bytes must be a finite number"),
+        ("capture-text-budget", lambda t, f: capture_activations(t.model, t.example_inputs(1), max_bytes="1GB"),
+         "max_bytes must be a number of bytes"),
+        ("capture-bool-budget", lambda t, f: capture_activations(t.model, t.example_inputs(1), max_bytes=True),
+         "max_bytes must be a number of bytes"),
         ("plan-nan-budget", lambda t, f: plan_device_map(t.model, {"cpu": float("nan")}), "not a finite number"),
         ("plan-inf-budget", lambda t, f: plan_device_map(t.model, {"cpu": float("inf")}), "not a finite number"),
         ("plan-negative-budget", lambda t, f: plan_device_map(t.model, {"cpu": -1}), "is negative"),

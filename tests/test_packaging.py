@@ -16,6 +16,7 @@ import urllib.request
 import zipfile
 from pathlib import Path
 
+import psutil
 import pytest
 
 from inspector.__main__ import main
@@ -115,11 +116,18 @@ def test_serve_starts_the_installed_dashboard(installed, tmp_path):
         proc = subprocess.Popen([str(installed / "model-inspector"), "serve", "--port", str(port),
                                  "--server.address", "127.0.0.1"], cwd=tmp_path, stdout=out,
                                 stderr=subprocess.STDOUT)
+        children = []
         try:
             assert _healthy(f"http://127.0.0.1:{port}", proc, timeout=90), log.read_text()
+            children = psutil.Process(proc.pid).children(recursive=True)
+            assert children  # the streamlit server
         finally:
             proc.terminate()
             proc.wait(timeout=30)
+            _, alive = psutil.wait_procs(children, timeout=30)
+            for p in alive:
+                p.kill()
+        assert not alive, f"terminate() left the server running: {alive}"
     text = log.read_text()
     assert "share/model-inspector/app.py" in text
     assert "--server.maxUploadSize 4096" in text  # the project's .streamlit/config.toml travels along

@@ -230,7 +230,8 @@ def _report_progress(call: _Call, progress: Callable[[int, int], None]) -> None:
     if spec.has_delta:
         rows = int(flat[0].shape[0]) if flat[0].dim() else 1
         steps = int(options.get("n_steps", 50))
-        options.setdefault("internal_batch_size", rows * max(1, math.ceil(steps / 10)))
+        # chunks of at most 32 steps: memory stays bounded however many steps are asked for
+        options.setdefault("internal_batch_size", rows * max(1, min(math.ceil(steps / 10), 32)))
         per_call = max(1, int(options["internal_batch_size"]) // max(rows, 1))
         chunks = math.ceil(steps / per_call)
         # captum's extra passes: outputs at the inputs and baselines (for the delta); conductance
@@ -266,7 +267,11 @@ def _run(loaded: LoadedModel, call: _Call) -> Any:
                         forward_advice(loaded, "choose another method or layer")):
             try:
                 return algo.attribute(arg, target=forward.captum_target, **options)
+            except MemoryError as exc:
+                raise _out_of_memory(spec.label, options) from exc
             except RuntimeError as exc:
+                if _is_out_of_memory(exc):
+                    raise _out_of_memory(spec.label, options) from exc
                 if layer is None or "in-place" not in str(exc) or isinstance(exc, InspectorError):
                     raise
                 inplace = [n for n, m in model.named_modules() if getattr(m, "inplace", False) is True]
@@ -325,3 +330,15 @@ def _nan_findings(attributions: tuple[torch.Tensor, ...], layer: str | None) -> 
             out.append(Finding("attribution-inf", "error", where,
                                f"{inf} of {a.numel()} attribution values are infinite"))
     return out
+
+
+def _is_out_of_memory(exc: BaseException) -> bool:
+    return isinstance(exc, torch.OutOfMemoryError) or any(
+        text in str(exc) for text in ("can't allocate memory", "out of memory", "Out of memory"))
+
+
+def _out_of_memory(label: str, options: dict[str, Any]) -> InspectorError:
+    """Running out of memory is the size of the request, not a fault of the model's forward."""
+    return InspectorError(f"{label} ran out of memory with n_steps={options.get('n_steps', 50)} and "
+                          f"internal_batch_size={options.get('internal_batch_size')}; lower n_steps "
+                          "(--steps), the batch size or internal_batch_size, or run on a device with more memory")

@@ -9,6 +9,7 @@ from torch import nn
 from torch.utils.hooks import RemovableHandle
 
 from ..findings import Finding
+from ..forward_state import module_state_kept
 
 #: The attribute transformers sets on a model once it has installed its output-capturing hooks
 #: (lazily, on the first forward that needs hidden states); it never installs them again while set.
@@ -19,8 +20,9 @@ _HOOK_DICTS = ("_forward_hooks", "_forward_hooks_with_kwargs", "_forward_hooks_a
 
 
 class preserved_state:  # noqa: N801 - used as a context manager, like contextlib's
-    """Run in eval mode; afterwards restore every module's training flag, the tensors'
-    ``requires_grad``, the parameters' ``.grad`` and remove any hook added meanwhile.
+    """Run in eval mode; afterwards restore every module's training flag, the attributes and
+    buffers its forward rebinds or writes, the tensors' ``requires_grad``, the parameters'
+    ``.grad`` and remove any hook added meanwhile.
 
     Eval mode keeps BatchNorm's running statistics unchanged and dropout off. Hooks added
     meanwhile are found by their handle id: ids only grow, so a hook whose id is at least
@@ -38,7 +40,7 @@ class preserved_state:  # noqa: N801 - used as a context manager, like contextli
     """
 
     __slots__ = ("model", "tensors", "findings", "modules", "enable_grad", "modes", "grads", "flags",
-                 "hook_id", "grad_switched", "marked")
+                 "hook_id", "grad_switched", "marked", "kept")
 
     def __init__(self, model: nn.Module, tensors: list[torch.Tensor],
                  findings: list[Finding] | None = None, *, modules: list[nn.Module] | None = None,
@@ -54,6 +56,8 @@ class preserved_state:  # noqa: N801 - used as a context manager, like contextli
         self.flags = [(t, t.requires_grad) for t in self.tensors]
         self.hook_id = RemovableHandle.next_id
         self.marked = {id(m) for m in modules if m.__dict__.get(CAPTURE_MARK)}
+        self.kept = module_state_kept([("", m) for m in modules])  # what the forward rebinds or writes
+        self.kept.__enter__()
         if self.model.training and self.findings is not None:
             self.findings.append(Finding("eval-mode", "info", "",
                                          "the model was in training mode; attribution ran in eval mode "
@@ -66,6 +70,7 @@ class preserved_state:  # noqa: N801 - used as a context manager, like contextli
             torch.set_grad_enabled(True)
 
     def __exit__(self, *exc: object) -> None:
+        self.kept.__exit__(None, None, None)
         if self.grad_switched:
             torch.set_grad_enabled(False)
         modules, modes = self.modules, self.modes

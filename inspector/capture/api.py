@@ -21,6 +21,7 @@ from ..devices import resolve_device
 from ..distributed.outputs import output_placements, placement_notes
 from ..distributed.tensors import kept_sharded
 from ..findings import Finding, InspectorError
+from ..forward_state import module_state_kept, restored_message
 from ..locks import model_lock
 from ..models import call_model
 from .leaves import tensor_leaves
@@ -87,8 +88,9 @@ def capture_activations(model: nn.Module, inputs: Any, modules: Any = None,
     """Run ``model`` on ``inputs`` and capture module outputs as detached copies.
 
     Holds the model's lock; hooks are removed when it returns, also when the forward pass
-    raises; the model's own hooks, ``training`` flags, grad mode and buffers are left as they
-    were (a training-mode BatchNorm's running statistics are put back after the pass).
+    raises; the model's own hooks, ``training`` flags, grad mode, buffers and attributes are left
+    as they were: what the forward rebinds or writes on its modules (a training-mode BatchNorm's
+    running statistics, ``self.calls += 1``) is put back after the pass, with an info finding.
 
     Args:
         model: the model (not changed).
@@ -123,7 +125,7 @@ def capture_activations(model: nn.Module, inputs: Any, modules: Any = None,
     named = list(model.named_modules())  # the one walk of this call
     options = Options(resolve_device(store_on), max_bytes, grads, keep_inputs, keep_references)
     with _recording(model, named, modules, options, True) as rec, output_placements(named) as placed, \
-            _buffers_kept(model, [m for _, m in named]), kept_sharded(model, [m for _, m in named]):
+            module_state_kept(named) as restored, kept_sharded(model, [m for _, m in named]):
         try:
             with torch.enable_grad() if grads else nullcontext():
                 output = call_model(model, inputs)
@@ -136,29 +138,14 @@ def capture_activations(model: nn.Module, inputs: Any, modules: Any = None,
             raise InspectorError(f"the forward pass of {type(model).__name__} failed"
                                  f"{' in module ' + where if where else ''}: "
                                  f"{type(exc).__name__}: {exc}") from exc
+    if restored:
+        rec.result.findings.append(Finding("forward-state-restored", "info", "", restored_message(restored)))
     cap = rec.result
     object.__setattr__(cap, "model_output", output)
     notes, shard_findings = placement_notes(placed, cap.outputs)
     cap.placements.update(notes)  # tensor parallel: which piece of a DTensor output each capture is
     cap.findings.extend(shard_findings)
     return cap
-
-
-@contextmanager
-def _buffers_kept(model: nn.Module, modules: list[nn.Module]) -> Iterator[None]:
-    """Put buffers back as they were (a training-mode BatchNorm updates its running stats)."""
-    if not any(m.training for m in modules):
-        yield
-        return
-    with torch.inference_mode(False), torch.no_grad():
-        saved = [(b, b.clone()) for b in model.buffers() if b.device.type != "meta"]
-    try:
-        yield
-    finally:
-        with torch.inference_mode(False), torch.no_grad():
-            for b, before in saved:
-                if not torch.equal(b, before):
-                    b.copy_(before)
 
 
 def _backward(model: nn.Module, output: Any, inputs: Any,

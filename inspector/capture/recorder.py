@@ -35,12 +35,14 @@ that the dictionary changed size during iteration.
 
 from __future__ import annotations
 
+import math
 import threading
 from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 from torch.nn.modules.module import register_module_forward_hook
@@ -50,7 +52,7 @@ from ..units import format_bytes
 from .leaves import KEEP_AS_IS, flat, leaf_paths, tensor_leaves, unflat
 from .results import Captures, Skipped
 from .storage import MEMCPY_BYTES, Storage
-from .watch import Watcher, live_record
+from .watch import Watcher, live_record, storage_key
 
 _SKIP = object()
 _BUDGET = "over the byte budget"
@@ -78,8 +80,7 @@ class Recorder:
 
     def __init__(self, named: list[tuple[str, nn.Module]], selected: dict[str, nn.Module],
                  options: Options) -> None:
-        if options.max_bytes is not None and options.max_bytes < 0:
-            raise InspectorError(f"max_bytes must be 0 or more (or None for no limit), got {options.max_bytes}")
+        _check_budget(options.max_bytes)
         if options.store_on.type == "meta":
             raise InspectorError("store_on='meta' would keep no values; choose cpu or a GPU")
         self.named = named
@@ -180,8 +181,7 @@ class Recorder:
             if by_storage:
                 if watcher.versioned or type(output) is not tensor:
                     watcher.touched(name, args, kwargs_output[0] if len(kwargs_output) == 2 else None, output)
-                elif output.layout == torch.strided and output.numel() and not output.is_meta and (
-                        output.data_ptr() - output.storage_offset() * output.element_size() in by_storage):
+                elif storage_key(output) in by_storage:
                     watcher.touched(name, args, None, output)  # only outputs are watched here: O(1)
             if not capture:
                 return
@@ -225,7 +225,7 @@ class Recorder:
             copies.append(copy)
             if copy is not None and t.numel():
                 self.watcher.add(live_record(key, "" if single else f"[{i}]", t, copy),
-                                 t.data_ptr() - t.storage_offset() * t.element_size())
+                                 t.untyped_storage().data_ptr(), t)
         self.result.outputs[key] = copies[0] if single else type(output)(copies)
         self.result.order.append(key)
 
@@ -322,6 +322,19 @@ class Recorder:
         r.findings.extend(_budget_findings(r.skipped, self.options.max_bytes))
         r._state["done"] = True
         return r
+
+
+def _check_budget(max_bytes: Any) -> None:
+    """A byte budget is None or a finite number of 0 or more (NaN would compare as no limit)."""
+    if max_bytes is None:
+        return
+    if isinstance(max_bytes, bool) or not isinstance(max_bytes, (int, float, np.integer, np.floating)):
+        raise InspectorError(f"max_bytes must be a number of bytes (or None for no limit), got "
+                             f"{type(max_bytes).__name__} {max_bytes!r}")
+    if not math.isfinite(max_bytes):
+        raise InspectorError(f"max_bytes must be a finite number of bytes (or None for no limit), got {max_bytes}")
+    if max_bytes < 0:
+        raise InspectorError(f"max_bytes must be 0 or more (or None for no limit), got {max_bytes}")
 
 
 def _budget_findings(skipped: list[Skipped], max_bytes: int | None) -> list[Finding]:

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -34,30 +33,43 @@ from .leaves import top_tensors
 from .results import Captures, Mutation
 
 
-@dataclass(slots=True)
 class Live:
-    """One captured output tensor leaf, watched for in-place changes."""
+    """One captured output tensor leaf, watched for in-place changes.
 
-    key: str
-    path: str
-    ref: Callable[[], torch.Tensor | None]
-    copy: torch.Tensor
-    version: int | None
-    source: torch.device
-    change: float | None = None
-    by: str | None = None
-    written_by: list[str | None] | None = None
-    hold: torch.Tensor | None = None
+    Captures of one tensor object whose copies are known to hold the same values (taken at
+    the same version, or both found equal to the live tensor at one moment) are one watch:
+    the later ones point at the first (``leader``) and only the first is compared. A chain of
+    in-place or pass-through modules, each handing the same tensor on, then costs one
+    comparison per module, not one per earlier capture.
+    """
+
+    # a class of its own rather than a dataclass: one is made per captured tensor, in the hook
+    __slots__ = ("key", "path", "ref", "copy", "version", "source", "change", "by", "written_by", "hold",
+                 "at", "leader", "fresh", "late")
+
+    def __init__(self, key: str, path: str, ref: Callable[[], torch.Tensor | None], copy: torch.Tensor,
+                 version: int | None, source: torch.device) -> None:
+        self.key, self.path, self.ref, self.copy, self.version, self.source = key, path, ref, copy, version, source
+        self.change: float | None = None
+        self.by: str | None = None
+        self.written_by: list[str | None] | None = None  # the first writer that left the values as they were
+        self.hold: torch.Tensor | None = None
+        self.at: int | None = version      # the version (or, without one, the touch) the copy is known equal at
+        self.leader: Live | None = None    # the watch this capture joined
+        self.fresh: list[Live] | None = None  # captures that joined since this watch last noted a writer
+        self.late = False                  # the change was found after the pass
 
 
 def storage_key(t: torch.Tensor) -> int | None:
-    """The address where ``t``'s storage starts (no storage object is made: this runs per hook)."""
-    if t.layout != torch.strided or t.is_meta or t.numel() == 0:
+    """The address where ``t``'s storage starts; None where it has none (empty, meta, sparse).
+
+    One call into torch (the storage's own address), which costs less than reading the
+    tensor's address, offset and element size: this runs in the hooks."""
+    if t.layout != torch.strided:
         return None
     try:
-        # storage_offset() is typed int | SymInt; it is a SymInt only under symbolic tracing
-        return t.data_ptr() - t.storage_offset() * t.element_size()  # type: ignore[return-value]
-    except (RuntimeError, NotImplementedError):
+        return t.untyped_storage().data_ptr() or None
+    except (RuntimeError, NotImplementedError, TypeError):
         return None
 
 
@@ -72,14 +84,24 @@ class Watcher:
 
     def __init__(self) -> None:
         self.live: list[Live] = []
-        self.by_storage: dict[int, list[Live]] = {}
+        self.by_storage: dict[int, list[Live]] = {}   # the leading watches on each storage
+        self.latest: dict[int, Live] = {}             # id(tensor) -> its most recent leading watch
         self.versioned = False   # whether any watched tensor has a version counter
+        self.tick = 0            # counts the touches (inference tensors: when a copy was last equal)
 
-    def add(self, rec: Live, skey: int) -> None:
-        """Watch ``rec``, whose tensor's storage starts at ``skey``."""
+    def add(self, rec: Live, skey: int, t: torch.Tensor) -> None:
+        """Watch ``rec`` of the live tensor ``t``, whose storage starts at ``skey``."""
         if rec.version is not None:
             self.versioned = True
         self.live.append(rec)
+        lead = self.latest.get(id(t))
+        if lead is not None and lead.change is None and lead.hold is None and lead.ref() is t and (
+                lead.at == (rec.version if rec.version is not None else self.tick)):
+            rec.leader = lead  # the same tensor, the same values as that watch's copy
+            if rec.version is not None:  # its first writer is the next one the lead notes
+                _pending(lead, [rec])
+            return
+        self.latest[id(t)] = rec
         recs = self.by_storage.get(skey)
         if recs is None:
             self.by_storage[skey] = [rec]
@@ -90,15 +112,16 @@ class Watcher:
         """Watch the live tensor ``t`` whose copy is ``copy`` (nothing for empty or meta tensors)."""
         skey = storage_key(t)
         if skey is not None:
-            self.add(live_record(key, path, t, copy), skey)
+            self.add(live_record(key, path, t, copy), skey, t)
 
     def touched(self, name: str, args: Any, kwargs: Any, output: Any) -> None:
         """Module ``name`` returned ``output`` from ``args``/``kwargs``: note the watched
-        outputs it wrote in place (O(1) per top-level tensor it touched).
+        outputs it wrote in place (O(1) per top-level tensor it touched, amortised).
 
         Only tensors with version counters tell a write through an input; inference tensors
         are compared when a module hands their storage back.
         """
+        self.tick += 1
         by_storage = self.by_storage
         values = (output, args, kwargs) if self.versioned else (output,)
         for i, value in enumerate(values):
@@ -109,33 +132,62 @@ class Watcher:
                     self._seen(recs, name, i == 0)
 
     def _seen(self, recs: list[Live], name: str, is_output: bool) -> None:
-        alive = []
+        if len(recs) == 1:  # the common case: nothing to join
+            if self._check(recs[0], name, is_output) is None:
+                recs.clear()
+            return
+        kept: list[Live] = []
+        synced: dict[int, Live] = {}
         for rec in recs:
-            live = rec.ref()
-            if live is None:  # gone (its memory may be reused): nothing left to watch
+            live = self._check(rec, name, is_output)
+            if live is None:
                 continue
-            alive.append(rec)
-            if rec.change is not None:
-                continue
-            if rec.version is not None:
-                if live._version != rec.version:
-                    rec.version = live._version
-                    if rec.source.type == "cuda":  # compared after the pass: no synchronisation now
-                        rec.hold = live
-                        _note_writer(rec, name)
-                    else:  # compared now: the tensor may be gone by the end of the pass
-                        compare(rec, live, name)
-            elif is_output:
-                compare(rec, live, name)
-        if len(alive) != len(recs):
-            recs[:] = alive
+            if rec.at == (rec.version if rec.version is not None else self.tick):
+                lead = synced.setdefault(id(live), rec)
+                if lead is not rec:  # both equal to the live tensor now: one watch from here on
+                    rec.leader = lead
+                    if rec.version is not None:
+                        _pending(lead, [m for m in (rec.fresh or ()) if not m.written_by]
+                                 + ([] if rec.written_by else [rec]))
+                        rec.fresh = None
+                    continue
+            kept.append(rec)
+        if len(kept) != len(recs):
+            recs[:] = kept
+
+    def _check(self, rec: Live, name: str, is_output: bool) -> torch.Tensor | None:
+        """Look at one watch after module ``name`` ran; its live tensor, or None when there is
+        nothing left to watch (gone, changed, or held for a comparison after the pass)."""
+        live = rec.ref()
+        if live is None:  # gone (its memory may be reused): nothing left to watch
+            return None
+        if rec.version is not None:
+            if live._version != rec.version:
+                rec.version = live._version
+                if rec.source.type == "cuda":  # compared after the pass: no synchronisation now
+                    rec.hold = live
+                    _note_writer(rec, name)
+                    return None
+                compare(rec, live, name)  # now: the tensor may be gone by the end of the pass
+                if rec.change is None:
+                    rec.at = rec.version
+        elif is_output:
+            compare(rec, live, name)
+            if rec.change is None:
+                rec.at = self.tick
+        return None if rec.change is not None else live
 
     def settle(self, result: Captures) -> None:
         """After the pass: compare what was written, and report mutations into ``result``."""
         for rec in self.live:
-            t = rec.ref()
-            if rec.change is None and t is not None and rec.version is not None:
-                _settle_versioned(rec, t)
+            lead = _leader(rec)
+            if lead is not rec:
+                _follow(rec, lead)
+            else:
+                t = rec.ref()
+                if rec.change is None and t is not None and rec.version is not None:
+                    _settle_versioned(rec, t)
+                    rec.late = rec.change is not None
             if rec.change is None and rec.written_by:
                 by = rec.written_by[0]
                 result.findings.append(Finding("capture-written-same-values", "info", rec.key,
@@ -146,13 +198,41 @@ class Watcher:
                 _report(rec, result)
         self.live.clear()
         self.by_storage.clear()
+        self.latest.clear()
+
+
+def _pending(lead: Live, recs: list[Live]) -> None:
+    if recs:
+        if lead.fresh is None:
+            lead.fresh = recs
+        else:
+            lead.fresh.extend(recs)
+
+
+def _leader(rec: Live) -> Live:
+    while rec.leader is not None:
+        rec = rec.leader
+    return rec
+
+
+def _follow(rec: Live, lead: Live) -> None:
+    """A capture that joined ``lead`` shares its fate: what changed it changed this one too."""
+    if lead.change is not None:
+        rec.change = lead.change
+        # a change found after the pass is named by this capture's own first writer, as for a lead
+        rec.by = (rec.written_by[0] if rec.written_by else None) if lead.late else lead.by
 
 
 def _note_writer(rec: Live, by: str | None) -> None:
-    if rec.written_by is None:
+    """Keep the first writer (the one a finding names); captures that joined this watch since
+    it last noted one get this one as their first."""
+    if not rec.written_by:
         rec.written_by = [by]
-    else:
-        rec.written_by.append(by)
+    if rec.fresh:
+        for member in rec.fresh:
+            if not member.written_by:
+                member.written_by = [by]
+        rec.fresh = None
 
 
 def compare(rec: Live, t: torch.Tensor, by: str | None) -> None:
@@ -171,6 +251,7 @@ def compare(rec: Live, t: torch.Tensor, by: str | None) -> None:
 def _settle_versioned(rec: Live, t: torch.Tensor) -> None:
     if t._version != rec.version:  # written after the last module that touched it
         _note_writer(rec, None)
+    rec.fresh = None  # not written since they joined (else noted just above)
     if rec.written_by:  # one comparison, after the pass; the first writer is named
         writers, rec.written_by = rec.written_by, []
         compare(rec, t, writers[0])

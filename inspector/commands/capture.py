@@ -26,7 +26,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--modules", action="append", default=None, metavar="PATTERN",
                         help="module name, glob pattern (e.g. 'transformer.h.*.mlp') or class name "
                              "(e.g. ReLU); repeat for more; default: every module")
-    parser.add_argument("--batch-size", type=types.positive_int, default=2, help="example inputs batch size (default 2)")
+    parser.add_argument("--batch-size", type=types.batch_size, default=2, help="example inputs batch size (default 2)")
     parser.add_argument("--store-on", default="cpu", type=types.device, help="where the copies go (default cpu)")
     parser.add_argument("--max-bytes", type=types.non_negative_int, default=None, help="byte budget for the copies")
     parser.add_argument("--grad-mode", choices=["inference", "no_grad", "grad"], default="no_grad",

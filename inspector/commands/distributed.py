@@ -19,9 +19,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                                        "or sample:<name>")
     parser.add_argument("--shard", choices=SHARD_MODES, default="fsdp",
                         help="fsdp: fully_shard each block then the model (default); ddp; none")
-    parser.add_argument("--steps", type=types.positive_int, default=3,
+    parser.add_argument("--steps", type=types.train_steps, default=3,
                         help="training steps to run and check (default 3)")
-    parser.add_argument("--batch-size", type=types.positive_int, default=2, help="batch size per rank (default 2)")
+    parser.add_argument("--batch-size", type=types.batch_size, default=2, help="batch size per rank (default 2)")
     parser.add_argument("--lr", type=types.positive_float, default=1e-2, help="SGD learning rate (default 0.01)")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                         help="cpu (gloo) or cuda (NCCL, each rank on the GPU of its LOCAL_RANK)")

@@ -26,7 +26,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--format", choices=list(FORMATS), default=None,
                         help="output format (default: from the -o file's extension, else html)")
     parser.add_argument("-o", "--output", required=True, type=types.output_file, help="file to write")
-    parser.add_argument("--batch-size", type=types.positive_int, default=None, help="batch size of the example inputs")
+    parser.add_argument("--batch-size", type=types.batch_size, default=None, help="batch size of the example inputs")
     parser.add_argument("--backward", action="store_true",
                         help="run one backward pass for gradient norms (earlier .grad values are put back)")
     parser.add_argument("--max-memory", default=None, metavar="BUDGET",
@@ -37,9 +37,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--compare-with", default=None, metavar="B",
                         help="compare section: a source, checkpoint file or folder to compare the model with")
     parser.add_argument("--attribution-method", default=None, help="ig, saliency, layer_ig, ...")
-    parser.add_argument("--attribution-target", type=int, default=None,
+    parser.add_argument("--attribution-target", type=types.class_index, default=None,
                         help="class index or next-token id to attribute (default 0)")
-    parser.add_argument("--attribution-steps", type=types.positive_int, default=None,
+    parser.add_argument("--attribution-steps", type=types.steps, default=None,
                         help="n_steps of integrating attribution methods (default: captum's 50)")
     parser.add_argument("--attribute-on-cpu", action="store_true",
                         help="attribute models over 64 MiB on the CPU too (slow: ~50 passes of the model)")

@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from ..findings import InspectorError
+from ..forward_state import module_state_kept
 from ..inventory import tensor_inventory
 from ..locks import model_lock
 
@@ -29,14 +30,17 @@ Progress = Callable[[str], None]
 @contextmanager
 def _eval_mode(model: nn.Module) -> Iterator[None]:
     """Eval mode for the block (dropout off, BatchNorm statistics unchanged); every module's
-    ``training`` flag is restored afterwards, also when the block raises."""
-    modes = {m: m.training for m in model.modules()}
-    try:
-        model.eval()
-        yield
-    finally:
-        for m, was_training in modes.items():
-            m.training = was_training
+    ``training`` flag, the attributes and buffers its forward rebinds or writes are restored
+    afterwards, also when the block raises."""
+    named = list(model.named_modules())
+    modes = {m: m.training for _, m in named}
+    with module_state_kept(named):
+        try:
+            model.eval()
+            yield
+        finally:
+            for m, was_training in modes.items():
+                m.training = was_training
 
 
 def _require_loss(loaded: Any) -> None:

@@ -188,11 +188,12 @@ def try_dispatch(loaded: Any, device_map: Mapping[str, Any]) -> DispatchCheck:
     The original runs its example inputs under its lock; the copy (hooks, offload folder and all)
     is thrown away afterwards, so the loaded model is unchanged.
     """
+    from ..forward_state import module_state_kept
     from ..models import call_model, to_device
 
     loaded.check_runnable()
     inputs = loaded.example_inputs(2)
-    with loaded.lock, torch.no_grad():
+    with loaded.lock, torch.no_grad(), module_state_kept(list(loaded.model.named_modules())):
         expected = call_model(loaded.model, inputs)
     with dispatch_plan(loaded.model, device_map) as d, torch.no_grad():
         got = call_model(d.model, inputs)

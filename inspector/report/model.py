@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..escaping import json_visible
 from ..findings import SEVERITY_ORDER, Finding, InspectorError
 from ..program import program_name
 from .data import ReportFigure, Section, Table
@@ -61,8 +62,8 @@ class Report:
 
     def to_json(self, indent: int | None = 1) -> str:
         """Every table, figure and finding as JSON with sorted keys: two reports diff cleanly."""
-        return json.dumps(self.to_dict(), indent=indent, sort_keys=True, ensure_ascii=False,
-                          allow_nan=False)
+        return json_visible(json.dumps(self.to_dict(), indent=indent, sort_keys=True, ensure_ascii=False,
+                                       allow_nan=False))
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Report:

@@ -10,7 +10,7 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..escaping import markdown_text
+from ..escaping import markdown_text, visible_text
 from ..findings import InspectorError
 from ..units import format_bytes
 from .data import Table
@@ -29,9 +29,18 @@ def _environment_jinja() -> Any:
     import jinja2
 
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATE_DIR)), autoescape=True,
-                             undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
+                             undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True,
+                             finalize=_visible)
     env.filters["cell"] = display_value
     return env
+
+
+def _visible(value: Any) -> Any:
+    """Every text the template shows: controls and bidirectional overrides as visible escapes."""
+    import markupsafe
+
+    return value if isinstance(value, markupsafe.Markup) or not isinstance(value, str) else \
+        visible_text(value, keep_lines=True)
 
 
 def is_bytes_key(column: Any) -> bool:
