@@ -46,6 +46,8 @@ _INVISIBLE_OR_BREAK = re.compile(f"[{_HIDDEN}\t\n]")
 
 def _escape_char(m: re.Match[str]) -> str:
     code = ord(m.group())
+    if 0xDC80 <= code <= 0xDCFF:  # a byte of a file name that is not UTF-8, as Python reads it: show the byte
+        return f"\\x{code - 0xDC00:02x}"
     return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
 
 
