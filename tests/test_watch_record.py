@@ -114,3 +114,47 @@ def test_bad_metadata_is_refused_by_name(tmp_path, change):
         pass
     with pytest.raises(InspectorError, match="bad.inspect"):
         read_run(path)
+
+
+@pytest.fixture(scope="module")
+def two_rank_lines() -> list[str]:
+    """Two check_step records of ``0: Linear(2, 1)`` as a world of 2 would write them: each rank's
+    local gradient norm half the global one, and a ``nan`` list one entry short."""
+    import copy
+
+    import torch
+
+    from inspector.distributed import check_step
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(2, 1))
+    model(torch.ones(1, 2)).sum().backward()
+    one = json.loads(json.dumps(check_step(model, 0, path=None).record))
+    lines = []
+    for step in range(2):
+        rec = copy.deepcopy(one)
+        rec["step"], rec["world_size"] = step, 2
+        rec["ranks"] = [rec["ranks"][0], {**rec["ranks"][0], "rank": 1}]
+        for t in rec["tensors"]:
+            t["local_grad_norm"] = [t["grad_norm"] / 2] * 2
+            t["nan"], t["inf"] = [0], [0, 0]
+        lines.append(json.dumps(rec))
+    return lines
+
+
+def test_a_two_rank_check_step_file_reads_with_global_module_norms(two_rank_lines):
+    rec = json.loads(two_rank_lines[0])
+    run = parse_run_bytes(("\n".join(two_rank_lines) + "\n").encode(), "run.jsonl")
+    assert run.complete and run.check_run is not None and run.check_run.world_size == 2
+    direct = {t["name"]: t["grad_norm"] for t in rec["tensors"]}
+    expected = np.hypot(direct["0.weight"], direct["0.bias"])
+    for rank in (0, 1):  # the global norm, as a watch file stores it, not this rank's half
+        assert run.matrix("grad_norm", rank)[1][0, 0] == pytest.approx(expected, rel=1e-6)
+        assert run.matrix("nonfinite", rank)[1][0, 0] == 0
+
+
+def test_a_cut_check_step_file_is_incomplete_and_says_so(two_rank_lines):
+    text = two_rank_lines[0] + "\n" + two_rank_lines[1][:40]
+    run = parse_run_bytes(text.encode(), "run.jsonl")
+    assert not run.complete and run.steps["step"].unique().tolist() == [0]
+    assert [f.code for f in run.findings] == ["run-file-truncated"]

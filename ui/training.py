@@ -12,8 +12,7 @@ import pandas as pd
 import streamlit as st
 
 from inspector import InspectorError, format_bytes, run_report
-from inspector.distributed import DistributedRun, parse_run, rank_issues, unique_findings
-from inspector.distributed import read_run as read_distributed
+from inspector.distributed import DistributedRun, rank_issues, unique_findings
 from inspector.escaping import markdown_text
 from inspector.figures import NormGrid, bin_matrix, grad_norm_figure, memory_figure
 from inspector.watch import MODULE_COLUMNS, Run, parse_run_bytes, read_run
@@ -39,15 +38,13 @@ class Opened:
 @st.cache_resource(show_spinner=False, max_entries=4)
 def _read_path(path: str, size: int, mtime_ns: int) -> Opened:
     run = read_run(path)
-    dist = read_distributed(path) if "distributed" in run.meta.checks else None
-    return Opened((path, size, mtime_ns), run, dist)
+    return Opened((path, size, mtime_ns), run, run.check_run)
 
 
 @st.cache_resource(show_spinner=False, max_entries=4)
 def _read_upload(name: str, file_id: str, _data: bytes) -> Opened:
     run = parse_run_bytes(_data, name)
-    dist = parse_run(_data.decode("utf-8", errors="replace"), name) if "distributed" in run.meta.checks else None
-    return Opened((name, file_id), run, dist)
+    return Opened((name, file_id), run, run.check_run)
 
 
 def open_run(upload: Any, path: str) -> Opened | None:

@@ -47,7 +47,8 @@ class Run:
     use): one row per (step, rank, module) with ``grad_norm, param_norm, update_ratio,
     nonfinite``; :meth:`matrix` gives one of them as a steps × modules array without building
     it. ``complete`` is False while the file is still being written or when the writer died
-    (every complete step is read either way).
+    (every complete step is read either way). ``check_run``: for a ``check_step`` ``run.jsonl``,
+    its :class:`~inspector.distributed.DistributedRun` (per-rank detail), else None.
     """
 
     path: str
@@ -57,6 +58,7 @@ class Run:
     complete: bool
     table: Any = field(repr=False)  # the pyarrow.Table of the rows
     source: str = ""  # the file's full path ("" for an upload)
+    check_run: Any = field(default=None, repr=False)  # a check_step file's DistributedRun (None for a watch file)
 
     @cached_property
     def captures(self) -> Captures | None:
@@ -265,7 +267,9 @@ def read_run(path: str | os.PathLike) -> Run:
 
 
 def _from_distributed(dr: Any) -> Run:
-    """A ``check_step`` run as a :class:`Run`: its parameters grouped into their modules."""
+    """A ``check_step`` run as a :class:`Run`: its parameters grouped into their modules, each
+    module's gradient norm the global one (as a watch file stores it), the file's notes
+    (``run-file-truncated``, ``run-file-newer``) among the findings and the run kept as ``check_run``."""
     first = dr.records[0]
     params = [t["name"] for t in first["tensors"] if t.get("kind") == "parameter"]
     modules: list[str] = []
@@ -277,35 +281,38 @@ def _from_distributed(dr: Any) -> Run:
         owner.append(modules.index(mod))
     meta = RunMeta(model=dr.path, world_size=dr.world_size, every=1, modules=tuple(modules),
                    parameters=tuple(params), parameter_modules=tuple(owner), checks=("distributed",))
+    owners = np.asarray(owner, dtype=np.int64)
     records = []
     for rec in dr.records:
         by_name = {t["name"]: t for t in rec["tensors"]}
-        fs = rec.get("findings", [])
+        norms = np.array([_global_norm(by_name.get(p)) for p in params], dtype=np.float64)
+        mod_sq = np.zeros(len(modules))
+        np.add.at(mod_sq, owners, np.nan_to_num(norms, nan=0.0) ** 2)
         for r in rec["ranks"]:
             rank = r["rank"]
-            norms = np.array([_local_norm(by_name.get(p), rank) for p in params], dtype=np.float64)
-            mod_sq = np.zeros(len(modules))
-            np.add.at(mod_sq, np.asarray(owner, dtype=np.int64), np.nan_to_num(norms, nan=0.0) ** 2)
             nonfinite = np.zeros(len(modules), dtype=np.int32)
             for i, p in enumerate(params):
-                t = by_name.get(p) or {}
-                nonfinite[owner[i]] += sum((t.get(k) or [0] * (rank + 1))[rank] or 0 for k in ("nan", "inf"))
+                nonfinite[owner[i]] += sum(_at_rank(by_name.get(p), k, rank) for k in ("nan", "inf"))
             records.append(StepRecord(
                 step=rec["step"], rank=rank, time=float(rec.get("time") or 0.0), grad_norm=r.get("grad_norm"),
                 nonfinite=int(r.get("nonfinite") or 0), device_allocated=r.get("device_allocated"),
                 device_peak=r.get("device_peak"), rss=r.get("rss"), module_grad_norm=np.sqrt(mod_sq),
-                module_nonfinite=nonfinite, param_grad_norm=norms, findings=fs if rank == 0 else []))
+                module_nonfinite=nonfinite, param_grad_norm=norms))
     import pyarrow as pa
 
     table = pa.Table.from_batches([record_batch(records)]) if records else schema().empty_table()
-    run = _from_table(dr.path, meta, table, True)
-    return Run(run.path, meta, run.steps, [StepFinding(f.step, None, f.code, f.severity, f.where, f.message)
-                                           for f in run.findings], True, table)
+    findings = [StepFinding(step, None, f.code, f.severity, f.where, f.message) for step, f in dr.findings]
+    complete = not any(f.code == "run-file-truncated" for f in findings)
+    return Run(dr.path, meta, _steps_frame(table, meta), findings, complete, table, check_run=dr)
 
 
-def _local_norm(tensor: dict[str, Any] | None, rank: int) -> float:
-    if not tensor:
-        return np.nan
-    values = tensor.get("local_grad_norm") or []
-    value = values[rank] if rank < len(values) else None
+def _global_norm(tensor: dict[str, Any] | None) -> float:
+    """A tensor's global gradient norm (NaN when not recorded)."""
+    value = (tensor or {}).get("grad_norm")
     return np.nan if value is None else float(value)
+
+
+def _at_rank(tensor: dict[str, Any] | None, key: str, rank: int) -> int:
+    """``tensor[key][rank]``, 0 where the list is absent or shorter."""
+    values = (tensor or {}).get(key) or []
+    return int(values[rank] or 0) if rank < len(values) else 0
