@@ -302,3 +302,30 @@ def test_huge_finite_weights_are_not_called_nonfinite(tmp_path):
     assert not _codes(w, "nonfinite-parameter")
     norms = read_run(tmp_path / "r.inspect").at(0).set_index("module")["param_norm"]
     assert norms["0"] == pytest.approx(4e30, rel=1e-5)  # sqrt(16) * 1e30, from float64
+
+
+class TakesWeight(nn.Module):
+    """A child module called with its parent's parameter as an argument."""
+
+    def forward(self, x, w):
+        return x @ w
+
+
+class Shared(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.ones(4, 1))
+        self.mul = TakesWeight()
+
+    def forward(self, x):
+        return self.mul(x, self.w)
+
+
+def test_no_gradient_hook_stays_on_a_parameter_passed_to_a_module(tmp_path):
+    torch.manual_seed(0)
+    model = Shared()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    with watch(model, opt, tmp_path / "r.inspect", nonfinite=True) as w:
+        _train(model, opt, w, 3)
+        assert len(model.w._backward_hooks or {}) <= 1  # at most this step's, never one per step
+    assert not model.w._backward_hooks
