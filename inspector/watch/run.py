@@ -167,8 +167,11 @@ def _read_stream(source: Any, name: str) -> tuple[RunMeta, Any, bool]:
         raise InspectorError(f"{name} is an Arrow stream but not a watch run file (no {META_KEY.decode()} metadata)")
     try:
         meta = RunMeta.from_json(raw)
-    except (ValueError, TypeError) as exc:
+    except (ValueError, TypeError, OverflowError) as exc:
         raise InspectorError(f"{name}: {exc}") from None
+    except RecursionError:
+        raise InspectorError(f"{name}: its run metadata is nested too deeply to be a watch run's; "
+                             "write the file again with inspector.watch") from None
     missing = [f.name for f in schema() if f.name not in reader.schema.names]
     if missing:
         raise InspectorError(f"{name} lacks the columns {', '.join(missing)}; it was not written by inspector.watch")
