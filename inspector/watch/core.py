@@ -275,7 +275,8 @@ def _record(step: int, rank: int, n: Numbers, scalars: dict[str, float], lrs: li
             findings: list[Finding]) -> StepRecord:
     f32 = np.float32
     return StepRecord(
-        step=step, rank=rank, time=time.time(), step_time=_opt(n.step_time), loss=_opt(n.loss),
+        step=step, rank=rank, time=time.time(), step_time=_opt(n.step_time),
+        loss=float(n.loss) if n.loss_logged else None,
         grad_norm=_opt(n.grad_norm), nonfinite=int(n.nonfinite), lr=lrs, scale=_opt(n.scale),
         skipped=bool(n.skipped), device_allocated=_int(n.device_allocated), device_peak=_int(n.device_peak),
         rss=_int(n.rss), scalar_names=list(scalars), scalar_values=[float(v) for v in scalars.values()],

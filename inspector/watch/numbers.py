@@ -11,7 +11,7 @@ import numpy as np
 import torch
 
 _SCALARS = ["step_time", "loss", "grad_norm", "nonfinite", "scale", "skipped", "device_allocated", "device_peak",
-            "rss", "forward", "backward", "checked", "shared"]
+            "rss", "forward", "backward", "checked", "shared", "loss_logged"]
 _MODULE = ["module_grad", "module_param", "module_update", "module_nonfinite"]
 _PARAM = ["param_grad", "has_grad", "param_norm"]
 
@@ -39,6 +39,7 @@ class Numbers:
     backward: float = NO_PRODUCER
     checked: float = 0.0  # 1: a check step (parameter norms taken)
     shared: float = 0.0  # how many findings this rank's own checks made (rank 0's go to every rank)
+    loss_logged: float = 0.0  # 1: a loss was logged (``loss`` NaN then means the loss was NaN)
     module_grad: np.ndarray = field(default_factory=lambda: np.zeros(0))
     module_param: np.ndarray = field(default_factory=lambda: np.zeros(0))
     module_update: np.ndarray = field(default_factory=lambda: np.zeros(0))
