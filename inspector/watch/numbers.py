@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import math
-import os
-import resource
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
+
+from ..process_memory import rss_and_peak
 
 _SCALARS = ["step_time", "loss", "grad_norm", "nonfinite", "scale", "skipped", "device_allocated", "device_peak",
             "rss", "forward", "backward", "checked", "shared", "loss_logged"]
@@ -80,14 +80,11 @@ class Numbers:
 
 
 def memory(device: torch.device | None) -> tuple[float, float, float]:
-    """Device memory allocated and peak (CUDA; NaN elsewhere) and this process's RSS, in bytes."""
+    """Device memory allocated and peak (CUDA; NaN elsewhere) and this process's current RSS, in
+    bytes (NaN where the system tells only the peak)."""
     alloc = peak = math.nan
     if device is not None and device.type == "cuda":
         alloc = float(torch.cuda.memory_allocated(device))
         peak = float(torch.cuda.max_memory_allocated(device))
-    try:
-        with open("/proc/self/statm") as fh:
-            rss = float(int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE"))
-    except (OSError, ValueError, IndexError):
-        rss = float(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024.0
+    rss = rss_and_peak()[0]  # the current value (NaN where only the peak can be read)
     return alloc, peak, rss
