@@ -14,8 +14,9 @@ import streamlit as st
 from inspector import InspectorError, format_bytes, run_report
 from inspector.distributed import DistributedRun, rank_issues, unique_findings
 from inspector.escaping import markdown_text
-from inspector.figures import NormGrid, bin_matrix, grad_norm_figure, memory_figure
+from inspector.figures import NormGrid, grad_norm_figure, memory_figure, run_norm_grid
 from inspector.watch import MODULE_COLUMNS, Run, parse_run_bytes, read_run
+from inspector.watch import main_steps as run_main_steps
 from ui.tables import paged_table
 
 NORM_FORMAT = "%.4g"
@@ -68,16 +69,7 @@ def open_run(upload: Any, path: str) -> Opened | None:
 @st.cache_resource(show_spinner=False, max_entries=16)
 def norm_grid_of(_opened: Opened, key: tuple[Any, ...], column: str, rank: int) -> NormGrid:
     """The heatmap's grid of ``column`` on ``rank`` (computed once per file version)."""
-    run = _opened.run
-    steps, values = run.matrix(column, rank)
-    nonfinite = None
-    if np.isnan(values).any():  # a NaN may be recorded (counted as not finite) or a value not taken
-        nonfinite = run.matrix("nonfinite", rank)[1] > 0
-    if len(steps) > 1 and (np.diff(steps) < 0).any():
-        order = np.argsort(steps, kind="stable")
-        steps, values = steps[order], values[order]
-        nonfinite = nonfinite[order] if nonfinite is not None else None
-    return bin_matrix(steps, values, run.module_order, nonfinite=nonfinite)
+    return run_norm_grid(_opened.run, column, rank)
 
 
 def clear_cache() -> None:
@@ -95,15 +87,8 @@ def findings_frame(run: Run) -> pd.DataFrame:
 
 
 def main_steps(opened: Opened) -> pd.DataFrame:
-    """One row per step for the loss and global-norm lines: the global norm of a ``check_step``
-    file, else rank 0's row (the lowest rank's where rank 0 is absent)."""
-    if opened.distributed is not None:
-        return opened.distributed.steps
-    steps = opened.run.steps
-    if not len(steps):
-        return steps
-    first = steps["rank"].min()
-    return steps[steps["rank"] == first].drop_duplicates("step", keep="last").sort_values("step")
+    """One row per step for the loss and global-norm lines (:func:`inspector.watch.main_steps`)."""
+    return run_main_steps(opened.run)
 
 
 def nearest_step(steps: np.ndarray, wanted: int) -> int:
