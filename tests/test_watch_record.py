@@ -158,3 +158,15 @@ def test_a_cut_check_step_file_is_incomplete_and_says_so(two_rank_lines):
     run = parse_run_bytes(text.encode(), "run.jsonl")
     assert not run.complete and run.steps["step"].unique().tolist() == [0]
     assert [f.code for f in run.findings] == ["run-file-truncated"]
+
+
+def test_one_step_table_has_the_numbers_taken_at_that_step(tmp_path):
+    path = tmp_path / "every2.inspect"
+    synthetic_run(path, steps=4, modules=3, every=2, world_size=2)
+    run = read_run(path)
+    taken, skipped = run.at(2, rank=1), run.at(3, rank=1)
+    assert list(taken.columns) == ["module", "grad_norm", "param_norm", "nonfinite"]
+    assert list(skipped.columns) == ["module", "grad_norm", "nonfinite"]  # parameter norms are taken every 2 steps
+    assert taken["grad_norm"].tolist() == pytest.approx(run.matrix("grad_norm", 1)[1][2].tolist())
+    with pytest.raises(InspectorError, match="no step 9 for rank 1"):
+        run.at(9, rank=1)

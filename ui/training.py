@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 import streamlit as st
 
-from inspector import InspectorError, format_bytes, run_report
+from inspector import format_bytes, run_report
 from inspector.distributed import DistributedRun, rank_issues, unique_findings
 from inspector.escaping import markdown_text
 from inspector.figures import NormGrid, grad_norm_figure, memory_figure, run_norm_grid
@@ -130,22 +130,6 @@ def available_columns(run: Run) -> list[str]:
     out = [name for name, col in MODULE_COLUMNS.items()
            if name != "nonfinite" and table.num_rows and table.column(col).null_count < table.num_rows]
     return out or ["grad_norm"]
-
-
-def module_table(run: Run, step: int, rank: int) -> pd.DataFrame:
-    """The per-module numbers of one step and rank (the last row of that step), read from that
-    row alone: ``module, grad_norm`` and of ``param_norm, update_ratio, nonfinite`` those taken at that step."""
-    table = run.table
-    hits = np.flatnonzero((table.column("step").to_numpy() == step) & (table.column("rank").to_numpy() == rank))
-    if not len(hits):
-        raise InspectorError(f"{run.path} has no step {step} for rank {rank}")
-    row = table.slice(int(hits[-1]), 1)
-    frame = pd.DataFrame({"module": list(run.meta.modules)})
-    for name, col in MODULE_COLUMNS.items():
-        values = row.column(col)[0].as_py()
-        if values is not None or name == "grad_norm":  # a number this run does not record: no column
-            frame[name] = np.asarray(values, dtype=np.float64) if values is not None else np.nan
-    return frame
 
 
 def rank_steps(run: Run, rank: int) -> np.ndarray:

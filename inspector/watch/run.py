@@ -122,15 +122,26 @@ class Run:
         })
 
     def at(self, step: int, rank: int = 0) -> pd.DataFrame:
-        """The per-module table of one step: ``module, grad_norm, param_norm, update_ratio, nonfinite``."""
-        steps, _ = self.matrix("grad_norm", rank)
-        hits = np.flatnonzero(steps == step)
+        """The per-module table of one step and rank (the last row of that step), read from that row
+        alone: ``module, grad_norm`` and of ``param_norm, update_ratio, nonfinite`` those taken at
+        that step (a number not taken has no column).
+
+        Raises:
+            InspectorError: the run has no such step for ``rank``.
+        """
+        table = self.table
+        hits = np.flatnonzero((table.column("step").to_numpy() == step) & (table.column("rank").to_numpy() == rank))
         if not len(hits):
             raise InspectorError(f"{self.path} has no step {step} for rank {rank}")
-        row = int(hits[-1])
+        row = table.slice(int(hits[-1]), 1)
         frame = pd.DataFrame({"module": list(self.meta.modules)})
-        for name in MODULE_COLUMNS:
-            frame[name] = self.matrix(name, rank)[1][row]
+        for name, col in MODULE_COLUMNS.items():
+            values = row.column(col)[0].as_py()
+            if values is not None and len(values) != len(self.meta.modules):
+                raise InspectorError(f"{self.path}: step {step} has {len(values)} per-module values, not "
+                                     f"{len(self.meta.modules)}; the file is damaged")
+            if values is not None or name == "grad_norm":
+                frame[name] = np.asarray(values, dtype=np.float64) if values is not None else np.nan
         return frame
 
 
