@@ -170,3 +170,18 @@ def test_one_step_table_has_the_numbers_taken_at_that_step(tmp_path):
     assert taken["grad_norm"].tolist() == pytest.approx(run.matrix("grad_norm", 1)[1][2].tolist())
     with pytest.raises(InspectorError, match="no step 9 for rank 1"):
         run.at(9, rank=1)
+
+
+def test_a_finding_is_once_per_code_place_and_rank(tmp_path):
+    """The same finding on rank 0 at step 1 and on rank 1 at step 2: both kept, each at its first step."""
+    from inspector import Finding
+    from inspector.watch import first_findings
+
+    f = Finding("exploding-gradient", "warning", "layers.1", "far above").to_dict()
+    path = tmp_path / "two.inspect"
+    with RunWriter(path, dataclasses.replace(_meta(), world_size=2)) as w:
+        for step in range(4):
+            w.write([_record(step, findings=[f] if step in (1, 3) else []),
+                     dataclasses.replace(_record(step, findings=[f] if step == 2 else []), rank=1)])
+    found = first_findings(read_run(path))
+    assert [(s.step, s.rank, s.code) for s in found] == [(1, 0, "exploding-gradient"), (2, 1, "exploding-gradient")]

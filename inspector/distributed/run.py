@@ -13,7 +13,7 @@ from typing import Any
 
 import pandas as pd
 
-from ..findings import Finding, InspectorError
+from ..findings import Finding, InspectorError, group_findings
 from .findings import unsynchronised
 from .record import FORMAT, VERSION
 
@@ -260,15 +260,9 @@ def _tensor_frame(record: dict[str, Any]) -> pd.DataFrame:
 
 
 def unique_findings(run: DistributedRun) -> list[tuple[list[int], Finding]]:
-    """Each distinct finding once, with the steps it was seen at (first step first)."""
-    seen: dict[tuple[str, str, str], tuple[list[int], Finding]] = {}
-    for step, f in run.findings:
-        key = (f.code, f.severity, f.where)
-        if key in seen:
-            seen[key][0].append(step)
-        else:
-            seen[key] = ([step], f)
-    return list(seen.values())
+    """Each distinct finding once (by code and place, :func:`inspector.findings.group_findings`),
+    with the steps it was seen at (first step first)."""
+    return [(steps, f) for steps, _, f in group_findings((step, None, f) for step, f in run.findings).values()]
 
 
 def rank_issues(run: DistributedRun, rank: int) -> pd.DataFrame:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pandas as pd
 
+from ..findings import group_findings
 from .run import Run, StepFinding
 
 
@@ -20,12 +21,7 @@ def main_steps(run: Run) -> pd.DataFrame:
 
 
 def first_findings(run: Run) -> list[StepFinding]:
-    """Each (code, where, rank) once: the step it first appeared."""
-    seen: set[tuple[str, str, int | None]] = set()
-    out = []
-    for f in sorted(run.findings, key=lambda f: f.step):
-        key = (f.code, f.where, f.rank)
-        if key not in seen:
-            seen.add(key)
-            out.append(f)
-    return out
+    """Each (code, where, rank) once (:func:`inspector.findings.group_findings`): the step it first appeared."""
+    ordered = sorted(run.findings, key=lambda f: f.step)
+    groups = group_findings((f.step, f.rank, f.finding) for f in ordered)
+    return [StepFinding(steps[0], rank, f.code, f.severity, f.where, f.message) for steps, rank, f in groups.values()]
