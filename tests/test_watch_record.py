@@ -99,6 +99,11 @@ def test_reads_check_step_jsonl(tmp_path):
     direct = {t["name"]: t["grad_norm"] for t in rec["tensors"]}
     expected = np.hypot(direct["0.weight"], direct["0.bias"])
     assert run.matrix()[1][1, 0] == pytest.approx(expected, rel=1e-6)
+    from inspector.distributed import read_check_run
+    from inspector.distributed import read_run as read_check_run_old_name
+
+    assert read_check_run(path).steps.equals(read_check_run_old_name(path).steps)
+    assert run.check_run.steps.equals(read_check_run(path).steps)
 
 
 @pytest.mark.parametrize("change", [{"world_size": 0}, {"modules": [1, 2]}, {"parameter_modules": [0, 0, 7]},

@@ -268,12 +268,11 @@ def read_run(path: str | os.PathLike) -> Run:
     if is_watch_file(p):
         with pa.memory_map(str(p), "r") as source:  # zero-copy: 10,000 × 1,000 steps read in well under 1 s
             return _from_table(p.name, *_read_stream(source, p.name), source=str(p))
-    from ..distributed import is_run_file
-    from ..distributed import read_run as read_distributed
+    from ..distributed import is_run_file, read_check_run
 
     if not is_run_file(p):
         raise InspectorError(f"{p.name} is neither a watch run file (Arrow stream) nor a check_step run.jsonl")
-    return _from_distributed(read_distributed(p))
+    return _from_distributed(read_check_run(p))
 
 
 def _from_distributed(dr: Any) -> Run:
