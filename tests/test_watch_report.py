@@ -6,8 +6,8 @@ import numpy as np
 
 from inspector import read_run
 from inspector.__main__ import main
-from inspector.report import Report, watch_report
 from inspector.figures import run_norm_grid
+from inspector.report import Report, watch_report
 from inspector.watch import RunMeta, RunWriter, StepRecord, synthetic_run
 
 
