@@ -76,16 +76,22 @@ def shown_name(path: Path, full: bool = False) -> str:
     return os.fsencode(path if full else path.name).decode("utf-8", "backslashreplace")
 
 
+def file_head(path: str | os.PathLike, size: int) -> bytes:
+    """The first ``size`` bytes of ``path`` (fewer when it is shorter; ``b""`` when it cannot be read):
+    what tells the kinds of file apart, whatever their names."""
+    try:
+        with open(path, "rb") as fh:
+            return fh.read(size)
+    except OSError:
+        return b""
+
+
 def is_safetensors(path: Path) -> bool:
     """Whether ``path`` is a safetensors file: by its suffix in any case, or by its header
     (8 bytes of little-endian length, then a JSON object)."""
     if path.suffix.lower() == ".safetensors":
         return True
-    try:
-        with open(path, "rb") as fh:
-            head = fh.read(10)
-    except OSError:
-        return False
+    head = file_head(path, 10)
     return len(head) == 10 and head[8:9] == b"{" and 0 < int.from_bytes(head[:8], "little") < (100 << 20)
 
 

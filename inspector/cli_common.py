@@ -7,6 +7,8 @@ import json
 import os
 import re
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import pandas as pd
@@ -55,6 +57,25 @@ def load_from_args(args: argparse.Namespace) -> LoadedModel:
     progress(f"loading {args.source} on {device}")
     return load_model(args.source, checkpoint=args.checkpoint, device=device, dtype=args.dtype,
                       max_model_size=getattr(args, "max_model_size", None))
+
+
+@contextmanager
+def training_ranks(source: str, device_kind: str) -> Iterator[tuple[int, int, Any, LoadedModel]]:
+    """``(rank, world, device, loaded)`` inside the process group (torchrun's, else one rank):
+    this rank's device and the model ``source`` loaded onto it, which must define a loss.
+
+    Raises:
+        InspectorError: the model file defines no ``loss(outputs, inputs)``.
+    """
+    from .distributed import process_group, rank_device
+
+    with process_group(device_kind) as (rank, world):
+        device = rank_device(device_kind)
+        loaded = load_model(source, device=str(device))
+        if not loaded.has_loss:
+            raise InspectorError(f"{loaded.source} defines no loss(outputs, inputs); the file must define one "
+                                 "to train")
+        yield rank, world, device, loaded
 
 
 def say(text: Any = "") -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
@@ -54,6 +55,29 @@ class Finding:
         if not all(isinstance(data[k], str) for k in keys):
             raise ValueError(f"a finding's {', '.join(keys)} are strings")
         return cls(data["code"], data["severity"], data["where"], data["message"])
+
+
+FindingKey = tuple[str, str, int | None]
+
+
+def group_findings(found: Iterable[tuple[int, int | None, Finding]]) -> dict[FindingKey, tuple[list[int], int | None, Finding]]:
+    """Each distinct finding once, told apart by ``(code, where, rank)``: ``key -> (steps, rank,
+    finding)`` with the steps it was seen at and the first one seen, in the order first seen.
+
+    ``found``: ``(step, rank, finding)`` triples (``rank`` None for the whole world).
+
+    >>> f = Finding("dead-gradient", "warning", "fc", "zero")
+    >>> [(s, r) for s, r, _ in group_findings([(3, 0, f), (4, 0, f), (4, 1, f)]).values()]
+    [([3, 4], 0), ([4], 1)]
+    """
+    groups: dict[FindingKey, tuple[list[int], int | None, Finding]] = {}
+    for step, rank, f in found:
+        key = (f.code, f.where, rank)
+        if key in groups:
+            groups[key][0].append(step)
+        else:
+            groups[key] = ([step], rank, f)
+    return groups
 
 
 def sort_findings(findings: list[Finding]) -> list[Finding]:

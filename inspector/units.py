@@ -63,14 +63,25 @@ def format_number(x: float | None, digits: int = 4) -> str:
     return f"{x:.{digits}g}"
 
 
-def bytes_ticks(top: float, count: int = 6) -> tuple[list[float], list[str]]:
+def bytes_ticks(top: float, count: int = 6, *, bottom: float | None = None) -> tuple[list[float], list[str]]:
     """Axis ticks for a bytes axis from 0 to ``top``: round steps in a binary unit, labelled by it.
+    With ``bottom``, for a log axis over ``bottom``..``top``: 1 and 32 of each binary unit (1, 4,
+    16, 64 and 256 when that gives fewer than 3 ticks).
 
     >>> bytes_ticks(45 * 2**30)[1][:3]
     ['0 B', '10.0 GiB', '20.0 GiB']
     >>> bytes_ticks(0)
     ([0.0], ['0 B'])
+    >>> bytes_ticks(6e8, bottom=3000)[1]
+    ['1.0 KiB', '32.0 KiB', '1.0 MiB', '32.0 MiB', '1.0 GiB']
     """
+    if bottom is not None:
+        vals: list[float] = []
+        for steps in ((1, 32), (1, 4, 16, 64, 256)):
+            vals = [1024.0 ** k * m for k in range(6) for m in steps if bottom / 4 <= 1024.0 ** k * m <= top * 4]
+            if len(vals) >= 3:
+                break
+        return vals, [format_bytes(v) for v in vals]
     if not top or top <= 0 or not math.isfinite(top):
         return [0.0], ["0 B"]
     unit = 1024 ** min(int(math.log(top, 1024)), len(BYTE_UNITS) - 1)

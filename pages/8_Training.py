@@ -16,7 +16,6 @@ from ui.training import (
     distributed_part,
     findings_frame,
     main_steps,
-    module_table,
     nearest_step,
     norm_grid_of,
     open_run,
@@ -106,7 +105,7 @@ def _show(opened: Opened) -> None:
     st.plotly_chart(loss_norm_figure(main_steps(opened)), width="stretch")
 
     st.subheader(f"Modules at step {step:,}")
-    table, config = readable(module_table(run, step, rank))
+    table, config = readable(run.at(step, rank))
     paged_table(table, "train_modules", column_config=config, filter_columns=["module"])
 
     if opened.distributed is not None:

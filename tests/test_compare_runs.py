@@ -93,3 +93,31 @@ def test_two_check_step_run_files(world1, tmp_path):
     result = compare(tmp_path / "a.jsonl", tmp_path / "b.jsonl")
     assert result.first_divergence == 2 and result.first_modules == ("1",)
     assert result.steps["loss_a"].isna().all()  # check_step records no loss
+
+
+def test_a_loss_that_turned_nan_is_a_divergence_not_a_gap(tmp_path):
+    import math
+
+    import torch
+
+    from inspector import watch
+
+    def run(path, nan_at):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(3, 1))
+        opt = torch.optim.SGD(model.parameters(), lr=0.0)  # the weights stay put: only the logged loss differs
+        x = torch.ones(2, 3)
+        with watch(model, opt, path) as w:
+            for step in range(4):
+                loss = model(x).pow(2).mean()
+                loss.backward()
+                w.log(loss=math.nan if step == nan_at else loss.item())
+                opt.step()
+                opt.zero_grad()
+        return path
+
+    a, b = run(tmp_path / "a.inspect", None), run(tmp_path / "b.inspect", 2)
+    result = compare(str(a), str(b))
+    assert result.first_divergence == 2 and result.first_modules == ()
+    assert "nan in B" in result.findings[0].message
+    assert compare(str(b), str(b)).codes() == ["runs-agree"]  # NaN in both at the same step agrees

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import struct
 from collections.abc import Callable
 from pathlib import Path
 
@@ -100,6 +101,10 @@ def files(tmp_path_factory) -> dict[str, Path]:
     (root / "notes.txt").write_text("these are notes, not tensors\n")
     (root / "garbage.safetensors").write_bytes(b"\x00\x01 not safetensors")
     (root / "garbage.pt").write_bytes(os.urandom(64))
+    for name, header in (("huge-shape", '{"w": {"dtype": "F32", "shape": [1e400], "data_offsets": [0, 4]}}'),
+                         ("huge-offset", '{"w": {"dtype": "F32", "shape": [1], "data_offsets": [1e400, 4]}}'),
+                         ("nested-header", '{"w": ' + "[" * 100_000 + "]" * 100_000 + "}")):
+        (root / f"{name}.safetensors").write_bytes(struct.pack("<Q", len(header)) + header.encode() + bytes(4))
     torch.save({"w": _RunsCode(marker)}, root / "evil_zip.pt")
     torch.save({"w": _RunsCode(marker)}, root / "evil_legacy.pt", _use_new_zipfile_serialization=False)
     for proto in (0, 2, 5):
@@ -362,6 +367,19 @@ def _report_text(**fields) -> str:
     return json.dumps({k: v for k, v in doc.items() if v is not ...})
 
 
+def _watch_bytes(metadata: str) -> bytes:
+    """An Arrow stream of the watch schema whose run metadata is ``metadata``."""
+    import pyarrow as pa
+
+    from inspector.watch import schema
+    from inspector.watch.record import META_KEY
+
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, schema().with_metadata({META_KEY: metadata})):
+        pass
+    return sink.getvalue().to_pybytes()
+
+
 def _lib_cases() -> list[tuple[str, Callable, str]]:
     from inspector import (
         attribute,
@@ -380,11 +398,13 @@ def _lib_cases() -> list[tuple[str, Callable, str]]:
     from inspector.checkpoint_listing import checkpoint_listing
     from inspector.checkpoints import apply_checkpoint, read_checkpoint
     from inspector.cli_types import open_output
+    from inspector.comparison import compare
     from inspector.distributed import dcp_listing
     from inspector.distributed.checkpoint import read_dcp
     from inspector.offsets import run_backward
     from inspector.placement import parse_max_memory, parse_size
     from inspector.report import Report, build_report
+    from inspector.watch import parse_run_bytes
 
     return [
         ("load-none", lambda t, f: load_model(None), "source must be a non-empty string"),
@@ -471,6 +491,16 @@ def _lib_cases() -> list[tuple[str, Callable, str]]:
          "taken of another model"),
         ("parse-5000-digits", lambda t, f: parse_size("9" * 5000 + "GiB"), "far larger than any memory"),
         ("load-deep-nesting", lambda t, f: load_model(f"{f['models']}/loading.py:deep"), "more than 200 deep"),
+        ("compare-safetensors-huge-shape", lambda t, f: compare(f["root"] / "huge-shape.safetensors",
+                                                                f["root"] / "wrong_shape.safetensors"), "is invalid"),
+        ("compare-safetensors-huge-offset", lambda t, f: compare(f["root"] / "huge-offset.safetensors",
+                                                                 f["root"] / "wrong_shape.safetensors"), "is invalid"),
+        ("compare-safetensors-nested", lambda t, f: compare(f["root"] / "nested-header.safetensors",
+                                                            f["root"] / "wrong_shape.safetensors"), "is not JSON"),
+        ("watch-run-nested-metadata", lambda t, f: parse_run_bytes(_watch_bytes("[" * 100_000 + "]" * 100_000),
+                                                                   "deep.inspect"), "deep.inspect"),
+        ("watch-run-huge-version", lambda t, f: parse_run_bytes(_watch_bytes(
+            '{"format": "inspector-watch", "version": 1e400}'), "big.inspect"), "big.inspect"),
     ]
 
 

@@ -4,6 +4,7 @@ finding's step, an upload, a file that is no run, and the old Distributed addres
 from __future__ import annotations
 
 import base64
+import dataclasses
 import json
 
 import numpy as np
@@ -142,3 +143,16 @@ def test_the_old_address_opened_directly_shows_the_run(growing):
     at = run_page("9_Distributed.py", query={"run": str(path)})
     assert not at.error and [t.value for t in at.title] == ["Training"]
     assert _metrics(at)["Steps"] == "1"
+
+
+def test_a_watch_file_of_two_ranks_opens_by_path(tmp_path):
+    """A watch file of several ranks lists ``distributed`` among its checks and is still an Arrow file."""
+    path = tmp_path / "two.inspect"
+    meta = RunMeta(model="tiny", world_size=2, every=1, modules=MODULES, checks=("nonfinite", "distributed"),
+                   parameters=tuple(f"{m}.weight" for m in MODULES), parameter_modules=(0, 1, 2))
+    with RunWriter(path, meta) as writer:
+        for step in range(2):
+            writer.write([_record(step), dataclasses.replace(_record(step), rank=1)])
+    at = run_page("8_Training.py", query={"run": str(path)})
+    assert not at.exception and not at.error, [e.value for e in at.error]
+    assert _metrics(at)["Ranks"] == "2" and _metrics(at)["Steps"] == "2"

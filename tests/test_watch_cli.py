@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import textwrap
 
+import pytest
+
 from inspector import read_run
 from inspector.__main__ import main
 
@@ -74,3 +76,12 @@ def test_report_of_a_run_with_captures_and_of_the_captures_file(tmp_path, monkey
     capsys.readouterr()
     assert main(["report", f"{run}.captures.safetensors", "-o", str(tmp_path / "c.md")]) == 2
     assert f"report {run} -o" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command", ["watch", "distributed"])
+def test_a_model_without_a_loss_exits_2_for_both_training_commands(command, tmp_path, monkeypatch, capsys):
+    (tmp_path / "noloss.py").write_text("import torch\n\ndef build():\n    return torch.nn.Linear(2, 1)\n")
+    monkeypatch.setenv("INSPECTOR_MODEL_DIRS", str(tmp_path))
+    args = [command, f"{tmp_path / 'noloss.py'}:build", "--steps", "1", "-o", str(tmp_path / "r.out")]
+    assert main(args) == 2
+    assert "noloss.py:build defines no loss(outputs, inputs)" in capsys.readouterr().err

@@ -69,6 +69,9 @@ def test_two_ranks_join_one_file(tmp_path):
     on0, on1 = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1))
     assert on0 == on1 and [2, 1, "nonfinite-forward"] in [f[:3] for f in on1]  # every rank knows every finding
     assert [tuple(f[:3]) for f in on0] == [(f.step, f.rank, f.code) for f in run.findings]
+    found = [(f.step, f.rank, f.code, f.where) for f in run.findings]
+    # each rank's own finding is kept even when another rank had the same one
+    assert (2, 0, "nonfinite-parameter", "a.weight") in found and (2, 1, "nonfinite-parameter", "a.weight") in found
 
 
 class Two(nn.Module):

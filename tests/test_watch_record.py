@@ -99,6 +99,11 @@ def test_reads_check_step_jsonl(tmp_path):
     direct = {t["name"]: t["grad_norm"] for t in rec["tensors"]}
     expected = np.hypot(direct["0.weight"], direct["0.bias"])
     assert run.matrix()[1][1, 0] == pytest.approx(expected, rel=1e-6)
+    from inspector.distributed import read_check_run
+    from inspector.distributed import read_run as read_check_run_old_name
+
+    assert read_check_run(path).steps.equals(read_check_run_old_name(path).steps)
+    assert run.check_run.steps.equals(read_check_run(path).steps)
 
 
 @pytest.mark.parametrize("change", [{"world_size": 0}, {"modules": [1, 2]}, {"parameter_modules": [0, 0, 7]},
@@ -114,3 +119,74 @@ def test_bad_metadata_is_refused_by_name(tmp_path, change):
         pass
     with pytest.raises(InspectorError, match="bad.inspect"):
         read_run(path)
+
+
+@pytest.fixture(scope="module")
+def two_rank_lines() -> list[str]:
+    """Two check_step records of ``0: Linear(2, 1)`` as a world of 2 would write them: each rank's
+    local gradient norm half the global one, and a ``nan`` list one entry short."""
+    import copy
+
+    import torch
+
+    from inspector.distributed import check_step
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(2, 1))
+    model(torch.ones(1, 2)).sum().backward()
+    one = json.loads(json.dumps(check_step(model, 0, path=None).record))
+    lines = []
+    for step in range(2):
+        rec = copy.deepcopy(one)
+        rec["step"], rec["world_size"] = step, 2
+        rec["ranks"] = [rec["ranks"][0], {**rec["ranks"][0], "rank": 1}]
+        for t in rec["tensors"]:
+            t["local_grad_norm"] = [t["grad_norm"] / 2] * 2
+            t["nan"], t["inf"] = [0], [0, 0]
+        lines.append(json.dumps(rec))
+    return lines
+
+
+def test_a_two_rank_check_step_file_reads_with_global_module_norms(two_rank_lines):
+    rec = json.loads(two_rank_lines[0])
+    run = parse_run_bytes(("\n".join(two_rank_lines) + "\n").encode(), "run.jsonl")
+    assert run.complete and run.check_run is not None and run.check_run.world_size == 2
+    direct = {t["name"]: t["grad_norm"] for t in rec["tensors"]}
+    expected = np.hypot(direct["0.weight"], direct["0.bias"])
+    for rank in (0, 1):  # the global norm, as a watch file stores it, not this rank's half
+        assert run.matrix("grad_norm", rank)[1][0, 0] == pytest.approx(expected, rel=1e-6)
+        assert run.matrix("nonfinite", rank)[1][0, 0] == 0
+
+
+def test_a_cut_check_step_file_is_incomplete_and_says_so(two_rank_lines):
+    text = two_rank_lines[0] + "\n" + two_rank_lines[1][:40]
+    run = parse_run_bytes(text.encode(), "run.jsonl")
+    assert not run.complete and run.steps["step"].unique().tolist() == [0]
+    assert [f.code for f in run.findings] == ["run-file-truncated"]
+
+
+def test_one_step_table_has_the_numbers_taken_at_that_step(tmp_path):
+    path = tmp_path / "every2.inspect"
+    synthetic_run(path, steps=4, modules=3, every=2, world_size=2)
+    run = read_run(path)
+    taken, skipped = run.at(2, rank=1), run.at(3, rank=1)
+    assert list(taken.columns) == ["module", "grad_norm", "param_norm", "nonfinite"]
+    assert list(skipped.columns) == ["module", "grad_norm", "nonfinite"]  # parameter norms are taken every 2 steps
+    assert taken["grad_norm"].tolist() == pytest.approx(run.matrix("grad_norm", 1)[1][2].tolist())
+    with pytest.raises(InspectorError, match="no step 9 for rank 1"):
+        run.at(9, rank=1)
+
+
+def test_a_finding_is_once_per_code_place_and_rank(tmp_path):
+    """The same finding on rank 0 at step 1 and on rank 1 at step 2: both kept, each at its first step."""
+    from inspector import Finding
+    from inspector.watch import first_findings
+
+    f = Finding("exploding-gradient", "warning", "layers.1", "far above").to_dict()
+    path = tmp_path / "two.inspect"
+    with RunWriter(path, dataclasses.replace(_meta(), world_size=2)) as w:
+        for step in range(4):
+            w.write([_record(step, findings=[f] if step in (1, 3) else []),
+                     dataclasses.replace(_record(step, findings=[f] if step == 2 else []), rank=1)])
+    found = first_findings(read_run(path))
+    assert [(s.step, s.rank, s.code) for s in found] == [(1, 0, "exploding-gradient"), (2, 1, "exploding-gradient")]

@@ -11,12 +11,12 @@ import numpy as np
 import pandas as pd
 import streamlit as st
 
-from inspector import InspectorError, format_bytes, run_report
-from inspector.distributed import DistributedRun, parse_run, rank_issues, unique_findings
-from inspector.distributed import read_run as read_distributed
+from inspector import format_bytes, run_report
+from inspector.distributed import DistributedRun, rank_issues, unique_findings
 from inspector.escaping import markdown_text
-from inspector.figures import NormGrid, bin_matrix, grad_norm_figure, memory_figure
+from inspector.figures import NormGrid, grad_norm_figure, memory_figure, run_norm_grid
 from inspector.watch import MODULE_COLUMNS, Run, parse_run_bytes, read_run
+from inspector.watch import main_steps as run_main_steps
 from ui.tables import paged_table
 
 NORM_FORMAT = "%.4g"
@@ -39,15 +39,13 @@ class Opened:
 @st.cache_resource(show_spinner=False, max_entries=4)
 def _read_path(path: str, size: int, mtime_ns: int) -> Opened:
     run = read_run(path)
-    dist = read_distributed(path) if "distributed" in run.meta.checks else None
-    return Opened((path, size, mtime_ns), run, dist)
+    return Opened((path, size, mtime_ns), run, run.check_run)
 
 
 @st.cache_resource(show_spinner=False, max_entries=4)
 def _read_upload(name: str, file_id: str, _data: bytes) -> Opened:
     run = parse_run_bytes(_data, name)
-    dist = parse_run(_data.decode("utf-8", errors="replace"), name) if "distributed" in run.meta.checks else None
-    return Opened((name, file_id), run, dist)
+    return Opened((name, file_id), run, run.check_run)
 
 
 def open_run(upload: Any, path: str) -> Opened | None:
@@ -71,16 +69,7 @@ def open_run(upload: Any, path: str) -> Opened | None:
 @st.cache_resource(show_spinner=False, max_entries=16)
 def norm_grid_of(_opened: Opened, key: tuple[Any, ...], column: str, rank: int) -> NormGrid:
     """The heatmap's grid of ``column`` on ``rank`` (computed once per file version)."""
-    run = _opened.run
-    steps, values = run.matrix(column, rank)
-    nonfinite = None
-    if np.isnan(values).any():  # a NaN may be recorded (counted as not finite) or a value not taken
-        nonfinite = run.matrix("nonfinite", rank)[1] > 0
-    if len(steps) > 1 and (np.diff(steps) < 0).any():
-        order = np.argsort(steps, kind="stable")
-        steps, values = steps[order], values[order]
-        nonfinite = nonfinite[order] if nonfinite is not None else None
-    return bin_matrix(steps, values, run.module_order, nonfinite=nonfinite)
+    return run_norm_grid(_opened.run, column, rank)
 
 
 def clear_cache() -> None:
@@ -98,15 +87,8 @@ def findings_frame(run: Run) -> pd.DataFrame:
 
 
 def main_steps(opened: Opened) -> pd.DataFrame:
-    """One row per step for the loss and global-norm lines: the global norm of a ``check_step``
-    file, else rank 0's row (the lowest rank's where rank 0 is absent)."""
-    if opened.distributed is not None:
-        return opened.distributed.steps
-    steps = opened.run.steps
-    if not len(steps):
-        return steps
-    first = steps["rank"].min()
-    return steps[steps["rank"] == first].drop_duplicates("step", keep="last").sort_values("step")
+    """One row per step for the loss and global-norm lines (:func:`inspector.watch.main_steps`)."""
+    return run_main_steps(opened.run)
 
 
 def nearest_step(steps: np.ndarray, wanted: int) -> int:
@@ -148,22 +130,6 @@ def available_columns(run: Run) -> list[str]:
     out = [name for name, col in MODULE_COLUMNS.items()
            if name != "nonfinite" and table.num_rows and table.column(col).null_count < table.num_rows]
     return out or ["grad_norm"]
-
-
-def module_table(run: Run, step: int, rank: int) -> pd.DataFrame:
-    """The per-module numbers of one step and rank (the last row of that step), read from that
-    row alone: ``module, grad_norm`` and of ``param_norm, update_ratio, nonfinite`` those taken at that step."""
-    table = run.table
-    hits = np.flatnonzero((table.column("step").to_numpy() == step) & (table.column("rank").to_numpy() == rank))
-    if not len(hits):
-        raise InspectorError(f"{run.path} has no step {step} for rank {rank}")
-    row = table.slice(int(hits[-1]), 1)
-    frame = pd.DataFrame({"module": list(run.meta.modules)})
-    for name, col in MODULE_COLUMNS.items():
-        values = row.column(col)[0].as_py()
-        if values is not None or name == "grad_norm":  # a number this run does not record: no column
-            frame[name] = np.asarray(values, dtype=np.float64) if values is not None else np.nan
-    return frame
 
 
 def rank_steps(run: Run, rank: int) -> np.ndarray:

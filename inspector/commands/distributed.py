@@ -5,10 +5,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from .. import InspectorError, load_model
 from .. import cli_types as types
-from ..cli_common import print_findings, progress, say
-from ..distributed import SHARD_MODES, process_group, rank_device, shard, train_and_check
+from ..cli_common import print_findings, progress, say, training_ranks
+from ..distributed import SHARD_MODES, shard, train_and_check
 
 HELP = ("under torchrun: shard the model on every rank, train a few steps and check each one "
         "(replica drift, nonfinite gradients by rank, imbalance, memory); rank 0 writes a JSON-lines run file")
@@ -30,12 +29,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    with process_group(args.device) as (rank, world):
-        device = rank_device(args.device)
-        loaded = load_model(args.source, device=str(device))
-        if not loaded.has_loss:
-            raise InspectorError(f"{loaded.source} defines no loss(outputs, inputs); the file must define one "
-                                 "to train")
+    with training_ranks(args.source, args.device) as (rank, world, device, loaded):
         out = Path(args.output)
         if rank == 0:
             progress(f"{loaded.name}: {args.shard} on {world} rank(s), {args.steps} steps -> {out}")

@@ -9,7 +9,7 @@ from pathlib import Path
 from .. import SECTIONS, InspectorError, build_report, format_bytes, run_report
 from .. import cli_types as types
 from ..cli_common import add_source_arguments, load_from_args, progress, write_text
-from ..distributed import is_run_file, read_run
+from ..distributed import is_run_file, read_check_run
 from ..report import check_options, check_sections, watch_report
 from ..watch import is_watch_file
 from ..watch import read_run as read_watch_run
@@ -91,7 +91,7 @@ def run(args: argparse.Namespace) -> int:
     if args.sections:
         sections = check_sections([s for part in args.sections for s in part.split(",") if s])
     if is_run_file(args.source):  # a distributed run file: per-rank sections
-        report = run_report(read_run(args.source))
+        report = run_report(read_check_run(args.source))
     elif str(args.source).endswith(".captures.safetensors"):
         run_file = re.sub(r"(\.rank\d+)?\.captures\.safetensors$", "", str(args.source))
         raise InspectorError(f"{args.source} holds the captures a watched run stored next to its run file; "

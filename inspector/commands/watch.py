@@ -6,10 +6,10 @@ import argparse
 import os
 from pathlib import Path
 
-from .. import InspectorError, load_model
+from .. import InspectorError
 from .. import cli_types as types
-from ..cli_common import progress, say
-from ..distributed import SHARD_MODES, process_group, rank_device, shard
+from ..cli_common import progress, say, training_ranks
+from ..distributed import SHARD_MODES, shard
 from ..watch import OPTIMIZERS, StepFinding, train_watched
 
 HELP = ("train a model file's loop for N steps with the watch on: norms, learning rates and memory of every "
@@ -47,12 +47,7 @@ def run(args: argparse.Namespace) -> int:
     distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1
     if args.shard != "none" and not distributed:
         raise InspectorError(f"--shard {args.shard} needs several ranks: start the command with torchrun")
-    with process_group(args.device) as (rank, world):
-        device = rank_device(args.device)
-        loaded = load_model(args.source, device=str(device))
-        if not loaded.has_loss:
-            raise InspectorError(f"{loaded.source} defines no loss(outputs, inputs); the file must define one "
-                                 "to train")
+    with training_ranks(args.source, args.device) as (rank, world, device, loaded):
         out = Path(args.output)
         if rank == 0:
             progress(f"{loaded.name}: {args.steps} steps, {args.optimizer} lr {args.lr}, {world} rank(s) -> {out}")

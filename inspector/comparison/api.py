@@ -6,8 +6,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from ..watch import Run
-from ..watch.record import STREAM_MAGIC
+from ..watch import Run, is_watch_file
 from .result import RunComparison, WeightComparison
 from .runs import compare_runs
 from .sources import Spec
@@ -26,12 +25,7 @@ def is_run_source(spec: Any) -> bool:
     path = Path(os.fspath(spec))
     if not path.is_file() or path.suffix in (".safetensors", ".pt", ".pth", ".bin"):
         return False
-    try:
-        with open(path, "rb") as fh:
-            head = fh.read(4)
-    except OSError:
-        return False
-    return head == STREAM_MAGIC or is_run_file(path)
+    return is_watch_file(path) or is_run_file(path)
 
 
 def compare(a: Spec, b: Spec, *, device: str = "cpu", tolerance: float = 0.05,

@@ -47,10 +47,14 @@ def _read(run: Any) -> Any:
 
 
 def _steps(run: Any, rank: int) -> pd.DataFrame:
-    steps = run.steps[run.steps["rank"] == rank]
+    """``step, loss, grad_norm, loss_logged`` of ``rank`` (a NaN loss that was logged is not finite;
+    one that was not logged is null in the file)."""
+    logged = ~np.asarray(run.table.column("loss").is_null().to_numpy(zero_copy_only=False), dtype=bool)
+    steps = run.steps.assign(loss_logged=logged)
+    steps = steps[steps["rank"] == rank]
     if not len(steps):
         raise InspectorError(f"{run.path} has no steps for rank {rank}")
-    return steps[["step", "loss", "grad_norm"]].drop_duplicates("step", keep="last")
+    return steps[["step", "loss", "grad_norm", "loss_logged"]].drop_duplicates("step", keep="last")
 
 
 def _module_matrix(run: Any, rank: int, steps: np.ndarray, modules: list[str]) -> np.ndarray:
@@ -78,6 +82,7 @@ def compare_runs(a: Any, b: Any, *, tolerance: float = 0.05, rank: int = 0) -> R
     steps = sa.merge(sb, on="step", how="outer", suffixes=("_a", "_b")).sort_values("step", ignore_index=True)
     for q in ("loss", "grad_norm"):
         steps[f"{q}_diff"] = relative_difference(steps[f"{q}_a"].to_numpy(), steps[f"{q}_b"].to_numpy())
+    logged = steps.set_index("step")[["loss_logged_a", "loss_logged_b"]].fillna(False).astype(bool).all(axis=1)
     steps = steps[["step", "loss_a", "loss_b", "loss_diff", "grad_norm_a", "grad_norm_b", "grad_norm_diff"]]
     common = np.array(sorted(set(sa["step"]) & set(sb["step"])), dtype=np.int64)
     if not len(common):
@@ -86,7 +91,7 @@ def compare_runs(a: Any, b: Any, *, tolerance: float = 0.05, rank: int = 0) -> R
     modules = [m for m in ra.module_order if m in set(rb.module_order)]
     diff = relative_difference(_module_matrix(ra, rank, common, modules), _module_matrix(rb, rank, common, modules))
     loss = steps.set_index("step").loc[common, "loss_diff"].to_numpy()
-    loss_known = steps.set_index("step").loc[common, ["loss_a", "loss_b"]].notna().all(axis=1).to_numpy()
+    loss_known = logged.loc[common].to_numpy(dtype=bool)
     loss_out = loss_known & (loss > tolerance)
     beyond = diff > tolerance
     parted = np.flatnonzero(loss_out | beyond.any(axis=1))

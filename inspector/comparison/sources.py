@@ -227,7 +227,7 @@ def _safetensors_header(path: Path, fh: Any) -> tuple[dict[str, Meta], dict[str,
         raise InspectorError(f"{bad} (its header length is wrong); re-save it with safetensors")
     try:
         header = json.loads(fh.read(length))
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, UnicodeDecodeError, RecursionError):
         raise InspectorError(f"{bad} (its header is not JSON); re-save it with safetensors") from None
     if not isinstance(header, dict):
         raise InspectorError(f"{bad} (its header is not a JSON object); re-save it with safetensors")
@@ -240,7 +240,7 @@ def _safetensors_header(path: Path, fh: Any) -> tuple[dict[str, Meta], dict[str,
             dtype = getattr(torch, _SAFETENSORS_DTYPES[info["dtype"]])
             shape = tuple(int(n) for n in info["shape"])
             start, end = (int(x) for x in info["data_offsets"])
-        except (KeyError, TypeError, ValueError, AttributeError):
+        except (KeyError, TypeError, ValueError, AttributeError, OverflowError):
             raise InspectorError(f"{bad}: the header entry of tensor {name} is invalid") from None
         if min(shape, default=0) < 0 or end - start != math.prod(shape) * dtype.itemsize or start < 0 \
                 or base + end > size:
@@ -254,7 +254,7 @@ def _safetensors_header(path: Path, fh: Any) -> tuple[dict[str, Meta], dict[str,
 def _first_offset(info: Any) -> int:
     try:
         return int(info["data_offsets"][0])
-    except (KeyError, TypeError, ValueError, IndexError):
+    except (KeyError, TypeError, ValueError, IndexError, OverflowError):
         return -1
 
 

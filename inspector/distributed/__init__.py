@@ -1,7 +1,7 @@
 """Distributed training (torch.distributed, FSDP2, DTensor): per-step checks and merged runs.
 
 Under ``torchrun``, call :func:`check_step` on every rank after the backward pass; rank 0
-appends one JSON line per step, which :func:`read_run`, ``python -m inspector report`` and
+appends one JSON line per step, which :func:`read_check_run`, ``python -m inspector report`` and
 the Distributed page read::
 
     from inspector.distributed import check_step
@@ -12,11 +12,19 @@ from __future__ import annotations
 
 from .check import StepCheck, check_step
 from .checkpoint import dcp_listing, is_dcp_folder
-from .run import DistributedRun, is_run_file, parse_run, rank_issues, read_run, unique_findings
+from .run import (
+           DistributedRun,
+           is_run_file,
+           parse_run,
+           rank_issues,
+           read_check_run,
+           read_run,
+           unique_findings,
+)
 from .tensors import is_dtensor, local_piece, model_has_dtensors, placements_text
 from .train import SHARD_MODES, process_group, rank_device, shard, train_and_check
 
 __all__ = ["StepCheck", "check_step", "DistributedRun", "read_run", "parse_run", "is_run_file",
            "unique_findings", "is_dtensor", "local_piece", "model_has_dtensors", "placements_text",
            "rank_issues", "dcp_listing", "is_dcp_folder",
-           "SHARD_MODES", "process_group", "rank_device", "shard", "train_and_check"]
+           "SHARD_MODES", "process_group", "rank_device", "shard", "train_and_check", "read_check_run"]

@@ -21,8 +21,6 @@ from __future__ import annotations
 
 import math
 import os
-import resource
-import sys
 import weakref
 from dataclasses import dataclass, field
 from typing import Any
@@ -32,6 +30,7 @@ import torch.distributed as dist
 from torch import nn
 
 from ..findings import Finding
+from ..process_memory import rss_and_peak as _rss
 from ..wrappers import underlying
 from . import digest
 from .findings import step_findings
@@ -165,20 +164,6 @@ def _memory(device: torch.device) -> list[float]:
         peak = float(torch.cuda.max_memory_allocated(device))
     rss, peak_rss = _rss()
     return [alloc, peak, rss, peak_rss]
-
-
-def _rss() -> tuple[float, float]:
-    """This process's resident set size and its peak, in bytes, from one reading of
-    ``/proc/self/status`` (VmRSS, VmHWM: the same counters, so the peak is never below the
-    current value); elsewhere the peak from ``getrusage`` and no current value."""
-    try:
-        with open("/proc/self/status", encoding="ascii", errors="replace") as fh:
-            fields = dict(line.split(":", 1) for line in fh if ":" in line)
-        rss = float(int(fields["VmRSS"].split()[0]) * 1024)
-        return rss, max(rss, float(int(fields["VmHWM"].split()[0]) * 1024))
-    except (OSError, KeyError, ValueError, IndexError):
-        peak = float(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
-        return math.nan, peak * (1.0 if sys.platform == "darwin" else 1024.0)  # macOS counts bytes, Linux KiB
 
 
 def _collective_device(group: Any) -> torch.device:

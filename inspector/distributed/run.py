@@ -13,7 +13,7 @@ from typing import Any
 
 import pandas as pd
 
-from ..findings import Finding, InspectorError
+from ..findings import Finding, InspectorError, group_findings
 from .findings import unsynchronised
 from .record import FORMAT, VERSION
 
@@ -71,7 +71,7 @@ def is_run_file(path: str | os.PathLike) -> bool:
         return False
 
 
-def read_run(path: str | os.PathLike) -> DistributedRun:
+def read_check_run(path: str | os.PathLike) -> DistributedRun:
     """Read a run file written by :func:`check_step` (or ``python -m inspector distributed``).
 
     Raises:
@@ -88,6 +88,11 @@ def read_run(path: str | os.PathLike) -> DistributedRun:
     except (OSError, UnicodeDecodeError) as exc:
         raise InspectorError(f"run file {p.name} cannot be read as UTF-8 text ({exc})") from None
     return parse_run(text, p.name)
+
+
+def read_run(path: str | os.PathLike) -> DistributedRun:
+    """:func:`read_check_run` under its first name (``inspector.read_run`` reads a watch run)."""
+    return read_check_run(path)
 
 
 def _reject_constant(name: str) -> Any:
@@ -136,7 +141,7 @@ def _parse_line(line: str, number: int, name: str) -> dict[str, Any]:
 
 
 def parse_run(text: str, name: str = "run file") -> DistributedRun:
-    """Like :func:`read_run`, from the file's text (an upload)."""
+    """Like :func:`read_check_run`, from the file's text (an upload)."""
     records: list[dict[str, Any]] = []
     notes: list[Finding] = []
     lines = text.lstrip("\ufeff").splitlines()
@@ -260,15 +265,9 @@ def _tensor_frame(record: dict[str, Any]) -> pd.DataFrame:
 
 
 def unique_findings(run: DistributedRun) -> list[tuple[list[int], Finding]]:
-    """Each distinct finding once, with the steps it was seen at (first step first)."""
-    seen: dict[tuple[str, str, str], tuple[list[int], Finding]] = {}
-    for step, f in run.findings:
-        key = (f.code, f.severity, f.where)
-        if key in seen:
-            seen[key][0].append(step)
-        else:
-            seen[key] = ([step], f)
-    return list(seen.values())
+    """Each distinct finding once (by code and place, :func:`inspector.findings.group_findings`),
+    with the steps it was seen at (first step first)."""
+    return [(steps, f) for steps, _, f in group_findings((step, None, f) for step, f in run.findings).values()]
 
 
 def rank_issues(run: DistributedRun, rank: int) -> pd.DataFrame:

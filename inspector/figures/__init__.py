@@ -22,17 +22,17 @@ from .training import (
     loss_norm_figure,
     norm_grid,
     norm_heatmap,
+    run_norm_grid,
 )
 from .tree import lens_colours, module_tree_figure, shown_level
-from .watch import heatmap_figure, run_lines_figure
 
 __all__ = [
     "alias_graph_figure", "capture_heatmap", "capture_histogram", "capture_stats_figure",
     "clone_vs_reference_figure", "completeness_line", "conductance_bars", "device_colour", "device_colours",
     "device_key", "grad_norm_figure", "image_overlay", "key_label", "layer_norm_bars", "memory_figure",
     "offset_strip", "placement_treemap", "readable", "token_heatmap", "usage_bars", "usage_side_by_side",
-    "heatmap_figure", "run_lines_figure",
     "NormGrid", "bin_matrix", "envelope", "findings_timeline", "loss_norm_figure", "norm_grid", "norm_heatmap",
+    "run_norm_grid",
     "module_change_bars", "module_rows", "run_divergence_figure",
     "bytes_axis", "lens_colours", "module_tree_figure", "shown_level",
 ]

@@ -13,6 +13,7 @@ import plotly.graph_objects as go
 
 from ..escaping import escaped_figure, plot_text
 from ..summary import format_bytes
+from ..units import bytes_ticks
 from .palette import GPU_COLOURS
 from .training import MAX_LINE_POINTS, envelope
 
@@ -78,19 +79,6 @@ def grad_norm_figure(per_rank: pd.DataFrame, steps: pd.DataFrame | None) -> go.F
     return fig
 
 
-def _byte_ticks(lo: float, hi: float) -> tuple[list[float], list[str]]:
-    """Ticks for a log bytes axis over ``lo``..``hi``: 1 and 32 of each binary unit, finer when few.
-
-    >>> _byte_ticks(3000, 6e8)[1]
-    ['1.0 KiB', '32.0 KiB', '1.0 MiB', '32.0 MiB', '1.0 GiB']
-    """
-    for steps in ((1, 32), (1, 4, 16, 64, 256)):
-        vals = [1024.0 ** k * m for k in range(6) for m in steps if lo / 4 <= 1024.0 ** k * m <= hi * 4]
-        if len(vals) >= 3:
-            break
-    return vals, [format_bytes(v) for v in vals]
-
-
 @escaped_figure
 def memory_figure(per_rank: pd.DataFrame, step: int | None = None) -> go.Figure:
     """Grouped bars at ``step`` (default: the last step): each memory measure, one bar per rank in
@@ -111,7 +99,7 @@ def memory_figure(per_rank: pd.DataFrame, step: int | None = None) -> go.Figure:
                              marker_color=rank_colour(row["rank"]),
                              text=[format_bytes(v) if v else "" for v in values], textposition="outside",
                              hovertemplate=f"{plot_text(label)}<br>%{{x}}: %{{text}}<extra></extra>"))
-    tickvals, ticktext = _byte_ticks(min(shown, default=1.0), max(shown, default=1024.0))
+    tickvals, ticktext = bytes_ticks(max(shown, default=1024.0), bottom=min(shown, default=1.0))
     fig.update_layout(title=f"Memory per rank at step {step}", yaxis_title="bytes (log scale)", barmode="group",
                       height=380, margin={"l": 60, "r": 20, "t": 50, "b": 40}, uniformtext_minsize=9,
                       legend={"orientation": "h", "y": 1.02, "yanchor": "bottom", "x": 1, "xanchor": "right"})

@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -176,6 +177,22 @@ def _log_ticks(lo: float, hi: float) -> tuple[list[float], list[str]]:
     step = max(1, math.ceil(len(decades) / 8))
     vals = [float(d) for d in decades[::step]]
     return vals, [f"1e{int(d)}" if not 0 <= d <= 3 else f"{10 ** int(d):g}" for d in vals]
+
+
+def run_norm_grid(run: Any, column: str = "grad_norm", rank: int = 0, *, max_rows: int = MAX_ROWS,
+                  max_cols: int = MAX_COLS) -> NormGrid:
+    """The heatmap grid of a run's per-module ``column`` on ``rank`` (:class:`inspector.watch.Run`):
+    :func:`bin_matrix` of ``run.matrix(column, rank)``, a recorded NaN (the module counted values
+    not finite) marked as not finite, a value not taken left blank, steps in ascending order."""
+    steps, values = run.matrix(column, rank)
+    nonfinite = None
+    if np.isnan(values).any():  # a NaN may be recorded (counted as not finite) or a value not taken
+        nonfinite = run.matrix("nonfinite", rank)[1] > 0
+    if len(steps) > 1 and (np.diff(steps) < 0).any():
+        order = np.argsort(steps, kind="stable")
+        steps, values = steps[order], values[order]
+        nonfinite = nonfinite[order] if nonfinite is not None else None
+    return bin_matrix(steps, values, run.module_order, nonfinite=nonfinite, max_rows=max_rows, max_cols=max_cols)
 
 
 @escaped_figure

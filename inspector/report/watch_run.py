@@ -11,7 +11,7 @@ from datetime import UTC, datetime
 import numpy as np
 import pandas as pd
 
-from ..watch import Run, first_findings, heatmap, producer_of
+from ..watch import Run, first_findings, main_steps, producer_of
 from .data import ReportFigure, Section, Table, make_figure
 from .model import Report
 
@@ -51,7 +51,7 @@ def _captures_section(run: Run) -> Section | None:
 def watch_report(run: Run) -> Report:
     """Sections ``findings``, ``run``, ``modules`` of one watched run (see :func:`inspector.read_run`),
     and ``captures`` when the run stored a ``nonfinite-forward`` producer's inputs and outputs."""
-    from ..figures import heatmap_figure, run_lines_figure
+    from ..figures import loss_norm_figure, norm_heatmap, run_norm_grid
 
     found = first_findings(run)
     steps = run.steps
@@ -62,9 +62,11 @@ def watch_report(run: Run) -> Report:
              "steps": int(steps["step"].nunique()) if len(steps) else 0, "modules": len(run.module_order),
              "parameters": len(run.meta.parameters), "every": run.meta.every, "checks": ", ".join(run.meta.checks),
              "complete": run.complete, "note": run.meta.note}
-    figures: tuple[ReportFigure, ...] = (make_figure("Loss and gradient norm", run_lines_figure(run)),) if len(steps) else ()
+    figures: tuple[ReportFigure, ...] = ()
+    if len(steps):
+        figures += (make_figure("Loss and gradient norm", loss_norm_figure(main_steps(run))),)
     if len(steps) and run.module_order:
-        figures += (make_figure("Gradient norm per module and step", heatmap_figure(heatmap(run))),)
+        figures += (make_figure("Gradient norm per module and step", norm_heatmap(run_norm_grid(run))),)
     overview = Section("run", "Watched run", facts=facts,
                        tables=(Table.from_frame("Steps", _thin(steps[columns]),
                                                 f"every step up to {MAX_STEP_ROWS} rows, else evenly spaced ones"),

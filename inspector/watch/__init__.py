@@ -11,11 +11,11 @@ from .captured import captures_path, load_captures, producer_of, read_captures, 
 from .core import Watch, WatchResult, watch
 from .record import FORMAT, VERSION, RunMeta, RunWriter, StepRecord, record_batch, schema
 from .run import MODULE_COLUMNS, STEP_COLUMNS, Run, StepFinding, is_watch_file, parse_run_bytes, read_run
-from .summary import Heatmap, first_findings, heatmap
+from .summary import first_findings, main_steps
 from .synthetic import synthetic_run
 from .train import OPTIMIZERS, make_optimizer, train_watched
 
 __all__ = ["FORMAT", "VERSION", "MODULE_COLUMNS", "STEP_COLUMNS", "Run", "RunMeta", "RunWriter", "StepFinding",
            "StepRecord", "is_watch_file", "parse_run_bytes", "read_run", "record_batch", "schema", "synthetic_run",
-           "Watch", "WatchResult", "watch", "Heatmap", "first_findings", "heatmap", "OPTIMIZERS", "make_optimizer", "train_watched",
+           "Watch", "WatchResult", "watch", "first_findings", "main_steps", "OPTIMIZERS", "make_optimizer", "train_watched",
            "captures_path", "load_captures", "producer_of", "read_captures", "save_captures"]

@@ -19,7 +19,7 @@ from torch.utils.hooks import RemovableHandle
 from ..aliases import compare_ties, snapshot_ties
 from ..capture import Captures
 from ..distributed import is_dtensor
-from ..findings import Finding, InspectorError
+from ..findings import Finding, FindingKey, InspectorError, group_findings
 from ..wrappers import underlying
 from .detect import Detectors, not_in_optimizer
 from .layout import Layout, current, to_host
@@ -85,7 +85,7 @@ class Watch:
         self._nonfinite = nonfinite
         self._handles: list[RemovableHandle] = []
         self._writer: RunWriter | None = None
-        self._seen: set[tuple[str, str]] = set()
+        self._seen: dict[FindingKey, Any] = {}  # each finding once per (code, where, rank)
         self.findings: list[StepFinding] = []
         self.captures: Captures | None = None
         self.result: WatchResult | None = None
@@ -245,13 +245,14 @@ class Watch:
             self._writer.write(records)
 
     def _first_time(self, found: list[Finding], step: int, rank: int) -> list[Finding]:
+        """The findings of ``found`` not seen before at their (code, where, rank), noted as seen."""
+        place = rank if self.world > 1 else 0
+        fresh = group_findings((step, place, f) for f in found if (f.code, f.where, place) not in self._seen)
+        self._seen.update(fresh)
         new = []
-        for f in found:
-            if (f.code, f.where) in self._seen:
-                continue
-            self._seen.add((f.code, f.where))
+        for _, _, f in fresh.values():
             new.append(f)
-            sf = StepFinding(step, rank if self.world > 1 else 0, f.code, f.severity, f.where, f.message)
+            sf = StepFinding(step, place, f.code, f.severity, f.where, f.message)
             self.findings.append(sf)
             if self.on_finding is not None:
                 self.on_finding(sf)
@@ -275,7 +276,8 @@ def _record(step: int, rank: int, n: Numbers, scalars: dict[str, float], lrs: li
             findings: list[Finding]) -> StepRecord:
     f32 = np.float32
     return StepRecord(
-        step=step, rank=rank, time=time.time(), step_time=_opt(n.step_time), loss=_opt(n.loss),
+        step=step, rank=rank, time=time.time(), step_time=_opt(n.step_time),
+        loss=float(n.loss) if n.loss_logged else None,
         grad_norm=_opt(n.grad_norm), nonfinite=int(n.nonfinite), lr=lrs, scale=_opt(n.scale),
         skipped=bool(n.skipped), device_allocated=_int(n.device_allocated), device_peak=_int(n.device_peak),
         rss=_int(n.rss), scalar_names=list(scalars), scalar_values=[float(v) for v in scalars.values()],

@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 import math
-import os
-import resource
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
+from ..process_memory import rss_and_peak
+
 _SCALARS = ["step_time", "loss", "grad_norm", "nonfinite", "scale", "skipped", "device_allocated", "device_peak",
-            "rss", "forward", "backward", "checked", "shared"]
+            "rss", "forward", "backward", "checked", "shared", "loss_logged"]
 _MODULE = ["module_grad", "module_param", "module_update", "module_nonfinite"]
 _PARAM = ["param_grad", "has_grad", "param_norm"]
 
@@ -39,6 +39,7 @@ class Numbers:
     backward: float = NO_PRODUCER
     checked: float = 0.0  # 1: a check step (parameter norms taken)
     shared: float = 0.0  # how many findings this rank's own checks made (rank 0's go to every rank)
+    loss_logged: float = 0.0  # 1: a loss was logged (``loss`` NaN then means the loss was NaN)
     module_grad: np.ndarray = field(default_factory=lambda: np.zeros(0))
     module_param: np.ndarray = field(default_factory=lambda: np.zeros(0))
     module_update: np.ndarray = field(default_factory=lambda: np.zeros(0))
@@ -79,14 +80,11 @@ class Numbers:
 
 
 def memory(device: torch.device | None) -> tuple[float, float, float]:
-    """Device memory allocated and peak (CUDA; NaN elsewhere) and this process's RSS, in bytes."""
+    """Device memory allocated and peak (CUDA; NaN elsewhere) and this process's current RSS, in
+    bytes (NaN where the system tells only the peak)."""
     alloc = peak = math.nan
     if device is not None and device.type == "cuda":
         alloc = float(torch.cuda.memory_allocated(device))
         peak = float(torch.cuda.max_memory_allocated(device))
-    try:
-        with open("/proc/self/statm") as fh:
-            rss = float(int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE"))
-    except (OSError, ValueError, IndexError):
-        rss = float(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024.0
+    rss = rss_and_peak()[0]  # the current value (NaN where only the peak can be read)
     return alloc, peak, rss

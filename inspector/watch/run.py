@@ -47,7 +47,8 @@ class Run:
     use): one row per (step, rank, module) with ``grad_norm, param_norm, update_ratio,
     nonfinite``; :meth:`matrix` gives one of them as a steps × modules array without building
     it. ``complete`` is False while the file is still being written or when the writer died
-    (every complete step is read either way).
+    (every complete step is read either way). ``check_run``: for a ``check_step`` ``run.jsonl``,
+    its :class:`~inspector.distributed.DistributedRun` (per-rank detail), else None.
     """
 
     path: str
@@ -57,6 +58,7 @@ class Run:
     complete: bool
     table: Any = field(repr=False)  # the pyarrow.Table of the rows
     source: str = ""  # the file's full path ("" for an upload)
+    check_run: Any = field(default=None, repr=False)  # a check_step file's DistributedRun (None for a watch file)
 
     @cached_property
     def captures(self) -> Captures | None:
@@ -120,15 +122,26 @@ class Run:
         })
 
     def at(self, step: int, rank: int = 0) -> pd.DataFrame:
-        """The per-module table of one step: ``module, grad_norm, param_norm, update_ratio, nonfinite``."""
-        steps, _ = self.matrix("grad_norm", rank)
-        hits = np.flatnonzero(steps == step)
+        """The per-module table of one step and rank (the last row of that step), read from that row
+        alone: ``module, grad_norm`` and of ``param_norm, update_ratio, nonfinite`` those taken at
+        that step (a number not taken has no column).
+
+        Raises:
+            InspectorError: the run has no such step for ``rank``.
+        """
+        table = self.table
+        hits = np.flatnonzero((table.column("step").to_numpy() == step) & (table.column("rank").to_numpy() == rank))
         if not len(hits):
             raise InspectorError(f"{self.path} has no step {step} for rank {rank}")
-        row = int(hits[-1])
+        row = table.slice(int(hits[-1]), 1)
         frame = pd.DataFrame({"module": list(self.meta.modules)})
-        for name in MODULE_COLUMNS:
-            frame[name] = self.matrix(name, rank)[1][row]
+        for name, col in MODULE_COLUMNS.items():
+            values = row.column(col)[0].as_py()
+            if values is not None and len(values) != len(self.meta.modules):
+                raise InspectorError(f"{self.path}: step {step} has {len(values)} per-module values, not "
+                                     f"{len(self.meta.modules)}; the file is damaged")
+            if values is not None or name == "grad_norm":
+                frame[name] = np.asarray(values, dtype=np.float64) if values is not None else np.nan
         return frame
 
 
@@ -165,8 +178,11 @@ def _read_stream(source: Any, name: str) -> tuple[RunMeta, Any, bool]:
         raise InspectorError(f"{name} is an Arrow stream but not a watch run file (no {META_KEY.decode()} metadata)")
     try:
         meta = RunMeta.from_json(raw)
-    except (ValueError, TypeError) as exc:
+    except (ValueError, TypeError, OverflowError) as exc:
         raise InspectorError(f"{name}: {exc}") from None
+    except RecursionError:
+        raise InspectorError(f"{name}: its run metadata is nested too deeply to be a watch run's; "
+                             "write the file again with inspector.watch") from None
     missing = [f.name for f in schema() if f.name not in reader.schema.names]
     if missing:
         raise InspectorError(f"{name} lacks the columns {', '.join(missing)}; it was not written by inspector.watch")
@@ -230,11 +246,9 @@ def parse_run_bytes(data: bytes, name: str = "run file") -> Run:
 
 def is_watch_file(path: str | os.PathLike) -> bool:
     """Whether ``path`` starts like a watch run file (an Arrow IPC stream; reads 4 bytes)."""
-    try:
-        with open(path, "rb") as fh:
-            return fh.read(4) == STREAM_MAGIC
-    except OSError:
-        return False
+    from ..checkpoint_guards import file_head
+
+    return file_head(path, 4) == STREAM_MAGIC
 
 
 def read_run(path: str | os.PathLike) -> Run:
@@ -251,21 +265,20 @@ def read_run(path: str | os.PathLike) -> Run:
     if not p.is_file():
         raise InspectorError(f"run file {p} does not exist; write it with inspector.watch(model, optimizer, "
                              f"{str(p)!r}) or `python -m inspector watch FILE.py:factory -o {p}`")
-    with open(p, "rb") as fh:
-        head = fh.read(4)
-    if head == STREAM_MAGIC:
+    if is_watch_file(p):
         with pa.memory_map(str(p), "r") as source:  # zero-copy: 10,000 × 1,000 steps read in well under 1 s
             return _from_table(p.name, *_read_stream(source, p.name), source=str(p))
-    from ..distributed import is_run_file
-    from ..distributed import read_run as read_distributed
+    from ..distributed import is_run_file, read_check_run
 
     if not is_run_file(p):
         raise InspectorError(f"{p.name} is neither a watch run file (Arrow stream) nor a check_step run.jsonl")
-    return _from_distributed(read_distributed(p))
+    return _from_distributed(read_check_run(p))
 
 
 def _from_distributed(dr: Any) -> Run:
-    """A ``check_step`` run as a :class:`Run`: its parameters grouped into their modules."""
+    """A ``check_step`` run as a :class:`Run`: its parameters grouped into their modules, each
+    module's gradient norm the global one (as a watch file stores it), the file's notes
+    (``run-file-truncated``, ``run-file-newer``) among the findings and the run kept as ``check_run``."""
     first = dr.records[0]
     params = [t["name"] for t in first["tensors"] if t.get("kind") == "parameter"]
     modules: list[str] = []
@@ -277,35 +290,38 @@ def _from_distributed(dr: Any) -> Run:
         owner.append(modules.index(mod))
     meta = RunMeta(model=dr.path, world_size=dr.world_size, every=1, modules=tuple(modules),
                    parameters=tuple(params), parameter_modules=tuple(owner), checks=("distributed",))
+    owners = np.asarray(owner, dtype=np.int64)
     records = []
     for rec in dr.records:
         by_name = {t["name"]: t for t in rec["tensors"]}
-        fs = rec.get("findings", [])
+        norms = np.array([_global_norm(by_name.get(p)) for p in params], dtype=np.float64)
+        mod_sq = np.zeros(len(modules))
+        np.add.at(mod_sq, owners, np.nan_to_num(norms, nan=0.0) ** 2)
         for r in rec["ranks"]:
             rank = r["rank"]
-            norms = np.array([_local_norm(by_name.get(p), rank) for p in params], dtype=np.float64)
-            mod_sq = np.zeros(len(modules))
-            np.add.at(mod_sq, np.asarray(owner, dtype=np.int64), np.nan_to_num(norms, nan=0.0) ** 2)
             nonfinite = np.zeros(len(modules), dtype=np.int32)
             for i, p in enumerate(params):
-                t = by_name.get(p) or {}
-                nonfinite[owner[i]] += sum((t.get(k) or [0] * (rank + 1))[rank] or 0 for k in ("nan", "inf"))
+                nonfinite[owner[i]] += sum(_at_rank(by_name.get(p), k, rank) for k in ("nan", "inf"))
             records.append(StepRecord(
                 step=rec["step"], rank=rank, time=float(rec.get("time") or 0.0), grad_norm=r.get("grad_norm"),
                 nonfinite=int(r.get("nonfinite") or 0), device_allocated=r.get("device_allocated"),
                 device_peak=r.get("device_peak"), rss=r.get("rss"), module_grad_norm=np.sqrt(mod_sq),
-                module_nonfinite=nonfinite, param_grad_norm=norms, findings=fs if rank == 0 else []))
+                module_nonfinite=nonfinite, param_grad_norm=norms))
     import pyarrow as pa
 
     table = pa.Table.from_batches([record_batch(records)]) if records else schema().empty_table()
-    run = _from_table(dr.path, meta, table, True)
-    return Run(run.path, meta, run.steps, [StepFinding(f.step, None, f.code, f.severity, f.where, f.message)
-                                           for f in run.findings], True, table)
+    findings = [StepFinding(step, None, f.code, f.severity, f.where, f.message) for step, f in dr.findings]
+    complete = not any(f.code == "run-file-truncated" for f in findings)
+    return Run(dr.path, meta, _steps_frame(table, meta), findings, complete, table, check_run=dr)
 
 
-def _local_norm(tensor: dict[str, Any] | None, rank: int) -> float:
-    if not tensor:
-        return np.nan
-    values = tensor.get("local_grad_norm") or []
-    value = values[rank] if rank < len(values) else None
+def _global_norm(tensor: dict[str, Any] | None) -> float:
+    """A tensor's global gradient norm (NaN when not recorded)."""
+    value = (tensor or {}).get("grad_norm")
     return np.nan if value is None else float(value)
+
+
+def _at_rank(tensor: dict[str, Any] | None, key: str, rank: int) -> int:
+    """``tensor[key][rank]``, 0 where the list is absent or shorter."""
+    values = (tensor or {}).get(key) or []
+    return int(values[rank] or 0) if rank < len(values) else 0

@@ -125,6 +125,7 @@ def transfer_step(w: Watch, check: bool) -> tuple[Numbers, dict[str, float]]:
     n.skipped = float(n.scale < st.last_scale)
     st.last_scale = n.scale
     _fill(n, w, params, update, check)
+    n.loss_logged = float("loss" in scalars)
     n.loss = scalars.pop("loss", math.nan)
     _producers(n, w.module_names, calls, meta, flags)
     return n, scalars

@@ -73,6 +73,7 @@ class NonfiniteTracer:
         self.values: list[torch.Tensor] = []
         self.kept: dict[int, tuple[Any, Any, int]] = {}  # call -> (args, output, first flag index)
         self.handles: list[RemovableHandle] = []
+        self.leaf_handles: list[RemovableHandle] = []  # gradient hooks on leaves (parameters): they outlive the graph
         try:
             for m in model.modules():
                 self.handles.append(m.register_forward_hook(self._hook, with_kwargs=True))
@@ -84,7 +85,13 @@ class NonfiniteTracer:
         for h in self.handles:
             h.remove()
         self.handles.clear()
+        self._remove_leaf_hooks()
         self.kept.clear()
+
+    def _remove_leaf_hooks(self) -> None:
+        for h in self.leaf_handles:
+            h.remove()
+        self.leaf_handles.clear()
 
     def _add(self, call: int, kind: int, direction: int, t: torch.Tensor) -> None:
         self.meta.append((call, kind, direction))
@@ -106,7 +113,9 @@ class NonfiniteTracer:
             for kind, ts in ((INPUT, ins), (OUTPUT, outs)):
                 for t in ts:
                     if t.requires_grad:
-                        t.register_hook(self._grad_hook(call, kind))
+                        handle = t.register_hook(self._grad_hook(call, kind))
+                        if t.is_leaf:
+                            self.leaf_handles.append(handle)
 
     def _grad_hook(self, call: int, kind: int) -> Any:
         def hook(grad: torch.Tensor) -> None:
@@ -115,7 +124,9 @@ class NonfiniteTracer:
         return hook
 
     def take(self) -> tuple[list[str], list[tuple[int, int, int]], list[torch.Tensor]]:
-        """The calls, flag records and device flags gathered so far, and a fresh start."""
+        """The calls, flag records and device flags gathered so far, and a fresh start (the
+        gradient hooks put on leaf tensors this step are taken off)."""
+        self._remove_leaf_hooks()
         out = (self.calls, self.meta, self.values)
         self.calls, self.meta, self.values = [], [], []
         self.kept.clear()
