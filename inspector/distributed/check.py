@@ -9,12 +9,17 @@ fingerprint through the store, with a timeout (:mod:`.sync`): a rank that skippe
 named instead of a hang. Rank 0 appends the step as one JSON line to a file that
 ``read_run``, ``report`` and the Distributed page read.
 
-Cost: what does not change between steps (names, placements, replica keys) is worked out once
-per model and kept while the model's tensors stay the same objects; per step, one fused norm
-pass over the local gradients, one over a 1/``PARTS`` part of the local values (hash and
-NaN/Inf), and one small gather. A value that differs between replicas is found within
-:data:`~.digest.PARTS` calls (at once in tensors of up to :data:`~.digest.WHOLE` elements).
-Parameter values are read whole when a gradient is not finite, to name where it started.
+Cost: what does not change between steps (names, placements, replica keys, the slices each
+call reads) is worked out once per model and kept while the model's tensors stay the same
+objects (:mod:`.plan`). Per step, the numbers stay columns, one tensor per quantity for all
+tensors (:mod:`.local`): one fused norm pass over the local gradients (none when ``grad_norms=``
+gives the norms the step already took), one concatenated pass over the values read this call
+(NaN/Inf and hash), one small gather, and findings tested over all tensors at once
+(:mod:`.columns`): a tensor's JSON row is built only where a test fires, the record only when
+it is written or read. The values read are every tensor of up to :data:`~.digest.WHOLE`
+elements and one of :data:`~.digest.PARTS` windows of the larger ones: a value that differs
+between replicas is found within ``PARTS`` calls (at once in the small tensors). Parameter
+values are read whole when a gradient is not finite, to name where it started.
 """
 
 from __future__ import annotations

@@ -6,12 +6,13 @@ constant. Any change of bits changes one term unpredictably, so two swapped elem
 +1/-1 ulp pair or any other edit that keeps a plain sum changes the hash (a collision needs
 two different sets of 64-bit mixes to add up the same: about 2^-64 per change).
 
-Reading every element every step would cost as much as a copy of the model, so a piece is
-read in :data:`PARTS` parts, one part per call (pieces of up to :data:`WHOLE` elements are
-read whole every call): a value that differs between replicas is found within ``PARTS``
-calls of ``check_step``, and within one call when it differs in a small tensor. The parts
-of all tensors of one device and bit width are hashed together in one pass (a handful of
-kernels, not a few per tensor), on the device that holds them.
+Reading every element every step would cost as much as a copy of the model, so each call
+reads only part of the values (:func:`schedule`): every tensor of up to :data:`WHOLE` global
+elements whole, and one of :data:`PARTS` equal windows of the larger ones laid end to end. A
+value that differs between replicas is found within ``PARTS`` calls of ``check_step``, and
+within one call when it differs in a small tensor. The slices of all tensors of one device and
+bit width are hashed together in one pass (a handful of kernels, not a few per tensor), on the
+device that holds them.
 """
 
 from __future__ import annotations
