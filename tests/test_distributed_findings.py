@@ -159,7 +159,7 @@ def test_nonfinite_gradients_in_many_tensors_are_one_finding_naming_the_origin()
 
 
 def test_hash_sees_swaps_and_ulp_pairs_and_depends_on_position_only():
-    from inspector.distributed.digest import PARTS, WHOLE, hashes, schedule
+    from inspector.distributed.digest import PARTS, WHOLE, hashes, prepare, run, schedule
 
     a = torch.linspace(-3.0, 3.0, 101)
     swapped = a.clone()
@@ -172,6 +172,11 @@ def test_hash_sees_swaps_and_ulp_pairs_and_depends_on_position_only():
     assert h[0] == h[3] and len({h[0], h[1], h[2]}) == 3
     # a part hashed alone equals the same part hashed among others: the position is the tensor's
     assert hashes([(a[50:], 50)]).tolist() == [h[4]]
+    # many pieces at once (positions from one ramp), kept positions: the same hashes as one by one
+    many = [(a[k:k + 7], k) for k in range(70)]
+    one_by_one = [hashes([p]).item() for p in many]
+    assert hashes(many).tolist() == one_by_one
+    assert run(prepare(many, keep=True), len(many), a.device).tolist() == one_by_one
     # the windows cover every local element of the large tensors exactly once over PARTS calls,
     # the small ones are read whole by every call, and a call touches only the tensors of its window
     numels, lengths = [WHOLE * 3 + 7, 10, WHOLE * 50, WHOLE + 1], [WHOLE + 3, 10, WHOLE * 25, WHOLE + 1]

@@ -75,13 +75,15 @@ def hashes(pieces: Sequence[tuple[torch.Tensor, int]]) -> torch.Tensor:
     return run(prepare(pieces), len(pieces), pieces[0][0].device)
 
 
-Prepared = list[tuple[torch.Tensor, list[torch.Tensor], torch.Tensor, torch.Tensor, torch.Tensor]]
+Prepared = list[tuple[torch.Tensor, list[torch.Tensor], torch.Tensor, torch.Tensor, torch.Tensor | list[int]]]
 
 
-def prepare(pieces: Sequence[tuple[torch.Tensor, int]]) -> Prepared:
+def prepare(pieces: Sequence[tuple[torch.Tensor, int]], keep: bool = False) -> Prepared:
     """What :func:`run` needs to hash ``pieces`` (all on one device): per bit width, the positions
-    in ``pieces``, the bit views, their lengths, ends and position offsets. It holds views, no
-    copies: keep it while the pieces' storage stays the same, and hash again with :func:`run`."""
+    in ``pieces``, the bit views, their lengths, ends, and each element's position term (``keep``:
+    worked out now, 8 bytes per element kept) or the pieces' starts (worked out at each run). It
+    holds views, no copies of the values: keep it while the pieces' storage stays the same, and
+    hash again with :func:`run`."""
     if not pieces:
         return []
     device = pieces[0][0].device
@@ -92,22 +94,38 @@ def prepare(pieces: Sequence[tuple[torch.Tensor, int]]) -> Prepared:
             groups.setdefault(b.dtype, []).append(i)
     out: Prepared = []
     for idx in groups.values():
-        lengths = torch.tensor([bits[i].numel() for i in idx], device=device)
+        sizes = [bits[i].numel() for i in idx]
+        lengths = torch.tensor(sizes, device=device)
         ends = torch.cumsum(lengths, 0)
-        starts = torch.tensor([pieces[i][1] for i in idx], device=device)
-        out.append((torch.tensor(idx, device=device), [bits[i] for i in idx], lengths, ends, starts - (ends - lengths)))
+        starts = [pieces[i][1] for i in idx]
+        term: torch.Tensor | list[int] = _positions(sizes, starts, device).mul_(_GOLDEN) if keep else starts
+        out.append((torch.tensor(idx, device=device), [bits[i] for i in idx], lengths, ends, term))
     return out
+
+
+def _positions(sizes: list[int], starts: list[int], device: torch.device) -> torch.Tensor:
+    """Each element's position in its tensor: ``start + k`` for element k of each piece."""
+    if len(sizes) <= 64:  # a few pieces (one window): one arange each
+        return torch.cat([torch.arange(a, a + n, device=device, dtype=torch.int64)
+                          for a, n in zip(starts, sizes, strict=True)])
+    total = sum(sizes)
+    lengths = torch.tensor(sizes, device=device)
+    ends = torch.cumsum(lengths, 0)
+    offsets = torch.tensor(starts, device=device) - (ends - lengths)
+    return torch.arange(total, device=device, dtype=torch.int64).add_(_ramp(lengths, offsets, total))
 
 
 def run(prepared: Prepared, n: int, device: torch.device) -> torch.Tensor:
     """The (n,) int64 hashes of pieces made ready by :func:`prepare` (a few kernels per bit width)."""
     out = torch.zeros(n, dtype=torch.int64, device=device)
-    for idx, bits, lengths, ends, offsets in prepared:
+    for idx, bits, lengths, ends, term in prepared:
         x = torch.cat(bits).to(torch.int64)
-        # element k of a piece at position p of its tensor: x = bits + p * golden, p = k + (start - offset)
-        position = torch.arange(x.numel(), device=device, dtype=torch.int64)
-        position.add_(_ramp(lengths, offsets, x.numel()))
-        _mix(x.add_(position.mul_(_GOLDEN)))
+        # element k of a piece at position p of its tensor: x = bits + p * golden
+        if isinstance(term, torch.Tensor):
+            x.add_(term)
+        else:
+            x.add_(_positions(lengths.tolist(), term, device).mul_(_GOLDEN))
+        _mix(x)
         running = torch.cumsum(x, 0)  # wraps like the sum; a piece's sum is a difference of two
         summed = running[ends - 1]
         summed[1:] -= running[ends[:-1] - 1]
@@ -128,7 +146,7 @@ def schedule(numels: Sequence[int], lengths: Sequence[int], call: int | None) ->
     its window touches.
 
     >>> sorted(a for _, a, b in schedule([9000], [9000], 0) + schedule([9000], [9000], 1))[:2]
-    [0, 281]
+    [0, 70]
     """
     if call is None:
         return [(i, 0, lengths[i]) for i, n in enumerate(numels) if n <= WHOLE and lengths[i]]

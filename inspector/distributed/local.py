@@ -46,7 +46,7 @@ def local_numbers(plan: Plan, call: int, with_hashes: bool, grad_norms: GradNorm
         if g.layout == torch.strided and g.numel():
             where.append(i)
             grads.append(g)
-    stats[has, 4] = 1.0
+    stats[torch.tensor(has, dtype=torch.long), 4] = 1.0
     _grad_squares(plan, where, grads, stats, grad_norms)
     reads = plan.read(call)
     if bool(stats[:, 1:3].any()):  # non-finite gradients: read every value, to name where it started

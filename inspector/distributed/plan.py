@@ -77,7 +77,7 @@ class Plan:
         """1-D views of ``pieces``, remade when a piece's storage changed (``p.data = ...``)."""
         pointers = [p.data_ptr() if p.layout == torch.strided else 0 for p in pieces]
         if pointers != self.pointers:
-            self.flats = [digest.flat(p) if p.layout == torch.strided else None for p in pieces]
+            self.flats = [digest.flat(p.detach()) if p.layout == torch.strided else None for p in pieces]
             self.pointers = pointers
             self.lengths = [f.numel() if f is not None else 0 for f in self.flats]
             self.local_numel = torch.tensor([p.numel() for p in pieces], dtype=torch.float64)
@@ -122,7 +122,7 @@ class Reads:
             if plan.keys[i] >= 0:
                 by_device.setdefault(values[k].device, []).append(k)
         hashed = [(device, torch.tensor([spans[k][0] for k in ks], dtype=torch.long),
-                   digest.prepare([(values[k], spans[k][1]) for k in ks]), len(ks)) for device, ks in by_device.items()]
+                   digest.prepare([(values[k], spans[k][1]) for k in ks], keep=call is None), len(ks)) for device, ks in by_device.items()]
         return cls(digest.float_groups([i for i, _, _ in spans], values), hashed,
                    -1 if call is None else call % digest.PARTS)
 
