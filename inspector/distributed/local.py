@@ -27,27 +27,19 @@ def local_numbers(plan: Plan, call: int, with_hashes: bool, grad_norms: GradNorm
     stats[:, 3] = plan.local_numel
     stats[:, 5] = plan.columns["keys"]
     factors = plan.columns["holders"]
-    has: list[int] = []
-    where: list[int] = []
-    grads: list[torch.Tensor] = []
-    for i, is_param in enumerate(plan.is_param):
-        if not is_param:
-            continue
-        t = plan.tensors[i][2]
-        g = t.grad
+    grads: list[torch.Tensor | None] = [t.grad for t in plan.param_tensors]  # the local pieces, below
+    for k in plan.dtensor_params:
+        g = grads[k]
         if g is None:
             continue
-        has.append(i)
-        if plan.dtensor[i]:
-            if g.placements != t.placements:  # type: ignore[attr-defined]
-                factors = factors.clone() if factors is plan.columns["holders"] else factors
-                factors[i] = holders(g, plan.world)
-            g = g._local_tensor  # type: ignore[attr-defined]
-        if g.layout == torch.strided and g.numel():
-            where.append(i)
-            grads.append(g)
+        t = plan.param_tensors[k]
+        if g.placements != t.placements:  # type: ignore[attr-defined]
+            factors = factors.clone() if factors is plan.columns["holders"] else factors
+            factors[plan.param_index[k]] = holders(g, plan.world)
+        grads[k] = g._local_tensor  # type: ignore[attr-defined]
+    has = [i for i, g in zip(plan.param_index, grads, strict=True) if g is not None]
     stats[torch.tensor(has, dtype=torch.long), 4] = 1.0
-    _grad_squares(plan, where, grads, stats, grad_norms)
+    _grad_squares(plan, grads, stats, grad_norms)
     reads = plan.read(call)
     if bool(stats[:, 1:3].any()):  # non-finite gradients: read every value, to name where it started
         index = [i for i, f in enumerate(flats) if f is not None]
@@ -64,30 +56,31 @@ def local_numbers(plan: Plan, call: int, with_hashes: bool, grad_norms: GradNorm
     return stats, hash_tensor, factors
 
 
-def _grad_squares(plan: Plan, where: list[int], grads: list[torch.Tensor], stats: torch.Tensor,
+def _grad_squares(plan: Plan, grads: list[torch.Tensor | None], stats: torch.Tensor,
                   grad_norms: GradNorms | None) -> None:
-    """Local squared gradient norms into ``stats[:, 0]``: from ``grad_norms`` where given, else one
-    fused pass per device and dtype; NaN/Inf counts where not finite."""
-    todo = list(range(len(where)))
+    """Local squared gradient norms into ``stats[:, 0]`` (``grads``: the parameters' local gradient
+    pieces, in plan order): from ``grad_norms`` where given, else one fused pass per device and
+    dtype; NaN/Inf counts where not finite."""
+    covered: set[int] = set()
     if grad_norms is not None:
         names, norms = grad_norms
         plan_index, name_index, covered = plan.position(tuple(names))
         stats[plan_index, 0] = norms.detach().to("cpu", torch.float64)[name_index].square()
-        todo = [k for k in todo if where[k] not in covered]
         stats[:, 0] = torch.where(stats[:, 4] > 0, stats[:, 0], 0.0)  # a norm given for no gradient
     groups: dict[tuple[torch.device, torch.dtype], list[int]] = {}
-    for k in todo:
-        groups.setdefault((grads[k].device, grads[k].dtype), []).append(k)
+    for k, (i, g) in enumerate(zip(plan.param_index, grads, strict=True)):
+        if g is not None and i not in covered and g.layout == torch.strided and g.numel():
+            groups.setdefault((g.device, g.dtype), []).append(k)
     for ks in groups.values():
-        values = torch.stack(torch._foreach_norm([grads[k] for k in ks])).to("cpu", torch.float64)
-        stats[[where[k] for k in ks], 0] = values.square()
+        values = torch.stack(torch._foreach_norm([grads[k] for k in ks])).to("cpu", torch.float64)  # type: ignore[misc]
+        stats[torch.tensor([plan.param_index[k] for k in ks], dtype=torch.long), 0] = values.square()
     bad = torch.nonzero(~torch.isfinite(stats[:, 0])).flatten().tolist()
     if not bad:
         return
-    by_index = dict(zip(where, grads, strict=True))
+    position = {i: k for k, i in enumerate(plan.param_index)}
     for i in bad:
-        g = by_index.get(i)
-        if g is None:
+        g = grads[position[i]] if i in position else None
+        if g is None or g.layout != torch.strided:
             continue
         stats[i, 1] = int(torch.isnan(g).sum())
         stats[i, 2] = int(torch.isinf(g).sum())

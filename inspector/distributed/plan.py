@@ -15,10 +15,6 @@ from . import digest
 from .tensors import holders, is_dtensor, placements_text, replica_key
 
 
-def _registries(module: nn.Module) -> tuple[dict, dict, dict]:
-    return module._modules, module._parameters, module._buffers
-
-
 def _unique(model: nn.Module) -> list[tuple[str, str, torch.Tensor]]:
     """Each parameter then buffer once, under its first name."""
     seen: set[int] = set()
@@ -39,7 +35,7 @@ def _held(modules: list[weakref.ref]) -> list[int] | None:
         module = ref()
         if module is None:
             return None
-        for reg in _registries(module):
+        for reg in (module._modules, module._parameters, module._buffers):
             out.append(len(reg))
             out.extend(map(id, reg.values()))
     return out
@@ -62,6 +58,10 @@ class Plan:
     sizes: list[int]          # element sizes
     numels: list[int]         # global element counts
     columns: dict[str, torch.Tensor] = field(default_factory=dict)  # keys, holders, masks as tensors
+    param_index: list[int] = field(default_factory=list)            # the parameters' positions
+    param_tensors: list[torch.Tensor] = field(default_factory=list)
+    dtensor_params: list[int] = field(default_factory=list)         # DTensors among them (in that list)
+    strided: list[bool] = field(default_factory=list)               # local pieces with a data pointer
     flats: list[torch.Tensor | None] = field(default_factory=list)   # 1-D views of the local pieces
     pointers: list[int] = field(default_factory=list)                # their data pointers when made
     lengths: list[int] = field(default_factory=list)                 # their element counts
@@ -75,8 +75,13 @@ class Plan:
 
     def local_flats(self, pieces: list[torch.Tensor]) -> list[torch.Tensor | None]:
         """1-D views of ``pieces``, remade when a piece's storage changed (``p.data = ...``)."""
-        pointers = [p.data_ptr() if p.layout == torch.strided else 0 for p in pieces]
-        if pointers != self.pointers:
+        try:
+            pointers = [p.data_ptr() if s else 0 for p, s in zip(pieces, self.strided, strict=True)]
+        except RuntimeError:  # a piece that has become sparse
+            pointers = []
+        if pointers != self.pointers or not pointers:
+            self.strided = [p.layout == torch.strided for p in pieces]
+            pointers = [p.data_ptr() if s else 0 for p, s in zip(pieces, self.strided, strict=True)]
             self.flats = [digest.flat(p.detach()) if p.layout == torch.strided else None for p in pieces]
             self.pointers = pointers
             self.lengths = [f.numel() if f is not None else 0 for f in self.flats]
@@ -158,6 +163,10 @@ def plan_for(model: nn.Module, world: int) -> Plan:
                 [k == "parameter" for _, k, _ in tensors], [t.element_size() for _, _, t in tensors],
                 [t.numel() for _, _, t in tensors])
     plan.columns = _columns(plan)
+    plan.param_index = [i for i, p in enumerate(plan.is_param) if p]
+    plan.param_tensors = [tensors[i][2] for i in plan.param_index]
+    plan.dtensor_params = [k for k, i in enumerate(plan.param_index) if plan.dtensor[i]]
+    plan.strided = [True] * len(tensors)
     _plans[inner] = plan
     return plan
 
