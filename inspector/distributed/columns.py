@@ -14,6 +14,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 
 from ..findings import Finding
@@ -61,47 +62,47 @@ class Gathered:
         return self._record
 
 
-def _drifting(keys: torch.Tensor, hashes: torch.Tensor) -> torch.Tensor:
+def _drifting(keys: np.ndarray, hashes: np.ndarray) -> np.ndarray:
     """Tensors where two ranks with the same replica key (>= 0) hold different hashes: ranks
     sorted by key, so the ranks of one key are neighbours and any difference shows between two."""
-    order = torch.argsort(keys, dim=0, stable=True)
-    k = keys.gather(0, order)
-    h0, h1 = hashes[:, :, 0].gather(0, order), hashes[:, :, 1].gather(0, order)
+    order = np.argsort(keys, axis=0, kind="stable")
+    k = np.take_along_axis(keys, order, axis=0)
+    h0 = np.take_along_axis(hashes[:, :, 0], order, axis=0)
+    h1 = np.take_along_axis(hashes[:, :, 1], order, axis=0)
     same = (k[1:] == k[:-1]) & (k[1:] >= 0)
-    return (same & ((h0[1:] != h0[:-1]) | (h1[1:] != h1[:-1]))).any(dim=0)
+    return (same & ((h0[1:] != h0[:-1]) | (h1[1:] != h1[:-1]))).any(axis=0)
 
 
-def _candidates(g: Gathered) -> list[int]:
+def _candidates(g: Gathered, p: np.ndarray) -> list[int]:
     """Tensors whose row may hold a finding (a superset of those that do)."""
-    p = g.per_tensor
-    n = p.shape[1]
-    if n == 0:
+    if p.shape[1] == 0:
         return []
-    found = (p[:, :, 6:8] > 0).any(dim=2).any(dim=0) | (p[:, :, 1:3] > 0).any(dim=2).any(dim=0)
+    found = (p[:, :, 6:8] > 0).any(axis=(0, 2)) | (p[:, :, 1:3] > 0).any(axis=(0, 2))
     if g.world > 1:
-        has = (p[:, :, 4] > 0).any(dim=0)
+        has = (p[:, :, 4] > 0).any(axis=0)
         sq = p[:, :, 0]
-        found |= _drifting(p[:, :, 5], g.hashes)
-        found |= g.plan.columns["plain_param"] & has & ~(sq.amax(dim=0) == sq.amin(dim=0))
-    return torch.nonzero(found).flatten().tolist()
+        found |= _drifting(p[:, :, 5], g.hashes.numpy())
+        with np.errstate(invalid="ignore"):
+            found |= g.plan.columns["plain_param"].numpy() & has & ~(sq.max(axis=0) == sq.min(axis=0))
+    return np.flatnonzero(found).tolist()
 
 
-def _rms(g: Gathered) -> dict[int, float]:
+def _rms(p: np.ndarray) -> dict[int, float]:
     """Each rank's gradient RMS per element over its finite local pieces."""
-    p = g.per_tensor
     sq, numel = p[:, :, 0], p[:, :, 3]
-    valid = (p[:, :, 4] > 0).any(dim=0).unsqueeze(0) & torch.isfinite(sq) & (sq >= 0)
-    total = torch.where(valid, sq, 0.0).sum(dim=1).tolist()
-    count = torch.where(valid, numel, 0.0).sum(dim=1).tolist()
+    with np.errstate(invalid="ignore"):
+        valid = (p[:, :, 4] > 0).any(axis=0)[None, :] & np.isfinite(sq) & (sq >= 0)
+    total = np.where(valid, sq, 0.0).sum(axis=1).tolist()
+    count = np.where(valid, numel, 0.0).sum(axis=1).tolist()
     return {r: math.sqrt(s / c) for r, (s, c) in enumerate(zip(total, count, strict=True)) if c}
 
 
-def _uneven(g: Gathered) -> bool:
+def _uneven(g: Gathered, p: np.ndarray) -> bool:
     """Whether :func:`.findings.imbalance` has something to say."""
-    sharded = g.plan.columns["sharded"]
-    if g.world < 2 or not bool(sharded.any()):
+    sharded = g.plan.columns["sharded"].numpy()
+    if g.world < 2 or not sharded.any():
         return False
-    totals = g.per_tensor[:, :, 3][:, sharded].sum(dim=1)
+    totals = p[:, sharded, 3].sum(axis=1)
     mean = float(totals.mean())
     return mean != 0 and (float(totals.max()) - mean) / mean > IMBALANCE
 
@@ -111,10 +112,11 @@ def column_findings(g: Gathered, far_factor: float = 10.0) -> list[Finding]:
     with Python work only for the tensors where something may be wrong."""
     findings: list[Finding] = []
     gradients: list[Finding] = []
-    for row in g.rows(_candidates(g)):
+    p = g.per_tensor.numpy()
+    for row in g.rows(_candidates(g, p)):
         row_findings(row, g.step, g.world > 1, findings, gradients)
     findings += gradients if len(gradients) < 2 else [spread(g.record(), gradients)]
-    findings += far_off(_rms(g), far_factor)
-    if _uneven(g):
+    findings += far_off(_rms(p), far_factor)
+    if _uneven(g, p):
         findings += imbalance(g.record())
     return findings
