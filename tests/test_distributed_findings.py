@@ -257,3 +257,14 @@ def test_the_columnar_findings_are_those_of_the_record():
         fired |= {f.code for f in found}
     assert {"replica-drift", "nonfinite-gradient", "nonfinite-parameter", "gradient-not-synchronized",
             "gradient-far-off"} <= fired
+
+
+def test_a_step_check_pickles_with_its_record():
+    import pickle
+
+    m = nn.Linear(2, 1)
+    m(torch.ones(1, 2)).sum().backward()
+    check = check_step(m, 4, path=None)
+    back = pickle.loads(pickle.dumps(check))
+    assert back.record == check.record and back.step == 4 and back.findings == check.findings
+    assert back.record["tensors"][0]["name"] == "weight"

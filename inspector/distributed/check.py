@@ -69,6 +69,10 @@ class StepCheck:
         """The JSON-ready step record, with its findings."""
         return self.source() if callable(self.source) else self.source
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickled with the record built (a builder function does not pickle)."""
+        return type(self), (self.step, self.rank, self.world_size, self.record, self.findings)
+
     @property
     def ok(self) -> bool:
         """No error and no warning."""

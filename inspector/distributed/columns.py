@@ -91,7 +91,8 @@ def _rms(p: np.ndarray) -> dict[int, float]:
     """Each rank's gradient RMS per element over its finite local pieces."""
     sq, numel = p[:, :, 0], p[:, :, 3]
     with np.errstate(invalid="ignore"):
-        valid = (p[:, :, 4] > 0).any(axis=0)[None, :] & np.isfinite(sq) & (sq >= 0)
+        has: np.ndarray = np.asarray((p[:, :, 4] > 0).any(axis=0))
+        valid = has[None, :] & np.isfinite(sq) & (sq >= 0)
     total = np.where(valid, sq, 0.0).sum(axis=1).tolist()
     count = np.where(valid, numel, 0.0).sum(axis=1).tolist()
     return {r: math.sqrt(s / c) for r, (s, c) in enumerate(zip(total, count, strict=True)) if c}
