@@ -8,7 +8,7 @@ and under DDP), each rank times, interleaved and as medians:
   thing being watched;
 - ``clip_grad_norm_``: torch's global gradient norm over the same DTensor gradients, what
   people call every step today (one collective);
-- ``check_step``: the full check (norms, NaN/Inf counts, hashes of every local piece, memory,
+- ``check_step``: the full check (norms, NaN/Inf counts, hashes of what each call reads, memory,
   one ``all_gather`` of the numbers), writing nothing;
 - ``check_step, no hashes``: the same with value hashing off (``collect(..., hashes=False)``),
   to show what hashing costs;
