@@ -8,10 +8,15 @@ and under DDP), each rank times, interleaved and as medians:
   thing being watched;
 - ``clip_grad_norm_``: torch's global gradient norm over the same DTensor gradients, what
   people call every step today (one collective);
-- ``check_step``: the full check (norms, NaN/Inf counts, hashes of every local piece, memory,
+- ``check_step``: the full check (norms, NaN/Inf counts, hashes of what each call reads, memory,
   one ``all_gather`` of the numbers), writing nothing;
 - ``check_step, no hashes``: the same with value hashing off (``collect(..., hashes=False)``),
-  to show what hashing costs.
+  to show what hashing costs;
+- ``check_step, given norms``: the full check given the local gradient norms the step already
+  took (``grad_norms=``, as ``inspector.watch`` passes them), so it does not read the gradients;
+- ``train step, watched``: the training step inside ``inspector.watch(model, optimizer,
+  every=1)`` (its per-step numbers, its findings and ``check_step`` every step), timed after the
+  interleaved rounds, against the plain step's median.
 
 Rank 0 prints milliseconds (wall clock and this process's CPU time) and the ratios check / train
 step and check / clip_grad_norm_.
@@ -90,15 +95,40 @@ def _bench(factory: str, device: torch.device, repeats: int, batch_size: int, wr
         dist.barrier()
 
     train_step()  # gradients exist for the checks
+    inner = model.module if wrap == "ddp" else model
+    names = tuple(n for n, _ in inner.named_parameters())
+    local = [p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad for _, p in inner.named_parameters()]
+    norms = torch.stack(torch._foreach_norm(local)).double()
     fns = {
         "train step": train_step,
         "clip_grad_norm_": lambda: torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=math.inf),
         "check_step": lambda: check_step(model, 0, path=None),
         "check_step, no hashes": lambda: collect(model, 0, hashes=False),
+        "check_step, given norms": lambda: check_step(model, 0, path=None, grad_norms=(names, norms)),
     }
     wall = interleaved(fns, repeats, sync)
     cpu = _cpu_medians(fns, repeats, sync)
+    cpu["train step, watched"] = _watched(model, optimizer, train_step, repeats, sync)
     return wall | {f"cpu {k}": v for k, v in cpu.items()} | {"parameters": sum(p.numel() for p in model.parameters())}
+
+
+def _watched(model, optimizer, train_step, repeats: int, sync) -> float:
+    """Median CPU seconds of the training step inside ``inspector.watch(every=1)``."""
+    import statistics
+    import tempfile
+    import time
+
+    from inspector import watch
+
+    times = []
+    with tempfile.TemporaryDirectory() as tmp, watch(model, optimizer, Path(tmp) / "run.inspect", every=1):
+        for k in range(repeats + 3):
+            sync()
+            t = time.process_time()
+            train_step()
+            if k >= 3:  # the first steps build what the watch keeps
+                times.append(time.process_time() - t)
+    return statistics.median(times)
 
 
 def _cpu_medians(fns: dict, repeats: int, sync) -> dict[str, float]:
@@ -135,7 +165,8 @@ def _worker(rank: int, world: int, port: int, args: argparse.Namespace) -> None:
                 step, check = result["train step"], result["check_step"]
                 print(f"\n{factory} {wrap} ({result['parameters']:,} parameters, batch {batch} per rank, world {world}, "
                       f"{backend}, {args.repeats} repeats, medians)")
-                for name in ("train step", "clip_grad_norm_", "check_step", "check_step, no hashes"):
+                for name in ("train step", "clip_grad_norm_", "check_step", "check_step, no hashes",
+                     "check_step, given norms"):
                     print(f"  {name:24} {result[name] * 1e3:9.3f} ms wall  {result['cpu ' + name] * 1e3:9.3f} ms CPU")
                 print(f"  check_step / train step       {check / step:7.3f}x")
                 print(f"  check_step / clip_grad_norm_  {check / result['clip_grad_norm_']:7.3f}x")
@@ -143,6 +174,12 @@ def _worker(rank: int, world: int, port: int, args: argparse.Namespace) -> None:
                 cpu_step, cpu_check = result["cpu train step"], result["cpu check_step"]
                 print(f"  by CPU time: check_step / train step {cpu_check / cpu_step:7.3f}x, "
                       f"clip_grad_norm_ / train step {result['cpu clip_grad_norm_'] / cpu_step:7.3f}x")
+                given = result["cpu check_step, given norms"]
+                print(f"  by CPU time: check_step given norms / train step {given / cpu_step:7.3f}x "
+                      f"({given * 1e3:.3f} ms)")
+                watched = result["cpu train step, watched"]
+                print(f"  by CPU time: watched step {watched * 1e3:.3f} ms, {watched / cpu_step - 1:+.3f} of the step "
+                      "(the watch's own numbers and check_step every step)")
     finally:
         dist.destroy_process_group()
 

@@ -159,7 +159,7 @@ def test_nonfinite_gradients_in_many_tensors_are_one_finding_naming_the_origin()
 
 
 def test_hash_sees_swaps_and_ulp_pairs_and_depends_on_position_only():
-    from inspector.distributed.digest import PARTS, WHOLE, hashes, part
+    from inspector.distributed.digest import PARTS, WHOLE, hashes, prepare, run, schedule
 
     a = torch.linspace(-3.0, 3.0, 101)
     swapped = a.clone()
@@ -172,12 +172,25 @@ def test_hash_sees_swaps_and_ulp_pairs_and_depends_on_position_only():
     assert h[0] == h[3] and len({h[0], h[1], h[2]}) == 3
     # a part hashed alone equals the same part hashed among others: the position is the tensor's
     assert hashes([(a[50:], 50)]).tolist() == [h[4]]
-    # parts of a large piece cover it exactly once over PARTS calls
-    n = WHOLE * 3 + 7
-    covered = sorted(part(n, call) for call in range(PARTS))
-    assert covered[0][0] == 0 and covered[-1][1] == n
-    assert all(x[1] == y[0] for x, y in zip(covered, covered[1:]) if x[1] < n)
-    assert part(WHOLE, 5) == (0, WHOLE)
+    # many pieces at once (positions from one ramp), kept positions: the same hashes as one by one
+    many = [(a[k:k + 7], k) for k in range(70)]
+    one_by_one = [hashes([p]).item() for p in many]
+    assert hashes(many).tolist() == one_by_one
+    assert run(prepare(many, keep=True), len(many), a.device).tolist() == one_by_one
+    # the windows cover every local element of the large tensors exactly once over PARTS calls,
+    # the small ones are read whole by every call, and a call touches only the tensors of its window
+    numels, lengths = [WHOLE * 3 + 7, 10, WHOLE * 50, WHOLE + 1], [WHOLE + 3, 10, WHOLE * 25, WHOLE + 1]
+    assert schedule(numels, lengths, None) == [(1, 0, 10)]
+    seen = {i: [] for i in (0, 2, 3)}
+    for call in range(PARTS):
+        spans = schedule(numels, lengths, call)
+        assert spans == schedule(numels, lengths, call + PARTS) and len(spans) <= 2
+        for i, start, end in spans:
+            seen[i].append((start, end))
+    for i, spans in seen.items():
+        spans.sort()
+        assert spans[0][0] == 0 and spans[-1][1] == lengths[i]
+        assert all(x[1] == y[0] for x, y in zip(spans, spans[1:], strict=False))
 
 
 @pytest.mark.parametrize("mode", ["fsdp", "ddp"])
@@ -197,3 +210,61 @@ def test_what_check_step_keeps_between_steps_does_not_keep_the_model_alive(world
     del model
     gc.collect()
     assert ref() is None
+
+
+def _gathered(model, world, seed):
+    """Every rank's numbers of one call, made up: healthy, then a few planted anomalies."""
+    from inspector.distributed.columns import Gathered
+    from inspector.distributed.plan import plan_for
+
+    plan = plan_for(model, world)
+    n = len(plan.tensors)
+    g = torch.Generator().manual_seed(seed)
+    per_tensor = torch.zeros(world, n, 8, dtype=torch.float64)
+    sq = torch.rand(n, generator=g, dtype=torch.float64) * torch.tensor(plan.is_param, dtype=torch.float64)
+    per_tensor[:, :, 0] = sq
+    per_tensor[:, :, 3] = torch.tensor(plan.numels, dtype=torch.float64)
+    per_tensor[:, :, 4] = torch.tensor(plan.is_param, dtype=torch.float64)
+    per_tensor[:, :, 5] = plan.columns["keys"]
+    hashes = torch.randint(-2**62, 2**62, (1, n, 2), generator=g).expand(world, n, 2).clone()
+    for _ in range(int(torch.randint(0, 4, (1,), generator=g))):
+        r, i, what = (int(torch.randint(0, m, (1,), generator=g)) for m in (world, n, 5))
+        if what == 0:
+            hashes[r, i, 0] += 1                       # a replica drifts
+        elif what == 1:
+            per_tensor[r, i, 1] = 3.0                  # NaN in a gradient
+            per_tensor[r, i, 0] = math.nan
+        elif what == 2:
+            per_tensor[r, i, 6] = 2.0                  # NaN in the values
+        elif what == 3:
+            per_tensor[r, i, 0] *= 1.5                 # a gradient not averaged
+        else:
+            per_tensor[r, :, 0] *= 400.0               # a rank far off
+    per_rank = torch.zeros(world, 9, dtype=torch.float64)
+    return Gathered(plan, per_tensor, per_rank, hashes, plan.columns["holders"], 3, world, "gloo", "")
+
+
+def test_the_columnar_findings_are_those_of_the_record():
+    from inspector.distributed.columns import column_findings
+
+    model = nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4), nn.Linear(4, 2), nn.Linear(2, 2))
+    fired = set()
+    for seed in range(60):
+        world = 2 + seed % 3
+        found = column_findings(_gathered(model, world, seed))
+        again = _gathered(model, world, seed)
+        assert found == step_findings(again.record()), seed
+        fired |= {f.code for f in found}
+    assert {"replica-drift", "nonfinite-gradient", "nonfinite-parameter", "gradient-not-synchronized",
+            "gradient-far-off"} <= fired
+
+
+def test_a_step_check_pickles_with_its_record():
+    import pickle
+
+    m = nn.Linear(2, 1)
+    m(torch.ones(1, 2)).sum().backward()
+    check = check_step(m, 4, path=None)
+    back = pickle.loads(pickle.dumps(check))
+    assert back.record == check.record and back.step == 4 and back.findings == check.findings
+    assert back.record["tensors"][0]["name"] == "weight"

@@ -9,6 +9,8 @@ from typing import Any
 
 from ..findings import Finding
 
+IMBALANCE = 0.05  # a rank holding this fraction more sharded elements than the mean is reported
+
 
 def _ranks(ranks: list[int]) -> str:
     if len(ranks) == 1:
@@ -22,21 +24,27 @@ def step_findings(record: dict[str, Any], far_factor: float = 10.0) -> list[Find
     gradients: list[Finding] = []
     several = record["world_size"] > 1
     for row in record["tensors"]:  # cheap tests first: most rows of a healthy step have nothing to say
-        hashes = row["hash"]
-        if several and hashes and hashes.count(hashes[0]) != len(hashes):
-            findings += _drift(row, record["step"])
-        if any(row.get("value_nan") or ()) or any(row.get("value_inf") or ()):
-            findings += nonfinite_values(row)
-        if any(row["nan"]) or any(row["inf"]):
-            gradients += nonfinite_by_rank(row)
-        norms = row["local_grad_norm"]
-        if several and not row["placements"] and row["kind"] == "parameter" and norms \
-                and norms.count(norms[0]) != len(norms):
-            findings += _unsynchronised(row)
-    findings += gradients if len(gradients) < 2 else [_spread(record, gradients)]
+        row_findings(row, record["step"], several, findings, gradients)
+    findings += gradients if len(gradients) < 2 else [spread(record, gradients)]
     findings += _far_off(record, far_factor)
-    findings += _imbalance(record)
+    findings += imbalance(record)
     return findings
+
+
+def row_findings(row: dict[str, Any], step: int, several: bool, findings: list[Finding],
+                 gradients: list[Finding]) -> None:
+    """The findings of one tensor's row: into ``findings``, its non-finite gradient into ``gradients``."""
+    hashes = row["hash"]
+    if several and hashes and hashes.count(hashes[0]) != len(hashes):
+        findings += _drift(row, step)
+    if any(row.get("value_nan") or ()) or any(row.get("value_inf") or ()):
+        findings += nonfinite_values(row)
+    if any(row["nan"]) or any(row["inf"]):
+        gradients += nonfinite_by_rank(row)
+    norms = row["local_grad_norm"]
+    if several and not row["placements"] and row["kind"] == "parameter" and norms \
+            and norms.count(norms[0]) != len(norms):
+        findings += _unsynchronised(row)
 
 
 def _drift(row: dict[str, Any], step: int) -> list[Finding]:
@@ -98,6 +106,8 @@ def unsynchronised(row: dict[str, Any]) -> bool:
         return False
     lo, hi = min(norms), max(norms)
     return bool(hi - lo > 1e-5 * max(hi, 1e-30))
+
+
 def nonfinite_values(row: dict[str, Any]) -> list[Finding]:
     """``nonfinite-parameter``: the ranks whose local piece of a parameter's or buffer's values
     (not its gradient) holds NaN/Inf."""
@@ -137,7 +147,7 @@ def _origin(record: dict[str, Any]) -> str:
     return "Every rank's values and loss are finite: the backward pass made them (an overflow in a layer)"
 
 
-def _spread(record: dict[str, Any], found: list[Finding]) -> Finding:
+def spread(record: dict[str, Any], found: list[Finding]) -> Finding:
     """One ``nonfinite-gradient`` for many tensors: NaN reached them through the gradient reduction."""
     ranks = sorted({r for row in record["tensors"] for r, (n, i) in enumerate(zip(row["nan"], row["inf"],
                                                                                  strict=True)) if n or i})
@@ -180,7 +190,11 @@ def _rms(record: dict[str, Any]) -> dict[int, float]:
 
 def _far_off(record: dict[str, Any], far_factor: float) -> list[Finding]:
     """A rank whose gradient RMS per element is far above or below the other ranks' median."""
-    rms = _rms(record)
+    return far_off(_rms(record), far_factor)
+
+
+def far_off(rms: dict[int, float], far_factor: float) -> list[Finding]:
+    """``gradient-far-off`` from each rank's gradient RMS per element."""
     if len(rms) < 2 or any(v <= 0 for v in rms.values()):
         return []
     if len(rms) == 2:
@@ -207,7 +221,7 @@ def _far_off(record: dict[str, Any], far_factor: float) -> list[Finding]:
     return out
 
 
-def _imbalance(record: dict[str, Any], threshold: float = 0.05) -> list[Finding]:
+def imbalance(record: dict[str, Any], threshold: float = IMBALANCE) -> list[Finding]:
     """Ranks holding unequal shares of the sharded parameters."""
     world = record["world_size"]
     sharded = [r for r in record["tensors"] if r["kind"] == "parameter" and "Shard" in r["placements"]]

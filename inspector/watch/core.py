@@ -186,11 +186,15 @@ class Watch:
             findings += not_in_optimizer(self.layout.parameters, params, self._held())
         if check:
             findings += self._tie_findings()
-        if check and self.distributed:
+        self.state.pre(params, check and self.update_ratio, findings)
+        if check and self.distributed:  # with the gradient norms just taken: the gradients are read once
             from ..distributed import check_step
 
-            findings += check_step(self.model, self.state.count, path=None, group=self.group).findings
-        self.state.pre(params, check and self.update_ratio, findings)
+            norms = torch.zeros(len(self.layout.parameters), dtype=torch.float64)
+            for idx, part in self.state.grad_parts:
+                norms[torch.from_numpy(idx)] = part.to("cpu", torch.float64)
+            findings += check_step(self.model, self.state.count, path=None, group=self.group,
+                                   grad_norms=(self.layout.parameters, norms)).findings
 
     def _tie_findings(self) -> list[Finding]:
         ids = self._tie_ids()

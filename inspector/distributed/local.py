@@ -1,0 +1,88 @@
+"""One rank's numbers at one ``check_step`` call, as columns: one row per tensor, no Python per
+tensor beyond collecting the gradients (and where something is not finite)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from . import digest
+from .plan import Plan
+from .record import PER_TENSOR
+from .tensors import holders
+
+GradNorms = tuple[Sequence[str], torch.Tensor]
+
+
+def local_numbers(plan: Plan, call: int, with_hashes: bool, grad_norms: GradNorms | None = None
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per-tensor stats (an (n, ``PER_TENSOR``) float64 tensor), hashes ((n, 2) int64, with the
+    part read) and how many ranks hold each gradient element ((n,) float64)."""
+    n = len(plan.tensors)
+    pieces = [t._local_tensor if dt else t  # type: ignore[attr-defined]
+              for (_, _, t), dt in zip(plan.tensors, plan.dtensor, strict=True)]
+    flats = plan.local_flats(pieces)
+    stats = torch.zeros(n, PER_TENSOR, dtype=torch.float64)
+    stats[:, 3] = plan.local_numel
+    stats[:, 5] = plan.columns["keys"]
+    factors = plan.columns["holders"]
+    grads: list[torch.Tensor | None] = [t.grad for t in plan.param_tensors]  # the local pieces, below
+    for k in plan.dtensor_params:
+        g = grads[k]
+        if g is None:
+            continue
+        t = plan.param_tensors[k]
+        if g.placements != t.placements:  # type: ignore[attr-defined]
+            factors = factors.clone() if factors is plan.columns["holders"] else factors
+            factors[plan.param_index[k]] = holders(g, plan.world)
+        grads[k] = g._local_tensor  # type: ignore[attr-defined]
+    has = [i for i, g in zip(plan.param_index, grads, strict=True) if g is not None]
+    stats[torch.tensor(has, dtype=torch.long), 4] = 1.0
+    _grad_squares(plan, grads, stats, grad_norms)
+    reads = plan.read(call)
+    if bool(stats[:, 1:3].any()):  # non-finite gradients: read every value, to name where it started
+        index = [i for i, f in enumerate(flats) if f is not None]
+        checked = digest.float_groups(index, [flats[i] for i in index])  # type: ignore[misc]
+    else:
+        checked = [group for r in reads for group in r.checked]
+    stats[:, 6:8] = digest.nonfinite_columns(checked, n)
+    hash_tensor = torch.zeros(n, 2, dtype=torch.int64)
+    if with_hashes:
+        for r in reads:
+            for device, idx, prepared, m in r.hashed:  # one device-to-host copy per device
+                hash_tensor[idx, 0] = digest.run(prepared, m, device).cpu()
+                hash_tensor[idx, 1] = r.part
+    return stats, hash_tensor, factors
+
+
+def _grad_squares(plan: Plan, grads: list[torch.Tensor | None], stats: torch.Tensor,
+                  grad_norms: GradNorms | None) -> None:
+    """Local squared gradient norms into ``stats[:, 0]`` (``grads``: the parameters' local gradient
+    pieces, in plan order): from ``grad_norms`` where given, else one fused pass per device and
+    dtype; NaN/Inf counts where not finite."""
+    covered: set[int] = set()
+    if grad_norms is not None:
+        names, norms = grad_norms
+        plan_index, name_index, covered = plan.position(tuple(names))
+        stats[plan_index, 0] = norms.detach().to("cpu", torch.float64)[name_index].square()
+        stats[:, 0] = torch.where(stats[:, 4] > 0, stats[:, 0], 0.0)  # a norm given for no gradient
+    groups: dict[tuple[torch.device, torch.dtype], list[int]] = {}
+    for k, (i, g) in enumerate(zip(plan.param_index, grads, strict=True)):
+        if g is not None and i not in covered and g.layout == torch.strided and g.numel():
+            groups.setdefault((g.device, g.dtype), []).append(k)
+    for ks in groups.values():
+        values = torch.stack(torch._foreach_norm([grads[k] for k in ks])).to("cpu", torch.float64)  # type: ignore[misc]
+        stats[torch.tensor([plan.param_index[k] for k in ks], dtype=torch.long), 0] = values.square()
+    bad = torch.nonzero(~torch.isfinite(stats[:, 0])).flatten().tolist()
+    if not bad:
+        return
+    position = {i: k for k, i in enumerate(plan.param_index)}
+    for i in bad:
+        g = grads[position[i]] if i in position else None
+        if g is None or g.layout != torch.strided:
+            continue
+        stats[i, 1] = int(torch.isnan(g).sum())
+        stats[i, 2] = int(torch.isinf(g).sum())
+        if stats[i, 1] == 0 and stats[i, 2] == 0:  # finite values whose norm overflowed
+            stats[i, 0] = float(torch.linalg.vector_norm(g.double())) ** 2
