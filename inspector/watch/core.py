@@ -120,6 +120,7 @@ class Watch:
     def open(self) -> None:
         held = self._held()
         self.ties = snapshot_ties(self.root)
+        self.alias_names = tuple(n for n, _ in self.root.named_parameters(remove_duplicate=False))
         self.tie_ids = self._tie_ids()
         if self.rank == 0:
             self._writer = RunWriter(self.path, self.meta)
@@ -156,7 +157,8 @@ class Watch:
         return {id(p) for g in self.optimizer.param_groups for p in g["params"]}
 
     def _tie_ids(self) -> tuple[int, ...]:
-        return tuple(id(p) for _, p in self.root.named_parameters(remove_duplicate=False))
+        """The object behind every parameter name, aliases included (read from the owners' registries)."""
+        return tuple(id(p) for p in current(self.root, self.alias_names))
 
     def _forward_start(self, module: nn.Module, args: Any) -> None:
         self.state.forward_started(self.root, self.layout.parameters)

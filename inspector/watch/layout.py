@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 
 import numpy as np
@@ -38,14 +39,36 @@ class Layout:
         return np.sqrt(out) if how == "norm" else out
 
 
+_OWNERS: weakref.WeakKeyDictionary[nn.Module, dict[tuple[str, tuple[str, ...]], list[tuple[nn.Module | None, str]]]] = \
+    weakref.WeakKeyDictionary()
+
+
 def current(model: nn.Module, names: tuple[str, ...], kind: str = "parameter") -> list[torch.Tensor | None]:
     """The tensors ``model`` holds under ``names`` now (None where a name is gone).
 
-    Looked up on every call, so a parameter replaced mid-run (``load_state_dict(assign=True)``)
-    is followed."""
-    items = underlying(model).named_parameters() if kind == "parameter" else underlying(model).named_buffers()
-    found = dict(items)
-    return [found.get(n) for n in names]
+    Read from each owning module's registry on every call (the owners are found once), so a
+    parameter replaced mid-run (``load_state_dict(assign=True)``) is followed without a walk
+    over every module.
+
+    >>> lin = nn.Linear(2, 1)
+    >>> current(lin, ("weight", "bias"))[1] is lin.bias
+    True
+    """
+    root = underlying(model)
+    known = _OWNERS.setdefault(root, {})
+    owners = known.get((kind, names))
+    if owners is None:
+        owners = known[(kind, names)] = [(_submodule(root, prefix), leaf)
+                                         for prefix, _, leaf in (n.rpartition(".") for n in names)]
+    registry = "_parameters" if kind == "parameter" else "_buffers"
+    return [None if m is None else getattr(m, registry).get(leaf) for m, leaf in owners]
+
+
+def _submodule(root: nn.Module, prefix: str) -> nn.Module | None:
+    try:
+        return root.get_submodule(prefix)
+    except AttributeError:
+        return None
 
 
 def fused_norms(tensors: list[torch.Tensor | None]) -> list[tuple[np.ndarray, torch.Tensor]]:
@@ -55,12 +78,16 @@ def fused_norms(tensors: list[torch.Tensor | None]) -> list[tuple[np.ndarray, to
     (positions in ``tensors``); None and empty tensors are left out. Nothing is synchronised.
     """
     groups: dict[tuple[torch.device, torch.dtype], tuple[list[int], list[torch.Tensor]]] = {}
+    plain = (torch.Tensor, nn.Parameter)
     for i, t in enumerate(tensors):
         if t is None:
             continue
-        if is_dtensor(t) and any(p.is_partial() for p in t.placements):
-            t = _replicated(t)  # pending sums (a collective every rank makes alike), as clip_grad_norm_ does
-        piece = (t.to_local() if is_dtensor(t) else t).detach()
+        if type(t) not in plain and is_dtensor(t):
+            if any(p.is_partial() for p in t.placements):
+                t = _replicated(t)  # pending sums (a collective every rank makes alike), as clip_grad_norm_ does
+            piece = t.to_local().detach()
+        else:
+            piece = t.detach()
         if piece.numel() and piece.layout == torch.strided:
             idx, ts = groups.setdefault((piece.device, piece.dtype), ([], []))
             idx.append(i)
