@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import threading
 import weakref
@@ -683,3 +684,26 @@ def test_another_thread_running_another_model_during_a_capture_is_unaffected():
     assert torch.equal(cap.outputs["0"], torch.tensor([[10.0, -20.0]]))
     assert torch.equal(cap.outputs["1"], torch.tensor([[11.0, -19.0]]))
     assert torch.equal(cap.outputs["2"], torch.tensor([[11.0, 0.0]]))
+
+
+def test_the_block_hands_out_a_frozen_result_built_when_it_ends():
+    net = nn.Sequential(nn.Linear(2, 2), nn.ReLU(inplace=True))
+    with torch.no_grad():
+        nn.init.constant_(net[0].weight, -1.0)
+        nn.init.zeros_(net[0].bias)
+    with capturing(net) as cap:
+        net(torch.ones(1, 2))
+        inside = cap.outputs  # what was collected so far: a snapshot, the block is still running
+        assert sorted(inside) == ["0", "1"] and cap.mutated == {}
+        with pytest.raises(InspectorError, match="when the `with capturing"):
+            _ = cap.result
+        net(torch.ones(1, 2))
+    assert sorted(inside) == ["0", "1"]  # the snapshot did not grow with the second pass
+    result = cap.result
+    assert isinstance(result, Captures) and cap.outputs is result.outputs
+    assert result.order == ["0", "1", "0#2", "1#2"] and result.mutated == {"0": "1", "0#2": "1"}
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        result.findings = []  # type: ignore[misc]
+    findings = list(result.findings)
+    net(torch.ones(1, 2))  # the hooks are gone: nothing is added to the result afterwards
+    assert result.order == ["0", "1", "0#2", "1#2"] and result.findings == findings

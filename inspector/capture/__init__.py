@@ -1,6 +1,6 @@
 """Activation capture as detached copies, with in-place mutation detection.
 
-- :mod:`.api`: :func:`capturing` and :func:`capture_activations`
+- :mod:`.api`: :func:`capturing` (yields a :class:`CaptureBlock`) and :func:`capture_activations`
 - :mod:`.results`: :class:`Captures`, :class:`Skipped`, :class:`Mutation`
 - :mod:`.recorder`: the hooks (one copy and an O(1) record per module output)
 - :mod:`.watch`: which live outputs were written in place after their copy
@@ -12,13 +12,13 @@
 
 from __future__ import annotations
 
-from .api import capture_activations, capturing
+from .api import CaptureBlock, capture_activations, capturing
 from .compare import DRIFT_COLUMNS, reference_drift
 from .leaves import first_tensor, tensor_leaves
 from .results import SKIPPED_COLUMNS, Captures, Mutation, Skipped
 from .select import select_modules
 from .stats import STATS_COLUMNS, tensor_stats
 
-__all__ = ["DRIFT_COLUMNS", "SKIPPED_COLUMNS", "STATS_COLUMNS", "Captures", "Mutation", "Skipped",
-           "capture_activations", "capturing", "first_tensor", "reference_drift", "select_modules",
+__all__ = ["DRIFT_COLUMNS", "SKIPPED_COLUMNS", "STATS_COLUMNS", "CaptureBlock", "Captures", "Mutation",
+           "Skipped", "capture_activations", "capturing", "first_tensor", "reference_drift", "select_modules",
            "tensor_leaves", "tensor_stats"]

@@ -30,16 +30,56 @@ from .results import Captures
 from .select import select_from
 
 
+class CaptureBlock:
+    """What :func:`capturing` yields: it reads as the block's :class:`Captures` once the block
+    has ended (``.result`` is that frozen result itself).
+
+    Inside the block, the fields read as a snapshot of what was collected so far; ``stats``,
+    ``to_dict()`` and ``result`` are only there after the block.
+    """
+
+    __slots__ = ("_recorder", "_result")
+
+    def __init__(self, recorder: Recorder) -> None:
+        self._recorder: Recorder | None = recorder
+        self._result: Captures | None = None
+
+    def _end(self) -> None:
+        if self._recorder is not None:
+            self._result = self._recorder.finish()
+            self._recorder = None  # the hooks' closures and the watch go with it
+
+    @property
+    def result(self) -> Captures:
+        """The :class:`Captures` of the block, built when the block ended."""
+        if self._result is None:
+            raise InspectorError("the captures are complete only when the `with capturing(...)` block "
+                                 "ends; read them after the block")
+        return self._result
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__") or name in ("_recorder", "_result"):
+            raise AttributeError(name)
+        if self._result is not None:
+            return getattr(self._result, name)
+        if name in ("stats", "to_dict") or self._recorder is None:
+            return getattr(self.result, name)  # raises: not complete yet
+        return getattr(self._recorder.snapshot(), name)
+
+    def __repr__(self) -> str:
+        return repr(self._result) if self._result is not None else "CaptureBlock(capturing)"
+
+
 @contextmanager
 def capturing(model: nn.Module, modules: Any = None, store_on: str | torch.device = "cpu",
               max_bytes: int | None = None, grads: bool = False, *, keep_inputs: bool = False,
-              keep_references: bool = False, hold_lock: bool = True) -> Iterator[Captures]:
+              keep_references: bool = False, hold_lock: bool = True) -> Iterator[CaptureBlock]:
     """Capture activations of the forward (and backward) passes run inside the block.
 
     Only passes run by the thread that entered the block are recorded. The yielded
-    :class:`Captures` is complete when the block ends. Arguments are those of
-    :func:`capture_activations`; ``hold_lock=False`` leaves the model's lock alone (the
-    caller then makes sure nothing else adds hooks meanwhile).
+    :class:`CaptureBlock` reads as the :class:`Captures` built when the block ends. Arguments
+    are those of :func:`capture_activations`; ``hold_lock=False`` leaves the model's lock alone
+    (the caller then makes sure nothing else adds hooks meanwhile).
 
     >>> net = nn.Sequential(nn.Linear(2, 2), nn.ReLU(inplace=True))
     >>> _ = nn.init.constant_(net[0].weight, -1.0)  # outputs below zero: the ReLU changes them
@@ -50,8 +90,14 @@ def capturing(model: nn.Module, modules: Any = None, store_on: str | torch.devic
     """
     model = require_module(model, "capturing")
     options = Options(resolve_device(store_on), max_bytes, grads, keep_inputs, keep_references)
-    with _recording(model, list(model.named_modules()), modules, options, hold_lock) as rec:
-        yield rec.result
+    block = None
+    try:
+        with _recording(model, list(model.named_modules()), modules, options, hold_lock) as rec:
+            block = CaptureBlock(rec)
+            yield block
+    finally:
+        if block is not None:
+            block._end()  # after the hooks are gone: the frozen result of what was collected
 
 
 @contextmanager
@@ -74,7 +120,7 @@ def _recording(model: nn.Module, named: list[tuple[str, nn.Module]], modules: An
             raise
         finally:
             rec.detach()
-            rec.finish()
+            rec.close()
     finally:
         if lock is not None:
             lock.release()
@@ -130,7 +176,7 @@ def capture_activations(model: nn.Module, inputs: Any, modules: Any = None,
             with torch.enable_grad() if grads else nullcontext():
                 output = call_model(model, inputs)
                 if grads:
-                    _backward(model, output, inputs, loss_fn, rec.result)
+                    _backward(model, output, inputs, loss_fn, rec.findings)
         except InspectorError:
             raise
         except Exception as exc:
@@ -138,18 +184,13 @@ def capture_activations(model: nn.Module, inputs: Any, modules: Any = None,
             raise InspectorError(f"the forward pass of {type(model).__name__} failed"
                                  f"{' in module ' + where if where else ''}: "
                                  f"{type(exc).__name__}: {exc}") from exc
-    if restored:
-        rec.result.findings.append(Finding("forward-state-restored", "info", "", restored_message(restored)))
-    cap = rec.result
-    object.__setattr__(cap, "model_output", output)
-    notes, shard_findings = placement_notes(placed, cap.outputs)
-    cap.placements.update(notes)  # tensor parallel: which piece of a DTensor output each capture is
-    cap.findings.extend(shard_findings)
-    return cap
+    restored_findings = [Finding("forward-state-restored", "info", "", restored_message(restored))] if restored else []
+    notes, shard_findings = placement_notes(placed, rec.outputs)  # tensor parallel: which piece each capture is
+    return rec.finish([*restored_findings, *shard_findings], model_output=output, placements=notes)
 
 
 def _backward(model: nn.Module, output: Any, inputs: Any,
-              loss_fn: Callable[[Any, Any], torch.Tensor] | None, cap: Captures) -> None:
+              loss_fn: Callable[[Any, Any], torch.Tensor] | None, findings: list[Finding]) -> None:
     if loss_fn is not None:
         loss = loss_fn(output, inputs)
     else:
@@ -159,8 +200,8 @@ def _backward(model: nn.Module, output: Any, inputs: Any,
         loss = torch.stack(parts).sum()
     wrt = [p for p in model.parameters() if p.requires_grad]
     if not loss.requires_grad or not wrt:
-        cap.findings.append(Finding("capture-no-grads", "warning", "",
-                                    "no gradients were captured: no parameter requires grad, so "
-                                    "the loss does not depend on anything trainable"))
+        findings.append(Finding("capture-no-grads", "warning", "",
+                                "no gradients were captured: no parameter requires grad, so "
+                                "the loss does not depend on anything trainable"))
         return
     torch.autograd.grad(loss, wrt, allow_unused=True)

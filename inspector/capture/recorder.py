@@ -50,7 +50,7 @@ from torch.nn.modules.module import register_module_forward_hook
 from ..findings import Finding, InspectorError
 from ..units import format_bytes
 from .leaves import KEEP_AS_IS, flat, leaf_paths, tensor_leaves, unflat
-from .results import Captures, Skipped
+from .results import Captures, Mutation, Skipped
 from .storage import MEMCPY_BYTES, Storage
 from .watch import Watcher, live_record, storage_key
 
@@ -88,7 +88,17 @@ class Recorder:
         self.options = options
         self.storage = Storage(options.store_on)
         self.watcher = Watcher()
-        self.result = Captures(store_on=str(options.store_on))
+        # what the capture collects; :meth:`finish` builds the frozen :class:`Captures` from it
+        self.outputs: dict[str, Any] = {}
+        self.inputs: dict[str, Any] = {}
+        self.grads: dict[str, Any] = {}
+        self.order: list[str] = []
+        self.skipped: list[Skipped] = []
+        self.references: dict[str, Any] = {}
+        self.mutated: dict[str, str | None] = {}
+        self.mutations: list[Mutation] = []
+        self.findings: list[Finding] = []
+        self.closed = False
         self.ident = threading.get_ident()
         self.used = 0
         self.full = False
@@ -163,7 +173,7 @@ class Recorder:
             with torch._C._InferenceMode(False) if torch.is_inference_mode_enabled() else nullcontext():
                 stored = self._store(key, "input", value, watch=False)
             if stored is not _SKIP:
-                self.result.inputs[key] = stored
+                self.inputs[key] = stored
         return pre_hook
 
     def _hook(self, table: dict[int, tuple[str, bool]]) -> Callable:
@@ -173,7 +183,8 @@ class Recorder:
         take = self._short if self.options.fast else self._take
 
         def hook(module: nn.Module, args: Any, *kwargs_output: Any) -> None:
-            # kwargs may be missing: see pre_hook. Other threads and other models pass through\n            # (the global hook); a hook of a module's own finds it in its table always.
+            # kwargs may be missing: see pre_hook. Other threads and other models pass through
+            # (the global hook); a hook of a module's own finds it in its table always.
             if get_ident() != ident or (entry := table.get(id(module))) is None:
                 return
             name, capture = entry
@@ -226,16 +237,16 @@ class Recorder:
             if copy is not None and t.numel():
                 self.watcher.add(live_record(key, "" if single else f"[{i}]", t, copy),
                                  t.untyped_storage().data_ptr(), t)
-        self.result.outputs[key] = copies[0] if single else type(output)(copies)
-        self.result.order.append(key)
+        self.outputs[key] = copies[0] if single else type(output)(copies)
+        self.order.append(key)
 
     def _capture(self, key: str, output: Any) -> None:
         stored = self._store(key, "output", output, watch=True)
         if stored is not _SKIP:
-            self.result.outputs[key] = stored
-            self.result.order.append(key)
+            self.outputs[key] = stored
+            self.order.append(key)
             if self.options.keep_references:
-                self.result.references[key] = output
+                self.references[key] = output
             if self.options.grads:
                 self._grad_hooks(key, output)
 
@@ -244,8 +255,8 @@ class Recorder:
         limit = self.options.max_bytes
         if self.full or (limit is not None and self.used + nbytes > limit):
             self.full = True
-            self.result.skipped.append(Skipped(key, kind, path, nbytes,
-                                               f"{_BUDGET} ({format_bytes(self.used)} of {format_bytes(limit)} used)"))
+            self.skipped.append(Skipped(key, kind, path, nbytes,
+                                        f"{_BUDGET} ({format_bytes(self.used)} of {format_bytes(limit)} used)"))
             return False
         self.used += nbytes
         return True
@@ -256,9 +267,9 @@ class Recorder:
         tensors = [t for t in leaves if isinstance(t, torch.Tensor)]
         if not tensors:
             if kind == "output":
-                self.result.skipped.append(Skipped(key, kind, "", 0, f"the {kind} is a "
-                                                   f"{type(value).__name__}, not a tensor or a "
-                                                   "structure holding tensors"))
+                self.skipped.append(Skipped(key, kind, "", 0, f"the {kind} is a "
+                                            f"{type(value).__name__}, not a tensor or a "
+                                            "structure holding tensors"))
             return _SKIP
         if not self._fits(key, kind, "", sum(t.numel() * t.element_size() for t in tensors)):
             return _SKIP
@@ -271,14 +282,14 @@ class Recorder:
         if isinstance(leaf, torch.Tensor):
             copy = self.storage.copy(leaf)
             if copy is None:
-                self.result.skipped.append(Skipped(key, kind, path, 0, "a meta tensor has no values"))
+                self.skipped.append(Skipped(key, kind, path, 0, "a meta tensor has no values"))
             elif watch:
                 self.watcher.track(key, path, leaf, copy)
             return copy
         if isinstance(leaf, KEEP_AS_IS):
             return leaf
-        self.result.skipped.append(Skipped(key, kind, path, 0, f"a {type(leaf).__name__} is not "
-                                           "a tensor; it was left out (None in its place)"))
+        self.skipped.append(Skipped(key, kind, path, 0, f"a {type(leaf).__name__} is not "
+                                    "a tensor; it was left out (None in its place)"))
         return None
 
     def _grad_hooks(self, key: str, output: Any) -> None:
@@ -295,9 +306,9 @@ class Recorder:
                     return
                 copy = self.storage.copy(grad)
                 if single:
-                    self.result.grads[key] = copy
+                    self.grads[key] = copy
                 else:
-                    self.result.grads.setdefault(key, {})[path] = copy
+                    self.grads.setdefault(key, {})[path] = copy
         return hook
 
     # end ------------------------------------------------------------------------------
@@ -311,17 +322,37 @@ class Recorder:
             if m.training != training:
                 m.train(training)
 
-    def finish(self) -> Captures:
-        """Remove the gradient hooks, wait for the copies, settle mutations, add findings."""
+    def close(self) -> None:
+        """Remove the gradient hooks, wait for the copies, settle mutations, add the findings
+        of the capture itself. Called once, also when the pass raised."""
+        if self.closed:
+            return
+        self.closed = True
         for h in self.grad_handles:
             h.remove()
         self.grad_handles.clear()
         self.storage.finish()
-        r = self.result
-        self.watcher.settle(r)
-        r.findings.extend(_budget_findings(r.skipped, self.options.max_bytes))
-        r._state["done"] = True
-        return r
+        self.watcher.settle(self.mutated, self.mutations, self.findings)
+        self.findings.extend(_budget_findings(self.skipped, self.options.max_bytes))
+
+    def finish(self, findings: list[Finding] | None = None, model_output: Any = None,
+               placements: dict[str, str] | None = None) -> Captures:
+        """The frozen :class:`Captures` of what was collected (after :meth:`close`), with the
+        caller's own ``findings`` last, the ``model_output`` and the tensor-parallel ``placements``."""
+        self.close()
+        return self._build(findings, model_output, placements)
+
+    def snapshot(self) -> Captures:
+        """What was collected so far, as a :class:`Captures` of copies (read inside a block)."""
+        return self._build(None, None, None)
+
+    def _build(self, findings: list[Finding] | None, model_output: Any,
+               placements: dict[str, str] | None) -> Captures:
+        return Captures(outputs=dict(self.outputs), inputs=dict(self.inputs), grads=dict(self.grads),
+                        mutated=dict(self.mutated), mutations=list(self.mutations), skipped=list(self.skipped),
+                        references=dict(self.references), order=list(self.order),
+                        findings=[*self.findings, *(findings or ())], store_on=str(self.options.store_on),
+                        model_output=model_output, placements=dict(placements or {}))
 
 
 def _check_budget(max_bytes: Any) -> None:

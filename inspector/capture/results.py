@@ -9,7 +9,7 @@ from typing import Any
 
 import pandas as pd
 
-from ..findings import Finding, InspectorError
+from ..findings import Finding
 from .leaves import tensor_leaves
 from .stats import stats_frame
 
@@ -69,6 +69,8 @@ class Captures:
         model_output: what the forward pass returned (functional form only).
         placements: module name -> what its captured output is when the module computed a
             DTensor (tensor parallel): ``"piece of rank 1 ..."`` or ``"whole output ..."``.
+
+    Built once, complete, when the capture ends (the recorder collects, then builds it).
     """
 
     outputs: dict[str, Any] = field(default_factory=dict)
@@ -83,18 +85,13 @@ class Captures:
     store_on: str = "cpu"
     model_output: Any = field(default=None, repr=False, compare=False)
     placements: dict[str, str] = field(default_factory=dict)
-    _state: dict[str, Any] = field(default_factory=lambda: {"done": False}, repr=False, compare=False)
-
-    def _require_done(self) -> None:
-        if not self._state["done"]:
-            raise InspectorError("the captures are complete only when the `with capturing(...)` block "
-                                 "ends; read them after the block")
+    # where the captures came from, given when they are built (a watched run's step and rank)
+    _state: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @cached_property
     def stats(self) -> pd.DataFrame:
         """One row per captured tensor leaf: module, kind, path, shape, dtype, device, bytes,
         mean, std, min, max, nan, inf, zero_fraction, mutated."""
-        self._require_done()
         return stats_frame({"output": self.outputs, "input": self.inputs, "grad": self.grads},
                            self.mutated)
 
@@ -111,7 +108,6 @@ class Captures:
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-safe summary: stats rows, mutated modules, skipped items, findings (no tensors)."""
-        self._require_done()
         return {
             "store_on": self.store_on,
             "modules": list(self.order),

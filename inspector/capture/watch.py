@@ -30,7 +30,7 @@ import torch
 from ..findings import Finding
 from .compare import max_abs_change
 from .leaves import top_tensors
-from .results import Captures, Mutation
+from .results import Mutation
 
 
 class Live:
@@ -177,8 +177,9 @@ class Watcher:
                 rec.at = self.tick
         return None if rec.change is not None else live
 
-    def settle(self, result: Captures) -> None:
-        """After the pass: compare what was written, and report mutations into ``result``."""
+    def settle(self, mutated: dict[str, str | None], mutations: list[Mutation], findings: list[Finding]) -> None:
+        """After the pass: compare what was written, and add what changed to the recorder's
+        ``mutated``, ``mutations`` and ``findings`` (collected before the result is built)."""
         for rec in self.live:
             lead = _leader(rec)
             if lead is not rec:
@@ -190,12 +191,12 @@ class Watcher:
                     rec.late = rec.change is not None
             if rec.change is None and rec.written_by:
                 by = rec.written_by[0]
-                result.findings.append(Finding("capture-written-same-values", "info", rec.key,
-                                               f"{rec.key}{rec.path} was written in place"
-                                               f"{' by ' + by if by else ''} after its capture, "
-                                               "but its values did not change"))
+                findings.append(Finding("capture-written-same-values", "info", rec.key,
+                                        f"{rec.key}{rec.path} was written in place"
+                                        f"{' by ' + by if by else ''} after its capture, "
+                                        "but its values did not change"))
             if rec.change is not None:
-                _report(rec, result)
+                _report(rec, mutated, mutations, findings)
         self.live.clear()
         self.by_storage.clear()
         self.latest.clear()
@@ -259,15 +260,15 @@ def _settle_versioned(rec: Live, t: torch.Tensor) -> None:
             rec.written_by = writers
 
 
-def _report(rec: Live, result: Captures) -> None:
+def _report(rec: Live, mutated: dict[str, str | None], mutations: list[Mutation],
+            findings: list[Finding]) -> None:
     change = rec.change
-    result.mutations.append(Mutation(rec.key, rec.path, rec.by,
-                                     "value" if rec.version is None else "version", change))
-    if rec.key in result.mutated:
+    mutations.append(Mutation(rec.key, rec.path, rec.by, "value" if rec.version is None else "version", change))
+    if rec.key in mutated:
         return
-    result.mutated[rec.key] = rec.by
+    mutated[rec.key] = rec.by
     by = f"by {rec.by}" if rec.by else "after the forward pass or outside any module"
-    result.findings.append(Finding(
+    findings.append(Finding(
         "capture-mutated", "warning", rec.key,
         f"the live output of {rec.key} was overwritten in place {by} after the hook saw it "
         f"(largest change {change:.4g}); a hook that kept a bare reference would hold the "

@@ -53,8 +53,7 @@ def capture_producer(kept: dict[int, tuple[Any, Any, int]], producer: Producer, 
     inputs = {name: _copy(args, budget, name, "input", skipped)}
     outputs = {name: _copy(output, budget, name, "output", skipped)}
     return Captures(outputs=outputs, inputs=inputs, order=[name], skipped=skipped,
-                    findings=[_note(name, step, rank)], store_on="cpu", _state={"done": True, "step": step,
-                                                                                   "rank": rank})
+                    findings=[_note(name, step, rank)], store_on="cpu", _state={"step": step, "rank": rank})
 
 
 def producer_of(caps: Captures) -> tuple[str, int, int]:
@@ -118,7 +117,7 @@ def load_captures(path: str | os.PathLike) -> Captures:
     skipped = [Skipped(**s) for s in json.loads(meta.get("skipped", "[]"))]
     return Captures(outputs={name: pick("output")}, inputs={name: pick("input")}, order=[name], skipped=skipped,
                     findings=[_note(name, step, rank)], store_on="cpu",
-                    _state={"done": True, "step": step, "rank": rank})
+                    _state={"step": step, "rank": rank})
 
 
 def read_captures(run_path: str | os.PathLike) -> Captures | None:
