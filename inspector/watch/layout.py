@@ -85,16 +85,17 @@ def fused_norms(tensors: list[torch.Tensor | None]) -> list[tuple[np.ndarray, to
         if type(t) not in plain and is_dtensor(t):
             if any(p.is_partial() for p in t.placements):
                 t = _replicated(t)  # pending sums (a collective every rank makes alike), as clip_grad_norm_ does
-            piece = t.to_local().detach()
+            piece = t.to_local()
         else:
-            piece = t.detach()
+            piece = t
         if piece.numel() and piece.layout == torch.strided:
             idx, ts = groups.setdefault((piece.device, piece.dtype), ([], []))
             idx.append(i)
             ts.append(piece)
     out = []
     for idx, ts in groups.values():
-        norms = torch._foreach_norm(ts)
+        with torch.no_grad():  # no graph: the norms of the values, without a detach per tensor
+            norms = torch._foreach_norm(ts)
         out.append((np.asarray(idx, dtype=np.int64), torch.stack(norms).float()))
     return out
 
