@@ -77,6 +77,15 @@ def test_a_big_run_is_binned_to_a_bounded_grid_that_keeps_its_spike():
     assert len(fig.to_json()) < 1_000_000
 
 
+def test_heatmap_colour_bar_has_readable_ticks_on_a_narrow_range():
+    # norms 0.37 to 1.9: less than one decade; whole decades alone would leave the single tick 1
+    frame = pd.DataFrame({"step": [0, 0, 1, 1], "module": ["a", "b"] * 2, "grad_norm": [0.37, 1.0, 1.9, 0.8]})
+    heat = norm_heatmap(norm_grid(frame)).data[0]
+    assert list(heat.colorbar.ticktext) == ["0.5", "1", "2"]
+    np.testing.assert_allclose(heat.colorbar.tickvals, np.log10([0.5, 1, 2]))
+    assert all(heat.zmin <= v <= heat.zmax for v in heat.colorbar.tickvals)
+
+
 def test_heatmap_colours_by_decade_and_marks_nonfinite_cells():
     frame = pd.DataFrame({"step": [0, 0, 1, 1, 2, 2], "module": ["a", "b"] * 3,
                           "grad_norm": [0.01, 100.0, 0.0, 1.0, math.inf, 10.0]})

@@ -22,6 +22,9 @@ from ui.tables import paged_table
 NORM_FORMAT = "%.4g"
 BYTES_COLUMNS = ("param_bytes", "grad_bytes", "buffer_bytes", "device_allocated", "device_peak", "rss", "peak_rss")
 NORM_COLUMNS = ("grad_norm", "param_norm", "update_ratio", "local_grad_norm", "loss")
+GRAD_COLUMNS = ("grad_norm", "local_grad_norm")
+LABELS = {"grad_norm": "gradient norm", "param_norm": "parameter norm", "update_ratio": "update ratio ‖Δw‖/‖w‖",
+          "local_grad_norm": "local gradient norm", "nonfinite": "NaN/Inf gradient values"}
 
 
 @dataclass(frozen=True)
@@ -103,17 +106,33 @@ def nearest_step(steps: np.ndarray, wanted: int) -> int:
 
 def readable(frame: pd.DataFrame) -> tuple[pd.DataFrame, dict[str, Any]]:
     """``frame`` for people: byte columns in binary units, norms to four significant digits
-    (the column settings to pass to the table), empty cells for values not taken."""
+    (the column settings to pass to the table), empty cells for values not taken, a gradient norm
+    that is NaN because its gradient held NaN/Inf written as such, and columns named in words."""
     out = frame.copy()
     config: dict[str, Any] = {}
+    bad = _nonfinite_rows(out)
     for col in out.columns:
+        label = LABELS.get(col)
         if col in BYTES_COLUMNS:
             out[col] = [format_bytes(v) if v is not None and v == v else "" for v in out[col]]
+        elif col in GRAD_COLUMNS and pd.api.types.is_numeric_dtype(out[col]) and (bad & out[col].isna()).any():
+            out[col] = ["NaN/Inf" if b and v != v else _norms_text(v) for v, b in zip(out[col], bad, strict=True)]
         elif col in NORM_COLUMNS and pd.api.types.is_numeric_dtype(out[col]):
-            config[col] = st.column_config.NumberColumn(format=NORM_FORMAT)
+            config[col] = st.column_config.NumberColumn(label, format=NORM_FORMAT)
         elif col in NORM_COLUMNS:
             out[col] = [_norms_text(v) for v in out[col]]
+        elif col == "nonfinite" and pd.api.types.is_numeric_dtype(out[col]):
+            config[col] = st.column_config.NumberColumn(label, format="%d")
+        if label and col not in config:
+            config[col] = st.column_config.Column(label)
     return out, config
+
+
+def _nonfinite_rows(frame: pd.DataFrame) -> pd.Series:
+    """True on the rows whose ``nonfinite`` count (NaN/Inf gradient values) is above 0."""
+    if "nonfinite" not in frame.columns or not pd.api.types.is_numeric_dtype(frame["nonfinite"]):
+        return pd.Series(False, index=frame.index)
+    return frame["nonfinite"].fillna(0) > 0
 
 
 def _norms_text(value: Any) -> str:

@@ -173,10 +173,26 @@ def step_axis(first: float, last: float) -> dict:
 
 
 def _log_ticks(lo: float, hi: float) -> tuple[list[float], list[str]]:
+    """Colour-bar ticks for log10 values from ``lo`` to ``hi``: whole decades, or 1, 2 and 5 of
+    each decade when fewer than three decades would show (so a narrow range still reads).
+
+    >>> _log_ticks(-0.43, 0.57)[1]
+    ['0.5', '1', '2']
+    """
+    first, last = math.floor(lo + 1e-9), math.ceil(hi - 1e-9)
+    if hi - lo < 3:
+        pairs = [(d + math.log10(m), m, d) for d in range(first, last + 1) for m in (1, 2, 5)]
+        inside = [(v, m, d) for v, m, d in pairs if lo - 1e-9 <= v <= hi + 1e-9]
+        if len(inside) >= 2:
+            return [v for v, _, _ in inside], [_tick_text(m, d) for _, m, d in inside]
     decades = list(range(math.floor(lo), math.ceil(hi) + 1)) or [0]
     step = max(1, math.ceil(len(decades) / 8))
     vals = [float(d) for d in decades[::step]]
-    return vals, [f"1e{int(d)}" if not 0 <= d <= 3 else f"{10 ** int(d):g}" for d in vals]
+    return vals, [_tick_text(1, int(d)) for d in vals]
+
+
+def _tick_text(mantissa: int, decade: int) -> str:
+    return f"{mantissa * 10.0 ** decade:g}" if -3 <= decade <= 3 else f"{mantissa}e{decade}"
 
 
 def run_norm_grid(run: Any, column: str = "grad_norm", rank: int = 0, *, max_rows: int = MAX_ROWS,
@@ -210,7 +226,7 @@ def norm_heatmap(grid: NormGrid, title: str = "Gradient norm per module and step
     floor = math.floor(lo + 1e-6) - 1 if zeros else lo  # float32 norms: 0.01 is a hair below 1e-2
     with np.errstate(divide="ignore", invalid="ignore"):
         z = np.where(v > 0, np.log10(np.where(v > 0, v, 1.0)), np.where(v == 0, floor, np.nan))
-    tickvals, ticktext = _log_ticks(floor, hi)
+    tickvals, ticktext = _log_ticks(floor, max(hi, floor + 1))
     if positive.size and zeros:
         tickvals, ticktext = [float(floor)] + tickvals[1:], ["0"] + ticktext[1:]
     x = grid.steps.astype(np.int64)
