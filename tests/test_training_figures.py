@@ -127,12 +127,16 @@ def test_loss_and_norm_lines_mark_the_steps_that_were_not_finite():
                           "grad_norm": [3.0, math.nan, 2.0, 1.0], "nonfinite": [0, 4, 0, 0]})
     fig = loss_norm_figure(steps)
     names = [t.name for t in fig.data]
-    assert names == ["loss", "loss: NaN or Inf", "global gradient norm", "global gradient norm: NaN or Inf"]
+    mark = "NaN or Inf (drawn at the bottom of its panel)"
+    assert names == ["loss", mark, "global gradient norm", mark]
+    # the legend explains the red x once, and only the red x (each line is named by its panel's title)
+    assert [t.showlegend for t in fig.data] == [False, True, False, False] and fig.layout.showlegend
     assert list(fig.data[0].x) == [0, 1, 3] and list(fig.data[1].x) == [2]
     assert list(fig.data[2].x) == [0, 2, 3] and list(fig.data[3].x) == [1]  # a NaN flagged by the step's count
     assert fig.layout.yaxis2.type == "log"
     no_loss = loss_norm_figure(steps.drop(columns=["loss"]))
     assert [t.name for t in no_loss.data][0] == "global gradient norm"
+    assert not loss_norm_figure(steps.assign(loss=1.0, grad_norm=1.0)).layout.showlegend  # nothing to explain
 
 
 def test_findings_timeline_puts_each_finding_at_its_step():

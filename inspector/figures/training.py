@@ -278,6 +278,9 @@ def envelope(x: np.ndarray, y: np.ndarray, max_points: int = MAX_LINE_POINTS) ->
     return x[idx], y[idx]
 
 
+NAN_MARK = "NaN or Inf (drawn at the bottom of its panel)"
+
+
 @escaped_figure
 def loss_norm_figure(steps: pd.DataFrame) -> go.Figure:
     """The loss (when recorded) above the global gradient norm, over steps, sharing the step axis.
@@ -296,14 +299,15 @@ def loss_norm_figure(steps: pd.DataFrame) -> go.Figure:
         y_all = (pd.to_numeric(steps[col], errors="coerce").to_numpy(dtype=np.float64, na_value=np.nan)
                  if col in steps.columns else np.full(len(steps), np.nan))
         x, y = envelope(x_all, y_all)
-        fig.add_trace(go.Scatter(x=x, y=y, mode="lines", name=label, line={"color": "#333333"},
+        fig.add_trace(go.Scatter(x=x, y=y, mode="lines", name=label, line={"color": "#333333"}, showlegend=False,
                                  hovertemplate=f"{label}<br>step %{{x}}<br>%{{y:.4g}}<extra></extra>"),
                       row=row, col=1)
         bad = _not_finite_steps(steps, col)
         if bad.size:
             floor = float(y.min()) if y.size else 0.0
-            fig.add_trace(go.Scatter(x=bad, y=np.full(bad.size, floor), mode="markers", name=f"{label}: NaN or Inf",
-                                     marker={"symbol": "x", "color": "#D62728", "size": 8},
+            fig.add_trace(go.Scatter(x=bad, y=np.full(bad.size, floor), mode="markers", name=NAN_MARK,
+                                     marker={"symbol": "x", "color": "#D62728", "size": 8}, legendgroup="bad",
+                                     showlegend=not any(t.name == NAN_MARK for t in fig.data),
                                      hovertemplate=f"{label} not finite<br>step %{{x}}<extra></extra>"),
                           row=row, col=1)
         if col == "grad_norm" and y.size and (y > 0).all():  # label decades only: 1, 10, 100, not 2 5 2 5
@@ -311,8 +315,9 @@ def loss_norm_figure(steps: pd.DataFrame) -> go.Figure:
     if len(x_all):
         fig.update_xaxes(**step_axis(float(np.min(x_all)), float(np.max(x_all))))
     fig.update_xaxes(title_text="step", row=len(panels), col=1)
-    fig.update_layout(height=200 + 160 * len(panels), showlegend=False,
-                      margin={"l": 60, "r": 20, "t": 40, "b": 40})
+    fig.update_layout(height=200 + 160 * len(panels), showlegend=any(t.name == NAN_MARK for t in fig.data),
+                      margin={"l": 60, "r": 20, "t": 40, "b": 40},
+                      legend={"orientation": "h", "yanchor": "bottom", "y": 1.04, "xanchor": "right", "x": 1})
     return fig
 
 
