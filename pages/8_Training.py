@@ -15,6 +15,7 @@ from ui.training import (
     available_columns,
     distributed_part,
     findings_frame,
+    findings_layout,
     main_steps,
     nearest_step,
     norm_grid_of,
@@ -70,7 +71,7 @@ def _findings(opened: Opened) -> None:
     if choice is not None and st.session_state.get("train_jump_applied") != choice:
         st.session_state["train_jump_applied"] = choice
         _go_to(int(found["step"].iloc[choice]))
-    paged_table(found, "train_findings", page_size=20)
+    paged_table(found, "train_findings", page_size=20, **findings_layout(found))
 
 
 def _show(opened: Opened) -> None:

@@ -176,3 +176,14 @@ def test_the_modules_table_names_its_columns_and_writes_a_non_finite_gradient_no
     # a table without NaN/Inf keeps its gradient norms numeric, to four significant digits
     table, config = readable(frame.assign(grad_norm=[1.0, 2.0, 3.0], nonfinite=0.0))
     assert table["grad_norm"].tolist() == [1.0, 2.0, 3.0] and config["grad_norm"]["type_config"]["format"] == "%.4g"
+
+
+def test_a_long_finding_message_is_shown_whole():
+    import pandas as pd
+
+    from ui.training import findings_layout
+
+    found = pd.DataFrame({"step": [10], "message": ["gate produced NaN/Inf from finite inputs " * 6]})
+    layout = findings_layout(found)
+    assert layout["row_height"] > 66 and layout["column_config"]["message"]["width"] > 400
+    assert findings_layout(found.assign(message="short"))["row_height"] is None

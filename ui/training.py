@@ -17,7 +17,7 @@ from inspector.escaping import markdown_text
 from inspector.figures import NormGrid, grad_norm_figure, memory_figure, run_norm_grid
 from inspector.watch import MODULE_COLUMNS, Run, parse_run_bytes, read_run
 from inspector.watch import main_steps as run_main_steps
-from ui.tables import paged_table
+from ui.tables import MESSAGE_PX, message_row_height, paged_table
 
 NORM_FORMAT = "%.4g"
 BYTES_COLUMNS = ("param_bytes", "grad_bytes", "buffer_bytes", "device_allocated", "device_peak", "rss", "peak_rss")
@@ -87,6 +87,13 @@ def findings_frame(run: Run) -> pd.DataFrame:
     rows = [(f.step, f.rank, f.severity, f.code, f.where, f.message) for f in run.findings]
     frame = pd.DataFrame(rows, columns=["step", "rank", "severity", "code", "where", "message"])
     return frame.sort_values("step", kind="stable").reset_index(drop=True)
+
+
+def findings_layout(found: pd.DataFrame) -> dict[str, Any]:
+    """Table settings that show each finding's message whole (wrapped in a wide column)."""
+    longest = int(found["message"].str.len().max()) if len(found) else 0
+    return {"row_height": message_row_height(longest),
+            "column_config": {"message": st.column_config.TextColumn(width=MESSAGE_PX)}}
 
 
 def main_steps(opened: Opened) -> pd.DataFrame:
