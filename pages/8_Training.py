@@ -103,6 +103,8 @@ def _show(opened: Opened) -> None:
     heat = norm_heatmap(grid, title=f"{column.replace('_', ' ')} per module and step")
     heat.add_vline(x=step, line={"color": "#D62728", "width": 1, "dash": "dot"})
     st.plotly_chart(heat, width="stretch")
+    st.caption("One row per module that holds parameters; a module without any (an activation, a gate with "
+               "only buffers) has no norm of its own, though a finding may name it.")
     st.plotly_chart(loss_norm_figure(main_steps(opened)), width="stretch")
 
     st.subheader(f"Modules at step {step:,}")

@@ -453,7 +453,7 @@ def test_figures_say_where_the_nan_and_inf_values_are():
     assert sum(hist.data[0].y) == 14
     heat = capture_heatmap(t, title="gate: output")
     marks = heat.data[1]
-    assert marks.name == "NaN or Inf" and sorted(zip(marks.y, marks.x, strict=True)) == [(1, 2), (3, 0)]
+    assert heat.layout.showlegend and marks.name == "NaN or Inf" and sorted(zip(marks.y, marks.x, strict=True)) == [(1, 2), (3, 0)]
     assert heat.data[0].z[3][0] != heat.data[0].z[3][0]  # the Inf cell is left uncoloured, under its mark
     # finite values: no note, no marks
     assert capture_histogram(torch.ones(3), title="x").layout.title.text == "x"

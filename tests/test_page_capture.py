@@ -80,3 +80,19 @@ def test_mid_size_model_waits_for_the_button(mid_size_model):
     assert at.metric[0].value == "3"
     at.run()  # the capture stays on later reruns, and the button now offers to capture again
     assert at.metric[0].value == "3" and at.button(key="cap_again").label == "Capture again"
+
+
+def test_capture_stats_put_nan_and_inf_first_and_read_as_numbers():
+    import pandas as pd
+
+    from ui.run_captures import stats_layout
+
+    stats = pd.DataFrame({"module": ["gate"], "kind": ["output"], "path": [""], "shape": ["(16, 16)"],
+                          "dtype": ["float32"], "device": ["cpu"], "bytes": [1024], "mean": [0.2], "std": [0.8],
+                          "min": [-6.1e-10], "max": [5.6], "nan": [2], "inf": [0], "zero_fraction": [0.11],
+                          "mutated": [False]})
+    layout = stats_layout(stats)
+    assert layout["column_order"][:6] == ["module", "kind", "shape", "dtype", "nan", "inf"]
+    assert sorted(layout["column_order"]) == sorted(stats.columns)
+    assert layout["column_config"]["min"]["type_config"]["format"] == "%.4g"
+    assert layout["column_config"]["nan"]["label"] == "NaN"

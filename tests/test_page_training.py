@@ -186,4 +186,5 @@ def test_a_long_finding_message_is_shown_whole():
     found = pd.DataFrame({"step": [10], "message": ["gate produced NaN/Inf from finite inputs " * 6]})
     layout = findings_layout(found)
     assert layout["row_height"] > 66 and layout["column_config"]["message"]["width"] > 400
+    assert layout["column_config"]["code"]["width"] == "medium"  # nonfinite-forward on one line
     assert findings_layout(found.assign(message="short"))["row_height"] is None

@@ -93,7 +93,8 @@ def findings_layout(found: pd.DataFrame) -> dict[str, Any]:
     """Table settings that show each finding's message whole (wrapped in a wide column)."""
     longest = int(found["message"].str.len().max()) if len(found) else 0
     return {"row_height": message_row_height(longest),
-            "column_config": {"message": st.column_config.TextColumn(width=MESSAGE_PX)}}
+            "column_config": {"message": st.column_config.TextColumn(width=MESSAGE_PX),
+                              "code": st.column_config.TextColumn(width="medium")}}
 
 
 def main_steps(opened: Opened) -> pd.DataFrame:

@@ -138,8 +138,8 @@ def capture_heatmap(value: Any, title: str = "") -> go.Figure:
     pooled = "" if tuple(m.shape) == _raw_shape(t) else f", pooled to {tuple(m.shape)}"
     fig.update_layout(title=title or f"{tuple(t.shape)}{pooled}", xaxis_title=cols, yaxis_title=rows,
                       yaxis_autorange="reversed")
-    if rows_.numel():
-        legend_on_top(fig)
+    if rows_.numel():  # one legend entry: plotly hides a lone one unless told
+        legend_on_top(fig).update_layout(showlegend=True)
     whole_ticks(fig, m.shape[1] - 1, "x")
     return whole_ticks(fig, m.shape[0] - 1, "y")
 
