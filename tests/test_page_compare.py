@@ -45,3 +45,19 @@ def test_two_runs(tmp_path):
     assert [m.label for m in at.metric][2] == "Modules that part first"
     assert [s.value for s in at.subheader] == ["Per module", "Per step"]
     assert len(at.get("plotly_chart")) == 1
+
+
+def test_the_run_tables_are_labelled_short_enough_to_fit():
+    import pandas as pd
+
+    from ui.compare_view import run_module_config, run_step_config
+
+    steps = pd.DataFrame(columns=["step", "loss_a", "loss_b", "loss_diff", "grad_norm_a", "grad_norm_b",
+                                  "grad_norm_diff"])
+    labels = {c: v["label"] for c, v in run_step_config(steps).items()}
+    assert labels == {"loss_a": "loss A", "loss_b": "loss B", "loss_diff": "loss rel. diff",
+                      "grad_norm_a": "grad norm A", "grad_norm_b": "grad norm B",
+                      "grad_norm_diff": "grad norm rel. diff"}
+    assert "max(|A|, |B|)" in run_step_config(steps)["grad_norm_diff"]["help"]
+    # a wide table leaves its last columns blank in the grid: every label stays under 25 characters
+    assert max(len(v["label"]) for v in run_module_config().values()) < 25

@@ -24,22 +24,28 @@ def tensor_rows(tensors: pd.DataFrame) -> pd.DataFrame:
 
 
 def run_module_config() -> dict[str, Any]:
-    """Column names in words for the per-module table of two runs."""
-    return {"first_divergence": st.column_config.NumberColumn("first step beyond the tolerance", format="%d"),
-            "max_diff": st.column_config.NumberColumn("largest relative difference", format=RELATIVE),
-            "diff_at_divergence": st.column_config.NumberColumn("relative difference at the first divergence",
-                                                                format=RELATIVE)}
+    """Column names in words for the per-module table of two runs (short: the table must fit the page,
+    or the grid leaves its last columns blank; the help says the rest)."""
+    rel = "relative difference of the module's gradient norm, |B−A| / max(|A|, |B|)"
+    return {"first_divergence": st.column_config.NumberColumn("first step beyond", format="%d",
+                                                              help="the first step its difference passes the tolerance"),
+            "max_diff": st.column_config.NumberColumn("largest rel. diff", format=RELATIVE, help=f"the largest {rel}"),
+            "diff_at_divergence": st.column_config.NumberColumn("rel. diff at divergence", format=RELATIVE,
+                                                                help=f"the {rel} at the first divergence")}
 
 
 def run_step_config(steps: pd.DataFrame) -> dict[str, Any]:
     """Column names in words for the per-step table of two runs: ``loss_a`` is "loss A",
-    ``loss_diff`` "loss: relative difference"."""
+    ``loss_diff`` "loss rel. diff" (|B−A| / max(|A|, |B|))."""
     config: dict[str, Any] = {}
     for col in steps.columns:
         what, _, side = col.rpartition("_")
         if not what:
             continue
-        words = what.replace("grad_norm", "gradient norm").replace("_", " ")
-        label = f"{words}: relative difference" if side == "diff" else f"{words} {side.upper()}"
-        config[col] = st.column_config.NumberColumn(label, format=RELATIVE)
+        words = what.replace("_", " ")
+        if side == "diff":
+            config[col] = st.column_config.NumberColumn(f"{words} rel. diff", format=RELATIVE,
+                                                        help=f"|B−A| / max(|A|, |B|) of the {words}")
+        else:
+            config[col] = st.column_config.NumberColumn(f"{words} {side.upper()}", format=RELATIVE)
     return config
