@@ -171,3 +171,10 @@ def test_rank_lines_stay_visible_over_the_global_norm_and_keep_their_colours():
     assert memory.layout.yaxis.type == "log" and memory.layout.yaxis.range[0] < math.log10(3072)
     assert list(memory.data[0].text) == ["1.0 GiB", "1.0 GiB", "3.0 KiB", "600.0 MiB", "700.0 MiB"]
     assert "KiB" in " ".join(memory.layout.yaxis.ticktext) and "GiB" in " ".join(memory.layout.yaxis.ticktext)
+
+
+def test_heatmap_rows_of_a_sequential_are_names_not_numbers():
+    # nn.Sequential names its modules "0", "2", "4": a numeric axis would space them by value
+    frame = pd.DataFrame({"step": [0, 0, 0], "module": ["0", "2", "10"], "grad_norm": [1.0, 2.0, 3.0]})
+    fig = norm_heatmap(norm_grid(frame))
+    assert fig.layout.yaxis.type == "category" and list(fig.data[0].y) == ["0", "2", "10"]

@@ -248,7 +248,7 @@ def norm_heatmap(grid: NormGrid, title: str = "Gradient norm per module and step
     fig.update_layout(
         title=title + (f" (each cell: the largest of {note})" if note else ""),
         xaxis_title=f"step ({grid.step_count:,} recorded)", yaxis_title=f"module ({grid.modules:,})",
-        yaxis={"autorange": "reversed", "automargin": True},
+        yaxis={"autorange": "reversed", "automargin": True, "type": "category"},  # modules "0", "2": names
         xaxis=step_axis(float(x[0]), float(x[-1])) if len(x) else {"automargin": True},
         height=int(min(900, max(320, 14 * len(grid.labels) + 140))), showlegend=bool(rr.size),
         legend={"orientation": "h", "y": 1.02, "yanchor": "bottom", "x": 1, "xanchor": "right"},
