@@ -188,3 +188,14 @@ def test_a_long_finding_message_is_shown_whole():
     assert layout["row_height"] > 66 and layout["column_config"]["message"]["width"] > 400
     assert layout["column_config"]["code"]["width"] == "medium"  # nonfinite-forward on one line
     assert findings_layout(found.assign(message="short"))["row_height"] is None
+
+
+def test_the_norm_choice_and_the_heatmap_title_read_in_words(growing):
+    path, writer = growing
+    writer.write([_record(s) for s in range(3)])
+    at = run_page("8_Training.py", query={"run": str(path)})
+    assert not at.exception, [e.value for e in at.exception]
+    choice = at.radio(key="train_column")
+    assert choice.options[0] == "gradient norm"
+    titles = [f["layout"].get("title", {}).get("text", "") for f in _figures(at)]
+    assert any(t.startswith("gradient norm per module and step") for t in titles)

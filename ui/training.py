@@ -151,6 +151,11 @@ def _norms_text(value: Any) -> str:
     return f"{value:.4g}" if isinstance(value, (int, float)) else str(value)
 
 
+def column_label(column: str) -> str:
+    """A per-module column in words: ``grad_norm`` -> ``gradient norm``."""
+    return LABELS.get(column, column.replace("_", " "))
+
+
 def available_columns(run: Run) -> list[str]:
     """The per-module numbers this run recorded (``grad_norm`` first), of ``MODULE_COLUMNS``."""
     table = run.table
