@@ -18,13 +18,15 @@ STATS_ORDER = ("module", "kind", "shape", "dtype", "nan", "inf", "min", "max", "
 
 def stats_layout(stats: pd.DataFrame) -> dict[str, Any]:
     """Table settings for a capture's stats: NaN and Inf counts up front (the reason to look), values to
-    four significant digits (never ``-0.0000000006``), the zero fraction as a percentage."""
+    four significant digits (never ``-0.0000000006``), the zero fraction as a percentage, and an
+    all-empty ``path`` left out."""
     value = {c: st.column_config.NumberColumn(format="%.4g") for c in ("min", "max", "mean", "std")}
     counts = {"nan": st.column_config.NumberColumn("NaN", format="%d"),
               "inf": st.column_config.NumberColumn("Inf", format="%d"),
               "zero_fraction": st.column_config.NumberColumn("zeros", format="percent")}
-    return {"column_order": [c for c in STATS_ORDER if c in stats.columns]
-                            + [c for c in stats.columns if c not in STATS_ORDER],
+    empty = {c for c in ("path",) if c in stats.columns and not stats[c].astype(str).str.strip().any()}
+    order = [c for c in STATS_ORDER if c in stats.columns] + [c for c in stats.columns if c not in STATS_ORDER]
+    return {"column_order": [c for c in order if c not in empty],
             "column_config": {c: v for c, v in {**value, **counts}.items() if c in stats.columns}}
 
 
