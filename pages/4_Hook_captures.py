@@ -16,7 +16,7 @@ from inspector.responsive import runs_at_once
 from inspector.summary import model_bytes
 from ui.cache import cached_analysis
 from ui.errors import guarded
-from ui.run_captures import run_captures_section
+from ui.run_captures import run_captures_section, stats_layout
 from ui.running import model_runs
 from ui.sidebar import model_picker
 from ui.tables import findings_table, paged_table, show_frame
@@ -106,7 +106,7 @@ else:
     st.success("No captured output was changed in place after its hook ran.")
 
 st.subheader("Statistics of the copies")
-paged_table(caps.stats, key="cap_stats", filter_columns=["module", "dtype", "shape"])
+paged_table(caps.stats, key="cap_stats", filter_columns=["module", "dtype", "shape"], **stats_layout(caps.stats))
 if caps.skipped:
     st.subheader("Not captured")
     paged_table(caps.skipped_table, key="cap_skipped")

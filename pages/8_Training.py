@@ -13,8 +13,10 @@ from ui.tables import paged_table
 from ui.training import (
     Opened,
     available_columns,
+    column_label,
     distributed_part,
     findings_frame,
+    findings_layout,
     main_steps,
     nearest_step,
     norm_grid_of,
@@ -70,7 +72,7 @@ def _findings(opened: Opened) -> None:
     if choice is not None and st.session_state.get("train_jump_applied") != choice:
         st.session_state["train_jump_applied"] = choice
         _go_to(int(found["step"].iloc[choice]))
-    paged_table(found, "train_findings", page_size=20)
+    paged_table(found, "train_findings", page_size=20, **findings_layout(found))
 
 
 def _show(opened: Opened) -> None:
@@ -89,7 +91,7 @@ def _show(opened: Opened) -> None:
                + f" Read {markdown_text(run.path)}.")
     _findings(opened)
 
-    st.subheader("Gradient norms over steps")
+    st.subheader("Norms per module, over steps")
     latest = st.checkbox("Follow the latest step", value=True, key="train_latest")
     if latest or "train_step" not in st.session_state:
         st.session_state["train_step"] = int(steps[-1])
@@ -97,11 +99,13 @@ def _show(opened: Opened) -> None:
                              help="The step of the table below and of the dotted line; the nearest recorded step is shown.")
     step = nearest_step(steps, int(wanted))
     column = st.radio("Per module", available_columns(run), horizontal=True, key="train_column",
-                      format_func=lambda c: c.replace("_", " "))
+                      format_func=column_label)
     grid = norm_grid_of(opened, opened.key, column, rank)
-    heat = norm_heatmap(grid, title=f"{column.replace('_', ' ')} per module and step")
+    heat = norm_heatmap(grid, title=f"{column_label(column)} per module and step")
     heat.add_vline(x=step, line={"color": "#D62728", "width": 1, "dash": "dot"})
     st.plotly_chart(heat, width="stretch")
+    st.caption("One row per module that holds parameters; a module without any (an activation, a gate with "
+               "only buffers) has no norm of its own, though a finding may name it.")
     st.plotly_chart(loss_norm_figure(main_steps(opened)), width="stretch")
 
     st.subheader(f"Modules at step {step:,}")

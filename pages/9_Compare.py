@@ -12,6 +12,7 @@ from inspector.escaping import markdown_text
 from inspector.figures import module_change_bars, run_divergence_figure
 from inspector.watch import parse_run_bytes, read_run
 from ui.cache import cached_analysis
+from ui.compare_view import run_module_config, run_step_config, tensor_rows
 from ui.errors import guarded
 from ui.sidebar import model_picker
 from ui.tables import findings_table, paged_table
@@ -53,7 +54,9 @@ def show_weights(result: WeightComparison) -> None:
     c1.metric("Tensors compared", f["compared"])
     c2.metric("Changed", f["changed"])
     c3.metric("Bitwise equal", f["equal"])
-    c4.metric("Only in A / only in B", f"{f['missing']} / {f['extra']}")
+    c4.metric("Only in A / only in B", f"{f['missing']} / {f['extra']}",
+              help="Names one side lacks. A tied name a file stores once (as safetensors saves a tie) is not "
+                   "counted: loading fills it through the tie (status stored-once below).")
     st.subheader("Findings")
     findings_table(list(result.findings), key="cmp_findings", empty="Nothing to report: no tie, name, dtype or "
                    "shape changed, and every trainable tensor that could change did.")
@@ -62,22 +65,28 @@ def show_weights(result: WeightComparison) -> None:
     st.subheader("Tensors")
     only = st.toggle("Only tensors that differ", value=True, key="cmp_only_changed")
     table = result.tensors[result.tensors["status"] != "equal"] if only else result.tensors
-    paged_table(table.astype({"shape_a": str, "shape_b": str}), key="cmp_tensors")
+    paged_table(tensor_rows(table), key="cmp_tensors")
 
 
 def show_runs(result: RunComparison) -> None:
     c1, c2, c3 = st.columns(3)
     c1.metric("Common steps", result.facts["common_steps"])
     c2.metric("First divergence", "none" if result.first_divergence is None else result.first_divergence)
-    c3.metric("Modules first", len(result.first_modules))
+    c3.metric("Modules that part first", len(result.first_modules),
+              help="Modules whose gradient norm differs beyond the tolerance at the first divergence")
     findings_table(list(result.findings), key="cmp_run_findings")
     if result.first_modules:
         st.markdown("Modules beyond the tolerance at the first divergence, largest first: "
                     + ", ".join(f"`{markdown_text(m)}`" for m in result.first_modules[:20]))
     st.plotly_chart(run_divergence_figure(result.steps, result.first_divergence, result.a, result.b),
                     width="stretch", key="cmp_runs_chart")
-    paged_table(result.modules.astype({"first_divergence": object}), key="cmp_run_modules")
-    paged_table(result.steps, key="cmp_steps")
+    st.subheader("Per module")
+    st.caption("Each module's gradient norm in A against B, as the relative difference |B−A| / max(|A|, |B|): "
+               f"the first step it passes the tolerance ({result.tolerance:g}), its largest difference, and its "
+               "difference at the first divergence. Per step below: the same for the loss and the global norm.")
+    paged_table(result.modules, key="cmp_run_modules", column_config=run_module_config())
+    st.subheader("Per step")
+    paged_table(result.steps, key="cmp_steps", column_config=run_step_config(result.steps))
 
 
 def pick_run(side: str, col) -> object | None:

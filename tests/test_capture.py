@@ -443,6 +443,24 @@ def test_figures_histogram_heatmap_and_clone_vs_bare(cnn):
     assert len(capture_stats_figure(cap.stats).data) == 3
 
 
+def test_figures_say_where_the_nan_and_inf_values_are():
+    from inspector.figures.capture import capture_heatmap, capture_histogram
+
+    # the output of a softmax that overflowed: a NaN at (1, 2) and an Inf at (3, 0) among finite values
+    t = torch.arange(16.0).reshape(4, 4)
+    t[1, 2], t[3, 0] = float("nan"), float("inf")
+    hist = capture_histogram(t, title="gate: output values")
+    assert hist.layout.title.text == "gate: output values (1 NaN, 1 Inf of 16 values not drawn)"
+    assert sum(hist.data[0].y) == 14
+    heat = capture_heatmap(t, title="gate: output")
+    marks = heat.data[1]
+    assert heat.layout.showlegend and marks.name == "NaN or Inf" and sorted(zip(marks.y, marks.x, strict=True)) == [(1, 2), (3, 0)]
+    assert heat.data[0].z[3][0] != heat.data[0].z[3][0]  # the Inf cell is left uncoloured, under its mark
+    # finite values: no note, no marks
+    assert capture_histogram(torch.ones(3), title="x").layout.title.text == "x"
+    assert len(capture_heatmap(torch.ones(2, 2)).data) == 1
+
+
 def test_command_line(cnn, tmp_path, capsys):
     import json
 

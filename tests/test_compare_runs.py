@@ -121,3 +121,16 @@ def test_a_loss_that_turned_nan_is_a_divergence_not_a_gap(tmp_path):
     assert result.first_divergence == 2 and result.first_modules == ()
     assert "nan in B" in result.findings[0].message
     assert compare(str(b), str(b)).codes() == ["runs-agree"]  # NaN in both at the same step agrees
+
+
+def test_each_run_keeps_one_colour_in_both_panels_as_its_legend_shows(runs):
+    from inspector.comparison import compare_runs
+    from inspector.figures import run_divergence_figure
+    from inspector.watch import read_run
+
+    a, b, _, _ = runs
+    result = compare_runs(read_run(a), read_run(b))
+    fig = run_divergence_figure(result.steps, result.first_divergence, "a.inspect", "b.inspect")
+    colours = {(t.name, t.yaxis): t.line.color for t in fig.data}
+    assert colours[("a.inspect", "y")] == colours[("a.inspect", "y2")] != colours[("b.inspect", "y")]
+    assert colours[("b.inspect", "y")] == colours[("b.inspect", "y2")]

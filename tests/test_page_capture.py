@@ -80,3 +80,34 @@ def test_mid_size_model_waits_for_the_button(mid_size_model):
     assert at.metric[0].value == "3"
     at.run()  # the capture stays on later reruns, and the button now offers to capture again
     assert at.metric[0].value == "3" and at.button(key="cap_again").label == "Capture again"
+
+
+def test_capture_stats_put_nan_and_inf_first_and_read_as_numbers():
+    import pandas as pd
+
+    from ui.run_captures import stats_layout
+
+    stats = pd.DataFrame({"module": ["gate"], "kind": ["output"], "path": [""], "shape": ["(16, 16)"],
+                          "dtype": ["float32"], "device": ["cpu"], "bytes": [1024], "mean": [0.2], "std": [0.8],
+                          "min": [-6.1e-10], "max": [5.6], "nan": [2], "inf": [0], "zero_fraction": [0.11],
+                          "mutated": [False]})
+    layout = stats_layout(stats)
+    assert layout["column_order"][:6] == ["module", "kind", "shape", "dtype", "nan", "inf"]
+    assert sorted(layout["column_order"]) == sorted(set(stats.columns) - {"path"})  # every path empty
+    assert "path" in stats_layout(stats.assign(path=["[0]"]))["column_order"]
+    assert layout["column_config"]["min"]["type_config"]["format"] == "%.4g"
+    assert layout["column_config"]["nan"]["label"] == "NaN"
+
+
+def test_a_wide_table_keeps_its_first_column_whole_whatever_order_its_settings_come_in():
+    import pandas as pd
+    import streamlit as st
+
+    from ui.tables import fit_columns
+
+    # the row names come first; the settings name other columns first (as a page's number formats do)
+    df = pd.DataFrame({"module": ["transformer.h.0.attn.c_attn"], "note": ["x" * 200], "other": ["y" * 200],
+                       "min": [1.5]})
+    config = fit_columns(df, {"min": st.column_config.NumberColumn(format="%.4g")})
+    assert config["module"]["width"] >= len("transformer.h.0.attn.c_attn") * 8
+    assert config["note"]["width"] < 480  # the wide text columns give way instead

@@ -17,12 +17,16 @@ def test_weights_against_a_fine_tuned_checkpoint(tmp_path):
     assert any("Give B" in i.value for i in at.info)
     at.text_input(key="cmp_b").input(str(tmp_path / "ft.safetensors")).run()
     assert not at.exception, [e.value for e in at.exception]
-    assert [m.value for m in at.metric] == ["16", "1", "15", "1 / 0"]
+    # lm_head.weight is tied to the embedding, which the file holds: stored once, not missing
+    assert [m.value for m in at.metric] == ["16", "1", "15", "0 / 0"]
     findings = at.dataframe[0].value
     assert findings["code"].iloc[0] == "unchanged-tensor" and "tie-stored-once" in set(findings["code"])
     assert len(at.get("plotly_chart")) == 1
     tensors = at.dataframe[-1].value
     assert tensors["name"].tolist() == ["transformer.h.0.mlp.c_fc.weight", "lm_head.weight"]
+    assert tensors["status"].tolist() == ["changed", "stored-once"]
+    # the side that lacks the tensor shows empty cells, never "None"
+    assert tensors.iloc[1][["shape_a", "shape_b", "dtype_b"]].tolist() == ["(32, 16)", "", ""]
 
 
 def test_a_missing_b_is_an_error_not_a_crash():
@@ -38,4 +42,22 @@ def test_two_runs(tmp_path):
     at.radio(key="cmp_mode").set_value("two run files").run()
     assert not at.exception, [e.value for e in at.exception]
     assert [m.value for m in at.metric] == ["10", "6", "1"]
+    assert [m.label for m in at.metric][2] == "Modules that part first"
+    assert [s.value for s in at.subheader] == ["Per module", "Per step"]
     assert len(at.get("plotly_chart")) == 1
+
+
+def test_the_run_tables_are_labelled_short_enough_to_fit():
+    import pandas as pd
+
+    from ui.compare_view import run_module_config, run_step_config
+
+    steps = pd.DataFrame(columns=["step", "loss_a", "loss_b", "loss_diff", "grad_norm_a", "grad_norm_b",
+                                  "grad_norm_diff"])
+    labels = {c: v["label"] for c, v in run_step_config(steps).items()}
+    assert labels == {"loss_a": "loss A", "loss_b": "loss B", "loss_diff": "loss rel. diff",
+                      "grad_norm_a": "grad norm A", "grad_norm_b": "grad norm B",
+                      "grad_norm_diff": "grad norm rel. diff"}
+    assert "max(|A|, |B|)" in run_step_config(steps)["grad_norm_diff"]["help"]
+    # a wide table leaves its last columns blank in the grid: every label stays under 25 characters
+    assert max(len(v["label"]) for v in run_module_config().values()) < 25

@@ -156,3 +156,46 @@ def test_a_watch_file_of_two_ranks_opens_by_path(tmp_path):
     at = run_page("8_Training.py", query={"run": str(path)})
     assert not at.exception and not at.error, [e.value for e in at.error]
     assert _metrics(at)["Ranks"] == "2" and _metrics(at)["Steps"] == "2"
+
+
+def test_the_modules_table_names_its_columns_and_writes_a_non_finite_gradient_norm_as_such():
+    import pandas as pd
+
+    from ui.training import readable
+
+    # step 10 of a run whose gate overflowed: inp's gradient held 144 NaN/Inf values, so its norm is NaN;
+    # head's gradient norm was simply not taken at that step (NaN, no NaN/Inf values counted)
+    frame = pd.DataFrame({"module": ["inp", "head", "gate"], "grad_norm": [np.nan, np.nan, 0.25],
+                          "param_norm": [1.5, 2.0, np.nan], "nonfinite": [144.0, 0.0, 0.0]})
+    table, config = readable(frame)
+    assert table["grad_norm"].tolist() == ["NaN/Inf", "", "0.25"]
+    assert np.isnan(table["param_norm"].iloc[2])  # a value not taken stays empty, numbers stay numbers
+    assert {c: config[c]["label"] for c in ("grad_norm", "param_norm", "nonfinite")} == {
+        "grad_norm": "gradient norm", "param_norm": "parameter norm", "nonfinite": "NaN/Inf gradient values"}
+    assert config["nonfinite"]["type_config"]["format"] == "%d"
+    # a table without NaN/Inf keeps its gradient norms numeric, to four significant digits
+    table, config = readable(frame.assign(grad_norm=[1.0, 2.0, 3.0], nonfinite=0.0))
+    assert table["grad_norm"].tolist() == [1.0, 2.0, 3.0] and config["grad_norm"]["type_config"]["format"] == "%.4g"
+
+
+def test_a_long_finding_message_is_shown_whole():
+    import pandas as pd
+
+    from ui.training import findings_layout
+
+    found = pd.DataFrame({"step": [10], "message": ["gate produced NaN/Inf from finite inputs " * 6]})
+    layout = findings_layout(found)
+    assert layout["row_height"] > 66 and layout["column_config"]["message"]["width"] > 400
+    assert layout["column_config"]["code"]["width"] == "medium"  # nonfinite-forward on one line
+    assert findings_layout(found.assign(message="short"))["row_height"] is None
+
+
+def test_the_norm_choice_and_the_heatmap_title_read_in_words(growing):
+    path, writer = growing
+    writer.write([_record(s) for s in range(3)])
+    at = run_page("8_Training.py", query={"run": str(path)})
+    assert not at.exception, [e.value for e in at.exception]
+    choice = at.radio(key="train_column")
+    assert choice.options[0] == "gradient norm"
+    titles = [f["layout"].get("title", {}).get("text", "") for f in _figures(at)]
+    assert any(t.startswith("gradient norm per module and step") for t in titles)

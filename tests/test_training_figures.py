@@ -77,6 +77,15 @@ def test_a_big_run_is_binned_to_a_bounded_grid_that_keeps_its_spike():
     assert len(fig.to_json()) < 1_000_000
 
 
+def test_heatmap_colour_bar_has_readable_ticks_on_a_narrow_range():
+    # norms 0.37 to 1.9: less than one decade; whole decades alone would leave the single tick 1
+    frame = pd.DataFrame({"step": [0, 0, 1, 1], "module": ["a", "b"] * 2, "grad_norm": [0.37, 1.0, 1.9, 0.8]})
+    heat = norm_heatmap(norm_grid(frame)).data[0]
+    assert list(heat.colorbar.ticktext) == ["0.5", "1", "2"]
+    np.testing.assert_allclose(heat.colorbar.tickvals, np.log10([0.5, 1, 2]))
+    assert all(heat.zmin <= v <= heat.zmax for v in heat.colorbar.tickvals)
+
+
 def test_heatmap_colours_by_decade_and_marks_nonfinite_cells():
     frame = pd.DataFrame({"step": [0, 0, 1, 1, 2, 2], "module": ["a", "b"] * 3,
                           "grad_norm": [0.01, 100.0, 0.0, 1.0, math.inf, 10.0]})
@@ -118,12 +127,16 @@ def test_loss_and_norm_lines_mark_the_steps_that_were_not_finite():
                           "grad_norm": [3.0, math.nan, 2.0, 1.0], "nonfinite": [0, 4, 0, 0]})
     fig = loss_norm_figure(steps)
     names = [t.name for t in fig.data]
-    assert names == ["loss", "loss: NaN or Inf", "global gradient norm", "global gradient norm: NaN or Inf"]
+    mark = "NaN or Inf (drawn at the bottom of its panel)"
+    assert names == ["loss", mark, "global gradient norm", mark]
+    # the legend explains the red x once, and only the red x (each line is named by its panel's title)
+    assert [t.showlegend for t in fig.data] == [False, True, False, False] and fig.layout.showlegend
     assert list(fig.data[0].x) == [0, 1, 3] and list(fig.data[1].x) == [2]
     assert list(fig.data[2].x) == [0, 2, 3] and list(fig.data[3].x) == [1]  # a NaN flagged by the step's count
     assert fig.layout.yaxis2.type == "log"
     no_loss = loss_norm_figure(steps.drop(columns=["loss"]))
     assert [t.name for t in no_loss.data][0] == "global gradient norm"
+    assert not loss_norm_figure(steps.assign(loss=1.0, grad_norm=1.0)).layout.showlegend  # nothing to explain
 
 
 def test_findings_timeline_puts_each_finding_at_its_step():
@@ -158,3 +171,10 @@ def test_rank_lines_stay_visible_over_the_global_norm_and_keep_their_colours():
     assert memory.layout.yaxis.type == "log" and memory.layout.yaxis.range[0] < math.log10(3072)
     assert list(memory.data[0].text) == ["1.0 GiB", "1.0 GiB", "3.0 KiB", "600.0 MiB", "700.0 MiB"]
     assert "KiB" in " ".join(memory.layout.yaxis.ticktext) and "GiB" in " ".join(memory.layout.yaxis.ticktext)
+
+
+def test_heatmap_rows_of_a_sequential_are_names_not_numbers():
+    # nn.Sequential names its modules "0", "2", "4": a numeric axis would space them by value
+    frame = pd.DataFrame({"step": [0, 0, 0], "module": ["0", "2", "10"], "grad_norm": [1.0, 2.0, 3.0]})
+    fig = norm_heatmap(norm_grid(frame))
+    assert fig.layout.yaxis.type == "category" and list(fig.data[0].y) == ["0", "2", "10"]

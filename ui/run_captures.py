@@ -2,12 +2,32 @@
 
 from __future__ import annotations
 
+from typing import Any
+
+import pandas as pd
 import streamlit as st
 
 from inspector.figures import capture_heatmap, capture_histogram
 from inspector.watch import producer_of, read_captures
 from ui.errors import guarded
 from ui.tables import paged_table
+
+STATS_ORDER = ("module", "kind", "shape", "dtype", "nan", "inf", "min", "max", "mean", "std", "zero_fraction",
+               "bytes", "device", "path", "mutated")
+
+
+def stats_layout(stats: pd.DataFrame) -> dict[str, Any]:
+    """Table settings for a capture's stats: NaN and Inf counts up front (the reason to look), values to
+    four significant digits (never ``-0.0000000006``), the zero fraction as a percentage, and an
+    all-empty ``path`` left out."""
+    value = {c: st.column_config.NumberColumn(format="%.4g") for c in ("min", "max", "mean", "std")}
+    counts = {"nan": st.column_config.NumberColumn("NaN", format="%d"),
+              "inf": st.column_config.NumberColumn("Inf", format="%d"),
+              "zero_fraction": st.column_config.NumberColumn("zeros", format="percent")}
+    empty = {c for c in ("path",) if c in stats.columns and not stats[c].astype(str).str.strip().any()}
+    order = [c for c in STATS_ORDER if c in stats.columns] + [c for c in stats.columns if c not in STATS_ORDER]
+    return {"column_order": [c for c in order if c not in empty],
+            "column_config": {c: v for c, v in {**value, **counts}.items() if c in stats.columns}}
 
 
 def run_captures_section() -> None:
@@ -27,7 +47,7 @@ def run_captures_section() -> None:
             name, step, rank = producer_of(caps)
             st.markdown(f"Inputs and outputs of **`{name}`** at step **{step}**{f' on rank {rank}' if rank else ''}, copied when it first "
                         "produced NaN/Inf from finite inputs.")
-            paged_table(caps.stats, key="cap_run_stats")
+            paged_table(caps.stats, key="cap_run_stats", **stats_layout(caps.stats))
             if caps.skipped:
                 paged_table(caps.skipped_table, key="cap_run_skipped")
             left, right = st.columns(2)

@@ -62,15 +62,15 @@ def fit_columns(df: pd.DataFrame, column_config: dict | None = None) -> dict:
             out[col] = st.column_config.NumberColumn(width=px, format="localized")
         else:
             out[col] = st.column_config.Column(width=px)
-    return _fit_table(out, text_cols)
+    return _fit_table(out, text_cols, next(iter(df.columns), None))
 
 
-def _fit_table(config: dict, text_cols: dict[str, int]) -> dict:
-    """Narrow the wide text columns (never below their header, never the first) until the table
-    fits ``TABLE_PX``, so that the columns on the right are not pushed out of sight."""
+def _fit_table(config: dict, text_cols: dict[str, int], first: object = None) -> dict:
+    """Narrow the wide text columns (never below their header, never ``first``, the table's first
+    column, which names each row) until the table fits ``TABLE_PX``, so that the columns on the right
+    are not pushed out of sight."""
     widths = {c: cfg.get("width") for c, cfg in config.items() if isinstance(cfg, dict)}
     total = sum(w for w in widths.values() if isinstance(w, int))
-    first = next(iter(config), None)
     give = {c: widths[c] - floor for c, floor in text_cols.items()
             if c != first and isinstance(widths.get(c), int) and widths[c] > max(floor, 160)}
     extra = total - TABLE_PX

@@ -17,11 +17,14 @@ from inspector.escaping import markdown_text
 from inspector.figures import NormGrid, grad_norm_figure, memory_figure, run_norm_grid
 from inspector.watch import MODULE_COLUMNS, Run, parse_run_bytes, read_run
 from inspector.watch import main_steps as run_main_steps
-from ui.tables import paged_table
+from ui.tables import MESSAGE_PX, message_row_height, paged_table
 
 NORM_FORMAT = "%.4g"
 BYTES_COLUMNS = ("param_bytes", "grad_bytes", "buffer_bytes", "device_allocated", "device_peak", "rss", "peak_rss")
 NORM_COLUMNS = ("grad_norm", "param_norm", "update_ratio", "local_grad_norm", "loss")
+GRAD_COLUMNS = ("grad_norm", "local_grad_norm")
+LABELS = {"grad_norm": "gradient norm", "param_norm": "parameter norm", "update_ratio": "update ratio ‖Δw‖/‖w‖",
+          "local_grad_norm": "local gradient norm", "nonfinite": "NaN/Inf gradient values"}
 
 
 @dataclass(frozen=True)
@@ -86,6 +89,14 @@ def findings_frame(run: Run) -> pd.DataFrame:
     return frame.sort_values("step", kind="stable").reset_index(drop=True)
 
 
+def findings_layout(found: pd.DataFrame) -> dict[str, Any]:
+    """Table settings that show each finding's message whole (wrapped in a wide column)."""
+    longest = int(found["message"].str.len().max()) if len(found) else 0
+    return {"row_height": message_row_height(longest),
+            "column_config": {"message": st.column_config.TextColumn(width=MESSAGE_PX),
+                              "code": st.column_config.TextColumn(width="medium")}}
+
+
 def main_steps(opened: Opened) -> pd.DataFrame:
     """One row per step for the loss and global-norm lines (:func:`inspector.watch.main_steps`)."""
     return run_main_steps(opened.run)
@@ -103,17 +114,33 @@ def nearest_step(steps: np.ndarray, wanted: int) -> int:
 
 def readable(frame: pd.DataFrame) -> tuple[pd.DataFrame, dict[str, Any]]:
     """``frame`` for people: byte columns in binary units, norms to four significant digits
-    (the column settings to pass to the table), empty cells for values not taken."""
+    (the column settings to pass to the table), empty cells for values not taken, a gradient norm
+    that is NaN because its gradient held NaN/Inf written as such, and columns named in words."""
     out = frame.copy()
     config: dict[str, Any] = {}
+    bad = _nonfinite_rows(out)
     for col in out.columns:
+        label = LABELS.get(col)
         if col in BYTES_COLUMNS:
             out[col] = [format_bytes(v) if v is not None and v == v else "" for v in out[col]]
+        elif col in GRAD_COLUMNS and pd.api.types.is_numeric_dtype(out[col]) and (bad & out[col].isna()).any():
+            out[col] = ["NaN/Inf" if b and v != v else _norms_text(v) for v, b in zip(out[col], bad, strict=True)]
         elif col in NORM_COLUMNS and pd.api.types.is_numeric_dtype(out[col]):
-            config[col] = st.column_config.NumberColumn(format=NORM_FORMAT)
+            config[col] = st.column_config.NumberColumn(label, format=NORM_FORMAT)
         elif col in NORM_COLUMNS:
             out[col] = [_norms_text(v) for v in out[col]]
+        elif col == "nonfinite" and pd.api.types.is_numeric_dtype(out[col]):
+            config[col] = st.column_config.NumberColumn(label, format="%d")
+        if label and col not in config:
+            config[col] = st.column_config.Column(label)
     return out, config
+
+
+def _nonfinite_rows(frame: pd.DataFrame) -> pd.Series:
+    """True on the rows whose ``nonfinite`` count (NaN/Inf gradient values) is above 0."""
+    if "nonfinite" not in frame.columns or not pd.api.types.is_numeric_dtype(frame["nonfinite"]):
+        return pd.Series(False, index=frame.index)
+    return frame["nonfinite"].fillna(0) > 0
 
 
 def _norms_text(value: Any) -> str:
@@ -122,6 +149,11 @@ def _norms_text(value: Any) -> str:
     if value is None or (isinstance(value, float) and value != value):
         return ""
     return f"{value:.4g}" if isinstance(value, (int, float)) else str(value)
+
+
+def column_label(column: str) -> str:
+    """A per-module column in words: ``grad_norm`` -> ``gradient norm``."""
+    return LABELS.get(column, column.replace("_", " "))
 
 
 def available_columns(run: Run) -> list[str]:

@@ -16,8 +16,10 @@ _MAX_NAMED = 20
 
 
 def weight_findings(sa: TensorSource, sb: TensorSource, tensors: pd.DataFrame,
-                    rules: Sequence[tuple[str, str, int]], by_value: Sequence[tuple[str, str]]) -> list[Finding]:
-    """Every finding of one comparison, most severe first."""
+                    rules: Sequence[tuple[str, str, int]], by_value: Sequence[tuple[str, str]]
+                    ) -> tuple[list[Finding], set[str]]:
+    """Every finding of one comparison, most severe first; and the names a file stores once
+    through a tie (absent from it, yet not missing)."""
     paired = tensors[(tensors["name"] != "") & (tensors["name_b"] != "")]
     amap = dict(zip(paired["name"], paired["name_b"], strict=True))
     ties, stored_once = tie_findings(sa, sb, amap)
@@ -33,7 +35,7 @@ def weight_findings(sa: TensorSource, sb: TensorSource, tensors: pd.DataFrame,
                                f"values in {r.name if side == 'A' else r.name_b} (of {r.numel})"))
     out += unchanged_findings(sa, sb, tensors)
     out += device_findings(sa, sb, tensors)
-    return sort_findings(out)
+    return sort_findings(out), stored_once
 
 
 def _values_equal(side: TensorSource, names: Sequence[str]) -> bool:

@@ -14,7 +14,7 @@ TENSOR_COLUMNS = ["name", "name_b", "status", "module", "shape_a", "shape_b", "d
                   "device_b", "numel", "trainable", "bitwise_equal", "max_abs", "rel_change", "diff_norm",
                   "norm_a", "nonfinite_a", "nonfinite_b", "exact_cast"]
 MODULE_COLUMNS = ["module", "depth", "tensors", "changed", "numel", "diff_norm", "norm_a", "rel_change", "max_abs"]
-STATUSES = ("equal", "changed", "dtype-changed", "shape-changed", "missing", "extra", "no-values")
+STATUSES = ("equal", "changed", "dtype-changed", "shape-changed", "missing", "extra", "no-values", "stored-once")
 
 
 @dataclass(frozen=True)
@@ -25,7 +25,8 @@ class WeightComparison:
         a, b: labels of the two sides (a model's name or a file name); ``a_kind``/``b_kind`` say
             what each is (``"model"``, ``"safetensors"``, ``"torch file"``, ``"distributed checkpoint"``...).
         tensors: one row per tensor (``TENSOR_COLUMNS``), A's order then B's extras. ``status`` is one
-            of ``STATUSES``; ``name_b`` is B's name (differs where B renamed it); ``max_abs`` is
+            of ``STATUSES`` (``stored-once``: a tied name B's file holds under the tie's other name, as
+            ``safetensors`` saves a tie, so not missing); ``name_b`` is B's name (differs where B renamed it); ``max_abs`` is
             max |B−A|, ``rel_change`` ‖B−A‖/‖A‖, both NaN where values were not compared.
         modules: one row per module prefix of A's names, in model order (``MODULE_COLUMNS``): the
             compared tensors below it, how many changed, and the norms summed over them.

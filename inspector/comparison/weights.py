@@ -53,13 +53,16 @@ def compare_sides(sa: TensorSource, sb: TensorSource, progress: Progress | None 
     ordered += [_lone_row("", nb, None, sb.entries[nb], False) for nb in sb.display_order() if nb in extra]
     tensors = pd.DataFrame(ordered, columns=TENSOR_COLUMNS)
     renamed = tuple((r["name"], r["name_b"]) for r in ordered if r["name"] and r["name_b"] and r["name"] != r["name_b"])
-    findings = weight_findings(sa, sb, tensors, pairing.rules, by_value)
+    findings, stored_once = weight_findings(sa, sb, tensors, pairing.rules, by_value)
+    once = (((tensors["status"] == "missing") & tensors["name"].isin(stored_once))
+            | ((tensors["status"] == "extra") & tensors["name_b"].isin(stored_once)))
+    tensors.loc[once, "status"] = "stored-once"  # the other side holds it under its tie's other name
     compared = tensors[tensors["bitwise_equal"].notna()]
     facts = {"tensors_a": len(sa.entries), "tensors_b": len(sb.entries), "compared": len(compared),
              "changed": int((compared["bitwise_equal"] == False).sum()),  # noqa: E712 - a column of objects
              "equal": int((compared["bitwise_equal"] == True).sum()),  # noqa: E712
              "missing": int((tensors["status"] == "missing").sum()), "extra": int((tensors["status"] == "extra").sum()),
-             "renamed": len(renamed), "bytes_read": read}
+             "renamed": len(renamed), "stored_once": int(once.sum()), "bytes_read": read}
     return WeightComparison(sa.label, sb.label, sa.kind, sb.kind, tensors, module_table(tensors), tuple(findings),
                             renamed, facts)
 

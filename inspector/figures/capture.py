@@ -71,9 +71,19 @@ def capture_histogram(value: Any, title: str = "", bins: int = 60,
         edges = [*data["left"].tolist(), float(data["right"].iloc[-1])]
         fig.add_scatter(x=edges, y=[*counts, counts[-1]], mode="lines", line=dict(shape="hv", color=MUTATED_COLOR,
                         width=2.5), name="bare reference (what a naive hook holds)")
-    fig.update_layout(barmode="overlay", title=title or f"values {tuple(t.shape)}",
+    fig.update_layout(barmode="overlay", title=(title or f"values {tuple(t.shape)}") + _not_drawn(t),
                       xaxis_title="value", yaxis_title="count", bargap=0)
     return readable(legend_on_top(fig))
+
+
+def _not_drawn(t: torch.Tensor) -> str:
+    """`` (2 NaN, 1 Inf of 256 values not drawn)`` when ``t`` holds values a histogram cannot bin."""
+    if not (t.is_floating_point() or t.is_complex()):
+        return ""
+    x = t.detach()
+    nan, inf = int(torch.isnan(x).sum()), int(torch.isinf(x).sum())
+    parts = [f"{n:,} {what}" for n, what in ((nan, "NaN"), (inf, "Inf")) if n]
+    return f" ({', '.join(parts)} of {x.numel():,} values not drawn)" if parts else ""
 
 
 def heatmap_slice(t: torch.Tensor) -> tuple[torch.Tensor, str, str]:
@@ -117,10 +127,19 @@ def capture_heatmap(value: Any, title: str = "") -> go.Figure:
     """Heatmap of a 2-D slice of one capture (see :func:`heatmap_slice`)."""
     t = first_tensor(value)
     m, rows, cols = heatmap_slice(t)
-    fig = go.Figure(go.Heatmap(z=m.tolist(), colorscale="RdBu", zmid=0, colorbar=dict(title="value")))
+    bad = ~torch.isfinite(m)
+    fig = go.Figure(go.Heatmap(z=torch.where(bad, torch.nan, m).tolist(), colorscale="RdBu", zmid=0,
+                               colorbar=dict(title="value")))
+    rows_, cols_ = torch.nonzero(bad, as_tuple=True)
+    if rows_.numel():  # a NaN/Inf cell is no colour: a red x says what it holds
+        fig.add_scatter(x=cols_.tolist(), y=rows_.tolist(), mode="markers", name="NaN or Inf",
+                        marker=dict(symbol="x", color=MUTATED_COLOR, size=8),
+                        hovertemplate="row %{y}, column %{x}: NaN or Inf<extra></extra>")
     pooled = "" if tuple(m.shape) == _raw_shape(t) else f", pooled to {tuple(m.shape)}"
     fig.update_layout(title=title or f"{tuple(t.shape)}{pooled}", xaxis_title=cols, yaxis_title=rows,
                       yaxis_autorange="reversed")
+    if rows_.numel():  # one legend entry: plotly hides a lone one unless told
+        legend_on_top(fig).update_layout(showlegend=True)
     whole_ticks(fig, m.shape[1] - 1, "x")
     return whole_ticks(fig, m.shape[0] - 1, "y")
 

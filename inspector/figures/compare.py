@@ -59,6 +59,9 @@ def module_change_bars(modules: pd.DataFrame, depth: int | None = None) -> go.Fi
     return fig
 
 
+RUN_COLOURS = ("#1f77b4", "#ff7f0e")  # run A, run B: the same colour in both panels, as in the legend
+
+
 @escaped_figure
 def run_divergence_figure(steps: pd.DataFrame, first_divergence: int | None = None,
                           a: str = "A", b: str = "B") -> go.Figure:
@@ -68,9 +71,9 @@ def run_divergence_figure(steps: pd.DataFrame, first_divergence: int | None = No
     fig = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.08,
                         subplot_titles=("loss", "gradient norm"))
     for row, q in ((1, "loss"), (2, "grad_norm")):
-        for side, label, dash in (("a", a, "solid"), ("b", b, "dash")):
+        for side, label, dash, colour in (("a", a, "solid", RUN_COLOURS[0]), ("b", b, "dash", RUN_COLOURS[1])):
             fig.add_trace(go.Scatter(x=steps["step"], y=steps[f"{q}_{side}"], mode="lines", name=plot_text(label),
-                                     line={"dash": dash}, legendgroup=side, showlegend=row == 1,
+                                     line={"dash": dash, "color": colour}, legendgroup=side, showlegend=row == 1,
                                      hovertemplate=f"{plot_text(label)}<br>step %{{x}}<br>{q} %{{y:.5g}}<extra></extra>"),
                           row=row, col=1)
     if first_divergence is not None:

@@ -173,10 +173,26 @@ def step_axis(first: float, last: float) -> dict:
 
 
 def _log_ticks(lo: float, hi: float) -> tuple[list[float], list[str]]:
+    """Colour-bar ticks for log10 values from ``lo`` to ``hi``: whole decades, or 1, 2 and 5 of
+    each decade when fewer than three decades would show (so a narrow range still reads).
+
+    >>> _log_ticks(-0.43, 0.57)[1]
+    ['0.5', '1', '2']
+    """
+    first, last = math.floor(lo + 1e-9), math.ceil(hi - 1e-9)
+    if hi - lo < 3:
+        pairs = [(d + math.log10(m), m, d) for d in range(first, last + 1) for m in (1, 2, 5)]
+        inside = [(v, m, d) for v, m, d in pairs if lo - 1e-9 <= v <= hi + 1e-9]
+        if len(inside) >= 2:
+            return [v for v, _, _ in inside], [_tick_text(m, d) for _, m, d in inside]
     decades = list(range(math.floor(lo), math.ceil(hi) + 1)) or [0]
     step = max(1, math.ceil(len(decades) / 8))
     vals = [float(d) for d in decades[::step]]
-    return vals, [f"1e{int(d)}" if not 0 <= d <= 3 else f"{10 ** int(d):g}" for d in vals]
+    return vals, [_tick_text(1, int(d)) for d in vals]
+
+
+def _tick_text(mantissa: int, decade: int) -> str:
+    return f"{mantissa * 10.0 ** decade:g}" if -3 <= decade <= 3 else f"{mantissa}e{decade}"
 
 
 def run_norm_grid(run: Any, column: str = "grad_norm", rank: int = 0, *, max_rows: int = MAX_ROWS,
@@ -210,7 +226,7 @@ def norm_heatmap(grid: NormGrid, title: str = "Gradient norm per module and step
     floor = math.floor(lo + 1e-6) - 1 if zeros else lo  # float32 norms: 0.01 is a hair below 1e-2
     with np.errstate(divide="ignore", invalid="ignore"):
         z = np.where(v > 0, np.log10(np.where(v > 0, v, 1.0)), np.where(v == 0, floor, np.nan))
-    tickvals, ticktext = _log_ticks(floor, hi)
+    tickvals, ticktext = _log_ticks(floor, max(hi, floor + 1))
     if positive.size and zeros:
         tickvals, ticktext = [float(floor)] + tickvals[1:], ["0"] + ticktext[1:]
     x = grid.steps.astype(np.int64)
@@ -232,7 +248,7 @@ def norm_heatmap(grid: NormGrid, title: str = "Gradient norm per module and step
     fig.update_layout(
         title=title + (f" (each cell: the largest of {note})" if note else ""),
         xaxis_title=f"step ({grid.step_count:,} recorded)", yaxis_title=f"module ({grid.modules:,})",
-        yaxis={"autorange": "reversed", "automargin": True},
+        yaxis={"autorange": "reversed", "automargin": True, "type": "category"},  # modules "0", "2": names
         xaxis=step_axis(float(x[0]), float(x[-1])) if len(x) else {"automargin": True},
         height=int(min(900, max(320, 14 * len(grid.labels) + 140))), showlegend=bool(rr.size),
         legend={"orientation": "h", "y": 1.02, "yanchor": "bottom", "x": 1, "xanchor": "right"},
@@ -262,6 +278,9 @@ def envelope(x: np.ndarray, y: np.ndarray, max_points: int = MAX_LINE_POINTS) ->
     return x[idx], y[idx]
 
 
+NAN_MARK = "NaN or Inf (drawn at the bottom of its panel)"
+
+
 @escaped_figure
 def loss_norm_figure(steps: pd.DataFrame) -> go.Figure:
     """The loss (when recorded) above the global gradient norm, over steps, sharing the step axis.
@@ -280,14 +299,15 @@ def loss_norm_figure(steps: pd.DataFrame) -> go.Figure:
         y_all = (pd.to_numeric(steps[col], errors="coerce").to_numpy(dtype=np.float64, na_value=np.nan)
                  if col in steps.columns else np.full(len(steps), np.nan))
         x, y = envelope(x_all, y_all)
-        fig.add_trace(go.Scatter(x=x, y=y, mode="lines", name=label, line={"color": "#333333"},
+        fig.add_trace(go.Scatter(x=x, y=y, mode="lines", name=label, line={"color": "#333333"}, showlegend=False,
                                  hovertemplate=f"{label}<br>step %{{x}}<br>%{{y:.4g}}<extra></extra>"),
                       row=row, col=1)
         bad = _not_finite_steps(steps, col)
         if bad.size:
             floor = float(y.min()) if y.size else 0.0
-            fig.add_trace(go.Scatter(x=bad, y=np.full(bad.size, floor), mode="markers", name=f"{label}: NaN or Inf",
-                                     marker={"symbol": "x", "color": "#D62728", "size": 8},
+            fig.add_trace(go.Scatter(x=bad, y=np.full(bad.size, floor), mode="markers", name=NAN_MARK,
+                                     marker={"symbol": "x", "color": "#D62728", "size": 8}, legendgroup="bad",
+                                     showlegend=not any(t.name == NAN_MARK for t in fig.data),
                                      hovertemplate=f"{label} not finite<br>step %{{x}}<extra></extra>"),
                           row=row, col=1)
         if col == "grad_norm" and y.size and (y > 0).all():  # label decades only: 1, 10, 100, not 2 5 2 5
@@ -295,8 +315,9 @@ def loss_norm_figure(steps: pd.DataFrame) -> go.Figure:
     if len(x_all):
         fig.update_xaxes(**step_axis(float(np.min(x_all)), float(np.max(x_all))))
     fig.update_xaxes(title_text="step", row=len(panels), col=1)
-    fig.update_layout(height=200 + 160 * len(panels), showlegend=False,
-                      margin={"l": 60, "r": 20, "t": 40, "b": 40})
+    fig.update_layout(height=200 + 160 * len(panels), showlegend=any(t.name == NAN_MARK for t in fig.data),
+                      margin={"l": 60, "r": 20, "t": 40, "b": 40},
+                      legend={"orientation": "h", "yanchor": "bottom", "y": 1.04, "xanchor": "right", "x": 1})
     return fig
 
 
