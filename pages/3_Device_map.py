@@ -94,7 +94,11 @@ cols[2].metric("Check of ours", "passes" if comparison.our_check is None else "f
                help="accelerate.utils.check_device_map on plan_device_map's map")
 cols[3].metric("Check of accelerate's", "passes" if comparison.accelerate_check is None else "fails",
                help="accelerate.utils.check_device_map on infer_auto_device_map's map")
-if comparison.accelerate_check:
+if comparison.accelerate_error:
+    st.warning("accelerate could not plan this model with this budget (`infer_auto_device_map` raised "
+               f"{markdown_text(comparison.accelerate_error)}): only our plan is shown, and its tensors count "
+               "as unplaced by accelerate.")
+elif comparison.accelerate_check:
     st.error(f"accelerate's own check rejects its map: {markdown_text(comparison.accelerate_check)}")
 
 st.subheader("Our plan and accelerate's, side by side")
@@ -109,7 +113,7 @@ st.plotly_chart(usage_side_by_side(ours.usage, comparison.accelerate_usage), key
 if len(comparison.difference):
     st.markdown(f"**{len(comparison.difference)} tensors placed differently or flagged differently**")
     paged_table(comparison.difference.astype(str), "dm_difference")
-else:
+elif not comparison.accelerate_error:
     st.success("The two maps place every tensor alike.")
 
 tabs = st.tabs(["Treemap", "Bytes per device", "Findings", "Decisions", "Actual placement", "Audit a map"])

@@ -139,3 +139,19 @@ def test_the_plan_runs_dispatched_on_a_gpu(models):
         got = d.model(**{k: v.to("cuda:0") for k, v in inputs.items()}).logits
         assert set(d.table.groupby("module")["device"].nunique()) == {1}
     torch.testing.assert_close(got.cpu(), expected, rtol=1e-4, atol=1e-5)
+
+
+def test_the_device_map_page_says_when_accelerate_cannot_plan(hf_folders):
+    from apptest import run_page
+
+    source = f"hf:{hf_folders['roberta']}"
+    at = run_page("3_Device_map.py", source, timeout=120)
+    at.session_state[f"dm_budget_{source}"] = {  # the budget of the test above, in place of the suggested one
+        "edited_rows": {0: {"device": "0", "budget": "1KiB"}, 1: {"device": "1", "budget": "8KiB"},
+                        2: {"device": "cpu", "budget": "2KiB"}},
+        "added_rows": [{"device": "disk", "budget": "100MiB"}], "deleted_rows": []}
+    at.run()
+    assert not at.exception, [e.value for e in at.exception]
+    warned = " ".join(w.value for w in at.warning)
+    assert "accelerate could not plan this model" in warned and "IndexError" in warned
+    assert not any("place every tensor alike" in s.value for s in at.success)
