@@ -178,3 +178,26 @@ def test_heatmap_rows_of_a_sequential_are_names_not_numbers():
     frame = pd.DataFrame({"step": [0, 0, 0], "module": ["0", "2", "10"], "grad_norm": [1.0, 2.0, 3.0]})
     fig = norm_heatmap(norm_grid(frame))
     assert fig.layout.yaxis.type == "category" and list(fig.data[0].y) == ["0", "2", "10"]
+
+
+def test_a_logged_nan_loss_is_marked_even_with_finite_gradients(tmp_path):
+    import torch
+
+    from inspector import read_run, watch
+
+    model = torch.nn.Linear(2, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with watch(model, opt, tmp_path / "r.inspect") as w:
+        for step in range(3):
+            loss = model(torch.ones(1, 2)).sum()
+            loss.backward()  # finite gradients on every step
+            if step == 1:
+                w.log(loss=torch.tensor(float("nan")))  # step 1 logs a NaN loss; step 0 logs none
+            elif step == 2:
+                w.log(loss=loss)
+            opt.step()
+            opt.zero_grad()
+    steps = read_run(tmp_path / "r.inspect").steps
+    assert steps["loss_logged"].tolist() == [False, True, True]
+    marks = [t for t in loss_norm_figure(steps).data if t.name.startswith("NaN or Inf")]
+    assert [list(t.x) for t in marks] == [[1]]  # the logged NaN, not the step that logged nothing

@@ -322,14 +322,17 @@ def loss_norm_figure(steps: pd.DataFrame) -> go.Figure:
 
 
 def _not_finite_steps(steps: pd.DataFrame, col: str) -> np.ndarray:
-    """Steps where ``col`` was recorded as NaN or Inf: an Inf, or a NaN on a step whose
-    ``nonfinite`` count is above zero (elsewhere a NaN is a step that recorded no value)."""
+    """Steps where ``col`` was recorded as NaN or Inf: an Inf, a NaN loss that was logged
+    (``loss_logged``), or a NaN on a step whose ``nonfinite`` count is above zero (elsewhere a
+    NaN is a step that recorded no value)."""
     if col not in steps.columns:
         return steps["step"].to_numpy()[:0]
     y = pd.to_numeric(steps[col], errors="coerce").to_numpy(dtype=np.float64, na_value=np.nan)
     bad = np.isinf(y)
     if "nonfinite" in steps.columns:
         bad |= np.isnan(y) & (pd.to_numeric(steps["nonfinite"], errors="coerce").fillna(0).to_numpy() > 0)
+    if col == "loss" and "loss_logged" in steps.columns:
+        bad |= np.isnan(y) & steps["loss_logged"].fillna(False).to_numpy(dtype=bool)
     return steps["step"].to_numpy()[bad][:MAX_MARKS]
 
 

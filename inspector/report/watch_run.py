@@ -57,7 +57,7 @@ def watch_report(run: Run) -> Report:
     steps = run.steps
     by_step = Table("Findings by step", ("step", "rank", "code", "severity", "where", "message"),
                     tuple((f.step, f.rank, f.code, f.severity, f.where, f.message) for f in found))
-    columns = [c for c in steps.columns if c not in ("time",) and not steps[c].isna().all()]
+    columns = [c for c in steps.columns if c not in ("time", "loss_logged") and not steps[c].isna().all()]
     facts = {"file": run.path, "model": run.meta.model, "world_size": run.world_size,
              "steps": int(steps["step"].nunique()) if len(steps) else 0, "modules": len(run.module_order),
              "parameters": len(run.meta.parameters), "every": run.meta.every, "checks": ", ".join(run.meta.checks),

@@ -42,7 +42,8 @@ class StepFinding:
 class Run:
     """A watched training run, as tables (see :func:`read_run`).
 
-    ``steps``: one row per (step, rank): ``STEP_COLUMNS``, then ``lr_0, lr_1, ...`` (one per
+    ``steps``: one row per (step, rank): ``STEP_COLUMNS``, ``loss_logged`` (a NaN ``loss`` was logged
+    as NaN where it is true), then ``lr_0, lr_1, ...`` (one per
     param group) and one column per scalar logged with ``w.log``. ``modules`` (built on first
     use): one row per (step, rank, module) with ``grad_norm, param_norm, update_ratio,
     nonfinite``; :meth:`matrix` gives one of them as a steps × modules array without building
@@ -200,7 +201,10 @@ def _read_stream(source: Any, name: str) -> tuple[RunMeta, Any, bool]:
 
 
 def _steps_frame(table: Any, meta: RunMeta) -> pd.DataFrame:
+    import pyarrow.compute as pc
+
     frame = table.select(STEP_COLUMNS).to_pandas()
+    frame["loss_logged"] = pc.is_valid(table.column("loss")).to_numpy(zero_copy_only=False)  # a NaN loss is logged
     lrs = table.column("lr").to_pylist()
     for g in range(max((len(v) for v in lrs if v), default=0)):
         frame[f"lr_{g}"] = [v[g] if v and g < len(v) else np.nan for v in lrs]
