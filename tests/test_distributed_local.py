@@ -8,7 +8,7 @@ import sys
 
 import torch
 
-from inspector.distributed.tensors import is_dtensor
+from inspector.distributed import is_dtensor
 
 
 def test_analyses_do_not_import_torch_distributed_tensor():

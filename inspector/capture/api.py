@@ -19,7 +19,7 @@ from torch import nn
 from ..checks import require_module
 from ..devices import resolve_device
 from ..distributed.outputs import output_placements, placement_notes
-from ..distributed.tensors import kept_sharded
+from ..dtensors import kept_sharded
 from ..findings import Finding, InspectorError
 from ..forward_state import module_state_kept, restored_message
 from ..locks import model_lock

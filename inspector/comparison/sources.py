@@ -108,7 +108,7 @@ class ModelSide(TensorSource):
                          True, list(findings or []))
 
     def read(self, name: str) -> torch.Tensor:
-        from ..distributed.tensors import is_dtensor
+        from ..dtensors import is_dtensor
 
         t = self._tensors[name].detach()
         if is_dtensor(t):  # a sharded parameter: gathered whole (a collective: every rank must compare)

@@ -10,6 +10,7 @@ the Distributed page read::
 
 from __future__ import annotations
 
+from ..dtensors import is_dtensor, local_piece, model_has_dtensors, placements_text
 from .check import StepCheck, check_step
 from .checkpoint import dcp_listing, is_dcp_folder
 from .run import (
@@ -21,7 +22,6 @@ from .run import (
            read_run,
            unique_findings,
 )
-from .tensors import is_dtensor, local_piece, model_has_dtensors, placements_text
 from .train import SHARD_MODES, process_group, rank_device, shard, train_and_check
 
 __all__ = ["StepCheck", "check_step", "DistributedRun", "read_run", "parse_run", "is_run_file",

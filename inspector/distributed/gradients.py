@@ -16,9 +16,9 @@ import pandas as pd
 import torch
 import torch.distributed as dist
 
+from ..dtensors import is_dtensor, placements_text, splits
 from ..findings import Finding
 from .findings import nonfinite_by_rank
-from .tensors import is_dtensor, placements_text, splits
 
 DTENSOR_NORM_COLUMNS = ["local_norm", "placements", "nonfinite_ranks"]
 

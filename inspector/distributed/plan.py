@@ -10,9 +10,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..dtensors import holders, is_dtensor, placements_text, replica_key
 from ..wrappers import underlying
 from . import digest
-from .tensors import holders, is_dtensor, placements_text, replica_key
 
 
 def _unique(model: nn.Module) -> list[tuple[str, str, torch.Tensor]]:

@@ -6,7 +6,8 @@ from typing import NamedTuple
 
 import torch
 
-from .keys import StorageKeys, _dtensor_type
+from ..dtensors import dtensor_type
+from .keys import StorageKeys
 
 KINDS = ("parameter", "buffer")
 
@@ -93,7 +94,7 @@ class TensorEntry(NamedTuple):
 
     @property
     def is_dtensor(self) -> bool:
-        cls = _dtensor_type()
+        cls = dtensor_type()
         return cls is not None and isinstance(self.tensor, cls)
 
     @property
@@ -116,7 +117,7 @@ class TensorEntry(NamedTuple):
         """DTensor placements as text (``"Shard(0)"``), ``""`` for a plain tensor."""
         if not self.is_dtensor:
             return ""
-        from ..distributed.tensors import placements_text
+        from ..dtensors import placements_text
 
         return placements_text(self.tensor)
 

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import sys
-
 import torch
+
+from ..dtensors import dtensor_type
 
 
 def storage_key(t: torch.Tensor) -> tuple[str, int | None, int] | None:
@@ -30,11 +30,6 @@ def storage_key(t: torch.Tensor) -> tuple[str, int | None, int] | None:
         return None
     ptr = storage.data_ptr()
     return None if ptr == 0 else (device.type, device.index, ptr)
-
-
-def _dtensor_type() -> type | None:
-    module = sys.modules.get("torch.distributed.tensor")
-    return getattr(module, "DTensor", None) if module is not None else None
 
 
 class StorageKeys:
@@ -64,7 +59,7 @@ class StorageKeys:
         """Every object's key, object-number order (read now if not read yet)."""
         keys = self._keys
         if keys is None:
-            dtensor = _dtensor_type()
+            dtensor = dtensor_type()
             keys = self._keys = [None if dtensor is not None and isinstance(t, dtensor) else storage_key(t)
                                  for t in self._tensors]
         return keys

@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from ..checks import require_module
-from ..distributed.tensors import has_dtensors
+from ..dtensors import has_dtensors
 from ..findings import Finding, InspectorError
 from ..inventory import tensor_inventory
 from ._tables import OFFSET_COLUMNS, frame, label

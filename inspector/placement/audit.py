@@ -10,7 +10,7 @@ from typing import Any
 import pandas as pd
 from torch import nn
 
-from ..distributed.tensors import has_dtensors
+from ..dtensors import has_dtensors
 from ..findings import Finding, InspectorError, Severity
 from ..inventory import TensorEntry, TensorInventory, tensor_inventory
 from .budget import Device, device_order, main_device, normalise_device, offload_devices, torch_device_key

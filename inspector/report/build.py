@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from ..checks import require_loaded
-from ..distributed.tensors import kept_sharded
+from ..dtensors import kept_sharded
 from ..findings import Finding, InspectorError
 from ..labs import Lab, TaskRecord, lab_results
 from .data import Section, plain

@@ -18,7 +18,7 @@ from torch.utils.hooks import RemovableHandle
 
 from ..aliases import compare_ties, snapshot_ties
 from ..capture import Captures
-from ..distributed import is_dtensor
+from ..dtensors import is_dtensor
 from ..findings import Finding, FindingKey, InspectorError, group_findings
 from ..wrappers import underlying
 from .detect import Detectors, not_in_optimizer

@@ -9,7 +9,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..distributed import is_dtensor
+from ..dtensors import is_dtensor
 from ..wrappers import underlying
 
 

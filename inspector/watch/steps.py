@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from ..distributed import is_dtensor
+from ..dtensors import is_dtensor
 from ..findings import Finding
 from .layout import current, fused_norms, global_norms, shard_key, to_host
 from .numbers import BATCH_PRODUCER, NO_PRODUCER, Numbers, memory

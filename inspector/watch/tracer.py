@@ -19,7 +19,7 @@ import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
-from ..distributed import is_dtensor
+from ..dtensors import is_dtensor
 
 INPUT, OUTPUT = 0, 1
 CHECKED = (torch.float16, torch.bfloat16, torch.float32, torch.float64)  # aminmax takes these

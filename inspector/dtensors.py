@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from typing_extensions import TypeIs
 
 
-def _dtensor_type() -> type | None:
+def dtensor_type() -> type | None:
     """``DTensor``, or None while ``torch.distributed.tensor`` was never imported.
 
     Importing it costs seconds, and no DTensor can exist before it is imported (FSDP2 and
@@ -39,13 +39,13 @@ def is_dtensor(t: object) -> TypeIs[DTensor]:
     >>> is_dtensor(torch.zeros(2))
     False
     """
-    cls = _dtensor_type()
+    cls = dtensor_type()
     return cls is not None and isinstance(t, cls)
 
 
 def has_dtensors(tensors: Iterable[torch.Tensor]) -> bool:
     """Whether any of ``tensors`` is a DTensor."""
-    cls = _dtensor_type()
+    cls = dtensor_type()
     return cls is not None and any(isinstance(t, cls) for t in tensors)
 
 
