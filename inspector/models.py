@@ -22,8 +22,12 @@ from .checkpoints import apply_checkpoint, refuse_remote_code
 from .checkpoints import pickle_globals as pickle_globals
 from .checkpoints import read_checkpoint as read_checkpoint
 from .checkpoints import strip_wrapper_prefix as strip_wrapper_prefix
-from .devices import COMPLEX_OF, move_model, resolve_device
+from .devices import move_model, resolve_device
 from .findings import Finding, InspectorError, first_line
+
+# Load-time checks live in load_checks.py; their names stay importable from here.
+from .load_checks import MAX_DEPTH as MAX_DEPTH
+from .load_checks import complex_cast_findings, refuse_deep_nesting
 from .locks import model_lock
 from .placement.budget import parse_size
 from .torch_state import restored_torch_state
@@ -315,40 +319,6 @@ def parse_dtype(dtype: str | torch.dtype | None) -> torch.dtype | None:
 
 
 #: Deepest nesting of modules accepted: torch walks modules recursively, so deeper models fail everywhere.
-MAX_DEPTH = 200
-
-
-def refuse_deep_nesting(model: nn.Module, name: str) -> None:
-    """Raise when modules nest deeper than :data:`MAX_DEPTH` (walked without recursion)."""
-    stack = [(model, 0)]
-    seen: set[int] = set()
-    while stack:
-        module, depth = stack.pop()
-        if depth > MAX_DEPTH:
-            raise InspectorError(f"{name} nests modules more than {MAX_DEPTH} deep; torch walks modules "
-                                 "recursively, so no analysis can run on it. Flatten the nesting (an "
-                                 "nn.ModuleList or nn.Sequential of the repeated blocks)")
-        if id(module) in seen:
-            continue
-        seen.add(id(module))
-        stack.extend((child, depth + 1) for child in module._modules.values() if child is not None)
-
-
-def complex_cast_findings(model: nn.Module, dtype: torch.dtype | None) -> list[Finding]:
-    """An info finding per complex tensor when the model is cast to ``dtype``: it stays complex."""
-    if dtype is None:
-        return []
-    out = []
-    for n, t in [*model.named_parameters(), *model.named_buffers()]:
-        if t.is_complex():
-            kept = COMPLEX_OF.get(dtype, t.dtype)
-            out.append(Finding("complex-kept", "info", n,
-                               f"{n} is {str(t.dtype).removeprefix('torch.')}: casting the model to "
-                               f"{str(dtype).removeprefix('torch.')} made it {str(kept).removeprefix('torch.')}, "
-                               "keeping its imaginary part"))
-    return out
-
-
 def _build(source: str, max_bytes: int | None = None) -> LoadedModel:
     if source.startswith("sample:"):
         return _build_sample(source.removeprefix("sample:"))
