@@ -81,25 +81,12 @@ def world2(tmp_path_factory):
     rank 1 at step 1, a drifted buffer on rank 1 at step 2) and ``dcp/`` (a distributed checkpoint).
     """
     import json
-    import socket
-    import sys
-    import types
 
-    import torch.multiprocessing as mp
     from distributed_worker import worker
+    from ranks import spawn_ranks
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     out = tmp_path_factory.mktemp("world2")
-    # The spawned ranks re-run the parent's ``__main__`` unless it is a bare module; after an
-    # AppTest that would be a page script left behind by streamlit.
-    main = sys.modules["__main__"]
-    sys.modules["__main__"] = types.ModuleType("__main__")
-    try:
-        mp.spawn(worker, args=(2, port, str(out)), nprocs=2, join=True)
-    finally:
-        sys.modules["__main__"] = main
+    spawn_ranks(worker, 2, str(out))
     return out, [json.loads((out / f"rank{r}.json").read_text()) for r in (0, 1)]
 
 
@@ -107,23 +94,12 @@ def world2(tmp_path_factory):
 def world4(tmp_path_factory):
     """tests/distributed_checks.py's ``mesh_worker`` on 4 gloo processes once: per-rank results."""
     import json
-    import socket
-    import sys
-    import types
 
-    import torch.multiprocessing as mp
     from distributed_checks import mesh_worker
+    from ranks import spawn_ranks
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     out = tmp_path_factory.mktemp("world4")
-    main = sys.modules["__main__"]
-    sys.modules["__main__"] = types.ModuleType("__main__")
-    try:
-        mp.spawn(mesh_worker, args=(4, port, str(out)), nprocs=4, join=True)
-    finally:
-        sys.modules["__main__"] = main
+    spawn_ranks(mesh_worker, 4, str(out))
     return [json.loads((out / f"rank{r}.json").read_text()) for r in range(4)]
 # Helpers that multiprocessing and torch keep for the life of the interpreter; they end with it.
 _INTERPRETER_HELPERS = ("multiprocessing.resource_tracker", "multiprocessing.forkserver",

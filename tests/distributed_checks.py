@@ -15,6 +15,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from ranks import init
 from torch import nn
 
 
@@ -269,7 +270,7 @@ def mesh_worker(rank: int, world: int, port: int, out: str) -> None:
     """The 4-rank world: FSDP2 + tensor parallelism on a 2 x 2 mesh."""
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    init(rank, world, port)
     results: dict = {"rank": rank}
     try:
         _try(results, "mesh_2x2", lambda: fsdp_tp(2, 2))

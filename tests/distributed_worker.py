@@ -17,6 +17,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from ranks import init
 from torch import nn
 
 
@@ -221,7 +222,7 @@ def worker(rank: int, world: int, port: int, out: str) -> None:
     start = time.perf_counter()
     results["cli"] = _cli(rank, world, port, out_dir)
     seconds = {"cli": time.perf_counter() - start}
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port + 1}", rank=rank, world_size=world)
+    init(rank, world, port + 1)
     try:
         results["fsdp"] = _fsdp_checks(rank, out_dir)
         seconds["fsdp"] = time.perf_counter() - start - sum(seconds.values())

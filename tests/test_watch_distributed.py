@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import json
 import math
-import socket
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+from ranks import init, spawn_ranks
 from torch import nn
 
 
@@ -30,7 +29,7 @@ class Net(nn.Module):
 def _worker(rank: int, world: int, port: int, out: str) -> None:
     from inspector import watch
 
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    init(rank, world, port)
     try:
         torch.manual_seed(0)
         net = Net()
@@ -50,10 +49,7 @@ def _worker(rank: int, world: int, port: int, out: str) -> None:
 
 
 def test_two_ranks_join_one_file(tmp_path):
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    mp.start_processes(_worker, args=(2, port, str(tmp_path)), nprocs=2, join=True, start_method="fork")
+    spawn_ranks(_worker, 2, str(tmp_path))
     from inspector import read_run
 
     run = read_run(tmp_path / "run.inspect")
@@ -104,7 +100,7 @@ def _sharded(kind: str, world: int) -> nn.Module:
 def _sharded_worker(rank: int, world: int, port: int, out: str) -> None:
     from inspector import watch
 
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    init(rank, world, port)
     try:
         xs = torch.randn(3, 5, 4, generator=torch.Generator().manual_seed(1))  # the same batches on each rank
         for kind in ("fsdp", "tp", "replica"):
@@ -121,10 +117,7 @@ def _sharded_worker(rank: int, world: int, port: int, out: str) -> None:
 
 
 def test_sharded_norms_are_global_like_an_unsharded_replica(tmp_path):
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    mp.start_processes(_sharded_worker, args=(2, port, str(tmp_path)), nprocs=2, join=True, start_method="fork")
+    spawn_ranks(_sharded_worker, 2, str(tmp_path))
     from inspector import read_run
 
     replica = read_run(tmp_path / "replica.inspect")
