@@ -34,7 +34,7 @@ _CHILD = textwrap.dedent('''
     import torch
     import transformers
     from inspector.checkpoints import read_checkpoint
-    from inspector.distributed.checkpoint import read_dcp
+    from inspector.checkpoint_dcp import read_dcp
     from inspector import load_model
     def rss():
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024

@@ -30,7 +30,6 @@ from .attribution import METHODS, Attribution, AttributionResult, attribute, met
 from .capture import Captures, capture_activations, capturing, reference_drift, select_modules
 from .comparison import RunComparison, WeightComparison, compare
 from .devices import DeviceInfo, available_devices, device_names, move_model
-from .distributed.report import run_report
 from .findings import Finding, InspectorError, sort_findings
 from .inventory import TensorEntry, TensorInventory, storage_key, tensor_inventory
 from .models import LoadedModel, load_model
@@ -61,7 +60,7 @@ from .placement import (
     plan_device_map,
     plan_device_map_explained,
 )
-from .report import SECTIONS, Report, build_report
+from .report import SECTIONS, Report, build_report, run_report
 from .summary import ModelSummary, format_bytes, format_count, model_summary, summary_findings
 from .tree import LENSES, ModuleTree, module_tree, tensor_badges
 from .units import format_number

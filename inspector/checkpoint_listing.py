@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pandas as pd
 
+from .checkpoint_dcp import dcp_listing, is_dcp_folder
 from .checkpoint_guards import is_safetensors, printable_keys, readable_path, shown_name
 from .checkpoints import read_checkpoint
-from .distributed.checkpoint import dcp_listing, is_dcp_folder
 from .findings import Finding, InspectorError
 
 COLUMNS = ["name", "kind", "dtype", "shape", "numel"]

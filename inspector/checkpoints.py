@@ -53,7 +53,7 @@ def read_checkpoint(path: str | os.PathLike, *, mmap: bool = False) -> tuple[dic
     """
     path = Path(path)
     if path.is_dir():  # a torch.distributed.checkpoint folder, put together in this process
-        from .distributed.checkpoint import read_dcp
+        from .checkpoint_dcp import read_dcp
         state, findings = read_dcp(path)
     elif not path.is_file():
         raise InspectorError(f"checkpoint {shown_name(path, full=True)} does not exist")

@@ -99,7 +99,7 @@ def _fsdp_checks(rank: int, out: Path) -> dict:
         ["name", "placements", "local_bytes", "bytes_per_rank"]].astype(str).values.tolist())
 
     def per_rank():
-        from inspector.distributed.analyses import mesh_dims, rank_bytes
+        from inspector.sharding import mesh_dims, rank_bytes
 
         return {"ranks": rank_bytes(inspector.placement_table(model)).values.tolist(),
                 "mesh_dims": mesh_dims(model).values.tolist()}
@@ -198,8 +198,8 @@ def _strided_checks(rank: int, world: int) -> dict:
     from torch.distributed.tensor.placement_types import _StridedShard
 
     import inspector
-    from inspector.distributed.analyses import rank_bytes
     from inspector.offsets import gradient_report
+    from inspector.sharding import rank_bytes
 
     mesh = init_device_mesh("cpu", (world,))
     model = nn.Module()

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from inspector.__main__ import main
-from inspector.distributed.checkpoint import dcp_listing
+from inspector.distributed import dcp_listing
 from inspector.findings import InspectorError
 from inspector.models import load_model
 from sample_models.fsdp import build

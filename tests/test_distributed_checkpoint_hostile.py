@@ -12,7 +12,7 @@ import torch
 import torch.distributed.checkpoint as dcp
 
 from inspector.__main__ import main
-from inspector.distributed.checkpoint import read_dcp, read_metadata
+from inspector.checkpoint_dcp import read_dcp, read_metadata
 from inspector.findings import InspectorError
 
 

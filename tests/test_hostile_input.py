@@ -395,12 +395,12 @@ def _lib_cases() -> list[tuple[str, Callable, str]]:
         retie,
         snapshot_ties,
     )
+    from inspector.checkpoint_dcp import read_dcp
     from inspector.checkpoint_listing import checkpoint_listing
     from inspector.checkpoints import apply_checkpoint, read_checkpoint
     from inspector.cli_types import open_output
     from inspector.comparison import compare
     from inspector.distributed import dcp_listing
-    from inspector.distributed.checkpoint import read_dcp
     from inspector.offsets import run_backward
     from inspector.placement import parse_max_memory, parse_size
     from inspector.report import Report, build_report

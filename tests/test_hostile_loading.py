@@ -42,7 +42,7 @@ _PEAK = textwrap.dedent('''
     import torch
     from inspector.findings import InspectorError
     from inspector.checkpoints import read_checkpoint
-    from inspector.distributed.checkpoint import read_dcp
+    from inspector.checkpoint_dcp import read_dcp
     def vm():
         return int(next(l for l in open("/proc/self/status") if l.startswith("VmSize")).split()[1]) * 1024
     limit = vm() + (128 << 20)  # 128 MiB above what is mapped now; each bomb asks for 256 MiB or more

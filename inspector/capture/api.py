@@ -18,12 +18,12 @@ from torch import nn
 
 from ..checks import require_module
 from ..devices import resolve_device
-from ..distributed.outputs import output_placements, placement_notes
 from ..dtensors import kept_sharded
 from ..findings import Finding, InspectorError
 from ..forward_state import module_state_kept, restored_message
 from ..locks import model_lock
 from ..models import call_model
+from ..sharding import output_placements, placement_notes
 from .leaves import tensor_leaves
 from .recorder import Options, Recorder
 from .results import Captures

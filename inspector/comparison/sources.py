@@ -26,9 +26,9 @@ import numpy as np
 import torch
 from torch import nn
 
+from ..checkpoint_dcp import dcp_index, is_dcp_folder, read_dcp_tensor
 from ..checkpoint_listing import _SAFETENSORS_DTYPES
 from ..checkpoints import read_checkpoint
-from ..distributed.checkpoint import dcp_index, is_dcp_folder, read_dcp_tensor
 from ..findings import Finding, InspectorError
 from ..models import LoadedModel, load_model
 from .kernels import CHUNK, raw_values

@@ -10,9 +10,9 @@ the Distributed page read::
 
 from __future__ import annotations
 
+from ..checkpoint_dcp import dcp_listing, is_dcp_folder
 from ..dtensors import is_dtensor, local_piece, model_has_dtensors, placements_text
 from .check import StepCheck, check_step
-from .checkpoint import dcp_listing, is_dcp_folder
 from .run import (
            DistributedRun,
            is_run_file,

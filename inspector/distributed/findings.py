@@ -8,14 +8,10 @@ from statistics import median
 from typing import Any
 
 from ..findings import Finding
+from ..sharding.findings import nonfinite_by_rank
+from ..sharding.findings import ranks_text as _ranks
 
 IMBALANCE = 0.05  # a rank holding this fraction more sharded elements than the mean is reported
-
-
-def _ranks(ranks: list[int]) -> str:
-    if len(ranks) == 1:
-        return f"rank {ranks[0]}"
-    return "ranks " + ", ".join(str(r) for r in ranks[:-1]) + f" and {ranks[-1]}"
 
 
 def step_findings(record: dict[str, Any], far_factor: float = 10.0) -> list[Finding]:
@@ -81,21 +77,6 @@ def _drift(row: dict[str, Any], step: int) -> list[Finding]:
             "as BatchNorm running statistics, a parameter outside FSDP/DDP, a rank-dependent "
             "seed or in-place edit); broadcast it from rank 0 or shard/wrap it."))
     return out
-
-
-def nonfinite_by_rank(row: dict[str, Any]) -> list[Finding]:
-    """``nonfinite-gradient`` naming the ranks whose local piece of a tensor's gradient holds NaN/Inf."""
-    bad = [r for r, (n, i) in enumerate(zip(row["nan"], row["inf"])) if n or i]
-    if not bad:
-        return []
-    counts = "; ".join(f"rank {r}: {row['nan'][r]} NaN, {row['inf'][r]} Inf" for r in bad)
-    fine = [r for r in range(len(row["nan"])) if r not in bad]
-    tail = f"; {_ranks(fine)} {'is' if len(fine) == 1 else 'are'} finite" if fine else ""
-    return [Finding(
-        "nonfinite-gradient", "error", row["name"],
-        f"the gradient of {row['name']} is not finite on {_ranks(bad)} ({counts} in the local "
-        f"piece){tail}. The next optimizer step spreads it to the weights; look at that rank's "
-        "data batch and loss.")]
 
 
 def unsynchronised(row: dict[str, Any]) -> bool:

@@ -15,7 +15,7 @@ process, as with ``DTensor``) can plug in without touching the tables:
   of ``torch._foreach_norm``.
 
 :class:`Pieces` bundles both steps with what else a sharded measurement needs (counts of
-NaN and Inf per process); ``inspector.distributed.gradients`` implements it for DTensor
+NaN and Inf per process); ``inspector.sharding.ShardedGradients`` implements it for DTensor
 gradients.
 
 Nothing is cached: every call reads the gradients as they are now (an in-place edit

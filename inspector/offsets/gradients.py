@@ -109,7 +109,7 @@ def _pieces(params: Params, gradients: list[torch.Tensor | None]) -> Pieces | No
     """How to measure gradients held in pieces across processes (DTensor: FSDP2, tensor parallel)."""
     if not (has_dtensors(p for _, p in params) or has_dtensors(g for g in gradients if g is not None)):
         return None
-    from ..distributed.gradients import ShardedGradients
+    from ..sharding import ShardedGradients
     return ShardedGradients()
 
 
@@ -162,7 +162,7 @@ def _report(params: Params, shared: dict[int, list[str]], gradients: Gradients,
     total = mrows[0][1] if mrows else math.nan
     findings += _gradient_findings(prows)
     if pieces is not None:  # this rank's norms, placements, and the ranks whose pieces are not finite
-        from ..distributed.gradients import ShardedGradients, with_rank_columns
+        from ..sharding import ShardedGradients, with_rank_columns
         by_parameter, findings = with_rank_columns(by_parameter, [p for _, p in params], gradients,
                                                    cast(ShardedGradients, pieces),  # made by _pieces
                                                    per_rank, findings)

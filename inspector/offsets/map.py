@@ -79,7 +79,7 @@ def offset_map(model: nn.Module, trainable_only: bool = False,
     table = frame(OFFSET_COLUMNS, rows)
     tensors = [t for _, t, _, _ in entries]
     if has_dtensors(tensors):  # FSDP2 / tensor parallel: add this rank's pieces
-        from ..distributed.analyses import with_local_offsets
+        from ..sharding import with_local_offsets
         table = with_local_offsets(table, tensors)
     return table
 

@@ -361,7 +361,7 @@ def placement_table(model: nn.Module) -> pd.DataFrame:
     devices = sorted({d for d in device_of if d is not None}, key=device_order)
     table = _audit_rows(rows, chains, device_of, devices, meta_ok=all_meta, dispatched=offloaded)
     if has_dtensors(r.tensor for r in rows):  # FSDP2 / tensor parallel: bytes per rank
-        from ..distributed.analyses import with_rank_bytes
+        from ..sharding import with_rank_bytes
         table = with_rank_bytes(table, model)
     return table
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from .build import build_report, lab_report, run_section
 from .data import ReportFigure, Section, Table, figure_data, make_figure, plain, trace_summary
+from .distributed_run import run_report
 from .model import Report
 from .options import DEFAULT_OPTIONS, SECTION_TITLES, SECTIONS, check_options, check_sections
 from .render import (
@@ -35,4 +36,4 @@ __all__ = ["CHROMIUM", "DEFAULT_OPTIONS", "SCHEMA_PATH", "SCHEMA_VERSION", "SECT
            "SECTION_TITLES", "TEMPLATE_DIR", "Context", "Report", "ReportFigure", "Section", "SectionBuilder",
            "SectionUnavailable", "Table", "build_report", "check_options", "check_sections", "display_value",
            "figure_data", "lab_report", "lab_section", "load_schema", "make_figure", "plain", "render_html",
-           "render_markdown", "render_pdf", "run_section", "trace_summary", "watch_report"]
+           "render_markdown", "render_pdf", "run_report", "run_section", "trace_summary", "watch_report"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from ...aliases import CONVERSIONS, alias_analysis, conversion_table, graph_data
-from ...distributed import model_has_dtensors
+from ...dtensors import model_has_dtensors
 from ...findings import InspectorError
 from ...summary import model_bytes
 from ...units import format_bytes

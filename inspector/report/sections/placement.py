@@ -5,8 +5,8 @@ from __future__ import annotations
 import warnings
 from typing import Any
 
-from ...distributed.analyses import sharding_tables
 from ...placement import compare_with_accelerate, placement_findings, placement_table
+from ...sharding import sharding_tables
 from ...units import format_budget
 from ..data import ReportFigure, Section, Table, make_figure, plain
 from ..options import SECTION_TITLES

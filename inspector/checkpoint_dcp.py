@@ -20,8 +20,8 @@ from typing import Any
 import pandas as pd
 import torch
 
-from ..checkpoint_guards import check_zip_sizes
-from ..findings import Finding, InspectorError
+from .checkpoint_guards import check_zip_sizes
+from .findings import Finding, InspectorError
 
 METADATA = ".metadata"
 _METADATA_CLASSES = ("Metadata", "MetadataIndex", "StorageMeta", "TensorStorageMetadata", "ChunkStorageMetadata",

@@ -1,6 +1,6 @@
-"""DTensor columns and global gradient norms for the single-model analyses.
+"""DTensor columns for the single-model analyses: this rank's pieces and the bytes per rank.
 
-``offset_map``, ``gradient_report`` and ``placement_table`` call into here when a model's
+``offset_map`` and ``placement_table`` call into here when a model's
 parameters are DTensors (FSDP2, tensor parallelism): their ``shape``/``numel`` are global,
 so the global columns stay as they are and this adds what this rank holds.
 """

@@ -10,8 +10,9 @@ from datetime import UTC, datetime
 
 import pandas as pd
 
-from ..report import Report, Section, Table, make_figure
-from .run import DistributedRun, rank_issues, unique_findings
+from ..distributed import DistributedRun, rank_issues, unique_findings
+from .data import Section, Table, make_figure
+from .model import Report
 
 
 def run_report(run: DistributedRun) -> Report:
