@@ -27,7 +27,7 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Any
 
@@ -150,9 +150,7 @@ def check_step(model: nn.Module, step: int, path: str | os.PathLike | None = "in
     findings = column_findings(gathered, far_factor)
 
     def record() -> dict[str, Any]:
-        out = gathered.record()
-        out["findings"] = [f.to_dict() for f in findings]
-        return out
+        return replace(gathered.check(), findings=findings).to_json()
 
     result = StepCheck(step, rank, world, record, findings)
     if rank == 0 and path is not None:

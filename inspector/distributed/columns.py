@@ -20,7 +20,7 @@ import torch
 from ..findings import Finding
 from .findings import IMBALANCE, far_off, imbalance, row_findings, spread
 from .plan import Plan
-from .record import build_record
+from .record import CheckRecord, build_record
 
 
 @dataclass
@@ -37,7 +37,7 @@ class Gathered:
     world: int
     backend: str
     note: str
-    _record: dict[str, Any] | None = field(default=None, repr=False)
+    _record: CheckRecord | None = field(default=None, repr=False)
 
     def _static(self, index: list[int]) -> list[dict[str, Any]]:
         plan = self.plan
@@ -45,16 +45,20 @@ class Gathered:
                  else False} for i in index]
 
     def rows(self, index: list[int]) -> list[dict[str, Any]]:
-        """The record's rows of the tensors at ``index`` (the same dicts :meth:`record` holds)."""
+        """The JSON rows of the tensors at ``index`` (those of :meth:`record`)."""
         if self._record is not None:
-            return [self._record["tensors"][i] for i in index]
+            return [self._record.tensors[i].to_json() for i in index]
         pick = torch.tensor(index, dtype=torch.long)
-        return build_record(self._static(index), self.factors[pick].tolist(), self.per_tensor[:, pick],
-                            self.per_rank, self.hashes[:, pick], self.step, self.world, self.backend,
-                            self.note)["tensors"]
+        return [t.to_json() for t in build_record(
+            self._static(index), self.factors[pick].tolist(), self.per_tensor[:, pick], self.per_rank,
+            self.hashes[:, pick], self.step, self.world, self.backend, self.note).tensors]
 
     def record(self) -> dict[str, Any]:
-        """The JSON-ready step record (built once, on first use)."""
+        """The step record without findings, as JSON (:meth:`check`)."""
+        return self.check().to_json()
+
+    def check(self) -> CheckRecord:
+        """The step record, without findings (built once, on first use)."""
         if self._record is None:
             self._record = build_record(self._static(list(range(len(self.plan.tensors)))), self.factors.tolist(),
                                         self.per_tensor, self.per_rank, self.hashes, self.step, self.world,

@@ -8,6 +8,7 @@ import os
 import re
 from collections import Counter
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -15,10 +16,9 @@ import pandas as pd
 
 from ..findings import Finding, InspectorError, group_findings
 from .findings import unsynchronised
-from .record import FORMAT, VERSION
+from .record import FORMAT, RANK_NUMBERS, VERSION, CheckRecord
 
-RANK_COLUMNS = ["step", "rank", "grad_norm", "nonfinite", "param_numel", "param_bytes", "grad_bytes",
-                "buffer_bytes", "device_allocated", "device_peak", "rss", "peak_rss", "value_nonfinite", "loss"]
+RANK_COLUMNS = ["step", "rank", *RANK_NUMBERS]
 TENSOR_COLUMNS = ["name", "kind", "placements", "mesh", "shape", "numel", "local_numel", "grad_norm",
                   "local_grad_norm", "nan", "inf"]
 
@@ -29,22 +29,28 @@ class DistributedRun:
 
     ``per_rank``: one row per (step, rank) with columns ``RANK_COLUMNS``; ``steps``: one row
     per step (``step, grad_norm, nonfinite, findings``); ``tensors``: the last step's tensors
-    (``TENSOR_COLUMNS``); ``findings``: ``(step, Finding)`` pairs in file order.
+    (``TENSOR_COLUMNS``); ``findings``: ``(step, Finding)`` pairs in file order; ``checks``: the
+    step records as read (:class:`~.record.CheckRecord`), ``records`` the same as JSON objects.
     """
 
     path: str
     world_size: int
     backend: str
-    records: list[dict[str, Any]] = field(repr=False)
+    checks: list[CheckRecord] = field(repr=False)
     per_rank: pd.DataFrame = field(repr=False)
     steps: pd.DataFrame = field(repr=False)
     tensors: pd.DataFrame = field(repr=False)
     findings: list[tuple[int, Finding]] = field(default_factory=list)
 
+    @cached_property
+    def records(self) -> list[dict[str, Any]]:
+        """The step records as JSON objects (:meth:`~.record.CheckRecord.to_json`), in file order."""
+        return [rec.to_json() for rec in self.checks]
+
     def tensors_at(self, step: int) -> pd.DataFrame:
         """The tensors table of ``step`` (the last record with that step number)."""
-        for rec in reversed(self.records):
-            if rec["step"] == step:
+        for rec in reversed(self.checks):
+            if rec.step == step:
                 return _tensor_frame(rec)
         raise InspectorError(f"{self.path} has no step {step}; steps: {self.steps['step'].tolist()}")
 
@@ -117,7 +123,7 @@ def _loads(line: str) -> Any:
     return json.loads(line, parse_constant=_reject_constant, parse_float=_finite_float, parse_int=_bounded_int)
 
 
-def _parse_line(line: str, number: int, name: str) -> dict[str, Any]:
+def _parse_line(line: str, number: int, name: str) -> CheckRecord:
     try:
         rec = _loads(line)
     except RecursionError:
@@ -134,15 +140,15 @@ def _parse_line(line: str, number: int, name: str) -> dict[str, Any]:
     missing = [k for k in ("step", "world_size", "ranks", "tensors", "global") if k not in rec]
     if missing:
         raise InspectorError(f"{name} line {number} lacks {', '.join(missing)}")
-    problem = _record_problem(rec)
-    if problem:
-        raise InspectorError(f"{name} line {number} is not a valid check_step record: {problem}")
-    return rec
+    try:
+        return CheckRecord.from_json(rec)
+    except ValueError as exc:
+        raise InspectorError(f"{name} line {number} is not a valid check_step record: {exc}") from None
 
 
 def parse_run(text: str, name: str = "run file") -> DistributedRun:
     """Like :func:`read_check_run`, from the file's text (an upload)."""
-    records: list[dict[str, Any]] = []
+    records: list[CheckRecord] = []
     notes: list[Finding] = []
     lines = text.lstrip("\ufeff").splitlines()
     # a run stopped while writing leaves a last line without its newline
@@ -161,7 +167,7 @@ def parse_run(text: str, name: str = "run file") -> DistributedRun:
                                  f"{len(records)} complete steps before it."))
     if not records:
         raise InspectorError(f"{name} holds no step records")
-    newer = sorted({rec["version"] for rec in records if _is_int(rec.get("version")) and rec["version"] > VERSION})
+    newer = sorted({rec.version for rec in records if rec.version is not None and rec.version > VERSION})
     if newer:
         notes.insert(0, Finding("run-file-newer", "warning", name,
                                 f"{name} was written by a newer version of the record (version "
@@ -170,97 +176,23 @@ def parse_run(text: str, name: str = "run file") -> DistributedRun:
     return _run(records, notes, name)
 
 
-def _run(records: list[dict[str, Any]], notes: list[Finding], name: str) -> DistributedRun:
+def _run(records: list[CheckRecord], notes: list[Finding], name: str) -> DistributedRun:
     rank_rows, step_rows, findings = [], [], []
     for rec in records:
-        for r in rec["ranks"]:
-            rank_rows.append([rec["step"]] + [r.get(c) for c in RANK_COLUMNS[1:]])
-        step_findings = [Finding.from_dict(f) for f in rec.get("findings", [])]
-        findings += [(rec["step"], f) for f in step_findings]
-        step_rows.append([rec["step"], rec["global"].get("grad_norm"), rec["global"].get("nonfinite", 0),
-                          len(step_findings)])
-    findings += [(records[-1]["step"], f) for f in notes]
+        for r in rec.ranks:
+            rank_rows.append([rec.step] + [getattr(r, c) for c in RANK_COLUMNS[1:]])
+        findings += [(rec.step, f) for f in rec.findings]
+        step_rows.append([rec.step, rec.totals.grad_norm, rec.totals.nonfinite, len(rec.findings)])
+    findings += [(records[-1].step, f) for f in notes]
     per_rank = pd.DataFrame(rank_rows, columns=RANK_COLUMNS)
     steps = pd.DataFrame(step_rows, columns=["step", "grad_norm", "nonfinite", "findings"])
     last = records[-1]
-    return DistributedRun(name, int(last["world_size"]), str(last.get("backend", "")), records,
+    return DistributedRun(name, int(last.world_size), last.backend, records,
                           per_rank, steps, _tensor_frame(last), findings)
 
 
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _is_number(value: Any) -> bool:
-    return value is None or (isinstance(value, (int, float)) and not isinstance(value, bool))
-
-
-def _record_problem(rec: dict[str, Any]) -> str:
-    """What is wrong with one parsed line's types ("" when nothing): the fields tables, figures,
-    pages and reports read, with the types ``check_step`` writes."""
-    if not _is_int(rec["step"]):
-        return f"step must be an integer, not {rec['step']!r}"
-    if not _is_int(rec["world_size"]) or not 1 <= rec["world_size"] <= 1 << 20:
-        return f"world_size must be a positive integer, not {rec['world_size']!r}"
-    if "version" in rec and not _is_int(rec["version"]):
-        return f"version must be an integer, not {rec['version']!r}"
-    if not isinstance(rec.get("backend", ""), str) or not isinstance(rec.get("note", ""), str):
-        return "backend and note must be strings"
-    if not isinstance(rec["global"], dict) or not all(_is_number(v) for v in rec["global"].values()):
-        return "global must be an object of numbers"
-    if not isinstance(rec["ranks"], list) or not all(isinstance(r, dict) for r in rec["ranks"]):
-        return "ranks must be a list of objects"
-    for r in rec["ranks"]:
-        if not _is_int(r.get("rank")) or not 0 <= r["rank"] < rec["world_size"]:
-            return f"each rank's \"rank\" must be an integer from 0 to world_size - 1, not {r.get('rank')!r}"
-        bad = [c for c in RANK_COLUMNS[2:] if not _is_number(r.get(c))]
-        bad += [c for c in ("param_numel", "param_bytes", "grad_bytes", "buffer_bytes") if not _is_int(r.get(c))]
-        if bad:
-            return f"rank {r['rank']} has a non-numeric {bad[0]}"
-    if not isinstance(rec["tensors"], list) or not all(
-            isinstance(t, dict) and isinstance(t.get("name"), str) for t in rec["tensors"]):
-        return "tensors must be a list of objects, each with a string name"
-    for t in rec["tensors"]:
-        problem = _tensor_problem(t, rec["world_size"])
-        if problem:
-            return f"tensor {t['name']!r}: {problem}"
-    findings = rec.get("findings", [])
-    if not isinstance(findings, list):
-        return "findings must be a list"
-    for f in findings:
-        try:
-            Finding.from_dict(f)
-        except ValueError as exc:
-            return str(exc)
-    return ""
-
-
-_PER_RANK_INTS = ("nan", "inf", "replica_key", "local_numel", "value_nan", "value_inf")
-
-
-def _tensor_problem(t: dict[str, Any], world: int) -> str:
-    """What is wrong with one tensor row ("" when nothing)."""
-    if not all(isinstance(t.get(k, []), list) for k in ("nan", "inf", "replica_key", "hash")):
-        return "nan, inf, replica_key and hash must be lists"
-    for key in _PER_RANK_INTS:
-        values = t.get(key)
-        if values is not None and (not isinstance(values, list) or not all(_is_int(v) for v in values)):
-            return f"{key} must be a list of integers, one per rank"
-    if not all(_is_number(v) for v in t.get("local_grad_norm") or []) or not _is_number(t.get("grad_norm")):
-        return "grad_norm and local_grad_norm must be numbers"
-    if not all(isinstance(h, list) and h and all(_is_int(x) for x in h) for h in t.get("hash", [])):
-        return "hash must be a list of integer lists, one per rank"
-    keys, hashes = t.get("replica_key", []), t.get("hash", [])
-    if len(hashes) < len(keys):
-        return f"hash has {len(hashes)} entries for {len(keys)} replica keys: each rank needs one"
-    long = [k for k in (*_PER_RANK_INTS, "hash", "local_grad_norm") if len(t.get(k) or []) > world]
-    if long:
-        return f"{long[0]} has more entries than world_size ({world})"
-    return ""
-
-
-def _tensor_frame(record: dict[str, Any]) -> pd.DataFrame:
-    rows = [[t.get(c) for c in TENSOR_COLUMNS] for t in record["tensors"]]
+def _tensor_frame(record: CheckRecord) -> pd.DataFrame:
+    rows = [[getattr(t, c) for c in TENSOR_COLUMNS] for t in record.tensors]
     return pd.DataFrame(rows, columns=TENSOR_COLUMNS)
 
 
