@@ -19,7 +19,7 @@ def run_report(run: DistributedRun) -> Report:
     """Sections ``findings``, ``run``, ``rank-0`` ... ``rank-N``, ``tensors`` of one run file."""
     from ..figures.distributed import grad_norm_figure, memory_figure
 
-    first = run.records[0]
+    first = run.checks[0]
     findings = tuple(f for _, f in unique_findings(run))
     seen_at = Table("Findings by step", ("code", "where", "steps"),
                     tuple((f.code, f.where, ", ".join(str(s) for s in steps)) for steps, f in unique_findings(run)))
@@ -27,8 +27,8 @@ def run_report(run: DistributedRun) -> Report:
         "run", "Distributed run", facts={
             "file": run.path, "world_size": run.world_size, "backend": run.backend,
             "steps": len(run.steps), "first_step": int(run.steps["step"].iloc[0]),
-            "last_step": int(run.steps["step"].iloc[-1]), "note": str(first.get("note", "")),
-            "parameter_elements": int(first["global"].get("param_numel", 0))},
+            "last_step": int(run.steps["step"].iloc[-1]), "note": first.note,
+            "parameter_elements": int(first.totals.param_numel or 0)},
         tables=(Table.from_frame("Steps", run.steps), seen_at),
         figures=(make_figure("Gradient norm per rank", grad_norm_figure(run.per_rank, run.steps)),
                  make_figure("Memory per rank", memory_figure(run.per_rank))),
