@@ -15,10 +15,10 @@ from torch import nn
 
 from ..checks import require_module
 from ..findings import Finding, InspectorError
+from ..inventory import tensor_inventory
 from ..locks import model_lock
 from .audit import audit, normalise_map, placement_table, table_findings
 from .budget import Device, device_order, main_device
-from .inventory import inventory
 from .plan import default_no_split
 from .walk import largest_layer
 
@@ -216,7 +216,7 @@ def suggest_budget(model: nn.Module) -> dict[Device, int]:
     >>> suggest_budget(nn.Linear(10, 10))  # 440 bytes, one layer
     {0: 682, 1: 242, 'cpu': 880}
     """
-    inv = inventory(model)
+    inv = tensor_inventory(model).module_tables()
     total = inv.sizes[""]
     _, largest = largest_layer(inv, set(default_no_split(model, None)))
     return {0: int(total * 0.55) + largest, 1: int(total * 0.55), "cpu": 2 * total}
