@@ -132,11 +132,14 @@ def _input_dtype(inv: TensorInventory) -> torch.dtype | None:
     return next((e.dtype for e in inv.entries if e.tensor.is_floating_point()), None)
 
 
-def offloaded_ids(model: nn.Module, inv: TensorInventory | None = None) -> set[int]:
+def offloaded_ids(model: nn.Module) -> set[int]:
     """ids of the meta tensors that accelerate's hooks load before each forward (weights that
-    ``dispatch_model`` offloaded to the cpu or disk): they have weights, kept elsewhere.
-    ``inv``: the model's inventory, where the caller has one."""
-    inv = tensor_inventory(model) if inv is None else inv
+    ``dispatch_model`` offloaded to the cpu or disk): they have weights, kept elsewhere."""
+    return _offloaded(tensor_inventory(model))
+
+
+def _offloaded(inv: TensorInventory) -> set[int]:
+    """:func:`offloaded_ids` of the model walked by ``inv``."""
     own = inv.own_entries
     out: set[int] = set()
     for name, module in zip(inv.modules, inv.module_objects):
@@ -150,7 +153,7 @@ def offloaded_ids(model: nn.Module, inv: TensorInventory | None = None) -> set[i
 def unserved_meta(inv: TensorInventory) -> list[str]:
     """First names of the tensors on the meta device with no weights behind them (those
     accelerate offloaded and loads for each forward have weights)."""
-    served = offloaded_ids(inv.module_objects[0], inv) if inv.modules else set()
+    served = _offloaded(inv)
     return [e.name for e in inv.unique_entries() if e.device.type == "meta" and id(e.tensor) not in served]
 
 
