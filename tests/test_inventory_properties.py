@@ -15,6 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
 
+from inspector import tensor_table
 from inspector.inventory import tensor_inventory
 
 
@@ -116,3 +117,18 @@ def test_module_tables_count_each_object_once(graph):
                                                           dict.fromkeys([*model.parameters(), *model.buffers()]))
     assert list(tables.classes) == list(inv.modules)
     assert {n for names in tables.direct.values() for n in names} == set(inv.by_name)
+
+
+def test_tensor_table_lists_every_name_as_torch_walks_them():
+    m = nn.Sequential(nn.Linear(2, 3), nn.BatchNorm1d(3), nn.Linear(3, 2, bias=False))
+    m[2].weight = nn.Parameter(m[0].weight.detach().T.contiguous())
+    m.add_module("again", m[1])  # a shared submodule: its names twice
+    m[0].bias.requires_grad_(False)
+    table = tensor_table(m)
+    names = [n for n, _ in m.named_parameters(remove_duplicate=False)]
+    names += [n for n, _ in m.named_buffers(remove_duplicate=False)]
+    assert table["name"].tolist() == names
+    row = table.set_index("name")
+    assert row.at["again.weight", "same_as"] == "1.weight" and row.at["1.weight", "same_as"] == ""
+    assert row.at["0.bias", "requires_grad"] is False and row.at["1.running_mean", "requires_grad"] is None
+    assert (row.at["0.weight", "shape"], row.at["1.num_batches_tracked", "dtype"]) == ("(3, 2)", "int64")
