@@ -8,13 +8,13 @@ from urllib.parse import urlencode
 import pandas as pd
 import streamlit as st
 
-from inspector import format_bytes, format_count, model_summary, summary_findings
+from inspector import format_bytes, format_count, model_summary, summary_findings, tensor_table
 from inspector.escaping import markdown_text
 from ui.cache import cached_analysis
 from ui.errors import guarded
 from ui.navigation import all_views, navigation
 from ui.sidebar import model_picker
-from ui.tables import findings_table, paged_table, show_frame, tensor_listing
+from ui.tables import findings_table, paged_table, show_frame
 from ui.tree_view import model_tree_section
 
 
@@ -77,7 +77,7 @@ def home() -> None:
 
     with guarded("listing the tensors"):
         with st.expander("Parameters and buffers", expanded=False):
-            listing: pd.DataFrame = cached_analysis(tensor_listing, loaded.model)
+            listing: pd.DataFrame = cached_analysis(tensor_table, loaded.model)
             paged_table(listing, "home_tensors", caption="every name, aliases included")
 
     sel = st.session_state["mi_selection"]

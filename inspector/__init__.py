@@ -61,7 +61,7 @@ from .placement import (
     plan_device_map_explained,
 )
 from .report import SECTIONS, Report, build_report, run_report
-from .summary import ModelSummary, format_bytes, format_count, model_summary, summary_findings
+from .summary import ModelSummary, format_bytes, format_count, model_summary, summary_findings, tensor_table
 from .tree import LENSES, ModuleTree, module_tree, tensor_badges
 from .units import format_number
 from .watch import Run, StepFinding, WatchResult, read_run, watch
@@ -80,7 +80,7 @@ __all__ = [
     "gradient_report", "load_model", "locate", "loss_gradients", "methods_for", "model_summary", "move_model",
     "offset_findings", "offset_map", "parse_max_memory", "placement_findings", "placement_table", "reference_drift",
     "plan_device_map", "plan_device_map_explained", "retie", "run_backward", "run_report", "select_modules",
-    "snapshot_ties", "sort_findings", "storage_key", "summary_findings", "tensor_inventory",
+    "snapshot_ties", "sort_findings", "storage_key", "summary_findings", "tensor_inventory", "tensor_table",
     "Run", "StepFinding", "WatchResult", "read_run", "watch",
     "RunComparison", "WeightComparison", "compare",
     "LENSES", "ModuleTree", "format_number", "module_tree", "tensor_badges",

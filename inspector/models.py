@@ -24,6 +24,7 @@ from .checkpoints import read_checkpoint as read_checkpoint
 from .checkpoints import strip_wrapper_prefix as strip_wrapper_prefix
 from .devices import move_model, resolve_device
 from .findings import Finding, InspectorError, first_line
+from .inventory import TensorInventory, tensor_inventory
 
 # Load-time checks live in load_checks.py; their names stay importable from here.
 from .load_checks import MAX_DEPTH as MAX_DEPTH
@@ -75,8 +76,7 @@ class LoadedModel:
     def is_meta(self) -> bool:
         """Whether some tensor is on the meta device with no weights behind it (tensors that
         accelerate offloaded to the cpu or disk and loads for each forward do not count)."""
-        served = offloaded_ids(self.model)
-        return any(t.device.type == "meta" and id(t) not in served for t in _tensors(self.model))
+        return bool(unserved_meta(tensor_inventory(self.model)))
 
     @property
     def has_loss(self) -> bool:
@@ -95,19 +95,15 @@ class LoadedModel:
             raise InspectorError(f"batch size must be a whole number of at least 1, got {batch_size!r}")
         with model_code(f"example_inputs({batch_size}) of {self.name}", self._advice("example_inputs(batch_size)")):
             inputs = self.inputs_fn(batch_size)
-        return to_device(inputs, self.input_device(), self.input_dtype())
+        inv = tensor_inventory(self.model)
+        return to_device(inputs, _input_device(inv), _input_dtype(inv))
 
     def input_device(self) -> torch.device:
-        for t in _tensors(self.model):
-            return t.device
-        return torch.device("cpu")
+        return _input_device(tensor_inventory(self.model))
 
     def input_dtype(self) -> torch.dtype | None:
         """The dtype of the first floating parameter (or buffer); None if there is none."""
-        for t in _tensors(self.model):
-            if t.is_floating_point():
-                return t.dtype
-        return None
+        return _input_dtype(tensor_inventory(self.model))
 
     def loss(self, outputs: Any, inputs: Any) -> torch.Tensor:
         if self.loss_fn is None:
@@ -127,30 +123,44 @@ class LoadedModel:
         ensure_runnable(self.model, self.name)
 
 
-def _tensors(model: nn.Module):
-    yield from model.parameters()
-    yield from model.buffers()
+def _input_device(inv: TensorInventory) -> torch.device:
+    """The device of the first parameter (or buffer); the cpu if there is none."""
+    return inv.entries[0].device if inv.entries else torch.device("cpu")
+
+
+def _input_dtype(inv: TensorInventory) -> torch.dtype | None:
+    return next((e.dtype for e in inv.entries if e.tensor.is_floating_point()), None)
 
 
 def offloaded_ids(model: nn.Module) -> set[int]:
     """ids of the meta tensors that accelerate's hooks load before each forward (weights that
     ``dispatch_model`` offloaded to the cpu or disk): they have weights, kept elsewhere."""
+    return _offloaded(tensor_inventory(model))
+
+
+def _offloaded(inv: TensorInventory) -> set[int]:
+    """:func:`offloaded_ids` of the model walked by ``inv``."""
+    own = inv.own_entries
     out: set[int] = set()
-    for module in model.modules():
+    for name, module in zip(inv.modules, inv.module_objects):
         hook = getattr(module, "_hf_hook", None)
         hooks = getattr(hook, "hooks", None) or ([hook] if hook is not None else [])
         if any(getattr(h, "offload", False) and getattr(h, "weights_map", None) is not None for h in hooks):
-            out.update(id(t) for t in [*module.parameters(recurse=False), *module.buffers(recurse=False)]
-                       if t.device.type == "meta")
+            out.update(id(e.tensor) for e in own.get(name, ()) if e.device.type == "meta")
     return out
 
 
-def ensure_runnable(model: nn.Module, name: str = "model") -> None:
+def unserved_meta(inv: TensorInventory) -> list[str]:
+    """First names of the tensors on the meta device with no weights behind them (those
+    accelerate offloaded and loads for each forward have weights)."""
+    served = _offloaded(inv)
+    return [e.name for e in inv.unique_entries() if e.device.type == "meta" and id(e.tensor) not in served]
+
+
+def ensure_runnable(model: nn.Module, name: str = "model", inv: TensorInventory | None = None) -> None:
     """Refuse a forward pass on a model whose tensors are on the meta device (those accelerate
-    offloaded and loads for each forward are fine)."""
-    served = offloaded_ids(model)
-    meta = [n for n, t in [*model.named_parameters(), *model.named_buffers()]
-            if t.device.type == "meta" and id(t) not in served]
+    offloaded and loads for each forward are fine); ``inv``: its inventory, where the caller has one."""
+    meta = unserved_meta(tensor_inventory(model) if inv is None else inv)
     if meta:
         raise InspectorError(
             f"{name} is on the meta device ({len(meta)} tensors, first {meta[0]}): it has a structure "

@@ -12,7 +12,8 @@ from .findings import Finding
 from .inventory import tensor_inventory
 from .units import format_bytes, format_count
 
-__all__ = ["ModelSummary", "format_bytes", "format_count", "model_bytes", "model_summary", "summary_findings"]
+__all__ = ["ModelSummary", "format_bytes", "format_count", "model_bytes", "model_summary", "summary_findings",
+           "tensor_table"]
 
 
 @dataclass(frozen=True)
@@ -100,6 +101,25 @@ def model_bytes(model: nn.Module) -> int:
     36
     """
     return tensor_inventory(model).unique_bytes()
+
+
+def tensor_table(model: nn.Module) -> pd.DataFrame:
+    """Every parameter and buffer name (aliases included) with its shape, dtype and device.
+
+    Metadata only, so it works on the meta device. Columns ``name, kind, shape, numel, dtype,
+    device, requires_grad`` (None for a buffer), ``same_as``: the first name of the same
+    object when a name is an alias, else ``""``.
+
+    >>> m = nn.Sequential(nn.Linear(2, 2, bias=False), nn.Linear(2, 2, bias=False))
+    >>> m[1].weight = m[0].weight
+    >>> list(tensor_table(m)["same_as"])
+    ['', '0.weight']
+    """
+    rows = [{"name": e.name, "kind": e.kind, "shape": str(e.shape), "numel": e.numel, "dtype": e.dtype_name,
+             "device": str(e.device), "requires_grad": bool(e.requires_grad) if e.kind == "parameter" else None,
+             "same_as": e.first_name if e.is_alias else ""} for e in tensor_inventory(model, what="tensor_table")]
+    return pd.DataFrame(rows, columns=["name", "kind", "shape", "numel", "dtype", "device", "requires_grad",
+                                       "same_as"])
 
 
 def summary_findings(summary: ModelSummary) -> list[Finding]:

@@ -22,6 +22,7 @@ from accelerate.utils import check_device_map
 from torch import nn
 
 from inspector.findings import InspectorError
+from inspector.inventory import tensor_inventory
 from inspector.placement import (
     PlacementPlan,
     PlanResult,
@@ -30,7 +31,6 @@ from inspector.placement import (
     audit_device_map,
     compare_with_accelerate,
     dispatch_plan,
-    inventory,
     load_device_map,
     parse_max_memory,
     placement_findings,
@@ -104,10 +104,10 @@ def test_the_explained_plan_is_a_placement_plan(split_block):
 
 
 def test_inventory_sizes_by_prefix_and_dtype(split_block):
-    inv = inventory(split_block)
+    inv = tensor_inventory(split_block).module_tables()
     assert (inv.sizes[""], inv.sizes["block"], inv.sizes["block.fc1"], inv.sizes["head"]) == \
         (72992, 54272, 16640, 2080)
-    half = inventory(split_block, torch.float16)  # every tensor is floating: exactly half
+    half = tensor_inventory(split_block).module_tables(torch.float16)  # every tensor is floating: exactly half
     assert half.sizes[""] == 36496
 
 

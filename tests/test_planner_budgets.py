@@ -15,7 +15,8 @@ import torch
 from accelerate import infer_auto_device_map
 from accelerate.utils import check_device_map
 
-from inspector.placement import accelerate_budget, dispatch_plan, inventory, plan_device_map
+from inspector.inventory import tensor_inventory
+from inspector.placement import accelerate_budget, dispatch_plan, plan_device_map
 from sample_models import get_sample
 
 MiB = 2**20
@@ -113,7 +114,7 @@ def test_gpt2_small_more_budgets(gpt2_small_meta, budget):
 def test_split_block_and_llama_over_a_sweep_of_budgets():
     for name in ("split-block", "llama-70b-meta"):
         model = get_sample(name).build()
-        total = inventory(model).sizes[""]
+        total = tensor_inventory(model).module_bytes()[""]
         for share in (0.1, 0.2, 0.3, 0.45, 0.55, 0.6, 0.7, 0.75, 0.85, 0.9, 0.95, 1.02, 1.05, 1.2):
             for second in (False, True):
                 budget = {0: int(total * share)}

@@ -23,6 +23,7 @@ from inspector import (
     available_devices,
     format_bytes,
     format_count,
+    model_summary,
     sort_findings,
 )
 from inspector.distributed import dcp_listing, is_dcp_folder
@@ -262,7 +263,7 @@ def model_picker() -> LoadedModel | None:
 
 
 def _loaded_caption(loaded: LoadedModel) -> None:
-    n = sum(p.numel() for p in loaded.model.parameters())
+    n = cached_analysis(model_summary, loaded.model).parameter_elements
     size = cached_analysis(model_bytes, loaded.model)  # parameters and buffers, as every page counts them
     st.caption(f"Loaded **{markdown_text(loaded.name)}** on {markdown_code(loaded.device)}"
                + (f" as {markdown_code(loaded.dtype)}" if loaded.dtype else "")

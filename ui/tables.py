@@ -186,29 +186,3 @@ def message_row_height(longest: int) -> int | None:
     per_line = (MESSAGE_PX - 16) // 8  # about 7 px per character, and room for wrapping at word ends
     lines = math.ceil(longest / per_line)
     return None if lines <= 1 else max(66, lines * LINE_PX + 10)
-
-
-def tensor_listing(model) -> pd.DataFrame:
-    """Every parameter and buffer name (aliases included) with its shape, dtype and device.
-
-    Metadata only, so it works on the meta device. ``same_as`` names the first name of the
-    same object when a name is an alias.
-
-    >>> from torch import nn
-    >>> m = nn.Sequential(nn.Linear(2, 2, bias=False), nn.Linear(2, 2, bias=False))
-    >>> m[1].weight = m[0].weight
-    >>> list(tensor_listing(m)["same_as"])
-    ['', '0.weight']
-    """
-    rows, first = [], {}
-    for kind, items in (("parameter", model.named_parameters(remove_duplicate=False)),
-                        ("buffer", model.named_buffers(remove_duplicate=False))):
-        for name, t in items:
-            owner = first.setdefault(id(t), name)
-            rows.append({"name": name, "kind": kind, "shape": str(tuple(t.shape)),
-                         "numel": t.numel(), "dtype": str(t.dtype).removeprefix("torch."),
-                         "device": str(t.device),
-                         "requires_grad": bool(t.requires_grad) if kind == "parameter" else None,
-                         "same_as": "" if owner == name else owner})
-    return pd.DataFrame(rows, columns=["name", "kind", "shape", "numel", "dtype", "device",
-                                       "requires_grad", "same_as"])

@@ -21,6 +21,7 @@ from ..devices import resolve_device
 from ..dtensors import kept_sharded
 from ..findings import Finding, InspectorError
 from ..forward_state import module_state_kept, restored_message
+from ..inventory import tensor_inventory
 from ..locks import model_lock
 from ..models import call_model
 from ..sharding import output_placements, placement_notes
@@ -198,7 +199,7 @@ def _backward(model: nn.Module, output: Any, inputs: Any,
         if not parts:
             raise InspectorError("grads=True needs a floating-point model output or a loss_fn")
         loss = torch.stack(parts).sum()
-    wrt = [p for p in model.parameters() if p.requires_grad]
+    wrt = [e.tensor for e in tensor_inventory(model, include_buffers=False).unique_entries() if e.requires_grad]
     if not loss.requires_grad or not wrt:
         findings.append(Finding("capture-no-grads", "warning", "",
                                 "no gradients were captured: no parameter requires grad, so "

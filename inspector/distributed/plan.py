@@ -11,20 +11,9 @@ import torch
 from torch import nn
 
 from ..dtensors import holders, is_dtensor, placements_text, replica_key
+from ..inventory import tensor_inventory
 from ..wrappers import underlying
 from . import digest
-
-
-def _unique(model: nn.Module) -> list[tuple[str, str, torch.Tensor]]:
-    """Each parameter then buffer once, under its first name."""
-    seen: set[int] = set()
-    out = []
-    for kind, items in (("parameter", model.named_parameters()), ("buffer", model.named_buffers())):
-        for name, t in items:
-            if id(t) not in seen:
-                seen.add(id(t))
-                out.append((name, kind, t))
-    return out
 
 
 def _held(modules: list[weakref.ref]) -> list[int] | None:
@@ -149,8 +138,9 @@ def plan_for(model: nn.Module, world: int) -> Plan:
     cached = _plans.get(inner)
     if cached is not None and cached.valid(world, resync):
         return cached
-    tensors = _unique(inner)
-    modules = [weakref.ref(m) for m in inner.modules()]
+    inv = tensor_inventory(inner)
+    tensors = [(e.name, e.kind, e.tensor) for e in inv.unique_entries()]  # each once, under its first name
+    modules = [weakref.ref(m) for m in dict.fromkeys(inv.module_objects)]  # what modules() yields
     static = [{
         "name": name, "kind": kind, "placements": placements_text(t),
         "mesh": list(t.device_mesh.shape) if is_dtensor(t) else [],

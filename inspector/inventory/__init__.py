@@ -12,6 +12,7 @@ imported here.
 - :mod:`.walk`: :func:`tensor_inventory`, the one walk;
 - :mod:`.tables`: :class:`TensorInventory`, its entries grouped by object, storage and module;
 - :mod:`.entry`: :class:`TensorEntry`, one name of one tensor;
+- :mod:`.modules`: :class:`ModuleTables`, the modules with their children and bytes by prefix;
 - :mod:`.keys`: :func:`storage_key` and :class:`StorageKeys`.
 """
 
@@ -19,7 +20,8 @@ from __future__ import annotations
 
 from .entry import KINDS, TensorEntry
 from .keys import StorageKeys, storage_key
+from .modules import ModuleTables
 from .tables import TensorInventory
 from .walk import tensor_inventory
 
-__all__ = ["KINDS", "StorageKeys", "TensorEntry", "TensorInventory", "storage_key", "tensor_inventory"]
+__all__ = ["KINDS", "ModuleTables", "StorageKeys", "TensorEntry", "TensorInventory", "storage_key", "tensor_inventory"]

@@ -5,12 +5,16 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from functools import cached_property
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
 from .entry import TensorEntry
 from .keys import StorageKeys
+
+if TYPE_CHECKING:
+    from .modules import ModuleTables
 
 
 @dataclass(frozen=True)
@@ -150,6 +154,13 @@ class TensorInventory:
         for e in self.entries:
             out.setdefault(e.name, e)
         return out
+
+    def module_tables(self, dtype: torch.dtype | str | None = None) -> ModuleTables:
+        """Every module and tensor name with its children, own tensors and bytes by prefix
+        (:class:`~.modules.ModuleTables`), floating tensors sized as if cast to ``dtype``."""
+        from .modules import module_tables
+
+        return module_tables(self, dtype)
 
     def tensors(self) -> dict[str, torch.Tensor]:
         """Name -> tensor, for every name."""

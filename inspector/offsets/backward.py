@@ -105,7 +105,7 @@ def run_backward(loaded: Any, batch_size: int = 2, accumulate: bool = False) -> 
     model: nn.Module = loaded.model
     _require_loss(loaded)
     with model_lock(model):
-        params = list(model.parameters())
+        params = [e.tensor for e in tensor_inventory(model, include_buffers=False).unique_entries()]
         replaced = 0
         start = time.perf_counter()
         with _eval_mode(model):

@@ -4,7 +4,7 @@ A device map (accelerate's format) sends module or tensor names to devices: GPU 
 (``0``, ``1``...), ``"mps"``, ``"cpu"`` or ``"disk"``.
 
 - :mod:`.budget`: device names, sizes and ``max_memory`` budgets;
-- :mod:`.inventory`: every tensor name and module of a model, with bytes by prefix;
+- :mod:`.inventory`: the map key that covers a name;
 - :mod:`.plan` (with :mod:`.walk`): :func:`plan_device_map` and its reasons, :class:`PlacementPlan`;
 - :mod:`.audit`: :func:`audit_device_map`, :func:`placement_table` and their findings;
 - :mod:`.compare`: our plan next to accelerate's ``infer_auto_device_map``;
@@ -45,7 +45,6 @@ from .dispatch import (
     try_dispatch,
     validate_device_map,
 )
-from .inventory import Inventory, TensorInfo, inventory
 from .plan import (
     PlacementPlan,
     PlanResult,
@@ -58,9 +57,9 @@ from .walk import Decision
 
 __all__ = [
     "AUDIT_COLUMNS", "DEVICE_KINDS", "Comparison", "Decision", "Device", "DeviceMapAudit", "DispatchCheck",
-    "Dispatched", "Inventory", "PlacementPlan", "PlanResult", "TensorInfo", "accelerate_budget", "audit",
+    "Dispatched", "PlacementPlan", "PlanResult", "accelerate_budget", "audit",
     "audit_device_map", "audit_findings", "check_with_accelerate", "clean_map", "compare_with_accelerate",
-    "default_no_split", "device_order", "device_usage", "dispatch_plan", "format_max_memory", "inventory",
+    "default_no_split", "device_order", "device_usage", "dispatch_plan", "format_max_memory",
     "load_device_map", "main_device", "missing_devices", "normalise_device", "normalise_map",
     "parse_max_memory", "parse_size", "placement_findings", "placement_table", "plan_device_map",
     "plan_device_map_explained", "suggest_budget", "try_dispatch", "validate_device_map",

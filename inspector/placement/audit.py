@@ -362,7 +362,7 @@ def placement_table(model: nn.Module) -> pd.DataFrame:
     table = _audit_rows(rows, chains, device_of, devices, meta_ok=all_meta, dispatched=offloaded)
     if has_dtensors(r.tensor for r in rows):  # FSDP2 / tensor parallel: bytes per rank
         from ..sharding import with_rank_bytes
-        table = with_rank_bytes(table, model)
+        table = with_rank_bytes(table, tensors)
     return table
 
 
@@ -372,7 +372,11 @@ def placement_findings(model: nn.Module) -> list[Finding]:
     >>> [f.code for f in placement_findings(nn.Linear(2, 2, device="meta"))]
     ['meta-model']
     """
-    table = placement_table(model)
+    return placement_table_findings(placement_table(model))
+
+
+def placement_table_findings(table: pd.DataFrame) -> list[Finding]:
+    """:func:`placement_findings` of a :func:`placement_table` already made."""
     out = table_findings(table)
     if len(table) and (table["device"] == "meta").all():
         out.append(Finding("meta-model", "info", "",

@@ -101,7 +101,7 @@ def compare_with_accelerate(model: nn.Module, max_memory: str | Mapping[Any, Any
         theirs, error = {}, f"{type(exc).__name__}: {exc}"
     t2 = time.perf_counter()
     ours = explain(model, planned)
-    result = audit_inventory(planned.inv.source, theirs)
+    result = audit_inventory(planned.inv.inventory, theirs)
     usage = device_usage(result.table, budget)
     if error is not None:
         failed = Finding("accelerate-failed", "warning", "",

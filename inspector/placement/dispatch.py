@@ -15,10 +15,10 @@ from torch import nn
 
 from ..checks import require_module
 from ..findings import Finding, InspectorError
+from ..inventory import TensorInventory, tensor_inventory
 from ..locks import model_lock
-from .audit import audit, normalise_map, placement_table, table_findings
+from .audit import audit_inventory, normalise_map, placement_table, table_findings
 from .budget import Device, device_order, main_device
-from .inventory import inventory
 from .plan import default_no_split
 from .walk import largest_layer
 
@@ -57,7 +57,12 @@ def validate_device_map(model: nn.Module, device_map: Mapping[str, Any]) -> dict
     >>> validate_device_map(nn.Linear(2, 2), {"": "cuda:0"})
     {'': 0}
     """
-    result = audit(model, device_map)
+    return _validated(tensor_inventory(model, what="audit"), device_map)
+
+
+def _validated(inv: TensorInventory, device_map: Mapping[str, Any]) -> dict[str, Device]:
+    """:func:`validate_device_map` of the model walked by ``inv``."""
+    result = audit_inventory(inv, device_map)
     dm = normalise_map(device_map)
     problems = [f for f in result.findings if f.code in ("unknown-key", "overlapping-key")]
     unplaced = result.table.loc[result.table["device"].isna(), "name"].tolist()
@@ -92,29 +97,33 @@ def _check_devices_exist(dm: Mapping[str, Device]) -> None:
                              "have; plan for the devices here (e.g. cpu and disk) to dispatch")
 
 
-def _root_parts_on_disk(model: nn.Module, dm: dict[str, Device]) -> dict[str, Device]:
-    """The map with a root key on disk replaced by the root's parts, all on disk.
+def _root_parts_on_disk(inv: TensorInventory, dm: dict[str, Device]) -> dict[str, Device]:
+    """The map with a root key on disk replaced by the root's parts (its children, as
+    ``named_children()`` yields them, and its own tensors), all on disk.
 
     accelerate cannot offload the root key itself (it finds no tensors under ``""``).
     """
     if dm.get("") != "disk":
         return dm
     out = {k: v for k, v in dm.items() if k}
-    out.update({n: "disk" for n, _ in model.named_children()})
-    out.update({n: "disk" for n, _ in [*model.named_parameters(recurse=False), *model.named_buffers(recurse=False)]})
+    seen: set[int] = set()
+    for n, m in zip(inv.modules, inv.module_objects):
+        if n and "." not in n and id(m) not in seen:  # a child of the root, each object once
+            seen.add(id(m))
+            out[n] = "disk"
+    out.update({e.name: "disk" for e in inv.own_entries.get("", ()) if not e.is_alias})
     return out
 
 
-def _move_tensor_keys(target: nn.Module, dm: Mapping[str, Device]) -> None:
+def _move_tensor_keys(target: nn.Module, dm: Mapping[str, Device], modules: set[str]) -> None:
     """Move the tensors the map names directly (not modules) to their device, in place.
 
     ``dispatch_model`` places and offloads whole modules only: a tensor key (a split module's
     own buffer) is moved here, and one mapped to disk stays in memory on the device where disk
-    layers run.
+    layers run. ``modules``: the module names of ``target``.
     """
     from accelerate.utils import set_module_tensor_to_device
 
-    modules = dict(target.named_modules())
     main = main_device(dm.values())
     for key, dev in dm.items():
         if key not in modules:
@@ -146,10 +155,11 @@ def dispatch_plan(model: nn.Module, device_map: Mapping[str, Any], *, offload_fo
     from ..models import ensure_runnable
 
     model = require_module(model, "dispatch_plan")
-    dm = validate_device_map(model, device_map)
+    inv = tensor_inventory(model)
+    dm = _validated(inv, device_map)
     _check_devices_exist(dm)
-    dm = _root_parts_on_disk(model, dm)
-    ensure_runnable(model)
+    dm = _root_parts_on_disk(inv, dm)
+    ensure_runnable(model, inv=inv)
     with model_lock(model):
         target = model if in_place else copy.deepcopy(model)
     tmp = None
@@ -158,7 +168,7 @@ def dispatch_plan(model: nn.Module, device_map: Mapping[str, Any], *, offload_fo
         offload_folder = tmp.name
     try:
         with model_lock(target):
-            _move_tensor_keys(target, dm)
+            _move_tensor_keys(target, dm, set(inv.modules))  # a copy: the same names
             with warnings.catch_warnings():
                 # check_device_map warns that tensor-name keys are not module names: expected here
                 warnings.filterwarnings("ignore", message="The following device_map keys", category=UserWarning)
@@ -216,7 +226,7 @@ def suggest_budget(model: nn.Module) -> dict[Device, int]:
     >>> suggest_budget(nn.Linear(10, 10))  # 440 bytes, one layer
     {0: 682, 1: 242, 'cpu': 880}
     """
-    inv = inventory(model)
+    inv = tensor_inventory(model).module_tables()
     total = inv.sizes[""]
     _, largest = largest_layer(inv, set(default_no_split(model, None)))
     return {0: int(total * 0.55) + largest, 1: int(total * 0.55), "cpu": 2 * total}

@@ -23,10 +23,11 @@ from torch import nn
 
 from ..checks import require_module
 from ..findings import Finding, InspectorError
+from ..inventory import ModuleTables, tensor_inventory
 from ..units import format_budget, format_bytes
 from .audit import audit_table, device_usage, table_findings
 from .budget import Device, parse_max_memory
-from .inventory import Inventory, inventory, lookup, parent_name, prefixes
+from .inventory import lookup, parent_name, prefixes
 from .walk import Decision, Reserve, budget_records, main_devices, offloads, place_pending, walk
 
 
@@ -54,7 +55,7 @@ PlanResult = PlacementPlan  # the earlier name, kept for existing callers
 
 
 
-def _isolate(inv: Inventory, device_map: dict[str, Device], name: str) -> None:
+def _isolate(inv: ModuleTables, device_map: dict[str, Device], name: str) -> None:
     """Refine the map until ``name`` has its own key (same devices everywhere else)."""
     key, dev = lookup(device_map, name)
     while key != name:
@@ -65,7 +66,7 @@ def _isolate(inv: Inventory, device_map: dict[str, Device], name: str) -> None:
         key, dev = lookup(device_map, name)
 
 
-def _together_groups(inv: Inventory) -> list[list[str]]:
+def _together_groups(inv: ModuleTables) -> list[list[str]]:
     """Tensor names that must share a device: every name of one object, and the tensors one module
     owns directly, joined where they meet (a layer whose weight and bias are tied to two others)."""
     root: dict[str, str] = {}
@@ -85,7 +86,7 @@ def _together_groups(inv: Inventory) -> list[list[str]]:
     return [sorted(g, key=lambda n: inv.order.get(n, -1)) for g in groups.values() if len(g) > 1]
 
 
-def _keep_together(inv: Inventory, device_map: dict[str, Device], devices: list[Device]) -> list[Decision]:
+def _keep_together(inv: ModuleTables, device_map: dict[str, Device], devices: list[Device]) -> list[Decision]:
     """Every name of a tied tensor on one device, and a module's own tensors (a layer's weight and
     bias) on one device, as accelerate keeps a layer: ``dispatch_model`` hooks modules, not tensors,
     so a layer split across devices would mix them in its forward. The device is the first tied
@@ -123,11 +124,12 @@ def _keep_together(inv: Inventory, device_map: dict[str, Device], devices: list[
     return records
 
 
-def clean_map(device_map: Mapping[str, Device], inv: Inventory) -> dict[str, Device]:
+def clean_map(device_map: Mapping[str, Device], inv: ModuleTables) -> dict[str, Device]:
     """Merge keys into their highest ancestor whose keys all share one device; keep module order.
 
     >>> m = nn.Sequential(nn.Linear(2, 2), nn.Linear(2, 2))
-    >>> clean_map({"1.bias": 0, "0": 0, "1.weight": 0}, inventory(m)), clean_map({"0": 0, "1": 1}, inventory(m))
+    >>> inv = tensor_inventory(m).module_tables()
+    >>> clean_map({"1.bias": 0, "0": 0, "1.weight": 0}, inv), clean_map({"0": 0, "1": 1}, inv)
     ({'': 0}, {'0': 0, '1': 1})
     """
     below: dict[str, set] = {}
@@ -145,7 +147,7 @@ def clean_map(device_map: Mapping[str, Device], inv: Inventory) -> dict[str, Dev
     return dict(sorted(out.items(), key=lambda kv: inv.order.get(kv[0], -1)))
 
 
-def _overflow(inv: Inventory, device_map: Mapping[str, Device], capacity: dict[Device, int]) -> dict[Device, int]:
+def _overflow(inv: ModuleTables, device_map: Mapping[str, Device], capacity: dict[Device, int]) -> dict[Device, int]:
     """Bytes over capacity per device (keys never overlap, so each tensor is counted once)."""
     used: dict[Device, int] = {}
     for key, dev in device_map.items():
@@ -170,7 +172,7 @@ def default_no_split(model: nn.Module, no_split_module_classes: Iterable[str] | 
 class _Plan:
     device_map: dict[str, Device]
     records: list[Decision]
-    inv: Inventory
+    inv: ModuleTables
     budget: dict[Device, int]
     reserve: dict[Device, int]
     split: list[str]
@@ -183,7 +185,7 @@ def plan_steps(model: nn.Module, max_memory: str | Mapping[Any, Any],
     """The planning steps in order; a rerun reserves room that buffers placed late overfilled."""
     budget = parse_max_memory(max_memory)
     no_split = set(default_no_split(model, no_split_module_classes))
-    inv = inventory(model, dtype)
+    inv = tensor_inventory(model).module_tables(dtype)
     devices = list(budget)
     main = main_devices(budget)
     extra: dict[Device, int] = {d: 0 for d in devices}
@@ -239,13 +241,13 @@ def plan_device_map_explained(model: nn.Module, max_memory: str | Mapping[Any, A
 
 
 def explain(model: nn.Module, p: _Plan) -> PlacementPlan:
-    table = audit_table(p.inv.source, p.device_map)
+    table = audit_table(p.inv.inventory, p.device_map)
     usage = device_usage(table, p.budget, p.reserve)
     findings = table_findings(table) + _split_notes(p.inv, p.split, p.device_map)
     return PlacementPlan(p.device_map, tuple(p.records), findings, p.budget, usage, table)
 
 
-def _split_notes(inv: Inventory, split: list[str], device_map: Mapping[str, Device]) -> list[Finding]:
+def _split_notes(inv: ModuleTables, split: list[str], device_map: Mapping[str, Device]) -> list[Finding]:
     """Info: a split module that owns tensors directly may mix devices in its own forward."""
     out = []
     for m in split:

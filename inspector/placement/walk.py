@@ -8,9 +8,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..findings import InspectorError
+from ..inventory import ModuleTables
 from ..units import format_bytes
 from .budget import Device, main_device, offload_devices
-from .inventory import Inventory, lookup
+from .inventory import lookup
 
 
 @dataclass(frozen=True)
@@ -41,7 +42,7 @@ def budget_records(budget: dict[Device, int]) -> list[Decision]:
     return [Decision("budget", "", d, n, f"device {d} may hold {format_bytes(n)}") for d, n in budget.items()]
 
 
-def largest_layer(inv: Inventory, no_split: set[str]) -> tuple[str, int]:
+def largest_layer(inv: ModuleTables, no_split: set[str]) -> tuple[str, int]:
     """The biggest unit that can never be split: a leaf module or a no-split class."""
     best, best_size = "", 0
     stack = [""]
@@ -81,7 +82,7 @@ class Reserve:
     ``largest[unit]`` is the biggest leaf or no-split module inside ``unit`` (0 for a tensor).
     """
 
-    def __init__(self, inv: Inventory, no_split: set[str], main: list[Device]) -> None:
+    def __init__(self, inv: ModuleTables, no_split: set[str], main: list[Device]) -> None:
         self.inv, self.no_split, self.main = inv, no_split, set(main)
         self.largest: dict[str, tuple[int, str]] = {}
         self.kept: dict[Device, tuple[int, str]] = {}
@@ -107,11 +108,11 @@ class Reserve:
         return size
 
 
-def _splittable(inv: Inventory, name: str, no_split: set[str]) -> bool:
+def _splittable(inv: ModuleTables, name: str, no_split: set[str]) -> bool:
     return name in inv.children and bool(inv.children[name]) and inv.classes[name] not in no_split
 
 
-def _units_of(inv: Inventory, module: str, state: _WalkState) -> list[str]:
+def _units_of(inv: ModuleTables, module: str, state: _WalkState) -> list[str]:
     """What a split module becomes: its own parameters and its children, in order.
 
     Its own buffers, and children that hold buffers but no parameters, wait until the
@@ -129,7 +130,7 @@ def _units_of(inv: Inventory, module: str, state: _WalkState) -> list[str]:
     return units
 
 
-def walk(inv: Inventory, budget: dict[Device, int], capacity: dict[Device, int],
+def walk(inv: ModuleTables, budget: dict[Device, int], capacity: dict[Device, int],
           no_split: set[str], reserve: Reserve | None = None) -> _WalkState:
     """Fill devices in order; split what does not fit; move on when nothing more fits.
 
@@ -171,7 +172,7 @@ def walk(inv: Inventory, budget: dict[Device, int], capacity: dict[Device, int],
     return state
 
 
-def _raise_no_room(inv: Inventory, budget: dict[Device, int], capacity: dict[Device, int],
+def _raise_no_room(inv: ModuleTables, budget: dict[Device, int], capacity: dict[Device, int],
                    unit: str, state: _WalkState) -> None:
     need, have = inv.sizes[""], sum(budget.values())
     hint = "" if "disk" in budget else "; add disk=... to offload to disk"
@@ -184,7 +185,7 @@ def _raise_no_room(inv: Inventory, budget: dict[Device, int], capacity: dict[Dev
 
 
 
-def _primary_device(inv: Inventory, device_map: Mapping[str, Device], module: str,
+def _primary_device(inv: ModuleTables, device_map: Mapping[str, Device], module: str,
                     devices: list[Device]) -> Device | None:
     """The device holding most of a module's parameter bytes (the earlier device on a tie)."""
     key, dev = lookup(device_map, module)
@@ -202,7 +203,7 @@ def _primary_device(inv: Inventory, device_map: Mapping[str, Device], module: st
     return max(per, key=lambda d: (per[d], -rank.get(d, len(rank))))
 
 
-def _neighbour_device(inv: Inventory, module: str, owner: str, device_map: Mapping[str, Device],
+def _neighbour_device(inv: ModuleTables, module: str, owner: str, device_map: Mapping[str, Device],
                       devices: list[Device]) -> tuple[Device | None, str]:
     """Device of the nearest sibling that holds parameters (earlier one first on equal distance)."""
     siblings = inv.children[owner]
@@ -216,7 +217,7 @@ def _neighbour_device(inv: Inventory, module: str, owner: str, device_map: Mappi
     return _primary_device(inv, device_map, owner, devices), owner
 
 
-def place_pending(inv: Inventory, state: _WalkState, devices: list[Device]) -> list[Decision]:
+def place_pending(inv: ModuleTables, state: _WalkState, devices: list[Device]) -> list[Decision]:
     """Own buffers of split modules -> the module's primary device; buffer-only modules -> neighbour."""
     records = []
     placed = dict(state.assigned)  # decide from the walk alone, so the order of pending does not matter

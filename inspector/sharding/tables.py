@@ -16,7 +16,7 @@ import torch.distributed as dist
 from torch import nn
 
 from ..dtensors import is_dtensor, is_sharded, local_piece, piece_layout, placements_text, rank_coordinates
-from ..inventory import tensor_inventory
+from ..inventory import TensorInventory, tensor_inventory
 
 LOCAL_OFFSET_COLUMNS = ["local_start", "local_end", "local_numel", "piece_start", "piece_end",
                         "placements", "mesh"]
@@ -66,11 +66,11 @@ def bytes_per_rank(t: torch.Tensor) -> dict[int, int]:
     return out
 
 
-def with_rank_bytes(table: pd.DataFrame, model: nn.Module) -> pd.DataFrame:
+def with_rank_bytes(table: pd.DataFrame, inventory: TensorInventory) -> pd.DataFrame:
     """``placement_table`` rows plus ``placements``, ``mesh``, ``local_bytes`` (this rank) and
     ``bytes_per_rank`` (global rank -> bytes, from the placements) and ``sharded`` (some mesh
-    dimension splits the tensor)."""
-    tensors = tensor_inventory(model).tensors()
+    dimension splits the tensor); ``inventory`` is the walk the table was made from."""
+    tensors = inventory.tensors()
     out = table.copy()
     found = [tensors.get(n) for n in table["name"].tolist()]
     out["placements"] = [placements_text(t) if t is not None else "" for t in found]

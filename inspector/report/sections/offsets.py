@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ...inventory import tensor_inventory
 from ...offsets import gradient_report, loss_gradients, offset_findings, offset_map
 from ..data import ReportFigure, Section, Table, make_figure, plain
 from ..options import SECTION_TITLES, how_to
@@ -21,7 +22,7 @@ def offsets_section(ctx: Context) -> Section:
                                "rows in parameters() order: parameters_to_vector(...)[start:end] is each "
                                "tensor flattened")]
     trainable = None
-    if any(not p.requires_grad for p in model.parameters()):
+    if len(table) and not table["requires_grad"].all():  # some parameter is frozen
         trainable = offset_map(model, trainable_only=True)
         tables.append(Table.from_frame("Flat offset map of the trainable parameters only", trainable,
                                        "frozen parameters are left out, so later offsets move left"))
@@ -49,7 +50,8 @@ def _gradients(ctx: Context, notes: list[str]) -> Any:
         if given:
             with ctx.loaded.lock:
                 return gradient_report(model, grads=given)
-        if given is None and any(p.grad is not None for p in model.parameters()):
+        if given is None and any(e.tensor.grad is not None
+                                 for e in tensor_inventory(model, include_buffers=False).unique_entries()):
             with ctx.loaded.lock:
                 return gradient_report(model)
         notes.append(f"no gradients yet: gradient norms left out ({how_to(ctx.options, 'backward')})")

@@ -5,7 +5,8 @@ from __future__ import annotations
 import warnings
 from typing import Any
 
-from ...placement import compare_with_accelerate, placement_findings, placement_table
+from ...placement import compare_with_accelerate, placement_table
+from ...placement.audit import placement_table_findings
 from ...sharding import sharding_tables
 from ...units import format_budget
 from ..data import ReportFigure, Section, Table, make_figure, plain
@@ -18,7 +19,7 @@ def placement_section(ctx: Context) -> Section:
     notes: list[str] = []
     model = ctx.model
     now = placement_table(model)
-    findings = list(placement_findings(model))
+    findings = placement_table_findings(now)
     tables = [Table.from_frame("Where every parameter and buffer is now", now)]
     facts: dict[str, Any] = {"tensors": len(now),
                              "devices_now": sorted({str(d) for d in now["device"] if d is not None})}
