@@ -28,6 +28,8 @@ from .aliases import (
 )
 from .attribution import METHODS, Attribution, AttributionResult, attribute, methods_for
 from .capture import Captures, capture_activations, capturing, reference_drift, select_modules
+from .checkpoint_listing import checkpoint_listing
+from .checkpoints import apply_checkpoint, read_checkpoint
 from .comparison import RunComparison, WeightComparison, compare
 from .devices import DeviceInfo, available_devices, device_names, move_model
 from .findings import Finding, InspectorError, sort_findings
@@ -84,4 +86,5 @@ __all__ = [
     "Run", "StepFinding", "WatchResult", "read_run", "watch",
     "RunComparison", "WeightComparison", "compare",
     "LENSES", "ModuleTree", "format_number", "module_tree", "tensor_badges",
+    "apply_checkpoint", "checkpoint_listing", "read_checkpoint",
 ]

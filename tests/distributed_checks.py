@@ -156,8 +156,7 @@ class Held(nn.Module):
 
 def hash_edits(rank: int) -> dict:
     """Edits two int64 sums (of all elements, and of every other one) cannot see, on rank 1 only."""
-    from inspector.distributed import check_step
-    from inspector.distributed.digest import PARTS
+    from inspector.distributed import PARTS, check_step
 
     model = Held()
     if rank == 1:
@@ -179,8 +178,8 @@ def report_on_fsdp(rank: int) -> dict:
     from distributed_worker import _fsdp_model
 
     import inspector
+    from inspector import LoadedModel
     from inspector.aliases import conversion_check
-    from inspector.models import LoadedModel
     from sample_models.fsdp import example_inputs, loss
 
     model = _fsdp_model()

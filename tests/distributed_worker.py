@@ -31,7 +31,7 @@ def _try(results: dict, key: str, fn) -> None:
 def _fsdp_model():
     from torch.distributed.fsdp import fully_shard
 
-    from inspector.distributed.train import fsdp_units
+    from inspector.distributed import fsdp_units
     from sample_models.fsdp import build
 
     model = build()
@@ -99,7 +99,7 @@ def _fsdp_checks(rank: int, out: Path) -> dict:
         ["name", "placements", "local_bytes", "bytes_per_rank"]].astype(str).values.tolist())
 
     def per_rank():
-        from inspector.sharding import mesh_dims, rank_bytes
+        from inspector.distributed import mesh_dims, rank_bytes
 
         return {"ranks": rank_bytes(inspector.placement_table(model)).values.tolist(),
                 "mesh_dims": mesh_dims(model).values.tolist()}
@@ -114,7 +114,7 @@ def _fsdp_checks(rank: int, out: Path) -> dict:
     _try(res, "capture", capture)
 
     def report_sections():
-        from inspector.models import LoadedModel
+        from inspector import LoadedModel
         from sample_models.fsdp import example_inputs, loss
 
         loaded = LoadedModel(model, "fsdp", "sample_models/fsdp.py:build", inputs_fn=example_inputs, loss_fn=loss)
@@ -198,8 +198,8 @@ def _strided_checks(rank: int, world: int) -> dict:
     from torch.distributed.tensor.placement_types import _StridedShard
 
     import inspector
+    from inspector.distributed import rank_bytes
     from inspector.offsets import gradient_report
-    from inspector.sharding import rank_bytes
 
     mesh = init_device_mesh("cpu", (world,))
     model = nn.Module()

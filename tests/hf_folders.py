@@ -98,7 +98,7 @@ SAVED_CLASS = {"gpt2": "GPT2LMHeadModel", "bert": "BertForMaskedLM", "t5": "T5Fo
                "whisper": "WhisperForConditionalGeneration", "wav2vec2": "Wav2Vec2ForCTC", "clip": "CLIPModel",
                "llava": "LlavaForConditionalGeneration", "distilbert": "DistilBertForMaskedLM",
                "roberta": "RobertaForMaskedLM"}
-#: The families beyond token-id text models (run by tests/test_hf_matrix.py's family tests).
+#: The families beyond token-id text models (run by tests/internals/test_hf_matrix.py's family tests).
 FAMILIES = ("marian", "mixtral", "qwen2-moe", "whisper", "wav2vec2", "clip", "llava", "distilbert", "roberta")
 
 

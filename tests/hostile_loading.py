@@ -91,7 +91,7 @@ def _dcp_save(folder: Path, state: dict) -> None:
 
 
 def _edited(base: Path, folder: Path, change) -> None:
-    from inspector.checkpoint_dcp import read_metadata
+    from inspector.distributed import read_metadata
 
     shutil.copytree(base, folder)
     metadata = read_metadata(folder)

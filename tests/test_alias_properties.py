@@ -7,8 +7,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
 
+from inspector import move_model
 from inspector.aliases import alias_analysis, alias_groups, overwrite_on_conversion
-from inspector.devices import move_model
 from inspector.inventory import tensor_inventory
 
 OWNERS = ["", "a", "b", "a.c"]

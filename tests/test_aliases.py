@@ -8,6 +8,7 @@ import pytest
 import torch
 from torch import nn
 
+from inspector import InspectorError, move_model
 from inspector.aliases import (
     CONVERSIONS,
     alias_analysis,
@@ -19,9 +20,7 @@ from inspector.aliases import (
     retie,
     snapshot_ties,
 )
-from inspector.devices import move_model
-from inspector.figures.aliases import alias_graph_figure
-from inspector.findings import InspectorError
+from inspector.figures import alias_graph_figure
 from inspector.inventory import tensor_inventory
 from sample_models import get_sample
 
@@ -441,33 +440,6 @@ def test_graph_escapes_names():
     fig = alias_graph_figure(graph_data(m))
     texts = [h for tr in fig.data for h in [*(tr.hovertext or ()), *(tr.text or ()), tr.name or ""]]
     assert any("&lt;b&gt;x&lt;/b&gt;" in h for h in texts) and not any("<b>" in h for h in texts)
-
-
-# --------------------------------------------------------------------------------------------
-# Command line
-
-
-def _cli(argv: list[str]) -> int:
-    import argparse
-
-    from inspector.commands import aliases as command
-
-    parser = argparse.ArgumentParser()
-    command.add_arguments(parser)
-    return command.run(parser.parse_args(argv))
-
-
-def test_cli_prints_groups_and_conversion_table(capsys):
-    assert _cli(["sample:tiny-gpt2", "--convert", "to-float64-overwrite", "--convert", "move-model-float64"]) == 0
-    out = capsys.readouterr().out
-    assert "transformer.wte.weight, lm_head.weight same-object" in out
-    assert "4,080 unique, 4,592 counting aliases" in out
-    lines = [line.split() for line in out.splitlines()]
-    assert ["overwrite", "flag", "+", ".to(float64)", "transformer.wte.weight,", "lm_head.weight",
-            "broken", "False", "False", "4592"] in lines
-    assert "tie-broken" in out
-    with pytest.raises(InspectorError, match="unknown conversion 'nope'"):
-        _cli(["sample:tiny-gpt2", "--convert", "nope"])
 
 
 # --------------------------------------------------------------------------------------------

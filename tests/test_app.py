@@ -9,7 +9,7 @@ import pytest
 import torch
 from streamlit.testing.v1 import AppTest
 
-from inspector.summary import format_count
+from inspector import format_count
 from sample_models import SAMPLES
 from ui.models import Selection, get_loaded
 
@@ -293,7 +293,7 @@ def test_cached_analysis_session_scope_is_per_session(tmp_path):
 def _failing_script() -> None:
     import streamlit as st
 
-    from inspector.findings import InspectorError
+    from inspector import InspectorError
     from ui.errors import guarded
 
     with guarded("reading the table"):
@@ -409,7 +409,7 @@ def test_big_counts_fit_and_stay_exact_in_help():
 
 
 def test_device_picker_value_is_the_device_name():
-    from inspector.devices import available_devices
+    from inspector import available_devices
 
     at = run_app()
     picker = at.selectbox(key="mi_device_any")

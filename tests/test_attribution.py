@@ -16,10 +16,9 @@ from captum.attr import (
 )
 from torch import nn
 
+from inspector import InspectorError, LoadedModel, load_model
 from inspector.attribution import attribute, methods_for, preserved_state
-from inspector.figures.attribution import completeness_line, conductance_bars, image_overlay, token_heatmap
-from inspector.findings import InspectorError
-from inspector.models import LoadedModel, load_model
+from inspector.figures import completeness_line, conductance_bars, image_overlay, token_heatmap
 
 
 def wrap(model: nn.Module, name: str = "toy", inputs=None) -> LoadedModel:

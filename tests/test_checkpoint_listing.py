@@ -11,8 +11,8 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
+from inspector import checkpoint_listing
 from inspector.__main__ import main
-from inspector.checkpoint_listing import checkpoint_listing
 
 ROOT = Path(__file__).resolve().parent.parent
 

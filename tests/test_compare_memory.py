@@ -41,7 +41,7 @@ def whole(kind, a, b):
     if kind == "safetensors":  # load_file maps the files: touch every tensor so its pages are read
         states = [load_file(a), load_file(b)]
         return states, [float(t.sum()) for s in states for t in s.values()]
-    from inspector.checkpoints import read_checkpoint
+    from inspector import read_checkpoint
     return read_checkpoint(a), read_checkpoint(b)
 
 out = {}

@@ -8,10 +8,9 @@ import shutil
 import pytest
 import torch
 
+from inspector import InspectorError, load_model
 from inspector.__main__ import main
 from inspector.distributed import dcp_listing
-from inspector.findings import InspectorError
-from inspector.models import load_model
 from sample_models.fsdp import build
 
 SOURCE = "sample_models/fsdp.py:build"

@@ -11,9 +11,9 @@ import pytest
 import torch
 import torch.distributed.checkpoint as dcp
 
+from inspector import InspectorError
 from inspector.__main__ import main
-from inspector.checkpoint_dcp import read_dcp, read_metadata
-from inspector.findings import InspectorError
+from inspector.distributed import read_dcp, read_metadata
 
 
 @pytest.fixture(scope="module")

@@ -52,7 +52,7 @@ def test_inspecting_between_forward_and_backward_keeps_gathered_units_gathered(w
 
 
 def test_report_placement_section_shows_bytes_per_rank_and_mesh_dimension(world1):
-    from inspector.models import LoadedModel
+    from inspector import LoadedModel
     from inspector.report import build_report
     from sample_models.fsdp import example_inputs, loss
 

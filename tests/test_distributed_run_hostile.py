@@ -11,11 +11,10 @@ import pytest
 import torch
 from torch import nn
 
+from inspector import Finding, InspectorError
 from inspector.__main__ import main
-from inspector.distributed import parse_run, read_run
-from inspector.distributed.check import check_step
-from inspector.figures.distributed import grad_norm_figure, memory_figure
-from inspector.findings import Finding, InspectorError
+from inspector.distributed import check_step, parse_run, read_run
+from inspector.figures import grad_norm_figure, memory_figure
 from tests.apptest import run_page
 
 

@@ -11,11 +11,17 @@ import pytest
 import torch
 from torch import nn
 
-from inspector import InspectorError, available_devices, load_model, move_model
-from inspector.checkpoints import apply_checkpoint
-from inspector.models import PROJECT_ROOT
-from inspector.summary import model_summary
+from inspector import (
+    InspectorError,
+    apply_checkpoint,
+    available_devices,
+    load_model,
+    model_summary,
+    move_model,
+)
 from sample_models import GPT, GPT2_SMALL, SAMPLES, get_sample
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
 
 def unique_elements(model: nn.Module) -> int:
@@ -321,44 +327,6 @@ def test_cli_summary():
     bad = subprocess.run([sys.executable, "-m", "inspector", "summary", "sample:nope"],
                          capture_output=True, text=True, cwd=PROJECT_ROOT)
     assert bad.returncode == 2 and "known samples" in bad.stderr
-
-
-def test_to_device_moves_every_tensor_of_a_pytree_and_casts_only_floating_ones():
-    from collections import namedtuple
-
-    from inspector.models import to_device
-
-    Batch = namedtuple("Batch", "x ids")
-    inputs = {"batch": Batch(torch.ones(2), torch.arange(2)), "extra": [torch.zeros(1, dtype=torch.float64), "tag"]}
-    out = to_device(inputs, torch.device("meta"), torch.float16)
-    assert isinstance(out["batch"], Batch)
-    assert (out["batch"].x.device.type, out["batch"].x.dtype) == ("meta", torch.float16)
-    assert (out["batch"].ids.device.type, out["batch"].ids.dtype) == ("meta", torch.int64)
-    assert out["extra"][0].dtype == torch.float16 and out["extra"][1] == "tag"
-    assert inputs["batch"].x.device.type == "cpu"  # the input is not changed
-
-
-def test_to_device_moves_tensors_inside_containers_pytree_does_not_know():
-    from inspector.models import to_device
-
-    class Inputs(dict):
-        pass
-
-    class Pair(tuple):
-        pass
-
-    class Needs(list):  # a constructor that cannot be called with the items alone
-        def __init__(self, items, tag):
-            super().__init__(items)
-
-    inputs = Inputs(x=torch.ones(2), ids=torch.arange(2), more=[Pair((torch.ones(1),)), Needs([torch.ones(1)], "t")])
-    out = to_device(inputs, torch.device("meta"), torch.float16)
-    assert type(out) is Inputs
-    assert (out["x"].device.type, out["x"].dtype) == ("meta", torch.float16)
-    assert (out["ids"].device.type, out["ids"].dtype) == ("meta", torch.int64)
-    assert type(out["more"][0]) is Pair and out["more"][0][0].device.type == "meta"
-    assert type(out["more"][1]) is list and out["more"][1][0].device.type == "meta"
-    assert inputs["x"].device.type == "cpu"
 
 
 def test_hf_folder_without_transformers_names_the_extra(tmp_path, monkeypatch):

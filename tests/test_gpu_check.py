@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
-from inspector.models import PROJECT_ROOT
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_gpu_check_dry_run_on_cpu():

@@ -10,8 +10,7 @@ import torch
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from inspector import gradient_norms
-from inspector.findings import InspectorError
+from inspector import InspectorError, gradient_norms
 from inspector.offsets import gradient_l2_norms, gradient_report
 
 

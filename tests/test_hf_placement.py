@@ -9,8 +9,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from inspector import load_model
 from inspector.__main__ import main
-from inspector.models import load_model
 from inspector.placement import (
     check_with_accelerate,
     compare_with_accelerate,

@@ -21,8 +21,8 @@ import torch
 from safetensors.torch import save_file
 from torch import nn
 
+from inspector import InspectorError
 from inspector.__main__ import main
-from inspector.findings import InspectorError
 from tests.hostile_loading import write_loading_files
 
 MARKER = "code-ran.txt"
@@ -340,7 +340,7 @@ def test_report_output_folder_is_not_created(files, capsys):
 
 @pytest.fixture(scope="module")
 def tiny():
-    from inspector.models import load_model
+    from inspector import load_model
 
     return load_model("sample:tiny-gpt2")
 
@@ -371,8 +371,7 @@ def _watch_bytes(metadata: str) -> bytes:
     """An Arrow stream of the watch schema whose run metadata is ``metadata``."""
     import pyarrow as pa
 
-    from inspector.watch import schema
-    from inspector.watch.record import META_KEY
+    from inspector.watch import META_KEY, schema
 
     sink = pa.BufferOutputStream()
     with pa.ipc.new_stream(sink, schema().with_metadata({META_KEY: metadata})):
@@ -382,8 +381,10 @@ def _watch_bytes(metadata: str) -> bytes:
 
 def _lib_cases() -> list[tuple[str, Callable, str]]:
     from inspector import (
+        apply_checkpoint,
         attribute,
         capture_activations,
+        checkpoint_listing,
         compare_ties,
         gradient_norms,
         load_model,
@@ -392,15 +393,12 @@ def _lib_cases() -> list[tuple[str, Callable, str]]:
         move_model,
         offset_map,
         plan_device_map,
+        read_checkpoint,
         retie,
         snapshot_ties,
     )
-    from inspector.checkpoint_dcp import read_dcp
-    from inspector.checkpoint_listing import checkpoint_listing
-    from inspector.checkpoints import apply_checkpoint, read_checkpoint
-    from inspector.cli_types import open_output
     from inspector.comparison import compare
-    from inspector.distributed import dcp_listing
+    from inspector.distributed import dcp_listing, read_dcp
     from inspector.offsets import run_backward
     from inspector.placement import parse_max_memory, parse_size
     from inspector.report import Report, build_report
@@ -430,7 +428,6 @@ def _lib_cases() -> list[tuple[str, Callable, str]]:
          lambda t, f: attribute(t, None, "ig", target=1, internal_batch_size=0), "internal_batch_size must be"),
         ("capture-negative-budget", lambda t, f: capture_activations(t.model, t.example_inputs(1), max_bytes=-1),
          "max_bytes must be 0 or more"),
-        ("open-output-fifo", lambda t, f: open_output(f["root"] / "pipe"), "not a regular file"),
         ("capture-nan-budget", lambda t, f: capture_activations(t.model, t.example_inputs(1), max_bytes=float("nan")),
          "max_bytes must be a finite number"),
         ("capture-inf-budget", lambda t, f: capture_activations(t.model, t.example_inputs(1), max_bytes=float("inf")),

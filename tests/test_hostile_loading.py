@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from inspector import InspectorError
 from inspector.__main__ import main
-from inspector.findings import InspectorError
 from tests.hostile_loading import write_loading_files, zip_bomb
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -40,9 +40,8 @@ def _model_dirs(files, monkeypatch):
 _PEAK = textwrap.dedent('''
     import resource, sys
     import torch
-    from inspector.findings import InspectorError
-    from inspector.checkpoints import read_checkpoint
-    from inspector.checkpoint_dcp import read_dcp
+    from inspector import InspectorError, read_checkpoint
+    from inspector.distributed import read_dcp
     def vm():
         return int(next(l for l in open("/proc/self/status") if l.startswith("VmSize")).split()[1]) * 1024
     limit = vm() + (128 << 20)  # 128 MiB above what is mapped now; each bomb asks for 256 MiB or more
@@ -105,7 +104,7 @@ def test_a_bad_checkpoint_tensor_is_found_before_anything_is_copied(files):
 
     loaded = load_model(f"{files}/models/nets.py:good")
     before = loaded.model.fc.bias.detach().clone()
-    from inspector.checkpoints import apply_checkpoint
+    from inspector import apply_checkpoint
 
     for name in ("sparse.pt", "meta.pt"):  # fc.bias (7.0) comes first in meta.pt: it must not be copied
         with pytest.raises(InspectorError, match="nothing was loaded"):

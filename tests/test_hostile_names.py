@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from inspector.models import load_model
+from inspector import load_model
 from inspector.report import build_report
 from tests.hostile_names import IMG, JS, KEY, LINK, live_figure_text, live_markdown, write_hostile_model
 from ui.models import Selection

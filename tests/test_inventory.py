@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from inspector.findings import InspectorError
+from inspector import InspectorError
 from inspector.inventory import storage_key, tensor_inventory
 
 

@@ -205,16 +205,6 @@ def test_stranded_buffer_map_checker_uses_accelerate_and_the_audit():
     assert not bad_json.passed and bad_json.message.startswith("Device map (JSON): not valid JSON")
 
 
-def test_myths_experiment_leaves_the_model_alone():
-    from inspector.labs.flattening_myths import memory_experiment
-
-    sc = scenario("flattening-myths")
-    before = [p.detach().clone() for p in sc.model.parameters()]
-    table = memory_experiment(sc)
-    assert len(table) == 12 and not table["storage overlaps the vector"].any()
-    assert all(torch.equal(a, b) for a, b in zip(before, sc.model.parameters()))
-
-
 def test_every_view_of_the_package_labs_builds():
     for lab in discover_labs(labs_dir=""):
         if lab.id == "corrupted-capture" and not _has_capture():

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import threading
 
 import psutil
 import pytest
@@ -11,10 +10,7 @@ import torch
 from torch import nn
 from torch.nn.utils import parameters_to_vector
 
-from inspector import gradient_norms, locate, offset_map
-from inspector.findings import InspectorError
-from inspector.locks import model_lock
-from inspector.models import load_model
+from inspector import InspectorError, gradient_norms, load_model, locate, offset_map
 from inspector.offsets import (
     OFFSET_COLUMNS,
     flatten_roundtrip,
@@ -381,35 +377,6 @@ def test_run_backward_sets_grads_and_restores_everything_else():
     assert gradient_report(model).counts == {"ok": 7, "none": 0, "frozen": 1, "nonfinite": 0}
 
 
-def other_thread_acquires(lock) -> bool:
-    """Whether a second thread can take ``lock`` right now (without waiting); it lets go at once."""
-    got = []
-
-    def attempt() -> None:
-        ok = lock.acquire(blocking=False)
-        got.append(ok)
-        if ok:
-            lock.release()
-
-    thread = threading.Thread(target=attempt)
-    thread.start()
-    thread.join()
-    return got[0]
-
-
-def test_run_backward_holds_the_model_lock():
-    loaded = load_model("sample:frozen-adapter")
-    seen = []
-    handle = loaded.model.register_forward_pre_hook(
-        lambda m, a: seen.append(other_thread_acquires(model_lock(m))))
-    try:
-        run_backward(loaded)
-    finally:
-        handle.remove()
-    assert seen == [False]  # held during the forward pass
-    assert other_thread_acquires(model_lock(loaded.model))  # and let go afterwards
-
-
 def test_run_backward_refuses_meta_models():
     loaded = load_model("sample:llama-70b-meta", device="meta")
     with pytest.raises(InspectorError, match="meta device"):
@@ -457,7 +424,7 @@ def test_round_trip_shows_what_goes_wrong():
 
 
 def test_strip_is_bounded_on_big_models_and_keeps_buffers_apart():
-    from inspector.figures.offsets import offset_strip, strip_segments
+    from inspector.figures import offset_strip, strip_segments
 
     model = get_sample("llama-70b-meta").build()
     table = offset_map(model, include_buffers=True)
@@ -471,7 +438,7 @@ def test_strip_is_bounded_on_big_models_and_keeps_buffers_apart():
 
 
 def test_strip_colours_states_and_escapes_names():
-    from inspector.figures.offsets import offset_strip, strip_segments
+    from inspector.figures import offset_strip, strip_segments
 
     model = Hand()
     model.add_module("<b>x", nn.Linear(1, 1, bias=False))
@@ -494,7 +461,7 @@ def test_strip_colours_states_and_escapes_names():
 
 
 def test_layer_bars_top_k_and_rest():
-    from inspector.figures.offsets import layer_norm_bars
+    from inspector.figures import layer_norm_bars
 
     model = Hand()
     model.set_grads()

@@ -104,7 +104,7 @@ def test_every_package_lab_renders_with_its_views(monkeypatch):
 def test_a_failing_teacher_checker_is_reported_not_raised(tmp_path, monkeypatch):
     (tmp_path / "oops.py").write_text(
         "from inspector.labs import Field, Lab, Scenario, Task\n"
-        "from inspector.models import load_model\n"
+        "from inspector import load_model\n"
         "def check(scenario, answers):\n"
         "    return 1 / 0\n"
         "LAB = Lab('oops', 'Oops', 'A checker with a bug.', lambda: Scenario(load_model('sample:cnn-bn')),\n"

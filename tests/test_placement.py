@@ -21,8 +21,7 @@ from accelerate import infer_auto_device_map
 from accelerate.utils import check_device_map
 from torch import nn
 
-from inspector.findings import InspectorError
-from inspector.inventory import tensor_inventory
+from inspector import InspectorError, tensor_inventory
 from inspector.placement import (
     PlacementPlan,
     PlanResult,
@@ -427,8 +426,9 @@ def test_dispatch_split_block_gpu_and_cpu(split_block):
 # ----------------------------------------------------------------------------- figures
 
 def test_treemap_buffers_findings_and_aggregation(split_block, llama):
-    from inspector.figures.placement import RED, placement_treemap, usage_bars
+    from inspector.figures import placement_treemap, usage_bars
 
+    RED = "#D62728"  # the edge of a tensor the map leaves unplaced
     theirs = {"embed": 0, "block.fc1": 1, "block.fc2": 1, "block.fc3": "cpu", "head": "cpu"}
     tree = placement_treemap(audit_device_map(split_block, theirs)).data[0]
     ids = list(tree.ids)

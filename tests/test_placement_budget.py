@@ -11,7 +11,7 @@ from accelerate.utils import convert_file_size_to_int
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from inspector.findings import InspectorError
+from inspector import InspectorError
 from inspector.placement import device_order, format_max_memory, parse_max_memory, parse_size
 
 GiB, MiB = 2**30, 2**20

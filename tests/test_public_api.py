@@ -75,3 +75,49 @@ def test_pages_ui_and_commands_import_only_public_names_of_inspector_and_its_pac
             if inner or private:
                 bad.append(f"{path.relative_to(ROOT)}:{line}: from {module} import {', '.join(names)}")
     assert bad == []
+
+
+def _public(module: str, names: list[str]) -> bool:
+    """Whether ``from module import names`` takes public names only: from ``inspector`` or one of its
+    packages (never a module inside one, nor a module at the top of ``inspector``), no ``_name``, no
+    module other than a package, and of ``inspector.__main__`` only ``main``."""
+    import importlib
+    import types
+
+    parts = module.split(".")
+    if parts[0] != "inspector":
+        return True  # not the library
+    if module == "inspector.__main__":
+        return set(names) <= {"main"}
+    if any(p.startswith("_") for p in parts + names):
+        return False
+    if len(parts) > 2 or not ROOT.joinpath(*parts, "__init__.py").exists():
+        return False
+    package = importlib.import_module(module)
+    return not any(isinstance(getattr(package, n, None), types.ModuleType)
+                   and not hasattr(getattr(package, n), "__path__") for n in names)
+
+
+@pytest.mark.parametrize(("module", "names", "public"), [
+    ("inspector", ["load_model", "watch", "aliases"], True),
+    ("inspector.distributed", ["check_step", "read_dcp"], True),
+    ("inspector.placement", ["inventory"], True),  # the function, not the module it comes from
+    ("inspector.__main__", ["main"], True),
+    ("inspector.models", ["load_model"], False),
+    ("inspector.distributed.checkpoint", ["read_dcp"], False),
+    ("inspector", ["summary"], False),
+    ("inspector.capture", ["storage"], False),
+    ("inspector.__main__", ["command_names"], False),
+    ("inspector.offsets", ["_tables"], False),
+])
+def test_the_public_rule_tells_internal_modules_apart(module, names, public):
+    assert _public(module, names) is public
+
+
+def test_tests_outside_internals_import_only_public_names_of_inspector():
+    # a test that needs an internal module goes to tests/internals/, so moving a module breaks no other test
+    internals = ROOT / "tests" / "internals"
+    files = [p for p in sorted((ROOT / "tests").rglob("*.py")) if internals not in p.parents]
+    bad = [f"{path.relative_to(ROOT)}:{line}: from {module} import {', '.join(names)}"
+           for path in files for line, module, names in _inspector_imports(path) if not _public(module, names)]
+    assert bad == []

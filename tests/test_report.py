@@ -10,9 +10,8 @@ import pytest
 import torch
 from torch import nn
 
+from inspector import Finding, InspectorError, LoadedModel, load_model
 from inspector.__main__ import main
-from inspector.findings import Finding, InspectorError
-from inspector.models import LoadedModel, load_model
 from inspector.report import (
     SECTION_BUILDERS,
     SECTIONS,

@@ -111,7 +111,7 @@ def test_reads_check_step_jsonl(tmp_path):
 def test_bad_metadata_is_refused_by_name(tmp_path, change):
     import pyarrow as pa
 
-    from inspector.watch.record import META_KEY
+    from inspector.watch import META_KEY
 
     meta = json.loads(_meta().to_json()) | change
     path = tmp_path / "bad.inspect"

@@ -6,7 +6,7 @@ import torch
 from torch import nn
 
 import inspector
-from inspector import aliases, offsets, placement, summary
+from inspector import aliases, offsets, placement
 from inspector.aliases import alias_groups, snapshot_ties
 from inspector.capture import capture_activations, capturing
 from inspector.offsets import locate, offset_map
@@ -29,7 +29,7 @@ def test_module_imports_see_through_torch_compile():
     assert [g.names for g in snapshot_ties(c).groups] == [("0.weight", "1.weight")]
     table = placement.placement_table(c)
     assert not any(n.startswith("_orig_mod") for n in table["name"]), table["name"].tolist()
-    assert summary.model_summary(c).parameter_elements == 8
+    assert inspector.model_summary(c).parameter_elements == 8
     caps = capture_activations(c, torch.ones(1, 2))
     assert sorted(caps.outputs) == ["0", "1"]
     with capturing(c) as caps:

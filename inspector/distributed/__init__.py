@@ -10,9 +10,11 @@ the Distributed page read::
 
 from __future__ import annotations
 
-from ..checkpoint_dcp import dcp_listing, is_dcp_folder
+from ..checkpoint_dcp import dcp_listing, is_dcp_folder, read_dcp, read_metadata
 from ..dtensors import is_dtensor, local_piece, model_has_dtensors, placements_text
+from ..sharding import mesh_dims, rank_bytes
 from .check import StepCheck, check_step
+from .digest import PARTS
 from .run import (
            DistributedRun,
            is_run_file,
@@ -22,9 +24,10 @@ from .run import (
            read_run,
            unique_findings,
 )
-from .train import SHARD_MODES, process_group, rank_device, shard, train_and_check
+from .train import SHARD_MODES, fsdp_units, process_group, rank_device, shard, train_and_check
 
 __all__ = ["StepCheck", "check_step", "DistributedRun", "read_run", "parse_run", "is_run_file",
            "unique_findings", "is_dtensor", "local_piece", "model_has_dtensors", "placements_text",
            "rank_issues", "dcp_listing", "is_dcp_folder",
-           "SHARD_MODES", "process_group", "rank_device", "shard", "train_and_check", "read_check_run"]
+           "SHARD_MODES", "process_group", "rank_device", "shard", "train_and_check", "read_check_run",
+           "PARTS", "fsdp_units", "mesh_dims", "rank_bytes", "read_dcp", "read_metadata"]

@@ -8,10 +8,17 @@ from __future__ import annotations
 
 from .aliases import alias_graph_figure
 from .attribution import completeness_line, conductance_bars, image_overlay, token_heatmap
-from .capture import capture_heatmap, capture_histogram, capture_stats_figure, clone_vs_reference_figure
+from .capture import (
+    capture_heatmap,
+    capture_histogram,
+    capture_stats_figure,
+    clone_vs_reference_figure,
+    heatmap_slice,
+    histogram_data,
+)
 from .compare import module_change_bars, module_rows, run_divergence_figure
 from .distributed import grad_norm_figure, memory_figure
-from .offsets import layer_norm_bars, offset_strip
+from .offsets import layer_norm_bars, offset_strip, strip_segments
 from .palette import bytes_axis, device_colour, device_colours, device_key, key_label, readable
 from .placement import placement_treemap, usage_bars, usage_side_by_side
 from .training import (
@@ -35,4 +42,5 @@ __all__ = [
     "run_norm_grid",
     "module_change_bars", "module_rows", "run_divergence_figure",
     "bytes_axis", "lens_colours", "module_tree_figure", "shown_level",
+    "heatmap_slice", "histogram_data", "strip_segments",
 ]

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from .captured import captures_path, load_captures, producer_of, read_captures, save_captures
 from .core import Watch, WatchResult, watch
-from .record import FORMAT, VERSION, RunMeta, RunWriter, StepRecord, record_batch, schema
+from .record import FORMAT, META_KEY, VERSION, RunMeta, RunWriter, StepRecord, record_batch, schema
 from .run import MODULE_COLUMNS, STEP_COLUMNS, Run, StepFinding, is_watch_file, parse_run_bytes, read_run
 from .summary import first_findings, main_steps
 from .synthetic import synthetic_run
@@ -18,4 +18,4 @@ from .train import OPTIMIZERS, make_optimizer, train_watched
 __all__ = ["FORMAT", "VERSION", "MODULE_COLUMNS", "STEP_COLUMNS", "Run", "RunMeta", "RunWriter", "StepFinding",
            "StepRecord", "is_watch_file", "parse_run_bytes", "read_run", "record_batch", "schema", "synthetic_run",
            "Watch", "WatchResult", "watch", "first_findings", "main_steps", "OPTIMIZERS", "make_optimizer", "train_watched",
-           "captures_path", "load_captures", "producer_of", "read_captures", "save_captures"]
+           "captures_path", "load_captures", "producer_of", "read_captures", "save_captures", "META_KEY"]

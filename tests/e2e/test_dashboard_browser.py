@@ -92,9 +92,8 @@ def _bytes_held(page) -> str:
 
 def _expected_bytes(batch: int) -> str:
     """What one capture of every tiny-gpt2 module on ``batch`` example inputs holds."""
+    from inspector import format_bytes, load_model
     from inspector.capture import capture_activations
-    from inspector.models import load_model
-    from inspector.summary import format_bytes
 
     loaded = load_model("sample:tiny-gpt2")
     return format_bytes(capture_activations(loaded.model, loaded.example_inputs(batch)).total_bytes)

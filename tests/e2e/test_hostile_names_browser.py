@@ -11,7 +11,7 @@ from urllib.parse import urlencode, urlparse
 
 import pytest
 
-from inspector.models import load_model
+from inspector import load_model
 from inspector.report import build_report
 from tests.e2e.conftest import serve_app
 from tests.hostile_names import IMG, JS, KEY, write_hostile_model

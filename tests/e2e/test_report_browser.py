@@ -9,8 +9,7 @@ import pytest
 import torch
 from torch import nn
 
-from inspector.findings import Finding
-from inspector.models import LoadedModel, load_model
+from inspector import Finding, LoadedModel, load_model
 from inspector.report import Report, Section, build_report, make_figure
 
 CHROMIUM = "/usr/bin/chromium"

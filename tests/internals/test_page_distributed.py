@@ -119,7 +119,7 @@ def test_sidebar_lists_and_loads_a_distributed_checkpoint_folder(world2):
     from ui.models import Selection
 
     out, _ = world2
-    source = str(Path(__file__).resolve().parent.parent / "sample_models" / "fsdp.py") + ":build"
+    source = str(Path(__file__).resolve().parents[2] / "sample_models" / "fsdp.py") + ":build"
     at = AppTest.from_file(str(PAGES / "8_Training.py"), default_timeout=60)
     at.session_state["mi_selection"] = Selection(source=source, checkpoint=str(out / "dcp"))
     at.run()
