@@ -101,7 +101,7 @@ def _public(module: str, names: list[str]) -> bool:
 @pytest.mark.parametrize(("module", "names", "public"), [
     ("inspector", ["load_model", "watch", "aliases"], True),
     ("inspector.distributed", ["check_step", "read_dcp"], True),
-    ("inspector.placement", ["inventory"], True),  # the function, not the module it comes from
+    ("inspector.placement", ["plan_device_map"], True),
     ("inspector.__main__", ["main"], True),
     ("inspector.models", ["load_model"], False),
     ("inspector.distributed.checkpoint", ["read_dcp"], False),
