@@ -58,7 +58,7 @@ class Inventory:
     def tensors(self) -> tuple[TensorInfo, ...]:
         """Every tensor name, in module order (a module's parameters, then its buffers)."""
         entries = self.source.by_name
-        modules = dict(zip(self.source.modules, self.source.module_objects))
+        modules = dict(zip(self.source.modules, self.source.module_objects, strict=True))
         out = []
         for m, names in self.direct.items():
             for n in names:
@@ -133,7 +133,7 @@ class _Tables:
             self.direct
         sizes, psizes, has_param = self.sizes, self.psizes, self.has_param
         own = inv.own_entries
-        for mname, mod in zip(inv.modules, inv.module_objects):
+        for mname, mod in zip(inv.modules, inv.module_objects, strict=True):
             classes[mname] = type(mod).__name__
             order[mname] = len(order)
             children[mname] = []
