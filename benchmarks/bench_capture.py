@@ -121,7 +121,7 @@ def main() -> int:
         print(f"{'variant':<15}{'median s':>10}{'ratio':>8}{'of medians':>12}{'target':>10}  verdict")
         for name in names:
             mine = [t[k] for t in times[name]]
-            ratio = statistics.median(t / p for t, p in zip(mine, plain))
+            ratio = statistics.median(t / p for t, p in zip(mine, plain, strict=True))
             target = TARGETS.get(name)
             verdict = "" if target is None else ("ok" if ratio <= target else "OVER")
             tgt = f"<= {target:.2f}" if target else ""

@@ -110,8 +110,8 @@ def bench(label: str, model: nn.Module, x, repeats: int, mode: str = "inference"
         print(f"   {clock + ' clock':<13}{'median ms':>10}{'x plain':>9}{'us/module':>11}")
         over = {}
         for name, ts in times.items():
-            ratio = statistics.median(t / p for t, p in zip(ts, plain))
-            extra = statistics.median(t - p for t, p in zip(ts, plain))
+            ratio = statistics.median(t / p for t, p in zip(ts, plain, strict=True))
+            extra = statistics.median(t - p for t, p in zip(ts, plain, strict=True))
             over[name] = extra / modules
             print(f"   {name:<13}{statistics.median(ts) * 1e3:>10.2f}{ratio:>9.2f}{over[name] * 1e6:>11.1f}")
         ratios[clock] = over["inspector"] / over["clone-hooks"]

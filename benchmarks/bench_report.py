@@ -50,7 +50,7 @@ def ours(loaded, options) -> tuple[float, float, int, Report]:
     t0 = time.perf_counter()
     report = build_report(loaded, progress=progress, **options)
     t1 = time.perf_counter()
-    for (sid, start), (_, end) in zip(marks, [*marks[1:], ("", t1)]):
+    for (sid, start), (_, end) in zip(marks, [*marks[1:], ("", t1)], strict=True):
         SECTION_SECONDS.setdefault(sid, []).append(end - start)
     html = report.to_html()
     t2 = time.perf_counter()
@@ -102,7 +102,7 @@ def main() -> int:
         usual_sizes.append(un)
         print(f"  repeat {i + 1}: build {b:.2f} s + html {h:.2f} s, {n / 2**20:.2f} MiB | "
               f"per-figure plotly files {u:.2f} s, {un / 2**20:.2f} MiB")
-    total = statistics.median(b + h for b, h in zip(build_times, html_times))
+    total = statistics.median(b + h for b, h in zip(build_times, html_times, strict=True))
     size = statistics.median(sizes)
     figures = sum(len(s.figures) for s in report.sections)
     statuses = [(s.id, s.status) for s in report.sections]

@@ -65,7 +65,7 @@ def paired(variants: dict[str, Callable[[], object]], base: str, repeats: int,
             sync(device)
             times[name].append(time.perf_counter() - t)
             del result
-    return {n: (statistics.median(times[n]), statistics.median(t / b for t, b in zip(times[n], times[base])))
+    return {n: (statistics.median(times[n]), statistics.median(t / b for t, b in zip(times[n], times[base], strict=True)))
             for n in names}
 
 

@@ -304,11 +304,11 @@ def _region(folder: Path, piece: Piece, value: torch.Tensor, whole: torch.Tensor
     if value.dim() != whole.dim() or (piece.sizes and tuple(value.shape) != piece.sizes):
         raise InspectorError(f"{where} has shape {tuple(value.shape)}, but the index says "
                              f"{piece.sizes or tuple(whole.shape)}")
-    if any(o + n > total for o, n, total in zip(piece.offsets, value.shape, whole.shape)):
+    if any(o + n > total for o, n, total in zip(piece.offsets, value.shape, whole.shape, strict=True)):
         raise InspectorError(f"{where} with shape {tuple(value.shape)} reaches past the tensor's shape "
                              f"{tuple(whole.shape)}")
     region, seen = whole, covered
-    for dim, (start, size) in enumerate(zip(piece.offsets, value.shape)):
+    for dim, (start, size) in enumerate(zip(piece.offsets, value.shape, strict=True)):
         region, seen = region.narrow(dim, start, size), seen.narrow(dim, start, size)
     if bool(seen.any()):
         raise InspectorError(f"{where} overlaps another piece of the same tensor; the index is corrupt")

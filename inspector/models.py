@@ -142,7 +142,7 @@ def _offloaded(inv: TensorInventory) -> set[int]:
     """:func:`offloaded_ids` of the model walked by ``inv``."""
     own = inv.own_entries
     out: set[int] = set()
-    for name, module in zip(inv.modules, inv.module_objects):
+    for name, module in zip(inv.modules, inv.module_objects, strict=True):
         hook = getattr(module, "_hf_hook", None)
         hooks = getattr(hook, "hooks", None) or ([hook] if hook is not None else [])
         if any(getattr(h, "offload", False) and getattr(h, "weights_map", None) is not None for h in hooks):

@@ -113,7 +113,7 @@ if run and run["names"]:
                                          device=run["device"], retie_after=run["retie"])
         outcomes = table[table["outcome"].isin(list(OUTCOME_ICON))]
         st.markdown(" · ".join(f"**{c}**: {OUTCOME_ICON[o]}" for c, o in
-                               dict(zip(outcomes["conversion"], outcomes["outcome"])).items()))
+                               dict(zip(outcomes["conversion"], outcomes["outcome"], strict=True)).items()))
         shown = table
         if shown["error"].isna().all():
             shown = shown.drop(columns=["error"])

@@ -76,7 +76,7 @@ with right:
 comparison = None
 with guarded("planning the device map"):
     rows = edited.dropna()
-    budget = parse_max_memory(",".join(f"{d}={b}" for d, b in zip(rows["device"], rows["budget"])))
+    budget = parse_max_memory(",".join(f"{d}={b}" for d, b in zip(rows["device"], rows["budget"], strict=True)))
     with right:
         st.code(",".join(f"{d}={budget_text(n)}" for d, n in budget.items()), language=None)
     comparison = cached_analysis(compare_with_accelerate, model, format_max_memory(budget), list(no_split))

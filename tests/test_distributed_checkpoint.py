@@ -31,7 +31,7 @@ def test_checkpoint_folder_loads_into_the_model_in_one_process(world2, capsys):
     out, _ = world2
     loaded = load_model(SOURCE, checkpoint=str(out / "dcp"))
     fresh = build()
-    for (name, p), q in zip(loaded.model.named_parameters(), fresh.parameters()):
+    for (name, p), q in zip(loaded.model.named_parameters(), fresh.parameters(), strict=True):
         torch.testing.assert_close(p, q + 1.0, msg=name)  # the worker added 1 before saving
     assert [f.code for f in loaded.findings] == ["distributed-checkpoint"]
     assert "19 tensors put together from 37 pieces in 2 files" in loaded.findings[0].message
@@ -77,7 +77,7 @@ def test_non_tensor_entries_are_listed_and_left_out_of_the_load(tmp_path, capsys
     assert (table["kind"] == "tensor").sum() == 19
 
     loaded = load_model(SOURCE, checkpoint=str(folder))
-    for (name, p), q in zip(loaded.model.named_parameters(), model.parameters()):
+    for (name, p), q in zip(loaded.model.named_parameters(), model.parameters(), strict=True):
         torch.testing.assert_close(p, q + 2.0, msg=name)
     found = {f.code: f for f in loaded.findings}
     assert "19 tensors put together from 19 pieces in 1 files" in found["distributed-checkpoint"].message

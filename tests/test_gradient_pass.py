@@ -40,7 +40,7 @@ def test_explicit_gradients_from_autograd_grad_leave_grad_alone():
     x = torch.tensor([[1.0, 1.0]])
     loss = model(x).sum()  # 3 * (w0 . x): d/dw0 = [3, 3] (norm 3*sqrt(2)); d/dw1 = w0 . x = 3
     names = [n for n, _ in model.named_parameters()]
-    grads = dict(zip(names, torch.autograd.grad(loss, list(model.parameters()))))
+    grads = dict(zip(names, torch.autograd.grad(loss, list(model.parameters())), strict=True))
     table = gradient_norms(model, grads=grads).set_index("name")
     assert table.loc["0.weight", "norm"] == pytest.approx(3 * math.sqrt(2))
     assert table.loc["1.weight", "norm"] == 3.0
@@ -58,7 +58,7 @@ def test_explicit_gradients_match_the_grad_attribute_on_a_real_backward(tiny_gpt
     logits = out.logits if hasattr(out, "logits") else out[0] if isinstance(out, tuple) else out
     loss = logits.float().pow(2).mean()
     named = list(tiny_gpt2.named_parameters())
-    grads = dict(zip([n for n, _ in named], torch.autograd.grad(loss, [p for _, p in named], retain_graph=True)))
+    grads = dict(zip([n for n, _ in named], torch.autograd.grad(loss, [p for _, p in named], retain_graph=True), strict=True))
     loss.backward()
     explicit = gradient_report(tiny_gpt2, grads=grads)
     attribute = gradient_report(tiny_gpt2)

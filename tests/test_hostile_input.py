@@ -358,7 +358,7 @@ def _same(a: dict, b: dict) -> bool:
     if a["training"] != b["training"] or a["hooks"] != b["hooks"] or a["tensors"].keys() != b["tensors"].keys():
         return False
     return all(x[:4] == y[:4] and torch.equal(x[4], y[4]) for x, y in
-               zip(a["tensors"].values(), b["tensors"].values()))
+               zip(a["tensors"].values(), b["tensors"].values(), strict=True))
 
 
 def _report_text(**fields) -> str:

@@ -234,7 +234,7 @@ def test_named_unique_is_what_named_parameters_and_named_buffers_yield():
 def test_own_entries_and_module_objects():
     m = tied_model()
     inv = tensor_inventory(m)
-    assert [(n, id(o)) for n, o in zip(inv.modules, inv.module_objects)] == [
+    assert [(n, id(o)) for n, o in zip(inv.modules, inv.module_objects, strict=True)] == [
         (n, id(o)) for n, o in m.named_modules(remove_duplicate=False)]
     # each module's own tensors: its parameters, then its buffers
     assert {k: [e.name for e in v] for k, v in inv.own_entries.items()} == {

@@ -91,10 +91,10 @@ def test_the_walk_is_torchs_walk(graph):
     expected = [(n, "parameter", t) for n, t in model.named_parameters(remove_duplicate=False)]
     expected += [(n, "buffer", t) for n, t in model.named_buffers(remove_duplicate=False)]
     assert [(e.name, e.kind) for e in inv.entries] == [(n, k) for n, k, _ in expected]
-    assert all(e.tensor is t for e, (_, _, t) in zip(inv.entries, expected))
+    assert all(e.tensor is t for e, (_, _, t) in zip(inv.entries, expected, strict=True))
     named = list(model.named_modules(remove_duplicate=False))
     assert list(inv.modules) == [n for n, _ in named]
-    assert all(a is b for a, (_, b) in zip(inv.module_objects, named))
+    assert all(a is b for a, (_, b) in zip(inv.module_objects, named, strict=True))
     first: dict[int, str] = {}
     for e in inv.entries:
         assert e.first_name == first.setdefault(id(e.tensor), e.name)

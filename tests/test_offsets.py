@@ -29,7 +29,7 @@ def assert_matches_vector(model: nn.Module, table, tensors: list[torch.Tensor]) 
     by_name.update(dict(model.named_buffers()))
     assert len(table) == len(tensors)
     assert int(table["end"].iloc[-1]) == vec.numel()
-    for row, t in zip(table.itertuples(), tensors):
+    for row, t in zip(table.itertuples(), tensors, strict=True):
         assert by_name[row.name] is t
         assert row.end - row.start == row.numel == t.numel()
         assert row.shape == tuple(t.shape)
@@ -50,7 +50,7 @@ def test_tied_tiny_gpt2_agrees_with_parameters_to_vector(tiny_gpt2):
     vec = parameters_to_vector(tiny_gpt2.parameters())
     assert vec.numel() == 4080 == int(table["end"].iloc[-1])  # tie counted once (4592 twice)
     assert table["name"].tolist() == [n for n, _ in tiny_gpt2.named_parameters()]
-    for row, p in zip(table.itertuples(), tiny_gpt2.parameters()):
+    for row, p in zip(table.itertuples(), tiny_gpt2.parameters(), strict=True):
         assert torch.equal(vec[row.start:row.end], p.detach().view(-1))
     first = table.iloc[0]
     # wte is 32 x 16 = 512 elements and is lm_head.weight too
@@ -129,7 +129,7 @@ def test_hugging_face_gpt2_from_a_tiny_config():
     table = offset_map(model)
     vec = parameters_to_vector(model.parameters())
     assert int(table["end"].iloc[-1]) == vec.numel()
-    for row, p in zip(table.itertuples(), model.parameters()):
+    for row, p in zip(table.itertuples(), model.parameters(), strict=True):
         assert torch.equal(vec[row.start:row.end], p.detach().view(-1))
     wte = table.set_index("name").loc["transformer.wte.weight"]
     assert wte["aliases"] == ("lm_head.weight",) and wte["numel"] == 32 * 16
@@ -402,7 +402,7 @@ def test_round_trip_copies_and_restores_exactly(tiny_gpt2):
     assert rt.shares_memory is False and rt.write_through is False
     assert rt.restored_exactly is True and rt.views_after is True and rt.original_untouched is True
     assert rt.error is None and rt.dtype_changed == ()
-    assert all(torch.equal(p, b) for p, b in zip(tiny_gpt2.parameters(), before))
+    assert all(torch.equal(p, b) for p, b in zip(tiny_gpt2.parameters(), before, strict=True))
 
 
 def test_round_trip_shows_what_goes_wrong():

@@ -69,7 +69,7 @@ def test_rows_are_contiguous_slices_of_parameters_to_vector(model: nn.Module, tr
     if include_buffers:
         expected += list(model.buffers())
     tensors = [model.get_parameter(n) if kind == "parameter" else model.get_buffer(n)
-               for n, kind in zip(table["name"], table["kind"])]
+               for n, kind in zip(table["name"], table["kind"], strict=True)]
     # the rows are parameters() (then buffers()), each object once, in that order
     assert [id(t) for t in tensors] == [id(t) for t in expected]
     starts, ends = table["start"].tolist(), table["end"].tolist()
@@ -82,7 +82,7 @@ def test_rows_are_contiguous_slices_of_parameters_to_vector(model: nn.Module, tr
     with torch.no_grad():
         vec = parameters_to_vector(tensors)
     assert vec.numel() == ends[-1]
-    for row, t in zip(table.itertuples(), tensors):
+    for row, t in zip(table.itertuples(), tensors, strict=True):
         assert row.end - row.start == row.numel == t.numel()
         assert row.shape == tuple(t.shape)
         assert torch.equal(vec[row.start:row.end], t.detach().reshape(-1).to(vec.dtype))

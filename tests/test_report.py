@@ -96,7 +96,7 @@ def _differences(a, b, path: str = "") -> list[str]:
     if isinstance(a, list):
         if len(a) != len(b):
             return [f"{path}: {len(a)} items != {len(b)}"]
-        return [d for i, (x, y) in enumerate(zip(a, b)) for d in _differences(x, y, f"{path}[{i}]")]
+        return [d for i, (x, y) in enumerate(zip(a, b, strict=True)) for d in _differences(x, y, f"{path}[{i}]")]
     return [] if a == b else [f"{path}: {a!r:.80} != {b!r:.80}"]
 
 

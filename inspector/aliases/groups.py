@@ -118,7 +118,7 @@ def groups_frame(groups: tuple[AliasGroup, ...] | list[AliasGroup]) -> pd.DataFr
 def _make_group(objs: list[_Obj], memory_checked: bool) -> AliasGroup:
     objs = sorted(objs, key=lambda o: o.first)
     pairs = sorted(zip((i for o in objs for i in o.order), (n for o in objs for n in o.names),
-                       (k for o in objs for k in o.kinds)))
+                       (k for o in objs for k in o.kinds), strict=True))
     first = objs[0].tensor
     if len(objs) == 1:
         kind = "same-object"

@@ -40,7 +40,7 @@ def _span(t: torch.Tensor) -> tuple[int, int]:
     """Byte range [start, end) of ``t`` in its storage, from offset, shape and strides."""
     es = t.element_size()
     start = int(t.storage_offset()) * es
-    extent = 1 + sum((s - 1) * st for s, st in zip(t.shape, t.stride()))
+    extent = 1 + sum((s - 1) * st for s, st in zip(t.shape, t.stride(), strict=True))
     return start, start + extent * es
 
 
@@ -50,7 +50,7 @@ def _dense(t: torch.Tensor, span: tuple[int, int]) -> bool:
 
 def _byte_offsets(t: torch.Tensor) -> torch.Tensor:
     offsets = torch.tensor([t.storage_offset()], dtype=torch.long)
-    for size, stride in zip(t.shape, t.stride()):
+    for size, stride in zip(t.shape, t.stride(), strict=True):
         offsets = (offsets[:, None] + torch.arange(size, dtype=torch.long)[None, :] * stride).reshape(-1)
     return offsets * t.element_size()
 
@@ -83,7 +83,7 @@ def _union_by_elements(objs: list[_Obj], index: list[int], parent: list[int]) ->
     order = torch.argsort(flat, stable=True)
     flat, labels = flat[order], labels[order]
     hit = (flat[1:] == flat[:-1]) & (labels[1:] != labels[:-1])
-    for a, b in set(zip(labels[:-1][hit].tolist(), labels[1:][hit].tolist())):
+    for a, b in set(zip(labels[:-1][hit].tolist(), labels[1:][hit].tolist(), strict=True)):
         ra, rb = _find(parent, index[a]), _find(parent, index[b])
         if ra != rb:
             parent[ra] = rb

@@ -74,7 +74,7 @@ def snapshot_inventory(inv: TensorInventory) -> TieSnapshot:
     for g in analysis.groups:
         ids: dict[int, int] = {}
         rows = []
-        for name, kind in zip(g.names, g.tensor_kinds):
+        for name, kind in zip(g.names, g.tensor_kinds, strict=True):
             t = current[name]
             rows.append(TensorLayout(name, kind, ids.setdefault(id(t), len(ids)), tuple(t.shape),
                                      tuple(t.stride()) if t.layout == torch.strided else (),
@@ -126,7 +126,7 @@ def _outcome(group: AliasGroup, layouts: tuple[TensorLayout, ...],
             same_memory = l0 is not None and all(
                 tuple(t.shape) == base[n].shape and tuple(t.stride()) == base[n].stride
                 and t.storage_offset() - t0.storage_offset() == base[n].storage_offset - l0.storage_offset
-                for n, t in zip([n for n in group.names if n in current], tensors))
+                for n, t in zip([n for n in group.names if n in current], tensors, strict=True))
     same_object = objects == 1 and not missing
     if missing:
         outcome = "broken"
@@ -191,7 +191,7 @@ def compare_ties(snapshot: TieSnapshot, model: nn.Module) -> list[Finding]:
 
 def outcomes(snapshot: TieSnapshot, current: dict[str, torch.Tensor]) -> list[GroupOutcome]:
     """What became of each group of ``snapshot``, given the tensors a model holds now (name -> tensor)."""
-    return [_outcome(g, lay, current) for g, lay in zip(snapshot.groups, snapshot.layouts)]
+    return [_outcome(g, lay, current) for g, lay in zip(snapshot.groups, snapshot.layouts, strict=True)]
 
 
 def _set_tensor(model: nn.Module, name: str, kind: str, value: torch.Tensor) -> None:
@@ -231,7 +231,7 @@ def retie(model: nn.Module, snapshot: TieSnapshot) -> list[Finding]:
         current = tensor_inventory(model).tensors()
         _refuse_other_model(snapshot, current)
         todo = [(g, layouts, o) for g, layouts, o in zip(snapshot.groups, snapshot.layouts,
-                                                         outcomes(snapshot, current))
+                                                         outcomes(snapshot, current), strict=True)
                 if o.outcome != "kept"]
         for g, layouts, o in todo:
             _check_retie(g, layouts, o, current)
@@ -301,7 +301,7 @@ def _check_views_fit(g: AliasGroup, layouts: tuple[TensorLayout, ...], keep: tor
     n = keep.untyped_storage().nbytes() // keep.element_size()
     for lay in layouts:
         offset = keep.storage_offset() + lay.storage_offset - layouts[0].storage_offset
-        extent = 1 + sum((s - 1) * st for s, st in zip(lay.shape, lay.stride))
+        extent = 1 + sum((s - 1) * st for s, st in zip(lay.shape, lay.stride, strict=True))
         if offset < 0 or offset + extent > n:
             raise InspectorError(f"cannot re-tie {lay.name} as a view of {g.names[0]}: it would reach "
                                  "outside that tensor's storage; nothing was changed")

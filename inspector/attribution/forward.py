@@ -156,7 +156,7 @@ def flatten_inputs(inputs: Any) -> tuple[list[torch.Tensor], Callable[[tuple], A
     if isinstance(inputs, dict):
         keys = [k for k, v in inputs.items() if isinstance(v, torch.Tensor)]
         rest = {k: v for k, v in inputs.items() if k not in keys}
-        return [inputs[k] for k in keys], lambda xs: {**rest, **dict(zip(keys, xs))}
+        return [inputs[k] for k in keys], lambda xs: {**rest, **dict(zip(keys, xs, strict=False))}
     if isinstance(inputs, (tuple, list)):
         if not all(isinstance(v, torch.Tensor) for v in inputs):
             raise InspectorError("attribution inputs must be tensors (a tensor, a tuple or a dict of them)")

@@ -168,7 +168,7 @@ def attribution_summary(attributions: tuple[torch.Tensor, ...], inputs: tuple[to
         if per_token and ids is not None:
             tok = ids[:, :D].reshape(-1).numpy().astype(np.int64)
             token = pd.array(tok, dtype="Int64")
-            label = [f"{p}:{t}" for p, t in zip(index, tok)]
+            label = [f"{p}:{t}" for p, t in zip(index, tok, strict=True)]
         else:
             token = pd.array([None] * (B * D), dtype="Int64")
             kind = "channel" if a.dim() >= 4 else "feature" if a.dim() == 2 else "unit"

@@ -75,7 +75,7 @@ class preserved_state:  # noqa: N801 - used as a context manager, like contextli
             torch.set_grad_enabled(False)
         modules, modes = self.modules, self.modes
         if [m.training for m in modules] != modes:
-            for m, mode in zip(modules, modes):
+            for m, mode in zip(modules, modes, strict=True):
                 if m.training != mode:
                     object.__setattr__(m, "training", mode)  # what Module.__setattr__ does for a bool
         start = self.hook_id

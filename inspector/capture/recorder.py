@@ -275,7 +275,7 @@ class Recorder:
             return _SKIP
         if paths is None:
             paths = leaf_paths(value, spec)
-        return unflat([self._store_leaf(key, kind, path, leaf, watch) for path, leaf in zip(paths, leaves)],
+        return unflat([self._store_leaf(key, kind, path, leaf, watch) for path, leaf in zip(paths, leaves, strict=True)],
                       spec)
 
     def _store_leaf(self, key: str, kind: str, path: str, leaf: Any, watch: bool) -> Any:

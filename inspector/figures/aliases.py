@@ -132,5 +132,5 @@ def _nodes(keys: list[str], data: GraphData, pos: dict[str, tuple[float, float]]
         mode="markers+text" if show_text else "markers",
         marker=dict(symbol=symbol, color=color, size=size, line=dict(color="white", width=1)),
         text=labels if show_text else None,
-        textposition="bottom center", textfont=dict(size=11), hovertext=[f"{data.nodes[k][1]}: {plot_text(lab)}" for k, lab in zip(keys, labels)],
+        textposition="bottom center", textfont=dict(size=11), hovertext=[f"{data.nodes[k][1]}: {plot_text(lab)}" for k, lab in zip(keys, labels, strict=True)],
         hoverinfo="text", name=name, legendgroup=group, showlegend=True)

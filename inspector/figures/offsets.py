@@ -61,7 +61,7 @@ def strip_segments(table: pd.DataFrame, norms: pd.DataFrame | None = None, row: 
     """
     lookup = None
     if norms is not None:
-        lookup = dict(zip(norms["name"], zip(norms["norm"].astype(float), norms["state"])))
+        lookup = dict(zip(norms["name"], zip(norms["norm"].astype(float), norms["state"], strict=True), strict=True))
     rows = list(table.itertuples(index=False))
     if not rows:
         return []
@@ -191,7 +191,7 @@ def layer_norm_bars(by_module: pd.DataFrame, top_k: int = 15) -> go.Figure:
     values = [float(v) for v in top["norm"]]
     colours = ["#d62728" if s == "nonfinite" else "#1f77b4" for s in top["state"]]
     hover = [f"<b>{plot_text(n)}</b><br>norm {v:.4g}<br>{p} parameters, {e:,} elements<br>state {s}"
-             for n, v, p, e, s in zip(names, values, top["parameters"], top["numel"], top["state"])]
+             for n, v, p, e, s in zip(names, values, top["parameters"], top["numel"], top["state"], strict=True)]
     if len(rest):
         rest_norm = float(np.sqrt(np.square(rest["norm"].to_numpy(dtype=float)).sum()))
         label = f"rest ({len(rest)} module{'s' if len(rest) > 1 else ''})"

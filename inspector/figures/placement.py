@@ -167,7 +167,7 @@ def usage_bars(usage: pd.DataFrame, title: str = "") -> go.Figure:
                                       ("reserved_bytes", "kept free", ".", 0.35)):
         vals = [0 if pd.isna(v) else int(v) for v in usage[col]]
         # one trace per device (a bar's pattern takes one colour), one grey legend entry per kind
-        for dev, v in zip(x, vals):
+        for dev, v in zip(x, vals, strict=True):
             fig.add_bar(x=[dev], y=[v], name=name, legendgroup=name, showlegend=False, opacity=opacity,
                         marker=dict(color=device_colours([dev])[dev], line=dict(color="#333333", width=0.5),
                                     pattern=dict(shape=shape, fgcolor="#333333")),
@@ -204,7 +204,7 @@ def usage_side_by_side(ours: pd.DataFrame, theirs: pd.DataFrame,
     labels = dict(labels or {"ours": "plan_device_map", "theirs": "accelerate"})
     per_device: dict[str, tuple[list[str], list[int]]] = {}
     for df, key in ((ours, "ours"), (theirs, "theirs")):
-        for d, b in zip(df["device"], df["total_bytes"]):
+        for d, b in zip(df["device"], df["total_bytes"], strict=True):
             plans, values = per_device.setdefault(device_key(d), ([], []))
             plans.append(labels[key])
             values.append(0 if pd.isna(b) else int(b))

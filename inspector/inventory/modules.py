@@ -91,7 +91,7 @@ class _Tables:
             self.direct
         sizes, psizes, has_param = self.sizes, self.psizes, self.has_param
         own = inv.own_entries
-        for mname, mod in zip(inv.modules, inv.module_objects):
+        for mname, mod in zip(inv.modules, inv.module_objects, strict=True):
             classes[mname] = type(mod).__name__
             order[mname] = len(order)
             children[mname] = []

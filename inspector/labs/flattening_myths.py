@@ -57,7 +57,7 @@ def memory_experiment(scenario: Scenario) -> pd.DataFrame:
     with torch.no_grad():
         vec.add_(1.0)
     rows = []
-    for (name, p), old in zip(model.named_parameters(), before):
+    for (name, p), old in zip(model.named_parameters(), before, strict=True):
         start = p.untyped_storage().data_ptr()
         end = start + p.untyped_storage().nbytes()
         rows.append({"parameter": name,

@@ -25,9 +25,9 @@ Named = list[tuple[str, torch.Tensor]]
 
 def frame(columns: list[str], rows: list[tuple]) -> pd.DataFrame:
     """A table of ``rows`` (tuples in ``columns`` order) with numpy dtypes set per column."""
-    values_by_column: list[Any] = list(zip(*rows)) if rows else [[] for _ in columns]
+    values_by_column: list[Any] = list(zip(*rows, strict=True)) if rows else [[] for _ in columns]
     data: dict[str, Any] = {}
-    for col, values in zip(columns, values_by_column):
+    for col, values in zip(columns, values_by_column, strict=True):
         if col in _INT_COLUMNS:
             data[col] = np.asarray(values, dtype=np.int64)
         elif col in ("requires_grad", "owns_parameters"):

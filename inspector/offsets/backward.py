@@ -210,7 +210,7 @@ def loss_gradients(loaded: Any, batch_size: int = 2, progress: Progress | None =
                 say(f"Backward pass: gradients of {len(trainable)} trainable parameters…")
                 grads = torch.autograd.grad(loss.reshape(()), [p for _, p in trainable], allow_unused=True)
         seconds = time.perf_counter() - start
-    mapping = {n: g for (n, _), g in zip(trainable, grads)}
+    mapping = {n: g for (n, _), g in zip(trainable, grads, strict=True)}
     reached = sum(g is not None for g in grads)
     return LossGradients(float(loss.detach()), batch_size, mapping, reached, len(trainable) - reached,
                          len(named) - len(trainable), seconds)

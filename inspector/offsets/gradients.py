@@ -171,7 +171,7 @@ def _report(params: Params, shared: dict[int, list[str]], gradients: Gradients,
 
 def _measure(params: Params, gradients: Gradients, pieces: Pieces | None, findings: list[Finding]) -> list[float]:
     """The norm of every gradient (NaN where there is none): dense ones in one fused pass."""
-    meta = [n for (n, _), g in zip(params, gradients) if g is not None and g.device.type == "meta"]
+    meta = [n for (n, _), g in zip(params, gradients, strict=True) if g is not None and g.device.type == "meta"]
     if meta:
         raise InspectorError(
             f"the gradient of {meta[0]} ({len(meta)} gradients in all) is on the meta device: it has "
@@ -180,7 +180,7 @@ def _measure(params: Params, gradients: Gradients, pieces: Pieces | None, findin
     norms = [math.nan] * len(params)
     dense_idx: list[int] = []
     dense: list[torch.Tensor] = []
-    for i, ((name, p), g) in enumerate(zip(params, gradients)):
+    for i, ((name, p), g) in enumerate(zip(params, gradients, strict=True)):
         if g is None:
             continue
         if g.is_sparse:
@@ -200,7 +200,7 @@ def _measure(params: Params, gradients: Gradients, pieces: Pieces | None, findin
     else:
         measured = gradient_l2_norms(dense, local=pieces.local,
                                      reduce=lambda squares, idx: pieces.reduce(squares, [dense[k] for k in idx]))
-    for i, v in zip(dense_idx, measured.tolist()):
+    for i, v in zip(dense_idx, measured.tolist(), strict=True):
         norms[i] = v
     return norms
 
@@ -291,7 +291,7 @@ def _nonfinite_counts(gradients: list[torch.Tensor | None], norms: list[float], 
         local.append((int(torch.isnan(values).sum()), int(torch.isinf(values).sum())))
     per_rank: dict[int, list[tuple[int, int]]] = {}
     if pieces is None:
-        totals = dict(zip(bad, local))
+        totals = dict(zip(bad, local, strict=True))
     else:  # every process has the same ``bad``: the reduced norms are the same everywhere
         gathered = pieces.gather_counts(torch.tensor(local, dtype=torch.int64).reshape(len(bad), 2)).tolist()
         per_rank = {i: [tuple(rank[k]) for rank in gathered] for k, i in enumerate(bad)}

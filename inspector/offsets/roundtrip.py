@@ -77,8 +77,8 @@ def flatten_roundtrip(model: nn.Module, max_elements: int = 20_000_000) -> Round
         for c in copies:       # scribble over the copies so that restoring is really tested
             c.data = torch.full_like(c.data, float("nan")) if c.is_floating_point() else torch.zeros_like(c.data)
         vector_to_parameters(vec, copies)
-    changed = tuple(n for (n, _), c, d in zip(named, copies, dtypes_before) if c.dtype != d)
-    exact = all(torch.equal(c.detach().to(b.dtype), b) for c, b in zip(copies, before))
+    changed = tuple(n for (n, _), c, d in zip(named, copies, dtypes_before, strict=True) if c.dtype != d)
+    exact = all(torch.equal(c.detach().to(b.dtype), b) for c, b in zip(copies, before, strict=True))
     views = _shares_storage(vec, copies[:1])
     steps.append("vector_to_parameters(vec, params) after overwriting them with NaN: values "
                  + ("restored exactly (torch.equal on every tensor)" if exact else "NOT restored exactly"))
@@ -126,4 +126,4 @@ def _writes_through(vec: torch.Tensor, copies: list[nn.Parameter], steps: list[s
 
 def _untouched(originals: list[torch.Tensor], before: list[torch.Tensor]) -> bool:
     with torch.no_grad():
-        return all(torch.equal(p.detach(), b) for p, b in zip(originals, before))
+        return all(torch.equal(p.detach(), b) for p, b in zip(originals, before, strict=True))

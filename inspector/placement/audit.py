@@ -119,7 +119,7 @@ def _module_devices(rows: list[TensorEntry], chains: Chains, device_of: list[Dev
     per: dict[str, dict[Device, int]] = {}
     seen: dict[str, set] = {}
     leader_dev: dict[str, Device | None] = {}
-    for r, dev, n in zip(rows, device_of, nbytes):
+    for r, dev, n in zip(rows, device_of, nbytes, strict=True):
         is_leader = r.name == r.first_name
         if is_leader:
             leader_dev[r.name] = dev
@@ -150,7 +150,7 @@ def _audit_rows(rows: list[TensorEntry], chains: Chains, device_of: list[Device 
     nbytes = [r.tensor.numel() * r.tensor.element_size() for r in rows]
     primary, seen, leader_dev = _module_devices(rows, chains, device_of, devices, nbytes)
     findings, primaries, splits, aliases = [], [], [], []
-    for r, dev in zip(rows, device_of):
+    for r, dev in zip(rows, device_of, strict=True):
         prim = primary.get(r.module)
         codes = []
         if dev is None:
@@ -347,7 +347,7 @@ def placement_table(model: nn.Module) -> pd.DataFrame:
     """
     tensors = tensor_inventory(model, what="placement_table")
     rows, chains = _tensor_rows(tensors)
-    modules = dict(zip(tensors.modules, tensors.module_objects))
+    modules = dict(zip(tensors.modules, tensors.module_objects, strict=True))
     device_of: list[Device | None] = []
     offloaded = False
     for r in rows:

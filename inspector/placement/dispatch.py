@@ -107,7 +107,7 @@ def _root_parts_on_disk(inv: TensorInventory, dm: dict[str, Device]) -> dict[str
         return dm
     out = {k: v for k, v in dm.items() if k}
     seen: set[int] = set()
-    for n, m in zip(inv.modules, inv.module_objects):
+    for n, m in zip(inv.modules, inv.module_objects, strict=True):
         if n and "." not in n and id(m) not in seen:  # a child of the root, each object once
             seen.add(id(m))
             out[n] = "disk"

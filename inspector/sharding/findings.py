@@ -16,7 +16,7 @@ def ranks_text(ranks: list[int]) -> str:
 
 def nonfinite_by_rank(row: dict[str, Any]) -> list[Finding]:
     """``nonfinite-gradient`` naming the ranks whose local piece of a tensor's gradient holds NaN/Inf."""
-    bad = [r for r, (n, i) in enumerate(zip(row["nan"], row["inf"])) if n or i]
+    bad = [r for r, (n, i) in enumerate(zip(row["nan"], row["inf"], strict=True)) if n or i]
     if not bad:
         return []
     counts = "; ".join(f"rank {r}: {row['nan'][r]} NaN, {row['inf'][r]} Inf" for r in bad)

@@ -93,7 +93,7 @@ class ShardedGradients:
         """This rank's norm of each gradient the pass measured (one host copy per group)."""
         out: dict[int, float] = {}
         for grads, squares in self._measured:
-            for g, v in zip(grads, squares.double().cpu().tolist()):
+            for g, v in zip(grads, squares.double().cpu().tolist(), strict=True):
                 out[id(g)] = math.sqrt(v) if v >= 0 else math.nan
         return out
 

@@ -34,7 +34,7 @@ def with_local_offsets(table: pd.DataFrame, tensors: list[torch.Tensor]) -> pd.D
     """
     local_start, local_end, local_numel, piece_start, piece_end, placements, mesh = ([] for _ in range(7))
     offset = 0
-    for start, t in zip(table["start"].tolist(), tensors):
+    for start, t in zip(table["start"].tolist(), tensors, strict=True):
         piece = local_piece(t)
         local_start.append(offset)
         offset += piece.numel
@@ -46,7 +46,7 @@ def with_local_offsets(table: pd.DataFrame, tensors: list[torch.Tensor]) -> pd.D
         mesh.append(tuple(t.device_mesh.shape) if is_dtensor(t) else ())
     out = table.copy()
     for col, values in zip(LOCAL_OFFSET_COLUMNS, (local_start, local_end, local_numel, piece_start, piece_end,
-                                                  placements, mesh)):
+                                                  placements, mesh), strict=True):
         out[col] = np.asarray(values, dtype=np.int64) if col not in ("placements", "mesh") else values
     return out
 
@@ -85,7 +85,7 @@ def rank_bytes(table: pd.DataFrame) -> pd.DataFrame:
     """Bytes per rank from a ``placement_table`` that has ``bytes_per_rank``: columns ``rank,
     bytes, sharded_bytes, replicated_bytes``."""
     totals: dict[int, list[int]] = {}
-    for sharded, per_rank in zip(table["sharded"], table["bytes_per_rank"]):
+    for sharded, per_rank in zip(table["sharded"], table["bytes_per_rank"], strict=True):
         for rank, nbytes in per_rank.items():
             acc = totals.setdefault(rank, [0, 0, 0])
             acc[0] += nbytes

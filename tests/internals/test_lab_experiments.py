@@ -23,4 +23,4 @@ def test_myths_experiment_leaves_the_model_alone():
     before = [p.detach().clone() for p in sc.model.parameters()]
     table = memory_experiment(sc)
     assert len(table) == 12 and not table["storage overlaps the vector"].any()
-    assert all(torch.equal(a, b) for a, b in zip(before, sc.model.parameters()))
+    assert all(torch.equal(a, b) for a, b in zip(before, sc.model.parameters(), strict=True))
