@@ -8,7 +8,7 @@ from urllib.parse import urlencode
 import pandas as pd
 import streamlit as st
 
-from inspector import format_bytes, format_count, model_summary, summary_findings, tensor_table
+from inspector import LoadedModel, format_bytes, format_count, model_summary, summary_findings, tensor_table
 from inspector.escaping import markdown_text
 from ui.cache import cached_analysis
 from ui.errors import guarded
@@ -41,7 +41,13 @@ def home() -> None:
     if loaded is None:
         st.info("No model is loaded. Pick one in the sidebar.")
         return
+    _summary(loaded)
+    _tree_and_tensors(loaded)
+    _command_line()
 
+
+def _summary(loaded: LoadedModel) -> None:
+    """The model in numbers, bytes by dtype and device, and its findings."""
     with guarded("summarising the model"):
         s = cached_analysis(model_summary, loaded.model)
         st.subheader(f"{markdown_text(loaded.name)} on {markdown_text(loaded.device)}"
@@ -72,6 +78,9 @@ def home() -> None:
         findings_table(loaded.findings + summary_findings(s), "home_findings",
                        empty="Loading found nothing to report.")
 
+
+def _tree_and_tensors(loaded: LoadedModel) -> None:
+    """The module tree and every parameter and buffer."""
     with guarded("drawing the model tree"):
         model_tree_section(loaded)
 
@@ -80,6 +89,9 @@ def home() -> None:
             listing: pd.DataFrame = cached_analysis(tensor_table, loaded.model)
             paged_table(listing, "home_tensors", caption="every name, aliases included")
 
+
+def _command_line() -> None:
+    """The same model from the command line, or as a link."""
     sel = st.session_state["mi_selection"]
     with st.expander("The same model from the command line, or as a link"):
         args = [sel.source, "--device", sel.device]
@@ -95,5 +107,9 @@ def home() -> None:
         st.code(f"?{urlencode(query)}", language="text")
 
 
-st.set_page_config(page_title="Model Inspector", layout="wide")  # a Material page icon is fetched from the web
-navigation(home).run()
+def main() -> None:
+    st.set_page_config(page_title="Model Inspector", layout="wide")  # a Material page icon is fetched from the web
+    navigation(home).run()
+
+
+main()

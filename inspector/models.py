@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import sys
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -32,6 +31,7 @@ from .load_checks import complex_cast_findings, refuse_deep_nesting
 from .locks import model_lock
 from .placement.budget import parse_size
 from .torch_state import restored_torch_state
+from .user_code import import_user_file
 from .wrappers import unwrap
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
@@ -366,19 +366,9 @@ def _build_file(source: str) -> LoadedModel:
             f"({', '.join(str(d) for d in allowed)}). Add its folder to INSPECTOR_MODEL_DIRS.")
     if not path.is_file():
         raise InspectorError(f"model file {path} does not exist")
-    mod_name = f"_inspector_user_{abs(hash(str(path)))}"
     changed: list[str] = []
-    try:
-        spec = importlib.util.spec_from_file_location(mod_name, path)
-        if spec is None or spec.loader is None:
-            raise InspectorError(f"model file {path} cannot be imported as a Python module")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[mod_name] = module
-        with model_code(f"importing {path}", "fix the file", changed):
-            spec.loader.exec_module(module)
-    except InspectorError:
-        sys.modules.pop(mod_name, None)
-        raise
+    with model_code(f"importing {path}", "fix the file", changed):
+        module = import_user_file(path, "_inspector_user", changed)
     fn = getattr(module, factory, None)
     if not callable(fn):
         names = [n for n in dir(module) if callable(getattr(module, n)) and not n.startswith("_")]

@@ -8,26 +8,13 @@ from pathlib import Path
 
 import streamlit as st
 
-from inspector import SECTIONS, build_report
+from inspector import SECTIONS, LoadedModel, Report, build_report
 from inspector.escaping import markdown_text
 from inspector.report import CHROMIUM, SECTION_TITLES
 from ui.cache import cached_analysis
 from ui.errors import guarded
 from ui.sidebar import model_picker
 
-st.set_page_config(page_title="Report", layout="wide")
-loaded = model_picker()
-
-st.title("Report")
-st.caption("Everything the inspector finds about this model in one file: attach it to a bug report, "
-           "hand it in for a lab, or diff the JSON against last week's model. The report runs the same "
-           "analyses as the other pages; findings come first, each linking to its section.")
-
-if loaded is None:
-    st.info("Load a model in the sidebar to build its report.")
-    st.stop()
-
-choices = [s for s in SECTIONS if s != "findings"]
 MAX_BATCH, MAX_STEPS = 64, 300
 BATCH_LABEL, STEPS_LABEL = "Batch size of the example inputs", "Attribution steps (integrating methods)"
 ANY_SIZE = "Attribute models of any size on the CPU"
@@ -44,104 +31,144 @@ CONTROLS = {
 }
 
 
-with st.form("report_options"):
-    picked = st.multiselect("Sections", choices, default=[c for c in choices if c != "compare"],  # needs a B
-                            format_func=SECTION_TITLES.get,
-                            help="The findings list is always included, at the top.")
-    left, right = st.columns(2)
-    batch_size = left.number_input(BATCH_LABEL, min_value=1, value=2, step=1, help=f"1 to {MAX_BATCH}")
-    backward = right.checkbox(BACKWARD_LABEL, value=False,
-                              help="The model's earlier .grad values are put back afterwards.")
-    max_memory = left.text_input("Device budget for a device-map plan (optional)",
-                                 placeholder="0=20GiB,1=20GiB,cpu=64GiB", key="report_budget")
-    steps = right.number_input(STEPS_LABEL, min_value=1, value=50, step=1,
-                               help=f"1 to {MAX_STEPS}. Fewer steps are faster on big models on a CPU.")
-    any_size = right.checkbox(ANY_SIZE, value=False, key="report_any_size",
-                              help="By default models over 64 MiB on a CPU are left out of the attribution "
-                                   "section: it runs about 50 forward and backward passes.")
-    every_conversion = left.checkbox(CONVERSIONS_LABEL, value=False, key="report_conversions",
-                                     help="By default the conversion checks run on models up to 64 MiB: "
-                                          "each one copies the model.")
-    submitted = st.form_submit_button("Build report", type="primary")
+def _header() -> LoadedModel | None:
+    """Title, explanation and the loaded model (None when there is none)."""
+    loaded = model_picker()
 
-if submitted:
-    if not 1 <= batch_size <= MAX_BATCH:
-        st.error(f"A batch of {int(batch_size):,} example inputs is too many: choose 1 to {MAX_BATCH} in "
-                 f"**{BATCH_LABEL}** and press **Build report** again.")
-    elif not 1 <= steps <= MAX_STEPS:
-        st.error(f"{int(steps):,} attribution steps are too many: choose 1 to {MAX_STEPS} in "
-                 f"**{STEPS_LABEL}** and press **Build report** again.")
-    else:
-        st.session_state["report_request"] = (tuple(picked), int(batch_size), bool(backward),
-                                              max_memory.strip() or None, int(steps), bool(any_size),
-                                              bool(every_conversion))
+    st.title("Report")
+    st.caption("Everything the inspector finds about this model in one file: attach it to a bug report, "
+               "hand it in for a lab, or diff the JSON against last week's model. The report runs the same "
+               "analyses as the other pages; findings come first, each linking to its section.")
 
-request = st.session_state.get("report_request")
-if request is None:
-    st.info("Choose the sections and press **Build report**.")
-    st.stop()
+    if loaded is None:
+        st.info("Load a model in the sidebar to build its report.")
+    return loaded
 
-sections, batch_size, backward, max_memory, steps, any_size, every_conversion = request
-report = None
-with guarded("building the report"):
-    bar = st.progress(0.0, text="Running the analyses…")
-    total = len(sections)
-    done: list[str] = []
 
-    def progress(line: str) -> None:
-        """build_report calls this before each section (and after a slow one, with its time)."""
-        if line.startswith("report section") and " took " not in line:
-            done.append(line)
-            bar.progress(min(len(done) - 1, total) / max(total, 1),
-                         text=f"Section {len(done)} of {total}: {line.partition(': ')[2]}…")
+def _options() -> None:
+    """The form of sections and options; a valid submission becomes this session's report request."""
+    choices = [s for s in SECTIONS if s != "findings"]
+    with st.form("report_options"):
+        picked = st.multiselect("Sections", choices, default=[c for c in choices if c != "compare"],  # needs a B
+                                format_func=SECTION_TITLES.get,
+                                help="The findings list is always included, at the top.")
+        left, right = st.columns(2)
+        batch_size = left.number_input(BATCH_LABEL, min_value=1, value=2, step=1, help=f"1 to {MAX_BATCH}")
+        backward = right.checkbox(BACKWARD_LABEL, value=False,
+                                  help="The model's earlier .grad values are put back afterwards.")
+        max_memory = left.text_input("Device budget for a device-map plan (optional)",
+                                     placeholder="0=20GiB,1=20GiB,cpu=64GiB", key="report_budget")
+        steps = right.number_input(STEPS_LABEL, min_value=1, value=50, step=1,
+                                   help=f"1 to {MAX_STEPS}. Fewer steps are faster on big models on a CPU.")
+        any_size = right.checkbox(ANY_SIZE, value=False, key="report_any_size",
+                                  help="By default models over 64 MiB on a CPU are left out of the attribution "
+                                       "section: it runs about 50 forward and backward passes.")
+        every_conversion = left.checkbox(CONVERSIONS_LABEL, value=False, key="report_conversions",
+                                         help="By default the conversion checks run on models up to 64 MiB: "
+                                              "each one copies the model.")
+        submitted = st.form_submit_button("Build report", type="primary")
 
-    extra = {"attribution_cpu_max_bytes": None} if any_size else {}
-    extra |= {"conversions": "all"} if every_conversion else {}
-    # This session's gradients (Flatten map's backward pass), never another session's .grad.
-    mine = st.session_state.get("offsets_grads", {}).get(st.session_state["mi_selection"].key)
-    grads = mine.grads if mine is not None else {}
-    # The lambda keeps the callback and the gradients out of the cache key (cache_key stands for them).
-    report = cached_analysis(lambda *a, **k: build_report(*a, progress=progress, gradients=grads, **k), loaded,
-                             list(sections), cache_scope="session", cache_key=id(mine), batch_size=batch_size,
-                             backward=backward, max_memory=max_memory, attribution_steps=steps,
-                             controls=CONTROLS, **extra)
-    bar.empty()
-if report is None:
-    st.stop()
+    if submitted:
+        if not 1 <= batch_size <= MAX_BATCH:
+            st.error(f"A batch of {int(batch_size):,} example inputs is too many: choose 1 to {MAX_BATCH} in "
+                     f"**{BATCH_LABEL}** and press **Build report** again.")
+        elif not 1 <= steps <= MAX_STEPS:
+            st.error(f"{int(steps):,} attribution steps are too many: choose 1 to {MAX_STEPS} in "
+                     f"**{STEPS_LABEL}** and press **Build report** again.")
+        else:
+            st.session_state["report_request"] = (tuple(picked), int(batch_size), bool(backward),
+                                                  max_memory.strip() or None, int(steps), bool(any_size),
+                                                  bool(every_conversion))
 
-counts = {sev: sum(1 for _, f in report.findings if f.severity == sev) for sev in ("error", "warning", "info")}
-c1, c2, c3, c4 = st.columns(4)
-c1.metric("Errors", counts["error"])
-c2.metric("Warnings", counts["warning"])
-c3.metric("Info", counts["info"])
-c4.metric("Sections", sum(1 for s in report.sections if s.status == "ok"))
-for s in report.sections:
-    if s.status != "ok":
-        (st.error if s.status == "error" else st.warning)(f"{s.title}: {s.status} — {markdown_text(s.note)}")
 
-stem = f"report-{loaded.name}".replace("/", "_").replace(":", "_")
-st.subheader("Download")
-d1, d2, d3, d4 = st.columns(4)
-markdown = None
-pdf_key = (st.session_state["mi_selection"].key, request)
-with guarded("rendering the report"):
-    d1.download_button("HTML (interactive, offline)", report.to_html(), f"{stem}.html", "text/html",
-                       key="dl_html")
-    d2.download_button("JSON (machine-readable)", report.to_json(), f"{stem}.json", "application/json",
-                       key="dl_json")
-    markdown = report.to_markdown()
-    d3.download_button("Markdown (for an issue tracker)", markdown, f"{stem}.md", "text/markdown",
-                       key="dl_md")
-    if os.access(CHROMIUM, os.X_OK):
-        if d4.button("Make PDF", key="make_pdf"):
-            with st.spinner("Printing with Chromium…"), tempfile.TemporaryDirectory() as tmp:
-                st.session_state["report_pdf"] = (pdf_key, report.to_pdf(Path(tmp) / "report.pdf").read_bytes())
-        pdf = st.session_state.get("report_pdf")
-        if pdf is not None and pdf[0] == pdf_key:
-            d4.download_button("PDF", pdf[1], f"{stem}.pdf", "application/pdf", key="dl_pdf")
-    else:
-        d4.caption(f"PDF needs Chromium at {CHROMIUM}; download the HTML and print it from a browser.")
+def _build(loaded: LoadedModel, request: tuple) -> Report | None:
+    """The report for the request (kept for this session), with a progress bar; None when it failed."""
+    sections, batch_size, backward, max_memory, steps, any_size, every_conversion = request
+    report = None
+    with guarded("building the report"):
+        bar = st.progress(0.0, text="Running the analyses…")
+        total = len(sections)
+        done: list[str] = []
 
-if markdown is not None:
-    with st.expander("Preview (Markdown)", expanded=True):
-        st.markdown(markdown)
+        def progress(line: str) -> None:
+            """build_report calls this before each section (and after a slow one, with its time)."""
+            if line.startswith("report section") and " took " not in line:
+                done.append(line)
+                bar.progress(min(len(done) - 1, total) / max(total, 1),
+                             text=f"Section {len(done)} of {total}: {line.partition(': ')[2]}…")
+
+        extra = {"attribution_cpu_max_bytes": None} if any_size else {}
+        extra |= {"conversions": "all"} if every_conversion else {}
+        # This session's gradients (Flatten map's backward pass), never another session's .grad.
+        mine = st.session_state.get("offsets_grads", {}).get(st.session_state["mi_selection"].key)
+        grads = mine.grads if mine is not None else {}
+        # The lambda keeps the callback and the gradients out of the cache key (cache_key stands for them).
+        report = cached_analysis(lambda *a, **k: build_report(*a, progress=progress, gradients=grads, **k), loaded,
+                                 list(sections), cache_scope="session", cache_key=id(mine), batch_size=batch_size,
+                                 backward=backward, max_memory=max_memory, attribution_steps=steps,
+                                 controls=CONTROLS, **extra)
+        bar.empty()
+    return report
+
+
+def _overview(report: Report) -> None:
+    """Findings by severity, and the sections that did not run."""
+    counts = {sev: sum(1 for _, f in report.findings if f.severity == sev) for sev in ("error", "warning", "info")}
+    c1, c2, c3, c4 = st.columns(4)
+    c1.metric("Errors", counts["error"])
+    c2.metric("Warnings", counts["warning"])
+    c3.metric("Info", counts["info"])
+    c4.metric("Sections", sum(1 for s in report.sections if s.status == "ok"))
+    for s in report.sections:
+        if s.status != "ok":
+            (st.error if s.status == "error" else st.warning)(f"{s.title}: {s.status} — {markdown_text(s.note)}")
+
+
+def _downloads(loaded: LoadedModel, report: Report, request: tuple) -> str | None:
+    """HTML, JSON, Markdown and PDF downloads; returns the Markdown (None when rendering failed)."""
+    stem = f"report-{loaded.name}".replace("/", "_").replace(":", "_")
+    st.subheader("Download")
+    d1, d2, d3, d4 = st.columns(4)
+    markdown = None
+    pdf_key = (st.session_state["mi_selection"].key, request)
+    with guarded("rendering the report"):
+        d1.download_button("HTML (interactive, offline)", report.to_html(), f"{stem}.html", "text/html",
+                           key="dl_html")
+        d2.download_button("JSON (machine-readable)", report.to_json(), f"{stem}.json", "application/json",
+                           key="dl_json")
+        markdown = report.to_markdown()
+        d3.download_button("Markdown (for an issue tracker)", markdown, f"{stem}.md", "text/markdown",
+                           key="dl_md")
+        if os.access(CHROMIUM, os.X_OK):
+            if d4.button("Make PDF", key="make_pdf"):
+                with st.spinner("Printing with Chromium…"), tempfile.TemporaryDirectory() as tmp:
+                    st.session_state["report_pdf"] = (pdf_key, report.to_pdf(Path(tmp) / "report.pdf").read_bytes())
+            pdf = st.session_state.get("report_pdf")
+            if pdf is not None and pdf[0] == pdf_key:
+                d4.download_button("PDF", pdf[1], f"{stem}.pdf", "application/pdf", key="dl_pdf")
+        else:
+            d4.caption(f"PDF needs Chromium at {CHROMIUM}; download the HTML and print it from a browser.")
+    return markdown
+
+
+def main() -> None:
+    st.set_page_config(page_title="Report", layout="wide")
+    loaded = _header()
+    if loaded is None:
+        return
+    _options()
+    request = st.session_state.get("report_request")
+    if request is None:
+        st.info("Choose the sections and press **Build report**.")
+        return
+    report = _build(loaded, request)
+    if report is None:
+        return
+    _overview(report)
+    markdown = _downloads(loaded, report, request)
+    if markdown is not None:
+        with st.expander("Preview (Markdown)", expanded=True):
+            st.markdown(markdown)
+
+
+main()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import streamlit as st
 
@@ -11,58 +12,62 @@ from ui import labs_view as lv
 from ui.errors import guarded
 from ui.sidebar import model_picker
 
-st.set_page_config(page_title="Labs", layout="wide")
-model_picker()
 
-st.title("Labs")
-st.caption("Each lab hands you a model with a real bug that raises no error. Find it with the views, "
-           "answer the questions, and press **Check**: the inspector grades your answer with the same "
-           "analyses its pages use. Your progress is kept for this browser session.")
+def _header() -> list[Lab]:
+    """Title, explanation, the labs that could not be loaded; returns the labs that could."""
+    model_picker()
 
-found = lv.entries()
-labs = [e for e in found if isinstance(e, Lab)]
-lv.show_errors([e for e in found if isinstance(e, LabError)])
-if not labs:
-    st.info("No labs found.")
-    st.stop()
+    st.title("Labs")
+    st.caption("Each lab hands you a model with a real bug that raises no error. Find it with the views, "
+               "answer the questions, and press **Check**: the inspector grades your answer with the same "
+               "analyses its pages use. Your progress is kept for this browser session.")
 
-by_id = {lab.id: lab for lab in labs}
-lab_id = st.selectbox("Lab", list(by_id), format_func=lambda i: by_id[i].title, key="lab_pick")
-st.caption("Your progress: " + " · ".join(lv.lab_label(lab) for lab in labs))
-lab = by_id[lab_id]
-done = lab_done(lab, lv.progress())
-st.progress(done / len(lab.tasks), text=f"{done} of {len(lab.tasks)} tasks passed")
+    found = lv.entries()
+    labs = [e for e in found if isinstance(e, Lab)]
+    lv.show_errors([e for e in found if isinstance(e, LabError)])
+    return labs
 
-scenario = None
-with guarded(f"setting up the lab {lab.title}"):
-    scenario = lv.scenario_for(lab)
-if scenario is None:
-    st.stop()
 
-st.header(lab.title)
-st.markdown(lab.story)
-if lab.views:
-    st.subheader("Look at the model")
-    with guarded("showing the lab's views"):
-        lv.show_views(lab, scenario)
+def _pick(labs: list[Lab]) -> Lab:
+    """Which lab, and how far this session got in it."""
+    by_id = {lab.id: lab for lab in labs}
+    lab_id = st.selectbox("Lab", list(by_id), format_func=lambda i: by_id[i].title, key="lab_pick")
+    st.caption("Your progress: " + " · ".join(lv.lab_label(lab) for lab in labs))
+    lab = by_id[lab_id]
+    done = lab_done(lab, lv.progress())
+    st.progress(done / len(lab.tasks), text=f"{done} of {len(lab.tasks)} tasks passed")
+    return lab
 
-for i, task in enumerate(lab.tasks, 1):
-    st.subheader(f"Task {i}")
-    st.markdown(task.prompt)
-    with guarded(f"showing task {i}"):
-        raw = lv.answer_fields(lab, task, scenario)
-        checked = st.button("Check", key=f"lab_check_{lab.id}_{task.id}", type="primary")
-        if checked and lv.is_empty_answer(raw):
-            st.warning("Give an answer first: an empty answer is not checked and does not count as an attempt.")
-        elif checked:
-            with st.spinner("Checking with the inspector's analyses…"):
-                lv.check_task(lab, task, scenario, raw)
-            st.rerun()  # so the progress line and bar above show this result too
-        lv.show_record(lab, task)
 
-st.divider()
-left, right = st.columns(2)
-with left:
+def _story(lab: Lab, scenario: Any) -> None:
+    """The lab's story and its views of the model."""
+    st.header(lab.title)
+    st.markdown(lab.story)
+    if lab.views:
+        st.subheader("Look at the model")
+        with guarded("showing the lab's views"):
+            lv.show_views(lab, scenario)
+
+
+def _tasks(lab: Lab, scenario: Any) -> None:
+    """Each task: its question, the answer fields, Check, and the last result."""
+    for i, task in enumerate(lab.tasks, 1):
+        st.subheader(f"Task {i}")
+        st.markdown(task.prompt)
+        with guarded(f"showing task {i}"):
+            raw = lv.answer_fields(lab, task, scenario)
+            checked = st.button("Check", key=f"lab_check_{lab.id}_{task.id}", type="primary")
+            if checked and lv.is_empty_answer(raw):
+                st.warning("Give an answer first: an empty answer is not checked and does not count as an attempt.")
+            elif checked:
+                with st.spinner("Checking with the inspector's analyses…"):
+                    lv.check_task(lab, task, scenario, raw)
+                st.rerun()  # so the progress line and bar above show this result too
+            lv.show_record(lab, task)
+
+
+def _my_report(lab: Lab, scenario: Any) -> None:
+    """The student's lab report, and starting the lab again."""
     st.subheader("My lab report")
     student = st.text_input("Your name (goes into the report)", key="lab_student")
     with guarded("making the lab report"):
@@ -71,7 +76,9 @@ with left:
         lv.scenario_for(lab, fresh=True)
         st.rerun()
 
-with right:
+
+def _teacher_view(lab: Lab, scenario: Any) -> None:
+    """The solutions, for whoever has the teacher key."""
     st.subheader("Teacher view")
     if not os.environ.get(TEACHER_KEY_ENV):
         st.caption(f"Solutions are shown to teachers when the server is started with {TEACHER_KEY_ENV} "
@@ -83,3 +90,28 @@ with right:
                 lv.show_solutions(lab, scenario)
         elif entered:
             st.error("That is not the teacher key.")
+
+
+def main() -> None:
+    st.set_page_config(page_title="Labs", layout="wide")
+    labs = _header()
+    if not labs:
+        st.info("No labs found.")
+        return
+    lab = _pick(labs)
+    scenario = None
+    with guarded(f"setting up the lab {lab.title}"):
+        scenario = lv.scenario_for(lab)
+    if scenario is None:
+        return
+    _story(lab, scenario)
+    _tasks(lab, scenario)
+    st.divider()
+    left, right = st.columns(2)
+    with left:
+        _my_report(lab, scenario)
+    with right:
+        _teacher_view(lab, scenario)
+
+
+main()

@@ -3,6 +3,8 @@ module and step, loss, findings on a timeline, one step's modules, and the ranks
 
 from __future__ import annotations
 
+from typing import Any
+
 import streamlit as st
 
 from inspector.escaping import markdown_text
@@ -28,23 +30,27 @@ from ui.training import (
 
 REFRESH_S = 3
 
-st.set_page_config(page_title="Training", layout="wide")
-model_picker()
 
-st.title("Training")
-st.caption("Open the file `with inspector.watch(model, optimizer, 'run.inspect'):` writes around your own loop "
-           "(or `python -m inspector watch`), or the `run.jsonl` of `inspector.distributed.check_step` / "
-           "`torchrun ... -m inspector distributed`. A file on the server is read again every few seconds while "
-           "it grows: gradient norms of every module at every step, the loss, each finding at the step it "
-           "appeared, one step's modules, and the ranks side by side.")
+def _header() -> None:
+    """Title and what a run file is."""
+    st.title("Training")
+    st.caption("Open the file `with inspector.watch(model, optimizer, 'run.inspect'):` writes around your own loop "
+               "(or `python -m inspector watch`), or the `run.jsonl` of `inspector.distributed.check_step` / "
+               "`torchrun ... -m inspector distributed`. A file on the server is read again every few seconds while "
+               "it grows: gradient norms of every module at every step, the loss, each finding at the step it "
+               "appeared, one step's modules, and the ranks side by side.")
 
-left, right = st.columns(2)
-upload = left.file_uploader("Upload a run file (.inspect or .jsonl)", type=["inspect", "arrow", "jsonl", "json", "txt"],
-                            key="train_upload")
-path = right.text_input("…or a path on the server", value=st.query_params.get("run", ""), key="train_path",
-                        placeholder="/path/to/run.inspect")
-follow = right.toggle(f"Follow the file while it grows (every {REFRESH_S} s)", value=True, key="train_follow",
-                      disabled=upload is not None, help="An upload is a copy: it does not grow.")
+
+def _source() -> tuple[Any, str, bool]:
+    """Where the run file comes from: an upload, or a path on the server (followed while it grows)."""
+    left, right = st.columns(2)
+    upload = left.file_uploader("Upload a run file (.inspect or .jsonl)", type=["inspect", "arrow", "jsonl", "json", "txt"],
+                                key="train_upload")
+    path = right.text_input("…or a path on the server", value=st.query_params.get("run", ""), key="train_path",
+                            placeholder="/path/to/run.inspect")
+    follow = right.toggle(f"Follow the file while it grows (every {REFRESH_S} s)", value=True, key="train_follow",
+                          disabled=upload is not None, help="An upload is a copy: it does not grow.")
+    return upload, path, follow
 
 
 def _go_to(step: int) -> None:
@@ -75,7 +81,8 @@ def _findings(opened: Opened) -> None:
     paged_table(found, "train_findings", page_size=20, **findings_layout(found))
 
 
-def _show(opened: Opened) -> None:
+def _overview(opened: Opened) -> tuple[int, Any]:
+    """Which rank, the run in numbers, and its findings; returns the rank and its steps."""
     run = opened.run
     ranks = sorted(int(r) for r in run.steps["rank"].unique())
     rank = st.selectbox("Rank", ranks, key="train_rank") if len(ranks) > 1 else ranks[0]
@@ -90,7 +97,12 @@ def _show(opened: Opened) -> None:
                 "Still being written (or its writer stopped): every complete step is shown.")
                + f" Read {markdown_text(run.path)}.")
     _findings(opened)
+    return rank, steps
 
+
+def _norms(opened: Opened, rank: int, steps: Any) -> int:
+    """Norms per module and step, and the loss; returns the step picked."""
+    run = opened.run
     st.subheader("Norms per module, over steps")
     latest = st.checkbox("Follow the latest step", value=True, key="train_latest")
     if latest or "train_step" not in st.session_state:
@@ -107,7 +119,14 @@ def _show(opened: Opened) -> None:
     st.caption("One row per module that holds parameters; a module without any (an activation, a gate with "
                "only buffers) has no norm of its own, though a finding may name it.")
     st.plotly_chart(loss_norm_figure(main_steps(opened)), width="stretch")
+    return step
 
+
+def _show(opened: Opened) -> None:
+    """Everything about one opened run."""
+    run = opened.run
+    rank, steps = _overview(opened)
+    step = _norms(opened, rank, steps)
     st.subheader(f"Modules at step {step:,}")
     table, config = readable(run.at(step, rank))
     paged_table(table, "train_modules", column_config=config, filter_columns=["module"])
@@ -118,8 +137,8 @@ def _show(opened: Opened) -> None:
         watch_ranks_part(run, step)
 
 
-@st.fragment(run_every=REFRESH_S if follow and upload is None and path.strip() else None)
-def live() -> None:
+def live(upload: Any, path: str) -> None:
+    """The run file, read again on every run of this fragment."""
     opened, failed = None, True
     with guarded("reading the run file"):
         opened, failed = open_run(upload, path), False
@@ -132,4 +151,12 @@ def live() -> None:
         _show(opened)
 
 
-live()
+def main() -> None:
+    st.set_page_config(page_title="Training", layout="wide")
+    model_picker()
+    _header()
+    upload, path, follow = _source()
+    st.fragment(live, run_every=REFRESH_S if follow and upload is None and path.strip() else None)(upload, path)
+
+
+main()

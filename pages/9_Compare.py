@@ -6,7 +6,7 @@ import os
 
 import streamlit as st
 
-from inspector import InspectorError, compare
+from inspector import InspectorError, LoadedModel, compare
 from inspector.comparison import RunComparison, WeightComparison, compare_runs
 from inspector.escaping import markdown_text
 from inspector.figures import module_change_bars, run_divergence_figure
@@ -18,15 +18,18 @@ from ui.sidebar import model_picker
 from ui.tables import findings_table, paged_table
 from ui.uploads import session_uploads
 
-st.set_page_config(page_title="Compare", layout="wide")
-loaded = model_picker()
 
-st.title("Compare")
-st.caption("What changed between two models or checkpoints, tensor by tensor (bitwise equal or not, the "
-           "largest change, ‖B−A‖/‖A‖), summed per module; ties broken or added, renamed prefixes, dtype "
-           "conversions and the precision they lost, tensors a fine-tune never touched. Or two training runs "
-           "side by side: the first step where they part, and the modules that part first.")
-mode = st.radio("Compare", ["the loaded model with B", "two run files"], horizontal=True, key="cmp_mode")
+def _header() -> tuple[LoadedModel | None, str]:
+    """Title, explanation and what to compare; returns the loaded model (A) and the mode."""
+    loaded = model_picker()
+
+    st.title("Compare")
+    st.caption("What changed between two models or checkpoints, tensor by tensor (bitwise equal or not, the "
+               "largest change, ‖B−A‖/‖A‖), summed per module; ties broken or added, renamed prefixes, dtype "
+               "conversions and the precision they lost, tensors a fine-tune never touched. Or two training runs "
+               "side by side: the first step where they part, and the modules that part first.")
+    mode = st.radio("Compare", ["the loaded model with B", "two run files"], horizontal=True, key="cmp_mode")
+    return loaded, mode
 
 
 def _stamp(path: str) -> tuple:
@@ -98,7 +101,8 @@ def pick_run(side: str, col) -> object | None:
     return read_run(path.strip()) if path.strip() else None
 
 
-if mode == "two run files":
+def _two_runs() -> None:
+    """Two run files side by side."""
     left, right = st.columns(2)
     with guarded("reading the run files"):
         run_a, run_b = pick_run("A", left), pick_run("B", right)
@@ -107,20 +111,34 @@ if mode == "two run files":
             st.info("Choose two run files.")
         else:
             show_runs(compare_runs(run_a, run_b, tolerance=float(tolerance)))
-    st.stop()
 
-if loaded is None:
-    st.info("Pick a model in the sidebar: it is A.")
-    st.stop()
-with guarded("comparing"):
-    b = pick_b()
-    if b is None:
-        st.info(f"A is **{markdown_text(loaded.name)}**. Give B: another source, a checkpoint file or folder.")
-        st.stop()
-    with loaded.lock:
-        result = cached_analysis(compare, loaded, b, device=str(loaded.device), cache_scope="session",
-                                 cache_key=_stamp(b))
-    if not isinstance(result, WeightComparison):
-        raise InspectorError(f"{b} is a run file; choose 'two run files' above to compare runs")
-    st.caption(f"A: {markdown_text(result.a)} ({result.a_kind}) · B: {markdown_text(result.b)} ({result.b_kind})")
-    show_weights(result)
+
+def _weights(loaded: LoadedModel) -> None:
+    """The loaded model (A) against B, tensor by tensor."""
+    with guarded("comparing"):
+        b = pick_b()
+        if b is None:
+            st.info(f"A is **{markdown_text(loaded.name)}**. Give B: another source, a checkpoint file or folder.")
+            return
+        with loaded.lock:
+            result = cached_analysis(compare, loaded, b, device=str(loaded.device), cache_scope="session",
+                                     cache_key=_stamp(b))
+        if not isinstance(result, WeightComparison):
+            raise InspectorError(f"{b} is a run file; choose 'two run files' above to compare runs")
+        st.caption(f"A: {markdown_text(result.a)} ({result.a_kind}) · B: {markdown_text(result.b)} ({result.b_kind})")
+        show_weights(result)
+
+
+def main() -> None:
+    st.set_page_config(page_title="Compare", layout="wide")
+    loaded, mode = _header()
+    if mode == "two run files":
+        _two_runs()
+        return
+    if loaded is None:
+        st.info("Pick a model in the sidebar: it is A.")
+        return
+    _weights(loaded)
+
+
+main()

@@ -280,6 +280,36 @@ def test_shared_cache_keys_stay_bounded_and_clear_still_drops_the_newest(tmp_pat
     assert counter.read_text() == "xx"
 
 
+def test_a_result_is_computed_once_while_other_callers_wait_and_a_failure_caches_nothing():
+    import threading
+    import time
+
+    from ui.cache import _Results
+
+    store, calls = _Results(limit=2), []
+
+    def slow() -> int:
+        calls.append(1)
+        time.sleep(0.2)
+        return 7
+
+    threads = [threading.Thread(target=store.get_or_compute, args=(("m", 1), slow)) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(calls) == 1 and store.items[("m", 1)] == 7
+
+    with pytest.raises(ZeroDivisionError):
+        store.get_or_compute(("m", 2), lambda: 1 // 0)
+    assert ("m", 2) not in store.items and not store.computing
+    for i in range(3, 6):
+        store.get_or_compute(("n", i), lambda i=i: i)
+    assert list(store.items) == [("n", 4), ("n", 5)]  # the least recently used went first
+    store.drop_model("n")
+    assert not store.items
+
+
 def test_cached_analysis_session_scope_is_per_session(tmp_path):
     counter = tmp_path / "calls.txt"
     a = _counting(counter, "session")

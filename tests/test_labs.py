@@ -90,6 +90,17 @@ def test_broken_lab_files_give_one_error_each_and_the_rest_loads(tmp_path, monke
     assert "already used" in errors["frozen-head"] and "g_duplicate.py" in errors["frozen-head"]
 
 
+def test_a_lab_file_that_changes_torch_settings_leaves_them_as_they_were(tmp_path):
+    (tmp_path / "lab_dtype.py").write_text(
+        EXAMPLE.read_text() + "\nimport torch\ntorch.set_default_dtype(torch.float64)\ntorch.set_grad_enabled(False)\n")
+    (tmp_path / "lab_dtype_fails.py").write_text(
+        "import torch\ntorch.set_default_dtype(torch.float64)\nraise RuntimeError('late')\n")
+    entries = discover_labs(labs_dir=str(tmp_path))
+    assert "frozen-head" in [e.id for e in entries if isinstance(e, Lab)]
+    assert any(isinstance(e, LabError) and "late" in e.message for e in entries)
+    assert torch.get_default_dtype() == torch.float32 and torch.is_grad_enabled()
+
+
 def test_labs_dir_that_is_not_a_folder_is_one_error(tmp_path):
     entries = discover_labs(labs_dir=str(tmp_path / "missing"))
     assert [e.id for e in entries if isinstance(e, Lab)] == PACKAGE_LABS

@@ -30,6 +30,12 @@ after changing the model in place (a re-tie) so nothing stale is shown.
 
 Work that adds hooks or runs forward/backward must still hold ``loaded.lock`` inside ``fn``
 (or around the call): the cache only avoids recomputing, it does not serialise.
+
+Both scopes keep their results in one kind of store, :class:`_Results`: a least-recently-used
+map with one computation per key. Streamlit's ``st.cache_resource`` (``max_entries``, even with
+``scope="session"``) is not used for the results because it cannot list or drop the entries of
+one model: :func:`clear_analyses` must forget exactly one model's results, at once, and free
+their memory. ``st.cache_resource`` only holds the process's one shared store.
 """
 
 from __future__ import annotations
@@ -55,68 +61,46 @@ MAX_PER_SESSION = 32
 _SESSION_KEY = "mi_analyses"
 
 
-@st.cache_resource(show_spinner=False, max_entries=MAX_SHARED)
-def _shared_result(model_key: str, key: tuple, _compute: Callable[[], Any]) -> Any:
-    """One result per (model, call) for the whole server.
+class _Results:
+    """At most ``limit`` results, least recently used dropped first; keys start with the model key.
 
-    Streamlit computes a missing key once (other sessions asking for it meanwhile wait for
-    that result), caches nothing when ``_compute`` raises, and drops the least recently used
-    results past ``MAX_SHARED``. ``_compute`` is not part of the key (leading underscore).
+    A missing key is computed once: callers asking for the same key meanwhile (other sessions,
+    or a session's fragments while its script runs) wait for that result; other keys do not
+    wait. A computation that raises caches nothing.
     """
-    return _compute()
 
-
-class _SharedKeys:
-    """The keys of ``_shared_result``, least recently used first, so that one model's results can
-    be dropped (:func:`clear_analyses`). Touched on every call, so it drops the key Streamlit
-    evicts: it never holds more than ``MAX_SHARED``."""
-
-    def __init__(self) -> None:
-        self.keys: OrderedDict[tuple, None] = OrderedDict()
-        self.guard = threading.Lock()
-
-    def touch(self, key: tuple) -> None:
-        with self.guard:
-            self.keys[key] = None
-            self.keys.move_to_end(key)
-            while len(self.keys) > MAX_SHARED:
-                self.keys.popitem(last=False)
-
-    def pop_model(self, model_key: str) -> list[tuple]:
-        with self.guard:
-            gone = [k for k in self.keys if k[0] == model_key]
-            for k in gone:
-                del self.keys[k]
-            return gone
-
-
-@st.cache_resource(show_spinner=False)
-def _shared_keys() -> _SharedKeys:
-    """The process's one :class:`_SharedKeys`."""
-    return _SharedKeys()
-
-
-def shared_key_count() -> int:
-    """How many shared results this process knows of (at most ``MAX_SHARED``)."""
-    return len(_shared_keys().keys)
-
-
-class _SessionResults:
-    """One browser session's results: at most ``MAX_PER_SESSION``, least recently used dropped first."""
-
-    def __init__(self) -> None:
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
         self.items: OrderedDict[tuple, Any] = OrderedDict()
-        self.guard = threading.RLock()  # a session's fragments may run while its script does
+        self.guard = threading.Lock()
+        self.computing: dict[tuple, threading.RLock] = {}
 
-    def get_or_compute(self, key: tuple, compute: Callable[[], T]) -> T:
+    def _get(self, key: tuple) -> tuple[bool, Any]:
         with self.guard:
             if key in self.items:
                 self.items.move_to_end(key)
-                return cast(T, self.items[key])
-            value = compute()  # an exception propagates and caches nothing
-            self.items[key] = value
-            while len(self.items) > MAX_PER_SESSION:
-                self.items.popitem(last=False)
+                return True, self.items[key]
+            return False, None
+
+    def get_or_compute(self, key: tuple, compute: Callable[[], T]) -> T:
+        found, value = self._get(key)
+        if found:
+            return cast(T, value)
+        with self.guard:
+            key_lock = self.computing.setdefault(key, threading.RLock())
+        with key_lock:
+            found, value = self._get(key)  # computed while this caller waited
+            if found:
+                return cast(T, value)
+            try:
+                value = compute()
+                with self.guard:
+                    self.items[key] = value
+                    while len(self.items) > self.limit:
+                        self.items.popitem(last=False)
+            finally:
+                with self.guard:
+                    self.computing.pop(key, None)
             return value
 
     def drop_model(self, model_key: str) -> None:
@@ -125,10 +109,21 @@ class _SessionResults:
                 del self.items[k]
 
 
-def _session_results() -> _SessionResults:
+@st.cache_resource(show_spinner=False)
+def _shared_results() -> _Results:
+    """The process's one store of results shared between sessions."""
+    return _Results(MAX_SHARED)
+
+
+def shared_key_count() -> int:
+    """How many shared results this process holds (at most ``MAX_SHARED``)."""
+    return len(_shared_results().items)
+
+
+def _session_results() -> _Results:
     store = st.session_state.get(_SESSION_KEY)
     if store is None:
-        store = st.session_state[_SESSION_KEY] = _SessionResults()
+        store = st.session_state[_SESSION_KEY] = _Results(MAX_PER_SESSION)
     return store
 
 
@@ -186,10 +181,8 @@ def cached_analysis(fn: Callable[..., T], /, *args: Any, cache_scope: Scope = "m
         What ``fn`` returned; the same object on later calls with the same key.
     """
     key = (current_model_key(), _function_id(fn), _freeze(args), _freeze(kwargs), _freeze(cache_key))
-    if cache_scope == "session":
-        return _session_results().get_or_compute(key, lambda: fn(*args, **kwargs))
-    _shared_keys().touch(key)
-    return cast(T, _shared_result(key[0], key, lambda: fn(*args, **kwargs)))
+    store = _session_results() if cache_scope == "session" else _shared_results()
+    return store.get_or_compute(key, lambda: fn(*args, **kwargs))
 
 
 def clear_analyses(model_key: str | None = None) -> None:
@@ -198,8 +191,7 @@ def clear_analyses(model_key: str | None = None) -> None:
     Call it after changing the model in place, e.g. after a re-tie or loading new weights.
     """
     model_key = model_key or current_model_key()
-    for key in _shared_keys().pop_model(model_key):
-        _shared_result.clear(model_key, key, None)
+    _shared_results().drop_model(model_key)
     store = st.session_state.get(_SESSION_KEY)
     if store is not None:
         store.drop_model(model_key)

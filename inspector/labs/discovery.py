@@ -9,15 +9,14 @@ only, and every other lab still loads.
 from __future__ import annotations
 
 import importlib
-import importlib.util
 import os
 import pkgutil
-import sys
 import traceback
 from dataclasses import dataclass, replace
 from pathlib import Path
 from types import ModuleType
 
+from ..user_code import import_user_file
 from .core import Lab
 
 LABS_DIR_ENV = "INSPECTOR_LABS_DIR"
@@ -106,16 +105,9 @@ def load_lab_file(path: str | os.PathLike) -> list[Lab | LabError]:
 
 
 def _run_lab_file(path: Path) -> list[Lab | LabError]:
-    mod_name = f"_inspector_lab_{path.stem}_{abs(hash(str(path)))}"
     try:
-        spec = importlib.util.spec_from_file_location(mod_name, path)
-        if spec is None or spec.loader is None:
-            raise ImportError(f"cannot import {path}")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[mod_name] = module
-        spec.loader.exec_module(module)
+        module = import_user_file(path, f"_inspector_lab_{path.stem}")
     except BaseException as exc:  # noqa: BLE001 - SystemExit in a lab file must not stop the app
-        sys.modules.pop(mod_name, None)
         if isinstance(exc, KeyboardInterrupt):
             raise
         return [_error(path.stem, str(path), exc)]
