@@ -9,7 +9,7 @@ import pandas as pd
 import streamlit as st
 
 from inspector import LoadedModel, format_bytes, format_count, model_summary, summary_findings, tensor_table
-from inspector.escaping import markdown_text
+from inspector.utils import markdown_text
 from ui.cache import cached_analysis
 from ui.errors import guarded
 from ui.navigation import all_views, navigation

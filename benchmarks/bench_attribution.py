@@ -30,7 +30,7 @@ from captum.attr import (
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from inspector.attribution import attribute  # noqa: E402
-from inspector.models import load_model  # noqa: E402
+from inspector.loading.models import load_model  # noqa: E402
 
 TARGET_RATIO = 1.1
 

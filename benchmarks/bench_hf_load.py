@@ -39,8 +39,8 @@ def main() -> int:
     import torch
     import transformers
 
-    from inspector.hf_saved import check_saved
-    from inspector.models import load_model
+    from inspector.loading.hf_saved import check_saved
+    from inspector.loading.models import load_model
 
     transformers.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()

@@ -33,8 +33,8 @@ _CHILD = textwrap.dedent('''
     import json, resource, sys, time
     import torch
     import transformers
-    from inspector.checkpoints import read_checkpoint
-    from inspector.checkpoint_dcp import read_dcp
+    from inspector.loading.checkpoints import read_checkpoint
+    from inspector.loading.dcp import read_dcp
     from inspector import load_model
     def rss():
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
@@ -54,7 +54,7 @@ _CHILD = textwrap.dedent('''
             with torch.device("meta"):
                 transformers.GPT2LMHeadModel._from_config(cfg)
         elif case == "estimate":
-            from inspector.hf_limits import estimate_size
+            from inspector.loading.hf_limits import estimate_size
             cfg = transformers.GPT2Config()
             estimate_size(transformers.GPT2LMHeadModel, cfg)
     def timed():

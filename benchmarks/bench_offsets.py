@@ -35,9 +35,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from _timing import interleaved  # noqa: E402
 
-from inspector.models import load_model  # noqa: E402
+from inspector.loading.models import load_model  # noqa: E402
 from inspector.offsets import gradient_norms, gradient_report, offset_map, run_backward  # noqa: E402
-from inspector.summary import format_bytes  # noqa: E402
+from inspector.structure.summary import format_bytes  # noqa: E402
 
 
 class PeakRSS:

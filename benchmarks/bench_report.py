@@ -30,7 +30,7 @@ import pandas as pd  # noqa: E402
 import plotly.graph_objects as go  # noqa: E402
 import torch  # noqa: E402
 
-from inspector.models import call_model, load_model  # noqa: E402
+from inspector.loading.models import call_model, load_model  # noqa: E402
 from inspector.report import Report, build_report  # noqa: E402
 
 TARGET_SECONDS = 5.0

@@ -25,7 +25,7 @@ import plotly.graph_objects as go  # noqa: E402
 from streamlit.testing.v1 import AppTest  # noqa: E402
 
 import ui.training as ui_training  # noqa: E402
-from inspector.watch import RunMeta, RunWriter, StepRecord  # noqa: E402
+from inspector.watching import RunMeta, RunWriter, StepRecord  # noqa: E402
 
 OPEN_S, CHART_BYTES = 3.0, 1_000_000
 

@@ -40,8 +40,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from inspector import read_run, watch  # noqa: E402
-from inspector.watch import RunWriter, Watch  # noqa: E402
-from inspector.watch.tracer import NonfiniteTracer  # noqa: E402
+from inspector.watching import RunWriter, Watch  # noqa: E402
+from inspector.watching.tracer import NonfiniteTracer  # noqa: E402
 from sample_models import GPT, GPT2_SMALL, example_tokens, next_token_loss  # noqa: E402
 
 TARGETS = {"watch": 1.03, "watch+nonfinite": 1.10}

@@ -28,13 +28,12 @@ from .aliases import (
 )
 from .attribution import METHODS, Attribution, AttributionResult, attribute, methods_for
 from .capture import Captures, capture_activations, capturing, reference_drift, select_modules
-from .checkpoint_listing import checkpoint_listing
-from .checkpoints import apply_checkpoint, read_checkpoint
 from .comparison import RunComparison, WeightComparison, compare
-from .devices import DeviceInfo, available_devices, device_names, move_model
-from .findings import Finding, InspectorError, sort_findings
 from .inventory import TensorEntry, TensorInventory, storage_key, tensor_inventory
-from .models import LoadedModel, load_model
+from .loading.checkpoints import apply_checkpoint, read_checkpoint
+from .loading.devices import DeviceInfo, available_devices, device_names, move_model
+from .loading.listing import checkpoint_listing
+from .loading.models import LoadedModel, load_model
 from .offsets import (
     BackwardResult,
     GradientNorms,
@@ -63,12 +62,21 @@ from .placement import (
     plan_device_map_explained,
 )
 from .report import SECTIONS, Report, build_report, run_report
-from .summary import ModelSummary, format_bytes, format_count, model_summary, summary_findings, tensor_table
-from .tree import LENSES, ModuleTree, module_tree, tensor_badges
-from .units import format_number
-from .watch import Run, StepFinding, WatchResult, read_run, watch
+from .structure.summary import (
+    ModelSummary,
+    format_bytes,
+    format_count,
+    model_summary,
+    summary_findings,
+    tensor_table,
+)
+from .structure.tree import LENSES, ModuleTree, module_tree, tensor_badges
+from .utils.findings import Finding, InspectorError, sort_findings
+from .utils.program import VERSION
+from .utils.units import format_number
+from .watching import Run, StepFinding, WatchResult, read_run, watch
 
-__version__ = "0.1.0"
+__version__ = VERSION
 
 __all__ = [
     "CONVERSIONS", "METHODS", "SECTIONS",

@@ -17,9 +17,9 @@ import traceback
 from pathlib import Path
 
 from . import commands
-from .escaping import terminal_text
-from .findings import InspectorError, first_line
-from .program import program_name
+from .utils.escaping import terminal_text
+from .utils.findings import InspectorError, first_line
+from .utils.program import program_name
 
 
 def command_names() -> list[str]:

@@ -14,8 +14,8 @@ from inspector import (
     format_count,
     graph_data,
 )
-from inspector.escaping import markdown_text
 from inspector.figures import alias_graph_figure
+from inspector.utils import markdown_text
 from ui.cache import cached_analysis
 from ui.errors import guarded
 from ui.sidebar import model_picker

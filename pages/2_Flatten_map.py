@@ -18,9 +18,9 @@ from inspector import (
     offset_findings,
     offset_map,
 )
-from inspector.escaping import markdown_code, markdown_text
 from inspector.figures import layer_norm_bars, offset_strip
 from inspector.offsets import display_table, flatten_roundtrip
+from inspector.utils import markdown_code, markdown_text
 from ui.cache import cached_analysis
 from ui.errors import guarded
 from ui.running import model_runs

@@ -16,7 +16,6 @@ from inspector import (
     placement_findings,
     placement_table,
 )
-from inspector.escaping import markdown_code, markdown_text
 from inspector.figures import key_label, placement_treemap, usage_bars, usage_side_by_side
 from inspector.placement import (
     audit,
@@ -27,6 +26,7 @@ from inspector.placement import (
     suggest_budget,
     try_dispatch,
 )
+from inspector.utils import markdown_code, markdown_text
 from ui.cache import cached_analysis
 from ui.errors import guarded
 from ui.sidebar import model_picker

@@ -14,14 +14,14 @@ from inspector import (
     reference_drift,
     select_modules,
 )
-from inspector.escaping import markdown_text
+from inspector.dashboard import runs_at_once
 from inspector.figures import (
     capture_heatmap,
     capture_histogram,
     clone_vs_reference_figure,
 )
-from inspector.responsive import runs_at_once
-from inspector.summary import model_bytes
+from inspector.structure import model_bytes
+from inspector.utils import markdown_text
 from ui.cache import cached_analysis
 from ui.errors import guarded
 from ui.run_captures import run_captures_section, stats_layout

@@ -10,10 +10,10 @@ import streamlit as st
 
 from inspector import METHODS, Attribution, LoadedModel, attribute, format_bytes, methods_for
 from inspector.attribution import conv_layers, default_layer, layer_names
-from inspector.escaping import markdown_code, markdown_text
+from inspector.dashboard import quick_target_info, runs_at_once
 from inspector.figures import completeness_line, conductance_bars, image_overlay, token_heatmap
-from inspector.responsive import quick_target_info, runs_at_once
-from inspector.summary import model_bytes
+from inspector.structure import model_bytes
+from inspector.utils import markdown_code, markdown_text
 from ui.cache import cached_analysis
 from ui.errors import guarded
 from ui.running import model_runs

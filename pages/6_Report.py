@@ -9,8 +9,8 @@ from pathlib import Path
 import streamlit as st
 
 from inspector import SECTIONS, LoadedModel, Report, build_report
-from inspector.escaping import markdown_text
 from inspector.report import CHROMIUM, SECTION_TITLES
+from inspector.utils import markdown_text
 from ui.cache import cached_analysis
 from ui.errors import guarded
 from ui.sidebar import model_picker

@@ -7,8 +7,8 @@ from typing import Any
 
 import streamlit as st
 
-from inspector.escaping import markdown_text
 from inspector.figures import findings_timeline, loss_norm_figure, norm_heatmap
+from inspector.utils import markdown_text
 from ui.errors import guarded
 from ui.sidebar import model_picker
 from ui.tables import paged_table

@@ -8,9 +8,9 @@ import streamlit as st
 
 from inspector import InspectorError, LoadedModel, compare
 from inspector.comparison import RunComparison, WeightComparison, compare_runs
-from inspector.escaping import markdown_text
 from inspector.figures import module_change_bars, run_divergence_figure
-from inspector.watch import parse_run_bytes, read_run
+from inspector.utils import markdown_text
+from inspector.watching import parse_run_bytes, read_run
 from ui.cache import cached_analysis
 from ui.compare_view import run_module_config, run_step_config, tensor_rows
 from ui.errors import guarded

@@ -7,7 +7,7 @@ import pytest
 
 from inspector import InspectorError, RunComparison, compare
 from inspector.__main__ import main
-from inspector.watch import RunMeta, RunWriter, StepRecord
+from inspector.watching import RunMeta, RunWriter, StepRecord
 
 MODULES = ("embed", "block.0", "block.1", "head")
 
@@ -126,7 +126,7 @@ def test_a_loss_that_turned_nan_is_a_divergence_not_a_gap(tmp_path):
 def test_each_run_keeps_one_colour_in_both_panels_as_its_legend_shows(runs):
     from inspector.comparison import compare_runs
     from inspector.figures import run_divergence_figure
-    from inspector.watch import read_run
+    from inspector.watching import read_run
 
     a, b, _, _ = runs
     result = compare_runs(read_run(a), read_run(b))

@@ -371,7 +371,7 @@ def _watch_bytes(metadata: str) -> bytes:
     """An Arrow stream of the watch schema whose run metadata is ``metadata``."""
     import pyarrow as pa
 
-    from inspector.watch import META_KEY, schema
+    from inspector.watching import META_KEY, schema
 
     sink = pa.BufferOutputStream()
     with pa.ipc.new_stream(sink, schema().with_metadata({META_KEY: metadata})):
@@ -402,7 +402,7 @@ def _lib_cases() -> list[tuple[str, Callable, str]]:
     from inspector.offsets import run_backward
     from inspector.placement import parse_max_memory, parse_size
     from inspector.report import Report, build_report
-    from inspector.watch import parse_run_bytes
+    from inspector.watching import parse_run_bytes
 
     return [
         ("load-none", lambda t, f: load_model(None), "source must be a non-empty string"),

@@ -31,8 +31,8 @@ SCRIPT = textwrap.dedent("""
 
     from inspector import (build_report, capture_activations, gradient_norms, load_model,
                            offset_map, plan_device_map)
-    from inspector.devices import resolve_device
-    from inspector.findings import InspectorError
+    from inspector.loading.devices import resolve_device
+    from inspector.utils.findings import InspectorError
     from inspector.offsets import run_backward
 
     assert str(resolve_device("cpu")) == "cpu" and str(resolve_device("meta")) == "meta"

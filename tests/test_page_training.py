@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from inspector import Finding
-from inspector.watch import RunMeta, RunWriter, StepRecord, synthetic_run
+from inspector.watching import RunMeta, RunWriter, StepRecord, synthetic_run
 from tests.apptest import run_page
 
 MODULES = ("embed", "blocks.0", "head")

@@ -12,7 +12,7 @@ from torch import nn
 
 from inspector import InspectorError, read_run, watch
 from inspector.report import watch_report
-from inspector.watch import captures_path, read_captures
+from inspector.watching import captures_path, read_captures
 
 
 class Blow(nn.Module):

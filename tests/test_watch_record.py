@@ -9,7 +9,15 @@ import numpy as np
 import pytest
 
 from inspector import InspectorError
-from inspector.watch import RunMeta, RunWriter, StepRecord, parse_run_bytes, read_run, schema, synthetic_run
+from inspector.watching import (
+    RunMeta,
+    RunWriter,
+    StepRecord,
+    parse_run_bytes,
+    read_run,
+    schema,
+    synthetic_run,
+)
 
 
 def _meta(modules: int = 3) -> RunMeta:
@@ -111,7 +119,7 @@ def test_reads_check_step_jsonl(tmp_path):
 def test_bad_metadata_is_refused_by_name(tmp_path, change):
     import pyarrow as pa
 
-    from inspector.watch import META_KEY
+    from inspector.watching import META_KEY
 
     meta = json.loads(_meta().to_json()) | change
     path = tmp_path / "bad.inspect"
@@ -180,7 +188,7 @@ def test_one_step_table_has_the_numbers_taken_at_that_step(tmp_path):
 def test_a_finding_is_once_per_code_place_and_rank(tmp_path):
     """The same finding on rank 0 at step 1 and on rank 1 at step 2: both kept, each at its first step."""
     from inspector import Finding
-    from inspector.watch import first_findings
+    from inspector.watching import first_findings
 
     f = Finding("exploding-gradient", "warning", "layers.1", "far above").to_dict()
     path = tmp_path / "two.inspect"

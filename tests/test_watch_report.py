@@ -8,7 +8,7 @@ from inspector import read_run
 from inspector.__main__ import main
 from inspector.figures import run_norm_grid
 from inspector.report import Report, watch_report
-from inspector.watch import RunMeta, RunWriter, StepRecord, synthetic_run
+from inspector.watching import RunMeta, RunWriter, StepRecord, synthetic_run
 
 
 def test_heatmap_is_bounded_and_keeps_the_spike(tmp_path):

@@ -1,6 +1,6 @@
 """Show errors without losing the app: user mistakes as st.error, bugs with a traceback.
 
-Every message passes through :func:`inspector.escaping.markdown_text`: a file name, tensor
+Every message passes through :func:`inspector.utils.escaping.markdown_text`: a file name, tensor
 name or exception text is shown as the characters it holds, never as Markdown.
 """
 
@@ -14,8 +14,7 @@ from contextlib import contextmanager
 import streamlit as st
 
 from inspector import Finding, InspectorError
-from inspector.escaping import markdown_code, markdown_text
-from inspector.findings import first_line
+from inspector.utils import first_line, markdown_code, markdown_text
 
 log = logging.getLogger("model_inspector.ui")
 

@@ -8,7 +8,7 @@ import pandas as pd
 import streamlit as st
 
 from inspector.figures import capture_heatmap, capture_histogram
-from inspector.watch import producer_of, read_captures
+from inspector.watching import producer_of, read_captures
 from ui.errors import guarded
 from ui.tables import paged_table
 

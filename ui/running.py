@@ -5,7 +5,7 @@ from __future__ import annotations
 import streamlit as st
 
 from inspector import LoadedModel
-from inspector.runcheck import RunCheck, try_forward
+from inspector.loading import RunCheck, try_forward
 
 from .cache import cached_analysis
 

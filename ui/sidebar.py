@@ -27,11 +27,10 @@ from inspector import (
     sort_findings,
 )
 from inspector.distributed import dcp_listing, is_dcp_folder
-from inspector.escaping import markdown_code, markdown_text
-from inspector.hf_limits import default_max_bytes
-from inspector.models import DTYPES, allowed_model_dirs
+from inspector.loading import DTYPES, allowed_model_dirs, default_max_bytes
 from inspector.placement import parse_size
-from inspector.summary import model_bytes
+from inspector.structure import model_bytes
+from inspector.utils import markdown_code, markdown_text
 from sample_models import SAMPLES
 
 from .cache import cached_analysis

@@ -13,10 +13,10 @@ import streamlit as st
 
 from inspector import format_bytes, run_report
 from inspector.distributed import DistributedRun, rank_issues, unique_findings
-from inspector.escaping import markdown_text
 from inspector.figures import NormGrid, grad_norm_figure, memory_figure, run_norm_grid
-from inspector.watch import MODULE_COLUMNS, Run, parse_run_bytes, read_run
-from inspector.watch import main_steps as run_main_steps
+from inspector.utils import markdown_text
+from inspector.watching import MODULE_COLUMNS, Run, parse_run_bytes, read_run
+from inspector.watching import main_steps as run_main_steps
 from ui.tables import MESSAGE_PX, message_row_height, paged_table
 
 NORM_FORMAT = "%.4g"
@@ -98,7 +98,7 @@ def findings_layout(found: pd.DataFrame) -> dict[str, Any]:
 
 
 def main_steps(opened: Opened) -> pd.DataFrame:
-    """One row per step for the loss and global-norm lines (:func:`inspector.watch.main_steps`)."""
+    """One row per step for the loss and global-norm lines (:func:`inspector.watching.main_steps`)."""
     return run_main_steps(opened.run)
 
 

@@ -7,8 +7,8 @@ import pandas as pd
 import streamlit as st
 
 from inspector import LENSES, ModuleTree, format_bytes, gradient_report, module_tree, tensor_badges
-from inspector.escaping import markdown_code
 from inspector.figures import module_tree_figure, shown_level
+from inspector.utils import markdown_code
 
 from .cache import cached_analysis
 from .tables import paged_table

@@ -8,9 +8,9 @@ checker grades with the inspector's gradient norms, not with a list typed in her
 from __future__ import annotations
 
 from inspector.labs import CheckResult, Field, Lab, Scenario, Task, View
-from inspector.locks import model_lock
-from inspector.models import call_model, load_model
+from inspector.loading.models import call_model, load_model
 from inspector.offsets import gradient_norms
+from inspector.utils.locks import model_lock
 
 
 def build() -> Scenario:

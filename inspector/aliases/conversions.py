@@ -15,11 +15,11 @@ import pandas as pd
 import torch
 from torch import nn
 
-from ..checks import require_module
-from ..devices import move_model
-from ..findings import Finding, InspectorError
 from ..inventory import TensorInventory, tensor_inventory
-from ..locks import model_lock
+from ..loading.devices import move_model
+from ..utils.checks import require_module
+from ..utils.findings import Finding, InspectorError
+from ..utils.locks import model_lock
 from .ties import GroupOutcome, TieSnapshot, _outcome_findings, outcomes, retie, snapshot_inventory
 
 
@@ -182,7 +182,7 @@ class ConversionResult:
 
 def _target_device(inv: TensorInventory, device: str | torch.device | None) -> torch.device:
     if device is not None:
-        from ..devices import resolve_device
+        from ..loading.devices import resolve_device
 
         return resolve_device(device)
     for e in inv.unique_entries():

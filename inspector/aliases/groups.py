@@ -17,8 +17,8 @@ from dataclasses import dataclass
 import pandas as pd
 from torch import nn
 
-from ..findings import Finding
 from ..inventory import TensorInventory, tensor_inventory
+from ..utils.findings import Finding
 from .memory import _components_of_storage, _memkey, _not_analysable, _Obj, _span
 
 KINDS = ("same-object", "shared-storage", "overlapping-view")

@@ -7,10 +7,10 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from ..checks import require_module
-from ..findings import Finding, InspectorError
 from ..inventory import TensorInventory, storage_key, tensor_inventory
-from ..locks import model_lock
+from ..utils.checks import require_module
+from ..utils.findings import Finding, InspectorError
+from ..utils.locks import model_lock
 from .groups import AliasGroup, analyse_inventory
 from .memory import _not_analysable
 

@@ -23,9 +23,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..checks import require_loaded
-from ..findings import Finding, InspectorError
-from ..models import LoadedModel, model_code, to_device
+from ..loading.models import LoadedModel, model_code, to_device
+from ..utils.checks import require_loaded
+from ..utils.findings import Finding, InspectorError
 from .forward import TargetedForward, flatten_inputs, forward_advice, predicted_target
 from .layers import (
     CONV,
@@ -76,7 +76,7 @@ def attribute(loaded: LoadedModel, inputs: Any, method: str, target: int | None,
         InspectorError: unknown method or layer, a method that does not fit the model,
             a target or position out of range, unknown options, a meta model.
 
-    >>> from inspector.models import load_model
+    >>> from inspector.loading.models import load_model
     >>> r = attribute(load_model("sample:cnn-bn"), None, "saliency", target=3)
     >>> r.attributions[0].shape, len(r.summary)
     (torch.Size([1, 3, 16, 16]), 3)

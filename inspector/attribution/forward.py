@@ -10,8 +10,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..findings import InspectorError
-from ..models import LoadedModel, call_model, model_code, to_device
+from ..loading.models import LoadedModel, call_model, model_code, to_device
+from ..utils.findings import InspectorError
 from .state import preserved_state
 
 
@@ -41,7 +41,7 @@ def forward_advice(loaded: LoadedModel, other: str = "") -> str:
 def target_info(loaded: LoadedModel, inputs: Any = None) -> TargetInfo:
     """One forward pass (no gradients, eval mode, under the lock) to learn the output's shape.
 
-    >>> from inspector.models import load_model
+    >>> from inspector.loading.models import load_model
     >>> target_info(load_model("sample:tiny-gpt2"))
     TargetInfo(outputs=32, positions=16)
     """

@@ -8,8 +8,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..findings import InspectorError
-from ..models import LoadedModel
+from ..loading.models import LoadedModel
+from ..utils.findings import InspectorError
 from .forward import flatten_inputs
 
 
@@ -22,7 +22,7 @@ def is_token_model(inputs: Any) -> bool:
 def methods_for(loaded: LoadedModel, inputs: Any = None) -> list[str]:
     """The methods that fit ``loaded`` (with ``inputs`` or its example inputs).
 
-    >>> from inspector.models import load_model
+    >>> from inspector.loading.models import load_model
     >>> methods_for(load_model("sample:tiny-gpt2"))
     ['ig', 'layer_ig']
     """

@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from ..findings import InspectorError
+from ..utils.findings import InspectorError
 
 
 def captum_attr() -> Any:

@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from ..findings import Finding
+from ..utils.findings import Finding
 from .methods import captum_attr
 
 DELTA_RELATIVE_TOLERANCE = 0.05

@@ -8,8 +8,8 @@ import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
-from ..findings import Finding
-from ..forward_state import module_state_kept
+from ..utils.findings import Finding
+from ..utils.forward_state import module_state_kept
 
 #: The attribute transformers sets on a model once it has installed its output-capturing hooks
 #: (lazily, on the first forward that needs hidden states); it never installs them again while set.

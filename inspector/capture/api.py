@@ -16,15 +16,15 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..checks import require_module
-from ..devices import resolve_device
-from ..dtensors import kept_sharded
-from ..findings import Finding, InspectorError
-from ..forward_state import module_state_kept, restored_message
 from ..inventory import tensor_inventory
-from ..locks import model_lock
-from ..models import call_model
+from ..loading.devices import resolve_device
+from ..loading.models import call_model
 from ..sharding import output_placements, placement_notes
+from ..utils.checks import require_module
+from ..utils.dtensors import kept_sharded
+from ..utils.findings import Finding, InspectorError
+from ..utils.forward_state import module_state_kept, restored_message
+from ..utils.locks import model_lock
 from .leaves import tensor_leaves
 from .recorder import Options, Recorder
 from .results import Captures

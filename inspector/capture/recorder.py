@@ -47,8 +47,8 @@ import torch
 from torch import nn
 from torch.nn.modules.module import register_module_forward_hook
 
-from ..findings import Finding, InspectorError
-from ..units import format_bytes
+from ..utils.findings import Finding, InspectorError
+from ..utils.units import format_bytes
 from .leaves import KEEP_AS_IS, flat, leaf_paths, tensor_leaves, unflat
 from .results import Captures, Mutation, Skipped
 from .storage import MEMCPY_BYTES, Storage

@@ -9,7 +9,7 @@ from typing import Any
 
 import pandas as pd
 
-from ..findings import Finding
+from ..utils.findings import Finding
 from .leaves import tensor_leaves
 from .stats import stats_frame
 

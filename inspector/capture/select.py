@@ -8,7 +8,7 @@ from typing import Any
 
 from torch import nn
 
-from ..findings import InspectorError
+from ..utils.findings import InspectorError
 
 
 def select_modules(model: nn.Module, modules: Any = None) -> dict[str, nn.Module]:

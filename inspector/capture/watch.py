@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from ..findings import Finding
+from ..utils.findings import Finding
 from .compare import max_abs_change
 from .leaves import top_tensors
 from .results import Mutation

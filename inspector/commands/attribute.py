@@ -5,8 +5,9 @@ from __future__ import annotations
 import argparse
 
 from .. import METHODS, attribute
-from .. import cli_types as types
-from ..cli_common import (
+from ..figures import completeness_line
+from . import argtypes as types
+from .common import (
     add_source_arguments,
     load_from_args,
     print_findings,
@@ -15,7 +16,6 @@ from ..cli_common import (
     say,
     write_json,
 )
-from ..figures import completeness_line
 
 HELP = ("captum attributions of one output (a class, or the next token's logit) to the inputs or "
         "a layer: Integrated Gradients, Saliency, Input x Gradient, layer IG, conductance, GradCAM")

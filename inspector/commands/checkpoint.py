@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import argparse
 
-from .. import cli_types as types
-from ..checkpoint_listing import checkpoint_listing
-from ..cli_common import print_findings, print_table, say, write_json
 from ..distributed import is_dcp_folder
+from ..loading import checkpoint_listing
+from . import argtypes as types
+from .common import print_findings, print_table, say, write_json
 
 HELP = ("list the tensors of a checkpoint: a .safetensors/.pt/.bin file, or a torch.distributed.checkpoint "
         "folder with the pieces each tensor is stored in (nothing in it is executed)")

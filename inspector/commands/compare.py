@@ -5,9 +5,9 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from .. import cli_types as types
-from ..cli_common import default_device, print_findings, print_table, progress, say, write_json
 from ..comparison import RunComparison, WeightComparison, compare
+from . import argtypes as types
+from .common import default_device, print_findings, print_table, progress, say, write_json
 
 HELP = ("compare two models or checkpoints (sample:, FILE.py:factory, hf:, .safetensors/.pt/.bin, "
         "torch.distributed.checkpoint folders) tensor by tensor, or two run files step by step")

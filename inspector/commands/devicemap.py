@@ -13,8 +13,9 @@ from .. import (
     parse_max_memory,
     plan_device_map_explained,
 )
-from .. import cli_types as types
-from ..cli_common import (
+from ..placement import audit, device_usage, load_device_map
+from . import argtypes as types
+from .common import (
     add_source_arguments,
     load_from_args,
     print_findings,
@@ -23,7 +24,6 @@ from ..cli_common import (
     say,
     write_json,
 )
-from ..placement import audit, device_usage, load_device_map
 
 HELP = ("plan a device map that places every parameter and buffer for a memory budget, audit it "
         "(or a map from a JSON file), and compare with accelerate's infer_auto_device_map")

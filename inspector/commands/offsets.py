@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import argparse
 
-from .. import cli_types as types
 from .. import gradient_report, locate, offset_findings, offset_map, run_backward
-from ..cli_common import (
+from ..offsets import display_table
+from . import argtypes as types
+from .common import (
     add_source_arguments,
     load_from_args,
     print_findings,
@@ -15,7 +16,6 @@ from ..cli_common import (
     say,
     write_json,
 )
-from ..offsets import display_table
 
 HELP = ("where each parameter sits in parameters_to_vector order, which tensor a flat index falls in, "
         "and gradient norms per parameter and per module")

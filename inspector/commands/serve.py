@@ -20,9 +20,9 @@ from contextlib import contextmanager
 from typing import Any
 
 from .. import InspectorError
-from ..cli_common import progress
-from ..cli_types import port
 from ..dashboard import streamlit_command
+from .argtypes import port
+from .common import progress
 
 HELP = "start the dashboard (streamlit run app.py); other options, e.g. --server.address 0.0.0.0, go to streamlit"
 

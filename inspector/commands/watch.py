@@ -7,10 +7,10 @@ import os
 from pathlib import Path
 
 from .. import InspectorError
-from .. import cli_types as types
-from ..cli_common import progress, say, training_ranks
 from ..distributed import SHARD_MODES, shard
-from ..watch import OPTIMIZERS, StepFinding, train_watched
+from ..watching import OPTIMIZERS, StepFinding, train_watched
+from . import argtypes as types
+from .common import progress, say, training_ranks
 
 HELP = ("train a model file's loop for N steps with the watch on: norms, learning rates and memory of every "
         "step into an Arrow run file, findings (NaN producers, dead or exploding gradients, ...) as they appear")

@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from ..watch import Run, is_watch_file
+from ..watching import Run, is_watch_file
 from .result import RunComparison, WeightComparison
 from .runs import compare_runs
 from .sources import Spec
@@ -61,7 +61,7 @@ def compare(a: Spec, b: Spec, *, device: str = "cpu", tolerance: float = 0.05,
     if all(runs):
         return compare_runs(a, b, tolerance=tolerance)
     if any(runs):
-        from ..findings import InspectorError
+        from ..utils.findings import InspectorError
 
         raise InspectorError(f"{a if runs[0] else b} is a run file but the other side is not: compare two run "
                              "files, or two models/checkpoints")

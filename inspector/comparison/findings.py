@@ -8,7 +8,7 @@ from collections.abc import Sequence
 import pandas as pd
 import torch
 
-from ..findings import Finding, sort_findings
+from ..utils.findings import Finding, sort_findings
 from .kernels import pair_stats
 from .sources import TensorSource
 

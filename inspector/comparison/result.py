@@ -8,7 +8,7 @@ from typing import Any
 
 import pandas as pd
 
-from ..findings import Finding
+from ..utils.findings import Finding
 
 TENSOR_COLUMNS = ["name", "name_b", "status", "module", "shape_a", "shape_b", "dtype_a", "dtype_b", "device_a",
                   "device_b", "numel", "trainable", "bitwise_equal", "max_abs", "rel_change", "diff_norm",

@@ -1,6 +1,6 @@
 """Two training runs side by side: the first step where they part, and the modules that part first.
 
-Both run files are read with :func:`inspector.watch.read_run` (the watch's Arrow file, or a
+Both run files are read with :func:`inspector.watching.read_run` (the watch's Arrow file, or a
 ``check_step`` ``run.jsonl``). Two numbers differ beyond ``tolerance`` when
 ``|B − A| / max(|A|, |B|) > tolerance``; a value that is finite on one side and not on the
 other always does.
@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from ..findings import Finding, InspectorError
+from ..utils.findings import Finding, InspectorError
 from .result import RunComparison
 
 RUN_MODULE_COLUMNS = ["module", "first_divergence", "max_diff", "diff_at_divergence"]
@@ -37,7 +37,7 @@ def relative_difference(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 
 def _read(run: Any) -> Any:
-    from ..watch import Run, read_run
+    from ..watching import Run, read_run
 
     if isinstance(run, Run):
         return run
@@ -66,7 +66,7 @@ def _module_matrix(run: Any, rank: int, steps: np.ndarray, modules: list[str]) -
 
 
 def compare_runs(a: Any, b: Any, *, tolerance: float = 0.05, rank: int = 0) -> RunComparison:
-    """Runs ``a`` and ``b`` (paths or :class:`inspector.watch.Run`) step by step.
+    """Runs ``a`` and ``b`` (paths or :class:`inspector.watching.Run`) step by step.
 
     Args:
         tolerance: relative difference (``|B − A| / max(|A|, |B|)``) beyond which a quantity diverges.

@@ -26,11 +26,11 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..checkpoint_dcp import dcp_index, is_dcp_folder, read_dcp_tensor
-from ..checkpoint_listing import _SAFETENSORS_DTYPES
-from ..checkpoints import read_checkpoint
-from ..findings import Finding, InspectorError
-from ..models import LoadedModel, load_model
+from ..loading.checkpoints import read_checkpoint
+from ..loading.dcp import dcp_index, is_dcp_folder, read_dcp_tensor
+from ..loading.listing import _SAFETENSORS_DTYPES
+from ..loading.models import LoadedModel, load_model
+from ..utils.findings import Finding, InspectorError
 from .kernels import CHUNK, raw_values
 
 
@@ -108,7 +108,7 @@ class ModelSide(TensorSource):
                          True, list(findings or []))
 
     def read(self, name: str) -> torch.Tensor:
-        from ..dtensors import is_dtensor
+        from ..utils.dtensors import is_dtensor
 
         t = self._tensors[name].detach()
         if is_dtensor(t):  # a sharded parameter: gathered whole (a collective: every rank must compare)

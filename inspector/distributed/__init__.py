@@ -10,9 +10,9 @@ the Distributed page read::
 
 from __future__ import annotations
 
-from ..checkpoint_dcp import dcp_listing, is_dcp_folder, read_dcp, read_metadata
-from ..dtensors import is_dtensor, local_piece, model_has_dtensors, placements_text
+from ..loading.dcp import dcp_listing, is_dcp_folder, read_dcp, read_metadata
 from ..sharding import mesh_dims, rank_bytes
+from ..utils.dtensors import is_dtensor, local_piece, model_has_dtensors, placements_text
 from .check import StepCheck, check_step
 from .digest import PARTS
 from .run import (

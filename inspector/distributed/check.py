@@ -35,8 +35,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ..findings import Finding
-from ..process_memory import rss_and_peak as _rss
+from ..utils.findings import Finding
+from ..utils.process_memory import rss_and_peak as _rss
 from .columns import Gathered, column_findings
 from .local import GradNorms, local_numbers
 from .plan import plan_for

@@ -7,9 +7,9 @@ from collections import Counter
 from statistics import median
 from typing import Any
 
-from ..findings import Finding
 from ..sharding.findings import nonfinite_by_rank
 from ..sharding.findings import ranks_text as _ranks
+from ..utils.findings import Finding
 
 IMBALANCE = 0.05  # a rank holding this fraction more sharded elements than the mean is reported
 

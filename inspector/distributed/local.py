@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 import torch
 
-from ..dtensors import holders
+from ..utils.dtensors import holders
 from . import digest
 from .plan import Plan
 from .record import PER_TENSOR

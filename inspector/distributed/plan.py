@@ -10,9 +10,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..dtensors import holders, is_dtensor, placements_text, replica_key
 from ..inventory import tensor_inventory
-from ..wrappers import underlying
+from ..utils.dtensors import holders, is_dtensor, placements_text, replica_key
+from ..utils.wrappers import underlying
 from . import digest
 
 

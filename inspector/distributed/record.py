@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from ..findings import Finding
+from ..utils.findings import Finding
 
 FORMAT = "inspector-distributed"
 VERSION = 1

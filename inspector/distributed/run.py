@@ -14,7 +14,7 @@ from typing import Any
 
 import pandas as pd
 
-from ..findings import Finding, InspectorError, group_findings
+from ..utils.findings import Finding, InspectorError, group_findings
 from .findings import unsynchronised
 from .record import FORMAT, RANK_NUMBERS, VERSION, CheckRecord
 
@@ -197,7 +197,7 @@ def _tensor_frame(record: CheckRecord) -> pd.DataFrame:
 
 
 def unique_findings(run: DistributedRun) -> list[tuple[list[int], Finding]]:
-    """Each distinct finding once (by code and place, :func:`inspector.findings.group_findings`),
+    """Each distinct finding once (by code and place, :func:`inspector.utils.findings.group_findings`),
     with the steps it was seen at (first step first)."""
     return [(steps, f) for steps, _, f in group_findings((step, None, f) for step, f in run.findings).values()]
 

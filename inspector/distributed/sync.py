@@ -17,7 +17,7 @@ from typing import Any, NoReturn
 
 import torch.distributed as dist
 
-from ..findings import InspectorError
+from ..utils.findings import InspectorError
 
 _calls: dict[str, int] = {}   # group tag -> calls this process made on that group
 

@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ..findings import InspectorError
+from ..utils.findings import InspectorError
 from .check import TIMEOUT, StepCheck, check_step
 
 SHARD_MODES = ("fsdp", "ddp", "none")
@@ -81,7 +81,7 @@ def shard(model: nn.Module, mode: str, device: torch.device) -> nn.Module:
 def _forward_backward(model: nn.Module, inputs: Any, loss_fn: Callable[[Any, Any], torch.Tensor],
                       step: int) -> torch.Tensor:
     """One forward pass, loss and backward pass; an error names this rank and where it came from."""
-    from ..models import call_model
+    from ..loading.models import call_model
 
     rank = dist.get_rank() if dist.is_initialized() else 0
     try:
@@ -119,7 +119,7 @@ def train_and_check(model: nn.Module, inputs_fn: Callable[[int], Any], loss_fn: 
         InspectorError: the model's forward pass, loss or backward pass raised on this rank (the
             message names the rank and the step), or another rank did not reach a check in time.
     """
-    from ..models import to_device
+    from ..loading.models import to_device
 
     device = torch.device(device)
     optimizer = torch.optim.SGD(model.parameters(), lr=lr)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import plotly.graph_objects as go
 
 from ..aliases import GraphData
-from ..escaping import escaped_figure, plot_text
+from ..utils.escaping import escaped_figure, plot_text
 
 PALETTE = ["#d62728", "#1f77b4", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf", "#e377c2", "#8c564b",
            "#bcbd22", "#7f7f7f"]

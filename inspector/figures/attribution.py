@@ -13,7 +13,7 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from ..attribution import Attribution
-from ..escaping import escaped_figure, plot_text
+from ..utils.escaping import escaped_figure, plot_text
 from .palette import readable
 
 DIVERGING = "RdBu"

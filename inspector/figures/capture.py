@@ -15,7 +15,7 @@ import plotly.graph_objects as go
 import torch
 
 from ..capture import first_tensor
-from ..escaping import escaped_figure
+from ..utils.escaping import escaped_figure
 from .palette import legend_on_top, readable, whole_ticks
 
 MAX_ROWS = 128

@@ -7,7 +7,7 @@ import math
 import pandas as pd
 import plotly.graph_objects as go
 
-from ..escaping import escaped_figure, plot_text
+from ..utils.escaping import escaped_figure, plot_text
 
 CHANGED, UNCHANGED = "#4C78A8", "#E45756"
 MAX_BARS = 80

@@ -11,9 +11,9 @@ import math
 import pandas as pd
 import plotly.graph_objects as go
 
-from ..escaping import escaped_figure, plot_text
-from ..summary import format_bytes
-from ..units import bytes_ticks
+from ..structure.summary import format_bytes
+from ..utils.escaping import escaped_figure, plot_text
+from ..utils.units import bytes_ticks
 from .palette import GPU_COLOURS
 from .training import MAX_LINE_POINTS, envelope
 

@@ -10,7 +10,7 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.colors import sample_colorscale
 
-from ..escaping import escaped_figure, plot_text
+from ..utils.escaping import escaped_figure, plot_text
 from .palette import count_axis, legend_on_top, log_decades, readable
 
 FULL_ROW = "parameters()"

@@ -12,7 +12,7 @@ import re
 from collections.abc import Iterable
 from typing import Any
 
-from ..units import bytes_ticks, format_count
+from ..utils.units import bytes_ticks, format_count
 
 GPU_COLOURS = ["#4C78A8", "#F58518", "#54A24B", "#B279A2", "#9D755D", "#72B7B2", "#EECA3B", "#FF9DA6"]
 FIXED_COLOURS = {"cpu": "#8C8C8C", "disk": "#5B4636", "mps": "#2CA9B7", "meta": "#D9D9D9",

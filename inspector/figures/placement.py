@@ -12,8 +12,8 @@ from typing import Any
 import pandas as pd
 import plotly.graph_objects as go
 
-from ..escaping import escaped_figure, plot_text
-from ..units import format_bytes
+from ..utils.escaping import escaped_figure, plot_text
+from ..utils.units import format_bytes
 from .palette import FIXED_COLOURS, WHOLE_MODEL, bytes_axis, device_colours, device_key, readable
 
 RED = "#D62728"

@@ -18,7 +18,7 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from ..escaping import escaped_figure
+from ..utils.escaping import escaped_figure
 
 MAX_ROWS, MAX_COLS = 120, 300
 MAX_LINE_POINTS = 2_000
@@ -197,7 +197,7 @@ def _tick_text(mantissa: int, decade: int) -> str:
 
 def run_norm_grid(run: Any, column: str = "grad_norm", rank: int = 0, *, max_rows: int = MAX_ROWS,
                   max_cols: int = MAX_COLS) -> NormGrid:
-    """The heatmap grid of a run's per-module ``column`` on ``rank`` (:class:`inspector.watch.Run`):
+    """The heatmap grid of a run's per-module ``column`` on ``rank`` (:class:`inspector.watching.Run`):
     :func:`bin_matrix` of ``run.matrix(column, rank)``, a recorded NaN (the module counted values
     not finite) marked as not finite, a value not taken left blank, steps in ascending order."""
     steps, values = run.matrix(column, rank)

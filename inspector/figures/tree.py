@@ -8,9 +8,9 @@ from typing import Any
 import plotly.graph_objects as go
 from plotly.colors import sample_colorscale
 
-from ..escaping import escaped_figure, plot_text
-from ..tree import LENSES, MIXED, NONE, ModuleTree
-from ..units import format_bytes
+from ..structure.tree import LENSES, MIXED, NONE, ModuleTree
+from ..utils.escaping import escaped_figure, plot_text
+from ..utils.units import format_bytes
 from .palette import FIXED_COLOURS, device_colour
 
 CATEGORY = ["#4C78A8", "#F58518", "#54A24B", "#B279A2", "#E45756", "#72B7B2", "#EECA3B", "#9D755D",
@@ -51,7 +51,7 @@ def _norm_colours(norms: list[float]) -> tuple[list[str], str]:
 
 
 def lens_colours(tree: ModuleTree, lens: str) -> tuple[list[str], str]:
-    """One colour per module row for ``lens`` (one of :data:`~inspector.tree.LENSES`) and a legend line."""
+    """One colour per module row for ``lens`` (one of :data:`~inspector.structure.tree.LENSES`) and a legend line."""
     if lens not in LENSES:
         raise ValueError(f"unknown lens {lens!r}; choose one of {', '.join(LENSES)}")
     column = tree.modules[LENS_COLUMN[lens]].tolist()
@@ -75,7 +75,7 @@ def shown_level(tree: ModuleTree, focus: str) -> str:
     bytes (a module whose tensors are all counted elsewhere, a tied head, has no box of its own).
 
     >>> from torch import nn
-    >>> from inspector.tree import module_tree
+    >>> from inspector.structure.tree import module_tree
     >>> m = nn.Sequential(nn.Linear(2, 2), nn.Sequential(nn.ReLU()))
     >>> shown_level(module_tree(m), "1.0"), shown_level(module_tree(m), "0")
     ('', '0')
@@ -101,7 +101,7 @@ def module_tree_figure(tree: ModuleTree, lens: str = "device", focus: str = "", 
         height: pixels.
 
     >>> from torch import nn
-    >>> from inspector.tree import module_tree
+    >>> from inspector.structure.tree import module_tree
     >>> fig = module_tree_figure(module_tree(nn.Sequential(nn.Linear(2, 2), nn.ReLU())), "dtype")
     >>> list(fig.data[0].ids), list(fig.data[0].values)
     (['/', '/0', '/1'], [24, 24, 0])

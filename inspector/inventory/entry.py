@@ -6,7 +6,7 @@ from typing import NamedTuple
 
 import torch
 
-from ..dtensors import dtensor_type
+from ..utils.dtensors import dtensor_type
 from .keys import StorageKeys
 
 KINDS = ("parameter", "buffer")
@@ -117,7 +117,7 @@ class TensorEntry(NamedTuple):
         """DTensor placements as text (``"Shard(0)"``), ``""`` for a plain tensor."""
         if not self.is_dtensor:
             return ""
-        from ..dtensors import placements_text
+        from ..utils.dtensors import placements_text
 
         return placements_text(self.tensor)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from ..dtensors import dtensor_type
+from ..utils.dtensors import dtensor_type
 
 
 def storage_key(t: torch.Tensor) -> tuple[str, int | None, int] | None:

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from ..findings import InspectorError
+from ..utils.findings import InspectorError
 from .entry import TensorEntry
 
 if TYPE_CHECKING:

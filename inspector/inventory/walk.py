@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..checks import require_module
+from ..utils.checks import require_module
 from .entry import TensorEntry
 from .keys import StorageKeys
 from .tables import TensorInventory

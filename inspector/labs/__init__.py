@@ -12,7 +12,7 @@ defines ``LAB = Lab(...)`` into the folder named by ``INSPECTOR_LABS_DIR``.
 
 from __future__ import annotations
 
-from ..findings import InspectorError
+from ..utils.findings import InspectorError
 from .core import (
     TEACHER_KEY_ENV,
     CheckResult,

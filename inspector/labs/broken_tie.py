@@ -10,8 +10,8 @@ import pandas as pd
 import torch
 from torch import nn
 
-from ..findings import InspectorError
-from ..models import load_model
+from ..loading.models import load_model
+from ..utils.findings import InspectorError
 from .core import CheckResult, Field, Lab, Scenario, Task, View
 
 STORY = """\

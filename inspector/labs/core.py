@@ -13,8 +13,8 @@ from typing import Any, Literal
 
 from torch import nn
 
-from ..findings import InspectorError
-from ..models import LoadedModel
+from ..loading.models import LoadedModel
+from ..utils.findings import InspectorError
 
 FieldKind = Literal["text", "number", "choice", "multi", "json", "pairs"]
 TEACHER_KEY_ENV = "INSPECTOR_TEACHER_KEY"

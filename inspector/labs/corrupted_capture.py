@@ -8,8 +8,8 @@ from typing import Any
 import pandas as pd
 import torch
 
-from ..locks import model_lock
-from ..models import call_model, load_model
+from ..loading.models import call_model, load_model
+from ..utils.locks import model_lock
 from .core import CheckResult, Field, Lab, Scenario, Task, View
 
 # cnn-bn runs relu1 = ReLU(inplace=True) on conv1's output and relu2 on bn2's output: a hook

@@ -16,7 +16,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from types import ModuleType
 
-from ..user_code import import_user_file
+from ..loading.user_code import import_user_file
 from .core import Lab
 
 LABS_DIR_ENV = "INSPECTOR_LABS_DIR"

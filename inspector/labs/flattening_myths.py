@@ -10,7 +10,7 @@ import pandas as pd
 import torch
 from torch.nn.utils import parameters_to_vector
 
-from ..models import load_model
+from ..loading.models import load_model
 from .core import CheckResult, Field, Lab, Scenario, Task, View
 
 # frozen-adapter: 12 parameter tensors, 636 elements; 6 of them trainable (the LoRA A/B

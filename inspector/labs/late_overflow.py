@@ -12,7 +12,7 @@ import pandas as pd
 import torch
 from torch import nn
 
-from ..models import LoadedModel
+from ..loading.models import LoadedModel
 from .core import CheckResult, Field, Lab, Scenario, Task, View
 
 STEPS = 20
@@ -88,14 +88,14 @@ def _sharpen(model: nn.Module, step: int) -> None:
 
 def watch_training(model: nn.Module, folder: str | Path) -> Any:
     """Train ``model`` for ``STEPS`` SGD steps with the sharpening schedule, watched; the result."""
-    from ..watch import train_watched
+    from ..watching import train_watched
 
     return train_watched(model, _inputs, _loss, STEPS, Path(folder) / "run.inspect", optimizer="sgd", lr=0.01,
                          batch_size=16, nonfinite=True, before_step=_sharpen, name="gated-net")
 
 
 def build() -> Scenario:
-    from ..watch import read_run
+    from ..watching import read_run
 
     torch.manual_seed(0)
     model = GatedNet()
@@ -136,7 +136,7 @@ FIXES = ("use torch.softmax", "lower the learning rate tenfold")
 
 def check_fix(scenario: Scenario, answers: Mapping[str, Any]) -> CheckResult:
     """Retrain a copy of the untrained model with the chosen fix, watched, and look for NaN/Inf."""
-    from ..watch import train_watched
+    from ..watching import train_watched
 
     model = copy.deepcopy(scenario.extras["original"])
     fix = answers["fix"]

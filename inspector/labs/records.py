@@ -7,7 +7,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from ..escaping import markdown_text
+from ..utils.escaping import markdown_text
 from .core import Lab, TaskRecord
 
 

@@ -10,9 +10,9 @@ import pandas as pd
 import torch
 from torch.nn.utils import parameters_to_vector
 
-from ..findings import InspectorError
-from ..locks import model_lock
-from ..models import call_model, load_model
+from ..loading.models import call_model, load_model
+from ..utils.findings import InspectorError
+from ..utils.locks import model_lock
 from .core import CheckResult, Field, Lab, Scenario, Task, View
 
 BAD_INDEX = 100

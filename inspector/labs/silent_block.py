@@ -9,7 +9,7 @@ from typing import Any
 import pandas as pd
 import torch
 
-from ..models import LoadedModel, load_model
+from ..loading.models import LoadedModel, load_model
 from .core import CheckResult, Field, Lab, Scenario, Task, View
 
 STEPS, LR, DECAY = 20, 0.05, 0.8

@@ -9,7 +9,7 @@ from typing import Any
 
 import pandas as pd
 
-from ..models import load_model
+from ..loading.models import load_model
 from .core import CheckResult, Field, Lab, Scenario, Task, View
 
 # split-block in float32 (bytes): embed 16640, block.fc1/fc2/fc3 16640 each, block.scale 256,

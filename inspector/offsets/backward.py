@@ -19,10 +19,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..findings import InspectorError
-from ..forward_state import module_state_kept
 from ..inventory import tensor_inventory
-from ..locks import model_lock
+from ..utils.findings import InspectorError
+from ..utils.forward_state import module_state_kept
+from ..utils.locks import model_lock
 
 Progress = Callable[[str], None]
 
@@ -87,7 +87,7 @@ def run_backward(loaded: Any, batch_size: int = 2, accumulate: bool = False) -> 
     afterwards, also when the forward pass raises. ``requires_grad`` is untouched.
 
     Args:
-        loaded: a :class:`~inspector.models.LoadedModel` with example inputs and a loss.
+        loaded: a :class:`~inspector.loading.models.LoadedModel` with example inputs and a loss.
         batch_size: how many examples.
         accumulate: add to existing gradients instead of dropping them first.
 
@@ -95,12 +95,12 @@ def run_backward(loaded: Any, batch_size: int = 2, accumulate: bool = False) -> 
         InspectorError: the model is on the meta device, has no loss, or the loss is not a
             scalar.
 
-    >>> from inspector.models import load_model
+    >>> from inspector.loading.models import load_model
     >>> r = run_backward(load_model("sample:frozen-adapter"))
     >>> r.with_gradient, r.frozen
     (6, 6)
     """
-    from ..models import call_model, model_code
+    from ..loading.models import call_model, model_code
 
     model: nn.Module = loaded.model
     _require_loss(loaded)
@@ -178,7 +178,7 @@ def loss_gradients(loaded: Any, batch_size: int = 2, progress: Progress | None =
     Uses ``torch.autograd.grad``: the model's ``.grad`` values are neither read nor changed.
 
     Args:
-        loaded: a :class:`~inspector.models.LoadedModel` with example inputs and a loss.
+        loaded: a :class:`~inspector.loading.models.LoadedModel` with example inputs and a loss.
         batch_size: how many examples.
         progress: called with a line of text before the forward and before the backward pass.
 
@@ -186,13 +186,13 @@ def loss_gradients(loaded: Any, batch_size: int = 2, progress: Progress | None =
         InspectorError: the model is on the meta device, has no loss, or the loss is not a
             scalar that depends on a trainable parameter.
 
-    >>> from inspector.models import load_model
+    >>> from inspector.loading.models import load_model
     >>> loaded = load_model("sample:frozen-adapter")
     >>> g = loss_gradients(loaded)
     >>> g.with_gradient, g.frozen, any(p.grad is not None for p in loaded.model.parameters())
     (6, 6, False)
     """
-    from ..models import call_model
+    from ..loading.models import call_model
 
     say = progress or (lambda _line: None)
     model: nn.Module = loaded.model

@@ -17,11 +17,11 @@ import pandas as pd
 import torch
 from torch import nn
 
-from ..checks import require_module
-from ..dtensors import has_dtensors
-from ..findings import Finding, InspectorError
 from ..inventory import tensor_inventory
-from ..program import program_name
+from ..utils.checks import require_module
+from ..utils.dtensors import has_dtensors
+from ..utils.findings import Finding, InspectorError
+from ..utils.program import program_name
 from ._tables import (
     MODULE_NORM_COLUMNS,
     PARAMETER_NORM_COLUMNS,

@@ -17,10 +17,10 @@ import pandas as pd
 import torch
 from torch import nn
 
-from ..checks import require_module
-from ..dtensors import has_dtensors
-from ..findings import Finding, InspectorError
 from ..inventory import tensor_inventory
+from ..utils.checks import require_module
+from ..utils.dtensors import has_dtensors
+from ..utils.findings import Finding, InspectorError
 from ._tables import OFFSET_COLUMNS, frame, label
 
 # --------------------------------------------------------------------------- offset map

@@ -9,10 +9,10 @@ import torch
 from torch import nn
 from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
-from ..checks import require_module
-from ..findings import InspectorError
 from ..inventory import storage_key, tensor_inventory
-from ..locks import model_lock
+from ..utils.checks import require_module
+from ..utils.findings import InspectorError
+from ..utils.locks import model_lock
 
 
 @dataclass(frozen=True)

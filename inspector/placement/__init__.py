@@ -13,7 +13,7 @@ A device map (accelerate's format) sends module or tensor names to devices: GPU 
 
 from __future__ import annotations
 
-from .audit import (
+from .audits import (
     AUDIT_COLUMNS,
     DeviceMapAudit,
     audit,

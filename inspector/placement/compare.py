@@ -12,9 +12,9 @@ import pandas as pd
 import torch
 from torch import nn
 
-from ..checks import require_module
-from ..findings import Finding
-from .audit import audit_inventory, device_usage, normalise_map
+from ..utils.checks import require_module
+from ..utils.findings import Finding
+from .audits import audit_inventory, device_usage, normalise_map
 from .budget import Device, parse_max_memory
 from .plan import PlacementPlan, default_no_split, explain, plan_steps
 

@@ -13,11 +13,11 @@ import pandas as pd
 import torch
 from torch import nn
 
-from ..checks import require_module
-from ..findings import Finding, InspectorError
 from ..inventory import TensorInventory, tensor_inventory
-from ..locks import model_lock
-from .audit import audit_inventory, normalise_map, placement_table, table_findings
+from ..utils.checks import require_module
+from ..utils.findings import Finding, InspectorError
+from ..utils.locks import model_lock
+from .audits import audit_inventory, normalise_map, placement_table, table_findings
 from .budget import Device, device_order, main_device
 from .plan import default_no_split
 from .walk import largest_layer
@@ -152,7 +152,7 @@ def dispatch_plan(model: nn.Module, device_map: Mapping[str, Any], *, offload_fo
     """
     from accelerate import dispatch_model
 
-    from ..models import ensure_runnable
+    from ..loading.models import ensure_runnable
 
     model = require_module(model, "dispatch_plan")
     inv = tensor_inventory(model)
@@ -198,8 +198,8 @@ def try_dispatch(loaded: Any, device_map: Mapping[str, Any]) -> DispatchCheck:
     The original runs its example inputs under its lock; the copy (hooks, offload folder and all)
     is thrown away afterwards, so the loaded model is unchanged.
     """
-    from ..forward_state import module_state_kept
-    from ..models import call_model, to_device
+    from ..loading.models import call_model, to_device
+    from ..utils.forward_state import module_state_kept
 
     loaded.check_runnable()
     inputs = loaded.example_inputs(2)

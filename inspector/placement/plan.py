@@ -21,11 +21,11 @@ import pandas as pd
 import torch
 from torch import nn
 
-from ..checks import require_module
-from ..findings import Finding, InspectorError
 from ..inventory import ModuleTables, tensor_inventory
-from ..units import format_budget, format_bytes
-from .audit import audit_table, device_usage, table_findings
+from ..utils.checks import require_module
+from ..utils.findings import Finding, InspectorError
+from ..utils.units import format_budget, format_bytes
+from .audits import audit_table, device_usage, table_findings
 from .budget import Device, parse_max_memory
 from .inventory import lookup, parent_name, prefixes
 from .walk import Decision, Reserve, budget_records, main_devices, offloads, place_pending, walk

@@ -7,9 +7,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ..findings import InspectorError
 from ..inventory import ModuleTables
-from ..units import format_bytes
+from ..utils.findings import InspectorError
+from ..utils.units import format_bytes
 from .budget import Device, main_device, offload_devices
 from .inventory import lookup
 

@@ -16,10 +16,11 @@ from typing import Any
 
 import torch
 
-from ..checks import require_loaded
-from ..dtensors import kept_sharded
-from ..findings import Finding, InspectorError
 from ..labs import Lab, TaskRecord, lab_results
+from ..utils.checks import require_loaded
+from ..utils.dtensors import kept_sharded
+from ..utils.findings import Finding, InspectorError
+from ..utils.program import VERSION
 from .data import Section, plain
 from .model import Report
 from .options import SECTION_TITLES, SECTIONS, UNRECORDED_OPTIONS, check_options, check_sections
@@ -42,7 +43,7 @@ def build_report(loaded: Any, sections: Iterable[str] | None = None, *,
     Returns:
         A Report. Sections that cannot run here are kept as ``"skipped"`` with a note.
 
-    >>> from inspector.models import load_model
+    >>> from inspector.loading.models import load_model
     >>> report = build_report(load_model("sample:tiny-gpt2"), ["summary"])
     >>> report.section("summary").facts["parameter_elements"]
     4080
@@ -108,6 +109,4 @@ def _model_info(loaded: Any) -> dict[str, Any]:
 
 
 def _environment() -> dict[str, Any]:
-    from .. import __version__  # at call time: the package may import this module while it starts
-
-    return {"inspector": __version__, "torch": torch.__version__.split("+")[0]}
+    return {"inspector": VERSION, "torch": torch.__version__.split("+")[0]}

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from ..findings import Finding
+from ..utils.findings import Finding
 
 
 @dataclass(frozen=True)

@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..escaping import json_visible
-from ..findings import SEVERITY_ORDER, Finding, InspectorError
-from ..program import program_name
+from ..utils.escaping import json_visible
+from ..utils.findings import SEVERITY_ORDER, Finding, InspectorError
+from ..utils.program import program_name
 from .data import ReportFigure, Section, Table
 from .render import CHROMIUM, SCHEMA_VERSION, render_html, render_markdown, render_pdf
 

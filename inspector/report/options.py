@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from ..findings import InspectorError
+from ..utils.findings import InspectorError
 
 SECTION_TITLES: dict[str, str] = {
     "findings": "Findings",

@@ -10,9 +10,9 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..escaping import markdown_text, visible_text
-from ..findings import InspectorError
-from ..units import format_bytes
+from ..utils.escaping import markdown_text, visible_text
+from ..utils.findings import InspectorError
+from ..utils.units import format_bytes
 from .data import Table
 from .options import DEFAULT_OPTIONS, SECTION_TITLES
 

@@ -11,7 +11,7 @@ from datetime import UTC, datetime
 import numpy as np
 import pandas as pd
 
-from ..watch import Run, first_findings, main_steps, producer_of
+from ..watching import Run, first_findings, main_steps, producer_of
 from .data import ReportFigure, Section, Table, make_figure
 from .model import Report
 

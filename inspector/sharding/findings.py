@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..findings import Finding
+from ..utils.findings import Finding
 
 
 def ranks_text(ranks: list[int]) -> str:

@@ -16,8 +16,8 @@ import pandas as pd
 import torch
 import torch.distributed as dist
 
-from ..dtensors import is_dtensor, placements_text, splits
-from ..findings import Finding
+from ..utils.dtensors import is_dtensor, placements_text, splits
+from ..utils.findings import Finding
 from .findings import nonfinite_by_rank
 
 DTENSOR_NORM_COLUMNS = ["local_norm", "placements", "nonfinite_ranks"]

@@ -16,8 +16,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ..dtensors import is_dtensor, placements_text
-from ..findings import Finding
+from ..utils.dtensors import is_dtensor, placements_text
+from ..utils.findings import Finding
 
 
 @contextmanager

@@ -15,8 +15,15 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ..dtensors import is_dtensor, is_sharded, local_piece, piece_layout, placements_text, rank_coordinates
 from ..inventory import TensorInventory, tensor_inventory
+from ..utils.dtensors import (
+    is_dtensor,
+    is_sharded,
+    local_piece,
+    piece_layout,
+    placements_text,
+    rank_coordinates,
+)
 
 LOCAL_OFFSET_COLUMNS = ["local_start", "local_end", "local_numel", "piece_start", "piece_end",
                         "placements", "mesh"]

@@ -10,7 +10,7 @@ from torch import nn
 
 from inspector.distributed import check_step, parse_run
 from inspector.distributed.findings import step_findings
-from inspector.findings import InspectorError
+from inspector.utils.findings import InspectorError
 
 
 def _row(name, local_norms, local_numel, placements="Shard(0)", kind="parameter", nan=None, keys=None,

@@ -11,8 +11,8 @@ from safetensors.torch import load_file, save_file
 
 from inspector.__main__ import main
 from inspector.attribution import attribute, embedding_layer
-from inspector.hf import choose_class
-from inspector.models import load_model
+from inspector.loading.hf import choose_class
+from inspector.loading.models import load_model
 
 transformers = pytest.importorskip("transformers")
 
@@ -176,8 +176,8 @@ def test_on_cuda(hf_folders, arch, capsys):
 
 
 def test_compare_saved_names_changed_values_and_shapes(hf_folders):
-    from inspector.hf import mismatch_finding
-    from inspector.hf_saved import check_saved, compare_saved
+    from inspector.loading.hf import mismatch_finding
+    from inspector.loading.hf_saved import check_saved, compare_saved
 
     folder = hf_folders["gpt2"]
     model = load_model(f"hf:{folder}").model
@@ -208,8 +208,8 @@ def test_a_torch_weights_folder_is_checked_too(hf_folders, tmp_path):
 
 def test_loading_reads_no_saved_value_twice(hf_folders):
     # a clean folder: transformers reports nothing missing, no tensor is filled by two saved ones
-    from inspector.hf import choose_class
-    from inspector.hf_saved import check_saved
+    from inspector.loading.hf import choose_class
+    from inspector.loading.hf_saved import check_saved
 
     folder = hf_folders["gpt2"]
     model, loading = choose_class(transformers.AutoConfig.from_pretrained(folder)).chosen.from_pretrained(
@@ -239,7 +239,7 @@ def test_a_tensor_saved_twice_is_read_and_compared(hf_folders, tmp_path):
     loaded = load_model(f"hf:{folder}")
     assert loaded.model.lm_head.weight is loaded.model.transformer.wte.weight
     assert codes(loaded.findings) == {("hf-class", "info"): 1}
-    from inspector.hf_saved import check_saved
+    from inspector.loading.hf_saved import check_saved
 
     model = loaded.model
     with torch.no_grad():

@@ -12,10 +12,10 @@ from hf_folders import ARCHITECTURES, FAMILIES, SAVED_CLASS
 from safetensors.torch import load_file
 
 from inspector.__main__ import main
-from inspector.findings import InspectorError
-from inspector.hf import choose_class, class_findings
-from inspector.hf_saved import saved_form
-from inspector.models import load_model
+from inspector.loading.hf import choose_class, class_findings
+from inspector.loading.hf_saved import saved_form
+from inspector.loading.models import load_model
+from inspector.utils.findings import InspectorError
 
 pytest.importorskip("transformers")
 
@@ -239,7 +239,7 @@ def test_a_fallback_that_leaves_saved_tensors_unused_is_an_error(hf_folders, tmp
 def test_merged_experts_and_an_extra_key_follow_the_report(hf_folders, tmp_path):
     from safetensors.torch import save_file
 
-    from inspector.hf_saved import check_saved
+    from inspector.loading.hf_saved import check_saved
 
     folder = _copy(hf_folders["mixtral"], tmp_path / "mixtral", ["MixtralForCausalLM"])
     state = load_file(str(folder / "model.safetensors"))

@@ -5,8 +5,8 @@ from __future__ import annotations
 import threading
 
 from inspector import load_model
-from inspector.locks import model_lock
 from inspector.offsets import run_backward
+from inspector.utils.locks import model_lock
 
 
 def other_thread_acquires(lock) -> bool:

@@ -9,7 +9,7 @@ import pytest
 
 from inspector.distributed import read_run
 from inspector.distributed.findings import step_findings
-from inspector.escaping import markdown_text
+from inspector.utils.escaping import markdown_text
 from tests.apptest import run_page
 
 MIB = 2 ** 20

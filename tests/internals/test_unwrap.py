@@ -8,7 +8,7 @@ from torch import nn
 import inspector
 from inspector import LoadedModel, load_model
 from inspector.distributed import process_group
-from inspector.wrappers import unwrap
+from inspector.utils.wrappers import unwrap
 
 # tiny-gpt2: wte (32, 16) is lm_head
 TIE = ("transformer.wte.weight", "lm_head.weight")

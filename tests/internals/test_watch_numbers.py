@@ -8,7 +8,7 @@ import math
 def test_rss_is_the_current_value_and_unknown_where_only_the_peak_can_be_read(monkeypatch):
     import builtins
 
-    from inspector.watch.numbers import memory
+    from inspector.watching.numbers import memory
 
     rss = memory(None)[2]
     with open("/proc/self/status") as fh:

@@ -5,10 +5,10 @@ from __future__ import annotations
 from typing import Any
 
 from ...aliases import CONVERSIONS, alias_analysis, conversion_table, graph_data
-from ...dtensors import model_has_dtensors
-from ...findings import InspectorError
-from ...summary import model_bytes
-from ...units import format_bytes
+from ...structure.summary import model_bytes
+from ...utils.dtensors import model_has_dtensors
+from ...utils.findings import InspectorError
+from ...utils.units import format_bytes
 from ..data import Section, Table, make_figure, plain
 from ..options import SECTION_TITLES, how_to
 from .context import Context

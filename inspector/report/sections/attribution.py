@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ...summary import model_bytes
-from ...units import format_bytes
+from ...structure.summary import model_bytes
+from ...utils.units import format_bytes
 from ..data import ReportFigure, Section, Table, make_figure, plain
 from ..options import SECTION_TITLES, how_to
 from .context import Context, SectionUnavailable

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ...capture import capture_activations
-from ...units import format_bytes
+from ...utils.units import format_bytes
 from ..data import Section, Table, make_figure, plain
 from ..options import SECTION_TITLES
 from .context import Context

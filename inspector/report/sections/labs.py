@@ -6,8 +6,8 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from ...findings import Finding
 from ...labs import get_lab, lab_results
+from ...utils.findings import Finding
 from ..data import Section, Table
 from ..options import SECTION_TITLES, how_to
 from .context import Context, SectionUnavailable

@@ -6,9 +6,9 @@ import warnings
 from typing import Any
 
 from ...placement import compare_with_accelerate, placement_table
-from ...placement.audit import placement_table_findings
+from ...placement.audits import placement_table_findings
 from ...sharding import sharding_tables
-from ...units import format_budget
+from ...utils.units import format_budget
 from ..data import ReportFigure, Section, Table, make_figure, plain
 from ..options import SECTION_TITLES
 from .context import Context

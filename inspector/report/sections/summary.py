@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from ...summary import model_summary, summary_findings
-from ...tree import module_tree
+from ...structure.summary import model_summary, summary_findings
+from ...structure.tree import module_tree
 from ..data import Section, Table, make_figure, plain
 from ..options import SECTION_TITLES
 from .context import Context

@@ -1,0 +1,130 @@
+"""Arguments and output helpers shared by the subcommands."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import pandas as pd
+
+from ..loading import LoadedModel, load_model
+from ..utils import Finding, InspectorError, sort_findings, terminal_text
+from . import argtypes as types
+
+
+def add_source_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("source", help="sample:<name>, path/to/file.py:factory or hf:<local dir>")
+    parser.add_argument("--checkpoint", default=None, type=types.checkpoint,
+                        help=".safetensors or .pt/.bin file, or torch.distributed.checkpoint folder, to apply")
+    parser.add_argument("--max-model-size", default=None, metavar="SIZE", type=model_size,
+                        help="largest Hugging Face model to build, e.g. 40GiB (estimated from config.json "
+                             "first; default INSPECTOR_MAX_MODEL_SIZE, else half of this machine's memory)")
+    parser.add_argument("--device", default=None, type=types.device,
+                        help="cpu, cuda:N, mps or meta (default: cpu; meta for structure-only samples)")
+    parser.add_argument("--dtype", default=None, type=types.dtype, help="float32, float16, bfloat16 or float64")
+
+
+def model_size(text: str) -> int:
+    """``--max-model-size``: bytes or a size with a unit (``40GiB``), checked while parsing."""
+    from ..placement import parse_size
+
+    try:
+        return parse_size(text, "--max-model-size")
+    except InspectorError as exc:
+        raise argparse.ArgumentTypeError(str(exc).removeprefix("--max-model-size: ")) from None
+
+
+def default_device(source: str) -> str:
+    """cpu, or meta for structure-only samples."""
+    if source.startswith("sample:"):
+        from sample_models import SAMPLES
+
+        sample = SAMPLES.get(source.removeprefix("sample:"))
+        if sample is not None and sample.meta_only:
+            return "meta"
+    return "cpu"
+
+
+def load_from_args(args: argparse.Namespace) -> LoadedModel:
+    device = args.device or default_device(args.source)
+    progress(f"loading {args.source} on {device}")
+    return load_model(args.source, checkpoint=args.checkpoint, device=device, dtype=args.dtype,
+                      max_model_size=getattr(args, "max_model_size", None))
+
+
+@contextmanager
+def training_ranks(source: str, device_kind: str) -> Iterator[tuple[int, int, Any, LoadedModel]]:
+    """``(rank, world, device, loaded)`` inside the process group (torchrun's, else one rank):
+    this rank's device and the model ``source`` loaded onto it, which must define a loss.
+
+    Raises:
+        InspectorError: the model file defines no ``loss(outputs, inputs)``.
+    """
+    from ..distributed import process_group, rank_device
+
+    with process_group(device_kind) as (rank, world):
+        device = rank_device(device_kind)
+        loaded = load_model(source, device=str(device))
+        if not loaded.has_loss:
+            raise InspectorError(f"{loaded.source} defines no loss(outputs, inputs); the file must define one "
+                                 "to train")
+        yield rank, world, device, loaded
+
+
+def say(text: Any = "") -> None:
+    """Print one line of command output; names in it cannot restyle, rewrite or link the terminal."""
+    print(_printable(terminal_text(text)))
+
+
+def progress(message: str) -> None:
+    print(f"... {_printable(terminal_text(message))}", file=sys.stderr, flush=True)
+
+
+def _printable(text: str) -> str:
+    r"""``text`` with lone surrogates written as escapes: the bytes of a file name that is not UTF-8
+    as ``\xff``, any other as ``\ud800``."""
+    text = _NAME_BYTES.sub(lambda m: f"\\x{ord(m.group()) - 0xDC00:02x}", text)
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+_NAME_BYTES = re.compile("[\udc80-\udcff]")  # how Python reads the bytes of a file name that are not UTF-8
+
+
+def print_table(df: pd.DataFrame, max_rows: int = 60) -> None:
+    with pd.option_context("display.max_rows", max_rows, "display.max_columns", None,
+                           "display.width", 200, "display.max_colwidth", 60):
+        say(df.to_string(index=False) if len(df) <= max_rows else df)
+
+
+def print_findings(findings: list[Finding]) -> None:
+    if not findings:
+        say("findings: none")
+        return
+    say(f"findings ({len(findings)}):")
+    for f in sort_findings(findings):
+        where = f" [{f.where}]" if f.where else ""
+        say(f"  {f.severity.upper():7} {f.code}{where}: {f.message}")
+
+
+def write_text(path: str | os.PathLike, text: str) -> None:
+    """Write ``text`` as UTF-8 (characters that are not text, such as lone surrogates, escaped);
+    a failed write (a full disk, ``/dev/full``) is an InspectorError naming the file."""
+    safe = text.encode("utf-8", "backslashreplace").decode("utf-8")
+    with types.open_output(path) as fh:  # a regular file only; never blocks on a FIFO
+        try:
+            fh.write(safe)
+            fh.flush()
+        except OSError as exc:
+            raise InspectorError(f"{os.fsdecode(path)} cannot be written ({exc.strerror or type(exc).__name__}); "
+                                 "give a file on a disk with room, which you may write") from None
+
+
+def write_json(path: str, data: Any) -> None:
+    write_text(path, json.dumps(data, indent=2, default=str))
+    progress(f"wrote {path}")

@@ -1,0 +1,61 @@
+"""What a checkpoint holds (names, dtypes, shapes) without reading its tensor values."""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+
+import pandas as pd
+
+from ..utils.findings import Finding, InspectorError
+from .checkpoint_guards import is_safetensors, printable_keys, readable_path, shown_name
+from .checkpoints import read_checkpoint
+from .dcp import dcp_listing, is_dcp_folder
+
+COLUMNS = ["name", "kind", "dtype", "shape", "numel"]
+# safetensors' dtype codes -> torch's names
+_SAFETENSORS_DTYPES = {"F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16",
+                       "F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2", "I64": "int64", "I32": "int32",
+                       "I16": "int16", "I8": "int8", "U64": "uint64", "U32": "uint32", "U16": "uint16",
+                       "U8": "uint8", "BOOL": "bool", "C64": "complex64"}
+
+
+def checkpoint_listing(path: str | os.PathLike) -> tuple[pd.DataFrame, list[Finding]]:
+    """One row per entry (``name, kind, dtype, shape, numel``; a distributed checkpoint folder
+    adds ``pieces, piece_shapes, files``), plus findings.
+
+    A ``.safetensors`` file is read through its header only; a torch zip file is memory-mapped,
+    so its tensor bytes are never read; a distributed checkpoint's pieces are never opened.
+
+    Raises:
+        InspectorError: the file is missing, corrupt or asks to run code.
+    """
+    p = Path(path)
+    if is_dcp_folder(p):
+        return dcp_listing(p), []
+    if p.is_file() and is_safetensors(p):
+        with readable_path(p) as readable:
+            table = _safetensors_listing(readable, shown_name(p))
+        keys, findings = printable_keys(dict.fromkeys(table["name"]), shown_name(p))  # type: ignore[arg-type]
+        return table.assign(name=list(keys)), findings
+    state, findings = read_checkpoint(p, mmap=True)
+    rows = [(k, "tensor", str(v.dtype).removeprefix("torch."), tuple(v.shape), math.prod(v.shape))
+            for k, v in state.items()]
+    return pd.DataFrame(rows, columns=COLUMNS), findings
+
+
+def _safetensors_listing(path: Path, name: str) -> pd.DataFrame:
+    from safetensors import safe_open
+
+    rows = []
+    try:
+        with safe_open(str(path), framework="pt") as fh:
+            for key in fh.keys():
+                piece = fh.get_slice(key)
+                shape, code = tuple(piece.get_shape()), piece.get_dtype()
+                rows.append((key, "tensor", _SAFETENSORS_DTYPES.get(code, code.lower()), shape, math.prod(shape)))
+    except Exception as exc:  # noqa: BLE001 - any failure means the header is not safetensors
+        raise InspectorError(f"checkpoint {name} is not a readable safetensors file "
+                             f"({type(exc).__name__}: {exc}); re-save it with safetensors") from None
+    return pd.DataFrame(rows, columns=COLUMNS)

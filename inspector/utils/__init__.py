@@ -1,0 +1,22 @@
+"""The floor every layer stands on: small helpers that import nothing else of the library.
+
+- :mod:`.findings`: :class:`Finding` and :class:`InspectorError`, the one currency of problems;
+- :mod:`.units` and :mod:`.sizes`: bytes and counts for people, and sizes people write;
+- :mod:`.escaping`: names from a model or a file shown as data (terminal, Markdown, plotly);
+- :mod:`.dtensors`: DTensor facts (local pieces, placements, meshes, replicas); plain tensors pass;
+- :mod:`.wrappers` and :mod:`.checks`: see through ``torch.compile``/DDP/FSDP wrappers, check arguments;
+- :mod:`.forward_state`, :mod:`.torch_state`, :mod:`.locks`: put back what a forward or a model
+  file changed, one lock per model;
+- :mod:`.process_memory`, :mod:`.program`: resident memory, the command line's name.
+"""
+
+from __future__ import annotations
+
+from .escaping import markdown_code, markdown_text, plot_text, terminal_text, visible_text
+from .findings import Finding, InspectorError, first_line, group_findings, sort_findings
+from .sizes import parse_size
+from .units import format_budget, format_bytes, format_count, format_number
+
+__all__ = ["Finding", "InspectorError", "first_line", "format_budget", "format_bytes", "format_count",
+           "format_number", "group_findings", "markdown_code", "markdown_text", "parse_size", "plot_text",
+           "sort_findings", "terminal_text", "visible_text"]

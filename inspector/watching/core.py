@@ -1,0 +1,337 @@
+"""``watch``: one context manager around a training loop that records every step."""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.utils.hooks import RemovableHandle
+
+from ..aliases import compare_ties, snapshot_ties
+from ..capture import Captures
+from ..utils.dtensors import is_dtensor
+from ..utils.findings import Finding, FindingKey, InspectorError, group_findings
+from ..utils.wrappers import underlying
+from .detect import Detectors, not_in_optimizer
+from .layout import Layout, current, to_host
+from .numbers import Numbers
+from .record import RunMeta, RunWriter, StepRecord
+from .run import Run, StepFinding, read_run
+from .steps import StepState, nonfinite_findings, transfer_step
+from .tracer import NonfiniteTracer, forward_producer
+
+
+@dataclass(frozen=True, eq=False)
+class WatchResult:
+    """What a finished :func:`watch` block recorded: ``steps`` written to ``path``, every
+    finding at its first step, and the ``captures`` of the first ``nonfinite-forward`` producer."""
+
+    path: str
+    steps: int
+    findings: list[StepFinding]
+    captures: Captures | None = field(default=None, repr=False)
+    completed: bool = True
+
+    def run(self) -> Run:
+        """The run file, read back (:func:`read_run`)."""
+        return read_run(self.path)
+
+
+class Watch:
+    """The object ``with watch(...) as w`` gives: :meth:`log`, :meth:`step`, ``findings`` so far."""
+
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer | None, path: str | os.PathLike, *,
+                 every: int = 1, nonfinite: bool = False, update_ratio: bool = False, scaler: Any = None,
+                 window: int = 5, explode_factor: float = 10.0, capture_bytes: int = 64 << 20,
+                 group: Any = None, distributed: bool | None = None, name: str = "", note: str = "",
+                 on_finding: Callable[[StepFinding], None] | None = None) -> None:
+        if not isinstance(model, nn.Module):
+            raise InspectorError(f"watch needs an nn.Module, got {type(model).__name__}")
+        if optimizer is not None and not isinstance(optimizer, torch.optim.Optimizer):
+            raise InspectorError(f"watch's optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}")
+        if every < 1:
+            raise InspectorError(f"every must be 1 or more, got {every}")
+        self.model, self.optimizer, self.path = model, optimizer, str(path)
+        self.root = underlying(model)
+        self.every, self.update_ratio, self.scaler = every, update_ratio, scaler
+        self.capture_bytes = capture_bytes if nonfinite else 0
+        self.on_finding = on_finding
+        self.layout = Layout.of(self.root)
+        self.sharded = any(is_dtensor(p) for p in self.root.parameters())  # FSDP2 / tensor parallel
+        self.module_names = [n for n, _ in self.root.named_modules()]
+        initialised = dist.is_available() and dist.is_initialized()
+        self.group = group
+        self.world = dist.get_world_size(group) if initialised else 1
+        self.rank = dist.get_rank(group) if initialised else 0
+        self.distributed = self.world > 1 if distributed is None else distributed
+        self.meta = RunMeta(name or type(self.root).__name__, self.world, every, self.layout.modules,
+                            self.layout.parameters, tuple(int(i) for i in self.layout.owner),
+                            tuple(c for c, on in (("nonfinite", nonfinite), ("update_ratio", update_ratio),
+                                                  ("distributed", self.distributed)) if on),
+                            update_ratio, time.time(), note)
+        self.detectors = [Detectors(self.layout, window=window, explode_factor=explode_factor)
+                          for _ in range(self.world)]
+        self.state = StepState()
+        self.tracer: NonfiniteTracer | None = None
+        self._nonfinite = nonfinite
+        self._handles: list[RemovableHandle] = []
+        self._writer: RunWriter | None = None
+        self._seen: dict[FindingKey, Any] = {}  # each finding once per (code, where, rank)
+        self.findings: list[StepFinding] = []
+        self.captures: Captures | None = None
+        self.result: WatchResult | None = None
+        self._scalars: dict[str, Any] = {}
+
+    # -- the user's calls ------------------------------------------------------------------
+    def log(self, **scalars: Any) -> None:
+        """Record scalars (floats or 0-d tensors, kept on their device) with the current step."""
+        for k, v in scalars.items():
+            if isinstance(v, torch.Tensor):
+                if v.numel() != 1:
+                    raise InspectorError(f"w.log({k}=...) takes a number or a one-element tensor, got shape "
+                                         f"{tuple(v.shape)}")
+                v = v.detach().reshape(())
+            elif not isinstance(v, (int, float)):
+                raise InspectorError(f"w.log({k}=...) takes a number or a tensor, got {type(v).__name__}")
+            self._scalars[k] = v
+
+    def step(self) -> None:
+        """Mark the end of a step (only for loops without an optimizer passed to ``watch``)."""
+        if self.optimizer is not None:
+            raise InspectorError("with an optimizer, each optimizer.step() is a step; w.step() is for loops "
+                                 "without one")
+        self._pre_step()
+        self._post_step()
+
+    @property
+    def steps(self) -> int:
+        return self.state.count
+
+    # -- hooks -------------------------------------------------------------------------------
+    def open(self) -> None:
+        held = self._held()
+        self.ties = snapshot_ties(self.root)
+        self.alias_names = tuple(n for n, _ in self.root.named_parameters(remove_duplicate=False))
+        self.tie_ids = self._tie_ids()
+        if self.rank == 0:
+            self._writer = RunWriter(self.path, self.meta)
+        if self._nonfinite:
+            from .captured import remove_captures
+
+            remove_captures(self.path, self.rank, self.world)
+        self._handles.append(self.root.register_forward_pre_hook(self._forward_start))
+        if self._nonfinite:
+            self.tracer = NonfiniteTracer(self.root, backward=True, keep=self.capture_bytes > 0)
+            self._handles.append(self.root.register_forward_hook(self._forward_end))
+        if self.optimizer is not None:
+            self._handles.append(self.optimizer.register_step_pre_hook(lambda *a: self._pre_step()))
+            self._handles.append(self.optimizer.register_step_post_hook(lambda *a: self._post_step()))
+        self.state.start = time.perf_counter()
+        self._pending = not_in_optimizer(self.layout.parameters, current(self.root, self.layout.parameters),
+                                         held) if self.optimizer is not None else []
+
+    def close(self, completed: bool) -> WatchResult:
+        """Remove every hook, close the file and freeze the result (safe after a failed open)."""
+        for h in self._handles:
+            h.remove()
+        self._handles.clear()
+        if self.tracer is not None:
+            self.tracer.remove()
+        if self._writer is not None:
+            self._writer.close()
+        self.result = WatchResult(self.path, self.state.count, list(self.findings), self.captures, completed)
+        return self.result
+
+    def _held(self) -> set[int]:
+        if self.optimizer is None:
+            return set()
+        return {id(p) for g in self.optimizer.param_groups for p in g["params"]}
+
+    def _tie_ids(self) -> tuple[int, ...]:
+        """The object behind every parameter name, aliases included (read from the owners' registries)."""
+        return tuple(id(p) for p in current(self.root, self.alias_names))
+
+    def _forward_start(self, module: nn.Module, args: Any) -> None:
+        self.state.forward_started(self.root, self.layout.parameters)
+
+    def _forward_end(self, module: nn.Module, args: Any, output: Any) -> None:
+        tracer = self.tracer
+        if tracer is None or not tracer.keep or not tracer.kept or self.captures is not None:
+            return
+        from .captured import capture_producer, captures_path, save_captures
+
+        calls, meta = tracer.calls, tracer.meta
+        flags = to_host([torch.stack([v.reshape(()) for v in tracer.values])]) if tracer.values else [np.zeros(0)]
+        producer = forward_producer(calls, meta, flags[0] > 0, self.module_names[0])
+        if producer is not None:
+            self.captures = capture_producer(tracer.kept, producer, self.capture_bytes, self.state.count, self.rank)
+            save_captures(self.captures, captures_path(self.path, self.rank, self.world))
+            tracer.keep = False  # one capture per run: the first producer
+        tracer.kept.clear()
+
+    # -- one step ----------------------------------------------------------------------------
+    def _pre_step(self) -> None:
+        findings = self._pending + self.state.confirm_not_cleared(self.root, self.layout.parameters)
+        self._pending = []
+        check = self.state.count % self.every == 0
+        params = current(self.root, self.layout.parameters)
+        if check and self.optimizer is not None:
+            findings += not_in_optimizer(self.layout.parameters, params, self._held())
+        if check:
+            findings += self._tie_findings()
+        self.state.pre(params, check and self.update_ratio, findings)
+        if check and self.distributed:  # with the gradient norms just taken: the gradients are read once
+            from ..distributed import check_step
+
+            norms = torch.zeros(len(self.layout.parameters), dtype=torch.float64)
+            for idx, part in self.state.grad_parts:
+                norms[torch.from_numpy(idx)] = part.to("cpu", torch.float64)
+            findings += check_step(self.model, self.state.count, path=None, group=self.group,
+                                   grad_norms=(self.layout.parameters, norms)).findings
+
+    def _tie_findings(self) -> list[Finding]:
+        ids = self._tie_ids()
+        if ids == self.tie_ids:
+            return []
+        self.tie_ids = ids
+        return compare_ties(self.ties, self.root)
+
+    def _post_step(self) -> None:
+        check = self.state.count % self.every == 0
+        numbers, scalars = transfer_step(self, check)
+        findings = self.state.findings
+        numbers.shared = float(len(findings))
+        numbers_all = self._gather(numbers)
+        if self.world > 1 and numbers_all[0].shared:  # rare: rank 0's step findings, to every rank
+            findings = self._from_rank0(findings)
+        self._write(numbers_all, scalars, findings)  # every rank: the same findings; rank 0 writes
+        self.state.post(self.root, self.layout.parameters)
+
+    def _from_rank0(self, findings: list[Finding]) -> list[Finding]:
+        box: list[Any] = [[f.to_dict() for f in findings] if self.rank == 0 else None]
+        src = dist.get_global_rank(self.group, 0) if self.group is not None else 0
+        dist.broadcast_object_list(box, src=src, group=self.group)
+        return [Finding(**d) for d in box[0]]
+
+    def _gather(self, numbers: Numbers) -> list[Numbers]:
+        if self.world == 1:
+            return [numbers]
+        vector = numbers.pack()
+        device = torch.device("cpu")
+        if "nccl" in str(dist.get_backend(self.group)).lower() and torch.cuda.is_available():
+            device = torch.device("cuda", torch.cuda.current_device())
+        moved = vector.to(device)
+        out = [torch.empty_like(moved) for _ in range(self.world)]
+        dist.all_gather(out, moved, group=self.group)
+        sizes = len(self.layout.modules), len(self.layout.parameters), len(self.layout.buffers)
+        return [Numbers.unpack(o.cpu().numpy(), *sizes) for o in out]
+
+    def _write(self, per_rank: list[Numbers], scalars: dict[str, float], shared: list[Finding]) -> None:
+        step = self.state.count
+        records = []
+        for rank, n in enumerate(per_rank):
+            found = list(shared) if rank == 0 else []
+            found += nonfinite_findings(n, self.module_names, rank, self.world)
+            found += self.detectors[rank].gradients(n.param_grad, n.has_grad, n.module_grad)
+            if n.checked:
+                found += self.detectors[rank].parameters(n.param_norm, n.buffer_norm, self.layout.buffers)
+            new = self._first_time(found, step, rank)
+            if self._writer is not None:
+                records.append(_record(step, rank, n, scalars if rank == 0 else {}, self._lrs(), new))
+        if self._writer is not None:
+            self._writer.write(records)
+
+    def _first_time(self, found: list[Finding], step: int, rank: int) -> list[Finding]:
+        """The findings of ``found`` not seen before at their (code, where, rank), noted as seen."""
+        place = rank if self.world > 1 else 0
+        fresh = group_findings((step, place, f) for f in found if (f.code, f.where, place) not in self._seen)
+        self._seen.update(fresh)
+        new = []
+        for _, _, f in fresh.values():
+            new.append(f)
+            sf = StepFinding(step, place, f.code, f.severity, f.where, f.message)
+            self.findings.append(sf)
+            if self.on_finding is not None:
+                self.on_finding(sf)
+        return new
+
+    def _lrs(self) -> list[float]:
+        if self.optimizer is None:
+            return []
+        return [float(g.get("lr", math.nan)) for g in self.optimizer.param_groups]
+
+
+def _opt(value: float) -> float | None:
+    return None if math.isnan(value) else float(value)
+
+
+def _int(value: float) -> int | None:
+    return None if math.isnan(value) else int(value)
+
+
+def _record(step: int, rank: int, n: Numbers, scalars: dict[str, float], lrs: list[float],
+            findings: list[Finding]) -> StepRecord:
+    f32 = np.float32
+    return StepRecord(
+        step=step, rank=rank, time=time.time(), step_time=_opt(n.step_time),
+        loss=float(n.loss) if n.loss_logged else None,
+        grad_norm=_opt(n.grad_norm), nonfinite=int(n.nonfinite), lr=lrs, scale=_opt(n.scale),
+        skipped=bool(n.skipped), device_allocated=_int(n.device_allocated), device_peak=_int(n.device_peak),
+        rss=_int(n.rss), scalar_names=list(scalars), scalar_values=[float(v) for v in scalars.values()],
+        module_grad_norm=n.module_grad.astype(f32),
+        module_param_norm=None if np.isnan(n.module_param).all() else n.module_param.astype(f32),
+        module_update_ratio=None if np.isnan(n.module_update).all() else n.module_update.astype(f32),
+        module_nonfinite=np.nan_to_num(n.module_nonfinite).astype(np.int32),
+        param_grad_norm=n.param_grad.astype(f32), findings=[f.to_dict() for f in findings])
+
+
+@contextmanager
+def watch(model: nn.Module, optimizer: torch.optim.Optimizer | None = None, path: str | os.PathLike = "run.inspect",
+          **options: Any) -> Iterator[Watch]:
+    """Watch a training loop: every step's numbers go to ``path``, findings name module and step.
+
+    With an optimizer each ``optimizer.step()`` is a step (through its step hooks); without one,
+    call ``w.step()``. Leaving the block, also on an exception or Ctrl-C, removes every hook
+    and closes the file; the model and the optimizer are never changed. ``w.result`` is the
+    frozen :class:`WatchResult` afterwards.
+
+    Args:
+        model: the model (DDP / ``torch.compile`` wrappers are seen through).
+        optimizer: its optimizer, or None.
+        path: the run file (Arrow; :func:`read_run` reads it, also while it grows).
+        **options: ``every`` (parameter norms, ties, optimizer membership and the distributed
+            checks every Nth step; gradient norms every step), ``nonfinite`` (name the module
+            that produced a NaN/Inf, forward and backward), ``update_ratio`` (keeps a copy of
+            the weights during each check step), ``scaler`` (an AMP ``GradScaler``),
+            ``window``, ``explode_factor``, ``capture_bytes``, ``group``, ``distributed``,
+            ``name``, ``note``, ``on_finding`` (called with each new :class:`StepFinding`).
+
+    >>> import tempfile, pathlib
+    >>> m = nn.Linear(2, 1); opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    >>> p = pathlib.Path(tempfile.mkdtemp()) / "run.inspect"
+    >>> with watch(m, opt, p) as w:
+    ...     for _ in range(3):
+    ...         m(torch.ones(1, 2)).sum().backward(); opt.step(); opt.zero_grad()
+    >>> w.result.steps, len(read_run(p).steps)
+    (3, 3)
+    """
+    w = Watch(model, optimizer, path, **options)
+    completed = False
+    try:
+        w.open()
+        yield w
+        completed = True
+    finally:
+        w.close(completed)
+
+
+__all__ = ["Watch", "WatchResult", "watch"]

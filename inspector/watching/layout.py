@@ -1,0 +1,170 @@
+"""Which tensors a watch follows, grouped into their modules, and fused norms over them."""
+
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import nn
+
+from ..utils.dtensors import is_dtensor
+from ..utils.wrappers import underlying
+
+
+@dataclass(frozen=True)
+class Layout:
+    """The trainable parameters (first names, ``named_parameters()`` order), the modules that
+    own them directly (in first-use order) and each parameter's owner index; float buffers."""
+
+    parameters: tuple[str, ...]
+    modules: tuple[str, ...]
+    owner: np.ndarray
+    buffers: tuple[str, ...]
+
+    @classmethod
+    def of(cls, model: nn.Module) -> Layout:
+        names = tuple(n for n, p in underlying(model).named_parameters() if p.requires_grad)
+        modules: dict[str, int] = {}
+        owner = [modules.setdefault(n.rpartition(".")[0], len(modules)) for n in names]
+        buffers = tuple(n for n, b in underlying(model).named_buffers() if b.is_floating_point())
+        return cls(names, tuple(modules), np.asarray(owner, dtype=np.int64), buffers)
+
+    def per_module(self, values: np.ndarray, how: str = "norm") -> np.ndarray:
+        """Per-parameter ``values`` gathered into their modules: L2 (``"norm"``) or ``"sum"``."""
+        out = np.zeros(len(self.modules))
+        v = np.asarray(values, dtype=np.float64)
+        np.add.at(out, self.owner, v * v if how == "norm" else v)
+        return np.sqrt(out) if how == "norm" else out
+
+
+_OWNERS: weakref.WeakKeyDictionary[nn.Module, dict[tuple[str, tuple[str, ...]], list[tuple[nn.Module | None, str]]]] = \
+    weakref.WeakKeyDictionary()
+
+
+def current(model: nn.Module, names: tuple[str, ...], kind: str = "parameter") -> list[torch.Tensor | None]:
+    """The tensors ``model`` holds under ``names`` now (None where a name is gone).
+
+    Read from each owning module's registry on every call (the owners are found once), so a
+    parameter replaced mid-run (``load_state_dict(assign=True)``) is followed without a walk
+    over every module.
+
+    >>> lin = nn.Linear(2, 1)
+    >>> current(lin, ("weight", "bias"))[1] is lin.bias
+    True
+    """
+    root = underlying(model)
+    known = _OWNERS.setdefault(root, {})
+    owners = known.get((kind, names))
+    if owners is None:
+        owners = known[(kind, names)] = [(_submodule(root, prefix), leaf)
+                                         for prefix, _, leaf in (n.rpartition(".") for n in names)]
+    registry = "_parameters" if kind == "parameter" else "_buffers"
+    return [None if m is None else getattr(m, registry).get(leaf) for m, leaf in owners]
+
+
+def _submodule(root: nn.Module, prefix: str) -> nn.Module | None:
+    try:
+        return root.get_submodule(prefix)
+    except AttributeError:
+        return None
+
+
+def fused_norms(tensors: list[torch.Tensor | None]) -> list[tuple[np.ndarray, torch.Tensor]]:
+    """L2 norms of the local pieces of ``tensors``, one ``torch._foreach_norm`` per (device, dtype).
+
+    Returns ``(indices, norms)`` pairs: float32 norms on the device, in the order of ``indices``
+    (positions in ``tensors``); None and empty tensors are left out. Nothing is synchronised.
+    """
+    groups: dict[tuple[torch.device, torch.dtype], tuple[list[int], list[torch.Tensor]]] = {}
+    plain = (torch.Tensor, nn.Parameter)
+    for i, t in enumerate(tensors):
+        if t is None:
+            continue
+        if type(t) not in plain and is_dtensor(t):
+            if any(p.is_partial() for p in t.placements):
+                t = _replicated(t)  # pending sums (a collective every rank makes alike), as clip_grad_norm_ does
+            # the local piece as DTensor keeps it (``to_local()`` costs tens of microseconds a call)
+            piece = getattr(t, "_local_tensor", None)
+            if piece is None:
+                piece = t.to_local()  # type: ignore[attr-defined]
+        else:
+            piece = t
+        if piece.numel() and piece.layout == torch.strided:
+            idx, ts = groups.setdefault((piece.device, piece.dtype), ([], []))
+            idx.append(i)
+            ts.append(piece)
+    out = []
+    for idx, ts in groups.values():
+        with torch.no_grad():  # no graph: the norms of the values, without a detach per tensor
+            norms = torch._foreach_norm(ts)
+        out.append((np.asarray(idx, dtype=np.int64), torch.stack(norms).float()))
+    return out
+
+
+def _replicated(t: torch.Tensor) -> torch.Tensor:
+    from torch.distributed.tensor import Replicate
+
+    return t.redistribute(t.device_mesh, [Replicate() if p.is_partial() else p  # type: ignore[attr-defined]
+                                          for p in t.placements])  # type: ignore[attr-defined]
+
+
+def to_host(parts: list[torch.Tensor]) -> list[np.ndarray]:
+    """``parts`` (1-d tensors) on the host, with one device-to-host copy per device."""
+    by_device: dict[torch.device, list[int]] = {}
+    for i, t in enumerate(parts):
+        by_device.setdefault(t.device, []).append(i)
+    out: list[np.ndarray] = [np.zeros(0)] * len(parts)
+    for idx in by_device.values():
+        flat = torch.cat([parts[i].reshape(-1).float() for i in idx]).cpu().numpy()
+        start = 0
+        for i in idx:
+            n = parts[i].numel()
+            out[i] = flat[start:start + n]
+            start += n
+    return out
+
+
+ShardKey = tuple[object, tuple[int, ...]]  # (device mesh, the mesh dimensions that shard a tensor)
+
+
+def shard_key(t: torch.Tensor | None) -> ShardKey | None:
+    """``(mesh, dims)`` for a DTensor split over mesh dimensions ``dims`` (``Shard`` placements);
+    None for a plain tensor or one that every rank holds whole."""
+    if t is None or not is_dtensor(t):
+        return None
+    dims = tuple(d for d, p in enumerate(t.placements) if p.is_shard())
+    return (t.device_mesh, dims) if dims else None
+
+
+def global_norms(sets: list[list[tuple[np.ndarray, torch.Tensor]]], keys: list[ShardKey | None],
+                 device: torch.device) -> list[list[tuple[np.ndarray, torch.Tensor]]]:
+    """Local-piece norms made global: for the tensors ``keys`` marks as sharded, the squared norms
+    of every set (gradients, parameters, updates: one slot per parameter each, so every rank
+    sends the same length) are summed with one ``all_reduce`` per (mesh, sharding dimension)
+    group, as ``clip_grad_norm_`` does; other norms are returned as they are. Nothing is synced
+    to the host. Every rank must call it with the same sets and keys."""
+    import torch.distributed as dist
+
+    groups: dict[ShardKey, list[int]] = {}
+    for i, key in enumerate(keys):
+        if key is not None:
+            groups.setdefault(key, []).append(i)
+    if not groups:
+        return sets
+    dense = []
+    for pairs in sets:
+        squares = torch.zeros(len(keys), dtype=torch.float64, device=device)
+        for idx, norms in pairs:
+            squares[torch.from_numpy(idx).to(device)] = norms.to(device, torch.float64) ** 2
+        dense.append(squares)
+    for (mesh, dims), positions in groups.items():
+        where = torch.tensor(positions, device=device)
+        vec = torch.cat([d.index_select(0, where) for d in dense])
+        for dim in dims:
+            dist.all_reduce(vec, group=mesh.get_group(dim))  # type: ignore[attr-defined]
+        for k, d in enumerate(dense):
+            d.index_copy_(0, where, vec[k * len(positions):(k + 1) * len(positions)])
+    return [[(idx, d[torch.from_numpy(idx).to(device)].sqrt().to(norms.device, torch.float32))
+             for idx, norms in pairs] for pairs, d in zip(sets, dense, strict=True)]

@@ -1,0 +1,90 @@
+"""One rank's numbers at one step, as a builder that packs into one vector (for ``all_gather``)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from ..utils.process_memory import rss_and_peak
+
+_SCALARS = ["step_time", "loss", "grad_norm", "nonfinite", "scale", "skipped", "device_allocated", "device_peak",
+            "rss", "forward", "backward", "checked", "shared", "loss_logged"]
+_MODULE = ["module_grad", "module_param", "module_update", "module_nonfinite"]
+_PARAM = ["param_grad", "has_grad", "param_norm"]
+
+NO_PRODUCER, BATCH_PRODUCER = -1.0, -2.0
+
+
+@dataclass
+class Numbers:
+    """What one rank measured at one step (NaN where not taken); ``forward``/``backward`` are
+    indices into the model's ``named_modules()`` (``NO_PRODUCER``, ``BATCH_PRODUCER``)."""
+
+    modules: int
+    parameters: int
+    buffers: int = 0
+    step_time: float = math.nan
+    loss: float = math.nan
+    grad_norm: float = math.nan
+    nonfinite: float = 0.0
+    scale: float = math.nan
+    skipped: float = 0.0
+    device_allocated: float = math.nan
+    device_peak: float = math.nan
+    rss: float = math.nan
+    forward: float = NO_PRODUCER
+    backward: float = NO_PRODUCER
+    checked: float = 0.0  # 1: a check step (parameter norms taken)
+    shared: float = 0.0  # how many findings this rank's own checks made (rank 0's go to every rank)
+    loss_logged: float = 0.0  # 1: a loss was logged (``loss`` NaN then means the loss was NaN)
+    module_grad: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    module_param: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    module_update: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    module_nonfinite: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    param_grad: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    has_grad: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    param_norm: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    buffer_norm: np.ndarray = field(default_factory=lambda: np.zeros(0))
+
+    def __post_init__(self) -> None:
+        for name in _MODULE:
+            if not len(getattr(self, name)):
+                setattr(self, name, np.full(self.modules, np.nan))
+        for name in _PARAM:
+            if not len(getattr(self, name)):
+                setattr(self, name, np.full(self.parameters, np.nan))
+        if not len(self.buffer_norm):
+            self.buffer_norm = np.full(self.buffers, np.nan)
+
+    def pack(self) -> torch.Tensor:
+        """Everything as one float64 vector of a length fixed by the layout."""
+        parts = [np.asarray([getattr(self, n) for n in _SCALARS], dtype=np.float64)]
+        parts += [np.asarray(getattr(self, n), dtype=np.float64) for n in _MODULE + _PARAM + ["buffer_norm"]]
+        return torch.from_numpy(np.concatenate(parts))
+
+    @classmethod
+    def unpack(cls, vector: np.ndarray, modules: int, parameters: int, buffers: int) -> Numbers:
+        out = cls(modules, parameters, buffers)
+        for n, v in zip(_SCALARS, vector[:len(_SCALARS)], strict=True):
+            setattr(out, n, float(v))
+        start = len(_SCALARS)
+        for names, width in ((_MODULE, modules), (_PARAM, parameters), (["buffer_norm"], buffers)):
+            for n in names:
+                setattr(out, n, np.asarray(vector[start:start + width], dtype=np.float64))
+                start += width
+        out.has_grad = out.has_grad > 0
+        return out
+
+
+def memory(device: torch.device | None) -> tuple[float, float, float]:
+    """Device memory allocated and peak (CUDA; NaN elsewhere) and this process's current RSS, in
+    bytes (NaN where the system tells only the peak)."""
+    alloc = peak = math.nan
+    if device is not None and device.type == "cuda":
+        alloc = float(torch.cuda.memory_allocated(device))
+        peak = float(torch.cuda.max_memory_allocated(device))
+    rss = rss_and_peak()[0]  # the current value (NaN where only the peak can be read)
+    return alloc, peak, rss

@@ -1,0 +1,227 @@
+"""The run file: one typed, versioned record per (step, rank), written as an Arrow IPC stream.
+
+The schema is defined once here (:data:`FIELDS`); :class:`StepRecord` has exactly those
+fields, :class:`RunWriter` writes them and :mod:`inspector.watching.run` reads them back by
+name. The file is an Arrow IPC *stream*: the schema (with :class:`RunMeta` as JSON in its
+metadata) followed by one record batch per step holding one row per rank. Each batch is
+flushed when written, so the file can be read while it grows, and a crash leaves every
+complete batch readable (a reader stops at the first incomplete one).
+
+Per step and rank the file holds four numbers per module (gradient norm, parameter norm,
+update-to-weight ratio as float32, non-finite count as int32) and one float32 gradient norm
+per parameter: about 16 bytes per module plus 4 per parameter, and a few hundred bytes of
+step scalars and framing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, field, fields
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import numpy as np
+
+from ..utils.findings import InspectorError
+
+FORMAT = "inspector-watch"
+VERSION = 1
+META_KEY = b"inspector-watch"
+STREAM_MAGIC = b"\xff\xff\xff\xff"  # an Arrow IPC stream starts with a continuation marker
+
+
+@dataclass(frozen=True)
+class RunMeta:
+    """What a run file says about itself (stored once, in the schema's metadata).
+
+    ``modules``: the modules that own parameters, in ``named_modules()`` order (the order of
+    every per-module list); ``parameters``: the trainable parameters in ``named_parameters()``
+    order and ``parameter_modules`` the index into ``modules`` of each one's owner.
+    """
+
+    model: str
+    world_size: int
+    every: int
+    modules: tuple[str, ...]
+    parameters: tuple[str, ...]
+    parameter_modules: tuple[int, ...]
+    checks: tuple[str, ...] = ()
+    update_ratio: bool = False
+    started: float = 0.0
+    note: str = ""
+    format: str = FORMAT
+    version: int = VERSION
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), separators=(",", ":"))
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> RunMeta:
+        """Parse the metadata ``to_json`` wrote; unknown keys of a newer version are ignored.
+
+        Raises:
+            ValueError: not a watch run's metadata, or a newer major version.
+        """
+        data = json.loads(text)
+        if not isinstance(data, dict) or data.get("format") != FORMAT:
+            raise ValueError(f"not an {FORMAT} run file")
+        if int(data.get("version", 0)) > VERSION:
+            raise ValueError(f"run file version {data['version']} is newer than this reader ({VERSION}); "
+                             "upgrade model-inspector")
+        known = {f.name for f in fields(cls)}
+        kwargs: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in data.items() if k in known}
+        try:
+            meta = cls(**kwargs)
+        except TypeError as exc:
+            raise ValueError(f"run metadata lacks a field ({exc})") from None
+        problem = meta._problem()
+        if problem:
+            raise ValueError(f"run metadata: {problem}")
+        return meta
+
+    def _problem(self) -> str:
+        """What is wrong with the types a reader relies on ("" when nothing)."""
+        def whole(v: Any) -> bool:
+            return isinstance(v, int) and not isinstance(v, bool)
+
+        if not whole(self.world_size) or self.world_size < 1 or not whole(self.every) or self.every < 1:
+            return "world_size and every must be positive integers"
+        if not all(isinstance(n, str) for n in (*self.modules, *self.parameters, *self.checks)):
+            return "modules, parameters and checks must be lists of strings"
+        if len(self.parameter_modules) != len(self.parameters) or not all(
+                whole(i) and 0 <= i < len(self.modules) for i in self.parameter_modules):
+            return "parameter_modules must give each parameter the index of a module"
+        if not isinstance(self.model, str) or not isinstance(self.note, str):
+            return "model and note must be strings"
+        return ""
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    """One rank's numbers at one step: one row of the run file (field order = column order).
+
+    Lists run over ``RunMeta.modules`` (``module_*``) or ``RunMeta.parameters``
+    (``param_grad_norm``); ``None`` where a number was not taken at this step (a parameter
+    norm between checks, device memory on a CPU). ``findings`` holds ``Finding.to_dict()``s.
+    """
+
+    step: int
+    rank: int
+    time: float
+    step_time: float | None = None
+    loss: float | None = None
+    grad_norm: float | None = None
+    nonfinite: int = 0
+    lr: list[float] = field(default_factory=list)
+    scale: float | None = None
+    skipped: bool = False
+    device_allocated: int | None = None
+    device_peak: int | None = None
+    rss: int | None = None
+    scalar_names: list[str] = field(default_factory=list)
+    scalar_values: list[float] = field(default_factory=list)
+    module_grad_norm: Any = None      # float32 array-like, one per module
+    module_param_norm: Any = None     # float32, or None between checks
+    module_update_ratio: Any = None   # float32, or None when update ratios are off
+    module_nonfinite: Any = None      # int32: NaN/Inf gradient elements below each module
+    param_grad_norm: Any = None       # float32, one per parameter
+    findings: list[dict[str, str]] = field(default_factory=list)
+
+
+@lru_cache(maxsize=1)
+def schema() -> Any:
+    """The Arrow schema of a run file's rows (``pyarrow.Schema``; pyarrow is imported on first use)."""
+    import pyarrow as pa
+
+    f32, f64, i64 = pa.float32(), pa.float64(), pa.int64()
+    types = {
+        "step": i64, "rank": pa.int32(), "time": f64, "step_time": f64, "loss": f64, "grad_norm": f64,
+        "nonfinite": i64, "lr": pa.list_(f64), "scale": f64, "skipped": pa.bool_(),
+        "device_allocated": i64, "device_peak": i64, "rss": i64,
+        "scalar_names": pa.list_(pa.string()), "scalar_values": pa.list_(f64),
+        "module_grad_norm": pa.list_(f32), "module_param_norm": pa.list_(f32),
+        "module_update_ratio": pa.list_(f32), "module_nonfinite": pa.list_(pa.int32()),
+        "param_grad_norm": pa.list_(f32),
+        "findings": pa.list_(pa.struct([(k, pa.string()) for k in ("code", "severity", "where", "message")])),
+    }
+    names = [f.name for f in fields(StepRecord)]
+    assert sorted(names) == sorted(types), "StepRecord and the Arrow schema must name the same columns"
+    return pa.schema([(n, types[n]) for n in names])
+
+
+def _column(name: str, values: list[Any], typ: Any) -> Any:
+    import pyarrow as pa
+
+    if name.startswith(("module_", "param_")):  # numeric lists: from numpy, no per-element Python
+        value_type = typ.value_type.to_pandas_dtype()
+        present = [v is not None for v in values]
+        arrays = [np.asarray(v, dtype=value_type).reshape(-1) for v in values if v is not None]
+        lengths = [len(a) for a in arrays]
+        offsets = np.zeros(len(values) + 1, dtype=np.int32)
+        it = iter(lengths)
+        offsets[1:] = np.cumsum([next(it) if p else 0 for p in present])
+        flat = np.concatenate(arrays) if arrays else np.zeros(0, dtype=value_type)
+        mask = pa.array([not p for p in present])
+        return pa.ListArray.from_arrays(pa.array(offsets), pa.array(flat, type=typ.value_type), mask=mask)
+    return pa.array(values, type=typ)
+
+
+def record_batch(records: list[StepRecord]) -> Any:
+    """The ``pyarrow.RecordBatch`` of ``records`` (one row each), in the run file's schema."""
+    import pyarrow as pa
+
+    sch = schema()
+    columns = [_column(f.name, [getattr(r, f.name) for r in records], f.type) for f in sch]
+    return pa.RecordBatch.from_arrays(columns, schema=sch)
+
+
+class RunWriter:
+    """Appends steps to a run file; each :meth:`write` is flushed to disk at once.
+
+    Use as a context manager, or call :meth:`close`. The file is created (its folder too);
+    an existing file of that name is unlinked first, never truncated in place.
+    """
+
+    def __init__(self, path: str | os.PathLike, meta: RunMeta) -> None:
+        import pyarrow as pa
+
+        self.path = Path(path)
+        self.meta = meta
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self.path.unlink(missing_ok=True)  # a new file: a reader's memory map of an old run stays valid
+            self._file: BinaryIO = open(self.path, "wb")  # noqa: SIM115 - closed by close()
+        except OSError as exc:
+            raise InspectorError(f"cannot write the run file {self.path} ({exc.strerror or exc}); "
+                                 "give a file path in a writable folder") from None
+        sch = schema().with_metadata({META_KEY: meta.to_json().encode()})
+        self._writer = pa.ipc.new_stream(self._file, sch)
+        self._file.flush()
+        self.bytes_written = self._file.tell()
+        self.steps_written = 0
+
+    def write(self, records: list[StepRecord]) -> None:
+        """Append one batch (normally one step: one record per rank) and flush it."""
+        if not records:
+            return
+        self._writer.write_batch(record_batch(records))
+        self._file.flush()
+        self.bytes_written = self._file.tell()
+        self.steps_written += 1
+
+    def close(self) -> None:
+        """Write the end-of-stream marker and close the file (safe to call twice)."""
+        if self._file.closed:
+            return
+        try:
+            self._writer.close()
+        finally:
+            self._file.close()
+
+    def __enter__(self) -> RunWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

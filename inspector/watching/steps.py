@@ -1,0 +1,242 @@
+"""The per-step work of a watch: what is kept between hooks, and one transfer to the host."""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+
+from ..utils.dtensors import is_dtensor
+from ..utils.findings import Finding
+from .layout import current, fused_norms, global_norms, shard_key, to_host
+from .numbers import BATCH_PRODUCER, NO_PRODUCER, Numbers, memory
+from .tracer import BATCH, producers
+
+if TYPE_CHECKING:
+    from .core import Watch
+
+
+class StepState:
+    """What one step carries from the optimizer's pre-step hook to its post-step hook, and the
+    gradient objects left after a step (to tell whether they were cleared before the next)."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.start = time.perf_counter()
+        self.params: list[torch.Tensor | None] = []
+        self.grad_parts: list[tuple[np.ndarray, torch.Tensor]] = []
+        self.has_grad = np.zeros(0, dtype=bool)
+        self.before: list[torch.Tensor] | None = None
+        self.findings: list[Finding] = []
+        self.after: dict[int, tuple[int, int]] | None = None  # param index -> (id(grad), grad._version)
+        self.suspects: dict[int, int] = {}
+        self.last_scale = math.nan
+
+    def pre(self, params: list[torch.Tensor | None], snapshot: bool, findings: list[Finding]) -> None:
+        self.params = params
+        grads = [p.grad if p is not None else None for p in params]
+        self.has_grad = np.array([g is not None for g in grads], dtype=bool)
+        self.grad_parts = fused_norms(grads)
+        self.before = [p.detach().clone() for p in params if p is not None] if snapshot else None
+        self.findings = findings
+
+    def post(self, root: torch.nn.Module, names: tuple[str, ...]) -> None:
+        self.after = {i: (id(g), g._version) for i, g in enumerate(_grads(root, names)) if g is not None}
+        self.count += 1
+        self.start = time.perf_counter()
+        self.params, self.grad_parts, self.before = [], [], None
+
+    def forward_started(self, root: torch.nn.Module, names: tuple[str, ...]) -> None:
+        """The first forward after a step: gradients still the same objects, unchanged since the
+        step, were neither set to None nor zeroed (``zero_()`` moves the version counter)."""
+        if self.after is None:
+            return
+        grads = _grads(root, names)
+        self.suspects = {i: key[0] for i, key in self.after.items()
+                         if (g := grads[i]) is not None and (id(g), g._version) == key}
+        self.after = None
+
+    def confirm_not_cleared(self, root: torch.nn.Module, names: tuple[str, ...]) -> list[Finding]:
+        if not self.suspects:
+            return []
+        grads = _grads(root, names)
+        kept = [names[i] for i, gid in self.suspects.items() if id(grads[i]) == gid]
+        self.suspects = {}
+        if not kept:
+            return []
+        return [Finding("gradient-not-cleared", "error", kept[0],
+                        f"the gradients of {len(kept)} parameter(s) ({', '.join(kept[:3])}"
+                        f"{', ...' if len(kept) > 3 else ''}) were not cleared after the last step: this "
+                        "step's gradient is added to the old one. Call optimizer.zero_grad() (or "
+                        "model.zero_grad()) once per step")]
+
+
+def _grad(p: torch.Tensor | None) -> torch.Tensor | None:
+    return None if p is None else p.grad
+
+
+def _grads(root: torch.nn.Module, names: tuple[str, ...]) -> list[torch.Tensor | None]:
+    return [_grad(p) for p in current(root, names)]
+
+
+def transfer_step(w: Watch, check: bool) -> tuple[Numbers, dict[str, float]]:
+    """Everything measured this step, brought to the host with one copy per device."""
+    st, layout = w.state, w.layout
+    params = st.params
+    grad_parts, param_parts, buffer_parts, update_parts = _norm_parts(w, check)
+    parts: list[torch.Tensor] = [t for _, t in grad_parts + param_parts + buffer_parts + update_parts]
+    calls, meta, values = w.tracer.take() if w.tracer is not None else ([], [], [])
+    if values:
+        parts.append(torch.stack([v.reshape(()) for v in values]))
+    tensors = {k: v for k, v in w._scalars.items() if isinstance(v, torch.Tensor)}
+    parts += [v.float().reshape(1) for v in tensors.values()]
+    scale = getattr(w.scaler, "_scale", None) if w.scaler is not None else None
+    if isinstance(scale, torch.Tensor):
+        parts.append(scale.reshape(1))
+    host = to_host(parts)
+    pos = 0
+
+    def spread(pairs: list[tuple[np.ndarray, torch.Tensor]], width: int = len(layout.parameters)) -> np.ndarray:
+        nonlocal pos
+        out = np.full(width, np.nan)
+        for idx, _ in pairs:
+            out[idx] = host[pos]
+            pos += 1
+        return out
+
+    n = Numbers(len(layout.modules), len(layout.parameters), len(layout.buffers), checked=float(check))
+    n.param_grad, n.has_grad = spread(grad_parts), st.has_grad
+    n.param_norm = spread(param_parts)
+    n.buffer_norm = spread(buffer_parts, len(layout.buffers))
+    update = spread(update_parts)
+    flags = host[pos] > 0 if values else np.zeros(0, dtype=bool)
+    pos += 1 if values else 0
+    scalars = {k: float(host[pos + i][0]) for i, k in enumerate(tensors)}
+    pos += len(tensors)
+    scalars.update({k: float(v) for k, v in w._scalars.items() if not isinstance(v, torch.Tensor)})
+    w._scalars = {}
+    if isinstance(scale, torch.Tensor):
+        n.scale = float(host[pos][0])
+    elif w.scaler is not None and hasattr(w.scaler, "get_scale"):
+        n.scale = float(w.scaler.get_scale())
+    n.skipped = float(n.scale < st.last_scale)
+    st.last_scale = n.scale
+    _fill(n, w, params, update, check)
+    n.loss_logged = float("loss" in scalars)
+    n.loss = scalars.pop("loss", math.nan)
+    _producers(n, w.module_names, calls, meta, flags)
+    return n, scalars
+
+
+Pairs = list[tuple[np.ndarray, torch.Tensor]]
+
+
+def _norm_parts(w: Watch, check: bool) -> tuple[Pairs, Pairs, Pairs, Pairs]:
+    """Gradient, parameter, buffer and update norms on the device (global ones under FSDP2 / TP)."""
+    st = w.state
+    params = st.params
+    param_parts = fused_norms(params) if check else []
+    buffer_parts = fused_norms(current(w.root, w.layout.buffers, "buffer")) if check else []
+    update_parts: Pairs = []
+    if st.before is not None:
+        live = [p.detach() for p in params if p is not None]
+        update_parts = fused_norms(list(torch._foreach_sub(live, st.before)))
+        positions = np.flatnonzero([p is not None for p in params])
+        update_parts = [(positions[idx], t) for idx, t in update_parts]
+    grad_parts = st.grad_parts
+    if w.sharded:
+        keys = [shard_key(p) for p in params]
+        first = next(p for p, k in zip(params, keys, strict=True) if k is not None) if any(keys) else None
+        if first is not None:
+            device = first.to_local().device  # type: ignore[attr-defined]
+            sets = [grad_parts] + ([param_parts] if check else []) + ([update_parts] if st.before is not None else [])
+            done = global_norms(sets, keys, device)
+            grad_parts = done[0]
+            param_parts = done[1] if check else param_parts
+            update_parts = done[-1] if st.before is not None else update_parts
+    return grad_parts, param_parts, buffer_parts, update_parts
+
+
+def _overflowed(norms: np.ndarray, tensors: list[torch.Tensor | None]) -> None:
+    """Where a float32 norm came out Inf, tell an overflow of the sum of squares (values near
+    1e20 and up, all finite) from a real Inf value: recompute those norms in float64 (rare: a
+    sync per such tensor; a sharded tensor's local piece)."""
+    for i in np.flatnonzero(np.isinf(norms)):
+        t = tensors[i]
+        if t is None:
+            continue
+        piece = (t.to_local() if is_dtensor(t) else t).detach()
+        if bool(torch.isfinite(piece).all()):
+            norms[i] = float(torch.linalg.vector_norm(piece.double()))
+
+
+def _fill(n: Numbers, w: Watch, params: list[torch.Tensor | None], update: np.ndarray, check: bool) -> None:
+    layout = w.layout
+    _overflowed(n.param_grad, [_grad(p) for p in params])
+    if check:
+        _overflowed(n.param_norm, params)
+        _overflowed(n.buffer_norm, current(w.root, layout.buffers, "buffer"))
+    g = np.where(n.has_grad, n.param_grad, 0.0)
+    counts = np.zeros(len(params))
+    for i in np.flatnonzero(n.has_grad & ~np.isfinite(n.param_grad)):  # rare: a sync per bad tensor
+        grad = _grad(params[i])
+        if grad is not None:
+            counts[i] = float(torch.isnan(grad).sum() + torch.isinf(grad).sum())
+    n.nonfinite = float(counts.sum())
+    n.module_nonfinite = layout.per_module(counts, "sum")
+    n.module_grad = layout.per_module(g)
+    with np.errstate(all="ignore"):
+        n.grad_norm = float(np.sqrt(np.sum(g.astype(np.float64) ** 2)))
+        if check:
+            n.module_param = layout.per_module(n.param_norm)
+            if w.update_ratio:
+                n.module_update = layout.per_module(np.nan_to_num(update, nan=0.0)) / n.module_param
+    first = next((p for p in params if p is not None), None)
+    device = first.device if first is not None else None
+    n.device_allocated, n.device_peak, n.rss = memory(device)
+    n.step_time = time.perf_counter() - w.state.start
+
+
+def _producers(n: Numbers, module_names: list[str], calls: list[str], meta: list[tuple[int, int, int]],
+               flags: np.ndarray) -> None:
+    if not len(flags):
+        return
+    index = {name: i for i, name in enumerate(module_names)}
+    root = module_names[0]
+    for (call, kind, d), flag in zip(meta, flags, strict=True):  # the batch itself
+        if d == 0 and kind == 0 and flag and calls[call] == root:
+            n.forward = BATCH_PRODUCER
+            break
+    for p in producers(calls, meta, flags):
+        value = float(index.get(p.module, NO_PRODUCER))
+        if p.direction == "forward" and n.forward == NO_PRODUCER:
+            n.forward = value
+        elif p.direction == "backward":
+            n.backward = value
+
+
+def nonfinite_findings(n: Numbers, module_names: list[str], rank: int, world: int) -> list[Finding]:
+    """``nonfinite-forward`` / ``nonfinite-backward`` for the producers ``n`` names."""
+    on = f" on rank {rank}" if world > 1 else ""
+    out = []
+    if n.forward == BATCH_PRODUCER:
+        out.append(Finding("nonfinite-forward", "error", BATCH,
+                           f"the batch given to the model{on} already holds NaN/Inf: check the data loader and "
+                           "its preprocessing, not the model"))
+    elif n.forward >= 0:
+        name = module_names[int(n.forward)] or "(root)"
+        out.append(Finding("nonfinite-forward", "error", name,
+                           f"{name}{on} produced NaN/Inf from finite inputs (the first module to do so; the "
+                           "ones after it only passed it on). Look at its weights, its input range (exp, log, "
+                           "division, fp16 overflow) and the captures of its inputs and outputs"))
+    if n.backward >= 0:
+        name = module_names[int(n.backward)] or "(root)"
+        out.append(Finding("nonfinite-backward", "error", name,
+                           f"the backward of {name}{on} turned a finite output gradient into a NaN/Inf input "
+                           "gradient: a custom autograd function, a sqrt/log/division at 0, or an overflow in "
+                           "its backward"))
+    return out
+
