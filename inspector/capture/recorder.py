@@ -111,10 +111,28 @@ class Recorder:
 
     # hooks ----------------------------------------------------------------------------
 
+    scoped = True  # one forward hook per module of the model; False: one process-wide hook
+
     def attach(self) -> None:
-        """One global forward hook for the model's modules, and a hook of their own for the
-        modules that have forward hooks already (a pre-hook too on the selected ones when
-        inputs are kept)."""
+        """A forward hook on every module of the model, after the module's own hooks (a
+        pre-hook too on the selected ones when inputs are kept)."""
+        if not self.scoped:
+            return self._attach_global()
+        table: dict[int, tuple[str, bool]] = {}
+        hook = self._hook(table)
+        handles, keep_inputs = self.handles, self.options.keep_inputs
+        for name, module in self.named:
+            if id(module) in table:
+                continue
+            capture = id(module) in self.selected_ids
+            table[id(module)] = (name or "(model)", capture)
+            if capture and keep_inputs:
+                handles.append(module.register_forward_pre_hook(self._pre_hook(name or "(model)"),
+                                                                with_kwargs=True))
+            handles.append(module.register_forward_hook(hook, with_kwargs=True))
+        return None
+
+    def _attach_global(self) -> None:
         table: dict[int, tuple[str, bool]] = {}   # answered by the global hook
         own: dict[int, tuple[str, bool]] = {}     # answered after the module's own hooks
         hooked: list[nn.Module] = []
@@ -122,9 +140,6 @@ class Recorder:
             if id(module) in table or id(module) in own:
                 continue
             capture = id(module) in self.selected_ids
-            # torch runs global forward hooks before a module's own: where the module has
-            # some, the value its caller gets is known only after them (``_forward_hooks``
-            # holds them all, those taking kwargs or always called too)
             if module._forward_hooks:
                 own[id(module)] = (name or "(model)", capture)
                 hooked.append(module)
@@ -135,7 +150,7 @@ class Recorder:
                                                                      with_kwargs=True))
         if hooked:
             after = self._hook(own)
-            for module in hooked:  # after the module's hooks: what its caller gets is captured
+            for module in hooked:
                 self.handles.append(module.register_forward_hook(after, with_kwargs=True))
         self.handles.append(register_module_forward_hook(self._hook(table), with_kwargs=True))
 
@@ -170,7 +185,7 @@ class Recorder:
             kwargs = kwargs or {}
             value = args[0] if len(args) == 1 and not kwargs else (
                 tuple(args) if not kwargs else {"args": tuple(args), "kwargs": dict(kwargs)})
-            with torch._C._InferenceMode(False) if torch.is_inference_mode_enabled() else nullcontext():
+            with torch.inference_mode(False) if torch.is_inference_mode_enabled() else nullcontext():
                 stored = self._store(key, "input", value, watch=False)
             if stored is not _SKIP:
                 self.inputs[key] = stored
@@ -179,8 +194,11 @@ class Recorder:
     def _hook(self, table: dict[int, tuple[str, bool]]) -> Callable:
         ident, get_ident, tensor = self.ident, threading.get_ident, torch.Tensor
         watcher, by_storage = self.watcher, self.watcher.by_storage
-        inference, outside = torch.is_inference_mode_enabled, torch._C._InferenceMode
+        inference, outside = torch.is_inference_mode_enabled, torch.inference_mode
         take = self._short if self.options.fast else self._take
+        # contexts that leave inference mode, reused: making one costs more than using it; one
+        # is taken off the list for each use, so a nested use never enters one twice
+        spare = [outside(False)]
 
         def hook(module: nn.Module, args: Any, *kwargs_output: Any) -> None:
             # kwargs may be missing: see pre_hook. Other threads and other models pass through
@@ -197,8 +215,10 @@ class Recorder:
             if not capture:
                 return
             if inference():  # copies are plain tensors, also when the pass runs in inference mode
-                with outside(False):
+                leave = spare.pop() if spare else outside(False)
+                with leave:
                     take(name, output)
+                spare.append(leave)
             else:
                 take(name, output)
         return hook
@@ -232,7 +252,10 @@ class Recorder:
             key = name
         copies = []
         for i, t in enumerate(leaves):
-            copy = None if t is None else t.detach().clone(memory_format=torch.contiguous_format)
+            if t is None:
+                copy = None
+            else:  # detached only where it takes part in autograd (a detach costs as much as a check)
+                copy = (t.detach() if t.requires_grad else t).clone(memory_format=torch.contiguous_format)
             copies.append(copy)
             if copy is not None and t.numel():
                 self.watcher.add(live_record(key, "" if single else f"[{i}]", t, copy),

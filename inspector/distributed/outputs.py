@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ..dtensors import is_dtensor, placements_text
+from ..dtensors import dtensor_type, is_dtensor, placements_text
 from ..findings import Finding
 
 
@@ -27,8 +27,10 @@ def output_placements(named: list[tuple[str, nn.Module]]) -> Iterator[dict[str, 
     seen: dict[str, dict[str, Any]] = {}
     handles = []
     try:
-        for name, module in named:
-            if any(is_dtensor(p) for p in module.parameters(recurse=False)):
+        cls = dtensor_type()  # None: torch.distributed.tensor was never imported, no DTensor exists
+        for name, module in named if cls is not None else ():
+            # the module's own parameters, read from its dict: this runs for every module of every capture
+            if any(isinstance(p, cls) for p in module._parameters.values()):
                 handles.append(module.register_forward_hook(_recorder(name, seen), prepend=True))
         yield seen
     finally:
