@@ -9,9 +9,10 @@ Variants, each run once per repeat in a rotating order:
   plain         model(x), no hooks
   clone-hooks   a forward hook on every module keeping ``output.detach().clone()`` (registered
                 and removed in every repeat), the baseline people write
-  global        capture_activations with one process-wide module forward hook
-  scoped        capture_activations with one forward hook per module of the model, registered
-                and removed in every repeat (what the capture does)
+  global        capture_activations with one process-wide module forward hook (GlobalRecorder
+                below: the capture as it was before it hooked each module)
+  scoped        capture_activations as it is: one forward hook per module of the model,
+                registered and removed in every repeat
   other+global  a forward of a second model while a capture of a one-module model is open
   other+scoped  with the process-wide hook, then with per-module hooks: what a capture costs a
                 pass that it does not capture (another session's model)
@@ -38,13 +39,14 @@ from pathlib import Path
 
 import torch
 from torch import nn
+from torch.nn.modules.module import register_module_forward_hook
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from _hooks import clone, hooked  # noqa: E402
 from bench_capture_overhead import call, deep_llama  # noqa: E402
 
-from inspector.capture import capture_activations, capturing  # noqa: E402
+from inspector.capture import api, capture_activations, capturing  # noqa: E402
 from inspector.capture.recorder import Recorder  # noqa: E402
 from sample_models import get_sample  # noqa: E402
 
@@ -54,13 +56,39 @@ def gpt2_small() -> tuple[nn.Module, torch.Tensor]:
     return sample.build().eval(), sample.example_inputs(4)
 
 
+class GlobalRecorder(Recorder):
+    """The capture with one process-wide module forward hook instead of one hook per module:
+    it answers the model's modules through a table; a module with forward hooks of its own
+    gets a hook of its own after them (torch runs process-wide hooks first)."""
+
+    def attach(self) -> None:
+        table: dict[int, tuple[str, bool]] = {}
+        own: dict[int, tuple[str, bool]] = {}
+        hooked_modules = []
+        for name, module in self.named:
+            if id(module) in table or id(module) in own:
+                continue
+            entry = (name or "(model)", id(module) in self.selected_ids)
+            if module._forward_hooks:
+                own[id(module)] = entry
+                hooked_modules.append(module)
+            else:
+                table[id(module)] = entry
+            if entry[1] and self.options.keep_inputs:
+                self.handles.append(module.register_forward_pre_hook(self._pre_hook(entry[0]), with_kwargs=True))
+        after = self._hook(own)
+        self.handles += [m.register_forward_hook(after, with_kwargs=True) for m in hooked_modules]
+        self.handles.append(register_module_forward_hook(self._hook(table), with_kwargs=True))
+
+
 def with_scope(scoped: bool, run: Callable[[], object]) -> Callable[[], object]:
+    """``run`` with the capture's per-module hooks, or with :class:`GlobalRecorder`."""
     def go() -> object:
-        Recorder.scoped = scoped
+        api.Recorder = Recorder if scoped else GlobalRecorder
         try:
             return run()
         finally:
-            Recorder.scoped = True
+            api.Recorder = Recorder
     return go
 
 
