@@ -28,10 +28,11 @@ def output_placements(named: list[tuple[str, nn.Module]]) -> Iterator[dict[str, 
     handles = []
     try:
         cls = dtensor_type()  # None: torch.distributed.tensor was never imported, no DTensor exists
-        for name, module in named if cls is not None else ():
-            # the module's own parameters, read from its dict: this runs for every module of every capture
-            if any(isinstance(p, cls) for p in module._parameters.values()):
-                handles.append(module.register_forward_hook(_recorder(name, seen), prepend=True))
+        # the module's own parameters, read from its dict: this runs for every module of every capture
+        owners = [] if cls is None else [(name, module) for name, module in named
+                                         if any(isinstance(p, cls) for p in module._parameters.values())]
+        for name, module in owners:
+            handles.append(module.register_forward_hook(_recorder(name, seen), prepend=True))
         yield seen
     finally:
         for h in handles:
