@@ -694,3 +694,56 @@ def test_the_block_hands_out_a_frozen_result_built_when_it_ends():
     findings = list(result.findings)
     net(torch.ones(1, 2))  # the hooks are gone: nothing is added to the result afterwards
     assert result.order == ["0", "1", "0#2", "1#2"] and result.findings == findings
+
+
+class _Meet(nn.Module):
+    """Waits inside forward until the other thread is inside forward too, and notes which
+    forward hooks the process has then: its own module's, and the process-wide ones."""
+
+    def __init__(self, barrier: threading.Barrier, seen: list) -> None:
+        super().__init__()
+        self.barrier, self.seen = barrier, seen
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        from torch.nn.modules import module as torch_module
+
+        self.barrier.wait(timeout=10)
+        self.seen.append((len(self._forward_hooks), len(torch_module._global_forward_hooks)))
+        self.barrier.wait(timeout=10)  # both captures are open while the other one looks
+        return x * 2
+
+
+@pytest.mark.parametrize("modes", [("inference_mode", "no_grad"), ("grad", "inference_mode")])
+def test_two_models_captured_in_two_threads_each_capture_sees_only_its_own_modules(modes):
+    barrier, seen = threading.Barrier(2), []
+    a = nn.Sequential(nn.Identity(), _Meet(barrier, seen), nn.ReLU())
+    b = nn.Sequential(nn.Tanh(), nn.Identity(), _Meet(barrier, seen), nn.Sigmoid(), nn.Identity())
+    plain_b = nn.Sequential(nn.Identity(), nn.Identity())  # run plainly, in b's thread, during both captures
+    results: dict[str, Captures] = {}
+    errors: list[BaseException] = []
+
+    def work(tag: str, model: nn.Module, value: float, mode: str) -> None:
+        try:
+            with GRAD_MODES[mode](), capturing(model) as cap:
+                model(torch.full((1, 2), value))
+                if tag == "b":
+                    plain_b(torch.ones(1))
+            results[tag] = cap
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(t, m, v, mode))
+               for (t, m, v), mode in zip((("a", a, 1.0), ("b", b, -3.0)), modes, strict=True)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=30)
+    assert not errors
+    assert results["a"].order == ["0", "1", "2"]
+    assert results["b"].order == ["0", "1", "2", "3", "4"]  # not plain_b's modules, not a's
+    assert torch.equal(results["a"].outputs["2"], torch.full((1, 2), 2.0))
+    assert torch.equal(results["b"].outputs["3"], torch.sigmoid(torch.tanh(torch.full((1, 2), -3.0)) * 2))
+    # each capture hooked only its own model's modules (one hook on each), none process-wide
+    assert seen == [(1, 0), (1, 0)]
+    for model in (a, b, plain_b):
+        assert hook_state(model) == {n: () for n, _ in model.named_modules()}

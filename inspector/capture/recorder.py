@@ -1,36 +1,33 @@
 """The hooks of a capture: one copy and an O(1) record per selected module output.
 
-One global forward hook answers for the model's modules through a table of their ids (the
-unselected ones only watch for in-place writes); names are resolved once per capture,
-statistics are computed after the pass, and values are compared only where a storage was
-written in place (see :mod:`.watch`).
+Each module of the model gets one forward hook for the capture (the unselected ones only
+watch for in-place writes); names are resolved once per capture, statistics are computed
+after the pass, and values are compared only where a storage was written in place (see
+:mod:`.watch`).
 
-torch runs global forward hooks before a module's own forward hooks, and a module's hook
-may replace its output or write it in place. A module that has forward hooks of its own
-when the capture starts is therefore left out of the table and gets a hook registered
-after its hooks, as the last one: what is captured is what the module returned to its
-caller, and the user's hooks are not taken for in-place writers. Every hook is removed
-when the capture ends, the user's hooks stay the same objects in the same order.
+The hooks are the model's own, not one process-wide module hook: another model's pass in
+another thread (another session of a server) never meets them, only the model's own hook
+dictionaries change (a failing pass elsewhere never sees torch's dictionary of process-wide
+hooks change size under it), and a model compiled elsewhere is not recompiled for them.
+Registering and removing them costs about 3 us per module per capture; measured against one
+process-wide hook (``benchmarks/bench_capture_hooks.py``, docs/performance.md) that is within
+the noise on gpt2-small and 2-11% of a capture of a 371-module Llama of width 64 on one CPU
+thread, where the process-wide hook slowed another model's pass by 3-9% meanwhile.
 
-The global hook is seen by every forward pass of the process, also other models' passes
-in other threads (a server serving several sessions). It is safe there because:
+A module's hook is registered after the hooks it already has, as the last one: what is
+captured is what the module returned to its caller (a user's hook may replace the output or
+write it in place), and the user's hooks are not taken for in-place writers. Every hook is
+removed when the capture ends; the user's hooks stay the same objects in the same order.
 
-- it acts only in the thread that started the capture (``threading.get_ident()``) and
-  only for modules of this model (the id table); for anything else it returns ``None``
-  at once, so another thread's outputs, hooks and gradients are what they would be
-  without it, and nothing of that pass is recorded;
-- it is added and removed under the GIL as one entry of torch's hook dictionary, and
-  it accepts being called without ``kwargs`` (a pass in another thread can call it
-  between torch adding it and marking it as taking ``kwargs``).
+The hooks act only in the thread that started the capture (``threading.get_ident()``): a
+pass of the same model in another thread returns at once, with its outputs, hooks and
+gradients what they would be without the capture. They accept being called without
+``kwargs``: a pass in another thread can call one between torch adding it and marking it as
+taking ``kwargs``.
 
-What the pass-through costs another thread while a capture runs: every module call
-takes torch's slower path through ``Module.__call__`` (the one it takes for any hook)
-plus one call of this hook, about 2 µs per module call on one CPU thread (a pass of 200
-``nn.Identity`` modules: 1.2 µs per module without it, 3.1 µs with it); nothing once the
-capture ends. A ``torch.compile``-d model that is traced while a capture is running sees
-a global hook and may be recompiled. A pass in another thread that raises while the hook
-is being added or removed can, rarely, see torch's loop over the global hooks report
-that the dictionary changed size during iteration.
+Copies are plain tensors also when the pass runs in inference mode: the hook leaves inference
+mode around the copy with ``torch.inference_mode(False)`` (reused contexts: making one costs
+more than entering it).
 """
 
 from __future__ import annotations
@@ -45,7 +42,6 @@ from typing import Any
 import numpy as np
 import torch
 from torch import nn
-from torch.nn.modules.module import register_module_forward_hook
 
 from ..utils.findings import Finding, InspectorError
 from ..utils.units import format_bytes
@@ -112,32 +108,20 @@ class Recorder:
     # hooks ----------------------------------------------------------------------------
 
     def attach(self) -> None:
-        """One global forward hook for the model's modules, and a hook of their own for the
-        modules that have forward hooks already (a pre-hook too on the selected ones when
-        inputs are kept)."""
-        table: dict[int, tuple[str, bool]] = {}   # answered by the global hook
-        own: dict[int, tuple[str, bool]] = {}     # answered after the module's own hooks
-        hooked: list[nn.Module] = []
+        """A forward hook on every module of the model, after the module's own hooks (a
+        pre-hook too on the selected ones when inputs are kept)."""
+        table: dict[int, tuple[str, bool]] = {}
+        hook = self._hook(table)
+        handles, keep_inputs = self.handles, self.options.keep_inputs
         for name, module in self.named:
-            if id(module) in table or id(module) in own:
+            if id(module) in table:
                 continue
             capture = id(module) in self.selected_ids
-            # torch runs global forward hooks before a module's own: where the module has
-            # some, the value its caller gets is known only after them (``_forward_hooks``
-            # holds them all, those taking kwargs or always called too)
-            if module._forward_hooks:
-                own[id(module)] = (name or "(model)", capture)
-                hooked.append(module)
-            else:
-                table[id(module)] = (name or "(model)", capture)
-            if capture and self.options.keep_inputs:
-                self.handles.append(module.register_forward_pre_hook(self._pre_hook(name or "(model)"),
-                                                                     with_kwargs=True))
-        if hooked:
-            after = self._hook(own)
-            for module in hooked:  # after the module's hooks: what its caller gets is captured
-                self.handles.append(module.register_forward_hook(after, with_kwargs=True))
-        self.handles.append(register_module_forward_hook(self._hook(table), with_kwargs=True))
+            table[id(module)] = (name or "(model)", capture)
+            if capture and keep_inputs:
+                handles.append(module.register_forward_pre_hook(self._pre_hook(name or "(model)"),
+                                                                with_kwargs=True))
+            handles.append(module.register_forward_hook(hook, with_kwargs=True))
 
     def where(self, exc: BaseException) -> str | None:
         """The innermost module of the model whose forward the exception went through."""
@@ -170,7 +154,7 @@ class Recorder:
             kwargs = kwargs or {}
             value = args[0] if len(args) == 1 and not kwargs else (
                 tuple(args) if not kwargs else {"args": tuple(args), "kwargs": dict(kwargs)})
-            with torch._C._InferenceMode(False) if torch.is_inference_mode_enabled() else nullcontext():
+            with torch.inference_mode(False) if torch.is_inference_mode_enabled() else nullcontext():
                 stored = self._store(key, "input", value, watch=False)
             if stored is not _SKIP:
                 self.inputs[key] = stored
@@ -179,12 +163,14 @@ class Recorder:
     def _hook(self, table: dict[int, tuple[str, bool]]) -> Callable:
         ident, get_ident, tensor = self.ident, threading.get_ident, torch.Tensor
         watcher, by_storage = self.watcher, self.watcher.by_storage
-        inference, outside = torch.is_inference_mode_enabled, torch._C._InferenceMode
+        inference, outside = torch.is_inference_mode_enabled, torch.inference_mode
         take = self._short if self.options.fast else self._take
+        # contexts that leave inference mode, reused: making one costs more than using it; one
+        # is taken off the list for each use, so a nested use never enters one twice
+        spare = [outside(False)]
 
         def hook(module: nn.Module, args: Any, *kwargs_output: Any) -> None:
-            # kwargs may be missing: see pre_hook. Other threads and other models pass through
-            # (the global hook); a hook of a module's own finds it in its table always.
+            # kwargs may be missing: see pre_hook. Other threads' passes through the model pass through.
             if get_ident() != ident or (entry := table.get(id(module))) is None:
                 return
             name, capture = entry
@@ -197,8 +183,10 @@ class Recorder:
             if not capture:
                 return
             if inference():  # copies are plain tensors, also when the pass runs in inference mode
-                with outside(False):
+                leave = spare.pop() if spare else outside(False)
+                with leave:
                     take(name, output)
+                spare.append(leave)
             else:
                 take(name, output)
         return hook
@@ -232,7 +220,10 @@ class Recorder:
             key = name
         copies = []
         for i, t in enumerate(leaves):
-            copy = None if t is None else t.detach().clone(memory_format=torch.contiguous_format)
+            if t is None:
+                copy = None
+            else:  # detached only where it takes part in autograd (a detach costs as much as a check)
+                copy = (t.detach() if t.requires_grad else t).clone(memory_format=torch.contiguous_format)
             copies.append(copy)
             if copy is not None and t.numel():
                 self.watcher.add(live_record(key, "" if single else f"[{i}]", t, copy),

@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ..utils.dtensors import is_dtensor, placements_text
+from ..utils.dtensors import dtensor_type, is_dtensor, placements_text
 from ..utils.findings import Finding
 
 
@@ -27,9 +27,12 @@ def output_placements(named: list[tuple[str, nn.Module]]) -> Iterator[dict[str, 
     seen: dict[str, dict[str, Any]] = {}
     handles = []
     try:
-        for name, module in named:
-            if any(is_dtensor(p) for p in module.parameters(recurse=False)):
-                handles.append(module.register_forward_hook(_recorder(name, seen), prepend=True))
+        cls = dtensor_type()  # None: torch.distributed.tensor was never imported, no DTensor exists
+        # the module's own parameters, read from its dict: this runs for every module of every capture
+        owners = [] if cls is None else [(name, module) for name, module in named
+                                         if any(isinstance(p, cls) for p in module._parameters.values())]
+        for name, module in owners:
+            handles.append(module.register_forward_hook(_recorder(name, seen), prepend=True))
         yield seen
     finally:
         for h in handles:
