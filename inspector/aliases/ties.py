@@ -243,10 +243,12 @@ def _refuse_other_model(snapshot: TieSnapshot, current: dict[str, torch.Tensor])
     names = snapshot.tensor_names
     gone = sorted(names - current.keys())
     if 2 * len(gone) > len(names):
-        raise InspectorError(f"retie: the snapshot was taken of another model: {len(gone)} of the {len(names)} "
-                             f"tensors it names are not in this model (first: {', '.join(gone[:2])}); nothing was "
-                             "changed. Take the snapshot of this model with snapshot_ties(model) before "
-                             "converting it")
+        raise InspectorError(
+            f"retie: the snapshot was taken of another model: {len(gone)} of the {len(names)} "
+            f"tensors it names are not in this model (first: {', '.join(gone[:2])}); nothing was "
+            "changed. Take the snapshot of this model with snapshot_ties(model) before "
+            "converting it"
+        )
 
 
 def _check_retie(g: AliasGroup, layouts: tuple[TensorLayout, ...], o: GroupOutcome,

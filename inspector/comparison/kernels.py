@@ -80,7 +80,9 @@ class StatsStream:
 
     def add(self, ca: np.ndarray, cb: np.ndarray) -> None:
         """Take one pair of aligned raw chunks."""
-        same = self.equal and np.array_equal(ca, cb)  # once a chunk differed, the rest are subtracted unchecked
+        same = self.equal and np.array_equal(
+            ca, cb
+        )  # once a chunk differed, the rest are subtracted unchecked
         self.equal = same
         fa = _widen(ca, self.dtype, self._buffer("a", ca.size, np.float32))
         sq_a = float(np.dot(fa, fa))
@@ -106,10 +108,18 @@ class StatsStream:
 
     def finish(self) -> PairStats:
         if self.equal:
-            return PairStats(True, 0.0, 0.0, _root(self.sq_a, self.nonfinite_a), self.nonfinite_a, self.nonfinite_b)
+            return PairStats(
+                True, 0.0, 0.0, _root(self.sq_a, self.nonfinite_a), self.nonfinite_a, self.nonfinite_b
+            )
         broken = self.nonfinite_a or self.nonfinite_b
-        return PairStats(False, math.nan if broken else self.max_abs, math.nan if broken else math.sqrt(self.sq_d),
-                         _root(self.sq_a, self.nonfinite_a), self.nonfinite_a, self.nonfinite_b)
+        return PairStats(
+            False,
+            math.nan if broken else self.max_abs,
+            math.nan if broken else math.sqrt(self.sq_d),
+            _root(self.sq_a, self.nonfinite_a),
+            self.nonfinite_a,
+            self.nonfinite_b,
+        )
 
 
 def _root(sq: float, nonfinite: int) -> float:

@@ -10,11 +10,49 @@ import pandas as pd
 
 from ..utils.findings import Finding
 
-TENSOR_COLUMNS = ["name", "name_b", "status", "module", "shape_a", "shape_b", "dtype_a", "dtype_b", "device_a",
-                  "device_b", "numel", "trainable", "bitwise_equal", "max_abs", "rel_change", "diff_norm",
-                  "norm_a", "nonfinite_a", "nonfinite_b", "exact_cast"]
-MODULE_COLUMNS = ["module", "depth", "tensors", "changed", "numel", "diff_norm", "norm_a", "rel_change", "max_abs"]
-STATUSES = ("equal", "changed", "dtype-changed", "shape-changed", "missing", "extra", "no-values", "stored-once")
+TENSOR_COLUMNS = [
+    "name",
+    "name_b",
+    "status",
+    "module",
+    "shape_a",
+    "shape_b",
+    "dtype_a",
+    "dtype_b",
+    "device_a",
+    "device_b",
+    "numel",
+    "trainable",
+    "bitwise_equal",
+    "max_abs",
+    "rel_change",
+    "diff_norm",
+    "norm_a",
+    "nonfinite_a",
+    "nonfinite_b",
+    "exact_cast",
+]
+MODULE_COLUMNS = [
+    "module",
+    "depth",
+    "tensors",
+    "changed",
+    "numel",
+    "diff_norm",
+    "norm_a",
+    "rel_change",
+    "max_abs",
+]
+STATUSES = (
+    "equal",
+    "changed",
+    "dtype-changed",
+    "shape-changed",
+    "missing",
+    "extra",
+    "no-values",
+    "stored-once",
+)
 
 
 @dataclass(frozen=True)

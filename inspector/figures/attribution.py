@@ -110,8 +110,16 @@ def image_overlay(result: Attribution, sample: int = 0, opacity: float = 0.6) ->
         rgb = ((img - lo) / (hi - lo if hi > lo else 1.0) * 255).clamp(0, 255).byte()
         fig.add_trace(go.Image(z=rgb.permute(1, 2, 0).numpy(), hoverinfo="skip"), row=1, col=1)
     else:
-        fig.add_trace(go.Heatmap(z=img.mean(0).numpy(), colorscale="gray", showscale=False,
-                                 hovertemplate="x %{x}, y %{y}<br>value %{z:.4g}<extra></extra>"), row=1, col=1)
+        fig.add_trace(
+            go.Heatmap(
+                z=img.mean(0).numpy(),
+                colorscale="gray",
+                showscale=False,
+                hovertemplate="x %{x}, y %{y}<br>value %{z:.4g}<extra></extra>",
+            ),
+            row=1,
+            col=1,
+        )
     fig.add_trace(go.Heatmap(
         z=pixels.astype(float), colorscale=DIVERGING, zmid=0, colorbar=dict(title="score", x=1.02),
         hovertemplate="x %{x}, y %{y}<br>score %{z:.4g}<extra></extra>"), row=1, col=2)
