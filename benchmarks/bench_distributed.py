@@ -172,13 +172,14 @@ def _worker(rank: int, world: int, port: int, args: argparse.Namespace) -> None:
             if rank == 0:
                 step, check = result["train step"], result["check_step"]
                 print(
-                    f"\n{factory} {wrap} ({result['parameters']:,} parameters, batch {batch} per rank, world {world}, "
-                    f"{backend}, {args.repeats} repeats, medians)"
+                    f"\n{factory} {wrap} ({result['parameters']:,} parameters, batch {batch} per rank, "
+                    f"world {world}, {backend}, {args.repeats} repeats, medians)"
                 )
                 for name in ("train step", "clip_grad_norm_", "check_step", "check_step, no hashes",
                      "check_step, given norms"):
                     print(
-                        f"  {name:24} {result[name] * 1e3:9.3f} ms wall  {result['cpu ' + name] * 1e3:9.3f} ms CPU"
+                        f"  {name:24} {result[name] * 1e3:9.3f} ms wall  "
+                        f"{result['cpu ' + name] * 1e3:9.3f} ms CPU"
                     )
                 print(f"  check_step / train step       {check / step:7.3f}x")
                 print(f"  check_step / clip_grad_norm_  {check / result['clip_grad_norm_']:7.3f}x")
@@ -191,8 +192,8 @@ def _worker(rank: int, world: int, port: int, args: argparse.Namespace) -> None:
                       f"({given * 1e3:.3f} ms)")
                 watched = result["cpu train step, watched"]
                 print(
-                    f"  by CPU time: watched step {watched * 1e3:.3f} ms, {watched / cpu_step - 1:+.3f} of the step "
-                    "(the watch's own numbers and check_step every step)"
+                    f"  by CPU time: watched step {watched * 1e3:.3f} ms, {watched / cpu_step - 1:+.3f} of "
+                    "the step (the watch's own numbers and check_step every step)"
                 )
     finally:
         dist.destroy_process_group()

@@ -117,8 +117,8 @@ def main() -> None:
         print(f"{what:20} {call:38} {r['seconds']:8.3f} {r['peak'] / 2**20:9.1f}  {r['outcome'][:60]} {note}")
     meta = rows[3][3]["seconds"]
     print(
-        f"\nmillion layers: transformers would spend about {meta * 1e6 / args.layers:,.0f} s building them on "
-        f"the meta device alone; load_model refuses in {rows[4][3]['seconds']:.2f} s "
+        f"\nmillion layers: transformers would spend about {meta * 1e6 / args.layers:,.0f} s building them "
+        f"on the meta device alone; load_model refuses in {rows[4][3]['seconds']:.2f} s "
         f"({meta * 1e6 / args.layers / max(rows[4][3]['seconds'], 1e-9):,.0f}x less)"
     )
 

@@ -105,7 +105,8 @@ def main() -> int:
         size = path.stat().st_size
         print(
             f"run file: {args.steps:,} steps × {args.modules:,} modules, {size / 2**20:.1f} MiB "
-            f"({size / (args.steps * args.modules):.1f} bytes per module per step), written in {write_s:.2f} s\n"
+            f"({size / (args.steps * args.modules):.1f} bytes per module per step), "
+            f"written in {write_s:.2f} s\n"
         )
         opens = []
         for _ in range(args.repeats):  # a fresh session and an empty server cache each time: the first open
@@ -125,13 +126,15 @@ def main() -> int:
     first = statistics.median(opens)
     print(f"{'what':44} {'seconds':>8} {'/target':>8} {'chart MB':>9}")
     print(
-        f"{'Training page, first open (median)':44} {first:8.2f} {first / OPEN_S:8.2f} {max(charts) / 1e6:9.2f}"
-        f"   (each open: {', '.join(f'{o:.2f}' for o in opens)}; the first also imports and loads the sidebar model)"
+        f"{'Training page, first open (median)':44} {first:8.2f} {first / OPEN_S:8.2f} "
+        f"{max(charts) / 1e6:9.2f}   (each open: {', '.join(f'{o:.2f}' for o in opens)}; "
+        "the first also imports and loads the sidebar model)"
     )
     print(f"{'Training page, rerun, file unchanged':44} {warm:8.2f} {'':>8}")
     print(f"{'Training page, rerun after a step (to ' + last + ')':44} {grown:8.2f} {grown / OPEN_S:8.2f}")
     print(
-        f"{'one line chart per module (built, serialised)':44} {per_layer_s:8.2f} {per_layer_s / OPEN_S:8.2f} "
+        f"{'one line chart per module (built, serialised)':44} {per_layer_s:8.2f} "
+        f"{per_layer_s / OPEN_S:8.2f} "
         f"{per_layer_bytes / 1e6:9.1f}"
     )
     print(f"\nper-layer charts / Training page: {per_layer_s / first:.1f}x the time, "

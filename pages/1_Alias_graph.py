@@ -88,7 +88,8 @@ def _aliases(loaded: LoadedModel) -> None:
         for d in analysis.disjoint:
             regions = " | ".join(", ".join(r) for r in d.regions)
             st.info(
-                f"Disjoint views of one storage ({format_bytes(d.storage_nbytes)} on {markdown_text(d.device)}): "
+                f"Disjoint views of one storage ({format_bytes(d.storage_nbytes)} on "
+                f"{markdown_text(d.device)}): "
                 f"{markdown_text(regions)}. "
                 "They share a storage but no bytes, so they are not aliases: writing one never "
                 "changes the other."

@@ -202,7 +202,8 @@ def _actual_placement(loaded: LoadedModel, comparison: Comparison) -> None:
     with guarded("reading where the tensors are"):
         actual = cached_analysis(placement_table, model)
         st.caption(
-            f"{markdown_text(loaded.name)} as loaded on {markdown_code(loaded.device)}: one row per parameter and buffer name."
+            f"{markdown_text(loaded.name)} as loaded on {markdown_code(loaded.device)}: one row per "
+            "parameter and buffer name."
         )
         findings_table(cached_analysis(placement_findings, model), "dm_findings_actual",
                        empty="Every tensor sits with its module's parameters.")

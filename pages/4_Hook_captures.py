@@ -99,7 +99,8 @@ def _capture(loaded: LoadedModel, selection: list[str], batch: int, max_bytes: i
         auto = cached_analysis(runs_at_once, loaded.model)
         if caps is None and not auto:
             st.info(
-                f"{markdown_text(loaded.name)} holds {format_bytes(model_bytes(loaded.model))} of weights: capturing "
+                f"{markdown_text(loaded.name)} holds {format_bytes(model_bytes(loaded.model))} of weights: "
+                "capturing "
                 f"its {len(chosen)} selected modules waits for the button. Narrow the selection first "
                 "(e.g. `transformer.h.0*`) to keep the copies small and the capture quick."
             )

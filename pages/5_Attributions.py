@@ -239,8 +239,8 @@ def main() -> None:
         return
     if loaded.is_meta:
         st.info(
-            f"{markdown_text(loaded.name)} is on the meta device: it has a structure but no weights, so there is "
-            "no output to attribute. Load it on a real device with a checkpoint."
+            f"{markdown_text(loaded.name)} is on the meta device: it has a structure but no weights, so "
+            "there is no output to attribute. Load it on a real device with a checkpoint."
         )
         return
     if not model_runs(loaded):

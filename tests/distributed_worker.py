@@ -210,8 +210,9 @@ def _tp_checks(rank: int, world: int) -> dict:
 
 
 def _strided_checks(rank: int, world: int) -> dict:
-    """A (8, 2) parameter placed as FSDP2 places one over tensor parallelism: _StridedShard(0, split_factor=2);
-    each rank holds 4 rows (rank 0 rows 0-1 and 4-5), 8 elements, 32 bytes, in two blocks."""
+    """A (8, 2) parameter placed as FSDP2 places one over tensor parallelism:
+    _StridedShard(0, split_factor=2); each rank holds 4 rows (rank 0 rows 0-1 and 4-5), 8 elements,
+    32 bytes, in two blocks."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import distribute_tensor
     from torch.distributed.tensor.placement_types import _StridedShard

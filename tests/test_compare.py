@@ -1,4 +1,5 @@
-"""compare(a, b): every finding planted on a tiny tied model; files, prefixes, bfloat16, DCP folders, the CLI."""
+"""compare(a, b): every finding planted on a tiny tied model; files, prefixes, bfloat16, DCP folders, the
+CLI."""
 
 from __future__ import annotations
 

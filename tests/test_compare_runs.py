@@ -86,7 +86,8 @@ def test_cli_compares_two_runs(runs, capsys):
 
 
 def test_two_check_step_run_files(world1, tmp_path):
-    """check_step's run.jsonl (read through read_run): B's second layer gets 3x the gradient from step 2 on."""
+    """check_step's run.jsonl (read through read_run): B's second layer gets 3x the gradient from step 2
+    on."""
     import torch
     from torch import nn
 

@@ -1,8 +1,9 @@
 """FSDP2 and DTensor on a world of 2 gloo processes on the CPU, started once per test session.
 
 tests/distributed_worker.py runs on each rank (the ``world2`` fixture in conftest.py starts it):
-the ``distributed`` command as torchrun would run it, then the analyses on an FSDP2 model and a tensor-parallel model, with a NaN and two
-drifts planted on rank 1. Sizes of sample_models/fsdp.py:build (see its docstring): 18282
+the ``distributed`` command as torchrun would run it, then the analyses on an FSDP2 model and a
+tensor-parallel model, with a NaN and two drifts planted on rank 1. Sizes of
+sample_models/fsdp.py:build (see its docstring): 18282
 parameters, every sharded dimension even, so each rank holds 9141.
 """
 

@@ -104,7 +104,8 @@ def _past_the_end(metadata):
 
 
 def _overlap(metadata):
-    # w claims 8 rows; its one stored 4x2 piece is listed at rows 0-3 and again at rows 2-5: 16 elements "filled"
+    # w claims 8 rows; its one stored 4x2 piece is listed at rows 0-3 and again at rows 2-5:
+    # 16 elements "filled"
     _entry(metadata).size = torch.Size([8, 2])
     index = _index(metadata)
     metadata.storage_data[dataclasses.replace(index, offset=torch.Size([2, 0]))] = metadata.storage_data[

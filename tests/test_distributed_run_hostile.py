@@ -55,7 +55,8 @@ HOSTILE = [
     ),
     (
         lambda r: r.update(findings=[{"code": "c", "severity": "info", "where": "", "message": "m", "x": 1}]),
-        r"a finding has exactly the keys code, severity, where, message; got code, message, severity, where, x",
+        r"a finding has exactly the keys code, severity, where, message; "
+        r"got code, message, severity, where, x",
     ),
     (
         lambda r: r.update(findings=[{"code": 1, "severity": "info", "where": "", "message": "m"}]),

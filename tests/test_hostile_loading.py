@@ -25,7 +25,8 @@ def files(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("loading")
     (root / "models").mkdir()
     (root / "models" / "nets.py").write_text(
-        "from torch import nn\n\n\nclass Net(nn.Module):\n    def __init__(self):\n        super().__init__()\n"
+        "from torch import nn\n\n\nclass Net(nn.Module):\n"
+        "    def __init__(self):\n        super().__init__()\n"
         "        self.fc = nn.Linear(3, 2)\n\n    def forward(self, x):\n        return self.fc(x)\n\n\n"
         "def good():\n    return Net()\n"
     )
@@ -59,7 +60,8 @@ _PEAK = textwrap.dedent('''
 
 
 def test_bombs_are_refused_before_they_allocate_under_a_memory_limit(tmp_path, files):
-    # a 256 KiB torch zip whose entry inflates to 256 MiB; DCP indexes claiming (40000, 40000) and 10**6 x 10**6
+    # a 256 KiB torch zip whose entry inflates to 256 MiB; DCP indexes claiming (40000, 40000) and
+    # 10**6 x 10**6
     zip_bomb(tmp_path / "gib.pt", mebibytes=256)
     assert (tmp_path / "gib.pt").stat().st_size < 1 << 20
     done = subprocess.run(

@@ -52,8 +52,8 @@ def run_captures_section() -> None:
                 return
             name, step, rank = producer_of(caps)
             st.markdown(
-                f"Inputs and outputs of **`{name}`** at step **{step}**{f' on rank {rank}' if rank else ''}, copied when it first "
-                "produced NaN/Inf from finite inputs."
+                f"Inputs and outputs of **`{name}`** at step **{step}**{f' on rank {rank}' if rank else ''}, "
+                "copied when it first produced NaN/Inf from finite inputs."
             )
             paged_table(caps.stats, key="cap_run_stats", **stats_layout(caps.stats))
             if caps.skipped:

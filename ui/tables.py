@@ -102,7 +102,8 @@ def human_bytes(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def show_frame(df: pd.DataFrame, column_config: dict | None = None, **kwargs) -> None:
-    """``st.dataframe`` with bytes in binary units and every column fitted to its content (see :func:`fit_columns`)."""
+    """``st.dataframe`` with bytes in binary units and every column fitted to its content (see
+    :func:`fit_columns`)."""
     kwargs.setdefault("hide_index", True)
     kwargs.setdefault("width", "stretch")
     df = human_bytes(df)

@@ -1,5 +1,5 @@
-"""The home page's model tree: the module hierarchy (a treemap) sized by bytes, coloured by a lens, searchable,
-and the selected module's tensors with their badges and the pages that explain them."""
+"""The home page's model tree: the module hierarchy (a treemap) sized by bytes, coloured by a lens,
+searchable, and the selected module's tensors with their badges and the pages that explain them."""
 
 from __future__ import annotations
 

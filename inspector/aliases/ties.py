@@ -198,7 +198,8 @@ def _set_tensor(model: nn.Module, name: str, kind: str, value: torch.Tensor) -> 
     prefix, _, leaf = name.rpartition(".")
     module = model.get_submodule(prefix) if prefix else model
     if kind == "parameter":
-        # A tensor from this slot (a Parameter, or a plain tensor someone stored there): the stubs say Parameter.
+        # A tensor from this slot (a Parameter, or a plain tensor someone stored there):
+        # the stubs say Parameter.
         module._parameters[leaf] = value  # type: ignore[assignment]
     else:
         module._buffers[leaf] = value

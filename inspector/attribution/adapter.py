@@ -300,7 +300,8 @@ def _result(call: _Call, out: Any, target: int | None) -> Attribution:
     if spec.name == "layer_gradcam" and attributions[0].dim() < 3:
         raise InspectorError(
             f"GradCAM needs a layer with spatial output (B, C, H, W); {layer} has none (its map has "
-            f"shape {tuple(attributions[0].shape)}). Convolution layers: {', '.join(conv_layers(call.forward.model))}"
+            f"shape {tuple(attributions[0].shape)}). Convolution layers: "
+            f"{', '.join(conv_layers(call.forward.model))}"
         )
     findings += _nan_findings(attributions, layer)
     result = new_result(method=spec.name, requested=call.requested, captum_method=spec.captum_class.__name__,

@@ -73,7 +73,8 @@ def _print_weights(result: WeightComparison, args: argparse.Namespace) -> None:
 
 def _print_runs(result: RunComparison, args: argparse.Namespace) -> None:
     say(
-        f"A: {result.a}, B: {result.b}: {result.facts['common_steps']} common steps, tolerance {result.tolerance:g}"
+        f"A: {result.a}, B: {result.b}: {result.facts['common_steps']} common steps, tolerance "
+        f"{result.tolerance:g}"
     )
     if result.first_divergence is None:
         say("the runs agree at every common step")

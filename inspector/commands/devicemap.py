@@ -95,7 +95,8 @@ def run(args: argparse.Namespace) -> int:
     print_findings(plan.findings)
     if comparison is not None and comparison.accelerate_error is not None:
         say(
-            f"\naccelerate could not plan this model: infer_auto_device_map raised {comparison.accelerate_error}; "
+            "\naccelerate could not plan this model: infer_auto_device_map raised "
+            f"{comparison.accelerate_error}; "
             "the map above is ours alone"
         )
     elif comparison is not None:

@@ -172,7 +172,8 @@ def _named(code: str, severity: str, names: list[str], text: str) -> list[Findin
 def lone_findings(
     sa: TensorSource, sb: TensorSource, tensors: pd.DataFrame, stored_once: set[str]
 ) -> list[Finding]:
-    """``missing`` (only in A) and ``extra`` (only in B), leaving out names a file stores once through a tie."""
+    """``missing`` (only in A) and ``extra`` (only in B), leaving out names a file stores once through a
+    tie."""
     missing = [n for n in tensors.loc[tensors["status"] == "missing", "name"] if n not in stored_once]
     extra = [n for n in tensors.loc[tensors["status"] == "extra", "name_b"] if n not in stored_once]
     return (_named("missing", "warning", missing, f"{{name}} is in {sa.label} but not in {sb.label}")
@@ -199,14 +200,16 @@ def dtype_findings(sa: TensorSource, sb: TensorSource, tensors: pd.DataFrame) ->
         ):
             exact = int(rows["exact_cast"].fillna(False).astype(bool).sum())
             text += (
-                f": {db} keeps {_bits(tb)} significant bits of {da}'s {_bits(ta)} (each value rounded by up to "
+                f": {db} keeps {_bits(tb)} significant bits of {da}'s {_bits(ta)} (each value rounded by "
+                "up to "
                 f"{torch.finfo(tb).eps / 2:.2g} of itself). The largest change is {worst['max_abs']:.3g} and "
                 f"‖B−A‖/‖A‖ is up to {worst['rel_change']:.3g} (in {worst['name']}); "
             )
             text += (
                 f"B is exactly A rounded to {db}"
                 if exact == len(rows)
-                else f"{len(rows) - exact} of them differ from A rounded to {db}: they changed beyond the conversion"
+                else f"{len(rows) - exact} of them differ from A rounded to {db}: "
+                "they changed beyond the conversion"
             )
             severity = "warning"
         elif ta.is_floating_point != tb.is_floating_point:

@@ -2,8 +2,9 @@
 
 The arithmetic runs in numpy on chunks of ``CHUNK`` elements, single-threaded and in cache:
 one pass computes the difference, its largest magnitude and both sums of squares, and an equal
-chunk costs only a byte comparison (until one chunk differs; later chunks are not compared bytewise). bfloat16 and float16 are widened to float32 chunk by chunk,
-so memory stays at the two tensors plus one chunk.
+chunk costs only a byte comparison (until one chunk differs; later chunks are not compared
+bytewise). bfloat16 and float16 are widened to float32 chunk by chunk, so memory stays at the two
+tensors plus one chunk.
 """
 
 from __future__ import annotations
@@ -127,7 +128,8 @@ def _root(sq: float, nonfinite: int) -> float:
 
 
 def raw_values(t: torch.Tensor) -> np.ndarray:
-    """The raw values of a CPU tensor as a flat integer array of its element size (no copy when contiguous)."""
+    """The raw values of a CPU tensor as a flat integer array of its element size (no copy when
+    contiguous)."""
     if t.dtype.is_complex:
         t = torch.view_as_real(t)
     return _raw(t)

@@ -117,7 +117,8 @@ def compare_runs(a: Any, b: Any, *, tolerance: float = 0.05, rank: int = 0) -> R
 
 def _module_table(modules: list[str], common: np.ndarray, diff: np.ndarray, beyond: np.ndarray,
                   first: int | None, parted: np.ndarray) -> pd.DataFrame:
-    """Per module (model order): its first step beyond the tolerance, its largest and its first-step difference."""
+    """Per module (model order): its first step beyond the tolerance, its largest and its first-step
+    difference."""
     rows = []
     for j, m in enumerate(modules):
         hits = np.flatnonzero(beyond[:, j])

@@ -67,10 +67,10 @@ def _drift(row: dict[str, Any], step: int) -> list[Finding]:
                     "replica-resynchronised",
                     "info",
                     row["name"],
-                    f"buffer {row['name']} differs between {_ranks(ranks)} at step {step} (each rank updated it "
-                    "in its own forward pass, as BatchNorm does with its running statistics). "
-                    "DistributedDataParallel(broadcast_buffers=True) copies rank 0's buffers to every rank at the "
-                    "start of the next forward pass, so the copies are re-synchronised: not a drift.",
+                    f"buffer {row['name']} differs between {_ranks(ranks)} at step {step} (each rank updated "
+                    "it in its own forward pass, as BatchNorm does with its running statistics). "
+                    "DistributedDataParallel(broadcast_buffers=True) copies rank 0's buffers to every rank "
+                    "at the start of the next forward pass, so the copies are re-synchronised: not a drift.",
                 )
             )
             continue
@@ -210,8 +210,8 @@ def far_off(rms: dict[int, float], far_factor: float) -> list[Finding]:
                     "warning",
                     f"rank {rank}",
                     f"rank {rank}'s gradients are {how} per element than the median of the {len(rms)} ranks "
-                    f"(RMS {value:.3g} against {middle:.3g}): a bad batch, a different loss scale or a missed gradient reduction "
-                    "on that rank.",
+                    f"(RMS {value:.3g} against {middle:.3g}): a bad batch, a different loss scale or a "
+                    "missed gradient reduction on that rank.",
                 )
             )
     return out
@@ -235,7 +235,8 @@ def imbalance(record: dict[str, Any], threshold: float = IMBALANCE) -> list[Find
             "shard-imbalance",
             "warning",
             f"rank {big}",
-            f"rank {big} holds {max(totals)} sharded parameter elements, {100 * (max(totals) - mean) / mean:.1f}% "
+            f"rank {big} holds {max(totals)} sharded parameter elements, "
+            f"{100 * (max(totals) - mean) / mean:.1f}% "
             f"above the mean of {mean:.0f} (per rank: {', '.join(str(t) for t in totals)}); most uneven: "
             f"{names}. Dimension 0 of those tensors does not divide by the number of shards.",
         )

@@ -26,7 +26,8 @@ VERSION = 1
 # per tensor: local grad sum of squares, grad NaN, grad Inf, local numel, has grad, replica key,
 # value NaN, value Inf
 PER_TENSOR = 8
-# per rank: param bytes, grad bytes, buffer bytes, device allocated, device peak, rss, peak rss, loss, has loss
+# per rank: param bytes, grad bytes, buffer bytes, device allocated, device peak, rss, peak rss, loss,
+# has loss
 PER_RANK = 9
 
 

@@ -115,7 +115,8 @@ def _late(store: Any, tag: str, rank: int, others: list[int], fingerprint: dict[
                                      else "made no call yet"))
     raise InspectorError(
         f"check_step call {call} (step {fingerprint['step']}) on rank {rank}: "
-        f"{', '.join(f'rank {r}' for r in missing)} did not reach it within {timeout:g} s ({'; '.join(parts)}). "
+        f"{', '.join(f'rank {r}' for r in missing)} did not reach it within {timeout:g} s "
+        f"({'; '.join(parts)}). "
         "Every rank must call check_step at the same steps; a rank that skipped one or stopped is behind. "
         "No collective was started."
     )

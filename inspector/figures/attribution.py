@@ -181,8 +181,9 @@ def completeness_line(result: Attribution) -> str:
     >>> r = Attribution("ig", "ig", "IntegratedGradients", None, None, None,
     ...                       (torch.tensor([[2.0, 2.0, -3.0]]),), (torch.ones(1, 3),),
     ...                       delta=torch.tensor([0.001]))
-    >>> completeness_line(r)
-    'Completeness: attributions sum to 1, F(x) − F(baseline) = 0.999, convergence delta 0.001 (0.1%): small enough to trust (tolerance 5%).'
+    >>> print(completeness_line(r))  # doctest: +NORMALIZE_WHITESPACE
+    Completeness: attributions sum to 1, F(x) − F(baseline) = 0.999, convergence delta 0.001 (0.1%):
+    small enough to trust (tolerance 5%).
     """
     comp = result.completeness()
     if comp is None:

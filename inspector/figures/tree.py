@@ -56,7 +56,8 @@ def _norm_colours(norms: list[float]) -> tuple[list[str], str]:
 
 
 def lens_colours(tree: ModuleTree, lens: str) -> tuple[list[str], str]:
-    """One colour per module row for ``lens`` (one of :data:`~inspector.structure.tree.LENSES`) and a legend line."""
+    """One colour per module row for ``lens`` (one of :data:`~inspector.structure.tree.LENSES`) and a legend
+    line."""
     if lens not in LENSES:
         raise ValueError(f"unknown lens {lens!r}; choose one of {', '.join(LENSES)}")
     column = tree.modules[LENS_COLUMN[lens]].tolist()

@@ -352,7 +352,8 @@ def _checked_shape(folder: Path, entry: Entry, own: list[Piece], sizes: dict[str
 
 def _region(folder: Path, piece: Piece, value: torch.Tensor, whole: torch.Tensor,
             covered: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Where ``value`` goes in ``whole`` (and in the ``covered`` mask), after bounds, shape and dtype checks."""
+    """Where ``value`` goes in ``whole`` (and in the ``covered`` mask), after bounds, shape and dtype
+    checks."""
     where = f"{folder.name}: the piece of {piece.name} at offset {piece.offsets} in {piece.file}"
     if value.dtype != whole.dtype:
         raise InspectorError(f"{where} is {value.dtype}, but the index says {whole.dtype}")

@@ -7,8 +7,9 @@ folder names none that transformers knows does it fall back, in this order, to t
 tensor with the model (:func:`inspector.loading.hf_saved.check_saved`, from the files' headers and
 transformers' loading report; values are read only where they may differ): a saved tensor the
 model has no place for, a model tensor no saved tensor filled (left at its random
-initialisation), a shape or dtype that changed, or a value that differs become findings. When saved tensors were dropped *and*
-model tensors were left at their initial values (or shapes changed), the model is not the
+initialisation), a shape or dtype that changed, or a value that differs become findings. When
+saved tensors were dropped *and* model tensors were left at their initial values (or shapes
+changed), the model is not the
 saved one: those findings are errors, and so is the class finding when the class is not the
 one the folder names.
 
@@ -282,8 +283,8 @@ def tie_findings(model: nn.Module) -> list[Finding]:
             f"{a}.weight",
             f"config.json says tie_word_embeddings, but {a}.weight and {b}.weight are two tensors: "
             "the folder saved two different values, so transformers kept both. Set "
-            "tie_word_embeddings to false, or, if they should be one tensor, tie them (model.tie_weights()) and "
-            "save the folder again; the aliases view lists them apart, as two tensors",
+            "tie_word_embeddings to false, or, if they should be one tensor, tie them (model.tie_weights()) "
+            "and save the folder again; the aliases view lists them apart, as two tensors",
         )
     ]
 

@@ -98,8 +98,8 @@ def code_fields(config: Any, where: str = "") -> list[str]:
 def refuse_code_fields(config: Any, path: Path) -> None:
     """Raise naming every field of ``config`` (from ``path``'s config.json) that would fetch or run code.
 
-    >>> refuse_code_fields({"_attn_implementation": "sdpa", "text_config": {"experts_implementation": "eager"}},
-    ...                    Path("m"))
+    >>> refuse_code_fields({"_attn_implementation": "sdpa",
+    ...                     "text_config": {"experts_implementation": "eager"}}, Path("m"))
     """
     fields = code_fields(config)
     if not fields:
@@ -273,7 +273,8 @@ def check_model_size(cls: Any, config: Any, folder: Path, max_bytes: int | None 
     if estimate.nbytes > limit:
         raise InspectorError(
             f"{folder} was refused: its config.json describes a {cls.__name__} of about "
-            f"{format_bytes(estimate.nbytes)}, more than the limit of {format_bytes(limit)}. Nothing was built. "
+            f"{format_bytes(estimate.nbytes)}, more than the limit of {format_bytes(limit)}. "
+            "Nothing was built. "
             "If you mean it, raise the limit: --max-model-size on the command line, the sidebar's "
             "'Largest model' field, or INSPECTOR_MAX_MODEL_SIZE for the server."
         )

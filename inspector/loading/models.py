@@ -191,11 +191,12 @@ def model_code(what: str, fix: str = "fix the model file, or pick another model"
     torch settings the code changed (default dtype, grad mode...) are put back afterwards and,
     when ``changed`` is given, listed there (:func:`inspector.utils.torch_state.restored_torch_state`).
 
-    >>> with model_code("forward of m"):
+    >>> with model_code("forward of m"):  # doctest: +NORMALIZE_WHITESPACE
     ...     raise ZeroDivisionError("division by zero")
     Traceback (most recent call last):
     ...
-    inspector.loading.models.ModelCodeError: forward of m raised ZeroDivisionError: division by zero; fix the model file, or pick another model
+    inspector.loading.models.ModelCodeError: forward of m raised ZeroDivisionError: division by zero;
+    fix the model file, or pick another model
     """
     try:
         with restored_torch_state(changed):
@@ -211,7 +212,8 @@ def model_code(what: str, fix: str = "fix the model file, or pick another model"
 
 
 def to_device(inputs: Any, device: torch.device, dtype: torch.dtype | None = None) -> Any:
-    """Move a tensor, or every tensor inside tuples, lists, dicts, named tuples and their subclasses, to ``device``.
+    """Move a tensor, or every tensor inside tuples, lists, dicts, named tuples and their subclasses, to
+    ``device``.
 
     With ``dtype``, floating tensors are cast to it too (integer and bool tensors keep theirs).
     Anything that is not a tensor is returned as it is.
@@ -313,9 +315,10 @@ def load_model(
                 "accelerate-offloaded",
                 "info",
                 "",
-                f"{loaded.name} was dispatched by accelerate with weights offloaded to the cpu or disk; it stays "
-                f"where accelerate put it (not moved to {dev}), and its hooks load the offloaded weights for each "
-                "forward pass. Their gradients are not kept: accelerate drops the loaded copy after the forward",
+                f"{loaded.name} was dispatched by accelerate with weights offloaded to the cpu or disk; "
+                f"it stays where accelerate put it (not moved to {dev}), and its hooks load the offloaded "
+                "weights for each forward pass. Their gradients are not kept: accelerate drops the loaded "
+                "copy after the forward",
             )
         )
     else:

@@ -70,7 +70,8 @@ def flatten_roundtrip(model: nn.Module, max_elements: int = 20_000_000) -> Round
                          _untouched(originals, before), msg, tuple(steps))
     shares = _shares_storage(vec, copies)
     steps.append(
-        f"vec = parameters_to_vector(params): {vec.numel():,} elements of {str(vec.dtype).removeprefix('torch.')}; it "
+        f"vec = parameters_to_vector(params): {vec.numel():,} elements of "
+        f"{str(vec.dtype).removeprefix('torch.')}; it "
         f"{'shares' if shares else 'shares no'} memory with the parameters"
     )
     write_through = _writes_through(vec, copies, steps)

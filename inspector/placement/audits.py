@@ -316,7 +316,8 @@ def device_usage(table: pd.DataFrame, budget: Mapping[Device, int] | None = None
     unassigned tensors are on the row whose device is None.
 
     >>> m = nn.Sequential(nn.Linear(2, 2), nn.BatchNorm1d(2))  # params 24 + 16, buffers 16 + 8
-    >>> device_usage(audit_device_map(m, {"": "cpu"}))[["device", "parameter_bytes", "buffer_bytes"]].values.tolist()
+    >>> usage = device_usage(audit_device_map(m, {"": "cpu"}))
+    >>> usage[["device", "parameter_bytes", "buffer_bytes"]].values.tolist()
     [['cpu', 40, 24]]
     """
     unique = table[table["alias_of"].isna()]

@@ -220,7 +220,8 @@ def plan_steps(model: nn.Module, max_memory: str | Mapping[Any, Any],
                     "",
                     d,
                     n,
-                    f"tensors placed after the walk (buffers, ties, layers kept whole) overfilled {d} by {format_bytes(n)}; "
+                    f"tensors placed after the walk (buffers, ties, layers kept whole) overfilled {d} by "
+                    f"{format_bytes(n)}; "
                     "kept that much free and planned again",
                 )
             )
@@ -313,7 +314,8 @@ def plan_device_map(model: nn.Module, max_memory: str | Mapping[Any, Any],
 
     >>> m = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 4))  # 80 bytes each
     >>> m[1].weight = m[0].weight  # tied: 80 + 16 bytes in all
-    >>> plan_device_map(m, {0: 90, 1: 1000})  # "1" does not fit after "0", and cannot leave its weight: all on 1
+    >>> # "1" does not fit after "0", and cannot leave its weight: all on 1
+    >>> plan_device_map(m, {0: 90, 1: 1000})
     {'': 1}
     """
     model = require_module(model, "plan_device_map")

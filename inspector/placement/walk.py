@@ -169,7 +169,8 @@ def walk(inv: ModuleTables, budget: dict[Device, int], capacity: dict[Device, in
                     dev,
                     size,
                     f"{format_bytes(size)} do not fit the "
-                    f"{format_bytes(capacity[dev] - keep - state.used[dev])} left on {dev}; placing its {len(parts)} parts one by one",
+                    f"{format_bytes(capacity[dev] - keep - state.used[dev])} left on {dev}; placing its "
+                    f"{len(parts)} parts one by one",
                 )
             )
         elif i + 1 < len(devices):
@@ -200,7 +201,8 @@ def _raise_no_room(inv: ModuleTables, budget: dict[Device, int], capacity: dict[
     last = list(budget)[-1]
     given = ", ".join(f"{d}: {format_bytes(n)}" for d, n in budget.items())
     raise InspectorError(
-        f"the budget is too small: the model needs {format_bytes(need)} and the budget gives {format_bytes(have)} "
+        f"the budget is too small: the model needs {format_bytes(need)} and the budget gives "
+        f"{format_bytes(have)} "
         f"({given}). {unit or 'the model'} ({format_bytes(inv.sizes[unit])}) does not fit on the last device "
         f"{last!r} ({format_bytes(capacity[last] - state.used[last])} left there){hint} or raise a budget."
     )

@@ -48,8 +48,9 @@ UNRECORDED_OPTIONS = ("lab_progress", "gradients", "controls")
 PYTHON_CONTROLS: dict[str, str] = {
     "backward": "pass backward=True for one backward pass",
     "conversions": "pass conversions='all' to run them",
-    "attribution_cpu_max_bytes": "pass attribution_cpu_max_bytes=None (and perhaps a small attribution_steps) "
-    "to run it here",
+    "attribution_cpu_max_bytes": (
+        "pass attribution_cpu_max_bytes=None (and perhaps a small attribution_steps) to run it here"
+    ),
     "lab": "the Labs page (or lab=..., lab_progress=...) adds them",
     "compare_with": "pass compare_with=<a source, checkpoint file or folder>",
 }

@@ -140,7 +140,8 @@ def test_fsdp_sample_is_the_file_model_and_runs_by_name(tmp_path):
 
 
 def test_a_rank_far_below_the_others_is_named_too():
-    # RMS per element: ranks 0 and 2 sqrt(100/100) = 1, rank 1 (gradients x 0.01) 0.01 -> 100x below the median 1
+    # RMS per element: ranks 0 and 2 sqrt(100/100) = 1, rank 1 (gradients x 0.01) 0.01 ->
+    # 100x below the median 1
     rows = [_row("w", [10.0, 0.1, 10.0], [100, 100, 100])]
     found = step_findings(_record(rows, world=3))
     assert [(f.code, f.where) for f in found] == [("gradient-far-off", "rank 1")]

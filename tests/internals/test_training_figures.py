@@ -1,4 +1,5 @@
-"""Figures of a training run: the binned module × step heatmap, the loss and norm lines, the findings timeline."""
+"""Figures of a training run: the binned module × step heatmap, the loss and norm lines, the findings
+timeline."""
 
 from __future__ import annotations
 
