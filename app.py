@@ -54,18 +54,32 @@ def _summary(loaded: LoadedModel) -> None:
                      + (" (structure only)" if loaded.is_meta else ""))
         cols = [*st.columns(3), *st.columns(3)]  # two rows: "69.0 billion" needs the room
         cols[0].metric("Modules", format_count(s.modules), help=f"{s.modules:,} modules")
-        cols[1].metric("Parameter elements", format_count(s.parameter_elements),
-                       help=f"{s.parameter_elements:,}: each Parameter object once, as parameters() yields them")
-        cols[2].metric("Counting every alias", format_count(s.parameter_elements_with_aliases),
-                       delta=f"+{format_count(s.aliased_elements)} aliased" if s.aliased_elements else "no aliases",
-                       delta_color="off", delta_arrow="off",
-                       help=f"{s.parameter_elements_with_aliases:,}: named_parameters(remove_duplicate=False), "
-                            "a tied tensor counted once per name")
-        cols[3].metric("Trainable", format_count(s.trainable_elements), help=f"{s.trainable_elements:,} elements")
+        cols[1].metric(
+            "Parameter elements",
+            format_count(s.parameter_elements),
+            help=f"{s.parameter_elements:,}: each Parameter object once, as parameters() yields them",
+        )
+        cols[2].metric(
+            "Counting every alias",
+            format_count(s.parameter_elements_with_aliases),
+            delta=f"+{format_count(s.aliased_elements)} aliased" if s.aliased_elements else "no aliases",
+            delta_color="off",
+            delta_arrow="off",
+            help=f"{s.parameter_elements_with_aliases:,}: named_parameters(remove_duplicate=False), "
+            "a tied tensor counted once per name",
+        )
+        cols[3].metric(
+            "Trainable", format_count(s.trainable_elements), help=f"{s.trainable_elements:,} elements"
+        )
         cols[4].metric("Frozen", format_count(s.frozen_elements), help=f"{s.frozen_elements:,} elements")
-        cols[5].metric("Buffers", format_count(s.buffers), delta=f"{format_count(s.buffer_elements)} elements",
-                       delta_color="off", delta_arrow="off",
-                       help=f"{s.buffers:,} buffers, {s.buffer_elements:,} elements")
+        cols[5].metric(
+            "Buffers",
+            format_count(s.buffers),
+            delta=f"{format_count(s.buffer_elements)} elements",
+            delta_color="off",
+            delta_arrow="off",
+            help=f"{s.buffers:,} buffers, {s.buffer_elements:,} elements",
+        )
 
         st.markdown("**Bytes by dtype and device**")
         show_frame(s.bytes_table.rename(columns={"bytes": "size"})
@@ -108,7 +122,9 @@ def _command_line() -> None:
 
 
 def main() -> None:
-    st.set_page_config(page_title="Model Inspector", layout="wide")  # a Material page icon is fetched from the web
+    st.set_page_config(
+        page_title="Model Inspector", layout="wide"
+    )  # a Material page icon is fetched from the web
     navigation(home).run()
 
 

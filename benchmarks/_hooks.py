@@ -16,7 +16,9 @@ def clone(t: torch.Tensor) -> torch.Tensor:
     return t.detach().clone()
 
 
-def hooked(model: nn.Module, run: Callable[[], object], keep: Callable[[torch.Tensor], object] | None) -> dict:
+def hooked(
+    model: nn.Module, run: Callable[[], object], keep: Callable[[torch.Tensor], object] | None
+) -> dict:
     """Run ``run()`` with a forward hook on every module of ``model`` that stores ``keep(output)``
     (each tensor item of a tuple, list, dict or Hugging Face model output), or does nothing when
     ``keep`` is None (the floor). The model itself gets a hook that keeps nothing, as

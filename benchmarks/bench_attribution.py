@@ -35,7 +35,9 @@ from inspector.loading.models import load_model  # noqa: E402
 TARGET_RATIO = 1.1
 
 
-def time_pair(ours, direct, repeats: int, clock=time.process_time, inner: int = 1) -> tuple[float, float, float]:
+def time_pair(
+    ours, direct, repeats: int, clock=time.process_time, inner: int = 1
+) -> tuple[float, float, float]:
     """Median seconds per call of each side and median of the per-pair ratios ours/direct.
 
     Each sample times ``inner`` calls in a row (for calls of a few milliseconds).
@@ -76,10 +78,15 @@ def cases(quick: bool):
     yield ("cnn-bn input_x_gradient", 5 if quick else 101, 10,
            lambda: attribute(cnn, x, "input_x_gradient", 3),
            lambda: InputXGradient(m).attribute(x, target=3))
-    yield ("cnn-bn layer_conductance conv2", 5 if quick else 41, 1,
-           lambda: attribute(cnn, x, "layer_conductance", 3, "conv2", n_steps=n, return_convergence_delta=True),
-           lambda: LayerConductance(m, layers["conv2"]).attribute(x, target=3, n_steps=n,
-                                                                  return_convergence_delta=True))
+    yield (
+        "cnn-bn layer_conductance conv2",
+        5 if quick else 41,
+        1,
+        lambda: attribute(cnn, x, "layer_conductance", 3, "conv2", n_steps=n, return_convergence_delta=True),
+        lambda: LayerConductance(m, layers["conv2"]).attribute(
+            x, target=3, n_steps=n, return_convergence_delta=True
+        ),
+    )
     yield ("cnn-bn layer_gradcam conv2", 5 if quick else 101, 10,
            lambda: attribute(cnn, x, "layer_gradcam", 3, "conv2"),
            lambda: LayerGradCam(m, layers["conv2"]).attribute(x, target=3))

@@ -108,11 +108,20 @@ def main() -> int:
                              "load_file + torch diff": timed(lambda: torch_diff(a, b)),
                              "inspector compare": timed(lambda: compare(a, b))}, args.repeats)
     floor = times["read both files"]
-    print(f"two files, {size / 1e9:.2f} GB in all, page cache {'kept' if args.warm else 'dropped before each call'}")
+    print(
+        f"two files, {size / 1e9:.2f} GB in all, page cache "
+        f"{'kept' if args.warm else 'dropped before each call'}"
+    )
     for name, seconds in times.items():
-        print(f"  {name:24} {seconds:7.3f} s  {size / seconds / 1e9:6.2f} GB/s  read speed x{floor / seconds:5.2f}")
+        print(
+            f"  {name:24} {seconds:7.3f} s  {size / seconds / 1e9:6.2f} GB/s  read speed "
+            f"x{floor / seconds:5.2f}"
+        )
     ratio = floor / times["inspector compare"]
-    print(f"compare at {ratio:.2f}x the read speed (goal >= {TARGET}x): {'met' if ratio >= TARGET else 'NOT met'}")
+    print(
+        f"compare at {ratio:.2f}x the read speed (goal >= {TARGET}x): "
+        f"{'met' if ratio >= TARGET else 'NOT met'}"
+    )
     return 0
 
 

@@ -62,7 +62,9 @@ class Many(torch.nn.Module):
         return list(self.units)
 
 
-def _bench(factory: str, device: torch.device, repeats: int, batch_size: int, wrap: str = "fsdp") -> dict[str, float]:
+def _bench(
+    factory: str, device: torch.device, repeats: int, batch_size: int, wrap: str = "fsdp"
+) -> dict[str, float]:
     from torch.distributed.fsdp import fully_shard
 
     import sample_models.fsdp as sample
@@ -97,7 +99,9 @@ def _bench(factory: str, device: torch.device, repeats: int, batch_size: int, wr
     train_step()  # gradients exist for the checks
     inner = model.module if wrap == "ddp" else model
     names = tuple(n for n, _ in inner.named_parameters())
-    local = [p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad for _, p in inner.named_parameters()]
+    local = [
+        p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad for _, p in inner.named_parameters()
+    ]
     norms = torch.stack(torch._foreach_norm(local)).double()
     fns = {
         "train step": train_step,
@@ -109,7 +113,11 @@ def _bench(factory: str, device: torch.device, repeats: int, batch_size: int, wr
     wall = interleaved(fns, repeats, sync)
     cpu = _cpu_medians(fns, repeats, sync)
     cpu["train step, watched"] = _watched(model, optimizer, train_step, repeats, sync)
-    return wall | {f"cpu {k}": v for k, v in cpu.items()} | {"parameters": sum(p.numel() for p in model.parameters())}
+    return (
+        wall
+        | {f"cpu {k}": v for k, v in cpu.items()}
+        | {"parameters": sum(p.numel() for p in model.parameters())}
+    )
 
 
 def _watched(model, optimizer, train_step, repeats: int, sync) -> float:
@@ -163,11 +171,16 @@ def _worker(rank: int, world: int, port: int, args: argparse.Namespace) -> None:
             result = _bench(factory, device, args.repeats, batch, wrap)
             if rank == 0:
                 step, check = result["train step"], result["check_step"]
-                print(f"\n{factory} {wrap} ({result['parameters']:,} parameters, batch {batch} per rank, world {world}, "
-                      f"{backend}, {args.repeats} repeats, medians)")
+                print(
+                    f"\n{factory} {wrap} ({result['parameters']:,} parameters, batch {batch} per rank, "
+                    f"world {world}, {backend}, {args.repeats} repeats, medians)"
+                )
                 for name in ("train step", "clip_grad_norm_", "check_step", "check_step, no hashes",
                      "check_step, given norms"):
-                    print(f"  {name:24} {result[name] * 1e3:9.3f} ms wall  {result['cpu ' + name] * 1e3:9.3f} ms CPU")
+                    print(
+                        f"  {name:24} {result[name] * 1e3:9.3f} ms wall  "
+                        f"{result['cpu ' + name] * 1e3:9.3f} ms CPU"
+                    )
                 print(f"  check_step / train step       {check / step:7.3f}x")
                 print(f"  check_step / clip_grad_norm_  {check / result['clip_grad_norm_']:7.3f}x")
                 print(f"  no-hash check / train step    {result['check_step, no hashes'] / step:7.3f}x")
@@ -178,8 +191,10 @@ def _worker(rank: int, world: int, port: int, args: argparse.Namespace) -> None:
                 print(f"  by CPU time: check_step given norms / train step {given / cpu_step:7.3f}x "
                       f"({given * 1e3:.3f} ms)")
                 watched = result["cpu train step, watched"]
-                print(f"  by CPU time: watched step {watched * 1e3:.3f} ms, {watched / cpu_step - 1:+.3f} of the step "
-                      "(the watch's own numbers and check_step every step)")
+                print(
+                    f"  by CPU time: watched step {watched * 1e3:.3f} ms, {watched / cpu_step - 1:+.3f} of "
+                    "the step (the watch's own numbers and check_step every step)"
+                )
     finally:
         dist.destroy_process_group()
 

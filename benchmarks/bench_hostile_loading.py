@@ -94,20 +94,33 @@ def main() -> None:
         _dcp_save(root / "dcp-base", {"w": torch.arange(8.0).reshape(4, 2), "b": torch.ones(3)})
         _edited(root / "dcp-base", root / "dcp-huge", DCP_EDITS["huge-piece"])
         big = _hf_folder(root, "million", n_layer=1_000_000)
-        rows = [("zip bomb", f"{(root / 'bomb.pt').stat().st_size / 2**10:.0f} KiB file", "torch.load", run("torch.load", root / "bomb.pt")),
-                ("zip bomb", "", "read_checkpoint", run("read_checkpoint", root / "bomb.pt")),
-                ("DCP (40000, 40000)", "", "read_dcp", run("read_dcp", root / "dcp-huge")),
-                ("n_layer 1e6", "", f"transformers meta build of {args.layers} layers",
-                 run("meta-build", big, args.layers)),
-                ("n_layer 1e6", "", "load_model hf:", run("load_model", big)),
-                ("gpt2-small config", "", "estimate_size", run("estimate", big))]
+        rows = [
+            (
+                "zip bomb",
+                f"{(root / 'bomb.pt').stat().st_size / 2**10:.0f} KiB file",
+                "torch.load",
+                run("torch.load", root / "bomb.pt"),
+            ),
+            ("zip bomb", "", "read_checkpoint", run("read_checkpoint", root / "bomb.pt")),
+            ("DCP (40000, 40000)", "", "read_dcp", run("read_dcp", root / "dcp-huge")),
+            (
+                "n_layer 1e6",
+                "",
+                f"transformers meta build of {args.layers} layers",
+                run("meta-build", big, args.layers),
+            ),
+            ("n_layer 1e6", "", "load_model hf:", run("load_model", big)),
+            ("gpt2-small config", "", "estimate_size", run("estimate", big)),
+        ]
     print(f"{'input':20} {'call':38} {'seconds':>8} {'peak MiB':>9}  outcome")
     for what, note, call, r in rows:
         print(f"{what:20} {call:38} {r['seconds']:8.3f} {r['peak'] / 2**20:9.1f}  {r['outcome'][:60]} {note}")
     meta = rows[3][3]["seconds"]
-    print(f"\nmillion layers: transformers would spend about {meta * 1e6 / args.layers:,.0f} s building them on "
-          f"the meta device alone; load_model refuses in {rows[4][3]['seconds']:.2f} s "
-          f"({meta * 1e6 / args.layers / max(rows[4][3]['seconds'], 1e-9):,.0f}x less)")
+    print(
+        f"\nmillion layers: transformers would spend about {meta * 1e6 / args.layers:,.0f} s building them "
+        f"on the meta device alone; load_model refuses in {rows[4][3]['seconds']:.2f} s "
+        f"({meta * 1e6 / args.layers / max(rows[4][3]['seconds'], 1e-9):,.0f}x less)"
+    )
 
 
 if __name__ == "__main__":

@@ -43,7 +43,9 @@ def main() -> int:
     budget = parse_max_memory(BUDGET)
     no_split = list(model._no_split_modules)
     ours = plan_device_map(model, budget)
-    theirs = infer_auto_device_map(model, max_memory=accelerate_budget(budget), no_split_module_classes=no_split)
+    theirs = infer_auto_device_map(
+        model, max_memory=accelerate_budget(budget), no_split_module_classes=no_split
+    )
     print(f"llama-70b-meta, budget {BUDGET}: our map {len(ours)} keys, accelerate's {len(theirs)} keys, "
           f"{'identical' if ours == dict(theirs) else 'different'}; median of {args.repeats}")
     plan = interleaved({

@@ -65,7 +65,9 @@ def usual(report: Report) -> tuple[float, int]:
         for f in s.figures:
             total += len(go.Figure(f.figure).to_html(include_plotlyjs=True, full_html=True).encode("utf-8"))
         for t in s.tables:
-            total += len(pd.DataFrame([list(r) for r in t.rows], columns=list(t.columns)).to_html().encode("utf-8"))
+            total += len(
+                pd.DataFrame([list(r) for r in t.rows], columns=list(t.columns)).to_html().encode("utf-8")
+            )
     return time.perf_counter() - t0, total
 
 
@@ -110,17 +112,21 @@ def main() -> int:
     print(f"figures: {figures}; sections: {', '.join(f'{sid} ({st})' for sid, st in statuses)}")
     print("per section (median s): " + ", ".join(f"{sid} {statistics.median(v):.2f}"
                                                  for sid, v in SECTION_SECONDS.items()))
-    print(f"ours: build {statistics.median(build_times):.2f} s + to_html {statistics.median(html_times):.2f} s "
-          f"= {total:.2f} s (target <= {TARGET_SECONDS:.0f} s: ratio {total / TARGET_SECONDS:.2f}, "
-          f"{'met' if total <= TARGET_SECONDS else 'NOT met'})")
+    print(
+        f"ours: build {statistics.median(build_times):.2f} s + to_html {statistics.median(html_times):.2f} s "
+        f"= {total:.2f} s (target <= {TARGET_SECONDS:.0f} s: ratio {total / TARGET_SECONDS:.2f}, "
+        f"{'met' if total <= TARGET_SECONDS else 'NOT met'})"
+    )
     print(f"ours: one file of {size / 2**20:.2f} MiB (target <= {TARGET_BYTES / 2**20:.0f} MiB: ratio "
           f"{size / TARGET_BYTES:.2f}, {'met' if size <= TARGET_BYTES else 'NOT met'})")
     u_size = statistics.median(usual_sizes)
     fwd = statistics.median(forwards)
     print(f"reference: one plain forward pass (batch 2) takes {fwd:.2f} s on this machine now; the report "
           f"costs {total / fwd:.1f} of them")
-    print(f"usual (plotly.js in every figure file): {statistics.median(usual_times):.2f} s to write, "
-          f"{u_size / 2**20:.2f} MiB in {figures} figure files + tables; ours is {size / u_size:.2f}x the bytes")
+    print(
+        f"usual (plotly.js in every figure file): {statistics.median(usual_times):.2f} s to write, "
+        f"{u_size / 2**20:.2f} MiB in {figures} figure files + tables; ours is {size / u_size:.2f}x the bytes"
+    )
     return 0
 
 

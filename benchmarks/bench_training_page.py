@@ -31,17 +31,35 @@ OPEN_S, CHART_BYTES = 3.0, 1_000_000
 
 
 def _records(steps: range, norms: np.ndarray) -> list[StepRecord]:
-    return [StepRecord(step=s, rank=0, time=float(s), loss=1.0 / (1 + s / 1000), grad_norm=float(np.sqrt((norms[s] ** 2).sum())),
-                       module_grad_norm=norms[s], module_nonfinite=np.zeros(norms.shape[1], np.int32),
-                       param_grad_norm=norms[s]) for s in steps]
+    return [
+        StepRecord(
+            step=s,
+            rank=0,
+            time=float(s),
+            loss=1.0 / (1 + s / 1000),
+            grad_norm=float(np.sqrt((norms[s] ** 2).sum())),
+            module_grad_norm=norms[s],
+            module_nonfinite=np.zeros(norms.shape[1], np.int32),
+            param_grad_norm=norms[s],
+        )
+        for s in steps
+    ]
 
 
 def _write(path: Path, steps: int, modules: int) -> tuple[RunWriter, float]:
     rng = np.random.default_rng(0)
-    norms = (np.exp(rng.normal(0, 1, modules)) * (1 + 0.1 * rng.standard_normal((steps + 1, modules)))).astype(np.float32)
+    norms = (
+        np.exp(rng.normal(0, 1, modules)) * (1 + 0.1 * rng.standard_normal((steps + 1, modules)))
+    ).astype(np.float32)
     names = tuple(f"model.layers.{i // 10}.block{i % 10}" for i in range(modules))
-    meta = RunMeta(model="bench", world_size=1, every=1, modules=names, parameters=tuple(f"{n}.weight" for n in names),
-                   parameter_modules=tuple(range(modules)))
+    meta = RunMeta(
+        model="bench",
+        world_size=1,
+        every=1,
+        modules=names,
+        parameters=tuple(f"{n}.weight" for n in names),
+        parameter_modules=tuple(range(modules)),
+    )
     writer = RunWriter(path, meta)
     t = time.perf_counter()
     for start in range(0, steps, 500):
@@ -85,8 +103,11 @@ def main() -> int:
         path = Path(tmp) / "run.inspect"
         writer, write_s = _write(path, args.steps, args.modules)
         size = path.stat().st_size
-        print(f"run file: {args.steps:,} steps × {args.modules:,} modules, {size / 2**20:.1f} MiB "
-              f"({size / (args.steps * args.modules):.1f} bytes per module per step), written in {write_s:.2f} s\n")
+        print(
+            f"run file: {args.steps:,} steps × {args.modules:,} modules, {size / 2**20:.1f} MiB "
+            f"({size / (args.steps * args.modules):.1f} bytes per module per step), "
+            f"written in {write_s:.2f} s\n"
+        )
         opens = []
         for _ in range(args.repeats):  # a fresh session and an empty server cache each time: the first open
             ui_training.clear_cache()
@@ -94,7 +115,9 @@ def main() -> int:
             at.query_params["run"] = str(path)
             opens.append(_timed(at))
         warm = statistics.median(_timed(at) for _ in range(args.repeats))
-        writer.write(_records(range(args.steps, args.steps + 1), np.ones((args.steps + 1, args.modules), np.float32)))
+        writer.write(
+            _records(range(args.steps, args.steps + 1), np.ones((args.steps + 1, args.modules), np.float32))
+        )
         grown = _timed(at)
         last = next(m.value for m in at.metric if m.label == "Last step")
         writer.close()
@@ -102,12 +125,18 @@ def main() -> int:
         per_layer_s, per_layer_bytes = _per_layer_charts(args.steps, args.modules, args.per_layer_sample)
     first = statistics.median(opens)
     print(f"{'what':44} {'seconds':>8} {'/target':>8} {'chart MB':>9}")
-    print(f"{'Training page, first open (median)':44} {first:8.2f} {first / OPEN_S:8.2f} {max(charts) / 1e6:9.2f}"
-          f"   (each open: {', '.join(f'{o:.2f}' for o in opens)}; the first also imports and loads the sidebar model)")
+    print(
+        f"{'Training page, first open (median)':44} {first:8.2f} {first / OPEN_S:8.2f} "
+        f"{max(charts) / 1e6:9.2f}   (each open: {', '.join(f'{o:.2f}' for o in opens)}; "
+        "the first also imports and loads the sidebar model)"
+    )
     print(f"{'Training page, rerun, file unchanged':44} {warm:8.2f} {'':>8}")
     print(f"{'Training page, rerun after a step (to ' + last + ')':44} {grown:8.2f} {grown / OPEN_S:8.2f}")
-    print(f"{'one line chart per module (built, serialised)':44} {per_layer_s:8.2f} {per_layer_s / OPEN_S:8.2f} "
-          f"{per_layer_bytes / 1e6:9.1f}")
+    print(
+        f"{'one line chart per module (built, serialised)':44} {per_layer_s:8.2f} "
+        f"{per_layer_s / OPEN_S:8.2f} "
+        f"{per_layer_bytes / 1e6:9.1f}"
+    )
     print(f"\nper-layer charts / Training page: {per_layer_s / first:.1f}x the time, "
           f"{per_layer_bytes / sum(charts):.0f}x the bytes sent ({len(charts)} charts on the page)")
     ok = first <= OPEN_S and max(charts) <= CHART_BYTES

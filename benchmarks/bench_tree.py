@@ -51,8 +51,10 @@ def main() -> None:
                          "by hand (sizes + treemap)": lambda m=model: by_hand(m)}, args.repeats)
         ratio = t["module_tree + figure"] / t["by hand (sizes + treemap)"]
         modules = sum(1 for _ in model.modules())
-        print(f"{source} ({modules} modules): module_tree + figure {t['module_tree + figure'] * 1000:.0f} ms, "
-              f"by hand {t['by hand (sizes + treemap)'] * 1000:.0f} ms, ratio {ratio:.2f}x")
+        print(
+            f"{source} ({modules} modules): module_tree + figure {t['module_tree + figure'] * 1000:.0f} ms, "
+            f"by hand {t['by hand (sizes + treemap)'] * 1000:.0f} ms, ratio {ratio:.2f}x"
+        )
 
 
 if __name__ == "__main__":

@@ -47,7 +47,9 @@ from sample_models import GPT, GPT2_SMALL, example_tokens, next_token_loss  # no
 TARGETS = {"watch": 1.03, "watch+nonfinite": 1.10}
 
 
-def _variants(model: torch.nn.Module, opt: torch.optim.Optimizer, folder: Path) -> dict[str, Callable[[], object]]:
+def _variants(
+    model: torch.nn.Module, opt: torch.optim.Optimizer, folder: Path
+) -> dict[str, Callable[[], object]]:
     return {
         "plain": nullcontext,
         "watch": lambda: watch(model, opt, folder / "w.inspect"),
@@ -145,16 +147,24 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     wall, cpu, inside, per_tensor, tensors = measure(args.repeats, args.batch, args.seq)
-    print(f"== gpt2-small training step (AdamW), CPU, {args.batch}x{args.seq} tokens, {args.repeats} repeats, "
-          f"{torch.get_num_threads()} thread(s), torch {torch.__version__}")
+    print(
+        f"== gpt2-small training step (AdamW), CPU, {args.batch}x{args.seq} tokens, {args.repeats} repeats, "
+        f"{torch.get_num_threads()} thread(s), torch {torch.__version__}"
+    )
     rw, rc = _ratios(wall), _ratios(cpu)
     plain_cpu = statistics.median(cpu["plain"])
     print(f"{'variant':<18}{'wall s':>9}{'x plain':>9}{'cpu s':>9}{'x plain':>9}{'in hooks':>10}  target")
     for n in wall:
         target = TARGETS.get(n)
         hooks = 1.0 + statistics.median(inside[n]) / plain_cpu
-        verdict = "" if target is None else (f"<= {target:.2f}x: {'met' if rc[n] <= target else 'NOT met'} (cpu), "
-                                             f"{'met' if hooks <= target else 'NOT met'} (in hooks)")
+        verdict = (
+            ""
+            if target is None
+            else (
+                f"<= {target:.2f}x: {'met' if rc[n] <= target else 'NOT met'} (cpu), "
+                f"{'met' if hooks <= target else 'NOT met'} (in hooks)"
+            )
+        )
         print(f"{n:<18}{statistics.median(wall[n]):>9.3f}{rw[n]:>9.3f}{statistics.median(cpu[n]):>9.3f}"
               f"{rc[n]:>9.3f}{hooks:>9.3f}x  {verdict}")
     print("in hooks: 1 + CPU seconds inside the watch's own hooks / the plain step's CPU seconds")

@@ -65,8 +65,13 @@ def paired(variants: dict[str, Callable[[], object]], base: str, repeats: int,
             sync(device)
             times[name].append(time.perf_counter() - t)
             del result
-    return {n: (statistics.median(times[n]), statistics.median(t / b for t, b in zip(times[n], times[base], strict=True)))
-            for n in names}
+    return {
+        n: (
+            statistics.median(times[n]),
+            statistics.median(t / b for t, b in zip(times[n], times[base], strict=True)),
+        )
+        for n in names
+    }
 
 
 def d2h_bandwidth(device: torch.device, nbytes: int) -> float:
@@ -91,12 +96,16 @@ def table(title: str, rows: dict[str, tuple[float, float]], goal_row: str, goal:
     for name, (secs, ratio) in rows.items():
         mark = ""
         if name == goal_row:
-            mark = f"   goal <= {goal:.2f}x" + (f": {'met' if ratio <= goal else 'MISSED'}" if GPU[0] else " (judged on a GPU)")
+            mark = f"   goal <= {goal:.2f}x" + (
+                f": {'met' if ratio <= goal else 'MISSED'}" if GPU[0] else " (judged on a GPU)"
+            )
         print(f"   {name:<34}{secs * 1e3:>10.2f} ms{ratio:>8.2f}x{mark}")
     return rows[goal_row][1]
 
 
-def gpt2_rows(device: torch.device, cfg: GPTConfig, batch: tuple[int, int], repeats: int, bandwidth: float) -> None:
+def gpt2_rows(
+    device: torch.device, cfg: GPTConfig, batch: tuple[int, int], repeats: int, bandwidth: float
+) -> None:
     torch.manual_seed(0)
     model = GPT(cfg).to(device).eval()
     x = torch.randint(0, cfg.vocab_size, batch, device=device)
@@ -110,11 +119,18 @@ def gpt2_rows(device: torch.device, cfg: GPTConfig, batch: tuple[int, int], repe
             "clone hooks": lambda: hooked(model, lambda: model(x), lambda t: t.detach().clone()),
             "no-op hooks": lambda: hooked(model, lambda: model(x), None),
         }, "plain forward", repeats, device)
-        on_cpu = paired({
-            "plain forward": lambda: model(x),
-            "capture_activations (to cpu)": lambda: capture_activations(model, x, store_on="cpu"),
-            ".to('cpu') in each hook": lambda: hooked(model, lambda: model(x), lambda t: t.detach().to("cpu")),
-        }, "plain forward", repeats, device)
+        on_cpu = paired(
+            {
+                "plain forward": lambda: model(x),
+                "capture_activations (to cpu)": lambda: capture_activations(model, x, store_on="cpu"),
+                ".to('cpu') in each hook": lambda: hooked(
+                    model, lambda: model(x), lambda t: t.detach().to("cpu")
+                ),
+            },
+            "plain forward",
+            repeats,
+            device,
+        )
     label = f"gpt2 ({cfg.n_layer} layers, width {cfg.n_embd}) {batch[0]}x{batch[1]}"
     print(f"captured bytes, every module of {label}: {captured / 2**20:.1f} MiB")
     table(f"capture every module, {label}, copies on {device}", on_device,
@@ -124,16 +140,25 @@ def gpt2_rows(device: torch.device, cfg: GPTConfig, batch: tuple[int, int], repe
     if bandwidth == bandwidth:  # not NaN: a GPU
         forward = on_cpu["plain forward"][0]
         floor = max(forward, captured / bandwidth) / forward
-        print(f"   floor: max(forward, {captured / 2**20:.0f} MiB at {bandwidth / 1e9:.1f} GB/s) = {floor:.2f}x")
+        print(
+            f"   floor: max(forward, {captured / 2**20:.0f} MiB at {bandwidth / 1e9:.1f} GB/s) = {floor:.2f}x"
+        )
 
 
 def llama_rows(device: torch.device, full: bool, repeats: int) -> None:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     if full:  # Llama-3.2-3B shapes: 28 layers, width 3072
-        config = LlamaConfig(vocab_size=128256, hidden_size=3072, intermediate_size=8192, num_hidden_layers=28,
-                             num_attention_heads=24, num_key_value_heads=8, max_position_embeddings=2048,
-                             tie_word_embeddings=True)
+        config = LlamaConfig(
+            vocab_size=128256,
+            hidden_size=3072,
+            intermediate_size=8192,
+            num_hidden_layers=28,
+            num_attention_heads=24,
+            num_key_value_heads=8,
+            max_position_embeddings=2048,
+            tie_word_embeddings=True,
+        )
         dtype, tokens = torch.bfloat16, 512
     else:
         config = LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
@@ -152,8 +177,13 @@ def llama_rows(device: torch.device, full: bool, repeats: int) -> None:
             "clone hooks": lambda: hooked(model, lambda: model(**x), lambda t: t.detach().clone()),
             "bare references": lambda: hooked(model, lambda: model(**x), lambda t: t),
         }, "plain forward", repeats, device)
-    table(f"capture every module, Llama-shaped {params / 1e9:.2f}B {str(dtype)[6:]} 1x{tokens} "
-          f"({modules} modules), copies on {device}", rows, "capture_activations (on device)", GOALS["llama-gpu"])
+    table(
+        f"capture every module, Llama-shaped {params / 1e9:.2f}B {str(dtype)[6:]} 1x{tokens} "
+        f"({modules} modules), copies on {device}",
+        rows,
+        "capture_activations (on device)",
+        GOALS["llama-gpu"],
+    )
 
 
 def norm_rows(device: torch.device, cfg: GPTConfig, repeats: int) -> None:
@@ -172,12 +202,19 @@ def norm_rows(device: torch.device, cfg: GPTConfig, repeats: int) -> None:
         gradient_norms(model, by="parameter")
         return gradient_norms(model, by="module")
 
-    rows = paired({
-        "flat-vector norm": flat,
-        "vector_norm(_foreach_norm)": lambda: float(torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))),
-        "gradient_report (both tables)": lambda: gradient_report(model),
-        "gradient_norms by parameter+module": both,
-    }, "flat-vector norm", repeats, device)
+    rows = paired(
+        {
+            "flat-vector norm": flat,
+            "vector_norm(_foreach_norm)": lambda: float(
+                torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))
+            ),
+            "gradient_report (both tables)": lambda: gradient_report(model),
+            "gradient_norms by parameter+module": both,
+        },
+        "flat-vector norm",
+        repeats,
+        device,
+    )
     table(f"gradient norms by parameter and by module, gpt2 ({cfg.n_layer} layers, width {cfg.n_embd}), "
           f"{len(grads)} gradients on {device}", rows, "gradient_report (both tables)", GOALS["norms"])
 

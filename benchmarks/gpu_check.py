@@ -38,7 +38,9 @@ def check(name: str):
         except Exception as exc:  # noqa: BLE001 - report and go on
             ok, detail = False, f"{type(exc).__name__}: {exc}"
         RESULTS.append((name, ok, detail))
-        print(f"{'PASS' if ok else 'FAIL'}  {name:55s} {time.perf_counter() - t0:6.2f}s  {detail}", flush=True)
+        print(
+            f"{'PASS' if ok else 'FAIL'}  {name:55s} {time.perf_counter() - t0:6.2f}s  {detail}", flush=True
+        )
         return fn
     return wrap
 

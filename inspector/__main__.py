@@ -56,8 +56,9 @@ def _chosen(argv: list[str], names: list[str]) -> str | None:
 def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     """The command-line parser; with ``argv``, only the command it names gets its arguments (and
     only that command's module is imported); without, every command does."""
-    parser = argparse.ArgumentParser(prog=program_name(),
-                                     description="Debug PyTorch models: ties, offsets, device maps, captures.")
+    parser = argparse.ArgumentParser(
+        prog=program_name(), description="Debug PyTorch models: ties, offsets, device maps, captures."
+    )
     parser.add_argument("--debug", action="store_true", help="print the full traceback of an error")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     names = command_names()

@@ -26,9 +26,13 @@ KIND_HELP = {
     "shared-storage": "different objects over exactly the same memory; parameters() counts it twice",
     "overlapping-view": "different objects whose bytes overlap partly",
 }
-OUTCOME_ICON = {"kept": ":green[:material/check_circle: kept]", "weakened": ":orange[:material/warning: weakened]",
-                "broken": ":red[:material/link_off: broken]", "error": ":red[:material/error: error]",
-                "no ties": ":gray[:material/remove: no ties]"}
+OUTCOME_ICON = {
+    "kept": ":green[:material/check_circle: kept]",
+    "weakened": ":orange[:material/warning: weakened]",
+    "broken": ":red[:material/link_off: broken]",
+    "error": ":red[:material/error: error]",
+    "no ties": ":gray[:material/remove: no ties]",
+}
 DEFAULT = ["to-float64-overwrite", "to-float32-overwrite", "move-model-float64", "move-model-float32"]
 
 
@@ -56,9 +60,14 @@ def _aliases(loaded: LoadedModel) -> None:
     if analysis is not None:
         cols = st.columns(4)
         cols[0].metric("Alias groups", len(analysis.groups))
-        cols[1].metric("Names (parameters and buffers)", format_count(analysis.names), help=f"{analysis.names:,}")
-        cols[2].metric("Unique parameter elements", format_count(analysis.unique_numel),
-                       help=f"{analysis.unique_numel:,}: what parameters() counts, each Parameter object once")
+        cols[1].metric(
+            "Names (parameters and buffers)", format_count(analysis.names), help=f"{analysis.names:,}"
+        )
+        cols[2].metric(
+            "Unique parameter elements",
+            format_count(analysis.unique_numel),
+            help=f"{analysis.unique_numel:,}: what parameters() counts, each Parameter object once",
+        )
         cols[3].metric("Counting every name", format_count(analysis.numel_with_aliases),
                        help=f"{analysis.numel_with_aliases:,}",
                        delta=(f"+{format_count(analysis.numel_with_aliases - analysis.unique_numel)}"
@@ -78,10 +87,13 @@ def _aliases(loaded: LoadedModel) -> None:
             st.success("No two names share a tensor or memory in this model.")
         for d in analysis.disjoint:
             regions = " | ".join(", ".join(r) for r in d.regions)
-            st.info(f"Disjoint views of one storage ({format_bytes(d.storage_nbytes)} on {markdown_text(d.device)}): "
-                    f"{markdown_text(regions)}. "
-                    "They share a storage but no bytes, so they are not aliases: writing one never "
-                    "changes the other.")
+            st.info(
+                f"Disjoint views of one storage ({format_bytes(d.storage_nbytes)} on "
+                f"{markdown_text(d.device)}): "
+                f"{markdown_text(regions)}. "
+                "They share a storage but no bytes, so they are not aliases: writing one never "
+                "changes the other."
+            )
 
         st.subheader("Graph")
         with guarded("drawing the alias graph"):
@@ -124,8 +136,12 @@ def _conversion_results(loaded: LoadedModel) -> None:
             table, results = cached_analysis(conversion_table, loaded.model, list(run["names"]),
                                              device=run["device"], retie_after=run["retie"])
             outcomes = table[table["outcome"].isin(list(OUTCOME_ICON))]
-            st.markdown(" · ".join(f"**{c}**: {OUTCOME_ICON[o]}" for c, o in
-                                   dict(zip(outcomes["conversion"], outcomes["outcome"], strict=True)).items()))
+            st.markdown(
+                " · ".join(
+                    f"**{c}**: {OUTCOME_ICON[o]}"
+                    for c, o in dict(zip(outcomes["conversion"], outcomes["outcome"], strict=True)).items()
+                )
+            )
             shown = table
             if shown["error"].isna().all():
                 shown = shown.drop(columns=["error"])

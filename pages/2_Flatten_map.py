@@ -52,8 +52,12 @@ def _maps(loaded: LoadedModel) -> tuple[pd.DataFrame, pd.DataFrame, list] | None
     full = trainable = None
     findings: list = []
     with guarded("building the offset maps"):
-        with_buffers = st.toggle("List buffers after the parameters", value=False, key="offsets_buffers",
-                                 help="Buffers are not parameters: they come after, and never shift an offset")
+        with_buffers = st.toggle(
+            "List buffers after the parameters",
+            value=False,
+            key="offsets_buffers",
+            help="Buffers are not parameters: they come after, and never shift an offset",
+        )
         full = cached_analysis(offset_map, loaded.model, include_buffers=with_buffers)
         trainable = cached_analysis(offset_map, loaded.model, trainable_only=True)
         findings = list(cached_analysis(offset_findings, loaded.model))
@@ -72,7 +76,9 @@ def _metrics(full: pd.DataFrame, trainable: pd.DataFrame) -> int:
 
     cols = [*st.columns(3), *st.columns(3)]  # two rows: "69.0 billion" needs the room
     cols[0].metric("Flat vector length", format_count(total), help=f"{total:,} elements")
-    cols[1].metric("Trainable-only length", format_count(trainable_total), help=f"{trainable_total:,} elements")
+    cols[1].metric(
+        "Trainable-only length", format_count(trainable_total), help=f"{trainable_total:,} elements"
+    )
     cols[2].metric("Frozen elements (holes)", format_count(frozen),
                    help=f"{frozen:,} elements in parameters_to_vector(model.parameters()) but not in a "
                         "trainable-only vector")
@@ -86,21 +92,35 @@ def _backward(loaded: LoadedModel):
     st.subheader("Backward pass")
     grads_note = ("This model is on the meta device: it has no numbers, so no gradients." if loaded.is_meta
                   else None if loaded.has_loss else "This model defines no loss, so it cannot run backward.")
-    st.caption("The button runs the model's loss on its example inputs in eval mode, under the model's lock, "
-               "and computes the gradients with `torch.autograd.grad`. They are kept for this browser session "
-               "only: the model is shared by every session, and its `.grad` is never set.")
+    st.caption(
+        "The button runs the model's loss on its example inputs in eval mode, under the model's lock, "
+        "and computes the gradients with `torch.autograd.grad`. They are kept for this browser session "
+        "only: the model is shared by every session, and its `.grad` is never set."
+    )
     key = st.session_state["mi_selection"].key
     session_grads = st.session_state.setdefault(GRADS, {})  # {model key: LossGradients}, this session's own
-    if st.button("Run a backward pass", key="offsets_backward", type="primary", disabled=grads_note is not None,
-                 help=grads_note) and model_runs(loaded):
-        with guarded("running a backward pass"), st.status("Running a backward pass…", expanded=True) as status:
+    if st.button(
+        "Run a backward pass",
+        key="offsets_backward",
+        type="primary",
+        disabled=grads_note is not None,
+        help=grads_note,
+    ) and model_runs(loaded):
+        with (
+            guarded("running a backward pass"),
+            st.status("Running a backward pass…", expanded=True) as status,
+        ):
             try:
                 result = loss_gradients(loaded, progress=st.write)
             except Exception:
-                status.update(label="The backward pass failed: see the message below", state="error", expanded=False)
+                status.update(
+                    label="The backward pass failed: see the message below", state="error", expanded=False
+                )
                 raise
             session_grads[key] = result
-            status.update(label=f"Backward pass done in {result.seconds:.1f} s", state="complete", expanded=False)
+            status.update(
+                label=f"Backward pass done in {result.seconds:.1f} s", state="complete", expanded=False
+            )
     if grads_note:
         st.info(grads_note)
     mine = session_grads.get(key)
@@ -122,7 +142,11 @@ def _flat_vector(full: pd.DataFrame, trainable: pd.DataFrame, report: GradientNo
     """The offset strip of both vectors."""
     st.subheader("The flat vector")
     with guarded("drawing the offset strip"):
-        norms = report.by_parameter if report is not None and report.counts["ok"] + report.counts["nonfinite"] else None
+        norms = (
+            report.by_parameter
+            if report is not None and report.counts["ok"] + report.counts["nonfinite"]
+            else None
+        )
         st.plotly_chart(offset_strip(full, trainable, norms), width="stretch", key="offsets_strip")
         st.caption("Top row: `parameters_to_vector(model.parameters())`; bottom row: a vector of trainable "
                    "parameters only. Each frozen segment in the top row is a hole the bottom row closes, so "
@@ -140,7 +164,9 @@ def _find_index(full: pd.DataFrame, trainable: pd.DataFrame) -> None:
         loc = locate(full if which == "parameters()" else trainable, int(index))
         st.success(markdown_text(loc.describe()))
         if not loc.requires_grad:
-            st.warning(f"{markdown_code(loc.name)} is frozen: a trainable-only gradient vector does not contain it.")
+            st.warning(
+                f"{markdown_code(loc.name)} is frozen: a trainable-only gradient vector does not contain it."
+            )
 
 
 def _side_by_side(full: pd.DataFrame, trainable: pd.DataFrame) -> None:
@@ -164,14 +190,18 @@ def _gradient_norms(report: GradientNorms | None) -> None:
     else:
         counts = report.counts
         cols = st.columns(5)
-        cols[0].metric("Whole-model norm", "—" if math.isnan(report.total_norm) else f"{report.total_norm:.4g}")
+        cols[0].metric(
+            "Whole-model norm", "—" if math.isnan(report.total_norm) else f"{report.total_norm:.4g}"
+        )
         cols[1].metric("ok", counts["ok"])
         cols[2].metric("no gradient", counts["none"], help="trainable, but the loss did not reach it")
         cols[3].metric("frozen", counts["frozen"])
         cols[4].metric("NaN / Inf", counts["nonfinite"])
         with guarded("drawing per-layer norms"):
             top_k = st.slider("Layers shown", 5, 50, 15, key="offsets_top_k")
-            st.plotly_chart(layer_norm_bars(report.by_module, top_k=top_k), width="stretch", key="offsets_bars")
+            st.plotly_chart(
+                layer_norm_bars(report.by_module, top_k=top_k), width="stretch", key="offsets_bars"
+            )
         tab_p, tab_m = st.tabs(["Per parameter", "Per module"])
         with tab_p:
             paged_table(report.by_parameter, "offsets_norms")
@@ -188,9 +218,11 @@ def _roundtrip(loaded: LoadedModel, total: int) -> None:
     with guarded("running the round trip"):
         try:
             if total > ROUNDTRIP_MAX:
-                raise InspectorError(f"{loaded.name} has {format_count(total)} parameter elements; the round trip "
-                                     f"copies the parameters twice, so this page runs it on models up to "
-                                     f"{format_count(ROUNDTRIP_MAX)}. Pick a smaller model in the sidebar to see it.")
+                raise InspectorError(
+                    f"{loaded.name} has {format_count(total)} parameter elements; the round trip "
+                    f"copies the parameters twice, so this page runs it on models up to "
+                    f"{format_count(ROUNDTRIP_MAX)}. Pick a smaller model in the sidebar to see it."
+                )
             rt = cached_analysis(flatten_roundtrip, loaded.model, max_elements=ROUNDTRIP_MAX)
         except InspectorError as exc:
             st.info(markdown_text(exc))

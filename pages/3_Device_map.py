@@ -40,7 +40,9 @@ def budget_text(n: int) -> str:
 
 def map_frame(device_map: dict) -> pd.DataFrame:
     """A device map as a table; accelerate's key "" (the model itself) reads "(whole model)"."""
-    return pd.DataFrame({"key": [key_label(k) for k in device_map], "device": [str(v) for v in device_map.values()]})
+    return pd.DataFrame(
+        {"key": [key_label(k) for k in device_map], "device": [str(v) for v in device_map.values()]}
+    )
 
 
 def _header() -> LoadedModel | None:
@@ -48,11 +50,13 @@ def _header() -> LoadedModel | None:
     loaded = model_picker()
 
     st.title("Device map")
-    st.caption("accelerate's `infer_auto_device_map` fills devices greedily and splits a module that does not "
-               "fit. When that module owns buffers directly (a scale vector, a position table, running "
-               "statistics) the map simply lacks them: `dispatch_model` leaves them where they were and the "
-               "forward pass mixes devices. Here every parameter **and every buffer** gets a device, and both "
-               "plans are audited tensor by tensor. Planning is arithmetic: GPUs you do not have are fine.")
+    st.caption(
+        "accelerate's `infer_auto_device_map` fills devices greedily and splits a module that does not "
+        "fit. When that module owns buffers directly (a scale vector, a position table, running "
+        "statistics) the map simply lacks them: `dispatch_model` leaves them where they were and the "
+        "forward pass mixes devices. Here every parameter **and every buffer** gets a device, and both "
+        "plans are audited tensor by tensor. Planning is arithmetic: GPUs you do not have are fine."
+    )
 
     if loaded is None:
         st.info("Load a model in the sidebar to plan its device map.")
@@ -63,14 +67,25 @@ def _budget_inputs(loaded: LoadedModel):
     """The budget editor and the classes never to split; returns both and the right-hand column."""
     model = loaded.model
     st.subheader("Budget per device")
-    st.caption("Devices: a GPU index (0, 1, …), `mps`, `cpu` or `disk`. Sizes: bytes or with a unit (20GiB, 500MB).")
-    budget_rows = pd.DataFrame([(str(d), budget_text(n)) for d, n in cached_analysis(suggest_budget, model).items()],
-                               columns=["device", "budget"])
+    st.caption(
+        "Devices: a GPU index (0, 1, …), `mps`, `cpu` or `disk`. Sizes: bytes or with a unit (20GiB, 500MB)."
+    )
+    budget_rows = pd.DataFrame(
+        [(str(d), budget_text(n)) for d, n in cached_analysis(suggest_budget, model).items()],
+        columns=["device", "budget"],
+    )
     left, right = st.columns([2, 3])
     with left:
-        edited = st.data_editor(budget_rows, num_rows="dynamic", hide_index=True, key=f"dm_budget_{loaded.source}",
-                                column_config={"device": st.column_config.TextColumn(required=True),
-                                               "budget": st.column_config.TextColumn(required=True)})
+        edited = st.data_editor(
+            budget_rows,
+            num_rows="dynamic",
+            hide_index=True,
+            key=f"dm_budget_{loaded.source}",
+            column_config={
+                "device": st.column_config.TextColumn(required=True),
+                "budget": st.column_config.TextColumn(required=True),
+            },
+        )
     with right:
         classes = sorted({type(m).__name__ for m in model.modules()})
         default = [c for c in (getattr(model, "_no_split_modules", None) or []) if c in classes]
@@ -85,10 +100,14 @@ def _plan(loaded: LoadedModel, edited: pd.DataFrame, no_split: list, right) -> t
     comparison = None
     with guarded("planning the device map"):
         rows = edited.dropna()
-        budget = parse_max_memory(",".join(f"{d}={b}" for d, b in zip(rows["device"], rows["budget"], strict=True)))
+        budget = parse_max_memory(
+            ",".join(f"{d}={b}" for d, b in zip(rows["device"], rows["budget"], strict=True))
+        )
         with right:
             st.code(",".join(f"{d}={budget_text(n)}" for d, n in budget.items()), language=None)
-        comparison = cached_analysis(compare_with_accelerate, loaded.model, format_max_memory(budget), list(no_split))
+        comparison = cached_analysis(
+            compare_with_accelerate, loaded.model, format_max_memory(budget), list(no_split)
+        )
 
     if comparison is None:
         return None
@@ -109,9 +128,11 @@ def _overview(comparison: Comparison) -> None:
     cols[3].metric("Check of accelerate's", "passes" if comparison.accelerate_check is None else "fails",
                    help="accelerate.utils.check_device_map on infer_auto_device_map's map")
     if comparison.accelerate_error:
-        st.warning("accelerate could not plan this model with this budget (`infer_auto_device_map` raised "
-                   f"{markdown_text(comparison.accelerate_error)}): only our plan is shown, and its tensors count "
-                   "as unplaced by accelerate.")
+        st.warning(
+            "accelerate could not plan this model with this budget (`infer_auto_device_map` raised "
+            f"{markdown_text(comparison.accelerate_error)}): only our plan is shown, and its tensors count "
+            "as unplaced by accelerate."
+        )
     elif comparison.accelerate_check:
         st.error(f"accelerate's own check rejects its map: {markdown_text(comparison.accelerate_check)}")
 
@@ -139,10 +160,16 @@ def _tabs(loaded: LoadedModel, comparison: Comparison, budget: dict) -> None:
     """Treemap, bytes per device, findings, decisions, actual placement and the map audit."""
     model = loaded.model
     ours = comparison.ours
-    tabs = st.tabs(["Treemap", "Bytes per device", "Findings", "Decisions", "Actual placement", "Audit a map"])
+    tabs = st.tabs(
+        ["Treemap", "Bytes per device", "Findings", "Decisions", "Actual placement", "Audit a map"]
+    )
     with tabs[0]:
-        which = st.radio("Show", ["our plan", "accelerate's plan", "where the tensors are now"], horizontal=True,
-                         key="dm_tree_which")
+        which = st.radio(
+            "Show",
+            ["our plan", "accelerate's plan", "where the tensors are now"],
+            horizontal=True,
+            key="dm_tree_which",
+        )
         with guarded("drawing the treemap"):
             table = {"our plan": ours.audit, "accelerate's plan": comparison.accelerate_audit}.get(which)
             if table is None:
@@ -174,25 +201,38 @@ def _actual_placement(loaded: LoadedModel, comparison: Comparison) -> None:
     ours = comparison.ours
     with guarded("reading where the tensors are"):
         actual = cached_analysis(placement_table, model)
-        st.caption(f"{markdown_text(loaded.name)} as loaded on {markdown_code(loaded.device)}: one row per parameter and buffer name.")
+        st.caption(
+            f"{markdown_text(loaded.name)} as loaded on {markdown_code(loaded.device)}: one row per "
+            "parameter and buffer name."
+        )
         findings_table(cached_analysis(placement_findings, model), "dm_findings_actual",
                        empty="Every tensor sits with its module's parameters.")
         paged_table(actual.astype({"device": str, "module_primary_device": str}), "dm_actual")
     local = not missing_devices(ours.device_map)
-    st.markdown("**Try the plan**: dispatch a copy with accelerate and compare outputs with the loaded model.")
-    why_not = ("The model is on the meta device: it has no weights to dispatch. Load it on cpu or a GPU."
-               if loaded.is_meta else None if local else
-               "This plan uses devices this server does not have ("
-               + ", ".join(f"GPU {d}" if isinstance(d, int) else str(d) for d in missing_devices(ours.device_map))
-               + "): to try it here, give a budget for cpu and disk only (e.g. cpu=1GiB,disk=100GiB).")
+    st.markdown(
+        "**Try the plan**: dispatch a copy with accelerate and compare outputs with the loaded model."
+    )
+    why_not = (
+        "The model is on the meta device: it has no weights to dispatch. Load it on cpu or a GPU."
+        if loaded.is_meta
+        else None
+        if local
+        else "This plan uses devices this server does not have ("
+        + ", ".join(f"GPU {d}" if isinstance(d, int) else str(d) for d in missing_devices(ours.device_map))
+        + "): to try it here, give a budget for cpu and disk only (e.g. cpu=1GiB,disk=100GiB)."
+    )
     if why_not:
         st.info(why_not)
     if st.button("Dispatch a copy", key="dm_dispatch", disabled=why_not is not None, help=why_not):
         with guarded("dispatching a copy"), st.spinner("Dispatching…"):
             check = try_dispatch(loaded, ours.device_map)
             (st.success if check.outputs_equal else st.warning)(markdown_text(check.message))
-            findings_table(check.findings, "dm_dispatch_findings", empty="Every tensor is where the plan says.")
-            paged_table(check.table.astype({"device": str, "module_primary_device": str}), "dm_dispatch_table")
+            findings_table(
+                check.findings, "dm_dispatch_findings", empty="Every tensor is where the plan says."
+            )
+            paged_table(
+                check.table.astype({"device": str, "module_primary_device": str}), "dm_dispatch_table"
+            )
 
 
 def _audit_a_map(loaded: LoadedModel, budget: dict) -> None:

@@ -53,8 +53,11 @@ def _controls(loaded: LoadedModel) -> tuple[list[str], int, float, int | None, s
     """Which modules, how many inputs, the byte budget, where copies go, autograd mode, references."""
     names = [n for n, _ in loaded.model.named_modules() if n]
     c1, c2 = st.columns([2, 1])
-    patterns = c1.text_input("Modules: names, glob patterns or class names, comma separated (empty: every module)",
-                             key="cap_patterns", placeholder="transformer.h.*.mlp, ReLU")
+    patterns = c1.text_input(
+        "Modules: names, glob patterns or class names, comma separated (empty: every module)",
+        key="cap_patterns",
+        placeholder="transformer.h.*.mlp, ReLU",
+    )
     picked = c2.multiselect("…or pick modules", names, key="cap_picked")
     c3, c4, c5, c6 = st.columns(4)
     batch = c3.slider("Example inputs", 1, 4, 2, key="cap_batch")
@@ -77,7 +80,15 @@ def _controls(loaded: LoadedModel) -> tuple[list[str], int, float, int | None, s
 def _capture(loaded: LoadedModel, selection: list[str], batch: int, max_bytes: int | None, store_on: str,
              mode: str, teach: bool) -> Captures | None:
     """This session's capture for these settings, run now when asked (or when the model is small)."""
-    run_key = (st.session_state["mi_selection"].key, tuple(selection), batch, max_bytes, store_on, mode, teach)
+    run_key = (
+        st.session_state["mi_selection"].key,
+        tuple(selection),
+        batch,
+        max_bytes,
+        store_on,
+        mode,
+        teach,
+    )
 
     caps = None
     with guarded("capturing activations"):
@@ -87,9 +98,12 @@ def _capture(loaded: LoadedModel, selection: list[str], batch: int, max_bytes: i
         caps = results.get(run_key)
         auto = cached_analysis(runs_at_once, loaded.model)
         if caps is None and not auto:
-            st.info(f"{markdown_text(loaded.name)} holds {format_bytes(model_bytes(loaded.model))} of weights: capturing "
-                    f"its {len(chosen)} selected modules waits for the button. Narrow the selection first "
-                    "(e.g. `transformer.h.0*`) to keep the copies small and the capture quick.")
+            st.info(
+                f"{markdown_text(loaded.name)} holds {format_bytes(model_bytes(loaded.model))} of weights: "
+                "capturing "
+                f"its {len(chosen)} selected modules waits for the button. Narrow the selection first "
+                "(e.g. `transformer.h.0*`) to keep the copies small and the capture quick."
+            )
         again = st.button("Capture again" if caps is not None or auto else "Capture", key="cap_again",
                           type="secondary" if caps is not None or auto else "primary")
         if again or (caps is None and auto):
@@ -127,7 +141,9 @@ def _summary(caps: Captures, budget_mib: float) -> None:
 def _statistics(caps: Captures) -> None:
     """Statistics of every copy, and what was not captured."""
     st.subheader("Statistics of the copies")
-    paged_table(caps.stats, key="cap_stats", filter_columns=["module", "dtype", "shape"], **stats_layout(caps.stats))
+    paged_table(
+        caps.stats, key="cap_stats", filter_columns=["module", "dtype", "shape"], **stats_layout(caps.stats)
+    )
     if caps.skipped:
         st.subheader("Not captured")
         paged_table(caps.skipped_table, key="cap_skipped")
@@ -143,7 +159,9 @@ def _one_capture(caps: Captures, teach: bool) -> None:
         left, right = st.columns(2)
         left.plotly_chart(capture_histogram(caps.outputs[shown], title=f"{shown}: values", reference=ref),
                           key="cap_hist")
-        right.plotly_chart(capture_heatmap(caps.outputs[shown], title=f"{shown}: 2-D slice"), key="cap_heatmap")
+        right.plotly_chart(
+            capture_heatmap(caps.outputs[shown], title=f"{shown}: 2-D slice"), key="cap_heatmap"
+        )
 
 
 def _copy_vs_reference(caps: Captures, teach: bool) -> None:

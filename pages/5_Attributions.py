@@ -29,8 +29,11 @@ def progress_text(share: float, elapsed: float) -> str:
     if share <= 0.02 or elapsed < 1:
         return f"{share:.0%} done"
     left = elapsed * (1 - share) / share
-    return f"{share:.0%} done, about " + (f"{left:.0f} s" if left < 90 else f"{left // 60:.0f} min {left % 60:.0f} s") \
+    return (
+        f"{share:.0%} done, about "
+        + (f"{left:.0f} s" if left < 90 else f"{left // 60:.0f} min {left % 60:.0f} s")
         + " left"
+    )
 
 
 def _header() -> LoadedModel | None:
@@ -128,7 +131,9 @@ def _run(loaded: LoadedModel, inputs: Any, method: str, target: int | None, posi
     with guarded(f"running {spec.label}"):
         with st.status(f"Running {spec.label}…", expanded=True) as status:
             bar = st.progress(0.0)
-            st.button("Stop", key="attr_cancel", icon=":material/stop:", help="Stop this run; nothing is kept")
+            st.button(
+                "Stop", key="attr_cancel", icon=":material/stop:", help="Stop this run; nothing is kept"
+            )
             started = time.monotonic()
             try:
                 for i, layer in enumerate(layers or [None]):
@@ -139,14 +144,28 @@ def _run(loaded: LoadedModel, inputs: Any, method: str, target: int | None, posi
                     def step(done: int, expected: int, i: int = i, what: str = what) -> None:
                         """captum's forward passes so far, as a share of all layers' work."""
                         share = min((i + done / max(expected, 1)) / max(len(layers), 1), 1.0)
-                        bar.progress(share, text=f"{what}: {progress_text(share, time.monotonic() - started)}")
+                        bar.progress(
+                            share, text=f"{what}: {progress_text(share, time.monotonic() - started)}"
+                        )
 
                     # The lambda keeps the callback out of the cache key, so a rerun reuses the result.
-                    results.append(cached_analysis(
-                        lambda *a, **k: attribute(*a, progress=step, **k), loaded, inputs, method, target, layer,
-                        position=position, cache_scope="session", **options))
+                    results.append(
+                        cached_analysis(
+                            lambda *a, **k: attribute(*a, progress=step, **k),
+                            loaded,
+                            inputs,
+                            method,
+                            target,
+                            layer,
+                            position=position,
+                            cache_scope="session",
+                            **options,
+                        )
+                    )
             except Exception:
-                status.update(label=f"{spec.label} failed: see the message below", state="error", expanded=False)
+                status.update(
+                    label=f"{spec.label} failed: see the message below", state="error", expanded=False
+                )
                 raise
             bar.empty()
             status.update(label=f"{spec.label}: done", state="complete", expanded=False)
@@ -188,7 +207,12 @@ def _figures(loaded: LoadedModel, results: list[Attribution], method: str, batch
             col.plotly_chart(image_overlay(result, sample=i), key=f"attr_overlay_{i}")
     if len(results) > 1:
         st.plotly_chart(conductance_bars(results), key="attr_layer_bars")
-    if method == "layer_conductance" and len(results) == 1 or not result.token_model and result.pixel_map() is None:
+    if (
+        method == "layer_conductance"
+        and len(results) == 1
+        or not result.token_model
+        and result.pixel_map() is None
+    ):
         st.plotly_chart(conductance_bars(result), key="attr_unit_bars")
 
 
@@ -214,8 +238,10 @@ def main() -> None:
     if loaded is None:
         return
     if loaded.is_meta:
-        st.info(f"{markdown_text(loaded.name)} is on the meta device: it has a structure but no weights, so there is "
-                "no output to attribute. Load it on a real device with a checkpoint.")
+        st.info(
+            f"{markdown_text(loaded.name)} is on the meta device: it has a structure but no weights, so "
+            "there is no output to attribute. Load it on a real device with a checkpoint."
+        )
         return
     if not model_runs(loaded):
         return

@@ -49,9 +49,13 @@ def _options() -> None:
     """The form of sections and options; a valid submission becomes this session's report request."""
     choices = [s for s in SECTIONS if s != "findings"]
     with st.form("report_options"):
-        picked = st.multiselect("Sections", choices, default=[c for c in choices if c != "compare"],  # needs a B
-                                format_func=SECTION_TITLES.get,
-                                help="The findings list is always included, at the top.")
+        picked = st.multiselect(
+            "Sections",
+            choices,
+            default=[c for c in choices if c != "compare"],  # needs a B
+            format_func=SECTION_TITLES.get,
+            help="The findings list is always included, at the top.",
+        )
         left, right = st.columns(2)
         batch_size = left.number_input(BATCH_LABEL, min_value=1, value=2, step=1, help=f"1 to {MAX_BATCH}")
         backward = right.checkbox(BACKWARD_LABEL, value=False,
@@ -60,9 +64,13 @@ def _options() -> None:
                                      placeholder="0=20GiB,1=20GiB,cpu=64GiB", key="report_budget")
         steps = right.number_input(STEPS_LABEL, min_value=1, value=50, step=1,
                                    help=f"1 to {MAX_STEPS}. Fewer steps are faster on big models on a CPU.")
-        any_size = right.checkbox(ANY_SIZE, value=False, key="report_any_size",
-                                  help="By default models over 64 MiB on a CPU are left out of the attribution "
-                                       "section: it runs about 50 forward and backward passes.")
+        any_size = right.checkbox(
+            ANY_SIZE,
+            value=False,
+            key="report_any_size",
+            help="By default models over 64 MiB on a CPU are left out of the attribution "
+            "section: it runs about 50 forward and backward passes.",
+        )
         every_conversion = left.checkbox(CONVERSIONS_LABEL, value=False, key="report_conversions",
                                          help="By default the conversion checks run on models up to 64 MiB: "
                                               "each one copies the model.")
@@ -103,17 +111,28 @@ def _build(loaded: LoadedModel, request: tuple) -> Report | None:
         mine = st.session_state.get("offsets_grads", {}).get(st.session_state["mi_selection"].key)
         grads = mine.grads if mine is not None else {}
         # The lambda keeps the callback and the gradients out of the cache key (cache_key stands for them).
-        report = cached_analysis(lambda *a, **k: build_report(*a, progress=progress, gradients=grads, **k), loaded,
-                                 list(sections), cache_scope="session", cache_key=id(mine), batch_size=batch_size,
-                                 backward=backward, max_memory=max_memory, attribution_steps=steps,
-                                 controls=CONTROLS, **extra)
+        report = cached_analysis(
+            lambda *a, **k: build_report(*a, progress=progress, gradients=grads, **k),
+            loaded,
+            list(sections),
+            cache_scope="session",
+            cache_key=id(mine),
+            batch_size=batch_size,
+            backward=backward,
+            max_memory=max_memory,
+            attribution_steps=steps,
+            controls=CONTROLS,
+            **extra,
+        )
         bar.empty()
     return report
 
 
 def _overview(report: Report) -> None:
     """Findings by severity, and the sections that did not run."""
-    counts = {sev: sum(1 for _, f in report.findings if f.severity == sev) for sev in ("error", "warning", "info")}
+    counts = {
+        sev: sum(1 for _, f in report.findings if f.severity == sev) for sev in ("error", "warning", "info")
+    }
     c1, c2, c3, c4 = st.columns(4)
     c1.metric("Errors", counts["error"])
     c2.metric("Warnings", counts["warning"])
@@ -121,7 +140,9 @@ def _overview(report: Report) -> None:
     c4.metric("Sections", sum(1 for s in report.sections if s.status == "ok"))
     for s in report.sections:
         if s.status != "ok":
-            (st.error if s.status == "error" else st.warning)(f"{s.title}: {s.status} — {markdown_text(s.note)}")
+            (st.error if s.status == "error" else st.warning)(
+                f"{s.title}: {s.status} — {markdown_text(s.note)}"
+            )
 
 
 def _downloads(loaded: LoadedModel, report: Report, request: tuple) -> str | None:
@@ -142,7 +163,10 @@ def _downloads(loaded: LoadedModel, report: Report, request: tuple) -> str | Non
         if os.access(CHROMIUM, os.X_OK):
             if d4.button("Make PDF", key="make_pdf"):
                 with st.spinner("Printing with Chromium…"), tempfile.TemporaryDirectory() as tmp:
-                    st.session_state["report_pdf"] = (pdf_key, report.to_pdf(Path(tmp) / "report.pdf").read_bytes())
+                    st.session_state["report_pdf"] = (
+                        pdf_key,
+                        report.to_pdf(Path(tmp) / "report.pdf").read_bytes(),
+                    )
             pdf = st.session_state.get("report_pdf")
             if pdf is not None and pdf[0] == pdf_key:
                 d4.download_button("PDF", pdf[1], f"{stem}.pdf", "application/pdf", key="dl_pdf")

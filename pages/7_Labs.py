@@ -58,7 +58,9 @@ def _tasks(lab: Lab, scenario: Any) -> None:
             raw = lv.answer_fields(lab, task, scenario)
             checked = st.button("Check", key=f"lab_check_{lab.id}_{task.id}", type="primary")
             if checked and lv.is_empty_answer(raw):
-                st.warning("Give an answer first: an empty answer is not checked and does not count as an attempt.")
+                st.warning(
+                    "Give an answer first: an empty answer is not checked and does not count as an attempt."
+                )
             elif checked:
                 with st.spinner("Checking with the inspector's analyses…"):
                     lv.check_task(lab, task, scenario, raw)

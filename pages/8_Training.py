@@ -34,22 +34,36 @@ REFRESH_S = 3
 def _header() -> None:
     """Title and what a run file is."""
     st.title("Training")
-    st.caption("Open the file `with inspector.watch(model, optimizer, 'run.inspect'):` writes around your own loop "
-               "(or `python -m inspector watch`), or the `run.jsonl` of `inspector.distributed.check_step` / "
-               "`torchrun ... -m inspector distributed`. A file on the server is read again every few seconds while "
-               "it grows: gradient norms of every module at every step, the loss, each finding at the step it "
-               "appeared, one step's modules, and the ranks side by side.")
+    st.caption(
+        "Open the file `with inspector.watch(model, optimizer, 'run.inspect'):` writes around your own loop "
+        "(or `python -m inspector watch`), or the `run.jsonl` of `inspector.distributed.check_step` / "
+        "`torchrun ... -m inspector distributed`. A file on the server is read again every few seconds while "
+        "it grows: gradient norms of every module at every step, the loss, each finding at the step it "
+        "appeared, one step's modules, and the ranks side by side."
+    )
 
 
 def _source() -> tuple[Any, str, bool]:
     """Where the run file comes from: an upload, or a path on the server (followed while it grows)."""
     left, right = st.columns(2)
-    upload = left.file_uploader("Upload a run file (.inspect or .jsonl)", type=["inspect", "arrow", "jsonl", "json", "txt"],
-                                key="train_upload")
-    path = right.text_input("…or a path on the server", value=st.query_params.get("run", ""), key="train_path",
-                            placeholder="/path/to/run.inspect")
-    follow = right.toggle(f"Follow the file while it grows (every {REFRESH_S} s)", value=True, key="train_follow",
-                          disabled=upload is not None, help="An upload is a copy: it does not grow.")
+    upload = left.file_uploader(
+        "Upload a run file (.inspect or .jsonl)",
+        type=["inspect", "arrow", "jsonl", "json", "txt"],
+        key="train_upload",
+    )
+    path = right.text_input(
+        "…or a path on the server",
+        value=st.query_params.get("run", ""),
+        key="train_path",
+        placeholder="/path/to/run.inspect",
+    )
+    follow = right.toggle(
+        f"Follow the file while it grows (every {REFRESH_S} s)",
+        value=True,
+        key="train_follow",
+        disabled=upload is not None,
+        help="An upload is a copy: it does not grow.",
+    )
     return upload, path, follow
 
 
@@ -72,7 +86,9 @@ def _findings(opened: Opened) -> None:
     if picked is not None and st.session_state.get("train_timeline_applied") != picked:
         st.session_state["train_timeline_applied"] = picked
         _go_to(picked)
-    labels = [f"step {s} · {c} · {w}" for s, c, w in zip(found["step"], found["code"], found["where"], strict=True)]
+    labels = [
+        f"step {s} · {c} · {w}" for s, c, w in zip(found["step"], found["code"], found["where"], strict=True)
+    ]
     choice = st.selectbox("Go to the step of a finding", range(len(found)), index=None, key="train_jump",
                           format_func=lambda i: labels[i], placeholder="a finding…")
     if choice is not None and st.session_state.get("train_jump_applied") != choice:
@@ -107,8 +123,13 @@ def _norms(opened: Opened, rank: int, steps: Any) -> int:
     latest = st.checkbox("Follow the latest step", value=True, key="train_latest")
     if latest or "train_step" not in st.session_state:
         st.session_state["train_step"] = int(steps[-1])
-    wanted = st.number_input("Step", step=1, key="train_step", disabled=latest,
-                             help="The step of the table below and of the dotted line; the nearest recorded step is shown.")
+    wanted = st.number_input(
+        "Step",
+        step=1,
+        key="train_step",
+        disabled=latest,
+        help="The step of the table below and of the dotted line; the nearest recorded step is shown.",
+    )
     step = nearest_step(steps, int(wanted))
     column = st.radio("Per module", available_columns(run), horizontal=True, key="train_column",
                       format_func=column_label)
@@ -156,7 +177,9 @@ def main() -> None:
     model_picker()
     _header()
     upload, path, follow = _source()
-    st.fragment(live, run_every=REFRESH_S if follow and upload is None and path.strip() else None)(upload, path)
+    st.fragment(live, run_every=REFRESH_S if follow and upload is None and path.strip() else None)(
+        upload, path
+    )
 
 
 main()

@@ -24,10 +24,12 @@ def _header() -> tuple[LoadedModel | None, str]:
     loaded = model_picker()
 
     st.title("Compare")
-    st.caption("What changed between two models or checkpoints, tensor by tensor (bitwise equal or not, the "
-               "largest change, ‖B−A‖/‖A‖), summed per module; ties broken or added, renamed prefixes, dtype "
-               "conversions and the precision they lost, tensors a fine-tune never touched. Or two training runs "
-               "side by side: the first step where they part, and the modules that part first.")
+    st.caption(
+        "What changed between two models or checkpoints, tensor by tensor (bitwise equal or not, the "
+        "largest change, ‖B−A‖/‖A‖), summed per module; ties broken or added, renamed prefixes, dtype "
+        "conversions and the precision they lost, tensors a fine-tune never touched. Or two training runs "
+        "side by side: the first step where they part, and the modules that part first."
+    )
     mode = st.radio("Compare", ["the loaded model with B", "two run files"], horizontal=True, key="cmp_mode")
     return loaded, mode
 
@@ -42,8 +44,12 @@ def _stamp(path: str) -> tuple:
 
 def pick_b() -> str | None:
     left, right = st.columns(2)
-    text = left.text_input("B: a source or a path on the server", value=st.query_params.get("b", ""), key="cmp_b",
-                           placeholder="sample:tiny-gpt2, hf:/models/gpt2, /ckpt/model.safetensors, /ckpt/dcp")
+    text = left.text_input(
+        "B: a source or a path on the server",
+        value=st.query_params.get("b", ""),
+        key="cmp_b",
+        placeholder="sample:tiny-gpt2, hf:/models/gpt2, /ckpt/model.safetensors, /ckpt/dcp",
+    )
     upload = right.file_uploader("…or upload B (.safetensors / .pt / .bin)", key="cmp_upload",
                                  type=["safetensors", "pt", "pth", "bin"])
     if upload is not None:
@@ -61,8 +67,12 @@ def show_weights(result: WeightComparison) -> None:
               help="Names one side lacks. A tied name a file stores once (as safetensors saves a tie) is not "
                    "counted: loading fills it through the tie (status stored-once below).")
     st.subheader("Findings")
-    findings_table(list(result.findings), key="cmp_findings", empty="Nothing to report: no tie, name, dtype or "
-                   "shape changed, and every trainable tensor that could change did.")
+    findings_table(
+        list(result.findings),
+        key="cmp_findings",
+        empty="Nothing to report: no tie, name, dtype or "
+        "shape changed, and every trainable tensor that could change did.",
+    )
     st.subheader("Change per module")
     st.plotly_chart(module_change_bars(result.modules), width="stretch", key="cmp_modules_chart")
     st.subheader("Tensors")
@@ -84,9 +94,11 @@ def show_runs(result: RunComparison) -> None:
     st.plotly_chart(run_divergence_figure(result.steps, result.first_divergence, result.a, result.b),
                     width="stretch", key="cmp_runs_chart")
     st.subheader("Per module")
-    st.caption("Each module's gradient norm in A against B, as the relative difference |B−A| / max(|A|, |B|): "
-               f"the first step it passes the tolerance ({result.tolerance:g}), its largest difference, and its "
-               "difference at the first divergence. Per step below: the same for the loss and the global norm.")
+    st.caption(
+        "Each module's gradient norm in A against B, as the relative difference |B−A| / max(|A|, |B|): "
+        f"the first step it passes the tolerance ({result.tolerance:g}), its largest difference, and its "
+        "difference at the first divergence. Per step below: the same for the loss and the global norm."
+    )
     paged_table(result.modules, key="cmp_run_modules", column_config=run_module_config())
     st.subheader("Per step")
     paged_table(result.steps, key="cmp_steps", column_config=run_step_config(result.steps))
@@ -106,7 +118,9 @@ def _two_runs() -> None:
     left, right = st.columns(2)
     with guarded("reading the run files"):
         run_a, run_b = pick_run("A", left), pick_run("B", right)
-        tolerance = st.number_input("Tolerance (relative)", min_value=0.0, value=0.05, step=0.01, key="cmp_tol")
+        tolerance = st.number_input(
+            "Tolerance (relative)", min_value=0.0, value=0.05, step=0.01, key="cmp_tol"
+        )
         if run_a is None or run_b is None:
             st.info("Choose two run files.")
         else:
@@ -118,14 +132,18 @@ def _weights(loaded: LoadedModel) -> None:
     with guarded("comparing"):
         b = pick_b()
         if b is None:
-            st.info(f"A is **{markdown_text(loaded.name)}**. Give B: another source, a checkpoint file or folder.")
+            st.info(
+                f"A is **{markdown_text(loaded.name)}**. Give B: another source, a checkpoint file or folder."
+            )
             return
         with loaded.lock:
             result = cached_analysis(compare, loaded, b, device=str(loaded.device), cache_scope="session",
                                      cache_key=_stamp(b))
         if not isinstance(result, WeightComparison):
             raise InspectorError(f"{b} is a run file; choose 'two run files' above to compare runs")
-        st.caption(f"A: {markdown_text(result.a)} ({result.a_kind}) · B: {markdown_text(result.b)} ({result.b_kind})")
+        st.caption(
+            f"A: {markdown_text(result.a)} ({result.a_kind}) · B: {markdown_text(result.b)} ({result.b_kind})"
+        )
         show_weights(result)
 
 

@@ -152,5 +152,18 @@ def get_sample(name: str) -> Sample:
         raise KeyError(f"unknown sample {name!r}; known samples: {', '.join(SAMPLES)}") from None
 
 
-__all__ = ["SAMPLES", "DEFAULT_SAMPLE", "TINY_GPT2", "GPT2_SMALL", "Sample", "get_sample", "GPT", "GPTConfig", "Llama",
-           "LlamaConfig", "ConvNet", "AdapterMLP", "SplitBlockNet"]
+__all__ = [
+    "SAMPLES",
+    "DEFAULT_SAMPLE",
+    "TINY_GPT2",
+    "GPT2_SMALL",
+    "Sample",
+    "get_sample",
+    "GPT",
+    "GPTConfig",
+    "Llama",
+    "LlamaConfig",
+    "ConvNet",
+    "AdapterMLP",
+    "SplitBlockNet",
+]

@@ -78,7 +78,9 @@ class ScaledBlock(nn.Module):
         self.fc2 = nn.Linear(dim, dim)
         self.fc3 = nn.Linear(dim, dim)
         self.register_buffer("scale", torch.linspace(0.5, 1.5, dim))
-        self.register_buffer("pos_table", torch.randn(positions, dim, generator=torch.Generator().manual_seed(1)))
+        self.register_buffer(
+            "pos_table", torch.randn(positions, dim, generator=torch.Generator().manual_seed(1))
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         T = x.size(1)

@@ -116,7 +116,9 @@ def nonfinite(rank: int) -> dict:
     _backward(model)
     check = check_step(model, 0, path=None)
     res["inf_shard"] = _codes(check)
-    res["inf_shard_grad_nonfinite"] = sum(1 for t in check.record["tensors"] if any(t["nan"]) or any(t["inf"]))
+    res["inf_shard_grad_nonfinite"] = sum(
+        1 for t in check.record["tensors"] if any(t["nan"]) or any(t["inf"])
+    )
     torch.manual_seed(0)
     ddp = DDP(nn.Linear(4, 2))
     x = torch.ones(3, 4) * (float("nan") if rank == 1 else 1.0)
@@ -206,11 +208,16 @@ def tp_capture(rank: int, world: int) -> dict:
     plain = TPBlock()
     reference = plain.up(plain.norm(x))  # the whole output of up, computed on one process
     hooks = sum(len(m._forward_hooks) for m in model.modules())
-    return {"placements": dict(caps.placements), "shapes": {k: list(v.shape) for k, v in caps.outputs.items()},
-            "findings": [[f.code, f.where, f.message] for f in caps.findings],
-            "piece_matches": bool(torch.allclose(caps.outputs["up"], reference.chunk(world, -1)[rank], atol=1e-6)),
-            "down_matches": bool(torch.allclose(caps.outputs["down"], plain(x), atol=1e-5)),
-            "hooks": [before, hooks]}
+    return {
+        "placements": dict(caps.placements),
+        "shapes": {k: list(v.shape) for k, v in caps.outputs.items()},
+        "findings": [[f.code, f.where, f.message] for f in caps.findings],
+        "piece_matches": bool(
+            torch.allclose(caps.outputs["up"], reference.chunk(world, -1)[rank], atol=1e-6)
+        ),
+        "down_matches": bool(torch.allclose(caps.outputs["down"], plain(x), atol=1e-5)),
+        "hooks": [before, hooks],
+    }
 
 
 def skipped_call(rank: int) -> dict:

@@ -51,8 +51,14 @@ def _backward(model) -> None:
 def _cli(rank: int, world: int, port: int, out: Path) -> dict:
     from inspector.__main__ import main
 
-    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world),
-                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    os.environ.update(
+        RANK=str(rank),
+        LOCAL_RANK=str(rank),
+        WORLD_SIZE=str(world),
+        LOCAL_WORLD_SIZE=str(world),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+    )
     rc = main(["distributed", "sample_models/fsdp.py:build", "--shard", "fsdp", "--steps", "3",
                "-o", str(out / "run.jsonl")])
     return {"rc": rc, "initialised_after": dist.is_initialized()}
@@ -68,7 +74,9 @@ def _fsdp_checks(rank: int, out: Path) -> dict:
     _backward(model)
     report = gradient_report(model)
     res["report_total"] = report.total_norm
-    res["report_rows"] = report.by_parameter[["name", "norm", "local_norm", "state", "placements"]].values.tolist()
+    res["report_rows"] = report.by_parameter[
+        ["name", "norm", "local_norm", "state", "placements"]
+    ].values.tolist()
     res["module_names"] = report.by_module["name"].tolist()[:3]
     res["module_norms"] = report.by_module["norm"].tolist()[:3]
     res["local_norms_direct"] = {n: float(torch.linalg.vector_norm(p.grad.to_local()))
@@ -81,9 +89,14 @@ def _fsdp_checks(rank: int, out: Path) -> dict:
     # only fc1's gradients given (as DTensors, as torch.autograd.grad returns them)
     fc1 = {n: p.grad for n, p in named.items() if ".fc1." in n}
     res["fc1_total"] = gradient_report(model, grads=fc1).total_norm
-    res["fc1_direct"] = math.sqrt(sum(float(torch.linalg.vector_norm(g.full_tensor())) ** 2 for g in fc1.values()))
-    _try(res, "explicit_local_piece", lambda: gradient_report(model, grads={"stem.weight": named["stem.weight"]
-                                                                          .grad.to_local()}))
+    res["fc1_direct"] = math.sqrt(
+        sum(float(torch.linalg.vector_norm(g.full_tensor())) ** 2 for g in fc1.values())
+    )
+    _try(
+        res,
+        "explicit_local_piece",
+        lambda: gradient_report(model, grads={"stem.weight": named["stem.weight"].grad.to_local()}),
+    )
     # per parameter then per module: two passes, every rank makes both
     res["norms_twice"] = [gradient_norms(model)["norm"].tolist()[:2],
                           gradient_norms(model, by="module")["norm"].tolist()[:1]]
@@ -117,7 +130,9 @@ def _fsdp_checks(rank: int, out: Path) -> dict:
         from inspector import LoadedModel
         from sample_models.fsdp import example_inputs, loss
 
-        loaded = LoadedModel(model, "fsdp", "sample_models/fsdp.py:build", inputs_fn=example_inputs, loss_fn=loss)
+        loaded = LoadedModel(
+            model, "fsdp", "sample_models/fsdp.py:build", inputs_fn=example_inputs, loss_fn=loss
+        )
         rep = inspector.build_report(loaded, conversions=[], attribution_steps=4)
         return {s.id: [s.status, s.note] for s in rep.sections}
     _try(res, "report", report_sections)
@@ -130,7 +145,9 @@ def _fsdp_checks(rank: int, out: Path) -> dict:
             model.blocks[0].fc1.weight.grad.to_local()[0, 0] = float("nan")
     check = check_step(model, 1, path=str(out / "planted.jsonl"))
     res["nan_findings"] = [f.to_dict() for f in check.findings]
-    res["nan_report"] = gradient_report(model).by_parameter[["name", "state", "nonfinite_ranks"]].values.tolist()
+    res["nan_report"] = (
+        gradient_report(model).by_parameter[["name", "state", "nonfinite_ranks"]].values.tolist()
+    )
 
     # planted drift: rank 1 perturbs the replicated buffer ``scale``
     model.zero_grad(set_to_none=True)
@@ -182,7 +199,9 @@ def _tp_checks(rank: int, world: int) -> dict:
     res["report_total"] = gradient_report(model).total_norm
     res["clip_total"] = float(torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=math.inf))
     table = inspector.offset_map(model)
-    res["offsets"] = table[["name", "numel", "local_numel", "piece_start", "piece_end", "placements"]].values.tolist()
+    res["offsets"] = table[
+        ["name", "numel", "local_numel", "piece_start", "piece_end", "placements"]
+    ].values.tolist()
     if rank == 1:
         with torch.no_grad():
             model.down.bias.to_local()[0] += 1.0
@@ -191,8 +210,9 @@ def _tp_checks(rank: int, world: int) -> dict:
 
 
 def _strided_checks(rank: int, world: int) -> dict:
-    """A (8, 2) parameter placed as FSDP2 places one over tensor parallelism: _StridedShard(0, split_factor=2);
-    each rank holds 4 rows (rank 0 rows 0-1 and 4-5), 8 elements, 32 bytes, in two blocks."""
+    """A (8, 2) parameter placed as FSDP2 places one over tensor parallelism:
+    _StridedShard(0, split_factor=2); each rank holds 4 rows (rank 0 rows 0-1 and 4-5), 8 elements,
+    32 bytes, in two blocks."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import distribute_tensor
     from torch.distributed.tensor.placement_types import _StridedShard
@@ -208,11 +228,15 @@ def _strided_checks(rank: int, world: int) -> dict:
     model.w.grad = distribute_tensor(full, mesh, [_StridedShard(0, split_factor=2)])
     table = inspector.offset_map(model)
     placement = inspector.placement_table(model)
-    return {"grad_total": gradient_report(model).total_norm, "local_rows": model.w.to_local()[:, 0].div(2).int().tolist(),
-            "offsets": table[["name", "numel", "local_numel", "piece_start", "piece_end"]].values.tolist(),
-            "bytes_per_rank": {str(k): v for k, v in placement["bytes_per_rank"].iloc[0].items()},
-            "local_bytes": int(placement["local_bytes"].iloc[0]), "sharded": bool(placement["sharded"].iloc[0]),
-            "rank_bytes": rank_bytes(placement).values.tolist()}
+    return {
+        "grad_total": gradient_report(model).total_norm,
+        "local_rows": model.w.to_local()[:, 0].div(2).int().tolist(),
+        "offsets": table[["name", "numel", "local_numel", "piece_start", "piece_end"]].values.tolist(),
+        "bytes_per_rank": {str(k): v for k, v in placement["bytes_per_rank"].iloc[0].items()},
+        "local_bytes": int(placement["local_bytes"].iloc[0]),
+        "sharded": bool(placement["sharded"].iloc[0]),
+        "rank_bytes": rank_bytes(placement).values.tolist(),
+    }
 
 
 def worker(rank: int, world: int, port: int, out: str) -> None:

@@ -194,8 +194,12 @@ def write_loading_files(root: Path) -> None:
     zip_bomb(bomb_folder / "pytorch_model.bin")
     _index_outside(root, "hf-index-up", "../outside-weights/model.safetensors")
     _index_outside(root, "hf-index-absolute", str(outside / "model.safetensors"))
-    torch.save({"fc.weight": torch.eye(2, 3).to_sparse(), "fc.bias": torch.full((2,), 7.0)}, root / "sparse.pt")
-    torch.save({"fc.bias": torch.full((2,), 7.0), "fc.weight": torch.empty(2, 3, device="meta")}, root / "meta.pt")
+    torch.save(
+        {"fc.weight": torch.eye(2, 3).to_sparse(), "fc.bias": torch.full((2,), 7.0)}, root / "sparse.pt"
+    )
+    torch.save(
+        {"fc.bias": torch.full((2,), 7.0), "fc.weight": torch.empty(2, 3, device="meta")}, root / "meta.pt"
+    )
     torch.save({"fc.weight": torch.ones(2, 3), "fc.bias": torch.ones(2), "bad\ud800key": torch.ones(1)},
                root / "surrogate.pt")
     save_file({"x.weight": torch.ones(1)}, str(root / "unrelated.safetensors"))
@@ -212,4 +216,6 @@ def write_loading_files(root: Path) -> None:
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
     msd, osd = get_state_dict(model, optim)
-    _dcp_save(root / "dcp-tutorial", {"model": {f"fc.{k}": v for k, v in msd.items()}, "optim": osd, "step": 3})
+    _dcp_save(
+        root / "dcp-tutorial", {"model": {f"fc.{k}": v for k, v in msd.items()}, "optim": osd, "step": 3}
+    )

@@ -94,7 +94,9 @@ def live_markdown(text: str) -> list[str]:
     md.validateLink = lambda url: True  # count javascript: links as live too (renderers differ)
     found = [f"{t.type}: {t.content or t.attrs}" for t in _walk(md.parse(text)) if t.type in _LIVE]
     outside_code = re.sub(r"(`+)(?:(?!\1).)+?\1", "", text, flags=re.S)
-    found += [f"bare url: {m.group(0)}" for m in re.finditer(r"(?<!\\)://\S*|(?<![\\\w])www\.\S*", outside_code)]
+    found += [
+        f"bare url: {m.group(0)}" for m in re.finditer(r"(?<!\\)://\S*|(?<![\\\w])www\.\S*", outside_code)
+    ]
     return found
 
 

@@ -13,12 +13,17 @@ from inspector.inventory import tensor_inventory
 
 OWNERS = ["", "a", "b", "a.c"]
 SOURCE = st.one_of(
-    st.tuples(st.just("new"), st.integers(1, 6)),                     # its own memory, n elements
-    st.tuples(st.just("same"), st.integers(0, 7)),                    # an earlier object of its kind
-    st.tuples(st.just("shared"), st.integers(0, 7)),                  # a new object over an earlier one's memory
-    st.tuples(st.just("view"), st.integers(0, 1), st.integers(0, 8),  # base, start, length, step
-              st.integers(1, 8), st.integers(1, 2)),
-    st.tuples(st.just("int"), st.integers(1, 4)),                     # an integer buffer (keeps its dtype)
+    st.tuples(st.just("new"), st.integers(1, 6)),  # its own memory, n elements
+    st.tuples(st.just("same"), st.integers(0, 7)),  # an earlier object of its kind
+    st.tuples(st.just("shared"), st.integers(0, 7)),  # a new object over an earlier one's memory
+    st.tuples(
+        st.just("view"),
+        st.integers(0, 1),
+        st.integers(0, 8),  # base, start, length, step
+        st.integers(1, 8),
+        st.integers(1, 2),
+    ),
+    st.tuples(st.just("int"), st.integers(1, 4)),  # an integer buffer (keeps its dtype)
 )
 SLOTS = st.lists(st.tuples(st.sampled_from(OWNERS), st.sampled_from(["parameter", "buffer"]), SOURCE),
                  min_size=2, max_size=8)

@@ -219,7 +219,9 @@ def _counting_script(counter_path: str, scope: str, clear: bool = False) -> None
 
 
 def _counting(counter, scope, clear=False):
-    return AppTest.from_function(_counting_script, args=(str(counter), scope, clear), default_timeout=60).run()
+    return AppTest.from_function(
+        _counting_script, args=(str(counter), scope, clear), default_timeout=60
+    ).run()
 
 
 def test_cached_analysis_is_shared_per_model_across_sessions(tmp_path):

@@ -211,17 +211,29 @@ def test_preserved_state_removes_a_hook_added_inside():
 # ---------------------------------------------------------------- bad input
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    (dict(method="ig", target=10), r"target 10 is out of range .* class index must be in 0\.\.9"),
-    (dict(method="saliency", target=-1), r"target -1 is out of range .* 0\.\.9"),
-    (dict(method="layer_conductance", target=1, layer="conv3"), r"no layer named 'conv3'; did you mean conv2, conv1"),
-    (dict(method="layer_gradcam", target=1, layer="fcc"), r"did you mean fc\?"),
-    (dict(method="layer_gradcam", target=1, layer="fc"), r"spatial output .* Convolution layers: conv1, conv2"),
-    (dict(method="layer_conductance", target=1), r"needs a layer: choose one of cnn-bn's modules, e\.g\. conv1"),
-    (dict(method="intgrad", target=1), r"unknown attribution method 'intgrad'"),
-    (dict(method="ig", target=1, n_step=5), r"no option 'n_step'; did you mean n_steps"),
-    (dict(method="ig", target=1.5), r"target must be an integer index"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(method="ig", target=10), r"target 10 is out of range .* class index must be in 0\.\.9"),
+        (dict(method="saliency", target=-1), r"target -1 is out of range .* 0\.\.9"),
+        (
+            dict(method="layer_conductance", target=1, layer="conv3"),
+            r"no layer named 'conv3'; did you mean conv2, conv1",
+        ),
+        (dict(method="layer_gradcam", target=1, layer="fcc"), r"did you mean fc\?"),
+        (
+            dict(method="layer_gradcam", target=1, layer="fc"),
+            r"spatial output .* Convolution layers: conv1, conv2",
+        ),
+        (
+            dict(method="layer_conductance", target=1),
+            r"needs a layer: choose one of cnn-bn's modules, e\.g\. conv1",
+        ),
+        (dict(method="intgrad", target=1), r"unknown attribution method 'intgrad'"),
+        (dict(method="ig", target=1, n_step=5), r"no option 'n_step'; did you mean n_steps"),
+        (dict(method="ig", target=1.5), r"target must be an integer index"),
+    ],
+)
 def test_bad_input_on_cnn(cnn, kwargs, message):
     with pytest.raises(InspectorError, match=message):
         attribute(cnn, None, **kwargs)
@@ -239,14 +251,26 @@ def test_no_target_attributes_the_predicted_class(cnn):
     assert torch.equal(result.attributions[0], attribute(cnn, inputs, "saliency", predicted).attributions[0])
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    (dict(method="layer_gradcam", target=1), r"tiny-gpt2 has no convolution layer"),
-    (dict(method="saliency", target=1), r"integer token ids, .* Use 'layer_ig' on the input embedding \(transformer\.wte\)"),
-    (dict(method="layer_conductance", target=1, layer="transformer.h.0"), r"cannot be interpolated"),
-    (dict(method="layer_ig", target=32), r"target 32 is out of range .* next-token id must be in 0\.\.31"),
-    (dict(method="layer_ig", target=1, position=16), r"position 16 is outside the sequence of tiny-gpt2 \(length 16\); choose 0\.\.15"),
-    (dict(method="layer_ig", target=1, layer="transformer.h.O"), r"did you mean transformer\.h\.0"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(method="layer_gradcam", target=1), r"tiny-gpt2 has no convolution layer"),
+        (
+            dict(method="saliency", target=1),
+            r"integer token ids, .* Use 'layer_ig' on the input embedding \(transformer\.wte\)",
+        ),
+        (dict(method="layer_conductance", target=1, layer="transformer.h.0"), r"cannot be interpolated"),
+        (
+            dict(method="layer_ig", target=32),
+            r"target 32 is out of range .* next-token id must be in 0\.\.31",
+        ),
+        (
+            dict(method="layer_ig", target=1, position=16),
+            r"position 16 is outside the sequence of tiny-gpt2 \(length 16\); choose 0\.\.15",
+        ),
+        (dict(method="layer_ig", target=1, layer="transformer.h.O"), r"did you mean transformer\.h\.0"),
+    ],
+)
 def test_bad_input_on_tiny_gpt2(gpt, kwargs, message):
     with pytest.raises(InspectorError, match=message):
         attribute(gpt, None, **kwargs)
@@ -266,7 +290,10 @@ def test_in_place_successor_gets_a_clear_message(cnn):
 
 
 def test_single_output_model_takes_no_target():
-    with pytest.raises(InspectorError, match="one output per sample, so there is no target 3 to choose; leave the target empty"):
+    with pytest.raises(
+        InspectorError,
+        match="one output per sample, so there is no target 3 to choose; leave the target empty",
+    ):
         attribute(wrap(_Cube()), torch.ones(1, 1), "saliency", target=3)
 
 
@@ -331,7 +358,9 @@ def test_cli_attribute(capsys, tmp_path):
     assert main(["attribute", "sample:tiny-gpt2", "--method", "ig", "--target", "5", "--steps", "8",
                  "--json", str(out_json)]) == 0
     out = capsys.readouterr().out
-    assert "method: layer_ig (LayerIntegratedGradients) on layer transformer.wte, target 5 at position 15" in out
+    assert (
+        "method: layer_ig (LayerIntegratedGradients) on layer transformer.wte, target 5 at position 15" in out
+    )
     assert "Completeness:" in out and "method-switched" in out
     assert json.loads(out_json.read_text())["options"]["n_steps"] == 8
     assert main(["attribute", "sample:cnn-bn", "--method", "layer_gradcam", "--target", "10"]) == 2
@@ -341,7 +370,11 @@ def test_cli_attribute(capsys, tmp_path):
 def test_target_info(cnn, gpt):
     from inspector.attribution import target_info
 
-    assert (target_info(cnn).outputs, target_info(cnn).positions, target_info(cnn).kind) == (10, None, "class index")
+    assert (target_info(cnn).outputs, target_info(cnn).positions, target_info(cnn).kind) == (
+        10,
+        None,
+        "class index",
+    )
     assert target_info(gpt).kind == "next-token id" and cnn.model.training
 
 

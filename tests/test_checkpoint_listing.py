@@ -40,8 +40,20 @@ def test_listing_a_64_mib_checkpoint_does_not_load_it(tmp_path):
     save_file(big, tmp_path / "big.safetensors")
     torch.save(big, tmp_path / "big.pt")
     del big
-    done = subprocess.run([sys.executable, "-c", _PEAK, str(tmp_path / "small.safetensors"), str(tmp_path / "big.safetensors"), str(tmp_path / "big.pt")],
-                          capture_output=True, text=True, cwd=ROOT, timeout=120)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            _PEAK,
+            str(tmp_path / "small.safetensors"),
+            str(tmp_path / "big.safetensors"),
+            str(tmp_path / "big.pt"),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stderr
     growth_mib = json.loads(done.stdout.strip().splitlines()[-1])
     assert all(g < 32 for g in growth_mib), growth_mib  # peak RSS grew by MiB, per file

@@ -1,4 +1,5 @@
-"""compare(a, b): every finding planted on a tiny tied model; files, prefixes, bfloat16, DCP folders, the CLI."""
+"""compare(a, b): every finding planted on a tiny tied model; files, prefixes, bfloat16, DCP folders, the
+CLI."""
 
 from __future__ import annotations
 
@@ -74,10 +75,14 @@ def test_fine_tune_that_left_one_block_unchanged():
     row = result.tensors.set_index("name").loc["blocks.0.fc.weight"]
     # A's blocks.0.fc.weight is arange(9)/10 + 1: squares sum to 9 + 0.2 * 36 + 0.01 * 204 = 18.24
     assert row["status"] == "changed" and row["max_abs"] == pytest.approx(0.5)
-    assert row["diff_norm"] == pytest.approx(1.5) and row["rel_change"] == pytest.approx(1.5 / math.sqrt(18.24))
+    assert row["diff_norm"] == pytest.approx(1.5) and row["rel_change"] == pytest.approx(
+        1.5 / math.sqrt(18.24)
+    )
     mods = result.modules.set_index("module")
     assert mods.loc["blocks.1", "changed"] == 0 and mods.loc["blocks.0", "changed"] == 2
-    assert mods.loc["blocks", "tensors"] == 4 and mods.loc["blocks", "diff_norm"] == pytest.approx(math.sqrt(3))
+    assert mods.loc["blocks", "tensors"] == 4 and mods.loc["blocks", "diff_norm"] == pytest.approx(
+        math.sqrt(3)
+    )
     assert result.modules["module"].tolist()[:3] == ["embed", "blocks", "blocks.0"]  # model order
 
 
@@ -113,7 +118,10 @@ def test_renamed_prefix_checkpoint_is_paired_under_the_mapping(tmp_path, prefix)
     torch.save({prefix + k: v for k, v in state_of(a).items()}, path)
     result = compare(a, path)
     renamed = finding(result, "renamed")
-    assert f"adds the prefix {prefix!r} on 6 tensors" in renamed.message and "6 of them hold the same bits" in renamed.message
+    assert (
+        f"adds the prefix {prefix!r} on 6 tensors" in renamed.message
+        and "6 of them hold the same bits" in renamed.message
+    )
     assert "missing" not in result.codes() and "extra" not in result.codes()
     assert dict(result.renamed)["blocks.1.fc.bias"] == prefix + "blocks.1.fc.bias"
     # the other way round: B drops the prefix
@@ -136,7 +144,10 @@ def test_missing_extra_shape_and_nonfinite(tmp_path):
     assert by_code["extra"].where == "extra.weight"
     assert [f.where for f in result.findings if f.code == "shape-changed"] == ["embed.weight", "head.weight"]
     assert "(4, 3) in Tiny but (5, 3)" in by_code["shape-changed"].message
-    assert by_code["nonfinite"].where == "blocks.0.fc.weight" and "holds 2 NaN/Inf" in by_code["nonfinite"].message
+    assert (
+        by_code["nonfinite"].where == "blocks.0.fc.weight"
+        and "holds 2 NaN/Inf" in by_code["nonfinite"].message
+    )
     assert by_code["nonfinite"].severity == "error"
 
 
@@ -190,7 +201,12 @@ def test_cli_compares_two_files_in_process(tmp_path, capsys):
     state["blocks.0.fc.bias"] += 1
     save_file(state, str(tmp_path / "b.safetensors"))
     out = tmp_path / "c.json"
-    assert main(["compare", str(tmp_path / "a.safetensors"), str(tmp_path / "b.safetensors"), "--json", str(out)]) == 0
+    assert (
+        main(
+            ["compare", str(tmp_path / "a.safetensors"), str(tmp_path / "b.safetensors"), "--json", str(out)]
+        )
+        == 0
+    )
     text = capsys.readouterr().out
     assert "1 changed, 5 bitwise equal" in text and "unchanged-tensor" in text
     data = json.loads(out.read_text())
@@ -216,7 +232,10 @@ def test_report_section_in_json_html_and_markdown(tmp_path):
     assert "tie-stored-once" in {f.code for f in section.findings}
     jsonschema.validate(json.loads(report.to_json()), load_schema())
     assert "Compared with another model or checkpoint" in report.to_html()
-    assert "| transformer.h.0.mlp.c_fc.weight | transformer.h.0.mlp.c_fc.weight | changed |" in report.to_markdown()
+    assert (
+        "| transformer.h.0.mlp.c_fc.weight | transformer.h.0.mlp.c_fc.weight | changed |"
+        in report.to_markdown()
+    )
     out = tmp_path / "r.md"
     assert main(["report", "sample:tiny-gpt2", "--sections", "compare", "--compare-with",
                  str(tmp_path / "ft.safetensors"), "-o", str(out)]) == 0
@@ -251,7 +270,10 @@ def test_a_rename_that_is_no_prefix_is_found_by_equal_bits_but_not_for_constant_
     renamed = finding(result, "renamed")
     assert renamed.where == "blocks.1.fc.weight" and "is other.kernel in state dict" in renamed.message
     assert dict(result.renamed) == {"blocks.1.fc.weight": "other.kernel"}
-    assert [f.where for f in result.findings if f.code in ("missing", "extra")] == ["blocks.1.fc.bias", "other.zeros"]
+    assert [f.where for f in result.findings if f.code in ("missing", "extra")] == [
+        "blocks.1.fc.bias",
+        "other.zeros",
+    ]
 
 
 def test_corrupt_and_truncated_safetensors_are_named(tmp_path):
@@ -259,7 +281,9 @@ def test_corrupt_and_truncated_safetensors_are_named(tmp_path):
     save_file(state_of(a), str(tmp_path / "ok.safetensors"))
     data = (tmp_path / "ok.safetensors").read_bytes()
     (tmp_path / "cut.safetensors").write_bytes(data[:-8])
-    with pytest.raises(InspectorError, match=r"cut.safetensors is not a readable safetensors file: tensor \S+ has shape"):
+    with pytest.raises(
+        InspectorError, match=r"cut.safetensors is not a readable safetensors file: tensor \S+ has shape"
+    ):
         compare(a, tmp_path / "cut.safetensors")
     (tmp_path / "junk.safetensors").write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00not json at all!")
     with pytest.raises(InspectorError, match="junk.safetensors is not a readable safetensors file"):

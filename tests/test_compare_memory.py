@@ -99,4 +99,7 @@ def _check(kind: str, grown: dict[str, int]) -> None:
     # per side in flight: about 7 MiB measured); a distributed checkpoint's tensor is read whole from
     # its piece, so A's tensor is kept while B's piece bytes and tensor are read (about 16 MiB measured)
     assert grown["whole"] > 2 * TENSORS * tensor * 0.9, (kind, grown)
-    assert grown["compare"] < (2 * tensor + 4 * MIB if kind == "safetensors" else 4 * tensor + 8 * MIB), (kind, grown)
+    assert grown["compare"] < (2 * tensor + 4 * MIB if kind == "safetensors" else 4 * tensor + 8 * MIB), (
+        kind,
+        grown,
+    )

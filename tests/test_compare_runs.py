@@ -24,8 +24,20 @@ def write_run(path, *, part_at: int | None = None, steps: int = 10) -> str:
             if part_at is not None and s >= part_at:
                 g[2] *= 1.5 + s - part_at
                 loss *= 1.2 if s > part_at else 1.0
-            w.write([StepRecord(step=s, rank=0, time=float(s), loss=loss, grad_norm=float(np.linalg.norm(g)),
-                                module_grad_norm=g, module_nonfinite=np.zeros(4, np.int32), param_grad_norm=g)])
+            w.write(
+                [
+                    StepRecord(
+                        step=s,
+                        rank=0,
+                        time=float(s),
+                        loss=loss,
+                        grad_norm=float(np.linalg.norm(g)),
+                        module_grad_norm=g,
+                        module_nonfinite=np.zeros(4, np.int32),
+                        param_grad_norm=g,
+                    )
+                ]
+            )
     return str(path)
 
 
@@ -74,7 +86,8 @@ def test_cli_compares_two_runs(runs, capsys):
 
 
 def test_two_check_step_run_files(world1, tmp_path):
-    """check_step's run.jsonl (read through read_run): B's second layer gets 3x the gradient from step 2 on."""
+    """check_step's run.jsonl (read through read_run): B's second layer gets 3x the gradient from step 2
+    on."""
     import torch
     from torch import nn
 
@@ -105,7 +118,9 @@ def test_a_loss_that_turned_nan_is_a_divergence_not_a_gap(tmp_path):
     def run(path, nan_at):
         torch.manual_seed(0)
         model = torch.nn.Sequential(torch.nn.Linear(3, 1))
-        opt = torch.optim.SGD(model.parameters(), lr=0.0)  # the weights stay put: only the logged loss differs
+        opt = torch.optim.SGD(
+            model.parameters(), lr=0.0
+        )  # the weights stay put: only the logged loss differs
         x = torch.ones(2, 3)
         with watch(model, opt, path) as w:
             for step in range(4):

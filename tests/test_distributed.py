@@ -1,8 +1,9 @@
 """FSDP2 and DTensor on a world of 2 gloo processes on the CPU, started once per test session.
 
 tests/distributed_worker.py runs on each rank (the ``world2`` fixture in conftest.py starts it):
-the ``distributed`` command as torchrun would run it, then the analyses on an FSDP2 model and a tensor-parallel model, with a NaN and two
-drifts planted on rank 1. Sizes of sample_models/fsdp.py:build (see its docstring): 18282
+the ``distributed`` command as torchrun would run it, then the analyses on an FSDP2 model and a
+tensor-parallel model, with a NaN and two drifts planted on rank 1. Sizes of
+sample_models/fsdp.py:build (see its docstring): 18282
 parameters, every sharded dimension even, so each rank holds 9141.
 """
 
@@ -66,8 +67,19 @@ def test_offset_map_has_global_and_local_offsets(world2):
     # stem.weight (32, 32) Shard(0): 16 rows = 512 elements per rank; stem.bias 16 of 32
     for rank, res in enumerate(r["fsdp"] for r in ranks):
         table = _rows(res["offsets"])
-        assert table["stem.weight"] == ["stem.weight", 0, 1024, 1024, 0, 512, 512, 512 * rank, 512 * rank + 512,
-                                        "Shard(0)", [2]]
+        assert table["stem.weight"] == [
+            "stem.weight",
+            0,
+            1024,
+            1024,
+            0,
+            512,
+            512,
+            512 * rank,
+            512 * rank + 512,
+            "Shard(0)",
+            [2],
+        ]
         assert table["stem.bias"][1:9] == [1024, 1056, 32, 512, 528, 16, 1024 + 16 * rank, 1040 + 16 * rank]
         assert res["offsets"][-1][5] == 9141  # local vector end
     # RowwiseParallel's weight (4, 6) is Shard(1): each rank holds 3 columns, not one range
@@ -113,7 +125,10 @@ def test_planted_drift_names_tensor_and_ranks(world2):
     for res in (ranks[0]["fsdp"], ranks[1]["fsdp"]):
         drift = [f for f in res["drift_findings"] if f["code"] == "replica-drift"]
         assert [f["where"] for f in drift] == ["scale"]
-        assert "should be identical on ranks 0 and 1 but at step 2 rank 1 holds different values" in drift[0]["message"]
+        assert (
+            "should be identical on ranks 0 and 1 but at step 2 rank 1 holds different values"
+            in drift[0]["message"]
+        )
     for res in (ranks[0]["tp"], ranks[1]["tp"]):
         assert [(f["code"], f["where"]) for f in res["drift_findings"]] == [("replica-drift", "down.bias")]
     planted = read_run(out / "planted.jsonl")

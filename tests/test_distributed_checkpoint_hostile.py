@@ -97,15 +97,20 @@ def _huge(metadata):
 
 def _past_the_end(metadata):
     index = _index(metadata)
-    metadata.storage_data[dataclasses.replace(index, offset=torch.Size([3, 0]))] = metadata.storage_data.pop(index)
+    metadata.storage_data[dataclasses.replace(index, offset=torch.Size([3, 0]))] = metadata.storage_data.pop(
+        index
+    )
     _entry(metadata).chunks[0].offsets = torch.Size([3, 0])
 
 
 def _overlap(metadata):
-    # w claims 8 rows; its one stored 4x2 piece is listed at rows 0-3 and again at rows 2-5: 16 elements "filled"
+    # w claims 8 rows; its one stored 4x2 piece is listed at rows 0-3 and again at rows 2-5:
+    # 16 elements "filled"
     _entry(metadata).size = torch.Size([8, 2])
     index = _index(metadata)
-    metadata.storage_data[dataclasses.replace(index, offset=torch.Size([2, 0]))] = metadata.storage_data[index]
+    metadata.storage_data[dataclasses.replace(index, offset=torch.Size([2, 0]))] = metadata.storage_data[
+        index
+    ]
     _entry(metadata).chunks.append(type(_entry(metadata).chunks[0])(torch.Size([2, 0]), torch.Size([4, 2])))
 
 
@@ -120,7 +125,9 @@ def _length(metadata):
 def _offset_rank(metadata):
     _entry(metadata).chunks[0].offsets = torch.Size([0])
     index = _index(metadata)
-    metadata.storage_data[dataclasses.replace(index, offset=torch.Size([0]))] = metadata.storage_data.pop(index)
+    metadata.storage_data[dataclasses.replace(index, offset=torch.Size([0]))] = metadata.storage_data.pop(
+        index
+    )
 
 
 @pytest.mark.parametrize("change, message", [

@@ -15,7 +15,9 @@ def test_analyses_do_not_import_torch_distributed_tensor():
     code = ("import sys, inspector.offsets, inspector.capture, inspector.placement, inspector.report\n"
             "print(sorted(m for m in sys.modules if m.startswith(('torch.distributed.tensor', "
             "'torch.distributed.fsdp'))))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
+    )
     assert out.stdout.strip() == "[]"
 
 

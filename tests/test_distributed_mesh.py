@@ -67,7 +67,9 @@ def test_a_nonfinite_shard_and_a_nonfinite_loss_are_traced_to_their_rank(world2)
         assert res["nonfinite"]["inf_shard_grad_nonfinite"] > 2  # NaN reached every gradient
         values = [f for f in found if f[0] == "nonfinite-parameter"]
         assert [(f[2], f[1]) for f in values] == [("blocks.0.fc1.weight", "error")]
-        assert "not finite on rank 1 (rank 1: 0 NaN, 1 Inf in the local piece); rank 0 is finite" in values[0][3]
+        assert (
+            "not finite on rank 1 (rank 1: 0 NaN, 1 Inf in the local piece); rank 0 is finite" in values[0][3]
+        )
         grads = [f for f in found if f[0] == "nonfinite-gradient"]
         assert len(grads) == 1  # one finding, not one per tensor and rank
         assert "start at rank 1's piece of parameter blocks.0.fc1.weight" in grads[0][3]
@@ -105,8 +107,10 @@ def test_tensor_parallel_captures_say_which_piece_they_hold(world2):
     for rank, res in enumerate(_checks(world2)):
         cap = res["capture"]
         assert cap["shapes"]["up"] == [3, 8] and cap["shapes"]["down"] == [3, 8]
-        assert cap["placements"]["up"] == f"piece of rank {rank} (mesh coordinate [{rank}]) of a DTensor placed " \
-                                          "Shard(1) on mesh [2]"
+        assert (
+            cap["placements"]["up"] == f"piece of rank {rank} (mesh coordinate [{rank}]) of a DTensor placed "
+            "Shard(1) on mesh [2]"
+        )
         assert cap["placements"]["down"].startswith("whole output")
         assert cap["piece_matches"] and cap["down_matches"]
         assert [f[:2] for f in cap["findings"]] == [["capture-shard", "up"]]
@@ -124,6 +128,8 @@ def test_a_skipped_check_names_the_rank_behind_instead_of_hanging(world2):
 
 def test_a_model_error_on_one_rank_names_the_rank(world2):
     r0, r1 = (res["failing"]["error"] for res in _checks(world2))
-    assert r1["error"].startswith("InspectorError: rank 1: the model's forward pass or loss raised at step 0: "
-                                  "ValueError: shapes (2, 4) and (3, 3) do not match")
+    assert r1["error"].startswith(
+        "InspectorError: rank 1: the model's forward pass or loss raised at step 0: "
+        "ValueError: shapes (2, 4) and (3, 3) do not match"
+    )
     assert "rank 1 did not reach it within 1 s" in r0["error"]

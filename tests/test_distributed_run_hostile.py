@@ -40,32 +40,67 @@ HOSTILE = [
     (lambda r: r.update(step="![x](http://h/x.png)"), r"step must be an integer, not '!\[x\]"),
     (lambda r: r.update(step=True), r"step must be an integer, not True"),
     (lambda r: r["ranks"][0].update(rank="<b>0</b>"), r"each rank's \"rank\" must be an integer"),
-    (lambda r: r["ranks"][0].update(rank=3), r"each rank's \"rank\" must be an integer from 0 to world_size - 1, not 3"),
+    (
+        lambda r: r["ranks"][0].update(rank=3),
+        r"each rank's \"rank\" must be an integer from 0 to world_size - 1, not 3",
+    ),
     (lambda r: r["ranks"][0].update(param_bytes="1"), r"rank 0 has a non-numeric param_bytes"),
-    (lambda r: r.update(tensors=[{"name": 1}]), r"tensors must be a list of objects, each with a string name"),
-    (lambda r: r["tensors"][0].update(nan=1), r"tensor 'weight': nan, inf, replica_key and hash must be lists"),
-    (lambda r: r.update(findings=[{"code": "c", "severity": "info", "where": "", "message": "m", "x": 1}]),
-     r"a finding has exactly the keys code, severity, where, message; got code, message, severity, where, x"),
-    (lambda r: r.update(findings=[{"code": 1, "severity": "info", "where": "", "message": "m"}]),
-     r"a finding's code, severity, where, message are strings"),
-    (lambda r: r.update(findings=[{"code": "c", "severity": "fatal", "where": "", "message": "m"}]),
-     r"Finding severity must be one of"),
+    (
+        lambda r: r.update(tensors=[{"name": 1}]),
+        r"tensors must be a list of objects, each with a string name",
+    ),
+    (
+        lambda r: r["tensors"][0].update(nan=1),
+        r"tensor 'weight': nan, inf, replica_key and hash must be lists",
+    ),
+    (
+        lambda r: r.update(findings=[{"code": "c", "severity": "info", "where": "", "message": "m", "x": 1}]),
+        r"a finding has exactly the keys code, severity, where, message; "
+        r"got code, message, severity, where, x",
+    ),
+    (
+        lambda r: r.update(findings=[{"code": 1, "severity": "info", "where": "", "message": "m"}]),
+        r"a finding's code, severity, where, message are strings",
+    ),
+    (
+        lambda r: r.update(findings=[{"code": "c", "severity": "fatal", "where": "", "message": "m"}]),
+        r"Finding severity must be one of",
+    ),
     (lambda r: r.update(backend=["gloo"]), r"backend and note must be strings"),
-    (lambda r: r["tensors"][0].update(replica_key=["0"]), r"tensor 'weight': replica_key must be a list of integers"),
-    (lambda r: r["tensors"][0].update(replica_key=[0.5]), r"tensor 'weight': replica_key must be a list of integers"),
-    (lambda r: r["tensors"][0].update(hash=[["x", 1]]), r"tensor 'weight': hash must be a list of integer lists"),
+    (
+        lambda r: r["tensors"][0].update(replica_key=["0"]),
+        r"tensor 'weight': replica_key must be a list of integers",
+    ),
+    (
+        lambda r: r["tensors"][0].update(replica_key=[0.5]),
+        r"tensor 'weight': replica_key must be a list of integers",
+    ),
+    (
+        lambda r: r["tensors"][0].update(hash=[["x", 1]]),
+        r"tensor 'weight': hash must be a list of integer lists",
+    ),
     (lambda r: r["tensors"][0].update(hash=[7]), r"tensor 'weight': hash must be a list of integer lists"),
-    (lambda r: r["tensors"][0].update(replica_key=[0], hash=[]),
-     r"tensor 'weight': hash has 0 entries for 1 replica keys"),
-    (lambda r: r["tensors"][0].update(nan=[0, 0, 0]), r"tensor 'weight': nan has more entries than world_size \(1\)"),
-    (lambda r: r["tensors"][0].update(local_grad_norm=["1"]), r"tensor 'weight': grad_norm and local_grad_norm must be numbers"),
+    (
+        lambda r: r["tensors"][0].update(replica_key=[0], hash=[]),
+        r"tensor 'weight': hash has 0 entries for 1 replica keys",
+    ),
+    (
+        lambda r: r["tensors"][0].update(nan=[0, 0, 0]),
+        r"tensor 'weight': nan has more entries than world_size \(1\)",
+    ),
+    (
+        lambda r: r["tensors"][0].update(local_grad_norm=["1"]),
+        r"tensor 'weight': grad_norm and local_grad_norm must be numbers",
+    ),
     (lambda r: r.update(version="2"), r"version must be an integer, not '2'"),
 ]
 
 
 @pytest.mark.parametrize("change, message", HOSTILE)
 def test_wrong_types_name_the_file_and_line(record, change, message):
-    with pytest.raises(InspectorError, match=r"run.jsonl line 2 is not a valid check_step record: " + message):
+    with pytest.raises(
+        InspectorError, match=r"run.jsonl line 2 is not a valid check_step record: " + message
+    ):
         parse_run(_with(record, change), "run.jsonl")
 
 
@@ -115,13 +150,23 @@ def _line(record: dict, **changes) -> str:
     return json.dumps(rec)
 
 
-@pytest.mark.parametrize("spelling, message", [
-    ("NaN", "NaN is not a number a run file holds"), ("Infinity", "Infinity is not a number a run file holds"),
-    ("-Infinity", "-Infinity is not a number a run file holds"), ("1e400", "1e400 is out of range for a float"),
-    ("1" + "0" * 400, "the integer 10000000000000000000... has 401 digits, more than a run file holds")])
+@pytest.mark.parametrize(
+    "spelling, message",
+    [
+        ("NaN", "NaN is not a number a run file holds"),
+        ("Infinity", "Infinity is not a number a run file holds"),
+        ("-Infinity", "-Infinity is not a number a run file holds"),
+        ("1e400", "1e400 is out of range for a float"),
+        ("1" + "0" * 400, "the integer 10000000000000000000... has 401 digits, more than a run file holds"),
+    ],
+)
 def test_numbers_json_cannot_hold_are_refused(record, spelling, message):
-    text = json.dumps(record) + "\n" + json.dumps(record).replace('"step": 0', f'"step": {spelling}', 1) + "\n"
-    with pytest.raises(InspectorError, match=r"run.jsonl line 2 is not a valid check_step record: " + re.escape(message)):
+    text = (
+        json.dumps(record) + "\n" + json.dumps(record).replace('"step": 0', f'"step": {spelling}', 1) + "\n"
+    )
+    with pytest.raises(
+        InspectorError, match=r"run.jsonl line 2 is not a valid check_step record: " + re.escape(message)
+    ):
         parse_run(text, "run.jsonl")
 
 
@@ -150,7 +195,9 @@ def test_a_cut_last_line_keeps_every_complete_step(record, tmp_path):
     assert run.steps["step"].tolist() == [0, 1]
     assert [(s, f.code) for s, f in run.findings] == [(1, "run-file-truncated")]
     assert "line 3" in run.findings[0][1].message and "Read 2 complete steps" in run.findings[0][1].message
-    with pytest.raises(InspectorError, match="line 2 is not JSON"):  # a bad line in the middle is still an error
+    with pytest.raises(
+        InspectorError, match="line 2 is not JSON"
+    ):  # a bad line in the middle is still an error
         parse_run(_line(record) + "\n" + cut + "\n" + _line(record, step=1), "run.jsonl")
 
 
@@ -168,5 +215,7 @@ def test_a_bom_or_a_megabyte_first_line_is_still_a_run_file(record, tmp_path, ca
     assert is_run_file(bom) and is_run_file(big)
     assert read_run(bom).steps["step"].tolist() == [0]
     assert read_run(big).world_size == 5000
-    assert main(["report", str(bom), "-o", str(tmp_path / "bom.md")]) == 0  # not "cannot tell what kind of source"
+    assert (
+        main(["report", str(bom), "-o", str(tmp_path / "bom.md")]) == 0
+    )  # not "cannot tell what kind of source"
     assert "## Rank 0" in (tmp_path / "bom.md").read_text(encoding="utf-8")

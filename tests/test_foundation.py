@@ -103,7 +103,9 @@ def test_python_file_from_allowed_folder():
 def test_python_file_outside_allowed_folders_is_refused_and_not_run(tmp_path, monkeypatch):
     marker = tmp_path / "ran"
     f = tmp_path / "evil.py"
-    f.write_text(f"open({str(marker)!r}, 'w').write('x')\nimport torch\ndef make(): return torch.nn.Linear(1, 1)\n")
+    f.write_text(
+        f"open({str(marker)!r}, 'w').write('x')\nimport torch\ndef make(): return torch.nn.Linear(1, 1)\n"
+    )
     monkeypatch.delenv("INSPECTOR_MODEL_DIRS", raising=False)
     with pytest.raises(InspectorError, match="INSPECTOR_MODEL_DIRS"):
         load_model(f"{f}:make")
@@ -188,7 +190,9 @@ def test_shape_mismatch_names_tensor_and_both_shapes(tmp_path):
     torch.save(state, path)
     model = get_sample("cnn-bn").build()
     before = {k: v.clone() for k, v in model.state_dict().items()}
-    with pytest.raises(InspectorError, match=r"fc.weight has shape \(5, 16\) but the model expects \(10, 16\)"):
+    with pytest.raises(
+        InspectorError, match=r"fc.weight has shape \(5, 16\) but the model expects \(10, 16\)"
+    ):
         apply_checkpoint(model, path)
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
 

@@ -16,8 +16,17 @@ def test_gpu_bench_dry_run_on_cpu_prints_every_row():
     out = run.stdout
     assert "dry run, tiny models: no GPU figures" in out
     assert "captured bytes, every module of gpt2" in out
-    for row in ("capture_activations (on device)", "clone hooks", "no-op hooks", "capture_activations (to cpu)",
-                ".to('cpu') in each hook", "bare references", "flat-vector norm", "vector_norm(_foreach_norm)",
-                "gradient_report (both tables)", "gradient_norms by parameter+module"):
+    for row in (
+        "capture_activations (on device)",
+        "clone hooks",
+        "no-op hooks",
+        "capture_activations (to cpu)",
+        ".to('cpu') in each hook",
+        "bare references",
+        "flat-vector norm",
+        "vector_norm(_foreach_norm)",
+        "gradient_report (both tables)",
+        "gradient_norms by parameter+module",
+    ):
         assert row in out, row
     assert out.count("(judged on a GPU)") == 4 and "MISSED" not in out and " met" not in out

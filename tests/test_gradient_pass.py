@@ -58,7 +58,13 @@ def test_explicit_gradients_match_the_grad_attribute_on_a_real_backward(tiny_gpt
     logits = out.logits if hasattr(out, "logits") else out[0] if isinstance(out, tuple) else out
     loss = logits.float().pow(2).mean()
     named = list(tiny_gpt2.named_parameters())
-    grads = dict(zip([n for n, _ in named], torch.autograd.grad(loss, [p for _, p in named], retain_graph=True), strict=True))
+    grads = dict(
+        zip(
+            [n for n, _ in named],
+            torch.autograd.grad(loss, [p for _, p in named], retain_graph=True),
+            strict=True,
+        )
+    )
     loss.backward()
     explicit = gradient_report(tiny_gpt2, grads=grads)
     attribute = gradient_report(tiny_gpt2)

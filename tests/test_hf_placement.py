@@ -86,7 +86,10 @@ def test_compare_when_accelerate_cannot_plan(models, hf_folders, capsys):
     comparison = compare_with_accelerate(models["roberta"].model, budget)
     assert comparison.accelerate_error.startswith("IndexError") and comparison.accelerate_map == {}
     assert [f.code for f in comparison.accelerate_findings] == ["accelerate-failed"]
-    assert main(["devicemap", f"hf:{hf_folders['roberta']}", "--max-memory", budget, "--compare-accelerate"]) == 0
+    assert (
+        main(["devicemap", f"hf:{hf_folders['roberta']}", "--max-memory", budget, "--compare-accelerate"])
+        == 0
+    )
     out = capsys.readouterr().out
     assert "lm_head.decoder: 1" in out and "accelerate could not plan this model" in out
 

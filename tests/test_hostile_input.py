@@ -104,7 +104,9 @@ def files(tmp_path_factory) -> dict[str, Path]:
     for name, header in (("huge-shape", '{"w": {"dtype": "F32", "shape": [1e400], "data_offsets": [0, 4]}}'),
                          ("huge-offset", '{"w": {"dtype": "F32", "shape": [1], "data_offsets": [1e400, 4]}}'),
                          ("nested-header", '{"w": ' + "[" * 100_000 + "]" * 100_000 + "}")):
-        (root / f"{name}.safetensors").write_bytes(struct.pack("<Q", len(header)) + header.encode() + bytes(4))
+        (root / f"{name}.safetensors").write_bytes(
+            struct.pack("<Q", len(header)) + header.encode() + bytes(4)
+        )
     torch.save({"w": _RunsCode(marker)}, root / "evil_zip.pt")
     torch.save({"w": _RunsCode(marker)}, root / "evil_legacy.pt", _use_new_zipfile_serialization=False)
     for proto in (0, 2, 5):
@@ -143,39 +145,89 @@ def _tree(root: Path) -> dict[str, tuple[int, int]]:
 
 # (id, argv with {root}/{models}/{outside}/{hf} placeholders, what the message must say)
 CLI_CASES: list[tuple[str, list[str], str]] = [
-    ("text-file-as-checkpoint", ["summary", "sample:tiny-gpt2", "--checkpoint", "{root}/notes.txt"],
-     "corrupt or not a torch file"),
-    ("missing-checkpoint", ["summary", "sample:tiny-gpt2", "--checkpoint", "{root}/nope.pt"], "does not exist"),
-    ("folder-as-checkpoint", ["summary", "sample:tiny-gpt2", "--checkpoint", "{root}/outdir"], "is not a file"),
-    ("garbage-safetensors", ["summary", "sample:tiny-gpt2", "--checkpoint", "{root}/garbage.safetensors"],
-     "re-save it with safetensors"),
-    ("garbage-pt", ["summary", "sample:tiny-gpt2", "--checkpoint", "{root}/garbage.pt"], "corrupt or not a torch file"),
-    ("evil-zip-pickle", ["summary", "sample:tiny-gpt2", "--checkpoint", "{root}/evil_zip.pt"], "run Python code"),
-    ("evil-legacy-pickle", ["summary", "sample:tiny-gpt2", "--checkpoint", "{root}/evil_legacy.pt"],
-     "run Python code"),
-    ("evil-pickle-p0", ["summary", "sample:tiny-gpt2", "--checkpoint", "{root}/evil_p0.pt"], "run Python code"),
-    ("evil-pickle-p2", ["summary", "sample:tiny-gpt2", "--checkpoint", "{root}/evil_p2.pt"], "run Python code"),
-    ("evil-pickle-p5", ["summary", "sample:tiny-gpt2", "--checkpoint", "{root}/evil_p5.pt"], "run Python code"),
-    ("wrong-shape-checkpoint", ["summary", "{models}/nets.py:good", "--checkpoint", "{root}/wrong_shape.safetensors"],
-     "nothing was loaded"),
+    (
+        "text-file-as-checkpoint",
+        ["summary", "sample:tiny-gpt2", "--checkpoint", "{root}/notes.txt"],
+        "corrupt or not a torch file",
+    ),
+    (
+        "missing-checkpoint",
+        ["summary", "sample:tiny-gpt2", "--checkpoint", "{root}/nope.pt"],
+        "does not exist",
+    ),
+    (
+        "folder-as-checkpoint",
+        ["summary", "sample:tiny-gpt2", "--checkpoint", "{root}/outdir"],
+        "is not a file",
+    ),
+    (
+        "garbage-safetensors",
+        ["summary", "sample:tiny-gpt2", "--checkpoint", "{root}/garbage.safetensors"],
+        "re-save it with safetensors",
+    ),
+    (
+        "garbage-pt",
+        ["summary", "sample:tiny-gpt2", "--checkpoint", "{root}/garbage.pt"],
+        "corrupt or not a torch file",
+    ),
+    (
+        "evil-zip-pickle",
+        ["summary", "sample:tiny-gpt2", "--checkpoint", "{root}/evil_zip.pt"],
+        "run Python code",
+    ),
+    (
+        "evil-legacy-pickle",
+        ["summary", "sample:tiny-gpt2", "--checkpoint", "{root}/evil_legacy.pt"],
+        "run Python code",
+    ),
+    (
+        "evil-pickle-p0",
+        ["summary", "sample:tiny-gpt2", "--checkpoint", "{root}/evil_p0.pt"],
+        "run Python code",
+    ),
+    (
+        "evil-pickle-p2",
+        ["summary", "sample:tiny-gpt2", "--checkpoint", "{root}/evil_p2.pt"],
+        "run Python code",
+    ),
+    (
+        "evil-pickle-p5",
+        ["summary", "sample:tiny-gpt2", "--checkpoint", "{root}/evil_p5.pt"],
+        "run Python code",
+    ),
+    (
+        "wrong-shape-checkpoint",
+        ["summary", "{models}/nets.py:good", "--checkpoint", "{root}/wrong_shape.safetensors"],
+        "nothing was loaded",
+    ),
     ("capture-batch-size-negative", ["capture", "sample:tiny-gpt2", "--batch-size", "-1"], "at least 1"),
     ("capture-batch-size-zero", ["capture", "sample:tiny-gpt2", "--batch-size", "0"], "at least 1"),
     ("capture-batch-size-text", ["capture", "sample:tiny-gpt2", "--batch-size", "two"], "whole number"),
     ("capture-max-bytes-negative", ["capture", "sample:tiny-gpt2", "--max-bytes", "-5"], "0 or more"),
     ("capture-store-on-cpu1", ["capture", "sample:tiny-gpt2", "--store-on", "cpu:3"], "one cpu device"),
     ("capture-grad-mode", ["capture", "sample:tiny-gpt2", "--grad-mode", "sometimes"], "invalid choice"),
-    ("capture-json-missing-folder", ["capture", "sample:tiny-gpt2", "--json", "{root}/missing/c.json"],
-     "create it first"),
+    (
+        "capture-json-missing-folder",
+        ["capture", "sample:tiny-gpt2", "--json", "{root}/missing/c.json"],
+        "create it first",
+    ),
     ("attribute-steps-zero", ["attribute", "sample:cnn-bn", "--steps", "0"], "at least 1"),
     ("attribute-batch-size-zero", ["attribute", "sample:cnn-bn", "--batch-size", "0"], "at least 1"),
     ("attribute-rows-zero", ["attribute", "sample:cnn-bn", "--rows", "0"], "at least 1"),
     ("attribute-unknown-method", ["attribute", "sample:cnn-bn", "--method", "magic"], "invalid choice"),
     ("attribute-target-out-of-range", ["attribute", "sample:cnn-bn", "--target", "999"], "must be in 0..9"),
     ("attribute-forward-fails", ["attribute", "{models}/nets.py:bad_forward"], "fix the model's forward"),
-    ("offsets-backward-forward-fails", ["offsets", "{models}/nets.py:bad_forward", "--backward"],
-     "fix its forward"),
+    (
+        "offsets-backward-forward-fails",
+        ["offsets", "{models}/nets.py:bad_forward", "--backward"],
+        "fix its forward",
+    ),
     ("offsets-locate-negative", ["offsets", "sample:tiny-gpt2", "--locate", "-1"], "0 or more"),
-    ("offsets-locate-past-end", ["offsets", "sample:tiny-gpt2", "--locate", "4080"], "valid indices are 0..4079"),
+    (
+        "offsets-locate-past-end",
+        ["offsets", "sample:tiny-gpt2", "--locate", "4080"],
+        "valid indices are 0..4079",
+    ),
     ("offsets-top-zero", ["offsets", "sample:tiny-gpt2", "--top", "0"], "at least 1"),
     ("offsets-max-rows-negative", ["offsets", "sample:tiny-gpt2", "--max-rows", "-2"], "at least 1"),
     ("factory-calls-sys-exit", ["summary", "{models}/nets.py:exits"], "make the factory return an nn.Module"),
@@ -196,60 +248,141 @@ CLI_CASES: list[tuple[str, list[str], str]] = [
     ("device-nonsense", ["summary", "sample:tiny-gpt2", "--device", "banana"], "Available devices"),
     ("dtype-int64", ["summary", "sample:tiny-gpt2", "--dtype", "int64"], "choose one of float32"),
     ("dtype-int8", ["summary", "sample:tiny-gpt2", "--dtype", "torch.int8"], "choose one of float32"),
-    ("report-unwritable", ["report", "sample:tiny-gpt2", "-o", "/proc/inspector-report.html"], "cannot be written"),
-    ("report-folder-missing", ["report", "sample:tiny-gpt2", "-o", "{root}/missing/r.html"], "create it first"),
+    (
+        "report-unwritable",
+        ["report", "sample:tiny-gpt2", "-o", "/proc/inspector-report.html"],
+        "cannot be written",
+    ),
+    (
+        "report-folder-missing",
+        ["report", "sample:tiny-gpt2", "-o", "{root}/missing/r.html"],
+        "create it first",
+    ),
     ("report-output-is-folder", ["report", "sample:tiny-gpt2", "-o", "{root}/outdir"], "give a file name"),
     ("report-output-empty", ["report", "sample:tiny-gpt2", "-o", ""], "give a file name"),
-    ("report-batch-size-zero", ["report", "sample:tiny-gpt2", "-o", "{root}/outdir/r.html", "--batch-size", "0"],
-     "at least 1"),
-    ("report-attribution-steps-zero", ["report", "sample:tiny-gpt2", "-o", "{root}/outdir/r.html",
-                                       "--attribution-steps", "0"], "at least 1"),
-    ("report-unknown-section", ["report", "sample:tiny-gpt2", "-o", "{root}/outdir/r.html", "--sections", "bogus"],
-     "choose from"),
-    ("report-unknown-format", ["report", "sample:tiny-gpt2", "-o", "{root}/outdir/r.x", "--format", "docx"],
-     "invalid choice"),
+    (
+        "report-batch-size-zero",
+        ["report", "sample:tiny-gpt2", "-o", "{root}/outdir/r.html", "--batch-size", "0"],
+        "at least 1",
+    ),
+    (
+        "report-attribution-steps-zero",
+        ["report", "sample:tiny-gpt2", "-o", "{root}/outdir/r.html", "--attribution-steps", "0"],
+        "at least 1",
+    ),
+    (
+        "report-unknown-section",
+        ["report", "sample:tiny-gpt2", "-o", "{root}/outdir/r.html", "--sections", "bogus"],
+        "choose from",
+    ),
+    (
+        "report-unknown-format",
+        ["report", "sample:tiny-gpt2", "-o", "{root}/outdir/r.x", "--format", "docx"],
+        "invalid choice",
+    ),
     ("aliases-unknown-conversion", ["aliases", "sample:tiny-gpt2", "--convert", "bogus"], "choose one of"),
-    ("aliases-json-is-folder", ["aliases", "sample:tiny-gpt2", "--json", "{root}/outdir"], "give a file name"),
+    (
+        "aliases-json-is-folder",
+        ["aliases", "sample:tiny-gpt2", "--json", "{root}/outdir"],
+        "give a file name",
+    ),
     ("devicemap-nan-budget", ["devicemap", "sample:tiny-gpt2", "--max-memory", "cpu=nan"], "20GiB"),
     ("devicemap-negative-budget", ["devicemap", "sample:tiny-gpt2", "--max-memory", "cpu=-1GB"], "20GiB"),
     ("devicemap-no-budget", ["devicemap", "sample:tiny-gpt2"], "--max-memory"),
-    ("devicemap-audit-missing", ["devicemap", "sample:tiny-gpt2", "--audit", "{root}/absent.json"],
-     "does not exist"),
-    ("devicemap-audit-not-json", ["devicemap", "sample:tiny-gpt2", "--audit", "{root}/map.json"], "write it like"),
-    ("distributed-gpu-index", ["distributed", "sample:tiny-gpt2", "--device", "cuda:1", "-o", "{root}/run.jsonl"],
-     "invalid choice: 'cuda:1'"),
-    ("distributed-unknown-device", ["distributed", "sample:tiny-gpt2", "--device", "foo", "-o", "{root}/run.jsonl"],
-     "invalid choice: 'foo'"),
-    ("distributed-nan-lr", ["distributed", "sample:tiny-gpt2", "--lr", "nan", "-o", "{root}/run.jsonl"],
-     "must be a finite number above 0, got nan"),
-    ("distributed-negative-lr", ["distributed", "sample:tiny-gpt2", "--lr=-0.1", "-o", "{root}/run.jsonl"],
-     "must be a finite number above 0, got -0.1"),
-    ("distributed-word-lr", ["distributed", "sample:tiny-gpt2", "--lr", "fast", "-o", "{root}/run.jsonl"],
-     "must be a number, got 'fast'"),
-    ("zip-bomb-checkpoint", ["summary", "{models}/nets.py:good", "--checkpoint", "{root}/bomb.pt"],
-     "Nothing was inflated"),
+    (
+        "devicemap-audit-missing",
+        ["devicemap", "sample:tiny-gpt2", "--audit", "{root}/absent.json"],
+        "does not exist",
+    ),
+    (
+        "devicemap-audit-not-json",
+        ["devicemap", "sample:tiny-gpt2", "--audit", "{root}/map.json"],
+        "write it like",
+    ),
+    (
+        "distributed-gpu-index",
+        ["distributed", "sample:tiny-gpt2", "--device", "cuda:1", "-o", "{root}/run.jsonl"],
+        "invalid choice: 'cuda:1'",
+    ),
+    (
+        "distributed-unknown-device",
+        ["distributed", "sample:tiny-gpt2", "--device", "foo", "-o", "{root}/run.jsonl"],
+        "invalid choice: 'foo'",
+    ),
+    (
+        "distributed-nan-lr",
+        ["distributed", "sample:tiny-gpt2", "--lr", "nan", "-o", "{root}/run.jsonl"],
+        "must be a finite number above 0, got nan",
+    ),
+    (
+        "distributed-negative-lr",
+        ["distributed", "sample:tiny-gpt2", "--lr=-0.1", "-o", "{root}/run.jsonl"],
+        "must be a finite number above 0, got -0.1",
+    ),
+    (
+        "distributed-word-lr",
+        ["distributed", "sample:tiny-gpt2", "--lr", "fast", "-o", "{root}/run.jsonl"],
+        "must be a number, got 'fast'",
+    ),
+    (
+        "zip-bomb-checkpoint",
+        ["summary", "{models}/nets.py:good", "--checkpoint", "{root}/bomb.pt"],
+        "Nothing was inflated",
+    ),
     ("zip-bomb-listing", ["checkpoint", "{root}/bomb.pt"], "Nothing was inflated"),
-    ("dcp-piece-2-40-bytes", ["summary", "{models}/nets.py:good", "--checkpoint", "{root}/dcp-huge-piece"],
-     "which is shorter"),
-    ("dcp-length-2-62", ["summary", "{models}/nets.py:good", "--checkpoint", "{root}/dcp-length-2-62"],
-     "which is shorter"),
-    ("dcp-million-square", ["summary", "{models}/nets.py:good", "--checkpoint", "{root}/dcp-million-square"],
-     "claims shape (1000000, 1000000)"),
-    ("dcp-string-keys", ["summary", "{models}/nets.py:good", "--checkpoint", "{root}/dcp-string-keys"],
-     "not by a tensor name"),
+    (
+        "dcp-piece-2-40-bytes",
+        ["summary", "{models}/nets.py:good", "--checkpoint", "{root}/dcp-huge-piece"],
+        "which is shorter",
+    ),
+    (
+        "dcp-length-2-62",
+        ["summary", "{models}/nets.py:good", "--checkpoint", "{root}/dcp-length-2-62"],
+        "which is shorter",
+    ),
+    (
+        "dcp-million-square",
+        ["summary", "{models}/nets.py:good", "--checkpoint", "{root}/dcp-million-square"],
+        "claims shape (1000000, 1000000)",
+    ),
+    (
+        "dcp-string-keys",
+        ["summary", "{models}/nets.py:good", "--checkpoint", "{root}/dcp-string-keys"],
+        "not by a tensor name",
+    ),
     ("dcp-string-keys-listing", ["checkpoint", "{root}/dcp-string-keys"], "not by a tensor name"),
-    ("dcp-no-properties", ["summary", "{models}/nets.py:good", "--checkpoint", "{root}/dcp-no-properties"],
-     "no readable size, dtype (properties)"),
+    (
+        "dcp-no-properties",
+        ["summary", "{models}/nets.py:good", "--checkpoint", "{root}/dcp-no-properties"],
+        "no readable size, dtype (properties)",
+    ),
     ("dcp-no-properties-listing", ["checkpoint", "{root}/dcp-no-properties"], "no readable size, dtype"),
-    ("dcp-no-chunks", ["summary", "{models}/nets.py:good", "--checkpoint", "{root}/dcp-no-chunks"],
-     "list of pieces (chunks)"),
-    ("dcp-many-claims", ["summary", "{models}/nets.py:good", "--checkpoint", "{root}/dcp-many-claims"],
-     "nothing was allocated"),
+    (
+        "dcp-no-chunks",
+        ["summary", "{models}/nets.py:good", "--checkpoint", "{root}/dcp-no-chunks"],
+        "list of pieces (chunks)",
+    ),
+    (
+        "dcp-many-claims",
+        ["summary", "{models}/nets.py:good", "--checkpoint", "{root}/dcp-many-claims"],
+        "nothing was allocated",
+    ),
     ("hf-million-layers", ["summary", "hf:{root}/hf-million-layers"], "--max-model-size"),
-    ("hf-million-layers-limit-raised", ["summary", "hf:{root}/hf-million-layers", "--max-model-size", "1TiB"],
-     "modules, more than"),
-    ("hf-max-model-size-small", ["summary", "hf:{root}/hf-base", "--max-model-size", "1KB"], "Nothing was built"),
-    ("hf-max-model-size-text", ["summary", "hf:{root}/hf-base", "--max-model-size", "big"], "cannot read 'big'"),
+    (
+        "hf-million-layers-limit-raised",
+        ["summary", "hf:{root}/hf-million-layers", "--max-model-size", "1TiB"],
+        "modules, more than",
+    ),
+    (
+        "hf-max-model-size-small",
+        ["summary", "hf:{root}/hf-base", "--max-model-size", "1KB"],
+        "Nothing was built",
+    ),
+    (
+        "hf-max-model-size-text",
+        ["summary", "hf:{root}/hf-base", "--max-model-size", "big"],
+        "cannot read 'big'",
+    ),
     ("hf-zip-bomb-weights", ["summary", "hf:{root}/hf-bomb"], "hf-bomb/pytorch_model.bin was refused"),
     ("hf-index-parent", ["summary", "hf:{root}/hf-index-up"], "lies outside the folder"),
     ("hf-index-absolute", ["summary", "hf:{root}/hf-index-absolute"], "lies outside the folder"),
@@ -257,45 +390,101 @@ CLI_CASES: list[tuple[str, list[str], str]] = [
     ("hf-sub-config-kernel", ["summary", "hf:{root}/hf-sub-kernel"], "text_config.attn_implementation"),
     ("hf-experts-kernel", ["summary", "hf:{root}/hf-experts-kernel"], "_experts_implementation: sonicmoe"),
     ("hf-quantization-kernel", ["summary", "hf:{root}/hf-quant-kernel"], "quant_method: mxfp4"),
-    ("sparse-checkpoint-tensor", ["summary", "{models}/nets.py:good", "--checkpoint", "{root}/sparse.pt"],
-     "sparse_coo layout"),
-    ("meta-checkpoint-tensor", ["summary", "{models}/nets.py:good", "--checkpoint", "{root}/meta.pt"],
-     "on the meta device"),
-    ("checkpoint-fills-nothing", ["summary", "{models}/nets.py:good", "--checkpoint", "{root}/unrelated.safetensors"],
-     "fills none of the model's 2 tensors"),
-    ("devicemap-5000-digit-budget", ["devicemap", "sample:tiny-gpt2", "--max-memory", "cpu=" + "9" * 5000],
-     "far larger than any memory"),
+    (
+        "sparse-checkpoint-tensor",
+        ["summary", "{models}/nets.py:good", "--checkpoint", "{root}/sparse.pt"],
+        "sparse_coo layout",
+    ),
+    (
+        "meta-checkpoint-tensor",
+        ["summary", "{models}/nets.py:good", "--checkpoint", "{root}/meta.pt"],
+        "on the meta device",
+    ),
+    (
+        "checkpoint-fills-nothing",
+        ["summary", "{models}/nets.py:good", "--checkpoint", "{root}/unrelated.safetensors"],
+        "fills none of the model's 2 tensors",
+    ),
+    (
+        "devicemap-5000-digit-budget",
+        ["devicemap", "sample:tiny-gpt2", "--max-memory", "cpu=" + "9" * 5000],
+        "far larger than any memory",
+    ),
     ("model-nested-2000-deep", ["summary", "{models}/loading.py:deep"], "more than 200 deep"),
     ("report-output-fifo", ["report", "sample:tiny-gpt2", "-o", "{root}/pipe"], "is a FIFO (named pipe)"),
     ("capture-json-fifo", ["capture", "sample:tiny-gpt2", "--json", "{root}/pipe"], "not a regular file"),
     ("report-output-dev-full", ["report", "sample:tiny-gpt2", "-o", "/dev/full"], "is a character device"),
-    ("offsets-json-dev-null", ["offsets", "sample:tiny-gpt2", "--json", "/dev/null"], "give a regular file name"),
+    (
+        "offsets-json-dev-null",
+        ["offsets", "sample:tiny-gpt2", "--json", "/dev/null"],
+        "give a regular file name",
+    ),
     ("attribute-steps-billion", ["attribute", "sample:cnn-bn", "--steps", "1000000000"], "at most 10000"),
     ("attribute-batch-size-huge", ["attribute", "sample:cnn-bn", "--batch-size", "100000"], "at most 4096"),
     ("attribute-target-negative", ["attribute", "sample:cnn-bn", "--target", "-1"], "0 or more"),
-    ("attribute-position-huge", ["attribute", "sample:tiny-gpt2", "--position", "99999999999"], "at most 2147483647"),
+    (
+        "attribute-position-huge",
+        ["attribute", "sample:tiny-gpt2", "--position", "99999999999"],
+        "at most 2147483647",
+    ),
     ("attribute-rows-huge", ["attribute", "sample:cnn-bn", "--rows", "10000000000"], "at most 1000000"),
     ("capture-batch-size-huge", ["capture", "sample:tiny-gpt2", "--batch-size", "5000"], "at most 4096"),
-    ("capture-max-bytes-huge", ["capture", "sample:tiny-gpt2", "--max-bytes", "9" * 25], "at most 4611686018427387904"),
-    ("capture-max-bytes-float", ["capture", "sample:tiny-gpt2", "--max-bytes", "1e9"], "whole number, got '1e9'"),
-    ("offsets-locate-5000-digits", ["offsets", "sample:tiny-gpt2", "--locate", "7" * 5000], "at most 40 digits"),
+    (
+        "capture-max-bytes-huge",
+        ["capture", "sample:tiny-gpt2", "--max-bytes", "9" * 25],
+        "at most 4611686018427387904",
+    ),
+    (
+        "capture-max-bytes-float",
+        ["capture", "sample:tiny-gpt2", "--max-bytes", "1e9"],
+        "whole number, got '1e9'",
+    ),
+    (
+        "offsets-locate-5000-digits",
+        ["offsets", "sample:tiny-gpt2", "--locate", "7" * 5000],
+        "at most 40 digits",
+    ),
     ("offsets-top-huge", ["offsets", "sample:tiny-gpt2", "--top", "2000000"], "at most 1000000"),
-    ("checkpoint-max-rows-huge", ["checkpoint", "{root}/wrong_shape.safetensors", "--max-rows", "2000000"],
-     "at most 1000000"),
-    ("report-batch-size-huge", ["report", "sample:tiny-gpt2", "-o", "{root}/outdir/r.html", "--batch-size", "9999"],
-     "at most 4096"),
-    ("report-attribution-steps-huge", ["report", "sample:tiny-gpt2", "-o", "{root}/outdir/r.html",
-                                       "--attribution-steps", "1000000000"], "at most 10000"),
-    ("report-attribution-target-negative", ["report", "sample:tiny-gpt2", "-o", "{root}/outdir/r.html",
-                                            "--attribution-target", "-3"], "0 or more"),
-    ("distributed-steps-huge", ["distributed", "sample:tiny-gpt2", "--steps", "10000000", "-o", "{root}/run.jsonl"],
-     "at most 1000000"),
-    ("distributed-batch-size-huge", ["distributed", "sample:tiny-gpt2", "--batch-size", "100000", "-o",
-                                     "{root}/run.jsonl"], "at most 4096"),
-    ("distributed-lr-huge", ["distributed", "sample:tiny-gpt2", "--lr", "1e9", "-o", "{root}/run.jsonl"],
-     "at most 1e+06"),
-    ("distributed-lr-inf", ["distributed", "sample:tiny-gpt2", "--lr", "inf", "-o", "{root}/run.jsonl"],
-     "must be a finite number above 0, got inf"),
+    (
+        "checkpoint-max-rows-huge",
+        ["checkpoint", "{root}/wrong_shape.safetensors", "--max-rows", "2000000"],
+        "at most 1000000",
+    ),
+    (
+        "report-batch-size-huge",
+        ["report", "sample:tiny-gpt2", "-o", "{root}/outdir/r.html", "--batch-size", "9999"],
+        "at most 4096",
+    ),
+    (
+        "report-attribution-steps-huge",
+        ["report", "sample:tiny-gpt2", "-o", "{root}/outdir/r.html", "--attribution-steps", "1000000000"],
+        "at most 10000",
+    ),
+    (
+        "report-attribution-target-negative",
+        ["report", "sample:tiny-gpt2", "-o", "{root}/outdir/r.html", "--attribution-target", "-3"],
+        "0 or more",
+    ),
+    (
+        "distributed-steps-huge",
+        ["distributed", "sample:tiny-gpt2", "--steps", "10000000", "-o", "{root}/run.jsonl"],
+        "at most 1000000",
+    ),
+    (
+        "distributed-batch-size-huge",
+        ["distributed", "sample:tiny-gpt2", "--batch-size", "100000", "-o", "{root}/run.jsonl"],
+        "at most 4096",
+    ),
+    (
+        "distributed-lr-huge",
+        ["distributed", "sample:tiny-gpt2", "--lr", "1e9", "-o", "{root}/run.jsonl"],
+        "at most 1e+06",
+    ),
+    (
+        "distributed-lr-inf",
+        ["distributed", "sample:tiny-gpt2", "--lr", "inf", "-o", "{root}/run.jsonl"],
+        "must be a finite number above 0, got inf",
+    ),
     ("serve-port-zero", ["serve", "--port", "0"], "at least 1"),
     ("serve-port-huge", ["serve", "--port", "70000"], "at most 65535"),
     ("serve-port-text", ["serve", "--port", "http"], "whole number, got 'http'"),
@@ -355,7 +544,11 @@ def _state(model: nn.Module) -> dict:
 
 
 def _same(a: dict, b: dict) -> bool:
-    if a["training"] != b["training"] or a["hooks"] != b["hooks"] or a["tensors"].keys() != b["tensors"].keys():
+    if (
+        a["training"] != b["training"]
+        or a["hooks"] != b["hooks"]
+        or a["tensors"].keys() != b["tensors"].keys()
+    ):
         return False
     return all(x[:4] == y[:4] and torch.equal(x[4], y[4]) for x, y in
                zip(a["tensors"].values(), b["tensors"].values(), strict=True))
@@ -408,43 +601,100 @@ def _lib_cases() -> list[tuple[str, Callable, str]]:
         ("load-none", lambda t, f: load_model(None), "source must be a non-empty string"),
         ("load-int", lambda t, f: load_model(123), "source must be a non-empty string"),
         ("load-empty", lambda t, f: load_model("  "), "source must be a non-empty string"),
-        ("load-checkpoint-int", lambda t, f: load_model("sample:tiny-gpt2", checkpoint=42), "checkpoint must be a path"),
-        ("load-dtype-int64", lambda t, f: load_model("sample:tiny-gpt2", dtype=torch.int64), "choose one of float32"),
-        ("load-dtype-int-name", lambda t, f: load_model("sample:tiny-gpt2", dtype="int64"), "choose one of float32"),
+        (
+            "load-checkpoint-int",
+            lambda t, f: load_model("sample:tiny-gpt2", checkpoint=42),
+            "checkpoint must be a path",
+        ),
+        (
+            "load-dtype-int64",
+            lambda t, f: load_model("sample:tiny-gpt2", dtype=torch.int64),
+            "choose one of float32",
+        ),
+        (
+            "load-dtype-int-name",
+            lambda t, f: load_model("sample:tiny-gpt2", dtype="int64"),
+            "choose one of float32",
+        ),
         ("load-dtype-number", lambda t, f: load_model("sample:tiny-gpt2", dtype=5), "choose one of float32"),
         ("load-device-cpu1", lambda t, f: load_model("sample:tiny-gpt2", device="cpu:1"), "one cpu device"),
         ("load-device-int", lambda t, f: load_model("sample:tiny-gpt2", device=3), "device must be a name"),
-        ("load-hf-remote-code", lambda t, f: load_model(f"hf:{f['hf']}"), "never runs code from a model folder"),
+        (
+            "load-hf-remote-code",
+            lambda t, f: load_model(f"hf:{f['hf']}"),
+            "never runs code from a model folder",
+        ),
         ("load-factory-exits", lambda t, f: load_model(f"{f['models']}/nets.py:exits"), "called sys.exit(3)"),
-        ("legacy-pickle", lambda t, f: read_checkpoint(f["root"] / "evil_legacy.pt"), "asks to run Python code"),
-        ("text-checkpoint", lambda t, f: read_checkpoint(f["root"] / "notes.txt"), "give a .safetensors file"),
+        (
+            "legacy-pickle",
+            lambda t, f: read_checkpoint(f["root"] / "evil_legacy.pt"),
+            "asks to run Python code",
+        ),
+        (
+            "text-checkpoint",
+            lambda t, f: read_checkpoint(f["root"] / "notes.txt"),
+            "give a .safetensors file",
+        ),
         ("move-to-int64", lambda t, f: move_model(t.model, dtype=torch.int64), "choose one of float32"),
         ("move-to-cpu1", lambda t, f: move_model(t.model, device="cpu:1"), "one cpu device"),
         ("inputs-batch-zero", lambda t, f: t.example_inputs(0), "at least 1"),
         ("inputs-batch-negative", lambda t, f: t.example_inputs(-1), "at least 1"),
         ("inputs-batch-text", lambda t, f: t.example_inputs("2"), "at least 1"),
-        ("attribute-n-steps-zero", lambda t, f: attribute(t, None, "ig", target=1, n_steps=0), "n_steps must be"),
-        ("attribute-internal-batch-zero",
-         lambda t, f: attribute(t, None, "ig", target=1, internal_batch_size=0), "internal_batch_size must be"),
-        ("capture-negative-budget", lambda t, f: capture_activations(t.model, t.example_inputs(1), max_bytes=-1),
-         "max_bytes must be 0 or more"),
-        ("capture-nan-budget", lambda t, f: capture_activations(t.model, t.example_inputs(1), max_bytes=float("nan")),
-         "max_bytes must be a finite number"),
-        ("capture-inf-budget", lambda t, f: capture_activations(t.model, t.example_inputs(1), max_bytes=float("inf")),
-         "max_bytes must be a finite number"),
-        ("capture-text-budget", lambda t, f: capture_activations(t.model, t.example_inputs(1), max_bytes="1GB"),
-         "max_bytes must be a number of bytes"),
-        ("capture-bool-budget", lambda t, f: capture_activations(t.model, t.example_inputs(1), max_bytes=True),
-         "max_bytes must be a number of bytes"),
-        ("plan-nan-budget", lambda t, f: plan_device_map(t.model, {"cpu": float("nan")}), "not a finite number"),
-        ("plan-inf-budget", lambda t, f: plan_device_map(t.model, {"cpu": float("inf")}), "not a finite number"),
+        (
+            "attribute-n-steps-zero",
+            lambda t, f: attribute(t, None, "ig", target=1, n_steps=0),
+            "n_steps must be",
+        ),
+        (
+            "attribute-internal-batch-zero",
+            lambda t, f: attribute(t, None, "ig", target=1, internal_batch_size=0),
+            "internal_batch_size must be",
+        ),
+        (
+            "capture-negative-budget",
+            lambda t, f: capture_activations(t.model, t.example_inputs(1), max_bytes=-1),
+            "max_bytes must be 0 or more",
+        ),
+        (
+            "capture-nan-budget",
+            lambda t, f: capture_activations(t.model, t.example_inputs(1), max_bytes=float("nan")),
+            "max_bytes must be a finite number",
+        ),
+        (
+            "capture-inf-budget",
+            lambda t, f: capture_activations(t.model, t.example_inputs(1), max_bytes=float("inf")),
+            "max_bytes must be a finite number",
+        ),
+        (
+            "capture-text-budget",
+            lambda t, f: capture_activations(t.model, t.example_inputs(1), max_bytes="1GB"),
+            "max_bytes must be a number of bytes",
+        ),
+        (
+            "capture-bool-budget",
+            lambda t, f: capture_activations(t.model, t.example_inputs(1), max_bytes=True),
+            "max_bytes must be a number of bytes",
+        ),
+        (
+            "plan-nan-budget",
+            lambda t, f: plan_device_map(t.model, {"cpu": float("nan")}),
+            "not a finite number",
+        ),
+        (
+            "plan-inf-budget",
+            lambda t, f: plan_device_map(t.model, {"cpu": float("inf")}),
+            "not a finite number",
+        ),
         ("plan-negative-budget", lambda t, f: plan_device_map(t.model, {"cpu": -1}), "is negative"),
         ("parse-nan-budget", lambda t, f: parse_max_memory("cpu=nan"), "20GiB"),
         ("locate-negative", lambda t, f: locate(offset_map(t.model), -1), "valid indices are 0..4079"),
         ("report-unknown-option", lambda t, f: build_report(t, ["summary"], colour="red"), "known options"),
         ("report-unknown-section", lambda t, f: build_report(t, ["everything"]), "choose from"),
-        ("backward-forward-fails",
-         lambda t, f: run_backward(load_model(f"{f['models']}/nets.py:bad_forward")), "fix its forward"),
+        (
+            "backward-forward-fails",
+            lambda t, f: run_backward(load_model(f"{f['models']}/nets.py:bad_forward")),
+            "fix its forward",
+        ),
         ("offset-map-none", lambda t, f: offset_map(None), "needs a torch nn.Module"),
         ("summary-none", lambda t, f: model_summary(None), "needs a torch nn.Module"),
         ("plan-none", lambda t, f: plan_device_map(None, "cpu=1GB"), "needs a torch nn.Module"),
@@ -452,9 +702,17 @@ def _lib_cases() -> list[tuple[str, Callable, str]]:
         ("compare-ties-none", lambda t, f: compare_ties(None, t.model), "needs a TieSnapshot"),
         ("retie-none", lambda t, f: retie(t.model, None), "needs a TieSnapshot"),
         ("report-of-none", lambda t, f: build_report(None), "needs a LoadedModel"),
-        ("attribute-module-not-loaded", lambda t, f: attribute(t.model, None, "ig", target=1), "needs a LoadedModel"),
+        (
+            "attribute-module-not-loaded",
+            lambda t, f: attribute(t.model, None, "ig", target=1),
+            "needs a LoadedModel",
+        ),
         ("attribute-target-text", lambda t, f: attribute(t, None, "ig", target="a"), "must be an integer"),
-        ("gradient-norms-by", lambda t, f: gradient_norms(t.model, by="layer"), "choose 'parameter' or 'module'"),
+        (
+            "gradient-norms-by",
+            lambda t, f: gradient_norms(t.model, by="layer"),
+            "choose 'parameter' or 'module'",
+        ),
         ("locate-text", lambda t, f: locate(offset_map(t.model), "3"), "must be an integer"),
         ("from-json-not-json", lambda t, f: Report.from_json("not json"), "not JSON"),
         ("from-json-list", lambda t, f: Report.from_json("[1, 2]"), "not an object"),
@@ -463,41 +721,102 @@ def _lib_cases() -> list[tuple[str, Callable, str]]:
         ("from-json-number", lambda t, f: Report.from_json(5), "expected the JSON text"),
         ("from-json-no-sections", lambda t, f: Report.from_json(_report_text(sections=...)), "missing field"),
         ("from-json-sections-int", lambda t, f: Report.from_json(_report_text(sections=5)), "report schema"),
-        ("from-json-section-no-title", lambda t, f: Report.from_json(_report_text(sections=[{"id": "s"}])),
-         "missing field 'title'"),
-        ("from-json-bad-severity", lambda t, f: Report.from_json(_report_text(
-            findings=[{"section": "s", "code": "c", "severity": "fatal", "where": "", "message": ""}])),
-         "report schema"),
-        ("from-json-old-schema", lambda t, f: Report.from_json(_report_text(schema_version="0.1")),
-         "not supported"),
+        (
+            "from-json-section-no-title",
+            lambda t, f: Report.from_json(_report_text(sections=[{"id": "s"}])),
+            "missing field 'title'",
+        ),
+        (
+            "from-json-bad-severity",
+            lambda t, f: Report.from_json(
+                _report_text(
+                    findings=[{"section": "s", "code": "c", "severity": "fatal", "where": "", "message": ""}]
+                )
+            ),
+            "report schema",
+        ),
+        (
+            "from-json-old-schema",
+            lambda t, f: Report.from_json(_report_text(schema_version="0.1")),
+            "not supported",
+        ),
         ("read-zip-bomb", lambda t, f: read_checkpoint(f["root"] / "bomb.pt"), "inflate far beyond"),
         ("list-zip-bomb", lambda t, f: checkpoint_listing(f["root"] / "bomb.pt"), "inflate far beyond"),
         ("read-dcp-2-62", lambda t, f: read_dcp(f["root"] / "dcp-length-2-62"), "which is shorter"),
-        ("read-dcp-million-square", lambda t, f: read_dcp(f["root"] / "dcp-million-square"), "pieces hold only"),
-        ("list-dcp-no-chunks", lambda t, f: dcp_listing(f["root"] / "dcp-no-chunks"), "list of pieces (chunks)"),
-        ("load-hf-million-layers", lambda t, f: load_model(f"hf:{f['root']}/hf-million-layers"), "was refused"),
-        ("load-hf-size-limit", lambda t, f: load_model(f"hf:{f['root']}/hf-base", max_model_size=1000),
-         "more than the limit of"),
-        ("load-hf-size-limit-nan", lambda t, f: load_model(f"hf:{f['root']}/hf-base", max_model_size="nan"),
-         "cannot read 'nan'"),
+        (
+            "read-dcp-million-square",
+            lambda t, f: read_dcp(f["root"] / "dcp-million-square"),
+            "pieces hold only",
+        ),
+        (
+            "list-dcp-no-chunks",
+            lambda t, f: dcp_listing(f["root"] / "dcp-no-chunks"),
+            "list of pieces (chunks)",
+        ),
+        (
+            "load-hf-million-layers",
+            lambda t, f: load_model(f"hf:{f['root']}/hf-million-layers"),
+            "was refused",
+        ),
+        (
+            "load-hf-size-limit",
+            lambda t, f: load_model(f"hf:{f['root']}/hf-base", max_model_size=1000),
+            "more than the limit of",
+        ),
+        (
+            "load-hf-size-limit-nan",
+            lambda t, f: load_model(f"hf:{f['root']}/hf-base", max_model_size="nan"),
+            "cannot read 'nan'",
+        ),
         ("load-hf-index-outside", lambda t, f: load_model(f"hf:{f['root']}/hf-index-up"), "must be inside"),
         ("load-hf-kernel", lambda t, f: load_model(f"hf:{f['root']}/hf-kernel"), "never runs code"),
-        ("apply-sparse-into-tiny", lambda t, f: apply_checkpoint(t.model, f["root"] / "sparse.pt"),
-         "fills none"),
-        ("retie-other-models-snapshot", lambda t, f: retie(t.model, snapshot_ties(load_model("sample:cnn-bn").model)),
-         "taken of another model"),
+        (
+            "apply-sparse-into-tiny",
+            lambda t, f: apply_checkpoint(t.model, f["root"] / "sparse.pt"),
+            "fills none",
+        ),
+        (
+            "retie-other-models-snapshot",
+            lambda t, f: retie(t.model, snapshot_ties(load_model("sample:cnn-bn").model)),
+            "taken of another model",
+        ),
         ("parse-5000-digits", lambda t, f: parse_size("9" * 5000 + "GiB"), "far larger than any memory"),
-        ("load-deep-nesting", lambda t, f: load_model(f"{f['models']}/loading.py:deep"), "more than 200 deep"),
-        ("compare-safetensors-huge-shape", lambda t, f: compare(f["root"] / "huge-shape.safetensors",
-                                                                f["root"] / "wrong_shape.safetensors"), "is invalid"),
-        ("compare-safetensors-huge-offset", lambda t, f: compare(f["root"] / "huge-offset.safetensors",
-                                                                 f["root"] / "wrong_shape.safetensors"), "is invalid"),
-        ("compare-safetensors-nested", lambda t, f: compare(f["root"] / "nested-header.safetensors",
-                                                            f["root"] / "wrong_shape.safetensors"), "is not JSON"),
-        ("watch-run-nested-metadata", lambda t, f: parse_run_bytes(_watch_bytes("[" * 100_000 + "]" * 100_000),
-                                                                   "deep.inspect"), "deep.inspect"),
-        ("watch-run-huge-version", lambda t, f: parse_run_bytes(_watch_bytes(
-            '{"format": "inspector-watch", "version": 1e400}'), "big.inspect"), "big.inspect"),
+        (
+            "load-deep-nesting",
+            lambda t, f: load_model(f"{f['models']}/loading.py:deep"),
+            "more than 200 deep",
+        ),
+        (
+            "compare-safetensors-huge-shape",
+            lambda t, f: compare(f["root"] / "huge-shape.safetensors", f["root"] / "wrong_shape.safetensors"),
+            "is invalid",
+        ),
+        (
+            "compare-safetensors-huge-offset",
+            lambda t, f: compare(
+                f["root"] / "huge-offset.safetensors", f["root"] / "wrong_shape.safetensors"
+            ),
+            "is invalid",
+        ),
+        (
+            "compare-safetensors-nested",
+            lambda t, f: compare(
+                f["root"] / "nested-header.safetensors", f["root"] / "wrong_shape.safetensors"
+            ),
+            "is not JSON",
+        ),
+        (
+            "watch-run-nested-metadata",
+            lambda t, f: parse_run_bytes(_watch_bytes("[" * 100_000 + "]" * 100_000), "deep.inspect"),
+            "deep.inspect",
+        ),
+        (
+            "watch-run-huge-version",
+            lambda t, f: parse_run_bytes(
+                _watch_bytes('{"format": "inspector-watch", "version": 1e400}'), "big.inspect"
+            ),
+            "big.inspect",
+        ),
     ]
 
 
@@ -567,7 +886,9 @@ def test_uploads_are_bounded_and_removed_with_their_session(tmp_path):
 
     from ui.uploads import UploadStore, sweep_stale_uploads
 
-    done = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    done = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
+    )
     stale = tmp_path / f"{done.stdout.strip()}-0123"  # a server that has exited
     stale.mkdir()
     (stale / "old.pt").write_bytes(b"x" * 10)

@@ -25,9 +25,11 @@ def files(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("loading")
     (root / "models").mkdir()
     (root / "models" / "nets.py").write_text(
-        "from torch import nn\n\n\nclass Net(nn.Module):\n    def __init__(self):\n        super().__init__()\n"
+        "from torch import nn\n\n\nclass Net(nn.Module):\n"
+        "    def __init__(self):\n        super().__init__()\n"
         "        self.fc = nn.Linear(3, 2)\n\n    def forward(self, x):\n        return self.fc(x)\n\n\n"
-        "def good():\n    return Net()\n")
+        "def good():\n    return Net()\n"
+    )
     write_loading_files(root)
     return root
 
@@ -58,12 +60,24 @@ _PEAK = textwrap.dedent('''
 
 
 def test_bombs_are_refused_before_they_allocate_under_a_memory_limit(tmp_path, files):
-    # a 256 KiB torch zip whose entry inflates to 256 MiB; DCP indexes claiming (40000, 40000) and 10**6 x 10**6
+    # a 256 KiB torch zip whose entry inflates to 256 MiB; DCP indexes claiming (40000, 40000) and
+    # 10**6 x 10**6
     zip_bomb(tmp_path / "gib.pt", mebibytes=256)
     assert (tmp_path / "gib.pt").stat().st_size < 1 << 20
-    done = subprocess.run([sys.executable, "-c", _PEAK, str(tmp_path / "gib.pt"), str(files / "dcp-huge-piece"),
-                           str(files / "dcp-million-square")], capture_output=True, text=True, cwd=ROOT,
-                          timeout=120)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            _PEAK,
+            str(tmp_path / "gib.pt"),
+            str(files / "dcp-huge-piece"),
+            str(files / "dcp-million-square"),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     assert done.stdout.count("REFUSED") == 3, done.stdout
     for said in ("Nothing was inflated", "which is shorter", "claims shape (1000000, 1000000)"):
@@ -88,13 +102,18 @@ def test_complex_tensors_stay_complex_when_the_model_is_cast(files):
     freqs = loaded.model.freqs
     assert freqs.dtype == torch.complex32 and loaded.model.fc.weight.dtype == torch.float16
     assert freqs.to(torch.complex64).tolist() == [1 + 2j, -3 + 0.5j]  # imaginary parts kept, exact in half
-    assert [(f.code, f.where) for f in loaded.findings if f.code == "complex-kept"] == [("complex-kept", "freqs")]
+    assert [(f.code, f.where) for f in loaded.findings if f.code == "complex-kept"] == [
+        ("complex-kept", "freqs")
+    ]
 
 
 def test_scripted_and_sparse_models_load_and_report(files, tmp_path, capsys):
     assert main(["summary", f"{files}/models/loading.py:scripted"]) == 0
     out = tmp_path / "r.json"
-    assert main(["report", f"{files}/models/loading.py:sparse_param", "-o", str(out), "--sections", "aliases"]) == 0
+    assert (
+        main(["report", f"{files}/models/loading.py:sparse_param", "-o", str(out), "--sections", "aliases"])
+        == 0
+    )
     doc = json.loads(out.read_text())
     assert [s["status"] for s in doc["sections"] if s["id"] == "aliases"] == ["ok"]
 
@@ -124,7 +143,9 @@ def test_odd_but_valid_names_load(files, tmp_path, capsys):
     assert "w\\xff.safetensors" in capsys.readouterr().out
     store = UploadStore(tmp_path / "uploads", limit=10**6)
     path = store.save("X.SAFETENSORS", (files / "UPPER.SAFETENSORS").read_bytes())
-    assert torch.equal(load_model(f"{files}/models/nets.py:good", checkpoint=path).model.fc.weight, torch.ones(2, 3))
+    assert torch.equal(
+        load_model(f"{files}/models/nets.py:good", checkpoint=path).model.fc.weight, torch.ones(2, 3)
+    )
     store.close()
 
 
@@ -171,7 +192,9 @@ def test_the_dashboard_refuses_a_huge_config_from_a_shared_url_and_takes_a_limit
     at.query_params["model"] = f"hf:{files}/hf-million-layers"
     at.run()
     assert not at.exception
-    assert any("was refused" in e.value and "Largest model" in e.value for e in at.error), [e.value for e in at.error]
+    assert any("was refused" in e.value and "Largest model" in e.value for e in at.error), [
+        e.value for e in at.error
+    ]
     assert at.session_state["mi_selection"] == Selection()  # the default model stays
     at.radio(key="mi_kind").set_value("Hugging Face folder").run()
     at.text_input(key="mi_hf").input(f"{files}/hf-base").run()

@@ -249,5 +249,7 @@ def test_own_entries_without_the_stack_walk():
     m = Renamed(nn.Linear(2, 2), nn.BatchNorm1d(2))
     inv = tensor_inventory(m)
     assert {k: [e.attr for e in v] for k, v in inv.own_entries.items()} == {
-        "0": ["weight", "bias"], "1": ["weight", "bias", "running_mean", "running_var", "num_batches_tracked"]}
+        "0": ["weight", "bias"],
+        "1": ["weight", "bias", "running_mean", "running_var", "num_batches_tracked"],
+    }
     assert inv.modules == ("", "0", "1") and inv.module_objects[2] is m[1]

@@ -113,8 +113,11 @@ def test_module_tables_count_each_object_once(graph):
     model = build(graph)
     inv = tensor_inventory(model)
     tables = inv.module_tables()
-    assert tables.sizes[""] == inv.unique_bytes() == sum(t.numel() * t.element_size() for t in
-                                                          dict.fromkeys([*model.parameters(), *model.buffers()]))
+    assert (
+        tables.sizes[""]
+        == inv.unique_bytes()
+        == sum(t.numel() * t.element_size() for t in dict.fromkeys([*model.parameters(), *model.buffers()]))
+    )
     assert list(tables.classes) == list(inv.modules)
     assert {n for names in tables.direct.values() for n in names} == set(inv.by_name)
 

@@ -92,7 +92,9 @@ def test_broken_lab_files_give_one_error_each_and_the_rest_loads(tmp_path, monke
 
 def test_a_lab_file_that_changes_torch_settings_leaves_them_as_they_were(tmp_path):
     (tmp_path / "lab_dtype.py").write_text(
-        EXAMPLE.read_text() + "\nimport torch\ntorch.set_default_dtype(torch.float64)\ntorch.set_grad_enabled(False)\n")
+        EXAMPLE.read_text()
+        + "\nimport torch\ntorch.set_default_dtype(torch.float64)\ntorch.set_grad_enabled(False)\n"
+    )
     (tmp_path / "lab_dtype_fails.py").write_text(
         "import torch\ntorch.set_default_dtype(torch.float64)\nraise RuntimeError('late')\n")
     entries = discover_labs(labs_dir=str(tmp_path))
@@ -241,7 +243,10 @@ def test_answers_are_parsed_and_bad_ones_explained():
     assert parse_pairs("conv1 -> relu1; bn2: relu2") == {"conv1": "relu1", "bn2": "relu2"}
     result = check("broken-tie", "name-group", {"names": ["lm_head.weight"], "code": "tie-broken",
                                                 "count": "many"})
-    assert not result.passed and result.message == "Elements in parameters() now: give a whole number, not 'many'"
+    assert (
+        not result.passed
+        and result.message == "Elements in parameters() now: give a whole number, not 'many'"
+    )
     empty = check("broken-tie", "retie", {"replace": "", "keep": None})
     assert not empty.passed and empty.message.startswith("Answer every field first")
 

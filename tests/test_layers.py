@@ -65,13 +65,19 @@ def test_every_module_imports_only_its_own_layer_or_below():
 
 
 def test_every_package_and_module_of_inspector_has_a_layer():
-    tops = {p.name.removesuffix(".py") for p in ROOT.iterdir() if p.suffix == ".py" or (p / "__init__.py").exists()}
+    tops = {
+        p.name.removesuffix(".py")
+        for p in ROOT.iterdir()
+        if p.suffix == ".py" or (p / "__init__.py").exists()
+    }
     assert tops <= set(LEVEL), sorted(tops - set(LEVEL))
 
 
 def test_the_scan_sees_relative_and_lazy_imports():
     assert any(m == "inspector.distributed.check_step" for _, m in _imported(ROOT / "watching" / "core.py"))
-    assert any(m == "inspector.sharding.with_rank_bytes" for _, m in _imported(ROOT / "placement" / "audits.py"))
+    assert any(
+        m == "inspector.sharding.with_rank_bytes" for _, m in _imported(ROOT / "placement" / "audits.py")
+    )
     assert _layer("inspector.loading.models.load_model") == "loading" and _layer("inspector") == "__init__"
 
 

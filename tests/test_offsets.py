@@ -450,8 +450,13 @@ def test_strip_colours_states_and_escapes_names():
     assert segments[2].norm == 5.0
     assert "&lt;b&gt;x.weight" in segments[-1].hover and "<b>x.weight" not in segments[-1].hover
     fig = offset_strip(offset_map(model), offset_map(model, trainable_only=True), norms)
-    assert {t.name for t in fig.data} == {"gradient norm", "log10 gradient norm", "frozen (requires_grad=False)",
-                                          "trainable, no gradient", "NaN / Inf gradient"}
+    assert {t.name for t in fig.data} == {
+        "gradient norm",
+        "log10 gradient norm",
+        "frozen (requires_grad=False)",
+        "trainable, no gradient",
+        "NaN / Inf gradient",
+    }
     # colours are given as colours (plotly.js warns on bars coloured by numbers); the scale rides on
     # an invisible marker that only draws the colour bar
     bars = next(t for t in fig.data if t.name == "gradient norm")

@@ -75,7 +75,10 @@ def test_rows_are_contiguous_slices_of_parameters_to_vector(model: nn.Module, tr
     starts, ends = table["start"].tolist(), table["end"].tolist()
     assert starts == ([0] + ends[:-1] if ends else [])
     every_name: dict[int, set[str]] = {}
-    for name, t in [*model.named_parameters(remove_duplicate=False), *model.named_buffers(remove_duplicate=False)]:
+    for name, t in [
+        *model.named_parameters(remove_duplicate=False),
+        *model.named_buffers(remove_duplicate=False),
+    ]:
         every_name.setdefault(id(t), set()).add(name)
     if not tensors:
         return

@@ -28,7 +28,16 @@ ROOT = Path(__file__).resolve().parents[1]
 def wheel(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("wheel")
     source = tmp_path_factory.mktemp("source")  # setuptools builds in the source tree: build a copy
-    for name in ["pyproject.toml", "README.md", "app.py", "inspector", "sample_models", "pages", "ui", ".streamlit"]:
+    for name in [
+        "pyproject.toml",
+        "README.md",
+        "app.py",
+        "inspector",
+        "sample_models",
+        "pages",
+        "ui",
+        ".streamlit",
+    ]:
         if (ROOT / name).is_dir():
             shutil.copytree(ROOT / name, source / name, ignore=shutil.ignore_patterns("__pycache__"))
         else:
@@ -48,8 +57,22 @@ def installed(wheel, tmp_path_factory) -> Path:
     purelib = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
                              check=True, capture_output=True, text=True).stdout.strip()
     Path(purelib, "shared.pth").write_text(sysconfig.get_path("purelib") + "\n")
-    subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "--no-deps", "--no-index",
-                    "-q", str(wheel)], check=True, capture_output=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "--python",
+            str(python),
+            "install",
+            "--no-deps",
+            "--no-index",
+            "-q",
+            str(wheel),
+        ],
+        check=True,
+        capture_output=True,
+    )
     return venv / "bin"
 
 
@@ -63,7 +86,9 @@ def test_wheel_holds_templates_schema_samples_typing_marker_and_dashboard(wheel)
         assert name in names, name
     assert not any(n.startswith(("tests/", "ui/", "pages/", "benchmarks/")) for n in names)
     metadata = zipfile.ZipFile(wheel).read("model_inspector-0.1.0.dist-info/METADATA").decode()
-    requires = [line.split(": ", 1)[1] for line in metadata.splitlines() if line.startswith("Requires-Dist: ")]
+    requires = [
+        line.split(": ", 1)[1] for line in metadata.splitlines() if line.startswith("Requires-Dist: ")
+    ]
     hard = [r for r in requires if "extra ==" not in r]
     assert "torch<2.14,>=2.11" in hard
     assert not any(r.startswith(("streamlit", "transformers", "captum", "networkx")) for r in hard), hard

@@ -45,7 +45,10 @@ def test_cnn_gradcam_overlay_and_conductance_bars():
     at.multiselect(key="attr_layers").set_value(["conv2", "bn2"]).run()
     assert not at.exception and not at.error
     keys = [c.key for c in at.get("plotly_chart")]
-    assert keys == ["attr_overlay_0", "attr_layer_bars"]  # conv2's conductance over the image, one bar per layer
+    assert keys == [
+        "attr_overlay_0",
+        "attr_layer_bars",
+    ]  # conv2's conductance over the image, one bar per layer
     assert sum("small enough to trust" in s.value for s in at.success) == 1
 
     at.multiselect(key="attr_layers").set_value(["bn2"]).run()

@@ -87,10 +87,25 @@ def test_capture_stats_put_nan_and_inf_first_and_read_as_numbers():
 
     from ui.run_captures import stats_layout
 
-    stats = pd.DataFrame({"module": ["gate"], "kind": ["output"], "path": [""], "shape": ["(16, 16)"],
-                          "dtype": ["float32"], "device": ["cpu"], "bytes": [1024], "mean": [0.2], "std": [0.8],
-                          "min": [-6.1e-10], "max": [5.6], "nan": [2], "inf": [0], "zero_fraction": [0.11],
-                          "mutated": [False]})
+    stats = pd.DataFrame(
+        {
+            "module": ["gate"],
+            "kind": ["output"],
+            "path": [""],
+            "shape": ["(16, 16)"],
+            "dtype": ["float32"],
+            "device": ["cpu"],
+            "bytes": [1024],
+            "mean": [0.2],
+            "std": [0.8],
+            "min": [-6.1e-10],
+            "max": [5.6],
+            "nan": [2],
+            "inf": [0],
+            "zero_fraction": [0.11],
+            "mutated": [False],
+        }
+    )
     layout = stats_layout(stats)
     assert layout["column_order"][:6] == ["module", "kind", "shape", "dtype", "nan", "inf"]
     assert sorted(layout["column_order"]) == sorted(set(stats.columns) - {"path"})  # every path empty

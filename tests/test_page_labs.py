@@ -27,7 +27,9 @@ def test_complete_the_shifted_offsets_lab(monkeypatch):
     # an empty answer is no attempt: no hint, nothing recorded
     at.button(key="lab_check_shifted-offsets_locate").click().run()
     assert any("Give an answer first" in w.value for w in at.warning)
-    assert not any(i.value.startswith("Hint") for i in at.info) and not any("Attempts" in c.value for c in at.caption)
+    assert not any(i.value.startswith("Hint") for i in at.info) and not any(
+        "Attempts" in c.value for c in at.caption
+    )
 
     # a wrong answer first: the full map's reading of index 100; feedback and the first hint
     at.selectbox(key="lab_shifted-offsets_locate_parameter").set_value("layers.0.base.weight")

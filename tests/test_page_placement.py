@@ -50,7 +50,9 @@ def test_split_block_page_flags_accelerates_missing_buffers():
     assert not at.exception, [e.value for e in at.exception]
 
     # audit a JSON map typed in: "nope" names nothing, "block" on 1 keeps its buffers with it
-    at.text_area(key="dm_json_sample:split-block").set_value('{"embed": 0, "block": 1, "head": "cpu", "nope": 2}').run()
+    at.text_area(key="dm_json_sample:split-block").set_value(
+        '{"embed": 0, "block": 1, "head": "cpu", "nope": 2}'
+    ).run()
     assert not at.exception, [e.value for e in at.exception]
     codes = {c for df in at.dataframe if "code" in df.value.columns for c in df.value["code"]}
     assert {"unknown-key", "buffer-unplaced", "split-owner"} <= codes

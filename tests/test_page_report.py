@@ -50,8 +50,15 @@ def test_report_page_every_section_with_a_budget():
     assert metrics["Errors"] == "0" and metrics["Sections"] == "7"  # all but the lab results
     assert [w.value.split(":")[0] for w in at.warning] == ["Lab results"]
     preview = "\n".join(m.value for m in at.markdown)
-    for title in ("## Findings", "## Summary", "## Alias groups and conversions", "## Device map: plan and audit",
-                  "### Planned device map", "## Activation captures", "## Attributions"):
+    for title in (
+        "## Findings",
+        "## Summary",
+        "## Alias groups and conversions",
+        "## Device map: plan and audit",
+        "### Planned device map",
+        "## Activation captures",
+        "## Attributions",
+    ):
         assert title in preview, title
     assert "| mutated | 0 |" in preview  # a count, never an empty cell
     if not torch.cuda.is_available():  # no Module.cuda() error row on a CPU-only server, but a note

@@ -56,7 +56,9 @@ def _metrics(at) -> dict[str, str]:
 
 def _modules_at(at):
     heading = [s.value for s in at.subheader if s.value.startswith("Modules at step")]
-    table = next(d.value for d in at.dataframe if "module" in d.value.columns and "grad_norm" in d.value.columns)
+    table = next(
+        d.value for d in at.dataframe if "module" in d.value.columns and "grad_norm" in d.value.columns
+    )
     return heading, table
 
 
@@ -72,7 +74,9 @@ def test_the_page_follows_a_file_that_grows_between_reruns(growing):
     assert heading == ["Modules at step 2"]
     assert table.set_index("module")["grad_norm"].tolist() == [3.0, 30.0, 300.0]
 
-    writer.write([_record(3, [Finding("exploding-gradient", "warning", "head", "400 is far above").to_dict()])])
+    writer.write(
+        [_record(3, [Finding("exploding-gradient", "warning", "head", "400 is far above").to_dict()])]
+    )
     at.run()
     assert not at.exception and not at.error
     assert _metrics(at)["Last step"] == "3" and _metrics(at)["Findings"] == "1"
@@ -86,7 +90,11 @@ def test_the_page_follows_a_file_that_grows_between_reruns(growing):
 def test_a_finding_takes_the_page_to_its_step(growing):
     path, writer = growing
     for step in range(6):
-        fs = [Finding("dead-gradient", "warning", "blocks.0", "zero for 2 steps").to_dict()] if step == 2 else []
+        fs = (
+            [Finding("dead-gradient", "warning", "blocks.0", "zero for 2 steps").to_dict()]
+            if step == 2
+            else []
+        )
         writer.write([_record(step, fs)])
     at = run_page("8_Training.py", query={"run": str(path)})
     assert _modules_at(at)[0] == ["Modules at step 5"]
@@ -175,7 +183,10 @@ def test_the_modules_table_names_its_columns_and_writes_a_non_finite_gradient_no
     assert config["nonfinite"]["type_config"]["format"] == "%d"
     # a table without NaN/Inf keeps its gradient norms numeric, to four significant digits
     table, config = readable(frame.assign(grad_norm=[1.0, 2.0, 3.0], nonfinite=0.0))
-    assert table["grad_norm"].tolist() == [1.0, 2.0, 3.0] and config["grad_norm"]["type_config"]["format"] == "%.4g"
+    assert (
+        table["grad_norm"].tolist() == [1.0, 2.0, 3.0]
+        and config["grad_norm"]["type_config"]["format"] == "%.4g"
+    )
 
 
 def test_a_long_finding_message_is_shown_whole():

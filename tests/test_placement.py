@@ -106,7 +106,9 @@ def test_inventory_sizes_by_prefix_and_dtype(split_block):
     inv = tensor_inventory(split_block).module_tables()
     assert (inv.sizes[""], inv.sizes["block"], inv.sizes["block.fc1"], inv.sizes["head"]) == \
         (72992, 54272, 16640, 2080)
-    half = tensor_inventory(split_block).module_tables(torch.float16)  # every tensor is floating: exactly half
+    half = tensor_inventory(split_block).module_tables(
+        torch.float16
+    )  # every tensor is floating: exactly half
     assert half.sizes[""] == 36496
 
 
@@ -205,7 +207,10 @@ def test_compare_with_accelerate_side_by_side(split_block):
     assert c.our_check is None
     assert "block.scale, block.pos_table" in c.accelerate_check
     rows = c.difference[["name", "ours", "accelerate", "accelerate_finding"]].values.tolist()
-    assert rows[:2] == [["block.scale", 1, None, "buffer-unplaced"], ["block.pos_table", 1, None, "buffer-unplaced"]]
+    assert rows[:2] == [
+        ["block.scale", 1, None, "buffer-unplaced"],
+        ["block.pos_table", 1, None, "buffer-unplaced"],
+    ]
     # the rest: what accelerate offloads to the cpu (or moves to GPU 1) while room is left on the GPUs
     assert [(r[0], r[1], r[2]) for r in rows[2:]] == [
         ("block.fc1.weight", 0, 1), ("block.fc1.bias", 0, 1), ("block.fc3.weight", 1, "cpu"),
@@ -219,7 +224,9 @@ def test_buffers_placed_late_reserve_room_and_replan(split_block):
     plan = plan_device_map_explained(split_block, "0=40000,1=35000,cpu=100000")
     assert plan.device_map == {"embed": 0, "block.scale": "cpu", "block.pos_table": "cpu", "block.fc1": 1,
                                "block.fc2": "cpu", "block.fc3": "cpu", "head": "cpu"}
-    assert [(r.device, r.nbytes) for r in plan.records if r.step == "reserve" and not r.subject] == [(1, 2632)]
+    assert [(r.device, r.nbytes) for r in plan.records if r.step == "reserve" and not r.subject] == [
+        (1, 2632)
+    ]
     assert passes_check(split_block, plan.device_map)
 
 
@@ -440,7 +447,9 @@ def test_treemap_buffers_findings_and_aggregation(split_block, llama):
     assert tree.marker.line.color[at["block.pos_table"]] == RED         # unplaced: red edge
     assert tree.marker.line.color[at["block.fc1.weight"]] != RED
     # llama-70b-meta: 80 layers aggregated to one parameters box each, never thousands of marks
-    big = placement_treemap(plan_device_map_explained(llama, "0=20GiB,1=20GiB,2=20GiB,3=20GiB,cpu=200GiB").audit)
+    big = placement_treemap(
+        plan_device_map_explained(llama, "0=20GiB,1=20GiB,2=20GiB,3=20GiB,cpu=200GiB").audit
+    )
     assert len(big.data[0].ids) <= 400
     assert "layers.7 [parameters]" in big.data[0].ids and "rotary_emb.inv_freq" in big.data[0].ids
     bars = usage_bars(plan_device_map_explained(split_block, SPLIT_BUDGET).usage)
@@ -470,7 +479,9 @@ def test_buffers_of_a_block_mostly_on_disk(split_block):
     with dispatch_plan(split_block, dm) as d, torch.no_grad():
         assert torch.equal(d.model(x), split_block(x))
         actual = d.table.set_index("name")
-        assert actual.at["block.scale", "device"] == "cpu" and actual.at["block.fc2.weight", "device"] == "disk"
+        assert (
+            actual.at["block.scale", "device"] == "cpu" and actual.at["block.fc2.weight", "device"] == "disk"
+        )
         assert d.findings == []
 
 

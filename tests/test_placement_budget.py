@@ -58,8 +58,11 @@ def test_forms_accelerate_does_not_read(text, expected):
 
 @pytest.mark.parametrize("text", ["1e3GB", "nanGB", "infGiB", "-1GB", "lots", "20 GiBs", "2 x"])
 def test_unreadable_sizes_name_the_field_and_say_what_to_write(text):
-    with pytest.raises(InspectorError, match=r"^budget for device 0: cannot read .* as a size; write bytes or a "
-                                             r"number with a unit such as 20GiB"):
+    with pytest.raises(
+        InspectorError,
+        match=r"^budget for device 0: cannot read .* as a size; write bytes or a "
+        r"number with a unit such as 20GiB",
+    ):
         parse_size(text, "budget for device 0")
 
 

@@ -89,7 +89,12 @@ def test_gpt2_small_250_mib_puts_the_embedding_the_tied_head_and_blocks_on_gpu_0
     # wte 147.2 MiB + wpe 3 MiB + two blocks of 28.04 MiB = 206.3 MiB, and a third block
     # (28.04 MiB) is kept free to load back offloaded blocks: 234.3 + 28.04 > 250.
     assert device_of(ours, "transformer.wte.weight") == device_of(ours, "lm_head.weight") == 0
-    assert [device_of(ours, f"transformer.h.{i}.attn.c_attn.weight") for i in range(4)] == [0, 0, "cpu", "cpu"]
+    assert [device_of(ours, f"transformer.h.{i}.attn.c_attn.weight") for i in range(4)] == [
+        0,
+        0,
+        "cpu",
+        "cpu",
+    ]
     assert on_accelerators(model, ours) == 154389504 + 3145728 + 2 * 29400064
     assert on_accelerators(model, ours) == on_accelerators(model, theirs)
 

@@ -116,8 +116,12 @@ def test_tests_outside_internals_import_only_public_names_of_inspector():
     # a test that needs an internal module goes to tests/internals/, so moving a module breaks no other test
     internals = ROOT / "tests" / "internals"
     files = [p for p in sorted((ROOT / "tests").rglob("*.py")) if internals not in p.parents]
-    bad = [f"{path.relative_to(ROOT)}:{line}: from {module} import {', '.join(names)}"
-           for path in files for line, module, names in _inspector_imports(path) if not _public(module, names)]
+    bad = [
+        f"{path.relative_to(ROOT)}:{line}: from {module} import {', '.join(names)}"
+        for path in files
+        for line, module, names in _inspector_imports(path)
+        if not _public(module, names)
+    ]
     assert bad == []
 
 

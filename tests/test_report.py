@@ -75,7 +75,9 @@ def test_json_validates_against_the_schema_and_round_trips(tiny_report):
 
 def test_schema_rejects_a_broken_report(tiny_report):
     data = json.loads(tiny_report.to_json())
-    data["findings"].append({"code": "x", "severity": "fatal", "where": "", "message": "", "section": "summary"})
+    data["findings"].append(
+        {"code": "x", "severity": "fatal", "where": "", "message": "", "section": "summary"}
+    )
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate(data, load_schema())
 
@@ -96,7 +98,9 @@ def _differences(a, b, path: str = "") -> list[str]:
     if isinstance(a, list):
         if len(a) != len(b):
             return [f"{path}: {len(a)} items != {len(b)}"]
-        return [d for i, (x, y) in enumerate(zip(a, b, strict=True)) for d in _differences(x, y, f"{path}[{i}]")]
+        return [
+            d for i, (x, y) in enumerate(zip(a, b, strict=True)) for d in _differences(x, y, f"{path}[{i}]")
+        ]
     return [] if a == b else [f"{path}: {a!r:.80} != {b!r:.80}"]
 
 
@@ -125,7 +129,10 @@ def test_findings_come_first_most_severe_first_each_naming_its_section():
     loaded.findings.append(Finding("bad", "error", "head.weight", "an error"))
     report = build_report(loaded, ["summary"])
     assert [s.id for s in report.sections] == ["findings", "summary"]
-    assert [(sid, f.code) for sid, f in report.findings][:2] == [("summary", "bad"), ("summary", "hostile-name")]
+    assert [(sid, f.code) for sid, f in report.findings][:2] == [
+        ("summary", "bad"),
+        ("summary", "hostile-name"),
+    ]
     html = report.to_html()
     assert html.index('id="section-findings"') < html.index('id="section-summary"')
     assert 'href="#section-summary"' in html
@@ -233,7 +240,13 @@ def test_tiny_gpt2_sections_hold_what_the_analyses_found(tiny_report):
     r = tiny_report
     # one tie: lm_head.weight is transformer.wte.weight, 32*16 = 512 elements, 2048 bytes
     aliases = r.section("aliases")
-    assert aliases.tables[0].rows[0][:5] == ("transformer.wte.weight, lm_head.weight", "same-object", 1, 512, 2048)
+    assert aliases.tables[0].rows[0][:5] == (
+        "transformer.wte.weight, lm_head.weight",
+        "same-object",
+        1,
+        512,
+        2048,
+    )
     conv = aliases.tables[1]
     col = {c: i for i, c in enumerate(conv.columns)}
     broken = [row for row in conv.rows if row[col["outcome"]] == "broken"]
@@ -242,7 +255,14 @@ def test_tiny_gpt2_sections_hold_what_the_analyses_found(tiny_report):
     # flat vector: 4080 elements; the tied weight appears once, first, at 0..512
     offsets = r.section("offsets")
     assert offsets.facts == {"tensors": 16, "vector_length": 4080}
-    assert offsets.tables[0].rows[0][:6] == ("transformer.wte.weight", ["lm_head.weight"], "transformer.wte", 0, 512, 512)
+    assert offsets.tables[0].rows[0][:6] == (
+        "transformer.wte.weight",
+        ["lm_head.weight"],
+        "transformer.wte",
+        0,
+        512,
+        512,
+    )
     assert "no gradients yet" in offsets.note
     # 16 parameters + the alias name lm_head.weight + the mask buffer = 18 rows, all on cpu
     placement = r.section("placement")
@@ -254,7 +274,9 @@ def test_tiny_gpt2_sections_hold_what_the_analyses_found(tiny_report):
     assert r.section("labs").status == "skipped"
     html = r.to_html()
     n_figures = sum(len(s.figures) for s in r.sections)
-    assert html.count('class="figure"') == n_figures == 6  # five analyses' figures and the summary's model tree
+    assert (
+        html.count('class="figure"') == n_figures == 6
+    )  # five analyses' figures and the summary's model tree
 
 
 def test_backward_option_reports_gradients_and_leaves_grad_alone():
@@ -336,7 +358,11 @@ def test_gradients_option_reports_given_gradients_and_ignores_grad():
     first = next(p for p in loaded.model.parameters() if p.requires_grad)
     first.grad = torch.full_like(first, float("nan"))  # someone else's gradient on the shared model
     offsets = build_report(loaded, ["offsets"], gradients=mine.grads).section("offsets")
-    assert (offsets.facts["grad_ok"], offsets.facts["grad_nonfinite"], offsets.facts["grad_frozen"]) == (6, 0, 6)
+    assert (offsets.facts["grad_ok"], offsets.facts["grad_nonfinite"], offsets.facts["grad_frozen"]) == (
+        6,
+        0,
+        6,
+    )
     # an empty mapping means "no gradients in this session": .grad is not read either
     empty = build_report(loaded, ["offsets"], gradients={}).section("offsets")
     assert "grad_ok" not in empty.facts and "no gradients yet" in empty.note

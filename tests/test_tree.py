@@ -54,7 +54,10 @@ def test_sizes_devices_dtypes_and_aliases(tied):
     assert m.loc["", "alias_group"] == "group 2"  # the model holds scale and first: the view group
     assert list(m["parent"][1:3]) == ["", ""] and m.loc["body.0", "parent"] == "body"
     rows = t.tensors.set_index("name")
-    assert rows.loc["head.weight", "tied_to"] == "emb.weight" and rows.loc["emb.weight", "tied_to"] == "head.weight"
+    assert (
+        rows.loc["head.weight", "tied_to"] == "emb.weight"
+        and rows.loc["emb.weight", "tied_to"] == "head.weight"
+    )
     assert rows.loc["first", "view_of"] == "scale" and rows.loc["scale", "view_of"] == "first"
     assert not t.has_gradients and not t.has_captures
     assert t.search("LINEAR") == ["body.0", "head"] and t.search("") == list(m.index)
@@ -68,7 +71,9 @@ def test_gradient_and_capture_lenses(tied):
     caps = capture_activations(tied, x, modules=["body"])
     t = module_tree(tied, report, captured=caps.outputs, mutated=["body.1"])
     m = t.modules.set_index("id")
-    expected = math.sqrt(sum(float(g.double().norm()) ** 2 for n, g in grads.items() if n.startswith("body.")))
+    expected = math.sqrt(
+        sum(float(g.double().norm()) ** 2 for n, g in grads.items() if n.startswith("body."))
+    )
     assert m.loc["body", "grad_norm"] == pytest.approx(expected, rel=1e-6)
     assert math.isnan(m.loc["body.1", "grad_norm"])
     assert m.loc["body", "captured"] == "captured" and m.loc["body.1", "captured"] == "mutated after capture"

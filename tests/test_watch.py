@@ -92,7 +92,10 @@ def test_forward_inf_named_at_its_producer_and_step(tmp_path):
     cap = w.result.captures
     assert torch.isfinite(cap.inputs["inner.0"]).all() and torch.isinf(cap.outputs["inner.0"]).all()
     run = read_run(tmp_path / "r.inspect")
-    assert [(f.step, f.where) for f in run.findings if f.code == "nonfinite-forward"] == [(3, "inner.0"), (4, "a")]
+    assert [(f.step, f.where) for f in run.findings if f.code == "nonfinite-forward"] == [
+        (3, "inner.0"),
+        (4, "a"),
+    ]
     assert run.steps["loss"].iloc[:3].map(math.isfinite).all() and math.isnan(run.steps["loss"].iloc[3])
 
 
@@ -184,7 +187,9 @@ def test_hooks_gone_and_model_unchanged_after_an_exception(tmp_path):
     torch.manual_seed(0)
     model = Net()
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    hooks = [(len(m._forward_hooks), len(m._forward_pre_hooks), len(m._backward_hooks)) for m in model.modules()]
+    hooks = [
+        (len(m._forward_hooks), len(m._forward_pre_hooks), len(m._backward_hooks)) for m in model.modules()
+    ]
     opt_hooks = (len(opt._optimizer_step_pre_hooks), len(opt._optimizer_step_post_hooks))
     with pytest.raises(KeyboardInterrupt):
         with watch(model, opt, tmp_path / "r.inspect", nonfinite=True) as w:
@@ -289,7 +294,12 @@ def test_numbers_of_one_hand_worked_step(tmp_path):
     assert row["param_norm"] == pytest.approx(math.sqrt(23.62), rel=1e-6)
     assert row["update_ratio"] == pytest.approx(0.1 * math.sqrt(2) / math.sqrt(23.62), rel=1e-5)
     step = run.steps.iloc[0]
-    assert (step["loss"], step["tokens"], step["lr_0"], step["grad_norm"]) == (7.0, 2.0, 0.1, pytest.approx(math.sqrt(2)))
+    assert (step["loss"], step["tokens"], step["lr_0"], step["grad_norm"]) == (
+        7.0,
+        2.0,
+        0.1,
+        pytest.approx(math.sqrt(2)),
+    )
 
 
 def test_huge_finite_weights_are_not_called_nonfinite(tmp_path):

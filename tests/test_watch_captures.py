@@ -55,7 +55,10 @@ def test_captures_are_stored_and_read_back(stored):
     caps = read_run(path).captures
     assert caps.order == ["1"] and caps._state["step"] == 2
     # the stored input is what layer 0 gave at step 2 (weights after two SGD steps): finite
-    assert torch.equal(caps.inputs["1"], w.result.captures.inputs["1"]) and torch.isfinite(caps.inputs["1"]).all()
+    assert (
+        torch.equal(caps.inputs["1"], w.result.captures.inputs["1"])
+        and torch.isfinite(caps.inputs["1"]).all()
+    )
     assert torch.isinf(caps.outputs["1"]).all() and caps.outputs["1"].shape == (2, 3)
     stats = caps.stats.set_index("kind")
     assert stats.loc["output", "inf"] == 6 and stats.loc["input", "inf"] == 0
@@ -79,7 +82,9 @@ def test_report_and_page_show_the_captures(stored):
     at = AppTest.from_function(page, args=(str(path),), default_timeout=60).run()
     assert not at.exception and not at.error
     assert any("at step **2**" in m.value for m in at.markdown)
-    missing = AppTest.from_function(page, args=(str(path.with_name("nope.inspect")),), default_timeout=60).run()
+    missing = AppTest.from_function(
+        page, args=(str(path.with_name("nope.inspect")),), default_timeout=60
+    ).run()
     assert "nope.inspect does not exist" in missing.error[0].value
 
 

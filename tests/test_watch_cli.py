@@ -70,7 +70,10 @@ def test_report_of_a_run_with_captures_and_of_the_captures_file(tmp_path, monkey
     (tmp_path / "planted.py").write_text(PLANTED)
     monkeypatch.setenv("INSPECTOR_MODEL_DIRS", str(tmp_path))
     run = tmp_path / "r.inspect"
-    assert main(["watch", f"{tmp_path / 'planted.py'}:build", "--steps", "3", "--nonfinite", "-o", str(run)]) == 0
+    assert (
+        main(["watch", f"{tmp_path / 'planted.py'}:build", "--steps", "3", "--nonfinite", "-o", str(run)])
+        == 0
+    )
     assert main(["report", str(run), "-o", str(tmp_path / "r.md")]) == 0
     assert "## Captures of (root) at step 2" in (tmp_path / "r.md").read_text().replace("\\", "")
     capsys.readouterr()

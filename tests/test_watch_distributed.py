@@ -43,7 +43,9 @@ def _worker(rank: int, world: int, port: int, out: str) -> None:
                 w.log(loss=loss)
                 opt.step()
                 opt.zero_grad()
-        (Path(out) / f"rank{rank}.json").write_text(json.dumps([list(f.__dict__.values()) for f in w.findings]))
+        (Path(out) / f"rank{rank}.json").write_text(
+            json.dumps([list(f.__dict__.values()) for f in w.findings])
+        )
     finally:
         dist.destroy_process_group()
 
@@ -54,7 +56,9 @@ def test_two_ranks_join_one_file(tmp_path):
 
     run = read_run(tmp_path / "run.inspect")
     assert run.world_size == 2 and run.complete
-    assert sorted(zip(run.steps["step"], run.steps["rank"], strict=True)) == [(s, r) for s in range(3) for r in (0, 1)]
+    assert sorted(zip(run.steps["step"], run.steps["rank"], strict=True)) == [
+        (s, r) for s in range(3) for r in (0, 1)
+    ]
     # rank 1's batch is twice rank 0's: its local loss is larger before the poison
     first = run.steps[run.steps.step == 0].set_index("rank")["loss"]
     assert first[1] > first[0]
@@ -63,11 +67,18 @@ def test_two_ranks_join_one_file(tmp_path):
     codes = {f.code for f in run.findings}
     assert "nonfinite-gradient" in codes  # check_step's own findings join the record
     on0, on1 = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1))
-    assert on0 == on1 and [2, 1, "nonfinite-forward"] in [f[:3] for f in on1]  # every rank knows every finding
+    assert on0 == on1 and [2, 1, "nonfinite-forward"] in [
+        f[:3] for f in on1
+    ]  # every rank knows every finding
     assert [tuple(f[:3]) for f in on0] == [(f.step, f.rank, f.code) for f in run.findings]
     found = [(f.step, f.rank, f.code, f.where) for f in run.findings]
     # each rank's own finding is kept even when another rank had the same one
-    assert (2, 0, "nonfinite-parameter", "a.weight") in found and (2, 1, "nonfinite-parameter", "a.weight") in found
+    assert (2, 0, "nonfinite-parameter", "a.weight") in found and (
+        2,
+        1,
+        "nonfinite-parameter",
+        "a.weight",
+    ) in found
 
 
 class Two(nn.Module):
@@ -132,4 +143,6 @@ def test_sharded_norms_are_global_like_an_unsharded_replica(tmp_path):
             p_want = replica.parameters.query("rank == 0")["grad_norm"].to_numpy()
             p_got = run.parameters.query(f"rank == {rank}")["grad_norm"].to_numpy()
             np.testing.assert_allclose(p_got, p_want, rtol=1e-5, err_msg=f"{kind} rank {rank} parameters")
-        assert run.steps["grad_norm"].to_numpy() == pytest.approx(replica.steps["grad_norm"].to_numpy(), rel=1e-5)
+        assert run.steps["grad_norm"].to_numpy() == pytest.approx(
+            replica.steps["grad_norm"].to_numpy(), rel=1e-5
+        )

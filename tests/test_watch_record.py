@@ -179,7 +179,11 @@ def test_one_step_table_has_the_numbers_taken_at_that_step(tmp_path):
     run = read_run(path)
     taken, skipped = run.at(2, rank=1), run.at(3, rank=1)
     assert list(taken.columns) == ["module", "grad_norm", "param_norm", "nonfinite"]
-    assert list(skipped.columns) == ["module", "grad_norm", "nonfinite"]  # parameter norms are taken every 2 steps
+    assert list(skipped.columns) == [
+        "module",
+        "grad_norm",
+        "nonfinite",
+    ]  # parameter norms are taken every 2 steps
     assert taken["grad_norm"].tolist() == pytest.approx(run.matrix("grad_norm", 1)[1][2].tolist())
     with pytest.raises(InspectorError, match="no step 9 for rank 1"):
         run.at(9, rank=1)
@@ -197,4 +201,7 @@ def test_a_finding_is_once_per_code_place_and_rank(tmp_path):
             w.write([_record(step, findings=[f] if step in (1, 3) else []),
                      dataclasses.replace(_record(step, findings=[f] if step == 2 else []), rank=1)])
     found = first_findings(read_run(path))
-    assert [(s.step, s.rank, s.code) for s in found] == [(1, 0, "exploding-gradient"), (2, 1, "exploding-gradient")]
+    assert [(s.step, s.rank, s.code) for s in found] == [
+        (1, 0, "exploding-gradient"),
+        (2, 1, "exploding-gradient"),
+    ]

@@ -32,10 +32,14 @@ def test_the_report_heatmap_shows_dead_and_nonfinite_gradients(tmp_path):
                             module_grad_norm=norms, module_nonfinite=np.array([0, 0, 1], np.int32),
                             param_grad_norm=norms) for s in range(3)])
     report = watch_report(read_run(path))
-    figure = next(f for s in report.sections for f in s.figures if f.title == "Gradient norm per module and step")
+    figure = next(
+        f for s in report.sections for f in s.figures if f.title == "Gradient norm per module and step"
+    )
     heat, marks = figure.figure["data"][0], figure.figure["data"][1]
     z = np.asarray(heat["z"], dtype=np.float64) if not isinstance(heat["z"], dict) else None
-    assert z is not None and np.isfinite(z[0]).all() and np.isfinite(z[1]).all()  # zero has a colour, not a gap
+    assert (
+        z is not None and np.isfinite(z[0]).all() and np.isfinite(z[1]).all()
+    )  # zero has a colour, not a gap
     assert z[0, 0] < z[1, 0] and np.isnan(z[2]).all()
     assert marks["name"] == "NaN or Inf" and list(marks["y"]) == ["c"] * 3
 

@@ -27,11 +27,17 @@ def run_module_config() -> dict[str, Any]:
     """Column names in words for the per-module table of two runs (short: the table must fit the page,
     or the grid leaves its last columns blank; the help says the rest)."""
     rel = "relative difference of the module's gradient norm, |B−A| / max(|A|, |B|)"
-    return {"first_divergence": st.column_config.NumberColumn("first step beyond", format="%d",
-                                                              help="the first step its difference passes the tolerance"),
-            "max_diff": st.column_config.NumberColumn("largest rel. diff", format=RELATIVE, help=f"the largest {rel}"),
-            "diff_at_divergence": st.column_config.NumberColumn("rel. diff at divergence", format=RELATIVE,
-                                                                help=f"the {rel} at the first divergence")}
+    return {
+        "first_divergence": st.column_config.NumberColumn(
+            "first step beyond", format="%d", help="the first step its difference passes the tolerance"
+        ),
+        "max_diff": st.column_config.NumberColumn(
+            "largest rel. diff", format=RELATIVE, help=f"the largest {rel}"
+        ),
+        "diff_at_divergence": st.column_config.NumberColumn(
+            "rel. diff at divergence", format=RELATIVE, help=f"the {rel} at the first divergence"
+        ),
+    }
 
 
 def run_step_config(steps: pd.DataFrame) -> dict[str, Any]:

@@ -68,7 +68,9 @@ def cached_model(source: str, checkpoint: str | None, device: str, dtype: str | 
     ``stamp`` (size and mtime of the checkpoint) is only part of the cache key. A failed
     load raises and caches nothing.
     """
-    return load_model(source, checkpoint=checkpoint, device=device, dtype=dtype, max_model_size=max_model_size)
+    return load_model(
+        source, checkpoint=checkpoint, device=device, dtype=dtype, max_model_size=max_model_size
+    )
 
 
 def get_loaded(selection: Selection) -> LoadedModel:

@@ -64,7 +64,11 @@ def all_views() -> list[View]:
     views = [v for v in VIEWS if (ROOT / v.file).is_file()]
     for path in sorted((ROOT / "pages").glob("*.py")):
         rel = f"pages/{path.name}"
-        if rel not in listed and not path.name.startswith("_") and re.sub(r"^\d+_", "", path.stem) not in REDIRECTS:
+        if (
+            rel not in listed
+            and not path.name.startswith("_")
+            and re.sub(r"^\d+_", "", path.stem) not in REDIRECTS
+        ):
             title = re.sub(r"^\d+_", "", path.stem).replace("_", " ")
             views.append(View(rel, title, ":material/article:", ""))
     return views

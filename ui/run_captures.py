@@ -25,7 +25,9 @@ def stats_layout(stats: pd.DataFrame) -> dict[str, Any]:
               "inf": st.column_config.NumberColumn("Inf", format="%d"),
               "zero_fraction": st.column_config.NumberColumn("zeros", format="percent")}
     empty = {c for c in ("path",) if c in stats.columns and not stats[c].astype(str).str.strip().any()}
-    order = [c for c in STATS_ORDER if c in stats.columns] + [c for c in stats.columns if c not in STATS_ORDER]
+    order = [c for c in STATS_ORDER if c in stats.columns] + [
+        c for c in stats.columns if c not in STATS_ORDER
+    ]
     return {"column_order": [c for c in order if c not in empty],
             "column_config": {c: v for c, v in {**value, **counts}.items() if c in stats.columns}}
 
@@ -33,9 +35,13 @@ def stats_layout(stats: pd.DataFrame) -> dict[str, Any]:
 def run_captures_section() -> None:
     """An expander: give a run file written by ``watch(..., nonfinite=True)``, see its producer's copies."""
     with st.expander("Captures of a watched run (the first module that produced NaN/Inf)"):
-        path = st.text_input("Run file", key="cap_run_path", placeholder="run.inspect",
-                             help="Written by watch(model, optimizer, path, nonfinite=True) or "
-                                  "`python -m inspector watch ... --nonfinite`; its captures file lies next to it")
+        path = st.text_input(
+            "Run file",
+            key="cap_run_path",
+            placeholder="run.inspect",
+            help="Written by watch(model, optimizer, path, nonfinite=True) or "
+            "`python -m inspector watch ... --nonfinite`; its captures file lies next to it",
+        )
         if not path.strip():
             return
         with guarded("reading the run's captures"):
@@ -45,8 +51,10 @@ def run_captures_section() -> None:
                         "`nonfinite=True`.")
                 return
             name, step, rank = producer_of(caps)
-            st.markdown(f"Inputs and outputs of **`{name}`** at step **{step}**{f' on rank {rank}' if rank else ''}, copied when it first "
-                        "produced NaN/Inf from finite inputs.")
+            st.markdown(
+                f"Inputs and outputs of **`{name}`** at step **{step}**{f' on rank {rank}' if rank else ''}, "
+                "copied when it first produced NaN/Inf from finite inputs."
+            )
             paged_table(caps.stats, key="cap_run_stats", **stats_layout(caps.stats))
             if caps.skipped:
                 paged_table(caps.skipped_table, key="cap_run_skipped")

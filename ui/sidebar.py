@@ -79,7 +79,9 @@ def load_selection(wanted: Selection) -> LoadedModel | None:
             status.update(label=f"Loading {markdown_text(wanted.label)} failed; the previous model is still "
                                 "loaded", state="error", expanded=True)
         else:
-            st.write(f"Built and placed on {markdown_code(loaded.device)} in {time.perf_counter() - t0:.1f} s.")
+            st.write(
+                f"Built and placed on {markdown_code(loaded.device)} in {time.perf_counter() - t0:.1f} s."
+            )
             findings = sort_findings(loaded.findings)
             for f in findings[:8]:
                 _severity_call(f)(finding_markdown(f))
@@ -160,8 +162,12 @@ def _source_inputs(sel: Selection) -> tuple[str, bool]:
                    + " (add more with INSPECTOR_MODEL_DIRS).")
         st.warning(MODEL_FILES_ARE_CODE, icon=":material/warning:")
         return source.strip(), False
-    path = st.text_input("Local model folder", value=sel.source.removeprefix("hf:") if kind_now == kind else "",
-                         placeholder="/models/gpt2 (with config.json)", key="mi_hf")
+    path = st.text_input(
+        "Local model folder",
+        value=sel.source.removeprefix("hf:") if kind_now == kind else "",
+        placeholder="/models/gpt2 (with config.json)",
+        key="mi_hf",
+    )
     return (f"hf:{path.strip()}" if path.strip() else ""), False
 
 
@@ -169,10 +175,14 @@ def _max_size_input(sel: Selection, source: str) -> str | None:
     """The largest Hugging Face model to build, as the user typed it (None: the server's default)."""
     if not source.startswith("hf:"):
         return sel.max_model_size
-    text = st.text_input("Largest model", value=sel.max_model_size or "", key="mi_max_size",
-                         placeholder=f"default {format_bytes(default_max_bytes())}",
-                         help="The folder's config.json is sized on the meta device first; a larger model "
-                              "is refused before anything is built. E.g. 40GiB. The folder cannot change this.")
+    text = st.text_input(
+        "Largest model",
+        value=sel.max_model_size or "",
+        key="mi_max_size",
+        placeholder=f"default {format_bytes(default_max_bytes())}",
+        help="The folder's config.json is sized on the meta device first; a larger model "
+        "is refused before anything is built. E.g. 40GiB. The folder cannot change this.",
+    )
     if not text.strip():
         return None
     with guarded("reading the largest model size"):
@@ -192,8 +202,9 @@ def _checkpoint_inputs(sel: Selection) -> str | None:
         if path.strip() and is_dcp_folder(path.strip()):
             with guarded("reading the distributed checkpoint"):
                 listing = dcp_listing(path.strip())
-                st.caption(f"Distributed checkpoint: {len(listing)} entries in {int(listing['pieces'].sum())} "
-                           "pieces")
+                st.caption(
+                    f"Distributed checkpoint: {len(listing)} entries in {int(listing['pieces'].sum())} pieces"
+                )
                 st.dataframe(listing[["name", "shape", "pieces"]].astype(str), hide_index=True, height=160)
     if upload is not None:
         with guarded("storing the upload"):
@@ -242,7 +253,9 @@ def model_picker() -> LoadedModel | None:
             if not source:
                 st.error("Give a source first: a sample, a `file.py:factory` or a model folder.")
             elif load_selection(wanted) is not None:
-                slot.button("Loaded", icon=":material/check:", disabled=True, key="mi_loaded_now", width="stretch")
+                slot.button(
+                    "Loaded", icon=":material/check:", disabled=True, key="mi_loaded_now", width="stretch"
+                )
         sel = current_selection()
         loaded = None
         with guarded("loading the model"):

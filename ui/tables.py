@@ -102,7 +102,8 @@ def human_bytes(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def show_frame(df: pd.DataFrame, column_config: dict | None = None, **kwargs) -> None:
-    """``st.dataframe`` with bytes in binary units and every column fitted to its content (see :func:`fit_columns`)."""
+    """``st.dataframe`` with bytes in binary units and every column fitted to its content (see
+    :func:`fit_columns`)."""
     kwargs.setdefault("hide_index", True)
     kwargs.setdefault("width", "stretch")
     df = human_bytes(df)
@@ -136,7 +137,9 @@ def paged_table(df: pd.DataFrame, key: str, *, page_size: int = PAGE_SIZE,
     """
     if len(df) > page_size:
         left, right = st.columns([3, 1], vertical_alignment="bottom")
-        text = left.text_input("Filter rows", key=f"{key}_filter", placeholder="part of a name, dtype, device…")
+        text = left.text_input(
+            "Filter rows", key=f"{key}_filter", placeholder="part of a name, dtype, device…"
+        )
         shown = filter_rows(df, text, filter_columns)
         pages = max(1, math.ceil(len(shown) / page_size))
         page = right.number_input(f"Page (1 to {pages})", min_value=1, max_value=pages, value=1, step=1,

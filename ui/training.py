@@ -20,11 +20,24 @@ from inspector.watching import main_steps as run_main_steps
 from ui.tables import MESSAGE_PX, message_row_height, paged_table
 
 NORM_FORMAT = "%.4g"
-BYTES_COLUMNS = ("param_bytes", "grad_bytes", "buffer_bytes", "device_allocated", "device_peak", "rss", "peak_rss")
+BYTES_COLUMNS = (
+    "param_bytes",
+    "grad_bytes",
+    "buffer_bytes",
+    "device_allocated",
+    "device_peak",
+    "rss",
+    "peak_rss",
+)
 NORM_COLUMNS = ("grad_norm", "param_norm", "update_ratio", "local_grad_norm", "loss")
 GRAD_COLUMNS = ("grad_norm", "local_grad_norm")
-LABELS = {"grad_norm": "gradient norm", "param_norm": "parameter norm", "update_ratio": "update ratio ‖Δw‖/‖w‖",
-          "local_grad_norm": "local gradient norm", "nonfinite": "NaN/Inf gradient values"}
+LABELS = {
+    "grad_norm": "gradient norm",
+    "param_norm": "parameter norm",
+    "update_ratio": "update ratio ‖Δw‖/‖w‖",
+    "local_grad_norm": "local gradient norm",
+    "nonfinite": "NaN/Inf gradient values",
+}
 
 
 @dataclass(frozen=True)
@@ -123,8 +136,12 @@ def readable(frame: pd.DataFrame) -> tuple[pd.DataFrame, dict[str, Any]]:
         label = LABELS.get(col)
         if col in BYTES_COLUMNS:
             out[col] = [format_bytes(v) if v is not None and v == v else "" for v in out[col]]
-        elif col in GRAD_COLUMNS and pd.api.types.is_numeric_dtype(out[col]) and (bad & out[col].isna()).any():
-            out[col] = ["NaN/Inf" if b and v != v else _norms_text(v) for v, b in zip(out[col], bad, strict=True)]
+        elif (
+            col in GRAD_COLUMNS and pd.api.types.is_numeric_dtype(out[col]) and (bad & out[col].isna()).any()
+        ):
+            out[col] = [
+                "NaN/Inf" if b and v != v else _norms_text(v) for v, b in zip(out[col], bad, strict=True)
+            ]
         elif col in NORM_COLUMNS and pd.api.types.is_numeric_dtype(out[col]):
             config[col] = st.column_config.NumberColumn(label, format=NORM_FORMAT)
         elif col in NORM_COLUMNS:
@@ -175,9 +192,11 @@ def distributed_part(dist: DistributedRun, step: int, rank: int) -> None:
     rank, where ``rank`` stands out, its rows and the tensors at ``step``; the run's report."""
     st.header("Ranks")
     found = unique_findings(dist)
-    st.caption(f"{dist.world_size} ranks on {markdown_text(dist.backend)}. Each rank's gradient norm is the norm "
-               "of the pieces it holds; the pale band is the global norm (what `clip_grad_norm_` returns). A gap "
-               "in a rank's line is a step where its gradients were not finite.")
+    st.caption(
+        f"{dist.world_size} ranks on {markdown_text(dist.backend)}. Each rank's gradient norm is the norm "
+        "of the pieces it holds; the pale band is the global norm (what `clip_grad_norm_` returns). A gap "
+        "in a rank's line is a step where its gradients were not finite."
+    )
     if found:
         st.dataframe(pd.DataFrame([{"code": f.code, "where": f.where, "steps": ", ".join(map(str, s))}
                                    for s, f in found]), hide_index=True, width="stretch")
@@ -199,7 +218,9 @@ def distributed_part(dist: DistributedRun, step: int, rank: int) -> None:
                 column_config=config)
     report = run_report(dist)
     left, right = st.columns(2)
-    left.download_button("Markdown report", report.to_markdown(), file_name="distributed-run.md", mime="text/markdown")
+    left.download_button(
+        "Markdown report", report.to_markdown(), file_name="distributed-run.md", mime="text/markdown"
+    )
     right.download_button("JSON report", report.to_json(), file_name="distributed-run.json",
                           mime="application/json")
 

@@ -1,5 +1,5 @@
-"""The home page's model tree: the module hierarchy (a treemap) sized by bytes, coloured by a lens, searchable,
-and the selected module's tensors with their badges and the pages that explain them."""
+"""The home page's model tree: the module hierarchy (a treemap) sized by bytes, coloured by a lens,
+searchable, and the selected module's tensors with their badges and the pages that explain them."""
 
 from __future__ import annotations
 
@@ -52,9 +52,15 @@ def tensor_frame(tree: ModuleTree, module: str) -> pd.DataFrame:
     t = tree.tensors
     below = t[(t["module"] == module) | t["module"].str.startswith(module + ".")] if module else t
     rows = below.head(MAX_TENSORS)
-    return pd.DataFrame({"name": rows["name"], "kind": rows["kind"], "shape": rows["shape"],
-                         "size": rows["bytes"].map(format_bytes),
-                         "badges": [" · ".join(text for _, text in tensor_badges(r)) for _, r in rows.iterrows()]})
+    return pd.DataFrame(
+        {
+            "name": rows["name"],
+            "kind": rows["kind"],
+            "shape": rows["shape"],
+            "size": rows["bytes"].map(format_bytes),
+            "badges": [" · ".join(text for _, text in tensor_badges(r)) for _, r in rows.iterrows()],
+        }
+    )
 
 
 def model_tree_section(loaded) -> None:
@@ -88,8 +94,12 @@ def model_tree_section(loaded) -> None:
                "Modules without tensors (activations, dropout) have no area; find them with the search.")
     frame = tensor_frame(tree, focus or "")
     st.markdown(f"**Tensors at and below {markdown_code(focus or '(model)')}**")
-    paged_table(frame, "home_tree_tensors", page_size=25,
-                caption="" if len(frame) < MAX_TENSORS else f"the first {MAX_TENSORS:,}; narrow with the search")
+    paged_table(
+        frame,
+        "home_tree_tensors",
+        page_size=25,
+        caption="" if len(frame) < MAX_TENSORS else f"the first {MAX_TENSORS:,}; narrow with the search",
+    )
     kinds = {kind for _, r in tree.tensors.loc[frame.index].iterrows() for kind, _ in tensor_badges(r)}
     if lens == "captured":
         kinds.add("captured")

@@ -215,7 +215,9 @@ def conversion_check(model: nn.Module, conversion: str, device: str | torch.devi
     model = require_module(model, "conversion_check")
     conv = _conversion(conversion)
     inv = tensor_inventory(model)
-    return _check(model, conv, _target_device(inv, device), inv, snapshot_inventory(inv), retie_after, max_bytes)
+    return _check(
+        model, conv, _target_device(inv, device), inv, snapshot_inventory(inv), retie_after, max_bytes
+    )
 
 
 def _conversion(name: str) -> Conversion:
@@ -228,8 +230,10 @@ def _conversion(name: str) -> Conversion:
 def _refusal(conv: Conversion, inv: TensorInventory, max_bytes: int) -> str | None:
     """Why ``conv`` is not run on a copy of the model walked by ``inv``, or None."""
     if any(e.is_dtensor for e in inv.unique_entries()):
-        return ("skipped: the parameters are DTensors (FSDP2 or tensor parallel), and a sharded module cannot "
-                "be copied to convert; check the conversion on the model before sharding it")
+        return (
+            "skipped: the parameters are DTensors (FSDP2 or tensor parallel), and a sharded module cannot "
+            "be copied to convert; check the conversion on the model before sharding it"
+        )
     on_meta = inv.has_meta()
     size = inv.unique_bytes()
     need = (size if on_meta and conv.needs_data else 0) + (0 if on_meta else size * (1 + conv.allocates))
@@ -244,7 +248,9 @@ def _refusal(conv: Conversion, inv: TensorInventory, max_bytes: int) -> str | No
 def _check(model: nn.Module, conv: Conversion, dev: torch.device, inv: TensorInventory, snap: TieSnapshot,
            retie_after: bool, max_bytes: int) -> ConversionResult:
     """:func:`conversion_check` with the model's inventory and snapshot already made."""
-    base: dict[str, Any] = dict(conversion=conv.name, label=conv.label, device=str(dev), unique_before=snap.unique_numel)
+    base: dict[str, Any] = dict(
+        conversion=conv.name, label=conv.label, device=str(dev), unique_before=snap.unique_numel
+    )
     error = _refusal(conv, inv, max_bytes)
     if error is not None:
         return ConversionResult(**base, unique_after=None, outcomes=(), findings=(), error=error)

@@ -198,7 +198,8 @@ def _set_tensor(model: nn.Module, name: str, kind: str, value: torch.Tensor) -> 
     prefix, _, leaf = name.rpartition(".")
     module = model.get_submodule(prefix) if prefix else model
     if kind == "parameter":
-        # A tensor from this slot (a Parameter, or a plain tensor someone stored there): the stubs say Parameter.
+        # A tensor from this slot (a Parameter, or a plain tensor someone stored there):
+        # the stubs say Parameter.
         module._parameters[leaf] = value  # type: ignore[assignment]
     else:
         module._buffers[leaf] = value
@@ -243,10 +244,12 @@ def _refuse_other_model(snapshot: TieSnapshot, current: dict[str, torch.Tensor])
     names = snapshot.tensor_names
     gone = sorted(names - current.keys())
     if 2 * len(gone) > len(names):
-        raise InspectorError(f"retie: the snapshot was taken of another model: {len(gone)} of the {len(names)} "
-                             f"tensors it names are not in this model (first: {', '.join(gone[:2])}); nothing was "
-                             "changed. Take the snapshot of this model with snapshot_ties(model) before "
-                             "converting it")
+        raise InspectorError(
+            f"retie: the snapshot was taken of another model: {len(gone)} of the {len(names)} "
+            f"tensors it names are not in this model (first: {', '.join(gone[:2])}); nothing was "
+            "changed. Take the snapshot of this model with snapshot_ties(model) before "
+            "converting it"
+        )
 
 
 def _check_retie(g: AliasGroup, layouts: tuple[TensorLayout, ...], o: GroupOutcome,

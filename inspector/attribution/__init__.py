@@ -31,7 +31,24 @@ from .result import (
 )
 from .state import preserved_state
 
-__all__ = ["DELTA_ABSOLUTE_TOLERANCE", "DELTA_RELATIVE_TOLERANCE", "METHODS", "Attribution", "AttributionResult",
-           "Completeness", "MethodSpec", "TargetInfo", "attribute", "conv_layers", "default_layer",
-           "embedding_layer", "is_token_model", "layer_names", "methods_for", "preserved_state", "resolve_layer",
-           "safe_layer", "target_info"]
+__all__ = [
+    "DELTA_ABSOLUTE_TOLERANCE",
+    "DELTA_RELATIVE_TOLERANCE",
+    "METHODS",
+    "Attribution",
+    "AttributionResult",
+    "Completeness",
+    "MethodSpec",
+    "TargetInfo",
+    "attribute",
+    "conv_layers",
+    "default_layer",
+    "embedding_layer",
+    "is_token_model",
+    "layer_names",
+    "methods_for",
+    "preserved_state",
+    "resolve_layer",
+    "safe_layer",
+    "target_info",
+]

@@ -135,7 +135,9 @@ def _prepare(loaded: LoadedModel, inputs: Any, method: str, target: int | None, 
     if target is None:
         target = _default_target(loaded, inputs, position, modules, findings)
     forward = TargetedForward(model, rebuild, target, position, loaded.name)
-    return _Call(spec, method, layer, layer_module, flat, tokens, modules, forward, options, findings, attributed)
+    return _Call(
+        spec, method, layer, layer_module, flat, tokens, modules, forward, options, findings, attributed
+    )
 
 
 def _placeholder_token(model: nn.Module) -> int | None:
@@ -248,12 +250,17 @@ def _run(loaded: LoadedModel, call: _Call) -> Any:
         def run(*xs: torch.Tensor) -> torch.Tensor:  # a plain function: captum inspects its signature
             return forward(*xs)
 
-        algo = spec.captum_class(run) if call.layer_module is None else spec.captum_class(run, call.layer_module)
+        algo = (
+            spec.captum_class(run) if call.layer_module is None else spec.captum_class(run, call.layer_module)
+        )
         n = call.attributed
         arg = flat[0] if n == 1 else tuple(flat[:n])
         if call.tokens and "baselines" not in options and (keep := _placeholder_token(model)) is not None:
             # a baseline of token 0 everywhere but the image placeholders, which the model needs
-            options = {**options, "baselines": torch.where(flat[0] == keep, flat[0], torch.zeros_like(flat[0]))}
+            options = {
+                **options,
+                "baselines": torch.where(flat[0] == keep, flat[0], torch.zeros_like(flat[0])),
+            }
         if len(flat) > n and "additional_forward_args" not in options:
             # token ids (or features, pixels) are the input; the rest (an attention mask, decoder
             # ids, labels) passes through unchanged
@@ -293,7 +300,9 @@ def _result(call: _Call, out: Any, target: int | None) -> Attribution:
     if spec.name == "layer_gradcam" and attributions[0].dim() < 3:
         raise InspectorError(
             f"GradCAM needs a layer with spatial output (B, C, H, W); {layer} has none (its map has "
-            f"shape {tuple(attributions[0].shape)}). Convolution layers: {', '.join(conv_layers(call.forward.model))}")
+            f"shape {tuple(attributions[0].shape)}). Convolution layers: "
+            f"{', '.join(conv_layers(call.forward.model))}"
+        )
     findings += _nan_findings(attributions, layer)
     result = new_result(method=spec.name, requested=call.requested, captum_method=spec.captum_class.__name__,
                         target=target, position=call.forward.used_position, layer=layer,
@@ -339,6 +348,8 @@ def _is_out_of_memory(exc: BaseException) -> bool:
 
 def _out_of_memory(label: str, options: dict[str, Any]) -> InspectorError:
     """Running out of memory is the size of the request, not a fault of the model's forward."""
-    return InspectorError(f"{label} ran out of memory with n_steps={options.get('n_steps', 50)} and "
-                          f"internal_batch_size={options.get('internal_batch_size')}; lower n_steps "
-                          "(--steps), the batch size or internal_batch_size, or run on a device with more memory")
+    return InspectorError(
+        f"{label} ran out of memory with n_steps={options.get('n_steps', 50)} and "
+        f"internal_batch_size={options.get('internal_batch_size')}; lower n_steps "
+        "(--steps), the batch size or internal_batch_size, or run on a device with more memory"
+    )

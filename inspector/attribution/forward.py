@@ -33,8 +33,12 @@ def forward_advice(loaded: LoadedModel, other: str = "") -> str:
     """What to do when the model's forward raises: fix the file it comes from, or, for a Hugging
     Face folder (transformers' code, inputs built from its config), check the folder's config."""
     if str(getattr(loaded, "source", "")).startswith("hf:"):
-        return ("the forward is transformers' code and the inputs come from config.json: check the folder's "
-                "config (sizes, special token ids)" + (f", {other}" if other else "") + ", or pass inputs of your own")
+        return (
+            "the forward is transformers' code and the inputs come from config.json: check the folder's "
+            "config (sizes, special token ids)"
+            + (f", {other}" if other else "")
+            + ", or pass inputs of your own"
+        )
     return "fix the model's forward in its file" + (f", or {other}" if other else "")
 
 
@@ -87,7 +91,13 @@ class TargetedForward:
 
     def __init__(self, model: nn.Module, rebuild: Callable[[tuple], Any], target: int | None,
                  position: int, name: str) -> None:
-        self.model, self.rebuild, self.target, self.position, self.name = model, rebuild, target, position, name
+        self.model, self.rebuild, self.target, self.position, self.name = (
+            model,
+            rebuild,
+            target,
+            position,
+            name,
+        )
         self.used_position: int | None = None
         self.calls = 0
         self.on_call: Callable[[int], None] | None = None
@@ -138,13 +148,17 @@ def main_output(out: Any, name: str) -> torch.Tensor:
     if isinstance(out, dict) and isinstance(out.get("logits"), torch.Tensor):
         return out["logits"]
     per_image = getattr(out, "logits_per_image", None)
-    if isinstance(per_image, torch.Tensor):  # a text-and-image model (CLIP): each image's score with its own text
+    if isinstance(
+        per_image, torch.Tensor
+    ):  # a text-and-image model (CLIP): each image's score with its own text
         return per_image.diagonal()
     if getattr(out, "last_hidden_state", None) is not None:
-        raise InspectorError(f"{name} returned {type(out).__name__}, hidden states without logits: it is a "
-                             "model without a head, so there is no output to attribute. Load a model with a "
-                             "head (a ...ForCausalLM, ...ForConditionalGeneration or ...ForSequenceClassification "
-                             "class), or use the captures view for its hidden states")
+        raise InspectorError(
+            f"{name} returned {type(out).__name__}, hidden states without logits: it is a "
+            "model without a head, so there is no output to attribute. Load a model with a "
+            "head (a ...ForCausalLM, ...ForConditionalGeneration or ...ForSequenceClassification "
+            "class), or use the captures view for its hidden states"
+        )
     raise InspectorError(f"{name} returned {type(out).__name__}; attribution needs a tensor, "
                          "a tuple starting with one, or an output with .logits")
 
@@ -161,4 +175,6 @@ def flatten_inputs(inputs: Any) -> tuple[list[torch.Tensor], Callable[[tuple], A
         if not all(isinstance(v, torch.Tensor) for v in inputs):
             raise InspectorError("attribution inputs must be tensors (a tensor, a tuple or a dict of them)")
         return list(inputs), lambda xs: tuple(xs)
-    raise InspectorError(f"attribution inputs must be a tensor, a tuple or a dict, got {type(inputs).__name__}")
+    raise InspectorError(
+        f"attribution inputs must be a tensor, a tuple or a dict, got {type(inputs).__name__}"
+    )

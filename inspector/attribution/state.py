@@ -92,9 +92,15 @@ class preserved_state:  # noqa: N801 - used as a context manager, like contextli
             if t.requires_grad != flag and t.is_leaf:
                 t.requires_grad_(flag)
         if removed and self.findings is not None:
-            self.findings.append(Finding("hook-removed", "warning", "",
-                                         f"{removed} hook(s) added during the call (by captum, or transformers' output "
-                                         "capturing, which adds them again when needed) were removed"))
+            self.findings.append(
+                Finding(
+                    "hook-removed",
+                    "warning",
+                    "",
+                    f"{removed} hook(s) added during the call (by captum, or transformers' output "
+                    "capturing, which adds them again when needed) were removed",
+                )
+            )
 
 
 def _remove_hooks_since(modules: list[nn.Module], start: int) -> int:

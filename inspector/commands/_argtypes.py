@@ -67,7 +67,9 @@ class FloatRange:
         except ValueError:
             raise argparse.ArgumentTypeError(f"must be a number, got {_shown(text)!r}") from None
         if not math.isfinite(value) or value <= self.above:
-            raise argparse.ArgumentTypeError(f"must be a finite number above {self.above:g}, got {_shown(text)}")
+            raise argparse.ArgumentTypeError(
+                f"must be a finite number above {self.above:g}, got {_shown(text)}"
+            )
         if value > self.high:
             hint = f" ({self.hint})" if self.hint else ""
             raise argparse.ArgumentTypeError(f"must be at most {self.high:g}{hint}, got {_shown(text)}")
@@ -138,8 +140,10 @@ def checkpoint(text: str) -> str:
     path = Path(text).expanduser()
     if path.is_dir():
         if not (path / ".metadata").is_file():
-            raise argparse.ArgumentTypeError(f"{path} is not a file, nor a torch.distributed.checkpoint folder "
-                                             "(it has no .metadata file); give a checkpoint file or such a folder")
+            raise argparse.ArgumentTypeError(
+                f"{path} is not a file, nor a torch.distributed.checkpoint folder "
+                "(it has no .metadata file); give a checkpoint file or such a folder"
+            )
         return str(path)
     return input_file(text)
 
@@ -161,8 +165,10 @@ def output_file(text: str) -> str:
         raise argparse.ArgumentTypeError(f"{path} is a folder; give a file name inside it")
     special = _special_file(path)
     if special:
-        raise argparse.ArgumentTypeError(f"{path} is {special}, not a regular file; writing there could block "
-                                         "or go nowhere: give a regular file name")
+        raise argparse.ArgumentTypeError(
+            f"{path} is {special}, not a regular file; writing there could block "
+            "or go nowhere: give a regular file name"
+        )
     existed = path.exists()
     try:
         with open(path, "a", encoding="utf-8"):
@@ -204,11 +210,15 @@ def open_output(path: str | os.PathLike[str], mode: str = "w") -> IO[str]:
     try:
         fd = os.open(path, flags, 0o666)
     except OSError as exc:
-        raise InspectorError(f"{path} cannot be written ({exc.strerror or exc}); give a regular file in a folder "
-                             "you can write to") from None
+        raise InspectorError(
+            f"{path} cannot be written ({exc.strerror or exc}); give a regular file in a folder "
+            "you can write to"
+        ) from None
     if not stat.S_ISREG(os.fstat(fd).st_mode):
         os.close(fd)
-        raise InspectorError(f"{path} is not a regular file (a FIFO, a device or a socket); give a regular file name")
+        raise InspectorError(
+            f"{path} is not a regular file (a FIFO, a device or a socket); give a regular file name"
+        )
     if mode == "w":
         os.ftruncate(fd, 0)
     if hasattr(os, "set_blocking"):

@@ -20,14 +20,20 @@ from . import _argtypes as types
 
 def add_source_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("source", help="sample:<name>, path/to/file.py:factory or hf:<local dir>")
-    parser.add_argument("--checkpoint", default=None, type=types.checkpoint,
-                        help=".safetensors or .pt/.bin file, or torch.distributed.checkpoint folder, to apply")
+    parser.add_argument(
+        "--checkpoint",
+        default=None,
+        type=types.checkpoint,
+        help=".safetensors or .pt/.bin file, or torch.distributed.checkpoint folder, to apply",
+    )
     parser.add_argument("--max-model-size", default=None, metavar="SIZE", type=model_size,
                         help="largest Hugging Face model to build, e.g. 40GiB (estimated from config.json "
                              "first; default INSPECTOR_MAX_MODEL_SIZE, else half of this machine's memory)")
     parser.add_argument("--device", default=None, type=types.device,
                         help="cpu, cuda:N, mps or meta (default: cpu; meta for structure-only samples)")
-    parser.add_argument("--dtype", default=None, type=types.dtype, help="float32, float16, bfloat16 or float64")
+    parser.add_argument(
+        "--dtype", default=None, type=types.dtype, help="float32, float16, bfloat16 or float64"
+    )
 
 
 def model_size(text: str) -> int:
@@ -72,8 +78,9 @@ def training_ranks(source: str, device_kind: str) -> Iterator[tuple[int, int, An
         device = rank_device(device_kind)
         loaded = load_model(source, device=str(device))
         if not loaded.has_loss:
-            raise InspectorError(f"{loaded.source} defines no loss(outputs, inputs); the file must define one "
-                                 "to train")
+            raise InspectorError(
+                f"{loaded.source} defines no loss(outputs, inputs); the file must define one to train"
+            )
         yield rank, world, device, loaded
 
 
@@ -121,8 +128,10 @@ def write_text(path: str | os.PathLike, text: str) -> None:
             fh.write(safe)
             fh.flush()
         except OSError as exc:
-            raise InspectorError(f"{os.fsdecode(path)} cannot be written ({exc.strerror or type(exc).__name__}); "
-                                 "give a file on a disk with room, which you may write") from None
+            raise InspectorError(
+                f"{os.fsdecode(path)} cannot be written ({exc.strerror or type(exc).__name__}); "
+                "give a file on a disk with room, which you may write"
+            ) from None
 
 
 def write_json(path: str, data: Any) -> None:

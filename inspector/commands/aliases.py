@@ -26,7 +26,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "or 'all' (repeatable)")
     parser.add_argument("--retie", action="store_true",
                         help="also re-tie the converted copy and show the result")
-    parser.add_argument("--json", default=None, metavar="PATH", type=types.output_file, help="write the results as JSON")
+    parser.add_argument(
+        "--json", default=None, metavar="PATH", type=types.output_file, help="write the results as JSON"
+    )
 
 
 def run(args: argparse.Namespace) -> int:

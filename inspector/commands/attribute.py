@@ -25,18 +25,30 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_source_arguments(parser)
     parser.add_argument("--method", default="ig", choices=list(METHODS),
                         help="attribution method (default: ig; on token ids it runs as layer_ig)")
-    parser.add_argument("--target", type=types.class_index, default=None,
-                        help="class index, or next-token id for language models (default: the model's predicted "
-                             "class or next token, which the output names)")
+    parser.add_argument(
+        "--target",
+        type=types.class_index,
+        default=None,
+        help="class index, or next-token id for language models (default: the model's predicted "
+        "class or next token, which the output names)",
+    )
     parser.add_argument("--layer", default=None,
                         help="module name for layer methods (default: the input embedding for layer_ig "
                              "on token models, the last convolution for layer_gradcam)")
     parser.add_argument("--position", type=types.position, default=-1,
                         help="sequence position attributed for (B, T, V) outputs (default: -1, the last)")
-    parser.add_argument("--steps", type=types.steps, default=None, help="n_steps of integrating methods (default 50)")
-    parser.add_argument("--batch-size", type=types.batch_size, default=1, help="example inputs to attribute (default 1)")
-    parser.add_argument("--rows", type=types.rows, default=40, help="summary rows to print, largest |score| first")
-    parser.add_argument("--json", default=None, metavar="PATH", type=types.output_file, help="also write the result as JSON")
+    parser.add_argument(
+        "--steps", type=types.steps, default=None, help="n_steps of integrating methods (default 50)"
+    )
+    parser.add_argument(
+        "--batch-size", type=types.batch_size, default=1, help="example inputs to attribute (default 1)"
+    )
+    parser.add_argument(
+        "--rows", type=types.rows, default=40, help="summary rows to print, largest |score| first"
+    )
+    parser.add_argument(
+        "--json", default=None, metavar="PATH", type=types.output_file, help="also write the result as JSON"
+    )
 
 
 def run(args: argparse.Namespace) -> int:

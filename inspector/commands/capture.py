@@ -26,14 +26,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--modules", action="append", default=None, metavar="PATTERN",
                         help="module name, glob pattern (e.g. 'transformer.h.*.mlp') or class name "
                              "(e.g. ReLU); repeat for more; default: every module")
-    parser.add_argument("--batch-size", type=types.batch_size, default=2, help="example inputs batch size (default 2)")
-    parser.add_argument("--store-on", default="cpu", type=types.device, help="where the copies go (default cpu)")
-    parser.add_argument("--max-bytes", type=types.non_negative_int, default=None, help="byte budget for the copies")
+    parser.add_argument(
+        "--batch-size", type=types.batch_size, default=2, help="example inputs batch size (default 2)"
+    )
+    parser.add_argument(
+        "--store-on", default="cpu", type=types.device, help="where the copies go (default cpu)"
+    )
+    parser.add_argument(
+        "--max-bytes", type=types.non_negative_int, default=None, help="byte budget for the copies"
+    )
     parser.add_argument("--grad-mode", choices=["inference", "no_grad", "grad"], default="no_grad",
                         help="autograd mode of the forward pass (default no_grad)")
     parser.add_argument("--grads", action="store_true", help="also capture output gradients (backward)")
     parser.add_argument("--inputs", action="store_true", help="also capture module inputs")
-    parser.add_argument("--json", default=None, metavar="OUT", type=types.output_file, help="write stats, mutations and skips as JSON")
+    parser.add_argument(
+        "--json",
+        default=None,
+        metavar="OUT",
+        type=types.output_file,
+        help="write stats, mutations and skips as JSON",
+    )
 
 
 def run(args: argparse.Namespace) -> int:

@@ -14,7 +14,9 @@ HELP = ("list the tensors of a checkpoint: a .safetensors/.pt/.bin file, or a to
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("path", type=types.checkpoint, help="checkpoint file, or torch.distributed.checkpoint folder")
+    parser.add_argument(
+        "path", type=types.checkpoint, help="checkpoint file, or torch.distributed.checkpoint folder"
+    )
     parser.add_argument("--max-rows", type=types.rows, default=60, help="rows to print")
     parser.add_argument("--json", default=None, type=types.output_file, metavar="PATH",
                         help="write the listing as JSON")

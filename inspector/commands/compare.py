@@ -17,9 +17,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("a", help="A: a source (sample:NAME, FILE.py:factory, hf:DIR), a checkpoint file or "
                                   "folder, or a run file")
     parser.add_argument("b", help="B: the same kinds as A")
-    parser.add_argument("--device", default=None, type=types.device,
-                        help="where models built from sources go (default: cpu; meta for structure-only samples, "
-                             "whose names, shapes and dtypes are then compared without values)")
+    parser.add_argument(
+        "--device",
+        default=None,
+        type=types.device,
+        help="where models built from sources go (default: cpu; meta for structure-only samples, "
+        "whose names, shapes and dtypes are then compared without values)",
+    )
     parser.add_argument("--tolerance", default=0.05, type=types.positive_float,
                         help="run files: relative difference beyond which the runs diverge (default 0.05)")
     parser.add_argument("--all", action="store_true", help="list every tensor, not only those that differ")
@@ -48,7 +52,17 @@ def _print_weights(result: WeightComparison, args: argparse.Namespace) -> None:
     say(f"{f['compared']} tensors compared: {f['changed']} changed, {f['equal']} bitwise equal; "
         f"{f['missing']} only in A, {f['extra']} only in B, {f['renamed']} renamed")
     shown = result.tensors if args.all else result.tensors[result.tensors["status"] != "equal"]
-    columns = ["name", "name_b", "status", "shape_a", "shape_b", "dtype_a", "dtype_b", "max_abs", "rel_change"]
+    columns = [
+        "name",
+        "name_b",
+        "status",
+        "shape_a",
+        "shape_b",
+        "dtype_a",
+        "dtype_b",
+        "max_abs",
+        "rel_change",
+    ]
     if len(shown):
         print_table(shown[columns], args.max_rows)
     top = result.modules[result.modules["changed"] > 0].sort_values("rel_change", ascending=False)
@@ -58,7 +72,10 @@ def _print_weights(result: WeightComparison, args: argparse.Namespace) -> None:
 
 
 def _print_runs(result: RunComparison, args: argparse.Namespace) -> None:
-    say(f"A: {result.a}, B: {result.b}: {result.facts['common_steps']} common steps, tolerance {result.tolerance:g}")
+    say(
+        f"A: {result.a}, B: {result.b}: {result.facts['common_steps']} common steps, tolerance "
+        f"{result.tolerance:g}"
+    )
     if result.first_divergence is None:
         say("the runs agree at every common step")
     else:
@@ -77,7 +94,9 @@ def to_json(result: WeightComparison | RunComparison) -> dict[str, Any]:
         data["renamed"] = [list(p) for p in result.renamed]
     else:
         data["steps"] = result.steps.to_dict(orient="records")
-        data["modules"] = result.modules.astype(object).where(result.modules.notna(), None).to_dict(orient="records")
+        data["modules"] = (
+            result.modules.astype(object).where(result.modules.notna(), None).to_dict(orient="records")
+        )
         data["first_divergence"] = result.first_divergence
         data["first_modules"] = list(result.first_modules)
     return data

@@ -41,7 +41,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="also run accelerate's infer_auto_device_map and audit both side by side")
     parser.add_argument("--audit", default=None, metavar="MAP.json", type=types.input_file,
                         help="audit this JSON device map instead of planning one")
-    parser.add_argument("--json", default=None, metavar="OUT", type=types.output_file, help="write the result as JSON")
+    parser.add_argument(
+        "--json", default=None, metavar="OUT", type=types.output_file, help="write the result as JSON"
+    )
 
 
 def _usage_table(usage):
@@ -92,8 +94,11 @@ def run(args: argparse.Namespace) -> int:
     print_table(_usage_table(plan.usage))
     print_findings(plan.findings)
     if comparison is not None and comparison.accelerate_error is not None:
-        say(f"\naccelerate could not plan this model: infer_auto_device_map raised {comparison.accelerate_error}; "
-            "the map above is ours alone")
+        say(
+            "\naccelerate could not plan this model: infer_auto_device_map raised "
+            f"{comparison.accelerate_error}; "
+            "the map above is ours alone"
+        )
     elif comparison is not None:
         say(f"\naccelerate.infer_auto_device_map ({len(comparison.accelerate_map)} keys, "
               f"{comparison.accelerate_seconds * 1000:.1f} ms; ours {comparison.our_seconds * 1000:.1f} ms)")

@@ -9,8 +9,10 @@ from ..distributed import SHARD_MODES, shard, train_and_check
 from . import _argtypes as types
 from ._common import print_findings, progress, say, training_ranks
 
-HELP = ("under torchrun: shard the model on every rank, train a few steps and check each one "
-        "(replica drift, nonfinite gradients by rank, imbalance, memory); rank 0 writes a JSON-lines run file")
+HELP = (
+    "under torchrun: shard the model on every rank, train a few steps and check each one "
+    "(replica drift, nonfinite gradients by rank, imbalance, memory); rank 0 writes a JSON-lines run file"
+)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -20,8 +22,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="fsdp: fully_shard each block then the model (default); ddp; none")
     parser.add_argument("--steps", type=types.train_steps, default=3,
                         help="training steps to run and check (default 3)")
-    parser.add_argument("--batch-size", type=types.batch_size, default=2, help="batch size per rank (default 2)")
-    parser.add_argument("--lr", type=types.positive_float, default=1e-2, help="SGD learning rate (default 0.01)")
+    parser.add_argument(
+        "--batch-size", type=types.batch_size, default=2, help="batch size per rank (default 2)"
+    )
+    parser.add_argument(
+        "--lr", type=types.positive_float, default=1e-2, help="SGD learning rate (default 0.01)"
+    )
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                         help="cpu (gloo) or cuda (NCCL, each rank on the GPU of its LOCAL_RANK)")
     parser.add_argument("-o", "--output", required=True, type=types.output_file,

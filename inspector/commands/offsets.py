@@ -30,12 +30,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--backward", action="store_true",
                         help="run one backward pass on the example inputs first (sets .grad), "
                              "then print gradient norms")
-    parser.add_argument("--locate", type=types.non_negative_int, action="append", default=None, metavar="INDEX",
-                        help="say which parameter and element flat index INDEX falls in (repeatable)")
+    parser.add_argument(
+        "--locate",
+        type=types.non_negative_int,
+        action="append",
+        default=None,
+        metavar="INDEX",
+        help="say which parameter and element flat index INDEX falls in (repeatable)",
+    )
     parser.add_argument("--top", type=types.rows, default=15, metavar="K",
                         help="layers to list by gradient norm (default 15)")
     parser.add_argument("--max-rows", type=types.rows, default=60, help="rows of the offset table to print")
-    parser.add_argument("--json", default=None, metavar="PATH", type=types.output_file, help="write the tables as JSON")
+    parser.add_argument(
+        "--json", default=None, metavar="PATH", type=types.output_file, help="write the tables as JSON"
+    )
 
 
 def run(args: argparse.Namespace) -> int:

@@ -26,7 +26,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--format", choices=list(FORMATS), default=None,
                         help="output format (default: from the -o file's extension, else html)")
     parser.add_argument("-o", "--output", required=True, type=types.output_file, help="file to write")
-    parser.add_argument("--batch-size", type=types.batch_size, default=None, help="batch size of the example inputs")
+    parser.add_argument(
+        "--batch-size", type=types.batch_size, default=None, help="batch size of the example inputs"
+    )
     parser.add_argument("--backward", action="store_true",
                         help="run one backward pass for gradient norms (earlier .grad values are put back)")
     parser.add_argument("--max-memory", default=None, metavar="BUDGET",

@@ -24,7 +24,10 @@ from ..dashboard import streamlit_command
 from ._argtypes import port
 from ._common import progress
 
-HELP = "start the dashboard (streamlit run app.py); other options, e.g. --server.address 0.0.0.0, go to streamlit"
+HELP = (
+    "start the dashboard (streamlit run app.py); other options, e.g. --server.address 0.0.0.0, "
+    "go to streamlit"
+)
 
 _FORWARDED = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGHUP") if hasattr(signal, name))
 

@@ -24,7 +24,9 @@ def run(args: argparse.Namespace) -> int:
           f"{s.parameter_names:,} names)")
     say(f"trainable: {s.trainable_elements:,}  frozen: {s.frozen_elements:,}")
     say(f"buffers: {s.buffers:,} tensors, {s.buffer_elements:,} elements")
-    table = s.bytes_table.rename(columns={"bytes": "size"}).assign(size=s.bytes_table["bytes"].map(format_bytes))
+    table = s.bytes_table.rename(columns={"bytes": "size"}).assign(
+        size=s.bytes_table["bytes"].map(format_bytes)
+    )
     print_table(table)
     print_findings(loaded.findings + summary_findings(s))
     return 0

@@ -12,8 +12,10 @@ from ..watching import OPTIMIZERS, StepFinding, train_watched
 from . import _argtypes as types
 from ._common import progress, say, training_ranks
 
-HELP = ("train a model file's loop for N steps with the watch on: norms, learning rates and memory of every "
-        "step into an Arrow run file, findings (NaN producers, dead or exploding gradients, ...) as they appear")
+HELP = (
+    "train a model file's loop for N steps with the watch on: norms, learning rates and memory of every "
+    "step into an Arrow run file, findings (NaN producers, dead or exploding gradients, ...) as they appear"
+)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -50,12 +52,27 @@ def run(args: argparse.Namespace) -> int:
     with training_ranks(args.source, args.device) as (rank, world, device, loaded):
         out = Path(args.output)
         if rank == 0:
-            progress(f"{loaded.name}: {args.steps} steps, {args.optimizer} lr {args.lr}, {world} rank(s) -> {out}")
+            progress(
+                f"{loaded.name}: {args.steps} steps, {args.optimizer} lr {args.lr}, {world} rank(s) -> {out}"
+            )
         model = shard(loaded.model, args.shard, device) if distributed else loaded.model
-        result = train_watched(model, loaded.example_inputs, loaded.loss, args.steps, out,
-                               optimizer=args.optimizer, lr=args.lr, batch_size=args.batch_size, device=device,
-                               every=args.every, nonfinite=args.nonfinite, update_ratio=args.update_ratio,
-                               name=loaded.name, note=loaded.source, on_finding=_print if rank == 0 else None)
+        result = train_watched(
+            model,
+            loaded.example_inputs,
+            loaded.loss,
+            args.steps,
+            out,
+            optimizer=args.optimizer,
+            lr=args.lr,
+            batch_size=args.batch_size,
+            device=device,
+            every=args.every,
+            nonfinite=args.nonfinite,
+            update_ratio=args.update_ratio,
+            name=loaded.name,
+            note=loaded.source,
+            on_finding=_print if rank == 0 else None,
+        )
     errors = sum(f.severity == "error" for f in result.findings)
     if rank == 0:
         say(f"{result.steps} steps watched; {len(result.findings)} findings ({errors} errors); wrote {out}")

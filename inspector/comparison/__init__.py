@@ -16,6 +16,21 @@ from .runs import compare_runs
 from .sources import TensorSource, open_source
 from .weights import compare_sides, compare_weights
 
-__all__ = ["MODULE_COLUMNS", "STATUSES", "TENSOR_COLUMNS", "PairStats", "Pairing", "RunComparison", "TensorSource",
-           "WeightComparison", "compare", "compare_runs", "compare_sides", "compare_weights", "is_run_source",
-           "open_source", "pair_names", "pair_stats"]
+__all__ = [
+    "MODULE_COLUMNS",
+    "STATUSES",
+    "TENSOR_COLUMNS",
+    "PairStats",
+    "Pairing",
+    "RunComparison",
+    "TensorSource",
+    "WeightComparison",
+    "compare",
+    "compare_runs",
+    "compare_sides",
+    "compare_weights",
+    "is_run_source",
+    "open_source",
+    "pair_names",
+    "pair_stats",
+]

@@ -63,6 +63,8 @@ def compare(a: Spec, b: Spec, *, device: str = "cpu", tolerance: float = 0.05,
     if any(runs):
         from ..utils.findings import InspectorError
 
-        raise InspectorError(f"{a if runs[0] else b} is a run file but the other side is not: compare two run "
-                             "files, or two models/checkpoints")
+        raise InspectorError(
+            f"{a if runs[0] else b} is a run file but the other side is not: compare two run "
+            "files, or two models/checkpoints"
+        )
     return compare_weights(a, b, device=device, progress=progress)

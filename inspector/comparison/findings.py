@@ -25,14 +25,28 @@ def weight_findings(sa: TensorSource, sb: TensorSource, tensors: pd.DataFrame,
     ties, stored_once = tie_findings(sa, sb, amap)
     out = ties + rename_findings(sa, sb, rules, by_value, tensors)
     out += lone_findings(sa, sb, tensors, stored_once)
-    out += [Finding("shape-changed", "error", r.name, f"{r.name} has shape {tuple(r.shape_a)} in {sa.label} but "
-                    f"{tuple(r.shape_b)} in {sb.label} ({r.name_b}); its values were not compared")
-            for r in tensors[tensors["status"] == "shape-changed"].itertuples(index=False)]
+    out += [
+        Finding(
+            "shape-changed",
+            "error",
+            r.name,
+            f"{r.name} has shape {tuple(r.shape_a)} in {sa.label} but "
+            f"{tuple(r.shape_b)} in {sb.label} ({r.name_b}); its values were not compared",
+        )
+        for r in tensors[tensors["status"] == "shape-changed"].itertuples(index=False)
+    ]
     out += dtype_findings(sa, sb, tensors)
     for side, label, column in (("A", sa.label, "nonfinite_a"), ("B", sb.label, "nonfinite_b")):
         for r in tensors[tensors[column] > 0].itertuples(index=False):
-            out.append(Finding("nonfinite", "error", r.name, f"{label} ({side}) holds {getattr(r, column)} NaN/Inf "
-                               f"values in {r.name if side == 'A' else r.name_b} (of {r.numel})"))
+            out.append(
+                Finding(
+                    "nonfinite",
+                    "error",
+                    r.name,
+                    f"{label} ({side}) holds {getattr(r, column)} NaN/Inf "
+                    f"values in {r.name if side == 'A' else r.name_b} (of {r.numel})",
+                )
+            )
     out += unchanged_findings(sa, sb, tensors)
     out += device_findings(sa, sb, tensors)
     return sort_findings(out), stored_once
@@ -42,7 +56,11 @@ def _values_equal(side: TensorSource, names: Sequence[str]) -> bool:
     first = side.read(names[0]).clone()
     for n in names[1:]:
         other = side.read(n)
-        if other.shape != first.shape or other.dtype != first.dtype or not pair_stats(first, other).bitwise_equal:
+        if (
+            other.shape != first.shape
+            or other.dtype != first.dtype
+            or not pair_stats(first, other).bitwise_equal
+        ):
             return False
     return True
 
@@ -65,16 +83,30 @@ def tie_findings(sa: TensorSource, sb: TensorSource, amap: dict[str, str]) -> tu
         if len(present) == 1 and not sb.is_model:
             absent = [n for n in g if n not in amap]
             stored_once.update(absent)
-            out.append(Finding("tie-stored-once", "info", g[0], f"{sb.label} stores the tie {', '.join(g)} once, "
-                               f"as {present[0]}; loading it into the model fills {', '.join(absent)} through the tie"))
+            out.append(
+                Finding(
+                    "tie-stored-once",
+                    "info",
+                    g[0],
+                    f"{sb.label} stores the tie {', '.join(g)} once, "
+                    f"as {present[0]}; loading it into the model fills {', '.join(absent)} through the tie",
+                )
+            )
             continue
         if len(present) < 2 or _tied(sb, present) or (not sb.is_model and _values_equal(sb, present)):
             continue
         how = "separate objects" if sb.is_model else "separate tensors"
         values = "equal values" if _values_equal(sb, present) else "different values"
-        out.append(Finding("tie-broken", "error", g[0], f"{', '.join(g)} are one tensor in {sa.label} but {how} "
-                           f"with {values} in {sb.label}: training or loading now updates them apart. Re-tie them "
-                           "(model.tie_weights(), inspector.retie) or load with inspector.move_model"))
+        out.append(
+            Finding(
+                "tie-broken",
+                "error",
+                g[0],
+                f"{', '.join(g)} are one tensor in {sa.label} but {how} "
+                f"with {values} in {sb.label}: training or loading now updates them apart. Re-tie them "
+                "(model.tie_weights(), inspector.retie) or load with inspector.move_model",
+            )
+        )
     for h in sb.ties:
         present = [bmap[n] for n in h if n in bmap]
         if len(present) == 1 and not sa.is_model:
@@ -100,18 +132,32 @@ def rename_findings(sa: TensorSource, sb: TensorSource, rules: Sequence[tuple[st
     """One ``renamed`` finding per prefix rule (with an example and how many kept their values), one per pair
     matched by equal values."""
     out = []
-    renamed = tensors[(tensors["name"] != tensors["name_b"]) & (tensors["name"] != "") & (tensors["name_b"] != "")]
+    renamed = tensors[
+        (tensors["name"] != tensors["name_b"]) & (tensors["name"] != "") & (tensors["name_b"] != "")
+    ]
     for old, new, count in rules:
         rows = renamed[renamed["name"].str.startswith(old) & renamed["name_b"].str.startswith(new)]
         equal = int((rows["bitwise_equal"] == True).sum())  # noqa: E712 - a column of objects
         example = f"{rows['name'].iloc[0]} -> {rows['name_b'].iloc[0]}" if len(rows) else ""
-        out.append(Finding("renamed", "info", old.rstrip(".") or new.rstrip("."),
-                           f"{sb.label} {_prefix_text(old, new)} on {count} tensors (e.g. {example}); {equal} of "
-                           f"them hold the same bits. This is what torch.compile ('_orig_mod.'), DDP ('module.') "
-                           "or a wrapper model ('model.') write; the tensors were compared under the mapping"))
+        out.append(
+            Finding(
+                "renamed",
+                "info",
+                old.rstrip(".") or new.rstrip("."),
+                f"{sb.label} {_prefix_text(old, new)} on {count} tensors (e.g. {example}); {equal} of "
+                f"them hold the same bits. This is what torch.compile ('_orig_mod.'), DDP ('module.') "
+                "or a wrapper model ('model.') write; the tensors were compared under the mapping",
+            )
+        )
     for na, nb in by_value:
-        out.append(Finding("renamed", "info", na, f"{na} in {sa.label} is {nb} in {sb.label}: same shape, dtype "
-                           "and bits under another name"))
+        out.append(
+            Finding(
+                "renamed",
+                "info",
+                na,
+                f"{na} in {sa.label} is {nb} in {sb.label}: same shape, dtype and bits under another name",
+            )
+        )
     return out
 
 
@@ -123,8 +169,11 @@ def _named(code: str, severity: str, names: list[str], text: str) -> list[Findin
     return out
 
 
-def lone_findings(sa: TensorSource, sb: TensorSource, tensors: pd.DataFrame, stored_once: set[str]) -> list[Finding]:
-    """``missing`` (only in A) and ``extra`` (only in B), leaving out names a file stores once through a tie."""
+def lone_findings(
+    sa: TensorSource, sb: TensorSource, tensors: pd.DataFrame, stored_once: set[str]
+) -> list[Finding]:
+    """``missing`` (only in A) and ``extra`` (only in B), leaving out names a file stores once through a
+    tie."""
     missing = [n for n in tensors.loc[tensors["status"] == "missing", "name"] if n not in stored_once]
     extra = [n for n in tensors.loc[tensors["status"] == "extra", "name_b"] if n not in stored_once]
     return (_named("missing", "warning", missing, f"{{name}} is in {sa.label} but not in {sb.label}")
@@ -143,13 +192,25 @@ def dtype_findings(sa: TensorSource, sb: TensorSource, tensors: pd.DataFrame) ->
         ta, tb = getattr(torch, da), getattr(torch, db)
         worst = rows.loc[rows["rel_change"].fillna(math.inf).idxmax()]
         text = f"{len(rows)} tensors are {da} in {sa.label} and {db} in {sb.label}"
-        if ta.is_floating_point and tb.is_floating_point and tb.itemsize <= ta.itemsize and _bits(tb) < _bits(ta):
+        if (
+            ta.is_floating_point
+            and tb.is_floating_point
+            and tb.itemsize <= ta.itemsize
+            and _bits(tb) < _bits(ta)
+        ):
             exact = int(rows["exact_cast"].fillna(False).astype(bool).sum())
-            text += (f": {db} keeps {_bits(tb)} significant bits of {da}'s {_bits(ta)} (each value rounded by up to "
-                     f"{torch.finfo(tb).eps / 2:.2g} of itself). The largest change is {worst['max_abs']:.3g} and "
-                     f"‖B−A‖/‖A‖ is up to {worst['rel_change']:.3g} (in {worst['name']}); ")
-            text += (f"B is exactly A rounded to {db}" if exact == len(rows) else
-                     f"{len(rows) - exact} of them differ from A rounded to {db}: they changed beyond the conversion")
+            text += (
+                f": {db} keeps {_bits(tb)} significant bits of {da}'s {_bits(ta)} (each value rounded by "
+                "up to "
+                f"{torch.finfo(tb).eps / 2:.2g} of itself). The largest change is {worst['max_abs']:.3g} and "
+                f"‖B−A‖/‖A‖ is up to {worst['rel_change']:.3g} (in {worst['name']}); "
+            )
+            text += (
+                f"B is exactly A rounded to {db}"
+                if exact == len(rows)
+                else f"{len(rows) - exact} of them differ from A rounded to {db}: "
+                "they changed beyond the conversion"
+            )
             severity = "warning"
         elif ta.is_floating_point != tb.is_floating_point:
             text += "; one side is not floating-point, so the values were cast for the comparison"
@@ -193,9 +254,15 @@ def unchanged_findings(sa: TensorSource, sb: TensorSource, tensors: pd.DataFrame
         numel = int(tensors.loc[tensors["name"].isin(names), "numel"].sum())
         what = (f"{names[0]} ({numel} elements) is" if len(names) == 1 else
                 f"all {len(names)} trainable tensors of {module} ({numel} elements) are")
-        out.append(Finding("unchanged-tensor", "warning", module,
-                           f"{what} bitwise identical in {sb.label} although other tensors changed: frozen by "
-                           "mistake, left out of the optimizer, or a load that never happened"))
+        out.append(
+            Finding(
+                "unchanged-tensor",
+                "warning",
+                module,
+                f"{what} bitwise identical in {sb.label} although other tensors changed: frozen by "
+                "mistake, left out of the optimizer, or a load that never happened",
+            )
+        )
     return out
 
 
@@ -203,6 +270,12 @@ def device_findings(sa: TensorSource, sb: TensorSource, tensors: pd.DataFrame) -
     """One ``device-changed`` info per (A device, B device)."""
     moved = tensors[tensors["device_a"].notna() & tensors["device_b"].notna()
                     & (tensors["device_a"] != tensors["device_b"])]
-    return [Finding("device-changed", "info", str(rows["name"].iloc[0]), f"{len(rows)} tensors are on {da} in "
-                    f"{sa.label} and on {db} in {sb.label}")
-            for (da, db), rows in moved.groupby(["device_a", "device_b"], sort=False)]
+    return [
+        Finding(
+            "device-changed",
+            "info",
+            str(rows["name"].iloc[0]),
+            f"{len(rows)} tensors are on {da} in {sa.label} and on {db} in {sb.label}",
+        )
+        for (da, db), rows in moved.groupby(["device_a", "device_b"], sort=False)
+    ]

@@ -2,8 +2,9 @@
 
 The arithmetic runs in numpy on chunks of ``CHUNK`` elements, single-threaded and in cache:
 one pass computes the difference, its largest magnitude and both sums of squares, and an equal
-chunk costs only a byte comparison (until one chunk differs; later chunks are not compared bytewise). bfloat16 and float16 are widened to float32 chunk by chunk,
-so memory stays at the two tensors plus one chunk.
+chunk costs only a byte comparison (until one chunk differs; later chunks are not compared
+bytewise). bfloat16 and float16 are widened to float32 chunk by chunk, so memory stays at the two
+tensors plus one chunk.
 """
 
 from __future__ import annotations
@@ -80,7 +81,9 @@ class StatsStream:
 
     def add(self, ca: np.ndarray, cb: np.ndarray) -> None:
         """Take one pair of aligned raw chunks."""
-        same = self.equal and np.array_equal(ca, cb)  # once a chunk differed, the rest are subtracted unchecked
+        same = self.equal and np.array_equal(
+            ca, cb
+        )  # once a chunk differed, the rest are subtracted unchecked
         self.equal = same
         fa = _widen(ca, self.dtype, self._buffer("a", ca.size, np.float32))
         sq_a = float(np.dot(fa, fa))
@@ -106,10 +109,18 @@ class StatsStream:
 
     def finish(self) -> PairStats:
         if self.equal:
-            return PairStats(True, 0.0, 0.0, _root(self.sq_a, self.nonfinite_a), self.nonfinite_a, self.nonfinite_b)
+            return PairStats(
+                True, 0.0, 0.0, _root(self.sq_a, self.nonfinite_a), self.nonfinite_a, self.nonfinite_b
+            )
         broken = self.nonfinite_a or self.nonfinite_b
-        return PairStats(False, math.nan if broken else self.max_abs, math.nan if broken else math.sqrt(self.sq_d),
-                         _root(self.sq_a, self.nonfinite_a), self.nonfinite_a, self.nonfinite_b)
+        return PairStats(
+            False,
+            math.nan if broken else self.max_abs,
+            math.nan if broken else math.sqrt(self.sq_d),
+            _root(self.sq_a, self.nonfinite_a),
+            self.nonfinite_a,
+            self.nonfinite_b,
+        )
 
 
 def _root(sq: float, nonfinite: int) -> float:
@@ -117,7 +128,8 @@ def _root(sq: float, nonfinite: int) -> float:
 
 
 def raw_values(t: torch.Tensor) -> np.ndarray:
-    """The raw values of a CPU tensor as a flat integer array of its element size (no copy when contiguous)."""
+    """The raw values of a CPU tensor as a flat integer array of its element size (no copy when
+    contiguous)."""
     if t.dtype.is_complex:
         t = torch.view_as_real(t)
     return _raw(t)

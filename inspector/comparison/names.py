@@ -1,4 +1,5 @@
-"""Pairing the names of two sides: the same name, or a prefix change (``model.``, ``_orig_mod.``, ``module.``).
+"""Pairing the names of two sides: the same name, or a prefix change (``model.``,
+``_orig_mod.``, ``module.``).
 
 A prefix rule ``(old, new)`` maps ``old + rest`` in A to ``new + rest`` in B. Rules are read off
 the names that only one side has (their longest common dotted ending, two components at least),

@@ -10,11 +10,49 @@ import pandas as pd
 
 from ..utils.findings import Finding
 
-TENSOR_COLUMNS = ["name", "name_b", "status", "module", "shape_a", "shape_b", "dtype_a", "dtype_b", "device_a",
-                  "device_b", "numel", "trainable", "bitwise_equal", "max_abs", "rel_change", "diff_norm",
-                  "norm_a", "nonfinite_a", "nonfinite_b", "exact_cast"]
-MODULE_COLUMNS = ["module", "depth", "tensors", "changed", "numel", "diff_norm", "norm_a", "rel_change", "max_abs"]
-STATUSES = ("equal", "changed", "dtype-changed", "shape-changed", "missing", "extra", "no-values", "stored-once")
+TENSOR_COLUMNS = [
+    "name",
+    "name_b",
+    "status",
+    "module",
+    "shape_a",
+    "shape_b",
+    "dtype_a",
+    "dtype_b",
+    "device_a",
+    "device_b",
+    "numel",
+    "trainable",
+    "bitwise_equal",
+    "max_abs",
+    "rel_change",
+    "diff_norm",
+    "norm_a",
+    "nonfinite_a",
+    "nonfinite_b",
+    "exact_cast",
+]
+MODULE_COLUMNS = [
+    "module",
+    "depth",
+    "tensors",
+    "changed",
+    "numel",
+    "diff_norm",
+    "norm_a",
+    "rel_change",
+    "max_abs",
+]
+STATUSES = (
+    "equal",
+    "changed",
+    "dtype-changed",
+    "shape-changed",
+    "missing",
+    "extra",
+    "no-values",
+    "stored-once",
+)
 
 
 @dataclass(frozen=True)
@@ -26,8 +64,9 @@ class WeightComparison:
             what each is (``"model"``, ``"safetensors"``, ``"torch file"``, ``"distributed checkpoint"``...).
         tensors: one row per tensor (``TENSOR_COLUMNS``), A's order then B's extras. ``status`` is one
             of ``STATUSES`` (``stored-once``: a tied name B's file holds under the tie's other name, as
-            ``safetensors`` saves a tie, so not missing); ``name_b`` is B's name (differs where B renamed it); ``max_abs`` is
-            max |B−A|, ``rel_change`` ‖B−A‖/‖A‖, both NaN where values were not compared.
+            ``safetensors`` saves a tie, so not missing); ``name_b`` is B's name (differs where B
+            renamed it); ``max_abs`` is max |B−A|, ``rel_change`` ‖B−A‖/‖A‖, both NaN where values were
+            not compared.
         modules: one row per module prefix of A's names, in model order (``MODULE_COLUMNS``): the
             compared tensors below it, how many changed, and the norms summed over them.
         findings: ``unchanged-tensor``, ``tie-broken``, ``tie-added``, ``renamed``, ``missing``,

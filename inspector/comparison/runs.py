@@ -82,14 +82,20 @@ def compare_runs(a: Any, b: Any, *, tolerance: float = 0.05, rank: int = 0) -> R
     steps = sa.merge(sb, on="step", how="outer", suffixes=("_a", "_b")).sort_values("step", ignore_index=True)
     for q in ("loss", "grad_norm"):
         steps[f"{q}_diff"] = relative_difference(steps[f"{q}_a"].to_numpy(), steps[f"{q}_b"].to_numpy())
-    logged = steps.set_index("step")[["loss_logged_a", "loss_logged_b"]].fillna(False).astype(bool).all(axis=1)
+    logged = (
+        steps.set_index("step")[["loss_logged_a", "loss_logged_b"]].fillna(False).astype(bool).all(axis=1)
+    )
     steps = steps[["step", "loss_a", "loss_b", "loss_diff", "grad_norm_a", "grad_norm_b", "grad_norm_diff"]]
     common = np.array(sorted(set(sa["step"]) & set(sb["step"])), dtype=np.int64)
     if not len(common):
-        raise InspectorError(f"{ra.path} and {rb.path} share no step (A: {sa['step'].min()}..{sa['step'].max()}, "
-                             f"B: {sb['step'].min()}..{sb['step'].max()}); nothing to compare")
+        raise InspectorError(
+            f"{ra.path} and {rb.path} share no step (A: {sa['step'].min()}..{sa['step'].max()}, "
+            f"B: {sb['step'].min()}..{sb['step'].max()}); nothing to compare"
+        )
     modules = [m for m in ra.module_order if m in set(rb.module_order)]
-    diff = relative_difference(_module_matrix(ra, rank, common, modules), _module_matrix(rb, rank, common, modules))
+    diff = relative_difference(
+        _module_matrix(ra, rank, common, modules), _module_matrix(rb, rank, common, modules)
+    )
     loss = steps.set_index("step").loc[common, "loss_diff"].to_numpy()
     loss_known = logged.loc[common].to_numpy(dtype=bool)
     loss_out = loss_known & (loss > tolerance)
@@ -104,12 +110,15 @@ def compare_runs(a: Any, b: Any, *, tolerance: float = 0.05, rank: int = 0) -> R
     findings = _findings(ra, rb, sa, sb, modules, first, first_modules, loss_out, parted, tolerance, steps)
     facts = {"steps_a": len(sa), "steps_b": len(sb), "common_steps": len(common), "modules": len(modules),
              "tolerance": tolerance, "first_divergence": first}
-    return RunComparison(ra.path, rb.path, steps, table, first, first_modules, float(tolerance), tuple(findings), facts)
+    return RunComparison(
+        ra.path, rb.path, steps, table, first, first_modules, float(tolerance), tuple(findings), facts
+    )
 
 
 def _module_table(modules: list[str], common: np.ndarray, diff: np.ndarray, beyond: np.ndarray,
                   first: int | None, parted: np.ndarray) -> pd.DataFrame:
-    """Per module (model order): its first step beyond the tolerance, its largest and its first-step difference."""
+    """Per module (model order): its first step beyond the tolerance, its largest and its first-step
+    difference."""
     rows = []
     for j, m in enumerate(modules):
         hits = np.flatnonzero(beyond[:, j])
@@ -127,23 +136,52 @@ def _findings(ra: Any, rb: Any, sa: pd.DataFrame, sb: pd.DataFrame, modules: lis
               steps: pd.DataFrame) -> list[Finding]:
     out = []
     if first is None:
-        out.append(Finding("runs-agree", "info", "", f"{ra.path} and {rb.path} agree within {tolerance:g} (relative) "
-                           f"in loss and every module's gradient norm at all {len(set(sa['step']) & set(sb['step']))} "
-                           "common steps"))
+        out.append(
+            Finding(
+                "runs-agree",
+                "info",
+                "",
+                f"{ra.path} and {rb.path} agree within {tolerance:g} (relative) "
+                f"in loss and every module's gradient norm at all {len(set(sa['step']) & set(sb['step']))} "
+                "common steps",
+            )
+        )
     else:
         at = steps.set_index("step").loc[first]
         loss_text = (f"the loss is {at['loss_a']:.6g} in A and {at['loss_b']:.6g} in B" if loss_out[parted[0]]
                      else "the loss still agrees")
-        shown = ", ".join(first_modules[:5]) + (f" and {len(first_modules) - 5} more" if len(first_modules) > 5 else "")
-        out.append(Finding("run-diverged", "warning", first_modules[0] if first_modules else "loss",
-                           f"{ra.path} and {rb.path} diverge first at step {first} (beyond {tolerance:g} relative): "
-                           f"{loss_text}" + (f"; the gradient norms of {shown} part first" if first_modules else "")))
+        shown = ", ".join(first_modules[:5]) + (
+            f" and {len(first_modules) - 5} more" if len(first_modules) > 5 else ""
+        )
+        out.append(
+            Finding(
+                "run-diverged",
+                "warning",
+                first_modules[0] if first_modules else "loss",
+                f"{ra.path} and {rb.path} diverge first at step {first} (beyond {tolerance:g} relative): "
+                f"{loss_text}" + (f"; the gradient norms of {shown} part first" if first_modules else ""),
+            )
+        )
     only_a, only_b = set(sa["step"]) - set(sb["step"]), set(sb["step"]) - set(sa["step"])
     if only_a or only_b:
-        out.append(Finding("steps-missing", "info", "", f"{len(only_a)} steps are only in {ra.path} and {len(only_b)} "
-                           f"only in {rb.path}; they are shown but not compared"))
+        out.append(
+            Finding(
+                "steps-missing",
+                "info",
+                "",
+                f"{len(only_a)} steps are only in {ra.path} and {len(only_b)} "
+                f"only in {rb.path}; they are shown but not compared",
+            )
+        )
     differ = sorted(set(ra.module_order) ^ set(rb.module_order))
     if differ:
-        out.append(Finding("modules-differ", "warning", differ[0], f"{len(differ)} modules are in one run only "
-                           f"(first: {differ[0]}); only the {len(modules)} modules of both are compared"))
+        out.append(
+            Finding(
+                "modules-differ",
+                "warning",
+                differ[0],
+                f"{len(differ)} modules are in one run only "
+                f"(first: {differ[0]}); only the {len(modules)} modules of both are compared",
+            )
+        )
     return out

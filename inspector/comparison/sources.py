@@ -204,8 +204,10 @@ class SafetensorsSide(TensorSource):
             n = min(step, end - pos)
             view = ring[i % RING, :n]
             if os.preadv(self._fh.fileno(), [view.data], pos) != n:
-                raise InspectorError(f"checkpoint {self.path.name}: tensor {name} ends past the end of the file; "
-                                     "the file is truncated")
+                raise InspectorError(
+                    f"checkpoint {self.path.name}: tensor {name} ends past the end of the file; "
+                    "the file is truncated"
+                )
             yield view.view(element)
 
     def prefetch(self, name: str) -> None:
@@ -272,8 +274,10 @@ class ShardedSafetensorsSide(TensorSource):
                 self._shards.append(shard)
                 for name in shard.entries:
                     if name in self._owner:
-                        raise InspectorError(f"{path.name}: tensor {name} is in both {self._owner[name].path.name} "
-                                             f"and {f.name}; a checkpoint folder holds each tensor once")
+                        raise InspectorError(
+                            f"{path.name}: tensor {name} is in both {self._owner[name].path.name} "
+                            f"and {f.name}; a checkpoint folder holds each tensor once"
+                        )
                     self._owner[name] = shard
         except BaseException:
             self.close()
@@ -337,8 +341,10 @@ def _open(spec: Spec, device: str) -> TensorSource:
             raise InspectorError("a state dict to compare must map names (str) to tensors")
         return StateDictSide("state dict", spec)
     if not isinstance(spec, (str, os.PathLike)):
-        raise InspectorError(f"cannot compare a {type(spec).__name__}: give a source ('sample:NAME', "
-                             "'FILE.py:factory', 'hf:DIR'), a checkpoint file or folder, a model or a state dict")
+        raise InspectorError(
+            f"cannot compare a {type(spec).__name__}: give a source ('sample:NAME', "
+            "'FILE.py:factory', 'hf:DIR'), a checkpoint file or folder, a model or a state dict"
+        )
     text = os.fspath(spec)
     if isinstance(text, str) and (text.startswith(("sample:", "hf:")) or ".py:" in text):
         loaded = load_model(text, device=device)
@@ -353,13 +359,17 @@ def _open(spec: Spec, device: str) -> TensorSource:
         loaded = load_model(f"hf:{path}", device=device)
         return ModelSide(loaded.name, loaded.model, loaded.findings)
     if not path.exists():
-        raise InspectorError(f"{path} does not exist: give a source ('sample:NAME', 'FILE.py:factory', "
-                             "'hf:DIR'), a .safetensors/.pt/.bin file or a torch.distributed.checkpoint folder")
+        raise InspectorError(
+            f"{path} does not exist: give a source ('sample:NAME', 'FILE.py:factory', "
+            "'hf:DIR'), a .safetensors/.pt/.bin file or a torch.distributed.checkpoint folder"
+        )
     if path.suffix == ".safetensors" and path.is_file():
         return SafetensorsSide(path)
     if path.is_dir():
-        raise InspectorError(f"{path} is a folder but neither a torch.distributed.checkpoint folder (no .metadata) "
-                             "nor a Hugging Face model folder (no config.json)")
+        raise InspectorError(
+            f"{path} is a folder but neither a torch.distributed.checkpoint folder (no .metadata) "
+            "nor a Hugging Face model folder (no config.json)"
+        )
     state, findings = read_checkpoint(path, mmap=True)
     return StateDictSide(path.name, state, "torch file", findings)
 

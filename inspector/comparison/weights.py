@@ -22,7 +22,9 @@ T = TypeVar("T")
 _MAX_VALUE_MATCHES = 1024
 
 
-def compare_weights(a: Spec, b: Spec, *, device: str = "cpu", progress: Progress | None = None) -> WeightComparison:
+def compare_weights(
+    a: Spec, b: Spec, *, device: str = "cpu", progress: Progress | None = None
+) -> WeightComparison:
     """What changed from ``a`` to ``b``, tensor by tensor; see :func:`inspector.compare`."""
     with open_source(a, device) as sa, open_source(b, device) as sb:
         return compare_sides(sa, sb, progress)
@@ -52,19 +54,29 @@ def compare_sides(sa: TensorSource, sb: TensorSource, progress: Progress | None 
     extra = set(pairing.extra) - matched_b
     ordered += [_lone_row("", nb, None, sb.entries[nb], False) for nb in sb.display_order() if nb in extra]
     tensors = pd.DataFrame(ordered, columns=TENSOR_COLUMNS)
-    renamed = tuple((r["name"], r["name_b"]) for r in ordered if r["name"] and r["name_b"] and r["name"] != r["name_b"])
+    renamed = tuple(
+        (r["name"], r["name_b"]) for r in ordered if r["name"] and r["name_b"] and r["name"] != r["name_b"]
+    )
     findings, stored_once = weight_findings(sa, sb, tensors, pairing.rules, by_value)
     once = (((tensors["status"] == "missing") & tensors["name"].isin(stored_once))
             | ((tensors["status"] == "extra") & tensors["name_b"].isin(stored_once)))
     tensors.loc[once, "status"] = "stored-once"  # the other side holds it under its tie's other name
     compared = tensors[tensors["bitwise_equal"].notna()]
-    facts = {"tensors_a": len(sa.entries), "tensors_b": len(sb.entries), "compared": len(compared),
-             "changed": int((compared["bitwise_equal"] == False).sum()),  # noqa: E712 - a column of objects
-             "equal": int((compared["bitwise_equal"] == True).sum()),  # noqa: E712
-             "missing": int((tensors["status"] == "missing").sum()), "extra": int((tensors["status"] == "extra").sum()),
-             "renamed": len(renamed), "stored_once": int(once.sum()), "bytes_read": read}
-    return WeightComparison(sa.label, sb.label, sa.kind, sb.kind, tensors, module_table(tensors), tuple(findings),
-                            renamed, facts)
+    facts = {
+        "tensors_a": len(sa.entries),
+        "tensors_b": len(sb.entries),
+        "compared": len(compared),
+        "changed": int((compared["bitwise_equal"] == False).sum()),  # noqa: E712 - a column of objects
+        "equal": int((compared["bitwise_equal"] == True).sum()),  # noqa: E712
+        "missing": int((tensors["status"] == "missing").sum()),
+        "extra": int((tensors["status"] == "extra").sum()),
+        "renamed": len(renamed),
+        "stored_once": int(once.sum()),
+        "bytes_read": read,
+    }
+    return WeightComparison(
+        sa.label, sb.label, sa.kind, sb.kind, tensors, module_table(tensors), tuple(findings), renamed, facts
+    )
 
 
 def _nbytes(meta: Meta) -> int:
@@ -78,14 +90,28 @@ def _dtype_name(dtype: torch.dtype) -> str:
 def _lone_row(na: str, nb: str, ma: Meta | None, mb: Meta | None, trainable: bool) -> dict[str, Any]:
     meta = ma or mb
     assert meta is not None
-    return {"name": na, "name_b": nb, "status": "missing" if ma else "extra",
-            "module": (na or nb).rpartition(".")[0],
-            "shape_a": ma.shape if ma else None, "shape_b": mb.shape if mb else None,
-            "dtype_a": _dtype_name(ma.dtype) if ma else None, "dtype_b": _dtype_name(mb.dtype) if mb else None,
-            "device_a": ma.device if ma else None, "device_b": mb.device if mb else None,
-            "numel": math.prod(meta.shape), "trainable": trainable, "bitwise_equal": None, "max_abs": math.nan,
-            "rel_change": math.nan, "diff_norm": math.nan, "norm_a": math.nan, "nonfinite_a": 0, "nonfinite_b": 0,
-            "exact_cast": None}
+    return {
+        "name": na,
+        "name_b": nb,
+        "status": "missing" if ma else "extra",
+        "module": (na or nb).rpartition(".")[0],
+        "shape_a": ma.shape if ma else None,
+        "shape_b": mb.shape if mb else None,
+        "dtype_a": _dtype_name(ma.dtype) if ma else None,
+        "dtype_b": _dtype_name(mb.dtype) if mb else None,
+        "device_a": ma.device if ma else None,
+        "device_b": mb.device if mb else None,
+        "numel": math.prod(meta.shape),
+        "trainable": trainable,
+        "bitwise_equal": None,
+        "max_abs": math.nan,
+        "rel_change": math.nan,
+        "diff_norm": math.nan,
+        "norm_a": math.nan,
+        "nonfinite_a": 0,
+        "nonfinite_b": 0,
+        "exact_cast": None,
+    }
 
 
 def pair_row(sa: TensorSource, sb: TensorSource, na: str, nb: str) -> dict[str, Any]:

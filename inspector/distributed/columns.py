@@ -60,9 +60,17 @@ class Gathered:
     def check(self) -> CheckRecord:
         """The step record, without findings (built once, on first use)."""
         if self._record is None:
-            self._record = build_record(self._static(list(range(len(self.plan.tensors)))), self.factors.tolist(),
-                                        self.per_tensor, self.per_rank, self.hashes, self.step, self.world,
-                                        self.backend, self.note)
+            self._record = build_record(
+                self._static(list(range(len(self.plan.tensors)))),
+                self.factors.tolist(),
+                self.per_tensor,
+                self.per_rank,
+                self.hashes,
+                self.step,
+                self.world,
+                self.backend,
+                self.note,
+            )
         return self._record
 
 

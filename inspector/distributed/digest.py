@@ -181,7 +181,9 @@ def nonfinite_columns(groups: Sequence[tuple[torch.Tensor, list[torch.Tensor]]],
     return out
 
 
-def float_groups(index: Sequence[int], values: Sequence[torch.Tensor]) -> list[tuple[torch.Tensor, list[torch.Tensor]]]:
+def float_groups(
+    index: Sequence[int], values: Sequence[torch.Tensor]
+) -> list[tuple[torch.Tensor, list[torch.Tensor]]]:
     """``values`` (at positions ``index``) grouped by device and floating dtype, for
     :func:`nonfinite_columns`; other dtypes hold no NaN."""
     groups: dict[tuple[torch.device, torch.dtype], tuple[list[int], list[torch.Tensor]]] = {}

@@ -62,12 +62,17 @@ def _drift(row: dict[str, Any], step: int) -> list[Finding]:
         agree = [r for r in ranks if hashes[r] == majority]
         differ = [r for r in ranks if hashes[r] != majority]
         if row.get("resync") == "buffers" and 0 in ranks:
-            out.append(Finding(
-                "replica-resynchronised", "info", row["name"],
-                f"buffer {row['name']} differs between {_ranks(ranks)} at step {step} (each rank updated it "
-                "in its own forward pass, as BatchNorm does with its running statistics). "
-                "DistributedDataParallel(broadcast_buffers=True) copies rank 0's buffers to every rank at the "
-                "start of the next forward pass, so the copies are re-synchronised: not a drift."))
+            out.append(
+                Finding(
+                    "replica-resynchronised",
+                    "info",
+                    row["name"],
+                    f"buffer {row['name']} differs between {_ranks(ranks)} at step {step} (each rank updated "
+                    "it in its own forward pass, as BatchNorm does with its running statistics). "
+                    "DistributedDataParallel(broadcast_buffers=True) copies rank 0's buffers to every rank "
+                    "at the start of the next forward pass, so the copies are re-synchronised: not a drift.",
+                )
+            )
             continue
         out.append(Finding(
             "replica-drift", "error", row["name"],
@@ -83,7 +88,12 @@ def unsynchronised(row: dict[str, Any]) -> bool:
     """Whether ``row`` is a plain (not sharded, not DTensor) parameter whose gradient norm differs
     between ranks (by more than 1e-5 relative)."""
     norms = row.get("local_grad_norm") or []
-    if row.get("kind") != "parameter" or row.get("placements") or len(norms) < 2 or any(v is None for v in norms):
+    if (
+        row.get("kind") != "parameter"
+        or row.get("placements")
+        or len(norms) < 2
+        or any(v is None for v in norms)
+    ):
         return False
     lo, hi = min(norms), max(norms)
     return bool(hi - lo > 1e-5 * max(hi, 1e-30))
@@ -194,11 +204,16 @@ def far_off(rms: dict[int, float], far_factor: float) -> list[Finding]:
         ratio = value / middle
         if ratio >= far_factor or ratio <= 1 / far_factor:
             how = f"{ratio:.3g}x larger" if ratio > 1 else f"{1 / ratio:.3g}x smaller"
-            out.append(Finding(
-                "gradient-far-off", "warning", f"rank {rank}",
-                f"rank {rank}'s gradients are {how} per element than the median of the {len(rms)} ranks "
-                f"(RMS {value:.3g} against {middle:.3g}): a bad batch, a different loss scale or a missed gradient reduction "
-                "on that rank."))
+            out.append(
+                Finding(
+                    "gradient-far-off",
+                    "warning",
+                    f"rank {rank}",
+                    f"rank {rank}'s gradients are {how} per element than the median of the {len(rms)} ranks "
+                    f"(RMS {value:.3g} against {middle:.3g}): a bad batch, a different loss scale or a "
+                    "missed gradient reduction on that rank.",
+                )
+            )
     return out
 
 
@@ -215,8 +230,14 @@ def imbalance(record: dict[str, Any], threshold: float = IMBALANCE) -> list[Find
     worst = sorted(sharded, key=lambda r: max(r["local_numel"]) - min(r["local_numel"]), reverse=True)[:3]
     names = ", ".join(f"{r['name']} ({'/'.join(str(n) for n in r['local_numel'])})" for r in worst)
     big = totals.index(max(totals))
-    return [Finding(
-        "shard-imbalance", "warning", f"rank {big}",
-        f"rank {big} holds {max(totals)} sharded parameter elements, {100 * (max(totals) - mean) / mean:.1f}% "
-        f"above the mean of {mean:.0f} (per rank: {', '.join(str(t) for t in totals)}); most uneven: "
-        f"{names}. Dimension 0 of those tensors does not divide by the number of shards.")]
+    return [
+        Finding(
+            "shard-imbalance",
+            "warning",
+            f"rank {big}",
+            f"rank {big} holds {max(totals)} sharded parameter elements, "
+            f"{100 * (max(totals) - mean) / mean:.1f}% "
+            f"above the mean of {mean:.0f} (per rank: {', '.join(str(t) for t in totals)}); most uneven: "
+            f"{names}. Dimension 0 of those tensors does not divide by the number of shards.",
+        )
+    ]

@@ -55,8 +55,10 @@ class Plan:
     pointers: list[int] = field(default_factory=list)                # their data pointers when made
     lengths: list[int] = field(default_factory=list)                 # their element counts
     local_numel: torch.Tensor = field(default_factory=lambda: torch.zeros(0))
-    reads: dict[int | None, Reads] = field(default_factory=dict)    # per call % PARTS, while pointers hold
-    positions: dict[tuple[str, ...], tuple[torch.Tensor, torch.Tensor, set[int]]] = field(default_factory=dict)
+    reads: dict[int | None, Reads] = field(default_factory=dict)  # per call % PARTS, while pointers hold
+    positions: dict[tuple[str, ...], tuple[torch.Tensor, torch.Tensor, set[int]]] = field(
+        default_factory=dict
+    )
 
     def valid(self, world: int, resync: str) -> bool:
         """Whether the model still holds the same modules, parameters and buffers."""
@@ -92,8 +94,11 @@ class Plan:
         if names not in self.positions:
             where = {name: i for i, (name, kind, _) in enumerate(self.tensors) if kind == "parameter"}
             pairs = [(where[n], k) for k, n in enumerate(names) if n in where]
-            self.positions[names] = (torch.tensor([a for a, _ in pairs], dtype=torch.long),
-                                     torch.tensor([b for _, b in pairs], dtype=torch.long), {a for a, _ in pairs})
+            self.positions[names] = (
+                torch.tensor([a for a, _ in pairs], dtype=torch.long),
+                torch.tensor([b for _, b in pairs], dtype=torch.long),
+                {a for a, _ in pairs},
+            )
         return self.positions[names]
 
 
@@ -109,14 +114,23 @@ class Reads:
     @classmethod
     def of(cls, plan: Plan, call: int | None) -> Reads:
         flats = plan.flats
-        spans = [(i, a, b) for i, a, b in digest.schedule(plan.numels, plan.lengths, call) if flats[i] is not None]
+        spans = [
+            (i, a, b) for i, a, b in digest.schedule(plan.numels, plan.lengths, call) if flats[i] is not None
+        ]
         values = [flats[i][a:b] for i, a, b in spans]  # type: ignore[index]
         by_device: dict[torch.device, list[int]] = {}
         for k, (i, _, _) in enumerate(spans):
             if plan.keys[i] >= 0:
                 by_device.setdefault(values[k].device, []).append(k)
-        hashed = [(device, torch.tensor([spans[k][0] for k in ks], dtype=torch.long),
-                   digest.prepare([(values[k], spans[k][1]) for k in ks], keep=call is None), len(ks)) for device, ks in by_device.items()]
+        hashed = [
+            (
+                device,
+                torch.tensor([spans[k][0] for k in ks], dtype=torch.long),
+                digest.prepare([(values[k], spans[k][1]) for k in ks], keep=call is None),
+                len(ks),
+            )
+            for device, ks in by_device.items()
+        ]
         return cls(digest.float_groups([i for i, _, _ in spans], values), hashed,
                    -1 if call is None else call % digest.PARTS)
 
@@ -169,7 +183,8 @@ def _columns(plan: Plan) -> dict[str, torch.Tensor]:
         "holders": torch.tensor(plan.holders, dtype=torch.float64),
         "is_param": is_param,
         "plain_param": is_param & ~torch.tensor(plan.dtensor, dtype=torch.bool),
-        "sharded": is_param & torch.tensor(["Shard" in s["placements"] for s in plan.static], dtype=torch.bool),
+        "sharded": is_param
+        & torch.tensor(["Shard" in s["placements"] for s in plan.static], dtype=torch.bool),
         "element_size": torch.tensor(plan.sizes, dtype=torch.float64),
     }
 

@@ -26,7 +26,8 @@ VERSION = 1
 # per tensor: local grad sum of squares, grad NaN, grad Inf, local numel, has grad, replica key,
 # value NaN, value Inf
 PER_TENSOR = 8
-# per rank: param bytes, grad bytes, buffer bytes, device allocated, device peak, rss, peak rss, loss, has loss
+# per rank: param bytes, grad bytes, buffer bytes, device allocated, device peak, rss, peak rss, loss,
+# has loss
 PER_RANK = 9
 
 
@@ -57,12 +58,27 @@ class TensorRow:
     hash: list[list[int]] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
-        return {"name": self.name, "kind": self.kind, "placements": self.placements, "mesh": self.mesh,
-                "shape": self.shape, "numel": self.numel, "dtype": self.dtype, "requires_grad": self.requires_grad,
-                "resync": self.resync, "has_grad": self.has_grad, "local_numel": self.local_numel,
-                "grad_norm": self.grad_norm, "local_grad_norm": self.local_grad_norm, "nan": self.nan,
-                "inf": self.inf, "value_nan": self.value_nan, "value_inf": self.value_inf,
-                "replica_key": self.replica_key, "hash": self.hash}
+        return {
+            "name": self.name,
+            "kind": self.kind,
+            "placements": self.placements,
+            "mesh": self.mesh,
+            "shape": self.shape,
+            "numel": self.numel,
+            "dtype": self.dtype,
+            "requires_grad": self.requires_grad,
+            "resync": self.resync,
+            "has_grad": self.has_grad,
+            "local_numel": self.local_numel,
+            "grad_norm": self.grad_norm,
+            "local_grad_norm": self.local_grad_norm,
+            "nan": self.nan,
+            "inf": self.inf,
+            "value_nan": self.value_nan,
+            "value_inf": self.value_inf,
+            "replica_key": self.replica_key,
+            "hash": self.hash,
+        }
 
     @classmethod
     def from_json(cls, data: dict[str, Any], world: int) -> TensorRow:
@@ -131,10 +147,19 @@ class CheckRecord:
 
     def to_json(self) -> dict[str, Any]:
         """The JSON object (NaN and Inf as they are; :func:`append_record` writes them as null)."""
-        return {"format": self.format, "version": self.version, "step": self.step, "time": self.time,
-                "world_size": self.world_size, "backend": self.backend, "note": self.note,
-                "global": self.totals.to_json(), "ranks": [r.to_json() for r in self.ranks],
-                "tensors": [t.to_json() for t in self.tensors], "findings": [f.to_dict() for f in self.findings]}
+        return {
+            "format": self.format,
+            "version": self.version,
+            "step": self.step,
+            "time": self.time,
+            "world_size": self.world_size,
+            "backend": self.backend,
+            "note": self.note,
+            "global": self.totals.to_json(),
+            "ranks": [r.to_json() for r in self.ranks],
+            "tensors": [t.to_json() for t in self.tensors],
+            "findings": [f.to_dict() for f in self.findings],
+        }
 
     @classmethod
     def from_json(cls, data: Any) -> CheckRecord:
@@ -189,20 +214,37 @@ def build_record(static: list[dict[str, Any]], holders: list[float], per_tensor:
                       sq.sum(dim=1) / factor.where(factor > 0, torch.ones_like(factor)))
     gsq = gsq.where(factor != 0, torch.full_like(gsq, math.nan))
     has_t = torch.tensor(has, dtype=torch.bool)
-    total_sq = float(gsq[has_t].sum()) if n else 0.0  # a NaN gradient makes the total NaN, as in clip_grad_norm_
+    total_sq = (
+        float(gsq[has_t].sum()) if n else 0.0
+    )  # a NaN gradient makes the total NaN, as in clip_grad_norm_
     grad_norm = [math.sqrt(v) if h and v >= 0 else None for v, h in zip(gsq.tolist(), has, strict=True)]
-    local = [[math.sqrt(v) if h and v >= 0 else None for v in row] for row, h in zip(_per_tensor(sq), has, strict=True)]
+    local = [
+        [math.sqrt(v) if h and v >= 0 else None for v in row]
+        for row, h in zip(_per_tensor(sq), has, strict=True)
+    ]
     nan, inf, numel, keys, vnan, vinf = (_per_tensor(cols[k].long()) for k in (1, 2, 3, 5, 6, 7))
-    hs = [list(map(list, zip(*pair, strict=True))) for pair in zip(*(_per_tensor(hashes[:, :, j].T) for j in range(2)),
-                                                                   strict=True)]  # [tensor][rank][2]
+    hs = [
+        list(map(list, zip(*pair, strict=True)))
+        for pair in zip(*(_per_tensor(hashes[:, :, j].T) for j in range(2)), strict=True)
+    ]  # [tensor][rank][2]
     rows = [TensorRow(**fixed, has_grad=has[i], local_numel=numel[i], grad_norm=grad_norm[i],
                       local_grad_norm=local[i], nan=nan[i], inf=inf[i], value_nan=vnan[i],
                       value_inf=vinf[i], replica_key=keys[i], hash=hs[i])
             for i, fixed in enumerate(static)]
     global_nonfinite = int(cols[1].sum() + cols[2].sum()) if n else 0
     is_param = torch.tensor([s["kind"] == "parameter" for s in static], dtype=torch.bool)
-    sums = torch.stack([sq[is_param].sum(dim=0), (cols[1] + cols[2]).sum(dim=0), (cols[6] + cols[7]).sum(dim=0),
-                        cols[3][is_param].sum(dim=0)]).T.tolist() if n else [[0.0] * 4] * world
+    sums = (
+        torch.stack(
+            [
+                sq[is_param].sum(dim=0),
+                (cols[1] + cols[2]).sum(dim=0),
+                (cols[6] + cols[7]).sum(dim=0),
+                cols[3][is_param].sum(dim=0),
+            ]
+        ).T.tolist()
+        if n
+        else [[0.0] * 4] * world
+    )
     return CheckRecord(
         step=int(step), time=time.time(), world_size=world, backend=backend, note=note,
         totals=StepTotals(grad_norm=math.sqrt(total_sq), nonfinite=global_nonfinite,

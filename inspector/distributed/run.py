@@ -120,7 +120,9 @@ def _bounded_int(text: str) -> int:
 
 def _loads(line: str) -> Any:
     """``json.loads`` that refuses NaN, Infinity, floats out of range and integers past 64 bits."""
-    return json.loads(line, parse_constant=_reject_constant, parse_float=_finite_float, parse_int=_bounded_int)
+    return json.loads(
+        line, parse_constant=_reject_constant, parse_float=_finite_float, parse_int=_bounded_int
+    )
 
 
 def _parse_line(line: str, number: int, name: str) -> CheckRecord:
@@ -161,18 +163,31 @@ def parse_run(text: str, name: str = "run file") -> DistributedRun:
         except InspectorError as exc:
             if number - 1 != last or not records or "is not JSON" not in str(exc):
                 raise
-            notes.append(Finding("run-file-truncated", "warning", name,
-                                 f"the last line of {name} (line {number}) is cut short ({len(line)} characters "
-                                 f"that are not a whole record): the run stopped while writing it. Read "
-                                 f"{len(records)} complete steps before it."))
+            notes.append(
+                Finding(
+                    "run-file-truncated",
+                    "warning",
+                    name,
+                    f"the last line of {name} (line {number}) is cut short ({len(line)} characters "
+                    f"that are not a whole record): the run stopped while writing it. Read "
+                    f"{len(records)} complete steps before it.",
+                )
+            )
     if not records:
         raise InspectorError(f"{name} holds no step records")
     newer = sorted({rec.version for rec in records if rec.version is not None and rec.version > VERSION})
     if newer:
-        notes.insert(0, Finding("run-file-newer", "warning", name,
-                                f"{name} was written by a newer version of the record (version "
-                                f"{', '.join(str(v) for v in newer)}; this one reads version {VERSION}): fields "
-                                "it does not know are left out; update model-inspector to read them all."))
+        notes.insert(
+            0,
+            Finding(
+                "run-file-newer",
+                "warning",
+                name,
+                f"{name} was written by a newer version of the record (version "
+                f"{', '.join(str(v) for v in newer)}; this one reads version {VERSION}): fields "
+                "it does not know are left out; update model-inspector to read them all.",
+            ),
+        )
     return _run(records, notes, name)
 
 
@@ -199,7 +214,9 @@ def _tensor_frame(record: CheckRecord) -> pd.DataFrame:
 def unique_findings(run: DistributedRun) -> list[tuple[list[int], Finding]]:
     """Each distinct finding once (by code and place, :func:`inspector.utils.findings.group_findings`),
     with the steps it was seen at (first step first)."""
-    return [(steps, f) for steps, _, f in group_findings((step, None, f) for step, f in run.findings).values()]
+    return [
+        (steps, f) for steps, _, f in group_findings((step, None, f) for step, f in run.findings).values()
+    ]
 
 
 def rank_issues(run: DistributedRun, rank: int) -> pd.DataFrame:

@@ -33,7 +33,9 @@ def _store() -> Any:
 def _tag(group: Any) -> str:
     if not (dist.is_available() and dist.is_initialized()):
         return "inspector/check/local"
-    return "inspector/check/" + ",".join(str(r) for r in dist.get_process_group_ranks(group or dist.group.WORLD))
+    return "inspector/check/" + ",".join(
+        str(r) for r in dist.get_process_group_ranks(group or dist.group.WORLD)
+    )
 
 
 def next_call(group: Any) -> int:
@@ -113,6 +115,8 @@ def _late(store: Any, tag: str, rank: int, others: list[int], fingerprint: dict[
                                      else "made no call yet"))
     raise InspectorError(
         f"check_step call {call} (step {fingerprint['step']}) on rank {rank}: "
-        f"{', '.join(f'rank {r}' for r in missing)} did not reach it within {timeout:g} s ({'; '.join(parts)}). "
+        f"{', '.join(f'rank {r}' for r in missing)} did not reach it within {timeout:g} s "
+        f"({'; '.join(parts)}). "
         "Every rank must call check_step at the same steps; a rank that skipped one or stopped is behind. "
-        "No collective was started.")
+        "No collective was started."
+    )

@@ -94,9 +94,11 @@ def _forward_backward(model: nn.Module, inputs: Any, loss_fn: Callable[[Any, Any
                              f"({type(exc).__name__}: {_first_line(exc)}); the other ranks' messages say "
                              "which one stopped and why") from exc
     except Exception as exc:  # noqa: BLE001 - the user's model: named as such, not as a bug of ours
-        raise InspectorError(f"rank {rank}: the model's forward pass or loss raised at step {step}: "
-                             f"{type(exc).__name__}: {_first_line(exc)}. The error is in the model file, not in "
-                             "the check; run the model on one process to debug it") from exc
+        raise InspectorError(
+            f"rank {rank}: the model's forward pass or loss raised at step {step}: "
+            f"{type(exc).__name__}: {_first_line(exc)}. The error is in the model file, not in "
+            "the check; run the model on one process to debug it"
+        ) from exc
     return loss
 
 
@@ -105,11 +107,20 @@ def _first_line(exc: BaseException) -> str:
     return lines[0] if lines else ""
 
 
-def train_and_check(model: nn.Module, inputs_fn: Callable[[int], Any], loss_fn: Callable[[Any, Any], torch.Tensor],
-                    steps: int, path: str | None, *, batch_size: int = 2, lr: float = 1e-2,
-                    device: torch.device | str = "cpu", note: str = "",
-                    after_backward: Callable[[nn.Module, int], None] | None = None,
-                    timeout: float = TIMEOUT) -> list[StepCheck]:
+def train_and_check(
+    model: nn.Module,
+    inputs_fn: Callable[[int], Any],
+    loss_fn: Callable[[Any, Any], torch.Tensor],
+    steps: int,
+    path: str | None,
+    *,
+    batch_size: int = 2,
+    lr: float = 1e-2,
+    device: torch.device | str = "cpu",
+    note: str = "",
+    after_backward: Callable[[nn.Module, int], None] | None = None,
+    timeout: float = TIMEOUT,
+) -> list[StepCheck]:
     """``steps`` SGD steps of ``loss_fn(model(x), x)``, calling :func:`check_step` after each backward.
 
     ``after_backward(model, step)``, if given, runs between the backward pass and the check;

@@ -109,9 +109,16 @@ def _module_labels(data: GraphData, pos: dict[str, tuple[float, float]]) -> go.S
         room = int((min(others, default=span) * px - 6) / CHAR_PX)
         short = data.nodes[k][0].rpartition(".")[2] or "(model)"
         texts.append(short if len(short) <= room else short[:room - 1] + "…" if room >= 3 else "")
-    return go.Scatter(x=[pos[k][0] for k in keys], y=[pos[k][1] + 0.12 for k in keys], mode="text", text=texts,
-                      textposition="top center", textfont=dict(size=11, color="#333333"), hoverinfo="skip",
-                      showlegend=False)
+    return go.Scatter(
+        x=[pos[k][0] for k in keys],
+        y=[pos[k][1] + 0.12 for k in keys],
+        mode="text",
+        text=texts,
+        textposition="top center",
+        textfont=dict(size=11, color="#333333"),
+        hoverinfo="skip",
+        showlegend=False,
+    )
 
 
 def _segments(edges: list[tuple[str, str]], pos: dict[str, tuple[float, float]]) -> tuple[list, list]:
@@ -128,9 +135,16 @@ def _nodes(keys: list[str], data: GraphData, pos: dict[str, tuple[float, float]]
            color: str, name: str, show_text: bool, size: int = 9, group: str | None = None) -> go.Scatter:
     labels = [data.nodes[k][0] for k in keys]
     return go.Scatter(
-        x=[pos[k][0] for k in keys], y=[pos[k][1] for k in keys],
+        x=[pos[k][0] for k in keys],
+        y=[pos[k][1] for k in keys],
         mode="markers+text" if show_text else "markers",
         marker=dict(symbol=symbol, color=color, size=size, line=dict(color="white", width=1)),
         text=labels if show_text else None,
-        textposition="bottom center", textfont=dict(size=11), hovertext=[f"{data.nodes[k][1]}: {plot_text(lab)}" for k, lab in zip(keys, labels, strict=True)],
-        hoverinfo="text", name=name, legendgroup=group, showlegend=True)
+        textposition="bottom center",
+        textfont=dict(size=11),
+        hovertext=[f"{data.nodes[k][1]}: {plot_text(lab)}" for k, lab in zip(keys, labels, strict=True)],
+        hoverinfo="text",
+        name=name,
+        legendgroup=group,
+        showlegend=True,
+    )

@@ -110,8 +110,16 @@ def image_overlay(result: Attribution, sample: int = 0, opacity: float = 0.6) ->
         rgb = ((img - lo) / (hi - lo if hi > lo else 1.0) * 255).clamp(0, 255).byte()
         fig.add_trace(go.Image(z=rgb.permute(1, 2, 0).numpy(), hoverinfo="skip"), row=1, col=1)
     else:
-        fig.add_trace(go.Heatmap(z=img.mean(0).numpy(), colorscale="gray", showscale=False,
-                                 hovertemplate="x %{x}, y %{y}<br>value %{z:.4g}<extra></extra>"), row=1, col=1)
+        fig.add_trace(
+            go.Heatmap(
+                z=img.mean(0).numpy(),
+                colorscale="gray",
+                showscale=False,
+                hovertemplate="x %{x}, y %{y}<br>value %{z:.4g}<extra></extra>",
+            ),
+            row=1,
+            col=1,
+        )
     fig.add_trace(go.Heatmap(
         z=pixels.astype(float), colorscale=DIVERGING, zmid=0, colorbar=dict(title="score", x=1.02),
         hovertemplate="x %{x}, y %{y}<br>score %{z:.4g}<extra></extra>"), row=1, col=2)
@@ -173,8 +181,9 @@ def completeness_line(result: Attribution) -> str:
     >>> r = Attribution("ig", "ig", "IntegratedGradients", None, None, None,
     ...                       (torch.tensor([[2.0, 2.0, -3.0]]),), (torch.ones(1, 3),),
     ...                       delta=torch.tensor([0.001]))
-    >>> completeness_line(r)
-    'Completeness: attributions sum to 1, F(x) − F(baseline) = 0.999, convergence delta 0.001 (0.1%): small enough to trust (tolerance 5%).'
+    >>> print(completeness_line(r))  # doctest: +NORMALIZE_WHITESPACE
+    Completeness: attributions sum to 1, F(x) − F(baseline) = 0.999, convergence delta 0.001 (0.1%):
+    small enough to trust (tolerance 5%).
     """
     comp = result.completeness()
     if comp is None:

@@ -62,15 +62,25 @@ def capture_histogram(value: Any, title: str = "", bins: int = 60,
     data = histogram_data(t, bins)
     # Solid bars for the copy and an outline for the reference: where they overlap neither colour
     # is blended, so the legend's swatches are the colours drawn.
-    fig.add_bar(x=(data["left"] + data["right"]) / 2, y=data["count"], name="copy (what the module output)",
-                marker=dict(color=OK_COLOR, line=dict(width=0)), width=(data["right"] - data["left"]).tolist())
+    fig.add_bar(
+        x=(data["left"] + data["right"]) / 2,
+        y=data["count"],
+        name="copy (what the module output)",
+        marker=dict(color=OK_COLOR, line=dict(width=0)),
+        width=(data["right"] - data["left"]).tolist(),
+    )
     if reference is not None and len(data):
         r = _finite_float(first_tensor(reference)).float()
         lo, hi = float(data["left"].iloc[0]), float(data["right"].iloc[-1])
         counts = torch.histc(r.clamp(lo, hi), bins=bins, min=lo, max=hi).long().tolist()
         edges = [*data["left"].tolist(), float(data["right"].iloc[-1])]
-        fig.add_scatter(x=edges, y=[*counts, counts[-1]], mode="lines", line=dict(shape="hv", color=MUTATED_COLOR,
-                        width=2.5), name="bare reference (what a naive hook holds)")
+        fig.add_scatter(
+            x=edges,
+            y=[*counts, counts[-1]],
+            mode="lines",
+            line=dict(shape="hv", color=MUTATED_COLOR, width=2.5),
+            name="bare reference (what a naive hook holds)",
+        )
     fig.update_layout(barmode="overlay", title=(title or f"values {tuple(t.shape)}") + _not_drawn(t),
                       xaxis_title="value", yaxis_title="count", bargap=0)
     return readable(legend_on_top(fig))
@@ -196,7 +206,9 @@ def capture_stats_figure(stats: pd.DataFrame, title: str = "Activation statistic
     rows = stats[stats["kind"] == "output"] if "kind" in stats else stats
     paths = rows["path"] if "path" in rows else pd.Series([""] * len(rows), index=rows.index)
     labels = [m if not p else f"{m}{p}" for m, p in zip(rows["module"], paths, strict=True)]
-    mutated = rows["mutated"].fillna(False).astype(bool).tolist() if "mutated" in rows else [False] * len(rows)
+    mutated = (
+        rows["mutated"].fillna(False).astype(bool).tolist() if "mutated" in rows else [False] * len(rows)
+    )
     std = rows["std"].fillna(0.0)
     lo, hi = float((rows["mean"] - std).min()), float((rows["mean"] + std).max())
     pad = (hi - lo) * 0.5 or 1.0
@@ -205,9 +217,15 @@ def capture_stats_figure(stats: pd.DataFrame, title: str = "Activation statistic
     for col, name, symbol in (("max", "max", "triangle-right"), ("min", "min", "triangle-left")):
         vals = rows[col].astype(float)
         out = (vals > hi) | (vals < lo)
-        fig.add_scatter(y=labels, x=vals.clip(lo, hi), mode="markers", name=name,
-                        customdata=vals, hovertemplate="%{y}<br>" + name + " %{customdata:.4g}<extra></extra>",
-                        marker=dict(symbol=[f"{symbol}-open" if o else symbol for o in out], color="#999"))
+        fig.add_scatter(
+            y=labels,
+            x=vals.clip(lo, hi),
+            mode="markers",
+            name=name,
+            customdata=vals,
+            hovertemplate="%{y}<br>" + name + " %{customdata:.4g}<extra></extra>",
+            marker=dict(symbol=[f"{symbol}-open" if o else symbol for o in out], color="#999"),
+        )
     fig.add_scatter(y=labels, x=rows["mean"], mode="markers", name="mean ± std",
                     error_x=dict(type="data", array=std.tolist(), color="#555555"),
                     marker=dict(color=[MUTATED_COLOR if m else OK_COLOR for m in mutated], size=8))

@@ -71,11 +71,24 @@ def run_divergence_figure(steps: pd.DataFrame, first_divergence: int | None = No
     fig = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.08,
                         subplot_titles=("loss", "gradient norm"))
     for row, q in ((1, "loss"), (2, "grad_norm")):
-        for side, label, dash, colour in (("a", a, "solid", RUN_COLOURS[0]), ("b", b, "dash", RUN_COLOURS[1])):
-            fig.add_trace(go.Scatter(x=steps["step"], y=steps[f"{q}_{side}"], mode="lines", name=plot_text(label),
-                                     line={"dash": dash, "color": colour}, legendgroup=side, showlegend=row == 1,
-                                     hovertemplate=f"{plot_text(label)}<br>step %{{x}}<br>{q} %{{y:.5g}}<extra></extra>"),
-                          row=row, col=1)
+        for side, label, dash, colour in (
+            ("a", a, "solid", RUN_COLOURS[0]),
+            ("b", b, "dash", RUN_COLOURS[1]),
+        ):
+            fig.add_trace(
+                go.Scatter(
+                    x=steps["step"],
+                    y=steps[f"{q}_{side}"],
+                    mode="lines",
+                    name=plot_text(label),
+                    line={"dash": dash, "color": colour},
+                    legendgroup=side,
+                    showlegend=row == 1,
+                    hovertemplate=f"{plot_text(label)}<br>step %{{x}}<br>{q} %{{y:.5g}}<extra></extra>",
+                ),
+                row=row,
+                col=1,
+            )
     if first_divergence is not None:
         fig.add_vline(x=first_divergence, line={"color": UNCHANGED, "dash": "dot"})
         fig.add_annotation(x=first_divergence, y=1, yref="paper", text=f"diverge at step {first_divergence}",

@@ -26,7 +26,16 @@ MEMORY_COLUMNS = {  # column -> axis label
     "rss": "process RSS",
     "peak_rss": "process peak RSS",
 }
-RANK_SYMBOLS = ["circle-open", "square", "diamond-open", "cross", "triangle-up-open", "x", "star-open", "hexagon"]
+RANK_SYMBOLS = [
+    "circle-open",
+    "square",
+    "diamond-open",
+    "cross",
+    "triangle-up-open",
+    "x",
+    "star-open",
+    "hexagon",
+]
 RANK_DASHES = ["solid", "dot", "dash", "dashdot", "longdash", "longdashdot"]
 
 
@@ -62,7 +71,10 @@ def grad_norm_figure(per_rank: pd.DataFrame, steps: pd.DataFrame | None) -> go.F
                                  hovertemplate="global<br>step %{x}<br>norm %{y:.4g}<extra></extra>"))
     for i, (rank, rows) in enumerate(per_rank.groupby("rank", sort=True)):
         symbol, dash = _style(i)
-        x, y = rows["step"].to_numpy(), pd.to_numeric(rows["grad_norm"], errors="coerce").to_numpy(dtype=float)
+        x, y = (
+            rows["step"].to_numpy(),
+            pd.to_numeric(rows["grad_norm"], errors="coerce").to_numpy(dtype=float),
+        )
         long = len(x) > MAX_LINE_POINTS
         if long:
             x, y = envelope(x, y)
@@ -100,10 +112,21 @@ def memory_figure(per_rank: pd.DataFrame, step: int | None = None) -> go.Figure:
                              text=[format_bytes(v) if v else "" for v in values], textposition="outside",
                              hovertemplate=f"{plot_text(label)}<br>%{{x}}: %{{text}}<extra></extra>"))
     tickvals, ticktext = bytes_ticks(max(shown, default=1024.0), bottom=min(shown, default=1.0))
-    fig.update_layout(title=f"Memory per rank at step {step}", yaxis_title="bytes (log scale)", barmode="group",
-                      height=380, margin={"l": 60, "r": 20, "t": 50, "b": 40}, uniformtext_minsize=9,
-                      legend={"orientation": "h", "y": 1.02, "yanchor": "bottom", "x": 1, "xanchor": "right"})
+    fig.update_layout(
+        title=f"Memory per rank at step {step}",
+        yaxis_title="bytes (log scale)",
+        barmode="group",
+        height=380,
+        margin={"l": 60, "r": 20, "t": 50, "b": 40},
+        uniformtext_minsize=9,
+        legend={"orientation": "h", "y": 1.02, "yanchor": "bottom", "x": 1, "xanchor": "right"},
+    )
     top = math.log10(max(shown, default=1024.0) * 8)
-    fig.update_yaxes(type="log", tickvals=tickvals, ticktext=ticktext, range=[math.log10(min(shown, default=1.0) / 4), top],
-                     automargin=True)
+    fig.update_yaxes(
+        type="log",
+        tickvals=tickvals,
+        ticktext=ticktext,
+        range=[math.log10(min(shown, default=1.0) / 4), top],
+        automargin=True,
+    )
     return fig

@@ -61,7 +61,9 @@ def strip_segments(table: pd.DataFrame, norms: pd.DataFrame | None = None, row: 
     """
     lookup = None
     if norms is not None:
-        lookup = dict(zip(norms["name"], zip(norms["norm"].astype(float), norms["state"], strict=True), strict=True))
+        lookup = dict(
+            zip(norms["name"], zip(norms["norm"].astype(float), norms["state"], strict=True), strict=True)
+        )
     rows = list(table.itertuples(index=False))
     if not rows:
         return []
@@ -136,11 +138,23 @@ def offset_strip(full: pd.DataFrame, trainable: pd.DataFrame | None = None,
             orientation="h", name="gradient norm", hovertext=[s.hover for s in ok], showlegend=False,
             hovertemplate="%{hovertext}<extra></extra>",
             marker=dict(color=colours, line=dict(width=0.5, color="white"))))
-        fig.add_trace(go.Scatter(
-            x=[ok[0].start, ok[0].start], y=[ok[0].row, ok[0].row], mode="markers", opacity=0, showlegend=False,
-            hoverinfo="skip", name="log10 gradient norm",
-            marker=dict(color=[lo, hi], colorscale="Viridis", showscale=True,
-                        colorbar=dict(title="log10 ‖grad‖", thickness=12))))
+        fig.add_trace(
+            go.Scatter(
+                x=[ok[0].start, ok[0].start],
+                y=[ok[0].row, ok[0].row],
+                mode="markers",
+                opacity=0,
+                showlegend=False,
+                hoverinfo="skip",
+                name="log10 gradient norm",
+                marker=dict(
+                    color=[lo, hi],
+                    colorscale="Viridis",
+                    showscale=True,
+                    colorbar=dict(title="log10 ‖grad‖", thickness=12),
+                ),
+            )
+        )
     for state, (label, colour, pattern) in STYLE.items():
         segs = [s for s in segments if s.state == state]
         if not segs:
@@ -190,8 +204,10 @@ def layer_norm_bars(by_module: pd.DataFrame, top_k: int = 15) -> go.Figure:
     names = [str(n) for n in top["name"]]
     values = [float(v) for v in top["norm"]]
     colours = ["#d62728" if s == "nonfinite" else "#1f77b4" for s in top["state"]]
-    hover = [f"<b>{plot_text(n)}</b><br>norm {v:.4g}<br>{p} parameters, {e:,} elements<br>state {s}"
-             for n, v, p, e, s in zip(names, values, top["parameters"], top["numel"], top["state"], strict=True)]
+    hover = [
+        f"<b>{plot_text(n)}</b><br>norm {v:.4g}<br>{p} parameters, {e:,} elements<br>state {s}"
+        for n, v, p, e, s in zip(names, values, top["parameters"], top["numel"], top["state"], strict=True)
+    ]
     if len(rest):
         rest_norm = float(np.sqrt(np.square(rest["norm"].to_numpy(dtype=float)).sum()))
         label = f"rest ({len(rest)} module{'s' if len(rest) > 1 else ''})"

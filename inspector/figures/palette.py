@@ -109,7 +109,8 @@ def whole_ticks(fig: Any, top: float, axis: str = "x") -> Any:
 
 
 def count_axis(fig: Any, top: float, axis: str = "x", title: str = "") -> Any:
-    """Label a count axis (elements, offsets) in words, ``10 million``, never plotly's ``10B``; returns ``fig``.
+    """Label a count axis (elements, offsets) in words, ``10 million``, never plotly's ``10B``; returns
+    ``fig``.
 
     >>> import plotly.graph_objects as go
     >>> count_axis(go.Figure(), 69e9).layout.xaxis.ticktext[:2]

@@ -213,5 +213,7 @@ def usage_side_by_side(ours: pd.DataFrame, theirs: pd.DataFrame,
         fig.add_bar(x=[plans, [dev] * len(plans)], y=values, name=dev,
                     marker=dict(color=device_colours([dev])[dev], line=dict(color="#333333", width=0.5)),
                     hovertext=[format_bytes(v) for v in values], hoverinfo="text+name")
-    fig.update_layout(barmode="group", height=320, legend_title_text="device", margin=dict(t=10, l=5, r=5, b=5))
+    fig.update_layout(
+        barmode="group", height=320, legend_title_text="device", margin=dict(t=10, l=5, r=5, b=5)
+    )
     return readable(bytes_axis(fig, [v for _, values in per_device.values() for v in values]))

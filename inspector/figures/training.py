@@ -51,7 +51,9 @@ def _codes(values: pd.Series) -> tuple[np.ndarray, np.ndarray]:
     """Codes in first-appearance order (categoricals keep their categories' order) and the uniques."""
     if isinstance(values.dtype, pd.CategoricalDtype):
         cats, codes = values.cat.categories, values.cat.codes.to_numpy()
-        used = np.flatnonzero(np.bincount(codes if codes.min() >= 0 else codes[codes >= 0], minlength=len(cats)))
+        used = np.flatnonzero(
+            np.bincount(codes if codes.min() >= 0 else codes[codes >= 0], minlength=len(cats))
+        )
         if len(used) == len(cats):
             return codes, np.asarray(cats)
         remap = np.full(len(cats), -1, dtype=np.int64)
@@ -132,8 +134,15 @@ def norm_grid(modules: pd.DataFrame, value: str = "grad_norm", *, max_rows: int 
     return bin_matrix(steps, dense, names, nonfinite=recorded_nan, max_rows=max_rows, max_cols=max_cols)
 
 
-def bin_matrix(steps: np.ndarray, values: np.ndarray, modules: Sequence[str] | np.ndarray, *, nonfinite: np.ndarray | None = None,
-               max_rows: int = MAX_ROWS, max_cols: int = MAX_COLS) -> NormGrid:
+def bin_matrix(
+    steps: np.ndarray,
+    values: np.ndarray,
+    modules: Sequence[str] | np.ndarray,
+    *,
+    nonfinite: np.ndarray | None = None,
+    max_rows: int = MAX_ROWS,
+    max_cols: int = MAX_COLS,
+) -> NormGrid:
     """Bin a steps × modules array (``Run.matrix``) into at most ``max_rows`` × ``max_cols`` cells.
 
     ``steps`` label the rows of ``values`` (ascending; a run's order); NaN in ``values`` is a
@@ -146,12 +155,22 @@ def bin_matrix(steps: np.ndarray, values: np.ndarray, modules: Sequence[str] | n
     if np.isfinite(values).all():  # the usual run: no copy, nothing to mark
         out = _reduce(values, cb, rb, np.maximum, -np.inf).T.astype(np.float64)
         marks = np.zeros(out.shape, dtype=bool)
-        return NormGrid(_bin_labels(np.asarray(modules, dtype=object), rb), np.asarray(steps)[::cb], out, marks,
-                        rb, cb, n_rows, n_cols)
+        return NormGrid(
+            _bin_labels(np.asarray(modules, dtype=object), rb),
+            np.asarray(steps)[::cb],
+            out,
+            marks,
+            rb,
+            cb,
+            n_rows,
+            n_cols,
+        )
     bad = np.isinf(values)
     if nonfinite is not None:
         bad |= nonfinite & np.isnan(values)
-    dense = np.where(np.isfinite(values), values, -np.inf)  # -inf: nothing finite, so np.maximum needs no NaN check
+    dense = np.where(
+        np.isfinite(values), values, -np.inf
+    )  # -inf: nothing finite, so np.maximum needs no NaN check
     out = _reduce(dense, cb, rb, np.maximum, -np.inf).T.astype(np.float64)
     out[out == -np.inf] = np.nan
     marks = _reduce(bad, cb, rb, np.logical_or, False).T
@@ -208,7 +227,9 @@ def run_norm_grid(run: Any, column: str = "grad_norm", rank: int = 0, *, max_row
         order = np.argsort(steps, kind="stable")
         steps, values = steps[order], values[order]
         nonfinite = nonfinite[order] if nonfinite is not None else None
-    return bin_matrix(steps, values, run.module_order, nonfinite=nonfinite, max_rows=max_rows, max_cols=max_cols)
+    return bin_matrix(
+        steps, values, run.module_order, nonfinite=nonfinite, max_rows=max_rows, max_cols=max_cols
+    )
 
 
 @escaped_figure
@@ -230,12 +251,22 @@ def norm_heatmap(grid: NormGrid, title: str = "Gradient norm per module and step
     if positive.size and zeros:
         tickvals, ticktext = [float(floor)] + tickvals[1:], ["0"] + ticktext[1:]
     x = grid.steps.astype(np.int64)
-    fig = go.Figure(go.Heatmap(
-        z=z.astype(np.float32), x=x, y=grid.labels, customdata=v.astype(np.float32),
-        colorscale="Viridis", zmin=floor, zmax=max(hi, floor + 1), hoverongaps=False,
-        colorbar={"title": {"text": "norm"}, "tickvals": tickvals, "ticktext": ticktext},
-        hovertemplate="%{y}<br>step %{x}" + ("" if grid.steps_per_bin == 1 else f" (+{grid.steps_per_bin - 1})")
-                      + "<br>norm %{customdata:.4g}<extra></extra>"))
+    fig = go.Figure(
+        go.Heatmap(
+            z=z.astype(np.float32),
+            x=x,
+            y=grid.labels,
+            customdata=v.astype(np.float32),
+            colorscale="Viridis",
+            zmin=floor,
+            zmax=max(hi, floor + 1),
+            hoverongaps=False,
+            colorbar={"title": {"text": "norm"}, "tickvals": tickvals, "ticktext": ticktext},
+            hovertemplate="%{y}<br>step %{x}"
+            + ("" if grid.steps_per_bin == 1 else f" (+{grid.steps_per_bin - 1})")
+            + "<br>norm %{customdata:.4g}<extra></extra>",
+        )
+    )
     rr, cc = np.nonzero(grid.nonfinite)
     if rr.size:
         keep = np.argsort(cc, kind="stable")[:MAX_MARKS]
@@ -256,7 +287,9 @@ def norm_heatmap(grid: NormGrid, title: str = "Gradient norm per module and step
     return fig
 
 
-def envelope(x: np.ndarray, y: np.ndarray, max_points: int = MAX_LINE_POINTS) -> tuple[np.ndarray, np.ndarray]:
+def envelope(
+    x: np.ndarray, y: np.ndarray, max_points: int = MAX_LINE_POINTS
+) -> tuple[np.ndarray, np.ndarray]:
     """At most ``max_points`` points of a line: each of ``max_points // 2`` bins keeps its lowest
     and its highest point, in step order (a spike survives); NaN points are kept out.
 
@@ -299,9 +332,19 @@ def loss_norm_figure(steps: pd.DataFrame) -> go.Figure:
         y_all = (pd.to_numeric(steps[col], errors="coerce").to_numpy(dtype=np.float64, na_value=np.nan)
                  if col in steps.columns else np.full(len(steps), np.nan))
         x, y = envelope(x_all, y_all)
-        fig.add_trace(go.Scatter(x=x, y=y, mode="lines", name=label, line={"color": "#333333"}, showlegend=False,
-                                 hovertemplate=f"{label}<br>step %{{x}}<br>%{{y:.4g}}<extra></extra>"),
-                      row=row, col=1)
+        fig.add_trace(
+            go.Scatter(
+                x=x,
+                y=y,
+                mode="lines",
+                name=label,
+                line={"color": "#333333"},
+                showlegend=False,
+                hovertemplate=f"{label}<br>step %{{x}}<br>%{{y:.4g}}<extra></extra>",
+            ),
+            row=row,
+            col=1,
+        )
         bad = _not_finite_steps(steps, col)
         if bad.size:
             floor = float(y.min()) if y.size else 0.0
@@ -353,11 +396,17 @@ def findings_timeline(findings: pd.DataFrame, steps: tuple[int, int] | None = No
         ranks = rows["rank"] if "rank" in rows.columns else pd.Series([None] * len(rows), index=rows.index)
         where = [f"{w} on rank {int(r)}" if r is not None and r == r else str(w)
                  for w, r in zip(rows["where"], ranks, strict=True)]
-        fig.add_trace(go.Scatter(x=rows["step"], y=rows["code"], mode="markers", name=severity,
-                                 marker={"color": colour, "size": 10, "symbol": "diamond"},
-                                 customdata=[[w, str(m)[:200]] for w, m in zip(where, rows["message"], strict=True)],
-                                 hovertemplate="%{y} at step %{x}<br>%{customdata[0]}<br>%{customdata[1]}"
-                                               "<extra></extra>"))
+        fig.add_trace(
+            go.Scatter(
+                x=rows["step"],
+                y=rows["code"],
+                mode="markers",
+                name=severity,
+                marker={"color": colour, "size": 10, "symbol": "diamond"},
+                customdata=[[w, str(m)[:200]] for w, m in zip(where, rows["message"], strict=True)],
+                hovertemplate="%{y} at step %{x}<br>%{customdata[0]}<br>%{customdata[1]}<extra></extra>",
+            )
+        )
     codes = shown["code"].nunique() if len(shown) else 1
     fig.update_layout(title="Findings by step" + (f" (the first {MAX_MARKS:,} of {len(findings):,})"
                                                    if len(findings) > MAX_MARKS else ""),

@@ -18,8 +18,13 @@ CATEGORY = ["#4C78A8", "#F58518", "#54A24B", "#B279A2", "#E45756", "#72B7B2", "#
 EMPTY = "#F2F2F2"
 RED = "#D62728"
 STATES = {"captured": "#54A24B", "mutated after capture": "#E45756", "not captured": "#D9D9D9"}
-LENS_COLUMN = {"device": "device", "dtype": "dtype", "gradient norm": "grad_norm", "alias group": "alias_group",
-               "captured": "captured"}
+LENS_COLUMN = {
+    "device": "device",
+    "dtype": "dtype",
+    "gradient norm": "grad_norm",
+    "alias group": "alias_group",
+    "captured": "captured",
+}
 
 
 def node_id(module: str) -> str:
@@ -51,7 +56,8 @@ def _norm_colours(norms: list[float]) -> tuple[list[str], str]:
 
 
 def lens_colours(tree: ModuleTree, lens: str) -> tuple[list[str], str]:
-    """One colour per module row for ``lens`` (one of :data:`~inspector.structure.tree.LENSES`) and a legend line."""
+    """One colour per module row for ``lens`` (one of :data:`~inspector.structure.tree.LENSES`) and a legend
+    line."""
     if lens not in LENSES:
         raise ValueError(f"unknown lens {lens!r}; choose one of {', '.join(LENSES)}")
     column = tree.modules[LENS_COLUMN[lens]].tolist()
@@ -113,11 +119,22 @@ def module_tree_figure(tree: ModuleTree, lens: str = "device", focus: str = "", 
     chosen = [i == focus for i in m["id"]] if focus else None
     line = dict(width=[3 if c else 1 for c in chosen], color=[RED if c else "#FFFFFF" for c in chosen]) \
         if chosen else dict(width=1, color="#FFFFFF")
-    trace = dict(type="treemap", ids=[node_id(i) for i in m["id"]], parents=parents, labels=m["label"].tolist(),
-                 values=m["bytes"].tolist(), branchvalues="total", marker=dict(colors=colours, line=line),
-                 hovertext=[_hover(r) for r in m.itertuples()], hoverinfo="text", maxdepth=max_depth,
-                 pathbar=dict(visible=True), tiling=dict(pad=2), textinfo="label",
-                 **({"level": plot_text(node_id(start))} if start else {}))
+    trace = dict(
+        type="treemap",
+        ids=[node_id(i) for i in m["id"]],
+        parents=parents,
+        labels=m["label"].tolist(),
+        values=m["bytes"].tolist(),
+        branchvalues="total",
+        marker=dict(colors=colours, line=line),
+        hovertext=[_hover(r) for r in m.itertuples()],
+        hoverinfo="text",
+        maxdepth=max_depth,
+        pathbar=dict(visible=True),
+        tiling=dict(pad=2),
+        textinfo="label",
+        **({"level": plot_text(node_id(start))} if start else {}),
+    )
     # Every value above is built here from known types: plotly's per-element validation of ~1,000
     # colours and labels would take most of the time on a 70B model.
     fig = go.Figure(data=[trace], _validate=False)

@@ -24,4 +24,12 @@ from .modules import ModuleTables
 from .tables import TensorInventory
 from .walk import tensor_inventory
 
-__all__ = ["KINDS", "ModuleTables", "StorageKeys", "TensorEntry", "TensorInventory", "storage_key", "tensor_inventory"]
+__all__ = [
+    "KINDS",
+    "ModuleTables",
+    "StorageKeys",
+    "TensorEntry",
+    "TensorInventory",
+    "storage_key",
+    "tensor_inventory",
+]

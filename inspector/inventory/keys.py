@@ -65,4 +65,6 @@ class StorageKeys:
         return keys
 
     def __repr__(self) -> str:
-        return f"StorageKeys({len(self._tensors)} objects, {'read' if self._keys is not None else 'not read'})"
+        return (
+            f"StorageKeys({len(self._tensors)} objects, {'read' if self._keys is not None else 'not read'})"
+        )

@@ -75,7 +75,9 @@ class TensorInventory:
         out = [self.entries[i] for i in self.unique]
         return out if kind is None else [e for e in out if e.kind == kind]
 
-    def named_unique(self, kind: str = "parameter") -> tuple[list[tuple[str, torch.Tensor]], dict[int, list[str]]]:
+    def named_unique(
+        self, kind: str = "parameter"
+    ) -> tuple[list[tuple[str, torch.Tensor]], dict[int, list[str]]]:
         """What ``named_parameters()`` (``named_buffers()`` for ``kind="buffer"``) yields, and the
         names of the objects held under more than one name of that kind.
 

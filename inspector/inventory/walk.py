@@ -24,7 +24,9 @@ class _Builder:
         self.module_objects: list[nn.Module] = []
         self.spans: list[tuple[str, int, int]] | None = None  # see TensorInventory.spans
 
-    def add(self, name: str, kind: str, module: str, attr: str, t: torch.Tensor, j: int | None = None) -> None:
+    def add(
+        self, name: str, kind: str, module: str, attr: str, t: torch.Tensor, j: int | None = None
+    ) -> None:
         """Record one name; ``j`` is the index of the object's first entry where the caller knows it."""
         entries = self.entries
         i = len(entries)
@@ -41,7 +43,9 @@ class _Builder:
         else:
             f = entries[j]
             self.aliased.setdefault(f.obj, [j]).append(i)
-            entries.append(tuple.__new__(TensorEntry, (name, kind, module, attr, t, f.name, f.obj, self.keys)))
+            entries.append(
+                tuple.__new__(TensorEntry, (name, kind, module, attr, t, f.name, f.obj, self.keys))
+            )
 
     def walk(self, model: nn.Module, include_buffers: bool) -> None:
         """``named_parameters`` then ``named_buffers``, with duplicates, and every module name.
@@ -52,7 +56,10 @@ class _Builder:
         its chain of generators (one per level of depth); otherwise the three methods are asked.
         """
         cls = type(model)
-        if cls.named_parameters is nn.Module.named_parameters and cls.named_buffers is nn.Module.named_buffers:
+        if (
+            cls.named_parameters is nn.Module.named_parameters
+            and cls.named_buffers is nn.Module.named_buffers
+        ):
             if self._stack_walk(model, include_buffers):
                 return
             self.__init__()  # type: ignore[misc]

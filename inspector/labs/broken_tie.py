@@ -128,13 +128,19 @@ def check_retie(scenario: Scenario, answers: Mapping[str, Any]) -> CheckResult:
     left = [f for f in compare_ties(scenario.extras["snapshot"], model)
             if f.code in ("tie-broken", "tie-weakened")]
     count = unique_elements(model)
-    tied = [g for g in alias_groups(model) if g.kind == "same-object" and {replace_name, keep_name} <= set(g.names)]
+    tied = [
+        g
+        for g in alias_groups(model)
+        if g.kind == "same-object" and {replace_name, keep_name} <= set(g.names)
+    ]
     before = unique_elements(scenario.extras["original"])
-    evidence = (f"after `{replace_name} = {keep_name}`: offset_map counts {count} elements "
-                f"(before the conversion: {before})",
-                f"compare_ties against the snapshot: {len(left)} tie finding(s)"
-                + (": " + "; ".join(f"{f.code} at {f.where}" for f in left) if left else ""),
-                f"alias_groups: {'one same-object group with both names' if tied else 'no group with both names'}")
+    evidence = (
+        f"after `{replace_name} = {keep_name}`: offset_map counts {count} elements "
+        f"(before the conversion: {before})",
+        f"compare_ties against the snapshot: {len(left)} tie finding(s)"
+        + (": " + "; ".join(f"{f.code} at {f.where}" for f in left) if left else ""),
+        f"alias_groups: {'one same-object group with both names' if tied else 'no group with both names'}",
+    )
     if left or count != before or not tied:
         return CheckResult(False, "That re-tie does not restore the model: the inspector still sees "
                                   "a difference from before the conversion.", evidence)
@@ -161,7 +167,10 @@ def _graphs(scenario: Scenario) -> list[Any]:
     from ..aliases import graph_data
     from ..figures.aliases import alias_graph_figure
 
-    return [alias_graph_figure(graph_data(scenario.extras["original"])), alias_graph_figure(graph_data(scenario.model))]
+    return [
+        alias_graph_figure(graph_data(scenario.extras["original"])),
+        alias_graph_figure(graph_data(scenario.model)),
+    ]
 
 
 def _tie_findings(scenario: Scenario) -> pd.DataFrame:

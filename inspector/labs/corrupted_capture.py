@@ -131,9 +131,16 @@ def _compare(scenario: Scenario) -> pd.DataFrame:
             continue
         ref_cpu = ref.detach().to("cpu", torch.float32)
         clone_cpu = clone.detach().to("cpu", torch.float32)
-        rows.append({"module": name, "naive min": float(ref_cpu.min()), "clone min": float(clone_cpu.min()),
-                     "max |naive - clone|": float((ref_cpu - clone_cpu).abs().max()),
-                     "naive negatives": int((ref_cpu < 0).sum()), "clone negatives": int((clone_cpu < 0).sum())})
+        rows.append(
+            {
+                "module": name,
+                "naive min": float(ref_cpu.min()),
+                "clone min": float(clone_cpu.min()),
+                "max |naive - clone|": float((ref_cpu - clone_cpu).abs().max()),
+                "naive negatives": int((ref_cpu < 0).sum()),
+                "clone negatives": int((clone_cpu < 0).sum()),
+            }
+        )
     return pd.DataFrame(rows)
 
 

@@ -84,8 +84,10 @@ def check_memory(scenario: Scenario, answers: Mapping[str, Any]) -> CheckResult:
     table = memory_experiment(scenario)
     shares = bool(table["storage overlaps the vector"].any() or table["changed after vec += 1"].any())
     truth = "true" if shares else "false"
-    evidence = (f"storage overlaps: {int(table['storage overlaps the vector'].sum())} of {len(table)} "
-                f"parameters; changed after writing the vector: {int(table['changed after vec += 1'].sum())}",)
+    evidence = (
+        f"storage overlaps: {int(table['storage overlaps the vector'].sum())} of {len(table)} "
+        f"parameters; changed after writing the vector: {int(table['changed after vec += 1'].sum())}",
+    )
     if answers["verdict"] != truth:
         return CheckResult(False, "Your verdict does not match what the experiment shows: run it and "
                                   "look at both columns.")

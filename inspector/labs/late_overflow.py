@@ -128,7 +128,9 @@ def check_producer(scenario: Scenario, answers: Mapping[str, Any]) -> CheckResul
         wrong.append(f"step {answers['step']} is not the first step with a non-finite output")
     if wrong:
         return CheckResult(False, "Not yet: " + "; ".join(wrong) + ".")
-    return CheckResult(True, f"Right: {found.where} produced the first NaN/Inf, at step {found.step}.", evidence)
+    return CheckResult(
+        True, f"Right: {found.where} produced the first NaN/Inf, at step {found.step}.", evidence
+    )
 
 
 FIXES = ("use torch.softmax", "lower the learning rate tenfold")
@@ -145,11 +147,23 @@ def check_fix(scenario: Scenario, answers: Mapping[str, Any]) -> CheckResult:
             model.gate.stable = True
             result = watch_training(model, folder)
         else:  # the learning rate tenfold lower
-            result = train_watched(model, _inputs, _loss, STEPS, Path(folder) / "run.inspect", optimizer="sgd",
-                                   lr=0.001, batch_size=16, nonfinite=True, before_step=_sharpen)
+            result = train_watched(
+                model,
+                _inputs,
+                _loss,
+                STEPS,
+                Path(folder) / "run.inspect",
+                optimizer="sgd",
+                lr=0.001,
+                batch_size=16,
+                nonfinite=True,
+                before_step=_sharpen,
+            )
     bad = [f for f in result.findings if f.code.startswith("nonfinite")]
-    evidence = (f"retrained {STEPS} steps with '{fix}': "
-                + (", ".join(f"{f.code} at {f.where} (step {f.step})" for f in bad) if bad else "no NaN/Inf"),)
+    evidence = (
+        f"retrained {STEPS} steps with '{fix}': "
+        + (", ".join(f"{f.code} at {f.where} (step {f.step})" for f in bad) if bad else "no NaN/Inf"),
+    )
     if bad:
         return CheckResult(False, f"With '{fix}' the gate still produces NaN/Inf: the overflow is in the "
                                   "forward pass, before any gradient or learning rate.", evidence)

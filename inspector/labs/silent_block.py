@@ -82,7 +82,9 @@ def module_names(scenario: Scenario) -> list[str]:
 
 
 def _unchanged(scenario: Scenario) -> dict[str, str]:
-    return {f.where: f.message for f in scenario.extras["comparison"].findings if f.code == "unchanged-tensor"}
+    return {
+        f.where: f.message for f in scenario.extras["comparison"].findings if f.code == "unchanged-tensor"
+    }
 
 
 def check_which(scenario: Scenario, answers: Mapping[str, Any]) -> CheckResult:
@@ -114,8 +116,12 @@ def check_why(scenario: Scenario, answers: Mapping[str, Any]) -> CheckResult:
                 f"parameters of {block} in the optimizer's groups: "
                 f"{sum(n.startswith(block + '.') for n in held)} of {len(params)}")
     if answers["reason"] != RIGHT_REASON:
-        return CheckResult(False, "The evidence says otherwise: look at requires_grad, at the block's gradient "
-                                  "norm, and at which parameters the optimizer's groups hold.", evidence)
+        return CheckResult(
+            False,
+            "The evidence says otherwise: look at requires_grad, at the block's gradient "
+            "norm, and at which parameters the optimizer's groups hold.",
+            evidence,
+        )
     return CheckResult(True, "Right: the block is trainable and has gradients, but no parameter group holds "
                              "its parameters, so optimizer.step() never touches them.", evidence)
 
@@ -150,12 +156,16 @@ LAB = Lab(
         Task(
             id="which",
             prompt="Which module did the fine-tune never change, and how many elements does it hold?",
-            fields=(Field("module", "Module", "choice", module_names),
-                    Field("elements", "Elements that never changed", "number")),
+            fields=(
+                Field("module", "Module", "choice", module_names),
+                Field("elements", "Elements that never changed", "number"),
+            ),
             check=check_which,
-            hints=("`inspector.compare(base, tuned)` lists `unchanged-tensor` findings.",
-                   "The Compare page's chart marks a module whose tensors are all bitwise equal in red.",
-                   "Add up the module's LayerNorm and two Linear layers: weights and biases."),
+            hints=(
+                "`inspector.compare(base, tuned)` lists `unchanged-tensor` findings.",
+                "The Compare page's chart marks a module whose tensors are all bitwise equal in red.",
+                "Add up the module's LayerNorm and two Linear layers: weights and biases.",
+            ),
             solution={"module": "blocks.0", "elements": BLOCK_ELEMENTS},
         ),
         Task(
@@ -163,18 +173,30 @@ LAB = Lab(
             prompt="Why did it never change?",
             fields=(Field("reason", "Reason", "choice", REASONS),),
             check=check_why,
-            hints=("Is it frozen? Look at requires_grad.", "Does it get a gradient? Look at the gradient norms.",
-                   "Which parameters do the optimizer's groups hold?"),
+            hints=(
+                "Is it frozen? Look at requires_grad.",
+                "Does it get a gradient? Look at the gradient norms.",
+                "Which parameters do the optimizer's groups hold?",
+            ),
             solution={"reason": RIGHT_REASON},
         ),
     ),
     views=(
-        View("Change per module, base -> fine-tuned", _figure,
-             "‖B−A‖/‖A‖ per module in model order; red: every tensor bitwise equal."),
+        View(
+            "Change per module, base -> fine-tuned",
+            _figure,
+            "‖B−A‖/‖A‖ per module in model order; red: every tensor bitwise equal.",
+        ),
         View("Compare findings", _findings, "compare(base, tuned)."),
-        View("Gradient norms after the last step", _gradients, "gradient_norms(model, by='module').",
-             on_demand=True),
-        View("The optimizer's parameter groups", _groups, "Which parameters each group holds.", on_demand=True),
+        View(
+            "Gradient norms after the last step",
+            _gradients,
+            "gradient_norms(model, by='module').",
+            on_demand=True,
+        ),
+        View(
+            "The optimizer's parameter groups", _groups, "Which parameters each group holds.", on_demand=True
+        ),
     ),
     solution=SOLUTION,
 )

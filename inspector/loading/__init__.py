@@ -22,7 +22,27 @@ from .listing import checkpoint_listing
 from .models import DTYPES, LoadedModel, ModelCodeError, allowed_model_dirs, call_model, load_model, to_device
 from .runcheck import RunCheck, try_forward
 
-__all__ = ["DTYPES", "DeviceInfo", "LoadedModel", "ModelCodeError", "RunCheck", "allowed_model_dirs",
-           "apply_checkpoint", "available_devices", "call_model", "checkpoint_listing", "dcp_listing",
-           "default_max_bytes", "device_names", "is_dcp_folder", "load_model", "move_model", "read_checkpoint",
-           "read_dcp", "read_metadata", "resolve_device", "to_device", "try_forward"]
+__all__ = [
+    "DTYPES",
+    "DeviceInfo",
+    "LoadedModel",
+    "ModelCodeError",
+    "RunCheck",
+    "allowed_model_dirs",
+    "apply_checkpoint",
+    "available_devices",
+    "call_model",
+    "checkpoint_listing",
+    "dcp_listing",
+    "default_max_bytes",
+    "device_names",
+    "is_dcp_folder",
+    "load_model",
+    "move_model",
+    "read_checkpoint",
+    "read_dcp",
+    "read_metadata",
+    "resolve_device",
+    "to_device",
+    "try_forward",
+]

@@ -95,7 +95,9 @@ def is_safetensors(path: Path) -> bool:
     return len(head) == 10 and head[8:9] == b"{" and 0 < int.from_bytes(head[:8], "little") < (100 << 20)
 
 
-def printable_keys(state: dict[str, torch.Tensor], name: str) -> tuple[dict[str, torch.Tensor], list[Finding]]:
+def printable_keys(
+    state: dict[str, torch.Tensor], name: str
+) -> tuple[dict[str, torch.Tensor], list[Finding]]:
     """``state`` with every key that cannot be written as UTF-8 (a lone surrogate) escaped as text,
     plus a warning for each; such a key can match no model tensor in any case."""
     out: dict[str, torch.Tensor] = {}
@@ -105,9 +107,15 @@ def printable_keys(state: dict[str, torch.Tensor], name: str) -> tuple[dict[str,
             key.encode("utf-8")
         except UnicodeEncodeError:
             shown = key.encode("utf-8", "backslashreplace").decode("utf-8")
-            findings.append(Finding("checkpoint-key-not-text", "warning", shown,
-                                    f"{name} holds a key that is not valid Unicode text ({shown}); it is shown "
-                                    "with the bad characters escaped and matches no model tensor"))
+            findings.append(
+                Finding(
+                    "checkpoint-key-not-text",
+                    "warning",
+                    shown,
+                    f"{name} holds a key that is not valid Unicode text ({shown}); it is shown "
+                    "with the bad characters escaped and matches no model tensor",
+                )
+            )
             key = shown
         out[key] = value
     return out, findings

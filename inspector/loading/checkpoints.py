@@ -44,7 +44,9 @@ def refuse_remote_code(path: Path) -> None:
     refuse_code_fields(config, path)
 
 
-def read_checkpoint(path: str | os.PathLike, *, mmap: bool = False) -> tuple[dict[str, torch.Tensor], list[Finding]]:
+def read_checkpoint(
+    path: str | os.PathLike, *, mmap: bool = False
+) -> tuple[dict[str, torch.Tensor], list[Finding]]:
     """A state dict from a ``.safetensors`` or ``.pt/.pth/.bin`` file, or a ``torch.distributed.checkpoint``
     folder; never runs code from it. ``mmap``: a torch zip file's tensors stay on disk until read.
 
@@ -88,20 +90,25 @@ def _read_file(path: Path, name: str, mmap: bool) -> tuple[dict[str, torch.Tenso
             raise InspectorError(
                 f"checkpoint {name} was refused: it asks to run Python code while loading"
                 f"{named}. Only plain tensors are accepted and nothing in it was run. "
-                "If you trust it, re-save its state dict with safetensors.") from None
-        raise InspectorError(f"checkpoint {name} is corrupt or not a torch file "
-                             f"({detail_text or 'unreadable pickle'})") from None
+                "If you trust it, re-save its state dict with safetensors."
+            ) from None
+        raise InspectorError(
+            f"checkpoint {name} is corrupt or not a torch file ({detail_text or 'unreadable pickle'})"
+        ) from None
     except Exception as exc:  # noqa: BLE001 - any other failure means the file is not a torch file
         calls = pickle_globals(path)
         if calls:
             raise InspectorError(
                 f"checkpoint {name} was refused: it asks to run Python code while loading "
                 f"({', '.join(calls[:3])}). Only plain tensors are accepted and nothing in it was run. "
-                "If you trust it, re-save its state dict with safetensors.") from None
+                "If you trust it, re-save its state dict with safetensors."
+            ) from None
         first = first_line(exc)
-        raise InspectorError(f"checkpoint {name} is corrupt or not a torch file "
-                             f"({type(exc).__name__}{': ' + first[:200] if first else ''}); give a "
-                             ".safetensors file or one written by torch.save(model.state_dict(), path)") from None
+        raise InspectorError(
+            f"checkpoint {name} is corrupt or not a torch file "
+            f"({type(exc).__name__}{': ' + first[:200] if first else ''}); give a "
+            ".safetensors file or one written by torch.save(model.state_dict(), path)"
+        ) from None
     if isinstance(obj, dict):
         for key in ("state_dict", "model_state_dict", "model"):
             inner = obj.get(key)
@@ -164,7 +171,9 @@ def _bare_pickle_globals(data: bytes) -> list[str]:
 WRAPPER_PREFIXES = ("_orig_mod.", "module.")
 
 
-def strip_wrapper_prefix(state: dict[str, torch.Tensor], own: dict[str, Any]) -> tuple[dict[str, torch.Tensor], str]:
+def strip_wrapper_prefix(
+    state: dict[str, torch.Tensor], own: dict[str, Any]
+) -> tuple[dict[str, torch.Tensor], str]:
     """``state`` without the ``_orig_mod.`` / ``module.`` prefixes a wrapped model writes, when
     every key has them and the model's names do not; returns the prefix stripped ("" for none).
 
@@ -181,7 +190,9 @@ def strip_wrapper_prefix(state: dict[str, torch.Tensor], own: dict[str, Any]) ->
     return state, stripped
 
 
-def model_part(state: dict[str, torch.Tensor], own: dict[str, Any], name: str) -> tuple[dict[str, torch.Tensor], list[Finding]]:
+def model_part(
+    state: dict[str, torch.Tensor], own: dict[str, Any], name: str
+) -> tuple[dict[str, torch.Tensor], list[Finding]]:
     """The part of ``state`` under one top-level name (``model`` of ``{"model": ..., "optim": ...,
     "step": ...}``, as ``torch.distributed.checkpoint`` tutorials save it), when no key fits the
     model as it is and that part's keys do; an info finding names the parts skipped.
@@ -202,7 +213,9 @@ def model_part(state: dict[str, torch.Tensor], own: dict[str, Any], name: str) -
     if best is None or not fits[best]:
         return state, []
     skipped = {key.partition(".")[0] for key in state if key.partition(".")[0] != best}
-    counts = ", ".join(f"{top} ({sum(k.partition('.')[0] == top for k in state)} entries)" for top in sorted(skipped))
+    counts = ", ".join(
+        f"{top} ({sum(k.partition('.')[0] == top for k in state)} entries)" for top in sorted(skipped)
+    )
     return parts[best], [Finding("checkpoint-part", "info", name,
                                  f"used the {best!r} part of {name}; skipped the other top-level parts: "
                                  f"{counts or 'none'}")]

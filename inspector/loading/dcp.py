@@ -24,8 +24,16 @@ from ..utils.findings import Finding, InspectorError
 from .checkpoint_guards import check_zip_sizes
 
 METADATA = ".metadata"
-_METADATA_CLASSES = ("Metadata", "MetadataIndex", "StorageMeta", "TensorStorageMetadata", "ChunkStorageMetadata",
-                     "TensorProperties", "BytesStorageMetadata", "_MEM_FORMAT_ENCODING")
+_METADATA_CLASSES = (
+    "Metadata",
+    "MetadataIndex",
+    "StorageMeta",
+    "TensorStorageMetadata",
+    "ChunkStorageMetadata",
+    "TensorProperties",
+    "BytesStorageMetadata",
+    "_MEM_FORMAT_ENCODING",
+)
 # Exact (module, name) pairs a checkpoint index may build; nothing else is ever looked up.
 _ALLOWED = {("torch.distributed.checkpoint.metadata", n) for n in _METADATA_CLASSES} | {
     ("torch.distributed.checkpoint.filesystem", "_StorageInfo"), ("torch", "Size"),
@@ -50,7 +58,9 @@ class _MetadataUnpickler(pickle.Unpickler):
             return getattr(torch, name)
         if "." not in name and (module, name) in _ALLOWED:
             obj = super().find_class(module, name)
-            if (module, name) in _FUNCTIONS or (isinstance(obj, type) and obj.__module__ in (module, f"{module}._local")):
+            if (module, name) in _FUNCTIONS or (
+                isinstance(obj, type) and obj.__module__ in (module, f"{module}._local")
+            ):
                 return obj
         raise pickle.UnpicklingError(f"{module}.{name}")
 
@@ -112,8 +122,9 @@ def _entries(folder: Path, metadata: Any) -> dict[str, Entry]:
     out: dict[str, Entry] = {}
     for name, entry in metadata.state_dict_metadata.items():
         if not isinstance(name, str):
-            raise InspectorError(f"{folder.name}/{METADATA}: an entry is named {name!r}, not by text; the index "
-                                 "is corrupt")
+            raise InspectorError(
+                f"{folder.name}/{METADATA}: an entry is named {name!r}, not by text; the index is corrupt"
+            )
         if not hasattr(entry, "size"):
             out[name] = Entry(name, "bytes")
             continue
@@ -125,7 +136,9 @@ def _entries(folder: Path, metadata: Any) -> dict[str, Entry]:
                 o is None or z is None for o, z in parsed):
             raise InspectorError(f"{folder.name}/{METADATA}: tensor {name} has no readable size, dtype "
                                  "(properties) or list of pieces (chunks); the index is corrupt")
-        out[name] = Entry(name, "tensor", shape, dtype, tuple((o, z) for o, z in parsed if o is not None and z is not None))
+        out[name] = Entry(
+            name, "tensor", shape, dtype, tuple((o, z) for o, z in parsed if o is not None and z is not None)
+        )
     return out
 
 
@@ -134,8 +147,10 @@ def _pieces(folder: Path, metadata: Any, entries: dict[str, Entry]) -> dict[str,
     for index, info in metadata.storage_data.items():
         fqn = getattr(index, "fqn", None)
         if not isinstance(fqn, str):
-            raise InspectorError(f"{folder.name}/{METADATA}: a storage entry is keyed by {index!r:.80}, not by a "
-                                 "tensor name; the index is corrupt")
+            raise InspectorError(
+                f"{folder.name}/{METADATA}: a storage entry is keyed by {index!r:.80}, not by a "
+                "tensor name; the index is corrupt"
+            )
         if getattr(info, "transform_descriptors", None):
             raise InspectorError(f"tensor {fqn} is stored with transforms "
                                  f"{info.transform_descriptors}; this reader takes plain pieces only")
@@ -145,9 +160,13 @@ def _pieces(folder: Path, metadata: Any, entries: dict[str, Entry]) -> dict[str,
         file_offset, length = getattr(info, "offset", None), getattr(info, "length", None)
         if offsets is None or type(file_offset) is not int or type(length) is not int or \
                 not isinstance(getattr(info, "relative_path", None), (str, os.PathLike)):
-            raise InspectorError(f"{folder.name}/{METADATA}: the storage entry of tensor {fqn} is corrupt (its "
-                                 "offset, length or file is not readable)")
-        out.setdefault(fqn, []).append(Piece(fqn, offsets, sizes, str(info.relative_path), file_offset, length))
+            raise InspectorError(
+                f"{folder.name}/{METADATA}: the storage entry of tensor {fqn} is corrupt (its "
+                "offset, length or file is not readable)"
+            )
+        out.setdefault(fqn, []).append(
+            Piece(fqn, offsets, sizes, str(info.relative_path), file_offset, length)
+        )
     return out
 
 
@@ -166,13 +185,23 @@ def dcp_listing(folder: str | os.PathLike) -> pd.DataFrame:
         own = pieces.get(name, [])
         files = ", ".join(sorted({x.file for x in own}))
         if entry.kind == "tensor":
-            rows.append((name, "tensor", str(entry.dtype).removeprefix("torch."), entry.shape,
-                         math.prod(entry.shape), len(entry.chunks),
-                         " ".join("x".join(map(str, z)) + "@" + ",".join(map(str, o)) for o, z in entry.chunks),
-                         files))
+            rows.append(
+                (
+                    name,
+                    "tensor",
+                    str(entry.dtype).removeprefix("torch."),
+                    entry.shape,
+                    math.prod(entry.shape),
+                    len(entry.chunks),
+                    " ".join("x".join(map(str, z)) + "@" + ",".join(map(str, o)) for o, z in entry.chunks),
+                    files,
+                )
+            )
         else:
             rows.append((name, "bytes", "", (), 0, len(own), "", files))
-    return pd.DataFrame(rows, columns=["name", "kind", "dtype", "shape", "numel", "pieces", "piece_shapes", "files"])
+    return pd.DataFrame(
+        rows, columns=["name", "kind", "dtype", "shape", "numel", "pieces", "piece_shapes", "files"]
+    )
 
 
 def read_dcp(folder: str | os.PathLike) -> tuple[dict[str, torch.Tensor], list[Finding]]:
@@ -198,17 +227,29 @@ def read_dcp(folder: str | os.PathLike) -> tuple[dict[str, torch.Tensor], list[F
     finally:
         for fh in handles.values():
             fh.close()
-    findings = [Finding("distributed-checkpoint", "info", p.name,
-                        f"{p.name} is a torch.distributed.checkpoint folder: {len(state)} tensors put together "
-                        f"from {sum(len(pieces.get(k, [])) for k in state)} pieces in "
-                        f"{len({x.file for k in state for x in pieces.get(k, [])})} files")]
+    findings = [
+        Finding(
+            "distributed-checkpoint",
+            "info",
+            p.name,
+            f"{p.name} is a torch.distributed.checkpoint folder: {len(state)} tensors put together "
+            f"from {sum(len(pieces.get(k, [])) for k in state)} pieces in "
+            f"{len({x.file for k in state for x in pieces.get(k, [])})} files",
+        )
+    ]
     skipped = [e.name for e in entries.values() if e.kind == "bytes"]
     if skipped:
         tops = ", ".join(dict.fromkeys(n.partition(".")[0] for n in skipped))
-        findings.append(Finding("checkpoint-non-tensor", "info", skipped[0],
-                                f"{len(skipped)} entries of {p.name} are not tensors (first: {skipped[0]}); they were "
-                                f"listed but not loaded (loading them would unpickle them). Their top-level "
-                                f"names: {tops}"))
+        findings.append(
+            Finding(
+                "checkpoint-non-tensor",
+                "info",
+                skipped[0],
+                f"{len(skipped)} entries of {p.name} are not tensors (first: {skipped[0]}); they were "
+                f"listed but not loaded (loading them would unpickle them). Their top-level "
+                f"names: {tops}",
+            )
+        )
     return state, findings
 
 
@@ -232,7 +273,11 @@ def read_dcp_tensor(folder: Path, entry: Entry, own: list[Piece], handles: dict[
 def _assemble(folder: Path, entry: Entry, own: list[Piece], handles: dict[str, Any]) -> torch.Tensor:
     if len(own) == 1 and not any(own[0].offsets):  # one piece: the whole tensor, once it is checked
         value = _read_piece(folder, own[0], handles)
-        if tuple(value.shape) == entry.shape and value.dtype == entry.dtype and own[0].sizes in ((), entry.shape):
+        if (
+            tuple(value.shape) == entry.shape
+            and value.dtype == entry.dtype
+            and own[0].sizes in ((), entry.shape)
+        ):
             return value
     whole = torch.empty(entry.shape, dtype=entry.dtype)
     covered = torch.zeros(whole.shape, dtype=torch.bool)
@@ -244,8 +289,10 @@ def _assemble(folder: Path, entry: Entry, own: list[Piece], handles: dict[str, A
         seen.fill_(True)
         filled += value.numel()
     if filled != whole.numel():
-        raise InspectorError(f"{folder.name}: tensor {entry.name} has pieces for {filled} of its {whole.numel()} "
-                             "elements; a rank's .distcp file is missing or incomplete")
+        raise InspectorError(
+            f"{folder.name}: tensor {entry.name} has pieces for {filled} of its {whole.numel()} "
+            "elements; a rank's .distcp file is missing or incomplete"
+        )
     return whole
 
 
@@ -258,19 +305,25 @@ def _check_claims(folder: Path, tensors: list[Entry], pieces: dict[str, list[Pie
     needed = sum(math.prod(e.shape) * (e.dtype.itemsize if e.dtype else 1) for e in tensors)
     stored = sum(sizes.values())
     if needed > stored:
-        raise InspectorError(f"{folder.name}/{METADATA}: its tensors claim {needed:,} bytes in all but its files "
-                             f"hold only {stored:,}; the index is corrupt (nothing was allocated)")
+        raise InspectorError(
+            f"{folder.name}/{METADATA}: its tensors claim {needed:,} bytes in all but its files "
+            f"hold only {stored:,}; the index is corrupt (nothing was allocated)"
+        )
 
 
 def _file_size(folder: Path, piece: Piece, sizes: dict[str, int]) -> int:
     if piece.file not in sizes:
         path = (folder / piece.file).resolve()
         if not path.is_relative_to(folder.resolve()):
-            raise InspectorError(f"{folder.name}: tensor {piece.name} points outside the folder ({piece.file})")
+            raise InspectorError(
+                f"{folder.name}: tensor {piece.name} points outside the folder ({piece.file})"
+            )
         try:
             sizes[piece.file] = path.stat().st_size
         except OSError as exc:
-            raise InspectorError(f"{folder.name}: {piece.file} (holding {piece.name}) cannot be read: {exc}") from None
+            raise InspectorError(
+                f"{folder.name}: {piece.file} (holding {piece.name}) cannot be read: {exc}"
+            ) from None
     return sizes[piece.file]
 
 
@@ -291,13 +344,16 @@ def _checked_shape(folder: Path, entry: Entry, own: list[Piece], sizes: dict[str
         stored += piece.length
     needed = math.prod(size) * (entry.dtype.itemsize if entry.dtype else 1)
     if needed > stored:
-        raise InspectorError(f"{folder.name}/{METADATA}: tensor {name} claims shape {size} ({needed} bytes) but its "
-                             f"pieces hold only {stored} bytes; the index is corrupt")
+        raise InspectorError(
+            f"{folder.name}/{METADATA}: tensor {name} claims shape {size} ({needed} bytes) but its "
+            f"pieces hold only {stored} bytes; the index is corrupt"
+        )
 
 
 def _region(folder: Path, piece: Piece, value: torch.Tensor, whole: torch.Tensor,
             covered: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Where ``value`` goes in ``whole`` (and in the ``covered`` mask), after bounds, shape and dtype checks."""
+    """Where ``value`` goes in ``whole`` (and in the ``covered`` mask), after bounds, shape and dtype
+    checks."""
     where = f"{folder.name}: the piece of {piece.name} at offset {piece.offsets} in {piece.file}"
     if value.dtype != whole.dtype:
         raise InspectorError(f"{where} is {value.dtype}, but the index says {whole.dtype}")
@@ -322,7 +378,9 @@ def _read_piece(folder: Path, piece: Piece, handles: dict[str, Any]) -> torch.Te
         try:
             fh = handles[piece.file] = open(path, "rb")
         except OSError as exc:
-            raise InspectorError(f"{folder.name}: {piece.file} (holding {piece.name}) cannot be read: {exc}") from None
+            raise InspectorError(
+                f"{folder.name}: {piece.file} (holding {piece.name}) cannot be read: {exc}"
+            ) from None
     if piece.file_offset + piece.length > os.fstat(fh.fileno()).st_size:
         raise InspectorError(f"{folder.name}: the piece of {piece.name} needs bytes {piece.file_offset}.."
                              f"{piece.file_offset + piece.length} of {piece.file}, which is shorter")

@@ -38,7 +38,11 @@ def available_devices() -> list[DeviceInfo]:
         total, free = int(vm.total), int(vm.available)
     except ImportError:  # pragma: no cover - psutil ships with streamlit
         pass
-    cpu_label = "cpu" if total is None or free is None else f"cpu ({format_bytes(free)} of {format_bytes(total)} free)"
+    cpu_label = (
+        "cpu"
+        if total is None or free is None
+        else f"cpu ({format_bytes(free)} of {format_bytes(total)} free)"
+    )
     out.append(DeviceInfo("cpu", cpu_label, "cpu", total, free))
     if torch.cuda.is_available():
         for i in range(torch.cuda.device_count()):
@@ -162,7 +166,9 @@ def _target(device: str | torch.device | None,
     return dev, dtype
 
 
-def _put_back(module: nn.Module, converted: dict[int, torch.Tensor], replaced: dict[int, nn.Parameter]) -> None:
+def _put_back(
+    module: nn.Module, converted: dict[int, torch.Tensor], replaced: dict[int, nn.Parameter]
+) -> None:
     """Give ``module``'s own parameters and buffers their converted data, in place.
 
     A Parameter keeps its object (``p.data = new``) so every module holding it sees the change;

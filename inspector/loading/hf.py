@@ -7,8 +7,9 @@ folder names none that transformers knows does it fall back, in this order, to t
 tensor with the model (:func:`inspector.loading.hf_saved.check_saved`, from the files' headers and
 transformers' loading report; values are read only where they may differ): a saved tensor the
 model has no place for, a model tensor no saved tensor filled (left at its random
-initialisation), a shape or dtype that changed, or a value that differs become findings. When saved tensors were dropped *and*
-model tensors were left at their initial values (or shapes changed), the model is not the
+initialisation), a shape or dtype that changed, or a value that differs become findings. When
+saved tensors were dropped *and* model tensors were left at their initial values (or shapes
+changed), the model is not the
 saved one: those findings are errors, and so is the class finding when the class is not the
 one the folder names.
 
@@ -40,9 +41,15 @@ __all__ = ["ClassChoice", "choose_class", "example_inputs_for", "input_kind", "l
 #: classification, speech recognition (CTC), audio and sequence classification, the bare model
 #: last. The first class with a place for every saved tensor wins (:func:`choose_class`).
 FALLBACK_AUTO_CLASSES: tuple[str, ...] = (
-    "MODEL_FOR_CAUSAL_LM_MAPPING", "MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING", "MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING",
-    "MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING", "MODEL_FOR_MASKED_LM_MAPPING", "MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING",
-    "MODEL_FOR_CTC_MAPPING", "MODEL_FOR_AUDIO_CLASSIFICATION_MAPPING", "MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING",
+    "MODEL_FOR_CAUSAL_LM_MAPPING",
+    "MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING",
+    "MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING",
+    "MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING",
+    "MODEL_FOR_MASKED_LM_MAPPING",
+    "MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING",
+    "MODEL_FOR_CTC_MAPPING",
+    "MODEL_FOR_AUDIO_CLASSIFICATION_MAPPING",
+    "MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING",
     "MODEL_MAPPING",
 )
 #: The sequence-to-sequence mappings an encoder-decoder config tries first.
@@ -90,7 +97,11 @@ def choose_class(config: Any, saved_keys: Collection[str] | None = None) -> Clas
     exists: Any = None
     for name in names:
         cls = getattr(transformers, name, None) if name.isidentifier() else None
-        if isinstance(cls, type) and issubclass(cls, transformers.PreTrainedModel) and cls.config_class is not None:
+        if (
+            isinstance(cls, type)
+            and issubclass(cls, transformers.PreTrainedModel)
+            and cls.config_class is not None
+        ):
             if isinstance(config, cls.config_class):
                 return ClassChoice(cls, names[0], f"config.architectures names {name}", True)
             exists = exists or cls
@@ -114,10 +125,21 @@ def choose_class(config: Any, saved_keys: Collection[str] | None = None) -> Clas
                 mapping_name, cls, unused = m, c, count
             if count == 0:
                 break
-    placed = "" if unused is None else (", the first fallback with a place for every saved tensor" if unused == 0
-                                        else f", the fallback that leaves the fewest saved tensors unused ({unused})")
-    return ClassChoice(cls, names[0] if names else None, f"{why}; {mapping_name} gives {cls.__name__}{placed}",
-                       exists is not None)
+    placed = (
+        ""
+        if unused is None
+        else (
+            ", the first fallback with a place for every saved tensor"
+            if unused == 0
+            else f", the fallback that leaves the fewest saved tensors unused ({unused})"
+        )
+    )
+    return ClassChoice(
+        cls,
+        names[0] if names else None,
+        f"{why}; {mapping_name} gives {cls.__name__}{placed}",
+        exists is not None,
+    )
 
 
 def _fallbacks(config: Any) -> list[tuple[str, Any]]:
@@ -204,7 +226,10 @@ def _load_with_report(path: Path, max_bytes: int | None) -> tuple[nn.Module, dic
     except InspectorError:
         raise
     except Exception as exc:
-        message, lacking = _without_pointer(str(exc)), _lacking(path, choice, config) if choice is not None else ""
+        message, lacking = (
+            _without_pointer(str(exc)),
+            _lacking(path, choice, config) if choice is not None else "",
+        )
         message = message.rstrip(". ") + lacking if lacking else message
         raise InspectorError(f"loading the Hugging Face model in {path} failed: {type(exc).__name__}: "
                              f"{message}") from exc
@@ -251,11 +276,17 @@ def tie_findings(model: nn.Module) -> list[Finding]:
         return []
     names = {id(m): n for n, m in model.named_modules()}
     a, b = names.get(id(out), "the output embedding"), names.get(id(inp), "the input embedding")
-    return [Finding("hf-tie-skipped", "warning", f"{a}.weight",
-                    f"config.json says tie_word_embeddings, but {a}.weight and {b}.weight are two tensors: "
-                    "the folder saved two different values, so transformers kept both. Set "
-                    "tie_word_embeddings to false, or, if they should be one tensor, tie them (model.tie_weights()) and "
-                    "save the folder again; the aliases view lists them apart, as two tensors")]
+    return [
+        Finding(
+            "hf-tie-skipped",
+            "warning",
+            f"{a}.weight",
+            f"config.json says tie_word_embeddings, but {a}.weight and {b}.weight are two tensors: "
+            "the folder saved two different values, so transformers kept both. Set "
+            "tie_word_embeddings to false, or, if they should be one tensor, tie them (model.tie_weights()) "
+            "and save the folder again; the aliases view lists them apart, as two tensors",
+        )
+    ]
 
 
 def mismatch_finding(check: SavedCheck, guessed: bool = False) -> Finding | None:
@@ -289,9 +320,15 @@ def class_findings(choice: ClassChoice, matches: bool = True) -> list[Finding]:
     fix = ("Name a class for this config in 'architectures' in config.json, or fix its model_type"
            if choice.exists else f"Install a transformers version that has {choice.saved}, or fix "
            "'architectures' in config.json")
-    return [Finding("hf-class-differs", severity, "",
-                    f"the folder was saved from {choice.saved}, but this model is a {name} ({choice.reason}); "
-                    f"{tail}. {fix}")]
+    return [
+        Finding(
+            "hf-class-differs",
+            severity,
+            "",
+            f"the folder was saved from {choice.saved}, but this model is a {name} ({choice.reason}); "
+            f"{tail}. {fix}",
+        )
+    ]
 
 
 def _as_error(f: Finding) -> Finding:

@@ -49,7 +49,9 @@ def input_kind(model: nn.Module) -> str:
 
 def processor_config(model: nn.Module) -> dict[str, Any]:
     """The folder's ``preprocessor_config.json`` as a dict ({} when there is none)."""
-    folder = getattr(model, "name_or_path", None) or getattr(getattr(model, "config", None), "_name_or_path", "")
+    folder = getattr(model, "name_or_path", None) or getattr(
+        getattr(model, "config", None), "_name_or_path", ""
+    )
     path = Path(str(folder)) / "preprocessor_config.json" if folder else None
     try:
         data = json.loads(path.read_text(encoding="utf-8")) if path is not None and path.is_file() else {}
@@ -244,13 +246,17 @@ def loss_for(model: nn.Module) -> Callable[[Any, Any], torch.Tensor] | None:
 def _classify(outputs: Any, inputs: Any) -> torch.Tensor:
     logits = _logits(outputs)
     logits = logits.reshape(-1, logits.size(-1))
-    return nn.functional.cross_entropy(logits, torch.zeros(len(logits), dtype=torch.long, device=logits.device))
+    return nn.functional.cross_entropy(
+        logits, torch.zeros(len(logits), dtype=torch.long, device=logits.device)
+    )
 
 
 def _own_loss(outputs: Any, inputs: Any) -> torch.Tensor:
     loss = getattr(outputs, "loss", None)
     if not isinstance(loss, torch.Tensor):
-        raise InspectorError("the model returned no loss: its inputs need 'labels' (the example inputs have them)")
+        raise InspectorError(
+            "the model returned no loss: its inputs need 'labels' (the example inputs have them)"
+        )
     return loss
 
 
@@ -258,9 +264,13 @@ def _contrastive(outputs: Any, inputs: Any) -> torch.Tensor:
     """CLIP's loss: each image matches the text of the same row, and each text its image."""
     per_image = getattr(outputs, "logits_per_image", None)
     if not isinstance(per_image, torch.Tensor):
-        raise InspectorError("the model returned no logits_per_image: it needs both input_ids and pixel_values")
+        raise InspectorError(
+            "the model returned no logits_per_image: it needs both input_ids and pixel_values"
+        )
     target = torch.arange(len(per_image), device=per_image.device)
-    return (nn.functional.cross_entropy(per_image, target) + nn.functional.cross_entropy(per_image.t(), target)) / 2
+    return (
+        nn.functional.cross_entropy(per_image, target) + nn.functional.cross_entropy(per_image.t(), target)
+    ) / 2
 
 
 def _logits(outputs: Any) -> torch.Tensor:

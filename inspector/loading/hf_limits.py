@@ -35,8 +35,14 @@ INDEX_FILES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
 #: those below make it fetch and run a kernel from the Hub: a repository (``org/repo@rev:fn``), the
 #: experts kernels ``deepgemm`` and ``sonicmoe``, and flash attention where the flash_attn package is
 #: missing (transformers then falls back to a Hub kernel).
-IMPLEMENTATION_FIELDS = ("attn_implementation", "_attn_implementation", "_attn_implementation_internal",
-                         "experts_implementation", "_experts_implementation", "_experts_implementation_internal")
+IMPLEMENTATION_FIELDS = (
+    "attn_implementation",
+    "_attn_implementation",
+    "_attn_implementation_internal",
+    "experts_implementation",
+    "_experts_implementation",
+    "_experts_implementation_internal",
+)
 LOCAL_IMPLEMENTATIONS = frozenset({"eager", "sdpa", "flex_attention", "batched_mm", "grouped_mm"})
 
 
@@ -92,8 +98,8 @@ def code_fields(config: Any, where: str = "") -> list[str]:
 def refuse_code_fields(config: Any, path: Path) -> None:
     """Raise naming every field of ``config`` (from ``path``'s config.json) that would fetch or run code.
 
-    >>> refuse_code_fields({"_attn_implementation": "sdpa", "text_config": {"experts_implementation": "eager"}},
-    ...                    Path("m"))
+    >>> refuse_code_fields({"_attn_implementation": "sdpa",
+    ...                     "text_config": {"experts_implementation": "eager"}}, Path("m"))
     """
     fields = code_fields(config)
     if not fields:
@@ -224,8 +230,13 @@ def estimate_size(cls: Any, config: Any) -> SizeEstimate:
     """Parameter and buffer bytes (in the config's dtype, else float32) and modules of ``cls(config)``."""
     fields = _layer_fields(config)
     dtype = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)
-    itemsize = getattr(torch, dtype.removeprefix("torch."), torch.float32).itemsize if isinstance(dtype, str) \
-        else dtype.itemsize if isinstance(dtype, torch.dtype) else 4
+    itemsize = (
+        getattr(torch, dtype.removeprefix("torch."), torch.float32).itemsize
+        if isinstance(dtype, str)
+        else dtype.itemsize
+        if isinstance(dtype, torch.dtype)
+        else 4
+    )
     try:
         ones = {(p, k): 1 for p, k, _ in fields}
         base = _measure(cls, _with_layers(config, ones))
@@ -236,14 +247,19 @@ def estimate_size(cls: Any, config: Any) -> SizeEstimate:
             modules += (more[1] - base[1]) * (n - 1)
     except Exception:  # noqa: BLE001 - a config that does not build with fewer layers: build it whole
         if sum(n for _, _, n in fields) > MAX_UNESTIMATED_LAYERS:
-            raise InspectorError("config.json asks for " + ", ".join(f"{'.'.join((*p, k))} = {n}" for p, k, n in fields)
-                                 + f" layers, and its size could not be estimated from fewer layers; more than "
-                                 f"{MAX_UNESTIMATED_LAYERS} layers are never built without an estimate") from None
+            raise InspectorError(
+                "config.json asks for "
+                + ", ".join(f"{'.'.join((*p, k))} = {n}" for p, k, n in fields)
+                + f" layers, and its size could not be estimated from fewer layers; more than "
+                f"{MAX_UNESTIMATED_LAYERS} layers are never built without an estimate"
+            ) from None
         try:
             numel, modules = _measure(cls, config)
         except Exception as exc:  # noqa: BLE001 - the config describes no model transformers can build
-            raise InspectorError(f"the model described by config.json cannot be built even on the meta "
-                                 f"device ({type(exc).__name__}: {str(exc)[:200]}); fix config.json") from None
+            raise InspectorError(
+                f"the model described by config.json cannot be built even on the meta "
+                f"device ({type(exc).__name__}: {str(exc)[:200]}); fix config.json"
+            ) from None
     return SizeEstimate(numel * itemsize, modules)
 
 
@@ -257,9 +273,11 @@ def check_model_size(cls: Any, config: Any, folder: Path, max_bytes: int | None 
     if estimate.nbytes > limit:
         raise InspectorError(
             f"{folder} was refused: its config.json describes a {cls.__name__} of about "
-            f"{format_bytes(estimate.nbytes)}, more than the limit of {format_bytes(limit)}. Nothing was built. "
+            f"{format_bytes(estimate.nbytes)}, more than the limit of {format_bytes(limit)}. "
+            "Nothing was built. "
             "If you mean it, raise the limit: --max-model-size on the command line, the sidebar's "
-            "'Largest model' field, or INSPECTOR_MAX_MODEL_SIZE for the server.")
+            "'Largest model' field, or INSPECTOR_MAX_MODEL_SIZE for the server."
+        )
     if estimate.modules > max_modules():
         raise InspectorError(
             f"{folder} was refused: its config.json describes a {cls.__name__} of about {estimate.modules:,} "

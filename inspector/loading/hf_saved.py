@@ -150,7 +150,9 @@ class SavedFiles:
             raise
         except Exception as exc:
             self.__exit__(None, None, None)
-            raise InspectorError(f"reading the tensors saved in {file} failed: {type(exc).__name__}: {exc}") from exc
+            raise InspectorError(
+                f"reading the tensors saved in {file} failed: {type(exc).__name__}: {exc}"
+            ) from exc
         return self
 
     def value(self, key: str) -> torch.Tensor:
@@ -244,12 +246,25 @@ def check_saved(model: nn.Module, path: Path, loading: Mapping[str, Any] | None 
                 shape.append((where, saved.shapes[key], tuple(t.shape)))
             elif t.dtype != saved.dtypes[key]:
                 dtype.append((where, saved.dtypes[key], t.dtype))
-            elif key in to_read and t.device.type != "meta" and not torch.equal(t.detach().cpu(), saved.value(key)):
+            elif (
+                key in to_read
+                and t.device.type != "meta"
+                and not torch.equal(t.detach().cpu(), saved.value(key))
+            ):
                 differ.append(where)
     left = _left_at_init(model, names_of, {origin.get(n, n) for n in placed.values()}, loading)
     also = {k: tuple(a for a in names_of[id(own[k])] if a != k) for k in left}
-    return SavedCheck(path.name, True, tuple(unexpected), tuple(left), tuple(shape), tuple(dtype), tuple(differ),
-                      values_read=len(to_read), also={k: v for k, v in also.items() if v})
+    return SavedCheck(
+        path.name,
+        True,
+        tuple(unexpected),
+        tuple(left),
+        tuple(shape),
+        tuple(dtype),
+        tuple(differ),
+        values_read=len(to_read),
+        also={k: v for k, v in also.items() if v},
+    )
 
 
 def saved_origins(model: nn.Module, own: Mapping[str, torch.Tensor], expected: Mapping[str, torch.Tensor],

@@ -54,8 +54,12 @@ def _safetensors_listing(path: Path, name: str) -> pd.DataFrame:
             for key in fh.keys():
                 piece = fh.get_slice(key)
                 shape, code = tuple(piece.get_shape()), piece.get_dtype()
-                rows.append((key, "tensor", _SAFETENSORS_DTYPES.get(code, code.lower()), shape, math.prod(shape)))
+                rows.append(
+                    (key, "tensor", _SAFETENSORS_DTYPES.get(code, code.lower()), shape, math.prod(shape))
+                )
     except Exception as exc:  # noqa: BLE001 - any failure means the header is not safetensors
-        raise InspectorError(f"checkpoint {name} is not a readable safetensors file "
-                             f"({type(exc).__name__}: {exc}); re-save it with safetensors") from None
+        raise InspectorError(
+            f"checkpoint {name} is not a readable safetensors file "
+            f"({type(exc).__name__}: {exc}); re-save it with safetensors"
+        ) from None
     return pd.DataFrame(rows, columns=COLUMNS)

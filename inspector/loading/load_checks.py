@@ -35,8 +35,14 @@ def complex_cast_findings(model: nn.Module, dtype: torch.dtype | None) -> list[F
     for n, t in [*model.named_parameters(), *model.named_buffers()]:
         if t.is_complex():
             kept = COMPLEX_OF.get(dtype, t.dtype)
-            out.append(Finding("complex-kept", "info", n,
-                               f"{n} is {str(t.dtype).removeprefix('torch.')}: casting the model to "
-                               f"{str(dtype).removeprefix('torch.')} made it {str(kept).removeprefix('torch.')}, "
-                               "keeping its imaginary part"))
+            out.append(
+                Finding(
+                    "complex-kept",
+                    "info",
+                    n,
+                    f"{n} is {str(t.dtype).removeprefix('torch.')}: casting the model to "
+                    f"{str(dtype).removeprefix('torch.')} made it {str(kept).removeprefix('torch.')}, "
+                    "keeping its imaginary part",
+                )
+            )
     return out

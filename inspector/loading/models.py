@@ -94,7 +94,9 @@ class LoadedModel:
             raise InspectorError(f"model {self.name!r} has no example inputs; pass inputs explicitly")
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise InspectorError(f"batch size must be a whole number of at least 1, got {batch_size!r}")
-        with model_code(f"example_inputs({batch_size}) of {self.name}", self._advice("example_inputs(batch_size)")):
+        with model_code(
+            f"example_inputs({batch_size}) of {self.name}", self._advice("example_inputs(batch_size)")
+        ):
             inputs = self.inputs_fn(batch_size)
         inv = tensor_inventory(self.model)
         return to_device(inputs, _input_device(inv), _input_dtype(inv))
@@ -114,7 +116,9 @@ class LoadedModel:
             return self.loss_fn(outputs, inputs)
 
     def _advice(self, what: str) -> str:
-        if self.source.startswith("hf:"):  # built from the folder's config.json, not from a file of the user's
+        if self.source.startswith(
+            "hf:"
+        ):  # built from the folder's config.json, not from a file of the user's
             return ("a folder's example inputs and loss are built from its config.json: check its sizes and "
                     "token ids, or pass inputs of your own")
         return f"fix {what} in the model file"
@@ -187,11 +191,12 @@ def model_code(what: str, fix: str = "fix the model file, or pick another model"
     torch settings the code changed (default dtype, grad mode...) are put back afterwards and,
     when ``changed`` is given, listed there (:func:`inspector.utils.torch_state.restored_torch_state`).
 
-    >>> with model_code("forward of m"):
+    >>> with model_code("forward of m"):  # doctest: +NORMALIZE_WHITESPACE
     ...     raise ZeroDivisionError("division by zero")
     Traceback (most recent call last):
     ...
-    inspector.loading.models.ModelCodeError: forward of m raised ZeroDivisionError: division by zero; fix the model file, or pick another model
+    inspector.loading.models.ModelCodeError: forward of m raised ZeroDivisionError: division by zero;
+    fix the model file, or pick another model
     """
     try:
         with restored_torch_state(changed):
@@ -207,7 +212,8 @@ def model_code(what: str, fix: str = "fix the model file, or pick another model"
 
 
 def to_device(inputs: Any, device: torch.device, dtype: torch.dtype | None = None) -> Any:
-    """Move a tensor, or every tensor inside tuples, lists, dicts, named tuples and their subclasses, to ``device``.
+    """Move a tensor, or every tensor inside tuples, lists, dicts, named tuples and their subclasses, to
+    ``device``.
 
     With ``dtype``, floating tensors are cast to it too (integer and bool tensors keep theirs).
     Anything that is not a tensor is returned as it is.
@@ -256,8 +262,14 @@ def allowed_model_dirs() -> list[Path]:
     return dirs
 
 
-def load_model(source: str, checkpoint: str | os.PathLike | None = None, device: str = "cpu",
-               dtype: str | torch.dtype | None = None, *, max_model_size: int | str | None = None) -> LoadedModel:
+def load_model(
+    source: str,
+    checkpoint: str | os.PathLike | None = None,
+    device: str = "cpu",
+    dtype: str | torch.dtype | None = None,
+    *,
+    max_model_size: int | str | None = None,
+) -> LoadedModel:
     """Build a model from ``source``, apply ``checkpoint``, then move it to ``device``/``dtype``.
 
     Args:
@@ -298,11 +310,17 @@ def load_model(source: str, checkpoint: str | os.PathLike | None = None, device:
             f"be placed on {dev}. Choose the device 'meta', or give a checkpoint with its weights.")
     loaded.findings += complex_cast_findings(loaded.model, torch_dtype)
     if offloaded_ids(loaded.model):  # dispatched by accelerate with offloading: its hooks place the tensors
-        loaded.findings.append(Finding(
-            "accelerate-offloaded", "info", "",
-            f"{loaded.name} was dispatched by accelerate with weights offloaded to the cpu or disk; it stays "
-            f"where accelerate put it (not moved to {dev}), and its hooks load the offloaded weights for each "
-            "forward pass. Their gradients are not kept: accelerate drops the loaded copy after the forward"))
+        loaded.findings.append(
+            Finding(
+                "accelerate-offloaded",
+                "info",
+                "",
+                f"{loaded.name} was dispatched by accelerate with weights offloaded to the cpu or disk; "
+                f"it stays where accelerate put it (not moved to {dev}), and its hooks load the offloaded "
+                "weights for each forward pass. Their gradients are not kept: accelerate drops the loaded "
+                "copy after the forward",
+            )
+        )
     else:
         move_model(loaded.model, dev, torch_dtype)
     loaded.device = str(dev)
@@ -338,8 +356,10 @@ def _build(source: str, max_bytes: int | None = None) -> LoadedModel:
     if ".py:" in source:
         return _build_file(source)
     if source.endswith(".py"):
-        raise InspectorError(f"{source!r} names a Python file but no factory: add ':' and the function or class "
-                             f"in it that returns the model, e.g. '{source}:build'")
+        raise InspectorError(
+            f"{source!r} names a Python file but no factory: add ':' and the function or class "
+            f"in it that returns the model, e.g. '{source}:build'"
+        )
     raise InspectorError(f"cannot tell what kind of source {source!r} is: use 'sample:<name>', "
                          "'path/to/file.py:factory' or 'hf:<local model directory>'")
 
@@ -377,12 +397,21 @@ def _build_file(source: str) -> LoadedModel:
     with model_code(f"{path.name}:{factory}()", "make the factory return an nn.Module", changed):
         model = fn()
     if not isinstance(model, nn.Module):
-        raise InspectorError(f"{path.name}:{factory}() returned {type(model).__name__}, not a torch nn.Module")
+        raise InspectorError(
+            f"{path.name}:{factory}() returned {type(model).__name__}, not a torch nn.Module"
+        )
     inputs_fn = getattr(module, "example_inputs", None)
     loss_fn = getattr(module, "loss", None)
-    findings = [Finding("torch-state-restored", "warning", path.name,
-                        f"{path.name} changed a process-wide torch setting ({c}) while loading; it was put back, "
-                        "so it does not affect other models. Set it inside the model instead") for c in changed]
+    findings = [
+        Finding(
+            "torch-state-restored",
+            "warning",
+            path.name,
+            f"{path.name} changed a process-wide torch setting ({c}) while loading; it was put back, "
+            "so it does not affect other models. Set it inside the model instead",
+        )
+        for c in changed
+    ]
     return LoadedModel(model, f"{path.stem}:{factory}", source, findings=findings,
                        inputs_fn=inputs_fn if callable(inputs_fn) else None,
                        loss_fn=loss_fn if callable(loss_fn) else None)

@@ -163,11 +163,13 @@ class LossGradients:
     def message(self) -> str:
         """One line for people: what ran and what it produced."""
         trainable = self.with_gradient + self.without_gradient
-        return (f"Ran a backward pass on {self.batch_size} example inputs (loss {self.loss:.6g}) in eval mode in "
-                f"{self.seconds:.1f} s: gradients of {self.with_gradient} of {trainable} trainable parameters"
-                + (f"; {self.without_gradient} were not reached" if self.without_gradient else "")
-                + f". They are kept apart from the model: no .grad was set, and {self.frozen} frozen "
-                "parameters, buffers and training flags are as they were.")
+        return (
+            f"Ran a backward pass on {self.batch_size} example inputs (loss {self.loss:.6g}) in eval mode in "
+            f"{self.seconds:.1f} s: gradients of {self.with_gradient} of {trainable} trainable parameters"
+            + (f"; {self.without_gradient} were not reached" if self.without_gradient else "")
+            + f". They are kept apart from the model: no .grad was set, and {self.frozen} frozen "
+            "parameters, buffers and training flags are as they were."
+        )
 
 
 def loss_gradients(loaded: Any, batch_size: int = 2, progress: Progress | None = None) -> LossGradients:

@@ -64,7 +64,9 @@ def _module_prefixes(name: str) -> list[str]:
     return [".".join(parts[:k]) for k in range(len(parts) + 1)]
 
 
-def gradient_report(model: nn.Module, grads: Mapping[str, torch.Tensor | None] | None = None) -> GradientNorms:
+def gradient_report(
+    model: nn.Module, grads: Mapping[str, torch.Tensor | None] | None = None
+) -> GradientNorms:
     """Gradient norms per parameter and per module, plus findings, in one pass.
 
     A module's norm covers every parameter below it (each tensor once, tied ones under
@@ -119,7 +121,9 @@ def _gradients_of(model: nn.Module, params: Params, shared: dict[int, list[str]]
     if grads is None:
         return [p.grad for _, p in params]
     if not isinstance(grads, Mapping):
-        raise InspectorError(f"grads must map parameter names to gradient tensors, got {type(grads).__name__}")
+        raise InspectorError(
+            f"grads must map parameter names to gradient tensors, got {type(grads).__name__}"
+        )
     index: dict[str, int] = {}
     for j, (name, p) in enumerate(params):
         for alias in shared.get(id(p), (name,)):
@@ -141,8 +145,12 @@ def _gradients_of(model: nn.Module, params: Params, shared: dict[int, list[str]]
             raise InspectorError(f"{key} and {given[i]} are one tied parameter, but two different "
                                  "gradients were given for it; give one, under either name")
         if g is not None and g.shape != p.shape:
-            sharded = " (the parameter is a DTensor: give its gradient as a DTensor, as torch.autograd.grad " \
-                "returns it, not this rank's local piece)" if has_dtensors([p]) and not has_dtensors([g]) else ""
+            sharded = (
+                " (the parameter is a DTensor: give its gradient as a DTensor, as torch.autograd.grad "
+                "returns it, not this rank's local piece)"
+                if has_dtensors([p]) and not has_dtensors([g])
+                else ""
+            )
             raise InspectorError(f"the gradient given for {key} has shape {tuple(g.shape)}, but the "
                                  f"parameter has shape {tuple(p.shape)}{sharded}")
         given[i] = key
@@ -169,9 +177,13 @@ def _report(params: Params, shared: dict[int, list[str]], gradients: Gradients,
     return GradientNorms(by_parameter, by_module, findings, total)
 
 
-def _measure(params: Params, gradients: Gradients, pieces: Pieces | None, findings: list[Finding]) -> list[float]:
+def _measure(
+    params: Params, gradients: Gradients, pieces: Pieces | None, findings: list[Finding]
+) -> list[float]:
     """The norm of every gradient (NaN where there is none): dense ones in one fused pass."""
-    meta = [n for (n, _), g in zip(params, gradients, strict=True) if g is not None and g.device.type == "meta"]
+    meta = [
+        n for (n, _), g in zip(params, gradients, strict=True) if g is not None and g.device.type == "meta"
+    ]
     if meta:
         raise InspectorError(
             f"the gradient of {meta[0]} ({len(meta)} gradients in all) is on the meta device: it has "
@@ -198,8 +210,11 @@ def _measure(params: Params, gradients: Gradients, pieces: Pieces | None, findin
     if pieces is None:
         measured = gradient_l2_norms(dense)
     else:
-        measured = gradient_l2_norms(dense, local=pieces.local,
-                                     reduce=lambda squares, idx: pieces.reduce(squares, [dense[k] for k in idx]))
+        measured = gradient_l2_norms(
+            dense,
+            local=pieces.local,
+            reduce=lambda squares, idx: pieces.reduce(squares, [dense[k] for k in idx]),
+        )
     for i, v in zip(dense_idx, measured.tolist(), strict=True):
         norms[i] = v
     return norms

@@ -69,13 +69,18 @@ def flatten_roundtrip(model: nn.Module, max_elements: int = 20_000_000) -> Round
         return RoundTrip(len(copies), 0, "", False, False, False, (), False,
                          _untouched(originals, before), msg, tuple(steps))
     shares = _shares_storage(vec, copies)
-    steps.append(f"vec = parameters_to_vector(params): {vec.numel():,} elements of {str(vec.dtype).removeprefix('torch.')}; it "
-                 f"{'shares' if shares else 'shares no'} memory with the parameters")
+    steps.append(
+        f"vec = parameters_to_vector(params): {vec.numel():,} elements of "
+        f"{str(vec.dtype).removeprefix('torch.')}; it "
+        f"{'shares' if shares else 'shares no'} memory with the parameters"
+    )
     write_through = _writes_through(vec, copies, steps)
     dtypes_before = [p.dtype for p in copies]
     with torch.no_grad():
-        for c in copies:       # scribble over the copies so that restoring is really tested
-            c.data = torch.full_like(c.data, float("nan")) if c.is_floating_point() else torch.zeros_like(c.data)
+        for c in copies:  # scribble over the copies so that restoring is really tested
+            c.data = (
+                torch.full_like(c.data, float("nan")) if c.is_floating_point() else torch.zeros_like(c.data)
+            )
         vector_to_parameters(vec, copies)
     changed = tuple(n for (n, _), c, d in zip(named, copies, dtypes_before, strict=True) if c.dtype != d)
     exact = all(torch.equal(c.detach().to(b.dtype), b) for c, b in zip(copies, before, strict=True))
@@ -83,7 +88,9 @@ def flatten_roundtrip(model: nn.Module, max_elements: int = 20_000_000) -> Round
     steps.append("vector_to_parameters(vec, params) after overwriting them with NaN: values "
                  + ("restored exactly (torch.equal on every tensor)" if exact else "NOT restored exactly"))
     if changed:
-        steps.append(f"it changed the dtype of {len(changed)} parameters to {vec.dtype} (first: {changed[0]})")
+        steps.append(
+            f"it changed the dtype of {len(changed)} parameters to {vec.dtype} (first: {changed[0]})"
+        )
     steps.append("the parameters are now views into vec (param.data = vec[a:b].view_as(param)): writing "
                  "vec now changes them" if views else "the parameters do not share memory with vec")
     untouched = _untouched(originals, before)
@@ -93,7 +100,9 @@ def flatten_roundtrip(model: nn.Module, max_elements: int = 20_000_000) -> Round
                      exact, changed, views, untouched, None, tuple(steps))
 
 
-def _copies(originals: list[torch.Tensor], max_elements: int) -> tuple[list[torch.Tensor], list[nn.Parameter]]:
+def _copies(
+    originals: list[torch.Tensor], max_elements: int
+) -> tuple[list[torch.Tensor], list[nn.Parameter]]:
     """A plain copy of every parameter (to compare against) and a Parameter copy (to work on)."""
     total = sum(p.numel() for p in originals)
     if any(p.device.type == "meta" for p in originals):

@@ -35,7 +35,9 @@ class DeviceMapAudit:
 def normalise_map(device_map: Mapping[str, Any]) -> dict[str, Device]:
     """Keys as strings, devices in accelerate's format; bad devices raise InspectorError."""
     if not isinstance(device_map, Mapping):
-        raise InspectorError(f"a device map is a mapping of names to devices, not {type(device_map).__name__}")
+        raise InspectorError(
+            f"a device map is a mapping of names to devices, not {type(device_map).__name__}"
+        )
     out: dict[str, Device] = {}
     for key, value in device_map.items():
         if not isinstance(key, str):
@@ -56,11 +58,15 @@ def load_device_map(text: str, source: str = "device map") -> dict[str, Device]:
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise InspectorError(f"{source} is not valid JSON: {exc.msg} at line {exc.lineno}, "
-                             f"column {exc.colno}; write it like {{\"embed\": 0, \"head\": \"cpu\"}}") from None
+        raise InspectorError(
+            f"{source} is not valid JSON: {exc.msg} at line {exc.lineno}, "
+            f'column {exc.colno}; write it like {{"embed": 0, "head": "cpu"}}'
+        ) from None
     except RecursionError:
-        raise InspectorError(f"{source} nests brackets too deeply to read; a device map is one flat JSON object "
-                             "of names to devices") from None
+        raise InspectorError(
+            f"{source} nests brackets too deeply to read; a device map is one flat JSON object "
+            "of names to devices"
+        ) from None
     if not isinstance(data, dict):
         raise InspectorError(f"{source} must be a JSON object of names to devices, not {type(data).__name__}")
     return normalise_map(data)
@@ -78,10 +84,16 @@ def _key_findings(names: set[str], device_map: Mapping[str, Device]) -> list[Fin
         while parent:
             parent = parent_name(parent)
             if parent in device_map:
-                findings.append(Finding("overlapping-key", "warning", key,
-                                        f"device map keys {parent!r} and {key!r} overlap: {key} says "
-                                        f"{device_map[key]} inside {parent or 'the model'} on {device_map[parent]}; "
-                                        "keep one of them"))
+                findings.append(
+                    Finding(
+                        "overlapping-key",
+                        "warning",
+                        key,
+                        f"device map keys {parent!r} and {key!r} overlap: {key} says "
+                        f"{device_map[key]} inside {parent or 'the model'} on {device_map[parent]}; "
+                        "keep one of them",
+                    )
+                )
                 break
     return findings
 
@@ -110,8 +122,13 @@ def _tensor_rows(tensors: TensorInventory) -> tuple[list[TensorEntry], Chains]:
     return rows, chains
 
 
-def _module_devices(rows: list[TensorEntry], chains: Chains, device_of: list[Device | None],
-                    devices: list[Device], nbytes: list[int]) -> tuple[dict[str, Device], dict[str, set], dict[str, Device | None]]:
+def _module_devices(
+    rows: list[TensorEntry],
+    chains: Chains,
+    device_of: list[Device | None],
+    devices: list[Device],
+    nbytes: list[int],
+) -> tuple[dict[str, Device], dict[str, set], dict[str, Device | None]]:
     """Per owning module: its primary device and every device its tensors use; each leader's device.
 
     The primary device holds most of the module's parameter bytes (the earlier device on a tie).
@@ -137,8 +154,14 @@ def _module_devices(rows: list[TensorEntry], chains: Chains, device_of: list[Dev
     return primary, seen, leader_dev
 
 
-def _audit_rows(rows: list[TensorEntry], chains: Chains, device_of: list[Device | None], devices: list[Device],
-                meta_ok: bool = False, dispatched: bool = False) -> pd.DataFrame:
+def _audit_rows(
+    rows: list[TensorEntry],
+    chains: Chains,
+    device_of: list[Device | None],
+    devices: list[Device],
+    meta_ok: bool = False,
+    dispatched: bool = False,
+) -> pd.DataFrame:
     """The audit table, given each row's device (None: unassigned).
 
     With ``dispatched`` (real placement after accelerate's hooks), a buffer is not stranded
@@ -247,8 +270,11 @@ def _finding_message(row: Any, code: str) -> str:
     where = f"{row.kind} {row.name}"
     owner = row.module or "the model"
     if code.endswith("-unplaced"):
-        split = f", which the map splits across devices (most parameter bytes on {row.module_primary_device})" \
-            if row.split else ""
+        split = (
+            f", which the map splits across devices (most parameter bytes on {row.module_primary_device})"
+            if row.split
+            else ""
+        )
         return (f"{where} has no device in the map ({owner} owns it directly{split}); dispatch_model leaves "
                 f"it where it is, so the forward pass may mix devices. Give it a key, e.g. "
                 f"'{row.name}': {row.module_primary_device!r}, or plan with plan_device_map")
@@ -290,7 +316,8 @@ def device_usage(table: pd.DataFrame, budget: Mapping[Device, int] | None = None
     unassigned tensors are on the row whose device is None.
 
     >>> m = nn.Sequential(nn.Linear(2, 2), nn.BatchNorm1d(2))  # params 24 + 16, buffers 16 + 8
-    >>> device_usage(audit_device_map(m, {"": "cpu"}))[["device", "parameter_bytes", "buffer_bytes"]].values.tolist()
+    >>> usage = device_usage(audit_device_map(m, {"": "cpu"}))
+    >>> usage[["device", "parameter_bytes", "buffer_bytes"]].values.tolist()
     [['cpu', 40, 24]]
     """
     unique = table[table["alias_of"].isna()]

@@ -94,8 +94,16 @@ def compare_with_accelerate(model: nn.Module, max_memory: str | Mapping[Any, Any
     planned = plan_steps(model, budget, no_split, dtype)
     t1 = time.perf_counter()
     try:
-        theirs = normalise_map(dict(infer_auto_device_map(model, max_memory=accelerate_budget(budget),
-                                                          no_split_module_classes=list(no_split), dtype=dtype)))
+        theirs = normalise_map(
+            dict(
+                infer_auto_device_map(
+                    model,
+                    max_memory=accelerate_budget(budget),
+                    no_split_module_classes=list(no_split),
+                    dtype=dtype,
+                )
+            )
+        )
         error = None
     except Exception as exc:  # noqa: BLE001 - accelerate's planner fails on some models; ours still stands
         theirs, error = {}, f"{type(exc).__name__}: {exc}"
@@ -107,8 +115,19 @@ def compare_with_accelerate(model: nn.Module, max_memory: str | Mapping[Any, Any
         failed = Finding("accelerate-failed", "warning", "",
                          f"accelerate's infer_auto_device_map could not plan this model ({error}); "
                          "only our plan is shown")
-        return Comparison(ours, theirs, result.table, [failed], usage, _difference([], ours.audit, result.table),
-                          check_with_accelerate(model, ours.device_map), error, t1 - t0, t2 - t1, error)
+        return Comparison(
+            ours,
+            theirs,
+            result.table,
+            [failed],
+            usage,
+            _difference([], ours.audit, result.table),
+            check_with_accelerate(model, ours.device_map),
+            error,
+            t1 - t0,
+            t2 - t1,
+            error,
+        )
     a, b = ours.audit.set_index("name"), result.table.set_index("name")
     differs = [n for n in a.index if a.at[n, "device"] != b.at[n, "device"]
                or a.at[n, "finding"] != b.at[n, "finding"]]

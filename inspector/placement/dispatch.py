@@ -85,7 +85,9 @@ def missing_devices(device_map: Mapping[str, Any]) -> list[Device]:
     for dev in sorted(set(normalise_map(device_map).values()), key=device_order):
         if isinstance(dev, int) and not (torch.cuda.is_available() and dev < torch.cuda.device_count()):
             out.append(dev)
-        elif dev == "mps" and not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
+        elif dev == "mps" and not (
+            getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()
+        ):
             out.append(dev)
     return out
 
@@ -171,7 +173,9 @@ def dispatch_plan(model: nn.Module, device_map: Mapping[str, Any], *, offload_fo
             _move_tensor_keys(target, dm, set(inv.modules))  # a copy: the same names
             with warnings.catch_warnings():
                 # check_device_map warns that tensor-name keys are not module names: expected here
-                warnings.filterwarnings("ignore", message="The following device_map keys", category=UserWarning)
+                warnings.filterwarnings(
+                    "ignore", message="The following device_map keys", category=UserWarning
+                )
                 dispatch_model(target, device_map=dict(dm), offload_dir=offload_folder)
     except Exception:
         if tmp is not None:

@@ -116,11 +116,16 @@ def _keep_together(inv: ModuleTables, device_map: dict[str, Device], devices: li
                 continue
             _isolate(inv, device_map, n)
             device_map[n] = target
-            why = (f"is the same tensor as {lead_of[n]}, which is on {target}; moved from {devs[n]} so the tie "
-                   "holds (its bytes are counted once)" if n in lead_of else
-                   f"{parent_name(n) or 'the model'} keeps its own tensors on one device, with "
-                   f"{lead or 'most of their bytes'} on {target}; moved from {devs[n]}")
-            records.append(Decision("tie" if n in lead_of else "together", n, target, inv.sizes.get(n, 0), why))
+            why = (
+                f"is the same tensor as {lead_of[n]}, which is on {target}; moved from {devs[n]} so the tie "
+                "holds (its bytes are counted once)"
+                if n in lead_of
+                else f"{parent_name(n) or 'the model'} keeps its own tensors on one device, with "
+                f"{lead or 'most of their bytes'} on {target}; moved from {devs[n]}"
+            )
+            records.append(
+                Decision("tie" if n in lead_of else "together", n, target, inv.sizes.get(n, 0), why)
+            )
     return records
 
 
@@ -147,7 +152,9 @@ def clean_map(device_map: Mapping[str, Device], inv: ModuleTables) -> dict[str, 
     return dict(sorted(out.items(), key=lambda kv: inv.order.get(kv[0], -1)))
 
 
-def _overflow(inv: ModuleTables, device_map: Mapping[str, Device], capacity: dict[Device, int]) -> dict[Device, int]:
+def _overflow(
+    inv: ModuleTables, device_map: Mapping[str, Device], capacity: dict[Device, int]
+) -> dict[Device, int]:
     """Bytes over capacity per device (keys never overlap, so each tensor is counted once)."""
     used: dict[Device, int] = {}
     for key, dev in device_map.items():
@@ -207,17 +214,33 @@ def plan_steps(model: nn.Module, max_memory: str | Mapping[Any, Any],
             break
         for d, n in over.items():
             extra[d] += n
-            extra_records.append(Decision("reserve", "", d, n,
-                                          f"tensors placed after the walk (buffers, ties, layers kept whole) overfilled {d} by {format_bytes(n)}; "
-                                          "kept that much free and planned again"))
+            extra_records.append(
+                Decision(
+                    "reserve",
+                    "",
+                    d,
+                    n,
+                    f"tensors placed after the walk (buffers, ties, layers kept whole) overfilled {d} by "
+                    f"{format_bytes(n)}; "
+                    "kept that much free and planned again",
+                )
+            )
     else:
         raise InspectorError(f"could not fit the buffers of split modules into the budget "
                              f"({format_budget(budget)}); raise a budget or add disk=...")
     kept = {} if reserve is None else reserve.kept
-    reserve_records = [Decision("reserve", name, d, size,
-                                f"kept {format_bytes(size)} free on {d} to load back the largest layer still to "
-                                f"place ({name or 'model'}) when it runs from an offload device")
-                       for d, (size, name) in kept.items() if size]
+    reserve_records = [
+        Decision(
+            "reserve",
+            name,
+            d,
+            size,
+            f"kept {format_bytes(size)} free on {d} to load back the largest layer still to "
+            f"place ({name or 'model'}) when it runs from an offload device",
+        )
+        for d, (size, name) in kept.items()
+        if size
+    ]
     reserved = {d: kept.get(d, (0, ""))[0] for d in devices}
     cleaned = clean_map(device_map, inv)
     records = (budget_records(budget) + reserve_records + extra_records + state.records + pending + ties
@@ -291,7 +314,8 @@ def plan_device_map(model: nn.Module, max_memory: str | Mapping[Any, Any],
 
     >>> m = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 4))  # 80 bytes each
     >>> m[1].weight = m[0].weight  # tied: 80 + 16 bytes in all
-    >>> plan_device_map(m, {0: 90, 1: 1000})  # "1" does not fit after "0", and cannot leave its weight: all on 1
+    >>> # "1" does not fit after "0", and cannot leave its weight: all on 1
+    >>> plan_device_map(m, {0: 90, 1: 1000})
     {'': 1}
     """
     model = require_module(model, "plan_device_map")

@@ -149,22 +149,44 @@ def walk(inv: ModuleTables, budget: dict[Device, int], capacity: dict[Device, in
         if state.used[dev] + size <= capacity[dev] - keep:
             state.assigned[unit] = dev
             state.used[dev] += size
-            state.records.append(Decision("place", unit, dev, size,
-                                          f"fits: {format_bytes(state.used[dev])} of {format_bytes(capacity[dev])} used on {dev}"))
+            state.records.append(
+                Decision(
+                    "place",
+                    unit,
+                    dev,
+                    size,
+                    f"fits: {format_bytes(state.used[dev])} of {format_bytes(capacity[dev])} used on {dev}",
+                )
+            )
         elif _splittable(inv, unit, no_split):
             state.split.append(unit)
             parts = _units_of(inv, unit, state)
             queue.extendleft(reversed(parts))
-            state.records.append(Decision("split", unit, dev, size,
-                                          f"{format_bytes(size)} do not fit the "
-                                          f"{format_bytes(capacity[dev] - keep - state.used[dev])} left on {dev}; placing its {len(parts)} parts one by one"))
+            state.records.append(
+                Decision(
+                    "split",
+                    unit,
+                    dev,
+                    size,
+                    f"{format_bytes(size)} do not fit the "
+                    f"{format_bytes(capacity[dev] - keep - state.used[dev])} left on {dev}; placing its "
+                    f"{len(parts)} parts one by one",
+                )
+            )
         elif i + 1 < len(devices):
             why = "cannot be split" if unit not in inv.children or not inv.children[unit] else \
                 f"is a {inv.classes[unit]} (no-split)"
-            state.records.append(Decision("next-device", unit, devices[i + 1], size,
-                                          f"{format_bytes(size)} do not fit the "
-                                          f"{format_bytes(capacity[dev] - keep - state.used[dev])} left on {dev} "
-                                          f"and it {why}"))
+            state.records.append(
+                Decision(
+                    "next-device",
+                    unit,
+                    devices[i + 1],
+                    size,
+                    f"{format_bytes(size)} do not fit the "
+                    f"{format_bytes(capacity[dev] - keep - state.used[dev])} left on {dev} "
+                    f"and it {why}",
+                )
+            )
             i += 1
             queue.appendleft(unit)
         else:
@@ -179,9 +201,11 @@ def _raise_no_room(inv: ModuleTables, budget: dict[Device, int], capacity: dict[
     last = list(budget)[-1]
     given = ", ".join(f"{d}: {format_bytes(n)}" for d, n in budget.items())
     raise InspectorError(
-        f"the budget is too small: the model needs {format_bytes(need)} and the budget gives {format_bytes(have)} "
+        f"the budget is too small: the model needs {format_bytes(need)} and the budget gives "
+        f"{format_bytes(have)} "
         f"({given}). {unit or 'the model'} ({format_bytes(inv.sizes[unit])}) does not fit on the last device "
-        f"{last!r} ({format_bytes(capacity[last] - state.used[last])} left there){hint} or raise a budget.")
+        f"{last!r} ({format_bytes(capacity[last] - state.used[last])} left there){hint} or raise a budget."
+    )
 
 
 
@@ -235,7 +259,9 @@ def place_pending(inv: ModuleTables, state: _WalkState, devices: list[Device]) -
         else:
             dev, near = _neighbour_device(inv, name, owner, placed, devices)
             dev = devices[0] if dev is None else dev
-            reason = f"holds buffers but no parameters; goes with its nearest placed neighbour {near or 'model'}"
+            reason = (
+                f"holds buffers but no parameters; goes with its nearest placed neighbour {near or 'model'}"
+            )
         state.assigned[name] = dev
         state.used[dev] += size
         records.append(Decision("buffer", name, dev, size, reason))

@@ -73,7 +73,8 @@ def build_report(loaded: Any, sections: Iterable[str] | None = None, *,
 
 
 def run_section(sid: str, ctx: Context) -> Section:
-    """Section ``sid`` built by its function; skipped (with the reason) or an error section if it cannot be."""
+    """Section ``sid`` built by its function; skipped (with the reason) or an error section if it cannot
+    be."""
     title = SECTION_TITLES[sid]
     builder = SECTION_BUILDERS.get(sid)
     if builder is None:

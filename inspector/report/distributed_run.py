@@ -21,8 +21,11 @@ def run_report(run: DistributedRun) -> Report:
 
     first = run.checks[0]
     findings = tuple(f for _, f in unique_findings(run))
-    seen_at = Table("Findings by step", ("code", "where", "steps"),
-                    tuple((f.code, f.where, ", ".join(str(s) for s in steps)) for steps, f in unique_findings(run)))
+    seen_at = Table(
+        "Findings by step",
+        ("code", "where", "steps"),
+        tuple((f.code, f.where, ", ".join(str(s) for s in steps)) for steps, f in unique_findings(run)),
+    )
     overview = Section(
         "run", "Distributed run", facts={
             "file": run.path, "world_size": run.world_size, "backend": run.backend,

@@ -92,7 +92,9 @@ class Report:
         True
         """
         if not isinstance(text, (str, bytes, bytearray)):
-            raise InspectorError(f"not a report: expected the JSON text of a report, got {type(text).__name__}")
+            raise InspectorError(
+                f"not a report: expected the JSON text of a report, got {type(text).__name__}"
+            )
         try:
             data = json.loads(text)
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:

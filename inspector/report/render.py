@@ -153,7 +153,9 @@ def render_markdown(report: Report) -> str:
             if f.summary in s.tables:
                 out += [f"_Drawn from the table {_md(f.summary.title)} above._", ""]
                 continue
-            out += ([_md(f.summary.note), ""] if f.summary.note else []) + _md_table(f.summary, max_rows) + [""]
+            out += (
+                ([_md(f.summary.note), ""] if f.summary.note else []) + _md_table(f.summary, max_rows) + [""]
+            )
     return "\n".join(out).rstrip() + "\n"
 
 

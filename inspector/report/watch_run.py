@@ -58,20 +58,38 @@ def watch_report(run: Run) -> Report:
     by_step = Table("Findings by step", ("step", "rank", "code", "severity", "where", "message"),
                     tuple((f.step, f.rank, f.code, f.severity, f.where, f.message) for f in found))
     columns = [c for c in steps.columns if c not in ("time", "loss_logged") and not steps[c].isna().all()]
-    facts = {"file": run.path, "model": run.meta.model, "world_size": run.world_size,
-             "steps": int(steps["step"].nunique()) if len(steps) else 0, "modules": len(run.module_order),
-             "parameters": len(run.meta.parameters), "every": run.meta.every, "checks": ", ".join(run.meta.checks),
-             "complete": run.complete, "note": run.meta.note}
+    facts = {
+        "file": run.path,
+        "model": run.meta.model,
+        "world_size": run.world_size,
+        "steps": int(steps["step"].nunique()) if len(steps) else 0,
+        "modules": len(run.module_order),
+        "parameters": len(run.meta.parameters),
+        "every": run.meta.every,
+        "checks": ", ".join(run.meta.checks),
+        "complete": run.complete,
+        "note": run.meta.note,
+    }
     figures: tuple[ReportFigure, ...] = ()
     if len(steps):
         figures += (make_figure("Loss and gradient norm", loss_norm_figure(main_steps(run))),)
     if len(steps) and run.module_order:
         figures += (make_figure("Gradient norm per module and step", norm_heatmap(run_norm_grid(run))),)
-    overview = Section("run", "Watched run", facts=facts,
-                       tables=(Table.from_frame("Steps", _thin(steps[columns]),
-                                                f"every step up to {MAX_STEP_ROWS} rows, else evenly spaced ones"),
-                               by_step),
-                       figures=figures, findings=tuple(f.finding for f in found))
+    overview = Section(
+        "run",
+        "Watched run",
+        facts=facts,
+        tables=(
+            Table.from_frame(
+                "Steps",
+                _thin(steps[columns]),
+                f"every step up to {MAX_STEP_ROWS} rows, else evenly spaced ones",
+            ),
+            by_step,
+        ),
+        figures=figures,
+        findings=tuple(f.finding for f in found),
+    )
     sections = [Section("findings", "Findings"), overview]
     if len(steps) and run.module_order:
         step = _focus_step(run)

@@ -98,9 +98,14 @@ class ShardedGradients:
         return out
 
 
-def with_rank_columns(by_parameter: pd.DataFrame, params: Sequence[torch.Tensor],
-                      gradients: Sequence[torch.Tensor | None], pieces: ShardedGradients, per_rank: dict[int, list[tuple[int, int]]],
-                      findings: list[Finding]) -> tuple[pd.DataFrame, list[Finding]]:
+def with_rank_columns(
+    by_parameter: pd.DataFrame,
+    params: Sequence[torch.Tensor],
+    gradients: Sequence[torch.Tensor | None],
+    pieces: ShardedGradients,
+    per_rank: dict[int, list[tuple[int, int]]],
+    findings: list[Finding],
+) -> tuple[pd.DataFrame, list[Finding]]:
     """The per-parameter table plus ``local_norm``, ``placements`` and ``nonfinite_ranks``; the
     ``nonfinite-gradient`` findings replaced by ones naming the ranks.
 

@@ -115,9 +115,19 @@ def tensor_table(model: nn.Module) -> pd.DataFrame:
     >>> list(tensor_table(m)["same_as"])
     ['', '0.weight']
     """
-    rows = [{"name": e.name, "kind": e.kind, "shape": str(e.shape), "numel": e.numel, "dtype": e.dtype_name,
-             "device": str(e.device), "requires_grad": bool(e.requires_grad) if e.kind == "parameter" else None,
-             "same_as": e.first_name if e.is_alias else ""} for e in tensor_inventory(model, what="tensor_table")]
+    rows = [
+        {
+            "name": e.name,
+            "kind": e.kind,
+            "shape": str(e.shape),
+            "numel": e.numel,
+            "dtype": e.dtype_name,
+            "device": str(e.device),
+            "requires_grad": bool(e.requires_grad) if e.kind == "parameter" else None,
+            "same_as": e.first_name if e.is_alias else "",
+        }
+        for e in tensor_inventory(model, what="tensor_table")
+    ]
     return pd.DataFrame(rows, columns=["name", "kind", "shape", "numel", "dtype", "device", "requires_grad",
                                        "same_as"])
 
@@ -127,12 +137,20 @@ def summary_findings(summary: ModelSummary) -> list[Finding]:
     out = []
     if summary.aliased_elements:
         pairs = summary.aliases
-        named = "; ".join(f"{a} is {b}" for a, b in pairs[:3]) + (f"; {len(pairs) - 3} more" if len(pairs) > 3 else "")
+        named = "; ".join(f"{a} is {b}" for a, b in pairs[:3]) + (
+            f"; {len(pairs) - 3} more" if len(pairs) > 3 else ""
+        )
         where = pairs[0][0] if pairs else ""
         n = summary.parameter_names - summary.parameters
         names = "1 parameter name is an alias" if n == 1 else f"{n:,} parameter names are aliases"
-        out.append(Finding("aliases-present", "info", where,
-                           f"{names} of another name ({named}): parameters() counts "
-                           f"{format_count(summary.parameter_elements)} elements, "
-                           f"{format_count(summary.parameter_elements_with_aliases)} if every name were counted"))
+        out.append(
+            Finding(
+                "aliases-present",
+                "info",
+                where,
+                f"{names} of another name ({named}): parameters() counts "
+                f"{format_count(summary.parameter_elements)} elements, "
+                f"{format_count(summary.parameter_elements_with_aliases)} if every name were counted",
+            )
+        )
     return out

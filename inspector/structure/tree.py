@@ -163,11 +163,22 @@ def _module_rows(model: nn.Module, inv: TensorInventory, tensors: pd.DataFrame, 
         own = groups.get(name, set())
         state = ("mutated after capture" if name in mutated else "captured" if name in captured
                  else "not captured")
-        rows.append((name, None if name == "" else parent, name.rpartition(".")[2] if name else ROOT_LABEL,
-                     type(mod).__name__, name.count(".") + 1 if name else 0, sizes.get(name, 0),
-                     held.get(name, 0), _one(devices.get(name)), _one(dtypes.get(name)),
-                     norms.get(name, math.nan), (next(iter(own)) if len(own) == 1 else "several") if own else NONE,
-                     state))
+        rows.append(
+            (
+                name,
+                None if name == "" else parent,
+                name.rpartition(".")[2] if name else ROOT_LABEL,
+                type(mod).__name__,
+                name.count(".") + 1 if name else 0,
+                sizes.get(name, 0),
+                held.get(name, 0),
+                _one(devices.get(name)),
+                _one(dtypes.get(name)),
+                norms.get(name, math.nan),
+                (next(iter(own)) if len(own) == 1 else "several") if own else NONE,
+                state,
+            )
+        )
     return pd.DataFrame(rows, columns=MODULE_COLUMNS)
 
 

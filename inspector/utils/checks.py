@@ -15,10 +15,11 @@ def require_module(model: Any, what: str) -> nn.Module:
     :mod:`inspector.utils.wrappers`); an InspectorError naming ``what`` if ``model`` is no ``nn.Module``.
     Every entry point uses the returned module, so names are those the user wrote.
 
-    >>> require_module(None, "offset_map")
+    >>> require_module(None, "offset_map")  # doctest: +NORMALIZE_WHITESPACE
     Traceback (most recent call last):
     ...
-    inspector.utils.findings.InspectorError: offset_map needs a torch nn.Module (a model), got NoneType; load one with load_model(...)
+    inspector.utils.findings.InspectorError: offset_map needs a torch nn.Module (a model), got NoneType;
+    load one with load_model(...)
     """
     if not isinstance(model, nn.Module):
         raise InspectorError(f"{what} needs a torch nn.Module (a model), got {type(model).__name__}; "

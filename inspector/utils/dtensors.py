@@ -265,4 +265,6 @@ def rank_coordinates(mesh: Any) -> list[tuple[int, list[int]]]:
         return [(int(r), [int(np.unravel_index(flat, tuple(root.shape))[d]) for d in dims])
                 for flat, r in enumerate(ranks)]
     ranks = mesh.mesh.reshape(-1).tolist()
-    return [(int(r), [int(c) for c in np.unravel_index(flat, tuple(mesh.shape))]) for flat, r in enumerate(ranks)]
+    return [
+        (int(r), [int(c) for c in np.unravel_index(flat, tuple(mesh.shape))]) for flat, r in enumerate(ranks)
+    ]

@@ -60,7 +60,9 @@ class Finding:
 FindingKey = tuple[str, str, int | None]
 
 
-def group_findings(found: Iterable[tuple[int, int | None, Finding]]) -> dict[FindingKey, tuple[list[int], int | None, Finding]]:
+def group_findings(
+    found: Iterable[tuple[int, int | None, Finding]],
+) -> dict[FindingKey, tuple[list[int], int | None, Finding]]:
     """Each distinct finding once, told apart by ``(code, where, rank)``: ``key -> (steps, rank,
     finding)`` with the steps it was seen at and the first one seen, in the order first seen.
 

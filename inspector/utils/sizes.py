@@ -45,7 +45,9 @@ def parse_size(value: int | float | str, what: str = "size") -> int:
         raise InspectorError(f"{what}: cannot read {value!r} as a size; write bytes or a number "
                              f"with a unit such as {_EXAMPLES}")
     number, unit = match.group(1), match.group(2).upper()
-    if len(number.lstrip("0")) > _MAX_DIGITS:  # no memory is that large; int() would also refuse 4,300+ digits
+    if (
+        len(number.lstrip("0")) > _MAX_DIGITS
+    ):  # no memory is that large; int() would also refuse 4,300+ digits
         raise InspectorError(f"{what}: {str(value)[:20]}... ({len(number)} digits) is far larger than any "
                              f"memory; write bytes or a number with a unit such as {_EXAMPLES}")
     if unit in _ACCELERATE_UNITS:

@@ -78,7 +78,7 @@ def bytes_ticks(top: float, count: int = 6, *, bottom: float | None = None) -> t
     if bottom is not None:
         vals: list[float] = []
         for steps in ((1, 32), (1, 4, 16, 64, 256)):
-            vals = [1024.0 ** k * m for k in range(6) for m in steps if bottom / 4 <= 1024.0 ** k * m <= top * 4]
+            vals = [1024.0**k * m for k in range(6) for m in steps if bottom / 4 <= 1024.0**k * m <= top * 4]
             if len(vals) >= 3:
                 break
         return vals, [format_bytes(v) for v in vals]

@@ -15,7 +15,34 @@ from .summary import first_findings, main_steps
 from .synthetic import synthetic_run
 from .train import OPTIMIZERS, make_optimizer, train_watched
 
-__all__ = ["FORMAT", "VERSION", "MODULE_COLUMNS", "STEP_COLUMNS", "Run", "RunMeta", "RunWriter", "StepFinding",
-           "StepRecord", "is_watch_file", "parse_run_bytes", "read_run", "record_batch", "schema", "synthetic_run",
-           "Watch", "WatchResult", "watch", "first_findings", "main_steps", "OPTIMIZERS", "make_optimizer", "train_watched",
-           "captures_path", "load_captures", "producer_of", "read_captures", "save_captures", "META_KEY"]
+__all__ = [
+    "FORMAT",
+    "VERSION",
+    "MODULE_COLUMNS",
+    "STEP_COLUMNS",
+    "Run",
+    "RunMeta",
+    "RunWriter",
+    "StepFinding",
+    "StepRecord",
+    "is_watch_file",
+    "parse_run_bytes",
+    "read_run",
+    "record_batch",
+    "schema",
+    "synthetic_run",
+    "Watch",
+    "WatchResult",
+    "watch",
+    "first_findings",
+    "main_steps",
+    "OPTIMIZERS",
+    "make_optimizer",
+    "train_watched",
+    "captures_path",
+    "load_captures",
+    "producer_of",
+    "read_captures",
+    "save_captures",
+    "META_KEY",
+]

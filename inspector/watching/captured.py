@@ -46,7 +46,9 @@ def _note(name: str, step: int, rank: int | None) -> Finding:
 def capture_producer(kept: dict[int, tuple[Any, Any, int]], producer: Producer, max_bytes: int,
                      step: int, rank: int = 0) -> Captures:
     """A :class:`Captures` of the producer's inputs and outputs at ``step`` (within ``max_bytes``)."""
-    name = (producer.module or "(root)") if producer.module != BATCH else "(batch)"  # as the findings name them
+    name = (
+        (producer.module or "(root)") if producer.module != BATCH else "(batch)"
+    )  # as the findings name them
     args, output, _ = kept.get(producer.call, ((), None, 0))
     budget: list[int] = [max_bytes]
     skipped: list[Skipped] = []
@@ -76,8 +78,11 @@ def save_captures(caps: Captures, path: str | os.PathLike) -> Path:
     from safetensors.torch import save_file
 
     name = caps.order[0]
-    tensors = {f"{kind}/{i}": t.contiguous() for kind, store in (("input", caps.inputs), ("output", caps.outputs))
-               for i, t in enumerate(_leaves(store.get(name)))}
+    tensors = {
+        f"{kind}/{i}": t.contiguous()
+        for kind, store in (("input", caps.inputs), ("output", caps.outputs))
+        for i, t in enumerate(_leaves(store.get(name)))
+    }
     meta = {"format": FORMAT, "module": name, "step": str(caps._state.get("step", 0)),
             "rank": str(caps._state.get("rank", 0)),
             "skipped": json.dumps([s.__dict__ for s in caps.skipped])}
@@ -115,9 +120,15 @@ def load_captures(path: str | os.PathLike) -> Captures:
         return leaves[0] if len(leaves) == 1 else tuple(leaves)
 
     skipped = [Skipped(**s) for s in json.loads(meta.get("skipped", "[]"))]
-    return Captures(outputs={name: pick("output")}, inputs={name: pick("input")}, order=[name], skipped=skipped,
-                    findings=[_note(name, step, rank)], store_on="cpu",
-                    _state={"step": step, "rank": rank})
+    return Captures(
+        outputs={name: pick("output")},
+        inputs={name: pick("input")},
+        order=[name],
+        skipped=skipped,
+        findings=[_note(name, step, rank)],
+        store_on="cpu",
+        _state={"step": step, "rank": rank},
+    )
 
 
 def read_captures(run_path: str | os.PathLike) -> Captures | None:

@@ -57,7 +57,9 @@ class Watch:
         if not isinstance(model, nn.Module):
             raise InspectorError(f"watch needs an nn.Module, got {type(model).__name__}")
         if optimizer is not None and not isinstance(optimizer, torch.optim.Optimizer):
-            raise InspectorError(f"watch's optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}")
+            raise InspectorError(
+                f"watch's optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}"
+            )
         if every < 1:
             raise InspectorError(f"every must be 1 or more, got {every}")
         self.model, self.optimizer, self.path = model, optimizer, str(path)
@@ -170,10 +172,14 @@ class Watch:
         from .captured import capture_producer, captures_path, save_captures
 
         calls, meta = tracer.calls, tracer.meta
-        flags = to_host([torch.stack([v.reshape(()) for v in tracer.values])]) if tracer.values else [np.zeros(0)]
+        flags = (
+            to_host([torch.stack([v.reshape(()) for v in tracer.values])]) if tracer.values else [np.zeros(0)]
+        )
         producer = forward_producer(calls, meta, flags[0] > 0, self.module_names[0])
         if producer is not None:
-            self.captures = capture_producer(tracer.kept, producer, self.capture_bytes, self.state.count, self.rank)
+            self.captures = capture_producer(
+                tracer.kept, producer, self.capture_bytes, self.state.count, self.rank
+            )
             save_captures(self.captures, captures_path(self.path, self.rank, self.world))
             tracer.keep = False  # one capture per run: the first producer
         tracer.kept.clear()
@@ -295,8 +301,12 @@ def _record(step: int, rank: int, n: Numbers, scalars: dict[str, float], lrs: li
 
 
 @contextmanager
-def watch(model: nn.Module, optimizer: torch.optim.Optimizer | None = None, path: str | os.PathLike = "run.inspect",
-          **options: Any) -> Iterator[Watch]:
+def watch(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer | None = None,
+    path: str | os.PathLike = "run.inspect",
+    **options: Any,
+) -> Iterator[Watch]:
     """Watch a training loop: every step's numbers go to ``path``, findings name module and step.
 
     With an optimizer each ``optimizer.step()`` is a step (through its step hooks); without one,

@@ -39,8 +39,9 @@ class Layout:
         return np.sqrt(out) if how == "norm" else out
 
 
-_OWNERS: weakref.WeakKeyDictionary[nn.Module, dict[tuple[str, tuple[str, ...]], list[tuple[nn.Module | None, str]]]] = \
-    weakref.WeakKeyDictionary()
+_OWNERS: weakref.WeakKeyDictionary[
+    nn.Module, dict[tuple[str, tuple[str, ...]], list[tuple[nn.Module | None, str]]]
+] = weakref.WeakKeyDictionary()
 
 
 def current(model: nn.Module, names: tuple[str, ...], kind: str = "parameter") -> list[torch.Tensor | None]:
@@ -84,7 +85,9 @@ def fused_norms(tensors: list[torch.Tensor | None]) -> list[tuple[np.ndarray, to
             continue
         if type(t) not in plain and is_dtensor(t):
             if any(p.is_partial() for p in t.placements):
-                t = _replicated(t)  # pending sums (a collective every rank makes alike), as clip_grad_norm_ does
+                t = _replicated(
+                    t
+                )  # pending sums (a collective every rank makes alike), as clip_grad_norm_ does
             # the local piece as DTensor keeps it (``to_local()`` costs tens of microseconds a call)
             piece = getattr(t, "_local_tensor", None)
             if piece is None:

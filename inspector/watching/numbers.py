@@ -10,8 +10,22 @@ import torch
 
 from ..utils.process_memory import rss_and_peak
 
-_SCALARS = ["step_time", "loss", "grad_norm", "nonfinite", "scale", "skipped", "device_allocated", "device_peak",
-            "rss", "forward", "backward", "checked", "shared", "loss_logged"]
+_SCALARS = [
+    "step_time",
+    "loss",
+    "grad_norm",
+    "nonfinite",
+    "scale",
+    "skipped",
+    "device_allocated",
+    "device_peak",
+    "rss",
+    "forward",
+    "backward",
+    "checked",
+    "shared",
+    "loss_logged",
+]
 _MODULE = ["module_grad", "module_param", "module_update", "module_nonfinite"]
 _PARAM = ["param_grad", "has_grad", "param_norm"]
 

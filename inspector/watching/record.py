@@ -71,7 +71,9 @@ class RunMeta:
             raise ValueError(f"run file version {data['version']} is newer than this reader ({VERSION}); "
                              "upgrade model-inspector")
         known = {f.name for f in fields(cls)}
-        kwargs: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in data.items() if k in known}
+        kwargs: dict[str, Any] = {
+            k: tuple(v) if isinstance(v, list) else v for k, v in data.items() if k in known
+        }
         try:
             meta = cls(**kwargs)
         except TypeError as exc:

@@ -59,7 +59,9 @@ class Run:
     complete: bool
     table: Any = field(repr=False)  # the pyarrow.Table of the rows
     source: str = ""  # the file's full path ("" for an upload)
-    check_run: Any = field(default=None, repr=False)  # a check_step file's DistributedRun (None for a watch file)
+    check_run: Any = field(
+        default=None, repr=False
+    )  # a check_step file's DistributedRun (None for a watch file)
 
     @cached_property
     def captures(self) -> Captures | None:
@@ -114,13 +116,17 @@ class Run:
         n_rows = self.table.num_rows
         owners = [self.meta.modules[i] for i in self.meta.parameter_modules]
         codes = np.tile(np.arange(n_par), n_rows)
-        return pd.DataFrame({
-            "step": np.repeat(self.table.column("step").to_numpy(), n_par),
-            "rank": np.repeat(self.table.column("rank").to_numpy(), n_par),
-            "parameter": pd.Categorical.from_codes(codes, categories=pd.Index(self.meta.parameters, dtype=object)),
-            "module": np.asarray(owners, dtype=object)[codes] if n_par else np.zeros(0, dtype=object),
-            "grad_norm": _list_matrix(self.table.column("param_grad_norm"), n_par, self.path).reshape(-1),
-        })
+        return pd.DataFrame(
+            {
+                "step": np.repeat(self.table.column("step").to_numpy(), n_par),
+                "rank": np.repeat(self.table.column("rank").to_numpy(), n_par),
+                "parameter": pd.Categorical.from_codes(
+                    codes, categories=pd.Index(self.meta.parameters, dtype=object)
+                ),
+                "module": np.asarray(owners, dtype=object)[codes] if n_par else np.zeros(0, dtype=object),
+                "grad_norm": _list_matrix(self.table.column("param_grad_norm"), n_par, self.path).reshape(-1),
+            }
+        )
 
     def at(self, step: int, rank: int = 0) -> pd.DataFrame:
         """The per-module table of one step and rank (the last row of that step), read from that row
@@ -131,7 +137,9 @@ class Run:
             InspectorError: the run has no such step for ``rank``.
         """
         table = self.table
-        hits = np.flatnonzero((table.column("step").to_numpy() == step) & (table.column("rank").to_numpy() == rank))
+        hits = np.flatnonzero(
+            (table.column("step").to_numpy() == step) & (table.column("rank").to_numpy() == rank)
+        )
         if not len(hits):
             raise InspectorError(f"{self.path} has no step {step} for rank {rank}")
         row = table.slice(int(hits[-1]), 1)
@@ -158,7 +166,9 @@ def _list_matrix(column: Any, width: int, name: str) -> np.ndarray:
     if len(flat) != int(valid.sum()) * width:
         lengths = pc.list_value_length(arr).to_numpy(zero_copy_only=False)
         bad = int(np.flatnonzero(valid & (lengths != width))[0])
-        raise InspectorError(f"{name}: row {bad} has {lengths[bad]} per-module values, not {width}; the file is damaged")
+        raise InspectorError(
+            f"{name}: row {bad} has {lengths[bad]} per-module values, not {width}; the file is damaged"
+        )
     if valid.all() or width == 0:
         return flat.reshape(len(arr), width)
     out = np.full((len(arr), width), np.nan, dtype=np.float32)
@@ -176,7 +186,9 @@ def _read_stream(source: Any, name: str) -> tuple[RunMeta, Any, bool]:
                              "inspector.watch or `python -m inspector watch`") from None
     raw = (reader.schema.metadata or {}).get(META_KEY)
     if raw is None:
-        raise InspectorError(f"{name} is an Arrow stream but not a watch run file (no {META_KEY.decode()} metadata)")
+        raise InspectorError(
+            f"{name} is an Arrow stream but not a watch run file (no {META_KEY.decode()} metadata)"
+        )
     try:
         meta = RunMeta.from_json(raw)
     except (ValueError, TypeError, OverflowError) as exc:
@@ -186,7 +198,9 @@ def _read_stream(source: Any, name: str) -> tuple[RunMeta, Any, bool]:
                              "write the file again with inspector.watch") from None
     missing = [f.name for f in schema() if f.name not in reader.schema.names]
     if missing:
-        raise InspectorError(f"{name} lacks the columns {', '.join(missing)}; it was not written by inspector.watch")
+        raise InspectorError(
+            f"{name} lacks the columns {', '.join(missing)}; it was not written by inspector.watch"
+        )
     batches, complete = [], False
     while True:
         try:
@@ -204,7 +218,9 @@ def _steps_frame(table: Any, meta: RunMeta) -> pd.DataFrame:
     import pyarrow.compute as pc
 
     frame = table.select(STEP_COLUMNS).to_pandas()
-    frame["loss_logged"] = pc.is_valid(table.column("loss")).to_numpy(zero_copy_only=False)  # a NaN loss is logged
+    frame["loss_logged"] = pc.is_valid(table.column("loss")).to_numpy(
+        zero_copy_only=False
+    )  # a NaN loss is logged
     lrs = table.column("lr").to_pylist()
     for g in range(max((len(v) for v in lrs if v), default=0)):
         frame[f"lr_{g}"] = [v[g] if v and g < len(v) else np.nan for v in lrs]
@@ -275,7 +291,9 @@ def read_run(path: str | os.PathLike) -> Run:
     from ..distributed import is_run_file, read_check_run
 
     if not is_run_file(p):
-        raise InspectorError(f"{p.name} is neither a watch run file (Arrow stream) nor a check_step run.jsonl")
+        raise InspectorError(
+            f"{p.name} is neither a watch run file (Arrow stream) nor a check_step run.jsonl"
+        )
     return _from_distributed(read_check_run(p))
 
 

@@ -99,7 +99,9 @@ def transfer_step(w: Watch, check: bool) -> tuple[Numbers, dict[str, float]]:
     host = to_host(parts)
     pos = 0
 
-    def spread(pairs: list[tuple[np.ndarray, torch.Tensor]], width: int = len(layout.parameters)) -> np.ndarray:
+    def spread(
+        pairs: list[tuple[np.ndarray, torch.Tensor]], width: int = len(layout.parameters)
+    ) -> np.ndarray:
         nonlocal pos
         out = np.full(width, np.nan)
         for idx, _ in pairs:
@@ -152,7 +154,11 @@ def _norm_parts(w: Watch, check: bool) -> tuple[Pairs, Pairs, Pairs, Pairs]:
         first = next(p for p, k in zip(params, keys, strict=True) if k is not None) if any(keys) else None
         if first is not None:
             device = first.to_local().device  # type: ignore[attr-defined]
-            sets = [grad_parts] + ([param_parts] if check else []) + ([update_parts] if st.before is not None else [])
+            sets = (
+                [grad_parts]
+                + ([param_parts] if check else [])
+                + ([update_parts] if st.before is not None else [])
+            )
             done = global_norms(sets, keys, device)
             grad_parts = done[0]
             param_parts = done[1] if check else param_parts
@@ -223,20 +229,38 @@ def nonfinite_findings(n: Numbers, module_names: list[str], rank: int, world: in
     on = f" on rank {rank}" if world > 1 else ""
     out = []
     if n.forward == BATCH_PRODUCER:
-        out.append(Finding("nonfinite-forward", "error", BATCH,
-                           f"the batch given to the model{on} already holds NaN/Inf: check the data loader and "
-                           "its preprocessing, not the model"))
+        out.append(
+            Finding(
+                "nonfinite-forward",
+                "error",
+                BATCH,
+                f"the batch given to the model{on} already holds NaN/Inf: check the data loader and "
+                "its preprocessing, not the model",
+            )
+        )
     elif n.forward >= 0:
         name = module_names[int(n.forward)] or "(root)"
-        out.append(Finding("nonfinite-forward", "error", name,
-                           f"{name}{on} produced NaN/Inf from finite inputs (the first module to do so; the "
-                           "ones after it only passed it on). Look at its weights, its input range (exp, log, "
-                           "division, fp16 overflow) and the captures of its inputs and outputs"))
+        out.append(
+            Finding(
+                "nonfinite-forward",
+                "error",
+                name,
+                f"{name}{on} produced NaN/Inf from finite inputs (the first module to do so; the "
+                "ones after it only passed it on). Look at its weights, its input range (exp, log, "
+                "division, fp16 overflow) and the captures of its inputs and outputs",
+            )
+        )
     if n.backward >= 0:
         name = module_names[int(n.backward)] or "(root)"
-        out.append(Finding("nonfinite-backward", "error", name,
-                           f"the backward of {name}{on} turned a finite output gradient into a NaN/Inf input "
-                           "gradient: a custom autograd function, a sqrt/log/division at 0, or an overflow in "
-                           "its backward"))
+        out.append(
+            Finding(
+                "nonfinite-backward",
+                "error",
+                name,
+                f"the backward of {name}{on} turned a finite output gradient into a NaN/Inf input "
+                "gradient: a custom autograd function, a sqrt/log/division at 0, or an overflow in "
+                "its backward",
+            )
+        )
     return out
 

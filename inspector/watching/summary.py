@@ -21,7 +21,11 @@ def main_steps(run: Run) -> pd.DataFrame:
 
 
 def first_findings(run: Run) -> list[StepFinding]:
-    """Each (code, where, rank) once (:func:`inspector.utils.findings.group_findings`): the step it first appeared."""
+    """Each (code, where, rank) once (:func:`inspector.utils.findings.group_findings`): the step it first
+    appeared."""
     ordered = sorted(run.findings, key=lambda f: f.step)
     groups = group_findings((f.step, f.rank, f.finding) for f in ordered)
-    return [StepFinding(steps[0], rank, f.code, f.severity, f.where, f.message) for steps, rank, f in groups.values()]
+    return [
+        StepFinding(steps[0], rank, f.code, f.severity, f.where, f.message)
+        for steps, rank, f in groups.values()
+    ]

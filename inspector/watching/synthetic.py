@@ -46,11 +46,23 @@ def synthetic_run(path: str | os.PathLike, steps: int = 100, modules: int = 10, 
                         norms[bad_module] *= 1000.0
                         findings = [Finding("exploding-gradient", "warning", names[bad_module],
                                             "gradient norm 1000x its running median").to_dict()]
-                    batch.append(StepRecord(
-                        step=step, rank=rank, time=meta.started + step, step_time=0.1, loss=2.0 * float(decay),
-                        grad_norm=float(np.sqrt(np.sum(norms.astype(np.float64) ** 2))), lr=[1e-3],
-                        module_grad_norm=norms, module_param_norm=np.full(modules, 10.0, np.float32)
-                        if step % every == 0 else None, module_nonfinite=np.zeros(modules, np.int32),
-                        param_grad_norm=norms, findings=findings if rank == 0 else []))
+                    batch.append(
+                        StepRecord(
+                            step=step,
+                            rank=rank,
+                            time=meta.started + step,
+                            step_time=0.1,
+                            loss=2.0 * float(decay),
+                            grad_norm=float(np.sqrt(np.sum(norms.astype(np.float64) ** 2))),
+                            lr=[1e-3],
+                            module_grad_norm=norms,
+                            module_param_norm=np.full(modules, 10.0, np.float32)
+                            if step % every == 0
+                            else None,
+                            module_nonfinite=np.zeros(modules, np.int32),
+                            param_grad_norm=norms,
+                            findings=findings if rank == 0 else [],
+                        )
+                    )
             writer.write(batch)
     return meta

@@ -73,7 +73,9 @@ class NonfiniteTracer:
         self.values: list[torch.Tensor] = []
         self.kept: dict[int, tuple[Any, Any, int]] = {}  # call -> (args, output, first flag index)
         self.handles: list[RemovableHandle] = []
-        self.leaf_handles: list[RemovableHandle] = []  # gradient hooks on leaves (parameters): they outlive the graph
+        self.leaf_handles: list[
+            RemovableHandle
+        ] = []  # gradient hooks on leaves (parameters): they outlive the graph
         try:
             for m in model.modules():
                 self.handles.append(m.register_forward_hook(self._hook, with_kwargs=True))

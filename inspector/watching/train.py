@@ -28,10 +28,20 @@ def make_optimizer(model: nn.Module, name: str, lr: float) -> torch.optim.Optimi
     return OPTIMIZERS[name](params, lr=lr)
 
 
-def train_watched(model: nn.Module, inputs_fn: Callable[[int], Any], loss_fn: Callable[[Any, Any], torch.Tensor],
-                  steps: int, path: str | os.PathLike, *, optimizer: str | torch.optim.Optimizer = "adamw",
-                  lr: float = 1e-3, batch_size: int = 2, device: torch.device | str = "cpu",
-                  before_step: Callable[[nn.Module, int], None] | None = None, **options: Any) -> WatchResult:
+def train_watched(
+    model: nn.Module,
+    inputs_fn: Callable[[int], Any],
+    loss_fn: Callable[[Any, Any], torch.Tensor],
+    steps: int,
+    path: str | os.PathLike,
+    *,
+    optimizer: str | torch.optim.Optimizer = "adamw",
+    lr: float = 1e-3,
+    batch_size: int = 2,
+    device: torch.device | str = "cpu",
+    before_step: Callable[[nn.Module, int], None] | None = None,
+    **options: Any,
+) -> WatchResult:
     """``steps`` steps of ``loss_fn(model(x), x)`` with a fresh batch from ``inputs_fn(batch_size)``
     each step, watched into ``path`` (``options`` go to :func:`watch`).
 

@@ -41,7 +41,11 @@ def _guarded_context(chromium, allowed: str | None):
     def route(r):
         url = r.request.url
         parts = urlparse(url)
-        if (allowed and f"{parts.scheme}://{parts.netloc}" == allowed) or parts.scheme in ("file", "data", "blob"):
+        if (allowed and f"{parts.scheme}://{parts.netloc}" == allowed) or parts.scheme in (
+            "file",
+            "data",
+            "blob",
+        ):
             r.continue_()
         else:
             blocked.append(url)
@@ -64,7 +68,9 @@ def test_dashboard_shows_hostile_names_as_text_and_fetches_nothing(hostile_app, 
     dialogs: list[str] = []
     page.on("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))
     try:
-        page.goto(f"{url}/?{urlencode({'model': source, 'checkpoint': checkpoint})}", wait_until="domcontentloaded")
+        page.goto(
+            f"{url}/?{urlencode({'model': source, 'checkpoint': checkpoint})}", wait_until="domcontentloaded"
+        )
         wait_for_app(page)
         sidebar = page.locator('[data-testid="stSidebar"]')
         # the unexpected checkpoint key is listed in the sidebar, as the characters it holds
@@ -109,8 +115,9 @@ def test_html_report_figures_keep_hostile_names_inert(hostile_app, chromium, tmp
     page = context.new_page()
     try:
         page.goto(path.as_uri(), wait_until="load")
-        page.wait_for_function(f"document.querySelectorAll('.js-plotly-plot .main-svg').length >= {n_figures}",
-                               timeout=30_000)
+        page.wait_for_function(
+            f"document.querySelectorAll('.js-plotly-plot .main-svg').length >= {n_figures}", timeout=30_000
+        )
         for plot in page.locator(".js-plotly-plot").all():
             plot.hover()
         _assert_inert(page, "HTML report")

@@ -18,7 +18,9 @@ pytestmark = pytest.mark.e2e
 @pytest.fixture(scope="module")
 def short_lived_sessions(chromium_path, artifacts):
     """`streamlit run app.py` that forgets a closed tab's session after 2 s (default 120 s)."""
-    with serve_app(artifacts / "streamlit-uploads.log", options=["--server.disconnectedSessionTTL", "2"]) as server:
+    with serve_app(
+        artifacts / "streamlit-uploads.log", options=["--server.disconnectedSessionTTL", "2"]
+    ) as server:
         yield server.url, server.pid
 
 
@@ -30,7 +32,9 @@ def test_an_upload_is_removed_when_its_session_ends(short_lived_sessions, chromi
     url, pid = short_lived_sessions
     model = SAMPLES["tiny-gpt2"].build()
     path = tmp_path / "weights.safetensors"
-    save_file({k: v.detach().clone() for k, v in model.state_dict().items() if k != "lm_head.weight"}, str(path))
+    save_file(
+        {k: v.detach().clone() for k, v in model.state_dict().items() if k != "lm_head.weight"}, str(path)
+    )
     context = chromium.new_context()
     page = context.new_page()
     page.goto(url, wait_until="domcontentloaded")

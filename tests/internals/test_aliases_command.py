@@ -18,7 +18,10 @@ def _cli(argv: list[str]) -> int:
 
 
 def test_cli_prints_groups_and_conversion_table(capsys):
-    assert _cli(["sample:tiny-gpt2", "--convert", "to-float64-overwrite", "--convert", "move-model-float64"]) == 0
+    assert (
+        _cli(["sample:tiny-gpt2", "--convert", "to-float64-overwrite", "--convert", "move-model-float64"])
+        == 0
+    )
     out = capsys.readouterr().out
     assert "transformer.wte.weight, lm_head.weight same-object" in out
     assert "4,080 unique, 4,592 counting aliases" in out

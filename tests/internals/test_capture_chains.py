@@ -28,7 +28,9 @@ def test_captures_of_one_tensor_before_an_inplace_write_are_all_mutated(mode):
     cap = _capture(net, -torch.ones(2, 3), mode)
     assert cap.mutated == {"0": "2", "1": "2"}
     assert [(m.module, m.max_abs_change) for m in cap.mutations] == [("0", 1.0), ("1", 1.0)]
-    assert torch.equal(cap.outputs["1"], -torch.ones(2, 3)) and torch.equal(cap.outputs["3"], torch.zeros(2, 3))
+    assert torch.equal(cap.outputs["1"], -torch.ones(2, 3)) and torch.equal(
+        cap.outputs["3"], torch.zeros(2, 3)
+    )
 
 
 def test_writes_that_keep_the_values_name_each_capture_first_writer():

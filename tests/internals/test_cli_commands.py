@@ -13,8 +13,20 @@ def test_help_lists_every_command_with_its_one_line_description(capsys):
     assert main(["--help"]) == 0
     text = " ".join(capsys.readouterr().out.split())  # argparse wraps the lines
     names = command_names()
-    assert names == ["aliases", "attribute", "capture", "checkpoint", "compare", "devicemap", "distributed", "offsets",
-                     "report", "serve", "summary", "watch"]
+    assert names == [
+        "aliases",
+        "attribute",
+        "capture",
+        "checkpoint",
+        "compare",
+        "devicemap",
+        "distributed",
+        "offsets",
+        "report",
+        "serve",
+        "summary",
+        "watch",
+    ]
     for name in names:
         help_text = importlib.import_module(f"inspector.commands.{name}").HELP
         assert f"{name} {' '.join(help_text.split())}" in text, name

@@ -57,8 +57,10 @@ def test_drift_names_the_minority_ranks():
                  hashes=[[5, 1], [5, 1], [6, 1], [5, 1]])]
     found = step_findings(_record(rows, world=4))
     assert [(f.code, f.where) for f in found] == [("replica-drift", "bn.running_mean")]
-    assert "identical on ranks 0, 1, 2 and 3 but at step 7 rank 2 holds different values from ranks 0, 1 and 3" \
+    assert (
+        "identical on ranks 0, 1, 2 and 3 but at step 7 rank 2 holds different values from ranks 0, 1 and 3"
         in found[0].message
+    )
 
 
 def test_check_step_in_one_process_writes_a_line_per_step(tmp_path):
@@ -111,7 +113,9 @@ def test_command_runs_as_one_process_without_torchrun(tmp_path, shard, capsys):
 def test_command_refuses_bad_input_with_exit_2(tmp_path, capsys):
     from inspector.__main__ import main
 
-    assert main(["distributed", "sample_models/fsdp.py:build", "--steps", "0", "-o", str(tmp_path / "r")]) == 2
+    assert (
+        main(["distributed", "sample_models/fsdp.py:build", "--steps", "0", "-o", str(tmp_path / "r")]) == 2
+    )
     assert "argument --steps: must be a whole number of at least 1, got 0" in capsys.readouterr().err
     assert main(["distributed", "sample:llama-70b-meta", "-o", str(tmp_path / "r")]) == 2
     assert "meta device" in capsys.readouterr().err
@@ -124,7 +128,9 @@ def test_fsdp_sample_is_the_file_model_and_runs_by_name(tmp_path):
 
     assert "fsdp-mlp" in SAMPLES and not SAMPLES["fsdp-mlp"].meta_only
     by_name, by_file = tmp_path / "name.jsonl", tmp_path / "file.jsonl"
-    assert main(["distributed", "sample:fsdp-mlp", "--shard", "none", "--steps", "1", "-o", str(by_name)]) == 0
+    assert (
+        main(["distributed", "sample:fsdp-mlp", "--shard", "none", "--steps", "1", "-o", str(by_name)]) == 0
+    )
     assert main(["distributed", "sample_models/fsdp.py:build", "--shard", "none", "--steps", "1",
                  "-o", str(by_file)]) == 0
     # the same seeded weights and batch: the same gradient norm, bit for bit
@@ -134,11 +140,14 @@ def test_fsdp_sample_is_the_file_model_and_runs_by_name(tmp_path):
 
 
 def test_a_rank_far_below_the_others_is_named_too():
-    # RMS per element: ranks 0 and 2 sqrt(100/100) = 1, rank 1 (gradients x 0.01) 0.01 -> 100x below the median 1
+    # RMS per element: ranks 0 and 2 sqrt(100/100) = 1, rank 1 (gradients x 0.01) 0.01 ->
+    # 100x below the median 1
     rows = [_row("w", [10.0, 0.1, 10.0], [100, 100, 100])]
     found = step_findings(_record(rows, world=3))
     assert [(f.code, f.where) for f in found] == [("gradient-far-off", "rank 1")]
-    assert "rank 1's gradients are 100x smaller per element than the median of the 3 ranks" in found[0].message
+    assert (
+        "rank 1's gradients are 100x smaller per element than the median of the 3 ranks" in found[0].message
+    )
 
 
 def test_with_two_ranks_far_off_names_both_and_says_there_is_no_majority():
@@ -154,7 +163,9 @@ def test_nonfinite_gradients_in_many_tensors_are_one_finding_naming_the_origin()
     rows[2]["value_nan"], rows[2]["value_inf"] = [0, 0], [0, 1]  # rank 1's piece of c holds an Inf
     found = step_findings(_record(rows))
     assert [(f.code, f.where) for f in found] == [("nonfinite-parameter", "c"), ("nonfinite-gradient", "a")]
-    assert "the gradients of 4 tensors are not finite on ranks 0 and 1 (a, b, c and 1 more)" in found[1].message
+    assert (
+        "the gradients of 4 tensors are not finite on ranks 0 and 1 (a, b, c and 1 more)" in found[1].message
+    )
     assert "start at rank 1's piece of parameter c" in found[1].message
 
 
@@ -205,7 +216,9 @@ def test_what_check_step_keeps_between_steps_does_not_keep_the_model_alive(world
     x = example_inputs(2)
     loss(model(x), x).backward()
     first = check_step(model, 0, path=None).record["global"]["grad_norm"]
-    assert check_step(model, 1, path=None).record["global"]["grad_norm"] == first  # the kept plan: same numbers
+    assert (
+        check_step(model, 1, path=None).record["global"]["grad_norm"] == first
+    )  # the kept plan: same numbers
     ref = weakref.ref(model)
     del model
     gc.collect()

@@ -59,9 +59,14 @@ def test_bart_saved_whole_and_named_as_causal_lm_is_not_the_saved_model(hf_folde
     assert type(loaded.model).__name__ == "BartForCausalLM"
     c = codes(loaded.findings)
     assert c[("hf-not-saved-model", "error")] == 1 and c[("hf-class", "info")] == 1
-    assert c[("left-at-init", "error")] == 1 and c[("unexpected-tensor", "error")] == 21  # 20 named + "1 more"
+    assert (
+        c[("left-at-init", "error")] == 1 and c[("unexpected-tensor", "error")] == 21
+    )  # 20 named + "1 more"
     left = next(f for f in loaded.findings if f.code == "left-at-init")
-    assert left.where == "model.decoder.embed_tokens.weight" and "the same tensor as lm_head.weight" in left.message
+    assert (
+        left.where == "model.decoder.embed_tokens.weight"
+        and "the same tensor as lm_head.weight" in left.message
+    )
     summary = next(f.message for f in loaded.findings if f.code == "hf-not-saved-model")
     assert "21 saved tensors" in summary and "1 of its tensors" in summary
 
@@ -70,7 +75,9 @@ def test_unknown_class_falls_back_and_says_so(hf_folders, tmp_path):
     folder = copy_folder(hf_folders["t5"], tmp_path / "t5", architectures=["T5ForSomethingNew"])
     loaded = load_model(f"hf:{folder}")
     assert type(loaded.model).__name__ == "T5ForConditionalGeneration"
-    assert codes(loaded.findings) == {("hf-class-differs", "warning"): 1}  # every saved tensor found its place
+    assert codes(loaded.findings) == {
+        ("hf-class-differs", "warning"): 1
+    }  # every saved tensor found its place
     folder = copy_folder(hf_folders["gpt2"], tmp_path / "gpt2", architectures=None)
     loaded = load_model(f"hf:{folder}")
     assert type(loaded.model).__name__ == "GPT2LMHeadModel"
@@ -94,7 +101,10 @@ def test_config_asks_for_a_tie_the_saved_values_refuse(hf_folders, tmp_path):
     m = loaded.model
     assert m.lm_head.weight is not m.model.embed_tokens.weight
     assert codes(loaded.findings) == {("hf-class", "info"): 1, ("hf-tie-skipped", "warning"): 1}
-    assert loaded.findings[1].where == "lm_head.weight" and "model.embed_tokens.weight" in loaded.findings[1].message
+    assert (
+        loaded.findings[1].where == "lm_head.weight"
+        and "model.embed_tokens.weight" in loaded.findings[1].message
+    )
     # the aliases view lists tied tensors only, so the advice does not send the user there for a pair
     from inspector import alias_groups
 
@@ -126,7 +136,9 @@ def test_shape_changed_in_the_config_loads_and_says_which(hf_folders, tmp_path, 
     assert codes(loaded.findings) == {("hf-class", "info"): 1, ("hf-not-saved-model", "error"): 1,
                                       ("shape-changed", "error"): 1}
     changed = next(f for f in loaded.findings if f.code == "shape-changed")
-    assert changed.where == "transformer.wte.weight" and "(64, 16) but the model has (65, 16)" in changed.message
+    assert (
+        changed.where == "transformer.wte.weight" and "(64, 16) but the model has (65, 16)" in changed.message
+    )
     assert main(["summary", f"hf:{folder}"]) == 0
     out = capsys.readouterr().out
     assert "shape-changed [transformer.wte.weight]" in out and "config.json does not describe" in out
@@ -184,7 +196,9 @@ def test_compare_saved_names_changed_values_and_shapes(hf_folders):
     assert compare_saved(model, folder) == []
     with torch.no_grad():
         model.transformer.ln_f.bias.add_(1.0)
-    assert [(f.code, f.where) for f in compare_saved(model, folder)] == [("weight-differs", "transformer.ln_f.bias")]
+    assert [(f.code, f.where) for f in compare_saved(model, folder)] == [
+        ("weight-differs", "transformer.ln_f.bias")
+    ]
     # a wider model (n_embd 32, not 16): each of GPT-2's 16 saved tensors (wte, wpe, ln_1, attn
     # c_attn and c_proj, ln_2, mlp c_fc and c_proj, ln_f; weights and biases) has a hidden dimension
     wide = transformers.GPT2LMHeadModel(transformers.GPT2Config(vocab_size=64, n_positions=32, n_embd=32,
@@ -202,7 +216,10 @@ def test_a_torch_weights_folder_is_checked_too(hf_folders, tmp_path):
     del state["transformer.ln_f.bias"]
     torch.save(state, folder / "pytorch_model.bin")
     loaded = load_model(f"hf:{folder}")
-    assert [(f.code, f.where) for f in loaded.findings] == [("hf-class", ""), ("left-at-init", "transformer.ln_f.bias")]
+    assert [(f.code, f.where) for f in loaded.findings] == [
+        ("hf-class", ""),
+        ("left-at-init", "transformer.ln_f.bias"),
+    ]
     assert torch.equal(loaded.model.transformer.wte.weight, state["transformer.wte.weight"])
 
 

@@ -64,7 +64,9 @@ def test_ties_are_the_saved_ones(hf_folders):
     assert llama.lm_head.weight is not llama.model.embed_tokens.weight
     bart = load_model(f"hf:{hf_folders['bart']}").model  # one shared table: encoder, decoder and head
     shared = bart.model.shared.weight
-    assert bart.model.encoder.embed_tokens.weight is shared and bart.model.decoder.embed_tokens.weight is shared
+    assert (
+        bart.model.encoder.embed_tokens.weight is shared and bart.model.decoder.embed_tokens.weight is shared
+    )
     assert bart.lm_head.weight is shared
 
 
@@ -267,7 +269,9 @@ def test_a_missing_expert_is_named(hf_folders, tmp_path):
     with pytest.raises(InspectorError) as caught:
         load_model(f"hf:{folder}")
     message = str(caught.value)
-    assert "needs saved tensors the folder does not hold: model.layers.0.mlp.experts.1.up_proj.weight" in message
+    assert (
+        "needs saved tensors the folder does not hold: model.layers.0.mlp.experts.1.up_proj.weight" in message
+    )
     assert "above report" not in message
 
 
@@ -290,7 +294,9 @@ def test_a_class_for_another_config_is_named_as_such():
 
     choice = choose_class(transformers.Qwen2Config(architectures=["LlamaForCausalLM"]))
     assert choice.chosen.__name__ == "Qwen2ForCausalLM" and choice.exists
-    assert "LlamaForCausalLM, a class for LlamaConfig, but config.json describes a Qwen2Config" in choice.reason
+    assert (
+        "LlamaForCausalLM, a class for LlamaConfig, but config.json describes a Qwen2Config" in choice.reason
+    )
     message = class_findings(choice)[0].message
     assert "Install a transformers version" not in message and "fix its model_type" in message
 

@@ -51,10 +51,24 @@ def _record(step: int) -> dict:
     """Two ranks of ``--shard none``: plain parameters (still equal) whose gradients were never averaged
     (rank 1's norms are twice rank 0's) and a BatchNorm buffer each rank updated on its own."""
     def tensor(name, kind, norms, hashes):
-        return {"name": name, "kind": kind, "placements": "", "mesh": [], "shape": [4], "numel": 4,
-                "dtype": "float32", "requires_grad": kind == "parameter", "has_grad": kind == "parameter",
-                "local_numel": [4, 4], "grad_norm": None, "local_grad_norm": norms, "nan": [0, 0], "inf": [0, 0],
-                "replica_key": [0, 0], "hash": hashes}
+        return {
+            "name": name,
+            "kind": kind,
+            "placements": "",
+            "mesh": [],
+            "shape": [4],
+            "numel": 4,
+            "dtype": "float32",
+            "requires_grad": kind == "parameter",
+            "has_grad": kind == "parameter",
+            "local_numel": [4, 4],
+            "grad_norm": None,
+            "local_grad_norm": norms,
+            "nan": [0, 0],
+            "inf": [0, 0],
+            "replica_key": [0, 0],
+            "hash": hashes,
+        }
     rec = {"format": "inspector-distributed", "version": 1, "step": step, "time": 0.0, "world_size": 2,
            "backend": "gloo", "note": "",
            "global": {"grad_norm": 1.2345678901234567, "nonfinite": 0, "param_numel": 8},
@@ -93,9 +107,16 @@ def test_rank_0_of_a_shard_none_run_is_not_said_to_agree(shard_none):
 def test_rank_numbers_are_in_binary_units_and_four_digits(shard_none):
     at = run_page("8_Training.py", query={"run": str(shard_none)})
     rows = _rank_rows(at)
-    assert rows.value[["rss", "peak_rss", "buffer_bytes"]].values.tolist() == [["512.0 MiB", "600.0 MiB", "2.0 KiB"]] * 2
-    assert '"%.4g"' in rows.proto.columns and "grad_norm" in rows.proto.columns  # 1.235, not 1.2345678901234567
-    memory = next(json.loads(c.proto.spec) for c in at.get("plotly_chart") if "Memory per rank" in c.proto.spec)
+    assert (
+        rows.value[["rss", "peak_rss", "buffer_bytes"]].values.tolist()
+        == [["512.0 MiB", "600.0 MiB", "2.0 KiB"]] * 2
+    )
+    assert (
+        '"%.4g"' in rows.proto.columns and "grad_norm" in rows.proto.columns
+    )  # 1.235, not 1.2345678901234567
+    memory = next(
+        json.loads(c.proto.spec) for c in at.get("plotly_chart") if "Memory per rank" in c.proto.spec
+    )
     assert memory["layout"]["yaxis"]["type"] == "log"
     assert memory["data"][0]["text"] == ["32 B", "32 B", "2.0 KiB", "512.0 MiB", "600.0 MiB"]
 

@@ -26,5 +26,7 @@ def test_quick_target_info_matches_the_full_forward():
     assert quick_target_info(tiny, ids) == target_info(tiny, ids) == TargetInfo(32, 16)
     # One token gives (1, 0, 5), no position to read the targets from: the full pass on (1, 6)
     # decides, (1, 5, 5): 5 targets at 5 positions.
-    odd = LoadedModel(_DropLast(), "drop-last", "test", inputs_fn=lambda b: torch.zeros(b, 6, dtype=torch.long))
+    odd = LoadedModel(
+        _DropLast(), "drop-last", "test", inputs_fn=lambda b: torch.zeros(b, 6, dtype=torch.long)
+    )
     assert quick_target_info(odd) == target_info(odd) == TargetInfo(5, 5)

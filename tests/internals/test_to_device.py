@@ -11,7 +11,10 @@ def test_to_device_moves_every_tensor_of_a_pytree_and_casts_only_floating_ones()
     from inspector.loading.models import to_device
 
     Batch = namedtuple("Batch", "x ids")
-    inputs = {"batch": Batch(torch.ones(2), torch.arange(2)), "extra": [torch.zeros(1, dtype=torch.float64), "tag"]}
+    inputs = {
+        "batch": Batch(torch.ones(2), torch.arange(2)),
+        "extra": [torch.zeros(1, dtype=torch.float64), "tag"],
+    }
     out = to_device(inputs, torch.device("meta"), torch.float16)
     assert isinstance(out["batch"], Batch)
     assert (out["batch"].x.device.type, out["batch"].x.dtype) == ("meta", torch.float16)
@@ -33,7 +36,9 @@ def test_to_device_moves_tensors_inside_containers_pytree_does_not_know():
         def __init__(self, items, tag):
             super().__init__(items)
 
-    inputs = Inputs(x=torch.ones(2), ids=torch.arange(2), more=[Pair((torch.ones(1),)), Needs([torch.ones(1)], "t")])
+    inputs = Inputs(
+        x=torch.ones(2), ids=torch.arange(2), more=[Pair((torch.ones(1),)), Needs([torch.ones(1)], "t")]
+    )
     out = to_device(inputs, torch.device("meta"), torch.float16)
     assert type(out) is Inputs
     assert (out["x"].device.type, out["x"].dtype) == ("meta", torch.float16)

@@ -1,4 +1,5 @@
-"""Figures of a training run: the binned module × step heatmap, the loss and norm lines, the findings timeline."""
+"""Figures of a training run: the binned module × step heatmap, the loss and norm lines, the findings
+timeline."""
 
 from __future__ import annotations
 
@@ -54,7 +55,9 @@ def test_the_same_grid_from_a_steps_by_modules_array():
     values[6, 0] = np.nan
     recorded_nan = np.zeros_like(values, dtype=bool)
     recorded_nan[6, 0] = True
-    g = bin_matrix(np.arange(7), values, [f"m{m}" for m in range(5)], nonfinite=recorded_nan, max_rows=2, max_cols=3)
+    g = bin_matrix(
+        np.arange(7), values, [f"m{m}" for m in range(5)], nonfinite=recorded_nan, max_rows=2, max_cols=3
+    )
     np.testing.assert_array_equal(g.values, np.array([[22, 52, 62], [24, 53, 64]]))
     assert g.nonfinite.tolist() == [[False, False, True], [False, True, False]]
     # a NaN nobody marked as recorded is a value not taken: an empty cell, no mark
@@ -132,7 +135,9 @@ def test_loss_and_norm_lines_mark_the_steps_that_were_not_finite():
     # the legend explains the red x once, and only the red x (each line is named by its panel's title)
     assert [t.showlegend for t in fig.data] == [False, True, False, False] and fig.layout.showlegend
     assert list(fig.data[0].x) == [0, 1, 3] and list(fig.data[1].x) == [2]
-    assert list(fig.data[2].x) == [0, 2, 3] and list(fig.data[3].x) == [1]  # a NaN flagged by the step's count
+    assert list(fig.data[2].x) == [0, 2, 3] and list(fig.data[3].x) == [
+        1
+    ]  # a NaN flagged by the step's count
     assert fig.layout.yaxis2.type == "log"
     no_loss = loss_norm_figure(steps.drop(columns=["loss"]))
     assert [t.name for t in no_loss.data][0] == "global gradient norm"
@@ -154,12 +159,25 @@ def test_findings_timeline_puts_each_finding_at_its_step():
 
 def test_rank_lines_stay_visible_over_the_global_norm_and_keep_their_colours():
     # replicas: both ranks hold the global norm exactly (``--shard none``)
-    per_rank = pd.DataFrame({"step": [0, 0, 1, 1], "rank": [0, 1, 0, 1], "grad_norm": [2.0, 2.0, 1.0, 1.0],
-                             "param_bytes": [2 ** 30] * 4, "grad_bytes": [2 ** 30] * 4, "buffer_bytes": [3072] * 4,
-                             "rss": [600 * 2 ** 20] * 4, "peak_rss": [700 * 2 ** 20] * 4})
+    per_rank = pd.DataFrame(
+        {
+            "step": [0, 0, 1, 1],
+            "rank": [0, 1, 0, 1],
+            "grad_norm": [2.0, 2.0, 1.0, 1.0],
+            "param_bytes": [2**30] * 4,
+            "grad_bytes": [2**30] * 4,
+            "buffer_bytes": [3072] * 4,
+            "rss": [600 * 2**20] * 4,
+            "peak_rss": [700 * 2**20] * 4,
+        }
+    )
     steps = pd.DataFrame({"step": [0, 1], "grad_norm": [2.0, 1.0]})
     fig = grad_norm_figure(per_rank, steps)
-    assert [t.name for t in fig.data] == ["global", "rank 0", "rank 1"]  # the global band is drawn first, under
+    assert [t.name for t in fig.data] == [
+        "global",
+        "rank 0",
+        "rank 1",
+    ]  # the global band is drawn first, under
     assert fig.data[0].line.width > fig.data[1].line.width
     assert fig.data[1].marker.symbol != fig.data[2].marker.symbol
     assert fig.data[1].line.dash != fig.data[2].line.dash

@@ -26,10 +26,21 @@ def aliases_section(ctx: Context) -> Section:
     tables = [Table.from_frame("Alias groups", analysis.to_frame(),
                                "names[0] is the name named_parameters() keeps")]
     if analysis.disjoint:
-        tables.append(Table("Disjoint views of one storage (not aliases)", ("regions", "storage_bytes", "device"),
-                            tuple((" | ".join(", ".join(r) for r in d.regions), d.storage_nbytes, d.device)
-                                  for d in analysis.disjoint)))
-    figures = (make_figure("Alias graph", alias_graph_figure(graph_data(ctx.model, list(analysis.groups))), tables[0]),)
+        tables.append(
+            Table(
+                "Disjoint views of one storage (not aliases)",
+                ("regions", "storage_bytes", "device"),
+                tuple(
+                    (" | ".join(", ".join(r) for r in d.regions), d.storage_nbytes, d.device)
+                    for d in analysis.disjoint
+                ),
+            )
+        )
+    figures = (
+        make_figure(
+            "Alias graph", alias_graph_figure(graph_data(ctx.model, list(analysis.groups))), tables[0]
+        ),
+    )
     names = _conversions(ctx, notes)
     if names:
         table, _results = conversion_table(ctx.model, names)
@@ -51,9 +62,11 @@ def _conversions(ctx: Context, notes: list[str]) -> list[str]:
         return []
     known = list(CONVERSIONS)
     if model_has_dtensors(ctx.model):
-        notes.append("conversion checks skipped: the parameters are DTensors (FSDP2 or tensor parallel) and each "
-                     "check converts a copy of the model, which a sharded module cannot make; run them on the "
-                     "model before sharding it")
+        notes.append(
+            "conversion checks skipped: the parameters are DTensors (FSDP2 or tensor parallel) and each "
+            "check converts a copy of the model, which a sharded module cannot make; run them on the "
+            "model before sharding it"
+        )
         return []
     if choice in ("all", "auto") and not _on_cuda(ctx.model):
         known.remove("cuda")
@@ -63,8 +76,10 @@ def _conversions(ctx: Context, notes: list[str]) -> list[str]:
     if choice == "auto":
         size, limit = model_bytes(ctx.model), int(ctx.options["conversion_max_bytes"])
         if size > limit:
-            notes.append(f"conversion checks left out: each copies the model ({format_bytes(size)}, more than "
-                         f"the {format_bytes(limit)} checked by default); {how_to(ctx.options, 'conversions')}")
+            notes.append(
+                f"conversion checks left out: each copies the model ({format_bytes(size)}, more than "
+                f"the {format_bytes(limit)} checked by default); {how_to(ctx.options, 'conversions')}"
+            )
             return []
         return known
     names = [choice] if isinstance(choice, str) else list(choice)

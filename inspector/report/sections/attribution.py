@@ -50,7 +50,8 @@ def attribution_section(ctx: Context) -> Section:
 
 
 def _check_size(ctx: Context) -> None:
-    """SectionUnavailable when the model is too big to attribute on a CPU (option attribution_cpu_max_bytes)."""
+    """SectionUnavailable when the model is too big to attribute on a CPU (option
+    attribution_cpu_max_bytes)."""
     limit = ctx.options["attribution_cpu_max_bytes"]
     size = model_bytes(ctx.model)
     if limit is not None and ctx.loaded.input_device().type == "cpu" and size > int(limit):

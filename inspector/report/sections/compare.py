@@ -32,7 +32,8 @@ def _label(other: Any) -> str:
 
 
 def section_of(result: WeightComparison, b_label: str | None = None) -> Section:
-    """A report section of a weight comparison: facts, the per-module figure, modules and tensors, findings."""
+    """A report section of a weight comparison: facts, the per-module figure, modules and tensors,
+    findings."""
     from ...figures.compare import module_change_bars
 
     facts: dict[str, Any] = {"a": result.a, "b": b_label or result.b, "a_kind": result.a_kind,

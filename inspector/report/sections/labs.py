@@ -40,7 +40,17 @@ def lab_section(results: Mapping[str, Any]) -> Section:
     open_tasks = tuple(Finding("lab-task-open", "info", t["id"],
                                f"lab {lab_id}: task {t['id']} is not passed yet")
                        for t in results["tasks"] if not t["passed"])
-    return Section("labs", SECTION_TITLES["labs"], note=f"Lab {title!r}" + (f", student {student}" if student else ""),
-                   facts={"lab": lab_id, "title": title, "student": student,
-                          "tasks": len(results["tasks"]), "passed": results["passed"]},
-                   tables=(table,), findings=open_tasks)
+    return Section(
+        "labs",
+        SECTION_TITLES["labs"],
+        note=f"Lab {title!r}" + (f", student {student}" if student else ""),
+        facts={
+            "lab": lab_id,
+            "title": title,
+            "student": student,
+            "tasks": len(results["tasks"]),
+            "passed": results["passed"],
+        },
+        tables=(table,),
+        findings=open_tasks,
+    )

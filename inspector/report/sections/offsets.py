@@ -17,7 +17,10 @@ def offsets_section(ctx: Context) -> Section:
     model = ctx.model
     table = offset_map(model)
     findings = list(offset_findings(model))
-    facts: dict[str, Any] = {"tensors": len(table), "vector_length": int(table["end"].max()) if len(table) else 0}
+    facts: dict[str, Any] = {
+        "tensors": len(table),
+        "vector_length": int(table["end"].max()) if len(table) else 0,
+    }
     tables = [Table.from_frame("Flat offset map", table,
                                "rows in parameters() order: parameters_to_vector(...)[start:end] is each "
                                "tensor flattened")]
@@ -32,7 +35,9 @@ def offsets_section(ctx: Context) -> Section:
     if grads is not None:
         tables.append(Table.from_frame("Gradient norms per parameter", grads.by_parameter))
         tables.append(Table.from_frame("Gradient norms per module", grads.by_module))
-        facts.update({"total_gradient_norm": grads.total_norm, **{f"grad_{k}": v for k, v in grads.counts.items()}})
+        facts.update(
+            {"total_gradient_norm": grads.total_norm, **{f"grad_{k}": v for k, v in grads.counts.items()}}
+        )
         findings += grads.findings
         figures += (make_figure("Gradient norm per layer", layer_norm_bars(grads.by_module), tables[-1]),)
     return Section("offsets", SECTION_TITLES["offsets"], note="; ".join(notes), facts=plain(facts),

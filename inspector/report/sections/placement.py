@@ -23,7 +23,9 @@ def placement_section(ctx: Context) -> Section:
     tables = [Table.from_frame("Where every parameter and buffer is now", now)]
     facts: dict[str, Any] = {"tensors": len(now),
                              "devices_now": sorted({str(d) for d in now["device"] if d is not None})}
-    figures: tuple[ReportFigure, ...] = (make_figure("Where every tensor is now", placement_treemap(now), tables[0]),)
+    figures: tuple[ReportFigure, ...] = (
+        make_figure("Where every tensor is now", placement_treemap(now), tables[0]),
+    )
     budget = ctx.options["max_memory"]
     if budget is None:
         notes.append("no device budget given: the device-map plan is left out (pass max_memory, "

@@ -19,9 +19,12 @@ def summary_section(ctx: Context) -> Section:
     tree = module_tree(ctx.model)
     top = tree.modules[tree.modules["depth"] <= TREE_DEPTH]
     tree_table = Table.from_frame(
-        "Module tree (top levels)", top[["id", "cls", "bytes", "tensors", "device", "dtype", "alias_group"]]
-        .rename(columns={"id": "module", "cls": "class"}).assign(module=lambda f: f["module"].replace("", "(model)")),
-        "bytes: every distinct tensor below the module, counted once at its first holder")
+        "Module tree (top levels)",
+        top[["id", "cls", "bytes", "tensors", "device", "dtype", "alias_group"]]
+        .rename(columns={"id": "module", "cls": "class"})
+        .assign(module=lambda f: f["module"].replace("", "(model)")),
+        "bytes: every distinct tensor below the module, counted once at its first holder",
+    )
     return Section("summary", SECTION_TITLES["summary"], facts=plain(facts),
                    tables=(Table.from_frame("Bytes by kind, dtype and device", s.bytes_table), tree_table),
                    figures=(make_figure("Model tree (area: bytes, colour: device)",
