@@ -126,7 +126,10 @@ def main() -> int:
             verdict = "" if target is None else ("ok" if ratio <= target else "OVER")
             tgt = f"<= {target:.2f}" if target else ""
             of_medians = statistics.median(mine) / statistics.median(plain)
-            print(f"{name:<15}{statistics.median(mine):>10.3f}{ratio:>8.3f}{of_medians:>12.3f}{tgt:>10}  {verdict}")
+            print(
+                f"{name:<15}{statistics.median(mine):>10.3f}{ratio:>8.3f}{of_medians:>12.3f}"
+                f"{tgt:>10}  {verdict}"
+            )
     return 0
 
 

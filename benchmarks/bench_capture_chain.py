@@ -29,7 +29,11 @@ from _timing import interleaved  # noqa: E402
 
 from inspector.capture import capture_activations  # noqa: E402
 
-CHAINS = {"linear": lambda: nn.Linear(4, 4), "identity": nn.Identity, "relu-ip": lambda: nn.ReLU(inplace=True)}
+CHAINS = {
+    "linear": lambda: nn.Linear(4, 4),
+    "identity": nn.Identity,
+    "relu-ip": lambda: nn.ReLU(inplace=True),
+}
 
 
 def main() -> None:

@@ -75,7 +75,9 @@ class GlobalRecorder(Recorder):
             else:
                 table[id(module)] = entry
             if entry[1] and self.options.keep_inputs:
-                self.handles.append(module.register_forward_pre_hook(self._pre_hook(entry[0]), with_kwargs=True))
+                self.handles.append(
+                    module.register_forward_pre_hook(self._pre_hook(entry[0]), with_kwargs=True)
+                )
         after = self._hook(own)
         self.handles += [m.register_forward_hook(after, with_kwargs=True) for m in hooked_modules]
         self.handles.append(register_module_forward_hook(self._hook(table), with_kwargs=True))
@@ -141,12 +143,19 @@ def bench(label: str, model: nn.Module, x, repeats: int) -> None:
             mine = [t[k] for t in ts]
             over[name] = statistics.median(t - p for t, p in zip(mine, plain, strict=True)) / modules
             ratio = statistics.median(t / p for t, p in zip(mine, plain, strict=True))
-            print(f"   {name:<14}{statistics.median(mine) * 1e3:>10.2f}{ratio:>9.3f}{over[name] * 1e6:>11.1f}")
+            print(
+                f"   {name:<14}{statistics.median(mine) * 1e3:>10.2f}{ratio:>9.3f}{over[name] * 1e6:>11.1f}"
+            )
         both = statistics.median(s[k] / g[k] for s, g in zip(times["scoped"], times["global"], strict=True))
-        others = statistics.median(s[k] / g[k] for s, g in zip(times["other+scoped"], times["other+global"], strict=True))
-        print(f"   {clock}: scoped / global {both:.3f}x; per-module overhead over clone hooks: global "
-              f"{over['global'] / over['clone-hooks']:.2f}x, scoped {over['scoped'] / over['clone-hooks']:.2f}x; "
-              f"another model's pass, scoped / global {others:.3f}x")
+        others = statistics.median(
+            s[k] / g[k] for s, g in zip(times["other+scoped"], times["other+global"], strict=True)
+        )
+        print(
+            f"   {clock}: scoped / global {both:.3f}x; per-module overhead over clone hooks: global "
+            f"{over['global'] / over['clone-hooks']:.2f}x, "
+            f"scoped {over['scoped'] / over['clone-hooks']:.2f}x; "
+            f"another model's pass, scoped / global {others:.3f}x"
+        )
 
 
 def micro(model: nn.Module, repeats: int = 200) -> None:

@@ -100,10 +100,13 @@ def bench(label: str, model: nn.Module, x, repeats: int, mode: str = "inference"
         kept = hooked(model, lambda: call(model, x), clone)
     ours = [t for v in cap.outputs.values() for _, t in tensor_leaves(v)]
     theirs = [t for v in kept.values() for _, t in tensor_leaves(v)]
-    print(f"== {label}, {mode}: {modules} modules, {repeats} paired repeats, {torch.get_num_threads()} thread(s), "
-          f"load average {os.getloadavg()[0]:.2f}; copies kept: inspector {len(ours)} tensors, "
-          f"{sum(t.nbytes for t in ours) / 1024:.0f} KiB; clone hooks {len(theirs)} tensors, "
-          f"{sum(t.nbytes for t in theirs) / 1024:.0f} KiB")
+    print(
+        f"== {label}, {mode}: {modules} modules, {repeats} paired repeats, "
+        f"{torch.get_num_threads()} thread(s), "
+        f"load average {os.getloadavg()[0]:.2f}; copies kept: inspector {len(ours)} tensors, "
+        f"{sum(t.nbytes for t in ours) / 1024:.0f} KiB; clone hooks {len(theirs)} tensors, "
+        f"{sum(t.nbytes for t in theirs) / 1024:.0f} KiB"
+    )
     ratios = {}
     for clock, times in runs.items():
         plain = times["plain"]

@@ -55,7 +55,10 @@ def test_inplace_relu_copies_equal_captum_and_mutations_are_named(cnn, mode):
     # relu1 runs in place on conv1's output, relu2 on bn2's output
     assert cap.mutated == {"conv1": "relu1", "bn2": "relu2"}
     how = "value" if mode == "inference_mode" else "version"
-    assert [(m.module, m.by, m.how) for m in cap.mutations] == [("conv1", "relu1", how), ("bn2", "relu2", how)]
+    assert [(m.module, m.by, m.how) for m in cap.mutations] == [
+        ("conv1", "relu1", how),
+        ("bn2", "relu2", how),
+    ]
     # the copy keeps conv1's negative values; the bare reference was overwritten by the ReLU
     assert (cap.outputs["conv1"] < 0).any()
     assert (cap.references["conv1"] >= 0).all()
@@ -423,7 +426,11 @@ def test_figures_say_where_the_nan_and_inf_values_are():
     assert sum(hist.data[0].y) == 14
     heat = capture_heatmap(t, title="gate: output")
     marks = heat.data[1]
-    assert heat.layout.showlegend and marks.name == "NaN or Inf" and sorted(zip(marks.y, marks.x, strict=True)) == [(1, 2), (3, 0)]
+    assert (
+        heat.layout.showlegend
+        and marks.name == "NaN or Inf"
+        and sorted(zip(marks.y, marks.x, strict=True)) == [(1, 2), (3, 0)]
+    )
     assert heat.data[0].z[3][0] != heat.data[0].z[3][0]  # the Inf cell is left uncoloured, under its mark
     # finite values: no note, no marks
     assert capture_histogram(torch.ones(3), title="x").layout.title.text == "x"
@@ -546,7 +553,10 @@ def test_a_users_hook_that_replaces_the_output_is_captured_as_replaced():
     net = _eye_net()
     x = torch.tensor([[1.0, -2.0]])
     net[0].register_forward_hook(lambda m, a, o: o * 10)  # [[1, -2]] -> [[10, -20]]
-    for cap in (capture_activations(net, x), capture_activations(net, x, keep_inputs=True, max_bytes=1 << 20)):
+    for cap in (
+        capture_activations(net, x),
+        capture_activations(net, x, keep_inputs=True, max_bytes=1 << 20),
+    ):
         assert torch.equal(cap.outputs["0"], torch.tensor([[10.0, -20.0]]))  # what ReLU received
         assert torch.equal(cap.outputs["1"], torch.tensor([[10.0, 0.0]]))
         assert torch.equal(cap.model_output, torch.tensor([[10.0, 0.0]]))
@@ -589,9 +599,13 @@ def test_users_hooks_run_in_order_before_the_capture_and_stay_as_they_were():
     def pre(m, a):
         calls.append("pre")
 
-    handles = [net[0].register_forward_hook(plus_one), net[0].register_forward_hook(times_two, with_kwargs=True),
-               net[0].register_forward_hook(minus_three, always_call=True),
-               net[0].register_forward_hook(first, prepend=True), net[0].register_forward_pre_hook(pre)]
+    handles = [
+        net[0].register_forward_hook(plus_one),
+        net[0].register_forward_hook(times_two, with_kwargs=True),
+        net[0].register_forward_hook(minus_three, always_call=True),
+        net[0].register_forward_hook(first, prepend=True),
+        net[0].register_forward_pre_hook(pre),
+    ]
 
     def hooks() -> list[tuple]:
         m = net[0]

@@ -185,8 +185,12 @@ def capture_activations(model: nn.Module, inputs: Any, modules: Any = None,
             raise InspectorError(f"the forward pass of {type(model).__name__} failed"
                                  f"{' in module ' + where if where else ''}: "
                                  f"{type(exc).__name__}: {exc}") from exc
-    restored_findings = [Finding("forward-state-restored", "info", "", restored_message(restored))] if restored else []
-    notes, shard_findings = placement_notes(placed, rec.outputs)  # tensor parallel: which piece each capture is
+    restored_findings = (
+        [Finding("forward-state-restored", "info", "", restored_message(restored))] if restored else []
+    )
+    notes, shard_findings = placement_notes(
+        placed, rec.outputs
+    )  # tensor parallel: which piece each capture is
     return rec.finish([*restored_findings, *shard_findings], model_output=output, placements=notes)
 
 
@@ -199,7 +203,9 @@ def _backward(model: nn.Module, output: Any, inputs: Any,
         if not parts:
             raise InspectorError("grads=True needs a floating-point model output or a loss_fn")
         loss = torch.stack(parts).sum()
-    wrt = [e.tensor for e in tensor_inventory(model, include_buffers=False).unique_entries() if e.requires_grad]
+    wrt = [
+        e.tensor for e in tensor_inventory(model, include_buffers=False).unique_entries() if e.requires_grad
+    ]
     if not loss.requires_grad or not wrt:
         findings.append(Finding("capture-no-grads", "warning", "",
                                 "no gradients were captured: no parameter requires grad, so "

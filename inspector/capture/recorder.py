@@ -246,8 +246,15 @@ class Recorder:
         limit = self.options.max_bytes
         if self.full or (limit is not None and self.used + nbytes > limit):
             self.full = True
-            self.skipped.append(Skipped(key, kind, path, nbytes,
-                                        f"{_BUDGET} ({format_bytes(self.used)} of {format_bytes(limit)} used)"))
+            self.skipped.append(
+                Skipped(
+                    key,
+                    kind,
+                    path,
+                    nbytes,
+                    f"{_BUDGET} ({format_bytes(self.used)} of {format_bytes(limit)} used)",
+                )
+            )
             return False
         self.used += nbytes
         return True
@@ -266,8 +273,13 @@ class Recorder:
             return _SKIP
         if paths is None:
             paths = leaf_paths(value, spec)
-        return unflat([self._store_leaf(key, kind, path, leaf, watch) for path, leaf in zip(paths, leaves, strict=True)],
-                      spec)
+        return unflat(
+            [
+                self._store_leaf(key, kind, path, leaf, watch)
+                for path, leaf in zip(paths, leaves, strict=True)
+            ],
+            spec,
+        )
 
     def _store_leaf(self, key: str, kind: str, path: str, leaf: Any, watch: bool) -> Any:
         if isinstance(leaf, torch.Tensor):
@@ -339,11 +351,20 @@ class Recorder:
 
     def _build(self, findings: list[Finding] | None, model_output: Any,
                placements: dict[str, str] | None) -> Captures:
-        return Captures(outputs=dict(self.outputs), inputs=dict(self.inputs), grads=dict(self.grads),
-                        mutated=dict(self.mutated), mutations=list(self.mutations), skipped=list(self.skipped),
-                        references=dict(self.references), order=list(self.order),
-                        findings=[*self.findings, *(findings or ())], store_on=str(self.options.store_on),
-                        model_output=model_output, placements=dict(placements or {}))
+        return Captures(
+            outputs=dict(self.outputs),
+            inputs=dict(self.inputs),
+            grads=dict(self.grads),
+            mutated=dict(self.mutated),
+            mutations=list(self.mutations),
+            skipped=list(self.skipped),
+            references=dict(self.references),
+            order=list(self.order),
+            findings=[*self.findings, *(findings or ())],
+            store_on=str(self.options.store_on),
+            model_output=model_output,
+            placements=dict(placements or {}),
+        )
 
 
 def _check_budget(max_bytes: Any) -> None:
@@ -354,7 +375,9 @@ def _check_budget(max_bytes: Any) -> None:
         raise InspectorError(f"max_bytes must be a number of bytes (or None for no limit), got "
                              f"{type(max_bytes).__name__} {max_bytes!r}")
     if not math.isfinite(max_bytes):
-        raise InspectorError(f"max_bytes must be a finite number of bytes (or None for no limit), got {max_bytes}")
+        raise InspectorError(
+            f"max_bytes must be a finite number of bytes (or None for no limit), got {max_bytes}"
+        )
     if max_bytes < 0:
         raise InspectorError(f"max_bytes must be 0 or more (or None for no limit), got {max_bytes}")
 

@@ -32,7 +32,9 @@ def select_modules(model: nn.Module, modules: Any = None) -> dict[str, nn.Module
     return select_from(model, list(model.named_modules()), modules)
 
 
-def select_from(model: nn.Module, named_modules: list[tuple[str, nn.Module]], modules: Any) -> dict[str, nn.Module]:
+def select_from(
+    model: nn.Module, named_modules: list[tuple[str, nn.Module]], modules: Any
+) -> dict[str, nn.Module]:
     """:func:`select_modules` over an existing ``named_modules()`` list (one walk per capture)."""
     named = [(n, m) for n, m in named_modules if n]
     if modules is None:

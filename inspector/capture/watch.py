@@ -49,12 +49,19 @@ class Live:
 
     def __init__(self, key: str, path: str, ref: Callable[[], torch.Tensor | None], copy: torch.Tensor,
                  version: int | None, source: torch.device) -> None:
-        self.key, self.path, self.ref, self.copy, self.version, self.source = key, path, ref, copy, version, source
+        self.key, self.path, self.ref, self.copy, self.version, self.source = (
+            key,
+            path,
+            ref,
+            copy,
+            version,
+            source,
+        )
         self.change: float | None = None
         self.by: str | None = None
         self.written_by: list[str | None] | None = None  # the first writer that left the values as they were
         self.hold: torch.Tensor | None = None
-        self.at: int | None = version      # the version (or, without one, the touch) the copy is known equal at
+        self.at: int | None = version  # the version (or, without one, the touch) the copy is known equal at
         self.leader: Live | None = None    # the watch this capture joined
         self.fresh: list[Live] | None = None  # captures that joined since this watch last noted a writer
         self.late = False                  # the change was found after the pass
@@ -177,7 +184,9 @@ class Watcher:
                 rec.at = self.tick
         return None if rec.change is not None else live
 
-    def settle(self, mutated: dict[str, str | None], mutations: list[Mutation], findings: list[Finding]) -> None:
+    def settle(
+        self, mutated: dict[str, str | None], mutations: list[Mutation], findings: list[Finding]
+    ) -> None:
         """After the pass: compare what was written, and add what changed to the recorder's
         ``mutated``, ``mutations`` and ``findings`` (collected before the result is built)."""
         for rec in self.live:
@@ -263,7 +272,9 @@ def _settle_versioned(rec: Live, t: torch.Tensor) -> None:
 def _report(rec: Live, mutated: dict[str, str | None], mutations: list[Mutation],
             findings: list[Finding]) -> None:
     change = rec.change
-    mutations.append(Mutation(rec.key, rec.path, rec.by, "value" if rec.version is None else "version", change))
+    mutations.append(
+        Mutation(rec.key, rec.path, rec.by, "value" if rec.version is None else "version", change)
+    )
     if rec.key in mutated:
         return
     mutated[rec.key] = rec.by

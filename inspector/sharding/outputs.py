@@ -49,7 +49,9 @@ def _recorder(name: str, seen: dict[str, dict[str, Any]]) -> Any:
     return hook
 
 
-def placement_notes(seen: dict[str, dict[str, Any]], outputs: dict[str, Any]) -> tuple[dict[str, str], list[Finding]]:
+def placement_notes(
+    seen: dict[str, dict[str, Any]], outputs: dict[str, Any]
+) -> tuple[dict[str, str], list[Finding]]:
     """For each captured output that a DTensor placement made: what it holds, and a finding when
     it is only this rank's piece."""
     rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
@@ -64,11 +66,16 @@ def placement_notes(seen: dict[str, dict[str, Any]], outputs: dict[str, Any]) ->
         elif isinstance(captured, torch.Tensor) and tuple(captured.shape) != facts["shape"] and \
                 tuple(captured.shape) == facts["local_shape"]:
             notes[name] = f"piece of {where}"
-            findings.append(Finding(
-                "capture-shard", "info", name,
-                f"the captured output of {name} is this rank's piece, not the whole output: {where}, shape "
-                f"{list(captured.shape)} of the global {list(facts['shape'])}. Every rank holds another piece; "
-                "gather them (DTensor.full_tensor) for the whole output."))
+            findings.append(
+                Finding(
+                    "capture-shard",
+                    "info",
+                    name,
+                    f"the captured output of {name} is this rank's piece, not the whole output: "
+                    f"{where}, shape {list(captured.shape)} of the global {list(facts['shape'])}. "
+                    "Every rank holds another piece; gather them (DTensor.full_tensor) for the whole output.",
+                )
+            )
         else:
             notes[name] = f"whole output (the module computed it as {facts['placements']})"
     return notes, findings
