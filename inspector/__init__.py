@@ -1,11 +1,30 @@
 """Model Inspector: debug PyTorch models — ties, flat offsets, device maps, captures.
 
-The public API is flat: every function and result type below is imported from here::
+The public API is flat: every function and result type is imported from here::
 
     from inspector import load_model, alias_groups, offset_map, plan_device_map
 
-``import inspector`` loads torch, numpy and pandas; transformers, accelerate, captum, plotly
-and streamlit are imported only by the calls that use them.
+By job (each call returns a frozen result or a DataFrame, plus :class:`Finding`\\ s):
+
+- load and move: :func:`load_model` (:class:`LoadedModel`), :func:`available_devices`,
+  :func:`move_model`, :func:`read_checkpoint`, :func:`apply_checkpoint`, :func:`checkpoint_listing`;
+- what a model is made of: :func:`model_summary`, :func:`tensor_table`, :func:`tensor_inventory`
+  (the one walk), :func:`module_tree`;
+- 1. aliases: :func:`alias_groups`, :func:`alias_analysis`, :func:`snapshot_ties` /
+  :func:`compare_ties`, :func:`retie`, :func:`conversion_table`;
+- 2. flat offsets and gradients: :func:`offset_map`, :func:`locate`, :func:`gradient_norms`,
+  :func:`gradient_report`, :func:`loss_gradients`, :func:`run_backward`;
+- 3. device maps: :func:`plan_device_map` (:func:`plan_device_map_explained`),
+  :func:`audit_device_map`, :func:`placement_table`, :func:`compare_with_accelerate`, :func:`dispatch_plan`;
+- 4. captures: :func:`capture_activations`, ``with capturing(model)``, :func:`select_modules`;
+- attributions: :func:`attribute`;
+- training runs and comparisons: :func:`watch`, :func:`read_run`, :func:`compare`;
+- reports: :func:`build_report`, :func:`run_report`.
+
+Subpackages (``inspector.figures``, ``inspector.distributed``, ``inspector.watching``, ...) export
+what the dashboard, the command line and distributed training add; ``docs/architecture.md``
+places each on its layer. ``import inspector`` loads torch, numpy and pandas; transformers,
+accelerate, captum, plotly and streamlit are imported only by the calls that use them.
 """
 
 from __future__ import annotations
@@ -30,10 +49,17 @@ from .attribution import METHODS, Attribution, AttributionResult, attribute, met
 from .capture import Captures, capture_activations, capturing, reference_drift, select_modules
 from .comparison import RunComparison, WeightComparison, compare
 from .inventory import TensorEntry, TensorInventory, storage_key, tensor_inventory
-from .loading.checkpoints import apply_checkpoint, read_checkpoint
-from .loading.devices import DeviceInfo, available_devices, device_names, move_model
-from .loading.listing import checkpoint_listing
-from .loading.models import LoadedModel, load_model
+from .loading import (
+    DeviceInfo,
+    LoadedModel,
+    apply_checkpoint,
+    available_devices,
+    checkpoint_listing,
+    device_names,
+    load_model,
+    move_model,
+    read_checkpoint,
+)
 from .offsets import (
     BackwardResult,
     GradientNorms,
@@ -62,107 +88,48 @@ from .placement import (
     plan_device_map_explained,
 )
 from .report import SECTIONS, Report, build_report, run_report
-from .structure.summary import (
+from .structure import (
+    LENSES,
     ModelSummary,
-    format_bytes,
-    format_count,
+    ModuleTree,
     model_summary,
+    module_tree,
     summary_findings,
+    tensor_badges,
     tensor_table,
 )
-from .structure.tree import LENSES, ModuleTree, module_tree, tensor_badges
-from .utils.findings import Finding, InspectorError, sort_findings
+from .utils import Finding, InspectorError, format_bytes, format_count, format_number, sort_findings
 from .utils.program import VERSION
-from .utils.units import format_number
 from .watching import Run, StepFinding, WatchResult, read_run, watch
 
 __version__ = VERSION
 
 __all__ = [
-    "CONVERSIONS",
-    "METHODS",
-    "SECTIONS",
-    "AliasAnalysis",
-    "AliasGroup",
-    "Attribution",
-    "AttributionResult",
-    "BackwardResult",
-    "Captures",
-    "Comparison",
-    "ConversionResult",
-    "DeviceInfo",
-    "GraphData",
-    "DeviceMapAudit",
-    "Finding",
-    "GradientNorms",
-    "InspectorError",
-    "LoadedModel",
-    "Location",
-    "LossGradients",
-    "ModelSummary",
-    "PlacementPlan",
-    "PlanResult",
-    "Report",
-    "TensorEntry",
-    "TensorInventory",
-    "TieSnapshot",
-    "alias_analysis",
-    "alias_groups",
-    "attribute",
-    "audit_device_map",
-    "available_devices",
-    "build_report",
-    "capture_activations",
-    "capturing",
-    "compare_ties",
-    "compare_with_accelerate",
-    "conversion_check",
-    "conversion_table",
-    "device_names",
-    "dispatch_plan",
-    "format_bytes",
-    "format_count",
-    "gradient_norms",
-    "graph_data",
-    "gradient_report",
-    "load_model",
-    "locate",
-    "loss_gradients",
-    "methods_for",
-    "model_summary",
-    "move_model",
-    "offset_findings",
-    "offset_map",
-    "parse_max_memory",
-    "placement_findings",
-    "placement_table",
-    "reference_drift",
-    "plan_device_map",
-    "plan_device_map_explained",
-    "retie",
-    "run_backward",
-    "run_report",
-    "select_modules",
-    "snapshot_ties",
-    "sort_findings",
-    "storage_key",
-    "summary_findings",
-    "tensor_inventory",
-    "tensor_table",
-    "Run",
-    "StepFinding",
-    "WatchResult",
-    "read_run",
-    "watch",
-    "RunComparison",
-    "WeightComparison",
-    "compare",
-    "LENSES",
-    "ModuleTree",
-    "format_number",
-    "module_tree",
-    "tensor_badges",
-    "apply_checkpoint",
-    "checkpoint_listing",
-    "read_checkpoint",
+    # load and move
+    "DeviceInfo", "LoadedModel", "apply_checkpoint", "available_devices", "checkpoint_listing",
+    "device_names", "load_model", "move_model", "read_checkpoint",
+    # what a model is made of
+    "LENSES", "ModelSummary", "ModuleTree", "TensorEntry", "TensorInventory", "model_summary", "module_tree",
+    "storage_key", "summary_findings", "tensor_badges", "tensor_inventory", "tensor_table",
+    # 1. aliases
+    "CONVERSIONS", "AliasAnalysis", "AliasGroup", "ConversionResult", "GraphData", "TieSnapshot",
+    "alias_analysis", "alias_groups", "compare_ties", "conversion_check", "conversion_table", "graph_data",
+    "retie", "snapshot_ties",
+    # 2. flat offsets and gradients
+    "BackwardResult", "GradientNorms", "Location", "LossGradients", "gradient_norms", "gradient_report",
+    "locate", "loss_gradients", "offset_findings", "offset_map", "run_backward",
+    # 3. device maps
+    "Comparison", "DeviceMapAudit", "PlacementPlan", "PlanResult", "audit_device_map",
+    "compare_with_accelerate", "dispatch_plan", "parse_max_memory", "placement_findings", "placement_table",
+    "plan_device_map", "plan_device_map_explained",
+    # 4. captures
+    "Captures", "capture_activations", "capturing", "reference_drift", "select_modules",
+    # attributions
+    "METHODS", "Attribution", "AttributionResult", "attribute", "methods_for",
+    # training runs and comparisons
+    "Run", "RunComparison", "StepFinding", "WatchResult", "WeightComparison", "compare", "read_run", "watch",
+    # reports
+    "SECTIONS", "Report", "build_report", "run_report",
+    # findings and numbers for people
+    "Finding", "InspectorError", "format_bytes", "format_count", "format_number", "sort_findings",
 ]
