@@ -74,7 +74,8 @@ class CaptureBlock:
 @contextmanager
 def capturing(model: nn.Module, modules: Any = None, store_on: str | torch.device = "cpu",
               max_bytes: int | None = None, grads: bool = False, *, keep_inputs: bool = False,
-              keep_references: bool = False, hold_lock: bool = True) -> Iterator[CaptureBlock]:
+              keep_references: bool = False, watch_mutations: bool = True,
+              hold_lock: bool = True) -> Iterator[CaptureBlock]:
     """Capture activations of the forward (and backward) passes run inside the block.
 
     Only passes run by the thread that entered the block are recorded. The yielded
@@ -90,7 +91,8 @@ def capturing(model: nn.Module, modules: Any = None, store_on: str | torch.devic
     (['0', '1'], ['0'])
     """
     model = require_module(model, "capturing")
-    options = Options(resolve_device(store_on), max_bytes, grads, keep_inputs, keep_references)
+    options = Options(resolve_device(store_on), max_bytes, grads, keep_inputs, keep_references,
+                      watch_mutations)
     block = None
     try:
         with _recording(model, list(model.named_modules()), modules, options, hold_lock) as rec:
@@ -130,7 +132,7 @@ def _recording(model: nn.Module, named: list[tuple[str, nn.Module]], modules: An
 def capture_activations(model: nn.Module, inputs: Any, modules: Any = None,
                         store_on: str | torch.device = "cpu", max_bytes: int | None = None,
                         grads: bool = False, *, keep_inputs: bool = False,
-                        keep_references: bool = False,
+                        keep_references: bool = False, watch_mutations: bool = True,
                         loss_fn: Callable[[Any, Any], torch.Tensor] | None = None) -> Captures:
     """Run ``model`` on ``inputs`` and capture module outputs as detached copies.
 
@@ -150,6 +152,11 @@ def capture_activations(model: nn.Module, inputs: Any, modules: Any = None,
             ``torch.autograd.grad``, so no parameter's ``.grad`` changes.
         keep_inputs: also capture module inputs.
         keep_references: also keep the bare live outputs (``.references``): what a naive hook saw.
+        watch_mutations: ``False`` skips the watch for in-place writes, for the cheapest capture
+            of a very deep model: ``.mutated`` and ``.mutations`` stay empty because nothing was
+            checked (``.mutations_watched`` is False, with a ``mutation-watch-off`` info finding),
+            and under ``torch.inference_mode()`` the copies stay inference tensors (not to be
+            written in place or used in autograd outside it). Outputs, stats and skips are the same.
         loss_fn: ``loss_fn(outputs, inputs)`` for ``grads=True``; default: sum of float outputs.
 
     Returns:
@@ -164,13 +171,17 @@ def capture_activations(model: nn.Module, inputs: Any, modules: Any = None,
     >>> cap = capture_activations(net, torch.ones(1, 2), modules="0")
     >>> cap.outputs["0"].shape, cap.mutated
     (torch.Size([1, 2]), {'0': '1'})
+    >>> cap = capture_activations(net, torch.ones(1, 2), modules="0", watch_mutations=False)
+    >>> cap.mutated, cap.mutations_watched, [f.code for f in cap.findings]
+    ({}, False, ['mutation-watch-off'])
     """
     model = require_module(model, "capture_activations")
     if grads and torch.is_inference_mode_enabled():
         raise InspectorError("grads=True needs autograd, which inference mode turns off; call "
                              "capture_activations outside torch.inference_mode()")
     named = list(model.named_modules())  # the one walk of this call
-    options = Options(resolve_device(store_on), max_bytes, grads, keep_inputs, keep_references)
+    options = Options(resolve_device(store_on), max_bytes, grads, keep_inputs, keep_references,
+                      watch_mutations)
     with _recording(model, named, modules, options, True) as rec, output_placements(named) as placed, \
             module_state_kept(named) as restored, kept_sharded(model, [m for _, m in named]):
         try:

@@ -27,7 +27,8 @@ taking ``kwargs``.
 
 Copies are plain tensors also when the pass runs in inference mode: the hook leaves inference
 mode around the copy with ``torch.inference_mode(False)`` (reused contexts: making one costs
-more than entering it).
+more than entering it). With ``watch_mutations=False`` nothing is watched and copies made in
+inference mode stay inference tensors: the cheapest capture, for very deep models.
 """
 
 from __future__ import annotations
@@ -52,6 +53,8 @@ from .watch import Watcher, live_record, storage_key
 
 _SKIP = object()
 _BUDGET = "over the byte budget"
+_WATCH_OFF = ("in-place writes to the captured outputs were not watched (watch_mutations=False): "
+              ".mutated is empty because it was not checked, not because nothing was overwritten")
 
 
 @dataclass(frozen=True)
@@ -63,6 +66,7 @@ class Options:
     grads: bool = False
     keep_inputs: bool = False
     keep_references: bool = False
+    watch_mutations: bool = True
 
     @property
     def fast(self) -> bool:
@@ -84,6 +88,7 @@ class Recorder:
         self.options = options
         self.storage = Storage(options.store_on)
         self.watcher = Watcher()
+        self.watch = options.watch_mutations  # False: no watch, copies made in inference mode stay so
         # what the capture collects; :meth:`finish` builds the frozen :class:`Captures` from it
         self.outputs: dict[str, Any] = {}
         self.inputs: dict[str, Any] = {}
@@ -154,7 +159,8 @@ class Recorder:
             kwargs = kwargs or {}
             value = args[0] if len(args) == 1 and not kwargs else (
                 tuple(args) if not kwargs else {"args": tuple(args), "kwargs": dict(kwargs)})
-            with torch.inference_mode(False) if torch.is_inference_mode_enabled() else nullcontext():
+            plain = self.watch and torch.is_inference_mode_enabled()
+            with torch.inference_mode(False) if plain else nullcontext():
                 stored = self._store(key, "input", value, watch=False)
             if stored is not _SKIP:
                 self.inputs[key] = stored
@@ -165,6 +171,7 @@ class Recorder:
         watcher, by_storage = self.watcher, self.watcher.by_storage
         inference, outside = torch.is_inference_mode_enabled, torch.inference_mode
         take = self._short if self.options.fast else self._take
+        plain = self.watch  # copies made in inference mode leave it, unless the watch is off
         # contexts that leave inference mode, reused: making one costs more than using it; one
         # is taken off the list for each use, so a nested use never enters one twice
         spare = [outside(False)]
@@ -182,7 +189,7 @@ class Recorder:
                     watcher.touched(name, args, None, output)  # only outputs are watched here: O(1)
             if not capture:
                 return
-            if inference():  # copies are plain tensors, also when the pass runs in inference mode
+            if plain and inference():  # copies are plain tensors, also when the pass runs in inference mode
                 leave = spare.pop() if spare else outside(False)
                 with leave:
                     take(name, output)
@@ -218,21 +225,21 @@ class Recorder:
         else:
             calls[name] = 1
             key = name
-        copies = []
+        copies, watch = [], self.watch
         for i, t in enumerate(leaves):
             if t is None:
                 copy = None
             else:  # detached only where it takes part in autograd (a detach costs as much as a check)
                 copy = (t.detach() if t.requires_grad else t).clone(memory_format=torch.contiguous_format)
             copies.append(copy)
-            if copy is not None and t.numel():
+            if watch and copy is not None and t.numel():
                 self.watcher.add(live_record(key, "" if single else f"[{i}]", t, copy),
                                  t.untyped_storage().data_ptr(), t)
         self.outputs[key] = copies[0] if single else type(output)(copies)
         self.order.append(key)
 
     def _capture(self, key: str, output: Any) -> None:
-        stored = self._store(key, "output", output, watch=True)
+        stored = self._store(key, "output", output, watch=self.watch)
         if stored is not _SKIP:
             self.outputs[key] = stored
             self.order.append(key)
@@ -246,15 +253,8 @@ class Recorder:
         limit = self.options.max_bytes
         if self.full or (limit is not None and self.used + nbytes > limit):
             self.full = True
-            self.skipped.append(
-                Skipped(
-                    key,
-                    kind,
-                    path,
-                    nbytes,
-                    f"{_BUDGET} ({format_bytes(self.used)} of {format_bytes(limit)} used)",
-                )
-            )
+            self.skipped.append(Skipped(key, kind, path, nbytes, f"{_BUDGET} ({format_bytes(self.used)} "
+                                        f"of {format_bytes(limit)} used)"))
             return False
         self.used += nbytes
         return True
@@ -337,6 +337,8 @@ class Recorder:
         self.storage.finish()
         self.watcher.settle(self.mutated, self.mutations, self.findings)
         self.findings.extend(_budget_findings(self.skipped, self.options.max_bytes))
+        if not self.watch:
+            self.findings.append(Finding("mutation-watch-off", "info", "", _WATCH_OFF))
 
     def finish(self, findings: list[Finding] | None = None, model_output: Any = None,
                placements: dict[str, str] | None = None) -> Captures:
@@ -364,6 +366,7 @@ class Recorder:
             store_on=str(self.options.store_on),
             model_output=model_output,
             placements=dict(placements or {}),
+            mutations_watched=self.watch,
         )
 
 

@@ -58,7 +58,8 @@ class Captures:
         inputs: the same for module inputs (only with ``keep_inputs=True``).
         grads: module name -> copy of the gradient of its output (``grads=True``).
         mutated: module name -> what overwrote its live output (the next module that ran,
-            or ``None`` when that cannot be told).
+            or ``None`` when that cannot be told); empty, not checked, when
+            ``mutations_watched`` is False.
         mutations: one :class:`Mutation` per changed tensor leaf.
         skipped: what the byte budget or non-tensor outputs left out, with sizes.
         references: module name -> the bare live output a naive hook would have kept
@@ -69,6 +70,8 @@ class Captures:
         model_output: what the forward pass returned (functional form only).
         placements: module name -> what its captured output is when the module computed a
             DTensor (tensor parallel): ``"piece of rank 1 ..."`` or ``"whole output ..."``.
+        mutations_watched: whether in-place writes to the live outputs were watched (False with
+            ``watch_mutations=False``, with a ``mutation-watch-off`` finding).
 
     Built once, complete, when the capture ends (the recorder collects, then builds it).
     """
@@ -85,6 +88,7 @@ class Captures:
     store_on: str = "cpu"
     model_output: Any = field(default=None, repr=False, compare=False)
     placements: dict[str, str] = field(default_factory=dict)
+    mutations_watched: bool = True
     # where the captures came from, given when they are built (a watched run's step and rank)
     _state: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 

@@ -39,6 +39,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="autograd mode of the forward pass (default no_grad)")
     parser.add_argument("--grads", action="store_true", help="also capture output gradients (backward)")
     parser.add_argument("--inputs", action="store_true", help="also capture module inputs")
+    parser.add_argument("--no-mutation-watch", dest="watch_mutations", action="store_false",
+                        help="do not watch for in-place writes (faster on very deep models; "
+                             "mutations are then not checked)")
     parser.add_argument(
         "--json",
         default=None,
@@ -58,6 +61,7 @@ def run(args: argparse.Namespace) -> int:
     with mode():
         caps = capture_activations(loaded.model, inputs, modules=args.modules, store_on=args.store_on,
                                    max_bytes=args.max_bytes, grads=args.grads, keep_inputs=args.inputs,
+                                   watch_mutations=args.watch_mutations,
                                    loss_fn=loaded.loss if args.grads and loaded.has_loss else None)
     say(f"model: {loaded.name} ({loaded.source}) on {loaded.device}")
     say(f"captured: {len(caps.outputs)} outputs, {format_bytes(caps.total_bytes)} on {caps.store_on}")
@@ -67,6 +71,8 @@ def run(args: argparse.Namespace) -> int:
         for m in caps.mutations:
             say(f"  {m.module}{m.path}: overwritten by {m.by or 'code outside any module'} "
                   f"(seen by {m.how}, largest change {m.max_abs_change:.4g})")
+    elif not caps.mutations_watched:
+        say("mutated after capture: not checked (--no-mutation-watch)")
     else:
         say("mutated after capture: none")
     if caps.skipped:
