@@ -38,7 +38,8 @@ lint: $(VENV)/.test-installed
 	$(VENV)/bin/mypy
 
 bench: $(VENV)/.installed
-	@for f in benchmarks/bench_*.py; do echo "== $$f"; $(VENV)/bin/python $$f || exit 1; done
+	@missed=""; for f in benchmarks/bench_*.py; do echo "== $$f"; $(VENV)/bin/python $$f || missed="$$missed $$f"; done; \
+	if [ -n "$$missed" ]; then echo "missed a target or failed:$$missed"; exit 1; fi
 
 clean:
 	rm -rf $(VENV) .pytest_cache test-artifacts
