@@ -60,6 +60,8 @@ def test_captures_are_stored_and_read_back(stored):
         and torch.isfinite(caps.inputs["1"]).all()
     )
     assert torch.isinf(caps.outputs["1"]).all() and caps.outputs["1"].shape == (2, 3)
+    # one module copied once, never watched afterwards: an empty .mutated says nothing
+    assert caps.mutated == {} and not caps.mutations_watched and not w.result.captures.mutations_watched
     stats = caps.stats.set_index("kind")
     assert stats.loc["output", "inf"] == 6 and stats.loc["input", "inf"] == 0
 

@@ -55,7 +55,8 @@ def capture_producer(kept: dict[int, tuple[Any, Any, int]], producer: Producer, 
     inputs = {name: _copy(args, budget, name, "input", skipped)}
     outputs = {name: _copy(output, budget, name, "output", skipped)}
     return Captures(outputs=outputs, inputs=inputs, order=[name], skipped=skipped,
-                    findings=[_note(name, step, rank)], store_on="cpu", _state={"step": step, "rank": rank})
+                    findings=[_note(name, step, rank)], store_on="cpu", _state={"step": step, "rank": rank},
+                    mutations_watched=False)  # one module's input and output, copied once: nothing watched
 
 
 def producer_of(caps: Captures) -> tuple[str, int, int]:
@@ -128,6 +129,7 @@ def load_captures(path: str | os.PathLike) -> Captures:
         findings=[_note(name, step, rank)],
         store_on="cpu",
         _state={"step": step, "rank": rank},
+        mutations_watched=False,
     )
 
 
