@@ -22,23 +22,33 @@ from .utils.findings import InspectorError, first_line
 from .utils.program import program_name
 
 
+def _help_assignment(name: str) -> ast.Assign | None:
+    """The top-level ``HELP = ...`` of ``inspector/commands/<name>.py``, read without running it."""
+    try:
+        tree = ast.parse((Path(commands.__path__[0]) / f"{name}.py").read_text(encoding="utf-8"))
+    except (OSError, SyntaxError, ValueError):
+        return None
+    return next((node for node in tree.body if isinstance(node, ast.Assign)
+                 and any(isinstance(t, ast.Name) and t.id == "HELP" for t in node.targets)), None)
+
+
 def command_names() -> list[str]:
-    """Every command, sorted: the public modules of ``inspector/commands``."""
-    return sorted(m.name for m in pkgutil.iter_modules(commands.__path__) if not m.name.startswith("_"))
+    """Every command, sorted: the modules of ``inspector/commands`` that define ``HELP`` (the others,
+    ``common`` and ``argtypes``, are what the commands share)."""
+    return sorted(m.name for m in pkgutil.iter_modules(commands.__path__)
+                  if not m.name.startswith("_") and _help_assignment(m.name) is not None)
 
 
 def _help_text(name: str) -> str:
     """The command's ``HELP``, read from its source when it is a plain string literal, else imported."""
-    try:
-        tree = ast.parse((Path(commands.__path__[0]) / f"{name}.py").read_text(encoding="utf-8"))
-        for node in tree.body:
-            if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "HELP"
-                                                    for t in node.targets):
-                value = ast.literal_eval(node.value)
-                if isinstance(value, str):
-                    return value
-    except (OSError, SyntaxError, ValueError):
-        pass
+    node = _help_assignment(name)
+    if node is not None:
+        try:
+            value = ast.literal_eval(node.value)
+        except ValueError:
+            value = None
+        if isinstance(value, str):
+            return value
     return importlib.import_module(f"{commands.__name__}.{name}").HELP
 
 

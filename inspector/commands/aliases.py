@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 
 from .. import CONVERSIONS, InspectorError, alias_analysis, conversion_table, format_bytes
-from . import _argtypes as types
-from ._common import (
+from . import argtypes as types
+from .common import (
     add_source_arguments,
     load_from_args,
     print_findings,

@@ -6,8 +6,8 @@ import argparse
 
 from .. import METHODS, attribute
 from ..figures import completeness_line
-from . import _argtypes as types
-from ._common import (
+from . import argtypes as types
+from .common import (
     add_source_arguments,
     load_from_args,
     print_findings,

@@ -7,8 +7,8 @@ import argparse
 import torch
 
 from .. import capture_activations, format_bytes
-from . import _argtypes as types
-from ._common import (
+from . import argtypes as types
+from .common import (
     add_source_arguments,
     load_from_args,
     print_findings,

@@ -6,8 +6,8 @@ import argparse
 
 from ..distributed import is_dcp_folder
 from ..loading import checkpoint_listing
-from . import _argtypes as types
-from ._common import print_findings, print_table, say, write_json
+from . import argtypes as types
+from .common import print_findings, print_table, say, write_json
 
 HELP = ("list the tensors of a checkpoint: a .safetensors/.pt/.bin file, or a torch.distributed.checkpoint "
         "folder with the pieces each tensor is stored in (nothing in it is executed)")

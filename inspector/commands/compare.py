@@ -6,8 +6,8 @@ import argparse
 from typing import Any
 
 from ..comparison import RunComparison, WeightComparison, compare
-from . import _argtypes as types
-from ._common import default_device, print_findings, print_table, progress, say, write_json
+from . import argtypes as types
+from .common import default_device, print_findings, print_table, progress, say, write_json
 
 HELP = ("compare two models or checkpoints (sample:, FILE.py:factory, hf:, .safetensors/.pt/.bin, "
         "torch.distributed.checkpoint folders) tensor by tensor, or two run files step by step")

@@ -14,8 +14,8 @@ from .. import (
     plan_device_map_explained,
 )
 from ..placement import audit, device_usage, load_device_map
-from . import _argtypes as types
-from ._common import (
+from . import argtypes as types
+from .common import (
     add_source_arguments,
     load_from_args,
     print_findings,

@@ -6,8 +6,8 @@ import argparse
 from pathlib import Path
 
 from ..distributed import SHARD_MODES, shard, train_and_check
-from . import _argtypes as types
-from ._common import print_findings, progress, say, training_ranks
+from . import argtypes as types
+from .common import print_findings, progress, say, training_ranks
 
 HELP = (
     "under torchrun: shard the model on every rank, train a few steps and check each one "

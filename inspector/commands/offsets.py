@@ -6,8 +6,8 @@ import argparse
 
 from .. import gradient_report, locate, offset_findings, offset_map, run_backward
 from ..offsets import display_table
-from . import _argtypes as types
-from ._common import (
+from . import argtypes as types
+from .common import (
     add_source_arguments,
     load_from_args,
     print_findings,

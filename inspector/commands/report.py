@@ -11,8 +11,8 @@ from ..distributed import is_run_file, read_check_run
 from ..report import check_options, check_sections, watch_report
 from ..watching import is_watch_file
 from ..watching import read_run as read_watch_run
-from . import _argtypes as types
-from ._common import add_source_arguments, load_from_args, progress, write_text
+from . import argtypes as types
+from .common import add_source_arguments, load_from_args, progress, write_text
 
 HELP = ("write a report of every analysis (HTML, JSON, Markdown or PDF); SOURCE may also be the "
         "JSON-lines file of a distributed run or the run file of a watched training run")

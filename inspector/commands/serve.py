@@ -21,8 +21,8 @@ from typing import Any
 
 from .. import InspectorError
 from ..dashboard import streamlit_command
-from ._argtypes import port
-from ._common import progress
+from .argtypes import port
+from .common import progress
 
 HELP = (
     "start the dashboard (streamlit run app.py); other options, e.g. --server.address 0.0.0.0, "

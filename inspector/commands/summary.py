@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from .. import format_bytes, model_summary, summary_findings
-from ._common import add_source_arguments, load_from_args, print_findings, print_table, say
+from .common import add_source_arguments, load_from_args, print_findings, print_table, say
 
 HELP = "modules, parameter elements (unique and with aliases), buffers, bytes, trainable vs frozen"
 

@@ -9,8 +9,8 @@ from pathlib import Path
 from .. import InspectorError
 from ..distributed import SHARD_MODES, shard
 from ..watching import OPTIMIZERS, StepFinding, train_watched
-from . import _argtypes as types
-from ._common import progress, say, training_ranks
+from . import argtypes as types
+from .common import progress, say, training_ranks
 
 HELP = (
     "train a model file's loop for N steps with the watch on: norms, learning rates and memory of every "

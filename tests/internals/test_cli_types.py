@@ -7,7 +7,7 @@ import os
 import pytest
 
 from inspector import InspectorError
-from inspector.commands._argtypes import open_output
+from inspector.commands.argtypes import open_output
 
 
 def test_open_output_refuses_a_fifo_at_once(tmp_path):

@@ -15,7 +15,7 @@ import pandas as pd
 
 from ..loading import LoadedModel, load_model
 from ..utils import Finding, InspectorError, sort_findings, terminal_text
-from . import _argtypes as types
+from . import argtypes as types
 
 
 def add_source_arguments(parser: argparse.ArgumentParser) -> None:
