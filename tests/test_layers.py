@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[1] / "inspector"
 LAYERS = [
     ("utils",),                                                         # imports nothing of the library
     ("inventory",),                                                     # the one walk
-    ("sharding",),                                                      # DTensor facts of one model
+    ("sharding", "runfiles"),                                           # DTensor facts; run.jsonl read back
     ("loading",),                                                       # models and checkpoints in
     ("aliases", "offsets", "placement", "capture", "attribution"),      # the analyses
     ("structure",),                                                     # summary and tree: analyses combined

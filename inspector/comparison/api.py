@@ -16,7 +16,7 @@ from .weights import Progress, compare_weights
 def is_run_source(spec: Any) -> bool:
     """Whether ``spec`` is a run file: the watch's Arrow stream, or ``check_step``'s JSON lines (read
     from the first bytes, whatever the name)."""
-    from ..distributed import is_run_file
+    from ..runfiles import is_run_file
 
     if isinstance(spec, Run):
         return True

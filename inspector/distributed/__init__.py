@@ -11,11 +11,7 @@ the Distributed page read::
 from __future__ import annotations
 
 from ..loading.dcp import dcp_listing, is_dcp_folder, read_dcp, read_metadata
-from ..sharding import mesh_dims, rank_bytes
-from ..utils.dtensors import is_dtensor, local_piece, model_has_dtensors, placements_text
-from .check import StepCheck, check_step
-from .digest import PARTS
-from .run import (
+from ..runfiles.run import (
            DistributedRun,
            is_run_file,
            parse_run,
@@ -24,6 +20,10 @@ from .run import (
            read_run,
            unique_findings,
 )
+from ..sharding import mesh_dims, rank_bytes
+from ..utils.dtensors import is_dtensor, local_piece, model_has_dtensors, placements_text
+from .check import StepCheck, check_step
+from .digest import PARTS
 from .train import SHARD_MODES, fsdp_units, process_group, rank_device, shard, train_and_check
 
 __all__ = ["StepCheck", "check_step", "DistributedRun", "read_run", "parse_run", "is_run_file",

@@ -35,12 +35,12 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from ..runfiles.record import FORMAT, PER_RANK, PER_TENSOR, VERSION, append_record
 from ..utils.findings import Finding
 from ..utils.process_memory import rss_and_peak as _rss
 from .columns import Gathered, column_findings
 from .local import GradNorms, local_numbers
 from .plan import plan_for
-from .record import FORMAT, PER_RANK, PER_TENSOR, VERSION, append_record
 from .sync import agree, next_call
 
 __all__ = ["FORMAT", "VERSION", "StepCheck", "append_record", "check_step", "collect"]

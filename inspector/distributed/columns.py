@@ -17,10 +17,10 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..runfiles.record import CheckRecord, build_record
 from ..utils.findings import Finding
 from .findings import IMBALANCE, far_off, imbalance, row_findings, spread
 from .plan import Plan
-from .record import CheckRecord, build_record
 
 
 @dataclass

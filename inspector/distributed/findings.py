@@ -7,6 +7,7 @@ from collections import Counter
 from statistics import median
 from typing import Any
 
+from ..runfiles import unsynchronised
 from ..sharding.findings import nonfinite_by_rank
 from ..sharding.findings import ranks_text as _ranks
 from ..utils.findings import Finding
@@ -82,21 +83,6 @@ def _drift(row: dict[str, Any], step: int) -> list[Finding]:
             "as BatchNorm running statistics, a parameter outside FSDP/DDP, a rank-dependent "
             "seed or in-place edit); broadcast it from rank 0 or shard/wrap it."))
     return out
-
-
-def unsynchronised(row: dict[str, Any]) -> bool:
-    """Whether ``row`` is a plain (not sharded, not DTensor) parameter whose gradient norm differs
-    between ranks (by more than 1e-5 relative)."""
-    norms = row.get("local_grad_norm") or []
-    if (
-        row.get("kind") != "parameter"
-        or row.get("placements")
-        or len(norms) < 2
-        or any(v is None for v in norms)
-    ):
-        return False
-    lo, hi = min(norms), max(norms)
-    return bool(hi - lo > 1e-5 * max(hi, 1e-30))
 
 
 def nonfinite_values(row: dict[str, Any]) -> list[Finding]:

@@ -7,10 +7,10 @@ from collections.abc import Sequence
 
 import torch
 
+from ..runfiles.record import PER_TENSOR
 from ..utils.dtensors import holders
 from . import digest
 from .plan import Plan
-from .record import PER_TENSOR
 
 GradNorms = tuple[Sequence[str], torch.Tensor]
 

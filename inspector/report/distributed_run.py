@@ -10,7 +10,7 @@ from datetime import UTC, datetime
 
 import pandas as pd
 
-from ..distributed import DistributedRun, rank_issues, unique_findings
+from ..runfiles import DistributedRun, rank_issues, unique_findings
 from .data import Section, Table, make_figure
 from .model import Report
 

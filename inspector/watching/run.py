@@ -255,7 +255,7 @@ def parse_run_bytes(data: bytes, name: str = "run file") -> Run:
 
     if data[:4] == STREAM_MAGIC:
         return _from_table(name, *_read_stream(pa.BufferReader(data), name))
-    from ..distributed import parse_run
+    from ..runfiles import parse_run
 
     try:
         text = data.decode("utf-8")
@@ -288,7 +288,7 @@ def read_run(path: str | os.PathLike) -> Run:
     if is_watch_file(p):
         with pa.memory_map(str(p), "r") as source:  # zero-copy: 10,000 × 1,000 steps read in well under 1 s
             return _from_table(p.name, *_read_stream(source, p.name), source=str(p))
-    from ..distributed import is_run_file, read_check_run
+    from ..runfiles import is_run_file, read_check_run
 
     if not is_run_file(p):
         raise InspectorError(

@@ -15,7 +15,6 @@ from typing import Any
 import pandas as pd
 
 from ..utils.findings import Finding, InspectorError, group_findings
-from .findings import unsynchronised
 from .record import FORMAT, RANK_NUMBERS, VERSION, CheckRecord
 
 RANK_COLUMNS = ["step", "rank", *RANK_NUMBERS]
@@ -255,3 +254,18 @@ def _replica_issue(t: dict[str, Any], rank: int) -> str:
     if counts[0][1] == counts[1][1]:
         return "replicas disagree, no majority"
     return "differs from its replicas" if tuple(hashes[rank]) != counts[0][0] else ""
+
+
+def unsynchronised(row: dict[str, Any]) -> bool:
+    """Whether ``row`` is a plain (not sharded, not DTensor) parameter whose gradient norm differs
+    between ranks (by more than 1e-5 relative)."""
+    norms = row.get("local_grad_norm") or []
+    if (
+        row.get("kind") != "parameter"
+        or row.get("placements")
+        or len(norms) < 2
+        or any(v is None for v in norms)
+    ):
+        return False
+    lo, hi = min(norms), max(norms)
+    return bool(hi - lo > 1e-5 * max(hi, 1e-30))
