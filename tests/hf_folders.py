@@ -33,6 +33,10 @@ def _text(tf: Any) -> dict[str, Callable[[], Any]]:
         return tf.BertConfig(vocab_size=VOCAB, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
                              intermediate_size=32, max_position_embeddings=32, **extra)
 
+    def t5() -> Any:
+        return tf.T5Config(vocab_size=VOCAB, d_model=16, d_kv=8, d_ff=32, num_layers=1, num_heads=2,
+                           decoder_start_token_id=0)
+
     return {
         "gpt2": lambda: tf.GPT2LMHeadModel(
             tf.GPT2Config(
@@ -46,28 +50,8 @@ def _text(tf: Any) -> dict[str, Callable[[], Any]]:
             )
         ),
         "bert": lambda: tf.BertForMaskedLM(bert()),
-        "t5": lambda: tf.T5ForConditionalGeneration(
-            tf.T5Config(
-                vocab_size=VOCAB,
-                d_model=16,
-                d_kv=8,
-                d_ff=32,
-                num_layers=1,
-                num_heads=2,
-                decoder_start_token_id=0,
-            )
-        ),
-        "t5-bare": lambda: tf.T5Model(
-            tf.T5Config(
-                vocab_size=VOCAB,
-                d_model=16,
-                d_kv=8,
-                d_ff=32,
-                num_layers=1,
-                num_heads=2,
-                decoder_start_token_id=0,
-            )
-        ),
+        "t5": lambda: tf.T5ForConditionalGeneration(t5()),
+        "t5-bare": lambda: tf.T5Model(t5()),
         "bart": lambda: tf.BartForConditionalGeneration(
             tf.BartConfig(
                 vocab_size=VOCAB,

@@ -11,7 +11,7 @@ the Distributed page read::
 from __future__ import annotations
 
 from ..loading.dcp import dcp_listing, is_dcp_folder, read_dcp, read_metadata
-from ..runfiles.run import (
+from ..runfiles import (
            DistributedRun,
            is_run_file,
            parse_run,
