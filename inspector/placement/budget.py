@@ -138,6 +138,6 @@ def budget_text(n: int) -> str:
     """A budget as an editor shows it and :func:`parse_max_memory` reads back (binary units, no space).
 
     >>> budget_text(155_171_243_763)
-    '144.52GiB'
+    '144.51GiB'
     """
     return format_bytes(n, 2).replace(" ", "")
