@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-
 import pandas as pd
 import streamlit as st
 
@@ -11,38 +9,17 @@ from inspector import (
     Comparison,
     LoadedModel,
     compare_with_accelerate,
-    format_bytes,
     parse_max_memory,
-    placement_findings,
     placement_table,
 )
-from inspector.figures import key_label, placement_treemap, usage_bars, usage_side_by_side
-from inspector.placement import (
-    audit,
-    device_usage,
-    format_max_memory,
-    load_device_map,
-    missing_devices,
-    suggest_budget,
-    try_dispatch,
-)
-from inspector.utils import markdown_code, markdown_text
+from inspector.figures import placement_treemap, usage_bars
+from inspector.placement import budget_text, format_max_memory, no_split_choices, suggest_budget
+from inspector.utils import markdown_text
 from ui.cache import cached_analysis
+from ui.device_map import actual_placement, audit_a_map, side_by_side
 from ui.errors import guarded
 from ui.sidebar import model_picker
-from ui.tables import findings_table, paged_table, show_frame
-
-
-def budget_text(n: int) -> str:
-    """A budget as the editor shows it and reads back: ``144.52GiB`` (binary units, no space)."""
-    return format_bytes(n, 2).replace(" ", "")
-
-
-def map_frame(device_map: dict) -> pd.DataFrame:
-    """A device map as a table; accelerate's key "" (the model itself) reads "(whole model)"."""
-    return pd.DataFrame(
-        {"key": [key_label(k) for k in device_map], "device": [str(v) for v in device_map.values()]}
-    )
+from ui.tables import findings_table, paged_table
 
 
 def _header() -> LoadedModel | None:
@@ -87,8 +64,7 @@ def _budget_inputs(loaded: LoadedModel):
             },
         )
     with right:
-        classes = sorted({type(m).__name__ for m in model.modules()})
-        default = [c for c in (getattr(model, "_no_split_modules", None) or []) if c in classes]
+        classes, default = no_split_choices(model)
         no_split = st.multiselect("Never split these module classes", classes, default=default,
                                   key=f"dm_no_split_{loaded.source}",
                                   help="Defaults to the model's _no_split_modules")
@@ -137,25 +113,6 @@ def _overview(comparison: Comparison) -> None:
         st.error(f"accelerate's own check rejects its map: {markdown_text(comparison.accelerate_check)}")
 
 
-def _side_by_side(comparison: Comparison) -> None:
-    """Both maps as tables, their usage, and the tensors they place differently."""
-    ours = comparison.ours
-    st.subheader("Our plan and accelerate's, side by side")
-    a, b = st.columns(2)
-    a.markdown("**plan_device_map**")
-    with a:
-        show_frame(map_frame(ours.device_map), height=260)
-    b.markdown("**accelerate.infer_auto_device_map**")
-    with b:
-        show_frame(map_frame(comparison.accelerate_map), height=260)
-    st.plotly_chart(usage_side_by_side(ours.usage, comparison.accelerate_usage), key="dm_side_by_side")
-    if len(comparison.difference):
-        st.markdown(f"**{len(comparison.difference)} tensors placed differently or flagged differently**")
-        paged_table(comparison.difference.astype(str), "dm_difference")
-    elif not comparison.accelerate_error:
-        st.success("The two maps place every tensor alike.")
-
-
 def _tabs(loaded: LoadedModel, comparison: Comparison, budget: dict) -> None:
     """Treemap, bytes per device, findings, decisions, actual placement and the map audit."""
     model = loaded.model
@@ -190,63 +147,9 @@ def _tabs(loaded: LoadedModel, comparison: Comparison, budget: dict) -> None:
                    "buffers placed with their module, ties kept together.")
         paged_table(ours.records_frame().astype({"device": str}), "dm_records", page_size=100)
     with tabs[4]:
-        _actual_placement(loaded, comparison)
+        actual_placement(loaded, comparison)
     with tabs[5]:
-        _audit_a_map(loaded, budget)
-
-
-def _actual_placement(loaded: LoadedModel, comparison: Comparison) -> None:
-    """Where the tensors are now, and dispatching a copy by our plan."""
-    model = loaded.model
-    ours = comparison.ours
-    with guarded("reading where the tensors are"):
-        actual = cached_analysis(placement_table, model)
-        st.caption(
-            f"{markdown_text(loaded.name)} as loaded on {markdown_code(loaded.device)}: one row per "
-            "parameter and buffer name."
-        )
-        findings_table(cached_analysis(placement_findings, model), "dm_findings_actual",
-                       empty="Every tensor sits with its module's parameters.")
-        paged_table(actual.astype({"device": str, "module_primary_device": str}), "dm_actual")
-    local = not missing_devices(ours.device_map)
-    st.markdown(
-        "**Try the plan**: dispatch a copy with accelerate and compare outputs with the loaded model."
-    )
-    why_not = (
-        "The model is on the meta device: it has no weights to dispatch. Load it on cpu or a GPU."
-        if loaded.is_meta
-        else None
-        if local
-        else "This plan uses devices this server does not have ("
-        + ", ".join(f"GPU {d}" if isinstance(d, int) else str(d) for d in missing_devices(ours.device_map))
-        + "): to try it here, give a budget for cpu and disk only (e.g. cpu=1GiB,disk=100GiB)."
-    )
-    if why_not:
-        st.info(why_not)
-    if st.button("Dispatch a copy", key="dm_dispatch", disabled=why_not is not None, help=why_not):
-        with guarded("dispatching a copy"), st.spinner("Dispatching…"):
-            check = try_dispatch(loaded, ours.device_map)
-            (st.success if check.outputs_equal else st.warning)(markdown_text(check.message))
-            findings_table(
-                check.findings, "dm_dispatch_findings", empty="Every tensor is where the plan says."
-            )
-            paged_table(
-                check.table.astype({"device": str, "module_primary_device": str}), "dm_dispatch_table"
-            )
-
-
-def _audit_a_map(loaded: LoadedModel, budget: dict) -> None:
-    """Audit a device map pasted as JSON."""
-    model = loaded.model
-    hf_map = getattr(model, "hf_device_map", None)
-    text = st.text_area("A device map as JSON (e.g. a model's hf_device_map)", key=f"dm_json_{loaded.source}",
-                        value=json.dumps(hf_map, default=str) if isinstance(hf_map, dict) else '{"": "cpu"}',
-                        height=120, help="Prefilled with the loaded model's hf_device_map when it has one")
-    with guarded("auditing the map"):
-        result = audit(model, load_device_map(text, "the JSON map"))
-        findings_table(result.findings, "dm_json_findings", empty="This map places every tensor.")
-        st.plotly_chart(usage_bars(device_usage(result.table, budget), "this map"), key="dm_json_usage")
-        paged_table(result.table.astype({"device": str, "module_primary_device": str}), "dm_json_table")
+        audit_a_map(loaded, budget)
 
 
 def main() -> None:
@@ -260,7 +163,7 @@ def main() -> None:
         return
     comparison, budget = planned
     _overview(comparison)
-    _side_by_side(comparison)
+    side_by_side(comparison)
     _tabs(loaded, comparison, budget)
 
 

@@ -18,6 +18,7 @@ from inspector.offsets import (
     offset_findings,
     run_backward,
     state_counts,
+    vector_lengths,
 )
 from sample_models import get_sample
 
@@ -80,6 +81,19 @@ def test_frozen_adapter_full_and_trainable_maps():
     assert not full["requires_grad"].iloc[0] and trainable["requires_grad"].all()
     codes = [f.code for f in offset_findings(model)]
     assert codes == ["frozen-shift"]
+
+
+def test_vector_lengths_match_parameters_to_vector_and_the_trainable_vector(tiny_gpt2):
+    model = get_sample("frozen-adapter").build()
+    n = vector_lengths(offset_map(model, include_buffers=True), offset_map(model, trainable_only=True))
+    params = list(model.parameters())
+    trainable = [p for p in params if p.requires_grad]
+    assert n["total"] == parameters_to_vector(params).numel()
+    assert n["trainable"] == parameters_to_vector(trainable).numel()
+    assert n["frozen"] == n["total"] - n["trainable"] > 0
+    assert (n["tensors"], n["aliases"]) == (len(params), 0)
+    tied = vector_lengths(offset_map(tiny_gpt2), offset_map(tiny_gpt2, trainable_only=True))
+    assert tied["aliases"] >= 1 and tied["tensors"] == len(list(tiny_gpt2.parameters()))
 
 
 def test_cnn_bn_buffers_come_after_and_never_shift_parameters():

@@ -6,4 +6,6 @@
 - :func:`ui.cache.cached_analysis` runs an analysis once per model (or per session).
 - :func:`ui.errors.guarded` shows a user's mistake as ``st.error`` and a bug with its traceback.
 - :func:`ui.tables.paged_table` and :func:`ui.tables.findings_table` keep big tables fast.
+- :mod:`ui.flatten_map`, :mod:`ui.device_map` and :mod:`ui.attributions` draw those pages' larger
+  sections.
 """

@@ -4,7 +4,8 @@
 object once, in registration order, frozen ones included.
 
 - :mod:`.map`: :func:`offset_map` (offsets from metadata alone, meta tensors included),
-  :func:`locate` (the parameter and element behind a flat index), :func:`offset_findings`.
+  :func:`locate` (the parameter and element behind a flat index), :func:`offset_findings`,
+  :func:`vector_lengths`.
 - :mod:`.gradients`: :func:`gradient_report` and :func:`gradient_norms`, per parameter and
   per module from one pass over the gradients (:mod:`.gradient_pass`).
 - :mod:`.backward`: :func:`run_backward` (sets ``.grad``) and :func:`loss_gradients`
@@ -18,7 +19,7 @@ from ._tables import MODULE_NORM_COLUMNS, OFFSET_COLUMNS, PARAMETER_NORM_COLUMNS
 from .backward import BackwardResult, LossGradients, loss_gradients, run_backward
 from .gradient_pass import Pieces, gradient_l2_norms
 from .gradients import GradientNorms, gradient_norms, gradient_report, state_counts
-from .map import Location, display_table, locate, offset_findings, offset_map
+from .map import Location, display_table, locate, offset_findings, offset_map, vector_lengths
 from .roundtrip import RoundTrip, flatten_roundtrip
 
 __all__ = [
@@ -26,4 +27,5 @@ __all__ = [
     "BackwardResult", "GradientNorms", "Location", "LossGradients", "Pieces", "RoundTrip",
     "display_table", "flatten_roundtrip", "gradient_l2_norms", "gradient_norms", "gradient_report",
     "locate", "loss_gradients", "offset_findings", "offset_map", "run_backward", "state_counts",
+    "vector_lengths",
 ]

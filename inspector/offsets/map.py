@@ -256,3 +256,20 @@ def display_table(table: pd.DataFrame) -> pd.DataFrame:
     if "shape" in out:
         out["shape"] = [str(tuple(s)) for s in out["shape"]]
     return out
+
+
+def vector_lengths(full: pd.DataFrame, trainable: pd.DataFrame) -> dict[str, int]:
+    """Lengths of both flat vectors from :func:`offset_map` frames (all, and ``trainable_only``).
+
+    ``total``: parameter elements in ``parameters_to_vector(model.parameters())``; ``trainable``:
+    elements of the trainable-only vector; ``frozen``: the holes between them; ``tensors``: rows
+    of ``parameters()``; ``aliases``: names kept once because they share a parameter.
+    """
+    params = full[full["kind"] == "parameter"]
+    return {
+        "total": int(params["numel"].sum()),
+        "frozen": int(params.loc[~params["requires_grad"], "numel"].sum()),
+        "trainable": int(trainable["numel"].sum()),
+        "tensors": len(params),
+        "aliases": int(params["aliases"].map(len).sum()),
+    }

@@ -28,6 +28,7 @@ from .audits import (
 from .budget import (
     DEVICE_KINDS,
     Device,
+    budget_text,
     device_order,
     format_max_memory,
     main_device,
@@ -50,6 +51,7 @@ from .plan import (
     PlanResult,
     clean_map,
     default_no_split,
+    no_split_choices,
     plan_device_map,
     plan_device_map_explained,
 )
@@ -58,9 +60,10 @@ from .walk import Decision
 __all__ = [
     "AUDIT_COLUMNS", "DEVICE_KINDS", "Comparison", "Decision", "Device", "DeviceMapAudit", "DispatchCheck",
     "Dispatched", "PlacementPlan", "PlanResult", "accelerate_budget", "audit",
-    "audit_device_map", "audit_findings", "check_with_accelerate", "clean_map", "compare_with_accelerate",
-    "default_no_split", "device_order", "device_usage", "dispatch_plan", "format_max_memory",
-    "load_device_map", "main_device", "missing_devices", "normalise_device", "normalise_map",
-    "parse_max_memory", "parse_size", "placement_findings", "placement_table", "plan_device_map",
-    "plan_device_map_explained", "suggest_budget", "try_dispatch", "validate_device_map",
+    "audit_device_map", "audit_findings", "budget_text", "check_with_accelerate", "clean_map",
+    "compare_with_accelerate", "default_no_split", "device_order", "device_usage", "dispatch_plan",
+    "format_max_memory", "load_device_map", "main_device", "missing_devices", "no_split_choices",
+    "normalise_device", "normalise_map", "parse_max_memory", "parse_size", "placement_findings",
+    "placement_table", "plan_device_map", "plan_device_map_explained", "suggest_budget", "try_dispatch",
+    "validate_device_map",
 ]

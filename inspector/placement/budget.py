@@ -10,6 +10,7 @@ import torch
 
 from ..utils.findings import InspectorError
 from ..utils.sizes import parse_size
+from ..utils.units import format_bytes
 
 Device = int | str  # GPU index, "mps", "cpu" or "disk"
 
@@ -131,3 +132,12 @@ def main_device(devices: Iterable[Any]) -> Device:
 def offload_devices(main: Device) -> set[Device]:
     """Devices whose tensors run on ``main``: disk, and cpu too when a GPU leads."""
     return {"disk"} if main in ("cpu", "mps") else {"cpu", "disk"}
+
+
+def budget_text(n: int) -> str:
+    """A budget as an editor shows it and :func:`parse_max_memory` reads back (binary units, no space).
+
+    >>> budget_text(155_171_243_763)
+    '144.51GiB'
+    """
+    return format_bytes(n, 2).replace(" ", "")

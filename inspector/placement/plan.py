@@ -175,6 +175,16 @@ def default_no_split(model: nn.Module, no_split_module_classes: Iterable[str] | 
     return list(no_split_module_classes)
 
 
+def no_split_choices(model: nn.Module) -> tuple[list[str], list[str]]:
+    """The module classes of ``model`` (sorted) and those of its ``_no_split_modules`` among them.
+
+    >>> no_split_choices(nn.Sequential(nn.Linear(2, 2)))
+    (['Linear', 'Sequential'], [])
+    """
+    classes = sorted({type(m).__name__ for m in model.modules()})
+    return classes, [c for c in default_no_split(model, None) if c in classes]
+
+
 @dataclass(frozen=True)
 class _Plan:
     device_map: dict[str, Device]

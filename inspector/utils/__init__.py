@@ -15,8 +15,8 @@ from __future__ import annotations
 from .escaping import markdown_code, markdown_text, plot_text, terminal_text, visible_text
 from .findings import Finding, InspectorError, first_line, group_findings, sort_findings
 from .sizes import parse_size
-from .units import format_budget, format_bytes, format_count, format_number
+from .units import format_budget, format_bytes, format_count, format_number, progress_text
 
 __all__ = ["Finding", "InspectorError", "first_line", "format_budget", "format_bytes", "format_count",
            "format_number", "group_findings", "markdown_code", "markdown_text", "parse_size", "plot_text",
-           "sort_findings", "terminal_text", "visible_text"]
+           "progress_text", "sort_findings", "terminal_text", "visible_text"]

@@ -99,3 +99,19 @@ def format_budget(budget: Mapping[Any, int]) -> str:
     '0: 144.5 GiB, cpu: 1.0 GiB'
     """
     return ", ".join(f"{d}: {format_bytes(n)}" for d, n in budget.items())
+
+
+def progress_text(share: float, elapsed: float) -> str:
+    """``"40% done, about 1 min 20 s left"`` from the share done and the seconds it took.
+
+    >>> progress_text(0.4, 40.0), progress_text(0.2, 30.0), progress_text(0.01, 5.0)
+    ('40% done, about 60 s left', '20% done, about 2 min 0 s left', '1% done')
+    """
+    if share <= 0.02 or elapsed < 1:
+        return f"{share:.0%} done"
+    left = elapsed * (1 - share) / share
+    return (
+        f"{share:.0%} done, about "
+        + (f"{left:.0f} s" if left < 90 else f"{left // 60:.0f} min {left % 60:.0f} s")
+        + " left"
+    )
