@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import functools
 import importlib
 import pkgutil
 import sys
@@ -22,6 +23,7 @@ from .utils.findings import InspectorError, first_line
 from .utils.program import program_name
 
 
+@functools.cache
 def _help_assignment(name: str) -> ast.Assign | None:
     """The top-level ``HELP = ...`` of ``inspector/commands/<name>.py``, read without running it."""
     try:
