@@ -2,7 +2,8 @@
 
 - :mod:`.api`: :func:`capturing` (yields a :class:`CaptureBlock`) and :func:`capture_activations`
 - :mod:`.results`: :class:`Captures`, :class:`Skipped`, :class:`Mutation`
-- :mod:`.recorder`: the hooks (one copy and an O(1) record per module output)
+- :mod:`.recorder`: the hooks (one copy and an O(1) record per module output); :mod:`.budget`:
+  the byte budget and the findings about what it left out
 - :mod:`.watch`: which live outputs were written in place after their copy
 - :mod:`.storage`: the copies (same device, or pinned CPU memory on a side stream from CUDA)
 - :mod:`.stats`: value statistics, computed after the forward pass

@@ -33,26 +33,24 @@ inference mode stay inference tensors: the cheapest capture, for very deep model
 
 from __future__ import annotations
 
-import math
 import threading
 from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import torch
 from torch import nn
 
 from ..utils.findings import Finding, InspectorError
 from ..utils.units import format_bytes
+from .budget import BUDGET, budget_findings, check_budget
 from .leaves import KEEP_AS_IS, flat, leaf_paths, tensor_leaves, unflat
 from .results import Captures, Mutation, Skipped
 from .storage import MEMCPY_BYTES, Storage
 from .watch import Watcher, live_record, storage_key
 
 _SKIP = object()
-_BUDGET = "over the byte budget"
 _WATCH_OFF = ("in-place writes to the captured outputs were not watched (watch_mutations=False): "
               ".mutated is empty because it was not checked, not because nothing was overwritten")
 
@@ -80,7 +78,7 @@ class Recorder:
 
     def __init__(self, named: list[tuple[str, nn.Module]], selected: dict[str, nn.Module],
                  options: Options) -> None:
-        _check_budget(options.max_bytes)
+        check_budget(options.max_bytes)
         if options.store_on.type == "meta":
             raise InspectorError("store_on='meta' would keep no values; choose cpu or a GPU")
         self.named = named
@@ -253,7 +251,7 @@ class Recorder:
         limit = self.options.max_bytes
         if self.full or (limit is not None and self.used + nbytes > limit):
             self.full = True
-            self.skipped.append(Skipped(key, kind, path, nbytes, f"{_BUDGET} ({format_bytes(self.used)} "
+            self.skipped.append(Skipped(key, kind, path, nbytes, f"{BUDGET} ({format_bytes(self.used)} "
                                         f"of {format_bytes(limit)} used)"))
             return False
         self.used += nbytes
@@ -336,7 +334,7 @@ class Recorder:
         self.grad_handles.clear()
         self.storage.finish()
         self.watcher.settle(self.mutated, self.mutations, self.findings)
-        self.findings.extend(_budget_findings(self.skipped, self.options.max_bytes))
+        self.findings.extend(budget_findings(self.skipped, self.options.max_bytes))
         if not self.watch:
             self.findings.append(Finding("mutation-watch-off", "info", "", _WATCH_OFF))
 
@@ -368,36 +366,3 @@ class Recorder:
             placements=dict(placements or {}),
             mutations_watched=self.watch,
         )
-
-
-def _check_budget(max_bytes: Any) -> None:
-    """A byte budget is None or a finite number of 0 or more (NaN would compare as no limit)."""
-    if max_bytes is None:
-        return
-    if isinstance(max_bytes, bool) or not isinstance(max_bytes, (int, float, np.integer, np.floating)):
-        raise InspectorError(f"max_bytes must be a number of bytes (or None for no limit), got "
-                             f"{type(max_bytes).__name__} {max_bytes!r}")
-    if not math.isfinite(max_bytes):
-        raise InspectorError(
-            f"max_bytes must be a finite number of bytes (or None for no limit), got {max_bytes}"
-        )
-    if max_bytes < 0:
-        raise InspectorError(f"max_bytes must be 0 or more (or None for no limit), got {max_bytes}")
-
-
-def _budget_findings(skipped: list[Skipped], max_bytes: int | None) -> list[Finding]:
-    found = []
-    over = [s for s in skipped if s.reason.startswith(_BUDGET)]
-    if max_bytes == 0:
-        found.append(Finding("capture-budget-zero", "warning", "",
-                             "max_bytes is 0, so nothing was captured; give a positive byte "
-                             "budget, or None for no limit"))
-    elif over:
-        found.append(Finding("capture-over-budget", "info", over[0].module,
-                             f"the byte budget of {format_bytes(max_bytes)} was reached at "
-                             f"{over[0].module}; {len(over)} captures were skipped "
-                             f"({format_bytes(sum(s.bytes for s in over))})"))
-    for s in skipped:
-        if not s.reason.startswith(_BUDGET):
-            found.append(Finding("capture-not-tensor", "info", s.module, f"{s.module}{s.path}: {s.reason}"))
-    return found

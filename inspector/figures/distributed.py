@@ -15,7 +15,7 @@ from ..structure.summary import format_bytes
 from ..utils.escaping import escaped_figure, plot_text
 from ..utils.units import bytes_ticks
 from .palette import GPU_COLOURS
-from .training import MAX_LINE_POINTS, envelope
+from .training_steps import MAX_LINE_POINTS, envelope
 
 MEMORY_COLUMNS = {  # column -> axis label
     "param_bytes": "parameters (local pieces)",
@@ -62,7 +62,7 @@ def grad_norm_figure(per_rank: pd.DataFrame, steps: pd.DataFrame | None) -> go.F
     The global norm is a wide pale band underneath; each rank has its own colour, marker and dash,
     so ranks with equal norms (replicas) and a rank equal to the global norm all stay visible.
     ``steps`` (``step``, ``grad_norm``) may be None (no global norm). A long run is drawn from each
-    bin's lowest and highest point (:func:`inspector.figures.training.envelope`).
+    bin's lowest and highest point (:func:`inspector.figures.training_steps.envelope`).
     """
     fig = go.Figure()
     if steps is not None and "grad_norm" in steps.columns and len(steps):

@@ -4,6 +4,7 @@ Nothing here runs code from a checkpoint (safetensors, or ``torch.load(weights_o
 Python model files run only from the folders the server allows (:mod:`.user_code`).
 
 - :mod:`.models`: :func:`load_model` (``sample:``, ``FILE.py:factory``, ``hf:``, a checkpoint on top);
+- :mod:`.running`: whether a model can run, :func:`to_device`, :func:`call_model`;
 - :mod:`.devices`: available devices and a tie-preserving :func:`move_model`;
 - :mod:`.checkpoints`, :mod:`.dcp`, :mod:`.listing`: read safetensors, torch and distributed
   checkpoints, and list what one holds without reading its values; :mod:`.checkpoint_guards`
@@ -19,8 +20,9 @@ from .dcp import dcp_listing, is_dcp_folder, read_dcp, read_metadata
 from .devices import DeviceInfo, available_devices, device_names, move_model, resolve_device
 from .hf_limits import default_max_bytes
 from .listing import checkpoint_listing
-from .models import DTYPES, LoadedModel, ModelCodeError, allowed_model_dirs, call_model, load_model, to_device
+from .models import DTYPES, LoadedModel, ModelCodeError, allowed_model_dirs, load_model
 from .runcheck import RunCheck, try_forward
+from .running import call_model, to_device
 
 __all__ = [
     "DTYPES",

@@ -14,7 +14,8 @@ import torch
 
 from ..utils.findings import first_line
 from ..utils.forward_state import module_state_kept
-from .models import LoadedModel, call_model
+from .models import LoadedModel
+from .running import call_model
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,8 @@ object once, in registration order, frozen ones included.
   :func:`locate` (the parameter and element behind a flat index), :func:`offset_findings`,
   :func:`vector_lengths`.
 - :mod:`.gradients`: :func:`gradient_report` and :func:`gradient_norms`, per parameter and
-  per module from one pass over the gradients (:mod:`.gradient_pass`).
+  per module from one pass over the gradients (:mod:`.gradient_pass`; the rows and module
+  sums in :mod:`.gradient_rows`).
 - :mod:`.backward`: :func:`run_backward` (sets ``.grad``) and :func:`loss_gradients`
   (gradients kept apart from the model).
 - :mod:`.roundtrip`: :func:`flatten_roundtrip`, ``parameters_to_vector`` and back on copies.

@@ -2,7 +2,7 @@
 
 The gradients are read once (:mod:`.gradient_pass`: one fused norm per device and dtype);
 a module's norm is the root of the summed squares of the parameters below it, added to
-every parent prefix in the same walk.
+every parent prefix in the same walk (:mod:`.gradient_rows`).
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import difflib
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import cast
 
 import pandas as pd
 import torch
@@ -25,15 +25,13 @@ from ..utils.program import program_name
 from ._tables import (
     MODULE_NORM_COLUMNS,
     PARAMETER_NORM_COLUMNS,
-    ROOT,
     STATES,
     frame,
-    label,
 )
 from .gradient_pass import Pieces, gradient_l2_norms
+from .gradient_rows import module_rows, rows_and_sums
 
 Params = list[tuple[str, torch.Tensor]]
-_STATE_COLUMN = {state: 5 + k for k, state in enumerate(STATES)}  # in the module sums below
 Gradients = list[torch.Tensor | None]
 
 @dataclass(frozen=True)
@@ -57,11 +55,6 @@ class GradientNorms:
         """How many parameters are in each state (every state listed, zeros included)."""
         vc = self.by_parameter["state"].value_counts()
         return {s: int(vc.get(s, 0)) for s in STATES}
-
-
-def _module_prefixes(name: str) -> list[str]:
-    parts = name.split(".")[:-1]
-    return [".".join(parts[:k]) for k in range(len(parts) + 1)]
 
 
 def gradient_report(
@@ -163,9 +156,9 @@ def _report(params: Params, shared: dict[int, list[str]], gradients: Gradients,
     findings: list[Finding] = []
     norms = _measure(params, gradients, pieces, findings)
     counts, per_rank = _nonfinite_counts(gradients, norms, pieces)
-    prows, modules, own = _rows(params, shared, gradients, norms, counts)
+    prows, modules, own = rows_and_sums(params, shared, gradients, norms, counts)
     by_parameter = frame(PARAMETER_NORM_COLUMNS, prows)
-    mrows = _module_rows(modules, own)
+    mrows = module_rows(modules, own)
     by_module = frame(MODULE_NORM_COLUMNS, mrows)
     total = mrows[0][1] if mrows else math.nan
     findings += _gradient_findings(prows)
@@ -218,74 +211,6 @@ def _measure(
     for i, v in zip(dense_idx, measured.tolist(), strict=True):
         norms[i] = v
     return norms
-
-
-def _rows(params: Params, shared: dict[int, list[str]], gradients: Gradients, norms: list[float],
-          counts: dict[int, tuple[int, int]]) -> tuple[list[tuple], dict[str, list], dict[str, list]]:
-    """Rows per parameter, and per module prefix the sums of everything below it and of what it holds.
-
-    Returns:
-        (parameter rows, module -> [sum of squares, nan, inf, numel, params, states x4, grads],
-        module -> [sum of squares of what it holds itself, grads]).
-    """
-    prows: list[tuple] = []
-    modules: dict[str, list] = {}
-    own: dict[str, list] = {}
-    chains: dict[str, list[list]] = {}  # holder -> the sums of itself and of every parent, root first
-    labels: dict[Any, str] = {}
-    for i, (name, p) in enumerate(params):
-        g = gradients[i]
-        norm = norms[i]
-        nan, inf = (0, 0) if g is None else counts.get(i, (0, 0))
-        rg = p.requires_grad
-        if g is None:
-            state = "none" if rg else "frozen"
-        else:
-            state = "frozen" if not rg else "nonfinite" if nan or inf else "ok"
-        numel = p.numel()
-        dt, dev = p.dtype, (p.device if g is None else g.device)
-        prows.append((name, norm, state, nan, inf, numel, labels.get(dt) or label(labels, dt),
-                      labels.get(dev) or label(labels, dev), rg))
-        has = g is not None
-        sq = norm * norm if has else 0.0
-        aliases = shared.get(id(p))
-        holders = (name.rpartition(".")[0],) if aliases is None else \
-            tuple(dict.fromkeys(a.rpartition(".")[0] for a in aliases))
-        for holder in holders:
-            held = own.get(holder)
-            if held is None:
-                held = own[holder] = [0.0, 0]
-                chains[holder] = [modules.setdefault(prefix, [0.0, 0, 0, 0, 0, 0, 0, 0, 0, 0])
-                                  for prefix in dict.fromkeys(_module_prefixes(holder + ".x"))]
-            held[0] += sq
-            held[1] += has
-        # a tied parameter counts once in every module above any of its holders
-        sums = chains[holders[0]] if len(holders) == 1 else \
-            list({id(acc): acc for holder in holders for acc in chains[holder]}.values())
-        col = _STATE_COLUMN[state]
-        for acc in sums:
-            acc[0] += sq
-            acc[1] += nan
-            acc[2] += inf
-            acc[3] += numel
-            acc[4] += 1
-            acc[col] += 1
-            acc[9] += has
-    return prows, modules, own
-
-
-def _module_rows(modules: dict[str, list], own: dict[str, list]) -> list[tuple]:
-    """One row per module prefix, in ``MODULE_NORM_COLUMNS`` order; the model itself first."""
-    mrows = []
-    for prefix, (sq, nan, inf, numel, count, ok, none, frozen, nonfinite, with_grad) in modules.items():
-        state = "nonfinite" if nonfinite else "ok" if ok else "none" if none else "frozen"
-        held = own.get(prefix)
-        mrows.append((prefix if prefix else ROOT, math.sqrt(sq) if with_grad else math.nan, state, nan, inf,
-                      numel, count, ok, none, frozen, nonfinite, 0 if not prefix else prefix.count(".") + 1,
-                      held is not None,
-                      math.sqrt(held[0]) if held is not None and held[1] else math.nan))
-    return mrows
-
 
 
 def _nonfinite_counts(gradients: list[torch.Tensor | None], norms: list[float], pieces: Pieces | None

@@ -6,7 +6,7 @@ A device map (accelerate's format) sends module or tensor names to devices: GPU 
 - :mod:`.budget`: device names, sizes and ``max_memory`` budgets;
 - :mod:`.inventory`: the map key that covers a name;
 - :mod:`.plan` (with :mod:`.walk`): :func:`plan_device_map` and its reasons, :class:`PlacementPlan`;
-- :mod:`.audit`: :func:`audit_device_map`, :func:`placement_table` and their findings;
+- :mod:`.audits`: :func:`audit_device_map`, :func:`placement_table`; :mod:`.map_findings`: their findings;
 - :mod:`.compare`: our plan next to accelerate's ``infer_auto_device_map``;
 - :mod:`.dispatch`: :func:`dispatch_plan` with ``accelerate.dispatch_model``.
 """

@@ -12,16 +12,13 @@ from torch import nn
 
 from ..inventory import TensorEntry, TensorInventory, tensor_inventory
 from ..utils.dtensors import has_dtensors
-from ..utils.findings import Finding, InspectorError, Severity
+from ..utils.findings import Finding, InspectorError
 from .budget import Device, device_order, main_device, normalise_device, offload_devices, torch_device_key
-from .inventory import lookup, parent_name
+from .inventory import lookup
+from .map_findings import key_findings, table_findings
 
 AUDIT_COLUMNS = ["name", "kind", "module", "device", "module_primary_device", "split", "finding",
                  "bytes", "alias_of"]
-_SEVERITY: dict[str, Severity] = {"param-unplaced": "error", "buffer-unplaced": "error", "tie-split": "error",
-             "meta-leftover": "error", "buffer-stranded": "warning", "unknown-key": "error",
-             "overlapping-key": "warning"}
-_MAX_FINDINGS_PER_CODE = 20
 
 
 @dataclass(frozen=True)
@@ -70,32 +67,6 @@ def load_device_map(text: str, source: str = "device map") -> dict[str, Device]:
     if not isinstance(data, dict):
         raise InspectorError(f"{source} must be a JSON object of names to devices, not {type(data).__name__}")
     return normalise_map(data)
-
-
-def _key_findings(names: set[str], device_map: Mapping[str, Device]) -> list[Finding]:
-    """unknown-key and overlapping-key findings; ``names`` holds every module and tensor name."""
-    findings = []
-    for key in device_map:
-        if key and key not in names:
-            findings.append(Finding("unknown-key", "error", key,
-                                    f"device map key {key!r} names no module, parameter or buffer of the "
-                                    "model; fix its spelling or remove it"))
-        parent = key
-        while parent:
-            parent = parent_name(parent)
-            if parent in device_map:
-                findings.append(
-                    Finding(
-                        "overlapping-key",
-                        "warning",
-                        key,
-                        f"device map keys {parent!r} and {key!r} overlap: {key} says "
-                        f"{device_map[key]} inside {parent or 'the model'} on {device_map[parent]}; "
-                        "keep one of them",
-                    )
-                )
-                break
-    return findings
 
 
 Chains = dict[str, tuple[str, ...]]  # module -> the modules above it and itself that hold tensors
@@ -254,7 +225,7 @@ def audit_inventory(tensors: TensorInventory, device_map: Mapping[str, Any]) -> 
     rows, chains = _tensor_rows(tensors)
     table = _audit_rows(rows, chains, _map_devices(rows, dm), sorted(set(dm.values()), key=device_order))
     names = set(tensors.modules) | {r.name for r in rows}
-    return DeviceMapAudit(table, _key_findings(names, dm) + table_findings(table))
+    return DeviceMapAudit(table, key_findings(names, dm) + table_findings(table))
 
 
 def audit_findings(model: nn.Module, device_map: Mapping[str, Any]) -> list[Finding]:
@@ -264,48 +235,6 @@ def audit_findings(model: nn.Module, device_map: Mapping[str, Any]) -> list[Find
     ['param-unplaced']
     """
     return audit(model, device_map).findings
-
-
-def _finding_message(row: Any, code: str) -> str:
-    where = f"{row.kind} {row.name}"
-    owner = row.module or "the model"
-    if code.endswith("-unplaced"):
-        split = (
-            f", which the map splits across devices (most parameter bytes on {row.module_primary_device})"
-            if row.split
-            else ""
-        )
-        return (f"{where} has no device in the map ({owner} owns it directly{split}); dispatch_model leaves "
-                f"it where it is, so the forward pass may mix devices. Give it a key, e.g. "
-                f"'{row.name}': {row.module_primary_device!r}, or plan with plan_device_map")
-    if code == "tie-split":
-        return (f"{where} is the same tensor as {row.alias_of} but sits on {row.device}; one tensor on two "
-                "devices becomes two copies and the tie breaks. Map both names to one device")
-    if code == "buffer-stranded":
-        return (f"{where} is on {row.device} but {owner} keeps most parameter bytes on "
-                f"{row.module_primary_device}; move the buffer there")
-    if code == "meta-leftover":
-        return (f"{where} is still on the meta device: it has no values, so a forward pass fails. Load "
-                "its weights (a checkpoint) or give it a device")
-    return f"{where}: {code}"
-
-
-def table_findings(table: pd.DataFrame) -> list[Finding]:
-    """One Finding per flagged row; beyond 20 of one code, one summary Finding for the rest."""
-    out: list[Finding] = []
-    counts: dict[str, int] = {}
-    flagged = table[table["finding"].notna()]
-    for row in flagged.itertuples(index=False):
-        for code in row.finding.split(","):
-            counts[code] = counts.get(code, 0) + 1
-            if counts[code] <= _MAX_FINDINGS_PER_CODE:
-                out.append(Finding(code, _SEVERITY[code], row.name, _finding_message(row, code)))
-    for code, n in counts.items():
-        if n > _MAX_FINDINGS_PER_CODE:
-            out.append(Finding(code, _SEVERITY[code], "",
-                               f"{n - _MAX_FINDINGS_PER_CODE} more tensors have {code} (see the table)"))
-    order = {"error": 0, "warning": 1, "info": 2}
-    return sorted(out, key=lambda f: order[f.severity])
 
 
 def device_usage(table: pd.DataFrame, budget: Mapping[Device, int] | None = None,

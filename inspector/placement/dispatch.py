@@ -17,8 +17,9 @@ from ..inventory import TensorInventory, tensor_inventory
 from ..utils.checks import require_module
 from ..utils.findings import Finding, InspectorError
 from ..utils.locks import model_lock
-from .audits import audit_inventory, normalise_map, placement_table, table_findings
+from .audits import audit_inventory, normalise_map, placement_table
 from .budget import Device, device_order, main_device
+from .map_findings import table_findings
 from .plan import default_no_split
 from .walk import largest_layer
 

@@ -25,9 +25,10 @@ from ..inventory import ModuleTables, tensor_inventory
 from ..utils.checks import require_module
 from ..utils.findings import Finding, InspectorError
 from ..utils.units import format_budget, format_bytes
-from .audits import audit_table, device_usage, table_findings
+from .audits import audit_table, device_usage
 from .budget import Device, parse_max_memory
 from .inventory import lookup, parent_name, prefixes
+from .map_findings import table_findings
 from .walk import Decision, Reserve, budget_records, main_devices, offloads, place_pending, walk
 
 
