@@ -91,6 +91,7 @@ def test_a_line_that_is_not_a_record_is_named():
         parse_run("\n", "x.jsonl")
 
 
+@pytest.mark.collectives
 @pytest.mark.parametrize("shard", ["fsdp", "ddp", "none"])
 def test_command_runs_as_one_process_without_torchrun(tmp_path, shard, capsys):
     import torch.distributed as dist
@@ -121,6 +122,7 @@ def test_command_refuses_bad_input_with_exit_2(tmp_path, capsys):
     assert "meta device" in capsys.readouterr().err
 
 
+@pytest.mark.collectives
 def test_fsdp_sample_is_the_file_model_and_runs_by_name(tmp_path):
     from inspector.__main__ import main
     from inspector.distributed import read_run
