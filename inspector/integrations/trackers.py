@@ -1,0 +1,175 @@
+"""Send a watch's numbers and findings to the trackers a team already runs.
+
+Each export takes the rows :class:`.follow.RunFollower` reads from the run file after a step:
+the global gradient norm, the loss, nonfinite counts and, per module (down to ``depth`` dots),
+the gradient norm, the update ratio and the nonfinite count; each finding goes as text at the
+step where it first appeared. :class:`TensorBoardExport` writes through a
+``torch.utils.tensorboard.SummaryWriter``; :class:`WandbExport` and :class:`MlflowExport` log to
+the active W&B / MLflow run where those packages are installed (imported only when used).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from typing import Any, Protocol
+
+from ..utils.findings import InspectorError
+from ..watching import RunMeta
+from .follow import StepRow
+
+
+class Export(Protocol):
+    """Where the numbers of each new step go (``write``) until the run ends (``close``)."""
+
+    def write(self, meta: RunMeta, rows: list[StepRow]) -> None: ...
+
+    def close(self) -> None: ...
+
+
+def finding_text(step: int, f: dict[str, str]) -> str:
+    """One line for a finding: ``step 12 · error · nonfinite-gradient at h.0.mlp: ...``."""
+    return f"step {step} · {f['severity']} · {f['code']} at {f['where'] or '(model)'}: {f['message']}"
+
+
+def step_numbers(meta: RunMeta, row: StepRow, depth: int | None = 2,
+                 prefix: str = "inspector") -> dict[str, float]:
+    """The scalars of one step, by tag: ``inspector/grad_norm``, ``inspector/grad_norm/<module>``, ...
+
+    Per-module values cover the modules at most ``depth`` dots deep (None: every module); the
+    per-module nonfinite counts only on steps that had any.
+    """
+    out: dict[str, float] = {}
+    if row.grad_norm is not None:
+        out[f"{prefix}/grad_norm"] = float(row.grad_norm)
+    if row.loss is not None:
+        out[f"{prefix}/loss"] = float(row.loss)
+    out[f"{prefix}/nonfinite"] = float(row.nonfinite)
+    if row.scale is not None:
+        out[f"{prefix}/loss_scale"] = float(row.scale)
+    keep = [i for i, name in enumerate(meta.modules)
+            if name and (depth is None or name.count(".") < depth)]
+    columns = [("grad_norm", row.module_grad_norm), ("update_ratio", row.module_update_ratio)]
+    if row.nonfinite:
+        columns.append(("nonfinite", row.module_nonfinite))
+    for label, values in columns:
+        if values is None:
+            continue
+        for i in keep:
+            v = float(values[i])
+            if not math.isnan(v):
+                out[f"{prefix}/{label}/{meta.modules[i]}"] = v
+    return out
+
+
+class TensorBoardExport:
+    """Write each step to TensorBoard: ``TensorBoardExport(writer)`` or ``TensorBoardExport(logdir=...)``.
+
+    ``step_offset`` is added to the watch's step (0 for the first optimizer step) so the lines
+    sit on the x axis of the training stack's own logs.
+    """
+
+    def __init__(self, writer: Any = None, *, logdir: str | os.PathLike | None = None, depth: int | None = 2,
+                 prefix: str = "inspector", step_offset: int = 0) -> None:
+        if writer is None:
+            if logdir is None:
+                raise InspectorError("TensorBoardExport needs a SummaryWriter or logdir=<folder>")
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+            except ImportError as exc:
+                raise InspectorError(f"TensorBoard export needs the tensorboard package ({exc}); "
+                                     "pip install 'model-inspector[integrations]'") from None
+            writer = SummaryWriter(log_dir=str(logdir))
+            self._owned = True
+        else:
+            self._owned = False
+        self.writer, self.depth, self.prefix, self.step_offset = writer, depth, prefix, step_offset
+
+    def write(self, meta: RunMeta, rows: list[StepRow]) -> None:
+        for row in rows:
+            if row.rank > 0:
+                continue
+            step = row.step + self.step_offset
+            for tag, value in step_numbers(meta, row, self.depth, self.prefix).items():
+                self.writer.add_scalar(tag, value, step)
+            for f in row.findings:
+                self.writer.add_text(f"{self.prefix}/findings", finding_text(row.step, f), step)
+
+    def close(self) -> None:
+        if self._owned:
+            self.writer.close()
+        else:
+            self.writer.flush()
+
+
+class WandbExport:
+    """Log each step to the active W&B run (``wandb.init`` first), on its own ``inspector/step`` axis."""
+
+    def __init__(self, run: Any = None, *, depth: int | None = 2, prefix: str = "inspector") -> None:
+        try:
+            import wandb
+        except ImportError as exc:
+            raise InspectorError(f"W&B export needs the wandb package ({exc})") from None
+        self.run = run if run is not None else wandb.run
+        if self.run is None:
+            raise InspectorError("W&B export needs an active run: call wandb.init(...) first")
+        self.depth, self.prefix = depth, prefix
+        self.run.define_metric(f"{prefix}/step")
+        self.run.define_metric(f"{prefix}/*", step_metric=f"{prefix}/step")
+
+    def write(self, meta: RunMeta, rows: list[StepRow]) -> None:
+        for row in rows:
+            if row.rank > 0:
+                continue
+            data: dict[str, Any] = {f"{self.prefix}/step": row.step}
+            data.update(step_numbers(meta, row, self.depth, self.prefix))
+            if row.findings:
+                data[f"{self.prefix}/findings"] = "\n".join(finding_text(row.step, f) for f in row.findings)
+            self.run.log(data)
+
+    def close(self) -> None:
+        pass
+
+
+class MlflowExport:
+    """Log each step's numbers as metrics of the active MLflow run, the findings as one text artifact."""
+
+    def __init__(self, *, depth: int | None = 2, prefix: str = "inspector") -> None:
+        try:
+            import mlflow
+        except ImportError as exc:
+            raise InspectorError(f"MLflow export needs the mlflow package ({exc})") from None
+        self.mlflow, self.depth, self.prefix = mlflow, depth, prefix
+        self.lines: list[str] = []
+
+    def write(self, meta: RunMeta, rows: list[StepRow]) -> None:
+        for row in rows:
+            if row.rank > 0:
+                continue
+            self.mlflow.log_metrics(step_numbers(meta, row, self.depth, self.prefix), step=row.step)
+            if row.findings:
+                self.lines += [finding_text(row.step, f) for f in row.findings]
+                self.mlflow.log_text("\n".join(self.lines) + "\n", f"{self.prefix}/findings.txt")
+
+    def close(self) -> None:
+        pass
+
+
+def make_export(spec: Any) -> Export:
+    """An export from ``"tensorboard:<logdir>"``, ``"wandb"``, ``"mlflow"``, or an object with write/close."""
+    if hasattr(spec, "write") and hasattr(spec, "close"):
+        return spec  # type: ignore[no-any-return]
+    if isinstance(spec, str):
+        kind, _, arg = spec.partition(":")
+        if kind == "tensorboard" and arg:
+            return TensorBoardExport(logdir=arg)
+        if kind == "wandb" and not arg:
+            return WandbExport()
+        if kind == "mlflow" and not arg:
+            return MlflowExport()
+    raise InspectorError(f"unknown export {spec!r}: give 'tensorboard:<logdir>', 'wandb', 'mlflow', or a "
+                         "TensorBoardExport / WandbExport / MlflowExport")
+
+
+__all__ = ["Export", "MlflowExport", "TensorBoardExport", "WandbExport", "finding_text", "make_export",
+           "step_numbers"]
