@@ -85,8 +85,8 @@ def test_symlinked_runs_are_not_listed(runs, tmp_path):
 
 
 @pytest.mark.parametrize("path", ["/etc/passwd", "/proc/self/environ", "../elsewhere/secret.inspect",
-                                  "a/../../elsewhere/secret.inspect", "link.inspect", "linkdir/secret.inspect",
-                                  "", "/"])
+                                  "a/../../elsewhere/secret.inspect", "link.inspect",
+                                  "linkdir/secret.inspect", "", "/"])
 def test_paths_out_of_the_runs_folders_are_refused_naming_the_flag(runs, tmp_path, path):
     outside = write_run(tmp_path / "elsewhere" / "secret.inspect")
     (runs / "link.inspect").symlink_to(outside)
