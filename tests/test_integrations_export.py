@@ -7,9 +7,8 @@ import pytest
 import torch
 from torch import nn
 
-from inspector import read_run, watch
+from inspector import InspectorError, read_run, watch
 from inspector.integrations import RunFollower, TensorBoardExport, watch_accelerator
-from inspector.utils.findings import InspectorError
 
 event_accumulator = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")
 
@@ -90,3 +89,14 @@ def test_follower_reads_each_step_once_while_the_file_grows(tmp_path):
     assert seen == [[0], [1], [2], []]
     # d(sum(Wx+b))/dW = x = (1, 1), d/db = 1: the gradient norm is sqrt(3) at every step
     assert follower.meta is not None and follower.meta.modules == ("",)
+
+
+def test_importing_the_integrations_loads_no_training_stack():
+    import subprocess
+    import sys
+
+    code = ("import sys, inspector.integrations as i; "
+            "print(sorted(m for m in ('transformers', 'pytorch_lightning', 'tensorboard', 'wandb', 'mlflow') "
+            "if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"

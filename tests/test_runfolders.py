@@ -9,9 +9,8 @@ import pytest
 import torch
 from torch import nn
 
-from inspector import watch
+from inspector import InspectorError, watch
 from inspector.runfolders import allowed_run_path, describe, list_runs, runs_dirs
-from inspector.utils.findings import InspectorError
 
 
 def write_run(path, steps=2, poison=None):

@@ -19,7 +19,7 @@ from transformers import TrainerCallback
 from .session import WatchedTraining, stop_message
 
 
-class WatchCallback(TrainerCallback):  # type: ignore[misc]
+class WatchCallback(TrainerCallback):
     """A ``TrainerCallback`` that watches every optimizer step (see :class:`.session.WatchedTraining`
     for ``stop_on_error``, ``export``, ``report`` and the watch's options)."""
 

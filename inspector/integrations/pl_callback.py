@@ -21,7 +21,7 @@ except ImportError:  # pragma: no cover - only the unified `lightning` package i
     from lightning.pytorch import Callback  # type: ignore[no-redef,import-not-found,unused-ignore]
 
 
-class LightningWatch(Callback):  # type: ignore[misc]
+class LightningWatch(Callback):
     """A Lightning ``Callback`` that watches every optimizer step (``stop_on_error``, ``export``,
     ``report`` and the watch's options as :class:`.session.WatchedTraining` takes them)."""
 

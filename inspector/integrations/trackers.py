@@ -107,7 +107,7 @@ class WandbExport:
 
     def __init__(self, run: Any = None, *, depth: int | None = 2, prefix: str = "inspector") -> None:
         try:
-            import wandb
+            import wandb  # type: ignore[import-not-found,unused-ignore]
         except ImportError as exc:
             raise InspectorError(f"W&B export needs the wandb package ({exc})") from None
         self.run = run if run is not None else wandb.run
@@ -136,7 +136,7 @@ class MlflowExport:
 
     def __init__(self, *, depth: int | None = 2, prefix: str = "inspector") -> None:
         try:
-            import mlflow
+            import mlflow  # type: ignore[import-not-found,unused-ignore]
         except ImportError as exc:
             raise InspectorError(f"MLflow export needs the mlflow package ({exc})") from None
         self.mlflow, self.depth, self.prefix = mlflow, depth, prefix
@@ -158,7 +158,7 @@ class MlflowExport:
 def make_export(spec: Any) -> Export:
     """An export from ``"tensorboard:<logdir>"``, ``"wandb"``, ``"mlflow"``, or an object with write/close."""
     if hasattr(spec, "write") and hasattr(spec, "close"):
-        return spec  # type: ignore[no-any-return]
+        return spec  # type: ignore[no-any-return,unused-ignore]
     if isinstance(spec, str):
         kind, _, arg = spec.partition(":")
         if kind == "tensorboard" and arg:
