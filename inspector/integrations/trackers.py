@@ -1,11 +1,12 @@
 """Send a watch's numbers and findings to the trackers a team already runs.
 
 Each export takes the rows :class:`.follow.RunFollower` reads from the run file after a step:
-the global gradient norm, the loss, nonfinite counts and, per module (down to ``depth`` dots),
-the gradient norm, the update ratio and the nonfinite count; each finding goes as text at the
-step where it first appeared. :class:`TensorBoardExport` writes through a
-``torch.utils.tensorboard.SummaryWriter``; :class:`WandbExport` and :class:`MlflowExport` log to
-the active W&B / MLflow run where those packages are installed (imported only when used).
+the global gradient norm, the loss, nonfinite counts and, per module (every module that holds
+parameters, or those with fewer than ``depth`` dots), the gradient norm, the update ratio and
+the nonfinite count; each finding goes as text at the step where it first appeared.
+:class:`TensorBoardExport` writes through a ``torch.utils.tensorboard.SummaryWriter``;
+:class:`WandbExport` and :class:`MlflowExport` log to the active W&B / MLflow run where those
+packages are installed (imported only when used).
 """
 
 from __future__ import annotations
@@ -32,11 +33,12 @@ def finding_text(step: int, f: dict[str, str]) -> str:
     return f"step {step} · {f['severity']} · {f['code']} at {f['where'] or '(model)'}: {f['message']}"
 
 
-def step_numbers(meta: RunMeta, row: StepRow, depth: int | None = 2,
+def step_numbers(meta: RunMeta, row: StepRow, depth: int | None = None,
                  prefix: str = "inspector") -> dict[str, float]:
     """The scalars of one step, by tag: ``inspector/grad_norm``, ``inspector/grad_norm/<module>``, ...
 
-    Per-module values cover the modules at most ``depth`` dots deep (None: every module); the
+    Per-module values cover the modules with fewer than ``depth`` dots in their names (None: every
+    module that holds parameters); the
     per-module nonfinite counts only on steps that had any.
     """
     out: dict[str, float] = {}
@@ -69,8 +71,8 @@ class TensorBoardExport:
     sit on the x axis of the training stack's own logs.
     """
 
-    def __init__(self, writer: Any = None, *, logdir: str | os.PathLike | None = None, depth: int | None = 2,
-                 prefix: str = "inspector", step_offset: int = 0) -> None:
+    def __init__(self, writer: Any = None, *, logdir: str | os.PathLike | None = None,
+                 depth: int | None = None, prefix: str = "inspector", step_offset: int = 0) -> None:
         if writer is None:
             if logdir is None:
                 raise InspectorError("TensorBoardExport needs a SummaryWriter or logdir=<folder>")
@@ -105,7 +107,7 @@ class TensorBoardExport:
 class WandbExport:
     """Log each step to the active W&B run (``wandb.init`` first), on its own ``inspector/step`` axis."""
 
-    def __init__(self, run: Any = None, *, depth: int | None = 2, prefix: str = "inspector") -> None:
+    def __init__(self, run: Any = None, *, depth: int | None = None, prefix: str = "inspector") -> None:
         try:
             import wandb  # type: ignore[import-not-found,unused-ignore]
         except ImportError as exc:
@@ -134,7 +136,7 @@ class WandbExport:
 class MlflowExport:
     """Log each step's numbers as metrics of the active MLflow run, the findings as one text artifact."""
 
-    def __init__(self, *, depth: int | None = 2, prefix: str = "inspector") -> None:
+    def __init__(self, *, depth: int | None = None, prefix: str = "inspector") -> None:
         try:
             import mlflow  # type: ignore[import-not-found,unused-ignore]
         except ImportError as exc:
