@@ -169,3 +169,35 @@ def test_accelerate_stop_on_error_raises_naming_the_module(tmp_path):
     with pytest.raises(TrainingStopped, match=r"step 0: .* at lin1"):
         accelerate_loop(tmp_path, poison=2, stop_on_error=True)
     assert len(read_run(tmp_path / "acc.inspect").steps) == 1
+
+
+def test_a_grad_scaler_in_accelerates_optimizer_is_followed(tmp_path):
+    """fp16 on a GPU gives the Trainer and accelerate an AcceleratedOptimizer holding a GradScaler;
+    on the CPU the same classes are built by hand. The batch with the Inf makes the scaler skip its
+    update and halve the scale: the watch records no step for it, and the next step says so."""
+    from accelerate.optimizer import AcceleratedOptimizer
+
+    from inspector.integrations import WatchedTraining
+
+    accelerate.Accelerator(cpu=True)
+    model = Tiny()
+    scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
+    opt = AcceleratedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05), device_placement=False,
+                               scaler=scaler)
+    session = WatchedTraining(tmp_path / "amp.inspect", report=None)
+    session.start(model, opt, scaler=opt.scaler)
+    data = rows(8, poison=2)  # batch 1 holds the Inf
+    for i in range(0, 8, 2):
+        x, y = torch.stack([d["x"] for d in data[i:i + 2]]), torch.stack([d["labels"] for d in data[i:i + 2]])
+        scaler.scale(model(x, y)["loss"]).backward()
+        opt.step()
+        opt.zero_grad()
+    session.finish()
+    steps = read_run(tmp_path / "amp.inspect").steps
+    assert steps.scale.tolist() == [1024.0, 512.0, 512.0] and steps.skipped.tolist() == [False, True, False]
+    plain = Tiny()  # the same first batch without a scaler: the watch reports the unscaled norm
+    x, y = torch.stack([d["x"] for d in data[:2]]), torch.stack([d["labels"] for d in data[:2]])
+    plain(x, y)["loss"].backward()
+    expected = torch.sqrt(sum(p.grad.pow(2).sum() for p in plain.parameters())).item()
+    assert steps.grad_norm.iloc[0] == pytest.approx(expected, rel=1e-5)
+    assert not opt.optimizer._optimizer_step_post_hooks
