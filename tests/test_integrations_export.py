@@ -100,3 +100,12 @@ def test_importing_the_integrations_loads_no_training_stack():
             "if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_an_export_of_its_own_logdir_serves_a_second_run(tmp_path):
+    export = TensorBoardExport(logdir=tmp_path / "tb")
+    loop(tmp_path, [export], steps=2)
+    export.step_offset = 2  # the second run continues the x axis
+    loop(tmp_path, [export], steps=2)
+    got, _ = scalars(tmp_path / "tb")
+    assert [s for s, _ in got["inspector/grad_norm"]] == [0, 1, 2, 3]

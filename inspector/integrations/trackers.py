@@ -73,35 +73,48 @@ class TensorBoardExport:
 
     def __init__(self, writer: Any = None, *, logdir: str | os.PathLike | None = None,
                  depth: int | None = None, prefix: str = "inspector", step_offset: int = 0) -> None:
+        if writer is None and logdir is None:
+            raise InspectorError("TensorBoardExport needs a SummaryWriter or logdir=<folder>")
+        self._given, self.logdir = writer, logdir
+        self._own: Any = None
+        self.depth, self.prefix, self.step_offset = depth, prefix, step_offset
         if writer is None:
-            if logdir is None:
-                raise InspectorError("TensorBoardExport needs a SummaryWriter or logdir=<folder>")
-            try:
-                from torch.utils.tensorboard import SummaryWriter
-            except ImportError as exc:
-                raise InspectorError(f"TensorBoard export needs the tensorboard package ({exc}); "
-                                     "pip install 'model-inspector[integrations]'") from None
-            writer = SummaryWriter(log_dir=str(logdir))
-            self._owned = True
-        else:
-            self._owned = False
-        self.writer, self.depth, self.prefix, self.step_offset = writer, depth, prefix, step_offset
+            self._open()  # now: a missing tensorboard package is said at once
+
+    def _open(self) -> Any:
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+        except ImportError as exc:
+            raise InspectorError(f"TensorBoard export needs the tensorboard package ({exc}); "
+                                 "pip install 'model-inspector[integrations]'") from None
+        self._own = SummaryWriter(log_dir=str(self.logdir))
+        return self._own
+
+    @property
+    def writer(self) -> Any:
+        """The given writer, or this export's own (opened again after :meth:`close`, for a second run)."""
+        if self._given is not None:
+            return self._given
+        return self._own if self._own is not None else self._open()
 
     def write(self, meta: RunMeta, rows: list[StepRow]) -> None:
+        writer = self.writer
         for row in rows:
             if row.rank > 0:
                 continue
             step = row.step + self.step_offset
             for tag, value in step_numbers(meta, row, self.depth, self.prefix).items():
-                self.writer.add_scalar(tag, value, step)
+                writer.add_scalar(tag, value, step)
             for f in row.findings:
-                self.writer.add_text(f"{self.prefix}/findings", finding_text(row.step, f), step)
+                writer.add_text(f"{self.prefix}/findings", finding_text(row.step, f), step)
 
     def close(self) -> None:
-        if self._owned:
-            self.writer.close()
-        else:
-            self.writer.flush()
+        """Flush a given writer (it stays the caller's); close this export's own."""
+        if self._given is not None:
+            self._given.flush()
+        elif self._own is not None:
+            self._own.close()
+            self._own = None
 
 
 class WandbExport:
