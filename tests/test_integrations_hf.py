@@ -14,6 +14,19 @@ transformers = pytest.importorskip("transformers")
 accelerate = pytest.importorskip("accelerate")
 
 
+@pytest.fixture(autouse=True)
+def fresh_accelerate_state():
+    """accelerate keeps its state in process-wide singletons (accumulation, sync flags): each test
+    starts from none, as a new process would (accelerate's own tests reset them the same way)."""
+    from accelerate.state import AcceleratorState, GradientState
+
+    AcceleratorState._reset_state(True)
+    GradientState._reset_state()
+    yield
+    AcceleratorState._reset_state(True)
+    GradientState._reset_state()
+
+
 class Tiny(nn.Module):
     """4 -> 3 -> 1 with an MSE loss, the way a Trainer wants it: ``forward(x, labels) -> {"loss"}``."""
 
