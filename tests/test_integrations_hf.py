@@ -214,3 +214,21 @@ def test_a_grad_scaler_in_accelerates_optimizer_is_followed(tmp_path):
     expected = torch.sqrt(sum(p.grad.pow(2).sum() for p in plain.parameters())).item()
     assert steps.grad_norm.iloc[0] == pytest.approx(expected, rel=1e-5)
     assert not opt.optimizer._optimizer_step_post_hooks
+
+
+def test_the_tensorboard_export_counts_steps_as_the_trainer_does(tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from inspector.integrations import TensorBoardExport
+
+    trainer = transformers.Trainer(model=Tiny(), args=args(tmp_path, max_steps=3), train_dataset=rows(8))
+    trainer.add_callback(WatchCallback(tmp_path / "tb.inspect", report=None,
+                                       export=[TensorBoardExport(logdir=tmp_path / "tb")]))
+    trainer.train()
+    acc = EventAccumulator(str(tmp_path / "tb"))
+    acc.Reload()
+    norms = acc.Scalars("inspector/grad_norm")
+    logged = [h for h in trainer.state.log_history if "grad_norm" in h]
+    # the Trainer's step k (from 1) and its grad_norm are the export's step k and value
+    assert [e.step for e in norms] == [h["step"] for h in logged] == [1, 2, 3]
+    np.testing.assert_allclose([e.value for e in norms], [h["grad_norm"] for h in logged], rtol=1e-5)

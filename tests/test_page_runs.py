@@ -75,3 +75,19 @@ def test_without_runs_folders_every_typed_path_is_refused(tmp_path, monkeypatch)
 def test_a_run_inside_opens_by_its_typed_path(runs):
     at = run_page("8_Training.py", query={"run": "exp/old.inspect"})
     assert not at.error and {m.label: m.value for m in at.metric}["Steps"] == "2"
+
+
+def test_a_run_being_written_is_marked_live(runs):
+    import torch
+    from torch import nn
+
+    from inspector import watch
+
+    m = nn.Linear(2, 1)
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    with watch(m, opt, runs / "now.inspect"):
+        m(torch.ones(1, 2)).sum().backward()
+        opt.step()
+        at = run_page("8_Training.py")
+        assert at.selectbox(key="train_pick").options[0] == "● live · now.inspect"
+        assert at.dataframe[0].value["live"].tolist() == [True, False, False]
