@@ -91,3 +91,12 @@ def test_a_run_being_written_is_marked_live(runs):
         at = run_page("8_Training.py")
         assert at.selectbox(key="train_pick").options[0] == "● live · now.inspect"
         assert at.dataframe[0].value["live"].tolist() == [True, False, False]
+
+
+def test_compare_takes_both_runs_by_name(runs):
+    at = run_page("9_Compare.py")
+    at.radio(key="cmp_mode").set_value("two run files").run()
+    at.selectbox(key="cmp_pick_A").set_value("exp/old.inspect")
+    at.selectbox(key="cmp_pick_B").set_value("exp/new.inspect").run()
+    assert not at.exception and not at.error
+    assert "Per module" in [s.value for s in at.subheader]
