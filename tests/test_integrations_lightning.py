@@ -124,3 +124,12 @@ def test_an_exception_closes_the_file_and_removes_the_hooks(tmp_path):
         fit(module, cb, tmp_path)
     run = read_run(tmp_path / "broken.inspect")
     assert len(run.steps) == 2 and run.complete and not cb.result.completed and unhooked(module)
+
+
+def test_bf16_mixed_precision_on_cpu(tmp_path):
+    module = Auto()
+    trainer = fit(module, LightningWatch(tmp_path / "bf16.inspect", report=None), tmp_path,
+                  precision="bf16-mixed")
+    run = read_run(tmp_path / "bf16.inspect")
+    assert len(run.steps) == 4 == trainer.global_step and np.isfinite(run.steps.grad_norm).all()
+    np.testing.assert_allclose(run.steps.loss.to_numpy(), module.losses, rtol=1e-6)
