@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -109,3 +111,26 @@ def test_an_export_of_its_own_logdir_serves_a_second_run(tmp_path):
     loop(tmp_path, [export], steps=2)
     got, _ = scalars(tmp_path / "tb")
     assert [s for s, _ in got["inspector/grad_norm"]] == [0, 1, 2, 3]
+
+
+def test_a_script_that_dies_still_closes_its_run_file(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    script = tmp_path / "train.py"
+    script.write_text(
+        "import sys, torch\n"
+        "from torch import nn\n"
+        "from inspector.integrations import WatchedTraining\n"
+        "m = nn.Linear(2, 1); opt = torch.optim.SGD(m.parameters(), lr=0.1)\n"
+        "WatchedTraining(sys.argv[1], report=None).start(m, opt)\n"
+        "m(torch.ones(1, 2)).sum().backward(); opt.step()\n"
+        "raise RuntimeError('the loader broke')\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    out = subprocess.run([sys.executable, str(script), str(tmp_path / "r.inspect")], capture_output=True,
+                         text=True, env=env)
+    assert out.returncode == 1 and "the loader broke" in out.stderr
+    run = read_run(tmp_path / "r.inspect")
+    assert len(run.steps) == 1 and run.complete  # closed at exit: the end-of-stream marker is there

@@ -4,6 +4,7 @@ first error finding (Keras' ``TerminateOnNaN``, but naming the module and the st
 
 from __future__ import annotations
 
+import atexit
 import os
 import sys
 from collections.abc import Callable, Iterable
@@ -97,7 +98,11 @@ class WatchedTraining:
             raise
         self.watch = w
         self._follower = RunFollower(self.path) if self.exports else None
+        atexit.register(self._at_exit)  # a run that raised out of a stack without an exception hook
         return w
+
+    def _at_exit(self) -> None:
+        self.finish(completed=False)
 
     def _found(self, f: StepFinding) -> None:
         if self.report is not None:
@@ -123,6 +128,7 @@ class WatchedTraining:
         w, self.watch = self.watch, None
         if w is None:
             return self.result
+        atexit.unregister(self._at_exit)
         try:
             self.result = w.close(completed)
             self.after_step()
