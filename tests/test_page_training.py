@@ -14,6 +14,12 @@ from inspector import Finding
 from inspector.watching import RunMeta, RunWriter, StepRecord, synthetic_run
 from tests.apptest import run_page
 
+
+@pytest.fixture(autouse=True)
+def _runs_under_tmp(tmp_path, monkeypatch):
+    """The server opens typed run paths only under its runs folders: here, the test's own folder."""
+    monkeypatch.setenv("INSPECTOR_RUNS", str(tmp_path))
+
 MODULES = ("embed", "blocks.0", "head")
 
 
