@@ -190,11 +190,12 @@ def test_one_step_table_has_the_numbers_taken_at_that_step(tmp_path):
 
 
 def test_a_finding_is_once_per_code_place_and_rank(tmp_path):
-    """The same finding on rank 0 at step 1 and on rank 1 at step 2: both kept, each at its first step."""
+    """The same finding on rank 0 at steps 1 and 3 and on rank 1 at step 2: each rank's kept at its first
+    step (``dead-gradient`` is a code that fires once; one that recurs is in test_watch_episodes.py)."""
     from inspector import Finding
     from inspector.watching import first_findings
 
-    f = Finding("exploding-gradient", "warning", "layers.1", "far above").to_dict()
+    f = Finding("dead-gradient", "warning", "layers.1", "no gradient").to_dict()
     path = tmp_path / "two.inspect"
     with RunWriter(path, dataclasses.replace(_meta(), world_size=2)) as w:
         for step in range(4):
@@ -202,6 +203,6 @@ def test_a_finding_is_once_per_code_place_and_rank(tmp_path):
                      dataclasses.replace(_record(step, findings=[f] if step == 2 else []), rank=1)])
     found = first_findings(read_run(path))
     assert [(s.step, s.rank, s.code) for s in found] == [
-        (1, 0, "exploding-gradient"),
-        (2, 1, "exploding-gradient"),
+        (1, 0, "dead-gradient"),
+        (2, 1, "dead-gradient"),
     ]

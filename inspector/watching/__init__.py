@@ -11,7 +11,7 @@ from .captured import captures_path, load_captures, producer_of, read_captures, 
 from .core import Watch, WatchResult, watch
 from .record import FORMAT, META_KEY, VERSION, RunMeta, RunWriter, StepRecord, record_batch, schema
 from .run import MODULE_COLUMNS, STEP_COLUMNS, Run, StepFinding, is_watch_file, parse_run_bytes, read_run
-from .summary import first_findings, main_steps
+from .summary import finding_counts, first_findings, main_steps
 from .synthetic import synthetic_run
 from .train import OPTIMIZERS, make_optimizer, train_watched
 
@@ -34,6 +34,7 @@ __all__ = [
     "Watch",
     "WatchResult",
     "watch",
+    "finding_counts",
     "first_findings",
     "main_steps",
     "OPTIMIZERS",
