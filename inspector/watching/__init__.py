@@ -3,6 +3,13 @@
 Every step records per-module gradient and parameter norms, learning rates, step time and
 memory into an Arrow run file (:mod:`.record`) that :func:`read_run` reads, also while it
 grows; findings (``nonfinite-forward``, ``dead-gradient``, ...) name the module and the step.
+
+Modules: ``captured``: the inputs and outputs of the module that first produced a NaN/Inf; ``core``:
+``watch``, the context manager around a training loop; ``detect``: findings from one step's numbers on
+the host; ``layout``: which tensors a watch follows; ``numbers``: one rank's numbers at one step;
+``steps``: the per-step work of a watch; ``summary``: run files reduced for display; ``synthetic``: a
+synthetic run file of any size; ``tracer``: non-finite forward and backward tracing without a host sync
+per module; ``run``: reading a run file back; ``train``: a short training loop under :func:`watch`.
 """
 
 from __future__ import annotations
