@@ -32,7 +32,9 @@ def _c(code: str, severity: Severity, meaning: str, action: str, recurs: Recurs 
     return FindingCode(code, severity, meaning, action, recurs)
 
 
-_E, _W, _I = "error", "warning", "info"
+_E: Severity = "error"
+_W: Severity = "warning"
+_I: Severity = "info"
 
 
 CODES: dict[str, FindingCode] = {c.code: c for c in (
