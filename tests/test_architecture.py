@@ -26,3 +26,18 @@ def test_each_package_docstring_names_each_of_its_modules(package):
     unnamed = sorted(m for m in modules if f"``{m}``" not in doc and f":mod:`.{m}`" not in doc
                      and f"{m}.py" not in doc and f"{m}/" not in doc)
     assert not unnamed, f"{package.relative_to(ROOT)}/__init__.py's docstring does not name {unnamed}"
+
+
+def test_one_place_groups_tensors_for_a_fused_norm():
+    """``torch._foreach_norm`` is called in inspector/utils/norms.py alone (``grouped_norms``): the watch,
+    the gradient pass and check_step's local numbers and digest all go through it."""
+    calls = []
+    for path in (ROOT / "inspector").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Attribute) and node.attr == "_foreach_norm":
+                calls.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    assert calls and all(c.startswith("inspector/utils/norms.py:") for c in calls), calls
+    users = [p.relative_to(ROOT).as_posix() for p in (ROOT / "inspector").rglob("*.py")
+             if "grouped_norms(" in p.read_text() and p.name != "norms.py"]
+    assert sorted(users) == ["inspector/distributed/digest.py", "inspector/distributed/local.py",
+                             "inspector/offsets/gradient_pass.py", "inspector/watching/layout.py"]
