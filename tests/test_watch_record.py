@@ -91,19 +91,22 @@ def test_not_a_run_file(tmp_path):
         read_run(tmp_path / "missing.inspect")
 
 
-def test_reads_check_step_jsonl(tmp_path):
+def test_reads_check_steps_run_file(tmp_path):
+    """check_step writes the watch's Arrow run file (its records in the check column), read by the one
+    read_run."""
     import torch
 
     from inspector.distributed import check_step
 
     model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 1))
-    path = tmp_path / "run.jsonl"
+    path = tmp_path / "run.inspect"
     for step in range(2):
         model(torch.ones(1, 2)).sum().backward()
-        check_step(model, step, path)
+        last = check_step(model, step, path)
     run = read_run(path)
     assert run.module_order == ("0", "1") and run.steps["step"].tolist() == [0, 1]
-    rec = json.loads(path.read_text().splitlines()[1])
+    assert run.meta.world_size == 1 and run.complete
+    rec = last.record
     direct = {t["name"]: t["grad_norm"] for t in rec["tensors"]}
     expected = np.hypot(direct["0.weight"], direct["0.bias"])
     assert run.matrix()[1][1, 0] == pytest.approx(expected, rel=1e-6)
