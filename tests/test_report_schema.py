@@ -1,6 +1,7 @@
 """Every kind of report JSON the project makes validates against the shipped report_schema.json: a
-model's report, a watched run's (with its ``modules`` and ``captures`` sections) and a ``check_step``
-run's, the last two through the one ``run_report(read_run(path))``."""
+model's report (every section, a comparison among them), a lab's, a watched run's (with its
+``modules`` and ``captures`` sections) and a ``check_step`` run's, the last two through the one
+``run_report(read_run(path))``."""
 
 from __future__ import annotations
 
@@ -60,9 +61,21 @@ def test_a_check_step_runs_report_validates_and_reads_through_run_report(tmp_pat
     assert {"run", "rank-0", "tensors"} <= {s["id"] for s in data["sections"]}
 
 
-def test_a_models_report_validates():
-    data = _valid(build_report(load_model("sample:tiny-gpt2")))
-    assert {"summary", "aliases", "offsets", "placement"} <= {s["id"] for s in data["sections"]}
+def test_a_models_report_with_a_comparison_and_a_labs_report_validate(tmp_path):
+    from safetensors.torch import save_file
+
+    from inspector.labs import get_lab
+    from inspector.report import lab_report
+
+    loaded = load_model("sample:tiny-gpt2")
+    state = {k: v.detach().clone() for k, v in loaded.model.state_dict().items() if k != "lm_head.weight"}
+    save_file(state, str(tmp_path / "same.safetensors"))
+    data = _valid(build_report(loaded, compare_with=str(tmp_path / "same.safetensors")))
+    ids = {s["id"]: s["status"] for s in data["sections"]}
+    assert {"summary", "aliases", "offsets", "placement"} <= set(ids) and ids["compare"] == "ok"
+    lab = get_lab("broken-tie", labs_dir="")
+    labs = _valid(lab_report(lab, {}, lab.build().loaded, "Ada"))
+    assert "labs" in {s["id"] for s in labs["sections"]}
 
 
 def test_the_schema_still_refuses_an_unknown_section():

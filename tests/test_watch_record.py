@@ -1,4 +1,4 @@
-"""The run file: typed schema, round trip, growth, truncation, size, and check_step's run.jsonl."""
+"""The run file: typed schema, round trip, growth, truncation, size, check_step's rows and version 1 files."""
 
 from __future__ import annotations
 
@@ -209,3 +209,26 @@ def test_a_finding_is_once_per_code_place_and_rank(tmp_path):
         (1, 0, "dead-gradient"),
         (2, 1, "dead-gradient"),
     ]
+
+
+def test_a_version_1_file_without_the_check_column_still_reads(tmp_path):
+    """Version 1 (before check_step wrote this format) had no check column and no kind: it reads as a
+    watch run, every check null."""
+    import pyarrow as pa
+
+    from inspector.watching import META_KEY, record_batch
+
+    meta = dataclasses.replace(_meta(), version=1)
+    raw = json.loads(meta.to_json())
+    del raw["kind"]
+    old = pa.schema([f for f in schema() if f.name != "check"]).with_metadata(
+        {META_KEY: json.dumps(raw).encode()})
+    batch = record_batch([_record(0), _record(1)])
+    path = tmp_path / "v1.inspect"
+    with open(path, "wb") as fh, pa.ipc.new_stream(fh, old) as writer:
+        writer.write_batch(pa.RecordBatch.from_arrays([batch.column(n) for n in old.names], schema=old))
+    run = read_run(path)
+    assert run.meta.version == 1 and run.meta.kind == "watch" and run.check_run is None
+    assert run.steps["step"].tolist() == [0, 1] and run.complete
+    assert run.matrix()[1][1].tolist() == [1.0, 2.0, 3.0]  # module i at step 1: i + 1
+    assert run.table.column("check").null_count == 2

@@ -10,8 +10,8 @@ complete batch readable (a reader stops at the first incomplete one).
 ``check_step`` writes the same file (``RunMeta.kind`` ``"check"``): one row per step with rank -1 (the
 whole world), the global numbers in the step columns, its findings, and the whole
 :class:`~inspector.runfiles.CheckRecord` (per-tensor and per-rank numbers, replica hashes) in the
-``check`` column (typed by :func:`inspector.runfiles.record.check_type`); a watch leaves ``check``
-null. Version 1 files (without ``check``) still read.
+``check`` column (typed by :func:`inspector.runfiles.record.check_type`); a watch's file has no
+``check`` column (:func:`file_schema`), which reads as null, as in version 1 files.
 
 Per step and rank the file holds four numbers per module (gradient norm, parameter norm,
 update-to-weight ratio as float32, non-finite count as int32) and one float32 gradient norm
@@ -183,11 +183,25 @@ def _column(name: str, values: list[Any], typ: Any) -> Any:
     return pa.array(values, type=typ)
 
 
-def record_batch(records: list[StepRecord]) -> Any:
-    """The ``pyarrow.RecordBatch`` of ``records`` (one row each), in the run file's schema."""
+def file_schema(kind: str = "watch") -> Any:
+    """The columns a file of ``kind`` holds: :func:`schema` less the ``check`` column in a watch's file
+    (a null nested column would add its framing to every step's batch)."""
+    sch = schema()
+    return sch if kind == "check" else _without(sch, OPTIONAL)
+
+
+def _without(sch: Any, names: tuple[str, ...]) -> Any:
+    for name in names:
+        sch = sch.remove(sch.get_field_index(name))
+    return sch
+
+
+def record_batch(records: list[StepRecord], kind: str = "watch") -> Any:
+    """The ``pyarrow.RecordBatch`` of ``records`` (one row each), in the schema of a file of ``kind``
+    (:func:`file_schema`)."""
     import pyarrow as pa
 
-    sch = schema()
+    sch = file_schema(kind)
     columns = [_column(f.name, [getattr(r, f.name) for r in records], f.type) for f in sch]
     return pa.RecordBatch.from_arrays(columns, schema=sch)
 
@@ -211,7 +225,7 @@ class RunWriter:
         except OSError as exc:
             raise InspectorError(f"cannot write the run file {self.path} ({exc.strerror or exc}); "
                                  "give a file path in a writable folder") from None
-        sch = schema().with_metadata({META_KEY: meta.to_json().encode()})
+        sch = file_schema(meta.kind).with_metadata({META_KEY: meta.to_json().encode()})
         self._writer = pa.ipc.new_stream(self._file, sch)
         self._file.flush()
         self.bytes_written = self._file.tell()
@@ -221,7 +235,7 @@ class RunWriter:
         """Append one batch (normally one step: one record per rank) and flush it."""
         if not records:
             return
-        self._writer.write_batch(record_batch(records))
+        self._writer.write_batch(record_batch(records, self.meta.kind))
         self._file.flush()
         self.bytes_written = self._file.tell()
         self.steps_written += 1
@@ -263,7 +277,7 @@ def append_check(path: str | os.PathLike, record: dict[str, Any]) -> None:
         _check_file(p)
         try:
             with open(p, "ab") as fh:
-                fh.write(record_batch([row]).serialize())
+                fh.write(record_batch([row], "check").serialize())
         except OSError as exc:
             raise InspectorError(f"cannot append to the run file {p} ({exc.strerror or exc})") from None
         return

@@ -344,7 +344,8 @@ def _from_distributed(dr: Any) -> Run:
                 module_nonfinite=nonfinite, param_grad_norm=norms))
     import pyarrow as pa
 
-    table = pa.Table.from_batches([record_batch(records)]) if records else schema().empty_table()
+    table = (pa.Table.from_batches([record_batch(records, "check")]) if records
+             else schema().empty_table())
     findings = [StepFinding(step, None, f.code, f.severity, f.where, f.message) for step, f in dr.findings]
     complete = not any(f.code == "run-file-truncated" for f in findings)
     return Run(dr.path, meta, _steps_frame(table, meta), findings, complete, table, check_run=dr)
