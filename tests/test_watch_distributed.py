@@ -62,7 +62,7 @@ def test_two_ranks_join_one_file(tmp_path):
     first = run.steps[run.steps.step == 0].set_index("rank")["loss"]
     assert first[1] > first[0]
     forward = [(f.step, f.rank, f.where) for f in run.findings if f.code == "nonfinite-forward"]
-    assert forward == [(2, 1, "(root)")]  # rank 1's own forward, never rank 0
+    assert forward == [(2, 1, "(model)")]  # rank 1's own forward, never rank 0
     codes = {f.code for f in run.findings}
     assert "nonfinite-gradient" in codes  # check_step's own findings join the record
     on0, on1 = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1))

@@ -1,4 +1,4 @@
-"""``torchrun --nproc-per-node N -m inspector distributed SOURCE --shard fsdp --steps K -o run.jsonl``."""
+"""``torchrun --nproc-per-node N -m inspector distributed SOURCE --shard fsdp --steps K -o run.inspect``."""
 
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                         help="cpu (gloo) or cuda (NCCL, each rank on the GPU of its LOCAL_RANK)")
     parser.add_argument("-o", "--output", required=True, type=types.output_file,
-                        help="JSON-lines run file rank 0 writes (replaced)")
+                        help="the run file rank 0 writes (replaced; Arrow, as watch writes)")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -2,6 +2,13 @@
 
 Pages and commands import the builders from here; importing this package loads plotly
 (``import inspector`` does not).
+
+Modules: ``aliases``: the alias graph; ``attribution``: figures for attributions; ``capture``: figures
+for activation captures; ``compare``: figures of a comparison; ``distributed``: figures of a distributed
+run; ``offsets``: the flat-vector strip; ``palette``: one colour per device for every figure of the
+dashboard and the report; ``placement``: device-map figures; ``training``: figures of a training run
+over steps; ``training_steps``: figures of a training run along its steps; ``tree``: the module tree as
+a treemap.
 """
 
 from __future__ import annotations
