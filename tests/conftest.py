@@ -187,7 +187,7 @@ def run_cli():
 # in a child pytest, which this process ends after COLLECTIVES_TIMEOUT seconds, printing every
 # thread's stack.
 CHILD_ENV = "INSPECTOR_TEST_CHILD"
-COLLECTIVES_TIMEOUT = 240
+COLLECTIVES_TIMEOUT = int(os.environ.get("INSPECTOR_TEST_COLLECTIVES_TIMEOUT", "240"))
 
 
 def pytest_configure(config):
