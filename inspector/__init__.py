@@ -37,7 +37,9 @@ what the dashboard needs from the library beyond the analyses; ``distributed``: 
 ``figures``: plotly figure builders, one module per view: data in, go.Figure out; ``inventory``: one
 walk over a model's parameters and buffers; ``offsets``: where each parameter sits in the flat vector;
 ``placement``: device maps: plan one that places every parameter and buffer; ``report``: reports: every
-analysis of one model in one document; ``watching``: watch a training run step by step.
+analysis of one model in one document; ``watching``: watch a training run step by step;
+``integrations``: the watch inside training stacks (Trainer, Lightning, accelerate) and exports to
+trackers; ``runfolders``: the runs folders the dashboard lists and the only places it opens runs from.
 """
 
 from __future__ import annotations

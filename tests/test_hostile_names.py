@@ -128,7 +128,7 @@ def test_an_uncaught_page_error_is_one_escaped_line_with_the_traceback_behind_an
     assert at.markdown[0].value == "before the bug"
 
 
-def test_the_training_page_shows_a_run_of_hostile_modules_as_inert_text(tmp_path):
+def test_the_training_page_shows_a_run_of_hostile_modules_as_inert_text(tmp_path, monkeypatch):
     """A watched run of the hostile model (its findings name a hostile module at step 3): the heatmap,
     the timeline, the counts and every text of the Training page show the names as data."""
     import torch
@@ -148,6 +148,7 @@ def test_the_training_page_shows_a_run_of_hostile_modules_as_inert_text(tmp_path
             w.step()
             model.zero_grad()
     assert {f.where for f in w.result.findings if f.code == "exploding-gradient"} >= {LINK, JS}
+    monkeypatch.setenv("INSPECTOR_RUNS", str(tmp_path))  # the page opens runs from its runs folders only
     at = run_page("8_Training.py", query={"run": str(path)})
     for text in _shown(at):
         assert not live_markdown(text), (text, live_markdown(text))

@@ -8,7 +8,7 @@ for activation captures; ``compare``: figures of a comparison; ``distributed``: 
 run; ``offsets``: the flat-vector strip; ``palette``: one colour per device for every figure of the
 dashboard and the report; ``placement``: device-map figures; ``training``: figures of a training run
 over steps; ``training_steps``: figures of a training run along its steps; ``tree``: the module tree as
-a treemap.
+a treemap; ``run_overlay``: two or more runs on one loss and grad-norm chart.
 """
 
 from __future__ import annotations

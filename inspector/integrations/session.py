@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from ..utils.findings import InspectorError
+from ..utils.labels import module_label
 from ..watching import StepFinding, Watch, WatchResult
 from .follow import RunFollower
 from .trackers import Export, make_export
@@ -50,7 +51,8 @@ def plain_optimizer(optimizer: Any) -> torch.optim.Optimizer | None:
 
 def print_finding(f: StepFinding) -> None:
     rank = "" if f.rank is None or f.rank == 0 else f" rank {f.rank}"
-    print(f"[inspector] step {f.step}{rank} · {f.severity} · {f.code} at {f.where or '(model)'}: {f.message}",
+    where = module_label(f.where)
+    print(f"[inspector] step {f.step}{rank} · {f.severity} · {f.code} at {where}: {f.message}",
           file=sys.stderr, flush=True)
 
 

@@ -16,6 +16,7 @@ import os
 from typing import Any, Protocol
 
 from ..utils.findings import InspectorError
+from ..utils.labels import module_label
 from ..watching import RunMeta
 from .follow import StepRow
 
@@ -30,7 +31,7 @@ class Export(Protocol):
 
 def finding_text(step: int, f: dict[str, str]) -> str:
     """One line for a finding: ``step 12 · error · nonfinite-gradient at h.0.mlp: ...``."""
-    return f"step {step} · {f['severity']} · {f['code']} at {f['where'] or '(model)'}: {f['message']}"
+    return f"step {step} · {f['severity']} · {f['code']} at {module_label(f['where'])}: {f['message']}"
 
 
 def step_numbers(meta: RunMeta, row: StepRow, depth: int | None = None,

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..utils.findings import InspectorError
+from ..utils.labels import module_label
 from ..watching import StepFinding, is_watch_file, read_run
 
 SUFFIXES = (".inspect", ".arrow", ".jsonl")
@@ -107,7 +108,7 @@ def describe(entry: RunEntry) -> dict[str, object]:
         run = read_run(entry.path)
         f = first_finding(entry.path) if run.findings else None
         row["steps"] = int(run.steps["step"].nunique()) if len(run.steps) else 0
-        row["first finding"] = f"step {f.step}: {f.code} at {f.where or '(model)'}" if f else ""
+        row["first finding"] = f"step {f.step}: {f.code} at {module_label(f.where)}" if f else ""
     except InspectorError as exc:
         row["steps"] = None
         row["first finding"] = f"unreadable: {exc}"

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 # Browser-test-like background threads (an asyncio loop per driver, a thread busy in Python),
 # then the one-process DDP and FSDP commands 30 times each, in one interpreter. A teardown that
