@@ -182,9 +182,13 @@ def test_two_distributed_checkpoint_folders(tmp_path):
     assert result.a_kind == result.b_kind == "distributed checkpoint"
     assert result.tensors.loc[result.tensors["status"] == "changed", "name"].tolist() == ["blocks.1.fc.bias"]
     assert result.tensors.set_index("name").loc["blocks.1.fc.bias", "max_abs"] == pytest.approx(2.0)
-    # a file holds every floating tensor as trainable: everything but blocks.1.fc.bias stayed
-    assert {f.where for f in result.findings if f.code == "unchanged-tensor"} == {
-        "embed", "head", "blocks.0", "blocks.1.fc.weight"}
+    # a file holds every floating tensor as trainable: everything but blocks.1.fc.bias stayed. Only
+    # blocks.0.fc.bias is odd (its kind, blocks.*.fc.bias, changed in block 1); the rest is a frozen set
+    odd = finding(result, "unchanged-tensor")
+    assert odd.where == "blocks.0.fc.bias" and odd.message.startswith("1 of 6 trainable tensors")
+    frozen = finding(result, "unchanged-expected")
+    assert "4 tensors form a frozen set" in frozen.message and "blocks.*.fc.weight" in frozen.message
+    assert result.facts["summary"] == "1 of 6 tensors changed; 5 unchanged: blocks.0, blocks.1.fc.weight, embed, head"  # natural order
 
 
 def test_bad_sources_are_named():
@@ -208,9 +212,10 @@ def test_cli_compares_two_files_in_process(tmp_path, capsys):
         == 0
     )
     text = capsys.readouterr().out
-    assert "1 changed, 5 bitwise equal" in text and "unchanged-tensor" in text
+    assert "1 of 6 tensors changed; 5 unchanged" in text and "unchanged-tensor" in text
     data = json.loads(out.read_text())
-    assert data["facts"]["changed"] == 1 and {f["code"] for f in data["findings"]} == {"unchanged-tensor"}
+    assert data["facts"]["changed"] == 1
+    assert {f["code"] for f in data["findings"]} == {"unchanged-tensor", "unchanged-expected"}
     assert main(["compare", str(tmp_path / "a.safetensors"), str(tmp_path / "none.pt")]) == 2
     assert "none.pt does not exist" in capsys.readouterr().err
 

@@ -31,6 +31,7 @@ TENSOR_COLUMNS = [
     "nonfinite_a",
     "nonfinite_b",
     "exact_cast",
+    "update_rank",
 ]
 MODULE_COLUMNS = [
     "module",

@@ -18,6 +18,7 @@ import pandas as pd
 from ..utils.findings import Finding, InspectorError
 from .result import RunComparison
 
+DEFAULT_TOLERANCE = 1e-6
 RUN_MODULE_COLUMNS = ["module", "first_divergence", "max_diff", "diff_at_divergence"]
 
 
@@ -65,7 +66,7 @@ def _module_matrix(run: Any, rank: int, steps: np.ndarray, modules: list[str]) -
     return values[np.ix_([row[int(s)] for s in steps], [col[m] for m in modules])].astype(np.float64)
 
 
-def compare_runs(a: Any, b: Any, *, tolerance: float = 0.05, rank: int = 0) -> RunComparison:
+def compare_runs(a: Any, b: Any, *, tolerance: float = DEFAULT_TOLERANCE, rank: int = 0) -> RunComparison:
     """Runs ``a`` and ``b`` (paths or :class:`inspector.watching.Run`) step by step.
 
     Args:
