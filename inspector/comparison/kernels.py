@@ -166,7 +166,7 @@ class StatsStream:
         same = self.equal and np.array_equal(
             ca, cb
         )  # once a chunk differed, the rest are subtracted unchecked
-        self.equal = same
+        self.equal = bool(same)
         fa = _widen(ca, self.dtype, self._buffer("a", ca.size, self.wide))
         sq_a = float(np.dot(fa, fa))
         if same:

@@ -120,7 +120,7 @@ def unchanged_findings(sb_label: str, tensors: pd.DataFrame, expect_unchanged: S
         out.append(Finding("unchanged-expected", "info", groups[0][0],
                            f"{len(frozen)} tensors form a frozen set: every tensor of their kind "
                            f"({len(kinds)} kinds: {capped(kinds, 5)}) is unchanged while "
-                           f"{len(pool) - len(same)} others changed: {capped([m for m, _ in groups])}"))
+                           f"{len(pool) - len(same)} tensors changed: {capped([m for m, _ in groups])}"))
     return out
 
 

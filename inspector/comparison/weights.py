@@ -58,6 +58,7 @@ def compare_sides(sa: TensorSource, sb: TensorSource, progress: Progress | None 
     extra = set(pairing.extra) - matched_b
     ordered += [_lone_row("", nb, None, sb.entries[nb], False) for nb in sb.display_order() if nb in extra]
     tensors = pd.DataFrame(ordered, columns=TENSOR_COLUMNS)
+    tensors["update_rank"] = tensors["update_rank"].astype("Int64")  # None where not low-rank
     renamed = tuple(
         (r["name"], r["name_b"]) for r in ordered if r["name"] and r["name_b"] and r["name"] != r["name_b"]
     )
