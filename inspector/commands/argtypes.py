@@ -140,13 +140,22 @@ def input_file(text: str) -> str:
 
 
 def checkpoint(text: str) -> str:
-    """An existing checkpoint file, or a torch.distributed.checkpoint folder (with its ``.metadata``)."""
+    """An existing checkpoint file, a torch.distributed.checkpoint folder (with its ``.metadata``), or a
+    folder of weight files (sharded or plain Hugging Face: ``*.safetensors``, ``pytorch_model.bin``,
+    an index)."""
     path = Path(text).expanduser()
     if path.is_dir():
-        if not (path / ".metadata").is_file():
+        from ..loading.folders import folder_files
+
+        try:
+            found = folder_files(path)
+        except InspectorError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+        if not (path / ".metadata").is_file() and found is None:
             raise argparse.ArgumentTypeError(
-                f"{path} is not a file, nor a torch.distributed.checkpoint folder "
-                "(it has no .metadata file); give a checkpoint file or such a folder"
+                f"{path} is not a file, nor a torch.distributed.checkpoint folder (it has no .metadata "
+                "file), nor a folder of weight files (no .safetensors file, pytorch_model.bin or index); "
+                "give a checkpoint file or such a folder"
             )
         return str(path)
     return input_file(text)

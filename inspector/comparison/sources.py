@@ -28,6 +28,7 @@ from torch import nn
 
 from ..loading.checkpoints import read_checkpoint
 from ..loading.dcp import dcp_index, is_dcp_folder, read_dcp_tensor
+from ..loading.folders import FolderFiles, folder_files
 from ..loading.listing import _SAFETENSORS_DTYPES
 from ..loading.models import LoadedModel, load_model
 from ..utils.findings import Finding, InspectorError
@@ -262,28 +263,37 @@ def _first_offset(info: Any) -> int:
 
 class ShardedSafetensorsSide(TensorSource):
     """A folder of ``.safetensors`` files (a sharded Hugging Face checkpoint): one side, each tensor read
-    from the file that holds it, the files never loaded whole."""
+    from the file that holds it (the one its index names), the files never loaded whole."""
 
-    def __init__(self, path: Path, files: list[Path]) -> None:
+    def __init__(self, path: Path, found: FolderFiles) -> None:
         self.path = path
         self._shards: list[SafetensorsSide] = []
         self._owner: dict[str, SafetensorsSide] = {}
         try:
-            for f in files:
+            for f in found.files:
                 shard = SafetensorsSide(f)
                 self._shards.append(shard)
                 for name in shard.entries:
+                    if found.owner and found.owner.get(name) != f:
+                        continue  # the index stores it elsewhere (or not at all): not this file's
                     if name in self._owner:
                         raise InspectorError(
                             f"{path.name}: tensor {name} is in both {self._owner[name].path.name} "
-                            f"and {f.name}; a checkpoint folder holds each tensor once"
+                            f"and {f.name}; a checkpoint folder holds each tensor once (or names the file "
+                            "of each in its model.safetensors.index.json)"
                         )
                     self._owner[name] = shard
+            lost = [n for n in found.owner if n not in self._owner]
+            if lost:
+                raise InspectorError(f"{path.name}: the index stores {len(lost)} tensors in files that do not "
+                                     f"hold them (first: {lost[0]} in {found.owner[lost[0]].name}); the "
+                                     "folder's shards and index do not match")
         except BaseException:
             self.close()
             raise
-        entries = {n: m for shard in self._shards for n, m in shard.entries.items()}
-        super().__init__(path.name, f"safetensors ({len(files)} files)", entries, [],
+        entries = {n: m for shard in self._shards for n, m in shard.entries.items() if n in self._owner
+                   and self._owner[n] is shard}
+        super().__init__(path.name, f"safetensors folder, {found.how}", entries, [],
                          frozenset(n for n, m in entries.items() if m.dtype.is_floating_point), streams=True)
 
     def display_order(self) -> list[str]:
@@ -352,9 +362,12 @@ def _open(spec: Spec, device: str) -> TensorSource:
     path = Path(text).expanduser()
     if is_dcp_folder(path):
         return DcpSide(path)
-    shards = sorted(path.glob("*.safetensors"), key=lambda f: natural_key(f.name)) if path.is_dir() else []
-    if shards:  # a checkpoint folder (a Hugging Face one too): its files, read tensor by tensor
-        return ShardedSafetensorsSide(path, shards)
+    found = folder_files(path)
+    if found is not None and found.safetensors:  # a checkpoint folder (a Hugging Face one too)
+        return ShardedSafetensorsSide(path, found)
+    if found is not None:
+        state, findings = read_checkpoint(path, mmap=True)
+        return StateDictSide(path.name, state, f"torch files, {found.how}", findings)
     if path.is_dir() and (path / "config.json").is_file():
         loaded = load_model(f"hf:{path}", device=device)
         return ModelSide(loaded.name, loaded.model, loaded.findings)
@@ -367,8 +380,9 @@ def _open(spec: Spec, device: str) -> TensorSource:
         return SafetensorsSide(path)
     if path.is_dir():
         raise InspectorError(
-            f"{path} is a folder but neither a torch.distributed.checkpoint folder (no .metadata) "
-            "nor a Hugging Face model folder (no config.json)"
+            f"{path} is a folder but neither a torch.distributed.checkpoint folder (no .metadata), "
+            "a checkpoint folder (no .safetensors file, pytorch_model.bin or index) nor a Hugging Face "
+            "model folder (no config.json)"
         )
     state, findings = read_checkpoint(path, mmap=True)
     return StateDictSide(path.name, state, "torch file", findings)
