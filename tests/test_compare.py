@@ -257,7 +257,7 @@ def test_a_folder_of_safetensors_shards_is_one_side(tmp_path):
     save_file({k: state[k] for k in names[3:]}, str(folder / "model-00002-of-00002.safetensors"))
     (folder / "config.json").write_text("{}")  # a Hugging Face folder: read as files, no model built
     result = compare(a, folder)
-    assert result.b_kind == "safetensors (2 files)" and result.codes() == [] and result.facts["equal"] == 6
+    assert result.b_kind == "safetensors (2 files, no index)" and result.codes() == [] and result.facts["equal"] == 6
     save_file({names[0]: state[names[0]]}, str(folder / "model-extra.safetensors"))
     with pytest.raises(InspectorError, match=f"tensor {names[0]} is in both"):
         compare(a, folder)

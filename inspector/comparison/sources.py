@@ -293,7 +293,7 @@ class ShardedSafetensorsSide(TensorSource):
             raise
         entries = {n: m for shard in self._shards for n, m in shard.entries.items() if n in self._owner
                    and self._owner[n] is shard}
-        super().__init__(path.name, f"safetensors folder, {found.how}", entries, [],
+        super().__init__(path.name, f"safetensors ({found.how})", entries, [],
                          frozenset(n for n, m in entries.items() if m.dtype.is_floating_point), streams=True)
 
     def display_order(self) -> list[str]:
@@ -367,7 +367,7 @@ def _open(spec: Spec, device: str) -> TensorSource:
         return ShardedSafetensorsSide(path, found)
     if found is not None:
         state, findings = read_checkpoint(path, mmap=True)
-        return StateDictSide(path.name, state, f"torch files, {found.how}", findings)
+        return StateDictSide(path.name, state, f"torch files ({found.how})", findings)
     if path.is_dir() and (path / "config.json").is_file():
         loaded = load_model(f"hf:{path}", device=device)
         return ModelSide(loaded.name, loaded.model, loaded.findings)

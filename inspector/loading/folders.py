@@ -53,7 +53,7 @@ def _from_index(folder: Path, index: Path) -> FolderFiles:
                                  f"{folder}; the folder is incomplete (copy every shard) or the index is wrong")
         owner[name] = path
     files = tuple(dict.fromkeys(sorted(owner.values(), key=lambda p: _natural(p.name))))
-    return FolderFiles(files, f"{index.name} ({len(files)} files, {len(owner)} tensors)", owner)
+    return FolderFiles(files, f"{index.name}: {len(files)} files, {len(owner)} tensors", owner)
 
 
 def folder_files(path: str | os.PathLike) -> FolderFiles | None:
@@ -76,5 +76,5 @@ def folder_files(path: str | os.PathLike) -> FolderFiles | None:
             return FolderFiles((folder / name,), name)
     shards = sorted(folder.glob("*.safetensors"), key=lambda f: _natural(f.name))
     if shards:
-        return FolderFiles(tuple(shards), f"every .safetensors file ({len(shards)}; no index)")
+        return FolderFiles(tuple(shards), f"{len(shards)} files, no index")
     return None
