@@ -85,3 +85,49 @@ def test_training_pt_files_are_read_under_their_wrapper_key_and_say_which(tmp_pa
     assert len(nested) == 1 and f"under key {key!r} of train.pt" in nested[0].message
     assert main(["compare", str(tmp_path / "train.pt"), str(tmp_path / "train.pt")]) == 0
     assert f"under key {key!r}" in capsys.readouterr().out
+
+
+def _dcp_save(state, folder) -> None:
+    import warnings
+
+    import torch.distributed.checkpoint as dcp
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # "assuming the intent is to save in a single process"
+        dcp.save(state, checkpoint_id=str(folder), no_dist=True)
+
+
+def test_a_tied_model_in_dcp_against_its_safetensors_folder_has_no_false_extra(tmp_path):
+    model = tiny_llama(tied=True)
+    model.save_pretrained(tmp_path / "hf")  # stores the tie once: no lm_head.weight
+    _dcp_save({k: v.detach().clone() for k, v in model.state_dict().items()}, tmp_path / "dcp")  # both names
+    result = compare(tmp_path / "hf", tmp_path / "dcp")
+    assert result.facts["extra"] == 0 and result.status_of("lm_head.weight") == "stored-once"
+    tie = [f for f in result.findings if f.code == "tie-stored-once"]
+    assert len(tie) == 1 and "holds model.embed_tokens.weight and lm_head.weight with the same bits" in tie[0].message
+    back = compare(tmp_path / "dcp", tmp_path / "hf")
+    assert back.facts["missing"] == 0 and back.status_of("lm_head.weight") == "stored-once"
+
+
+def test_a_training_state_dcp_folder_is_model_plus_optimizer_plus_extras(tmp_path):
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    model = tiny_llama()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    model(torch.arange(8)[None], labels=torch.arange(8)[None]).loss.backward()
+    opt.step()
+    msd, osd = get_state_dict(model, opt)
+    _dcp_save({"model": msd, "optim": osd, "step": 1, "extra": {"rng": torch.get_rng_state()}}, tmp_path / "ts")
+    result = compare(model, tmp_path / "ts")
+    assert result.b_kind == "distributed checkpoint, training state"
+    assert result.facts["extra"] == 0 and result.facts["missing"] == 0 and result.facts["equal"] == 21
+    part = [f for f in result.findings if f.code == "checkpoint-part"]
+    # AdamW: step, exp_avg, exp_avg_sq per parameter (21 x 3 = 63) plus 12 param_group entries
+    assert len(part) == 1 and "optimizer state: optim (75 entries); extras: step (1), extra (1)" in part[0].message
+    # two training states: their models compared name by name
+    with torch.no_grad():
+        model.model.norm.weight += 1
+    msd, osd = get_state_dict(model, opt)
+    _dcp_save({"model": msd, "optim": osd, "step": 2}, tmp_path / "ts2")
+    two = compare(tmp_path / "ts", tmp_path / "ts2")
+    assert two.tensors.loc[two.tensors["status"] == "changed", "name"].tolist() == ["model.norm.weight"]

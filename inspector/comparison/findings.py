@@ -18,12 +18,20 @@ _MAX_NAMED = 10
 
 def weight_findings(sa: TensorSource, sb: TensorSource, tensors: pd.DataFrame,
                     rules: Sequence[tuple[str, str, int]], by_value: Sequence[tuple[str, str]],
-                    expect_unchanged: Sequence[str] = ()) -> tuple[list[Finding], set[str]]:
+                    expect_unchanged: Sequence[str] = (), saved_twice: Sequence[tuple[str, str, str]] = ()
+                    ) -> tuple[list[Finding], set[str]]:
     """Every finding of one comparison, most severe first, at most ``MAX_PER_CODE`` per code; and the
     names a file stores once through a tie (absent from it, yet not missing)."""
     paired = tensors[(tensors["name"] != "") & (tensors["name_b"] != "")]
     amap = dict(zip(paired["name"], paired["name_b"], strict=True))
     ties, stored_once = tie_findings(sa, sb, amap)
+    for side, kept, lone in saved_twice:
+        stored_once.add(lone)
+        holder, other = (sa, sb) if side == "A" else (sb, sa)
+        ties.append(Finding("tie-stored-once", "info", kept,
+                            f"{holder.label} holds {kept} and {lone} with the same bits (a tie saved under both "
+                            f"names) where {other.label} stores it once, as {kept}; not counted as "
+                            f"{'missing' if side == 'A' else 'extra'}"))
     out = ties + rename_findings(sa, sb, rules, by_value, tensors)
     out += lone_findings(sa, sb, tensors, stored_once)
     out += [

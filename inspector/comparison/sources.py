@@ -29,6 +29,7 @@ from torch import nn
 from ..loading.checkpoints import read_checkpoint
 from ..loading.dcp import dcp_index, is_dcp_folder, read_dcp_tensor
 from ..loading.folders import FolderFiles, folder_files
+from ..loading.training_state import training_parts
 from ..loading.listing import _SAFETENSORS_DTYPES
 from ..loading.models import LoadedModel, load_model
 from ..utils.findings import Finding, InspectorError
@@ -314,22 +315,32 @@ class ShardedSafetensorsSide(TensorSource):
 
 
 class DcpSide(TensorSource):
-    """A ``torch.distributed.checkpoint`` folder: each tensor put together from its pieces when read."""
+    """A ``torch.distributed.checkpoint`` folder: each tensor put together from its pieces when read. A
+    training checkpoint (``{"model": ..., "optim": ..., "step": ...}``) is its model part, under the
+    model's own names; a finding lists the optimizer state and extras."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
         self._entries, self._pieces = dcp_index(path)
         self._handles: dict[str, Any] = {}
-        entries = {name: Meta(e.shape, e.dtype, "cpu") for name, e in self._entries.items()
-                   if e.kind == "tensor" and e.dtype is not None}
-        super().__init__(path.name, "distributed checkpoint", entries, [],
-                         frozenset(n for n, m in entries.items() if m.dtype.is_floating_point))
+        parts = training_parts({n: e.kind == "tensor" for n, e in self._entries.items()})
+        strip = parts.model + "." if parts else ""
+        self._full = {n[len(strip):]: n for n, e in self._entries.items()
+                      if e.kind == "tensor" and e.dtype is not None and n.startswith(strip)}
+        entries = {name: Meta(self._entries[full].shape, self._entries[full].dtype, "cpu")  # type: ignore[arg-type]
+                   for name, full in self._full.items()}
+        findings = [Finding("checkpoint-part", "info", path.name, parts.describe(path.name, len(entries)))
+                    ] if parts else []
+        super().__init__(path.name, "distributed checkpoint" + (", training state" if parts else ""), entries,
+                         [], frozenset(n for n, m in entries.items() if m.dtype.is_floating_point),
+                         findings=findings)
 
     def display_order(self) -> list[str]:
         return sorted(self.entries, key=natural_key)
 
     def read(self, name: str) -> torch.Tensor:
-        return read_dcp_tensor(self.path, self._entries[name], self._pieces.get(name, []), self._handles)
+        full = self._full[name]
+        return read_dcp_tensor(self.path, self._entries[full], self._pieces.get(full, []), self._handles)
 
     def close(self) -> None:
         for fh in self._handles.values():

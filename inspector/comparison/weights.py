@@ -62,7 +62,11 @@ def compare_sides(sa: TensorSource, sb: TensorSource, progress: Progress | None 
     renamed = tuple(
         (r["name"], r["name_b"]) for r in ordered if r["name"] and r["name_b"] and r["name"] != r["name_b"]
     )
-    findings, stored_once = weight_findings(sa, sb, tensors, pairing.rules, by_value, expect_unchanged)
+    paired_a, paired_b = [na for na, _ in pairing.pairs], [nb for _, nb in pairing.pairs]
+    twice = [("A", kept, lone) for kept, lone in value_ties(sa, [n for n in pairing.missing if n not in rows
+                                                                  or rows[n]["status"] == "missing"], paired_a)]
+    twice += [("B", kept, lone) for kept, lone in value_ties(sb, sorted(extra), paired_b)]
+    findings, stored_once = weight_findings(sa, sb, tensors, pairing.rules, by_value, expect_unchanged, twice)
     once = (((tensors["status"] == "missing") & tensors["name"].isin(stored_once))
             | ((tensors["status"] == "extra") & tensors["name_b"].isin(stored_once)))
     tensors.loc[once, "status"] = "stored-once"  # the other side holds it under its tie's other name
@@ -219,6 +223,33 @@ def match_by_value(sa: TensorSource, sb: TensorSource, missing: Sequence[str],
             if pair_stats(ta, sb.read(nb)).bitwise_equal:
                 out.append((na, nb))
                 candidates.remove(nb)
+                break
+    return out
+
+
+def value_ties(side: TensorSource, lone: Sequence[str], paired: Sequence[str]) -> list[tuple[str, str]]:
+    """(paired name, lone name) pairs of a file that holds one tensor under both names (equal bits, not
+    constant): a tie saved twice, where the other side stores it once. Models declare their ties."""
+    if side.is_model or not lone:
+        return []
+    groups: dict[tuple, list[str]] = {}
+    for name in paired:
+        m = side.entries[name]
+        groups.setdefault((m.shape, m.dtype), []).append(name)
+    out: list[tuple[str, str]] = []
+    budget = _MAX_VALUE_MATCHES
+    for name in lone:
+        m = side.entries[name]
+        candidates = groups.get((m.shape, m.dtype), [])
+        if not candidates or "meta" in m.device or budget <= 0:
+            continue
+        t = side.read(name).clone()
+        if _constant(t):
+            continue
+        for other in candidates[:8]:
+            budget -= 1
+            if pair_stats(t, side.read(other)).bitwise_equal:
+                out.append((other, name))
                 break
     return out
 
