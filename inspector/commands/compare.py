@@ -100,8 +100,9 @@ def _print_runs(result: RunComparison, args: argparse.Namespace) -> None:
     if result.first_divergence is None:
         say("the runs agree at every common step")
     else:
-        say(f"first divergence at step {result.first_divergence}; modules first: "
-            f"{', '.join(result.first_modules[:10]) or '(the loss only)'}")
+        say(f"first divergence at step {result.first_divergence}: "
+            f"{', '.join(result.first_quantities) or '(module numbers only)'}; modules first: "
+            f"{', '.join(result.first_modules[:10]) or '(none)'}")
     print_table(result.steps, args.max_rows)
 
 

@@ -104,16 +104,19 @@ class RunComparison:
 
     Attributes:
         a, b: the run files' names.
-        steps: one row per step either run has: ``step``, then each quantity for A and B and their
-            relative difference (``loss_a, loss_b, loss_diff, grad_norm_a, grad_norm_b, grad_norm_diff``).
+        steps: one row per step either run has: ``step``, then each number both runs record, for A and B
+            and their relative difference (``loss_a, loss_b, loss_diff, grad_norm_a, grad_norm_b,
+            grad_norm_diff``, then ``lr_0_a, lr_0_b, lr_0_diff``, the scale, logged scalars...).
         modules: one row per module of both runs, in model order: ``module, first_divergence`` (its first
-            step beyond the tolerance, or None), ``max_diff`` (its largest relative difference) and
+            step where one of its numbers, gradient or parameter norm, update ratio or nonfinite count, is
+            beyond the tolerance, or None), ``max_diff`` (its largest relative difference) and
             ``diff_at_divergence`` (at the runs' first divergence).
-        first_divergence: the first step where the loss or a module's gradient norm differs by more
-            than ``tolerance`` (relative), or None.
+        first_divergence: the first step where any number both runs record (loss, learning rate, a
+            module's gradient norm...) differs by more than ``tolerance`` (relative; 0: any difference), or None.
         first_modules: the modules beyond the tolerance at that step, largest difference first.
         tolerance: the relative tolerance used.
         findings: ``run-diverged`` (or ``runs-agree``), ``steps-missing``, ``modules-differ``.
+        first_quantities: the step-level numbers (``loss``, ``lr_0``...) beyond the tolerance at that step.
     """
 
     a: str
@@ -125,6 +128,7 @@ class RunComparison:
     tolerance: float
     findings: tuple[Finding, ...] = ()
     facts: Mapping[str, Any] = field(default_factory=dict)
+    first_quantities: tuple[str, ...] = ()
 
     def codes(self) -> list[str]:
         return [f.code for f in self.findings]
