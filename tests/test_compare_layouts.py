@@ -33,7 +33,8 @@ def sharded(tmp_path_factory):
     model = tiny_llama()
     model.save_pretrained(folder / "whole")
     model.save_pretrained(folder / "shards", max_shard_size="40KB")
-    save_file({f"layers.{i}.w": torch.ones(2) for i in range(21)}, str(folder / "shards" / "consolidated.safetensors"))
+    other = {f"layers.{i}.w": torch.ones(2) for i in range(21)}
+    save_file(other, str(folder / "shards" / "consolidated.safetensors"))
     return folder, model
 
 
@@ -104,7 +105,8 @@ def test_a_tied_model_in_dcp_against_its_safetensors_folder_has_no_false_extra(t
     result = compare(tmp_path / "hf", tmp_path / "dcp")
     assert result.facts["extra"] == 0 and result.status_of("lm_head.weight") == "stored-once"
     tie = [f for f in result.findings if f.code == "tie-stored-once"]
-    assert len(tie) == 1 and "holds model.embed_tokens.weight and lm_head.weight with the same bits" in tie[0].message
+    assert len(tie) == 1
+    assert "holds model.embed_tokens.weight and lm_head.weight with the same bits" in tie[0].message
     back = compare(tmp_path / "dcp", tmp_path / "hf")
     assert back.facts["missing"] == 0 and back.status_of("lm_head.weight") == "stored-once"
 
@@ -117,13 +119,15 @@ def test_a_training_state_dcp_folder_is_model_plus_optimizer_plus_extras(tmp_pat
     model(torch.arange(8)[None], labels=torch.arange(8)[None]).loss.backward()
     opt.step()
     msd, osd = get_state_dict(model, opt)
-    _dcp_save({"model": msd, "optim": osd, "step": 1, "extra": {"rng": torch.get_rng_state()}}, tmp_path / "ts")
+    state = {"model": msd, "optim": osd, "step": 1, "extra": {"rng": torch.get_rng_state()}}
+    _dcp_save(state, tmp_path / "ts")
     result = compare(model, tmp_path / "ts")
     assert result.b_kind == "distributed checkpoint, training state"
     assert result.facts["extra"] == 0 and result.facts["missing"] == 0 and result.facts["equal"] == 21
     part = [f for f in result.findings if f.code == "checkpoint-part"]
     # AdamW: step, exp_avg, exp_avg_sq per parameter (21 x 3 = 63) plus 12 param_group entries
-    assert len(part) == 1 and "optimizer state: optim (75 entries); extras: step (1), extra (1)" in part[0].message
+    assert len(part) == 1
+    assert "optimizer state: optim (75 entries); extras: step (1), extra (1)" in part[0].message
     # two training states: their models compared name by name
     with torch.no_grad():
         model.model.norm.weight += 1

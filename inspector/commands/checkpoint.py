@@ -10,8 +10,9 @@ from ..loading import checkpoint_listing
 from . import argtypes as types
 from .common import print_findings, print_table, say, write_json
 
-HELP = ("list the tensors of a checkpoint: a .safetensors/.pt/.bin file, a sharded or Hugging Face folder, or a "
-        "torch.distributed.checkpoint folder with the pieces each tensor is stored in (nothing in it is executed)")
+HELP = ("list the tensors of a checkpoint: a .safetensors/.pt/.bin file, a sharded or Hugging Face folder, "
+        "or a torch.distributed.checkpoint folder with the pieces each tensor is stored in (nothing in it "
+        "is executed)")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import argparse
-from typing import Any
-
 from collections.abc import Sequence
+from typing import Any
 
 from ..comparison import RunComparison, WeightComparison, compare
 from ..comparison.runs import DEFAULT_TOLERANCE
@@ -30,7 +29,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--tolerance", default=DEFAULT_TOLERANCE, type=types.tolerance,
                         help="run files: relative difference of any recorded number (loss, gradient norms, "
-                        f"learning rates...) beyond which the runs diverge; 0 for any (default {DEFAULT_TOLERANCE:g})")
+                        "learning rates...) beyond which the runs diverge; 0 for any "
+                        f"(default {DEFAULT_TOLERANCE:g})")
     parser.add_argument("--expect-unchanged", action="append", default=[], metavar="PATTERN",
                         help="glob pattern of tensor names or module prefixes meant to stay unchanged "
                         "('*.wte', 'model.layers.*.mlp'): reported as info, not as a warning (repeatable)")
@@ -138,7 +138,8 @@ JSON_SCHEMA: dict[str, Any] = {
     "properties": {
         "a": {"type": "string"},
         "b": {"type": "string"},
-        "facts": {"type": "object", "additionalProperties": {"anyOf": [_NUMBER, {"type": ["string", "boolean"]}]}},
+        "facts": {"type": "object",
+                  "additionalProperties": {"anyOf": [_NUMBER, {"type": ["string", "boolean"]}]}},
         "findings": {"type": "array", "items": _FINDING},
         "tensors": _RECORDS,
         "modules": _RECORDS,

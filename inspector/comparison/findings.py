@@ -29,8 +29,8 @@ def weight_findings(sa: TensorSource, sb: TensorSource, tensors: pd.DataFrame,
         stored_once.add(lone)
         holder, other = (sa, sb) if side == "A" else (sb, sa)
         ties.append(Finding("tie-stored-once", "info", kept,
-                            f"{holder.label} holds {kept} and {lone} with the same bits (a tie saved under both "
-                            f"names) where {other.label} stores it once, as {kept}; not counted as "
+                            f"{holder.label} holds {kept} and {lone} with the same bits (a tie saved under "
+                            f"both names) where {other.label} stores it once, as {kept}; not counted as "
                             f"{'missing' if side == 'A' else 'extra'}"))
     out = ties + rename_findings(sa, sb, rules, by_value, tensors)
     out += lone_findings(sa, sb, tensors, stored_once)

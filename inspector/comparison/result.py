@@ -112,7 +112,8 @@ class RunComparison:
             beyond the tolerance, or None), ``max_diff`` (its largest relative difference) and
             ``diff_at_divergence`` (at the runs' first divergence).
         first_divergence: the first step where any number both runs record (loss, learning rate, a
-            module's gradient norm...) differs by more than ``tolerance`` (relative; 0: any difference), or None.
+            module's gradient norm...) differs by more than ``tolerance`` (relative; 0: any difference),
+            or None.
         first_modules: the modules beyond the tolerance at that step, largest difference first.
         tolerance: the relative tolerance used.
         findings: ``run-diverged`` (or ``runs-agree``), ``steps-missing``, ``modules-differ``.

@@ -147,8 +147,8 @@ def compare_runs(a: Any, b: Any, *, tolerance: float = DEFAULT_TOLERANCE, rank: 
     findings = _findings(ra, rb, sa, sb, modules, first, first_modules, first_quantities, tolerance, steps)
     facts = {"steps_a": len(sa), "steps_b": len(sb), "common_steps": len(common), "modules": len(modules),
              "tolerance": tolerance, "first_divergence": first, "quantities": len(quantities)}
-    return RunComparison(ra.path, rb.path, steps, table, first, first_modules, float(tolerance), tuple(findings),
-                         facts, first_quantities)
+    return RunComparison(ra.path, rb.path, steps, table, first, first_modules, float(tolerance),
+                         tuple(findings), facts, first_quantities)
 
 
 def _module_table(modules: list[str], common: np.ndarray, diff: np.ndarray, beyond: np.ndarray,

@@ -63,8 +63,8 @@ def compare_sides(sa: TensorSource, sb: TensorSource, progress: Progress | None 
         (r["name"], r["name_b"]) for r in ordered if r["name"] and r["name_b"] and r["name"] != r["name_b"]
     )
     paired_a, paired_b = [na for na, _ in pairing.pairs], [nb for _, nb in pairing.pairs]
-    twice = [("A", kept, lone) for kept, lone in value_ties(sa, [n for n in pairing.missing if n not in rows
-                                                                  or rows[n]["status"] == "missing"], paired_a)]
+    still_missing = [n for n in pairing.missing if rows[n]["status"] == "missing"]
+    twice = [("A", kept, lone) for kept, lone in value_ties(sa, still_missing, paired_a)]
     twice += [("B", kept, lone) for kept, lone in value_ties(sb, sorted(extra), paired_b)]
     findings, stored_once = weight_findings(sa, sb, tensors, pairing.rules, by_value, expect_unchanged, twice)
     once = (((tensors["status"] == "missing") & tensors["name"].isin(stored_once))

@@ -50,7 +50,8 @@ def _from_index(folder: Path, index: Path) -> FolderFiles:
         path = folder / file
         if Path(file).name != file or not path.is_file():
             raise InspectorError(f"{index.name} stores tensor {name} in {file!r}, which is not a file of "
-                                 f"{folder}; the folder is incomplete (copy every shard) or the index is wrong")
+                                 f"{folder}; the folder is incomplete (copy every shard) or the index is "
+                                 "wrong")
         owner[name] = path
     files = tuple(dict.fromkeys(sorted(owner.values(), key=lambda p: _natural(p.name))))
     return FolderFiles(files, f"{index.name}: {len(files)} files, {len(owner)} tensors", owner)

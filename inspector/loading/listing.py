@@ -56,7 +56,8 @@ def checkpoint_listing(path: str | os.PathLike) -> tuple[pd.DataFrame, list[Find
 
 def _folder_listing(p: Path, found: FolderFiles) -> tuple[pd.DataFrame, list[Finding]]:
     """The listings of a folder's weight files, one table (the tensors its index names, when it has one)."""
-    tables, findings = [], [Finding("checkpoint-folder", "info", p.name, f"read {p.name} through {found.how}")]
+    tables = []
+    findings = [Finding("checkpoint-folder", "info", p.name, f"read {p.name} through {found.how}")]
     for file in found.files:
         table, more = checkpoint_listing(file)
         if found.owner:
