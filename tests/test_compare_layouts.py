@@ -135,3 +135,17 @@ def test_a_training_state_dcp_folder_is_model_plus_optimizer_plus_extras(tmp_pat
     _dcp_save({"model": msd, "optim": osd, "step": 2}, tmp_path / "ts2")
     two = compare(tmp_path / "ts", tmp_path / "ts2")
     assert two.tensors.loc[two.tensors["status"] == "changed", "name"].tolist() == ["model.norm.weight"]
+
+
+def test_read_checkpoint_takes_a_sharded_folder_as_apply_checkpoint_does(sharded):
+    from inspector.loading import apply_checkpoint, read_checkpoint
+
+    folder, model = sharded
+    state, findings = read_checkpoint(folder / "shards")
+    assert len(state) == 21 and findings[0].code == "checkpoint-folder"
+    fresh = tiny_llama()
+    with torch.no_grad():
+        for p in fresh.parameters():
+            p.zero_()
+    apply_checkpoint(fresh, folder / "shards")
+    assert compare(model, fresh).facts["equal"] == 21

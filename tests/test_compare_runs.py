@@ -195,3 +195,18 @@ def test_the_default_tolerance_finds_a_small_difference_at_its_step_and_zero_fin
     assert compare(a, a, tolerance=0).codes() == ["runs-agree"]
     with pytest.raises(InspectorError, match="tolerance must be a finite number of 0 or more"):
         compare(a, b, tolerance=-1)
+
+
+def test_run_json_is_strict_and_fits_the_schema(tmp_path):
+    import json
+
+    import jsonschema
+
+    from inspector.commands.compare import JSON_SCHEMA
+
+    a, b = _watched(tmp_path / "a.inspect"), _watched(tmp_path / "b.inspect", lr_at=2)
+    out = tmp_path / "runs.json"
+    assert main(["compare", a, b, "--json", str(out), "--fail-on", "warning"]) == 1  # run-diverged
+    data = json.loads(out.read_text(), parse_constant=lambda c: pytest.fail(f"non-strict constant {c}"))
+    jsonschema.validate(data, JSON_SCHEMA)
+    assert data["first_divergence"] == 2 and data["first_quantities"] == ["lr_0"]

@@ -121,6 +121,7 @@ def to_json(result: WeightComparison | RunComparison) -> dict[str, Any]:
         data["modules"] = result.modules.astype(object).to_dict(orient="records")
         data["first_divergence"] = result.first_divergence
         data["first_modules"] = list(result.first_modules)
+        data["first_quantities"] = list(result.first_quantities)
     return strict_json(data)
 
 

@@ -5,7 +5,7 @@ one pass computes the difference, its largest magnitude and both sums of squares
 chunk costs only a byte comparison (until one chunk differs; later chunks are not compared
 bytewise). Every dtype is widened chunk by chunk to float32 (float64 for float64 and wide
 integers), so memory stays at the two tensors plus one chunk; two dtypes are compared the same
-way. A changed matrix also feeds a randomized sketch of B − A (:class:`RankSketch`) that says
+way. A changed matrix also feeds a random submatrix of B − A (:class:`RankSketch`) that says
 whether the change is low-rank, as a merged adapter is.
 """
 
@@ -82,53 +82,63 @@ def _into(out: np.ndarray, values: np.ndarray) -> np.ndarray:
 
 
 LOW_RANK_TOLERANCE = 0.01
-SKETCH_WIDTH = 24
+SAMPLED = 128
+
+
+def _pick(size: int, rng: np.random.Generator) -> np.ndarray:
+    return np.arange(size) if size <= SAMPLED else np.sort(rng.choice(size, SAMPLED, replace=False))
 
 
 class RankSketch:
-    """``Y = (B − A) Ω`` for one matrix, built from its flat difference chunks in any order, with a
-    Gaussian ``Ω`` of ``SKETCH_WIDTH`` columns: the randomized range finder. ``rank()`` reads the
-    rank of ``B − A`` off ``Y``'s singular values. Memory: ``(rows + cols) × SKETCH_WIDTH`` floats."""
+    """``B − A`` at ``SAMPLED`` random rows and ``SAMPLED`` random columns (all of a smaller side),
+    gathered from its flat difference chunks in any order: a random submatrix. ``rank()`` reads the
+    rank of ``B − A`` off the submatrix's singular values: a product of an ``m × r`` and an ``r × n``
+    factor keeps rank ``r`` in almost every submatrix of ``r`` rows and columns or more. Cost: a
+    pivoted QR of the submatrix per matrix; memory ``SAMPLED²`` floats."""
 
     def __init__(self, rows: int, cols: int, seed: int = 0) -> None:
+        rng = np.random.default_rng(seed)
         self.rows, self.cols = rows, cols
-        self.omega = np.random.default_rng(seed).standard_normal((cols, SKETCH_WIDTH)).astype(np.float32)
-        self.y = np.zeros((rows, SKETCH_WIDTH), dtype=np.float64)
+        self.picked_rows, self.picked_cols = _pick(rows, rng), _pick(cols, rng)
+        self.sample = np.zeros((len(self.picked_rows), len(self.picked_cols)), dtype=np.float64)
 
     def add(self, d: np.ndarray, pos: int) -> None:
         """Take the differences of the flat elements ``pos .. pos + d.size``."""
-        n, k = self.cols, 0
-        d = d.astype(np.float32, copy=False)
-        row, col = divmod(pos, n)
-        if col:
-            head = min(n - col, d.size)
-            self.y[row] += d[:head] @ self.omega[col:col + head]
-            k, row = head, row + 1
-        full = (d.size - k) // n
-        if full:
-            self.y[row:row + full] += d[k:k + full * n].reshape(full, n) @ self.omega
-            k, row = k + full * n, row + full
-        if k < d.size:
-            self.y[row] += d[k:] @ self.omega[: d.size - k]
+        n, cols = self.cols, self.picked_cols
+        lo, hi = np.searchsorted(self.picked_rows, [pos // n, (pos + d.size - 1) // n + 1])
+        for i in range(lo, hi):
+            start = int(self.picked_rows[i]) * n
+            c0, c1 = np.searchsorted(cols, [max(start, pos) - start, min(start + n, pos + d.size) - start])
+            self.sample[i, c0:c1] = d[start - pos + cols[c0:c1]]
 
     def rank(self, tolerance: float = LOW_RANK_TOLERANCE) -> int | None:
-        """The smallest ``r`` whose best rank-``r`` approximation leaves at most ``tolerance`` of
-        ‖B − A‖ (as estimated from the sketch); None when that is more than ``SKETCH_WIDTH − 4``
-        or half the smaller side (the change is not low-rank)."""
-        s = np.linalg.svd(self.y, compute_uv=False)
-        energy = float(np.sum(s * s))
-        if not math.isfinite(energy) or energy == 0:
+        """The smallest ``r`` whose rank-``r`` approximation of the sample by QR with column pivoting
+        (the largest column left, projected out, ``r`` times) leaves at most ``tolerance`` of its
+        norm; None when that is more than half the sample's smaller side (the change is not low-rank)
+        or the sample holds no change. Elementwise numpy only: no BLAS threads, which a busy machine
+        slows a hundredfold on matrices this small."""
+        x = self.sample.copy()
+        norms = np.einsum("ij,ij->j", x, x)
+        total = float(norms.sum())
+        if not math.isfinite(total) or total == 0:
             return None
-        tail = energy - np.cumsum(s * s)  # energy left after the top r + 1 directions
-        fits = np.flatnonzero(tail <= tolerance ** 2 * energy)
-        r = int(fits[0]) + 1 if len(fits) else SKETCH_WIDTH
-        return r if r <= SKETCH_WIDTH - 4 and 2 * r <= min(self.rows, self.cols) else None
+        limit, left = min(x.shape) // 2, total
+        for r in range(1, limit + 1):
+            j = int(np.argmax(norms))
+            q = x[:, j] / math.sqrt(norms[j])
+            x -= np.multiply.outer(q, np.einsum("i,ij->j", q, x))
+            norms = np.einsum("ij,ij->j", x, x)
+            removed, left = left - float(norms.sum()), float(norms.sum())
+            if left <= tolerance ** 2 * total:
+                return r
+            if left > 4 * removed * (limit - r):  # the steps left cannot remove that much: not low-rank
+                return None
+        return None
 
 
 def sketchable(shape: tuple[int, ...], dtype: torch.dtype) -> bool:
-    """Whether a change of this tensor gets a low-rank estimate: a floating matrix whose sides are
-    both at least twice ``SKETCH_WIDTH``."""
-    return len(shape) == 2 and dtype.is_floating_point and min(shape) >= 2 * SKETCH_WIDTH
+    """Whether a change of this tensor gets a rank: a floating matrix with at least 4 rows and columns."""
+    return len(shape) == 2 and dtype.is_floating_point and min(shape) >= 4
 
 
 class StatsStream:
