@@ -14,7 +14,7 @@ from torch import nn
 
 from inspector import compare
 from inspector.__main__ import main
-from inspector.commands.compare import JSON_SCHEMA
+from inspector.comparison import JSON_SCHEMA
 
 
 def stack(layers: int = 4, width: int = 64) -> nn.Module:

@@ -202,7 +202,7 @@ def test_run_json_is_strict_and_fits_the_schema(tmp_path):
 
     import jsonschema
 
-    from inspector.commands.compare import JSON_SCHEMA
+    from inspector.comparison import JSON_SCHEMA
 
     a, b = _watched(tmp_path / "a.inspect"), _watched(tmp_path / "b.inspect", lr_at=2)
     out = tmp_path / "runs.json"

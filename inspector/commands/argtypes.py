@@ -145,7 +145,7 @@ def checkpoint(text: str) -> str:
     an index)."""
     path = Path(text).expanduser()
     if path.is_dir():
-        from ..loading.folders import folder_files
+        from ..loading import folder_files
 
         try:
             found = folder_files(path)

@@ -6,9 +6,8 @@ import argparse
 from collections.abc import Sequence
 from typing import Any
 
-from ..comparison import RunComparison, WeightComparison, compare
-from ..comparison.runs import DEFAULT_TOLERANCE
-from ..utils.findings import Finding
+from ..comparison import DEFAULT_TOLERANCE, RunComparison, WeightComparison, compare
+from ..utils import Finding
 from . import argtypes as types
 from .common import default_device, print_findings, print_table, progress, say, strict_json, write_json
 
@@ -107,8 +106,8 @@ def _print_runs(result: RunComparison, args: argparse.Namespace) -> None:
 
 
 def to_json(result: WeightComparison | RunComparison) -> dict[str, Any]:
-    """The result as plain data (:data:`JSON_SCHEMA`): facts, findings and tables (lists of records).
-    Strict JSON: a number that is not finite is the string ``"nan"``, ``"inf"`` or ``"-inf"``, a
+    """The result as plain data (:data:`inspector.comparison.JSON_SCHEMA`): facts, findings and tables
+    (lists of records). Strict JSON: a number that is not finite is the string ``"nan"``, ``"inf"`` or ``"-inf"``, a
     missing one ``null``."""
     data: dict[str, Any] = {"a": result.a, "b": result.b, "facts": dict(result.facts),
             "findings": [x.to_dict() for x in result.findings]}
@@ -124,32 +123,3 @@ def to_json(result: WeightComparison | RunComparison) -> dict[str, Any]:
         data["first_quantities"] = list(result.first_quantities)
     return strict_json(data)
 
-
-_NUMBER = {"anyOf": [{"type": "number"}, {"enum": ["nan", "inf", "-inf"]}, {"type": "null"}]}
-_FINDING = {"type": "object", "required": ["code", "severity", "where", "message"],
-            "properties": {"code": {"type": "string"}, "severity": {"enum": ["error", "warning", "info"]},
-                           "where": {"type": "string"}, "message": {"type": "string"}}}
-_RECORDS = {"type": "array", "items": {"type": "object", "additionalProperties": {
-    "anyOf": [_NUMBER, {"type": ["string", "boolean", "array"]}]}}}
-JSON_SCHEMA: dict[str, Any] = {
-    "$schema": "https://json-schema.org/draft/2020-12/schema",
-    "title": "python -m inspector compare --json",
-    "type": "object",
-    "required": ["a", "b", "facts", "findings", "modules"],
-    "properties": {
-        "a": {"type": "string"},
-        "b": {"type": "string"},
-        "facts": {"type": "object",
-                  "additionalProperties": {"anyOf": [_NUMBER, {"type": ["string", "boolean"]}]}},
-        "findings": {"type": "array", "items": _FINDING},
-        "tensors": _RECORDS,
-        "modules": _RECORDS,
-        "steps": _RECORDS,
-        "renamed": {"type": "array", "items": {"type": "array", "items": {"type": "string"}}},
-        "first_divergence": {"type": ["integer", "null"]},
-        "first_modules": {"type": "array", "items": {"type": "string"}},
-        "first_quantities": {"type": "array", "items": {"type": "string"}},
-    },
-}
-"""The JSON Schema every ``compare --json`` file satisfies: numbers that are not finite are the strings
-``"nan"``, ``"inf"``, ``"-inf"``; missing ones ``null``."""
