@@ -107,8 +107,8 @@ def _print_runs(result: RunComparison, args: argparse.Namespace) -> None:
 
 def to_json(result: WeightComparison | RunComparison) -> dict[str, Any]:
     """The result as plain data (:data:`inspector.comparison.JSON_SCHEMA`): facts, findings and tables
-    (lists of records). Strict JSON: a number that is not finite is the string ``"nan"``, ``"inf"`` or ``"-inf"``, a
-    missing one ``null``."""
+    (lists of records). Strict JSON: a number that is not finite is the string ``"nan"``, ``"inf"``
+    or ``"-inf"``, a missing one ``null``."""
     data: dict[str, Any] = {"a": result.a, "b": result.b, "facts": dict(result.facts),
             "findings": [x.to_dict() for x in result.findings]}
     if isinstance(result, WeightComparison):
