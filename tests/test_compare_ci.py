@@ -148,3 +148,31 @@ def test_a_merged_low_rank_adapter_reads_as_one_rank(tmp_path):
     ranks = result.tensors.set_index("name")["update_rank"]
     assert ranks["layers.0.q.weight"] == 8 and ranks["layers.0.mlp.weight"] is pd.NA
     assert result.facts["low_rank"] == 12
+
+
+def test_a_merged_lora_on_gpt2_is_quiet_and_reads_as_its_rank(tmp_path, capsys):
+    """Tiny GPT-2 (4 layers, n_embd 64): c_attn (64 x 192) of every layer gets a rank-4 B @ A merged in,
+    as PEFT's merge_and_unload does; everything else stays. No warning: the unchanged tensors are a frozen
+    set (no layer's c_attn stayed while another's moved), so --fail-on warning passes."""
+    import transformers as tf
+
+    torch.manual_seed(0)
+    model = tf.GPT2LMHeadModel(tf.GPT2Config(vocab_size=96, n_positions=32, n_embd=64, n_layer=4, n_head=2))
+    model.save_pretrained(tmp_path / "base")
+    with torch.no_grad():
+        for block in model.transformer.h:
+            w = block.attn.c_attn.weight  # Conv1D: (in 64, out 192)
+            w += (torch.randn(64, 4) @ torch.randn(4, 192)) * 0.02
+    model.save_pretrained(tmp_path / "merged")
+    result = compare(tmp_path / "base", tmp_path / "merged")
+    assert [f.severity for f in result.findings] == ["info", "info"]
+    assert result.codes() == ["unchanged-expected", "low-rank-update"]
+    assert result.findings[1].message.startswith("rank-4 update on 4 matrices (of 4 changed matrices")
+    # 4 blocks x 12 tensors + wte, wpe, ln_f.weight, ln_f.bias = 52 (lm_head is tied: stored once)
+    assert result.facts["summary"].startswith("4 of 52 tensors changed; 48 unchanged")
+    args = ["compare", str(tmp_path / "base"), str(tmp_path / "merged"), "--fail-on", "warning"]
+    assert main(args) == 0
+    assert "rank-4 update on 4 matrices" in capsys.readouterr().out
+    (tmp_path / "merged" / "model.safetensors.index.json").write_text("{not json")
+    assert main(args) == 2
+    assert "model.safetensors.index.json is not a readable checkpoint index" in capsys.readouterr().err
