@@ -100,7 +100,7 @@ def _check(kind: str, grown: dict[str, int]) -> None:
     # two whole files are 64 MiB. A safetensors comparison streams both files in 1 MiB chunks (three
     # per side in flight: about 7 MiB measured); a distributed checkpoint's tensor is read whole from
     # its piece, so A's tensor is kept while B's piece bytes and tensor are read (about 16 MiB measured)
-    assert grown["whole"] > 2 * TENSORS * tensor * 0.9, (kind, grown)
+    assert grown["whole"] > (1.5 if kind == "cast" else 2) * TENSORS * tensor * 0.9, (kind, grown)
     # a dtype change (B in bfloat16) streams the same way: chunks of both, widened to float32
     assert grown["compare"] < (2 * tensor + 4 * MIB if kind != "dcp" else 4 * tensor + 8 * MIB), (
         kind,
