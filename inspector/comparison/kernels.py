@@ -104,12 +104,13 @@ class RankSketch:
 
     def add(self, d: np.ndarray, pos: int) -> None:
         """Take the differences of the flat elements ``pos .. pos + d.size``."""
-        n, cols = self.cols, self.picked_cols
+        n = self.cols
         lo, hi = np.searchsorted(self.picked_rows, [pos // n, (pos + d.size - 1) // n + 1])
-        for i in range(lo, hi):
-            start = int(self.picked_rows[i]) * n
-            c0, c1 = np.searchsorted(cols, [max(start, pos) - start, min(start + n, pos + d.size) - start])
-            self.sample[i, c0:c1] = d[start - pos + cols[c0:c1]]
+        if lo == hi:
+            return
+        where = (self.picked_rows[lo:hi, None] * n - pos) + self.picked_cols[None, :]  # into d
+        inside = (where >= 0) & (where < d.size)
+        self.sample[lo:hi][inside] = d[where[inside]]
 
     def rank(self, tolerance: float = LOW_RANK_TOLERANCE) -> int | None:
         """The smallest ``r`` whose rank-``r`` approximation of the sample by QR with column pivoting
