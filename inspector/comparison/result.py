@@ -67,13 +67,17 @@ class WeightComparison:
             of ``STATUSES`` (``stored-once``: a tied name B's file holds under the tie's other name, as
             ``safetensors`` saves a tie, so not missing); ``name_b`` is B's name (differs where B
             renamed it); ``max_abs`` is max |B−A|, ``rel_change`` ‖B−A‖/‖A‖, both NaN where values were
-            not compared.
+            not compared (``rel_change`` also where A is all zeros); ``update_rank`` the rank of a
+            changed matrix's B−A where it is low, else NA.
         modules: one row per module prefix of A's names, in model order (``MODULE_COLUMNS``): the
             compared tensors below it, how many changed, and the norms summed over them.
-        findings: ``unchanged-tensor``, ``tie-broken``, ``tie-added``, ``renamed``, ``missing``,
-            ``extra``, ``shape-changed``, ``dtype-changed``, ``nonfinite``...
+        findings: ``unchanged-tensor`` (one, grouped), ``unchanged-expected``, ``tie-broken``,
+            ``tie-added``, ``tie-stored-once``, ``renamed``, ``missing``, ``extra``, ``shape-changed``,
+            ``dtype-changed``, ``nonfinite``, ``changed-from-zero``, ``low-rank-update``...; at most 10
+            of one code.
         renamed: (name in A, name in B) pairs joined by a prefix rule or by equal values.
-        facts: counts (tensors on each side, compared, changed, equal, bytes read).
+        facts: counts (tensors on each side, compared, changed, equal, bytes read, low_rank) and
+            ``summary``, one line: ``26 of 28 tensors changed; 2 unchanged: wte, wpe``.
     """
 
     a: str
