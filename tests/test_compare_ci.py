@@ -128,6 +128,14 @@ def test_float8_and_dtype_changes_are_compared_in_float32_and_never_equal(tmp_pa
     r = compare(tmp_path / "c.safetensors", tmp_path / "d.safetensors")
     expected = ((w * 2).to(torch.float8_e4m3fn).float() - fp8.float()).norm()
     assert r.tensors.loc[0, "diff_norm"] == pytest.approx(float(expected), rel=1e-6)
+    # the other float8 kinds safetensors writes: e5m2, and e8m0 (powers of two, as MX scales are)
+    scales = torch.tensor([0.25, 0.5, 1.0, 4.0])
+    e = {"w": w.to(torch.float8_e5m2), "s": scales.to(torch.float8_e8m0fnu)}
+    save_file(e, str(tmp_path / "e.safetensors"))
+    save_file({"w": w, "s": scales}, str(tmp_path / "f.safetensors"))
+    rows = compare(tmp_path / "e.safetensors", tmp_path / "f.safetensors").tensors.set_index("name")
+    assert rows.loc["s", "max_abs"] == 0 and rows.loc["s", "status"] == "dtype-changed"  # exact in float32
+    assert rows.loc["w", "max_abs"] == pytest.approx(float((w.to(torch.float8_e5m2).float() - w).abs().max()))
 
 
 def test_a_merged_low_rank_adapter_reads_as_one_rank(tmp_path):

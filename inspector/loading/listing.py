@@ -17,7 +17,8 @@ from .folders import FolderFiles, folder_files
 COLUMNS = ["name", "kind", "dtype", "shape", "numel"]
 # safetensors' dtype codes -> torch's names
 _SAFETENSORS_DTYPES = {"F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16",
-                       "F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2", "I64": "int64", "I32": "int32",
+                       "F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2",
+                       "F8_E8M0": "float8_e8m0fnu", "I64": "int64", "I32": "int32",
                        "I16": "int16", "I8": "int8", "U64": "uint64", "U32": "uint32", "U16": "uint16",
                        "U8": "uint8", "BOOL": "bool", "C64": "complex64"}
 
