@@ -82,8 +82,16 @@ def test_one_grouped_warning_for_many_unchanged_tensors_and_expected_ones_are_in
     assert "unchanged-tensor" not in expected.codes()
     assert "4 tensors are unchanged as expected (h.3, h.7): h.3, h.7" in [
         f.message for f in expected.findings]
-    assert main(["compare", str(_save(a, tmp_path / "a.pt")), str(_save(b, tmp_path / "b.pt")),
-                 "--expect-unchanged", "h.[37]", "--fail-on", "warning"]) == 0
+    args = ["compare", str(_save(a, tmp_path / "a.pt")), str(_save(b, tmp_path / "b.pt"))]
+    assert main([*args, "--expect-unchanged", "h.[37]", "--fail-on", "warning"]) == 0
+    # a pattern that names nothing, or a tensor that did change, is a warning: CI catches the mistake
+    wrong = compare(a, b, expect_unchanged=["h.3", "h.7", "h.9", "*.wtee"])
+    unmatched = [f for f in wrong.findings if f.code == "expect-unmatched"]
+    assert [f.where for f in unmatched] == ["*.wtee"]
+    moved = [f for f in wrong.findings if f.code == "changed-unexpectedly"]
+    assert len(moved) == 1 and moved[0].message.startswith("2 tensors expected unchanged")
+    assert main([*args, "--expect-unchanged", "h.[37]", "--expect-unchanged", "h.9",
+                 "--fail-on", "warning"]) == 1
 
 
 def _save(model_or_state, path):

@@ -93,7 +93,7 @@ def unchanged_findings(sb_label: str, tensors: pd.DataFrame, expect_unchanged: S
     """
     pool_rows = tensors[tensors["trainable"] & tensors["status"].isin(["equal", "changed", "dtype-changed"])]
     if not (pool_rows["status"] != "equal").any():
-        return []
+        return expectation_findings(tensors, expect_unchanged)
     pool = pool_rows["name"].tolist()
     same = pool_rows.loc[pool_rows["status"] == "equal", "name"].tolist()
     moved_kinds = {kind_of(n) for n in pool_rows.loc[pool_rows["status"] != "equal", "name"]}
@@ -121,6 +121,26 @@ def unchanged_findings(sb_label: str, tensors: pd.DataFrame, expect_unchanged: S
                            f"{len(frozen)} tensors form a frozen set: every tensor of their kind "
                            f"({len(kinds)} kinds: {capped(kinds, 5)}) is unchanged while "
                            f"{len(pool) - len(same)} tensors changed: {capped([m for m, _ in groups])}"))
+    return out + expectation_findings(tensors, expect_unchanged)
+
+
+def expectation_findings(tensors: pd.DataFrame, expect_unchanged: Sequence[str]) -> list[Finding]:
+    """Warnings where ``expect_unchanged`` was wrong: a tensor it names changed
+    (``changed-unexpectedly``), or a pattern names no tensor at all (``expect-unmatched``: a typo
+    would otherwise pass silently)."""
+    if not expect_unchanged:
+        return []
+    names = [n for n in tensors["name"].tolist() + tensors["name_b"].tolist() if n]
+    out = [Finding("expect-unmatched", "warning", pattern,
+                   f"the expect-unchanged pattern {pattern!r} matches no tensor name or module prefix of "
+                   "either side; check its spelling (a glob such as '*.wte' or 'model.layers.*.mlp')")
+           for pattern in expect_unchanged if not any(matches(n, [pattern]) for n in names)]
+    moved = [n for n in tensors.loc[tensors["status"].isin(["changed", "dtype-changed"]), "name"]
+             if matches(n, expect_unchanged)]
+    if moved:
+        out.append(Finding("changed-unexpectedly", "warning", moved[0],
+                           f"{len(moved)} tensors expected unchanged ({', '.join(expect_unchanged)}) "
+                           f"changed: {capped(moved)}"))
     return out
 
 
