@@ -78,7 +78,7 @@ def summary_line(tensors: pd.DataFrame) -> str:
     text = f"{len(compared) - len(same)} of {len(compared)} tensors changed"
     if same and len(same) < len(compared):
         groups = [m for m, _ in covering_modules(same, compared["name"].tolist())]
-        text += f"; {len(same)} unchanged: {capped(groups)}"
+        text += f"; {len(same)} unchanged: {capped(groups, 5)}"
     return text
 
 
@@ -118,9 +118,9 @@ def unchanged_findings(sb_label: str, tensors: pd.DataFrame, expect_unchanged: S
         groups = covering_modules(frozen, pool)
         kinds = list(dict.fromkeys(kind_of(n) for n in frozen))
         out.append(Finding("unchanged-expected", "info", groups[0][0],
-                           f"{len(frozen)} tensors form a frozen set: every tensor of their kind "
-                           f"({len(kinds)} kinds: {capped(kinds, 5)}) is unchanged while "
-                           f"{len(pool) - len(same)} tensors changed: {capped([m for m, _ in groups])}"))
+                           f"{len(frozen)} tensors form a frozen set ({capped([m for m, _ in groups], 5)}): "
+                           f"every tensor of their kind ({len(kinds)} kinds: {capped(kinds, 5)}) is unchanged "
+                           f"while {len(pool) - len(same)} others changed"))
     return out + expectation_findings(tensors, expect_unchanged)
 
 
