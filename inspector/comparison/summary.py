@@ -119,8 +119,8 @@ def unchanged_findings(sb_label: str, tensors: pd.DataFrame, expect_unchanged: S
         kinds = list(dict.fromkeys(kind_of(n) for n in frozen))
         out.append(Finding("unchanged-expected", "info", groups[0][0],
                            f"{len(frozen)} tensors form a frozen set ({capped([m for m, _ in groups], 5)}): "
-                           f"every tensor of their kind ({len(kinds)} kinds: {capped(kinds, 5)}) is unchanged "
-                           f"while {len(pool) - len(same)} others changed"))
+                           f"every tensor of their kind ({len(kinds)} kinds: {capped(kinds, 5)}) is "
+                           f"unchanged while {len(pool) - len(same)} others changed"))
     return out + expectation_findings(tensors, expect_unchanged)
 
 
