@@ -135,6 +135,11 @@ def test_a_training_state_dcp_folder_is_model_plus_optimizer_plus_extras(tmp_pat
     _dcp_save({"model": msd, "optim": osd, "step": 2}, tmp_path / "ts2")
     two = compare(tmp_path / "ts", tmp_path / "ts2")
     assert two.tensors.loc[two.tensors["status"] == "changed", "name"].tolist() == ["model.norm.weight"]
+    # their optimizer states (63 tensors: step, exp_avg, exp_avg_sq of 21 parameters) are compared too;
+    # extra.rng, in ts only, is neither missing nor counted
+    assert two.facts["state_compared"] == 63 and two.facts["state_changed"] == 0
+    assert two.facts["summary"].startswith("1 of 21 tensors changed") and two.facts["missing"] == 0
+    assert two.status_of("optim.state.model.norm.weight.exp_avg") == "equal"
 
 
 def test_read_checkpoint_takes_a_sharded_folder_as_apply_checkpoint_does(sharded):

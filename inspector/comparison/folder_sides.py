@@ -73,7 +73,8 @@ class ShardedSafetensorsSide(TensorSource):
 class DcpSide(TensorSource):
     """A ``torch.distributed.checkpoint`` folder: each tensor put together from its pieces when read. A
     training checkpoint (``{"model": ..., "optim": ..., "step": ...}``) is its model part, under the
-    model's own names; a finding lists the optimizer state and extras."""
+    model's own names, plus its optimizer state and extras under their full names (``state_names``:
+    compared only against another training checkpoint's); a finding lists them."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
@@ -81,15 +82,18 @@ class DcpSide(TensorSource):
         self._handles: dict[str, Any] = {}
         parts = training_parts({n: e.kind == "tensor" for n, e in self._entries.items()})
         strip = parts.model + "." if parts else ""
-        self._full = {n[len(strip):]: n for n, e in self._entries.items()
-                      if e.kind == "tensor" and e.dtype is not None and n.startswith(strip)}
+        tensors = [n for n, e in self._entries.items() if e.kind == "tensor" and e.dtype is not None]
+        self._full = {n[len(strip):]: n for n in tensors if n.startswith(strip)}
+        model = frozenset(self._full)
+        state = [n for n in tensors if not n.startswith(strip) and n not in model]
+        self._full.update((n, n) for n in state)
         entries = {name: Meta(self._entries[full].shape, self._entries[full].dtype, "cpu")  # type: ignore[arg-type]
                    for name, full in self._full.items()}
-        findings = [Finding("checkpoint-part", "info", path.name, parts.describe(path.name, len(entries)))
+        findings = [Finding("checkpoint-part", "info", path.name, parts.describe(path.name, len(model)))
                     ] if parts else []
         super().__init__(path.name, "distributed checkpoint" + (", training state" if parts else ""), entries,
-                         [], frozenset(n for n, m in entries.items() if m.dtype.is_floating_point),
-                         findings=findings)
+                         [], frozenset(n for n in model if entries[n].dtype.is_floating_point),
+                         findings=findings, state_names=frozenset(state))
 
     def display_order(self) -> list[str]:
         return sorted(self.entries, key=natural_key)

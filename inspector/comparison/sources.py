@@ -51,7 +51,9 @@ class TensorSource:
     ``entries``: name -> :class:`Meta`, in the source's order; ``ties``: groups of names that are
     one tensor here (same object or same storage); ``trainable``: names that training would
     change (a model's ``requires_grad`` parameters; every floating tensor of a file);
-    ``is_model``: whether ties can be expressed here (a file may store a tie once).
+    ``is_model``: whether ties can be expressed here (a file may store a tie once);
+    ``state_names``: entries of a training checkpoint that are not the model's (optimizer state,
+    extras), compared only with the same names of another training checkpoint.
     """
 
     label: str
@@ -62,6 +64,7 @@ class TensorSource:
     is_model: bool = False
     findings: list[Finding] = field(default_factory=list)
     streams: bool = False  # chunks come from a file, so reading ahead pays
+    state_names: frozenset[str] = frozenset()  # a training checkpoint's optimizer state and extras
 
     def read(self, name: str) -> torch.Tensor:
         """The tensor ``name`` on the CPU; valid until the next ``read`` of this side."""

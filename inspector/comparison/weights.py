@@ -36,7 +36,10 @@ def compare_sides(sa: TensorSource, sb: TensorSource, progress: Progress | None 
                   expect_unchanged: Sequence[str] = ()) -> WeightComparison:
     """Compare two open sides (:func:`open_source`); neither is changed. ``expect_unchanged``: glob
     patterns of names (or their module prefixes) meant to stay, reported as info."""
-    pairing = pair_names(sa.entries, sb.entries)
+    shared_state = sa.state_names & sb.state_names  # the rest of a training state is never missing/extra
+    pairing = pair_names(
+        {n: m for n, m in sa.entries.items() if n not in sa.state_names or n in shared_state},
+        {n: m for n, m in sb.entries.items() if n not in sb.state_names or n in shared_state})
     rows: dict[str, dict[str, Any]] = {}
     read = 0
     for i, (na, nb) in enumerate(pairing.pairs):
@@ -71,6 +74,7 @@ def compare_sides(sa: TensorSource, sb: TensorSource, progress: Progress | None 
             | ((tensors["status"] == "extra") & tensors["name_b"].isin(stored_once)))
     tensors.loc[once, "status"] = "stored-once"  # the other side holds it under its tie's other name
     compared = tensors[tensors["bitwise_equal"].notna()]
+    state = tensors["name"].isin(shared_state)  # optimizer state and extras of two training checkpoints
     facts = {
         "tensors_a": len(sa.entries),
         "tensors_b": len(sb.entries),
@@ -83,7 +87,9 @@ def compare_sides(sa: TensorSource, sb: TensorSource, progress: Progress | None 
         "stored_once": int(once.sum()),
         "bytes_read": read,
         "low_rank": int(tensors["update_rank"].notna().sum()),
-        "summary": summary_line(tensors),
+        "summary": summary_line(tensors[~state]),
+        "state_compared": int(state.sum()),
+        "state_changed": int((state & (tensors["bitwise_equal"] == False)).sum()),  # noqa: E712
     }
     return WeightComparison(
         sa.label, sb.label, sa.kind, sb.kind, tensors, module_table(tensors), tuple(findings), renamed, facts

@@ -28,7 +28,8 @@ class TrainingParts:
         opt = ", ".join(f"{k} ({n} entries)" for k, n in self.optimizer.items()) or "none"
         extra = ", ".join(f"{k} ({n})" for k, n in self.extras.items()) or "none"
         return (f"{label} is a training checkpoint: its {self.model!r} part ({tensors} tensors) was compared "
-                f"as the model; optimizer state: {opt}; extras: {extra} (listed, not compared)")
+                f"as the model; optimizer state: {opt}; extras: {extra} (their tensors are compared only "
+                "with another training checkpoint's)")
 
 
 def training_parts(names: Mapping[str, bool]) -> TrainingParts | None:
