@@ -25,6 +25,19 @@ Subpackages (``inspector.figures``, ``inspector.distributed``, ``inspector.watch
 what the dashboard, the command line and distributed training add; ``docs/architecture.md``
 places each on its layer. ``import inspector`` loads torch, numpy and pandas; transformers,
 accelerate, captum, plotly and streamlit are imported only by the calls that use them.
+
+Modules: ``__main__``: command line: ``python -m inspector COMMAND SOURCE ...``; ``commands``:
+subcommands of ``python -m inspector``; one module per command; ``labs``: classroom labs, a model with a
+real, silent bug in each; ``loading``: models and checkpoints in; ``runfiles``: ``check_step``'s run
+file; ``sharding``: what this rank holds of a model whose tensors are DTensors; ``structure``: what a
+model is made of; ``utils``: the floor every layer stands on; ``aliases``: which tensors are really the
+same tensor; ``attribution``: captum adapter: which inputs and which layers drove one output;
+``capture``: activation capture as detached copies; ``comparison``: compare two models; ``dashboard``:
+what the dashboard needs from the library beyond the analyses; ``distributed``: distributed training;
+``figures``: plotly figure builders, one module per view: data in, go.Figure out; ``inventory``: one
+walk over a model's parameters and buffers; ``offsets``: where each parameter sits in the flat vector;
+``placement``: device maps: plan one that places every parameter and buffer; ``report``: reports: every
+analysis of one model in one document; ``watching``: watch a training run step by step.
 """
 
 from __future__ import annotations

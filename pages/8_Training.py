@@ -9,7 +9,9 @@ import streamlit as st
 
 from inspector.figures import findings_timeline, loss_norm_figure, norm_heatmap
 from inspector.utils import markdown_text
+from inspector.watching import finding_counts
 from ui.errors import guarded
+from ui.runs import overlay_runs, pick_from_folders
 from ui.sidebar import model_picker
 from ui.tables import paged_table
 from ui.training import (
@@ -52,11 +54,13 @@ def _source() -> tuple[Any, str, bool]:
         key="train_upload",
     )
     path = right.text_input(
-        "…or a path on the server",
+        "…or a path under the runs folders",
         value=st.query_params.get("run", ""),
         key="train_path",
         placeholder="/path/to/run.inspect",
     )
+    picked = pick_from_folders("train_pick", col=left)
+    path = picked or path
     follow = right.toggle(
         f"Follow the file while it grows (every {REFRESH_S} s)",
         value=True,
@@ -78,6 +82,9 @@ def _findings(opened: Opened) -> None:
     if not len(found):
         st.success("No findings: nothing went wrong at any recorded step.")
         return
+    st.caption("How often each kind of finding began (a loss spike, a gradient explosion or a NaN/Inf that "
+               "comes back after it cleared counts again):")
+    st.dataframe(finding_counts(opened.run), hide_index=True, width="content")
     first, last = int(opened.run.steps["step"].min()), int(opened.run.steps["step"].max())
     event = st.plotly_chart(findings_timeline(found, (first, last)), width="stretch", on_select="rerun",
                             selection_mode="points", key="train_timeline")
@@ -180,6 +187,8 @@ def main() -> None:
     st.fragment(live, run_every=REFRESH_S if follow and upload is None and path.strip() else None)(
         upload, path
     )
+    with guarded("overlaying runs"):
+        overlay_runs("train_overlay")
 
 
 main()

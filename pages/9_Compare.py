@@ -14,6 +14,7 @@ from inspector.watching import parse_run_bytes, read_run
 from ui.cache import cached_analysis
 from ui.compare_view import run_module_config, run_step_config, tensor_rows
 from ui.errors import guarded
+from ui.runs import checked_path, overlay_runs, pick_from_folders
 from ui.sidebar import model_picker
 from ui.tables import findings_table, paged_table
 from ui.uploads import session_uploads
@@ -109,11 +110,14 @@ def show_runs(result: RunComparison) -> None:
 
 def pick_run(side: str, col) -> object | None:
     upload = col.file_uploader(f"Run {side} (upload)", key=f"cmp_run_upload_{side}")
-    path = col.text_input(f"…or run {side} as a path on the server", key=f"cmp_run_path_{side}",
+    path = col.text_input(f"…or run {side} as a path under the runs folders", key=f"cmp_run_path_{side}",
                           value=st.query_params.get(f"run_{side.lower()}", ""))
+    picked = pick_from_folders(f"cmp_pick_{side}", f"…or run {side} by name", col=col)
     if upload is not None:
         return parse_run_bytes(upload.getvalue(), upload.name)
-    return read_run(path.strip()) if path.strip() else None
+    if picked:
+        return read_run(picked)
+    return read_run(checked_path(path.strip())) if path.strip() else None
 
 
 def _two_runs() -> None:
@@ -129,6 +133,7 @@ def _two_runs() -> None:
             st.info("Choose two run files.")
         else:
             show_runs(compare_runs(run_a, run_b, tolerance=float(tolerance)))
+        overlay_runs("cmp_overlay")
 
 
 def _weights(loaded: LoadedModel) -> None:

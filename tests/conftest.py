@@ -2,6 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
+import gc
+import io
+import os
+import sys
+import threading
+
 import pytest
 import torch
 
@@ -10,6 +17,7 @@ from sample_models import get_sample
 
 
 def pytest_collection_modifyitems(config, items):
+    _delegate_collectives(items)
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU")
@@ -134,3 +142,141 @@ def _no_process_left_behind():
             p.kill()
         if names:
             pytest.fail("tests left these processes running:\n" + "\n".join(names), pytrace=False)
+
+
+class _ThisThreadOnly(io.TextIOBase):
+    """A text stream that keeps what one thread writes and passes every other thread's writes on."""
+
+    def __init__(self, passthrough) -> None:
+        self.owner, self.passthrough, self.kept = threading.get_ident(), passthrough, io.StringIO()
+
+    def write(self, text: str) -> int:
+        if threading.get_ident() == self.owner:
+            return self.kept.write(text)
+        return self.passthrough.write(text)
+
+    def flush(self) -> None:
+        self.passthrough.flush()
+
+
+@pytest.fixture
+def run_cli():
+    """``run_cli(argv) -> (status, out, err)``: ``inspector.__main__.main(argv)`` in this process,
+    keeping only what this thread printed, with the garbage collector paused while it runs. A
+    thread left by an earlier test (a browser driver, a server), or a finalizer of an earlier test's
+    garbage, cannot write into what the command printed, however the machine schedules them."""
+    from inspector.__main__ import main
+
+    def run(argv: list[str]) -> tuple[int, str, str]:
+        out, err = _ThisThreadOnly(sys.stdout), _ThisThreadOnly(sys.stderr)
+        gc.disable()
+        try:
+            with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+                status = main(argv)
+        finally:
+            gc.enable()
+        return status, out.kept.getvalue(), err.kept.getvalue()
+
+    return run
+
+
+# ----------------------------------------------------------------- tests that start collectives
+# A collective's worker threads can deadlock with the interpreter (a C++ join while the GIL is
+# held), and no timeout inside a process can end that. So in the pytest process no process group
+# may be made: a test that needs one is marked ``collectives`` (or uses ``world1``) and runs whole
+# in a child pytest, which this process ends after COLLECTIVES_TIMEOUT seconds, printing every
+# thread's stack.
+CHILD_ENV = "INSPECTOR_TEST_CHILD"
+COLLECTIVES_TIMEOUT = 240
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "collectives: starts a torch.distributed process group; runs whole in "
+                                       f"a child pytest ended after {COLLECTIVES_TIMEOUT} s")
+    if os.environ.get(CHILD_ENV):
+        return
+    import torch.distributed as dist
+
+    init = dist.init_process_group
+
+    def refuse(*args, **kwargs):
+        raise RuntimeError("this test starts a process group inside the pytest process; mark it "
+                           "@pytest.mark.collectives so that it runs in a child process with a timeout")
+
+    refuse.__wrapped__ = init  # type: ignore[attr-defined]
+    dist.init_process_group = refuse
+
+
+def _run_in_child(item) -> None:
+    """Run ``item`` in a fresh pytest process; fail with its output if it fails or outlives the timeout."""
+    import subprocess
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="collectives-") as base:
+        cmd = [sys.executable, "-m", "pytest", item.nodeid, "-q", "-p", "no:cacheprovider", "--basetemp",
+               os.path.join(base, "t"), "-o", f"timeout={COLLECTIVES_TIMEOUT - 20}"]
+        env = {**os.environ, CHILD_ENV: "1"}
+        proc = subprocess.Popen(cmd, cwd=item.config.rootpath, env=env, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        try:
+            out, _ = proc.communicate(timeout=COLLECTIVES_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            _dump_and_kill(proc)
+            out, _ = proc.communicate()
+            pytest.fail(f"{item.nodeid} did not finish in {COLLECTIVES_TIMEOUT} s; every thread's "
+                        f"stack:\n{out}", pytrace=False)
+    if proc.returncode != 0:
+        pytest.fail(f"{item.nodeid} failed in its child process (exit {proc.returncode}):\n{out}",
+                    pytrace=False)
+
+
+def _dump_and_kill(proc) -> None:
+    """SIGABRT makes the child's faulthandler print every thread's stack; then the group is killed."""
+    import signal
+    import time
+
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGABRT)
+        time.sleep(3)
+        os.killpg(proc.pid, signal.SIGKILL)
+
+
+def _delegate_collectives(items) -> None:
+    if os.environ.get(CHILD_ENV):
+        return
+    for item in items:
+        collectives = item.get_closest_marker("collectives") or "world1" in getattr(item, "fixturenames", ())
+        if collectives and hasattr(item, "runtest"):
+            item.setup = lambda: None  # no fixture of the test is made in this process
+            item.runtest = lambda item=item: _run_in_child(item)
+
+
+# --------------------------------------------------------------- a hard limit on every test
+# pytest-timeout's thread method prints every thread's stack and ends the run, but it needs the
+# GIL. faulthandler's watchdog is a C thread: it also ends a test stuck in C++ with the GIL held,
+# printing every thread's stack to the terminal's stderr (not to the test's captured output).
+HARD_LIMIT_GRACE = int(os.environ.get("INSPECTOR_TEST_HARD_GRACE", "60"))
+
+
+def _terminal_stderr(config) -> int:
+    """A file descriptor of the stderr pytest started with, outside its output capture."""
+    capman = config.pluginmanager.getplugin("capturemanager")
+    with capman.global_and_fixture_disabled() if capman else contextlib.nullcontext():
+        return os.dup(sys.stderr.fileno())
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    import faulthandler
+
+    marker = item.get_closest_marker("timeout")
+    limit = float(marker.args[0]) if marker and marker.args else float(item.config.getini("timeout") or 0)
+    if limit > 0:
+        if not hasattr(item.config, "_hard_limit_fd"):
+            item.config._hard_limit_fd = _terminal_stderr(item.config)
+        faulthandler.dump_traceback_later(limit + HARD_LIMIT_GRACE, exit=True,
+                                          file=item.config._hard_limit_fd)
+    try:
+        yield
+    finally:
+        faulthandler.cancel_dump_traceback_later()

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from ranks import init
+from ranks import init, leave
 from torch import nn
 
 
@@ -281,5 +281,5 @@ def mesh_worker(rank: int, world: int, port: int, out: str) -> None:
     try:
         _try(results, "mesh_2x2", lambda: fsdp_tp(2, 2))
     finally:
-        dist.destroy_process_group()
+        leave()
     (Path(out) / f"rank{rank}.json").write_text(json.dumps(results, default=str), encoding="utf-8")

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from ranks import init
+from ranks import init, leave
 from torch import nn
 
 
@@ -258,6 +258,6 @@ def worker(rank: int, world: int, port: int, out: str) -> None:
         results["checks"] = world2_checks(rank, world)
         seconds["checks"] = time.perf_counter() - start - sum(seconds.values())
     finally:
-        dist.destroy_process_group()
+        leave()
     results["seconds"] = seconds
     (out_dir / f"rank{rank}.json").write_text(json.dumps(results, default=str), encoding="utf-8")

@@ -18,6 +18,12 @@ from inspector.figures import grad_norm_figure, memory_figure
 from tests.apptest import run_page
 
 
+@pytest.fixture(autouse=True)
+def _runs_under_tmp(tmp_path, monkeypatch):
+    """The server opens typed run paths only under its runs folders: here, the test's own folder."""
+    monkeypatch.setenv("INSPECTOR_RUNS", str(tmp_path))
+
+
 @pytest.fixture(scope="module")
 def record() -> dict:
     """One check_step record of a 2 -> 1 linear layer, in this process (world of 1)."""

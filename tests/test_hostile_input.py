@@ -499,10 +499,9 @@ def _argv(argv: list[str], files: dict[str, Path]) -> list[str]:
 
 
 @pytest.mark.parametrize("argv, fix", [pytest.param(a, f, id=i) for i, a, f in CLI_CASES])
-def test_cli_refuses_with_exit_2_a_fix_and_no_traceback(argv, fix, files, capsys):
+def test_cli_refuses_with_exit_2_a_fix_and_no_traceback(argv, fix, files, run_cli):
     before, cwd_before = _tree(files["root"]), sorted(os.listdir("."))
-    status = main(_argv(argv, files))
-    err = capsys.readouterr().err
+    status, _, err = run_cli(_argv(argv, files))
     assert status == 2, err
     assert "Traceback" not in err
     last = err.strip().splitlines()[-1]

@@ -50,8 +50,11 @@ def test_the_model_really_carries_the_payloads(hostile):
     assert KEY in wheres and f"{JS}.bias" in wheres
 
 
-@pytest.mark.parametrize("page", ["app.py", "pages/2_Flatten_map.py", "pages/1_Alias_graph.py",
-                                  "pages/4_Hook_captures.py"])
+# every page, found as test_pages finds them: a new page is checked without being listed here
+PAGES = ["app.py", *sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "pages").glob("*.py"))]
+
+
+@pytest.mark.parametrize("page", PAGES)
 def test_pages_and_sidebar_show_hostile_names_as_inert_text(page, hostile):
     at = _run(page, hostile)
     assert not at.exception, [e.value for e in at.exception]
@@ -123,3 +126,54 @@ def test_an_uncaught_page_error_is_one_escaped_line_with_the_traceback_behind_an
     assert [x.label for x in at.expander] == ["Traceback (for a bug report)"]
     assert "ZeroDivisionError" in at.expander[0].code[0].value  # the traceback, folded away
     assert at.markdown[0].value == "before the bug"
+
+
+def test_the_training_page_shows_a_run_of_hostile_modules_as_inert_text(tmp_path):
+    """A watched run of the hostile model (its findings name a hostile module at step 3): the heatmap,
+    the timeline, the counts and every text of the Training page show the names as data."""
+    import torch
+
+    from inspector import watch
+    from tests.apptest import run_page
+
+    model = torch.nn.Sequential()
+    for name in (LINK, IMG, JS):
+        model.add_module(name, torch.nn.Linear(2, 2))
+    path = tmp_path / "run.inspect"
+    with watch(model, None, path, explode_factor=10.0) as w:
+        for step in range(8):  # step 6: the loss x1000, every module's gradient explodes
+            loss = model(torch.ones(1, 2)).sum() * (1000.0 if step == 6 else 1.0)
+            loss.backward()
+            w.log(loss=loss)
+            w.step()
+            model.zero_grad()
+    assert {f.where for f in w.result.findings if f.code == "exploding-gradient"} >= {LINK, JS}
+    at = run_page("8_Training.py", query={"run": str(path)})
+    for text in _shown(at):
+        assert not live_markdown(text), (text, live_markdown(text))
+    figures = _figures(at)
+    assert len(figures) >= 2 and any("javascript" in json.dumps(f) for f in figures)
+    for fig in figures:
+        assert not live_figure_text(fig), live_figure_text(fig)
+
+
+def test_every_figure_builder_escapes_what_it_draws():
+    """Each public function of inspector/figures that builds a plotly figure carries
+    ``escaped_figure`` (found by reading every module, so a new builder cannot be left out)."""
+    import ast
+
+    import inspector.figures as figures
+
+    builders = []
+    for path in sorted((ROOT / "inspector" / "figures").glob("*.py")):
+        for node in ast.parse(path.read_text()).body:
+            if not isinstance(node, ast.FunctionDef) or node.name.startswith("_"):
+                continue
+            made = {ast.unparse(c.func) for c in ast.walk(node) if isinstance(c, ast.Call)}
+            if made & {"go.Figure", "make_subplots"} or any(m.startswith("px.") for m in made):
+                builders.append((path.name, node.name, [ast.unparse(d) for d in node.decorator_list]))
+    assert len(builders) >= 20
+    bare = [(f, n) for f, n, decs in builders if "escaped_figure" not in decs]
+    assert not bare, f"decorate these figure builders with @escaped_figure (inspector.utils.escaping): {bare}"
+    exported = [n for _, n, _ in builders if n in figures.__all__]
+    assert all(hasattr(getattr(figures, n), "__wrapped__") for n in exported), exported

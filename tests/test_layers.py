@@ -21,7 +21,7 @@ LAYERS = [
     ("aliases", "offsets", "placement", "capture", "attribution"),      # the analyses
     ("structure",),                                                     # summary and tree: analyses combined
     ("distributed", "watching"),                                        # across ranks, over steps
-    ("comparison",),                                                    # two models or two runs
+    ("comparison", "integrations", "runfolders"),                       # two models or runs; stacks; folders
     ("figures", "report", "labs"),                                      # what shows, exports and teaches
     ("dashboard", "commands", "__main__", "__init__"),                  # the doors: app and command line
 ]

@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
+import pytest
 from apptest import run_page
 from safetensors.torch import save_file
 
 from inspector import load_model
+
+
+@pytest.fixture(autouse=True)
+def _runs_under_tmp(tmp_path, monkeypatch):
+    """The server opens typed run paths only under its runs folders: here, the test's own folder."""
+    monkeypatch.setenv("INSPECTOR_RUNS", str(tmp_path))
 
 
 def test_weights_against_a_fine_tuned_checkpoint(tmp_path):
@@ -46,7 +53,7 @@ def test_two_runs(tmp_path):
     assert not at.exception, [e.value for e in at.exception]
     assert [m.value for m in at.metric] == ["10", "6", "1"]
     assert [m.label for m in at.metric][2] == "Modules that part first"
-    assert [s.value for s in at.subheader] == ["Per module", "Per step"]
+    assert [s.value for s in at.subheader] == ["Per module", "Per step", "Runs side by side"]
     assert len(at.get("plotly_chart")) == 1
 
 

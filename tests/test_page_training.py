@@ -14,6 +14,12 @@ from inspector import Finding
 from inspector.watching import RunMeta, RunWriter, StepRecord, synthetic_run
 from tests.apptest import run_page
 
+
+@pytest.fixture(autouse=True)
+def _runs_under_tmp(tmp_path, monkeypatch):
+    """The server opens typed run paths only under its runs folders: here, the test's own folder."""
+    monkeypatch.setenv("INSPECTOR_RUNS", str(tmp_path))
+
 MODULES = ("embed", "blocks.0", "head")
 
 
@@ -210,3 +216,17 @@ def test_the_norm_choice_and_the_heatmap_title_read_in_words(growing):
     assert choice.options[0] == "gradient norm"
     titles = [f["layout"].get("title", {}).get("text", "") for f in _figures(at)]
     assert any(t.startswith("gradient norm per module and step") for t in titles)
+
+
+def test_the_page_counts_each_code_once_per_episode(growing):
+    # two loss spikes (steps 1 and 4) and one dead gradient, as the watch writes them
+    path, writer = growing
+    spike = Finding("loss-spike", "warning", "(model)", "loss 100x its median").to_dict()
+    dead = Finding("dead-gradient", "warning", "head", "zero for 5 steps").to_dict()
+    for step in range(6):
+        writer.write([_record(step, {1: [spike, dead], 4: [spike]}.get(step))])
+    at = run_page("8_Training.py", query={"run": str(path)})
+    assert not at.exception
+    counts = next(d.value for d in at.dataframe if "count" in d.value.columns).set_index("code")
+    assert counts["count"].to_dict() == {"loss-spike": 2, "dead-gradient": 1}
+    assert (counts.loc["loss-spike", "first_step"], counts.loc["loss-spike", "last_step"]) == (1, 4)

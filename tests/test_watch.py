@@ -106,7 +106,7 @@ def test_nonfinite_batch_is_named_as_the_input(tmp_path):
     with watch(model, None, tmp_path / "r.inspect", nonfinite=True) as w:
         model(x).sum().backward()
         w.step()
-    assert _codes(w, "nonfinite-forward") == [(0, "input")]
+    assert _codes(w, "nonfinite-forward") == [(0, "(batch)")]
 
 
 def test_backward_nan_from_a_custom_function_is_named(tmp_path):

@@ -57,7 +57,7 @@ def test_findings_print_as_they_appear_and_fail_on_error(tmp_path, monkeypatch, 
             "-o", str(tmp_path / "r.inspect")]
     assert main(args) == 0  # the run completed: findings alone do not fail it
     text = capsys.readouterr().out
-    assert "step 2: error nonfinite-forward at (root)" in text  # the forward itself scaled by Inf
+    assert "step 2: error nonfinite-forward at (model)" in text  # the forward itself scaled by Inf
     assert main(args + ["--fail-on", "error"]) == 1
 
 
@@ -75,7 +75,7 @@ def test_report_of_a_run_with_captures_and_of_the_captures_file(tmp_path, monkey
         == 0
     )
     assert main(["report", str(run), "-o", str(tmp_path / "r.md")]) == 0
-    assert "## Captures of (root) at step 2" in (tmp_path / "r.md").read_text().replace("\\", "")
+    assert "## Captures of (model) at step 2" in (tmp_path / "r.md").read_text().replace("\\", "")
     capsys.readouterr()
     assert main(["report", f"{run}.captures.safetensors", "-o", str(tmp_path / "c.md")]) == 2
     assert f"report {run} -o" in capsys.readouterr().err

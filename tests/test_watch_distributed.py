@@ -9,8 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-import torch.distributed as dist
-from ranks import init, spawn_ranks
+from ranks import init, leave, spawn_ranks
 from torch import nn
 
 
@@ -47,7 +46,7 @@ def _worker(rank: int, world: int, port: int, out: str) -> None:
             json.dumps([list(f.__dict__.values()) for f in w.findings])
         )
     finally:
-        dist.destroy_process_group()
+        leave()
 
 
 def test_two_ranks_join_one_file(tmp_path):
@@ -63,7 +62,7 @@ def test_two_ranks_join_one_file(tmp_path):
     first = run.steps[run.steps.step == 0].set_index("rank")["loss"]
     assert first[1] > first[0]
     forward = [(f.step, f.rank, f.where) for f in run.findings if f.code == "nonfinite-forward"]
-    assert forward == [(2, 1, "(root)")]  # rank 1's own forward, never rank 0
+    assert forward == [(2, 1, "(model)")]  # rank 1's own forward, never rank 0
     codes = {f.code for f in run.findings}
     assert "nonfinite-gradient" in codes  # check_step's own findings join the record
     on0, on1 = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1))
@@ -124,7 +123,7 @@ def _sharded_worker(rank: int, world: int, port: int, out: str) -> None:
                     opt.zero_grad()
             (Path(out) / f"{kind}-rank{rank}.json").write_text(json.dumps([f.code for f in w.findings]))
     finally:
-        dist.destroy_process_group()
+        leave()
 
 
 def test_sharded_norms_are_global_like_an_unsharded_replica(tmp_path):

@@ -1,4 +1,4 @@
-"""The run file: typed schema, round trip, growth, truncation, size, and check_step's run.jsonl."""
+"""The run file: typed schema, round trip, growth, truncation, size, check_step's rows and version 1 files."""
 
 from __future__ import annotations
 
@@ -91,19 +91,22 @@ def test_not_a_run_file(tmp_path):
         read_run(tmp_path / "missing.inspect")
 
 
-def test_reads_check_step_jsonl(tmp_path):
+def test_reads_check_steps_run_file(tmp_path):
+    """check_step writes the watch's Arrow run file (its records in the check column), read by the one
+    read_run."""
     import torch
 
     from inspector.distributed import check_step
 
     model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 1))
-    path = tmp_path / "run.jsonl"
+    path = tmp_path / "run.inspect"
     for step in range(2):
         model(torch.ones(1, 2)).sum().backward()
-        check_step(model, step, path)
+        last = check_step(model, step, path)
     run = read_run(path)
     assert run.module_order == ("0", "1") and run.steps["step"].tolist() == [0, 1]
-    rec = json.loads(path.read_text().splitlines()[1])
+    assert run.meta.world_size == 1 and run.complete
+    rec = last.record
     direct = {t["name"]: t["grad_norm"] for t in rec["tensors"]}
     expected = np.hypot(direct["0.weight"], direct["0.bias"])
     assert run.matrix()[1][1, 0] == pytest.approx(expected, rel=1e-6)
@@ -190,11 +193,12 @@ def test_one_step_table_has_the_numbers_taken_at_that_step(tmp_path):
 
 
 def test_a_finding_is_once_per_code_place_and_rank(tmp_path):
-    """The same finding on rank 0 at step 1 and on rank 1 at step 2: both kept, each at its first step."""
+    """The same finding on rank 0 at steps 1 and 3 and on rank 1 at step 2: each rank's kept at its first
+    step (``dead-gradient`` is a code that fires once; one that recurs is in test_watch_episodes.py)."""
     from inspector import Finding
     from inspector.watching import first_findings
 
-    f = Finding("exploding-gradient", "warning", "layers.1", "far above").to_dict()
+    f = Finding("dead-gradient", "warning", "layers.1", "no gradient").to_dict()
     path = tmp_path / "two.inspect"
     with RunWriter(path, dataclasses.replace(_meta(), world_size=2)) as w:
         for step in range(4):
@@ -202,6 +206,29 @@ def test_a_finding_is_once_per_code_place_and_rank(tmp_path):
                      dataclasses.replace(_record(step, findings=[f] if step == 2 else []), rank=1)])
     found = first_findings(read_run(path))
     assert [(s.step, s.rank, s.code) for s in found] == [
-        (1, 0, "exploding-gradient"),
-        (2, 1, "exploding-gradient"),
+        (1, 0, "dead-gradient"),
+        (2, 1, "dead-gradient"),
     ]
+
+
+def test_a_version_1_file_without_the_check_column_still_reads(tmp_path):
+    """Version 1 (before check_step wrote this format) had no check column and no kind: it reads as a
+    watch run, every check null."""
+    import pyarrow as pa
+
+    from inspector.watching import META_KEY, record_batch
+
+    meta = dataclasses.replace(_meta(), version=1)
+    raw = json.loads(meta.to_json())
+    del raw["kind"]
+    old = pa.schema([f for f in schema() if f.name != "check"]).with_metadata(
+        {META_KEY: json.dumps(raw).encode()})
+    batch = record_batch([_record(0), _record(1)])
+    path = tmp_path / "v1.inspect"
+    with open(path, "wb") as fh, pa.ipc.new_stream(fh, old) as writer:
+        writer.write_batch(pa.RecordBatch.from_arrays([batch.column(n) for n in old.names], schema=old))
+    run = read_run(path)
+    assert run.meta.version == 1 and run.meta.kind == "watch" and run.check_run is None
+    assert run.steps["step"].tolist() == [0, 1] and run.complete
+    assert run.matrix()[1][1].tolist() == [1.0, 2.0, 3.0]  # module i at step 1: i + 1
+    assert run.table.column("check").null_count == 2

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 import inspector
@@ -105,6 +106,7 @@ def test_home_and_alias_pages_on_a_compiled_model(tmp_path, monkeypatch):
     assert "transformer.wte.weight" in shown and "_orig_mod." not in shown
 
 
+@pytest.mark.collectives
 def test_distributed_records_name_tensors_as_written(tmp_path, capsys):
     from inspector.distributed import read_run
 

@@ -74,7 +74,9 @@ def open_run(upload: Any, path: str) -> Opened | None:
         return _read_upload(upload.name, upload.file_id, upload.getvalue())
     if not path.strip():
         return None
-    p = path.strip()
+    from ui.runs import checked_path
+
+    p = checked_path(path.strip())  # only under the runs folders or the upload folder
     try:
         st_ = os.stat(p)
     except OSError:

@@ -8,7 +8,7 @@ import streamlit as st
 
 from inspector import LENSES, ModuleTree, format_bytes, gradient_report, module_tree, tensor_badges
 from inspector.figures import module_tree_figure, shown_level
-from inspector.utils import markdown_code
+from inspector.utils import markdown_code, module_label
 
 from .cache import cached_analysis
 from .tables import paged_table
@@ -76,7 +76,7 @@ def model_tree_section(loaded) -> None:
         c3.warning(f"No module name or class contains {markdown_code(query)}.")
         matches = [""]
     focus = c3.selectbox(f"Module ({len(matches):,} of {len(tree.modules):,})", matches,
-                         format_func=lambda m: m or "(model)", key="home_tree_module",
+                         format_func=lambda m: module_label(m), key="home_tree_module",
                          help="The tree opens at this module, outlined in red")
     notes = {"gradient norm": None if tree.has_gradients else
              "No gradients in this session yet: run a backward pass on the Flatten map page.",
@@ -88,12 +88,12 @@ def model_tree_section(loaded) -> None:
     level = shown_level(tree, focus or "")
     if level != (focus or ""):
         st.caption(f"{markdown_code(focus)} holds no bytes of its own (a tied tensor is counted at its first "
-                   f"holder), so the tree opens at {markdown_code(level or '(model)')}.")
+                   f"holder), so the tree opens at {markdown_code(module_label(level))}.")
     st.caption("Area is bytes: each tensor counted once, at the module that holds it first (a tied "
                "weight's second holder adds nothing). Click a box to go down, the bar above to go back up. "
                "Modules without tensors (activations, dropout) have no area; find them with the search.")
     frame = tensor_frame(tree, focus or "")
-    st.markdown(f"**Tensors at and below {markdown_code(focus or '(model)')}**")
+    st.markdown(f"**Tensors at and below {markdown_code(module_label(focus))}**")
     paged_table(
         frame,
         "home_tree_tensors",

@@ -6,6 +6,8 @@
 * :mod:`.conversions`: :func:`conversion_check` / :func:`conversion_table` run a conversion on a
   copy of the model and say what became of each tie;
 * :mod:`.graph`: the modules and tensors of the alias graph, as data for the figure.
+
+Modules: ``memory``: where tensors sit in their storage.
 """
 
 from __future__ import annotations

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from torch import nn
 
 from ..inventory import TensorInventory, tensor_inventory
+from ..utils.labels import ROOT_LABEL
 from .groups import AliasGroup, analyse_inventory
 
 
@@ -93,7 +94,7 @@ def inventory_graph(inv: TensorInventory, groups: tuple[AliasGroup, ...], max_no
     nodes: dict[str, tuple[str, str, int]] = {}
     tree: list[tuple[str, str]] = []
     for m in dict.fromkeys(mods):
-        nodes["m:" + m] = (m or "(root)", "module", -1)
+        nodes["m:" + m] = (m or ROOT_LABEL, "module", -1)
         if m:
             tree.append(("m:" + m.rpartition(".")[0], "m:" + m))
     extra: list[tuple[str, str, int]] = []

@@ -5,6 +5,11 @@ returns an :class:`Attribution` (attribution tensors, a per-token or per-unit su
 captum's convergence delta where the method has one, and findings). The model and the
 inputs are left as they were found: training flags, ``requires_grad``, ``.grad`` and
 hooks, also when the forward pass or captum raises.
+
+Modules: ``methods``: the captum methods an attribution can use; ``result``: what an attribution found;
+``state``: eval mode for the call; ``adapter``: captum adapter: which inputs and which layers drove one
+output; ``forward``: the model's forward as captum sees it; ``layers``: which methods, layers and inputs
+fit a model.
 """
 
 from __future__ import annotations

@@ -9,6 +9,8 @@
 - :mod:`.stats`: value statistics, computed after the forward pass
 - :mod:`.select`: which modules to capture
 - :mod:`.compare`: live tensor vs copy, and bare references vs copies (:func:`reference_drift`)
+
+Modules: ``leaves``: tensor leaves of structured values.
 """
 
 from __future__ import annotations

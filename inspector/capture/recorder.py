@@ -43,6 +43,7 @@ import torch
 from torch import nn
 
 from ..utils.findings import Finding, InspectorError
+from ..utils.labels import ROOT_LABEL
 from ..utils.units import format_bytes
 from .budget import BUDGET, budget_findings, check_budget
 from .leaves import KEEP_AS_IS, flat, leaf_paths, tensor_leaves, unflat
@@ -120,15 +121,15 @@ class Recorder:
             if id(module) in table:
                 continue
             capture = id(module) in self.selected_ids
-            table[id(module)] = (name or "(model)", capture)
+            table[id(module)] = (name or ROOT_LABEL, capture)
             if capture and keep_inputs:
-                handles.append(module.register_forward_pre_hook(self._pre_hook(name or "(model)"),
+                handles.append(module.register_forward_pre_hook(self._pre_hook(name or ROOT_LABEL),
                                                                 with_kwargs=True))
             handles.append(module.register_forward_hook(hook, with_kwargs=True))
 
     def where(self, exc: BaseException) -> str | None:
         """The innermost module of the model whose forward the exception went through."""
-        names = {id(m): n or "(model)" for n, m in self.named}
+        names = {id(m): n or ROOT_LABEL for n, m in self.named}
         found = None
         tb = exc.__traceback__
         while tb is not None:

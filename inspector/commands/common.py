@@ -9,7 +9,7 @@ import os
 import re
 import sys
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from typing import Any
 
 import pandas as pd
@@ -66,22 +66,25 @@ def load_from_args(args: argparse.Namespace) -> LoadedModel:
 
 
 @contextmanager
-def training_ranks(source: str, device_kind: str) -> Iterator[tuple[int, int, Any, LoadedModel]]:
+def training_ranks(source: str, device_kind: str,
+                   group: bool = True) -> Iterator[tuple[int, int, Any, LoadedModel]]:
     """``(rank, world, device, loaded)`` inside the process group (torchrun's, else one rank):
     this rank's device and the model ``source`` loaded onto it, which must define a loss.
+    ``group=False``: one process and no process group at all. The model is loaded and checked
+    before any group is made, so bad input never starts one.
 
     Raises:
         InspectorError: the model file defines no ``loss(outputs, inputs)``.
     """
     from ..distributed import process_group, rank_device
 
-    with process_group(device_kind) as (rank, world):
-        device = rank_device(device_kind)
-        loaded = load_model(source, device=str(device))
-        if not loaded.has_loss:
-            raise InspectorError(
-                f"{loaded.source} defines no loss(outputs, inputs); the file must define one to train"
-            )
+    device = rank_device(device_kind)
+    loaded = load_model(source, device=str(device))
+    if not loaded.has_loss:
+        raise InspectorError(
+            f"{loaded.source} defines no loss(outputs, inputs); the file must define one to train"
+        )
+    with process_group(device_kind) if group else nullcontext((0, 1)) as (rank, world):
         yield rank, world, device, loaded
 
 

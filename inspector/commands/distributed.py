@@ -1,11 +1,11 @@
-"""``torchrun --nproc-per-node N -m inspector distributed SOURCE --shard fsdp --steps K -o run.jsonl``."""
+"""``torchrun --nproc-per-node N -m inspector distributed SOURCE --shard fsdp --steps K -o run.inspect``."""
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
 
-from ..distributed import SHARD_MODES, shard, train_and_check
+from ..distributed import SHARD_MODES, sharded, train_and_check
 from . import argtypes as types
 from .common import print_findings, progress, say, training_ranks
 
@@ -31,7 +31,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                         help="cpu (gloo) or cuda (NCCL, each rank on the GPU of its LOCAL_RANK)")
     parser.add_argument("-o", "--output", required=True, type=types.output_file,
-                        help="JSON-lines run file rank 0 writes (replaced)")
+                        help="the run file rank 0 writes (replaced; Arrow, as watch writes)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -40,10 +40,10 @@ def run(args: argparse.Namespace) -> int:
         if rank == 0:
             progress(f"{loaded.name}: {args.shard} on {world} rank(s), {args.steps} steps -> {out}")
             out.unlink(missing_ok=True)
-        model = shard(loaded.model, args.shard, device)
-        checks = train_and_check(model, loaded.example_inputs, loaded.loss, args.steps, str(out),
-                                 batch_size=args.batch_size, lr=args.lr, device=device,
-                                 note=f"{loaded.source} --shard {args.shard}")
+        with sharded(loaded.model, args.shard, device) as model:
+            checks = train_and_check(model, loaded.example_inputs, loaded.loss, args.steps, str(out),
+                                     batch_size=args.batch_size, lr=args.lr, device=device,
+                                     note=f"{loaded.source} --shard {args.shard}")
     if rank == 0:
         for check in checks:
             g = check.record["global"]

@@ -6,11 +6,10 @@ import argparse
 import re
 from pathlib import Path
 
-from .. import SECTIONS, InspectorError, build_report, format_bytes, run_report
-from ..distributed import is_run_file, read_check_run
-from ..report import check_options, check_sections, watch_report
+from .. import SECTIONS, InspectorError, build_report, format_bytes, read_run, run_report
+from ..distributed import is_run_file
+from ..report import check_options, check_sections
 from ..watching import is_watch_file
-from ..watching import read_run as read_watch_run
 from . import argtypes as types
 from .common import add_source_arguments, load_from_args, progress, write_text
 
@@ -92,14 +91,12 @@ def run(args: argparse.Namespace) -> int:
     sections = None
     if args.sections:
         sections = check_sections([s for part in args.sections for s in part.split(",") if s])
-    if is_run_file(args.source):  # a distributed run file: per-rank sections
-        report = run_report(read_check_run(args.source))
+    if is_run_file(args.source) or is_watch_file(args.source):  # a run file of either kind
+        report = run_report(read_run(args.source))
     elif str(args.source).endswith(".captures.safetensors"):
         run_file = re.sub(r"(\.rank\d+)?\.captures\.safetensors$", "", str(args.source))
         raise InspectorError(f"{args.source} holds the captures a watched run stored next to its run file; "
                              f"report the run file, which includes them: report {run_file} -o ...")
-    elif is_watch_file(args.source):  # a watched run: steps, findings by step, the module heatmap
-        report = watch_report(read_watch_run(args.source))
     else:
         options = options_from_args(args)
         loaded = load_from_args(args)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import ctypes
 import importlib.util
+import os
 import signal
 import subprocess
 import sys
@@ -21,6 +22,7 @@ from typing import Any
 
 from .. import InspectorError
 from ..dashboard import streamlit_command
+from ..runfolders import RUNS_ENV, runs_dirs
 from .argtypes import port
 from .common import progress
 
@@ -34,6 +36,9 @@ _FORWARDED = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGHUP") if ha
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--port", type=port, default=None, help="port to serve on, 1..65535 (default: 8501)")
+    parser.add_argument("--runs", default=None, metavar="DIR[,DIR...]",
+                        help="folders whose run files the Training and Compare pages list, and the only "
+                             "places a typed run path may point to (default: $INSPECTOR_RUNS)")
     parser.set_defaults(_passthrough=True)  # options this parser does not know go to streamlit
 
 
@@ -41,9 +46,15 @@ def run(args: argparse.Namespace) -> int:
     if importlib.util.find_spec("streamlit") is None:
         raise InspectorError("the dashboard needs streamlit: pip install 'model-inspector[app]'")
     extra = [a for a in getattr(args, "passthrough", []) if a != "--"]
+    env = dict(os.environ)
+    runs = runs_dirs(getattr(args, "runs", None), check=True)
+    if runs:
+        env[RUNS_ENV] = ",".join(str(d) for d in runs)
+        progress("runs folders: " + ", ".join(str(d) for d in runs))
     command = streamlit_command(args.port, extra)
     progress("starting " + " ".join(command[1:]))
-    proc = subprocess.Popen(command, preexec_fn=_stop_with_parent if sys.platform == "linux" else None)
+    proc = subprocess.Popen(command, env=env,
+                            preexec_fn=_stop_with_parent if sys.platform == "linux" else None)
     try:
         with _forwarding(proc):
             return proc.wait()

@@ -6,8 +6,7 @@ import argparse
 import os
 from pathlib import Path
 
-from .. import InspectorError
-from ..distributed import SHARD_MODES, shard
+from ..distributed import SHARD_MODES, sharded
 from ..watching import OPTIMIZERS, StepFinding, train_watched
 from . import argtypes as types
 from .common import progress, say, training_ranks
@@ -33,7 +32,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="record each module's update-to-weight ratio (keeps a copy of the weights)")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="cpu (default) or cuda")
     parser.add_argument("--shard", choices=SHARD_MODES, default="none",
-                        help="under torchrun: fsdp, ddp or none (default)")
+                        help="fsdp, ddp or none (default): across torchrun's ranks, else a world of one")
     parser.add_argument("--fail-on", choices=("error", "warning", "never"), default="never",
                         help="exit 1 when a finding of this severity (or worse) appeared (default never)")
     parser.add_argument("-o", "--output", default="run.inspect", type=types.output_file,
@@ -46,33 +45,32 @@ def _print(f: StepFinding) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1
-    if args.shard != "none" and not distributed:
-        raise InspectorError(f"--shard {args.shard} needs several ranks: start the command with torchrun")
-    with training_ranks(args.source, args.device) as (rank, world, device, loaded):
+    torchrun = int(os.environ.get("WORLD_SIZE", "1")) > 1
+    group = torchrun or args.shard != "none"  # one process, not sharded: no process group at all
+    with training_ranks(args.source, args.device, group=group) as (rank, world, device, loaded):
         out = Path(args.output)
         if rank == 0:
             progress(
                 f"{loaded.name}: {args.steps} steps, {args.optimizer} lr {args.lr}, {world} rank(s) -> {out}"
             )
-        model = shard(loaded.model, args.shard, device) if distributed else loaded.model
-        result = train_watched(
-            model,
-            loaded.example_inputs,
-            loaded.loss,
-            args.steps,
-            out,
-            optimizer=args.optimizer,
-            lr=args.lr,
-            batch_size=args.batch_size,
-            device=device,
-            every=args.every,
-            nonfinite=args.nonfinite,
-            update_ratio=args.update_ratio,
-            name=loaded.name,
-            note=loaded.source,
-            on_finding=_print if rank == 0 else None,
-        )
+        with sharded(loaded.model, args.shard, device) as model:
+            result = train_watched(
+                model,
+                loaded.example_inputs,
+                loaded.loss,
+                args.steps,
+                out,
+                optimizer=args.optimizer,
+                lr=args.lr,
+                batch_size=args.batch_size,
+                device=device,
+                every=args.every,
+                nonfinite=args.nonfinite,
+                update_ratio=args.update_ratio,
+                name=loaded.name,
+                note=loaded.source,
+                on_finding=_print if rank == 0 else None,
+            )
     errors = sum(f.severity == "error" for f in result.findings)
     if rank == 0:
         say(f"{result.steps} steps watched; {len(result.findings)} findings ({errors} errors); wrote {out}")

@@ -4,6 +4,11 @@
 ``hf:`` folders, ``.safetensors``/``.pt``/``.bin`` files, ``torch.distributed.checkpoint``
 folders, a ``LoadedModel``, an ``nn.Module`` or a state dict) and returns a
 :class:`WeightComparison`, or two run files and returns a :class:`RunComparison`.
+
+Modules: ``api``: ``compare(a, b)``: two models or checkpoints, or two run files; ``findings``: the
+findings of a weight comparison; ``kernels``: how far one tensor moved; ``names``: pairing the names of
+two sides; ``result``: what a comparison returns; ``sources``: the two sides of a comparison;
+``weights``: ``compare_weights``; ``runs``: two training runs side by side.
 """
 
 from __future__ import annotations

@@ -6,6 +6,12 @@ the Distributed page read::
 
     from inspector.distributed import check_step
     check_step(model, step, "run.jsonl")
+
+Modules: ``columns``: every rank's numbers of one ``check_step`` call as columns; ``digest``: cheap
+per-step digests of this rank's tensor pieces; ``findings``: findings of one distributed step;
+``local``: one rank's numbers at one ``check_step`` call; ``plan``: what ``check_step`` works out once
+per model and keeps between steps; ``sync``: before any collective; ``check``: ``check_step``: one call
+per training step; ``train``: run a few training steps of a model under torch.distributed.
 """
 
 from __future__ import annotations
@@ -24,10 +30,12 @@ from ..sharding import mesh_dims, rank_bytes
 from ..utils.dtensors import is_dtensor, local_piece, model_has_dtensors, placements_text
 from .check import StepCheck, check_step
 from .digest import PARTS
-from .train import SHARD_MODES, fsdp_units, process_group, rank_device, shard, train_and_check
+from .groups import end_group, process_group, release_wrapper, settle
+from .train import SHARD_MODES, fsdp_units, rank_device, shard, sharded, train_and_check
 
 __all__ = ["StepCheck", "check_step", "DistributedRun", "read_run", "parse_run", "is_run_file",
            "unique_findings", "is_dtensor", "local_piece", "model_has_dtensors", "placements_text",
            "rank_issues", "dcp_listing", "is_dcp_folder",
-           "SHARD_MODES", "process_group", "rank_device", "shard", "train_and_check", "read_check_run",
+           "SHARD_MODES", "process_group", "end_group", "release_wrapper", "settle",
+           "rank_device", "shard", "sharded", "train_and_check", "read_check_run",
            "PARTS", "fsdp_units", "mesh_dims", "rank_bytes", "read_dcp", "read_metadata"]

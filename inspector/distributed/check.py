@@ -6,8 +6,8 @@ position-dependent hash of part of the local values, see :mod:`.digest`); one ``
 of those numbers (O(number of tensors), never the tensors) gives every rank the same
 picture, so every rank returns the same findings. Before it, the ranks agree on a small
 fingerprint through the store, with a timeout (:mod:`.sync`): a rank that skipped a call is
-named instead of a hang. Rank 0 appends the step as one JSON line to a file that
-``read_run``, ``report`` and the Distributed page read.
+named instead of a hang. Rank 0 appends the step as one row to the Arrow run file the watch
+writes too (its ``check`` column), which ``read_run``, ``report`` and the Training page read.
 
 Cost: what does not change between steps (names, placements, replica keys, the slices each
 call reads) is worked out once per model and kept while the model's tensors stay the same
@@ -104,8 +104,9 @@ def _gather(tensor: torch.Tensor, group: Any, world: int, device: torch.device) 
 
 
 
-def check_step(model: nn.Module, step: int, path: str | os.PathLike | None = "inspector-distributed.jsonl", *,
-               group: Any = None, note: str = "", far_factor: float = 10.0, loss: Any = None,
+def check_step(model: nn.Module, step: int,
+               path: str | os.PathLike | None = "inspector-distributed.inspect", *, group: Any = None,
+               note: str = "", far_factor: float = 10.0, loss: Any = None,
                timeout: float = TIMEOUT, grad_norms: GradNorms | None = None) -> StepCheck:
     """Compare every rank's gradients, replicas, values and memory at one training step.
 
@@ -116,7 +117,8 @@ def check_step(model: nn.Module, step: int, path: str | os.PathLike | None = "in
     Args:
         model: the model of this rank (FSDP2, tensor-parallel, 2-D meshes, DDP or plain).
         step: the training step number, written to the record.
-        path: JSON-lines file rank 0 appends one line to; None writes nothing.
+        path: the run file rank 0 appends the step to (the Arrow run file :func:`inspector.watch`
+            writes, one row per step; :func:`inspector.read_run` reads it); None writes nothing.
         group: the process group to compare over (default: every rank).
         note: free text stored with the record (a run name, a learning rate...).
         far_factor: a rank whose gradient RMS per element is this many times above or below
@@ -154,7 +156,9 @@ def check_step(model: nn.Module, step: int, path: str | os.PathLike | None = "in
 
     result = StepCheck(step, rank, world, record, findings)
     if rank == 0 and path is not None:
-        append_record(path, result.record)
+        from ..watching.record import append_check
+
+        append_check(path, result.record)
     return result
 
 

@@ -22,6 +22,8 @@ from collections.abc import Sequence
 
 import torch
 
+from ..utils.norms import grouped_norms
+
 PARTS = 128           # the large pieces are read in 128 windows, one per call: drift found within 128 calls
 WHOLE = 4096          # pieces up to 4,096 elements are hashed (and checked for NaN/Inf) whole every call
 _GOLDEN = -7046029254386353131   # 0x9E3779B97F4A7C15 (as int64): position multiplier
@@ -199,12 +201,9 @@ def nonfinite_counts(values: Sequence[torch.Tensor]) -> list[tuple[int, int]]:
     """(NaN, Inf) counts of each tensor: one fused norm pass, then exact counts only where a
     norm is not finite (it also overflows for large finite values; those count (0, 0))."""
     out = [(0, 0)] * len(values)
-    groups: dict[tuple[torch.device, torch.dtype], list[int]] = {}
-    for i, v in enumerate(values):
-        if v.numel() and (v.is_floating_point() or v.is_complex()):
-            groups.setdefault((v.device, v.dtype), []).append(i)
-    for idx in groups.values():
-        norms = torch.stack(torch._foreach_norm([values[i] for i in idx])).double().cpu().tolist()
+    floating = [v if v.numel() and (v.is_floating_point() or v.is_complex()) else None for v in values]
+    for idx, stacked in grouped_norms(floating):
+        norms = stacked.double().cpu().tolist()
         for i, norm in zip(idx, norms, strict=True):
             if not math.isfinite(norm):
                 v = values[i]

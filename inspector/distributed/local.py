@@ -9,6 +9,7 @@ import torch
 
 from ..runfiles.record import PER_TENSOR
 from ..utils.dtensors import holders
+from ..utils.norms import grouped_norms
 from . import digest
 from .plan import Plan
 
@@ -67,12 +68,10 @@ def _grad_squares(plan: Plan, grads: list[torch.Tensor | None], stats: torch.Ten
         plan_index, name_index, covered = plan.position(tuple(names))
         stats[plan_index, 0] = norms.detach().to("cpu", torch.float64)[name_index].square()
         stats[:, 0] = torch.where(stats[:, 4] > 0, stats[:, 0], 0.0)  # a norm given for no gradient
-    groups: dict[tuple[torch.device, torch.dtype], list[int]] = {}
-    for k, (i, g) in enumerate(zip(plan.param_index, grads, strict=True)):
-        if g is not None and i not in covered and g.layout == torch.strided and g.numel():
-            groups.setdefault((g.device, g.dtype), []).append(k)
-    for ks in groups.values():
-        values = torch.stack(torch._foreach_norm([grads[k] for k in ks])).to("cpu", torch.float64)  # type: ignore[misc]
+    measured = [g if g is not None and i not in covered and g.layout == torch.strided and g.numel() else None
+                for i, g in zip(plan.param_index, grads, strict=True)]
+    for ks, norms in grouped_norms(measured):
+        values = norms.to("cpu", torch.float64)
         stats[torch.tensor([plan.param_index[k] for k in ks], dtype=torch.long), 0] = values.square()
     bad = torch.nonzero(~torch.isfinite(stats[:, 0])).flatten().tolist()
     if not bad:

@@ -17,29 +17,9 @@ from torch import nn
 
 from ..utils.findings import InspectorError
 from .check import TIMEOUT, StepCheck, check_step
+from .groups import release_wrapper
 
 SHARD_MODES = ("fsdp", "ddp", "none")
-
-
-@contextlib.contextmanager
-def process_group(device: str = "cpu") -> Iterator[tuple[int, int]]:
-    """The process group torchrun describes in the environment, or a world of one.
-
-    Yields ``(rank, world_size)``. A group that was already initialised is used and left
-    alone; one made here is destroyed on exit. NCCL for CUDA devices, gloo otherwise.
-    """
-    if dist.is_initialized():
-        yield dist.get_rank(), dist.get_world_size()
-        return
-    backend = "nccl" if device.startswith("cuda") else "gloo"
-    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
-        dist.init_process_group(backend)
-    else:
-        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
-    try:
-        yield dist.get_rank(), dist.get_world_size()
-    finally:
-        dist.destroy_process_group()
 
 
 def rank_device(device: str) -> torch.device:
@@ -76,6 +56,17 @@ def shard(model: nn.Module, mode: str, device: torch.device) -> nn.Module:
 
         return DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
     return model
+
+
+@contextlib.contextmanager
+def sharded(model: nn.Module, mode: str, device: torch.device) -> Iterator[nn.Module]:
+    """:func:`shard` for the length of a ``with`` block; on exit the wrapper lets go of the process
+    group (:func:`release_wrapper`), so the group is never freed with the wrapper."""
+    wrapped = shard(model, mode, device)
+    try:
+        yield wrapped
+    finally:
+        release_wrapper(wrapped)
 
 
 def _forward_backward(model: nn.Module, inputs: Any, loss_fn: Callable[[Any, Any], torch.Tensor],

@@ -2,6 +2,13 @@
 
 Pages and commands import the builders from here; importing this package loads plotly
 (``import inspector`` does not).
+
+Modules: ``aliases``: the alias graph; ``attribution``: figures for attributions; ``capture``: figures
+for activation captures; ``compare``: figures of a comparison; ``distributed``: figures of a distributed
+run; ``offsets``: the flat-vector strip; ``palette``: one colour per device for every figure of the
+dashboard and the report; ``placement``: device-map figures; ``training``: figures of a training run
+over steps; ``training_steps``: figures of a training run along its steps; ``tree``: the module tree as
+a treemap.
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ from .distributed import grad_norm_figure, memory_figure
 from .offsets import layer_norm_bars, offset_strip, strip_segments
 from .palette import bytes_axis, device_colour, device_colours, device_key, key_label, readable
 from .placement import placement_treemap, usage_bars, usage_side_by_side
+from .run_overlay import runs_overlay_figure
 from .training import NormGrid, bin_matrix, norm_grid, norm_heatmap, run_norm_grid
 from .training_steps import envelope, findings_timeline, loss_norm_figure
 from .tree import lens_colours, module_tree_figure, shown_level
@@ -52,6 +60,7 @@ __all__ = [
     "envelope",
     "findings_timeline",
     "loss_norm_figure",
+    "runs_overlay_figure",
     "norm_grid",
     "norm_heatmap",
     "run_norm_grid",

@@ -6,6 +6,7 @@ import plotly.graph_objects as go
 
 from ..aliases import GraphData
 from ..utils.escaping import escaped_figure, plot_text
+from ..utils.labels import ROOT_LABEL
 
 PALETTE = ["#d62728", "#1f77b4", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf", "#e377c2", "#8c564b",
            "#bcbd22", "#7f7f7f"]
@@ -107,7 +108,7 @@ def _module_labels(data: GraphData, pos: dict[str, tuple[float, float]]) -> go.S
         x, y = pos[k]
         others = [abs(o - x) for o in rows[y] if o != x]
         room = int((min(others, default=span) * px - 6) / CHAR_PX)
-        short = data.nodes[k][0].rpartition(".")[2] or "(model)"
+        short = data.nodes[k][0].rpartition(".")[2] or ROOT_LABEL
         texts.append(short if len(short) <= room else short[:room - 1] + "…" if room >= 3 else "")
     return go.Scatter(
         x=[pos[k][0] for k in keys],

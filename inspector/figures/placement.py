@@ -13,11 +13,12 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from ..utils.escaping import escaped_figure, plot_text
+from ..utils.labels import ROOT_LABEL
 from ..utils.units import format_bytes
 from .palette import FIXED_COLOURS, WHOLE_MODEL, bytes_axis, device_colours, device_key, readable
 
 RED = "#D62728"
-ROOT = "(model)"
+ROOT = ROOT_LABEL
 FIXED: dict[Any, str] = {**FIXED_COLOURS, None: FIXED_COLOURS["(none)"]}
 
 

@@ -10,6 +10,7 @@ from plotly.colors import sample_colorscale
 
 from ..structure.tree import LENSES, MIXED, NONE, ModuleTree
 from ..utils.escaping import escaped_figure, plot_text
+from ..utils.labels import ROOT_LABEL
 from ..utils.units import format_bytes
 from .palette import FIXED_COLOURS, device_colour
 
@@ -71,7 +72,7 @@ def lens_colours(tree: ModuleTree, lens: str) -> tuple[list[str], str]:
 
 def _hover(row: Any) -> str:
     norm = "—" if row.grad_norm != row.grad_norm else f"{row.grad_norm:.4g}"
-    return (f"<b>{plot_text(row.id or '(model)')}</b> ({plot_text(row.cls)})<br>{format_bytes(row.bytes)}"
+    return (f"<b>{plot_text(row.id or ROOT_LABEL)}</b> ({plot_text(row.cls)})<br>{format_bytes(row.bytes)}"
             f"<br>device: {plot_text(row.device)} · dtype: {plot_text(row.dtype)}<br>grad norm: {norm}"
             f" · alias: {plot_text(row.alias_group)}<br>{row.captured}")
 

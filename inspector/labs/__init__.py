@@ -8,6 +8,13 @@ defines ``LAB = Lab(...)`` into the folder named by ``INSPECTOR_LABS_DIR``.
 >>> [lab.id for lab in discover_labs(labs_dir="")]  # doctest: +NORMALIZE_WHITESPACE
 ['broken-tie', 'shifted-offsets', 'stranded-buffer', 'corrupted-capture', 'flattening-myths',
  'late-overflow', 'silent-block']
+
+Modules: ``broken_tie``: lab: the broken tie; ``core``: the pieces a lab is made of;
+``corrupted_capture``: lab: the corrupted capture; ``discovery``: finding labs: the ones shipped in this
+package and the ones a teacher adds; ``flattening_myths``: lab: myths of flattening; ``late_overflow``: lab:
+the late overflow; ``records``: a student's lab results as plain data and as a Markdown lab report;
+``shifted_offsets``: lab: the shifted offsets; ``silent_block``: lab: the silent block;
+``stranded_buffer``: lab: the stranded buffer.
 """
 
 from __future__ import annotations

@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from ..loading.models import LoadedModel
+from ..utils.labels import ROOT_LABEL
 from .core import CheckResult, Field, Lab, Scenario, Task, View
 
 STEPS = 20
@@ -112,7 +113,7 @@ def _first(scenario: Scenario, code: str) -> Any:
 
 
 def module_names(scenario: Scenario) -> list[str]:
-    return ["(root)"] + [n for n, _ in scenario.extras["original"].named_modules() if n]
+    return [ROOT_LABEL] + [n for n, _ in scenario.extras["original"].named_modules() if n]
 
 
 def check_producer(scenario: Scenario, answers: Mapping[str, Any]) -> CheckResult:

@@ -12,6 +12,8 @@ object once, in registration order, frozen ones included.
 - :mod:`.backward`: :func:`run_backward` (sets ``.grad``) and :func:`loss_gradients`
   (gradients kept apart from the model).
 - :mod:`.roundtrip`: :func:`flatten_roundtrip`, ``parameters_to_vector`` and back on copies.
+
+Modules: ``_tables``: column lists and typed table building.
 """
 
 from __future__ import annotations

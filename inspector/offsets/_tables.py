@@ -8,6 +8,8 @@ import numpy as np
 import pandas as pd
 import torch
 
+from ..utils.labels import ROOT_LABEL
+
 OFFSET_COLUMNS = ["name", "aliases", "module", "start", "end", "numel", "shape", "dtype",
                   "device", "requires_grad", "kind"]
 PARAMETER_NORM_COLUMNS = ["name", "norm", "state", "nan", "inf", "numel", "dtype", "device",
@@ -15,7 +17,7 @@ PARAMETER_NORM_COLUMNS = ["name", "norm", "state", "nan", "inf", "numel", "dtype
 MODULE_NORM_COLUMNS = ["name", "norm", "state", "nan", "inf", "numel", "parameters", "ok", "none",
                        "frozen", "nonfinite", "depth", "owns_parameters", "own_norm"]
 STATES = ("ok", "none", "frozen", "nonfinite")
-ROOT = "(model)"
+ROOT = ROOT_LABEL
 
 _INT_COLUMNS = {"start", "end", "numel", "nan", "inf", "parameters", "ok", "none", "frozen",
                 "nonfinite", "depth"}

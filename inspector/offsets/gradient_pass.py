@@ -32,6 +32,8 @@ from typing import Protocol
 import numpy as np
 import torch
 
+from ..utils.norms import grouped_norms
+
 LocalView = Callable[[torch.Tensor], torch.Tensor]
 SquaresReducer = Callable[[torch.Tensor, Sequence[int]], torch.Tensor]
 
@@ -78,21 +80,11 @@ def gradient_l2_norms(grads: Sequence[torch.Tensor], local: LocalView = _plain,
     out = np.zeros(len(grads), dtype=np.float64)
     if not grads:
         return out
-    groups: dict[tuple[torch.device, torch.dtype], list[int]] = {}
-    tensors: list[torch.Tensor] = []
-    for i, g in enumerate(grads):
-        t = local(g)
-        tensors.append(t)
-        groups.setdefault((t.device, t.dtype), []).append(i)
     per_device: dict[torch.device, tuple[list[torch.Tensor], list[int]]] = {}
-    for (device, _), idx in groups.items():
-        members = [tensors[i] for i in idx]
-        try:
-            norms: list[torch.Tensor] | tuple[torch.Tensor, ...] = torch._foreach_norm(members)
-        except (RuntimeError, NotImplementedError):  # pragma: no cover - kernels missing on a backend
-            norms = [torch.linalg.vector_norm(t) for t in members]
+    for idx, norms in grouped_norms([local(g) for g in grads]):
+        device = norms.device
         # float64 keeps a float64 gradient's norm exact; MPS has no float64
-        values = torch.stack(norms).to(torch.float32 if device.type == "mps" else torch.float64)
+        values = norms.to(torch.float32 if device.type == "mps" else torch.float64)
         if reduce is not None:
             values = reduce(values * values, idx).sqrt()
         parts, order = per_device.setdefault(device, ([], []))

@@ -8,13 +8,14 @@ from typing import Any
 
 import pandas as pd
 
+from ..utils.codes import CODES
 from ..utils.findings import Finding, Severity
 from .budget import Device
 from .inventory import parent_name
 
-_SEVERITY: dict[str, Severity] = {"param-unplaced": "error", "buffer-unplaced": "error", "tie-split": "error",
-             "meta-leftover": "error", "buffer-stranded": "warning", "unknown-key": "error",
-             "overlapping-key": "warning"}
+_SEVERITY: dict[str, Severity] = {c: CODES[c].severity for c in (
+    "param-unplaced", "buffer-unplaced", "tie-split", "meta-leftover", "buffer-stranded", "unknown-key",
+    "overlapping-key")}
 _MAX_FINDINGS_PER_CODE = 20
 
 

@@ -9,6 +9,11 @@ a note saying why; the report never stops there.
 
 The JSON form is the source of truth: ``Report.from_json(report.to_json())`` gives the
 same report back, and the HTML and Markdown forms are rendered from the same data.
+
+Modules: ``distributed_run``: a distributed run file as a Report; ``options``: the sections a report can
+hold and the options of ``build_report``; ``watch_run``: a watched run file as a Report; ``sections``:
+one function per report section; ``build``: ``build_report``; ``data``: the plain data a report is made
+of; ``model``: a report: what ``build_report`` found; ``render``: a report rendered.
 """
 
 from __future__ import annotations

@@ -6,17 +6,42 @@ Report renders to HTML, JSON and Markdown like a model report.
 
 from __future__ import annotations
 
+import os
 from datetime import UTC, datetime
 
 import pandas as pd
 
 from ..runfiles import DistributedRun, rank_issues, unique_findings
+from ..watching import Run, read_run
 from .data import Section, Table, make_figure
 from .model import Report
 
 
-def run_report(run: DistributedRun) -> Report:
-    """Sections ``findings``, ``run``, ``rank-0`` ... ``rank-N``, ``tensors`` of one run file."""
+def run_report(run: DistributedRun | Run | str | os.PathLike) -> Report:
+    """The report of one run file, of either kind: ``run_report(read_run(path))`` and ``run_report(path)``
+    work alike.
+
+    A ``check_step`` run (a :class:`~inspector.distributed.DistributedRun`, or a :class:`Run` read from
+    its ``run.jsonl``) gets sections ``findings``, ``run``, ``rank-0`` ... ``rank-N``, ``tensors``; a
+    watched run (:func:`inspector.watch`'s file) gets :func:`~inspector.report.watch_report`'s
+    ``findings``, ``run``, ``modules`` (and ``captures``).
+
+    Raises:
+        InspectorError: ``run`` is a path that is no run file (the message says which).
+    """
+    if isinstance(run, (str, os.PathLike)):
+        run = read_run(run)
+    if isinstance(run, Run):
+        if run.check_run is None:
+            from .watch_run import watch_report
+
+            return watch_report(run)
+        return _check_report(run.check_run)
+    return _check_report(run)
+
+
+def _check_report(run: DistributedRun) -> Report:
+    """Sections ``findings``, ``run``, ``rank-0`` ... ``rank-N``, ``tensors`` of a ``check_step`` run."""
     from ..figures.distributed import grad_norm_figure, memory_figure
 
     first = run.checks[0]

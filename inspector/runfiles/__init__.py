@@ -1,9 +1,12 @@
-"""``check_step``'s run file (``run.jsonl``): the typed step record and its reader.
+"""``check_step``'s step record and its reader.
 
-- :mod:`.record`: :class:`CheckRecord` and its parts, built from every rank's numbers and written
-  as one JSON line per step (format ``inspector-distributed``, versioned);
-- :mod:`.run`: :func:`read_check_run` / :func:`parse_run` read a file back as a
-  :class:`DistributedRun` (tables of steps, ranks and tensors), and the findings a run holds.
+- :mod:`.record`: :class:`CheckRecord` and its parts, built from every rank's numbers (format
+  ``inspector-distributed``, versioned), and its Arrow type (:func:`~.record.check_type`): the
+  ``check`` column of the run file the watch writes too (``inspector.watching.record``), where
+  ``check_step`` appends one row per step; older versions wrote one JSON line per step;
+- :mod:`.run`: :func:`read_check_run` reads either back (:func:`parse_check_stream` /
+  :func:`parse_run` from bytes or text) as a :class:`DistributedRun` (tables of steps, ranks and
+  tensors), and the findings a run holds.
 
 It needs no process group: the report, the Training page and ``compare`` read run files here,
 below the analyses; :mod:`inspector.distributed` writes them.
@@ -15,6 +18,7 @@ from .record import CheckRecord, RankNumbers, StepTotals, TensorRow
 from .run import (
     DistributedRun,
     is_run_file,
+    parse_check_stream,
     parse_run,
     rank_issues,
     read_check_run,
@@ -24,4 +28,5 @@ from .run import (
 )
 
 __all__ = ["CheckRecord", "DistributedRun", "RankNumbers", "StepTotals", "TensorRow", "is_run_file",
-           "parse_run", "rank_issues", "read_check_run", "read_run", "unique_findings", "unsynchronised"]
+           "parse_check_stream", "parse_run", "rank_issues", "read_check_run", "read_run", "unique_findings",
+           "unsynchronised"]

@@ -13,7 +13,7 @@ import json
 import math
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +23,10 @@ from ..utils.findings import Finding
 
 FORMAT = "inspector-distributed"
 VERSION = 1
+# the run file (an Arrow IPC stream, inspector.watching.record) that check_step writes as well: how it
+# starts and the schema metadata key of its RunMeta
+STREAM_MAGIC = b"\xff\xff\xff\xff"  # an Arrow IPC stream starts with a continuation marker
+META_KEY = b"inspector-watch"
 # per tensor: local grad sum of squares, grad NaN, grad Inf, local numel, has grad, replica key,
 # value NaN, value Inf
 PER_TENSOR = 8
@@ -185,6 +189,24 @@ class CheckRecord:
                    ranks=[RankNumbers.from_json(r) for r in data["ranks"]],
                    tensors=[TensorRow.from_json(t, world) for t in data["tensors"]],
                    findings=[Finding.from_dict(f) for f in data.get("findings", [])])
+
+
+def check_type() -> Any:
+    """The Arrow type of a :class:`CheckRecord` in the run file's ``check`` column: a struct with the
+    JSON keys of :meth:`CheckRecord.to_json` (the findings go in the row's own ``findings`` column),
+    each part's fields typed from its dataclass (pyarrow is imported on first use)."""
+    import pyarrow as pa
+
+    i64, f64, text = pa.int64(), pa.float64(), pa.string()
+    scalar = {"str": text, "int": i64, "float": f64, "bool": pa.bool_(), "list[int]": pa.list_(i64),
+              "list[float | None]": pa.list_(f64), "list[list[int]]": pa.list_(pa.list_(i64))}
+
+    def struct(cls: type) -> Any:
+        return pa.struct([(f.name, scalar[str(f.type).removesuffix(" | None")]) for f in fields(cls)])
+
+    return pa.struct([("version", i64), ("step", i64), ("time", f64), ("world_size", i64),
+                      ("backend", text), ("note", text), ("global", struct(StepTotals)),
+                      ("ranks", pa.list_(struct(RankNumbers))), ("tensors", pa.list_(struct(TensorRow)))])
 
 
 _TENSOR_FIELDS = tuple(TensorRow.__dataclass_fields__)

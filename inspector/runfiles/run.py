@@ -1,4 +1,5 @@
-"""Reading the JSON-lines file ``check_step`` writes: one record per step, merged over ranks."""
+"""Reading what ``check_step`` writes: one record per step, merged over ranks, from the Arrow run file
+(its ``check`` column; the file :func:`inspector.read_run` reads) or the JSON lines of older versions."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from typing import Any
 import pandas as pd
 
 from ..utils.findings import Finding, InspectorError, group_findings
-from .record import FORMAT, RANK_NUMBERS, VERSION, CheckRecord
+from .record import FORMAT, META_KEY, RANK_NUMBERS, STREAM_MAGIC, VERSION, CheckRecord
 
 RANK_COLUMNS = ["step", "rank", *RANK_NUMBERS]
 TENSOR_COLUMNS = ["name", "kind", "placements", "mesh", "shape", "numel", "local_numel", "grad_norm",
@@ -67,6 +68,9 @@ def is_run_file(path: str | os.PathLike) -> bool:
     try:
         with open(path, "rb") as fh:
             head = fh.read(4096)
+            if head[:4] == STREAM_MAGIC:
+                fh.seek(0)
+                return _stream_kind(fh) == "check"
             if _PREFIX.match(head.decode("utf-8", errors="ignore").lstrip("\ufeff")):
                 return True
             fh.seek(0)
@@ -89,6 +93,9 @@ def read_check_run(path: str | os.PathLike) -> DistributedRun:
         raise InspectorError(f"run file {p} does not exist; write it with inspector.distributed.check_step "
                              "or `torchrun ... -m inspector distributed ... -o FILE`")
     try:
+        with open(p, "rb") as fh:
+            if fh.read(4) == STREAM_MAGIC:
+                return parse_check_stream(p.read_bytes(), p.name)
         text = p.read_text(encoding="utf-8-sig")
     except (OSError, UnicodeDecodeError) as exc:
         raise InspectorError(f"run file {p.name} cannot be read as UTF-8 text ({exc})") from None
@@ -145,6 +152,60 @@ def _parse_line(line: str, number: int, name: str) -> CheckRecord:
         return CheckRecord.from_json(rec)
     except ValueError as exc:
         raise InspectorError(f"{name} line {number} is not a valid check_step record: {exc}") from None
+
+
+def _stream_kind(source: Any) -> str | None:
+    """The ``kind`` in an Arrow run file's metadata ("watch" when it says none; None: no run file)."""
+    import pyarrow as pa
+
+    try:
+        raw = (pa.ipc.open_stream(source).schema.metadata or {}).get(META_KEY)
+        data = json.loads(raw) if raw is not None else None
+    except (pa.ArrowInvalid, OSError, ValueError, RecursionError):
+        return None
+    return str(data.get("kind", "watch")) if isinstance(data, dict) else None
+
+
+def parse_check_stream(data: bytes, name: str = "run file") -> DistributedRun:
+    """The ``check_step`` records of an Arrow run file's bytes (its ``check`` column).
+
+    Raises:
+        InspectorError: not a ``check_step`` run file, or a record is damaged (the message names the
+            file and the step). A last step cut short is left out with a ``run-file-truncated`` finding.
+    """
+    import pyarrow as pa
+
+    source = pa.BufferReader(data)
+    if _stream_kind(source) != "check":
+        raise InspectorError(f"{name} is not a check_step run file (an Arrow run file of kind check)")
+    reader = pa.ipc.open_stream(pa.BufferReader(data))
+    if "check" not in reader.schema.names:
+        raise InspectorError(f"{name} lacks the check column; it was not written by check_step")
+    batches, notes = [], []
+    while True:
+        try:
+            batches.append(reader.read_next_batch())
+        except StopIteration:
+            break
+        except (pa.ArrowInvalid, OSError, EOFError):
+            notes.append(Finding("run-file-truncated", "warning", name,
+                                 f"the last step of {name} is cut short: the run stopped while writing it. "
+                                 f"Read {sum(b.num_rows for b in batches)} complete steps before it."))
+            break
+    records = []
+    for batch in batches:
+        for row in batch.select(["check", "findings"]).to_pylist():
+            if row["check"] is None:
+                continue
+            try:
+                records.append(CheckRecord.from_json({**row["check"], "format": FORMAT,
+                                                      "findings": row["findings"] or []}))
+            except ValueError as exc:
+                step = row["check"].get("step")
+                raise InspectorError(f"{name}: step {step!r} is damaged ({exc})") from None
+    if not records:
+        raise InspectorError(f"{name} holds no step records")
+    return _run(records, notes, name)
 
 
 def parse_run(text: str, name: str = "run file") -> DistributedRun:

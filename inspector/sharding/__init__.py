@@ -6,6 +6,10 @@ gradients (:class:`ShardedGradients`, :func:`with_rank_columns`), ``placement_ta
 bytes per rank (:func:`with_rank_bytes`, :func:`sharding_tables`) and ``capture_activations``
 says which piece of an output it holds (:func:`output_placements`, :func:`placement_notes`).
 Facts of one model on this rank only: comparing ranks is ``inspector.distributed``'s work.
+
+Modules: ``findings``: findings about the ranks of a run that hold pieces of one tensor; ``outputs``:
+which piece of a tensor-parallel module's output a capture holds; ``gradients``: gradient norms of a
+model whose parameters are DTensors; ``tables``: dTensor columns for the single-model analyses.
 """
 
 from __future__ import annotations

@@ -19,6 +19,7 @@ from ..aliases import analyse_inventory
 from ..inventory import TensorEntry, TensorInventory, tensor_inventory
 from ..offsets import ROOT, GradientNorms
 from ..utils.checks import require_module
+from ..utils.labels import ROOT_LABEL
 
 LENSES = ("device", "dtype", "gradient norm", "alias group", "captured")
 MODULE_COLUMNS = ["id", "parent", "label", "cls", "depth", "bytes", "tensors", "device", "dtype",
@@ -27,7 +28,6 @@ TENSOR_COLUMNS = ["name", "module", "kind", "shape", "dtype", "device", "bytes",
                   "grad_norm", "tied_to", "view_of", "alias_group"]
 MIXED = "mixed"
 NONE = "none"
-ROOT_LABEL = "(model)"
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
@@ -58,6 +58,7 @@ class Finding:
 
 
 FindingKey = tuple[str, str, int | None]
+Sighting = tuple[int, int | None, Finding]  # (step, rank, finding)
 
 
 def group_findings(
@@ -99,3 +100,41 @@ def first_line(exc: BaseException) -> str:
     """
     text = str(exc).strip()
     return text.splitlines()[0] if text else ""
+
+
+class Episodes:
+    """Which findings begin something, step after step (the state :func:`episode_starts` keeps): a
+    finding's first sighting at its ``(code, where, rank)``; for a code that ``recurs(code)`` says is
+    ``"episode"``, also a sighting after more than ``clear`` steps without one (it cleared, then came
+    back); for ``"every"``, each step it is seen at."""
+
+    def __init__(self, recurs: Callable[[str], str], clear: int) -> None:
+        self.recurs, self.clear = recurs, clear
+        self.last: dict[FindingKey, int] = {}
+
+    def starts(self, found: Iterable[Sighting]) -> list[Sighting]:
+        """The triples of ``found`` (in step order) that begin something, each noted as seen."""
+        out = []
+        for step, rank, f in found:
+            key = (f.code, f.where, rank)
+            before = self.last.get(key)
+            self.last[key] = step
+            how = self.recurs(f.code)
+            if (before is None or (how == "every" and step != before)
+                    or (how == "episode" and step - before > self.clear)):
+                out.append((step, rank, f))
+        return out
+
+
+def episode_starts(
+    found: Iterable[Sighting], recurs: Callable[[str], str], clear: int) -> list[Sighting]:
+    """The ``(step, rank, finding)`` triples of ``found`` (in step order) that begin something
+    (:class:`Episodes`).
+
+    >>> f = Finding("loss-spike", "warning", "(model)", "x")
+    >>> [s for s, _, _ in episode_starts([(7, 0, f), (8, 0, f), (20, 0, f)], lambda c: "episode", 5)]
+    [7, 20]
+    >>> [s for s, _, _ in episode_starts([(7, 0, f), (8, 0, f), (20, 0, f)], lambda c: "once", 5)]
+    [7]
+    """
+    return Episodes(recurs, clear).starts(found)

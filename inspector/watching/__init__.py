@@ -3,6 +3,13 @@
 Every step records per-module gradient and parameter norms, learning rates, step time and
 memory into an Arrow run file (:mod:`.record`) that :func:`read_run` reads, also while it
 grows; findings (``nonfinite-forward``, ``dead-gradient``, ...) name the module and the step.
+
+Modules: ``captured``: the inputs and outputs of the module that first produced a NaN/Inf; ``core``:
+``watch``, the context manager around a training loop; ``detect``: findings from one step's numbers on
+the host; ``layout``: which tensors a watch follows; ``numbers``: one rank's numbers at one step;
+``steps``: the per-step work of a watch; ``summary``: run files reduced for display; ``synthetic``: a
+synthetic run file of any size; ``tracer``: non-finite forward and backward tracing without a host sync
+per module; ``run``: reading a run file back; ``train``: a short training loop under :func:`watch`.
 """
 
 from __future__ import annotations
@@ -11,7 +18,7 @@ from .captured import captures_path, load_captures, producer_of, read_captures, 
 from .core import Watch, WatchResult, watch
 from .record import FORMAT, META_KEY, VERSION, RunMeta, RunWriter, StepRecord, record_batch, schema
 from .run import MODULE_COLUMNS, STEP_COLUMNS, Run, StepFinding, is_watch_file, parse_run_bytes, read_run
-from .summary import first_findings, main_steps
+from .summary import finding_counts, first_findings, main_steps
 from .synthetic import synthetic_run
 from .train import OPTIMIZERS, make_optimizer, train_watched
 
@@ -34,6 +41,7 @@ __all__ = [
     "Watch",
     "WatchResult",
     "watch",
+    "finding_counts",
     "first_findings",
     "main_steps",
     "OPTIMIZERS",

@@ -18,7 +18,8 @@ from typing import Any
 
 from ..capture import Captures, Skipped
 from ..utils.findings import Finding, InspectorError
-from .tracer import BATCH, Producer, floating
+from ..utils.labels import module_label
+from .tracer import Producer, floating
 
 SUFFIX = ".captures.safetensors"
 FORMAT = "inspector-watch-captures"
@@ -47,7 +48,7 @@ def capture_producer(kept: dict[int, tuple[Any, Any, int]], producer: Producer, 
                      step: int, rank: int = 0) -> Captures:
     """A :class:`Captures` of the producer's inputs and outputs at ``step`` (within ``max_bytes``)."""
     name = (
-        (producer.module or "(root)") if producer.module != BATCH else "(batch)"
+        module_label(producer.module)
     )  # as the findings name them
     args, output, _ = kept.get(producer.call, ((), None, 0))
     budget: list[int] = [max_bytes]

@@ -18,8 +18,9 @@ from torch.utils.hooks import RemovableHandle
 
 from ..aliases import compare_ties, snapshot_ties
 from ..capture import Captures
+from ..utils.codes import recurs
 from ..utils.dtensors import is_dtensor
-from ..utils.findings import Finding, FindingKey, InspectorError, group_findings
+from ..utils.findings import Episodes, Finding, InspectorError, group_findings
 from ..utils.wrappers import underlying
 from .detect import Detectors, not_in_optimizer
 from .layout import Layout, current, to_host
@@ -33,7 +34,8 @@ from .tracer import NonfiniteTracer, forward_producer
 @dataclass(frozen=True, eq=False)
 class WatchResult:
     """What a finished :func:`watch` block recorded: ``steps`` written to ``path``, every
-    finding at its first step, and the ``captures`` of the first ``nonfinite-forward`` producer."""
+    finding at the step it began (again at each new episode of a code that recurs), and the
+    ``captures`` of the first ``nonfinite-forward`` producer."""
 
     path: str
     steps: int
@@ -51,7 +53,8 @@ class Watch:
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer | None, path: str | os.PathLike, *,
                  every: int = 1, nonfinite: bool = False, update_ratio: bool = False, scaler: Any = None,
-                 window: int = 5, explode_factor: float = 10.0, capture_bytes: int = 64 << 20,
+                 window: int = 5, explode_factor: float = 10.0, loss_factor: float = 3.0,
+                 recur_after: int = 5, capture_bytes: int = 64 << 20,
                  group: Any = None, distributed: bool | None = None, name: str = "", note: str = "",
                  on_finding: Callable[[StepFinding], None] | None = None) -> None:
         if not isinstance(model, nn.Module):
@@ -80,14 +83,16 @@ class Watch:
                             tuple(c for c, on in (("nonfinite", nonfinite), ("update_ratio", update_ratio),
                                                   ("distributed", self.distributed)) if on),
                             update_ratio, time.time(), note)
-        self.detectors = [Detectors(self.layout, window=window, explode_factor=explode_factor)
-                          for _ in range(self.world)]
+        self.detectors = [Detectors(self.layout, window=window, explode_factor=explode_factor,
+                                    loss_factor=loss_factor) for _ in range(self.world)]
         self.state = StepState()
         self.tracer: NonfiniteTracer | None = None
         self._nonfinite = nonfinite
         self._handles: list[RemovableHandle] = []
         self._writer: RunWriter | None = None
-        self._seen: dict[FindingKey, Any] = {}  # each finding once per (code, where, rank)
+        # each finding once per (code, where, rank), or once per episode (codes.recurs); a code checked
+        # only every Nth step has not cleared before N steps pass without it
+        self._episodes = Episodes(recurs, max(recur_after, every))
         self.findings: list[StepFinding] = []
         self.captures: Captures | None = None
         self.result: WatchResult | None = None
@@ -248,6 +253,8 @@ class Watch:
             found = list(shared) if rank == 0 else []
             found += nonfinite_findings(n, self.module_names, rank, self.world)
             found += self.detectors[rank].gradients(n.param_grad, n.has_grad, n.module_grad)
+            if n.loss_logged:
+                found += self.detectors[rank].loss(float(n.loss))
             if n.checked:
                 found += self.detectors[rank].parameters(n.param_norm, n.buffer_norm, self.layout.buffers)
             new = self._first_time(found, step, rank)
@@ -257,12 +264,12 @@ class Watch:
             self._writer.write(records)
 
     def _first_time(self, found: list[Finding], step: int, rank: int) -> list[Finding]:
-        """The findings of ``found`` not seen before at their (code, where, rank), noted as seen."""
+        """The findings of ``found`` that begin something at their (code, where, rank): seen for the first
+        time, or back after they cleared (:class:`~inspector.utils.findings.Episodes`)."""
         place = rank if self.world > 1 else 0
-        fresh = group_findings((step, place, f) for f in found if (f.code, f.where, place) not in self._seen)
-        self._seen.update(fresh)
+        fresh = group_findings((step, place, f) for f in found)  # one per (code, where) in this step
         new = []
-        for _, _, f in fresh.values():
+        for _, _, f in self._episodes.starts((step, place, f) for _, _, f in fresh.values()):
             new.append(f)
             sf = StepFinding(step, place, f.code, f.severity, f.where, f.message)
             self.findings.append(sf)
@@ -322,7 +329,10 @@ def watch(
             checks every Nth step; gradient norms every step), ``nonfinite`` (name the module
             that produced a NaN/Inf, forward and backward), ``update_ratio`` (keeps a copy of
             the weights during each check step), ``scaler`` (an AMP ``GradScaler``),
-            ``window``, ``explode_factor``, ``capture_bytes``, ``group``, ``distributed``,
+            ``window``, ``explode_factor``, ``loss_factor`` (a loss over this many times its
+            median is a ``loss-spike``), ``recur_after`` (a finding that recurs, such as
+            ``exploding-gradient``, ``loss-spike`` and ``nonfinite-*``, is reported again when it comes
+            back after this many steps without it), ``capture_bytes``, ``group``, ``distributed``,
             ``name``, ``note``, ``on_finding`` (called with each new :class:`StepFinding`).
 
     >>> import tempfile, pathlib

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import math
 from collections import deque
 
 import numpy as np
 
 from ..utils.findings import Finding
+from ..utils.labels import ROOT_LABEL, module_label
 from .layout import Layout
 
 
@@ -18,16 +20,37 @@ class Detectors:
         window: steps a gradient may stay missing or zero before ``dead-gradient``.
         explode_factor: a module whose gradient norm exceeds this many times the median of
             its last ``history`` norms gets ``exploding-gradient`` (after ``min_history`` steps).
+        loss_factor: a logged loss over this many times the median of the last ``history`` positive
+            losses is a ``loss-spike`` (after ``min_history`` of them).
     """
 
     def __init__(self, layout: Layout, *, window: int = 5, explode_factor: float = 10.0,
-                 history: int = 50, min_history: int = 5) -> None:
+                 loss_factor: float = 3.0, history: int = 50, min_history: int = 5) -> None:
         self.layout = layout
         self.window = window
         self.explode_factor = explode_factor
+        self.loss_factor = loss_factor
         self.min_history = min_history
         self.dead = np.zeros(len(layout.parameters), dtype=np.int64)
         self.history: deque[np.ndarray] = deque(maxlen=history)
+        self.losses: deque[float] = deque(maxlen=history)
+
+    def loss(self, value: float) -> list[Finding]:
+        """``loss-spike`` when ``value`` is over ``loss_factor`` times the median of the last losses
+        (finite and positive ones; a loss that can be negative is not judged)."""
+        if not (math.isfinite(value) and value > 0):
+            return []
+        out = []
+        if len(self.losses) >= self.min_history:
+            median = float(np.median(self.losses))
+            if value > self.loss_factor * median:
+                out.append(Finding(
+                    "loss-spike", "warning", ROOT_LABEL,
+                    f"the loss is {value:.4g}, {value / median:.3g}x its median over the last "
+                    f"{len(self.losses)} steps ({median:.4g}): look at this step's batch and the gradient "
+                    "norms around it, or lower the learning rate"))
+        self.losses.append(value)
+        return out
 
     def gradients(
         self, param_grad: np.ndarray, has_grad: np.ndarray, module_grad: np.ndarray
@@ -62,7 +85,7 @@ class Detectors:
                     Finding(
                         "exploding-gradient",
                         "warning",
-                        name or "(root)",
+                        module_label(name),
                         f"gradient norm of {name or 'the root module'} is {ratio[i]:.3g}x its median "
                         f"over the last {len(self.history)} steps ({module_grad[i]:.3g} vs "
                         f"{median[i]:.3g}): lower its learning rate, clip gradients, or check its input",

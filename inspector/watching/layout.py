@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from ..utils.dtensors import is_dtensor
+from ..utils.norms import grouped_norms
 from ..utils.wrappers import underlying
 
 
@@ -78,10 +79,11 @@ def fused_norms(tensors: list[torch.Tensor | None]) -> list[tuple[np.ndarray, to
     Returns ``(indices, norms)`` pairs: float32 norms on the device, in the order of ``indices``
     (positions in ``tensors``); None and empty tensors are left out. Nothing is synchronised.
     """
-    groups: dict[tuple[torch.device, torch.dtype], tuple[list[int], list[torch.Tensor]]] = {}
     plain = (torch.Tensor, nn.Parameter)
-    for i, t in enumerate(tensors):
+    pieces: list[torch.Tensor | None] = []
+    for t in tensors:
         if t is None:
+            pieces.append(None)
             continue
         if type(t) not in plain and is_dtensor(t):
             if any(p.is_partial() for p in t.placements):
@@ -94,16 +96,8 @@ def fused_norms(tensors: list[torch.Tensor | None]) -> list[tuple[np.ndarray, to
                 piece = t.to_local()  # type: ignore[attr-defined]
         else:
             piece = t
-        if piece.numel() and piece.layout == torch.strided:
-            idx, ts = groups.setdefault((piece.device, piece.dtype), ([], []))
-            idx.append(i)
-            ts.append(piece)
-    out = []
-    for idx, ts in groups.values():
-        with torch.no_grad():  # no graph: the norms of the values, without a detach per tensor
-            norms = torch._foreach_norm(ts)
-        out.append((np.asarray(idx, dtype=np.int64), torch.stack(norms).float()))
-    return out
+        pieces.append(piece if piece.numel() and piece.layout == torch.strided else None)
+    return [(np.asarray(idx, dtype=np.int64), norms.float()) for idx, norms in grouped_norms(pieces)]
 
 
 def _replicated(t: torch.Tensor) -> torch.Tensor:

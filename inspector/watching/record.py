@@ -7,6 +7,12 @@ metadata) followed by one record batch per step holding one row per rank. Each b
 flushed when written, so the file can be read while it grows, and a crash leaves every
 complete batch readable (a reader stops at the first incomplete one).
 
+``check_step`` writes the same file (``RunMeta.kind`` ``"check"``): one row per step with rank -1 (the
+whole world), the global numbers in the step columns, its findings, and the whole
+:class:`~inspector.runfiles.CheckRecord` (per-tensor and per-rank numbers, replica hashes) in the
+``check`` column (typed by :func:`inspector.runfiles.record.check_type`); a watch's file has no
+``check`` column (:func:`file_schema`), which reads as null, as in version 1 files.
+
 Per step and rank the file holds four numbers per module (gradient norm, parameter norm,
 update-to-weight ratio as float32, non-finite count as int32) and one float32 gradient norm
 per parameter: about 16 bytes per module plus 4 per parameter, and a few hundred bytes of
@@ -24,12 +30,14 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
+from ..runfiles.record import META_KEY as META_KEY
+from ..runfiles.record import STREAM_MAGIC as STREAM_MAGIC
+from ..runfiles.record import check_type
 from ..utils.findings import InspectorError
 
 FORMAT = "inspector-watch"
-VERSION = 1
-META_KEY = b"inspector-watch"
-STREAM_MAGIC = b"\xff\xff\xff\xff"  # an Arrow IPC stream starts with a continuation marker
+VERSION = 2  # 2: the check column and RunMeta.kind (check_step's records)
+OPTIONAL = ("check",)  # columns a version 1 file lacks: read as null
 
 
 @dataclass(frozen=True)
@@ -53,6 +61,7 @@ class RunMeta:
     note: str = ""
     format: str = FORMAT
     version: int = VERSION
+    kind: str = "watch"  # "watch" (inspector.watch) or "check" (check_step: modules and parameters empty)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), separators=(",", ":"))
@@ -97,6 +106,8 @@ class RunMeta:
             return "parameter_modules must give each parameter the index of a module"
         if not isinstance(self.model, str) or not isinstance(self.note, str):
             return "model and note must be strings"
+        if self.kind not in ("watch", "check"):
+            return f"kind must be watch or check, not {self.kind!r}"
         return ""
 
 
@@ -130,6 +141,7 @@ class StepRecord:
     module_nonfinite: Any = None      # int32: NaN/Inf gradient elements below each module
     param_grad_norm: Any = None       # float32, one per parameter
     findings: list[dict[str, str]] = field(default_factory=list)
+    check: dict[str, Any] | None = None  # a check_step record (CheckRecord.to_json(), less format/findings)
 
 
 @lru_cache(maxsize=1)
@@ -147,6 +159,7 @@ def schema() -> Any:
         "module_update_ratio": pa.list_(f32), "module_nonfinite": pa.list_(pa.int32()),
         "param_grad_norm": pa.list_(f32),
         "findings": pa.list_(pa.struct([(k, pa.string()) for k in ("code", "severity", "where", "message")])),
+        "check": check_type(),
     }
     names = [f.name for f in fields(StepRecord)]
     assert sorted(names) == sorted(types), "StepRecord and the Arrow schema must name the same columns"
@@ -170,11 +183,25 @@ def _column(name: str, values: list[Any], typ: Any) -> Any:
     return pa.array(values, type=typ)
 
 
-def record_batch(records: list[StepRecord]) -> Any:
-    """The ``pyarrow.RecordBatch`` of ``records`` (one row each), in the run file's schema."""
+def file_schema(kind: str = "watch") -> Any:
+    """The columns a file of ``kind`` holds: :func:`schema` less the ``check`` column in a watch's file
+    (a null nested column would add its framing to every step's batch)."""
+    sch = schema()
+    return sch if kind == "check" else _without(sch, OPTIONAL)
+
+
+def _without(sch: Any, names: tuple[str, ...]) -> Any:
+    for name in names:
+        sch = sch.remove(sch.get_field_index(name))
+    return sch
+
+
+def record_batch(records: list[StepRecord], kind: str = "watch") -> Any:
+    """The ``pyarrow.RecordBatch`` of ``records`` (one row each), in the schema of a file of ``kind``
+    (:func:`file_schema`)."""
     import pyarrow as pa
 
-    sch = schema()
+    sch = file_schema(kind)
     columns = [_column(f.name, [getattr(r, f.name) for r in records], f.type) for f in sch]
     return pa.RecordBatch.from_arrays(columns, schema=sch)
 
@@ -198,7 +225,7 @@ class RunWriter:
         except OSError as exc:
             raise InspectorError(f"cannot write the run file {self.path} ({exc.strerror or exc}); "
                                  "give a file path in a writable folder") from None
-        sch = schema().with_metadata({META_KEY: meta.to_json().encode()})
+        sch = file_schema(meta.kind).with_metadata({META_KEY: meta.to_json().encode()})
         self._writer = pa.ipc.new_stream(self._file, sch)
         self._file.flush()
         self.bytes_written = self._file.tell()
@@ -208,7 +235,7 @@ class RunWriter:
         """Append one batch (normally one step: one record per rank) and flush it."""
         if not records:
             return
-        self._writer.write_batch(record_batch(records))
+        self._writer.write_batch(record_batch(records, self.meta.kind))
         self._file.flush()
         self.bytes_written = self._file.tell()
         self.steps_written += 1
@@ -227,3 +254,54 @@ class RunWriter:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def append_check(path: str | os.PathLike, record: dict[str, Any]) -> None:
+    """Append one ``check_step`` record (:meth:`~inspector.runfiles.CheckRecord.to_json`) to the run file
+    ``path`` as one row (rank -1: the whole world), flushed at once; the first call makes the file.
+
+    The stream is left open (no end marker), so the next call, in this process or a later one, appends
+    to it, as lines were appended to the JSON-lines files of older versions.
+
+    Raises:
+        InspectorError: ``path`` exists but is not a ``check_step`` run file of this format (a watch
+            run file, a JSON-lines file of an older version, anything else): give another path.
+    """
+    totals = record.get("global") or {}
+    row = StepRecord(step=int(record["step"]), rank=-1, time=float(record.get("time") or 0.0),
+                     grad_norm=totals.get("grad_norm"), nonfinite=int(totals.get("nonfinite") or 0),
+                     findings=list(record.get("findings") or []),
+                     check={k: v for k, v in record.items() if k not in ("format", "findings")})
+    p = Path(path)
+    if p.is_file() and p.stat().st_size:
+        _check_file(p)
+        try:
+            with open(p, "ab") as fh:
+                fh.write(record_batch([row], "check").serialize())
+        except OSError as exc:
+            raise InspectorError(f"cannot append to the run file {p} ({exc.strerror or exc})") from None
+        return
+    meta = RunMeta(model=str(record.get("note") or ""), world_size=int(record["world_size"]), every=1,
+                   modules=(), parameters=(), parameter_modules=(), checks=("distributed",),
+                   started=float(record.get("time") or 0.0), note=str(record.get("note") or ""), kind="check")
+    writer = RunWriter(p, meta)  # the schema, then the first row; never closed: later calls append
+    try:
+        writer.write([row])
+    finally:
+        writer._file.close()
+
+
+def _check_file(p: Path) -> None:
+    """Raise unless ``p`` is a check_step run file this version appends to."""
+    import pyarrow as pa
+
+    try:
+        with open(p, "rb") as fh:
+            head = pa.ipc.open_stream(fh).schema
+        meta = RunMeta.from_json(head.metadata[META_KEY])
+    except (OSError, pa.ArrowInvalid, KeyError, TypeError, ValueError):
+        meta = None
+    if meta is None or meta.kind != "check" or meta.version != VERSION:
+        raise InspectorError(
+            f"{p} exists and is not a check_step run file of this version; give check_step another path "
+            "(or remove the file)")

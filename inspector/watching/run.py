@@ -13,7 +13,7 @@ import pandas as pd
 
 from ..capture import Captures
 from ..utils.findings import Finding, InspectorError
-from .record import META_KEY, STREAM_MAGIC, RunMeta, StepRecord, record_batch, schema
+from .record import META_KEY, OPTIONAL, STREAM_MAGIC, RunMeta, StepRecord, record_batch, schema
 
 END_OF_STREAM = b"\xff\xff\xff\xff\x00\x00\x00\x00"
 STEP_COLUMNS = ["step", "rank", "time", "step_time", "loss", "grad_norm", "nonfinite", "scale", "skipped",
@@ -196,7 +196,7 @@ def _read_stream(source: Any, name: str) -> tuple[RunMeta, Any, bool]:
     except RecursionError:
         raise InspectorError(f"{name}: its run metadata is nested too deeply to be a watch run's; "
                              "write the file again with inspector.watch") from None
-    missing = [f.name for f in schema() if f.name not in reader.schema.names]
+    missing = [f.name for f in schema() if f.name not in reader.schema.names and f.name not in OPTIONAL]
     if missing:
         raise InspectorError(
             f"{name} lacks the columns {', '.join(missing)}; it was not written by inspector.watch"
@@ -210,8 +210,12 @@ def _read_stream(source: Any, name: str) -> tuple[RunMeta, Any, bool]:
             break
         except (pa.ArrowInvalid, OSError, EOFError):  # the writer is mid-batch or died there
             break
-    table = pa.Table.from_batches(batches, schema=reader.schema).select(schema().names)
-    return meta, table, complete
+    table = pa.Table.from_batches(batches, schema=reader.schema)
+    for column in OPTIONAL:  # a column of a later version: null in an older file
+        if column not in table.column_names:
+            field_ = schema().field(column)
+            table = table.append_column(field_, pa.nulls(table.num_rows, field_.type))
+    return meta, table.select(schema().names), complete
 
 
 def _steps_frame(table: Any, meta: RunMeta) -> pd.DataFrame:
@@ -253,9 +257,13 @@ def parse_run_bytes(data: bytes, name: str = "run file") -> Run:
     """Like :func:`read_run`, from the file's bytes (an upload)."""
     import pyarrow as pa
 
+    from ..runfiles import parse_check_stream, parse_run
+
     if data[:4] == STREAM_MAGIC:
-        return _from_table(name, *_read_stream(pa.BufferReader(data), name))
-    from ..runfiles import parse_run
+        meta, table, complete = _read_stream(pa.BufferReader(data), name)
+        if meta.kind == "check":
+            return _from_distributed(parse_check_stream(data, name))
+        return _from_table(name, meta, table, complete)
 
     try:
         text = data.decode("utf-8")
@@ -272,7 +280,8 @@ def is_watch_file(path: str | os.PathLike) -> bool:
 
 
 def read_run(path: str | os.PathLike) -> Run:
-    """Read a run file written by :func:`inspector.watch` (or a ``check_step`` ``run.jsonl``).
+    """Read a run file written by :func:`inspector.watch` or by ``check_step`` (the same Arrow file; the
+    JSON lines ``check_step`` wrote in older versions read too).
 
     The file may still be growing: every complete step written so far is read.
 
@@ -285,10 +294,14 @@ def read_run(path: str | os.PathLike) -> Run:
     if not p.is_file():
         raise InspectorError(f"run file {p} does not exist; write it with inspector.watch(model, optimizer, "
                              f"{str(p)!r}) or `python -m inspector watch FILE.py:factory -o {p}`")
+    from ..runfiles import is_run_file, read_check_run
+
     if is_watch_file(p):
         with pa.memory_map(str(p), "r") as source:  # zero-copy: 10,000 × 1,000 steps read in well under 1 s
-            return _from_table(p.name, *_read_stream(source, p.name), source=str(p))
-    from ..runfiles import is_run_file, read_check_run
+            meta, table, complete = _read_stream(source, p.name)
+            if meta.kind != "check":
+                return _from_table(p.name, meta, table, complete, source=str(p))
+        return _from_distributed(read_check_run(p))  # check_step's records, from the same file
 
     if not is_run_file(p):
         raise InspectorError(
@@ -331,7 +344,8 @@ def _from_distributed(dr: Any) -> Run:
                 module_nonfinite=nonfinite, param_grad_norm=norms))
     import pyarrow as pa
 
-    table = pa.Table.from_batches([record_batch(records)]) if records else schema().empty_table()
+    table = (pa.Table.from_batches([record_batch(records, "check")]) if records
+             else schema().empty_table())
     findings = [StepFinding(step, None, f.code, f.severity, f.where, f.message) for step, f in dr.findings]
     complete = not any(f.code == "run-file-truncated" for f in findings)
     return Run(dr.path, meta, _steps_frame(table, meta), findings, complete, table, check_run=dr)

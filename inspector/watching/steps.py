@@ -11,6 +11,7 @@ import torch
 
 from ..utils.dtensors import is_dtensor
 from ..utils.findings import Finding
+from ..utils.labels import module_label
 from .layout import current, fused_norms, global_norms, shard_key, to_host
 from .numbers import BATCH_PRODUCER, NO_PRODUCER, Numbers, memory
 from .tracer import BATCH, producers
@@ -239,7 +240,7 @@ def nonfinite_findings(n: Numbers, module_names: list[str], rank: int, world: in
             )
         )
     elif n.forward >= 0:
-        name = module_names[int(n.forward)] or "(root)"
+        name = module_label(module_names[int(n.forward)])
         out.append(
             Finding(
                 "nonfinite-forward",
@@ -251,7 +252,7 @@ def nonfinite_findings(n: Numbers, module_names: list[str], rank: int, world: in
             )
         )
     if n.backward >= 0:
-        name = module_names[int(n.backward)] or "(root)"
+        name = module_label(module_names[int(n.backward)])
         out.append(
             Finding(
                 "nonfinite-backward",

@@ -20,10 +20,11 @@ from torch import nn
 from torch.utils.hooks import RemovableHandle
 
 from ..utils.dtensors import is_dtensor
+from ..utils.labels import BATCH_LABEL
 
 INPUT, OUTPUT = 0, 1
 CHECKED = (torch.float16, torch.bfloat16, torch.float32, torch.float64)  # aminmax takes these
-BATCH = "input"  # the name a non-finite batch gets
+BATCH = BATCH_LABEL  # the name a non-finite batch gets
 
 
 def floating(value: Any, depth: int = 0) -> Iterator[torch.Tensor]:

@@ -8,7 +8,8 @@ import pytest
 import torch
 from torch import nn
 
-from inspector.distributed import check_step, parse_run
+from inspector.distributed import check_step, parse_run, read_check_run
+from inspector.distributed.check import append_record
 from inspector.distributed.findings import step_findings
 from inspector.utils.findings import InspectorError
 
@@ -63,23 +64,49 @@ def test_drift_names_the_minority_ranks():
     )
 
 
-def test_check_step_in_one_process_writes_a_line_per_step(tmp_path):
+def test_check_step_in_one_process_writes_a_row_per_step(tmp_path):
     # Linear(2, 1) on ones(1, 2), loss = output sum: weight grad (1, 1), bias grad 1 -> norm sqrt(3)
     model = nn.Linear(2, 1)
     model(torch.ones(1, 2)).sum().backward()
-    path = tmp_path / "run.jsonl"
+    path = tmp_path / "run.inspect"
     first = check_step(model, 0, path)
     model.bias.grad[0] = math.inf
     second = check_step(model, 1, path)
     assert first.record["global"]["grad_norm"] == pytest.approx(math.sqrt(3))
     assert first.ok and (first.rank, first.world_size) == (0, 1)
     assert [(f.code, f.where) for f in second.findings] == [("nonfinite-gradient", "bias")]
-    lines = path.read_text().splitlines()
-    assert len(lines) == 2
-    run = parse_run("\n".join(lines))
+    assert path.read_bytes()[:4] == b"\xff\xff\xff\xff"  # the Arrow run file the watch writes
+    run = read_check_run(path)
     assert run.steps["grad_norm"].tolist()[0] == pytest.approx(math.sqrt(3))
-    assert math.isnan(run.steps["grad_norm"].tolist()[1])  # Inf is written as null
+    assert math.isinf(run.steps["grad_norm"].tolist()[1])  # Arrow keeps the Inf (JSON wrote null)
     assert run.per_rank["nonfinite"].tolist() == [0, 1]
+    assert [(s, f.code) for s, f in run.findings] == [(1, "nonfinite-gradient")]
+    assert run.checks[1].tensors[1].inf == [1]  # per tensor and rank, as the JSON line held it
+
+
+def test_the_json_lines_of_older_versions_still_read(tmp_path):
+    model = nn.Linear(2, 1)
+    model(torch.ones(1, 2)).sum().backward()
+    path = tmp_path / "run.jsonl"
+    for step in range(2):
+        append_record(path, check_step(model, step, path=None).record)
+    assert len(path.read_text().splitlines()) == 2
+    arrow = tmp_path / "run.inspect"
+    for step in range(2):
+        check_step(model, step, arrow)
+    old, new = read_check_run(path), read_check_run(arrow)
+    assert old.steps["grad_norm"].tolist() == pytest.approx(new.steps["grad_norm"].tolist())
+    same = ["step", "rank", "grad_norm", "nonfinite", "param_numel", "param_bytes", "grad_bytes"]
+    assert old.per_rank[same].equals(new.per_rank[same])
+
+
+def test_check_step_refuses_to_append_to_a_file_of_another_kind(tmp_path):
+    path = tmp_path / "run.jsonl"
+    path.write_text("not a run\n")
+    model = nn.Linear(2, 1)
+    with pytest.raises(InspectorError, match="is not a check_step run file of this version"):
+        check_step(model, 0, path)
+    assert path.read_text() == "not a run\n"
 
 
 def test_a_line_that_is_not_a_record_is_named():
@@ -91,6 +118,7 @@ def test_a_line_that_is_not_a_record_is_named():
         parse_run("\n", "x.jsonl")
 
 
+@pytest.mark.collectives
 @pytest.mark.parametrize("shard", ["fsdp", "ddp", "none"])
 def test_command_runs_as_one_process_without_torchrun(tmp_path, shard, capsys):
     import torch.distributed as dist
@@ -121,6 +149,7 @@ def test_command_refuses_bad_input_with_exit_2(tmp_path, capsys):
     assert "meta device" in capsys.readouterr().err
 
 
+@pytest.mark.collectives
 def test_fsdp_sample_is_the_file_model_and_runs_by_name(tmp_path):
     from inspector.__main__ import main
     from inspector.distributed import read_run

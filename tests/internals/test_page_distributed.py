@@ -12,6 +12,12 @@ from inspector.distributed.findings import step_findings
 from inspector.utils.escaping import markdown_text
 from tests.apptest import run_page
 
+
+@pytest.fixture(autouse=True)
+def _runs_under_tmp(tmp_path_factory, monkeypatch):
+    """The server opens typed run paths only under its runs folders: here, pytest's temporary folders."""
+    monkeypatch.setenv("INSPECTOR_RUNS", str(tmp_path_factory.getbasetemp()))
+
 MIB = 2 ** 20
 
 

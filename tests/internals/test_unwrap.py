@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from torch import nn
 
@@ -14,6 +15,7 @@ from inspector.utils.wrappers import unwrap
 TIE = ("transformer.wte.weight", "lm_head.weight")
 
 
+@pytest.mark.collectives
 def test_ddp_and_fsdp_wrappers(tiny_gpt2):
     from torch.distributed.fsdp import FullyShardedDataParallel
 

@@ -2,6 +2,11 @@
 
 ``build_report`` calls ``SECTION_BUILDERS[section_id]``; the ``findings`` section has no
 function (the report lists every other section's findings there).
+
+Modules: ``aliases``: the aliases section; ``attribution``: the attribution section; ``captures``: the
+captures section; ``compare``: the compare section; ``context``: what every section function gets and
+how one says it cannot run here; ``labs``: the labs section; ``offsets``: the offsets section;
+``placement``: the placement section; ``summary``: the summary section.
 """
 
 from __future__ import annotations

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from ...structure.summary import model_summary, summary_findings
 from ...structure.tree import module_tree
+from ...utils.labels import ROOT_LABEL
 from ..data import Section, Table, make_figure, plain
 from ..options import SECTION_TITLES
 from .context import Context
@@ -22,7 +23,7 @@ def summary_section(ctx: Context) -> Section:
         "Module tree (top levels)",
         top[["id", "cls", "bytes", "tensors", "device", "dtype", "alias_group"]]
         .rename(columns={"id": "module", "cls": "class"})
-        .assign(module=lambda f: f["module"].replace("", "(model)")),
+        .assign(module=lambda f: f["module"].replace("", ROOT_LABEL)),
         "bytes: every distinct tensor below the module, counted once at its first holder",
     )
     return Section("summary", SECTION_TITLES["summary"], facts=plain(facts),

@@ -1,0 +1,95 @@
+"""Follow a growing watch run file: each call hands back the steps appended since the last one.
+
+The run file is an Arrow IPC stream, flushed after every step; :class:`RunFollower` keeps its
+byte offset and reads only the new messages, so following a run costs one small read per step
+whatever its length. Used by the tracker exports (:mod:`.trackers`).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..watching import META_KEY, RunMeta
+
+
+@dataclass(frozen=True)
+class StepRow:
+    """One rank's numbers at one step, as the tracker exports need them."""
+
+    step: int
+    rank: int
+    loss: float | None
+    grad_norm: float | None
+    nonfinite: int
+    lr: list[float]
+    scale: float | None
+    module_grad_norm: np.ndarray | None
+    module_update_ratio: np.ndarray | None
+    module_nonfinite: np.ndarray | None
+    findings: list[dict[str, str]]
+
+
+class RunFollower:
+    """Reads the steps a watch appends to ``path``; :meth:`new_rows` returns those not seen yet."""
+
+    def __init__(self, path: str | os.PathLike) -> None:
+        self.path = str(path)
+        self.meta: RunMeta | None = None
+        self._schema: Any = None
+        self._offset = 0
+
+    def new_rows(self) -> list[StepRow]:
+        import pyarrow as pa
+
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(self._offset)
+                data = f.read()
+        except OSError:
+            return []
+        reader = pa.BufferReader(pa.py_buffer(data))
+        rows: list[StepRow] = []
+        while True:
+            start = reader.tell()
+            try:
+                message = pa.ipc.read_message(reader)
+            except (pa.ArrowInvalid, OSError, EOFError, StopIteration):  # nothing more, or a half-written one
+                reader.seek(start)
+                break
+            if self._schema is None:
+                self._schema = pa.ipc.read_schema(message)
+                raw = (self._schema.metadata or {}).get(META_KEY)
+                self.meta = RunMeta.from_json(raw) if raw is not None else None
+            elif message.type == "record batch":
+                rows += _rows(pa.ipc.read_record_batch(message, self._schema))
+        self._offset += reader.tell()
+        return rows
+
+
+def _array(value: Any, dtype: Any) -> np.ndarray | None:
+    return None if value is None else np.asarray(value, dtype=dtype)
+
+
+def _rows(batch: Any) -> list[StepRow]:
+    columns = {name: batch.column(name).to_pylist() for name in (
+        "step", "rank", "loss", "grad_norm", "nonfinite", "lr", "scale", "module_grad_norm",
+        "module_update_ratio", "module_nonfinite", "findings")}
+    out = []
+    for i in range(batch.num_rows):
+        c = {k: v[i] for k, v in columns.items()}
+        out.append(StepRow(
+            step=int(c["step"]), rank=int(c["rank"]), loss=c["loss"], grad_norm=c["grad_norm"],
+            nonfinite=int(c["nonfinite"] or 0), lr=list(c["lr"] or []), scale=c["scale"],
+            module_grad_norm=_array(c["module_grad_norm"], np.float32),
+            module_update_ratio=_array(c["module_update_ratio"], np.float32),
+            module_nonfinite=_array(c["module_nonfinite"], np.int64),
+            findings=list(c["findings"] or []),
+        ))
+    return out
+
+
+__all__ = ["RunFollower", "StepRow"]

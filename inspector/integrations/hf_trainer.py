@@ -1,0 +1,76 @@
+"""Hugging Face ``Trainer``: ``trainer.add_callback(WatchCallback("run.inspect"))``.
+
+The watch opens at ``on_train_begin`` on the Trainer's own model and its optimizer as
+accelerate prepared it (the torch optimizer inside, where the step hooks fire, and the
+accelerator's GradScaler under fp16); each optimizer step is a step (so gradient accumulation
+gives one step per update), checked again at ``on_optimizer_step``; the loss the Trainer logs
+goes into the run; the file closes at ``on_train_end``. :func:`watch_trainer` also closes it
+when ``trainer.train()`` raises.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from typing import Any
+
+from transformers import TrainerCallback
+
+from .session import WatchedTraining, stop_message
+
+
+class WatchCallback(TrainerCallback):
+    """A ``TrainerCallback`` that watches every optimizer step (see :class:`.session.WatchedTraining`
+    for ``stop_on_error``, ``export``, ``report`` and the watch's options)."""
+
+    def __init__(self, path: str | os.PathLike = "run.inspect", **options: Any) -> None:
+        self.session = WatchedTraining(path, **options)
+
+    @property
+    def result(self) -> Any:
+        return self.session.result
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, optimizer: Any = None,
+                       **kwargs: Any) -> None:
+        if model is None:
+            return
+        scaler = getattr(optimizer, "scaler", None)  # accelerate's GradScaler under fp16
+        for e in self.session.exports:
+            if hasattr(e, "step_offset"):
+                e.step_offset = int(state.global_step) + 1  # the Trainer counts its steps from 1
+        self.session.start(model, optimizer, scaler=scaler,
+                           name=getattr(getattr(model, "config", None), "model_type", "") or "")
+
+    def on_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.session.after_step()
+        if self.session.stopped_by is not None and not control.should_training_stop:
+            control.should_training_stop = True
+            print(f"[inspector] {stop_message(self.session.stopped_by)}", flush=True)
+
+    def on_log(self, args: Any, state: Any, control: Any, logs: Any = None, **kwargs: Any) -> None:
+        if logs and isinstance(logs.get("loss"), (int, float)):
+            self.session.log(loss=float(logs["loss"]))
+
+    def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.session.finish(completed=self.session.stopped_by is None)
+
+
+def watch_trainer(trainer: Any, path: str | os.PathLike = "run.inspect", **options: Any) -> WatchCallback:
+    """Add a :class:`WatchCallback` to ``trainer``; its ``train()`` also closes the run file when it
+    raises."""
+    callback = WatchCallback(path, **options)
+    trainer.add_callback(callback)
+    train = trainer.train
+
+    @functools.wraps(train)
+    def train_and_close(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return train(*args, **kwargs)
+        finally:
+            callback.session.finish(completed=False)  # no-op after on_train_end
+
+    trainer.train = train_and_close
+    return callback
+
+
+__all__ = ["WatchCallback", "watch_trainer"]

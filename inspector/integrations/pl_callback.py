@@ -1,0 +1,73 @@
+"""PyTorch Lightning: ``Trainer(callbacks=[LightningWatch("run.inspect")])``.
+
+The watch opens at ``on_train_start`` on the LightningModule and the optimizer Lightning built
+(its precision plugin's GradScaler under ``16-mixed``). With one optimizer each of its steps is a
+step, in automatic and manual optimisation alike; with several (manual optimisation) each
+``optimizer.step()`` of any of them is a step, taken at ``on_before_optimizer_step``, or give
+``optimizer=i`` to follow only the i-th. The loss of each step is the one handed to backward;
+the file closes at ``on_train_end`` or ``on_exception``.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from .session import WatchedTraining, stop_message
+
+try:  # the package the Trainer comes from decides which Callback class it accepts
+    from pytorch_lightning import Callback
+except ImportError:  # pragma: no cover - only the unified `lightning` package installed
+    from lightning.pytorch import Callback  # type: ignore[no-redef,import-not-found,unused-ignore]
+
+
+class LightningWatch(Callback):
+    """A Lightning ``Callback`` that watches every optimizer step (``stop_on_error``, ``export``,
+    ``report`` and the watch's options as :class:`.session.WatchedTraining` takes them)."""
+
+    def __init__(self, path: str | os.PathLike = "run.inspect", *, optimizer: int | None = None,
+                 **options: Any) -> None:
+        super().__init__()
+        self.session = WatchedTraining(path, **options)
+        self.which = optimizer
+        self._each = False  # a step per on_before_optimizer_step (several optimizers, none chosen)
+
+    @property
+    def result(self) -> Any:
+        return self.session.result
+
+    def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+        optimizers = list(trainer.optimizers)
+        self._each = len(optimizers) > 1 and self.which is None
+        chosen = None
+        if optimizers and not self._each:
+            chosen = optimizers[self.which or 0]
+        scaler = getattr(getattr(trainer, "precision_plugin", None), "scaler", None)
+        self.session.start(pl_module, chosen, scaler=scaler, name=type(pl_module).__name__)
+
+    def on_before_backward(self, trainer: Any, pl_module: Any, loss: Any) -> None:
+        self.session.log(loss=loss.detach())
+
+    def on_before_optimizer_step(self, trainer: Any, pl_module: Any, optimizer: Any) -> None:
+        if self._each and self.session.watch is not None:
+            self.session.watch.step()
+            self._after(trainer)
+
+    def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any,
+                           batch_idx: int) -> None:
+        self._after(trainer)
+
+    def _after(self, trainer: Any) -> None:
+        self.session.after_step()
+        if self.session.stopped_by is not None and not trainer.should_stop:
+            trainer.should_stop = True
+            print(f"[inspector] {stop_message(self.session.stopped_by)}", flush=True)
+
+    def on_train_end(self, trainer: Any, pl_module: Any) -> None:
+        self.session.finish(completed=self.session.stopped_by is None)
+
+    def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
+        self.session.finish(completed=False)
+
+
+__all__ = ["LightningWatch"]
