@@ -2,7 +2,9 @@
 
 Two ``.safetensors`` files of GPT-2 small shape (124M parameters, 498 MB of float32 each) are
 written to a temporary folder: A from the ``gpt2-small`` sample's random weights, B = A with
-small noise added to every tensor but those of block 5 (a fine-tune that left one block alone).
+small noise added to every tensor but those of block 5 (a fine-tune that left one block alone),
+and a rank-8 update on each attention ``c_attn`` weight instead (a merged adapter), so every
+changed matrix also goes through the low-rank sketch.
 Timed, interleaved, as medians:
 
 - ``read both files``: every byte of both files read once into one reused buffer (the disk-read floor);
@@ -76,7 +78,10 @@ def write_pair(folder: Path) -> tuple[str, str]:
     save_file(state, str(a))
     gen = torch.Generator().manual_seed(1)
     for k, v in state.items():
-        if v.is_floating_point() and ".h.5." not in k:
+        if k.endswith("attn.c_attn.weight") and ".h.5." not in k:  # a merged rank-8 adapter
+            low, high = torch.randn(v.shape[0], 8, generator=gen), torch.randn(8, v.shape[1], generator=gen)
+            v.add_(low @ high * 1e-3)
+        elif v.is_floating_point() and ".h.5." not in k:
             v.add_(torch.randn(v.shape, generator=gen) * 1e-3)
     save_file(state, str(b))
     return str(a), str(b)
@@ -102,8 +107,11 @@ def main() -> int:
             return call
 
         result = compare(a, b)
-        print(f"compare: {result.facts['changed']} tensors changed, {result.facts['equal']} equal; findings: "
+        print(f"compare: {result.facts['summary']}; findings: "
               f"{', '.join(f'{f.code} [{f.where}]' for f in result.findings)}")
+        for f in result.findings:
+            if f.code == "low-rank-update":
+                print(f"  {f.message[:100]}")
         times = interleaved({"read both files": timed(lambda: read_bytes(a, b)),
                              "load_file + torch diff": timed(lambda: torch_diff(a, b)),
                              "inspector compare": timed(lambda: compare(a, b))}, args.repeats)

@@ -7,7 +7,7 @@ import os
 import streamlit as st
 
 from inspector import InspectorError, LoadedModel, compare
-from inspector.comparison import RunComparison, WeightComparison, compare_runs
+from inspector.comparison import DEFAULT_TOLERANCE, RunComparison, WeightComparison, compare_runs
 from inspector.figures import module_change_bars, run_divergence_figure
 from inspector.utils import markdown_text
 from inspector.watching import parse_run_bytes, read_run
@@ -67,6 +67,7 @@ def show_weights(result: WeightComparison) -> None:
     c4.metric("Only in A / only in B", f"{f['missing']} / {f['extra']}",
               help="Names one side lacks. A tied name a file stores once (as safetensors saves a tie) is not "
                    "counted: loading fills it through the tie (status stored-once below).")
+    st.caption(markdown_text(f["summary"]))
     st.subheader("Findings")
     findings_table(
         list(result.findings),
@@ -87,7 +88,8 @@ def show_runs(result: RunComparison) -> None:
     c1.metric("Common steps", result.facts["common_steps"])
     c2.metric("First divergence", "none" if result.first_divergence is None else result.first_divergence)
     c3.metric("Modules that part first", len(result.first_modules),
-              help="Modules whose gradient norm differs beyond the tolerance at the first divergence")
+              help="Modules whose recorded numbers (gradient or parameter norm, update ratio) differ beyond "
+                   "the tolerance at the first divergence")
     findings_table(list(result.findings), key="cmp_run_findings")
     if result.first_modules:
         st.markdown("Modules beyond the tolerance at the first divergence, largest first: "
@@ -96,9 +98,10 @@ def show_runs(result: RunComparison) -> None:
                     width="stretch", key="cmp_runs_chart")
     st.subheader("Per module")
     st.caption(
-        "Each module's gradient norm in A against B, as the relative difference |B−A| / max(|A|, |B|): "
+        "Each module's recorded numbers in A against B, as the relative difference |B−A| / max(|A|, |B|): "
         f"the first step it passes the tolerance ({result.tolerance:g}), its largest difference, and its "
-        "difference at the first divergence. Per step below: the same for the loss and the global norm."
+        "difference at the first divergence. Per step below: the same for the loss, the global norm, the "
+        "learning rates and every logged number."
     )
     paged_table(result.modules, key="cmp_run_modules", column_config=run_module_config())
     st.subheader("Per step")
@@ -123,7 +126,8 @@ def _two_runs() -> None:
     with guarded("reading the run files"):
         run_a, run_b = pick_run("A", left), pick_run("B", right)
         tolerance = st.number_input(
-            "Tolerance (relative)", min_value=0.0, value=0.05, step=0.01, key="cmp_tol"
+            "Tolerance (relative; 0: any difference)", min_value=0.0, value=DEFAULT_TOLERANCE,
+            step=1e-6, format="%g", key="cmp_tol"
         )
         if run_a is None or run_b is None:
             st.info("Choose two run files.")

@@ -182,9 +182,14 @@ def test_two_distributed_checkpoint_folders(tmp_path):
     assert result.a_kind == result.b_kind == "distributed checkpoint"
     assert result.tensors.loc[result.tensors["status"] == "changed", "name"].tolist() == ["blocks.1.fc.bias"]
     assert result.tensors.set_index("name").loc["blocks.1.fc.bias", "max_abs"] == pytest.approx(2.0)
-    # a file holds every floating tensor as trainable: everything but blocks.1.fc.bias stayed
-    assert {f.where for f in result.findings if f.code == "unchanged-tensor"} == {
-        "embed", "head", "blocks.0", "blocks.1.fc.weight"}
+    # a file holds every floating tensor as trainable: everything but blocks.1.fc.bias stayed. Only
+    # blocks.0.fc.bias is odd (its kind, blocks.*.fc.bias, changed in block 1); the rest is a frozen set
+    odd = finding(result, "unchanged-tensor")
+    assert odd.where == "blocks.0.fc.bias" and odd.message.startswith("1 of 6 trainable tensors")
+    frozen = finding(result, "unchanged-expected")
+    assert "4 tensors form a frozen set" in frozen.message and "blocks.*.fc.weight" in frozen.message
+    summary = "1 of 6 tensors changed; 5 unchanged: blocks.0, blocks.1.fc.weight, embed, head"  # natural
+    assert result.facts["summary"] == summary
 
 
 def test_bad_sources_are_named():
@@ -208,9 +213,10 @@ def test_cli_compares_two_files_in_process(tmp_path, capsys):
         == 0
     )
     text = capsys.readouterr().out
-    assert "1 changed, 5 bitwise equal" in text and "unchanged-tensor" in text
+    assert "1 of 6 tensors changed; 5 unchanged" in text and "unchanged-tensor" in text
     data = json.loads(out.read_text())
-    assert data["facts"]["changed"] == 1 and {f["code"] for f in data["findings"]} == {"unchanged-tensor"}
+    assert data["facts"]["changed"] == 1
+    assert {f["code"] for f in data["findings"]} == {"unchanged-tensor", "unchanged-expected"}
     assert main(["compare", str(tmp_path / "a.safetensors"), str(tmp_path / "none.pt")]) == 2
     assert "none.pt does not exist" in capsys.readouterr().err
 
@@ -239,7 +245,7 @@ def test_report_section_in_json_html_and_markdown(tmp_path):
     out = tmp_path / "r.md"
     assert main(["report", "sample:tiny-gpt2", "--sections", "compare", "--compare-with",
                  str(tmp_path / "ft.safetensors"), "-o", str(out)]) == 0
-    assert "unchanged-tensor" in out.read_text()
+    assert "unchanged-expected" in out.read_text()  # one layer: every unchanged kind is a frozen set
 
 
 def test_a_folder_of_safetensors_shards_is_one_side(tmp_path):
@@ -252,7 +258,8 @@ def test_a_folder_of_safetensors_shards_is_one_side(tmp_path):
     save_file({k: state[k] for k in names[3:]}, str(folder / "model-00002-of-00002.safetensors"))
     (folder / "config.json").write_text("{}")  # a Hugging Face folder: read as files, no model built
     result = compare(a, folder)
-    assert result.b_kind == "safetensors (2 files)" and result.codes() == [] and result.facts["equal"] == 6
+    assert result.b_kind == "safetensors (2 files, no index)"
+    assert result.codes() == [] and result.facts["equal"] == 6
     save_file({names[0]: state[names[0]]}, str(folder / "model-extra.safetensors"))
     with pytest.raises(InspectorError, match=f"tensor {names[0]} is in both"):
         compare(a, folder)

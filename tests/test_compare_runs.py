@@ -82,7 +82,7 @@ def test_cli_compares_two_runs(runs, capsys):
     a, b, _, _ = runs
     assert main(["compare", a, b]) == 0
     out = capsys.readouterr().out
-    assert "first divergence at step 6; modules first: block.1" in out and "run-diverged" in out
+    assert "first divergence at step 6: grad_norm; modules first: block.1" in out and "run-diverged" in out
 
 
 def test_two_check_step_run_files(world1, tmp_path):
@@ -149,3 +149,64 @@ def test_each_run_keeps_one_colour_in_both_panels_as_its_legend_shows(runs):
     colours = {(t.name, t.yaxis): t.line.color for t in fig.data}
     assert colours[("a.inspect", "y")] == colours[("a.inspect", "y2")] != colours[("b.inspect", "y")]
     assert colours[("b.inspect", "y")] == colours[("b.inspect", "y2")]
+
+
+def _watched(path, *, lr_at: int | None = None, nudge_at: int | None = None, steps: int = 6) -> str:
+    """Linear(3, 1) on ones, SGD lr 0.1, watched. ``lr_at``: from that step the learning rate is 0.1001
+    (only the recorded lr differs at that step; the weights part one step later). ``nudge_at``: the
+    logged loss is 1e-5 higher (relative) at that step only."""
+    import torch
+
+    from inspector import watch
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(3, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x = torch.ones(2, 3)
+    with watch(model, opt, path) as w:
+        for step in range(steps):
+            if step == lr_at:
+                opt.param_groups[0]["lr"] = 0.1001
+            loss = model(x).pow(2).mean()
+            loss.backward()
+            w.log(loss=loss.item() * (1 + 1e-5 if step == nudge_at else 1))
+            opt.step()
+            opt.zero_grad()
+    return str(path)
+
+
+def test_a_learning_rate_change_is_the_divergence_at_its_own_step(tmp_path, capsys):
+    a, b = _watched(tmp_path / "a.inspect"), _watched(tmp_path / "b.inspect", lr_at=3)
+    result = compare(a, b)
+    assert result.first_divergence == 3 and result.first_quantities == ("lr_0",)
+    assert "lr_0 is 0.1 in A and 0.1001 in B; the loss still agrees" in result.findings[0].message
+    steps = result.steps.set_index("step")
+    assert steps.loc[3, "lr_0_diff"] == pytest.approx(0.0001 / 0.1001)
+    assert main(["compare", a, b, "--tolerance", "0"]) == 0
+    assert "first divergence at step 3: lr_0" in capsys.readouterr().out
+
+
+def test_the_default_tolerance_finds_a_small_difference_at_its_step_and_zero_finds_any(tmp_path):
+    a, b = _watched(tmp_path / "a.inspect"), _watched(tmp_path / "b.inspect", nudge_at=2)
+    result = compare(a, b)  # 1e-5 relative is beyond the default 1e-6
+    assert result.first_divergence == 2 and result.first_quantities == ("loss",)
+    assert compare(a, b, tolerance=1e-4).first_divergence is None
+    assert compare(a, b, tolerance=0).first_divergence == 2
+    assert compare(a, a, tolerance=0).codes() == ["runs-agree"]
+    with pytest.raises(InspectorError, match="tolerance must be a finite number of 0 or more"):
+        compare(a, b, tolerance=-1)
+
+
+def test_run_json_is_strict_and_fits_the_schema(tmp_path):
+    import json
+
+    import jsonschema
+
+    from inspector.comparison import JSON_SCHEMA
+
+    a, b = _watched(tmp_path / "a.inspect"), _watched(tmp_path / "b.inspect", lr_at=2)
+    out = tmp_path / "runs.json"
+    assert main(["compare", a, b, "--json", str(out), "--fail-on", "warning"]) == 1  # run-diverged
+    data = json.loads(out.read_text(), parse_constant=lambda c: pytest.fail(f"non-strict constant {c}"))
+    jsonschema.validate(data, JSON_SCHEMA)
+    assert data["first_divergence"] == 2 and data["first_quantities"] == ["lr_0"]

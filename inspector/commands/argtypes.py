@@ -51,14 +51,15 @@ class IntRange:
 
 
 class FloatRange:
-    """argparse type: a finite number above ``above`` and at most ``high``.
+    """argparse type: a finite number above ``above`` (or equal to it, with ``inclusive``) and at most
+    ``high``.
 
-    >>> FloatRange(0.0, 10.0)("0.5")
-    0.5
+    >>> FloatRange(0.0, 10.0)("0.5"), FloatRange(0.0, 1.0, inclusive=True)("0")
+    (0.5, 0.0)
     """
 
-    def __init__(self, above: float, high: float, hint: str = "") -> None:
-        self.above, self.high, self.hint = above, high, hint
+    def __init__(self, above: float, high: float, hint: str = "", inclusive: bool = False) -> None:
+        self.above, self.high, self.hint, self.inclusive = above, high, hint, inclusive
         self.__name__ = "number"
 
     def __call__(self, text: str) -> float:
@@ -66,9 +67,10 @@ class FloatRange:
             value = float(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"must be a number, got {_shown(text)!r}") from None
-        if not math.isfinite(value) or value <= self.above:
+        if not math.isfinite(value) or value < self.above or (value == self.above and not self.inclusive):
             raise argparse.ArgumentTypeError(
-                f"must be a finite number above {self.above:g}, got {_shown(text)}"
+                f"must be a finite number {'of at least' if self.inclusive else 'above'} {self.above:g}, "
+                f"got {_shown(text)}"
             )
         if value > self.high:
             hint = f" ({self.hint})" if self.hint else ""
@@ -91,6 +93,8 @@ class_index = IntRange(0, 2**31 - 1, "an index into the model's output")
 position = IntRange(-(2**31), 2**31 - 1, "a position in the sequence")
 positive_float = FloatRange(0.0, 1e6, "a learning rate")
 """A finite number above 0 (learning rates), at most 1e6."""
+tolerance = FloatRange(0.0, 1e6, "a relative difference", inclusive=True)
+"""A finite number of 0 or more (relative tolerances; 0 is exact), at most 1e6."""
 
 
 def _shown(text: str) -> str:
@@ -136,13 +140,22 @@ def input_file(text: str) -> str:
 
 
 def checkpoint(text: str) -> str:
-    """An existing checkpoint file, or a torch.distributed.checkpoint folder (with its ``.metadata``)."""
+    """An existing checkpoint file, a torch.distributed.checkpoint folder (with its ``.metadata``), or a
+    folder of weight files (sharded or plain Hugging Face: ``*.safetensors``, ``pytorch_model.bin``,
+    an index)."""
     path = Path(text).expanduser()
     if path.is_dir():
-        if not (path / ".metadata").is_file():
+        from ..loading import folder_files
+
+        try:
+            found = folder_files(path)
+        except InspectorError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+        if not (path / ".metadata").is_file() and found is None:
             raise argparse.ArgumentTypeError(
-                f"{path} is not a file, nor a torch.distributed.checkpoint folder "
-                "(it has no .metadata file); give a checkpoint file or such a folder"
+                f"{path} is not a file, nor a torch.distributed.checkpoint folder (it has no .metadata "
+                "file), nor a folder of weight files (no .safetensors file, pytorch_model.bin or index); "
+                "give a checkpoint file or such a folder"
             )
         return str(path)
     return input_file(text)

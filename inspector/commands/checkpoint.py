@@ -3,19 +3,22 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from ..distributed import is_dcp_folder
 from ..loading import checkpoint_listing
 from . import argtypes as types
 from .common import print_findings, print_table, say, write_json
 
-HELP = ("list the tensors of a checkpoint: a .safetensors/.pt/.bin file, or a torch.distributed.checkpoint "
-        "folder with the pieces each tensor is stored in (nothing in it is executed)")
+HELP = ("list the tensors of a checkpoint: a .safetensors/.pt/.bin file, a sharded or Hugging Face folder, "
+        "or a torch.distributed.checkpoint folder with the pieces each tensor is stored in (nothing in it "
+        "is executed)")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "path", type=types.checkpoint, help="checkpoint file, or torch.distributed.checkpoint folder"
+        "path", type=types.checkpoint, help="checkpoint file, torch.distributed.checkpoint folder, or a "
+        "folder of weight files (sharded or plain Hugging Face, read through its index)"
     )
     parser.add_argument("--max-rows", type=types.rows, default=60, help="rows to print")
     parser.add_argument("--json", default=None, type=types.output_file, metavar="PATH",
@@ -27,10 +30,12 @@ def run(args: argparse.Namespace) -> int:
     if is_dcp_folder(args.path):
         say(f"distributed checkpoint {args.path}: {len(table)} entries, {int(table['pieces'].sum())} pieces "
               f"in {len({f for fs in table['files'] for f in fs.split(', ') if f})} files")
+    elif Path(args.path).is_dir():
+        say(f"checkpoint folder {args.path}: {len(table)} tensors")
     else:
         say(f"checkpoint {args.path}: {len(table)} tensors")
     print_table(table, args.max_rows)
     print_findings(findings)
     if args.json:
-        write_json(args.json, table.to_dict(orient="records"))
+        write_json(args.json, table.to_dict(orient="records"), strict=True)
     return 0

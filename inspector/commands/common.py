@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import re
 import sys
@@ -137,6 +138,33 @@ def write_text(path: str | os.PathLike, text: str) -> None:
             ) from None
 
 
-def write_json(path: str, data: Any) -> None:
-    write_text(path, json.dumps(data, indent=2, default=str))
+def strict_json(data: Any) -> Any:
+    """``data`` as values strict JSON parsers take: a float that is not finite becomes ``"nan"``,
+    ``"inf"`` or ``"-inf"``, pandas' missing values (``NA``, ``NaT``) ``None``, numpy scalars Python
+    ones, tuples lists.
+
+    >>> strict_json({"a": [float("inf"), 1.5, (2, float("nan"))]})
+    {'a': ['inf', 1.5, [2, 'nan']]}
+    """
+    if isinstance(data, dict):
+        return {str(k): strict_json(v) for k, v in data.items()}
+    if isinstance(data, (list, tuple)):
+        return [strict_json(v) for v in data]
+    if hasattr(data, "item") and getattr(data, "ndim", 1) == 0:  # numpy scalars
+        data = data.item()
+    if isinstance(data, float):
+        return data if math.isfinite(data) else "nan" if math.isnan(data) else ("inf" if data > 0 else "-inf")
+    if data is None or isinstance(data, (bool, int, str)):
+        return data
+    if data is pd.NA or data is pd.NaT:
+        return None
+    return str(data)
+
+
+def write_json(path: str, data: Any, *, strict: bool = False) -> None:
+    """Write ``data`` as JSON; ``strict``: through :func:`strict_json`, so that no ``NaN`` or
+    ``Infinity`` (which strict parsers refuse) is written."""
+    text = json.dumps(strict_json(data), indent=2, allow_nan=False) if strict else \
+        json.dumps(data, indent=2, default=str)
+    write_text(path, text)
     progress(f"wrote {path}")

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import argparse
+from collections.abc import Sequence
 from typing import Any
 
-from ..comparison import RunComparison, WeightComparison, compare
+from ..comparison import DEFAULT_TOLERANCE, RunComparison, WeightComparison, compare
+from ..utils import Finding
 from . import argtypes as types
-from .common import default_device, print_findings, print_table, progress, say, write_json
+from .common import default_device, print_findings, print_table, progress, say, strict_json, write_json
 
 HELP = ("compare two models or checkpoints (sample:, FILE.py:factory, hf:, .safetensors/.pt/.bin, "
         "torch.distributed.checkpoint folders) tensor by tensor, or two run files step by step")
@@ -24,8 +26,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="where models built from sources go (default: cpu; meta for structure-only samples, "
         "whose names, shapes and dtypes are then compared without values)",
     )
-    parser.add_argument("--tolerance", default=0.05, type=types.positive_float,
-                        help="run files: relative difference beyond which the runs diverge (default 0.05)")
+    parser.add_argument("--tolerance", default=DEFAULT_TOLERANCE, type=types.tolerance,
+                        help="run files: relative difference of any recorded number (loss, gradient norms, "
+                        "learning rates...) beyond which the runs diverge; 0 for any "
+                        f"(default {DEFAULT_TOLERANCE:g})")
+    parser.add_argument("--expect-unchanged", action="append", default=[], metavar="PATTERN",
+                        help="glob pattern of tensor names or module prefixes meant to stay unchanged "
+                        "('*.wte', 'model.layers.*.mlp'): reported as info, not as a warning (repeatable)")
+    parser.add_argument("--fail-on", choices=("error", "warning"), default=None,
+                        help="exit with status 1 when a finding is this severe or more (for CI)")
     parser.add_argument("--all", action="store_true", help="list every tensor, not only those that differ")
     parser.add_argument("--max-rows", type=types.positive_int, default=60, help="rows to print")
     parser.add_argument("--json", default=None, type=types.output_file, metavar="PATH",
@@ -35,22 +44,32 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     progress(f"comparing {args.a} with {args.b}")
     device = args.device or ("meta" if "meta" in (default_device(args.a), default_device(args.b)) else "cpu")
-    result = compare(args.a, args.b, device=device, tolerance=args.tolerance, progress=progress)
+    result = compare(args.a, args.b, device=device, tolerance=args.tolerance, progress=progress,
+                     expect_unchanged=args.expect_unchanged)
     if isinstance(result, RunComparison):
         _print_runs(result, args)
     else:
         _print_weights(result, args)
     print_findings(list(result.findings))
     if args.json:
-        write_json(args.json, to_json(result))
+        write_json(args.json, to_json(result), strict=True)
+    return failing_status(result.findings, args.fail_on)
+
+
+def failing_status(findings: Sequence[Finding], fail_on: str | None) -> int:
+    """1 when a finding is at least as severe as ``fail_on`` (``error`` or ``warning``), else 0."""
+    levels = {"error": {"error"}, "warning": {"error", "warning"}}.get(fail_on or "", set())
+    hits = [f for f in findings if f.severity in levels]
+    if hits:
+        say(f"failing (--fail-on {fail_on}): {len(hits)} findings at {fail_on} or above")
+        return 1
     return 0
 
 
 def _print_weights(result: WeightComparison, args: argparse.Namespace) -> None:
     f = result.facts
     say(f"A: {result.a} ({result.a_kind}), B: {result.b} ({result.b_kind})")
-    say(f"{f['compared']} tensors compared: {f['changed']} changed, {f['equal']} bitwise equal; "
-        f"{f['missing']} only in A, {f['extra']} only in B, {f['renamed']} renamed")
+    say(f"{f['summary']}; {f['missing']} only in A, {f['extra']} only in B, {f['renamed']} renamed")
     shown = result.tensors if args.all else result.tensors[result.tensors["status"] != "equal"]
     columns = [
         "name",
@@ -62,6 +81,7 @@ def _print_weights(result: WeightComparison, args: argparse.Namespace) -> None:
         "dtype_b",
         "max_abs",
         "rel_change",
+        "update_rank",
     ]
     if len(shown):
         print_table(shown[columns], args.max_rows)
@@ -79,13 +99,16 @@ def _print_runs(result: RunComparison, args: argparse.Namespace) -> None:
     if result.first_divergence is None:
         say("the runs agree at every common step")
     else:
-        say(f"first divergence at step {result.first_divergence}; modules first: "
-            f"{', '.join(result.first_modules[:10]) or '(the loss only)'}")
+        say(f"first divergence at step {result.first_divergence}: "
+            f"{', '.join(result.first_quantities) or '(module numbers only)'}; modules first: "
+            f"{', '.join(result.first_modules[:10]) or '(none)'}")
     print_table(result.steps, args.max_rows)
 
 
 def to_json(result: WeightComparison | RunComparison) -> dict[str, Any]:
-    """The result as plain data: facts, findings and tables (lists of records)."""
+    """The result as plain data (:data:`inspector.comparison.JSON_SCHEMA`): facts, findings and tables
+    (lists of records). Strict JSON: a number that is not finite is the string ``"nan"``, ``"inf"``
+    or ``"-inf"``, a missing one ``null``."""
     data: dict[str, Any] = {"a": result.a, "b": result.b, "facts": dict(result.facts),
             "findings": [x.to_dict() for x in result.findings]}
     if isinstance(result, WeightComparison):
@@ -94,9 +117,9 @@ def to_json(result: WeightComparison | RunComparison) -> dict[str, Any]:
         data["renamed"] = [list(p) for p in result.renamed]
     else:
         data["steps"] = result.steps.to_dict(orient="records")
-        data["modules"] = (
-            result.modules.astype(object).where(result.modules.notna(), None).to_dict(orient="records")
-        )
+        data["modules"] = result.modules.astype(object).to_dict(orient="records")
         data["first_divergence"] = result.first_divergence
         data["first_modules"] = list(result.first_modules)
-    return data
+        data["first_quantities"] = list(result.first_quantities)
+    return strict_json(data)
+

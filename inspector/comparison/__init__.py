@@ -17,11 +17,14 @@ from .api import compare, is_run_source
 from .kernels import PairStats, pair_stats
 from .names import Pairing, pair_names
 from .result import MODULE_COLUMNS, STATUSES, TENSOR_COLUMNS, RunComparison, WeightComparison
-from .runs import compare_runs
+from .runs import DEFAULT_TOLERANCE, compare_runs
+from .schema import JSON_SCHEMA
 from .sources import TensorSource, open_source
 from .weights import compare_sides, compare_weights
 
 __all__ = [
+    "DEFAULT_TOLERANCE",
+    "JSON_SCHEMA",
     "MODULE_COLUMNS",
     "STATUSES",
     "TENSOR_COLUMNS",

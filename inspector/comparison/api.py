@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from ..watching import Run, is_watch_file
 from .result import RunComparison, WeightComparison
-from .runs import compare_runs
+from .runs import DEFAULT_TOLERANCE, compare_runs
 from .sources import Spec
 from .weights import Progress, compare_weights
 
@@ -28,8 +29,9 @@ def is_run_source(spec: Any) -> bool:
     return is_watch_file(path) or is_run_file(path)
 
 
-def compare(a: Spec, b: Spec, *, device: str = "cpu", tolerance: float = 0.05,
-            progress: Progress | None = None) -> WeightComparison | RunComparison:
+def compare(a: Spec, b: Spec, *, device: str = "cpu", tolerance: float = DEFAULT_TOLERANCE,
+            progress: Progress | None = None, expect_unchanged: Sequence[str] = ()
+            ) -> WeightComparison | RunComparison:
     """What changed from ``a`` to ``b``.
 
     Args:
@@ -37,8 +39,11 @@ def compare(a: Spec, b: Spec, *, device: str = "cpu", tolerance: float = 0.05,
             a ``.safetensors``/``.pt``/``.bin`` file, a ``torch.distributed.checkpoint`` folder, a
             ``LoadedModel``, an ``nn.Module`` or a state dict), or two run files.
         device: where a model built from a source string is placed.
-        tolerance: for run files, the relative difference beyond which two runs diverge.
+        tolerance: for run files, the relative difference beyond which two runs diverge (0: any
+            difference at all).
         progress: called with a line of text now and then.
+        expect_unchanged: glob patterns of tensor names or module prefixes (``"*.wte"``,
+            ``"model.layers.*.mlp"``) that are meant to stay: reported as info, not as a warning.
 
     Returns:
         a :class:`WeightComparison` (tensors, modules, findings), or a :class:`RunComparison`.
@@ -52,8 +57,8 @@ def compare(a: Spec, b: Spec, *, device: str = "cpu", tolerance: float = 0.05,
     >>> a = nn.Sequential(nn.Linear(2, 2), nn.Linear(2, 2))
     >>> b = {k: v + (k.startswith("1.")) for k, v in a.state_dict().items()}  # layer 1 moved by 1
     >>> result = compare(a, b)
-    >>> result.codes()
-    ['unchanged-tensor']
+    >>> result.codes(), result.facts["summary"]
+    (['unchanged-tensor'], '2 of 4 tensors changed; 2 unchanged: 0')
     >>> result.findings[0].where, result.modules["changed"].tolist()
     ('0', [0, 2])
     """
@@ -67,4 +72,4 @@ def compare(a: Spec, b: Spec, *, device: str = "cpu", tolerance: float = 0.05,
             f"{a if runs[0] else b} is a run file but the other side is not: compare two run "
             "files, or two models/checkpoints"
         )
-    return compare_weights(a, b, device=device, progress=progress)
+    return compare_weights(a, b, device=device, progress=progress, expect_unchanged=expect_unchanged)

@@ -11,18 +11,27 @@ import torch
 from ..utils.findings import Finding, sort_findings
 from .kernels import pair_stats
 from .sources import TensorSource
+from .summary import cap_findings, from_zero_findings, low_rank_findings, unchanged_findings
 
-_MAX_NAMED = 20
+_MAX_NAMED = 10
 
 
 def weight_findings(sa: TensorSource, sb: TensorSource, tensors: pd.DataFrame,
-                    rules: Sequence[tuple[str, str, int]], by_value: Sequence[tuple[str, str]]
+                    rules: Sequence[tuple[str, str, int]], by_value: Sequence[tuple[str, str]],
+                    expect_unchanged: Sequence[str] = (), saved_twice: Sequence[tuple[str, str, str]] = ()
                     ) -> tuple[list[Finding], set[str]]:
-    """Every finding of one comparison, most severe first; and the names a file stores once
-    through a tie (absent from it, yet not missing)."""
+    """Every finding of one comparison, most severe first, at most ``MAX_PER_CODE`` per code; and the
+    names a file stores once through a tie (absent from it, yet not missing)."""
     paired = tensors[(tensors["name"] != "") & (tensors["name_b"] != "")]
     amap = dict(zip(paired["name"], paired["name_b"], strict=True))
     ties, stored_once = tie_findings(sa, sb, amap)
+    for side, kept, lone in saved_twice:
+        stored_once.add(lone)
+        holder, other = (sa, sb) if side == "A" else (sb, sa)
+        ties.append(Finding("tie-stored-once", "info", kept,
+                            f"{holder.label} holds {kept} and {lone} with the same bits (a tie saved under "
+                            f"both names) where {other.label} stores it once, as {kept}; not counted as "
+                            f"{'missing' if side == 'A' else 'extra'}"))
     out = ties + rename_findings(sa, sb, rules, by_value, tensors)
     out += lone_findings(sa, sb, tensors, stored_once)
     out += [
@@ -47,9 +56,11 @@ def weight_findings(sa: TensorSource, sb: TensorSource, tensors: pd.DataFrame,
                     f"values in {r.name if side == 'A' else r.name_b} (of {r.numel})",
                 )
             )
-    out += unchanged_findings(sa, sb, tensors)
+    out += unchanged_findings(sb.label, tensors, expect_unchanged)
+    out += from_zero_findings(tensors) + low_rank_findings(tensors)
     out += device_findings(sa, sb, tensors)
-    return sort_findings(out), stored_once
+    out += [f for side in (sa, sb) if not side.is_model for f in side.findings]
+    return cap_findings(sort_findings(out)), stored_once
 
 
 def _values_equal(side: TensorSource, names: Sequence[str]) -> bool:
@@ -219,50 +230,6 @@ def dtype_findings(sa: TensorSource, sb: TensorSource, tensors: pd.DataFrame) ->
             text += f"; the largest change is {worst['max_abs']:.3g} (in {worst['name']})"
             severity = "info"
         out.append(Finding("dtype-changed", severity, str(worst["name"]), text))  # type: ignore[arg-type]
-    return out
-
-
-def _covering_modules(names: list[str], pool: list[str]) -> list[tuple[str, list[str]]]:
-    """``names`` grouped under the largest module prefixes whose every ``pool`` name is in ``names``."""
-    chosen = set(names)
-    groups: list[tuple[str, list[str]]] = []
-    left = list(names)
-    while left:
-        name = left[0]
-        parts = name.split(".")[:-1]
-        best = name
-        for depth in range(1, len(parts) + 1):
-            prefix = ".".join(parts[:depth]) + "."
-            if all(n in chosen for n in pool if n.startswith(prefix)):
-                best = prefix[:-1]
-                break
-        under = [n for n in left if n == best or n.startswith(best + ".")]
-        groups.append((best, under))
-        left = [n for n in left if n not in under]
-    return groups
-
-
-def unchanged_findings(sa: TensorSource, sb: TensorSource, tensors: pd.DataFrame) -> list[Finding]:
-    """``unchanged-tensor``: trainable in A, bitwise identical in B, while other tensors changed."""
-    if not (tensors["status"] == "changed").any():
-        return []
-    pool_rows = tensors[tensors["trainable"] & tensors["status"].isin(["equal", "changed"])]
-    pool = pool_rows["name"].tolist()
-    same = pool_rows.loc[pool_rows["status"] == "equal", "name"].tolist()
-    out = []
-    for module, names in _covering_modules(same, pool):
-        numel = int(tensors.loc[tensors["name"].isin(names), "numel"].sum())
-        what = (f"{names[0]} ({numel} elements) is" if len(names) == 1 else
-                f"all {len(names)} trainable tensors of {module} ({numel} elements) are")
-        out.append(
-            Finding(
-                "unchanged-tensor",
-                "warning",
-                module,
-                f"{what} bitwise identical in {sb.label} although other tensors changed: frozen by "
-                "mistake, left out of the optimizer, or a load that never happened",
-            )
-        )
     return out
 
 

@@ -31,6 +31,7 @@ TENSOR_COLUMNS = [
     "nonfinite_a",
     "nonfinite_b",
     "exact_cast",
+    "update_rank",
 ]
 MODULE_COLUMNS = [
     "module",
@@ -66,13 +67,17 @@ class WeightComparison:
             of ``STATUSES`` (``stored-once``: a tied name B's file holds under the tie's other name, as
             ``safetensors`` saves a tie, so not missing); ``name_b`` is B's name (differs where B
             renamed it); ``max_abs`` is max |B−A|, ``rel_change`` ‖B−A‖/‖A‖, both NaN where values were
-            not compared.
+            not compared (``rel_change`` also where A is all zeros); ``update_rank`` the rank of a
+            changed matrix's B−A where it is low, else NA.
         modules: one row per module prefix of A's names, in model order (``MODULE_COLUMNS``): the
             compared tensors below it, how many changed, and the norms summed over them.
-        findings: ``unchanged-tensor``, ``tie-broken``, ``tie-added``, ``renamed``, ``missing``,
-            ``extra``, ``shape-changed``, ``dtype-changed``, ``nonfinite``...
+        findings: ``unchanged-tensor`` (one, grouped), ``unchanged-expected``, ``tie-broken``,
+            ``tie-added``, ``tie-stored-once``, ``renamed``, ``missing``, ``extra``, ``shape-changed``,
+            ``dtype-changed``, ``nonfinite``, ``changed-from-zero``, ``low-rank-update``...; at most 10
+            of one code.
         renamed: (name in A, name in B) pairs joined by a prefix rule or by equal values.
-        facts: counts (tensors on each side, compared, changed, equal, bytes read).
+        facts: counts (tensors on each side, compared, changed, equal, bytes read, low_rank) and
+            ``summary``, one line: ``26 of 28 tensors changed; 2 unchanged: wte, wpe``.
     """
 
     a: str
@@ -103,16 +108,20 @@ class RunComparison:
 
     Attributes:
         a, b: the run files' names.
-        steps: one row per step either run has: ``step``, then each quantity for A and B and their
-            relative difference (``loss_a, loss_b, loss_diff, grad_norm_a, grad_norm_b, grad_norm_diff``).
+        steps: one row per step either run has: ``step``, then each number both runs record, for A and B
+            and their relative difference (``loss_a, loss_b, loss_diff, grad_norm_a, grad_norm_b,
+            grad_norm_diff``, then ``lr_0_a, lr_0_b, lr_0_diff``, the scale, logged scalars...).
         modules: one row per module of both runs, in model order: ``module, first_divergence`` (its first
-            step beyond the tolerance, or None), ``max_diff`` (its largest relative difference) and
+            step where one of its numbers, gradient or parameter norm, update ratio or nonfinite count, is
+            beyond the tolerance, or None), ``max_diff`` (its largest relative difference) and
             ``diff_at_divergence`` (at the runs' first divergence).
-        first_divergence: the first step where the loss or a module's gradient norm differs by more
-            than ``tolerance`` (relative), or None.
+        first_divergence: the first step where any number both runs record (loss, learning rate, a
+            module's gradient norm...) differs by more than ``tolerance`` (relative; 0: any difference),
+            or None.
         first_modules: the modules beyond the tolerance at that step, largest difference first.
         tolerance: the relative tolerance used.
         findings: ``run-diverged`` (or ``runs-agree``), ``steps-missing``, ``modules-differ``.
+        first_quantities: the step-level numbers (``loss``, ``lr_0``...) beyond the tolerance at that step.
     """
 
     a: str
@@ -124,6 +133,7 @@ class RunComparison:
     tolerance: float
     findings: tuple[Finding, ...] = ()
     facts: Mapping[str, Any] = field(default_factory=dict)
+    first_quantities: tuple[str, ...] = ()
 
     def codes(self) -> list[str]:
         return [f.code for f in self.findings]

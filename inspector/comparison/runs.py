@@ -18,6 +18,7 @@ import pandas as pd
 from ..utils.findings import Finding, InspectorError
 from .result import RunComparison
 
+DEFAULT_TOLERANCE = 1e-6
 RUN_MODULE_COLUMNS = ["module", "first_divergence", "max_diff", "diff_at_divergence"]
 
 
@@ -46,30 +47,61 @@ def _read(run: Any) -> Any:
     return read_run(run)
 
 
+UNCOMPARED = ("step", "rank", "time", "step_time", "device_allocated", "device_peak", "rss", "loss_logged")
+MODULE_QUANTITIES = ("grad_norm", "param_norm", "update_ratio", "nonfinite")
+
+
 def _steps(run: Any, rank: int) -> pd.DataFrame:
-    """``step, loss, grad_norm, loss_logged`` of ``rank`` (a NaN loss that was logged is not finite;
-    one that was not logged is null in the file)."""
+    """Every recorded number of ``rank`` per step (loss, grad_norm, lr_0..., scale, logged scalars), and
+    ``loss_logged`` (a NaN loss that was logged is not finite; one that was not logged is null in the
+    file); timings and memory are left out (they differ between any two runs)."""
     logged = ~np.asarray(run.table.column("loss").is_null().to_numpy(zero_copy_only=False), dtype=bool)
     steps = run.steps.assign(loss_logged=logged)
     steps = steps[steps["rank"] == rank]
     if not len(steps):
         raise InspectorError(f"{run.path} has no steps for rank {rank}")
-    return steps[["step", "loss", "grad_norm", "loss_logged"]].drop_duplicates("step", keep="last")
+    numbers = [c for c in steps.columns if c not in UNCOMPARED and (
+        pd.api.types.is_numeric_dtype(steps[c]) or pd.api.types.is_bool_dtype(steps[c]))]
+    out = steps[["step", *numbers, "loss_logged"]].drop_duplicates("step", keep="last").copy()
+    for c in numbers:
+        out[c] = out[c].astype(np.float64)
+    return out
 
 
-def _module_matrix(run: Any, rank: int, steps: np.ndarray, modules: list[str]) -> np.ndarray:
-    """Gradient norms (len(steps) × len(modules)) of ``run`` at those steps and modules."""
-    have_steps, values = run.matrix("grad_norm", rank)
+def _recorded(values: pd.Series | np.ndarray) -> bool:
+    return bool(np.isfinite(np.asarray(values, dtype=np.float64)).any())
+
+
+def _module_matrix(run: Any, rank: int, steps: np.ndarray, modules: list[str], column: str) -> np.ndarray:
+    """Per-module ``column`` (len(steps) × len(modules)) of ``run`` at those steps and modules."""
+    have_steps, values = run.matrix(column, rank)
     row = {int(s): i for i, s in enumerate(have_steps)}
     col = {m: i for i, m in enumerate(run.module_order)}
     return values[np.ix_([row[int(s)] for s in steps], [col[m] for m in modules])].astype(np.float64)
 
 
-def compare_runs(a: Any, b: Any, *, tolerance: float = 0.05, rank: int = 0) -> RunComparison:
-    """Runs ``a`` and ``b`` (paths or :class:`inspector.watching.Run`) step by step.
+def _module_diff(ra: Any, rb: Any, rank: int, common: np.ndarray, modules: list[str]) -> np.ndarray:
+    """The largest relative difference of each module's recorded numbers (gradient and parameter
+    norms, update ratios, nonfinite counts) per step; a number recorded by one run only is skipped."""
+    diff = np.zeros((len(common), len(modules)))
+    for column in MODULE_QUANTITIES:
+        try:
+            ma, mb = (_module_matrix(r, rank, common, modules, column) for r in (ra, rb))
+        except (InspectorError, KeyError):
+            continue
+        if _recorded(ma) and _recorded(mb):
+            diff = np.maximum(diff, relative_difference(ma, mb))
+    return diff
+
+
+def compare_runs(a: Any, b: Any, *, tolerance: float = DEFAULT_TOLERANCE, rank: int = 0) -> RunComparison:
+    """Runs ``a`` and ``b`` (paths or :class:`inspector.watching.Run`) step by step: the first step where
+    any number both record (loss, gradient norm, learning rates, logged scalars, each module's norms)
+    differs beyond ``tolerance``.
 
     Args:
-        tolerance: relative difference (``|B − A| / max(|A|, |B|)``) beyond which a quantity diverges.
+        tolerance: relative difference (``|B − A| / max(|A|, |B|)``) beyond which a number diverges;
+            0 means any difference.
         rank: the rank whose numbers are compared.
 
     Raises:
@@ -80,39 +112,43 @@ def compare_runs(a: Any, b: Any, *, tolerance: float = 0.05, rank: int = 0) -> R
     ra, rb = _read(a), _read(b)
     sa, sb = _steps(ra, rank), _steps(rb, rank)
     steps = sa.merge(sb, on="step", how="outer", suffixes=("_a", "_b")).sort_values("step", ignore_index=True)
-    for q in ("loss", "grad_norm"):
-        steps[f"{q}_diff"] = relative_difference(steps[f"{q}_a"].to_numpy(), steps[f"{q}_b"].to_numpy())
-    logged = (
-        steps.set_index("step")[["loss_logged_a", "loss_logged_b"]].fillna(False).astype(bool).all(axis=1)
-    )
-    steps = steps[["step", "loss_a", "loss_b", "loss_diff", "grad_norm_a", "grad_norm_b", "grad_norm_diff"]]
     common = np.array(sorted(set(sa["step"]) & set(sb["step"])), dtype=np.int64)
     if not len(common):
         raise InspectorError(
             f"{ra.path} and {rb.path} share no step (A: {sa['step'].min()}..{sa['step'].max()}, "
             f"B: {sb['step'].min()}..{sb['step'].max()}); nothing to compare"
         )
-    modules = [m for m in ra.module_order if m in set(rb.module_order)]
-    diff = relative_difference(
-        _module_matrix(ra, rank, common, modules), _module_matrix(rb, rank, common, modules)
+    both = [c for c in sa.columns if c in sb.columns and c not in ("step", "loss_logged")]
+    quantities = ["loss", "grad_norm"] + [c for c in both if c not in ("loss", "grad_norm")
+                                          and _recorded(sa[c]) and _recorded(sb[c])]
+    for q in quantities:
+        steps[f"{q}_diff"] = relative_difference(steps[f"{q}_a"].to_numpy(), steps[f"{q}_b"].to_numpy())
+    logged = (
+        steps.set_index("step")[["loss_logged_a", "loss_logged_b"]].fillna(False).astype(bool).all(axis=1)
     )
-    loss = steps.set_index("step").loc[common, "loss_diff"].to_numpy()
-    loss_known = logged.loc[common].to_numpy(dtype=bool)
-    loss_out = loss_known & (loss > tolerance)
+    steps = steps[["step"] + [f"{q}_{x}" for q in quantities for x in ("a", "b", "diff")]]
+    by_step = steps.set_index("step").loc[common]
+    out = np.zeros((len(common), len(quantities)), dtype=bool)
+    for j, q in enumerate(quantities):
+        known = logged.loc[common].to_numpy(dtype=bool) if q == "loss" else np.ones(len(common), bool)
+        out[:, j] = known & (by_step[f"{q}_diff"].to_numpy() > tolerance)
+    modules = [m for m in ra.module_order if m in set(rb.module_order)]
+    diff = _module_diff(ra, rb, rank, common, modules)
     beyond = diff > tolerance
-    parted = np.flatnonzero(loss_out | beyond.any(axis=1))
+    parted = np.flatnonzero(out.any(axis=1) | beyond.any(axis=1))
     first = int(common[parted[0]]) if len(parted) else None
     first_modules: tuple[str, ...] = ()
+    first_quantities: tuple[str, ...] = ()
     if first is not None:
         row = diff[parted[0]]
         first_modules = tuple(modules[i] for i in np.argsort(-row, kind="stable") if row[i] > tolerance)
+        first_quantities = tuple(q for j, q in enumerate(quantities) if out[parted[0], j])
     table = _module_table(modules, common, diff, beyond, first, parted)
-    findings = _findings(ra, rb, sa, sb, modules, first, first_modules, loss_out, parted, tolerance, steps)
+    findings = _findings(ra, rb, sa, sb, modules, first, first_modules, first_quantities, tolerance, steps)
     facts = {"steps_a": len(sa), "steps_b": len(sb), "common_steps": len(common), "modules": len(modules),
-             "tolerance": tolerance, "first_divergence": first}
-    return RunComparison(
-        ra.path, rb.path, steps, table, first, first_modules, float(tolerance), tuple(findings), facts
-    )
+             "tolerance": tolerance, "first_divergence": first, "quantities": len(quantities)}
+    return RunComparison(ra.path, rb.path, steps, table, first, first_modules, float(tolerance),
+                         tuple(findings), facts, first_quantities)
 
 
 def _module_table(modules: list[str], common: np.ndarray, diff: np.ndarray, beyond: np.ndarray,
@@ -132,7 +168,7 @@ def _module_table(modules: list[str], common: np.ndarray, diff: np.ndarray, beyo
 
 
 def _findings(ra: Any, rb: Any, sa: pd.DataFrame, sb: pd.DataFrame, modules: list[str], first: int | None,
-              first_modules: tuple[str, ...], loss_out: np.ndarray, parted: np.ndarray, tolerance: float,
+              first_modules: tuple[str, ...], first_quantities: tuple[str, ...], tolerance: float,
               steps: pd.DataFrame) -> list[Finding]:
     out = []
     if first is None:
@@ -142,14 +178,16 @@ def _findings(ra: Any, rb: Any, sa: pd.DataFrame, sb: pd.DataFrame, modules: lis
                 "info",
                 "",
                 f"{ra.path} and {rb.path} agree within {tolerance:g} (relative) "
-                f"in loss and every module's gradient norm at all {len(set(sa['step']) & set(sb['step']))} "
-                "common steps",
+                f"in every number both record (loss, gradient norms, learning rates...) at all "
+                f"{len(set(sa['step']) & set(sb['step']))} common steps",
             )
         )
     else:
         at = steps.set_index("step").loc[first]
-        loss_text = (f"the loss is {at['loss_a']:.6g} in A and {at['loss_b']:.6g} in B" if loss_out[parted[0]]
-                     else "the loss still agrees")
+        parts = [f"{'the loss' if q == 'loss' else q} is {at[q + '_a']:.6g} in A and {at[q + '_b']:.6g} in B"
+                 for q in first_quantities[:4]]
+        loss_text = "; ".join(parts) + ("; the loss still agrees" if "loss" not in first_quantities else "")
+        loss_text = loss_text.removeprefix("; ")
         shown = ", ".join(first_modules[:5]) + (
             f" and {len(first_modules) - 5} more" if len(first_modules) > 5 else ""
         )
@@ -157,9 +195,9 @@ def _findings(ra: Any, rb: Any, sa: pd.DataFrame, sb: pd.DataFrame, modules: lis
             Finding(
                 "run-diverged",
                 "warning",
-                first_modules[0] if first_modules else "loss",
+                first_modules[0] if first_modules else (first_quantities[0] if first_quantities else "loss"),
                 f"{ra.path} and {rb.path} diverge first at step {first} (beyond {tolerance:g} relative): "
-                f"{loss_text}" + (f"; the gradient norms of {shown} part first" if first_modules else ""),
+                f"{loss_text}" + (f"; the numbers of {shown} part first" if first_modules else ""),
             )
         )
     only_a, only_b = set(sa["step"]) - set(sb["step"]), set(sb["step"]) - set(sa["step"])

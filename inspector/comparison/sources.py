@@ -27,7 +27,8 @@ import torch
 from torch import nn
 
 from ..loading.checkpoints import read_checkpoint
-from ..loading.dcp import dcp_index, is_dcp_folder, read_dcp_tensor
+from ..loading.dcp import is_dcp_folder
+from ..loading.folders import folder_files
 from ..loading.listing import _SAFETENSORS_DTYPES
 from ..loading.models import LoadedModel, load_model
 from ..utils.findings import Finding, InspectorError
@@ -50,7 +51,9 @@ class TensorSource:
     ``entries``: name -> :class:`Meta`, in the source's order; ``ties``: groups of names that are
     one tensor here (same object or same storage); ``trainable``: names that training would
     change (a model's ``requires_grad`` parameters; every floating tensor of a file);
-    ``is_model``: whether ties can be expressed here (a file may store a tie once).
+    ``is_model``: whether ties can be expressed here (a file may store a tie once);
+    ``state_names``: entries of a training checkpoint that are not the model's (optimizer state,
+    extras), compared only with the same names of another training checkpoint.
     """
 
     label: str
@@ -61,6 +64,7 @@ class TensorSource:
     is_model: bool = False
     findings: list[Finding] = field(default_factory=list)
     streams: bool = False  # chunks come from a file, so reading ahead pays
+    state_names: frozenset[str] = frozenset()  # a training checkpoint's optimizer state and extras
 
     def read(self, name: str) -> torch.Tensor:
         """The tensor ``name`` on the CPU; valid until the next ``read`` of this side."""
@@ -260,73 +264,6 @@ def _first_offset(info: Any) -> int:
         return -1
 
 
-class ShardedSafetensorsSide(TensorSource):
-    """A folder of ``.safetensors`` files (a sharded Hugging Face checkpoint): one side, each tensor read
-    from the file that holds it, the files never loaded whole."""
-
-    def __init__(self, path: Path, files: list[Path]) -> None:
-        self.path = path
-        self._shards: list[SafetensorsSide] = []
-        self._owner: dict[str, SafetensorsSide] = {}
-        try:
-            for f in files:
-                shard = SafetensorsSide(f)
-                self._shards.append(shard)
-                for name in shard.entries:
-                    if name in self._owner:
-                        raise InspectorError(
-                            f"{path.name}: tensor {name} is in both {self._owner[name].path.name} "
-                            f"and {f.name}; a checkpoint folder holds each tensor once"
-                        )
-                    self._owner[name] = shard
-        except BaseException:
-            self.close()
-            raise
-        entries = {n: m for shard in self._shards for n, m in shard.entries.items()}
-        super().__init__(path.name, f"safetensors ({len(files)} files)", entries, [],
-                         frozenset(n for n, m in entries.items() if m.dtype.is_floating_point), streams=True)
-
-    def display_order(self) -> list[str]:
-        return sorted(self.entries, key=natural_key)
-
-    def read(self, name: str) -> torch.Tensor:
-        return self._owner[name].read(name)
-
-    def chunks(self, name: str) -> Iterator[np.ndarray]:
-        return self._owner[name].chunks(name)
-
-    def prefetch(self, name: str) -> None:
-        self._owner[name].prefetch(name)
-
-    def close(self) -> None:
-        for shard in self._shards:
-            shard.close()
-
-
-class DcpSide(TensorSource):
-    """A ``torch.distributed.checkpoint`` folder: each tensor put together from its pieces when read."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self._entries, self._pieces = dcp_index(path)
-        self._handles: dict[str, Any] = {}
-        entries = {name: Meta(e.shape, e.dtype, "cpu") for name, e in self._entries.items()
-                   if e.kind == "tensor" and e.dtype is not None}
-        super().__init__(path.name, "distributed checkpoint", entries, [],
-                         frozenset(n for n, m in entries.items() if m.dtype.is_floating_point))
-
-    def display_order(self) -> list[str]:
-        return sorted(self.entries, key=natural_key)
-
-    def read(self, name: str) -> torch.Tensor:
-        return read_dcp_tensor(self.path, self._entries[name], self._pieces.get(name, []), self._handles)
-
-    def close(self) -> None:
-        for fh in self._handles.values():
-            fh.close()
-        self._handles.clear()
-
-
 RING = 3
 Spec = str | os.PathLike | LoadedModel | nn.Module | Mapping[str, torch.Tensor]
 
@@ -350,11 +287,16 @@ def _open(spec: Spec, device: str) -> TensorSource:
         loaded = load_model(text, device=device)
         return ModelSide(loaded.name, loaded.model, loaded.findings)
     path = Path(text).expanduser()
+    from .folder_sides import DcpSide, ShardedSafetensorsSide  # they build on the sides above
+
     if is_dcp_folder(path):
         return DcpSide(path)
-    shards = sorted(path.glob("*.safetensors"), key=lambda f: natural_key(f.name)) if path.is_dir() else []
-    if shards:  # a checkpoint folder (a Hugging Face one too): its files, read tensor by tensor
-        return ShardedSafetensorsSide(path, shards)
+    found = folder_files(path)
+    if found is not None and found.safetensors:  # a checkpoint folder (a Hugging Face one too)
+        return ShardedSafetensorsSide(path, found)
+    if found is not None:
+        state, findings = read_checkpoint(path, mmap=True)
+        return StateDictSide(path.name, state, f"torch files ({found.how})", findings)
     if path.is_dir() and (path / "config.json").is_file():
         loaded = load_model(f"hf:{path}", device=device)
         return ModelSide(loaded.name, loaded.model, loaded.findings)
@@ -367,8 +309,9 @@ def _open(spec: Spec, device: str) -> TensorSource:
         return SafetensorsSide(path)
     if path.is_dir():
         raise InspectorError(
-            f"{path} is a folder but neither a torch.distributed.checkpoint folder (no .metadata) "
-            "nor a Hugging Face model folder (no config.json)"
+            f"{path} is a folder but neither a torch.distributed.checkpoint folder (no .metadata), "
+            "a checkpoint folder (no .safetensors file, pytorch_model.bin or index) nor a Hugging Face "
+            "model folder (no config.json)"
         )
     state, findings = read_checkpoint(path, mmap=True)
     return StateDictSide(path.name, state, "torch file", findings)

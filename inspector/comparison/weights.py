@@ -16,6 +16,7 @@ from .kernels import StatsStream, pair_stats, stream_dtype
 from .names import pair_names
 from .result import MODULE_COLUMNS, TENSOR_COLUMNS, WeightComparison
 from .sources import Meta, Spec, TensorSource, open_source
+from .summary import summary_line
 
 Progress = Callable[[str], None]
 T = TypeVar("T")
@@ -23,16 +24,22 @@ _MAX_VALUE_MATCHES = 1024
 
 
 def compare_weights(
-    a: Spec, b: Spec, *, device: str = "cpu", progress: Progress | None = None
+    a: Spec, b: Spec, *, device: str = "cpu", progress: Progress | None = None,
+    expect_unchanged: Sequence[str] = (),
 ) -> WeightComparison:
     """What changed from ``a`` to ``b``, tensor by tensor; see :func:`inspector.compare`."""
     with open_source(a, device) as sa, open_source(b, device) as sb:
-        return compare_sides(sa, sb, progress)
+        return compare_sides(sa, sb, progress, expect_unchanged=expect_unchanged)
 
 
-def compare_sides(sa: TensorSource, sb: TensorSource, progress: Progress | None = None) -> WeightComparison:
-    """Compare two open sides (:func:`open_source`); neither is changed."""
-    pairing = pair_names(sa.entries, sb.entries)
+def compare_sides(sa: TensorSource, sb: TensorSource, progress: Progress | None = None, *,
+                  expect_unchanged: Sequence[str] = ()) -> WeightComparison:
+    """Compare two open sides (:func:`open_source`); neither is changed. ``expect_unchanged``: glob
+    patterns of names (or their module prefixes) meant to stay, reported as info."""
+    shared_state = sa.state_names & sb.state_names  # the rest of a training state is never missing/extra
+    pairing = pair_names(
+        {n: m for n, m in sa.entries.items() if n not in sa.state_names or n in shared_state},
+        {n: m for n, m in sb.entries.items() if n not in sb.state_names or n in shared_state})
     rows: dict[str, dict[str, Any]] = {}
     read = 0
     for i, (na, nb) in enumerate(pairing.pairs):
@@ -54,14 +61,20 @@ def compare_sides(sa: TensorSource, sb: TensorSource, progress: Progress | None 
     extra = set(pairing.extra) - matched_b
     ordered += [_lone_row("", nb, None, sb.entries[nb], False) for nb in sb.display_order() if nb in extra]
     tensors = pd.DataFrame(ordered, columns=TENSOR_COLUMNS)
+    tensors["update_rank"] = tensors["update_rank"].astype("Int64")  # None where not low-rank
     renamed = tuple(
         (r["name"], r["name_b"]) for r in ordered if r["name"] and r["name_b"] and r["name"] != r["name_b"]
     )
-    findings, stored_once = weight_findings(sa, sb, tensors, pairing.rules, by_value)
+    paired_a, paired_b = [na for na, _ in pairing.pairs], [nb for _, nb in pairing.pairs]
+    still_missing = [n for n in pairing.missing if rows[n]["status"] == "missing"]
+    twice = [("A", kept, lone) for kept, lone in value_ties(sa, still_missing, paired_a)]
+    twice += [("B", kept, lone) for kept, lone in value_ties(sb, sorted(extra), paired_b)]
+    findings, stored_once = weight_findings(sa, sb, tensors, pairing.rules, by_value, expect_unchanged, twice)
     once = (((tensors["status"] == "missing") & tensors["name"].isin(stored_once))
             | ((tensors["status"] == "extra") & tensors["name_b"].isin(stored_once)))
     tensors.loc[once, "status"] = "stored-once"  # the other side holds it under its tie's other name
     compared = tensors[tensors["bitwise_equal"].notna()]
+    state = tensors["name"].isin(shared_state)  # optimizer state and extras of two training checkpoints
     facts = {
         "tensors_a": len(sa.entries),
         "tensors_b": len(sb.entries),
@@ -73,6 +86,10 @@ def compare_sides(sa: TensorSource, sb: TensorSource, progress: Progress | None 
         "renamed": len(renamed),
         "stored_once": int(once.sum()),
         "bytes_read": read,
+        "low_rank": int(tensors["update_rank"].notna().sum()),
+        "summary": summary_line(tensors[~state]),
+        "state_compared": int(state.sum()),
+        "state_changed": int((state & (tensors["bitwise_equal"] == False)).sum()),  # noqa: E712
     }
     return WeightComparison(
         sa.label, sb.label, sa.kind, sb.kind, tensors, module_table(tensors), tuple(findings), renamed, facts
@@ -111,6 +128,7 @@ def _lone_row(na: str, nb: str, ma: Meta | None, mb: Meta | None, trainable: boo
         "nonfinite_a": 0,
         "nonfinite_b": 0,
         "exact_cast": None,
+        "update_rank": None,
     }
 
 
@@ -125,20 +143,22 @@ def pair_row(sa: TensorSource, sb: TensorSource, na: str, nb: str) -> dict[str, 
     if "meta" in (ma.device, mb.device):
         row["status"] = "no-values"
         return row
-    if ma.dtype != mb.dtype:
-        ta = sa.read(na)
-        tb = sb.read(nb)
-        wide = torch.promote_types(ma.dtype, mb.dtype)
-        stats = pair_stats(ta.to(wide), tb.to(wide))
-        row["status"] = "dtype-changed"
-        row["exact_cast"] = _exact_cast(ta, tb)
+    if ma.dtype != mb.dtype and (ma.dtype.is_complex or mb.dtype.is_complex):
+        stats, update_rank = pair_stats(sa.read(na).clone(), sb.read(nb)), None
+        row["exact_cast"] = False
     else:
-        stream = StatsStream(stream_dtype(ma.dtype))
+        stream = StatsStream(stream_dtype(ma.dtype), stream_dtype(mb.dtype), ma.shape)
         pairs = zip(sa.chunks(na), sb.chunks(nb), strict=True)
         for ca, cb in (read_ahead(pairs) if sa.streams or sb.streams else pairs):
             stream.add(ca, cb)
-        stats = stream.finish()
+        stats, update_rank = stream.finish(), stream.update_rank()
+        if stream.cast:
+            row["exact_cast"] = stream.exact
+    if ma.dtype != mb.dtype:
+        row["status"] = "dtype-changed"
+    else:
         row["status"] = "equal" if stats.bitwise_equal else "changed"
+    row["update_rank"] = update_rank
     row.update(bitwise_equal=stats.bitwise_equal, max_abs=stats.max_abs, rel_change=stats.rel_change,
                diff_norm=stats.diff_norm, norm_a=stats.norm_a, nonfinite_a=stats.nonfinite_a,
                nonfinite_b=stats.nonfinite_b)
@@ -185,14 +205,6 @@ def read_ahead(items: Iterator[T]) -> Iterator[T]:
         worker.join()
 
 
-def _exact_cast(ta: torch.Tensor, tb: torch.Tensor) -> bool:
-    """Whether B is exactly A cast to B's dtype (what ``.to(dtype)`` gives)."""
-    try:
-        return bool(pair_stats(ta.to(tb.dtype), tb).bitwise_equal)
-    except (RuntimeError, TypeError):
-        return False
-
-
 def match_by_value(sa: TensorSource, sb: TensorSource, missing: Sequence[str],
                    extra: Sequence[str]) -> list[tuple[str, str]]:
     """Pairs of a name only in A and one only in B whose tensors have one shape, dtype and the same bits
@@ -221,6 +233,33 @@ def match_by_value(sa: TensorSource, sb: TensorSource, missing: Sequence[str],
     return out
 
 
+def value_ties(side: TensorSource, lone: Sequence[str], paired: Sequence[str]) -> list[tuple[str, str]]:
+    """(paired name, lone name) pairs of a file that holds one tensor under both names (equal bits, not
+    constant): a tie saved twice, where the other side stores it once. Models declare their ties."""
+    if side.is_model or not lone:
+        return []
+    groups: dict[tuple, list[str]] = {}
+    for name in paired:
+        m = side.entries[name]
+        groups.setdefault((m.shape, m.dtype), []).append(name)
+    out: list[tuple[str, str]] = []
+    budget = _MAX_VALUE_MATCHES
+    for name in lone:
+        m = side.entries[name]
+        candidates = groups.get((m.shape, m.dtype), [])
+        if not candidates or "meta" in m.device or budget <= 0:
+            continue
+        t = side.read(name).clone()
+        if _constant(t):
+            continue
+        for other in candidates[:8]:
+            budget -= 1
+            if pair_stats(t, side.read(other)).bitwise_equal:
+                out.append((other, name))
+                break
+    return out
+
+
 def _constant(t: torch.Tensor) -> bool:
     flat = t.reshape(-1)
     return flat.numel() < 2 or bool((flat == flat[0]).all())
@@ -244,6 +283,6 @@ def module_table(tensors: pd.DataFrame) -> pd.DataFrame:
     rows = []
     for module, (level, count, changed, numel, sq_d, sq_a, max_abs) in acc.items():
         diff, norm = math.sqrt(sq_d), math.sqrt(sq_a)
-        rel = 0.0 if diff == 0 else (diff / norm if norm else math.inf)
+        rel = 0.0 if diff == 0 else (diff / norm if norm else math.nan)
         rows.append((module, int(level), int(count), int(changed), int(numel), diff, norm, rel, max_abs))
     return pd.DataFrame(rows, columns=MODULE_COLUMNS)

@@ -22,6 +22,7 @@ from .checkpoint_guards import (
     refuse_uncopyable,
     shown_name,
 )
+from .folders import FolderFiles, folder_files
 from .hf_limits import refuse_code_fields
 
 
@@ -54,6 +55,9 @@ def read_checkpoint(
     anything is inflated; keys that are not valid Unicode text come back escaped, with a warning.
     """
     path = Path(path)
+    found = folder_files(path) if path.is_dir() and not (path / ".metadata").is_file() else None
+    if found is not None:
+        return _read_folder(path, found, mmap)
     if path.is_dir():  # a torch.distributed.checkpoint folder, put together in this process
         from .dcp import read_dcp
         state, findings = read_dcp(path)
@@ -64,6 +68,31 @@ def read_checkpoint(
             state, findings = _read_file(readable, shown_name(path), mmap)
     state, renamed = printable_keys(state, shown_name(path))
     return state, findings + renamed
+
+
+def _read_folder(path: Path, found: FolderFiles, mmap: bool) -> tuple[dict[str, torch.Tensor], list[Finding]]:
+    """Every tensor of a checkpoint folder's weight files (those its index names, when it has one)."""
+    state: dict[str, torch.Tensor] = {}
+    findings = [Finding("checkpoint-folder", "info", path.name, f"read {path.name} through {found.how}")]
+    for file in found.files:
+        part, more = read_checkpoint(file, mmap=mmap)
+        findings += more
+        for name, tensor in part.items():
+            if found.owner and found.owner.get(name) != file:
+                continue
+            if name in state:
+                raise InspectorError(f"{path.name}: tensor {name} is in two of its files (the second: "
+                                     f"{file.name}); a checkpoint folder holds each tensor once")
+            state[name] = tensor
+    lost = [n for n in found.owner if n not in state]
+    if lost:
+        raise InspectorError(f"{path.name}: the index stores {len(lost)} tensors in files that do not hold "
+                             f"them (first: {lost[0]}); the folder's shards and index do not match")
+    return state, findings
+
+
+STATE_KEYS = ("state_dict", "model_state_dict", "model", "module")
+"""Keys under which training checkpoints keep the model's state dict (``module``: DeepSpeed)."""
 
 
 def _read_file(path: Path, name: str, mmap: bool) -> tuple[dict[str, torch.Tensor], list[Finding]]:
@@ -110,11 +139,13 @@ def _read_file(path: Path, name: str, mmap: bool) -> tuple[dict[str, torch.Tenso
             ".safetensors file or one written by torch.save(model.state_dict(), path)"
         ) from None
     if isinstance(obj, dict):
-        for key in ("state_dict", "model_state_dict", "model"):
+        for key in STATE_KEYS:
             inner = obj.get(key)
             if isinstance(inner, dict) and inner and all(isinstance(v, torch.Tensor) for v in inner.values()):
+                others = ", ".join(repr(k) for k in list(obj)[:5] if k != key)
                 findings.append(Finding("checkpoint-nested", "info", name,
-                                        f"used the state dict under key {key!r} of {name}"))
+                                        f"used the state dict under key {key!r} of {name}" + (
+                                            f" (its other keys: {others})" if others else "")))
                 obj = inner
                 break
     if not isinstance(obj, dict) or not all(isinstance(k, str) and isinstance(v, torch.Tensor)
