@@ -956,3 +956,29 @@ def test_the_model_code_own_output_is_left_alone_and_names_are_escaped(tmp_path,
     out, err = capsys.readouterr()
     assert "Traceback" in err and "\\x1b[31mred" in err
     assert "\x1b" not in out + err
+
+
+def test_a_refusal_reads_the_same_while_another_thread_writes_to_stderr(files, run_cli):
+    """A browser driver's or server's thread left by an earlier test may print at any moment; what
+    the command printed is judged without it, so a loaded machine cannot reorder it into the result."""
+    import sys
+    import threading
+
+    stop = threading.Event()
+
+    def noisy() -> None:
+        while not stop.is_set():
+            print("a background thread's warning", file=sys.stderr)
+            stop.wait(0.0005)
+
+    thread = threading.Thread(target=noisy)
+    thread.start()
+    try:
+        for _ in range(20):
+            status, _, err = run_cli(["report", "sample:tiny-gpt2", "-o", "/dev/full"])
+            assert status == 2
+            assert err.strip().splitlines()[-1].startswith("error:") and "is a character device" in err
+            assert "background" not in err
+    finally:
+        stop.set()
+        thread.join()
