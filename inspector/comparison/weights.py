@@ -209,28 +209,7 @@ def match_by_value(sa: TensorSource, sb: TensorSource, missing: Sequence[str],
                    extra: Sequence[str]) -> list[tuple[str, str]]:
     """Pairs of a name only in A and one only in B whose tensors have one shape, dtype and the same bits
     (tensors whose elements are all equal are left out: every initial LayerNorm weight would match)."""
-    groups: dict[tuple, list[str]] = {}
-    for nb in extra:
-        m = sb.entries[nb]
-        if "meta" not in m.device:
-            groups.setdefault((m.shape, m.dtype), []).append(nb)
-    out: list[tuple[str, str]] = []
-    budget = _MAX_VALUE_MATCHES
-    for na in missing:
-        m = sa.entries[na]
-        candidates = groups.get((m.shape, m.dtype), [])
-        if not candidates or "meta" in m.device or budget <= 0:
-            continue
-        ta = sa.read(na).clone()
-        if _constant(ta):
-            continue  # all ones or all zeros: equal bits say nothing about where it went
-        for nb in candidates:
-            budget -= 1
-            if pair_stats(ta, sb.read(nb)).bitwise_equal:
-                out.append((na, nb))
-                candidates.remove(nb)
-                break
-    return out
+    return _same_bits(sa, missing, sb, extra, reuse=False)
 
 
 def value_ties(side: TensorSource, lone: Sequence[str], paired: Sequence[str]) -> list[tuple[str, str]]:
@@ -238,24 +217,35 @@ def value_ties(side: TensorSource, lone: Sequence[str], paired: Sequence[str]) -
     constant): a tie saved twice, where the other side stores it once. Models declare their ties."""
     if side.is_model or not lone:
         return []
+    return [(other, name) for name, other in _same_bits(side, lone, side, paired, reuse=True, tries=8)]
+
+
+def _same_bits(sa: TensorSource, names_a: Sequence[str], sb: TensorSource, names_b: Sequence[str], *,
+               reuse: bool, tries: int | None = None) -> list[tuple[str, str]]:
+    """``(name in A, name in B)`` for each of ``names_a`` whose tensor has the bits of one of ``names_b``
+    (same shape and dtype, not constant), at most ``_MAX_VALUE_MATCHES`` reads in all and ``tries``
+    candidates per name; ``reuse=False``: a name of B pairs once."""
     groups: dict[tuple, list[str]] = {}
-    for name in paired:
-        m = side.entries[name]
-        groups.setdefault((m.shape, m.dtype), []).append(name)
+    for nb in names_b:
+        m = sb.entries[nb]
+        if "meta" not in m.device:
+            groups.setdefault((m.shape, m.dtype), []).append(nb)
     out: list[tuple[str, str]] = []
     budget = _MAX_VALUE_MATCHES
-    for name in lone:
-        m = side.entries[name]
+    for na in names_a:
+        m = sa.entries[na]
         candidates = groups.get((m.shape, m.dtype), [])
         if not candidates or "meta" in m.device or budget <= 0:
             continue
-        t = side.read(name).clone()
-        if _constant(t):
-            continue
-        for other in candidates[:8]:
+        ta = sa.read(na).clone()
+        if _constant(ta):
+            continue  # all ones or all zeros: equal bits say nothing about where it went
+        for nb in candidates[:tries]:
             budget -= 1
-            if pair_stats(t, side.read(other)).bitwise_equal:
-                out.append((other, name))
+            if pair_stats(ta, sb.read(nb)).bitwise_equal:
+                out.append((na, nb))
+                if not reuse:
+                    candidates.remove(nb)
                 break
     return out
 
