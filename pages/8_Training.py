@@ -159,8 +159,8 @@ def _show(opened: Opened) -> None:
     table, config = readable(run.at(step, rank))
     paged_table(table, "train_modules", column_config=config, filter_columns=["module"])
 
-    if opened.distributed is not None:
-        distributed_part(opened.distributed, step, rank)
+    if run.kind == "check":
+        distributed_part(run, step, rank)
     elif run.world_size > 1:
         watch_ranks_part(run, step)
 
