@@ -39,9 +39,9 @@ def _header() -> None:
     st.caption(
         "Open the file `with inspector.watch(model, optimizer, 'run.inspect'):` writes around your own loop "
         "(or `python -m inspector watch`), or the one `inspector.distributed.check_step` / "
-        "`torchrun ... -m inspector distributed` writes (an older `run.jsonl` too). A file on the server is read again every few seconds while "
-        "it grows: gradient norms of every module at every step, the loss, each finding at the step it "
-        "appeared, one step's modules, and the ranks side by side."
+        "`torchrun ... -m inspector distributed` writes (an older `run.jsonl` too). A file on the server is "
+        "read again every few seconds while it grows: gradient norms of every module at every step, the "
+        "loss, each finding at the step it appeared, one step's modules, and the ranks side by side."
     )
 
 
