@@ -11,8 +11,8 @@ Modules: ``columns``: every rank's numbers of one ``check_step`` call as columns
 per-step digests of this rank's tensor pieces; ``findings``: findings of one distributed step;
 ``local``: one rank's numbers at one ``check_step`` call; ``plan``: what ``check_step`` works out once
 per model and keeps between steps; ``sync``: before any collective; ``check``: ``check_step``: one call
-per training step; ``groups``: process groups made and ended in order; ``train``: run a few training
-steps of a model under torch.distributed.
+per training step; ``train``: run a few training steps of a model under torch.distributed;
+``groups``: process groups made and ended in order, never left to the garbage collector.
 """
 
 from __future__ import annotations
