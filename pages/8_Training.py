@@ -1,4 +1,4 @@
-"""Training: a run file (inspector.watch, or check_step's run.jsonl) followed live: norms per
+"""Training: a run file (inspector.watch's, or check_step's) followed live: norms per
 module and step, loss, findings on a timeline, one step's modules, and the ranks side by side."""
 
 from __future__ import annotations
@@ -38,10 +38,10 @@ def _header() -> None:
     st.title("Training")
     st.caption(
         "Open the file `with inspector.watch(model, optimizer, 'run.inspect'):` writes around your own loop "
-        "(or `python -m inspector watch`), or the `run.jsonl` of `inspector.distributed.check_step` / "
-        "`torchrun ... -m inspector distributed`. A file on the server is read again every few seconds while "
-        "it grows: gradient norms of every module at every step, the loss, each finding at the step it "
-        "appeared, one step's modules, and the ranks side by side."
+        "(or `python -m inspector watch`), or the one `inspector.distributed.check_step` / "
+        "`torchrun ... -m inspector distributed` writes (an older `run.jsonl` too). A file on the server is "
+        "read again every few seconds while it grows: gradient norms of every module at every step, the "
+        "loss, each finding at the step it appeared, one step's modules, and the ranks side by side."
     )
 
 
@@ -159,8 +159,8 @@ def _show(opened: Opened) -> None:
     table, config = readable(run.at(step, rank))
     paged_table(table, "train_modules", column_config=config, filter_columns=["module"])
 
-    if opened.distributed is not None:
-        distributed_part(opened.distributed, step, rank)
+    if run.kind == "check":
+        distributed_part(run, step, rank)
     elif run.world_size > 1:
         watch_ranks_part(run, step)
 

@@ -25,14 +25,15 @@ def test_command_writes_one_merged_line_per_step(world2):
     out, ranks = world2
     assert [r["cli"] for r in ranks] == [{"rc": 0, "initialised_after": False}] * 2
     run = read_run(out / "run.jsonl")
-    assert run.world_size == 2 and run.backend == "gloo"
-    assert run.steps["step"].tolist() == [0, 1, 2]
+    assert run.world_size == 2 and run.backend == "gloo" and run.kind == "check"
+    assert run.totals["step"].tolist() == [0, 1, 2]
+    assert run.steps[["step", "rank"]].values.tolist() == [[s, r] for s in range(3) for r in range(2)]
     assert run.per_rank["param_numel"].tolist() == [9141] * 6
     assert run.per_rank["param_bytes"].tolist() == [9141 * 4] * 6
     assert run.findings == []
     # global norm from the two ranks' pieces: sqrt(r0^2 + r1^2)
     first = run.per_rank[run.per_rank["step"] == 0]["grad_norm"].tolist()
-    assert run.steps["grad_norm"].iloc[0] == pytest.approx(math.hypot(*first), rel=1e-12)
+    assert run.totals["grad_norm"].iloc[0] == pytest.approx(math.hypot(*first), rel=1e-12)
 
 
 def test_global_gradient_norm_equals_clip_grad_norm(world2):
@@ -132,7 +133,7 @@ def test_planted_drift_names_tensor_and_ranks(world2):
     for res in (ranks[0]["tp"], ranks[1]["tp"]):
         assert [(f["code"], f["where"]) for f in res["drift_findings"]] == [("replica-drift", "down.bias")]
     planted = read_run(out / "planted.jsonl")
-    assert [(step, f.code, f.where) for step, f in planted.findings] == [
+    assert [(f.step, f.code, f.where) for f in planted.findings] == [
         (1, "nonfinite-gradient", "blocks.0.fc1.weight"), (2, "replica-drift", "scale")]
     assert planted.per_rank.set_index(["step", "rank"])["nonfinite"].to_dict() == {
         (1, 0): 0, (1, 1): 1, (2, 0): 0, (2, 1): 0}

@@ -13,9 +13,15 @@ from torch import nn
 
 from inspector import Finding, InspectorError
 from inspector.__main__ import main
-from inspector.distributed import check_step, parse_run, read_run
+from inspector.distributed import check_step, read_run
 from inspector.figures import grad_norm_figure, memory_figure
+from inspector.watching import parse_run_bytes
 from tests.apptest import run_page
+
+
+def parse_run(text: str, name: str):
+    """The run of an upload holding ``text`` (what the Training page reads)."""
+    return parse_run_bytes(text.encode("utf-8"), name)
 
 
 @pytest.fixture(autouse=True)
@@ -188,8 +194,8 @@ def test_deeply_nested_brackets_are_refused(record, tmp_path, capsys):
 
 def test_a_newer_version_reads_with_a_warning(record):
     run = parse_run(_line(record, version=999, future={"x": 1}) + "\n", "run.jsonl")
-    assert [(f.code, f.severity) for _, f in run.findings] == [("run-file-newer", "warning")]
-    assert "version 999; this one reads version 1" in run.findings[0][1].message
+    assert [(f.code, f.severity) for f in run.findings] == [("run-file-newer", "warning")]
+    assert "version 999; this one reads version 1" in run.findings[0].message
 
 
 def test_a_cut_last_line_keeps_every_complete_step(record, tmp_path):
@@ -199,8 +205,8 @@ def test_a_cut_last_line_keeps_every_complete_step(record, tmp_path):
     path.write_text(whole + cut, encoding="utf-8")
     run = read_run(path)
     assert run.steps["step"].tolist() == [0, 1]
-    assert [(s, f.code) for s, f in run.findings] == [(1, "run-file-truncated")]
-    assert "line 3" in run.findings[0][1].message and "Read 2 complete steps" in run.findings[0][1].message
+    assert [(f.step, f.code) for f in run.findings] == [(1, "run-file-truncated")]
+    assert "line 3" in run.findings[0].message and "Read 2 complete steps" in run.findings[0].message
     with pytest.raises(
         InspectorError, match="line 2 is not JSON"
     ):  # a bad line in the middle is still an error

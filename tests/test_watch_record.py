@@ -110,11 +110,51 @@ def test_reads_check_steps_run_file(tmp_path):
     direct = {t["name"]: t["grad_norm"] for t in rec["tensors"]}
     expected = np.hypot(direct["0.weight"], direct["0.bias"])
     assert run.matrix()[1][1, 0] == pytest.approx(expected, rel=1e-6)
-    from inspector.distributed import read_check_run
-    from inspector.distributed import read_run as read_check_run_old_name
+    assert run.kind == "check"
+    assert run.totals["grad_norm"].iloc[-1] == pytest.approx(rec["global"]["grad_norm"])
+    assert run.check_run is not None and run.check_run.steps.equals(run.totals)
 
-    assert read_check_run(path).steps.equals(read_check_run_old_name(path).steps)
-    assert run.check_run.steps.equals(read_check_run(path).steps)
+
+def test_one_reader_and_one_report_for_both_kinds_of_run_file(tmp_path):
+    """inspector.distributed.read_run is inspector.read_run; a check_step file and a watch file both read
+    through it as a Run, and both render with run_report."""
+    import torch
+
+    import inspector
+    import inspector.distributed
+    from inspector import Run, run_report, watch
+    from inspector.distributed import check_step
+
+    assert inspector.distributed.read_run is inspector.read_run is read_run
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 1))
+    checked, watched = tmp_path / "check.inspect", tmp_path / "watch.inspect"
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with watch(model, opt, watched):
+        for step in range(2):
+            model(torch.ones(1, 2)).sum().backward()
+            check_step(model, step, checked)
+            opt.step()
+            opt.zero_grad()
+    runs = {"check": inspector.distributed.read_run(checked), "watch": inspector.read_run(watched)}
+    assert {kind: (type(run), run.kind) for kind, run in runs.items()} == {
+        "check": (Run, "check"), "watch": (Run, "watch")}
+    for run in runs.values():  # the tables both kinds share: one row per (step, rank), the same modules
+        assert run.steps[["step", "rank"]].values.tolist() == [[0, 0], [1, 0]]
+        assert run.module_order == ("0", "1")
+    # check_step's detail: 4 tensors (two weights, two biases) in one process, no process group
+    check = runs["check"]
+    assert (check.world_size, check.backend) == (1, "none")
+    assert check.tensors["name"].tolist() == ["0.weight", "0.bias", "1.weight", "1.bias"]
+    assert check.per_rank[["step", "rank"]].values.tolist() == [[0, 0], [1, 0]]
+    assert check.totals["step"].tolist() == [0, 1]
+    with pytest.raises(InspectorError, match="watch.inspect is a watched run: tensors is what "
+                                             "inspector.distributed.check_step records"):
+        _ = runs["watch"].tensors
+    sections = {kind: [s.id for s in run_report(run).sections] for kind, run in runs.items()}
+    assert sections["check"] == ["findings", "run", "rank-0", "tensors"]
+    assert sections["watch"][:3] == ["findings", "run", "modules"]
+    assert [s.id for s in run_report(checked).sections] == sections["check"]
 
 
 @pytest.mark.parametrize("change", [{"world_size": 0}, {"modules": [1, 2]}, {"parameter_modules": [0, 0, 7]},

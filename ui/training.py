@@ -12,7 +12,7 @@ import pandas as pd
 import streamlit as st
 
 from inspector import format_bytes, run_report
-from inspector.distributed import DistributedRun, rank_issues, unique_findings
+from inspector.distributed import rank_issues, unique_findings
 from inspector.figures import NormGrid, grad_norm_figure, memory_figure, run_norm_grid
 from inspector.utils import markdown_text
 from inspector.watching import MODULE_COLUMNS, Run, parse_run_bytes, read_run
@@ -42,26 +42,23 @@ LABELS = {
 
 @dataclass(frozen=True)
 class Opened:
-    """A run as the page shows it: the run, and for a ``check_step`` file its per-rank detail.
+    """A run as the page shows it (either kind: ``run.kind``).
 
     ``key`` changes whenever the file does (path, size, modification time; or the upload's id).
     """
 
     key: tuple[Any, ...]
     run: Run
-    distributed: DistributedRun | None
 
 
 @st.cache_resource(show_spinner=False, max_entries=4)
 def _read_path(path: str, size: int, mtime_ns: int) -> Opened:
-    run = read_run(path)
-    return Opened((path, size, mtime_ns), run, run.check_run)
+    return Opened((path, size, mtime_ns), read_run(path))
 
 
 @st.cache_resource(show_spinner=False, max_entries=4)
 def _read_upload(name: str, file_id: str, _data: bytes) -> Opened:
-    run = parse_run_bytes(_data, name)
-    return Opened((name, file_id), run, run.check_run)
+    return Opened((name, file_id), parse_run_bytes(_data, name))
 
 
 def open_run(upload: Any, path: str) -> Opened | None:
@@ -189,9 +186,10 @@ def rank_steps(run: Run, rank: int) -> np.ndarray:
     return np.unique(steps.loc[steps["rank"] == rank, "step"].to_numpy())
 
 
-def distributed_part(dist: DistributedRun, step: int, rank: int) -> None:
-    """The ranks of a ``check_step`` run side by side: findings by tensor, norms and memory per
-    rank, where ``rank`` stands out, its rows and the tensors at ``step``; the run's report."""
+def distributed_part(dist: Run, step: int, rank: int) -> None:
+    """The ranks of a ``check_step`` run (a :class:`Run` of kind ``"check"``) side by side: findings by
+    tensor, norms and memory per rank, where ``rank`` stands out, its rows and the tensors at ``step``;
+    the run's report."""
     st.header("Ranks")
     found = unique_findings(dist)
     st.caption(
@@ -202,7 +200,7 @@ def distributed_part(dist: DistributedRun, step: int, rank: int) -> None:
     if found:
         st.dataframe(pd.DataFrame([{"code": f.code, "where": f.where, "steps": ", ".join(map(str, s))}
                                    for s, f in found]), hide_index=True, width="stretch")
-    st.plotly_chart(grad_norm_figure(dist.per_rank, dist.steps), width="stretch")
+    st.plotly_chart(grad_norm_figure(dist.per_rank, dist.totals), width="stretch")
     dsteps = np.unique(dist.per_rank["step"].to_numpy())
     at = nearest_step(dsteps, step)
     st.plotly_chart(memory_figure(dist.per_rank, at), width="stretch")

@@ -11,7 +11,7 @@ from .common import print_findings, progress, say, training_ranks
 
 HELP = (
     "under torchrun: shard the model on every rank, train a few steps and check each one "
-    "(replica drift, nonfinite gradients by rank, imbalance, memory); rank 0 writes a JSON-lines run file"
+    "(replica drift, nonfinite gradients by rank, imbalance, memory); rank 0 writes the run file"
 )
 
 

@@ -14,7 +14,7 @@ from . import argtypes as types
 from .common import add_source_arguments, load_from_args, progress, write_text
 
 HELP = ("write a report of every analysis (HTML, JSON, Markdown or PDF); SOURCE may also be the "
-        "JSON-lines file of a distributed run or the run file of a watched training run")
+        "run file of a watched training run or of check_step (or the run.jsonl of an older version)")
 FORMATS = {"html": ".html", "json": ".json", "md": ".md", "pdf": ".pdf"}
 
 

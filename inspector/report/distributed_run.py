@@ -1,6 +1,7 @@
-"""A distributed run file as a Report: the run, one section per rank, the tensors of the last step.
+"""A run file as a Report (:func:`run_report`); a ``check_step`` run's: the run, one section per rank,
+the tensors of the last step.
 
-``python -m inspector report run.jsonl -o run.html`` and the Distributed page use it; the
+``python -m inspector report run.inspect -o run.html`` and the Training page use it; the
 Report renders to HTML, JSON and Markdown like a model report.
 """
 
@@ -11,33 +12,31 @@ from datetime import UTC, datetime
 
 import pandas as pd
 
-from ..runfiles import DistributedRun, rank_issues, unique_findings
+from ..runfiles import DistributedRun, rank_issues, records_of, unique_findings
 from ..watching import Run, read_run
 from .data import Section, Table, make_figure
 from .model import Report
 
 
-def run_report(run: DistributedRun | Run | str | os.PathLike) -> Report:
+def run_report(run: Run | DistributedRun | str | os.PathLike) -> Report:
     """The report of one run file, of either kind: ``run_report(read_run(path))`` and ``run_report(path)``
     work alike.
 
-    A ``check_step`` run (a :class:`~inspector.distributed.DistributedRun`, or a :class:`Run` read from
-    its ``run.jsonl``) gets sections ``findings``, ``run``, ``rank-0`` ... ``rank-N``, ``tensors``; a
-    watched run (:func:`inspector.watch`'s file) gets :func:`~inspector.report.watch_report`'s
-    ``findings``, ``run``, ``modules`` (and ``captures``).
+    A ``check_step`` run (a :class:`Run` of kind ``"check"``, or its ``check_run``) gets sections
+    ``findings``, ``run``, ``rank-0`` ... ``rank-N``, ``tensors``; a watched run
+    (:func:`inspector.watch`'s file) gets :func:`~inspector.report.watch_report`'s ``findings``,
+    ``run``, ``modules`` (and ``captures``).
 
     Raises:
         InspectorError: ``run`` is a path that is no run file (the message says which).
     """
     if isinstance(run, (str, os.PathLike)):
         run = read_run(run)
-    if isinstance(run, Run):
-        if run.check_run is None:
-            from .watch_run import watch_report
+    if isinstance(run, Run) and run.check_run is None:
+        from .watch_run import watch_report
 
-            return watch_report(run)
-        return _check_report(run.check_run)
-    return _check_report(run)
+        return watch_report(run)
+    return _check_report(records_of(run))
 
 
 def _check_report(run: DistributedRun) -> Report:

@@ -6,7 +6,8 @@
   ``check_step`` appends one row per step; older versions wrote one JSON line per step;
 - :mod:`.run`: :func:`read_check_run` reads either back (:func:`parse_check_stream` /
   :func:`parse_run` from bytes or text) as a :class:`DistributedRun` (tables of steps, ranks and
-  tensors), and the findings a run holds.
+  tensors), which ``inspector.read_run`` (the one reader of run files) keeps as ``Run.check_run``,
+  and the findings a run holds.
 
 It needs no process group: the report, the Training page and ``compare`` read run files here,
 below the analyses; :mod:`inspector.distributed` writes them.
@@ -22,11 +23,11 @@ from .run import (
     parse_run,
     rank_issues,
     read_check_run,
-    read_run,
+    records_of,
     unique_findings,
     unsynchronised,
 )
 
 __all__ = ["CheckRecord", "DistributedRun", "RankNumbers", "StepTotals", "TensorRow", "is_run_file",
-           "parse_check_stream", "parse_run", "rank_issues", "read_check_run", "read_run", "unique_findings",
-           "unsynchronised"]
+           "parse_check_stream", "parse_run", "rank_issues", "read_check_run", "records_of",
+           "unique_findings", "unsynchronised"]

@@ -81,7 +81,8 @@ def is_run_file(path: str | os.PathLike) -> bool:
 
 
 def read_check_run(path: str | os.PathLike) -> DistributedRun:
-    """Read a run file written by :func:`check_step` (or ``python -m inspector distributed``).
+    """Read a run file written by :func:`check_step` (or ``python -m inspector distributed``): the records
+    ``inspector.read_run`` keeps as ``Run.check_run`` (read a run with that).
 
     Raises:
         InspectorError: the file is missing, empty, or a line is not a step record (the
@@ -100,11 +101,6 @@ def read_check_run(path: str | os.PathLike) -> DistributedRun:
     except (OSError, UnicodeDecodeError) as exc:
         raise InspectorError(f"run file {p.name} cannot be read as UTF-8 text ({exc})") from None
     return parse_run(text, p.name)
-
-
-def read_run(path: str | os.PathLike) -> DistributedRun:
-    """:func:`read_check_run` under its first name (``inspector.read_run`` reads a watch run)."""
-    return read_check_run(path)
 
 
 def _reject_constant(name: str) -> Any:
@@ -271,24 +267,41 @@ def _tensor_frame(record: CheckRecord) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=TENSOR_COLUMNS)
 
 
-def unique_findings(run: DistributedRun) -> list[tuple[list[int], Finding]]:
-    """Each distinct finding once (by code and place, :func:`inspector.utils.findings.group_findings`),
-    with the steps it was seen at (first step first)."""
-    return [
-        (steps, f) for steps, _, f in group_findings((step, None, f) for step, f in run.findings).values()
-    ]
+def records_of(run: Any) -> DistributedRun:
+    """The ``check_step`` records of ``run``: a :class:`DistributedRun` itself, or the ``check_run`` of
+    the ``Run`` that ``inspector.read_run`` gives.
+
+    Raises:
+        InspectorError: ``run`` is a watched run (it has no ``check_step`` records).
+    """
+    if isinstance(run, DistributedRun):
+        return run
+    records = getattr(run, "check_run", None)
+    if not isinstance(records, DistributedRun):
+        raise InspectorError(f"{getattr(run, 'path', run)} is not a check_step run: it has no per-rank "
+                             "and per-tensor records (inspector.distributed.check_step writes them)")
+    return records
 
 
-def rank_issues(run: DistributedRun, rank: int) -> pd.DataFrame:
+def unique_findings(run: Any) -> list[tuple[list[int], Finding]]:
+    """Each distinct finding of a ``check_step`` run (a ``Run`` of kind ``"check"``) once (by code and
+    place, :func:`inspector.utils.findings.group_findings`), with the steps it was seen at (first step
+    first)."""
+    found = records_of(run).findings
+    return [(steps, f) for steps, _, f in group_findings((step, None, f) for step, f in found).values()]
+
+
+def rank_issues(run: Any, rank: int) -> pd.DataFrame:
     """Where ``rank`` stands out, step by step: ``step, tensor, issue`` with ``issue`` in
     ``"nonfinite gradient"`` (its piece holds NaN/Inf), ``"nonfinite values"`` (the values of its
     piece do), ``"differs from its replicas"`` (its bits differ from the majority of the ranks that
     must hold the same values), ``"replicas disagree, no majority"`` (they differ and no majority
     says which is right: every one of them is named) and ``"gradient not synchronized"`` (a plain
     parameter whose gradient differs between ranks: every rank is named). Buffers that the wrapper
-    re-synchronises (DDP's ``broadcast_buffers``) are not counted as drift."""
+    re-synchronises (DDP's ``broadcast_buffers``) are not counted as drift. ``run``: a ``Run`` of kind
+    ``"check"`` (or its ``check_run``)."""
     rows = []
-    for rec in run.records:
+    for rec in records_of(run).records:
         for t in rec["tensors"]:
             nan, inf = t.get("nan", []), t.get("inf", [])
             if (rank < len(nan) and nan[rank]) or (rank < len(inf) and inf[rank]):

@@ -4,7 +4,8 @@ Every step records per-module gradient and parameter norms, learning rates, step
 memory into an Arrow run file (:mod:`.record`) that :func:`read_run` reads, also while it
 grows; findings (``nonfinite-forward``, ``dead-gradient``, ...) name the module and the step.
 
-Modules: ``captured``: the inputs and outputs of the module that first produced a NaN/Inf; ``core``:
+Modules: ``captured``: the inputs and outputs of the module that first produced a NaN/Inf; ``checked``: a
+``check_step`` run as a :class:`Run`; ``core``:
 ``watch``, the context manager around a training loop; ``detect``: findings from one step's numbers on
 the host; ``layout``: which tensors a watch follows; ``numbers``: one rank's numbers at one step;
 ``steps``: the per-step work of a watch; ``summary``: run files reduced for display; ``synthetic``: a

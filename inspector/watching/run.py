@@ -12,8 +12,9 @@ import numpy as np
 import pandas as pd
 
 from ..capture import Captures
+from ..runfiles import DistributedRun
 from ..utils.findings import Finding, InspectorError
-from .record import META_KEY, OPTIONAL, STREAM_MAGIC, RunMeta, StepRecord, record_batch, schema
+from .record import META_KEY, OPTIONAL, STREAM_MAGIC, RunMeta, schema
 
 END_OF_STREAM = b"\xff\xff\xff\xff\x00\x00\x00\x00"
 STEP_COLUMNS = ["step", "rank", "time", "step_time", "loss", "grad_norm", "nonfinite", "scale", "skipped",
@@ -40,16 +41,24 @@ class StepFinding:
 
 @dataclass(frozen=True, eq=False)
 class Run:
-    """A watched training run, as tables (see :func:`read_run`).
+    """A training run, as tables (see :func:`read_run`): the file :func:`inspector.watch` writes
+    (``kind`` ``"watch"``) or the one ``check_step`` writes (``kind`` ``"check"``).
 
-    ``steps``: one row per (step, rank): ``STEP_COLUMNS``, ``loss_logged`` (a NaN ``loss`` was logged
-    as NaN where it is true), then ``lr_0, lr_1, ...`` (one per
-    param group) and one column per scalar logged with ``w.log``. ``modules`` (built on first
-    use): one row per (step, rank, module) with ``grad_norm, param_norm, update_ratio,
-    nonfinite``; :meth:`matrix` gives one of them as a steps × modules array without building
-    it. ``complete`` is False while the file is still being written or when the writer died
-    (every complete step is read either way). ``check_run``: for a ``check_step`` ``run.jsonl``,
-    its :class:`~inspector.distributed.DistributedRun` (per-rank detail), else None.
+    For either kind: ``steps``: one row per (step, rank): ``STEP_COLUMNS``, ``loss_logged`` (a NaN
+    ``loss`` was logged as NaN where it is true), then ``lr_0, lr_1, ...`` (one per param group) and
+    one column per scalar logged with ``w.log``. ``modules`` (built on first use): one row per
+    (step, rank, module) with ``grad_norm, param_norm, update_ratio, nonfinite``; :meth:`matrix`
+    gives one of them as a steps × modules array without building it. ``findings``: each with its
+    step and rank. ``complete`` is False while the file is still being written or when the writer
+    died (every complete step is read either way). ``world_size``: the ranks of the run.
+
+    A ``check_step`` run also has what only it records: ``per_rank`` (one row per (step, rank) of
+    check_step's numbers: bytes held, memory, local gradient norm), ``totals`` (one row per step:
+    the whole world's ``step, grad_norm, nonfinite, findings``), ``tensors`` (the last step's
+    tensors; :meth:`tensors_at` another step's), ``backend``, and ``check_run``, the typed records
+    (:class:`~inspector.distributed.DistributedRun`); its ``steps`` and ``modules`` hold each rank's
+    numbers with every module's global gradient norm. On a watched run those raise
+    :class:`InspectorError` and ``check_run`` is None.
     """
 
     path: str
@@ -59,9 +68,47 @@ class Run:
     complete: bool
     table: Any = field(repr=False)  # the pyarrow.Table of the rows
     source: str = ""  # the file's full path ("" for an upload)
-    check_run: Any = field(
-        default=None, repr=False
-    )  # a check_step file's DistributedRun (None for a watch file)
+    check_run: DistributedRun | None = field(default=None, repr=False)  # a check_step run's records
+
+    @property
+    def kind(self) -> str:
+        """``"watch"`` (:func:`inspector.watch`'s file) or ``"check"`` (``check_step``'s)."""
+        return self.meta.kind
+
+    def _checked(self, what: str) -> DistributedRun:
+        if self.check_run is None:
+            raise InspectorError(
+                f"{self.path} is a watched run: {what} is what inspector.distributed.check_step records, "
+                "not inspector.watch; a watched run's numbers per rank are in run.steps"
+            )
+        return self.check_run
+
+    @property
+    def per_rank(self) -> pd.DataFrame:
+        """A ``check_step`` run's numbers per (step, rank): ``step, rank, grad_norm`` (of the rank's pieces),
+        ``nonfinite, param_numel, param_bytes, grad_bytes, buffer_bytes, device_allocated, device_peak,
+        rss, peak_rss, value_nonfinite, loss``."""
+        return self._checked("per_rank").per_rank
+
+    @property
+    def totals(self) -> pd.DataFrame:
+        """A ``check_step`` run's whole-world numbers, one row per step: ``step, grad_norm`` (the global
+        norm, what ``clip_grad_norm_`` returns), ``nonfinite, findings`` (how many)."""
+        return self._checked("totals").steps
+
+    @property
+    def tensors(self) -> pd.DataFrame:
+        """A ``check_step`` run's tensors at its last step (placements, mesh, norms, NaN/Inf by rank)."""
+        return self._checked("tensors").tensors
+
+    def tensors_at(self, step: int) -> pd.DataFrame:
+        """A ``check_step`` run's tensors at ``step`` (the last record with that step number)."""
+        return self._checked("tensors_at").tensors_at(step)
+
+    @property
+    def backend(self) -> str:
+        """The process group's backend of a ``check_step`` run (``gloo``, ``nccl``)."""
+        return self._checked("backend").backend
 
     @cached_property
     def captures(self) -> Captures | None:
@@ -258,18 +305,19 @@ def parse_run_bytes(data: bytes, name: str = "run file") -> Run:
     import pyarrow as pa
 
     from ..runfiles import parse_check_stream, parse_run
+    from .checked import check_as_run
 
     if data[:4] == STREAM_MAGIC:
         meta, table, complete = _read_stream(pa.BufferReader(data), name)
         if meta.kind == "check":
-            return _from_distributed(parse_check_stream(data, name))
+            return check_as_run(parse_check_stream(data, name))
         return _from_table(name, meta, table, complete)
 
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError:
         raise InspectorError(f"{name} is neither a watch run file nor a check_step run.jsonl") from None
-    return _from_distributed(parse_run(text, name))
+    return check_as_run(parse_run(text, name))
 
 
 def is_watch_file(path: str | os.PathLike) -> bool:
@@ -281,7 +329,9 @@ def is_watch_file(path: str | os.PathLike) -> bool:
 
 def read_run(path: str | os.PathLike) -> Run:
     """Read a run file written by :func:`inspector.watch` or by ``check_step`` (the same Arrow file; the
-    JSON lines ``check_step`` wrote in older versions read too).
+    JSON lines ``check_step`` wrote in older versions read too): the one reader of every run file, also
+    ``inspector.read_run`` and ``inspector.distributed.read_run``. A ``check_step`` file gives a
+    :class:`Run` of kind ``"check"``, with its per-rank and per-tensor records (see :class:`Run`).
 
     The file may still be growing: every complete step written so far is read.
 
@@ -295,69 +345,17 @@ def read_run(path: str | os.PathLike) -> Run:
         raise InspectorError(f"run file {p} does not exist; write it with inspector.watch(model, optimizer, "
                              f"{str(p)!r}) or `python -m inspector watch FILE.py:factory -o {p}`")
     from ..runfiles import is_run_file, read_check_run
+    from .checked import check_as_run
 
     if is_watch_file(p):
         with pa.memory_map(str(p), "r") as source:  # zero-copy: 10,000 × 1,000 steps read in well under 1 s
             meta, table, complete = _read_stream(source, p.name)
             if meta.kind != "check":
                 return _from_table(p.name, meta, table, complete, source=str(p))
-        return _from_distributed(read_check_run(p))  # check_step's records, from the same file
+        return check_as_run(read_check_run(p))  # check_step's records, from the same file
 
     if not is_run_file(p):
         raise InspectorError(
             f"{p.name} is neither a watch run file (Arrow stream) nor a check_step run.jsonl"
         )
-    return _from_distributed(read_check_run(p))
-
-
-def _from_distributed(dr: Any) -> Run:
-    """A ``check_step`` run as a :class:`Run`: its parameters grouped into their modules, each
-    module's gradient norm the global one (as a watch file stores it), the file's notes
-    (``run-file-truncated``, ``run-file-newer``) among the findings and the run kept as ``check_run``."""
-    first = dr.records[0]
-    params = [t["name"] for t in first["tensors"] if t.get("kind") == "parameter"]
-    modules: list[str] = []
-    owner = []
-    for p in params:
-        mod = p.rpartition(".")[0]
-        if mod not in modules:
-            modules.append(mod)
-        owner.append(modules.index(mod))
-    meta = RunMeta(model=dr.path, world_size=dr.world_size, every=1, modules=tuple(modules),
-                   parameters=tuple(params), parameter_modules=tuple(owner), checks=("distributed",))
-    owners = np.asarray(owner, dtype=np.int64)
-    records = []
-    for rec in dr.records:
-        by_name = {t["name"]: t for t in rec["tensors"]}
-        norms = np.array([_global_norm(by_name.get(p)) for p in params], dtype=np.float64)
-        mod_sq = np.zeros(len(modules))
-        np.add.at(mod_sq, owners, np.nan_to_num(norms, nan=0.0) ** 2)
-        for r in rec["ranks"]:
-            rank = r["rank"]
-            nonfinite = np.zeros(len(modules), dtype=np.int32)
-            for i, p in enumerate(params):
-                nonfinite[owner[i]] += sum(_at_rank(by_name.get(p), k, rank) for k in ("nan", "inf"))
-            records.append(StepRecord(
-                step=rec["step"], rank=rank, time=float(rec.get("time") or 0.0), grad_norm=r.get("grad_norm"),
-                nonfinite=int(r.get("nonfinite") or 0), device_allocated=r.get("device_allocated"),
-                device_peak=r.get("device_peak"), rss=r.get("rss"), module_grad_norm=np.sqrt(mod_sq),
-                module_nonfinite=nonfinite, param_grad_norm=norms))
-    import pyarrow as pa
-
-    table = (pa.Table.from_batches([record_batch(records, "check")]) if records
-             else schema().empty_table())
-    findings = [StepFinding(step, None, f.code, f.severity, f.where, f.message) for step, f in dr.findings]
-    complete = not any(f.code == "run-file-truncated" for f in findings)
-    return Run(dr.path, meta, _steps_frame(table, meta), findings, complete, table, check_run=dr)
-
-
-def _global_norm(tensor: dict[str, Any] | None) -> float:
-    """A tensor's global gradient norm (NaN when not recorded)."""
-    value = (tensor or {}).get("grad_norm")
-    return np.nan if value is None else float(value)
-
-
-def _at_rank(tensor: dict[str, Any] | None, key: str, rank: int) -> int:
-    """``tensor[key][rank]``, 0 where the list is absent or shorter."""
-    values = (tensor or {}).get(key) or []
-    return int(values[rank] or 0) if rank < len(values) else 0
+    return check_as_run(read_check_run(p))

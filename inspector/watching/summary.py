@@ -14,8 +14,8 @@ RECUR_AFTER = 5  # steps a recurring finding of a check_step file must be away b
 def main_steps(run: Run) -> pd.DataFrame:
     """One row per step for the loss and global-norm lines: the global norms of a ``check_step``
     file, else rank 0's rows (the lowest rank's where rank 0 is absent), by step."""
-    if run.check_run is not None:
-        return run.check_run.steps
+    if run.kind == "check":
+        return run.totals
     steps = run.steps
     if not len(steps):
         return steps
@@ -30,7 +30,7 @@ def first_findings(run: Run) -> list[StepFinding]:
     file repeats a finding at every step it holds, so an episode there ends after ``RECUR_AFTER``
     steps without it."""
     ordered = sorted(run.findings, key=lambda f: f.step)
-    clear = RECUR_AFTER if run.check_run is not None else 0
+    clear = RECUR_AFTER if run.kind == "check" else 0
     starts = episode_starts(((f.step, f.rank, f.finding) for f in ordered), recurs, clear)
     return [StepFinding(step, rank, f.code, f.severity, f.where, f.message) for step, rank, f in starts]
 

@@ -8,10 +8,11 @@ import pytest
 import torch
 from torch import nn
 
-from inspector.distributed import check_step, parse_run, read_check_run
+from inspector.distributed import check_step, read_run
 from inspector.distributed.check import append_record
 from inspector.distributed.findings import step_findings
 from inspector.utils.findings import InspectorError
+from inspector.watching import parse_run_bytes
 
 
 def _row(name, local_norms, local_numel, placements="Shard(0)", kind="parameter", nan=None, keys=None,
@@ -76,12 +77,13 @@ def test_check_step_in_one_process_writes_a_row_per_step(tmp_path):
     assert first.ok and (first.rank, first.world_size) == (0, 1)
     assert [(f.code, f.where) for f in second.findings] == [("nonfinite-gradient", "bias")]
     assert path.read_bytes()[:4] == b"\xff\xff\xff\xff"  # the Arrow run file the watch writes
-    run = read_check_run(path)
-    assert run.steps["grad_norm"].tolist()[0] == pytest.approx(math.sqrt(3))
-    assert math.isinf(run.steps["grad_norm"].tolist()[1])  # Arrow keeps the Inf (JSON wrote null)
+    run = read_run(path)
+    assert run.totals["grad_norm"].tolist()[0] == pytest.approx(math.sqrt(3))
+    assert math.isinf(run.totals["grad_norm"].tolist()[1])  # Arrow keeps the Inf (JSON wrote null)
     assert run.per_rank["nonfinite"].tolist() == [0, 1]
-    assert [(s, f.code) for s, f in run.findings] == [(1, "nonfinite-gradient")]
-    assert run.checks[1].tensors[1].inf == [1]  # per tensor and rank, as the JSON line held it
+    assert [(f.step, f.code) for f in run.findings] == [(1, "nonfinite-gradient")]
+    assert run.tensors_at(1)["inf"].tolist() == [[0], [1]]  # per tensor and rank, as the JSON line held it
+    assert run.check_run is not None and run.check_run.checks[1].tensors[1].inf == [1]
 
 
 def test_the_json_lines_of_older_versions_still_read(tmp_path):
@@ -94,8 +96,9 @@ def test_the_json_lines_of_older_versions_still_read(tmp_path):
     arrow = tmp_path / "run.inspect"
     for step in range(2):
         check_step(model, step, arrow)
-    old, new = read_check_run(path), read_check_run(arrow)
-    assert old.steps["grad_norm"].tolist() == pytest.approx(new.steps["grad_norm"].tolist())
+    old, new = read_run(path), read_run(arrow)
+    assert old.kind == new.kind == "check"
+    assert old.totals["grad_norm"].tolist() == pytest.approx(new.totals["grad_norm"].tolist())
     same = ["step", "rank", "grad_norm", "nonfinite", "param_numel", "param_bytes", "grad_bytes"]
     assert old.per_rank[same].equals(new.per_rank[same])
 
@@ -113,9 +116,9 @@ def test_a_line_that_is_not_a_record_is_named():
     record = ('{"format": "inspector-distributed", "step": 0, "world_size": 1, "ranks": [], '
               '"tensors": [], "global": {}}')
     with pytest.raises(InspectorError, match="run.jsonl line 2 is not JSON"):
-        parse_run(record + "\n{oops\n" + record, "run.jsonl")
+        parse_run_bytes((record + "\n{oops\n" + record).encode(), "run.jsonl")
     with pytest.raises(InspectorError, match="x.jsonl holds no step records"):
-        parse_run("\n", "x.jsonl")
+        parse_run_bytes(b"\n", "x.jsonl")
 
 
 @pytest.mark.collectives
@@ -124,14 +127,13 @@ def test_command_runs_as_one_process_without_torchrun(tmp_path, shard, capsys):
     import torch.distributed as dist
 
     from inspector.__main__ import main
-    from inspector.distributed import read_run
 
     out = tmp_path / "run.jsonl"
     assert main(["distributed", "sample_models/fsdp.py:build", "--shard", shard, "--steps", "2",
                  "-o", str(out)]) == 0
     assert not dist.is_initialized()  # the group it made is gone
     run = read_run(out)
-    assert (run.world_size, run.backend, run.steps["step"].tolist()) == (1, "gloo", [0, 1])
+    assert (run.world_size, run.backend, run.totals["step"].tolist()) == (1, "gloo", [0, 1])
     assert run.per_rank["param_numel"].tolist() == [18282, 18282]
     placements = set(run.tensors.loc[run.tensors["kind"] == "parameter", "placements"])
     assert placements == ({"Shard(0)"} if shard == "fsdp" else {""})
@@ -152,7 +154,6 @@ def test_command_refuses_bad_input_with_exit_2(tmp_path, capsys):
 @pytest.mark.collectives
 def test_fsdp_sample_is_the_file_model_and_runs_by_name(tmp_path):
     from inspector.__main__ import main
-    from inspector.distributed import read_run
     from sample_models import SAMPLES
 
     assert "fsdp-mlp" in SAMPLES and not SAMPLES["fsdp-mlp"].meta_only
@@ -164,7 +165,7 @@ def test_fsdp_sample_is_the_file_model_and_runs_by_name(tmp_path):
                  "-o", str(by_file)]) == 0
     # the same seeded weights and batch: the same gradient norm, bit for bit
     name_run, file_run = read_run(by_name), read_run(by_file)
-    assert name_run.steps["grad_norm"].tolist() == file_run.steps["grad_norm"].tolist()
+    assert name_run.totals["grad_norm"].tolist() == file_run.totals["grad_norm"].tolist()
     assert name_run.per_rank["param_numel"].tolist() == [18282]
 
 

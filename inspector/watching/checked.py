@@ -1,0 +1,67 @@
+"""A ``check_step`` run as a :class:`~.run.Run`: its records (per rank and per tensor) in the tables a
+watched run has, the records themselves kept as :attr:`Run.check_run <.run.Run.check_run>`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ..runfiles import DistributedRun
+from .record import RunMeta, StepRecord, record_batch, schema
+from .run import Run, StepFinding, _steps_frame
+
+
+def check_as_run(dr: DistributedRun) -> Run:
+    """``dr`` as a :class:`Run` of kind ``"check"``: its parameters grouped into their modules, each
+    module's gradient norm the global one (as a watch file stores it), one row of ``steps`` per (step,
+    rank), the file's notes (``run-file-truncated``, ``run-file-newer``) among the findings, and ``dr``
+    kept as ``check_run`` (``per_rank``, ``totals``, ``tensors``, ``backend`` read it)."""
+    first = dr.records[0]
+    params = [t["name"] for t in first["tensors"] if t.get("kind") == "parameter"]
+    modules: list[str] = []
+    owner = []
+    for p in params:
+        mod = p.rpartition(".")[0]
+        if mod not in modules:
+            modules.append(mod)
+        owner.append(modules.index(mod))
+    meta = RunMeta(model=dr.path, world_size=dr.world_size, every=1, modules=tuple(modules),
+                   parameters=tuple(params), parameter_modules=tuple(owner), checks=("distributed",),
+                   note=dr.checks[0].note or "", kind="check")
+    owners = np.asarray(owner, dtype=np.int64)
+    records = []
+    for rec in dr.records:
+        by_name = {t["name"]: t for t in rec["tensors"]}
+        norms = np.array([_global_norm(by_name.get(p)) for p in params], dtype=np.float64)
+        mod_sq = np.zeros(len(modules))
+        np.add.at(mod_sq, owners, np.nan_to_num(norms, nan=0.0) ** 2)
+        for r in rec["ranks"]:
+            rank = r["rank"]
+            nonfinite = np.zeros(len(modules), dtype=np.int32)
+            for i, p in enumerate(params):
+                nonfinite[owner[i]] += sum(_at_rank(by_name.get(p), k, rank) for k in ("nan", "inf"))
+            records.append(StepRecord(
+                step=rec["step"], rank=rank, time=float(rec.get("time") or 0.0), grad_norm=r.get("grad_norm"),
+                nonfinite=int(r.get("nonfinite") or 0), device_allocated=r.get("device_allocated"),
+                device_peak=r.get("device_peak"), rss=r.get("rss"), module_grad_norm=np.sqrt(mod_sq),
+                module_nonfinite=nonfinite, param_grad_norm=norms))
+    import pyarrow as pa
+
+    table = (pa.Table.from_batches([record_batch(records, "check")]) if records
+             else schema().empty_table())
+    findings = [StepFinding(step, None, f.code, f.severity, f.where, f.message) for step, f in dr.findings]
+    complete = not any(f.code == "run-file-truncated" for f in findings)
+    return Run(dr.path, meta, _steps_frame(table, meta), findings, complete, table, check_run=dr)
+
+
+def _global_norm(tensor: dict[str, Any] | None) -> float:
+    """A tensor's global gradient norm (NaN when not recorded)."""
+    value = (tensor or {}).get("grad_norm")
+    return np.nan if value is None else float(value)
+
+
+def _at_rank(tensor: dict[str, Any] | None, key: str, rank: int) -> int:
+    """``tensor[key][rank]``, 0 where the list is absent or shorter."""
+    values = (tensor or {}).get(key) or []
+    return int(values[rank] or 0) if rank < len(values) else 0
