@@ -8,7 +8,9 @@ folders, a ``LoadedModel``, an ``nn.Module`` or a state dict) and returns a
 Modules: ``api``: ``compare(a, b)``: two models or checkpoints, or two run files; ``findings``: the
 findings of a weight comparison; ``kernels``: how far one tensor moved; ``names``: pairing the names of
 two sides; ``result``: what a comparison returns; ``sources``: the two sides of a comparison;
-``weights``: ``compare_weights``; ``runs``: two training runs side by side.
+``weights``: ``compare_weights``; ``runs``: two training runs side by side; ``folder_sides``: sides
+read from checkpoint folders; ``schema``: the JSON Schema of ``compare --json``; ``summary``: grouped
+findings and the one-line summary of a weight comparison.
 """
 
 from __future__ import annotations
