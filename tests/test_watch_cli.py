@@ -81,7 +81,7 @@ def test_report_of_a_run_with_captures_and_of_the_captures_file(tmp_path, monkey
     assert f"report {run} -o" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("command", ["watch", "distributed"])
+@pytest.mark.parametrize("command", ["watch", pytest.param("distributed", marks=pytest.mark.collectives)])
 def test_a_model_without_a_loss_exits_2_for_both_training_commands(command, tmp_path, monkeypatch, capsys):
     (tmp_path / "noloss.py").write_text("import torch\n\ndef build():\n    return torch.nn.Linear(2, 1)\n")
     monkeypatch.setenv("INSPECTOR_MODEL_DIRS", str(tmp_path))

@@ -69,22 +69,22 @@ def load_from_args(args: argparse.Namespace) -> LoadedModel:
 def training_ranks(source: str, device_kind: str,
                    group: bool = True) -> Iterator[tuple[int, int, Any, LoadedModel]]:
     """``(rank, world, device, loaded)`` inside the process group (torchrun's, else one rank):
-    this rank's device and the model ``source`` loaded onto it, which must define a loss.
-    ``group=False``: one process and no process group at all. The model is loaded and checked
-    before any group is made, so bad input never starts one.
+    this rank's device and the model ``source`` loaded onto it, which must define a loss. The model
+    is built inside the group, so a factory may use ``torch.distributed`` (a device mesh);
+    ``group=False``: one process and no process group at all.
 
     Raises:
         InspectorError: the model file defines no ``loss(outputs, inputs)``.
     """
     from ..distributed import process_group, rank_device
 
-    device = rank_device(device_kind)
-    loaded = load_model(source, device=str(device))
-    if not loaded.has_loss:
-        raise InspectorError(
-            f"{loaded.source} defines no loss(outputs, inputs); the file must define one to train"
-        )
     with process_group(device_kind) if group else nullcontext((0, 1)) as (rank, world):
+        device = rank_device(device_kind)
+        loaded = load_model(source, device=str(device))
+        if not loaded.has_loss:
+            raise InspectorError(
+                f"{loaded.source} defines no loss(outputs, inputs); the file must define one to train"
+            )
         yield rank, world, device, loaded
 
 

@@ -140,6 +140,7 @@ def test_command_runs_as_one_process_without_torchrun(tmp_path, shard, capsys):
     assert "step 1: grad norm" in capsys.readouterr().out
 
 
+@pytest.mark.collectives
 def test_command_refuses_bad_input_with_exit_2(tmp_path, capsys):
     from inspector.__main__ import main
 
