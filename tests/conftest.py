@@ -207,6 +207,17 @@ def pytest_configure(config):
     dist.init_process_group = refuse
 
 
+def pytest_unconfigure(config):
+    import torch.distributed as dist
+
+    init = getattr(dist.init_process_group, "__wrapped__", None)
+    if init is not None:
+        dist.init_process_group = init
+    fd = getattr(config, "_hard_limit_fd", None)
+    if fd is not None:
+        os.close(fd)
+
+
 def _run_in_child(item) -> None:
     """Run ``item`` in a fresh pytest process; fail with its output if it fails or outlives the timeout."""
     import subprocess

@@ -100,3 +100,19 @@ def test_compare_takes_both_runs_by_name(runs):
     at.selectbox(key="cmp_pick_B").set_value("exp/new.inspect").run()
     assert not at.exception and not at.error
     assert "Per module" in [s.value for s in at.subheader]
+
+
+def test_a_runs_folder_gone_since_the_start_is_named_and_the_page_goes_on(runs, tmp_path, monkeypatch):
+    monkeypatch.setenv("INSPECTOR_RUNS", f"{runs},{tmp_path / 'removed'}")
+    at = run_page("8_Training.py")
+    assert not at.exception
+    assert any("removed" in e.value for e in at.error), [e.value for e in at.error]
+    assert at.file_uploader  # the page still offers an upload
+
+
+def test_another_sessions_upload_folder_is_not_a_runs_folder(runs):
+    from ui.uploads import UPLOAD_DIR
+
+    other = UPLOAD_DIR / "1-another-session" / "their.inspect"
+    at = run_page("8_Training.py", query={"run": str(other)})
+    assert any("--runs" in e.value for e in at.error), [e.value for e in at.error]

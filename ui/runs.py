@@ -11,17 +11,19 @@ import streamlit as st
 
 from inspector.figures import runs_overlay_figure
 from inspector.runfolders import RunEntry, allowed_run_path, describe, list_runs, runs_dirs
-from inspector.utils import markdown_text
+from inspector.utils import InspectorError, markdown_text
 from inspector.watching import main_steps, read_run
-from ui.uploads import UPLOAD_DIR
+from ui.errors import guarded
+from ui.uploads import session_uploads
 
 LIST_TTL_S = 3
 
 
 def checked_path(typed: str) -> str:
-    """A typed run path (or ``?run=``) resolved, when it lies under a runs folder or the upload
-    folder; otherwise :class:`InspectorError` naming ``--runs``."""
-    return str(allowed_run_path(typed, runs_dirs(), extra=[UPLOAD_DIR]))
+    """A typed run path (or ``?run=``) resolved, when it lies under a runs folder or this browser
+    session's own upload folder (never another session's); otherwise :class:`InspectorError` naming
+    ``--runs``."""
+    return str(allowed_run_path(typed, runs_dirs(), extra=[session_uploads().folder]))
 
 
 @st.cache_data(ttl=LIST_TTL_S, show_spinner=False)
@@ -35,8 +37,16 @@ def _row(_entry: RunEntry, path: str, size: int, modified: float, live: bool) ->
 
 
 def folder_runs() -> list[RunEntry]:
+    """The runs under the runs folders; a folder gone since the server started shows its message and
+    lists nothing, and the page goes on."""
     dirs = runs_dirs()
-    return _entries(tuple(str(d) for d in dirs)) if dirs else []
+    if not dirs:
+        return []
+    try:
+        return _entries(tuple(str(d) for d in dirs))
+    except InspectorError as exc:
+        st.error(markdown_text(str(exc)))
+        return []
 
 
 def pick_from_folders(key: str, label: str = "A run from the runs folders", col=st) -> str | None:
@@ -70,5 +80,6 @@ def overlay_runs(key: str) -> None:
     if len(names) < 2:
         st.caption("Pick two or more runs to draw them on one pair of lines.")
         return
-    lines = {n: main_steps(read_run(entries[n].path)) for n in names}
-    st.plotly_chart(runs_overlay_figure(lines), width="stretch", key=f"{key}_chart")
+    with guarded("overlaying runs"):
+        lines = {n: main_steps(read_run(entries[n].path)) for n in names}
+        st.plotly_chart(runs_overlay_figure(lines), width="stretch", key=f"{key}_chart")
