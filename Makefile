@@ -20,11 +20,14 @@ $(VENV)/.test-installed: requirements-test.txt $(VENV)/.installed
 	touch $@
 
 .PHONY: chromium
+# One install at a time (two checkouts' `make test` may start together), waiting for any other apt.
+APT := apt-get -qq -o DPkg::Lock::Timeout=600
 chromium:
 	@if [ ! -x "$(CHROMIUM)" ]; then \
-	  echo "installing Debian's chromium for the browser tests"; \
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
-	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq chromium; \
+	  $$SUDO flock /tmp/model-inspector-apt.lock sh -c '[ -x "$(CHROMIUM)" ] || { \
+	    echo "installing Debian'"'"'s chromium for the browser tests"; \
+	    $(APT) update && DEBIAN_FRONTEND=noninteractive $(APT) install -y chromium; }'; \
 	fi
 
 run: $(VENV)/.installed
