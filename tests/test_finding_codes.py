@@ -13,7 +13,7 @@ from inspector.utils import BATCH_LABEL, CODES, ROOT_LABEL
 
 ROOT = Path(__file__).resolve().parent.parent
 SEVERITIES = {"error", "warning", "info"}
-# helpers that take (code, severity, ...) and build Findings, by the name they are called with
+# functions that take (code, severity, ...) and build Findings, by the name they are called with
 CODE_FIRST = {"Finding", "_named", "_c"}
 
 

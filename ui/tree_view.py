@@ -76,7 +76,7 @@ def model_tree_section(loaded) -> None:
         c3.warning(f"No module name or class contains {markdown_code(query)}.")
         matches = [""]
     focus = c3.selectbox(f"Module ({len(matches):,} of {len(tree.modules):,})", matches,
-                         format_func=lambda m: module_label(m), key="home_tree_module",
+                         format_func=module_label, key="home_tree_module",
                          help="The tree opens at this module, outlined in red")
     notes = {"gradient norm": None if tree.has_gradients else
              "No gradients in this session yet: run a backward pass on the Flatten map page.",

@@ -43,7 +43,7 @@ import torch
 from torch import nn
 
 from ..utils.findings import Finding, InspectorError
-from ..utils.labels import ROOT_LABEL
+from ..utils.labels import module_label
 from ..utils.units import format_bytes
 from .budget import BUDGET, budget_findings, check_budget
 from .leaves import KEEP_AS_IS, flat, leaf_paths, tensor_leaves, unflat
@@ -121,15 +121,15 @@ class Recorder:
             if id(module) in table:
                 continue
             capture = id(module) in self.selected_ids
-            table[id(module)] = (name or ROOT_LABEL, capture)
+            table[id(module)] = (module_label(name), capture)
             if capture and keep_inputs:
-                handles.append(module.register_forward_pre_hook(self._pre_hook(name or ROOT_LABEL),
+                handles.append(module.register_forward_pre_hook(self._pre_hook(module_label(name)),
                                                                 with_kwargs=True))
             handles.append(module.register_forward_hook(hook, with_kwargs=True))
 
     def where(self, exc: BaseException) -> str | None:
         """The innermost module of the model whose forward the exception went through."""
-        names = {id(m): n or ROOT_LABEL for n, m in self.named}
+        names = {id(m): module_label(n) for n, m in self.named}
         found = None
         tb = exc.__traceback__
         while tb is not None:

@@ -8,7 +8,7 @@ import math
 import os
 import re
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, nullcontext
 from typing import Any
 
@@ -168,3 +168,24 @@ def write_json(path: str, data: Any, *, strict: bool = False) -> None:
         json.dumps(data, indent=2, default=str)
     write_text(path, text)
     progress(f"wrote {path}")
+
+
+FAIL_ON = ("error", "warning", "never")
+
+
+def add_fail_on(parser: argparse.ArgumentParser) -> None:
+    """``--fail-on error|warning|never``: the exit status a CI job can gate on."""
+    parser.add_argument("--fail-on", choices=FAIL_ON, default="never",
+                        help="exit 1 when a finding is this severe or more, for CI (default never)")
+
+
+def failing_status(findings: Sequence[Finding], fail_on: str | None, quiet: bool = False) -> int:
+    """1 (saying why, unless ``quiet``) when a finding is at least as severe as ``fail_on``
+    (``error`` or ``warning``), else 0; ``never`` or None: always 0."""
+    levels = {"error": {"error"}, "warning": {"error", "warning"}}.get(fail_on or "", set())
+    hits = [f for f in findings if f.severity in levels]
+    if hits:
+        if not quiet:
+            say(f"failing (--fail-on {fail_on}): {len(hits)} findings at {fail_on} or above")
+        return 1
+    return 0

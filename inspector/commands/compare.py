@@ -3,13 +3,21 @@
 from __future__ import annotations
 
 import argparse
-from collections.abc import Sequence
 from typing import Any
 
 from ..comparison import DEFAULT_TOLERANCE, RunComparison, WeightComparison, compare
-from ..utils import Finding
 from . import argtypes as types
-from .common import default_device, print_findings, print_table, progress, say, strict_json, write_json
+from .common import (
+    add_fail_on,
+    default_device,
+    failing_status,
+    print_findings,
+    print_table,
+    progress,
+    say,
+    strict_json,
+    write_json,
+)
 
 HELP = ("compare two models or checkpoints (sample:, FILE.py:factory, hf:, .safetensors/.pt/.bin, "
         "torch.distributed.checkpoint folders) tensor by tensor, or two run files step by step")
@@ -33,8 +41,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--expect-unchanged", action="append", default=[], metavar="PATTERN",
                         help="glob pattern of tensor names or module prefixes meant to stay unchanged "
                         "('*.wte', 'model.layers.*.mlp'): reported as info, not as a warning (repeatable)")
-    parser.add_argument("--fail-on", choices=("error", "warning"), default=None,
-                        help="exit with status 1 when a finding is this severe or more (for CI)")
+    add_fail_on(parser)
     parser.add_argument("--all", action="store_true", help="list every tensor, not only those that differ")
     parser.add_argument("--max-rows", type=types.positive_int, default=60, help="rows to print")
     parser.add_argument("--json", default=None, type=types.output_file, metavar="PATH",
@@ -54,16 +61,6 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         write_json(args.json, to_json(result), strict=True)
     return failing_status(result.findings, args.fail_on)
-
-
-def failing_status(findings: Sequence[Finding], fail_on: str | None) -> int:
-    """1 when a finding is at least as severe as ``fail_on`` (``error`` or ``warning``), else 0."""
-    levels = {"error": {"error"}, "warning": {"error", "warning"}}.get(fail_on or "", set())
-    hits = [f for f in findings if f.severity in levels]
-    if hits:
-        say(f"failing (--fail-on {fail_on}): {len(hits)} findings at {fail_on} or above")
-        return 1
-    return 0
 
 
 def _print_weights(result: WeightComparison, args: argparse.Namespace) -> None:

@@ -9,7 +9,7 @@ from pathlib import Path
 from ..distributed import SHARD_MODES, sharded
 from ..watching import OPTIMIZERS, StepFinding, train_watched
 from . import argtypes as types
-from .common import progress, say, training_ranks
+from .common import add_fail_on, failing_status, progress, say, training_ranks
 
 HELP = (
     "train a model file's loop for N steps with the watch on: norms, learning rates and memory of every "
@@ -33,8 +33,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="cpu (default) or cuda")
     parser.add_argument("--shard", choices=SHARD_MODES, default="none",
                         help="fsdp, ddp or none (default): across torchrun's ranks, else a world of one")
-    parser.add_argument("--fail-on", choices=("error", "warning", "never"), default="never",
-                        help="exit 1 when a finding of this severity (or worse) appeared (default never)")
+    add_fail_on(parser)
     parser.add_argument("-o", "--output", default="run.inspect", type=types.output_file,
                         help="the run file rank 0 writes (replaced; default run.inspect)")
 
@@ -74,5 +73,4 @@ def run(args: argparse.Namespace) -> int:
     errors = sum(f.severity == "error" for f in result.findings)
     if rank == 0:
         say(f"{result.steps} steps watched; {len(result.findings)} findings ({errors} errors); wrote {out}")
-    worst = {"error": ("error",), "warning": ("error", "warning"), "never": ()}[args.fail_on]
-    return 1 if any(f.severity in worst for f in result.findings) else 0
+    return failing_status(result.findings, args.fail_on, quiet=rank != 0)

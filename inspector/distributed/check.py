@@ -35,7 +35,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ..runfiles.record import FORMAT, PER_RANK, PER_TENSOR, VERSION, append_record
+from ..runfiles.record import FORMAT, PER_RANK, PER_TENSOR, VERSION
 from ..utils.findings import Finding
 from ..utils.process_memory import rss_and_peak as _rss
 from .columns import Gathered, column_findings
@@ -43,7 +43,7 @@ from .local import GradNorms, local_numbers
 from .plan import plan_for
 from .sync import agree, next_call
 
-__all__ = ["FORMAT", "VERSION", "StepCheck", "append_record", "check_step", "collect"]
+__all__ = ["FORMAT", "VERSION", "StepCheck", "check_step", "collect"]
 
 TIMEOUT = 300.0  # seconds a rank waits for the others to reach the same check_step call
 

@@ -1,20 +1,18 @@
 """The step record ``check_step`` writes, defined once: :class:`CheckRecord` and its rows.
 
-``check_step`` builds it from the gathered numbers (:func:`build_record`) and rank 0 appends
-``to_json()`` as one JSON line (:func:`append_record`); ``read_check_run`` reads each line back
-with :meth:`CheckRecord.from_json`, which checks the types of everything the tables, figures,
-pages and reports read. Fields a record of an older writer lacks read as ``None`` (``[]`` for
+``check_step`` builds it from the gathered numbers (:func:`build_record`) and rank 0 appends it
+to the watch's Arrow run file (the ``check`` column); ``read_check_run`` reads it back, and reads
+the JSON lines older versions wrote, one record a line, with :meth:`CheckRecord.from_json`, which
+checks the types of everything the tables, figures, pages and reports read. Fields a record of
+an older writer lacks read as ``None`` (``[]`` for
 the per-rank lists of a tensor); fields this reader does not know are left out.
 """
 
 from __future__ import annotations
 
-import json
 import math
-import os
 import time
 from dataclasses import dataclass, field, fields
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -150,7 +148,7 @@ class CheckRecord:
     findings: list[Finding] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
-        """The JSON object (NaN and Inf as they are; :func:`append_record` writes them as null)."""
+        """The JSON object (NaN and Inf as they are; older versions wrote them to their files as null)."""
         return {
             "format": self.format,
             "version": self.version,
@@ -293,27 +291,6 @@ def _rank(r: int, sums: list[float], own: list[float], has_params: bool) -> Rank
         device_peak=None if math.isnan(peak) else int(peak),
         rss=None if math.isnan(rss) else int(rss), peak_rss=int(peak_rss),
         loss=loss if has_loss else None, loss_finite=bool(math.isfinite(loss)) if has_loss else None)
-
-
-def append_record(path: str | os.PathLike, record: dict[str, Any]) -> None:
-    """Append ``record`` (:meth:`CheckRecord.to_json`) as one JSON line to ``path`` (its folder is
-    made if missing)."""
-    p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    line = json.dumps(finite(record), allow_nan=False, default=str, separators=(",", ":"))
-    with open(p, "a", encoding="utf-8") as fh:
-        fh.write(line + "\n")
-
-
-def finite(value: Any) -> Any:
-    """NaN and Inf become null: JSON has no spelling for them."""
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, dict):
-        return {k: finite(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [finite(v) for v in value]
-    return value
 
 
 def _is_int(value: Any) -> bool:

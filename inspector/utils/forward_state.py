@@ -24,7 +24,7 @@ from contextlib import contextmanager
 import torch
 from torch import nn
 
-from .labels import ROOT_LABEL
+from .labels import module_label
 
 
 def _dicts(modules: list[nn.Module]) -> list[dict]:
@@ -135,7 +135,7 @@ def _put_back(named: list[tuple[str, nn.Module]], classes: list[type], live: lis
         changed = [k for cur, old in zip(live[2 * i:2 * i + 2], saved[2 * i:2 * i + 2], strict=True)
                    if not _unchanged([cur], [old]) for k in _restore(cur, old)]
         if changed:
-            lines.append(f"{name or ROOT_LABEL}: {', '.join(sorted(set(changed)))}")
+            lines.append(f"{module_label(name)}: {', '.join(sorted(set(changed)))}")
     return lines
 
 

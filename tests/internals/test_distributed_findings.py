@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -9,7 +10,6 @@ import torch
 from torch import nn
 
 from inspector.distributed import check_step, read_run
-from inspector.distributed.check import append_record
 from inspector.distributed.findings import step_findings
 from inspector.utils.findings import InspectorError
 from inspector.watching import parse_run_bytes
@@ -84,6 +84,21 @@ def test_check_step_in_one_process_writes_a_row_per_step(tmp_path):
     assert [(f.step, f.code) for f in run.findings] == [(1, "nonfinite-gradient")]
     assert run.tensors_at(1)["inf"].tolist() == [[0], [1]]  # per tensor and rank, as the JSON line held it
     assert run.check_run is not None and run.check_run.checks[1].tensors[1].inf == [1]
+
+
+def append_record(path, record: dict) -> None:
+    """One record as one JSON line, NaN and Inf as null: how older versions wrote ``check_step``'s file."""
+    def finite(value):
+        if isinstance(value, float):
+            return value if math.isfinite(value) else None
+        if isinstance(value, dict):
+            return {k: finite(v) for k, v in value.items()}
+        if isinstance(value, list):
+            return [finite(v) for v in value]
+        return value
+
+    with open(path, "a", encoding="utf-8") as fh:
+        fh.write(json.dumps(finite(record), allow_nan=False, default=str, separators=(",", ":")) + "\n")
 
 
 def test_the_json_lines_of_older_versions_still_read(tmp_path):
