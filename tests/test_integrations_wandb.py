@@ -17,7 +17,6 @@ from torch import nn
 
 from inspector import InspectorError, read_run
 from inspector.integrations import WandbExport, watch_accelerator
-from inspector.integrations.trackers import make_export
 
 wandb = pytest.importorskip("wandb")
 
@@ -107,16 +106,16 @@ def test_wandb_gets_every_step_and_every_finding(tmp_path, offline):
         {k: m.get(k) for k in ("glob_name", "step_metric")} for m in metrics]
 
 
-def test_wandb_from_its_name_uses_the_active_run(tmp_path, offline):
+def test_wandb_by_name_logs_to_the_active_run(tmp_path, offline):
     with pytest.raises(InspectorError, match=r"wandb.init"):
-        make_export("wandb")  # no run started yet
+        loop(tmp_path, ["wandb"], steps=1)  # no run started yet: said before any step
     run = start_run()
-    export = make_export("wandb")
-    assert isinstance(export, WandbExport) and export.run is run
-    export.depth = 0
-    loop(tmp_path, [export], steps=2)
+    assert WandbExport(depth=0).run is run
+    run_file = loop(tmp_path, ["wandb"], steps=2)
     run.finish()
     rows = history(records(offline, run))
     assert [r["inspector/step"] for r in rows] == [0, 1]
-    assert "inspector/grad_norm" in rows[0]
-    assert not [k for r in rows for k in r if k.startswith("inspector/grad_norm/")]  # depth 0: no modules
+    # every module that holds parameters ("0" and "2"), as the run file names them
+    assert run_file.meta.modules == ("0", "2")
+    assert {k for k in rows[0] if k.startswith("inspector/grad_norm/")} == {
+        "inspector/grad_norm/0", "inspector/grad_norm/2"}
