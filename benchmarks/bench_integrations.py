@@ -14,8 +14,11 @@ step, in a rotating order, on the same model and optimizer:
   DebugUnderflowOverflow  transformers.debug_utils' forward hooks on every module (forward only)
   detect_anomaly    the step under ``torch.autograd.detect_anomaly(check_nan=True)``
   tb add_histogram  ``SummaryWriter.add_histogram`` of every gradient, every step (flushed)
-  wandb.watch       ``wandb.watch(model, log="gradients", log_freq=1)`` in offline mode, where
-                    wandb is installed (skipped, and said so, where it is not)
+  wandb.watch       ``wandb.watch(model, log="gradients", log_freq=1)`` on an offline run (every
+                    W&B folder under the benchmark's temporary folder, nothing contacted), with the
+                    ``run.log`` a script makes each step, where wandb is installed (skipped, and said
+                    so, where it is not). W&B's own service is a separate process: its share of the
+                    work is not in this process's CPU time
 
 Opening and closing each tool is outside the timed step (a once-per-run cost). Ratios are medians
 of paired per-repeat ratios against ``plain``, by this process's CPU time (every thread: the
@@ -64,17 +67,57 @@ def debug_underflow_overflow(model: torch.nn.Module) -> Any:
                 del m._forward_hooks[key]
 
 
+WANDB_FOLDERS = {"WANDB_DIR": "wandb", "WANDB_CACHE_DIR": "wandb-cache", "WANDB_CONFIG_DIR": "wandb-config",
+                 "WANDB_DATA_DIR": "wandb-data", "WANDB_ARTIFACT_DIR": "wandb-artifacts"}
+
+
 @contextmanager
-def wandb_watch(model: torch.nn.Module, folder: Path) -> Any:
+def wandb_offline(folder: Path) -> Any:
+    """W&B in offline mode with every folder it writes (run, cache, config, logs) under ``folder``:
+    nothing is contacted and nothing is written elsewhere; its service process ends on the way out."""
+    import os
+
     import wandb
 
-    run = wandb.init(mode="offline", dir=str(folder), project="bench")
-    run.watch(model, log="gradients", log_freq=1)
+    names = [*WANDB_FOLDERS, "WANDB_MODE", "WANDB_SILENT", "WANDB_ERROR_REPORTING"]
+    saved = {k: os.environ.get(k) for k in names}
+    os.environ.update({k: str(folder / v) for k, v in WANDB_FOLDERS.items()},
+                      WANDB_MODE="offline", WANDB_SILENT="true", WANDB_ERROR_REPORTING="false")
+    for k in WANDB_FOLDERS:
+        Path(os.environ[k]).mkdir(parents=True, exist_ok=True)
     try:
-        yield
+        yield wandb
     finally:
-        run.unwatch(model)
-        run.finish()
+        wandb.teardown()
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+class WandbWatch:
+    """``wandb.watch(model, log="gradients", log_freq=1)`` on an offline run; the histograms its hooks
+    take during backward are committed by the ``run.log`` a training script makes every step."""
+
+    def __init__(self, wandb: Any, model: torch.nn.Module) -> None:
+        self.wandb, self.model, self.run = wandb, model, None
+
+    @contextmanager
+    def __call__(self) -> Any:
+        self.run = self.wandb.init(project="bench", settings=self.wandb.Settings(
+            silent=True, x_disable_stats=True, disable_git=True, save_code=False, console="off"))
+        self.run.watch(self.model, log="gradients", log_freq=1)
+        try:
+            yield
+        finally:
+            self.run.unwatch(self.model)
+            self.run.finish()
+            self.run = None
+
+    def after_backward(self, step: int) -> None:
+        assert self.run is not None
+        self.run.log({"step": step})
 
 
 class InsideClock:
@@ -109,7 +152,7 @@ class InsideClock:
             setattr(cls, name, fn)
 
 
-def variants(model: torch.nn.Module, opt: torch.optim.Optimizer, folder: Path, writer: Any,
+def variants(model: torch.nn.Module, opt: torch.optim.Optimizer, folder: Path, writer: Any, wandb: Any,
              ) -> dict[str, tuple[Callable[[], AbstractContextManager[Any]], Callable[[int], None] | None]]:
     """name -> (the context around the step, a call after backward or None)."""
     def histograms(step: int) -> None:
@@ -127,12 +170,11 @@ def variants(model: torch.nn.Module, opt: torch.optim.Optimizer, folder: Path, w
         "detect_anomaly": (lambda: torch.autograd.detect_anomaly(check_nan=True), None),
         "tb add_histogram": (nullcontext, histograms),
     }
-    try:
-        import wandb  # noqa: F401
-    except ImportError:
+    if wandb is None:
         print("wandb.watch: skipped (wandb is not installed)")
     else:
-        out["wandb.watch"] = (lambda: wandb_watch(model, folder), None)
+        ww = WandbWatch(wandb, model)
+        out["wandb.watch"] = (ww, ww.after_backward)
     return out
 
 
@@ -146,9 +188,15 @@ def measure(repeats: int, batch: int, seq: int,
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-5)
     tokens = torch.randint(0, model.config.vocab_size, (batch, seq))
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory() as tmp, ExitStack() as tools:
+        try:
+            import wandb  # noqa: F401
+        except ImportError:
+            wandb = None
+        else:
+            tools.enter_context(wandb_offline(Path(tmp)))
         writer = SummaryWriter(log_dir=str(Path(tmp) / "tb"))
-        table = variants(model, opt, Path(tmp), writer)
+        table = variants(model, opt, Path(tmp), writer, wandb)
         names = list(table)
         wall: dict[str, list[float]] = {n: [] for n in names}
         cpu: dict[str, list[float]] = {n: [] for n in names}

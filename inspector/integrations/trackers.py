@@ -126,7 +126,7 @@ class WandbExport:
             import wandb  # type: ignore[import-not-found,unused-ignore]
         except ImportError as exc:
             raise InspectorError(f"W&B export needs the wandb package ({exc})") from None
-        self.run = run if run is not None else wandb.run
+        self.run: Any = run if run is not None else wandb.run
         if self.run is None:
             raise InspectorError("W&B export needs an active run: call wandb.init(...) first")
         self.depth, self.prefix = depth, prefix

@@ -183,6 +183,7 @@ def _column(name: str, values: list[Any], typ: Any) -> Any:
     return pa.array(values, type=typ)
 
 
+@lru_cache(maxsize=2)
 def file_schema(kind: str = "watch") -> Any:
     """The columns a file of ``kind`` holds: :func:`schema` less the ``check`` column in a watch's file
     (a null nested column would add its framing to every step's batch)."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -167,12 +168,16 @@ def _norm_parts(w: Watch, check: bool) -> tuple[Pairs, Pairs, Pairs, Pairs]:
     return grad_parts, param_parts, buffer_parts, update_parts
 
 
-def _overflowed(norms: np.ndarray, tensors: list[torch.Tensor | None]) -> None:
+def _overflowed(norms: np.ndarray, tensors: Callable[[], list[torch.Tensor | None]]) -> None:
     """Where a float32 norm came out Inf, tell an overflow of the sum of squares (values near
     1e20 and up, all finite) from a real Inf value: recompute those norms in float64 (rare: a
-    sync per such tensor; a sharded tensor's local piece)."""
-    for i in np.flatnonzero(np.isinf(norms)):
-        t = tensors[i]
+    sync per such tensor; a sharded tensor's local piece). ``tensors`` is called only then."""
+    bad = np.flatnonzero(np.isinf(norms))
+    if not len(bad):
+        return
+    held = tensors()
+    for i in bad:
+        t = held[i]
         if t is None:
             continue
         piece = (t.to_local() if is_dtensor(t) else t).detach()
@@ -182,10 +187,10 @@ def _overflowed(norms: np.ndarray, tensors: list[torch.Tensor | None]) -> None:
 
 def _fill(n: Numbers, w: Watch, params: list[torch.Tensor | None], update: np.ndarray, check: bool) -> None:
     layout = w.layout
-    _overflowed(n.param_grad, [_grad(p) for p in params])
+    _overflowed(n.param_grad, lambda: [_grad(p) for p in params])
     if check:
-        _overflowed(n.param_norm, params)
-        _overflowed(n.buffer_norm, current(w.root, layout.buffers, "buffer"))
+        _overflowed(n.param_norm, lambda: params)
+        _overflowed(n.buffer_norm, lambda: current(w.root, layout.buffers, "buffer"))
     g = np.where(n.has_grad, n.param_grad, 0.0)
     counts = np.zeros(len(params))
     for i in np.flatnonzero(n.has_grad & ~np.isfinite(n.param_grad)):  # rare: a sync per bad tensor
