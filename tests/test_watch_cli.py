@@ -57,7 +57,7 @@ def test_findings_print_as_they_appear_and_fail_on_error(tmp_path, monkeypatch, 
             "-o", str(tmp_path / "r.inspect")]
     assert main(args) == 0  # the run completed: findings alone do not fail it
     text = capsys.readouterr().out
-    assert "step 2: error nonfinite-forward at (model)" in text  # the forward itself scaled by Inf
+    assert "step 2 · error · nonfinite-forward at (model)" in text  # the forward itself scaled by Inf
     assert main(args + ["--fail-on", "error"]) == 1
 
 

@@ -39,8 +39,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _print(f: StepFinding) -> None:
-    rank = f" rank {f.rank}" if f.rank else ""
-    say(f"step {f.step}{rank}: {f.severity} {f.code} at {f.where}: {f.message}")
+    say(f.line())
 
 
 def run(args: argparse.Namespace) -> int:

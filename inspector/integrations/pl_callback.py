@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from ..utils.findings import InspectorError
 from .session import WatchedTraining, stop_message
 
 try:  # the package the Trainer comes from decides which Callback class it accepts
@@ -41,7 +42,11 @@ class LightningWatch(Callback):
         self._each = len(optimizers) > 1 and self.which is None
         chosen = None
         if optimizers and not self._each:
-            chosen = optimizers[self.which or 0]
+            index = self.which or 0
+            if not 0 <= index < len(optimizers):
+                raise InspectorError(f"LightningWatch(optimizer={index}): the trainer has "
+                                     f"{len(optimizers)} optimizer(s); give 0 to {len(optimizers) - 1}")
+            chosen = optimizers[index]
         scaler = getattr(getattr(trainer, "precision_plugin", None), "scaler", None)
         self.session.start(pl_module, chosen, scaler=scaler, name=type(pl_module).__name__)
 

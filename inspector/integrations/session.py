@@ -13,6 +13,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..utils.escaping import terminal_text
 from ..utils.findings import InspectorError
 from ..utils.labels import module_label
 from ..watching import StepFinding, Watch, WatchResult
@@ -29,9 +30,9 @@ class TrainingStopped(InspectorError):
 
 
 def stop_message(f: StepFinding) -> str:
-    where = f.where or "the model"
-    return (f"training stopped at step {f.step}: {f.code} at {where} ({f.message}); "
-            "the run file holds every step up to here")
+    """Why training stopped, safe for a terminal (names come from the model)."""
+    return terminal_text(f"training stopped at step {f.step}: {f.code} at {module_label(f.where)} "
+                         f"({f.message}); the run file holds every step up to here")
 
 
 def plain_optimizer(optimizer: Any) -> torch.optim.Optimizer | None:
@@ -50,10 +51,7 @@ def plain_optimizer(optimizer: Any) -> torch.optim.Optimizer | None:
 
 
 def print_finding(f: StepFinding) -> None:
-    rank = "" if f.rank is None or f.rank == 0 else f" rank {f.rank}"
-    where = module_label(f.where)
-    print(f"[inspector] step {f.step}{rank} · {f.severity} · {f.code} at {where}: {f.message}",
-          file=sys.stderr, flush=True)
+    print(f"[inspector] {terminal_text(f.line())}", file=sys.stderr, flush=True)
 
 
 class WatchedTraining:

@@ -16,8 +16,7 @@ import os
 from typing import Any, Protocol
 
 from ..utils.findings import InspectorError
-from ..utils.labels import module_label
-from ..watching import RunMeta
+from ..watching import RunMeta, finding_line
 from .follow import StepRow
 
 
@@ -31,7 +30,7 @@ class Export(Protocol):
 
 def finding_text(step: int, f: dict[str, str]) -> str:
     """One line for a finding: ``step 12 · error · nonfinite-gradient at h.0.mlp: ...``."""
-    return f"step {step} · {f['severity']} · {f['code']} at {module_label(f['where'])}: {f['message']}"
+    return finding_line(step, f["severity"], f["code"], f["where"], f["message"])
 
 
 def step_numbers(meta: RunMeta, row: StepRow, depth: int | None = None,

@@ -18,7 +18,16 @@ from __future__ import annotations
 from .captured import captures_path, load_captures, producer_of, read_captures, save_captures
 from .core import Watch, WatchResult, watch
 from .record import FORMAT, META_KEY, VERSION, RunMeta, RunWriter, StepRecord, record_batch, schema
-from .run import MODULE_COLUMNS, STEP_COLUMNS, Run, StepFinding, is_watch_file, parse_run_bytes, read_run
+from .run import (
+    MODULE_COLUMNS,
+    STEP_COLUMNS,
+    Run,
+    StepFinding,
+    finding_line,
+    is_watch_file,
+    parse_run_bytes,
+    read_run,
+)
 from .summary import finding_counts, first_findings, main_steps
 from .synthetic import synthetic_run
 from .train import OPTIMIZERS, make_optimizer, train_watched
@@ -32,6 +41,7 @@ __all__ = [
     "RunMeta",
     "RunWriter",
     "StepFinding",
+    "finding_line",
     "StepRecord",
     "is_watch_file",
     "parse_run_bytes",

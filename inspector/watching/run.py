@@ -14,6 +14,7 @@ import pandas as pd
 from ..capture import Captures
 from ..runfiles import DistributedRun
 from ..utils.findings import Finding, InspectorError
+from ..utils.labels import module_label
 from .record import META_KEY, OPTIONAL, STREAM_MAGIC, RunMeta, schema
 
 END_OF_STREAM = b"\xff\xff\xff\xff\x00\x00\x00\x00"
@@ -37,6 +38,17 @@ class StepFinding:
     @property
     def finding(self) -> Finding:
         return Finding(self.code, self.severity, self.where, self.message)  # type: ignore[arg-type]
+
+    def line(self) -> str:
+        """One line for a log or terminal: ``step 12 rank 1 · error · nonfinite-gradient at h.0: ...``."""
+        return finding_line(self.step, self.severity, self.code, self.where, self.message, self.rank)
+
+
+def finding_line(step: int, severity: str, code: str, where: str, message: str,
+                 rank: int | None = None) -> str:
+    """The one way a step's finding is written as a line (the CLI, the training callbacks, trackers)."""
+    at = f" rank {rank}" if rank else ""
+    return f"step {step}{at} · {severity} · {code} at {module_label(where)}: {message}"
 
 
 @dataclass(frozen=True, eq=False)
