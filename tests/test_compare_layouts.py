@@ -9,7 +9,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from inspector import InspectorError, checkpoint_listing, compare
+from inspector import InspectorError, checkpoint_listing, compare, read_checkpoint
 from inspector.__main__ import main
 
 
@@ -49,6 +49,28 @@ def test_a_sharded_folder_is_read_through_its_index(sharded):
     assert result.facts["equal"] == 21 and result.codes() == []
     assert result.b_kind == f"safetensors (model.safetensors.index.json: {len(files)} files, 21 tensors)"
     assert compare(model, folder / "shards").facts["equal"] == 21
+
+
+def test_reading_listing_and_comparing_a_folder_refuse_the_same_mismatches(tmp_path):
+    # two shards without an index both hold "b": each reader names both files
+    twice = tmp_path / "twice"
+    twice.mkdir()
+    save_file({"a": torch.zeros(2), "b": torch.ones(2)}, str(twice / "part-1.safetensors"))
+    save_file({"b": torch.ones(2)}, str(twice / "part-2.safetensors"))
+    # an index that stores "c" in a shard that does not hold it
+    lost = tmp_path / "lost"
+    lost.mkdir()
+    save_file({"a": torch.zeros(2)}, str(lost / "part-1.safetensors"))
+    (lost / "model.safetensors.index.json").write_text(json.dumps(
+        {"weight_map": {"a": "part-1.safetensors", "c": "part-1.safetensors"}}))
+    cases = [(twice, "twice: tensor b is in both part-1.safetensors and part-2.safetensors; "),
+             (lost, "lost: the index stores 1 tensors in files that do not hold them (first: c in "
+                    "part-1.safetensors)")]
+    for folder, message in cases:
+        for read in (read_checkpoint, checkpoint_listing, lambda f: compare(f, f)):
+            with pytest.raises(InspectorError) as caught:
+                read(folder)
+            assert message in str(caught.value)
 
 
 def test_checkpoint_lists_sharded_and_plain_folders(sharded, capsys):

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -13,8 +13,9 @@ import torch
 from ..loading.dcp import dcp_index, read_dcp_tensor
 from ..loading.folders import FolderFiles
 from ..loading.training_state import training_parts
-from ..utils.findings import Finding, InspectorError
-from .sources import Meta, SafetensorsSide, TensorSource, natural_key
+from ..utils.findings import Finding
+from ..utils.labels import natural_key
+from .sources import Meta, SafetensorsSide, TensorSource
 
 
 class ShardedSafetensorsSide(TensorSource):
@@ -24,30 +25,20 @@ class ShardedSafetensorsSide(TensorSource):
     def __init__(self, path: Path, found: FolderFiles) -> None:
         self.path = path
         self._shards: list[SafetensorsSide] = []
-        self._owner: dict[str, SafetensorsSide] = {}
-        try:
+        by_file: dict[Path, SafetensorsSide] = {}
+
+        def open_each() -> Iterator[tuple[Path, Iterable[str]]]:
             for f in found.files:
-                shard = SafetensorsSide(f)
+                by_file[f] = shard = SafetensorsSide(f)
                 self._shards.append(shard)
-                for name in shard.entries:
-                    if found.owner and found.owner.get(name) != f:
-                        continue  # the index stores it elsewhere (or not at all): not this file's
-                    if name in self._owner:
-                        raise InspectorError(
-                            f"{path.name}: tensor {name} is in both {self._owner[name].path.name} "
-                            f"and {f.name}; a checkpoint folder holds each tensor once (or names the file "
-                            "of each in its model.safetensors.index.json)"
-                        )
-                    self._owner[name] = shard
-            lost = [n for n in found.owner if n not in self._owner]
-            if lost:
-                first = f"{lost[0]} in {found.owner[lost[0]].name}"
-                raise InspectorError(f"{path.name}: the index stores {len(lost)} tensors in files that "
-                                     f"do not hold them (first: {first}); the folder's shards and index do "
-                                     "not match")
+                yield f, shard.entries
+
+        try:
+            held = found.assign(open_each(), path.name)
         except BaseException:
             self.close()
             raise
+        self._owner = {name: by_file[f] for name, f in held.items()}
         entries = {n: m for shard in self._shards for n, m in shard.entries.items() if n in self._owner
                    and self._owner[n] is shard}
         super().__init__(path.name, f"safetensors ({found.how})", entries, [],

@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import re
 import struct
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -29,9 +28,10 @@ from torch import nn
 from ..loading.checkpoints import read_checkpoint
 from ..loading.dcp import is_dcp_folder
 from ..loading.folders import folder_files
-from ..loading.listing import _SAFETENSORS_DTYPES
+from ..loading.listing import SAFETENSORS_DTYPE_NAMES
 from ..loading.models import LoadedModel, load_model
 from ..utils.findings import Finding, InspectorError
+from ..utils.labels import natural_key
 from .kernels import CHUNK, raw_values
 
 
@@ -139,15 +139,6 @@ class StateDictSide(TensorSource):
         return t.cpu() if t.device.type != "cpu" else t
 
 
-def natural_key(name: str) -> list[tuple[int, int | str]]:
-    """Sort key that reads the numbers in a name as numbers.
-
-    >>> sorted(["h.10.w", "h.2.w", "emb"], key=natural_key)
-    ['emb', 'h.2.w', 'h.10.w']
-    """
-    return [(0, int(part)) if part.isdigit() else (1, part) for part in re.split(r"(\d+)", name) if part]
-
-
 def _shared_storage_groups(state: Mapping[str, torch.Tensor]) -> list[tuple[str, ...]]:
     """Names whose tensors are one stretch of one storage (``torch.save`` keeps a tie that way)."""
     by_key: dict[tuple, list[str]] = {}
@@ -243,7 +234,7 @@ def _safetensors_header(path: Path, fh: Any) -> tuple[dict[str, Meta], dict[str,
     for name, info in sorted(((k, v) for k, v in header.items() if k != "__metadata__"),
                              key=lambda kv: _first_offset(kv[1])):
         try:
-            dtype = getattr(torch, _SAFETENSORS_DTYPES[info["dtype"]])
+            dtype = getattr(torch, SAFETENSORS_DTYPE_NAMES[info["dtype"]])
             shape = tuple(int(n) for n in info["shape"])
             start, end = (int(x) for x in info["data_offsets"])
         except (KeyError, TypeError, ValueError, AttributeError, OverflowError):

@@ -11,6 +11,7 @@ from fnmatch import fnmatchcase
 import pandas as pd
 
 from ..utils.findings import Finding
+from .kernels import LOW_RANK_TOLERANCE
 
 MAX_NAMES = 8
 MAX_PER_CODE = 10
@@ -167,7 +168,8 @@ def low_rank_findings(tensors: pd.DataFrame) -> list[Finding]:
         names = rows.loc[rows["update_rank"] == rank, "name"].tolist()
         out.append(Finding("low-rank-update", "info", names[0],
                            f"rank-{rank} update on {count} matrices (of {sketched} changed matrices; "
-                           f"B − A is rank {rank} within 1% of its norm): {capped(names, 4)}. "
+                           f"B − A is rank {rank} within {LOW_RANK_TOLERANCE:.0%} of its norm): "
+                           f"{capped(names, 4)}. "
                            "This is what a merged adapter (LoRA) or a low-rank edit leaves"))
     return out
 

@@ -7,6 +7,7 @@ import os
 import pickle
 import re
 import zipfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,7 @@ from .checkpoint_guards import (
 )
 from .folders import FolderFiles, folder_files
 from .hf_limits import refuse_code_fields
+from .training_state import MODEL_PARTS
 
 
 def refuse_remote_code(path: Path) -> None:
@@ -72,27 +74,18 @@ def read_checkpoint(
 
 def _read_folder(path: Path, found: FolderFiles, mmap: bool) -> tuple[dict[str, torch.Tensor], list[Finding]]:
     """Every tensor of a checkpoint folder's weight files (those its index names, when it has one)."""
-    state: dict[str, torch.Tensor] = {}
     findings = [Finding("checkpoint-folder", "info", path.name, f"read {path.name} through {found.how}")]
-    for file in found.files:
-        part, more = read_checkpoint(file, mmap=mmap)
-        findings += more
-        for name, tensor in part.items():
-            if found.owner and found.owner.get(name) != file:
-                continue
-            if name in state:
-                raise InspectorError(f"{path.name}: tensor {name} is in two of its files (the second: "
-                                     f"{file.name}); a checkpoint folder holds each tensor once")
-            state[name] = tensor
-    lost = [n for n in found.owner if n not in state]
-    if lost:
-        raise InspectorError(f"{path.name}: the index stores {len(lost)} tensors in files that do not hold "
-                             f"them (first: {lost[0]}); the folder's shards and index do not match")
-    return state, findings
+    parts: dict[Path, dict[str, torch.Tensor]] = {}
 
+    def read_each() -> Iterator[tuple[Path, dict[str, torch.Tensor]]]:
+        for file in found.files:
+            part, more = read_checkpoint(file, mmap=mmap)
+            findings.extend(more)
+            parts[file] = part
+            yield file, part
 
-STATE_KEYS = ("state_dict", "model_state_dict", "model", "module")
-"""Keys under which training checkpoints keep the model's state dict (``module``: DeepSpeed)."""
+    owner = found.assign(read_each(), path.name)
+    return {name: parts[file][name] for name, file in owner.items()}, findings
 
 
 def _read_file(path: Path, name: str, mmap: bool) -> tuple[dict[str, torch.Tensor], list[Finding]]:
@@ -139,7 +132,7 @@ def _read_file(path: Path, name: str, mmap: bool) -> tuple[dict[str, torch.Tenso
             ".safetensors file or one written by torch.save(model.state_dict(), path)"
         ) from None
     if isinstance(obj, dict):
-        for key in STATE_KEYS:
+        for key in MODEL_PARTS:
             inner = obj.get(key)
             if isinstance(inner, dict) and inner and all(isinstance(v, torch.Tensor) for v in inner.values()):
                 others = ", ".join(repr(k) for k in list(obj)[:5] if k != key)

@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import json
 import os
-import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..utils.findings import InspectorError
+from ..utils.labels import natural_key
 
 INDEX_FILES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
 SINGLE_FILES = ("model.safetensors", "pytorch_model.bin", "consolidated.safetensors")
@@ -29,9 +30,32 @@ class FolderFiles:
     def safetensors(self) -> bool:
         return all(f.suffix == ".safetensors" for f in self.files)
 
+    def assign(self, names_by_file: Iterable[tuple[Path, Iterable[str]]], folder: str) -> dict[str, Path]:
+        """Which file each tensor is read from (name -> file, in the order given): ``names_by_file``
+        gives each of :attr:`files` with the tensor names it holds (it may read them one file at a
+        time); a name the index stores in another file is not that file's. ``folder``: the name
+        messages give the folder.
 
-def _natural(name: str) -> list[tuple[int, int | str]]:
-    return [(0, int(p)) if p.isdigit() else (1, p) for p in re.split(r"(\d+)", name) if p]
+        Raises:
+            InspectorError: a tensor is in two files, or the index stores tensors in files that do
+                not hold them.
+        """
+        held: dict[str, Path] = {}
+        for file, names in names_by_file:
+            for name in names:
+                if self.owner and self.owner.get(name) != file:
+                    continue  # the index stores it elsewhere (or not at all): not this file's
+                if name in held:
+                    raise InspectorError(
+                        f"{folder}: tensor {name} is in both {held[name].name} and {file.name}; a checkpoint "
+                        "folder holds each tensor once (or names the file of each in its index)")
+                held[name] = file
+        lost = [n for n in self.owner if n not in held]
+        if lost:
+            raise InspectorError(f"{folder}: the index stores {len(lost)} tensors in files that do not hold "
+                                 f"them (first: {lost[0]} in {self.owner[lost[0]].name}); the folder's "
+                                 "shards and index do not match")
+        return held
 
 
 def _from_index(folder: Path, index: Path) -> FolderFiles:
@@ -53,7 +77,7 @@ def _from_index(folder: Path, index: Path) -> FolderFiles:
                                  f"{folder}; the folder is incomplete (copy every shard) or the index is "
                                  "wrong")
         owner[name] = path
-    files = tuple(dict.fromkeys(sorted(owner.values(), key=lambda p: _natural(p.name))))
+    files = tuple(dict.fromkeys(sorted(owner.values(), key=lambda p: natural_key(p.name))))
     return FolderFiles(files, f"{index.name}: {len(files)} files, {len(owner)} tensors", owner)
 
 
@@ -75,7 +99,7 @@ def folder_files(path: str | os.PathLike) -> FolderFiles | None:
     for name in SINGLE_FILES:
         if (folder / name).is_file():
             return FolderFiles((folder / name,), name)
-    shards = sorted(folder.glob("*.safetensors"), key=lambda f: _natural(f.name))
+    shards = sorted(folder.glob("*.safetensors"), key=lambda f: natural_key(f.name))
     if shards:
         return FolderFiles(tuple(shards), f"{len(shards)} files, no index")
     return None

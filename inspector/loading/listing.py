@@ -15,12 +15,13 @@ from .dcp import dcp_listing, is_dcp_folder
 from .folders import FolderFiles, folder_files
 
 COLUMNS = ["name", "kind", "dtype", "shape", "numel"]
-# safetensors' dtype codes -> torch's names
-_SAFETENSORS_DTYPES = {"F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16",
-                       "F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2",
-                       "F8_E8M0": "float8_e8m0fnu", "I64": "int64", "I32": "int32",
-                       "I16": "int16", "I8": "int8", "U64": "uint64", "U32": "uint32", "U16": "uint16",
-                       "U8": "uint8", "BOOL": "bool", "C64": "complex64"}
+#: safetensors' dtype codes -> torch's dtype names (``getattr(torch, name)``, which fails for a dtype
+#: this torch lacks). :data:`.hf_saved.SAFETENSORS_DTYPES` holds this torch's dtypes themselves.
+SAFETENSORS_DTYPE_NAMES = {"F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16",
+                           "F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2",
+                           "F8_E8M0": "float8_e8m0fnu", "I64": "int64", "I32": "int32",
+                           "I16": "int16", "I8": "int8", "U64": "uint64", "U32": "uint32", "U16": "uint16",
+                           "U8": "uint8", "BOOL": "bool", "C64": "complex64"}
 
 
 def checkpoint_listing(path: str | os.PathLike) -> tuple[pd.DataFrame, list[Finding]]:
@@ -57,23 +58,14 @@ def checkpoint_listing(path: str | os.PathLike) -> tuple[pd.DataFrame, list[Find
 
 def _folder_listing(p: Path, found: FolderFiles) -> tuple[pd.DataFrame, list[Finding]]:
     """The listings of a folder's weight files, one table (the tensors its index names, when it has one)."""
-    tables = []
     findings = [Finding("checkpoint-folder", "info", p.name, f"read {p.name} through {found.how}")]
+    tables: dict[Path, pd.DataFrame] = {}
     for file in found.files:
-        table, more = checkpoint_listing(file)
-        if found.owner:
-            table = table[table["name"].map(lambda n, f=file: found.owner.get(n) == f)]
-        tables.append(table)
+        tables[file], more = checkpoint_listing(file)
         findings += more
-    table = pd.concat(tables, ignore_index=True) if tables else pd.DataFrame(columns=COLUMNS)
-    twice = table["name"][table["name"].duplicated()].tolist()
-    if twice:
-        raise InspectorError(f"{p.name}: tensor {twice[0]} is in two of its files; a checkpoint folder holds "
-                             "each tensor once (or names the file of each in its index)")
-    lost = sorted(set(found.owner) - set(table["name"]))
-    if lost:
-        raise InspectorError(f"{p.name}: the index stores {len(lost)} tensors in files that do not hold "
-                             f"them (first: {lost[0]}); the folder's shards and index do not match")
+    owner = found.assign(((file, table["name"]) for file, table in tables.items()), p.name)
+    kept = [table[table["name"].map(lambda n, f=file: owner.get(n) == f)] for file, table in tables.items()]
+    table = pd.concat(kept, ignore_index=True) if kept else pd.DataFrame(columns=COLUMNS)
     return table, findings
 
 
@@ -87,7 +79,7 @@ def _safetensors_listing(path: Path, name: str) -> pd.DataFrame:
                 piece = fh.get_slice(key)
                 shape, code = tuple(piece.get_shape()), piece.get_dtype()
                 rows.append(
-                    (key, "tensor", _SAFETENSORS_DTYPES.get(code, code.lower()), shape, math.prod(shape))
+                    (key, "tensor", SAFETENSORS_DTYPE_NAMES.get(code, code.lower()), shape, math.prod(shape))
                 )
     except Exception as exc:  # noqa: BLE001 - any failure means the header is not safetensors
         raise InspectorError(

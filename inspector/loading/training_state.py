@@ -7,7 +7,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-MODEL_PARTS = ("model", "module", "state_dict", "model_state_dict")
+MODEL_PARTS = ("state_dict", "model_state_dict", "model", "module")
+"""The top-level names (keys) under which training checkpoints keep the model's state dict (``module``:
+DeepSpeed), in the order a ``torch.save``'d dict holding more than one is read (the first that holds
+tensors). :func:`training_parts` splits off at most one: with two holding tensors, there is none."""
 OPTIMIZER_PARTS = ("optim", "optimizer", "optimizer_state_dict", "optim_state_dict", "opt", "optimizers")
 EXTRA_PARTS = ("step", "steps", "epoch", "global_step", "iteration", "extra", "extras", "extra_state", "rng",
                "rng_state", "rng_states", "scheduler", "lr_scheduler", "schedulers", "dataloader", "sampler",

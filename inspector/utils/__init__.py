@@ -3,7 +3,8 @@
 - :mod:`.findings`: :class:`Finding` and :class:`InspectorError`, the one currency of problems;
 - :mod:`.codes`: every finding code, its severity, meaning, what to do and whether it recurs;
 - :mod:`.norms`: :func:`grouped_norms`, the one fused L2 norm per (device, dtype) group;
-- :mod:`.labels`: the one label of the root module, ``(model)``, and of the batch, ``(batch)``;
+- :mod:`.labels`: the one label of the root module, ``(model)``, and of the batch, ``(batch)``, and
+  :func:`natural_key`, the order of names that reads their numbers as numbers;
 - :mod:`.units` and :mod:`.sizes`: bytes and counts for people, and sizes people write;
 - :mod:`.escaping`: names from a model or a file shown as data (terminal, Markdown, plotly);
 - :mod:`.dtensors`: DTensor facts (local pieces, placements, meshes, replicas); plain tensors pass;
@@ -26,13 +27,13 @@ from .findings import (
     group_findings,
     sort_findings,
 )
-from .labels import BATCH_LABEL, ROOT_LABEL, module_label
+from .labels import BATCH_LABEL, ROOT_LABEL, module_label, natural_key
 from .norms import grouped_norms
 from .sizes import parse_size
 from .units import format_budget, format_bytes, format_count, format_number, progress_text
 
 __all__ = ["BATCH_LABEL", "CODES", "Episodes", "Finding", "FindingCode", "InspectorError", "ROOT_LABEL",
-           "episode_starts", "finding_code", "first_line", "module_label", "recurs", "format_budget",
-           "format_bytes", "format_count", "grouped_norms",
+           "episode_starts", "finding_code", "first_line", "module_label", "natural_key", "recurs",
+           "format_budget", "format_bytes", "format_count", "grouped_norms",
            "format_number", "group_findings", "markdown_code", "markdown_text", "parse_size", "plot_text",
            "progress_text", "sort_findings", "terminal_text", "visible_text"]

@@ -1,7 +1,10 @@
 """The labels that stand for things without a name of their own, the same in every table, figure,
-finding and file: the model itself (its root module, named ``""``) and the batch given to it."""
+finding and file: the model itself (its root module, named ``""``) and the batch given to it; and the
+one order of names that reads their numbers as numbers (``h.2`` before ``h.10``)."""
 
 from __future__ import annotations
+
+import re
 
 ROOT_LABEL = "(model)"  # the root module, and the tensors held by the model itself
 BATCH_LABEL = "(batch)"  # the inputs given to the model's forward
@@ -14,3 +17,12 @@ def module_label(name: str) -> str:
     ('(model)', 'fc')
     """
     return name or ROOT_LABEL
+
+
+def natural_key(name: str) -> list[tuple[int, int | str]]:
+    """Sort key that reads the numbers in a name as numbers.
+
+    >>> sorted(["h.10.w", "h.2.w", "emb"], key=natural_key)
+    ['emb', 'h.2.w', 'h.10.w']
+    """
+    return [(0, int(part)) if part.isdigit() else (1, part) for part in re.split(r"(\d+)", name) if part]
