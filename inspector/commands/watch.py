@@ -72,4 +72,4 @@ def run(args: argparse.Namespace) -> int:
     errors = sum(f.severity == "error" for f in result.findings)
     if rank == 0:
         say(f"{result.steps} steps watched; {len(result.findings)} findings ({errors} errors); wrote {out}")
-    return failing_status(result.findings, args.fail_on, quiet=rank != 0)
+    return failing_status([f.finding for f in result.findings], args.fail_on, quiet=rank != 0)
