@@ -12,11 +12,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
-from torch import nn
 
-from inspector import InspectorError, read_run
-from inspector.integrations import WandbExport, watch_accelerator
+from inspector import InspectorError
+from inspector.integrations import WandbExport
+from tests.watched_loop import loop
 
 wandb = pytest.importorskip("wandb")
 
@@ -42,24 +41,6 @@ def offline(tmp_path, monkeypatch):
 def start_run():
     return wandb.init(project="inspector-test", settings=wandb.Settings(
         silent=True, x_disable_stats=True, disable_git=True, save_code=False, console="off"))
-
-
-def loop(tmp_path, export, steps=4, poison=None):
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(4, 3), nn.ReLU(), nn.Linear(3, 1))
-    opt = torch.optim.SGD(model.parameters(), lr=0.05)
-    with watch_accelerator(None, model, opt, tmp_path / "run.inspect", export=export, report=None,
-                           update_ratio=True) as w:
-        for i in range(steps):
-            x = torch.ones(2, 4) * (i + 1)
-            if i == poison:
-                x[0, 0] = float("inf")
-            loss = model(x).pow(2).mean()
-            loss.backward()
-            w.log(loss=loss)
-            opt.step()
-            opt.zero_grad()
-    return read_run(tmp_path / "run.inspect")
 
 
 def records(env, run) -> list[dict]:
