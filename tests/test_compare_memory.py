@@ -20,7 +20,7 @@ TENSORS, SIDE = 8, 1024  # 8 tensors of 1024 x 1024 float32: 4 MiB each, 32 MiB 
 MIB = 1 << 20
 
 SCRIPT = r"""
-import gc, json, sys
+import ctypes, ctypes.util, gc, json, sys
 import torch
 from safetensors.torch import load_file
 from inspector import compare
@@ -32,6 +32,9 @@ def status(key):
 
 def measure(fn):
     gc.collect()
+    # memory freed by the step before goes back to the system, or the next step would reuse it
+    # without growing, and the measure would miss it
+    ctypes.CDLL(ctypes.util.find_library("c")).malloc_trim(0)
     open("/proc/self/clear_refs", "w").write("5")
     base = status("VmRSS")
     result = fn()
