@@ -53,7 +53,7 @@ class RunFollower:
             return []
         try:  # the messages written since the last call, up to a batch the writer is still writing
             stream = read_stream(pa.BufferReader(pa.py_buffer(data)), self._schema)
-        except pa.ArrowInvalid:  # the header is not whole yet
+        except (pa.ArrowInvalid, OSError):  # the header is not whole yet
             return []
         if self._schema is None:
             self._schema, self.meta = stream.schema, stream.meta

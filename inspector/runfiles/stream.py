@@ -63,8 +63,8 @@ def read_stream(source: Any, schema: Any = None, *, header_only: bool = False) -
     offset); ``header_only``: stop after the schema (its metadata tells what the file is).
 
     Raises:
-        pyarrow.ArrowInvalid: ``schema`` is None and ``source`` does not start with a whole schema
-            message (not an Arrow stream, or one whose header is not written yet).
+        pyarrow.ArrowInvalid, OSError: ``schema`` is None and ``source`` does not start with a whole
+            schema message (not an Arrow stream, or one whose header is not written yet).
     """
     import pyarrow as pa
 
@@ -72,8 +72,8 @@ def read_stream(source: Any, schema: Any = None, *, header_only: bool = False) -
     if schema is None:
         try:
             message = pa.ipc.read_message(source)
-        except (pa.ArrowInvalid, OSError, EOFError, StopIteration) as exc:
-            raise pa.ArrowInvalid(f"no Arrow stream schema at its start ({exc or 'no data'})") from None
+        except (EOFError, StopIteration):
+            raise pa.ArrowInvalid("no Arrow stream schema: the data is empty or ends at once") from None
         if message.type != "schema":
             raise pa.ArrowInvalid(f"an Arrow stream starts with its schema, not a {message.type} message")
         schema = pa.ipc.read_schema(message)
@@ -87,8 +87,8 @@ def read_stream(source: Any, schema: Any = None, *, header_only: bool = False) -
                 raise pa.ArrowInvalid(f"a {message.type} message after the schema")
             batches.append(pa.ipc.read_record_batch(message, schema))
         except (EOFError, StopIteration):  # the end of what is written so far, or the end-of-stream marker
-            tail = source.size() - start
-            closed = tail == len(END_OF_STREAM) and source.read_at(tail, start) == END_OF_STREAM
+            size, mark = source.size(), len(END_OF_STREAM)
+            closed = size - start >= mark and source.read_at(mark, size - mark) == END_OF_STREAM
             break
         except (pa.ArrowInvalid, OSError):  # the writer is mid-batch or died there
             cut = True

@@ -201,7 +201,7 @@ class Watch:
             findings += self._tie_findings()
         self.state.pre(params, check and self.update_ratio, findings)
         if check and self.distributed:  # with the gradient norms just taken: the gradients are read once
-            from ..distributed import check_step
+            from ..distributed import check_step  # here: inspector.distributed re-exports read_run
 
             norms = torch.zeros(len(self.layout.parameters), dtype=torch.float64)
             for idx, part in self.state.grad_parts:
