@@ -75,6 +75,35 @@ def test_readable_while_written_and_after_a_cut_mid_batch(tmp_path):
         assert run.steps["step"].tolist() == [0, 1, 2, 3, 4] and not run.complete
 
 
+def test_the_one_stream_reader_reads_a_growing_file_on_from_where_it_stopped(tmp_path):
+    """read_stream, which read_run, read_check_run and RunFollower share: whole batches up to a cut one,
+    ``end`` just past the last whole one, and from there, with the schema, the rest."""
+    import pyarrow as pa
+
+    from inspector.runfiles import END_OF_STREAM, read_stream
+
+    path = tmp_path / "r.inspect"
+    w = RunWriter(path, _meta())
+    w.write([_record(0)])
+    w.write([_record(1)])
+    two = path.stat().st_size
+    w.write([_record(2)])
+    data = path.read_bytes()
+    first = read_stream(pa.BufferReader(data[:two + 10]))  # step 2 cut after 10 of its bytes
+    assert [b.column("step").to_pylist() for b in first.batches] == [[0], [1]]
+    assert first.cut and not first.closed and first.end == two and first.meta == _meta()
+    header = read_stream(pa.BufferReader(data), header_only=True)
+    assert header.batches == [] and not header.cut and header.meta == _meta() and 0 < header.end < two
+    w.close()
+    data = path.read_bytes()
+    assert data[-8:] == END_OF_STREAM
+    rest = read_stream(pa.BufferReader(data[two:]), first.schema)
+    assert [b.column("step").to_pylist() for b in rest.batches] == [[2]]
+    assert rest.closed and not rest.cut and rest.end == len(data) - two - len(END_OF_STREAM)
+    with pytest.raises(pa.ArrowInvalid):
+        read_stream(pa.BufferReader(b""))
+
+
 def test_bytes_per_tensor_per_step(tmp_path):
     path = tmp_path / "big.inspect"
     synthetic_run(path, steps=200, modules=500, chunk=1)  # one batch per step, as watch writes

@@ -35,6 +35,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from ..runfiles import append_check
 from ..runfiles.record import FORMAT, PER_RANK, PER_TENSOR, VERSION
 from ..utils.findings import Finding
 from ..utils.process_memory import rss_and_peak as _rss
@@ -156,8 +157,6 @@ def check_step(model: nn.Module, step: int,
 
     result = StepCheck(step, rank, world, record, findings)
     if rank == 0 and path is not None:
-        from ..watching.record import append_check
-
         append_check(path, result.record)
     return result
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from ..watching import META_KEY, RunMeta
+from ..runfiles import RunMeta, read_stream
 
 
 @dataclass(frozen=True)
@@ -51,23 +51,14 @@ class RunFollower:
                 data = f.read()
         except OSError:
             return []
-        reader = pa.BufferReader(pa.py_buffer(data))
-        rows: list[StepRow] = []
-        while True:
-            start = reader.tell()
-            try:
-                message = pa.ipc.read_message(reader)
-            except (pa.ArrowInvalid, OSError, EOFError, StopIteration):  # nothing more, or a half-written one
-                reader.seek(start)
-                break
-            if self._schema is None:
-                self._schema = pa.ipc.read_schema(message)
-                raw = (self._schema.metadata or {}).get(META_KEY)
-                self.meta = RunMeta.from_json(raw) if raw is not None else None
-            elif message.type == "record batch":
-                rows += _rows(pa.ipc.read_record_batch(message, self._schema))
-        self._offset += reader.tell()
-        return rows
+        try:  # the messages written since the last call, up to a batch the writer is still writing
+            stream = read_stream(pa.BufferReader(pa.py_buffer(data)), self._schema)
+        except (pa.ArrowInvalid, OSError):  # the header is not whole yet
+            return []
+        if self._schema is None:
+            self._schema, self.meta = stream.schema, stream.meta
+        self._offset += stream.end
+        return [row for batch in stream.batches for row in _rows(batch)]
 
 
 def _array(value: Any, dtype: Any) -> np.ndarray | None:

@@ -1,23 +1,32 @@
-"""``check_step``'s step record and its reader.
+"""The run file, written by the watch and by ``check_step`` and read back, below both.
 
+- :mod:`.columns`: the Arrow run file's columns, defined once: :class:`RunMeta` (what the file says
+  about itself), :class:`StepRecord` (one row: a rank's numbers at a step), :func:`schema`,
+  :func:`record_batch`; versioned (``FORMAT`` ``inspector-watch``);
+- :mod:`.stream`: the file as an Arrow IPC stream: :func:`read_stream`, the one reader of its
+  messages (the schema and its :class:`RunMeta`, every whole batch, a last batch cut short left
+  out), used by ``inspector.read_run``, :func:`read_check_run` and the tracker exports following a
+  growing run; :class:`RunWriter` (the watch's writer) and :func:`append_check` (``check_step``'s);
 - :mod:`.record`: :class:`CheckRecord` and its parts, built from every rank's numbers (format
   ``inspector-distributed``, versioned), and its Arrow type (:func:`~.record.check_type`): the
-  ``check`` column of the run file the watch writes too (``inspector.watching.record``), where
-  ``check_step`` appends one row per step; older versions wrote one JSON line per step;
+  ``check`` column of the run file, where ``check_step`` appends one row per step; older versions
+  wrote one JSON line per step;
 - :mod:`.run`: :func:`read_check_run` reads either back (:func:`parse_check_stream` /
-  :func:`parse_run` from bytes or text) as a :class:`DistributedRun` (tables of steps, ranks and
-  tensors), which ``inspector.read_run`` (the one reader of run files) keeps as ``Run.check_run``,
-  and the findings a run holds.
+  :func:`parse_run` from bytes or text; :func:`check_run_of` from a stream already read) as a
+  :class:`DistributedRun` (tables of steps, ranks and tensors), which ``inspector.read_run`` (the one
+  reader of run files) keeps as ``Run.check_run``, and the findings a run holds.
 
 It needs no process group: the report, the Training page and ``compare`` read run files here,
-below the analyses; :mod:`inspector.distributed` writes them.
+below the analyses; :mod:`inspector.watching` and :mod:`inspector.distributed` write them.
 """
 
 from __future__ import annotations
 
+from .columns import RunMeta, StepRecord, record_batch, schema
 from .record import CheckRecord, RankNumbers, StepTotals, TensorRow
 from .run import (
     DistributedRun,
+    check_run_of,
     is_run_file,
     parse_check_stream,
     parse_run,
@@ -27,7 +36,10 @@ from .run import (
     unique_findings,
     unsynchronised,
 )
+from .stream import END_OF_STREAM, META_KEY, STREAM_MAGIC, RunStream, RunWriter, append_check, read_stream
 
-__all__ = ["CheckRecord", "DistributedRun", "RankNumbers", "StepTotals", "TensorRow", "is_run_file",
-           "parse_check_stream", "parse_run", "rank_issues", "read_check_run", "records_of",
-           "unique_findings", "unsynchronised"]
+__all__ = ["END_OF_STREAM", "META_KEY", "STREAM_MAGIC", "CheckRecord", "DistributedRun", "RankNumbers",
+           "RunMeta", "RunStream", "RunWriter", "StepRecord", "StepTotals", "TensorRow", "append_check",
+           "check_run_of", "is_run_file", "parse_check_stream", "parse_run", "rank_issues",
+           "read_check_run", "read_stream", "record_batch", "records_of", "schema", "unique_findings",
+           "unsynchronised"]

@@ -1,11 +1,11 @@
 """The step record ``check_step`` writes, defined once: :class:`CheckRecord` and its rows.
 
 ``check_step`` builds it from the gathered numbers (:func:`build_record`) and rank 0 appends it
-to the watch's Arrow run file (the ``check`` column); ``read_check_run`` reads it back, and reads
-the JSON lines older versions wrote, one record a line, with :meth:`CheckRecord.from_json`, which
-checks the types of everything the tables, figures, pages and reports read. Fields a record of
-an older writer lacks read as ``None`` (``[]`` for
-the per-rank lists of a tensor); fields this reader does not know are left out.
+to the Arrow run file the watch writes too (its ``check`` column, :func:`.stream.append_check`);
+``read_check_run`` reads it back, and reads the JSON lines older versions wrote, one record a line,
+with :meth:`CheckRecord.from_json`, which checks the types of everything the tables, figures, pages
+and reports read. Fields a record of an older writer lacks read as ``None`` (``[]`` for the per-rank
+lists of a tensor); fields this reader does not know are left out.
 """
 
 from __future__ import annotations
@@ -21,10 +21,6 @@ from ..utils.findings import Finding
 
 FORMAT = "inspector-distributed"
 VERSION = 1
-# the run file (an Arrow IPC stream, inspector.watching.record) that check_step writes as well: how it
-# starts and the schema metadata key of its RunMeta
-STREAM_MAGIC = b"\xff\xff\xff\xff"  # an Arrow IPC stream starts with a continuation marker
-META_KEY = b"inspector-watch"
 # per tensor: local grad sum of squares, grad NaN, grad Inf, local numel, has grad, replica key,
 # value NaN, value Inf
 PER_TENSOR = 8

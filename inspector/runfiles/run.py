@@ -16,7 +16,8 @@ from typing import Any
 import pandas as pd
 
 from ..utils.findings import Finding, InspectorError, group_findings
-from .record import FORMAT, META_KEY, RANK_NUMBERS, STREAM_MAGIC, VERSION, CheckRecord
+from .record import FORMAT, RANK_NUMBERS, VERSION, CheckRecord
+from .stream import STREAM_MAGIC, RunStream, read_stream
 
 RANK_COLUMNS = ["step", "rank", *RANK_NUMBERS]
 TENSOR_COLUMNS = ["name", "kind", "placements", "mesh", "shape", "numel", "local_numel", "grad_norm",
@@ -70,7 +71,7 @@ def is_run_file(path: str | os.PathLike) -> bool:
             head = fh.read(4096)
             if head[:4] == STREAM_MAGIC:
                 fh.seek(0)
-                return _stream_kind(fh) == "check"
+                return _check_stream(fh, header_only=True) is not None
             if _PREFIX.match(head.decode("utf-8", errors="ignore").lstrip("\ufeff")):
                 return True
             fh.seek(0)
@@ -150,16 +151,18 @@ def _parse_line(line: str, number: int, name: str) -> CheckRecord:
         raise InspectorError(f"{name} line {number} is not a valid check_step record: {exc}") from None
 
 
-def _stream_kind(source: Any) -> str | None:
-    """The ``kind`` in an Arrow run file's metadata ("watch" when it says none; None: no run file)."""
+def _check_stream(source: Any, header_only: bool = False) -> RunStream | None:
+    """:func:`~.stream.read_stream` of ``source`` when its metadata says it is a ``check_step`` run file
+    (``kind`` check); None when it is another kind or no run file."""
     import pyarrow as pa
 
     try:
-        raw = (pa.ipc.open_stream(source).schema.metadata or {}).get(META_KEY)
-        data = json.loads(raw) if raw is not None else None
-    except (pa.ArrowInvalid, OSError, ValueError, RecursionError):
+        stream = read_stream(source if isinstance(source, pa.NativeFile) else pa.PythonFile(source, "r"),
+                             header_only=header_only)
+        meta = stream.meta
+    except (pa.ArrowInvalid, OSError, ValueError, TypeError, RecursionError):
         return None
-    return str(data.get("kind", "watch")) if isinstance(data, dict) else None
+    return stream if meta is not None and meta.kind == "check" else None
 
 
 def parse_check_stream(data: bytes, name: str = "run file") -> DistributedRun:
@@ -171,25 +174,30 @@ def parse_check_stream(data: bytes, name: str = "run file") -> DistributedRun:
     """
     import pyarrow as pa
 
-    source = pa.BufferReader(data)
-    if _stream_kind(source) != "check":
+    stream = _check_stream(pa.BufferReader(data))
+    if stream is None:
         raise InspectorError(f"{name} is not a check_step run file (an Arrow run file of kind check)")
-    reader = pa.ipc.open_stream(pa.BufferReader(data))
-    if "check" not in reader.schema.names:
+    return check_run_of(stream, name)
+
+
+def check_run_of(stream: RunStream, name: str = "run file") -> DistributedRun:
+    """The ``check_step`` records in the ``check`` column of a run file already read
+    (:func:`~.stream.read_stream`; ``inspector.read_run`` reads the file once for both kinds).
+
+    Raises:
+        InspectorError: the stream has no ``check`` column or no record, or a record is damaged (the
+            message names the file and the step). A last step cut short is left out with a
+            ``run-file-truncated`` finding.
+    """
+    if "check" not in stream.schema.names:
         raise InspectorError(f"{name} lacks the check column; it was not written by check_step")
-    batches, notes = [], []
-    while True:
-        try:
-            batches.append(reader.read_next_batch())
-        except StopIteration:
-            break
-        except (pa.ArrowInvalid, OSError, EOFError):
-            notes.append(Finding("run-file-truncated", "warning", name,
-                                 f"the last step of {name} is cut short: the run stopped while writing it. "
-                                 f"Read {sum(b.num_rows for b in batches)} complete steps before it."))
-            break
+    notes = []
+    if stream.cut:
+        notes.append(Finding("run-file-truncated", "warning", name,
+                             f"the last step of {name} is cut short: the run stopped while writing it. "
+                             f"Read {stream.rows} complete steps before it."))
     records = []
-    for batch in batches:
+    for batch in stream.batches:
         for row in batch.select(["check", "findings"]).to_pylist():
             if row["check"] is None:
                 continue

@@ -9,12 +9,12 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..runfiles import END_OF_STREAM, is_run_file
 from ..utils.findings import InspectorError
 from ..utils.labels import module_label
-from ..watching import StepFinding, is_watch_file, read_run
+from ..watching import Run, StepFinding, is_watch_file, read_run
 
 SUFFIXES = (".inspect", ".arrow", ".jsonl")
-END_OF_STREAM = b"\xff\xff\xff\xff\x00\x00\x00\x00"
 LIVE_S = 60.0
 MAX_DEPTH = 6
 MAX_RUNS = 500
@@ -47,8 +47,6 @@ def _closed(path: Path, size: int) -> bool:
 
 def _is_run(path: Path) -> bool:
     if path.suffix == ".jsonl":
-        from ..runfiles import is_run_file
-
         return bool(is_run_file(path))
     return is_watch_file(path)
 
@@ -90,10 +88,9 @@ def list_runs(roots: list[Path], *, now: float | None = None, live_s: float = LI
     return found[:limit]
 
 
-def first_finding(path: Path) -> StepFinding | None:
-    """The run's earliest finding (errors before warnings at one step), or None; a run that cannot
-    be read raises :class:`InspectorError` naming it."""
-    run = read_run(path)
+def first_finding(run: Run) -> StepFinding | None:
+    """The earliest finding of ``run`` (as :func:`~inspector.watching.read_run` read it; errors before
+    warnings at one step), or None."""
     rank = {"error": 0, "warning": 1, "info": 2}
     ordered = sorted(run.findings, key=lambda f: (f.step, rank.get(f.severity, 3)))
     return ordered[0] if ordered else None
@@ -106,7 +103,7 @@ def describe(entry: RunEntry) -> dict[str, object]:
                               "modified": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(entry.modified))}
     try:
         run = read_run(entry.path)
-        f = first_finding(entry.path) if run.findings else None
+        f = first_finding(run)
         row["steps"] = int(run.steps["step"].nunique()) if len(run.steps) else 0
         row["first finding"] = f"step {f.step}: {f.code} at {module_label(f.where)}" if f else ""
     except InspectorError as exc:

@@ -1,8 +1,9 @@
 """Watch a training run step by step: ``with watch(model, optimizer, "run.inspect") as w: ...``.
 
 Every step records per-module gradient and parameter norms, learning rates, step time and
-memory into an Arrow run file (:mod:`.record`) that :func:`read_run` reads, also while it
-grows; findings (``nonfinite-forward``, ``dead-gradient``, ...) name the module and the step.
+memory into an Arrow run file (its schema and writer are in :mod:`inspector.runfiles`, below the
+watch and ``check_step`` both) that :func:`read_run` reads, also while it grows; findings
+(``nonfinite-forward``, ``dead-gradient``, ...) name the module and the step.
 
 Modules: ``captured``: the inputs and outputs of the module that first produced a NaN/Inf; ``checked``: a
 ``check_step`` run as a :class:`Run`; ``core``:
@@ -15,9 +16,10 @@ per module; ``run``: reading a run file back; ``train``: a short training loop u
 
 from __future__ import annotations
 
+from ..runfiles import META_KEY, RunMeta, RunWriter, StepRecord, record_batch, schema
+from ..runfiles.columns import FORMAT, VERSION
 from .captured import captures_path, load_captures, producer_of, read_captures, save_captures
 from .core import Watch, WatchResult, watch
-from .record import FORMAT, META_KEY, VERSION, RunMeta, RunWriter, StepRecord, record_batch, schema
 from .run import (
     MODULE_COLUMNS,
     STEP_COLUMNS,

@@ -7,8 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from ..runfiles import DistributedRun
-from .record import RunMeta, StepRecord, record_batch, schema
+from ..runfiles import DistributedRun, RunMeta, StepRecord, record_batch, schema
 from .run import Run, StepFinding, _steps_frame
 
 

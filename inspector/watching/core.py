@@ -18,6 +18,7 @@ from torch.utils.hooks import RemovableHandle
 
 from ..aliases import compare_ties, snapshot_ties
 from ..capture import Captures
+from ..runfiles import RunMeta, RunWriter, StepRecord
 from ..utils.codes import recurs
 from ..utils.dtensors import is_dtensor
 from ..utils.findings import Episodes, Finding, InspectorError, group_findings
@@ -25,7 +26,6 @@ from ..utils.wrappers import underlying
 from .detect import Detectors, not_in_optimizer
 from .layout import Layout, current, to_host
 from .numbers import Numbers
-from .record import RunMeta, RunWriter, StepRecord
 from .run import Run, StepFinding, read_run
 from .steps import StepState, nonfinite_findings, transfer_step
 from .tracer import NonfiniteTracer, forward_producer
@@ -201,7 +201,7 @@ class Watch:
             findings += self._tie_findings()
         self.state.pre(params, check and self.update_ratio, findings)
         if check and self.distributed:  # with the gradient norms just taken: the gradients are read once
-            from ..distributed import check_step
+            from ..distributed import check_step  # here: inspector.distributed re-exports read_run
 
             norms = torch.zeros(len(self.layout.parameters), dtype=torch.float64)
             for idx, part in self.state.grad_parts:

@@ -12,12 +12,23 @@ import numpy as np
 import pandas as pd
 
 from ..capture import Captures
-from ..runfiles import DistributedRun
+from ..runfiles import (
+    META_KEY,
+    STREAM_MAGIC,
+    DistributedRun,
+    RunMeta,
+    RunStream,
+    check_run_of,
+    is_run_file,
+    parse_run,
+    read_check_run,
+    read_stream,
+    schema,
+)
+from ..runfiles.columns import OPTIONAL
 from ..utils.findings import Finding, InspectorError
 from ..utils.labels import module_label
-from .record import META_KEY, OPTIONAL, STREAM_MAGIC, RunMeta, schema
 
-END_OF_STREAM = b"\xff\xff\xff\xff\x00\x00\x00\x00"
 STEP_COLUMNS = ["step", "rank", "time", "step_time", "loss", "grad_norm", "nonfinite", "scale", "skipped",
                 "device_allocated", "device_peak", "rss"]
 MODULE_COLUMNS = {"grad_norm": "module_grad_norm", "param_norm": "module_param_norm",
@@ -235,46 +246,40 @@ def _list_matrix(column: Any, width: int, name: str) -> np.ndarray:
     return out
 
 
-def _read_stream(source: Any, name: str) -> tuple[RunMeta, Any, bool]:
+def _read_stream(source: Any, name: str) -> tuple[RunMeta, RunStream, Any]:
+    """``(meta, stream, table)`` of a run file of either kind, read once
+    (:func:`~inspector.runfiles.read_stream`): ``table`` holds its whole steps in the columns of
+    :func:`~inspector.runfiles.schema`; ``stream.closed`` says whether the writer closed it."""
     import pyarrow as pa
 
     try:
-        reader = pa.ipc.open_stream(source)
+        stream = read_stream(source)
     except (pa.ArrowInvalid, OSError) as exc:
         raise InspectorError(f"{name} is not a readable watch run file ({exc}); write one with "
                              "inspector.watch or `python -m inspector watch`") from None
-    raw = (reader.schema.metadata or {}).get(META_KEY)
-    if raw is None:
-        raise InspectorError(
-            f"{name} is an Arrow stream but not a watch run file (no {META_KEY.decode()} metadata)"
-        )
     try:
-        meta = RunMeta.from_json(raw)
+        meta = stream.meta
     except (ValueError, TypeError, OverflowError) as exc:
         raise InspectorError(f"{name}: {exc}") from None
     except RecursionError:
         raise InspectorError(f"{name}: its run metadata is nested too deeply to be a watch run's; "
                              "write the file again with inspector.watch") from None
-    missing = [f.name for f in schema() if f.name not in reader.schema.names and f.name not in OPTIONAL]
+    if meta is None:
+        raise InspectorError(
+            f"{name} is an Arrow stream but not a watch run file (no {META_KEY.decode()} metadata)"
+        )
+    names = stream.schema.names
+    missing = [f.name for f in schema() if f.name not in names and f.name not in OPTIONAL]
     if missing:
         raise InspectorError(
             f"{name} lacks the columns {', '.join(missing)}; it was not written by inspector.watch"
         )
-    batches, complete = [], False
-    while True:
-        try:
-            batches.append(reader.read_next_batch())
-        except StopIteration:  # the end-of-stream marker, or the end of what is written so far
-            complete = source.size() >= 8 and bytes(source.read_at(8, source.size() - 8)) == END_OF_STREAM
-            break
-        except (pa.ArrowInvalid, OSError, EOFError):  # the writer is mid-batch or died there
-            break
-    table = pa.Table.from_batches(batches, schema=reader.schema)
+    table = pa.Table.from_batches(stream.batches, schema=stream.schema)
     for column in OPTIONAL:  # a column of a later version: null in an older file
         if column not in table.column_names:
             field_ = schema().field(column)
             table = table.append_column(field_, pa.nulls(table.num_rows, field_.type))
-    return meta, table.select(schema().names), complete
+    return meta, stream, table.select(schema().names)
 
 
 def _steps_frame(table: Any, meta: RunMeta) -> pd.DataFrame:
@@ -316,14 +321,13 @@ def parse_run_bytes(data: bytes, name: str = "run file") -> Run:
     """Like :func:`read_run`, from the file's bytes (an upload)."""
     import pyarrow as pa
 
-    from ..runfiles import parse_check_stream, parse_run
     from .checked import check_as_run
 
     if data[:4] == STREAM_MAGIC:
-        meta, table, complete = _read_stream(pa.BufferReader(data), name)
+        meta, stream, table = _read_stream(pa.BufferReader(data), name)
         if meta.kind == "check":
-            return check_as_run(parse_check_stream(data, name))
-        return _from_table(name, meta, table, complete)
+            return check_as_run(check_run_of(stream, name))
+        return _from_table(name, meta, table, stream.closed)
 
     try:
         text = data.decode("utf-8")
@@ -356,15 +360,14 @@ def read_run(path: str | os.PathLike) -> Run:
     if not p.is_file():
         raise InspectorError(f"run file {p} does not exist; write it with inspector.watch(model, optimizer, "
                              f"{str(p)!r}) or `python -m inspector watch FILE.py:factory -o {p}`")
-    from ..runfiles import is_run_file, read_check_run
     from .checked import check_as_run
 
     if is_watch_file(p):
         with pa.memory_map(str(p), "r") as source:  # zero-copy: 10,000 × 1,000 steps read in well under 1 s
-            meta, table, complete = _read_stream(source, p.name)
-            if meta.kind != "check":
-                return _from_table(p.name, meta, table, complete, source=str(p))
-        return check_as_run(read_check_run(p))  # check_step's records, from the same file
+            meta, stream, table = _read_stream(source, p.name)
+            if meta.kind == "check":  # check_step's records, from the stream already read
+                return check_as_run(check_run_of(stream, p.name))
+            return _from_table(p.name, meta, table, stream.closed, source=str(p))
 
     if not is_run_file(p):
         raise InspectorError(

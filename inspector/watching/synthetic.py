@@ -7,8 +7,8 @@ import time
 
 import numpy as np
 
+from ..runfiles import RunMeta, RunWriter, StepRecord
 from ..utils.findings import Finding
-from .record import RunMeta, RunWriter, StepRecord
 
 
 def synthetic_run(path: str | os.PathLike, steps: int = 100, modules: int = 10, *, world_size: int = 1,

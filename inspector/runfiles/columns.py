@@ -1,16 +1,16 @@
-"""The run file: one typed, versioned record per (step, rank), written as an Arrow IPC stream.
+"""The run file's schema: one typed, versioned record per (step, rank), written as an Arrow IPC stream.
 
-The schema is defined once here (:data:`FIELDS`); :class:`StepRecord` has exactly those
-fields, :class:`RunWriter` writes them and :mod:`inspector.watching.run` reads them back by
-name. The file is an Arrow IPC *stream*: the schema (with :class:`RunMeta` as JSON in its
-metadata) followed by one record batch per step holding one row per rank. Each batch is
+The columns are defined once here (:func:`schema`); :class:`StepRecord` has exactly those
+fields, :class:`~.stream.RunWriter` writes them and :func:`inspector.read_run` reads them back by
+name. The file is an Arrow IPC *stream* (:mod:`.stream`): the schema (with :class:`RunMeta` as JSON in
+its metadata) followed by one record batch per step holding one row per rank. Each batch is
 flushed when written, so the file can be read while it grows, and a crash leaves every
 complete batch readable (a reader stops at the first incomplete one).
 
 ``check_step`` writes the same file (``RunMeta.kind`` ``"check"``): one row per step with rank -1 (the
 whole world), the global numbers in the step columns, its findings, and the whole
 :class:`~inspector.runfiles.CheckRecord` (per-tensor and per-rank numbers, replica hashes) in the
-``check`` column (typed by :func:`inspector.runfiles.record.check_type`); a watch's file has no
+``check`` column (typed by :func:`.record.check_type`); a watch's file has no
 ``check`` column (:func:`file_schema`), which reads as null, as in version 1 files.
 
 Per step and rank the file holds four numbers per module (gradient norm, parameter norm,
@@ -22,18 +22,13 @@ step scalars and framing.
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import asdict, dataclass, field, fields
 from functools import lru_cache
-from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
 import numpy as np
 
-from ..runfiles.record import META_KEY as META_KEY
-from ..runfiles.record import STREAM_MAGIC as STREAM_MAGIC
-from ..runfiles.record import check_type
-from ..utils.findings import InspectorError
+from .record import check_type
 
 FORMAT = "inspector-watch"
 VERSION = 2  # 2: the check column and RunMeta.kind (check_step's records)
@@ -205,104 +200,3 @@ def record_batch(records: list[StepRecord], kind: str = "watch") -> Any:
     sch = file_schema(kind)
     columns = [_column(f.name, [getattr(r, f.name) for r in records], f.type) for f in sch]
     return pa.RecordBatch.from_arrays(columns, schema=sch)
-
-
-class RunWriter:
-    """Appends steps to a run file; each :meth:`write` is flushed to disk at once.
-
-    Use as a context manager, or call :meth:`close`. The file is created (its folder too);
-    an existing file of that name is unlinked first, never truncated in place.
-    """
-
-    def __init__(self, path: str | os.PathLike, meta: RunMeta) -> None:
-        import pyarrow as pa
-
-        self.path = Path(path)
-        self.meta = meta
-        try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            self.path.unlink(missing_ok=True)  # a new file: a reader's memory map of an old run stays valid
-            self._file: BinaryIO = open(self.path, "wb")  # noqa: SIM115 - closed by close()
-        except OSError as exc:
-            raise InspectorError(f"cannot write the run file {self.path} ({exc.strerror or exc}); "
-                                 "give a file path in a writable folder") from None
-        sch = file_schema(meta.kind).with_metadata({META_KEY: meta.to_json().encode()})
-        self._writer = pa.ipc.new_stream(self._file, sch)
-        self._file.flush()
-        self.bytes_written = self._file.tell()
-        self.steps_written = 0
-
-    def write(self, records: list[StepRecord]) -> None:
-        """Append one batch (normally one step: one record per rank) and flush it."""
-        if not records:
-            return
-        self._writer.write_batch(record_batch(records, self.meta.kind))
-        self._file.flush()
-        self.bytes_written = self._file.tell()
-        self.steps_written += 1
-
-    def close(self) -> None:
-        """Write the end-of-stream marker and close the file (safe to call twice)."""
-        if self._file.closed:
-            return
-        try:
-            self._writer.close()
-        finally:
-            self._file.close()
-
-    def __enter__(self) -> RunWriter:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-
-def append_check(path: str | os.PathLike, record: dict[str, Any]) -> None:
-    """Append one ``check_step`` record (:meth:`~inspector.runfiles.CheckRecord.to_json`) to the run file
-    ``path`` as one row (rank -1: the whole world), flushed at once; the first call makes the file.
-
-    The stream is left open (no end marker), so the next call, in this process or a later one, appends
-    to it, as lines were appended to the JSON-lines files of older versions.
-
-    Raises:
-        InspectorError: ``path`` exists but is not a ``check_step`` run file of this format (a watch
-            run file, a JSON-lines file of an older version, anything else): give another path.
-    """
-    totals = record.get("global") or {}
-    row = StepRecord(step=int(record["step"]), rank=-1, time=float(record.get("time") or 0.0),
-                     grad_norm=totals.get("grad_norm"), nonfinite=int(totals.get("nonfinite") or 0),
-                     findings=list(record.get("findings") or []),
-                     check={k: v for k, v in record.items() if k not in ("format", "findings")})
-    p = Path(path)
-    if p.is_file() and p.stat().st_size:
-        _check_file(p)
-        try:
-            with open(p, "ab") as fh:
-                fh.write(record_batch([row], "check").serialize())
-        except OSError as exc:
-            raise InspectorError(f"cannot append to the run file {p} ({exc.strerror or exc})") from None
-        return
-    meta = RunMeta(model=str(record.get("note") or ""), world_size=int(record["world_size"]), every=1,
-                   modules=(), parameters=(), parameter_modules=(), checks=("distributed",),
-                   started=float(record.get("time") or 0.0), note=str(record.get("note") or ""), kind="check")
-    writer = RunWriter(p, meta)  # the schema, then the first row; never closed: later calls append
-    try:
-        writer.write([row])
-    finally:
-        writer._file.close()
-
-
-def _check_file(p: Path) -> None:
-    """Raise unless ``p`` is a check_step run file this version appends to."""
-    import pyarrow as pa
-
-    try:
-        with open(p, "rb") as fh:
-            head = pa.ipc.open_stream(fh).schema
-        meta = RunMeta.from_json(head.metadata[META_KEY])
-    except (OSError, pa.ArrowInvalid, KeyError, TypeError, ValueError):
-        meta = None
-    if meta is None or meta.kind != "check" or meta.version != VERSION:
-        raise InspectorError(
-            f"{p} exists and is not a check_step run file of this version; give check_step another path "
-            "(or remove the file)")

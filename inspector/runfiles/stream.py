@@ -1,0 +1,197 @@
+"""The run file as an Arrow IPC stream: how it starts and ends, the one reader of its messages
+(:func:`read_stream`), and its writers (:class:`RunWriter` for the watch, :func:`append_check` for
+``check_step``).
+
+The stream is the schema (with :class:`~.columns.RunMeta` as JSON in its metadata under
+:data:`META_KEY`), one record batch per step, and, once the writer closes it, the end-of-stream
+marker. Every reader of the file (``inspector.read_run``, :func:`~.run.read_check_run`, the
+tracker exports following a growing run) reads it through :func:`read_stream`, which stops at a
+batch cut short (a run still being written, or one that died mid-write) and keeps every whole one.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+from typing import Any, BinaryIO
+
+from ..utils.findings import InspectorError
+from .columns import VERSION, RunMeta, StepRecord, file_schema, record_batch
+
+STREAM_MAGIC = b"\xff\xff\xff\xff"  # an Arrow IPC stream starts with a continuation marker
+END_OF_STREAM = b"\xff\xff\xff\xff\x00\x00\x00\x00"  # and a closed one ends with this
+META_KEY = b"inspector-watch"  # the schema metadata key of its RunMeta
+
+
+@dataclass(frozen=True, eq=False)
+class RunStream:
+    """What :func:`read_stream` read: the ``schema`` (``pyarrow.Schema``), the whole record ``batches``
+    in file order, ``end`` (the bytes read: just past the last whole message), ``cut`` (what follows
+    ``end`` is not a whole message: the writer is mid-batch or died there) and ``closed`` (the
+    end-of-stream marker ends the data: the writer closed the file)."""
+
+    schema: Any = field(repr=False)
+    batches: list[Any] = field(repr=False)
+    end: int
+    cut: bool
+    closed: bool
+
+    @property
+    def rows(self) -> int:
+        return sum(b.num_rows for b in self.batches)
+
+    @cached_property
+    def meta(self) -> RunMeta | None:
+        """The :class:`~.columns.RunMeta` in the schema's metadata; None when it has none.
+
+        Raises:
+            ValueError: the metadata is not a run file's, or of a newer version
+                (:meth:`RunMeta.from_json <.columns.RunMeta.from_json>`).
+        """
+        raw = (self.schema.metadata or {}).get(META_KEY)
+        return None if raw is None else RunMeta.from_json(raw)
+
+
+def read_stream(source: Any, schema: Any = None, *, header_only: bool = False) -> RunStream:
+    """Read an Arrow run file's messages from ``source`` (a ``pyarrow.NativeFile`` at the stream's
+    start; zero-copy from a memory map): its schema, then every whole record batch, stopping at the
+    end of the data, the end-of-stream marker, or a batch cut short (``cut``), which is not an error.
+
+    ``schema``: the stream's schema when ``source`` starts after it (a growing file read on from an
+    offset); ``header_only``: stop after the schema (its metadata tells what the file is).
+
+    Raises:
+        pyarrow.ArrowInvalid, OSError: ``schema`` is None and ``source`` does not start with a whole
+            schema message (not an Arrow stream, or one whose header is not written yet).
+    """
+    import pyarrow as pa
+
+    start = source.tell()
+    if schema is None:
+        try:
+            message = pa.ipc.read_message(source)
+        except (EOFError, StopIteration):
+            raise pa.ArrowInvalid("no Arrow stream schema: the data is empty or ends at once") from None
+        if message.type != "schema":
+            raise pa.ArrowInvalid(f"an Arrow stream starts with its schema, not a {message.type} message")
+        schema = pa.ipc.read_schema(message)
+        start = source.tell()
+    batches: list[Any] = []
+    cut = closed = False
+    while not header_only:
+        try:
+            message = pa.ipc.read_message(source)
+            if message.type != "record batch":
+                raise pa.ArrowInvalid(f"a {message.type} message after the schema")
+            batches.append(pa.ipc.read_record_batch(message, schema))
+        except (EOFError, StopIteration):  # the end of what is written so far, or the end-of-stream marker
+            size, mark = source.size(), len(END_OF_STREAM)
+            closed = size - start >= mark and source.read_at(mark, size - mark) == END_OF_STREAM
+            break
+        except (pa.ArrowInvalid, OSError):  # the writer is mid-batch or died there
+            cut = True
+            break
+        start = source.tell()
+    return RunStream(schema, batches, start, cut, closed)
+
+
+class RunWriter:
+    """Appends steps to a run file; each :meth:`write` is flushed to disk at once.
+
+    Use as a context manager, or call :meth:`close`. The file is created (its folder too);
+    an existing file of that name is unlinked first, never truncated in place.
+    """
+
+    def __init__(self, path: str | os.PathLike, meta: RunMeta) -> None:
+        import pyarrow as pa
+
+        self.path = Path(path)
+        self.meta = meta
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self.path.unlink(missing_ok=True)  # a new file: a reader's memory map of an old run stays valid
+            self._file: BinaryIO = open(self.path, "wb")  # noqa: SIM115 - closed by close()
+        except OSError as exc:
+            raise InspectorError(f"cannot write the run file {self.path} ({exc.strerror or exc}); "
+                                 "give a file path in a writable folder") from None
+        sch = file_schema(meta.kind).with_metadata({META_KEY: meta.to_json().encode()})
+        self._writer = pa.ipc.new_stream(self._file, sch)
+        self._file.flush()
+        self.bytes_written = self._file.tell()
+        self.steps_written = 0
+
+    def write(self, records: list[StepRecord]) -> None:
+        """Append one batch (normally one step: one record per rank) and flush it."""
+        if not records:
+            return
+        self._writer.write_batch(record_batch(records, self.meta.kind))
+        self._file.flush()
+        self.bytes_written = self._file.tell()
+        self.steps_written += 1
+
+    def close(self) -> None:
+        """Write the end-of-stream marker and close the file (safe to call twice)."""
+        if self._file.closed:
+            return
+        try:
+            self._writer.close()
+        finally:
+            self._file.close()
+
+    def __enter__(self) -> RunWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def append_check(path: str | os.PathLike, record: dict[str, Any]) -> None:
+    """Append one ``check_step`` record (:meth:`~inspector.runfiles.CheckRecord.to_json`) to the run file
+    ``path`` as one row (rank -1: the whole world), flushed at once; the first call makes the file.
+
+    The stream is left open (no end marker), so the next call, in this process or a later one, appends
+    to it, as lines were appended to the JSON-lines files of older versions.
+
+    Raises:
+        InspectorError: ``path`` exists but is not a ``check_step`` run file of this format (a watch
+            run file, a JSON-lines file of an older version, anything else): give another path.
+    """
+    totals = record.get("global") or {}
+    row = StepRecord(step=int(record["step"]), rank=-1, time=float(record.get("time") or 0.0),
+                     grad_norm=totals.get("grad_norm"), nonfinite=int(totals.get("nonfinite") or 0),
+                     findings=list(record.get("findings") or []),
+                     check={k: v for k, v in record.items() if k not in ("format", "findings")})
+    p = Path(path)
+    if p.is_file() and p.stat().st_size:
+        _check_file(p)
+        try:
+            with open(p, "ab") as fh:
+                fh.write(record_batch([row], "check").serialize())
+        except OSError as exc:
+            raise InspectorError(f"cannot append to the run file {p} ({exc.strerror or exc})") from None
+        return
+    meta = RunMeta(model=str(record.get("note") or ""), world_size=int(record["world_size"]), every=1,
+                   modules=(), parameters=(), parameter_modules=(), checks=("distributed",),
+                   started=float(record.get("time") or 0.0), note=str(record.get("note") or ""), kind="check")
+    writer = RunWriter(p, meta)  # the schema, then the first row; never closed: later calls append
+    try:
+        writer.write([row])
+    finally:
+        writer._file.close()
+
+
+def _check_file(p: Path) -> None:
+    """Raise unless ``p`` is a check_step run file this version appends to."""
+    import pyarrow as pa
+
+    try:
+        with pa.OSFile(str(p), "rb") as fh:
+            meta = read_stream(fh, header_only=True).meta
+    except (OSError, pa.ArrowInvalid, TypeError, ValueError):
+        meta = None
+    if meta is None or meta.kind != "check" or meta.version != VERSION:
+        raise InspectorError(
+            f"{p} exists and is not a check_step run file of this version; give check_step another path "
+            "(or remove the file)")
