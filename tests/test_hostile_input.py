@@ -977,7 +977,8 @@ def test_a_refusal_reads_the_same_while_another_thread_writes_to_stderr(files, r
         for _ in range(20):
             status, _, err = run_cli(["report", "sample:tiny-gpt2", "-o", "/dev/full"])
             assert status == 2
-            assert err.strip().splitlines()[-1].startswith("error:") and "is a character device" in err
+            last = err.strip().splitlines()[-1]
+            assert "error:" in last and "is a character device" in last, err
             assert "background" not in err
     finally:
         stop.set()
