@@ -55,3 +55,9 @@ def interleaved(contenders: dict[str, Callable[[], object]], repeats: int, sync:
                 order: str = "same", collect: bool = False) -> dict[str, float]:
     """Median seconds of each contender over :func:`rounds`."""
     return {k: statistics.median(v) for k, v in rounds(contenders, repeats, sync, order, collect).items()}
+
+
+def paired_ratios(times: dict[str, list[float]], base: str = "plain") -> dict[str, float]:
+    """Per contender, the median over rounds of its time over ``base``'s time in the same round."""
+    ref = times[base]
+    return {n: statistics.median(t / b for t, b in zip(v, ref, strict=True)) for n, v in times.items()}

@@ -45,6 +45,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from _timing import paired_ratios  # noqa: E402
+
 from inspector import watch  # noqa: E402
 from inspector.integrations import TensorBoardExport, WatchedTraining, watch_accelerator  # noqa: E402
 from inspector.watching import Watch  # noqa: E402
@@ -224,11 +226,6 @@ def measure(repeats: int, batch: int, seq: int,
     return wall, cpu, inside
 
 
-def ratios(times: dict[str, list[float]]) -> dict[str, float]:
-    base = times["plain"]
-    return {n: statistics.median(t / b for t, b in zip(v, base, strict=True)) for n, v in times.items()}
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
@@ -242,7 +239,7 @@ def main() -> None:
     print(f"== transformers GPT2 ({args.layers} layers, width 768) training step (AdamW), CPU, "
           f"{args.batch}x{args.seq} tokens, {args.repeats} repeats, {torch.get_num_threads()} thread(s), "
           f"torch {torch.__version__}")
-    rc, rw = ratios(cpu), ratios(wall)
+    rc, rw = paired_ratios(cpu), paired_ratios(wall)
     print(f"{'variant':<24}{'cpu s':>8}{'x plain':>9}{'wall s':>8}{'x plain':>9}")
     for n in cpu:
         print(f"{n:<24}{statistics.median(cpu[n]):>8.3f}{rc[n]:>9.3f}{statistics.median(wall[n]):>8.3f}"

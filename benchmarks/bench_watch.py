@@ -39,6 +39,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from _timing import paired_ratios  # noqa: E402
+
 from inspector import read_run, watch  # noqa: E402
 from inspector.watching import RunWriter, Watch  # noqa: E402
 from inspector.watching.tracer import NonfiniteTracer  # noqa: E402
@@ -133,11 +135,6 @@ def measure(repeats: int, batch: int, seq: int) -> tuple[dict[str, list[float]],
     return wall, cpu, inside, per_tensor, len(run.meta.parameters)
 
 
-def _ratios(times: dict[str, list[float]]) -> dict[str, float]:
-    base = times["plain"]
-    return {n: statistics.median(t / b for t, b in zip(v, base, strict=True)) for n, v in times.items()}
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=7)
@@ -151,7 +148,7 @@ def main() -> None:
         f"== gpt2-small training step (AdamW), CPU, {args.batch}x{args.seq} tokens, {args.repeats} repeats, "
         f"{torch.get_num_threads()} thread(s), torch {torch.__version__}"
     )
-    rw, rc = _ratios(wall), _ratios(cpu)
+    rw, rc = paired_ratios(wall), paired_ratios(cpu)
     plain_cpu = statistics.median(cpu["plain"])
     print(f"{'variant':<18}{'wall s':>9}{'x plain':>9}{'cpu s':>9}{'x plain':>9}{'in hooks':>10}  target")
     for n in wall:
