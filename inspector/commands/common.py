@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import re
 import sys
@@ -139,26 +138,16 @@ def write_text(path: str | os.PathLike, text: str) -> None:
 
 
 def strict_json(data: Any) -> Any:
-    """``data`` as values strict JSON parsers take: a float that is not finite becomes ``"nan"``,
-    ``"inf"`` or ``"-inf"``, pandas' missing values (``NA``, ``NaT``) ``None``, numpy scalars Python
-    ones, tuples lists.
+    """``data`` as values strict JSON parsers take, every digit kept: the report's :func:`plain`
+    (a float that is not finite becomes ``"nan"``, ``"inf"`` or ``"-inf"``, pandas' missing values
+    ``None``, numpy scalars Python ones, tuples lists).
 
     >>> strict_json({"a": [float("inf"), 1.5, (2, float("nan"))]})
     {'a': ['inf', 1.5, [2, 'nan']]}
     """
-    if isinstance(data, dict):
-        return {str(k): strict_json(v) for k, v in data.items()}
-    if isinstance(data, (list, tuple)):
-        return [strict_json(v) for v in data]
-    if hasattr(data, "item") and getattr(data, "ndim", 1) == 0:  # numpy scalars
-        data = data.item()
-    if isinstance(data, float):
-        return data if math.isfinite(data) else "nan" if math.isnan(data) else ("inf" if data > 0 else "-inf")
-    if data is None or isinstance(data, (bool, int, str)):
-        return data
-    if data is pd.NA or data is pd.NaT:
-        return None
-    return str(data)
+    from ..report import plain
+
+    return plain(data, digits=None)
 
 
 def write_json(path: str, data: Any, *, strict: bool = False) -> None:

@@ -80,8 +80,9 @@ class Section:
 
 
 
-def plain(value: Any) -> Any:
-    """A JSON-safe, stable form of ``value``: floats to 8 significant digits, NaN/inf as strings.
+def plain(value: Any, digits: int | None = 8) -> Any:
+    """A JSON-safe, stable form of ``value``: floats to ``digits`` significant digits (all of them
+    with None), NaN/inf as strings.
 
     >>> plain(np.float32(0.1)), plain(float("nan")), plain((2, np.int64(3)))
     (0.1, 'nan', [2, 3])
@@ -98,19 +99,19 @@ def plain(value: Any) -> Any:
             return "nan"
         if math.isinf(x):
             return "inf" if x > 0 else "-inf"
-        return float(f"{x:.8g}")
+        return x if digits is None else float(f"{x:.{digits}g}")
     if isinstance(value, np.ndarray):
-        return [plain(v) for v in value.tolist()]
+        return [plain(v, digits) for v in value.tolist()]
     if isinstance(value, Mapping):
-        return {str(k): plain(v) for k, v in value.items()}
+        return {str(k): plain(v, digits) for k, v in value.items()}
     if isinstance(value, (list, tuple, set, frozenset)):
         items = sorted(value, key=str) if isinstance(value, (set, frozenset)) else value
-        return [plain(v) for v in items]
+        return [plain(v, digits) for v in items]
     if value is pd.NA or value is pd.NaT:
         return None
     if hasattr(value, "tolist") and callable(value.tolist):  # torch tensors and sizes, numpy scalars
         try:
-            return plain(value.tolist())
+            return plain(value.tolist(), digits)
         except (TypeError, ValueError, RuntimeError):
             pass
     return str(value)
