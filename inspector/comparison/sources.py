@@ -32,6 +32,7 @@ from ..loading.listing import SAFETENSORS_DTYPE_NAMES
 from ..loading.models import LoadedModel, load_model
 from ..utils.findings import Finding, InspectorError
 from ..utils.labels import natural_key
+from ..utils.paths import file_kind
 from .kernels import CHUNK, raw_values
 
 
@@ -291,6 +292,10 @@ def _open(spec: Spec, device: str) -> TensorSource:
     if path.is_dir() and (path / "config.json").is_file():
         loaded = load_model(f"hf:{path}", device=device)
         return ModelSide(loaded.name, loaded.model, loaded.findings)
+    special = file_kind(path)
+    if special and special != "a folder":
+        raise InspectorError(f"{path} is {special}, not a regular file; reading it could block or never end: "
+                             "give a checkpoint file or folder")
     if not path.exists():
         raise InspectorError(
             f"{path} does not exist: give a source ('sample:NAME', 'FILE.py:factory', "

@@ -19,6 +19,7 @@ from typing import Any
 from ..capture import Captures, Skipped
 from ..utils.findings import Finding, InspectorError
 from ..utils.labels import module_label
+from ..utils.paths import regular_file
 from .tracer import Producer, floating
 
 SUFFIX = ".captures.safetensors"
@@ -102,10 +103,12 @@ def load_captures(path: str | os.PathLike) -> Captures:
     """Read a captures file :func:`save_captures` wrote.
 
     Raises:
-        InspectorError: the file is not a watch captures file.
+        InspectorError: the file is not a watch captures file (a FIFO or a device is refused
+            before it is opened: ``safe_open`` would block in it holding the GIL).
     """
     from safetensors import safe_open
 
+    regular_file(path, "captures file")
     try:
         with safe_open(str(path), framework="pt") as fh:
             meta = fh.metadata() or {}
@@ -143,11 +146,12 @@ def read_captures(run_path: str | os.PathLike) -> Captures | None:
         InspectorError: ``run_path`` does not exist, or a captures file next to it is damaged.
     """
     p = Path(run_path)
-    if p.name.endswith(SUFFIX) and p.is_file():
+    if p.name.endswith(SUFFIX) and os.path.lexists(p):
         return load_captures(p)
-    if not p.is_file():
+    if not os.path.lexists(p):
         raise InspectorError(f"run file {p} does not exist; give the path of a file that watch(...) or "
                              "`python -m inspector watch` wrote")
+    regular_file(p, "run file")
     mine = re.compile(re.escape(p.name) + r"(\.rank\d+)?" + re.escape(SUFFIX) + "$")
     found = sorted(f for f in p.parent.iterdir() if mine.match(f.name)) if p.parent.is_dir() else []
     caps = [load_captures(f) for f in found]
