@@ -19,7 +19,7 @@ from typing import Any
 from ..capture import Captures, Skipped
 from ..utils.findings import Finding, InspectorError
 from ..utils.labels import module_label
-from ..utils.paths import regular_file
+from ..utils.paths import confined, regular_file
 from .tracer import Producer, floating
 
 SUFFIX = ".captures.safetensors"
@@ -154,7 +154,9 @@ def read_captures(run_path: str | os.PathLike) -> Captures | None:
     regular_file(p, "run file")
     mine = re.compile(re.escape(p.name) + r"(\.rank\d+)?" + re.escape(SUFFIX) + "$")
     found = sorted(f for f in p.parent.iterdir() if mine.match(f.name)) if p.parent.is_dir() else []
-    caps = [load_captures(f) for f in found]
+    caps = [load_captures(confined(f, [p.parent], what="captures file", refusal=lambda t: (
+        f"captures file {t} is a link that leads outside {p.parent}; a run's captures lie next to it")))
+        for f in found]
     if not caps:
         return None
     return min(caps, key=lambda c: (c._state["step"], c._state["rank"]))
