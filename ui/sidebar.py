@@ -31,7 +31,7 @@ from inspector.distributed import dcp_listing, is_dcp_folder
 from inspector.loading import DTYPES, allowed_model_dirs, default_max_bytes
 from inspector.placement import parse_size
 from inspector.structure import model_bytes
-from inspector.utils import markdown_code, markdown_text
+from inspector.utils import grid_frame, markdown_code, markdown_text
 from sample_models import SAMPLES
 
 from .cache import cached_analysis
@@ -219,7 +219,8 @@ def _checkpoint_inputs(sel: Selection) -> str | None:
                 st.caption(
                     f"Distributed checkpoint: {len(listing)} entries in {int(listing['pieces'].sum())} pieces"
                 )
-                st.dataframe(listing[["name", "shape", "pieces"]].astype(str), hide_index=True, height=160)
+                st.dataframe(grid_frame(listing[["name", "shape", "pieces"]].astype(str)), hide_index=True,
+                             height=160)
     if upload is not None:
         with guarded("storing the upload"):
             return session_uploads().save(upload.name, upload.getvalue())

@@ -15,6 +15,7 @@ import pandas as pd
 
 from ..loading import LoadedModel, load_model
 from ..utils import Finding, InspectorError, sort_findings, terminal_text
+from ..utils.escaping import terminal_line
 from . import argtypes as types
 
 
@@ -118,8 +119,8 @@ def print_findings(findings: list[Finding]) -> None:
         return
     say(f"findings ({len(findings)}):")
     for f in sort_findings(findings):
-        where = f" [{f.where}]" if f.where else ""
-        say(f"  {f.severity.upper():7} {f.code}{where}: {f.message}")
+        where = f" [{terminal_line(f.where)}]" if f.where else ""  # a name cannot start a line of its own
+        say(f"  {f.severity.upper():7} {f.code}{where}: {terminal_line(f.message)}")
 
 
 def write_text(path: str | os.PathLike, text: str) -> None:

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..utils.escaping import terminal_text
+from ..utils.escaping import terminal_line
 from ..utils.findings import InspectorError
 from ..utils.labels import module_label
 from ..watching import StepFinding, Watch, WatchResult
@@ -31,7 +31,7 @@ class TrainingStopped(InspectorError):
 
 def stop_message(f: StepFinding) -> str:
     """Why training stopped, safe for a terminal (names come from the model)."""
-    return terminal_text(f"training stopped at step {f.step}: {f.code} at {module_label(f.where)} "
+    return terminal_line(f"training stopped at step {f.step}: {f.code} at {module_label(f.where)} "
                          f"({f.message}); the run file holds every step up to here")
 
 
@@ -51,7 +51,7 @@ def plain_optimizer(optimizer: Any) -> torch.optim.Optimizer | None:
 
 
 def print_finding(f: StepFinding) -> None:
-    print(f"[inspector] {terminal_text(f.line())}", file=sys.stderr, flush=True)
+    print(f"[inspector] {terminal_line(f.line())}", file=sys.stderr, flush=True)
 
 
 class WatchedTraining:

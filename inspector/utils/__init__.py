@@ -17,7 +17,17 @@
 from __future__ import annotations
 
 from .codes import CODES, FindingCode, finding_code, recurs
-from .escaping import markdown_code, markdown_text, plot_text, terminal_text, visible_text
+from .escaping import (
+    grid_frame,
+    grid_text,
+    markdown_code,
+    markdown_text,
+    plot_text,
+    tensorboard_text,
+    terminal_line,
+    terminal_text,
+    visible_text,
+)
 from .findings import (
     Episodes,
     Finding,
@@ -36,4 +46,5 @@ __all__ = ["BATCH_LABEL", "CODES", "Episodes", "Finding", "FindingCode", "Inspec
            "episode_starts", "finding_code", "first_line", "module_label", "natural_key", "recurs",
            "format_budget", "format_bytes", "format_count", "grouped_norms",
            "format_number", "group_findings", "markdown_code", "markdown_text", "parse_size", "plot_text",
-           "progress_text", "sort_findings", "terminal_text", "visible_text"]
+           "progress_text", "sort_findings", "terminal_text", "visible_text", "grid_frame", "grid_text",
+           "tensorboard_text", "terminal_line"]
