@@ -262,3 +262,16 @@ def test_read_captures_refuses_a_fifo_and_a_link_out(runs, tmp_path):
     (runs / "l.inspect.captures.safetensors").symlink_to(secret)
     with pytest.raises(InspectorError, match="leads outside"):
         read_captures(runs / "l.inspect")
+
+
+def test_an_upload_is_stored_under_a_plain_name_inside_its_folder(tmp_path):
+    from ui.uploads import UploadStore
+
+    store = UploadStore(tmp_path / "uploads", limit=10**6)
+    for name in ["a\x00.pt", "../../x.pt", "a\nb.pt", "ev\u202eil.pt", "a\\b.pt", "/etc/y.pt"]:
+        path = Path(store.save(name, name.encode("utf-8", "surrogateescape")))
+        assert path.parent == store.folder.resolve() and path.is_file(), name
+        assert not set(path.name) & set("\x00\n\u202e\\/"), path.name
+    with pytest.raises(InspectorError, match="is not a checkpoint"):
+        store.save("..", b"1")
+    store.close()
