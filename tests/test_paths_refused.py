@@ -275,3 +275,16 @@ def test_an_upload_is_stored_under_a_plain_name_inside_its_folder(tmp_path):
     with pytest.raises(InspectorError, match="is not a checkpoint"):
         store.save("..", b"1")
     store.close()
+
+
+@pytest.mark.timeout(60)
+def test_a_fifo_piece_of_a_distributed_checkpoint_is_refused(tmp_path):
+    from tests.hostile_loading import _dcp_save
+
+    folder = tmp_path / "dcp"
+    _dcp_save(folder, {"w": torch.ones(4)})
+    piece = next(p for p in folder.iterdir() if p.suffix == ".distcp")
+    piece.unlink()
+    os.mkfifo(piece)
+    with pytest.raises(InspectorError, match=re.escape(f"dcp piece {piece.resolve()} is a FIFO")):
+        read_checkpoint(folder)
