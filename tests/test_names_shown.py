@@ -142,3 +142,10 @@ def test_every_grid_of_the_pages_escapes_its_cells():
                             or (isinstance(arg, ast.Name) and arg.id in escaped)):
                         bare.append(f"{f.relative_to(ROOT)}:{n.lineno}")
     assert not bare, f"grids without grid_frame: {sorted(set(bare))}"
+
+
+def test_an_error_naming_a_file_stays_one_line(tmp_path, run_cli):
+    missing = tmp_path / "x\nerror: forged"
+    status, out, err = run_cli(["compare", str(missing), str(missing)])
+    assert status == 2 and "x\\x0aerror: forged" in err, err
+    assert not any(line.startswith("error: forged") for line in err.splitlines()), err

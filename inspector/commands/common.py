@@ -94,7 +94,8 @@ def say(text: Any = "") -> None:
 
 
 def progress(message: str) -> None:
-    print(f"... {_printable(terminal_text(message))}", file=sys.stderr, flush=True)
+    """One line of progress on stderr; a line break in a name in it shows as ``\\x0a``."""
+    print(f"... {_printable(terminal_line(message))}", file=sys.stderr, flush=True)
 
 
 def _printable(text: str) -> str:
