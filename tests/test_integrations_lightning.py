@@ -123,7 +123,24 @@ def test_an_exception_closes_the_file_and_removes_the_hooks(tmp_path):
     with pytest.raises(RuntimeError, match="bad batch"):
         fit(module, cb, tmp_path)
     run = read_run(tmp_path / "broken.inspect")
-    assert len(run.steps) == 2 and run.complete and not cb.result.completed and unhooked(module)
+    assert len(run.steps) == 2 and not cb.result.completed and unhooked(module)
+    # the file says how the run ended: not complete, the exception at the step it was in
+    assert not run.complete and run.failure is not None and run.failure.step == 2
+    assert "RuntimeError: bad batch" in run.failure.message
+
+
+def test_gradient_norms_are_those_of_each_steps_own_batch(tmp_path):
+    """Lightning runs forward, zero_grad and backward inside optimizer.step(closure): the numbers of a
+    step are read when the closure returns, so step k holds batch k's gradient (not batch k-1's)."""
+    module = Auto()
+    expected = []
+    for x, y in data():  # the weights do not change below (lr 0): each batch's gradient norm by hand
+        module.zero_grad()
+        module.loss((x, y)).backward()
+        expected.append(float(torch.cat([p.grad.flatten() for p in module.parameters()]).norm()))
+    module.configure_optimizers = lambda: torch.optim.SGD(module.parameters(), lr=0.0)
+    fit(module, LightningWatch(tmp_path / "norms.inspect", report=None), tmp_path)
+    np.testing.assert_allclose(read_run(tmp_path / "norms.inspect").steps.grad_norm, expected, rtol=1e-5)
 
 
 def test_bf16_mixed_precision_on_cpu(tmp_path):

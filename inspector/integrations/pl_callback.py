@@ -72,7 +72,7 @@ class LightningWatch(Callback):
         self.session.finish(completed=self.session.stopped_by is None)
 
     def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
-        self.session.finish(completed=False)
+        self.session.finish(completed=False, error=exception)
 
 
 __all__ = ["LightningWatch"]
