@@ -26,9 +26,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
 
-    from .baselines import run_baselines
+    from .baselines import healthy_scalars, run_baselines
     from .runner import run_zoo, select
-    from .table import baseline_table, progress_line, summary, zoo_tables
+    from .table import baseline_table, healthy_baseline_table, progress_line, summary, zoo_tables
 
     cases = select(args.only)
     if args.list:
@@ -45,6 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.baselines:
         said = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
         text += "\n\n" + baseline_table(run_baselines(cases, steps=args.steps, rows=rows, progress=said))
+        text += "\n\n" + healthy_baseline_table(healthy_scalars(cases, steps=args.steps))
     text += f"\n\nThe zoo took {time.perf_counter() - start:.0f} s (torch {torch.__version__}, one thread).\n"
     print(text)
     if args.markdown:

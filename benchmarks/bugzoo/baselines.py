@@ -127,16 +127,21 @@ class Scalars(Baseline):
             self.nan_at = self.ctx.i  # TerminateOnNaN would stop here
 
 
-def visible(series: list[float], start: int) -> int | None:
-    """The first step at or after ``start`` where the curve shows the bug (rule above)."""
+def jumps(series: list[float], start: int = 0) -> list[int]:
+    """The steps at or after ``start`` where the curve shows something (rule above)."""
+    out = []
     for t in range(max(start, 0), len(series)):
         v = series[t]
-        if not math.isfinite(v):
-            return t
         past = [x for x in series[max(0, t - 20):t] if math.isfinite(x)]
-        if len(past) >= 5 and v > 10 * float(np.median(past)):
-            return t
-    return None
+        if not math.isfinite(v) or (len(past) >= 5 and v > 10 * float(np.median(past))):
+            out.append(t)
+    return out
+
+
+def visible(series: list[float], start: int) -> int | None:
+    """The first step at or after ``start`` where the curve shows the bug."""
+    seen = jumps(series, start)
+    return seen[0] if seen else None
 
 
 def _verdict(case: Case, planted: int | None, fired: int | None) -> str:
@@ -186,4 +191,24 @@ def run_baselines(cases: list[Case], *, steps: int | None = None, rows: list[Jud
     return out
 
 
-__all__ = ["run_baselines", "visible", "one_line"]
+def healthy_scalars(cases: list[Case], *, steps: int | None = None) -> list[dict[str, Any]]:
+    """The scalar rules on the healthy plain loops: how often a correct run would look alarming
+    (``detect_anomaly`` and ``DebugUnderflowOverflow`` raise only on NaN/Inf; not run here)."""
+    out = []
+    for case in cases:
+        if not case.healthy or not case.baselines:
+            continue
+        judged, ctx = run_case(case, steps=steps, monitor=Scalars)
+        base = next((r for r in ctx.results if isinstance(r, Scalars)), None)
+        if judged.status == "crash" or base is None:
+            out.append({"case": case.name, "TerminateOnNaN": f"crash: {judged.error}",
+                        "TensorBoard scalars": ""})
+            continue
+        seen = sorted(set(jumps(base.losses) + jumps(base.norms)))
+        listed = f": {', '.join(map(str, seen[:6]))}{', ...' if len(seen) > 6 else ''}" if seen else ""
+        out.append({"case": case.name, "TerminateOnNaN": "stops" if base.nan_at is not None else "silent",
+                    "TensorBoard scalars": f"{len(seen)} step(s) look alarming{listed}"})
+    return out
+
+
+__all__ = ["healthy_scalars", "jumps", "run_baselines", "visible", "one_line"]

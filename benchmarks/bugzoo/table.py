@@ -129,3 +129,10 @@ def baseline_table(results: list[dict[str, Any]]) -> str:
     totals = ["**caught (±1 step)**", "", "", sum(1 for r in results if r["watch"].startswith("yes"))]
     totals += [sum(1 for r in results if str(r[k]).startswith("yes")) for k in names]
     return _md(["case", "model", "planted", "watch (default)"] + names, body + [totals])
+
+
+def healthy_baseline_table(results: list[dict[str, Any]]) -> str:
+    if not results:
+        return ""
+    return _md(["healthy case", "TerminateOnNaN", "TensorBoard scalars (loss, grad norm)"],
+               [[r["case"], r["TerminateOnNaN"], r["TensorBoard scalars"]] for r in results])
