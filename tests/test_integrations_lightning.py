@@ -94,7 +94,8 @@ def test_manual_optimisation_with_two_optimizers(tmp_path):
     module = Manual()
     fit(module, LightningWatch(tmp_path / "two.inspect", report=None), tmp_path)
     run = read_run(tmp_path / "two.inspect")
-    assert len(run.steps) == 8 and not run.findings  # 4 batches x 2 optimizer steps, nothing wrong
+    assert len(run.steps) == 4 and not run.findings  # 4 batches: the first optimizer's steps, nothing wrong
+    assert run.steps.filter(like="lr_").shape[1] == 2  # both optimizers' learning rates
     # follow only the first optimizer: one step per batch
     fit(Manual(), LightningWatch(tmp_path / "first.inspect", optimizer=0, report=None), tmp_path)
     assert len(read_run(tmp_path / "first.inspect").steps) == 4
@@ -108,6 +109,21 @@ def test_stop_on_error_stops_the_fit_naming_the_module(tmp_path, capsys):
     assert trainer.global_step == 3 and len(run.steps) == 3 and not cb.result.completed
     assert run.findings[0].step == 2 and run.findings[0].where.startswith("lin1")
     assert "training stopped at step 2" in capsys.readouterr().out
+
+
+class OneStepped(Manual):
+    def training_step(self, batch, batch_idx):
+        opt1, _ = self.optimizers()
+        loss = self.loss(batch)
+        opt1.zero_grad()
+        self.manual_backward(loss)
+        opt1.step()  # the second optimizer's step is forgotten: lin2 never trains
+
+
+def test_manual_optimisation_names_an_optimizer_that_never_steps(tmp_path):
+    fit(OneStepped(), LightningWatch(tmp_path / "one.inspect", report=None), tmp_path)
+    run = read_run(tmp_path / "one.inspect")
+    assert [(f.step, f.code, f.where) for f in run.findings] == [(1, "optimizer-not-stepped", "lin2.weight")]
 
 
 class Broken(Auto):

@@ -159,20 +159,20 @@ class Gan(nn.Module):
         self.disc = nn.Sequential(nn.Linear(4, 8), nn.LeakyReLU(0.2), nn.Linear(8, 1))
 
 
-def _gan(tmp_path, step_disc: bool):
+def _gan(tmp_path, step_disc: bool | int):
     torch.manual_seed(0)
     gan = Gan()
     opt_g = torch.optim.Adam(gan.gen.parameters(), lr=1e-3)
     opt_d = torch.optim.Adam(gan.disc.parameters(), lr=1e-3)
     bce = nn.BCEWithLogitsLoss()
     with watch(gan, [opt_g, opt_d], tmp_path / "gan.inspect") as w:
-        for _ in range(STEPS):
+        for s in range(STEPS):
             real, z = torch.randn(16, 4) + 2, torch.randn(16, 2)
             opt_d.zero_grad()
             fake = gan.gen(z).detach()
             d_loss = bce(gan.disc(real), torch.ones(16, 1)) + bce(gan.disc(fake), torch.zeros(16, 1))
             d_loss.backward()
-            if step_disc:
+            if step_disc is True or s < step_disc:
                 opt_d.step()
             opt_g.zero_grad()
             g_loss = bce(gan.disc(gan.gen(z)), torch.ones(16, 1))
@@ -185,6 +185,40 @@ def _gan(tmp_path, step_disc: bool):
 def test_two_optimizers_healthy_and_one_never_stepped(tmp_path):
     assert _found(_gan(tmp_path, step_disc=True)) == []
     assert _found(_gan(tmp_path, step_disc=False)) == [(1, "optimizer-not-stepped", "disc.0.weight")]
+    # it stepped with each of the generator's first 10 steps, then stopped: missing at 10, 11 -> named at 11
+    assert _found(_gan(tmp_path, step_disc=10)) == [(11, "optimizer-not-stepped", "disc.0.weight")]
+
+
+def test_a_critic_stepped_every_third_step_is_not_stalled(tmp_path):
+    torch.manual_seed(0)
+    gan = Gan()
+    opt_g = torch.optim.Adam(gan.gen.parameters(), lr=1e-3)
+    opt_d = torch.optim.Adam(gan.disc.parameters(), lr=1e-3)
+    with watch(gan, [opt_g, opt_d], tmp_path / "r.inspect") as w:
+        for s in range(24):
+            opt_d.zero_grad()
+            gan.disc(gan.gen(torch.randn(8, 2)).detach()).mean().backward()
+            if s % 3 == 0:
+                opt_d.step()
+            opt_g.zero_grad()
+            gan.disc(gan.gen(torch.randn(8, 2))).mean().backward()
+            opt_g.step()
+    assert _found(w) == []
+
+
+def test_a_frozen_backbone_in_eval_mode_is_on_purpose(tmp_path):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Sequential(nn.Linear(4, 8), nn.BatchNorm1d(8), nn.ReLU()), nn.Linear(8, 1))
+    model[0].requires_grad_(False)
+    opt = torch.optim.SGD(model[1].parameters(), lr=0.05)
+    xs, ys = _data()
+    with watch(model, opt, tmp_path / "r.inspect") as w:
+        for s in range(STEPS):
+            model[0].eval()  # frozen, with its BatchNorm's running statistics kept
+            (model(xs[s]) - ys[s]).pow(2).mean().backward()
+            opt.step()
+            opt.zero_grad()
+    assert _found(w) == []
 
 
 @pytest.mark.parametrize("plant", ["bn", "drop", "model"])

@@ -44,19 +44,22 @@ def _listed(names: Sequence[str], most: int = 3) -> str:
 
 
 class GradientClearing:
-    """Whether the gradients a step used were cleared (set to None or zeroed) before the next backward
-    added to them.
+    """Whether the gradients a step used were cleared (set to None or zeroed) before a backward added to
+    them and the next step used the sum.
 
-    A hook on each parameter runs before autograd accumulates into ``.grad``; at the first one after a
-    step it asks whether ``.grad`` is still the very object the step used (a weak reference, so a
-    freed gradient whose address is reused never matches) with the same version counter (``zero_()``
-    and every write move it). Zeroing between the forward and the backward, as Lightning does, is
-    seen as clearing; several backward passes before one step (accumulation) are one step.
+    A hook on each parameter runs before autograd accumulates into ``.grad``. After a step, the first
+    one asks whether ``.grad`` is still the very tensor the step used (a weak reference, so a freed
+    gradient whose address is reused never matches) with the same version counter (``zero_()`` and
+    every write move it): then this backward adds onto the used gradient. Such a gradient is washed
+    when a later backward finds it zeroed or replaced since (several optimizers, each zeroing only its
+    own parameters before its own backward), and reported when the next step still holds it. Zeroing
+    before the forward, between forward and backward (Lightning) or after the step are all clearing;
+    several backward passes before one step (accumulation) are one step.
     """
 
     def __init__(self) -> None:
         self.after: dict[int, tuple[weakref.ref, int]] = {}  # index -> (the step's gradient, its version)
-        self.kept: list[int] = []
+        self.dirty: dict[int, tuple[weakref.ref, int]] = {}  # added onto: (gradient, version expected next)
         self.hooked: WeakIdKeyDictionary = WeakIdKeyDictionary()  # parameter -> (index, handle)
 
     def attach(self, params: list[torch.Tensor | None]) -> None:
@@ -73,28 +76,33 @@ class GradientClearing:
 
     def _hook(self, i: int, param: weakref.ref) -> Any:
         def hook(grad: torch.Tensor) -> None:
-            key = self.after.pop(i, None)
+            key = self.dirty.pop(i, None) or self.after.pop(i, None)
             p = param()
             if key is None or p is None:
                 return
             g = p.grad
             if g is not None and key[0]() is g and g._version == key[1]:
-                self.kept.append(i)
+                self.dirty[i] = (key[0], key[1] + 1)  # an in-place add moves the version by one
         return hook
 
     def stepped(self, params: list[torch.Tensor | None]) -> None:
         """After a step: remember each gradient the step used."""
         self.after = {i: (weakref.ref(p.grad), p.grad._version) for i, p in enumerate(params)
                       if p is not None and p.grad is not None}
+        self.dirty = {}
 
     def findings(self, names: tuple[str, ...], params: list[torch.Tensor | None], held: Any) -> list[Finding]:
-        """``gradient-not-cleared`` for the optimizer's parameters (``held()``: their ids) whose gradient
-        was kept; one the optimizer does not hold is named by ``not-in-optimizer`` instead."""
-        kept, self.kept = sorted(set(self.kept)), []
+        """``gradient-not-cleared`` for the optimizer's parameters (``held()``: their ids) whose step now
+        uses a gradient added onto the last step's; one the optimizer does not hold is named by
+        ``not-in-optimizer`` instead."""
+        kept = sorted(i for i, (ref, _) in self.dirty.items()
+                      if i < len(params) and (p := params[i]) is not None and p.grad is not None
+                      and ref() is p.grad)
+        self.dirty = {}
         if not kept:
             return []
         ids = held()
-        found = [names[i] for i in kept if i < len(names) and (p := params[i]) is not None and id(p) in ids]
+        found = [names[i] for i in kept if id(params[i]) in ids]
         if not found:
             return []
         return [Finding("gradient-not-cleared", "error", found[0],
@@ -109,8 +117,10 @@ class GradientClearing:
 
 
 class TrainingMode:
-    """BatchNorm / InstanceNorm / Dropout modules that ran in eval mode in a forward pass that builds a
-    graph (validation under ``no_grad`` is left alone)."""
+    """BatchNorm / InstanceNorm / Dropout modules in eval mode when the optimizer steps (read at each
+    step, so it holds however the forward was called: Lightning calls ``training_step``, not the
+    root's forward). A module inside a part whose parameters are all frozen is left alone: a frozen
+    backbone in eval mode is on purpose."""
 
     def __init__(self, root: nn.Module) -> None:
         self.root = root
@@ -118,21 +128,15 @@ class TrainingMode:
                         and not (isinstance(m, nn.modules.dropout._DropoutNd | nn.AlphaDropout) and m.p == 0)
                         and not (isinstance(m, nn.modules.instancenorm._InstanceNorm)
                                  and not m.track_running_stats)]
-        self.seen: list[str] | None = None  # at the first such forward of the step
-        self.root_training = True
-
-    def forward(self) -> None:
-        if self.seen is not None or not torch.is_grad_enabled():
-            return
-        self.root_training = self.root.training
-        self.seen = [n for n, m in self.modules if not m.training]
 
     def findings(self) -> list[Finding]:
-        seen, self.seen = self.seen, None
+        if all(m.training for _, m in self.modules):
+            return []
+        seen = [n for n, m in self.modules if not m.training and not self._frozen_part(n)]
         if not seen:
             return []
         kinds = sorted({type(m).__name__ for n, m in self.modules if n in set(seen)})
-        if not self.root_training:
+        if not self.root.training:
             return [Finding("eval-mode-module", "warning", ROOT_LABEL,
                             f"the model is in eval mode while it trains: its {len(seen)} "
                             f"{'/'.join(kinds)} module(s) ({_listed(seen)}) use running statistics or drop "
@@ -141,8 +145,13 @@ class TrainingMode:
         return [Finding("eval-mode-module", "warning", seen[0],
                         f"{_listed(seen)} ({'/'.join(kinds)}) ran in eval mode while the model trains: "
                         "a BatchNorm then neither uses the batch's statistics nor updates its running "
-                        "ones, a Dropout drops nothing. Set .train() on it, or say so if it is frozen on "
-                        "purpose")]
+                        "ones, a Dropout drops nothing. Set .train() on it, or freeze its part on purpose")]
+
+    def _frozen_part(self, name: str) -> bool:
+        """The module's parent holds parameters and none of them requires grad."""
+        parent = self.root.get_submodule(name.rpartition(".")[0]) if "." in name else self.root
+        flags = [p.requires_grad for p in parent.parameters()]
+        return bool(flags) and not any(flags)
 
 
 def frozen_findings(root: nn.Module) -> list[Finding]:
@@ -226,6 +235,8 @@ class OptimizerSteps:
         self.names = names  # each optimizer's parameter names
         self.counts = [0] * len(self.optimizers)
         self.last_step = [-1] * len(self.optimizers)
+        self.gap = [0] * len(self.optimizers)  # the longest run of first-optimizer steps without one
+        self.streak = [0] * len(self.optimizers)  # first-optimizer steps in a row with one
         self.handles: list[RemovableHandle] = []
         for i, opt in enumerate(self.optimizers[1:], start=1):
             self.handles.append(opt.register_step_post_hook(self._counter(i)))
@@ -235,25 +246,36 @@ class OptimizerSteps:
             self.counts[i] += 1
         return hook
 
-    def findings(self, step: int, after: int = 2, stalled: int = 20) -> list[Finding]:
-        """At the first optimizer's step ``step``: those that never stepped in ``after`` steps, or stopped
-        for ``stalled``."""
+    def findings(self, step: int, after: int = 2, settled: int = 10) -> list[Finding]:
+        """At the first optimizer's step ``step``: those that have not stepped by its ``after``-th step;
+        those that stepped with each of its last ``settled`` steps and then missed ``after``; the others
+        once they miss twice their longest gap so far (at least ``settled`` steps)."""
         out = []
         for i in range(1, len(self.optimizers)):
             if self.counts[i]:
+                if self.last_step[i] >= 0:
+                    self.gap[i] = max(self.gap[i], step - self.last_step[i] - 1)
+                self.streak[i] = self.streak[i] + 1 if step - self.last_step[i] == 1 else 1
                 self.last_step[i], self.counts[i] = step, 0
                 continue
-            quiet = step - self.last_step[i]
             never = self.last_step[i] < 0
-            if (never and step + 1 == after) or (not never and quiet == stalled):
+            quiet = step + 1 if never else step - self.last_step[i]
+            limit = after if never or (self.gap[i] == 0 and self.streak[i] >= settled) else max(
+                settled, 2 * self.gap[i] + 2)
+            if quiet == limit:
                 names = self.names[i]
                 modules = list(dict.fromkeys(n.rpartition(".")[0] for n in names))
-                what = "has not stepped once" if never else f"has not stepped for {stalled} steps"
+                what = "has not stepped once" if never else f"has not stepped for {quiet} steps"
                 out.append(Finding("optimizer-not-stepped", "error", names[0] if names else ROOT_LABEL,
                                    f"optimizer {i} ({type(self.optimizers[i]).__name__}, holding "
                                    f"{len(names)} parameters of {_listed(modules)}) {what} while optimizer 0 "
                                    "stepped: its parameters do not train. Call its step() in the loop"))
         return out
+
+    def active(self, step: int) -> list[torch.optim.Optimizer]:
+        """The first optimizer and those that stepped since its last step (before :meth:`findings`)."""
+        return [o for i, o in enumerate(self.optimizers)
+                if i == 0 or self.counts[i] or self.last_step[i] == step - 1]
 
     def remove(self) -> None:
         for h in self.handles:

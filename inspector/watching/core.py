@@ -151,7 +151,6 @@ class Watch:
             from .captured import remove_captures
 
             remove_captures(self.path, self.rank, self.world)
-        self._handles.append(self.root.register_forward_pre_hook(self._forward_start))
         if self._nonfinite:
             self.tracer = NonfiniteTracer(self.root, backward=True, keep=self.capture_bytes > 0)
             self._handles.append(self.root.register_forward_hook(self._forward_end))
@@ -199,8 +198,9 @@ class Watch:
             except Exception:  # noqa: BLE001 - the run's own error is the one to raise
                 pass
 
-    def _held(self) -> set[int]:
-        return {id(p) for o in self.optimizers for g in o.param_groups for p in g["params"]}
+    def _held(self, optimizers: list[torch.optim.Optimizer] | None = None) -> set[int]:
+        return {id(p) for o in (self.optimizers if optimizers is None else optimizers)
+                for g in o.param_groups for p in g["params"]}
 
     def _names_of(self, optimizer: torch.optim.Optimizer) -> list[str]:
         held = {id(p) for g in optimizer.param_groups for p in g["params"]}
@@ -209,9 +209,6 @@ class Watch:
     def _tie_ids(self) -> tuple[int, ...]:
         """The object behind every parameter name, aliases included (read from the owners' registries)."""
         return tuple(id(p) for p in current(self.root, self.alias_names))
-
-    def _forward_start(self, module: nn.Module, args: Any) -> None:
-        self.modes.forward()
 
     def _forward_end(self, module: nn.Module, args: Any, output: Any) -> None:
         tracer = self.tracer
@@ -257,8 +254,9 @@ class Watch:
         if check:
             refresh(self.root)  # a module swapped in since: its parameters are read, not the old ones
         params = current(self.root, self.layout.parameters)
-        findings = (self._pending + self.clearing.findings(self.layout.parameters, params, self._held)
-                    + self.modes.findings())
+        stepping = self.others.active(self.state.count) if self.others is not None else []
+        findings = (self._pending + self.modes.findings()
+                    + self.clearing.findings(self.layout.parameters, params, lambda: self._held(stepping)))
         self._pending = []
         if check and self.optimizer is not None:
             self.clearing.attach(params)
