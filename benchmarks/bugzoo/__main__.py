@@ -21,10 +21,19 @@ def main(argv: list[str] | None = None) -> int:
                              "TerminateOnNaN and TensorBoard scalars")
     parser.add_argument("--nonfinite", action=argparse.BooleanOptionalAction, default=True,
                         help="run the bugs that name a producer check again with nonfinite=True")
+    parser.add_argument("--healthy-nonfinite", action=argparse.BooleanOptionalAction, default=False,
+                        help="run the healthy cases again with nonfinite=True (the producer check's false "
+                             "alarms)")
     parser.add_argument("--markdown", metavar="FILE", help="also write the tables as Markdown to FILE")
     parser.add_argument("--list", action="store_true", help="list the cases and exit")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
+    try:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.set_verbosity_error()  # config notes on the tiny models, once per case
+    except ImportError:  # pragma: no cover - the HF cases then report a crash each
+        pass
 
     from .baselines import healthy_scalars, run_baselines
     from .runner import run_zoo, select
@@ -40,6 +49,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     start = time.perf_counter()
     rows = run_zoo(cases, steps=args.steps, nonfinite=args.nonfinite,
+                   healthy_nonfinite=args.healthy_nonfinite,
                    progress=lambda j: print(progress_line(j), file=sys.stderr, flush=True))
     text = zoo_tables(rows) + "\n\n" + summary(rows)
     if args.baselines:

@@ -14,8 +14,8 @@ from .core import Case, Ctx, PlantedError
 from .loops import LOOP, NO_PLANT, Loop, Plant, gan_loop, plain_loop
 from .models import MODELS
 
-NONFINITE = ("nonfinite-forward", "nonfinite-backward", "nonfinite-gradient", "nonfinite-parameter",
-             "nonfinite-loss")
+NONFINITE = ("nonfinite-parameter", "nonfinite-gradient", "nonfinite-forward", "nonfinite-backward",
+             "nonfinite-loss")  # with default options no producer is traced: the parameter that went NaN
 HUGE_LR = ("nonfinite-parameter", "exploding-gradient", "loss-spike") + NONFINITE
 
 

@@ -26,7 +26,7 @@ def trainer_run(model: str, *, plant: Action | None = None, accum: int = 1, bf16
                 optimizer: Callable[[nn.Module, float], Any] | None = None,
                 before: Callable[[nn.Module], None] | None = None) -> Callable[[Ctx], None]:
     def run(ctx: Ctx) -> None:
-        from transformers import Trainer, TrainerCallback, TrainingArguments
+        from transformers import PrinterCallback, Trainer, TrainerCallback, TrainingArguments
 
         from inspector.integrations import watch_trainer
 
@@ -50,6 +50,7 @@ def trainer_run(model: str, *, plant: Action | None = None, accum: int = 1, bf16
                                      disable_tqdm=True, dataloader_num_workers=0)
             opts = (optimizer(task.model, task.lr), None) if optimizer is not None else (None, None)
             trainer = Trainer(model=task.model, args=args, train_dataset=rows, optimizers=opts)
+            trainer.remove_callback(PrinterCallback)  # the logs every step on stdout
             callback = watch_trainer(trainer, ctx.path, report=None, **ctx.options)
             _stepper(ctx, callback.session)
             trainer.add_callback(Planter())

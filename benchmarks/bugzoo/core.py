@@ -118,6 +118,7 @@ class Judged:
     module_right: bool | None = None
     within_one: bool = False
     findings: list[Any] = field(default_factory=list)
+    others: list[Any] = field(default_factory=list)  # warnings/errors from the plant on, besides the answer
     error: str = ""
     seconds: float = 0.0
 
@@ -178,6 +179,7 @@ def judge(case: Case, variant: str, findings: list[Any], planted: int | None) ->
                       findings=findings)
     hits.sort(key=lambda f: (not where_matches(f.where, case.where), codes.index(f.code), f.step))
     f = hits[0]
+    others = [o for o in findings if o is not f and o.step >= at - 1 and o.severity in ("warning", "error")]
     return Judged(case, variant, "caught", code=f.code, where=f.where, step=f.step, planted=at,
                   module_right=where_matches(f.where, case.where), within_one=abs(f.step - at) <= 1,
-                  findings=findings)
+                  findings=findings, others=others)

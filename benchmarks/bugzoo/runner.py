@@ -95,12 +95,14 @@ def run_case(case: Case, *, nonfinite: bool = False, steps: int | None = None,
 
 
 def run_zoo(cases: list[Case], *, steps: int | None = None, nonfinite: bool = True,
+            healthy_nonfinite: bool = False,
             progress: Callable[[Judged], None] | None = None) -> list[Judged]:
     """Every case with default options; the bugs that name ``expect_nonfinite`` again with
-    ``nonfinite=True``."""
+    ``nonfinite=True`` (and, with ``healthy_nonfinite``, every healthy case)."""
     rows = []
     for case in cases:
-        variants = [False] + ([True] if nonfinite and case.expect_nonfinite else [])
+        again = case.expect_nonfinite if not case.healthy else healthy_nonfinite
+        variants = [False] + ([True] if nonfinite and again else [])
         for nf in variants:
             judged, _ = run_case(case, nonfinite=nf, steps=steps)
             rows.append(judged)

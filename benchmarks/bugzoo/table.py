@@ -41,6 +41,18 @@ def _reported(j: Judged) -> str:
     return f"`{j.code}` at `{j.where}`"
 
 
+def _expected(codes: tuple[str, ...]) -> str:
+    return f"`{codes[0]}`" + (f" (or {len(codes) - 1} other)" if len(codes) > 1 else "")
+
+
+def _others(j: Judged) -> str:
+    """The warnings and errors besides the answer, from the plant on: what a reader wades through."""
+    if not j.others:
+        return "-"
+    counts = Counter(f.code for f in j.others)
+    return f"{len(j.others)}: " + ", ".join(f"{k} x{v}" for k, v in sorted(counts.items()))
+
+
 def zoo_tables(rows: list[Judged]) -> str:
     bugs = [j for j in rows if not j.case.healthy]
     healthy = [j for j in rows if j.case.healthy]
@@ -48,19 +60,20 @@ def zoo_tables(rows: list[Judged]) -> str:
     if bugs:
         out.append(_md(
             ["case", "model", "stack", "loop", "options", "expected", "caught", "reported", "step (planted)",
-             "module"],
+             "module", "other findings"],
             [[j.case.name, j.case.model, j.case.stack, j.case.loop,
               "nonfinite=True" if j.variant == "nonfinite" else "default",
-              "/".join(f"`{c}`" for c in (j.case.expect_nonfinite if j.variant == "nonfinite"
-                                           and j.case.expect_nonfinite else j.case.expect)[:2]),
+              _expected(j.case.expect_nonfinite if j.variant == "nonfinite" and j.case.expect_nonfinite
+                        else j.case.expect),
               {"caught": "yes", "missed": "no"}.get(j.status, j.status), _reported(j),
               f"{'-' if j.step is None else j.step} "
               f"({j.planted if j.planted is not None else j.case.plant_at})",
-              _module(j)] for j in bugs]))
+              _module(j), _others(j)] for j in bugs]))
     if healthy:
         out.append(_md(
-            ["healthy case", "model", "stack", "loop", "warnings", "errors", "codes"],
+            ["healthy case", "model", "stack", "loop", "options", "warnings", "errors", "codes"],
             [[j.case.name, j.case.model, j.case.stack, j.case.loop,
+              "nonfinite=True" if j.variant == "nonfinite" else "default",
               "crash" if j.status == "crash" else sum(1 for f in j.findings if f.severity == "warning"),
               "crash" if j.status == "crash" else sum(1 for f in j.findings if f.severity == "error"),
               j.error if j.status == "crash" else
@@ -73,7 +86,7 @@ def figures(rows: list[Judged], variant: str = "default") -> dict[str, Any]:
     module (``strict``); ``caught`` also counts a catch inside the case's grace or with the wrong
     module."""
     bugs = [j for j in rows if not j.case.healthy and j.variant == variant]
-    healthy = [j for j in rows if j.case.healthy]
+    healthy = [j for j in rows if j.case.healthy and j.variant == variant]
     alarms: Counter[str] = Counter()
     for j in healthy:
         alarms.update(j.counts)
@@ -104,11 +117,14 @@ def summary(rows: list[Judged]) -> str:
         lines.append(f"- **{label}**: recall {f['strict']}/{n} ({pct:.0f}%: caught within ±1 step with the "
                      f"right module); caught at all {f['caught']}/{n}, module right {f['module_right']}/{n}, "
                      f"within one step {f['within_one']}/{n}, crashed {f['crashed']}.")
-    f = figures(rows)
-    if f["healthy"]:
-        alarms = ", ".join(f"`{k}` x{v}" for k, v in sorted(f["alarms"].items())) or "none"
-        lines.append(f"- **healthy configurations**: {f['healthy_silent']}/{f['healthy']} silent (no warning "
-                     f"or error), {f['healthy_crashed']} crashed; false alarms: {alarms}.")
+    for variant in ("default", "nonfinite"):
+        f = figures(rows, variant)
+        if f["healthy"]:
+            alarms = ", ".join(f"`{k}` x{v}" for k, v in sorted(f["alarms"].items())) or "none"
+            label = "default options" if variant == "default" else "nonfinite=True"
+            lines.append(f"- **healthy configurations** ({label}): {f['healthy_silent']}/{f['healthy']} "
+                         f"silent (no warning or error), {f['healthy_crashed']} crashed; "
+                         f"false alarms: {alarms}.")
     misses = [j for j in rows if not j.case.healthy and (j.status != "caught" or not j.within_one
                                                         or not j.module_right)]
     if misses:
