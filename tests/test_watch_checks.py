@@ -31,7 +31,7 @@ def _data(steps: int = STEPS):
     return xs, xs.sum(-1, keepdim=True)
 
 
-def _loop(model, opt, w, *, order="after", set_to_none=True, before=None, steps=STEPS, sched=None):
+def _loop(model, opt, w, *, order="after", set_to_none=True, before=None, steps=STEPS, sched=None, log=True):
     xs, ys = _data(steps)
     for s in range(steps):
         if before:
@@ -42,7 +42,8 @@ def _loop(model, opt, w, *, order="after", set_to_none=True, before=None, steps=
         if order == "between":
             opt.zero_grad(set_to_none=set_to_none)
         loss.backward()
-        w.log(loss=loss)
+        if log:
+            w.log(loss=loss)
         opt.step()
         if sched is not None:
             sched.step()
@@ -339,3 +340,44 @@ def test_bad_optimizer_lists_are_refused(tmp_path):
     with pytest.raises(InspectorError, match="got str"):
         with watch(Small(), [torch.optim.SGD(Small().parameters(), lr=1), "adam"], tmp_path / "r.inspect"):
             pass
+
+
+class NanBackward(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * float("nan")
+
+
+class Gate(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+        self.armed = False
+
+    def forward(self, x):
+        y = self.lin(x)
+        return NanBackward.apply(y) if self.armed else y
+
+
+@pytest.mark.parametrize("plant", ["backward", "forward"])
+def test_nonfinite_gradient_without_the_producer_option(tmp_path, plant):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), Gate(), nn.ReLU(), nn.Linear(8, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+
+    def arm(step):
+        model[1].armed = plant == "backward" and step == 4
+        if plant == "forward" and step == 4:
+            with torch.no_grad():
+                model[0].bias[0] = float("inf")  # the forward turns non-finite: every gradient follows
+
+    with watch(model, opt, tmp_path / "r.inspect") as w:
+        _loop(model, opt, w, before=arm, steps=6, log=False)  # no loss logged: gradients tell alone
+    first = [f for f in _found(w) if f[1] == "nonfinite-gradient"][0]
+    # backward: modules 0 and 1.lin get NaN, 3 (after the gate) stays finite -> the boundary is 1.lin
+    assert first == ((4, "nonfinite-gradient", "1.lin") if plant == "backward"
+                     else (4, "nonfinite-gradient", "(model)"))

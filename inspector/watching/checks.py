@@ -289,3 +289,29 @@ def failure_finding(exc: BaseException, step: int) -> Finding:
     return Finding("run-failed", "error", ROOT_LABEL,
                    f"the run ended at step {step} by {type(exc).__name__}"
                    f"{': ' + text[:300] if text else ''}; every step before it is in the file")
+
+
+EXPLAINED = ("nonfinite-forward", "nonfinite-backward", "nonfinite-loss")
+
+
+def nonfinite_gradients(counts: np.ndarray, modules: tuple[str, ...], found: list[Finding]) -> list[Finding]:
+    """``nonfinite-gradient`` when some modules' gradients hold NaN/Inf (``counts``: elements per module)
+    and nothing found this step explains it (a producer, a non-finite loss). Where every module's
+    gradient is non-finite, the loss or a forward NaN made them so (``where``: the model); otherwise
+    the last such module in the model's order is where the backward turned them non-finite."""
+    bad = np.flatnonzero(np.nan_to_num(counts) > 0)
+    if not len(bad) or any(f.code in EXPLAINED for f in found):
+        return []
+    total = int(np.nan_to_num(counts).sum())
+    if len(bad) == len(modules):
+        return [Finding("nonfinite-gradient", "error", ROOT_LABEL,
+                        f"every module's gradient holds NaN/Inf ({total:,} elements): the loss or a forward "
+                        "pass turned non-finite. Log the loss (w.log(loss=...)) or watch with "
+                        "nonfinite=True to name the module that produced it")]
+    last = module_label(modules[int(bad[-1])])
+    listed = _listed([modules[i] for i in bad])
+    return [Finding("nonfinite-gradient", "error", last,
+                    f"the gradients of {len(bad)} module(s) up to {last} ({listed}) hold NaN/Inf ({total:,} "
+                    f"elements) while the modules after it are finite: the backward of {last}, or of the "
+                    "module just after it, made them. Watch with nonfinite=True to name it")]
+

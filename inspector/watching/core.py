@@ -31,6 +31,7 @@ from .checks import (
     TrainingMode,
     failure_finding,
     frozen_findings,
+    nonfinite_gradients,
     optimizer_list,
     replaced_findings,
 )
@@ -328,6 +329,7 @@ class Watch:
             found += self.detectors[rank].gradients(n.param_grad, n.has_grad, n.module_grad)
             if n.loss_logged:
                 found += self.detectors[rank].loss(float(n.loss))
+            found += nonfinite_gradients(n.module_nonfinite, self.layout.modules, found)
             if n.checked:
                 found += self.detectors[rank].parameters(n.param_norm, n.buffer_norm, self.layout.buffers)
             found += self.progress[rank].step(self._lrs(), n.param_norm if n.checked else None, n.param_grad,
