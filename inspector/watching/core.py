@@ -367,14 +367,15 @@ def watch(
 ) -> Iterator[Watch]:
     """Watch a training loop: every step's numbers go to ``path``, findings name module and step.
 
-    With an optimizer each ``optimizer.step()`` is a step (through its step hooks); without one,
-    call ``w.step()``. Leaving the block, also on an exception or Ctrl-C, removes every hook
+    With an optimizer each ``optimizer.step()`` is a step (through its step hooks; a step given a
+    closure is measured when the closure returns); with a list of optimizers, each step of the first
+    (the others' are counted: ``optimizer-not-stepped``); without one, call ``w.step()``. Leaving the block, also on an exception or Ctrl-C, removes every hook
     and closes the file; the model and the optimizer are never changed. ``w.result`` is the
     frozen :class:`WatchResult` afterwards.
 
     Args:
         model: the model (DDP / ``torch.compile`` wrappers are seen through).
-        optimizer: its optimizer, or None.
+        optimizer: its optimizer, a list of optimizers (a GAN's), or None.
         path: the run file (Arrow; :func:`read_run` reads it, also while it grows).
         **options: ``every`` (parameter norms, ties, optimizer membership and the distributed
             checks every Nth step; gradient norms every step), ``nonfinite`` (name the module
