@@ -6,7 +6,9 @@ watch and ``check_step`` both) that :func:`read_run` reads, also while it grows;
 (``nonfinite-forward``, ``dead-gradient``, ...) name the module and the step.
 
 Modules: ``captured``: the inputs and outputs of the module that first produced a NaN/Inf; ``checked``: a
-``check_step`` run as a :class:`Run`; ``core``:
+``check_step`` run as a :class:`Run`; ``checks``: the checks that follow the loop (gradients cleared,
+eval mode, frozen and replaced parameters, optimizers that do not step, nothing updating, a failed run);
+``rows``: one step's numbers as the run file's row; ``core``:
 ``watch``, the context manager around a training loop; ``detect``: findings from one step's numbers on
 the host; ``layout``: which tensors a watch follows; ``numbers``: one rank's numbers at one step;
 ``steps``: the per-step work of a watch; ``summary``: run files reduced for display; ``synthetic``: a
