@@ -36,10 +36,21 @@ from .run import (
     unique_findings,
     unsynchronised,
 )
+from .tables import (
+    MODULE_COLUMNS,
+    STEP_COLUMNS,
+    Run,
+    StepFinding,
+    finding_line,
+    is_watch_file,
+    parse_run_bytes,
+    read_run,
+)
 from .stream import END_OF_STREAM, META_KEY, STREAM_MAGIC, RunStream, RunWriter, append_check, read_stream
 
 __all__ = ["END_OF_STREAM", "META_KEY", "STREAM_MAGIC", "CheckRecord", "DistributedRun", "RankNumbers",
            "RunMeta", "RunStream", "RunWriter", "StepRecord", "StepTotals", "TensorRow", "append_check",
            "check_run_of", "is_run_file", "parse_check_stream", "parse_run", "rank_issues",
            "read_check_run", "read_stream", "record_batch", "records_of", "schema", "unique_findings",
-           "unsynchronised"]
+           "unsynchronised", "MODULE_COLUMNS", "STEP_COLUMNS", "Run", "StepFinding", "finding_line",
+           "is_watch_file", "parse_run_bytes", "read_run"]

@@ -18,9 +18,9 @@ from __future__ import annotations
 
 from ..runfiles import META_KEY, RunMeta, RunWriter, StepRecord, record_batch, schema
 from ..runfiles.columns import FORMAT, VERSION
-from .captured import captures_path, load_captures, producer_of, read_captures, save_captures
+from ..runfiles.captured import captures_path, load_captures, producer_of, read_captures, save_captures
 from .core import Watch, WatchResult, watch
-from .run import (
+from ..runfiles.tables import (
     MODULE_COLUMNS,
     STEP_COLUMNS,
     Run,

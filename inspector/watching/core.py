@@ -26,7 +26,7 @@ from ..utils.wrappers import underlying
 from .detect import Detectors, not_in_optimizer
 from .layout import Layout, current, to_host
 from .numbers import Numbers
-from .run import Run, StepFinding, read_run
+from ..runfiles.tables import Run, StepFinding, read_run
 from .steps import StepState, nonfinite_findings, transfer_step
 from .tracer import NonfiniteTracer, forward_producer
 
@@ -132,7 +132,7 @@ class Watch:
         if self.rank == 0:
             self._writer = RunWriter(self.path, self.meta)
         if self._nonfinite:
-            from .captured import remove_captures
+            from ..runfiles.captured import remove_captures
 
             remove_captures(self.path, self.rank, self.world)
         self._handles.append(self.root.register_forward_pre_hook(self._forward_start))
@@ -174,7 +174,7 @@ class Watch:
         tracer = self.tracer
         if tracer is None or not tracer.keep or not tracer.kept or self.captures is not None:
             return
-        from .captured import capture_producer, captures_path, save_captures
+        from ..runfiles.captured import capture_producer, captures_path, save_captures
 
         calls, meta = tracer.calls, tracer.meta
         flags = (

@@ -6,7 +6,7 @@ import pandas as pd
 
 from ..utils.codes import recurs
 from ..utils.findings import episode_starts
-from .run import Run, StepFinding
+from ..runfiles.tables import Run, StepFinding
 
 RECUR_AFTER = 5  # steps a recurring finding of a check_step file must be away before it counts again
 

@@ -19,7 +19,7 @@ from typing import Any
 from ..capture import Captures, Skipped
 from ..utils.findings import Finding, InspectorError
 from ..utils.labels import module_label
-from .tracer import Producer, floating
+from ..watching.tracer import Producer, floating
 
 SUFFIX = ".captures.safetensors"
 FORMAT = "inspector-watch-captures"

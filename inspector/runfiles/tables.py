@@ -12,20 +12,9 @@ import numpy as np
 import pandas as pd
 
 from ..capture import Captures
-from ..runfiles import (
-    META_KEY,
-    STREAM_MAGIC,
-    DistributedRun,
-    RunMeta,
-    RunStream,
-    check_run_of,
-    is_run_file,
-    parse_run,
-    read_check_run,
-    read_stream,
-    schema,
-)
-from ..runfiles.columns import OPTIONAL
+from .columns import OPTIONAL, RunMeta, schema
+from .run import DistributedRun, check_run_of, is_run_file, parse_run, read_check_run
+from .stream import META_KEY, STREAM_MAGIC, RunStream, read_stream
 from ..utils.findings import Finding, InspectorError
 from ..utils.labels import module_label
 
