@@ -16,10 +16,11 @@ ROOT = Path(__file__).resolve().parents[1] / "inspector"
 LAYERS = [
     ("utils",),                                                         # imports nothing of the library
     ("inventory",),                                                     # the one walk
-    ("sharding", "runfiles"),                                           # DTensor facts; run.jsonl read back
+    ("sharding",),                                                      # DTensor facts
     ("loading",),                                                       # models and checkpoints in
     ("aliases", "offsets", "placement", "capture", "attribution"),      # the analyses
     ("structure",),                                                     # summary and tree: analyses combined
+    ("runfiles",),                                                      # the run file, written and read back
     ("distributed", "watching"),                                        # across ranks, over steps
     ("comparison", "integrations", "runfolders"),                       # two models or runs; stacks; folders
     ("figures", "report", "labs"),                                      # what shows, exports and teaches

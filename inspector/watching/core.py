@@ -18,7 +18,7 @@ from torch.utils.hooks import RemovableHandle
 
 from ..aliases import compare_ties, snapshot_ties
 from ..capture import Captures
-from ..runfiles import RunMeta, RunWriter, StepRecord
+from ..runfiles import Run, RunMeta, RunWriter, StepFinding, StepRecord, read_run
 from ..utils.codes import recurs
 from ..utils.dtensors import is_dtensor
 from ..utils.findings import Episodes, Finding, InspectorError, group_findings
@@ -26,7 +26,6 @@ from ..utils.wrappers import underlying
 from .detect import Detectors, not_in_optimizer
 from .layout import Layout, current, to_host
 from .numbers import Numbers
-from ..runfiles.tables import Run, StepFinding, read_run
 from .steps import StepState, nonfinite_findings, transfer_step
 from .tracer import NonfiniteTracer, forward_producer
 
@@ -174,7 +173,8 @@ class Watch:
         tracer = self.tracer
         if tracer is None or not tracer.keep or not tracer.kept or self.captures is not None:
             return
-        from ..runfiles.captured import capture_producer, captures_path, save_captures
+        from ..runfiles.captured import captures_path, save_captures
+        from .producer import capture_producer
 
         calls, meta = tracer.calls, tracer.meta
         flags = (
