@@ -14,8 +14,9 @@ import torch
 from .findings import weight_findings
 from .kernels import StatsStream, pair_stats, stream_dtype
 from .names import pair_names
+from .opening import Spec, open_source
 from .result import MODULE_COLUMNS, TENSOR_COLUMNS, WeightComparison
-from .sources import Meta, Spec, TensorSource, open_source
+from .sources import Meta, TensorSource
 from .summary import summary_line
 
 Progress = Callable[[str], None]
