@@ -34,7 +34,7 @@ def run(args: argparse.Namespace) -> int:
         say(f"checkpoint folder {args.path}: {len(table)} tensors")
     else:
         say(f"checkpoint {args.path}: {len(table)} tensors")
-    print_table(table, args.max_rows)
+    print_table(table, args.max_rows, more="--max-rows N")
     print_findings(findings)
     if args.json:
         write_json(args.json, table.to_dict(orient="records"), strict=True)
