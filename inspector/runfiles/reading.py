@@ -62,7 +62,11 @@ def _findings(table: Any) -> list[StepFinding]:
 
 
 def _from_table(name: str, meta: RunMeta, table: Any, complete: bool, source: str = "") -> Run:
-    return Run(name, meta, _steps_frame(table, meta), _findings(table), complete, table, source)
+    findings = _findings(table)
+    failed = any(f.code == "run-failed" for f in findings)
+    if failed and table.num_rows and table.column("step_time")[-1].as_py() is None:
+        table = table.slice(0, table.num_rows - 1)  # the row that carries the failure is no step
+    return Run(name, meta, _steps_frame(table, meta), findings, complete and not failed, table, source)
 
 
 def parse_run_bytes(data: bytes, name: str = "run file") -> Run:

@@ -58,8 +58,9 @@ class Run:
     one column per scalar logged with ``w.log``. ``modules`` (built on first use): one row per
     (step, rank, module) with ``grad_norm, param_norm, update_ratio, nonfinite``; :meth:`matrix`
     gives one of them as a steps × modules array without building it. ``findings``: each with its
-    step and rank. ``complete`` is False while the file is still being written or when the writer
-    died (every complete step is read either way). ``world_size``: the ranks of the run.
+    step and rank. ``complete`` is False while the file is still being written, when the writer
+    died, or when the run ended by an exception (``failure``); every complete step is read either way.
+    ``world_size``: the ranks of the run.
 
     A ``check_step`` run also has what only it records: ``per_rank`` (one row per (step, rank) of
     check_step's numbers: bytes held, memory, local gradient norm), ``totals`` (one row per step:
@@ -78,6 +79,11 @@ class Run:
     table: Any = field(repr=False)  # the pyarrow.Table of the rows
     source: str = ""  # the file's full path ("" for an upload)
     check_run: DistributedRun | None = field(default=None, repr=False)  # a check_step run's records
+
+    @property
+    def failure(self) -> StepFinding | None:
+        """The ``run-failed`` finding when the run ended by an exception (its type, message and step)."""
+        return next((f for f in self.findings if f.code == "run-failed"), None)
 
     @property
     def kind(self) -> str:

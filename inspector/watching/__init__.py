@@ -6,10 +6,12 @@ memory into an Arrow run file (its schema, its writer and its reader :func:`read
 hands them on) that :func:`read_run` reads, also while it grows; findings (``nonfinite-forward``,
 ``dead-gradient``, ...) name the module and the step.
 
-Modules: ``core``: ``watch``, the context manager around a training loop; ``detect``: findings from one
-step's numbers on the host; ``layout``: which tensors a watch follows; ``numbers``: one rank's numbers
-at one step; ``producer``: a copy of the inputs and outputs of the module that first produced a NaN/Inf
-(``inspector.runfiles.captured`` stores and reads it); ``steps``: the per-step work of a watch;
+Modules: ``checks``: the checks that follow the loop (gradients cleared, eval mode, frozen and replaced
+parameters, optimizers that do not step, nothing updating, a failed run); ``rows``: one step's numbers as
+the run file's row; ``core``: ``watch``, the context manager around a training loop; ``detect``: findings
+from one step's numbers on the host; ``layout``: which tensors a watch follows; ``numbers``: one rank's
+numbers at one step; ``producer``: a copy of the inputs and outputs of the module that first produced a
+NaN/Inf (``inspector.runfiles.captured`` stores and reads it); ``steps``: the per-step work of a watch;
 ``summary``: run files reduced for display; ``synthetic``: a synthetic run file of any size;
 ``tracer``: non-finite forward and backward tracing without a host sync per module; ``train``: a short
 training loop under :func:`watch`.

@@ -41,8 +41,7 @@ class Watched(Protocol):
 
 
 class StepState:
-    """What one step carries from the optimizer's pre-step hook to its post-step hook, and the
-    gradient objects left after a step (to tell whether they were cleared before the next)."""
+    """What one step carries from the optimizer's pre-step hook to its post-step hook."""
 
     def __init__(self) -> None:
         self.count = 0
@@ -52,8 +51,6 @@ class StepState:
         self.has_grad = np.zeros(0, dtype=bool)
         self.before: list[torch.Tensor] | None = None
         self.findings: list[Finding] = []
-        self.after: dict[int, tuple[int, int]] | None = None  # param index -> (id(grad), grad._version)
-        self.suspects: dict[int, int] = {}
         self.last_scale = math.nan
 
     def pre(self, params: list[torch.Tensor | None], snapshot: bool, findings: list[Finding]) -> None:
@@ -64,43 +61,14 @@ class StepState:
         self.before = [p.detach().clone() for p in params if p is not None] if snapshot else None
         self.findings = findings
 
-    def post(self, root: torch.nn.Module, names: tuple[str, ...]) -> None:
-        self.after = {i: (id(g), g._version) for i, g in enumerate(_grads(root, names)) if g is not None}
+    def post(self) -> None:
         self.count += 1
         self.start = time.perf_counter()
         self.params, self.grad_parts, self.before = [], [], None
 
-    def forward_started(self, root: torch.nn.Module, names: tuple[str, ...]) -> None:
-        """The first forward after a step: gradients still the same objects, unchanged since the
-        step, were neither set to None nor zeroed (``zero_()`` moves the version counter)."""
-        if self.after is None:
-            return
-        grads = _grads(root, names)
-        self.suspects = {i: key[0] for i, key in self.after.items()
-                         if (g := grads[i]) is not None and (id(g), g._version) == key}
-        self.after = None
-
-    def confirm_not_cleared(self, root: torch.nn.Module, names: tuple[str, ...]) -> list[Finding]:
-        if not self.suspects:
-            return []
-        grads = _grads(root, names)
-        kept = [names[i] for i, gid in self.suspects.items() if id(grads[i]) == gid]
-        self.suspects = {}
-        if not kept:
-            return []
-        return [Finding("gradient-not-cleared", "error", kept[0],
-                        f"the gradients of {len(kept)} parameter(s) ({', '.join(kept[:3])}"
-                        f"{', ...' if len(kept) > 3 else ''}) were not cleared after the last step: this "
-                        "step's gradient is added to the old one. Call optimizer.zero_grad() (or "
-                        "model.zero_grad()) once per step")]
-
 
 def _grad(p: torch.Tensor | None) -> torch.Tensor | None:
     return None if p is None else p.grad
-
-
-def _grads(root: torch.nn.Module, names: tuple[str, ...]) -> list[torch.Tensor | None]:
-    return [_grad(p) for p in current(root, names)]
 
 
 def transfer_step(w: Watched, check: bool) -> tuple[Numbers, dict[str, float]]:
