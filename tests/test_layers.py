@@ -89,14 +89,15 @@ def test_the_scan_sees_relative_and_lazy_imports():
     assert _layer("inspector.loading.models.load_model") == "loading" and _layer("inspector") == "__init__"
 
 
-def _module_name(path: Path) -> str:
-    parts = ["inspector", *path.relative_to(ROOT).with_suffix("").parts]
+def _module_name(path: Path, root: Path = ROOT) -> str:
+    parts = [root.name, *path.relative_to(root).with_suffix("").parts]
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def _import_graph() -> dict[str, dict[str, int]]:
-    """Module -> {module it imports: line}, by the rules of this file's docstring."""
-    modules = {_module_name(p): p for p in ROOT.rglob("*.py")}
+def _import_graph(root: Path = ROOT) -> dict[str, dict[str, int]]:
+    """Module -> {module it imports: line}, by the rules of this file's docstring, for the package at
+    ``root`` (``inspector``)."""
+    modules = {_module_name(p, root): p for p in root.rglob("*.py")}
     graph: dict[str, dict[str, int]] = {}
     for name, path in modules.items():
         package = name if path.name == "__init__.py" else name.rpartition(".")[0]
@@ -186,9 +187,25 @@ def test_the_cycle_scan_finds_a_circle_and_counts_lazy_and_type_only_imports():
     assert "inspector.runfiles.tables" in real["inspector.runfiles.reading"]
     assert real["inspector.report.model"].keys() >= {"inspector.report.render", "inspector.report.data"}
     assert not any(m.startswith("inspector.watching") for m in real["inspector.distributed"])
-    # a type-only import is seen: `if TYPE_CHECKING: from .x import y` is an ast.ImportFrom like any other
-    tree = ast.parse("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .core import Watch\n")
-    assert any(isinstance(n, ast.ImportFrom) and n.module == "core" for n in ast.walk(tree))
+
+
+def test_a_circle_closed_lazily_or_only_for_types_is_a_circle(tmp_path):
+    pkg = tmp_path / "inspector"
+    (pkg / "sub").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "sub" / "__init__.py").write_text("from .a import A\n")  # the package hands on a name
+    lazy = "class A:\n    def b(self):\n        from .b import B\n        return B\n"  # a lazy import, line 3
+    types_only = "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .a import A\n"  # line 3
+    (pkg / "sub" / "a.py").write_text(lazy)
+    (pkg / "sub" / "b.py").write_text(types_only)
+    (pkg / "c.py").write_text("from .sub import A\n")  # imports the package, not a module of it: no circle
+    graph = _import_graph(pkg)
+    assert graph["inspector.sub.a"] == {"inspector.sub.b": 3}
+    assert graph["inspector.sub.b"] == {"inspector.sub.a": 3}
+    assert graph["inspector.c"] == {"inspector.sub": 1}
+    assert _cycles(graph) == [["inspector.sub.a", "inspector.sub.b"]]
+    assert _circle(graph, ["inspector.sub.a", "inspector.sub.b"]) == \
+        "inspector.sub.a:3 -> inspector.sub.b:3 -> inspector.sub.a"
 
 
 def test_the_version_is_the_one_pyproject_names():
