@@ -13,7 +13,7 @@ from safetensors.torch import save_file
 from torch import nn
 
 from inspector.integrations import TensorBoardExport, watch_accelerator
-from inspector.utils.escaping import grid_frame, grid_text, tensorboard_text, terminal_line
+from inspector.utils import grid_frame, grid_text, tensorboard_text, terminal_line
 from tests.apptest import run_page
 from tests.hostile_names import IMG, KEY, LINK
 

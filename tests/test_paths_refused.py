@@ -16,7 +16,7 @@ from streamlit.testing.v1 import AppTest
 
 from inspector import InspectorError, compare
 from inspector.loading import checkpoint_listing, read_checkpoint
-from inspector.utils.paths import confined, file_kind, regular_file
+from inspector.utils import confined, file_kind, regular_file
 from inspector.watching import read_captures
 from tests.apptest import PAGES
 from tests.test_watch_captures import _run as watched_run

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from inspector.loading import allowed_model_dirs
 from inspector.runfolders import split_dirs
-from inspector.utils.paths import Kind, confined
+from inspector.utils import Kind, confined
 
 DATA_ENV = "INSPECTOR_DATA_DIRS"
 

@@ -24,7 +24,7 @@ import weakref
 from pathlib import Path
 
 from inspector import InspectorError, format_bytes
-from inspector.utils.paths import confined
+from inspector.utils import confined
 
 UPLOAD_DIR = Path(tempfile.gettempdir()) / "model-inspector-uploads"
 UPLOAD_SUFFIXES = (".safetensors", ".pt", ".pth", ".bin")

@@ -16,8 +16,7 @@ from pathlib import Path
 from typing import IO
 
 from ..loading import DTYPES, resolve_device
-from ..utils import InspectorError
-from ..utils.paths import file_kind
+from ..utils import InspectorError, file_kind
 
 
 class IntRange:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from ..distributed import is_dcp_folder
 from ..loading import checkpoint_listing
-from ..utils.escaping import terminal_line
+from ..utils import terminal_line
 from . import argtypes as types
 from .common import print_findings, print_table, say, write_json
 
@@ -36,7 +36,7 @@ def run(args: argparse.Namespace) -> int:
         say(f"checkpoint folder {shown}: {len(table)} tensors")
     else:
         say(f"checkpoint {shown}: {len(table)} tensors")
-    print_table(table, args.max_rows)
+    print_table(table, args.max_rows, more="--max-rows N")
     print_findings(findings)
     if args.json:
         write_json(args.json, table.to_dict(orient="records"), strict=True)

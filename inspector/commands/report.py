@@ -10,7 +10,7 @@ from pathlib import Path
 from .. import SECTIONS, InspectorError, build_report, format_bytes, read_run, run_report
 from ..distributed import is_run_file
 from ..report import check_options, check_sections
-from ..utils.paths import regular_file
+from ..utils import regular_file
 from ..watching import is_watch_file
 from . import argtypes as types
 from .common import add_source_arguments, load_from_args, progress, write_text

@@ -18,7 +18,7 @@ from torch.utils.hooks import RemovableHandle
 
 from ..aliases import compare_ties, snapshot_ties
 from ..capture import Captures
-from ..runfiles import RunMeta, RunWriter
+from ..runfiles import Run, RunMeta, RunWriter, StepFinding, read_run
 from ..utils.codes import recurs
 from ..utils.dtensors import is_dtensor
 from ..utils.findings import Episodes, Finding, InspectorError, group_findings
@@ -39,7 +39,6 @@ from .detect import Detectors, not_in_optimizer
 from .layout import Layout, current, fused_norms, refresh, to_host
 from .numbers import Numbers
 from .rows import step_record
-from .run import Run, StepFinding, read_run
 from .steps import StepState, nonfinite_findings, transfer_step
 from .tracer import NonfiniteTracer, forward_producer
 
@@ -149,7 +148,7 @@ class Watch:
         if self.rank == 0:
             self._writer = RunWriter(self.path, self.meta)
         if self._nonfinite:
-            from .captured import remove_captures
+            from ..runfiles.captured import remove_captures
 
             remove_captures(self.path, self.rank, self.world)
         if self._nonfinite:
@@ -215,7 +214,8 @@ class Watch:
         tracer = self.tracer
         if tracer is None or not tracer.keep or not tracer.kept or self.captures is not None:
             return
-        from .captured import capture_producer, captures_path, save_captures
+        from ..runfiles.captured import captures_path, save_captures
+        from .producer import capture_producer
 
         calls, meta = tracer.calls, tracer.meta
         flags = (
@@ -369,9 +369,10 @@ def watch(
 
     With an optimizer each ``optimizer.step()`` is a step (through its step hooks; a step given a
     closure is measured when the closure returns); with a list of optimizers, each step of the first
-    (the others' are counted: ``optimizer-not-stepped``); without one, call ``w.step()``. Leaving the block, also on an exception or Ctrl-C, removes every hook
-    and closes the file; the model and the optimizer are never changed. ``w.result`` is the
-    frozen :class:`WatchResult` afterwards.
+    (the others' are counted: ``optimizer-not-stepped``); without one, call ``w.step()``. Leaving
+    the block, also on an exception or Ctrl-C, removes every hook and closes the file (an exception
+    is recorded as ``run-failed``); the model and the optimizer are never changed. ``w.result`` is
+    the frozen :class:`WatchResult` afterwards.
 
     Args:
         model: the model (DDP / ``torch.compile`` wrappers are seen through).

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -13,12 +13,31 @@ import torch
 from ..utils.dtensors import is_dtensor
 from ..utils.findings import Finding
 from ..utils.labels import module_label
-from .layout import current, fused_norms, global_norms, shard_key, to_host
+from .layout import Layout, current, fused_norms, global_norms, shard_key, to_host
 from .numbers import BATCH_PRODUCER, NO_PRODUCER, Numbers, memory
-from .tracer import BATCH, producers
+from .tracer import BATCH, NonfiniteTracer, producers
 
-if TYPE_CHECKING:
-    from .core import Watch
+
+class Watched(Protocol):
+    """What a step's work reads of the watch (:class:`~.core.Watch` is one; it calls in here)."""
+
+    @property
+    def root(self) -> torch.nn.Module: ...
+    @property
+    def layout(self) -> Layout: ...
+    @property
+    def module_names(self) -> list[str]: ...
+    @property
+    def scaler(self) -> Any: ...
+    @property
+    def sharded(self) -> bool: ...
+    @property
+    def update_ratio(self) -> bool: ...
+    @property
+    def state(self) -> StepState: ...
+    @property
+    def tracer(self) -> NonfiniteTracer | None: ...
+    _scalars: dict[str, Any]  # what w.log gave since the last step, emptied here
 
 
 class StepState:
@@ -52,7 +71,7 @@ def _grad(p: torch.Tensor | None) -> torch.Tensor | None:
     return None if p is None else p.grad
 
 
-def transfer_step(w: Watch, check: bool) -> tuple[Numbers, dict[str, float]]:
+def transfer_step(w: Watched, check: bool) -> tuple[Numbers, dict[str, float]]:
     """Everything measured this step, brought to the host with one copy per device."""
     st, layout = w.state, w.layout
     params = st.params
@@ -106,7 +125,7 @@ def transfer_step(w: Watch, check: bool) -> tuple[Numbers, dict[str, float]]:
 Pairs = list[tuple[np.ndarray, torch.Tensor]]
 
 
-def _norm_parts(w: Watch, check: bool) -> tuple[Pairs, Pairs, Pairs, Pairs]:
+def _norm_parts(w: Watched, check: bool) -> tuple[Pairs, Pairs, Pairs, Pairs]:
     """Gradient, parameter, buffer and update norms on the device (global ones under FSDP2 / TP)."""
     st = w.state
     params = st.params
@@ -153,7 +172,7 @@ def _overflowed(norms: np.ndarray, tensors: Callable[[], list[torch.Tensor | Non
             norms[i] = float(torch.linalg.vector_norm(piece.double()))
 
 
-def _fill(n: Numbers, w: Watch, params: list[torch.Tensor | None], update: np.ndarray, check: bool) -> None:
+def _fill(n: Numbers, w: Watched, params: list[torch.Tensor | None], update: np.ndarray, check: bool) -> None:
     layout = w.layout
     _overflowed(n.param_grad, lambda: [_grad(p) for p in params])
     if check:
