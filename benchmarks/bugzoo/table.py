@@ -117,6 +117,11 @@ def summary(rows: list[Judged]) -> str:
         lines.append(f"- **{label}**: recall {f['strict']}/{n} ({pct:.0f}%: caught within ±1 step with the "
                      f"right module); caught at all {f['caught']}/{n}, module right {f['module_right']}/{n}, "
                      f"within one step {f['within_one']}/{n}, crashed {f['crashed']}.")
+        others = Counter(o.code for j in rows if not j.case.healthy and j.variant == variant
+                         for o in j.others)
+        listed = ", ".join(f"`{k}` x{v}" for k, v in others.most_common()) or "none"
+        lines.append(f"  Besides the answer, the caught bugs' runs gave {sum(others.values())} other "
+                     f"warnings/errors from the plant on ({listed}).")
     for variant in ("default", "nonfinite"):
         f = figures(rows, variant)
         if f["healthy"]:
