@@ -37,6 +37,7 @@ def test_where_matching_rule() -> None:
     assert where_matches("fc1", ("fc1.weight",))  # the module that owns the planted parameter
     assert where_matches("_orig_mod.bn1", ("bn1",))  # a torch.compile wrapper's prefix
     assert where_matches("model.bn1", ("bn1",))  # named from an outer LightningModule
+    assert where_matches("gan.disc.0.weight", ("disc",))
     assert not where_matches("fc2", ("fc1",))
     assert not where_matches("transformer", ("transformer.h.1.mlp.c_fc",))
     assert not where_matches("fc1", ("fc10",))

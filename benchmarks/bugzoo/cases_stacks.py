@@ -173,7 +173,7 @@ def lightning_run(model: str, *, manual: bool = False, accum: int = 1, plant: Ac
     return run
 
 
-def _fit(ctx: Ctx, module: Any, batches: list[Any], accum: int = 1) -> None:
+def _fit(ctx: Ctx, module: Any, batches: list[Any], accum: int = 1, max_steps: int | None = None) -> None:
     import logging
 
     import pytorch_lightning as pl
@@ -184,7 +184,8 @@ def _fit(ctx: Ctx, module: Any, batches: list[Any], accum: int = 1) -> None:
 
     callback = LightningWatch(ctx.path, report=None, **ctx.options)
     _stepper(ctx, callback.session)
-    trainer = pl.Trainer(max_steps=ctx.steps, max_epochs=1, accelerator="cpu", devices=1,
+    trainer = pl.Trainer(max_steps=ctx.steps if max_steps is None else max_steps, max_epochs=1,
+                         accelerator="cpu", devices=1,
                          enable_checkpointing=False, logger=False, enable_progress_bar=False,
                          enable_model_summary=False, accumulate_grad_batches=accum, callbacks=[callback])
     loader = torch.utils.data.DataLoader(batches, batch_size=None, shuffle=False)
@@ -231,7 +232,8 @@ def lightning_gan(skip_d: bool = False) -> Callable[[Ctx], None]:
                 return (torch.optim.Adam(self.gan.gen.parameters(), lr=1e-3, betas=(0.5, 0.999)),
                         torch.optim.Adam(self.gan.disc.parameters(), lr=1e-3, betas=(0.5, 0.999)))
 
-        _fit(ctx, LitGAN(), [data(i) for i in range(ctx.steps)])
+        # Lightning counts each optimizer's step in global_step: one epoch of ctx.steps batches bounds it
+        _fit(ctx, LitGAN(), [data(i) for i in range(ctx.steps)], max_steps=-1)
     return run
 
 

@@ -146,18 +146,18 @@ def where_matches(found: str, planted: tuple[str, ...] | None) -> bool:
     """The matching rule: the finding's ``where`` W is right for a planted name E when, after
     dropping the ``_orig_mod.``/``module.`` parts wrappers add, W == E, or W lies inside E (W
     starts with ``E.``: a parameter or child of the planted module), or W is the module that
-    owns the planted parameter E (E == ``W.<name>`` with no further dot), or W ends with ``.E``
-    (the same module named from an outer wrapper, such as a LightningModule's ``model.``).
-    A case planted on the whole run (None) accepts any ``where``."""
+    owns the planted parameter E (E == ``W.<name>`` with no further dot); W is also tried with
+    its first component dropped (the model named from a LightningModule's attribute, such as
+    ``model.`` or ``gan.``). A case planted on the whole run (None) accepts any ``where``."""
     if planted is None:
         return True
     w = strip_wrappers(found)
+    tries = [w] + ([w.split(".", 1)[1]] if "." in w else [])
     for e in planted:
         e = strip_wrappers(e)
-        if w == e or w.startswith(e + ".") or w.endswith("." + e):
-            return True
-        if "." in e and e.rsplit(".", 1)[0] == w and w:
-            return True
+        for x in tries:
+            if x == e or x.startswith(e + ".") or ("." in e and e.rsplit(".", 1)[0] == x):
+                return True
     return False
 
 

@@ -86,6 +86,8 @@ def run_case(case: Case, *, nonfinite: bool = False, steps: int | None = None,
                 traceback.print_exc()
         seconds = time.perf_counter() - start
         findings = _findings(ctx)
+    if not error and not case.healthy and ctx.planted is None and case.plant_at > 0:
+        error = f"the bug was never planted: the run ended at iteration {ctx.i} before step {case.plant_at}"
     if error:
         judged = Judged(case, variant, "crash", error=error, findings=findings)
     else:
