@@ -9,7 +9,7 @@ import streamlit as st
 
 from inspector.figures import findings_timeline, loss_norm_figure, norm_heatmap
 from inspector.utils import markdown_text
-from inspector.watching import finding_counts
+from inspector.watching import finding_counts, verdict
 from ui.errors import guarded
 from ui.runs import overlay_runs, pick_from_folders
 from ui.sidebar import model_picker
@@ -74,6 +74,20 @@ def _source() -> tuple[Any, str, bool]:
 def _go_to(step: int) -> None:
     st.session_state["train_latest"] = False
     st.session_state["train_step"] = int(step)
+
+
+def _verdict(opened: Opened) -> None:
+    """The answer first: the run's first error (step, module, what happened) and a button to its step."""
+    v = verdict(opened.run)
+    with st.container(border=True, key="train_verdict"):
+        if v.first is None:
+            icon = ":material/warning:" if v.counts["warning"] else ":material/check_circle:"
+            st.markdown(f"{icon} {markdown_text(v.line())}")
+            return
+        left, right = st.columns([6, 1], vertical_alignment="center")
+        left.markdown(f":red[:material/error: **{markdown_text(v.line())}**]")
+        right.button(f"Go to step {v.first.step:,}", key="train_verdict_go", on_click=_go_to,
+                     args=(v.first.step,), type="primary")
 
 
 def _findings(opened: Opened) -> None:
@@ -153,6 +167,7 @@ def _norms(opened: Opened, rank: int, steps: Any) -> int:
 def _show(opened: Opened) -> None:
     """Everything about one opened run."""
     run = opened.run
+    _verdict(opened)
     rank, steps = _overview(opened)
     step = _norms(opened, rank, steps)
     st.subheader(f"Modules at step {step:,}")

@@ -15,7 +15,7 @@ from inspector import format_bytes, run_report
 from inspector.distributed import rank_issues, unique_findings
 from inspector.figures import NormGrid, grad_norm_figure, memory_figure, run_norm_grid
 from inspector.utils import markdown_text
-from inspector.watching import MODULE_COLUMNS, Run, parse_run_bytes, read_run
+from inspector.watching import MODULE_COLUMNS, Run, ordered_findings, parse_run_bytes, read_run
 from inspector.watching import main_steps as run_main_steps
 from ui.tables import MESSAGE_PX, message_row_height, paged_table
 
@@ -95,10 +95,10 @@ def clear_cache() -> None:
 
 
 def findings_frame(run: Run) -> pd.DataFrame:
-    """Every finding of the run with its step and rank, first step first."""
-    rows = [(f.step, f.rank, f.severity, f.code, f.where, f.message) for f in run.findings]
-    frame = pd.DataFrame(rows, columns=["step", "rank", "severity", "code", "where", "message"])
-    return frame.sort_values("step", kind="stable").reset_index(drop=True)
+    """Every finding of the run with its step and rank, most severe first, then by step
+    (:func:`inspector.watching.ordered_findings`)."""
+    rows = [(f.step, f.rank, f.severity, f.code, f.where, f.message) for f in ordered_findings(run.findings)]
+    return pd.DataFrame(rows, columns=["step", "rank", "severity", "code", "where", "message"])
 
 
 def findings_layout(found: pd.DataFrame) -> dict[str, Any]:

@@ -91,11 +91,16 @@ def render_html(report: Report) -> str:
                             "layout": f.figure.get("layout", {})})
     template = _environment_jinja().get_template("report.html.j2")
     return template.render(
-        report=report, findings=report.findings, titles=SECTION_TITLES,
+        report=report, report_kind=report_kind(report), findings=report.findings, titles=SECTION_TITLES,
         figure_count=len(figures),
         plotlyjs=markupsafe.Markup(get_plotlyjs()) if figures else "",
         figures_json=markupsafe.Markup(_script_json(figures)),
     )
+
+
+def report_kind(report: Report) -> str:
+    """``Run report`` for a run file's report, else ``Model report``."""
+    return "Run report" if str(report.model.get("class", "")).endswith(" run") else "Model report"
 
 
 def _md(value: Any, column: Any = "") -> str:
@@ -121,14 +126,15 @@ def render_markdown(report: Report) -> str:
     """The report as Markdown: one heading per section, pipe tables, figures as tables."""
     max_rows = int(report.options.get("max_rows") or DEFAULT_OPTIONS["max_rows"])
     m = report.model
-    out = [f"# Model report: {_md(m.get('name'))}", "",
-           f"Source {_md(m.get('source'))} on {_md(m.get('device'))}"
+    out = [f"# {report_kind(report)}: {_md(m.get('name'))}", "",
+           f"Source {_md(m.get('source'))}" + (f" on {_md(m.get('device'))}" if m.get("device") else "")
            + (f", dtype {_md(m.get('dtype'))}" if m.get("dtype") else "")
            + (f", checkpoint {_md(m.get('checkpoint'))}" if m.get("checkpoint") else "")
            + f". Created {_md(report.created)}; schema {_md(report.schema_version)}.", ""]
     for s in report.sections:
         out += [f"## {_md(s.title)}", ""]
         if s.id == "findings":
+            out += [f"**{_md(s.note)}**", ""] if s.note else []
             pairs = report.findings
             if not pairs:
                 out += ["No findings.", ""]

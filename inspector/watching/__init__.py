@@ -30,7 +30,7 @@ from .run import (
     parse_run_bytes,
     read_run,
 )
-from .summary import finding_counts, first_findings, main_steps
+from .summary import Verdict, finding_counts, first_findings, main_steps, ordered_findings, verdict
 from .synthetic import synthetic_run
 from .train import OPTIMIZERS, make_optimizer, train_watched
 
@@ -56,6 +56,9 @@ __all__ = [
     "watch",
     "finding_counts",
     "first_findings",
+    "ordered_findings",
+    "verdict",
+    "Verdict",
     "main_steps",
     "OPTIMIZERS",
     "make_optimizer",
