@@ -43,7 +43,8 @@ def test_the_report_heatmap_shows_dead_and_nonfinite_gradients(tmp_path):
         z is not None and np.isfinite(z[0]).all() and np.isfinite(z[1]).all()
     )  # zero has a colour, not a gap
     assert z[0, 0] < z[1, 0] and np.isnan(z[2]).all()
-    assert marks["name"] == "NaN or Inf" and list(marks["y"]) == ["c"] * 3
+    layer = np.asarray(marks["z"], dtype=np.float64)
+    assert marks["name"] == "NaN or Inf" and (layer == 1).tolist() == [[False] * 3, [False] * 3, [True] * 3]
 
 
 def test_report_of_a_watched_run(tmp_path, capsys):

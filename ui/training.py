@@ -14,7 +14,7 @@ import streamlit as st
 from inspector import format_bytes, run_report
 from inspector.distributed import rank_issues, unique_findings
 from inspector.figures import NormGrid, grad_norm_figure, memory_figure, run_norm_grid
-from inspector.utils import markdown_text
+from inspector.utils import InspectorError, markdown_text
 from inspector.watching import MODULE_COLUMNS, Run, ordered_findings, parse_run_bytes, read_run
 from inspector.watching import main_steps as run_main_steps
 from ui.tables import MESSAGE_PX, message_row_height, paged_table
@@ -79,6 +79,18 @@ def open_run(upload: Any, path: str) -> Opened | None:
     except OSError:
         return _read_path(p, -1, -1)  # read_run names the missing file
     return _read_path(p, st_.st_size, st_.st_mtime_ns)
+
+
+def file_key(path: str) -> tuple[int, int] | None:
+    """``(size, mtime_ns)`` of the run file at ``path`` (checked against the runs folders), None when
+    it is not there or not allowed: what the Training page compares to follow a run."""
+    from ui.runs import checked_path
+
+    try:
+        stat = os.stat(checked_path(path.strip()))
+    except (OSError, InspectorError):
+        return None
+    return stat.st_size, stat.st_mtime_ns
 
 
 @st.cache_resource(show_spinner=False, max_entries=16)
@@ -178,6 +190,17 @@ def available_columns(run: Run) -> list[str]:
     out = [name for name, col in MODULE_COLUMNS.items()
            if name != "nonfinite" and table.num_rows and table.column(col).null_count < table.num_rows]
     return out or ["grad_norm"]
+
+
+def modules_at(run: Run, step: int, rank: int) -> pd.DataFrame:
+    """``run.at(step, rank)`` with a column for every per-module number the run recorded at any step
+    (empty where not taken), so the table keeps its columns at a NaN step."""
+    table = run.at(step, rank)
+    for col in available_columns(run):
+        if col not in table.columns:
+            table[col] = np.nan
+    order = ["module", *MODULE_COLUMNS]
+    return table[[c for c in order if c in table.columns] + [c for c in table.columns if c not in order]]
 
 
 def rank_steps(run: Run, rank: int) -> np.ndarray:

@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 
 from ..utils.findings import Finding
-from ..watching import Run, StepFinding, main_steps, ordered_findings, producer_of, verdict
+from ..watching import Run, StepFinding, first_producer, main_steps, ordered_findings, producer_of, verdict
 from .data import ReportFigure, Section, Table, make_figure
 from .model import Report
 
@@ -82,7 +82,8 @@ def watch_report(run: Run) -> Report:
     if len(steps):
         figures += (make_figure("Loss and gradient norm", loss_norm_figure(main_steps(run))),)
     if len(steps) and run.module_order:
-        figures += (make_figure("Gradient norm per module and step", norm_heatmap(run_norm_grid(run))),)
+        heat = norm_heatmap(run_norm_grid(run), producer=first_producer(run))
+        figures += (make_figure("Gradient norm per module and step", heat),)
     overview = Section(
         "run",
         "Watched run",

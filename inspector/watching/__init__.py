@@ -30,7 +30,15 @@ from .run import (
     parse_run_bytes,
     read_run,
 )
-from .summary import Verdict, finding_counts, first_findings, main_steps, ordered_findings, verdict
+from .summary import (
+    Verdict,
+    finding_counts,
+    first_findings,
+    first_producer,
+    main_steps,
+    ordered_findings,
+    verdict,
+)
 from .synthetic import synthetic_run
 from .train import OPTIMIZERS, make_optimizer, train_watched
 
@@ -57,6 +65,7 @@ __all__ = [
     "finding_counts",
     "first_findings",
     "ordered_findings",
+    "first_producer",
     "verdict",
     "Verdict",
     "main_steps",

@@ -111,3 +111,11 @@ def verdict(findings: Run | Iterable[StepFinding]) -> Verdict:
     counts = {sev: sum(f.severity == sev for f in ordered) for sev in SEVERITY_ORDER}
     first = ordered[0] if ordered and ordered[0].severity == "error" else None
     return Verdict(first, counts)
+
+
+def first_producer(run: Run) -> tuple[str, int] | None:
+    """``(module, step)`` of the run's first ``nonfinite-forward`` (the module that first produced a
+    NaN/Inf from finite inputs), or None: what the heatmap marks."""
+    found = [f for f in run.findings if f.code == "nonfinite-forward"]
+    first = min(found, key=lambda f: f.step) if found else None
+    return (first.where, first.step) if first else None
