@@ -101,12 +101,48 @@ def human_bytes(df: pd.DataFrame) -> pd.DataFrame:
     return df.assign(**{str(c): df[c].map(format_bytes) for c in cols})
 
 
+DEVICE_COLUMNS = ("device", "ours", "accelerate")
+TINY = 1e-9  # a float this much smaller than its column's largest value is rounding noise
+
+
+def plain_cells(df: pd.DataFrame) -> pd.DataFrame:
+    """Cells as people read them: empty where a text column holds None or NaN (or their text), a
+    device number as ``1`` (not ``1.0``), and float noise (``-6e-10`` beside values near 1) as 0.
+
+    >>> plain_cells(pd.DataFrame({"device": ["1.0", None, "cpu"], "x": [1.0, -6e-10, 0.5]})).values.tolist()
+    [['1', 1.0], ['', 0.0], ['cpu', 0.5]]
+    """
+    out = df.copy()
+    for col in out.columns:
+        values = out[col]
+        devices = any(str(col).startswith(d) or str(col).endswith(d) for d in DEVICE_COLUMNS)
+        if pd.api.types.is_float_dtype(values) and not devices:
+            top = values.abs().max()
+            if top == top and top > 0:
+                out[col] = values.where(~(values.abs() < top * TINY), 0.0)
+            continue
+        if not (values.dtype == object or pd.api.types.is_string_dtype(values) or devices):
+            continue
+        out[col] = pd.Series([_plain(v, devices) for v in values], index=out.index, dtype=object)
+    return out
+
+
+def _plain(value, device: bool):
+    if value is None or isinstance(value, float) and value != value or value in ("None", "nan"):
+        return ""
+    if device and isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    if device and isinstance(value, str) and value.endswith(".0") and value[:-2].isdigit():
+        return value[:-2]
+    return value
+
+
 def show_frame(df: pd.DataFrame, column_config: dict | None = None, **kwargs) -> None:
-    """``st.dataframe`` with bytes in binary units and every column fitted to its content (see
-    :func:`fit_columns`)."""
+    """``st.dataframe`` with bytes in binary units, plain cells (:func:`plain_cells`) and every column
+    fitted to its content (see :func:`fit_columns`)."""
     kwargs.setdefault("hide_index", True)
     kwargs.setdefault("width", "stretch")
-    df = human_bytes(df)
+    df = plain_cells(human_bytes(df))
     st.dataframe(df, column_config=fit_columns(df, column_config), **kwargs)
 
 
