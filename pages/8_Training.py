@@ -117,6 +117,8 @@ def _findings(opened: Opened) -> None:
     if choice is not None and st.session_state.get("train_jump_applied") != choice:
         st.session_state["train_jump_applied"] = choice
         _go_to(int(found["step"].iloc[choice]))
+    if opened.run.world_size == 1:
+        found = found.drop(columns=["rank"])  # one rank: the column says nothing
     paged_table(found, "train_findings", page_size=20, **findings_layout(found))
 
 

@@ -113,7 +113,10 @@ def show_runs(result: RunComparison, runs: tuple[object, object] = (None, None))
     )
     paged_table(run_module_rows(result.modules), key="cmp_run_modules", column_config=run_module_config())
     st.subheader("Per step")
-    paged_table(run_step_rows(result.steps), key="cmp_steps", column_config=run_step_config(result.steps))
+    every = st.toggle("Every recorded number (learning rates, scale, logged scalars)", key="cmp_steps_all")
+    steps = result.steps if every else result.steps[[c for c in result.steps.columns if c == "step"
+                                                      or c.rpartition("_")[0] in ("loss", "grad_norm")]]
+    paged_table(run_step_rows(steps), key="cmp_steps", column_config=run_step_config(steps))
 
 
 def pick_run(side: str, col) -> object | None:

@@ -16,6 +16,7 @@ CHAR_PX = 8        # width of one character of the grid's 14 px font, rounded up
 CELL_PAD_PX = 30   # cell padding plus room for the sort arrow in the header
 MAX_FIT_PX = 480   # wider text columns scroll inside their cell rather than push the table
 MESSAGE_PX = 560   # width of a findings message column
+MAX_WORD_PX = 300  # a narrowed text column keeps room for a word up to this wide (a module name)
 LINE_PX = 21       # one wrapped line of grid text
 TABLE_PX = 940     # a table wider than this (a wide page at 1440 px) hides its right-hand columns
 
@@ -51,11 +52,13 @@ def fit_columns(df: pd.DataFrame, column_config: dict | None = None) -> dict:
         values = df[col]
         is_int = pd.api.types.is_integer_dtype(values) and not pd.api.types.is_bool_dtype(values)
         header = given.get("label") if isinstance(given, dict) and given.get("label") else col
-        widest = max([len(str(header)), *(len(cell_text(v)) for v in values.head(500))])
+        texts = [cell_text(v) for v in values.head(500)]
+        widest = max([len(str(header)), *map(len, texts)])
         px = widest * CHAR_PX + CELL_PAD_PX
         if not is_int:
             px = min(px, MAX_FIT_PX)
-            text_cols[col] = len(str(header)) * CHAR_PX + CELL_PAD_PX
+            word = max([len(str(header)), *(len(w) for t in texts for w in t.split())])  # a word never breaks
+            text_cols[col] = min(px, word * CHAR_PX + CELL_PAD_PX, MAX_WORD_PX)
         if isinstance(given, dict):
             out[col] = {**given, "width": px}
         elif is_int:
@@ -66,13 +69,14 @@ def fit_columns(df: pd.DataFrame, column_config: dict | None = None) -> dict:
 
 
 def _fit_table(config: dict, text_cols: dict[str, int], first: object = None) -> dict:
-    """Narrow the wide text columns (never below their header, never ``first``, the table's first
-    column, which names each row) until the table fits ``TABLE_PX``, so that the columns on the right
-    are not pushed out of sight."""
+    """Narrow the wide text columns (never below their header or their longest word, never ``first``,
+    the table's first column, which names each row) until the table fits ``TABLE_PX``, so that the
+    columns on the right are not pushed out of sight; :func:`wrap_height` gives their text the lines
+    it then needs."""
     widths = {c: cfg.get("width") for c, cfg in config.items() if isinstance(cfg, dict)}
     total = sum(w for w in widths.values() if isinstance(w, int))
-    give = {c: widths[c] - floor for c, floor in text_cols.items()
-            if c != first and isinstance(widths.get(c), int) and widths[c] > max(floor, 160)}
+    give = {c: widths[c] - max(floor, 120) for c, floor in text_cols.items()
+            if c != first and isinstance(widths.get(c), int) and widths[c] > max(floor, 120)}
     extra = total - TABLE_PX
     if extra <= 0 or not give:
         return config
@@ -143,7 +147,28 @@ def show_frame(df: pd.DataFrame, column_config: dict | None = None, **kwargs) ->
     kwargs.setdefault("hide_index", True)
     kwargs.setdefault("width", "stretch")
     df = plain_cells(human_bytes(df))
-    st.dataframe(df, column_config=fit_columns(df, column_config), **kwargs)
+    config = fit_columns(df, column_config)
+    if kwargs.get("row_height") is None:
+        kwargs["row_height"] = wrap_height(df, config)
+    st.dataframe(df, column_config=config, **kwargs)
+
+
+def wrap_height(df: pd.DataFrame, config: dict, max_lines: int = 4) -> int | None:
+    """The row height that lets each text column's longest cell wrap onto the lines its width needs
+    (at most ``max_lines``); None when every cell fits on one line.
+
+    >>> wrap_height(pd.DataFrame({"why": ["merged 2 keys into 1 where a whole module sits on one device"]}),
+    ...             {"why": {"width": 300}})
+    66
+    """
+    lines = 1
+    for col, cfg in config.items():
+        width = cfg.get("width") if isinstance(cfg, dict) else None
+        if col not in df.columns or not isinstance(width, int) or pd.api.types.is_numeric_dtype(df[col]):
+            continue
+        longest = max((len(cell_text(v)) for v in df[col].head(500)), default=0)
+        lines = max(lines, math.ceil(longest * CHAR_PX / max(1, width - CELL_PAD_PX)))
+    return None if lines <= 1 else max(66, min(lines, max_lines) * LINE_PX + 10)
 
 
 def filter_rows(df: pd.DataFrame, text: str, columns: Sequence[str] | None = None) -> pd.DataFrame:
@@ -214,7 +239,7 @@ def findings_table(findings: list[Finding], key: str, *, empty: str = "Nothing t
                 column_config={"message": st.column_config.TextColumn(width=MESSAGE_PX)})
 
 
-def message_row_height(longest: int) -> int | None:
+def message_row_height(longest: int, width: int = MESSAGE_PX) -> int | None:
     """A row height that shows a message of ``longest`` characters whole (None: one line is enough).
 
     The grid wraps text only in rows taller than 4rem (64 px), so a wrapping row is at least 66 px.
@@ -222,6 +247,6 @@ def message_row_height(longest: int) -> int | None:
     >>> message_row_height(40), message_row_height(300)
     (None, 115)
     """
-    per_line = (MESSAGE_PX - 16) // 8  # about 7 px per character, and room for wrapping at word ends
+    per_line = (width - 16) // 8  # about 7 px per character, and room for wrapping at word ends
     lines = math.ceil(longest / per_line)
     return None if lines <= 1 else max(66, lines * LINE_PX + 10)

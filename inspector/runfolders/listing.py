@@ -105,7 +105,7 @@ def describe(entry: RunEntry) -> dict[str, object]:
         run = read_run(entry.path)
         f = first_finding(run)
         row["steps"] = int(run.steps["step"].nunique()) if len(run.steps) else 0
-        row["first finding"] = f"step {f.step}: {f.code} at {module_label(f.where)}" if f else ""
+        row["first finding"] = f"step {f.step:,}: {f.code} at {module_label(f.where)}" if f else ""
         row["complete"] = run.complete
     except InspectorError as exc:
         row["steps"] = None
