@@ -233,7 +233,8 @@ def test_every_nonfinite_cell_of_a_big_run_is_marked_and_the_producer_starred():
     fig = norm_heatmap(g, producer=("layers.700", 6_000))
     layer = np.asarray(fig.data[1].z, dtype=float)
     first = 6_000 // g.steps_per_bin  # 6,000 // 34 = 176: the column holding step 6,000
-    assert layer.shape == g.values.shape and (layer[:, first:] == 1).all() and np.isnan(layer[:, :first]).all()
+    assert layer.shape == g.values.shape
+    assert (layer[:, first:] == 1).all() and np.isnan(layer[:, :first]).all()
     assert (layer == 1).sum() == g.values.shape[0] * (g.values.shape[1] - first) > 2_000
     star = fig.data[2]
     assert list(star.y) == [g.labels[700 // g.rows_per_bin]] and list(star.x) == [g.steps[first]]
