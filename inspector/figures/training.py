@@ -18,6 +18,7 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from ..utils.escaping import escaped_figure, plot_text
+from ..utils.labels import module_label
 
 # The figures along the steps (lines, findings timeline) live in training_steps.py; their names stay
 # importable from here.
@@ -280,7 +281,7 @@ def norm_heatmap(grid: NormGrid, title: str = "Gradient norm per module and step
                                  hovertemplate=f"%{{y}}<br>step {producer[1]:,}<br>first produced NaN/Inf"
                                                "<extra></extra>"))
     if producer:
-        keys.append(f"★ first NaN/Inf from {plot_text(producer[0] or '(model)')} at step {producer[1]:,}")
+        keys.append(f"★ first NaN/Inf from {plot_text(module_label(producer[0]))} at step {producer[1]:,}")
     per = [f"{grid.rows_per_bin} modules" if grid.rows_per_bin > 1 else "",
            f"{grid.steps_per_bin} steps" if grid.steps_per_bin > 1 else ""]
     note = " and ".join(p for p in per if p)

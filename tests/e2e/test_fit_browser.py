@@ -105,6 +105,9 @@ def test_the_first_screen_fits_and_reads(site, wait_for_app, name, address):
     url, page, runs = site
     page.goto(f"{url}/{address.format(runs=runs)}", wait_until="domcontentloaded")
     wait_for_app(page)
+    # a page whose first run reruns it (an editor settling its value) shows placeholders meanwhile
+    page.wait_for_function("() => !document.querySelector('[data-testid=\"stSkeleton\"]')", timeout=90_000)
+    wait_for_app(page)
     page.wait_for_timeout(500)
     folder = ARTIFACTS / "fit"
     folder.mkdir(parents=True, exist_ok=True)
