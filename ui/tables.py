@@ -234,9 +234,19 @@ def findings_table(findings: list[Finding], key: str, *, empty: str = "Nothing t
     st.markdown(" ".join(f":{SEVERITY_BADGE[s]}-badge[{n} {s}{'s' if n != 1 else ''}]"
                          for s, n in counts.items() if n))
     frame = findings_frame(findings)
-    longest = int(frame["message"].str.len().max()) if len(frame) else 0
-    paged_table(frame, key, page_size=20, row_height=message_row_height(longest),
-                column_config={"message": st.column_config.TextColumn(width=MESSAGE_PX)})
+    paged_table(frame, key, page_size=20, **message_layout(frame))
+
+
+def message_layout(frame: pd.DataFrame, column_config: dict | None = None) -> dict:
+    """Table settings that show each ``message`` whole: wrapped in the room the other columns (fitted
+    to their text) leave of ``TABLE_PX``, between two thirds of ``MESSAGE_PX`` and ``MESSAGE_PX``."""
+    longest = int(frame["message"].astype(str).str.len().max()) if len(frame) else 0
+    others = fit_columns(frame.drop(columns=["message"], errors="ignore"), column_config)
+    used = sum(c["width"] if isinstance(c.get("width"), int) else 200 for c in others.values()
+               if isinstance(c, dict))
+    width = max(MESSAGE_PX * 2 // 3, min(MESSAGE_PX, TABLE_PX - used))
+    return {"row_height": message_row_height(longest, width),
+            "column_config": {**(column_config or {}), "message": st.column_config.TextColumn(width=width)}}
 
 
 def message_row_height(longest: int, width: int = MESSAGE_PX) -> int | None:

@@ -17,7 +17,7 @@ from inspector.figures import NormGrid, grad_norm_figure, memory_figure, run_nor
 from inspector.utils import InspectorError, markdown_text
 from inspector.watching import MODULE_COLUMNS, Run, ordered_findings, parse_run_bytes, read_run
 from inspector.watching import main_steps as run_main_steps
-from ui.tables import MESSAGE_PX, TABLE_PX, fit_columns, message_row_height, paged_table
+from ui.tables import message_layout, paged_table
 
 NORM_FORMAT = "%.4g"
 BYTES_COLUMNS = (
@@ -116,14 +116,7 @@ def findings_frame(run: Run) -> pd.DataFrame:
 def findings_layout(found: pd.DataFrame) -> dict[str, Any]:
     """Table settings that show each finding's message whole: wrapped in the room the other columns
     (fitted to their text) leave of the page's width, at least ``MESSAGE_PX`` less a third."""
-    longest = int(found["message"].str.len().max()) if len(found) else 0
-    others = fit_columns(found.drop(columns=["message"], errors="ignore"),
-                         {"code": st.column_config.TextColumn(width="medium")})
-    used = sum(c["width"] if isinstance(c.get("width"), int) else 200 for c in others.values())
-    width = max(MESSAGE_PX * 2 // 3, min(MESSAGE_PX, TABLE_PX - used))
-    return {"row_height": message_row_height(longest, width),
-            "column_config": {"message": st.column_config.TextColumn(width=width),
-                              "code": st.column_config.TextColumn(width="medium")}}
+    return message_layout(found, {"code": st.column_config.TextColumn(width="medium")})
 
 
 def main_steps(opened: Opened) -> pd.DataFrame:
