@@ -86,9 +86,9 @@ def site(chromium, tmp_path_factory):
             page.close()
 
 
-PAGES = [
-    ("home", ""),
+PAGES = [  # a page other than Home first: the server's first visit is by a page's own address
     ("alias-graph", "Alias_graph"),
+    ("home", ""),
     ("flatten-map", "Flatten_map"),
     ("device-map", "Device_map"),
     ("hook-captures", "Hook_captures"),
@@ -113,6 +113,9 @@ def test_the_first_screen_fits_and_reads(site, wait_for_app, name, address):
     folder.mkdir(parents=True, exist_ok=True)
     page.screenshot(path=folder / f"{name}.png")
     assert page.locator('[data-testid="stException"]').count() == 0, name
+    nav = page.locator('[data-testid="stSidebarNav"] a').all_inner_texts()
+    titles = [t.split("\n")[-1].strip() for t in nav]
+    assert titles[0] == "Home" and "app" not in titles and "Distributed" not in titles, titles
     clipped = page.evaluate(CLIPPED_JS)
     assert not clipped, f"{name}: text cut off in the first screen: {clipped[:8]}"
     text = page.locator('[data-testid="stMain"]').inner_text()
