@@ -117,14 +117,14 @@ def run_divergence_figure(steps: pd.DataFrame, first_divergence: int | None = No
                 row=row,
                 col=1,
             )
-    for side, (label, bad, colour) in enumerate(zip((a, b), nonfinite, RUN_COLOURS, strict=False)):
+    for which, label, bad, colour in zip("ab", (a, b), nonfinite, RUN_COLOURS, strict=False):
         for first, last in nonfinite_bands(bad if bad is not None else [], steps["step"].to_numpy()):
             fig.add_vrect(x0=first - 0.5, x1=last + 0.5, fillcolor=colour, opacity=0.15, line_width=0)
             for row, q in ((1, "loss"), (2, "grad_norm")):
                 fig.add_trace(go.Scatter(
-                    x=[first], y=[_last_finite(steps, f"{q}_{'ab'[side]}", first)], mode="markers",
+                    x=[first], y=[_last_finite(steps, f"{q}_{which}", first)], mode="markers",
                     marker={"symbol": "x", "size": 11, "color": colour}, name=f"{plot_text(label)}: NaN/Inf",
-                    legendgroup=f"nan{side}", showlegend=row == 1,
+                    legendgroup=f"nan-{which}", showlegend=row == 1,
                     hovertemplate=f"{plot_text(label)} not finite, steps {first:,}–{last:,}<extra></extra>"),
                     row=row, col=1)
     if first_divergence is not None:
