@@ -142,11 +142,14 @@ def _conversion_results(loaded: LoadedModel) -> None:
                     for c, o in dict(zip(outcomes["conversion"], outcomes["outcome"], strict=True)).items()
                 )
             )
-            shown = table
+            lead = ["conversion", "outcome", "unique", "same_object", "same_storage"]  # the result first
+            shown = table[[c for c in lead if c in table.columns]
+                          + [c for c in table.columns if c not in lead]]
             if shown["error"].isna().all():
                 shown = shown.drop(columns=["error"])
-            show_frame(shown, {"unique": st.column_config.NumberColumn("unique parameter elements",
-                                                                       format="localized")})
+            show_frame(shown, {"unique": st.column_config.NumberColumn(
+                "unique elements", format="localized",
+                help="unique parameter elements after the conversion")})
             findings = [f for r in results for f in r.findings]
             if run["retie"]:
                 findings += [f for r in results for f in r.retied]

@@ -9,7 +9,7 @@ import streamlit as st
 
 from inspector.figures import findings_timeline, loss_norm_figure, norm_heatmap
 from inspector.utils import grid_frame, markdown_text
-from inspector.watching import finding_counts
+from inspector.watching import finding_counts, first_producer, verdict
 from ui.errors import guarded
 from ui.runs import overlay_runs, pick_from_folders
 from ui.sidebar import model_picker
@@ -19,9 +19,11 @@ from ui.training import (
     available_columns,
     column_label,
     distributed_part,
+    file_key,
     findings_frame,
     findings_layout,
     main_steps,
+    modules_at,
     nearest_step,
     norm_grid_of,
     open_run,
@@ -76,6 +78,20 @@ def _go_to(step: int) -> None:
     st.session_state["train_step"] = int(step)
 
 
+def _verdict(opened: Opened) -> None:
+    """The answer first: the run's first error (step, module, what happened) and a button to its step."""
+    v = verdict(opened.run)
+    with st.container(border=True, key="train_verdict"):
+        if v.first is None:
+            icon = ":material/warning:" if v.counts["warning"] else ":material/check_circle:"
+            st.markdown(f"{icon} {markdown_text(v.line())}")
+            return
+        left, right = st.columns([6, 1], vertical_alignment="center")
+        left.markdown(f":red[:material/error: **{markdown_text(v.line())}**]")
+        right.button(f"Go to step {v.first.step:,}", key="train_verdict_go", on_click=_go_to,
+                     args=(v.first.step,), type="primary")
+
+
 def _findings(opened: Opened) -> None:
     found = findings_frame(opened.run)
     st.subheader("Findings")
@@ -101,6 +117,8 @@ def _findings(opened: Opened) -> None:
     if choice is not None and st.session_state.get("train_jump_applied") != choice:
         st.session_state["train_jump_applied"] = choice
         _go_to(int(found["step"].iloc[choice]))
+    if opened.run.world_size == 1:
+        found = found.drop(columns=["rank"])  # one rank: the column says nothing
     paged_table(found, "train_findings", page_size=20, **findings_layout(found))
 
 
@@ -116,9 +134,9 @@ def _overview(opened: Opened) -> tuple[int, Any]:
     cols[2].metric("Modules", f"{len(run.module_order):,}")
     cols[3].metric("Ranks", run.world_size)
     cols[4].metric("Findings", f"{len(run.findings):,}")
-    st.caption(("Complete: the run ended and closed its file." if run.complete else
-                "Still being written (or its writer stopped): every complete step is shown.")
-               + f" Read {markdown_text(run.path)}.")
+    state = ("Complete: the run ended and closed its file; the page no longer follows it." if run.complete
+             else "Still being written (or its writer stopped): every complete step is shown.")
+    st.caption(f"{state} Read {markdown_text(run.path)}.")
     _findings(opened)
     return rank, steps
 
@@ -141,7 +159,8 @@ def _norms(opened: Opened, rank: int, steps: Any) -> int:
     column = st.radio("Per module", available_columns(run), horizontal=True, key="train_column",
                       format_func=column_label)
     grid = norm_grid_of(opened, opened.key, column, rank)
-    heat = norm_heatmap(grid, title=f"{column_label(column)} per module and step")
+    heat = norm_heatmap(grid, title=f"{column_label(column)} per module and step",
+                        producer=first_producer(run))
     heat.add_vline(x=step, line={"color": "#D62728", "width": 1, "dash": "dot"})
     st.plotly_chart(heat, width="stretch")
     st.caption("One row per module that holds parameters; a module without any (an activation, a gate with "
@@ -153,10 +172,16 @@ def _norms(opened: Opened, rank: int, steps: Any) -> int:
 def _show(opened: Opened) -> None:
     """Everything about one opened run."""
     run = opened.run
+    _verdict(opened)
     rank, steps = _overview(opened)
     step = _norms(opened, rank, steps)
     st.subheader(f"Modules at step {step:,}")
-    table, config = readable(run.at(step, rank))
+    at = modules_at(run, step, rank)
+    missing = [column_label(c) for c in available_columns(run) if c != "grad_norm" and at[c].isna().all()]
+    if missing:
+        st.caption(f"Not taken at this step: {', '.join(missing)} (a step whose gradients held NaN/Inf "
+                   "records no parameter norm or update ratio).")
+    table, config = readable(at)
     paged_table(table, "train_modules", column_config=config, filter_columns=["module"])
 
     if run.kind == "check":
@@ -166,10 +191,12 @@ def _show(opened: Opened) -> None:
 
 
 def live(upload: Any, path: str) -> None:
-    """The run file, read again on every run of this fragment."""
+    """The run file (read again only when it changed), on every run of this fragment; notes whether
+    it is complete, which ends the following."""
     opened, failed = None, True
     with guarded("reading the run file"):
         opened, failed = open_run(upload, path), False
+    st.session_state["train_complete"] = path if opened is not None and opened.run.complete else None
     if failed:
         return
     if opened is None:
@@ -179,14 +206,23 @@ def live(upload: Any, path: str) -> None:
         _show(opened)
 
 
+def watch_file(path: str, seen: tuple[int, int] | None) -> None:
+    """Every ``REFRESH_S`` while a run is followed: one ``stat`` of the file, and the page runs again
+    only when its size or modification time changed (a run that stands still costs nothing more)."""
+    if file_key(path) != seen:
+        st.rerun(scope="app")
+
+
 def main() -> None:
     st.set_page_config(page_title="Training", layout="wide")
     model_picker()
     _header()
     upload, path, follow = _source()
-    st.fragment(live, run_every=REFRESH_S if follow and upload is None and path.strip() else None)(
-        upload, path
-    )
+    following = follow and upload is None and bool(path.strip())
+    seen = file_key(path) if following else None  # before the read: a write after it is caught
+    st.fragment(live)(upload, path)
+    if following and st.session_state.get("train_complete") != path:  # a complete run is followed no more
+        st.fragment(watch_file, run_every=REFRESH_S)(path, seen)
     with guarded("overlaying runs"):
         overlay_runs("train_overlay")
 

@@ -12,7 +12,14 @@ from inspector.figures import module_change_bars, run_divergence_figure
 from inspector.utils import markdown_text
 from inspector.watching import parse_run_bytes, read_run
 from ui.cache import cached_analysis
-from ui.compare_view import run_module_config, run_step_config, tensor_rows
+from ui.compare_view import (
+    nonfinite_steps,
+    run_module_config,
+    run_module_rows,
+    run_step_config,
+    run_step_rows,
+    tensor_rows,
+)
 from ui.errors import guarded
 from ui.paths import server_source
 from ui.runs import checked_path, overlay_runs, pick_from_folders
@@ -84,7 +91,7 @@ def show_weights(result: WeightComparison) -> None:
     paged_table(tensor_rows(table), key="cmp_tensors")
 
 
-def show_runs(result: RunComparison) -> None:
+def show_runs(result: RunComparison, runs: tuple[object, object] = (None, None)) -> None:
     c1, c2, c3 = st.columns(3)
     c1.metric("Common steps", result.facts["common_steps"])
     c2.metric("First divergence", "none" if result.first_divergence is None else result.first_divergence)
@@ -95,8 +102,9 @@ def show_runs(result: RunComparison) -> None:
     if result.first_modules:
         st.markdown("Modules beyond the tolerance at the first divergence, largest first: "
                     + ", ".join(f"`{markdown_text(m)}`" for m in result.first_modules[:20]))
-    st.plotly_chart(run_divergence_figure(result.steps, result.first_divergence, result.a, result.b),
-                    width="stretch", key="cmp_runs_chart")
+    nonfinite = tuple(None if r is None else nonfinite_steps(r) for r in runs)
+    st.plotly_chart(run_divergence_figure(result.steps, result.first_divergence, result.a, result.b,
+                                          nonfinite=nonfinite), width="stretch", key="cmp_runs_chart")
     st.subheader("Per module")
     st.caption(
         "Each module's recorded numbers in A against B, as the relative difference |B−A| / max(|A|, |B|): "
@@ -104,9 +112,12 @@ def show_runs(result: RunComparison) -> None:
         "difference at the first divergence. Per step below: the same for the loss, the global norm, the "
         "learning rates and every logged number."
     )
-    paged_table(result.modules, key="cmp_run_modules", column_config=run_module_config())
+    paged_table(run_module_rows(result.modules), key="cmp_run_modules", column_config=run_module_config())
     st.subheader("Per step")
-    paged_table(result.steps, key="cmp_steps", column_config=run_step_config(result.steps))
+    every = st.toggle("Every recorded number (learning rates, scale, logged scalars)", key="cmp_steps_all")
+    steps = result.steps if every else result.steps[[c for c in result.steps.columns if c == "step"
+                                                      or c.rpartition("_")[0] in ("loss", "grad_norm")]]
+    paged_table(run_step_rows(steps), key="cmp_steps", column_config=run_step_config(steps))
 
 
 def pick_run(side: str, col) -> object | None:
@@ -133,7 +144,7 @@ def _two_runs() -> None:
         if run_a is None or run_b is None:
             st.info("Choose two run files.")
         else:
-            show_runs(compare_runs(run_a, run_b, tolerance=float(tolerance)))
+            show_runs(compare_runs(run_a, run_b, tolerance=float(tolerance)), (run_a, run_b))
         overlay_runs("cmp_overlay")
 
 

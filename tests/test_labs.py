@@ -151,6 +151,8 @@ WRONG = [
     ("late-overflow", "producer", {"module": "head", "step": 10}),
     ("late-overflow", "producer", {"module": "gate", "step": 11}),
     ("late-overflow", "fix", {"fix": "lower the learning rate tenfold"}),
+    ("late-overflow", "fix", {"fix": "clip every gradient value to ±1"}),  # the overflow is in the forward
+    ("late-overflow", "producer", {"module": "inp", "step": 10}),  # upstream: its output is still finite
     # blocks.0 is the block left out of the optimizer; 8416 = 32 + 32 + 4096 + 128 + 4096 + 32
     ("silent-block", "which", {"module": "blocks.1", "elements": 8416}),
     ("silent-block", "which", {"module": "blocks.0", "elements": 8384}),  # without the LayerNorm

@@ -71,3 +71,53 @@ def test_the_run_tables_are_labelled_short_enough_to_fit():
     assert "max(|A|, |B|)" in run_step_config(steps)["grad_norm_diff"]["help"]
     # a wide table leaves its last columns blank in the grid: every label stays under 25 characters
     assert max(len(v["label"]) for v in run_module_config().values()) < 25
+
+
+def test_a_run_that_went_nan_is_marked_and_no_difference_reads_infinity(tmp_path):
+    import numpy as np
+
+    from inspector.watching import RunMeta, RunWriter, StepRecord
+
+    def write(path, nan_from=None):
+        meta = RunMeta(model="m", world_size=1, every=1, modules=("a", "b"), parameters=("a.w", "b.w"),
+                       parameter_modules=(0, 1))
+        with RunWriter(path, meta) as w:
+            for s in range(10):
+                bad = nan_from is not None and s >= nan_from
+                g = np.array([np.nan, np.nan] if bad else [1.0, 2.0], np.float32)
+                w.write([StepRecord(step=s, rank=0, time=float(s), loss=float("nan") if bad else 1.0,
+                                    grad_norm=float("nan") if bad else 2.0, nonfinite=4 if bad else 0,
+                                    module_grad_norm=g, module_nonfinite=np.array([2, 2] if bad else [0, 0],
+                                                                                  np.int32),
+                                    param_grad_norm=g)])
+        return str(path)
+
+    a, b = write(tmp_path / "a.inspect"), write(tmp_path / "b.inspect", nan_from=6)
+    at = run_page("9_Compare.py", source="sample:tiny-gpt2", query={"run_a": a, "run_b": b})
+    at.radio(key="cmp_mode").set_value("two run files").run()
+    assert not at.exception, [e.value for e in at.exception]
+    chart = next(c for c in at.get("plotly_chart") if "Two runs" in c.proto.spec)
+    import json
+
+    spec = json.loads(chart.proto.spec)
+    marks = [t for t in spec["data"] if t.get("name", "").endswith("NaN/Inf")]
+    assert len(marks) == 2 and all(t["x"] == [6] for t in marks)  # B, on the loss and the norm panels
+    bands = [s for s in spec["layout"]["shapes"] if s["type"] == "rect"]
+    assert [(s["x0"], s["x1"]) for s in bands] == [(5.5, 9.5)] * 2  # one band on each panel
+    modules = next(d.value for d in at.dataframe if "max_diff" in d.value.columns)
+    assert set(modules["max_diff"]) == {"NaN/Inf on one side"}
+    steps = next(d.value for d in at.dataframe if "loss_diff" in d.value.columns)
+    assert steps["loss_diff"].tolist() == ["0"] * 6 + ["NaN/Inf on one side"] * 4
+    assert not any("inf" == str(v).lower() for v in steps.to_numpy().ravel())
+
+
+def test_the_tensor_table_leads_with_what_changed():
+    import pandas as pd
+
+    from ui.compare_view import tensor_rows
+
+    cols = ["name", "name_b", "status", "module", "shape_a", "shape_b", "dtype_a", "dtype_b", "device_a",
+            "device_b", "numel", "rel_change", "max_abs"]
+    frame = pd.DataFrame([["w", "w", "changed", "m", (2,), (2,), "float32", "float32", "cpu", "cpu", 2, 0.5,
+                           1.0]], columns=cols)
+    assert tensor_rows(frame).columns[:4].tolist() == ["name", "status", "rel_change", "max_abs"]

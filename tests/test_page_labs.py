@@ -119,3 +119,26 @@ def test_a_failing_teacher_checker_is_reported_not_raised(tmp_path, monkeypatch)
     assert not at.exception
     assert [e.value for e in at.error] == [
         "The checker of this task failed: ZeroDivisionError: division by zero"]
+
+
+def test_the_late_overflow_findings_stay_hidden_until_the_producer_is_found(monkeypatch):
+    monkeypatch.delenv("INSPECTOR_LABS_DIR", raising=False)
+    at = _page()
+    at.selectbox(key="lab_pick").set_value("late-overflow").run()
+    assert not at.exception
+
+    def tables():
+        return [d.value for d in at.dataframe if "where" in d.value.columns or "module" in d.value.columns]
+
+    assert tables() == []  # neither the findings nor the producer's captures name the answer yet
+    assert sum("Shown once Task 1 is answered right" in c.value for c in at.caption) == 2
+    assert len(at.selectbox(key="lab_late-overflow_fix_fix").options) == 3
+    at.selectbox(key="lab_late-overflow_producer_module").set_value("inp")
+    at.text_input(key="lab_late-overflow_producer_step").input("10")
+    at.button(key="lab_check_late-overflow_producer").click().run()
+    assert any("inp is not where the NaN/Inf was produced (it runs upstream" in e.value for e in at.error)
+    assert tables() == []  # a wrong answer shows nothing more
+    at.selectbox(key="lab_late-overflow_producer_module").set_value("gate")
+    at.button(key="lab_check_late-overflow_producer").click().run()
+    assert any(s.value.startswith("Right: gate") for s in at.success)
+    assert "gate" in set(tables()[0]["where"])  # now the findings show

@@ -46,7 +46,7 @@ def test_page_shows_maps_and_backward_button_fills_gradient_norms():
             m["Frozen elements (holes)"], m["Aliases kept once"]) == ("16", "4,080", "4,080", "0", "1")
     assert m["ok"] == "0" and m["no gradient"] == "16"
     assert len(at.get("plotly_chart")) == 2
-    assert any("element 0 of the 4080-element vector is transformer.wte.weight[0, 0]" in _text(s)
+    assert any("element 0 of the 4,080-element vector is transformer.wte.weight[0, 0]" in _text(s)
                for s in at.success)
     assert (m["Vector shares memory"], m["Restored exactly"]) == ("no", "yes")
     assert "no-gradients" in set(at.dataframe[-1].value["code"])

@@ -34,7 +34,7 @@ def test_report_page_builds_and_offers_every_format():
     if os.access("/usr/bin/chromium", os.X_OK):
         assert any(b.label == "Make PDF" for b in at.button)
     preview = "\n".join(m.value for m in at.markdown)
-    assert "| parameter_elements | 4080 |" in preview  # tiny-gpt2's unique parameter elements
+    assert "| parameter elements | 4,080 |" in preview  # tiny-gpt2's unique parameter elements
     assert "## Alias groups" not in preview
 
 

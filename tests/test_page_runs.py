@@ -90,7 +90,7 @@ def test_a_run_being_written_is_marked_live(runs):
         opt.step()
         at = run_page("8_Training.py")
         assert at.selectbox(key="train_pick").options[0] == "● live · now.inspect"
-        assert at.dataframe[0].value["live"].tolist() == [True, False, False]
+        assert at.dataframe[0].value["state"].tolist() == ["● live", "complete", "complete"]
 
 
 def test_compare_takes_both_runs_by_name(runs):

@@ -230,3 +230,73 @@ def test_the_page_counts_each_code_once_per_episode(growing):
     counts = next(d.value for d in at.dataframe if "count" in d.value.columns).set_index("code")
     assert counts["count"].to_dict() == {"loss-spike": 2, "dead-gradient": 1}
     assert (counts.loc["loss-spike", "first_step"], counts.loc["loss-spike", "last_step"]) == (1, 4)
+
+
+def test_the_page_opens_with_the_first_error_and_a_button_to_its_step(growing):
+    # a loss spike (warning) at step 1, the NaN producer at step 3 and the gradient it poisoned at 3 and 4
+    path, writer = growing
+    spike = Finding("loss-spike", "warning", "(model)", "loss 40x its median").to_dict()
+    nan_grad = Finding("nonfinite-gradient", "error", "head", "gradient holds 12 NaN values").to_dict()
+    producer = Finding("nonfinite-forward", "error", "blocks.0", "produced NaN from finite inputs").to_dict()
+    for step in range(6):
+        writer.write([_record(step, {1: [spike], 3: [nan_grad, producer], 4: [nan_grad]}.get(step))])
+    at = run_page("8_Training.py", query={"run": str(path)})
+    assert not at.exception and not at.error, [e.value for e in at.error]
+    lines = [m.value.replace("\\", "") for m in at.markdown if "First error" in m.value]
+    assert len(lines) == 1 and "step 3 · nonfinite-forward at blocks.0" in lines[0]
+    assert "produced NaN from finite inputs" in lines[0] and "(2 more errors after it)" in lines[0]
+    found = next(d.value for d in at.dataframe if "message" in d.value.columns)
+    assert list(zip(found["step"], found["code"], strict=True)) == [
+        (3, "nonfinite-forward"), (3, "nonfinite-gradient"), (4, "nonfinite-gradient"), (1, "loss-spike")]
+    assert _modules_at(at)[0] == ["Modules at step 5"]
+    at.button(key="train_verdict_go").click().run()
+    assert not at.exception
+    assert at.checkbox(key="train_latest").value is False and at.number_input(key="train_step").value == 3
+    assert _modules_at(at)[0] == ["Modules at step 3"]
+
+
+def test_a_run_without_errors_says_so_first(growing):
+    path, writer = growing
+    spike = Finding("loss-spike", "warning", "(model)", "loss 40x its median").to_dict()
+    writer.write([_record(s, [spike] if s == 1 else None) for s in range(3)])
+    at = run_page("8_Training.py", query={"run": str(path)})
+    said = [m.value for m in at.markdown if "No errors" in m.value]
+    assert said == [":material/warning: No errors; 1 warning."]
+    assert not [b for b in at.button if b.key == "train_verdict_go"]
+
+
+def test_a_real_nan_run_keeps_its_columns_marks_the_producer_and_is_followed_no_more(tmp_path):
+    import torch
+    from torch import nn
+
+    from inspector import watch
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    calls = []
+
+    def poison(module, inputs, output):  # the first Linear's output turns NaN at its 8th call (step 7)
+        calls.append(1)
+        return output * float("nan") if len(calls) == 8 else None
+
+    model[0].register_forward_hook(poison)
+    path = tmp_path / "nan.inspect"
+    with watch(model, opt, path, nonfinite=True, update_ratio=True) as w:
+        for _ in range(10):
+            loss = model(torch.randn(4, 8)).pow(2).mean()
+            loss.backward()
+            w.log(loss=loss)
+            opt.step()
+            opt.zero_grad()
+    at = run_page("8_Training.py", query={"run": str(path)})
+    assert not at.exception and not at.error, [e.value for e in at.error]
+    first = next(m.value for m in at.markdown if "First error" in m.value).replace("\\", "")
+    assert "step 7 · nonfinite-forward at 0 — " in first
+    heat = next(f for f in _figures(at) if f["data"] and f["data"][0]["type"] == "heatmap")
+    layer, star = heat["data"][1], heat["data"][2]
+    assert layer["name"] == "NaN or Inf" and star["y"] == ["0"] and _array(star["x"]) == [7]
+    _, table = _modules_at(at)  # step 9: every gradient NaN, no parameter norm taken, the column kept
+    assert {"param_norm", "update_ratio"} <= set(table.columns) and table["param_norm"].isna().all()
+    assert any("Not taken at this step: parameter norm" in c.value for c in at.caption)
+    assert at.session_state["train_complete"] == str(path)  # complete: no fragment re-runs it any more

@@ -30,6 +30,7 @@ GATES = {
     "get_loaded": "ui.models",
     "load_selection": "ui.sidebar",
     "open_run": "ui.training",
+    "file_key": "ui.training",
     "_previewable": "ui.sidebar",
 }
 # Calls that only show, escape or convert text: a path passed to them opens nothing.

@@ -111,8 +111,8 @@ def test_markdown_has_the_headings_and_the_4080_of_tiny_gpt2(tiny_report):
     headings = [line for line in lines if line.startswith("## ")]
     assert headings[:2] == ["## Findings", "## Summary"]
     assert len(headings) == len(SECTIONS)
-    assert "| parameter_elements | 4080 |" in lines
-    assert "| parameter_elements_with_aliases | 4592 |" in lines
+    assert "| parameter elements | 4,080 |" in lines
+    assert "| parameter elements with aliases | 4,592 |" in lines
     assert "| key | value |" in lines and "| --- | --- |" in lines
     # every table row has as many cells as its header
     for i, line in enumerate(lines):
@@ -231,7 +231,7 @@ def test_cli_writes_each_format(tmp_path, capsys):
     assert "report section summary" in err and f"wrote {out}" in err
     md = tmp_path / "r.md"
     assert main(["report", "sample:tiny-gpt2", "--sections", "summary", "--format", "md", "-o", str(md)]) == 0
-    assert "| parameter_elements | 4080 |" in md.read_text()
+    assert "| parameter elements | 4,080 |" in md.read_text()
     assert main(["report", "sample:tiny-gpt2", "--sections", "bogus", "-o", str(md)]) == 2
     assert "unknown report section" in capsys.readouterr().err
 

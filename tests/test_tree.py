@@ -134,3 +134,13 @@ def test_home_page_tree_lens_search_and_badges():
     assert any("run a backward pass on the Flatten map page" in i.value for i in at.info)
     at.text_input(key="home_tree_search").input("no such module").run()
     assert any("No module name or class contains" in w.value for w in at.warning)
+
+
+def test_one_device_colours_the_tree_by_module_kind(tied):
+    t = module_tree(tied)
+    colours, legend = lens_colours(t, "module kind")
+    kinds = t.modules["cls"].astype(str).tolist()
+    assert len(set(colours)) == len(set(kinds)) > 1  # one colour per class, not all one grey
+    assert all(k in legend for k in set(kinds) if len(set(kinds)) <= 12)
+    at = AppTest.from_file(APP, default_timeout=120).run()  # the default model, on cpu alone
+    assert at.segmented_control(key="home_tree_lens").value == "module kind"

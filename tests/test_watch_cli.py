@@ -58,6 +58,9 @@ def test_findings_print_as_they_appear_and_fail_on_error(tmp_path, monkeypatch, 
     assert main(args) == 0  # the run completed: findings alone do not fail it
     text = capsys.readouterr().out
     assert "step 2 · error · nonfinite-forward at (model)" in text  # the forward itself scaled by Inf
+    summary = text.splitlines()[-2:]  # the end summary opens with the first error
+    assert summary[0].startswith("First error: step 2 · nonfinite-forward at (model) — ") and \
+        summary[1].startswith("4 steps watched; ")
     assert main(args + ["--fail-on", "error"]) == 1
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 
 from inspector import read_run
@@ -41,7 +43,8 @@ def test_the_report_heatmap_shows_dead_and_nonfinite_gradients(tmp_path):
         z is not None and np.isfinite(z[0]).all() and np.isfinite(z[1]).all()
     )  # zero has a colour, not a gap
     assert z[0, 0] < z[1, 0] and np.isnan(z[2]).all()
-    assert marks["name"] == "NaN or Inf" and list(marks["y"]) == ["c"] * 3
+    layer = np.asarray(marks["z"], dtype=np.float64)
+    assert marks["name"] == "NaN or Inf" and (layer == 1).tolist() == [[False] * 3, [False] * 3, [True] * 3]
 
 
 def test_report_of_a_watched_run(tmp_path, capsys):
@@ -55,3 +58,37 @@ def test_report_of_a_watched_run(tmp_path, capsys):
     out = tmp_path / "r.md"
     assert main(["report", str(path), "-o", str(out)]) == 0
     assert "layers.3" in out.read_text()
+
+
+def test_a_run_report_opens_with_the_first_error_and_gives_every_finding_its_step(tmp_path, capsys):
+    from inspector import Finding
+    from inspector.watching import RunMeta, RunWriter, StepRecord
+
+    modules = ("embed", "blocks.0", "head")
+    meta = RunMeta(model="tiny", world_size=1, every=1, modules=modules,
+                   parameters=tuple(f"{m}.weight" for m in modules), parameter_modules=(0, 1, 2))
+    spike = Finding("loss-spike", "warning", "(model)", "loss 40x its median").to_dict()
+    producer = Finding("nonfinite-forward", "error", "blocks.0", "produced NaN from finite inputs").to_dict()
+    path = tmp_path / "r.inspect"
+    with RunWriter(path, meta) as writer:
+        for step in range(5):
+            norms = np.full(3, step + 1.0, np.float32)
+            writer.write([StepRecord(step=step, rank=0, time=float(step), loss=1.0, grad_norm=1.0,
+                                     module_grad_norm=norms, module_nonfinite=np.zeros(3, np.int32),
+                                     param_grad_norm=norms,
+                                     findings={1: [spike], 3: [producer]}.get(step, []))])
+    report = watch_report(read_run(path))
+    first = "First error: step 3 · nonfinite-forward at blocks.0 — produced NaN from finite inputs"
+    assert report.section("findings").note == first
+    assert [(f.code, f.message) for _, f in report.findings] == [
+        ("nonfinite-forward", "step 3: produced NaN from finite inputs"),
+        ("loss-spike", "step 1: loss 40x its median")]
+    md = report.to_markdown().splitlines()
+    assert md[0] == "# Run report: tiny" and not any(" on ." in line for line in md[:3])
+    assert md[md.index("## Findings") + 2] == f"**{first}**"
+    html = report.to_html()
+    assert "<p class=\"verdict\"><strong>First error: step 3 · nonfinite-forward at blocks.0" in html
+    assert " on <code></code>" not in html
+    assert json.loads(report.to_json())["findings"][0]["message"].startswith("step 3: ")
+    assert main(["report", str(path), "-o", str(tmp_path / "r.md")]) == 0
+    assert first in capsys.readouterr().err

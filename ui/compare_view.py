@@ -5,22 +5,66 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import pandas as pd
 import streamlit as st
 
+from inspector.watching import main_steps
+
 TEXT_COLUMNS = ("name_b", "dtype_a", "dtype_b", "device_a", "device_b")
 RELATIVE = "%.4g"
+# what changed leads: the name, then the change columns, then where the tensor lives and what it is
+CHANGE_FIRST = ("name", "status", "rel_change", "max_abs", "diff_norm", "bitwise_equal", "nonfinite_a",
+                "nonfinite_b", "exact_cast", "update_rank")
+ONE_SIDE = "NaN/Inf on one side"
 
 
 def tensor_rows(tensors: pd.DataFrame) -> pd.DataFrame:
-    """The tensor table for people: shapes as ``(32, 16)``, and an empty cell (not "None") where
-    a side does not hold the tensor."""
-    out = tensors.copy()
+    """The tensor table for people: what changed first (``CHANGE_FIRST``), shapes as ``(32, 16)``, and
+    an empty cell (not "None") where a side does not hold the tensor."""
+    out = tensors[[c for c in CHANGE_FIRST if c in tensors.columns]
+                  + [c for c in tensors.columns if c not in CHANGE_FIRST]].copy()
     for col in ("shape_a", "shape_b"):
         out[col] = ["" if v is None or (isinstance(v, float) and v != v) else str(tuple(v)) for v in out[col]]
     for col in TEXT_COLUMNS:
         out[col] = out[col].astype(object).where(out[col].notna(), "")
     return out
+
+
+def relative_text(values: pd.Series) -> list[str]:
+    """Relative differences in words: ``0.1235``, empty where none was taken, and
+    ``NaN/Inf on one side`` where one run's number was not finite (never "inf": the difference of
+    two finite numbers is at most 2)."""
+    return ["" if v != v else ONE_SIDE if v == float("inf") else f"{v:.4g}" for v in values]
+
+
+def run_step_rows(steps: pd.DataFrame) -> pd.DataFrame:
+    """The per-step table of two runs with its relative differences in words (:func:`relative_text`)."""
+    diffs = [c for c in steps.columns if c.endswith("_diff")]
+    return steps.assign(**{c: relative_text(steps[c].astype(float)) for c in diffs})
+
+
+def run_module_rows(modules: pd.DataFrame) -> pd.DataFrame:
+    """The per-module table of two runs with its relative differences in words (:func:`relative_text`)."""
+    out = modules.copy()
+    for col in ("max_diff", "diff_at_divergence"):
+        if col in out.columns:
+            out[col] = relative_text(out[col].astype(float))
+    return out
+
+
+def nonfinite_steps(run: Any) -> np.ndarray:
+    """The steps of ``run`` (its first rank) whose gradient norm or logged loss was NaN/Inf: a NaN
+    gradient norm counts where the step counted values not finite, a NaN loss where it was logged."""
+    steps = main_steps(run)
+    if not len(steps):
+        return np.zeros(0, dtype=np.int64)
+    norm = pd.to_numeric(steps["grad_norm"], errors="coerce").to_numpy(dtype=float)
+    loss = pd.to_numeric(steps["loss"], errors="coerce").to_numpy(dtype=float)
+    counted = pd.to_numeric(steps.get("nonfinite", 0), errors="coerce").fillna(0).to_numpy() > 0
+    logged = steps["loss_logged"].fillna(False).to_numpy(dtype=bool) if "loss_logged" in steps else False
+    bad = np.isinf(norm) | (np.isnan(norm) & counted) | np.isinf(loss) | (np.isnan(loss) & logged)
+    return steps["step"].to_numpy()[bad]
 
 
 def run_module_config() -> dict[str, Any]:
@@ -31,11 +75,11 @@ def run_module_config() -> dict[str, Any]:
         "first_divergence": st.column_config.NumberColumn(
             "first step beyond", format="%d", help="the first step its difference passes the tolerance"
         ),
-        "max_diff": st.column_config.NumberColumn(
-            "largest rel. diff", format=RELATIVE, help=f"the largest {rel}"
+        "max_diff": st.column_config.TextColumn(
+            "largest rel. diff", help=f"the largest {rel} ({ONE_SIDE}: one run's number was not finite)"
         ),
-        "diff_at_divergence": st.column_config.NumberColumn(
-            "rel. diff at divergence", format=RELATIVE, help=f"the {rel} at the first divergence"
+        "diff_at_divergence": st.column_config.TextColumn(
+            "rel. diff at divergence", help=f"the {rel} at the first divergence"
         ),
     }
 
@@ -50,8 +94,8 @@ def run_step_config(steps: pd.DataFrame) -> dict[str, Any]:
             continue
         words = what.replace("_", " ")
         if side == "diff":
-            config[col] = st.column_config.NumberColumn(f"{words} rel. diff", format=RELATIVE,
-                                                        help=f"|B−A| / max(|A|, |B|) of the {words}")
+            config[col] = st.column_config.TextColumn(f"{words} rel. diff",
+                                                      help=f"|B−A| / max(|A|, |B|) of the {words}")
         else:
             config[col] = st.column_config.NumberColumn(f"{words} {side.upper()}", format=RELATIVE)
     return config

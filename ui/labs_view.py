@@ -21,7 +21,7 @@ from inspector.labs import (
     lab_done,
     record_attempt,
 )
-from inspector.utils import grid_frame
+from ui.tables import show_frame
 
 PROGRESS = "labs_progress"
 SCENARIOS = "labs_scenarios"
@@ -62,6 +62,10 @@ def show_views(lab: Lab, scenario: Scenario) -> None:
     cache = st.session_state.setdefault(VIEWS, {}).setdefault(lab.id, {})
     for i, view in enumerate(lab.views):
         with st.expander(view.title, expanded=not view.on_demand):
+            if view.after and not getattr(progress().get(lab.id, {}).get(view.after), "passed", False):
+                number = next((n for n, t in enumerate(lab.tasks, 1) if t.id == view.after), "")
+                st.caption(f"Shown once Task {number} is answered right: this view gives its answer away.")
+                continue
             if view.caption:
                 st.caption(view.caption)
             if view.on_demand and i not in cache:
@@ -85,7 +89,7 @@ def render(value: Any, key: str) -> None:
         for j, v in enumerate(value):
             render(v, f"{key}_{j}")
     elif isinstance(value, pd.DataFrame):
-        st.dataframe(grid_frame(value), hide_index=True, width="stretch")
+        show_frame(value)
     elif hasattr(value, "to_plotly_json"):
         st.plotly_chart(value, key=key)
     elif isinstance(value, str):

@@ -98,6 +98,18 @@ def navigation(home: Callable[[], None]) -> st.navigation:
     return st.navigation(pages)
 
 
+def leave_pages_folder_mode() -> None:
+    """A page opened by its address before ``app.py`` ran once in this server runs the way a plain
+    ``pages/`` folder does: its sidebar lists the file names ("app", the old "Distributed") instead of
+    this navigation. Switch the server to the navigation and run again: ``app.py`` then routes to the
+    same page (both name it by its address)."""
+    from streamlit.runtime.pages_manager import PagesManager
+
+    if PagesManager.uses_pages_directory:
+        PagesManager.uses_pages_directory = False
+        st.rerun()
+
+
 def _redirect(target: str) -> None:
     """An old page address: go to the page that took it over, with the same URL parameters."""
     st.switch_page(target, query_params=dict(st.query_params))

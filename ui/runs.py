@@ -11,9 +11,10 @@ import streamlit as st
 
 from inspector.figures import runs_overlay_figure
 from inspector.runfolders import RunEntry, allowed_run_path, describe, list_runs, runs_dirs
-from inspector.utils import InspectorError, grid_frame, markdown_text
+from inspector.utils import InspectorError, markdown_text
 from inspector.watching import main_steps, read_run
 from ui.errors import guarded
+from ui.tables import show_frame
 from ui.uploads import session_uploads
 
 LIST_TTL_S = 3
@@ -49,6 +50,21 @@ def folder_runs() -> list[RunEntry]:
         return []
 
 
+def runs_table(rows: list[dict[str, object]]) -> pd.DataFrame:
+    """The runs as the table shows them: ``run, state`` (``● live``, ``complete``, or ``stopped``: not
+    closed and not written lately), ``steps``, ``first finding``, ``modified``.
+
+    >>> runs_table([{"run": "a", "live": False, "complete": True, "steps": 10000, "first finding": "",
+    ...              "modified": "2026-01-02 03:04:05"}]).values.tolist()
+    [['a', 'complete', 10000, '', '2026-01-02 03:04:05']]
+    """
+    frame = pd.DataFrame(rows)
+    state = ["● live" if live else "complete" if done else "stopped"
+             for live, done in zip(frame["live"], frame.get("complete", [False] * len(frame)), strict=True)]
+    frame = frame.assign(state=state, steps=frame["steps"].astype("Int64"))
+    return frame[["run", "state", "steps", "first finding", "modified"]]
+
+
 def pick_from_folders(key: str, label: str = "A run from the runs folders", col=st) -> str | None:
     """The path of the run picked by name, or None; a table of every run above the choice."""
     dirs = runs_dirs()
@@ -60,9 +76,9 @@ def pick_from_folders(key: str, label: str = "A run from the runs folders", col=
     if not entries:
         col.info(markdown_text(f"No run files under {', '.join(str(d) for d in dirs)} yet."))
         return None
-    rows = pd.DataFrame([_row(e, str(e.path), e.size, e.modified, e.live) for e in entries])
-    with col.expander(f"{len(entries)} run(s) in the runs folders, newest first", expanded=False):
-        st.dataframe(grid_frame(rows), hide_index=True, width="stretch")
+    rows = runs_table([_row(e, str(e.path), e.size, e.modified, e.live) for e in entries])
+    with st.expander(f"{len(entries)} run(s) in the runs folders, newest first", expanded=False):
+        show_frame(rows)
     by_name = {e.name: e for e in entries}
     choice = col.selectbox(label, list(by_name), index=None, key=key, placeholder="a run by name…",
                            format_func=lambda n: by_name[n].label if n in by_name else n)

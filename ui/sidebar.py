@@ -233,6 +233,9 @@ def model_picker() -> LoadedModel | None:
 
     A failed load shows its message and keeps the previous model, so the page stays usable.
     """
+    from .navigation import leave_pages_folder_mode
+
+    leave_pages_folder_mode()
     install_page_handler()
     sweep_once()
     with st.sidebar:

@@ -17,6 +17,7 @@ CHAR_PX = 8        # width of one character of the grid's 14 px font, rounded up
 CELL_PAD_PX = 30   # cell padding plus room for the sort arrow in the header
 MAX_FIT_PX = 480   # wider text columns scroll inside their cell rather than push the table
 MESSAGE_PX = 560   # width of a findings message column
+MAX_WORD_PX = 300  # a narrowed text column keeps room for a word up to this wide (a module name)
 LINE_PX = 21       # one wrapped line of grid text
 TABLE_PX = 940     # a table wider than this (a wide page at 1440 px) hides its right-hand columns
 
@@ -52,11 +53,13 @@ def fit_columns(df: pd.DataFrame, column_config: dict | None = None) -> dict:
         values = df[col]
         is_int = pd.api.types.is_integer_dtype(values) and not pd.api.types.is_bool_dtype(values)
         header = given.get("label") if isinstance(given, dict) and given.get("label") else col
-        widest = max([len(str(header)), *(len(cell_text(v)) for v in values.head(500))])
+        texts = [cell_text(v) for v in values.head(500)]
+        widest = max([len(str(header)), *map(len, texts)])
         px = widest * CHAR_PX + CELL_PAD_PX
         if not is_int:
             px = min(px, MAX_FIT_PX)
-            text_cols[col] = len(str(header)) * CHAR_PX + CELL_PAD_PX
+            word = max([len(str(header)), *(len(w) for t in texts for w in t.split())])  # a word never breaks
+            text_cols[col] = min(px, word * CHAR_PX + CELL_PAD_PX, MAX_WORD_PX)
         if isinstance(given, dict):
             out[col] = {**given, "width": px}
         elif is_int:
@@ -67,13 +70,14 @@ def fit_columns(df: pd.DataFrame, column_config: dict | None = None) -> dict:
 
 
 def _fit_table(config: dict, text_cols: dict[str, int], first: object = None) -> dict:
-    """Narrow the wide text columns (never below their header, never ``first``, the table's first
-    column, which names each row) until the table fits ``TABLE_PX``, so that the columns on the right
-    are not pushed out of sight."""
+    """Narrow the wide text columns (never below their header or their longest word, never ``first``,
+    the table's first column, which names each row) until the table fits ``TABLE_PX``, so that the
+    columns on the right are not pushed out of sight; :func:`wrap_height` gives their text the lines
+    it then needs."""
     widths = {c: cfg.get("width") for c, cfg in config.items() if isinstance(cfg, dict)}
     total = sum(w for w in widths.values() if isinstance(w, int))
-    give = {c: widths[c] - floor for c, floor in text_cols.items()
-            if c != first and isinstance(widths.get(c), int) and widths[c] > max(floor, 160)}
+    give = {c: widths[c] - max(floor, 120) for c, floor in text_cols.items()
+            if c != first and isinstance(widths.get(c), int) and widths[c] > max(floor, 120)}
     extra = total - TABLE_PX
     if extra <= 0 or not give:
         return config
@@ -102,13 +106,70 @@ def human_bytes(df: pd.DataFrame) -> pd.DataFrame:
     return df.assign(**{str(c): df[c].map(format_bytes) for c in cols})
 
 
+DEVICE_COLUMNS = ("device", "ours", "accelerate")
+TINY = 1e-9  # a float this much smaller than its column's largest value is rounding noise
+
+
+def plain_cells(df: pd.DataFrame) -> pd.DataFrame:
+    """Cells as people read them: empty where a text column holds None or NaN (or their text), a
+    device number as ``1`` (not ``1.0``), and float noise (``-6e-10`` beside values near 1) as 0.
+
+    >>> plain_cells(pd.DataFrame({"device": ["1.0", None, "cpu"], "x": [1.0, -6e-10, 0.5]})).values.tolist()
+    [['1', 1.0], ['', 0.0], ['cpu', 0.5]]
+    """
+    out = df.copy()
+    for col in out.columns:
+        values = out[col]
+        devices = any(str(col).startswith(d) or str(col).endswith(d) for d in DEVICE_COLUMNS)
+        if pd.api.types.is_float_dtype(values) and not devices:
+            top = values.abs().max()
+            if top == top and top > 0:
+                out[col] = values.where(~(values.abs() < top * TINY), 0.0)
+            continue
+        if not (values.dtype == object or pd.api.types.is_string_dtype(values) or devices):
+            continue
+        out[col] = pd.Series([_plain(v, devices) for v in values], index=out.index, dtype=object)
+    return out
+
+
+def _plain(value, device: bool):
+    if value is None or isinstance(value, float) and value != value or value in ("None", "nan"):
+        return ""
+    if device and isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    if device and isinstance(value, str) and value.endswith(".0") and value[:-2].isdigit():
+        return value[:-2]
+    return value
+
+
 def show_frame(df: pd.DataFrame, column_config: dict | None = None, **kwargs) -> None:
-    """``st.dataframe`` with bytes in binary units and every column fitted to its content (see
-    :func:`fit_columns`)."""
+    """``st.dataframe`` with bytes in binary units, plain cells (:func:`plain_cells`) and every column
+    fitted to its content (see :func:`fit_columns`)."""
     kwargs.setdefault("hide_index", True)
     kwargs.setdefault("width", "stretch")
-    df = grid_frame(human_bytes(df))  # names with line breaks or RTL overrides show as escapes
-    st.dataframe(df, column_config=fit_columns(df, column_config), **kwargs)
+    df = grid_frame(plain_cells(human_bytes(df)))  # names with line breaks or RTL overrides show as escapes
+    config = fit_columns(df, column_config)
+    if kwargs.get("row_height") is None:
+        kwargs["row_height"] = wrap_height(df, config)
+    st.dataframe(df, column_config=config, **kwargs)
+
+
+def wrap_height(df: pd.DataFrame, config: dict, max_lines: int = 4) -> int | None:
+    """The row height that lets each text column's longest cell wrap onto the lines its width needs
+    (at most ``max_lines``); None when every cell fits on one line.
+
+    >>> wrap_height(pd.DataFrame({"why": ["merged 2 keys into 1 where a whole module sits on one device"]}),
+    ...             {"why": {"width": 300}})
+    66
+    """
+    lines = 1
+    for col, cfg in config.items():
+        width = cfg.get("width") if isinstance(cfg, dict) else None
+        if col not in df.columns or not isinstance(width, int) or pd.api.types.is_numeric_dtype(df[col]):
+            continue
+        longest = max((len(cell_text(v)) for v in df[col].head(500)), default=0)
+        lines = max(lines, math.ceil(longest * CHAR_PX / max(1, width - CELL_PAD_PX)))
+    return None if lines <= 1 else max(66, min(lines, max_lines) * LINE_PX + 10)
 
 
 def filter_rows(df: pd.DataFrame, text: str, columns: Sequence[str] | None = None) -> pd.DataFrame:
@@ -174,12 +235,22 @@ def findings_table(findings: list[Finding], key: str, *, empty: str = "Nothing t
     st.markdown(" ".join(f":{SEVERITY_BADGE[s]}-badge[{n} {s}{'s' if n != 1 else ''}]"
                          for s, n in counts.items() if n))
     frame = findings_frame(findings)
-    longest = int(frame["message"].str.len().max()) if len(frame) else 0
-    paged_table(frame, key, page_size=20, row_height=message_row_height(longest),
-                column_config={"message": st.column_config.TextColumn(width=MESSAGE_PX)})
+    paged_table(frame, key, page_size=20, **message_layout(frame))
 
 
-def message_row_height(longest: int) -> int | None:
+def message_layout(frame: pd.DataFrame, column_config: dict | None = None) -> dict:
+    """Table settings that show each ``message`` whole: wrapped in the room the other columns (fitted
+    to their text) leave of ``TABLE_PX``, between two thirds of ``MESSAGE_PX`` and ``MESSAGE_PX``."""
+    longest = int(frame["message"].astype(str).str.len().max()) if len(frame) else 0
+    others = fit_columns(frame.drop(columns=["message"], errors="ignore"), column_config)
+    used = sum(c["width"] if isinstance(c.get("width"), int) else 200 for c in others.values()
+               if isinstance(c, dict))
+    width = max(MESSAGE_PX * 2 // 3, min(MESSAGE_PX, TABLE_PX - used))
+    return {"row_height": message_row_height(longest, width),
+            "column_config": {**(column_config or {}), "message": st.column_config.TextColumn(width=width)}}
+
+
+def message_row_height(longest: int, width: int = MESSAGE_PX) -> int | None:
     """A row height that shows a message of ``longest`` characters whole (None: one line is enough).
 
     The grid wraps text only in rows taller than 4rem (64 px), so a wrapping row is at least 66 px.
@@ -187,6 +258,6 @@ def message_row_height(longest: int) -> int | None:
     >>> message_row_height(40), message_row_height(300)
     (None, 115)
     """
-    per_line = (MESSAGE_PX - 16) // 8  # about 7 px per character, and room for wrapping at word ends
+    per_line = (width - 16) // 8  # about 7 px per character, and room for wrapping at word ends
     lines = math.ceil(longest / per_line)
     return None if lines <= 1 else max(66, lines * LINE_PX + 10)

@@ -14,10 +14,10 @@ import streamlit as st
 from inspector import format_bytes, run_report
 from inspector.distributed import rank_issues, unique_findings
 from inspector.figures import NormGrid, grad_norm_figure, memory_figure, run_norm_grid
-from inspector.utils import grid_frame, markdown_text
-from inspector.watching import MODULE_COLUMNS, Run, parse_run_bytes, read_run
+from inspector.utils import InspectorError, grid_frame, markdown_text
+from inspector.watching import MODULE_COLUMNS, Run, ordered_findings, parse_run_bytes, read_run
 from inspector.watching import main_steps as run_main_steps
-from ui.tables import MESSAGE_PX, message_row_height, paged_table
+from ui.tables import message_layout, paged_table
 
 NORM_FORMAT = "%.4g"
 BYTES_COLUMNS = (
@@ -81,6 +81,18 @@ def open_run(upload: Any, path: str) -> Opened | None:
     return _read_path(p, st_.st_size, st_.st_mtime_ns)
 
 
+def file_key(path: str) -> tuple[int, int] | None:
+    """``(size, mtime_ns)`` of the run file at ``path`` (checked against the runs folders), None when
+    it is not there or not allowed: what the Training page compares to follow a run."""
+    from ui.runs import checked_path
+
+    try:
+        stat = os.stat(checked_path(path.strip()))
+    except (OSError, InspectorError):
+        return None
+    return stat.st_size, stat.st_mtime_ns
+
+
 @st.cache_resource(show_spinner=False, max_entries=16)
 def norm_grid_of(_opened: Opened, key: tuple[Any, ...], column: str, rank: int) -> NormGrid:
     """The heatmap's grid of ``column`` on ``rank`` (computed once per file version)."""
@@ -95,18 +107,16 @@ def clear_cache() -> None:
 
 
 def findings_frame(run: Run) -> pd.DataFrame:
-    """Every finding of the run with its step and rank, first step first."""
-    rows = [(f.step, f.rank, f.severity, f.code, f.where, f.message) for f in run.findings]
-    frame = pd.DataFrame(rows, columns=["step", "rank", "severity", "code", "where", "message"])
-    return frame.sort_values("step", kind="stable").reset_index(drop=True)
+    """Every finding of the run with its step and rank, most severe first, then by step
+    (:func:`inspector.watching.ordered_findings`)."""
+    rows = [(f.step, f.rank, f.severity, f.code, f.where, f.message) for f in ordered_findings(run.findings)]
+    return pd.DataFrame(rows, columns=["step", "rank", "severity", "code", "where", "message"])
 
 
 def findings_layout(found: pd.DataFrame) -> dict[str, Any]:
-    """Table settings that show each finding's message whole (wrapped in a wide column)."""
-    longest = int(found["message"].str.len().max()) if len(found) else 0
-    return {"row_height": message_row_height(longest),
-            "column_config": {"message": st.column_config.TextColumn(width=MESSAGE_PX),
-                              "code": st.column_config.TextColumn(width="medium")}}
+    """Table settings that show each finding's message whole: wrapped in the room the other columns
+    (fitted to their text) leave of the page's width, at least ``MESSAGE_PX`` less a third."""
+    return message_layout(found, {"code": st.column_config.TextColumn(width="medium")})
 
 
 def main_steps(opened: Opened) -> pd.DataFrame:
@@ -178,6 +188,17 @@ def available_columns(run: Run) -> list[str]:
     out = [name for name, col in MODULE_COLUMNS.items()
            if name != "nonfinite" and table.num_rows and table.column(col).null_count < table.num_rows]
     return out or ["grad_norm"]
+
+
+def modules_at(run: Run, step: int, rank: int) -> pd.DataFrame:
+    """``run.at(step, rank)`` with a column for every per-module number the run recorded at any step
+    (empty where not taken), so the table keeps its columns at a NaN step."""
+    table = run.at(step, rank)
+    for col in available_columns(run):
+        if col not in table.columns:
+            table[col] = np.nan
+    order = ["module", *MODULE_COLUMNS]
+    return table[[c for c in order if c in table.columns] + [c for c in table.columns if c not in order]]
 
 
 def rank_steps(run: Run, rank: int) -> np.ndarray:

@@ -67,7 +67,9 @@ def model_tree_section(loaded) -> None:
     """Draw the model tree: lens, search, module, the treemap, and the module's tensors."""
     st.subheader("Model tree")
     tree = session_tree(loaded)
-    lens = st.segmented_control("Colour by", LENSES, default="device", key="home_tree_lens") or "device"
+    devices = {d for d in tree.modules["device"].astype(str) if d not in ("none", "mixed", "several")}
+    default = "device" if len(devices) > 1 else "module kind"  # one device would colour every box alike
+    lens = st.segmented_control("Colour by", LENSES, default=default, key="home_tree_lens") or default
     c2, c3 = st.columns([2, 3])
     query = c2.text_input("Search modules", key="home_tree_search", placeholder="attn, mlp.c_fc, Linear…",
                           help="Part of a module name or class; the module list below keeps the matches")

@@ -97,6 +97,7 @@ def run(args: argparse.Namespace) -> int:
         regular_file(args.source, "SOURCE")  # a FIFO or a device is refused before anything opens it
     if is_run_file(args.source) or is_watch_file(args.source):  # a run file of either kind
         report = run_report(read_run(args.source))
+        progress(report.section("findings").note)  # the run's first error, or what it holds instead
     elif str(args.source).endswith(".captures.safetensors"):
         run_file = re.sub(r"(\.rank\d+)?\.captures\.safetensors$", "", str(args.source))
         raise InspectorError(f"{args.source} holds the captures a watched run stored next to its run file; "

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
+import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
@@ -62,10 +64,36 @@ def module_change_bars(modules: pd.DataFrame, depth: int | None = None) -> go.Fi
 RUN_COLOURS = ("#1f77b4", "#ff7f0e")  # run A, run B: the same colour in both panels, as in the legend
 
 
+MAX_BANDS = 20
+Steps = Sequence[int] | np.ndarray
+
+
+def nonfinite_bands(bad: Steps, steps: Steps) -> list[tuple[int, int]]:
+    """The runs of consecutive recorded ``steps`` that are in ``bad``, as (first, last) step pairs; past
+    ``MAX_BANDS`` the rest become one band from the next to the last.
+
+    >>> nonfinite_bands([3, 4, 5, 9], [1, 2, 3, 4, 5, 6, 9])
+    [(3, 5), (9, 9)]
+    """
+    steps = np.asarray(steps)
+    idx = np.searchsorted(steps, np.unique(np.asarray(bad)))
+    if not len(idx):
+        return []
+    cuts = np.flatnonzero(np.diff(idx) > 1)
+    starts, ends = np.r_[idx[0], idx[cuts + 1]], np.r_[idx[cuts], idx[-1]]
+    bands = [(int(steps[s]), int(steps[e])) for s, e in zip(starts, ends, strict=True)]
+    if len(bands) > MAX_BANDS:
+        bands = bands[:MAX_BANDS - 1] + [(bands[MAX_BANDS - 1][0], bands[-1][1])]
+    return bands
+
+
 @escaped_figure
-def run_divergence_figure(steps: pd.DataFrame, first_divergence: int | None = None,
-                          a: str = "A", b: str = "B") -> go.Figure:
-    """Loss and gradient norm of two runs over the steps, a line where they first part."""
+def run_divergence_figure(steps: pd.DataFrame, first_divergence: int | None = None, a: str = "A",
+                          b: str = "B", nonfinite: tuple[Steps | None, Steps | None] = (None, None),
+                          ) -> go.Figure:
+    """Loss and gradient norm of two runs over the steps, a line where they first part, and each run's
+    steps whose loss or gradient norm was NaN/Inf (``nonfinite``: A's and B's) as a shaded band with a
+    mark where it begins, so a line that stops says why."""
     from plotly.subplots import make_subplots
 
     fig = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.08,
@@ -89,10 +117,30 @@ def run_divergence_figure(steps: pd.DataFrame, first_divergence: int | None = No
                 row=row,
                 col=1,
             )
+    for which, label, bad, colour in zip("ab", (a, b), nonfinite, RUN_COLOURS, strict=False):
+        for first, last in nonfinite_bands(bad if bad is not None else [], steps["step"].to_numpy()):
+            fig.add_vrect(x0=first - 0.5, x1=last + 0.5, fillcolor=colour, opacity=0.15, line_width=0)
+            for row, q in ((1, "loss"), (2, "grad_norm")):
+                fig.add_trace(go.Scatter(
+                    x=[first], y=[_last_finite(steps, f"{q}_{which}", first)], mode="markers",
+                    marker={"symbol": "x", "size": 11, "color": colour}, name=f"{plot_text(label)}: NaN/Inf",
+                    legendgroup=f"nan-{which}", showlegend=row == 1,
+                    hovertemplate=f"{plot_text(label)} not finite, steps {first:,}–{last:,}<extra></extra>"),
+                    row=row, col=1)
     if first_divergence is not None:
         fig.add_vline(x=first_divergence, line={"color": UNCHANGED, "dash": "dot"})
-        fig.add_annotation(x=first_divergence, y=1, yref="paper", text=f"diverge at step {first_divergence}",
-                           showarrow=False, yshift=10, font={"color": UNCHANGED})
+        fig.add_annotation(x=first_divergence, y=1, yref="paper",
+                           text=f"diverge at step {first_divergence:,}", showarrow=False, yshift=10,
+                           font={"color": UNCHANGED})
     fig.update_layout(height=460, margin={"l": 60, "r": 20, "t": 60, "b": 40}, title="Two runs side by side")
     fig.update_xaxes(title_text="step", row=2, col=1)
     return fig
+
+
+def _last_finite(steps: pd.DataFrame, col: str, before: int) -> float:
+    """The last finite value of ``col`` up to step ``before`` (where a line that stops stopped), else 0."""
+    if col not in steps.columns:
+        return 0.0
+    up_to = pd.to_numeric(steps.loc[steps["step"] <= before, col], errors="coerce").to_numpy(dtype=float)
+    finite = up_to[np.isfinite(up_to)]
+    return float(finite[-1]) if len(finite) else 0.0

@@ -17,15 +17,16 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
-from ..utils.escaping import escaped_figure
+from ..utils.escaping import escaped_figure, plot_text
+from ..utils.labels import module_label
 
 # The figures along the steps (lines, findings timeline) live in training_steps.py; their names stay
 # importable from here.
 from .training_steps import MAX_LINE_POINTS as MAX_LINE_POINTS
-from .training_steps import MAX_MARKS, step_axis
 from .training_steps import envelope as envelope
 from .training_steps import findings_timeline as findings_timeline
 from .training_steps import loss_norm_figure as loss_norm_figure
+from .training_steps import step_axis
 
 MAX_ROWS, MAX_COLS = 120, 300
 
@@ -49,6 +50,14 @@ class NormGrid:
     steps_per_bin: int
     modules: int
     step_count: int
+    names: tuple[str, ...] = ()  # every module, in row order (``rows_per_bin`` of them per row)
+
+    def cell_of(self, module: str, step: int) -> tuple[int, int] | None:
+        """The (row, column) of ``module`` at ``step``, or None when the module has no row."""
+        if module not in self.names or not len(self.steps):
+            return None
+        col = max(0, int(np.searchsorted(self.steps, step, side="right")) - 1)
+        return self.names.index(module) // self.rows_per_bin, col
 
 
 def _codes(values: pd.Series) -> tuple[np.ndarray, np.ndarray]:
@@ -159,16 +168,8 @@ def bin_matrix(
     if np.isfinite(values).all():  # the usual run: no copy, nothing to mark
         out = _reduce(values, cb, rb, np.maximum, -np.inf).T.astype(np.float64)
         marks = np.zeros(out.shape, dtype=bool)
-        return NormGrid(
-            _bin_labels(np.asarray(modules, dtype=object), rb),
-            np.asarray(steps)[::cb],
-            out,
-            marks,
-            rb,
-            cb,
-            n_rows,
-            n_cols,
-        )
+        return NormGrid(_bin_labels(np.asarray(modules, dtype=object), rb), np.asarray(steps)[::cb], out,
+                        marks, rb, cb, n_rows, n_cols, tuple(str(m) for m in modules))
     bad = np.isinf(values)
     if nonfinite is not None:
         bad |= nonfinite & np.isnan(values)
@@ -179,7 +180,7 @@ def bin_matrix(
     out[out == -np.inf] = np.nan
     marks = _reduce(bad, cb, rb, np.logical_or, False).T
     return NormGrid(_bin_labels(np.asarray(modules, dtype=object), rb), np.asarray(steps)[::cb], out, marks,
-                    rb, cb, n_rows, n_cols)
+                    rb, cb, n_rows, n_cols, tuple(str(m) for m in modules))
 
 
 def _log_ticks(lo: float, hi: float) -> tuple[list[float], list[str]]:
@@ -223,9 +224,15 @@ def run_norm_grid(run: Any, column: str = "grad_norm", rank: int = 0, *, max_row
     )
 
 
+NONFINITE_COLOUR, PRODUCER_COLOUR = "#D62728", "#FFFFFF"
+
+
 @escaped_figure
-def norm_heatmap(grid: NormGrid, title: str = "Gradient norm per module and step") -> go.Figure:
-    """The grid as a heatmap with a log colour scale; nonfinite cells marked with a red ×.
+def norm_heatmap(grid: NormGrid, title: str = "Gradient norm per module and step",
+                 producer: tuple[str, int] | None = None) -> go.Figure:
+    """The grid as a heatmap with a log colour scale; every cell that held NaN or Inf painted red by
+    a second heatmap layer (one cell per binned cell, so any size of run is marked whole), and the
+    ``producer`` (module, step: the first ``nonfinite-forward``) marked with a star.
 
     The colours span the smallest to the largest nonzero norm; a zero norm (a dead gradient)
     takes the bottom colour, a decade below the smallest nonzero norm, labelled 0.
@@ -258,12 +265,23 @@ def norm_heatmap(grid: NormGrid, title: str = "Gradient norm per module and step
             + "<br>norm %{customdata:.4g}<extra></extra>",
         )
     )
-    rr, cc = np.nonzero(grid.nonfinite)
-    if rr.size:
-        keep = np.argsort(cc, kind="stable")[:MAX_MARKS]
-        fig.add_trace(go.Scatter(x=x[cc[keep]], y=[grid.labels[i] for i in rr[keep]], mode="markers",
-                                 marker={"symbol": "x", "color": "#D62728", "size": 7}, name="NaN or Inf",
+    keys = []
+    if grid.nonfinite.any():
+        layer = np.where(grid.nonfinite, 1.0, np.nan).astype(np.float32)
+        fig.add_trace(go.Heatmap(z=layer, x=x, y=grid.labels,
+                                 name="NaN or Inf", colorscale=[[0, NONFINITE_COLOUR], [1, NONFINITE_COLOUR]],
+                                 zmin=0, zmax=1, showscale=False, hoverongaps=False,
                                  hovertemplate="%{y}<br>step %{x}<br>NaN or Inf<extra></extra>"))
+        keys.append(f"<span style='color:{NONFINITE_COLOUR}'>■</span> NaN or Inf")
+    cell = grid.cell_of(*producer) if producer else None
+    if producer and cell is not None:
+        fig.add_trace(go.Scatter(x=[x[cell[1]]], y=[grid.labels[cell[0]]], mode="markers", name="producer",
+                                 marker={"symbol": "star", "size": 15, "color": PRODUCER_COLOUR,
+                                         "line": {"color": "#000000", "width": 1.5}},
+                                 hovertemplate=f"%{{y}}<br>step {producer[1]:,}<br>first produced NaN/Inf"
+                                               "<extra></extra>"))
+    if producer:
+        keys.append(f"★ first NaN/Inf from {plot_text(module_label(producer[0]))} at step {producer[1]:,}")
     per = [f"{grid.rows_per_bin} modules" if grid.rows_per_bin > 1 else "",
            f"{grid.steps_per_bin} steps" if grid.steps_per_bin > 1 else ""]
     note = " and ".join(p for p in per if p)
@@ -272,7 +290,11 @@ def norm_heatmap(grid: NormGrid, title: str = "Gradient norm per module and step
         xaxis_title=f"step ({grid.step_count:,} recorded)", yaxis_title=f"module ({grid.modules:,})",
         yaxis={"autorange": "reversed", "automargin": True, "type": "category"},  # modules "0", "2": names
         xaxis=step_axis(float(x[0]), float(x[-1])) if len(x) else {"automargin": True},
-        height=int(min(900, max(320, 14 * len(grid.labels) + 140))), showlegend=bool(rr.size),
-        legend={"orientation": "h", "y": 1.02, "yanchor": "bottom", "x": 1, "xanchor": "right"},
-        margin={"l": 60, "r": 20, "t": 60, "b": 50})
+        height=int(min(1_700, max(320, 13 * len(grid.labels) + 160))), showlegend=False,
+        margin={"l": 60, "r": 20, "t": 80, "b": 50})
+    if len(grid.labels) > 60:
+        fig.update_yaxes(tickfont={"size": 10})
+    if keys:  # the key sits above the plot, outside it: the module labels keep their room
+        fig.add_annotation(text=" · ".join(keys), xref="paper", yref="paper", x=1, y=1, xanchor="right",
+                           yanchor="bottom", showarrow=False, font={"size": 12})
     return fig

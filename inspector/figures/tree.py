@@ -21,6 +21,7 @@ RED = "#D62728"
 STATES = {"captured": "#54A24B", "mutated after capture": "#E45756", "not captured": "#D9D9D9"}
 LENS_COLUMN = {
     "device": "device",
+    "module kind": "cls",
     "dtype": "dtype",
     "gradient norm": "grad_norm",
     "alias group": "alias_group",
@@ -101,7 +102,8 @@ def module_tree_figure(tree: ModuleTree, lens: str = "device", focus: str = "", 
 
     Args:
         tree: :func:`inspector.module_tree` of the model.
-        lens: ``"device"``, ``"dtype"``, ``"gradient norm"``, ``"alias group"`` or ``"captured"``.
+        lens: ``"device"``, ``"module kind"`` (the class), ``"dtype"``, ``"gradient norm"``,
+            ``"alias group"`` or ``"captured"``.
         focus: module name the figure starts zoomed on and outlines in red (``""``: the whole model);
             one without bytes of its own opens at its nearest ancestor that has some.
         max_depth: levels drawn at once below the focus (click a box to go deeper).
@@ -131,7 +133,7 @@ def module_tree_figure(tree: ModuleTree, lens: str = "device", focus: str = "", 
         hovertext=[_hover(r) for r in m.itertuples()],
         hoverinfo="text",
         maxdepth=max_depth,
-        pathbar=dict(visible=True),
+        pathbar=dict(visible=True, thickness=22, textfont=dict(size=13)),
         tiling=dict(pad=2),
         textinfo="label",
         **({"level": plot_text(node_id(start))} if start else {}),
@@ -139,7 +141,7 @@ def module_tree_figure(tree: ModuleTree, lens: str = "device", focus: str = "", 
     # Every value above is built here from known types: plotly's per-element validation of ~1,000
     # colours and labels would take most of the time on a 70B model.
     fig = go.Figure(data=[trace], _validate=False)
-    fig.update_layout(height=height, margin=dict(t=10, l=5, r=5, b=40),
+    fig.update_layout(height=height, margin=dict(t=24, l=5, r=5, b=40),
                       annotations=[dict(text=f"{plot_text(lens)}: {legend}", showarrow=False, x=0, y=-0.02,
                                         xref="paper", yref="paper", xanchor="left", yanchor="top")])
     return fig

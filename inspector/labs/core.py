@@ -174,6 +174,7 @@ class View:
     build: Callable[[Scenario], Any]
     caption: str = ""
     on_demand: bool = False
+    after: str = ""  # a task id: the view names that task's answer, so it shows once the task is passed
 
 
 @dataclass(frozen=True)

@@ -70,7 +70,7 @@ class GatedNet(nn.Module):
         self.head = nn.Linear(16, 1)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # (B, 8) -> (B, 1)
-        return self.head(self.gate(self.inp(x)))
+        return self.head(self.gate(self.inp(x)))  # inp runs first, then gate, then head
 
 
 def _inputs(batch_size: int) -> torch.Tensor:
@@ -123,8 +123,16 @@ def check_producer(scenario: Scenario, answers: Mapping[str, Any]) -> CheckResul
     evidence = (f"watch: nonfinite-forward at {found.where}, step {found.step}",)
     wrong = []
     if answers["module"] != found.where:
-        wrong.append(f"{answers['module']} is not where the NaN/Inf was produced (a module downstream only "
-                     "passes it on; look for finite inputs and a non-finite output)")
+        order = module_names(scenario)
+        picked = answers["module"]
+        if picked == ROOT_LABEL:
+            why = "the model as a whole only returns what one of its modules produced"
+        elif picked in order and found.where in order and order.index(picked) < order.index(found.where):
+            why = "it runs upstream, before the producer, and its output was still finite"
+        else:
+            why = "a module downstream only passes it on"
+        wrong.append(f"{picked} is not where the NaN/Inf was produced ({why}; look for finite inputs and a "
+                     "non-finite output)")
     if answers["step"] != found.step:
         wrong.append(f"step {answers['step']} is not the first step with a non-finite output")
     if wrong:
@@ -134,7 +142,7 @@ def check_producer(scenario: Scenario, answers: Mapping[str, Any]) -> CheckResul
     )
 
 
-FIXES = ("use torch.softmax", "lower the learning rate tenfold")
+FIXES = ("use torch.softmax", "lower the learning rate tenfold", "clip every gradient value to ±1")
 
 
 def check_fix(scenario: Scenario, answers: Mapping[str, Any]) -> CheckResult:
@@ -147,7 +155,10 @@ def check_fix(scenario: Scenario, answers: Mapping[str, Any]) -> CheckResult:
         if fix == "use torch.softmax":
             model.gate.stable = True
             result = watch_training(model, folder)
-        else:  # the learning rate tenfold lower
+        else:  # the learning rate tenfold lower, or every gradient value clipped to ±1 as it is computed
+            clipped = fix == FIXES[2]
+            for p in model.parameters() if clipped else ():
+                p.register_hook(lambda g: g.clamp(-1.0, 1.0))
             result = train_watched(
                 model,
                 _inputs,
@@ -155,7 +166,7 @@ def check_fix(scenario: Scenario, answers: Mapping[str, Any]) -> CheckResult:
                 STEPS,
                 Path(folder) / "run.inspect",
                 optimizer="sgd",
-                lr=0.001,
+                lr=0.01 if clipped else 0.001,
                 batch_size=16,
                 nonfinite=True,
                 before_step=_sharpen,
@@ -216,9 +227,10 @@ LAB = Lab(
     ),
     views=(
         View("Loss and gradient norm per step", _steps, "From the watch's run file."),
-        View("Findings of the watch", _findings, "Each at the step it first appeared."),
+        View("Findings of the watch", _findings, "Each at the step it first appeared.", after="producer"),
         View("Inputs and outputs of the producer", _captures,
-             "Copied by the watch when the module first produced NaN/Inf (stored next to the run file)."),
+             "Copied by the watch when the module first produced NaN/Inf (stored next to the run file).",
+             after="producer"),
     ),
     solution=SOLUTION,
 )

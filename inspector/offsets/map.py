@@ -194,9 +194,9 @@ class Location:
     def describe(self) -> str:
         idx = ", ".join(str(i) for i in self.element)
         alias = f" (also {', '.join(self.aliases)})" if self.aliases else ""
-        return (f"element {self.index} of the {self.total}-element vector is {self.name}[{idx}]"
-                f"{alias}: element {self.offset} of its {self.end - self.start} "
-                f"(range {self.start}..{self.end - 1}, shape {tuple(self.shape)})")
+        return (f"element {self.index:,} of the {self.total:,}-element vector is {self.name}[{idx}]"
+                f"{alias}: element {self.offset:,} of its {self.end - self.start:,} "
+                f"(range {self.start:,}..{self.end - 1:,}, shape {tuple(self.shape)})")
 
 
 def locate(model: nn.Module | pd.DataFrame, index: int, trainable_only: bool = False) -> Location:

@@ -13,7 +13,7 @@ from datetime import UTC, datetime
 import pandas as pd
 
 from ..runfiles import DistributedRun, rank_issues, records_of, unique_findings
-from ..watching import Run, read_run
+from ..watching import Run, StepFinding, read_run, verdict
 from .data import Section, Table, make_figure
 from .model import Report
 
@@ -67,9 +67,15 @@ def _check_report(run: DistributedRun) -> Report:
         model={"name": run.path, "source": run.path, "device": run.backend, "dtype": None, "checkpoint": None,
                "class": "distributed run"},
         options={"world_size": run.world_size},
-        sections=(Section("findings", "Findings"), overview, *ranks, tensors),
+        sections=(Section("findings", "Findings", note=_verdict_line(run)), overview, *ranks, tensors),
         created=datetime.now(UTC).isoformat(timespec="seconds"),
         environment={"backend": run.backend})
+
+
+def _verdict_line(run: DistributedRun) -> str:
+    """The run's first error (the first step each finding was seen at), as the report opens with."""
+    return verdict(StepFinding(min(steps), None, f.code, f.severity, f.where, f.message)
+                   for steps, f in unique_findings(run)).line()
 
 
 def _rank_section(run: DistributedRun, rank: int) -> Section:

@@ -12,7 +12,7 @@ from typing import Any, Protocol
 
 from ..utils.escaping import markdown_text, visible_text
 from ..utils.findings import Finding, InspectorError
-from ..utils.units import format_bytes
+from ..utils.units import format_bytes, format_count
 from .data import Section, Table
 from .options import DEFAULT_OPTIONS, SECTION_TITLES
 
@@ -48,6 +48,7 @@ def _environment_jinja() -> Any:
                              undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True,
                              finalize=_visible)
     env.filters["cell"] = display_value
+    env.filters["key"] = display_key
     return env
 
 
@@ -65,12 +66,26 @@ def is_bytes_key(column: Any) -> bool:
     return text in ("bytes", "nbytes") or text.endswith("_bytes") or text.startswith("bytes_")
 
 
+def is_count_key(column: Any) -> bool:
+    """Whether a column or fact counts elements or parameters (``parameter_elements``, ``numel``)."""
+    text = str(column)
+    return "elements" in text or "numel" in text
+
+
+def display_key(key: Any) -> str:
+    """A fact's key as words: ``parameter_elements`` reads ``parameter elements``."""
+    return str(key).replace("_", " ")
+
+
 def display_value(value: Any, column: Any = "") -> str:
     """How a table cell reads for people: lists joined by commas, None as empty, byte counts in
-    binary units, big counts with thousands separators (the JSON keeps the exact numbers).
+    binary units, counts with thousands separators, and an element count of a million or more also
+    in words (the JSON keeps the exact numbers).
 
-    >>> display_value(155_171_243_763, "bytes"), display_value(4592), display_value(68_976_648_192)
-    ('144.5 GiB', '4592', '68,976,648,192')
+    >>> display_value(155_171_243_763, "bytes"), display_value(4592), display_value(262_144_000)
+    ('144.5 GiB', '4,592', '262,144,000')
+    >>> display_value(68_976_648_192, "parameter_elements")
+    '69.0 billion (68,976,648,192)'
     """
     if value is None:
         return ""
@@ -78,7 +93,9 @@ def display_value(value: Any, column: Any = "") -> str:
         return "yes" if value else "no"
     if isinstance(value, int) and is_bytes_key(column):
         return format_bytes(value)
-    if isinstance(value, int) and abs(value) >= 10_000:
+    if isinstance(value, int) and is_count_key(column) and abs(value) >= 1_000_000:
+        return f"{format_count(value)} ({value:,})"
+    if isinstance(value, int) and abs(value) >= 1_000:
         return f"{value:,}"
     if isinstance(value, list):
         return ", ".join(display_value(v) for v in value)
@@ -107,11 +124,16 @@ def render_html(report: Rendered) -> str:
                             "layout": f.figure.get("layout", {})})
     template = _environment_jinja().get_template("report.html.j2")
     return template.render(
-        report=report, findings=report.findings, titles=SECTION_TITLES,
+        report=report, report_kind=report_kind(report), findings=report.findings, titles=SECTION_TITLES,
         figure_count=len(figures),
         plotlyjs=markupsafe.Markup(get_plotlyjs()) if figures else "",
         figures_json=markupsafe.Markup(_script_json(figures)),
     )
+
+
+def report_kind(report: Rendered) -> str:
+    """``Run report`` for a run file's report, else ``Model report``."""
+    return "Run report" if str(report.model.get("class", "")).endswith(" run") else "Model report"
 
 
 def _md(value: Any, column: Any = "") -> str:
@@ -125,8 +147,10 @@ def _md_table(table: Table, max_rows: int) -> list[str]:
     lines = ["| " + " | ".join(_md(c) for c in table.columns) + " |",
              "|" + "|".join(" --- " for _ in table.columns) + "|"]
     for row in table.rows[:max_rows]:
-        keys = (row[0], row[0]) if table.columns == ("key", "value") else table.columns  # a fact names itself
-        lines.append("| " + " | ".join(_md(v, c) for v, c in zip(row, keys, strict=True)) + " |")
+        if table.columns == ("key", "value"):  # a fact names itself, in words
+            lines.append(f"| {markdown_text(display_key(row[0]))} | {_md(row[1], row[0])} |")
+            continue
+        lines.append("| " + " | ".join(_md(v, c) for v, c in zip(row, table.columns, strict=True)) + " |")
     if len(table.rows) > max_rows:
         lines.append("")
         lines.append(f"_{len(table.rows) - max_rows} more rows in the JSON or HTML report._")
@@ -137,14 +161,15 @@ def render_markdown(report: Rendered) -> str:
     """The report as Markdown: one heading per section, pipe tables, figures as tables."""
     max_rows = int(report.options.get("max_rows") or DEFAULT_OPTIONS["max_rows"])
     m = report.model
-    out = [f"# Model report: {_md(m.get('name'))}", "",
-           f"Source {_md(m.get('source'))} on {_md(m.get('device'))}"
+    out = [f"# {report_kind(report)}: {_md(m.get('name'))}", "",
+           f"Source {_md(m.get('source'))}" + (f" on {_md(m.get('device'))}" if m.get("device") else "")
            + (f", dtype {_md(m.get('dtype'))}" if m.get("dtype") else "")
            + (f", checkpoint {_md(m.get('checkpoint'))}" if m.get("checkpoint") else "")
            + f". Created {_md(report.created)}; schema {_md(report.schema_version)}.", ""]
     for s in report.sections:
         out += [f"## {_md(s.title)}", ""]
         if s.id == "findings":
+            out += [f"**{_md(s.note)}**", ""] if s.note else []
             pairs = report.findings
             if not pairs:
                 out += ["No findings.", ""]

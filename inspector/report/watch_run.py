@@ -11,7 +11,8 @@ from datetime import UTC, datetime
 import numpy as np
 import pandas as pd
 
-from ..watching import Run, first_findings, main_steps, producer_of
+from ..utils.findings import Finding
+from ..watching import Run, StepFinding, first_producer, main_steps, ordered_findings, producer_of, verdict
 from .data import ReportFigure, Section, Table, make_figure
 from .model import Report
 
@@ -48,14 +49,21 @@ def _captures_section(run: Run) -> Section | None:
                    "rank": rank, "bytes": caps.total_bytes}, tables=tables)
 
 
+def _with_step(f: StepFinding) -> Finding:
+    """The finding as the report lists it: its message opens with the step (and rank) it began at."""
+    at = f"step {f.step:,}" + (f", rank {f.rank}" if f.rank else "")
+    return Finding(f.code, f.severity, f.where, f"{at}: {f.message}")  # type: ignore[arg-type]
+
+
 def watch_report(run: Run) -> Report:
     """Sections ``findings``, ``run``, ``modules`` of one watched run (see :func:`inspector.read_run`),
     and ``captures`` when the run stored a ``nonfinite-forward`` producer's inputs and outputs."""
     from ..figures import loss_norm_figure, norm_heatmap, run_norm_grid
 
-    found = first_findings(run)
+    found = ordered_findings(run)
     steps = run.steps
-    by_step = Table("Findings by step", ("step", "rank", "code", "severity", "where", "message"),
+    by_step = Table("Findings, most severe first, then by step",
+                    ("step", "rank", "code", "severity", "where", "message"),
                     tuple((f.step, f.rank, f.code, f.severity, f.where, f.message) for f in found))
     columns = [c for c in steps.columns if c not in ("time", "loss_logged") and not steps[c].isna().all()]
     facts = {
@@ -74,7 +82,8 @@ def watch_report(run: Run) -> Report:
     if len(steps):
         figures += (make_figure("Loss and gradient norm", loss_norm_figure(main_steps(run))),)
     if len(steps) and run.module_order:
-        figures += (make_figure("Gradient norm per module and step", norm_heatmap(run_norm_grid(run))),)
+        heat = norm_heatmap(run_norm_grid(run), producer=first_producer(run))
+        figures += (make_figure("Gradient norm per module and step", heat),)
     overview = Section(
         "run",
         "Watched run",
@@ -88,9 +97,9 @@ def watch_report(run: Run) -> Report:
             by_step,
         ),
         figures=figures,
-        findings=tuple(f.finding for f in found),
+        findings=tuple(_with_step(f) for f in found),
     )
-    sections = [Section("findings", "Findings"), overview]
+    sections = [Section("findings", "Findings", note=verdict(found).line()), overview]
     if len(steps) and run.module_order:
         step = _focus_step(run)
         sections.append(Section("modules", f"Modules at step {step}",

@@ -98,17 +98,19 @@ def first_finding(run: Run) -> StepFinding | None:
 
 def describe(entry: RunEntry) -> dict[str, object]:
     """One row of the runs table: name, live, modified, steps so far, the first finding (or why
-    the file cannot be read)."""
+    the file cannot be read), and whether the run is complete (its writer closed the file)."""
     row: dict[str, object] = {"run": entry.name, "live": entry.live,
                               "modified": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(entry.modified))}
     try:
         run = read_run(entry.path)
         f = first_finding(run)
         row["steps"] = int(run.steps["step"].nunique()) if len(run.steps) else 0
-        row["first finding"] = f"step {f.step}: {f.code} at {module_label(f.where)}" if f else ""
+        row["first finding"] = f"step {f.step:,}: {f.code} at {module_label(f.where)}" if f else ""
+        row["complete"] = run.complete
     except InspectorError as exc:
         row["steps"] = None
         row["first finding"] = f"unreadable: {exc}"
+        row["complete"] = False
     return row
 
 

@@ -21,7 +21,7 @@ from ..offsets import ROOT, GradientNorms
 from ..utils.checks import require_module
 from ..utils.labels import ROOT_LABEL
 
-LENSES = ("device", "dtype", "gradient norm", "alias group", "captured")
+LENSES = ("device", "module kind", "dtype", "gradient norm", "alias group", "captured")
 MODULE_COLUMNS = ["id", "parent", "label", "cls", "depth", "bytes", "tensors", "device", "dtype",
                   "grad_norm", "alias_group", "captured"]
 TENSOR_COLUMNS = ["name", "module", "kind", "shape", "dtype", "device", "bytes", "requires_grad",

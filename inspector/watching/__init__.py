@@ -38,7 +38,15 @@ from ..runfiles import (
 from ..runfiles.captured import captures_path, load_captures, producer_of, read_captures, save_captures
 from ..runfiles.columns import FORMAT, VERSION
 from .core import Watch, WatchResult, watch
-from .summary import finding_counts, first_findings, main_steps
+from .summary import (
+    Verdict,
+    finding_counts,
+    first_findings,
+    first_producer,
+    main_steps,
+    ordered_findings,
+    verdict,
+)
 from .synthetic import synthetic_run
 from .train import OPTIMIZERS, make_optimizer, train_watched
 
@@ -64,6 +72,10 @@ __all__ = [
     "watch",
     "finding_counts",
     "first_findings",
+    "ordered_findings",
+    "first_producer",
+    "verdict",
+    "Verdict",
     "main_steps",
     "OPTIMIZERS",
     "make_optimizer",

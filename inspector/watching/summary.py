@@ -1,12 +1,17 @@
-"""Run files reduced for display: the steps to draw, each finding once per episode, counts per code."""
+"""Run files reduced for display: the steps to draw, each finding once per episode, counts per code,
+and the verdict a page, a report or the terminal opens with (the first error)."""
 
 from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
 
 import pandas as pd
 
 from ..runfiles.tables import Run, StepFinding
 from ..utils.codes import recurs
-from ..utils.findings import episode_starts
+from ..utils.findings import SEVERITY_ORDER, episode_starts
+from ..utils.labels import module_label
 
 RECUR_AFTER = 5  # steps a recurring finding of a check_step file must be away before it counts again
 
@@ -51,3 +56,66 @@ def finding_counts(run: Run) -> pd.DataFrame:
     counts = frame.groupby(["code", "severity"], sort=False)["step"].agg(["count", "min", "max"])
     counts = counts.rename(columns={"min": "first_step", "max": "last_step"}).reset_index()
     return counts.sort_values("count", ascending=False, kind="stable").reset_index(drop=True)
+
+
+CAUSES_FIRST = ("nonfinite-forward",)  # at one step, the module that produced a NaN/Inf leads
+
+
+def ordered_findings(findings: Run | Iterable[StepFinding]) -> list[StepFinding]:
+    """Findings most severe first (error, warning, info), then by step; at one step a
+    ``nonfinite-forward`` (the producer) leads, the rest keep their order. A :class:`Run` gives its
+    :func:`first_findings` (each once per episode)."""
+    found = first_findings(findings) if isinstance(findings, Run) else list(findings)
+    return sorted(found, key=lambda f: (SEVERITY_ORDER.get(f.severity, len(SEVERITY_ORDER)), f.step,
+                                        f.code not in CAUSES_FIRST))
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What a run comes to, in one line: its first error (``first``, None when there is none) and
+    how many findings of each severity began in it."""
+
+    first: StepFinding | None
+    counts: dict[str, int]
+
+    def line(self) -> str:
+        """``First error: step 150 · nonfinite-forward at h.1.mlp.c_fc — <what happened>``, or what
+        the run holds instead (warnings only, information only, nothing)."""
+        f = self.first
+        if f is not None:
+            at = f" rank {f.rank}" if f.rank else ""
+            more = self.counts.get("error", 0) - 1
+            tail = f" ({more:,} more error{'s' if more != 1 else ''} after it)" if more > 0 else ""
+            where = module_label(f.where)
+            return f"First error: step {f.step:,}{at} · {f.code} at {where} — {f.message}{tail}"
+        warnings, infos = self.counts.get("warning", 0), self.counts.get("info", 0)
+        if warnings:
+            return f"No errors; {warnings:,} warning{'s' if warnings != 1 else ''}" + (
+                f" and {infos:,} information finding{'s' if infos != 1 else ''}." if infos else ".")
+        if infos:
+            return f"No errors or warnings; {infos:,} information finding{'s' if infos != 1 else ''}."
+        return "No findings: nothing went wrong at any recorded step."
+
+
+def verdict(findings: Run | Iterable[StepFinding]) -> Verdict:
+    """The first error of a run (or of a watch's ``result.findings``) and the count of each severity.
+
+    >>> import tempfile, pathlib
+    >>> from inspector.watching import read_run, synthetic_run
+    >>> p = pathlib.Path(tempfile.mkdtemp()) / "r.inspect"
+    >>> _ = synthetic_run(p, steps=40, modules=3)  # one explosion at step 30: a warning, no error
+    >>> verdict(read_run(p)).line()
+    'No errors; 1 warning.'
+    """
+    ordered = ordered_findings(findings)
+    counts = {sev: sum(f.severity == sev for f in ordered) for sev in SEVERITY_ORDER}
+    first = ordered[0] if ordered and ordered[0].severity == "error" else None
+    return Verdict(first, counts)
+
+
+def first_producer(run: Run) -> tuple[str, int] | None:
+    """``(module, step)`` of the run's first ``nonfinite-forward`` (the module that first produced a
+    NaN/Inf from finite inputs), or None: what the heatmap marks."""
+    found = [f for f in run.findings if f.code == "nonfinite-forward"]
+    first = min(found, key=lambda f: f.step) if found else None
+    return (first.where, first.step) if first else None

@@ -100,8 +100,10 @@ def test_heatmap_colours_by_decade_and_marks_nonfinite_cells():
     assert math.isnan(z[0, 2])
     np.testing.assert_allclose(z[1], [2, 0, 1])
     assert heat.colorbar.ticktext[0] == "0" and heat.zmin == -3 and heat.zmax == 2
-    marks = fig.data[1]
-    assert list(marks.x) == [2] and list(marks.y) == ["a"] and marks.name == "NaN or Inf"
+    marks = fig.data[1]  # a heatmap layer over the norms: red where a cell held NaN or Inf, empty elsewhere
+    assert marks.type == "heatmap" and marks.name == "NaN or Inf" and list(marks.y) == ["a", "b"]
+    layer = np.asarray(marks.z, dtype=float)
+    assert (layer == 1).tolist() == [[False, False, True], [False, False, False]] and np.isnan(layer[1]).all()
     # no zero: the colours span the smallest to the largest norm, 0.5 to 8
     heat = norm_heatmap(norm_grid(frame.assign(grad_norm=[0.5, 1.0, 2.0, 4.0, 8.0, 1.0]))).data[0]
     assert (heat.zmin, heat.zmax) == pytest.approx((math.log10(0.5), math.log10(8.0)))
@@ -219,3 +221,22 @@ def test_a_logged_nan_loss_is_marked_even_with_finite_gradients(tmp_path):
     assert steps["loss_logged"].tolist() == [False, True, True]
     marks = [t for t in loss_norm_figure(steps).data if t.name.startswith("NaN or Inf")]
     assert [list(t.x) for t in marks] == [[1]]  # the logged NaN, not the step that logged nothing
+
+
+def test_every_nonfinite_cell_of_a_big_run_is_marked_and_the_producer_starred():
+    # 10,000 steps x 1,000 modules, every module NaN from step 6,000 on, the producer layers.700 at 6,000:
+    # each binned cell from 6,000 on is red (no cap on the marks), and the star sits on the producer's cell
+    values = np.ones((10_000, 1_000), dtype=np.float32)
+    values[6_000:] = np.nan
+    g = bin_matrix(np.arange(10_000), values, [f"layers.{i}" for i in range(1_000)],
+                   nonfinite=np.isnan(values))
+    fig = norm_heatmap(g, producer=("layers.700", 6_000))
+    layer = np.asarray(fig.data[1].z, dtype=float)
+    first = 6_000 // g.steps_per_bin  # 6,000 // 34 = 176: the column holding step 6,000
+    assert layer.shape == g.values.shape
+    assert (layer[:, first:] == 1).all() and np.isnan(layer[:, :first]).all()
+    assert (layer == 1).sum() == g.values.shape[0] * (g.values.shape[1] - first) > 2_000
+    star = fig.data[2]
+    assert list(star.y) == [g.labels[700 // g.rows_per_bin]] and list(star.x) == [g.steps[first]]
+    assert "first NaN/Inf from layers.700 at step 6,000" in fig.layout.annotations[0].text
+    assert not fig.layout.showlegend  # the key is an annotation: the module labels keep their room
