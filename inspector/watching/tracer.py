@@ -243,11 +243,6 @@ class NonfiniteTracer:
             h.remove()
         self.leaf_handles.clear()
 
-    def _event(self, t: torch.Tensor) -> int:
-        trace = self.trace
-        trace.keys.append(self.stats.add(_piece(t)))
-        return len(trace.keys) - 1
-
     def _slot(self, t: torch.Tensor, grad: bool) -> int:
         key = id(t)
         try:
@@ -260,8 +255,10 @@ class NonfiniteTracer:
             if entry[3] or not (grad and t.requires_grad):
                 return slot
         else:
-            slot = len(self.trace.slot_event)
-            self.trace.slot_event.append(self._event(t))
+            trace = self.trace
+            slot = len(trace.slot_event)
+            trace.slot_event.append(len(trace.keys))
+            trace.keys.append(self.stats.add(_piece(t)))
         hooked = grad and t.requires_grad
         if hooked:
             node = t.grad_fn
@@ -278,22 +275,30 @@ class NonfiniteTracer:
     def _hook(self, module: nn.Module, args: Any, kwargs: Any, output: Any) -> None:
         trace = self.trace
         call = len(trace.calls)
-        trace.calls.append(self.names.get(id(module), type(module).__name__))
+        name = self.names.get(id(module))
+        trace.calls.append(type(module).__name__ if name is None else name)
         again = torch._C._current_graph_task_id() != -1
         trace.again.append(again)
         first = len(trace.slot_event)
         grad = self.backward and torch.is_grad_enabled()
-        ins = floating(args)
+        if len(args) == 1 and type(args[0]) is torch.Tensor and args[0].dtype in CHECKED and args[0].numel():
+            ins = [args[0]]  # the common case, without the walk
+        else:
+            ins = floating(args)
         if kwargs:
             ins += floating(kwargs)
         trace.ins.append(tuple([self._slot(t, grad) for t in ins]))
-        trace.outs.append(tuple([self._slot(t, grad) for t in floating(output)]))
+        if type(output) is torch.Tensor and output.dtype in CHECKED and output.numel():
+            trace.outs.append((self._slot(output, grad),))
+        else:
+            trace.outs.append(tuple([self._slot(t, grad) for t in floating(output)]))
         if self.keep and not again:
             self.kept[call] = (args, output, first)
 
     def _grad(self, trace: Trace, slot: int, grad: torch.Tensor | None) -> None:
         if trace is self.trace and grad is not None and grad.dtype in CHECKED and grad.numel():
-            trace.grads.append((self._event(grad), slot))
+            trace.grads.append((len(trace.keys), slot))
+            trace.keys.append(self.stats.add(_piece(grad)))
 
     def _node_grad(self, trace: Trace, slot: int, index: int, grads: tuple[torch.Tensor | None, ...]) -> None:
         self._grad(trace, slot, grads[index] if index < len(grads) else None)
