@@ -94,15 +94,27 @@ class Stats:
         self.views: list[list[tuple[torch.Tensor, torch.Tensor]]] = []
         self.used: list[int] = []
 
-    def add(self, t: torch.Tensor) -> int:
-        """Write ``t``'s (low, high); the key index of the buffer written."""
-        key = (t.device, t.dtype)
-        k = self.keys.get(key)
+    def _key(self, device: torch.device, dtype: torch.dtype) -> int:
+        k = self.keys.get((device, dtype))
         if k is None:
-            k = self.keys[key] = len(self.buffers)
-            self.buffers.append(t.new_empty(0))
+            k = self.keys[(device, dtype)] = len(self.buffers)
+            with torch.inference_mode(False):
+                self.buffers.append(torch.empty(0, dtype=dtype, device=device))
             self.views.append([])
             self.used.append(0)
+        return k
+
+    def reserve(self, device: torch.device, dtype: torch.dtype, size: int) -> None:
+        """Room for ``size`` tensors of ``dtype`` on ``device`` (made when the watch opens, not in a step)."""
+        k = self._key(device, dtype)
+        if len(self.views[k]) < size:
+            self._grow(k, size)
+
+    def add(self, t: torch.Tensor) -> int:
+        """Write ``t``'s (low, high); the key index of the buffer written."""
+        k = self.keys.get((t.device, t.dtype))
+        if k is None:
+            k = self._key(t.device, t.dtype)
         n = self.used[k]
         if n == len(self.views[k]):
             self._grow(k, max(64, 2 * n))
@@ -229,6 +241,9 @@ class NonfiniteTracer:
         except BaseException:
             self.remove()
             raise
+        first = next((p for p in model.parameters() if p.dtype in CHECKED), None)
+        if first is not None:  # activations and their gradients mostly share the weights' dtype
+            self.stats.reserve(_piece(first).device, first.dtype, 64 + 4 * len(self.handles))
 
     def remove(self) -> None:
         for h in self.handles:
