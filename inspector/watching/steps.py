@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -212,7 +212,7 @@ def _fill(n: Numbers, w: Watch, params: list[torch.Tensor | None], update: np.nd
     n.step_time = time.perf_counter() - w.state.start
 
 
-def _producers(n: Numbers, module_names: list[str], calls: list[str], meta: Trace | list[Any],
+def _producers(n: Numbers, module_names: list[str], calls: list[str], meta: object,
                flags: np.ndarray) -> None:
     """``n.forward`` / ``n.backward``: the producers the step's trace names (``tracer.Trace``);
     when several modules took the tensor whose gradient turned NaN/Inf, all of them are kept

@@ -32,12 +32,14 @@ import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
-from ..utils.dtensors import dtensor_type
+from ..utils.dtensors import is_dtensor
 from ..utils.labels import BATCH_LABEL
 
 CHECKED = (torch.float16, torch.bfloat16, torch.float32, torch.float64)  # aminmax takes these
 BATCH = BATCH_LABEL  # the name a non-finite batch gets
 _PLAIN = (torch.Tensor, nn.Parameter)
+_graph_task = torch._C._current_graph_task_id  # -1 outside a backward
+_grad_enabled = torch.is_grad_enabled
 
 
 def floating(value: Any, depth: int = 0) -> list[torch.Tensor]:
@@ -61,7 +63,7 @@ def _gather(value: Any, out: list[torch.Tensor], depth: int) -> None:
 
 def _piece(t: torch.Tensor) -> torch.Tensor:
     """``t`` without autograd, and for a DTensor this rank's local piece (no collective in a hook)."""
-    if type(t) not in _PLAIN and (cls := dtensor_type()) is not None and isinstance(t, cls):
+    if type(t) not in _PLAIN and is_dtensor(t):
         t = t.to_local()
     return t.detach() if t.requires_grad else t
 
@@ -94,7 +96,8 @@ class Stats:
         self.views: list[list[tuple[torch.Tensor, torch.Tensor]]] = []
         self.used: list[int] = []
 
-    def _key(self, device: torch.device, dtype: torch.dtype) -> int:
+    def key(self, device: torch.device, dtype: torch.dtype) -> int:
+        """The index of the buffer for ``dtype`` on ``device`` (made empty the first time)."""
         k = self.keys.get((device, dtype))
         if k is None:
             k = self.keys[(device, dtype)] = len(self.buffers)
@@ -106,29 +109,18 @@ class Stats:
 
     def reserve(self, device: torch.device, dtype: torch.dtype, size: int) -> None:
         """Room for ``size`` tensors of ``dtype`` on ``device`` (made when the watch opens, not in a step)."""
-        k = self._key(device, dtype)
+        k = self.key(device, dtype)
         if len(self.views[k]) < size:
-            self._grow(k, size)
+            self.grow(k, size)
 
-    def add(self, t: torch.Tensor) -> int:
-        """Write ``t``'s (low, high); the key index of the buffer written."""
-        k = self.keys.get((t.device, t.dtype))
-        if k is None:
-            k = self._key(t.device, t.dtype)
-        n = self.used[k]
-        if n == len(self.views[k]):
-            self._grow(k, max(64, 2 * n))
-        torch.aminmax(t, out=self.views[k][n])
-        self.used[k] = n + 1
-        return k
-
-    def _grow(self, k: int, size: int) -> None:
+    def grow(self, k: int, size: int) -> None:
+        """Room for ``size`` tensors in buffer ``k``, keeping what it holds."""
         old = self.buffers[k]
-        with torch.inference_mode(False), torch.no_grad():  # an ordinary tensor, even in inference mode
+        with torch.inference_mode(False), torch.no_grad():  # ordinary tensors, even in inference mode
             new = torch.empty(2 * size, dtype=old.dtype, device=old.device)
             new[:old.numel()].copy_(old)
+            self.views[k] = [(new[2 * i], new[2 * i + 1]) for i in range(size)]
         self.buffers[k] = new
-        self.views[k] = [(new[2 * i], new[2 * i + 1]) for i in range(size)]
 
     def flags(self) -> torch.Tensor | None:
         """One bool per tensor written since :meth:`reset` (True: NaN/Inf), key after key, on the
@@ -259,43 +251,64 @@ class NonfiniteTracer:
         self.leaf_handles.clear()
 
     def _slot(self, t: torch.Tensor, grad: bool) -> int:
+        """The slot of ``t``: its own when the step has seen this tensor, unchanged, before; else a
+        new one, with ``t``'s (low, high) written and, when ``grad``, a hook on its gradient."""
         key = id(t)
         try:
             version = t._version
         except RuntimeError:  # an inference tensor: no version counter, so never shared
             version = -1
         entry = self.seen.get(key)
+        trace = self.trace
         if entry is not None and version >= 0 and entry[0]() is t and entry[1] == version:
             slot = entry[2]
             if entry[3] or not (grad and t.requires_grad):
                 return slot
         else:
-            trace = self.trace
             slot = len(trace.slot_event)
             trace.slot_event.append(len(trace.keys))
-            trace.keys.append(self.stats.add(_piece(t)))
+            trace.keys.append(self._stat(t))
         hooked = grad and t.requires_grad
         if hooked:
             node = t.grad_fn
             if node is None:  # a leaf (a parameter passed in): its hook outlives the graph
-                self.leaf_handles.append(t.register_hook(partial(self._grad, self.trace, slot)))
+                self.leaf_handles.append(t.register_hook(partial(self._grad, trace, slot)))
             else:  # the gradient of output ``output_nr`` of the node that made t (no handle kept)
-                node.register_prehook(partial(self._node_grad, self.trace, slot, t.output_nr))
+                node.register_prehook(partial(self._node_grad, trace, slot, t.output_nr))
         try:
             self.seen[key] = (weakref.ref(t), version, slot, hooked)
         except TypeError:  # a tensor type without weak references: not shared
             pass
         return slot
 
+    def _stat(self, t: torch.Tensor) -> int:
+        """Write ``t``'s (low, high) into :attr:`stats`; the buffer's key."""
+        if type(t) not in _PLAIN:
+            t = _piece(t)
+        elif t.requires_grad:
+            t = t.detach()
+        stats = self.stats
+        k = stats.keys.get((t.device, t.dtype))
+        if k is None:
+            k = stats.key(t.device, t.dtype)
+        n = stats.used[k]
+        views = stats.views[k]
+        if n == len(views):
+            stats.grow(k, max(64, 2 * n))
+            views = stats.views[k]
+        torch.aminmax(t, out=views[n])
+        stats.used[k] = n + 1
+        return k
+
     def _hook(self, module: nn.Module, args: Any, kwargs: Any, output: Any) -> None:
         trace = self.trace
         call = len(trace.calls)
         name = self.names.get(id(module))
         trace.calls.append(type(module).__name__ if name is None else name)
-        again = torch._C._current_graph_task_id() != -1
+        again = _graph_task() != -1
         trace.again.append(again)
         first = len(trace.slot_event)
-        grad = self.backward and torch.is_grad_enabled()
+        grad = self.backward and _grad_enabled()
         if len(args) == 1 and type(args[0]) is torch.Tensor and args[0].dtype in CHECKED and args[0].numel():
             ins = [args[0]]  # the common case, without the walk
         else:
@@ -313,10 +326,13 @@ class NonfiniteTracer:
     def _grad(self, trace: Trace, slot: int, grad: torch.Tensor | None) -> None:
         if trace is self.trace and grad is not None and grad.dtype in CHECKED and grad.numel():
             trace.grads.append((len(trace.keys), slot))
-            trace.keys.append(self.stats.add(_piece(grad)))
+            trace.keys.append(self._stat(grad))
 
     def _node_grad(self, trace: Trace, slot: int, index: int, grads: tuple[torch.Tensor | None, ...]) -> None:
-        self._grad(trace, slot, grads[index] if index < len(grads) else None)
+        grad = grads[index] if index < len(grads) else None
+        if trace is self.trace and grad is not None and grad.dtype in CHECKED and grad.numel():
+            trace.grads.append((len(trace.keys), slot))
+            trace.keys.append(self._stat(grad))
 
     @property
     def calls(self) -> list[str]:
