@@ -35,7 +35,7 @@ from torch.utils.hooks import RemovableHandle
 from ..utils.dtensors import is_dtensor
 from ..utils.labels import BATCH_LABEL
 
-CHECKED = (torch.float16, torch.bfloat16, torch.float32, torch.float64)  # aminmax takes these
+CHECKED = frozenset((torch.float16, torch.bfloat16, torch.float32, torch.float64))  # aminmax takes these
 BATCH = BATCH_LABEL  # the name a non-finite batch gets
 _PLAIN = (torch.Tensor, nn.Parameter)
 _graph_task = torch._C._current_graph_task_id  # -1 outside a backward
@@ -260,15 +260,16 @@ class NonfiniteTracer:
             version = -1
         entry = self.seen.get(key)
         trace = self.trace
-        if entry is not None and version >= 0 and entry[0]() is t and entry[1] == version:
+        tracked = t.requires_grad
+        hooked = grad and tracked
+        if entry is not None and version >= 0 and entry[1] == version and entry[0]() is t:
             slot = entry[2]
-            if entry[3] or not (grad and t.requires_grad):
+            if entry[3] or not hooked:
                 return slot
         else:
             slot = len(trace.slot_event)
             trace.slot_event.append(len(trace.keys))
-            trace.keys.append(self._stat(t))
-        hooked = grad and t.requires_grad
+            trace.keys.append(self._stat(t.detach() if tracked else t))
         if hooked:
             node = t.grad_fn
             if node is None:  # a leaf (a parameter passed in): its hook outlives the graph
@@ -282,15 +283,14 @@ class NonfiniteTracer:
         return slot
 
     def _stat(self, t: torch.Tensor) -> int:
-        """Write ``t``'s (low, high) into :attr:`stats`; the buffer's key."""
+        """Write the (low, high) of ``t`` (no autograd) into :attr:`stats`; the buffer's key."""
         if type(t) not in _PLAIN:
             t = _piece(t)
-        elif t.requires_grad:
-            t = t.detach()
         stats = self.stats
-        k = stats.keys.get((t.device, t.dtype))
+        device, dtype = t.device, t.dtype
+        k = stats.keys.get((device, dtype))
         if k is None:
-            k = stats.key(t.device, t.dtype)
+            k = stats.key(device, dtype)
         n = stats.used[k]
         views = stats.views[k]
         if n == len(views):
@@ -326,13 +326,13 @@ class NonfiniteTracer:
     def _grad(self, trace: Trace, slot: int, grad: torch.Tensor | None) -> None:
         if trace is self.trace and grad is not None and grad.dtype in CHECKED and grad.numel():
             trace.grads.append((len(trace.keys), slot))
-            trace.keys.append(self._stat(grad))
+            trace.keys.append(self._stat(grad.detach() if grad.requires_grad else grad))
 
     def _node_grad(self, trace: Trace, slot: int, index: int, grads: tuple[torch.Tensor | None, ...]) -> None:
         grad = grads[index] if index < len(grads) else None
         if trace is self.trace and grad is not None and grad.dtype in CHECKED and grad.numel():
             trace.grads.append((len(trace.keys), slot))
-            trace.keys.append(self._stat(grad))
+            trace.keys.append(self._stat(grad.detach() if grad.requires_grad else grad))
 
     @property
     def calls(self) -> list[str]:
