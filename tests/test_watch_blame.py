@@ -211,3 +211,20 @@ def test_healthy_training_has_no_nonfinite_finding(tmp_path, family):
     assert not [f for f in w.findings if f.code.startswith("nonfinite-")]
     assert hooks == [len(m._forward_hooks) for m in model.modules()]  # every hook of the watch gone
     assert not [p for p in model.parameters() if p._backward_hooks]
+
+
+def test_compiled_model_names_the_backward_producer(tmp_path):
+    model = MLP()
+    arm = _plant(model, model, "gate", "backward", 1)
+    compiled = torch.compile(model, backend="aot_eager")
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    torch.manual_seed(0)
+    xs = torch.randn(3, 3, 4)
+    with watch(compiled, opt, tmp_path / "r.inspect", nonfinite=True) as w:
+        for s in range(3):
+            arm(s)
+            compiled(xs[s]).pow(2).mean().backward()
+            opt.step()
+            opt.zero_grad()
+    assert _codes(w, "nonfinite-backward") == [(1, "gate")]
+    assert _codes(w, "nonfinite-forward") == [(2, "fc1")]

@@ -225,11 +225,14 @@ class NonfiniteTracer:
         self.kept: dict[int, tuple[Any, Any, int]] = {}  # call -> (args, output, first slot)
         self.handles: list[RemovableHandle] = []
         self.leaf_handles: list[RemovableHandle] = []  # gradient hooks on leaves: they outlive the graph
+        # under torch.compile the hook runs as it is, not traced (a graph break per module: the
+        # flags are per module), and its bookkeeping sets no guards to recompile on
+        hook = torch.compiler.disable(self._hook)
         try:
             for m in model.modules():
                 if m is not model and type(m).forward is nn.Sequential.forward:
                     continue  # a plain Sequential: its input and output are its children's
-                self.handles.append(m.register_forward_hook(self._hook, with_kwargs=True))
+                self.handles.append(m.register_forward_hook(hook, with_kwargs=True))
         except BaseException:
             self.remove()
             raise
