@@ -40,6 +40,7 @@ BATCH = BATCH_LABEL  # the name a non-finite batch gets
 _PLAIN = (torch.Tensor, nn.Parameter)
 _graph_task = torch._C._current_graph_task_id  # -1 outside a backward
 _grad_enabled = torch.is_grad_enabled
+_compiling = torch.compiler.is_compiling
 
 
 def floating(value: Any, depth: int = 0) -> list[torch.Tensor]:
@@ -225,14 +226,12 @@ class NonfiniteTracer:
         self.kept: dict[int, tuple[Any, Any, int]] = {}  # call -> (args, output, first slot)
         self.handles: list[RemovableHandle] = []
         self.leaf_handles: list[RemovableHandle] = []  # gradient hooks on leaves: they outlive the graph
-        # under torch.compile the hook runs as it is, not traced (a graph break per module: the
-        # flags are per module), and its bookkeeping sets no guards to recompile on
-        hook = torch.compiler.disable(self._hook)
+        self._untraced: Any = None
         try:
             for m in model.modules():
                 if m is not model and type(m).forward is nn.Sequential.forward:
                     continue  # a plain Sequential: its input and output are its children's
-                self.handles.append(m.register_forward_hook(hook, with_kwargs=True))
+                self.handles.append(m.register_forward_hook(self._hook, with_kwargs=True))
         except BaseException:
             self.remove()
             raise
@@ -304,6 +303,14 @@ class NonfiniteTracer:
         return k
 
     def _hook(self, module: nn.Module, args: Any, kwargs: Any, output: Any) -> None:
+        if _compiling():  # under torch.compile: run the record as it is, not traced (a graph break per
+            if self._untraced is None:  # module: the flags are per module; no guards on the bookkeeping)
+                self._untraced = torch.compiler.disable(self._record)
+            self._untraced(module, args, kwargs, output)
+        else:
+            self._record(module, args, kwargs, output)
+
+    def _record(self, module: nn.Module, args: Any, kwargs: Any, output: Any) -> None:
         trace = self.trace
         call = len(trace.calls)
         name = self.names.get(id(module))
