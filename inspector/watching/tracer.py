@@ -212,8 +212,9 @@ class NonfiniteTracer:
     """Forward hooks on every module of ``model`` and gradient hooks on the tensors they see;
     see the module docstring.
 
-    ``keep`` holds each call's inputs and outputs by reference until :meth:`forward_done`
-    (used for the captures of the producer); :meth:`remove` takes every hook off.
+    ``keep`` holds each call's inputs and outputs by reference in ``kept`` until the watch reads
+    the forward producer at the end of the forward pass (for its captures) or :meth:`take`; the
+    flag buffers are sized here, when the watch opens; :meth:`remove` takes every hook off.
     """
 
     def __init__(self, model: nn.Module, *, backward: bool, keep: bool) -> None:
