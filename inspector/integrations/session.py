@@ -90,8 +90,8 @@ class WatchedTraining:
         if name and not options.get("name"):
             options["name"] = name
         self.stopped_by, self.result = None, None
-        plain = ([plain_optimizer(o) for o in optimizer] if isinstance(optimizer, (list, tuple))
-                 else plain_optimizer(optimizer))
+        plain: Any = ([plain_optimizer(o) for o in optimizer] if isinstance(optimizer, (list, tuple))
+                      else plain_optimizer(optimizer))
         w = Watch(model, plain, self.path, on_finding=self._found, **options)
         try:
             w.open()

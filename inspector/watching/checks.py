@@ -35,7 +35,7 @@ def optimizer_list(optimizer: Optimizers) -> list[torch.optim.Optimizer]:
                                  f"got {type(o).__name__}")
     if not found:
         raise InspectorError("watch was given an empty list of optimizers: give one, a list, or None")
-    return found
+    return [o for o in found if isinstance(o, torch.optim.Optimizer)]
 
 
 def _listed(names: Sequence[str], most: int = 3) -> str:
@@ -81,7 +81,7 @@ class GradientClearing:
             if key is None or p is None:
                 return
             g = p.grad
-            if g is not None and key[0]() is g and g._version == key[1]:
+            if g is not None and g._version == key[1] and key[0]() is g:
                 self.dirty[i] = (key[0], key[1] + 1)  # an in-place add moves the version by one
         return hook
 

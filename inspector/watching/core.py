@@ -219,7 +219,7 @@ class Watch:
 
         calls, meta = tracer.calls, tracer.meta
         flags = (
-            to_host([torch.stack([v.reshape(()) for v in tracer.values])]) if tracer.values else [np.zeros(0)]
+            to_host([torch.cat([v.reshape(-1) for v in tracer.values])]) if tracer.values else [np.zeros(0)]
         )
         producer = forward_producer(calls, meta, flags[0] > 0, self.module_names[0])
         if producer is not None:

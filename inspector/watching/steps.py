@@ -15,7 +15,7 @@ from ..utils.findings import Finding
 from ..utils.labels import module_label
 from .layout import Layout, current, fused_norms, global_norms, shard_key, to_host
 from .numbers import BATCH_PRODUCER, NO_PRODUCER, Numbers, memory
-from .tracer import BATCH, NonfiniteTracer, producers
+from .tracer import BATCH, NonfiniteTracer, Trace
 
 
 class Watched(Protocol):
@@ -79,7 +79,7 @@ def transfer_step(w: Watched, check: bool) -> tuple[Numbers, dict[str, float]]:
     parts: list[torch.Tensor] = [t for _, t in grad_parts + param_parts + buffer_parts + update_parts]
     calls, meta, values = w.tracer.take() if w.tracer is not None else ([], [], [])
     if values:
-        parts.append(torch.stack([v.reshape(()) for v in values]))
+        parts.append(torch.cat([v.reshape(-1) for v in values]))
     tensors = {k: v for k, v in w._scalars.items() if isinstance(v, torch.Tensor)}
     parts += [v.float().reshape(1) for v in tensors.values()]
     scale = getattr(w.scaler, "_scale", None) if w.scaler is not None else None
@@ -199,22 +199,22 @@ def _fill(n: Numbers, w: Watched, params: list[torch.Tensor | None], update: np.
     n.step_time = time.perf_counter() - w.state.start
 
 
-def _producers(n: Numbers, module_names: list[str], calls: list[str], meta: list[tuple[int, int, int]],
+def _producers(n: Numbers, module_names: list[str], calls: list[str], meta: object,
                flags: np.ndarray) -> None:
-    if not len(flags):
+    """``n.forward`` / ``n.backward``: the producers the step's trace names (``tracer.Trace``);
+    when several modules took the tensor whose gradient turned NaN/Inf, all of them are kept
+    as ``n.backward_candidates`` (names; this rank's numbers only, not gathered)."""
+    if not len(flags) or not isinstance(meta, Trace):
         return
     index = {name: i for i, name in enumerate(module_names)}
-    root = module_names[0]
-    for (call, kind, d), flag in zip(meta, flags, strict=True):  # the batch itself
-        if d == 0 and kind == 0 and flag and calls[call] == root:
-            n.forward = BATCH_PRODUCER
-            break
-    for p in producers(calls, meta, flags):
-        value = float(index.get(p.module, NO_PRODUCER))
-        if p.direction == "forward" and n.forward == NO_PRODUCER:
-            n.forward = value
-        elif p.direction == "backward":
-            n.backward = value
+    forward = meta.forward(flags, module_names[0])
+    if forward is not None:
+        at = float(index.get(forward.module, NO_PRODUCER))
+        n.forward = BATCH_PRODUCER if forward.module == BATCH else at
+    blame = meta.backward(flags)
+    if blame is not None:
+        n.backward = float(index.get(blame.module, NO_PRODUCER))
+        vars(n)["backward_candidates"] = blame.candidates
 
 
 def nonfinite_findings(n: Numbers, module_names: list[str], rank: int, world: int) -> list[Finding]:
@@ -245,15 +245,17 @@ def nonfinite_findings(n: Numbers, module_names: list[str], rank: int, world: in
         )
     if n.backward >= 0:
         name = module_label(module_names[int(n.backward)])
-        out.append(
-            Finding(
-                "nonfinite-backward",
-                "error",
-                name,
-                f"the backward of {name}{on} turned a finite output gradient into a NaN/Inf input "
-                "gradient: a custom autograd function, a sqrt/log/division at 0, or an overflow in "
-                "its backward",
-            )
-        )
+        others = [module_label(c) for c in vars(n).get("backward_candidates", ())]
+        if len(others) > 1:
+            text = (f"in the backward{on}, the gradient of a tensor that {', '.join(others)} all took as "
+                    "input turned NaN/Inf while each one's output gradient was finite: one of them (or code "
+                    "around them that used the same tensor) made it. A gradient hook sees only the sum "
+                    "over a tensor's users, so the watch cannot tell which; look for a custom autograd "
+                    "function, a sqrt/log/division at 0 or an overflow in their backward")
+        else:
+            text = (f"the backward of {name}{on} turned a finite output gradient into a NaN/Inf input "
+                    "gradient (its forward was finite): a custom autograd function, a sqrt/log/division "
+                    "at 0, or an overflow in its backward")
+        out.append(Finding("nonfinite-backward", "error", name, text))
     return out
 

@@ -1,20 +1,33 @@
 """Non-finite forward and backward tracing without a host sync per module.
 
-Each module call appends, on the device, one 0-d bool per floating tensor it saw ("holds a
-NaN/Inf"), and on the host the call number, the module and whether the tensor was an input
-or an output (or, in backward, the gradient of an input or of an output). The flags reach
-the host once per step (:meth:`NonfiniteTracer.flags`), where the producer is the first call
-whose outputs are non-finite while its inputs were finite. Forward hooks fire when a call
-ends, so an inner module that produces an Inf is seen before the parents that contain it,
-and modules downstream of it are excluded because their inputs are already non-finite.
+Every floating tensor a module call takes or returns gets a *slot* the first time the step
+sees it (the same tensor object, unchanged since, keeps its slot: a module's output is the
+next one's input, and a container's are its children's), and one ``torch.aminmax`` on the
+device; a tensor that requires grad gets one gradient hook, whose ``aminmax`` of the
+gradient is one more flag for that slot. On the host each call is its module, the slots of
+its inputs and outputs, and whether it ran during a backward (a forward recomputed by
+gradient checkpointing). The flags reach the host once per step, with the step's other
+numbers, where :meth:`Trace.forward` and :meth:`Trace.backward` name the producers:
+
+- forward: the first call (forward hooks fire when a call ends, so an inner module before
+  the parents that contain it) whose outputs hold NaN/Inf while its inputs were finite;
+  recomputed calls are not counted (they repeat a call already seen);
+- backward: a call whose forward was finite (inputs and outputs: no blame once the forward
+  held NaN/Inf), whose output gradients were seen at least once and were all finite, and
+  one of whose input gradients was not. A gradient hook on a tensor sees the sum of every
+  consumer's gradient, so when several modules took that same tensor, each of them passes
+  the test: they are all named (:attr:`Blame.candidates`), as is, implicitly, any code of
+  the parent outside its submodules that used the tensor.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from dataclasses import dataclass
+import weakref
+from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
@@ -22,31 +35,38 @@ from torch.utils.hooks import RemovableHandle
 from ..utils.dtensors import is_dtensor
 from ..utils.labels import BATCH_LABEL
 
-INPUT, OUTPUT = 0, 1
-CHECKED = (torch.float16, torch.bfloat16, torch.float32, torch.float64)  # aminmax takes these
+CHECKED = frozenset((torch.float16, torch.bfloat16, torch.float32, torch.float64))  # aminmax takes these
 BATCH = BATCH_LABEL  # the name a non-finite batch gets
+_PLAIN = (torch.Tensor, nn.Parameter)
+_graph_task = torch._C._current_graph_task_id  # -1 outside a backward
+_grad_enabled = torch.is_grad_enabled
+_compiling = torch.compiler.is_compiling
 
 
-def floating(value: Any, depth: int = 0) -> Iterator[torch.Tensor]:
+def floating(value: Any, depth: int = 0) -> list[torch.Tensor]:
     """The floating-point tensors of a value and of its nested tuples, lists and dicts."""
+    out: list[torch.Tensor] = []
+    _gather(value, out, depth)
+    return out
+
+
+def _gather(value: Any, out: list[torch.Tensor], depth: int) -> None:
     if isinstance(value, torch.Tensor):
         if value.dtype in CHECKED and value.numel():
-            yield value
+            out.append(value)
     elif depth < 3 and isinstance(value, (tuple, list)):
         for v in value:
-            yield from floating(v, depth + 1)
+            _gather(v, out, depth + 1)
     elif depth < 3 and isinstance(value, dict):
         for v in value.values():
-            yield from floating(v, depth + 1)
+            _gather(v, out, depth + 1)
 
 
-def nonfinite_flag(t: torch.Tensor) -> torch.Tensor:
-    """A 0-d bool tensor on ``t``'s device: ``t`` holds a NaN or an Inf (one pass, no copy of ``t``).
-
-    For a DTensor, this rank's local piece: no collective inside a hook."""
-    piece = t.to_local() if is_dtensor(t) else t
-    low, high = torch.aminmax(piece.detach())  # NaN propagates into both
-    return torch.logical_not(torch.isfinite(low) & torch.isfinite(high))
+def _piece(t: torch.Tensor) -> torch.Tensor:
+    """``t`` without autograd, and for a DTensor this rank's local piece (no collective in a hook)."""
+    if type(t) not in _PLAIN and is_dtensor(t):
+        t = t.to_local()
+    return t.detach() if t.requires_grad else t
 
 
 @dataclass(frozen=True)
@@ -58,31 +78,167 @@ class Producer:
     direction: str  # "forward" or "backward"
 
 
-class NonfiniteTracer:
-    """Forward (and optionally backward) hooks on every module of ``model``; see the module docstring.
+@dataclass(frozen=True)
+class Blame:
+    """The backward producer: ``module``, or, when several modules took the tensor whose
+    gradient turned NaN/Inf, every one of them (``candidates``, ``module`` the first)."""
 
-    ``keep`` holds each call's inputs and outputs by reference until :meth:`forward_done`
-    (used for the captures of the producer); :meth:`remove` takes every hook off.
+    module: str
+    candidates: tuple[str, ...]
+
+
+class Stats:
+    """``(low, high)`` of each tensor, written by ``torch.aminmax(..., out=...)`` into one buffer per
+    (device, dtype), kept from step to step: no tensor made per flag and no stack at the end."""
+
+    def __init__(self) -> None:
+        self.keys: dict[tuple[torch.device, torch.dtype], int] = {}
+        self.buffers: list[torch.Tensor] = []
+        self.views: list[list[tuple[torch.Tensor, torch.Tensor]]] = []
+        self.used: list[int] = []
+
+    def key(self, device: torch.device, dtype: torch.dtype) -> int:
+        """The index of the buffer for ``dtype`` on ``device`` (made empty the first time)."""
+        k = self.keys.get((device, dtype))
+        if k is None:
+            k = self.keys[(device, dtype)] = len(self.buffers)
+            with torch.inference_mode(False):
+                self.buffers.append(torch.empty(0, dtype=dtype, device=device))
+            self.views.append([])
+            self.used.append(0)
+        return k
+
+    def reserve(self, device: torch.device, dtype: torch.dtype, size: int) -> None:
+        """Room for ``size`` tensors of ``dtype`` on ``device`` (made when the watch opens, not in a step)."""
+        k = self.key(device, dtype)
+        if len(self.views[k]) < size:
+            self.grow(k, size)
+
+    def grow(self, k: int, size: int) -> None:
+        """Room for ``size`` tensors in buffer ``k``, keeping what it holds."""
+        old = self.buffers[k]
+        with torch.inference_mode(False), torch.no_grad():  # ordinary tensors, even in inference mode
+            new = torch.empty(2 * size, dtype=old.dtype, device=old.device)
+            new[:old.numel()].copy_(old)
+            self.views[k] = [(new[2 * i], new[2 * i + 1]) for i in range(size)]
+        self.buffers[k] = new
+
+    def flags(self) -> torch.Tensor | None:
+        """One bool per tensor written since :meth:`reset` (True: NaN/Inf), key after key, on the
+        first buffer's device."""
+        parts = [torch.isfinite(b[:2 * n]).view(-1, 2).all(1).logical_not()
+                 for b, n in zip(self.buffers, self.used, strict=True) if n]
+        if not parts:
+            return None
+        device = parts[0].device
+        return torch.cat([p.to(device) for p in parts]) if len(parts) > 1 else parts[0]
+
+    def reset(self) -> None:
+        self.used = [0] * len(self.used)
+
+
+@dataclass
+class Trace:
+    """One step's calls on the host. Each flag is an *event* (a tensor's forward values or one
+    gradient it received); ``keys`` says which buffer of :class:`Stats` each event went to."""
+
+    calls: list[str] = field(default_factory=list)  # the module's name, per call
+    ins: list[tuple[int, ...]] = field(default_factory=list)  # input slots, per call
+    outs: list[tuple[int, ...]] = field(default_factory=list)  # output slots, per call
+    again: list[bool] = field(default_factory=list)  # ran during a backward (recomputed)
+    keys: list[int] = field(default_factory=list)  # the Stats buffer of each event
+    slot_event: list[int] = field(default_factory=list)  # the event of each slot's forward values
+    grads: list[tuple[int, int]] = field(default_factory=list)  # (event, slot) of each gradient
+
+    def events(self, flags: Any) -> np.ndarray:
+        """The flags of :meth:`Stats.flags` (buffer after buffer) in the order of the events."""
+        flags = np.asarray(flags, dtype=bool).reshape(-1)
+        keys = np.asarray(self.keys)
+        if not len(keys) or not keys.any():
+            return flags
+        out = np.empty_like(flags)
+        out[np.argsort(keys, kind="stable")] = flags
+        return out
+
+    def forward(self, flags: Any, root: str) -> Producer | None:
+        """The forward producer, or the batch (``BATCH``) when the root's own inputs were non-finite."""
+        bad = self.events(flags)[self.slot_event]
+        first = None
+        for call, name in enumerate(self.calls):
+            if self.again[call]:
+                continue
+            if name == root and any(bad[s] for s in self.ins[call]):
+                return Producer(BATCH, call, "forward")
+            if first is None and any(bad[s] for s in self.outs[call]) and not any(
+                    bad[s] for s in self.ins[call]):
+                first = Producer(name, call, "forward")
+        return first
+
+    def backward(self, flags: Any) -> Blame | None:
+        """The backward producer by the rule of the module docstring, or None."""
+        events = self.events(flags)
+        first_bad: dict[int, int] = {}  # slot -> its first non-finite gradient event
+        for event, slot in self.grads:
+            if events[event]:
+                first_bad.setdefault(slot, event)
+        if not first_bad:
+            return None
+        bad = events[self.slot_event]
+        seen = {slot for _, slot in self.grads}
+        found: list[tuple[int, int]] = []  # (event, call)
+        for call, ins in enumerate(self.ins):
+            at = [first_bad[s] for s in ins if s in first_bad]
+            if not at:
+                continue
+            outs = self.outs[call]
+            if (any(bad[s] for s in ins) or any(bad[s] for s in outs)
+                    or not any(s in seen for s in outs) or any(s in first_bad for s in outs)):
+                continue
+            found.append((min(at), call))
+        if not found:
+            return None
+        event = min(e for e, _ in found)
+        names = list(dict.fromkeys(self.calls[c] for e, c in found if e == event))
+        inner = [n for n in names if not any(_inside(o, n) for o in names)]
+        return Blame(inner[0], tuple(inner))
+
+
+def _inside(name: str, parent: str) -> bool:
+    """Whether module ``name`` lies inside module ``parent`` (``""`` is the root)."""
+    return name != parent and (parent == "" or name.startswith(parent + "."))
+
+
+class NonfiniteTracer:
+    """Forward hooks on every module of ``model`` and gradient hooks on the tensors they see;
+    see the module docstring.
+
+    ``keep`` holds each call's inputs and outputs by reference in ``kept`` until the watch reads
+    the forward producer at the end of the forward pass (for its captures) or :meth:`take`; the
+    flag buffers are sized here, when the watch opens; :meth:`remove` takes every hook off.
     """
 
     def __init__(self, model: nn.Module, *, backward: bool, keep: bool) -> None:
         self.names = {id(m): n for n, m in model.named_modules()}
         self.backward = backward
         self.keep = keep
-        self.calls: list[str] = []
-        self.meta: list[tuple[int, int, int]] = []  # (call, INPUT/OUTPUT, 0 forward / 1 backward)
-        self.values: list[torch.Tensor] = []
-        self.kept: dict[int, tuple[Any, Any, int]] = {}  # call -> (args, output, first flag index)
+        self.trace = Trace()
+        self.stats = Stats()
+        self.seen: dict[int, tuple[Any, int, int, bool]] = {}  # id -> (weakref, version, slot, hooked)
+        self.kept: dict[int, tuple[Any, Any, int]] = {}  # call -> (args, output, first slot)
         self.handles: list[RemovableHandle] = []
-        self.leaf_handles: list[
-            RemovableHandle
-        ] = []  # gradient hooks on leaves (parameters): they outlive the graph
+        self.leaf_handles: list[RemovableHandle] = []  # gradient hooks on leaves: they outlive the graph
+        self._untraced: Any = None
         try:
             for m in model.modules():
+                if m is not model and type(m).forward is nn.Sequential.forward:
+                    continue  # a plain Sequential: its input and output are its children's
                 self.handles.append(m.register_forward_hook(self._hook, with_kwargs=True))
         except BaseException:
             self.remove()
             raise
+        first = next((p for p in model.parameters() if p.dtype in CHECKED), None)
+        if first is not None:  # activations and their gradients mostly share the weights' dtype
+            self.stats.reserve(_piece(first).device, first.dtype, 64 + 4 * len(self.handles))
 
     def remove(self) -> None:
         for h in self.handles:
@@ -90,77 +246,131 @@ class NonfiniteTracer:
         self.handles.clear()
         self._remove_leaf_hooks()
         self.kept.clear()
+        self.seen.clear()
 
     def _remove_leaf_hooks(self) -> None:
         for h in self.leaf_handles:
             h.remove()
         self.leaf_handles.clear()
 
-    def _add(self, call: int, kind: int, direction: int, t: torch.Tensor) -> None:
-        self.meta.append((call, kind, direction))
-        self.values.append(nonfinite_flag(t))
+    def _slot(self, t: torch.Tensor, grad: bool) -> int:
+        """The slot of ``t``: its own when the step has seen this tensor, unchanged, before; else a
+        new one, with ``t``'s (low, high) written and, when ``grad``, a hook on its gradient."""
+        key = id(t)
+        try:
+            version = t._version
+        except RuntimeError:  # an inference tensor: no version counter, so never shared
+            version = -1
+        entry = self.seen.get(key)
+        trace = self.trace
+        tracked = t.requires_grad
+        hooked = grad and tracked
+        if entry is not None and version >= 0 and entry[1] == version and entry[0]() is t:
+            slot = entry[2]
+            if entry[3] or not hooked:
+                return slot
+        else:
+            slot = len(trace.slot_event)
+            trace.slot_event.append(len(trace.keys))
+            trace.keys.append(self._stat(t.detach() if tracked else t))
+        if hooked:
+            node = t.grad_fn
+            if node is None:  # a leaf (a parameter passed in): its hook outlives the graph
+                self.leaf_handles.append(t.register_hook(partial(self._grad, trace, slot)))
+            else:  # the gradient of output ``output_nr`` of the node that made t (no handle kept)
+                node.register_prehook(partial(self._node_grad, trace, slot, t.output_nr))
+        try:
+            self.seen[key] = (weakref.ref(t), version, slot, hooked)
+        except TypeError:  # a tensor type without weak references: not shared
+            pass
+        return slot
+
+    def _stat(self, t: torch.Tensor) -> int:
+        """Write the (low, high) of ``t`` (no autograd) into :attr:`stats`; the buffer's key."""
+        if type(t) not in _PLAIN:
+            t = _piece(t)
+        stats = self.stats
+        device, dtype = t.device, t.dtype
+        k = stats.keys.get((device, dtype))
+        if k is None:
+            k = stats.key(device, dtype)
+        n = stats.used[k]
+        views = stats.views[k]
+        if n == len(views):
+            stats.grow(k, max(64, 2 * n))
+            views = stats.views[k]
+        torch.aminmax(t, out=views[n])
+        stats.used[k] = n + 1
+        return k
 
     def _hook(self, module: nn.Module, args: Any, kwargs: Any, output: Any) -> None:
-        call = len(self.calls)
-        self.calls.append(self.names.get(id(module), type(module).__name__))
-        first = len(self.values)
-        ins = list(floating(args)) + list(floating(kwargs))
-        outs = list(floating(output))
-        for t in ins:
-            self._add(call, INPUT, 0, t)
-        for t in outs:
-            self._add(call, OUTPUT, 0, t)
-        if self.keep:
+        if _compiling():  # under torch.compile: run the record as it is, not traced (a graph break per
+            if self._untraced is None:  # module: the flags are per module; no guards on the bookkeeping)
+                self._untraced = torch.compiler.disable(self._record)
+            self._untraced(module, args, kwargs, output)
+        else:
+            self._record(module, args, kwargs, output)
+
+    def _record(self, module: nn.Module, args: Any, kwargs: Any, output: Any) -> None:
+        trace = self.trace
+        call = len(trace.calls)
+        name = self.names.get(id(module))
+        trace.calls.append(type(module).__name__ if name is None else name)
+        again = _graph_task() != -1
+        trace.again.append(again)
+        first = len(trace.slot_event)
+        grad = self.backward and _grad_enabled()
+        if len(args) == 1 and type(args[0]) is torch.Tensor and args[0].dtype in CHECKED and args[0].numel():
+            ins = [args[0]]  # the common case, without the walk
+        else:
+            ins = floating(args)
+        if kwargs:
+            ins += floating(kwargs)
+        trace.ins.append(tuple([self._slot(t, grad) for t in ins]))
+        if type(output) is torch.Tensor and output.dtype in CHECKED and output.numel():
+            trace.outs.append((self._slot(output, grad),))
+        else:
+            trace.outs.append(tuple([self._slot(t, grad) for t in floating(output)]))
+        if self.keep and not again:
             self.kept[call] = (args, output, first)
-        if self.backward and torch.is_grad_enabled():
-            for kind, ts in ((INPUT, ins), (OUTPUT, outs)):
-                for t in ts:
-                    if t.requires_grad:
-                        handle = t.register_hook(self._grad_hook(call, kind))
-                        if t.is_leaf:
-                            self.leaf_handles.append(handle)
 
-    def _grad_hook(self, call: int, kind: int) -> Any:
-        def hook(grad: torch.Tensor) -> None:
-            if grad is not None and grad.dtype in CHECKED and grad.numel():
-                self._add(call, kind, 1, grad)
-        return hook
+    def _grad(self, trace: Trace, slot: int, grad: torch.Tensor | None) -> None:
+        if trace is self.trace and grad is not None and grad.dtype in CHECKED and grad.numel():
+            trace.grads.append((len(trace.keys), slot))
+            trace.keys.append(self._stat(grad.detach() if grad.requires_grad else grad))
 
-    def take(self) -> tuple[list[str], list[tuple[int, int, int]], list[torch.Tensor]]:
-        """The calls, flag records and device flags gathered so far, and a fresh start (the
+    def _node_grad(self, trace: Trace, slot: int, index: int, grads: tuple[torch.Tensor | None, ...]) -> None:
+        grad = grads[index] if index < len(grads) else None
+        if trace is self.trace and grad is not None and grad.dtype in CHECKED and grad.numel():
+            trace.grads.append((len(trace.keys), slot))
+            trace.keys.append(self._stat(grad.detach() if grad.requires_grad else grad))
+
+    @property
+    def calls(self) -> list[str]:
+        return self.trace.calls
+
+    @property
+    def meta(self) -> Trace:
+        return self.trace
+
+    @property
+    def values(self) -> list[torch.Tensor]:
+        """The flags of the events so far (:meth:`Stats.flags`), as a list of one tensor or none."""
+        flags = self.stats.flags()
+        return [] if flags is None else [flags]
+
+    def take(self) -> tuple[list[str], Trace, list[torch.Tensor]]:
+        """The calls, the trace and the device flags gathered so far, and a fresh start (the
         gradient hooks put on leaf tensors this step are taken off)."""
         self._remove_leaf_hooks()
-        out = (self.calls, self.meta, self.values)
-        self.calls, self.meta, self.values = [], [], []
+        out = (self.trace.calls, self.trace, self.values)
+        self.trace = Trace()
+        self.stats.reset()
+        self.seen.clear()
         self.kept.clear()
         return out
 
 
-def producers(calls: list[str], meta: list[tuple[int, int, int]], flags: Any) -> list[Producer]:
-    """The forward and the backward producer (each at most once) from host-side ``flags``.
-
-    Events are scanned in the order they were recorded. Forward: the first non-finite output
-    of a call whose inputs were finite. Backward (which runs the other way): the first
-    non-finite input gradient of a call whose output gradients seen so far were finite; an
-    inner module's gradient hooks fire before those of the parent that contains it.
-    """
-    found: dict[int, Producer] = {}
-    upstream_bad: set[tuple[int, int]] = set()  # (direction, call) whose "source" side was non-finite
-    for (call, kind, d), flag in zip(meta, flags, strict=True):
-        if d in found or not flag:
-            continue
-        source, result = (INPUT, OUTPUT) if d == 0 else (OUTPUT, INPUT)
-        if kind == source:
-            upstream_bad.add((d, call))
-        elif kind == result and (d, call) not in upstream_bad:
-            found[d] = Producer(calls[call], call, "forward" if d == 0 else "backward")
-    return [found[d] for d in sorted(found)]
-
-
-def forward_producer(calls: list[str], meta: list[tuple[int, int, int]], flags: Any,
-                     root: str) -> Producer | None:
+def forward_producer(calls: list[str], meta: Trace, flags: Any, root: str) -> Producer | None:
     """The forward producer, or the batch (``BATCH``) when the root's own inputs were non-finite."""
-    for (call, kind, d), flag in zip(meta, flags, strict=True):
-        if d == 0 and kind == INPUT and flag and calls[call] == root:
-            return Producer(BATCH, call, "forward")
-    return next((p for p in producers(calls, meta, flags) if p.direction == "forward"), None)
+    return meta.forward(flags, root) if len(flags) else None
