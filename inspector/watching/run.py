@@ -13,7 +13,6 @@ import pandas as pd
 
 from ..capture import Captures
 from ..runfiles import (
-    META_KEY,
     STREAM_MAGIC,
     DistributedRun,
     RunMeta,
@@ -22,15 +21,13 @@ from ..runfiles import (
     is_run_file,
     parse_run,
     read_check_run,
-    read_stream,
-    schema,
 )
-from ..runfiles.columns import OPTIONAL
+from ..runfiles.frames import STEP_COLUMNS, finding_rows, run_table, steps_frame  # noqa: F401 - re-exported
+from ..runfiles.guard import read_head, regular_fd_close
+from ..runfiles.tail import RunTail, read_all
 from ..utils.findings import Finding, InspectorError
 from ..utils.labels import module_label
 
-STEP_COLUMNS = ["step", "rank", "time", "step_time", "loss", "grad_norm", "nonfinite", "scale", "skipped",
-                "device_allocated", "device_peak", "rss"]
 MODULE_COLUMNS = {"grad_norm": "module_grad_norm", "param_norm": "module_param_norm",
                   "update_ratio": "module_update_ratio", "nonfinite": "module_nonfinite"}
 
@@ -246,89 +243,37 @@ def _list_matrix(column: Any, width: int, name: str) -> np.ndarray:
     return out
 
 
-def _read_stream(source: Any, name: str) -> tuple[RunMeta, RunStream, Any]:
-    """``(meta, stream, table)`` of a run file of either kind, read once
-    (:func:`~inspector.runfiles.read_stream`): ``table`` holds its whole steps in the columns of
-    :func:`~inspector.runfiles.schema`; ``stream.closed`` says whether the writer closed it."""
-    import pyarrow as pa
-
-    try:
-        stream = read_stream(source)
-    except (pa.ArrowInvalid, OSError) as exc:
-        raise InspectorError(f"{name} is not a readable watch run file ({exc}); write one with "
-                             "inspector.watch or `python -m inspector watch`") from None
-    try:
-        meta = stream.meta
-    except (ValueError, TypeError, OverflowError) as exc:
-        raise InspectorError(f"{name}: {exc}") from None
-    except RecursionError:
-        raise InspectorError(f"{name}: its run metadata is nested too deeply to be a watch run's; "
-                             "write the file again with inspector.watch") from None
-    if meta is None:
-        raise InspectorError(
-            f"{name} is an Arrow stream but not a watch run file (no {META_KEY.decode()} metadata)"
-        )
-    names = stream.schema.names
-    missing = [f.name for f in schema() if f.name not in names and f.name not in OPTIONAL]
-    if missing:
-        raise InspectorError(
-            f"{name} lacks the columns {', '.join(missing)}; it was not written by inspector.watch"
-        )
-    table = pa.Table.from_batches(stream.batches, schema=stream.schema)
-    for column in OPTIONAL:  # a column of a later version: null in an older file
-        if column not in table.column_names:
-            field_ = schema().field(column)
-            table = table.append_column(field_, pa.nulls(table.num_rows, field_.type))
-    return meta, stream, table.select(schema().names)
-
-
-def _steps_frame(table: Any, meta: RunMeta) -> pd.DataFrame:
-    import pyarrow.compute as pc
-
-    frame = table.select(STEP_COLUMNS).to_pandas()
-    frame["loss_logged"] = pc.is_valid(table.column("loss")).to_numpy(
-        zero_copy_only=False
-    )  # a NaN loss is logged
-    lrs = table.column("lr").to_pylist()
-    for g in range(max((len(v) for v in lrs if v), default=0)):
-        frame[f"lr_{g}"] = [v[g] if v and g < len(v) else np.nan for v in lrs]
-    names, values = table.column("scalar_names").to_pylist(), table.column("scalar_values").to_pylist()
-    logged: dict[str, list[float]] = {}
-    for i, (ns, vs) in enumerate(zip(names, values, strict=True)):
-        for n, v in zip(ns or [], vs or [], strict=True):
-            logged.setdefault(n, [np.nan] * len(frame))[i] = v
-    for n, col in logged.items():
-        if n not in frame.columns:
-            frame[n] = col
-    return frame
+_steps_frame = steps_frame  # check_as_run builds its steps table the same way
 
 
 def _findings(table: Any) -> list[StepFinding]:
-    out = []
-    for step, rank, fs in zip(table.column("step").to_pylist(), table.column("rank").to_pylist(),
-                              table.column("findings").to_pylist(), strict=True):
-        for f in fs or []:
-            out.append(StepFinding(step, None if rank < 0 else rank, f["code"], f["severity"], f["where"],
-                                   f["message"]))
-    return out
+    return [StepFinding(*row) for row in finding_rows(table)]
 
 
-def _from_table(name: str, meta: RunMeta, table: Any, complete: bool, source: str = "") -> Run:
-    return Run(name, meta, _steps_frame(table, meta), _findings(table), complete, table, source)
+def run_of(tail: RunTail, source: str = "") -> Run:
+    """The :class:`Run` of what ``tail`` has read so far (a run of 0 steps when only its header is).
+
+    Raises:
+        InspectorError: a ``check_step`` record is damaged, or the steps table would be larger than the
+            file's size allows (naming the file).
+    """
+    from .checked import check_as_run
+
+    meta = tail.meta
+    if meta.kind == "check" and tail.rows:  # check_step's records, from the batches already read
+        return check_as_run(check_run_of(RunStream(tail.schema, tail.batches(), tail.offset, tail.cut,
+                                                   tail.closed), tail.name))
+    table = run_table(tail)
+    frame = steps_frame(table, tail.offset, tail.name)
+    return Run(tail.name, meta, frame, _findings(table), tail.closed, table, source)
 
 
 def parse_run_bytes(data: bytes, name: str = "run file") -> Run:
     """Like :func:`read_run`, from the file's bytes (an upload)."""
-    import pyarrow as pa
-
     from .checked import check_as_run
 
     if data[:4] == STREAM_MAGIC:
-        meta, stream, table = _read_stream(pa.BufferReader(data), name)
-        if meta.kind == "check":
-            return check_as_run(check_run_of(stream, name))
-        return _from_table(name, meta, table, stream.closed)
-
+        return run_of(read_all(data=data, name=name))
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError:
@@ -337,10 +282,9 @@ def parse_run_bytes(data: bytes, name: str = "run file") -> Run:
 
 
 def is_watch_file(path: str | os.PathLike) -> bool:
-    """Whether ``path`` starts like a watch run file (an Arrow IPC stream; reads 4 bytes)."""
-    from ..loading.checkpoint_guards import file_head
-
-    return file_head(path, 4) == STREAM_MAGIC
+    """Whether ``path`` is a regular file that starts like a watch run file (an Arrow IPC stream; reads
+    4 bytes; a FIFO or device is not opened)."""
+    return read_head(path, 4) == STREAM_MAGIC
 
 
 def read_run(path: str | os.PathLike) -> Run:
@@ -349,26 +293,23 @@ def read_run(path: str | os.PathLike) -> Run:
     ``inspector.read_run`` and ``inspector.distributed.read_run``. A ``check_step`` file gives a
     :class:`Run` of kind ``"check"``, with its per-rank and per-tensor records (see :class:`Run`).
 
-    The file may still be growing: every complete step written so far is read.
+    The file may still be growing: every complete step written so far is read (a file holding only its
+    header is a run of 0 steps). Only a regular file is read, and everything in it is checked first
+    (:mod:`inspector.runfiles.guard`: the limits there).
 
     Raises:
-        InspectorError: the file is missing or is neither kind of run file (the message says which).
+        InspectorError: the file is missing, not a regular file, neither kind of run file, damaged or
+            over a limit (the message names it and says which).
     """
-    import pyarrow as pa
-
     p = Path(path)
-    if not p.is_file():
+    if not p.exists():
         raise InspectorError(f"run file {p} does not exist; write it with inspector.watch(model, optimizer, "
                              f"{str(p)!r}) or `python -m inspector watch FILE.py:factory -o {p}`")
     from .checked import check_as_run
 
     if is_watch_file(p):
-        with pa.memory_map(str(p), "r") as source:  # zero-copy: 10,000 × 1,000 steps read in well under 1 s
-            meta, stream, table = _read_stream(source, p.name)
-            if meta.kind == "check":  # check_step's records, from the stream already read
-                return check_as_run(check_run_of(stream, p.name))
-            return _from_table(p.name, meta, table, stream.closed, source=str(p))
-
+        return run_of(read_all(p), source=str(p))
+    regular_fd_close(p)  # a FIFO or device: refused before it is opened
     if not is_run_file(p):
         raise InspectorError(
             f"{p.name} is neither a watch run file (Arrow stream) nor a check_step run.jsonl"
