@@ -5,11 +5,13 @@ first finding. Listing only reads: nothing is written into a runs folder."""
 from __future__ import annotations
 
 import os
+import stat
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..runfiles import END_OF_STREAM, is_run_file
+from ..runfiles.guard import regular_fd
 from ..utils.findings import InspectorError
 from ..utils.labels import module_label
 from ..watching import Run, StepFinding, is_watch_file, read_run
@@ -40,9 +42,11 @@ class RunEntry:
 def _closed(path: Path, size: int) -> bool:
     if size < 8:
         return False
-    with open(path, "rb") as f:
-        f.seek(size - 8)
-        return f.read(8) == END_OF_STREAM
+    fd = regular_fd(path)
+    try:
+        return os.pread(fd, 8, size - 8) == END_OF_STREAM
+    finally:
+        os.close(fd)
 
 
 def _is_run(path: Path) -> bool:
@@ -76,10 +80,10 @@ def list_runs(roots: list[Path], *, now: float | None = None, live_s: float = LI
                     continue
                 try:
                     st = p.stat()
-                    if not _is_run(p):
+                    if not stat.S_ISREG(st.st_mode) or not _is_run(p):  # a FIFO or device is never opened
                         continue
                     closed = p.suffix != ".jsonl" and _closed(p, st.st_size)
-                except OSError:
+                except (OSError, InspectorError):
                     continue
                 live = not closed and now - st.st_mtime <= live_s
                 name = prefix + str(p.relative_to(root))
@@ -98,7 +102,8 @@ def first_finding(run: Run) -> StepFinding | None:
 
 def describe(entry: RunEntry) -> dict[str, object]:
     """One row of the runs table: name, live, modified, steps so far, the first finding (or why
-    the file cannot be read)."""
+    the file cannot be read: whatever is wrong with one file, its row says so and no other row is
+    touched)."""
     row: dict[str, object] = {"run": entry.name, "live": entry.live,
                               "modified": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(entry.modified))}
     try:
@@ -109,6 +114,9 @@ def describe(entry: RunEntry) -> dict[str, object]:
     except InspectorError as exc:
         row["steps"] = None
         row["first finding"] = f"unreadable: {exc}"
+    except Exception as exc:  # noqa: BLE001 - one bad file never breaks the listing of the others
+        row["steps"] = None
+        row["first finding"] = f"unreadable: {type(exc).__name__} while reading it ({str(exc)[:200]})"
     return row
 
 
