@@ -52,10 +52,11 @@ class Scanned:
 
 
 def scan(buf: Any, schema: Any = None, meta: Any = None, *, name: str = "run file",
-         header_only: bool = False, limit: int = 1 << 62) -> Scanned:
+         header_only: bool = False, limit: int = 1 << 62, origin: int = 0) -> Scanned:
     """The messages of ``buf`` (a ``pyarrow.Buffer`` at a message's start), checked: the schema first
     when ``schema`` is None, then at most ``limit`` record batches, up to the end of ``buf``, the
     end-of-stream marker, or a message not whole in ``buf`` (``need`` says how long it is).
+    ``origin``: where ``buf`` starts in the file (for the messages).
 
     Raises:
         InspectorError: naming ``name`` and the fault: not a run file, a schema or metadata that is not
@@ -108,7 +109,8 @@ def scan(buf: Any, schema: Any = None, meta: Any = None, *, name: str = "run fil
         raise
     except (ValueError, TypeError, IndexError, OverflowError, struct.error, pa.ArrowException,
             OSError) as exc:
-        raise InspectorError(f"{name}: a message at byte {out.end:,} is damaged ({exc}): not read") from None
+        raise InspectorError(f"{name}: a message at byte {origin + out.end:,} is damaged ({exc}): "
+                             "not read") from None
     return out
 
 
@@ -131,7 +133,8 @@ class RunTail:
     """A run file read so far, from a path (it may grow; :meth:`poll` reads what was appended) or an
     upload's bytes (``data``): its ``schema``, ``meta``, the steps kept in a few large record batches
     (:meth:`batches`), ``offset`` (the bytes read), ``cut`` (a last message not whole: a writer mid-step
-    or dead there), ``closed``, ``rows`` and ``version`` (counts the polls that added rows).
+    or dead there), ``closed``, ``rows``, ``version`` (counts the polls that added rows) and
+    ``generation`` (counts the times the file was replaced and read again from its start).
 
     ``keep=False`` keeps no steps: :meth:`poll` only hands the new batches back (a tracker export).
     A file replaced under the same path (another inode, or shorter than what was read) is read again
@@ -146,9 +149,11 @@ class RunTail:
         self.name = name or (Path(self.path).name if self.path else "run file")
         self._data, self.keep = data, keep
         self._lock = threading.Lock()
+        self.generation = -1
         self._reset()
 
     def _reset(self) -> None:
+        self.generation += 1  # the file read from its start again
         self.schema: Any = None
         self.meta: Any = None
         self.offset, self.rows, self.version = 0, 0, 0
@@ -195,7 +200,8 @@ class RunTail:
             buf = pa.py_buffer(data)
             start = 0
             while True:
-                s = scan(buf.slice(start), self.schema, self.meta, name=self.name, limit=PENDING)
+                s = scan(buf.slice(start), self.schema, self.meta, name=self.name, limit=PENDING,
+                         origin=self.offset)
                 self.schema, self.meta = s.schema, s.meta
                 start += s.end
                 self.offset += s.end

@@ -11,7 +11,8 @@ Modules: ``captured``: the inputs and outputs of the module that first produced 
 the host; ``layout``: which tensors a watch follows; ``numbers``: one rank's numbers at one step;
 ``steps``: the per-step work of a watch; ``summary``: run files reduced for display; ``synthetic``: a
 synthetic run file of any size; ``tracer``: non-finite forward and backward tracing without a host sync
-per module; ``run``: reading a run file back; ``train``: a short training loop under :func:`watch`.
+per module; ``run``: reading a run file back; ``live``: a growing run file followed, reading only what
+was appended; ``train``: a short training loop under :func:`watch`.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from ..runfiles import META_KEY, RunMeta, RunWriter, StepRecord, record_batch, s
 from ..runfiles.columns import FORMAT, VERSION
 from .captured import captures_path, load_captures, producer_of, read_captures, save_captures
 from .core import Watch, WatchResult, watch
+from .live import LiveRun
 from .run import (
     MODULE_COLUMNS,
     STEP_COLUMNS,
@@ -37,6 +39,7 @@ from .train import OPTIMIZERS, make_optimizer, train_watched
 __all__ = [
     "FORMAT",
     "VERSION",
+    "LiveRun",
     "MODULE_COLUMNS",
     "STEP_COLUMNS",
     "Run",
