@@ -28,7 +28,7 @@ from hypothesis import strategies as st
 
 from inspector.runfiles import META_KEY, RunMeta, RunWriter, StepRecord, schema
 from inspector.runfiles.columns import file_schema, record_batch
-from inspector.runfiles.guard import MAX_LRS, message_header
+from inspector.runfiles.guard import MAX_LRS
 from inspector.runfiles.tail import _message
 from inspector.runfolders import describe, list_runs
 from inspector.utils.findings import InspectorError
@@ -70,7 +70,7 @@ def _messages(data: bytes) -> list[tuple[int, int, int]]:
     """``(offset, prefix and header bytes, body bytes)`` of each message of a good file."""
     out, at, view = [], 0, memoryview(data)
     while at < len(data):
-        size, kind, body, _ = _message(view, at, "x")
+        size, kind, body = _message(view, at, "x")[:3]
         if kind == "end":
             break
         out.append((at, size, body))
@@ -80,14 +80,24 @@ def _messages(data: bytes) -> list[tuple[int, int, int]]:
 
 def _field_at(data: bytes, message: int, field: int) -> tuple[int, int]:
     """``(absolute position, count)`` of the record batch header field ``field`` of message ``message``:
-    for field 0 (rows) the position of the int64, for a vector (1: nodes, 2: buffers) of its first entry."""
+    for field 0 (rows) the position of the int64, for a vector (1: nodes, 2: buffers) of its first entry.
+    A flatbuffer: a table starts with the int32 distance back to its vtable (uint16 sizes, then one
+    uint16 offset per field); a table or vector field holds the uint32 distance forward to it."""
     at, size, _ = _messages(data)[message]
-    _, _, header = message_header(memoryview(data)[at + 8:at + size])
-    pos = header._field(field)
+    meta = data[at + 8:at + size]
+
+    def table(pos):
+        vt = pos - struct.unpack_from("<i", meta, pos)[0]
+        return lambda i: pos + struct.unpack_from("<H", meta, vt + 4 + 2 * i)[0]
+
+    def ref(pos):
+        return pos + struct.unpack_from("<I", meta, pos)[0]
+
+    header = table(ref(table(ref(0))(2)))  # Message (the root) -> its header: the RecordBatch
     if field == 0:
-        return at + 8 + pos, 1
-    vec = pos + struct.unpack_from("<I", data, at + 8 + pos)[0]
-    return at + 8 + vec + 4, struct.unpack_from("<I", data, at + 8 + vec)[0]
+        return at + 8 + header(0), 1
+    vec = ref(header(field))
+    return at + 8 + vec + 4, struct.unpack_from("<I", meta, vec)[0]
 
 
 def _declare(data: bytes, message: int, rows: int | None = None, nodes: int | None = None) -> bytes:

@@ -53,10 +53,10 @@ class RunFollower:
         """The rows appended since the last call ([] while the file is missing, its header not whole,
         or it is not a run file that can be read)."""
         try:
-            batches = self._tail.poll()
+            self._tail.poll()
         except InspectorError:
             return []
-        return [row for batch in batches for row in _rows(batch)]
+        return [row for batch in self._tail.fresh for row in _rows(batch)]
 
 
 def _array(value: Any, dtype: Any) -> np.ndarray | None:

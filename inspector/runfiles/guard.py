@@ -109,6 +109,11 @@ def read_head(path: str | os.PathLike, size: int) -> bytes:
 
 # The Arrow IPC framing: 0xFFFFFFFF, the int32 length of the flatbuffer ``Message``, the message, its body.
 _CONTINUATION = 0xFFFFFFFF
+_PREFIX = struct.Struct("<Ii").unpack_from
+_I32, _U32 = struct.Struct("<i").unpack_from, struct.Struct("<I").unpack_from
+_U16, _I64 = struct.Struct("<H").unpack_from, struct.Struct("<q").unpack_from
+_U8 = struct.Struct("<B").unpack_from
+_MESSAGE_TYPES = {1: "schema", 2: "dictionary batch", 3: "record batch", 4: "tensor", 5: "sparse tensor"}
 
 
 def message_size(head: bytes | memoryview, at: int = 0) -> tuple[int, int] | None:
@@ -120,7 +125,7 @@ def message_size(head: bytes | memoryview, at: int = 0) -> tuple[int, int] | Non
     """
     if len(head) - at < 8:
         return None
-    marker, length = struct.unpack_from("<Ii", head, at)
+    marker, length = _PREFIX(head, at)
     if marker != _CONTINUATION:
         raise ValueError("the bytes there are not an Arrow IPC message (no continuation marker)")
     if length < 0 or length > MAX_META_BYTES:
@@ -128,79 +133,53 @@ def message_size(head: bytes | memoryview, at: int = 0) -> tuple[int, int] | Non
     return 8, length
 
 
-class _Table:
-    """A table of a flatbuffer, every offset checked against the buffer's bounds."""
-
-    def __init__(self, buf: bytes | memoryview, pos: int) -> None:
-        self.buf, self.pos = buf, pos
-        _need(buf, pos, 4)
-        vt = pos - struct.unpack_from("<i", buf, pos)[0]
-        _need(buf, vt, 4)
-        self.vt, (self.vt_size, _) = vt, struct.unpack_from("<HH", buf, vt)
-        _need(buf, vt, self.vt_size)
-
-    def _field(self, index: int) -> int:
-        at = 4 + 2 * index
-        if at + 2 > self.vt_size:
-            return 0
-        off = struct.unpack_from("<H", self.buf, self.vt + at)[0]
-        return self.pos + off if off else 0
-
-    def scalar(self, index: int, fmt: str, default: int = 0) -> int:
-        at = self._field(index)
-        if not at:
-            return default
-        _need(self.buf, at, struct.calcsize(fmt))
-        return int(struct.unpack_from("<" + fmt, self.buf, at)[0])
-
-    def present(self, index: int) -> bool:
-        return bool(self._field(index))
-
-    def table(self, index: int) -> _Table | None:
-        at = self._field(index)
-        if not at:
-            return None
-        _need(self.buf, at, 4)
-        return _Table(self.buf, at + struct.unpack_from("<I", self.buf, at)[0])
-
-    def structs(self, index: int, fmt: str) -> np.ndarray:
-        """A vector of structs of int64 fields (``fmt`` ``"qq"``) as an (n, 2) int64 array."""
-        at = self._field(index)
-        if not at:
-            return np.zeros((0, len(fmt)), np.int64)
-        _need(self.buf, at, 4)
-        vec = at + struct.unpack_from("<I", self.buf, at)[0]
-        _need(self.buf, vec, 4)
-        n = struct.unpack_from("<I", self.buf, vec)[0]
-        _need(self.buf, vec + 4, n * 8 * len(fmt))
-        return np.frombuffer(self.buf, dtype="<i8", count=n * len(fmt), offset=vec + 4).reshape(n, len(fmt))
-
-
-def _need(buf: bytes | memoryview, at: int, size: int) -> None:
-    if at < 0 or size < 0 or at + size > len(buf):
+def _table(buf: bytes, pos: int) -> tuple[int, int, int]:
+    """``(position, vtable position, vtable size)`` of the flatbuffer table at ``pos``; every read is
+    bounds-checked (``struct`` raises past the end; a negative position is refused here)."""
+    vt = pos - _I32(buf, pos)[0] if pos >= 0 else -1
+    if vt < 0:
         raise ValueError("a message header points outside itself")
+    return pos, vt, _U16(buf, vt)[0]
 
 
-_MESSAGE_TYPES = {1: "schema", 2: "dictionary batch", 3: "record batch", 4: "tensor", 5: "sparse tensor"}
+def _field(buf: bytes, table: tuple[int, int, int], index: int) -> int:
+    """Where field ``index`` of ``table`` is (0 when absent)."""
+    pos, vt, size = table
+    at = 4 + 2 * index
+    if at + 2 > size:
+        return 0
+    off = _U16(buf, vt + at)[0]
+    return pos + off if off else 0
 
 
-def message_header(meta: bytes | memoryview) -> tuple[str, int, _Table | None]:
+def _vector(buf: bytes, at: int) -> tuple[int, ...]:
+    """The int64 pairs of the vector of structs referenced at ``at``, flat (empty when absent)."""
+    if not at:
+        return ()
+    vec = at + _U32(buf, at)[0]
+    n = _U32(buf, vec)[0]
+    return struct.unpack_from(f"<{2 * n}q", buf, vec + 4)
+
+
+def message_header(meta: bytes) -> tuple[str, int, tuple[int, int, int] | None]:
     """``(type, body length, header table)`` of a message's flatbuffer ``meta``.
 
     Raises:
-        ValueError: ``meta`` is not a valid ``Message`` (an offset outside it, an unknown type, a
-            negative body length).
+        ValueError, struct.error: ``meta`` is not a valid ``Message`` (an offset outside it, a negative
+            body length).
     """
-    _need(meta, 0, 4)
-    message = _Table(meta, struct.unpack_from("<I", meta, 0)[0])
-    kind = _MESSAGE_TYPES.get(message.scalar(1, "B"), "unknown")
-    body = message.scalar(3, "q")
+    message = _table(meta, _U32(meta, 0)[0])
+    at = _field(meta, message, 1)
+    kind = _MESSAGE_TYPES.get(_U8(meta, at)[0] if at else 0, "unknown")
+    at = _field(meta, message, 3)
+    body = _I64(meta, at)[0] if at else 0
     if body < 0:
         raise ValueError(f"a message body of {body} bytes")
-    return kind, body, message.table(2)
+    at = _field(meta, message, 2)
+    return kind, body, _table(meta, at + _U32(meta, at)[0]) if at else None
 
 
-def batch_header(header: _Table, body: int, name: str) -> int:
+def batch_header(meta: bytes, header: tuple[int, int, int], body: int, name: str) -> int:
     """The rows a record batch header declares, once it is checked against its ``body`` bytes: no
     compressed body, every buffer inside the body, at most ``MAX_BATCH_ROWS`` rows (1 per 8 bytes:
     the int64 ``step`` column) and no column longer than the body's bits.
@@ -208,17 +187,18 @@ def batch_header(header: _Table, body: int, name: str) -> int:
     Raises:
         InspectorError: naming ``name`` and the fault.
     """
-    rows = header.scalar(0, "q")
-    if header.present(3):
+    at = _field(meta, header, 0)
+    rows = _I64(meta, at)[0] if at else 0
+    if _field(meta, header, 3):
         raise InspectorError(f"{name}: a record batch with compressed buffers (LZ4/ZSTD); a run file is "
                              "never compressed: not read")
     if rows < 0 or rows > min(MAX_WORLD, body // 8):
         raise InspectorError(f"{name}: a record batch declares {rows:,} rows in {body:,} bytes; at most "
                              f"{min(MAX_WORLD, body // 8):,} fit: the file is damaged or forged")
-    nodes, buffers = header.structs(1, "qq"), header.structs(2, "qq")
-    if len(nodes) and (nodes.min() < 0 or nodes[:, 0].max() > 8 * body + 8):
+    nodes, buffers = _vector(meta, _field(meta, header, 1)), _vector(meta, _field(meta, header, 2))
+    if nodes and (min(nodes) < 0 or max(nodes[0::2]) > 8 * body + 8):
         raise InspectorError(f"{name}: a column declares more values than its {body:,} bytes hold")
-    if len(buffers) and (buffers.min() < 0 or (buffers[:, 0] + buffers[:, 1]).max() > body):
+    if buffers and (min(buffers) < 0 or max(map(sum, zip(buffers[0::2], buffers[1::2], strict=True))) > body):
         raise InspectorError(f"{name}: a buffer lies outside its record batch's {body:,} bytes")
     return rows
 

@@ -72,7 +72,7 @@ def scan(buf: Any, schema: Any = None, meta: Any = None, *, name: str = "run fil
             if got is None or got[0] + got[2] > len(view):
                 out.need = 8 if got is None else got[0] + got[2]
                 return out
-            size, kind, body, _ = got
+            size, kind, body = got[:3]
             if kind != "schema" or body:
                 raise InspectorError(f"{name} is not a run file: an Arrow stream starts with its schema, "
                                      f"not a {kind} message")
@@ -89,7 +89,7 @@ def scan(buf: Any, schema: Any = None, meta: Any = None, *, name: str = "run fil
             if got is None:
                 out.need = 8 if len(view) > out.end else 0
                 break
-            size, kind, body, header = got
+            size, kind, body, header, meta_bytes = got
             if size == 8 and kind == "end":
                 out.closed = True
                 break
@@ -99,9 +99,8 @@ def scan(buf: Any, schema: Any = None, meta: Any = None, *, name: str = "run fil
             if kind != "record batch" or header is None:
                 raise InspectorError(f"{name}: a {kind} message after the schema; a run file holds only "
                                      "record batches: not read")
-            batch_header(header, body, name)
-            message = pa.ipc.read_message(pa.BufferReader(buf.slice(out.end, size + body)))
-            batch = pa.ipc.read_record_batch(message, out.schema)
+            batch_header(meta_bytes, header, body, name)
+            batch = pa.ipc.read_record_batch(buf.slice(out.end, size + body), out.schema)
             validate_batch(batch, name)
             out.batches.append(batch)
             out.end += size + body
@@ -114,19 +113,21 @@ def scan(buf: Any, schema: Any = None, meta: Any = None, *, name: str = "run fil
     return out
 
 
-def _message(view: memoryview, at: int, name: str) -> tuple[int, str, int, Any] | None:
-    """``(size of prefix and header, type, body length, header table)`` of the message at ``at``; None
-    when its prefix is not whole; the header is not parsed (type ``"?"``) when it is not whole."""
+def _message(view: memoryview, at: int, name: str) -> tuple[int, str, int, Any, bytes] | None:
+    """``(size of prefix and header, type, body length, header table, header bytes)`` of the message at
+    ``at``; None when its prefix is not whole; the header is not parsed (type ``"?"``) when it is not
+    whole."""
     got = message_size(view, at)
     if got is None:
         return None
     prefix, length = got
     if length == 0:
-        return 8, "end", 0, None
+        return 8, "end", 0, None, b""
     if at + prefix + length > len(view):
-        return prefix + length, "?", 0, None
-    kind, body, header = message_header(view[at + prefix:at + prefix + length])
-    return prefix + length, kind, body, header
+        return prefix + length, "?", 0, None, b""
+    meta = bytes(view[at + prefix:at + prefix + length])
+    kind, body, header = message_header(meta)
+    return prefix + length, kind, body, header, meta
 
 
 class RunTail:
@@ -136,7 +137,7 @@ class RunTail:
     or dead there), ``closed``, ``rows``, ``version`` (counts the polls that added rows) and
     ``generation`` (counts the times the file was replaced and read again from its start).
 
-    ``keep=False`` keeps no steps: :meth:`poll` only hands the new batches back (a tracker export).
+    ``keep=False`` keeps no steps: :meth:`poll` leaves the new ones in ``fresh`` (a tracker export).
     A file replaced under the same path (another inode, or shorter than what was read) is read again
     from its start. One tail may be shared between threads.
     """
@@ -159,22 +160,27 @@ class RunTail:
         self.offset, self.rows, self.version = 0, 0, 0
         self.cut = self.closed = False
         self._chunks: list[Any] = []
+        self.fresh: list[Any] = []
         self._ident: tuple[int, int] | None = None
 
     def batches(self) -> list[Any]:
         """The kept steps as record batches in file order (a few, of up to ``CHUNK_ROWS`` rows)."""
         return list(self._chunks)
 
-    def poll(self) -> list[Any]:
-        """Read what was appended since the last call; returns the new batches (validated).
+    def poll(self) -> int:
+        """Read what was appended since the last call; returns how many rows it added. With ``keep``
+        they are in :meth:`batches`; without, the new ones (validated) are in ``fresh`` until the next
+        call.
 
         Raises:
             InspectorError: the file is not a regular file, cannot be read, or is not a run file or is
                 damaged (:func:`scan`), naming it.
         """
         with self._lock:
+            self.fresh: list[Any] = []
             if self._data is not None:
-                return self._read(lambda at, n: self._data[at:at + n], len(self._data))  # type: ignore[index]
+                view = memoryview(self._data)
+                return self._read(lambda at, n: view[at:at + n], len(self._data))
             fd = regular_fd(self.path)  # type: ignore[arg-type]
             try:
                 st = os.fstat(fd)
@@ -182,22 +188,32 @@ class RunTail:
                 if self._ident is not None and (ident != self._ident or st.st_size < self.offset):
                     self._reset()  # a new file under this name: read it from its start
                 self._ident = ident
-                return self._read(lambda at, n: os.pread(fd, n, at), st.st_size)
+                block = bytearray(min(BLOCK, st.st_size - self.offset)) if st.st_size > self.offset else b""
+
+                def fill(at: int, n: int) -> memoryview:
+                    nonlocal block
+                    if n > len(block):  # a message longer than a block: read it whole
+                        block = bytearray(n)
+                    view = memoryview(block)[:n]
+                    return view[:os.preadv(fd, [view], at)]
+
+                return self._read(fill, st.st_size)
             except OSError as exc:
                 raise InspectorError(f"run file {self.name} cannot be read ({exc.strerror or exc})") from None
             finally:
                 os.close(fd)
 
-    def _read(self, read: Any, size: int) -> list[Any]:
+    def _read(self, fill: Any, size: int) -> int:
+        """Read from ``offset`` up to ``size`` with ``fill(at, n)`` (a view of the bytes there, reused:
+        every batch kept is a copy made before the next fill)."""
         import pyarrow as pa
 
-        new: list[Any] = []
+        rows = self.rows
         pending: list[Any] = []
-        block = BLOCK
+        want = BLOCK
         self.cut = False
         while self.offset < size and not self.closed:
-            data = read(self.offset, min(size - self.offset, block))
-            buf = pa.py_buffer(data)
+            buf = pa.py_buffer(fill(self.offset, min(size - self.offset, want)))
             start = 0
             while True:
                 s = scan(buf.slice(start), self.schema, self.meta, name=self.name, limit=PENDING,
@@ -208,37 +224,42 @@ class RunTail:
                 self.closed = s.closed
                 pending += s.batches
                 if len(pending) >= PENDING or (pending and not s.batches):
-                    new += self._take(pending)
+                    self._take(pending)
                     pending = []
                 if not s.batches or s.closed:
                     break
-            new += self._take(pending)
+            self._take(pending)
             pending = []
-            if s.closed or not s.need:
+            need = s.need
+            del buf, s  # nothing read from this block is held past here: the next fill reuses it
+            if self.closed or not need:
                 continue
-            if self.offset + s.need > size:  # the writer is mid-message, or died there
+            if self.offset + need > size:  # the writer is mid-message, or died there
                 self.cut = True
                 break
-            block = max(BLOCK, s.need)  # a message longer than a block: read it whole
-        return new
+            want = max(BLOCK, need)
+        if self.rows > rows:
+            pa.default_memory_pool().release_unused()  # the merged batches' copies
+        return self.rows - rows
 
-    def _take(self, batches: list[Any]) -> list[Any]:
+    def _take(self, batches: list[Any]) -> None:
         """Keep ``batches`` (one merged copy, so they no longer hold the block they were read from)."""
         import pyarrow as pa
 
         if not batches:
-            return []
+            return
         merged = pa.concat_batches(batches)  # a copy: the block read is let go
         check_rows(merged, self.meta, self.name)
         self.rows += merged.num_rows
-        if self.keep:
-            self._chunks.append(merged)
-            while len(self._chunks) > 1 and self._chunks[-2].num_rows <= self._chunks[-1].num_rows \
-                    and self._chunks[-2].num_rows + self._chunks[-1].num_rows <= CHUNK_ROWS:
-                last = self._chunks.pop()
-                self._chunks[-1] = pa.concat_batches([self._chunks[-1], last])
-            self.version += 1
-        return [merged]
+        if not self.keep:
+            self.fresh.append(merged)
+            return
+        self._chunks.append(merged)
+        while len(self._chunks) > 1 and self._chunks[-2].num_rows <= self._chunks[-1].num_rows \
+                and self._chunks[-2].num_rows + self._chunks[-1].num_rows <= CHUNK_ROWS:
+            last = self._chunks.pop()
+            self._chunks[-1] = pa.concat_batches([self._chunks[-1], last])
+        self.version += 1
 
 
 def read_header(path: str | os.PathLike, name: str | None = None) -> Scanned:
