@@ -404,3 +404,21 @@ def test_an_upload_reads_as_the_file_does(tmp_path):
     assert upload.steps["acc"].tolist()[::2] == [0.5, 1.5, 2.5, 3.5, 4.5]  # rank 0: 0.5 + step
     assert [f.step for f in upload.findings] == [1, 1]  # both ranks at step 1
     assert schema().names[:2] == ["step", "rank"]
+
+
+def test_a_growing_runs_row_reads_on_and_says_what_a_whole_read_says(tmp_path):
+    from inspector.runfolders import RunSummary
+
+    path = tmp_path / "grow.inspect"
+    writer = RunWriter(path, _meta())
+    summary = RunSummary(path)
+    [entry] = list_runs([tmp_path])
+    assert describe(entry, summary)["steps"] == 0
+    for s in range(3):
+        writer.write([_record(s, findings=s == 1)])
+    row = describe(entry, summary)
+    assert row == describe(entry) and row["steps"] == 3 and row["first finding"] == "step 1: loss-spike at m0"
+    offset = summary.tail.offset
+    writer.write([_record(3)])
+    assert describe(entry, summary)["steps"] == 4 and summary.tail.offset > offset  # read on, not again
+    writer.close()

@@ -10,8 +10,12 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
 from ..runfiles import END_OF_STREAM, is_run_file
+from ..runfiles.frames import finding_rows
 from ..runfiles.guard import regular_fd
+from ..runfiles.tail import RunTail
 from ..utils.findings import InspectorError
 from ..utils.labels import module_label
 from ..watching import Run, StepFinding, is_watch_file, read_run
@@ -92,24 +96,65 @@ def list_runs(roots: list[Path], *, now: float | None = None, live_s: float = LI
     return found[:limit]
 
 
-def first_finding(run: Run) -> StepFinding | None:
-    """The earliest finding of ``run`` (as :func:`~inspector.watching.read_run` read it; errors before
-    warnings at one step), or None."""
-    rank = {"error": 0, "warning": 1, "info": 2}
-    ordered = sorted(run.findings, key=lambda f: (f.step, rank.get(f.severity, 3)))
-    return ordered[0] if ordered else None
+def first_finding(run: Run | list[StepFinding]) -> StepFinding | None:
+    """The earliest finding of ``run`` (as :func:`~inspector.watching.read_run` read it, or its findings;
+    errors before warnings at one step), or None."""
+    found = run if isinstance(run, list) else run.findings
+    return min(found, key=_order) if found else None
 
 
-def describe(entry: RunEntry) -> dict[str, object]:
+def _whole(path: Path) -> tuple[int, StepFinding | None]:
+    run = read_run(path)
+    return (int(run.steps["step"].nunique()) if len(run.steps) else 0), first_finding(run)
+
+
+class RunSummary:
+    """What a row of the runs table says about one watch run file (its steps so far, its first finding),
+    read on from where the last :meth:`read` stopped: a growing run costs only its new steps, and memory
+    for its step numbers, not its tables."""
+
+    def __init__(self, path: str | os.PathLike) -> None:
+        self.tail = RunTail(path, keep=False)
+        self._steps: set[int] = set()
+        self._first: StepFinding | None = None
+
+    def read(self) -> tuple[int, StepFinding | None]:
+        """``(steps, first finding)`` so far.
+
+        Raises:
+            InspectorError: the file is not a watch run file, or is damaged (naming it).
+        """
+        import pyarrow as pa
+
+        self.tail.poll()
+        if self.tail.schema is None:
+            raise InspectorError(f"{self.tail.name} has no whole run file header yet")
+        for batch in self.tail.fresh:
+            self._steps.update(np.unique(batch.column("step").to_numpy()).tolist())
+            found = [StepFinding(*row) for row in finding_rows(pa.Table.from_batches([batch]))]
+            first = first_finding(found)
+            if first is not None and (self._first is None or _order(first) < _order(self._first)):
+                self._first = first
+        return len(self._steps), self._first
+
+
+_SEVERITY = {"error": 0, "warning": 1, "info": 2}
+
+
+def _order(f: StepFinding) -> tuple[int, int]:
+    return f.step, _SEVERITY.get(f.severity, 3)
+
+
+def describe(entry: RunEntry, summary: RunSummary | None = None) -> dict[str, object]:
     """One row of the runs table: name, live, modified, steps so far, the first finding (or why
     the file cannot be read: whatever is wrong with one file, its row says so and no other row is
-    touched)."""
+    touched). ``summary``: the entry's :class:`RunSummary` kept between calls (a watch run file's row
+    then reads only what was appended)."""
     row: dict[str, object] = {"run": entry.name, "live": entry.live,
                               "modified": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(entry.modified))}
     try:
-        run = read_run(entry.path)
-        f = first_finding(run)
-        row["steps"] = int(run.steps["step"].nunique()) if len(run.steps) else 0
+        steps, f = summary.read() if summary is not None and is_watch_file(entry.path) else _whole(entry.path)
+        row["steps"] = steps
         row["first finding"] = f"step {f.step}: {f.code} at {module_label(f.where)}" if f else ""
     except InspectorError as exc:
         row["steps"] = None
@@ -120,4 +165,4 @@ def describe(entry: RunEntry) -> dict[str, object]:
     return row
 
 
-__all__ = ["LIVE_S", "RunEntry", "describe", "first_finding", "list_runs"]
+__all__ = ["LIVE_S", "RunEntry", "RunSummary", "describe", "first_finding", "list_runs"]
