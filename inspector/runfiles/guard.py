@@ -20,10 +20,10 @@ The limits (a file over one is refused with a message naming the file and the li
 ``MAX_MODULES``           1,000,000 modules (``RunMeta.modules``)
 ``MAX_PARAMETERS``        4,000,000 parameters (``RunMeta.parameters``)
 ``MAX_WORLD``             1,048,576 ranks (``RunMeta.world_size``)
-``MAX_BATCH_ROWS``        rows of one batch: at most ``MAX_WORLD`` and 1 per 8 bytes of its body
+rows of one batch         at most ``MAX_WORLD`` and 1 per 8 bytes of its body (the int64 ``step``)
 ``MAX_LRS``               100,000 learning rates (param groups) in one row
-``MAX_SCALARS``           100,000 logged scalar names in one row, and over the whole run
-``MAX_CELLS``             the steps table (rows × (lrs + scalar names)) at most
+``MAX_SCALARS``           100,000 logged scalar names in one row
+:func:`max_cells`         the steps table (rows × (lrs + distinct scalar names)) at most
                           ``CELLS_FLOOR`` (8,000,000) + 1 cell per 2 bytes of the file
 ========================  =========================================================================
 """
@@ -50,7 +50,8 @@ CELLS_FLOOR = 8_000_000
 
 
 def max_cells(file_size: int) -> int:
-    """How many cells the steps table of a file of ``file_size`` bytes may have (``MAX_CELLS``)."""
+    """How many cells the steps table of a file of ``file_size`` bytes may have: a file that logs a new
+    scalar name on every row would otherwise expand to rows × names of NaN."""
     return CELLS_FLOOR + file_size // 2
 
 
@@ -181,7 +182,7 @@ def message_header(meta: bytes) -> tuple[str, int, tuple[int, int, int] | None]:
 
 def batch_header(meta: bytes, header: tuple[int, int, int], body: int, name: str) -> int:
     """The rows a record batch header declares, once it is checked against its ``body`` bytes: no
-    compressed body, every buffer inside the body, at most ``MAX_BATCH_ROWS`` rows (1 per 8 bytes:
+    compressed body, every buffer inside the body, at most ``MAX_WORLD`` rows (and 1 per 8 bytes:
     the int64 ``step`` column) and no column longer than the body's bits.
 
     Raises:
