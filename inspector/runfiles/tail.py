@@ -4,7 +4,8 @@
 its :class:`~.columns.RunMeta` within the limits), then each record batch, its header checked before
 Arrow reads it and the batch validated in full before it is returned. :class:`RunTail` reads a file
 (or an upload's bytes) with it in blocks of at most ``BLOCK`` bytes, from where it stopped last time,
-and keeps the steps in a few large record batches (``CHUNK_ROWS`` rows each, merged as they come), so
+and keeps the steps in a few large record batches (``CHUNK_ROWS`` rows each, and at most ``SMALL``
+pieces of the rows read since), so
 memory follows the numbers kept, not the number of steps: one batch per step as the watch writes costs
 its numbers, not an Arrow object per step.
 """
@@ -32,7 +33,8 @@ from .guard import (
 
 META_KEY = b"inspector-watch"  # the schema metadata key of its RunMeta
 BLOCK = 8 << 20  # bytes read at a time (a larger message is read whole, within the file's size)
-CHUNK_ROWS = 16384  # rows of a kept batch once merged
+CHUNK_ROWS = 8192  # rows of a kept batch once merged
+SMALL = 64  # pieces of fewer rows kept at most (a followed run adds one per read)
 PENDING = 512  # new batches merged into one kept batch at a time
 
 
@@ -159,13 +161,14 @@ class RunTail:
         self.meta: Any = None
         self.offset, self.rows, self.version = 0, 0, 0
         self.cut = self.closed = False
-        self._chunks: list[Any] = []
+        self._chunks: list[Any] = []  # sealed: CHUNK_ROWS rows or more each
+        self._small: list[Any] = []  # the rows read since, in at most SMALL pieces
         self.fresh: list[Any] = []
         self._ident: tuple[int, int] | None = None
 
     def batches(self) -> list[Any]:
         """The kept steps as record batches in file order (a few, of up to ``CHUNK_ROWS`` rows)."""
-        return list(self._chunks)
+        return [*self._chunks, *self._small]
 
     def poll(self) -> int:
         """Read what was appended since the last call; returns how many rows it added. With ``keep``
@@ -177,7 +180,7 @@ class RunTail:
                 damaged (:func:`scan`), naming it.
         """
         with self._lock:
-            self.fresh: list[Any] = []
+            self.fresh = []
             if self._data is not None:
                 view = memoryview(self._data)
                 return self._read(lambda at, n: view[at:at + n], len(self._data))
@@ -254,11 +257,12 @@ class RunTail:
         if not self.keep:
             self.fresh.append(merged)
             return
-        self._chunks.append(merged)
-        while len(self._chunks) > 1 and self._chunks[-2].num_rows <= self._chunks[-1].num_rows \
-                and self._chunks[-2].num_rows + self._chunks[-1].num_rows <= CHUNK_ROWS:
-            last = self._chunks.pop()
-            self._chunks[-1] = pa.concat_batches([self._chunks[-1], last])
+        self._small.append(merged)
+        if sum(b.num_rows for b in self._small) >= CHUNK_ROWS:  # a whole chunk: sealed, each row copied twice
+            self._chunks.append(pa.concat_batches(self._small))
+            self._small = []
+        elif len(self._small) > SMALL:  # many small reads of a followed run: one piece again
+            self._small = [pa.concat_batches(self._small)]
         self.version += 1
 
 

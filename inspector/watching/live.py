@@ -42,6 +42,7 @@ class LiveRun:
                                      "watch run file)")
             key = (self.path, tail.generation, tail.offset, tail.closed, tail.cut)
             if self._run is None or key != self.key:
+                self._run = None  # the old tables go before the new ones are built
                 self._run, self.key = run_of(tail, source=self.path), key
             return self._run
 
