@@ -29,7 +29,7 @@ from hypothesis import strategies as st
 from inspector.runfiles import META_KEY, RunMeta, RunWriter, StepRecord, schema
 from inspector.runfiles.columns import file_schema, record_batch
 from inspector.runfiles.guard import MAX_LRS
-from inspector.runfiles.tail import _message
+from inspector.runfiles.tail import SMALL, _message
 from inspector.runfolders import describe, list_runs
 from inspector.utils.findings import InspectorError
 from inspector.watching import LiveRun, parse_run_bytes, read_run
@@ -388,7 +388,7 @@ def test_following_a_growing_file_gives_the_run_a_full_read_gives(tmp_path):
     assert seen == list(range(1, 15)) and followed.complete and full.complete
     assert followed.steps.equals(full.steps) and followed.findings == full.findings
     np.testing.assert_array_equal(followed.matrix()[1], full.matrix()[1])
-    assert followed.table.equals(full.table) and followed.table.column("step").num_chunks <= 4
+    assert followed.table.equals(full.table) and followed.table.column("step").num_chunks <= SMALL
     rewritten = RunWriter(path, _meta(3, 2))  # the same name, a new file: read from its start
     rewritten.write([_record(0, 0, 3)])
     assert len(live.read().steps) == 1

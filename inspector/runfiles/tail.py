@@ -34,7 +34,7 @@ from .guard import (
 META_KEY = b"inspector-watch"  # the schema metadata key of its RunMeta
 BLOCK = 8 << 20  # bytes read at a time (a larger message is read whole, within the file's size)
 CHUNK_ROWS = 8192  # rows of a kept batch once merged
-SMALL = 64  # pieces of fewer rows kept at most (a followed run adds one per read)
+SMALL = 16  # pieces of fewer rows kept at most (a followed run adds one per read)
 PENDING = 512  # new batches merged into one kept batch at a time
 
 
@@ -251,7 +251,8 @@ class RunTail:
 
         if not batches:
             return
-        merged = pa.concat_batches(batches)  # a copy: the block read is let go
+        pool = pa.system_memory_pool()  # kept for long: freed pieces go back to the system, not a cache
+        merged = pa.concat_batches(batches, memory_pool=pool)  # a copy: the block read is let go
         check_rows(merged, self.meta, self.name)
         self.rows += merged.num_rows
         if not self.keep:
@@ -259,10 +260,10 @@ class RunTail:
             return
         self._small.append(merged)
         if sum(b.num_rows for b in self._small) >= CHUNK_ROWS:  # a whole chunk: sealed, each row copied twice
-            self._chunks.append(pa.concat_batches(self._small))
+            self._chunks.append(pa.concat_batches(self._small, memory_pool=pool))
             self._small = []
         elif len(self._small) > SMALL:  # many small reads of a followed run: one piece again
-            self._small = [pa.concat_batches(self._small)]
+            self._small = [pa.concat_batches(self._small, memory_pool=pool)]
         self.version += 1
 
 

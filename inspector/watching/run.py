@@ -223,23 +223,28 @@ class Run:
 
 def _list_matrix(column: Any, width: int, name: str) -> np.ndarray:
     """A list column whose non-null lists all have ``width`` items, as a float32 (rows × width) array
-    (NaN for null lists; zero-copy when none is null)."""
+    (NaN for null lists), filled chunk by chunk from views of the column (no combined copy)."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    arr = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
-    valid = ~np.asarray(arr.is_null().to_numpy(zero_copy_only=False), dtype=bool)
-    flat = arr.flatten().to_numpy(zero_copy_only=False).astype(np.float32, copy=False)
-    if len(flat) != int(valid.sum()) * width:
-        lengths = pc.list_value_length(arr).to_numpy(zero_copy_only=False)
-        bad = int(np.flatnonzero(valid & (lengths != width))[0])
-        raise InspectorError(
-            f"{name}: row {bad} has {lengths[bad]} per-module values, not {width}; the file is damaged"
-        )
-    if valid.all() or width == 0:
-        return flat.reshape(len(arr), width)
-    out = np.full((len(arr), width), np.nan, dtype=np.float32)
-    out[valid] = flat.reshape(-1, width)
+    chunks = column.chunks if isinstance(column, pa.ChunkedArray) else [column]
+    out = np.empty((sum(len(c) for c in chunks), width), dtype=np.float32)
+    row = 0
+    for arr in chunks:
+        valid = ~np.asarray(arr.is_null().to_numpy(zero_copy_only=False), dtype=bool)
+        flat = arr.flatten().to_numpy(zero_copy_only=False)
+        if len(flat) != int(valid.sum()) * width:
+            lengths = pc.list_value_length(arr).to_numpy(zero_copy_only=False)
+            bad = int(np.flatnonzero(valid & (lengths != width))[0])
+            raise InspectorError(f"{name}: row {row + bad} has {lengths[bad]} per-module values, not "
+                                 f"{width}; the file is damaged")
+        block = out[row:row + len(arr)]
+        if valid.all():
+            block[...] = flat.reshape(len(arr), width)
+        else:
+            block[...] = np.nan
+            block[valid] = flat.reshape(-1, width)
+        row += len(arr)
     return out
 
 
