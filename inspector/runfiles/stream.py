@@ -1,12 +1,13 @@
-"""The run file as an Arrow IPC stream: how it starts and ends, the one reader of its messages
-(:func:`read_stream`), and its writers (:class:`RunWriter` for the watch, :func:`append_check` for
+"""The run file as an Arrow IPC stream: how it starts and ends, :func:`read_stream` (its messages from
+a buffer, checked), and its writers (:class:`RunWriter` for the watch, :func:`append_check` for
 ``check_step``).
 
 The stream is the schema (with :class:`~.columns.RunMeta` as JSON in its metadata under
-:data:`META_KEY`), one record batch per step, and, once the writer closes it, the end-of-stream
-marker. Every reader of the file (``inspector.read_run``, :func:`~.run.read_check_run`, the
-tracker exports following a growing run) reads it through :func:`read_stream`, which stops at a
-batch cut short (a run still being written, or one that died mid-write) and keeps every whole one.
+:data:`META_KEY`), written when the file opens, one record batch per step, and, once the writer closes
+it, the end-of-stream marker. Every reader of the file (``inspector.read_run``,
+:func:`~.run.read_check_run`, the tracker exports and the pages following a growing run) reads it
+through :func:`.tail.scan`, checked as :mod:`.guard` says, which stops at a batch cut short (a run
+still being written, or one that died mid-write) and keeps every whole one.
 """
 
 from __future__ import annotations
@@ -86,8 +87,9 @@ def read_stream(source: Any, schema: Any = None, *, header_only: bool = False,
 class RunWriter:
     """Appends steps to a run file; each :meth:`write` is flushed to disk at once.
 
-    Use as a context manager, or call :meth:`close`. The file is created (its folder too);
-    an existing file of that name is unlinked first, never truncated in place.
+    Use as a context manager, or call :meth:`close`. The file is created (its folder too) and its
+    schema written at once, so a run is a run file of 0 steps from its first byte; an existing file of
+    that name is unlinked first, never truncated in place.
     """
 
     def __init__(self, path: str | os.PathLike, meta: RunMeta) -> None:
