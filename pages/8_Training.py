@@ -202,6 +202,10 @@ def live(upload: Any, path: str) -> None:
     if opened is None:
         st.info("Choose a run file to see it.")
         return
+    if not len(opened.run.steps):  # only the header: the run started and has not finished a step
+        st.info(markdown_text(f"{opened.run.path}: 0 steps so far (the run has written its header and no "
+                              "whole step)."))
+        return
     with guarded("showing the run"):
         _show(opened)
 

@@ -10,7 +10,7 @@ import pandas as pd
 import streamlit as st
 
 from inspector.figures import runs_overlay_figure
-from inspector.runfolders import RunEntry, allowed_run_path, describe, list_runs, runs_dirs
+from inspector.runfolders import RunEntry, RunSummary, allowed_run_path, describe, list_runs, runs_dirs
 from inspector.utils import InspectorError, markdown_text
 from inspector.watching import main_steps, read_run
 from ui.errors import guarded
@@ -32,9 +32,15 @@ def _entries(dirs: tuple[str, ...]) -> list[RunEntry]:
     return list_runs([Path(d) for d in dirs])
 
 
+@st.cache_resource(show_spinner=False, max_entries=1024)
+def _summary(path: str) -> RunSummary:
+    """One summary per run file, shared by every session: a growing run's row reads only its new steps."""
+    return RunSummary(path)
+
+
 @st.cache_data(show_spinner=False, max_entries=1024)
 def _row(_entry: RunEntry, path: str, size: int, modified: float, live: bool) -> dict[str, object]:
-    return describe(_entry)
+    return describe(_entry, _summary(path))
 
 
 def folder_runs() -> list[RunEntry]:

@@ -15,7 +15,15 @@ from inspector import format_bytes, run_report
 from inspector.distributed import rank_issues, unique_findings
 from inspector.figures import NormGrid, grad_norm_figure, memory_figure, run_norm_grid
 from inspector.utils import InspectorError, grid_frame, markdown_text
-from inspector.watching import MODULE_COLUMNS, Run, ordered_findings, parse_run_bytes, read_run
+from inspector.watching import (
+    MODULE_COLUMNS,
+    LiveRun,
+    Run,
+    is_watch_file,
+    ordered_findings,
+    parse_run_bytes,
+    read_run,
+)
 from inspector.watching import main_steps as run_main_steps
 from ui.tables import message_layout, paged_table
 
@@ -56,6 +64,12 @@ def _read_path(path: str, size: int, mtime_ns: int) -> Opened:
     return Opened((path, size, mtime_ns), read_run(path))
 
 
+@st.cache_resource(show_spinner=False, max_entries=8)
+def _live(path: str) -> LiveRun:
+    """One follower per watch run file, shared by every session: each read adds only the new steps."""
+    return LiveRun(path)
+
+
 @st.cache_resource(show_spinner=False, max_entries=4)
 def _read_upload(name: str, file_id: str, _data: bytes) -> Opened:
     return Opened((name, file_id), parse_run_bytes(_data, name))
@@ -64,8 +78,9 @@ def _read_upload(name: str, file_id: str, _data: bytes) -> Opened:
 def open_run(upload: Any, path: str) -> Opened | None:
     """The run of ``upload`` (wins) or of the server ``path``; None when neither is given.
 
-    A path is read again only when its size or modification time changed, so a page that
-    refreshes every few seconds costs a ``stat`` while the file stands still.
+    A watch run file is followed (:class:`~inspector.watching.LiveRun`): each refresh reads only the
+    steps appended since the last one, and the run is rebuilt only when there are some. A JSON-lines
+    run file is read again only when its size or modification time changed.
     """
     if upload is not None:
         return _read_upload(upload.name, upload.file_id, upload.getvalue())
@@ -74,6 +89,10 @@ def open_run(upload: Any, path: str) -> Opened | None:
     from ui.runs import checked_path
 
     p = checked_path(path.strip())  # only under the runs folders or the upload folder
+    if is_watch_file(p):  # an Arrow run file: read on from where the last read stopped
+        live = _live(p)
+        run = live.read()
+        return Opened(live.key, run)
     try:
         st_ = os.stat(p)
     except OSError:
@@ -103,6 +122,7 @@ def clear_cache() -> None:
     """Forget every run read and grid binned (the next open reads the file again)."""
     _read_path.clear()
     _read_upload.clear()
+    _live.clear()
     norm_grid_of.clear()
 
 

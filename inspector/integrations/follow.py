@@ -1,8 +1,8 @@
 """Follow a growing watch run file: each call hands back the steps appended since the last one.
 
 The run file is an Arrow IPC stream, flushed after every step; :class:`RunFollower` keeps its
-byte offset and reads only the new messages, so following a run costs one small read per step
-whatever its length. Used by the tracker exports (:mod:`.trackers`).
+byte offset and reads only the new messages (checked, :mod:`inspector.runfiles.guard`), so following
+a run costs one small read per step whatever its length. Used by the tracker exports (:mod:`.trackers`).
 """
 
 from __future__ import annotations
@@ -13,7 +13,9 @@ from typing import Any
 
 import numpy as np
 
-from ..runfiles import RunMeta, read_stream
+from ..runfiles import RunMeta
+from ..runfiles.tail import RunTail
+from ..utils.findings import InspectorError
 
 
 @dataclass(frozen=True)
@@ -34,31 +36,27 @@ class StepRow:
 
 
 class RunFollower:
-    """Reads the steps a watch appends to ``path``; :meth:`new_rows` returns those not seen yet."""
+    """Reads the steps a watch appends to ``path``; :meth:`new_rows` returns those not seen yet.
+
+    Reading goes through :class:`~inspector.runfiles.tail.RunTail` (checked as every run file is read;
+    nothing is kept between calls but the offset and the schema)."""
 
     def __init__(self, path: str | os.PathLike) -> None:
         self.path = str(path)
-        self.meta: RunMeta | None = None
-        self._schema: Any = None
-        self._offset = 0
+        self._tail = RunTail(path, keep=False)
+
+    @property
+    def meta(self) -> RunMeta | None:
+        return self._tail.meta
 
     def new_rows(self) -> list[StepRow]:
-        import pyarrow as pa
-
+        """The rows appended since the last call ([] while the file is missing, its header not whole,
+        or it is not a run file that can be read)."""
         try:
-            with open(self.path, "rb") as f:
-                f.seek(self._offset)
-                data = f.read()
-        except OSError:
+            self._tail.poll()
+        except InspectorError:
             return []
-        try:  # the messages written since the last call, up to a batch the writer is still writing
-            stream = read_stream(pa.BufferReader(pa.py_buffer(data)), self._schema)
-        except (pa.ArrowInvalid, OSError):  # the header is not whole yet
-            return []
-        if self._schema is None:
-            self._schema, self.meta = stream.schema, stream.meta
-        self._offset += stream.end
-        return [row for batch in stream.batches for row in _rows(batch)]
+        return [row for batch in self._tail.fresh for row in _rows(batch)]
 
 
 def _array(value: Any, dtype: Any) -> np.ndarray | None:

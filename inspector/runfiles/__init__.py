@@ -7,6 +7,13 @@
   messages (the schema and its :class:`RunMeta`, every whole batch, a last batch cut short left
   out), used by ``inspector.read_run``, :func:`read_check_run` and the tracker exports following a
   growing run; :class:`RunWriter` (the watch's writer) and :func:`append_check` (``check_step``'s);
+- :mod:`.guard`: what a run file may hold, checked before any of it is used (it is untrusted input):
+  only regular files opened, the schema the project writes, each batch's header before Arrow reads
+  it, every batch validated in full, and the limits (modules, rows, lrs, scalar names, metadata);
+- :mod:`.tail`: :func:`~.tail.scan`, the checked reader of the stream's messages, and
+  :class:`~.tail.RunTail`, a file (or an upload's bytes) read in blocks from where it stopped, its
+  steps kept in a few large record batches (memory for the numbers, not per step);
+- :mod:`.frames`: the steps table and the findings of the steps read, built column-wise in one step;
 - :mod:`.record`: :class:`CheckRecord` and its parts, built from every rank's numbers (format
   ``inspector-distributed``, versioned), and its Arrow type (:func:`~.record.check_type`): the
   ``check`` column of the run file, where ``check_step`` appends one row per step; older versions

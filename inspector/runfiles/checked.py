@@ -52,7 +52,7 @@ def check_as_run(dr: DistributedRun) -> Run:
              else schema().empty_table())
     findings = [StepFinding(step, None, f.code, f.severity, f.where, f.message) for step, f in dr.findings]
     complete = not any(f.code == "run-file-truncated" for f in findings)
-    return Run(dr.path, meta, _steps_frame(table, meta), findings, complete, table, check_run=dr)
+    return Run(dr.path, meta, _steps_frame(table), findings, complete, table, check_run=dr)
 
 
 def _global_norm(tensor: dict[str, Any] | None) -> float:

@@ -101,6 +101,9 @@ class RunMeta:
             return "parameter_modules must give each parameter the index of a module"
         if not isinstance(self.model, str) or not isinstance(self.note, str):
             return "model and note must be strings"
+        if not isinstance(self.update_ratio, bool) or not isinstance(self.started, (int, float)) \
+                or isinstance(self.started, bool) or not whole(self.version):
+            return "update_ratio must be a boolean, started a number and version an integer"
         if self.kind not in ("watch", "check"):
             return f"kind must be watch or check, not {self.kind!r}"
         return ""

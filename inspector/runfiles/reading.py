@@ -1,84 +1,48 @@
 """Reading a run file back: :func:`read_run` gives a frozen :class:`~.tables.Run` of tables, of either kind
-of run file (the watch's, ``check_step``'s); :func:`parse_run_bytes` the same from bytes."""
+of run file (the watch's, ``check_step``'s); :func:`parse_run_bytes` the same from bytes; :func:`run_of`
+what a :class:`~.tail.RunTail` has read so far."""
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
 
 from ..utils.findings import InspectorError
 from .checked import check_as_run
-from .columns import OPTIONAL, RunMeta, schema
+from .frames import run_table, steps_frame
+from .guard import read_head, regular_fd_close
 from .run import check_run_of, is_run_file, parse_run, read_check_run
-from .stream import META_KEY, STREAM_MAGIC, RunStream, read_stream
-from .tables import Run, StepFinding, _steps_frame
+from .stream import STREAM_MAGIC, RunStream
+from .tables import Run, _findings
+from .tail import RunTail, read_all
 
 
-def _read_stream(source: Any, name: str) -> tuple[RunMeta, RunStream, Any]:
-    """``(meta, stream, table)`` of a run file of either kind, read once
-    (:func:`~inspector.runfiles.read_stream`): ``table`` holds its whole steps in the columns of
-    :func:`~inspector.runfiles.schema`; ``stream.closed`` says whether the writer closed it."""
-    import pyarrow as pa
+def run_of(tail: RunTail, source: str = "") -> Run:
+    """The :class:`Run` of what ``tail`` has read so far (a run of 0 steps when only its header is). A
+    run that ended by an exception is not complete; the row that carries its ``run-failed`` finding
+    (written after the last step) is no step.
 
-    try:
-        stream = read_stream(source)
-    except (pa.ArrowInvalid, OSError) as exc:
-        raise InspectorError(f"{name} is not a readable watch run file ({exc}); write one with "
-                             "inspector.watch or `python -m inspector watch`") from None
-    try:
-        meta = stream.meta
-    except (ValueError, TypeError, OverflowError) as exc:
-        raise InspectorError(f"{name}: {exc}") from None
-    except RecursionError:
-        raise InspectorError(f"{name}: its run metadata is nested too deeply to be a watch run's; "
-                             "write the file again with inspector.watch") from None
-    if meta is None:
-        raise InspectorError(
-            f"{name} is an Arrow stream but not a watch run file (no {META_KEY.decode()} metadata)"
-        )
-    names = stream.schema.names
-    missing = [f.name for f in schema() if f.name not in names and f.name not in OPTIONAL]
-    if missing:
-        raise InspectorError(
-            f"{name} lacks the columns {', '.join(missing)}; it was not written by inspector.watch"
-        )
-    table = pa.Table.from_batches(stream.batches, schema=stream.schema)
-    for column in OPTIONAL:  # a column of a later version: null in an older file
-        if column not in table.column_names:
-            field_ = schema().field(column)
-            table = table.append_column(field_, pa.nulls(table.num_rows, field_.type))
-    return meta, stream, table.select(schema().names)
-
-
-def _findings(table: Any) -> list[StepFinding]:
-    out = []
-    for step, rank, fs in zip(table.column("step").to_pylist(), table.column("rank").to_pylist(),
-                              table.column("findings").to_pylist(), strict=True):
-        for f in fs or []:
-            out.append(StepFinding(step, None if rank < 0 else rank, f["code"], f["severity"], f["where"],
-                                   f["message"]))
-    return out
-
-
-def _from_table(name: str, meta: RunMeta, table: Any, complete: bool, source: str = "") -> Run:
+    Raises:
+        InspectorError: a ``check_step`` record is damaged, or the steps table would be larger than the
+            file's size allows (naming the file).
+    """
+    meta = tail.meta
+    if meta.kind == "check" and tail.rows:  # check_step's records, from the batches already read
+        return check_as_run(check_run_of(RunStream(tail.schema, tail.batches(), tail.offset, tail.cut,
+                                                   tail.closed), tail.name))
+    table = run_table(tail)
     findings = _findings(table)
     failed = any(f.code == "run-failed" for f in findings)
     if failed and table.num_rows and table.column("step_time")[-1].as_py() is None:
-        table = table.slice(0, table.num_rows - 1)  # the row that carries the failure is no step
-    return Run(name, meta, _steps_frame(table, meta), findings, complete and not failed, table, source)
+        table = table.slice(0, table.num_rows - 1)
+    frame = steps_frame(table, tail.offset, tail.name)
+    return Run(tail.name, meta, frame, findings, tail.closed and not failed, table, source)
 
 
 def parse_run_bytes(data: bytes, name: str = "run file") -> Run:
     """Like :func:`read_run`, from the file's bytes (an upload)."""
-    import pyarrow as pa
-
     if data[:4] == STREAM_MAGIC:
-        meta, stream, table = _read_stream(pa.BufferReader(data), name)
-        if meta.kind == "check":
-            return check_as_run(check_run_of(stream, name))
-        return _from_table(name, meta, table, stream.closed)
-
+        return run_of(read_all(data=data, name=name))
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError:
@@ -87,10 +51,9 @@ def parse_run_bytes(data: bytes, name: str = "run file") -> Run:
 
 
 def is_watch_file(path: str | os.PathLike) -> bool:
-    """Whether ``path`` starts like a watch run file (an Arrow IPC stream; reads 4 bytes)."""
-    from ..loading.checkpoint_guards import file_head
-
-    return file_head(path, 4) == STREAM_MAGIC
+    """Whether ``path`` is a regular file that starts like a watch run file (an Arrow IPC stream; reads
+    4 bytes; a FIFO or device is not opened)."""
+    return read_head(path, 4) == STREAM_MAGIC
 
 
 def read_run(path: str | os.PathLike) -> Run:
@@ -99,24 +62,21 @@ def read_run(path: str | os.PathLike) -> Run:
     ``inspector.read_run`` and ``inspector.distributed.read_run``. A ``check_step`` file gives a
     :class:`Run` of kind ``"check"``, with its per-rank and per-tensor records (see :class:`Run`).
 
-    The file may still be growing: every complete step written so far is read.
+    The file may still be growing: every complete step written so far is read (a file holding only its
+    header is a run of 0 steps). Only a regular file is read, and everything in it is checked first
+    (:mod:`inspector.runfiles.guard`: the limits there).
 
     Raises:
-        InspectorError: the file is missing or is neither kind of run file (the message says which).
+        InspectorError: the file is missing, not a regular file, neither kind of run file, damaged or
+            over a limit (the message names it and says which).
     """
-    import pyarrow as pa
-
     p = Path(path)
-    if not p.is_file():
+    if not p.exists():
         raise InspectorError(f"run file {p} does not exist; write it with inspector.watch(model, optimizer, "
                              f"{str(p)!r}) or `python -m inspector watch FILE.py:factory -o {p}`")
     if is_watch_file(p):
-        with pa.memory_map(str(p), "r") as source:  # zero-copy: 10,000 × 1,000 steps read in well under 1 s
-            meta, stream, table = _read_stream(source, p.name)
-            if meta.kind == "check":  # check_step's records, from the stream already read
-                return check_as_run(check_run_of(stream, p.name))
-            return _from_table(p.name, meta, table, stream.closed, source=str(p))
-
+        return run_of(read_all(p), source=str(p))
+    regular_fd_close(p)  # a FIFO or device: refused before it is opened
     if not is_run_file(p):
         raise InspectorError(
             f"{p.name} is neither a watch run file (Arrow stream) nor a check_step run.jsonl"

@@ -16,8 +16,10 @@ from typing import Any
 import pandas as pd
 
 from ..utils.findings import Finding, InspectorError, group_findings
+from .guard import regular_fd
 from .record import FORMAT, RANK_NUMBERS, VERSION, CheckRecord
-from .stream import STREAM_MAGIC, RunStream, read_stream
+from .stream import STREAM_MAGIC, RunStream
+from .tail import RunTail, read_all, read_header
 
 RANK_COLUMNS = ["step", "rank", *RANK_NUMBERS]
 TENSOR_COLUMNS = ["name", "kind", "placements", "mesh", "shape", "numel", "local_numel", "grad_norm",
@@ -58,6 +60,7 @@ class DistributedRun:
 
 _PREFIX = re.compile(r'\s*\{\s*"format"\s*:\s*"' + FORMAT + '"')
 _FIRST_LINE_LIMIT = 64 << 20  # a first line this long is not parsed to tell what the file is
+MAX_JSONL_BYTES = 64 << 20  # the largest JSON-lines run file (the format of older versions) read
 
 
 def is_run_file(path: str | os.PathLike) -> bool:
@@ -67,11 +70,10 @@ def is_run_file(path: str | os.PathLike) -> bool:
     ranks is megabytes long); a file that starts otherwise has its first line parsed.
     """
     try:
-        with open(path, "rb") as fh:
+        with os.fdopen(regular_fd(path), "rb") as fh:  # a FIFO or device is refused before it is opened
             head = fh.read(4096)
             if head[:4] == STREAM_MAGIC:
-                fh.seek(0)
-                return _check_stream(fh, header_only=True) is not None
+                return read_header(path).meta.kind == "check"
             if _PREFIX.match(head.decode("utf-8", errors="ignore").lstrip("\ufeff")):
                 return True
             fh.seek(0)
@@ -91,17 +93,33 @@ def read_check_run(path: str | os.PathLike) -> DistributedRun:
             stopped while writing) is left out with a ``run-file-truncated`` finding.
     """
     p = Path(path)
-    if not p.is_file():
+    if not p.exists():
         raise InspectorError(f"run file {p} does not exist; write it with inspector.distributed.check_step "
                              "or `torchrun ... -m inspector distributed ... -o FILE`")
+    fd = regular_fd(p)  # a FIFO or device is refused before it is opened
     try:
-        with open(p, "rb") as fh:
+        with os.fdopen(fd, "rb") as fh:
             if fh.read(4) == STREAM_MAGIC:
-                return parse_check_stream(p.read_bytes(), p.name)
-        text = p.read_text(encoding="utf-8-sig")
+                return _check_run(read_all(p), p.name)
+            size = os.fstat(fh.fileno()).st_size
+            if size > MAX_JSONL_BYTES:
+                raise InspectorError(_too_long(p.name, size))
+            fh.seek(0)
+            text = fh.read(MAX_JSONL_BYTES + 1).decode("utf-8-sig")
     except (OSError, UnicodeDecodeError) as exc:
         raise InspectorError(f"run file {p.name} cannot be read as UTF-8 text ({exc})") from None
     return parse_run(text, p.name)
+
+
+def _too_long(name: str, size: int) -> str:
+    return (f"{name} is a JSON-lines run file of {size:,} bytes; this older format is read up to "
+            f"{MAX_JSONL_BYTES:,} bytes (its records take many times their size in memory): not read")
+
+
+def _check_run(tail: RunTail, name: str) -> DistributedRun:
+    if tail.meta.kind != "check":
+        raise InspectorError(f"{name} is not a check_step run file (an Arrow run file of kind check)")
+    return check_run_of(RunStream(tail.schema, tail.batches(), tail.offset, tail.cut, tail.closed), name)
 
 
 def _reject_constant(name: str) -> Any:
@@ -151,20 +169,6 @@ def _parse_line(line: str, number: int, name: str) -> CheckRecord:
         raise InspectorError(f"{name} line {number} is not a valid check_step record: {exc}") from None
 
 
-def _check_stream(source: Any, header_only: bool = False) -> RunStream | None:
-    """:func:`~.stream.read_stream` of ``source`` when its metadata says it is a ``check_step`` run file
-    (``kind`` check); None when it is another kind or no run file."""
-    import pyarrow as pa
-
-    try:
-        stream = read_stream(source if isinstance(source, pa.NativeFile) else pa.PythonFile(source, "r"),
-                             header_only=header_only)
-        meta = stream.meta
-    except (pa.ArrowInvalid, OSError, ValueError, TypeError, RecursionError):
-        return None
-    return stream if meta is not None and meta.kind == "check" else None
-
-
 def parse_check_stream(data: bytes, name: str = "run file") -> DistributedRun:
     """The ``check_step`` records of an Arrow run file's bytes (its ``check`` column).
 
@@ -172,12 +176,7 @@ def parse_check_stream(data: bytes, name: str = "run file") -> DistributedRun:
         InspectorError: not a ``check_step`` run file, or a record is damaged (the message names the
             file and the step). A last step cut short is left out with a ``run-file-truncated`` finding.
     """
-    import pyarrow as pa
-
-    stream = _check_stream(pa.BufferReader(data))
-    if stream is None:
-        raise InspectorError(f"{name} is not a check_step run file (an Arrow run file of kind check)")
-    return check_run_of(stream, name)
+    return _check_run(read_all(data=data, name=name), name)
 
 
 def check_run_of(stream: RunStream, name: str = "run file") -> DistributedRun:
@@ -214,6 +213,8 @@ def check_run_of(stream: RunStream, name: str = "run file") -> DistributedRun:
 
 def parse_run(text: str, name: str = "run file") -> DistributedRun:
     """Like :func:`read_check_run`, from the file's text (an upload)."""
+    if len(text) > MAX_JSONL_BYTES:
+        raise InspectorError(_too_long(name, len(text)))
     records: list[CheckRecord] = []
     notes: list[Finding] = []
     lines = text.lstrip("\ufeff").splitlines()

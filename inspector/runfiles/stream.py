@@ -1,12 +1,13 @@
-"""The run file as an Arrow IPC stream: how it starts and ends, the one reader of its messages
-(:func:`read_stream`), and its writers (:class:`RunWriter` for the watch, :func:`append_check` for
+"""The run file as an Arrow IPC stream: how it starts and ends, :func:`read_stream` (its messages from
+a buffer, checked), and its writers (:class:`RunWriter` for the watch, :func:`append_check` for
 ``check_step``).
 
 The stream is the schema (with :class:`~.columns.RunMeta` as JSON in its metadata under
-:data:`META_KEY`), one record batch per step, and, once the writer closes it, the end-of-stream
-marker. Every reader of the file (``inspector.read_run``, :func:`~.run.read_check_run`, the
-tracker exports following a growing run) reads it through :func:`read_stream`, which stops at a
-batch cut short (a run still being written, or one that died mid-write) and keeps every whole one.
+:data:`META_KEY`), written when the file opens, one record batch per step, and, once the writer closes
+it, the end-of-stream marker. Every reader of the file (``inspector.read_run``,
+:func:`~.run.read_check_run`, the tracker exports and the pages following a growing run) reads it
+through :func:`.tail.scan`, checked as :mod:`.guard` says, which stops at a batch cut short (a run
+still being written, or one that died mid-write) and keeps every whole one.
 """
 
 from __future__ import annotations
@@ -19,10 +20,11 @@ from typing import Any, BinaryIO
 
 from ..utils.findings import InspectorError
 from .columns import VERSION, RunMeta, StepRecord, file_schema, record_batch
+from .guard import check_meta, check_rows, read_head
+from .tail import META_KEY, read_header, scan
 
 STREAM_MAGIC = b"\xff\xff\xff\xff"  # an Arrow IPC stream starts with a continuation marker
 END_OF_STREAM = b"\xff\xff\xff\xff\x00\x00\x00\x00"  # and a closed one ends with this
-META_KEY = b"inspector-watch"  # the schema metadata key of its RunMeta
 
 
 @dataclass(frozen=True, eq=False)
@@ -54,58 +56,43 @@ class RunStream:
         return None if raw is None else RunMeta.from_json(raw)
 
 
-def read_stream(source: Any, schema: Any = None, *, header_only: bool = False) -> RunStream:
+def read_stream(source: Any, schema: Any = None, *, header_only: bool = False,
+                name: str = "run file") -> RunStream:
     """Read an Arrow run file's messages from ``source`` (a ``pyarrow.NativeFile`` at the stream's
-    start; zero-copy from a memory map): its schema, then every whole record batch, stopping at the
-    end of the data, the end-of-stream marker, or a batch cut short (``cut``), which is not an error.
+    start, zero-copy from a buffer or a memory map, or bytes): its schema, then every whole record batch,
+    stopping at the end of the data, the end-of-stream marker, or a batch cut short (``cut``), which is
+    not an error. Everything is checked as :func:`.tail.scan` checks it (the schema the project writes,
+    each batch's header, then the batch validated in full and its rows, :mod:`.guard`).
 
     ``schema``: the stream's schema when ``source`` starts after it (a growing file read on from an
     offset); ``header_only``: stop after the schema (its metadata tells what the file is).
 
     Raises:
-        pyarrow.ArrowInvalid, OSError: ``schema`` is None and ``source`` does not start with a whole
-            schema message (not an Arrow stream, or one whose header is not written yet).
+        pyarrow.ArrowInvalid: ``schema`` is None and ``source`` does not start with a whole schema
+            message (empty, or a header not written yet).
+        InspectorError: naming ``name``: not a run file, or a damaged one, or one over a limit.
     """
     import pyarrow as pa
 
-    start = source.tell()
-    if schema is None:
-        try:
-            message = pa.ipc.read_message(source)
-        except (EOFError, StopIteration):
-            raise pa.ArrowInvalid("no Arrow stream schema: the data is empty or ends at once") from None
-        if message.type != "schema":
-            raise pa.ArrowInvalid(f"an Arrow stream starts with its schema, not a {message.type} message")
-        schema = pa.ipc.read_schema(message)
-        start = source.tell()
-    batches: list[Any] = []
-    cut = closed = False
-    while not header_only:
-        try:
-            message = pa.ipc.read_message(source)
-            if message.type != "record batch":
-                raise pa.ArrowInvalid(f"a {message.type} message after the schema")
-            batches.append(pa.ipc.read_record_batch(message, schema))
-        except (EOFError, StopIteration):  # the end of what is written so far, or the end-of-stream marker
-            size, mark = source.size(), len(END_OF_STREAM)
-            closed = size - start >= mark and source.read_at(mark, size - mark) == END_OF_STREAM
-            break
-        except (pa.ArrowInvalid, OSError):  # the writer is mid-batch or died there
-            cut = True
-            break
-        start = source.tell()
-    return RunStream(schema, batches, start, cut, closed)
+    buf = source.read_buffer() if isinstance(source, pa.NativeFile) else pa.py_buffer(source)
+    meta = None if schema is None else check_meta((schema.metadata or {}).get(META_KEY, b"{}"), name)
+    got = scan(buf, schema, meta, name=name, header_only=header_only)
+    if got.schema is None:
+        raise pa.ArrowInvalid("no Arrow stream schema: the data is empty or its schema is not whole yet")
+    for batch in got.batches:
+        check_rows(batch, got.meta, name)
+    return RunStream(got.schema, got.batches, got.end, got.need > 0, got.closed)
 
 
 class RunWriter:
     """Appends steps to a run file; each :meth:`write` is flushed to disk at once.
 
-    Use as a context manager, or call :meth:`close`. The file is created (its folder too);
-    an existing file of that name is unlinked first, never truncated in place.
+    Use as a context manager, or call :meth:`close`. The file is created (its folder too) and its
+    schema written at once, so a run is a run file of 0 steps from its first byte; an existing file of
+    that name is unlinked first, never truncated in place.
     """
 
     def __init__(self, path: str | os.PathLike, meta: RunMeta) -> None:
-        import pyarrow as pa
 
         self.path = Path(path)
         self.meta = meta
@@ -117,18 +104,19 @@ class RunWriter:
             raise InspectorError(f"cannot write the run file {self.path} ({exc.strerror or exc}); "
                                  "give a file path in a writable folder") from None
         sch = file_schema(meta.kind).with_metadata({META_KEY: meta.to_json().encode()})
-        self._writer = pa.ipc.new_stream(self._file, sch)
+        self._write(sch.serialize())  # the schema at once: a run is a run file from its first byte
+        self.steps_written = 0
+
+    def _write(self, message: Any) -> None:
+        self._file.write(message)
         self._file.flush()
         self.bytes_written = self._file.tell()
-        self.steps_written = 0
 
     def write(self, records: list[StepRecord]) -> None:
         """Append one batch (normally one step: one record per rank) and flush it."""
         if not records:
             return
-        self._writer.write_batch(record_batch(records, self.meta.kind))
-        self._file.flush()
-        self.bytes_written = self._file.tell()
+        self._write(record_batch(records, self.meta.kind).serialize())
         self.steps_written += 1
 
     def close(self) -> None:
@@ -136,7 +124,7 @@ class RunWriter:
         if self._file.closed:
             return
         try:
-            self._writer.close()
+            self._write(END_OF_STREAM)
         finally:
             self._file.close()
 
@@ -184,13 +172,12 @@ def append_check(path: str | os.PathLike, record: dict[str, Any]) -> None:
 
 def _check_file(p: Path) -> None:
     """Raise unless ``p`` is a check_step run file this version appends to."""
-    import pyarrow as pa
-
-    try:
-        with pa.OSFile(str(p), "rb") as fh:
-            meta = read_stream(fh, header_only=True).meta
-    except (OSError, pa.ArrowInvalid, TypeError, ValueError):
-        meta = None
+    meta = None
+    if read_head(p, 4) == STREAM_MAGIC:
+        try:
+            meta = read_header(p).meta
+        except InspectorError:
+            meta = None
     if meta is None or meta.kind != "check" or meta.version != VERSION:
         raise InspectorError(
             f"{p} exists and is not a check_step run file of this version; give check_step another path "

@@ -13,10 +13,9 @@ from ..capture import Captures
 from ..utils.findings import Finding, InspectorError
 from ..utils.labels import module_label
 from .columns import RunMeta
+from .frames import STEP_COLUMNS, finding_rows, steps_frame  # noqa: F401 - re-exported
 from .run import DistributedRun
 
-STEP_COLUMNS = ["step", "rank", "time", "step_time", "loss", "grad_norm", "nonfinite", "scale", "skipped",
-                "device_allocated", "device_peak", "rss"]
 MODULE_COLUMNS = {"grad_norm": "module_grad_norm", "param_norm": "module_param_norm",
                   "update_ratio": "module_update_ratio", "nonfinite": "module_nonfinite"}
 
@@ -218,42 +217,33 @@ class Run:
 
 def _list_matrix(column: Any, width: int, name: str) -> np.ndarray:
     """A list column whose non-null lists all have ``width`` items, as a float32 (rows × width) array
-    (NaN for null lists; zero-copy when none is null)."""
+    (NaN for null lists), filled chunk by chunk from views of the column (no combined copy)."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    arr = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
-    valid = ~np.asarray(arr.is_null().to_numpy(zero_copy_only=False), dtype=bool)
-    flat = arr.flatten().to_numpy(zero_copy_only=False).astype(np.float32, copy=False)
-    if len(flat) != int(valid.sum()) * width:
-        lengths = pc.list_value_length(arr).to_numpy(zero_copy_only=False)
-        bad = int(np.flatnonzero(valid & (lengths != width))[0])
-        raise InspectorError(
-            f"{name}: row {bad} has {lengths[bad]} per-module values, not {width}; the file is damaged"
-        )
-    if valid.all() or width == 0:
-        return flat.reshape(len(arr), width)
-    out = np.full((len(arr), width), np.nan, dtype=np.float32)
-    out[valid] = flat.reshape(-1, width)
+    chunks = column.chunks if isinstance(column, pa.ChunkedArray) else [column]
+    out = np.empty((sum(len(c) for c in chunks), width), dtype=np.float32)
+    row = 0
+    for arr in chunks:
+        valid = ~np.asarray(arr.is_null().to_numpy(zero_copy_only=False), dtype=bool)
+        flat = arr.flatten().to_numpy(zero_copy_only=False)
+        if len(flat) != int(valid.sum()) * width:
+            lengths = pc.list_value_length(arr).to_numpy(zero_copy_only=False)
+            bad = int(np.flatnonzero(valid & (lengths != width))[0])
+            raise InspectorError(f"{name}: row {row + bad} has {lengths[bad]} per-module values, not "
+                                 f"{width}; the file is damaged")
+        block = out[row:row + len(arr)]
+        if valid.all():
+            block[...] = flat.reshape(len(arr), width)
+        else:
+            block[...] = np.nan
+            block[valid] = flat.reshape(-1, width)
+        row += len(arr)
     return out
 
 
-def _steps_frame(table: Any, meta: RunMeta) -> pd.DataFrame:
-    import pyarrow.compute as pc
+_steps_frame = steps_frame  # check_as_run builds its steps table the same way
 
-    frame = table.select(STEP_COLUMNS).to_pandas()
-    frame["loss_logged"] = pc.is_valid(table.column("loss")).to_numpy(
-        zero_copy_only=False
-    )  # a NaN loss is logged
-    lrs = table.column("lr").to_pylist()
-    for g in range(max((len(v) for v in lrs if v), default=0)):
-        frame[f"lr_{g}"] = [v[g] if v and g < len(v) else np.nan for v in lrs]
-    names, values = table.column("scalar_names").to_pylist(), table.column("scalar_values").to_pylist()
-    logged: dict[str, list[float]] = {}
-    for i, (ns, vs) in enumerate(zip(names, values, strict=True)):
-        for n, v in zip(ns or [], vs or [], strict=True):
-            logged.setdefault(n, [np.nan] * len(frame))[i] = v
-    for n, col in logged.items():
-        if n not in frame.columns:
-            frame[n] = col
-    return frame
+
+def _findings(table: Any) -> list[StepFinding]:
+    return [StepFinding(*row) for row in finding_rows(table)]

@@ -5,11 +5,17 @@ first finding. Listing only reads: nothing is written into a runs folder."""
 from __future__ import annotations
 
 import os
+import stat
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
 from ..runfiles import END_OF_STREAM, is_run_file
+from ..runfiles.frames import finding_rows
+from ..runfiles.guard import regular_fd
+from ..runfiles.tail import RunTail
 from ..utils.findings import InspectorError
 from ..utils.labels import module_label
 from ..watching import Run, StepFinding, is_watch_file, read_run
@@ -40,9 +46,11 @@ class RunEntry:
 def _closed(path: Path, size: int) -> bool:
     if size < 8:
         return False
-    with open(path, "rb") as f:
-        f.seek(size - 8)
-        return f.read(8) == END_OF_STREAM
+    fd = regular_fd(path)
+    try:
+        return os.pread(fd, 8, size - 8) == END_OF_STREAM
+    finally:
+        os.close(fd)
 
 
 def _is_run(path: Path) -> bool:
@@ -76,10 +84,10 @@ def list_runs(roots: list[Path], *, now: float | None = None, live_s: float = LI
                     continue
                 try:
                     st = p.stat()
-                    if not _is_run(p):
+                    if not stat.S_ISREG(st.st_mode) or not _is_run(p):  # a FIFO or device is never opened
                         continue
                     closed = p.suffix != ".jsonl" and _closed(p, st.st_size)
-                except OSError:
+                except (OSError, InspectorError):
                     continue
                 live = not closed and now - st.st_mtime <= live_s
                 name = prefix + str(p.relative_to(root))
@@ -88,30 +96,83 @@ def list_runs(roots: list[Path], *, now: float | None = None, live_s: float = LI
     return found[:limit]
 
 
-def first_finding(run: Run) -> StepFinding | None:
-    """The earliest finding of ``run`` (as :func:`~inspector.watching.read_run` read it; errors before
-    warnings at one step), or None."""
-    rank = {"error": 0, "warning": 1, "info": 2}
-    ordered = sorted(run.findings, key=lambda f: (f.step, rank.get(f.severity, 3)))
-    return ordered[0] if ordered else None
+def first_finding(run: Run | list[StepFinding]) -> StepFinding | None:
+    """The earliest finding of ``run`` (as :func:`~inspector.watching.read_run` read it, or its findings;
+    errors before warnings at one step), or None."""
+    found = run if isinstance(run, list) else run.findings
+    return min(found, key=_order) if found else None
 
 
-def describe(entry: RunEntry) -> dict[str, object]:
+def _whole(path: Path) -> tuple[int, StepFinding | None, bool]:
+    run = read_run(path)
+    return (int(run.steps["step"].nunique()) if len(run.steps) else 0), first_finding(run), run.complete
+
+
+class RunSummary:
+    """What a row of the runs table says about one watch run file (its steps so far, its first finding),
+    read on from where the last :meth:`read` stopped: a growing run costs only its new steps, and memory
+    for its step numbers, not its tables."""
+
+    def __init__(self, path: str | os.PathLike) -> None:
+        self.tail = RunTail(path, keep=False)
+        self._steps: set[int] = set()
+        self._first: StepFinding | None = None
+        self.failed = False  # a run-failed finding was read: the run ended by an exception
+
+    def read(self) -> tuple[int, StepFinding | None]:
+        """``(steps, first finding)`` so far.
+
+        Raises:
+            InspectorError: the file is not a watch run file, or is damaged (naming it).
+        """
+        import pyarrow as pa
+
+        self.tail.poll()
+        if self.tail.schema is None:
+            raise InspectorError(f"{self.tail.name} has no whole run file header yet")
+        for batch in self.tail.fresh:
+            self._steps.update(np.unique(batch.column("step").to_numpy()).tolist())
+            found = [StepFinding(*row) for row in finding_rows(pa.Table.from_batches([batch]))]
+            self.failed = self.failed or any(f.code == "run-failed" for f in found)
+            first = first_finding(found)
+            if first is not None and (self._first is None or _order(first) < _order(self._first)):
+                self._first = first
+        return len(self._steps), self._first
+
+
+_SEVERITY = {"error": 0, "warning": 1, "info": 2}
+
+
+def _order(f: StepFinding) -> tuple[int, int]:
+    return f.step, _SEVERITY.get(f.severity, 3)
+
+
+def describe(entry: RunEntry, summary: RunSummary | None = None) -> dict[str, object]:
     """One row of the runs table: name, live, modified, steps so far, the first finding (or why
-    the file cannot be read), and whether the run is complete (its writer closed the file)."""
+    the file cannot be read: whatever is wrong with one file, its row says so and no other row is
+    touched), and whether the run is complete (its writer closed the file, and no exception ended it).
+    ``summary``: the entry's :class:`RunSummary` kept between calls (a watch run file's row then reads
+    only what was appended)."""
     row: dict[str, object] = {"run": entry.name, "live": entry.live,
                               "modified": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(entry.modified))}
     try:
-        run = read_run(entry.path)
-        f = first_finding(run)
-        row["steps"] = int(run.steps["step"].nunique()) if len(run.steps) else 0
+        if summary is not None and is_watch_file(entry.path):
+            steps, f = summary.read()
+            complete = summary.tail.closed and not summary.failed
+        else:
+            steps, f, complete = _whole(entry.path)
+        row["steps"] = steps
         row["first finding"] = f"step {f.step:,}: {f.code} at {module_label(f.where)}" if f else ""
-        row["complete"] = run.complete
+        row["complete"] = complete
     except InspectorError as exc:
         row["steps"] = None
         row["first finding"] = f"unreadable: {exc}"
         row["complete"] = False
+    except Exception as exc:  # noqa: BLE001 - one bad file never breaks the listing of the others
+        row["steps"] = None
+        row["first finding"] = f"unreadable: {type(exc).__name__} while reading it ({str(exc)[:200]})"
+        row["complete"] = False
     return row
 
 
-__all__ = ["LIVE_S", "RunEntry", "describe", "first_finding", "list_runs"]
+__all__ = ["LIVE_S", "RunEntry", "RunSummary", "describe", "first_finding", "list_runs"]

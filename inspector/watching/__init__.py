@@ -9,7 +9,8 @@ hands them on) that :func:`read_run` reads, also while it grows; findings (``non
 Modules: ``checks``: the checks that follow the loop (gradients cleared, eval mode, frozen and replaced
 parameters, optimizers that do not step, nothing updating, a failed run); ``rows``: one step's numbers as
 the run file's row; ``core``: ``watch``, the context manager around a training loop; ``detect``: findings
-from one step's numbers on the host; ``layout``: which tensors a watch follows; ``numbers``: one rank's
+from one step's numbers on the host; ``layout``: which tensors a watch follows; ``live``: a growing
+run file followed, reading only what was appended; ``numbers``: one rank's
 numbers at one step; ``producer``: a copy of the inputs and outputs of the module that first produced a
 NaN/Inf (``inspector.runfiles.captured`` stores and reads it); ``steps``: the per-step work of a watch;
 ``summary``: run files reduced for display; ``synthetic``: a synthetic run file of any size;
@@ -38,6 +39,7 @@ from ..runfiles import (
 from ..runfiles.captured import captures_path, load_captures, producer_of, read_captures, save_captures
 from ..runfiles.columns import FORMAT, VERSION
 from .core import Watch, WatchResult, watch
+from .live import LiveRun
 from .summary import (
     Verdict,
     finding_counts,
@@ -53,6 +55,7 @@ from .train import OPTIMIZERS, make_optimizer, train_watched
 __all__ = [
     "FORMAT",
     "VERSION",
+    "LiveRun",
     "MODULE_COLUMNS",
     "STEP_COLUMNS",
     "Run",
@@ -67,6 +70,7 @@ __all__ = [
     "record_batch",
     "schema",
     "synthetic_run",
+    "LiveRun",
     "Watch",
     "WatchResult",
     "watch",

@@ -1,0 +1,424 @@
+"""Run files from elsewhere (an upload, a shared runs folder) are untrusted: every damaged, forged or
+oversized one is refused with an InspectorError naming it, in bounded memory and time, and never ends
+or freezes the process; a good one reads the same whichever way it is read.
+
+The reader runs in a child process (``tests/runfile_child.py``) under an address-space limit, so a
+crash (a signal), a freeze (the timeout) or a memory bomb (the limit, or a MemoryError) fails the test
+instead of the test run.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import signal
+import struct
+import subprocess
+import sys
+import time
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from inspector.runfiles import META_KEY, RunMeta, RunWriter, StepRecord, schema
+from inspector.runfiles.columns import file_schema, record_batch
+from inspector.runfiles.guard import MAX_LRS
+from inspector.runfiles.tail import SMALL, _message
+from inspector.runfolders import describe, list_runs
+from inspector.utils.findings import InspectorError
+from inspector.watching import LiveRun, parse_run_bytes, read_run
+
+CHILD = Path(__file__).parents[1] / "runfile_child.py"
+LIMIT_MB = 1024  # the child's address space beyond what it uses after its imports
+TIMEOUT_S = 60
+
+
+def _meta(modules: int = 2, world: int = 1) -> RunMeta:
+    names = tuple(f"m{i}" for i in range(modules))
+    return RunMeta(model="toy", world_size=world, every=1, modules=names,
+                   parameters=tuple(f"{n}.w" for n in names), parameter_modules=tuple(range(modules)))
+
+
+def _record(step: int, rank: int = 0, modules: int = 2, findings: bool = False) -> StepRecord:
+    norms = np.arange(1, modules + 1, dtype=np.float32) * (step + 1)  # step 0: 1, 2; step 1: 2, 4; ...
+    return StepRecord(step=step, rank=rank, time=float(step), loss=1.0 / (step + 1), lr=[0.1, 0.01],
+                      scalar_names=["acc"], scalar_values=[0.5 + step],
+                      module_grad_norm=norms, module_nonfinite=np.zeros(modules, np.int32),
+                      param_grad_norm=norms,
+                      findings=[{"code": "loss-spike", "severity": "warning", "where": "m0", "message": "up"}]
+                      if findings else [])
+
+
+@lru_cache(maxsize=16)
+def _good(steps: int = 3, modules: int = 2, world: int = 1) -> bytes:
+    sink = io.BytesIO()
+    meta = _meta(modules, world)
+    sink.write(file_schema().with_metadata({META_KEY: meta.to_json().encode()}).serialize().to_pybytes())
+    for s in range(steps):
+        rows = [_record(s, r, modules, findings=s == 1) for r in range(world)]
+        sink.write(record_batch(rows).serialize().to_pybytes())
+    return sink.getvalue() + b"\xff\xff\xff\xff\x00\x00\x00\x00"
+
+
+def _messages(data: bytes) -> list[tuple[int, int, int]]:
+    """``(offset, prefix and header bytes, body bytes)`` of each message of a good file."""
+    out, at, view = [], 0, memoryview(data)
+    while at < len(data):
+        size, kind, body = _message(view, at, "x")[:3]
+        if kind == "end":
+            break
+        out.append((at, size, body))
+        at += size + body
+    return out
+
+
+def _field_at(data: bytes, message: int, field: int) -> tuple[int, int]:
+    """``(absolute position, count)`` of the record batch header field ``field`` of message ``message``:
+    for field 0 (rows) the position of the int64, for a vector (1: nodes, 2: buffers) of its first entry.
+    A flatbuffer: a table starts with the int32 distance back to its vtable (uint16 sizes, then one
+    uint16 offset per field); a table or vector field holds the uint32 distance forward to it."""
+    at, size, _ = _messages(data)[message]
+    meta = data[at + 8:at + size]
+
+    def table(pos):
+        vt = pos - struct.unpack_from("<i", meta, pos)[0]
+        return lambda i: pos + struct.unpack_from("<H", meta, vt + 4 + 2 * i)[0]
+
+    def ref(pos):
+        return pos + struct.unpack_from("<I", meta, pos)[0]
+
+    header = table(ref(table(ref(0))(2)))  # Message (the root) -> its header: the RecordBatch
+    if field == 0:
+        return at + 8 + header(0), 1
+    vec = ref(header(field))
+    return at + 8 + vec + 4, struct.unpack_from("<I", meta, vec)[0]
+
+
+def _declare(data: bytes, message: int, rows: int | None = None, nodes: int | None = None) -> bytes:
+    """``data`` with record batch ``message`` declaring ``rows`` rows and every column ``nodes`` values."""
+    out = bytearray(data)
+    if rows is not None:
+        pos, _ = _field_at(data, message, 0)
+        struct.pack_into("<q", out, pos, rows)
+    if nodes is not None:
+        pos, n = _field_at(data, message, 1)
+        for i in range(n):
+            struct.pack_into("<q", out, pos + 16 * i, nodes)
+    return bytes(out)
+
+
+def _with_schema(columns: dict[str, pa.Array], rows: int = 1, compression: str | None = None) -> bytes:
+    """A stream with the run metadata, the project's columns, some replaced by ``columns`` (any type)."""
+    good = pa.Table.from_batches([record_batch([_record(s) for s in range(rows)])])
+    for name, arr in columns.items():
+        good = good.set_column(good.schema.get_field_index(name), name, arr)
+    sch = good.schema.with_metadata({META_KEY: _meta().to_json().encode()})
+    sink = io.BytesIO()
+    options = pa.ipc.IpcWriteOptions(compression=compression)
+    with pa.ipc.new_stream(sink, sch, options=options) as w:
+        w.write_table(good.replace_schema_metadata(sch.metadata))
+    return sink.getvalue()
+
+
+class Child:
+    """The reader in a child process under ``LIMIT_MB`` of address space."""
+
+    def __init__(self, folder: Path) -> None:
+        self.proc = subprocess.Popen([sys.executable, str(CHILD), str(LIMIT_MB), str(folder)],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                                     env={**os.environ, "PYTHONPATH": str(CHILD.parent.parent)})
+        assert json.loads(self._line(180))["ready"]
+
+    def _line(self, timeout: float) -> str:
+        import select
+
+        ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
+        if not ready:
+            self.proc.kill()
+            pytest.fail(f"the reader took over {timeout} s (a freeze)")
+        line = self.proc.stdout.readline()
+        if not line:
+            code = self.proc.wait()
+            how = signal.Signals(-code).name if code < 0 else "exit"
+            pytest.fail(f"the reader's process ended with {code} ({how}): a crash or the memory limit")
+        return line
+
+    def read(self, path: Path) -> dict:
+        self.proc.stdin.write(f"{path}\n")
+        self.proc.stdin.flush()
+        out = json.loads(self._line(TIMEOUT_S))
+        assert out["outcome"] != "bug", out["message"]
+        return out
+
+    def close(self) -> None:
+        self.proc.stdin.close()
+        self.proc.wait(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def child(tmp_path_factory):
+    c = Child(tmp_path_factory.mktemp("child"))
+    yield c
+    c.close()
+
+
+def _bound_mb(size: int) -> float:
+    return 64 + 4 * size / 2**20
+
+
+BOMBS = {
+    # the batch declares 1,000 rows and columns of 1,000 values over buffers of one row (was SIGSEGV)
+    "more-rows-than-buffers": lambda: _declare(_good(), 1, rows=1000, nodes=1000),
+    # two rows declared over one row's buffers, within the body's size: full validation refuses it
+    "one-row-too-many": lambda: _declare(_good(), 1, rows=2, nodes=2),
+    "2^40-rows": lambda: _declare(_good(), 1, rows=1 << 40, nodes=1 << 40),
+    "2^40-values": lambda: _declare(_good(), 1, nodes=1 << 40),
+    # 64 MiB of zeros in one list, ZSTD-compressed to a few KB
+    "zstd-list-bomb": lambda: _with_schema({"lr": pa.array([np.zeros(8 << 20)], pa.list_(pa.float64()))},
+                                           compression="zstd"),
+    "run-end-encoded": lambda: _with_schema({"step": pa.RunEndEncodedArray.from_arrays(
+        pa.array([1], pa.int32()), pa.array([0], pa.int64()))}),
+    "dictionary": lambda: _with_schema({"scalar_names": pa.ListArray.from_arrays(
+        pa.array([0, 1], pa.int32()), pa.array(["acc"]).dictionary_encode())}),
+    "wrong-type": lambda: _with_schema({"step": pa.array(["0"])}),
+}
+
+
+@pytest.mark.parametrize("case", list(BOMBS))
+def test_forged_and_bomb_files_are_refused_in_bounded_memory(child, tmp_path, case):
+    data = BOMBS[case]()
+    path = tmp_path / f"{case}.inspect"
+    path.write_bytes(data)
+    out = child.read(path)
+    assert out["outcome"] == "refused", out
+    assert path.name in out["message"] and out["row"].startswith("unreadable: ")
+    assert out["peak_mb"] <= _bound_mb(len(data)), (case, out["peak_mb"], len(data))
+    print(f"{case}: {len(data):,} bytes refused, peak RSS growth {out['peak_mb']:.1f} MiB: {out['message']}")
+
+
+def test_a_good_file_reads_the_same_in_the_child(child, tmp_path):
+    path = tmp_path / "good.inspect"
+    path.write_bytes(_good(4, 3, 2))
+    assert child.read(path) == {**child.read(path), "outcome": "ok", "rows": 8}
+
+
+TYPES = [pa.int8(), pa.float16(), pa.string(), pa.large_string(), pa.binary(), pa.null(), pa.bool_(),
+         pa.large_list(pa.float32()), pa.list_(pa.float64()), pa.list_(pa.list_(pa.float32())),
+         pa.list_(pa.float32(), 2), pa.struct([("a", pa.int64())]), pa.dictionary(pa.int32(), pa.string()),
+         pa.string_view(), pa.list_view(pa.float32())]
+CODES = [0, 1, 2, 7, 8, 255, 2**31 - 1, 2**31, 2**32 + 1, 2**40, 2**62, -1, -(2**40)]
+
+
+@st.composite
+def _hostile(draw):
+    steps, modules, world = draw(st.integers(1, 3)), draw(st.integers(0, 3)), draw(st.integers(1, 2))
+    data = _good(steps, modules, world)
+    kind = draw(st.sampled_from(["count", "bytes", "cut", "type", "codec", "declared"]))
+    batches = len(_messages(data)) - 1
+    if kind == "count":
+        message = draw(st.integers(1, batches))
+        field = draw(st.integers(0, 2))
+        pos, n = _field_at(data, message, field)
+        pos += 0 if field == 0 else 16 * draw(st.integers(0, n - 1)) + 8 * draw(st.integers(0, 1))
+        out = bytearray(data)
+        struct.pack_into("<q", out, pos, draw(st.sampled_from(CODES)))
+        return kind, bytes(out)
+    first = draw(st.sampled_from([0, _messages(data)[1][0]]))  # in the schema, or in the batches
+    if kind == "bytes":
+        out = bytearray(data)
+        for _ in range(draw(st.integers(1, 8))):
+            out[draw(st.integers(first, len(out) - 1))] = draw(st.integers(0, 255))
+        return kind, bytes(out)
+    if kind == "cut":
+        return kind, data[:draw(st.integers(first, len(data) - 1))]
+    if kind == "declared":
+        return kind, _declare(data, draw(st.integers(1, batches)), rows=draw(st.sampled_from(CODES)),
+                              nodes=draw(st.sampled_from(CODES)))
+    if kind == "codec":
+        return kind, _with_schema({}, rows=steps, compression=draw(st.sampled_from(["lz4", "zstd"])))
+    column = draw(st.sampled_from([f.name for f in file_schema()]))
+    typ = draw(st.sampled_from(TYPES))
+    if file_schema().field(column).type == typ:
+        kind = "same type"
+    return kind, _with_schema({column: pa.nulls(1, typ) if not pa.types.is_dictionary(typ)
+                               else pa.array(["x"]).dictionary_encode()})
+
+
+FUZZ_EXAMPLES = int(os.environ.get("INSPECTOR_FUZZ_EXAMPLES", "60"))  # more for a longer search
+
+
+@settings(max_examples=FUZZ_EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck),
+          derandomize=FUZZ_EXAMPLES <= 60)
+@given(_hostile())
+def test_fuzz_the_reader_refuses_or_reads_never_crashes(child, tmp_path_factory, case):
+    kind, data = case
+    path = tmp_path_factory.mktemp("fuzz") / "f.inspect"
+    path.write_bytes(data)
+    out = child.read(path)
+    assert out["outcome"] in ("ok", "refused"), out
+    if kind in ("type", "codec"):
+        assert out["outcome"] == "refused", out
+    if out["outcome"] == "ok":
+        assert out["rows"] <= 6
+    if os.environ.get("INSPECTOR_FUZZ_LOG"):
+        with open(os.environ["INSPECTOR_FUZZ_LOG"], "a") as log:
+            log.write(f"{kind}\t{out['outcome']}\t{out.get('message', '')[:150]}\n")
+    assert out["peak_mb"] <= LIMIT_MB
+
+
+def _alarm(seconds: int):
+    def fail(*_):
+        raise TimeoutError("froze")
+    signal.signal(signal.SIGALRM, fail)
+    signal.alarm(seconds)
+
+
+def test_a_fifo_in_a_runs_folder_is_listed_never_opened(tmp_path):
+    os.mkfifo(tmp_path / "trap.inspect")
+    (tmp_path / "good.inspect").write_bytes(_good())
+    _alarm(20)
+    try:
+        entries = list_runs([tmp_path])
+        with pytest.raises(InspectorError, match="trap.inspect is not a regular file .a FIFO"):
+            read_run(tmp_path / "trap.inspect")
+        with pytest.raises(InspectorError, match="not a regular file"):
+            LiveRun(tmp_path / "trap.inspect").read()
+    finally:
+        signal.alarm(0)
+    assert [e.name for e in entries] == ["good.inspect"]
+
+
+def test_a_wrongly_typed_run_breaks_only_its_own_row(tmp_path):
+    (tmp_path / "bad.inspect").write_bytes(_with_schema({"rank": pa.array(["0"])}))
+    (tmp_path / "good.inspect").write_bytes(_good())
+    assert 2000 < (tmp_path / "bad.inspect").stat().st_size < 8000  # a 4 KB file
+    rows = {e.name: describe(e) for e in list_runs([tmp_path])}
+    assert rows["good.inspect"]["steps"] == 3
+    assert rows["good.inspect"]["first finding"] == "step 1: loss-spike at m0"
+    assert rows["bad.inspect"]["steps"] is None
+    assert rows["bad.inspect"]["first finding"].startswith("unreadable: bad.inspect: column rank is string")
+
+
+def test_a_zero_step_run_is_a_live_run_of_zero_steps(tmp_path):
+    path = tmp_path / "fresh.inspect"
+    writer = RunWriter(path, _meta())  # the schema is written at open
+    assert path.stat().st_size > 0
+    run = read_run(path)
+    assert len(run.steps) == 0 and not run.complete and run.findings == []
+    assert list(run.steps.columns[:2]) == ["step", "rank"] and run.matrix()[1].shape == (0, 2)
+    [entry] = list_runs([tmp_path])
+    assert entry.live and describe(entry)["steps"] == 0
+    from streamlit.testing.v1 import AppTest
+
+    at = AppTest.from_file(str(Path(__file__).parents[2] / "pages" / "8_Training.py"), default_timeout=60)
+    at.query_params["run"] = str(path)
+    os.environ["INSPECTOR_RUNS"] = str(tmp_path)
+    try:
+        at.run()
+    finally:
+        del os.environ["INSPECTOR_RUNS"]
+    assert not at.exception, at.exception
+    assert any("0 steps so far" in i.value for i in at.info), [i.value for i in at.info]
+    writer.close()
+
+
+def test_ten_thousand_lrs_and_scalar_names_read_in_a_second(tmp_path):
+    path = tmp_path / "wide.inspect"
+    n = 10_000
+    with RunWriter(path, _meta()) as w:
+        for s in range(3):
+            w.write([StepRecord(step=s, rank=0, time=0.0, lr=list(np.arange(n) * 1e-3 + s),
+                                scalar_names=[f"s{i}" for i in range(n)],
+                                scalar_values=list(np.arange(n) + s))])
+    t = time.perf_counter()
+    run = read_run(path)
+    took = time.perf_counter() - t
+    print(f"10,000 lrs and 10,000 scalar names × 3 steps read in {took:.3f} s")
+    assert took <= 1.0 * 5  # 1 s on an idle machine; slack for a loaded one
+    assert run.steps.shape == (3, 13 + 2 * n)
+    assert run.steps["lr_9999"].tolist() == [9.999, 10.999, 11.999]  # 9999e-3 + step
+    assert run.steps["s42"].tolist() == [42.0, 43.0, 44.0]
+    with RunWriter(tmp_path / "too-many.inspect", _meta()) as w:
+        w.write([StepRecord(step=0, rank=0, time=0.0, lr=[0.0] * (MAX_LRS + 1))])
+    with pytest.raises(InspectorError, match=r"too-many.inspect: a row has 100,001 learning rates"):
+        read_run(tmp_path / "too-many.inspect")
+
+
+def test_many_rows_of_sparse_names_are_refused_not_expanded(tmp_path):
+    """Each row names a new scalar: 20,000 rows × 20,000 names would be 3 GiB of NaN from a 3 MB file."""
+    path = tmp_path / "sparse.inspect"
+    with RunWriter(path, _meta()) as w:
+        for s in range(0, 20_000, 500):
+            w.write([StepRecord(step=i, rank=0, time=0.0, scalar_names=[f"n{i}"], scalar_values=[1.0])
+                     for i in range(s, s + 500)])
+    with pytest.raises(InspectorError, match="learning rates and scalar names is more than a file of"):
+        read_run(path)
+
+
+def test_following_a_growing_file_gives_the_run_a_full_read_gives(tmp_path):
+    path = tmp_path / "grow.inspect"
+    live = LiveRun(path.with_name("missing.inspect"))
+    with pytest.raises(InspectorError, match="missing.inspect cannot be read"):
+        live.read()
+    writer = RunWriter(path, _meta(3, 2))
+    live = LiveRun(path)
+    seen = []
+    for s in range(7):
+        for rank in range(2):
+            writer.write([_record(s, rank, 3, findings=s == 4)])
+            if rank == 0 and s % 2:  # half a message on disk: the writer mid-step
+                raw = record_batch([_record(99, 1, 3)]).serialize().to_pybytes()
+                with open(path, "ab") as fh:
+                    fh.write(raw[:len(raw) // 2])
+                run = live.read()
+                assert not run.complete
+                with open(path, "r+b") as fh:
+                    fh.truncate(writer.bytes_written)
+                seen.append(len(run.steps))
+                continue
+            seen.append(len(live.read().steps))
+    writer.close()
+    followed, full = live.read(), read_run(path)
+    assert seen == list(range(1, 15)) and followed.complete and full.complete
+    assert followed.steps.equals(full.steps) and followed.findings == full.findings
+    np.testing.assert_array_equal(followed.matrix()[1], full.matrix()[1])
+    assert followed.table.equals(full.table) and followed.table.column("step").num_chunks <= SMALL
+    rewritten = RunWriter(path, _meta(3, 2))  # the same name, a new file: read from its start
+    rewritten.write([_record(0, 0, 3)])
+    assert len(live.read().steps) == 1
+    rewritten.close()
+
+
+def test_an_upload_reads_as_the_file_does(tmp_path):
+    data = _good(5, 2, 2)
+    (tmp_path / "u.inspect").write_bytes(data)
+    upload, path = parse_run_bytes(data, "u.inspect"), read_run(tmp_path / "u.inspect")
+    assert upload.steps.equals(path.steps) and upload.complete
+    assert upload.steps["lr_1"].tolist() == [0.01] * 10
+    assert upload.steps["acc"].tolist()[::2] == [0.5, 1.5, 2.5, 3.5, 4.5]  # rank 0: 0.5 + step
+    assert [f.step for f in upload.findings] == [1, 1]  # both ranks at step 1
+    assert schema().names[:2] == ["step", "rank"]
+
+
+def test_a_growing_runs_row_reads_on_and_says_what_a_whole_read_says(tmp_path):
+    from inspector.runfolders import RunSummary
+
+    path = tmp_path / "grow.inspect"
+    writer = RunWriter(path, _meta())
+    summary = RunSummary(path)
+    [entry] = list_runs([tmp_path])
+    assert describe(entry, summary)["steps"] == 0
+    for s in range(3):
+        writer.write([_record(s, findings=s == 1)])
+    row = describe(entry, summary)
+    assert row == describe(entry) and row["steps"] == 3 and row["first finding"] == "step 1: loss-spike at m0"
+    offset = summary.tail.offset
+    writer.write([_record(3)])
+    assert describe(entry, summary)["steps"] == 4 and summary.tail.offset > offset  # read on, not again
+    writer.close()
