@@ -21,9 +21,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from inspector import InspectorError  # noqa: E402
 from inspector.runfiles import RunMeta, RunWriter, StepRecord  # noqa: E402
 from inspector.runfolders import RunEntry, describe  # noqa: E402
-from inspector import InspectorError  # noqa: E402
 from inspector.watching import LiveRun, parse_run_bytes, read_run  # noqa: E402
 
 
