@@ -91,7 +91,7 @@ def test_a_loss_40x_at_one_step_is_one_finding(tmp_path, kind, optimizer):
     result = _train(tmp_path / "r.inspect", kind, 0, optimizer, steps=80, plant=_loss_times_40)
     assert _found(result, SPIKY) == [(60, "loss-spike", ROOT_LABEL)]
     spike = next(f for f in result.findings if f.code == "loss-spike")
-    assert "every module's gradient grew about" in spike.message
+    assert "gradient grew about" in spike.message or "gradients grew about" in spike.message
 
 
 def test_a_gradient_40x_at_one_step_without_a_logged_loss_is_one_model_finding(tmp_path):
