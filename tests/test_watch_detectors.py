@@ -124,21 +124,23 @@ def test_one_module_gradient_10x_is_that_module(tmp_path, kind, module):
     assert _found(result, SPIKY) == [(60, "exploding-gradient", module)]
 
 
-def test_a_nan_loss_from_log_0_is_nonfinite_loss_at_its_step(tmp_path):
-    """A custom loss takes log(p) of the right class; at step 30 one probability is set to 0, so the loss
-    is inf (-log 0): nonfinite-loss at step 30, where (loss)."""
+@pytest.mark.parametrize(("entropy", "shown"), [(False, "inf"), (True, "nan")])
+def test_a_loss_with_log_0_is_nonfinite_loss_at_its_step(tmp_path, entropy, shown):
+    """A custom loss takes log(p) of the right class; at step 30 one probability is set to 0: -log 0 is
+    inf, and p log p (an entropy term) is 0 * -inf = nan. Either is nonfinite-loss at step 30, where
+    (loss), and the message shows the value."""
     def loss_fn(logits, y, state={"step": 0}):  # noqa: B006 (counts the calls)
         p = logits.softmax(1).gather(1, y[:, None]).squeeze(1)
         if state["step"] == 30:
             p = torch.cat([p[:1] * 0, p[1:]])
         state["step"] += 1
-        return -p.log().mean()
+        return -(p * p.log()).mean() if entropy else -p.log().mean()
 
     result = _train(tmp_path / "r.inspect", "mlp", 0, "sgd", steps=32, loss_fn=loss_fn)
     found = [(f.step, f.where) for f in result.findings if f.code == "nonfinite-loss"]
     assert found == [(30, LOSS_LABEL)]
     message = next(f.message for f in result.findings if f.code == "nonfinite-loss")
-    assert "inf" in message and "log(0)" in message
+    assert f"the loss logged at this step is {shown}:" in message and "log(0)" in message
 
 
 # -- the rule on numbers worked out by hand ------------------------------------------------------
