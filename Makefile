@@ -46,3 +46,8 @@ bench: $(VENV)/.installed
 
 clean:
 	rm -rf $(VENV) .pytest_cache test-artifacts
+
+.PHONY: zoo
+# The bug zoo: planted bugs and healthy loops under the watch, with the baselines (a few minutes, one thread).
+zoo: $(VENV)/.installed
+	$(VENV)/bin/python -m benchmarks.bugzoo --baselines $(ZOO_ARGS)

@@ -18,7 +18,7 @@ import traceback
 from pathlib import Path
 
 from . import commands
-from .utils.escaping import terminal_text
+from .utils.escaping import terminal_line, terminal_text
 from .utils.findings import InspectorError, first_line
 from .utils.program import program_name
 
@@ -124,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
 def _fail(message: str, debug: bool) -> int:
     if debug:
         print(terminal_text(traceback.format_exc()), end="", file=sys.stderr)
-    print(f"error: {terminal_text(message)}", file=sys.stderr)
+    print(f"error: {terminal_line(message)}", file=sys.stderr)  # one error, one line: a name cannot add one
     return 2
 
 

@@ -8,7 +8,7 @@ from typing import Any
 import streamlit as st
 
 from inspector.figures import findings_timeline, loss_norm_figure, norm_heatmap
-from inspector.utils import markdown_text
+from inspector.utils import grid_frame, markdown_text
 from inspector.watching import finding_counts
 from ui.errors import guarded
 from ui.runs import overlay_runs, pick_from_folders
@@ -84,7 +84,7 @@ def _findings(opened: Opened) -> None:
         return
     st.caption("How often each kind of finding began (a loss spike, a gradient explosion or a NaN/Inf that "
                "comes back after it cleared counts again):")
-    st.dataframe(finding_counts(opened.run), hide_index=True, width="content")
+    st.dataframe(grid_frame(finding_counts(opened.run)), hide_index=True, width="content")
     first, last = int(opened.run.steps["step"].min()), int(opened.run.steps["step"].max())
     event = st.plotly_chart(findings_timeline(found, (first, last)), width="stretch", on_select="rerun",
                             selection_mode="points", key="train_timeline")

@@ -14,6 +14,7 @@ from inspector.watching import parse_run_bytes, read_run
 from ui.cache import cached_analysis
 from ui.compare_view import run_module_config, run_step_config, tensor_rows
 from ui.errors import guarded
+from ui.paths import server_source
 from ui.runs import checked_path, overlay_runs, pick_from_folders
 from ui.sidebar import model_picker
 from ui.tables import findings_table, paged_table
@@ -55,7 +56,7 @@ def pick_b() -> str | None:
                                  type=["safetensors", "pt", "pth", "bin"])
     if upload is not None:
         return session_uploads().save(upload.name, upload.getvalue())
-    return text.strip() or None
+    return server_source(text) if text.strip() else None  # the path gate: refused paths raise, named
 
 
 def show_weights(result: WeightComparison) -> None:

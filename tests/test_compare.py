@@ -295,3 +295,57 @@ def test_corrupt_and_truncated_safetensors_are_named(tmp_path):
     (tmp_path / "junk.safetensors").write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00not json at all!")
     with pytest.raises(InspectorError, match="junk.safetensors is not a readable safetensors file"):
         compare(tmp_path / "junk.safetensors", a)
+
+
+class _TinyLM(nn.Module):
+    """An embedding, one block and a final LayerNorm ``ln_f``, as a GPT stores them; untrained, so
+    ``ln_f.weight`` is all ones and ``ln_f.bias`` all zeros."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.wte = nn.Embedding(16, 8)
+        self.fc = nn.Linear(8, 8)
+        self.ln_f = nn.LayerNorm(8)
+
+
+def _saved(tmp_path, name: str, renames: dict[str, str], change: dict[str, float] | None = None) -> str:
+    state = {renames.get(k, k): v.detach().clone() for k, v in _TinyLM().state_dict().items()}
+    for k, v in (change or {}).items():
+        state[k] = state[k] + v
+    save_file(state, str(tmp_path / name))
+    return str(tmp_path / name)
+
+
+def test_a_lone_constant_tensor_under_another_name_is_one_tensor_renamed(tmp_path, capsys):
+    a = _saved(tmp_path, "a.safetensors", {})
+    b = _saved(tmp_path, "b.safetensors", {"ln_f.weight": "ln_final.weight"})
+    result = compare(a, b)
+    assert result.renamed == (("ln_f.weight", "ln_final.weight"),)
+    assert [f.code for f in result.findings] == ["renamed"]  # no missing and extra warnings
+    assert "ln_f.weight in a.safetensors is ln_final.weight in b.safetensors" in result.findings[0].message
+    row = result.tensors.set_index("name").loc["ln_f.weight"]
+    assert (row["name_b"], row["status"], row["bitwise_equal"]) == ("ln_final.weight", "equal", True)
+    assert (result.facts["missing"], result.facts["extra"], result.facts["renamed"]) == (0, 0, 1)
+    assert main(["compare", a, b, "--fail-on", "warning"]) == 0
+    assert "0 only in A, 0 only in B, 1 renamed" in capsys.readouterr().out
+
+
+def test_constant_tensors_are_not_paired_by_value_unless_each_side_has_one_lone_name(tmp_path):
+    a = _saved(tmp_path, "a.safetensors", {})
+    # two lone names a side, all ones and all zeros: not paired (a fresh LayerNorm could be any of them)
+    both = compare(a, _saved(tmp_path, "b.safetensors", {"ln_f.weight": "ln_final.weight",
+                                                          "ln_f.bias": "ln_final.bias"}))
+    assert both.renamed == () and (both.facts["missing"], both.facts["extra"]) == (2, 2)
+    # one lone name a side, but other bits: not the same tensor
+    moved = compare(a, _saved(tmp_path, "c.safetensors", {"ln_f.weight": "ln_final.weight"},
+                              {"ln_final.weight": 0.5}))
+    assert moved.renamed == () and (moved.facts["missing"], moved.facts["extra"]) == (1, 1)
+    assert {f.code for f in moved.findings} >= {"missing", "extra"}
+    # one lone name a side, other shapes: not the same tensor either
+    state = {k: v.detach().clone() for k, v in _TinyLM().state_dict().items()}
+    state["ln_final.weight"] = torch.ones(4)
+    del state["ln_f.weight"]
+    save_file(state, str(tmp_path / "d.safetensors"))
+    shaped = compare(a, str(tmp_path / "d.safetensors"))
+    assert shaped.renamed == () and (shaped.facts["missing"], shaped.facts["extra"]) == (1, 1)

@@ -116,4 +116,5 @@ def test_a_script_that_dies_still_closes_its_run_file(tmp_path):
                          text=True, env=env)
     assert out.returncode == 1 and "the loader broke" in out.stderr
     run = read_run(tmp_path / "r.inspect")
-    assert len(run.steps) == 1 and run.complete  # closed at exit: the end-of-stream marker is there
+    assert len(run.steps) == 1  # closed at exit: every step and the exception that ended the program
+    assert not run.complete and "RuntimeError: the loader broke" in run.failure.message

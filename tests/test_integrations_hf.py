@@ -142,7 +142,9 @@ def test_watch_trainer_closes_the_file_when_train_raises(tmp_path):
     with pytest.raises(RuntimeError, match="data loader broke"):
         trainer.train()
     run = read_run(tmp_path / "boom.inspect")
-    assert len(run.steps) == 2 and run.complete and not cb.result.completed  # the file was closed
+    assert len(run.steps) == 2 and not cb.result.completed  # the file was closed, saying how it ended
+    assert not run.complete and run.failure.step == 2
+    assert "RuntimeError: data loader broke" in run.failure.message
     assert no_hooks(model, trainer.optimizer.optimizer)
 
 

@@ -94,7 +94,8 @@ def test_manual_optimisation_with_two_optimizers(tmp_path):
     module = Manual()
     fit(module, LightningWatch(tmp_path / "two.inspect", report=None), tmp_path)
     run = read_run(tmp_path / "two.inspect")
-    assert len(run.steps) == 8 and not run.findings  # 4 batches x 2 optimizer steps, nothing wrong
+    assert len(run.steps) == 4 and not run.findings  # 4 batches: the first optimizer's steps, nothing wrong
+    assert run.steps.filter(like="lr_").shape[1] == 2  # both optimizers' learning rates
     # follow only the first optimizer: one step per batch
     fit(Manual(), LightningWatch(tmp_path / "first.inspect", optimizer=0, report=None), tmp_path)
     assert len(read_run(tmp_path / "first.inspect").steps) == 4
@@ -110,6 +111,21 @@ def test_stop_on_error_stops_the_fit_naming_the_module(tmp_path, capsys):
     assert "training stopped at step 2" in capsys.readouterr().out
 
 
+class OneStepped(Manual):
+    def training_step(self, batch, batch_idx):
+        opt1, _ = self.optimizers()
+        loss = self.loss(batch)
+        opt1.zero_grad()
+        self.manual_backward(loss)
+        opt1.step()  # the second optimizer's step is forgotten: lin2 never trains
+
+
+def test_manual_optimisation_names_an_optimizer_that_never_steps(tmp_path):
+    fit(OneStepped(), LightningWatch(tmp_path / "one.inspect", report=None), tmp_path)
+    run = read_run(tmp_path / "one.inspect")
+    assert [(f.step, f.code, f.where) for f in run.findings] == [(1, "optimizer-not-stepped", "lin2.weight")]
+
+
 class Broken(Auto):
     def training_step(self, batch, batch_idx):
         if batch_idx == 2:
@@ -123,7 +139,24 @@ def test_an_exception_closes_the_file_and_removes_the_hooks(tmp_path):
     with pytest.raises(RuntimeError, match="bad batch"):
         fit(module, cb, tmp_path)
     run = read_run(tmp_path / "broken.inspect")
-    assert len(run.steps) == 2 and run.complete and not cb.result.completed and unhooked(module)
+    assert len(run.steps) == 2 and not cb.result.completed and unhooked(module)
+    # the file says how the run ended: not complete, the exception at the step it was in
+    assert not run.complete and run.failure is not None and run.failure.step == 2
+    assert "RuntimeError: bad batch" in run.failure.message
+
+
+def test_gradient_norms_are_those_of_each_steps_own_batch(tmp_path):
+    """Lightning runs forward, zero_grad and backward inside optimizer.step(closure): the numbers of a
+    step are read when the closure returns, so step k holds batch k's gradient (not batch k-1's)."""
+    module = Auto()
+    expected = []
+    for x, y in data():  # the weights do not change below (lr 0): each batch's gradient norm by hand
+        module.zero_grad()
+        module.loss((x, y)).backward()
+        expected.append(float(torch.cat([p.grad.flatten() for p in module.parameters()]).norm()))
+    module.configure_optimizers = lambda: torch.optim.SGD(module.parameters(), lr=0.0)
+    fit(module, LightningWatch(tmp_path / "norms.inspect", report=None), tmp_path)
+    np.testing.assert_allclose(read_run(tmp_path / "norms.inspect").steps.grad_norm, expected, rtol=1e-5)
 
 
 def test_bf16_mixed_precision_on_cpu(tmp_path):

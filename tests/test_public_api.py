@@ -125,6 +125,21 @@ def test_tests_outside_internals_import_only_public_names_of_inspector():
     assert bad == []
 
 
+def test_the_internal_tests_are_the_ones_this_list_names():
+    # tests/README.md names every file of tests/internals/ and why it reaches past the public API
+    import re
+
+    text = (ROOT / "tests" / "README.md").read_text(encoding="utf-8")
+    listed = set(re.findall(r"^\| `(test_\w+\.py)` \|", text, flags=re.M))
+    internals = ROOT / "tests" / "internals"
+    present = {p.name for p in internals.glob("test_*.py")}
+    assert listed == present, f"README lists {sorted(listed - present)} but not {sorted(present - listed)}"
+    public_only = [name for name in sorted(present)
+                   if all(_public(m, n) for _, m, n in _inspector_imports(internals / name))]
+    assert public_only == [], f"{public_only} import only public names: move them to tests/"
+    assert len(present) <= 8
+
+
 def test_no_package_binds_a_name_of_its_own_submodules_to_something_else():
     # `inspector.watch` the function would hide `inspector.watch` the package: `import inspector.x as m`
     # and attribute access then give the function, while `from inspector.x import y` gives the module's y

@@ -66,8 +66,9 @@ def test_captures_are_stored_and_read_back(stored):
     assert stats.loc["output", "inf"] == 6 and stats.loc["input", "inf"] == 0
 
 
-def test_report_and_page_show_the_captures(stored):
+def test_report_and_page_show_the_captures(stored, monkeypatch):
     path = stored[0]
+    monkeypatch.setenv("INSPECTOR_RUNS", str(path.parent))  # the page opens runs only under the runs folders
     report = watch_report(read_run(path))
     assert [s.id for s in report.sections][-1] == "captures"
     text = report.to_markdown()

@@ -21,6 +21,7 @@ from inspector.labs import (
     lab_done,
     record_attempt,
 )
+from inspector.utils import grid_frame
 
 PROGRESS = "labs_progress"
 SCENARIOS = "labs_scenarios"
@@ -84,7 +85,7 @@ def render(value: Any, key: str) -> None:
         for j, v in enumerate(value):
             render(v, f"{key}_{j}")
     elif isinstance(value, pd.DataFrame):
-        st.dataframe(value, hide_index=True, width="stretch")
+        st.dataframe(grid_frame(value), hide_index=True, width="stretch")
     elif hasattr(value, "to_plotly_json"):
         st.plotly_chart(value, key=key)
     elif isinstance(value, str):

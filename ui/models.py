@@ -14,6 +14,7 @@ from pathlib import Path
 import streamlit as st
 
 from inspector import LoadedModel, load_model
+from ui.paths import server_path, server_source
 
 MAX_CACHED_MODELS = 6
 
@@ -74,6 +75,9 @@ def cached_model(source: str, checkpoint: str | None, device: str, dtype: str | 
 
 
 def get_loaded(selection: Selection) -> LoadedModel:
-    """The cached LoadedModel for ``selection`` (loading it on first use)."""
-    return cached_model(selection.source, selection.checkpoint, selection.device, selection.dtype,
-                        _file_stamp(selection.checkpoint), selection.max_model_size)
+    """The cached LoadedModel for ``selection`` (loading it on first use). Its paths, typed or from
+    the address, pass the path gate first (:mod:`ui.paths`): a refused one raises, named."""
+    source = server_source(selection.source)
+    checkpoint = server_path(selection.checkpoint) if selection.checkpoint else None
+    return cached_model(source, checkpoint, selection.device, selection.dtype,
+                        _file_stamp(checkpoint), selection.max_model_size)

@@ -10,6 +10,7 @@ import streamlit as st
 from inspector.figures import capture_heatmap, capture_histogram
 from inspector.watching import producer_of, read_captures
 from ui.errors import guarded
+from ui.runs import checked_path
 from ui.tables import paged_table
 
 STATS_ORDER = ("module", "kind", "shape", "dtype", "nan", "inf", "min", "max", "mean", "std", "zero_fraction",
@@ -40,12 +41,13 @@ def run_captures_section() -> None:
             key="cap_run_path",
             placeholder="run.inspect",
             help="Written by watch(model, optimizer, path, nonfinite=True) or "
-            "`python -m inspector watch ... --nonfinite`; its captures file lies next to it",
+            "`python -m inspector watch ... --nonfinite`, under the runs folders of "
+            "`model-inspector serve --runs DIR`; its captures file lies next to it",
         )
         if not path.strip():
             return
         with guarded("reading the run's captures"):
-            caps = read_captures(path.strip())
+            caps = read_captures(checked_path(path))  # only under the runs folders or this session's uploads
             if caps is None:
                 st.info("This run stored no captures: no module produced NaN/Inf, or it ran without "
                         "`nonfinite=True`.")

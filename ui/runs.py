@@ -11,7 +11,7 @@ import streamlit as st
 
 from inspector.figures import runs_overlay_figure
 from inspector.runfolders import RunEntry, allowed_run_path, describe, list_runs, runs_dirs
-from inspector.utils import InspectorError, markdown_text
+from inspector.utils import InspectorError, grid_frame, markdown_text
 from inspector.watching import main_steps, read_run
 from ui.errors import guarded
 from ui.uploads import session_uploads
@@ -62,7 +62,7 @@ def pick_from_folders(key: str, label: str = "A run from the runs folders", col=
         return None
     rows = pd.DataFrame([_row(e, str(e.path), e.size, e.modified, e.live) for e in entries])
     with col.expander(f"{len(entries)} run(s) in the runs folders, newest first", expanded=False):
-        st.dataframe(rows, hide_index=True, width="stretch")
+        st.dataframe(grid_frame(rows), hide_index=True, width="stretch")
     by_name = {e.name: e for e in entries}
     choice = col.selectbox(label, list(by_name), index=None, key=key, placeholder="a run by name…",
                            format_func=lambda n: by_name[n].label if n in by_name else n)

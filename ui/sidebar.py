@@ -19,6 +19,7 @@ import streamlit as st
 from inspector import (
     DeviceInfo,
     Finding,
+    InspectorError,
     LoadedModel,
     available_devices,
     format_bytes,
@@ -30,12 +31,13 @@ from inspector.distributed import dcp_listing, is_dcp_folder
 from inspector.loading import DTYPES, allowed_model_dirs, default_max_bytes
 from inspector.placement import parse_size
 from inspector.structure import model_bytes
-from inspector.utils import markdown_code, markdown_text
+from inspector.utils import grid_frame, markdown_code, markdown_text
 from sample_models import SAMPLES
 
 from .cache import cached_analysis
 from .errors import finding_markdown, guarded, install_page_handler, show_error
 from .models import Selection, get_loaded
+from .paths import server_path
 from .uploads import session_uploads, sweep_once
 
 SELECTION = "mi_selection"
@@ -191,6 +193,17 @@ def _max_size_input(sel: Selection, source: str) -> str | None:
     return sel.max_model_size
 
 
+def _previewable(typed: str) -> str | None:
+    """A typed checkpoint path the gate lets through (:func:`ui.paths.server_path`), to preview; None
+    otherwise (loading it then says why)."""
+    if not typed.strip():
+        return None
+    try:
+        return server_path(typed)
+    except InspectorError:
+        return None
+
+
 def _checkpoint_inputs(sel: Selection) -> str | None:
     with st.expander("Checkpoint (optional)", expanded=bool(sel.checkpoint)):
         upload = st.file_uploader("Upload .safetensors / .pt / .bin", key="mi_upload",
@@ -199,13 +212,15 @@ def _checkpoint_inputs(sel: Selection) -> str | None:
                                        "nothing in it is executed.")
         path = st.text_input("…or a path on the server", value=sel.checkpoint or "", key="mi_ckpt_path",
                              help="A file, or a torch.distributed.checkpoint folder (put together here)")
-        if path.strip() and is_dcp_folder(path.strip()):
+        folder = _previewable(path)
+        if folder and is_dcp_folder(folder):
             with guarded("reading the distributed checkpoint"):
-                listing = dcp_listing(path.strip())
+                listing = dcp_listing(folder)
                 st.caption(
                     f"Distributed checkpoint: {len(listing)} entries in {int(listing['pieces'].sum())} pieces"
                 )
-                st.dataframe(listing[["name", "shape", "pieces"]].astype(str), hide_index=True, height=160)
+                st.dataframe(grid_frame(listing[["name", "shape", "pieces"]].astype(str)), hide_index=True,
+                             height=160)
     if upload is not None:
         with guarded("storing the upload"):
             return session_uploads().save(upload.name, upload.getvalue())

@@ -9,6 +9,7 @@ import pandas as pd
 import streamlit as st
 
 from inspector import Finding, format_bytes, sort_findings
+from inspector.utils import grid_frame
 
 PAGE_SIZE = 50
 SEVERITY_BADGE = {"error": "red", "warning": "orange", "info": "blue"}
@@ -106,7 +107,7 @@ def show_frame(df: pd.DataFrame, column_config: dict | None = None, **kwargs) ->
     :func:`fit_columns`)."""
     kwargs.setdefault("hide_index", True)
     kwargs.setdefault("width", "stretch")
-    df = human_bytes(df)
+    df = grid_frame(human_bytes(df))  # names with line breaks or RTL overrides show as escapes
     st.dataframe(df, column_config=fit_columns(df, column_config), **kwargs)
 
 

@@ -14,7 +14,7 @@ import streamlit as st
 from inspector import format_bytes, run_report
 from inspector.distributed import rank_issues, unique_findings
 from inspector.figures import NormGrid, grad_norm_figure, memory_figure, run_norm_grid
-from inspector.utils import markdown_text
+from inspector.utils import grid_frame, markdown_text
 from inspector.watching import MODULE_COLUMNS, Run, parse_run_bytes, read_run
 from inspector.watching import main_steps as run_main_steps
 from ui.tables import MESSAGE_PX, message_row_height, paged_table
@@ -198,8 +198,9 @@ def distributed_part(dist: Run, step: int, rank: int) -> None:
         "in a rank's line is a step where its gradients were not finite."
     )
     if found:
-        st.dataframe(pd.DataFrame([{"code": f.code, "where": f.where, "steps": ", ".join(map(str, s))}
-                                   for s, f in found]), hide_index=True, width="stretch")
+        rows = pd.DataFrame([{"code": f.code, "where": f.where, "steps": ", ".join(map(str, s))}
+                             for s, f in found])
+        st.dataframe(grid_frame(rows), hide_index=True, width="stretch")
     st.plotly_chart(grad_norm_figure(dist.per_rank, dist.totals), width="stretch")
     dsteps = np.unique(dist.per_rank["step"].to_numpy())
     at = nearest_step(dsteps, step)
@@ -207,11 +208,11 @@ def distributed_part(dist: Run, step: int, rank: int) -> None:
     issues = rank_issues(dist, rank)
     if len(issues):
         st.warning(f"Rank {rank} stands out at {len(issues)} (step, tensor) places.")
-        st.dataframe(issues, hide_index=True, width="stretch")
+        st.dataframe(grid_frame(issues), hide_index=True, width="stretch")
     else:
         st.success(f"Rank {rank} agrees with its replicas and has finite gradients at every step.")
     rows, config = readable(dist.per_rank[dist.per_rank["rank"] == rank])
-    st.dataframe(rows, hide_index=True, width="stretch", column_config=config)
+    st.dataframe(grid_frame(rows), hide_index=True, width="stretch", column_config=config)
     st.subheader(f"Tensors at step {at:,}")
     tensors, config = readable(dist.tensors_at(at).drop(columns=["mesh"]))
     paged_table(tensors.astype({c: str for c in tensors.columns if c not in config}), key="dist_tensors",
@@ -239,4 +240,4 @@ def watch_ranks_part(run: Run, step: int) -> None:
     else:
         st.caption("This run recorded no memory numbers.")
     rows, config = readable(per_rank[per_rank["step"] == at])
-    st.dataframe(rows, hide_index=True, width="stretch", column_config=config)
+    st.dataframe(grid_frame(rows), hide_index=True, width="stretch", column_config=config)

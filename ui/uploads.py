@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import shutil
 import tempfile
 import threading
@@ -23,9 +24,11 @@ import weakref
 from pathlib import Path
 
 from inspector import InspectorError, format_bytes
+from inspector.utils import confined
 
 UPLOAD_DIR = Path(tempfile.gettempdir()) / "model-inspector-uploads"
 UPLOAD_SUFFIXES = (".safetensors", ".pt", ".pth", ".bin")
+_UNSAFE = re.compile("[\x00-\x1f\x7f-\x9f/\\\\\u061c\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
 DEFAULT_LIMIT = 8 << 30
 _SESSION_KEY = "mi_uploads"
 _lock = threading.Lock()
@@ -128,7 +131,7 @@ class UploadStore:
 
     def save(self, name: str, data: bytes) -> str:
         """Store one uploaded checkpoint; returns its path. InspectorError if refused."""
-        base = Path(name).name
+        base = _UNSAFE.sub("_", Path(name).name)  # only a name: no NUL, line break, override or separator
         if not base.lower().endswith(UPLOAD_SUFFIXES):
             raise InspectorError(f"uploaded file {base!r} is not a checkpoint; use one of "
                                  f"{', '.join(UPLOAD_SUFFIXES)}")
@@ -151,7 +154,7 @@ class UploadStore:
             tmp = path.with_name(path.name + ".part")
             tmp.write_bytes(data)
             tmp.replace(path)
-        return str(path)
+        return str(confined(path, [self.folder], what="upload"))  # the gate every page path passes
 
     def close(self) -> None:
         """Remove this session's uploads now."""

@@ -48,7 +48,7 @@ def run(args: argparse.Namespace) -> int:
           f"counting aliases; {analysis.names:,} names")
     if analysis.groups:
         say(f"alias groups ({len(analysis.groups)}):")
-        print_table(analysis.to_frame())
+        print_table(analysis.to_frame())  # every group
     else:
         say("alias groups: none")
     for d in analysis.disjoint:
@@ -60,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
         progress(f"running {len(names)} conversion(s) on copies of the model")
         table, results = conversion_table(loaded.model, names, retie_after=args.retie)
         say("conversion check:")
-        print_table(table.drop(columns=["error"]) if table["error"].isna().all() else table, max_rows=200)
+        print_table(table.drop(columns=["error"]) if table["error"].isna().all() else table)
         for r in results:
             findings += [f for f in r.findings]
     print_findings(loaded.findings + findings)

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import IO
 
 from ..loading import DTYPES, resolve_device
-from ..utils import InspectorError
+from ..utils import InspectorError, file_kind
 
 
 class IntRange:
@@ -132,8 +132,11 @@ def input_file(text: str) -> str:
     path = Path(text).expanduser()
     if not path.exists():
         raise argparse.ArgumentTypeError(f"{path} does not exist; give the path of an existing file")
-    if not path.is_file():
+    special = file_kind(path)
+    if special == "a folder":
         raise argparse.ArgumentTypeError(f"{path} is not a file; give the path of a file")
+    if special:  # checked before anything opens it: a FIFO blocks the reader, a device never ends
+        raise argparse.ArgumentTypeError(f"{path} is {special}, not a regular file; give the path of a file")
     if not os.access(path, os.R_OK):
         raise argparse.ArgumentTypeError(f"{path} cannot be read; check its permissions")
     return str(path)
@@ -195,17 +198,7 @@ def output_file(text: str) -> str:
     return str(path)
 
 
-def _special_file(path: Path) -> str | None:
-    """What ``path`` is when it exists and is not a regular file (a FIFO, a device, a socket)."""
-    try:
-        mode = os.stat(path).st_mode
-    except OSError:
-        return None
-    if stat.S_ISREG(mode):
-        return None
-    kinds = {stat.S_ISFIFO: "a FIFO (named pipe)", stat.S_ISCHR: "a character device",
-             stat.S_ISBLK: "a block device", stat.S_ISSOCK: "a socket", stat.S_ISDIR: "a folder"}
-    return next((kind for test, kind in kinds.items() if test(mode)), "a special file")
+_special_file = file_kind  # what a path is when it exists and is not a regular file
 
 
 def open_output(path: str | os.PathLike[str], mode: str = "w") -> IO[str]:

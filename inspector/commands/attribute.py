@@ -70,9 +70,8 @@ def run(args: argparse.Namespace) -> int:
     say(f"method: {result.method} ({result.captum_method}) on {where}, target {result.target}{chosen}{pos}")
     table = result.summary.assign(order=result.summary["abs_score"].fillna(float("inf")))
     table = table.sort_values("order", ascending=False).drop(columns="order")
-    if len(table) > args.rows:
-        say(f"summary: {args.rows} of {len(table)} rows, largest |score| first")
-    print_table(table.head(args.rows), max_rows=args.rows)
+    say("summary, largest |score| first:")
+    print_table(table, args.rows, more="--rows N")
     say(completeness_line(result))
     print_findings(loaded.findings + result.findings)
     if args.json:

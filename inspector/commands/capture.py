@@ -42,6 +42,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-mutation-watch", dest="watch_mutations", action="store_false",
                         help="do not watch for in-place writes (faster on very deep models; "
                              "mutations are then not checked)")
+    parser.add_argument("--max-rows", type=types.rows, default=200, metavar="N",
+                        help="rows of the stats table to print (default 200; a line says how many more)")
     parser.add_argument(
         "--json",
         default=None,
@@ -65,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
                                    loss_fn=loaded.loss if args.grads and loaded.has_loss else None)
     say(f"model: {loaded.name} ({loaded.source}) on {loaded.device}")
     say(f"captured: {len(caps.outputs)} outputs, {format_bytes(caps.total_bytes)} on {caps.store_on}")
-    print_table(caps.stats.drop(columns=["device"]), max_rows=200)
+    print_table(caps.stats.drop(columns=["device"]), args.max_rows, more="--max-rows N")
     if caps.mutated:
         say(f"mutated after capture ({len(caps.mutated)}): a bare reference to these outputs is wrong")
         for m in caps.mutations:

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from ..distributed import is_dcp_folder
 from ..loading import checkpoint_listing
+from ..utils import terminal_line
 from . import argtypes as types
 from .common import print_findings, print_table, say, write_json
 
@@ -27,14 +28,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     table, findings = checkpoint_listing(args.path)
+    shown = terminal_line(args.path)
     if is_dcp_folder(args.path):
-        say(f"distributed checkpoint {args.path}: {len(table)} entries, {int(table['pieces'].sum())} pieces "
+        say(f"distributed checkpoint {shown}: {len(table)} entries, {int(table['pieces'].sum())} pieces "
               f"in {len({f for fs in table['files'] for f in fs.split(', ') if f})} files")
     elif Path(args.path).is_dir():
-        say(f"checkpoint folder {args.path}: {len(table)} tensors")
+        say(f"checkpoint folder {shown}: {len(table)} tensors")
     else:
-        say(f"checkpoint {args.path}: {len(table)} tensors")
-    print_table(table, args.max_rows)
+        say(f"checkpoint {shown}: {len(table)} tensors")
+    print_table(table, args.max_rows, more="--max-rows N")
     print_findings(findings)
     if args.json:
         write_json(args.json, table.to_dict(orient="records"), strict=True)

@@ -11,10 +11,19 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, nullcontext
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from ..loading import LoadedModel, load_model
-from ..utils import Finding, InspectorError, sort_findings, terminal_text
+from ..utils import (
+    Finding,
+    InspectorError,
+    format_bytes,
+    format_number,
+    sort_findings,
+    terminal_line,
+    terminal_text,
+)
 from . import argtypes as types
 
 
@@ -93,7 +102,8 @@ def say(text: Any = "") -> None:
 
 
 def progress(message: str) -> None:
-    print(f"... {_printable(terminal_text(message))}", file=sys.stderr, flush=True)
+    """One line of progress on stderr; a line break in a name in it shows as ``\\x0a``."""
+    print(f"... {_printable(terminal_line(message))}", file=sys.stderr, flush=True)
 
 
 def _printable(text: str) -> str:
@@ -106,10 +116,52 @@ def _printable(text: str) -> str:
 _NAME_BYTES = re.compile("[\udc80-\udcff]")  # how Python reads the bytes of a file name that are not UTF-8
 
 
-def print_table(df: pd.DataFrame, max_rows: int = 60) -> None:
-    with pd.option_context("display.max_rows", max_rows, "display.max_columns", None,
-                           "display.width", 200, "display.max_colwidth", 60):
-        say(df.to_string(index=False) if len(df) <= max_rows else df)
+def print_table(df: pd.DataFrame, max_rows: int | None = None, *, more: str = "") -> None:
+    """The one table printer of the command line: every row of ``df``, whole (never pandas' ``..`` rows),
+    each cell in human units (:func:`table_cells`). With ``max_rows``, at most that many, and then a line
+    saying how many were left out and ``more``, the option that shows them (``"--max-rows N"``)."""
+    if max_rows is not None and not more:
+        raise ValueError("a table cut at max_rows names the option that shows the rest")
+    shown = df if max_rows is None else df.head(max_rows)
+    with pd.option_context("display.max_rows", None, "display.max_columns", None,
+                           "display.width", None, "display.max_colwidth", 60):
+        say(table_cells(shown).to_string(index=False))
+    if len(shown) < len(df):
+        left = len(df) - len(shown)
+        say(f"({left} more {'row' if left == 1 else 'rows'} not shown, {len(df)} in all: {more} shows them)")
+
+
+def table_cells(df: pd.DataFrame) -> pd.DataFrame:
+    """``df`` as text for a terminal: a measured number with 4 significant digits (``format_number``), a
+    ``*bytes`` column in binary units (``format_bytes``), and an empty cell for a number that is missing
+    (NaN, None, ``<NA>``: a tensor that was zero in A has no ``rel_change``); text and whole numbers
+    as they are."""
+    out = pd.DataFrame(index=df.index)
+    for name in df.columns:
+        col = df[name]
+        if str(name).endswith("bytes") and pd.api.types.is_numeric_dtype(col):
+            out[name] = [_cell(v, format_bytes) for v in col]
+        elif pd.api.types.is_float_dtype(col) or col.dtype == object:
+            out[name] = [_cell(v, format_number) for v in col]
+        else:
+            out[name] = [_cell(v, str) for v in col]
+    return out
+
+
+def _cell(value: Any, number: Any) -> str:
+    if value is None or value is pd.NA or value is pd.NaT:
+        return ""
+    if isinstance(value, (bool, np.bool_)):
+        return str(bool(value))
+    if isinstance(value, (float, np.floating)):
+        x = float(value)
+        if x != x:
+            return ""
+        whole = number is format_number and x.is_integer() and abs(x) < 1e15
+        return str(int(x)) if whole else number(x)  # a count read as a float stays a count
+    if isinstance(value, (int, np.integer)):
+        return number(int(value)) if number is format_bytes else str(int(value))
+    return str(value)
 
 
 def print_findings(findings: list[Finding]) -> None:
@@ -118,8 +170,8 @@ def print_findings(findings: list[Finding]) -> None:
         return
     say(f"findings ({len(findings)}):")
     for f in sort_findings(findings):
-        where = f" [{f.where}]" if f.where else ""
-        say(f"  {f.severity.upper():7} {f.code}{where}: {f.message}")
+        where = f" [{terminal_line(f.where)}]" if f.where else ""  # a name cannot start a line of its own
+        say(f"  {f.severity.upper():7} {f.code}{where}: {terminal_line(f.message)}")
 
 
 def write_text(path: str | os.PathLike, text: str) -> None:

@@ -19,6 +19,9 @@ from .common import (
     write_json,
 )
 
+MAX_ROWS = 60  # tensors (or steps) printed without --all or --max-rows
+MAX_MODULES = 20  # modules that changed most, printed without --all or --max-rows
+
 HELP = ("compare two models or checkpoints (sample:, FILE.py:factory, hf:, .safetensors/.pt/.bin, "
         "torch.distributed.checkpoint folders) tensor by tensor, or two run files step by step")
 
@@ -42,8 +45,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="glob pattern of tensor names or module prefixes meant to stay unchanged "
                         "('*.wte', 'model.layers.*.mlp'): reported as info, not as a warning (repeatable)")
     add_fail_on(parser)
-    parser.add_argument("--all", action="store_true", help="list every tensor, not only those that differ")
-    parser.add_argument("--max-rows", type=types.positive_int, default=60, help="rows to print")
+    parser.add_argument("--all", action="store_true",
+                        help="list every tensor, not only those that differ, and every changed module: "
+                        "every row of both tables (unless --max-rows is given)")
+    parser.add_argument("--max-rows", type=types.positive_int, default=None, metavar="N",
+                        help=f"rows of each table to print (default {MAX_ROWS} tensors and {MAX_MODULES} "
+                        "modules; with --all, every row); a line says how many more there are")
     parser.add_argument("--json", default=None, type=types.output_file, metavar="PATH",
                         help="write the tables and findings as JSON")
 
@@ -81,11 +88,21 @@ def _print_weights(result: WeightComparison, args: argparse.Namespace) -> None:
         "update_rank",
     ]
     if len(shown):
-        print_table(shown[columns], args.max_rows)
+        rows, more = _limit(args, MAX_ROWS)
+        print_table(shown[columns], rows, more=more)
     top = result.modules[result.modules["changed"] > 0].sort_values("rel_change", ascending=False)
     if len(top):
-        say("modules that changed most (‖B−A‖/‖A‖):")
-        print_table(top[["module", "tensors", "changed", "rel_change", "max_abs"]], min(args.max_rows, 20))
+        say("modules that changed most (‖B−A‖/‖A‖; empty where ‖A‖ = 0):")
+        rows, more = _limit(args, MAX_MODULES)
+        print_table(top[["module", "tensors", "changed", "rel_change", "max_abs"]], rows, more=more)
+
+
+def _limit(args: argparse.Namespace, default: int) -> tuple[int | None, str]:
+    """``(max_rows, the option that shows the rest)`` of one table: ``--max-rows N`` when given, every row
+    with ``--all``, else ``default``."""
+    if args.max_rows is not None:
+        return args.max_rows, "--max-rows N"
+    return (None, "") if args.all else (default, "--all or --max-rows N")
 
 
 def _print_runs(result: RunComparison, args: argparse.Namespace) -> None:
@@ -99,7 +116,8 @@ def _print_runs(result: RunComparison, args: argparse.Namespace) -> None:
         say(f"first divergence at step {result.first_divergence}: "
             f"{', '.join(result.first_quantities) or '(module numbers only)'}; modules first: "
             f"{', '.join(result.first_modules[:10]) or '(none)'}")
-    print_table(result.steps, args.max_rows)
+    rows, more = _limit(args, MAX_ROWS)
+    print_table(result.steps, rows, more=more)
 
 
 def to_json(result: WeightComparison | RunComparison) -> dict[str, Any]:

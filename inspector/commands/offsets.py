@@ -57,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
     vector = "trainable-only vector" if args.trainable_only else "parameters_to_vector(model.parameters())"
     say(f"model: {loaded.name} ({loaded.source}) on {loaded.device}")
     say(f"{vector}: {len(params)} tensors, {total:,} elements")
-    print_table(display_table(table), max_rows=args.max_rows)
+    print_table(display_table(table), args.max_rows, more="--max-rows N")
     for index in args.locate or []:
         say(locate(table, index).describe())
     out: dict = {"model": loaded.name, "source": loaded.source, "trainable_only": args.trainable_only,
@@ -78,7 +78,8 @@ def run(args: argparse.Namespace) -> int:
         bad = report.by_parameter[report.by_parameter["state"] != "ok"]
         if len(bad):
             say("parameters without a usable gradient:")
-            print_table(bad[["name", "state", "norm", "nan", "inf", "numel"]], max_rows=args.max_rows)
+            print_table(bad[["name", "state", "norm", "nan", "inf", "numel"]], args.max_rows,
+                        more="--max-rows N")
         findings += report.findings
         out["gradient_norms"] = report.by_parameter.to_dict(orient="records")
         out["module_norms"] = report.by_module.to_dict(orient="records")

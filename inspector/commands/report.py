@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import os
 import re
 from pathlib import Path
 
 from .. import SECTIONS, InspectorError, build_report, format_bytes, read_run, run_report
 from ..distributed import is_run_file
 from ..report import check_options, check_sections
+from ..utils import regular_file
 from ..watching import is_watch_file
 from . import argtypes as types
 from .common import add_source_arguments, load_from_args, progress, write_text
@@ -91,6 +93,8 @@ def run(args: argparse.Namespace) -> int:
     sections = None
     if args.sections:
         sections = check_sections([s for part in args.sections for s in part.split(",") if s])
+    if os.path.lexists(args.source) and not os.path.isdir(args.source):
+        regular_file(args.source, "SOURCE")  # a FIFO or a device is refused before anything opens it
     if is_run_file(args.source) or is_watch_file(args.source):  # a run file of either kind
         report = run_report(read_run(args.source))
     elif str(args.source).endswith(".captures.safetensors"):

@@ -7,7 +7,8 @@ folders, a ``LoadedModel``, an ``nn.Module`` or a state dict) and returns a
 
 Modules: ``api``: ``compare(a, b)``: two models or checkpoints, or two run files; ``findings``: the
 findings of a weight comparison; ``kernels``: how far one tensor moved; ``names``: pairing the names of
-two sides; ``result``: what a comparison returns; ``sources``: the two sides of a comparison;
+two sides; ``opening``: ``open_source``, which side an argument is; ``result``: what a comparison
+returns; ``sources``: the two sides of a comparison;
 ``weights``: ``compare_weights``; ``runs``: two training runs side by side; ``folder_sides``: sides
 read from checkpoint folders; ``schema``: the JSON Schema of ``compare --json``; ``summary``: grouped
 findings and the one-line summary of a weight comparison.
@@ -18,10 +19,11 @@ from __future__ import annotations
 from .api import compare, is_run_source
 from .kernels import PairStats, pair_stats
 from .names import Pairing, pair_names
+from .opening import open_source
 from .result import MODULE_COLUMNS, STATUSES, TENSOR_COLUMNS, RunComparison, WeightComparison
 from .runs import DEFAULT_TOLERANCE, compare_runs
 from .schema import JSON_SCHEMA
-from .sources import TensorSource, open_source
+from .sources import TensorSource
 from .weights import compare_sides, compare_weights
 
 __all__ = [

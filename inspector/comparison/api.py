@@ -8,9 +8,9 @@ from pathlib import Path
 from typing import Any
 
 from ..watching import Run, is_watch_file
+from .opening import Spec
 from .result import RunComparison, WeightComparison
 from .runs import DEFAULT_TOLERANCE, compare_runs
-from .sources import Spec
 from .weights import Progress, compare_weights
 
 

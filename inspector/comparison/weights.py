@@ -14,8 +14,9 @@ import torch
 from .findings import weight_findings
 from .kernels import StatsStream, pair_stats, stream_dtype
 from .names import pair_names
+from .opening import Spec, open_source
 from .result import MODULE_COLUMNS, TENSOR_COLUMNS, WeightComparison
-from .sources import Meta, Spec, TensorSource, open_source
+from .sources import Meta, TensorSource
 from .summary import summary_line
 
 Progress = Callable[[str], None]
@@ -208,7 +209,17 @@ def read_ahead(items: Iterator[T]) -> Iterator[T]:
 def match_by_value(sa: TensorSource, sb: TensorSource, missing: Sequence[str],
                    extra: Sequence[str]) -> list[tuple[str, str]]:
     """Pairs of a name only in A and one only in B whose tensors have one shape, dtype and the same bits
-    (tensors whose elements are all equal are left out: every initial LayerNorm weight would match)."""
+    (tensors whose elements are all equal are left out: every initial LayerNorm weight would match), and
+    a lone pair (the one name only in A, the one only in B) with one shape, dtype and the same bits even
+    when its elements are all equal: nothing else could have gone there (an untrained ``ln_f.weight``
+    saved as ``ln_final.weight``)."""
+    if len(missing) == 1 and len(extra) == 1:
+        na, nb = missing[0], extra[0]
+        ma, mb = sa.entries[na], sb.entries[nb]
+        if ((ma.shape, ma.dtype) == (mb.shape, mb.dtype) and "meta" not in ma.device + mb.device
+                and pair_stats(sa.read(na), sb.read(nb)).bitwise_equal):
+            return [(na, nb)]
+        return []
     return _same_bits(sa, missing, sb, extra, reuse=False)
 
 

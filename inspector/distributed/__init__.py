@@ -18,10 +18,9 @@ per training step; ``train``: run a few training steps of a model under torch.di
 from __future__ import annotations
 
 from ..loading.dcp import dcp_listing, is_dcp_folder, read_dcp, read_metadata
-from ..runfiles import DistributedRun, is_run_file, rank_issues, unique_findings
+from ..runfiles import DistributedRun, Run, is_run_file, rank_issues, read_run, unique_findings
 from ..sharding import mesh_dims, rank_bytes
 from ..utils.dtensors import is_dtensor, local_piece, model_has_dtensors, placements_text
-from ..watching import Run, read_run
 from .check import StepCheck, check_step
 from .digest import PARTS
 from .groups import end_group, process_group, release_wrapper, settle

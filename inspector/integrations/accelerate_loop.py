@@ -37,14 +37,17 @@ def watch_accelerator(accelerator: Any, model: nn.Module, optimizer: Any,
                 raise TrainingStopped(session.stopped_by)
 
         handles.append(session.watch.root.register_forward_pre_hook(stop_here))
-    completed = False
+    completed, error = False, None
     try:
         yield session
         completed = True
+    except BaseException as exc:
+        error = exc
+        raise
     finally:
         for h in handles:
             h.remove()
-        session.finish(completed=completed and session.stopped_by is None)
+        session.finish(completed=completed and session.stopped_by is None, error=error)
 
 
 __all__ = ["watch_accelerator"]

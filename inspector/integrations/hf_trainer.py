@@ -66,6 +66,9 @@ def watch_trainer(trainer: Any, path: str | os.PathLike = "run.inspect", **optio
     def train_and_close(*args: Any, **kwargs: Any) -> Any:
         try:
             return train(*args, **kwargs)
+        except BaseException as exc:
+            callback.session.finish(completed=False, error=exc)  # no-op after on_train_end
+            raise
         finally:
             callback.session.finish(completed=False)  # no-op after on_train_end
 

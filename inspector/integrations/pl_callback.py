@@ -2,10 +2,11 @@
 
 The watch opens at ``on_train_start`` on the LightningModule and the optimizer Lightning built
 (its precision plugin's GradScaler under ``16-mixed``). With one optimizer each of its steps is a
-step, in automatic and manual optimisation alike; with several (manual optimisation) each
-``optimizer.step()`` of any of them is a step, taken at ``on_before_optimizer_step``, or give
-``optimizer=i`` to follow only the i-th. The loss of each step is the one handed to backward;
-the file closes at ``on_train_end`` or ``on_exception``.
+step, in automatic and manual optimisation alike; with several (manual optimisation: a GAN) the
+watch is given all of them: the first one's steps are the steps and one that does not step is
+named (``optimizer-not-stepped``); give ``optimizer=i`` to follow only the i-th. The loss of each
+step is the one handed to backward; the file closes at ``on_train_end`` or ``on_exception`` (which
+records the exception).
 """
 
 from __future__ import annotations
@@ -31,7 +32,6 @@ class LightningWatch(Callback):
         super().__init__()
         self.session = WatchedTraining(path, **options)
         self.which = optimizer
-        self._each = False  # a step per on_before_optimizer_step (several optimizers, none chosen)
 
     @property
     def result(self) -> Any:
@@ -39,24 +39,17 @@ class LightningWatch(Callback):
 
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
         optimizers = list(trainer.optimizers)
-        self._each = len(optimizers) > 1 and self.which is None
-        chosen = None
-        if optimizers and not self._each:
-            index = self.which or 0
-            if not 0 <= index < len(optimizers):
-                raise InspectorError(f"LightningWatch(optimizer={index}): the trainer has "
+        chosen: Any = optimizers or None
+        if optimizers and self.which is not None:
+            if not 0 <= self.which < len(optimizers):
+                raise InspectorError(f"LightningWatch(optimizer={self.which}): the trainer has "
                                      f"{len(optimizers)} optimizer(s); give 0 to {len(optimizers) - 1}")
-            chosen = optimizers[index]
+            chosen = optimizers[self.which]
         scaler = getattr(getattr(trainer, "precision_plugin", None), "scaler", None)
         self.session.start(pl_module, chosen, scaler=scaler, name=type(pl_module).__name__)
 
     def on_before_backward(self, trainer: Any, pl_module: Any, loss: Any) -> None:
         self.session.log(loss=loss.detach())
-
-    def on_before_optimizer_step(self, trainer: Any, pl_module: Any, optimizer: Any) -> None:
-        if self._each and self.session.watch is not None:
-            self.session.watch.step()
-            self._after(trainer)
 
     def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
@@ -72,7 +65,7 @@ class LightningWatch(Callback):
         self.session.finish(completed=self.session.stopped_by is None)
 
     def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
-        self.session.finish(completed=False)
+        self.session.finish(completed=False, error=exception)
 
 
 __all__ = ["LightningWatch"]

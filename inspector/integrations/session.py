@@ -13,7 +13,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..utils.escaping import terminal_text
+from ..utils.escaping import terminal_line
 from ..utils.findings import InspectorError
 from ..utils.labels import module_label
 from ..watching import StepFinding, Watch, WatchResult
@@ -31,7 +31,7 @@ class TrainingStopped(InspectorError):
 
 def stop_message(f: StepFinding) -> str:
     """Why training stopped, safe for a terminal (names come from the model)."""
-    return terminal_text(f"training stopped at step {f.step}: {f.code} at {module_label(f.where)} "
+    return terminal_line(f"training stopped at step {f.step}: {f.code} at {module_label(f.where)} "
                          f"({f.message}); the run file holds every step up to here")
 
 
@@ -51,7 +51,7 @@ def plain_optimizer(optimizer: Any) -> torch.optim.Optimizer | None:
 
 
 def print_finding(f: StepFinding) -> None:
-    print(f"[inspector] {terminal_text(f.line())}", file=sys.stderr, flush=True)
+    print(f"[inspector] {terminal_line(f.line())}", file=sys.stderr, flush=True)
 
 
 class WatchedTraining:
@@ -90,7 +90,9 @@ class WatchedTraining:
         if name and not options.get("name"):
             options["name"] = name
         self.stopped_by, self.result = None, None
-        w = Watch(model, plain_optimizer(optimizer), self.path, on_finding=self._found, **options)
+        plain = ([plain_optimizer(o) for o in optimizer] if isinstance(optimizer, (list, tuple))
+                 else plain_optimizer(optimizer))
+        w = Watch(model, plain, self.path, on_finding=self._found, **options)
         try:
             w.open()
         except BaseException:
@@ -102,7 +104,9 @@ class WatchedTraining:
         return w
 
     def _at_exit(self) -> None:
-        self.finish(completed=False)
+        # an exception that ended the program unhandled is kept in sys.last_value (Python >= 3.12 also
+        # sys.last_exc) by the time exit handlers run
+        self.finish(completed=False, error=getattr(sys, "last_value", None))
 
     def _found(self, f: StepFinding) -> None:
         if self.report is not None:
@@ -123,14 +127,15 @@ class WatchedTraining:
             for e in self.exports:
                 e.write(self._follower.meta, rows)
 
-    def finish(self, completed: bool = True) -> WatchResult | None:
-        """Remove the hooks, close the run file and the exports (safe to call twice)."""
+    def finish(self, completed: bool = True, error: BaseException | None = None) -> WatchResult | None:
+        """Remove the hooks, close the run file and the exports (safe to call twice); an ``error`` that
+        ended training is recorded in the file (``run-failed``)."""
         w, self.watch = self.watch, None
         if w is None:
             return self.result
         atexit.unregister(self._at_exit)
         try:
-            self.result = w.close(completed)
+            self.result = w.close(completed, error)
             self.after_step()
         finally:
             for e in self.exports:

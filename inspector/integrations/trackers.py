@@ -15,6 +15,7 @@ import math
 import os
 from typing import Any, Protocol
 
+from ..utils.escaping import tensorboard_text, terminal_line
 from ..utils.findings import InspectorError
 from ..watching import RunMeta, finding_line
 from .follow import StepRow
@@ -29,8 +30,9 @@ class Export(Protocol):
 
 
 def finding_text(step: int, f: dict[str, str]) -> str:
-    """One line for a finding: ``step 12 · error · nonfinite-gradient at h.0.mlp: ...``."""
-    return finding_line(step, f["severity"], f["code"], f["where"], f["message"])
+    """One line for a finding: ``step 12 · error · nonfinite-gradient at h.0.mlp: ...``; a line break
+    or a bidirectional override in a name shows as an escape (it cannot forge a second line)."""
+    return terminal_line(finding_line(step, f["severity"], f["code"], f["where"], f["message"]))
 
 
 def step_numbers(meta: RunMeta, row: StepRow, depth: int | None = None,
@@ -106,7 +108,8 @@ class TensorBoardExport:
             for tag, value in step_numbers(meta, row, self.depth, self.prefix).items():
                 writer.add_scalar(tag, value, step)
             for f in row.findings:
-                writer.add_text(f"{self.prefix}/findings", finding_text(row.step, f), step)
+                # TensorBoard renders the text as Markdown: a code block shows the names as written
+                writer.add_text(f"{self.prefix}/findings", tensorboard_text(finding_text(row.step, f)), step)
 
     def close(self) -> None:
         """Flush a given writer (it stays the caller's); close this export's own."""

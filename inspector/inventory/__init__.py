@@ -10,9 +10,9 @@ global shape and this rank's local shape and bytes; ``torch.distributed.tensor``
 imported here.
 
 - :mod:`.walk`: :func:`tensor_inventory`, the one walk;
-- :mod:`.tables`: :class:`TensorInventory`, its entries grouped by object, storage and module;
+- :mod:`.tables`: :class:`TensorInventory`, its entries grouped by object, storage and module, and
+  :class:`ModuleTables`, the modules with their children and bytes by prefix;
 - :mod:`.entry`: :class:`TensorEntry`, one name of one tensor;
-- :mod:`.modules`: :class:`ModuleTables`, the modules with their children and bytes by prefix;
 - :mod:`.keys`: :func:`storage_key` and :class:`StorageKeys`.
 """
 
@@ -20,8 +20,7 @@ from __future__ import annotations
 
 from .entry import KINDS, TensorEntry
 from .keys import StorageKeys, storage_key
-from .modules import ModuleTables
-from .tables import TensorInventory
+from .tables import ModuleTables, TensorInventory
 from .walk import tensor_inventory
 
 __all__ = [

@@ -20,6 +20,7 @@ from typing import IO
 import torch
 
 from ..utils.findings import Finding, InspectorError
+from ..utils.paths import file_kind
 
 #: A torch zip stores its entries uncompressed; all entries together may declare at most this
 #: many times the archive's own size (plus :data:`ZIP_SLACK` bytes) before they are refused.
@@ -79,6 +80,8 @@ def shown_name(path: Path, full: bool = False) -> str:
 def file_head(path: str | os.PathLike, size: int) -> bytes:
     """The first ``size`` bytes of ``path`` (fewer when it is shorter; ``b""`` when it cannot be read):
     what tells the kinds of file apart, whatever their names."""
+    if file_kind(path):  # a FIFO, a device, a folder: nothing to tell apart, and opening could block
+        return b""
     try:
         with open(path, "rb") as fh:
             return fh.read(size)

@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from ..utils.findings import Finding, InspectorError, first_line
+from ..utils.paths import file_kind
 from .checkpoint_guards import (
     check_zip_sizes,
     is_safetensors,
@@ -64,6 +65,10 @@ def read_checkpoint(
         from .dcp import read_dcp
         state, findings = read_dcp(path)
     elif not path.is_file():
+        special = file_kind(path)
+        if special:  # a FIFO would block the reader, a device never end: refused before opening
+            raise InspectorError(f"checkpoint {shown_name(path, full=True)} is {special}, not a regular "
+                                 "file; give a checkpoint file")
         raise InspectorError(f"checkpoint {shown_name(path, full=True)} does not exist")
     else:
         with readable_path(path) as readable:

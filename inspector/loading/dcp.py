@@ -21,6 +21,7 @@ import pandas as pd
 import torch
 
 from ..utils.findings import Finding, InspectorError
+from ..utils.paths import regular_file
 from .checkpoint_guards import check_zip_sizes
 
 METADATA = ".metadata"
@@ -319,7 +320,7 @@ def _file_size(folder: Path, piece: Piece, sizes: dict[str, int]) -> int:
                 f"{folder.name}: tensor {piece.name} points outside the folder ({piece.file})"
             )
         try:
-            sizes[piece.file] = path.stat().st_size
+            sizes[piece.file] = regular_file(path, f"{folder.name} piece").stat().st_size  # no FIFO
         except OSError as exc:
             raise InspectorError(
                 f"{folder.name}: {piece.file} (holding {piece.name}) cannot be read: {exc}"

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from ..utils.findings import InspectorError
 from ..utils.labels import natural_key
+from ..utils.paths import file_kind
 
 INDEX_FILES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
 SINGLE_FILES = ("model.safetensors", "pytorch_model.bin", "consolidated.safetensors")
@@ -70,15 +71,32 @@ def _from_index(folder: Path, index: Path) -> FolderFiles:
                              "it must hold a 'weight_map' of tensor names to file names. Fix or remove it"
                              ) from None
     owner: dict[str, Path] = {}
+    root = folder.resolve()
     for name, file in weight_map.items():
         path = folder / file
-        if Path(file).name != file or not path.is_file():
+        if Path(file).name != file or not os.path.lexists(path):
             raise InspectorError(f"{index.name} stores tensor {name} in {file!r}, which is not a file of "
                                  f"{folder}; the folder is incomplete (copy every shard) or the index is "
                                  "wrong")
+        _inside(path, root, index, file)
         owner[name] = path
     files = tuple(dict.fromkeys(sorted(owner.values(), key=lambda p: natural_key(p.name))))
     return FolderFiles(files, f"{index.name}: {len(files)} files, {len(owner)} tensors", owner)
+
+
+def _inside(path: Path, root: Path, index: Path, file: str) -> None:
+    """A shard an index names stays in its folder once symlinks resolve, and is a regular file."""
+    try:
+        target = path.resolve()
+    except (OSError, RuntimeError):  # a symlink loop
+        target = None
+    if target is None or not target.is_relative_to(root):
+        raise InspectorError(f"{index.name} names the shard {file!r}, a link that leads outside {root}; "
+                             "every shard must be a file inside the checkpoint folder: copy it in")
+    special = file_kind(target)
+    if special:
+        raise InspectorError(f"{index.name} names the shard {file!r}, which is {special}, not a regular "
+                             "file; every shard must be a file of the checkpoint folder")
 
 
 def folder_files(path: str | os.PathLike) -> FolderFiles | None:

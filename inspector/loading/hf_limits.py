@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from ..utils.findings import InspectorError
+from ..utils.paths import file_kind
 
 #: Config fields that count repeated layers (read through ``config.to_dict()``, sub-configs too).
 LAYER_FIELDS = frozenset({"num_hidden_layers", "n_layer", "n_layers", "num_layers", "num_encoder_layers",
@@ -150,6 +151,10 @@ def check_index_paths(folder: Path) -> None:
                     f"{folder} was refused: {index_name} names the weight file {name!r}, which lies outside "
                     "the folder; every file an index names must be inside the model folder. Copy the shards "
                     "into the folder and list them by file name.")
+            special = file_kind(target)
+            if special:  # transformers would block in a FIFO or read a device without end
+                raise InspectorError(f"{folder} was refused: {index_name} names the weight file {name!r}, "
+                                     f"which is {special}, not a regular file")
 
 
 def check_folder_files(folder: Path) -> None:

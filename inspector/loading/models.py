@@ -17,6 +17,7 @@ from torch import nn
 from ..inventory import TensorInventory, tensor_inventory
 from ..utils.findings import Finding, InspectorError, first_line
 from ..utils.locks import model_lock
+from ..utils.paths import confined
 from ..utils.sizes import parse_size
 from ..utils.torch_state import restored_torch_state
 from ..utils.wrappers import unwrap
@@ -305,17 +306,13 @@ def _build_sample(name: str) -> LoadedModel:
 
 def _build_file(source: str) -> LoadedModel:
     path_str, _, factory = source.rpartition(":")
-    path = Path(path_str).expanduser()
+    path = Path(path_str.strip()).expanduser()
     if not path.is_absolute():
         path = (Path.cwd() / path)
-    path = path.resolve()
     allowed = allowed_model_dirs()
-    if not any(path.is_relative_to(d) for d in allowed):
-        raise InspectorError(
-            f"{path} is outside the folders model files may be loaded from "
-            f"({', '.join(str(d) for d in allowed)}). Add its folder to INSPECTOR_MODEL_DIRS.")
-    if not path.is_file():
-        raise InspectorError(f"model file {path} does not exist")
+    path = confined(path, allowed, what="model file", refusal=lambda text: (
+        f"{Path(text).resolve()} is outside the folders model files may be loaded from "
+        f"({', '.join(str(d) for d in allowed)}). Add its folder to INSPECTOR_MODEL_DIRS."))
     changed: list[str] = []
     with model_code(f"importing {path}", "fix the file", changed):
         module = import_user_file(path, "_inspector_user", changed)

@@ -8,21 +8,37 @@ import shutil
 import subprocess
 import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from ..utils.escaping import markdown_text, visible_text
-from ..utils.findings import InspectorError
+from ..utils.findings import Finding, InspectorError
 from ..utils.units import format_bytes
-from .data import Table
+from .data import Section, Table
 from .options import DEFAULT_OPTIONS, SECTION_TITLES
-
-if TYPE_CHECKING:
-    from .model import Report
 
 SCHEMA_VERSION = "1.0"
 SCHEMA_PATH = Path(__file__).parent.parent / "report_schema.json"
 TEMPLATE_DIR = Path(__file__).parent.parent / "templates"
 CHROMIUM = "/usr/bin/chromium"
+
+
+class Rendered(Protocol):
+    """What rendering reads of a report (:class:`~.model.Report`, which renders itself through here)."""
+
+    @property
+    def model(self) -> dict[str, Any]: ...
+    @property
+    def options(self) -> dict[str, Any]: ...
+    @property
+    def sections(self) -> tuple[Section, ...]: ...
+    @property
+    def created(self) -> str: ...
+    @property
+    def environment(self) -> dict[str, Any]: ...
+    @property
+    def schema_version(self) -> str: ...
+    @property
+    def findings(self) -> list[tuple[str, Finding]]: ...
 
 
 def _environment_jinja() -> Any:
@@ -79,7 +95,7 @@ def _script_json(data: Any) -> str:
     return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
 
 
-def render_html(report: Report) -> str:
+def render_html(report: Rendered) -> str:
     """The report as one offline HTML file; every name passes through jinja2's autoescape."""
     import markupsafe
     from plotly.offline import get_plotlyjs
@@ -117,7 +133,7 @@ def _md_table(table: Table, max_rows: int) -> list[str]:
     return lines
 
 
-def render_markdown(report: Report) -> str:
+def render_markdown(report: Rendered) -> str:
     """The report as Markdown: one heading per section, pipe tables, figures as tables."""
     max_rows = int(report.options.get("max_rows") or DEFAULT_OPTIONS["max_rows"])
     m = report.model
@@ -159,7 +175,7 @@ def render_markdown(report: Report) -> str:
     return "\n".join(out).rstrip() + "\n"
 
 
-def render_pdf(report: Report, path: str | os.PathLike, chromium: str = CHROMIUM,
+def render_pdf(report: Rendered, path: str | os.PathLike, chromium: str = CHROMIUM,
                timeout: float = 120) -> Path:
     """Print the HTML report to a PDF with Debian's Chromium (``--headless --print-to-pdf``)."""
     exe = shutil.which(chromium) if not os.path.isabs(chromium) else chromium

@@ -15,14 +15,24 @@
   :func:`parse_run` from bytes or text; :func:`check_run_of` from a stream already read) as a
   :class:`DistributedRun` (tables of steps, ranks and tensors), which ``inspector.read_run`` (the one
   reader of run files) keeps as ``Run.check_run``, and the findings a run holds.
+- :mod:`.tables`: :class:`Run`, a run file of either kind as tables (steps, modules, parameters,
+  findings as :class:`StepFinding`), and :func:`finding_line`;
+- :mod:`.checked`: a ``check_step`` run (:class:`DistributedRun`) as a :class:`Run` of kind ``"check"``;
+- :mod:`.reading`: :func:`read_run`, the one reader of every run file (``inspector.read_run``,
+  ``inspector.watching.read_run`` and ``inspector.distributed.read_run`` are this function), and
+  :func:`parse_run_bytes` (an upload); :func:`is_watch_file`;
+- :mod:`.captured`: the inputs and outputs of the first NaN/Inf producer, stored next to the run file
+  (:func:`~.captured.read_captures`, also ``Run.captures``).
 
 It needs no process group: the report, the Training page and ``compare`` read run files here,
-below the analyses; :mod:`inspector.watching` and :mod:`inspector.distributed` write them.
+above the analyses and below :mod:`inspector.watching` and :mod:`inspector.distributed`, which write
+them and hand its names on; it imports neither.
 """
 
 from __future__ import annotations
 
 from .columns import RunMeta, StepRecord, record_batch, schema
+from .reading import is_watch_file, parse_run_bytes, read_run
 from .record import CheckRecord, RankNumbers, StepTotals, TensorRow
 from .run import (
     DistributedRun,
@@ -37,9 +47,11 @@ from .run import (
     unsynchronised,
 )
 from .stream import END_OF_STREAM, META_KEY, STREAM_MAGIC, RunStream, RunWriter, append_check, read_stream
+from .tables import MODULE_COLUMNS, STEP_COLUMNS, Run, StepFinding, finding_line
 
 __all__ = ["END_OF_STREAM", "META_KEY", "STREAM_MAGIC", "CheckRecord", "DistributedRun", "RankNumbers",
            "RunMeta", "RunStream", "RunWriter", "StepRecord", "StepTotals", "TensorRow", "append_check",
            "check_run_of", "is_run_file", "parse_check_stream", "parse_run", "rank_issues",
            "read_check_run", "read_stream", "record_batch", "records_of", "schema", "unique_findings",
-           "unsynchronised"]
+           "unsynchronised", "MODULE_COLUMNS", "STEP_COLUMNS", "Run", "StepFinding", "finding_line",
+           "is_watch_file", "parse_run_bytes", "read_run"]

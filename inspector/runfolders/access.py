@@ -9,6 +9,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from ..utils.findings import InspectorError
+from ..utils.paths import confined
 
 RUNS_ENV = "INSPECTOR_RUNS"
 FLAG = "--runs"
@@ -47,29 +48,20 @@ def refusal(path: str, roots: Iterable[Path]) -> str:
 
 
 def allowed_run_path(path: str | os.PathLike, roots: Iterable[Path], extra: Iterable[Path] = ()) -> Path:
-    """``path`` resolved, when it lies under one of ``roots`` or ``extra`` (the upload folder).
+    """``path`` resolved, when it is a regular file under one of ``roots`` or ``extra`` (the upload
+    folder): :func:`~inspector.utils.paths.confined` with the runs folders.
 
     A relative path is taken inside each runs folder in turn (the first where it exists), so a
-    run's listed name opens it. Symlinks are followed before the check; ``..`` cannot climb out.
+    run's listed name opens it. Symlinks are followed before the check; ``..`` cannot climb out; a
+    FIFO or a device is refused before anything opens it.
 
     Raises:
-        InspectorError: the path is elsewhere (the message names ``--runs`` and ``INSPECTOR_RUNS``).
+        InspectorError: the path is elsewhere (the message names ``--runs`` and ``INSPECTOR_RUNS``),
+            missing, or not a regular file.
     """
-    roots, extra = list(roots), list(extra)
-    text = str(path).strip()
-    if not text or "\x00" in text:
-        raise InspectorError(refusal(repr(text), roots))
-    raw = Path(text).expanduser()
-    candidates = [raw] if raw.is_absolute() else [r / raw for r in roots]
-    bases = [b.resolve() for b in roots + extra]
-    for c in candidates:
-        try:
-            resolved = c.resolve()
-        except (OSError, RuntimeError):  # a symlink loop
-            continue
-        if any(resolved.is_relative_to(b) for b in bases) and (resolved.exists() or c is candidates[-1]):
-            return resolved
-    raise InspectorError(refusal(text, roots))
+    roots = list(roots)
+    return confined(path, roots, extra=extra, kind="file", what="run file",
+                    refusal=lambda text: refusal(text, roots))
 
 
 __all__ = ["FLAG", "RUNS_ENV", "allowed_run_path", "refusal", "runs_dirs", "split_dirs"]

@@ -6,7 +6,10 @@
 - :mod:`.labels`: the one label of the root module, ``(model)``, and of the batch, ``(batch)``, and
   :func:`natural_key`, the order of names that reads their numbers as numbers;
 - :mod:`.units` and :mod:`.sizes`: bytes and counts for people, and sizes people write;
-- :mod:`.escaping`: names from a model or a file shown as data (terminal, Markdown, plotly);
+- :mod:`.escaping`: names from a model or a file shown as data (terminal, Markdown, plotly, grids,
+  TensorBoard);
+- :mod:`.paths`: :func:`confined`, the one gate of every path from people, and :func:`regular_file`
+  (a FIFO or a device is refused before it is opened);
 - :mod:`.dtensors`: DTensor facts (local pieces, placements, meshes, replicas); plain tensors pass;
 - :mod:`.wrappers` and :mod:`.checks`: see through ``torch.compile``/DDP/FSDP wrappers, check arguments;
 - :mod:`.forward_state`, :mod:`.torch_state`, :mod:`.locks`: put back what a forward or a model
@@ -17,7 +20,17 @@
 from __future__ import annotations
 
 from .codes import CODES, FindingCode, finding_code, recurs
-from .escaping import markdown_code, markdown_text, plot_text, terminal_text, visible_text
+from .escaping import (
+    grid_frame,
+    grid_text,
+    markdown_code,
+    markdown_text,
+    plot_text,
+    tensorboard_text,
+    terminal_line,
+    terminal_text,
+    visible_text,
+)
 from .findings import (
     Episodes,
     Finding,
@@ -29,11 +42,14 @@ from .findings import (
 )
 from .labels import BATCH_LABEL, ROOT_LABEL, module_label, natural_key
 from .norms import grouped_norms
+from .paths import Kind, confined, file_kind, regular_file
 from .sizes import parse_size
 from .units import format_budget, format_bytes, format_count, format_number, progress_text
 
-__all__ = ["BATCH_LABEL", "CODES", "Episodes", "Finding", "FindingCode", "InspectorError", "ROOT_LABEL",
+__all__ = ["BATCH_LABEL", "CODES", "Episodes", "Finding", "FindingCode", "InspectorError", "Kind",
+           "ROOT_LABEL",
            "episode_starts", "finding_code", "first_line", "module_label", "natural_key", "recurs",
            "format_budget", "format_bytes", "format_count", "grouped_norms",
            "format_number", "group_findings", "markdown_code", "markdown_text", "parse_size", "plot_text",
-           "progress_text", "sort_findings", "terminal_text", "visible_text"]
+           "progress_text", "sort_findings", "terminal_text", "visible_text", "grid_frame", "grid_text",
+           "tensorboard_text", "terminal_line", "confined", "file_kind", "regular_file"]

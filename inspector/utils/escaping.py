@@ -8,7 +8,9 @@ text, never as a link, an image or markup. Four helpers, used everywhere a name 
 * :func:`markdown_text` for a name (or a sentence holding names) inside Markdown prose;
 * :func:`markdown_code` for a name shown as inline code;
 * :func:`plot_text` for a name in plotly text (see also :func:`escape_figure`);
-* :func:`terminal_text` for the command line.
+* :func:`terminal_text` for the command line, :func:`terminal_line` for a name inside one line of it;
+* :func:`grid_text` / :func:`grid_frame` for the cells of a data grid (the dashboard's tables);
+* :func:`tensorboard_text` for TensorBoard's text panel, which renders Markdown and shows images.
 
 Characters that move or hide text rather than show it (C0/C1 controls such as ESC and NUL,
 the bidirectional overrides such as RTL-override U+202E, lone surrogates) are written as
@@ -42,6 +44,7 @@ _BACKTICKS = re.compile(r"`+")
 _HIDDEN = "\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069\ud800-\udfff"
 _INVISIBLE = re.compile(f"[{_HIDDEN}]")
 _INVISIBLE_OR_BREAK = re.compile(f"[{_HIDDEN}\t\n]")
+_INVISIBLE_OR_ANY_BREAK = re.compile(f"[{_HIDDEN}\t\n\u2028\u2029]")
 
 
 def _escape_char(m: re.Match[str]) -> str:
@@ -189,3 +192,59 @@ def terminal_text(value: Any) -> str:
     a\x1b[31mred\x0db\u202e
     """
     return visible_text(value, keep_lines=True)
+
+
+def terminal_line(value: Any) -> str:
+    r"""``value`` inside one line of a terminal: as :func:`terminal_text`, and line breaks (``\n``,
+    ``\r``, U+2028/U+2029) and tabs written as escapes too, so a name cannot start a line of its own
+    (``x\nstep 9 · error · ...`` would forge a finding).
+
+    >>> print(terminal_line("h.0\nstep 9 · error"))
+    h.0\x0astep 9 · error
+    """
+    return _INVISIBLE_OR_ANY_BREAK.sub(_escape_char, "" if value is None else str(value))
+
+
+def grid_text(value: Any) -> str:
+    r"""``value`` for a cell of a data grid: controls, bidirectional marks and overrides (U+202A-202E,
+    U+2066-2069, U+200E/F, U+061C) and line breaks as visible escapes; a grid cell shows one line, and
+    an RTL override would reorder the names around it.
+
+    >>> grid_text("evil\u202etxt.exe")
+    'evil\\u202etxt.exe'
+    """
+    return terminal_line(value)
+
+
+def grid_frame(df: Any) -> Any:
+    """``df`` (a pandas DataFrame) with :func:`grid_text` applied to every text cell and every text
+    column name; numbers and other cells as they are. The frame is copied only when a cell changes."""
+    import pandas as pd
+
+    def fix(v: Any) -> Any:
+        return grid_text(v) if isinstance(v, str) and _INVISIBLE_OR_ANY_BREAK.search(v) else v
+
+    out = df
+    for i in range(len(df.columns)):
+        series = df.iloc[:, i]
+        if series.dtype == object or pd.api.types.is_string_dtype(series):
+            fixed = series.map(fix)
+            if not fixed.equals(series):
+                out = out.copy() if out is df else out
+                out.isetitem(i, fixed)
+    names = [fix(c) for c in df.columns]
+    if names != list(df.columns):
+        out = out.copy() if out is df else out
+        out.columns = names
+    return out
+
+
+def tensorboard_text(value: Any) -> str:
+    r"""``value`` for TensorBoard's text panel (``SummaryWriter.add_text``), which renders Markdown and
+    lets ``![i](http://host/p)`` become an image the viewer's browser fetches: the text, on one line
+    (:func:`terminal_line`), as an indented code block, which the panel shows exactly as written.
+
+    >>> tensorboard_text("nan at ![i](http://h/p)")
+    '    nan at ![i](http://h/p)'
+    """
+    return "    " + terminal_line(value)

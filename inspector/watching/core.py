@@ -18,15 +18,27 @@ from torch.utils.hooks import RemovableHandle
 
 from ..aliases import compare_ties, snapshot_ties
 from ..capture import Captures
-from ..runfiles import RunMeta, RunWriter, StepRecord
+from ..runfiles import Run, RunMeta, RunWriter, StepFinding, read_run
 from ..utils.codes import recurs
 from ..utils.dtensors import is_dtensor
 from ..utils.findings import Episodes, Finding, InspectorError, group_findings
 from ..utils.wrappers import underlying
+from .checks import (
+    GradientClearing,
+    Optimizers,
+    OptimizerSteps,
+    Progress,
+    TrainingMode,
+    failure_finding,
+    frozen_findings,
+    nonfinite_gradients,
+    optimizer_list,
+    replaced_findings,
+)
 from .detect import Detectors, not_in_optimizer
-from .layout import Layout, current, to_host
+from .layout import Layout, current, fused_norms, refresh, to_host
 from .numbers import Numbers
-from .run import Run, StepFinding, read_run
+from .rows import step_record
 from .steps import StepState, nonfinite_findings, transfer_step
 from .tracer import NonfiniteTracer, forward_producer
 
@@ -51,7 +63,7 @@ class WatchResult:
 class Watch:
     """The object ``with watch(...) as w`` gives: :meth:`log`, :meth:`step`, ``findings`` so far."""
 
-    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer | None, path: str | os.PathLike, *,
+    def __init__(self, model: nn.Module, optimizer: Optimizers, path: str | os.PathLike, *,
                  every: int = 1, nonfinite: bool = False, update_ratio: bool = False, scaler: Any = None,
                  window: int = 5, explode_factor: float = 8.0, loss_factor: float = 3.0,
                  recur_after: int = 5, capture_bytes: int = 64 << 20,
@@ -59,10 +71,8 @@ class Watch:
                  on_finding: Callable[[StepFinding], None] | None = None) -> None:
         if not isinstance(model, nn.Module):
             raise InspectorError(f"watch needs an nn.Module, got {type(model).__name__}")
-        if optimizer is not None and not isinstance(optimizer, torch.optim.Optimizer):
-            raise InspectorError(
-                f"watch's optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}"
-            )
+        self.optimizers = optimizer_list(optimizer)
+        optimizer = self.optimizers[0] if self.optimizers else None
         if every < 1:
             raise InspectorError(f"every must be 1 or more, got {every}")
         self.model, self.optimizer, self.path = model, optimizer, str(path)
@@ -97,6 +107,12 @@ class Watch:
         self.captures: Captures | None = None
         self.result: WatchResult | None = None
         self._scalars: dict[str, Any] = {}
+        self.clearing = GradientClearing()
+        self.modes = TrainingMode(self.root)
+        self.progress = [Progress(self.layout.parameters) for _ in range(self.world)]
+        self.others: OptimizerSteps | None = None
+        self._pre_done = False
+        self._held_mask: np.ndarray | None = None
 
     # -- the user's calls ------------------------------------------------------------------
     def log(self, **scalars: Any) -> None:
@@ -132,25 +148,39 @@ class Watch:
         if self.rank == 0:
             self._writer = RunWriter(self.path, self.meta)
         if self._nonfinite:
-            from .captured import remove_captures
+            from ..runfiles.captured import remove_captures
 
             remove_captures(self.path, self.rank, self.world)
-        self._handles.append(self.root.register_forward_pre_hook(self._forward_start))
         if self._nonfinite:
             self.tracer = NonfiniteTracer(self.root, backward=True, keep=self.capture_bytes > 0)
             self._handles.append(self.root.register_forward_hook(self._forward_end))
         if self.optimizer is not None:
-            self._handles.append(self.optimizer.register_step_pre_hook(lambda *a: self._pre_step()))
+            self._handles.append(self.optimizer.register_step_pre_hook(self._step_starts))
             self._handles.append(self.optimizer.register_step_post_hook(lambda *a: self._post_step()))
+            self.others = OptimizerSteps(self.optimizers, [self._names_of(o) for o in self.optimizers])
+        params = current(self.root, self.layout.parameters)
+        self.clearing.attach(params)
+        if not self.sharded:  # the norms before any step (a sharded one's are global only once stepped)
+            start = np.full(len(params), np.nan)
+            for idx, part in fused_norms(params):
+                start[idx] = to_host([part])[0]
+            self.progress = [Progress(self.layout.parameters, start=start) for _ in range(self.world)]
         self.state.start = time.perf_counter()
-        self._pending = not_in_optimizer(self.layout.parameters, current(self.root, self.layout.parameters),
-                                         held) if self.optimizer is not None else []
+        self._pending = frozen_findings(self.root)
+        if self.optimizer is not None:
+            self._pending += not_in_optimizer(self.layout.parameters, params, held)
 
-    def close(self, completed: bool) -> WatchResult:
-        """Remove every hook, close the file and freeze the result (safe after a failed open)."""
+    def close(self, completed: bool, error: BaseException | None = None) -> WatchResult:
+        """Remove every hook, close the file and freeze the result (safe after a failed open). An
+        ``error`` that ended the block is recorded as a ``run-failed`` finding at the step it was in."""
+        if error is not None and not isinstance(getattr(error, "finding", None), StepFinding):
+            self._failed(error)
         for h in self._handles:
             h.remove()
         self._handles.clear()
+        self.clearing.remove()
+        if self.others is not None:
+            self.others.remove()
         if self.tracer is not None:
             self.tracer.remove()
         if self._writer is not None:
@@ -158,23 +188,34 @@ class Watch:
         self.result = WatchResult(self.path, self.state.count, list(self.findings), self.captures, completed)
         return self.result
 
-    def _held(self) -> set[int]:
-        if self.optimizer is None:
-            return set()
-        return {id(p) for g in self.optimizer.param_groups for p in g["params"]}
+    def _failed(self, error: BaseException) -> None:
+        f = failure_finding(error, self.state.count)
+        new = self._first_time([f], self.state.count, self.rank)
+        if self._writer is not None and new:
+            n = Numbers(len(self.layout.modules), len(self.layout.parameters), len(self.layout.buffers))
+            try:
+                self._writer.write([step_record(self.state.count, 0, n, {}, self._lrs(), new)])
+            except Exception:  # noqa: BLE001 - the run's own error is the one to raise
+                pass
+
+    def _held(self, optimizers: list[torch.optim.Optimizer] | None = None) -> set[int]:
+        return {id(p) for o in (self.optimizers if optimizers is None else optimizers)
+                for g in o.param_groups for p in g["params"]}
+
+    def _names_of(self, optimizer: torch.optim.Optimizer) -> list[str]:
+        held = {id(p) for g in optimizer.param_groups for p in g["params"]}
+        return [n for n, p in self.root.named_parameters() if id(p) in held]
 
     def _tie_ids(self) -> tuple[int, ...]:
         """The object behind every parameter name, aliases included (read from the owners' registries)."""
         return tuple(id(p) for p in current(self.root, self.alias_names))
 
-    def _forward_start(self, module: nn.Module, args: Any) -> None:
-        self.state.forward_started(self.root, self.layout.parameters)
-
     def _forward_end(self, module: nn.Module, args: Any, output: Any) -> None:
         tracer = self.tracer
         if tracer is None or not tracer.keep or not tracer.kept or self.captures is not None:
             return
-        from .captured import capture_producer, captures_path, save_captures
+        from ..runfiles.captured import captures_path, save_captures
+        from .producer import capture_producer
 
         calls, meta = tracer.calls, tracer.meta
         flags = (
@@ -190,13 +231,42 @@ class Watch:
         tracer.kept.clear()
 
     # -- one step ----------------------------------------------------------------------------
+    def _step_starts(self, optimizer: Any, args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
+        """The optimizer's pre-step hook. A step given a closure (Lightning, LBFGS) computes its
+        gradients inside it: the step's numbers are taken when the closure first returns."""
+        closure = kwargs.get("closure", args[1] if len(args) > 1 else None)  # args[0]: the optimizer
+        if closure is None:
+            self._pre_step()
+            return None
+
+        def closure_then_measure() -> Any:
+            out = closure()
+            if not self._pre_done:
+                with torch.no_grad():
+                    self._pre_step()
+            return out
+        if "closure" in kwargs:
+            return args, {**kwargs, "closure": closure_then_measure}
+        return (args[0], closure_then_measure, *args[2:]), kwargs
+
     def _pre_step(self) -> None:
-        findings = self._pending + self.state.confirm_not_cleared(self.root, self.layout.parameters)
-        self._pending = []
+        self._pre_done = True
         check = self.state.count % self.every == 0
+        if check:
+            refresh(self.root)  # a module swapped in since: its parameters are read, not the old ones
         params = current(self.root, self.layout.parameters)
+        stepping = self.others.active(self.state.count) if self.others is not None else []
+        findings = (self._pending + self.modes.findings()
+                    + self.clearing.findings(self.layout.parameters, params, lambda: self._held(stepping)))
+        self._pending = []
         if check and self.optimizer is not None:
-            findings += not_in_optimizer(self.layout.parameters, params, self._held())
+            self.clearing.attach(params)
+            held = self._held()
+            self._held_mask = np.array([p is not None and id(p) in held for p in params], dtype=bool)
+            findings += replaced_findings(not_in_optimizer(self.layout.parameters, params, held),
+                                          self.state.count)
+        if self.others is not None:
+            findings += self.others.findings(self.state.count)
         if check:
             findings += self._tie_findings()
         self.state.pre(params, check and self.update_ratio, findings)
@@ -217,6 +287,9 @@ class Watch:
         return compare_ties(self.ties, self.root)
 
     def _post_step(self) -> None:
+        if not self._pre_done:  # a closure the optimizer never called
+            self._pre_step()
+        self._pre_done = False
         check = self.state.count % self.every == 0
         numbers, scalars = transfer_step(self, check)
         findings = self.state.findings
@@ -225,7 +298,8 @@ class Watch:
         if self.world > 1 and numbers_all[0].shared:  # rare: rank 0's step findings, to every rank
             findings = self._from_rank0(findings)
         self._write(numbers_all, scalars, findings)  # every rank: the same findings; rank 0 writes
-        self.state.post(self.root, self.layout.parameters)
+        self.clearing.stepped(self.state.params)
+        self.state.post()
 
     def _from_rank0(self, findings: list[Finding]) -> list[Finding]:
         box: list[Any] = [[f.to_dict() for f in findings] if self.rank == 0 else None]
@@ -255,11 +329,14 @@ class Watch:
             found += self.detectors[rank].gradients(n.param_grad, n.has_grad, n.module_grad)
             if n.loss_logged:
                 found = self.detectors[rank].loss(float(n.loss), found)
+            found += nonfinite_gradients(n.module_nonfinite, self.layout.modules, found)
             if n.checked:
                 found += self.detectors[rank].parameters(n.param_norm, n.buffer_norm, self.layout.buffers)
+            found += self.progress[rank].step(self._lrs(), n.param_norm if n.checked else None, n.param_grad,
+                                              n.has_grad, bool(n.skipped), self._held_mask)
             new = self._first_time(found, step, rank)
             if self._writer is not None:
-                records.append(_record(step, rank, n, scalars if rank == 0 else {}, self._lrs(), new))
+                records.append(step_record(step, rank, n, scalars if rank == 0 else {}, self._lrs(), new))
         if self._writer is not None:
             self._writer.write(records)
 
@@ -278,33 +355,7 @@ class Watch:
         return new
 
     def _lrs(self) -> list[float]:
-        if self.optimizer is None:
-            return []
-        return [float(g.get("lr", math.nan)) for g in self.optimizer.param_groups]
-
-
-def _opt(value: float) -> float | None:
-    return None if math.isnan(value) else float(value)
-
-
-def _int(value: float) -> int | None:
-    return None if math.isnan(value) else int(value)
-
-
-def _record(step: int, rank: int, n: Numbers, scalars: dict[str, float], lrs: list[float],
-            findings: list[Finding]) -> StepRecord:
-    f32 = np.float32
-    return StepRecord(
-        step=step, rank=rank, time=time.time(), step_time=_opt(n.step_time),
-        loss=float(n.loss) if n.loss_logged else None,
-        grad_norm=_opt(n.grad_norm), nonfinite=int(n.nonfinite), lr=lrs, scale=_opt(n.scale),
-        skipped=bool(n.skipped), device_allocated=_int(n.device_allocated), device_peak=_int(n.device_peak),
-        rss=_int(n.rss), scalar_names=list(scalars), scalar_values=[float(v) for v in scalars.values()],
-        module_grad_norm=n.module_grad.astype(f32),
-        module_param_norm=None if np.isnan(n.module_param).all() else n.module_param.astype(f32),
-        module_update_ratio=None if np.isnan(n.module_update).all() else n.module_update.astype(f32),
-        module_nonfinite=np.nan_to_num(n.module_nonfinite).astype(np.int32),
-        param_grad_norm=n.param_grad.astype(f32), findings=[f.to_dict() for f in findings])
+        return [float(g.get("lr", math.nan)) for o in self.optimizers for g in o.param_groups]
 
 
 @contextmanager
@@ -316,14 +367,16 @@ def watch(
 ) -> Iterator[Watch]:
     """Watch a training loop: every step's numbers go to ``path``, findings name module and step.
 
-    With an optimizer each ``optimizer.step()`` is a step (through its step hooks); without one,
-    call ``w.step()``. Leaving the block, also on an exception or Ctrl-C, removes every hook
-    and closes the file; the model and the optimizer are never changed. ``w.result`` is the
-    frozen :class:`WatchResult` afterwards.
+    With an optimizer each ``optimizer.step()`` is a step (through its step hooks; a step given a
+    closure is measured when the closure returns); with a list of optimizers, each step of the first
+    (the others' are counted: ``optimizer-not-stepped``); without one, call ``w.step()``. Leaving
+    the block, also on an exception or Ctrl-C, removes every hook and closes the file (an exception
+    is recorded as ``run-failed``); the model and the optimizer are never changed. ``w.result`` is
+    the frozen :class:`WatchResult` afterwards.
 
     Args:
         model: the model (DDP / ``torch.compile`` wrappers are seen through).
-        optimizer: its optimizer, or None.
+        optimizer: its optimizer, a list of optimizers (a GAN's), or None.
         path: the run file (Arrow; :func:`read_run` reads it, also while it grows).
         **options: ``every`` (parameter norms, ties, optimizer membership and the distributed
             checks every Nth step; gradient norms every step), ``nonfinite`` (name the module
@@ -345,13 +398,16 @@ def watch(
     (3, 3)
     """
     w = Watch(model, optimizer, path, **options)
-    completed = False
+    completed, error = False, None
     try:
         w.open()
         yield w
         completed = True
+    except BaseException as exc:
+        error = exc
+        raise
     finally:
-        w.close(completed)
+        w.close(completed, error if w._writer is not None else None)
 
 
 __all__ = ["Watch", "WatchResult", "watch"]

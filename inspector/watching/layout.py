@@ -66,6 +66,26 @@ def current(model: nn.Module, names: tuple[str, ...], kind: str = "parameter") -
     return [None if m is None else getattr(m, registry).get(leaf) for m, leaf in owners]
 
 
+def refresh(model: nn.Module) -> None:
+    """Forget the owners :func:`current` found for ``model`` when any of them is no longer at its
+    path (a module swapped in: ``model.head = nn.Linear(...)``), so the next call finds the new ones.
+    A walk over the owners' paths only (dictionary lookups), cheap enough for every check step."""
+    root = underlying(model)
+    known = _OWNERS.get(root)
+    if not known:
+        return
+    seen: set[str] = set()
+    for (_, names), owners in known.items():
+        for (owner, _), name in zip(owners, names, strict=True):
+            prefix = name.rpartition(".")[0]
+            if prefix in seen:
+                continue
+            seen.add(prefix)
+            if owner is not _submodule(root, prefix):
+                _OWNERS[root] = {}
+                return
+
+
 def _submodule(root: nn.Module, prefix: str) -> nn.Module | None:
     try:
         return root.get_submodule(prefix)

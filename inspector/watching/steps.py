@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -13,17 +13,35 @@ import torch
 from ..utils.dtensors import is_dtensor
 from ..utils.findings import Finding
 from ..utils.labels import module_label
-from .layout import current, fused_norms, global_norms, shard_key, to_host
+from .layout import Layout, current, fused_norms, global_norms, shard_key, to_host
 from .numbers import BATCH_PRODUCER, NO_PRODUCER, Numbers, memory
-from .tracer import BATCH, producers
+from .tracer import BATCH, NonfiniteTracer, producers
 
-if TYPE_CHECKING:
-    from .core import Watch
+
+class Watched(Protocol):
+    """What a step's work reads of the watch (:class:`~.core.Watch` is one; it calls in here)."""
+
+    @property
+    def root(self) -> torch.nn.Module: ...
+    @property
+    def layout(self) -> Layout: ...
+    @property
+    def module_names(self) -> list[str]: ...
+    @property
+    def scaler(self) -> Any: ...
+    @property
+    def sharded(self) -> bool: ...
+    @property
+    def update_ratio(self) -> bool: ...
+    @property
+    def state(self) -> StepState: ...
+    @property
+    def tracer(self) -> NonfiniteTracer | None: ...
+    _scalars: dict[str, Any]  # what w.log gave since the last step, emptied here
 
 
 class StepState:
-    """What one step carries from the optimizer's pre-step hook to its post-step hook, and the
-    gradient objects left after a step (to tell whether they were cleared before the next)."""
+    """What one step carries from the optimizer's pre-step hook to its post-step hook."""
 
     def __init__(self) -> None:
         self.count = 0
@@ -33,8 +51,6 @@ class StepState:
         self.has_grad = np.zeros(0, dtype=bool)
         self.before: list[torch.Tensor] | None = None
         self.findings: list[Finding] = []
-        self.after: dict[int, tuple[int, int]] | None = None  # param index -> (id(grad), grad._version)
-        self.suspects: dict[int, int] = {}
         self.last_scale = math.nan
 
     def pre(self, params: list[torch.Tensor | None], snapshot: bool, findings: list[Finding]) -> None:
@@ -45,46 +61,17 @@ class StepState:
         self.before = [p.detach().clone() for p in params if p is not None] if snapshot else None
         self.findings = findings
 
-    def post(self, root: torch.nn.Module, names: tuple[str, ...]) -> None:
-        self.after = {i: (id(g), g._version) for i, g in enumerate(_grads(root, names)) if g is not None}
+    def post(self) -> None:
         self.count += 1
         self.start = time.perf_counter()
         self.params, self.grad_parts, self.before = [], [], None
-
-    def forward_started(self, root: torch.nn.Module, names: tuple[str, ...]) -> None:
-        """The first forward after a step: gradients still the same objects, unchanged since the
-        step, were neither set to None nor zeroed (``zero_()`` moves the version counter)."""
-        if self.after is None:
-            return
-        grads = _grads(root, names)
-        self.suspects = {i: key[0] for i, key in self.after.items()
-                         if (g := grads[i]) is not None and (id(g), g._version) == key}
-        self.after = None
-
-    def confirm_not_cleared(self, root: torch.nn.Module, names: tuple[str, ...]) -> list[Finding]:
-        if not self.suspects:
-            return []
-        grads = _grads(root, names)
-        kept = [names[i] for i, gid in self.suspects.items() if id(grads[i]) == gid]
-        self.suspects = {}
-        if not kept:
-            return []
-        return [Finding("gradient-not-cleared", "error", kept[0],
-                        f"the gradients of {len(kept)} parameter(s) ({', '.join(kept[:3])}"
-                        f"{', ...' if len(kept) > 3 else ''}) were not cleared after the last step: this "
-                        "step's gradient is added to the old one. Call optimizer.zero_grad() (or "
-                        "model.zero_grad()) once per step")]
 
 
 def _grad(p: torch.Tensor | None) -> torch.Tensor | None:
     return None if p is None else p.grad
 
 
-def _grads(root: torch.nn.Module, names: tuple[str, ...]) -> list[torch.Tensor | None]:
-    return [_grad(p) for p in current(root, names)]
-
-
-def transfer_step(w: Watch, check: bool) -> tuple[Numbers, dict[str, float]]:
+def transfer_step(w: Watched, check: bool) -> tuple[Numbers, dict[str, float]]:
     """Everything measured this step, brought to the host with one copy per device."""
     st, layout = w.state, w.layout
     params = st.params
@@ -138,7 +125,7 @@ def transfer_step(w: Watch, check: bool) -> tuple[Numbers, dict[str, float]]:
 Pairs = list[tuple[np.ndarray, torch.Tensor]]
 
 
-def _norm_parts(w: Watch, check: bool) -> tuple[Pairs, Pairs, Pairs, Pairs]:
+def _norm_parts(w: Watched, check: bool) -> tuple[Pairs, Pairs, Pairs, Pairs]:
     """Gradient, parameter, buffer and update norms on the device (global ones under FSDP2 / TP)."""
     st = w.state
     params = st.params
@@ -185,7 +172,7 @@ def _overflowed(norms: np.ndarray, tensors: Callable[[], list[torch.Tensor | Non
             norms[i] = float(torch.linalg.vector_norm(piece.double()))
 
 
-def _fill(n: Numbers, w: Watch, params: list[torch.Tensor | None], update: np.ndarray, check: bool) -> None:
+def _fill(n: Numbers, w: Watched, params: list[torch.Tensor | None], update: np.ndarray, check: bool) -> None:
     layout = w.layout
     _overflowed(n.param_grad, lambda: [_grad(p) for p in params])
     if check:

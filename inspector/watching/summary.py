@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pandas as pd
 
+from ..runfiles.tables import Run, StepFinding
 from ..utils.codes import recurs
 from ..utils.findings import episode_starts
-from .run import Run, StepFinding
 
 RECUR_AFTER = 5  # steps a recurring finding of a check_step file must be away before it counts again
 

@@ -8,8 +8,7 @@ import json
 import pytest
 
 from inspector.distributed import read_run
-from inspector.distributed.findings import step_findings
-from inspector.utils.escaping import markdown_text
+from inspector.utils import markdown_text
 from tests.apptest import run_page
 
 
@@ -85,7 +84,15 @@ def _record(step: int) -> dict:
            "tensors": [tensor("fc.weight", "parameter", [1.0, 2.0], [[1, 1], [1, 1]]),
                        tensor("fc.bias", "parameter", [0.5, 1.0], [[3, 3], [3, 3]]),
                        tensor("bn.running_mean", "buffer", [None, None], [[5, 5], [6, 6]])]}
-    rec["findings"] = [f.to_dict() for f in step_findings(rec)]
+    # what check_step finds in it, worked out by hand: rank 1's norms are twice rank 0's, its buffer differs
+    rec["findings"] = [
+        {"code": "gradient-not-synchronized", "severity": "warning", "where": name,
+         "message": f"{name} is a plain parameter on every rank, but its gradient norm ranges from {lo:g} to "
+                    f"{2 * lo:g} across ranks: its gradients are not averaged"}
+        for name, lo in (("fc.weight", 1.0), ("fc.bias", 0.5))
+    ] + [{"code": "replica-drift", "severity": "error", "where": "bn.running_mean",
+          "message": f"buffer bn.running_mean should be identical on ranks 0 and 1 but at step {step} rank 1 "
+                     "holds different values from rank 0"}]
     return rec
 
 
@@ -146,7 +153,7 @@ def test_sidebar_lists_and_loads_a_distributed_checkpoint_folder(world2):
     from ui.models import Selection
 
     out, _ = world2
-    source = str(Path(__file__).resolve().parents[2] / "sample_models" / "fsdp.py") + ":build"
+    source = str(Path(__file__).resolve().parents[1] / "sample_models" / "fsdp.py") + ":build"
     at = AppTest.from_file(str(PAGES / "8_Training.py"), default_timeout=60)
     at.session_state["mi_selection"] = Selection(source=source, checkpoint=str(out / "dcp"))
     at.run()

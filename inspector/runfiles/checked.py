@@ -1,5 +1,5 @@
-"""A ``check_step`` run as a :class:`~.run.Run`: its records (per rank and per tensor) in the tables a
-watched run has, the records themselves kept as :attr:`Run.check_run <.run.Run.check_run>`."""
+"""A ``check_step`` run as a :class:`~.tables.Run`: its records (per rank and per tensor) in the tables a
+watched run has, the records themselves kept as :attr:`Run.check_run <.tables.Run.check_run>`."""
 
 from __future__ import annotations
 
@@ -7,8 +7,9 @@ from typing import Any
 
 import numpy as np
 
-from ..runfiles import DistributedRun, RunMeta, StepRecord, record_batch, schema
-from .run import Run, StepFinding, _steps_frame
+from .columns import RunMeta, StepRecord, record_batch, schema
+from .run import DistributedRun
+from .tables import Run, StepFinding, _steps_frame
 
 
 def check_as_run(dr: DistributedRun) -> Run:

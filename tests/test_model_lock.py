@@ -6,7 +6,6 @@ import threading
 
 from inspector import load_model
 from inspector.offsets import run_backward
-from inspector.utils.locks import model_lock
 
 
 def other_thread_acquires(lock) -> bool:
@@ -29,10 +28,10 @@ def test_run_backward_holds_the_model_lock():
     loaded = load_model("sample:frozen-adapter")
     seen = []
     handle = loaded.model.register_forward_pre_hook(
-        lambda m, a: seen.append(other_thread_acquires(model_lock(m))))
+        lambda m, a: seen.append(other_thread_acquires(loaded.lock)))
     try:
         run_backward(loaded)
     finally:
         handle.remove()
     assert seen == [False]  # held during the forward pass
-    assert other_thread_acquires(model_lock(loaded.model))  # and let go afterwards
+    assert other_thread_acquires(loaded.lock)  # and let go afterwards

@@ -18,50 +18,20 @@ from typing import Any
 
 from ..capture import Captures, Skipped
 from ..utils.findings import Finding, InspectorError
-from ..utils.labels import module_label
-from .tracer import Producer, floating
+from ..utils.paths import confined, regular_file
 
 SUFFIX = ".captures.safetensors"
 FORMAT = "inspector-watch-captures"
 
 
-def _copy(value: Any, budget: list[int], module: str, kind: str, skipped: list[Skipped]) -> Any:
-    """Detached clones of the floating tensors of ``value`` (a tensor or a flat structure) on the CPU."""
-    out = []
-    for i, t in enumerate(floating(value)):
-        size = t.numel() * t.element_size()
-        if size > budget[0]:
-            skipped.append(Skipped(module, kind, f"[{i}]", size, "over the capture byte budget"))
-            continue
-        budget[0] -= size
-        out.append(t.detach().to("cpu", copy=True))
-    return out[0] if len(out) == 1 else tuple(out)
-
-
-def _note(name: str, step: int, rank: int | None) -> Finding:
+def producer_note(name: str, step: int, rank: int | None) -> Finding:
     on = f" on rank {rank}" if rank else ""
     return Finding("nonfinite-forward", "error", name,
                    f"inputs and outputs of {name}{on} at step {step}, when it first produced NaN/Inf")
 
 
-def capture_producer(kept: dict[int, tuple[Any, Any, int]], producer: Producer, max_bytes: int,
-                     step: int, rank: int = 0) -> Captures:
-    """A :class:`Captures` of the producer's inputs and outputs at ``step`` (within ``max_bytes``)."""
-    name = (
-        module_label(producer.module)
-    )  # as the findings name them
-    args, output, _ = kept.get(producer.call, ((), None, 0))
-    budget: list[int] = [max_bytes]
-    skipped: list[Skipped] = []
-    inputs = {name: _copy(args, budget, name, "input", skipped)}
-    outputs = {name: _copy(output, budget, name, "output", skipped)}
-    return Captures(outputs=outputs, inputs=inputs, order=[name], skipped=skipped,
-                    findings=[_note(name, step, rank)], store_on="cpu", _state={"step": step, "rank": rank},
-                    mutations_watched=False)  # one module's input and output, copied once: nothing watched
-
-
 def producer_of(caps: Captures) -> tuple[str, int, int]:
-    """``(module, step, rank)`` of a producer's captures (from :func:`capture_producer` or a file)."""
+    """``(module, step, rank)`` of a producer's captures (taken by the watch, or read from a file)."""
     return caps.order[0], int(caps._state.get("step", 0)), int(caps._state.get("rank", 0))
 
 
@@ -76,7 +46,7 @@ def _leaves(value: Any) -> list[Any]:
 
 
 def save_captures(caps: Captures, path: str | os.PathLike) -> Path:
-    """Write ``caps`` (one producer's copies, as :func:`capture_producer` makes) to ``path``."""
+    """Write ``caps`` (one producer's copies, as the watch makes them) to ``path``."""
     from safetensors.torch import save_file
 
     name = caps.order[0]
@@ -102,10 +72,12 @@ def load_captures(path: str | os.PathLike) -> Captures:
     """Read a captures file :func:`save_captures` wrote.
 
     Raises:
-        InspectorError: the file is not a watch captures file.
+        InspectorError: the file is not a watch captures file (a FIFO or a device is refused
+            before it is opened: ``safe_open`` would block in it holding the GIL).
     """
     from safetensors import safe_open
 
+    regular_file(path, "captures file")
     try:
         with safe_open(str(path), framework="pt") as fh:
             meta = fh.metadata() or {}
@@ -127,7 +99,7 @@ def load_captures(path: str | os.PathLike) -> Captures:
         inputs={name: pick("input")},
         order=[name],
         skipped=skipped,
-        findings=[_note(name, step, rank)],
+        findings=[producer_note(name, step, rank)],
         store_on="cpu",
         _state={"step": step, "rank": rank},
         mutations_watched=False,
@@ -143,14 +115,17 @@ def read_captures(run_path: str | os.PathLike) -> Captures | None:
         InspectorError: ``run_path`` does not exist, or a captures file next to it is damaged.
     """
     p = Path(run_path)
-    if p.name.endswith(SUFFIX) and p.is_file():
+    if p.name.endswith(SUFFIX) and os.path.lexists(p):
         return load_captures(p)
-    if not p.is_file():
+    if not os.path.lexists(p):
         raise InspectorError(f"run file {p} does not exist; give the path of a file that watch(...) or "
                              "`python -m inspector watch` wrote")
+    regular_file(p, "run file")
     mine = re.compile(re.escape(p.name) + r"(\.rank\d+)?" + re.escape(SUFFIX) + "$")
     found = sorted(f for f in p.parent.iterdir() if mine.match(f.name)) if p.parent.is_dir() else []
-    caps = [load_captures(f) for f in found]
+    caps = [load_captures(confined(f, [p.parent], what="captures file", refusal=lambda t: (
+        f"captures file {t} is a link that leads outside {p.parent}; a run's captures lie next to it")))
+        for f in found]
     if not caps:
         return None
     return min(caps, key=lambda c: (c._state["step"], c._state["rank"]))

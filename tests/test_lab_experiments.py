@@ -17,10 +17,10 @@ def scenario(lab_id: str):
 
 
 def test_myths_experiment_leaves_the_model_alone():
-    from inspector.labs.flattening_myths import memory_experiment
-
+    lab = get_lab("flattening-myths", labs_dir="")
+    [experiment] = [v for v in lab.views if v.title.startswith("Experiment 1")]  # as the lab page runs it
     sc = scenario("flattening-myths")
     before = [p.detach().clone() for p in sc.model.parameters()]
-    table = memory_experiment(sc)
+    table = experiment.build(sc)
     assert len(table) == 12 and not table["storage overlaps the vector"].any()
     assert all(torch.equal(a, b) for a, b in zip(before, sc.model.parameters(), strict=True))

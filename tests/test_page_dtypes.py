@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from inspector.loading.models import DTYPES
+from inspector.loading import DTYPES
 from tests.apptest import run_page
 
 CNN = "sample:cnn-bn"

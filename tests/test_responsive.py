@@ -6,7 +6,7 @@ import torch
 
 from inspector import LoadedModel, load_model
 from inspector.attribution import TargetInfo, target_info
-from inspector.dashboard.responsive import quick_target_info
+from inspector.dashboard import quick_target_info
 
 
 class _DropLast(torch.nn.Module):

@@ -8,7 +8,7 @@ import torch
 def test_to_device_moves_every_tensor_of_a_pytree_and_casts_only_floating_ones():
     from collections import namedtuple
 
-    from inspector.loading.models import to_device
+    from inspector.loading import to_device
 
     Batch = namedtuple("Batch", "x ids")
     inputs = {
@@ -24,7 +24,7 @@ def test_to_device_moves_every_tensor_of_a_pytree_and_casts_only_floating_ones()
 
 
 def test_to_device_moves_tensors_inside_containers_pytree_does_not_know():
-    from inspector.loading.models import to_device
+    from inspector.loading import to_device
 
     class Inputs(dict):
         pass

@@ -1,0 +1,162 @@
+"""The zoo's plain PyTorch loops, with the places a bug is planted (:class:`Plant`)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from contextlib import nullcontext
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from .core import Ctx
+from .models import GAN, Task, gan_data
+
+
+@dataclass(frozen=True)
+class Plant:
+    """Where a bug goes in :func:`plain_loop`; each part acts at iteration ``ctx.plant_at`` (and
+    from then on where ``persist``), and marks the plant. ``start(ctx, model, opt)``: model
+    surgery before the iteration; ``batch``/``loss``: change the batch or the loss;
+    ``no_clear``: skip ``zero_grad`` from the plant on; ``no_step``: skip ``optimizer.step()``."""
+
+    start: Callable[[Ctx, nn.Module, Any], None] | None = None
+    batch: Callable[[dict[str, torch.Tensor]], dict[str, torch.Tensor]] | None = None
+    loss: Callable[[torch.Tensor], torch.Tensor] | None = None
+    no_clear: bool = False
+    persist: bool = False
+
+    def on(self, ctx: Ctx) -> bool:
+        return ctx.i == ctx.plant_at or (self.persist and ctx.i > ctx.plant_at)
+
+
+NO_PLANT = Plant()
+
+
+@dataclass(frozen=True)
+class Loop:
+    """A loop's shape: where ``zero_grad`` goes (``before`` the forward, ``between`` forward and
+    backward, ``after`` the step), ``set_to_none``, micro-batches per step, autocast dtype,
+    a GradScaler, ``torch.compile``, HF gradient checkpointing, the optimizer."""
+
+    order: str = "after"
+    set_to_none: bool = True
+    accum: int = 1
+    amp: torch.dtype | None = None
+    scaler: bool = False
+    compile: bool = False
+    checkpointing: bool = False
+    optimizer: str = "adamw"
+
+    @property
+    def label(self) -> str:
+        parts = [f"zero_grad {self.order}" + ("" if self.set_to_none else " (set_to_none=False)")]
+        if self.accum > 1:
+            parts.append(f"accumulate {self.accum}")
+        if self.amp is not None:
+            parts.append(f"{str(self.amp).removeprefix('torch.')} autocast")
+        if self.scaler:
+            parts.append("GradScaler")
+        if self.compile:
+            parts.append("torch.compile")
+        if self.checkpointing:
+            parts.append("grad checkpointing")
+        if self.optimizer != "adamw":
+            parts.append(self.optimizer)
+        return ", ".join(parts)
+
+
+LOOP = Loop()
+
+
+def make_optimizer(name: str, params: Any, lr: float) -> torch.optim.Optimizer:
+    if name == "sgd":
+        return torch.optim.SGD(params, lr=lr * 10, momentum=0.9)
+    return torch.optim.AdamW(params, lr=lr)
+
+
+def plain_loop(ctx: Ctx, task: Task, loop: Loop = LOOP, plant: Plant = NO_PLANT, *,
+               params: Any = None, scheduler: Callable[[torch.optim.Optimizer], Any] | None = None,
+               before: Callable[[nn.Module], None] | None = None) -> None:
+    """Train ``task`` for ``ctx.steps`` optimizer steps under ``ctx.monitor``."""
+    model = task.model
+    if loop.checkpointing:
+        model.gradient_checkpointing_enable()
+    if before is not None:
+        before(model)
+    model.train()
+    opt = make_optimizer(loop.optimizer, model.parameters() if params is None else params(model), task.lr)
+    sched = scheduler(opt) if scheduler is not None else None
+    scaler = torch.amp.GradScaler("cpu") if loop.scaler else None
+    run_model = torch.compile(model) if loop.compile else model
+    amp = (lambda: torch.autocast("cpu", dtype=loop.amp)) if loop.amp is not None else nullcontext
+
+    def clear() -> None:
+        if not (plant.no_clear and plant.on(ctx)):
+            opt.zero_grad(set_to_none=loop.set_to_none)
+
+    with ctx.monitor(run_model, opt, scaler=scaler) as mon:
+        for i in range(ctx.steps):
+            ctx.i = i
+            if plant.start is not None and plant.on(ctx):
+                ctx.mark()
+                plant.start(ctx, model, opt)
+            if loop.order == "before":
+                clear()
+            for k in range(loop.accum):
+                batch = task.batch(i * loop.accum + k)
+                if plant.batch is not None and plant.on(ctx) and k == 0:
+                    ctx.mark()
+                    batch = plant.batch(batch)
+                with amp():
+                    loss = task.loss(run_model, batch)
+                if plant.loss is not None and plant.on(ctx) and k == 0:
+                    ctx.mark()
+                    loss = plant.loss(loss)
+                if loop.order == "between" and k == 0:
+                    clear()
+                part = loss / loop.accum
+                (scaler.scale(part) if scaler is not None else part).backward()
+            if plant.no_clear and plant.on(ctx):
+                ctx.mark()
+            mon.log(loss.detach().float())
+            if scaler is not None:
+                scaler.step(opt)
+                scaler.update()
+            else:
+                opt.step()
+            if sched is not None:
+                sched.step()
+            if loop.order == "after":
+                clear()
+
+
+def gan_loop(ctx: Ctx, *, skip_d_step: bool = False, seed: int = 0) -> None:
+    """A small GAN, two optimizers (generator, discriminator) watched together as a list; with
+    ``skip_d_step`` the discriminator's ``step()`` is gone from the plant on."""
+    torch.manual_seed(seed)
+    model, data = GAN(), gan_data(seed)
+    opt_g = torch.optim.Adam(model.gen.parameters(), lr=1e-3, betas=(0.5, 0.999))
+    opt_d = torch.optim.Adam(model.disc.parameters(), lr=1e-3, betas=(0.5, 0.999))
+    bce = nn.functional.binary_cross_entropy_with_logits
+    with ctx.monitor(model, [opt_g, opt_d]) as mon:
+        for i in range(ctx.steps):
+            ctx.i = i
+            b = data(i)
+            fake = model.gen(b["z"])
+            real_logit, fake_logit = model.disc(b["real"]), model.disc(fake.detach())
+            loss_d = bce(real_logit, torch.ones_like(real_logit)) + \
+                bce(fake_logit, torch.zeros_like(fake_logit))
+            opt_d.zero_grad()
+            loss_d.backward()
+            if skip_d_step and i >= ctx.plant_at:
+                ctx.mark()
+            else:
+                opt_d.step()
+            gen_logit = model.disc(fake)
+            loss_g = bce(gen_logit, torch.ones_like(gen_logit))
+            opt_g.zero_grad()
+            loss_g.backward()
+            mon.log(loss_g.detach())
+            opt_g.step()

@@ -1,0 +1,317 @@
+"""The checks of a watch that follow the loop rather than the numbers: gradients cleared between
+steps, modules left in eval mode, frozen parameters, parameters replaced mid-run, an optimizer that
+never steps, and a run in which nothing updates."""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+from torch.utils.hooks import RemovableHandle
+from torch.utils.weak import WeakIdKeyDictionary
+
+from ..utils.findings import Finding, InspectorError
+from ..utils.labels import ROOT_LABEL, module_label
+
+MODE_DEPENDENT = (nn.modules.batchnorm._BatchNorm, nn.modules.instancenorm._InstanceNorm,
+                  nn.modules.dropout._DropoutNd, nn.AlphaDropout, nn.FeatureAlphaDropout)
+
+
+Optimizers = torch.optim.Optimizer | Sequence[torch.optim.Optimizer] | None
+
+
+def optimizer_list(optimizer: Optimizers) -> list[torch.optim.Optimizer]:
+    """The optimizers given to a watch, as a list (the first one's steps are the steps)."""
+    if optimizer is None:
+        return []
+    found = list(optimizer) if isinstance(optimizer, (list, tuple)) else [optimizer]
+    for o in found:
+        if not isinstance(o, torch.optim.Optimizer):
+            raise InspectorError(f"watch's optimizer must be a torch.optim.Optimizer (or a list of them), "
+                                 f"got {type(o).__name__}")
+    if not found:
+        raise InspectorError("watch was given an empty list of optimizers: give one, a list, or None")
+    return found
+
+
+def _listed(names: Sequence[str], most: int = 3) -> str:
+    shown = ", ".join(module_label(n) for n in names[:most])
+    return shown + (f" and {len(names) - most} more" if len(names) > most else "")
+
+
+class GradientClearing:
+    """Whether the gradients a step used were cleared (set to None or zeroed) before a backward added to
+    them and the next step used the sum.
+
+    A hook on each parameter runs before autograd accumulates into ``.grad``. After a step, the first
+    one asks whether ``.grad`` is still the very tensor the step used (a weak reference, so a freed
+    gradient whose address is reused never matches) with the same version counter (``zero_()`` and
+    every write move it): then this backward adds onto the used gradient. Such a gradient is washed
+    when a later backward finds it zeroed or replaced since (several optimizers, each zeroing only its
+    own parameters before its own backward), and reported when the next step still holds it. Zeroing
+    before the forward, between forward and backward (Lightning) or after the step are all clearing;
+    several backward passes before one step (accumulation) are one step.
+    """
+
+    def __init__(self) -> None:
+        self.after: dict[int, tuple[weakref.ref, int]] = {}  # index -> (the step's gradient, its version)
+        self.dirty: dict[int, tuple[weakref.ref, int]] = {}  # added onto: (gradient, version expected next)
+        self.hooked: WeakIdKeyDictionary = WeakIdKeyDictionary()  # parameter -> (index, handle)
+
+    def attach(self, params: list[torch.Tensor | None]) -> None:
+        """Hook every parameter of ``params`` not hooked yet (new ones after a replacement included)."""
+        for i, p in enumerate(params):
+            if p is None or not p.requires_grad:
+                continue
+            known = self.hooked.get(p)
+            if known is not None and known[0] == i:
+                continue
+            if known is not None:
+                known[1].remove()
+            self.hooked[p] = (i, p.register_hook(self._hook(i, weakref.ref(p))))
+
+    def _hook(self, i: int, param: weakref.ref) -> Any:
+        def hook(grad: torch.Tensor) -> None:
+            key = self.dirty.pop(i, None) or self.after.pop(i, None)
+            p = param()
+            if key is None or p is None:
+                return
+            g = p.grad
+            if g is not None and key[0]() is g and g._version == key[1]:
+                self.dirty[i] = (key[0], key[1] + 1)  # an in-place add moves the version by one
+        return hook
+
+    def stepped(self, params: list[torch.Tensor | None]) -> None:
+        """After a step: remember each gradient the step used."""
+        self.after = {i: (weakref.ref(p.grad), p.grad._version) for i, p in enumerate(params)
+                      if p is not None and p.grad is not None}
+        self.dirty = {}
+
+    def findings(self, names: tuple[str, ...], params: list[torch.Tensor | None], held: Any) -> list[Finding]:
+        """``gradient-not-cleared`` for the optimizer's parameters (``held()``: their ids) whose step now
+        uses a gradient added onto the last step's; one the optimizer does not hold is named by
+        ``not-in-optimizer`` instead."""
+        kept = sorted(i for i, (ref, _) in self.dirty.items()
+                      if i < len(params) and (p := params[i]) is not None and p.grad is not None
+                      and ref() is p.grad)
+        self.dirty = {}
+        if not kept:
+            return []
+        ids = held()
+        found = [names[i] for i in kept if id(params[i]) in ids]
+        if not found:
+            return []
+        return [Finding("gradient-not-cleared", "error", found[0],
+                        f"the gradients of {len(found)} parameter(s) ({_listed(found)}) were not cleared "
+                        "after the last step: this step's gradient was added to the old one. Call "
+                        "optimizer.zero_grad() (or model.zero_grad()) once per step")]
+
+    def remove(self) -> None:
+        for _, handle in list(self.hooked.values()):
+            handle.remove()
+        self.hooked = WeakIdKeyDictionary()
+
+
+class TrainingMode:
+    """BatchNorm / InstanceNorm / Dropout modules in eval mode when the optimizer steps (read at each
+    step, so it holds however the forward was called: Lightning calls ``training_step``, not the
+    root's forward). A module inside a part whose parameters are all frozen is left alone: a frozen
+    backbone in eval mode is on purpose."""
+
+    def __init__(self, root: nn.Module) -> None:
+        self.root = root
+        self.modules = [(n, m) for n, m in root.named_modules() if isinstance(m, MODE_DEPENDENT)
+                        and not (isinstance(m, nn.modules.dropout._DropoutNd | nn.AlphaDropout) and m.p == 0)
+                        and not (isinstance(m, nn.modules.instancenorm._InstanceNorm)
+                                 and not m.track_running_stats)]
+
+    def findings(self) -> list[Finding]:
+        if all(m.training for _, m in self.modules):
+            return []
+        seen = [n for n, m in self.modules if not m.training and not self._frozen_part(n)]
+        if not seen:
+            return []
+        kinds = sorted({type(m).__name__ for n, m in self.modules if n in set(seen)})
+        if not self.root.training:
+            return [Finding("eval-mode-module", "warning", ROOT_LABEL,
+                            f"the model is in eval mode while it trains: its {len(seen)} "
+                            f"{'/'.join(kinds)} module(s) ({_listed(seen)}) use running statistics or drop "
+                            "nothing. Call model.train() before the training loop (and after each "
+                            "validation pass)")]
+        return [Finding("eval-mode-module", "warning", seen[0],
+                        f"{_listed(seen)} ({'/'.join(kinds)}) ran in eval mode while the model trains: "
+                        "a BatchNorm then neither uses the batch's statistics nor updates its running "
+                        "ones, a Dropout drops nothing. Set .train() on it, or freeze its part on purpose")]
+
+    def _frozen_part(self, name: str) -> bool:
+        """The module's parent holds parameters and none of them requires grad."""
+        parent = self.root.get_submodule(name.rpartition(".")[0]) if "." in name else self.root
+        flags = [p.requires_grad for p in parent.parameters()]
+        return bool(flags) and not any(flags)
+
+
+def frozen_findings(root: nn.Module) -> list[Finding]:
+    """One ``frozen-parameters`` (information) naming the modules whose parameters do not require grad."""
+    frozen: dict[str, int] = {}
+    total = 0
+    for name, p in root.named_parameters():
+        total += 1
+        if not p.requires_grad:
+            module = name.rpartition(".")[0]
+            frozen[module] = frozen.get(module, 0) + p.numel()
+    if not frozen:
+        return []
+    names = list(frozen)
+    return [Finding("frozen-parameters", "info", module_label(names[0]),
+                    f"{sum(frozen.values()):,} parameter elements in {len(names)} module(s) "
+                    f"({_listed(names)}) do not require grad: they are frozen and not watched")]
+
+
+def replaced_findings(found: list[Finding], step: int) -> list[Finding]:
+    """After the first step, ``not-in-optimizer`` for two or more parameters at once is one
+    ``parameters-replaced`` (a ``load_state_dict(assign=True)``, ``.to()`` or a module swapped in)."""
+    missing = [f for f in found if f.code == "not-in-optimizer"]
+    if step == 0 or len(missing) < 2:
+        return found
+    names = [f.where for f in missing]
+    modules = list(dict.fromkeys(n.rpartition(".")[0] for n in names))
+    grouped = Finding("parameters-replaced", "error", names[0],
+                      f"{len(names)} parameters of {len(modules)} module(s) ({_listed(modules)}) are now "
+                      "tensors that no param group of the optimizer holds: they were replaced "
+                      "(load_state_dict(assign=True), .to(), a module swapped in) and never change from "
+                      "here. Rebuild the optimizer from model.parameters() after the change")
+    return [f for f in found if f.code != "not-in-optimizer"] + [grouped]
+
+
+class Progress:
+    """Whether training moves anything: ``no-update`` when for ``window`` check steps in a row every
+    learning rate is 0, or every parameter that had a gradient kept its norm exactly;
+    ``optimizer-not-stepped`` when one of several optimizers has not stepped while the first did."""
+
+    def __init__(self, names: tuple[str, ...], window: int = 2, start: np.ndarray | None = None) -> None:
+        self.names, self.window = names, window
+        self.last = start  # the parameters' norms before the first step, where known
+        self.still = 0
+        self.zero_lr = 0
+
+    def step(self, lrs: list[float], param_norm: np.ndarray | None, param_grad: np.ndarray,
+             has_grad: np.ndarray, skipped: bool, held: np.ndarray | None = None) -> list[Finding]:
+        """One step's check; ``held`` marks the parameters an optimizer holds (the others are named by
+        ``not-in-optimizer`` / ``parameters-replaced`` and left out here)."""
+        out = []
+        self.zero_lr = self.zero_lr + 1 if lrs and all(lr == 0 for lr in lrs) else 0
+        if self.zero_lr == self.window:
+            out.append(Finding("no-update", "error", ROOT_LABEL,
+                               f"every learning rate has been 0 for {self.window} steps: nothing trains. "
+                               "Check the scheduler (a warm-up that never leaves 0, a lambda that returns "
+                               "0) and the lr given to the optimizer"))
+        if param_norm is None or skipped:
+            return out
+        moving = has_grad & np.isfinite(param_grad) & (param_grad > 0) & np.isfinite(param_norm)
+        if held is not None:
+            moving &= held
+        if self.last is not None and moving.any() and self.zero_lr < self.window:
+            same = moving & (param_norm == self.last)
+            self.still = self.still + 1 if same[moving].all() else 0
+            if self.still == self.window:
+                out.append(Finding("no-update", "error", ROOT_LABEL,
+                                   f"none of the {int(moving.sum())} parameters with a gradient changed in "
+                                   f"{self.window} steps: optimizer.step() moves nothing (an lr of 0, an "
+                                   "update below the weights' precision: bfloat16 weights with a small lr, "
+                                   "or the weights restored after each step)"))
+        self.last = np.array(param_norm, copy=True)
+        return out
+
+
+class OptimizerSteps:
+    """Counts the steps of every optimizer given to the watch after the first, which marks the step."""
+
+    def __init__(self, optimizers: Sequence[torch.optim.Optimizer], names: list[list[str]]) -> None:
+        self.optimizers = list(optimizers)
+        self.names = names  # each optimizer's parameter names
+        self.counts = [0] * len(self.optimizers)
+        self.last_step = [-1] * len(self.optimizers)
+        self.gap = [0] * len(self.optimizers)  # the longest run of first-optimizer steps without one
+        self.streak = [0] * len(self.optimizers)  # first-optimizer steps in a row with one
+        self.handles: list[RemovableHandle] = []
+        for i, opt in enumerate(self.optimizers[1:], start=1):
+            self.handles.append(opt.register_step_post_hook(self._counter(i)))
+
+    def _counter(self, i: int) -> Any:
+        def hook(*_: Any) -> None:
+            self.counts[i] += 1
+        return hook
+
+    def findings(self, step: int, after: int = 2, settled: int = 10) -> list[Finding]:
+        """At the first optimizer's step ``step``: those that have not stepped by its ``after``-th step;
+        those that stepped with each of its last ``settled`` steps and then missed ``after``; the others
+        once they miss twice their longest gap so far (at least ``settled`` steps)."""
+        out = []
+        for i in range(1, len(self.optimizers)):
+            if self.counts[i]:
+                if self.last_step[i] >= 0:
+                    self.gap[i] = max(self.gap[i], step - self.last_step[i] - 1)
+                self.streak[i] = self.streak[i] + 1 if step - self.last_step[i] == 1 else 1
+                self.last_step[i], self.counts[i] = step, 0
+                continue
+            never = self.last_step[i] < 0
+            quiet = step + 1 if never else step - self.last_step[i]
+            limit = after if never or (self.gap[i] == 0 and self.streak[i] >= settled) else max(
+                settled, 2 * self.gap[i] + 2)
+            if quiet == limit:
+                names = self.names[i]
+                modules = list(dict.fromkeys(n.rpartition(".")[0] for n in names))
+                what = "has not stepped once" if never else f"has not stepped for {quiet} steps"
+                out.append(Finding("optimizer-not-stepped", "error", names[0] if names else ROOT_LABEL,
+                                   f"optimizer {i} ({type(self.optimizers[i]).__name__}, holding "
+                                   f"{len(names)} parameters of {_listed(modules)}) {what} while optimizer 0 "
+                                   "stepped: its parameters do not train. Call its step() in the loop"))
+        return out
+
+    def active(self, step: int) -> list[torch.optim.Optimizer]:
+        """The first optimizer and those that stepped since its last step (before :meth:`findings`)."""
+        return [o for i, o in enumerate(self.optimizers)
+                if i == 0 or self.counts[i] or self.last_step[i] == step - 1]
+
+    def remove(self) -> None:
+        for h in self.handles:
+            h.remove()
+        self.handles.clear()
+
+
+def failure_finding(exc: BaseException, step: int) -> Finding:
+    """``run-failed``: the exception that ended the watched block, at the step it was in."""
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    return Finding("run-failed", "error", ROOT_LABEL,
+                   f"the run ended at step {step} by {type(exc).__name__}"
+                   f"{': ' + text[:300] if text else ''}; every step before it is in the file")
+
+
+EXPLAINED = ("nonfinite-forward", "nonfinite-backward", "nonfinite-loss")
+
+
+def nonfinite_gradients(counts: np.ndarray, modules: tuple[str, ...], found: list[Finding]) -> list[Finding]:
+    """``nonfinite-gradient`` when some modules' gradients hold NaN/Inf (``counts``: elements per module)
+    and nothing found this step explains it (a producer, a non-finite loss). Where every module's
+    gradient is non-finite, the loss or a forward NaN made them so (``where``: the model); otherwise
+    the last such module in the model's order is where the backward turned them non-finite."""
+    bad = np.flatnonzero(np.nan_to_num(counts) > 0)
+    if not len(bad) or any(f.code in EXPLAINED for f in found):
+        return []
+    total = int(np.nan_to_num(counts).sum())
+    if len(bad) == len(modules):
+        return [Finding("nonfinite-gradient", "error", ROOT_LABEL,
+                        f"every module's gradient holds NaN/Inf ({total:,} elements): the loss or a forward "
+                        "pass turned non-finite. Log the loss (w.log(loss=...)) or watch with "
+                        "nonfinite=True to name the module that produced it")]
+    last = module_label(modules[int(bad[-1])])
+    listed = _listed([modules[i] for i in bad])
+    return [Finding("nonfinite-gradient", "error", last,
+                    f"the gradients of {len(bad)} module(s) up to {last} ({listed}) hold NaN/Inf ({total:,} "
+                    f"elements) while the modules after it are finite: the backward of {last}, or of the "
+                    "module just after it, made them. Watch with nonfinite=True to name it")]
+

@@ -1,0 +1,383 @@
+"""The loop checks of watch(): each planted bug is named at its step and module; each healthy loop is
+silent. Tiny real models, real optimizers, the public API only."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from inspector import InspectorError, read_run, watch
+
+STEPS = 12
+
+
+class Small(nn.Module):
+    # fc (4->8) -> bn (8) -> relu -> drop -> head (8->1)
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 8)
+        self.bn = nn.BatchNorm1d(8)
+        self.drop = nn.Dropout(0.1)
+        self.head = nn.Linear(8, 1)
+
+    def forward(self, x):
+        return self.head(self.drop(torch.relu(self.bn(self.fc(x)))))
+
+
+def _data(steps: int = STEPS):
+    g = torch.Generator().manual_seed(0)
+    xs = torch.randn(steps, 16, 4, generator=g)
+    return xs, xs.sum(-1, keepdim=True)
+
+
+def _loop(model, opt, w, *, order="after", set_to_none=True, before=None, steps=STEPS, sched=None, log=True):
+    xs, ys = _data(steps)
+    for s in range(steps):
+        if before:
+            before(s)
+        if order == "before":
+            opt.zero_grad(set_to_none=set_to_none)
+        loss = (model(xs[s]) - ys[s]).pow(2).mean()
+        if order == "between":
+            opt.zero_grad(set_to_none=set_to_none)
+        loss.backward()
+        if log:
+            w.log(loss=loss)
+        opt.step()
+        if sched is not None:
+            sched.step()
+        if order == "after":
+            opt.zero_grad(set_to_none=set_to_none)
+
+
+def _found(w, severity=("error", "warning")):
+    return [(f.step, f.code, f.where) for f in w.findings if f.severity in severity]
+
+
+@pytest.mark.parametrize("order", ["before", "between", "after"])
+@pytest.mark.parametrize("set_to_none", [True, False])
+@pytest.mark.parametrize("opt_name", ["sgd", "adamw"])
+def test_healthy_loops_are_silent(tmp_path, order, set_to_none, opt_name):
+    torch.manual_seed(0)
+    model = Small()
+    opt = (torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9) if opt_name == "sgd"
+           else torch.optim.AdamW(model.parameters(), lr=1e-3))
+    with watch(model, opt, tmp_path / "r.inspect") as w:
+        _loop(model, opt, w, order=order, set_to_none=set_to_none)
+    assert [f for f in _found(w) if f[1] != "loss-spike"] == []
+
+
+def test_gradient_accumulation_cleared_each_step_is_silent(tmp_path):
+    torch.manual_seed(0)
+    model = Small()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    xs, ys = _data()
+    with watch(model, opt, tmp_path / "r.inspect") as w:
+        for s in range(STEPS):
+            for k in range(4):  # four micro-batches, one step
+                ((model(xs[s][k * 4:(k + 1) * 4]) - ys[s][k * 4:(k + 1) * 4]).pow(2).mean() / 4).backward()
+            opt.step()
+            opt.zero_grad()
+    assert _found(w) == []
+
+
+@pytest.mark.parametrize("set_to_none", [True, False])
+def test_gradient_not_cleared_from_step_5(tmp_path, set_to_none):
+    torch.manual_seed(0)
+    model = Small()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    xs, ys = _data()
+    with watch(model, opt, tmp_path / "r.inspect") as w:
+        for s in range(STEPS):
+            if s < 5:  # cleared before steps 0..4; from step 5 on the old gradient stays
+                opt.zero_grad(set_to_none=set_to_none)
+            (model(xs[s]) - ys[s]).pow(2).mean().backward()
+            opt.step()
+    found = [f for f in _found(w) if f[1] == "gradient-not-cleared"]
+    assert found == [(5, "gradient-not-cleared", "fc.weight")]
+
+
+def test_closure_step_reads_this_steps_gradients(tmp_path):
+    """A step given a closure (Lightning's automatic optimisation: forward, zero_grad, backward inside
+    optimizer.step) records the gradient that step computed, not the last step's."""
+    torch.manual_seed(0)
+    lin = nn.Linear(2, 1, bias=False)
+    opt = torch.optim.SGD(lin.parameters(), lr=0.0)
+    x = torch.tensor([[3.0, 4.0]])
+    with watch(lin, opt, tmp_path / "r.inspect") as w:
+        for scale in (1.0, 2.0, 3.0):
+            def closure(scale=scale):
+                opt.zero_grad()
+                loss = lin(x).sum() * scale  # d loss / d w = scale * (3, 4): norm 5 * scale
+                loss.backward()
+                return loss
+            opt.step(closure)
+    steps = read_run(tmp_path / "r.inspect").steps
+    assert steps["grad_norm"].tolist() == pytest.approx([5.0, 10.0, 15.0])
+    assert _found(w) == [(1, "no-update", "(model)")]  # lr 0 keeps the weights (and the numbers) fixed
+
+
+def test_lr_zero_is_no_update(tmp_path):
+    torch.manual_seed(0)
+    model = Small()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: 0.0)  # a warm-up written wrong
+    with watch(model, opt, tmp_path / "r.inspect") as w:
+        _loop(model, opt, w, sched=sched)
+    assert _found(w) == [(1, "no-update", "(model)")]
+
+
+def test_warmup_from_zero_is_not_no_update(tmp_path):
+    torch.manual_seed(0)
+    model = Small()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: min(1.0, step / 5))  # lr 0 at step 0 only
+    with watch(model, opt, tmp_path / "r.inspect") as w:
+        _loop(model, opt, w, sched=sched)
+    assert [f for f in _found(w) if f[1] == "no-update"] == []
+
+
+def test_updates_below_bf16_precision_are_no_update(tmp_path):
+    torch.manual_seed(0)
+    # no zero-initialised tensor (a 0 would move): weights near 0.1-0.5, where 1e-6 rounds away in bfloat16
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1)).to(torch.bfloat16)
+    opt = torch.optim.SGD(model.parameters(), lr=1e-6)
+    xs, ys = _data()
+    with watch(model, opt, tmp_path / "r.inspect") as w:
+        for s in range(STEPS):
+            (model(xs[s].bfloat16()) - ys[s].bfloat16()).pow(2).mean().backward()
+            opt.step()
+            opt.zero_grad()
+    assert _found(w) == [(1, "no-update", "(model)")]
+    assert "none of the 4 parameters with a gradient changed in 2 steps" in w.findings[0].message
+
+
+class Gan(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.gen = nn.Sequential(nn.Linear(2, 8), nn.ReLU(), nn.Linear(8, 4))
+        self.disc = nn.Sequential(nn.Linear(4, 8), nn.LeakyReLU(0.2), nn.Linear(8, 1))
+
+
+def _gan(tmp_path, step_disc: bool | int):
+    torch.manual_seed(0)
+    gan = Gan()
+    opt_g = torch.optim.Adam(gan.gen.parameters(), lr=1e-3)
+    opt_d = torch.optim.Adam(gan.disc.parameters(), lr=1e-3)
+    bce = nn.BCEWithLogitsLoss()
+    with watch(gan, [opt_g, opt_d], tmp_path / "gan.inspect") as w:
+        for s in range(STEPS):
+            real, z = torch.randn(16, 4) + 2, torch.randn(16, 2)
+            opt_d.zero_grad()
+            fake = gan.gen(z).detach()
+            d_loss = bce(gan.disc(real), torch.ones(16, 1)) + bce(gan.disc(fake), torch.zeros(16, 1))
+            d_loss.backward()
+            if step_disc is True or s < step_disc:
+                opt_d.step()
+            opt_g.zero_grad()
+            g_loss = bce(gan.disc(gan.gen(z)), torch.ones(16, 1))
+            g_loss.backward()
+            w.log(loss=g_loss)
+            opt_g.step()
+    return w
+
+
+def test_two_optimizers_healthy_and_one_never_stepped(tmp_path):
+    assert _found(_gan(tmp_path, step_disc=True)) == []
+    assert _found(_gan(tmp_path, step_disc=False)) == [(1, "optimizer-not-stepped", "disc.0.weight")]
+    # it stepped with each of the generator's first 10 steps, then stopped: missing at 10, 11 -> named at 11
+    assert _found(_gan(tmp_path, step_disc=10)) == [(11, "optimizer-not-stepped", "disc.0.weight")]
+
+
+def test_a_critic_stepped_every_third_step_is_not_stalled(tmp_path):
+    torch.manual_seed(0)
+    gan = Gan()
+    opt_g = torch.optim.Adam(gan.gen.parameters(), lr=1e-3)
+    opt_d = torch.optim.Adam(gan.disc.parameters(), lr=1e-3)
+    with watch(gan, [opt_g, opt_d], tmp_path / "r.inspect") as w:
+        for s in range(24):
+            opt_d.zero_grad()
+            gan.disc(gan.gen(torch.randn(8, 2)).detach()).mean().backward()
+            if s % 3 == 0:
+                opt_d.step()
+            opt_g.zero_grad()
+            gan.disc(gan.gen(torch.randn(8, 2))).mean().backward()
+            opt_g.step()
+    assert _found(w) == []
+
+
+def test_a_frozen_backbone_in_eval_mode_is_on_purpose(tmp_path):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Sequential(nn.Linear(4, 8), nn.BatchNorm1d(8), nn.ReLU()), nn.Linear(8, 1))
+    model[0].requires_grad_(False)
+    opt = torch.optim.SGD(model[1].parameters(), lr=0.05)
+    xs, ys = _data()
+    with watch(model, opt, tmp_path / "r.inspect") as w:
+        for s in range(STEPS):
+            model[0].eval()  # frozen, with its BatchNorm's running statistics kept
+            (model(xs[s]) - ys[s]).pow(2).mean().backward()
+            opt.step()
+            opt.zero_grad()
+    assert _found(w) == []
+
+
+@pytest.mark.parametrize("plant", ["bn", "drop", "model"])
+def test_module_left_in_eval_mode(tmp_path, plant):
+    torch.manual_seed(0)
+    model = Small()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+
+    def leave_in_eval(step):
+        if step == 3:
+            with torch.no_grad():  # a validation pass in eval mode, then training resumes without .train()
+                (model if plant == "model" else getattr(model, plant)).eval()
+                model(torch.randn(16, 4))
+
+    with watch(model, opt, tmp_path / "r.inspect") as w:
+        _loop(model, opt, w, before=leave_in_eval)
+    where = "(model)" if plant == "model" else plant
+    assert _found(w) == [(3, "eval-mode-module", where)]
+
+
+def test_eval_pass_under_no_grad_and_frozen_layer(tmp_path):
+    torch.manual_seed(0)
+    model = Small()
+    model.fc.requires_grad_(False)  # frozen before the first step: information only
+    opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.05)
+
+    def validate(step):
+        model.eval()
+        with torch.no_grad():
+            model(torch.randn(16, 4))
+        model.train()
+
+    with watch(model, opt, tmp_path / "r.inspect") as w:
+        _loop(model, opt, w, before=validate)
+    assert _found(w) == []
+    assert [(f.step, f.code, f.where) for f in w.findings if f.severity == "info"] == [
+        (0, "frozen-parameters", "fc")]
+    assert "40 parameter elements" in w.findings[0].message  # fc: 4 * 8 + 8
+
+
+def test_head_replaced_mid_run_is_named(tmp_path):
+    torch.manual_seed(0)
+    model = Small()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+
+    def swap(step):
+        if step == 4:
+            model.head = nn.Linear(8, 1)  # the optimizer still holds the old head
+
+    with watch(model, opt, tmp_path / "r.inspect") as w:
+        _loop(model, opt, w, before=swap)
+    assert _found(w) == [(4, "parameters-replaced", "head.weight")]
+    assert "1 module(s) (head)" in w.findings[0].message
+
+
+def test_load_state_dict_assign_is_one_grouped_finding(tmp_path):
+    torch.manual_seed(0)
+    model = Small()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+
+    def reload(step):
+        if step == 6:
+            model.load_state_dict({k: v.clone() for k, v in model.state_dict().items()}, assign=True)
+
+    with watch(model, opt, tmp_path / "r.inspect") as w:
+        _loop(model, opt, w, before=reload)
+    found = _found(w)
+    assert found == [(6, "parameters-replaced", "fc.weight")]
+    assert w.findings[0].message.startswith("6 parameters of 3 module(s) (fc, bn, head)")
+
+
+def test_an_exception_is_recorded_as_run_failed(tmp_path):
+    torch.manual_seed(0)
+    model = Small()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+
+    def crash(step):
+        if step == 7:
+            raise RuntimeError("CUDA out of memory (planted)")
+
+    with pytest.raises(RuntimeError):
+        with watch(model, opt, tmp_path / "r.inspect") as w:
+            _loop(model, opt, w, before=crash)
+    assert w.result is not None and not w.result.completed
+    assert _found(w) == [(7, "run-failed", "(model)")]
+    run = read_run(tmp_path / "r.inspect")
+    failed = [f for f in run.findings if f.code == "run-failed"]
+    assert [(f.step, f.severity) for f in failed] == [(7, "error")]
+    assert "RuntimeError: CUDA out of memory (planted)" in failed[0].message
+    assert not run.complete and run.failure is not None and run.failure.step == 7
+
+
+def test_a_finished_run_has_no_failure(tmp_path):
+    model = Small()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    with watch(model, opt, tmp_path / "r.inspect") as w:
+        _loop(model, opt, w, steps=3)
+    run = read_run(tmp_path / "r.inspect")
+    assert run.complete and run.failure is None
+
+
+def test_hooks_gone_after_a_run_with_every_check(tmp_path):
+    model = Small()
+    opt_a = torch.optim.SGD(model.fc.parameters(), lr=0.05)
+    opt_b = torch.optim.SGD(list(model.bn.parameters()) + list(model.head.parameters()), lr=0.05)
+    with watch(model, [opt_a, opt_b], tmp_path / "r.inspect") as w:
+        _loop(model, opt_a, w, steps=2)
+    assert all(not p._backward_hooks for p in model.parameters())
+    for o in (opt_a, opt_b):
+        assert not o._optimizer_step_pre_hooks and not o._optimizer_step_post_hooks
+    assert all(not m._forward_pre_hooks and not m._forward_hooks for m in model.modules())
+
+
+def test_bad_optimizer_lists_are_refused(tmp_path):
+    with pytest.raises(InspectorError, match="empty list"):
+        with watch(Small(), [], tmp_path / "r.inspect"):
+            pass
+    with pytest.raises(InspectorError, match="got str"):
+        with watch(Small(), [torch.optim.SGD(Small().parameters(), lr=1), "adam"], tmp_path / "r.inspect"):
+            pass
+
+
+class NanBackward(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * float("nan")
+
+
+class Gate(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+        self.armed = False
+
+    def forward(self, x):
+        y = self.lin(x)
+        return NanBackward.apply(y) if self.armed else y
+
+
+@pytest.mark.parametrize("plant", ["backward", "forward"])
+def test_nonfinite_gradient_without_the_producer_option(tmp_path, plant):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), Gate(), nn.ReLU(), nn.Linear(8, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+
+    def arm(step):
+        model[1].armed = plant == "backward" and step == 4
+        if plant == "forward" and step == 4:
+            with torch.no_grad():
+                model[0].bias[0] = float("inf")  # the forward turns non-finite: every gradient follows
+
+    with watch(model, opt, tmp_path / "r.inspect") as w:
+        _loop(model, opt, w, before=arm, steps=6, log=False)  # no loss logged: gradients tell alone
+    first = [f for f in _found(w) if f[1] == "nonfinite-gradient"][0]
+    # backward: modules 0 and 1.lin get NaN, 3 (after the gate) stays finite -> the boundary is 1.lin
+    assert first == ((4, "nonfinite-gradient", "1.lin") if plant == "backward"
+                     else (4, "nonfinite-gradient", "(model)"))
