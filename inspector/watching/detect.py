@@ -140,19 +140,25 @@ class Detectors:
     def _exploding(self, now: np.ndarray, excess: np.ndarray, threshold: np.ndarray,
                    median: np.ndarray) -> list[Finding]:
         """``exploding-gradient``: one finding for the whole model when most judged modules are over
-        their threshold (the loss or the batch grew, not one layer), and one per module out of line."""
+        their threshold or at least half grew over ``explode_factor`` (the loss or the batch grew, not
+        one layer), and one per module out of line with that common growth."""
         judged = np.isfinite(excess)
         over = judged & (excess > threshold)
-        out = []
-        if over.sum() * 2 > judged.sum():
-            common = float(np.median(excess[judged]))
+        out: list[Finding] = []
+        if not over.any():
+            return out
+        ordered = np.sort(excess[judged])
+        common = float(ordered[(len(ordered) - 1) // 2])  # the growth at least half the modules reached
+        # most modules over their threshold, or at least half grown over explode_factor (some modules'
+        # own noise hides the same growth): the whole model
+        if over.sum() * 2 > judged.sum() or common > math.log(self.explode_factor):
             factor = math.exp(common)
-            every = "every module's gradient" if over.sum() == judged.sum() else "most modules' gradients"
+            every = "every module's gradient" if over.sum() == judged.sum() else "the modules' gradients"
             whole = Finding(
                 "exploding-gradient", "warning", ROOT_LABEL,
-                f"{every} grew about {factor:.3g}x at once ({int(over.sum())} of {int(judged.sum())} "
-                "modules): the loss or the batch of this step, not one layer; look at this step's batch and "
-                "loss, clip gradients or lower the learning rate")
+                f"{every} grew about {factor:.3g}x at once ({int(over.sum())} of {int(judged.sum())} modules "
+                "over their own threshold): the loss or the batch of this step, not one layer; look at this "
+                "step's batch and loss, clip gradients or lower the learning rate")
             out.append(whole)
             self.surge, self.settling = (whole, every, factor), SETTLE
             over &= excess - common > threshold  # out of line with the rest
