@@ -141,9 +141,12 @@ def test_the_training_page_shows_a_run_of_hostile_modules_as_inert_text(tmp_path
         model.add_module(name, torch.nn.Linear(2, 2))
     path = tmp_path / "run.inspect"
     with watch(model, None, path, explode_factor=10.0) as w:
-        for step in range(8):  # step 6: the loss x1000, every module's gradient explodes
-            loss = model(torch.ones(1, 2)).sum() * (1000.0 if step == 6 else 1.0)
+        for step in range(16):  # steps 12 and 13: one module's gradient x1000 each, LINK then JS
+            loss = model(torch.ones(1, 2)).sum()
             loss.backward()
+            for name in {12: [LINK], 13: [JS]}.get(step, []):
+                for p in getattr(model, name).parameters():
+                    p.grad.mul_(1000.0)
             w.log(loss=loss)
             w.step()
             model.zero_grad()

@@ -159,11 +159,14 @@ def test_exploding_gradient(tmp_path):
     opt = torch.optim.SGD(model.parameters(), lr=0.0)
     x = torch.randn(2, 4)
     with watch(model, opt, tmp_path / "r.inspect") as w:
-        for step in range(10):
-            (model(x).sum() * (1000.0 if step == 8 else 1.0)).backward()
+        for step in range(14):  # judged from step 10 on
+            (model(x).sum() * (1000.0 if step == 12 else 1.0)).backward()
+            if step == 10:  # one module out of line: that module
+                model[1].weight.grad.mul_(1000.0)
             opt.step()
             opt.zero_grad()
-    assert _codes(w, "exploding-gradient") == [(8, "0"), (8, "1")]
+    # the loss x1000 at step 12 is every module's gradient at once: one finding for the model
+    assert _codes(w, "exploding-gradient") == [(10, "1"), (12, "(model)")]
 
 
 def test_tie_broken_by_load_state_dict_assign(tmp_path):

@@ -48,9 +48,13 @@ CODES: dict[str, FindingCode] = {c.code: c for c in (
        "find the producer (watch with nonfinite=True); skip the step or lower the loss scale", "episode"),
     _c("nonfinite-parameter", _E, "a parameter's or buffer's values (not its gradient) hold NaN/Inf",
        "restore a checkpoint from before the step that wrote them; find what wrote them", "episode"),
-    _c("exploding-gradient", _W, "a module's gradient norm is many times its running median",
+    _c("nonfinite-loss", _E, "the loss logged with w.log(loss=...) is NaN/Inf at that step",
+       "look for a log(0) or a division in the loss, a NaN batch, an fp16 overflow; nonfinite=True names a "
+       "module that made it", "episode"),
+    _c("exploding-gradient", _W, "a module's gradient norm is many times its running median and its noise "
+       "(where (model): every module's at once)",
        "lower the learning rate, clip gradients, or check that step's batch", "episode"),
-    _c("loss-spike", _W, "the logged loss is many times its running median",
+    _c("loss-spike", _W, "the logged loss is many times its running median and its noise",
        "look at that step's batch and the gradient norms around it; lower the learning rate", "episode"),
     _c("dead-gradient", _W, "a parameter had no gradient, or an all-zero one, for several steps",
        "check that it takes part in the loss (no detach(), unused branch or dead ReLUs)"),

@@ -1,6 +1,6 @@
 """The labels that stand for things without a name of their own, the same in every table, figure,
-finding and file: the model itself (its root module, named ``""``) and the batch given to it; and the
-one order of names that reads their numbers as numbers (``h.2`` before ``h.10``)."""
+finding and file: the model itself (its root module, named ``""``), the batch given to it and the loss
+logged for it; and the one order of names that reads their numbers as numbers (``h.2`` before ``h.10``)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import re
 
 ROOT_LABEL = "(model)"  # the root module, and the tensors held by the model itself
 BATCH_LABEL = "(batch)"  # the inputs given to the model's forward
+LOSS_LABEL = "(loss)"  # the loss logged with w.log(loss=...), computed outside any module
 
 
 def module_label(name: str) -> str:

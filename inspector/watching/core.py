@@ -65,7 +65,7 @@ class Watch:
 
     def __init__(self, model: nn.Module, optimizer: Optimizers, path: str | os.PathLike, *,
                  every: int = 1, nonfinite: bool = False, update_ratio: bool = False, scaler: Any = None,
-                 window: int = 5, explode_factor: float = 10.0, loss_factor: float = 3.0,
+                 window: int = 5, explode_factor: float = 8.0, loss_factor: float = 3.0,
                  recur_after: int = 5, capture_bytes: int = 64 << 20,
                  group: Any = None, distributed: bool | None = None, name: str = "", note: str = "",
                  on_finding: Callable[[StepFinding], None] | None = None) -> None:
@@ -328,7 +328,7 @@ class Watch:
             found += nonfinite_findings(n, self.module_names, rank, self.world)
             found += self.detectors[rank].gradients(n.param_grad, n.has_grad, n.module_grad)
             if n.loss_logged:
-                found += self.detectors[rank].loss(float(n.loss))
+                found = self.detectors[rank].loss(float(n.loss), found)
             found += nonfinite_gradients(n.module_nonfinite, self.layout.modules, found)
             if n.checked:
                 found += self.detectors[rank].parameters(n.param_norm, n.buffer_norm, self.layout.buffers)

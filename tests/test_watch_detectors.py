@@ -1,0 +1,261 @@
+"""``loss-spike``, ``exploding-gradient`` and ``nonfinite-loss`` on real loops: silent on healthy MLP and
+CNN+BatchNorm runs, one finding for one planted cause at the step it was planted, and the rule itself
+(log scale, median and median absolute deviation, a warm-up) on numbers worked out by hand."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from inspector import watch
+from inspector.utils.labels import LOSS_LABEL, ROOT_LABEL
+from inspector.watching.detect import NOISE, WARM_UP, Detectors
+from inspector.watching.layout import Layout
+
+SPIKY = {"loss-spike", "exploding-gradient"}
+
+
+def _cnn() -> nn.Module:
+    return nn.Sequential(nn.Conv2d(1, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.MaxPool2d(2),
+                         nn.Conv2d(8, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(), nn.MaxPool2d(2),
+                         nn.Flatten(), nn.Linear(16 * 2 * 2, 2))
+
+
+def _mlp() -> nn.Module:
+    return nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 2))
+
+
+def _batch(kind: str, g: torch.Generator, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Random inputs and a simple rule to learn: is the left half larger than the right half?"""
+    if kind == "cnn":
+        x = torch.randn(n, 1, 8, 8, generator=g)
+        return x, (x[..., :4].mean((1, 2, 3)) > x[..., 4:].mean((1, 2, 3))).long()
+    x = torch.randn(n, 16, generator=g)
+    return x, (x[:, :8].sum(1) > x[:, 8:].sum(1)).long()
+
+
+def _train(path, kind: str, seed: int, optimizer: str, *, steps: int = 200, batch: int = 32,
+           plant=None, loss_fn=None, **options):
+    """A real loop, ``w.log(loss=loss)`` each step; ``plant(step, model, loss)`` may change the loss
+    before the backward (returns the loss) and ``plant`` is called again after it with ``loss=None``."""
+    torch.manual_seed(seed)
+    g = torch.Generator().manual_seed(seed + 1000)
+    model = _cnn() if kind == "cnn" else _mlp()
+    opt = (torch.optim.SGD(model.parameters(), lr=0.1) if optimizer == "sgd"
+           else torch.optim.Adam(model.parameters(), lr=1e-3))
+    loss_fn = loss_fn or nn.functional.cross_entropy
+    with watch(model, opt, path, **options) as w:
+        for step in range(steps):
+            x, y = _batch(kind, g, batch)
+            loss = loss_fn(model(x), y)
+            if plant is not None:
+                loss = plant(step, model, loss)
+            opt.zero_grad()
+            loss.backward()
+            if plant is not None:
+                plant(step, model, None)
+            w.log(loss=loss)
+            opt.step()
+    return w.result
+
+
+def _found(result, codes):
+    return [(f.step, f.code, f.where) for f in result.findings if f.code in codes]
+
+
+@pytest.mark.parametrize(("kind", "optimizer", "seed", "batch"), [
+    ("mlp", "sgd", 0, 16), ("mlp", "sgd", 2, 16), ("mlp", "adam", 0, 32), ("mlp", "adam", 1, 16),
+    ("cnn", "sgd", 0, 16), ("cnn", "sgd", 2, 32), ("cnn", "adam", 0, 32), ("cnn", "adam", 1, 16),
+])
+def test_a_healthy_run_has_no_spike(tmp_path, kind, optimizer, seed, batch):
+    """200 steps of SGD lr 0.1 or Adam 1e-3 learning a simple rule: the loss and the gradients are noisy,
+    and nothing is a spike (the old rule, 3x the median from step 5, saw 1 or 2 loss spikes in each of
+    the four SGD runs)."""
+    result = _train(tmp_path / "r.inspect", kind, seed, optimizer, batch=batch)
+    assert _found(result, SPIKY | {"nonfinite-loss"}) == []
+
+
+def _loss_times_40(step, model, loss):
+    return loss * 40.0 if loss is not None and step == 60 else loss
+
+
+@pytest.mark.parametrize("kind", ["mlp", "cnn"])
+@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
+def test_a_loss_40x_at_one_step_is_one_finding(tmp_path, kind, optimizer):
+    """Every module's gradient grows 40x with the loss: one loss-spike at step 60 says so, and no
+    exploding-gradient is listed (not one per module, not one for the model)."""
+    result = _train(tmp_path / "r.inspect", kind, 0, optimizer, steps=80, plant=_loss_times_40)
+    assert _found(result, SPIKY) == [(60, "loss-spike", ROOT_LABEL)]
+    spike = next(f for f in result.findings if f.code == "loss-spike")
+    assert "gradient grew about" in spike.message or "gradients grew about" in spike.message
+    assert "x with it" in spike.message
+
+
+def test_a_gradient_40x_at_one_step_without_a_logged_loss_is_one_model_finding(tmp_path):
+    """The same cause with no loss logged: one exploding-gradient for the whole model, not three."""
+    torch.manual_seed(0)
+    g = torch.Generator().manual_seed(1000)
+    model = _mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with watch(model, opt, tmp_path / "r.inspect") as w:
+        for step in range(80):
+            x, y = _batch("mlp", g, 32)
+            opt.zero_grad()
+            (nn.functional.cross_entropy(model(x), y) * (40.0 if step == 60 else 1.0)).backward()
+            opt.step()
+    assert _found(w.result, SPIKY) == [(60, "exploding-gradient", ROOT_LABEL)]
+    assert "every module's gradient grew about" in w.result.findings[0].message
+
+
+@pytest.mark.parametrize(("kind", "module"), [("mlp", "2"), ("cnn", "4")])
+def test_one_module_gradient_10x_is_that_module(tmp_path, kind, module):
+    """One module's gradient is multiplied by 10 before the optimizer step at step 60 (the others are
+    as they were): exploding-gradient names that module, and only it."""
+    def plant(step, model, loss):
+        if loss is None and step == 60:
+            for p in model.get_submodule(module).parameters():
+                p.grad.mul_(10.0)
+        return loss
+
+    result = _train(tmp_path / "r.inspect", kind, 0, "sgd", steps=80, plant=plant)
+    assert _found(result, SPIKY) == [(60, "exploding-gradient", module)]
+
+
+@pytest.mark.parametrize(("entropy", "shown"), [(False, "inf"), (True, "nan")])
+def test_a_loss_with_log_0_is_nonfinite_loss_at_its_step(tmp_path, entropy, shown):
+    """A custom loss takes log(p) of the right class; at step 30 one probability is set to 0: -log 0 is
+    inf, and p log p (an entropy term) is 0 * -inf = nan. Either is nonfinite-loss at step 30, where
+    (loss), and the message shows the value."""
+    def loss_fn(logits, y, state={"step": 0}):  # noqa: B006 (counts the calls)
+        p = logits.softmax(1).gather(1, y[:, None]).squeeze(1)
+        if state["step"] == 30:
+            p = torch.cat([p[:1] * 0, p[1:]])
+        state["step"] += 1
+        return -(p * p.log()).mean() if entropy else -p.log().mean()
+
+    result = _train(tmp_path / "r.inspect", "mlp", 0, "sgd", steps=32, loss_fn=loss_fn)
+    found = [(f.step, f.where) for f in result.findings if f.code == "nonfinite-loss"]
+    assert found == [(30, LOSS_LABEL)]
+    message = next(f.message for f in result.findings if f.code == "nonfinite-loss")
+    assert f"the loss logged at this step is {shown}:" in message and "log(0)" in message
+
+
+# -- the rule on numbers worked out by hand ------------------------------------------------------
+
+def _detectors(modules: int = 1) -> Detectors:
+    names = tuple(f"m{i}" for i in range(modules))
+    return Detectors(Layout(tuple(f"{n}.weight" for n in names), names, np.arange(modules), ()))
+
+
+def _losses(d: Detectors, values) -> list:
+    return [f for v in values for f in d.loss(v)]
+
+
+def test_the_constants_the_rule_is_written_for():
+    assert (NOISE, WARM_UP) == (7.0, 10)
+
+
+def test_nothing_is_judged_before_the_warm_up():
+    # nine losses of 1, then 100: only nine seen, not judged; after ten, 100 is a spike
+    assert _losses(_detectors(), [1.0] * 9 + [100.0]) == []
+    d = _detectors()
+    _losses(d, [1.0] * 10)
+    [spike] = d.loss(100.0)
+    # median of the logs 0 (the loss 1), deviation 0: the threshold is log 3, and log 100 = 4.61 is over it
+    assert (spike.code, spike.where) == ("loss-spike", ROOT_LABEL)
+    assert spike.message.startswith("the loss is 100, 100x its median over the last 10 steps (1)")
+
+
+def test_a_noisy_loss_must_pass_its_own_noise():
+    """Log-losses -0.5 and +0.5 five times each: median 0, median absolute deviation 0.5, so the threshold
+    is max(log 3 = 1.10, 7 * 0.5 = 3.5) = 3.5 above the median 1. A loss of e^3 = 20.1 (20x, over the old
+    3x) is the run's noise; e^4 = 54.6 is a spike."""
+    past = [math.exp(-0.5), math.exp(0.5)] * 5
+    d = _detectors()
+    _losses(d, past)
+    assert d.loss(math.exp(3.0)) == []
+    d = _detectors()
+    _losses(d, past)
+    [spike] = d.loss(math.exp(4.0))
+    assert "54.6x its median over the last 10 steps (1)" in spike.message
+
+
+def test_a_nonfinite_loss_is_an_error_and_a_negative_loss_is_not_judged():
+    d = _detectors()
+    for value in (math.nan, math.inf, -math.inf):
+        [f] = d.loss(value)
+        assert (f.code, f.severity, f.where) == ("nonfinite-loss", "error", LOSS_LABEL)
+        assert str(value) in f.message and "nonfinite=True" in f.message
+    assert _losses(d, [-1.0, 0.0] * 10) == [] and len(d.losses) == 0  # neither judged nor kept
+
+
+def _grads(d: Detectors, norms) -> list:
+    g = np.asarray(norms, dtype=np.float64)
+    return d.gradients(g, np.ones(len(g), dtype=bool), g)
+
+
+def _where(found) -> list[tuple[str, str]]:
+    return [(f.code, f.where) for f in found]
+
+
+def test_one_module_out_of_line_and_every_module_at_once():
+    """Four modules with gradient norm 1 for ten steps (median log 0, deviation 0, threshold log 8)."""
+    d = _detectors(4)
+    for _ in range(10):
+        assert _grads(d, [1, 1, 1, 1]) == []
+    # m0 at 10: 1 of 4 modules over, itself
+    [f] = _grads(d, [10, 1, 1, 1])
+    assert (f.where, f.message[:45]) == ("m0", "gradient norm of m0 is 10x its median over th")
+    # 3 of 4 at 40: the model, about 40x (median of the excesses log 40, log 40, log 40, 0)
+    [f] = _grads(d, [40, 40, 40, 1])
+    assert f.where == ROOT_LABEL
+    assert f.message.startswith("the modules' gradients grew about 40x at once (3 of 4 modules over")
+    # the 5 steps after it are not judged (the large update settles); the 6th is
+    for _ in range(5):
+        assert _grads(d, [100, 1, 1, 1]) == []
+    assert _where(_grads(d, [100, 1, 1, 1])) == [("exploding-gradient", "m0")]
+
+
+def test_every_module_at_once_with_one_far_out_of_line():
+    """40x, 40x, 40x and 4000x: the model at 40x (the median excess) and m3, 100x beyond the rest (log 100
+    = 4.6 over log 8 = 2.08), on its own."""
+    d = _detectors(4)
+    for _ in range(10):
+        _grads(d, [1, 1, 1, 1])
+    found = _grads(d, [40, 40, 40, 4000])
+    assert _where(found) == [("exploding-gradient", ROOT_LABEL), ("exploding-gradient", "m3")]
+    assert found[0].message.startswith("every module's gradient grew about 40x at once (4 of 4 modules over")
+
+
+def test_a_loss_spike_takes_in_the_whole_model_finding():
+    d = _detectors(2)
+    for _ in range(10):
+        d.loss(2.0, _grads(d, [1, 1]))
+    found = d.loss(80.0, _grads(d, [40, 40]))
+    assert _where(found) == [("loss-spike", ROOT_LABEL)]
+    assert "40x its median" in found[0].message
+    assert "every module's gradient grew about 40x with it" in found[0].message
+    for _ in range(5):  # settling: neither judged
+        assert d.loss(80.0, _grads(d, [40, 40])) == []
+    # without a spike of the loss the gradient finding stays
+    d = _detectors(2)
+    for _ in range(10):
+        d.loss(2.0, _grads(d, [1, 1]))
+    assert _where(d.loss(2.0, _grads(d, [40, 40]))) == [("exploding-gradient", ROOT_LABEL)]
+
+
+def test_the_median_module_grown_is_the_whole_model_even_when_few_pass_their_noise():
+    """Four modules: m0 and m1 steady at 1 (threshold log 8), m2 and m3 alternating e^-1 and e^+1 (median
+    0, deviation 1, threshold 7). All four grow 20x (log 20 = 3.0): m0 and m1 pass, m2 and m3 stay under
+    their noise, 2 of 4 is not most; but every module grew 20x, over explode_factor 8: one finding."""
+    d = _detectors(4)
+    for i in range(10):
+        e = math.e if i % 2 else 1 / math.e
+        _grads(d, [1, 1, e, e])
+    found = _grads(d, [20, 20, 20, 20])
+    assert _where(found) == [("exploding-gradient", ROOT_LABEL)]
+    assert found[0].message.startswith("the modules' gradients grew about 20x at once (2 of 4 modules over")
