@@ -233,7 +233,9 @@ def _list_matrix(column: Any, width: int, name: str) -> np.ndarray:
             raise InspectorError(f"{name}: row {row + bad} has {lengths[bad]} per-module values, not "
                                  f"{width}; the file is damaged")
         block = out[row:row + len(arr)]
-        if valid.all():
+        if width == 0:
+            pass
+        elif valid.all():
             block[...] = flat.reshape(len(arr), width)
         else:
             block[...] = np.nan
