@@ -381,3 +381,21 @@ def test_nonfinite_gradient_without_the_producer_option(tmp_path, plant):
     # backward: modules 0 and 1.lin get NaN, 3 (after the gate) stays finite -> the boundary is 1.lin
     assert first == ((4, "nonfinite-gradient", "1.lin") if plant == "backward"
                      else (4, "nonfinite-gradient", "(model)"))
+
+
+def test_a_gradient_cut_off_after_a_settled_run_is_named_at_once(tmp_path):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    xs, ys = _data(30)
+    with watch(model, opt, tmp_path / "r.inspect") as w:
+        for s in range(30):
+            h = model[1](model[0](xs[s]))
+            if s >= 24:
+                h = h.detach()  # from step 24 on, nothing reaches layer 0
+            (model[2](h) - ys[s]).pow(2).mean().backward()
+            opt.step()
+            opt.zero_grad()
+    # a gradient at each of steps 0-23, none at 24 and 25: named at 25, not after the 5-step window
+    assert _found(w) == [(25, "dead-gradient", "0.weight"), (25, "dead-gradient", "0.bias")]
+    assert "at each of the 24 steps before" in w.findings[0].message

@@ -46,6 +46,8 @@ def _excess(past: np.ndarray, now: np.ndarray, factor: float) -> tuple[np.ndarra
     return excess, np.maximum(math.log(factor), NOISE * mad), median
 
 
+SETTLED, CUT_AFTER = 20, 2  # a gradient seen this many steps in a row, then missing this many: cut off
+
 class Detectors:
     """State kept across steps for the findings that need a history.
 
@@ -57,7 +59,8 @@ class Detectors:
 
     Args:
         layout: what is watched.
-        window: steps a gradient may stay missing or zero before ``dead-gradient``.
+        window: steps a gradient may stay missing or zero before ``dead-gradient`` (two, for one that was
+            there at each of the last ``SETTLED`` steps).
         explode_factor: a module's gradient norm over this many times the median of its last
             ``history`` norms (and over its noise) is ``exploding-gradient``.
         loss_factor: a logged loss over this many times the median of the last ``history`` positive
@@ -70,7 +73,9 @@ class Detectors:
         self.window = window
         self.explode_factor = explode_factor
         self.loss_factor = loss_factor
-        self.dead = np.zeros(len(layout.parameters), dtype=np.int64)
+        self.dead = np.zeros(len(layout.parameters), dtype=np.int64)  # steps in a row without a gradient
+        self.streak = np.zeros(len(layout.parameters), dtype=np.int64)  # steps in a row with one
+        self.lost = np.zeros(len(layout.parameters), dtype=np.int64)  # the streak the gradient lost
         self.history: deque[np.ndarray] = deque(maxlen=history)  # log gradient norms per module
         self.losses: deque[float] = deque(maxlen=history)  # log losses
         self.surge: tuple[Finding, str, float] | None = None  # this step's whole-model finding, whose, factor
@@ -116,19 +121,19 @@ class Detectors:
         """``dead-gradient`` and ``exploding-gradient`` from one step's gradient norms."""
         out = []
         zero = ~has_grad | (param_grad == 0)
+        self.lost = np.where(zero, np.where(self.dead == 0, self.streak, self.lost), 0)
+        self.streak = np.where(zero, 0, self.streak + 1)
         self.dead = np.where(zero, self.dead + 1, 0)
-        for i in np.flatnonzero(self.dead == self.window):
+        cut = (self.dead == CUT_AFTER) & (self.lost >= SETTLED) & (self.window > CUT_AFTER)
+        for i in np.flatnonzero((self.dead == self.window) | cut):
             name = self.layout.parameters[i]
-            out.append(
-                Finding(
-                    "dead-gradient",
-                    "warning",
-                    name,
-                    f"{name} had no gradient, or an all-zero one, for {self.window} steps: it does not "
-                    "take part in the loss (an unused branch, a detach(), a frozen path) or its "
-                    "gradient is killed (dead ReLUs, a zero mask)",
-                )
-            )
+            why = (f"had a gradient at each of the {int(self.lost[i])} steps before and none, or an all-zero "
+                   f"one, for the last {CUT_AFTER}: something cut it off (a detach(), a frozen path, a "
+                   "branch no longer taken)" if cut[i] else
+                   f"had no gradient, or an all-zero one, for {self.window} steps: it does not take part in "
+                   "the loss (an unused branch, a detach(), a frozen path) or its gradient is killed (dead "
+                   "ReLUs, a zero mask)")
+            out.append(Finding("dead-gradient", "warning", name, f"{name} {why}"))
         now = _log(module_grad)
         self.surge = None
         self.quiet, self.settling = self.settling > 0, max(self.settling - 1, 0)
