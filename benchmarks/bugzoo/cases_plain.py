@@ -188,7 +188,7 @@ BUGS = [
     bug("mlp-frozen-fc1", "mlp", ("frozen-parameters",), ("fc1",), at=0, before=_frozen("fc1")),
     bug("vit-frozen-embeddings", "vit", ("frozen-parameters",), ("vit.embeddings",), at=0,
         before=_frozen("vit.embeddings")),
-    bug("mlp-loss-log0", "mlp", ("nonfinite-loss",), ("loss",), plant=Plant(loss=log_zero)),
+    bug("mlp-loss-log0", "mlp", ("nonfinite-loss",), ("(loss)", "loss"), plant=Plant(loss=log_zero)),
     bug("llama-inf-weight", "llama", NONFINITE,
         ("model.layers.1.mlp.down_proj",), plant=Plant(fill_inf("model.layers.1.mlp.down_proj.weight")),
         nonfinite=("nonfinite-forward", "nonfinite-parameter")),

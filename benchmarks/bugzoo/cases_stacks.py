@@ -256,7 +256,7 @@ LIGHTNING_HEALTHY = [
 LIGHTNING_BUGS = [
     L("pl-auto-bn-eval", "cnn", lightning_run("cnn", plant=_bn_eval), ("eval-mode-module",), ("bn1",)),
     L("pl-auto-nan-loss", "mlp", lightning_run("mlp", loss_plant=lambda x: x * float("nan")),
-      ("nonfinite-loss",), ("loss",)),
+      ("nonfinite-loss",), ("(loss)", "loss")),
     L("pl-auto-raises", "bert", lightning_run("bert", plant=_raise), ("run-failed",), None, plant_at=12),
     L("pl-manual-gan-d-never-steps", "gan", lightning_gan(skip_d=True), ("optimizer-not-stepped",), ("disc",),
       loop="manual, two optimizers", grace=5),
