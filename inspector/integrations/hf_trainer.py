@@ -43,16 +43,17 @@ class WatchCallback(TrainerCallback):
 
     def on_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self.session.after_step()
-        if self.session.stopped_by is not None and not control.should_training_stop:
+        if self.session.should_stop and not control.should_training_stop:
             control.should_training_stop = True
-            print(f"[inspector] {stop_message(self.session.stopped_by)}", flush=True)
+            if self.session.rank == 0:
+                print(f"[inspector] {stop_message(self.session.stop_finding())}", flush=True)
 
     def on_log(self, args: Any, state: Any, control: Any, logs: Any = None, **kwargs: Any) -> None:
         if logs and isinstance(logs.get("loss"), (int, float)):
             self.session.log(loss=float(logs["loss"]))
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        self.session.finish(completed=self.session.stopped_by is None)
+        self.session.finish(completed=not self.session.should_stop)
 
 
 def watch_trainer(trainer: Any, path: str | os.PathLike = "run.inspect", **options: Any) -> WatchCallback:

@@ -322,8 +322,8 @@ def _findings(table: Any) -> list[StepFinding]:
 def _from_table(name: str, meta: RunMeta, table: Any, complete: bool, source: str = "") -> Run:
     findings = _findings(table)
     failed = any(f.code == "run-failed" for f in findings)
-    if failed and table.num_rows and table.column("step_time")[-1].as_py() is None:
-        table = table.slice(0, table.num_rows - 1)  # the row that carries the failure is no step
+    while failed and table.num_rows and table.column("step_time")[table.num_rows - 1].as_py() is None:
+        table = table.slice(0, table.num_rows - 1)  # the rows that carry failures (one per rank) are no steps
     return Run(name, meta, _steps_frame(table, meta), findings, complete and not failed, table, source)
 
 

@@ -1,0 +1,176 @@
+"""Two gloo ranks under the watch: findings merged by rank, a stop taken together, failures and
+vanished ranks recorded, a rank out of step named instead of a hang."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import torch
+from ranks import init, leave, spawn_ranks
+from torch import nn
+
+
+def _net() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(4, 4), nn.Tanh(), nn.Linear(4, 1))
+
+
+def _merged_worker(rank: int, world: int, port: int, out: str) -> None:
+    from inspector import watch
+    from inspector.integrations.session import WatchedTraining
+
+    torch.set_num_threads(1)
+    init(rank, world, port)
+    try:
+        # 1. rank 1 alone forgets zero_grad: its finding reaches rank 0 and the file, labelled rank 1
+        model = nn.parallel.DistributedDataParallel(_net())
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        with watch(model, opt, Path(out) / "zero.inspect") as w:
+            for _ in range(4):
+                model(torch.ones(2, 4) * (rank + 1)).pow(2).mean().backward()
+                opt.step()
+                if rank == 0:
+                    opt.zero_grad()
+        zero = [(f.step, f.rank, f.code) for f in w.findings]
+        # 2. a NaN in rank 1's batch at step 2, stop_on_error: every rank stops after the same step,
+        # only rank 0 reports, and each finding once
+        model = nn.parallel.DistributedDataParallel(_net())
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        printed = []
+        session = WatchedTraining(Path(out) / "nan.inspect", stop_on_error=True, report=printed.append,
+                                  nonfinite=True, timeout=60)
+        session.start(model, opt)
+        steps = 0
+        for step in range(6):
+            x = torch.ones(2, 4) * (rank + 1)
+            if rank == 1 and step == 2:
+                x[0, 0] = float("nan")
+            loss = model(x).pow(2).mean()
+            loss.backward()
+            session.log(loss=loss)
+            opt.step()
+            opt.zero_grad()
+            steps += 1
+            if session.should_stop:
+                break
+        session.finish(completed=not session.should_stop)
+        (Path(out) / f"merged{rank}.json").write_text(json.dumps({
+            "zero": zero, "steps": steps, "printed": [f.line() for f in printed],
+            "stopped": session.stop_finding().code}))
+    finally:
+        leave()
+
+
+def test_findings_of_every_rank_reach_the_file_and_the_stop_is_taken_together(tmp_path):
+    spawn_ranks(_merged_worker, 2, str(tmp_path), timeout=240)
+    from inspector import read_run
+
+    on = [json.loads((tmp_path / f"merged{r}.json").read_text()) for r in (0, 1)]
+    zero = read_run(tmp_path / "zero.inspect")
+    missed = [(f.step, f.rank) for f in zero.findings if f.code == "gradient-not-cleared"]
+    assert missed and {r for _, r in missed} == {1}  # only rank 1 forgot, and rank 0's file says so
+    assert on[0]["zero"] == on[1]["zero"]  # every rank holds every rank's findings
+    assert [tuple(f) for f in on[0]["zero"]] == [(f.step, f.rank, f.code) for f in zero.findings]
+
+    assert on[0]["steps"] == on[1]["steps"] == 3  # both stopped after step 2, the step of the NaN
+    run = read_run(tmp_path / "nan.inspect")
+    batch = [f for f in run.findings if f.code == "nonfinite-forward"]
+    assert [(f.step, f.rank, f.where) for f in batch] == [(2, 1, "(batch)")]
+    assert not any("pass loss=" in f.message for f in run.findings)  # the loss was logged
+    assert on[1]["printed"] == [] and len(on[0]["printed"]) == len(run.findings)  # printed once, on rank 0
+    assert any("rank 1" in line for line in on[0]["printed"])
+    assert on[0]["stopped"] == on[1]["stopped"] == "nonfinite-forward"
+
+
+def _failing_worker(rank: int, world: int, port: int, out: str, how: str) -> None:
+    from inspector import watch
+
+    torch.set_num_threads(1)
+    init(rank, world, port)
+    try:
+        model = nn.parallel.DistributedDataParallel(_net())
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        try:
+            with watch(model, opt, Path(out) / "run.inspect", timeout=20):
+                for step in range(6):
+                    if rank == 1 and step == 3:
+                        if how == "kill":
+                            os._exit(0)  # what a SIGKILL leaves: no exception, no goodbye
+                        raise ValueError("bad batch 3 on rank 1")
+                    model(torch.ones(2, 4)).pow(2).mean().backward()
+                    opt.step()
+                    opt.zero_grad()
+        except Exception as exc:  # noqa: BLE001 - the test reads what the file says about it
+            (Path(out) / f"error{rank}.txt").write_text(f"{type(exc).__name__}: {exc}")
+    finally:
+        from inspector.distributed import end_group
+
+        end_group(wait=False)  # the other rank failed or is gone: no barrier with it
+
+
+def test_a_rank_that_raises_is_recorded_with_its_step_and_exception(tmp_path):
+    spawn_ranks(_failing_worker, 2, str(tmp_path), "raise", timeout=240)
+    from inspector import read_run
+
+    run = read_run(tmp_path / "run.inspect")
+    assert not run.complete
+    assert run.failure.rank == 1 and "step 3" in run.failure.message and "ValueError" in run.failure.message
+    assert "bad batch 3 on rank 1" in run.failure.message
+    assert sorted(set(run.steps["step"])) == [0, 1, 2]
+
+
+def test_a_rank_that_vanishes_is_recorded_without_a_hang(tmp_path):
+    spawn_ranks(_failing_worker, 2, str(tmp_path), "kill", timeout=240)
+    from inspector import read_run
+
+    run = read_run(tmp_path / "run.inspect")
+    assert not run.complete
+    assert run.failure.rank == 1 and "vanished" in run.failure.message and "step 2" in run.failure.message
+    assert (tmp_path / "error0.txt").exists()  # rank 0's own step failed with it, and it ended
+
+
+def _out_of_step_worker(rank: int, world: int, port: int, out: str) -> None:
+    from inspector import watch
+
+    torch.set_num_threads(1)
+    init(rank, world, port)
+    try:
+        said = {}
+        for case in ("batch", "step", "last"):
+            model = _net()
+            opt = torch.optim.SGD(model.parameters(), lr=0.01) if case == "batch" else None
+            try:
+                with watch(model, opt, Path(out) / f"{case}.inspect", timeout=8) as w:
+                    for step in range(4):
+                        loss = model(torch.ones(2, 4)).pow(2).mean()
+                        if case == "batch" and rank == 1 and step == 1:
+                            continue  # an exception caught after the forward pass: the batch is skipped
+                        loss.backward()
+                        if case == "batch":
+                            opt.step()
+                            opt.zero_grad()
+                        elif not (rank == 1 and step == (1 if case == "step" else 3)):
+                            w.step()
+                said[case] = ""
+            except Exception as exc:  # noqa: BLE001
+                said[case] = str(exc)
+        (Path(out) / f"said{rank}.json").write_text(json.dumps(said))
+    finally:
+        leave()
+
+
+def test_a_rank_out_of_step_is_named_instead_of_a_hang(tmp_path):
+    spawn_ranks(_out_of_step_worker, 2, str(tmp_path), timeout=240)
+    from inspector import read_run
+
+    said = [json.loads((tmp_path / f"said{r}.json").read_text()) for r in (0, 1)]
+    for case in ("batch", "step"):
+        run = read_run(tmp_path / f"{case}.inspect")
+        assert not run.complete and run.failure.rank == 1, case
+        assert "rank 1 made 3 training forward passes by step 1, rank 0 2" in run.failure.message
+        assert all("rank 1 made 3" in s[case] for s in said), (case, said)
+    last = read_run(tmp_path / "last.inspect")  # rank 1 never made its last step: rank 0 is not left waiting
+    assert not last.complete and last.failure.rank == 1 and "skipped a step" in last.failure.message
+    assert "rank 1" in said[0]["last"]
