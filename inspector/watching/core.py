@@ -261,7 +261,8 @@ class Watch:
         gradients inside it: the step's numbers are taken when the closure first returns."""
         closure = kwargs.get("closure", args[1] if len(args) > 1 else None)  # args[0]: the optimizer
         if closure is None:
-            self._pre_step()
+            if not self._pre_done:  # else taken already (gradients_ready, before a clip)
+                self._pre_step()
             return None
 
         def closure_then_measure() -> Any:
@@ -287,6 +288,13 @@ class Watch:
             f = apart.findings[first]
             apart.finding = StepFinding(self.state.count, first, f.code, f.severity, f.where, f.message)
             raise
+
+    def gradients_ready(self) -> None:
+        """Take this step's gradient numbers now, before something changes the gradients ahead of the
+        optimizer's step (a clip: the Trainer's integration calls it once the gradients are unscaled,
+        so the run holds the pre-clip norm the Trainer logs); the step then does not take them again."""
+        with torch.no_grad():
+            self._pre_step()
 
     def _pre_step(self) -> None:
         self._pre_done = True
