@@ -174,3 +174,48 @@ def test_a_rank_out_of_step_is_named_instead_of_a_hang(tmp_path):
     last = read_run(tmp_path / "last.inspect")  # rank 1 never made its last step: rank 0 is not left waiting
     assert not last.complete and last.failure.rank == 1 and "skipped a step" in last.failure.message
     assert "rank 1" in said[0]["last"]
+
+
+def _mesh_worker(rank: int, world: int, port: int, out: str) -> None:
+    from distributed_checks import TPBlock
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    from inspector import watch
+
+    torch.set_num_threads(1)
+    init(rank, world, port)
+    try:
+        mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+        torch.manual_seed(0)
+        model = parallelize_module(TPBlock(), mesh["tp"], {"up": ColwiseParallel(), "down": RowwiseParallel()})
+        fully_shard(model, mesh=mesh["dp"])
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        x = torch.randn(4, 8, generator=torch.Generator().manual_seed(10 + mesh["dp"].get_local_rank()))
+        with watch(model, opt, Path(out) / "mesh.inspect", distributed=False):
+            model(x).pow(2).sum().backward()
+            full = {n: p.grad.full_tensor() for n, p in model.named_parameters()}  # the reference
+            opt.step()
+        ref = {n: float(g.double().norm()) for n, g in full.items()}
+        ref["(total)"] = sum(v * v for v in ref.values()) ** 0.5
+        (Path(out) / f"mesh{rank}.json").write_text(json.dumps(ref))
+    finally:
+        leave()
+
+
+def test_the_watch_is_exact_on_fsdp_over_tensor_parallel_on_a_2x2_mesh(tmp_path):
+    import numpy as np
+
+    spawn_ranks(_mesh_worker, 4, str(tmp_path), timeout=240)
+    from inspector import read_run
+
+    run = read_run(tmp_path / "mesh.inspect")
+    ref = json.loads((tmp_path / "mesh0.json").read_text())
+    params = run.parameters
+    for rank in range(4):  # every rank's row holds the whole model's norms, each element counted once
+        got = params.query(f"rank == {rank}").set_index("parameter")["grad_norm"]
+        for name in ("norm.weight", "up.weight", "down.weight", "down.bias"):
+            np.testing.assert_allclose(got[name], ref[name], rtol=1e-5, err_msg=f"rank {rank} {name}")
+        row = run.steps.query(f"rank == {rank}")["grad_norm"].iloc[0]
+        np.testing.assert_allclose(row, ref["(total)"], rtol=1e-5, err_msg=f"rank {rank}")
