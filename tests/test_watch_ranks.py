@@ -189,7 +189,8 @@ def _mesh_worker(rank: int, world: int, port: int, out: str) -> None:
     try:
         mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
         torch.manual_seed(0)
-        model = parallelize_module(TPBlock(), mesh["tp"], {"up": ColwiseParallel(), "down": RowwiseParallel()})
+        plan = {"up": ColwiseParallel(), "down": RowwiseParallel()}
+        model = parallelize_module(TPBlock(), mesh["tp"], plan)
         fully_shard(model, mesh=mesh["dp"])
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
         x = torch.randn(4, 8, generator=torch.Generator().manual_seed(10 + mesh["dp"].get_local_rank()))
