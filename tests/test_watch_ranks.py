@@ -198,6 +198,9 @@ def _mesh_worker(rank: int, world: int, port: int, out: str) -> None:
             model(x).pow(2).sum().backward()
             full = {n: p.grad.full_tensor() for n, p in model.named_parameters()}  # the reference
             opt.step()
+        from inspector.distributed import check_step
+
+        check_step(model, 0, Path(out) / "check.inspect")  # the same gradients, read by check_step
         ref = {n: float(g.double().norm()) for n, g in full.items()}
         ref["(total)"] = sum(v * v for v in ref.values()) ** 0.5
         (Path(out) / f"mesh{rank}.json").write_text(json.dumps(ref))
@@ -220,3 +223,7 @@ def test_the_watch_is_exact_on_fsdp_over_tensor_parallel_on_a_2x2_mesh(tmp_path)
             np.testing.assert_allclose(got[name], ref[name], rtol=1e-5, err_msg=f"rank {rank} {name}")
         row = run.steps.query(f"rank == {rank}")["grad_norm"].iloc[0]
         np.testing.assert_allclose(row, ref["(total)"], rtol=1e-5, err_msg=f"rank {rank}")
+    # one meaning of grad_norm in both kinds of run: the whole model's, on every rank's row
+    check = read_run(tmp_path / "check.inspect")
+    np.testing.assert_allclose(check.steps["grad_norm"].to_numpy(), [ref["(total)"]] * 4, rtol=1e-5)
+    assert (check.per_rank["grad_norm"] < ref["(total)"] * 0.99).all()  # each rank's own pieces: less
