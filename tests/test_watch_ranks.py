@@ -7,6 +7,7 @@ import json
 import os
 from pathlib import Path
 
+import pytest
 import torch
 from ranks import init, leave, spawn_ranks
 from torch import nn
@@ -227,3 +228,55 @@ def test_the_watch_is_exact_on_fsdp_over_tensor_parallel_on_a_2x2_mesh(tmp_path)
     check = read_run(tmp_path / "check.inspect")
     np.testing.assert_allclose(check.steps["grad_norm"].to_numpy(), [ref["(total)"]] * 4, rtol=1e-5)
     assert (check.per_rank["grad_norm"] < ref["(total)"] * 0.99).all()  # each rank's own pieces: less
+
+
+def _lightning_worker(rank: int, world: int, port: int, out: str) -> None:
+    """Lightning's DDP on 2 ranks as torchrun starts it; a NaN in rank 1's batch at step 2."""
+    import pytorch_lightning as pl
+
+    from inspector.integrations import LightningWatch
+
+    torch.set_num_threads(1)
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(world), RANK=str(rank),
+                      LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world), GROUP_RANK="0", NODE_RANK="0",
+                      TORCHELASTIC_RUN_ID="test")
+
+    class Poisoned(pl.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = _net()
+
+        def training_step(self, batch, batch_idx):
+            x = batch[0].clone()
+            if self.global_rank == 1 and batch_idx == 2:
+                x[0, 0] = float("nan")
+            return self.net(x).pow(2).mean()
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.01)
+
+    data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.ones(24, 4)), batch_size=2)
+    printed: list = []
+    callback = LightningWatch(Path(out) / "pl.inspect", stop_on_error=True, report=printed.append,
+                              nonfinite=True)
+    trainer = pl.Trainer(accelerator="cpu", devices=world, strategy="ddp", max_steps=8, callbacks=[callback],
+                         logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                         enable_model_summary=False, use_distributed_sampler=False)
+    try:
+        trainer.fit(Poisoned(), data)
+    finally:
+        (Path(out) / f"pl{rank}.json").write_text(json.dumps({"steps": trainer.global_step,
+                                                             "printed": [f.line() for f in printed]}))
+        leave()
+
+
+def test_lightning_ddp_stops_every_rank_at_the_same_step(tmp_path):
+    pytest.importorskip("pytorch_lightning")
+    spawn_ranks(_lightning_worker, 2, str(tmp_path), timeout=240)
+    from inspector import read_run
+
+    on = [json.loads((tmp_path / f"pl{r}.json").read_text()) for r in (0, 1)]
+    assert on[0]["steps"] == on[1]["steps"] == 3  # both stopped after step 2: no rank left waiting
+    run = read_run(tmp_path / "pl.inspect")
+    assert [(f.step, f.rank, f.code) for f in run.findings] == [(2, 1, "nonfinite-forward")]
+    assert on[1]["printed"] == [] and on[0]["printed"] == [f.line() for f in run.findings]
