@@ -57,6 +57,20 @@ def _merged_worker(rank: int, world: int, port: int, out: str) -> None:
             if session.should_stop:
                 break
         session.finish(completed=not session.should_stop)
+        # 3. a NaN written into rank 1's copy of a plain (unsynchronised) weight: check_step's findings
+        # are placed on rank 1's row too, and with the loss logged none asks for loss=
+        model = _net()
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        with watch(model, opt, Path(out) / "check.inspect") as checked:
+            for step in range(2):
+                if rank == 1 and step == 1:
+                    with torch.no_grad():
+                        model[0].weight[0, 0] = float("nan")
+                loss = model(torch.ones(2, 4)).pow(2).mean()
+                loss.backward()
+                checked.log(loss=loss)
+                opt.step()
+                opt.zero_grad()
         (Path(out) / f"merged{rank}.json").write_text(json.dumps({
             "zero": zero, "steps": steps, "printed": [f.line() for f in printed],
             "stopped": session.stop_finding().code}))
@@ -83,6 +97,14 @@ def test_findings_of_every_rank_reach_the_file_and_the_stop_is_taken_together(tm
     assert on[1]["printed"] == [] and len(on[0]["printed"]) == len(run.findings)  # printed once, on rank 0
     assert any("rank 1" in line for line in on[0]["printed"])
     assert on[0]["stopped"] == on[1]["stopped"] == "nonfinite-forward"
+
+    check = read_run(tmp_path / "check.inspect")
+    found = {(f.step, f.rank, f.code, f.where) for f in check.findings}
+    # check_step's own findings (drift, spread) and the watch's, each on rank 1's row: the rank at fault
+    assert {(1, 1, "replica-drift", "0.weight"), (1, 1, "nonfinite-parameter", "0.weight")} <= found
+    assert any(code == "nonfinite-gradient" for _, _, code, _ in found)
+    assert {r for _, r, _, _ in found} == {1}
+    assert not any("pass loss=" in f.message for f in check.findings)
 
 
 def _failing_worker(rank: int, world: int, port: int, out: str, how: str) -> None:

@@ -19,6 +19,7 @@ from torch.utils.hooks import RemovableHandle
 from ..aliases import compare_ties, snapshot_ties
 from ..capture import Captures
 from ..runfiles import RunMeta, RunWriter
+from ..sharding.findings import ranks_of
 from ..utils.codes import recurs
 from ..utils.dtensors import is_dtensor
 from ..utils.findings import Episodes, Finding, InspectorError, group_findings
@@ -341,15 +342,20 @@ class Watch:
         self._pre_done = False
         check = self.state.count % self.every == 0
         numbers, scalars = transfer_step(self, check)
-        # check_step's findings are the same on every rank (worked out from the gathered columns): rank 0's go
-        own = (self._check_found if self.rank == 0 else []) + self.state.findings + self._own(numbers)
-        self._check_found = []
+        # check_step's findings are the same on every rank (worked out from the gathered columns): each
+        # rank places them itself, on the row of the rank each is about
+        own = self.state.findings + self._own(numbers)
+        checked, self._check_found = self._check_found, []
         numbers.shared = float(len(own))
-        errors = self.stop_on_error and any(f.severity == "error" for f in own)
+        errors = self.stop_on_error and any(f.severity == "error" for f in own + checked)
         numbers.stop = float(self.stop_requested or errors)
         numbers_all = self._gather(numbers)
         self.stop_agreed = self.stop_agreed or any(n.stop > 0 for n in numbers_all)
-        self._write(numbers_all, scalars, self._merge(own, numbers_all))
+        found = self._merge(own, numbers_all)
+        for f in checked:
+            about = ranks_of(f)
+            found[about[0] if about and about[0] < len(found) else 0].append(f)
+        self._write(numbers_all, scalars, found)
         self.clearing.stepped(self.state.params)
         self.state.post()
 
