@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -179,6 +180,17 @@ def _out_of_step_worker(rank: int, world: int, port: int, out: str) -> None:
                 said[case] = ""
             except Exception as exc:  # noqa: BLE001
                 said[case] = str(exc)
+        # a rank that sleeps 1.5 s before its forward pass at step 1: named, though both ranks' step time
+        # is the same (the other waited for it)
+        model = _net()
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        with watch(model, opt, Path(out) / "slow.inspect", timeout=60):
+            for step in range(3):
+                if rank == 1 and step == 1:
+                    time.sleep(1.5)
+                model(torch.ones(2, 4)).pow(2).mean().backward()
+                opt.step()
+                opt.zero_grad()
         (Path(out) / f"said{rank}.json").write_text(json.dumps(said))
     finally:
         leave()
@@ -197,6 +209,9 @@ def test_a_rank_out_of_step_is_named_instead_of_a_hang(tmp_path):
     last = read_run(tmp_path / "last.inspect")  # rank 1 never made its last step: rank 0 is not left waiting
     assert not last.complete and last.failure.rank == 1 and "skipped a step" in last.failure.message
     assert "rank 1" in said[0]["last"]
+    slow = read_run(tmp_path / "slow.inspect")
+    assert [(f.step, f.rank, f.code) for f in slow.findings] == [(1, 1, "slow-rank")]
+    assert "rank 1 took 1.5" in slow.findings[0].message
 
 
 def _mesh_worker(rank: int, world: int, port: int, out: str) -> None:

@@ -38,7 +38,7 @@ from .checks import (
 from .detect import Detectors, not_in_optimizer
 from .layout import Layout, current, fused_norms, refresh, to_host
 from .numbers import Numbers
-from .ranks import Meeting, RanksApart
+from .ranks import Meeting, RanksApart, slow_ranks
 from .rows import step_record
 from .run import Run, StepFinding, read_run
 from .steps import StepState, nonfinite_findings, transfer_step
@@ -119,6 +119,8 @@ class Watch:
         self.timeout = timeout
         self.meeting: Meeting | None = None
         self.forwards = 0  # training forward passes (grad on, train mode): every rank makes as many
+        self._called = self._forwarded = math.nan  # when this step's first forward began (the wrapper's
+        # call, before DDP's buffer broadcast) and when the model's own forward ended
         self._check_found: list[Finding] = []
         # a stop asked by this rank (or, with stop_on_error, an error finding of its own) goes out with its
         # numbers; every rank reads the same gathered flags at the same step boundary (stop_agreed)
@@ -168,6 +170,9 @@ class Watch:
 
             remove_captures(self.path, self.rank, self.world)
         self._handles.append(self.root.register_forward_pre_hook(self._forward_start))
+        if self.world > 1:  # each rank's own time before the step's first collective (slow-rank)
+            self._handles.append(self.model.register_forward_pre_hook(self._timed_call))
+            self._handles.append(self.root.register_forward_hook(self._timed_end))
         if self._nonfinite:
             self.tracer = NonfiniteTracer(self.root, backward=True, keep=self.capture_bytes > 0)
             self._handles.append(self.root.register_forward_hook(self._forward_end))
@@ -231,6 +236,21 @@ class Watch:
     def _tie_ids(self) -> tuple[int, ...]:
         """The object behind every parameter name, aliases included (read from the owners' registries)."""
         return tuple(id(p) for p in current(self.root, self.alias_names))
+
+    def _timed_call(self, module: nn.Module, args: Any) -> None:
+        if math.isnan(self._called):
+            self._called = time.perf_counter()
+
+    def _timed_end(self, module: nn.Module, args: Any, output: Any) -> None:
+        if math.isnan(self._forwarded):
+            self._forwarded = time.perf_counter()
+
+    def _compute_time(self) -> float:
+        """Seconds from the step's start to the end of its first forward pass (to the forward's call under
+        FSDP2 / tensor parallel, whose forward holds collectives); NaN without a forward pass."""
+        end = self._called if self.sharded else self._forwarded
+        self._called = self._forwarded = math.nan
+        return end - self.state.start
 
     def _forward_start(self, module: nn.Module, args: Any) -> None:
         self.modes.forward()
@@ -347,11 +367,14 @@ class Watch:
         own = self.state.findings + self._own(numbers)
         checked, self._check_found = self._check_found, []
         numbers.shared = float(len(own))
+        numbers.compute = self._compute_time()
         errors = self.stop_on_error and any(f.severity == "error" for f in own + checked)
         numbers.stop = float(self.stop_requested or errors)
         numbers_all = self._gather(numbers)
         self.stop_agreed = self.stop_agreed or any(n.stop > 0 for n in numbers_all)
         found = self._merge(own, numbers_all)
+        for r, f in slow_ranks([n.compute for n in numbers_all]):  # the same on every rank: no merge
+            found[r].append(f)
         for f in checked:
             about = ranks_of(f)
             found[about[0] if about and about[0] < len(found) else 0].append(f)

@@ -197,4 +197,24 @@ class Meeting:
         return out
 
 
-__all__ = ["Meeting", "RanksApart", "communication_error"]
+def slow_ranks(times: list[float], at_least: float = 1.0, factor: float = 3.0) -> list[tuple[int, Finding]]:
+    """``slow-rank`` for each rank whose time before the step's first collective (``times``, one per
+    rank) is ``at_least`` seconds and ``factor`` times over the median of the other ranks'."""
+    out = []
+    for r, t in enumerate(times):
+        others = sorted(v for i, v in enumerate(times) if i != r and v == v)
+        if t != t or not others:
+            continue
+        middle = others[len(others) // 2] if len(others) % 2 else (others[len(others) // 2 - 1]
+                                                                   + others[len(others) // 2]) / 2
+        if t - middle >= at_least and t >= factor * middle:
+            out.append((r, Finding(
+                "slow-rank", "warning", ROOT_LABEL,
+                f"rank {r} took {t:.3g} s to load its batch and run its forward pass at this step, the other "
+                f"ranks {middle:.3g} s: every rank waited for it in the step's first collective, so the step "
+                "time is the same everywhere. Look at that rank's data loader, its batch sizes and its "
+                "machine")))
+    return out
+
+
+__all__ = ["Meeting", "RanksApart", "communication_error", "slow_ranks"]
