@@ -50,7 +50,7 @@ class WatchCallback(TrainerCallback):
     def _follow_unscale(self) -> None:
         """Wrap the accelerator's ``unscale_gradients`` (this instance only, until training ends): the
         Trainer clips right after it, so the step's gradients are read there, before the clip."""
-        accelerator = getattr(self.trainer, "accelerator", None)
+        accelerator: Any = getattr(self.trainer, "accelerator", None)
         original = getattr(accelerator, "unscale_gradients", None)
         if original is None or self._unscale is not None:
             return
