@@ -97,10 +97,13 @@ class Meeting:
         keys = [self._key(f"at/{step}", r) for r in others]
         deadline = time.monotonic() + self.timeout
         while True:
+            began = time.monotonic()
             try:
                 self.store.wait(keys, timedelta(seconds=max(0.001, min(POLL, deadline - time.monotonic()))))
                 break
             except Exception:  # noqa: BLE001 - a slice of the wait passed (or the store's host is gone)
+                if time.monotonic() - began < POLL / 2:  # the store failed at once: do not spin
+                    time.sleep(min(POLL, max(0.0, deadline - time.monotonic())))
                 ended = {r: e for r in others if (e := self._get("end", r)) is not None}
                 if ended:
                     self._apart_ended(step, ended)
