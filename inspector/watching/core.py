@@ -366,13 +366,17 @@ class Watch:
         # rank places them itself, on the row of the rank each is about
         own = self.state.findings + self._own(numbers)
         checked, self._check_found = self._check_found, []
-        numbers.shared = float(len(own))
+        # only what begins something travels (a finding that goes on, step after step, stays here): every
+        # rank's episodes of this rank's findings then agree with this rank's own
+        shipped = [f for f in own if self._would_start(f)] if self.world > 1 else own
+        numbers.shared = float(len(shipped))
         numbers.compute = self._compute_time()
         errors = self.stop_on_error and any(f.severity == "error" for f in own + checked)
         numbers.stop = float(self.stop_requested or errors)
         numbers_all = self._gather(numbers)
         self.stop_agreed = self.stop_agreed or any(n.stop > 0 for n in numbers_all)
-        found = self._merge(own, numbers_all)
+        found = self._merge(shipped, numbers_all)
+        found[self.rank] = own
         for r, f in slow_ranks([n.compute for n in numbers_all]):  # the same on every rank: no merge
             found[r].append(f)
         for f in checked:
@@ -393,6 +397,14 @@ class Watch:
         found += self.progress.step(self._lrs(), n.param_norm if n.checked else None, n.param_grad,
                                     n.has_grad, bool(n.skipped), self._held_mask)
         return found
+
+    def _would_start(self, f: Finding) -> bool:
+        """Whether ``f``, this rank's, begins something at this step (:class:`Episodes`, not noted)."""
+        ep, step = self._episodes, self.state.count
+        before = ep.last.get((f.code, f.where, self.rank))
+        how = ep.recurs(f.code)
+        return (before is None or (how == "every" and step != before)
+                or (how == "episode" and step - before > ep.clear))
 
     def _merge(self, own: list[Finding], numbers_all: list[Numbers]) -> list[list[Finding]]:
         """Every rank's own findings, on every rank (one object gather, at a step where a rank has any)."""
