@@ -11,7 +11,9 @@ Modules: ``captured``: the inputs and outputs of the module that first produced 
 the host; ``layout``: which tensors a watch follows; ``numbers``: one rank's numbers at one step;
 ``steps``: the per-step work of a watch; ``summary``: run files reduced for display; ``synthetic``: a
 synthetic run file of any size; ``tracer``: non-finite forward and backward tracing without a host sync
-per module; ``run``: reading a run file back; ``train``: a short training loop under :func:`watch`.
+per module; ``run``: reading a run file back; ``train``: a short training loop under :func:`watch`;
+``checks``: the loop checks (gradient clearing, training mode, optimizers stepped, progress, failures);
+``rows``: one step's record; ``ranks``: the ranks' meeting at each step, their failures, slow ranks.
 """
 
 from __future__ import annotations

@@ -38,7 +38,7 @@ from .checks import (
 from .detect import Detectors, not_in_optimizer
 from .layout import Layout, current, fused_norms, refresh, to_host
 from .numbers import Numbers
-from .ranks import Meeting, RanksApart, slow_ranks
+from .ranks import ComputeClock, Meeting, RanksApart, gather_numbers, merge_findings, slow_ranks
 from .rows import step_record
 from .run import Run, StepFinding, read_run
 from .steps import StepState, nonfinite_findings, transfer_step
@@ -119,8 +119,7 @@ class Watch:
         self.timeout = timeout
         self.meeting: Meeting | None = None
         self.forwards = 0  # training forward passes (grad on, train mode): every rank makes as many
-        self._called = self._forwarded = math.nan  # when this step's first forward began (the wrapper's
-        # call, before DDP's buffer broadcast) and when the model's own forward ended
+        self.clock = ComputeClock(self.sharded)
         self._check_found: list[Finding] = []
         # a stop asked by this rank (or, with stop_on_error, an error finding of its own) goes out with its
         # numbers; every rank reads the same gathered flags at the same step boundary (stop_agreed)
@@ -171,8 +170,7 @@ class Watch:
             remove_captures(self.path, self.rank, self.world)
         self._handles.append(self.root.register_forward_pre_hook(self._forward_start))
         if self.world > 1:  # each rank's own time before the step's first collective (slow-rank)
-            self._handles.append(self.model.register_forward_pre_hook(self._timed_call))
-            self._handles.append(self.root.register_forward_hook(self._timed_end))
+            self._handles += self.clock.attach(self.model, self.root)
         if self._nonfinite:
             self.tracer = NonfiniteTracer(self.root, backward=True, keep=self.capture_bytes > 0)
             self._handles.append(self.root.register_forward_hook(self._forward_end))
@@ -236,21 +234,6 @@ class Watch:
     def _tie_ids(self) -> tuple[int, ...]:
         """The object behind every parameter name, aliases included (read from the owners' registries)."""
         return tuple(id(p) for p in current(self.root, self.alias_names))
-
-    def _timed_call(self, module: nn.Module, args: Any) -> None:
-        if math.isnan(self._called):
-            self._called = time.perf_counter()
-
-    def _timed_end(self, module: nn.Module, args: Any, output: Any) -> None:
-        if math.isnan(self._forwarded):
-            self._forwarded = time.perf_counter()
-
-    def _compute_time(self) -> float:
-        """Seconds from the step's start to the end of its first forward pass (to the forward's call under
-        FSDP2 / tensor parallel, whose forward holds collectives); NaN without a forward pass."""
-        end = self._called if self.sharded else self._forwarded
-        self._called = self._forwarded = math.nan
-        return end - self.state.start
 
     def _forward_start(self, module: nn.Module, args: Any) -> None:
         self.modes.forward()
@@ -368,14 +351,15 @@ class Watch:
         checked, self._check_found = self._check_found, []
         # only what begins something travels (a finding that goes on, step after step, stays here): every
         # rank's episodes of this rank's findings then agree with this rank's own
-        shipped = [f for f in own if self._would_start(f)] if self.world > 1 else own
+        step, new = self.state.count, self._episodes.would_start
+        shipped = [f for f in own if new(step, self.rank, f)] if self.world > 1 else own
         numbers.shared = float(len(shipped))
-        numbers.compute = self._compute_time()
+        numbers.compute = self.clock.take(self.state.start)
         errors = self.stop_on_error and any(f.severity == "error" for f in own + checked)
         numbers.stop = float(self.stop_requested or errors)
-        numbers_all = self._gather(numbers)
+        numbers_all = gather_numbers(numbers, self.layout, self.world, self.group)
         self.stop_agreed = self.stop_agreed or any(n.stop > 0 for n in numbers_all)
-        found = self._merge(shipped, numbers_all)
+        found = merge_findings(shipped, numbers_all, self.world, self.group)
         found[self.rank] = own
         for r, f in slow_ranks([n.compute for n in numbers_all]):  # the same on every rank: no merge
             found[r].append(f)
@@ -397,37 +381,6 @@ class Watch:
         found += self.progress.step(self._lrs(), n.param_norm if n.checked else None, n.param_grad,
                                     n.has_grad, bool(n.skipped), self._held_mask)
         return found
-
-    def _would_start(self, f: Finding) -> bool:
-        """Whether ``f``, this rank's, begins something at this step (:class:`Episodes`, not noted)."""
-        ep, step = self._episodes, self.state.count
-        before = ep.last.get((f.code, f.where, self.rank))
-        how = ep.recurs(f.code)
-        return (before is None or (how == "every" and step != before)
-                or (how == "episode" and step - before > ep.clear))
-
-    def _merge(self, own: list[Finding], numbers_all: list[Numbers]) -> list[list[Finding]]:
-        """Every rank's own findings, on every rank (one object gather, at a step where a rank has any)."""
-        if self.world == 1:
-            return [own]
-        if not any(n.shared for n in numbers_all):
-            return [[] for _ in numbers_all]
-        box: list[Any] = [None] * self.world
-        dist.all_gather_object(box, [f.to_dict() for f in own], group=self.group)
-        return [[Finding(**d) for d in b] for b in box]
-
-    def _gather(self, numbers: Numbers) -> list[Numbers]:
-        if self.world == 1:
-            return [numbers]
-        vector = numbers.pack()
-        device = torch.device("cpu")
-        if "nccl" in str(dist.get_backend(self.group)).lower() and torch.cuda.is_available():
-            device = torch.device("cuda", torch.cuda.current_device())
-        moved = vector.to(device)
-        out = [torch.empty_like(moved) for _ in range(self.world)]
-        dist.all_gather(out, moved, group=self.group)
-        sizes = len(self.layout.modules), len(self.layout.parameters), len(self.layout.buffers)
-        return [Numbers.unpack(o.cpu().numpy(), *sizes) for o in out]
 
     def _write(self, per_rank: list[Numbers], scalars: dict[str, float], found: list[list[Finding]]) -> None:
         step = self.state.count

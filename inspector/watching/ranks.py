@@ -17,14 +17,20 @@ when rank 0's own watch ends on a communication error, or when the meeting's tim
 from __future__ import annotations
 
 import json
+import math
 import time
 from datetime import timedelta
 from typing import Any
 
+import torch
 import torch.distributed as dist
+from torch import nn
+from torch.utils.hooks import RemovableHandle
 
 from ..utils.findings import Finding, InspectorError
 from ..utils.labels import ROOT_LABEL
+from .layout import Layout
+from .numbers import Numbers
 
 _opened: dict[str, int] = {}  # group tag -> watches this process opened on it (the same on every rank)
 POLL = 0.5
@@ -198,6 +204,60 @@ class Meeting:
                                  f"rank {r} vanished ({last}) without an exception of its own: killed by "
                                  "a signal, out of memory, or its machine lost; rank 0's collective failed")
         return out
+
+
+def gather_numbers(numbers: Numbers, layout: Layout, world: int, group: Any) -> list[Numbers]:
+    """Every rank's numbers of this step, on every rank (one ``all_gather`` of one vector)."""
+    if world == 1:
+        return [numbers]
+    device = torch.device("cpu")
+    if "nccl" in str(dist.get_backend(group)).lower() and torch.cuda.is_available():
+        device = torch.device("cuda", torch.cuda.current_device())
+    moved = numbers.pack().to(device)
+    out = [torch.empty_like(moved) for _ in range(world)]
+    dist.all_gather(out, moved, group=group)
+    sizes = len(layout.modules), len(layout.parameters), len(layout.buffers)
+    return [Numbers.unpack(o.cpu().numpy(), *sizes) for o in out]
+
+
+def merge_findings(own: list[Finding], numbers_all: list[Numbers], world: int,
+                   group: Any) -> list[list[Finding]]:
+    """Every rank's findings (``own`` here), on every rank: one object gather, only at a step where a
+    rank has some (``Numbers.shared``)."""
+    if world == 1:
+        return [own]
+    if not any(n.shared for n in numbers_all):
+        return [[] for _ in numbers_all]
+    box: list[Any] = [None] * world
+    dist.all_gather_object(box, [f.to_dict() for f in own], group=group)
+    return [[Finding(**d) for d in b] for b in box]
+
+
+class ComputeClock:
+    """A rank's own time before the step's first collective: from the step's start to the end of its
+    first forward pass (to the forward's call under FSDP2 / tensor parallel, whose forward gathers;
+    the call of the outer wrapper comes before DDP's buffer broadcast)."""
+
+    def __init__(self, sharded: bool) -> None:
+        self.sharded = sharded
+        self.called = self.forwarded = math.nan
+
+    def attach(self, model: nn.Module, root: nn.Module) -> list[RemovableHandle]:
+        return [model.register_forward_pre_hook(self._call), root.register_forward_hook(self._end)]
+
+    def _call(self, module: nn.Module, args: Any) -> None:
+        if math.isnan(self.called):
+            self.called = time.perf_counter()
+
+    def _end(self, module: nn.Module, args: Any, output: Any) -> None:
+        if math.isnan(self.forwarded):
+            self.forwarded = time.perf_counter()
+
+    def take(self, start: float) -> float:
+        """Seconds since ``start`` (NaN without a forward pass this step); starts the next step's."""
+        end = self.called if self.sharded else self.forwarded
+        self.called = self.forwarded = math.nan
+        return end - start
 
 
 def slow_ranks(times: list[float], at_least: float = 1.0, factor: float = 3.0) -> list[tuple[int, Finding]]:
