@@ -84,6 +84,22 @@ def test_trainer_steps_are_optimizer_updates_and_the_numbers_are_the_trainers(tm
     assert no_hooks(model, trainer.optimizer.optimizer) and cb.result.steps == 4
 
 
+def test_watch_trainer_records_the_pre_clip_norm_the_trainer_logs(tmp_path):
+    model = Tiny()
+    # max_grad_norm=0.01: every step is clipped, so a norm read after the clip would be 0.01
+    trainer = transformers.Trainer(model=model, args=args(tmp_path, max_steps=4, max_grad_norm=0.01),
+                                   train_dataset=rows(8))
+    accelerator = trainer.accelerator
+    cb = watch_trainer(trainer, tmp_path / "clip.inspect", report=None)
+    trainer.train()
+    run = read_run(tmp_path / "clip.inspect")
+    logged = [h["grad_norm"] for h in trainer.state.log_history if "grad_norm" in h]
+    assert len(logged) == len(run.steps) == 4 and min(logged) > 0.1
+    np.testing.assert_allclose(run.steps.grad_norm.to_numpy(), logged, rtol=1e-5)
+    assert "unscale_gradients" not in accelerator.__dict__ and cb.result.steps == 4  # the wrapper is gone
+    assert no_hooks(model, trainer.optimizer.optimizer)
+
+
 def test_trainer_stops_on_the_first_error_naming_the_module(tmp_path, capsys):
     model = Tiny()
     # batch 2 (samples 4, 5) holds the Inf: the third update makes lin1.weight non-finite

@@ -8,7 +8,7 @@ from statistics import median
 from typing import Any
 
 from ..runfiles import unsynchronised
-from ..sharding.findings import nonfinite_by_rank
+from ..sharding.findings import about, nonfinite_by_rank
 from ..sharding.findings import ranks_text as _ranks
 from ..utils.findings import Finding
 
@@ -75,13 +75,13 @@ def _drift(row: dict[str, Any], step: int) -> list[Finding]:
                 )
             )
             continue
-        out.append(Finding(
+        out.append(about(Finding(
             "replica-drift", "error", row["name"],
             f"{row['kind']} {row['name']} should be identical on {_ranks(ranks)} but at step {step} "
             f"{_ranks(differ)} {'holds' if len(differ) == 1 else 'hold'} different values from "
             f"{_ranks(agree)}. Something updated it on one rank only (an unsynchronised buffer such "
             "as BatchNorm running statistics, a parameter outside FSDP/DDP, a rank-dependent "
-            "seed or in-place edit); broadcast it from rank 0 or shard/wrap it."))
+            "seed or in-place edit); broadcast it from rank 0 or shard/wrap it."), differ))
     return out
 
 
@@ -95,12 +95,24 @@ def nonfinite_values(row: dict[str, Any]) -> list[Finding]:
     counts = "; ".join(f"rank {r}: {nan[r]} NaN, {inf[r]} Inf" for r in bad)
     fine = [r for r in range(len(nan)) if r not in bad]
     tail = f"; {_ranks(fine)} {'is' if len(fine) == 1 else 'are'} finite" if fine else ""
-    return [Finding(
+    return [about(Finding(
         "nonfinite-parameter", "error", row["name"],
         f"the values of {row['kind']} {row['name']} (not its gradient) are not finite on {_ranks(bad)} "
         f"({counts} in the local piece){tail}. Every forward pass now spreads it to the outputs and "
         "gradients of every rank: look for what wrote it (an optimizer step on a non-finite gradient, "
-        "an in-place edit, a checkpoint load).")]
+        "an in-place edit, a checkpoint load)."), bad)]
+
+
+def _origin_ranks(record: dict[str, Any]) -> list[int]:
+    """The ranks :func:`_origin` names as where non-finite values started (empty: it names none)."""
+    for row in record["tensors"]:
+        bad = [r for r, (n, i) in enumerate(zip(row.get("value_nan") or [], row.get("value_inf") or [],
+                                                 strict=True)) if n or i]
+        if bad:
+            return bad
+    ranks = record.get("ranks", [])
+    bad = [r["rank"] for r in ranks if r.get("loss_finite") is False]
+    return bad if len(bad) < len(ranks) else []
 
 
 def _origin(record: dict[str, Any]) -> str:
@@ -130,10 +142,11 @@ def spread(record: dict[str, Any], found: list[Finding]) -> Finding:
                                                                                  strict=True)) if n or i})
     names = [f.where for f in found]
     shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
-    return Finding(
+    return about(Finding(
         "nonfinite-gradient", "error", names[0],
         f"the gradients of {len(names)} tensors are not finite on {_ranks(ranks)} ({shown}): non-finite "
-        f"values spread through the forward pass and the gradient reduction. {_origin(record)}.")
+        f"values spread through the forward pass and the gradient reduction. {_origin(record)}."),
+        _origin_ranks(record) or ranks)
 
 
 def _unsynchronised(row: dict[str, Any]) -> list[Finding]:
@@ -178,19 +191,19 @@ def far_off(rms: dict[int, float], far_factor: float) -> list[Finding]:
         (a, va), (b, vb) = sorted(rms.items(), key=lambda kv: -kv[1])
         if va / vb < far_factor:
             return []
-        return [Finding(
+        return [about(Finding(
             "gradient-far-off", "warning", f"ranks {min(a, b)} and {max(a, b)}",
             f"rank {a}'s gradients are {va / vb:.3g}x larger per element than rank {b}'s (RMS {va:.3g} "
             f"against {vb:.3g}). With 2 ranks there is no majority to tell which one is off: compare each "
             "with an earlier step, or run with more ranks. Causes: a bad batch, a different loss scale or a "
-            "missed gradient reduction on one rank.")]
+            "missed gradient reduction on one rank."), [a, b])]
     out = []
     middle = median(rms.values())  # of every rank: one rank far off cannot move it
     for rank, value in rms.items():
         ratio = value / middle
         if ratio >= far_factor or ratio <= 1 / far_factor:
             how = f"{ratio:.3g}x larger" if ratio > 1 else f"{1 / ratio:.3g}x smaller"
-            out.append(
+            out.append(about(
                 Finding(
                     "gradient-far-off",
                     "warning",
@@ -198,7 +211,7 @@ def far_off(rms: dict[int, float], far_factor: float) -> list[Finding]:
                     f"rank {rank}'s gradients are {how} per element than the median of the {len(rms)} ranks "
                     f"(RMS {value:.3g} against {middle:.3g}): a bad batch, a different loss scale or a "
                     "missed gradient reduction on that rank.",
-                )
+                ), [rank])
             )
     return out
 
@@ -216,7 +229,7 @@ def imbalance(record: dict[str, Any], threshold: float = IMBALANCE) -> list[Find
     worst = sorted(sharded, key=lambda r: max(r["local_numel"]) - min(r["local_numel"]), reverse=True)[:3]
     names = ", ".join(f"{r['name']} ({'/'.join(str(n) for n in r['local_numel'])})" for r in worst)
     big = totals.index(max(totals))
-    return [
+    return [about(
         Finding(
             "shard-imbalance",
             "warning",
@@ -225,5 +238,5 @@ def imbalance(record: dict[str, Any], threshold: float = IMBALANCE) -> list[Find
             f"{100 * (max(totals) - mean) / mean:.1f}% "
             f"above the mean of {mean:.0f} (per rank: {', '.join(str(t) for t in totals)}); most uneven: "
             f"{names}. Dimension 0 of those tensors does not divide by the number of shards.",
-        )
+        ), [big])
     ]

@@ -33,8 +33,8 @@ def watch_accelerator(accelerator: Any, model: nn.Module, optimizer: Any,
         handles.append(inner.register_step_post_hook(lambda *a: session.after_step()))
     if session.stop_on_error and session.watch is not None:
         def stop_here(module: nn.Module, args: Any) -> None:
-            if session.stopped_by is not None:
-                raise TrainingStopped(session.stopped_by)
+            if session.should_stop:
+                raise TrainingStopped(session.stop_finding())
 
         handles.append(session.watch.root.register_forward_pre_hook(stop_here))
     completed, error = False, None
@@ -47,7 +47,7 @@ def watch_accelerator(accelerator: Any, model: nn.Module, optimizer: Any,
     finally:
         for h in handles:
             h.remove()
-        session.finish(completed=completed and session.stopped_by is None, error=error)
+        session.finish(completed=completed and not session.should_stop, error=error)
 
 
 __all__ = ["watch_accelerator"]

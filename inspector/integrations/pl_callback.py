@@ -57,12 +57,13 @@ class LightningWatch(Callback):
 
     def _after(self, trainer: Any) -> None:
         self.session.after_step()
-        if self.session.stopped_by is not None and not trainer.should_stop:
+        if self.session.should_stop and not trainer.should_stop:
             trainer.should_stop = True
-            print(f"[inspector] {stop_message(self.session.stopped_by)}", flush=True)
+            if self.session.rank == 0:
+                print(f"[inspector] {stop_message(self.session.stop_finding())}", flush=True)
 
     def on_train_end(self, trainer: Any, pl_module: Any) -> None:
-        self.session.finish(completed=self.session.stopped_by is None)
+        self.session.finish(completed=not self.session.should_stop)
 
     def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
         self.session.finish(completed=False, error=exception)

@@ -73,6 +73,8 @@ class WatchedTraining:
         self.exports: list[Export] = [make_export(e) for e in export]
         self.watch: Watch | None = None
         self.stopped_by: StepFinding | None = None
+        self.rank = 0  # this process's rank in the watch's group: only rank 0 reports
+        self._agreed = False
         self.result: WatchResult | None = None
         self._follower: RunFollower | None = None
 
@@ -89,10 +91,11 @@ class WatchedTraining:
             options["scaler"] = scaler
         if name and not options.get("name"):
             options["name"] = name
-        self.stopped_by, self.result = None, None
+        self.stopped_by, self.result, self._agreed = None, None, False
         plain: Any = ([plain_optimizer(o) for o in optimizer] if isinstance(optimizer, (list, tuple))
                       else plain_optimizer(optimizer))
         w = Watch(model, plain, self.path, on_finding=self._found, **options)
+        w.stop_on_error, self.rank = self.stop_on_error, w.rank
         try:
             w.open()
         except BaseException:
@@ -108,8 +111,22 @@ class WatchedTraining:
         # sys.last_exc) by the time exit handlers run
         self.finish(completed=False, error=getattr(sys, "last_value", None))
 
+    @property
+    def should_stop(self) -> bool:
+        """Whether to stop now: the same answer on every rank at the same step (the watch gathers every
+        rank's stop flag with its numbers), so no rank stops alone while another waits for it."""
+        if self.watch is not None:
+            self._agreed = self.watch.stop_agreed
+        return self._agreed
+
+    def stop_finding(self) -> StepFinding:
+        """The finding training stopped at (another rank's error when this rank's own was not new)."""
+        return self.stopped_by or StepFinding(self.watch.state.count if self.watch else 0, None, "run-failed",
+                                              "error", "", "another rank asked every rank to stop")
+
     def _found(self, f: StepFinding) -> None:
-        if self.report is not None:
+        # every rank holds every rank's findings (merged at the step): rank 0 reports each once
+        if self.report is not None and self.rank == 0:
             self.report(f)
         if self.stop_on_error and f.severity == "error" and self.stopped_by is None:
             self.stopped_by = f
@@ -133,6 +150,7 @@ class WatchedTraining:
         w, self.watch = self.watch, None
         if w is None:
             return self.result
+        self._agreed = w.stop_agreed
         atexit.unregister(self._at_exit)
         try:
             self.result = w.close(completed, error)

@@ -15,8 +15,10 @@ from .tables import Run, StepFinding, _steps_frame
 def check_as_run(dr: DistributedRun) -> Run:
     """``dr`` as a :class:`Run` of kind ``"check"``: its parameters grouped into their modules, each
     module's gradient norm the global one (as a watch file stores it), one row of ``steps`` per (step,
-    rank), the file's notes (``run-file-truncated``, ``run-file-newer``) among the findings, and ``dr``
-    kept as ``check_run`` (``per_rank``, ``totals``, ``tensors``, ``backend`` read it)."""
+    rank) whose ``grad_norm`` is the whole model's (as in a watched run; each rank's own pieces' norm
+    is in ``per_rank``), the file's notes (``run-file-truncated``, ``run-file-newer``) among the
+    findings, and ``dr`` kept as ``check_run`` (``per_rank``, ``totals``, ``tensors``, ``backend``
+    read it)."""
     first = dr.records[0]
     params = [t["name"] for t in first["tensors"] if t.get("kind") == "parameter"]
     modules: list[str] = []
@@ -34,6 +36,7 @@ def check_as_run(dr: DistributedRun) -> Run:
     for rec in dr.records:
         by_name = {t["name"]: t for t in rec["tensors"]}
         norms = np.array([_global_norm(by_name.get(p)) for p in params], dtype=np.float64)
+        total = (rec.get("global") or {}).get("grad_norm")
         mod_sq = np.zeros(len(modules))
         np.add.at(mod_sq, owners, np.nan_to_num(norms, nan=0.0) ** 2)
         for r in rec["ranks"]:
@@ -42,7 +45,7 @@ def check_as_run(dr: DistributedRun) -> Run:
             for i, p in enumerate(params):
                 nonfinite[owner[i]] += sum(_at_rank(by_name.get(p), k, rank) for k in ("nan", "inf"))
             records.append(StepRecord(
-                step=rec["step"], rank=rank, time=float(rec.get("time") or 0.0), grad_norm=r.get("grad_norm"),
+                step=rec["step"], rank=rank, time=float(rec.get("time") or 0.0), grad_norm=total,
                 nonfinite=int(r.get("nonfinite") or 0), device_allocated=r.get("device_allocated"),
                 device_peak=r.get("device_peak"), rss=r.get("rss"), module_grad_norm=np.sqrt(mod_sq),
                 module_nonfinite=nonfinite, param_grad_norm=norms))

@@ -19,8 +19,8 @@ from .tail import RunTail, read_all
 
 def run_of(tail: RunTail, source: str = "") -> Run:
     """The :class:`Run` of what ``tail`` has read so far (a run of 0 steps when only its header is). A
-    run that ended by an exception is not complete; the row that carries its ``run-failed`` finding
-    (written after the last step) is no step.
+    run that ended by an exception is not complete; the rows that carry its ``run-failed`` findings
+    (written after the last step, one per rank that failed) are no steps.
 
     Raises:
         InspectorError: a ``check_step`` record is damaged, or the steps table would be larger than the
@@ -33,8 +33,8 @@ def run_of(tail: RunTail, source: str = "") -> Run:
     table = run_table(tail)
     findings = _findings(table)
     failed = any(f.code == "run-failed" for f in findings)
-    if failed and table.num_rows and table.column("step_time")[-1].as_py() is None:
-        table = table.slice(0, table.num_rows - 1)
+    while failed and table.num_rows and table.column("step_time")[table.num_rows - 1].as_py() is None:
+        table = table.slice(0, table.num_rows - 1)  # one such row per rank that failed
     frame = steps_frame(table, tail.offset, tail.name)
     return Run(tail.name, meta, frame, findings, tail.closed and not failed, table, source)
 

@@ -7,6 +7,18 @@ from typing import Any
 from ..utils.findings import Finding
 
 
+def about(f: Finding, ranks: list[int] | tuple[int, ...]) -> Finding:
+    """``f`` with the ranks it is about kept as data (:func:`ranks_of`; the first is the one at fault
+    where one is), not only named in its text. Not part of the finding's fields: it stays in memory."""
+    object.__setattr__(f, "ranks", tuple(int(r) for r in ranks))
+    return f
+
+
+def ranks_of(f: Finding) -> tuple[int, ...]:
+    """The ranks a finding of the distributed checks is about (empty: the whole world)."""
+    return tuple(getattr(f, "ranks", ()))
+
+
 def ranks_text(ranks: list[int]) -> str:
     """``rank 3`` or ``ranks 0, 1 and 3``."""
     if len(ranks) == 1:
@@ -22,8 +34,8 @@ def nonfinite_by_rank(row: dict[str, Any]) -> list[Finding]:
     counts = "; ".join(f"rank {r}: {row['nan'][r]} NaN, {row['inf'][r]} Inf" for r in bad)
     fine = [r for r in range(len(row["nan"])) if r not in bad]
     tail = f"; {ranks_text(fine)} {'is' if len(fine) == 1 else 'are'} finite" if fine else ""
-    return [Finding(
+    return [about(Finding(
         "nonfinite-gradient", "error", row["name"],
         f"the gradient of {row['name']} is not finite on {ranks_text(bad)} ({counts} in the local "
         f"piece){tail}. The next optimizer step spreads it to the weights; look at that rank's "
-        "data batch and loss.")]
+        "data batch and loss."), bad)]

@@ -112,6 +112,13 @@ class Episodes:
         self.recurs, self.clear = recurs, clear
         self.last: dict[FindingKey, int] = {}
 
+    def would_start(self, step: int, rank: int, f: Finding) -> bool:
+        """Whether ``f`` at ``(step, rank)`` would begin something (nothing is noted)."""
+        before = self.last.get((f.code, f.where, rank))
+        how = self.recurs(f.code)
+        return (before is None or (how == "every" and step != before)
+                or (how == "episode" and step - before > self.clear))
+
     def starts(self, found: Iterable[Sighting]) -> list[Sighting]:
         """The triples of ``found`` (in step order) that begin something, each noted as seen."""
         out = []

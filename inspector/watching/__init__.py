@@ -13,7 +13,8 @@ from one step's numbers on the host; ``layout``: which tensors a watch follows; 
 run file followed, reading only what was appended; ``numbers``: one rank's
 numbers at one step; ``producer``: a copy of the inputs and outputs of the module that first produced a
 NaN/Inf (``inspector.runfiles.captured`` stores and reads it); ``steps``: the per-step work of a watch;
-``summary``: run files reduced for display; ``synthetic``: a synthetic run file of any size;
+``ranks``: the ranks' meeting at each step, their failures, slow ranks; ``summary``: run files reduced
+for display; ``synthetic``: a synthetic run file of any size;
 ``tracer``: non-finite forward and backward tracing without a host sync per module; ``train``: a short
 training loop under :func:`watch`.
 """

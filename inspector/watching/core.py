@@ -19,6 +19,7 @@ from torch.utils.hooks import RemovableHandle
 from ..aliases import compare_ties, snapshot_ties
 from ..capture import Captures
 from ..runfiles import Run, RunMeta, RunWriter, StepFinding, read_run
+from ..sharding.findings import ranks_of
 from ..utils.codes import recurs
 from ..utils.dtensors import is_dtensor
 from ..utils.findings import Episodes, Finding, InspectorError, group_findings
@@ -38,9 +39,13 @@ from .checks import (
 from .detect import Detectors, not_in_optimizer
 from .layout import Layout, current, fused_norms, refresh, to_host
 from .numbers import Numbers
+from .ranks import ComputeClock, Meeting, RanksApart, gather_numbers, merge_findings, slow_ranks
 from .rows import step_record
 from .steps import StepState, nonfinite_findings, transfer_step
 from .tracer import NonfiniteTracer, forward_producer
+
+_PRODUCED = ("nonfinite-forward", "nonfinite-backward")
+_SPREAD = ("nonfinite-gradient", "nonfinite-parameter")
 
 
 @dataclass(frozen=True, eq=False)
@@ -68,7 +73,7 @@ class Watch:
                  window: int = 5, explode_factor: float = 8.0, loss_factor: float = 3.0,
                  recur_after: int = 5, capture_bytes: int = 64 << 20,
                  group: Any = None, distributed: bool | None = None, name: str = "", note: str = "",
-                 on_finding: Callable[[StepFinding], None] | None = None) -> None:
+                 timeout: float = 300.0, on_finding: Callable[[StepFinding], None] | None = None) -> None:
         if not isinstance(model, nn.Module):
             raise InspectorError(f"watch needs an nn.Module, got {type(model).__name__}")
         self.optimizers = optimizer_list(optimizer)
@@ -93,8 +98,9 @@ class Watch:
                             tuple(c for c, on in (("nonfinite", nonfinite), ("update_ratio", update_ratio),
                                                   ("distributed", self.distributed)) if on),
                             update_ratio, time.time(), note)
-        self.detectors = [Detectors(self.layout, window=window, explode_factor=explode_factor,
-                                    loss_factor=loss_factor) for _ in range(self.world)]
+        # this rank's own checks, on its own numbers (the other ranks' findings arrive at the gather)
+        self.detectors = Detectors(self.layout, window=window, explode_factor=explode_factor,
+                                   loss_factor=loss_factor)
         self.state = StepState()
         self.tracer: NonfiniteTracer | None = None
         self._nonfinite = nonfinite
@@ -109,7 +115,17 @@ class Watch:
         self._scalars: dict[str, Any] = {}
         self.clearing = GradientClearing()
         self.modes = TrainingMode(self.root)
-        self.progress = [Progress(self.layout.parameters) for _ in range(self.world)]
+        self.progress = Progress(self.layout.parameters)
+        self.timeout = timeout
+        self.meeting: Meeting | None = None
+        self.forwards = 0  # training forward passes (grad on, train mode): every rank makes as many
+        self.clock = ComputeClock(self.sharded)
+        self._check_found: list[Finding] = []
+        # a stop asked by this rank (or, with stop_on_error, an error finding of its own) goes out with its
+        # numbers; every rank reads the same gathered flags at the same step boundary (stop_agreed)
+        self.stop_requested = False
+        self.stop_on_error = False
+        self.stop_agreed = False
         self.others: OptimizerSteps | None = None
         self._pre_done = False
         self._held_mask: np.ndarray | None = None
@@ -147,10 +163,14 @@ class Watch:
         self.tie_ids = self._tie_ids()
         if self.rank == 0:
             self._writer = RunWriter(self.path, self.meta)
+        self.meeting = Meeting(self.group, self.rank, self.world, self.timeout) if self.world > 1 else None
         if self._nonfinite:
             from ..runfiles.captured import remove_captures
 
             remove_captures(self.path, self.rank, self.world)
+        self._handles.append(self.root.register_forward_pre_hook(self._forward_start))
+        if self.world > 1:  # each rank's own time before the step's first collective (slow-rank)
+            self._handles += self.clock.attach(self.model, self.root)
         if self._nonfinite:
             self.tracer = NonfiniteTracer(self.root, backward=True, keep=self.capture_bytes > 0)
             self._handles.append(self.root.register_forward_hook(self._forward_end))
@@ -164,7 +184,7 @@ class Watch:
             start = np.full(len(params), np.nan)
             for idx, part in fused_norms(params):
                 start[idx] = to_host([part])[0]
-            self.progress = [Progress(self.layout.parameters, start=start) for _ in range(self.world)]
+            self.progress = Progress(self.layout.parameters, start=start)
         self.state.start = time.perf_counter()
         self._pending = frozen_findings(self.root)
         if self.optimizer is not None:
@@ -173,8 +193,14 @@ class Watch:
     def close(self, completed: bool, error: BaseException | None = None) -> WatchResult:
         """Remove every hook, close the file and freeze the result (safe after a failed open). An
         ``error`` that ended the block is recorded as a ``run-failed`` finding at the step it was in."""
+        if self.meeting is not None:  # the other ranks learn how this one ended; rank 0 records theirs
+            self.meeting.ended(self.state.count, None if isinstance(error, RanksApart) else error)
+            skip = set(error.ranks) if isinstance(error, RanksApart) else set()
+            for r, f in self.meeting.failures(self.state.count, error).items():
+                if r not in skip:
+                    self._failed(f, r)
         if error is not None and not isinstance(getattr(error, "finding", None), StepFinding):
-            self._failed(error)
+            self._failed(failure_finding(error, self.state.count), self.rank)
         for h in self._handles:
             h.remove()
         self._handles.clear()
@@ -188,13 +214,13 @@ class Watch:
         self.result = WatchResult(self.path, self.state.count, list(self.findings), self.captures, completed)
         return self.result
 
-    def _failed(self, error: BaseException) -> None:
-        f = failure_finding(error, self.state.count)
-        new = self._first_time([f], self.state.count, self.rank)
+    def _failed(self, f: Finding, rank: int) -> None:
+        """Record ``run-failed`` (or a rank's) at the current step, on ``rank``'s row of no step."""
+        new = self._first_time([f], self.state.count, rank)
         if self._writer is not None and new:
             n = Numbers(len(self.layout.modules), len(self.layout.parameters), len(self.layout.buffers))
             try:
-                self._writer.write([step_record(self.state.count, 0, n, {}, self._lrs(), new)])
+                self._writer.write([step_record(self.state.count, rank, n, {}, self._lrs(), new)])
             except Exception:  # noqa: BLE001 - the run's own error is the one to raise
                 pass
 
@@ -209,6 +235,10 @@ class Watch:
     def _tie_ids(self) -> tuple[int, ...]:
         """The object behind every parameter name, aliases included (read from the owners' registries)."""
         return tuple(id(p) for p in current(self.root, self.alias_names))
+
+    def _forward_start(self, module: nn.Module, args: Any) -> None:
+        if module.training and torch.is_grad_enabled():
+            self.forwards += 1
 
     def _forward_end(self, module: nn.Module, args: Any, output: Any) -> None:
         tracer = self.tracer
@@ -236,7 +266,8 @@ class Watch:
         gradients inside it: the step's numbers are taken when the closure first returns."""
         closure = kwargs.get("closure", args[1] if len(args) > 1 else None)  # args[0]: the optimizer
         if closure is None:
-            self._pre_step()
+            if not self._pre_done:  # else taken already (gradients_ready, before a clip)
+                self._pre_step()
             return None
 
         def closure_then_measure() -> Any:
@@ -249,8 +280,30 @@ class Watch:
             return args, {**kwargs, "closure": closure_then_measure}
         return (args[0], closure_then_measure, *args[2:]), kwargs
 
+    def _meet(self) -> None:
+        """Every rank at this step before the step's first collective (:mod:`.ranks`)."""
+        if self.meeting is None:
+            return
+        try:
+            self.meeting.meet(self.state.count, self.forwards)
+        except RanksApart as apart:  # recorded on the rank(s) at fault; no collective was started
+            for r in apart.ranks:
+                self._failed(apart.findings[r], r)
+            first = apart.ranks[0]
+            f = apart.findings[first]
+            apart.finding = StepFinding(self.state.count, first, f.code, f.severity, f.where, f.message)
+            raise
+
+    def gradients_ready(self) -> None:
+        """Take this step's gradient numbers now, before something changes the gradients ahead of the
+        optimizer's step (a clip: the Trainer's integration calls it once the gradients are unscaled,
+        so the run holds the pre-clip norm the Trainer logs); the step then does not take them again."""
+        with torch.no_grad():
+            self._pre_step()
+
     def _pre_step(self) -> None:
         self._pre_done = True
+        self._meet()
         check = self.state.count % self.every == 0
         if check:
             refresh(self.root)  # a module swapped in since: its parameters are read, not the old ones
@@ -276,8 +329,10 @@ class Watch:
             norms = torch.zeros(len(self.layout.parameters), dtype=torch.float64)
             for idx, part in self.state.grad_parts:
                 norms[torch.from_numpy(idx)] = part.to("cpu", torch.float64)
-            findings += check_step(self.model, self.state.count, path=None, group=self.group,
-                                   grad_norms=(self.layout.parameters, norms)).findings
+            loss = self._scalars.get("loss")  # logged before optimizer.step(): check_step names its rank too
+            self._check_found = check_step(self.model, self.state.count, path=None, group=self.group,
+                                           loss=loss, timeout=self.timeout,
+                                           grad_norms=(self.layout.parameters, norms)).findings
 
     def _tie_findings(self) -> list[Finding]:
         ids = self._tie_ids()
@@ -292,61 +347,72 @@ class Watch:
         self._pre_done = False
         check = self.state.count % self.every == 0
         numbers, scalars = transfer_step(self, check)
-        findings = self.state.findings
-        numbers.shared = float(len(findings))
-        numbers_all = self._gather(numbers)
-        if self.world > 1 and numbers_all[0].shared:  # rare: rank 0's step findings, to every rank
-            findings = self._from_rank0(findings)
-        self._write(numbers_all, scalars, findings)  # every rank: the same findings; rank 0 writes
+        # check_step's findings are the same on every rank (worked out from the gathered columns): each
+        # rank places them itself, on the row of the rank each is about
+        own = self.state.findings + self._own(numbers)
+        checked, self._check_found = self._check_found, []
+        # only what begins something travels (a finding that goes on, step after step, stays here): every
+        # rank's episodes of this rank's findings then agree with this rank's own
+        step, new = self.state.count, self._episodes.would_start
+        shipped = [f for f in own if new(step, self.rank, f)] if self.world > 1 else own
+        numbers.shared = float(len(shipped))
+        numbers.compute = self.clock.take(self.state.start)
+        errors = self.stop_on_error and any(f.severity == "error" for f in own + checked)
+        numbers.stop = float(self.stop_requested or errors)
+        numbers_all = gather_numbers(numbers, self.layout, self.world, self.group)
+        self.stop_agreed = self.stop_agreed or any(n.stop > 0 for n in numbers_all)
+        found = merge_findings(shipped, numbers_all, self.world, self.group)
+        found[self.rank] = own
+        for r, f in slow_ranks([n.compute for n in numbers_all]):  # the same on every rank: no merge
+            found[r].append(f)
+        for f in checked:
+            about = ranks_of(f)
+            found[about[0] if about and about[0] < len(found) else 0].append(f)
+        self._write(numbers_all, scalars, found)
         self.clearing.stepped(self.state.params)
         self.state.post()
 
-    def _from_rank0(self, findings: list[Finding]) -> list[Finding]:
-        box: list[Any] = [[f.to_dict() for f in findings] if self.rank == 0 else None]
-        src = dist.get_global_rank(self.group, 0) if self.group is not None else 0
-        dist.broadcast_object_list(box, src=src, group=self.group)
-        return [Finding(**d) for d in box[0]]
+    def _own(self, n: Numbers) -> list[Finding]:
+        """This rank's findings from its own numbers (its batch, loss, gradients, compute time)."""
+        found = nonfinite_findings(n, self.module_names, self.rank, self.world)
+        found += self.detectors.gradients(n.param_grad, n.has_grad, n.module_grad)
+        if n.loss_logged:
+            found = self.detectors.loss(float(n.loss), found)
+        found += nonfinite_gradients(n.module_nonfinite, self.layout.modules, found)
+        if n.checked:
+            found += self.detectors.parameters(n.param_norm, n.buffer_norm, self.layout.buffers)
+        found += self.progress.step(self._lrs(), n.param_norm if n.checked else None, n.param_grad,
+                                    n.has_grad, bool(n.skipped), self._held_mask)
+        return found
 
-    def _gather(self, numbers: Numbers) -> list[Numbers]:
-        if self.world == 1:
-            return [numbers]
-        vector = numbers.pack()
-        device = torch.device("cpu")
-        if "nccl" in str(dist.get_backend(self.group)).lower() and torch.cuda.is_available():
-            device = torch.device("cuda", torch.cuda.current_device())
-        moved = vector.to(device)
-        out = [torch.empty_like(moved) for _ in range(self.world)]
-        dist.all_gather(out, moved, group=self.group)
-        sizes = len(self.layout.modules), len(self.layout.parameters), len(self.layout.buffers)
-        return [Numbers.unpack(o.cpu().numpy(), *sizes) for o in out]
-
-    def _write(self, per_rank: list[Numbers], scalars: dict[str, float], shared: list[Finding]) -> None:
+    def _write(self, per_rank: list[Numbers], scalars: dict[str, float], found: list[list[Finding]]) -> None:
         step = self.state.count
         records = []
+        # under several ranks a NaN/Inf one module (or batch) produced spreads to every rank's gradients and
+        # weights through the reduction: at the step its producer is named, those are its consequences
+        # (noted as seen, so they are not new later either), and the producer is the one finding
+        root = self.world > 1 and any(f.code in _PRODUCED for fs in found for f in fs)
         for rank, n in enumerate(per_rank):
-            found = list(shared) if rank == 0 else []
-            found += nonfinite_findings(n, self.module_names, rank, self.world)
-            found += self.detectors[rank].gradients(n.param_grad, n.has_grad, n.module_grad)
-            if n.loss_logged:
-                found = self.detectors[rank].loss(float(n.loss), found)
-            found += nonfinite_gradients(n.module_nonfinite, self.layout.modules, found)
-            if n.checked:
-                found += self.detectors[rank].parameters(n.param_norm, n.buffer_norm, self.layout.buffers)
-            found += self.progress[rank].step(self._lrs(), n.param_norm if n.checked else None, n.param_grad,
-                                              n.has_grad, bool(n.skipped), self._held_mask)
-            new = self._first_time(found, step, rank)
+            mine = found[rank]
+            if root:
+                self._first_time([f for f in mine if f.code in _SPREAD], step, rank, quiet=True)
+                mine = [f for f in mine if f.code not in _SPREAD]
+            new = self._first_time(mine, step, rank)
             if self._writer is not None:
                 records.append(step_record(step, rank, n, scalars if rank == 0 else {}, self._lrs(), new))
         if self._writer is not None:
             self._writer.write(records)
 
-    def _first_time(self, found: list[Finding], step: int, rank: int) -> list[Finding]:
+    def _first_time(self, found: list[Finding], step: int, rank: int, quiet: bool = False) -> list[Finding]:
         """The findings of ``found`` that begin something at their (code, where, rank): seen for the first
-        time, or back after they cleared (:class:`~inspector.utils.findings.Episodes`)."""
+        time, or back after they cleared (:class:`~inspector.utils.findings.Episodes`); ``quiet``: only
+        noted as seen."""
         place = rank if self.world > 1 else 0
         fresh = group_findings((step, place, f) for f in found)  # one per (code, where) in this step
         new = []
         for _, _, f in self._episodes.starts((step, place, f) for _, _, f in fresh.values()):
+            if quiet:
+                continue
             new.append(f)
             sf = StepFinding(step, place, f.code, f.severity, f.where, f.message)
             self.findings.append(sf)
@@ -386,7 +452,9 @@ def watch(
             median is a ``loss-spike``), ``recur_after`` (a finding that recurs, such as
             ``exploding-gradient``, ``loss-spike`` and ``nonfinite-*``, is reported again when it comes
             back after this many steps without it), ``capture_bytes``, ``group``, ``distributed``,
-            ``name``, ``note``, ``on_finding`` (called with each new :class:`StepFinding`).
+            ``name``, ``note``, ``timeout`` (seconds a rank waits at each step for the other ranks
+            before it stops naming the rank that is late, failed or out of step), ``on_finding``
+            (called with each new :class:`StepFinding`).
 
     >>> import tempfile, pathlib
     >>> m = nn.Linear(2, 1); opt = torch.optim.SGD(m.parameters(), lr=0.1)
@@ -407,7 +475,7 @@ def watch(
         error = exc
         raise
     finally:
-        w.close(completed, error if w._writer is not None else None)
+        w.close(completed, error if w._writer is not None or w.meeting is not None else None)
 
 
 __all__ = ["Watch", "WatchResult", "watch"]

@@ -84,9 +84,12 @@ class Detectors:
 
     def loss(self, value: float, found: Sequence[Finding] = ()) -> list[Finding]:
         """``found`` (this step's other findings) with ``nonfinite-loss`` or ``loss-spike`` for the logged
-        ``value`` added. A spike takes in this step's whole-model ``exploding-gradient``: one cause, one
-        finding. A loss that is zero or negative is not judged."""
+        ``value`` added (not when ``found`` names the forward producer the loss only followed). A spike
+        takes in this step's whole-model ``exploding-gradient``: one cause, one finding. A loss that is
+        zero or negative is not judged."""
         surge, self.surge = self.surge, None
+        if not math.isfinite(value) and any(f.code == "nonfinite-forward" for f in found):
+            return list(found)  # the producer (a module, or the batch) named: the loss only followed it
         if not math.isfinite(value):
             return [*found, Finding(
                 "nonfinite-loss", "error", LOSS_LABEL,

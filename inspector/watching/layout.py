@@ -9,7 +9,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..utils.dtensors import is_dtensor
+from ..utils.dtensors import is_dtensor, splits
 from ..utils.norms import grouped_norms
 from ..utils.wrappers import underlying
 
@@ -147,11 +147,12 @@ ShardKey = tuple[object, tuple[int, ...]]  # (device mesh, the mesh dimensions t
 
 
 def shard_key(t: torch.Tensor | None) -> ShardKey | None:
-    """``(mesh, dims)`` for a DTensor split over mesh dimensions ``dims`` (``Shard`` placements);
-    None for a plain tensor or one that every rank holds whole."""
+    """``(mesh, dims)`` for a DTensor split over mesh dimensions ``dims`` (``Shard`` and
+    ``_StridedShard``, FSDP2 over tensor parallel: :func:`~inspector.utils.dtensors.splits`, the
+    placement test ``check_step`` uses); None for a plain tensor or one that every rank holds whole."""
     if t is None or not is_dtensor(t):
         return None
-    dims = tuple(d for d, p in enumerate(t.placements) if p.is_shard())
+    dims = tuple(d for d, p in enumerate(t.placements) if splits(p))
     return (t.device_mesh, dims) if dims else None
 
 

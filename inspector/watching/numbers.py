@@ -25,6 +25,8 @@ _SCALARS = [
     "checked",
     "shared",
     "loss_logged",
+    "stop",
+    "compute",
 ]
 _MODULE = ["module_grad", "module_param", "module_update", "module_nonfinite"]
 _PARAM = ["param_grad", "has_grad", "param_norm"]
@@ -52,8 +54,10 @@ class Numbers:
     forward: float = NO_PRODUCER
     backward: float = NO_PRODUCER
     checked: float = 0.0  # 1: a check step (parameter norms taken)
-    shared: float = 0.0  # how many findings this rank's own checks made (rank 0's go to every rank)
+    shared: float = 0.0  # how many findings this rank's own checks made (gathered when any rank has one)
     loss_logged: float = 0.0  # 1: a loss was logged (``loss`` NaN then means the loss was NaN)
+    stop: float = 0.0  # 1: this rank asks every rank to stop at this step boundary
+    compute: float = math.nan  # seconds before the step's first collective: batch loading and forward pass
     module_grad: np.ndarray = field(default_factory=lambda: np.zeros(0))
     module_param: np.ndarray = field(default_factory=lambda: np.zeros(0))
     module_update: np.ndarray = field(default_factory=lambda: np.zeros(0))
