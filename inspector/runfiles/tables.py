@@ -238,6 +238,19 @@ def _list_matrix(column: Any, width: int, name: str) -> np.ndarray:
     return out
 
 
+def _list_positions(column: Any) -> tuple[Any, np.ndarray, np.ndarray]:
+    """A list column's values flattened, the row of each value and its place in that row (no Python
+    object per row: a long run's steps would each cost one)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    arr = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+    lengths = pc.list_value_length(arr).fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
+    rows = np.repeat(np.arange(len(arr)), lengths)
+    starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
+    return pc.list_flatten(arr), rows, np.arange(len(rows)) - starts[rows]
+
+
 def _steps_frame(table: Any, meta: RunMeta) -> pd.DataFrame:
     import pyarrow.compute as pc
 
@@ -245,15 +258,24 @@ def _steps_frame(table: Any, meta: RunMeta) -> pd.DataFrame:
     frame["loss_logged"] = pc.is_valid(table.column("loss")).to_numpy(
         zero_copy_only=False
     )  # a NaN loss is logged
-    lrs = table.column("lr").to_pylist()
-    for g in range(max((len(v) for v in lrs if v), default=0)):
-        frame[f"lr_{g}"] = [v[g] if v and g < len(v) else np.nan for v in lrs]
-    names, values = table.column("scalar_names").to_pylist(), table.column("scalar_values").to_pylist()
-    logged: dict[str, list[float]] = {}
-    for i, (ns, vs) in enumerate(zip(names, values, strict=True)):
-        for n, v in zip(ns or [], vs or [], strict=True):
-            logged.setdefault(n, [np.nan] * len(frame))[i] = v
-    for n, col in logged.items():
-        if n not in frame.columns:
-            frame[n] = col
+    n = len(frame)
+    lrs, rows, place = _list_positions(table.column("lr"))
+    lr = lrs.to_numpy(zero_copy_only=False).astype(np.float64)
+    for g in range(int(place.max()) + 1 if place.size else 0):
+        col = np.full(n, np.nan)
+        col[rows[place == g]] = lr[place == g]
+        frame[f"lr_{g}"] = col
+    names, rows, _ = _list_positions(table.column("scalar_names"))
+    values, value_rows, _ = _list_positions(table.column("scalar_values"))
+    if not np.array_equal(rows, value_rows):
+        raise InspectorError("a step's scalar names and values differ in number; the file is damaged")
+    names_np = np.asarray(names.to_pylist(), dtype=object)
+    values_np = values.to_numpy(zero_copy_only=False).astype(np.float64)
+    for name in pd.unique(names_np):  # in order of first appearance; a later value of a step wins
+        if name in frame.columns:
+            continue
+        col = np.full(n, np.nan)
+        hit = names_np == name
+        col[rows[hit]] = values_np[hit]
+        frame[name] = col
     return frame
