@@ -43,14 +43,15 @@ CLIPPED_JS = """
 }
 """
 
-# Axis titles and tick labels of every plotly chart on the page (drawn or not yet scrolled to) that
-# reach outside their chart's own SVG: cut off at the chart's edge.
+# Text of every plotly chart shown (axis titles, tick labels, plan names under the devices, keys) that
+# reaches outside the chart's own SVG: cut off at the chart's edge.
 SVG_CUT_JS = """
 () => {
   const out = [];
   for (const box of document.querySelectorAll('[data-testid="stPlotlyChart"] .svg-container')) {
     const b = box.getBoundingClientRect();
-    for (const t of box.querySelectorAll('.xtitle, .ytitle, .xtick text, .ytick text')) {
+    if (!b.width) continue;  // in a tab not shown
+    for (const t of box.querySelectorAll('text')) {
       const r = t.getBoundingClientRect();
       const outside = r.left < b.left - 1 || r.right > b.right + 1
         || r.bottom > b.bottom + 1 || r.top < b.top - 1;
@@ -59,6 +60,13 @@ SVG_CUT_JS = """
     }
   }
   return out;
+}
+"""
+SHOW_CHARTS_JS = """
+() => {
+  for (const c of document.querySelectorAll('[data-testid="stPlotlyChart"]')) {
+    if (c.offsetWidth) c.scrollIntoView();
+  }
 }
 """
 
@@ -141,13 +149,13 @@ def test_the_first_screen_fits_and_reads(site, wait_for_app, name, address):
     raw = sorted({m.group() for m in RAW_NUMBER.finditer(text)})
     assert not raw, f"{name}: numbers of 7+ digits without separators: {raw[:8]}"
     if name == "device-map":
-        for tab in ("Bytes per device", "Treemap"):  # each tab's charts drawn, then their labels checked
-            if page.get_by_role("tab", name=tab).count():
-                page.get_by_role("tab", name=tab).first.click()
-                page.wait_for_timeout(500)
-        page.locator('[data-testid="stPlotlyChart"]').last.scroll_into_view_if_needed()
-        page.wait_for_timeout(800)
-        cut = page.evaluate(SVG_CUT_JS)
+        cut = []
+        for tab in ("Treemap", "Bytes per device"):  # each tab's charts drawn, then their labels checked
+            page.get_by_role("tab", name=tab).first.click()
+            page.wait_for_timeout(800)
+            page.evaluate(SHOW_CHARTS_JS)
+            page.wait_for_timeout(500)
+            cut += page.evaluate(SVG_CUT_JS)
         assert not cut, f"device-map: chart labels cut at the chart's edge: {cut[:8]}"
     if name == "training":
         assert "First error: step 29 · nonfinite-forward at 0" in text
