@@ -7,7 +7,7 @@ from typing import Any
 
 import streamlit as st
 
-from inspector.figures import findings_timeline, loss_norm_figure, norm_heatmap
+from inspector.figures import norm_heatmap
 from inspector.utils import grid_frame, markdown_text
 from inspector.watching import finding_counts, first_producer, verdict
 from ui.errors import guarded
@@ -22,13 +22,14 @@ from ui.training import (
     file_key,
     findings_frame,
     findings_layout,
-    main_steps,
+    loss_figure_of,
     modules_at,
     nearest_step,
     norm_grid_of,
     open_run,
     rank_steps,
     readable,
+    timeline_of,
     watch_ranks_part,
 )
 
@@ -102,7 +103,7 @@ def _findings(opened: Opened) -> None:
                "comes back after it cleared counts again):")
     st.dataframe(grid_frame(finding_counts(opened.run)), hide_index=True, width="content")
     first, last = int(opened.run.steps["step"].min()), int(opened.run.steps["step"].max())
-    event = st.plotly_chart(findings_timeline(found, (first, last)), width="stretch", on_select="rerun",
+    event = st.plotly_chart(timeline_of(opened, opened.key, first, last), width="stretch", on_select="rerun",
                             selection_mode="points", key="train_timeline")
     points = (event.selection.points if event and event.selection else None) or []
     picked = int(points[0]["x"]) if points else None
@@ -165,7 +166,7 @@ def _norms(opened: Opened, rank: int, steps: Any) -> int:
     st.plotly_chart(heat, width="stretch")
     st.caption("One row per module that holds parameters; a module without any (an activation, a gate with "
                "only buffers) has no norm of its own, though a finding may name it.")
-    st.plotly_chart(loss_norm_figure(main_steps(opened)), width="stretch")
+    st.plotly_chart(loss_figure_of(opened, opened.key), width="stretch")
     return step
 
 

@@ -502,3 +502,18 @@ def test_dispatch_in_place_says_so_and_changes_the_model():
         assert d.model is m and d.in_place is True
         assert m[1].weight.device.type == "meta" and hasattr(m[1], "_hf_hook")  # offloaded in place
         assert d.table.set_index("name").at["1.weight", "device"] == "disk"
+
+
+def test_usage_charts_leave_room_for_their_axis_titles():
+    import pandas as pd
+
+    from inspector.figures import usage_bars, usage_side_by_side
+
+    u = pd.DataFrame({"device": [0, "cpu"], "parameter_bytes": [10 * 2**30, 5], "buffer_bytes": [2, 0],
+                      "total_bytes": [10 * 2**30 + 2, 5], "budget_bytes": [20 * 2**30, 50],
+                      "reserved_bytes": [4, 0]})
+    for fig in (usage_bars(u, "plan"), usage_side_by_side(u, u)):
+        # "bytes" beside "10.0 GiB" ticks, and the device title (or the plan row) below the device row:
+        # 5 px of margin put the title's first letters outside the chart at 1400 px
+        assert fig.layout.margin.l >= 60 and fig.layout.margin.b >= 60
+        assert fig.layout.yaxis.title.text == "bytes" and fig.layout.yaxis.automargin

@@ -33,7 +33,8 @@ def _cut_cells(at, whole_tables: bool = True) -> list[str]:
         frame = grid.value
         lines = max(1, (grid.proto.row_height - 10) // LINE_PX) if grid.proto.row_height else 1
         total = 0
-        for col in frame.columns:
+        shown = list(grid.proto.column_order) or [str(c) for c in frame.columns]  # a column hidden: no room
+        for col in [c for c in frame.columns if str(c) in shown]:
             given = config.get(str(col), {})
             width = NAMED.get(given.get("width"), given.get("width"))
             if not isinstance(width, int):
@@ -77,7 +78,20 @@ def test_the_compare_tables_fit(runs):
     assert _cut_cells(at) == []
 
 
-@pytest.mark.parametrize("page", ["3_Device_map.py", "2_Flatten_map.py", "1_Alias_graph.py"])
+@pytest.mark.parametrize("page", ["3_Device_map.py", "2_Flatten_map.py", "1_Alias_graph.py",
+                                  "4_Hook_captures.py"])
 def test_the_model_pages_tables_fit(page):
     at = run_page(page, source="sample:tiny-gpt2")
-    assert _cut_cells(at, whole_tables=False) == []  # a model's wide tables may scroll sideways
+    assert _cut_cells(at) == []
+    assert any(t.label.startswith("More columns") for t in at.toggle)  # each page has a table too wide
+
+
+def test_more_columns_shows_every_column():
+    at = run_page("4_Hook_captures.py", source="sample:tiny-gpt2")
+    stats = next(d for d in at.dataframe if "zero_fraction" in d.value.columns)
+    shown = list(stats.proto.column_order)
+    assert shown[:3] == ["module", "kind", "shape"] and "mutated" not in shown  # 14 columns do not fit
+    at.toggle(key="cap_stats_more").set_value(True).run()
+    stats = next(d for d in at.dataframe if "zero_fraction" in d.value.columns)
+    assert set(stats.proto.column_order) == set(stats.value.columns) - {"path"}  # all but the empty one
+    assert _cut_cells(at, whole_tables=False) == []

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import time
 from pathlib import Path
@@ -144,3 +145,42 @@ def test_one_device_colours_the_tree_by_module_kind(tied):
     assert all(k in legend for k in set(kinds) if len(set(kinds)) <= 12)
     at = AppTest.from_file(APP, default_timeout=120).run()  # the default model, on cpu alone
     assert at.segmented_control(key="home_tree_lens").value == "module kind"
+
+
+def _click(at, monkeypatch, point: dict) -> None:
+    """Run ``at`` as if the browser reported a click on the treemap box ``point`` (what Streamlit's
+    chart sends for a treemap click: the box's label, id, parent and point number)."""
+    from streamlit.proto.WidgetStates_pb2 import WidgetState
+    from streamlit.testing.v1.element_tree import ElementTree
+
+    chart = next(c for c in at.get("plotly_chart") if "home_tree" in c.proto.id)
+    state = WidgetState(id=chart.proto.id, string_value=json.dumps(
+        {"selection": {"points": [point], "point_indices": [point["pointNumber"]], "box": [], "lasso": []}}))
+    plain = ElementTree.get_widget_states
+
+    def with_click(tree):
+        states = plain(tree)
+        states.widgets.append(state)
+        return states
+
+    monkeypatch.setattr(ElementTree, "get_widget_states", with_click)
+    at.run()
+    monkeypatch.setattr(ElementTree, "get_widget_states", plain)
+
+
+def test_a_click_on_a_box_picks_its_module(monkeypatch):
+    at = AppTest.from_file(APP, default_timeout=120).run()
+    at.text_input(key="home_tree_search").input("wte").run()  # a search the click's module is not in
+    assert "transformer.h.0.mlp" not in at.selectbox(key="home_tree_module").options
+    fig = next(c for c in at.get("plotly_chart") if "home_tree" in c.proto.id)
+    number = json.loads(fig.proto.spec)["data"][0]["ids"].index("/transformer.h.0.mlp")
+    _click(at, monkeypatch, {"label": "mlp", "id": "/transformer.h.0.mlp", "parent": "/transformer.h.0",
+                             "pointNumber": number})
+    assert not at.exception
+    assert at.selectbox(key="home_tree_module").value == "transformer.h.0.mlp"
+    assert at.text_input(key="home_tree_search").value == ""  # emptied: it would hide the module
+    table = next(df.value for df in at.dataframe if "badges" in df.value.columns)
+    assert sorted(table["name"]) == ["transformer.h.0.mlp.c_fc.bias", "transformer.h.0.mlp.c_fc.weight",
+                                     "transformer.h.0.mlp.c_proj.bias", "transformer.h.0.mlp.c_proj.weight"]
+    fig = next(c for c in at.get("plotly_chart") if "home_tree" in c.proto.id)
+    assert json.loads(fig.proto.spec)["data"][0]["level"] == "/transformer.h.0.mlp"  # zoom and picker agree

@@ -20,6 +20,7 @@ MESSAGE_PX = 560   # width of a findings message column
 MAX_WORD_PX = 300  # a narrowed text column keeps room for a word up to this wide (a module name)
 LINE_PX = 21       # one wrapped line of grid text
 TABLE_PX = 940     # a table wider than this (a wide page at 1440 px) hides its right-hand columns
+NAMED_PX = {"small": 75, "medium": 200, "large": 400}  # the grid's named column widths
 
 
 def cell_text(value) -> str:
@@ -142,16 +143,52 @@ def _plain(value, device: bool):
     return value
 
 
-def show_frame(df: pd.DataFrame, column_config: dict | None = None, **kwargs) -> None:
+def show_frame(df: pd.DataFrame, column_config: dict | None = None, *, more_key: str | None = None,
+               first: Sequence[str] = (), **kwargs) -> None:
     """``st.dataframe`` with bytes in binary units, plain cells (:func:`plain_cells`) and every column
-    fitted to its content (see :func:`fit_columns`)."""
+    fitted to its content (see :func:`fit_columns`).
+
+    With ``more_key``, a table wider than ``TABLE_PX`` shows the columns that fit (``first`` ones
+    first, then the frame's order) and a "More columns" toggle (that key) for the rest.
+    """
     kwargs.setdefault("hide_index", True)
     kwargs.setdefault("width", "stretch")
     df = grid_frame(plain_cells(human_bytes(df)))  # names with line breaks or RTL overrides show as escapes
     config = fit_columns(df, column_config)
+    given = list(kwargs.get("column_order") or df.columns)
+    order = fitting_columns(given, config, first) if more_key is not None else given
+    if len(order) < len(given):
+        hidden = [str(c) for c in given if c not in order]
+        names = ", ".join(hidden[:4]) + (", …" if len(hidden) > 4 else "")
+        if not st.toggle(f"More columns ({len(hidden)} more: {names})", key=more_key,
+                         help="The table then scrolls sideways."):
+            kwargs["column_order"] = order
+            config = {c: v for c, v in config.items() if c in order}
     if kwargs.get("row_height") is None:
         kwargs["row_height"] = wrap_height(df, config)
     st.dataframe(df, column_config=config, **kwargs)
+
+
+def fitting_columns(columns: Sequence, config: dict, first: Sequence[str] = ()) -> list:
+    """The ``columns`` that fit ``TABLE_PX`` side by side, at the widths of ``config``: the ``first``
+    ones, then the rest in their order, while they fit (the first column always).
+
+    >>> fitting_columns(["a", "b", "c"], {"a": {"width": 500}, "b": {"width": 500}, "c": {"width": 400}},
+    ...                 first=["c"])
+    ['c', 'a']
+    """
+    ranked = [c for c in first if c in columns] + [c for c in columns if c not in first]
+    out, used = [], 0
+    for col in ranked:
+        cfg = config.get(col)
+        width = cfg.get("width") if isinstance(cfg, dict) else None
+        px = NAMED_PX.get(width, width) if isinstance(width, str) else width
+        px = px if isinstance(px, int) else 200
+        if out and used + px > TABLE_PX:
+            continue
+        out.append(col)
+        used += px
+    return out
 
 
 def wrap_height(df: pd.DataFrame, config: dict, max_lines: int = 4) -> int | None:
@@ -216,6 +253,7 @@ def paged_table(df: pd.DataFrame, key: str, *, page_size: int = PAGE_SIZE,
         shown = view = df
         if caption:
             st.caption(caption)
+    dataframe_kwargs.setdefault("more_key", f"{key}_more")
     show_frame(view, **dataframe_kwargs)
     return shown
 

@@ -13,7 +13,14 @@ import streamlit as st
 
 from inspector import format_bytes, run_report
 from inspector.distributed import rank_issues, unique_findings
-from inspector.figures import NormGrid, grad_norm_figure, memory_figure, run_norm_grid
+from inspector.figures import (
+    NormGrid,
+    findings_timeline,
+    grad_norm_figure,
+    loss_norm_figure,
+    memory_figure,
+    run_norm_grid,
+)
 from inspector.utils import InspectorError, grid_frame, markdown_text
 from inspector.watching import (
     MODULE_COLUMNS,
@@ -118,12 +125,27 @@ def norm_grid_of(_opened: Opened, key: tuple[Any, ...], column: str, rank: int) 
     return run_norm_grid(_opened.run, column, rank)
 
 
+@st.cache_resource(show_spinner=False, max_entries=8)
+def loss_figure_of(_opened: Opened, key: tuple[Any, ...]) -> Any:
+    """The loss and global-norm figure of a run, built once per file version (a step picked, a rerun
+    of an unchanged file, reuse it: the figure does not depend on them; ``st.plotly_chart`` copies it)."""
+    return loss_norm_figure(run_main_steps(_opened.run))
+
+
+@st.cache_resource(show_spinner=False, max_entries=8)
+def timeline_of(_opened: Opened, key: tuple[Any, ...], first: int, last: int) -> Any:
+    """The findings timeline of a run over steps ``first``..``last``, built once per file version."""
+    return findings_timeline(findings_frame(_opened.run), (first, last))
+
+
 def clear_cache() -> None:
-    """Forget every run read and grid binned (the next open reads the file again)."""
+    """Forget every run read, grid binned and figure built (the next open reads the file again)."""
     _read_path.clear()
     _read_upload.clear()
     _live.clear()
     norm_grid_of.clear()
+    loss_figure_of.clear()
+    timeline_of.clear()
 
 
 def findings_frame(run: Run) -> pd.DataFrame:

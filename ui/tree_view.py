@@ -3,6 +3,8 @@ searchable, and the selected module's tensors with their badges and the pages th
 
 from __future__ import annotations
 
+from functools import partial
+
 import pandas as pd
 import streamlit as st
 
@@ -63,6 +65,40 @@ def tensor_frame(tree: ModuleTree, module: str) -> pd.DataFrame:
     )
 
 
+def clicked_module(points: list, modules: list[str]) -> str | None:
+    """The module of the box clicked in the treemap (``points``: the chart's selection), or None.
+
+    The point's number indexes ``modules`` (the tree's rows, the order the figure draws them); its
+    id (``"/h.0"``, see :func:`inspector.figures.tree.node_id`) is the fallback.
+
+    >>> clicked_module([{"pointNumber": 1, "id": "/h.0"}], ["", "h.0"]), clicked_module([], ["", "h.0"])
+    ('h.0', None)
+    """
+    if not points:
+        return None
+    point = points[0]
+    number = point.get("pointNumber", point.get("point_number"))
+    if isinstance(number, int) and 0 <= number < len(modules):
+        return modules[number]
+    node = point.get("id")
+    if isinstance(node, str) and node.startswith("/") and node[1:] in modules:
+        return node[1:]
+    return None
+
+
+def _clicked(modules: list[str]) -> None:
+    """A box clicked: its module becomes the module picked (the search is emptied when it would hide it),
+    so the tree's zoom, the picker and the tensor table agree."""
+    event = st.session_state.get("home_tree")
+    picked = clicked_module(list(event.selection.points) if event and event.selection else [], modules)
+    if picked is None:
+        return
+    query = str(st.session_state.get("home_tree_search") or "").strip().lower()
+    if query and query not in picked.lower():
+        st.session_state["home_tree_search"] = ""
+    st.session_state["home_tree_module"] = picked
+
+
 def model_tree_section(loaded) -> None:
     """Draw the model tree: lens, search, module, the treemap, and the module's tensors."""
     st.subheader("Model tree")
@@ -86,13 +122,15 @@ def model_tree_section(loaded) -> None:
              "Nothing captured in this session yet: capture on the Hook captures page."}
     if notes.get(lens):
         st.info(notes[lens])
-    st.plotly_chart(module_tree_figure(tree, lens, focus=focus or ""), key="home_tree")
+    st.plotly_chart(module_tree_figure(tree, lens, focus=focus or ""), key="home_tree",
+                    selection_mode="points", on_select=partial(_clicked, tree.modules["id"].tolist()))
     level = shown_level(tree, focus or "")
     if level != (focus or ""):
         st.caption(f"{markdown_code(focus)} holds no bytes of its own (a tied tensor is counted at its first "
                    f"holder), so the tree opens at {markdown_code(module_label(level))}.")
     st.caption("Area is bytes: each tensor counted once, at the module that holds it first (a tied "
-               "weight's second holder adds nothing). Click a box to go down, the bar above to go back up. "
+               "weight's second holder adds nothing). Click a box to pick its module (the list and the "
+               "tensors below follow) and go down; the bar above goes back up. "
                "Modules without tensors (activations, dropout) have no area; find them with the search.")
     frame = tensor_frame(tree, focus or "")
     st.markdown(f"**Tensors at and below {markdown_code(module_label(focus))}**")

@@ -146,6 +146,9 @@ def placement_treemap(table: pd.DataFrame, max_nodes: int = 400, title: str = ""
     return fig
 
 
+AXIS_ROOM_PX = 64  # left and bottom room for an axis title beside its tick labels (automargin only adds)
+
+
 @escaped_figure
 def usage_bars(usage: pd.DataFrame, title: str = "") -> go.Figure:
     """Parameter and buffer bytes per device, stacked, with the budget marked and room kept free.
@@ -183,7 +186,9 @@ def usage_bars(usage: pd.DataFrame, title: str = "") -> go.Figure:
                     hoverinfo="text+name")
     fig.update_layout(barmode="stack", title=title or None,
                       xaxis_title="device (colour: the device, as in every figure)", xaxis_type="category",
-                      height=360, margin=dict(t=40 if title else 10, l=5, r=5, b=5))
+                      height=360, margin=dict(t=40 if title else 10, l=AXIS_ROOM_PX, r=5, b=AXIS_ROOM_PX))
+    fig.update_yaxes(title_standoff=8)
+    fig.update_xaxes(title_standoff=8)
     stacked = usage[["parameter_bytes", "buffer_bytes", "reserved_bytes"]].fillna(0).sum(axis=1)
     return readable(bytes_axis(fig, [*stacked, *budgets]))
 
@@ -215,6 +220,8 @@ def usage_side_by_side(ours: pd.DataFrame, theirs: pd.DataFrame,
                     marker=dict(color=device_colours([dev])[dev], line=dict(color="#333333", width=0.5)),
                     hovertext=[format_bytes(v) for v in values], hoverinfo="text+name")
     fig.update_layout(
-        barmode="group", height=320, legend_title_text="device", margin=dict(t=10, l=5, r=5, b=5)
+        barmode="group", height=320, legend_title_text="device",
+        margin=dict(t=10, l=AXIS_ROOM_PX, r=5, b=AXIS_ROOM_PX),  # two rows of x labels, the bytes title
     )
+    fig.update_yaxes(title_standoff=8)
     return readable(bytes_axis(fig, [v for _, values in per_device.values() for v in values]))

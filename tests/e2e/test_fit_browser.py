@@ -43,6 +43,33 @@ CLIPPED_JS = """
 }
 """
 
+# Text of every plotly chart shown (axis titles, tick labels, plan names under the devices, keys) that
+# reaches outside the chart's own SVG: cut off at the chart's edge.
+SVG_CUT_JS = """
+() => {
+  const out = [];
+  for (const box of document.querySelectorAll('[data-testid="stPlotlyChart"] .svg-container')) {
+    const b = box.getBoundingClientRect();
+    if (!b.width) continue;  // in a tab not shown
+    for (const t of box.querySelectorAll('text')) {
+      const r = t.getBoundingClientRect();
+      const outside = r.left < b.left - 1 || r.right > b.right + 1
+        || r.bottom > b.bottom + 1 || r.top < b.top - 1;
+      const where = `${Math.round(r.left - b.left)}..${Math.round(r.right - b.left)}`;
+      if (r.width && outside) out.push(`${t.textContent.slice(0, 50)}: ${where}`);
+    }
+  }
+  return out;
+}
+"""
+SHOW_CHARTS_JS = """
+() => {
+  for (const c of document.querySelectorAll('[data-testid="stPlotlyChart"]')) {
+    if (c.offsetWidth) c.scrollIntoView();
+  }
+}
+"""
+
 
 def _nan_run(path) -> None:
     """A real watched loop: a Linear whose output turns NaN at step 29 of 40."""
@@ -121,6 +148,15 @@ def test_the_first_screen_fits_and_reads(site, wait_for_app, name, address):
     text = page.locator('[data-testid="stMain"]').inner_text()
     raw = sorted({m.group() for m in RAW_NUMBER.finditer(text)})
     assert not raw, f"{name}: numbers of 7+ digits without separators: {raw[:8]}"
+    if name == "device-map":
+        cut = []
+        for tab in ("Treemap", "Bytes per device"):  # each tab's charts drawn, then their labels checked
+            page.get_by_role("tab", name=tab).first.click()
+            page.wait_for_timeout(800)
+            page.evaluate(SHOW_CHARTS_JS)
+            page.wait_for_timeout(500)
+            cut += page.evaluate(SVG_CUT_JS)
+        assert not cut, f"device-map: chart labels cut at the chart's edge: {cut[:8]}"
     if name == "training":
         assert "First error: step 29 · nonfinite-forward at 0" in text
         page.get_by_role("button", name="Go to step 29").click()
