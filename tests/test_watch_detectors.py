@@ -12,9 +12,8 @@ import torch
 from torch import nn
 
 from inspector import watch
-from inspector.utils.labels import LOSS_LABEL, ROOT_LABEL
-from inspector.watching.detect import NOISE, WARM_UP, Detectors
-from inspector.watching.layout import Layout
+from inspector.utils import LOSS_LABEL, ROOT_LABEL
+from inspector.watching import NOISE, WARM_UP, Detectors, Layout
 
 SPIKY = {"loss-spike", "exploding-gradient"}
 

@@ -21,7 +21,7 @@ def _net() -> nn.Module:
 
 def _merged_worker(rank: int, world: int, port: int, out: str) -> None:
     from inspector import watch
-    from inspector.integrations.session import WatchedTraining
+    from inspector.integrations import WatchedTraining
 
     torch.set_num_threads(1)
     init(rank, world, port)

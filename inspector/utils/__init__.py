@@ -40,14 +40,14 @@ from .findings import (
     group_findings,
     sort_findings,
 )
-from .labels import BATCH_LABEL, ROOT_LABEL, module_label, natural_key
+from .labels import BATCH_LABEL, LOSS_LABEL, ROOT_LABEL, module_label, natural_key
 from .norms import grouped_norms
 from .paths import Kind, confined, file_kind, regular_file
 from .sizes import parse_size
 from .units import format_budget, format_bytes, format_count, format_number, progress_text
 
-__all__ = ["BATCH_LABEL", "CODES", "Episodes", "Finding", "FindingCode", "InspectorError", "Kind",
-           "ROOT_LABEL",
+__all__ = ["BATCH_LABEL", "CODES", "LOSS_LABEL", "Episodes", "Finding", "FindingCode", "InspectorError",
+           "Kind", "ROOT_LABEL",
            "episode_starts", "finding_code", "first_line", "module_label", "natural_key", "recurs",
            "format_budget", "format_bytes", "format_count", "grouped_norms",
            "format_number", "group_findings", "markdown_code", "markdown_text", "parse_size", "plot_text",

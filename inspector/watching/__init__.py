@@ -8,8 +8,10 @@ hands them on) that :func:`read_run` reads, also while it grows; findings (``non
 
 Modules: ``checks``: the checks that follow the loop (gradients cleared, eval mode, frozen and replaced
 parameters, optimizers that do not step, nothing updating, a failed run); ``rows``: one step's numbers as
-the run file's row; ``core``: ``watch``, the context manager around a training loop; ``detect``: findings
-from one step's numbers on the host; ``layout``: which tensors a watch follows; ``live``: a growing
+the run file's row; ``core``: :class:`Watch`, the hooks and the per-step work around a training loop;
+``block``: ``watch``, the context manager that opens and closes it; ``result``: its frozen result;
+``detect``: findings from one step's numbers on the host (:class:`Detectors`, which can replay a run);
+``layout``: which tensors a watch follows; ``live``: a growing
 run file followed, reading only what was appended; ``numbers``: one rank's
 numbers at one step; ``producer``: a copy of the inputs and outputs of the module that first produced a
 NaN/Inf (``inspector.runfiles.captured`` stores and reads it); ``steps``: the per-step work of a watch;
@@ -39,8 +41,12 @@ from ..runfiles import (
 )
 from ..runfiles.captured import captures_path, load_captures, producer_of, read_captures, save_captures
 from ..runfiles.columns import FORMAT, VERSION
-from .core import Watch, WatchResult, watch
+from .block import watch
+from .core import Watch
+from .detect import NOISE, WARM_UP, Detectors
+from .layout import Layout
 from .live import LiveRun
+from .result import WatchResult
 from .summary import (
     Verdict,
     finding_counts,
@@ -72,6 +78,10 @@ __all__ = [
     "schema",
     "synthetic_run",
     "LiveRun",
+    "Detectors",
+    "Layout",
+    "NOISE",
+    "WARM_UP",
     "Watch",
     "WatchResult",
     "watch",

@@ -5,9 +5,7 @@ from __future__ import annotations
 import math
 import os
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -18,7 +16,7 @@ from torch.utils.hooks import RemovableHandle
 
 from ..aliases import compare_ties, snapshot_ties
 from ..capture import Captures
-from ..runfiles import Run, RunMeta, RunWriter, StepFinding, read_run
+from ..runfiles import RunMeta, RunWriter, StepFinding
 from ..sharding.findings import ranks_of
 from ..utils.codes import recurs
 from ..utils.dtensors import is_dtensor
@@ -39,30 +37,15 @@ from .checks import (
 from .detect import Detectors, not_in_optimizer
 from .layout import Layout, current, fused_norms, refresh, to_host
 from .numbers import Numbers
+from .producer import producer_at_forward_end
 from .ranks import ComputeClock, Meeting, RanksApart, gather_numbers, merge_findings, slow_ranks
+from .result import WatchResult
 from .rows import step_record
 from .steps import StepState, nonfinite_findings, transfer_step
-from .tracer import NonfiniteTracer, forward_producer
+from .tracer import NonfiniteTracer
 
 _PRODUCED = ("nonfinite-forward", "nonfinite-backward")
 _SPREAD = ("nonfinite-gradient", "nonfinite-parameter")
-
-
-@dataclass(frozen=True, eq=False)
-class WatchResult:
-    """What a finished :func:`watch` block recorded: ``steps`` written to ``path``, every
-    finding at the step it began (again at each new episode of a code that recurs), and the
-    ``captures`` of the first ``nonfinite-forward`` producer."""
-
-    path: str
-    steps: int
-    findings: list[StepFinding]
-    captures: Captures | None = field(default=None, repr=False)
-    completed: bool = True
-
-    def run(self) -> Run:
-        """The run file, read back (:func:`read_run`)."""
-        return read_run(self.path)
 
 
 class Watch:
@@ -241,24 +224,9 @@ class Watch:
             self.forwards += 1
 
     def _forward_end(self, module: nn.Module, args: Any, output: Any) -> None:
-        tracer = self.tracer
-        if tracer is None or not tracer.keep or not tracer.kept or self.captures is not None:
-            return
-        from ..runfiles.captured import captures_path, save_captures
-        from .producer import capture_producer
-
-        calls, meta = tracer.calls, tracer.meta
-        flags = (
-            to_host([torch.cat([v.reshape(-1) for v in tracer.values])]) if tracer.values else [np.zeros(0)]
-        )
-        producer = forward_producer(calls, meta, flags[0] > 0, self.module_names[0])
-        if producer is not None:
-            self.captures = capture_producer(
-                tracer.kept, producer, self.capture_bytes, self.state.count, self.rank
-            )
-            save_captures(self.captures, captures_path(self.path, self.rank, self.world))
-            tracer.keep = False  # one capture per run: the first producer
-        tracer.kept.clear()
+        if self.tracer is not None and self.captures is None:
+            self.captures = producer_at_forward_end(self.tracer, self.module_names[0], self.capture_bytes,
+                                                    self.state.count, self.rank, self.path, self.world)
 
     # -- one step ----------------------------------------------------------------------------
     def _step_starts(self, optimizer: Any, args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
@@ -424,58 +392,4 @@ class Watch:
         return [float(g.get("lr", math.nan)) for o in self.optimizers for g in o.param_groups]
 
 
-@contextmanager
-def watch(
-    model: nn.Module,
-    optimizer: torch.optim.Optimizer | None = None,
-    path: str | os.PathLike = "run.inspect",
-    **options: Any,
-) -> Iterator[Watch]:
-    """Watch a training loop: every step's numbers go to ``path``, findings name module and step.
-
-    With an optimizer each ``optimizer.step()`` is a step (through its step hooks; a step given a
-    closure is measured when the closure returns); with a list of optimizers, each step of the first
-    (the others' are counted: ``optimizer-not-stepped``); without one, call ``w.step()``. Leaving
-    the block, also on an exception or Ctrl-C, removes every hook and closes the file (an exception
-    is recorded as ``run-failed``); the model and the optimizer are never changed. ``w.result`` is
-    the frozen :class:`WatchResult` afterwards.
-
-    Args:
-        model: the model (DDP / ``torch.compile`` wrappers are seen through).
-        optimizer: its optimizer, a list of optimizers (a GAN's), or None.
-        path: the run file (Arrow; :func:`read_run` reads it, also while it grows).
-        **options: ``every`` (parameter norms, ties, optimizer membership and the distributed
-            checks every Nth step; gradient norms every step), ``nonfinite`` (name the module
-            that produced a NaN/Inf, forward and backward), ``update_ratio`` (keeps a copy of
-            the weights during each check step), ``scaler`` (an AMP ``GradScaler``),
-            ``window``, ``explode_factor``, ``loss_factor`` (a loss over this many times its
-            median is a ``loss-spike``), ``recur_after`` (a finding that recurs, such as
-            ``exploding-gradient``, ``loss-spike`` and ``nonfinite-*``, is reported again when it comes
-            back after this many steps without it), ``capture_bytes``, ``group``, ``distributed``,
-            ``name``, ``note``, ``timeout`` (seconds a rank waits at each step for the other ranks
-            before it stops naming the rank that is late, failed or out of step), ``on_finding``
-            (called with each new :class:`StepFinding`).
-
-    >>> import tempfile, pathlib
-    >>> m = nn.Linear(2, 1); opt = torch.optim.SGD(m.parameters(), lr=0.1)
-    >>> p = pathlib.Path(tempfile.mkdtemp()) / "run.inspect"
-    >>> with watch(m, opt, p) as w:
-    ...     for _ in range(3):
-    ...         m(torch.ones(1, 2)).sum().backward(); opt.step(); opt.zero_grad()
-    >>> w.result.steps, len(read_run(p).steps)
-    (3, 3)
-    """
-    w = Watch(model, optimizer, path, **options)
-    completed, error = False, None
-    try:
-        w.open()
-        yield w
-        completed = True
-    except BaseException as exc:
-        error = exc
-        raise
-    finally:
-        w.close(completed, error if w._writer is not None or w.meeting is not None else None)
-
-
-__all__ = ["Watch", "WatchResult", "watch"]
+__all__ = ["Watch"]

@@ -5,10 +5,13 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+import torch
+
 from ..capture import Captures, Skipped
 from ..runfiles.captured import producer_note
 from ..utils.labels import module_label
-from .tracer import Producer, floating
+from .tracer import NonfiniteTracer, Producer, floating, forward_producer
 
 
 def _copy(value: Any, budget: list[int], module: str, kind: str, skipped: list[Skipped]) -> Any:
@@ -40,3 +43,23 @@ def capture_producer(kept: dict[int, tuple[Any, Any, int]], producer: Producer, 
                     _state={"step": step, "rank": rank},
                     mutations_watched=False)  # one module's input and output, copied once: nothing watched
 
+
+def producer_at_forward_end(tracer: NonfiniteTracer, root: str, max_bytes: int, step: int, rank: int,
+                            path: str, world: int) -> Captures | None:
+    """At the end of a forward pass: the captures of its first NaN/Inf producer (saved next to the run
+    file ``path``), or None; the tracer then keeps no more calls (one capture per run)."""
+    if not tracer.keep or not tracer.kept:
+        return None
+    from ..runfiles.captured import captures_path, save_captures
+    from .layout import to_host
+
+    flags = (to_host([torch.cat([v.reshape(-1) for v in tracer.values])]) if tracer.values
+             else [np.zeros(0)])
+    producer = forward_producer(tracer.calls, tracer.meta, flags[0] > 0, root)
+    captures = None
+    if producer is not None:
+        captures = capture_producer(tracer.kept, producer, max_bytes, step, rank)
+        save_captures(captures, captures_path(path, rank, world))
+        tracer.keep = False
+    tracer.kept.clear()
+    return captures

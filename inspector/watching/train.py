@@ -11,7 +11,8 @@ from torch import nn
 
 from ..loading.models import call_model, to_device
 from ..utils.findings import InspectorError
-from .core import WatchResult, watch
+from .block import watch
+from .result import WatchResult
 
 OPTIMIZERS: dict[str, Callable[..., torch.optim.Optimizer]] = {
     "sgd": torch.optim.SGD, "adam": torch.optim.Adam, "adamw": torch.optim.AdamW,
