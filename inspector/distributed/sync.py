@@ -17,17 +17,10 @@ from typing import Any, NoReturn
 
 import torch.distributed as dist
 
+from ..utils.dtensors import default_store
 from ..utils.findings import InspectorError
 
 _calls: dict[str, int] = {}   # group tag -> calls this process made on that group
-
-
-def _store() -> Any:
-    getter = getattr(dist.distributed_c10d, "_get_default_store", None)
-    try:
-        return getter() if getter is not None else None
-    except (RuntimeError, ValueError):
-        return None
 
 
 def _tag(group: Any) -> str:
@@ -77,7 +70,7 @@ def agree(group: Any, rank: int, world: int, fingerprint: dict[str, int], timeou
         InspectorError: a rank did not arrive in time (named, with the last call it made), or a
             rank arrived with another step or tensor count.
     """
-    store = _store()
+    store = default_store()
     if world == 1 or store is None:
         return
     tag, call = _tag(group), fingerprint["call"]

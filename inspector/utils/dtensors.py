@@ -268,3 +268,16 @@ def rank_coordinates(mesh: Any) -> list[tuple[int, list[int]]]:
     return [
         (int(r), [int(c) for c in np.unravel_index(flat, tuple(mesh.shape))]) for flat, r in enumerate(ranks)
     ]
+
+
+def default_store() -> Any:
+    """The default process group's key-value store (None without one, or where torch keeps it out of
+    reach): what the ranks meet through, outside the collectives."""
+    import torch.distributed as dist
+
+    getter = getattr(dist.distributed_c10d, "_get_default_store", None)
+    try:
+        return getter() if getter is not None else None
+    except (RuntimeError, ValueError):
+        return None
+

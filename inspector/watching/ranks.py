@@ -27,6 +27,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
+from ..utils.dtensors import default_store
 from ..utils.findings import Finding, InspectorError
 from ..utils.labels import ROOT_LABEL
 from .layout import Layout
@@ -44,15 +45,6 @@ class RanksApart(InspectorError):
         super().__init__(message)
         self.ranks, self.findings = ranks, findings
         self.finding: Any = None  # the StepFinding of the first rank named, set where it is recorded
-
-
-def _store() -> Any:
-    """The process group's key-value store (None where torch keeps it out of reach)."""
-    getter = getattr(dist.distributed_c10d, "_get_default_store", None)
-    try:
-        return getter() if getter is not None else None
-    except (RuntimeError, ValueError):
-        return None
 
 
 def _group_tag(group: Any) -> str:
@@ -74,7 +66,7 @@ class Meeting:
 
     def __init__(self, group: Any, rank: int, world: int, timeout: float) -> None:
         self.rank, self.world, self.timeout = rank, world, timeout
-        self.store = _store() if world > 1 else None
+        self.store = default_store() if world > 1 else None
         self.tag = ""
         self.last = -1
         if self.store is not None:
