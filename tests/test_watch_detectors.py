@@ -216,7 +216,20 @@ def test_one_module_out_of_line_and_every_module_at_once():
     # the 5 steps after it are not judged (the large update settles); the 6th is
     for _ in range(5):
         assert _grads(d, [100, 1, 1, 1]) == []
+    for _ in range(3):  # back to 1 for SUDDEN steps: 100 is then a jump again
+        assert _grads(d, [1, 1, 1, 1]) == []
     assert _where(_grads(d, [100, 1, 1, 1])) == [("exploding-gradient", "m0")]
+
+
+def test_a_gradient_that_grows_step_by_step_is_not_a_jump():
+    """m0 grows 1.5x a step from 1 (an attention's key, near 0 at first): at step 16 it is 1.5^6 = 11x its
+    median of 1, over log 8, but never more than sqrt(8) = 2.8x the largest of its last 3 steps: silent."""
+    d = _detectors(2)
+    for _ in range(10):
+        assert _grads(d, [1, 1]) == []
+    for k in range(1, 9):
+        assert _grads(d, [1.5 ** k, 1]) == []
+    assert _where(_grads(d, [1.5 ** 8 * 10, 1])) == [("exploding-gradient", "m0")]  # then a jump
 
 
 def test_every_module_at_once_with_one_far_out_of_line():
@@ -258,3 +271,13 @@ def test_the_median_module_grown_is_the_whole_model_even_when_few_pass_their_noi
     found = _grads(d, [20, 20, 20, 20])
     assert _where(found) == [("exploding-gradient", ROOT_LABEL)]
     assert found[0].message.startswith("the modules' gradients grew about 20x at once (2 of 4 modules over")
+
+
+def test_a_jump_in_a_module_that_holds_almost_none_of_the_gradient_is_left_alone():
+    """m0 jumps 20x in one step. From 1e-4 to 2e-3 beside m1 at 1 it holds 0.2% of the step's gradient
+    norm, under SHARE (1%): silent. From 1e-3 to 2e-2 it holds 2%: named."""
+    for base, named in ((1e-4, False), (1e-3, True)):
+        d = _detectors(2)
+        for _ in range(10):
+            assert _grads(d, [base, 1]) == []
+        assert _where(_grads(d, [20 * base, 1])) == ([("exploding-gradient", "m0")] if named else [])

@@ -46,6 +46,8 @@ def _excess(past: np.ndarray, now: np.ndarray, factor: float) -> tuple[np.ndarra
     return excess, np.maximum(math.log(factor), NOISE * mad), median
 
 
+SHARE = 0.01  # the least part of a step's gradient norm a module must hold to be exploding alone
+SUDDEN = 3  # steps a module's gradient must jump over at once to be out of line on its own
 SETTLED, CUT_AFTER = 20, 2  # a gradient seen this many steps in a row, then missing this many: cut off
 
 class Detectors:
@@ -73,6 +75,7 @@ class Detectors:
         self.window = window
         self.explode_factor = explode_factor
         self.loss_factor = loss_factor
+        self.jump = np.zeros(len(layout.modules))  # log growth over the largest of the last SUDDEN steps
         self.dead = np.zeros(len(layout.parameters), dtype=np.int64)  # steps in a row without a gradient
         self.streak = np.zeros(len(layout.parameters), dtype=np.int64)  # steps in a row with one
         self.lost = np.zeros(len(layout.parameters), dtype=np.int64)  # the streak the gradient lost
@@ -141,7 +144,11 @@ class Detectors:
         self.surge = None
         self.quiet, self.settling = self.settling > 0, max(self.settling - 1, 0)
         if self.history and not self.quiet:
-            out += self._exploding(now, *_excess(np.stack(self.history), now, self.explode_factor))
+            past = np.stack(self.history)
+            with np.errstate(all="ignore"):  # NaN where a module had no gradient
+                recent = np.nanmax(np.where(np.isfinite(past[-SUDDEN:]), past[-SUDDEN:], -np.inf), axis=0)
+            self.jump = now - recent
+            out += self._exploding(now, *_excess(past, now, self.explode_factor))
         self.history.append(now)
         return out
 
@@ -170,6 +177,15 @@ class Detectors:
             out.append(whole)
             self.surge, self.settling = (whole, every, factor), SETTLE
             over &= excess - common > threshold  # out of line with the rest
+        # one module alone: only a sudden jump (over the square root of explode_factor times its last
+        # SUDDEN steps), not a gradient that grew step by step to many times its early median (an
+        # attention's query and key, near 0 while attention is uniform, then growing for real)
+        over &= ~(self.jump <= math.log(self.explode_factor) / 2)
+        # and one that matters: after the jump it holds at least SHARE of the step's gradient norm (an
+        # attention key's gradient of 7e-4 beside others of 0.1 moves nothing, however much it grew)
+        with np.errstate(all="ignore"):
+            norms = np.where(np.isfinite(now), np.exp(now), 0.0)
+            over &= norms >= SHARE * math.sqrt(float(np.sum(norms * norms)))
         for i in np.flatnonzero(over):
             name = self.layout.modules[i]
             out.append(
