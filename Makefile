@@ -49,5 +49,5 @@ clean:
 
 .PHONY: zoo
 # The bug zoo: planted bugs and healthy loops under the watch, with the baselines (a few minutes, one thread).
-zoo: $(VENV)/.installed
+zoo: $(VENV)/.test-installed
 	$(VENV)/bin/python -m benchmarks.bugzoo --baselines $(ZOO_ARGS)

@@ -132,7 +132,8 @@ def compare_runs(a: Any, b: Any, *, tolerance: float = DEFAULT_TOLERANCE, rank: 
     for j, q in enumerate(quantities):
         known = logged.loc[common].to_numpy(dtype=bool) if q == "loss" else np.ones(len(common), bool)
         out[:, j] = known & (by_step[f"{q}_diff"].to_numpy() > tolerance)
-    modules = [m for m in ra.module_order if m in set(rb.module_order)]
+    in_b = set(rb.module_order)
+    modules = [m for m in ra.module_order if m in in_b]
     diff = _module_diff(ra, rb, rank, common, modules)
     beyond = diff > tolerance
     parted = np.flatnonzero(out.any(axis=1) | beyond.any(axis=1))
@@ -155,16 +156,13 @@ def _module_table(modules: list[str], common: np.ndarray, diff: np.ndarray, beyo
                   first: int | None, parted: np.ndarray) -> pd.DataFrame:
     """Per module (model order): its first step beyond the tolerance, its largest and its first-step
     difference."""
-    rows = []
-    for j, m in enumerate(modules):
-        hits = np.flatnonzero(beyond[:, j])
-        col = diff[:, j]
-        rows.append((m, int(common[hits[0]]) if len(hits) else None,
-                     float(np.max(col)) if len(col) else math.nan,
-                     float(col[parted[0]]) if first is not None else math.nan))
-    table = pd.DataFrame(rows, columns=RUN_MODULE_COLUMNS)
-    table["first_divergence"] = table["first_divergence"].astype("Int64")
-    return table
+    hit = beyond.any(axis=0) if len(common) else np.zeros(len(modules), dtype=bool)
+    firsts = pd.array(np.where(hit, common[beyond.argmax(axis=0)] if len(common) else 0, 0), dtype="Int64")
+    firsts[~hit] = pd.NA
+    largest = diff.max(axis=0) if len(common) else np.full(len(modules), math.nan)
+    at_first = diff[parted[0]] if first is not None else np.full(len(modules), math.nan)
+    return pd.DataFrame(dict(zip(RUN_MODULE_COLUMNS, (modules, firsts, largest.astype(np.float64),
+                                                      at_first.astype(np.float64)), strict=True)))
 
 
 def _findings(ra: Any, rb: Any, sa: pd.DataFrame, sb: pd.DataFrame, modules: list[str], first: int | None,
