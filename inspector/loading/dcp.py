@@ -321,7 +321,7 @@ def _file_size(folder: Path, piece: Piece, sizes: dict[str, int]) -> int:
             )
         try:
             sizes[piece.file] = regular_file(path, f"{folder.name} piece").stat().st_size  # no FIFO
-        except OSError as exc:
+        except (OSError, InspectorError) as exc:
             raise InspectorError(
                 f"{folder.name}: {piece.file} (holding {piece.name}) cannot be read: {exc}"
             ) from None
