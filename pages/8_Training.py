@@ -8,8 +8,8 @@ from typing import Any
 import streamlit as st
 
 from inspector.figures import norm_heatmap
-from inspector.utils import grid_frame, markdown_text
-from inspector.watching import finding_counts, first_producer, verdict
+from inspector.utils import markdown_text
+from inspector.watching import first_producer
 from ui.errors import guarded
 from ui.runs import overlay_runs, pick_from_folders
 from ui.sidebar import model_picker
@@ -20,8 +20,6 @@ from ui.training import (
     column_label,
     distributed_part,
     file_key,
-    findings_frame,
-    findings_layout,
     loss_figure_of,
     modules_at,
     nearest_step,
@@ -29,9 +27,9 @@ from ui.training import (
     open_run,
     rank_steps,
     readable,
-    timeline_of,
     watch_ranks_part,
 )
+from ui.training_findings import show_findings, show_verdict
 
 REFRESH_S = 3
 
@@ -74,55 +72,6 @@ def _source() -> tuple[Any, str, bool]:
     return upload, path, follow
 
 
-def _go_to(step: int) -> None:
-    st.session_state["train_latest"] = False
-    st.session_state["train_step"] = int(step)
-
-
-def _verdict(opened: Opened) -> None:
-    """The answer first: the run's first error (step, module, what happened) and a button to its step."""
-    v = verdict(opened.run)
-    with st.container(border=True, key="train_verdict"):
-        if v.first is None:
-            icon = ":material/warning:" if v.counts["warning"] else ":material/check_circle:"
-            st.markdown(f"{icon} {markdown_text(v.line())}")
-            return
-        left, right = st.columns([6, 1], vertical_alignment="center")
-        left.markdown(f":red[:material/error: **{markdown_text(v.line())}**]")
-        right.button(f"Go to step {v.first.step:,}", key="train_verdict_go", on_click=_go_to,
-                     args=(v.first.step,), type="primary")
-
-
-def _findings(opened: Opened) -> None:
-    found = findings_frame(opened.run)
-    st.subheader("Findings")
-    if not len(found):
-        st.success("No findings: nothing went wrong at any recorded step.")
-        return
-    st.caption("How often each kind of finding began (a loss spike, a gradient explosion or a NaN/Inf that "
-               "comes back after it cleared counts again):")
-    st.dataframe(grid_frame(finding_counts(opened.run)), hide_index=True, width="content")
-    first, last = int(opened.run.steps["step"].min()), int(opened.run.steps["step"].max())
-    event = st.plotly_chart(timeline_of(opened, opened.key, first, last), width="stretch", on_select="rerun",
-                            selection_mode="points", key="train_timeline")
-    points = (event.selection.points if event and event.selection else None) or []
-    picked = int(points[0]["x"]) if points else None
-    if picked is not None and st.session_state.get("train_timeline_applied") != picked:
-        st.session_state["train_timeline_applied"] = picked
-        _go_to(picked)
-    labels = [
-        f"step {s} · {c} · {w}" for s, c, w in zip(found["step"], found["code"], found["where"], strict=True)
-    ]
-    choice = st.selectbox("Go to the step of a finding", range(len(found)), index=None, key="train_jump",
-                          format_func=lambda i: labels[i], placeholder="a finding…")
-    if choice is not None and st.session_state.get("train_jump_applied") != choice:
-        st.session_state["train_jump_applied"] = choice
-        _go_to(int(found["step"].iloc[choice]))
-    if opened.run.world_size == 1:
-        found = found.drop(columns=["rank"])  # one rank: the column says nothing
-    paged_table(found, "train_findings", page_size=20, **findings_layout(found))
-
-
 def _overview(opened: Opened) -> tuple[int, Any]:
     """Which rank, the run in numbers, and its findings; returns the rank and its steps."""
     run = opened.run
@@ -138,7 +87,7 @@ def _overview(opened: Opened) -> tuple[int, Any]:
     state = ("Complete: the run ended and closed its file; the page no longer follows it." if run.complete
              else "Still being written (or its writer stopped): every complete step is shown.")
     st.caption(f"{state} Read {markdown_text(run.path)}.")
-    _findings(opened)
+    show_findings(opened)
     return rank, steps
 
 
@@ -173,7 +122,7 @@ def _norms(opened: Opened, rank: int, steps: Any) -> int:
 def _show(opened: Opened) -> None:
     """Everything about one opened run."""
     run = opened.run
-    _verdict(opened)
+    show_verdict(opened)
     rank, steps = _overview(opened)
     step = _norms(opened, rank, steps)
     st.subheader(f"Modules at step {step:,}")

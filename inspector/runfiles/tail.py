@@ -70,7 +70,7 @@ def scan(buf: Any, schema: Any = None, meta: Any = None, *, name: str = "run fil
     out = Scanned(schema, meta)
     try:
         if schema is None:
-            got = _message(view, 0, name)
+            got = message_at(view, 0, name)
             if got is None or got[0] + got[2] > len(view):
                 out.need = 8 if got is None else got[0] + got[2]
                 return out
@@ -87,7 +87,7 @@ def scan(buf: Any, schema: Any = None, meta: Any = None, *, name: str = "run fil
             check_schema(out.schema, out.meta.kind, name)
             out.end = size
         while not header_only and len(out.batches) < limit:
-            got = _message(view, out.end, name)
+            got = message_at(view, out.end, name)
             if got is None:
                 out.need = 8 if len(view) > out.end else 0
                 break
@@ -115,7 +115,7 @@ def scan(buf: Any, schema: Any = None, meta: Any = None, *, name: str = "run fil
     return out
 
 
-def _message(view: memoryview, at: int, name: str) -> tuple[int, str, int, Any, bytes] | None:
+def message_at(view: memoryview, at: int, name: str) -> tuple[int, str, int, Any, bytes] | None:
     """``(size of prefix and header, type, body length, header table, header bytes)`` of the message at
     ``at``; None when its prefix is not whole; the header is not parsed (type ``"?"``) when it is not
     whole."""

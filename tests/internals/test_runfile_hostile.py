@@ -29,7 +29,7 @@ from hypothesis import strategies as st
 from inspector.runfiles import META_KEY, RunMeta, RunWriter, StepRecord, schema
 from inspector.runfiles.columns import file_schema, record_batch
 from inspector.runfiles.guard import MAX_LRS
-from inspector.runfiles.tail import SMALL, _message
+from inspector.runfiles.tail import SMALL, message_at
 from inspector.runfolders import describe, list_runs
 from inspector.utils.findings import InspectorError
 from inspector.watching import LiveRun, parse_run_bytes, read_run
@@ -70,7 +70,7 @@ def _messages(data: bytes) -> list[tuple[int, int, int]]:
     """``(offset, prefix and header bytes, body bytes)`` of each message of a good file."""
     out, at, view = [], 0, memoryview(data)
     while at < len(data):
-        size, kind, body = _message(view, at, "x")[:3]
+        size, kind, body = message_at(view, at, "x")[:3]
         if kind == "end":
             break
         out.append((at, size, body))
