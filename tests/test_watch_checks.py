@@ -275,6 +275,30 @@ def test_head_replaced_mid_run_is_named(tmp_path):
     assert "1 module(s) (head)" in w.findings[0].message
 
 
+def test_a_parent_replaced_above_the_owner_is_followed(tmp_path):
+    # the parameters' owner (body.0) stays at its path's end; its parent (body) is swapped
+    torch.manual_seed(0)
+    model = nn.Sequential()
+    model.body = nn.Sequential(nn.Linear(4, 8), nn.Tanh())
+    model.head = nn.Linear(8, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    xs, ys = _data(8)
+    with watch(model, opt, tmp_path / "r.inspect") as w:
+        for s in range(8):
+            if s == 3:
+                model.body = nn.Sequential(nn.Linear(4, 8), nn.Tanh())  # not in the optimizer
+            nn.functional.mse_loss(model(xs[s]), ys[s]).backward()
+            opt.step()
+            opt.zero_grad()
+    assert _found(w) == [(3, "parameters-replaced", "body.0.weight")]
+    run = read_run(tmp_path / "r.inspect")
+    _, norms = run.matrix("param_norm")
+    body = run.meta.modules.index("body.0")
+    expected = float(torch.linalg.vector_norm(torch.cat([model.body[0].weight.reshape(-1),
+                                                         model.body[0].bias.reshape(-1)])))
+    assert norms[-1, body] == pytest.approx(expected, rel=1e-6)  # the new module's, read after the swap
+
+
 def test_load_state_dict_assign_is_one_grouped_finding(tmp_path):
     torch.manual_seed(0)
     model = Small()

@@ -4,6 +4,7 @@ never steps, and a run in which nothing updates."""
 
 from __future__ import annotations
 
+import operator
 import weakref
 from collections.abc import Sequence
 from typing import Any
@@ -61,9 +62,15 @@ class GradientClearing:
         self.after: dict[int, tuple[weakref.ref, int]] = {}  # index -> (the step's gradient, its version)
         self.dirty: dict[int, tuple[weakref.ref, int]] = {}  # added onto: (gradient, version expected next)
         self.hooked: WeakIdKeyDictionary = WeakIdKeyDictionary()  # parameter -> (index, handle)
+        self.attached: list[torch.Tensor | None] = []  # the list last hooked, and which of it trains
+        self.wanted: list[bool] = []
 
     def attach(self, params: list[torch.Tensor | None]) -> None:
         """Hook every parameter of ``params`` not hooked yet (new ones after a replacement included)."""
+        wanted = [p is not None and p.requires_grad for p in params]
+        if wanted == self.wanted and all(map(operator.is_, params, self.attached)):
+            return  # the same parameters, as trainable as at the last call: hooked then
+        self.attached, self.wanted = list(params), wanted
         for i, p in enumerate(params):
             if p is None or not p.requires_grad:
                 continue
@@ -114,6 +121,7 @@ class GradientClearing:
         for _, handle in list(self.hooked.values()):
             handle.remove()
         self.hooked = WeakIdKeyDictionary()
+        self.attached, self.wanted = [], []
 
 
 class TrainingMode:
