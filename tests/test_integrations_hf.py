@@ -100,6 +100,24 @@ def test_watch_trainer_records_the_pre_clip_norm_the_trainer_logs(tmp_path):
     assert no_hooks(model, trainer.optimizer.optimizer)
 
 
+def test_a_callback_added_by_hand_finds_its_trainer_and_records_the_pre_clip_norm(tmp_path):
+    """Trainer(callbacks=[WatchCallback(...)]), no watch_trainer: the default max_grad_norm of 1.0 clips
+    every step (labels around 20 make the gradient norm far above 1), and the run's grad_norm is still
+    the one the Trainer logs, not the 1.0 left after the clip."""
+    model = Tiny()
+    data = [{**r, "labels": r["labels"] + 20} for r in rows(8)]
+    cb = WatchCallback(tmp_path / "hand.inspect", report=None)
+    trainer = transformers.Trainer(model=model, args=args(tmp_path, max_steps=4, max_grad_norm=1.0),
+                                   train_dataset=data, callbacks=[cb])
+    trainer.train()
+    run = read_run(tmp_path / "hand.inspect")
+    logged = [h["grad_norm"] for h in trainer.state.log_history if "grad_norm" in h]
+    assert len(logged) == len(run.steps) == 4 and min(logged) > 5
+    np.testing.assert_allclose(run.steps.grad_norm.to_numpy(), logged, rtol=1e-5)
+    assert cb.trainer is None and "unscale_gradients" not in trainer.accelerator.__dict__  # wrapper gone
+    assert no_hooks(model, trainer.optimizer.optimizer)
+
+
 def test_trainer_stops_on_the_first_error_naming_the_module(tmp_path, capsys):
     model = Tiny()
     # batch 2 (samples 4, 5) holds the Inf: the third update makes lin1.weight non-finite
@@ -111,8 +129,9 @@ def test_trainer_stops_on_the_first_error_naming_the_module(tmp_path, capsys):
     run = read_run(tmp_path / "stop.inspect")
     assert len(run.steps) == 3 and run.complete and not cb.result.completed  # closed, training cut short
     errors = [(f.step, f.code, f.where) for f in run.findings if f.severity == "error"]
-    # every gradient turned NaN at once (the batch; no loss logged at this step), then lin1's weights
-    assert errors[:2] == [(2, "nonfinite-gradient", "(model)"), (2, "nonfinite-parameter", "lin1.weight")]
+    # read before the Trainer's clip (whose NaN norm spreads to every gradient): lin1's gradients alone
+    # (Inf * 0), then lin1's weights after the update
+    assert errors[:2] == [(2, "nonfinite-gradient", "lin1"), (2, "nonfinite-parameter", "lin1.weight")]
     err = capsys.readouterr()
     assert "lin1" in err.err and "training stopped at step 2" in err.out
 

@@ -72,6 +72,19 @@ def _merged_worker(rank: int, world: int, port: int, out: str) -> None:
                 checked.log(loss=loss)
                 opt.step()
                 opt.zero_grad()
+        # 4. check_step alone, the loss given: a NaN in rank 1's batch reaches every rank's gradients through
+        # the reduction, and its file names rank 1 as the finding's rank
+        from inspector.distributed import check_step
+
+        model = nn.parallel.DistributedDataParallel(_net())
+        for step in range(2):
+            x = torch.ones(2, 4)
+            if rank == 1 and step == 1:
+                x[0, 0] = float("nan")
+            loss = model(x).pow(2).mean()
+            loss.backward()
+            check_step(model, step, Path(out) / "check_step.inspect", loss=loss, timeout=60)
+            model.zero_grad()
         (Path(out) / f"merged{rank}.json").write_text(json.dumps({
             "zero": zero, "steps": steps, "printed": [f.line() for f in printed],
             "stopped": session.stop_finding().code}))
@@ -106,6 +119,11 @@ def test_findings_of_every_rank_reach_the_file_and_the_stop_is_taken_together(tm
     assert any(code == "nonfinite-gradient" for _, _, code, _ in found)
     assert {r for _, r, _, _ in found} == {1}
     assert not any("pass loss=" in f.message for f in check.findings)
+
+    alone = read_run(tmp_path / "check_step.inspect")
+    assert alone.kind == "check"
+    assert [(f.step, f.rank, f.code) for f in alone.findings] == [(1, 1, "nonfinite-gradient")]
+    assert "start at the loss of rank 1" in alone.findings[0].message
 
 
 def _failing_worker(rank: int, world: int, port: int, out: str, how: str) -> None:

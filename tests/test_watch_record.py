@@ -290,7 +290,7 @@ def test_a_version_1_file_without_the_check_column_still_reads(tmp_path):
     meta = dataclasses.replace(_meta(), version=1)
     raw = json.loads(meta.to_json())
     del raw["kind"]
-    old = pa.schema([f for f in schema() if f.name != "check"]).with_metadata(
+    old = pa.schema([f for f in schema() if f.name not in ("check", "finding_ranks")]).with_metadata(
         {META_KEY: json.dumps(raw).encode()})
     batch = record_batch([_record(0), _record(1)])
     path = tmp_path / "v1.inspect"
@@ -301,3 +301,27 @@ def test_a_version_1_file_without_the_check_column_still_reads(tmp_path):
     assert run.steps["step"].tolist() == [0, 1] and run.complete
     assert run.matrix()[1][1].tolist() == [1.0, 2.0, 3.0]  # module i at step 1: i + 1
     assert run.table.column("check").null_count == 2
+
+
+def test_check_steps_findings_keep_their_rank_and_a_file_from_before_still_reads(tmp_path):
+    """Each finding of check_step's file carries the rank it is about (its finding_ranks column); a check
+    file written before that column reads, its findings of no rank, and is not appended to."""
+    import pyarrow as pa
+    import torch
+
+    from inspector.distributed import check_step
+
+    model = torch.nn.Linear(2, 1)
+    with torch.no_grad():
+        model.weight[0, 0] = float("nan")
+    path = tmp_path / "new.inspect"
+    check_step(model, 0, path)
+    assert [(f.step, f.rank, f.code) for f in read_run(path).findings] == [(0, 0, "nonfinite-parameter")]
+    with pa.ipc.open_stream(path.read_bytes()) as reader:
+        table = reader.read_all().drop_columns(["finding_ranks"])
+    old = tmp_path / "old.inspect"
+    with open(old, "wb") as fh, pa.ipc.new_stream(fh, table.schema) as writer:
+        writer.write_table(table)
+    assert [(f.step, f.rank, f.code) for f in read_run(old).findings] == [(0, None, "nonfinite-parameter")]
+    with pytest.raises(InspectorError, match="old.inspect exists and is not a check_step run file of this"):
+        check_step(model, 1, old)

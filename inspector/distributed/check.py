@@ -37,6 +37,7 @@ from torch import nn
 
 from ..runfiles import append_check
 from ..runfiles.record import FORMAT, PER_RANK, PER_TENSOR, VERSION
+from ..sharding.findings import ranks_of
 from ..utils.findings import Finding
 from ..utils.process_memory import rss_and_peak as _rss
 from .columns import Gathered, column_findings
@@ -119,7 +120,8 @@ def check_step(model: nn.Module, step: int,
         model: the model of this rank (FSDP2, tensor-parallel, 2-D meshes, DDP or plain).
         step: the training step number, written to the record.
         path: the run file rank 0 appends the step to (the Arrow run file :func:`inspector.watch`
-            writes, one row per step; :func:`inspector.read_run` reads it); None writes nothing.
+            writes, one row per step, each finding with the ranks it is about;
+            :func:`inspector.read_run` reads it); None writes nothing.
         group: the process group to compare over (default: every rank).
         note: free text stored with the record (a run name, a learning rate...).
         far_factor: a rank whose gradient RMS per element is this many times above or below
@@ -157,7 +159,7 @@ def check_step(model: nn.Module, step: int,
 
     result = StepCheck(step, rank, world, record, findings)
     if rank == 0 and path is not None:
-        append_check(path, result.record)
+        append_check(path, result.record, [list(ranks_of(f)) for f in findings])
     return result
 
 

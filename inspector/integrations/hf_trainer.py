@@ -5,16 +5,20 @@ accelerate prepared it (the torch optimizer inside, where the step hooks fire, a
 accelerator's GradScaler under fp16); each optimizer step is a step (so gradient accumulation
 gives one step per update), checked again at ``on_optimizer_step``; the loss the Trainer logs
 goes into the run; the file closes at ``on_train_end``. :func:`watch_trainer` also closes it
-when ``trainer.train()`` raises, and takes each step's gradients once accelerate has unscaled
-them and before it clips them (``max_grad_norm``), so ``grad_norm`` is the pre-clip norm the
-Trainer logs; a ``WatchCallback`` added by hand, which cannot reach the Trainer's accelerator,
-reads the gradients at the optimizer's step, after the clip.
+when ``trainer.train()`` raises. Each step's gradients are taken once accelerate has unscaled them
+and before the Trainer clips them (``max_grad_norm``), so ``grad_norm`` is the pre-clip norm the
+Trainer logs: the accelerator's ``unscale_gradients`` is wrapped from ``on_train_begin`` to
+``on_train_end``. A callback is handed no reference to its Trainer: ``watch_trainer`` gives it one,
+and a ``WatchCallback`` added by hand (``Trainer(callbacks=[...])``, ``add_callback``) finds the
+Trainer calling its ``on_train_begin`` among the few frames above it.
 """
 
 from __future__ import annotations
 
 import functools
 import os
+import sys
+from types import FrameType
 from typing import Any
 
 from transformers import TrainerCallback
@@ -28,7 +32,7 @@ class WatchCallback(TrainerCallback):
 
     def __init__(self, path: str | os.PathLike = "run.inspect", **options: Any) -> None:
         self.session = WatchedTraining(path, **options)
-        self.trainer: Any = None  # set by watch_trainer: its accelerator's unscale is followed
+        self.trainer: Any = None  # set by watch_trainer; otherwise the Trainer calling on_train_begin
         self._unscale: Any = None
 
     @property
@@ -45,14 +49,15 @@ class WatchCallback(TrainerCallback):
                 e.step_offset = int(state.global_step) + 1  # the Trainer counts its steps from 1
         self.session.start(model, optimizer, scaler=scaler,
                            name=getattr(getattr(model, "config", None), "model_type", "") or "")
-        self._follow_unscale()
+        self._unfollow()  # a wrapper left by a train() that raised (no on_train_end) is replaced
+        self._follow_unscale(self.trainer or _calling_trainer())
 
-    def _follow_unscale(self) -> None:
+    def _follow_unscale(self, trainer: Any) -> None:
         """Wrap the accelerator's ``unscale_gradients`` (this instance only, until training ends): the
         Trainer clips right after it, so the step's gradients are read there, before the clip."""
-        accelerator: Any = getattr(self.trainer, "accelerator", None)
+        accelerator: Any = getattr(trainer, "accelerator", None)
         original = getattr(accelerator, "unscale_gradients", None)
-        if original is None or self._unscale is not None:
+        if original is None:
             return
         session = self.session
 
@@ -84,6 +89,30 @@ class WatchCallback(TrainerCallback):
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self._unfollow()
         self.session.finish(completed=not self.session.should_stop)
+
+
+def _calling_trainer(depth: int = 8) -> Any:
+    """The ``transformers.Trainer`` whose callback handler is calling (``Trainer._inner_training_loop``,
+    3 frames above ``on_train_begin``): the first of the ``depth`` frames above the caller whose
+    ``self`` is a Trainer; None when none is (an event called by other code)."""
+    trainer_module = sys.modules.get("transformers.trainer")  # not imported: no Trainer is running
+    cls = getattr(trainer_module, "Trainer", None)
+    if cls is None:
+        return None
+    frame: FrameType | None = sys._getframe(2)  # 1: on_train_begin, 2: the handler's call_event
+    try:
+        for _ in range(depth):
+            if frame is None:
+                return None
+            code = frame.f_code
+            if code.co_argcount and code.co_varnames[0] == "self":  # a method: read only its self
+                owner = frame.f_locals.get("self")
+                if isinstance(owner, cls):
+                    return owner
+            frame = frame.f_back
+        return None
+    finally:
+        del frame  # no reference cycle through the frames
 
 
 def watch_trainer(trainer: Any, path: str | os.PathLike = "run.inspect", **options: Any) -> WatchCallback:

@@ -7,6 +7,7 @@ from typing import Any
 
 import numpy as np
 
+from ..sharding.findings import ranks_of
 from .columns import RunMeta, StepRecord, record_batch, schema
 from .run import DistributedRun
 from .tables import Run, StepFinding, _steps_frame
@@ -16,7 +17,8 @@ def check_as_run(dr: DistributedRun) -> Run:
     """``dr`` as a :class:`Run` of kind ``"check"``: its parameters grouped into their modules, each
     module's gradient norm the global one (as a watch file stores it), one row of ``steps`` per (step,
     rank) whose ``grad_norm`` is the whole model's (as in a watched run; each rank's own pieces' norm
-    is in ``per_rank``), the file's notes (``run-file-truncated``, ``run-file-newer``) among the
+    is in ``per_rank``), each finding with the rank it is about (the first of several, the one at fault;
+    None for the whole world), the file's notes (``run-file-truncated``, ``run-file-newer``) among the
     findings, and ``dr`` kept as ``check_run`` (``per_rank``, ``totals``, ``tensors``, ``backend``
     read it)."""
     first = dr.records[0]
@@ -53,7 +55,9 @@ def check_as_run(dr: DistributedRun) -> Run:
 
     table = (pa.Table.from_batches([record_batch(records, "check")]) if records
              else schema().empty_table())
-    findings = [StepFinding(step, None, f.code, f.severity, f.where, f.message) for step, f in dr.findings]
+    # each finding on the rank it is about (the first of several: the one at fault), as the watch places it
+    findings = [StepFinding(step, (ranks_of(f) or (None,))[0], f.code, f.severity, f.where, f.message)
+                for step, f in dr.findings]
     complete = not any(f.code == "run-file-truncated" for f in findings)
     return Run(dr.path, meta, _steps_frame(table), findings, complete, table, check_run=dr)
 

@@ -10,8 +10,9 @@ complete batch readable (a reader stops at the first incomplete one).
 ``check_step`` writes the same file (``RunMeta.kind`` ``"check"``): one row per step with rank -1 (the
 whole world), the global numbers in the step columns, its findings, and the whole
 :class:`~inspector.runfiles.CheckRecord` (per-tensor and per-rank numbers, replica hashes) in the
-``check`` column (typed by :func:`.record.check_type`); a watch's file has no
-``check`` column (:func:`file_schema`), which reads as null, as in version 1 files.
+``check`` column (typed by :func:`.record.check_type`), and the ranks each finding is about in the
+``finding_ranks`` column; a watch's file has neither column (:func:`file_schema`): they read as null,
+as in version 1 files.
 
 Per step and rank the file holds four numbers per module (gradient norm, parameter norm,
 update-to-weight ratio as float32, non-finite count as int32) and one float32 gradient norm
@@ -32,7 +33,7 @@ from .record import check_type
 
 FORMAT = "inspector-watch"
 VERSION = 2  # 2: the check column and RunMeta.kind (check_step's records)
-OPTIONAL = ("check",)  # columns a version 1 file lacks: read as null
+OPTIONAL = ("check", "finding_ranks")  # only in check_step's files (and not in older ones): read as null
 
 
 @dataclass(frozen=True)
@@ -140,6 +141,7 @@ class StepRecord:
     param_grad_norm: Any = None       # float32, one per parameter
     findings: list[dict[str, str]] = field(default_factory=list)
     check: dict[str, Any] | None = None  # a check_step record (CheckRecord.to_json(), less format/findings)
+    finding_ranks: list[list[int]] | None = None  # check_step: the ranks each finding is about ([]: all)
 
 
 @lru_cache(maxsize=1)
@@ -158,6 +160,7 @@ def schema() -> Any:
         "param_grad_norm": pa.list_(f32),
         "findings": pa.list_(pa.struct([(k, pa.string()) for k in ("code", "severity", "where", "message")])),
         "check": check_type(),
+        "finding_ranks": pa.list_(pa.list_(pa.int32())),
     }
     names = [f.name for f in fields(StepRecord)]
     assert sorted(names) == sorted(types), "StepRecord and the Arrow schema must name the same columns"

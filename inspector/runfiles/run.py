@@ -15,6 +15,7 @@ from typing import Any
 
 import pandas as pd
 
+from ..sharding.findings import about
 from ..utils.findings import Finding, InspectorError, group_findings
 from .guard import regular_fd
 from .record import FORMAT, RANK_NUMBERS, VERSION, CheckRecord
@@ -196,8 +197,9 @@ def check_run_of(stream: RunStream, name: str = "run file") -> DistributedRun:
                              f"the last step of {name} is cut short: the run stopped while writing it. "
                              f"Read {stream.rows} complete steps before it."))
     records = []
+    columns = [c for c in ("check", "findings", "finding_ranks") if c in stream.schema.names]
     for batch in stream.batches:
-        for row in batch.select(["check", "findings"]).to_pylist():
+        for row in batch.select(columns).to_pylist():
             if row["check"] is None:
                 continue
             try:
@@ -206,9 +208,19 @@ def check_run_of(stream: RunStream, name: str = "run file") -> DistributedRun:
             except ValueError as exc:
                 step = row["check"].get("step")
                 raise InspectorError(f"{name}: step {step!r} is damaged ({exc})") from None
+            _with_ranks(records[-1], row.get("finding_ranks"))
     if not records:
         raise InspectorError(f"{name} holds no step records")
     return _run(records, notes, name)
+
+
+def _with_ranks(record: CheckRecord, ranks: list[Any] | None) -> None:
+    """Give each finding of ``record`` the ranks the file says it is about (:func:`about`); ranks
+    outside the world are left out, and a list that does not match the findings one to one is not read."""
+    if not ranks or len(ranks) != len(record.findings):
+        return
+    for f, on in zip(record.findings, ranks, strict=True):
+        about(f, [r for r in on or () if r is not None and 0 <= r < record.world_size])
 
 
 def parse_run(text: str, name: str = "run file") -> DistributedRun:

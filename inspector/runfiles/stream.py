@@ -135,9 +135,12 @@ class RunWriter:
         self.close()
 
 
-def append_check(path: str | os.PathLike, record: dict[str, Any]) -> None:
+def append_check(path: str | os.PathLike, record: dict[str, Any],
+                 ranks: list[list[int]] | None = None) -> None:
     """Append one ``check_step`` record (:meth:`~inspector.runfiles.CheckRecord.to_json`) to the run file
     ``path`` as one row (rank -1: the whole world), flushed at once; the first call makes the file.
+    ``ranks``: the ranks each of the record's findings is about, in its order (``[]`` for the whole
+    world), kept in the ``finding_ranks`` column.
 
     The stream is left open (no end marker), so the next call, in this process or a later one, appends
     to it, as lines were appended to the JSON-lines files of older versions.
@@ -150,7 +153,8 @@ def append_check(path: str | os.PathLike, record: dict[str, Any]) -> None:
     row = StepRecord(step=int(record["step"]), rank=-1, time=float(record.get("time") or 0.0),
                      grad_norm=totals.get("grad_norm"), nonfinite=int(totals.get("nonfinite") or 0),
                      findings=list(record.get("findings") or []),
-                     check={k: v for k, v in record.items() if k not in ("format", "findings")})
+                     check={k: v for k, v in record.items() if k not in ("format", "findings")},
+                     finding_ranks=ranks)
     p = Path(path)
     if p.is_file() and p.stat().st_size:
         _check_file(p)
@@ -172,13 +176,15 @@ def append_check(path: str | os.PathLike, record: dict[str, Any]) -> None:
 
 def _check_file(p: Path) -> None:
     """Raise unless ``p`` is a check_step run file this version appends to."""
-    meta = None
+    meta, names = None, []
     if read_head(p, 4) == STREAM_MAGIC:
         try:
-            meta = read_header(p).meta
+            header = read_header(p)
+            meta, names = header.meta, header.schema.names
         except InspectorError:
             meta = None
-    if meta is None or meta.kind != "check" or meta.version != VERSION:
+    # a file written before the finding_ranks column: a row of this schema cannot follow its rows
+    if meta is None or meta.kind != "check" or meta.version != VERSION or "finding_ranks" not in names:
         raise InspectorError(
             f"{p} exists and is not a check_step run file of this version; give check_step another path "
             "(or remove the file)")
