@@ -294,8 +294,8 @@ def test_a_parent_replaced_above_the_owner_is_followed(tmp_path):
     run = read_run(tmp_path / "r.inspect")
     _, norms = run.matrix("param_norm")
     body = run.meta.modules.index("body.0")
-    expected = float(torch.linalg.vector_norm(torch.cat([model.body[0].weight.reshape(-1),
-                                                         model.body[0].bias.reshape(-1)])))
+    expected = float(torch.linalg.vector_norm(torch.cat([model.body[0].weight.detach().reshape(-1),
+                                                         model.body[0].bias.detach().reshape(-1)])))
     assert norms[-1, body] == pytest.approx(expected, rel=1e-6)  # the new module's, read after the swap
 
 
