@@ -423,3 +423,27 @@ def test_a_gradient_cut_off_after_a_settled_run_is_named_at_once(tmp_path):
     # a gradient at each of steps 0-23, none at 24 and 25: named at 25, not after the 5-step window
     assert _found(w) == [(25, "dead-gradient", "0.weight"), (25, "dead-gradient", "0.bias")]
     assert "at each of the 24 steps before" in w.findings[0].message
+
+
+def test_a_whole_backbone_cut_off_is_one_dead_gradient_finding(tmp_path):
+    # 4 Linear layers (8 parameters) behind a detach() from step 24 on: one finding naming them all,
+    # not eight; the head, which keeps its gradient, is not named
+    torch.manual_seed(0)
+    backbone = nn.Sequential(*[nn.Sequential(nn.Linear(4, 4), nn.Tanh()) for _ in range(4)])
+    model = nn.Sequential(backbone, nn.Linear(4, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    xs, ys = _data(30)
+    with watch(model, opt, tmp_path / "r.inspect") as w:
+        for s in range(30):
+            h = backbone(xs[s])
+            if s >= 24:
+                h = h.detach()
+            (model[1](h) - ys[s]).pow(2).mean().backward()
+            opt.step()
+            opt.zero_grad()
+    assert _found(w) == [(25, "dead-gradient", "0.0.0.weight")]
+    message = w.findings[0].message
+    assert message.startswith("8 parameters of 4 module(s) (0.0.0, 0.1.0, 0.2.0 and 1 more) each had a gradient")
+    assert "cut them off" in message
+    run = read_run(tmp_path / "r.inspect")
+    assert [(f.step, f.code, f.where) for f in run.findings] == [(25, "dead-gradient", "0.0.0.weight")]

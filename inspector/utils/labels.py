@@ -5,6 +5,7 @@ logged for it; and the one order of names that reads their numbers as numbers (`
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 
 ROOT_LABEL = "(model)"  # the root module, and the tensors held by the model itself
 BATCH_LABEL = "(batch)"  # the inputs given to the model's forward
@@ -18,6 +19,12 @@ def module_label(name: str) -> str:
     ('(model)', 'fc')
     """
     return name or ROOT_LABEL
+
+
+def listed(names: Sequence[str], most: int = 3) -> str:
+    """The first ``most`` of ``names`` as labels, and how many more: ``"a, b, c and 4 more"``."""
+    shown = ", ".join(module_label(n) for n in names[:most])
+    return shown + (f" and {len(names) - most} more" if len(names) > most else "")
 
 
 def natural_key(name: str) -> list[tuple[int, int | str]]:

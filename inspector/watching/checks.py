@@ -16,7 +16,7 @@ from torch.utils.hooks import RemovableHandle
 from torch.utils.weak import WeakIdKeyDictionary
 
 from ..utils.findings import Finding, InspectorError
-from ..utils.labels import ROOT_LABEL, module_label
+from ..utils.labels import ROOT_LABEL, listed, module_label
 
 MODE_DEPENDENT = (nn.modules.batchnorm._BatchNorm, nn.modules.instancenorm._InstanceNorm,
                   nn.modules.dropout._DropoutNd, nn.AlphaDropout, nn.FeatureAlphaDropout)
@@ -37,11 +37,6 @@ def optimizer_list(optimizer: Optimizers) -> list[torch.optim.Optimizer]:
     if not found:
         raise InspectorError("watch was given an empty list of optimizers: give one, a list, or None")
     return [o for o in found if isinstance(o, torch.optim.Optimizer)]
-
-
-def _listed(names: Sequence[str], most: int = 3) -> str:
-    shown = ", ".join(module_label(n) for n in names[:most])
-    return shown + (f" and {len(names) - most} more" if len(names) > most else "")
 
 
 class GradientClearing:
@@ -113,7 +108,7 @@ class GradientClearing:
         if not found:
             return []
         return [Finding("gradient-not-cleared", "error", found[0],
-                        f"the gradients of {len(found)} parameter(s) ({_listed(found)}) were not cleared "
+                        f"the gradients of {len(found)} parameter(s) ({listed(found)}) were not cleared "
                         "after the last step: this step's gradient was added to the old one. Call "
                         "optimizer.zero_grad() (or model.zero_grad()) once per step")]
 
@@ -147,11 +142,11 @@ class TrainingMode:
         if not self.root.training:
             return [Finding("eval-mode-module", "warning", ROOT_LABEL,
                             f"the model is in eval mode while it trains: its {len(seen)} "
-                            f"{'/'.join(kinds)} module(s) ({_listed(seen)}) use running statistics or drop "
+                            f"{'/'.join(kinds)} module(s) ({listed(seen)}) use running statistics or drop "
                             "nothing. Call model.train() before the training loop (and after each "
                             "validation pass)")]
         return [Finding("eval-mode-module", "warning", seen[0],
-                        f"{_listed(seen)} ({'/'.join(kinds)}) ran in eval mode while the model trains: "
+                        f"{listed(seen)} ({'/'.join(kinds)}) ran in eval mode while the model trains: "
                         "a BatchNorm then neither uses the batch's statistics nor updates its running "
                         "ones, a Dropout drops nothing. Set .train() on it, or freeze its part on purpose")]
 
@@ -176,7 +171,7 @@ def frozen_findings(root: nn.Module) -> list[Finding]:
     names = list(frozen)
     return [Finding("frozen-parameters", "info", module_label(names[0]),
                     f"{sum(frozen.values()):,} parameter elements in {len(names)} module(s) "
-                    f"({_listed(names)}) do not require grad: they are frozen and not watched")]
+                    f"({listed(names)}) do not require grad: they are frozen and not watched")]
 
 
 def replaced_findings(found: list[Finding], step: int) -> list[Finding]:
@@ -188,7 +183,7 @@ def replaced_findings(found: list[Finding], step: int) -> list[Finding]:
     names = [f.where for f in missing]
     modules = list(dict.fromkeys(n.rpartition(".")[0] for n in names))
     grouped = Finding("parameters-replaced", "error", names[0],
-                      f"{len(names)} parameters of {len(modules)} module(s) ({_listed(modules)}) are now "
+                      f"{len(names)} parameters of {len(modules)} module(s) ({listed(modules)}) are now "
                       "tensors that no param group of the optimizer holds: they were replaced "
                       "(load_state_dict(assign=True), .to(), a module swapped in) and never change from "
                       "here. Rebuild the optimizer from model.parameters() after the change")
@@ -276,7 +271,7 @@ class OptimizerSteps:
                 what = "has not stepped once" if never else f"has not stepped for {quiet} steps"
                 out.append(Finding("optimizer-not-stepped", "error", names[0] if names else ROOT_LABEL,
                                    f"optimizer {i} ({type(self.optimizers[i]).__name__}, holding "
-                                   f"{len(names)} parameters of {_listed(modules)}) {what} while optimizer 0 "
+                                   f"{len(names)} parameters of {listed(modules)}) {what} while optimizer 0 "
                                    "stepped: its parameters do not train. Call its step() in the loop"))
         return out
 
@@ -317,9 +312,9 @@ def nonfinite_gradients(counts: np.ndarray, modules: tuple[str, ...], found: lis
                         "pass turned non-finite. Log the loss (w.log(loss=...)) or watch with "
                         "nonfinite=True to name the module that produced it")]
     last = module_label(modules[int(bad[-1])])
-    listed = _listed([modules[i] for i in bad])
+    names = listed([modules[i] for i in bad])
     return [Finding("nonfinite-gradient", "error", last,
-                    f"the gradients of {len(bad)} module(s) up to {last} ({listed}) hold NaN/Inf ({total:,} "
+                    f"the gradients of {len(bad)} module(s) up to {last} ({names}) hold NaN/Inf ({total:,} "
                     f"elements) while the modules after it are finite: the backward of {last}, or of the "
                     "module just after it, made them. Watch with nonfinite=True to name it")]
 

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from ..utils.findings import Finding
-from ..utils.labels import LOSS_LABEL, ROOT_LABEL, module_label
+from ..utils.labels import LOSS_LABEL, ROOT_LABEL, listed, module_label
 from .layout import Layout
 
 # Measured on 160 healthy runs of 200 steps (an MLP and a CNN with BatchNorm; SGD 0.1 and 0.3, Adam 1e-3
@@ -49,6 +49,7 @@ def _excess(past: np.ndarray, now: np.ndarray, factor: float) -> tuple[np.ndarra
 SHARE = 0.01  # the least part of a step's gradient norm a module must hold to be exploding alone
 SUDDEN = 3  # steps a module's gradient must jump over at once to be out of line on its own
 SETTLED, CUT_AFTER = 20, 2  # a gradient seen this many steps in a row, then missing this many: cut off
+GROUP_OVER = 4  # more parameters than this going dead at one step are one dead-gradient finding
 
 class Detectors:
     """State kept across steps for the findings that need a history.
@@ -131,15 +132,9 @@ class Detectors:
         self.streak = np.where(zero, 0, self.streak + 1)
         self.dead = np.where(zero, self.dead + 1, 0)
         cut = (self.dead == CUT_AFTER) & (self.lost >= SETTLED) & (self.window > CUT_AFTER)
-        for i in np.flatnonzero((self.dead == self.window) | cut):
-            name = self.layout.parameters[i]
-            why = (f"had a gradient at each of the {int(self.lost[i])} steps before and none, or an all-zero "
-                   f"one, for the last {CUT_AFTER}: something cut it off (a detach(), a frozen path, a "
-                   "branch no longer taken)" if cut[i] else
-                   f"had no gradient, or an all-zero one, for {self.window} steps: it does not take part in "
-                   "the loss (an unused branch, a detach(), a frozen path) or its gradient is killed (dead "
-                   "ReLUs, a zero mask)")
-            out.append(Finding("dead-gradient", "warning", name, f"{name} {why}"))
+        for group in (np.flatnonzero(cut), np.flatnonzero((self.dead == self.window) & ~cut)):
+            out += self._dead([self.layout.parameters[i] for i in group], bool(cut[group].any()) if len(group)
+                              else False, int(self.lost[group].min()) if len(group) else 0)
         now = _log(module_grad)
         self.surge = None
         self.quiet, self.settling = self.settling > 0, max(self.settling - 1, 0)
@@ -151,6 +146,26 @@ class Detectors:
             out += self._exploding(now, *_excess(past, now, self.explode_factor))
         self.history.append(now)
         return out
+
+    def _dead(self, names: list[str], cut: bool, lost: int) -> list[Finding]:
+        """``dead-gradient`` for the parameters ``names`` whose gradient went missing this step: one finding
+        each, or one for them all when they are more than ``GROUP_OVER`` (a detach() or a frozen path
+        takes a whole part of the model at once)."""
+        if not names:
+            return []
+        one = len(names) <= GROUP_OVER
+        why = (f"had a gradient at each of the {lost} steps before and none, or an all-zero one, for the "
+               f"last {CUT_AFTER}: something cut {'it' if one else 'them'} off (a detach(), a frozen path, a "
+               "branch no longer taken)" if cut else
+               f"had no gradient, or an all-zero one, for {self.window} steps: "
+               f"{'it does' if one else 'they do'} not take part in the loss (an unused branch, a detach(), a "
+               f"frozen path) or {'its gradient is' if one else 'their gradients are'} killed (dead ReLUs, a "
+               "zero mask)")
+        if one:
+            return [Finding("dead-gradient", "warning", n, f"{n} {why}") for n in names]
+        modules = list(dict.fromkeys(n.rpartition(".")[0] for n in names))
+        return [Finding("dead-gradient", "warning", names[0],
+                        f"{len(names)} parameters of {len(modules)} module(s) ({listed(modules)}) each {why}")]
 
     def _exploding(self, now: np.ndarray, excess: np.ndarray, threshold: np.ndarray,
                    median: np.ndarray) -> list[Finding]:
