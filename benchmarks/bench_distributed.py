@@ -14,9 +14,9 @@ and under DDP), each rank times, interleaved and as medians:
   to show what hashing costs;
 - ``check_step, given norms``: the full check given the local gradient norms the step already
   took (``grad_norms=``, as ``inspector.watch`` passes them), so it does not read the gradients;
-- ``train step, watched``: the training step inside ``inspector.watch(model, optimizer,
-  every=1)`` (its per-step numbers, its findings and ``check_step`` every step), timed after the
-  interleaved rounds, against the plain step's median.
+- ``watched step``: the training step inside ``inspector.watch(model, optimizer, every=1)`` (its
+  per-step numbers, its findings and ``check_step`` every step) and ``every=10``, each against plain
+  steps taken in the same rounds (3 plain steps, then a watch block of 4, repeated).
 
 Rank 0 prints milliseconds (wall clock and this process's CPU time) and the ratios check / train
 step and check / clip_grad_norm_.
@@ -112,7 +112,9 @@ def _bench(
     }
     wall = interleaved(fns, repeats, sync)
     cpu = _cpu_medians(fns, repeats, sync)
-    cpu["train step, watched"] = _watched(model, optimizer, train_step, repeats, sync)
+    for every in (1, 10):
+        paired = _watched(model, optimizer, train_step, repeats, sync, every)
+        cpu[f"paired plain {every}"], cpu[f"watched {every}"] = paired
     return (
         wall
         | {f"cpu {k}": v for k, v in cpu.items()}
@@ -120,23 +122,35 @@ def _bench(
     )
 
 
-def _watched(model, optimizer, train_step, repeats: int, sync) -> float:
-    """Median CPU seconds of the training step inside ``inspector.watch(every=1)``."""
+def _watched(model, optimizer, train_step, repeats: int, sync, every: int = 1) -> tuple[float, float]:
+    """CPU seconds per step, median over rounds, of the plain training step and of the same step inside
+    ``inspector.watch(every=every)``, paired: each round runs 3 plain steps, then opens a watch for
+    ``every`` steps after a first one (which builds what the watch keeps, not timed): one check step in
+    each round's timed steps, so the mean of a round is the cost per step at that ``every``."""
     import statistics
     import tempfile
     import time
 
     from inspector import watch
 
-    times = []
-    with tempfile.TemporaryDirectory() as tmp, watch(model, optimizer, Path(tmp) / "run.inspect", every=1):
-        for k in range(repeats + 3):
-            sync()
+    plain: list[float] = []
+    watched: list[float] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for r in range(repeats):
             t = time.process_time()
-            train_step()
-            if k >= 3:  # the first steps build what the watch keeps
-                times.append(time.process_time() - t)
-    return statistics.median(times)
+            for _ in range(3):
+                sync()
+                train_step()
+            plain.append((time.process_time() - t) / 3)
+            with watch(model, optimizer, Path(tmp) / f"run{r}.inspect", every=every):
+                sync()
+                train_step()
+                t = time.process_time()
+                for _ in range(max(every, 3)):
+                    sync()
+                    train_step()
+                watched.append((time.process_time() - t) / max(every, 3))
+    return statistics.median(plain), statistics.median(watched)
 
 
 def _cpu_medians(fns: dict, repeats: int, sync) -> dict[str, float]:
@@ -190,11 +204,10 @@ def _worker(rank: int, world: int, port: int, args: argparse.Namespace) -> None:
                 given = result["cpu check_step, given norms"]
                 print(f"  by CPU time: check_step given norms / train step {given / cpu_step:7.3f}x "
                       f"({given * 1e3:.3f} ms)")
-                watched = result["cpu train step, watched"]
-                print(
-                    f"  by CPU time: watched step {watched * 1e3:.3f} ms, {watched / cpu_step - 1:+.3f} of "
-                    "the step (the watch's own numbers and check_step every step)"
-                )
+                for every in (1, 10):
+                    plain, watched = result[f"cpu paired plain {every}"], result[f"cpu watched {every}"]
+                    print(f"  by CPU time, paired: watched step (every={every}) {watched * 1e3:.3f} ms "
+                          f"against {plain * 1e3:.3f} ms, {watched / plain:.3f}x (goal <= 1.05x at every=1)")
     finally:
         dist.destroy_process_group()
 

@@ -126,7 +126,7 @@ class InsideClock:
     """CPU seconds spent inside the watch's hooks and inside the export (the steadiest measure on a
     loaded machine): the methods are wrapped for the run, not changed."""
 
-    PARTS = ((Watch, ("_pre_step", "_post_step", "_forward_start")), (WatchedTraining, ("after_step",)))
+    PARTS = ((Watch, ("_pre_step", "_post_step", "_forwarded")), (WatchedTraining, ("after_step",)))
 
     def __init__(self) -> None:
         self.seconds = {"watch": 0.0, "export": 0.0}

@@ -98,7 +98,7 @@ class HookClock:
     """CPU seconds spent inside the watch's own hooks (a second, steadier measure of its cost):
     the methods are wrapped for the run, not changed."""
 
-    WATCH = ("_pre_step", "_post_step", "_forward_start", "_forward_end")
+    WATCH = ("_pre_step", "_post_step", "_forwarded", "_forward_end")
 
     def __init__(self) -> None:
         self.seconds = 0.0

@@ -401,10 +401,14 @@ def test_nonfinite_gradient_without_the_producer_option(tmp_path, plant):
 
     with watch(model, opt, tmp_path / "r.inspect") as w:
         _loop(model, opt, w, before=arm, steps=6, log=False)  # no loss logged: gradients tell alone
+    if plant == "forward":  # the weight written by hand is named at the step that used it, and nothing else
+        assert _found(w)[0] == (4, "nonfinite-parameter", "0.bias")
+        assert "written outside the optimizer" in w.findings[0].message
+        assert not [f for f in _found(w) if f[0] == 4 and f[1] == "nonfinite-gradient"]
+        return
     first = [f for f in _found(w) if f[1] == "nonfinite-gradient"][0]
     # backward: modules 0 and 1.lin get NaN, 3 (after the gate) stays finite -> the boundary is 1.lin
-    assert first == ((4, "nonfinite-gradient", "1.lin") if plant == "backward"
-                     else (4, "nonfinite-gradient", "(model)"))
+    assert first == (4, "nonfinite-gradient", "1.lin")
 
 
 def test_a_gradient_cut_off_after_a_settled_run_is_named_at_once(tmp_path):
@@ -443,7 +447,96 @@ def test_a_whole_backbone_cut_off_is_one_dead_gradient_finding(tmp_path):
             opt.zero_grad()
     assert _found(w) == [(25, "dead-gradient", "0.0.0.weight")]
     message = w.findings[0].message
-    assert message.startswith("8 parameters of 4 module(s) (0.0.0, 0.1.0, 0.2.0 and 1 more) each had a gradient")
+    assert message.startswith("8 parameters of 4 module(s) (0.0.0, 0.1.0, 0.2.0 and 1 more) each had a "
+                              "gradient")
     assert "cut them off" in message
     run = read_run(tmp_path / "r.inspect")
     assert [(f.step, f.code, f.where) for f in run.findings] == [(25, "dead-gradient", "0.0.0.weight")]
+
+
+@pytest.mark.parametrize("how", ["fill", "data"])
+def test_a_weight_written_non_finite_between_steps_is_named_at_the_step_that_used_it(tmp_path, how):
+    # default options: after the step every weight is NaN, so only a read before the step names the cause
+    torch.manual_seed(0)
+    model = Small()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+
+    def corrupt(step):
+        if step == 6:
+            with torch.no_grad():
+                if how == "fill":
+                    model.head.weight.fill_(float("inf"))
+                else:  # a swap of the storage, which keeps the version counter of the new tensor
+                    model.head.weight.data = torch.full_like(model.head.weight, float("nan"))
+
+    with watch(model, opt, tmp_path / "r.inspect") as w:
+        _loop(model, opt, w, before=corrupt, steps=8)
+    errors = [f for f in _found(w, ("error",)) if f[0] == 6]
+    assert errors == [(6, "nonfinite-parameter", "head.weight")]  # the loss and gradients only followed
+    assert "held NaN/Inf when this step began" in w.findings[0].message
+    run = read_run(tmp_path / "r.inspect")
+    assert [(f.step, f.code, f.where) for f in run.findings if f.step == 6] == errors
+
+
+def test_weights_clamped_between_steps_are_read_and_silent(tmp_path):
+    # a WGAN-style clamp after each step writes every weight outside the optimizer: finite, so no finding
+    torch.manual_seed(0)
+    model = Small()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+
+    def clamp(step):
+        with torch.no_grad():
+            for p in model.parameters():
+                p.clamp_(-0.5, 0.5)
+
+    with watch(model, opt, tmp_path / "r.inspect") as w:
+        _loop(model, opt, w, before=clamp)
+    assert [f for f in _found(w) if f[1] != "loss-spike"] == []
+
+
+def test_a_nan_in_the_batch_is_named_with_default_options(tmp_path):
+    # the batch given as keyword arguments (as the Trainer does); the watch reads each floating input's range
+    class ByName(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = Small()
+
+        def forward(self, pixel_values=None, labels=None):
+            return (self.net(pixel_values) - labels).pow(2).mean()
+
+    torch.manual_seed(0)
+    model = ByName()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    xs, ys = _data(8)
+    with watch(model, opt, tmp_path / "r.inspect") as w:
+        for s in range(8):
+            x = xs[s].clone()
+            if s == 5:
+                x[3, 1] = float("nan")
+            loss = model(pixel_values=x, labels=ys[s])
+            loss.backward()
+            w.log(loss=loss)
+            opt.step()
+            opt.zero_grad()
+    errors = [f for f in _found(w, ("error",)) if f[0] <= 5]
+    assert errors[0] == (5, "nonfinite-forward", "(batch)")  # the cause first; the loss is not a second one
+    assert "already holds NaN/Inf" in [f for f in w.findings if f.step == 5][0].message
+    assert {code for _, code, _ in errors[1:]} <= {"nonfinite-parameter"}  # what the step then spread
+
+
+def test_evaluation_batches_are_not_judged(tmp_path):
+    # a NaN in a batch the model sees in eval mode under no_grad is not the training batch
+    torch.manual_seed(0)
+    model = Small()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    bad = torch.full((4, 4), float("nan"))
+
+    def validate(step):
+        model.eval()
+        with torch.no_grad():
+            model(bad)
+        model.train()
+
+    with watch(model, opt, tmp_path / "r.inspect") as w:
+        _loop(model, opt, w, before=validate)
+    assert [f for f in _found(w) if f[1] != "loss-spike"] == []

@@ -294,7 +294,7 @@ def failure_finding(exc: BaseException, step: int) -> Finding:
                    f"{': ' + text[:300] if text else ''}; every step before it is in the file")
 
 
-EXPLAINED = ("nonfinite-forward", "nonfinite-backward", "nonfinite-loss")
+EXPLAINED = ("nonfinite-forward", "nonfinite-backward", "nonfinite-loss", "nonfinite-parameter")
 
 
 def nonfinite_gradients(counts: np.ndarray, modules: tuple[str, ...], found: list[Finding]) -> list[Finding]:

@@ -41,7 +41,7 @@ from .producer import producer_at_forward_end
 from .ranks import ComputeClock, Meeting, RanksApart, gather_numbers, merge_findings, slow_ranks
 from .result import WatchResult
 from .rows import step_record
-from .steps import StepState, nonfinite_findings, transfer_step
+from .steps import StepState, nonfinite_findings, transfer_step, written_findings
 from .tracer import NonfiniteTracer
 
 _PRODUCED = ("nonfinite-forward", "nonfinite-backward")
@@ -151,7 +151,7 @@ class Watch:
             from ..runfiles.captured import remove_captures
 
             remove_captures(self.path, self.rank, self.world)
-        self._handles.append(self.root.register_forward_pre_hook(self._forward_start))
+        self._handles.append(self.root.register_forward_hook(self._forwarded, with_kwargs=True))
         if self.world > 1:  # each rank's own time before the step's first collective (slow-rank)
             self._handles += self.clock.attach(self.model, self.root)
         if self._nonfinite:
@@ -219,9 +219,11 @@ class Watch:
         """The object behind every parameter name, aliases included (read from the owners' registries)."""
         return tuple(id(p) for p in current(self.root, self.alias_names))
 
-    def _forward_start(self, module: nn.Module, args: Any) -> None:
-        if module.training and torch.is_grad_enabled():
+    def _forwarded(self, module: nn.Module, args: Any, kwargs: Any, output: Any) -> None:
+        if module.training and torch.is_grad_enabled():  # a training forward: its batch as the model took it
             self.forwards += 1
+            if self.tracer is None:  # the tracer sees the batch itself
+                self.state.see_batch(args, kwargs)
 
     def _forward_end(self, module: nn.Module, args: Any, output: Any) -> None:
         if self.tracer is not None and self.captures is None:
@@ -342,12 +344,13 @@ class Watch:
 
     def _own(self, n: Numbers) -> list[Finding]:
         """This rank's findings from its own numbers (its batch, loss, gradients, compute time)."""
-        found = nonfinite_findings(n, self.module_names, self.rank, self.world)
+        found = written_findings(self.state, self.layout.parameters)  # before the rest: what they followed
+        found += nonfinite_findings(n, self.module_names, self.rank, self.world)
         found += self.detectors.gradients(n.param_grad, n.has_grad, n.module_grad)
         if n.loss_logged:
             found = self.detectors.loss(float(n.loss), found)
         found += nonfinite_gradients(n.module_nonfinite, self.layout.modules, found)
-        if n.checked:
+        if n.checked and not self.state.written:
             found += self.detectors.parameters(n.param_norm, n.buffer_norm, self.layout.buffers)
         found += self.progress.step(self._lrs(), n.param_norm if n.checked else None, n.param_grad,
                                     n.has_grad, bool(n.skipped), self._held_mask)

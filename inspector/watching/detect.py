@@ -49,6 +49,7 @@ def _excess(past: np.ndarray, now: np.ndarray, factor: float) -> tuple[np.ndarra
 SHARE = 0.01  # the least part of a step's gradient norm a module must hold to be exploding alone
 SUDDEN = 3  # steps a module's gradient must jump over at once to be out of line on its own
 SETTLED, CUT_AFTER = 20, 2  # a gradient seen this many steps in a row, then missing this many: cut off
+NAMED_CAUSE = ("nonfinite-forward", "nonfinite-parameter")  # at the loss's check: a producer already named
 GROUP_OVER = 4  # more parameters than this going dead at one step are one dead-gradient finding
 
 class Detectors:
@@ -92,8 +93,8 @@ class Detectors:
         takes in this step's whole-model ``exploding-gradient``: one cause, one finding. A loss that is
         zero or negative is not judged."""
         surge, self.surge = self.surge, None
-        if not math.isfinite(value) and any(f.code == "nonfinite-forward" for f in found):
-            return list(found)  # the producer (a module, or the batch) named: the loss only followed it
+        if not math.isfinite(value) and any(f.code in NAMED_CAUSE for f in found):
+            return list(found)  # its producer (a module, the batch, a written weight) is named already
         if not math.isfinite(value):
             return [*found, Finding(
                 "nonfinite-loss", "error", LOSS_LABEL,
@@ -158,14 +159,14 @@ class Detectors:
                f"last {CUT_AFTER}: something cut {'it' if one else 'them'} off (a detach(), a frozen path, a "
                "branch no longer taken)" if cut else
                f"had no gradient, or an all-zero one, for {self.window} steps: "
-               f"{'it does' if one else 'they do'} not take part in the loss (an unused branch, a detach(), a "
-               f"frozen path) or {'its gradient is' if one else 'their gradients are'} killed (dead ReLUs, a "
-               "zero mask)")
+               f"{'it does' if one else 'they do'} not take part in the loss (an unused branch, a detach(), "
+               f"a frozen path) or {'its gradient is' if one else 'their gradients are'} killed (dead ReLUs, "
+               "a zero mask)")
         if one:
             return [Finding("dead-gradient", "warning", n, f"{n} {why}") for n in names]
         modules = list(dict.fromkeys(n.rpartition(".")[0] for n in names))
-        return [Finding("dead-gradient", "warning", names[0],
-                        f"{len(names)} parameters of {len(modules)} module(s) ({listed(modules)}) each {why}")]
+        text = f"{len(names)} parameters of {len(modules)} module(s) ({listed(modules)}) each {why}"
+        return [Finding("dead-gradient", "warning", names[0], text)]
 
     def _exploding(self, now: np.ndarray, excess: np.ndarray, threshold: np.ndarray,
                    median: np.ndarray) -> list[Finding]:

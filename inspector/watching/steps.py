@@ -12,10 +12,10 @@ import torch
 
 from ..utils.dtensors import is_dtensor
 from ..utils.findings import Finding
-from ..utils.labels import module_label
+from ..utils.labels import listed, module_label
 from .layout import Layout, current, fused_norms, global_norms, shard_key, to_host
 from .numbers import BATCH_PRODUCER, NO_PRODUCER, Numbers, memory
-from .tracer import BATCH, NonfiniteTracer, Trace
+from .tracer import BATCH, NonfiniteTracer, Trace, _piece, floating
 
 
 class Watched(Protocol):
@@ -41,7 +41,9 @@ class Watched(Protocol):
 
 
 class StepState:
-    """What one step carries from the optimizer's pre-step hook to its post-step hook."""
+    """What one step carries from the optimizer's pre-step hook to its post-step hook, and from one step
+    to the next: each parameter's version and storage after the step (a parameter that moved since was
+    written outside the optimizer, and is read before this step uses it) and the batch's range."""
 
     def __init__(self) -> None:
         self.count = 0
@@ -52,6 +54,10 @@ class StepState:
         self.before: list[torch.Tensor] | None = None
         self.findings: list[Finding] = []
         self.last_scale = math.nan
+        self.marks: list[tuple[int, int] | None] = []  # each parameter's (version, address) after the step
+        self.moved_parts: list[tuple[np.ndarray, torch.Tensor]] = []  # norms of those written since
+        self.written: list[int] = []  # parameters written outside the optimizer holding NaN/Inf (host)
+        self.batch: list[torch.Tensor] = []  # (low, high) of each floating input of this step's forwards
 
     def pre(self, params: list[torch.Tensor | None], snapshot: bool, findings: list[Finding]) -> None:
         self.params = params
@@ -60,11 +66,35 @@ class StepState:
         self.grad_parts = fused_norms(grads)
         self.before = [p.detach().clone() for p in params if p is not None] if snapshot else None
         self.findings = findings
+        moved = [i for i, (p, m) in enumerate(zip(params, self.marks, strict=False))
+                 if p is not None and m is not None and _mark(p) != m]
+        parts = fused_norms([params[i] for i in moved]) if moved else []
+        self.moved_parts = [(np.asarray(moved, dtype=np.int64)[idx], t) for idx, t in parts]
+
+    def see_batch(self, args: Any, kwargs: Any) -> None:
+        """When a training forward ends: the range of each floating tensor the model was given, as its
+        forward took it (NaN or Inf there is the batch's, not the model's)."""
+        for t in floating((args, kwargs)):
+            low, high = torch.aminmax(_piece(t))
+            self.batch += [low, high]
 
     def post(self) -> None:
         self.count += 1
         self.start = time.perf_counter()
-        self.params, self.grad_parts, self.before = [], [], None
+        self.marks = [None if p is None or type(p) not in _PLAIN else _mark(p) for p in self.params]
+        self.params, self.grad_parts, self.before, self.moved_parts, self.batch = [], [], None, [], []
+
+
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
+
+
+def _mark(p: torch.Tensor) -> tuple[int, int]:
+    """What a write into ``p`` moves: its version counter (every in-place write) and its storage (a
+    ``.data =`` swap)."""
+    try:
+        return p._version, p.data_ptr()
+    except RuntimeError:  # an inference tensor has no version counter
+        return -1, -1
 
 
 def _grad(p: torch.Tensor | None) -> torch.Tensor | None:
@@ -76,7 +106,10 @@ def transfer_step(w: Watched, check: bool) -> tuple[Numbers, dict[str, float]]:
     st, layout = w.state, w.layout
     params = st.params
     grad_parts, param_parts, buffer_parts, update_parts = _norm_parts(w, check)
-    parts: list[torch.Tensor] = [t for _, t in grad_parts + param_parts + buffer_parts + update_parts]
+    parts: list[torch.Tensor] = [t for _, t in grad_parts + param_parts + buffer_parts + update_parts
+                                 + st.moved_parts]
+    if st.batch:
+        parts.append(torch.stack([b.float().to(st.batch[0].device) for b in st.batch]))
     calls, meta, values = w.tracer.take() if w.tracer is not None else ([], [], [])
     if values:
         parts.append(torch.cat([v.reshape(-1) for v in values]))
@@ -103,6 +136,14 @@ def transfer_step(w: Watched, check: bool) -> tuple[Numbers, dict[str, float]]:
     n.param_norm = spread(param_parts)
     n.buffer_norm = spread(buffer_parts, len(layout.buffers))
     update = spread(update_parts)
+    moved = spread(st.moved_parts)
+    if st.moved_parts:
+        _overflowed(moved, lambda: params)  # a huge finite weight is not NaN/Inf
+    st.written = sorted(int(i) for idx, _ in st.moved_parts for i in idx if not np.isfinite(moved[i]))
+    batch_bad = False
+    if st.batch:
+        batch_bad = not bool(np.isfinite(host[pos]).all())
+        pos += 1
     flags = host[pos] > 0 if values else np.zeros(0, dtype=bool)
     pos += 1 if values else 0
     scalars = {k: float(host[pos + i][0]) for i, k in enumerate(tensors)}
@@ -119,6 +160,8 @@ def transfer_step(w: Watched, check: bool) -> tuple[Numbers, dict[str, float]]:
     n.loss_logged = float("loss" in scalars)
     n.loss = scalars.pop("loss", math.nan)
     _producers(n, w.module_names, calls, meta, flags)
+    if batch_bad and n.forward == NO_PRODUCER:
+        n.forward = BATCH_PRODUCER
     return n, scalars
 
 
@@ -258,4 +301,19 @@ def nonfinite_findings(n: Numbers, module_names: list[str], rank: int, world: in
                     "at 0, or an overflow in its backward")
         out.append(Finding("nonfinite-backward", "error", name, text))
     return out
+
+
+def written_findings(st: StepState, names: tuple[str, ...]) -> list[Finding]:
+    """``nonfinite-parameter`` for the parameters that held NaN/Inf before this step's optimizer step
+    after a write outside the optimizer since the last one: the cause this step's forward met (the
+    step then spreads NaN to every weight, so the post-step check alone would name the first)."""
+    if not st.written:
+        return []
+    bad = [names[i] for i in st.written]
+    first = bad[0]
+    others = f" (and {len(bad) - 1} more: {listed(bad[1:])})" if len(bad) > 1 else ""
+    return [Finding("nonfinite-parameter", "error", first,
+                    f"parameter {first}{others} held NaN/Inf when this step began: it was written outside "
+                    "the optimizer since the last step (a fill_/copy_ or a .data swap by hand, a checkpoint "
+                    "loaded into it, a clamp), and this step's forward used it")]
 
