@@ -26,11 +26,14 @@ def _one_step(path) -> float:
 def test_rss_is_the_current_value_and_unknown_where_only_the_peak_can_be_read(monkeypatch, tmp_path):
     import builtins
 
+    block = bytearray(256 << 20)  # touched and freed: the peak is now at least 256 MiB over the current value
+    del block
     rss = _one_step(tmp_path / "run.inspect")
     with open("/proc/self/status") as fh:
         fields = dict(line.split(":", 1) for line in fh if ":" in line)
     now, peak = int(fields["VmRSS"].split()[0]) * 1024, int(fields["VmHWM"].split()[0]) * 1024
-    assert abs(rss - now) <= 64 << 20 and rss <= peak  # the current value, read a moment apart
+    # the current value, read a moment apart (the kernel updates VmHWM lazily: it can lag a reading)
+    assert abs(rss - now) <= 64 << 20 and peak - rss >= 128 << 20
     real_open = builtins.open
 
     def no_proc(path, *args, **kwargs):  # a system without /proc, as macOS
