@@ -6,6 +6,7 @@ import copy
 import json
 import re
 
+import numpy as np
 import pandas as pd
 import pytest
 import torch
@@ -231,3 +232,71 @@ def test_a_bom_or_a_megabyte_first_line_is_still_a_run_file(record, tmp_path, ca
         main(["report", str(bom), "-o", str(tmp_path / "bom.md")]) == 0
     )  # not "cannot tell what kind of source"
     assert "## Rank 0" in (tmp_path / "bom.md").read_text(encoding="utf-8")
+
+
+def _long_run_text(record: dict, steps: int = 40, tensors: int = 100) -> str:
+    """``steps`` records of ``tensors`` parameters each, as check_step writes them (about 1.8 MB)."""
+    lines = []
+    for s in range(steps):
+        rec = copy.deepcopy(record)
+        rec["step"] = s
+        rec["tensors"] = [dict(record["tensors"][i % 2], name=f"layers.{i // 2}.{('weight', 'bias')[i % 2]}",
+                               grad_norm=0.5 + s + i / 1000) for i in range(tensors)]
+        lines.append(json.dumps(rec))
+    return "\n".join(lines) + "\n"
+
+
+def test_a_json_lines_run_is_read_a_line_at_a_time(record, tmp_path):
+    """Only the records are kept, never the text, its lines, or the records again as JSON objects: a
+    run of 40 records of 100 tensors peaks under 6x its size (3.8x; reading the file whole into a buffer
+    of the largest size allowed, then splitting its lines, peaked at 46x)."""
+    import tracemalloc
+
+    text = _long_run_text(record)
+    path = tmp_path / "run.jsonl"
+    path.write_text(text, encoding="utf-8")
+    size = path.stat().st_size
+    tracemalloc.start()
+    run = read_run(path)
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    print(f"run.jsonl of {size / 2**20:.2f} MiB: peak {peak / 2**20:.2f} MiB ({peak / size:.1f}x)")
+    assert peak < 6 * size
+    assert run.steps["step"].tolist() == list(range(40)) and len(run.module_order) == 50
+    assert run.matrix()[1][39, 1] == pytest.approx(np.hypot(0.5 + 39 + 2 / 1000, 0.5 + 39 + 3 / 1000))
+    assert parse_run(text, "run.jsonl").steps.equals(run.steps)  # an upload reads the same
+    names = {id(run.check_run.checks[s].tensors[7].name) for s in range(40)}
+    assert len(names) == 1  # one string kept for the name every step repeats
+
+
+def test_a_line_packing_objects_or_lists_into_few_characters_is_refused_before_it_is_parsed(record, tmp_path):
+    """A tensor of check_step takes hundreds of characters; 5,000 tensors of 13 would cost 40 times their
+    size once parsed and kept: refused, naming the line, before a line of them is parsed."""
+    import tracemalloc
+
+    dense = _line(record, tensors=[{"name": "a"}] * 5000).replace('{"name": "a"}, ', '{"name":"a"},')
+    lists = _line(record, tensors=[dict(record["tensors"][0], nan=[[]] * 5000)])
+    for bad, what in ((dense, r"packs 5,00\d objects and \d+ lists into"),
+                      (lists, r"packs \d objects and 5,0\d\d lists")):
+        path = tmp_path / "dense.jsonl"
+        path.write_text(json.dumps(record) + "\n" + bad + "\n", encoding="utf-8")
+        tracemalloc.start()
+        with pytest.raises(InspectorError, match=r"dense.jsonl line 2 " + what):
+            read_run(path)
+        peak = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+        assert peak < 2 * len(bad) + 200_000  # the line itself, never its objects
+        with pytest.raises(InspectorError, match=r"run.jsonl line 2 " + what):
+            parse_run(json.dumps(record) + "\n" + bad + "\n", "run.jsonl")
+
+
+@pytest.mark.parametrize("newline", ["\r\n", "\r"])
+def test_every_line_ending_reads_and_a_line_separator_in_a_name_ends_no_line(record, tmp_path, newline):
+    rec = copy.deepcopy(record)
+    rec["tensors"][0]["name"] = "layer\u2028x.weight"
+    text = newline.join(json.dumps(dict(rec, step=s), ensure_ascii=False) for s in (0, 1)) + newline
+    path = tmp_path / "run.jsonl"
+    path.write_bytes(text.encode("utf-8"))
+    for run in (read_run(path), parse_run(text, "run.jsonl")):
+        assert run.steps["step"].tolist() == [0, 1] and run.complete
+        assert run.check_run.checks[1].tensors[0].name == "layer\u2028x.weight"

@@ -29,6 +29,7 @@ from .training_steps import loss_norm_figure as loss_norm_figure
 from .training_steps import step_axis
 
 MAX_ROWS, MAX_COLS = 120, 300
+BLOCK_CELLS = 1 << 22  # module values binned at a time by run_norm_grid (16 MiB of float32)
 
 
 @dataclass(frozen=True)
@@ -108,12 +109,12 @@ def _reduce(dense: np.ndarray, rb: int, cb: int, ufunc: np.ufunc, fill: float | 
     (steps × modules) that is one vector operation per step, with no copy of the array."""
     rows, cols = dense.shape
     full = rows - rows % rb
-    out = ufunc.reduce(dense[:full].reshape(-1, rb, cols), axis=1)
+    out = ufunc.reduce(dense[:full].reshape(full // rb, rb, cols), axis=1)
     if full < rows:
         out = np.concatenate([out, ufunc.reduce(dense[full:], axis=0, keepdims=True)])
     if -cols % cb:
         out = np.pad(out, ((0, 0), (0, -cols % cb)), constant_values=fill)
-    return ufunc.reduce(out.reshape(out.shape[0], -1, cb), axis=2)
+    return ufunc.reduce(out.reshape(out.shape[0], out.shape[1] // cb, cb), axis=2)  # 0 modules: 0 columns
 
 
 def norm_grid(modules: pd.DataFrame, value: str = "grad_norm", *, max_rows: int = MAX_ROWS,
@@ -163,13 +164,24 @@ def bin_matrix(
     not finite. Each cell holds the largest finite value of its modules and steps.
     """
     n_cols, n_rows = values.shape
-    rb = max(1, math.ceil(n_rows / max(1, max_rows)))
-    cb = max(1, math.ceil(n_cols / max(1, max_cols)))
+    rb, cb = _per_bin(n_rows, n_cols, max_rows, max_cols)
+    out, marks = _binned(values, nonfinite, rb, cb)
+    return _grid(modules, np.asarray(steps)[::cb], out, marks, rb, cb, n_cols)
+
+
+def _per_bin(n_rows: int, n_cols: int, max_rows: int, max_cols: int) -> tuple[int, int]:
+    """Modules per row and steps per column of the grid of ``n_rows`` modules and ``n_cols`` steps."""
+    return max(1, math.ceil(n_rows / max(1, max_rows))), max(1, math.ceil(n_cols / max(1, max_cols)))
+
+
+def _binned(values: np.ndarray, nonfinite: np.ndarray | None, rb: int,
+            cb: int) -> tuple[np.ndarray, np.ndarray]:
+    """``(values, marks)`` of :class:`NormGrid` for a steps × modules array, ``rb`` modules and ``cb``
+    steps a cell: a block of rows that starts at a multiple of ``cb`` gives the same columns as in the
+    whole array."""
     if np.isfinite(values).all():  # the usual run: no copy, nothing to mark
         out = _reduce(values, cb, rb, np.maximum, -np.inf).T.astype(np.float64)
-        marks = np.zeros(out.shape, dtype=bool)
-        return NormGrid(_bin_labels(np.asarray(modules, dtype=object), rb), np.asarray(steps)[::cb], out,
-                        marks, rb, cb, n_rows, n_cols, tuple(str(m) for m in modules))
+        return out, np.zeros(out.shape, dtype=bool)
     bad = np.isinf(values)
     if nonfinite is not None:
         bad |= nonfinite & np.isnan(values)
@@ -178,9 +190,13 @@ def bin_matrix(
     )  # -inf: nothing finite, so np.maximum needs no NaN check
     out = _reduce(dense, cb, rb, np.maximum, -np.inf).T.astype(np.float64)
     out[out == -np.inf] = np.nan
-    marks = _reduce(bad, cb, rb, np.logical_or, False).T
-    return NormGrid(_bin_labels(np.asarray(modules, dtype=object), rb), np.asarray(steps)[::cb], out, marks,
-                    rb, cb, n_rows, n_cols, tuple(str(m) for m in modules))
+    return out, _reduce(bad, cb, rb, np.logical_or, False).T
+
+
+def _grid(modules: Sequence[str] | np.ndarray, steps: np.ndarray, out: np.ndarray, marks: np.ndarray,
+          rb: int, cb: int, n_cols: int) -> NormGrid:
+    return NormGrid(_bin_labels(np.asarray(modules, dtype=object), rb), steps, out, marks, rb, cb,
+                    len(modules), n_cols, tuple(str(m) for m in modules))
 
 
 def _log_ticks(lo: float, hi: float) -> tuple[list[float], list[str]]:
@@ -210,18 +226,37 @@ def run_norm_grid(run: Any, column: str = "grad_norm", rank: int = 0, *, max_row
                   max_cols: int = MAX_COLS) -> NormGrid:
     """The heatmap grid of a run's per-module ``column`` on ``rank`` (:class:`inspector.watching.Run`):
     :func:`bin_matrix` of ``run.matrix(column, rank)``, a recorded NaN (the module counted values
-    not finite) marked as not finite, a value not taken left blank, steps in ascending order."""
+    not finite) marked as not finite, a value not taken left blank, steps in ascending order.
+
+    The matrix is read and binned ``BLOCK_CELLS`` values at a time (whole columns of the grid), so a
+    long run costs one block, not a second copy of its numbers."""
+    steps = run.step_numbers(rank)
+    if len(steps) > 1 and (np.diff(steps) < 0).any():  # steps out of order: sorted, read whole
+        return _sorted_grid(run, column, rank, max_rows, max_cols)
+    modules = run.module_order
+    rb, cb = _per_bin(len(modules), len(steps), max_rows, max_cols)
+    per = cb * max(1, BLOCK_CELLS // max(1, cb * len(modules)))
+    outs, marks = [], []
+    for start in range(0, max(1, len(steps)), per):
+        values = run.matrix(column, rank, start=start, stop=start + per)[1]
+        nonfinite = None
+        if np.isnan(values).any():  # a NaN may be recorded (counted as not finite) or a value not taken
+            nonfinite = run.matrix("nonfinite", rank, start=start, stop=start + per)[1] > 0
+        out, mark = _binned(values, nonfinite, rb, cb)
+        outs.append(out)
+        marks.append(mark)
+        del values, nonfinite
+    return _grid(modules, steps[::cb], np.concatenate(outs, axis=1), np.concatenate(marks, axis=1), rb, cb,
+                 len(steps))
+
+
+def _sorted_grid(run: Any, column: str, rank: int, max_rows: int, max_cols: int) -> NormGrid:
     steps, values = run.matrix(column, rank)
-    nonfinite = None
-    if np.isnan(values).any():  # a NaN may be recorded (counted as not finite) or a value not taken
-        nonfinite = run.matrix("nonfinite", rank)[1] > 0
-    if len(steps) > 1 and (np.diff(steps) < 0).any():
-        order = np.argsort(steps, kind="stable")
-        steps, values = steps[order], values[order]
-        nonfinite = nonfinite[order] if nonfinite is not None else None
-    return bin_matrix(
-        steps, values, run.module_order, nonfinite=nonfinite, max_rows=max_rows, max_cols=max_cols
-    )
+    nonfinite = run.matrix("nonfinite", rank)[1] > 0 if np.isnan(values).any() else None
+    order = np.argsort(steps, kind="stable")
+    return bin_matrix(steps[order], values[order], run.module_order,
+                      nonfinite=nonfinite[order] if nonfinite is not None else None,
+                      max_rows=max_rows, max_cols=max_cols)
 
 
 NONFINITE_COLOUR, PRODUCER_COLOUR = "#D62728", "#FFFFFF"

@@ -21,21 +21,17 @@ def check_as_run(dr: DistributedRun) -> Run:
     None for the whole world), the file's notes (``run-file-truncated``, ``run-file-newer``) among the
     findings, and ``dr`` kept as ``check_run`` (``per_rank``, ``totals``, ``tensors``, ``backend``
     read it)."""
-    first = dr.records[0]
-    params = [t["name"] for t in first["tensors"] if t.get("kind") == "parameter"]
-    modules: list[str] = []
-    owner = []
-    for p in params:
-        mod = p.rpartition(".")[0]
-        if mod not in modules:
-            modules.append(mod)
-        owner.append(modules.index(mod))
+    params = [t.name for t in dr.checks[0].tensors if t.kind == "parameter"]
+    index: dict[str, int] = {}  # each module's place, in the order of first appearance
+    owner = [index.setdefault(p.rpartition(".")[0], len(index)) for p in params]
+    modules = list(index)
     meta = RunMeta(model=dr.path, world_size=dr.world_size, every=1, modules=tuple(modules),
                    parameters=tuple(params), parameter_modules=tuple(owner), checks=("distributed",),
                    note=dr.checks[0].note or "", kind="check")
     owners = np.asarray(owner, dtype=np.int64)
     records = []
-    for rec in dr.records:
+    for check in dr.checks:  # each record as JSON, one at a time (none kept: the records are)
+        rec = check.to_json()
         by_name = {t["name"]: t for t in rec["tensors"]}
         norms = np.array([_global_norm(by_name.get(p)) for p in params], dtype=np.float64)
         total = (rec.get("global") or {}).get("grad_norm")

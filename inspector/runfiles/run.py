@@ -3,8 +3,6 @@
 
 from __future__ import annotations
 
-import json
-import math
 import os
 import re
 from collections import Counter
@@ -18,7 +16,8 @@ import pandas as pd
 from ..sharding.findings import about
 from ..utils.findings import Finding, InspectorError, group_findings
 from .guard import regular_fd
-from .record import FORMAT, RANK_NUMBERS, VERSION, CheckRecord
+from .jsonlines import MAX_JSONL_BYTES, file_lines, loads, parse_lines, text_lines, too_long
+from .record import FORMAT, RANK_NUMBERS, CheckRecord
 from .stream import STREAM_MAGIC, RunStream
 from .tail import RunTail, read_all, read_header
 
@@ -61,7 +60,6 @@ class DistributedRun:
 
 _PREFIX = re.compile(r'\s*\{\s*"format"\s*:\s*"' + FORMAT + '"')
 _FIRST_LINE_LIMIT = 64 << 20  # a first line this long is not parsed to tell what the file is
-MAX_JSONL_BYTES = 64 << 20  # the largest JSON-lines run file (the format of older versions) read
 
 
 def is_run_file(path: str | os.PathLike) -> bool:
@@ -79,7 +77,7 @@ def is_run_file(path: str | os.PathLike) -> bool:
                 return True
             fh.seek(0)
             first = fh.readline(_FIRST_LINE_LIMIT).decode("utf-8-sig")
-        return _loads(first).get("format") == FORMAT
+        return loads(first).get("format") == FORMAT
     except (OSError, ValueError, AttributeError, UnicodeDecodeError, RecursionError):
         return False
 
@@ -98,76 +96,23 @@ def read_check_run(path: str | os.PathLike) -> DistributedRun:
         raise InspectorError(f"run file {p} does not exist; write it with inspector.distributed.check_step "
                              "or `torchrun ... -m inspector distributed ... -o FILE`")
     fd = regular_fd(p)  # a FIFO or device is refused before it is opened
-    try:
-        with os.fdopen(fd, "rb") as fh:
+    with os.fdopen(fd, "rb") as fh:
+        try:
             if fh.read(4) == STREAM_MAGIC:
                 return _check_run(read_all(p), p.name)
             size = os.fstat(fh.fileno()).st_size
-            if size > MAX_JSONL_BYTES:
-                raise InspectorError(_too_long(p.name, size))
             fh.seek(0)
-            text = fh.read(MAX_JSONL_BYTES + 1).decode("utf-8-sig")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InspectorError(f"run file {p.name} cannot be read as UTF-8 text ({exc})") from None
-    return parse_run(text, p.name)
-
-
-def _too_long(name: str, size: int) -> str:
-    return (f"{name} is a JSON-lines run file of {size:,} bytes; this older format is read up to "
-            f"{MAX_JSONL_BYTES:,} bytes (its records take many times their size in memory): not read")
+        except OSError as exc:
+            raise InspectorError(f"run file {p.name} cannot be read ({exc.strerror or exc})") from None
+        if size > MAX_JSONL_BYTES:
+            raise InspectorError(too_long(p.name, size))
+        return _run(*parse_lines(file_lines(fh, p.name), p.name), p.name)
 
 
 def _check_run(tail: RunTail, name: str) -> DistributedRun:
     if tail.meta.kind != "check":
         raise InspectorError(f"{name} is not a check_step run file (an Arrow run file of kind check)")
     return check_run_of(RunStream(tail.schema, tail.batches(), tail.offset, tail.cut, tail.closed), name)
-
-
-def _reject_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not a number a run file holds")
-
-
-def _finite_float(text: str) -> float:
-    value = float(text)
-    if not math.isfinite(value):
-        raise ValueError(f"{text[:20]} is out of range for a float")
-    return value
-
-
-def _bounded_int(text: str) -> int:
-    if len(text.lstrip("-")) > 19:
-        raise ValueError(f"the integer {text[:20]}... has {len(text)} digits, more than a run file holds")
-    return int(text)
-
-
-def _loads(line: str) -> Any:
-    """``json.loads`` that refuses NaN, Infinity, floats out of range and integers past 64 bits."""
-    return json.loads(
-        line, parse_constant=_reject_constant, parse_float=_finite_float, parse_int=_bounded_int
-    )
-
-
-def _parse_line(line: str, number: int, name: str) -> CheckRecord:
-    try:
-        rec = _loads(line)
-    except RecursionError:
-        raise InspectorError(f"{name} line {number} nests brackets too deeply to be a check_step "
-                             "record") from None
-    except json.JSONDecodeError as exc:
-        raise InspectorError(f"{name} line {number} is not JSON ({exc}); a run file holds one "
-                             "check_step record per line") from None
-    except ValueError as exc:  # NaN, Infinity, out-of-range numbers
-        raise InspectorError(f"{name} line {number} is not a valid check_step record: {exc}") from None
-    if not isinstance(rec, dict) or rec.get("format") != FORMAT:
-        raise InspectorError(f"{name} line {number} is not a check_step record (no "
-                             f"\"format\": \"{FORMAT}\")")
-    missing = [k for k in ("step", "world_size", "ranks", "tensors", "global") if k not in rec]
-    if missing:
-        raise InspectorError(f"{name} line {number} lacks {', '.join(missing)}")
-    try:
-        return CheckRecord.from_json(rec)
-    except ValueError as exc:
-        raise InspectorError(f"{name} line {number} is not a valid check_step record: {exc}") from None
 
 
 def parse_check_stream(data: bytes, name: str = "run file") -> DistributedRun:
@@ -226,46 +171,8 @@ def _with_ranks(record: CheckRecord, ranks: list[Any] | None) -> None:
 def parse_run(text: str, name: str = "run file") -> DistributedRun:
     """Like :func:`read_check_run`, from the file's text (an upload)."""
     if len(text) > MAX_JSONL_BYTES:
-        raise InspectorError(_too_long(name, len(text)))
-    records: list[CheckRecord] = []
-    notes: list[Finding] = []
-    lines = text.lstrip("\ufeff").splitlines()
-    # a run stopped while writing leaves a last line without its newline
-    last = len(lines) - 1 if text and not text.endswith(("\n", "\r")) else -1
-    for number, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            records.append(_parse_line(line, number, name))
-        except InspectorError as exc:
-            if number - 1 != last or not records or "is not JSON" not in str(exc):
-                raise
-            notes.append(
-                Finding(
-                    "run-file-truncated",
-                    "warning",
-                    name,
-                    f"the last line of {name} (line {number}) is cut short ({len(line)} characters "
-                    f"that are not a whole record): the run stopped while writing it. Read "
-                    f"{len(records)} complete steps before it.",
-                )
-            )
-    if not records:
-        raise InspectorError(f"{name} holds no step records")
-    newer = sorted({rec.version for rec in records if rec.version is not None and rec.version > VERSION})
-    if newer:
-        notes.insert(
-            0,
-            Finding(
-                "run-file-newer",
-                "warning",
-                name,
-                f"{name} was written by a newer version of the record (version "
-                f"{', '.join(str(v) for v in newer)}; this one reads version {VERSION}): fields "
-                "it does not know are left out; update model-inspector to read them all.",
-            ),
-        )
-    return _run(records, notes, name)
+        raise InspectorError(too_long(name, len(text)))
+    return _run(*parse_lines(text_lines(text.lstrip("\ufeff")), name), name)
 
 
 def _run(records: list[CheckRecord], notes: list[Finding], name: str) -> DistributedRun:
@@ -322,7 +229,8 @@ def rank_issues(run: Any, rank: int) -> pd.DataFrame:
     re-synchronises (DDP's ``broadcast_buffers``) are not counted as drift. ``run``: a ``Run`` of kind
     ``"check"`` (or its ``check_run``)."""
     rows = []
-    for rec in records_of(run).records:
+    for check in records_of(run).checks:
+        rec = check.to_json()  # one record at a time: the JSON of every record is not kept
         for t in rec["tensors"]:
             nan, inf = t.get("nan", []), t.get("inf", [])
             if (rank < len(nan) and nan[rank]) or (rank < len(inf) and inf[rank]):

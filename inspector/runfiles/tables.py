@@ -140,9 +140,18 @@ class Run:
     def world_size(self) -> int:
         return self.meta.world_size
 
-    def matrix(self, column: str = "grad_norm", rank: int = 0) -> tuple[np.ndarray, np.ndarray]:
-        """``(steps, values)``: the step numbers of ``rank`` and a float array of shape
+    def step_numbers(self, rank: int = 0) -> np.ndarray:
+        """The step numbers of ``rank``'s rows in file order (the rows of :meth:`matrix`)."""
+        steps = self.table.column("step").to_numpy()
+        ranks = self.table.column("rank").to_numpy()
+        return steps if (ranks == rank).all() else steps[ranks == rank]
+
+    def matrix(self, column: str = "grad_norm", rank: int = 0, *, start: int = 0,
+               stop: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """``(steps, values)``: the step numbers of ``rank`` and a float32 array of shape
         ``(len(steps), len(module_order))`` of the per-module ``column`` (NaN where not taken).
+        ``start``, ``stop``: only those rows of ``rank`` (as in ``step_numbers(rank)[start:stop]``), so a
+        long run can be read a block of steps at a time.
 
         Raises:
             InspectorError: ``column`` is not one of ``grad_norm, param_norm, update_ratio, nonfinite``.
@@ -150,10 +159,14 @@ class Run:
         if column not in MODULE_COLUMNS:
             raise InspectorError(f"module column {column!r} is not one of {', '.join(MODULE_COLUMNS)}")
         ranks = self.table.column("rank").to_numpy()
-        rows = np.flatnonzero(ranks == rank)
-        sub = self.table.take(rows) if len(rows) != len(ranks) else self.table
-        values = _list_matrix(sub.column(MODULE_COLUMNS[column]), len(self.meta.modules), self.path)
-        return sub.column("step").to_numpy(), values
+        sub = self.table.select(["step", MODULE_COLUMNS[column]])  # only what is read: no copy of the rest
+        if (ranks == rank).all():
+            lo, hi, _ = slice(start, stop).indices(len(ranks))
+            sub = sub.slice(lo, max(0, hi - lo))
+        else:
+            sub = sub.take(np.flatnonzero(ranks == rank)[start:stop])
+        values = _list_matrix(sub.column(1), len(self.meta.modules), self.path)
+        return sub.column(0).to_numpy(), values
 
     @cached_property
     def modules(self) -> pd.DataFrame:

@@ -7,7 +7,8 @@ Arrow reads it and the batch validated in full before it is returned. :class:`Ru
 and keeps the steps in a few large record batches (``CHUNK_ROWS`` rows each, and at most ``SMALL``
 pieces of the rows read since), so
 memory follows the numbers kept, not the number of steps: one batch per step as the watch writes costs
-its numbers, not an Arrow object per step.
+its numbers, not an Arrow object per step. The per-module NaN/Inf counts of healthy steps (all 0) are
+kept once: every kept batch whose counts are all 0 holds a slice of one shared buffer of zeros.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from ..utils.findings import InspectorError
 from .guard import (
@@ -36,6 +39,7 @@ BLOCK = 8 << 20  # bytes read at a time (a larger message is read whole, within 
 CHUNK_ROWS = 8192  # rows of a kept batch once merged
 SMALL = 16  # pieces of fewer rows kept at most (a followed run adds one per read)
 PENDING = 512  # new batches merged into one kept batch at a time
+ZERO_COLUMNS = ("module_nonfinite",)  # count columns whose all-zero values the kept batches share
 
 
 @dataclass
@@ -163,6 +167,7 @@ class RunTail:
         self.cut = self.closed = False
         self._chunks: list[Any] = []  # sealed: CHUNK_ROWS rows or more each
         self._small: list[Any] = []  # the rows read since, in at most SMALL pieces
+        self._zeros: Any = None  # the buffer of zeros that all-zero count columns share (_shared)
         self.fresh: list[Any] = []
         self._ident: tuple[int, int] | None = None
 
@@ -247,12 +252,9 @@ class RunTail:
 
     def _take(self, batches: list[Any]) -> None:
         """Keep ``batches`` (one merged copy, so they no longer hold the block they were read from)."""
-        import pyarrow as pa
-
         if not batches:
             return
-        pool = pa.system_memory_pool()  # kept for long: freed pieces go back to the system, not a cache
-        merged = pa.concat_batches(batches, memory_pool=pool)  # a copy: the block read is let go
+        merged = self._concat(batches)  # a copy: the block read is let go
         check_rows(merged, self.meta, self.name)
         self.rows += merged.num_rows
         if not self.keep:
@@ -260,11 +262,49 @@ class RunTail:
             return
         self._small.append(merged)
         if sum(b.num_rows for b in self._small) >= CHUNK_ROWS:  # a whole chunk: sealed, each row copied twice
-            self._chunks.append(pa.concat_batches(self._small, memory_pool=pool))
+            self._chunks.append(self._concat(self._small))
             self._small = []
         elif len(self._small) > SMALL:  # many small reads of a followed run: one piece again
-            self._small = [pa.concat_batches(self._small, memory_pool=pool)]
+            self._small = [self._concat(self._small)]
         self.version += 1
+
+    def _concat(self, batches: list[Any]) -> Any:
+        """``batches`` as one batch (a copy in the system pool: kept for long, freed pieces go back to the
+        system, not a cache), each count column (``ZERO_COLUMNS``) whose numbers are all 0 (every healthy
+        step's NaN/Inf counts) not copied but a slice of one buffer of zeros every kept batch shares."""
+        import pyarrow as pa
+
+        pool = pa.system_memory_pool()
+        names = batches[0].schema.names
+        zero = [n for n in ZERO_COLUMNS if n in names and all(_all_zero(b.column(n)) for b in batches)]
+        merged = pa.concat_batches([b.drop_columns(zero) for b in batches], memory_pool=pool)
+        for name in sorted(zero, key=names.index):  # in schema order: each goes back to its place
+            lists = self._zero_lists([b.column(name) for b in batches])
+            merged = merged.add_column(names.index(name), batches[0].schema.field(name), lists)
+        return merged
+
+    def _zero_lists(self, columns: list[Any]) -> Any:
+        """The list columns ``columns`` (validated, every number 0) as one, its numbers a slice of the
+        shared buffer of zeros (grown by doubling; older batches keep the one they hold)."""
+        import pyarrow as pa
+
+        valid = np.concatenate([c.is_valid().to_numpy(zero_copy_only=False) for c in columns])
+        lengths = np.concatenate([np.diff(c.offsets.to_numpy()) for c in columns]).astype(np.int64)
+        lengths[~valid] = 0  # a null list may span numbers: it holds none
+        offsets = np.concatenate([[0], np.cumsum(lengths)])
+        kind = columns[0].type.value_type
+        size = int(offsets[-1]) * kind.byte_width
+        if self._zeros is None or self._zeros.size < size:
+            self._zeros = pa.py_buffer(np.zeros(max(size, 2 * getattr(self._zeros, "size", 0)), np.uint8))
+        numbers = pa.Array.from_buffers(kind, int(offsets[-1]), [None, self._zeros.slice(0, size)])
+        return pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), numbers, type=columns[0].type,
+                                        mask=None if valid.all() else pa.array(~valid))
+
+
+def _all_zero(column: Any) -> bool:
+    """Whether every number in the lists of the validated ``column`` is 0 (none null)."""
+    flat = column.flatten()
+    return not flat.null_count and not flat.to_numpy(zero_copy_only=True).any()
 
 
 def read_header(path: str | os.PathLike, name: str | None = None) -> Scanned:

@@ -422,3 +422,37 @@ def test_a_growing_runs_row_reads_on_and_says_what_a_whole_read_says(tmp_path):
     writer.write([_record(3)])
     assert describe(entry, summary)["steps"] == 4 and summary.tail.offset > offset  # read on, not again
     writer.close()
+
+
+def test_healthy_steps_nan_counts_are_kept_once_and_a_count_stays_at_its_step(tmp_path):
+    """One batch per step, as the watch writes. Every healthy step counts 0 NaN/Inf values per module:
+    the kept steps share one buffer of zeros instead of a copy each (on a 300k-step × 100-module run,
+    115 MiB of the 380 kept), and the one step that counted some keeps its counts."""
+    steps, modules, bad = 20_000, 64, (19_990, 7)  # the bad step among the last rows: a small kept piece
+    path = tmp_path / "long.inspect"
+    counts = np.zeros((steps, modules), np.int32)
+    counts[bad] = 3
+    rows = [StepRecord(step=s, rank=0, time=float(s), module_grad_norm=np.full(modules, 1.0 + s, np.float32),
+                       module_nonfinite=counts[s], param_grad_norm=np.ones(modules, np.float32))
+            for s in range(steps)]
+    with open(path, "wb") as fh:
+        fh.write(file_schema().with_metadata({META_KEY: _meta(modules).to_json().encode()}).serialize())
+        batch = record_batch(rows)
+        for s in range(steps):
+            fh.write(batch.slice(s, 1).serialize())
+    pool = pa.system_memory_pool()  # where the reader keeps the steps
+    before = pool.bytes_allocated()
+    run = read_run(path)
+    kept = pool.bytes_allocated() - before
+    zeros = steps * modules * 4  # the counts as int32
+    others = sum(run.table.column(c).nbytes for c in run.table.column_names
+                 if c not in ("module_nonfinite", "check"))  # check: the null column of a watch's file
+    print(f"kept {kept / 2**20:.1f} MiB: the other columns {others / 2**20:.1f} MiB, the counts "
+          f"{zeros / 2**20:.1f} MiB")
+    assert kept < others + zeros / 4  # a copy of the counts per kept batch would be `zeros` more
+    _, found = run.matrix("nonfinite")
+    assert found[bad] == 3 and found.sum() == 3
+    np.testing.assert_array_equal(found, counts)
+    assert run.at(bad[0])["nonfinite"].tolist() == [0.0] * 7 + [3.0] + [0.0] * (modules - 8)
+    followed = LiveRun(path).read()
+    np.testing.assert_array_equal(followed.matrix("nonfinite")[1], counts)

@@ -240,3 +240,79 @@ def test_every_nonfinite_cell_of_a_big_run_is_marked_and_the_producer_starred():
     assert list(star.y) == [g.labels[700 // g.rows_per_bin]] and list(star.x) == [g.steps[first]]
     assert "first NaN/Inf from layers.700 at step 6,000" in fig.layout.annotations[0].text
     assert not fig.layout.showlegend  # the key is an annotation: the module labels keep their room
+
+
+def test_a_runs_grid_is_binned_block_by_block_as_the_whole_matrix_is(tmp_path, monkeypatch):
+    """``run_norm_grid`` reads a run ``BLOCK_CELLS`` values at a time, never the whole steps × modules
+    matrix, and gives the grid :func:`bin_matrix` gives of the whole matrix: an Inf and a recorded NaN
+    marked in their cells, a spike kept, steps where a number was not taken left blank, each rank its own."""
+    import tracemalloc
+
+    from inspector.figures import training
+    from inspector.watching import RunMeta, RunWriter, StepRecord, read_run
+
+    steps, modules, world = 3_001, 50, 2
+    rng = np.random.default_rng(0)
+    norms = rng.random((world, steps, modules), dtype=np.float32) + 0.5
+    counts = np.zeros((world, steps, modules), np.int32)
+    norms[0, 1_234, 7], counts[0, 1_234, 7] = np.inf, 1
+    norms[0, 2_999, 0], counts[0, 2_999, 0] = np.nan, 1  # a NaN the module counted: recorded
+    norms[1, 500, 3] = 1e6  # rank 1's spike
+    names = tuple(f"m{i}" for i in range(modules))
+    meta = RunMeta(model="toy", world_size=world, every=1, modules=names, parameters=(), parameter_modules=())
+    with RunWriter(tmp_path / "r.inspect", meta) as w:
+        for s in range(steps):
+            w.write([StepRecord(step=s, rank=r, time=0.0, module_grad_norm=norms[r, s],
+                                module_nonfinite=counts[r, s],
+                                module_param_norm=norms[r, s] * 2 if s % 10 == 0 else None)  # every 10th step
+                     for r in range(world)])
+    run = read_run(tmp_path / "r.inspect")
+    monkeypatch.setattr(training, "BLOCK_CELLS", 1_000)  # 11 steps (one column) a block: 273 blocks
+    for column in ("grad_norm", "param_norm"):
+        for rank in range(world):
+            got = training.run_norm_grid(run, column, rank)
+            step_numbers, values = run.matrix(column, rank)
+            whole = bin_matrix(step_numbers, values, names, nonfinite=run.matrix("nonfinite", rank)[1] > 0)
+            np.testing.assert_array_equal(got.values, whole.values)
+            np.testing.assert_array_equal(got.nonfinite, whole.nonfinite)
+            np.testing.assert_array_equal(got.steps, whole.steps)
+            assert (got.labels, got.rows_per_bin, got.steps_per_bin, got.modules, got.step_count) == \
+                (whole.labels, 1, 11, modules, steps)
+    g = training.run_norm_grid(run, "grad_norm", 0)
+    assert g.nonfinite.sum() == 2 and g.nonfinite[7, 1_234 // 11] and g.nonfinite[0, 2_999 // 11]
+    assert not np.isnan(g.values[:, :-1]).any()  # every cell holds a finite norm of its block
+    assert training.run_norm_grid(run, "grad_norm", 1).values[3, 500 // 11] == 1e6
+    p = training.run_norm_grid(run, "param_norm", 0)
+    assert np.isfinite(p.values).all()  # each column of 11 steps holds a 10th step, where it was taken
+    # a norm not taken where the module counted NaN/Inf values reads as not finite: the planted steps
+    assert np.argwhere(p.nonfinite).tolist() == [[0, 2_999 // 11], [7, 1_234 // 11]]
+    matrix_bytes = steps * modules * 4
+    tracemalloc.start()
+    training.run_norm_grid(run, "grad_norm", 1, max_cols=30)  # a grid of 50 × 30 cells, blocks of 101 steps
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    print(f"binning peak {peak / 1024:.0f} KiB for a matrix of {matrix_bytes / 1024:.0f} KiB")
+    assert peak < matrix_bytes / 2
+
+
+def test_a_run_with_steps_out_of_order_is_binned_in_step_order(tmp_path):
+    from inspector.figures import training
+    from inspector.watching import RunMeta, RunWriter, StepRecord, read_run
+
+    meta = RunMeta(model="toy", world_size=1, every=1, modules=("a", "b"), parameters=(),
+                   parameter_modules=())
+    with RunWriter(tmp_path / "r.inspect", meta) as w:  # a resumed run writes steps 2 and 3 again
+        for s in (0, 1, 2, 3, 2, 3):
+            w.write([StepRecord(step=s, rank=0, time=0.0, module_grad_norm=np.array([s, 10 + s], np.float32),
+                                module_nonfinite=np.zeros(2, np.int32))])
+    g = training.run_norm_grid(read_run(tmp_path / "r.inspect"), max_cols=2)
+    # in step order 0, 1, 2, 2, 3, 3: columns of 3 rows, steps 0-2 and 2-3
+    assert g.steps.tolist() == [0, 2] and g.values.tolist() == [[2, 3], [12, 13]]
+
+
+def test_a_run_of_no_modules_or_no_steps_gives_an_empty_grid_that_draws():
+    for steps, modules in ((3, 0), (0, 4)):
+        names = [f"m{i}" for i in range(modules)]
+        g = bin_matrix(np.arange(steps), np.zeros((steps, modules), np.float32), names)
+        assert g.values.shape == (modules, steps) and not g.nonfinite.any()
+        assert norm_heatmap(g).data[0].type == "heatmap"
