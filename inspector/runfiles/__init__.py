@@ -21,7 +21,9 @@
 - :mod:`.run`: :func:`read_check_run` reads either back (:func:`parse_check_stream` /
   :func:`parse_run` from bytes or text; :func:`check_run_of` from a stream already read) as a
   :class:`DistributedRun` (tables of steps, ranks and tensors), which ``inspector.read_run`` (the one
-  reader of run files) keeps as ``Run.check_run``, and the findings a run holds.
+  reader of run files) keeps as ``Run.check_run``, and the findings a run holds;
+- :mod:`.jsonlines`: the JSON lines older versions wrote, read one line at a time (:func:`parse_lines`),
+  each line's density checked before it is parsed.
 - :mod:`.tables`: :class:`Run`, a run file of either kind as tables (steps, modules, parameters,
   findings as :class:`StepFinding`), and :func:`finding_line`;
 - :mod:`.checked`: a ``check_step`` run (:class:`DistributedRun`) as a :class:`Run` of kind ``"check"``;

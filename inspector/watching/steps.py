@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import operator
 import time
 from collections.abc import Callable
 from typing import Any, Protocol
@@ -58,6 +59,7 @@ class StepState:
         self.moved_parts: list[tuple[np.ndarray, torch.Tensor]] = []  # norms of those written since
         self.written: list[int] = []  # parameters written outside the optimizer holding NaN/Inf (host)
         self.batch: list[torch.Tensor] = []  # (low, high) of each floating input of this step's forwards
+        self._keys: tuple[list[torch.Tensor | None], list[Any]] = ([], [])
 
     def pre(self, params: list[torch.Tensor | None], snapshot: bool, findings: list[Finding]) -> None:
         self.params = params
@@ -70,6 +72,14 @@ class StepState:
                  if p is not None and m is not None and _mark(p) != m]
         parts = fused_norms([params[i] for i in moved]) if moved else []
         self.moved_parts = [(np.asarray(moved, dtype=np.int64)[idx], t) for idx, t in parts]
+
+    def shard_keys(self, params: list[torch.Tensor | None]) -> list[Any]:
+        """:func:`~.layout.shard_key` of each parameter, worked out again only when a parameter is
+        another object than at the last call (a DTensor parameter keeps its placements)."""
+        held, keys = self._keys
+        if len(held) != len(params) or not all(map(operator.is_, params, held)):
+            self._keys = (list(params), [shard_key(p) for p in params])
+        return self._keys[1]
 
     def see_batch(self, args: Any, kwargs: Any) -> None:
         """When a training forward ends: the range of each floating tensor the model was given, as its
@@ -182,7 +192,7 @@ def _norm_parts(w: Watched, check: bool) -> tuple[Pairs, Pairs, Pairs, Pairs]:
         update_parts = [(positions[idx], t) for idx, t in update_parts]
     grad_parts = st.grad_parts
     if w.sharded:
-        keys = [shard_key(p) for p in params]
+        keys = st.shard_keys(params)
         first = next(p for p, k in zip(params, keys, strict=True) if k is not None) if any(keys) else None
         if first is not None:
             device = first.to_local().device  # type: ignore[attr-defined]
