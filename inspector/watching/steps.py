@@ -257,7 +257,7 @@ def _producers(n: Numbers, module_names: list[str], calls: list[str], meta: obje
     """``n.forward`` / ``n.backward``: the producers the step's trace names (``tracer.Trace``);
     when several modules took the tensor whose gradient turned NaN/Inf, all of them are kept
     as ``n.backward_candidates`` (names; this rank's numbers only, not gathered)."""
-    if not len(flags) or not isinstance(meta, Trace):
+    if not len(flags) or not isinstance(meta, Trace) or not flags.any():  # nothing non-finite: no producer
         return
     index = {name: i for i, name in enumerate(module_names)}
     forward = meta.forward(flags, module_names[0])

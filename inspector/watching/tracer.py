@@ -38,6 +38,7 @@ from ..utils.labels import BATCH_LABEL
 CHECKED = frozenset((torch.float16, torch.bfloat16, torch.float32, torch.float64))  # aminmax takes these
 BATCH = BATCH_LABEL  # the name a non-finite batch gets
 _PLAIN = (torch.Tensor, nn.Parameter)
+_SLOT = (1 << 32) - 1
 _graph_task = torch._C._current_graph_task_id  # -1 outside a backward
 _grad_enabled = torch.is_grad_enabled
 _compiling = torch.compiler.is_compiling
@@ -143,12 +144,13 @@ class Trace:
     gradient it received); ``keys`` says which buffer of :class:`Stats` each event went to."""
 
     calls: list[str] = field(default_factory=list)  # the module's name, per call
-    ins: list[tuple[int, ...]] = field(default_factory=list)  # input slots, per call
-    outs: list[tuple[int, ...]] = field(default_factory=list)  # output slots, per call
+    ins: list[int | tuple[int, ...]] = field(default_factory=list)  # input slots, per call (one: an int)
+    outs: list[int | tuple[int, ...]] = field(default_factory=list)  # output slots, per call (one: an int)
     again: list[bool] = field(default_factory=list)  # ran during a backward (recomputed)
     keys: list[int] = field(default_factory=list)  # the Stats buffer of each event
     slot_event: list[int] = field(default_factory=list)  # the event of each slot's forward values
-    grads: list[tuple[int, int]] = field(default_factory=list)  # (event, slot) of each gradient
+    grad_events: list[int] = field(default_factory=list)  # the event of each gradient seen,
+    grad_slots: list[int] = field(default_factory=list)  # and its slot (two lists: no tuple per gradient)
 
     def events(self, flags: Any) -> np.ndarray:
         """The flags of :meth:`Stats.flags` (buffer after buffer) in the order of the events."""
@@ -167,10 +169,10 @@ class Trace:
         for call, name in enumerate(self.calls):
             if self.again[call]:
                 continue
-            if name == root and any(bad[s] for s in self.ins[call]):
+            ins, outs = _slots(self.ins[call]), _slots(self.outs[call])
+            if name == root and any(bad[s] for s in ins):
                 return Producer(BATCH, call, "forward")
-            if first is None and any(bad[s] for s in self.outs[call]) and not any(
-                    bad[s] for s in self.ins[call]):
+            if first is None and any(bad[s] for s in outs) and not any(bad[s] for s in ins):
                 first = Producer(name, call, "forward")
         return first
 
@@ -178,19 +180,20 @@ class Trace:
         """The backward producer by the rule of the module docstring, or None."""
         events = self.events(flags)
         first_bad: dict[int, int] = {}  # slot -> its first non-finite gradient event
-        for event, slot in self.grads:
+        for event, slot in zip(self.grad_events, self.grad_slots, strict=True):
             if events[event]:
                 first_bad.setdefault(slot, event)
         if not first_bad:
             return None
         bad = events[self.slot_event]
-        seen = {slot for _, slot in self.grads}
+        seen = set(self.grad_slots)
         found: list[tuple[int, int]] = []  # (event, call)
-        for call, ins in enumerate(self.ins):
+        for call, held in enumerate(self.ins):
+            ins = _slots(held)
             at = [first_bad[s] for s in ins if s in first_bad]
             if not at:
                 continue
-            outs = self.outs[call]
+            outs = _slots(self.outs[call])
             if (any(bad[s] for s in ins) or any(bad[s] for s in outs)
                     or not any(s in seen for s in outs) or any(s in first_bad for s in outs)):
                 continue
@@ -201,6 +204,10 @@ class Trace:
         names = list(dict.fromkeys(self.calls[c] for e, c in found if e == event))
         inner = [n for n in names if not any(_inside(o, n) for o in names)]
         return Blame(inner[0], tuple(inner))
+
+
+def _slots(held: int | tuple[int, ...]) -> tuple[int, ...]:
+    return (held,) if type(held) is int else held  # type: ignore[return-value]
 
 
 def _inside(name: str, parent: str) -> bool:
@@ -223,11 +230,13 @@ class NonfiniteTracer:
         self.keep = keep
         self.trace = Trace()
         self.stats = Stats()
-        self.seen: dict[int, tuple[Any, int, int, bool]] = {}  # id -> (weakref, version, slot, hooked)
+        self.seen: dict[int, Any] = {}  # id -> a weak reference to the tensor seen,
+        self.known: dict[int, int] = {}  # and its (version << 33 | slot << 1 | hooked)
         self.kept: dict[int, tuple[Any, Any, int]] = {}  # call -> (args, output, first slot)
         self.handles: list[RemovableHandle] = []
         self.leaf_handles: list[RemovableHandle] = []  # gradient hooks on leaves: they outlive the graph
         self._untraced: Any = None
+        self._node_hook, self._leaf_hook = self._node_grad, self._grad  # bound once, not once per tensor
         try:
             for m in model.modules():
                 if m is not model and type(m).forward is nn.Sequential.forward:
@@ -247,6 +256,7 @@ class NonfiniteTracer:
         self._remove_leaf_hooks()
         self.kept.clear()
         self.seen.clear()
+        self.known.clear()
 
     def _remove_leaf_hooks(self) -> None:
         for h in self.leaf_handles:
@@ -254,35 +264,40 @@ class NonfiniteTracer:
         self.leaf_handles.clear()
 
     def _slot(self, t: torch.Tensor, grad: bool) -> int:
-        """The slot of ``t``: its own when the step has seen this tensor, unchanged, before; else a
-        new one, with ``t``'s (low, high) written and, when ``grad``, a hook on its gradient."""
+        """The slot of ``t``: its own when the step has seen this tensor, unchanged, before (one int of
+        version, slot and hooked, beside a weak reference); else a new one, with ``t``'s (low, high)
+        written and, when ``grad``, a hook on its gradient."""
         key = id(t)
         try:
             version = t._version
         except RuntimeError:  # an inference tensor: no version counter, so never shared
             version = -1
-        entry = self.seen.get(key)
+        ref = self.seen.get(key)
         trace = self.trace
         tracked = t.requires_grad
         hooked = grad and tracked
-        if entry is not None and version >= 0 and entry[1] == version and entry[0]() is t:
-            slot = entry[2]
-            if entry[3] or not hooked:
+        info = self.known.get(key, -1) if ref is not None and version >= 0 and ref() is t else -1
+        if info >= 0 and info >> 33 == version:
+            slot = (info >> 1) & _SLOT
+            if info & 1 or not hooked:
                 return slot
         else:
+            ref = None
             slot = len(trace.slot_event)
             trace.slot_event.append(len(trace.keys))
             trace.keys.append(self._stat(t.detach() if tracked else t))
         if hooked:
             node = t.grad_fn
             if node is None:  # a leaf (a parameter passed in): its hook outlives the graph
-                self.leaf_handles.append(t.register_hook(partial(self._grad, trace, slot)))
+                self.leaf_handles.append(t.register_hook(partial(self._leaf_hook, trace, slot)))
             else:  # the gradient of output ``output_nr`` of the node that made t (no handle kept)
-                node.register_prehook(partial(self._node_grad, trace, slot, t.output_nr))
-        try:
-            self.seen[key] = (weakref.ref(t), version, slot, hooked)
-        except TypeError:  # a tensor type without weak references: not shared
-            pass
+                node.register_prehook(partial(self._node_hook, trace, slot, t.output_nr))
+        if version >= 0:
+            try:
+                self.seen[key] = ref if ref is not None else weakref.ref(t)
+            except TypeError:  # a tensor type without weak references: not shared
+                return slot
+            self.known[key] = (version << 33) | (slot << 1) | int(hooked)
         return slot
 
     def _stat(self, t: torch.Tensor) -> int:
@@ -326,23 +341,28 @@ class NonfiniteTracer:
             ins = floating(args)
         if kwargs:
             ins += floating(kwargs)
-        trace.ins.append(tuple([self._slot(t, grad) for t in ins]))
+        trace.ins.append(self._slot(ins[0], grad) if len(ins) == 1
+                         else tuple([self._slot(t, grad) for t in ins]))
         if type(output) is torch.Tensor and output.dtype in CHECKED and output.numel():
-            trace.outs.append((self._slot(output, grad),))
+            trace.outs.append(self._slot(output, grad))
         else:
-            trace.outs.append(tuple([self._slot(t, grad) for t in floating(output)]))
+            outs = floating(output)
+            trace.outs.append(self._slot(outs[0], grad) if len(outs) == 1 else tuple([self._slot(t, grad)
+                                                                                    for t in outs]))
         if self.keep and not again:
             self.kept[call] = (args, output, first)
 
     def _grad(self, trace: Trace, slot: int, grad: torch.Tensor | None) -> None:
         if trace is self.trace and grad is not None and grad.dtype in CHECKED and grad.numel():
-            trace.grads.append((len(trace.keys), slot))
+            trace.grad_events.append(len(trace.keys))
+            trace.grad_slots.append(slot)
             trace.keys.append(self._stat(grad.detach() if grad.requires_grad else grad))
 
     def _node_grad(self, trace: Trace, slot: int, index: int, grads: tuple[torch.Tensor | None, ...]) -> None:
         grad = grads[index] if index < len(grads) else None
         if trace is self.trace and grad is not None and grad.dtype in CHECKED and grad.numel():
-            trace.grads.append((len(trace.keys), slot))
+            trace.grad_events.append(len(trace.keys))
+            trace.grad_slots.append(slot)
             trace.keys.append(self._stat(grad.detach() if grad.requires_grad else grad))
 
     @property
@@ -367,6 +387,7 @@ class NonfiniteTracer:
         self.trace = Trace()
         self.stats.reset()
         self.seen.clear()
+        self.known.clear()
         self.kept.clear()
         return out
 
