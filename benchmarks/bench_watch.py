@@ -19,8 +19,10 @@ optimizer:
   watch+nonfinite the same with ``nonfinite=True`` (forward and backward producers)
   detect_anomaly  the plain step under ``torch.autograd.detect_anomaly()``
 
-The watch block is entered before and left after the timed step (opening it, which snapshots
-the ties, creates the file and sizes the tracer's buffers, is not a per-step cost). Ratios are
+The watch block is entered before the timed steps and left after them (opening it, which snapshots
+the ties, creates the file and sizes the tracer's buffers, is not a per-step cost); its first step
+is not timed, the ``--steps`` after it are (3 by default: the steady state, with the garbage
+collector's work on the objects the steps leave behind). Ratios are
 medians of paired per-repeat ratios against ``plain``, by the wall clock and by this process's
 CPU time (on a shared machine the CPU time is the steadier; with one thread it is the work
 done), and, the steadiest, 1 + the CPU time spent inside the watch's own hooks over the plain
@@ -114,7 +116,7 @@ class HookClock:
         return wrapper
 
     def __enter__(self) -> HookClock:
-        for cls, names in ((Watch, self.WATCH), (NonfiniteTracer, ("_hook", "_grad"))):
+        for cls, names in ((Watch, self.WATCH), (NonfiniteTracer, ("_hook", "_grad", "_node_grad"))):
             for name in names:
                 self._saved.append((cls, name, getattr(cls, name)))
                 setattr(cls, name, self._timed(getattr(cls, name)))
@@ -133,7 +135,8 @@ def _step(model: torch.nn.Module, opt: torch.optim.Optimizer,
     opt.zero_grad(set_to_none=True)
 
 
-def measure(repeats: int, batch: int, seq: int, name: str = "gpt2-small", only: tuple[str, ...] = ()
+def measure(repeats: int, batch: int, seq: int, name: str = "gpt2-small", only: tuple[str, ...] = (),
+            steps: int = 3
             ) -> tuple[dict[str, list[float]], dict[str, list[float]], dict[str, list[float]], float, int]:
     torch.manual_seed(0)
     model, loss_of = setup(name, batch, seq)
@@ -152,10 +155,12 @@ def measure(repeats: int, batch: int, seq: int, name: str = "gpt2-small", only: 
         for i in range(repeats):
             for n in names[i % len(names):] + names[:i % len(names)]:
                 with variants[n]():
+                    _step(model, opt, loss_of)  # the block's first step: what the watch keeps is built
                     t, c = time.perf_counter(), time.process_time()
-                    _step(model, opt, loss_of)
-                    wall[n].append(time.perf_counter() - t)
-                    cpu[n].append(time.process_time() - c)
+                    for _ in range(steps):  # steady state: the collector's work on what steps leave included
+                        _step(model, opt, loss_of)
+                    wall[n].append((time.perf_counter() - t) / steps)
+                    cpu[n].append((time.process_time() - c) / steps)
                 with HookClock() as clock, variants[n]():  # a second step, timed inside the hooks only
                     clock.seconds = 0.0
                     _step(model, opt, loss_of)
@@ -177,14 +182,16 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--model", choices=("gpt2-small", "gpt2-mini", "many"), default="gpt2-small")
     parser.add_argument("--only", default="", help="comma-separated variants to run beside plain")
+    parser.add_argument("--steps", type=int, default=3, help="steps timed in each block, after its first")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     only = tuple(v for v in args.only.split(",") if v)
-    wall, cpu, inside, per_tensor, tensors = measure(args.repeats, args.batch, args.seq, args.model, only)
+    wall, cpu, inside, per_tensor, tensors = measure(args.repeats, args.batch, args.seq, args.model, only,
+                                                     max(1, args.steps))
     targets = MANY_TARGETS if args.model == "many" else TARGETS
     shape = f"{args.batch}x32 inputs" if args.model == "many" else f"{args.batch}x{args.seq} tokens"
     print(
-        f"== {args.model} training step (AdamW), CPU, {shape}, {args.repeats} repeats, "
+        f"== {args.model} training step (AdamW), CPU, {shape}, {args.repeats} repeats of {args.steps} steps, "
         f"{torch.get_num_threads()} thread(s), torch {torch.__version__}"
     )
     rw, rc = paired_ratios(wall), paired_ratios(cpu)
