@@ -540,3 +540,33 @@ def test_evaluation_batches_are_not_judged(tmp_path):
     with watch(model, opt, tmp_path / "r.inspect") as w:
         _loop(model, opt, w, before=validate)
     assert [f for f in _found(w) if f[1] != "loss-spike"] == []
+
+
+@pytest.mark.parametrize("nonfinite", [False, True])
+def test_a_minus_inf_mask_in_the_batch_is_not_a_producer(tmp_path, nonfinite):
+    # an additive attention mask of -inf (a common way to write one) reaches neither the loss nor a
+    # gradient: the batch holds -inf, nothing goes non-finite, and nothing is named
+    class Masked(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.score = nn.Linear(4, 6)
+            self.head = nn.Linear(6, 1)
+
+        def forward(self, x, mask=None):
+            weights = torch.softmax(self.score(x) + mask, dim=-1)
+            return self.head(weights)
+
+    torch.manual_seed(0)
+    model = Masked()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    xs, ys = _data(12)
+    mask = torch.zeros(16, 6)
+    mask[:, 4:] = float("-inf")
+    with watch(model, opt, tmp_path / "r.inspect", nonfinite=nonfinite) as w:
+        for s in range(12):
+            loss = (model(xs[s], mask=mask) - ys[s]).pow(2).mean()
+            loss.backward()
+            w.log(loss=loss)
+            opt.step()
+            opt.zero_grad()
+    assert [f for f in _found(w) if f[1] != "loss-spike"] == []

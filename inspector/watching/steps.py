@@ -169,9 +169,12 @@ def transfer_step(w: Watched, check: bool) -> tuple[Numbers, dict[str, float]]:
     _fill(n, w, params, update, check)
     n.loss_logged = float("loss" in scalars)
     n.loss = scalars.pop("loss", math.nan)
-    _producers(n, w.module_names, calls, meta, flags)
-    if batch_bad and n.forward == NO_PRODUCER:
-        n.forward = BATCH_PRODUCER
+    # a NaN/Inf that reached neither the loss nor a gradient (an additive mask of -inf, a masked padding
+    # position) made nothing non-finite: no producer is named for it
+    if n.nonfinite > 0 or (n.loss_logged and not math.isfinite(n.loss)):
+        _producers(n, w.module_names, calls, meta, flags)
+        if batch_bad and n.forward == NO_PRODUCER:
+            n.forward = BATCH_PRODUCER
     return n, scalars
 
 
