@@ -228,3 +228,40 @@ def test_compiled_model_names_the_backward_producer(tmp_path):
             opt.zero_grad()
     assert _codes(w, "nonfinite-backward") == [(1, "gate")]
     assert _codes(w, "nonfinite-forward") == [(2, "fc1")]
+
+
+class Split(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = nn.Linear(4, 8)
+
+    def forward(self, x):
+        return self.body(x).chunk(2, dim=-1)  # two outputs of one SplitBackward node
+
+
+class SplitHeads(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.split = Split()
+        self.left = nn.Linear(4, 1)
+        self.right = nn.Linear(4, 1)
+
+    def forward(self, x):
+        a, b = self.split(x)
+        return self.left(a) + self.right(b)
+
+
+@pytest.mark.parametrize("side", ["left", "right"])
+def test_the_second_output_of_one_node_is_followed_in_the_backward(tmp_path, side):
+    model = SplitHeads()
+    arm = _plant(model, model, side, "backward", 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    torch.manual_seed(0)
+    xs = torch.randn(4, 3, 4)
+    with watch(model, opt, tmp_path / "r.inspect", nonfinite=True) as w:
+        for s in range(4):
+            arm(s)
+            model(xs[s]).pow(2).mean().backward()
+            opt.step()
+            opt.zero_grad()
+    assert _codes(w, "nonfinite-backward") == [(2, side)]

@@ -11,8 +11,8 @@ parameters, optimizers that do not step, nothing updating, a failed run); ``rows
 the run file's row; ``core``: :class:`Watch`, the hooks and the per-step work around a training loop;
 ``block``: ``watch``, the context manager that opens and closes it; ``result``: its frozen result;
 ``detect``: findings from one step's numbers on the host (:class:`Detectors`, which can replay a run);
-``layout``: which tensors a watch follows; ``live``: a growing
-run file followed, reading only what was appended; ``numbers``: one rank's
+``layout``: which tensors a watch follows; ``flags``: the tracer's (low, high) buffers on the device;
+``live``: a growing run file followed, reading only what was appended; ``numbers``: one rank's
 numbers at one step; ``producer``: a copy of the inputs and outputs of the module that first produced a
 NaN/Inf (``inspector.runfiles.captured`` stores and reads it); ``steps``: the per-step work of a watch;
 ``ranks``: the ranks' meeting at each step, their failures, slow ranks; ``summary``: run files reduced

@@ -34,6 +34,7 @@ from torch.utils.hooks import RemovableHandle
 
 from ..utils.dtensors import is_dtensor
 from ..utils.labels import BATCH_LABEL
+from .flags import Stats
 
 CHECKED = frozenset((torch.float16, torch.bfloat16, torch.float32, torch.float64))  # aminmax takes these
 BATCH = BATCH_LABEL  # the name a non-finite batch gets
@@ -41,6 +42,7 @@ _PLAIN = (torch.Tensor, nn.Parameter)
 _SLOT = (1 << 32) - 1
 _graph_task = torch._C._current_graph_task_id  # -1 outside a backward
 _grad_enabled = torch.is_grad_enabled
+_current_node = torch._C._current_autograd_node  # inside a node's pre-hook: that node
 _compiling = torch.compiler.is_compiling
 
 
@@ -86,56 +88,6 @@ class Blame:
 
     module: str
     candidates: tuple[str, ...]
-
-
-class Stats:
-    """``(low, high)`` of each tensor, written by ``torch.aminmax(..., out=...)`` into one buffer per
-    (device, dtype), kept from step to step: no tensor made per flag and no stack at the end."""
-
-    def __init__(self) -> None:
-        self.keys: dict[tuple[torch.device, torch.dtype], int] = {}
-        self.buffers: list[torch.Tensor] = []
-        self.views: list[list[tuple[torch.Tensor, torch.Tensor]]] = []
-        self.used: list[int] = []
-
-    def key(self, device: torch.device, dtype: torch.dtype) -> int:
-        """The index of the buffer for ``dtype`` on ``device`` (made empty the first time)."""
-        k = self.keys.get((device, dtype))
-        if k is None:
-            k = self.keys[(device, dtype)] = len(self.buffers)
-            with torch.inference_mode(False):
-                self.buffers.append(torch.empty(0, dtype=dtype, device=device))
-            self.views.append([])
-            self.used.append(0)
-        return k
-
-    def reserve(self, device: torch.device, dtype: torch.dtype, size: int) -> None:
-        """Room for ``size`` tensors of ``dtype`` on ``device`` (made when the watch opens, not in a step)."""
-        k = self.key(device, dtype)
-        if len(self.views[k]) < size:
-            self.grow(k, size)
-
-    def grow(self, k: int, size: int) -> None:
-        """Room for ``size`` tensors in buffer ``k``, keeping what it holds."""
-        old = self.buffers[k]
-        with torch.inference_mode(False), torch.no_grad():  # ordinary tensors, even in inference mode
-            new = torch.empty(2 * size, dtype=old.dtype, device=old.device)
-            new[:old.numel()].copy_(old)
-            self.views[k] = [(new[2 * i], new[2 * i + 1]) for i in range(size)]
-        self.buffers[k] = new
-
-    def flags(self) -> torch.Tensor | None:
-        """One bool per tensor written since :meth:`reset` (True: NaN/Inf), key after key, on the
-        first buffer's device."""
-        parts = [torch.isfinite(b[:2 * n]).view(-1, 2).all(1).logical_not()
-                 for b, n in zip(self.buffers, self.used, strict=True) if n]
-        if not parts:
-            return None
-        device = parts[0].device
-        return torch.cat([p.to(device) for p in parts]) if len(parts) > 1 else parts[0]
-
-    def reset(self) -> None:
-        self.used = [0] * len(self.used)
 
 
 @dataclass
@@ -236,7 +188,9 @@ class NonfiniteTracer:
         self.handles: list[RemovableHandle] = []
         self.leaf_handles: list[RemovableHandle] = []  # gradient hooks on leaves: they outlive the graph
         self._untraced: Any = None
-        self._node_hook, self._leaf_hook = self._node_grad, self._grad  # bound once, not once per tensor
+        # bound once, not once per tensor
+        self._node_hook, self._leaf_hook, self._any_hook = self._node_grad, self._grad, self._any_node
+        self.nodes: dict[int, int] = {}  # id of a node hooked this step -> its slot << 20 | output number
         try:
             for m in model.modules():
                 if m is not model and type(m).forward is nn.Sequential.forward:
@@ -257,6 +211,7 @@ class NonfiniteTracer:
         self.kept.clear()
         self.seen.clear()
         self.known.clear()
+        self.nodes.clear()
 
     def _remove_leaf_hooks(self) -> None:
         for h in self.leaf_handles:
@@ -290,8 +245,12 @@ class NonfiniteTracer:
             node = t.grad_fn
             if node is None:  # a leaf (a parameter passed in): its hook outlives the graph
                 self.leaf_handles.append(t.register_hook(partial(self._leaf_hook, trace, slot)))
-            else:  # the gradient of output ``output_nr`` of the node that made t (no handle kept)
+            elif id(node) in self.nodes:  # a second output of one node: a hook of its own
                 node.register_prehook(partial(self._node_hook, trace, slot, t.output_nr))
+            else:  # the gradient of output ``output_nr`` of the node that made t (no handle kept; the
+                # node keeps its Python object, so its id holds until the node is gone)
+                self.nodes[id(node)] = (slot << 20) | t.output_nr
+                node.register_prehook(self._any_hook)
         if version >= 0:
             try:
                 self.seen[key] = ref if ref is not None else weakref.ref(t)
@@ -358,6 +317,11 @@ class NonfiniteTracer:
             trace.grad_slots.append(slot)
             trace.keys.append(self._stat(grad.detach() if grad.requires_grad else grad))
 
+    def _any_node(self, grads: tuple[torch.Tensor | None, ...]) -> None:
+        info = self.nodes.get(id(_current_node()))
+        if info is not None:
+            self._node_grad(self.trace, info >> 20, info & 0xFFFFF, grads)
+
     def _node_grad(self, trace: Trace, slot: int, index: int, grads: tuple[torch.Tensor | None, ...]) -> None:
         grad = grads[index] if index < len(grads) else None
         if trace is self.trace and grad is not None and grad.dtype in CHECKED and grad.numel():
@@ -388,6 +352,7 @@ class NonfiniteTracer:
         self.stats.reset()
         self.seen.clear()
         self.known.clear()
+        self.nodes.clear()
         self.kept.clear()
         return out
 
