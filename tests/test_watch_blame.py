@@ -114,9 +114,9 @@ class MLP(nn.Module):
         return self.out(self.gate(self.fc2(self.act(self.fc1(x)))))
 
 
-def test_mlp_custom_function_nan_backward_names_its_module(tmp_path):
-    model = MLP()
-    arm = _plant(model, model, "gate", "backward", 2)
+def _nan_backward_at_step_2(model, module, tmp_path):
+    """Four SGD steps under ``watch(nonfinite=True)``, ``module``'s backward made NaN at step 2."""
+    arm = _plant(model, model, module, "backward", 2)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     torch.manual_seed(0)
     xs = torch.randn(4, 3, 4)
@@ -126,6 +126,11 @@ def test_mlp_custom_function_nan_backward_names_its_module(tmp_path):
             model(xs[s]).pow(2).mean().backward()
             opt.step()
             opt.zero_grad()
+    return w
+
+
+def test_mlp_custom_function_nan_backward_names_its_module(tmp_path):
+    w = _nan_backward_at_step_2(MLP(), "gate", tmp_path)
     # not fc2 / act / fc1 (their output gradient was already NaN), not gate.inner (its output
     # gradient is the NaN one), not the root (no floating input gradient)
     assert _codes(w, "nonfinite-backward") == [(2, "gate")]
@@ -253,15 +258,5 @@ class SplitHeads(nn.Module):
 
 @pytest.mark.parametrize("side", ["left", "right"])
 def test_the_second_output_of_one_node_is_followed_in_the_backward(tmp_path, side):
-    model = SplitHeads()
-    arm = _plant(model, model, side, "backward", 2)
-    opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    torch.manual_seed(0)
-    xs = torch.randn(4, 3, 4)
-    with watch(model, opt, tmp_path / "r.inspect", nonfinite=True) as w:
-        for s in range(4):
-            arm(s)
-            model(xs[s]).pow(2).mean().backward()
-            opt.step()
-            opt.zero_grad()
+    w = _nan_backward_at_step_2(SplitHeads(), side, tmp_path)
     assert _codes(w, "nonfinite-backward") == [(2, side)]

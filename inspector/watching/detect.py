@@ -133,9 +133,8 @@ class Detectors:
         self.streak = np.where(zero, 0, self.streak + 1)
         self.dead = np.where(zero, self.dead + 1, 0)
         cut = (self.dead == CUT_AFTER) & (self.lost >= SETTLED) & (self.window > CUT_AFTER)
-        for group in (np.flatnonzero(cut), np.flatnonzero((self.dead == self.window) & ~cut)):
-            out += self._dead([self.layout.parameters[i] for i in group], bool(cut[group].any()) if len(group)
-                              else False, int(self.lost[group].min()) if len(group) else 0)
+        out += self._dead(np.flatnonzero(cut), cut=True)
+        out += self._dead(np.flatnonzero((self.dead == self.window) & ~cut), cut=False)
         now = _log(module_grad)
         self.surge = None
         self.quiet, self.settling = self.settling > 0, max(self.settling - 1, 0)
@@ -148,12 +147,14 @@ class Detectors:
         self.history.append(now)
         return out
 
-    def _dead(self, names: list[str], cut: bool, lost: int) -> list[Finding]:
-        """``dead-gradient`` for the parameters ``names`` whose gradient went missing this step: one finding
-        each, or one for them all when they are more than ``GROUP_OVER`` (a detach() or a frozen path
-        takes a whole part of the model at once)."""
-        if not names:
+    def _dead(self, which: np.ndarray, cut: bool) -> list[Finding]:
+        """``dead-gradient`` for the parameters ``which`` whose gradient went missing this step (``cut``: each
+        after a settled run of gradients): one finding each, or one for them all when they are more than
+        ``GROUP_OVER`` (a detach() or a frozen path takes a whole part of the model at once)."""
+        if not len(which):
             return []
+        names = [self.layout.parameters[i] for i in which]
+        lost = int(self.lost[which].min())
         one = len(names) <= GROUP_OVER
         why = (f"had a gradient at each of the {lost} steps before and none, or an all-zero one, for the "
                f"last {CUT_AFTER}: something cut {'it' if one else 'them'} off (a detach(), a frozen path, a "
