@@ -260,3 +260,22 @@ class SplitHeads(nn.Module):
 def test_the_second_output_of_one_node_is_followed_in_the_backward(tmp_path, side):
     w = _nan_backward_at_step_2(SplitHeads(), side, tmp_path)
     assert _codes(w, "nonfinite-backward") == [(2, side)]
+
+
+def test_a_graph_kept_past_the_watch_holds_none_of_it(tmp_path):
+    """The gradient hooks a step's graph carries are emptied when the watch ends: a loss kept and
+    backpropagated after it runs nothing of the watch, and holds none of its buffers."""
+    import gc
+    import weakref
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with watch(model, opt, tmp_path / "r.inspect", nonfinite=True) as w:
+        loss = model(torch.randn(3, 4)).pow(2).mean()
+    tracer = weakref.ref(w.tracer)
+    del w
+    gc.collect()
+    assert tracer() is None
+    loss.backward()
+    assert all(p.grad is not None and p.grad.isfinite().all() for p in model.parameters())

@@ -5,6 +5,17 @@ from __future__ import annotations
 
 import torch
 
+from ..utils.dtensors import is_dtensor
+
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
+
+
+def _piece(t: torch.Tensor) -> torch.Tensor:
+    """``t`` without autograd, and for a DTensor this rank's local piece (no collective in a hook)."""
+    if type(t) not in _PLAIN and is_dtensor(t):
+        t = t.to_local()
+    return t.detach() if t.requires_grad else t
+
 
 class Stats:
     """``(low, high)`` of each tensor, written by ``torch.aminmax(..., out=...)`` into one buffer per
@@ -15,6 +26,7 @@ class Stats:
         self.buffers: list[torch.Tensor] = []
         self.views: list[list[tuple[torch.Tensor, torch.Tensor]]] = []
         self.used: list[int] = []
+        self.recent: dict[torch.dtype, int] = {}  # dtype -> the buffer last written for it (tried first)
 
     def key(self, device: torch.device, dtype: torch.dtype) -> int:
         """The index of the buffer for ``dtype`` on ``device`` (made empty the first time)."""
@@ -29,9 +41,35 @@ class Stats:
 
     def reserve(self, device: torch.device, dtype: torch.dtype, size: int) -> None:
         """Room for ``size`` tensors of ``dtype`` on ``device`` (made when the watch opens, not in a step)."""
-        k = self.key(device, dtype)
+        k = self.recent[dtype] = self.key(device, dtype)
         if len(self.views[k]) < size:
             self.grow(k, size)
+
+    def write(self, t: torch.Tensor) -> int:
+        """Write the (low, high) of ``t`` into the buffer of its device and dtype (``t`` requires no grad,
+        or grad mode is off); that buffer's key. The buffer last written for ``t``'s dtype is tried
+        first, without looking its device up (a tensor on another device makes ``aminmax`` raise)."""
+        if type(t) not in _PLAIN:
+            t = _piece(t)
+        k = self.recent.get(t.dtype)
+        if k is not None:
+            n = self.used[k]
+            views = self.views[k]
+            if n < len(views):
+                try:
+                    torch.aminmax(t, out=views[n])
+                except RuntimeError:  # another device: looked up below
+                    pass
+                else:
+                    self.used[k] = n + 1
+                    return k
+        k = self.recent[t.dtype] = self.key(t.device, t.dtype)
+        n = self.used[k]
+        if n == len(self.views[k]):
+            self.grow(k, max(64, 2 * n))
+        torch.aminmax(t, out=self.views[k][n])
+        self.used[k] = n + 1
+        return k
 
     def grow(self, k: int, size: int) -> None:
         """Room for ``size`` tensors in buffer ``k``, keeping what it holds."""

@@ -14,9 +14,10 @@ import torch
 from ..utils.dtensors import is_dtensor
 from ..utils.findings import Finding
 from ..utils.labels import listed, module_label
+from .flags import _piece
 from .layout import Layout, current, fused_norms, global_norms, shard_key, to_host
 from .numbers import BATCH_PRODUCER, NO_PRODUCER, Numbers, memory
-from .tracer import BATCH, NonfiniteTracer, Trace, _piece, floating
+from .tracer import BATCH, NonfiniteTracer, Trace, floating
 
 
 class Watched(Protocol):

@@ -32,17 +32,16 @@ import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
-from ..utils.dtensors import is_dtensor
 from ..utils.labels import BATCH_LABEL
-from .flags import Stats
+from .flags import Stats, _piece
 
 CHECKED = frozenset((torch.float16, torch.bfloat16, torch.float32, torch.float64))  # aminmax takes these
 BATCH = BATCH_LABEL  # the name a non-finite batch gets
-_PLAIN = (torch.Tensor, nn.Parameter)
 _SLOT = (1 << 32) - 1
 _graph_task = torch._C._current_graph_task_id  # -1 outside a backward
 _grad_enabled = torch.is_grad_enabled
 _current_node = torch._C._current_autograd_node  # inside a node's pre-hook: that node
+_set_grad_enabled = torch._C._set_grad_enabled
 _compiling = torch.compiler.is_compiling
 
 
@@ -63,13 +62,6 @@ def _gather(value: Any, out: list[torch.Tensor], depth: int) -> None:
     elif depth < 3 and isinstance(value, dict):
         for v in value.values():
             _gather(v, out, depth + 1)
-
-
-def _piece(t: torch.Tensor) -> torch.Tensor:
-    """``t`` without autograd, and for a DTensor this rank's local piece (no collective in a hook)."""
-    if type(t) not in _PLAIN and is_dtensor(t):
-        t = t.to_local()
-    return t.detach() if t.requires_grad else t
 
 
 @dataclass(frozen=True)
@@ -188,9 +180,16 @@ class NonfiniteTracer:
         self.handles: list[RemovableHandle] = []
         self.leaf_handles: list[RemovableHandle] = []  # gradient hooks on leaves: they outlive the graph
         self._untraced: Any = None
-        # bound once, not once per tensor
-        self._node_hook, self._leaf_hook, self._any_hook = self._node_grad, self._grad, self._any_node
-        self.nodes: dict[int, int] = {}  # id of a node hooked this step -> its slot << 20 | output number
+        self._output_hook, self._leaf_hook = self._output_grad, self._grad  # bound once, not once per tensor
+        self.nodes: dict[int, int] = {}  # id of a node whose first output's gradient is hooked -> its slot
+        # One hook dict for every node, held by a tensor of its own: ``node._register_hook_dict(holder)``
+        # adds a pre-hook that calls what the dict holds with the node's first input gradient, without the
+        # dict and handle ``register_prehook`` makes per node (about 2.5 us and two objects for the
+        # collector, on the CPU); :meth:`remove` empties it, so a graph kept past the watch calls nothing.
+        self._hooks: dict[int, Any] = {0: self._node_grad}
+        with torch.inference_mode(False):
+            self._holder: torch.Tensor | None = torch.empty(0)
+        self._holder._backward_hooks = self._hooks
         try:
             for m in model.modules():
                 if m is not model and type(m).forward is nn.Sequential.forward:
@@ -208,6 +207,7 @@ class NonfiniteTracer:
             h.remove()
         self.handles.clear()
         self._remove_leaf_hooks()
+        self._hooks.clear()
         self.kept.clear()
         self.seen.clear()
         self.known.clear()
@@ -240,17 +240,22 @@ class NonfiniteTracer:
             ref = None
             slot = len(trace.slot_event)
             trace.slot_event.append(len(trace.keys))
-            trace.keys.append(self._stat(t.detach() if tracked else t))
+            trace.keys.append(self.stats.write(t))  # (grad mode is off in the record: no detach)
         if hooked:
             node = t.grad_fn
             if node is None:  # a leaf (a parameter passed in): its hook outlives the graph
                 self.leaf_handles.append(t.register_hook(partial(self._leaf_hook, trace, slot)))
-            elif id(node) in self.nodes:  # a second output of one node: a hook of its own
-                node.register_prehook(partial(self._node_hook, trace, slot, t.output_nr))
-            else:  # the gradient of output ``output_nr`` of the node that made t (no handle kept; the
-                # node keeps its Python object, so its id holds until the node is gone)
-                self.nodes[id(node)] = (slot << 20) | t.output_nr
-                node.register_prehook(self._any_hook)
+            elif self._holder is None or t.output_nr or id(node) in self.nodes:  # another output of
+                # the node, or a second tensor of one: a pre-hook of its own (it goes with the graph)
+                node.register_prehook(partial(self._output_hook, trace, slot, t.output_nr))
+            else:  # the node keeps its Python object, so its id holds until the node is gone
+                self.nodes[id(node)] = slot
+                try:
+                    node._register_hook_dict(self._holder)
+                except (AttributeError, TypeError):  # a torch without it: a pre-hook per node from now on
+                    del self.nodes[id(node)]
+                    self._holder = None
+                    node.register_prehook(partial(self._output_hook, trace, slot, 0))
         if version >= 0:
             try:
                 self.seen[key] = ref if ref is not None else weakref.ref(t)
@@ -258,24 +263,6 @@ class NonfiniteTracer:
                 return slot
             self.known[key] = (version << 33) | (slot << 1) | int(hooked)
         return slot
-
-    def _stat(self, t: torch.Tensor) -> int:
-        """Write the (low, high) of ``t`` (no autograd) into :attr:`stats`; the buffer's key."""
-        if type(t) not in _PLAIN:
-            t = _piece(t)
-        stats = self.stats
-        device, dtype = t.device, t.dtype
-        k = stats.keys.get((device, dtype))
-        if k is None:
-            k = stats.key(device, dtype)
-        n = stats.used[k]
-        views = stats.views[k]
-        if n == len(views):
-            stats.grow(k, max(64, 2 * n))
-            views = stats.views[k]
-        torch.aminmax(t, out=views[n])
-        stats.used[k] = n + 1
-        return k
 
     def _hook(self, module: nn.Module, args: Any, kwargs: Any, output: Any) -> None:
         if _compiling():  # under torch.compile: run the record as it is, not traced (a graph break per
@@ -293,21 +280,28 @@ class NonfiniteTracer:
         again = _graph_task() != -1
         trace.again.append(again)
         first = len(trace.slot_event)
-        grad = self.backward and _grad_enabled()
+        enabled = _grad_enabled()
+        grad = self.backward and enabled
         if len(args) == 1 and type(args[0]) is torch.Tensor and args[0].dtype in CHECKED and args[0].numel():
             ins = [args[0]]  # the common case, without the walk
         else:
             ins = floating(args)
         if kwargs:
             ins += floating(kwargs)
-        trace.ins.append(self._slot(ins[0], grad) if len(ins) == 1
-                         else tuple([self._slot(t, grad) for t in ins]))
-        if type(output) is torch.Tensor and output.dtype in CHECKED and output.numel():
-            trace.outs.append(self._slot(output, grad))
-        else:
-            outs = floating(output)
-            trace.outs.append(self._slot(outs[0], grad) if len(outs) == 1 else tuple([self._slot(t, grad)
-                                                                                    for t in outs]))
+        if enabled:  # aminmax(out=) takes a tensor that requires grad only with grad mode off
+            _set_grad_enabled(False)
+        try:
+            trace.ins.append(self._slot(ins[0], grad) if len(ins) == 1
+                             else tuple([self._slot(t, grad) for t in ins]))
+            if type(output) is torch.Tensor and output.dtype in CHECKED and output.numel():
+                trace.outs.append(self._slot(output, grad))
+            else:
+                outs = floating(output)
+                trace.outs.append(self._slot(outs[0], grad) if len(outs) == 1
+                                  else tuple([self._slot(t, grad) for t in outs]))
+        finally:
+            if enabled:
+                _set_grad_enabled(True)
         if self.keep and not again:
             self.kept[call] = (args, output, first)
 
@@ -315,19 +309,20 @@ class NonfiniteTracer:
         if trace is self.trace and grad is not None and grad.dtype in CHECKED and grad.numel():
             trace.grad_events.append(len(trace.keys))
             trace.grad_slots.append(slot)
-            trace.keys.append(self._stat(grad.detach() if grad.requires_grad else grad))
+            trace.keys.append(self.stats.write(grad.detach() if grad.requires_grad else grad))
 
-    def _any_node(self, grads: tuple[torch.Tensor | None, ...]) -> None:
-        info = self.nodes.get(id(_current_node()))
-        if info is not None:
-            self._node_grad(self.trace, info >> 20, info & 0xFFFFF, grads)
-
-    def _node_grad(self, trace: Trace, slot: int, index: int, grads: tuple[torch.Tensor | None, ...]) -> None:
-        grad = grads[index] if index < len(grads) else None
-        if trace is self.trace and grad is not None and grad.dtype in CHECKED and grad.numel():
+    def _node_grad(self, grad: torch.Tensor | None) -> None:
+        """The pre-hook every node gets through the shared dict: the gradient of its first output."""
+        slot = self.nodes.get(id(_current_node()))
+        if slot is not None and grad is not None and grad.dtype in CHECKED and grad.numel():
+            trace = self.trace
             trace.grad_events.append(len(trace.keys))
             trace.grad_slots.append(slot)
-            trace.keys.append(self._stat(grad.detach() if grad.requires_grad else grad))
+            trace.keys.append(self.stats.write(grad.detach() if grad.requires_grad else grad))
+
+    def _output_grad(self, trace: Trace, slot: int, index: int,
+                     grads: tuple[torch.Tensor | None, ...]) -> None:
+        self._grad(trace, slot, grads[index] if index < len(grads) else None)
 
     @property
     def calls(self) -> list[str]:
