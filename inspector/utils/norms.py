@@ -7,8 +7,9 @@ tensors for a fused norm.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
+import numpy as np
 import torch
 
 
@@ -22,52 +23,102 @@ def grouped_norms(tensors: Sequence[torch.Tensor | None]) -> list[tuple[list[int
     ...                                             torch.tensor([1.0], dtype=torch.float64)])]
     [([0], [5.0]), ([2], [1.0])]
     """
-    groups: dict[tuple[torch.device, torch.dtype], tuple[list[int], list[torch.Tensor]]] = {}
-    for i, t in enumerate(tensors):
-        if t is not None:
-            idx, members = groups.setdefault((t.device, t.dtype), ([], []))
-            idx.append(i)
-            members.append(t)
-    out = []
-    for idx, members in groups.values():
-        with torch.no_grad():
-            out.append((idx, _norms(members)))
-    return out
+    return [(list(idx), norms) for idx, norms in _run(_plan(tensors), tensors)]
 
 
 SMALL = 1 << 14  # elements: on the CPU, tensors this small of one shape are stacked and reduced at once
 STACKED = 1 << 20  # elements copied per stack at most
 
+# a group's work: (positions, its stacks as (count, dims to reduce), and after them the rest, by
+# _foreach_norm); its norms come in the order of positions
+Group = tuple[list[int], list[tuple[int, tuple[int, ...]]]]
 
-def _norms(members: list[torch.Tensor]) -> torch.Tensor:
-    """The norms of ``members`` (one device and dtype) as one 1-d tensor. On the CPU, where
-    ``_foreach_norm`` is a loop of one kernel call per tensor (about 2 us each), small tensors of one
-    shape are copied into one stack and reduced by one call (a thousand 32x32 weights: 0.13 ms
-    against 0.9 ms); on an accelerator ``_foreach_norm`` is already one fused kernel."""
-    if len(members) < 8 or members[0].device.type != "cpu":
-        return torch.stack(list(_foreach(members)))
-    shapes: dict[tuple[int, ...], list[int]] = {}
-    rest: list[int] = []
-    for j, t in enumerate(members):
-        if t.numel() <= SMALL:
-            shapes.setdefault(tuple(t.shape), []).append(j)
-        else:
-            rest.append(j)
-    out = torch.empty(len(members), dtype=members[0].dtype)
-    for shape, js in shapes.items():
-        if len(js) < 4:
-            rest += js
+
+def _plan(tensors: Sequence[torch.Tensor | None]) -> list[Group]:
+    """The groups of ``tensors`` (None left out) by (device, dtype); on the CPU, where ``_foreach_norm``
+    is a loop of one kernel call per tensor (about 2 us each), small tensors of one shape are copied
+    into one stack and reduced by one call (a thousand 32x32 weights: 0.13 ms against 0.9 ms); on an
+    accelerator ``_foreach_norm`` is already one fused kernel."""
+    groups: dict[tuple[torch.device, torch.dtype], list[int]] = {}
+    for i, t in enumerate(tensors):
+        if t is not None:
+            groups.setdefault((t.device, t.dtype), []).append(i)
+    out: list[Group] = []
+    for (device, _), idx in groups.items():
+        if len(idx) < 8 or device.type != "cpu":
+            out.append((idx, []))
             continue
-        size = max(math.prod(shape), 1)
-        dims = tuple(range(1, len(shape) + 1))
-        step = max(1, STACKED // size)
-        for k in range(0, len(js), step):
-            part = js[k:k + step]
-            stacked = torch.stack([members[j] for j in part])
-            out[part] = torch.linalg.vector_norm(stacked, dim=dims) if dims else stacked.abs()
-    if rest:
-        out[rest] = torch.stack(list(_foreach([members[j] for j in rest])))
+        shapes: dict[tuple[int, ...], list[int]] = {}
+        rest: list[int] = []
+        for i in idx:
+            t = tensors[i]
+            assert t is not None
+            if t.numel() <= SMALL:
+                shapes.setdefault(tuple(t.shape), []).append(i)
+            else:
+                rest.append(i)
+        order: list[int] = []
+        stacks: list[tuple[int, tuple[int, ...]]] = []
+        for shape, js in shapes.items():
+            if len(js) < 4:
+                rest += js
+                continue
+            step = max(1, STACKED // max(math.prod(shape), 1))
+            for k in range(0, len(js), step):
+                order += js[k:k + step]
+                stacks.append((len(js[k:k + step]), tuple(range(1, len(shape) + 1))))
+        out.append((order + rest, stacks))
     return out
+
+
+def _run(plan: list[Group], tensors: Sequence[torch.Tensor | None]) -> list[tuple[list[int], torch.Tensor]]:
+    out = []
+    with torch.no_grad():
+        for idx, stacks in plan:
+            members = [tensors[i] for i in idx]
+            parts: list[torch.Tensor] = []
+            at = 0
+            for count, dims in stacks:
+                stacked = torch.stack(members[at:at + count])  # type: ignore[arg-type]
+                parts.append(torch.linalg.vector_norm(stacked, dim=dims) if dims else stacked.abs())
+                at += count
+            if at < len(members):
+                parts.append(torch.stack(list(_foreach(members[at:]))))  # type: ignore[arg-type]
+            out.append((idx, parts[0] if len(parts) == 1 else torch.cat(parts)))
+    return out
+
+
+class NormPlan:
+    """:func:`grouped_norms` for a list that comes back step after step (the same parameters, or their
+    gradients: a gradient has its parameter's shape, dtype and device): the grouping is worked out once
+    and used again while the list holds None at the same places, instead of a look at every tensor
+    (1,000 tensors: about 0.2 ms against 0.8 ms on the CPU). A list it no longer fits (a tensor that
+    changed shape or moved makes a stack or a kernel refuse it) is grouped afresh; what runs is then
+    what :func:`grouped_norms` runs, so the norms are the same."""
+
+    def __init__(self) -> None:
+        self.nones: list[bool] | None = None
+        self.dropped: list[int] = []  # tensors given but left out by ``keep`` when grouped
+        self.plan: list[Group] = []
+        self.positions: list[np.ndarray] = []
+
+    def norms(self, tensors: Sequence[torch.Tensor | None], keep: Callable[[torch.Tensor], bool] | None = None
+              ) -> list[tuple[np.ndarray, torch.Tensor]]:
+        """``(positions, norms)`` pairs as :func:`grouped_norms` gives them for ``tensors`` with those
+        ``keep`` refuses as None (asked again of those only, while the plan holds), positions as arrays."""
+        nones = [t is None for t in tensors]
+        if nones == self.nones and not (keep is not None and any(keep(t) for i in self.dropped
+                                                                   if (t := tensors[i]) is not None)):
+            try:
+                return list(zip(self.positions, (n for _, n in _run(self.plan, tensors)), strict=True))
+            except (RuntimeError, TypeError, IndexError):
+                pass
+        kept = [t if t is None or keep is None or keep(t) else None for t in tensors]
+        self.dropped = [i for i, (t, k) in enumerate(zip(tensors, kept, strict=True))
+                        if k is None and t is not None]
+        self.nones, self.plan = nones, _plan(kept)
+        self.positions = [np.asarray(idx, dtype=np.int64) for idx, _ in self.plan]
+        return list(zip(self.positions, (n for _, n in _run(self.plan, tensors)), strict=True))
 
 
 def _foreach(members: list[torch.Tensor]) -> list[torch.Tensor] | tuple[torch.Tensor, ...]:

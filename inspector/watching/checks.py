@@ -38,6 +38,8 @@ def optimizer_list(optimizer: Optimizers) -> list[torch.optim.Optimizer]:
         raise InspectorError("watch was given an empty list of optimizers: give one, a list, or None")
     return [o for o in found if isinstance(o, torch.optim.Optimizer)]
 
+_GRAD, _VERSION = operator.attrgetter("grad"), operator.attrgetter("_version")
+
 
 class GradientClearing:
     """Whether the gradients a step used were cleared (set to None or zeroed) before a backward added to
@@ -54,7 +56,8 @@ class GradientClearing:
     """
 
     def __init__(self) -> None:
-        self.after: dict[int, tuple[weakref.ref, int]] = {}  # index -> (the step's gradient, its version)
+        self.after: dict[int, weakref.ref] = {}  # index -> the step's gradient,
+        self.versions: dict[int, int] = {}  # and its version (two dicts: no tuple kept per parameter)
         self.dirty: dict[int, tuple[weakref.ref, int]] = {}  # added onto: (gradient, version expected next)
         self.hooked: WeakIdKeyDictionary = WeakIdKeyDictionary()  # parameter -> (index, handle)
         self.attached: list[torch.Tensor | None] = []  # the list last hooked, and which of it trains
@@ -78,19 +81,26 @@ class GradientClearing:
 
     def _hook(self, i: int, param: weakref.ref) -> Any:
         def hook(grad: torch.Tensor) -> None:
-            key = self.dirty.pop(i, None) or self.after.pop(i, None)
+            key = self.dirty.pop(i, None)
+            ref, version = (self.after.pop(i, None), self.versions.get(i, -1)) if key is None else key
             p = param()
-            if key is None or p is None:
+            if ref is None or p is None:
                 return
             g = p.grad
-            if g is not None and g._version == key[1] and key[0]() is g:
-                self.dirty[i] = (key[0], key[1] + 1)  # an in-place add moves the version by one
+            if g is not None and g._version == version and ref() is g:
+                self.dirty[i] = (ref, version + 1)  # an in-place add moves the version by one
         return hook
 
     def stepped(self, params: list[torch.Tensor | None]) -> None:
         """After a step: remember each gradient the step used."""
-        self.after = {i: (weakref.ref(p.grad), p.grad._version) for i, p in enumerate(params)
-                      if p is not None and p.grad is not None}
+        try:
+            grads = list(map(_GRAD, params))
+        except AttributeError:  # a None among them
+            grads = [None if p is None else p.grad for p in params]
+        idx = [i for i, g in enumerate(grads) if g is not None]
+        used = [grads[i] for i in idx]
+        self.after = dict(zip(idx, map(weakref.ref, used), strict=True))
+        self.versions = dict(zip(idx, map(_VERSION, used), strict=True))
         self.dirty = {}
 
     def findings(self, names: tuple[str, ...], params: list[torch.Tensor | None], held: Any) -> list[Finding]:

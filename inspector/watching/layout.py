@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from ..utils.dtensors import is_dtensor, splits
-from ..utils.norms import grouped_norms
+from ..utils.norms import NormPlan, grouped_norms
 from ..utils.wrappers import underlying
 
 
@@ -105,13 +105,17 @@ def _submodule(root: nn.Module, prefix: str, edges: dict[tuple[int, str], tuple[
     return module
 
 
-def fused_norms(tensors: list[torch.Tensor | None]) -> list[tuple[np.ndarray, torch.Tensor]]:
+def fused_norms(tensors: list[torch.Tensor | None], plan: NormPlan | None = None
+                ) -> list[tuple[np.ndarray, torch.Tensor]]:
     """L2 norms of the local pieces of ``tensors``, one ``torch._foreach_norm`` per (device, dtype).
 
     Returns ``(indices, norms)`` pairs: float32 norms on the device, in the order of ``indices``
-    (positions in ``tensors``); None and empty tensors are left out. Nothing is synchronised.
+    (positions in ``tensors``); None, empty and sparse tensors are left out. Nothing is synchronised.
+    ``plan`` keeps the grouping of a list that comes back each step (plain tensors only).
     """
     plain = (torch.Tensor, nn.Parameter)
+    if plan is not None and set(map(type, tensors)) <= _PLAIN_OR_NONE:
+        return [(idx, norms.float()) for idx, norms in plan.norms(tensors, _measured)]
     pieces: list[torch.Tensor | None] = []
     for t in tensors:
         if t is None:
@@ -130,6 +134,13 @@ def fused_norms(tensors: list[torch.Tensor | None]) -> list[tuple[np.ndarray, to
             piece = t
         pieces.append(piece if piece.numel() and piece.layout == torch.strided else None)
     return [(np.asarray(idx, dtype=np.int64), norms.float()) for idx, norms in grouped_norms(pieces)]
+
+
+_PLAIN_OR_NONE = {torch.Tensor, nn.Parameter, type(None)}
+
+
+def _measured(t: torch.Tensor) -> bool:
+    return t.layout == torch.strided and t.numel() > 0
 
 
 def _replicated(t: torch.Tensor) -> torch.Tensor:

@@ -14,6 +14,7 @@ import torch
 from ..utils.dtensors import is_dtensor
 from ..utils.findings import Finding
 from ..utils.labels import listed, module_label
+from ..utils.norms import NormPlan
 from .flags import _piece
 from .layout import Layout, current, fused_norms, global_norms, shard_key, to_host
 from .numbers import BATCH_PRODUCER, NO_PRODUCER, Numbers, memory
@@ -56,21 +57,27 @@ class StepState:
         self.before: list[torch.Tensor] | None = None
         self.findings: list[Finding] = []
         self.last_scale = math.nan
-        self.marks: list[tuple[int, int] | None] = []  # each parameter's (version, address) after the step
+        self.marks: tuple[list[int], list[int]] = ([], [])  # each parameter's version and address after
+        # the step (-2 for a None or a tensor subclass: not followed); two lists of ints, no object each
         self.moved_parts: list[tuple[np.ndarray, torch.Tensor]] = []  # norms of those written since
         self.written: list[int] = []  # parameters written outside the optimizer holding NaN/Inf (host)
         self.batch: list[torch.Tensor] = []  # (low, high) of each floating input of this step's forwards
         self._keys: tuple[list[torch.Tensor | None], list[Any]] = ([], [])
+        # the grouping of the norms of the gradients, parameters, buffers and updates, kept from step to step
+        self.plans = {k: NormPlan() for k in ("grads", "params", "buffers", "updates")}
 
     def pre(self, params: list[torch.Tensor | None], snapshot: bool, findings: list[Finding]) -> None:
         self.params = params
         grads = [p.grad if p is not None else None for p in params]
         self.has_grad = np.array([g is not None for g in grads], dtype=bool)
-        self.grad_parts = fused_norms(grads)
+        self.grad_parts = fused_norms(grads, self.plans["grads"])
         self.before = [p.detach().clone() for p in params if p is not None] if snapshot else None
         self.findings = findings
-        moved = [i for i, (p, m) in enumerate(zip(params, self.marks, strict=False))
-                 if p is not None and m is not None and _mark(p) != m]
+        versions, places = self.marks
+        now = _marks(params) if versions else ([], [])
+        moved = [] if now == self.marks else [
+            i for i, (v, a, nv, na) in enumerate(zip(versions, places, *now, strict=False))
+            if v != -2 and nv != -2 and (v, a) != (nv, na)]
         parts = fused_norms([params[i] for i in moved]) if moved else []
         self.moved_parts = [(np.asarray(moved, dtype=np.int64)[idx], t) for idx, t in parts]
 
@@ -92,11 +99,27 @@ class StepState:
     def post(self) -> None:
         self.count += 1
         self.start = time.perf_counter()
-        self.marks = [None if p is None or type(p) not in _PLAIN else _mark(p) for p in self.params]
+        self.marks = _marks(self.params)
         self.params, self.grad_parts, self.before, self.moved_parts, self.batch = [], [], None, [], []
 
 
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
+
+
+def _marks(params: list[torch.Tensor | None]) -> tuple[list[int], list[int]]:
+    """:func:`_mark` of each parameter as two lists (-2 for a None or a tensor subclass); for a list of
+    plain tensors, by two passes in C (1,000 parameters: about 0.15 ms against 0.6 ms)."""
+    if set(map(type, params)) <= _PLAIN_TYPES:
+        try:
+            return list(map(_VERSION, params)), list(map(_PTR, params))
+        except RuntimeError:  # an inference tensor among them
+            pass
+    marks = [(-2, -2) if p is None or type(p) not in _PLAIN else _mark(p) for p in params]
+    return [v for v, _ in marks], [a for _, a in marks]
+
+
+_PLAIN_TYPES = set(_PLAIN)
+_VERSION, _PTR = operator.attrgetter("_version"), operator.methodcaller("data_ptr")
 
 
 def _mark(p: torch.Tensor) -> tuple[int, int]:
@@ -186,12 +209,13 @@ def _norm_parts(w: Watched, check: bool) -> tuple[Pairs, Pairs, Pairs, Pairs]:
     """Gradient, parameter, buffer and update norms on the device (global ones under FSDP2 / TP)."""
     st = w.state
     params = st.params
-    param_parts = fused_norms(params) if check else []
-    buffer_parts = fused_norms(current(w.root, w.layout.buffers, "buffer")) if check else []
+    param_parts = fused_norms(params, st.plans["params"]) if check else []
+    buffers = current(w.root, w.layout.buffers, "buffer") if check else []
+    buffer_parts = fused_norms(buffers, st.plans["buffers"]) if check else []
     update_parts: Pairs = []
     if st.before is not None:
         live = [p.detach() for p in params if p is not None]
-        update_parts = fused_norms(list(torch._foreach_sub(live, st.before)))
+        update_parts = fused_norms(list(torch._foreach_sub(live, st.before)), st.plans["updates"])
         positions = np.flatnonzero([p is not None for p in params])
         update_parts = [(positions[idx], t) for idx, t in update_parts]
     grad_parts = st.grad_parts
