@@ -38,6 +38,7 @@ from .flags import Stats, _piece
 CHECKED = frozenset((torch.float16, torch.bfloat16, torch.float32, torch.float64))  # aminmax takes these
 BATCH = BATCH_LABEL  # the name a non-finite batch gets
 _SLOT = (1 << 32) - 1
+_NONE: tuple[Any, int, int, bool] = (None, -1, 0, False)  # no last output
 _graph_task = torch._C._current_graph_task_id  # -1 outside a backward
 _grad_enabled = torch.is_grad_enabled
 _current_node = torch._C._current_autograd_node  # inside a node's pre-hook: that node
@@ -180,6 +181,8 @@ class NonfiniteTracer:
         self.handles: list[RemovableHandle] = []
         self.leaf_handles: list[RemovableHandle] = []  # gradient hooks on leaves: they outlive the graph
         self._untraced: Any = None
+        self._last: tuple[Any, int, int, bool] = _NONE  # the last call's single output:
+        # (tensor, version, slot, hooked), so a chain's next call takes its slot without a lookup
         self._output_hook, self._leaf_hook = self._output_grad, self._grad  # bound once, not once per tensor
         self.nodes: dict[int, int] = {}  # id of a node whose first output's gradient is hooked -> its slot
         # One hook dict for every node, held by a tensor of its own: ``node._register_hook_dict(holder)``
@@ -212,6 +215,7 @@ class NonfiniteTracer:
         self.seen.clear()
         self.known.clear()
         self.nodes.clear()
+        self._last = _NONE
 
     def _remove_leaf_hooks(self) -> None:
         for h in self.leaf_handles:
@@ -267,12 +271,9 @@ class NonfiniteTracer:
     def _hook(self, module: nn.Module, args: Any, kwargs: Any, output: Any) -> None:
         if _compiling():  # under torch.compile: run the record as it is, not traced (a graph break per
             if self._untraced is None:  # module: the flags are per module; no guards on the bookkeeping)
-                self._untraced = torch.compiler.disable(self._record)
+                self._untraced = torch.compiler.disable(self._hook)
             self._untraced(module, args, kwargs, output)
-        else:
-            self._record(module, args, kwargs, output)
-
-    def _record(self, module: nn.Module, args: Any, kwargs: Any, output: Any) -> None:
+            return
         trace = self.trace
         call = len(trace.calls)
         name = self.names.get(id(module))
@@ -282,8 +283,13 @@ class NonfiniteTracer:
         first = len(trace.slot_event)
         enabled = _grad_enabled()
         grad = self.backward and enabled
-        if len(args) == 1 and type(args[0]) is torch.Tensor and args[0].dtype in CHECKED and args[0].numel():
-            ins = [args[0]]  # the common case, without the walk
+        last = self._last
+        one = args[0] if len(args) == 1 else None
+        if one is last[0] is not None and not kwargs and one._version == last[1] and (last[3] or not grad):
+            trace.ins.append(last[2])  # the last call's output, unchanged (a chain of modules)
+            ins: list[torch.Tensor] = []
+        elif type(one) is torch.Tensor and one.dtype in CHECKED and one.numel():
+            ins = [one]  # the common case, without the walk
         else:
             ins = floating(args)
         if kwargs:
@@ -291,10 +297,18 @@ class NonfiniteTracer:
         if enabled:  # aminmax(out=) takes a tensor that requires grad only with grad mode off
             _set_grad_enabled(False)
         try:
-            trace.ins.append(self._slot(ins[0], grad) if len(ins) == 1
-                             else tuple([self._slot(t, grad) for t in ins]))
+            if ins:
+                trace.ins.append(self._slot(ins[0], grad) if len(ins) == 1
+                                 else tuple([self._slot(t, grad) for t in ins]))
+            elif len(trace.ins) == call:
+                trace.ins.append(())
             if type(output) is torch.Tensor and output.dtype in CHECKED and output.numel():
-                trace.outs.append(self._slot(output, grad))
+                slot = self._slot(output, grad)
+                trace.outs.append(slot)
+                try:
+                    self._last = (output, output._version, slot, grad and output.requires_grad)
+                except RuntimeError:  # an inference tensor (no version counter): never taken as is
+                    self._last = _NONE
             else:
                 outs = floating(output)
                 trace.outs.append(self._slot(outs[0], grad) if len(outs) == 1
@@ -349,6 +363,7 @@ class NonfiniteTracer:
         self.known.clear()
         self.nodes.clear()
         self.kept.clear()
+        self._last = _NONE
         return out
 
 
