@@ -279,3 +279,45 @@ def test_a_graph_kept_past_the_watch_holds_none_of_it(tmp_path):
     assert tracer() is None
     loss.backward()
     assert all(p.grad is not None and p.grad.isfinite().all() for p in model.parameters())
+
+
+class InPlaceNaN(nn.Module):
+    """Writes NaN into its input in place, when armed, and returns that same tensor."""
+
+    armed = False
+
+    def forward(self, x):
+        return x.mul_(math.nan) if self.armed else x
+
+
+def test_a_module_writing_its_input_in_place_is_not_blamed_on_the_one_before(tmp_path):
+    """The output a module handed on is read when that module ends: the next module writing NaN into
+    that very tensor (in place) does not make the first one its producer."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 4), InPlaceNaN(), nn.Linear(4, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    with watch(model, opt, tmp_path / "r.inspect", nonfinite=True) as w:
+        for s in range(3):
+            model[1].armed = s == 1
+            model(torch.randn(3, 4)).pow(2).mean().backward()
+            opt.step()
+            opt.zero_grad()
+    blamed = [(f.step, f.where) for f in w.findings if f.code == "nonfinite-forward"]
+    assert (1, "0") not in blamed
+
+
+def test_the_watch_holds_no_output_past_the_step(tmp_path):
+    import gc
+    import weakref
+
+    model = nn.Sequential(nn.Linear(4, 4), nn.Tanh(), nn.Linear(4, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    with watch(model, opt, tmp_path / "r.inspect", nonfinite=True):
+        out = model(torch.randn(3, 4))
+        out.pow(2).mean().backward()
+        opt.step()
+        opt.zero_grad()
+        ref = weakref.ref(out)
+        del out
+        gc.collect()
+        assert ref() is None
