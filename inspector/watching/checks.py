@@ -38,6 +38,7 @@ def optimizer_list(optimizer: Optimizers) -> list[torch.optim.Optimizer]:
         raise InspectorError("watch was given an empty list of optimizers: give one, a list, or None")
     return [o for o in found if isinstance(o, torch.optim.Optimizer)]
 
+
 _GRAD, _VERSION = operator.attrgetter("grad"), operator.attrgetter("_version")
 
 
