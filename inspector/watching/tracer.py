@@ -268,11 +268,11 @@ class NonfiniteTracer:
             self.known[key] = (version << 33) | (slot << 1) | int(hooked)
         return slot
 
-    def _hook(self, module: nn.Module, args: Any, kwargs: Any, output: Any) -> None:
-        if _compiling():  # under torch.compile: run the record as it is, not traced (a graph break per
-            if self._untraced is None:  # module: the flags are per module; no guards on the bookkeeping)
+    def _hook(self, module: nn.Module, args: Any, kwargs: Any, output: Any, eager: bool = False) -> None:
+        if not eager and _compiling():  # under torch.compile: the record run as it is, not traced (a graph
+            if self._untraced is None:  # break per module: the flags are per module; no guards on it)
                 self._untraced = torch.compiler.disable(self._hook)
-            self._untraced(module, args, kwargs, output)
+            self._untraced(module, args, kwargs, output, True)
             return
         trace = self.trace
         call = len(trace.calls)
