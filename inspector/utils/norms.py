@@ -84,7 +84,10 @@ def _run(plan: list[Group], tensors: Sequence[torch.Tensor | None]) -> list[tupl
                 at += count
             if at < len(members):
                 parts.append(torch.stack(list(_foreach(members[at:]))))  # type: ignore[arg-type]
-            out.append((idx, parts[0] if len(parts) == 1 else torch.cat(parts)))
+            norms = parts[0] if len(parts) == 1 else torch.cat(parts)
+            if norms.shape != (len(idx),):  # a kept plan run on tensors of another rank: grouped afresh
+                raise RuntimeError(f"{len(idx)} norms expected, got shape {tuple(norms.shape)}")
+            out.append((idx, norms))
     return out
 
 
