@@ -306,18 +306,36 @@ def test_a_module_writing_its_input_in_place_is_not_blamed_on_the_one_before(tmp
     assert (1, "0") not in blamed
 
 
-def test_the_watch_holds_no_output_past_the_step(tmp_path):
+class LossOut(nn.Module):
+    """Returns its loss in a dict (as Hugging Face models do); the logits are its head's output."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body, self.head = nn.Linear(4, 8), nn.Linear(8, 50)
+
+    def forward(self, x, labels):
+        return {"loss": nn.functional.cross_entropy(self.head(torch.tanh(self.body(x))), labels)}
+
+
+def test_the_watch_holds_no_output_once_the_loop_drops_it(tmp_path):
+    """A module's output the loop no longer holds is freed as without the watch (logits before the
+    backward, a memory peak), not at the step's end."""
     import gc
     import weakref
 
-    model = nn.Sequential(nn.Linear(4, 4), nn.Tanh(), nn.Linear(4, 1))
+    torch.manual_seed(0)
+    model = LossOut()
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    with watch(model, opt, tmp_path / "r.inspect", nonfinite=True):
-        out = model(torch.randn(3, 4))
-        out.pow(2).mean().backward()
-        opt.step()
-        opt.zero_grad()
-        ref = weakref.ref(out)
-        del out
-        gc.collect()
-        assert ref() is None
+    logits: list[weakref.ref] = []
+    handle = model.head.register_forward_hook(lambda m, a, out: logits.append(weakref.ref(out)))
+    try:
+        with watch(model, opt, tmp_path / "r.inspect", nonfinite=True):
+            for _ in range(2):
+                loss = model(torch.randn(3, 4), torch.tensor([1, 2, 3]))["loss"]
+                gc.collect()
+                assert logits[-1]() is None  # cross_entropy keeps its log-softmax, not the logits
+                loss.backward()
+                opt.step()
+                opt.zero_grad()
+    finally:
+        handle.remove()

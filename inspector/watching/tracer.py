@@ -38,7 +38,7 @@ from .flags import Stats, _piece
 CHECKED = frozenset((torch.float16, torch.bfloat16, torch.float32, torch.float64))  # aminmax takes these
 BATCH = BATCH_LABEL  # the name a non-finite batch gets
 _SLOT = (1 << 32) - 1
-_NONE: tuple[Any, int, int, bool] = (None, -1, 0, False)  # no last output
+_NONE: tuple[Any, int] = (None, 0)  # no last output
 _graph_task = torch._C._current_graph_task_id  # -1 outside a backward
 _grad_enabled = torch.is_grad_enabled
 _current_node = torch._C._current_autograd_node  # inside a node's pre-hook: that node
@@ -181,8 +181,8 @@ class NonfiniteTracer:
         self.handles: list[RemovableHandle] = []
         self.leaf_handles: list[RemovableHandle] = []  # gradient hooks on leaves: they outlive the graph
         self._untraced: Any = None
-        self._last: tuple[Any, int, int, bool] = _NONE  # the last call's single output:
-        # (tensor, version, slot, hooked), so a chain's next call takes its slot without a lookup
+        self._last: tuple[Any, int] = _NONE  # the last call's single output (its weak reference and its
+        # int of ``known``), so a chain's next call takes its slot without a lookup
         self._output_hook, self._leaf_hook = self._output_grad, self._grad  # bound once, not once per tensor
         self.nodes: dict[int, int] = {}  # id of a node whose first output's gradient is hooked -> its slot
         # One hook dict for every node, held by a tensor of its own: ``node._register_hook_dict(holder)``
@@ -283,10 +283,11 @@ class NonfiniteTracer:
         first = len(trace.slot_event)
         enabled = _grad_enabled()
         grad = self.backward and enabled
-        last = self._last
+        ref, info = self._last
         one = args[0] if len(args) == 1 else None
-        if one is last[0] is not None and not kwargs and one._version == last[1] and (last[3] or not grad):
-            trace.ins.append(last[2])  # the last call's output, unchanged (a chain of modules)
+        if (ref is not None and ref() is one is not None and not kwargs and one._version == info >> 33
+                and (info & 1 or not grad)):
+            trace.ins.append((info >> 1) & _SLOT)  # the last call's output, unchanged (a chain of modules)
             ins: list[torch.Tensor] = []
         elif type(one) is torch.Tensor and one.dtype in CHECKED and one.numel():
             ins = [one]  # the common case, without the walk
@@ -305,10 +306,8 @@ class NonfiniteTracer:
             if type(output) is torch.Tensor and output.dtype in CHECKED and output.numel():
                 slot = self._slot(output, grad)
                 trace.outs.append(slot)
-                try:
-                    self._last = (output, output._version, slot, grad and output.requires_grad)
-                except RuntimeError:  # an inference tensor (no version counter): never taken as is
-                    self._last = _NONE
+                ref = self.seen.get(id(output))  # (none for an inference tensor: never taken as is)
+                self._last = _NONE if ref is None else (ref, self.known[id(output)])
             else:
                 outs = floating(output)
                 trace.outs.append(self._slot(outs[0], grad) if len(outs) == 1
