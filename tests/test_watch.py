@@ -346,11 +346,13 @@ def test_no_gradient_hook_stays_on_a_parameter_passed_to_a_module(tmp_path):
 
 
 class Holder(nn.Module):
-    """A parameter the forward does not use (no gradient), passing its input on."""
+    """Two parameters the forward does not use (no gradient), passing its input on: ``p`` of the
+    weights' shape, ``q`` of a shape of its own."""
 
     def __init__(self) -> None:
         super().__init__()
         self.p = nn.Parameter(torch.ones(4, 4))
+        self.q = nn.Parameter(torch.ones(3, 5))
 
     def forward(self, x):
         return x
@@ -359,7 +361,8 @@ class Holder(nn.Module):
 def test_norms_follow_gradients_that_come_and_go_and_a_parameter_that_changes_shape(tmp_path):
     """The norms' grouping is kept from step to step; each step's numbers are still its own when a
     layer is frozen mid-run (its gradients gone), unfrozen, and when a parameter changes shape under
-    the same object (a ``.data`` swap)."""
+    the same object (a ``.data`` swap), or is emptied (left out then, as an empty one is from the
+    start: its module's norm is unknown)."""
     torch.manual_seed(0)
     model = nn.Sequential(nn.Sequential(*[nn.Linear(4, 4) for _ in range(8)]), Holder())
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
@@ -370,17 +373,22 @@ def test_norms_follow_gradients_that_come_and_go_and_a_parameter_that_changes_sh
             model[0][3].requires_grad_(step not in (2, 3))
             if step == 3:
                 model[1].p.data = torch.full((2, 8), 0.5)  # norm sqrt(16 * 0.25) = 2
+            if step == 4:
+                model[1].q.data = torch.empty(0)
             model(x).pow(2).sum().backward()
             expected_grads.append([math.nan if p.grad is None else float(p.grad.double().norm())
                                    for p in model.parameters()])
             opt.step()
-            expected_p.append(float(model[1].p.detach().double().norm()))
+            p, q = model[1].p.detach().double(), model[1].q.detach().double()
+            expected_p.append(math.sqrt(p.square().sum() + q.square().sum()) if q.numel() else math.nan)
             opt.zero_grad(set_to_none=True)
-    assert {f.where for f in w.findings if f.severity != "info"} <= {"1.p"}  # unused: no gradient
+    assert {f.where for f in w.findings if f.severity != "info"} <= {"1.p", "1.q"}  # unused: no gradient
     run = read_run(tmp_path / "r.inspect")
     grads = run.parameters.pivot(index="step", columns="parameter", values="grad_norm")
     grads = grads[[n for n, _ in model.named_parameters()]].to_numpy()
     assert grads == pytest.approx(np.array(expected_grads), rel=1e-5, nan_ok=True)
     assert np.isnan(grads[2:4, 6:8]).all() and not np.isnan(grads[[0, 1, 4], :16]).any()  # model[0][3] frozen
-    assert [run.at(s).set_index("module")["param_norm"]["1"] for s in range(5)] == pytest.approx(expected_p)
-    assert expected_p == [4.0, 4.0, 4.0, 2.0, 2.0]
+    norms = [run.at(s).set_index("module")["param_norm"]["1"] for s in range(5)]
+    assert norms == pytest.approx(expected_p, nan_ok=True)
+    assert expected_p[:4] == pytest.approx([math.sqrt(31)] * 3 + [math.sqrt(19)])  # 16 + 15; 4 + 15
+    assert math.isnan(expected_p[4])

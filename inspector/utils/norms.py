@@ -7,6 +7,7 @@ tensors for a fused norm.
 from __future__ import annotations
 
 import math
+import operator
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -28,6 +29,8 @@ def grouped_norms(tensors: Sequence[torch.Tensor | None]) -> list[tuple[list[int
 
 SMALL = 1 << 14  # elements: on the CPU, tensors this small of one shape are stacked and reduced at once
 STACKED = 1 << 20  # elements copied per stack at most
+
+_DTYPE, _NUMEL = operator.attrgetter("dtype"), operator.methodcaller("numel")
 
 # a group's work: (positions, its stacks as (count, dims to reduce), and after them the rest, by
 # _foreach_norm); its norms come in the order of positions
@@ -71,11 +74,17 @@ def _plan(tensors: Sequence[torch.Tensor | None]) -> list[Group]:
     return out
 
 
-def _run(plan: list[Group], tensors: Sequence[torch.Tensor | None]) -> list[tuple[list[int], torch.Tensor]]:
+def _run(plan: list[Group], tensors: Sequence[torch.Tensor | None], kept: bool = False
+         ) -> list[tuple[list[int], torch.Tensor]]:
+    """The norms of each group of ``plan``; ``kept``: a plan made for earlier tensors, which raises
+    RuntimeError where these no longer fit it (a group of several dtypes, where a stack would promote;
+    an empty tensor among those ``_foreach_norm`` takes, which would get 0 instead of being left out)."""
     out = []
     with torch.no_grad():
         for idx, stacks in plan:
             members = [tensors[i] for i in idx]
+            if kept and len(set(map(_DTYPE, members))) != 1:
+                raise RuntimeError("a group of several dtypes")
             parts: list[torch.Tensor] = []
             at = 0
             for count, dims in stacks:
@@ -83,6 +92,8 @@ def _run(plan: list[Group], tensors: Sequence[torch.Tensor | None]) -> list[tupl
                 parts.append(torch.linalg.vector_norm(stacked, dim=dims) if dims else stacked.abs())
                 at += count
             if at < len(members):
+                if kept and not all(map(_NUMEL, members[at:])):
+                    raise RuntimeError("an empty tensor")
                 parts.append(torch.stack(list(_foreach(members[at:]))))  # type: ignore[arg-type]
             norms = parts[0] if len(parts) == 1 else torch.cat(parts)
             if norms.shape != (len(idx),):  # a kept plan run on tensors of another rank: grouped afresh
@@ -113,7 +124,8 @@ class NormPlan:
         if nones == self.nones and not (keep is not None and any(keep(t) for i in self.dropped
                                                                    if (t := tensors[i]) is not None)):
             try:
-                return list(zip(self.positions, (n for _, n in _run(self.plan, tensors)), strict=True))
+                return list(zip(self.positions, (n for _, n in _run(self.plan, tensors, kept=True)),
+                                strict=True))
             except (RuntimeError, TypeError, IndexError):
                 pass
         kept = [t if t is None or keep is None or keep(t) else None for t in tensors]
