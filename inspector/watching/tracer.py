@@ -306,7 +306,7 @@ class NonfiniteTracer:
             if type(output) is torch.Tensor and output.dtype in CHECKED and output.numel():
                 slot = self._slot(output, grad)
                 trace.outs.append(slot)
-                ref = self.seen.get(id(output))  # (none for an inference tensor: never taken as is)
+                ref = self.seen.get(id(output))  # (an inference tensor is not kept: no ref matches it)
                 self._last = _NONE if ref is None else (ref, self.known[id(output)])
             else:
                 outs = floating(output)
