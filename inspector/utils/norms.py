@@ -124,8 +124,7 @@ class NormPlan:
         if nones == self.nones and not (keep is not None and any(keep(t) for i in self.dropped
                                                                    if (t := tensors[i]) is not None)):
             try:
-                return list(zip(self.positions, (n for _, n in _run(self.plan, tensors, kept=True)),
-                                strict=True))
+                return self._pairs(_run(self.plan, tensors, kept=True))
             except (RuntimeError, TypeError, IndexError):
                 pass
         kept = [t if t is None or keep is None or keep(t) else None for t in tensors]
@@ -133,7 +132,10 @@ class NormPlan:
                         if k is None and t is not None]
         self.nones, self.plan = nones, _plan(kept)
         self.positions = [np.asarray(idx, dtype=np.int64) for idx, _ in self.plan]
-        return list(zip(self.positions, (n for _, n in _run(self.plan, tensors)), strict=True))
+        return self._pairs(_run(self.plan, tensors))
+
+    def _pairs(self, groups: list[tuple[list[int], torch.Tensor]]) -> list[tuple[np.ndarray, torch.Tensor]]:
+        return [(at, norms) for at, (_, norms) in zip(self.positions, groups, strict=True)]
 
 
 def _foreach(members: list[torch.Tensor]) -> list[torch.Tensor] | tuple[torch.Tensor, ...]:

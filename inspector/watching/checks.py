@@ -17,6 +17,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 from ..utils.findings import Finding, InspectorError
 from ..utils.labels import ROOT_LABEL, listed, module_label
+from .layout import gradients
 
 MODE_DEPENDENT = (nn.modules.batchnorm._BatchNorm, nn.modules.instancenorm._InstanceNorm,
                   nn.modules.dropout._DropoutNd, nn.AlphaDropout, nn.FeatureAlphaDropout)
@@ -39,7 +40,7 @@ def optimizer_list(optimizer: Optimizers) -> list[torch.optim.Optimizer]:
     return [o for o in found if isinstance(o, torch.optim.Optimizer)]
 
 
-_GRAD, _VERSION = operator.attrgetter("grad"), operator.attrgetter("_version")
+_VERSION = operator.attrgetter("_version")
 
 
 class GradientClearing:
@@ -94,10 +95,7 @@ class GradientClearing:
 
     def stepped(self, params: list[torch.Tensor | None]) -> None:
         """After a step: remember each gradient the step used."""
-        try:
-            grads = list(map(_GRAD, params))
-        except AttributeError:  # a None among them
-            grads = [None if p is None else p.grad for p in params]
+        grads = gradients(params)
         idx = [i for i, g in enumerate(grads) if g is not None]
         used = [grads[i] for i in idx]
         self.after = dict(zip(idx, map(weakref.ref, used), strict=True))

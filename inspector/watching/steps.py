@@ -15,8 +15,8 @@ from ..utils.dtensors import is_dtensor
 from ..utils.findings import Finding
 from ..utils.labels import listed, module_label
 from ..utils.norms import NormPlan
-from .flags import _piece
-from .layout import Layout, current, fused_norms, global_norms, shard_key, to_host
+from .flags import _PLAIN, _piece
+from .layout import Layout, current, fused_norms, global_norms, gradients, shard_key, to_host
 from .numbers import BATCH_PRODUCER, NO_PRODUCER, Numbers, memory
 from .tracer import BATCH, NonfiniteTracer, Trace, floating
 
@@ -68,7 +68,7 @@ class StepState:
 
     def pre(self, params: list[torch.Tensor | None], snapshot: bool, findings: list[Finding]) -> None:
         self.params = params
-        grads = [p.grad if p is not None else None for p in params]
+        grads = gradients(params)
         self.has_grad = np.array([g is not None for g in grads], dtype=bool)
         self.grad_parts = fused_norms(grads, self.plans["grads"])
         self.before = [p.detach().clone() for p in params if p is not None] if snapshot else None
@@ -101,9 +101,6 @@ class StepState:
         self.start = time.perf_counter()
         self.marks = _marks(self.params)
         self.params, self.grad_parts, self.before, self.moved_parts, self.batch = [], [], None, [], []
-
-
-_PLAIN = (torch.Tensor, torch.nn.Parameter)
 
 
 def _marks(params: list[torch.Tensor | None]) -> tuple[list[int], list[int]]:
@@ -255,7 +252,7 @@ def _overflowed(norms: np.ndarray, tensors: Callable[[], list[torch.Tensor | Non
 
 def _fill(n: Numbers, w: Watched, params: list[torch.Tensor | None], update: np.ndarray, check: bool) -> None:
     layout = w.layout
-    _overflowed(n.param_grad, lambda: [_grad(p) for p in params])
+    _overflowed(n.param_grad, lambda: gradients(params))
     if check:
         _overflowed(n.param_norm, lambda: params)
         _overflowed(n.buffer_norm, lambda: current(w.root, layout.buffers, "buffer"))

@@ -327,11 +327,8 @@ class NonfiniteTracer:
     def _node_grad(self, grad: torch.Tensor | None) -> None:
         """The pre-hook every node gets through the shared dict: the gradient of its first output."""
         slot = self.nodes.get(id(_current_node()))
-        if slot is not None and grad is not None and grad.dtype in CHECKED and grad.numel():
-            trace = self.trace
-            trace.grad_events.append(len(trace.keys))
-            trace.grad_slots.append(slot)
-            trace.keys.append(self.stats.write(grad.detach() if grad.requires_grad else grad))
+        if slot is not None:
+            self._grad(self.trace, slot, grad)
 
     def _output_grad(self, trace: Trace, slot: int, index: int,
                      grads: tuple[torch.Tensor | None, ...]) -> None:
