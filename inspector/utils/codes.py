@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from .findings import Severity
+from .findings import Finding, Severity
 
 Recurs = Literal["once", "episode", "every"]
 
@@ -250,6 +250,15 @@ def finding_code(code: str) -> FindingCode:
     'episode'
     """
     return CODES[code]
+
+
+def coded(code: str, where: str, message: str) -> Finding:
+    """A finding of ``code`` at its registered severity (the one place a check's severity comes from).
+
+    >>> coded("loss-spike", "(model)", "the loss is 9.1").severity
+    'warning'
+    """
+    return Finding(code, CODES[code].severity, where, message)
 
 
 def recurs(code: str) -> Recurs:

@@ -65,7 +65,7 @@ def watch(
         error = exc
         raise
     finally:
-        w.close(completed, error if w._writer is not None or w.meeting is not None else None)
+        w.close(completed, error if w.opened else None)
 
 
 __all__ = ["watch"]

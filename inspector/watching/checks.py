@@ -15,6 +15,7 @@ from torch import nn
 from torch.utils.hooks import RemovableHandle
 from torch.utils.weak import WeakIdKeyDictionary
 
+from ..utils.codes import coded
 from ..utils.findings import Finding, InspectorError
 from ..utils.labels import ROOT_LABEL, listed, module_label
 from .layout import gradients
@@ -116,7 +117,7 @@ class GradientClearing:
         found = [names[i] for i in kept if id(params[i]) in ids]
         if not found:
             return []
-        return [Finding("gradient-not-cleared", "error", found[0],
+        return [coded("gradient-not-cleared", found[0],
                         f"the gradients of {len(found)} parameter(s) ({listed(found)}) were not cleared "
                         "after the last step: this step's gradient was added to the old one. Call "
                         "optimizer.zero_grad() (or model.zero_grad()) once per step")]
@@ -149,12 +150,12 @@ class TrainingMode:
             return []
         kinds = sorted({type(m).__name__ for n, m in self.modules if n in set(seen)})
         if not self.root.training:
-            return [Finding("eval-mode-module", "warning", ROOT_LABEL,
+            return [coded("eval-mode-module", ROOT_LABEL,
                             f"the model is in eval mode while it trains: its {len(seen)} "
                             f"{'/'.join(kinds)} module(s) ({listed(seen)}) use running statistics or drop "
                             "nothing. Call model.train() before the training loop (and after each "
                             "validation pass)")]
-        return [Finding("eval-mode-module", "warning", seen[0],
+        return [coded("eval-mode-module", seen[0],
                         f"{listed(seen)} ({'/'.join(kinds)}) ran in eval mode while the model trains: "
                         "a BatchNorm then neither uses the batch's statistics nor updates its running "
                         "ones, a Dropout drops nothing. Set .train() on it, or freeze its part on purpose")]
@@ -178,7 +179,7 @@ def frozen_findings(root: nn.Module) -> list[Finding]:
     if not frozen:
         return []
     names = list(frozen)
-    return [Finding("frozen-parameters", "info", module_label(names[0]),
+    return [coded("frozen-parameters", module_label(names[0]),
                     f"{sum(frozen.values()):,} parameter elements in {len(names)} module(s) "
                     f"({listed(names)}) do not require grad: they are frozen and not watched")]
 
@@ -191,7 +192,7 @@ def replaced_findings(found: list[Finding], step: int) -> list[Finding]:
         return found
     names = [f.where for f in missing]
     modules = list(dict.fromkeys(n.rpartition(".")[0] for n in names))
-    grouped = Finding("parameters-replaced", "error", names[0],
+    grouped = coded("parameters-replaced", names[0],
                       f"{len(names)} parameters of {len(modules)} module(s) ({listed(modules)}) are now "
                       "tensors that no param group of the optimizer holds: they were replaced "
                       "(load_state_dict(assign=True), .to(), a module swapped in) and never change from "
@@ -217,7 +218,7 @@ class Progress:
         out = []
         self.zero_lr = self.zero_lr + 1 if lrs and all(lr == 0 for lr in lrs) else 0
         if self.zero_lr == self.window:
-            out.append(Finding("no-update", "error", ROOT_LABEL,
+            out.append(coded("no-update", ROOT_LABEL,
                                f"every learning rate has been 0 for {self.window} steps: nothing trains. "
                                "Check the scheduler (a warm-up that never leaves 0, a lambda that returns "
                                "0) and the lr given to the optimizer"))
@@ -230,7 +231,7 @@ class Progress:
             same = moving & (param_norm == self.last)
             self.still = self.still + 1 if same[moving].all() else 0
             if self.still == self.window:
-                out.append(Finding("no-update", "error", ROOT_LABEL,
+                out.append(coded("no-update", ROOT_LABEL,
                                    f"none of the {int(moving.sum())} parameters with a gradient changed in "
                                    f"{self.window} steps: optimizer.step() moves nothing (an lr of 0, an "
                                    "update below the weights' precision: bfloat16 weights with a small lr, "
@@ -242,14 +243,18 @@ class Progress:
 class OptimizerSteps:
     """Counts the steps of every optimizer given to the watch after the first, which marks the step."""
 
-    def __init__(self, optimizers: Sequence[torch.optim.Optimizer], names: list[list[str]]) -> None:
+    def __init__(self, optimizers: Sequence[torch.optim.Optimizer]) -> None:
         self.optimizers = list(optimizers)
-        self.names = names  # each optimizer's parameter names
+        self.names: list[list[str]] = [[] for _ in self.optimizers]  # each optimizer's parameter names
         self.counts = [0] * len(self.optimizers)
         self.last_step = [-1] * len(self.optimizers)
         self.gap = [0] * len(self.optimizers)  # the longest run of first-optimizer steps without one
         self.streak = [0] * len(self.optimizers)  # first-optimizer steps in a row with one
         self.handles: list[RemovableHandle] = []
+
+    def attach(self, names: list[list[str]]) -> None:
+        """Count the steps of every optimizer after the first (``names``: each one's parameter names)."""
+        self.names = names
         for i, opt in enumerate(self.optimizers[1:], start=1):
             self.handles.append(opt.register_step_post_hook(self._counter(i)))
 
@@ -278,7 +283,7 @@ class OptimizerSteps:
                 names = self.names[i]
                 modules = list(dict.fromkeys(n.rpartition(".")[0] for n in names))
                 what = "has not stepped once" if never else f"has not stepped for {quiet} steps"
-                out.append(Finding("optimizer-not-stepped", "error", names[0] if names else ROOT_LABEL,
+                out.append(coded("optimizer-not-stepped", names[0] if names else ROOT_LABEL,
                                    f"optimizer {i} ({type(self.optimizers[i]).__name__}, holding "
                                    f"{len(names)} parameters of {listed(modules)}) {what} while optimizer 0 "
                                    "stepped: its parameters do not train. Call its step() in the loop"))
@@ -298,7 +303,7 @@ class OptimizerSteps:
 def failure_finding(exc: BaseException, step: int) -> Finding:
     """``run-failed``: the exception that ended the watched block, at the step it was in."""
     text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-    return Finding("run-failed", "error", ROOT_LABEL,
+    return coded("run-failed", ROOT_LABEL,
                    f"the run ended at step {step} by {type(exc).__name__}"
                    f"{': ' + text[:300] if text else ''}; every step before it is in the file")
 
@@ -316,13 +321,13 @@ def nonfinite_gradients(counts: np.ndarray, modules: tuple[str, ...], found: lis
         return []
     total = int(np.nan_to_num(counts).sum())
     if len(bad) == len(modules):
-        return [Finding("nonfinite-gradient", "error", ROOT_LABEL,
+        return [coded("nonfinite-gradient", ROOT_LABEL,
                         f"every module's gradient holds NaN/Inf ({total:,} elements): the loss or a forward "
                         "pass turned non-finite. Log the loss (w.log(loss=...)) or watch with "
                         "nonfinite=True to name the module that produced it")]
     last = module_label(modules[int(bad[-1])])
     names = listed([modules[i] for i in bad])
-    return [Finding("nonfinite-gradient", "error", last,
+    return [coded("nonfinite-gradient", last,
                     f"the gradients of {len(bad)} module(s) up to {last} ({names}) hold NaN/Inf ({total:,} "
                     f"elements) while the modules after it are finite: the backward of {last}, or of the "
                     "module just after it, made them. Watch with nonfinite=True to name it")]

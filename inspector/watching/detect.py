@@ -8,6 +8,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from ..utils.codes import coded
 from ..utils.findings import Finding
 from ..utils.labels import LOSS_LABEL, ROOT_LABEL, listed, module_label
 from .layout import Layout
@@ -96,8 +97,8 @@ class Detectors:
         if not math.isfinite(value) and any(f.code in NAMED_CAUSE for f in found):
             return list(found)  # its producer (a module, the batch, a written weight) is named already
         if not math.isfinite(value):
-            return [*found, Finding(
-                "nonfinite-loss", "error", LOSS_LABEL,
+            return [*found, coded(
+                "nonfinite-loss", LOSS_LABEL,
                 f"the loss logged at this step is {value}: look for a log(0), a division by zero or a "
                 "sqrt of a negative in the loss, a NaN or Inf in the batch, or an fp16 overflow (a "
                 "larger loss scale, bf16); watch with nonfinite=True names the module that made it, "
@@ -114,8 +115,8 @@ class Detectors:
                 if surge is not None:
                     out = [f for f in out if f is not surge[0]]
                     with_it = f"; {surge[1]} grew about {surge[2]:.3g}x with it"
-                out.append(Finding(
-                    "loss-spike", "warning", ROOT_LABEL,
+                out.append(coded(
+                    "loss-spike", ROOT_LABEL,
                     f"the loss is {value:.4g}, {math.exp(excess):.3g}x its median over the last "
                     f"{len(self.losses)} steps ({math.exp(median):.4g}){with_it}: look at this step's batch "
                     "and the gradient norms around it, or lower the learning rate"))
@@ -164,10 +165,10 @@ class Detectors:
                f"a frozen path) or {'its gradient is' if one else 'their gradients are'} killed (dead ReLUs, "
                "a zero mask)")
         if one:
-            return [Finding("dead-gradient", "warning", n, f"{n} {why}") for n in names]
+            return [coded("dead-gradient", n, f"{n} {why}") for n in names]
         modules = list(dict.fromkeys(n.rpartition(".")[0] for n in names))
         text = f"{len(names)} parameters of {len(modules)} module(s) ({listed(modules)}) each {why}"
-        return [Finding("dead-gradient", "warning", names[0], text)]
+        return [coded("dead-gradient", names[0], text)]
 
     def _exploding(self, now: np.ndarray, excess: np.ndarray, threshold: np.ndarray,
                    median: np.ndarray) -> list[Finding]:
@@ -186,8 +187,8 @@ class Detectors:
         if over.sum() * 2 > judged.sum() or common > math.log(self.explode_factor):
             factor = math.exp(common)
             every = "every module's gradient" if over.sum() == judged.sum() else "the modules' gradients"
-            whole = Finding(
-                "exploding-gradient", "warning", ROOT_LABEL,
+            whole = coded(
+                "exploding-gradient", ROOT_LABEL,
                 f"{every} grew about {factor:.3g}x at once ({int(over.sum())} of {int(judged.sum())} modules "
                 "over their own threshold): the loss or the batch of this step, not one layer; look at this "
                 "step's batch and loss, clip gradients or lower the learning rate")
@@ -206,9 +207,8 @@ class Detectors:
         for i in np.flatnonzero(over):
             name = self.layout.modules[i]
             out.append(
-                Finding(
+                coded(
                     "exploding-gradient",
-                    "warning",
                     module_label(name),
                     f"gradient norm of {name or 'the root module'} is {math.exp(excess[i]):.3g}x its median "
                     f"over the last {len(self.history)} steps ({math.exp(now[i]):.3g} vs "
@@ -235,9 +235,8 @@ class Detectors:
                 f" (and {len(bad) - 1} other {kind}s: {', '.join(bad[1:4])}{', ...' if len(bad) > 4 else ''})"
             )
             out.append(
-                Finding(
+                coded(
                     "nonfinite-parameter",
-                    "error",
                     bad[0],
                     f"{kind} {bad[0]}{others if len(bad) > 1 else ''} holds NaN/Inf values (not only its "
                     "gradient): the last optimizer step or a write into it made it so; every later "
@@ -250,9 +249,8 @@ class Detectors:
 def not_in_optimizer(names: tuple[str, ...], tensors: list, held: set[int]) -> list[Finding]:
     """``not-in-optimizer`` for each trainable parameter that no param group holds."""
     return [
-        Finding(
+        coded(
             "not-in-optimizer",
-            "error",
             n,
             f"{n} requires grad but no param group of the optimizer holds it: it never changes. Build "
             "the optimizer from model.parameters() after every change to the model (after "

@@ -27,6 +27,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
+from ..utils.codes import coded
 from ..utils.dtensors import default_store
 from ..utils.findings import Finding, InspectorError
 from ..utils.labels import ROOT_LABEL
@@ -126,7 +127,7 @@ class Meeting:
         return None
 
     def _raise(self, ranks: list[int], text: dict[int, str], step: int) -> None:
-        findings = {r: Finding("run-failed", "error", ROOT_LABEL, t) for r, t in text.items()}
+        findings = {r: coded("run-failed", ROOT_LABEL, t) for r, t in text.items()}
         raise RanksApart(f"the watch on rank {self.rank} stopped at step {step}: " + "; ".join(text.values()),
                          ranks, findings)
 
@@ -187,12 +188,12 @@ class Meeting:
         for r in others:
             e = ended.get(r)
             if e is not None and e.get("failed"):
-                out[r] = Finding("run-failed", "error", ROOT_LABEL,
+                out[r] = coded("run-failed", ROOT_LABEL,
                                  f"rank {r} failed at step {e['step']} by {e['failed']}")
             elif e is None and lost:
                 at = self._last_step(r, step)
                 last = f"last seen at step {at}" if at is not None else "seen at no step"
-                out[r] = Finding("run-failed", "error", ROOT_LABEL,
+                out[r] = coded("run-failed", ROOT_LABEL,
                                  f"rank {r} vanished ({last}) without an exception of its own: killed by "
                                  "a signal, out of memory, or its machine lost; rank 0's collective failed")
         return out
@@ -263,8 +264,8 @@ def slow_ranks(times: list[float], at_least: float = 1.0, factor: float = 3.0) -
         middle = others[len(others) // 2] if len(others) % 2 else (others[len(others) // 2 - 1]
                                                                    + others[len(others) // 2]) / 2
         if t - middle >= at_least and t >= factor * middle:
-            out.append((r, Finding(
-                "slow-rank", "warning", ROOT_LABEL,
+            out.append((r, coded(
+                "slow-rank", ROOT_LABEL,
                 f"rank {r} took {t:.3g} s to load its batch and run its forward pass at this step, the other "
                 f"ranks {middle:.3g} s: every rank waited for it in the step's first collective, so the step "
                 "time is the same everywhere. Look at that rank's data loader, its batch sizes and its "

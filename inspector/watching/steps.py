@@ -11,6 +11,7 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
+from ..utils.codes import coded
 from ..utils.dtensors import is_dtensor
 from ..utils.findings import Finding
 from ..utils.labels import listed, module_label
@@ -40,7 +41,6 @@ class Watched(Protocol):
     def state(self) -> StepState: ...
     @property
     def tracer(self) -> NonfiniteTracer | None: ...
-    _scalars: dict[str, Any]  # what w.log gave since the last step, emptied here
 
 
 class StepState:
@@ -132,8 +132,9 @@ def _grad(p: torch.Tensor | None) -> torch.Tensor | None:
     return None if p is None else p.grad
 
 
-def transfer_step(w: Watched, check: bool) -> tuple[Numbers, dict[str, float]]:
-    """Everything measured this step, brought to the host with one copy per device."""
+def transfer_step(w: Watched, check: bool, logged: dict[str, Any]) -> tuple[Numbers, dict[str, float]]:
+    """Everything measured this step, with the scalars ``logged`` since the last one, brought to the host
+    with one copy per device."""
     st, layout = w.state, w.layout
     params = st.params
     grad_parts, param_parts, buffer_parts, update_parts = _norm_parts(w, check)
@@ -144,7 +145,7 @@ def transfer_step(w: Watched, check: bool) -> tuple[Numbers, dict[str, float]]:
     calls, meta, values = w.tracer.take() if w.tracer is not None else ([], [], [])
     if values:
         parts.append(torch.cat([v.reshape(-1) for v in values]))
-    tensors = {k: v for k, v in w._scalars.items() if isinstance(v, torch.Tensor)}
+    tensors = {k: v for k, v in logged.items() if isinstance(v, torch.Tensor)}
     parts += [v.float().reshape(1) for v in tensors.values()]
     scale = getattr(w.scaler, "_scale", None) if w.scaler is not None else None
     if isinstance(scale, torch.Tensor):
@@ -179,8 +180,7 @@ def transfer_step(w: Watched, check: bool) -> tuple[Numbers, dict[str, float]]:
     pos += 1 if values else 0
     scalars = {k: float(host[pos + i][0]) for i, k in enumerate(tensors)}
     pos += len(tensors)
-    scalars.update({k: float(v) for k, v in w._scalars.items() if not isinstance(v, torch.Tensor)})
-    w._scalars = {}
+    scalars.update({k: float(v) for k, v in logged.items() if not isinstance(v, torch.Tensor)})
     if isinstance(scale, torch.Tensor):
         n.scale = float(host[pos][0])
     elif w.scaler is not None and hasattr(w.scaler, "get_scale"):
@@ -301,9 +301,8 @@ def nonfinite_findings(n: Numbers, module_names: list[str], rank: int, world: in
     out = []
     if n.forward == BATCH_PRODUCER:
         out.append(
-            Finding(
+            coded(
                 "nonfinite-forward",
-                "error",
                 BATCH,
                 f"the batch given to the model{on} already holds NaN/Inf: check the data loader and "
                 "its preprocessing, not the model",
@@ -312,9 +311,8 @@ def nonfinite_findings(n: Numbers, module_names: list[str], rank: int, world: in
     elif n.forward >= 0:
         name = module_label(module_names[int(n.forward)])
         out.append(
-            Finding(
+            coded(
                 "nonfinite-forward",
-                "error",
                 name,
                 f"{name}{on} produced NaN/Inf from finite inputs (the first module to do so; the "
                 "ones after it only passed it on). Look at its weights, its input range (exp, log, "
@@ -334,7 +332,7 @@ def nonfinite_findings(n: Numbers, module_names: list[str], rank: int, world: in
             text = (f"the backward of {name}{on} turned a finite output gradient into a NaN/Inf input "
                     "gradient (its forward was finite): a custom autograd function, a sqrt/log/division "
                     "at 0, or an overflow in its backward")
-        out.append(Finding("nonfinite-backward", "error", name, text))
+        out.append(coded("nonfinite-backward", name, text))
     return out
 
 
@@ -347,7 +345,7 @@ def written_findings(st: StepState, names: tuple[str, ...]) -> list[Finding]:
     bad = [names[i] for i in st.written]
     first = bad[0]
     others = f" (and {len(bad) - 1} more: {listed(bad[1:])})" if len(bad) > 1 else ""
-    return [Finding("nonfinite-parameter", "error", first,
+    return [coded("nonfinite-parameter", first,
                     f"parameter {first}{others} held NaN/Inf when this step began: it was written outside "
                     "the optimizer since the last step (a fill_/copy_ or a .data swap by hand, a checkpoint "
                     "loaded into it, a clamp), and this step's forward used it")]

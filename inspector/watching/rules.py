@@ -1,0 +1,365 @@
+"""The watch's checks, one small class each, all with one interface: ``check(at, found) -> found``.
+
+``at`` (:class:`~.table.At`) is what a check may read at one event of one step; ``found`` is this
+event's findings so far, threaded from check to check in the order of
+:data:`~.table.WATCH_CHECKS` (a check may add to it, and a few fold what they explain). A check that
+holds hooks or a starting state sets them up in ``attach(at, stack)``, pushing what undoes them on the
+exit stack the watch closes. Each class's docstring says when it fires; the severity of every finding
+comes from :data:`~inspector.utils.codes.CODES`.
+"""
+
+from __future__ import annotations
+
+from contextlib import ExitStack
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+
+from ..aliases import compare_ties, snapshot_ties
+from ..runfiles import StepFinding
+from ..sharding.findings import ranks_of
+from ..utils.findings import Finding
+from .checks import (
+    GradientClearing,
+    OptimizerSteps,
+    Progress,
+    TrainingMode,
+    failure_finding,
+    frozen_findings,
+    nonfinite_gradients,
+    replaced_findings,
+)
+from .detect import Detectors, not_in_optimizer
+from .layout import current, fused_norms, to_host
+from .ranks import RanksApart, slow_ranks
+from .steps import nonfinite_findings, written_findings
+
+if TYPE_CHECKING:
+    from .table import At, ByRank, Kit, Placed
+
+PRODUCED = ("nonfinite-forward", "nonfinite-backward")
+SPREAD = ("nonfinite-gradient", "nonfinite-parameter")
+
+
+# -- when the watch opens -----------------------------------------------------------------------
+class FrozenParameters:
+    """``frozen-parameters``: when the watch opens, some parameters do not require grad (one finding
+    naming their modules)."""
+
+    def __call__(self, at: At, found: list[Finding]) -> list[Finding]:
+        return found + frozen_findings(at.target.root)
+
+
+class UnheldAtOpen:
+    """``not-in-optimizer``: when the watch opens, a parameter requires grad and no param group of
+    the optimizers holds it."""
+
+    @classmethod
+    def build(cls, kit: Kit) -> UnheldAtOpen | None:
+        return cls() if kit.target.optimizer is not None else None
+
+    def __call__(self, at: At, found: list[Finding]) -> list[Finding]:
+        return found + not_in_optimizer(at.target.layout.parameters, at.params, at.target.held())
+
+
+# -- before the optimizer applies the step -----------------------------------------------------
+class EvalMode:
+    """``eval-mode-module``: at a step, a BatchNorm / InstanceNorm (with running statistics) / Dropout
+    (p > 0) is in eval mode while its parent's parameters are not all frozen (the whole model in
+    eval mode: one finding at the root)."""
+
+    @classmethod
+    def build(cls, kit: Kit) -> EvalMode | None:
+        return cls(TrainingMode(kit.target.root))
+
+    def __init__(self, modes: TrainingMode) -> None:
+        self.modes = modes
+
+    def __call__(self, at: At, found: list[Finding]) -> list[Finding]:
+        return found + self.modes.findings()
+
+
+class GradientsCleared:
+    """``gradient-not-cleared``: a parameter of an optimizer that stepped since the last step holds,
+    at this step, the very gradient the last step used, added onto by this step's backward (same
+    tensor, version moved by exactly the add). Hooks every trainable parameter (again at each check
+    step, for parameters swapped in)."""
+
+    @classmethod
+    def build(cls, kit: Kit) -> GradientsCleared | None:
+        return cls(kit.clearing, kit.optimizer_steps)
+
+    def __init__(self, clearing: GradientClearing, steps: OptimizerSteps | None) -> None:
+        self.clearing, self.steps = clearing, steps
+
+    def attach(self, at: At, stack: ExitStack) -> None:
+        self.clearing.attach(at.params)
+        stack.callback(self.clearing.remove)
+
+    def __call__(self, at: At, found: list[Finding]) -> list[Finding]:
+        steps = self.steps
+        # the optimizers that stepped since the last step: read before OptimizerStepped resets the counts
+        held = (lambda: at.target.held(steps.active(at.step))) if steps is not None else set
+        out = found + self.clearing.findings(at.target.layout.parameters, at.params, held)
+        if at.check and at.target.optimizer is not None:
+            self.clearing.attach(at.params)
+        return out
+
+
+class Membership:
+    """``not-in-optimizer`` at each check step for a trainable parameter no param group holds; after
+    step 0, two or more at once are one ``parameters-replaced`` (``load_state_dict(assign=True)``,
+    ``.to()``, a module swapped in)."""
+
+    @classmethod
+    def build(cls, kit: Kit) -> Membership | None:
+        return cls() if kit.target.optimizer is not None else None
+
+    def __call__(self, at: At, found: list[Finding]) -> list[Finding]:
+        if not at.check or at.held is None:
+            return found
+        return found + replaced_findings(not_in_optimizer(at.target.layout.parameters, at.params, at.held),
+                                         at.step)
+
+
+class OptimizerStepped:
+    """``optimizer-not-stepped``: one of several optimizers has not stepped by the first one's second
+    step, or, having stepped, misses as many steps as :meth:`OptimizerSteps.findings` allows."""
+
+    @classmethod
+    def build(cls, kit: Kit) -> OptimizerStepped | None:
+        return cls(kit.optimizer_steps) if kit.optimizer_steps is not None else None
+
+    def __init__(self, steps: OptimizerSteps) -> None:
+        self.steps = steps
+
+    def attach(self, at: At, stack: ExitStack) -> None:
+        self.steps.attach([at.target.names_of(o) for o in at.target.optimizers])
+        stack.callback(self.steps.remove)
+
+    def __call__(self, at: At, found: list[Finding]) -> list[Finding]:
+        return found + self.steps.findings(at.step)
+
+
+class TiesKept:
+    """``tie-broken`` / ``tie-weakened`` at a check step when the objects behind the parameter names
+    are not those at the last check and a tie the model had when the watch opened is gone."""
+
+    def attach(self, at: At, stack: ExitStack) -> None:
+        root = at.target.root
+        self.ties = snapshot_ties(root)
+        self.names = tuple(n for n, _ in root.named_parameters(remove_duplicate=False))
+        self.ids = self._ids(root)
+
+    def _ids(self, root: torch.nn.Module) -> tuple[int, ...]:
+        """The object behind every parameter name, aliases included (read from the owners' registries)."""
+        return tuple(id(p) for p in current(root, self.names))
+
+    def __call__(self, at: At, found: list[Finding]) -> list[Finding]:
+        if not at.check:
+            return found
+        ids = self._ids(at.target.root)
+        if ids == self.ids:
+            return found
+        self.ids = ids
+        return found + compare_ties(self.ties, at.target.root)
+
+
+# -- once the step's gradients are measured, before the optimizer step (collectives allowed) ----
+class ReplicasAgree:
+    """The distributed step check (:func:`inspector.distributed.check_step`) at each check step with
+    the distributed checks on: ``replica-drift``, ``gradient-not-synchronized``, ``gradient-far-off``,
+    ``shard-imbalance``, ``nonfinite-*`` from every rank's gathered columns (the same on every rank;
+    placed on the row of the rank each is about once the numbers are gathered)."""
+
+    def __call__(self, at: At, found: list[Finding]) -> list[Finding]:
+        if not (at.check and at.ranks.distributed):
+            return found
+        from ..distributed import check_step  # here: inspector.distributed re-exports read_run
+
+        layout = at.target.layout
+        norms = torch.zeros(len(layout.parameters), dtype=torch.float64)
+        for idx, part in at.state.grad_parts:
+            norms[torch.from_numpy(idx)] = part.to("cpu", torch.float64)
+        return found + check_step(at.target.model, at.step, path=None, group=at.ranks.group, loss=at.loss,
+                                  timeout=at.ranks.timeout, grad_norms=(layout.parameters, norms)).findings
+
+
+# -- after the step, on this rank's numbers ----------------------------------------------------
+class WrittenWeights:
+    """``nonfinite-parameter``: a parameter written outside the optimizer since the last step (its
+    version or storage moved) holds NaN/Inf when this step's forward used it."""
+
+    def __call__(self, at: At, found: list[Finding]) -> list[Finding]:
+        return found + written_findings(at.state, at.target.layout.parameters)
+
+
+class Producers:
+    """``nonfinite-forward`` / ``nonfinite-backward``: the step's trace (``nonfinite=True``) names the
+    first module (or the batch) whose output turned NaN/Inf from finite inputs, and the module whose
+    backward turned a finite output gradient into a non-finite input gradient."""
+
+    def __call__(self, at: At, found: list[Finding]) -> list[Finding]:
+        return found + nonfinite_findings(at.numbers, list(at.target.module_names), at.ranks.rank,
+                                          at.ranks.world)
+
+
+class GradientNorms:
+    """``dead-gradient``: a parameter without a gradient (or an all-zero one) for ``window`` steps, or
+    for two after a settled run of them; ``exploding-gradient``: a module's gradient norm over
+    ``explode_factor`` times its running median and its noise (:class:`Detectors`)."""
+
+    @classmethod
+    def build(cls, kit: Kit) -> GradientNorms | None:
+        return cls(kit.detectors)
+
+    def __init__(self, detectors: Detectors) -> None:
+        self.detectors = detectors
+
+    def __call__(self, at: At, found: list[Finding]) -> list[Finding]:
+        n = at.numbers
+        return found + self.detectors.gradients(n.param_grad, n.has_grad, n.module_grad)
+
+
+class Loss:
+    """``nonfinite-loss``: the logged loss is NaN/Inf and no producer (a module, the batch, a written
+    weight) is named this step; ``loss-spike``: it is over ``loss_factor`` times its running median and
+    its noise, and takes in this step's whole-model ``exploding-gradient``."""
+
+    @classmethod
+    def build(cls, kit: Kit) -> Loss | None:
+        return cls(kit.detectors)
+
+    def __init__(self, detectors: Detectors) -> None:
+        self.detectors = detectors
+
+    def __call__(self, at: At, found: list[Finding]) -> list[Finding]:
+        n = at.numbers
+        return self.detectors.loss(float(n.loss), found) if n.loss_logged else found
+
+
+class NonfiniteGradients:
+    """``nonfinite-gradient``: some modules' gradients hold NaN/Inf and nothing found this step
+    explains it (a producer, a non-finite loss, a written weight)."""
+
+    def __call__(self, at: At, found: list[Finding]) -> list[Finding]:
+        return found + nonfinite_gradients(at.numbers.module_nonfinite, at.target.layout.modules, found)
+
+
+class NonfiniteWeights:
+    """``nonfinite-parameter``: at a check step, a parameter's or buffer's values hold NaN/Inf after
+    the step (not when a write outside the optimizer was named before the step)."""
+
+    @classmethod
+    def build(cls, kit: Kit) -> NonfiniteWeights | None:
+        return cls(kit.detectors)
+
+    def __init__(self, detectors: Detectors) -> None:
+        self.detectors = detectors
+
+    def __call__(self, at: At, found: list[Finding]) -> list[Finding]:
+        n = at.numbers
+        if not n.checked or at.state.written:
+            return found
+        return found + self.detectors.parameters(n.param_norm, n.buffer_norm, at.target.layout.buffers)
+
+
+class Updates:
+    """``no-update``: every learning rate 0 for two steps, or no parameter an optimizer holds with a
+    finite non-zero gradient changed its norm for two check steps."""
+
+    @classmethod
+    def build(cls, kit: Kit) -> Updates | None:
+        return cls(kit.target.layout.parameters)
+
+    def __init__(self, names: tuple[str, ...]) -> None:
+        self.progress = Progress(names)
+
+    def attach(self, at: At, stack: ExitStack) -> None:
+        if at.target.sharded:  # a sharded model's norms are global only once stepped
+            return
+        start = np.full(len(at.params), np.nan)
+        for idx, part in fused_norms(at.params):
+            start[idx] = to_host([part])[0]
+        self.progress = Progress(at.target.layout.parameters, start=start)
+
+    def __call__(self, at: At, found: list[Finding]) -> list[Finding]:
+        n = at.numbers
+        return found + self.progress.step(at.lrs, n.param_norm if n.checked else None, n.param_grad,
+                                          n.has_grad, bool(n.skipped), at.held_mask)
+
+
+class GradientsUsed:
+    """No finding: remembers each gradient this step used, for ``gradient-not-cleared`` at the next."""
+
+    @classmethod
+    def build(cls, kit: Kit) -> GradientsUsed | None:
+        return cls(kit.clearing)
+
+    def __init__(self, clearing: GradientClearing) -> None:
+        self.clearing = clearing
+
+    def __call__(self, at: At, found: list[Finding]) -> list[Finding]:
+        self.clearing.stepped(at.state.params)
+        return found
+
+
+# -- once every rank's numbers are gathered (``found`` per rank) --------------------------------
+class SlowRanks:
+    """``slow-rank``: a rank's time before the step's first collective is 1 s or more and 3x or more
+    the median of the other ranks'."""
+
+    def __call__(self, at: At, found: ByRank) -> ByRank:
+        for r, f in slow_ranks([n.compute for n in at.numbers_all]):
+            found.found[r].append(f)
+        return found
+
+
+class ReplicaFindingsPlaced:
+    """No finding of its own: places the distributed step check's findings (:class:`ReplicasAgree`) on
+    the row of the first rank each is about (rank 0 for the whole group)."""
+
+    def __call__(self, at: At, found: ByRank) -> ByRank:
+        for f in at.measured:
+            about = ranks_of(f)
+            found.found[about[0] if about and about[0] < len(found.found) else 0].append(f)
+        return found
+
+
+class SpreadFolded:
+    """Folds, under several ranks, at a step where a rank names a producer (``nonfinite-forward`` /
+    ``nonfinite-backward``), every rank's ``nonfinite-gradient`` / ``nonfinite-parameter``: the
+    reduction spread the producer's NaN/Inf to them. They are noted as seen, not reported."""
+
+    def __call__(self, at: At, found: ByRank) -> ByRank:
+        if at.ranks.world == 1 or not any(f.code in PRODUCED for fs in found.found for f in fs):
+            return found
+        for r, fs in enumerate(found.found):
+            found.quiet[r] += [f for f in fs if f.code in SPREAD]
+            found.found[r] = [f for f in fs if f.code not in SPREAD]
+        return found
+
+
+# -- when the watch closes (``found`` as (rank, finding) pairs, in the order they are recorded) -
+class RankFailures:
+    """``run-failed`` for another rank: it raised (its exception, at its step), or it vanished without
+    a word; recorded by rank 0 (not again for the ranks a :class:`RanksApart` already named)."""
+
+    def __call__(self, at: At, found: list[Placed]) -> list[Placed]:
+        meeting = at.ranks.meeting
+        if meeting is None:
+            return found
+        skip = set(at.error.ranks) if isinstance(at.error, RanksApart) else set()
+        return found + [(r, f) for r, f in meeting.failures(at.step, at.error).items() if r not in skip]
+
+
+class RunFailed:
+    """``run-failed``: an exception ended the watched block (its type and message, at its step);
+    not for a stop the watch itself asked for (an error that carries its finding)."""
+
+    def __call__(self, at: At, found: list[Placed]) -> list[Placed]:
+        error = at.error
+        if error is None or isinstance(getattr(error, "finding", None), StepFinding):
+            return found
+        return found + [(at.ranks.rank, failure_finding(error, at.step))]
