@@ -14,7 +14,7 @@ from inspector.utils import BATCH_LABEL, CODES, ROOT_LABEL
 ROOT = Path(__file__).resolve().parent.parent
 SEVERITIES = {"error", "warning", "info"}
 # functions that take (code, severity, ...) and build Findings, by the name they are called with
-CODE_FIRST = {"Finding", "_named", "_c"}
+CODE_FIRST = {"Finding", "_named", "_c", "coded"}
 
 
 def _str(node: ast.AST | None) -> str | None:

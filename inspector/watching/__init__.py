@@ -6,19 +6,22 @@ memory into an Arrow run file (its schema, its writer and its reader :func:`read
 hands them on) that :func:`read_run` reads, also while it grows; findings (``nonfinite-forward``,
 ``dead-gradient``, ...) name the module and the step.
 
-Modules: ``checks``: the checks that follow the loop (gradients cleared, eval mode, frozen and replaced
-parameters, optimizers that do not step, nothing updating, a failed run); ``rows``: one step's numbers as
-the run file's row; ``core``: :class:`Watch`, the hooks and the per-step work around a training loop;
-``block``: ``watch``, the context manager that opens and closes it; ``result``: its frozen result;
-``detect``: findings from one step's numbers on the host (:class:`Detectors`, which can replay a run);
-``layout``: which tensors a watch follows; ``flags``: the tracer's (low, high) buffers on the device;
-``live``: a growing run file followed, reading only what was appended; ``numbers``: one rank's
+Modules: ``table``: the watch's rules in one ordered table (:data:`~.table.WATCH_CHECKS`: which check
+runs at which event, in which order, with which codes); ``rules``: the checks themselves, one small class
+each with one interface; ``events``: what a check reads at one event (``At``) and what it is built from;
+``roles``: the parts a :class:`Watch` is made of (options, target, ranks, recorder, stop control);
+``checks``: the state behind the checks that follow the loop (gradients cleared, eval mode, frozen and
+replaced parameters, optimizers that do not step, nothing updating, a failed run); ``rows``: one step's
+numbers as the run file's row; ``core``: :class:`Watch`, the hooks and the per-step work around a
+training loop; ``block``: ``watch``, the context manager that opens and closes it; ``result``: its frozen
+result; ``detect``: findings from one step's numbers on the host (:class:`Detectors`, which can replay a
+run); ``layout``: which tensors a watch follows; ``flags``: the tracer's (low, high) buffers on the
+device; ``live``: a growing run file followed, reading only what was appended; ``numbers``: one rank's
 numbers at one step; ``producer``: a copy of the inputs and outputs of the module that first produced a
 NaN/Inf (``inspector.runfiles.captured`` stores and reads it); ``steps``: the per-step work of a watch;
 ``ranks``: the ranks' meeting at each step, their failures, slow ranks; ``summary``: run files reduced
-for display; ``synthetic``: a synthetic run file of any size;
-``tracer``: non-finite forward and backward tracing without a host sync per module; ``train``: a short
-training loop under :func:`watch`.
+for display; ``synthetic``: a synthetic run file of any size; ``tracer``: non-finite forward and backward
+tracing without a host sync per module; ``train``: a short training loop under :func:`watch`.
 """
 
 from __future__ import annotations

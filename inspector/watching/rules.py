@@ -36,7 +36,7 @@ from .ranks import RanksApart, slow_ranks
 from .steps import nonfinite_findings, written_findings
 
 if TYPE_CHECKING:
-    from .table import At, ByRank, Kit, Placed
+    from .events import At, ByRank, Kit, Placed
 
 PRODUCED = ("nonfinite-forward", "nonfinite-backward")
 SPREAD = ("nonfinite-gradient", "nonfinite-parameter")

@@ -8,7 +8,7 @@ import time
 import numpy as np
 
 from ..runfiles import RunMeta, RunWriter, StepRecord
-from ..utils.findings import Finding
+from ..utils.codes import coded
 
 
 def synthetic_run(path: str | os.PathLike, steps: int = 100, modules: int = 10, *, world_size: int = 1,
@@ -44,7 +44,7 @@ def synthetic_run(path: str | os.PathLike, steps: int = 100, modules: int = 10, 
                     findings = []
                     if step == bad_step and modules:
                         norms[bad_module] *= 1000.0
-                        findings = [Finding("exploding-gradient", "warning", names[bad_module],
+                        findings = [coded("exploding-gradient", names[bad_module],
                                             "gradient norm 1000x its running median").to_dict()]
                     batch.append(
                         StepRecord(

@@ -21,88 +21,13 @@ Every finding a row adds must be one of its ``codes`` at the severity :data:`COD
 from __future__ import annotations
 
 from contextlib import ExitStack
-from dataclasses import dataclass, field
-from functools import cached_property
-from typing import Any, Literal, Protocol
-
-import numpy as np
-import torch
+from dataclasses import dataclass
+from typing import Any
 
 from ..utils.codes import CODES
 from ..utils.findings import Finding, InspectorError
 from . import rules
-from .checks import GradientClearing, OptimizerSteps
-from .detect import Detectors
-from .numbers import Numbers
-from .roles import Ranks, Target, WatchOptions
-from .steps import StepState
-
-Phase = Literal["open", "before-step", "measured", "after-step", "gathered", "close"]
-PHASES: tuple[Phase, ...] = ("open", "before-step", "measured", "after-step", "gathered", "close")
-Placed = tuple[int, Finding]
-
-
-@dataclass(frozen=True, eq=False)
-class At:
-    """What a check may read at one event (read-only: a check changes only its own state).
-
-    ``params``: the parameters under their names now; ``held``: the ids of the parameters the
-    optimizers hold (at check steps with an optimizer), ``held_mask`` the same per parameter;
-    ``numbers``: this rank's numbers of the step (``after-step``); ``numbers_all``: every rank's
-    (``gathered``); ``measured``: the ``measured`` phase's findings (``gathered``); ``loss``: the loss
-    logged before the step (``measured``); ``error``: what ended the block (``close``)."""
-
-    step: int
-    check: bool
-    target: Target
-    ranks: Ranks
-    params: list[torch.Tensor | None] = field(default_factory=list)
-    state: StepState | None = None
-    held: set[int] | None = None
-    held_mask: np.ndarray | None = None
-    lrs: list[float] = field(default_factory=list)
-    numbers: Numbers | None = None
-    numbers_all: list[Numbers] = field(default_factory=list)
-    measured: list[Finding] = field(default_factory=list)
-    loss: Any = None
-    error: BaseException | None = None
-
-
-@dataclass
-class ByRank:
-    """The ``gathered`` phase's findings: each rank's to report, and each rank's to note as seen only."""
-
-    found: list[list[Finding]]
-    quiet: list[list[Finding]]
-
-
-class Check(Protocol):
-    """One check: reads ``at``, returns ``found`` with its findings added (or those it explains folded)."""
-
-    def __call__(self, at: At, found: Any) -> Any: ...
-
-
-class Kit:
-    """What a table's checks are built from: the target, the options, and the state several rows share
-    (one :class:`Detectors` for the gradient and loss rows, one :class:`GradientClearing` for the rows
-    before and after the step, the optimizers' step counts)."""
-
-    def __init__(self, target: Target, options: WatchOptions) -> None:
-        self.target, self.options = target, options
-
-    @cached_property
-    def detectors(self) -> Detectors:
-        o = self.options
-        return Detectors(self.target.layout, window=o.window, explode_factor=o.explode_factor,
-                         loss_factor=o.loss_factor)
-
-    @cached_property
-    def clearing(self) -> GradientClearing:
-        return GradientClearing()
-
-    @cached_property
-    def optimizer_steps(self) -> OptimizerSteps | None:
-        return OptimizerSteps(self.target.optimizers) if self.target.optimizer is not None else None
+from .events import PHASES, At, ByRank, Check, Kit, Phase
 
 
 @dataclass(frozen=True)
@@ -165,8 +90,7 @@ WATCH_CHECKS: tuple[Row, ...] = (
         why="the NaN/Inf gradients and weights the distributed check places are folded too"),
     # -- close
     Row("close", rules.RankFailures, ("run-failed",)),
-    Row("close", rules.RunFailed, ("run-failed",), after=(rules.RankFailures,),
-        why="rank 0 records the other ranks' failures before its own (the order of the run file's rows)"),
+    Row("close", rules.RunFailed, ("run-failed",)),  # after the other ranks': the run file's row order
 )
 
 
@@ -223,4 +147,4 @@ def table_markdown(table: tuple[Row, ...] = WATCH_CHECKS) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["At", "ByRank", "Check", "Checks", "Kit", "PHASES", "Row", "WATCH_CHECKS", "table_markdown"]
+__all__ = ["Checks", "Row", "WATCH_CHECKS", "table_markdown"]

@@ -1,0 +1,270 @@
+"""The watch's rules table (``inspector.watching.table.WATCH_CHECKS``): every row's codes registered at
+their severity, the ordering rules it states, each tested by a real run that comes out wrong when the
+two rows are swapped, and docs/findings.md kept equal to the table."""
+
+from __future__ import annotations
+
+import pathlib
+import re
+
+import pytest
+import torch
+from torch import nn
+
+from inspector.sharding.findings import about
+from inspector.utils.codes import CODES
+from inspector.utils.findings import Finding, InspectorError
+from inspector.watching import rules, watch
+from inspector.watching import table as watch_table
+from inspector.watching.events import PHASES, At, ByRank, Kit
+from inspector.watching.roles import Target, WatchOptions
+from inspector.watching.table import WATCH_CHECKS, Checks, Row, table_markdown
+
+DOCS = pathlib.Path(__file__).resolve().parents[1] / "docs" / "findings.md"
+
+
+def swapped(a: type, b: type) -> tuple[Row, ...]:
+    """WATCH_CHECKS with the rows of checks ``a`` and ``b`` exchanged."""
+    rows = list(WATCH_CHECKS)
+    i = next(k for k, r in enumerate(rows) if r.check is a)
+    j = next(k for k, r in enumerate(rows) if r.check is b)
+    rows[i], rows[j] = rows[j], rows[i]
+    return tuple(rows)
+
+
+def order_broken(rows: tuple[Row, ...]) -> list[str]:
+    """The ordering rules ``rows`` breaks: a row placed before a row of its phase it must follow."""
+    place = {r.check: k for k, r in enumerate(rows)}
+    return [f"{r.name} before {a.__name__}" for r in rows for a in r.after if place[a] > place[r.check]]
+
+
+# -- the table itself -----------------------------------------------------------------------------
+def test_every_row_lists_registered_codes_and_a_known_phase():
+    for row in WATCH_CHECKS:
+        assert row.phase in PHASES
+        assert set(row.codes) <= set(CODES), row.name
+        assert row.check.__doc__, f"{row.name} says nowhere when it fires"
+        for a in row.after:
+            assert a in {r.check for r in WATCH_CHECKS if r.phase == row.phase}, (row.name, a)
+        assert bool(row.after) == bool(row.why), row.name
+
+
+def test_the_table_keeps_its_own_ordering_rules_and_a_swap_breaks_them():
+    assert order_broken(WATCH_CHECKS) == []
+    rules_stated = [(a, r.check) for r in WATCH_CHECKS for a in r.after]
+    assert len(rules_stated) >= 7
+    for a, b in rules_stated:
+        assert order_broken(swapped(a, b)), (a, b)
+
+
+def test_each_check_class_appears_once():
+    checks = [r.check for r in WATCH_CHECKS]
+    assert len(checks) == len(set(checks))
+
+
+def test_no_watch_module_writes_a_severity_of_its_own():
+    """Severity comes from CODES (``coded``): no ``Finding("code", "severity", ...)`` in the watch."""
+    folder = pathlib.Path(watch_table.__file__).parent
+    literal = re.compile(r'(?<![A-Za-z_])Finding\(\s*"[a-z-]+",\s*"(error|warning|info)"')
+    found = [p.name for p in folder.glob("*.py") if literal.search(p.read_text())]
+    assert found == []
+
+
+def test_docs_list_the_table_as_it_is():
+    text = DOCS.read_text()
+    assert table_markdown() in text, "docs/findings.md is behind the table: paste table_markdown() into it"
+
+
+def test_docs_check_fails_on_a_sabotaged_table():
+    rows = swapped(rules.Loss, rules.NonfiniteGradients)
+    assert table_markdown(rows) not in DOCS.read_text()
+
+
+# -- a row that reports what it does not list raises ---------------------------------------------
+def _nan_loss_run(tmp_path, **options):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with watch(model, opt, tmp_path / "run.inspect", **options) as w:
+        for i in range(3):
+            out = model(torch.ones(2, 3)).mean()
+            loss = out * float("nan") if i == 1 else out.pow(2)  # a NaN loss at step 1
+            loss.backward()
+            w.log(loss=loss)
+            opt.step()
+            opt.zero_grad()
+    return w.result.findings
+
+
+def test_a_row_that_reports_a_code_it_does_not_list_raises(tmp_path, monkeypatch):
+    rows = tuple(Row(r.phase, r.check, ("loss-spike",)) if r.check is rules.Loss else r for r in WATCH_CHECKS)
+    monkeypatch.setattr(watch_table, "WATCH_CHECKS", rows)
+    with pytest.raises(InspectorError, match="'Loss' reported nonfinite-loss"):
+        _nan_loss_run(tmp_path)
+
+
+def test_a_row_that_writes_its_own_severity_raises(tmp_path, monkeypatch):
+    # nonfinite-loss is an error in the registry: a check that says "warning" is caught too
+    class QuietLoss(rules.Loss):
+        def __call__(self, at, found):
+            return [Finding(f.code, "warning", f.where, f.message) if f.code == "nonfinite-loss" else f
+                    for f in super().__call__(at, found)]
+
+    rows = tuple(Row(r.phase, QuietLoss, r.codes, r.after, r.why) if r.check is rules.Loss else r
+                 for r in WATCH_CHECKS)
+    monkeypatch.setattr(watch_table, "WATCH_CHECKS", rows)
+    with pytest.raises(InspectorError, match="nonfinite-loss \\(warning\\)"):
+        _nan_loss_run(tmp_path)
+
+
+def test_the_registry_severity_reaches_the_run(tmp_path):
+    found = _nan_loss_run(tmp_path)
+    assert [f.code for f in found] == ["nonfinite-loss", "nonfinite-parameter"]
+    assert [f.severity for f in found] == [CODES[f.code].severity for f in found] == ["error", "error"]
+
+
+# -- the ordering rules, each on a real run ------------------------------------------------------
+def _codes(findings) -> list[tuple[int, str]]:
+    return [(f.step, f.code) for f in findings]
+
+
+def scenario_nan_loss(tmp_path) -> list[tuple[int, str]]:
+    """A NaN loss at step 1 (default options): the loss is named, not the gradients it made NaN."""
+    return _codes(_nan_loss_run(tmp_path))
+
+
+class _Nan(nn.Module):
+    def forward(self, x):
+        return x * float("nan") if self.bad else x
+
+
+def scenario_producer(tmp_path) -> list[tuple[int, str]]:
+    """A module that makes NaN at step 2, with ``nonfinite=True`` and the loss logged: the producer is the
+    one finding (no nonfinite-loss, no nonfinite-gradient)."""
+    torch.manual_seed(0)
+    bad = _Nan()
+    model = nn.Sequential(nn.Linear(3, 4), bad, nn.Linear(4, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with watch(model, opt, tmp_path / "run.inspect", nonfinite=True) as w:
+        for i in range(3):
+            bad.bad = i == 2
+            loss = model(torch.ones(2, 3)).pow(2).mean()
+            loss.backward()
+            w.log(loss=loss)
+            opt.step()
+            opt.zero_grad()
+    return _codes(w.result.findings)
+
+
+def scenario_written_weight(tmp_path) -> list[tuple[int, str]]:
+    """A weight filled with NaN by hand between steps 1 and 2: the written weight is the one finding."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with watch(model, opt, tmp_path / "run.inspect") as w:
+        for i in range(3):
+            if i == 2:
+                with torch.no_grad():
+                    model[0].weight.fill_(float("nan"))
+            loss = model(torch.ones(2, 3)).pow(2).mean()
+            loss.backward()
+            w.log(loss=loss)
+            opt.step()
+            opt.zero_grad()
+    return _codes(w.result.findings)
+
+
+def scenario_spike(tmp_path) -> list[tuple[int, str, bool]]:
+    """A loss 1000x larger at step 30 on a steady run: one loss-spike, which says that every module's
+    gradient grew with it (no separate whole-model exploding-gradient)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=1e-4)
+    g = torch.Generator().manual_seed(1)
+    with watch(model, opt, tmp_path / "run.inspect") as w:
+        for i in range(32):
+            x = torch.randn(16, 4, generator=g)
+            loss = (model(x) - 1).pow(2).mean() * (1000.0 if i == 30 else 1.0)
+            loss.backward()
+            w.log(loss=loss)
+            opt.step()
+            opt.zero_grad()
+    return [(f.step, f.code, "grew about" in f.message) for f in w.result.findings]
+
+
+def scenario_two_optimizers(tmp_path) -> list[tuple[int, str]]:
+    """Two optimizers; the second steps every step but its gradients are never cleared: named at step 1."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 1))
+    first = torch.optim.SGD(model[0].parameters(), lr=0.1)
+    second = torch.optim.SGD(model[2].parameters(), lr=0.1)
+    with watch(model, [first, second], tmp_path / "run.inspect") as w:
+        for _ in range(3):
+            model(torch.ones(2, 3)).pow(2).mean().backward()
+            second.step()
+            first.step()
+            first.zero_grad()  # the second's gradients are left to add up
+    return _codes(w.result.findings)
+
+
+# a NaN/Inf gradient the optimizer applies makes the weights NaN too: the post-step check names them
+_NAN_WEIGHTS = "nonfinite-parameter"
+ORDER_CASES = [
+    # (the rule: the row that must come first, the row after it), the run, what it must report
+    ((rules.Loss, rules.NonfiniteGradients), scenario_nan_loss, [(1, "nonfinite-loss"), (1, _NAN_WEIGHTS)]),
+    ((rules.Producers, rules.Loss), scenario_producer, [(2, "nonfinite-forward"), (2, _NAN_WEIGHTS)]),
+    ((rules.Producers, rules.NonfiniteGradients), scenario_producer,
+     [(2, "nonfinite-forward"), (2, _NAN_WEIGHTS)]),
+    ((rules.WrittenWeights, rules.Loss), scenario_written_weight, [(2, _NAN_WEIGHTS)]),
+    ((rules.WrittenWeights, rules.NonfiniteGradients), scenario_written_weight, [(2, _NAN_WEIGHTS)]),
+    ((rules.GradientNorms, rules.Loss), scenario_spike, [(30, "loss-spike", True)]),
+    ((rules.GradientsCleared, rules.OptimizerStepped), scenario_two_optimizers,
+     [(1, "gradient-not-cleared")]),
+]
+
+
+@pytest.mark.parametrize("rule, run, expected", ORDER_CASES, ids=lambda v: getattr(v, "__name__", None))
+def test_ordering_rule_holds(tmp_path, rule, run, expected):
+    assert run(tmp_path) == expected
+
+
+@pytest.mark.parametrize("rule, run, expected", ORDER_CASES, ids=lambda v: getattr(v, "__name__", None))
+def test_ordering_rule_swapped_reports_wrong(tmp_path, monkeypatch, rule, run, expected):
+    """The same run with the two rows swapped reports something else: the rule's test can fail."""
+    first, then = rule
+    assert first in next(r for r in WATCH_CHECKS if r.check is then).after  # the rule is on its row
+    monkeypatch.setattr(watch_table, "WATCH_CHECKS", swapped(first, then))
+    assert run(tmp_path) != expected
+
+
+def test_every_stated_rule_has_a_run(tmp_path):
+    stated = {(a, r.check) for r in WATCH_CHECKS for a in r.after}
+    covered = {rule for rule, _, _ in ORDER_CASES}
+    assert stated - covered == {(rules.ReplicaFindingsPlaced, rules.SpreadFolded)}  # tested just below
+
+
+class _Ranks:
+    """Two ranks, as the gathered phase reads them (no process group needed for these two rows)."""
+
+    world, rank, distributed, meeting = 2, 0, True, None
+
+
+def _spread_after_placing(rows: tuple[Row, ...]) -> list[list[str]]:
+    """The gathered phase of a step where rank 0 names a producer and the distributed check placed a
+    nonfinite-gradient about rank 1: what each rank reports."""
+    model = nn.Linear(2, 1)
+    target = Target.of(model, None)
+    checks = Checks(Kit(target, WatchOptions()), rows)
+    placed = about(Finding("nonfinite-gradient", "error", "weight", "rank 1's gradient is NaN"), [1])
+    at = At(3, True, target, _Ranks(), numbers_all=[], measured=[placed])
+    checks.by_phase["gathered"] = [(r, c) for r, c in checks.by_phase["gathered"]
+                                   if r.check is not rules.SlowRanks]  # no compute times here
+    producer = Finding("nonfinite-forward", "error", "0", "made NaN")
+    out = checks.run("gathered", at, ByRank([[producer], []], [[], []]))
+    return [[f.code for f in fs] for fs in out.found]
+
+
+def test_spread_is_folded_after_the_distributed_findings_are_placed():
+    assert _spread_after_placing(WATCH_CHECKS) == [["nonfinite-forward"], []]
+    swapped_rows = swapped(rules.ReplicaFindingsPlaced, rules.SpreadFolded)
+    assert _spread_after_placing(swapped_rows) != [["nonfinite-forward"], []]
