@@ -207,6 +207,20 @@ def scenario_two_optimizers(tmp_path) -> list[tuple[int, str]]:
     return _codes(w.result.findings)
 
 
+def scenario_zero_grad_before_step(tmp_path) -> list[tuple[int, str]]:
+    """zero_grad() between backward() and step() for 8 steps: the step on zeroed gradients is the one
+    finding (no dead-gradient once the window passes)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with watch(model, opt, tmp_path / "run.inspect") as w:
+        for _ in range(8):
+            model(torch.ones(2, 3)).pow(2).mean().backward()
+            opt.zero_grad()
+            opt.step()
+    return _codes(w.result.findings)
+
+
 # a NaN/Inf gradient the optimizer applies makes the weights NaN too: the post-step check names them
 _NAN_WEIGHTS = "nonfinite-parameter"
 ORDER_CASES = [
@@ -218,6 +232,8 @@ ORDER_CASES = [
     ((rules.WrittenWeights, rules.Loss), scenario_written_weight, [(2, _NAN_WEIGHTS)]),
     ((rules.WrittenWeights, rules.NonfiniteGradients), scenario_written_weight, [(2, _NAN_WEIGHTS)]),
     ((rules.GradientNorms, rules.Loss), scenario_spike, [(30, "loss-spike", True)]),
+    ((rules.ZeroGradientStep, rules.GradientNorms), scenario_zero_grad_before_step,
+     [(0, "zero-gradient-step")]),
     ((rules.GradientsCleared, rules.OptimizerStepped), scenario_two_optimizers,
      [(1, "gradient-not-cleared")]),
 ]

@@ -63,8 +63,13 @@ CODES: dict[str, FindingCode] = {c.code: c for c in (
     _c("gradient-not-cleared", _E, "gradients of the last step were still there when this step began",
        "call optimizer.zero_grad() each step (or accumulate on purpose and say so)"),
     _c("no-update", _E,
-       "nothing trains: every lr is 0, or no parameter with a gradient changed, for two steps",
+       "nothing trains, or part of it does not: every lr is 0, a param group's lr is 0 while the others "
+       "train, or no parameter with a gradient changed, for two steps",
        "check the scheduler and the lr; bfloat16 weights need a larger update or float32 master weights"),
+    _c("zero-gradient-step", _E,
+       "the optimizer stepped while every gradient it holds was absent or all zero: nothing could move",
+       "call optimizer.zero_grad() before backward() or after step(), never between them; check that the "
+       "loss depends on the parameters"),
     _c("optimizer-not-stepped", _E,
        "one of several optimizers given to watch does not step while the first does",
        "call that optimizer's step() in the loop"),

@@ -94,10 +94,11 @@ class GradientClearing:
                 self.dirty[i] = (ref, version + 1)  # an in-place add moves the version by one
         return hook
 
-    def stepped(self, params: list[torch.Tensor | None]) -> None:
-        """After a step: remember each gradient the step used."""
+    def stepped(self, params: list[torch.Tensor | None], zero: np.ndarray | None = None) -> None:
+        """After a step: remember each gradient the step used (not those all zero then, marked in
+        ``zero``: a backward adding onto a zeroed gradient adds nothing old)."""
         grads = gradients(params)
-        idx = [i for i, g in enumerate(grads) if g is not None]
+        idx = [i for i, g in enumerate(grads) if g is not None and (zero is None or not zero[i])]
         used = [grads[i] for i in idx]
         self.after = dict(zip(idx, map(weakref.ref, used), strict=True))
         self.versions = dict(zip(idx, map(_VERSION, used), strict=True))
@@ -133,7 +134,8 @@ class TrainingMode:
     """BatchNorm / InstanceNorm / Dropout modules in eval mode when the optimizer steps (read at each
     step, so it holds however the forward was called: Lightning calls ``training_step``, not the
     root's forward). A module inside a part whose parameters are all frozen is left alone: a frozen
-    backbone in eval mode is on purpose."""
+    backbone in eval mode is on purpose; so is a norm layer whose own affine parameters are frozen, or
+    one that keeps no running statistics."""
 
     def __init__(self, root: nn.Module) -> None:
         self.root = root
@@ -145,7 +147,8 @@ class TrainingMode:
     def findings(self) -> list[Finding]:
         if all(m.training for _, m in self.modules):
             return []
-        seen = [n for n, m in self.modules if not m.training and not self._frozen_part(n)]
+        seen = [n for n, m in self.modules
+                if not m.training and not self._frozen_part(n) and not _on_purpose(m)]
         if not seen:
             return []
         kinds = sorted({type(m).__name__ for n, m in self.modules if n in set(seen)})
@@ -165,6 +168,16 @@ class TrainingMode:
         parent = self.root.get_submodule(name.rpartition(".")[0]) if "." in name else self.root
         flags = [p.requires_grad for p in parent.parameters()]
         return bool(flags) and not any(flags)
+
+
+def _on_purpose(m: nn.Module) -> bool:
+    """A norm layer kept in eval mode by design: its own affine parameters are all frozen (the
+    fine-tuning recipe, ``norm_eval=True``), or it keeps no running statistics (eval mode then changes
+    nothing)."""
+    if not isinstance(m, nn.modules.batchnorm._BatchNorm | nn.modules.instancenorm._InstanceNorm):
+        return False
+    own = [p.requires_grad for p in m.parameters(recurse=False)]
+    return (bool(own) and not any(own)) or not m.track_running_stats
 
 
 def frozen_findings(root: nn.Module) -> list[Finding]:

@@ -19,7 +19,9 @@ import torch
 from ..aliases import compare_ties, snapshot_ties
 from ..runfiles import StepFinding
 from ..sharding.findings import ranks_of
+from ..utils.codes import coded
 from ..utils.findings import Finding
+from ..utils.labels import listed
 from .checks import (
     GradientClearing,
     OptimizerSteps,
@@ -66,8 +68,9 @@ class UnheldAtOpen:
 # -- before the optimizer applies the step -----------------------------------------------------
 class EvalMode:
     """``eval-mode-module``: at a step, a BatchNorm / InstanceNorm (with running statistics) / Dropout
-    (p > 0) is in eval mode while its parent's parameters are not all frozen (the whole model in
-    eval mode: one finding at the root)."""
+    (p > 0) is in eval mode while its parent's parameters are not all frozen and, for a norm layer,
+    its own affine parameters are not all frozen (the whole model in eval mode: one finding at the
+    root)."""
 
     @classmethod
     def build(cls, kit: Kit) -> EvalMode | None:
@@ -205,6 +208,33 @@ class Producers:
                                           at.ranks.world)
 
 
+class ZeroGradientStep:
+    """``zero-gradient-step``: the optimizer stepped while every trainable parameter it holds had no
+    gradient or an all-zero one (``zero_grad()`` between ``backward()`` and ``step()``, a backward that
+    never ran, a loss that does not depend on the parameters). A NaN/Inf gradient is not zero."""
+
+    @classmethod
+    def build(cls, kit: Kit) -> ZeroGradientStep | None:
+        return cls() if kit.target.optimizer is not None else None
+
+    def __call__(self, at: At, found: list[Finding]) -> list[Finding]:
+        n, held = at.numbers, at.held_mask
+        if held is None or not len(held):
+            return found
+        trainable = held & np.array([p is not None and p.requires_grad for p in at.params], dtype=bool)
+        if not trainable.any() or (n.has_grad & (n.param_grad != 0))[trainable].any():
+            return found
+        names = [at.target.layout.parameters[i] for i in np.flatnonzero(trainable)]
+        absent = int((~n.has_grad[trainable]).sum())
+        return found + [coded(
+            "zero-gradient-step", names[0],
+            f"the optimizer stepped while all {len(names)} trainable parameters it holds had "
+            f"{'no gradient' if absent == len(names) else 'no gradient or an all-zero one'}: this step "
+            "moved nothing. optimizer.zero_grad() between loss.backward() and optimizer.step() does this "
+            "(call it before backward() or after step()); so does a backward that never ran or a loss "
+            "that does not depend on the parameters")]
+
+
 class GradientNorms:
     """``dead-gradient``: a parameter without a gradient (or an all-zero one) for ``window`` steps, or
     for two after a settled run of them; ``exploding-gradient``: a module's gradient norm over
@@ -219,7 +249,10 @@ class GradientNorms:
 
     def __call__(self, at: At, found: list[Finding]) -> list[Finding]:
         n = at.numbers
-        return found + self.detectors.gradients(n.param_grad, n.has_grad, n.module_grad)
+        out = self.detectors.gradients(n.param_grad, n.has_grad, n.module_grad)
+        if any(f.code == "zero-gradient-step" for f in found):  # the cause of the missing gradients
+            out = [f for f in out if f.code != "dead-gradient"]
+        return found + out
 
 
 class Loss:
@@ -290,6 +323,49 @@ class Updates:
                                           n.has_grad, bool(n.skipped), at.held_mask)
 
 
+class IdleGroups:
+    """``no-update``: a param group's learning rate has been 0 for two steps while another group's is
+    not, and the group's parameters have non-zero gradients: that part of the model never trains."""
+
+    window = 2
+
+    @classmethod
+    def build(cls, kit: Kit) -> IdleGroups | None:
+        return cls() if kit.target.optimizer is not None else None
+
+    def __init__(self) -> None:
+        self.zero: list[int] = []  # steps in a row at lr 0, per param group (all optimizers, in order)
+
+    def __call__(self, at: At, found: list[Finding]) -> list[Finding]:
+        lrs = at.lrs
+        if len(self.zero) != len(lrs):
+            self.zero = [0] * len(lrs)
+        self.zero = [z + 1 if lr == 0 else 0 for z, lr in zip(self.zero, lrs, strict=True)]
+        if not any(lr > 0 for lr in lrs):
+            return found  # every lr at 0: Updates names it
+        out = []
+        for g in (i for i, z in enumerate(self.zero) if z == self.window):
+            names = self._moving(at, g)
+            if names:
+                modules = list(dict.fromkeys(n.rpartition(".")[0] for n in names))
+                out.append(coded(
+                    "no-update", names[0],
+                    f"param group {g} (holding {len(names)} parameters with a gradient, of "
+                    f"{listed(modules)}) has had lr 0 for {self.window} steps while other groups train: "
+                    "its parameters never change. Check that group's lr and the scheduler's lambda for it "
+                    "(freeze a part with requires_grad_(False) instead)"))
+        return found + out
+
+    @staticmethod
+    def _moving(at: At, group: int) -> list[str]:
+        """The parameters of flat param group ``group`` with a non-zero gradient this step."""
+        groups = [g for o in at.target.optimizers for g in o.param_groups]
+        ids = {id(p) for p in groups[group]["params"]}
+        n = at.numbers
+        return [at.target.layout.parameters[i] for i, p in enumerate(at.params)
+                if p is not None and id(p) in ids and n.has_grad[i] and n.param_grad[i] != 0]
+
+
 class GradientsUsed:
     """No finding: remembers each gradient this step used, for ``gradient-not-cleared`` at the next."""
 
@@ -301,7 +377,8 @@ class GradientsUsed:
         self.clearing = clearing
 
     def __call__(self, at: At, found: list[Finding]) -> list[Finding]:
-        self.clearing.stepped(at.state.params)
+        n = at.numbers
+        self.clearing.stepped(at.state.params, n.has_grad & (n.param_grad == 0))
         return found
 
 

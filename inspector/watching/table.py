@@ -71,7 +71,10 @@ WATCH_CHECKS: tuple[Row, ...] = (
     # -- after the step, this rank's numbers
     Row("after-step", rules.WrittenWeights, ("nonfinite-parameter",)),
     Row("after-step", rules.Producers, ("nonfinite-forward", "nonfinite-backward")),
-    Row("after-step", rules.GradientNorms, ("dead-gradient", "exploding-gradient")),
+    Row("after-step", rules.ZeroGradientStep, ("zero-gradient-step",)),
+    Row("after-step", rules.GradientNorms, ("dead-gradient", "exploding-gradient"),
+        after=(rules.ZeroGradientStep,),
+        why="a step on absent or all-zero gradients explains the missing gradients: no dead-gradient"),
     Row("after-step", rules.Loss, ("nonfinite-loss", "loss-spike"),
         after=(rules.WrittenWeights, rules.Producers, rules.GradientNorms),
         why="a named producer (a module, the batch, a written weight) explains a NaN/Inf loss, and a "
@@ -82,6 +85,7 @@ WATCH_CHECKS: tuple[Row, ...] = (
             "cause of their own"),
     Row("after-step", rules.NonfiniteWeights, ("nonfinite-parameter",)),
     Row("after-step", rules.Updates, ("no-update",)),
+    Row("after-step", rules.IdleGroups, ("no-update",)),
     Row("after-step", rules.GradientsUsed, ()),
     # -- every rank's numbers gathered
     Row("gathered", rules.SlowRanks, ("slow-rank",)),

@@ -1,0 +1,151 @@
+"""Checks that tell a bug from a recipe done on purpose: a step on zeroed gradients, a param group at lr
+0, a norm layer frozen in eval mode. Each has a planted bug that must fire and healthy recipes that must
+stay silent, through the public ``watch``."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from inspector import watch
+
+
+def _mlp() -> nn.Sequential:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1))
+
+
+def _batch(i: int) -> torch.Tensor:
+    return torch.randn(8, 4, generator=torch.Generator().manual_seed(i))
+
+
+def _alarms(result) -> list[tuple[int, str, str]]:
+    return [(f.step, f.code, f.where) for f in result.findings if f.severity in ("warning", "error")]
+
+
+# -- zero-gradient-step ---------------------------------------------------------------------------
+@pytest.mark.parametrize("set_to_none", [True, False])
+def test_zero_grad_between_backward_and_step_is_named_at_once_and_nothing_else(tmp_path, set_to_none):
+    model = _mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with watch(model, opt, tmp_path / "run.inspect") as w:
+        for i in range(10):
+            w.log(loss=model(_batch(i)).pow(2).mean())
+            model(_batch(i)).pow(2).mean().backward()
+            opt.zero_grad(set_to_none=set_to_none)  # the bug: the step below uses no gradient
+            opt.step()
+    found = _alarms(w.result)
+    # step 0, at the first trainable parameter; no dead-gradient 4 steps later, no gradient-not-cleared
+    assert found == [(0, "zero-gradient-step", "0.weight")]
+    message = w.result.findings[0].message
+    assert "zero_grad() between loss.backward() and optimizer.step()" in message
+    assert ("no gradient" in message) and ("all-zero" in message) != set_to_none
+
+
+def test_zero_gradient_step_stays_silent_on_healthy_loops(tmp_path):
+    # zero_grad before the forward, after the step, accumulation over two backward passes, a frozen part
+    model = _mlp()
+    model[0].requires_grad_(False)
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-3)
+    with watch(model, opt, tmp_path / "run.inspect") as w:
+        for i in range(12):
+            if i % 2 == 0:
+                opt.zero_grad()
+            model(_batch(i)).pow(2).mean().backward()
+            model(_batch(i + 100)).pow(2).mean().backward()
+            opt.step()
+            if i % 2 == 0:
+                opt.zero_grad(set_to_none=False)  # the odd step starts from zeroed gradients
+    assert _alarms(w.result) == []
+
+
+# -- a param group at lr 0 ------------------------------------------------------------------------
+def test_a_param_group_at_lr_zero_while_the_others_train_is_named(tmp_path):
+    model = _mlp()
+    opt = torch.optim.SGD([{"params": model[0].parameters(), "lr": 0.1},
+                           {"params": model[2].parameters(), "lr": 0.0}])  # the head never learns
+    with watch(model, opt, tmp_path / "run.inspect") as w:
+        for i in range(6):
+            model(_batch(i)).pow(2).mean().backward()
+            opt.step()
+            opt.zero_grad()
+    assert _alarms(w.result) == [(1, "no-update", "2.weight")]
+    assert "param group 1" in w.result.findings[0].message
+
+
+def test_groups_warming_up_from_zero_and_decaying_to_zero_are_silent(tmp_path):
+    model = _mlp()
+    opt = torch.optim.SGD([{"params": model[0].parameters()}, {"params": model[2].parameters()}], lr=0.1)
+    steps = 20
+    # group 0 warms up from 0 over 5 steps; group 1 decays linearly to 0 at the last step
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, [lambda s: min(1.0, s / 5), lambda s: 1 - s / (steps - 1)])
+    with watch(model, opt, tmp_path / "run.inspect") as w:
+        for i in range(steps):
+            model(_batch(i)).pow(2).mean().backward()
+            opt.step()
+            opt.zero_grad()
+            sched.step()
+    assert _alarms(w.result) == []
+
+
+def test_a_frozen_group_at_lr_zero_is_not_named(tmp_path):
+    model = _mlp()
+    model[2].requires_grad_(False)
+    opt = torch.optim.SGD([{"params": model[0].parameters(), "lr": 0.1},
+                           {"params": model[2].parameters(), "lr": 0.0}])
+    with watch(model, opt, tmp_path / "run.inspect") as w:
+        for i in range(6):
+            model(_batch(i)).pow(2).mean().backward()
+            opt.step()
+            opt.zero_grad()
+    assert _alarms(w.result) == []
+
+
+# -- norm layers kept in eval mode on purpose -----------------------------------------------------
+class _Net(nn.Module):
+    def __init__(self, norm_eval: bool, freeze_affine: bool) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.conv = nn.Conv2d(3, 4, 3)
+        self.bn = nn.BatchNorm2d(4)
+        self.head = nn.Linear(4, 2)
+        self.norm_eval = norm_eval
+        if freeze_affine:
+            self.bn.requires_grad_(False)
+
+    def train(self, mode: bool = True) -> _Net:  # the detection recipe: norm_eval=True
+        super().train(mode)
+        if mode and self.norm_eval:
+            self.bn.eval()
+        return self
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.bn(self.conv(x)).mean((2, 3)))
+
+
+def _conv_run(tmp_path, net: nn.Module):
+    opt = torch.optim.SGD([p for p in net.parameters() if p.requires_grad], lr=0.01)
+    net.train()
+    with watch(net, opt, tmp_path / "run.inspect") as w:
+        for i in range(4):
+            x = torch.randn(2, 3, 6, 6, generator=torch.Generator().manual_seed(i))
+            net(x).pow(2).mean().backward()
+            opt.step()
+            opt.zero_grad()
+    return w.result
+
+
+def test_batchnorm_in_eval_with_its_affine_frozen_is_intent(tmp_path):
+    assert _alarms(_conv_run(tmp_path, _Net(norm_eval=True, freeze_affine=True))) == []
+
+
+def test_batchnorm_in_eval_with_its_affine_training_is_named(tmp_path):
+    assert _alarms(_conv_run(tmp_path, _Net(norm_eval=True, freeze_affine=False))) == [
+        (0, "eval-mode-module", "bn")]
+
+
+def test_batchnorm_without_running_statistics_in_eval_is_intent(tmp_path):
+    net = _Net(norm_eval=True, freeze_affine=False)
+    net.bn = nn.BatchNorm2d(4, track_running_stats=False)  # eval mode uses the batch's statistics anyway
+    assert _alarms(_conv_run(tmp_path, net)) == []
