@@ -221,6 +221,22 @@ def scenario_zero_grad_before_step(tmp_path) -> list[tuple[int, str]]:
     return _codes(w.result.findings)
 
 
+def scenario_nan_weights_used(tmp_path) -> list[tuple[int, str]]:
+    """A NaN loss at step 2 makes every weight NaN; step 3's forward through the NaN embedding is not a
+    new producer (``nonfinite=True``): the findings of step 2 are the only ones."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Embedding(10, 4), nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with watch(model, opt, tmp_path / "run.inspect", nonfinite=True) as w:
+        for i in range(5):
+            loss = model(torch.arange(8)).pow(2).mean() * (float("nan") if i == 2 else 1.0)
+            loss.backward()
+            w.log(loss=loss)
+            opt.step()
+            opt.zero_grad()
+    return _codes(w.result.findings)
+
+
 # a NaN/Inf gradient the optimizer applies makes the weights NaN too: the post-step check names them
 _NAN_WEIGHTS = "nonfinite-parameter"
 ORDER_CASES = [
@@ -232,6 +248,10 @@ ORDER_CASES = [
     ((rules.WrittenWeights, rules.Loss), scenario_written_weight, [(2, _NAN_WEIGHTS)]),
     ((rules.WrittenWeights, rules.NonfiniteGradients), scenario_written_weight, [(2, _NAN_WEIGHTS)]),
     ((rules.GradientNorms, rules.Loss), scenario_spike, [(30, "loss-spike", True)]),
+    ((rules.Producers, rules.UsedNonfiniteWeights), scenario_nan_weights_used,
+     [(2, "nonfinite-loss"), (2, _NAN_WEIGHTS)]),
+    ((rules.NonfiniteGradients, rules.UsedNonfiniteWeights), scenario_nan_weights_used,
+     [(2, "nonfinite-loss"), (2, _NAN_WEIGHTS)]),
     ((rules.ZeroGradientStep, rules.GradientNorms), scenario_zero_grad_before_step,
      [(0, "zero-gradient-step")]),
     ((rules.GradientsCleared, rules.OptimizerStepped), scenario_two_optimizers,

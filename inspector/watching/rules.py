@@ -21,7 +21,7 @@ from ..runfiles import StepFinding
 from ..sharding.findings import ranks_of
 from ..utils.codes import coded
 from ..utils.findings import Finding
-from ..utils.labels import listed
+from ..utils.labels import listed, module_label
 from .checks import (
     GradientClearing,
     OptimizerSteps,
@@ -278,6 +278,25 @@ class NonfiniteGradients:
 
     def __call__(self, at: At, found: list[Finding]) -> list[Finding]:
         return found + nonfinite_gradients(at.numbers.module_nonfinite, at.target.layout.modules, found)
+
+
+class UsedNonfiniteWeights:
+    """Folds a ``nonfinite-forward`` / ``nonfinite-backward`` at a module whose own parameters held
+    NaN/Inf at the last check step: those weights, named when they went non-finite, are the cause
+    (every forward after a NaN step is NaN); the module is not a new producer."""
+
+    def __init__(self) -> None:
+        self.bad: set[str] = set()  # the modules (as findings name them) that own non-finite parameters
+
+    def __call__(self, at: At, found: list[Finding]) -> list[Finding]:
+        if self.bad:
+            found = [f for f in found if not (f.code in PRODUCED and f.where in self.bad)]
+        n = at.numbers
+        if n.checked:
+            names = at.target.layout.parameters
+            self.bad = {module_label(names[i].rpartition(".")[0]) for i in np.flatnonzero(~np.isfinite(
+                n.param_norm)) if at.params[i] is not None}
+        return found
 
 
 class NonfiniteWeights:

@@ -83,6 +83,8 @@ WATCH_CHECKS: tuple[Row, ...] = (
         after=(rules.WrittenWeights, rules.Producers, rules.Loss),
         why="NaN/Inf gradients that a producer, a written weight or a NaN/Inf loss explains are not a "
             "cause of their own"),
+    Row("after-step", rules.UsedNonfiniteWeights, (), after=(rules.Producers, rules.NonfiniteGradients),
+        why="it folds the producer only once the producer has explained this step's NaN/Inf gradients"),
     Row("after-step", rules.NonfiniteWeights, ("nonfinite-parameter",)),
     Row("after-step", rules.Updates, ("no-update",)),
     Row("after-step", rules.IdleGroups, ("no-update",)),
