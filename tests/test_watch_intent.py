@@ -149,3 +149,39 @@ def test_batchnorm_without_running_statistics_in_eval_is_intent(tmp_path):
     net = _Net(norm_eval=True, freeze_affine=False)
     net.bn = nn.BatchNorm2d(4, track_running_stats=False)  # eval mode uses the batch's statistics anyway
     assert _alarms(_conv_run(tmp_path, net)) == []
+
+
+# -- an AMP GradScaler that skips every step ------------------------------------------------------
+def _amp_run(tmp_path, overflow_from: int, init_scale: float, iterations: int = 40):
+    """A loop under ``GradScaler`` (on the CPU): from ``overflow_from`` on, every step's loss is Inf, so the
+    scaler skips every step. Returns the result, the optimizer steps taken and the skipped ones."""
+    model = _mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    scaler = torch.amp.GradScaler("cpu", init_scale=init_scale)
+    stepped = []
+    with watch(model, opt, tmp_path / "run.inspect", scaler=scaler) as w:
+        for i in range(iterations):
+            loss = model(_batch(i)).pow(2).mean() * 50 * (float("inf") if i >= overflow_from else 1.0)
+            scaler.scale(loss).backward()
+            before = w.steps
+            scaler.step(opt)
+            scaler.update()
+            stepped.append(w.steps > before)
+            opt.zero_grad()
+    assert "update" not in vars(scaler)  # the class's update() is back
+    return w.result, stepped
+
+
+def test_a_scaler_that_skips_every_step_is_named(tmp_path):
+    result, stepped = _amp_run(tmp_path, overflow_from=20, init_scale=2.0**16)
+    assert stepped[:20] == [True] * 20 and not any(stepped[20:])
+    assert _alarms(result) == [(20, "scaler-skipping", "(model)")]
+    assert "skipped the last 10 optimizer steps in a row" in result.findings[0].message
+
+
+def test_a_scaler_settling_from_a_huge_scale_is_silent(tmp_path):
+    # the usual early skips: the scale halves until the scaled gradients fit in float32
+    result, stepped = _amp_run(tmp_path, overflow_from=10**6, init_scale=2.0**127)
+    skipped = stepped.index(True)
+    assert 2 <= skipped < 10 and all(stepped[skipped:])
+    assert _alarms(result) == []

@@ -70,6 +70,9 @@ CODES: dict[str, FindingCode] = {c.code: c for c in (
        "the optimizer stepped while every gradient it holds was absent or all zero: nothing could move",
        "call optimizer.zero_grad() before backward() or after step(), never between them; check that the "
        "loss depends on the parameters"),
+    _c("scaler-skipping", _E,
+       "the AMP GradScaler skipped many optimizer steps in a row: the gradients overflow at every step",
+       "find the overflow (watch with nonfinite=True), lower the lr, or train in bfloat16", "episode"),
     _c("optimizer-not-stepped", _E,
        "one of several optimizers given to watch does not step while the first does",
        "call that optimizer's step() in the loop"),

@@ -141,6 +141,9 @@ class Watch:
         if t.optimizer is not None:
             hold(t.optimizer.register_step_pre_hook(self._step_starts))
             hold(t.optimizer.register_step_post_hook(lambda *a: self._post_step()))
+        scaler = self.options.scaler
+        if scaler is not None and callable(getattr(scaler, "update", None)):
+            self._follow_scaler(scaler)
         at = self._at(params=current(t.root, t.layout.parameters))
         self.checks.attach(at, self._stack)
         self.state.start = time.perf_counter()
@@ -153,13 +156,31 @@ class Watch:
         if meeting is not None:  # the other ranks learn how this one ended; rank 0 records theirs
             meeting.ended(self.state.count, None if isinstance(error, RanksApart) else error)
         for rank, f in self.checks.run("close", self._at(error=error), []):
-            self._failed(f, rank)
+            self._record_now(f, rank)
         self._stack.close()
         self.result = self.recorder.finish(self.state.count, completed)
         return self.result
 
-    def _failed(self, f: Finding, rank: int) -> None:
-        """Record ``run-failed`` (or a rank's) at the current step, on ``rank``'s row of no step."""
+    def _follow_scaler(self, scaler: Any) -> None:
+        """Wrap ``scaler.update`` on the instance (the class's method is back at close): an update with no
+        optimizer step since the last one is a step the scaler skipped, and runs the ``skipped`` rows."""
+        update, seen = scaler.update, [self.state.count]
+
+        def followed(*args: Any, **kwargs: Any) -> Any:
+            out = update(*args, **kwargs)
+            if self.state.count == seen[0]:
+                for f in self.checks.run("skipped", self._at(), []):
+                    self._record_now(f, self.ranks.rank)
+            seen[0] = self.state.count
+            return out
+
+        had = "update" in vars(scaler)
+        scaler.update = followed
+        self._stack.callback(lambda: setattr(scaler, "update", update) if had else vars(scaler).pop("update"))
+
+    def _record_now(self, f: Finding, rank: int) -> None:
+        """Record ``f`` now, outside a step (a run that failed, a rank apart, a step the scaler skipped), on
+        ``rank``'s row of no step."""
         new = self.recorder.first_time([f], self.state.count, rank)
         writer = self.recorder.writer
         if writer is not None and new:
@@ -211,7 +232,7 @@ class Watch:
             meeting.meet(self.state.count, self.ranks.forwards)
         except RanksApart as apart:  # recorded on the rank(s) at fault; no collective was started
             for r in apart.ranks:
-                self._failed(apart.findings[r], r)
+                self._record_now(apart.findings[r], r)
             first = apart.ranks[0]
             f = apart.findings[first]
             apart.finding = StepFinding(self.state.count, first, f.code, f.severity, f.where, f.message)

@@ -18,8 +18,8 @@ from .numbers import Numbers
 from .roles import Ranks, Target, WatchOptions
 from .steps import StepState
 
-Phase = Literal["open", "before-step", "measured", "after-step", "gathered", "close"]
-PHASES: tuple[Phase, ...] = ("open", "before-step", "measured", "after-step", "gathered", "close")
+Phase = Literal["open", "before-step", "measured", "after-step", "skipped", "gathered", "close"]
+PHASES: tuple[Phase, ...] = ("open", "before-step", "measured", "after-step", "skipped", "gathered", "close")
 Placed = tuple[int, Finding]
 
 

@@ -10,8 +10,9 @@ comes from :data:`~inspector.utils.codes.CODES`.
 
 from __future__ import annotations
 
+import math
 from contextlib import ExitStack
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -21,7 +22,7 @@ from ..runfiles import StepFinding
 from ..sharding.findings import ranks_of
 from ..utils.codes import coded
 from ..utils.findings import Finding
-from ..utils.labels import listed, module_label
+from ..utils.labels import ROOT_LABEL, listed, module_label
 from .checks import (
     GradientClearing,
     OptimizerSteps,
@@ -399,6 +400,41 @@ class GradientsUsed:
         n = at.numbers
         self.clearing.stepped(at.state.params, n.has_grad & (n.param_grad == 0))
         return found
+
+
+# -- when the GradScaler skipped a step (its update() ran with no optimizer step since the last) -
+class ScalerSkips:
+    """``scaler-skipping``: the AMP ``GradScaler`` given as ``scaler=`` skipped ``in_a_row`` optimizer
+    steps in a row (its ``update()`` ran that many times with no optimizer step between): every step's
+    gradients overflow and the model no longer trains. The usual early skips, while the scale settles
+    from its initial value, are fewer."""
+
+    in_a_row = 10
+
+    @classmethod
+    def build(cls, kit: Kit) -> ScalerSkips | None:
+        scaler = kit.options.scaler
+        return cls(scaler) if scaler is not None and callable(getattr(scaler, "get_scale", None)) else None
+
+    def __init__(self, scaler: Any) -> None:
+        self.scaler = scaler
+        self.skips, self.at_step = 0, -1
+        self.first_scale = math.nan
+
+    def __call__(self, at: At, found: list[Finding]) -> list[Finding]:
+        self.skips = self.skips + 1 if at.step == self.at_step else 1
+        self.at_step = at.step
+        if self.skips == 1:
+            self.first_scale = float(self.scaler.get_scale())  # a host sync, on a skipped step only
+        if self.skips != self.in_a_row:
+            return found
+        scale = float(self.scaler.get_scale())
+        return found + [coded(
+            "scaler-skipping", ROOT_LABEL,
+            f"the GradScaler skipped the last {self.skips} optimizer steps in a row (its scale fell from "
+            f"{self.first_scale:.3g} to {scale:.3g}): the gradients hold Inf/NaN at every step, so "
+            "optimizer.step() is never called and the model no longer trains. Find the overflow (watch "
+            "with nonfinite=True names the module), lower the learning rate, or train in bfloat16")]
 
 
 # -- once every rank's numbers are gathered (``found`` per rank) --------------------------------

@@ -10,6 +10,8 @@ the reason. The phases of one step, in order:
   ``found`` is held for ``gathered``);
 - ``after-step``: when the optimizer's post-step hook runs, on this rank's numbers (threaded on from
   ``before-step``'s);
+- ``skipped``: when the AMP ``GradScaler`` given as ``scaler=`` skipped a step (its ``update()`` ran with
+  no optimizer step since the last); ``found`` is recorded at once, on a row of no step;
 - ``gathered``: after every rank's numbers and findings are gathered (``found``: a :class:`ByRank`);
 - ``close``: when the watch closes (``found``: ``(rank, finding)`` pairs, in the order recorded).
 
@@ -89,6 +91,8 @@ WATCH_CHECKS: tuple[Row, ...] = (
     Row("after-step", rules.Updates, ("no-update",)),
     Row("after-step", rules.IdleGroups, ("no-update",)),
     Row("after-step", rules.GradientsUsed, ()),
+    # -- a step the GradScaler skipped
+    Row("skipped", rules.ScalerSkips, ("scaler-skipping",)),
     # -- every rank's numbers gathered
     Row("gathered", rules.SlowRanks, ("slow-rank",)),
     Row("gathered", rules.ReplicaFindingsPlaced, _REPLICAS),
