@@ -4,6 +4,8 @@ stay silent, through the public ``watch``."""
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
 from torch import nn
@@ -185,3 +187,63 @@ def test_a_scaler_settling_from_a_huge_scale_is_silent(tmp_path):
     skipped = stepped.index(True)
     assert 2 <= skipped < 10 and all(stepped[skipped:])
     assert _alarms(result) == []
+
+
+# -- experts whose gradients come and go ----------------------------------------------------------
+class _MoE(nn.Module):
+    """Top-1 noisy routing over four experts in a ModuleList: an expert given no token this step gets no
+    gradient (it is not called)."""
+
+    def __init__(self, dead_expert: int | None = None) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.embed = nn.Linear(4, 8)
+        self.gate = nn.Linear(8, 4)
+        self.experts = nn.ModuleList(nn.Sequential(nn.Linear(8, 8), nn.ReLU()) for _ in range(4))
+        self.head = nn.Linear(8, 1)
+        self.dead_expert = dead_expert  # from step 60, the router never picks it (a bug)
+        self.step = 0
+        self.idle: list[set[int]] = []
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.embed(x)
+        logits = self.gate(h) + torch.randn(h.shape[0], 4, generator=self.noise)
+        if self.dead_expert is not None and self.step >= 60:
+            logits[:, self.dead_expert] = -1e9
+        pick = logits.argmax(-1)
+        out = torch.zeros_like(h)
+        for e, expert in enumerate(self.experts):
+            rows = pick == e
+            if rows.any():
+                out[rows] = expert(h[rows]) * torch.softmax(logits[rows], -1)[:, e:e + 1]
+        self.idle.append(set(range(4)) - set(pick.tolist()))
+        self.step += 1
+        return self.head(out)
+
+
+def _moe_run(tmp_path, model: _MoE, steps: int = 150):
+    model.noise = torch.Generator().manual_seed(3)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    with watch(model, opt, tmp_path / "run.inspect") as w:
+        for i in range(steps):
+            model(_batch(i)).pow(2).mean().backward()  # 8 tokens for 4 experts: one is idle now and then
+            opt.step()
+            opt.zero_grad()
+    return w.result
+
+
+def test_experts_idle_for_a_few_steps_are_not_dead(tmp_path):
+    model = _MoE()
+    result = _moe_run(tmp_path, model)
+    idle_late = [i for i, idle in enumerate(model.idle) if i >= 25 and idle]
+    assert len(idle_late) > 10  # experts do go idle, after settled runs too
+    assert _alarms(result) == []
+
+
+def test_an_expert_the_router_never_picks_again_is_dead(tmp_path):
+    model = _MoE(dead_expert=2)
+    found = _alarms(_moe_run(tmp_path, model))
+    assert [(code, where) for _, code, where in found] == [("dead-gradient", "experts.2.0.weight"),
+                                                          ("dead-gradient", "experts.2.0.bias")]
+    longest = max(len(list(g)) for k, g in itertools.groupby(2 in idle for idle in model.idle[:60]) if k)
+    assert found[0][0] - 60 <= max(5, 2 * longest + 2)

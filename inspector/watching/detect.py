@@ -82,6 +82,12 @@ class Detectors:
         self.dead = np.zeros(len(layout.parameters), dtype=np.int64)  # steps in a row without a gradient
         self.streak = np.zeros(len(layout.parameters), dtype=np.int64)  # steps in a row with one
         self.lost = np.zeros(len(layout.parameters), dtype=np.int64)  # the streak the gradient lost
+        # conditional computation (MoE experts, optional branches): siblings in a ModuleList share a group;
+        # the longest gap after which a group's gradient came back is the group's own history
+        keys = [_sibling_key(n) for n in layout.parameters]
+        index = {k: i for i, k in enumerate(dict.fromkeys(keys))}
+        self.group = np.array([index[k] for k in keys], dtype=np.int64)
+        self.gap = np.zeros(len(index), dtype=np.int64)
         self.history: deque[np.ndarray] = deque(maxlen=history)  # log gradient norms per module
         self.losses: deque[float] = deque(maxlen=history)  # log losses
         self.surge: tuple[Finding, str, float] | None = None  # this step's whole-model finding, whose, factor
@@ -130,12 +136,18 @@ class Detectors:
         """``dead-gradient`` and ``exploding-gradient`` from one step's gradient norms."""
         out = []
         zero = ~has_grad | (param_grad == 0)
+        back = ~zero & (self.dead > 0)  # a gradient back after a gap: its group's gradients come and go
+        if back.any():
+            np.maximum.at(self.gap, self.group[back], self.dead[back])
         self.lost = np.where(zero, np.where(self.dead == 0, self.streak, self.lost), 0)
         self.streak = np.where(zero, 0, self.streak + 1)
         self.dead = np.where(zero, self.dead + 1, 0)
-        cut = (self.dead == CUT_AFTER) & (self.lost >= SETTLED) & (self.window > CUT_AFTER)
+        gap = self.gap[self.group]
+        cut = (self.dead == CUT_AFTER) & (self.lost >= SETTLED) & (self.window > CUT_AFTER) & (gap == 0)
         out += self._dead(np.flatnonzero(cut), cut=True)
-        out += self._dead(np.flatnonzero((self.dead == self.window) & ~cut), cut=False)
+        out += self._dead(np.flatnonzero((self.dead == self.window) & (gap == 0) & ~cut), cut=False)
+        late = (gap > 0) & (self.dead == np.maximum(self.window, 2 * gap + 2))  # over twice its longest gap
+        out += self._dead(np.flatnonzero(late), cut=False, gap=int(gap[late].max()) if late.any() else 0)
         now = _log(module_grad)
         self.surge = None
         self.quiet, self.settling = self.settling > 0, max(self.settling - 1, 0)
@@ -148,19 +160,23 @@ class Detectors:
         self.history.append(now)
         return out
 
-    def _dead(self, which: np.ndarray, cut: bool) -> list[Finding]:
+    def _dead(self, which: np.ndarray, cut: bool, gap: int = 0) -> list[Finding]:
         """``dead-gradient`` for the parameters ``which`` whose gradient went missing this step (``cut``: each
-        after a settled run of gradients): one finding each, or one for them all when they are more than
+        after a settled run of gradients; ``gap``: the longest gap of a gradient that comes and goes, now
+        missing for over twice as long): one finding each, or one for them all when they are more than
         ``GROUP_OVER`` (a detach() or a frozen path takes a whole part of the model at once)."""
         if not len(which):
             return []
         names = [self.layout.parameters[i] for i in which]
         lost = int(self.lost[which].min())
         one = len(names) <= GROUP_OVER
+        steps = int(self.dead[which].max())
+        came_and_went = (f" (its gradients came and went before, as a routed expert's or an optional "
+                         f"branch's do, but never missing for more than {gap} steps)" if gap else "")
         why = (f"had a gradient at each of the {lost} steps before and none, or an all-zero one, for the "
                f"last {CUT_AFTER}: something cut {'it' if one else 'them'} off (a detach(), a frozen path, a "
                "branch no longer taken)" if cut else
-               f"had no gradient, or an all-zero one, for {self.window} steps: "
+               f"had no gradient, or an all-zero one, for {steps} steps{came_and_went}: "
                f"{'it does' if one else 'they do'} not take part in the loss (an unused branch, a detach(), "
                f"a frozen path) or {'its gradient is' if one else 'their gradients are'} killed (dead ReLUs, "
                "a zero mask)")
@@ -244,6 +260,18 @@ class Detectors:
                 )
             )
         return out
+
+
+def _sibling_key(name: str) -> str:
+    """``name`` with its last index replaced (``layers.0.experts.3.w1.weight`` ->
+    ``layers.0.experts.*.w1.weight``): the same parameter of the siblings of one ModuleList."""
+    head, sep, tail = name, "", ""
+    parts = name.split(".")
+    for i in range(len(parts) - 1, -1, -1):
+        if parts[i].isdigit():
+            head, sep, tail = ".".join(parts[:i]), "*", ".".join(parts[i + 1:])
+            break
+    return ".".join(p for p in (head, sep, tail) if p) if sep else name
 
 
 def not_in_optimizer(names: tuple[str, ...], tensors: list, held: set[int]) -> list[Finding]:
