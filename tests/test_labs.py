@@ -143,7 +143,8 @@ WRONG = [
     ("corrupted-capture", "corrupted", {"modules": ["conv1", "bn2", "relu1"]}),
     ("corrupted-capture", "culprits", {"pairs": "conv1 -> relu2\nbn2 -> relu1"}),
     ("corrupted-capture", "culprits", {"pairs": "conv1 -> relu1"}),
-    ("flattening-myths", "shares-memory", {"verdict": "true"}),
+    ("flattening-myths", "shares-memory", {"verdict": "true", "changed": 0}),
+    ("flattening-myths", "shares-memory", {"verdict": "false", "changed": 12}),
     ("flattening-myths", "skips-frozen", {"verdict": "true", "elements": 636}),
     # 152 is the trainable-only length; parameters() also yields the 484 frozen elements
     ("flattening-myths", "skips-frozen", {"verdict": "false", "elements": 152}),
