@@ -164,7 +164,7 @@ def _side_by_side(scenario: Scenario) -> pd.DataFrame:
     t = trainable.set_index("name")[["start", "end"]].rename(columns=lambda c: f"trainable {c}")
     out = full[["name", "numel", "requires_grad", "start", "end"]].rename(
         columns={"start": "full start", "end": "full end"}).set_index("name").join(t)
-    return out.reset_index()
+    return out.astype({"trainable start": "Int64", "trainable end": "Int64"}).reset_index()  # frozen: empty
 
 
 def _strip(scenario: Scenario) -> Any:
