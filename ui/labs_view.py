@@ -36,7 +36,6 @@ from ui.tables import show_frame
 STORE = "labs_store"
 SCENARIOS = "labs_scenarios"
 VIEWS = "labs_views"
-TOKEN_PARAM = "labs"
 NOTICE = "labs_notice"
 _TOKEN = re.compile(r"[A-Za-z0-9_-]{16,64}")
 _MAX_SAVED = 5000  # students' records kept by one server; the oldest goes first
@@ -53,7 +52,7 @@ def store() -> dict[str, Any]:
     (the lab open) and ``student``; found again after a reload through the address's token."""
     if STORE not in st.session_state:
         saved = _saved()
-        token = str(st.query_params.get(TOKEN_PARAM, ""))
+        token = str(st.query_params.get("labs", ""))
         if not _TOKEN.fullmatch(token):
             token = secrets.token_urlsafe(18)
         if token not in saved:
@@ -61,8 +60,8 @@ def store() -> dict[str, Any]:
                 saved.pop(next(iter(saved)))
             saved[token] = {"progress": {}, "drafts": {}, "lab": None, "student": ""}
         st.session_state[STORE] = saved[token]
-        if st.query_params.get(TOKEN_PARAM) != token:
-            st.query_params[TOKEN_PARAM] = token
+        if st.query_params.get("labs") != token:
+            st.query_params["labs"] = token
     return st.session_state[STORE]
 
 

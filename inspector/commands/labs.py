@@ -10,8 +10,7 @@ from pathlib import Path
 import pandas as pd
 
 from ..labs import TEACHER_KEY_ENV, Lab, LabError, class_rows, discover_labs, read_results
-from ..utils.escaping import terminal_line
-from ..utils.findings import InspectorError
+from ..utils import InspectorError, terminal_line
 from . import argtypes as types
 from .common import print_table, say, write_text
 
