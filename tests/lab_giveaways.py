@@ -30,6 +30,9 @@ GIVEAWAYS: dict[tuple[str, str], tuple[str, ...]] = {
     # blocks.0: 8416 elements never changed (compare's unchanged-tensor)
     ("silent-block", "which"): (r"\b8,?416\b", r"unchanged-tensor", r"(?<![\w.])blocks\.0(?![\w.])"),
     ("silent-block", "why"): (r"does not hold", r"never held"),
+    # step 8: the learning rate column and the watch's no-update finding name it
+    ("stalled-schedule", "stopped"): (r"no-update", r"\blr_0\b", r"learning rate"),
+    ("stalled-schedule", "why"): (r"total = 24", r"epochs \* len"),
 }
 
 

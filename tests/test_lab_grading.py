@@ -74,6 +74,10 @@ TRIVIAL = [
     ("silent-block", "which", {"module": "blocks.0", "elements": 0}, "how many elements never changed"),
     ("silent-block", "why", {"reason": "the fine-tuned weights of that block were never saved"},
      "the evidence: the block is trainable, has gradients, and no group holds it"),
+    ("stalled-schedule", "stopped", {"step": 0}, "the step the weights stopped moving, not the first"),
+    ("stalled-schedule", "why", {"reason": "the schedule's decay ends after one epoch: every learning rate is "
+                                           "0 from then on", "total": 10**6},
+     "a decay that never reaches 0 is not the story's schedule, which ends with the training"),
 ]
 
 
@@ -179,7 +183,7 @@ def test_no_view_open_before_a_task_is_answered_shows_its_answer(lab_id, task_id
 # The labs whose first screen gave Task 1 away before the locks: once every task is answered, the views
 # that were locked do show it (so the check above is one that can fail).
 LOCKED = ["broken-tie", "shifted-offsets", "stranded-buffer", "corrupted-capture", "late-overflow",
-          "silent-block"]
+          "silent-block", "stalled-schedule"]
 
 
 @pytest.mark.parametrize("lab_id", LOCKED)

@@ -30,7 +30,7 @@ from inspector.labs import (
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "docs" / "examples" / "lab_frozen_head.py"
 PACKAGE_LABS = ["broken-tie", "shifted-offsets", "stranded-buffer", "corrupted-capture",
-                "flattening-myths", "late-overflow", "silent-block"]
+                "flattening-myths", "late-overflow", "silent-block", "stalled-schedule"]
 
 _SCENARIOS: dict[str, object] = {}
 
@@ -159,6 +159,16 @@ WRONG = [
     ("silent-block", "which", {"module": "blocks.0", "elements": 8384}),  # without the LayerNorm
     ("silent-block", "why", {"reason": "frozen: its parameters have requires_grad=False"}),
     ("silent-block", "why", {"reason": "no gradient reaches it: it is cut off from the loss"}),
+    # every learning rate is 0 from step 8 (total = 8: one epoch); the watch says no-update at step 9
+    ("stalled-schedule", "stopped", {"step": 9}),
+    ("stalled-schedule", "stopped", {"step": 7}),
+    # 3 epochs x 8 batches = 24 steps; 16 still stalls (at step 16), 100 never reaches 0
+    ("stalled-schedule", "why", {"reason": "the schedule's decay ends after one epoch: every learning rate "
+                                           "is 0 from then on", "total": 16}),
+    ("stalled-schedule", "why", {"reason": "the schedule's decay ends after one epoch: every learning rate "
+                                           "is 0 from then on", "total": 100}),
+    ("stalled-schedule", "why", {"reason": "the gradients vanished: there was nothing left to learn from",
+                                 "total": 24}),
 ]
 SOLVED = sorted({(lab, task) for lab, task, _ in WRONG})
 

@@ -7,7 +7,7 @@ defines ``LAB = Lab(...)`` into the folder named by ``INSPECTOR_LABS_DIR``.
 
 >>> [lab.id for lab in discover_labs(labs_dir="")]  # doctest: +NORMALIZE_WHITESPACE
 ['broken-tie', 'shifted-offsets', 'stranded-buffer', 'corrupted-capture', 'flattening-myths',
- 'late-overflow', 'silent-block']
+ 'late-overflow', 'silent-block', 'stalled-schedule']
 
 Modules: ``broken_tie``: lab: the broken tie; ``core``: the pieces a lab is made of;
 ``corrupted_capture``: lab: the corrupted capture; ``discovery``: finding labs: the ones shipped in this
@@ -15,7 +15,8 @@ package and the ones a teacher adds; ``flattening_myths``: lab: myths of flatten
 the late overflow; ``records``: a student's lab results as plain data, as a Markdown lab report and as a signed results
 file;
 ``shifted_offsets``: lab: the shifted offsets; ``silent_block``: lab: the silent block;
-``stranded_buffer``: lab: the stranded buffer.
+``stalled_schedule``: lab: the stalled schedule (a watched run); ``stranded_buffer``: lab: the stranded
+buffer.
 """
 
 from __future__ import annotations
