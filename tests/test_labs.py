@@ -330,3 +330,21 @@ def test_a_lab_file_runs_again_only_when_it_changes(tmp_path):
         assert builtins._lab_runs == 2
     finally:
         del builtins._lab_runs
+
+
+def test_a_helper_beside_a_lab_file_is_imported_and_its_edit_shows_without_a_restart(tmp_path):
+    import os
+    import sys
+
+    (tmp_path / "_helpers.py").write_text("TITLE = 'The frozen head'\n")
+    (tmp_path / "lab_helped.py").write_text(EXAMPLE.read_text() + "\nimport dataclasses\nfrom _helpers import TITLE\n"
+                                            "LAB = dataclasses.replace(LAB, title=TITLE)\n")
+    assert [lab.title for lab in discover_labs(labs_dir=str(tmp_path)) if lab.id == "frozen-head"] == [
+        "The frozen head"]
+    helper = tmp_path / "_helpers.py"
+    helper.write_text("TITLE = 'The frozen classifier'\n")
+    os.utime(helper, ns=(helper.stat().st_atime_ns, helper.stat().st_mtime_ns + 10**9))  # a later edit
+    assert [lab.title for lab in discover_labs(labs_dir=str(tmp_path)) if lab.id == "frozen-head"] == [
+        "The frozen classifier"]
+    assert str(tmp_path) not in sys.path
+    sys.modules.pop("_helpers", None)

@@ -45,7 +45,8 @@ SOLUTION = """\
 gradient by a learning rate of 0: the gradients stay as large as ever (nothing vanished), the
 weights never move again, and epochs 2 and 3 print exactly the same losses batch for batch. The
 watch names it: `no-update` at step 9, once every learning rate has been 0 for two steps (the
-Training page shows the same finding on this run file, with the learning rate per step). The fix
+Training page shows that finding, with the learning rate per step, for any run file the watch writes;
+`python -m inspector watch` prints it as it appears). The fix
 is `total = epochs * len(loader)` (24): the learning rate then reaches 0 only after the last step.
 """
 
@@ -215,8 +216,8 @@ LAB = Lab(
         View("Gradient norm per step", _grads, "The norm of all gradients before each optimizer step."),
         View("Learning rate per step", lambda s: _lrs(s.extras["run"]),
              "What the scheduler set before each step.", after="stopped"),
-        View("Findings of the watch", _findings, "Each at the step it first appeared (the Training page shows "
-             "the same on this run).", after="stopped"),
+        View("Findings of the watch", _findings, "Each at the step it first appeared, as the Training page "
+             "lists them.", after="stopped"),
     ),
     solution=SOLUTION,
 )
