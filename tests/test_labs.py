@@ -348,3 +348,12 @@ def test_a_helper_beside_a_lab_file_is_imported_and_its_edit_shows_without_a_res
         "The frozen classifier"]
     assert str(tmp_path) not in sys.path
     sys.modules.pop("_helpers", None)
+
+
+def test_the_teachers_guide_lists_every_shipped_lab_and_the_view_options():
+    guide = (ROOT / "docs" / "teachers.md").read_text(encoding="utf-8")
+    table = [line for line in guide.splitlines() if line.startswith("| The ") or line.startswith("| Myths")]
+    listed = [line.split("|")[1].strip() for line in table]
+    assert listed == [lab.title for lab in discover_labs(labs_dir="")]
+    for needed in ("after=", "INSPECTOR_MODEL_DIRS", "What needs a restart", "labs collect"):
+        assert needed in guide, needed
