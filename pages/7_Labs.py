@@ -7,7 +7,7 @@ from typing import Any
 
 import streamlit as st
 
-from inspector.labs import TEACHER_KEY_ENV, Lab, LabError, lab_done, teacher_unlocked
+from inspector.labs import TEACHER_KEY_ENV, Lab, LabError, is_blank, lab_done, teacher_unlocked
 from ui import labs_view as lv
 from ui.errors import guarded, install_page_handler
 from ui.navigation import leave_pages_folder_mode
@@ -70,8 +70,12 @@ def _tasks(lab: Lab, scenario: Any) -> None:
                     result = lv.check_task(lab, task, scenario, raw)
                 if result.counted:
                     st.rerun()  # so the progress line and bar above show this result too
-                st.warning(f"{result.message} An incomplete answer is not checked: it does not count as an "
-                           "attempt and shows no hint.")
+                if all(is_blank(v) for v in raw.values()):
+                    st.warning("Give an answer first: an empty answer is not checked, counts no attempt and "
+                               "shows no hint.")
+                else:
+                    st.warning(f"{result.message} This answer is not checked: it counts no attempt and shows "
+                               "no hint.")
             lv.show_record(lab, task)
 
 

@@ -28,12 +28,12 @@ def test_complete_the_shifted_offsets_lab(monkeypatch):
 
     # an empty answer, then a half-filled one, are no attempts: no hint, nothing recorded
     at.button(key="lab_check_shifted-offsets_locate").click().run()
-    assert any("Answer every field first: Parameter, Element index." in w.value for w in at.warning)
+    assert any("Give an answer first: an empty answer is not checked" in w.value for w in at.warning)
     at.selectbox(key="lab_shifted-offsets_locate_parameter").set_value("layers.0.base.weight")
     at.button(key="lab_check_shifted-offsets_locate").click().run()
     assert [w.value for w in at.warning if "Answer every field" in w.value] == [
-        "Answer every field first: Element index. An incomplete answer is not checked: it does not count "
-        "as an attempt and shows no hint."]
+        "Answer every field first: Element index. This answer is not checked: it counts no attempt and shows "
+        "no hint."]
     assert not any(i.value.startswith("Hint") for i in at.info) and not any(
         "Attempts" in c.value for c in at.caption
     )
