@@ -240,3 +240,18 @@ def test_a_results_file_round_trip_and_what_breaks_its_checksum():
         read_results('{"a": 1}', "notes.json")
     with pytest.raises(ValueError, match="notes.md holds no lab results"):
         read_results("# my notes", "notes.md")
+
+
+def test_the_labs_over_a_watched_run_leave_no_folder_behind(tmp_path, monkeypatch):
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # every temporary folder goes here
+    for lab_id in ("late-overflow", "stalled-schedule"):
+        lab = get_lab(lab_id, labs_dir="")
+        sc = lab.build()
+        for view in lab.views:  # the run, its findings and the producer's copy were read whole
+            assert len(view.build(sc)), (lab_id, view.title)
+        fix = lab.tasks[1]
+        assert grade(lab, fix.id, sc, fix.solution_for(sc)).passed  # trains again, in a folder of its own
+    left = [p.name for p in tmp_path.iterdir() if not p.name.startswith("torchinductor")]  # torch's own cache
+    assert left == []
