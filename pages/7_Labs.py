@@ -64,7 +64,6 @@ def _tasks(lab: Lab, scenario: Any) -> None:
         with guarded(f"showing task {i}"):
             raw = lv.answer_fields(lab, task, scenario)
             checked = st.button("Check", key=f"lab_check_{lab.id}_{task.id}", type="primary")
-            result = None
             if checked:
                 with st.spinner("Checking with the inspector's analyses…"):
                     result = lv.check_task(lab, task, scenario, raw)
