@@ -45,6 +45,11 @@ def main(argv: list[str] | None = None) -> None:
     print(f"\n{'task':<36} {'check s':>8}")
     for name, seconds in checked.items():
         print(f"{name:<36} {seconds:>8.4f}")
+    slow = [f"build {k}" for k, v in builds.items() if v >= 1.0] + [f"check {k}" for k, v in checked.items()
+                                                                     if v >= 0.1]
+    if slow:
+        print("over target:", ", ".join(slow))
+        sys.exit(1)
 
 
 if __name__ == "__main__":

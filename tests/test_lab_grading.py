@@ -40,43 +40,50 @@ def scenario(lab_id: str):
 ACCELERATE = {"embed": "cpu", "block.fc1": "cpu", "block.fc2": "disk", "block.fc3": "disk", "head": "disk"}
 
 # (lab, task, answers, what the story says that this answer ignores): a trivial or off-story answer each.
+SCHEDULE = "the schedule's decay ends after one epoch: every learning rate is 0 from then on"
+ALL_TENSORS = ["embed.weight", "embed.bias", "block.scale", "block.pos_table", "block.fc1.weight",
+               "block.fc1.bias", "block.fc2.weight", "block.fc2.bias", "block.fc3.weight", "block.fc3.bias",
+               "head.weight", "head.bias"]
 TRIVIAL = [
-    ("broken-tie", "name-group", {"names": ["transformer.wte.weight", "lm_head.weight", "transformer.wpe.weight"],
-                                  "code": "tie-broken", "count": 4592}, "one group, not every name that looks tied"),
+    ("broken-tie", "name-group",
+     {"names": ["transformer.wte.weight", "lm_head.weight", "transformer.wpe.weight"], "code": "tie-broken",
+      "count": 4592}, "one group, not every name that looks tied"),
     ("broken-tie", "retie", {"replace": "transformer.ln_f.weight", "keep": "transformer.h.0.ln_1.weight"},
      "a tie between two other same-shape tensors leaves the embedding untied (4576 elements)"),
     ("shifted-offsets", "locate", {"parameter": "layers.1.lora_B.weight", "element": "(10, 0, 0)"},
      "the element of a 2-d tensor has two indices"),
     ("shifted-offsets", "shift", {"shift": 416, "reason": "a tied weight is counted twice in the full map"},
      "the model has no tie: the reason must fit the maps"),
-    ("stranded-buffer", "missing", {"names": ["embed.weight", "embed.bias", "block.scale", "block.pos_table",
-                                              "block.fc1.weight", "block.fc1.bias", "block.fc2.weight",
-                                              "block.fc2.bias", "block.fc3.weight", "block.fc3.bias",
-                                              "head.weight", "head.bias"]}, "every tensor, placed or not"),
+    ("stranded-buffer", "missing", {"names": ALL_TENSORS}, "every tensor, placed or not"),
     # the whole model on the CPU: 72,992 bytes, over the story's 50,000
     ("stranded-buffer", "fix-map", {"device_map": json.dumps({"": "cpu"})}, "the CPU budget"),
     # the whole model on disk fits disk's budget, but offloads what fits on the CPU
-    ("stranded-buffer", "fix-map", {"device_map": json.dumps({"": "disk"})}, "offload only what does not fit"),
+    ("stranded-buffer", "fix-map", {"device_map": json.dumps({"": "disk"})},
+     "offload only what does not fit"),
     # a device the laptop does not have
-    ("stranded-buffer", "fix-map", {"device_map": json.dumps({**ACCELERATE, "block.scale": "cuda:0",
-                                                              "block.pos_table": "cuda:0"})}, "the devices"),
+    ("stranded-buffer", "fix-map",
+     {"device_map": json.dumps({**ACCELERATE, "block.scale": "cuda:0", "block.pos_table": "cuda:0"})},
+     "the devices"),
     # the buffers with the block's smaller part, on the CPU (33,280 + 4,352 fits, but strands them)
-    ("stranded-buffer", "fix-map", {"device_map": json.dumps({**ACCELERATE, "block.scale": "cpu",
-                                                              "block.pos_table": "cpu"})}, "buffers stranded"),
+    ("stranded-buffer", "fix-map",
+     {"device_map": json.dumps({**ACCELERATE, "block.scale": "cpu", "block.pos_table": "cpu"})},
+     "buffers stranded"),
     ("corrupted-capture", "corrupted", {"modules": ["conv1", "relu1", "conv2", "bn2", "relu2", "pool", "fc"]},
      "every module, trusted captures too"),
     ("corrupted-capture", "culprits", {"pairs": "conv1 -> relu1\nbn2 -> relu2\nconv2 -> bn2"},
      "conv2's capture is intact: only corrupted captures"),
-    ("flattening-myths", "shares-memory", {"verdict": "false", "changed": 12}, "what the experiment measured"),
+    ("flattening-myths", "shares-memory", {"verdict": "false", "changed": 12},
+     "what the experiment measured"),
     ("flattening-myths", "skips-frozen", {"verdict": "false", "elements": 0}, "the length of the vector"),
-    ("late-overflow", "producer", {"module": "(model)", "step": 0}, "the first step and a module, not the model"),
-    ("late-overflow", "fix", {"fix": "clip every gradient value to ±1"}, "the overflow is in the forward pass"),
+    ("late-overflow", "producer", {"module": "(model)", "step": 0},
+     "the first step and a module, not the model"),
+    ("late-overflow", "fix", {"fix": "clip every gradient value to ±1"},
+     "the overflow is in the forward pass"),
     ("silent-block", "which", {"module": "blocks.0", "elements": 0}, "how many elements never changed"),
     ("silent-block", "why", {"reason": "the fine-tuned weights of that block were never saved"},
      "the evidence: the block is trainable, has gradients, and no group holds it"),
     ("stalled-schedule", "stopped", {"step": 0}, "the step the weights stopped moving, not the first"),
-    ("stalled-schedule", "why", {"reason": "the schedule's decay ends after one epoch: every learning rate is "
-                                           "0 from then on", "total": 10**6},
+    ("stalled-schedule", "why", {"reason": SCHEDULE, "total": 10**6},
      "a decay that never reaches 0 is not the story's schedule, which ends with the training"),
 ]
 
@@ -189,7 +196,8 @@ LOCKED = ["broken-tie", "shifted-offsets", "stranded-buffer", "corrupted-capture
 @pytest.mark.parametrize("lab_id", LOCKED)
 def test_the_locked_views_are_what_hides_the_first_answer(lab_id):
     lab = get_lab(lab_id, labs_dir="")
-    text = "\n".join(view_text(v.build(scenario(lab_id))) for v in _open_views(lab_id, {t.id for t in lab.tasks}))
+    every = _open_views(lab_id, {t.id for t in lab.tasks})
+    text = "\n".join(view_text(v.build(scenario(lab_id))) for v in every)
     assert given_away(text, lab_id, lab.tasks[0].id)
 
 

@@ -337,7 +337,8 @@ def test_a_helper_beside_a_lab_file_is_imported_and_its_edit_shows_without_a_res
     import sys
 
     (tmp_path / "_helpers.py").write_text("TITLE = 'The frozen head'\n")
-    (tmp_path / "lab_helped.py").write_text(EXAMPLE.read_text() + "\nimport dataclasses\nfrom _helpers import TITLE\n"
+    (tmp_path / "lab_helped.py").write_text(EXAMPLE.read_text() + "\nimport dataclasses\n"
+                                            "from _helpers import TITLE\n"
                                             "LAB = dataclasses.replace(LAB, title=TITLE)\n")
     assert [lab.title for lab in discover_labs(labs_dir=str(tmp_path)) if lab.id == "frozen-head"] == [
         "The frozen head"]

@@ -90,7 +90,8 @@ def test_teacher_view_needs_the_key(monkeypatch):
     assert not at.json
     at.text_input(key="lab_teacher_key").input("chalk").run()
     assert not at.exception
-    assert [j.value for j in at.json][:2] == ['{"verdict": "false", "changed": 0}', '{"verdict": "false", "elements": 636}']
+    assert [j.value for j in at.json][:2] == ['{"verdict": "false", "changed": 0}',
+                                              '{"verdict": "false", "elements": 636}']
 
 
 def _screen_text(at: AppTest) -> str:

@@ -31,6 +31,7 @@ from inspector.labs import (
     record_attempt,
     results_document,
 )
+from inspector.utils import markdown_text
 from ui.tables import show_frame
 
 STORE = "labs_store"
@@ -82,10 +83,10 @@ def lab_sidebar(lab: Lab, scenario: Scenario | None) -> None:
     used here), nothing that could give an answer away."""
     with st.sidebar:
         st.header(":material/school: Lab")
-        st.markdown(f"**{lab.title}**")
+        st.markdown(f"**{markdown_text(lab.title)}**")
         if scenario is not None:
-            st.caption(f"Model: {scenario.loaded.name}. Each student works on a copy of their own; the "
-                       "model picked on the other pages is not used here.")
+            st.caption(f"Model: {markdown_text(scenario.loaded.name)}. Each student works on a copy of their "
+                       "own; the model picked on the other pages is not used here.")
 
 
 def lab_label(lab: Lab) -> str:
@@ -252,8 +253,8 @@ def results_downloads(labs: list[Lab], student: str) -> None:
                        "lab-results.json", "application/json", key="lab_dl_results",
                        disabled=not doc["labs"])
     upload = st.file_uploader("Continue from a results file", type=["json", "md"], key="lab_resume",
-                              help="The lab-results.json (or a lab report .md) this page wrote: your answers, "
-                                   "checks and passes come back.")
+                              help="The lab-results.json (or a lab report .md) this page wrote: your "
+                                   "answers, checks and passes come back.")
     if upload is not None and st.session_state.get("lab_resumed") != upload.file_id:
         st.session_state["lab_resumed"] = upload.file_id
         verified = read_results(upload.getvalue(), upload.name)

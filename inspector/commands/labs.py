@@ -27,9 +27,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    description="every lab: the package's own and those in INSPECTOR_LABS_DIR")
     collect = sub.add_parser(
         "collect", help="one CSV table of the class from the students' results files",
-        description="One CSV row per student, lab and task tried: passed, attempts, time (UTC). Files signed "
-                    f"with the teacher key are verified with {TEACHER_KEY_ENV} (set it as the server had it); "
-                    "a file whose checksum does not match is left out and named, and the status is then 1.")
+        description="One CSV row per student, lab and task tried: passed, attempts, time (UTC). Files "
+                    f"signed with the teacher key are verified with {TEACHER_KEY_ENV} (set it as the server "
+                    "had it); a file whose checksum does not match is left out and named, and the status is "
+                    "then 1.")
     collect.add_argument("reports", nargs="+", type=types.input_file, metavar="REPORT",
                          help="lab-results .json or lab report .md files the Labs page wrote")
     collect.add_argument("-o", "--output", required=True, type=types.output_file,
@@ -81,8 +82,8 @@ def _collect(args: argparse.Namespace) -> int:
     write_text(args.output, table.to_csv(index=False))
     if len(table):
         print_table(table)
-    note = (f"; {counts['checksum']} with a plain checksum only (the server had no {TEACHER_KEY_ENV}: an edit "
-            "whose author recomputed it would not show)" if counts["checksum"] else "")
+    note = (f"; {counts['checksum']} with a plain checksum only (the server had no {TEACHER_KEY_ENV}: an "
+            "edit whose author recomputed it would not show)" if counts["checksum"] else "")
     say(f"{len(args.reports)} file(s): {counts['signed'] + counts['checksum']} verified, {refused} left out"
         f"{note}; wrote {len(table)} row(s) to {args.output}")
     return 1 if refused else 0

@@ -12,8 +12,8 @@ defines ``LAB = Lab(...)`` into the folder named by ``INSPECTOR_LABS_DIR``.
 Modules: ``broken_tie``: lab: the broken tie; ``core``: the pieces a lab is made of;
 ``corrupted_capture``: lab: the corrupted capture; ``discovery``: finding labs: the ones shipped in this
 package and the ones a teacher adds; ``flattening_myths``: lab: myths of flattening; ``late_overflow``: lab:
-the late overflow; ``records``: a student's lab results as plain data, as a Markdown lab report and as a signed results
-file;
+the late overflow; ``records``: a student's lab results as plain data, as a Markdown lab report and as
+a signed results file;
 ``shifted_offsets``: lab: the shifted offsets; ``silent_block``: lab: the silent block;
 ``stalled_schedule``: lab: the stalled schedule (a watched run); ``stranded_buffer``: lab: the stranded
 buffer.

@@ -150,7 +150,8 @@ LAB = Lab(
              "On a copy of the model: flatten, add 1 to every element of the vector, then "
              "look at the parameters.", on_demand=True),
         View("Experiment 2: what parameters() yields", count_experiment,
-             "Listed with the inspector's offset map: one row per tensor parameters() yields.", on_demand=True),
+             "Listed with the inspector's offset map: one row per tensor parameters() yields.",
+             on_demand=True),
     ),
     solution=SOLUTION,
 )

@@ -68,14 +68,13 @@ def lab_report_markdown(lab: Lab, progress: Mapping[str, Mapping[str, TaskRecord
     lines = [f"# Lab report: {_md(lab.title)}", ""]
     if student:
         lines += [f"Student: {_md(student)}", ""]
-    lines += [f"Generated {time.strftime('%Y-%m-%d %H:%M:%S')}. "
+    lines += [f"Generated {time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime())} UTC. "
               f"Tasks passed: **{res['passed']} of {len(res['tasks'])}**.", "",
               "## The story", "", lab.story.strip(), ""]
     for i, t in enumerate(res["tasks"], 1):
         status = "passed" if t["passed"] else ("not passed" if t["attempts"] else "not tried")
-        lines += [f"## Task {i}: {status}", "", t["prompt"], "",
-                  f"Attempts: {t['attempts']}" + (f" (passed at {t['when']} UTC)" if t["passed"] and t["when"]
-                                                  else f" (last at {t['when']} UTC)" if t["when"] else ""), ""]
+        at = "" if not t["when"] else f" ({'passed' if t['passed'] else 'last'} at {t['when']} UTC)"
+        lines += [f"## Task {i}: {status}", "", t["prompt"], "", f"Attempts: {t['attempts']}{at}", ""]
         if t["answers"]:
             lines += ["| field | " + ("passing answer" if t["passed"] else "last answer") + " |", "|---|---|"]
             for key, value in t["answers"].items():
@@ -215,7 +214,8 @@ def _key(environ: Mapping[str, str] | None) -> str:
 def _checksum(body: Mapping[str, Any], key: str) -> dict[str, str]:
     canonical = json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode()
     if key:
-        return {"method": "hmac-sha256", "value": hmac.new(key.encode(), canonical, hashlib.sha256).hexdigest()}
+        digest = hmac.new(key.encode(), canonical, hashlib.sha256).hexdigest()
+        return {"method": "hmac-sha256", "value": digest}
     return {"method": "sha256", "value": hashlib.sha256(canonical).hexdigest()}
 
 

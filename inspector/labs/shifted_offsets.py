@@ -169,7 +169,6 @@ def _side_by_side(scenario: Scenario) -> pd.DataFrame:
 
 def _strip(scenario: Scenario) -> Any:
     from ..figures.offsets import offset_strip
-    from ..offsets import gradient_norms
 
     full, trainable = _maps(scenario)
     return offset_strip(full, trainable)

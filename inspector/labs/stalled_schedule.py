@@ -140,7 +140,8 @@ def check_why(scenario: Scenario, answers: Mapping[str, Any]) -> CheckResult:
     total = answers["total"]
     grads = run.steps["grad_norm"]
     evidence = [f"run file: gradient norm from {grads.min():.3g} to {grads.max():.3g} at every step "
-                "(nothing vanished)", f"run file: {steps} steps, learning rate 0 from step {_first_still(run)}"]
+                "(nothing vanished)",
+                f"run file: {steps} steps, learning rate 0 from step {_first_still(run)}"]
     wrong = []
     if answers["reason"] != RIGHT_REASON:
         wrong.append("that reason does not fit the run file: look at the gradient norm and the learning "

@@ -98,7 +98,8 @@ def test_the_silent_block_wrong_then_right(app_url, chromium, artifacts, wait_fo
         verified = read_results(open(path, encoding="utf-8").read(), "lab-results.json")
         assert verified.status in ("checksum", "signed") and verified.student == "Ada"
         tasks = verified.labs["silent-block"]["tasks"]
-        assert [(t, r["attempts"], r["passed"]) for t, r in tasks.items()] == [("which", 2, True), ("why", 2, True)]
+        assert [(t, r["attempts"], r["passed"]) for t, r in tasks.items()] == [("which", 2, True),
+                                                                                ("why", 2, True)]
         assert tasks["which"]["passed_answers"]["module"] == "blocks.0"
         assert page.locator('[data-testid="stException"]').count() == 0
 
@@ -110,7 +111,8 @@ def test_the_silent_block_wrong_then_right(app_url, chromium, artifacts, wait_fo
             fresh.goto(f"{app_url}/Labs", wait_until="domcontentloaded")
             wait_for_app(fresh)
             fresh.locator('[data-testid="stFileUploader"] input[type="file"]').set_input_files(path)
-            fresh.get_by_text(re.compile(r"Continued from .*: 2 task record\(s\) of Ada")).wait_for(timeout=60_000)
+            notice = re.compile(r"Continued from .*: 2 task record\(s\) of Ada")
+            fresh.get_by_text(notice).wait_for(timeout=60_000)
             _choose(fresh, wait_for_app, "Lab", "The silent block")
             fresh.get_by_text("2 of 2 tasks passed").wait_for(timeout=60_000)
             assert fresh.get_by_role("combobox", name="Module", exact=True).input_value() == "blocks.0"
