@@ -38,12 +38,15 @@ def test_three_students_one_tampered(tmp_path, monkeypatch, capsys):
     (tmp_path / "cleo.json").write_text(json.dumps(cleo))
     out = tmp_path / "class.csv"
 
-    status = main(["labs", "collect", str(tmp_path / "ada.json"), str(tmp_path / "bob.md"),
-                   str(tmp_path / "cleo.json"), "-o", str(out)])
+    # Ada hands in her report of the broken tie too, written after her first try: the results file's
+    # record (2 attempts) is the one kept
+    (tmp_path / "ada.md").write_text(lab_report_markdown(tie, _work("broken-tie", ["wrong"]), "Ada"))
+    status = main(["labs", "collect", str(tmp_path / "ada.md"), str(tmp_path / "ada.json"),
+                   str(tmp_path / "bob.md"), str(tmp_path / "cleo.json"), "-o", str(out)])
     captured = capsys.readouterr()
     assert status == 1  # one file left out
     assert "cleo.json (Cleo): its checksum does not match" in captured.err
-    assert "3 file(s): 2 verified, 1 left out; wrote 3 row(s)" in captured.out
+    assert "4 file(s): 3 verified, 1 left out; wrote 3 row(s)" in captured.out
     with out.open(newline="") as fh:
         rows = list(csv.DictReader(fh))
     assert [(r["student"], r["lab"], r["task"], r["passed"], r["attempts"], r["file"]) for r in rows] == [

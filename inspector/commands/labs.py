@@ -53,7 +53,7 @@ def _list() -> int:
 
 
 def _collect(args: argparse.Namespace) -> int:
-    rows: list[dict] = []
+    rows: dict[tuple[str, str, str], dict] = {}  # one row per student, lab and task: the furthest record
     refused = 0
     counts = {"signed": 0, "checksum": 0}
     for path in args.reports:
@@ -77,8 +77,11 @@ def _collect(args: argparse.Namespace) -> int:
                   f"{TEACHER_KEY_ENV} to the key the server had, then collect again; left out")
             continue
         counts[verified.status] += 1
-        rows += class_rows(verified, shown)
-    table = pd.DataFrame(rows, columns=COLUMNS)
+        for row in class_rows(verified, shown):  # a student's results file and report hold the same tasks
+            key = (row["student"], row["lab"], row["task"])
+            if key not in rows or row["attempts"] > rows[key]["attempts"]:
+                rows[key] = row
+    table = pd.DataFrame(list(rows.values()), columns=COLUMNS)
     write_text(args.output, table.to_csv(index=False))
     if len(table):
         print_table(table)
