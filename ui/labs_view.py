@@ -258,17 +258,18 @@ def results_downloads(labs: list[Lab], student: str) -> None:
     if upload is not None and st.session_state.get("lab_resumed") != upload.file_id:
         st.session_state["lab_resumed"] = upload.file_id
         verified = read_results(upload.getvalue(), upload.name)
+        name = markdown_text(upload.name)
         if verified.status == "tampered":
-            st.error(f"{upload.name} was changed after this page wrote it (its checksum does not match): "
+            st.error(f"{name} was changed after this page wrote it (its checksum does not match): "
                      "nothing was taken from it.")
         elif verified.status == "unverifiable":
-            st.error(f"{upload.name} was signed with a teacher key this server does not have: nothing was "
+            st.error(f"{name} was signed with a teacher key this server does not have: nothing was "
                      "taken from it.")
         else:
             resume(verified.progress(), verified.student)
-            st.session_state[NOTICE] = (f"Continued from {upload.name}: "
+            st.session_state[NOTICE] = (f"Continued from {name}: "
                                         f"{sum(len(t) for t in verified.progress().values())} task record(s) "
-                                        f"of {verified.student or 'no name'}.")
+                                        f"of {markdown_text(verified.student or 'no name')}.")
             st.rerun()
 
 
