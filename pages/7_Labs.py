@@ -7,20 +7,23 @@ from typing import Any
 
 import streamlit as st
 
-from inspector.labs import TEACHER_KEY_ENV, Lab, LabError, lab_done, teacher_unlocked
+from inspector.labs import TEACHER_KEY_ENV, Lab, LabError, is_blank, lab_done, teacher_unlocked
 from ui import labs_view as lv
-from ui.errors import guarded
-from ui.sidebar import model_picker
+from ui.errors import guarded, install_page_handler
+from ui.navigation import leave_pages_folder_mode
 
 
 def _header() -> list[Lab]:
     """Title, explanation, the labs that could not be loaded; returns the labs that could."""
-    model_picker()
+    leave_pages_folder_mode()
+    install_page_handler()
 
     st.title("Labs")
     st.caption("Each lab hands you a model with a real bug that raises no error. Find it with the views, "
                "answer the questions, and press **Check**: the inspector grades your answer with the same "
-               "analyses its pages use. Your progress is kept for this browser session.")
+               "analyses its pages use. Your answers and checks stay while you switch labs and when you "
+               "reload this page; **Download my results** keeps them for good.")
+    lv.show_notice()
 
     found = lv.entries()
     labs = [e for e in found if isinstance(e, Lab)]
@@ -31,7 +34,11 @@ def _header() -> list[Lab]:
 def _pick(labs: list[Lab]) -> Lab:
     """Which lab, and how far this session got in it."""
     by_id = {lab.id: lab for lab in labs}
+    kept = lv.store()["lab"]
+    if "lab_pick" not in st.session_state and kept in by_id:
+        st.session_state["lab_pick"] = kept  # the lab open before a reload
     lab_id = st.selectbox("Lab", list(by_id), format_func=lambda i: by_id[i].title, key="lab_pick")
+    lv.store()["lab"] = lab_id
     st.caption("Your progress: " + " · ".join(lv.lab_label(lab) for lab in labs))
     lab = by_id[lab_id]
     done = lab_done(lab, lv.progress())
@@ -57,23 +64,31 @@ def _tasks(lab: Lab, scenario: Any) -> None:
         with guarded(f"showing task {i}"):
             raw = lv.answer_fields(lab, task, scenario)
             checked = st.button("Check", key=f"lab_check_{lab.id}_{task.id}", type="primary")
-            if checked and lv.is_empty_answer(raw):
-                st.warning(
-                    "Give an answer first: an empty answer is not checked and does not count as an attempt."
-                )
-            elif checked:
+            if checked:
                 with st.spinner("Checking with the inspector's analyses…"):
-                    lv.check_task(lab, task, scenario, raw)
-                st.rerun()  # so the progress line and bar above show this result too
+                    result = lv.check_task(lab, task, scenario, raw)
+                if result.counted:
+                    st.rerun()  # so the progress line and bar above show this result too
+                if all(is_blank(v) for v in raw.values()):
+                    st.warning("Give an answer first: an empty answer is not checked, counts no attempt and "
+                               "shows no hint.")
+                else:
+                    st.warning(f"{result.message} This answer is not checked: it counts no attempt and shows "
+                               "no hint.")
             lv.show_record(lab, task)
 
 
-def _my_report(lab: Lab, scenario: Any) -> None:
+def _my_report(lab: Lab, scenario: Any, labs: list[Lab]) -> None:
     """The student's lab report, and starting the lab again."""
     st.subheader("My lab report")
+    if "lab_student" not in st.session_state:
+        st.session_state["lab_student"] = lv.store()["student"]
     student = st.text_input("Your name (goes into the report)", key="lab_student")
+    lv.store()["student"] = student
     with guarded("making the lab report"):
         lv.report_downloads(lab, scenario, student)
+    with guarded("reading the results file"):
+        lv.results_downloads(labs, student)
     if st.button("Start this lab again (new model, progress kept)", key=f"lab_reset_{lab.id}"):
         lv.scenario_for(lab, fresh=True)
         st.rerun()
@@ -104,6 +119,7 @@ def main() -> None:
     scenario = None
     with guarded(f"setting up the lab {lab.title}"):
         scenario = lv.scenario_for(lab)
+    lv.lab_sidebar(lab, scenario)
     if scenario is None:
         return
     _story(lab, scenario)
@@ -111,7 +127,7 @@ def main() -> None:
     st.divider()
     left, right = st.columns(2)
     with left:
-        _my_report(lab, scenario)
+        _my_report(lab, scenario, labs)
     with right:
         _teacher_view(lab, scenario)
 

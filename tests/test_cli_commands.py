@@ -34,6 +34,7 @@ def test_help_lists_every_command_with_its_one_line_description(capsys):
         "compare",
         "devicemap",
         "distributed",
+        "labs",
         "offsets",
         "report",
         "serve",

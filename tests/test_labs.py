@@ -30,7 +30,7 @@ from inspector.labs import (
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "docs" / "examples" / "lab_frozen_head.py"
 PACKAGE_LABS = ["broken-tie", "shifted-offsets", "stranded-buffer", "corrupted-capture",
-                "flattening-myths", "late-overflow", "silent-block"]
+                "flattening-myths", "late-overflow", "silent-block", "stalled-schedule"]
 
 _SCENARIOS: dict[str, object] = {}
 
@@ -143,7 +143,8 @@ WRONG = [
     ("corrupted-capture", "corrupted", {"modules": ["conv1", "bn2", "relu1"]}),
     ("corrupted-capture", "culprits", {"pairs": "conv1 -> relu2\nbn2 -> relu1"}),
     ("corrupted-capture", "culprits", {"pairs": "conv1 -> relu1"}),
-    ("flattening-myths", "shares-memory", {"verdict": "true"}),
+    ("flattening-myths", "shares-memory", {"verdict": "true", "changed": 0}),
+    ("flattening-myths", "shares-memory", {"verdict": "false", "changed": 12}),
     ("flattening-myths", "skips-frozen", {"verdict": "true", "elements": 636}),
     # 152 is the trainable-only length; parameters() also yields the 484 frozen elements
     ("flattening-myths", "skips-frozen", {"verdict": "false", "elements": 152}),
@@ -158,6 +159,16 @@ WRONG = [
     ("silent-block", "which", {"module": "blocks.0", "elements": 8384}),  # without the LayerNorm
     ("silent-block", "why", {"reason": "frozen: its parameters have requires_grad=False"}),
     ("silent-block", "why", {"reason": "no gradient reaches it: it is cut off from the loss"}),
+    # every learning rate is 0 from step 8 (total = 8: one epoch); the watch says no-update at step 9
+    ("stalled-schedule", "stopped", {"step": 9}),
+    ("stalled-schedule", "stopped", {"step": 7}),
+    # 3 epochs x 8 batches = 24 steps; 16 still stalls (at step 16), 100 never reaches 0
+    ("stalled-schedule", "why", {"reason": "the schedule's decay ends after one epoch: every learning rate "
+                                           "is 0 from then on", "total": 16}),
+    ("stalled-schedule", "why", {"reason": "the schedule's decay ends after one epoch: every learning rate "
+                                           "is 0 from then on", "total": 100}),
+    ("stalled-schedule", "why", {"reason": "the gradients vanished: there was nothing left to learn from",
+                                 "total": 24}),
 ]
 SOLVED = sorted({(lab, task) for lab, task, _ in WRONG})
 
@@ -319,3 +330,31 @@ def test_a_lab_file_runs_again_only_when_it_changes(tmp_path):
         assert builtins._lab_runs == 2
     finally:
         del builtins._lab_runs
+
+
+def test_a_helper_beside_a_lab_file_is_imported_and_its_edit_shows_without_a_restart(tmp_path):
+    import os
+    import sys
+
+    (tmp_path / "_helpers.py").write_text("TITLE = 'The frozen head'\n")
+    (tmp_path / "lab_helped.py").write_text(EXAMPLE.read_text() + "\nimport dataclasses\n"
+                                            "from _helpers import TITLE\n"
+                                            "LAB = dataclasses.replace(LAB, title=TITLE)\n")
+    assert [lab.title for lab in discover_labs(labs_dir=str(tmp_path)) if lab.id == "frozen-head"] == [
+        "The frozen head"]
+    helper = tmp_path / "_helpers.py"
+    helper.write_text("TITLE = 'The frozen classifier'\n")
+    os.utime(helper, ns=(helper.stat().st_atime_ns, helper.stat().st_mtime_ns + 10**9))  # a later edit
+    assert [lab.title for lab in discover_labs(labs_dir=str(tmp_path)) if lab.id == "frozen-head"] == [
+        "The frozen classifier"]
+    assert str(tmp_path) not in sys.path
+    sys.modules.pop("_helpers", None)
+
+
+def test_the_teachers_guide_lists_every_shipped_lab_and_the_view_options():
+    guide = (ROOT / "docs" / "teachers.md").read_text(encoding="utf-8")
+    table = [line for line in guide.splitlines() if line.startswith("| The ") or line.startswith("| Myths")]
+    listed = [line.split("|")[1].strip() for line in table]
+    assert listed == [lab.title for lab in discover_labs(labs_dir="")]
+    for needed in ("after=", "INSPECTOR_MODEL_DIRS", "What needs a restart", "labs collect"):
+        assert needed in guide, needed

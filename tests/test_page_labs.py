@@ -6,6 +6,8 @@ from pathlib import Path
 
 from streamlit.testing.v1 import AppTest
 
+from tests.lab_giveaways import given_away, view_text
+
 PAGE = str(Path(__file__).resolve().parent.parent / "pages" / "7_Labs.py")
 
 
@@ -24,9 +26,14 @@ def test_complete_the_shifted_offsets_lab(monkeypatch):
     assert not at.exception
     assert at.header[0].value == "The shifted offsets"
 
-    # an empty answer is no attempt: no hint, nothing recorded
+    # an empty answer, then a half-filled one, are no attempts: no hint, nothing recorded
     at.button(key="lab_check_shifted-offsets_locate").click().run()
-    assert any("Give an answer first" in w.value for w in at.warning)
+    assert any("Give an answer first: an empty answer is not checked" in w.value for w in at.warning)
+    at.selectbox(key="lab_shifted-offsets_locate_parameter").set_value("layers.0.base.weight")
+    at.button(key="lab_check_shifted-offsets_locate").click().run()
+    assert [w.value for w in at.warning if "Answer every field" in w.value] == [
+        "Answer every field first: Element index. This answer is not checked: it counts no attempt and shows "
+        "no hint."]
     assert not any(i.value.startswith("Hint") for i in at.info) and not any(
         "Attempts" in c.value for c in at.caption
     )
@@ -56,10 +63,11 @@ def test_complete_the_shifted_offsets_lab(monkeypatch):
 
     # the lab report: Markdown right away, the report module's HTML on request
     at.text_input(key="lab_student").input("Ada").run()
-    assert len(at.get("download_button")) == 1
+    downloads = lambda: sorted(b.key for b in at.get("download_button"))  # noqa: E731
+    assert downloads() == ["lab_dl_md_shifted-offsets", "lab_dl_results"]
     at.button(key="lab_html_btn_shifted-offsets").click().run()
     assert not at.exception
-    assert len(at.get("download_button")) == 2
+    assert downloads() == ["lab_dl_html_shifted-offsets", "lab_dl_md_shifted-offsets", "lab_dl_results"]
 
 
 def test_a_broken_lab_file_does_not_break_the_page(tmp_path, monkeypatch):
@@ -82,24 +90,38 @@ def test_teacher_view_needs_the_key(monkeypatch):
     assert not at.json
     at.text_input(key="lab_teacher_key").input("chalk").run()
     assert not at.exception
-    assert [j.value for j in at.json][:2] == ['{"verdict": "false"}', '{"verdict": "false", "elements": 636}']
+    assert [j.value for j in at.json][:2] == ['{"verdict": "false", "changed": 0}',
+                                              '{"verdict": "false", "elements": 636}']
 
 
-def test_every_package_lab_renders_with_its_views(monkeypatch):
+def _screen_text(at: AppTest) -> str:
+    """Everything the page shows as text, the sidebar included: markdown, captions, alerts, tables,
+    JSON and charts (not the options of the answer fields)."""
+    parts = [e.value for kind in ("title", "header", "subheader", "markdown", "caption", "info", "success",
+                                  "warning", "error", "json") for e in getattr(at, kind)]
+    parts += [view_text(d.value) for d in at.dataframe]
+    parts += [c.proto.spec for c in at.get("plotly_chart")]
+    return "\n".join(map(str, parts))
+
+
+def test_every_package_lab_renders_and_its_first_screen_holds_no_first_answer(monkeypatch):
     monkeypatch.delenv("INSPECTOR_LABS_DIR", raising=False)
+    from inspector.labs import discover_labs
+
     at = _page()
-    for lab_id in ["broken-tie", "shifted-offsets", "stranded-buffer", "corrupted-capture",
-                   "flattening-myths", "late-overflow", "silent-block"]:
-        at.selectbox(key="lab_pick").set_value(lab_id).run()
-        assert not at.exception, lab_id
-        assert not [w.value for w in at.warning if "not available" in w.value], lab_id
+    for lab in discover_labs(labs_dir=""):
+        at.selectbox(key="lab_pick").set_value(lab.id).run()
+        assert not at.exception, lab.id
+        assert not [w.value for w in at.warning if "not available" in w.value], lab.id
         # experiments and other on-demand views run when asked
-        for key in [b.key for b in at.button if (b.key or "").startswith(f"lab_run_{lab_id}_")]:
+        for key in [b.key for b in at.button if (b.key or "").startswith(f"lab_run_{lab.id}_")]:
             at.button(key=key).click().run()
-            assert not at.exception, (lab_id, key)
-            assert not [w.value for w in at.warning if "not available" in w.value], (lab_id, key)
-    # broken-tie's alias graphs and stranded-buffer's treemap are plotly charts
-    at.selectbox(key="lab_pick").set_value("stranded-buffer").run()
+            assert not at.exception, (lab.id, key)
+            assert not [w.value for w in at.warning if "not available" in w.value], (lab.id, key)
+        assert not given_away(_screen_text(at), lab.id, lab.tasks[0].id), lab.id
+        assert lab.title in _screen_text(at)  # the text is really read: the lab's title is in it
+    # shifted-offsets' strip and broken-tie's alias graphs are plotly charts
+    at.selectbox(key="lab_pick").set_value("shifted-offsets").run()
     assert len(at.get("plotly_chart")) == 1
 
 
@@ -142,3 +164,28 @@ def test_the_late_overflow_findings_stay_hidden_until_the_producer_is_found(monk
     at.button(key="lab_check_late-overflow_producer").click().run()
     assert any(s.value.startswith("Right: gate") for s in at.success)
     assert "gate" in set(tables()[0]["where"])  # now the findings show
+
+
+def test_answers_and_checks_last_across_lab_switches_and_a_reload(monkeypatch):
+    monkeypatch.delenv("INSPECTOR_LABS_DIR", raising=False)
+    at = _page()
+    token = at.query_params["labs"]
+    at.selectbox(key="lab_pick").set_value("shifted-offsets").run()
+    at.selectbox(key="lab_shifted-offsets_locate_parameter").set_value("layers.1.lora_B.weight")
+    at.text_input(key="lab_shifted-offsets_locate_element").input("(10, 0)")
+    at.button(key="lab_check_shifted-offsets_locate").click().run()
+    at.text_input(key="lab_shifted-offsets_shift_shift").input("400").run()  # typed, not checked
+    at.selectbox(key="lab_pick").set_value("broken-tie").run()
+    assert not at.exception and at.header[0].value == "The broken tie"
+    at.selectbox(key="lab_pick").set_value("shifted-offsets").run()
+    assert at.text_input(key="lab_shifted-offsets_shift_shift").value == "400"
+    assert at.text_input(key="lab_shifted-offsets_locate_element").value == "(10, 0)"
+
+    again = AppTest.from_file(PAGE, default_timeout=60)  # a reload: a new session, the same address
+    again.query_params["labs"] = token
+    again.run()
+    assert not again.exception
+    assert again.header[0].value == "The shifted offsets"  # the lab that was open
+    assert [s.value.split(":")[0] for s in again.success] == ["Right"]
+    assert again.text_input(key="lab_shifted-offsets_shift_shift").value == "400"
+    assert any("The shifted offsets (1/2)" in c.value for c in again.caption)

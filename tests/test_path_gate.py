@@ -55,7 +55,8 @@ NOT_PATHS = {
     "ui/device_map.py:audit_a_map": "a device map as JSON text (load_device_map parses, never opens)",
 }
 # Address parameters that hold no path.
-NOT_PATH_PARAMS = {"sample", "device", "dtype", "page", "section"}
+NOT_PATH_PARAMS = {"sample", "device", "dtype", "page", "section",
+                   "labs"}  # a random token naming a student's lab record on the server, never a file
 
 SOURCES = ("text_input", "text_area")
 

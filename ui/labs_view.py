@@ -1,7 +1,15 @@
-"""Streamlit pieces of the Labs page: lab entries, views, answer fields, results, teacher view."""
+"""Streamlit pieces of the Labs page: lab entries, views, answer fields, results, teacher view.
+
+A student's work (answers typed, checks, the name) lives in one record per browser tab, kept on the
+server under a random token in the address (``?labs=...``): switching labs keeps it, a reload of the
+page finds it again, a server restart loses it (the results file the student downloads brings it
+back).
+"""
 
 from __future__ import annotations
 
+import re
+import secrets
 from typing import Any
 
 import pandas as pd
@@ -19,13 +27,43 @@ from inspector.labs import (
     grade,
     hints_to_show,
     lab_done,
+    read_results,
     record_attempt,
+    results_document,
 )
+from inspector.utils import markdown_text
 from ui.tables import show_frame
 
-PROGRESS = "labs_progress"
+STORE = "labs_store"
 SCENARIOS = "labs_scenarios"
 VIEWS = "labs_views"
+NOTICE = "labs_notice"
+_TOKEN = re.compile(r"[A-Za-z0-9_-]{16,64}")
+_MAX_SAVED = 5000  # students' records kept by one server; the oldest goes first
+
+
+@st.cache_resource
+def _saved() -> dict[str, dict[str, Any]]:
+    """Every tab's record on this server, by token (shared by all sessions: tokens are unguessable)."""
+    return {}
+
+
+def store() -> dict[str, Any]:
+    """This tab's record: ``progress`` (lab -> task -> TaskRecord), ``drafts`` (typed answers), ``lab``
+    (the lab open) and ``student``; found again after a reload through the address's token."""
+    if STORE not in st.session_state:
+        saved = _saved()
+        token = str(st.query_params.get("labs", ""))
+        if not _TOKEN.fullmatch(token):
+            token = secrets.token_urlsafe(18)
+        if token not in saved:
+            while len(saved) >= _MAX_SAVED:
+                saved.pop(next(iter(saved)))
+            saved[token] = {"progress": {}, "drafts": {}, "lab": None, "student": ""}
+        st.session_state[STORE] = saved[token]
+        if st.query_params.get("labs") != token:
+            st.query_params["labs"] = token
+    return st.session_state[STORE]
 
 
 def entries() -> list[Lab | LabError]:
@@ -37,7 +75,18 @@ def entries() -> list[Lab | LabError]:
 
 
 def progress() -> dict[str, dict[str, TaskRecord]]:
-    return st.session_state.setdefault(PROGRESS, {})
+    return store()["progress"]
+
+
+def lab_sidebar(lab: Lab, scenario: Scenario | None) -> None:
+    """The sidebar while a lab is open: the lab's own model (the model picker of the other pages is not
+    used here), nothing that could give an answer away."""
+    with st.sidebar:
+        st.header(":material/school: Lab")
+        st.markdown(f"**{markdown_text(lab.title)}**")
+        if scenario is not None:
+            st.caption(f"Model: {markdown_text(scenario.loaded.name)}. Each student works on a copy of their "
+                       "own; the model picked on the other pages is not used here.")
 
 
 def lab_label(lab: Lab) -> str:
@@ -103,10 +152,14 @@ def field_key(lab: Lab, task: Task, f: Field) -> str:
 
 
 def answer_fields(lab: Lab, task: Task, scenario: Scenario) -> dict[str, Any]:
-    """One widget per answer field; returns the raw values."""
+    """One widget per answer field, starting from what the student typed last (also in another lab's
+    visit or before a reload); returns the raw values."""
+    drafts = store()["drafts"].setdefault(lab.id, {}).setdefault(task.id, {})
     raw: dict[str, Any] = {}
     for f in task.fields:
         key = field_key(lab, task, f)
+        if key not in st.session_state and f.key in drafts and _fits(f, scenario, drafts[f.key]):
+            st.session_state[key] = drafts[f.key]
         if f.kind == "choice":
             opts = f.options_for(scenario)
             raw[f.key] = st.selectbox(f.label, opts, index=None, key=key, help=f.help or None,
@@ -121,21 +174,22 @@ def answer_fields(lab: Lab, task: Task, scenario: Scenario) -> dict[str, Any]:
         else:
             raw[f.key] = st.text_input(f.label, key=key, help=f.help or None,
                                        placeholder=f.placeholder or None)
+        drafts[f.key] = list(raw[f.key]) if isinstance(raw[f.key], list) else raw[f.key]
     return raw
 
 
-def is_empty_answer(raw: dict[str, Any]) -> bool:
-    """Whether nothing was answered: every field unset, blank or an empty choice.
-
-    >>> is_empty_answer({"a": None, "b": "  ", "c": []}), is_empty_answer({"a": "x", "b": ""})
-    (True, False)
-    """
-    return all(v is None or (isinstance(v, str) and not v.strip()) or (isinstance(v, (list, tuple)) and not v)
-               for v in raw.values())
+def _fits(f: Field, scenario: Scenario, value: Any) -> bool:
+    """Whether a kept answer still fits its widget (a choice among the options the model gives now)."""
+    if f.kind == "choice":
+        return value is None or value in f.options_for(scenario)
+    if f.kind == "multi":
+        return isinstance(value, list) and set(value) <= set(f.options_for(scenario))
+    return isinstance(value, str)
 
 
 def check_task(lab: Lab, task: Task, scenario: Scenario, raw: dict[str, Any]) -> CheckResult:
-    """Grade one task with the lab's checker and record the attempt in this session's progress."""
+    """Grade one task with the lab's checker and record the attempt in this session's progress (an
+    incomplete answer is not recorded: ``counted`` is False)."""
     try:
         result = grade(lab, task.id, scenario, raw)
     except Exception as exc:  # noqa: BLE001 - a teacher's checker may fail; say so, keep the page
@@ -152,12 +206,15 @@ def show_record(lab: Lab, task: Task) -> None:
     if rec.last_passed:
         st.success(rec.message)
     elif rec.passed:
-        st.warning(f"You passed this task before; your last answer did not: {rec.message}")
+        st.success(rec.passed_message)
+        st.warning(f"You passed this task before (that answer stays in your report); your last answer did "
+                   f"not: {rec.message}")
     else:
         st.error(rec.message)
-    if rec.evidence:
+    evidence = rec.evidence if rec.last_passed or not rec.passed else rec.passed_evidence
+    if evidence:
         with st.expander("What the inspector measured", expanded=rec.passed):
-            for line in rec.evidence:
+            for line in evidence:
                 st.markdown(f"- {line}")
     for i, hint in enumerate(hints_to_show(task, rec), 1):
         st.info(f"Hint {i}: {hint}")
@@ -184,6 +241,57 @@ def show_solutions(lab: Lab, scenario: Scenario) -> None:
             st.markdown(task.explanation)
     if lab.solution:
         st.markdown(lab.solution)
+
+
+def results_downloads(labs: list[Lab], student: str) -> None:
+    """The results file of every lab tried (signed; the teacher collects it, the student continues from
+    it), and the upload that continues from one."""
+    import json
+
+    doc = results_document(labs, progress(), student)
+    st.download_button("Download my results (all labs, for the teacher)", json.dumps(doc, indent=1),
+                       "lab-results.json", "application/json", key="lab_dl_results",
+                       disabled=not doc["labs"])
+    upload = st.file_uploader("Continue from a results file", type=["json", "md"], key="lab_resume",
+                              help="The lab-results.json (or a lab report .md) this page wrote: your "
+                                   "answers, checks and passes come back.")
+    if upload is not None and st.session_state.get("lab_resumed") != upload.file_id:
+        st.session_state["lab_resumed"] = upload.file_id
+        verified = read_results(upload.getvalue(), upload.name)
+        name = markdown_text(upload.name)
+        if verified.status == "tampered":
+            st.error(f"{name} was changed after this page wrote it (its checksum does not match): "
+                     "nothing was taken from it.")
+        elif verified.status == "unverifiable":
+            st.error(f"{name} was signed with a teacher key this server does not have: nothing was "
+                     "taken from it.")
+        else:
+            resume(verified.progress(), verified.student)
+            st.session_state[NOTICE] = (f"Continued from {name}: "
+                                        f"{sum(len(t) for t in verified.progress().values())} task record(s) "
+                                        f"of {markdown_text(verified.student or 'no name')}.")
+            st.rerun()
+
+
+def resume(records: dict[str, dict[str, TaskRecord]], student: str) -> None:
+    """Take the task records of a results file into this tab's record, with their answers in the fields."""
+    progress().update(records)
+    drafts = store()["drafts"]
+    for lab_id, tasks in records.items():
+        for task_id, rec in tasks.items():
+            drafts.setdefault(lab_id, {})[task_id] = dict(rec.passed_answers if rec.passed else rec.answers)
+            for name in [k for k in st.session_state if str(k).startswith(f"lab_{lab_id}_{task_id}_")]:
+                del st.session_state[name]  # the fields start again from the answers taken in
+    if student:
+        store()["student"] = student
+        st.session_state.pop("lab_student", None)
+
+
+def show_notice() -> None:
+    """A message left for the run after a rerun (the results taken in from a file)."""
+    message = st.session_state.pop(NOTICE, None)
+    if message:
+        st.success(message)
 
 
 def report_downloads(lab: Lab, scenario: Scenario, student: str) -> None:

@@ -163,6 +163,17 @@ def _counts(scenario: Scenario) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def _parameters(scenario: Scenario) -> pd.DataFrame:
+    """Every parameter name of the converted model, whether parameters() yields it, and its storage."""
+    model = scenario.model
+    yielded = {id(p) for p in model.parameters()}
+    rows = [{"name": n, "shape": str(tuple(p.shape)), "dtype": str(p.dtype).removeprefix("torch."),
+             "numel": p.numel(), "yielded by parameters()": id(p) in yielded,
+             "storage address": hex(p.untyped_storage().data_ptr())}
+            for n, p in model.named_parameters(remove_duplicate=False)]
+    return pd.DataFrame(rows)
+
+
 def _graphs(scenario: Scenario) -> list[Any]:
     from ..aliases import graph_data
     from ..figures.aliases import alias_graph_figure
@@ -197,9 +208,10 @@ LAB = Lab(
             ),
             check=check_group,
             hints=("Compare the alias groups before and after the conversion.",
-                   "`compare_ties(snapshot, model)` names the group; `tie-broken` means the names "
-                   "no longer share memory, `tie-weakened` that they do but as separate objects.",
-                   "Count the elements in the offset map: the 32x16 embedding now counts twice."),
+                   "`tie-broken` means the names no longer share memory, `tie-weakened` that they do but "
+                   "as separate objects: compare their storage addresses in the parameter table.",
+                   "Add up the numel of every row parameters() yields: the 32x16 embedding now counts "
+                   "twice."),
             solution={"names": list(TIED), "code": "tie-broken", "count": 4592},
         ),
         Task(
@@ -217,12 +229,15 @@ LAB = Lab(
         ),
     ),
     views=(
-        View("Element counts", _counts, "What parameters() and the optimizer count."),
         View("Alias groups before the conversion", lambda s: _alias_table(s.extras["original"])),
         View("Alias groups after the conversion", lambda s: _alias_table(s.model),
              "An empty table means no two names share a tensor."),
+        View("Parameters of the converted model", _parameters,
+             "Every registered name; parameters() yields each tensor once, under its first name."),
+        View("Element counts", _counts, "What parameters() and the optimizer count.", after="name-group"),
         View("Tie check: snapshot before vs model after", _tie_findings,
-             "compare_ties(snapshot taken before the conversion, model now).", on_demand=True),
+             "compare_ties(snapshot taken before the conversion, model now).", on_demand=True,
+             after="name-group"),
         View("Alias graphs: before, then after the conversion", _graphs,
              "Tensors aliased by two names are drawn in one colour.", on_demand=True),
     ),

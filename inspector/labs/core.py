@@ -133,6 +133,7 @@ class CheckResult:
     passed: bool
     message: str
     evidence: tuple[str, ...] = ()
+    counted: bool = True  # False: the answer was incomplete or unreadable; no attempt, no hint
 
 
 Checker = Callable[[Scenario, Mapping[str, Any]], CheckResult]
@@ -221,29 +222,49 @@ class Lab:
 def grade(lab: Lab, task_id: str, scenario: Scenario, raw_answers: Mapping[str, Any]) -> CheckResult:
     """Parse the answers of one task and run its checker.
 
-    A field that cannot be parsed, a missing answer, or a checker that raises an
-    InspectorError gives a failed result with the reason, never an exception.
+    A field left empty or that cannot be parsed gives a failed result that is not counted
+    (``counted=False``: no attempt, no hint); a checker that raises an InspectorError gives a
+    failed, counted result with the reason. Never an exception.
     """
     task = lab.task(task_id)
+    missing = missing_fields(task, raw_answers)
+    if missing:
+        return CheckResult(False, f"Answer every field first: {', '.join(missing)}.", counted=False)
     answers: dict[str, Any] = {}
     try:
         for f in task.fields:
             answers[f.key] = f.parse(raw_answers.get(f.key))
     except InspectorError as exc:
-        return CheckResult(False, str(exc))
-    missing = [f.label for f in task.fields
-               if answers[f.key] in ("", [], {}, None) and f.kind not in ("number",)]
-    if missing:
-        return CheckResult(False, f"Answer every field first: {', '.join(missing)}.")
+        return CheckResult(False, str(exc), counted=False)
     try:
         return task.check(scenario, answers)
     except InspectorError as exc:
         return CheckResult(False, str(exc))
 
 
+def is_blank(value: Any) -> bool:
+    """Whether an answer field was left empty: None, blank text or an empty list or mapping.
+
+    >>> is_blank("  "), is_blank([]), is_blank(0), is_blank("x")
+    (True, True, False, False)
+    """
+    return value is None or (isinstance(value, str) and not value.strip()) or (
+        isinstance(value, (list, tuple, dict)) and not value)
+
+
+def missing_fields(task: Task, raw_answers: Mapping[str, Any]) -> list[str]:
+    """The labels of the task's fields left empty in ``raw_answers``."""
+    return [f.label for f in task.fields if is_blank(raw_answers.get(f.key))]
+
+
 @dataclass
 class TaskRecord:
-    """A student's progress on one task in one browser session."""
+    """A student's progress on one task: the last answer checked, and the one that passed.
+
+    ``answers``, ``message``, ``evidence`` and ``when`` are the last check's; the ``passed_*``
+    fields keep the first passing check's, whatever came after it. Times are UTC,
+    ``YYYY-MM-DD HH:MM:SS``; ``started`` is the first check's.
+    """
 
     answers: dict[str, Any] = field(default_factory=dict)
     attempts: int = 0
@@ -252,27 +273,47 @@ class TaskRecord:
     message: str = ""
     evidence: tuple[str, ...] = ()
     when: str = ""
+    started: str = ""
+    passed_answers: dict[str, Any] = field(default_factory=dict)
+    passed_message: str = ""
+    passed_evidence: tuple[str, ...] = ()
+    passed_when: str = ""
+    passed_attempts: int = 0
+
+
+def now() -> str:
+    """The time now, UTC, as a lab record writes it."""
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime())
 
 
 def record_attempt(progress: dict[str, dict[str, TaskRecord]], lab_id: str, task_id: str,
-                   answers: Mapping[str, Any], result: CheckResult) -> TaskRecord:
+                   answers: Mapping[str, Any], result: CheckResult) -> TaskRecord | None:
     """Store one check in ``progress`` (a plain dict kept by the page), in place.
 
-    Once a task has passed, a later wrong try is still counted but does not undo the pass.
+    A result that is not counted (an incomplete answer) changes nothing and gives None. Once a
+    task has passed, a later wrong try is still counted but does not undo the pass, and the
+    passing answer stays in the record.
     """
+    if not result.counted:
+        return None
     rec = progress.setdefault(lab_id, {}).setdefault(task_id, TaskRecord())
     rec.attempts += 1
     rec.answers = {k: _plain(v) for k, v in answers.items()}
-    rec.passed = rec.passed or result.passed
     rec.last_passed = result.passed
     rec.message = result.message
     rec.evidence = tuple(result.evidence)
-    rec.when = time.strftime("%Y-%m-%d %H:%M:%S")
+    rec.when = now()
+    rec.started = rec.started or rec.when
+    if result.passed and not rec.passed:
+        rec.passed = True
+        rec.passed_answers = dict(rec.answers)
+        rec.passed_message, rec.passed_evidence = rec.message, rec.evidence
+        rec.passed_when, rec.passed_attempts = rec.when, rec.attempts
     return rec
 
 
 def hints_to_show(task: Task, record: TaskRecord | None) -> tuple[str, ...]:
-    """One more hint after each failed check; none before the first try or after a pass."""
+    """One more hint after each failed (counted) check; none before the first try or after a pass."""
     if record is None or record.passed:
         return ()
     return task.hints[:record.attempts]

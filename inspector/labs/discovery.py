@@ -3,7 +3,9 @@
 A lab file is a Python file that defines a :class:`~inspector.labs.core.Lab` named ``LAB``
 (or a list ``LABS``). Files in the folder named by ``INSPECTOR_LABS_DIR`` are found too; a
 file that fails to import, or defines no lab, gives a :class:`LabError` entry for that file
-only, and every other lab still loads.
+only, and every other lab still loads. A lab file may import helper modules that sit beside it
+(``import _helpers``); when any Python file of the folder changes, its lab files run again with
+their helpers imported afresh, so an edit shows without a restart.
 """
 
 from __future__ import annotations
@@ -11,6 +13,8 @@ from __future__ import annotations
 import importlib
 import os
 import pkgutil
+import sys
+import threading
 import traceback
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -21,7 +25,8 @@ from .core import Lab
 
 LABS_DIR_ENV = "INSPECTOR_LABS_DIR"
 _FRAMEWORK = {"core", "discovery", "records"}
-_FILE_CACHE: dict[str, tuple[tuple[int, int], tuple[Lab | LabError, ...]]] = {}
+_FILE_CACHE: dict[str, tuple[tuple, tuple[Lab | LabError, ...]]] = {}
+_LOADING = threading.Lock()  # one lab file at a time: its folder is on sys.path while it runs
 
 
 @dataclass(frozen=True)
@@ -87,13 +92,14 @@ def _folder_labs(folder: Path) -> list[Lab | LabError]:
 def load_lab_file(path: str | os.PathLike) -> list[Lab | LabError]:
     """The labs one Python file defines, or one LabError saying why there are none.
 
-    A file is run again only when it changed (size or modification time), so the page can
-    look for labs on every rerun and a teacher's edit shows up on the next one.
+    A file is run again only when it or a Python file beside it (a helper it may import) changed
+    (size or modification time), so the page can look for labs on every rerun and a teacher's
+    edit shows up on the next one.
     """
     path = Path(path).resolve()
     try:
         st = path.stat()
-        stamp = (st.st_mtime_ns, st.st_size)
+        stamp = (st.st_mtime_ns, st.st_size, _folder_stamp(path.parent))
     except OSError as exc:
         return [LabError(path.stem, str(path), f"{path.name} cannot be read: {exc}")]
     cached = _FILE_CACHE.get(str(path))
@@ -104,13 +110,36 @@ def load_lab_file(path: str | os.PathLike) -> list[Lab | LabError]:
     return found
 
 
+def _folder_stamp(folder: Path) -> tuple[tuple[str, int, int], ...]:
+    """Name, modification time and size of every Python file in ``folder``."""
+    out = []
+    for p in sorted(folder.glob("*.py")):
+        try:
+            st = p.stat()
+        except OSError:
+            continue
+        out.append((p.name, st.st_mtime_ns, st.st_size))
+    return tuple(out)
+
+
 def _run_lab_file(path: Path) -> list[Lab | LabError]:
-    try:
-        module = import_user_file(path, f"_inspector_lab_{path.stem}")
-    except BaseException as exc:  # noqa: BLE001 - SystemExit in a lab file must not stop the app
-        if isinstance(exc, KeyboardInterrupt):
-            raise
-        return [_error(path.stem, str(path), exc)]
+    """Run a lab file with its folder importable; helpers imported from that folder before are
+    forgotten first, so they run again as they are now."""
+    folder = str(path.parent)
+    with _LOADING:
+        for name, mod in list(sys.modules.items()):
+            where = getattr(mod, "__file__", None)
+            if where and Path(where).resolve().parent == path.parent:
+                del sys.modules[name]
+        sys.path.insert(0, folder)
+        try:
+            module = import_user_file(path, f"_inspector_lab_{path.stem}")
+        except BaseException as exc:  # noqa: BLE001 - SystemExit in a lab file must not stop the app
+            if isinstance(exc, KeyboardInterrupt):
+                raise
+            return [_error(path.stem, str(path), exc)]
+        finally:
+            sys.path.remove(folder)
     return _labs_in(module, str(path), path.stem)
 
 

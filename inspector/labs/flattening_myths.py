@@ -67,45 +67,48 @@ def memory_experiment(scenario: Scenario) -> pd.DataFrame:
 
 
 def count_experiment(scenario: Scenario) -> pd.DataFrame:
-    """What parameters() yields, next to the trainable parameters only."""
+    """What parameters() yields, one row per tensor, and whether the optimizer's filter keeps it."""
     from ..offsets import offset_map
 
     full = offset_map(scenario.model)
-    trainable = offset_map(scenario.model, trainable_only=True)
-    return pd.DataFrame([
-        {"what": "model.parameters()", "tensors": len(full), "elements": int(full["numel"].sum()),
-         "frozen tensors among them": int((~full["requires_grad"].astype(bool)).sum())},
-        {"what": "[p for p in model.parameters() if p.requires_grad]", "tensors": len(trainable),
-         "elements": int(trainable["numel"].sum()), "frozen tensors among them": 0},
-    ])
+    return pd.DataFrame({"parameters() yields": full["name"], "numel": full["numel"],
+                         "requires_grad": full["requires_grad"].astype(bool),
+                         "kept by `if p.requires_grad`": full["requires_grad"].astype(bool)})
 
 
 def check_memory(scenario: Scenario, answers: Mapping[str, Any]) -> CheckResult:
     table = memory_experiment(scenario)
     shares = bool(table["storage overlaps the vector"].any() or table["changed after vec += 1"].any())
     truth = "true" if shares else "false"
+    changed = int(table["changed after vec += 1"].sum())
     evidence = (
         f"storage overlaps: {int(table['storage overlaps the vector'].sum())} of {len(table)} "
-        f"parameters; changed after writing the vector: {int(table['changed after vec += 1'].sum())}",
+        f"parameters; changed after writing the vector: {changed}",
     )
+    wrong = []
     if answers["verdict"] != truth:
-        return CheckResult(False, "Your verdict does not match what the experiment shows: run it and "
-                                  "look at both columns.")
+        wrong.append("the verdict does not match what the experiment shows")
+    if answers["changed"] != changed:
+        wrong.append(f"{answers['changed']} is not how many parameters changed when the vector was written")
+    if wrong:
+        return CheckResult(False, "Not yet: " + "; ".join(wrong) + ". Run experiment 1 and look at both "
+                                  "columns.")
     return CheckResult(True, "Right: the vector is a copy; writing into it leaves the model as it was.",
                        evidence)
 
 
 def check_frozen(scenario: Scenario, answers: Mapping[str, Any]) -> CheckResult:
     table = count_experiment(scenario)
-    everything, trainable = table.iloc[0], table.iloc[1]
-    truth = "true" if int(everything["frozen tensors among them"]) == 0 else "false"
-    evidence = (f"offset_map: parameters() yields {int(everything['tensors'])} tensors, "
-                f"{int(everything['elements'])} elements; trainable only: {int(trainable['tensors'])}, "
-                f"{int(trainable['elements'])}",)
+    frozen = int((~table["requires_grad"]).sum())
+    elements = int(table["numel"].sum())
+    kept = table[table["requires_grad"]]
+    truth = "true" if frozen == 0 else "false"
+    evidence = (f"offset_map: parameters() yields {len(table)} tensors ({frozen} frozen), {elements} "
+                f"elements; trainable only: {len(kept)} tensors, {int(kept['numel'].sum())} elements",)
     wrong = []
     if answers["verdict"] != truth:
         wrong.append("the verdict does not match the experiment")
-    if answers["elements"] != int(everything["elements"]):
+    if answers["elements"] != elements:
         wrong.append(f"{answers['elements']} is not the length of parameters_to_vector(model.parameters())")
     if wrong:
         return CheckResult(False, "Not yet: " + "; ".join(wrong) + ".")
@@ -121,12 +124,14 @@ LAB = Lab(
     tasks=(
         Task(
             id="shares-memory",
-            prompt=f"Claim 1: {CLAIM_1}. True or false?",
-            fields=(Field("verdict", "Claim 1 is", "choice", VERDICTS),),
+            prompt=f"Claim 1: {CLAIM_1}. True or false — and how many parameters did writing into the "
+                   "vector change?",
+            fields=(Field("verdict", "Claim 1 is", "choice", VERDICTS),
+                    Field("changed", "Parameters changed by writing into the vector", "number")),
             check=check_memory,
             hints=("Run experiment 1: does any parameter's storage overlap the vector? Did writing "
                    "into the vector change a parameter?",),
-            solution={"verdict": "false"},
+            solution={"verdict": "false", "changed": 0},
         ),
         Task(
             id="skips-frozen",
@@ -135,7 +140,7 @@ LAB = Lab(
             fields=(Field("verdict", "Claim 2 is", "choice", VERDICTS),
                     Field("elements", "Length of parameters_to_vector(model.parameters())", "number")),
             check=check_frozen,
-            hints=("Run experiment 2 and compare the two rows.",
+            hints=("Run experiment 2: does parameters() yield tensors with requires_grad False?",
                    "parameters() filters on identity (ties), never on requires_grad."),
             solution={"verdict": "false", "elements": 636},
         ),
@@ -145,7 +150,8 @@ LAB = Lab(
              "On a copy of the model: flatten, add 1 to every element of the vector, then "
              "look at the parameters.", on_demand=True),
         View("Experiment 2: what parameters() yields", count_experiment,
-             "Counted with the inspector's offset map.", on_demand=True),
+             "Listed with the inspector's offset map: one row per tensor parameters() yields.",
+             on_demand=True),
     ),
     solution=SOLUTION,
 )

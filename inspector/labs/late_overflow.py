@@ -101,11 +101,13 @@ def build() -> Scenario:
     torch.manual_seed(0)
     model = GatedNet()
     original = copy.deepcopy(model)
-    folder = tempfile.mkdtemp(prefix="inspector-lab-")
-    result = watch_training(model, folder)
+    with tempfile.TemporaryDirectory(prefix="inspector-lab-") as folder:  # read whole, then removed
+        result = watch_training(model, folder)
+        run = read_run(result.path)
+        _ = run.captures  # the producer's copy, read now: the folder goes away
     loaded = LoadedModel(model, "gated-net (after 20 steps)", "lab:late-overflow",
                          inputs_fn=_inputs, loss_fn=_loss)
-    return Scenario(loaded, {"original": original, "result": result, "run": read_run(result.path)})
+    return Scenario(loaded, {"original": original, "result": result, "run": run})
 
 
 def _first(scenario: Scenario, code: str) -> Any:
@@ -209,9 +211,11 @@ LAB = Lab(
             prompt="Which module produced the first NaN/Inf, and at which step (counting from 0)?",
             fields=(Field("module", "Module", "choice", module_names), Field("step", "Step", "number")),
             check=check_producer,
-            hints=("Loss and gradient norm per step show when it went wrong; the findings say where.",
-                   "`nonfinite-forward` names the first module whose output is non-finite while its "
-                   "inputs were finite."),
+            hints=("The loss and gradient norm per step show when it went wrong: the first step whose "
+                   "loss is not finite.",
+                   "Read the gate's forward in the story: which operation turns a finite input into Inf "
+                   "once the sharpness is large, and what is inf / inf? The producer's input is finite, "
+                   "its output is not."),
             solution=lambda s: {"module": _first(s, "nonfinite-forward").where,
                                 "step": _first(s, "nonfinite-forward").step},
         ),

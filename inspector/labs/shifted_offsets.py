@@ -164,10 +164,17 @@ def _side_by_side(scenario: Scenario) -> pd.DataFrame:
     t = trainable.set_index("name")[["start", "end"]].rename(columns=lambda c: f"trainable {c}")
     out = full[["name", "numel", "requires_grad", "start", "end"]].rename(
         columns={"start": "full start", "end": "full end"}).set_index("name").join(t)
-    return out.reset_index()
+    return out.astype({"trainable start": "Int64", "trainable end": "Int64"}).reset_index()  # frozen: empty
 
 
 def _strip(scenario: Scenario) -> Any:
+    from ..figures.offsets import offset_strip
+
+    full, trainable = _maps(scenario)
+    return offset_strip(full, trainable)
+
+
+def _strip_with_norms(scenario: Scenario) -> Any:
     from ..figures.offsets import offset_strip
     from ..offsets import gradient_norms
 
@@ -196,7 +203,7 @@ LAB = Lab(
             check=check_locate,
             hints=("Use the map that matches how the vector was built: trainable parameters only.",
                    "Find the segment with start <= 100 < end, then unravel 100 - start in its shape.",
-                   "The per-parameter gradient norms show which tensor is not finite."),
+                   "Unravel row by row: in a tensor of shape (16, 2), element k is (k // 2, k % 2)."),
             solution={"parameter": "layers.1.lora_B.weight", "element": "(10, 0)"},
         ),
         Task(
@@ -215,8 +222,10 @@ LAB = Lab(
         View("Offsets: full map vs trainable-only map", _side_by_side,
              "Rows in parameters() order; frozen rows have no trainable offsets."),
         View("Offset strip: full vector above, trainable-only vector below", _strip,
-             "Hover a segment for its name and range; the colour is its gradient norm."),
-        View("Gradient norms per parameter", _norms),
+             "Hover a segment for its name and range; frozen and trainable segments differ in colour."),
+        View("Offset strip coloured by gradient norm", _strip_with_norms,
+             "The colour is the segment's gradient norm; a non-finite one stands out.", after="locate"),
+        View("Gradient norms per parameter", _norms, after="locate"),
     ),
     solution=SOLUTION,
 )

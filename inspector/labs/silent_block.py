@@ -35,8 +35,8 @@ optimizer = torch.optim.SGD(groups)
 ```
 
 The loss goes down, nothing warns. But the fine-tuned model behaves almost like the base one
-in places. Compare the fine-tuned weights with the base weights (the **Compare** page, or
-`inspector.compare(base, tuned)`): what did the fine-tune never touch, and why?
+in places. Compare the fine-tuned weights with the base weights (below, or
+`inspector.compare(base, tuned)` in your own code): what did the fine-tune never touch, and why?
 """
 
 SOLUTION = """\
@@ -137,6 +137,17 @@ def _figure(scenario: Scenario) -> Any:
     return module_change_bars(scenario.extras["comparison"].modules)
 
 
+def _tensor_changes(scenario: Scenario) -> pd.DataFrame:
+    """Per tensor: its size and how far the fine-tune moved it (no verdict, no module totals)."""
+    tuned = dict(scenario.model.named_parameters())
+    rows = []
+    for name, before in scenario.extras["base"].named_parameters():
+        after = tuned[name].detach()
+        rows.append({"tensor": name, "shape": str(tuple(after.shape)), "numel": after.numel(),
+                     "max |tuned - base|": float((after - before.detach()).abs().max())})
+    return pd.DataFrame(rows)
+
+
 def _groups(scenario: Scenario) -> pd.DataFrame:
     return pd.DataFrame(scenario.extras["held"], columns=["group", "lr", "parameter"])
 
@@ -162,8 +173,8 @@ LAB = Lab(
             ),
             check=check_which,
             hints=(
-                "`inspector.compare(base, tuned)` lists `unchanged-tensor` findings.",
-                "The Compare page's chart marks a module whose tensors are all bitwise equal in red.",
+                "In the change per tensor, look for tensors the fine-tune moved by exactly 0.",
+                "They all belong to one module: name it by the part of their names they share.",
                 "Add up the module's LayerNorm and two Linear layers: weights and biases.",
             ),
             solution={"module": "blocks.0", "elements": BLOCK_ELEMENTS},
@@ -182,20 +193,25 @@ LAB = Lab(
         ),
     ),
     views=(
+        View("Change per tensor, base -> fine-tuned", _tensor_changes,
+             "Every parameter tensor in model order: the largest change of any of its elements."),
         View(
             "Change per module, base -> fine-tuned",
             _figure,
             "‖B−A‖/‖A‖ per module in model order; red: every tensor bitwise equal.",
+            after="which",
         ),
-        View("Compare findings", _findings, "compare(base, tuned)."),
+        View("Compare findings", _findings, "compare(base, tuned).", after="which"),
         View(
             "Gradient norms after the last step",
             _gradients,
             "gradient_norms(model, by='module').",
             on_demand=True,
+            after="which",
         ),
         View(
-            "The optimizer's parameter groups", _groups, "Which parameters each group holds.", on_demand=True
+            "The optimizer's parameter groups", _groups, "Which parameters each group holds.", on_demand=True,
+            after="which",
         ),
     ),
     solution=SOLUTION,

@@ -100,6 +100,10 @@ def check_map(scenario: Scenario, answers: Mapping[str, Any]) -> CheckResult:
         return CheckResult(False, "accelerate's check_device_map rejects this map.",
                            (f"check_device_map: {exc}",))
     table = _audit(scenario, device_map)
+    over = _budget_problems(scenario, table)
+    if over:
+        return CheckResult(False, "The map does not fit the story's budget: " + "; ".join(over) + ".",
+                           ("check_device_map: passed", "bytes per device: " + _usage_line(table)))
     found = _findings(table)
     problems = {n: f for n, f in found.items()
                 if any(code in f for code in ("unplaced", "unknown-key", "tie-split", "stranded"))}
@@ -109,8 +113,34 @@ def check_map(scenario: Scenario, answers: Mapping[str, Any]) -> CheckResult:
     if problems:
         return CheckResult(False, "The map passes check_device_map, but the audit still finds "
                                   "a problem: put each buffer with the bulk of its module.", evidence)
-    return CheckResult(True, "The map covers every tensor, and each buffer sits with its module.",
-                       evidence)
+    return CheckResult(True, "The map covers every tensor within the budget, and each buffer sits with "
+                             "its module.", (*evidence, "bytes per device: " + _usage_line(table)))
+
+
+def _usage(table: pd.DataFrame) -> dict[str, int]:
+    """Bytes the map puts on each device (from the audit: one row per parameter and buffer)."""
+    placed = table[table["device"].notna()]
+    return {str(d): int(b) for d, b in placed.groupby(placed["device"].astype(str))["bytes"].sum().items()}
+
+
+def _usage_line(table: pd.DataFrame) -> str:
+    return ", ".join(f"{d} {b:,}" for d, b in sorted(_usage(table).items()))
+
+
+def _budget_problems(scenario: Scenario, table: pd.DataFrame) -> list[str]:
+    """What breaks the story's budget: a device it does not have, a device over its bytes, or the CPU
+    left emptier than accelerate left it (the story offloads to disk only what does not fit)."""
+    budget = {str(k): int(v) for k, v in scenario.extras["max_memory"].items()}
+    used = _usage(table)
+    out = [f"{f'GPU {d}' if d.isdigit() else d} is not a device of this laptop (it has {', '.join(budget)})"
+           for d in used if d not in budget]
+    out += [f"{d} would hold {b:,} bytes, over its {budget[d]:,}" for d, b in sorted(used.items())
+            if d in budget and b > budget[d]]
+    cpu_before = _usage(_accelerate_audit(scenario)).get("cpu", 0)
+    if not out and used.get("cpu", 0) < cpu_before:
+        out.append(f"the CPU holds {used.get('cpu', 0):,} bytes where accelerate fitted {cpu_before:,}: "
+                   "offload to disk only what does not fit")
+    return out
 
 
 def _treemap(scenario: Scenario) -> Any:
@@ -134,6 +164,16 @@ def _accelerate_audit(scenario: Scenario) -> pd.DataFrame:
     return _audit(scenario, scenario.extras["device_map"])
 
 
+def _audit_view(scenario: Scenario) -> pd.DataFrame:
+    """The audit without the device each module should use: that is the next task's question."""
+    return _accelerate_audit(scenario)[["name", "kind", "module", "device", "split", "finding", "bytes"]]
+
+
+def _tensors(scenario: Scenario) -> pd.DataFrame:
+    """The model's own facts: every parameter and buffer, its owner and its bytes (no map involved)."""
+    return _accelerate_audit(scenario)[["name", "kind", "module", "bytes"]]
+
+
 LAB = Lab(
     id="stranded-buffer",
     title="The stranded buffer",
@@ -145,29 +185,35 @@ LAB = Lab(
             prompt="Which tensors have no device in accelerate's map?",
             fields=(Field("names", "Tensors without a device", "multi", tensor_names),),
             check=check_missing,
-            hints=("Audit accelerate's map: one row per parameter *and buffer*.",
+            hints=("A key of the map covers a module and everything below it: check every row of the "
+                   "table of parameters *and buffers* against the keys.",
                    "Look at the module that was split, and at the tensors it owns itself."),
             solution={"names": list(BUFFERS)},
         ),
         Task(
             id="fix-map",
             prompt="Write a device map (JSON: module or tensor name -> device) that accelerate's "
-                   "`check_device_map` accepts and that leaves no buffer stranded.",
+                   "`check_device_map` accepts, that leaves no buffer stranded, and that keeps the "
+                   "budget: at most 50,000 bytes on the CPU, the rest on disk, and nothing offloaded "
+                   "that fits on the CPU.",
             fields=(Field("device_map", "Device map (JSON)", "json", default=_default_map),),
             check=check_map,
             hints=("Start from accelerate's map and add the two missing names.",
-                   "Which device holds most of block's parameter bytes? Its buffers belong there."),
+                   "Which device holds most of block's parameter bytes? Its buffers belong there.",
+                   "Add up the bytes per device: the CPU may hold 50,000, and what fits there stays there."),
             solution=_solution_map,
         ),
     ),
     views=(
         View("accelerate's map", lambda s: pd.DataFrame(
             [{"key": k, "device": str(v)} for k, v in s.extras["device_map"].items()])),
-        View("Audit of accelerate's map (every parameter and buffer)", _accelerate_audit),
-        View("accelerate's map as a treemap", _treemap,
-             "Boxes sized by bytes and coloured by device; a tensor with a finding is red."),
+        View("Every parameter and buffer of the model", _tensors,
+             "What a complete map must give a device, with the module that owns each tensor."),
         View("Budget", lambda s: pd.DataFrame([{"device": str(k), "bytes": v}
                                                for k, v in s.extras["max_memory"].items()])),
+        View("Audit of accelerate's map (every parameter and buffer)", _audit_view, after="missing"),
+        View("accelerate's map as a treemap", _treemap,
+             "Boxes sized by bytes and coloured by device; a tensor with a finding is red.", after="missing"),
     ),
     solution=SOLUTION,
 )
