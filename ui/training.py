@@ -46,6 +46,7 @@ BYTES_COLUMNS = (
 )
 NORM_COLUMNS = ("grad_norm", "param_norm", "update_ratio", "local_grad_norm", "loss")
 GRAD_COLUMNS = ("grad_norm", "local_grad_norm")
+NONFINITE_GRADIENT = "NaN/Inf gradient (first in module order)"
 LABELS = {
     "grad_norm": "gradient norm",
     "param_norm": "parameter norm",
@@ -193,12 +194,14 @@ def readable(frame: pd.DataFrame) -> tuple[pd.DataFrame, dict[str, Any]]:
             out[col] = [
                 "NaN/Inf" if b and v != v else _norms_text(v) for v, b in zip(out[col], bad, strict=True)
             ]
-        elif col in NORM_COLUMNS and pd.api.types.is_numeric_dtype(out[col]):
+        elif col in NORM_COLUMNS and pd.api.types.is_numeric_dtype(out[col]) and out[col].notna().all():
             config[col] = st.column_config.NumberColumn(label, format=NORM_FORMAT)
-        elif col in NORM_COLUMNS:
+        elif col in NORM_COLUMNS:  # a value not taken is an empty cell (the grid writes a null "None")
             out[col] = [_norms_text(v) for v in out[col]]
-        elif col == "nonfinite" and pd.api.types.is_numeric_dtype(out[col]):
+        elif col == "nonfinite" and pd.api.types.is_numeric_dtype(out[col]) and out[col].notna().all():
             config[col] = st.column_config.NumberColumn(label, format="%d")
+        elif col == "nonfinite":
+            out[col] = ["" if v != v or v is None else f"{int(v):,}" for v in out[col]]
         if label and col not in config:
             config[col] = st.column_config.Column(label)
     return out, config
@@ -241,6 +244,61 @@ def modules_at(run: Run, step: int, rank: int) -> pd.DataFrame:
             table[col] = np.nan
     order = ["module", *MODULE_COLUMNS]
     return table[[c for c in order if c in table.columns] + [c for c in table.columns if c not in order]]
+
+
+def step_marks(run: Run, step: int, rank: int, table: pd.DataFrame) -> dict[str, str]:
+    """What the step view says beside a module at ``step``: each finding of that step at its module
+    (the ``nonfinite-forward`` producer by the name the finding used, a module without parameters
+    too), and the first module in order whose gradient holds NaN/Inf."""
+    marks: dict[str, str] = {}
+    meta = run.meta
+    owner = dict(zip(meta.parameters, (meta.modules[i] for i in meta.parameter_modules), strict=True))
+    for f in ordered_findings(run):
+        if f.step == step and (f.rank in (None, rank) or run.world_size == 1):
+            said = "produced the first NaN/Inf" if f.code == "nonfinite-forward" else f.code
+            where = f.where if f.where in marks or f.code == "nonfinite-forward" else owner.get(f.where, f.where)
+            if said not in marks.get(where, "").split("; "):
+                marks[where] = f"{marks[where]}; {said}" if where in marks else said
+    if "nonfinite" in table.columns:
+        bad = table.loc[table["nonfinite"].fillna(0) > 0, "module"]
+        if len(bad):
+            name = str(bad.iloc[0])
+            marks[name] = f"{marks[name]}; {NONFINITE_GRADIENT}" if name in marks else NONFINITE_GRADIENT
+    return marks
+
+
+def marked_table(table: pd.DataFrame, marks: dict[str, str]) -> pd.DataFrame:
+    """``table`` with a ``mark`` column first and the marked modules on top (in the order of their
+    marks); a marked module the table lacks (one without parameters) gets a row of its own."""
+    if not marks:
+        return table
+    extra = [m for m in marks if m not in set(table["module"])]
+    out = pd.concat([table, pd.DataFrame({"module": extra})], ignore_index=True) if extra else table.copy()
+    out.insert(0, "mark", [marks.get(m, "") for m in out["module"]])
+    if extra:
+        out.loc[out["module"].isin(extra), "mark"] += " (no parameters of its own)"
+    order = {m: i for i, m in enumerate(marks)}
+    rank = out["module"].map(lambda m: order.get(m, len(order)))
+    return out.iloc[rank.argsort(kind="stable")].reset_index(drop=True)
+
+
+@dataclass(frozen=True)
+class StepView:
+    """What the step view shows: the modules at ``step`` (marked ones first, readable cells), the
+    column settings, and the per-module numbers not taken at that step."""
+
+    step: int
+    table: pd.DataFrame
+    config: dict[str, Any]
+    missing: tuple[str, ...]
+
+
+def step_view(run: Run, step: int, rank: int) -> StepView:
+    """The step view's data: :func:`modules_at` with :func:`step_marks`, in words (:func:`readable`)."""
+    at = modules_at(run, step, rank)
+    missing = tuple(column_label(c) for c in available_columns(run) if c != "grad_norm" and at[c].isna().all())
+    table, config = readable(marked_table(at, step_marks(run, step, rank, at)))
+    return StepView(step, table, config, missing)
 
 
 def rank_steps(run: Run, rank: int) -> np.ndarray:
