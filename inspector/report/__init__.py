@@ -25,11 +25,15 @@ from .model import Report
 from .options import DEFAULT_OPTIONS, SECTION_TITLES, SECTIONS, check_options, check_sections
 from .render import (
     CHROMIUM,
+    PACK_ALPHABET,
     SCHEMA_PATH,
     SCHEMA_VERSION,
     TEMPLATE_DIR,
     display_value,
+    PackedScript,
     load_schema,
+    pack_script,
+    packed_plotlyjs,
     render_html,
     render_markdown,
     render_pdf,
@@ -37,7 +41,7 @@ from .render import (
 from .sections import SECTION_BUILDERS, Context, SectionBuilder, SectionUnavailable, lab_section
 from .watch_run import watch_report
 
-__all__ = ["CHROMIUM", "DEFAULT_OPTIONS", "SCHEMA_PATH", "SCHEMA_VERSION", "SECTIONS", "SECTION_BUILDERS",
+__all__ = ["CHROMIUM", "DEFAULT_OPTIONS", "PACK_ALPHABET", "PackedScript", "pack_script", "packed_plotlyjs", "SCHEMA_PATH", "SCHEMA_VERSION", "SECTIONS", "SECTION_BUILDERS",
            "SECTION_TITLES", "TEMPLATE_DIR", "Context", "Report", "ReportFigure", "Section", "SectionBuilder",
            "SectionUnavailable", "Table", "build_report", "check_options", "check_sections", "display_value",
            "figure_data", "lab_report", "lab_section", "load_schema", "make_figure", "plain", "render_html",
