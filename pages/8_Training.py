@@ -7,10 +7,12 @@ from typing import Any
 
 import streamlit as st
 
+from inspector import run_report
 from inspector.figures import norm_heatmap
 from inspector.utils import markdown_text
 from inspector.watching import first_producer
 from ui.errors import guarded
+from ui.report_downloads import report_downloads
 from ui.runs import overlay_runs, pick_from_folders
 from ui.sidebar import model_picker
 from ui.tables import paged_table
@@ -170,6 +172,10 @@ def _show(opened: Opened) -> None:
         distributed_part(run, step, rank)
     elif run.world_size > 1:
         watch_ranks_part(run, step)
+    st.subheader("Run report")
+    st.caption("The run as one file to share: its verdict and findings, the figures above and the modules at "
+               "its first error's step. Each file is made when its button is pressed.")
+    report_downloads(lambda: run_report(run), "distributed-run" if run.kind == "check" else "run", "train_report")
 
 
 def live(upload: Any, path: str) -> None:

@@ -365,3 +365,21 @@ def test_the_step_view_marks_a_producer_without_parameters_and_the_first_nan_gra
     assert table["mark"].iloc[0] == "produced the first NaN/Inf (no parameters of its own)"
     assert table["mark"].iloc[1].endswith("NaN/Inf gradient (first in module order)")
     assert not table.isna().any().any()  # no cell the grid would write "None"
+
+
+def test_the_verdict_box_data_lists_the_first_of_each_kind(growing):
+    from inspector.watching import read_run
+    from ui.training_findings import verdict_view
+
+    path, writer = growing
+    spike = Finding("loss-spike", "warning", "(model)", "loss 40x its median").to_dict()
+    explode = Finding("exploding-gradient", "warning", "head", "1000x its median").to_dict()
+    frozen = Finding("frozen-parameters", "info", "embed", "embed.weight does not require grad").to_dict()
+    writer.write([_record(s, {0: [frozen], 4: [spike], 7: [explode], 9: [spike]}.get(s)) for s in range(10)])
+    view = verdict_view(read_run(path))
+    assert view.severity == "warning" and (view.first.step, view.first.code) == (4, "loss-spike")
+    assert view.line == ("No errors. First warning: step 4 · loss-spike at (model) — loss 40x its median "
+                         "(2 more warnings after it)")
+    # most severe first, then by step: spike 4 (row 0), explosion 7 (row 1), spike 9 (row 2), the information
+    assert [(i, f.code, f.step) for i, f in view.kinds] == [(0, "loss-spike", 4), (1, "exploding-gradient", 7),
+                                                            (3, "frozen-parameters", 0)]
