@@ -101,7 +101,8 @@ def _norms(opened: Opened, rank: int, steps: Any) -> int:
     """Norms per module and step, and the loss; returns the step picked."""
     run = opened.run
     st.subheader("Norms per module, over steps")
-    latest = st.checkbox("Follow the latest step", value=True, key="train_latest")
+    st.session_state.setdefault("train_latest", True)  # an address or a button may have set it already
+    latest = st.checkbox("Follow the latest step", key="train_latest")
     if latest or "train_step" not in st.session_state:
         st.session_state["train_step"] = int(steps[-1])
     wanted = st.number_input(
