@@ -128,8 +128,6 @@ def test_a_merged_low_rank_update_is_named_first_with_its_rank(tmp_path):
 
     import torch
 
-    from inspector.figures.compare import CHANGED, UNCHANGED
-
     state = {k: v.detach().clone() for k, v in load_model("sample:tiny-gpt2").model.state_dict().items()
              if k != "lm_head.weight"}
     torch.manual_seed(0)
@@ -144,7 +142,9 @@ def test_a_merged_low_rank_update_is_named_first_with_its_rank(tmp_path):
     assert any("**low-rank-update**: rank-2 update on 1 matrices" in i.value for i in at.info)
     bars = json.loads(at.get("plotly_chart")[0].proto.spec)
     colours = {t["name"]: t["marker"]["color"] for t in bars["data"]}
-    assert colours == {"changed": CHANGED, "bitwise unchanged": UNCHANGED}  # each legend entry its own colour
+    # one colour per trace, so each legend entry shows the colour of its own bars and marks
+    assert set(colours) == {"changed", "bitwise unchanged"} and all(isinstance(c, str) for c in colours.values())
+    assert colours["changed"] != colours["bitwise unchanged"]
     changed = next(t for t in bars["data"] if t["name"] == "changed")
     assert changed["x"] == ["transformer.h.0.attn.c_attn"]
     assert bars["layout"]["xaxis"]["categoryarray"][:2] == ["transformer.wte", "transformer.wpe"]  # model order

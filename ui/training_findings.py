@@ -10,7 +10,8 @@ from dataclasses import dataclass
 import streamlit as st
 
 from inspector.utils import grid_frame, markdown_text, module_label
-from inspector.watching import Run, StepFinding, finding_counts, ordered_findings, verdict
+from inspector.report import verdict_line
+from inspector.watching import Run, StepFinding, finding_counts, ordered_findings
 from ui.tables import paged_table
 from ui.training import Opened, findings_frame, findings_layout, timeline_of
 
@@ -34,25 +35,14 @@ class VerdictView:
     more_kinds: int
 
 
-def _first_line(f: StepFinding, label: str, more: int, noun: str) -> str:
-    at = f" rank {f.rank}" if f.rank else ""
-    tail = f" ({more:,} more {noun}{'s' if more != 1 else ''} after it)" if more > 0 else ""
-    return f"{label}: step {f.step:,}{at} · {f.code} at {module_label(f.where)} — {f.message}{tail}"
-
-
 def verdict_view(run: Run) -> VerdictView:
-    """The verdict box's data: an error leads (:func:`inspector.watching.verdict`); a run without
-    errors leads with its first warning (or information finding) in the same shape."""
+    """The verdict box's data: its line (:func:`inspector.report.verdict_line`: the first error, else the
+    first warning in the same shape) and the first finding of each code."""
     ordered = ordered_findings(run)
-    v = verdict(ordered)
     first = ordered[0] if ordered else None
+    line = verdict_line(ordered)
     if first is None:
-        return VerdictView("none", v.line(), None, (), 0)
-    if first.severity == "error":
-        line = v.line()
-    else:
-        noun = "warning" if first.severity == "warning" else "information finding"
-        line = _first_line(first, f"No errors. First {noun}", v.counts.get(first.severity, 0) - 1, noun)
+        return VerdictView("none", line, None, (), 0)
     kinds: dict[str, StepFinding] = {}
     for f in ordered:
         kinds.setdefault(f.code, f)
