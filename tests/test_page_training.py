@@ -383,3 +383,15 @@ def test_the_verdict_box_data_lists_the_first_of_each_kind(growing):
     # most severe first, then by step: spike 4 (row 0), explosion 7 (row 1), spike 9 (row 2), the information
     assert [(i, f.code, f.step) for i, f in view.kinds] == [(0, "loss-spike", 4), (1, "exploding-gradient", 7),
                                                             (3, "frozen-parameters", 0)]
+
+
+def test_the_run_report_downloads_in_every_format(growing):
+    import os
+
+    path, writer = growing
+    spike = Finding("loss-spike", "warning", "(model)", "loss 40x its median").to_dict()
+    writer.write([_record(s, [spike] if s == 1 else None) for s in range(3)])
+    at = run_page("8_Training.py", query={"run": str(path)})
+    labels = [b.proto.label.split(" ")[0] for b in at.get("download_button")]
+    pdf = ["PDF"] if os.access("/usr/bin/chromium", os.X_OK) else []  # made by Report.to_pdf when pressed
+    assert labels == ["HTML", "JSON", "Markdown", *pdf]
