@@ -355,8 +355,8 @@ def main() -> int:
     )
     print(f"\nper-layer charts / Training page: {per_layer_s / first:.1f}x the time, "
           f"{per_layer_bytes / sum(charts):.0f}x the bytes sent ({len(charts)} charts on the page)")
-    print("net: the page's seconds less the trivial Streamlit page's, timed just before it (the load factored "
-          "out); targets on net: open 3 s, a step 0.5 s")
+    print("net: the page's seconds less the trivial Streamlit page's, timed just before it (the load "
+          "factored out); targets on net: open 3 s, a step 0.5 s")
     ok = (net_open <= OPEN_S and net_pick <= STEP_S and max(charts) <= CHART_BYTES
           and not net_press > STEP_S)
     print("verdict:", "meets the targets" if ok else "MISSES a target")

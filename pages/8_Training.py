@@ -23,7 +23,6 @@ from ui.training import (
     distributed_part,
     file_key,
     loss_figure_of,
-    modules_at,
     nearest_step,
     norm_grid_of,
     open_run,
@@ -176,7 +175,8 @@ def _show(opened: Opened) -> None:
     st.subheader("Run report")
     st.caption("The run as one file to share: its verdict and findings, the figures above and the modules at "
                "its first error's step. Each file is made when its button is pressed.")
-    report_downloads(lambda: run_report(run), "distributed-run" if run.kind == "check" else "run", "train_report")
+    stem = "distributed-run" if run.kind == "check" else "run"
+    report_downloads(lambda: run_report(run), stem, "train_report")
 
 
 def live(upload: Any, path: str) -> None:

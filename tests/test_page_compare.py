@@ -134,7 +134,8 @@ def test_a_merged_low_rank_update_is_named_first_with_its_rank(tmp_path):
     w = state["transformer.h.0.attn.c_attn.weight"]  # (48, 16) += (48, 2) @ (2, 16): a merged rank-2 adapter
     state["transformer.h.0.attn.c_attn.weight"] = w + 0.05 * torch.randn(48, 2) @ torch.randn(2, 16)
     save_file(state, str(tmp_path / "merged.safetensors"))
-    at = run_page("9_Compare.py", source="sample:tiny-gpt2", query={"b": str(tmp_path / "merged.safetensors")})
+    merged = str(tmp_path / "merged.safetensors")
+    at = run_page("9_Compare.py", source="sample:tiny-gpt2", query={"b": merged})
     assert not at.exception and not at.error, [e.value for e in at.error]
     said = [m.value.replace("\\", "") for m in at.markdown if "Changed:" in m.value]
     assert len(said) == 1 and "Changed: transformer.h.0.attn.c_attn.weight (‖B−A‖/‖A‖ " in said[0]
@@ -143,11 +144,13 @@ def test_a_merged_low_rank_update_is_named_first_with_its_rank(tmp_path):
     bars = json.loads(at.get("plotly_chart")[0].proto.spec)
     colours = {t["name"]: t["marker"]["color"] for t in bars["data"]}
     # one colour per trace, so each legend entry shows the colour of its own bars and marks
-    assert set(colours) == {"changed", "bitwise unchanged"} and all(isinstance(c, str) for c in colours.values())
+    assert set(colours) == {"changed", "bitwise unchanged"}
+    assert all(isinstance(c, str) for c in colours.values())
     assert colours["changed"] != colours["bitwise unchanged"]
     changed = next(t for t in bars["data"] if t["name"] == "changed")
     assert changed["x"] == ["transformer.h.0.attn.c_attn"]
-    assert bars["layout"]["xaxis"]["categoryarray"][:2] == ["transformer.wte", "transformer.wpe"]  # model order
+    # in model order
+    assert bars["layout"]["xaxis"]["categoryarray"][:2] == ["transformer.wte", "transformer.wpe"]
 
 
 def test_two_runs_name_the_module_that_went_non_finite_first(tmp_path):

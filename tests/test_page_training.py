@@ -263,7 +263,8 @@ def test_a_run_with_only_warnings_opens_on_the_first_one_and_a_button_to_its_ste
     writer.write([_record(s, {1: [spike], 3: [dead, spike]}.get(s)) for s in range(6)])
     at = run_page("8_Training.py", query={"run": str(path)})
     said = [m.value.replace("\\", "") for m in at.markdown if "No errors" in m.value]
-    assert len(said) == 1 and said[0].startswith(":orange[:material/warning: **No errors. First warning: step 1 ")
+    assert len(said) == 1
+    assert said[0].startswith(":orange[:material/warning: **No errors. First warning: step 1 ")
     assert "loss-spike at (model) — loss 40x its median (2 more warnings after it)" in said[0]
     # the first of each other kind, with its own button
     kinds = [m.value for m in at.markdown if "**dead-gradient**" in m.value]
@@ -351,7 +352,7 @@ def test_the_step_view_marks_a_producer_without_parameters_and_the_first_nan_gra
 
     model[1].register_forward_hook(poison)
     path = tmp_path / "relu.inspect"
-    with watch(model, opt, path, nonfinite=True) as w:
+    with watch(model, opt, path, nonfinite=True):
         for _ in range(5):
             model(torch.randn(4, 8)).pow(2).mean().backward()
             opt.step()
@@ -381,8 +382,8 @@ def test_the_verdict_box_data_lists_the_first_of_each_kind(growing):
     assert view.line == ("No errors. First warning: step 4 · loss-spike at (model) — loss 40x its median "
                          "(2 more warnings after it)")
     # most severe first, then by step: spike 4 (row 0), explosion 7 (row 1), spike 9 (row 2), the information
-    assert [(i, f.code, f.step) for i, f in view.kinds] == [(0, "loss-spike", 4), (1, "exploding-gradient", 7),
-                                                            (3, "frozen-parameters", 0)]
+    assert [(i, f.code, f.step) for i, f in view.kinds] == [
+        (0, "loss-spike", 4), (1, "exploding-gradient", 7), (3, "frozen-parameters", 0)]
 
 
 def test_the_run_report_downloads_in_every_format(growing):

@@ -14,9 +14,9 @@ from torch import nn
 from inspector import Finding, InspectorError, LoadedModel, load_model
 from inspector.__main__ import main
 from inspector.report import (
+    PACK_ALPHABET,
     SECTION_BUILDERS,
     SECTIONS,
-    PACK_ALPHABET,
     PackedScript,
     Report,
     Section,
@@ -166,10 +166,11 @@ def test_figures_are_inlined_once_and_escaped_inside_the_script():
     assert html.count('class="figure"') == 2
     # one packed copy of plotly.js for both figures, which unpacks to the installed one exactly
     assert html.count('id="report-plotly"') == 1 and "* plotly.js v" not in html
-    packed = re.search(r'id="report-plotly" data-alphabet="([^"]*)" data-packed="(\d+)" data-size="(\d+)">([^<]*)<',
-                       html)
+    packed = re.search(
+        r'id="report-plotly" data-alphabet="([^"]*)" data-packed="(\d+)" data-size="(\d+)">([^<]*)<', html)
     assert packed.group(1) == PACK_ALPHABET
-    assert PackedScript(packed.group(4), int(packed.group(2)), int(packed.group(3))).unpack() == get_plotlyjs()
+    script = PackedScript(packed.group(4), int(packed.group(2)), int(packed.group(3)))
+    assert script.unpack() == get_plotlyjs()
     assert len(html) < len(get_plotlyjs()) / 3
     assert HOSTILE not in html and "</script><script" not in html
     # the figure's data became plain lists and the summary table describes the trace

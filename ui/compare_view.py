@@ -119,8 +119,8 @@ class ChangedFirst:
     def line(self) -> str:
         """``Changed: h.0.mlp.c_fc.weight (‖B−A‖/‖A‖ 0.0123, rank-1 update)`` and how many more."""
         parts = []
-        for name, status, rel, rank in self.changed[["name", "status", "rel_change", "update_rank"]].itertuples(
-                index=False):
+        rows = self.changed[["name", "status", "rel_change", "update_rank"]].itertuples(index=False)
+        for name, status, rel, rank in rows:
             said = [] if status == "changed" else [str(status)]
             said += [] if rel != rel else [f"‖B−A‖/‖A‖ {rel:.4g}"]
             said += [] if rank is None or rank != rank else [f"rank-{int(rank)} update"]

@@ -256,7 +256,8 @@ def step_marks(run: Run, step: int, rank: int, table: pd.DataFrame) -> dict[str,
     for f in ordered_findings(run):
         if f.step == step and (f.rank in (None, rank) or run.world_size == 1):
             said = "produced the first NaN/Inf" if f.code == "nonfinite-forward" else f.code
-            where = f.where if f.where in marks or f.code == "nonfinite-forward" else owner.get(f.where, f.where)
+            named = f.where in marks or f.code == "nonfinite-forward"  # a producer keeps the finding's name
+            where = f.where if named else owner.get(f.where, f.where)
             if said not in marks.get(where, "").split("; "):
                 marks[where] = f"{marks[where]}; {said}" if where in marks else said
     if "nonfinite" in table.columns:
@@ -296,7 +297,8 @@ class StepView:
 def step_view(run: Run, step: int, rank: int) -> StepView:
     """The step view's data: :func:`modules_at` with :func:`step_marks`, in words (:func:`readable`)."""
     at = modules_at(run, step, rank)
-    missing = tuple(column_label(c) for c in available_columns(run) if c != "grad_norm" and at[c].isna().all())
+    missing = tuple(column_label(c) for c in available_columns(run)
+                    if c != "grad_norm" and at[c].isna().all())
     table, config = readable(marked_table(at, step_marks(run, step, rank, at)))
     return StepView(step, table, config, missing)
 
@@ -332,16 +334,16 @@ def check_ranks_view(dist: Run, step: int, rank: int) -> CheckRanksView:
     found = unique_findings(dist)
     findings = pd.DataFrame([{"code": f.code, "where": f.where, "steps": ", ".join(map(str, s))}
                              for s, f in found], columns=["code", "where", "steps"])
-    caption = (f"{dist.world_size} ranks on {markdown_text(dist.backend)}. Each rank's gradient norm is the norm "
-               "of the pieces it holds; the pale band is the global norm (what `clip_grad_norm_` returns). A gap "
-               "in a rank's line is a step where its gradients were not finite.")
+    caption = (f"{dist.world_size} ranks on {markdown_text(dist.backend)}. Each rank's gradient norm is the "
+               "norm of the pieces it holds; the pale band is the global norm (what `clip_grad_norm_` "
+               "returns). A gap in a rank's line is a step where its gradients were not finite.")
     at = nearest_step(np.unique(dist.per_rank["step"].to_numpy()), step)
     rows, rows_config = readable(dist.per_rank[dist.per_rank["rank"] == rank])
     tensors, tensors_config = readable(dist.tensors_at(at).drop(columns=["mesh"]))
     tensors = tensors.astype({c: str for c in tensors.columns if c not in tensors_config})
     return CheckRanksView(caption, findings, grad_norm_figure(dist.per_rank, dist.totals),
-                          memory_figure(dist.per_rank, at), at, rank, rank_issues(dist, rank), rows, rows_config,
-                          tensors, tensors_config)
+                          memory_figure(dist.per_rank, at), at, rank, rank_issues(dist, rank), rows,
+                          rows_config, tensors, tensors_config)
 
 
 def draw_check_ranks(view: CheckRanksView) -> None:

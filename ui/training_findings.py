@@ -9,8 +9,8 @@ from dataclasses import dataclass
 
 import streamlit as st
 
-from inspector.utils import grid_frame, markdown_text, module_label
 from inspector.report import verdict_line
+from inspector.utils import grid_frame, markdown_text, module_label
 from inspector.watching import Run, StepFinding, finding_counts, ordered_findings
 from ui.tables import paged_table
 from ui.training import Opened, findings_frame, findings_layout, timeline_of

@@ -55,7 +55,8 @@ def module_change_bars(modules: pd.DataFrame, depth: int | None = None) -> go.Fi
                       "<br>max |B−A| %{customdata[2]:.4g}<extra></extra>"))
     if any(unchanged):
         fig.add_trace(go.Scatter(x=[d[0] for d in data if d[5]], y=[0.0] * sum(unchanged), mode="markers",
-                                 name="bitwise unchanged", marker={"symbol": "x", "size": 10, "color": UNCHANGED},
+                                 name="bitwise unchanged",
+                                 marker={"symbol": "x", "size": 10, "color": UNCHANGED},
                                  hovertemplate="%{x}: every tensor bitwise equal<extra></extra>"))
     fig.update_layout(title=f"Change per module ({what}), in model order", yaxis_title="‖B−A‖ / ‖A‖",
                       height=380, margin={"l": 60, "r": 20, "t": 50, "b": 120}, showlegend=any(unchanged),

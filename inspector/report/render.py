@@ -116,8 +116,9 @@ def _script_json(data: Any) -> str:
     return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
 
 
-B85 = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz!#$%&()*+-;<=>?@^_`{|}~"  # base64.b85encode's
-PACK_ALPHABET = "".join(c for c in map(chr, range(33, 127)) if c not in "\"'<>&\\`$~")  # no '<': no "</script"
+B85 = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz!#$%&()*+-;<=>?@^_`{|}~"  # b85encode's
+# printable ASCII without quotes, '&', '>' and '<' (so no "</script" can appear), 85 characters
+PACK_ALPHABET = "".join(c for c in map(chr, range(33, 127)) if c not in "\"'<>&\\`$~")
 
 
 @dataclass(frozen=True)

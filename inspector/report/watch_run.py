@@ -74,8 +74,8 @@ def verdict_line(findings: Run | Iterable[StepFinding]) -> str:
     more = v.counts.get(first.severity, 0) - 1
     at = f" rank {first.rank}" if first.rank else ""
     tail = f" ({more:,} more {noun}{'s' if more != 1 else ''} after it)" if more > 0 else ""
-    return (f"No errors. First {noun}: step {first.step:,}{at} · {first.code} at {module_label(first.where)} — "
-            f"{first.message}{tail}")
+    return (f"No errors. First {noun}: step {first.step:,}{at} · {first.code} at "
+            f"{module_label(first.where)} — {first.message}{tail}")
 
 
 def watch_report(run: Run) -> Report:

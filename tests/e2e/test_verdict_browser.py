@@ -24,7 +24,8 @@ def site(chromium, tmp_path_factory):
 
     runs = tmp_path_factory.mktemp("verdict-runs")
     synthetic_run(runs / "warn.inspect", steps=2_000, modules=40)
-    with serve_app(ARTIFACTS / "verdict-streamlit.log", env=dict(os.environ, INSPECTOR_RUNS=str(runs))) as server:
+    env = dict(os.environ, INSPECTOR_RUNS=str(runs))
+    with serve_app(ARTIFACTS / "verdict-streamlit.log", env=env) as server:
         page = chromium.new_page(viewport=VIEWPORT)
         page.set_default_timeout(120_000)
         try:
