@@ -33,6 +33,7 @@ from ui.training import (
 from ui.training_findings import apply_address, set_address, show_findings, show_verdict
 
 REFRESH_S = 3
+SCROLL_TO_STEP = "<script>document.getElementById('step')?.scrollIntoView({block: 'nearest'});</script>"
 
 
 def _header() -> None:
@@ -146,6 +147,8 @@ def _step_part(opened: Opened, step: int, rank: int) -> None:
     """The modules at one step: the producer and the first NaN/Inf gradient marked and on top."""
     view = step_view(opened.run, step, rank)
     st.subheader(f"Modules at step {step:,}", anchor="step")
+    if st.session_state.pop("train_scroll", False):  # picked lower on the page: bring the view into sight
+        st.html(SCROLL_TO_STEP, unsafe_allow_javascript=True)
     if view.missing:
         st.caption(f"Not taken at this step: {', '.join(view.missing)} (a step whose gradients held NaN/Inf "
                    "records no parameter norm or update ratio).")

@@ -296,6 +296,11 @@ def test_the_address_opens_a_step_and_a_finding(growing):
     heading, table = _modules_at(at)
     assert heading == ["Modules at step 2"]
     assert table.iloc[0][["mark", "module"]].tolist() == ["dead-gradient", "blocks.0"]  # marked, on top
+    at = run_page("8_Training.py", query={"run": str(path), "step": "two", "finding": "9"})
+    assert [w.value for w in at.warning] == [
+        "The address names finding 9; this run has 1.",
+        "The address's step=two is no step number: the latest step is shown."]
+    assert _modules_at(at)[0] == ["Modules at step 5"]
 
 
 def test_a_real_nan_run_keeps_its_columns_marks_the_producer_and_is_followed_no_more(tmp_path):

@@ -57,6 +57,7 @@ def go_to(step: int, finding: int | None = None) -> None:
     st.session_state["train_latest"] = False
     st.session_state["train_step"] = int(step)
     st.session_state["train_finding"] = finding
+    st.session_state["train_scroll"] = True  # the step view comes into sight on the next run
     set_address(int(step), finding)
 
 
@@ -97,6 +98,8 @@ def apply_address(opened: Opened) -> None:
         st.session_state["train_latest"] = False
         st.session_state["train_step"] = int(step)
         st.session_state["train_finding"] = None
+    elif step is not None:
+        st.warning(f"The address's step={markdown_text(step)} is no step number: the latest step is shown.")
 
 
 def show_verdict(opened: Opened) -> None:

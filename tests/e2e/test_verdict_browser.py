@@ -68,6 +68,15 @@ def test_an_address_opens_a_step_and_a_finding_in_sight(site, wait_for_app):
     _open(page, f"{url}/Training?run={run}&step=700", wait_for_app)
     assert page.locator(STEP_HEADING).first.inner_text() == "Modules at step 700"
     assert _in_sight(page, STEP_HEADING)
+    # a finding picked from the list far below: the page comes back up to the step view
+    picker = page.locator(".st-key-train_jump")
+    picker.scroll_into_view_if_needed()
+    assert not _in_sight(page, STEP_HEADING)
+    picker.click()
+    page.get_by_role("option", name="step 1500 · exploding-gradient · layers.20").click()
+    page.wait_for_selector('[data-testid="stMain"] h3:has-text("Modules at step 1,500")')
+    wait_for_app(page)
+    assert _in_sight(page, STEP_HEADING) and "step=1500" in page.url
     _open(page, f"{url}/Training?run={run}&finding=1", wait_for_app)
     assert page.locator(STEP_HEADING).first.inner_text() == "Modules at step 1,500"
     assert _in_sight(page, STEP_HEADING) and "step=1500" in page.url
