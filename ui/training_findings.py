@@ -74,6 +74,7 @@ def set_address(step: int | None, finding: int | None = None) -> None:
 
 
 def address_of(params) -> tuple[str | None, str | None]:
+    """The ``step`` and ``finding`` an address names (None where it names none)."""
     return params.get("step"), params.get("finding")
 
 
