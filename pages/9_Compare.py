@@ -104,11 +104,14 @@ def show_runs(result: RunComparison, runs: tuple[object, object] = (None, None))
     c3.metric("Modules that part first", len(result.first_modules),
               help="Modules whose recorded numbers (gradient or parameter norm, update ratio) differ beyond "
                    "the tolerance at the first divergence")
-    for line in went_nonfinite(runs, (result.a, result.b)):
+    went = went_nonfinite(runs, (result.a, result.b))
+    for _, line in went:
         st.markdown(f":red[:material/error: **{markdown_text(line)}**]")
     findings_table(list(result.findings), key="cmp_run_findings")
     if result.first_modules:
-        st.markdown("Modules beyond the tolerance at the first divergence, largest first: "
+        why = (" (a run went non-finite there, so every module parts: the module that began it is named "
+               "above)" if any(step == result.first_divergence for step, _ in went) else "")
+        st.markdown(f"Modules beyond the tolerance at the first divergence{why}, largest first: "
                     + ", ".join(f"`{markdown_text(m)}`" for m in result.first_modules[:20]))
     nonfinite = tuple(None if r is None else nonfinite_steps(r) for r in runs)
     st.plotly_chart(run_divergence_figure(result.steps, result.first_divergence, result.a, result.b,

@@ -179,6 +179,8 @@ def test_two_runs_name_the_module_that_went_non_finite_first(tmp_path):
     at = run_page("9_Compare.py", source="sample:tiny-gpt2", query={"run_a": a, "run_b": b})
     at.radio(key="cmp_mode").set_value("two run files").run()
     assert not at.exception, [e.value for e in at.exception]
-    said = [m.value.replace("\\", "") for m in at.markdown if "went non-finite" in m.value]
+    said = [m.value.replace("\\", "") for m in at.markdown if "went non-finite at step" in m.value]
     assert len(said) == 1  # only B did; the producer (a module without parameters) named, not a.w
     assert "b.inspect went non-finite at step 6: gate — produced NaN/Inf from finite inputs" in said[0]
+    listed = [m.value for m in at.markdown if m.value.startswith("Modules beyond the tolerance")]
+    assert len(listed) == 1 and "a run went non-finite there, so every module parts" in listed[0]

@@ -142,10 +142,10 @@ def changed_first(result: Any) -> ChangedFirst:
     return ChangedFirst(shown, max(0, len(moved) - MOST_CHANGED), low)
 
 
-def went_nonfinite(runs: tuple[Any, Any], labels: tuple[str, str] = ("A", "B")) -> list[str]:
-    """For each run that went non-finite, where it began: the module that first produced a NaN/Inf
-    (its ``nonfinite-forward`` finding), else the first ``nonfinite-*`` finding's module, and the step;
-    the side that went first leads."""
+def went_nonfinite(runs: tuple[Any, Any], labels: tuple[str, str] = ("A", "B")) -> list[tuple[int, str]]:
+    """For each run that went non-finite, the step and where it began: the module that first produced a
+    NaN/Inf (its ``nonfinite-forward`` finding), else the first ``nonfinite-*`` finding's module; the
+    side that went first leads."""
     found = []
     for label, run in zip(labels, runs, strict=True):
         if run is None:
@@ -158,4 +158,4 @@ def went_nonfinite(runs: tuple[Any, Any], labels: tuple[str, str] = ("A", "B")) 
         lead = next((f for f in first if f.code == "nonfinite-forward"), first[0])
         what = "produced NaN/Inf from finite inputs" if lead.code == "nonfinite-forward" else f"{lead.code}"
         found.append((step, f"{label} went non-finite at step {step:,}: {module_label(lead.where)} — {what}"))
-    return [line for _, line in sorted(found, key=lambda p: p[0])]
+    return sorted(found, key=lambda p: p[0])
