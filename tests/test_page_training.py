@@ -368,8 +368,8 @@ def test_the_step_view_marks_a_producer_without_parameters_and_the_first_nan_gra
     heading, table = _modules_at(at)
     assert heading == ["Modules at step 3"]
     assert table["module"].tolist()[:2] == ["1", "0"]  # the producer, then the first NaN gradient in order
-    assert table["mark"].iloc[0] == "produced the first NaN/Inf (no parameters of its own)"
-    assert table["mark"].iloc[1].endswith("NaN/Inf gradient (first in module order)")
+    assert table["mark"].iloc[0] == "produced the NaN/Inf (no parameters)"
+    assert table["mark"].iloc[1].endswith("first NaN/Inf gradient")
     assert not table.isna().any().any()  # no cell the grid would write "None"
 
 

@@ -46,7 +46,8 @@ BYTES_COLUMNS = (
 )
 NORM_COLUMNS = ("grad_norm", "param_norm", "update_ratio", "local_grad_norm", "loss")
 GRAD_COLUMNS = ("grad_norm", "local_grad_norm")
-NONFINITE_GRADIENT = "NaN/Inf gradient (first in module order)"
+NONFINITE_GRADIENT = "first NaN/Inf gradient"  # the first module, in module order
+PRODUCER = "produced the NaN/Inf"  # the module of the step's nonfinite-forward finding
 LABELS = {
     "grad_norm": "gradient norm",
     "param_norm": "parameter norm",
@@ -255,7 +256,7 @@ def step_marks(run: Run, step: int, rank: int, table: pd.DataFrame) -> dict[str,
     owner = dict(zip(meta.parameters, (meta.modules[i] for i in meta.parameter_modules), strict=True))
     for f in ordered_findings(run):
         if f.step == step and (f.rank in (None, rank) or run.world_size == 1):
-            said = "produced the first NaN/Inf" if f.code == "nonfinite-forward" else f.code
+            said = PRODUCER if f.code == "nonfinite-forward" else f.code
             named = f.where in marks or f.code == "nonfinite-forward"  # a producer keeps the finding's name
             where = f.where if named else owner.get(f.where, f.where)
             if said not in marks.get(where, "").split("; "):
@@ -277,7 +278,7 @@ def marked_table(table: pd.DataFrame, marks: dict[str, str]) -> pd.DataFrame:
     out = pd.concat([table, pd.DataFrame({"module": extra})], ignore_index=True) if extra else table.copy()
     out.insert(0, "mark", [marks.get(m, "") for m in out["module"]])
     if extra:
-        out.loc[out["module"].isin(extra), "mark"] += " (no parameters of its own)"
+        out.loc[out["module"].isin(extra), "mark"] += " (no parameters)"
     order = {m: i for i, m in enumerate(marks)}
     rank = out["module"].map(lambda m: order.get(m, len(order)))
     return out.iloc[rank.argsort(kind="stable")].reset_index(drop=True)
