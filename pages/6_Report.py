@@ -2,17 +2,14 @@
 
 from __future__ import annotations
 
-import os
-import tempfile
-from pathlib import Path
-
 import streamlit as st
 
 from inspector import SECTIONS, LoadedModel, Report, build_report
-from inspector.report import CHROMIUM, SECTION_TITLES
+from inspector.report import SECTION_TITLES
 from inspector.utils import markdown_text
 from ui.cache import cached_analysis
 from ui.errors import guarded
+from ui.report_downloads import report_downloads
 from ui.sidebar import model_picker
 
 MAX_BATCH, MAX_STEPS = 64, 300
@@ -145,33 +142,14 @@ def _overview(report: Report) -> None:
             )
 
 
-def _downloads(loaded: LoadedModel, report: Report, request: tuple) -> str | None:
+def _downloads(loaded: LoadedModel, report: Report) -> str | None:
     """HTML, JSON, Markdown and PDF downloads; returns the Markdown (None when rendering failed)."""
     stem = f"report-{loaded.name}".replace("/", "_").replace(":", "_")
     st.subheader("Download")
-    d1, d2, d3, d4 = st.columns(4)
     markdown = None
-    pdf_key = (st.session_state["mi_selection"].key, request)
     with guarded("rendering the report"):
-        d1.download_button("HTML (interactive, offline)", report.to_html(), f"{stem}.html", "text/html",
-                           key="dl_html")
-        d2.download_button("JSON (machine-readable)", report.to_json(), f"{stem}.json", "application/json",
-                           key="dl_json")
+        report_downloads(report, stem, "dl")
         markdown = report.to_markdown()
-        d3.download_button("Markdown (for an issue tracker)", markdown, f"{stem}.md", "text/markdown",
-                           key="dl_md")
-        if os.access(CHROMIUM, os.X_OK):
-            if d4.button("Make PDF", key="make_pdf"):
-                with st.spinner("Printing with Chromium…"), tempfile.TemporaryDirectory() as tmp:
-                    st.session_state["report_pdf"] = (
-                        pdf_key,
-                        report.to_pdf(Path(tmp) / "report.pdf").read_bytes(),
-                    )
-            pdf = st.session_state.get("report_pdf")
-            if pdf is not None and pdf[0] == pdf_key:
-                d4.download_button("PDF", pdf[1], f"{stem}.pdf", "application/pdf", key="dl_pdf")
-        else:
-            d4.caption(f"PDF needs Chromium at {CHROMIUM}; download the HTML and print it from a browser.")
     return markdown
 
 
@@ -189,7 +167,7 @@ def main() -> None:
     if report is None:
         return
     _overview(report)
-    markdown = _downloads(loaded, report, request)
+    markdown = _downloads(loaded, report)
     if markdown is not None:
         with st.expander("Preview (Markdown)", expanded=True):
             st.markdown(markdown)

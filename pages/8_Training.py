@@ -7,10 +7,12 @@ from typing import Any
 
 import streamlit as st
 
+from inspector import run_report
 from inspector.figures import norm_heatmap
 from inspector.utils import markdown_text
 from inspector.watching import first_producer
 from ui.errors import guarded
+from ui.report_downloads import report_downloads
 from ui.runs import overlay_runs, pick_from_folders
 from ui.sidebar import model_picker
 from ui.tables import paged_table
@@ -21,17 +23,17 @@ from ui.training import (
     distributed_part,
     file_key,
     loss_figure_of,
-    modules_at,
     nearest_step,
     norm_grid_of,
     open_run,
     rank_steps,
-    readable,
+    step_view,
     watch_ranks_part,
 )
-from ui.training_findings import show_findings, show_verdict
+from ui.training_findings import apply_address, set_address, show_findings, show_verdict
 
 REFRESH_S = 3
+SCROLL_TO_STEP = "<script>document.getElementById('step')?.scrollIntoView({block: 'nearest'});</script>"
 
 
 def _header() -> None:
@@ -72,10 +74,14 @@ def _source() -> tuple[Any, str, bool]:
     return upload, path, follow
 
 
+def _ranks(opened: Opened) -> list[int]:
+    return sorted(int(r) for r in opened.run.steps["rank"].unique())
+
+
 def _overview(opened: Opened) -> tuple[int, Any]:
     """Which rank, the run in numbers, and its findings; returns the rank and its steps."""
     run = opened.run
-    ranks = sorted(int(r) for r in run.steps["rank"].unique())
+    ranks = _ranks(opened)
     rank = st.selectbox("Rank", ranks, key="train_rank") if len(ranks) > 1 else ranks[0]
     steps = rank_steps(run, rank)
     cols = st.columns(5)
@@ -95,7 +101,8 @@ def _norms(opened: Opened, rank: int, steps: Any) -> int:
     """Norms per module and step, and the loss; returns the step picked."""
     run = opened.run
     st.subheader("Norms per module, over steps")
-    latest = st.checkbox("Follow the latest step", value=True, key="train_latest")
+    st.session_state.setdefault("train_latest", True)  # an address or a button may have set it already
+    latest = st.checkbox("Follow the latest step", key="train_latest")
     if latest or "train_step" not in st.session_state:
         st.session_state["train_step"] = int(steps[-1])
     wanted = st.number_input(
@@ -106,6 +113,7 @@ def _norms(opened: Opened, rank: int, steps: Any) -> int:
         help="The step of the table below and of the dotted line; the nearest recorded step is shown.",
     )
     step = nearest_step(steps, int(wanted))
+    _keep_address(None if latest else step)
     column = st.radio("Per module", available_columns(run), horizontal=True, key="train_column",
                       format_func=column_label)
     grid = norm_grid_of(opened, opened.key, column, rank)
@@ -119,25 +127,59 @@ def _norms(opened: Opened, rank: int, steps: Any) -> int:
     return step
 
 
+def _keep_address(step: int | None) -> None:
+    """The address follows the step picked by hand (``&step=N``), or drops it while following the latest;
+    ``&finding=K`` stays while its finding's step is the one shown."""
+    current = st.query_params.get("step")
+    if step is None and current is None or step is not None and current == str(step):
+        return
+    set_address(step, st.session_state.get("train_finding") if step is not None else None)
+
+
+def _picked(opened: Opened, rank: int) -> int | None:
+    """The step picked (by a button, a finding, the address or by hand), None while following the latest."""
+    if st.session_state.get("train_latest", True) or "train_step" not in st.session_state:
+        return None
+    return nearest_step(rank_steps(opened.run, rank), int(st.session_state["train_step"]))
+
+
+def _step_part(opened: Opened, step: int, rank: int) -> None:
+    """The modules at one step: the producer and the first NaN/Inf gradient marked and on top."""
+    view = step_view(opened.run, step, rank)
+    st.subheader(f"Modules at step {step:,}", anchor="step")
+    if st.session_state.pop("train_scroll", False):  # picked lower on the page: bring the view into sight
+        st.html(SCROLL_TO_STEP, unsafe_allow_javascript=True)
+    if view.missing:
+        st.caption(f"Not taken at this step: {', '.join(view.missing)} (a step whose gradients held NaN/Inf "
+                   "records no parameter norm or update ratio).")
+    paged_table(view.table, "train_modules", column_config=view.config, filter_columns=["module"])
+
+
 def _show(opened: Opened) -> None:
-    """Everything about one opened run."""
+    """Everything about one opened run: the verdict, the step picked right under it (a button, a
+    finding or the address took the page there), then the run, its norms and its ranks."""
     run = opened.run
+    apply_address(opened)
     show_verdict(opened)
+    ranks = _ranks(opened)
+    wanted_rank = st.session_state.get("train_rank")
+    picked = _picked(opened, wanted_rank if wanted_rank in ranks else ranks[0])
+    if picked is not None:
+        _step_part(opened, picked, wanted_rank if wanted_rank in ranks else ranks[0])
     rank, steps = _overview(opened)
     step = _norms(opened, rank, steps)
-    st.subheader(f"Modules at step {step:,}")
-    at = modules_at(run, step, rank)
-    missing = [column_label(c) for c in available_columns(run) if c != "grad_norm" and at[c].isna().all()]
-    if missing:
-        st.caption(f"Not taken at this step: {', '.join(missing)} (a step whose gradients held NaN/Inf "
-                   "records no parameter norm or update ratio).")
-    table, config = readable(at)
-    paged_table(table, "train_modules", column_config=config, filter_columns=["module"])
+    if picked is None:
+        _step_part(opened, step, rank)
 
     if run.kind == "check":
         distributed_part(run, step, rank)
     elif run.world_size > 1:
         watch_ranks_part(run, step)
+    st.subheader("Run report")
+    st.caption("The run as one file to share: its verdict and findings, the figures above and the modules at "
+               "its first error's step. Each file is made when its button is pressed.")
+    stem = "distributed-run" if run.kind == "check" else "run"
+    report_downloads(lambda: run_report(run), stem, "train_report")
 
 
 def live(upload: Any, path: str) -> None:

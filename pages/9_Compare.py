@@ -13,12 +13,14 @@ from inspector.utils import markdown_text
 from inspector.watching import parse_run_bytes, read_run
 from ui.cache import cached_analysis
 from ui.compare_view import (
+    changed_first,
     nonfinite_steps,
     run_module_config,
     run_module_rows,
     run_step_config,
     run_step_rows,
     tensor_rows,
+    went_nonfinite,
 )
 from ui.errors import guarded
 from ui.paths import server_source
@@ -75,6 +77,10 @@ def show_weights(result: WeightComparison) -> None:
     c4.metric("Only in A / only in B", f"{f['missing']} / {f['extra']}",
               help="Names one side lacks. A tied name a file stores once (as safetensors saves a tie) is not "
                    "counted: loading fills it through the tie (status stored-once below).")
+    first = changed_first(result)
+    st.markdown(f":blue[**{markdown_text(first.line())}**]")
+    for message in first.low_rank:
+        st.info(f"**low-rank-update**: {markdown_text(message)}", icon=":material/linear_scale:")
     st.caption(markdown_text(f["summary"]))
     st.subheader("Findings")
     findings_table(
@@ -98,9 +104,14 @@ def show_runs(result: RunComparison, runs: tuple[object, object] = (None, None))
     c3.metric("Modules that part first", len(result.first_modules),
               help="Modules whose recorded numbers (gradient or parameter norm, update ratio) differ beyond "
                    "the tolerance at the first divergence")
+    went = went_nonfinite(runs, (result.a, result.b))
+    for _, line in went:
+        st.markdown(f":red[:material/error: **{markdown_text(line)}**]")
     findings_table(list(result.findings), key="cmp_run_findings")
     if result.first_modules:
-        st.markdown("Modules beyond the tolerance at the first divergence, largest first: "
+        why = (" (a run went non-finite there, so every module parts: the module that began it is named "
+               "above)" if any(step == result.first_divergence for step, _ in went) else "")
+        st.markdown(f"Modules beyond the tolerance at the first divergence{why}, largest first: "
                     + ", ".join(f"`{markdown_text(m)}`" for m in result.first_modules[:20]))
     nonfinite = tuple(None if r is None else nonfinite_steps(r) for r in runs)
     st.plotly_chart(run_divergence_figure(result.steps, result.first_divergence, result.a, result.b,

@@ -121,3 +121,66 @@ def test_the_tensor_table_leads_with_what_changed():
     frame = pd.DataFrame([["w", "w", "changed", "m", (2,), (2,), "float32", "float32", "cpu", "cpu", 2, 0.5,
                            1.0]], columns=cols)
     assert tensor_rows(frame).columns[:4].tolist() == ["name", "status", "rel_change", "max_abs"]
+
+
+def test_a_merged_low_rank_update_is_named_first_with_its_rank(tmp_path):
+    import json
+
+    import torch
+
+    state = {k: v.detach().clone() for k, v in load_model("sample:tiny-gpt2").model.state_dict().items()
+             if k != "lm_head.weight"}
+    torch.manual_seed(0)
+    w = state["transformer.h.0.attn.c_attn.weight"]  # (48, 16) += (48, 2) @ (2, 16): a merged rank-2 adapter
+    state["transformer.h.0.attn.c_attn.weight"] = w + 0.05 * torch.randn(48, 2) @ torch.randn(2, 16)
+    save_file(state, str(tmp_path / "merged.safetensors"))
+    merged = str(tmp_path / "merged.safetensors")
+    at = run_page("9_Compare.py", source="sample:tiny-gpt2", query={"b": merged})
+    assert not at.exception and not at.error, [e.value for e in at.error]
+    said = [m.value.replace("\\", "") for m in at.markdown if "Changed:" in m.value]
+    assert len(said) == 1 and "Changed: transformer.h.0.attn.c_attn.weight (‖B−A‖/‖A‖ " in said[0]
+    assert said[0].endswith(", rank-2 update)**]")
+    assert any("**low-rank-update**: rank-2 update on 1 matrices" in i.value for i in at.info)
+    bars = json.loads(at.get("plotly_chart")[0].proto.spec)
+    colours = {t["name"]: t["marker"]["color"] for t in bars["data"]}
+    # one colour per trace, so each legend entry shows the colour of its own bars and marks
+    assert set(colours) == {"changed", "bitwise unchanged"}
+    assert all(isinstance(c, str) for c in colours.values())
+    assert colours["changed"] != colours["bitwise unchanged"]
+    changed = next(t for t in bars["data"] if t["name"] == "changed")
+    assert changed["x"] == ["transformer.h.0.attn.c_attn"]
+    # in model order
+    assert bars["layout"]["xaxis"]["categoryarray"][:2] == ["transformer.wte", "transformer.wpe"]
+
+
+def test_two_runs_name_the_module_that_went_non_finite_first(tmp_path):
+    import numpy as np
+
+    from inspector import Finding
+    from inspector.watching import RunMeta, RunWriter, StepRecord
+
+    def write(path, nan_from=None):
+        meta = RunMeta(model="m", world_size=1, every=1, modules=("a", "b"), parameters=("a.w", "b.w"),
+                       parameter_modules=(0, 1))
+        with RunWriter(path, meta) as w:
+            for s in range(10):
+                bad = nan_from is not None and s >= nan_from
+                g = np.array([np.nan, np.nan] if bad else [1.0, 2.0], np.float32)
+                found = [Finding("nonfinite-gradient", "error", "a.w", "NaN gradient").to_dict(),
+                         Finding("nonfinite-forward", "error", "gate", "produced NaN").to_dict()] \
+                    if s == nan_from else []
+                w.write([StepRecord(step=s, rank=0, time=float(s), loss=1.0, grad_norm=float(g.sum()),
+                                    nonfinite=4 if bad else 0, module_grad_norm=g, param_grad_norm=g,
+                                    module_nonfinite=np.array([2, 2] if bad else [0, 0], np.int32),
+                                    findings=found)])
+        return str(path)
+
+    a, b = write(tmp_path / "a.inspect"), write(tmp_path / "b.inspect", nan_from=6)
+    at = run_page("9_Compare.py", source="sample:tiny-gpt2", query={"run_a": a, "run_b": b})
+    at.radio(key="cmp_mode").set_value("two run files").run()
+    assert not at.exception, [e.value for e in at.exception]
+    said = [m.value.replace("\\", "") for m in at.markdown if "went non-finite at step" in m.value]
+    assert len(said) == 1  # only B did; the producer (a module without parameters) named, not a.w
+    assert "b.inspect went non-finite at step 6: gate — produced NaN/Inf from finite inputs" in said[0]
+    listed = [m.value for m in at.markdown if m.value.startswith("Modules beyond the tolerance")]
+    assert len(listed) == 1 and "a run went non-finite there, so every module parts" in listed[0]

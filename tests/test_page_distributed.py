@@ -181,3 +181,26 @@ def test_an_uploaded_run_file_is_shown_and_a_bad_one_is_named(world2):
     assert [e.value for e in at.error] == [markdown_text(
         'notes.jsonl line 1 is not a check_step record (no "format": "inspector-distributed")')]
     assert len(at.metric) == 0  # the page stops before the figures
+
+
+def test_the_per_rank_parts_are_data_built_without_a_page(shard_none, tmp_path):
+    """What the per-rank parts show comes from one function each, drawn by another: the data here."""
+    from inspector.watching import read_run as read_any
+    from inspector.watching import synthetic_run
+    from ui.training import check_ranks_view, watch_ranks_view
+
+    view = check_ranks_view(read_any(shard_none), step=5, rank=1)  # step 5 is not there: the nearest, 1
+    assert view.at == 1 and view.rank == 1
+    assert view.findings.values.tolist() == [["gradient-not-synchronized", "fc.weight", "0, 1"],
+                                             ["gradient-not-synchronized", "fc.bias", "0, 1"],
+                                             ["replica-drift", "bn.running_mean", "0, 1"]]
+    assert len(view.issues) == 6  # per step: two unsynchronized gradients and the drifting buffer
+    assert view.rows[["step", "rss"]].values.tolist() == [[0, "512.0 MiB"], [1, "512.0 MiB"]]
+    assert view.tensors["name"].tolist() == ["fc.weight", "fc.bias", "bn.running_mean"]
+    assert view.memory.layout.title.text == "Memory per rank at step 1"
+
+    synthetic_run(tmp_path / "two.inspect", steps=40, modules=6, world_size=2)
+    watched = watch_ranks_view(read_any(tmp_path / "two.inspect"), step=17)
+    assert watched.at == 17 and watched.memory is None  # synthetic runs record no memory
+    assert watched.rows[["step", "rank"]].values.tolist() == [[17, 0], [17, 1]]
+    assert [t.name for t in watched.norms.data] == ["rank 0", "rank 1"]

@@ -183,7 +183,8 @@ def test_the_modules_table_names_its_columns_and_writes_a_non_finite_gradient_no
                           "param_norm": [1.5, 2.0, np.nan], "nonfinite": [144.0, 0.0, 0.0]})
     table, config = readable(frame)
     assert table["grad_norm"].tolist() == ["NaN/Inf", "", "0.25"]
-    assert np.isnan(table["param_norm"].iloc[2])  # a value not taken stays empty, numbers stay numbers
+    # a value not taken is an empty cell, never the grid's "None" for a null
+    assert table["param_norm"].tolist() == ["1.5", "2", ""]
     assert {c: config[c]["label"] for c in ("grad_norm", "param_norm", "nonfinite")} == {
         "grad_norm": "gradient norm", "param_norm": "parameter norm", "nonfinite": "NaN/Inf gradient values"}
     assert config["nonfinite"]["type_config"]["format"] == "%d"
@@ -255,14 +256,51 @@ def test_the_page_opens_with_the_first_error_and_a_button_to_its_step(growing):
     assert _modules_at(at)[0] == ["Modules at step 3"]
 
 
-def test_a_run_without_errors_says_so_first(growing):
+def test_a_run_with_only_warnings_opens_on_the_first_one_and_a_button_to_its_step(growing):
     path, writer = growing
     spike = Finding("loss-spike", "warning", "(model)", "loss 40x its median").to_dict()
-    writer.write([_record(s, [spike] if s == 1 else None) for s in range(3)])
+    dead = Finding("dead-gradient", "warning", "head", "zero for 2 steps").to_dict()
+    writer.write([_record(s, {1: [spike], 3: [dead, spike]}.get(s)) for s in range(6)])
     at = run_page("8_Training.py", query={"run": str(path)})
-    said = [m.value for m in at.markdown if "No errors" in m.value]
-    assert said == [":material/warning: No errors; 1 warning."]
-    assert not [b for b in at.button if b.key == "train_verdict_go"]
+    said = [m.value.replace("\\", "") for m in at.markdown if "No errors" in m.value]
+    assert len(said) == 1
+    assert said[0].startswith(":orange[:material/warning: **No errors. First warning: step 1 ")
+    assert "loss-spike at (model) — loss 40x its median (2 more warnings after it)" in said[0]
+    # the first of each other kind, with its own button
+    kinds = [m.value for m in at.markdown if "**dead-gradient**" in m.value]
+    assert len(kinds) == 1 and kinds[0].startswith(":material/warning: step 3 · ")
+    assert [b.label for b in at.button if b.key.startswith("train_verdict_go")] == ["Go to step 1", "Step 3"]
+    at.button(key="train_verdict_go").click().run()
+    assert not at.exception
+    assert at.number_input(key="train_step").value == 1
+    assert (at.query_params["step"], at.query_params["finding"]) == ("1", "1")  # the table's first finding
+    heading = [s.value for s in at.subheader]
+    assert heading.index("Modules at step 1") < heading.index("Findings")  # right under the verdict
+
+
+def test_the_address_opens_a_step_and_a_finding(growing):
+    path, writer = growing
+    dead = Finding("dead-gradient", "warning", "blocks.0", "zero for 2 steps").to_dict()
+    writer.write([_record(s, [dead] if s == 2 else None) for s in range(6)])
+    at = run_page("8_Training.py", query={"run": str(path), "step": "4"})
+    assert not at.error, [e.value for e in at.error]
+    heading, table = _modules_at(at)
+    assert heading == ["Modules at step 4"] and at.checkbox(key="train_latest").value is False
+    assert table.set_index("module").loc["head", "grad_norm"] == 500.0  # (4 + 1) * 100
+    at.number_input(key="train_step").set_value(3).run()  # by hand: the address follows
+    assert at.query_params["step"] == "3" and _modules_at(at)[0] == ["Modules at step 3"]
+    at.checkbox(key="train_latest").check().run()  # the latest again: the address names no step
+    assert "step" not in at.query_params and _modules_at(at)[0] == ["Modules at step 5"]
+
+    at = run_page("8_Training.py", query={"run": str(path), "finding": "1"})
+    heading, table = _modules_at(at)
+    assert heading == ["Modules at step 2"]
+    assert table.iloc[0][["mark", "module"]].tolist() == ["dead-gradient", "blocks.0"]  # marked, on top
+    at = run_page("8_Training.py", query={"run": str(path), "step": "two", "finding": "9"})
+    assert [w.value for w in at.warning] == [
+        "The address names finding 9; this run has 1.",
+        "The address's step=two is no step number: the latest step is shown."]
+    assert _modules_at(at)[0] == ["Modules at step 5"]
 
 
 def test_a_real_nan_run_keeps_its_columns_marks_the_producer_and_is_followed_no_more(tmp_path):
@@ -297,6 +335,69 @@ def test_a_real_nan_run_keeps_its_columns_marks_the_producer_and_is_followed_no_
     layer, star = heat["data"][1], heat["data"][2]
     assert layer["name"] == "NaN or Inf" and star["y"] == ["0"] and _array(star["x"]) == [7]
     _, table = _modules_at(at)  # step 9: every gradient NaN, no parameter norm taken, the column kept
-    assert {"param_norm", "update_ratio"} <= set(table.columns) and table["param_norm"].isna().all()
+    assert {"param_norm", "update_ratio"} <= set(table.columns) and set(table["param_norm"]) == {""}
     assert any("Not taken at this step: parameter norm" in c.value for c in at.caption)
     assert at.session_state["train_complete"] == str(path)  # complete: no fragment re-runs it any more
+
+
+def test_the_step_view_marks_a_producer_without_parameters_and_the_first_nan_gradient(tmp_path):
+    import torch
+    from torch import nn
+
+    from inspector import watch
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))  # "1", the ReLU, holds nothing
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    calls = []
+
+    def poison(module, inputs, output):  # the ReLU's output turns NaN at its 4th call (step 3)
+        calls.append(1)
+        return output * float("nan") if len(calls) == 4 else None
+
+    model[1].register_forward_hook(poison)
+    path = tmp_path / "relu.inspect"
+    with watch(model, opt, path, nonfinite=True):
+        for _ in range(5):
+            model(torch.randn(4, 8)).pow(2).mean().backward()
+            opt.step()
+            opt.zero_grad()
+    at = run_page("8_Training.py", query={"run": str(path)})
+    assert not at.exception and not at.error, [e.value for e in at.error]
+    at.button(key="train_verdict_go").click().run()
+    heading, table = _modules_at(at)
+    assert heading == ["Modules at step 3"]
+    assert table["module"].tolist()[:2] == ["1", "0"]  # the producer, then the first NaN gradient in order
+    assert table["mark"].iloc[0] == "produced the NaN/Inf (no parameters)"
+    assert table["mark"].iloc[1].endswith("first NaN/Inf gradient")
+    assert not table.isna().any().any()  # no cell the grid would write "None"
+
+
+def test_the_verdict_box_data_lists_the_first_of_each_kind(growing):
+    from inspector.watching import read_run
+    from ui.training_findings import verdict_view
+
+    path, writer = growing
+    spike = Finding("loss-spike", "warning", "(model)", "loss 40x its median").to_dict()
+    explode = Finding("exploding-gradient", "warning", "head", "1000x its median").to_dict()
+    frozen = Finding("frozen-parameters", "info", "embed", "embed.weight does not require grad").to_dict()
+    writer.write([_record(s, {0: [frozen], 4: [spike], 7: [explode], 9: [spike]}.get(s)) for s in range(10)])
+    view = verdict_view(read_run(path))
+    assert view.severity == "warning" and (view.first.step, view.first.code) == (4, "loss-spike")
+    assert view.line == ("No errors. First warning: step 4 · loss-spike at (model) — loss 40x its median "
+                         "(2 more warnings after it)")
+    # most severe first, then by step: spike 4 (row 0), explosion 7 (row 1), spike 9 (row 2), the information
+    assert [(i, f.code, f.step) for i, f in view.kinds] == [
+        (0, "loss-spike", 4), (1, "exploding-gradient", 7), (3, "frozen-parameters", 0)]
+
+
+def test_the_run_report_downloads_in_every_format(growing):
+    import os
+
+    path, writer = growing
+    spike = Finding("loss-spike", "warning", "(model)", "loss 40x its median").to_dict()
+    writer.write([_record(s, [spike] if s == 1 else None) for s in range(3)])
+    at = run_page("8_Training.py", query={"run": str(path)})
+    labels = [b.proto.label.split(" ")[0] for b in at.get("download_button")]
+    pdf = ["PDF"] if os.access("/usr/bin/chromium", os.X_OK) else []  # made by Report.to_pdf when pressed
+    assert labels == ["HTML", "JSON", "Markdown", *pdf]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import sys
 
 import jsonschema
@@ -13,8 +14,10 @@ from torch import nn
 from inspector import Finding, InspectorError, LoadedModel, load_model
 from inspector.__main__ import main
 from inspector.report import (
+    PACK_ALPHABET,
     SECTION_BUILDERS,
     SECTIONS,
+    PackedScript,
     Report,
     Section,
     Table,
@@ -161,14 +164,26 @@ def test_figures_are_inlined_once_and_escaped_inside_the_script():
     html = report.to_html()
     assert html.count("Plotly.newPlot") == 1  # one loop draws every figure
     assert html.count('class="figure"') == 2
-    assert html.count("* plotly.js v") == 1  # one inlined copy (~4.8 MB) for both figures
-    assert len(get_plotlyjs()) < len(html) < 2 * len(get_plotlyjs())
+    # one packed copy of plotly.js for both figures, which unpacks to the installed one exactly
+    assert html.count('id="report-plotly"') == 1 and "* plotly.js v" not in html
+    packed = re.search(
+        r'id="report-plotly" data-alphabet="([^"]*)" data-packed="(\d+)" data-size="(\d+)">([^<]*)<', html)
+    assert packed.group(1) == PACK_ALPHABET
+    script = PackedScript(packed.group(4), int(packed.group(2)), int(packed.group(3)))
+    assert script.unpack() == get_plotlyjs()
+    assert len(html) < len(get_plotlyjs()) / 3
     assert HOSTILE not in html and "</script><script" not in html
     # the figure's data became plain lists and the summary table describes the trace
     f = report.sections[1].figures[0]
     assert f.figure["data"][0]["y"] == [1.5, 2.0]
     assert f.summary.rows == (("norms", "bar", 2, 1.5, 2.0),)
     assert "### Figure: norms" in report.to_markdown()
+
+
+def test_the_html_report_of_a_small_model_stays_under_one_and_a_half_megabytes(tiny_report):
+    html = tiny_report.to_html().encode("utf-8")
+    assert 1_000_000 < len(html) <= 1_500_000  # 4,080 parameters: 1.39 MB of packed plotly.js, the data
+    assert set(PACK_ALPHABET) <= set(map(chr, range(33, 127))) and not set("<>&\"'") & set(PACK_ALPHABET)
 
 
 def test_unknown_section_or_option_is_a_clear_error():

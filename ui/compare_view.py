@@ -3,12 +3,14 @@ the two-run tables with their differences named."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import pandas as pd
 import streamlit as st
 
+from inspector.utils import module_label
 from inspector.watching import main_steps
 
 TEXT_COLUMNS = ("name_b", "dtype_a", "dtype_b", "device_a", "device_b")
@@ -99,3 +101,61 @@ def run_step_config(steps: pd.DataFrame) -> dict[str, Any]:
         else:
             config[col] = st.column_config.NumberColumn(f"{words} {side.upper()}", format=RELATIVE)
     return config
+
+
+MOST_CHANGED = 8  # the first screen names at most this many changed tensors
+
+
+@dataclass(frozen=True)
+class ChangedFirst:
+    """What the first screen of a weight comparison says first: the changed tensors (``name``,
+    ``status``, ``rel_change``, ``update_rank``; at most ``MOST_CHANGED``, largest change first), how
+    many more there are, and the ``low-rank-update`` findings' messages (the rank of each update)."""
+
+    changed: pd.DataFrame
+    more: int
+    low_rank: tuple[str, ...]
+
+    def line(self) -> str:
+        """``Changed: h.0.mlp.c_fc.weight (‖B−A‖/‖A‖ 0.0123, rank-1 update)`` and how many more."""
+        parts = []
+        rows = self.changed[["name", "status", "rel_change", "update_rank"]].itertuples(index=False)
+        for name, status, rel, rank in rows:
+            said = [] if status == "changed" else [str(status)]
+            said += [] if rel != rel else [f"‖B−A‖/‖A‖ {rel:.4g}"]
+            said += [] if rank is None or rank != rank else [f"rank-{int(rank)} update"]
+            parts.append(f"{name} ({', '.join(said)})" if said else str(name))
+        more = f" and {self.more:,} more" if self.more else ""
+        return "Changed: " + "; ".join(parts) + more if parts else "Changed: nothing"
+
+
+def changed_first(result: Any) -> ChangedFirst:
+    """The changed tensors of a :class:`~inspector.comparison.WeightComparison`, largest change first,
+    and its ``low-rank-update`` messages."""
+    t = result.tensors
+    moved = t[t["status"].isin(["changed", "dtype-changed", "nonfinite"]) | (t["bitwise_equal"] == False)]  # noqa: E712
+    moved = moved.assign(rel_change=moved["rel_change"].astype(float))
+    moved = moved.sort_values("rel_change", ascending=False, na_position="last", kind="stable")
+    cols = ["name", "status", "rel_change", "update_rank"]
+    shown = moved.reindex(columns=cols).head(MOST_CHANGED).reset_index(drop=True)
+    low = tuple(f.message for f in result.findings if f.code == "low-rank-update")
+    return ChangedFirst(shown, max(0, len(moved) - MOST_CHANGED), low)
+
+
+def went_nonfinite(runs: tuple[Any, Any], labels: tuple[str, str] = ("A", "B")) -> list[tuple[int, str]]:
+    """For each run that went non-finite, the step and where it began: the module that first produced a
+    NaN/Inf (its ``nonfinite-forward`` finding), else the first ``nonfinite-*`` finding's module; the
+    side that went first leads."""
+    found = []
+    for label, run in zip(labels, runs, strict=True):
+        if run is None:
+            continue
+        bad = [f for f in run.findings if f.code.startswith("nonfinite-")]
+        if not bad:
+            continue
+        step = min(f.step for f in bad)
+        first = [f for f in bad if f.step == step]
+        lead = next((f for f in first if f.code == "nonfinite-forward"), first[0])
+        what = "produced NaN/Inf from finite inputs" if lead.code == "nonfinite-forward" else f"{lead.code}"
+        found.append((step, f"{label} went non-finite at step {step:,}: {module_label(lead.where)} — {what}"))
+    return sorted(found, key=lambda p: p[0])

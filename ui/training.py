@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 import streamlit as st
 
-from inspector import format_bytes, run_report
+from inspector import format_bytes
 from inspector.distributed import rank_issues, unique_findings
 from inspector.figures import (
     NormGrid,
@@ -46,6 +46,8 @@ BYTES_COLUMNS = (
 )
 NORM_COLUMNS = ("grad_norm", "param_norm", "update_ratio", "local_grad_norm", "loss")
 GRAD_COLUMNS = ("grad_norm", "local_grad_norm")
+NONFINITE_GRADIENT = "first NaN/Inf gradient"  # the first module, in module order
+PRODUCER = "produced the NaN/Inf"  # the module of the step's nonfinite-forward finding
 LABELS = {
     "grad_norm": "gradient norm",
     "param_norm": "parameter norm",
@@ -193,12 +195,14 @@ def readable(frame: pd.DataFrame) -> tuple[pd.DataFrame, dict[str, Any]]:
             out[col] = [
                 "NaN/Inf" if b and v != v else _norms_text(v) for v, b in zip(out[col], bad, strict=True)
             ]
-        elif col in NORM_COLUMNS and pd.api.types.is_numeric_dtype(out[col]):
+        elif col in NORM_COLUMNS and pd.api.types.is_numeric_dtype(out[col]) and out[col].notna().all():
             config[col] = st.column_config.NumberColumn(label, format=NORM_FORMAT)
-        elif col in NORM_COLUMNS:
+        elif col in NORM_COLUMNS:  # a value not taken is an empty cell (the grid writes a null "None")
             out[col] = [_norms_text(v) for v in out[col]]
-        elif col == "nonfinite" and pd.api.types.is_numeric_dtype(out[col]):
+        elif col == "nonfinite" and pd.api.types.is_numeric_dtype(out[col]) and out[col].notna().all():
             config[col] = st.column_config.NumberColumn(label, format="%d")
+        elif col == "nonfinite":
+            out[col] = ["" if v != v or v is None else f"{int(v):,}" for v in out[col]]
         if label and col not in config:
             config[col] = st.column_config.Column(label)
     return out, config
@@ -243,64 +247,165 @@ def modules_at(run: Run, step: int, rank: int) -> pd.DataFrame:
     return table[[c for c in order if c in table.columns] + [c for c in table.columns if c not in order]]
 
 
+def step_marks(run: Run, step: int, rank: int, table: pd.DataFrame) -> dict[str, str]:
+    """What the step view says beside a module at ``step``: each finding of that step at its module
+    (the ``nonfinite-forward`` producer by the name the finding used, a module without parameters
+    too), and the first module in order whose gradient holds NaN/Inf."""
+    marks: dict[str, str] = {}
+    meta = run.meta
+    owner = dict(zip(meta.parameters, (meta.modules[i] for i in meta.parameter_modules), strict=True))
+    for f in ordered_findings(run):
+        if f.step == step and (f.rank in (None, rank) or run.world_size == 1):
+            said = PRODUCER if f.code == "nonfinite-forward" else f.code
+            named = f.where in marks or f.code == "nonfinite-forward"  # a producer keeps the finding's name
+            where = f.where if named else owner.get(f.where, f.where)
+            if said not in marks.get(where, "").split("; "):
+                marks[where] = f"{marks[where]}; {said}" if where in marks else said
+    if "nonfinite" in table.columns:
+        bad = table.loc[table["nonfinite"].fillna(0) > 0, "module"]
+        if len(bad):
+            name = str(bad.iloc[0])
+            marks[name] = f"{marks[name]}; {NONFINITE_GRADIENT}" if name in marks else NONFINITE_GRADIENT
+    return marks
+
+
+def marked_table(table: pd.DataFrame, marks: dict[str, str]) -> pd.DataFrame:
+    """``table`` with a ``mark`` column first and the marked modules on top (in the order of their
+    marks); a marked module the table lacks (one without parameters) gets a row of its own."""
+    if not marks:
+        return table
+    extra = [m for m in marks if m not in set(table["module"])]
+    out = pd.concat([table, pd.DataFrame({"module": extra})], ignore_index=True) if extra else table.copy()
+    out.insert(0, "mark", [marks.get(m, "") for m in out["module"]])
+    if extra:
+        out.loc[out["module"].isin(extra), "mark"] += " (no parameters)"
+    order = {m: i for i, m in enumerate(marks)}
+    rank = out["module"].map(lambda m: order.get(m, len(order)))
+    return out.iloc[rank.argsort(kind="stable")].reset_index(drop=True)
+
+
+@dataclass(frozen=True)
+class StepView:
+    """What the step view shows: the modules at ``step`` (marked ones first, readable cells), the
+    column settings, and the per-module numbers not taken at that step."""
+
+    step: int
+    table: pd.DataFrame
+    config: dict[str, Any]
+    missing: tuple[str, ...]
+
+
+def step_view(run: Run, step: int, rank: int) -> StepView:
+    """The step view's data: :func:`modules_at` with :func:`step_marks`, in words (:func:`readable`)."""
+    at = modules_at(run, step, rank)
+    missing = tuple(column_label(c) for c in available_columns(run)
+                    if c != "grad_norm" and at[c].isna().all())
+    table, config = readable(marked_table(at, step_marks(run, step, rank, at)))
+    return StepView(step, table, config, missing)
+
+
 def rank_steps(run: Run, rank: int) -> np.ndarray:
     """The sorted step numbers recorded for ``rank``."""
     steps = run.steps
     return np.unique(steps.loc[steps["rank"] == rank, "step"].to_numpy())
 
 
-def distributed_part(dist: Run, step: int, rank: int) -> None:
-    """The ranks of a ``check_step`` run (a :class:`Run` of kind ``"check"``) side by side: findings by
-    tensor, norms and memory per rank, where ``rank`` stands out, its rows and the tensors at ``step``;
-    the run's report."""
-    st.header("Ranks")
+@dataclass(frozen=True)
+class CheckRanksView:
+    """The ranks of a ``check_step`` run at one step, as the page shows them: the findings by tensor
+    (``code, where, steps``; empty when none), the norm and memory figures, the rows where ``rank``
+    stands out (``issues``), its rows and the tensors at step ``at`` (cells readable, with their column
+    settings)."""
+
+    caption: str
+    findings: pd.DataFrame
+    norms: Any
+    memory: Any
+    at: int
+    rank: int
+    issues: pd.DataFrame
+    rows: pd.DataFrame
+    rows_config: dict[str, Any]
+    tensors: pd.DataFrame
+    tensors_config: dict[str, Any]
+
+
+def check_ranks_view(dist: Run, step: int, rank: int) -> CheckRanksView:
+    """The data of :func:`draw_check_ranks` for a ``check_step`` run (a :class:`Run` of kind ``"check"``)."""
     found = unique_findings(dist)
-    st.caption(
-        f"{dist.world_size} ranks on {markdown_text(dist.backend)}. Each rank's gradient norm is the norm "
-        "of the pieces it holds; the pale band is the global norm (what `clip_grad_norm_` returns). A gap "
-        "in a rank's line is a step where its gradients were not finite."
-    )
-    if found:
-        rows = pd.DataFrame([{"code": f.code, "where": f.where, "steps": ", ".join(map(str, s))}
-                             for s, f in found])
-        st.dataframe(grid_frame(rows), hide_index=True, width="stretch")
-    st.plotly_chart(grad_norm_figure(dist.per_rank, dist.totals), width="stretch")
-    dsteps = np.unique(dist.per_rank["step"].to_numpy())
-    at = nearest_step(dsteps, step)
-    st.plotly_chart(memory_figure(dist.per_rank, at), width="stretch")
-    issues = rank_issues(dist, rank)
-    if len(issues):
-        st.warning(f"Rank {rank} stands out at {len(issues)} (step, tensor) places.")
-        st.dataframe(grid_frame(issues), hide_index=True, width="stretch")
+    findings = pd.DataFrame([{"code": f.code, "where": f.where, "steps": ", ".join(map(str, s))}
+                             for s, f in found], columns=["code", "where", "steps"])
+    caption = (f"{dist.world_size} ranks on {markdown_text(dist.backend)}. Each rank's gradient norm is the "
+               "norm of the pieces it holds; the pale band is the global norm (what `clip_grad_norm_` "
+               "returns). A gap in a rank's line is a step where its gradients were not finite.")
+    at = nearest_step(np.unique(dist.per_rank["step"].to_numpy()), step)
+    rows, rows_config = readable(dist.per_rank[dist.per_rank["rank"] == rank])
+    tensors, tensors_config = readable(dist.tensors_at(at).drop(columns=["mesh"]))
+    tensors = tensors.astype({c: str for c in tensors.columns if c not in tensors_config})
+    return CheckRanksView(caption, findings, grad_norm_figure(dist.per_rank, dist.totals),
+                          memory_figure(dist.per_rank, at), at, rank, rank_issues(dist, rank), rows,
+                          rows_config, tensors, tensors_config)
+
+
+def draw_check_ranks(view: CheckRanksView) -> None:
+    """Draw :func:`check_ranks_view`'s data: findings by tensor, norms and memory per rank, where the rank
+    stands out, its rows and the tensors at the step."""
+    st.header("Ranks")
+    st.caption(view.caption)
+    if len(view.findings):
+        st.dataframe(grid_frame(view.findings), hide_index=True, width="stretch")
+    st.plotly_chart(view.norms, width="stretch")
+    st.plotly_chart(view.memory, width="stretch")
+    if len(view.issues):
+        st.warning(f"Rank {view.rank} stands out at {len(view.issues)} (step, tensor) places.")
+        st.dataframe(grid_frame(view.issues), hide_index=True, width="stretch")
     else:
-        st.success(f"Rank {rank} agrees with its replicas and has finite gradients at every step.")
-    rows, config = readable(dist.per_rank[dist.per_rank["rank"] == rank])
-    st.dataframe(grid_frame(rows), hide_index=True, width="stretch", column_config=config)
-    st.subheader(f"Tensors at step {at:,}")
-    tensors, config = readable(dist.tensors_at(at).drop(columns=["mesh"]))
-    paged_table(tensors.astype({c: str for c in tensors.columns if c not in config}), key="dist_tensors",
-                column_config=config)
-    report = run_report(dist)
-    left, right = st.columns(2)
-    left.download_button(
-        "Markdown report", report.to_markdown(), file_name="distributed-run.md", mime="text/markdown"
-    )
-    right.download_button("JSON report", report.to_json(), file_name="distributed-run.json",
-                          mime="application/json")
+        st.success(f"Rank {view.rank} agrees with its replicas and has finite gradients at every step.")
+    st.dataframe(grid_frame(view.rows), hide_index=True, width="stretch", column_config=view.rows_config)
+    st.subheader(f"Tensors at step {view.at:,}")
+    paged_table(view.tensors, key="dist_tensors", column_config=view.tensors_config)
+
+
+def distributed_part(dist: Run, step: int, rank: int) -> None:
+    """The ranks of a ``check_step`` run side by side (:func:`check_ranks_view`, drawn)."""
+    draw_check_ranks(check_ranks_view(dist, step, rank))
+
+
+@dataclass(frozen=True)
+class WatchRanksView:
+    """The ranks of a watched run at one step: the gradient norm figure, the memory figure (None when
+    the run recorded no memory numbers), and every rank's row at step ``at`` (readable, with settings)."""
+
+    norms: Any
+    memory: Any | None
+    at: int
+    rows: pd.DataFrame
+    rows_config: dict[str, Any]
+
+
+def watch_ranks_view(run: Run, step: int) -> WatchRanksView:
+    """The data of :func:`draw_watch_ranks`: each rank's gradient norm, memory and numbers at ``step``
+    (the nearest recorded one)."""
+    per_rank = run.steps
+    at = nearest_step(np.unique(per_rank["step"].to_numpy()), step)
+    memory = [c for c in ("device_allocated", "device_peak", "rss") if per_rank[c].notna().any()]
+    rows, config = readable(per_rank[per_rank["step"] == at])
+    return WatchRanksView(grad_norm_figure(per_rank[["step", "rank", "grad_norm"]], None),
+                          memory_figure(per_rank, at) if memory else None, at, rows, config)
+
+
+def draw_watch_ranks(view: WatchRanksView) -> None:
+    """Draw :func:`watch_ranks_view`'s data."""
+    st.header("Ranks")
+    st.caption("Each rank's line is the gradient norm it recorded; memory is each rank's process and device.")
+    st.plotly_chart(view.norms, width="stretch")
+    if view.memory is not None:
+        st.plotly_chart(view.memory, width="stretch")
+    else:
+        st.caption("This run recorded no memory numbers.")
+    st.dataframe(grid_frame(view.rows), hide_index=True, width="stretch", column_config=view.rows_config)
 
 
 def watch_ranks_part(run: Run, step: int) -> None:
-    """The ranks of a watched run side by side: gradient norm and memory per rank, and each
-    rank's numbers at ``step``."""
-    st.header("Ranks")
-    st.caption("Each rank's line is the gradient norm it recorded; memory is each rank's process and device.")
-    per_rank = run.steps
-    st.plotly_chart(grad_norm_figure(per_rank[["step", "rank", "grad_norm"]], None), width="stretch")
-    at = nearest_step(np.unique(per_rank["step"].to_numpy()), step)
-    memory = [c for c in ("device_allocated", "device_peak", "rss") if per_rank[c].notna().any()]
-    if memory:
-        st.plotly_chart(memory_figure(per_rank, at), width="stretch")
-    else:
-        st.caption("This run recorded no memory numbers.")
-    rows, config = readable(per_rank[per_rank["step"] == at])
-    st.dataframe(grid_frame(rows), hide_index=True, width="stretch", column_config=config)
+    """The ranks of a watched run side by side (:func:`watch_ranks_view`, drawn)."""
+    draw_watch_ranks(watch_ranks_view(run, step))

@@ -7,7 +7,8 @@ import os
 from pathlib import Path
 
 from ..distributed import SHARD_MODES, sharded
-from ..watching import OPTIMIZERS, StepFinding, train_watched, verdict
+from ..report import verdict_line
+from ..watching import OPTIMIZERS, StepFinding, train_watched
 from . import argtypes as types
 from .common import add_fail_on, failing_status, progress, say, training_ranks
 
@@ -71,6 +72,6 @@ def run(args: argparse.Namespace) -> int:
             )
     errors = sum(f.severity == "error" for f in result.findings)
     if rank == 0:
-        say(verdict(result.findings).line())
+        say(verdict_line(result.findings))
         say(f"{result.steps} steps watched; {len(result.findings)} findings ({errors} errors); wrote {out}")
     return failing_status([f.finding for f in result.findings], args.fail_on, quiet=rank != 0)

@@ -45,19 +45,23 @@ def module_change_bars(modules: pd.DataFrame, depth: int | None = None) -> go.Fi
     names = [plot_text(m) for m in rows["module"]]
     rel = [0.0 if math.isnan(v) else v for v in rows["rel_change"]]
     unchanged = (rows["changed"] == 0).tolist()
+    data = list(zip(names, rel, rows["tensors"], rows["changed"], rows["max_abs"], unchanged, strict=True))
+    moved = [d for d in data if not d[5]]
+    # one trace per colour, so that each legend entry shows the colour of its own bars and marks
     fig = go.Figure(go.Bar(
-        x=names, y=rel, marker_color=[UNCHANGED if u else CHANGED for u in unchanged],
-        customdata=list(zip(rows["tensors"], rows["changed"], rows["max_abs"], strict=True)),
+        x=[d[0] for d in moved], y=[d[1] for d in moved], marker_color=CHANGED, name="changed",
+        customdata=[d[2:5] for d in moved],
         hovertemplate="%{x}<br>‖B−A‖/‖A‖ %{y:.4g}<br>%{customdata[1]} of %{customdata[0]} tensors changed"
-                      "<br>max |B−A| %{customdata[2]:.4g}<extra></extra>", name="changed"))
+                      "<br>max |B−A| %{customdata[2]:.4g}<extra></extra>"))
     if any(unchanged):
-        fig.add_trace(go.Scatter(x=[n for n, u in zip(names, unchanged, strict=True) if u],
-                                 y=[0.0] * sum(unchanged), mode="markers", name="bitwise unchanged",
+        fig.add_trace(go.Scatter(x=[d[0] for d in data if d[5]], y=[0.0] * sum(unchanged), mode="markers",
+                                 name="bitwise unchanged",
                                  marker={"symbol": "x", "size": 10, "color": UNCHANGED},
                                  hovertemplate="%{x}: every tensor bitwise equal<extra></extra>"))
     fig.update_layout(title=f"Change per module ({what}), in model order", yaxis_title="‖B−A‖ / ‖A‖",
                       height=380, margin={"l": 60, "r": 20, "t": 50, "b": 120}, showlegend=any(unchanged),
-                      xaxis={"tickangle": -45, "type": "category"})
+                      xaxis={"tickangle": -45, "type": "category", "categoryorder": "array",
+                             "categoryarray": names})
     return fig
 
 

@@ -25,20 +25,26 @@ from .model import Report
 from .options import DEFAULT_OPTIONS, SECTION_TITLES, SECTIONS, check_options, check_sections
 from .render import (
     CHROMIUM,
+    PACK_ALPHABET,
     SCHEMA_PATH,
     SCHEMA_VERSION,
     TEMPLATE_DIR,
+    PackedScript,
     display_value,
     load_schema,
+    pack_script,
+    packed_plotlyjs,
     render_html,
     render_markdown,
     render_pdf,
 )
 from .sections import SECTION_BUILDERS, Context, SectionBuilder, SectionUnavailable, lab_section
-from .watch_run import watch_report
+from .watch_run import verdict_line, watch_report
 
-__all__ = ["CHROMIUM", "DEFAULT_OPTIONS", "SCHEMA_PATH", "SCHEMA_VERSION", "SECTIONS", "SECTION_BUILDERS",
-           "SECTION_TITLES", "TEMPLATE_DIR", "Context", "Report", "ReportFigure", "Section", "SectionBuilder",
-           "SectionUnavailable", "Table", "build_report", "check_options", "check_sections", "display_value",
-           "figure_data", "lab_report", "lab_section", "load_schema", "make_figure", "plain", "render_html",
-           "render_markdown", "render_pdf", "run_report", "run_section", "trace_summary", "watch_report"]
+__all__ = ["CHROMIUM", "DEFAULT_OPTIONS", "PACK_ALPHABET", "SCHEMA_PATH", "SCHEMA_VERSION", "SECTIONS",
+           "SECTION_BUILDERS", "SECTION_TITLES", "TEMPLATE_DIR", "Context", "PackedScript", "Report",
+           "ReportFigure", "Section", "SectionBuilder", "SectionUnavailable", "Table", "build_report",
+           "check_options", "check_sections", "display_value", "figure_data", "lab_report", "lab_section",
+           "load_schema", "make_figure", "pack_script", "packed_plotlyjs", "plain", "render_html",
+           "render_markdown", "render_pdf", "run_report", "run_section", "trace_summary", "verdict_line",
+           "watch_report"]

@@ -13,9 +13,10 @@ from datetime import UTC, datetime
 import pandas as pd
 
 from ..runfiles import DistributedRun, rank_issues, records_of, unique_findings
-from ..watching import Run, StepFinding, read_run, verdict
+from ..watching import Run, StepFinding, read_run
 from .data import Section, Table, make_figure
 from .model import Report
+from .watch_run import verdict_line
 
 
 def run_report(run: Run | DistributedRun | str | os.PathLike) -> Report:
@@ -74,8 +75,8 @@ def _check_report(run: DistributedRun) -> Report:
 
 def _verdict_line(run: DistributedRun) -> str:
     """The run's first error (the first step each finding was seen at), as the report opens with."""
-    return verdict(StepFinding(min(steps), None, f.code, f.severity, f.where, f.message)
-                   for steps, f in unique_findings(run)).line()
+    return verdict_line(StepFinding(min(steps), None, f.code, f.severity, f.where, f.message)
+                        for steps, f in unique_findings(run))
 
 
 def _rank_section(run: DistributedRun, rank: int) -> Section:

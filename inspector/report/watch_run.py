@@ -6,12 +6,14 @@ JSON and Markdown like a model report.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from datetime import UTC, datetime
 
 import numpy as np
 import pandas as pd
 
 from ..utils.findings import Finding
+from ..utils.labels import module_label
 from ..watching import Run, StepFinding, first_producer, main_steps, ordered_findings, producer_of, verdict
 from .data import ReportFigure, Section, Table, make_figure
 from .model import Report
@@ -53,6 +55,27 @@ def _with_step(f: StepFinding) -> Finding:
     """The finding as the report lists it: its message opens with the step (and rank) it began at."""
     at = f"step {f.step:,}" + (f", rank {f.rank}" if f.rank else "")
     return Finding(f.code, f.severity, f.where, f"{at}: {f.message}")  # type: ignore[arg-type]
+
+
+def verdict_line(findings: Run | Iterable[StepFinding]) -> str:
+    """The verdict in one line: the first error (:func:`inspector.watching.verdict`), else the first
+    warning (or information finding) in the same shape, what the Training page and a run report open
+    with.
+
+    >>> verdict_line([StepFinding(30, None, "exploding-gradient", "warning", "layers.1", "1000x its median")])
+    'No errors. First warning: step 30 · exploding-gradient at layers.1 — 1000x its median'
+    """
+    ordered = ordered_findings(findings if isinstance(findings, Run) else list(findings))
+    v = verdict(ordered)
+    first = ordered[0] if ordered else None
+    if first is None or first.severity == "error":
+        return v.line()
+    noun = "warning" if first.severity == "warning" else "information finding"
+    more = v.counts.get(first.severity, 0) - 1
+    at = f" rank {first.rank}" if first.rank else ""
+    tail = f" ({more:,} more {noun}{'s' if more != 1 else ''} after it)" if more > 0 else ""
+    return (f"No errors. First {noun}: step {first.step:,}{at} · {first.code} at "
+            f"{module_label(first.where)} — {first.message}{tail}")
 
 
 def watch_report(run: Run) -> Report:
@@ -99,7 +122,7 @@ def watch_report(run: Run) -> Report:
         figures=figures,
         findings=tuple(_with_step(f) for f in found),
     )
-    sections = [Section("findings", "Findings", note=verdict(found).line()), overview]
+    sections = [Section("findings", "Findings", note=verdict_line(found)), overview]
     if len(steps) and run.module_order:
         step = _focus_step(run)
         sections.append(Section("modules", f"Modules at step {step}",

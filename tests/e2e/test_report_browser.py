@@ -113,3 +113,6 @@ def test_pdf_export_prints_the_report(tmp_path):
     out = report.to_pdf(tmp_path / "report.pdf")
     data = out.read_bytes()
     assert data.startswith(b"%PDF-") and len(data) > 1000
+    from ui.report_downloads import pdf_bytes
+
+    assert pdf_bytes(report).startswith(b"%PDF-")  # what the dashboard's PDF button makes when pressed
