@@ -160,7 +160,7 @@ class Judged:
     planted: int | None = None
     module_right: bool | None = None
     within_one: bool = False
-    cause_right: bool | None = None  # the caught finding's message states the planted cause (None: not caught)
+    cause_right: bool | None = None  # the message states the planted cause (None: not caught)
     message: str = ""
     findings: list[Any] = field(default_factory=list)
     others: list[Any] = field(default_factory=list)  # warnings/errors from the plant on, besides the answer

@@ -60,7 +60,8 @@ class Loop:
         if self.amp is not None:
             parts.append(f"{str(self.amp).removeprefix('torch.')} autocast")
         if self.scaler:
-            parts.append("GradScaler" + ("" if self.init_scale == 2.0 ** 16 else f" from {self.init_scale:g}"))
+            first = "" if self.init_scale == 2.0 ** 16 else f" from {self.init_scale:g}"
+            parts.append("GradScaler" + first)
         if self.compile:
             parts.append("torch.compile")
         if self.checkpointing:

@@ -17,13 +17,14 @@ from typing import Any
 import torch
 from torch import nn
 
-from .models import MODELS, SEQ, VOCAB, MLP, Task, _batches, _hf_loss, _tokens
+from .models import MLP, MODELS, SEQ, VOCAB, Task, _batches, _hf_loss, _tokens
 
 
 def _lm_batches(seed: int, batch: int = 4) -> Any:
     def make(g: torch.Generator) -> dict[str, torch.Tensor]:
         ids = _tokens(g, batch)
         return {"input_ids": ids, "labels": ids}
+
     return _batches(make, seed)
 
 
@@ -35,10 +36,25 @@ def switch(seed: int = 0) -> Task:
     from transformers import SwitchTransformersConfig, SwitchTransformersForConditionalGeneration
 
     torch.manual_seed(seed)
-    model = SwitchTransformersForConditionalGeneration(SwitchTransformersConfig(
-        vocab_size=VOCAB, d_model=32, d_kv=16, d_ff=64, num_layers=2, num_decoder_layers=2, num_heads=2,
-        num_experts=4, expert_capacity=64, num_sparse_encoder_layers=1, num_sparse_decoder_layers=1,
-        decoder_start_token_id=0, pad_token_id=0, eos_token_id=1, router_jitter_noise=0.1))
+    model = SwitchTransformersForConditionalGeneration(
+        SwitchTransformersConfig(
+            vocab_size=VOCAB,
+            d_model=32,
+            d_kv=16,
+            d_ff=64,
+            num_layers=2,
+            num_decoder_layers=2,
+            num_heads=2,
+            num_experts=4,
+            expert_capacity=64,
+            num_sparse_encoder_layers=1,
+            num_sparse_decoder_layers=1,
+            decoder_start_token_id=0,
+            pad_token_id=0,
+            eos_token_id=1,
+            router_jitter_noise=0.1,
+        )
+    )
 
     def make(g: torch.Generator) -> dict[str, torch.Tensor]:
         ids = 2 + _tokens(g, 2)[:, :8] % (VOCAB - 2)
@@ -48,9 +64,20 @@ def switch(seed: int = 0) -> Task:
 
 
 def _moe_config(cls: Any, **extra: Any) -> Any:
-    return cls(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
-               num_key_value_heads=2, max_position_embeddings=SEQ * 2, num_experts_per_tok=1,
-               bos_token_id=0, eos_token_id=1, pad_token_id=0, **extra)
+    return cls(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        max_position_embeddings=SEQ * 2,
+        num_experts_per_tok=1,
+        bos_token_id=0,
+        eos_token_id=1,
+        pad_token_id=0,
+        **extra,
+    )
 
 
 def mixtral(seed: int = 0) -> Task:
@@ -77,14 +104,23 @@ def _images(seed: int, size: int = 16) -> Any:
         y = torch.randint(0, 4, (8,), generator=g)
         x = torch.randn(8, 3, size, size, generator=g) + y.view(-1, 1, 1, 1).float() * 0.5
         return {"pixel_values": x, "labels": y}
+
     return _batches(make, seed)
 
 
 def _resnet_model() -> nn.Module:
     from transformers import ResNetConfig, ResNetForImageClassification
 
-    return ResNetForImageClassification(ResNetConfig(num_channels=3, embedding_size=8, hidden_sizes=[8, 16],
-                                                     depths=[1, 1], layer_type="basic", num_labels=4))
+    return ResNetForImageClassification(
+        ResNetConfig(
+            num_channels=3,
+            embedding_size=8,
+            hidden_sizes=[8, 16],
+            depths=[1, 1],
+            layer_type="basic",
+            num_labels=4,
+        )
+    )
 
 
 def resnet(seed: int = 0) -> Task:
@@ -138,7 +174,9 @@ def resnet_frozen_bn(seed: int = 0) -> Task:
 def _lora(model: nn.Module, targets: list[str], **extra: Any) -> nn.Module:
     from peft import LoraConfig, get_peft_model
 
-    return get_peft_model(model, LoraConfig(r=4, lora_alpha=8, lora_dropout=0.05, target_modules=targets, **extra))
+    return get_peft_model(
+        model, LoraConfig(r=4, lora_alpha=8, lora_dropout=0.05, target_modules=targets, **extra)
+    )
 
 
 def lora_gpt2(seed: int = 0) -> Task:
@@ -186,8 +224,15 @@ class Distill(nn.Module):
         logits = self.student(x)
         with torch.no_grad():
             soft = self.teacher(x)
-        kd = nn.functional.kl_div(nn.functional.log_softmax(logits / t, -1), nn.functional.softmax(soft / t, -1),
-                                  reduction="batchmean") * t * t
+        kd = (
+            nn.functional.kl_div(
+                nn.functional.log_softmax(logits / t, -1),
+                nn.functional.softmax(soft / t, -1),
+                reduction="batchmean",
+            )
+            * t
+            * t
+        )
         return 0.5 * kd + 0.5 * nn.functional.cross_entropy(logits, y)
 
 
@@ -215,8 +260,14 @@ class DistillLM(nn.Module):
         out = self.student(input_ids=input_ids, labels=labels)
         with torch.no_grad():
             soft = self.teacher(input_ids=input_ids).logits
-        kd = nn.functional.kl_div(nn.functional.log_softmax(out.logits, -1), nn.functional.softmax(soft, -1),
-                                  reduction="batchmean") / input_ids.shape[1]
+        kd = (
+            nn.functional.kl_div(
+                nn.functional.log_softmax(out.logits, -1),
+                nn.functional.softmax(soft, -1),
+                reduction="batchmean",
+            )
+            / input_ids.shape[1]
+        )
         return 0.5 * out.loss + 0.5 * kd
 
 
@@ -225,8 +276,17 @@ def distill_gpt2(seed: int = 0) -> Task:
 
     base = MODELS["gpt2"](seed)
     torch.manual_seed(seed + 100)
-    teacher = GPT2LMHeadModel(GPT2Config(vocab_size=VOCAB, n_positions=SEQ * 2, n_embd=32, n_layer=3, n_head=2,
-                                         bos_token_id=0, eos_token_id=0))
+    teacher = GPT2LMHeadModel(
+        GPT2Config(
+            vocab_size=VOCAB,
+            n_positions=SEQ * 2,
+            n_embd=32,
+            n_layer=3,
+            n_head=2,
+            bos_token_id=0,
+            eos_token_id=0,
+        )
+    )
     return Task(DistillLM(base.model, teacher), base.batch, lambda m, b: m(**b), lr=base.lr)
 
 
@@ -250,15 +310,30 @@ def curriculum_cnn(seed: int = 0, switch_at: int = 100) -> Task:
     """Clean, well separated images until ``switch_at``, then noisier ones (a harder stage)."""
     task = MODELS["cnn"](seed)
     easy = task.batch
-    task.batch = lambda i: easy(i) if i < switch_at else {
-        "x": easy(i)["x"] + 0.5 * torch.randn(16, 3, 8, 8, generator=torch.Generator().manual_seed(i)),
-        "y": easy(i)["y"]}
+    task.batch = lambda i: (
+        easy(i)
+        if i < switch_at
+        else {
+            "x": easy(i)["x"] + 0.5 * torch.randn(16, 3, 8, 8, generator=torch.Generator().manual_seed(i)),
+            "y": easy(i)["y"],
+        }
+    )
     return task
 
 
-LIBRARY_MODELS = {"switch": switch, "mixtral": mixtral, "olmoe": olmoe, "resnet": resnet,
-                  "resnet-norm-eval": resnet_norm_eval, "resnet-frozen-bn": resnet_frozen_bn,
-                  "lora-gpt2": lora_gpt2, "lora-llama": lora_llama, "lora-bert": lora_bert,
-                  "distill-mlp": distill_mlp, "distill-gpt2": distill_gpt2, "curriculum-gpt2": curriculum_gpt2,
-                  "curriculum-cnn": curriculum_cnn}
+LIBRARY_MODELS = {
+    "switch": switch,
+    "mixtral": mixtral,
+    "olmoe": olmoe,
+    "resnet": resnet,
+    "resnet-norm-eval": resnet_norm_eval,
+    "resnet-frozen-bn": resnet_frozen_bn,
+    "lora-gpt2": lora_gpt2,
+    "lora-llama": lora_llama,
+    "lora-bert": lora_bert,
+    "distill-mlp": distill_mlp,
+    "distill-gpt2": distill_gpt2,
+    "curriculum-gpt2": curriculum_gpt2,
+    "curriculum-cnn": curriculum_cnn,
+}
 MODELS.update(LIBRARY_MODELS)

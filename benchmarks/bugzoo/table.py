@@ -127,8 +127,10 @@ def goals_line(rows: list[Judged]) -> str:
     f = figures(rows, "default")
     n = f["bugs"]
     met = (n >= GOALS["bugs"] and f["healthy"] >= GOALS["healthy"] and f["healthy_silent"] == f["healthy"]
-           and n and 100.0 * f["right"] / n >= GOALS["right"] and 100.0 * f["cause_right"] / n >= GOALS["cause"])
-    return (f"goals ({'met' if met else 'not met'}): bugs {n} (goal >= {GOALS['bugs']}), healthy {f['healthy']} "
+           and n and 100.0 * f["right"] / n >= GOALS["right"]
+           and 100.0 * f["cause_right"] / n >= GOALS["cause"])
+    return (f"goals ({'met' if met else 'not met'}): bugs {n} (goal >= {GOALS['bugs']}), "
+            f"healthy {f['healthy']} "
             f"(goal >= {GOALS['healthy']}), healthy with 0 warning/error findings {f['healthy_silent']}/"
             f"{f['healthy']} (goal all; {f['healthy_crashed']} crashed), bugs caught at the right module "
             f"within one step (windowed checks within their grace) {f['right']}/{n} = {_pct(f['right'], n)} "
@@ -175,14 +177,16 @@ def summary(rows: list[Judged]) -> str:
     if wrong:
         lines.append("\nCaught, but the message does not state the planted cause (the case's rule):\n")
         for j in wrong:
-            lines.append(f"- `{j.case.name}` ({j.variant}): wants one of {', '.join(repr(c) for c in j.case.cause)}; "
+            wants = ", ".join(repr(c) for c in j.case.cause)
+            lines.append(f"- `{j.case.name}` ({j.variant}): wants one of {wants}; "
                          f"said: {j.message[:200]}")
     alarmed = [j for j in rows if j.case.healthy and j.status != "ok"]
     if alarmed:
         lines.append("\nHealthy recipes that alarmed or crashed:\n")
         for j in alarmed:
-            what = j.error if j.status == "crash" else "; ".join(
-                f"{f.code}@{f.step} at {f.where}" for f in j.findings if f.severity in ("warning", "error"))[:300]
+            bad = [f"{f.code}@{f.step} at {f.where}" for f in j.findings
+                   if f.severity in ("warning", "error")]
+            what = j.error if j.status == "crash" else "; ".join(bad)[:300]
             lines.append(f"- `{j.case.name}` ({j.variant}): {j.status}: {what}")
     return "\n".join(lines)
 
