@@ -201,7 +201,10 @@ def _unfreeze(module: str, at: int, add: bool = True, lr_scale: float = 0.1) -> 
         else:
             ctx.mark()
 
-    return {"before": before, "every": every}
+    def params(model: nn.Module) -> Any:  # the optimizer holds what trains at the start
+        return [p for p in model.parameters() if p.requires_grad]
+
+    return {"before": before, "every": every, "params": params}
 
 
 def _groups(module: str, lr: float | None = None) -> Callable[[nn.Module], Any]:
@@ -351,7 +354,7 @@ HEALTHY = [
         "resnet-norm-eval",
         note="BatchNorm kept in eval mode by a train() override, affine frozen",
     ),
-    ok("resnet-norm-eval-sgd", "resnet-norm-eval", Loop(optimizer="sgd")),
+    ok("resnet-norm-eval-seed1", "resnet-norm-eval", Loop("before"), seed=1),
     ok(
         "resnet-detr-frozen-bn",
         "resnet-frozen-bn",
