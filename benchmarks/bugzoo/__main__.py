@@ -37,7 +37,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from .baselines import healthy_scalars, run_baselines
     from .runner import run_zoo, select
-    from .table import baseline_table, healthy_baseline_table, progress_line, summary, zoo_tables
+    from .table import baseline_table, goals_line, healthy_baseline_table, progress_line, summary, zoo_tables
 
     cases = select(args.only)
     if args.list:
@@ -56,6 +56,7 @@ def main(argv: list[str] | None = None) -> int:
         said = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
         text += "\n\n" + baseline_table(run_baselines(cases, steps=args.steps, rows=rows, progress=said))
         text += "\n\n" + healthy_baseline_table(healthy_scalars(cases, steps=args.steps))
+    text += "\n\n" + goals_line(rows)
     text += f"\n\nThe zoo took {time.perf_counter() - start:.0f} s (torch {torch.__version__}, one thread).\n"
     print(text)
     if args.markdown:

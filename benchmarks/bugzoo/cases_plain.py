@@ -10,13 +10,19 @@ from typing import Any
 import torch
 from torch import nn
 
-from .core import Case, Ctx, PlantedError
+from .core import Case, Ctx, PlantedError, cause_for
 from .loops import LOOP, NO_PLANT, Loop, Plant, gan_loop, plain_loop
 from .models import MODELS
 
 NONFINITE = ("nonfinite-parameter", "nonfinite-gradient", "nonfinite-forward", "nonfinite-backward",
              "nonfinite-loss")  # with default options no producer is traced: the parameter that went NaN
 HUGE_LR = ("nonfinite-parameter", "exploding-gradient", "loss-spike") + NONFINITE
+# stated causes: the planted NaN/Inf came from the batch, a module's forward, a backward, a weight, the lr
+IN_BATCH = ("batch",)
+IN_FORWARD = ("forward", "produced", "output")
+IN_BACKWARD = ("backward",)
+IN_WEIGHT = ("holds nan/inf values", "weight", "parameter")
+BY_LR = ("learning rate", "optimizer step", "lr ")
 
 
 def _train(model: str, loop: Loop = LOOP, plant: Plant = NO_PLANT, **kw: Any) -> Callable[[Ctx], None]:
@@ -142,10 +148,10 @@ def log_zero(loss: torch.Tensor) -> torch.Tensor:
 
 def bug(name: str, model: str, expect: tuple[str, ...], where: tuple[str, ...] | None,
         loop: Loop = LOOP, plant: Plant = NO_PLANT, *, nonfinite: tuple[str, ...] = (), grace: int = 0,
-        at: int | None = None, note: str = "", **kw: Any) -> Case:
+        at: int | None = None, note: str = "", cause: tuple[str, ...] = (), **kw: Any) -> Case:
     extra = {"plant_at": at} if at is not None else {}
     return Case(name, model, "torch", loop.label, _train(model, loop, plant, **kw), expect, where,
-                nonfinite, grace, note=note, **extra)
+                nonfinite, grace, note=note, cause=cause_for(expect, cause), **extra)
 
 
 def _frozen(module: str) -> Callable[[nn.Module], None]:
@@ -179,7 +185,8 @@ BUGS = [
     bug("mlp-lr-zero-warmup", "mlp", ("no-update",), None, at=0, grace=5, scheduler=_zero_warmup,
         note="LambdaLR(lambda s: min(1, s // 1000)): lr 0 from the first step"),
     Case("gan-d-never-steps", "gan", "torch", "two optimizers, D's step() removed",
-         partial(gan_loop, skip_d_step=True), ("optimizer-not-stepped",), ("disc",), grace=5),
+         partial(gan_loop, skip_d_step=True), ("optimizer-not-stepped",), ("disc",), grace=5,
+         cause=cause_for(("optimizer-not-stepped",))),
     bug("cnn-bn-eval", "cnn", ("eval-mode-module",), ("bn1",), plant=Plant(set_eval("bn1"))),
     bug("bert-dropout-eval", "bert", ("eval-mode-module",), ("bert.embeddings.dropout",),
         plant=Plant(set_eval("bert.embeddings.dropout"))),
@@ -191,18 +198,18 @@ BUGS = [
     bug("mlp-loss-log0", "mlp", ("nonfinite-loss",), ("(loss)", "loss"), plant=Plant(loss=log_zero)),
     bug("llama-inf-weight", "llama", NONFINITE,
         ("model.layers.1.mlp.down_proj",), plant=Plant(fill_inf("model.layers.1.mlp.down_proj.weight")),
-        nonfinite=("nonfinite-forward", "nonfinite-parameter")),
+        nonfinite=("nonfinite-forward", "nonfinite-parameter"), cause=IN_WEIGHT),
     bug("cnn-div-zero-conv2", "cnn", NONFINITE, ("conv2",),
-        plant=Plant(divide_by_zero("conv2")), nonfinite=("nonfinite-forward",)),
+        plant=Plant(divide_by_zero("conv2")), nonfinite=("nonfinite-forward",), cause=IN_FORWARD),
     bug("gpt2-div-zero-mlp", "gpt2", NONFINITE,
         ("transformer.h.1.mlp.c_fc",), plant=Plant(divide_by_zero("transformer.h.1.mlp.c_fc")),
-        nonfinite=("nonfinite-forward",)),
+        nonfinite=("nonfinite-forward",), cause=IN_FORWARD),
     bug("mlp-nan-batch", "mlp", NONFINITE, ("(batch)", "fc1"), plant=Plant(batch=nan_batch("x")),
-        nonfinite=("nonfinite-forward",)),
+        nonfinite=("nonfinite-forward",), cause=IN_BATCH),
     bug("vit-nan-batch", "vit", NONFINITE, ("(batch)", "vit.embeddings.patch_embeddings"),
-        plant=Plant(batch=nan_batch("pixel_values")), nonfinite=("nonfinite-forward",)),
+        plant=Plant(batch=nan_batch("pixel_values")), nonfinite=("nonfinite-forward",), cause=IN_BATCH),
     bug("mlp-backward-nan", "mlp", NONFINITE, ("gate",),
-        plant=Plant(poison_gate), nonfinite=("nonfinite-backward",),
+        plant=Plant(poison_gate), nonfinite=("nonfinite-backward",), cause=IN_BACKWARD,
         note="a custom autograd.Function whose backward returns NaN, inside module gate"),
     bug("cnn-head-replaced", "cnn", ("not-in-optimizer", "parameters-replaced"), ("head",),
         plant=Plant(replace("head", lambda old: nn.Linear(8, 4)))),
@@ -212,18 +219,21 @@ BUGS = [
     bug("mlp-raises-step12", "mlp", ("run-failed",), None, plant=Plant(raise_now), at=12),
     bug("cnn-loss-spike", "cnn", ("loss-spike",), None, plant=Plant(loss=lambda x: x * 40)),
     bug("mlp-batch-spike", "mlp", ("loss-spike",), None, plant=Plant(batch=scale_batch("x", 40.0)),
+        cause=IN_BATCH,
         note="one batch's inputs x40"),
     bug("lstm-exploding-head", "lstm", ("exploding-gradient",), ("head",),
         plant=Plant(scale_grad("head.weight", 1000.0))),
     bug("gpt2-exploding-block", "gpt2", ("exploding-gradient",), ("transformer.h.1.mlp.c_fc",),
         plant=Plant(scale_grad("transformer.h.1.mlp.c_fc.weight", 1000.0))),
-    bug("mlp-huge-lr", "mlp", HUGE_LR, None, Loop(optimizer="sgd"), Plant(huge_lr),
+    bug("mlp-huge-lr", "mlp", HUGE_LR, None, Loop(optimizer="sgd"), Plant(huge_lr), cause=BY_LR,
         note="lr=1e30 from the plant on"),
-    bug("cnn-huge-lr", "cnn", HUGE_LR, None, plant=Plant(huge_lr), note="lr=1e30 from the plant on"),
+    bug("cnn-huge-lr", "cnn", HUGE_LR, None, plant=Plant(huge_lr), cause=BY_LR,
+        note="lr=1e30 from the plant on"),
     bug("mlp-detach-fc2", "mlp", ("dead-gradient",), ("fc1",), plant=Plant(detach_input("fc2")), grace=5,
         note="fc2's input detached: fc1 gets no gradient"),
     bug("gpt2-load-assign-tie", "gpt2", ("tie-broken", "parameters-replaced"),
-        ("lm_head.weight", "transformer.wte.weight"), plant=Plant(reload_assign)),
+        ("lm_head.weight", "transformer.wte.weight"), plant=Plant(reload_assign),
+        cause=("assign=true", "tie", "tied")),
     bug("gpt2-untie-head", "gpt2", ("tie-broken",), ("lm_head.weight", "transformer.wte.weight"),
         plant=Plant(untie)),
     bug("bert-head-replaced", "bert", ("not-in-optimizer", "parameters-replaced"),

@@ -10,8 +10,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from .cases_plain import NONFINITE, _frozen
-from .core import Case, Ctx, PlantedError
+from .cases_plain import IN_BATCH, IN_WEIGHT, NONFINITE, _frozen
+from .core import Case, Ctx, PlantedError, cause_for
 from .models import GAN, MODELS, Task, gan_data
 
 Action = Callable[[Ctx, nn.Module, Any], None]
@@ -106,6 +106,7 @@ def _trainer_zero_warmup(model: str) -> Callable[[Ctx], None]:
 
 def T(name: str, model: str, run: Callable[[Ctx], None], expect: tuple[str, ...] = (),
       where: tuple[str, ...] | None = None, loop: str = "Trainer", **kw: Any) -> Case:
+    kw["cause"] = cause_for(expect, kw.get("cause", ()))
     return Case(name, model, "Trainer", loop, run, expect, where, baselines=False, **kw)
 
 
@@ -118,11 +119,12 @@ TRAINER_BUGS = [
     T("trainer-gpt2-lr-zero", "gpt2", _trainer_zero_warmup("gpt2"), ("no-update",), None, plant_at=0, grace=5,
       note="the Trainer's scheduler replaced by a LambdaLR warm-up that stays 0"),
     T("trainer-vit-nan-batch", "vit", trainer_run("vit", plant=_nan_input), NONFINITE,
-      ("(batch)", "vit.embeddings.patch_embeddings"), expect_nonfinite=("nonfinite-forward",)),
+      ("(batch)", "vit.embeddings.patch_embeddings"), expect_nonfinite=("nonfinite-forward",),
+      cause=IN_BATCH),
     T("trainer-llama-inf-weight", "llama",
       trainer_run("llama", plant=_fill_inf("model.layers.0.mlp.up_proj.weight")), NONFINITE,
       ("model.layers.0.mlp.up_proj",),
-      expect_nonfinite=("nonfinite-forward", "nonfinite-parameter")),
+      expect_nonfinite=("nonfinite-forward", "nonfinite-parameter"), cause=IN_WEIGHT),
     T("trainer-gpt2-raises", "gpt2", trainer_run("gpt2", plant=_raise), ("run-failed",), None, plant_at=12),
     T("trainer-gpt2-frozen-wpe", "gpt2", trainer_run("gpt2", before=_frozen("transformer.wpe")),
       ("frozen-parameters",), ("transformer.wpe",), plant_at=0),
@@ -239,6 +241,7 @@ def lightning_gan(skip_d: bool = False) -> Callable[[Ctx], None]:
 
 def L(name: str, model: str, run: Callable[[Ctx], None], expect: tuple[str, ...] = (),
       where: tuple[str, ...] | None = None, loop: str = "automatic", **kw: Any) -> Case:
+    kw["cause"] = cause_for(expect, kw.get("cause", ()))
     return Case(name, model, "Lightning", loop, run, expect, where, baselines=False, **kw)
 
 
@@ -309,6 +312,7 @@ def accelerate_run(model: str, *, accum: int = 1, mixed: str = "no", plant: Acti
 
 def A(name: str, model: str, run: Callable[[Ctx], None], expect: tuple[str, ...] = (),
       where: tuple[str, ...] | None = None, loop: str = "accelerate", **kw: Any) -> Case:
+    kw["cause"] = cause_for(expect, kw.get("cause", ()))
     return Case(name, model, "accelerate", loop, run, expect, where, baselines=False, **kw)
 
 

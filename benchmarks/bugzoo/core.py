@@ -17,6 +17,32 @@ HEALTHY_STEPS = 200
 WRAPPERS = ("_orig_mod.", "module.")  # prefixes torch.compile and DDP add to a name
 
 
+# The stated-cause rule a bug gets when its case names none: by the code it expects first.
+CAUSES: dict[str, tuple[str, ...]] = {
+    "gradient-not-cleared": ("not cleared",),
+    "no-update": ("learning rate", "lr "),
+    "optimizer-not-stepped": ("step()",),
+    "eval-mode-module": ("eval mode",),
+    "frozen-parameters": ("require grad", "frozen"),
+    "nonfinite-loss": ("the loss",),
+    "not-in-optimizer": ("no param group",),
+    "parameters-replaced": ("replaced",),
+    "tie-broken": ("tie", "tied"),
+    "run-failed": ("planted failure",),
+    "loss-spike": ("the loss is",),
+    "exploding-gradient": ("gradient norm", "gradients grew"),
+    "dead-gradient": ("detach",),
+    "scaler-skipping": ("skip",),
+    "zero-gradient-step": ("zero_grad",),
+    "optimizer-lost": ("new optimizer", "replaced", "lost track", "another optimizer", "hand it"),
+}
+
+
+def cause_for(expect: tuple[str, ...], cause: tuple[str, ...] = ()) -> tuple[str, ...]:
+    """The case's own rule, or the one for the code it expects first."""
+    return cause or (CAUSES.get(expect[0], ()) if expect else ())
+
+
 class PlantedError(RuntimeError):
     """The exception a case raises on purpose (the run must record it; it is not a crash)."""
 
@@ -31,7 +57,10 @@ class Case:
     ``nonfinite=True`` (given only where the producer check matters; the case then runs twice).
     ``where``: the planted module or parameter names (any of them is right; None: the finding is
     about the whole run, any ``where`` is right). ``grace``: extra steps after the plant a check
-    may need by design (``dead-gradient``'s window); the ±1-step figure ignores it."""
+    may need by design (``dead-gradient``'s window); the ±1-step figure ignores it. ``cause``: the
+    stated-cause rule, words or phrases (any case) at least one of which the caught finding's
+    message must contain for the cause it states to be right (say, ``("zero_grad",)`` for a
+    ``zero_grad()`` called between ``backward()`` and ``step()``)."""
 
     name: str
     model: str
@@ -44,6 +73,7 @@ class Case:
     grace: int = 0
     plant_at: int = PLANT
     note: str = ""
+    cause: tuple[str, ...] = ()
     baselines: bool = True  # the case can run under the baseline monitors (a plain loop)
 
     @property
@@ -103,6 +133,19 @@ class WatchMonitor:
     def step(self) -> None:  # a step boundary without an optimizer step hook: nothing to do
         pass
 
+    def hand_over(self, optimizer: Any) -> None:
+        """Give the watch the optimizer that replaces the one it was given (a run's second phase)."""
+        for name in HAND_OVER:
+            method = getattr(self.w, name, None)
+            if callable(method):
+                method(optimizer)
+                return
+        raise RuntimeError("the watch has no method to be handed a new optimizer (tried "
+                           + ", ".join(f"w.{n}()" for n in HAND_OVER) + ")")
+
+
+HAND_OVER = ("use_optimizer", "replace_optimizer", "set_optimizer")  # the watch's method, the first found
+
 
 @dataclass
 class Judged:
@@ -117,6 +160,8 @@ class Judged:
     planted: int | None = None
     module_right: bool | None = None
     within_one: bool = False
+    cause_right: bool | None = None  # the message states the planted cause (None: not caught)
+    message: str = ""
     findings: list[Any] = field(default_factory=list)
     others: list[Any] = field(default_factory=list)  # warnings/errors from the plant on, besides the answer
     error: str = ""
@@ -161,9 +206,16 @@ def where_matches(found: str, planted: tuple[str, ...] | None) -> bool:
     return False
 
 
+def states_cause(message: str, cause: tuple[str, ...]) -> bool:
+    """The stated-cause rule: the message contains one of the case's words or phrases (any case)."""
+    text = message.lower()
+    return any(c.lower() in text for c in cause)
+
+
 def judge(case: Case, variant: str, findings: list[Any], planted: int | None) -> Judged:
     """Caught: a finding of an accepted code at a step in [planted - 1, planted + 1 + grace];
-    among those, the earliest with the right module wins (else the earliest)."""
+    among those, the earliest with the right module wins (else the earliest); its message is then
+    held to the case's stated-cause rule (:func:`states_cause`)."""
     if case.healthy:
         bad = [f for f in findings if f.severity in ("warning", "error")]
         return Judged(case, variant, "alarm" if bad else "ok", findings=findings,
@@ -177,9 +229,11 @@ def judge(case: Case, variant: str, findings: list[Any], planted: int | None) ->
                       where=first.where if first else "", step=first.step if first else None,
                       planted=at, module_right=where_matches(first.where, case.where) if first else None,
                       findings=findings)
-    hits.sort(key=lambda f: (not where_matches(f.where, case.where), codes.index(f.code), f.step))
+    hits.sort(key=lambda f: (not where_matches(f.where, case.where), codes.index(f.code), f.step,
+                             not states_cause(f.message, case.cause)))
     f = hits[0]
     others = [o for o in findings if o is not f and o.step >= at - 1 and o.severity in ("warning", "error")]
     return Judged(case, variant, "caught", code=f.code, where=f.where, step=f.step, planted=at,
                   module_right=where_matches(f.where, case.where), within_one=abs(f.step - at) <= 1,
+                  cause_right=states_cause(f.message, case.cause), message=f.message,
                   findings=findings, others=others)

@@ -19,12 +19,14 @@ class Plant:
     """Where a bug goes in :func:`plain_loop`; each part acts at iteration ``ctx.plant_at`` (and
     from then on where ``persist``), and marks the plant. ``start(ctx, model, opt)``: model
     surgery before the iteration; ``batch``/``loss``: change the batch or the loss;
-    ``no_clear``: skip ``zero_grad`` from the plant on; ``no_step``: skip ``optimizer.step()``."""
+    ``no_clear``: skip ``zero_grad`` from the plant on; ``clear_late``: call ``zero_grad`` between
+    ``backward()`` and ``step()`` (the gradients are gone when the optimizer steps)."""
 
     start: Callable[[Ctx, nn.Module, Any], None] | None = None
     batch: Callable[[dict[str, torch.Tensor]], dict[str, torch.Tensor]] | None = None
     loss: Callable[[torch.Tensor], torch.Tensor] | None = None
     no_clear: bool = False
+    clear_late: bool = False
     persist: bool = False
 
     def on(self, ctx: Ctx) -> bool:
@@ -38,13 +40,14 @@ NO_PLANT = Plant()
 class Loop:
     """A loop's shape: where ``zero_grad`` goes (``before`` the forward, ``between`` forward and
     backward, ``after`` the step), ``set_to_none``, micro-batches per step, autocast dtype,
-    a GradScaler, ``torch.compile``, HF gradient checkpointing, the optimizer."""
+    a GradScaler (and its first scale), ``torch.compile``, HF gradient checkpointing, the optimizer."""
 
     order: str = "after"
     set_to_none: bool = True
     accum: int = 1
     amp: torch.dtype | None = None
     scaler: bool = False
+    init_scale: float = 2.0 ** 16
     compile: bool = False
     checkpointing: bool = False
     optimizer: str = "adamw"
@@ -57,7 +60,8 @@ class Loop:
         if self.amp is not None:
             parts.append(f"{str(self.amp).removeprefix('torch.')} autocast")
         if self.scaler:
-            parts.append("GradScaler")
+            first = "" if self.init_scale == 2.0 ** 16 else f" from {self.init_scale:g}"
+            parts.append("GradScaler" + first)
         if self.compile:
             parts.append("torch.compile")
         if self.checkpointing:
@@ -73,13 +77,32 @@ LOOP = Loop()
 def make_optimizer(name: str, params: Any, lr: float) -> torch.optim.Optimizer:
     if name == "sgd":
         return torch.optim.SGD(params, lr=lr * 10, momentum=0.9)
+    if name == "nesterov":
+        return torch.optim.SGD(params, lr=lr * 10, momentum=0.9, nesterov=True, weight_decay=1e-4)
+    if name == "adam":
+        return torch.optim.Adam(params, lr=lr)
+    if name == "rmsprop":
+        return torch.optim.RMSprop(params, lr=lr / 3)
+    if name == "adagrad":
+        return torch.optim.Adagrad(params, lr=lr * 3)
+    if name == "adafactor":
+        from transformers.optimization import Adafactor
+
+        return Adafactor(params, lr=lr, scale_parameter=False, relative_step=False)
     return torch.optim.AdamW(params, lr=lr)
+
+
+Every = Callable[[Ctx, nn.Module, Any, Any], Any]
 
 
 def plain_loop(ctx: Ctx, task: Task, loop: Loop = LOOP, plant: Plant = NO_PLANT, *,
                params: Any = None, scheduler: Callable[[torch.optim.Optimizer], Any] | None = None,
-               before: Callable[[nn.Module], None] | None = None) -> None:
-    """Train ``task`` for ``ctx.steps`` optimizer steps under ``ctx.monitor``."""
+               before: Callable[[nn.Module], None] | None = None, every: Every | None = None,
+               after_step: Callable[[Ctx, nn.Module], None] | None = None) -> None:
+    """Train ``task`` for ``ctx.steps`` optimizer steps under ``ctx.monitor``. ``every(ctx, model,
+    opt, mon)`` runs at the start of each iteration (a recipe's phase change); when it returns an
+    optimizer, the loop steps that one from then on. ``after_step(ctx, model)`` runs after each
+    step (an EMA copy's update)."""
     model = task.model
     if loop.checkpointing:
         model.gradient_checkpointing_enable()
@@ -88,7 +111,7 @@ def plain_loop(ctx: Ctx, task: Task, loop: Loop = LOOP, plant: Plant = NO_PLANT,
     model.train()
     opt = make_optimizer(loop.optimizer, model.parameters() if params is None else params(model), task.lr)
     sched = scheduler(opt) if scheduler is not None else None
-    scaler = torch.amp.GradScaler("cpu") if loop.scaler else None
+    scaler = torch.amp.GradScaler("cpu", init_scale=loop.init_scale) if loop.scaler else None
     run_model = torch.compile(model) if loop.compile else model
     amp = (lambda: torch.autocast("cpu", dtype=loop.amp)) if loop.amp is not None else nullcontext
 
@@ -99,6 +122,8 @@ def plain_loop(ctx: Ctx, task: Task, loop: Loop = LOOP, plant: Plant = NO_PLANT,
     with ctx.monitor(run_model, opt, scaler=scaler) as mon:
         for i in range(ctx.steps):
             ctx.i = i
+            if every is not None:
+                opt = every(ctx, model, opt, mon) or opt
             if plant.start is not None and plant.on(ctx):
                 ctx.mark()
                 plant.start(ctx, model, opt)
@@ -120,6 +145,9 @@ def plain_loop(ctx: Ctx, task: Task, loop: Loop = LOOP, plant: Plant = NO_PLANT,
                 (scaler.scale(part) if scaler is not None else part).backward()
             if plant.no_clear and plant.on(ctx):
                 ctx.mark()
+            if plant.clear_late and plant.on(ctx):
+                ctx.mark()
+                opt.zero_grad(set_to_none=loop.set_to_none)
             mon.log(loss.detach().float())
             if scaler is not None:
                 scaler.step(opt)
@@ -128,6 +156,8 @@ def plain_loop(ctx: Ctx, task: Task, loop: Loop = LOOP, plant: Plant = NO_PLANT,
                 opt.step()
             if sched is not None:
                 sched.step()
+            if after_step is not None:
+                after_step(ctx, model)
             if loop.order == "after":
                 clear()
 

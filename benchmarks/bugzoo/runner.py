@@ -17,11 +17,11 @@ import torch
 
 from inspector import read_run
 
-from . import cases_plain, cases_stacks
+from . import cases_plain, cases_recipes, cases_stacks
 from .core import AFTER, HEALTHY_STEPS, Case, Ctx, Judged, PlantedError, judge
 
-HEALTHY: list[Case] = cases_plain.HEALTHY + cases_stacks.HEALTHY
-BUGS: list[Case] = cases_plain.BUGS + cases_stacks.BUGS
+HEALTHY: list[Case] = cases_plain.HEALTHY + cases_stacks.HEALTHY + cases_recipes.HEALTHY
+BUGS: list[Case] = cases_plain.BUGS + cases_stacks.BUGS + cases_recipes.BUGS
 
 
 def select(pattern: str | None = None, cases: Iterable[Case] | None = None) -> list[Case]:

@@ -32,6 +32,12 @@ def _module(j: Judged) -> str:
     return "right" if j.module_right else "wrong"
 
 
+def _cause(j: Judged) -> str:
+    if j.cause_right is None:
+        return "-"
+    return "right" if j.cause_right else "wrong"
+
+
 def _reported(j: Judged) -> str:
     if j.status == "crash":
         return f"crash: {j.error}"
@@ -60,7 +66,7 @@ def zoo_tables(rows: list[Judged]) -> str:
     if bugs:
         out.append(_md(
             ["case", "model", "stack", "loop", "options", "expected", "caught", "reported", "step (planted)",
-             "module", "other findings"],
+             "module", "stated cause", "other findings"],
             [[j.case.name, j.case.model, j.case.stack, j.case.loop,
               "nonfinite=True" if j.variant == "nonfinite" else "default",
               _expected(j.case.expect_nonfinite if j.variant == "nonfinite" and j.case.expect_nonfinite
@@ -68,7 +74,7 @@ def zoo_tables(rows: list[Judged]) -> str:
               {"caught": "yes", "missed": "no"}.get(j.status, j.status), _reported(j),
               f"{'-' if j.step is None else j.step} "
               f"({j.planted if j.planted is not None else j.case.plant_at})",
-              _module(j), _others(j)] for j in bugs]))
+              _module(j), _cause(j), _others(j)] for j in bugs]))
     if healthy:
         out.append(_md(
             ["healthy case", "model", "stack", "loop", "options", "warnings", "errors", "codes"],
@@ -96,12 +102,40 @@ def figures(rows: list[Judged], variant: str = "default") -> dict[str, Any]:
         "module_right": sum(j.status == "caught" and bool(j.module_right) for j in bugs),
         "within_one": sum(j.status == "caught" and j.within_one for j in bugs),
         "strict": sum(j.status == "caught" and j.within_one and bool(j.module_right) for j in bugs),
+        "right": sum(j.status == "caught" and bool(j.module_right) for j in bugs),
+        "cause_right": sum(j.status == "caught" and bool(j.cause_right) for j in bugs),
         "crashed": sum(j.status == "crash" for j in bugs),
         "healthy": len(healthy),
         "healthy_silent": sum(j.status == "ok" for j in healthy),
+        "healthy_alarmed": sum(j.status == "alarm" for j in healthy),
         "healthy_crashed": sum(j.status == "crash" for j in healthy),
         "alarms": dict(alarms),
     }
+
+
+GOALS = {"bugs": 80, "healthy": 50, "right": 90.0, "cause": 90.0}
+
+
+def _pct(k: int, n: int) -> str:
+    return f"{100.0 * k / n:.0f}%" if n else "-"
+
+
+def goals_line(rows: list[Judged]) -> str:
+    """The zoo's goals in one line (default options): at least 80 bugs and 50 healthy recipes,
+    every healthy recipe with no warning or error, at least 90% of the bugs caught at the right
+    module within one step (the windowed checks within their grace), and their stated cause right."""
+    f = figures(rows, "default")
+    n = f["bugs"]
+    met = (n >= GOALS["bugs"] and f["healthy"] >= GOALS["healthy"] and f["healthy_silent"] == f["healthy"]
+           and n and 100.0 * f["right"] / n >= GOALS["right"]
+           and 100.0 * f["cause_right"] / n >= GOALS["cause"])
+    return (f"goals ({'met' if met else 'not met'}): bugs {n} (goal >= {GOALS['bugs']}), "
+            f"healthy {f['healthy']} "
+            f"(goal >= {GOALS['healthy']}), healthy with 0 warning/error findings {f['healthy_silent']}/"
+            f"{f['healthy']} (goal all; {f['healthy_crashed']} crashed), bugs caught at the right module "
+            f"within one step (windowed checks within their grace) {f['right']}/{n} = {_pct(f['right'], n)} "
+            f"(goal >= {GOALS['right']:.0f}%), stated cause right {f['cause_right']}/{n} = "
+            f"{_pct(f['cause_right'], n)} (goal >= {GOALS['cause']:.0f}%), crashed {f['crashed']}")
 
 
 def summary(rows: list[Judged]) -> str:
@@ -116,7 +150,8 @@ def summary(rows: list[Judged]) -> str:
                  else "nonfinite=True (the cases that name a producer)")
         lines.append(f"- **{label}**: recall {f['strict']}/{n} ({pct:.0f}%: caught within ±1 step with the "
                      f"right module); caught at all {f['caught']}/{n}, module right {f['module_right']}/{n}, "
-                     f"within one step {f['within_one']}/{n}, crashed {f['crashed']}.")
+                     f"within one step {f['within_one']}/{n}, stated cause right {f['cause_right']}/{n}, "
+                     f"crashed {f['crashed']}.")
         others = Counter(o.code for j in rows if not j.case.healthy and j.variant == variant
                          for o in j.others)
         listed = ", ".join(f"`{k}` x{v}" for k, v in others.most_common()) or "none"
@@ -138,6 +173,21 @@ def summary(rows: list[Judged]) -> str:
             seen = sorted({f"{f.code}@{f.step}" for f in j.findings})[:6]
             lines.append(f"- `{j.case.name}` ({j.variant}): {j.status}; {_reported(j)}, step {j.step} vs "
                          f"{j.planted}; the run reported: {', '.join(seen) or 'nothing'}")
+    wrong = [j for j in rows if j.status == "caught" and j.cause_right is False]
+    if wrong:
+        lines.append("\nCaught, but the message does not state the planted cause (the case's rule):\n")
+        for j in wrong:
+            wants = ", ".join(repr(c) for c in j.case.cause)
+            lines.append(f"- `{j.case.name}` ({j.variant}): wants one of {wants}; "
+                         f"said: {j.message[:200]}")
+    alarmed = [j for j in rows if j.case.healthy and j.status != "ok"]
+    if alarmed:
+        lines.append("\nHealthy recipes that alarmed or crashed:\n")
+        for j in alarmed:
+            bad = [f"{f.code}@{f.step} at {f.where}" for f in j.findings
+                   if f.severity in ("warning", "error")]
+            what = j.error if j.status == "crash" else "; ".join(bad)[:300]
+            lines.append(f"- `{j.case.name}` ({j.variant}): {j.status}: {what}")
     return "\n".join(lines)
 
 
