@@ -247,3 +247,69 @@ def test_an_expert_the_router_never_picks_again_is_dead(tmp_path):
                                                           ("dead-gradient", "experts.2.0.bias")]
     longest = max(len(list(g)) for k, g in itertools.groupby(2 in idle for idle in model.idle[:60]) if k)
     assert found[0][0] - 60 <= max(5, 2 * longest + 2)
+
+
+# -- a new optimizer built mid-run ----------------------------------------------------------------
+def _two_phases(tmp_path, hand_over: bool):
+    model = _mlp()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    with watch(model, opt, tmp_path / "run.inspect") as w:
+        for i in range(12):
+            if i == 6:  # phase two: a new optimizer over the same parameters
+                opt = torch.optim.SGD(model.parameters(), lr=0.01)
+                if hand_over:
+                    w.use_optimizer(opt)
+            model(_batch(i)).pow(2).mean().backward()
+            opt.step()
+            opt.zero_grad()
+    return w.result
+
+
+def test_a_new_optimizer_not_handed_over_is_said_at_once(tmp_path):
+    result = _two_phases(tmp_path, hand_over=False)
+    assert result.steps == 6
+    assert _alarms(result) == [(6, "optimizer-lost", "0.weight")]
+    assert "w.use_optimizer(new_optimizer)" in result.findings[0].message
+
+
+def test_a_new_optimizer_handed_over_is_followed(tmp_path):
+    result = _two_phases(tmp_path, hand_over=True)
+    assert result.steps == 12 and len(result.run().steps) == 12
+    assert _alarms(result) == []
+
+
+class _Lookahead(torch.optim.Optimizer):
+    """A wrapper whose step runs its inner optimizer's step (the watch is given the wrapper)."""
+
+    def __init__(self, inner: torch.optim.Optimizer) -> None:
+        self.inner = inner
+        super().__init__([p for g in inner.param_groups for p in g["params"]], {"lr": 0.0})
+        self.param_groups = inner.param_groups
+
+    def step(self, closure=None):
+        return self.inner.step(closure)
+
+
+def test_an_inner_optimizer_and_a_critic_are_not_lost(tmp_path):
+    model = _mlp()
+    outer = _Lookahead(torch.optim.SGD(model[0].parameters(), lr=0.01))  # steps its inner one inside
+    critic = torch.optim.SGD(model[2].parameters(), lr=0.01)  # given too; steps three times as often
+    with watch(model, [outer, critic], tmp_path / "run.inspect") as w:
+        for i in range(6):
+            for _ in range(3):
+                model(_batch(i)).pow(2).mean().backward()
+                critic.step()
+                critic.zero_grad()
+            model(_batch(i)).pow(2).mean().backward()
+            outer.step()
+            outer.zero_grad()
+    assert w.result.steps == 6
+    assert _alarms(w.result) == []
+
+
+def test_use_optimizer_needs_a_watched_optimizer(tmp_path):
+    from inspector.utils.findings import InspectorError
+
+    model = _mlp()
+    with watch(model, None, tmp_path / "run.inspect") as w, pytest.raises(InspectorError, match="w.step"):
+        w.use_optimizer(torch.optim.SGD(model.parameters(), lr=0.1))

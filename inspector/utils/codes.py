@@ -73,6 +73,9 @@ CODES: dict[str, FindingCode] = {c.code: c for c in (
     _c("scaler-skipping", _E,
        "the AMP GradScaler skipped many optimizer steps in a row: the gradients overflow at every step",
        "find the overflow (watch with nonfinite=True), lower the lr, or train in bfloat16", "episode"),
+    _c("optimizer-lost", _W,
+       "an optimizer the watch was not given steps the parameters the watched optimizer holds: the watch "
+       "no longer sees the steps", "hand the new optimizer to the watch with w.use_optimizer(new)"),
     _c("optimizer-not-stepped", _E,
        "one of several optimizers given to watch does not step while the first does",
        "call that optimizer's step() in the loop"),

@@ -271,6 +271,10 @@ class OptimizerSteps:
         for i, opt in enumerate(self.optimizers[1:], start=1):
             self.handles.append(opt.register_step_post_hook(self._counter(i)))
 
+    def first_is(self, optimizer: torch.optim.Optimizer, names: list[str]) -> None:
+        """The first optimizer (whose steps are the steps) is now ``optimizer``, holding ``names``."""
+        self.optimizers[0], self.names[0] = optimizer, names
+
     def _counter(self, i: int) -> Any:
         def hook(*_: Any) -> None:
             self.counts[i] += 1

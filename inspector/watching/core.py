@@ -11,11 +11,13 @@ import os
 import time
 from collections.abc import Callable
 from contextlib import ExitStack
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
 import torch
 from torch import nn
+from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from ..runfiles import RunMeta, RunWriter, StepFinding
 from ..utils.findings import Finding, InspectorError
@@ -52,7 +54,8 @@ class Watch:
                             tuple(c for c, on in (("nonfinite", nonfinite), ("update_ratio", update_ratio),
                                                   ("distributed", self.ranks.distributed)) if on),
                             update_ratio, time.time(), note)
-        self.checks = Checks(Kit(t, self.options))
+        self.kit = Kit(t, self.options)
+        self.checks = Checks(self.kit)
         self.recorder = Recorder(self.path, self.ranks.world, max(recur_after, every), on_finding)
         self.control = StopControl()
         self.scalars = Scalars()
@@ -64,6 +67,8 @@ class Watch:
         self._measured: list[Finding] = []  # the measured phase's, placed once the numbers are gathered
         self._pre_done = False  # the step's numbers are taken (before a clip, or by a closure)
         self._held_mask: np.ndarray | None = None  # the parameters an optimizer holds, at the last check
+        self._step_hooks: list[Any] = []  # the first optimizer's pre- and post-step hooks
+        self._in_step = False  # between the first optimizer's pre- and post-step hooks
 
     # -- the user's calls ------------------------------------------------------------------
     def log(self, **scalars: Any) -> None:
@@ -139,8 +144,10 @@ class Watch:
             self._stack.callback(self.tracer.remove)
             hold(t.root.register_forward_hook(self._forward_end))
         if t.optimizer is not None:
-            hold(t.optimizer.register_step_pre_hook(self._step_starts))
-            hold(t.optimizer.register_step_post_hook(lambda *a: self._post_step()))
+            self._hook_steps(t.optimizer)
+            self._stack.callback(self._unhook_steps)
+            # any optimizer's step, to say at once when another one steps the watched parameters
+            hold(register_optimizer_step_post_hook(self._any_step))
         scaler = self.options.scaler
         if scaler is not None and callable(getattr(scaler, "update", None)):
             self._follow_scaler(scaler)
@@ -160,6 +167,43 @@ class Watch:
         self._stack.close()
         self.result = self.recorder.finish(self.state.count, completed)
         return self.result
+
+    def use_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
+        """Follow ``optimizer`` from its next step on, in place of the first optimizer given to the watch
+        (a new optimizer built mid-run, a second training phase). Its steps are the steps; the run file,
+        the step count and every check's history go on."""
+        t = self.target
+        if t.optimizer is None:
+            raise InspectorError("use_optimizer is for a watch given an optimizer; this one counts w.step()")
+        new = Target.of(t.model, [optimizer, *t.optimizers[1:]])
+        self._unhook_steps()
+        self.target = replace(t, optimizers=new.optimizers)
+        self._hook_steps(optimizer)
+        if self.kit.optimizer_steps is not None:
+            self.kit.optimizer_steps.first_is(optimizer, self.target.names_of(optimizer))
+
+    def _hook_steps(self, optimizer: torch.optim.Optimizer) -> None:
+        self._step_hooks = [optimizer.register_step_pre_hook(self._step_starts),
+                            optimizer.register_step_post_hook(self._step_ends)]
+
+    def _unhook_steps(self) -> None:
+        for h in self._step_hooks:
+            h.remove()
+        self._step_hooks = []
+
+    def _step_ends(self, *args: Any) -> None:
+        self._in_step = False
+        self._post_step()
+
+    def _any_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        """Every optimizer's post-step hook: one the watch was not given, stepping the watched optimizers'
+        parameters outside their own step, runs the ``other-step`` rows."""
+        if self._in_step or any(optimizer is o for o in self.target.optimizers):
+            return
+        held = self.target.held()
+        if any(id(p) in held for g in optimizer.param_groups for p in g["params"]):
+            for f in self.checks.run("other-step", self._at(other=optimizer), []):
+                self._record_now(f, self.ranks.rank)
 
     def _follow_scaler(self, scaler: Any) -> None:
         """Wrap ``scaler.update`` on the instance (the class's method is back at close): an update with no
@@ -207,6 +251,7 @@ class Watch:
     def _step_starts(self, optimizer: Any, args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
         """The optimizer's pre-step hook. A step given a closure (Lightning, LBFGS) computes its
         gradients inside it: the step's numbers are taken when the closure first returns."""
+        self._in_step = True  # another optimizer's step inside this one (a wrapper's inner one) is this one
         closure = kwargs.get("closure", args[1] if len(args) > 1 else None)  # args[0]: the optimizer
         if closure is None:
             if not self._pre_done:  # else taken already (gradients_ready, before a clip)

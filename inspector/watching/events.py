@@ -18,8 +18,9 @@ from .numbers import Numbers
 from .roles import Ranks, Target, WatchOptions
 from .steps import StepState
 
-Phase = Literal["open", "before-step", "measured", "after-step", "skipped", "gathered", "close"]
-PHASES: tuple[Phase, ...] = ("open", "before-step", "measured", "after-step", "skipped", "gathered", "close")
+Phase = Literal["open", "before-step", "measured", "after-step", "skipped", "other-step", "gathered", "close"]
+PHASES: tuple[Phase, ...] = ("open", "before-step", "measured", "after-step", "skipped", "other-step",
+                             "gathered", "close")
 Placed = tuple[int, Finding]
 
 
@@ -31,7 +32,8 @@ class At:
     optimizers hold (at check steps with an optimizer), ``held_mask`` the same per parameter;
     ``numbers``: this rank's numbers of the step (``after-step``); ``numbers_all``: every rank's
     (``gathered``); ``measured``: the ``measured`` phase's findings (``gathered``); ``loss``: the loss
-    logged before the step (``measured``); ``error``: what ended the block (``close``)."""
+    logged before the step (``measured``); ``error``: what ended the block (``close``); ``other``: the
+    optimizer that stepped (``other-step``)."""
 
     step: int
     check: bool
@@ -47,6 +49,7 @@ class At:
     measured: list[Finding] = field(default_factory=list)
     loss: Any = None
     error: BaseException | None = None
+    other: Any = None
 
 
 @dataclass

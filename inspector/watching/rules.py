@@ -437,6 +437,34 @@ class ScalerSkips:
             "with nonfinite=True names the module), lower the learning rate, or train in bfloat16")]
 
 
+# -- when an optimizer the watch was not given steps ------------------------------------------------
+class OptimizerLost:
+    """``optimizer-lost``: an optimizer the watch was not given stepped parameters that the watched
+    optimizers hold, outside their own step (a new optimizer built mid-run and not handed over with
+    ``w.use_optimizer``): the watch no longer sees the steps. Said once."""
+
+    @classmethod
+    def build(cls, kit: Kit) -> OptimizerLost | None:
+        return cls() if kit.target.optimizer is not None else None
+
+    def __init__(self) -> None:
+        self.said = False
+
+    def __call__(self, at: At, found: list[Finding]) -> list[Finding]:
+        if self.said:
+            return found
+        self.said = True
+        names = at.target.names_of(at.other)
+        held = at.target.held()
+        ours = [n for n, p in at.target.root.named_parameters() if id(p) in held and n in set(names)]
+        return found + [coded(
+            "optimizer-lost", ours[0] if ours else ROOT_LABEL,
+            f"another optimizer ({type(at.other).__name__}, holding {len(names)} parameters, {len(ours)} of "
+            f"them the watched optimizer's) stepped after step {at.step}: a new optimizer built mid-run. The "
+            "watch follows the optimizer it was given, which no longer steps, so it lost track: the run "
+            "file records no step from here. Hand it the new one with w.use_optimizer(new_optimizer)")]
+
+
 # -- once every rank's numbers are gathered (``found`` per rank) --------------------------------
 class SlowRanks:
     """``slow-rank``: a rank's time before the step's first collective is 1 s or more and 3x or more

@@ -12,6 +12,8 @@ the reason. The phases of one step, in order:
   ``before-step``'s);
 - ``skipped``: when the AMP ``GradScaler`` given as ``scaler=`` skipped a step (its ``update()`` ran with
   no optimizer step since the last); ``found`` is recorded at once, on a row of no step;
+- ``other-step``: when an optimizer the watch was not given steps parameters the watched optimizers
+  hold, outside their own step; ``found`` is recorded at once;
 - ``gathered``: after every rank's numbers and findings are gathered (``found``: a :class:`ByRank`);
 - ``close``: when the watch closes (``found``: ``(rank, finding)`` pairs, in the order recorded).
 
@@ -93,6 +95,8 @@ WATCH_CHECKS: tuple[Row, ...] = (
     Row("after-step", rules.GradientsUsed, ()),
     # -- a step the GradScaler skipped
     Row("skipped", rules.ScalerSkips, ("scaler-skipping",)),
+    # -- an optimizer the watch was not given stepped
+    Row("other-step", rules.OptimizerLost, ("optimizer-lost",)),
     # -- every rank's numbers gathered
     Row("gathered", rules.SlowRanks, ("slow-rank",)),
     Row("gathered", rules.ReplicaFindingsPlaced, _REPLICAS),
