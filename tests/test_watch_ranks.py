@@ -335,3 +335,67 @@ def test_lightning_ddp_stops_every_rank_at_the_same_step(tmp_path):
     run = read_run(tmp_path / "pl.inspect")
     assert [(f.step, f.rank, f.code) for f in run.findings] == [(2, 1, "nonfinite-forward")]
     assert on[1]["printed"] == [] and on[0]["printed"] == [f.line() for f in run.findings]
+
+
+class _OneOutput(nn.Module):
+    """A 1-output head and a learned scalar: under FSDP2 on 2 ranks, rank 1 holds an empty piece of each."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.body = nn.Linear(64, 256)  # split evenly; the head's 258 elements on rank 0 are 1.5% more
+        self.head = nn.Linear(256, 1)
+        self.temperature = nn.Parameter(torch.ones(1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(torch.tanh(self.body(x))) * self.temperature
+
+
+def _empty_piece_worker(rank: int, world: int, port: int, out: str) -> None:
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    from inspector import watch
+
+    torch.set_num_threads(1)
+    init(rank, world, port)
+    try:
+        mesh = init_device_mesh("cpu", (world,))
+        model = _OneOutput()
+        fully_shard(model, mesh=mesh)
+        opt = torch.optim.SGD(model.parameters(), lr=0.05)
+        pieces = {n: p.to_local().numel() for n, p in model.named_parameters()}
+        refs = []
+        with watch(model, opt, Path(out) / "empty.inspect") as w:
+            for step in range(3):
+                x = torch.randn(4, 64, generator=torch.Generator().manual_seed(step * 10 + rank))
+                model(x).pow(2).mean().backward()
+                refs.append({n: float(p.grad.full_tensor().double().norm())
+                             for n, p in model.named_parameters()})
+                opt.step()
+                opt.zero_grad()
+        (Path(out) / f"empty{rank}.json").write_text(json.dumps(
+            {"pieces": pieces, "refs": refs, "findings": [(f.step, f.rank, f.code) for f in w.findings]}))
+    finally:
+        leave()
+
+
+def test_an_empty_local_piece_under_fsdp2_is_empty_not_nan(tmp_path):
+    import numpy as np
+
+    from inspector import read_run
+
+    spawn_ranks(_empty_piece_worker, 2, str(tmp_path), timeout=180)
+    got = [json.loads((tmp_path / f"empty{r}.json").read_text()) for r in (0, 1)]
+    assert got[1]["pieces"]["head.weight"] == 0 and got[1]["pieces"]["temperature"] == 0  # the case itself
+    for r in (0, 1):
+        assert [f for f in got[r]["findings"] if f[2] not in ("frozen-parameters",)] == []
+    run = read_run(tmp_path / "empty.inspect")
+    assert np.isfinite(run.steps["grad_norm"].to_numpy()).all()
+    params = run.parameters
+    for rank in (0, 1):
+        for step in range(3):
+            rows = params.query(f"rank == {rank} and step == {step}").set_index("parameter")
+            for name, ref in got[0]["refs"][step].items():
+                np.testing.assert_allclose(rows.loc[name, "grad_norm"], ref, rtol=1e-5,
+                                           err_msg=f"rank {rank} step {step} {name}")

@@ -206,18 +206,34 @@ def global_norms(sets: list[list[tuple[np.ndarray, torch.Tensor]]], keys: list[S
             groups.setdefault(key, []).append(i)
     if not groups:
         return sets
+    # each set's squared norms, then whether this rank measured the tensor at all: a rank whose local
+    # piece is empty (a 1-output head, a scalar, on more ranks than rows) adds nothing, and still gets
+    # the global norm the others measured
     dense = []
     for pairs in sets:
-        squares = torch.zeros(len(keys), dtype=torch.float64, device=device)
+        squares = torch.zeros(2 * len(keys), dtype=torch.float64, device=device)
         for idx, norms in pairs:
-            squares[torch.from_numpy(idx).to(device)] = norms.to(device, torch.float64) ** 2
+            at = torch.from_numpy(idx).to(device)
+            squares[at] = norms.to(device, torch.float64) ** 2
+            squares[at + len(keys)] = 1.0
         dense.append(squares)
+    sharded = sorted(i for positions in groups.values() for i in positions)
     for (mesh, dims), positions in groups.items():
-        where = torch.tensor(positions, device=device)
+        where = torch.tensor(positions + [p + len(keys) for p in positions], device=device)
         vec = torch.cat([d.index_select(0, where) for d in dense])
         for dim in dims:
             dist.all_reduce(vec, group=mesh.get_group(dim))  # type: ignore[attr-defined]
         for k, d in enumerate(dense):
-            d.index_copy_(0, where, vec[k * len(positions):(k + 1) * len(positions)])
-    return [[(idx, d[torch.from_numpy(idx).to(device)].sqrt().to(norms.device, torch.float32))
-             for idx, norms in pairs] for pairs, d in zip(sets, dense, strict=True)]
+            d.index_copy_(0, where, vec[k * len(where):(k + 1) * len(where)])
+    out = []
+    for pairs, d in zip(sets, dense, strict=True):
+        done = [(idx, d[torch.from_numpy(idx).to(device)].sqrt().to(norms.device, torch.float32))
+                for idx, norms in pairs]
+        mine = set(np.concatenate([idx for idx, _ in pairs]).tolist()) if pairs else set()
+        elsewhere = np.asarray([i for i in sharded if i not in mine], dtype=np.int64)
+        if len(elsewhere):  # not measured here: an empty local piece (another rank's norm) or none at all
+            at = torch.from_numpy(elsewhere).to(device)
+            norm = torch.where(d[at + len(keys)] > 0, d[at].sqrt(), torch.nan)  # no host sync
+            done.append((elsewhere, norm.float()))
+        out.append(done)
+    return out
