@@ -19,7 +19,8 @@ the optimizer changes them. ``keep_weights=True`` copies them at every step inst
 every step, on the host: the cost is the copy).
 
 When a step ends that had an error finding, a replay file (:mod:`.files`) is written next to the run
-file with the kept steps (at most one file per step, and only when some kept step has its weights),
+file with the kept steps (one per episode: not again until ``QUIET`` steps have passed without an error
+finding; only when some kept step has its weights),
 within ``max_bytes`` for the whole run; what the budget or the batch's contents left out is listed
 in :attr:`StepKeeper.notes`.
 """
@@ -45,6 +46,7 @@ from .files import KeptCall, KeptStep, ReplayMeta, remove_replay_files, replay_p
 WARM_UP = 10  # steps of gradient norms seen before one is judged exploding
 NOISE = 7.0  # ... and it must be over its median by this many median absolute deviations (log scale)
 HISTORY = 50
+QUIET = 5  # steps without an error finding that end an episode (the watch's recur_after)
 DEFAULT_BYTES = 1 << 30
 
 
@@ -103,6 +105,7 @@ class StepKeeper:
         self.notes: list[str] = []
         self.bytes = 0
         self._pending = False
+        self._last_error = -(QUIET + 1)  # the last step with an error finding
         self._modules: list[tuple[str, nn.Module]] = []
 
     # -- the watch's calls -----------------------------------------------------------------------
@@ -179,9 +182,14 @@ class StepKeeper:
     def finding(self, f: Any) -> None:
         """A new finding of the watch (a :class:`~inspector.runfiles.StepFinding`): an error at the
         current step makes a replay file when the step ends."""
-        if getattr(f, "step", None) == self.current.step:
-            self.current.findings.append((f.code, f.severity, f.where, f.message))
-            self._pending = self._pending or f.severity == "error"
+        step = getattr(f, "step", None)
+        if step != self.current.step:
+            return
+        self.current.findings.append((f.code, f.severity, f.where, f.message))
+        if f.severity == "error":
+            # one file per episode: errors in the steps that follow one (its NaN weights, ...) start none
+            self._pending = self._pending or step - self._last_error > QUIET
+            self._last_error = step
 
     def step_starts(self, step: int) -> None:
         """The step before has ended (its findings are in): write its replay file if it had an error
