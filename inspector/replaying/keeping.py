@@ -18,7 +18,7 @@ transfer; a NaN/Inf among them, or a parameter's gradient norm ``explode_factor`
 the optimizer changes them. ``keep_weights=True`` copies them at every step instead (their size,
 every step, on the host: the cost is the copy).
 
-When a step ends that had an error finding, a replay file (:mod:`.files`) is written next to the run
+When a step ends that had an error finding (or ``exploding-gradient``), a replay file (:mod:`.files`) is written next to the run
 file with the kept steps (one per episode: not again until ``QUIET`` steps have passed without an error
 finding; only when some kept step has its weights),
 within ``max_bytes`` for the whole run; what the budget or the batch's contents left out is listed
@@ -48,6 +48,7 @@ NOISE = 7.0  # ... and it must be over its median by this many median absolute d
 HISTORY = 50
 QUIET = 5  # steps without an error finding that end an episode (the watch's recur_after)
 DEFAULT_BYTES = 1 << 30
+TRIGGERS = ("exploding-gradient",)  # a warning found before the update, like the errors: its step is kept
 
 
 @dataclass
@@ -180,13 +181,13 @@ class StepKeeper:
         return bool(np.nan_to_num(over, nan=0).any())
 
     def finding(self, f: Any) -> None:
-        """A new finding of the watch (a :class:`~inspector.runfiles.StepFinding`): an error at the
-        current step makes a replay file when the step ends."""
+        """A new finding of the watch (a :class:`~inspector.runfiles.StepFinding`): an error (or an
+        exploding gradient) at the current step makes a replay file when the step ends."""
         step = getattr(f, "step", None)
         if step != self.current.step:
             return
         self.current.findings.append((f.code, f.severity, f.where, f.message))
-        if f.severity == "error":
+        if f.severity == "error" or f.code in TRIGGERS:
             # one file per episode: errors in the steps that follow one (its NaN weights, ...) start none
             self._pending = self._pending or step - self._last_error > QUIET
             self._last_error = step

@@ -30,7 +30,7 @@ from ..offsets import gradient_norms
 from ..runfiles import read_run
 from ..utils.findings import Finding, InspectorError
 from ..utils.forward_state import module_state_kept
-from ..utils.labels import BATCH_LABEL, LOSS_LABEL
+from ..utils.labels import BATCH_LABEL
 from ..utils.wrappers import underlying
 from .calls import as_inputs, floating_leaves, rebuild
 from .files import KeptStep, ReplayFile, replay_files
@@ -53,6 +53,7 @@ class Replay:
         recorded_loss: the loss the run file (else the replay file) recorded at that step.
         ops: the ops that made NaN/Inf from finite inputs, forward first, each in the order it ran.
         batch_nonfinite: the batch's floating inputs that already held NaN/Inf (the batch made them).
+        weights_nonfinite: the kept parameters and buffers that already held NaN/Inf (written before).
         captures: every module's output and inputs as detached copies (within the byte budget).
         gradients: one row per parameter: ``name, norm, state`` (:func:`~inspector.gradient_norms`).
         findings: the culprits and what could not be compared, as findings.
@@ -70,6 +71,7 @@ class Replay:
     recorded_loss: float | None
     ops: tuple[OpRecord, ...]
     batch_nonfinite: tuple[str, ...]
+    weights_nonfinite: tuple[str, ...]
     captures: Captures = field(repr=False)
     gradients: pd.DataFrame = field(repr=False)
     findings: tuple[Finding, ...] = ()
@@ -91,6 +93,8 @@ class Replay:
             rep += f" (loss {self.loss!r}, recorded {self.recorded_loss!r})"
         if self.batch_nonfinite:
             cause = f"the batch held NaN/Inf in {', '.join(self.batch_nonfinite)}"
+        elif self.weights_nonfinite:
+            cause = f"the weights held NaN/Inf before the step: {', '.join(self.weights_nonfinite[:3])}"
         elif self.first is not None:
             cause = f"first NaN/Inf: {self.first.line()}"
         else:
@@ -285,10 +289,16 @@ def replay(run_path: str | os.PathLike, step: int, model: nn.Module | str | Load
     batch_bad = []
     for i, call in enumerate(kept.calls):
         tensors = {f"s{kept.step}/c{i}/{k}": t for k, t in f.tensors(f"s{kept.step}/c{i}/").items()}
-        whole = (rebuild(call.args, tensors, f.path.name), rebuild(call.kwargs, tensors, f.path.name))
-        batch_bad += [p for p, t in floating_leaves(whole) if not bool(torch.isfinite(t).all())]
+        for part, node in (("args", call.args), ("kwargs", call.kwargs)):
+            leaves = floating_leaves(rebuild(node, tensors, f.path.name), part)
+            batch_bad += [p for p, t in leaves if not bool(torch.isfinite(t).all())]
     notes = [f"call {i}: batch tensors {', '.join(c.written)} were written in place after the step; the "
              "file holds them as they were when written" for i, c in enumerate(kept.calls) if c.written]
+    weights_bad = _nonfinite(f.tensors(f"s{kept.step}/w/"))
+    buffers_bad = _nonfinite(f.tensors(f"s{kept.step}/b/"))
+    if buffers_bad:  # kept after the forward: a training forward may have written them (BatchNorm's statistics)
+        notes.append(f"buffers holding NaN/Inf when kept, after the step's forward (which may have written "
+                     f"them): {', '.join(buffers_bad[:5])}")
     devices = [device.index or 0] if device.type == "cuda" else []
     with ExitStack() as stack:
         stack.enter_context(torch.random.fork_rng(devices=devices))
@@ -301,21 +311,30 @@ def replay(run_path: str | os.PathLike, step: int, model: nn.Module | str | Load
     ops = tuple(o for o in found if o.phase == "forward") + tuple(o for o in found if o.phase == "backward")
     last = losses[-1] if losses else None
     reproduced = None if last is None or recorded is None else _same(last, recorded, tol)
-    findings = _findings(ops, tuple(batch_bad), reproduced, last, recorded, step)
+    findings = _findings(ops, tuple(batch_bad), weights_bad, reproduced, last, recorded, step)
     return Replay(str(path), step, rank, str(f.path), reproduced, last, tuple(losses), recorded, ops,
-                  tuple(batch_bad), cap.result, grads, findings, tol, tuple(notes))
+                  tuple(batch_bad), weights_bad, cap.result, grads, findings, tol, tuple(notes))
 
 
-def _findings(ops: tuple[OpRecord, ...], batch: tuple[str, ...], reproduced: bool | None, loss: float | None,
-              recorded: float | None, step: int) -> tuple[Finding, ...]:
+def _nonfinite(tensors: dict[str, torch.Tensor]) -> tuple[str, ...]:
+    return tuple(n for n, t in tensors.items()
+                 if (t.is_floating_point() or t.is_complex()) and not bool(torch.isfinite(t).all()))
+
+
+def _findings(ops: tuple[OpRecord, ...], batch: tuple[str, ...], weights: tuple[str, ...], reproduced: bool | None,
+              loss: float | None, recorded: float | None, step: int) -> tuple[Finding, ...]:
     out = []
     if batch:
         out.append(Finding("nonfinite-forward", "error", BATCH_LABEL,
                            f"replayed step {step}: the batch itself holds NaN/Inf ({', '.join(batch)})"))
+    if weights:
+        out.append(Finding("nonfinite-parameter", "error", weights[0],
+                           f"replayed step {step}: the weights the step used already held NaN/Inf "
+                           f"({', '.join(weights[:5])}{', ...' if len(weights) > 5 else ''})"))
     for phase in ("forward", "backward"):
         first = next((o for o in ops if o.phase == phase), None)
         if first is not None:
-            out.append(Finding(f"nonfinite-{phase}", "error", first.module if first.module != LOSS_LABEL else LOSS_LABEL,
+            out.append(Finding(f"nonfinite-{phase}", "error", first.module,
                                f"replayed step {step}: {first.line()}"))
     if reproduced is False:
         out.append(Finding("replay-differs", "warning", "(model)",
