@@ -4,7 +4,8 @@ Modules: ``aliases``: ``python -m inspector aliases SOURCE [--convert NAME]``; `
 types that check every command-line value while it is parsed; ``attribute``; ``capture``: ``python -m
 inspector capture SOURCE --modules PATTERN [--json OUT]``; ``checkpoint``: ``python -m inspector
 checkpoint PATH``; ``common``: arguments and output helpers shared by the subcommands; ``compare``:
-``python -m inspector compare A B``; ``devicemap``; ``distributed``; ``offsets``; ``report``; ``serve``:
+``python -m inspector compare A B``; ``devicemap``; ``distributed``; ``offsets``; ``replay``: ``python -m
+inspector replay RUN --step N [--model SPEC]``; ``report``; ``serve``:
 ``model-inspector serve [--port N] [streamlit options]``; ``summary``: ``python -m inspector summary
 SOURCE``; ``watch``.
 """

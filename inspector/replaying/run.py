@@ -86,6 +86,21 @@ class Replay:
     def first_in(self, phase: str) -> OpRecord | None:
         return next((o for o in self.ops if o.phase == phase), None)
 
+    def to_dict(self) -> dict[str, Any]:
+        """The replay as plain data (the report's section and ``replay --json``): no tensors."""
+        from dataclasses import asdict
+
+        return {
+            "run": self.run_path, "step": self.step, "rank": self.rank, "file": self.file,
+            "reproduced": self.reproduced, "loss": self.loss, "losses": list(self.losses),
+            "recorded_loss": self.recorded_loss, "tolerance": self.tolerance, "verdict": self.verdict(),
+            "ops": [asdict(o) for o in self.ops], "batch_nonfinite": list(self.batch_nonfinite),
+            "weights_nonfinite": list(self.weights_nonfinite), "captured": list(self.captures.order),
+            "gradients": self.gradients[["name", "norm", "state"]].to_dict("records"),
+            "findings": [f.to_dict() for f in self.findings],
+            "notes": list(self.notes),
+        }
+
     def verdict(self) -> str:
         """One line: reproduced or not, and where the first NaN/Inf came from."""
         rep = {True: "reproduced", False: "NOT reproduced", None: "no loss to compare"}[self.reproduced]
