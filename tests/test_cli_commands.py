@@ -35,6 +35,7 @@ def test_help_lists_every_command_with_its_one_line_description(capsys):
         "devicemap",
         "distributed",
         "offsets",
+        "replay",
         "report",
         "serve",
         "summary",

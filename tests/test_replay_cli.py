@@ -77,3 +77,17 @@ def test_a_step_not_kept_and_a_model_that_does_not_build_exit_2(tmp_path, monkey
     assert "step 0 of r.inspect was not kept with its weights" in capsys.readouterr().err
     assert main(["replay", str(run), "--step", "2", "--model", "sample:no-such-model"]) == 2
     assert "the model 'sample:no-such-model' did not build" in capsys.readouterr().err
+
+
+def test_the_report_gets_a_replayed_step_section(tmp_path, monkeypatch, capsys):
+    run = _trained(tmp_path, monkeypatch)
+    md, js = tmp_path / "r.md", tmp_path / "r.json"
+    assert main(["replay", str(run), "--step", "2", "--report", str(md)]) == 0
+    assert main(["replay", str(run), "--step", "2", "--report", str(js)]) == 0
+    text = md.read_text().replace("\\", "")
+    assert "## Step 2, replayed" in text and "aten.log.default" in text and "planted.py:10" in text
+    section = next(s for s in json.loads(js.read_text())["sections"] if s["id"] == "replayed")
+    ops = next(t for t in section["tables"] if t["title"].startswith("Ops that made NaN/Inf"))
+    assert ops["rows"][0][:3] == ["forward", "aten.log.default", "log"]
+    assert section["facts"]["reproduced"] == "yes"
+    assert main(["replay", str(run), "--step", "2", "--report", str(tmp_path / "r.txt")]) == 2

@@ -5,9 +5,20 @@ from __future__ import annotations
 
 import argparse
 
-from .. import InspectorError, read_run, replay
+from pathlib import Path
+
+from .. import InspectorError, read_run, replay, run_report
 from . import argtypes as types
-from .common import add_fail_on, failing_status, print_findings, print_table, progress, say, write_json
+from .common import (
+    add_fail_on,
+    failing_status,
+    print_findings,
+    print_table,
+    progress,
+    say,
+    write_json,
+    write_text,
+)
 
 HELP = ("run a step the watch kept (watch --keep) again on the model: whether the loss comes back bit for bit, "
         "the op, module and source line that made the first NaN/Inf, every module's output")
@@ -24,10 +35,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="byte budget of the module captures (default 256 MiB)")
     parser.add_argument("--json", default=None, metavar="OUT", type=types.output_file,
                         help="write the replay (ops, losses, gradients, findings) as JSON")
+    parser.add_argument("--report", default=None, metavar="OUT", type=types.output_file,
+                        help="write the run's report with a 'replayed step' section (.html, .json or .md)")
     add_fail_on(parser)
 
 
 def run(args: argparse.Namespace) -> int:
+    kind = Path(args.report).suffix.lower().lstrip(".") if args.report else ""
+    if args.report and kind not in ("html", "json", "md"):
+        raise InspectorError(f"--report {args.report}: name a .html, .json or .md file")
     spec = args.model
     if spec is None:
         spec = read_run(args.run).meta.note
@@ -55,4 +71,8 @@ def run(args: argparse.Namespace) -> int:
     print_findings(list(r.findings))
     if args.json:
         write_json(args.json, r.to_dict(), strict=True)
+    if args.report:
+        report = run_report(read_run(args.run), replayed=r)
+        write_text(args.report, {"html": report.to_html, "json": report.to_json, "md": report.to_markdown}[kind]())
+        progress(f"wrote {args.report}")
     return failing_status(list(r.findings), args.fail_on)

@@ -26,7 +26,7 @@ import torch
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from ..utils.labels import LOSS_LABEL
+from ..utils.labels import LOSS_LABEL, ROOT_LABEL
 
 MAX_OPS = 16  # culprits recorded per phase
 _KEY = "inspector.module"
@@ -246,7 +246,7 @@ def finding_ops(model: nn.Module) -> Iterator[_Finder]:
 
     with ExitStack() as stack:
         for name, m in model.named_modules():
-            label = name or "(model)"
+            label = name or ROOT_LABEL
             stack.callback(m.register_forward_pre_hook(pre(label), with_kwargs=True).remove)
             stack.callback(m.register_forward_hook(post(label)).remove)
         with warnings.catch_warnings():

@@ -30,7 +30,7 @@ from ..offsets import gradient_norms
 from ..runfiles import read_run
 from ..utils.findings import Finding, InspectorError
 from ..utils.forward_state import module_state_kept
-from ..utils.labels import BATCH_LABEL
+from ..utils.labels import BATCH_LABEL, ROOT_LABEL
 from ..utils.wrappers import underlying
 from .calls import as_inputs, floating_leaves, rebuild
 from .files import KeptStep, ReplayFile, replay_files
@@ -300,7 +300,7 @@ def replay(run_path: str | os.PathLike, step: int, model: nn.Module | str | Load
     recorded = _recorded_loss(path, step, rank, kept)
     device = next((p.device for p in net.parameters()), torch.device("cpu"))
     tol = tolerance if tolerance is not None else (0.0 if device.type == "cpu" else 1e-5)
-    named = {n or "(model)": m for n, m in net.named_modules()}
+    named = {n or ROOT_LABEL: m for n, m in net.named_modules()}
     batch_bad = []
     for i, call in enumerate(kept.calls):
         tensors = {f"s{kept.step}/c{i}/{k}": t for k, t in f.tensors(f"s{kept.step}/c{i}/").items()}
@@ -352,7 +352,7 @@ def _findings(ops: tuple[OpRecord, ...], batch: tuple[str, ...], weights: tuple[
             out.append(Finding(f"nonfinite-{phase}", "error", first.module,
                                f"replayed step {step}: {first.line()}"))
     if reproduced is False:
-        out.append(Finding("replay-differs", "warning", "(model)",
+        out.append(Finding("replay-differs", "warning", ROOT_LABEL,
                            f"replayed step {step} gave the loss {loss!r} where the run recorded {recorded!r}: the "
                            "model, its code or the loss function differ from the run's, or the step used "
                            "something the watch does not keep (data changed in place, another random source)"))
