@@ -95,14 +95,18 @@ def _train_logged(tmp_path: Path, plant: str, steps: int = 5, **options: Any) ->
     return model, path
 
 
-@pytest.mark.parametrize(("plant", "op", "phase", "marker"), [
-    ("log", "aten.log.default", "forward", "# PLANT:log"),
-    ("div", "aten.div.Tensor", "forward", "# PLANT:div"),
-    ("fp16", "aten.mm.default", "forward", "# PLANT:fp16"),
-    ("backward", "aten.mul.Tensor", "backward", "# PLANT:custom-backward"),
-])
-def test_a_planted_op_is_named_with_its_module_and_line(tmp_path: Path, plant: str, op: str, phase: str,
-                                                          marker: str) -> None:
+@pytest.mark.parametrize(
+    ("plant", "op", "phase", "marker"),
+    [
+        ("log", "aten.log.default", "forward", "# PLANT:log"),
+        ("div", "aten.div.Tensor", "forward", "# PLANT:div"),
+        ("fp16", "aten.mm.default", "forward", "# PLANT:fp16"),
+        ("backward", "aten.mul.Tensor", "backward", "# PLANT:custom-backward"),
+    ],
+)
+def test_a_planted_op_is_named_with_its_module_and_line(
+    tmp_path: Path, plant: str, op: str, phase: str, marker: str
+) -> None:
     model, path = _train_logged(tmp_path, plant)
     files = replay_files(path)
     assert [f.name for f in files] == ["run.inspect.step3.replay.safetensors"]  # one file: the first bad step
@@ -163,7 +167,9 @@ def test_the_model_is_as_it_was_after_a_replay(tmp_path: Path) -> None:
     calls = model.calls
     replay(path, 3, model=model, loss=_loss)
     after = model.state_dict()
-    assert all(torch.equal(before[k].view(torch.int32), after[k].view(torch.int32)) for k in before)  # NaNs too
+    assert all(
+        torch.equal(before[k].view(torch.int32), after[k].view(torch.int32)) for k in before
+    )  # NaNs too
     assert [p.grad for p in model.parameters()] == grads and [id(p) for p in model.parameters()] == ids
     assert not model.training and not model.fc1.training
     assert model.calls == calls  # the forward's own counter is put back
@@ -210,21 +216,30 @@ def test_a_byte_budget_too_small_writes_nothing_and_says_so(tmp_path: Path) -> N
 
 def test_a_step_that_was_not_kept_lists_the_kept_ones(tmp_path: Path) -> None:
     model, path = _train_logged(tmp_path, "log")
-    with pytest.raises(InspectorError, match=r"step 0 of run.inspect was not kept with its weights.*2 \(no "
-                                             r"weights\), 3"):
+    with pytest.raises(
+        InspectorError,
+        match=r"step 0 of run.inspect was not kept with its weights.*2 \(no "
+        r"weights\), 3",
+    ):
         replay(path, 0, model=model)
 
 
 def test_a_replay_file_of_another_model_is_refused_naming_the_difference(tmp_path: Path) -> None:
     _, path = _train_logged(tmp_path, "log")
-    with pytest.raises(InspectorError, match=r"run.inspect.step3.replay.safetensors holds the weights of another "
-                                             r"model.*'fc1.weight'"):
+    with pytest.raises(
+        InspectorError,
+        match=r"run.inspect.step3.replay.safetensors holds the weights of another "
+        r"model.*'fc1.weight'",
+    ):
         replay(path, 3, model=nn.Sequential(nn.Linear(4, 8), nn.Linear(8, 2)))
     wider = Planted("log")
     wider.fc1 = nn.Linear(4, 9)
     wider.block.fc2 = nn.Linear(9, 2)
-    with pytest.raises(InspectorError, match=r"step3.replay.safetensors: fc1.weight has shape \[8, 4\] there and "
-                                             r"\[9, 4\] in this model"):
+    with pytest.raises(
+        InspectorError,
+        match=r"step3.replay.safetensors: fc1.weight has shape \[8, 4\] there and "
+        r"\[9, 4\] in this model",
+    ):
         replay(path, 3, model=wider)
 
 
@@ -233,8 +248,11 @@ def test_a_truncated_replay_file_is_refused(tmp_path: Path) -> None:
     f = replay_files(path)[0]
     data = f.read_bytes()
     f.write_bytes(data[: len(data) // 2])
-    with pytest.raises(InspectorError, match=r"replay file run.inspect.step3.replay.safetensors was refused: it is "
-                                             r"not a readable safetensors file"):
+    with pytest.raises(
+        InspectorError,
+        match=r"replay file run.inspect.step3.replay.safetensors was refused: it is "
+        r"not a readable safetensors file",
+    ):
         replay(path, 3, model=model)
     f.write_bytes(data[:20])
     with pytest.raises(InspectorError, match=r"step3.replay.safetensors was refused: its header claims"):
@@ -243,8 +261,8 @@ def test_a_truncated_replay_file_is_refused(tmp_path: Path) -> None:
 
 def _rewrite(f: Path, change: Any) -> None:
     """The file with its record changed by ``change(record)`` (the tensors kept)."""
-    from safetensors.torch import load_file, save_file
     from safetensors import safe_open
+    from safetensors.torch import load_file, save_file
 
     with safe_open(str(f), framework="pt") as fh:
         meta = dict(fh.metadata())
@@ -255,16 +273,32 @@ def _rewrite(f: Path, change: Any) -> None:
     save_file(tensors, str(f), metadata=meta)
 
 
-@pytest.mark.parametrize(("change", "message"), [
-    (lambda r, t: r.update(step="3"), "its step is not a whole number"),
-    (lambda r, t: r.update(extra=1), "does not have exactly the fields"),
-    (lambda r, t: r["steps"][-1]["calls"][0]["args"].update(t="s3/c0/t9"), "the tensor 's3/c0/t9' it names is missing"),
-    (lambda r, t: r["steps"][-1]["calls"][0].update(args={"call": ["os.system", {"t": "s3/c0/t0"}]}),
-     "a call's structure has a node of kind 'call'"),
-    (lambda r, t: t.update({"s3/c0/extra": torch.zeros(1)}), "holds the tensor 's3/c0/extra' that its record"),
-    (lambda r, t: t.update({"s3/c0/rng/cpu": torch.zeros(3)}), "generator state 's3/c0/rng/cpu' is not a flat uint8"),
-])
-def test_a_forged_replay_file_is_refused_naming_what_is_wrong(tmp_path: Path, change: Any, message: str) -> None:
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (lambda r, t: r.update(step="3"), "its step is not a whole number"),
+        (lambda r, t: r.update(extra=1), "does not have exactly the fields"),
+        (
+            lambda r, t: r["steps"][-1]["calls"][0]["args"].update(t="s3/c0/t9"),
+            "the tensor 's3/c0/t9' it names is missing",
+        ),
+        (
+            lambda r, t: r["steps"][-1]["calls"][0].update(args={"call": ["os.system", {"t": "s3/c0/t0"}]}),
+            "a call's structure has a node of kind 'call'",
+        ),
+        (
+            lambda r, t: t.update({"s3/c0/extra": torch.zeros(1)}),
+            "holds the tensor 's3/c0/extra' that its record",
+        ),
+        (
+            lambda r, t: t.update({"s3/c0/rng/cpu": torch.zeros(3)}),
+            "generator state 's3/c0/rng/cpu' is not a flat uint8",
+        ),
+    ],
+)
+def test_a_forged_replay_file_is_refused_naming_what_is_wrong(
+    tmp_path: Path, change: Any, message: str
+) -> None:
     model, path = _train_logged(tmp_path, "log")
     f = replay_files(path)[0]
     _rewrite(f, change)
@@ -280,8 +314,11 @@ def _escape(text: str) -> str:
 
 def test_a_model_spec_that_does_not_build_is_named(tmp_path: Path) -> None:
     _, path = _train_logged(tmp_path, "log")
-    with pytest.raises(InspectorError, match=r"replay of .*run.inspect: the model 'sample:no-such-model' did not "
-                                             r"build"):
+    with pytest.raises(
+        InspectorError,
+        match=r"replay of .*run.inspect: the model 'sample:no-such-model' did not "
+        r"build",
+    ):
         replay(path, 3, model="sample:no-such-model")
 
 

@@ -12,7 +12,6 @@ import torch
 from benchmarks.bugzoo.replays import replay_case
 from benchmarks.bugzoo.runner import select
 
-
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -22,16 +21,35 @@ def _line(path: str, text: str) -> str:
     return f"{path}:{next(i for i, t in enumerate(lines, 1) if text in t)}"
 
 
-@pytest.mark.parametrize(("name", "culprit", "module", "line"), [
-    ("mlp-backward-nan", "backward aten.mul.Tensor", "gate", _line("benchmarks/bugzoo/models.py", 'grad * float("nan")')),
-    ("cnn-div-zero-conv2", "forward aten.div.Tensor", "conv2", _line("benchmarks/bugzoo/cases_plain.py", "/ 0.0")),
-    ("gpt2-div-zero-mlp", "forward aten.div.Tensor", "transformer.h.1.mlp.c_fc",
-     _line("benchmarks/bugzoo/cases_plain.py", "/ 0.0")),
-    ("mlp-nan-batch", "(batch)", "args[0]", ""),
-    ("llama-inf-weight", "(weights)", "model.layers.1.mlp.down_proj.weight", ""),
-    ("lstm-exploding-head", "", "", ""),
-])
-def test_a_zoo_case_replays_bit_equal_and_names_its_culprit(name: str, culprit: str, module: str, line: str) -> None:
+@pytest.mark.parametrize(
+    ("name", "culprit", "module", "line"),
+    [
+        (
+            "mlp-backward-nan",
+            "backward aten.mul.Tensor",
+            "gate",
+            _line("benchmarks/bugzoo/models.py", 'grad * float("nan")'),
+        ),
+        (
+            "cnn-div-zero-conv2",
+            "forward aten.div.Tensor",
+            "conv2",
+            _line("benchmarks/bugzoo/cases_plain.py", "/ 0.0"),
+        ),
+        (
+            "gpt2-div-zero-mlp",
+            "forward aten.div.Tensor",
+            "transformer.h.1.mlp.c_fc",
+            _line("benchmarks/bugzoo/cases_plain.py", "/ 0.0"),
+        ),
+        ("mlp-nan-batch", "(batch)", "args[0]", ""),
+        ("llama-inf-weight", "(weights)", "model.layers.1.mlp.down_proj.weight", ""),
+        ("lstm-exploding-head", "", "", ""),
+    ],
+)
+def test_a_zoo_case_replays_bit_equal_and_names_its_culprit(
+    name: str, culprit: str, module: str, line: str
+) -> None:
     torch.set_num_threads(1)
     (case,) = [c for c in select(name) if c.name == name]
     row = replay_case(case, steps=32)

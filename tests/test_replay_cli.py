@@ -9,7 +9,7 @@ from pathlib import Path
 
 from inspector.__main__ import main
 
-PLANTED = textwrap.dedent('''
+PLANTED = textwrap.dedent("""
     import torch
     from torch import nn
 
@@ -42,15 +42,29 @@ PLANTED = textwrap.dedent('''
 
     def loss(outputs, inputs):
         return outputs.pow(2).mean()
-''')
+""")
 
 
 def _trained(tmp_path: Path, monkeypatch) -> Path:
     (tmp_path / "planted.py").write_text(PLANTED)
     monkeypatch.setenv("INSPECTOR_MODEL_DIRS", str(tmp_path))
     run = tmp_path / "r.inspect"
-    assert main(["watch", f"{tmp_path / 'planted.py'}:build", "--steps", "4", "--keep", "--optimizer", "sgd",
-                 "-o", str(run)]) == 0
+    assert (
+        main(
+            [
+                "watch",
+                f"{tmp_path / 'planted.py'}:build",
+                "--steps",
+                "4",
+                "--keep",
+                "--optimizer",
+                "sgd",
+                "-o",
+                str(run),
+            ]
+        )
+        == 0
+    )
     return run
 
 
@@ -62,8 +76,10 @@ def test_replay_names_the_op_and_line_from_the_recorded_source(tmp_path, monkeyp
     assert main(["replay", str(run), "--step", "2", "--json", str(out)]) == 0
     text = capsys.readouterr().out
     line = f"{tmp_path / 'planted.py'}:10"
-    assert text.splitlines()[0].startswith("step 2: reproduced (loss nan, recorded nan); first NaN/Inf: forward "
-                                           f"aten.log.default in log at {line}")
+    assert text.splitlines()[0].startswith(
+        "step 2: reproduced (loss nan, recorded nan); first NaN/Inf: forward "
+        f"aten.log.default in log at {line}"
+    )
     assert "return torch.log(x + 0.5)" in text
     data = json.loads(out.read_text())
     assert data["reproduced"] is True and data["ops"][0]["op"] == "aten.log.default"

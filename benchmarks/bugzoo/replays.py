@@ -22,9 +22,19 @@ from .core import Case, Ctx, PlantedError, WatchMonitor
 from .models import MODELS, VOCAB
 from .runner import one_line, select, steps_for
 
-CASES = ("llama-inf-weight", "cnn-div-zero-conv2", "gpt2-div-zero-mlp", "mlp-nan-batch", "vit-nan-batch",
-         "mlp-backward-nan", "mlp-loss-log0", "mlp-huge-lr", "cnn-huge-lr", "lstm-exploding-head",
-         "gpt2-exploding-block")
+CASES = (
+    "llama-inf-weight",
+    "cnn-div-zero-conv2",
+    "gpt2-div-zero-mlp",
+    "mlp-nan-batch",
+    "vit-nan-batch",
+    "mlp-backward-nan",
+    "mlp-loss-log0",
+    "mlp-huge-lr",
+    "cnn-huge-lr",
+    "lstm-exploding-head",
+    "gpt2-exploding-block",
+)
 
 
 def keeping(ctx: Ctx, model: nn.Module, optimizer: Any, **extra: Any) -> WatchMonitor:
@@ -32,7 +42,8 @@ def keeping(ctx: Ctx, model: nn.Module, optimizer: Any, **extra: Any) -> WatchMo
 
 
 def loss_for(model: str) -> Callable[[Any, Any], torch.Tensor] | None:
-    """The zoo loop's loss as ``loss(outputs, inputs)``: a Hugging Face model's is ``outputs.loss``; the others'
+    """The zoo loop's loss as ``loss(outputs, inputs)``: a Hugging Face model's is ``outputs.loss``; the
+    others'
     targets are not among the model's inputs, so they are found again among the task's fixed batches."""
     if model not in ("mlp", "cnn", "lstm"):
         return None
@@ -47,8 +58,9 @@ def loss_for(model: str) -> Callable[[Any, Any], torch.Tensor] | None:
         raise InspectorError("the replayed batch is none of the task's batches")
 
     if model == "lstm":
-        return lambda out, ids: nn.functional.cross_entropy(out.reshape(-1, VOCAB),
-                                                            batch_of(ids)["ids"][:, 1:].reshape(-1))
+        return lambda out, ids: nn.functional.cross_entropy(
+            out.reshape(-1, VOCAB), batch_of(ids)["ids"][:, 1:].reshape(-1)
+        )
     return lambda out, x: nn.functional.cross_entropy(out, batch_of(x)["y"])
 
 
@@ -65,9 +77,16 @@ class Row:
 
     def cells(self) -> list[str]:
         rep = {True: "yes", False: "no", None: "-"}[self.reproduced]
-        return [self.case, str(self.planted), "-" if self.step is None else str(self.step), rep,
-                f"`{self.culprit}`" if self.culprit else "-", self.module or "-", self.source or "-",
-                self.error or ""]
+        return [
+            self.case,
+            str(self.planted),
+            "-" if self.step is None else str(self.step),
+            rep,
+            f"`{self.culprit}`" if self.culprit else "-",
+            self.module or "-",
+            self.source or "-",
+            self.error or "",
+        ]
 
 
 def replay_case(case: Case, steps: int | None = None) -> Row:
@@ -104,9 +123,13 @@ def replay_case(case: Case, steps: int | None = None) -> Row:
             row.culprit, row.module = "(weights)", ", ".join(r.weights_nonfinite[:2])
         elif r.first is not None:
             row.culprit, row.module = f"{r.first.phase} {r.first.op}", r.first.module
-            row.source = f"{os.path.relpath(r.first.source.rpartition(':')[0])}:{r.first.source.rpartition(':')[2]}"
+            row.source = (
+                f"{os.path.relpath(r.first.source.rpartition(':')[0])}:{r.first.source.rpartition(':')[2]}"
+            )
         elif not r.ops:
-            row.error = "no NaN/Inf in the replayed step" + (f" (loss {r.loss:.4g})" if r.loss is not None else "")
+            row.error = "no NaN/Inf in the replayed step" + (
+                f" (loss {r.loss:.4g})" if r.loss is not None else ""
+            )
         return row
 
 

@@ -15,5 +15,19 @@ from .keeping import StepKeeper
 from .ops import InputRange, OpRecord, finding_ops
 from .run import Replay, replay
 
-__all__ = ["FORMAT", "SUFFIX", "InputRange", "KeptCall", "KeptStep", "OpRecord", "Replay", "ReplayFile",
-           "ReplayMeta", "StepKeeper", "finding_ops", "replay", "replay_files", "replay_path"]
+__all__ = [
+    "FORMAT",
+    "SUFFIX",
+    "InputRange",
+    "KeptCall",
+    "KeptStep",
+    "OpRecord",
+    "Replay",
+    "ReplayFile",
+    "ReplayMeta",
+    "StepKeeper",
+    "finding_ops",
+    "replay",
+    "replay_files",
+    "replay_path",
+]

@@ -44,13 +44,18 @@ def flatten(value: Any, prefix: str, tensors: dict[str, torch.Tensor], path: str
         kind = "list" if isinstance(value, list) else "tuple"
         return {kind: [flatten(v, prefix, tensors, f"{path}[{i}]", depth + 1) for i, v in enumerate(value)]}
     if isinstance(value, dict) and all(isinstance(k, str) for k in value):
-        return {"dict": [[k, flatten(v, prefix, tensors, f"{path}[{k!r}]", depth + 1)] for k, v in value.items()]}
-    raise Unkeepable(f"{path or 'the call'} is a {type(value).__name__}, which a replay file cannot hold "
-                     "(tensors, numbers, strings, None, lists, tuples and dicts with string keys only)")
+        return {
+            "dict": [[k, flatten(v, prefix, tensors, f"{path}[{k!r}]", depth + 1)] for k, v in value.items()]
+        }
+    raise Unkeepable(
+        f"{path or 'the call'} is a {type(value).__name__}, which a replay file cannot hold "
+        "(tensors, numbers, strings, None, lists, tuples and dicts with string keys only)"
+    )
 
 
-def rebuild(node: Any, tensors: dict[str, torch.Tensor], where: str, count: list[int] | None = None,
-            depth: int = 0) -> Any:
+def rebuild(
+    node: Any, tensors: dict[str, torch.Tensor], where: str, count: list[int] | None = None, depth: int = 0
+) -> Any:
     """The value a tree :func:`flatten` made stands for, checked node by node.
 
     Raises:
@@ -59,16 +64,22 @@ def rebuild(node: Any, tensors: dict[str, torch.Tensor], where: str, count: list
     count = [0] if count is None else count
     count[0] += 1
     if count[0] > MAX_NODES or depth > MAX_DEPTH:
-        raise InspectorError(f"{where}: a call's structure is larger than {MAX_NODES} nodes or deeper than "
-                             f"{MAX_DEPTH}; not a file the watch wrote")
+        raise InspectorError(
+            f"{where}: a call's structure is larger than {MAX_NODES} nodes or deeper than "
+            f"{MAX_DEPTH}; not a file the watch wrote"
+        )
     if not isinstance(node, dict) or len(node) not in (1, 2):
-        raise InspectorError(f"{where}: a call's structure holds {type(node).__name__} {str(node)[:60]!r} "
-                             "where a node is expected; not a file the watch wrote")
+        raise InspectorError(
+            f"{where}: a call's structure holds {type(node).__name__} {str(node)[:60]!r} "
+            "where a node is expected; not a file the watch wrote"
+        )
     if "t" in node and len(node) == 1:
         key = node["t"]
         if not isinstance(key, str) or key not in tensors:
-            raise InspectorError(f"{where}: a call refers to tensor {str(key)[:60]!r}, which the file does not "
-                                 "hold; the file is damaged or forged")
+            raise InspectorError(
+                f"{where}: a call refers to tensor {str(key)[:60]!r}, which the file does not "
+                "hold; the file is damaged or forged"
+            )
         return tensors[key]
     if "v" in node:
         value = node["v"]
@@ -77,26 +88,38 @@ def rebuild(node: Any, tensors: dict[str, torch.Tensor], where: str, count: list
                 return float(value)
             if isinstance(value, float) or (isinstance(value, int) and not isinstance(value, bool)):
                 return float(value)
-        elif len(node) == 1 and (value is None or isinstance(value, (bool, int, float))
-                                 or (isinstance(value, str) and len(value) <= MAX_TEXT)):
+        elif len(node) == 1 and (
+            value is None
+            or isinstance(value, (bool, int, float))
+            or (isinstance(value, str) and len(value) <= MAX_TEXT)
+        ):
             return value
-        raise InspectorError(f"{where}: a call holds the value {str(value)[:60]!r}, which is not a number, "
-                             "a short string or None; not a file the watch wrote")
-    (kind, items), = node.items() if len(node) == 1 else ((None, None),)
+        raise InspectorError(
+            f"{where}: a call holds the value {str(value)[:60]!r}, which is not a number, "
+            "a short string or None; not a file the watch wrote"
+        )
+    ((kind, items),) = node.items() if len(node) == 1 else ((None, None),)
     if kind in ("list", "tuple") and isinstance(items, list):
         out = [rebuild(v, tensors, where, count, depth + 1) for v in items]
         return out if kind == "list" else tuple(out)
     if kind == "dict" and isinstance(items, list):
         built = {}
         for pair in items:
-            if not (isinstance(pair, list) and len(pair) == 2 and isinstance(pair[0], str)
-                    and len(pair[0]) <= MAX_TEXT):
-                raise InspectorError(f"{where}: a dict in a call has an entry that is not [string key, node]; "
-                                     "not a file the watch wrote")
+            if not (
+                isinstance(pair, list)
+                and len(pair) == 2
+                and isinstance(pair[0], str)
+                and len(pair[0]) <= MAX_TEXT
+            ):
+                raise InspectorError(
+                    f"{where}: a dict in a call has an entry that is not [string key, node]; "
+                    "not a file the watch wrote"
+                )
             built[pair[0]] = rebuild(pair[1], tensors, where, count, depth + 1)
         return built
-    raise InspectorError(f"{where}: a call's structure has a node of kind {str(kind)[:40]!r}; not a file the "
-                         "watch wrote")
+    raise InspectorError(
+        f"{where}: a call's structure has a node of kind {str(kind)[:40]!r}; not a file the watch wrote"
+    )
 
 
 def as_inputs(args: tuple, kwargs: dict) -> Any:

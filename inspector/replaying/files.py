@@ -82,15 +82,37 @@ class ReplayMeta:
 
     def to_json(self) -> str:
         def call(c: KeptCall) -> dict[str, Any]:
-            return {"args": c.args, "kwargs": c.kwargs, "rng": c.rng, "autocast": c.autocast,
-                    "eval": list(c.eval_modules), "written": list(c.written)}
-        return json.dumps({
-            "run": self.run, "model": self.model, "rank": self.rank, "world": self.world,
-            "parameters": list(self.parameters), "buffers": list(self.buffers), "step": self.step,
-            "findings": [list(f) for f in self.findings],
-            "steps": [{"step": s.step, "calls": [call(c) for c in s.calls], "weights": s.weights,
-                       "loss": None if s.loss is None else float(s.loss).hex()} for s in self.steps],
-        }, allow_nan=False)
+            return {
+                "args": c.args,
+                "kwargs": c.kwargs,
+                "rng": c.rng,
+                "autocast": c.autocast,
+                "eval": list(c.eval_modules),
+                "written": list(c.written),
+            }
+
+        return json.dumps(
+            {
+                "run": self.run,
+                "model": self.model,
+                "rank": self.rank,
+                "world": self.world,
+                "parameters": list(self.parameters),
+                "buffers": list(self.buffers),
+                "step": self.step,
+                "findings": [list(f) for f in self.findings],
+                "steps": [
+                    {
+                        "step": s.step,
+                        "calls": [call(c) for c in s.calls],
+                        "weights": s.weights,
+                        "loss": None if s.loss is None else float(s.loss).hex(),
+                    }
+                    for s in self.steps
+                ],
+            },
+            allow_nan=False,
+        )
 
 
 def replay_path(run_path: str | os.PathLike, step: int, rank: int = 0, world: int = 1) -> Path:
@@ -115,7 +137,7 @@ def replay_files(run_path: str | os.PathLike) -> list[Path]:
 def remove_replay_files(run_path: str | os.PathLike, rank: int, world: int) -> None:
     """Remove this rank's replay files of an earlier run at ``run_path`` (a new run starts clean)."""
     for f in replay_files(run_path):
-        if world == 1 and ".rank" not in f.name[len(Path(run_path).name):] or f".rank{rank}." in f.name:
+        if world == 1 and ".rank" not in f.name[len(Path(run_path).name) :] or f".rank{rank}." in f.name:
             f.unlink(missing_ok=True)
 
 
@@ -126,7 +148,9 @@ def write_replay(path: Path, meta: ReplayMeta, tensors: dict[str, torch.Tensor])
     host = {k: t.detach().to("cpu", copy=True).contiguous() for k, t in tensors.items()}
     tmp = path.with_name(path.name + ".tmp")
     try:
-        save_file(host, str(tmp), metadata={"format": FORMAT, "version": str(VERSION), "replay": meta.to_json()})
+        save_file(
+            host, str(tmp), metadata={"format": FORMAT, "version": str(VERSION), "replay": meta.to_json()}
+        )
         os.replace(tmp, path)  # a reader never sees half a file
     except OSError as exc:
         tmp.unlink(missing_ok=True)
@@ -136,8 +160,10 @@ def write_replay(path: Path, meta: ReplayMeta, tensors: dict[str, torch.Tensor])
 
 # -- reading ------------------------------------------------------------------------------------
 def _bad(path: Path, why: str) -> InspectorError:
-    return InspectorError(f"replay file {path.name} was refused: {why}; a replay file is written by "
-                          "inspector.watch(..., keep=True) next to its run file")
+    return InspectorError(
+        f"replay file {path.name} was refused: {why}; a replay file is written by "
+        "inspector.watch(..., keep=True) next to its run file"
+    )
 
 
 def _header(path: Path) -> None:
@@ -156,8 +182,11 @@ def _header(path: Path) -> None:
 
 
 def _strings(value: Any, path: Path, what: str, most: int = MAX_NAMES) -> tuple[str, ...]:
-    if not isinstance(value, list) or len(value) > most or not all(
-            isinstance(v, str) and 0 < len(v) <= _NAME for v in value):
+    if (
+        not isinstance(value, list)
+        or len(value) > most
+        or not all(isinstance(v, str) and 0 < len(v) <= _NAME for v in value)
+    ):
         raise _bad(path, f"its {what} is not a list of names")
     return tuple(value)
 
@@ -169,8 +198,14 @@ def _int(value: Any, path: Path, what: str) -> int:
 
 
 def _text_map(value: Any, path: Path, what: str) -> dict[str, str]:
-    if not isinstance(value, dict) or len(value) > 64 or not all(
-            isinstance(k, str) and isinstance(v, str) and len(k) <= 64 and len(v) <= _NAME for k, v in value.items()):
+    if (
+        not isinstance(value, dict)
+        or len(value) > 64
+        or not all(
+            isinstance(k, str) and isinstance(v, str) and len(k) <= 64 and len(v) <= _NAME
+            for k, v in value.items()
+        )
+    ):
         raise _bad(path, f"its {what} is not a small map of names")
     return dict(value)
 
@@ -178,10 +213,14 @@ def _text_map(value: Any, path: Path, what: str) -> dict[str, str]:
 def _call(value: Any, path: Path) -> KeptCall:
     if not isinstance(value, dict) or set(value) != {"args", "kwargs", "rng", "autocast", "eval", "written"}:
         raise _bad(path, "a kept call does not have the fields args, kwargs, rng, autocast, eval, written")
-    return KeptCall(value["args"], value["kwargs"], _text_map(value["rng"], path, "generator states"),
-                    _text_map(value["autocast"], path, "autocast state"),
-                    _strings(value["eval"], path, "modules in eval mode"),
-                    _strings(value["written"], path, "batch tensors written in place"))
+    return KeptCall(
+        value["args"],
+        value["kwargs"],
+        _text_map(value["rng"], path, "generator states"),
+        _text_map(value["autocast"], path, "autocast state"),
+        _strings(value["eval"], path, "modules in eval mode"),
+        _strings(value["written"], path, "batch tensors written in place"),
+    )
 
 
 def _step(value: Any, path: Path) -> KeptStep:
@@ -196,7 +235,9 @@ def _step(value: Any, path: Path) -> KeptStep:
             loss = float.fromhex(loss)
         except (TypeError, ValueError):
             raise _bad(path, "a kept step's loss is not a float written as hex") from None
-    return KeptStep(_int(value["step"], path, "step"), tuple(_call(c, path) for c in calls), value["weights"], loss)
+    return KeptStep(
+        _int(value["step"], path, "step"), tuple(_call(c, path) for c in calls), value["weights"], loss
+    )
 
 
 def parse_meta(text: str, path: Path) -> ReplayMeta:
@@ -217,21 +258,36 @@ def parse_meta(text: str, path: Path) -> ReplayMeta:
     if not (isinstance(raw["run"], str) and isinstance(raw["model"], str) and len(raw["model"]) <= _NAME):
         raise _bad(path, "its run or model name is not text")
     findings = raw["findings"]
-    if not isinstance(findings, list) or len(findings) > 10_000 or not all(
-            isinstance(f, list) and len(f) == 4 and all(isinstance(x, str) for x in f) for f in findings):
+    if (
+        not isinstance(findings, list)
+        or len(findings) > 10_000
+        or not all(
+            isinstance(f, list) and len(f) == 4 and all(isinstance(x, str) for x in f) for f in findings
+        )
+    ):
         raise _bad(path, "its findings are not [code, severity, where, message] lists")
     steps = raw["steps"]
     if not isinstance(steps, list) or not 0 < len(steps) <= MAX_STEPS:
-        raise _bad(path, f"it keeps {len(steps) if isinstance(steps, list) else 'no list of'} steps "
-                         f"(1 to {MAX_STEPS} expected)")
+        raise _bad(
+            path,
+            f"it keeps {len(steps) if isinstance(steps, list) else 'no list of'} steps "
+            f"(1 to {MAX_STEPS} expected)",
+        )
     world = _int(raw["world"], path, "world size")
     rank = _int(raw["rank"], path, "rank")
     if not 0 <= rank < max(world, 1):
         raise _bad(path, f"its rank {rank} is outside its world of {world}")
-    return ReplayMeta(raw["run"], raw["model"], rank, world, _strings(raw["parameters"], path, "parameters"),
-                      _strings(raw["buffers"], path, "buffers"), _int(raw["step"], path, "step"),
-                      tuple(tuple(f) for f in findings),  # type: ignore[misc]
-                      tuple(_step(s, path) for s in steps))
+    return ReplayMeta(
+        raw["run"],
+        raw["model"],
+        rank,
+        world,
+        _strings(raw["parameters"], path, "parameters"),
+        _strings(raw["buffers"], path, "buffers"),
+        _int(raw["step"], path, "step"),
+        tuple((f[0], f[1], f[2], f[3]) for f in findings),
+        tuple(_step(s, path) for s in steps),
+    )
 
 
 def expected_keys(meta: ReplayMeta) -> dict[str, str]:
@@ -243,8 +299,13 @@ def expected_keys(meta: ReplayMeta) -> dict[str, str]:
             keys.update({f"s{s.step}/b/{n}": "buffer" for n in meta.buffers})
         for i, c in enumerate(s.calls):
             keys.update({k: "rng" for k in c.rng.values()})
-            keys.update({k: "batch" for k in _tensor_keys(c.args) + _tensor_keys(c.kwargs)
-                         if k.startswith(f"s{s.step}/c{i}/")})
+            keys.update(
+                {
+                    k: "batch"
+                    for k in _tensor_keys(c.args) + _tensor_keys(c.kwargs)
+                    if k.startswith(f"s{s.step}/c{i}/")
+                }
+            )
     return keys
 
 
@@ -282,14 +343,20 @@ class ReplayFile:
         if raw.get("format") != FORMAT:
             raise _bad(self.path, "it is a safetensors file without the replay format mark")
         if raw.get("version") != str(VERSION):
-            raise _bad(self.path, f"its version {str(raw.get('version'))[:20]!r} is not {VERSION}, the one this "
-                                  "version of the inspector reads")
+            raise _bad(
+                self.path,
+                f"its version {str(raw.get('version'))[:20]!r} is not {VERSION}, the one this "
+                "version of the inspector reads",
+            )
         self.meta = parse_meta(raw.get("replay", ""), self.path)
         wanted = expected_keys(self.meta)
         missing, extra = sorted(set(wanted) - keys), sorted(keys - set(wanted))
         if missing or extra:
-            what = f"the tensor {missing[0]!r} it names is missing" if missing else \
-                f"it holds the tensor {extra[0]!r} that its record does not name"
+            what = (
+                f"the tensor {missing[0]!r} it names is missing"
+                if missing
+                else f"it holds the tensor {extra[0]!r} that its record does not name"
+            )
             raise _bad(self.path, what)
         for k, kind in wanted.items():
             if kind == "rng" and self._dtypes[k] != ("U8", 1):
@@ -310,6 +377,6 @@ class ReplayFile:
 
         try:
             with safe_open(str(self.path), framework="pt") as fh:
-                return {k[len(prefix):]: fh.get_tensor(k) for k in self._dtypes if k.startswith(prefix)}
+                return {k[len(prefix) :]: fh.get_tensor(k) for k in self._dtypes if k.startswith(prefix)}
         except Exception as exc:  # noqa: BLE001 - the file changed since it was checked
             raise _bad(self.path, f"its tensors cannot be read ({str(exc)[:200]})") from None

@@ -18,11 +18,11 @@ transfer; a NaN/Inf among them, or a parameter's gradient norm ``explode_factor`
 the optimizer changes them. ``keep_weights=True`` copies them at every step instead (their size,
 every step, on the host: the cost is the copy).
 
-When a step ends that had an error finding (or ``exploding-gradient``), a replay file (:mod:`.files`) is written next to the run
-file with the kept steps (one per episode: not again until ``QUIET`` steps have passed without an error
-finding; only when some kept step has its weights),
-within ``max_bytes`` for the whole run; what the budget or the batch's contents left out is listed
-in :attr:`StepKeeper.notes`.
+When a step ends that had an error finding (or ``exploding-gradient``), a replay file (:mod:`.files`)
+is written next to the run file with the kept steps (one per episode: not again until ``QUIET`` steps
+have passed without an error finding; only when some kept step has its weights), within ``max_bytes``
+for the whole run; what the budget or the batch's contents left out is listed in
+:attr:`StepKeeper.notes`.
 """
 
 from __future__ import annotations
@@ -88,9 +88,19 @@ class StepKeeper:
         explode_factor: a gradient norm over this many times its median counts as exploding.
     """
 
-    def __init__(self, root: nn.Module, run_path: str | os.PathLike, *, steps: int = 2,
-                 keep_weights: bool = False, max_bytes: int = DEFAULT_BYTES, rank: int = 0, world: int = 1,
-                 model: str = "", explode_factor: float = 8.0) -> None:
+    def __init__(
+        self,
+        root: nn.Module,
+        run_path: str | os.PathLike,
+        *,
+        steps: int = 2,
+        keep_weights: bool = False,
+        max_bytes: int = DEFAULT_BYTES,
+        rank: int = 0,
+        world: int = 1,
+        model: str = "",
+        explode_factor: float = 8.0,
+    ) -> None:
         if isinstance(steps, bool) or not isinstance(steps, int) or not 1 <= steps <= 64:
             raise InspectorError(f"keep must be True or a number of steps from 1 to 64, got {steps!r}")
         if max_bytes < 0:
@@ -136,8 +146,11 @@ class StepKeeper:
         rng = {"cpu": torch.get_rng_state()}
         if torch.cuda.is_available() and torch.cuda.is_initialized():
             rng.update({f"cuda{i}": torch.cuda.get_rng_state(i) for i in range(torch.cuda.device_count())})
-        autocast = {d: str(torch.get_autocast_dtype(d)).removeprefix("torch.")
-                    for d in ("cpu", "cuda") if torch.is_autocast_enabled(d)}
+        autocast = {
+            d: str(torch.get_autocast_dtype(d)).removeprefix("torch.")
+            for d in ("cpu", "cuda")
+            if torch.is_autocast_enabled(d)
+        }
         eval_modules = tuple(n for n, m in self._modules if not m.training)
         versions = [_version(t) for t in tensors.values()]
         st.calls.append(_Call(tree[0], tree[1], rng, autocast, eval_modules, tensors, versions))
@@ -155,10 +168,13 @@ class StepKeeper:
         norms = np.full(max((int(i.max()) + 1 for i, _ in grad_parts if len(i)), default=0), np.nan)
         at = 0
         for idx, _ in grad_parts:
-            norms[idx] = host[at:at + len(idx)]
+            norms[idx] = host[at : at + len(idx)]
             at += len(idx)
-        value = float(host[width]) if isinstance(loss, torch.Tensor) else (
-            float(loss) if isinstance(loss, (int, float)) else None)
+        value = (
+            float(host[width])
+            if isinstance(loss, torch.Tensor)
+            else (float(loss) if isinstance(loss, (int, float)) else None)
+        )
         st.loss = value
         bad = not bool(np.isfinite(host).all()) or self._explodes(norms)
         if (bad or self.keep_weights) and st.weights is None:
@@ -219,7 +235,8 @@ class StepKeeper:
         if not usable:
             self.notes.append(
                 f"step {st.step}: its error finding came after the optimizer's update, with no weights kept "
-                "from before it; keep_weights=True keeps every step's weights")
+                "from before it; keep_weights=True keeps every step's weights"
+            )
             return
         tensors: dict[str, torch.Tensor] = {}
         steps = []
@@ -233,8 +250,9 @@ class StepKeeper:
                 tensors.update({prefix + k: t for k, t in c.tensors.items()})
                 rng = {dev: f"{prefix}rng/{dev}" for dev in c.rng}
                 tensors.update({f"{prefix}rng/{dev}": t for dev, t in c.rng.items()})
-                written = tuple(k for (k, t), v in zip(c.tensors.items(), c.versions, strict=True)
-                                if _version(t) != v)
+                written = tuple(
+                    k for (k, t), v in zip(c.tensors.items(), c.versions, strict=True) if _version(t) != v
+                )
                 calls.append(KeptCall(args, kwargs, rng, c.autocast, c.eval_modules, written))
             if s.weights is not None and s.buffers is not None:
                 tensors.update({f"s{s.step}/w/{n}": t for n, t in s.weights.items()})
@@ -242,12 +260,23 @@ class StepKeeper:
             steps.append(KeptStep(s.step, tuple(calls), s.weights is not None, s.loss))
         size = sum(t.numel() * t.element_size() for t in tensors.values())
         if self.bytes + size > self.max_bytes:
-            self.notes.append(f"step {st.step}: its replay file ({size:,} bytes) would pass keep_bytes "
-                              f"({self.max_bytes:,}, {self.bytes:,} used); not written")
+            self.notes.append(
+                f"step {st.step}: its replay file ({size:,} bytes) would pass keep_bytes "
+                f"({self.max_bytes:,}, {self.bytes:,} used); not written"
+            )
             return
         first = usable[0]
-        meta = ReplayMeta(self.run_path.name, self.model, self.rank, self.world, tuple(first.weights or ()),
-                          tuple(first.buffers or ()), st.step, tuple(st.findings), tuple(steps))
+        meta = ReplayMeta(
+            self.run_path.name,
+            self.model,
+            self.rank,
+            self.world,
+            tuple(first.weights or ()),
+            tuple(first.buffers or ()),
+            st.step,
+            tuple(st.findings),
+            tuple(steps),
+        )
         path = write_replay(replay_path(self.run_path, st.step, self.rank, self.world), meta, tensors)
         self.bytes += size
         self.written.append(path)

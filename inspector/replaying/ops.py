@@ -32,8 +32,14 @@ MAX_OPS = 16  # culprits recorded per phase
 _KEY = "inspector.module"
 _TORCH = os.path.dirname(torch.__file__) + os.sep
 _INSPECTOR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
-_SKIP = {"aten.clone.default", "aten.detach.default", "aten.copy_.default", "aten.lift_fresh.default",
-         "aten.alias.default", "aten._to_copy.default"}
+_SKIP = {
+    "aten.clone.default",
+    "aten.detach.default",
+    "aten.copy_.default",
+    "aten.lift_fresh.default",
+    "aten.alias.default",
+    "aten._to_copy.default",
+}
 
 
 @dataclass(frozen=True)
@@ -75,11 +81,14 @@ class OpRecord:
     scalars: tuple[str, ...] = ()
 
     def line(self) -> str:
-        made = " and ".join(x for x in (f"{self.nan} NaN" if self.nan else "",
-                                        f"{self.inf} Inf" if self.inf else "") if x)
+        made = " and ".join(
+            x for x in (f"{self.nan} NaN" if self.nan else "", f"{self.inf} Inf" if self.inf else "") if x
+        )
         ins = "; ".join(i.text() for i in self.inputs) or "no tensor input"
-        return f"{self.phase} {self.op} in {self.module} at {self.source or '(no source line)'}: made {made} " \
-               f"from finite inputs ({ins})"
+        return (
+            f"{self.phase} {self.op} in {self.module} at {self.source or '(no source line)'}: made {made} "
+            f"from finite inputs ({ins})"
+        )
 
 
 def _user_frames(frame: Any, stop_at_backward: bool) -> list[str]:
@@ -88,7 +97,11 @@ def _user_frames(frame: Any, stop_at_backward: bool) -> list[str]:
     out = []
     while frame is not None:
         name = frame.f_code.co_filename
-        if stop_at_backward and name.startswith(_TORCH) and frame.f_code.co_name in ("backward", "_engine_run_backward"):
+        if (
+            stop_at_backward
+            and name.startswith(_TORCH)
+            and frame.f_code.co_name in ("backward", "_engine_run_backward")
+        ):
             break
         if name.startswith(_INSPECTOR) and frame.f_code.co_name == "_replay_calls":
             break
@@ -167,37 +180,63 @@ class _Finder(TorchDispatchMode):
         ins = list(_tensors(list(args) + list(kwargs.values())))
         if any(_bad(t) for _, t in ins):
             return out  # it only carried a NaN/Inf it was given
-        scalars = [a for a in list(args) + list(kwargs.values()) if isinstance(a, (int, float, complex, bool))]
+        scalars = [
+            a for a in list(args) + list(kwargs.values()) if isinstance(a, (int, float, complex, bool))
+        ]
         if any(isinstance(s, float) and math.isinf(s) for s in scalars) and not any(
-                bool(torch.isnan(t).any()) for t in outs if t.is_floating_point()):
+            bool(torch.isnan(t).any()) for t in outs if t.is_floating_point()
+        ):
             return out  # an infinite constant it was asked to write (a mask), not a value that overflowed
         self.found.append(self._record(func, phase, node, ins, outs, scalars))
         return out
 
-    def _record(self, func: Any, phase: str, node: Any, ins: list[tuple[str, torch.Tensor]],
-                outs: list[torch.Tensor], scalars: list[Any]) -> OpRecord:
+    def _record(
+        self,
+        func: Any,
+        phase: str,
+        node: Any,
+        ins: list[tuple[str, torch.Tensor]],
+        outs: list[torch.Tensor],
+        scalars: list[Any],
+    ) -> OpRecord:
         if phase == "forward":
             module = self.modules[-1] if self.modules else LOSS_LABEL
             frames = _user_frames(sys._getframe(2), False)
         else:
             module = node.metadata.get(_KEY, LOSS_LABEL)
-            frames = _user_frames(sys._getframe(2), True) or _traceback_frames(node.metadata.get("traceback_", []))
+            frames = _user_frames(sys._getframe(2), True) or _traceback_frames(
+                node.metadata.get("traceback_", [])
+            )
         bad = [t for t in outs if _bad(t)]
         nan = sum(int(torch.isnan(t).sum()) for t in bad)
         inf = sum(int(torch.isinf(t).sum()) for t in bad)
         source = frames[0] if frames else ""
-        return OpRecord(phase, self.count[phase], str(func), module, source, _code_of(source), tuple(frames[:8]),
-                        tuple(_range(f"input{p}", t) for p, t in ins if t.is_floating_point() or t.is_complex()),
-                        tuple(bad[0].shape), str(bad[0].dtype).removeprefix("torch."), nan, inf,
-                        tuple(repr(s) for s in scalars))
+        return OpRecord(
+            phase,
+            self.count[phase],
+            str(func),
+            module,
+            source,
+            _code_of(source),
+            tuple(frames[:8]),
+            tuple(_range(f"input{p}", t) for p, t in ins if t.is_floating_point() or t.is_complex()),
+            tuple(bad[0].shape),
+            str(bad[0].dtype).removeprefix("torch."),
+            nan,
+            inf,
+            tuple(repr(s) for s in scalars),
+        )
 
 
 def _label(value: Any, name: str) -> None:
     """Mark every autograd node reachable from ``value``'s tensors and not marked yet with ``name``."""
-    todo = [t.grad_fn for _, t in _tensors(value if isinstance(value, (tuple, list)) else (value,))
-            if t.grad_fn is not None]
+    todo = [
+        t.grad_fn
+        for _, t in _tensors(value if isinstance(value, (tuple, list)) else (value,))
+        if t.grad_fn is not None
+    ]
     while todo:
-        node = todo.pop()
+        node: Any = todo.pop()
         if node is None:
             continue
         meta = node.metadata
@@ -231,9 +270,12 @@ def finding_ops(model: nn.Module) -> Iterator[_Finder]:
 
     def pre(name: str) -> Any:
         def hook(module: nn.Module, args: tuple, kwargs: dict) -> None:
-            if torch.is_grad_enabled():  # what the enclosing module made before this call is the enclosing one's
+            if (
+                torch.is_grad_enabled()
+            ):  # what the enclosing module made before this call is the enclosing one's
                 _label(list(args) + _outputs(kwargs), finder.modules[-1] if finder.modules else LOSS_LABEL)
             finder.modules.append(name)
+
         return hook
 
     def post(name: str) -> Any:
@@ -242,6 +284,7 @@ def finding_ops(model: nn.Module) -> Iterator[_Finder]:
                 finder.modules.pop()
             if torch.is_grad_enabled():
                 _label(_outputs(output), name)
+
         return hook
 
     with ExitStack() as stack:

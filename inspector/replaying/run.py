@@ -91,11 +91,20 @@ class Replay:
         from dataclasses import asdict
 
         return {
-            "run": self.run_path, "step": self.step, "rank": self.rank, "file": self.file,
-            "reproduced": self.reproduced, "loss": self.loss, "losses": list(self.losses),
-            "recorded_loss": self.recorded_loss, "tolerance": self.tolerance, "verdict": self.verdict(),
-            "ops": [asdict(o) for o in self.ops], "batch_nonfinite": list(self.batch_nonfinite),
-            "weights_nonfinite": list(self.weights_nonfinite), "captured": list(self.captures.order),
+            "run": self.run_path,
+            "step": self.step,
+            "rank": self.rank,
+            "file": self.file,
+            "reproduced": self.reproduced,
+            "loss": self.loss,
+            "losses": list(self.losses),
+            "recorded_loss": self.recorded_loss,
+            "tolerance": self.tolerance,
+            "verdict": self.verdict(),
+            "ops": [asdict(o) for o in self.ops],
+            "batch_nonfinite": list(self.batch_nonfinite),
+            "weights_nonfinite": list(self.weights_nonfinite),
+            "captured": list(self.captures.order),
             "gradients": self.gradients[["name", "norm", "state"]].to_dict("records"),
             "findings": [f.to_dict() for f in self.findings],
             "notes": list(self.notes),
@@ -128,12 +137,16 @@ def _kept_file(run_path: Path, step: int, rank: int) -> tuple[ReplayFile, KeptSt
     held = sorted({(s.step, s.weights) for f in mine for s in f.meta.steps})
     where = f"rank {rank} of " if rank else ""
     if not held:
-        raise InspectorError(f"step {step} of {where}{run_path.name} was not kept: no replay file lies next to it. "
-                             "Watch with keep=True: a step whose error finding (NaN/Inf gradients or loss, "
-                             "an exploding gradient) is seen before the update is kept")
+        raise InspectorError(
+            f"step {step} of {where}{run_path.name} was not kept: no replay file lies next to it. "
+            "Watch with keep=True: a step whose error finding (NaN/Inf gradients or loss, "
+            "an exploding gradient) is seen before the update is kept"
+        )
     listed = ", ".join(f"{s}{'' if w else ' (no weights)'}" for s, w in held)
-    raise InspectorError(f"step {step} of {where}{run_path.name} was not kept with its weights; its replay files "
-                         f"hold steps {listed}. A finding after the update needs keep_weights=True")
+    raise InspectorError(
+        f"step {step} of {where}{run_path.name} was not kept with its weights; its replay files "
+        f"hold steps {listed}. A finding after the update needs keep_weights=True"
+    )
 
 
 def _the_model(model: nn.Module | str | LoadedModel, run: str) -> tuple[nn.Module, Callable | None]:
@@ -147,8 +160,10 @@ def _the_model(model: nn.Module | str | LoadedModel, run: str) -> tuple[nn.Modul
         except InspectorError as exc:
             raise InspectorError(f"replay of {run}: the model {model!r} did not build: {exc}") from None
         return loaded.model, (loaded.loss if loaded.has_loss else None)
-    raise InspectorError(f"replay needs model= an nn.Module, a LoadedModel or a spec such as 'file.py:factory', "
-                         f"got {type(model).__name__}")
+    raise InspectorError(
+        f"replay needs model= an nn.Module, a LoadedModel or a spec such as 'file.py:factory', "
+        f"got {type(model).__name__}"
+    )
 
 
 def _check_weights(f: ReplayFile, model: nn.Module) -> None:
@@ -160,10 +175,18 @@ def _check_weights(f: ReplayFile, model: nn.Module) -> None:
         if missing or extra:
             raise InspectorError(
                 f"replay file {f.path.name} holds the weights of another model ({f.meta.model!r}): "
-                + "; ".join(x for x in (
-                    f"{len(extra)} {kind} name(s) not in this model, first {extra[0]!r}" if extra else "",
-                    f"{len(missing)} of this model's not in the file, first {missing[0]!r}" if missing else "")
-                    if x) + ". Pass the model the run trained")
+                + "; ".join(
+                    x
+                    for x in (
+                        f"{len(extra)} {kind} name(s) not in this model, first {extra[0]!r}" if extra else "",
+                        f"{len(missing)} of this model's not in the file, first {missing[0]!r}"
+                        if missing
+                        else "",
+                    )
+                    if x
+                )
+                + ". Pass the model the run trained"
+            )
     step = next(s for s in f.meta.steps if s.weights).step
     for prefix, own in ((f"s{step}/w/", params), (f"s{step}/b/", buffers)):
         for n, t in own.items():
@@ -171,7 +194,8 @@ def _check_weights(f: ReplayFile, model: nn.Module) -> None:
             if shape != tuple(t.shape):
                 raise InspectorError(
                     f"replay file {f.path.name}: {n} has shape {list(shape)} there and {list(t.shape)} in "
-                    "this model; pass the model the run trained (the same sizes)")
+                    "this model; pass the model the run trained (the same sizes)"
+                )
 
 
 def _recorded_loss(run_path: Path, step: int, rank: int, kept: KeptStep) -> float | None:
@@ -226,8 +250,9 @@ def _default_loss(outputs: Any, inputs: Any) -> torch.Tensor | None:
     return loss if isinstance(loss, torch.Tensor) else None
 
 
-def _replay_calls(model: nn.Module, f: ReplayFile, kept: KeptStep, loss_fn: Callable | None,
-                  named: dict[str, nn.Module]) -> list[float]:
+def _replay_calls(
+    model: nn.Module, f: ReplayFile, kept: KeptStep, loss_fn: Callable | None, named: dict[str, nn.Module]
+) -> list[float]:
     """Each kept call of the step, forward then backward, as it began then; the losses."""
     losses = []
     for i, call in enumerate(kept.calls):
@@ -237,12 +262,18 @@ def _replay_calls(model: nn.Module, f: ReplayFile, kept: KeptStep, loss_fn: Call
         args = _to(rebuild(call.args, tensors, f.path.name), device)
         kwargs = _to(rebuild(call.kwargs, tensors, f.path.name), device)
         if not isinstance(args, list | tuple) or not isinstance(kwargs, dict):
-            raise InspectorError(f"{f.path.name}: a call's arguments are not a list and a dict; the file is forged")
+            raise InspectorError(
+                f"{f.path.name}: a call's arguments are not a list and a dict; the file is forged"
+            )
         for name, m in named.items():
             m.training = name not in call.eval_modules
         torch.set_rng_state(tensors[call.rng["cpu"]])
         for dev, key in call.rng.items():
-            if dev.startswith("cuda") and torch.cuda.is_available() and int(dev[4:]) < torch.cuda.device_count():
+            if (
+                dev.startswith("cuda")
+                and torch.cuda.is_available()
+                and int(dev[4:]) < torch.cuda.device_count()
+            ):
                 torch.cuda.set_rng_state(tensors[key], int(dev[4:]))
         with ExitStack() as amp:
             for dev, dtype in call.autocast.items():
@@ -269,9 +300,16 @@ def _to(value: Any, device: torch.device) -> Any:
     return value
 
 
-def replay(run_path: str | os.PathLike, step: int, model: nn.Module | str | LoadedModel, *,
-           loss: Callable[[Any, Any], torch.Tensor] | None = None, rank: int = 0,
-           capture_bytes: int = CAPTURE_BYTES, tolerance: float | None = None) -> Replay:
+def replay(
+    run_path: str | os.PathLike,
+    step: int,
+    model: nn.Module | str | LoadedModel,
+    *,
+    loss: Callable[[Any, Any], torch.Tensor] | None = None,
+    rank: int = 0,
+    capture_bytes: int = CAPTURE_BYTES,
+    tolerance: float | None = None,
+) -> Replay:
     """Run step ``step`` of a watched run again, from what ``watch(..., keep=True)`` kept.
 
     Args:
@@ -307,13 +345,21 @@ def replay(run_path: str | os.PathLike, step: int, model: nn.Module | str | Load
         for part, node in (("args", call.args), ("kwargs", call.kwargs)):
             leaves = floating_leaves(rebuild(node, tensors, f.path.name), part)
             batch_bad += [p for p, t in leaves if not bool(torch.isfinite(t).all())]
-    notes = [f"call {i}: batch tensors {', '.join(c.written)} were written in place after the step; the "
-             "file holds them as they were when written" for i, c in enumerate(kept.calls) if c.written]
+    notes = [
+        f"call {i}: batch tensors {', '.join(c.written)} were written in place after the step; the "
+        "file holds them as they were when written"
+        for i, c in enumerate(kept.calls)
+        if c.written
+    ]
     weights_bad = _nonfinite(f.tensors(f"s{kept.step}/w/"))
     buffers_bad = _nonfinite(f.tensors(f"s{kept.step}/b/"))
-    if buffers_bad:  # kept after the forward: a training forward may have written them (BatchNorm's statistics)
-        notes.append(f"buffers holding NaN/Inf when kept, after the step's forward (which may have written "
-                     f"them): {', '.join(buffers_bad[:5])}")
+    if (
+        buffers_bad
+    ):  # kept after the forward: a training forward may have written them (BatchNorm's statistics)
+        notes.append(
+            f"buffers holding NaN/Inf when kept, after the step's forward (which may have written "
+            f"them): {', '.join(buffers_bad[:5])}"
+        )
     devices = [device.index or 0] if device.type == "cuda" else []
     with ExitStack() as stack:
         stack.enter_context(torch.random.fork_rng(devices=devices))
@@ -327,33 +373,78 @@ def replay(run_path: str | os.PathLike, step: int, model: nn.Module | str | Load
     last = losses[-1] if losses else None
     reproduced = None if last is None or recorded is None else _same(last, recorded, tol)
     findings = _findings(ops, tuple(batch_bad), weights_bad, reproduced, last, recorded, step)
-    return Replay(str(path), step, rank, str(f.path), reproduced, last, tuple(losses), recorded, ops,
-                  tuple(batch_bad), weights_bad, cap.result, grads, findings, tol, tuple(notes))
+    return Replay(
+        str(path),
+        step,
+        rank,
+        str(f.path),
+        reproduced,
+        last,
+        tuple(losses),
+        recorded,
+        ops,
+        tuple(batch_bad),
+        weights_bad,
+        cap.result,
+        grads,
+        findings,
+        tol,
+        tuple(notes),
+    )
 
 
 def _nonfinite(tensors: dict[str, torch.Tensor]) -> tuple[str, ...]:
-    return tuple(n for n, t in tensors.items()
-                 if (t.is_floating_point() or t.is_complex()) and not bool(torch.isfinite(t).all()))
+    return tuple(
+        n
+        for n, t in tensors.items()
+        if (t.is_floating_point() or t.is_complex()) and not bool(torch.isfinite(t).all())
+    )
 
 
-def _findings(ops: tuple[OpRecord, ...], batch: tuple[str, ...], weights: tuple[str, ...], reproduced: bool | None,
-              loss: float | None, recorded: float | None, step: int) -> tuple[Finding, ...]:
+def _findings(
+    ops: tuple[OpRecord, ...],
+    batch: tuple[str, ...],
+    weights: tuple[str, ...],
+    reproduced: bool | None,
+    loss: float | None,
+    recorded: float | None,
+    step: int,
+) -> tuple[Finding, ...]:
     out = []
     if batch:
-        out.append(Finding("nonfinite-forward", "error", BATCH_LABEL,
-                           f"replayed step {step}: the batch itself holds NaN/Inf ({', '.join(batch)})"))
+        out.append(
+            Finding(
+                "nonfinite-forward",
+                "error",
+                BATCH_LABEL,
+                f"replayed step {step}: the batch itself holds NaN/Inf ({', '.join(batch)})",
+            )
+        )
     if weights:
-        out.append(Finding("nonfinite-parameter", "error", weights[0],
-                           f"replayed step {step}: the weights the step used already held NaN/Inf "
-                           f"({', '.join(weights[:5])}{', ...' if len(weights) > 5 else ''})"))
+        out.append(
+            Finding(
+                "nonfinite-parameter",
+                "error",
+                weights[0],
+                f"replayed step {step}: the weights the step used already held NaN/Inf "
+                f"({', '.join(weights[:5])}{', ...' if len(weights) > 5 else ''})",
+            )
+        )
     for phase in ("forward", "backward"):
         first = next((o for o in ops if o.phase == phase), None)
         if first is not None:
-            out.append(Finding(f"nonfinite-{phase}", "error", first.module,
-                               f"replayed step {step}: {first.line()}"))
+            out.append(
+                Finding(f"nonfinite-{phase}", "error", first.module, f"replayed step {step}: {first.line()}")
+            )
     if reproduced is False:
-        out.append(Finding("replay-differs", "warning", ROOT_LABEL,
-                           f"replayed step {step} gave the loss {loss!r} where the run recorded {recorded!r}: the "
-                           "model, its code or the loss function differ from the run's, or the step used "
-                           "something the watch does not keep (data changed in place, another random source)"))
+        out.append(
+            Finding(
+                "replay-differs",
+                "warning",
+                ROOT_LABEL,
+                f"replayed step {step} gave the loss {loss!r} where the run recorded {recorded!r}: the "
+                "model, its code or the loss function differ from the run's, or the step used "
+                "something the watch does not keep (data changed in place, another random source)",
+            )
+        )
     return tuple(out)

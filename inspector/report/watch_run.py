@@ -55,20 +55,23 @@ def replay_section(r: Replay) -> Section:
     the gradients per parameter (NaN/Inf first, then the largest), what each module output."""
     ops = Table("Ops that made NaN/Inf from finite inputs, first on top",
                 ("phase", "op", "module", "line", "code", "inputs", "nan", "inf"),
-                tuple((o.phase, o.op, o.module, o.source, o.code, "; ".join(i.text() for i in o.inputs), o.nan, o.inf)
-                      for o in r.ops))
+                tuple((o.phase, o.op, o.module, o.source, o.code, "; ".join(i.text() for i in o.inputs),
+                       o.nan, o.inf) for o in r.ops))
     grads = r.gradients[["name", "norm", "state"]].copy()
     grads["bad"] = grads["state"] == "nonfinite"
-    grads = grads.sort_values(["bad", "norm"], ascending=[False, False]).drop(columns="bad").head(MAX_STEP_ROWS)
+    grads = grads.sort_values(["bad", "norm"], ascending=[False, False]).drop(columns="bad")
     columns = ["module", "kind", "path", "shape", "dtype", "min", "max", "nan", "inf"]
     stats = r.captures.stats
-    tables = (ops, Table.from_frame(f"Gradients at step {r.step}", grads, "NaN/Inf first, then the largest"),
-              Table.from_frame("Module outputs and inputs, as replayed", stats[[c for c in columns if c in stats]]
-                               .head(MAX_STEP_ROWS), "detached copies within the capture byte budget"))
+    shown = stats[[c for c in columns if c in stats]].head(MAX_STEP_ROWS)
+    tables = (ops, Table.from_frame(f"Gradients at step {r.step}", grads.head(MAX_STEP_ROWS),
+                                    "NaN/Inf first, then the largest"),
+              Table.from_frame("Module outputs and inputs, as replayed", shown,
+                               "detached copies within the capture byte budget"))
     first = r.first
     facts = {"step": r.step, "rank": r.rank, "replay file": r.file,
              "reproduced": {True: "yes", False: "no", None: "no loss to compare"}[r.reproduced],
-             "loss": plain(r.loss, None), "recorded loss": plain(r.recorded_loss, None), "tolerance": r.tolerance,
+             "loss": plain(r.loss, None), "recorded loss": plain(r.recorded_loss, None),
+             "tolerance": r.tolerance,
              "first op": f"{first.op} in {first.module} at {first.source}" if first else "none",
              "batch with NaN/Inf": ", ".join(r.batch_nonfinite) or "none",
              "weights with NaN/Inf": ", ".join(r.weights_nonfinite[:5]) or "none"}
