@@ -330,3 +330,15 @@ def test_the_file_record_reads_back_as_written(tmp_path: Path) -> None:
     assert f.meta.parameters == ("fc1.weight", "fc1.bias", "block.fc2.weight", "block.fc2.bias")
     assert {c for c, *_ in f.meta.findings} >= {"nonfinite-loss"}
     assert f.meta.steps[-1].calls[0].rng.keys() == {"cpu"}
+
+
+def test_a_nan_made_in_the_loss_function_is_named_in_the_loss(tmp_path: Path) -> None:
+    model, path = _train_logged(tmp_path, "backward")  # a finite forward: the loss given makes the NaN
+
+    def entropy_loss(out: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        p = torch.zeros(())
+        return out.pow(2).mean() + p * torch.log(p)  # PLANT:loss
+
+    first = replay(path, 3, model=model, loss=entropy_loss).first
+    assert first is not None and (first.phase, first.op, first.module) == ("forward", "aten.log.default", "(loss)")
+    assert first.source == _line("# PLANT:loss") and first.inf == 1
