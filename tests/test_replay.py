@@ -192,7 +192,7 @@ def test_a_healthy_run_writes_no_replay_file_and_keeps_no_weights(tmp_path: Path
             opt.zero_grad()
             assert len(w.keeper.kept) <= 2  # the last two steps, no more
             assert all(s.weights is None for s in w.keeper.kept)  # no copy on a healthy step
-    assert replay_files(path) == [] and w.keeper.written == []
+    assert replay_files(path) == [] and w.keeper.written == [] and w.keeper.copies == 0
     with pytest.raises(InspectorError, match=r"step 4 of run.inspect was not kept"):
         replay(path, 4, model=model)
 

@@ -133,6 +133,20 @@ def replay_case(case: Case, steps: int | None = None) -> Row:
         return row
 
 
+def healthy_copies(case: Case, steps: int | None = None) -> tuple[int, int, int]:
+    """A healthy case trained with ``keep=True``: its steps, the steps whose weights were copied, the replay
+    files written (each a copy on a healthy step: the target is none)."""
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    with tempfile.TemporaryDirectory() as tmp:
+        ctx = Ctx(os.path.join(tmp, "run.inspect"), steps_for(case, steps), case.plant_at, {}, keeping)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            case.run(ctx)
+        w = ctx.results[0]
+        return w.steps, w.keeper.copies, len(w.keeper.written)
+
+
 HEADER = ["case", "planted", "replayed", "reproduced", "first NaN/Inf", "module / tensors", "line", "note"]
 
 
@@ -146,6 +160,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.bugzoo.replays", description=__doc__)
     parser.add_argument("--only", help="comma-separated case-name patterns")
     parser.add_argument("--markdown", metavar="FILE", help="also write the table to FILE")
+    parser.add_argument("--healthy", action="store_true",
+                        help="instead: the healthy cases with keep=True, the steps whose weights were copied")
+    parser.add_argument("--steps", type=int, default=None,
+                        help="cap the healthy cases at N steps (default 200)")
     args = parser.parse_args(argv)
     try:
         from transformers.utils import logging as hf_logging
@@ -153,6 +171,13 @@ def main(argv: list[str] | None = None) -> int:
         hf_logging.set_verbosity_error()
     except ImportError:  # pragma: no cover
         pass
+    if args.healthy:
+        print("| case | steps | weights copied | replay files |\n|---|---|---|---|")
+        for case in select(args.only):
+            if case.healthy and case.stack == "torch" and case.baselines:
+                counts = healthy_copies(case, args.steps)
+                print(f"| {case.name} | " + " | ".join(str(n) for n in counts) + " |", flush=True)
+        return 0
     cases = [c for c in select(args.only) if c.name in CASES]
     rows = []
     for case in cases:

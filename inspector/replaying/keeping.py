@@ -39,6 +39,7 @@ import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
+from ..utils.dtensors import is_dtensor
 from ..utils.findings import InspectorError
 from .calls import Unkeepable, flatten
 from .files import KeptCall, KeptStep, ReplayMeta, remove_replay_files, replay_path, write_replay
@@ -115,6 +116,7 @@ class StepKeeper:
         self.written: list[Path] = []
         self.notes: list[str] = []
         self.bytes = 0
+        self.copies = 0  # steps whose weights were copied to the host
         self._pending = False
         self._last_error = -(QUIET + 1)  # the last step with an error finding
         self._modules: list[tuple[str, nn.Module]] = []
@@ -123,6 +125,11 @@ class StepKeeper:
     def attach(self) -> list[RemovableHandle]:
         """Start keeping: this rank's replay files of an earlier run at the same path are removed, and a
         forward pre-hook goes on the root (the caller removes the handles it returns)."""
+        if any(is_dtensor(p) for p in self.root.parameters()):
+            raise InspectorError(
+                f"keep=True on {self.model or 'this model'}: its parameters are DTensors (FSDP2 or tensor "
+                "parallel), of which each rank holds a piece; a replay runs one process with whole tensors. "
+                "Keep steps on a run of the model that is not sharded (one process, or DDP)")
         remove_replay_files(self.run_path, self.rank, self.world)
         self._modules = list(self.root.named_modules())
         return [self.root.register_forward_pre_hook(self._forward_starts, with_kwargs=True)]
@@ -180,6 +187,7 @@ class StepKeeper:
         if (bad or self.keep_weights) and st.weights is None:
             st.weights = {n: p.detach().to("cpu", copy=True) for n, p in self.root.named_parameters()}
             st.buffers = {n: b.detach().to("cpu", copy=True) for n, b in self.root.named_buffers()}
+            self.copies += 1
         return st.weights is not None
 
     def _explodes(self, norms: np.ndarray) -> bool:

@@ -339,27 +339,7 @@ def replay(
     device = next((p.device for p in net.parameters()), torch.device("cpu"))
     tol = tolerance if tolerance is not None else (0.0 if device.type == "cpu" else 1e-5)
     named = {n or ROOT_LABEL: m for n, m in net.named_modules()}
-    batch_bad = []
-    for i, call in enumerate(kept.calls):
-        tensors = {f"s{kept.step}/c{i}/{k}": t for k, t in f.tensors(f"s{kept.step}/c{i}/").items()}
-        for part, node in (("args", call.args), ("kwargs", call.kwargs)):
-            leaves = floating_leaves(rebuild(node, tensors, f.path.name), part)
-            batch_bad += [p for p, t in leaves if not bool(torch.isfinite(t).all())]
-    notes = [
-        f"call {i}: batch tensors {', '.join(c.written)} were written in place after the step; the "
-        "file holds them as they were when written"
-        for i, c in enumerate(kept.calls)
-        if c.written
-    ]
-    weights_bad = _nonfinite(f.tensors(f"s{kept.step}/w/"))
-    buffers_bad = _nonfinite(f.tensors(f"s{kept.step}/b/"))
-    if (
-        buffers_bad
-    ):  # kept after the forward: a training forward may have written them (BatchNorm's statistics)
-        notes.append(
-            f"buffers holding NaN/Inf when kept, after the step's forward (which may have written "
-            f"them): {', '.join(buffers_bad[:5])}"
-        )
+    batch_bad, weights_bad, notes = _kept_nonfinite(f, kept)
     devices = [device.index or 0] if device.type == "cuda" else []
     with ExitStack() as stack:
         stack.enter_context(torch.random.fork_rng(devices=devices))
@@ -391,6 +371,24 @@ def replay(
         tol,
         tuple(notes),
     )
+
+
+def _kept_nonfinite(f: ReplayFile, kept: KeptStep) -> tuple[list[str], tuple[str, ...], list[str]]:
+    """What already held NaN/Inf in the kept step: the batch's floating inputs, the weights; and notes (batch
+    tensors written in place after the step, buffers with NaN/Inf)."""
+    batch_bad = []
+    for i, call in enumerate(kept.calls):
+        tensors = {f"s{kept.step}/c{i}/{k}": t for k, t in f.tensors(f"s{kept.step}/c{i}/").items()}
+        for part, node in (("args", call.args), ("kwargs", call.kwargs)):
+            leaves = floating_leaves(rebuild(node, tensors, f.path.name), part)
+            batch_bad += [p for p, t in leaves if not bool(torch.isfinite(t).all())]
+    notes = [f"call {i}: batch tensors {', '.join(c.written)} were written in place after the step; the file "
+             "holds them as they were when written" for i, c in enumerate(kept.calls) if c.written]
+    buffers_bad = _nonfinite(f.tensors(f"s{kept.step}/b/"))
+    if buffers_bad:  # kept after the forward, which may have written them (BatchNorm's statistics)
+        notes.append(f"buffers holding NaN/Inf when kept, after the step's forward (which may have written "
+                     f"them): {', '.join(buffers_bad[:5])}")
+    return batch_bad, _nonfinite(f.tensors(f"s{kept.step}/w/")), notes
 
 
 def _nonfinite(tensors: dict[str, torch.Tensor]) -> tuple[str, ...]:
