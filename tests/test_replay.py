@@ -342,3 +342,11 @@ def test_a_nan_made_in_the_loss_function_is_named_in_the_loss(tmp_path: Path) ->
     first = replay(path, 3, model=model, loss=entropy_loss).first
     assert first is not None and (first.phase, first.op, first.module) == ("forward", "aten.log.default", "(loss)")
     assert first.source == _line("# PLANT:loss") and first.inf == 1
+
+
+def test_a_replay_inside_the_watch_block_is_refused(tmp_path: Path) -> None:
+    model, path = _train_logged(tmp_path, "log")
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    with watch(model, opt, tmp_path / "again.inspect", keep=True):
+        with pytest.raises(InspectorError, match=r"the model is being watched with keep=True"):
+            replay(path, 3, model=model)

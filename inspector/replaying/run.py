@@ -34,6 +34,7 @@ from ..utils.labels import BATCH_LABEL, ROOT_LABEL
 from ..utils.wrappers import underlying
 from .calls import as_inputs, floating_leaves, rebuild
 from .files import KeptStep, ReplayFile, replay_files
+from .keeping import StepKeeper
 from .ops import OpRecord, finding_ops
 
 CAPTURE_BYTES = 256 << 20
@@ -334,6 +335,9 @@ def replay(
         raise InspectorError(f"run file {path} does not exist; give the run file the watch wrote")
     f, kept = _kept_file(path, step, rank)
     net, spec_loss = _the_model(model, str(path))
+    if any(isinstance(getattr(h, "__self__", None), StepKeeper) for h in net._forward_pre_hooks.values()):
+        raise InspectorError(f"replay of {path.name}: the model is being watched with keep=True; replay a step "
+                             "after the `with watch(...)` block ends (its hooks would take the replay for a step)")
     _check_weights(f, net)
     recorded = _recorded_loss(path, step, rank, kept)
     device = next((p.device for p in net.parameters()), torch.device("cpu"))
