@@ -74,7 +74,8 @@ class _Error:
     """An error finding at ``step`` as the watch hands one to its keeper."""
 
     def __init__(self, step: int) -> None:
-        self.step, self.code, self.severity, self.where, self.message = step, "bench", "error", "", "benchmark"
+        self.step, self.code, self.severity = step, "bench", "error"
+        self.where, self.message = "", "benchmark"
 
 
 if __name__ == "__main__":

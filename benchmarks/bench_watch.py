@@ -220,7 +220,8 @@ def main() -> None:
         kw, kc = paired_ratios(wall, "watch")["watch+keep"], paired_ratios(cpu, "watch")["watch+keep"]
         kh = 1.0 + (statistics.median(inside["watch+keep"]) - statistics.median(inside["watch"])) / \
             statistics.median(cpu["watch"])
-        print(f"watch+keep against watch: {kw:.3f}x wall, {kc:.3f}x cpu, {kh:.3f}x in hooks  target <= 1.02x: "
+        print(f"watch+keep against watch: {kw:.3f}x wall, {kc:.3f}x cpu, {kh:.3f}x in hooks  "
+              f"target <= 1.02x: "
               f"{'met' if kc <= 1.02 else 'NOT met'} (cpu), {'met' if kh <= 1.02 else 'NOT met'} (in hooks)")
     print("in hooks: 1 + CPU seconds inside the watch's own hooks / the plain step's CPU seconds")
     print(f"run file: {per_tensor:.1f} bytes per tensor per step, {tensors} tensors (target <= 32)")

@@ -350,3 +350,12 @@ def test_a_replay_inside_the_watch_block_is_refused(tmp_path: Path) -> None:
     with watch(model, opt, tmp_path / "again.inspect", keep=True):
         with pytest.raises(InspectorError, match=r"the model is being watched with keep=True"):
             replay(path, 3, model=model)
+
+
+def test_keep_weights_copies_every_step_and_the_step_before_replays_clean(tmp_path: Path) -> None:
+    model, path = _train_logged(tmp_path, "log", keep_weights=True)
+    f = ReplayFile(replay_files(path)[0])
+    assert [(s.step, s.weights) for s in f.meta.steps] == [(2, True), (3, True)]
+    model.at = 10**6  # the plant off, as it was at step 2 (it follows the model's own call counter)
+    r = replay(path, 2, model=model, loss=_loss)  # the healthy step before the plant, with its own weights
+    assert r.reproduced is True and r.ops == () and r.loss is not None and r.loss == r.loss

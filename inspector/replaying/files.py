@@ -367,7 +367,7 @@ class ReplayFile:
 
         try:
             with safe_open(str(self.path), framework="pt") as fh:
-                return fh.get_tensor(key)
+                return fh.get_tensor(key).clone()  # fresh, aligned memory (see tensors)
         except Exception as exc:  # noqa: BLE001 - the file changed since it was checked
             raise _bad(self.path, f"the tensor {key!r} cannot be read ({str(exc)[:200]})") from None
 
@@ -377,6 +377,9 @@ class ReplayFile:
 
         try:
             with safe_open(str(self.path), framework="pt") as fh:
-                return {k[len(prefix) :]: fh.get_tensor(k) for k in self._dtypes if k.startswith(prefix)}
+                # copies in fresh memory: a tensor read at an odd offset of the file sums in another order
+                # on the CPU (vectorised loops start at an aligned address), so its last bits would differ
+                keys = [k for k in self._dtypes if k.startswith(prefix)]
+                return {k[len(prefix) :]: fh.get_tensor(k).clone() for k in keys}
         except Exception as exc:  # noqa: BLE001 - the file changed since it was checked
             raise _bad(self.path, f"its tensors cannot be read ({str(exc)[:200]})") from None
