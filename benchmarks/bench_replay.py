@@ -44,30 +44,34 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "run.inspect"
-        plain = []
+        plain, plain_cpu = [], []
         with watch(model, opt, path, keep_weights=True) as w:
             for i in range(2):
-                t = time.perf_counter()
+                t, c = time.perf_counter(), time.process_time()
                 loss = loss_of(model(tokens), tokens)
                 loss.backward()
                 plain.append(time.perf_counter() - t)
+                plain_cpu.append(time.process_time() - c)
                 w.log(loss=loss)
                 if i == 1:  # a healthy run writes no replay file: this step's is asked for
                     w.keeper.finding(_Error(w.steps))
                 opt.step()
                 opt.zero_grad(set_to_none=True)
-        seconds, reproduced = [], []
+        seconds, cpu, reproduced = [], [], []
         for _ in range(args.repeats):
-            t = time.perf_counter()
+            t, c = time.perf_counter(), time.process_time()
             r = replay(path, 1, model=model, loss=loss_of)
             seconds.append(time.perf_counter() - t)
+            cpu.append(time.process_time() - c)
             reproduced.append(r.reproduced)
     print(f"== gpt2-small replay of one step, CPU, {args.batch}x{args.seq} tokens, {torch.get_num_threads()} "
           f"thread(s), torch {torch.__version__}")
-    print(f"forward+backward of the step itself: {min(plain):.2f} s")
-    print(f"replay (every module captured, every op checked): median {statistics.median(seconds):.2f} s over "
-          f"{args.repeats}, {len(r.captures.outputs)} module outputs; reproduced: {reproduced}; "
-          f"target <= {TARGET:.0f} s: {'met' if statistics.median(seconds) <= TARGET else 'NOT met'}")
+    print(f"forward+backward of the step itself: {min(plain):.2f} s wall, {min(plain_cpu):.2f} s CPU")
+    wall, used = statistics.median(seconds), statistics.median(cpu)
+    print(f"replay (every module captured, every op checked), median over {args.repeats}: {wall:.2f} s wall, "
+          f"{used:.2f} s CPU; {len(r.captures.outputs)} module outputs; reproduced: {reproduced}; "
+          f"target <= {TARGET:.0f} s: {'met' if used <= TARGET else 'NOT met'} (CPU), "
+          f"{'met' if wall <= TARGET else 'NOT met'} (wall)")
 
 
 class _Error:
