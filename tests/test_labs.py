@@ -30,7 +30,7 @@ from inspector.labs import (
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "docs" / "examples" / "lab_frozen_head.py"
 PACKAGE_LABS = ["broken-tie", "shifted-offsets", "stranded-buffer", "corrupted-capture",
-                "flattening-myths", "late-overflow", "silent-block"]
+                "flattening-myths", "find-the-op", "late-overflow", "silent-block"]
 
 _SCENARIOS: dict[str, object] = {}
 
@@ -147,6 +147,10 @@ WRONG = [
     ("flattening-myths", "skips-frozen", {"verdict": "true", "elements": 636}),
     # 152 is the trainable-only length; parameters() also yields the 484 frozen elements
     ("flattening-myths", "skips-frozen", {"verdict": "false", "elements": 152}),
+    # the square root of a zero spread is finite (0): the division 0 / 0 makes the NaN
+    ("find-the-op", "op", {"op": "aten.sqrt.default", "line": "line 53: return centred / spread.sqrt()"}),
+    ("find-the-op", "op", {"op": "aten.div.Tensor",
+                           "line": "line 52: spread = centred.pow(2).mean(-1, keepdim=True)"}),
     # head only passes the gate's NaN on; step 11 is when inp, given NaN weights, produces too
     ("late-overflow", "producer", {"module": "head", "step": 10}),
     ("late-overflow", "producer", {"module": "gate", "step": 11}),

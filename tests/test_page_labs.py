@@ -89,7 +89,7 @@ def test_every_package_lab_renders_with_its_views(monkeypatch):
     monkeypatch.delenv("INSPECTOR_LABS_DIR", raising=False)
     at = _page()
     for lab_id in ["broken-tie", "shifted-offsets", "stranded-buffer", "corrupted-capture",
-                   "flattening-myths", "late-overflow", "silent-block"]:
+                   "flattening-myths", "find-the-op", "late-overflow", "silent-block"]:
         at.selectbox(key="lab_pick").set_value(lab_id).run()
         assert not at.exception, lab_id
         assert not [w.value for w in at.warning if "not available" in w.value], lab_id

@@ -32,6 +32,13 @@ MAX_OPS = 16  # culprits recorded per phase
 _KEY = "inspector.module"
 _TORCH = os.path.dirname(torch.__file__) + os.sep
 _INSPECTOR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+_LABS = _INSPECTOR + "labs" + os.sep  # the labs' models are model code, not the inspector's machinery
+
+
+def _ours(name: str) -> bool:
+    """Whether a frame's file is torch's or the inspector's own (not the model's or the user's)."""
+    return name.startswith(_TORCH) or (name.startswith(_INSPECTOR) and not name.startswith(_LABS)) \
+        or name.startswith("<")
 _SKIP = {
     "aten.clone.default",
     "aten.detach.default",
@@ -105,7 +112,7 @@ def _user_frames(frame: Any, stop_at_backward: bool) -> list[str]:
             break
         if name.startswith(_INSPECTOR) and frame.f_code.co_name == "_replay_calls":
             break
-        if not (name.startswith(_TORCH) or name.startswith(_INSPECTOR) or name.startswith("<")):
+        if not _ours(name):
             out.append(f"{name}:{frame.f_lineno}")
         frame = frame.f_back
     return out
@@ -120,7 +127,7 @@ def _traceback_frames(lines: list[str]) -> list[str]:
             continue
         name, _, rest = head[6:].partition('", line ')
         line = rest.split(",")[0]
-        if not (name.startswith(_TORCH) or name.startswith(_INSPECTOR) or name.startswith("<")):
+        if not _ours(name):
             out.append(f"{name}:{line}")
     return out
 

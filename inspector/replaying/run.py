@@ -335,9 +335,11 @@ def replay(
         raise InspectorError(f"run file {path} does not exist; give the run file the watch wrote")
     f, kept = _kept_file(path, step, rank)
     net, spec_loss = _the_model(model, str(path))
-    if any(isinstance(getattr(h, "__self__", None), StepKeeper) for h in net._forward_pre_hooks.values()):
-        raise InspectorError(f"replay of {path.name}: the model is being watched with keep=True; replay a step "
-                             "after the `with watch(...)` block ends (its hooks would take the replay for a step)")
+    hooks = net._forward_pre_hooks.values()
+    if any(isinstance(getattr(h, "__self__", None), StepKeeper) for h in hooks):
+        raise InspectorError(f"replay of {path.name}: the model is being watched with keep=True; replay a "
+                             "step after the `with watch(...)` block ends (its hooks would take the replay "
+                             "for a step)")
     _check_weights(f, net)
     recorded = _recorded_loss(path, step, rank, kept)
     device = next((p.device for p in net.parameters()), torch.device("cpu"))
