@@ -359,3 +359,15 @@ def test_keep_weights_copies_every_step_and_the_step_before_replays_clean(tmp_pa
     model.at = 10**6  # the plant off, as it was at step 2 (it follows the model's own call counter)
     r = replay(path, 2, model=model, loss=_loss)  # the healthy step before the plant, with its own weights
     assert r.reproduced is True and r.ops == () and r.loss is not None and r.loss == r.loss
+
+
+def test_a_replay_file_that_links_outside_the_run_folder_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "a").mkdir()
+    model, path = _train_logged(tmp_path / "a", "log")
+    outside = tmp_path / "elsewhere.safetensors"
+    f = replay_files(path)[0]
+    f.rename(outside)
+    f.symlink_to(outside)
+    with pytest.raises(InspectorError, match=r"is a link that leads outside"):
+        replay(path, 3, model=model)
+    assert inspector.replaying.kept_steps(path) == []  # the steps a page lists leave it out

@@ -10,7 +10,17 @@ NaN/Inf from finite inputs, found by a dispatch mode active only during a replay
 
 from __future__ import annotations
 
-from .files import FORMAT, SUFFIX, KeptCall, KeptStep, ReplayFile, ReplayMeta, replay_files, replay_path
+from .files import (
+    FORMAT,
+    SUFFIX,
+    KeptCall,
+    KeptStep,
+    ReplayFile,
+    ReplayMeta,
+    kept_steps,
+    replay_files,
+    replay_path,
+)
 from .keeping import StepKeeper
 from .ops import InputRange, OpRecord, finding_ops
 from .run import Replay, replay
@@ -27,6 +37,7 @@ __all__ = [
     "ReplayMeta",
     "StepKeeper",
     "finding_ops",
+    "kept_steps",
     "replay",
     "replay_files",
     "replay_path",

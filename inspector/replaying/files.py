@@ -121,6 +121,22 @@ def replay_path(run_path: str | os.PathLike, step: int, rank: int = 0, world: in
     return p.with_name(f"{p.name}{f'.rank{rank}' if world > 1 else ''}.step{step}{SUFFIX}")
 
 
+def kept_steps(run_path: str | os.PathLike, rank: int = 0) -> list[int]:
+    """The steps of ``run_path`` (for ``rank``) kept with their weights: the ones :func:`replay` can run.
+    A replay file that does not read is left out (replaying names what is wrong with it)."""
+    from ..utils.paths import confined
+
+    steps: set[int] = set()
+    for f in replay_files(run_path):
+        try:
+            meta = ReplayFile(confined(f, [Path(run_path).parent], what="replay file")).meta
+        except InspectorError:
+            continue
+        if meta.rank == rank:
+            steps |= {s.step for s in meta.steps if s.weights}
+    return sorted(steps)
+
+
 def replay_files(run_path: str | os.PathLike) -> list[Path]:
     """The replay files next to ``run_path``, by rank then step."""
     p = Path(run_path)

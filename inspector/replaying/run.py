@@ -31,6 +31,7 @@ from ..runfiles import read_run
 from ..utils.findings import Finding, InspectorError
 from ..utils.forward_state import module_state_kept
 from ..utils.labels import BATCH_LABEL, ROOT_LABEL
+from ..utils.paths import confined
 from ..utils.wrappers import underlying
 from .calls import as_inputs, floating_leaves, rebuild
 from .files import KeptStep, ReplayFile, replay_files
@@ -129,7 +130,12 @@ class Replay:
 
 # -- finding the file and the model -------------------------------------------------------------
 def _kept_file(run_path: Path, step: int, rank: int) -> tuple[ReplayFile, KeptStep]:
-    files = [ReplayFile(f) for f in replay_files(run_path)]
+    def inside(t: str) -> str:
+        return (f"replay file {t} is a link that leads outside {run_path.parent}; a run's replay files lie "
+                "next to it")
+
+    files = [ReplayFile(confined(f, [run_path.parent], what="replay file", refusal=inside))
+             for f in replay_files(run_path)]
     mine = [f for f in files if f.meta.rank == rank]
     for f in sorted(mine, key=lambda f: f.meta.step):
         kept = f.meta.kept(step)
