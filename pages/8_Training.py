@@ -11,6 +11,7 @@ from inspector.figures import norm_heatmap
 from inspector.utils import markdown_text
 from inspector.watching import first_producer
 from ui.errors import guarded
+from ui.replays import replay_part
 from ui.runs import overlay_runs, pick_from_folders
 from ui.sidebar import model_picker
 from ui.tables import paged_table
@@ -119,8 +120,8 @@ def _norms(opened: Opened, rank: int, steps: Any) -> int:
     return step
 
 
-def _show(opened: Opened) -> None:
-    """Everything about one opened run."""
+def _show(opened: Opened, loaded: Any = None) -> None:
+    """Everything about one opened run (``loaded``: the sidebar's model, which a kept step replays on)."""
     run = opened.run
     show_verdict(opened)
     rank, steps = _overview(opened)
@@ -138,9 +139,12 @@ def _show(opened: Opened) -> None:
         distributed_part(run, step, rank)
     elif run.world_size > 1:
         watch_ranks_part(run, step)
+    if run.kind == "watch" and run.source:
+        with guarded("listing the kept steps"):
+            replay_part(run.source, loaded)
 
 
-def live(upload: Any, path: str) -> None:
+def live(upload: Any, path: str, loaded: Any = None) -> None:
     """The run file (read again only when it changed), on every run of this fragment; notes whether
     it is complete, which ends the following."""
     opened, failed = None, True
@@ -157,7 +161,7 @@ def live(upload: Any, path: str) -> None:
                               "whole step)."))
         return
     with guarded("showing the run"):
-        _show(opened)
+        _show(opened, loaded)
 
 
 def watch_file(path: str, seen: tuple[int, int] | None) -> None:
@@ -169,12 +173,12 @@ def watch_file(path: str, seen: tuple[int, int] | None) -> None:
 
 def main() -> None:
     st.set_page_config(page_title="Training", layout="wide")
-    model_picker()
+    loaded = model_picker()
     _header()
     upload, path, follow = _source()
     following = follow and upload is None and bool(path.strip())
     seen = file_key(path) if following else None  # before the read: a write after it is caught
-    st.fragment(live)(upload, path)
+    st.fragment(live)(upload, path, loaded)
     if following and st.session_state.get("train_complete") != path:  # a complete run is followed no more
         st.fragment(watch_file, run_every=REFRESH_S)(path, seen)
     with guarded("overlaying runs"):
