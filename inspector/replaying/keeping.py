@@ -285,7 +285,11 @@ class StepKeeper:
             tuple(st.findings),
             tuple(steps),
         )
-        path = write_replay(replay_path(self.run_path, st.step, self.rank, self.world), meta, tensors)
+        try:
+            path = write_replay(replay_path(self.run_path, st.step, self.rank, self.world), meta, tensors)
+        except InspectorError as exc:  # a full disk must not stop the training it watches
+            self.notes.append(f"step {st.step}: {exc}")
+            return
         self.bytes += size
         self.written.append(path)
 
