@@ -340,7 +340,8 @@ def test_a_nan_made_in_the_loss_function_is_named_in_the_loss(tmp_path: Path) ->
         return out.pow(2).mean() + p * torch.log(p)  # PLANT:loss
 
     first = replay(path, 3, model=model, loss=entropy_loss).first
-    assert first is not None and (first.phase, first.op, first.module) == ("forward", "aten.log.default", "(loss)")
+    assert first is not None
+    assert (first.phase, first.op, first.module) == ("forward", "aten.log.default", "(loss)")
     assert first.source == _line("# PLANT:loss") and first.inf == 1
 
 
