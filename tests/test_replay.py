@@ -139,6 +139,7 @@ def test_the_loss_comes_back_bit_for_bit_with_dropout(tmp_path: Path) -> None:
     recorded = inspector.read_run(path).steps.set_index("step").loc[3, "loss"]
     assert r.loss is not None and struct.pack("<d", r.loss) == struct.pack("<d", float(recorded))
     assert r.reproduced is True and r.tolerance == 0.0
+    assert r.gradients_match is True and r.grad_norm != r.grad_norm  # NaN, as the run recorded
     # another loss function gives another loss: the comparison can fail
     other = replay(path, 3, model=model, loss=lambda out, x: out.pow(2).sum())
     assert other.reproduced is False
@@ -360,6 +361,10 @@ def test_keep_weights_copies_every_step_and_the_step_before_replays_clean(tmp_pa
     model.at = 10**6  # the plant off, as it was at step 2 (it follows the model's own call counter)
     r = replay(path, 2, model=model, loss=_loss)  # the healthy step before the plant, with its own weights
     assert r.reproduced is True and r.ops == () and r.loss is not None and r.loss == r.loss
+    # a finite step: the total gradient norm is the run's, up to the order of the sum
+    assert r.gradients_match is True and r.grad_norm is not None and r.grad_norm > 0
+    recorded = inspector.read_run(path).steps.set_index("step").loc[2, "grad_norm"]
+    assert r.grad_norm == pytest.approx(float(recorded), rel=1e-6)
 
 
 def test_a_replay_file_that_links_outside_the_run_folder_is_refused(tmp_path: Path) -> None:

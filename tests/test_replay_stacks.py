@@ -73,3 +73,4 @@ def test_a_trainer_run_keeps_the_step_and_the_replay_names_the_batch(tmp_path):
     assert step == 0 and r.loss == pytest.approx(float(first), rel=1e-3)  # finite: the Inf made NaN gradients
     # the Trainer logs its loss after the update, onto the next step: this step has none to compare with
     assert r.reproduced is None and r.recorded_loss is None
+    assert r.gradients_match is True  # NaN gradients, as the run recorded: the step did come back

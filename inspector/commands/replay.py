@@ -76,6 +76,9 @@ def run(args: argparse.Namespace) -> int:
     r = replay(args.run, args.step, spec, rank=args.rank, capture_bytes=args.max_bytes)
     say(r.verdict())
     say(f"replay file: {r.file}")
+    if r.grad_norm is not None and r.recorded_grad_norm is not None:
+        say(f"gradient norm: {r.grad_norm!r} replayed, {r.recorded_grad_norm!r} recorded "
+            f"({'the same' if r.gradients_match else 'different'})")
     if r.ops:
         say(
             f"ops that made NaN/Inf from finite inputs ({len(r.ops)}; forward first, in the order they ran):"

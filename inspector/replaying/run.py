@@ -53,6 +53,8 @@ class Replay:
         loss: the loss of the step's last forward call as replayed (None without a loss function);
             ``losses``: one per forward call of the step.
         recorded_loss: the loss the run file (else the replay file) recorded at that step.
+        grad_norm, recorded_grad_norm: the total gradient norm replayed and the one the run recorded
+            (:attr:`gradients_match` compares them).
         ops: the ops that made NaN/Inf from finite inputs, forward first, each in the order it ran.
         batch_nonfinite: the batch's floating inputs that already held NaN/Inf (the batch made them).
         weights_nonfinite: the kept parameters and buffers that already held NaN/Inf (written before).
@@ -79,6 +81,20 @@ class Replay:
     findings: tuple[Finding, ...] = ()
     tolerance: float = 0.0
     notes: tuple[str, ...] = ()
+    grad_norm: float | None = None
+    recorded_grad_norm: float | None = None
+
+    @property
+    def gradients_match(self) -> bool | None:
+        """Whether the replayed step's total gradient norm is the one the run recorded (both NaN/Inf, or
+        within 1e-4 relative: the two sum in another order); None when either is missing. A loop that
+        scales each call's loss (accumulation) recorded the scaled gradients: they differ by that factor."""
+        a, b = self.grad_norm, self.recorded_grad_norm
+        if a is None or b is None:
+            return None
+        if not (math.isfinite(a) and math.isfinite(b)):
+            return not math.isfinite(a) and not math.isfinite(b)
+        return abs(a - b) <= 1e-4 * max(abs(a), abs(b))
 
     @property
     def first(self) -> OpRecord | None:
@@ -101,6 +117,9 @@ class Replay:
             "loss": self.loss,
             "losses": list(self.losses),
             "recorded_loss": self.recorded_loss,
+            "grad_norm": self.grad_norm,
+            "recorded_grad_norm": self.recorded_grad_norm,
+            "gradients_match": self.gradients_match,
             "tolerance": self.tolerance,
             "verdict": self.verdict(),
             "ops": [asdict(o) for o in self.ops],
@@ -205,12 +224,23 @@ def _check_weights(f: ReplayFile, model: nn.Module) -> None:
                 )
 
 
-def _recorded_loss(run_path: Path, step: int, rank: int, kept: KeptStep) -> float | None:
+def _recorded(run_path: Path, step: int, rank: int, kept: KeptStep) -> tuple[float | None, float | None]:
+    """The loss (else the one the keeper read) and the total gradient norm the run recorded at ``step``."""
     run = read_run(run_path)
     rows = run.steps[(run.steps["step"] == step) & (run.steps["rank"] == rank)]
-    if len(rows) and bool(rows["loss_logged"].iloc[-1]):
-        return float(rows["loss"].iloc[-1])
-    return kept.loss
+    loss = float(rows["loss"].iloc[-1]) if len(rows) and bool(rows["loss_logged"].iloc[-1]) else kept.loss
+    norm = float(rows["grad_norm"].iloc[-1]) if len(rows) else None
+    return loss, norm
+
+
+def _total_norm(grads: pd.DataFrame) -> float | None:
+    """The norm of every gradient together, from the per-parameter norms (NaN/Inf when one is)."""
+    present = grads[grads["state"].isin(["ok", "nonfinite"])]
+    if not len(present):
+        return None
+    if (present["state"] == "nonfinite").any():
+        return math.nan
+    return math.sqrt(float((present["norm"].astype("float64") ** 2).sum()))
 
 
 def _same(a: float, b: float, tolerance: float) -> bool:
@@ -347,7 +377,7 @@ def replay(
                              "step after the `with watch(...)` block ends (its hooks would take the replay "
                              "for a step)")
     _check_weights(f, net)
-    recorded = _recorded_loss(path, step, rank, kept)
+    recorded, recorded_norm = _recorded(path, step, rank, kept)
     device = next((p.device for p in net.parameters()), torch.device("cpu"))
     tol = tolerance if tolerance is not None else (0.0 if device.type == "cpu" else 1e-5)
     named = {n or ROOT_LABEL: m for n, m in net.named_modules()}
@@ -382,6 +412,8 @@ def replay(
         findings,
         tol,
         tuple(notes),
+        _total_norm(grads),
+        recorded_norm,
     )
 
 

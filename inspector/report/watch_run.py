@@ -71,7 +71,8 @@ def replay_section(r: Replay) -> Section:
     facts = {"step": r.step, "rank": r.rank, "replay file": r.file,
              "reproduced": {True: "yes", False: "no", None: "no loss to compare"}[r.reproduced],
              "loss": plain(r.loss, None), "recorded loss": plain(r.recorded_loss, None),
-             "tolerance": r.tolerance,
+             "tolerance": r.tolerance, "gradient norm": plain(r.grad_norm, None),
+             "recorded gradient norm": plain(r.recorded_grad_norm, None),
              "first op": f"{first.op} in {first.module} at {first.source}" if first else "none",
              "batch with NaN/Inf": ", ".join(r.batch_nonfinite) or "none",
              "weights with NaN/Inf": ", ".join(r.weights_nonfinite[:5]) or "none"}
