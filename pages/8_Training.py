@@ -141,7 +141,7 @@ def _show(opened: Opened, loaded: Any = None) -> None:
         watch_ranks_part(run, step)
     if run.kind == "watch" and run.source:
         with guarded("listing the kept steps"):
-            replay_part(run.source, loaded)
+            replay_part(run.source, loaded, run.findings)
 
 
 def live(upload: Any, path: str, loaded: Any = None) -> None:

@@ -30,7 +30,8 @@ def test_a_kept_step_replays_on_the_sidebar_model(trained):
     run, source = trained
     at = run_page("8_Training.py", source=source, query={"run": str(run)})
     assert not at.error, [e.value for e in at.error]
-    assert at.selectbox(key="train_replay_step").options == ["2"]
+    picker = at.selectbox(key="train_replay_step")
+    assert picker.options == ["step 2: nonfinite-loss at (loss), nonfinite-parameter at a.weight"]
     at.button(key="train_replay").click().run()
     assert not at.exception and not at.error, [e.value for e in at.error]
     verdict = at.success[0].value

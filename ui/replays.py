@@ -5,6 +5,7 @@ the model loaded in the sidebar (:func:`inspector.replay`), its ops, gradients a
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import pandas as pd
@@ -41,8 +42,19 @@ def _asked_step(steps: list[int]) -> int:
     return steps.index(asked) if asked in steps else 0
 
 
-def replay_part(run_path: str, loaded: LoadedModel | None) -> None:
-    """The kept steps of the run at ``run_path`` (a file on the server), and the one replayed."""
+def step_labels(steps: list[int], findings: Sequence[Any]) -> dict[int, str]:
+    """Each kept step as the picker shows it: the step and the error findings that began there."""
+    out = {}
+    for s in steps:
+        codes = [f"{f.code} at {f.where}" for f in findings if f.step == s and f.severity == "error"]
+        more = ", ..." if len(codes) > 3 else ""
+        out[s] = f"step {s:,}" + (f": {', '.join(codes[:3])}{more}" if codes else "")
+    return out
+
+
+def replay_part(run_path: str, loaded: LoadedModel | None, findings: Sequence[Any] = ()) -> None:
+    """The kept steps of the run at ``run_path`` (a file on the server), and the one replayed; ``findings``:
+    the run's, to label each step with what it found."""
     steps = kept_steps(run_path) if run_path else []
     if not steps:
         return
@@ -53,7 +65,9 @@ def replay_part(run_path: str, loaded: LoadedModel | None) -> None:
     if loaded is None:
         st.info("Load the model this run trained in the sidebar to replay a step.")
         return
-    step = st.selectbox("Kept step", steps, index=_asked_step(steps), key="train_replay_step")
+    labels = step_labels(steps, findings)
+    step = st.selectbox("Kept step", steps, index=_asked_step(steps), key="train_replay_step",
+                        format_func=labels.get)
     asked = st.query_params.get("replay") == "1" and st.query_params.get("step") == str(step)
     stored: Any = st.session_state.get("train_replayed")
     if st.button("Replay this step", key="train_replay") or (asked and stored is None):
