@@ -1,5 +1,6 @@
-"""Keeping steps inside a training stack: Hugging Face's Trainer with ``WatchCallback(keep=True)`` (the
-callback hands its options to the watch) keeps the step whose batch held an Inf, and the replay finds it.
+"""Keeping steps inside a training stack: Hugging Face's Trainer with ``WatchCallback(keep=True)`` and an
+accelerate loop with ``watch_accelerator(..., keep=True)`` (each hands its options to the watch) keep the
+step whose batch held an Inf, and the replay finds it.
 The Trainer logs its loss after the update, so a replayed step has no recorded loss to compare with."""
 
 from __future__ import annotations
@@ -74,3 +75,29 @@ def test_a_trainer_run_keeps_the_step_and_the_replay_names_the_batch(tmp_path):
     # the Trainer logs its loss after the update, onto the next step: this step has none to compare with
     assert r.reproduced is None and r.recorded_loss is None
     assert r.gradients_match is True  # NaN gradients, as the run recorded: the step did come back
+
+
+def test_an_accelerate_loop_with_accumulation_replays_both_micro_batches(tmp_path):
+    from inspector.integrations import watch_accelerator
+
+    acc = __import__("accelerate").Accelerator(cpu=True, gradient_accumulation_steps=2)
+    model = Tiny()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    data = torch.utils.data.DataLoader(_rows(8, 4), batch_size=2)  # sample 4: the first micro-batch of step 1
+    model, opt, data = acc.prepare(model, opt, data)
+    losses = []
+    with watch_accelerator(acc, model, opt, tmp_path / "acc.inspect", report=None, keep=True) as w:
+        for batch in data:
+            with acc.accumulate(model):
+                loss = model(**batch)["loss"]
+                acc.backward(loss)
+                w.log(loss=loss)  # the step records its last micro-batch's loss
+                losses.append(float(loss.detach()))
+                opt.step()
+                opt.zero_grad()
+    (kept,) = replay_files(tmp_path / "acc.inspect")
+    assert ReplayFile(kept).meta.step == 1
+    r = replay(tmp_path / "acc.inspect", 1, model=model)
+    assert r.batch_nonfinite == ("kwargs['x']",)  # the first call's batch
+    assert len(r.losses) == 2 and r.losses[1] == losses[3]  # both calls ran; the second is finite
+    assert r.reproduced is True and r.gradients_match is True
