@@ -13,6 +13,7 @@ import streamlit as st
 
 from inspector import LoadedModel, Replay, replay
 from inspector.replaying import kept_steps
+from inspector.utils import markdown_text
 from ui.errors import guarded
 from ui.tables import show_frame
 
@@ -80,13 +81,13 @@ def replay_part(run_path: str, loaded: LoadedModel | None, findings: Sequence[An
 
 def _draw(r: Replay) -> None:
     st.markdown(f"#### Step {r.step:,}, replayed")
-    (st.success if r.reproduced else st.warning)(r.verdict())
+    (st.success if r.reproduced else st.warning)(markdown_text(r.verdict()))  # names, paths: no Markdown
     tables = replay_tables(r)
     if len(tables["ops"]):
         st.caption("Ops that made NaN/Inf from finite inputs, first culprit on top")
         show_frame(tables["ops"], more_key="train_replay_ops_more", first=["op", "module", "line"])
     for note in r.notes:
-        st.caption(note)
+        st.caption(markdown_text(note))
     st.caption(f"Gradients at step {r.step:,}: NaN/Inf first, then the largest")
     show_frame(tables["gradients"].head(50))
     st.caption("Module outputs and inputs, as replayed")
