@@ -377,3 +377,24 @@ def test_a_replay_file_that_links_outside_the_run_folder_is_refused(tmp_path: Pa
     with pytest.raises(InspectorError, match=r"is a link that leads outside"):
         replay(path, 3, model=model)
     assert inspector.replaying.kept_steps(path) == []  # the steps a page lists leave it out
+
+
+class Masked(nn.Module):
+    """An attention-like block: a causal mask of -inf (a constant, not a culprit), then, planted, x * inf."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        mask = torch.zeros(3, 3).masked_fill(torch.ones(3, 3).triu(1).bool(), float("-inf"))
+        limit = torch.tensor(float("-inf"))
+        weights = torch.softmax(torch.maximum(x + mask, limit), -1)
+        return weights * float("inf")  # PLANT:inf-scalar
+
+
+def test_an_infinite_mask_is_not_a_culprit_and_a_product_with_inf_is() -> None:
+    from inspector.replaying import finding_ops
+
+    model = Masked()
+    with finding_ops(model) as finder:
+        model(torch.randn(3, 3))
+    assert [(o.op, o.module, o.source) for o in finder.found] == [
+        ("aten.mul.Tensor", "(model)", _line("# PLANT:inf-scalar"))]
+    assert not model._forward_hooks and not model._forward_pre_hooks

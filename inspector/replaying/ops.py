@@ -7,8 +7,9 @@ some while none of its tensor inputs has is recorded as an :class:`OpRecord`: th
 it ran in (for a backward op, the module whose forward made its node), the range of each input, and
 the user's source line (for a forward op, the innermost frame outside torch and the inspector; for a
 backward op, the frame of a custom ``autograd.Function``'s backward if there is one, else the line of
-the forward that made the node). Views, copies and ops that fill a tensor with an infinite constant
-they were given (``masked_fill(mask, -inf)``: an attention mask) are not culprits.
+the forward that made the node). Views, copies, uninitialised memory, and ops that write an infinite
+constant they were given (``masked_fill(mask, -inf)``, ``torch.tensor(-inf)``: an attention mask) are not
+culprits; ``x * inf`` is.
 """
 
 from __future__ import annotations
@@ -39,6 +40,8 @@ def _ours(name: str) -> bool:
     """Whether a frame's file is torch's or the inspector's own (not the model's or the user's)."""
     return name.startswith(_TORCH) or (name.startswith(_INSPECTOR) and not name.startswith(_LABS)) \
         or name.startswith("<")
+_FILLS = ("aten.masked_fill", "aten.fill", "aten.full", "aten.new_full", "aten.index_fill", "aten.where",
+          "aten.scatter")  # ops that write a value they are given: an infinite one is a mask
 _SKIP = {
     "aten.clone.default",
     "aten.detach.default",
@@ -190,9 +193,8 @@ class _Finder(TorchDispatchMode):
         scalars = [
             a for a in list(args) + list(kwargs.values()) if isinstance(a, (int, float, complex, bool))
         ]
-        if any(isinstance(s, float) and math.isinf(s) for s in scalars) and not any(
-            bool(torch.isnan(t).any()) for t in outs if t.is_floating_point()
-        ):
+        infinite = any(isinstance(s, float) and math.isinf(s) for s in scalars)
+        if infinite and (name.startswith(_FILLS) or not ins):
             return out  # an infinite constant it was asked to write (a mask), not a value that overflowed
         self.found.append(self._record(func, phase, node, ins, outs, scalars))
         return out
