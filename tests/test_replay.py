@@ -398,3 +398,21 @@ def test_an_infinite_mask_is_not_a_culprit_and_a_product_with_inf_is() -> None:
     assert [(o.op, o.module, o.source) for o in finder.found] == [
         ("aten.mul.Tensor", "(model)", _line("# PLANT:inf-scalar"))]
     assert not model._forward_hooks and not model._forward_pre_hooks
+
+
+def test_a_parameter_without_gradient_keeps_the_healthy_run_quiet(tmp_path: Path) -> None:
+    import warnings
+
+    # the first layer never takes part: its norms are missing at every step, a column of NaN
+    model = nn.Sequential(nn.Linear(2, 2), nn.Linear(4, 4), nn.Linear(4, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # numpy's "All-NaN slice" would be one a step
+        with watch(model, opt, tmp_path / "r.inspect", keep=True) as w:
+            for _ in range(15):
+                loss = model[2](model[1](torch.randn(8, 4))).pow(2).mean()
+                loss.backward()
+                w.log(loss=loss)
+                opt.step()
+                opt.zero_grad()
+    assert w.keeper.copies == 0 and w.keeper.written == []

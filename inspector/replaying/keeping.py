@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import math
 import os
+import warnings
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -198,7 +199,8 @@ class StepKeeper:
         if len(past) < WARM_UP:
             return False
         a = np.asarray(past)
-        with np.errstate(all="ignore"):
+        with np.errstate(all="ignore"), warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # a parameter with no gradient yet: all NaN
             median = np.nanmedian(a, axis=0) if np.isfinite(a).any() else np.full(len(now), np.nan)
             mad = np.nanmedian(np.abs(a - median), axis=0) if np.isfinite(a).any() else median
             over = now - median > np.maximum(math.log(self.explode_factor), NOISE * mad)
