@@ -65,3 +65,21 @@ def test_each_rank_keeps_its_own_step_and_one_replays_in_one_process(tmp_path):
 def _line(marker: str) -> int:
     lines = Path(__file__).read_text().splitlines()
     return next(i for i, t in enumerate(lines, 1) if t.rstrip().endswith(marker) and "_line(" not in t)
+
+
+def test_keeping_steps_of_a_model_with_dtensor_parameters_is_refused_naming_why(world1, tmp_path):
+    import pytest
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Replicate, distribute_tensor
+
+    from inspector import InspectorError, watch
+
+    mesh = init_device_mesh("cpu", (1,))
+    model = nn.Module()
+    model.w = nn.Parameter(distribute_tensor(torch.ones(2), mesh, [Replicate()]))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with pytest.raises(InspectorError, match=r"its parameters are DTensors \(FSDP2 or tensor parallel\).*Keep "
+                                             r"steps on a run of the model that is not sharded"):
+        with watch(model, opt, tmp_path / "run.inspect", keep=True):
+            pass
+    assert not model._forward_pre_hooks and not opt._optimizer_step_pre_hooks  # the watch closed cleanly
