@@ -16,6 +16,7 @@ from torch.utils.hooks import RemovableHandle
 
 from ..aliases import compare_ties, snapshot_ties
 from ..capture import Captures
+from ..replaying import StepKeeper
 from ..runfiles import RunMeta, RunWriter, StepFinding
 from ..sharding.findings import ranks_of
 from ..utils.codes import recurs
@@ -56,7 +57,8 @@ class Watch:
                  window: int = 5, explode_factor: float = 8.0, loss_factor: float = 3.0,
                  recur_after: int = 5, capture_bytes: int = 64 << 20,
                  group: Any = None, distributed: bool | None = None, name: str = "", note: str = "",
-                 timeout: float = 300.0, on_finding: Callable[[StepFinding], None] | None = None) -> None:
+                 timeout: float = 300.0, on_finding: Callable[[StepFinding], None] | None = None,
+                 keep: bool | int = False, keep_weights: bool = False, keep_bytes: int = 1 << 30) -> None:
         if not isinstance(model, nn.Module):
             raise InspectorError(f"watch needs an nn.Module, got {type(model).__name__}")
         self.optimizers = optimizer_list(optimizer)
@@ -112,6 +114,10 @@ class Watch:
         self.others: OptimizerSteps | None = None
         self._pre_done = False
         self._held_mask: np.ndarray | None = None
+        self.keeper = StepKeeper(  # the last steps, kept for inspector.replay (docs/replay.md)
+            self.root, path, steps=keep if type(keep) is int and keep else 2, keep_weights=keep_weights,
+            max_bytes=keep_bytes, rank=self.rank, world=self.world, model=self.meta.model,
+            explode_factor=explode_factor) if keep or keep_weights else None
 
     # -- the user's calls ------------------------------------------------------------------
     def log(self, **scalars: Any) -> None:
@@ -152,6 +158,8 @@ class Watch:
 
             remove_captures(self.path, self.rank, self.world)
         self._handles.append(self.root.register_forward_hook(self._forwarded, with_kwargs=True))
+        if self.keeper is not None:
+            self._handles += self.keeper.attach()
         if self.world > 1:  # each rank's own time before the step's first collective (slow-rank)
             self._handles += self.clock.attach(self.model, self.root)
         if self._nonfinite:
@@ -194,6 +202,8 @@ class Watch:
             self.tracer.remove()
         if self._writer is not None:
             self._writer.close()
+        if self.keeper is not None:
+            self.keeper.close()
         self.result = WatchResult(self.path, self.state.count, list(self.findings), self.captures, completed)
         return self.result
 
@@ -293,6 +303,8 @@ class Watch:
         if check:
             findings += self._tie_findings()
         self.state.pre(params, check and self.update_ratio, findings)
+        if self.keeper is not None:
+            self.keeper.weights(self.state.grad_parts, self._scalars.get("loss"))
         if check and self.distributed:  # with the gradient norms just taken: the gradients are read once
             from ..distributed import check_step  # here: inspector.distributed re-exports read_run
 
@@ -341,6 +353,8 @@ class Watch:
         self._write(numbers_all, scalars, found)
         self.clearing.stepped(self.state.params)
         self.state.post()
+        if self.keeper is not None:
+            self.keeper.step_starts(self.state.count)
 
     def _own(self, n: Numbers) -> list[Finding]:
         """This rank's findings from its own numbers (its batch, loss, gradients, compute time)."""
@@ -389,6 +403,8 @@ class Watch:
             self.findings.append(sf)
             if self.on_finding is not None:
                 self.on_finding(sf)
+            if self.keeper is not None:
+                self.keeper.finding(sf)
         return new
 
     def _lrs(self) -> list[float]:
