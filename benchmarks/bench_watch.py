@@ -17,6 +17,8 @@ optimizer:
                   step, gradient norms per parameter and module, parameter norms, lr, memory,
                   findings, one Arrow row written and flushed)
   watch+nonfinite the same with ``nonfinite=True`` (forward and backward producers)
+  watch+keep      the same with ``keep=True`` (references to the batch, the generators' states, one
+                  transfer of the gradient norms before the update; no copy on a healthy step)
   detect_anomaly  the plain step under ``torch.autograd.detect_anomaly()``
 
 The watch block is entered before the timed steps and left after them (opening it, which snapshots
@@ -28,7 +30,8 @@ CPU time (on a shared machine the CPU time is the steadier; with one thread it i
 done), and, the steadiest, 1 + the CPU time spent inside the watch's own hooks over the plain
 step's. The hooks are timed on a second step, in a block of its own, so that the clock calls
 around them (thousands on ``many``) are not in the wall and CPU figures.
-Targets: watch <= 1.03x, watch+nonfinite <= 1.10x (on ``many``: watch+nonfinite <= 1.5x).
+Targets: watch <= 1.03x, watch+nonfinite <= 1.10x (on ``many``: watch+nonfinite <= 1.5x), watch+keep
+<= 1.02x the watch's step (paired against ``watch`` in the same repeats).
 Also printed: run file bytes per tensor per step.
 
 Run: ``python benchmarks/bench_watch.py [--model gpt2-small] [--repeats 7] [--batch 1] [--seq 128]
@@ -54,6 +57,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from _timing import paired_ratios  # noqa: E402
 
 from inspector import read_run, watch  # noqa: E402
+from inspector.replaying import StepKeeper  # noqa: E402
 from inspector.watching import RunWriter, Watch  # noqa: E402
 from inspector.watching.tracer import NonfiniteTracer  # noqa: E402
 from sample_models import GPT, GPT2_SMALL, example_tokens, next_token_loss  # noqa: E402
@@ -92,6 +96,7 @@ def _variants(
         "plain": nullcontext,
         "watch": lambda: watch(model, opt, folder / "w.inspect"),
         "watch+nonfinite": lambda: watch(model, opt, folder / "n.inspect", nonfinite=True, capture_bytes=0),
+        "watch+keep": lambda: watch(model, opt, folder / "k.inspect", keep=True),
         "detect_anomaly": lambda: torch.autograd.detect_anomaly(check_nan=True),
     }
 
@@ -116,7 +121,8 @@ class HookClock:
         return wrapper
 
     def __enter__(self) -> HookClock:
-        for cls, names in ((Watch, self.WATCH), (NonfiniteTracer, ("_hook", "_grad", "_node_grad"))):
+        for cls, names in ((Watch, self.WATCH), (NonfiniteTracer, ("_hook", "_grad", "_node_grad")),
+                           (StepKeeper, ("_forward_starts", "weights", "finding", "step_starts"))):
             for name in names:
                 self._saved.append((cls, name, getattr(cls, name)))
                 setattr(cls, name, self._timed(getattr(cls, name)))
@@ -210,6 +216,13 @@ def main() -> None:
         )
         print(f"{n:<18}{statistics.median(wall[n]):>9.3f}{rw[n]:>9.3f}{statistics.median(cpu[n]):>9.3f}"
               f"{rc[n]:>9.3f}{hooks:>9.3f}x  {verdict}")
+    if "watch+keep" in wall and "watch" in wall:
+        kw, kc = paired_ratios(wall, "watch")["watch+keep"], paired_ratios(cpu, "watch")["watch+keep"]
+        kh = 1.0 + (statistics.median(inside["watch+keep"]) - statistics.median(inside["watch"])) / \
+            statistics.median(cpu["watch"])
+        print(f"watch+keep against watch: {kw:.3f}x wall, {kc:.3f}x cpu, {kh:.3f}x in hooks  "
+              f"target <= 1.02x: "
+              f"{'met' if kc <= 1.02 else 'NOT met'} (cpu), {'met' if kh <= 1.02 else 'NOT met'} (in hooks)")
     print("in hooks: 1 + CPU seconds inside the watch's own hooks / the plain step's CPU seconds")
     print(f"run file: {per_tensor:.1f} bytes per tensor per step, {tensors} tensors (target <= 32)")
 

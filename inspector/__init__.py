@@ -18,7 +18,8 @@ By job (each call returns a frozen result or a DataFrame, plus :class:`Finding`\
   :func:`audit_device_map`, :func:`placement_table`, :func:`compare_with_accelerate`, :func:`dispatch_plan`;
 - 4. captures: :func:`capture_activations`, ``with capturing(model)``, :func:`select_modules`;
 - attributions: :func:`attribute`;
-- training runs and comparisons: :func:`watch`, :func:`read_run`, :func:`compare`;
+- training runs and comparisons: :func:`watch`, :func:`read_run`, :func:`replay` (a kept step run
+  again: :class:`Replay`), :func:`compare`;
 - reports: :func:`build_report`, :func:`run_report`.
 
 Subpackages (``inspector.figures``, ``inspector.distributed``, ``inspector.watching``, ...) export
@@ -38,7 +39,8 @@ what the dashboard needs from the library beyond the analyses; ``distributed``: 
 walk over a model's parameters and buffers; ``offsets``: where each parameter sits in the flat vector;
 ``placement``: device maps: plan one that places every parameter and buffer; ``report``: reports: every
 analysis of one model in one document; ``watching``: watch a training run step by step;
-``integrations``: the watch inside training stacks (Trainer, Lightning, accelerate) and exports to
+``replaying``: keep the last steps of a watched run and replay one; ``integrations``: the watch
+inside training stacks (Trainer, Lightning, accelerate) and exports to
 trackers; ``runfolders``: the runs folders the dashboard lists and the only places it opens runs from.
 """
 
@@ -102,6 +104,7 @@ from .placement import (
     plan_device_map,
     plan_device_map_explained,
 )
+from .replaying import Replay, replay
 from .report import SECTIONS, Report, build_report, run_report
 from .structure import (
     LENSES,
@@ -142,7 +145,8 @@ __all__ = [
     # attributions
     "METHODS", "Attribution", "AttributionResult", "attribute", "methods_for",
     # training runs and comparisons
-    "Run", "RunComparison", "StepFinding", "WatchResult", "WeightComparison", "compare", "read_run", "watch",
+    "Replay", "Run", "RunComparison", "StepFinding", "WatchResult", "WeightComparison", "compare", "read_run",
+    "replay", "watch",
     # reports
     "SECTIONS", "Report", "build_report", "run_report",
     # findings and numbers for people

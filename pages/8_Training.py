@@ -12,6 +12,7 @@ from inspector.figures import norm_heatmap
 from inspector.utils import markdown_text
 from inspector.watching import first_producer
 from ui.errors import guarded
+from ui.replays import replay_part
 from ui.report_downloads import report_downloads
 from ui.runs import overlay_runs, pick_from_folders
 from ui.sidebar import model_picker
@@ -155,9 +156,10 @@ def _step_part(opened: Opened, step: int, rank: int) -> None:
     paged_table(view.table, "train_modules", column_config=view.config, filter_columns=["module"])
 
 
-def _show(opened: Opened) -> None:
+def _show(opened: Opened, loaded: Any = None) -> None:
     """Everything about one opened run: the verdict, the step picked right under it (a button, a
-    finding or the address took the page there), then the run, its norms and its ranks."""
+    finding or the address took the page there), then the run, its norms and its ranks (``loaded``: the
+    sidebar's model, which a kept step replays on)."""
     run = opened.run
     apply_address(opened)
     show_verdict(opened)
@@ -175,6 +177,9 @@ def _show(opened: Opened) -> None:
         distributed_part(run, step, rank)
     elif run.world_size > 1:
         watch_ranks_part(run, step)
+    if run.kind == "watch" and run.source:
+        with guarded("listing the kept steps"):
+            replay_part(run.source, loaded, run.findings)
     st.subheader("Run report")
     st.caption("The run as one file to share: its verdict and findings, the figures above and the modules at "
                "its first error's step. Each file is made when its button is pressed.")
@@ -182,7 +187,7 @@ def _show(opened: Opened) -> None:
     report_downloads(lambda: run_report(run), stem, "train_report")
 
 
-def live(upload: Any, path: str) -> None:
+def live(upload: Any, path: str, loaded: Any = None) -> None:
     """The run file (read again only when it changed), on every run of this fragment; notes whether
     it is complete, which ends the following."""
     opened, failed = None, True
@@ -199,7 +204,7 @@ def live(upload: Any, path: str) -> None:
                               "whole step)."))
         return
     with guarded("showing the run"):
-        _show(opened)
+        _show(opened, loaded)
 
 
 def watch_file(path: str, seen: tuple[int, int] | None) -> None:
@@ -211,12 +216,12 @@ def watch_file(path: str, seen: tuple[int, int] | None) -> None:
 
 def main() -> None:
     st.set_page_config(page_title="Training", layout="wide")
-    model_picker()
+    loaded = model_picker()
     _header()
     upload, path, follow = _source()
     following = follow and upload is None and bool(path.strip())
     seen = file_key(path) if following else None  # before the read: a write after it is caught
-    st.fragment(live)(upload, path)
+    st.fragment(live)(upload, path, loaded)
     if following and st.session_state.get("train_complete") != path:  # a complete run is followed no more
         st.fragment(watch_file, run_every=REFRESH_S)(path, seen)
     with guarded("overlaying runs"):

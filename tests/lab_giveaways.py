@@ -25,6 +25,8 @@ GIVEAWAYS: dict[tuple[str, str], tuple[str, ...]] = {
     ("flattening-myths", "shares-memory"): (r"is a copy", r"shares no memory"),
     # 636 = 484 frozen + 152 trainable elements
     ("flattening-myths", "skips-frozen"): (r"\b636\b",),
+    # the division 0 / sqrt(0) in norm's forward: the replay's op table names it and its line
+    ("find-the-op", "op"): (r"aten\.div", r"centred / spread"),
     ("late-overflow", "producer"): (r"nonfinite-forward",),
     ("late-overflow", "fix"): (r"torch\.softmax", r"stable softmax"),
     # blocks.0: 8416 elements never changed (compare's unchanged-tensor)

@@ -36,6 +36,7 @@ def test_help_lists_every_command_with_its_one_line_description(capsys):
         "distributed",
         "labs",
         "offsets",
+        "replay",
         "report",
         "serve",
         "summary",

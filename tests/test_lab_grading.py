@@ -10,6 +10,7 @@ import pytest
 from inspector.labs import (
     TaskRecord,
     discover_labs,
+    find_the_op,
     get_lab,
     grade,
     hints_to_show,
@@ -44,6 +45,7 @@ SCHEDULE = "the schedule's decay ends after one epoch: every learning rate is 0 
 ALL_TENSORS = ["embed.weight", "embed.bias", "block.scale", "block.pos_table", "block.fc1.weight",
                "block.fc1.bias", "block.fc2.weight", "block.fc2.bias", "block.fc3.weight", "block.fc3.bias",
                "head.weight", "head.bias"]
+FIND_THE_OP_LINES = find_the_op._lines()
 TRIVIAL = [
     ("broken-tie", "name-group",
      {"names": ["transformer.wte.weight", "lm_head.weight", "transformer.wpe.weight"], "code": "tie-broken",
@@ -75,6 +77,9 @@ TRIVIAL = [
     ("flattening-myths", "shares-memory", {"verdict": "false", "changed": 12},
      "what the experiment measured"),
     ("flattening-myths", "skips-frozen", {"verdict": "false", "elements": 0}, "the length of the vector"),
+    # the square root that takes the 0 is not the op that makes the NaN (sqrt(0) = 0)
+    ("find-the-op", "op", {"op": "aten.sqrt.default", "line": FIND_THE_OP_LINES[-1]},
+     "the first op whose inputs were finite and whose output was not"),
     ("late-overflow", "producer", {"module": "(model)", "step": 0},
      "the first step and a module, not the model"),
     ("late-overflow", "fix", {"fix": "clip every gradient value to ±1"},

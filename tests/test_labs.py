@@ -30,7 +30,7 @@ from inspector.labs import (
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "docs" / "examples" / "lab_frozen_head.py"
 PACKAGE_LABS = ["broken-tie", "shifted-offsets", "stranded-buffer", "corrupted-capture",
-                "flattening-myths", "late-overflow", "silent-block", "stalled-schedule"]
+                "flattening-myths", "find-the-op", "late-overflow", "silent-block", "stalled-schedule"]
 
 _SCENARIOS: dict[str, object] = {}
 
@@ -148,6 +148,10 @@ WRONG = [
     ("flattening-myths", "skips-frozen", {"verdict": "true", "elements": 636}),
     # 152 is the trainable-only length; parameters() also yields the 484 frozen elements
     ("flattening-myths", "skips-frozen", {"verdict": "false", "elements": 152}),
+    # the square root of a zero spread is finite (0): the division 0 / 0 makes the NaN
+    ("find-the-op", "op", {"op": "aten.sqrt.default", "line": "line 53: return centred / spread.sqrt()"}),
+    ("find-the-op", "op", {"op": "aten.div.Tensor",
+                           "line": "line 52: spread = centred.pow(2).mean(-1, keepdim=True)"}),
     # head only passes the gate's NaN on; step 11 is when inp, given NaN weights, produces too
     ("late-overflow", "producer", {"module": "head", "step": 10}),
     ("late-overflow", "producer", {"module": "gate", "step": 11}),
@@ -353,7 +357,9 @@ def test_a_helper_beside_a_lab_file_is_imported_and_its_edit_shows_without_a_res
 
 def test_the_teachers_guide_lists_every_shipped_lab_and_the_view_options():
     guide = (ROOT / "docs" / "teachers.md").read_text(encoding="utf-8")
-    table = [line for line in guide.splitlines() if line.startswith("| The ") or line.startswith("| Myths")]
+    lines = guide.splitlines()
+    start = lines.index("| Lab | What breaks | Graded with |") + 2
+    table = lines[start:lines.index("", start)]
     listed = [line.split("|")[1].strip() for line in table]
     assert listed == [lab.title for lab in discover_labs(labs_dir="")]
     for needed in ("after=", "INSPECTOR_MODEL_DIRS", "What needs a restart", "labs collect"):

@@ -28,7 +28,7 @@ LAYERS = [
     ("aliases", "offsets", "placement", "capture", "attribution"),      # the analyses
     ("structure",),                                                     # summary and tree: analyses combined
     ("runfiles",),                                                      # the run file, written and read back
-    ("distributed", "watching"),                                        # across ranks, over steps
+    ("distributed", "replaying", "watching"),                           # across ranks, over steps
     ("comparison", "integrations", "runfolders"),                       # two models or runs; stacks; folders
     ("figures", "report", "labs"),                                      # what shows, exports and teaches
     ("dashboard", "commands", "__main__", "__init__"),                  # the doors: app and command line

@@ -31,6 +31,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="name the module that first produced NaN/Inf, forward and backward (costs more)")
     parser.add_argument("--update-ratio", action="store_true",
                         help="record each module's update-to-weight ratio (keeps a copy of the weights)")
+    parser.add_argument("--keep", action="store_true",
+                        help="keep the last steps so that one that broke can be replayed (`replay --step N`)")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="cpu (default) or cuda")
     parser.add_argument("--shard", choices=SHARD_MODES, default="none",
                         help="fsdp, ddp or none (default): across torchrun's ranks, else a world of one")
@@ -66,6 +68,7 @@ def run(args: argparse.Namespace) -> int:
                 every=args.every,
                 nonfinite=args.nonfinite,
                 update_ratio=args.update_ratio,
+                keep=args.keep,
                 name=loaded.name,
                 note=loaded.source,
                 on_finding=_print if rank == 0 else None,

@@ -2,15 +2,16 @@
 by the inspector's own analyses.
 
 A lab is a :class:`Lab` (story, scenario builder, tasks with answer fields and a checker each,
-hints, solution). The package ships eight; a teacher adds one by dropping a Python file that
+hints, solution). The package ships nine; a teacher adds one by dropping a Python file that
 defines ``LAB = Lab(...)`` into the folder named by ``INSPECTOR_LABS_DIR``.
 
 >>> [lab.id for lab in discover_labs(labs_dir="")]  # doctest: +NORMALIZE_WHITESPACE
 ['broken-tie', 'shifted-offsets', 'stranded-buffer', 'corrupted-capture', 'flattening-myths',
- 'late-overflow', 'silent-block', 'stalled-schedule']
+ 'find-the-op', 'late-overflow', 'silent-block', 'stalled-schedule']
 
 Modules: ``broken_tie``: lab: the broken tie; ``core``: the pieces a lab is made of;
-``corrupted_capture``: lab: the corrupted capture; ``discovery``: finding labs: the ones shipped in this
+``corrupted_capture``: lab: the corrupted capture; ``find_the_op``: lab: find the op (a replayed
+step); ``discovery``: finding labs: the ones shipped in this
 package and the ones a teacher adds; ``flattening_myths``: lab: myths of flattening; ``late_overflow``: lab:
 the late overflow; ``records``: a student's lab results as plain data, as a Markdown lab report and as
 a signed results file;

@@ -12,6 +12,7 @@ from datetime import UTC, datetime
 
 import pandas as pd
 
+from ..replaying import Replay
 from ..runfiles import DistributedRun, rank_issues, records_of, unique_findings
 from ..watching import Run, StepFinding, read_run
 from .data import Section, Table, make_figure
@@ -19,14 +20,15 @@ from .model import Report
 from .watch_run import verdict_line
 
 
-def run_report(run: Run | DistributedRun | str | os.PathLike) -> Report:
+def run_report(run: Run | DistributedRun | str | os.PathLike, replayed: Replay | None = None) -> Report:
     """The report of one run file, of either kind: ``run_report(read_run(path))`` and ``run_report(path)``
     work alike.
 
     A ``check_step`` run (a :class:`Run` of kind ``"check"``, or its ``check_run``) gets sections
     ``findings``, ``run``, ``rank-0`` ... ``rank-N``, ``tensors``; a watched run
     (:func:`inspector.watch`'s file) gets :func:`~inspector.report.watch_report`'s ``findings``,
-    ``run``, ``modules`` (and ``captures``).
+    ``run``, ``modules`` (and ``captures``), and ``replayed`` when given a step of it run again
+    (:func:`inspector.replay`).
 
     Raises:
         InspectorError: ``run`` is a path that is no run file (the message says which).
@@ -36,7 +38,7 @@ def run_report(run: Run | DistributedRun | str | os.PathLike) -> Report:
     if isinstance(run, Run) and run.check_run is None:
         from .watch_run import watch_report
 
-        return watch_report(run)
+        return watch_report(run, replayed)
     return _check_report(records_of(run))
 
 

@@ -12,10 +12,11 @@ from datetime import UTC, datetime
 import numpy as np
 import pandas as pd
 
+from ..replaying import Replay
 from ..utils.findings import Finding
 from ..utils.labels import module_label
 from ..watching import Run, StepFinding, first_producer, main_steps, ordered_findings, producer_of, verdict
-from .data import ReportFigure, Section, Table, make_figure
+from .data import ReportFigure, Section, Table, make_figure, plain
 from .model import Report
 
 MAX_STEP_ROWS = 200
@@ -51,6 +52,36 @@ def _captures_section(run: Run) -> Section | None:
                    "rank": rank, "bytes": caps.total_bytes}, tables=tables)
 
 
+def replay_section(r: Replay) -> Section:
+    """A replayed step: reproduced or not, the ops that made NaN/Inf (first on top) with module and line,
+    the gradients per parameter (NaN/Inf first, then the largest), what each module output."""
+    ops = Table("Ops that made NaN/Inf from finite inputs, first on top",
+                ("phase", "op", "module", "line", "code", "inputs", "nan", "inf"),
+                tuple((o.phase, o.op, o.module, o.source, o.code, "; ".join(i.text() for i in o.inputs),
+                       o.nan, o.inf) for o in r.ops))
+    grads = r.gradients[["name", "norm", "state"]].copy()
+    grads["bad"] = grads["state"] == "nonfinite"
+    grads = grads.sort_values(["bad", "norm"], ascending=[False, False]).drop(columns="bad")
+    columns = ["module", "kind", "path", "shape", "dtype", "min", "max", "nan", "inf"]
+    stats = r.captures.stats
+    shown = stats[[c for c in columns if c in stats]].head(MAX_STEP_ROWS)
+    tables = (ops, Table.from_frame(f"Gradients at step {r.step}", grads.head(MAX_STEP_ROWS),
+                                    "NaN/Inf first, then the largest"),
+              Table.from_frame("Module outputs and inputs, as replayed", shown,
+                               "detached copies within the capture byte budget"))
+    first = r.first
+    facts = {"step": r.step, "rank": r.rank, "replay file": r.file,
+             "reproduced": {True: "yes", False: "no", None: "no loss to compare"}[r.reproduced],
+             "loss": plain(r.loss, None), "recorded loss": plain(r.recorded_loss, None),
+             "tolerance": r.tolerance, "gradient norm": plain(r.grad_norm, None),
+             "recorded gradient norm": plain(r.recorded_grad_norm, None),
+             "first op": f"{first.op} in {first.module} at {first.source}" if first else "none",
+             "batch with NaN/Inf": ", ".join(r.batch_nonfinite) or "none",
+             "weights with NaN/Inf": ", ".join(r.weights_nonfinite[:5]) or "none"}
+    return Section("replayed", f"Step {r.step}, replayed", note=r.verdict(), facts=facts, tables=tables,
+                   findings=r.findings)
+
+
 def _with_step(f: StepFinding) -> Finding:
     """The finding as the report lists it: its message opens with the step (and rank) it began at."""
     at = f"step {f.step:,}" + (f", rank {f.rank}" if f.rank else "")
@@ -78,9 +109,10 @@ def verdict_line(findings: Run | Iterable[StepFinding]) -> str:
             f"{module_label(first.where)} — {first.message}{tail}")
 
 
-def watch_report(run: Run) -> Report:
+def watch_report(run: Run, replayed: Replay | None = None) -> Report:
     """Sections ``findings``, ``run``, ``modules`` of one watched run (see :func:`inspector.read_run`),
-    and ``captures`` when the run stored a ``nonfinite-forward`` producer's inputs and outputs."""
+    ``captures`` when the run stored a ``nonfinite-forward`` producer's inputs and outputs, and ``replayed``
+    for a step of it run again (:func:`inspector.replay`)."""
     from ..figures import loss_norm_figure, norm_heatmap, run_norm_grid
 
     found = ordered_findings(run)
@@ -130,6 +162,8 @@ def watch_report(run: Run) -> Report:
     captured = _captures_section(run)
     if captured is not None:
         sections.append(captured)
+    if replayed is not None:
+        sections.append(replay_section(replayed))
     return Report(
         model={"name": run.meta.model, "source": run.path, "device": "", "dtype": None, "checkpoint": None,
                "class": "watched run"},

@@ -56,6 +56,8 @@ CODES: dict[str, FindingCode] = {c.code: c for c in (
        "lower the learning rate, clip gradients, or check that step's batch", "episode"),
     _c("loss-spike", _W, "the logged loss is many times its running median and its noise",
        "look at that step's batch and the gradient norms around it; lower the learning rate", "episode"),
+    _c("replay-differs", _W, "a replayed step's loss is not the one the run recorded at that step",
+       "pass the model, code and loss function the run used; data written in place since is not kept"),
     _c("dead-gradient", _W, "a parameter had no gradient, or an all-zero one, for several steps",
        "check that it takes part in the loss (no detach(), unused branch or dead ReLUs)"),
     _c("not-in-optimizer", _E, "a parameter requires grad but no param group of the optimizer holds it",

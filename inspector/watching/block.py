@@ -44,7 +44,10 @@ def watch(
             back after this many steps without it), ``capture_bytes``, ``group``, ``distributed``,
             ``name``, ``note``, ``timeout`` (seconds a rank waits at each step for the other ranks
             before it stops naming the rank that is late, failed or out of step), ``on_finding``
-            (called with each new :class:`StepFinding`).
+            (called with each new :class:`StepFinding`), ``keep`` (True or a number of steps: keep the last
+            steps so that one can be replayed, :func:`inspector.replay`; docs/replay.md),
+            ``keep_weights`` (copy the weights to the host at every step), ``keep_bytes`` (the most
+            bytes the run's replay files may hold).
 
     >>> import tempfile, pathlib
     >>> m = nn.Linear(2, 1); opt = torch.optim.SGD(m.parameters(), lr=0.1)

@@ -19,6 +19,7 @@ import torch
 from torch import nn
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
+from ..replaying import StepKeeper
 from ..runfiles import RunMeta, RunWriter, StepFinding
 from ..utils.findings import Finding, InspectorError
 from .checks import Optimizers
@@ -42,7 +43,8 @@ class Watch:
                  window: int = 5, explode_factor: float = 8.0, loss_factor: float = 3.0,
                  recur_after: int = 5, capture_bytes: int = 64 << 20,
                  group: Any = None, distributed: bool | None = None, name: str = "", note: str = "",
-                 timeout: float = 300.0, on_finding: Callable[[StepFinding], None] | None = None) -> None:
+                 timeout: float = 300.0, on_finding: Callable[[StepFinding], None] | None = None,
+                 keep: bool | int = False, keep_weights: bool = False, keep_bytes: int = 1 << 30) -> None:
         self.target = t = Target.of(model, optimizer)
         self.options = WatchOptions(every, nonfinite, update_ratio, scaler, window, explode_factor,
                                     loss_factor, recur_after, capture_bytes, distributed, name, note, timeout,
@@ -54,9 +56,14 @@ class Watch:
                             tuple(c for c, on in (("nonfinite", nonfinite), ("update_ratio", update_ratio),
                                                   ("distributed", self.ranks.distributed)) if on),
                             update_ratio, time.time(), note)
+        self.keeper = StepKeeper(  # the last steps, kept for inspector.replay (docs/replay.md)
+            t.root, path, steps=keep if type(keep) is int and keep else 2, keep_weights=keep_weights,
+            max_bytes=keep_bytes, rank=self.ranks.rank, world=self.ranks.world, model=self.meta.model,
+            explode_factor=explode_factor) if keep or keep_weights else None
         self.kit = Kit(t, self.options)
         self.checks = Checks(self.kit)
-        self.recorder = Recorder(self.path, self.ranks.world, max(recur_after, every), on_finding)
+        self.recorder = Recorder(self.path, self.ranks.world, max(recur_after, every),
+                                 self._found if on_finding is not None or self.keeper is not None else None)
         self.control = StopControl()
         self.scalars = Scalars()
         self.state = StepState()
@@ -136,6 +143,9 @@ class Watch:
 
             remove_captures(self.path, r.rank, r.world)
         hold(t.root.register_forward_hook(self._forwarded, with_kwargs=True))
+        if self.keeper is not None:
+            for h in self.keeper.attach():
+                hold(h)
         if r.world > 1:  # each rank's own time before the step's first collective (slow-rank)
             for h in r.clock.attach(t.model, t.root):
                 hold(h)
@@ -166,7 +176,16 @@ class Watch:
             self._record_now(f, rank)
         self._stack.close()
         self.result = self.recorder.finish(self.state.count, completed)
+        if self.keeper is not None:
+            self.keeper.close()
         return self.result
+
+    def _found(self, sf: StepFinding) -> None:
+        """Each new finding, to the user's ``on_finding`` and then to the steps kept for replay."""
+        if self.options.on_finding is not None:
+            self.options.on_finding(sf)
+        if self.keeper is not None:
+            self.keeper.finding(sf)
 
     def use_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
         """Follow ``optimizer`` from its next step on, in place of the first optimizer given to the watch
@@ -309,6 +328,8 @@ class Watch:
         found, self._pending = self.checks.run("before-step", self._at(check, params=params, held=held),
                                                self._pending), []
         self.state.pre(params, check and self.options.update_ratio, found)
+        if self.keeper is not None:
+            self.keeper.weights(self.state.grad_parts, self.scalars.get("loss"))
         # with the gradient norms just taken: the gradients are read once
         self._measured = self.checks.run("measured", self._at(check, params=params,
                                                               loss=self.scalars.get("loss")), [])
@@ -341,6 +362,8 @@ class Watch:
                                    ByRank(found, [[] for _ in found]))
         self._write(numbers_all, scalars, gathered, lrs)
         st.post()
+        if self.keeper is not None:
+            self.keeper.step_starts(st.count)
 
     def _write(self, per_rank: list[Numbers], scalars: dict[str, float], gathered: ByRank,
                lrs: list[float]) -> None:
