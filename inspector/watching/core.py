@@ -8,6 +8,8 @@ condition fires which finding, and in which order, is decided there, not here.""
 from __future__ import annotations
 
 import os
+import signal
+import threading
 import time
 from collections.abc import Callable
 from contextlib import ExitStack
@@ -22,7 +24,7 @@ from torch.optim.optimizer import register_optimizer_step_post_hook
 from ..replaying import StepKeeper
 from ..runfiles import RunMeta, RunWriter, StepFinding
 from ..utils.findings import Finding, InspectorError
-from .checks import Optimizers
+from .checks import Optimizers, failure_finding
 from .layout import current, refresh
 from .numbers import Numbers
 from .producer import producer_at_forward_end
@@ -33,6 +35,10 @@ from .rows import step_record
 from .steps import StepState, transfer_step
 from .table import At, ByRank, Checks, Kit
 from .tracer import NonfiniteTracer
+
+
+class Terminated(BaseException):
+    """The process was sent a signal that ends it (recorded as ``run-failed`` before it ends)."""
 
 
 class Watch:
@@ -158,6 +164,7 @@ class Watch:
             self._stack.callback(self._unhook_steps)
             # any optimizer's step, to say at once when another one steps the watched parameters
             hold(register_optimizer_step_post_hook(self._any_step))
+        self._on_terminate()
         scaler = self.options.scaler
         if scaler is not None and callable(getattr(scaler, "update", None)):
             self._follow_scaler(scaler)
@@ -223,6 +230,27 @@ class Watch:
         if any(id(p) in held for g in optimizer.param_groups for p in g["params"]):
             for f in self.checks.run("other-step", self._at(other=optimizer), []):
                 self._record_now(f, self.ranks.rank)
+
+    def _on_terminate(self) -> None:
+        """SIGTERM (what torchrun, schedulers and ``kill`` send) with no handler of the program's own:
+        record ``run-failed`` naming the signal, then end as the signal would have (its default action,
+        its exit status). A program's own handler is left alone. Main thread only; put back at close."""
+        if threading.current_thread() is not threading.main_thread():
+            return
+        before = signal.getsignal(signal.SIGTERM)
+        if before not in (signal.SIG_DFL, None):
+            return
+
+        def terminated(signum: int, frame: Any) -> None:
+            name = signal.Signals(signum).name
+            self._record_now(failure_finding(Terminated(f"{name} (signal {signum}) from outside the "
+                                                        "program: torchrun, a scheduler or kill"),
+                                             self.state.count), self.ranks.rank)
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+
+        signal.signal(signal.SIGTERM, terminated)
+        self._stack.callback(signal.signal, signal.SIGTERM, before)
 
     def _follow_scaler(self, scaler: Any) -> None:
         """Wrap ``scaler.update`` on the instance (the class's method is back at close): an update with no
