@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 from collections import deque
 from collections.abc import Sequence
 
@@ -65,7 +66,9 @@ class Detectors:
     Args:
         layout: what is watched.
         window: steps a gradient may stay missing or zero before ``dead-gradient`` (two, for one that was
-            there at each of the last ``SETTLED`` steps).
+            there at each of the last ``SETTLED`` steps; ``max(2 * window, 3 * gap + 2)`` for one whose
+            gradients, or a sibling's in a ModuleList / ModuleDict, came back after a gap of ``gap`` steps:
+            routed experts, optional branches).
         explode_factor: a module's gradient norm over this many times the median of its last
             ``history`` norms (and over its noise) is ``exploding-gradient``.
         loss_factor: a logged loss over this many times the median of the last ``history`` positive
@@ -146,7 +149,7 @@ class Detectors:
         cut = (self.dead == CUT_AFTER) & (self.lost >= SETTLED) & (self.window > CUT_AFTER) & (gap == 0)
         out += self._dead(np.flatnonzero(cut), cut=True)
         out += self._dead(np.flatnonzero((self.dead == self.window) & (gap == 0) & ~cut), cut=False)
-        late = (gap > 0) & (self.dead == np.maximum(self.window, 2 * gap + 2))  # over twice its longest gap
+        late = (gap > 0) & (self.dead == np.maximum(2 * self.window, 3 * gap + 2))  # well past its own gaps
         out += self._dead(np.flatnonzero(late), cut=False, gap=int(gap[late].max()) if late.any() else 0)
         now = _log(module_grad)
         self.surge = None
@@ -163,8 +166,8 @@ class Detectors:
     def _dead(self, which: np.ndarray, cut: bool, gap: int = 0) -> list[Finding]:
         """``dead-gradient`` for the parameters ``which`` whose gradient went missing this step (``cut``: each
         after a settled run of gradients; ``gap``: the longest gap of a gradient that comes and goes, now
-        missing for over twice as long): one finding each, or one for them all when they are more than
-        ``GROUP_OVER`` (a detach() or a frozen path takes a whole part of the model at once)."""
+        missing for ``max(2 * window, 3 * gap + 2)`` steps): one finding each, or one for them all when they
+        are more than ``GROUP_OVER`` (a detach() or a frozen path takes a whole part of the model at once)."""
         if not len(which):
             return []
         names = [self.layout.parameters[i] for i in which]
@@ -172,7 +175,8 @@ class Detectors:
         one = len(names) <= GROUP_OVER
         steps = int(self.dead[which].max())
         came_and_went = (f" (its gradients came and went before, as a routed expert's or an optional "
-                         f"branch's do, but never missing for more than {gap} steps)" if gap else "")
+                         f"branch's do, but were never missing for more than {gap} steps in a row)"
+                         if gap else "")
         why = (f"had a gradient at each of the {lost} steps before and none, or an all-zero one, for the "
                f"last {CUT_AFTER}: something cut {'it' if one else 'them'} off (a detach(), a frozen path, a "
                "branch no longer taken)" if cut else
@@ -262,16 +266,20 @@ class Detectors:
         return out
 
 
+_INDEXED = re.compile(r"^(?:|.*_)(\d+)$")  # "3", "expert_3": an index among siblings ("fc1" is a name)
+
+
 def _sibling_key(name: str) -> str:
     """``name`` with its last index replaced (``layers.0.experts.3.w1.weight`` ->
-    ``layers.0.experts.*.w1.weight``): the same parameter of the siblings of one ModuleList."""
-    head, sep, tail = name, "", ""
+    ``layers.0.experts.*.w1.weight``, ``experts.expert_3.wi.weight`` -> ``experts.expert_*.wi.weight``): the
+    same parameter of the siblings of one ModuleList or ModuleDict."""
     parts = name.split(".")
     for i in range(len(parts) - 1, -1, -1):
-        if parts[i].isdigit():
-            head, sep, tail = ".".join(parts[:i]), "*", ".".join(parts[i + 1:])
-            break
-    return ".".join(p for p in (head, sep, tail) if p) if sep else name
+        m = _INDEXED.match(parts[i])
+        if m:
+            parts[i] = parts[i][:m.start(1)] + "*"
+            return ".".join(parts)
+    return name
 
 
 def not_in_optimizer(names: tuple[str, ...], tensors: list, held: set[int]) -> list[Finding]:
