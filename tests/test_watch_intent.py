@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from inspector import watch
+from inspector.watching.rules import LearningRateRose
 
 
 def _mlp() -> nn.Sequential:
@@ -313,3 +314,50 @@ def test_use_optimizer_needs_a_watched_optimizer(tmp_path):
     model = _mlp()
     with watch(model, None, tmp_path / "run.inspect") as w, pytest.raises(InspectorError, match="w.step"):
         w.use_optimizer(torch.optim.SGD(model.parameters(), lr=0.1))
+
+
+# -- a learning rate raised a hundredfold ---------------------------------------------------------
+def _lr_raised(tmp_path, at: int | None):
+    model = _mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    target = torch.randn(8, 1, generator=torch.Generator().manual_seed(7))
+    with watch(model, opt, tmp_path / "run.inspect") as w:
+        for i in range(40):
+            if i == at:
+                for g in opt.param_groups:
+                    g["lr"] *= 100  # the bug: a scheduler or a config that multiplies instead of sets
+            loss = (model(_batch(i)) - target).pow(2).mean()
+            loss.backward()
+            w.log(loss=loss)
+            opt.step()
+            opt.zero_grad()
+    return w.result
+
+
+def test_a_spike_after_the_learning_rate_rose_says_so(tmp_path):
+    found = [f for f in _lr_raised(tmp_path, at=30).findings if f.severity != "info"]
+    # the spike comes a few steps later here: within the steps the rise is remembered
+    assert found and all(30 <= f.step < 30 + LearningRateRose.steps for f in found)
+    assert "the learning rate of param group 0 rose 100x" in found[0].message
+
+
+def test_a_steady_learning_rate_adds_nothing_to_a_message(tmp_path):
+    assert not [f for f in _lr_raised(tmp_path, at=None).findings if "learning rate" in f.message]
+
+
+# -- a part unfrozen mid-run ----------------------------------------------------------------------
+@pytest.mark.parametrize("added", [False, True])
+def test_a_part_unfrozen_and_never_added_to_the_optimizer_is_named(tmp_path, added):
+    model = _mlp()
+    model[0].requires_grad_(False)  # train the head first
+    opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.01)
+    with watch(model, opt, tmp_path / "run.inspect") as w:
+        for i in range(8):
+            if i == 4:
+                model[0].requires_grad_(True)
+                if added:  # the recipe: a new param group at a lower lr
+                    opt.add_param_group({"params": list(model[0].parameters()), "lr": 0.001})
+            model(_batch(i)).pow(2).mean().backward()
+            opt.step()
+            opt.zero_grad()
+    assert _alarms(w.result) == ([] if added else [(4, "not-in-optimizer", "0.weight")])

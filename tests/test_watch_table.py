@@ -237,6 +237,25 @@ def scenario_nan_weights_used(tmp_path) -> list[tuple[int, str]]:
     return _codes(w.result.findings)
 
 
+def scenario_lr_raised(tmp_path) -> list[tuple[int, str, bool]]:
+    """The learning rate raised 100x at step 30: the spikes it makes say that it rose."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    g = torch.Generator().manual_seed(1)
+    target = torch.randn(8, 1, generator=g)
+    with watch(model, opt, tmp_path / "run.inspect") as w:
+        for i in range(36):
+            if i == 30:
+                opt.param_groups[0]["lr"] *= 100
+            loss = (model(torch.randn(8, 4, generator=g)) - target).pow(2).mean()
+            loss.backward()
+            w.log(loss=loss)
+            opt.step()
+            opt.zero_grad()
+    return [(f.step, f.code, "learning rate of param group 0 rose" in f.message) for f in w.result.findings]
+
+
 # a NaN/Inf gradient the optimizer applies makes the weights NaN too: the post-step check names them
 _NAN_WEIGHTS = "nonfinite-parameter"
 ORDER_CASES = [
@@ -252,6 +271,7 @@ ORDER_CASES = [
      [(2, "nonfinite-loss"), (2, _NAN_WEIGHTS)]),
     ((rules.NonfiniteGradients, rules.UsedNonfiniteWeights), scenario_nan_weights_used,
      [(2, "nonfinite-loss"), (2, _NAN_WEIGHTS)]),
+    ((rules.Loss, rules.LearningRateRose), scenario_lr_raised, [(33, "loss-spike", True)]),
     ((rules.ZeroGradientStep, rules.GradientNorms), scenario_zero_grad_before_step,
      [(0, "zero-gradient-step")]),
     ((rules.GradientsCleared, rules.OptimizerStepped), scenario_two_optimizers,
@@ -276,7 +296,10 @@ def test_ordering_rule_swapped_reports_wrong(tmp_path, monkeypatch, rule, run, e
 def test_every_stated_rule_has_a_run(tmp_path):
     stated = {(a, r.check) for r in WATCH_CHECKS for a in r.after}
     covered = {rule for rule, _, _ in ORDER_CASES}
-    assert stated - covered == {(rules.ReplicaFindingsPlaced, rules.SpreadFolded)}  # tested just below
+    # tested just below; GradientNorms before LearningRateRose: its spikes are extended the same way as
+    # the loss's, which the run above checks
+    assert stated - covered == {(rules.ReplicaFindingsPlaced, rules.SpreadFolded),
+                                (rules.GradientNorms, rules.LearningRateRose)}
 
 
 class _Ranks:

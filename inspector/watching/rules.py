@@ -127,6 +127,34 @@ class Membership:
                                          at.step)
 
 
+class Unfrozen:
+    """``not-in-optimizer`` at a check step for a parameter frozen when the watch opened (so not watched)
+    that now requires grad while no param group holds it: a part unfrozen mid-run and never added to
+    the optimizer (``add_param_group``) does not train."""
+
+    @classmethod
+    def build(cls, kit: Kit) -> Unfrozen | None:
+        return cls() if kit.target.optimizer is not None else None
+
+    def attach(self, at: At, stack: ExitStack) -> None:
+        self.frozen = [(n, p) for n, p in at.target.root.named_parameters() if not p.requires_grad]
+        self.said: set[str] = set()
+
+    def __call__(self, at: At, found: list[Finding]) -> list[Finding]:
+        if not at.check or at.held is None or not self.frozen:
+            return found
+        now = [n for n, p in self.frozen if p.requires_grad and id(p) not in at.held and n not in self.said]
+        if not now:
+            return found
+        self.said.update(now)
+        modules = list(dict.fromkeys(n.rpartition(".")[0] for n in now))
+        return found + [coded(
+            "not-in-optimizer", now[0],
+            f"{len(now)} parameter(s) of {listed(modules)} were frozen when the watch started and now "
+            "require grad, but no param group of the optimizer holds them: they never change. Add them with "
+            "optimizer.add_param_group({'params': [...], 'lr': ...}) when you unfreeze them")]
+
+
 class OptimizerStepped:
     """``optimizer-not-stepped``: one of several optimizers has not stepped by the first one's second
     step, or, having stepped, misses as many steps as :meth:`OptimizerSteps.findings` allows."""
@@ -271,6 +299,35 @@ class Loss:
     def __call__(self, at: At, found: list[Finding]) -> list[Finding]:
         n = at.numbers
         return self.detectors.loss(float(n.loss), found) if n.loss_logged else found
+
+
+class LearningRateRose:
+    """No finding of its own: a ``loss-spike`` or ``exploding-gradient`` at a step where a param group's
+    learning rate is ``factor`` (4) times or more its lowest non-zero value of the last ``steps`` (5)
+    steps says so in its message (a scheduler or a hand-made change is then the likely cause)."""
+
+    factor, steps = 4.0, 5
+
+    def __init__(self) -> None:
+        self.past: list[list[float]] = []  # the learning rates of the last steps, oldest first
+
+    def __call__(self, at: At, found: list[Finding]) -> list[Finding]:
+        lrs, past = at.lrs, self.past
+        self.past = [*past[-(self.steps - 1):], lrs] if self.steps > 1 else [lrs]
+        if not past or not any(f.code in ("loss-spike", "exploding-gradient") for f in found):
+            return found
+        rose = []
+        for g, lr in enumerate(lrs):
+            low = min((p[g] for p in past if g < len(p) and p[g] > 0), default=0.0)
+            if low > 0 and lr >= self.factor * low:
+                rose.append((lr / low, g, low, lr))
+        if not rose:
+            return found
+        ratio, g, low, lr = max(rose)
+        said = (f"; the learning rate of param group {g} rose {ratio:.3g}x within the last {len(past)} steps "
+                f"({low:.3g} -> {lr:.3g}): that change, by a scheduler or by hand, is the likely cause")
+        return [Finding(f.code, f.severity, f.where, f.message + said)
+                if f.code in ("loss-spike", "exploding-gradient") else f for f in found]
 
 
 class NonfiniteGradients:

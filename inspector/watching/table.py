@@ -66,6 +66,7 @@ WATCH_CHECKS: tuple[Row, ...] = (
     Row("before-step", rules.EvalMode, ("eval-mode-module",)),
     Row("before-step", rules.GradientsCleared, ("gradient-not-cleared",)),
     Row("before-step", rules.Membership, ("not-in-optimizer", "parameters-replaced")),
+    Row("before-step", rules.Unfrozen, ("not-in-optimizer",)),
     Row("before-step", rules.OptimizerStepped, ("optimizer-not-stepped",), after=(rules.GradientsCleared,),
         why="gradient-not-cleared asks which optimizers stepped since the last step; this row resets "
             "those counts"),
@@ -83,6 +84,9 @@ WATCH_CHECKS: tuple[Row, ...] = (
         after=(rules.WrittenWeights, rules.Producers, rules.GradientNorms),
         why="a named producer (a module, the batch, a written weight) explains a NaN/Inf loss, and a "
             "loss spike takes in the same step's whole-model exploding-gradient"),
+    Row("after-step", rules.LearningRateRose, ("loss-spike", "exploding-gradient"),
+        after=(rules.GradientNorms, rules.Loss),
+        why="it adds the learning rate's rise to the spikes those rows found this step"),
     Row("after-step", rules.NonfiniteGradients, ("nonfinite-gradient",),
         after=(rules.WrittenWeights, rules.Producers, rules.Loss),
         why="NaN/Inf gradients that a producer, a written weight or a NaN/Inf loss explains are not a "
