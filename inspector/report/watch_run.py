@@ -17,6 +17,7 @@ from .data import ReportFigure, Section, Table, make_figure
 from .model import Report
 
 MAX_STEP_ROWS = 200
+MAX_STEP_COLUMNS = 40  # step columns a report shows (a run may log 100,000 learning rates or scalar names)
 
 
 def _thin(frame: pd.DataFrame, rows: int = MAX_STEP_ROWS) -> pd.DataFrame:
@@ -65,7 +66,10 @@ def watch_report(run: Run) -> Report:
     by_step = Table("Findings, most severe first, then by step",
                     ("step", "rank", "code", "severity", "where", "message"),
                     tuple((f.step, f.rank, f.code, f.severity, f.where, f.message) for f in found))
-    columns = [c for c in steps.columns if c not in ("time", "loss_logged") and not steps[c].isna().all()]
+    held = steps.columns[steps.notna().any().to_numpy()] if len(steps) else steps.columns  # one pass
+    columns = [c for c in held if c not in ("time", "loss_logged")]
+    left_out = max(0, len(columns) - MAX_STEP_COLUMNS)
+    columns = columns[:MAX_STEP_COLUMNS]
     facts = {
         "file": run.path,
         "model": run.meta.model,
@@ -92,7 +96,9 @@ def watch_report(run: Run) -> Report:
             Table.from_frame(
                 "Steps",
                 _thin(steps[columns]),
-                f"every step up to {MAX_STEP_ROWS} rows, else evenly spaced ones",
+                f"every step up to {MAX_STEP_ROWS} rows, else evenly spaced ones"
+                + (f"; the first {MAX_STEP_COLUMNS} columns: {left_out:,} more (learning rates, logged "
+                   "scalars) are in the run file" if left_out else ""),
             ),
             by_step,
         ),
