@@ -126,8 +126,8 @@ def show_runs(result: RunComparison, runs: tuple[object, object] = (None, None))
     columns, left_out = shown_step_columns(result, EVERY_NUMBER_SHOWN if every else 2)
     steps = result.steps[columns]
     if every and left_out > 0:
-        st.caption(f"The first {EVERY_NUMBER_SHOWN} numbers; {left_out:,} more were compared and are not shown "
-                   "(`python -m inspector compare A B --json FILE` writes every one).")
+        st.caption(f"The first {EVERY_NUMBER_SHOWN} numbers; {left_out:,} more were compared and are not "
+                   "shown (`python -m inspector compare A B --json FILE` writes every one).")
     paged_table(run_step_rows(steps), key="cmp_steps", column_config=run_step_config(steps))
 
 
