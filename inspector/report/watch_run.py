@@ -11,7 +11,7 @@ from datetime import UTC, datetime
 import numpy as np
 import pandas as pd
 
-from ..utils.findings import Finding
+from ..utils.findings import Finding, InspectorError
 from ..watching import Run, StepFinding, first_producer, main_steps, ordered_findings, producer_of, verdict
 from .data import ReportFigure, Section, Table, make_figure
 from .model import Report
@@ -35,8 +35,12 @@ def _focus_step(run: Run) -> int:
 
 
 def _captures_section(run: Run) -> Section | None:
-    """The stored inputs and outputs of the first ``nonfinite-forward`` producer, if any."""
-    caps = run.captures
+    """The stored inputs and outputs of the first ``nonfinite-forward`` producer, if any; a captures file
+    that is damaged or forged is an ``error`` section saying so (the rest of the report stands)."""
+    try:
+        caps = run.captures
+    except InspectorError as exc:
+        return Section("captures", "Captures", status="error", note=str(exc))
     if caps is None:
         return None
     name, step, rank = producer_of(caps)
