@@ -79,7 +79,8 @@ def _number(meta: dict[str, str], key: str, low: int, high: int, name: str) -> i
     text = meta.get(key, "0")
     if not _INT.fullmatch(text) or not low <= int(text) <= high:
         raise InspectorError(f"{name}: its metadata's {key} is {text[:40]!r}, not a whole number from "
-                             f"{low:,} to {high:,}; the captures file is damaged or was not written by the watch")
+                             f"{low:,} to {high:,}; the captures file is damaged or was not written by the "
+                             "watch")
     return int(text)
 
 
