@@ -174,4 +174,20 @@ def test_installed_home_page_runs(installed, tmp_path):
 def test_serve_without_streamlit_names_the_app_extra(capsys, monkeypatch):
     monkeypatch.setitem(sys.modules, "streamlit", None)  # as where the app extra is not installed
     assert main(["serve", "--port", "1"]) == 2
-    assert "the dashboard needs streamlit: pip install 'model-inspector[app]'" in capsys.readouterr().err
+    assert ("the dashboard needs streamlit: pip install 'streamlit>=1.67,<2' 'captum>=0.9,<1' (or, in the "
+            "model-inspector source folder, pip install '.[app]')") in capsys.readouterr().err
+
+
+def test_install_hints_name_the_extras_of_pyproject_never_the_public_name():
+    """Each hint's packages are the extra's in pyproject.toml; ``pip install 'model-inspector[...]'``
+    would install another project of that name from the public index."""
+    import tomllib
+
+    from inspector.utils.program import EXTRAS, install_hint
+
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    for name, packages in EXTRAS.items():
+        assert packages == tuple(extras[name]), name
+        assert "model-inspector[" not in install_hint(name)
+    docs = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+    assert not [p.name for p in docs if "install 'model-inspector[" in p.read_text(encoding="utf-8")]

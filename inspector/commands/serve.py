@@ -30,6 +30,7 @@ from typing import Any
 from .. import InspectorError
 from ..dashboard import streamlit_command
 from ..runfolders import RUNS_ENV, data_settings, runs_dirs
+from ..utils.program import install_hint
 from .argtypes import port
 from .common import progress
 
@@ -51,7 +52,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     if importlib.util.find_spec("streamlit") is None:
-        raise InspectorError("the dashboard needs streamlit: pip install 'model-inspector[app]'")
+        raise InspectorError(f"the dashboard needs streamlit: {install_hint('app')}")
     extra = [a for a in getattr(args, "passthrough", []) if a != "--"]
     env = dict(os.environ)
     runs = runs_dirs(getattr(args, "runs", None), check=True)

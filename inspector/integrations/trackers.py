@@ -17,6 +17,7 @@ from typing import Any, Protocol
 
 from ..utils.escaping import tensorboard_text, terminal_line
 from ..utils.findings import InspectorError
+from ..utils.program import install_hint
 from ..watching import RunMeta, finding_line
 from .follow import StepRow
 
@@ -88,7 +89,7 @@ class TensorBoardExport:
             from torch.utils.tensorboard import SummaryWriter
         except ImportError as exc:
             raise InspectorError(f"TensorBoard export needs the tensorboard package ({exc}); "
-                                 "pip install 'model-inspector[integrations]'") from None
+                                 + install_hint("integrations")) from None
         self._own = SummaryWriter(log_dir=str(self.logdir))
         return self._own
 
