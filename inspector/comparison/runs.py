@@ -55,11 +55,12 @@ MODULE_QUANTITIES = ("grad_norm", "param_norm", "update_ratio", "nonfinite")
 @dataclass(frozen=True)
 class _Numbers:
     """One run's numbers of one rank, one row per step (the last row of a step): ``names`` (loss,
-    grad_norm, lr_0..., logged scalars), ``values`` (steps × names, float64) and ``logged`` (a NaN loss
-    that was logged: not finite; one that was not logged is null in the file)."""
+    grad_norm, lr_0..., logged scalars; a pyarrow string array, no Python string per name), ``values``
+    (steps × names, float64) and ``logged`` (a NaN loss that was logged: not finite; one that was not
+    logged is null in the file)."""
 
     steps: np.ndarray
-    names: list[str]
+    names: Any
     values: np.ndarray
     logged: np.ndarray
 
@@ -76,6 +77,16 @@ class _Numbers:
         return out
 
 
+def _names(index: pd.Index) -> Any:
+    """Column names as a pyarrow string array (the steps table keeps them in Arrow: no copy, no Python
+    string per name)."""
+    import pyarrow as pa
+
+    if isinstance(index.dtype, pd.StringDtype):
+        return pa.array(index.array)
+    return pa.array([str(c) for c in index], pa.string())
+
+
 def _numbers(run: Any, rank: int) -> _Numbers:
     """Every recorded number of ``rank`` per step (loss, grad_norm, lr_0..., scale, logged scalars) as one
     float64 matrix, converted in one pass (a run of 100,000 learning rates is 100,000 columns); timings
@@ -88,12 +99,11 @@ def _numbers(run: Any, rank: int) -> _Numbers:
     at = steps["step"].to_numpy()[mine]
     keep = len(at) - 1 - np.unique(at[::-1], return_index=True)[1]  # the last row of each step, by step
     rows = mine[keep]
-    dtypes = steps.dtypes
-    names = [c for c, t in zip(steps.columns, dtypes, strict=True) if c not in UNCOMPARED and (
-        pd.api.types.is_numeric_dtype(t) or pd.api.types.is_bool_dtype(t))]
-    block = steps.iloc[rows, steps.columns.get_indexer(names)]
-    values = block.to_numpy(dtype=np.float64, na_value=np.nan)
-    return _Numbers(at[keep].astype(np.int64), names, values, logged[rows])
+    numeric = np.fromiter((pd.api.types.is_numeric_dtype(t) or pd.api.types.is_bool_dtype(t)
+                           for t in steps.dtypes), dtype=bool, count=steps.shape[1])
+    columns = np.flatnonzero(numeric & ~steps.columns.isin(UNCOMPARED))
+    values = steps.iloc[rows, columns].to_numpy(dtype=np.float64, na_value=np.nan)
+    return _Numbers(at[keep].astype(np.int64), _names(steps.columns[columns]), values, logged[rows])
 
 
 def _module_matrix(run: Any, rank: int, steps: np.ndarray, modules: list[str], column: str) -> np.ndarray:
@@ -118,30 +128,43 @@ def _module_diff(ra: Any, rb: Any, rank: int, common: np.ndarray, modules: list[
     return diff
 
 
-def _quantities(na: _Numbers, nb: _Numbers) -> tuple[list[str], np.ndarray, np.ndarray]:
-    """The numbers compared: loss and grad_norm, then (in A's order) every other number both runs
-    record; with their columns in A and in B."""
-    in_b = {name: j for j, name in enumerate(nb.names)}
-    rec_a, rec_b = na.recorded(), nb.recorded()
-    first = [q for q in ("loss", "grad_norm") if q in in_b and q in na.names]
-    rest = [(i, in_b[q]) for i, q in enumerate(na.names)
-            if q in in_b and q not in ("loss", "grad_norm") and rec_a[i] and rec_b[in_b[q]]]
-    index_a = {q: i for i, q in enumerate(na.names)}
-    cols = [(index_a[q], in_b[q]) for q in first] + rest
-    names = first + [na.names[i] for i, _ in rest]
-    ca = np.array([i for i, _ in cols], dtype=np.int64)
-    cb = np.array([j for _, j in cols], dtype=np.int64)
-    return names, ca, cb
+def _quantities(na: _Numbers, nb: _Numbers) -> tuple[Any, np.ndarray, np.ndarray]:
+    """The numbers compared (a pyarrow string array): loss and grad_norm, then (in A's order) every other
+    number both runs record; with their columns in A and in B. Matched in Arrow, name for name."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    in_b = pc.fill_null(pc.index_in(na.names, value_set=nb.names), -1).to_numpy().astype(np.int64)
+    first = []
+    for q in ("loss", "grad_norm"):
+        hit = np.flatnonzero(pc.equal(na.names, q).to_numpy(zero_copy_only=False))
+        if len(hit) and in_b[hit[0]] >= 0:
+            first.append(int(hit[0]))
+    rec_b = nb.recorded()
+    rest = (in_b >= 0) & na.recorded() & rec_b[np.maximum(in_b, 0)]
+    rest[first] = False
+    ca = np.concatenate([np.asarray(first, dtype=np.int64), np.flatnonzero(rest)])
+    names = na.names.take(pa.array(ca))
+    return names, ca, in_b[ca]
 
 
-def _steps_table(union: np.ndarray, quantities: list[str], a: np.ndarray, b: np.ndarray,
+def _steps_table(union: np.ndarray, quantities: Any, a: np.ndarray, b: np.ndarray,
                  diff: np.ndarray) -> pd.DataFrame:
-    """``step, q_a, q_b, q_diff, ...``: one float64 block built at once (not a column at a time)."""
+    """``step, q_a, q_b, q_diff, ...``: one float64 block built at once (not a column at a time), its
+    column names made in Arrow (300,000 of them for two runs of 100,000 learning rates)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
     block = np.stack([a, b, diff], axis=2).reshape(len(union), 3 * len(quantities))
-    names = [f"{q}_{x}" for q in quantities for x in ("a", "b", "diff")]
-    frame = pd.DataFrame(block, columns=pd.Index(names, dtype=object), copy=False)
-    frame.insert(0, "step", union)
-    return frame
+    text, empty = quantities.cast(pa.large_string()), pa.scalar("", pa.large_string())
+    parts = [pc.binary_join_element_wise(text, pa.scalar(x, pa.large_string()), empty)
+             for x in ("_a", "_b", "_diff")]
+    order = np.arange(3 * len(quantities)).reshape(3, -1).T.reshape(-1)  # q0_a, q0_b, q0_diff, q1_a...
+    names = pa.concat_arrays(parts).take(pa.array(order))
+    values = pd.DataFrame(block, columns=pd.Index(pd.arrays.ArrowStringArray(pa.chunked_array([names]))),
+                          copy=False)
+    # joined as two blocks: inserting a column would turn every name into a Python string
+    return pd.concat([pd.DataFrame({"step": union}), values], axis=1, copy=False)
 
 
 def compare_runs(a: Any, b: Any, *, tolerance: float = DEFAULT_TOLERANCE, rank: int = 0) -> RunComparison:
@@ -163,6 +186,8 @@ def compare_runs(a: Any, b: Any, *, tolerance: float = DEFAULT_TOLERANCE, rank: 
     """
     if not (isinstance(tolerance, (int, float)) and tolerance >= 0 and math.isfinite(tolerance)):
         raise InspectorError(f"tolerance must be a finite number of 0 or more, got {tolerance!r}")
+    import pyarrow as pa
+
     ra, rb = _read(a), _read(b)
     na, nb = _numbers(ra, rank), _numbers(rb, rank)
     common = np.intersect1d(na.steps, nb.steps)
@@ -179,8 +204,8 @@ def compare_runs(a: Any, b: Any, *, tolerance: float = DEFAULT_TOLERANCE, rank: 
     at_common = np.searchsorted(union, common)
     logged = (na.logged[np.searchsorted(na.steps, common)] & nb.logged[np.searchsorted(nb.steps, common)])
     out = qdiff[at_common] > tolerance
-    if "loss" in quantities:
-        out[:, quantities.index("loss")] &= logged
+    if len(quantities) and quantities[0].as_py() == "loss":  # loss comes first when both record it
+        out[:, 0] &= logged
     in_b = set(rb.module_order)
     modules = [m for m in ra.module_order if m in in_b]
     diff = _module_diff(ra, rb, rank, common, modules)
@@ -189,13 +214,18 @@ def compare_runs(a: Any, b: Any, *, tolerance: float = DEFAULT_TOLERANCE, rank: 
     first = int(common[parted[0]]) if len(parted) else None
     first_modules: tuple[str, ...] = ()
     first_quantities: tuple[str, ...] = ()
+    first_values: list[tuple[str, float, float]] = []
     if first is not None:
         row = diff[parted[0]]
         first_modules = tuple(modules[i] for i in np.argsort(-row, kind="stable") if row[i] > tolerance)
-        first_quantities = tuple(quantities[j] for j in np.flatnonzero(out[parted[0]]))
+        parts_at = np.flatnonzero(out[parted[0]])
+        first_quantities = tuple(quantities.take(pa.array(parts_at)).to_pylist())
+        row_u = at_common[parted[0]]
+        first_values = [(q, float(va[row_u, j]), float(vb[row_u, j]))
+                        for q, j in zip(first_quantities[:4], parts_at[:4], strict=False)]
     table = _module_table(modules, common, diff, beyond, first, parted)
     findings = _findings(ra, rb, na.steps, nb.steps, modules, first, first_modules, first_quantities,
-                         tolerance, steps)
+                         tolerance, first_values)
     facts = {"steps_a": len(na.steps), "steps_b": len(nb.steps), "common_steps": len(common),
              "modules": len(modules), "tolerance": tolerance, "first_divergence": first,
              "quantities": len(quantities)}
@@ -240,7 +270,7 @@ def _module_table(modules: list[str], common: np.ndarray, diff: np.ndarray, beyo
 
 def _findings(ra: Any, rb: Any, sa: np.ndarray, sb: np.ndarray, modules: list[str], first: int | None,
               first_modules: tuple[str, ...], first_quantities: tuple[str, ...], tolerance: float,
-              steps: pd.DataFrame) -> list[Finding]:
+              first_values: list[tuple[str, float, float]]) -> list[Finding]:
     out = []
     if first is None:
         out.append(
@@ -254,11 +284,8 @@ def _findings(ra: Any, rb: Any, sa: np.ndarray, sb: np.ndarray, modules: list[st
             )
         )
     else:
-        shown_q = first_quantities[:4]
-        row = steps.loc[steps["step"] == first, [f"{q}_{x}" for q in shown_q for x in ("a", "b")]]
-        at = row.iloc[0] if len(row) else pd.Series(dtype=np.float64)
-        parts = [f"{'the loss' if q == 'loss' else q} is {at[q + '_a']:.6g} in A and {at[q + '_b']:.6g} in B"
-                 for q in shown_q]
+        parts = [f"{'the loss' if q == 'loss' else q} is {a:.6g} in A and {b:.6g} in B"
+                 for q, a, b in first_values]
         loss_text = "; ".join(parts) + ("; the loss still agrees" if "loss" not in first_quantities else "")
         loss_text = loss_text.removeprefix("; ")
         shown = ", ".join(first_modules[:5]) + (
