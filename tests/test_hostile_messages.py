@@ -35,5 +35,5 @@ def test_a_missing_run_file_does_not_exist(good, tmp_path, capsys):
 
 @pytest.mark.parametrize("data", [b"", b"  \n\n"])
 def test_an_empty_upload_is_empty(data):
-    with pytest.raises(InspectorError, match=r"up.inspect is empty \(\d bytes\)"):
+    with pytest.raises(InspectorError, match=r"up.inspect is empty( \(blank lines only\))?: upload"):
         parse_run_bytes(data, "up.inspect")
