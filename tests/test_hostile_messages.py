@@ -37,3 +37,21 @@ def test_a_missing_run_file_does_not_exist(good, tmp_path, capsys):
 def test_an_empty_upload_is_empty(data):
     with pytest.raises(InspectorError, match=r"up.inspect is empty( \(blank lines only\))?: upload"):
         parse_run_bytes(data, "up.inspect")
+
+
+def test_a_checkpoint_with_no_tensor_in_common_shows_on_the_compare_page(tmp_path):
+    """B shares no name with A: no modules to draw, and the page says so instead of a KeyError box."""
+    import torch
+    from safetensors.torch import save_file
+    from streamlit.testing.v1 import AppTest
+
+    from inspector.comparison import compare_weights
+    from inspector.figures import module_change_bars
+    from tests.apptest import PAGES
+
+    save_file({"other.weight": torch.ones(2)}, str(tmp_path / "b.safetensors"))
+    result = compare_weights(torch.nn.Linear(2, 2), str(tmp_path / "b.safetensors"))
+    assert len(result.modules) == 0 and len(module_change_bars(result.modules).data[0].x) == 0
+    at = AppTest.from_file(str(PAGES / "9_Compare.py"), default_timeout=120).run()
+    at.text_input(key="cmp_b").input(str(tmp_path / "b.safetensors")).run()
+    assert not at.exception and not [e.value for e in at.error if "KeyError" in e.value]
