@@ -55,3 +55,20 @@ def test_a_checkpoint_with_no_tensor_in_common_shows_on_the_compare_page(tmp_pat
     at = AppTest.from_file(str(PAGES / "9_Compare.py"), default_timeout=120).run()
     at.text_input(key="cmp_b").input(str(tmp_path / "b.safetensors")).run()
     assert not at.exception and not [e.value for e in at.error if "KeyError" in e.value]
+
+
+def test_a_column_of_true_false_and_blanks_reaches_the_grid(capfd):
+    """requires_grad is None for a buffer: the Home page's tensor table once logged a pyarrow traceback on
+    every render (None made '' in a bool column)."""
+    import pandas as pd
+    import pyarrow as pa
+    from streamlit.testing.v1 import AppTest
+
+    from ui.tables import plain_cells
+
+    cells = plain_cells(pd.DataFrame({"requires_grad": [True, False, None]}))
+    assert pa.Table.from_pandas(cells).column("requires_grad").to_pylist() == ["True", "False", ""]
+    from tests.apptest import PAGES
+
+    at = AppTest.from_file(str(PAGES.parent / "app.py"), default_timeout=120).run()
+    assert not at.exception and "ArrowInvalid" not in capfd.readouterr().err
