@@ -183,7 +183,7 @@ def test_install_hints_name_the_extras_of_pyproject_never_the_public_name():
     would install another project of that name from the public index."""
     import tomllib
 
-    from inspector.utils.program import EXTRAS, install_hint
+    from inspector.utils import EXTRAS, install_hint
 
     extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
     for name, packages in EXTRAS.items():

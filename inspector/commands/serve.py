@@ -30,7 +30,7 @@ from typing import Any
 from .. import InspectorError
 from ..dashboard import streamlit_command
 from ..runfolders import RUNS_ENV, data_settings, runs_dirs
-from ..utils.program import install_hint
+from ..utils import install_hint
 from .argtypes import port
 from .common import progress
 

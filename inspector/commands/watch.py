@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 
 from ..distributed import SHARD_MODES, sharded
-from ..utils.findings import InspectorError
+from ..utils import InspectorError
 from ..watching import OPTIMIZERS, StepFinding, train_watched, verdict
 from . import argtypes as types
 from .common import add_fail_on, failing_status, progress, say, training_ranks
