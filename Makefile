@@ -11,8 +11,11 @@ $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install --quiet --upgrade pip
 
-$(VENV)/.installed: requirements.txt constraints.txt | $(VENV)/bin/python
+# The pinned requirements, then this package itself, editable and without its dependencies (so
+# nothing replaces the pinned torch): `import inspector` and `model-inspector` work from any folder.
+$(VENV)/.installed: requirements.txt constraints.txt pyproject.toml | $(VENV)/bin/python
 	$(PIP) install -r requirements.txt -c constraints.txt
+	$(PIP) install --no-deps -e .
 	touch $@
 
 $(VENV)/.test-installed: requirements-test.txt $(VENV)/.installed

@@ -7,7 +7,13 @@ import os
 import streamlit as st
 
 from inspector import InspectorError, LoadedModel, compare
-from inspector.comparison import DEFAULT_TOLERANCE, RunComparison, WeightComparison, compare_runs
+from inspector.comparison import (
+    DEFAULT_TOLERANCE,
+    RunComparison,
+    WeightComparison,
+    compare_runs,
+    shown_step_columns,
+)
 from inspector.figures import module_change_bars, run_divergence_figure
 from inspector.utils import markdown_text
 from inspector.watching import parse_run_bytes, read_run
@@ -28,6 +34,8 @@ from ui.runs import checked_path, overlay_runs, pick_from_folders
 from ui.sidebar import model_picker
 from ui.tables import findings_table, paged_table
 from ui.uploads import session_uploads
+
+EVERY_NUMBER_SHOWN = 200  # step-level numbers the per-step table shows at most (a run may hold 100,000 lrs)
 
 
 def _header() -> tuple[LoadedModel | None, str]:
@@ -126,8 +134,11 @@ def show_runs(result: RunComparison, runs: tuple[object, object] = (None, None))
     paged_table(run_module_rows(result.modules), key="cmp_run_modules", column_config=run_module_config())
     st.subheader("Per step")
     every = st.toggle("Every recorded number (learning rates, scale, logged scalars)", key="cmp_steps_all")
-    steps = result.steps if every else result.steps[[c for c in result.steps.columns if c == "step"
-                                                      or c.rpartition("_")[0] in ("loss", "grad_norm")]]
+    columns, left_out = shown_step_columns(result, EVERY_NUMBER_SHOWN if every else 2)
+    steps = result.steps[columns]
+    if every and left_out > 0:
+        st.caption(f"The first {EVERY_NUMBER_SHOWN} numbers; {left_out:,} more were compared and are not "
+                   "shown (`python -m inspector compare A B --json FILE` writes every one).")
     paged_table(run_step_rows(steps), key="cmp_steps", column_config=run_step_config(steps))
 
 

@@ -348,7 +348,7 @@ def test_guarded_shows_user_errors_plainly_and_bugs_with_a_traceback():
 def test_uploaded_checkpoint_loads_and_hostile_upload_is_refused(tmp_path):
     from safetensors.torch import save_file
 
-    from ui.uploads import UPLOAD_DIR
+    from ui.uploads import upload_dir
 
     model = SAMPLES["tiny-gpt2"].build()
     state = {k: v.detach().clone() for k, v in model.state_dict().items() if k != "lm_head.weight"}
@@ -359,7 +359,7 @@ def test_uploaded_checkpoint_loads_and_hostile_upload_is_refused(tmp_path):
     load(at)
     assert not at.exception and not errors(at)
     ckpt = at.session_state["mi_selection"].checkpoint
-    assert Path(ckpt).parent.parent == UPLOAD_DIR and ckpt.endswith("-weights.safetensors")
+    assert Path(ckpt).parent.parent == upload_dir() and ckpt.endswith("-weights.safetensors")
     # lm_head.weight is not in the file but is tied to transformer.wte.weight, which is.
     tables = [df.value for df in at.dataframe]
     assert any("tie-restored" in set(t.get("code", [])) for t in tables)

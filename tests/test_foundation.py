@@ -336,5 +336,5 @@ def test_cli_summary():
 def test_hf_folder_without_transformers_names_the_extra(tmp_path, monkeypatch):
     (tmp_path / "config.json").write_text('{"model_type": "gpt2"}')
     monkeypatch.setitem(sys.modules, "transformers", None)  # as where the hf extra is not installed
-    with pytest.raises(InspectorError, match=r"needs transformers: pip install 'model-inspector\[hf\]'"):
+    with pytest.raises(InspectorError, match=r"needs transformers: pip install 'transformers>=5.23,<6'"):
         load_model(f"hf:{tmp_path}")

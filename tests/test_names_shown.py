@@ -149,3 +149,16 @@ def test_an_error_naming_a_file_stays_one_line(tmp_path, run_cli):
     status, out, err = run_cli(["compare", str(missing), str(missing)])
     assert status == 2 and "x\\x0aerror: forged" in err, err
     assert not any(line.startswith("error: forged") for line in err.splitlines()), err
+
+
+@pytest.mark.parametrize("name", [FORGED, RLO, "\x1b[31mred", "<script>alert(1)</script>"])
+def test_tensorboard_scalar_tags_carry_no_control_or_markup(tmp_path, name):
+    """The per-module scalars are tagged with the module's name: escaped as in a terminal line, and
+    ``<``, ``>``, ``&`` as entities (the tags once carried newlines, ANSI escapes and ``<script>``)."""
+    acc = event_accumulator.EventAccumulator(str(_watched(tmp_path, name)), size_guidance={"scalars": 0})
+    acc.Reload()
+    mine = [t for t in acc.Tags()["scalars"] if t.startswith("inspector/grad_norm/") and "head" not in t]
+    assert len(mine) == 1, acc.Tags()["scalars"]
+    tag = mine[0]
+    assert not any(c in tag for c in "\n\r\x1b<>\u202e"), tag
+    assert tag.endswith(terminal_line(name).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;"))

@@ -174,4 +174,54 @@ def test_installed_home_page_runs(installed, tmp_path):
 def test_serve_without_streamlit_names_the_app_extra(capsys, monkeypatch):
     monkeypatch.setitem(sys.modules, "streamlit", None)  # as where the app extra is not installed
     assert main(["serve", "--port", "1"]) == 2
-    assert "the dashboard needs streamlit: pip install 'model-inspector[app]'" in capsys.readouterr().err
+    assert ("the dashboard needs streamlit: pip install 'streamlit>=1.67,<2' 'captum>=0.9,<1' (or, in the "
+            "model-inspector source folder, pip install '.[app]')") in capsys.readouterr().err
+
+
+def test_install_hints_name_the_extras_of_pyproject_never_the_public_name():
+    """Each hint's packages are the extra's in pyproject.toml; ``pip install 'model-inspector[...]'``
+    would install another project of that name from the public index."""
+    import tomllib
+
+    from inspector.utils import EXTRAS, install_hint
+
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    for name, packages in EXTRAS.items():
+        assert packages == tuple(extras[name]), name
+        assert "model-inspector[" not in install_hint(name)
+    docs = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+    assert not [p.name for p in docs if "install 'model-inspector[" in p.read_text(encoding="utf-8")]
+
+
+@pytest.mark.timeout(300)
+def test_make_installs_the_package_editable_so_it_imports_from_anywhere(tmp_path):
+    """The Makefile's install step, as make would run it (``make -n``), and that command run against a
+    fresh environment: ``import inspector`` then works from another folder, from this source tree."""
+    import shutil
+    import subprocess
+    import sys
+    import sysconfig
+
+    where = "import sysconfig; print(sysconfig.get_path('purelib'))"
+    if shutil.which("make") is None:
+        pytest.skip("make is not installed")
+    venv = tmp_path / "venv"
+    plan = subprocess.run(["make", "-n", "-B", f"VENV={venv}", f"{venv}/.installed"], cwd=ROOT,
+                          capture_output=True, text=True, check=True).stdout.splitlines()
+    pip = f"{venv}/bin/python -m pip install"
+    steps = [line for line in plan if line.startswith(pip)]
+    assert steps[-2:] == [f"{pip} -r requirements.txt -c constraints.txt", f"{pip} --no-deps -e ."]
+    # the second step into a fresh environment that sees this one's packages (no download needed)
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    purelib = subprocess.run([f"{venv}/bin/python", "-c", where],
+                             capture_output=True, text=True, check=True).stdout.strip()
+    Path(purelib, "outer.pth").write_text(sysconfig.get_path("purelib") + "\n")
+    subprocess.run([sys.executable, "-m", "pip", "--python", f"{venv}/bin/python", "install", "-q",
+                    "--no-deps", "--no-build-isolation", "-e", "."], cwd=ROOT, check=True,
+                   capture_output=True)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    found = subprocess.run([f"{venv}/bin/python", "-c", "import inspector; print(inspector.__file__)"],
+                           cwd=elsewhere, capture_output=True, text=True, check=True).stdout.strip()
+    assert Path(found) == ROOT / "inspector" / "__init__.py"
+    assert (venv / "bin" / "model-inspector").exists()

@@ -111,8 +111,8 @@ def test_a_runs_folder_gone_since_the_start_is_named_and_the_page_goes_on(runs, 
 
 
 def test_another_sessions_upload_folder_is_not_a_runs_folder(runs):
-    from ui.uploads import UPLOAD_DIR
+    from ui.uploads import upload_dir
 
-    other = UPLOAD_DIR / "1-another-session" / "their.inspect"
+    other = upload_dir() / "1-another-session" / "their.inspect"
     at = run_page("8_Training.py", query={"run": str(other)})
     assert any("--runs" in e.value for e in at.error), [e.value for e in at.error]

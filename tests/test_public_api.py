@@ -40,7 +40,8 @@ def test_attribute_without_captum_names_the_extra(monkeypatch):
     monkeypatch.setitem(sys.modules, "captum", None)  # as where the attribution extra is not installed
     monkeypatch.setitem(sys.modules, "captum.attr", None)
     loaded = inspector.load_model("sample:cnn-bn")
-    with pytest.raises(inspector.InspectorError, match=r"pip install 'model-inspector\[attribution\]'"):
+    with pytest.raises(inspector.InspectorError, match=r"pip install 'captum>=0\.9,<1' \(or, in the "
+                       r"model-inspector source folder, pip install '\.\[attribution\]'\)"):
         inspector.attribute(loaded, loaded.example_inputs(1), method="saliency", target=0)
 
 

@@ -91,3 +91,18 @@ def test_a_model_without_a_loss_exits_2_for_both_training_commands(command, tmp_
     args = [command, f"{tmp_path / 'noloss.py'}:build", "--steps", "1", "-o", str(tmp_path / "r.out")]
     assert main(args) == 2
     assert "noloss.py:build defines no loss(outputs, inputs)" in capsys.readouterr().err
+
+
+def test_watch_without_o_writes_a_new_file_and_replaces_none(tmp_path, monkeypatch, capsys):
+    """run.inspect taken (here by another command's file) and run-1.inspect a dangling link: the run goes
+    to run-2.inspect, the others are left as they were; with -o the named file is replaced."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "run.inspect").write_bytes(b"another command's run file")
+    (tmp_path / "run-1.inspect").symlink_to(tmp_path / "gone")
+    assert main(["watch", "sample:tiny-gpt2", "--steps", "2"]) == 0
+    assert (tmp_path / "run.inspect").read_bytes() == b"another command's run file"
+    assert not (tmp_path / "gone").exists()
+    assert read_run(tmp_path / "run-2.inspect").steps["step"].tolist() == [0, 1]
+    assert capsys.readouterr().out.rstrip().endswith("run-2.inspect")  # the closing line names it
+    assert main(["watch", "sample:tiny-gpt2", "--steps", "1", "-o", "run.inspect"]) == 0
+    assert read_run(tmp_path / "run.inspect").steps["step"].tolist() == [0]

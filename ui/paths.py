@@ -4,35 +4,29 @@
 - run files (Training, Compare, Hook captures): under the runs folders or this session's upload
   folder (:func:`ui.runs.checked_path`);
 - checkpoints, Hugging Face folders and Compare's B: under the folders of ``INSPECTOR_DATA_DIRS``
-  and this session's upload folder when it is set, anywhere the server can read when it is not; a
-  FIFO or a device is refused either way, before it is opened;
+  and this session's upload folder when it is set (``serve`` sets it to the runs folders and the
+  working directory for a shared server), anywhere the server can read when it is not or is ``*``; a
+  path outside is refused with one message whether or not it exists; a FIFO or a device is refused
+  either way, before it is opened;
 - Python model files: under ``sample_models/`` and ``INSPECTOR_MODEL_DIRS`` (they run as code).
 """
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 from inspector.loading import allowed_model_dirs
-from inspector.runfolders import split_dirs
+from inspector.runfolders import ANY_FOLDER, DATA_ENV, data_dirs
 from inspector.utils import Kind, confined
 
-DATA_ENV = "INSPECTOR_DATA_DIRS"
-
-
-def data_dirs() -> list[Path] | None:
-    """The folders checkpoints and model folders may be read from (``INSPECTOR_DATA_DIRS``,
-    ``DIR[,DIR...]``), resolved; None when it is not set (any folder)."""
-    raw = os.environ.get(DATA_ENV, "")
-    return [Path(p).expanduser().resolve() for p in split_dirs(raw)] or None
+__all__ = ["DATA_ENV", "data_dirs", "server_path", "server_source"]
 
 
 def _refusal(roots: list[Path]):
     def say(text: str) -> str:
         return (f"{text} is not under the data folders ({', '.join(str(r) for r in roots)}): this server "
                 f"reads checkpoints and model folders only there or in its upload folder. Upload the file, "
-                f"or start the server with that folder in {DATA_ENV}")
+                f"or start the server with that folder in {DATA_ENV} ({DATA_ENV}={ANY_FOLDER}: any folder)")
     return say
 
 

@@ -60,6 +60,9 @@ def run_captures_section() -> None:
             paged_table(caps.stats, key="cap_run_stats", **stats_layout(caps.stats))
             if caps.skipped:
                 paged_table(caps.skipped_table, key="cap_run_skipped")
+            if isinstance(caps.outputs[name], tuple) and not caps.outputs[name]:
+                st.caption("No output tensor was stored (the capture byte budget left it out).")
+                return
             left, right = st.columns(2)
             left.plotly_chart(capture_histogram(caps.outputs[name], title=f"{name}: output values"),
                               key="cap_run_hist")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+import numpy as np
 import pandas as pd
 import streamlit as st
 
@@ -129,7 +130,10 @@ def plain_cells(df: pd.DataFrame) -> pd.DataFrame:
             continue
         if not (values.dtype == object or pd.api.types.is_string_dtype(values) or devices):
             continue
-        out[col] = pd.Series([_plain(v, devices) for v in values], index=out.index, dtype=object)
+        cells = [_plain(v, devices) for v in values]
+        if any(isinstance(v, (bool, np.bool_)) for v in cells):  # True/False beside blanks: all as text
+            cells = [str(bool(v)) if isinstance(v, (bool, np.bool_)) else v for v in cells]  # ('' is no bool)
+        out[col] = pd.Series(cells, index=out.index, dtype=object)
     return out
 
 

@@ -1,21 +1,28 @@
-"""Uploaded checkpoints: one folder per browser session, removed when the session ends.
+"""Uploaded checkpoints: private to the user running the server, one folder per browser session,
+removed when the session ends.
 
-An upload is stored under ``UPLOAD_DIR/<server pid>-<session id>/`` so the loader can read it
-by path (only ever with safetensors or ``torch.load(weights_only=True)``). The folder belongs
-to an :class:`UploadStore` kept in the session's state: when Streamlit drops the session, the
-store is collected and its folder removed. Folders left by a server that is no longer running
-(one that was killed) are removed when a server starts (:func:`sweep_once`); folders of other
-running servers are left alone. All uploads together may take at most
-``INSPECTOR_UPLOAD_LIMIT`` bytes (default 8 GiB, twice the largest single upload the server
+Uploads live under a per-user folder, ``<runtime dir>/model-inspector-uploads-<uid>`` (``$XDG_RUNTIME_DIR``
+when it is the user's own folder, else the system temp dir), made with owner-only permissions (0700): in
+it each server has its folder, ``<pid>-<random>/`` (0700), removed when the server exits, and in that
+each browser session its own (0700), where an upload is one file (0600) the loader reads by path (only
+ever with safetensors or ``torch.load(weights_only=True)``). No other local user can list or read them.
+The session's folder belongs to an :class:`UploadStore` kept in the session's state: when Streamlit drops
+the session, the store is collected and its folder removed. Folders left by a server that is no longer
+running (one that was killed) are removed when a server starts (:func:`sweep_once`); folders of other
+running servers are left alone, and the sweep never follows a symbolic link (a link is removed, never
+what it points to; a root that is a link is not swept). All uploads of a server together may take at
+most ``INSPECTOR_UPLOAD_LIMIT`` bytes (default 8 GiB, twice the largest single upload the server
 accepts); an upload that does not fit is refused, not stored.
 """
 
 from __future__ import annotations
 
+import atexit
 import hashlib
 import os
 import re
 import shutil
+import stat
 import tempfile
 import threading
 import time
@@ -26,7 +33,6 @@ from pathlib import Path
 from inspector import InspectorError, format_bytes
 from inspector.utils import confined
 
-UPLOAD_DIR = Path(tempfile.gettempdir()) / "model-inspector-uploads"
 UPLOAD_SUFFIXES = (".safetensors", ".pt", ".pth", ".bin")
 _UNSAFE = re.compile("[\x00-\x1f\x7f-\x9f/\\\\\u061c\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
 DEFAULT_LIMIT = 8 << 30
@@ -34,6 +40,60 @@ _SESSION_KEY = "mi_uploads"
 _lock = threading.Lock()
 _live: weakref.WeakSet[UploadStore] = weakref.WeakSet()
 _swept = False
+_server: tuple[int, Path] | None = None  # (pid, this server's folder), made on first use
+
+
+def _own_folder(path: Path) -> bool:
+    """Whether ``path`` is a real folder (not a link) of this user that only this user can enter."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return False
+    return stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid() and not st.st_mode & 0o077
+
+
+def _private_folder(path: Path) -> Path | None:
+    """``path`` made (0700) or found as this user's own folder (its permissions narrowed to 0700), or
+    None when something else holds the name (a link, a file, another user's folder)."""
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        pass
+    except OSError:
+        return None
+    try:
+        st = os.lstat(path)
+        if stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid() and st.st_mode & 0o077:
+            os.chmod(path, 0o700, follow_symlinks=False)
+    except (OSError, NotImplementedError):
+        return None
+    return path if _own_folder(path) else None
+
+
+def upload_base() -> Path:
+    """The user's private folder of uploads (every server of this user keeps its folder in it)."""
+    runtime = os.environ.get("XDG_RUNTIME_DIR", "")
+    parent = Path(runtime) if runtime and _own_folder(Path(runtime)) else Path(tempfile.gettempdir())
+    return parent / f"model-inspector-uploads-{os.getuid()}"
+
+
+def upload_dir() -> Path:
+    """This server's folder of uploads (0700; made on first use, removed when the process exits). When
+    the user's folder cannot be made private (another user or a link holds its name), a fresh private
+    folder of the temp dir is used instead."""
+    global _server
+    with _lock:
+        if _server is not None and _server[0] == os.getpid():
+            return _server[1]
+        base = _private_folder(upload_base())
+        if base is not None:
+            folder = base / f"{os.getpid()}-{uuid.uuid4().hex[:12]}"
+            os.mkdir(folder, 0o700)
+        else:
+            folder = Path(tempfile.mkdtemp(prefix=f"model-inspector-uploads-{os.getpid()}-"))
+        atexit.register(shutil.rmtree, str(folder), True)
+        _server = (os.getpid(), folder)
+        return folder
 
 
 def upload_limit() -> int:
@@ -71,41 +131,60 @@ def _running(pid: int) -> bool:
     return True
 
 
-def sweep_stale_uploads(root: Path = UPLOAD_DIR) -> list[Path]:
-    """Remove what no live session owns under ``root``: folders of servers that are not
-    running, folders of this server whose store is gone, and anything else an hour old.
-    Folders of other running servers stay. Returns what was removed.
+def sweep_stale_uploads(root: Path | None = None) -> list[Path]:
+    """Remove what no live session owns under ``root`` (default: the user's folder of uploads, see
+    :func:`upload_base`): folders of servers that are not running, folders of this server whose store
+    is gone (never this server's own folder), and anything else an hour old. Folders of other running
+    servers stay. No link is followed: a link is an entry like a file (removed itself when an hour old),
+    a folder is removed without entering a link inside it, and a ``root`` that is a link, or not a
+    folder of this user, is not swept at all. Returns what was removed.
     """
+    root = upload_base() if root is None else root
+    try:
+        st = os.lstat(root)
+    except OSError:
+        return []
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid():
+        return []
     owned = {store.folder for store in list(_live)}
+    mine = _server[1] if _server is not None and _server[0] == os.getpid() else None
     removed = []
-    if root.is_dir():
-        for entry in root.iterdir():
-            pid_text = entry.name.partition("-")[0]
-            pid = int(pid_text) if pid_text.isdigit() and entry.is_dir() else None
-            if entry in owned or (pid is not None and pid != os.getpid() and _running(pid)):
+    with os.scandir(root) as entries:
+        for item in entries:
+            entry = Path(item.path)
+            folder = item.is_dir(follow_symlinks=False)
+            pid_text = item.name.partition("-")[0]
+            pid = int(pid_text) if pid_text.isdigit() and folder else None
+            if entry in owned or entry == mine or (pid is not None and pid != os.getpid() and _running(pid)):
                 continue
             if pid is None:
                 try:
-                    age = time.time() - entry.stat().st_mtime
-                except OSError:  # removed meanwhile (another server's sweep), or a dangling link
+                    age = time.time() - item.stat(follow_symlinks=False).st_mtime
+                except OSError:  # removed meanwhile (another server's sweep)
                     continue
                 if age < 3600:
                     continue  # not a session folder: only removed once it is an hour old
-            if entry.is_dir():
-                shutil.rmtree(entry, ignore_errors=True)
+            if folder:
+                shutil.rmtree(entry, ignore_errors=True)  # fd-based: it never follows a link inside
             else:
-                entry.unlink(missing_ok=True)
+                try:
+                    entry.unlink()  # a file or a link (never what the link points to)
+                except FileNotFoundError:
+                    pass
+                except OSError:
+                    continue
             removed.append(entry)
     return removed
 
 
 def sweep_once() -> None:
-    """:func:`sweep_stale_uploads` of ``UPLOAD_DIR``, once per server process."""
+    """:func:`sweep_stale_uploads` of the user's folder of uploads, once per server process."""
     global _swept
     with _lock:
-        if not _swept:
-            sweep_stale_uploads(UPLOAD_DIR)
-            _swept = True
+        if _swept:
+            return
+        _swept = True
+    sweep_stale_uploads()
 
 
 class UploadStore:
@@ -121,9 +200,10 @@ class UploadStore:
     False
     """
 
-    def __init__(self, root: Path = UPLOAD_DIR, limit: int | None = None) -> None:
-        self.root = root
-        self.folder = root / f"{os.getpid()}-{uuid.uuid4().hex}"
+    def __init__(self, root: Path | None = None, limit: int | None = None) -> None:
+        self.shared = root is None  # in this server's folder: the first save sweeps old servers' folders
+        self.root = upload_dir() if root is None else root
+        self.folder = self.root / f"{os.getpid()}-{uuid.uuid4().hex}"
         self.limit = limit
         self._finalizer = weakref.finalize(self, shutil.rmtree, str(self.folder), True)
         with _lock:
@@ -138,7 +218,7 @@ class UploadStore:
         limit = upload_limit() if self.limit is None else self.limit
         digest = hashlib.sha256(data).hexdigest()[:16]
         path = self.folder / f"{digest}-{base}"
-        if self.root == UPLOAD_DIR:
+        if self.shared:
             sweep_once()
         with _lock:
             if path.exists():
@@ -150,9 +230,14 @@ class UploadStore:
                     f"{format_bytes(limit)} in all and {format_bytes(used)} are in use. Give the "
                     "checkpoint as a path on the server instead, or start the server with a larger "
                     "INSPECTOR_UPLOAD_LIMIT.")
-            self.folder.mkdir(parents=True, exist_ok=True)
+            for folder in (self.root, self.folder):
+                if _private_folder(folder) is None:
+                    raise InspectorError(f"upload {base!r} was refused: {folder} cannot be made a private "
+                                         "folder of this user (another user or a link holds the name)")
             tmp = path.with_name(path.name + ".part")
-            tmp.write_bytes(data)
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(data)
             tmp.replace(path)
         return str(confined(path, [self.folder], what="upload"))  # the gate every page path passes
 

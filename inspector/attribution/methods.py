@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from ..utils.findings import InspectorError
+from ..utils.program import install_hint
 
 
 def captum_attr() -> Any:
@@ -18,7 +19,7 @@ def captum_attr() -> Any:
     try:
         import captum.attr
     except ImportError as exc:
-        raise InspectorError("attributions need captum: pip install 'model-inspector[attribution]'") from exc
+        raise InspectorError(f"attributions need captum: {install_hint('attribution')}") from exc
     return captum.attr
 
 

@@ -136,15 +136,16 @@ def table_cells(df: pd.DataFrame) -> pd.DataFrame:
     ``*bytes`` column in binary units (``format_bytes``), and an empty cell for a number that is missing
     (NaN, None, ``<NA>``: a tensor that was zero in A has no ``rel_change``); text and whole numbers
     as they are."""
-    out = pd.DataFrame(index=df.index)
-    for name in df.columns:
-        col = df[name]
-        if str(name).endswith("bytes") and pd.api.types.is_numeric_dtype(col):
-            out[name] = [_cell(v, format_bytes) for v in col]
+    cells = []  # built column by column, then one frame (inserting each column into a frame is quadratic)
+    for _, col in df.items():
+        if str(col.name).endswith("bytes") and pd.api.types.is_numeric_dtype(col):
+            cells.append([_cell(v, format_bytes) for v in col])
         elif pd.api.types.is_float_dtype(col) or col.dtype == object:
-            out[name] = [_cell(v, format_number) for v in col]
+            cells.append([_cell(v, format_number) for v in col])
         else:
-            out[name] = [_cell(v, str) for v in col]
+            cells.append([_cell(v, str) for v in col])
+    out = pd.DataFrame(dict(zip(range(len(cells)), cells, strict=True)), index=df.index)
+    out.columns = df.columns
     return out
 
 

@@ -88,6 +88,9 @@ def options_from_args(args: argparse.Namespace) -> dict:
     return options
 
 
+RUN_SUFFIXES = (".inspect", ".jsonl")  # what a path named so is taken for when it is not there
+
+
 def run(args: argparse.Namespace) -> int:
     fmt = output_format(args)
     sections = None
@@ -95,6 +98,9 @@ def run(args: argparse.Namespace) -> int:
         sections = check_sections([s for part in args.sections for s in part.split(",") if s])
     if os.path.lexists(args.source) and not os.path.isdir(args.source):
         regular_file(args.source, "SOURCE")  # a FIFO or a device is refused before anything opens it
+    elif str(args.source).endswith(RUN_SUFFIXES):
+        raise InspectorError(f"run file {args.source} does not exist; give the path of a file that "
+                             "watch(...), check_step or `python -m inspector watch` wrote")
     if is_run_file(args.source) or is_watch_file(args.source):  # a run file of either kind
         report = run_report(read_run(args.source))
         progress(report.section("findings").note)  # the run's first error, or what it holds instead

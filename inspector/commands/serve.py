@@ -1,5 +1,11 @@
 """``model-inspector serve [--port N] [streamlit options]``: start the dashboard.
 
+A shared server (``--runs``, or a ``--server.address`` that is not loopback) without
+``INSPECTOR_DATA_DIRS`` reads checkpoints and model folders only under its runs folders and the working
+directory, and says so at start (:func:`inspector.runfolders.data_settings`);
+``INSPECTOR_DATA_DIRS=DIR[,DIR...]`` names the folders, ``INSPECTOR_DATA_DIRS=*`` opens every folder the
+server can read.
+
 The streamlit server runs as a child process that never outlives this one: a SIGTERM or
 SIGHUP sent to ``serve`` (``docker stop``, systemd, a test's ``terminate()``) is passed on to
 the server and ``serve`` returns once it has stopped; on Linux the kernel also stops the
@@ -18,11 +24,13 @@ import sys
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 from .. import InspectorError
 from ..dashboard import streamlit_command
-from ..runfolders import RUNS_ENV, runs_dirs
+from ..runfolders import RUNS_ENV, data_settings, runs_dirs
+from ..utils import install_hint
 from .argtypes import port
 from .common import progress
 
@@ -44,13 +52,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     if importlib.util.find_spec("streamlit") is None:
-        raise InspectorError("the dashboard needs streamlit: pip install 'model-inspector[app]'")
+        raise InspectorError(f"the dashboard needs streamlit: {install_hint('app')}")
     extra = [a for a in getattr(args, "passthrough", []) if a != "--"]
     env = dict(os.environ)
     runs = runs_dirs(getattr(args, "runs", None), check=True)
     if runs:
         env[RUNS_ENV] = ",".join(str(d) for d in runs)
         progress("runs folders: " + ", ".join(str(d) for d in runs))
+    settings, said = data_settings(runs, extra, env, Path.cwd())
+    env.update(settings)
+    progress(said)
     command = streamlit_command(args.port, extra)
     progress("starting " + " ".join(command[1:]))
     proc = subprocess.Popen(command, env=env,

@@ -1,4 +1,5 @@
-"""``python -m inspector watch FILE.py:factory --steps N [-o run.inspect]``: train with the watch on."""
+"""``python -m inspector watch FILE.py:factory --steps N [-o run.inspect]``: train with the watch on.
+Without ``-o`` it writes a new file (``run.inspect``, else ``run-1.inspect``...), never replacing one."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from pathlib import Path
 
 from ..distributed import SHARD_MODES, sharded
 from ..report import verdict_line
+from ..utils import InspectorError
 from ..watching import OPTIMIZERS, StepFinding, train_watched
 from . import argtypes as types
 from .common import add_fail_on, failing_status, progress, say, training_ranks
@@ -37,8 +39,28 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--shard", choices=SHARD_MODES, default="none",
                         help="fsdp, ddp or none (default): across torchrun's ranks, else a world of one")
     add_fail_on(parser)
-    parser.add_argument("-o", "--output", default="run.inspect", type=types.output_file,
-                        help="the run file rank 0 writes (replaced; default run.inspect)")
+    parser.add_argument("-o", "--output", default=None, type=types.output_file,
+                        help="the run file rank 0 writes (replaced when given; default: run.inspect, or "
+                             "run-1.inspect, run-2.inspect... when it exists: no file is replaced)")
+
+
+MAX_NUMBERED = 10_000
+
+
+def new_run_path(folder: Path, stem: str = "run", suffix: str = ".inspect") -> Path:
+    """The first of ``run.inspect``, ``run-1.inspect``, ``run-2.inspect``... in ``folder`` that names
+    nothing yet (not even a dangling link): what ``watch`` writes without ``-o``, so it never replaces a
+    run file, its own or another command's.
+
+    Raises:
+        InspectorError: all of the first ``MAX_NUMBERED`` are taken.
+    """
+    for i in range(MAX_NUMBERED + 1):
+        path = folder / (f"{stem}{suffix}" if i == 0 else f"{stem}-{i}{suffix}")
+        if not os.path.lexists(path):
+            return path
+    raise InspectorError(f"{folder} already holds {stem}{suffix} and {stem}-1{suffix} to "
+                         f"{stem}-{MAX_NUMBERED}{suffix}; give the run file with -o FILE")
 
 
 def _print(f: StepFinding) -> None:
@@ -48,8 +70,9 @@ def _print(f: StepFinding) -> None:
 def run(args: argparse.Namespace) -> int:
     torchrun = int(os.environ.get("WORLD_SIZE", "1")) > 1
     group = torchrun or args.shard != "none"  # one process, not sharded: no process group at all
+    # picked before the process group starts, so every rank picks the same name before rank 0 writes it
+    out = Path(args.output) if args.output is not None else new_run_path(Path.cwd())
     with training_ranks(args.source, args.device, group=group) as (rank, world, device, loaded):
-        out = Path(args.output)
         if rank == 0:
             progress(
                 f"{loaded.name}: {args.steps} steps, {args.optimizer} lr {args.lr}, {world} rank(s) -> {out}"

@@ -9,7 +9,8 @@ Modules: ``api``: ``compare(a, b)``: two models or checkpoints, or two run files
 findings of a weight comparison; ``kernels``: how far one tensor moved; ``names``: pairing the names of
 two sides; ``opening``: ``open_source``, which side an argument is; ``result``: what a comparison
 returns; ``sources``: the two sides of a comparison;
-``weights``: ``compare_weights``; ``runs``: two training runs side by side; ``folder_sides``: sides
+``weights``: ``compare_weights``; ``runs``: two training runs side by side (and
+:func:`shown_step_columns`, the per-step columns a table shows); ``folder_sides``: sides
 read from checkpoint folders; ``schema``: the JSON Schema of ``compare --json``; ``summary``: grouped
 findings and the one-line summary of a weight comparison.
 """
@@ -21,7 +22,7 @@ from .kernels import PairStats, pair_stats
 from .names import Pairing, pair_names
 from .opening import open_source
 from .result import MODULE_COLUMNS, STATUSES, TENSOR_COLUMNS, RunComparison, WeightComparison
-from .runs import DEFAULT_TOLERANCE, compare_runs
+from .runs import DEFAULT_TOLERANCE, SHOWN_QUANTITIES, compare_runs, shown_step_columns
 from .schema import JSON_SCHEMA
 from .sources import TensorSource
 from .weights import compare_sides, compare_weights
@@ -30,6 +31,7 @@ __all__ = [
     "DEFAULT_TOLERANCE",
     "JSON_SCHEMA",
     "MODULE_COLUMNS",
+    "SHOWN_QUANTITIES",
     "STATUSES",
     "TENSOR_COLUMNS",
     "PairStats",
@@ -45,4 +47,5 @@ __all__ = [
     "open_source",
     "pair_names",
     "pair_stats",
+    "shown_step_columns",
 ]

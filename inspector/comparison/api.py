@@ -67,7 +67,16 @@ def compare(a: Spec, b: Spec, *, device: str = "cpu", tolerance: float = DEFAULT
         return compare_runs(a, b, tolerance=tolerance)
     if any(runs):
         from ..utils.findings import InspectorError
+        from ..utils.paths import file_kind
 
+        other = b if runs[0] else a
+        kind = file_kind(other) if isinstance(other, (str, os.PathLike)) else None
+        if kind is not None and kind != "a folder":
+            raise InspectorError(f"{other} is {kind}, not a regular file: neither a run file nor a "
+                                 "checkpoint; reading it could block or never end")
+        if isinstance(other, (str, os.PathLike)) and str(other).endswith((".inspect", ".jsonl")) and \
+                not os.path.lexists(other):
+            raise InspectorError(f"run file {other} does not exist; compare two run files that exist")
         raise InspectorError(
             f"{a if runs[0] else b} is a run file but the other side is not: compare two run "
             "files, or two models/checkpoints"

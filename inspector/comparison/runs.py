@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import os
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -51,25 +52,58 @@ UNCOMPARED = ("step", "rank", "time", "step_time", "device_allocated", "device_p
 MODULE_QUANTITIES = ("grad_norm", "param_norm", "update_ratio", "nonfinite")
 
 
-def _steps(run: Any, rank: int) -> pd.DataFrame:
-    """Every recorded number of ``rank`` per step (loss, grad_norm, lr_0..., scale, logged scalars), and
-    ``loss_logged`` (a NaN loss that was logged is not finite; one that was not logged is null in the
-    file); timings and memory are left out (they differ between any two runs)."""
+@dataclass(frozen=True)
+class _Numbers:
+    """One run's numbers of one rank, one row per step (the last row of a step): ``names`` (loss,
+    grad_norm, lr_0..., logged scalars; a pyarrow string array, no Python string per name), ``values``
+    (steps × names, float64) and ``logged`` (a NaN loss that was logged: not finite; one that was not
+    logged is null in the file)."""
+
+    steps: np.ndarray
+    names: Any
+    values: np.ndarray
+    logged: np.ndarray
+
+    def recorded(self) -> np.ndarray:
+        """Per name, whether any step holds a finite value."""
+        return np.isfinite(self.values).any(axis=0) if len(self.steps) else np.zeros(len(self.names), bool)
+
+    def on(self, steps: np.ndarray, columns: np.ndarray) -> np.ndarray:
+        """``values`` at ``steps`` (NaN where this run has no such step) and ``columns``, in one take."""
+        out = np.full((len(steps), len(columns)), np.nan)
+        where = np.searchsorted(self.steps, steps)
+        have = (where < len(self.steps)) & (self.steps[np.minimum(where, len(self.steps) - 1)] == steps)
+        out[have] = self.values[np.ix_(where[have], columns)]
+        return out
+
+
+def _names(index: pd.Index) -> Any:
+    """Column names as a pyarrow string array (the steps table keeps them in Arrow: no copy, no Python
+    string per name)."""
+    import pyarrow as pa
+
+    if isinstance(index.dtype, pd.StringDtype):
+        return pa.array(index.array)
+    return pa.array([str(c) for c in index], pa.string())
+
+
+def _numbers(run: Any, rank: int) -> _Numbers:
+    """Every recorded number of ``rank`` per step (loss, grad_norm, lr_0..., scale, logged scalars) as one
+    float64 matrix, converted in one pass (a run of 100,000 learning rates is 100,000 columns); timings
+    and memory are left out (they differ between any two runs)."""
+    steps = run.steps
     logged = ~np.asarray(run.table.column("loss").is_null().to_numpy(zero_copy_only=False), dtype=bool)
-    steps = run.steps.assign(loss_logged=logged)
-    steps = steps[steps["rank"] == rank]
-    if not len(steps):
+    mine = np.flatnonzero(steps["rank"].to_numpy() == rank)
+    if not len(mine):
         raise InspectorError(f"{run.path} has no steps for rank {rank}")
-    numbers = [c for c in steps.columns if c not in UNCOMPARED and (
-        pd.api.types.is_numeric_dtype(steps[c]) or pd.api.types.is_bool_dtype(steps[c]))]
-    out = steps[["step", *numbers, "loss_logged"]].drop_duplicates("step", keep="last").copy()
-    for c in numbers:
-        out[c] = out[c].astype(np.float64)
-    return out
-
-
-def _recorded(values: pd.Series | np.ndarray) -> bool:
-    return bool(np.isfinite(np.asarray(values, dtype=np.float64)).any())
+    at = steps["step"].to_numpy()[mine]
+    keep = len(at) - 1 - np.unique(at[::-1], return_index=True)[1]  # the last row of each step, by step
+    rows = mine[keep]
+    numeric = np.fromiter((pd.api.types.is_numeric_dtype(t) or pd.api.types.is_bool_dtype(t)
+                           for t in steps.dtypes), dtype=bool, count=steps.shape[1])
+    columns = np.flatnonzero(numeric & ~steps.columns.isin(UNCOMPARED))
+    values = steps.iloc[rows, columns].to_numpy(dtype=np.float64, na_value=np.nan)
+    return _Numbers(at[keep].astype(np.int64), _names(steps.columns[columns]), values, logged[rows])
 
 
 def _module_matrix(run: Any, rank: int, steps: np.ndarray, modules: list[str], column: str) -> np.ndarray:
@@ -89,15 +123,58 @@ def _module_diff(ra: Any, rb: Any, rank: int, common: np.ndarray, modules: list[
             ma, mb = (_module_matrix(r, rank, common, modules, column) for r in (ra, rb))
         except (InspectorError, KeyError):
             continue
-        if _recorded(ma) and _recorded(mb):
+        if np.isfinite(ma).any() and np.isfinite(mb).any():
             diff = np.maximum(diff, relative_difference(ma, mb))
     return diff
+
+
+def _quantities(na: _Numbers, nb: _Numbers) -> tuple[Any, np.ndarray, np.ndarray]:
+    """The numbers compared (a pyarrow string array): loss and grad_norm, then (in A's order) every other
+    number both runs record; with their columns in A and in B. Matched in Arrow, name for name."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    in_b = pc.fill_null(pc.index_in(na.names, value_set=nb.names), -1).to_numpy().astype(np.int64)
+    first = []
+    for q in ("loss", "grad_norm"):
+        hit = np.flatnonzero(pc.equal(na.names, q).to_numpy(zero_copy_only=False))
+        if len(hit) and in_b[hit[0]] >= 0:
+            first.append(int(hit[0]))
+    rec_b = nb.recorded()
+    rest = (in_b >= 0) & na.recorded() & rec_b[np.maximum(in_b, 0)]
+    rest[first] = False
+    ca = np.concatenate([np.asarray(first, dtype=np.int64), np.flatnonzero(rest)])
+    names = na.names.take(pa.array(ca))
+    return names, ca, in_b[ca]
+
+
+def _steps_table(union: np.ndarray, quantities: Any, a: np.ndarray, b: np.ndarray,
+                 diff: np.ndarray) -> pd.DataFrame:
+    """``step, q_a, q_b, q_diff, ...``: one float64 block built at once (not a column at a time), its
+    column names made in Arrow (300,000 of them for two runs of 100,000 learning rates)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    block = np.stack([a, b, diff], axis=2).reshape(len(union), 3 * len(quantities))
+    text, empty = quantities.cast(pa.large_string()), pa.scalar("", pa.large_string())
+    parts = [pc.binary_join_element_wise(text, pa.scalar(x, pa.large_string()), empty)
+             for x in ("_a", "_b", "_diff")]
+    order = np.arange(3 * len(quantities)).reshape(3, -1).T.reshape(-1)  # q0_a, q0_b, q0_diff, q1_a...
+    names = pa.concat_arrays(parts).take(pa.array(order))
+    values = pd.DataFrame(block, columns=pd.Index(pd.arrays.ArrowStringArray(pa.chunked_array([names]))),
+                          copy=False)
+    # joined as two blocks: inserting a column would turn every name into a Python string
+    return pd.concat([pd.DataFrame({"step": union}), values], axis=1, copy=False)
 
 
 def compare_runs(a: Any, b: Any, *, tolerance: float = DEFAULT_TOLERANCE, rank: int = 0) -> RunComparison:
     """Runs ``a`` and ``b`` (paths or :class:`inspector.watching.Run`) step by step: the first step where
     any number both record (loss, gradient norm, learning rates, logged scalars, each module's norms)
     differs beyond ``tolerance``.
+
+    Every number is converted once, as one matrix per run, so the work grows with the numbers held
+    (steps × columns), not with their square: two runs of 100,000 learning rates compare in about a
+    second.
 
     Args:
         tolerance: relative difference (``|B − A| / max(|A|, |B|)``) beyond which a number diverges;
@@ -109,29 +186,26 @@ def compare_runs(a: Any, b: Any, *, tolerance: float = DEFAULT_TOLERANCE, rank: 
     """
     if not (isinstance(tolerance, (int, float)) and tolerance >= 0 and math.isfinite(tolerance)):
         raise InspectorError(f"tolerance must be a finite number of 0 or more, got {tolerance!r}")
+    import pyarrow as pa
+
     ra, rb = _read(a), _read(b)
-    sa, sb = _steps(ra, rank), _steps(rb, rank)
-    steps = sa.merge(sb, on="step", how="outer", suffixes=("_a", "_b")).sort_values("step", ignore_index=True)
-    common = np.array(sorted(set(sa["step"]) & set(sb["step"])), dtype=np.int64)
+    na, nb = _numbers(ra, rank), _numbers(rb, rank)
+    common = np.intersect1d(na.steps, nb.steps)
     if not len(common):
         raise InspectorError(
-            f"{ra.path} and {rb.path} share no step (A: {sa['step'].min()}..{sa['step'].max()}, "
-            f"B: {sb['step'].min()}..{sb['step'].max()}); nothing to compare"
+            f"{ra.path} and {rb.path} share no step (A: {na.steps.min()}..{na.steps.max()}, "
+            f"B: {nb.steps.min()}..{nb.steps.max()}); nothing to compare"
         )
-    both = [c for c in sa.columns if c in sb.columns and c not in ("step", "loss_logged")]
-    quantities = ["loss", "grad_norm"] + [c for c in both if c not in ("loss", "grad_norm")
-                                          and _recorded(sa[c]) and _recorded(sb[c])]
-    for q in quantities:
-        steps[f"{q}_diff"] = relative_difference(steps[f"{q}_a"].to_numpy(), steps[f"{q}_b"].to_numpy())
-    logged = (
-        steps.set_index("step")[["loss_logged_a", "loss_logged_b"]].fillna(False).astype(bool).all(axis=1)
-    )
-    steps = steps[["step"] + [f"{q}_{x}" for q in quantities for x in ("a", "b", "diff")]]
-    by_step = steps.set_index("step").loc[common]
-    out = np.zeros((len(common), len(quantities)), dtype=bool)
-    for j, q in enumerate(quantities):
-        known = logged.loc[common].to_numpy(dtype=bool) if q == "loss" else np.ones(len(common), bool)
-        out[:, j] = known & (by_step[f"{q}_diff"].to_numpy() > tolerance)
+    union = np.union1d(na.steps, nb.steps)
+    quantities, ca, cb = _quantities(na, nb)
+    va, vb = na.on(union, ca), nb.on(union, cb)
+    qdiff = relative_difference(va, vb)
+    steps = _steps_table(union, quantities, va, vb, qdiff)
+    at_common = np.searchsorted(union, common)
+    logged = (na.logged[np.searchsorted(na.steps, common)] & nb.logged[np.searchsorted(nb.steps, common)])
+    out = qdiff[at_common] > tolerance
+    if len(quantities) and quantities[0].as_py() == "loss":  # loss comes first when both record it
+        out[:, 0] &= logged
     in_b = set(rb.module_order)
     modules = [m for m in ra.module_order if m in in_b]
     diff = _module_diff(ra, rb, rank, common, modules)
@@ -140,16 +214,45 @@ def compare_runs(a: Any, b: Any, *, tolerance: float = DEFAULT_TOLERANCE, rank: 
     first = int(common[parted[0]]) if len(parted) else None
     first_modules: tuple[str, ...] = ()
     first_quantities: tuple[str, ...] = ()
+    first_values: list[tuple[str, float, float]] = []
     if first is not None:
         row = diff[parted[0]]
         first_modules = tuple(modules[i] for i in np.argsort(-row, kind="stable") if row[i] > tolerance)
-        first_quantities = tuple(q for j, q in enumerate(quantities) if out[parted[0], j])
+        parts_at = np.flatnonzero(out[parted[0]])
+        first_quantities = tuple(quantities.take(pa.array(parts_at)).to_pylist())
+        row_u = at_common[parted[0]]
+        first_values = [(q, float(va[row_u, j]), float(vb[row_u, j]))
+                        for q, j in zip(first_quantities[:4], parts_at[:4], strict=False)]
     table = _module_table(modules, common, diff, beyond, first, parted)
-    findings = _findings(ra, rb, sa, sb, modules, first, first_modules, first_quantities, tolerance, steps)
-    facts = {"steps_a": len(sa), "steps_b": len(sb), "common_steps": len(common), "modules": len(modules),
-             "tolerance": tolerance, "first_divergence": first, "quantities": len(quantities)}
+    findings = _findings(ra, rb, na.steps, nb.steps, modules, first, first_modules, first_quantities,
+                         tolerance, first_values)
+    facts = {"steps_a": len(na.steps), "steps_b": len(nb.steps), "common_steps": len(common),
+             "modules": len(modules), "tolerance": tolerance, "first_divergence": first,
+             "quantities": len(quantities)}
     return RunComparison(ra.path, rb.path, steps, table, first, first_modules, float(tolerance),
                          tuple(findings), facts, first_quantities)
+
+
+SHOWN_QUANTITIES = 8  # step-level numbers a table shows by default (loss, grad_norm, those that parted...)
+
+
+def shown_step_columns(result: RunComparison, limit: int | None = SHOWN_QUANTITIES) -> tuple[list[str], int]:
+    """``(columns, left_out)``: the columns of ``result.steps`` a table shows: ``step``, then for each of at
+    most ``limit`` numbers (None: every one) its ``_a``, ``_b`` and ``_diff``: the loss and the gradient
+    norm, those beyond the tolerance at the first divergence, then the rest in file order; ``left_out``
+    counts the numbers not shown (a run of 100,000 learning rates has 300,001 columns; the JSON export
+    holds every one). The command line and the Compare page show the same columns."""
+    compared = result.facts.get("quantities", 0)
+    order = dict.fromkeys(q for q in ("loss", "grad_norm") if f"{q}_diff" in result.steps.columns)
+    order.update(dict.fromkeys(result.first_quantities))
+    if limit is None or len(order) < limit:
+        names = result.steps.columns[1::3] if len(result.steps.columns) > 1 else []
+        for col in names:
+            if limit is not None and len(order) >= limit:
+                break
+            order.setdefault(str(col).removesuffix("_a"), None)
+    quantities = list(order)[:limit] if limit is not None else list(order)
+    return ["step", *(f"{q}_{x}" for q in quantities for x in ("a", "b", "diff"))], compared - len(quantities)
 
 
 def _module_table(modules: list[str], common: np.ndarray, diff: np.ndarray, beyond: np.ndarray,
@@ -165,9 +268,9 @@ def _module_table(modules: list[str], common: np.ndarray, diff: np.ndarray, beyo
                                                       at_first.astype(np.float64)), strict=True)))
 
 
-def _findings(ra: Any, rb: Any, sa: pd.DataFrame, sb: pd.DataFrame, modules: list[str], first: int | None,
+def _findings(ra: Any, rb: Any, sa: np.ndarray, sb: np.ndarray, modules: list[str], first: int | None,
               first_modules: tuple[str, ...], first_quantities: tuple[str, ...], tolerance: float,
-              steps: pd.DataFrame) -> list[Finding]:
+              first_values: list[tuple[str, float, float]]) -> list[Finding]:
     out = []
     if first is None:
         out.append(
@@ -177,13 +280,12 @@ def _findings(ra: Any, rb: Any, sa: pd.DataFrame, sb: pd.DataFrame, modules: lis
                 "",
                 f"{ra.path} and {rb.path} agree within {tolerance:g} (relative) "
                 f"in every number both record (loss, gradient norms, learning rates...) at all "
-                f"{len(set(sa['step']) & set(sb['step']))} common steps",
+                f"{len(np.intersect1d(sa, sb))} common steps",
             )
         )
     else:
-        at = steps.set_index("step").loc[first]
-        parts = [f"{'the loss' if q == 'loss' else q} is {at[q + '_a']:.6g} in A and {at[q + '_b']:.6g} in B"
-                 for q in first_quantities[:4]]
+        parts = [f"{'the loss' if q == 'loss' else q} is {a:.6g} in A and {b:.6g} in B"
+                 for q, a, b in first_values]
         loss_text = "; ".join(parts) + ("; the loss still agrees" if "loss" not in first_quantities else "")
         loss_text = loss_text.removeprefix("; ")
         shown = ", ".join(first_modules[:5]) + (
@@ -198,8 +300,8 @@ def _findings(ra: Any, rb: Any, sa: pd.DataFrame, sb: pd.DataFrame, modules: lis
                 f"{loss_text}" + (f"; the numbers of {shown} part first" if first_modules else ""),
             )
         )
-    only_a, only_b = set(sa["step"]) - set(sb["step"]), set(sb["step"]) - set(sa["step"])
-    if only_a or only_b:
+    only_a, only_b = np.setdiff1d(sa, sb), np.setdiff1d(sb, sa)
+    if len(only_a) or len(only_b):
         out.append(
             Finding(
                 "steps-missing",

@@ -40,10 +40,16 @@ def fsdp_units(model: nn.Module) -> list[nn.Module]:
     return [m for mod in model.modules() if isinstance(mod, nn.ModuleList) for m in mod]
 
 
-def shard(model: nn.Module, mode: str, device: torch.device) -> nn.Module:
-    """``model`` sharded with FSDP2 (in place), wrapped in DDP, or as it is."""
+def shard(model: nn.Module, mode: str, device: torch.device | str) -> nn.Module:
+    """``model`` sharded with FSDP2 (in place), wrapped in DDP, or as it is; ``device`` is this rank's
+    (``torch.device("cuda", 1)``, or as text: ``"cpu"``, ``"cuda:1"``)."""
     if mode not in SHARD_MODES:
         raise InspectorError(f"--shard {mode!r}: choose one of {', '.join(SHARD_MODES)}")
+    try:
+        device = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise InspectorError(f"device {device!r} is not a device torch knows (cpu, cuda, cuda:1...)"
+                             ) from None
     if mode == "fsdp":
         from torch.distributed.fsdp import fully_shard
 
@@ -59,7 +65,7 @@ def shard(model: nn.Module, mode: str, device: torch.device) -> nn.Module:
 
 
 @contextlib.contextmanager
-def sharded(model: nn.Module, mode: str, device: torch.device) -> Iterator[nn.Module]:
+def sharded(model: nn.Module, mode: str, device: torch.device | str) -> Iterator[nn.Module]:
     """:func:`shard` for the length of a ``with`` block; on exit the wrapper lets go of the process
     group (:func:`release_wrapper`), so the group is never freed with the wrapper."""
     wrapped = shard(model, mode, device)

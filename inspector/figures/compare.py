@@ -25,8 +25,8 @@ def module_rows(modules: pd.DataFrame, max_bars: int = MAX_BARS) -> tuple[pd.Dat
     (['a.b', 'a.c', 'd'], 'innermost modules')
     """
     names = modules["module"].tolist()
-    inner = [not any(other.startswith(m + ".") for other in names) for m in names]
-    if sum(inner) <= max_bars:
+    inner = np.array([not any(other.startswith(m + ".") for other in names) for m in names], dtype=bool)
+    if inner.sum() <= max_bars:  # a mask, also when empty (an empty list would select no column)
         return modules[inner], "innermost modules"
     counts = modules["depth"].value_counts()
     fitting = [int(d) for d, n in counts.items() if n <= max_bars]

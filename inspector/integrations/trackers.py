@@ -11,12 +11,14 @@ packages are installed (imported only when used).
 
 from __future__ import annotations
 
+import html
 import math
 import os
 from typing import Any, Protocol
 
 from ..utils.escaping import tensorboard_text, terminal_line
 from ..utils.findings import InspectorError
+from ..utils.program import install_hint
 from ..watching import RunMeta, finding_line
 from .follow import StepRow
 
@@ -62,8 +64,19 @@ def step_numbers(meta: RunMeta, row: StepRow, depth: int | None = None,
         for i in keep:
             v = float(values[i])
             if not math.isnan(v):
-                out[f"{prefix}/{label}/{meta.modules[i]}"] = v
+                out[f"{prefix}/{label}/{tag_text(meta.modules[i])}"] = v
     return out
+
+
+def tag_text(name: str) -> str:
+    r"""A module name inside a tracker's tag: control characters, ANSI escapes, line breaks and
+    bidirectional marks as visible escapes (:func:`terminal_line`), and ``<``, ``>``, ``&`` as entities,
+    so a name shows as written and is never markup.
+
+    >>> tag_text("h.0\x1b[31m<script>")
+    'h.0\\x1b[31m&lt;script&gt;'
+    """
+    return html.escape(terminal_line(name), quote=False)
 
 
 class TensorBoardExport:
@@ -88,7 +101,7 @@ class TensorBoardExport:
             from torch.utils.tensorboard import SummaryWriter
         except ImportError as exc:
             raise InspectorError(f"TensorBoard export needs the tensorboard package ({exc}); "
-                                 "pip install 'model-inspector[integrations]'") from None
+                                 + install_hint("integrations")) from None
         self._own = SummaryWriter(log_dir=str(self.logdir))
         return self._own
 

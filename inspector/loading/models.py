@@ -18,6 +18,7 @@ from ..inventory import TensorInventory, tensor_inventory
 from ..utils.findings import Finding, InspectorError, first_line
 from ..utils.locks import model_lock
 from ..utils.paths import confined
+from ..utils.program import install_hint
 from ..utils.sizes import parse_size
 from ..utils.torch_state import restored_torch_state
 from ..utils.wrappers import unwrap
@@ -350,7 +351,7 @@ def _build_hf(directory: str, max_bytes: int | None = None) -> LoadedModel:
     refuse_remote_code(path)
     if importlib.util.find_spec("transformers") is None:
         raise InspectorError(f"loading the Hugging Face folder {path} needs transformers: "
-                             "pip install 'model-inspector[hf]'")
+                             + install_hint("hf"))
     from . import hf
 
     model, findings = hf.load_hf_folder(path, max_bytes)

@@ -13,13 +13,14 @@ import numpy as np
 import pandas as pd
 
 from ..replaying import Replay
-from ..utils.findings import Finding
+from ..utils.findings import Finding, InspectorError
 from ..utils.labels import module_label
 from ..watching import Run, StepFinding, first_producer, main_steps, ordered_findings, producer_of, verdict
 from .data import ReportFigure, Section, Table, make_figure, plain
 from .model import Report
 
 MAX_STEP_ROWS = 200
+MAX_STEP_COLUMNS = 40  # step columns a report shows (a run may log 100,000 learning rates or scalar names)
 
 
 def _thin(frame: pd.DataFrame, rows: int = MAX_STEP_ROWS) -> pd.DataFrame:
@@ -37,8 +38,12 @@ def _focus_step(run: Run) -> int:
 
 
 def _captures_section(run: Run) -> Section | None:
-    """The stored inputs and outputs of the first ``nonfinite-forward`` producer, if any."""
-    caps = run.captures
+    """The stored inputs and outputs of the first ``nonfinite-forward`` producer, if any; a captures file
+    that is damaged or forged is an ``error`` section saying so (the rest of the report stands)."""
+    try:
+        caps = run.captures
+    except InspectorError as exc:
+        return Section("captures", "Captures", status="error", note=str(exc))
     if caps is None:
         return None
     name, step, rank = producer_of(caps)
@@ -120,7 +125,10 @@ def watch_report(run: Run, replayed: Replay | None = None) -> Report:
     by_step = Table("Findings, most severe first, then by step",
                     ("step", "rank", "code", "severity", "where", "message"),
                     tuple((f.step, f.rank, f.code, f.severity, f.where, f.message) for f in found))
-    columns = [c for c in steps.columns if c not in ("time", "loss_logged") and not steps[c].isna().all()]
+    held = steps.columns[steps.notna().any().to_numpy()] if len(steps) else steps.columns  # one pass
+    columns = [c for c in held if c not in ("time", "loss_logged")]
+    left_out = max(0, len(columns) - MAX_STEP_COLUMNS)
+    columns = columns[:MAX_STEP_COLUMNS]
     facts = {
         "file": run.path,
         "model": run.meta.model,
@@ -147,7 +155,9 @@ def watch_report(run: Run, replayed: Replay | None = None) -> Report:
             Table.from_frame(
                 "Steps",
                 _thin(steps[columns]),
-                f"every step up to {MAX_STEP_ROWS} rows, else evenly spaced ones",
+                f"every step up to {MAX_STEP_ROWS} rows, else evenly spaced ones"
+                + (f"; the first {MAX_STEP_COLUMNS} columns: {left_out:,} more (learning rates, logged "
+                   "scalars) are in the run file" if left_out else ""),
             ),
             by_step,
         ),

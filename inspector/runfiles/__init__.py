@@ -23,7 +23,8 @@
   :class:`DistributedRun` (tables of steps, ranks and tensors), which ``inspector.read_run`` (the one
   reader of run files) keeps as ``Run.check_run``, and the findings a run holds;
 - :mod:`.jsonlines`: the JSON lines older versions wrote, read one line at a time (:func:`parse_lines`),
-  each line's density checked before it is parsed.
+  each line's density checked before it is parsed; a file holds at most ``MAX_JSONL_BYTES`` bytes and
+  ``MAX_JSONL_RECORDS`` lines, both known before its first line is parsed.
 - :mod:`.tables`: :class:`Run`, a run file of either kind as tables (steps, modules, parameters,
   findings as :class:`StepFinding`), and :func:`finding_line`;
 - :mod:`.checked`: a ``check_step`` run (:class:`DistributedRun`) as a :class:`Run` of kind ``"check"``;
@@ -41,6 +42,7 @@ them and hand its names on; it imports neither.
 from __future__ import annotations
 
 from .columns import RunMeta, StepRecord, record_batch, schema
+from .jsonlines import MAX_JSONL_BYTES, MAX_JSONL_RECORDS
 from .reading import is_watch_file, parse_run_bytes, read_run
 from .record import CheckRecord, RankNumbers, StepTotals, TensorRow
 from .run import (
@@ -58,9 +60,10 @@ from .run import (
 from .stream import END_OF_STREAM, META_KEY, STREAM_MAGIC, RunStream, RunWriter, append_check, read_stream
 from .tables import MODULE_COLUMNS, STEP_COLUMNS, Run, StepFinding, finding_line
 
-__all__ = ["END_OF_STREAM", "META_KEY", "STREAM_MAGIC", "CheckRecord", "DistributedRun", "RankNumbers",
-           "RunMeta", "RunStream", "RunWriter", "StepRecord", "StepTotals", "TensorRow", "append_check",
-           "check_run_of", "is_run_file", "parse_check_stream", "parse_run", "rank_issues",
-           "read_check_run", "read_stream", "record_batch", "records_of", "schema", "unique_findings",
-           "unsynchronised", "MODULE_COLUMNS", "STEP_COLUMNS", "Run", "StepFinding", "finding_line",
-           "is_watch_file", "parse_run_bytes", "read_run"]
+__all__ = ["END_OF_STREAM", "MAX_JSONL_BYTES", "MAX_JSONL_RECORDS", "META_KEY", "STREAM_MAGIC",
+           "CheckRecord", "DistributedRun", "RankNumbers", "RunMeta", "RunStream", "RunWriter",
+           "StepRecord", "StepTotals", "TensorRow", "append_check", "check_run_of", "is_run_file",
+           "parse_check_stream", "parse_run", "rank_issues", "read_check_run", "read_stream",
+           "record_batch", "records_of", "schema", "unique_findings", "unsynchronised", "MODULE_COLUMNS",
+           "STEP_COLUMNS", "Run", "StepFinding", "finding_line", "is_watch_file", "parse_run_bytes",
+           "read_run"]

@@ -68,38 +68,103 @@ def save_captures(caps: Captures, path: str | os.PathLike) -> Path:
     return out
 
 
+_KEY = re.compile(r"(input|output)/(0|[1-9]\d{0,5})")
+_INT = re.compile(r"-?\d{1,19}")
+MAX_RANK = 1 << 20
+MAX_SKIPPED_BYTES = 1 << 20  # the JSON list of what the byte budget left out (a few hundred bytes a leaf)
+_SKIPPED_TYPES = {"module": str, "kind": str, "path": str, "bytes": int, "reason": str}
+
+
+def _number(meta: dict[str, str], key: str, low: int, high: int, name: str) -> int:
+    text = meta.get(key, "0")
+    if not _INT.fullmatch(text) or not low <= int(text) <= high:
+        raise InspectorError(f"{name}: its metadata's {key} is {text[:40]!r}, not a whole number from "
+                             f"{low:,} to {high:,}; the captures file is damaged or was not written by the "
+                             "watch")
+    return int(text)
+
+
+def _skipped(meta: dict[str, str], name: str) -> list[Skipped]:
+    """What the byte budget left out, each entry checked field by field (the file is untrusted)."""
+    text = meta.get("skipped", "[]")
+    bad = f"{name}: its metadata's skipped is not a list of what the byte budget left out"
+    if len(text) > MAX_SKIPPED_BYTES:
+        raise InspectorError(f"{bad} ({len(text):,} characters; at most {MAX_SKIPPED_BYTES:,})")
+    try:
+        items = json.loads(text)
+    except (ValueError, RecursionError):
+        raise InspectorError(f"{bad} (not JSON)") from None
+    if not isinstance(items, list):
+        raise InspectorError(f"{bad} (a JSON {type(items).__name__})")
+    out = []
+    for i, item in enumerate(items):
+        if not isinstance(item, dict) or set(item) != set(_SKIPPED_TYPES) or any(
+                type(item[k]) is not t for k, t in _SKIPPED_TYPES.items()):
+            raise InspectorError(f"{bad} (entry {i} is not an object of module, kind, path, reason as "
+                                 "text and bytes as a whole number)")
+        out.append(Skipped(**item))
+    return out
+
+
+def _tensor_keys(keys: list[str], name: str) -> dict[str, list[str]]:
+    """The keys of each kind in order (``input/0, input/1...``); any other key, or a gap, is refused."""
+    by_kind: dict[str, list[str]] = {"input": [], "output": []}
+    for key in keys:
+        match = _KEY.fullmatch(key)
+        if match is None:
+            raise InspectorError(f"{name}: holds a tensor named {key[:60]!r}; a captures file holds only "
+                                 "input/N and output/N")
+        by_kind[match.group(1)].append(key)
+    for kind, found in by_kind.items():
+        found.sort(key=lambda k: int(k.partition("/")[2]))
+        if [int(k.partition("/")[2]) for k in found] != list(range(len(found))):
+            raise InspectorError(f"{name}: its {kind} tensors are not numbered 0, 1, 2...; the captures "
+                                 "file is damaged")
+    return by_kind
+
+
 def load_captures(path: str | os.PathLike) -> Captures:
-    """Read a captures file :func:`save_captures` wrote.
+    """Read a captures file :func:`save_captures` wrote. Like a run file it is untrusted: its metadata
+    (module, step, rank, what was left out) and its tensor names are checked before any is used.
 
     Raises:
-        InspectorError: the file is not a watch captures file (a FIFO or a device is refused
-            before it is opened: ``safe_open`` would block in it holding the GIL).
+        InspectorError: the file is not a watch captures file, or something in it is not what the watch
+            writes (the message names the file and what; a FIFO or a device is refused before it is
+            opened: ``safe_open`` would block in it holding the GIL).
     """
     from safetensors import safe_open
 
     regular_file(path, "captures file")
+    name = Path(path).name
     try:
         with safe_open(str(path), framework="pt") as fh:
             meta = fh.metadata() or {}
-            tensors = {k: fh.get_tensor(k) for k in fh.keys()}  # noqa: SIM118 - safe_open has no __iter__
+            if meta.get("format") != FORMAT:
+                raise InspectorError(f"{name} is a safetensors file but not a watch captures file")
+            keys = _tensor_keys(list(fh.keys()), name)
+            tensors = {k: fh.get_tensor(k) for kind in keys.values() for k in kind}
+    except InspectorError:
+        raise
     except Exception as exc:  # safetensors raises its own error types
-        raise InspectorError(f"{Path(path).name} is not a readable captures file ({exc})") from None
-    if meta.get("format") != FORMAT:
-        raise InspectorError(f"{Path(path).name} is a safetensors file but not a watch captures file")
-    name, step, rank = meta["module"], int(meta.get("step", 0)), int(meta.get("rank", 0))
+        raise InspectorError(f"{name} is not a readable captures file ({exc})") from None
+    module = meta.get("module")
+    if not isinstance(module, str) or not module or len(module) > 4096:
+        raise InspectorError(f"{name}: its metadata names no module (or a name over 4,096 characters); "
+                             "the captures file is damaged or was not written by the watch")
+    step = _number(meta, "step", -(1 << 63), (1 << 63) - 1, name)
+    rank = _number(meta, "rank", 0, MAX_RANK, name)
+    skipped = _skipped(meta, name)
 
     def pick(kind: str) -> Any:
-        leaves = [tensors[k] for k in sorted((k for k in tensors if k.startswith(kind + "/")),
-                                             key=lambda k: int(k.partition("/")[2]))]
+        leaves = [tensors[k] for k in keys[kind]]
         return leaves[0] if len(leaves) == 1 else tuple(leaves)
 
-    skipped = [Skipped(**s) for s in json.loads(meta.get("skipped", "[]"))]
     return Captures(
-        outputs={name: pick("output")},
-        inputs={name: pick("input")},
-        order=[name],
+        outputs={module: pick("output")},
+        inputs={module: pick("input")},
+        order=[module],
         skipped=skipped,
-        findings=[producer_note(name, step, rank)],
+        findings=[producer_note(module, step, rank)],
         store_on="cpu",
         _state={"step": step, "rank": rank},
         mutations_watched=False,

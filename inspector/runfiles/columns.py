@@ -36,6 +36,15 @@ VERSION = 2  # 2: the check column and RunMeta.kind (check_step's records)
 OPTIONAL = ("check", "finding_ranks")  # only in check_step's files (and not in older ones): read as null
 
 
+def _whole_number(text: str) -> int:
+    """A JSON integer of the metadata: at most 19 digits (a 5,000-digit one is refused in these words,
+    not Python's own about its digit limit)."""
+    if len(text.lstrip("-")) > 19:
+        raise ValueError(f"a number of {len(text.lstrip('-')):,} digits ({text[:12]}...), more than a run "
+                         "file holds")
+    return int(text)
+
+
 @dataclass(frozen=True)
 class RunMeta:
     """What a run file says about itself (stored once, in the schema's metadata).
@@ -69,10 +78,13 @@ class RunMeta:
         Raises:
             ValueError: not a watch run's metadata, or a newer major version.
         """
-        data = json.loads(text)
+        data = json.loads(text, parse_int=_whole_number)
         if not isinstance(data, dict) or data.get("format") != FORMAT:
             raise ValueError(f"not an {FORMAT} run file")
-        if int(data.get("version", 0)) > VERSION:
+        version = data.get("version", 0)
+        if type(version) is not int:
+            raise ValueError(f"run file version {str(version)[:20]!r} is not a whole number")
+        if version > VERSION:
             raise ValueError(f"run file version {data['version']} is newer than this reader ({VERSION}); "
                              "upgrade model-inspector")
         known = {f.name for f in fields(cls)}

@@ -1,6 +1,8 @@
 """The JSON lines ``check_step`` wrote in older versions, one record a line, read one line at a time:
 :func:`parse_lines` keeps the records it parses, never the text or a list of its lines, and refuses a
-line that packs more objects or lists into its characters than a record holds, before parsing it."""
+line that packs more objects or lists into its characters than a record holds, before parsing it.
+The budget of one file: at most ``MAX_JSONL_BYTES`` bytes and ``MAX_JSONL_RECORDS`` lines, both known
+before the first line is parsed (a few seconds of work at most)."""
 
 from __future__ import annotations
 
@@ -15,6 +17,11 @@ from ..utils.findings import Finding, InspectorError
 from .record import FORMAT, VERSION, CheckRecord
 
 MAX_JSONL_BYTES = 64 << 20  # the largest JSON-lines run file (the format of older versions) read
+# The most lines (step records) of one JSON-lines run file: parsing and checking a record costs tens of
+# microseconds however small it is, so 64 MiB of the smallest records (660,000 of them) would keep a
+# server thread busy for most of a minute; 100,000 read in a few seconds. The lines are counted before
+# any is parsed.
+MAX_JSONL_RECORDS = 100_000
 # A line is refused before it is parsed when it packs more objects or lists into its characters than a
 # record check_step writes (about 300 characters per tensor or rank, and a list holds a number per rank):
 # what JSON parsing and the records cost per character stays bounded.
@@ -46,6 +53,35 @@ def text_lines(text: str) -> Iterator[str]:
 def too_long(name: str, size: int) -> str:
     return (f"{name} is a JSON-lines run file of {size:,} bytes; this older format is read up to "
             f"{MAX_JSONL_BYTES:,} bytes (its records take many times their size in memory): not read")
+
+
+def too_many(name: str, lines: int) -> str:
+    return (f"{name} is a JSON-lines run file of {lines:,} lines; this older format is read up to "
+            f"{MAX_JSONL_RECORDS:,} step records (each costs its parsing and checks whatever its size): "
+            "not read. Write new runs with check_step, whose Arrow run file has no such limit")
+
+
+def count_lines(fh: Any, limit: int = MAX_JSONL_BYTES) -> int:
+    """The lines of the binary file ``fh`` (CR, LF or CRLF end one; a last line without its end counts),
+    counted in blocks of 64 KiB from where it stands (at most ``limit`` bytes); ``fh`` is left where it
+    was."""
+    start, lines, last, read = fh.tell(), 0, b"", 0
+    while read < limit:
+        block = fh.read(min(1 << 16, limit - read))
+        if not block:
+            break
+        read += len(block)
+        lines += block.count(b"\n") + block.count(b"\r") - block.count(b"\r\n")
+        lines -= last == b"\r" and block[:1] == b"\n"  # a CRLF split between two blocks
+        last = block[-1:]
+    fh.seek(start)
+    return lines + (read > 0 and last not in (b"\n", b"\r"))
+
+
+def text_line_count(text: str) -> int:
+    """The lines of ``text`` as :func:`text_lines` gives them, counted without splitting it."""
+    lines = text.count("\n") + text.count("\r") - text.count("\r\n")
+    return lines + bool(text and text[-1] not in "\r\n")
 
 
 def _reject_constant(name: str) -> Any:
@@ -126,6 +162,8 @@ def parse_lines(lines: Iterable[str], name: str) -> tuple[list[CheckRecord], lis
         read += len(line)
         if read > MAX_JSONL_BYTES:  # a file that grew past the limit while it was read
             raise InspectorError(too_long(name, read))
+        if number > MAX_JSONL_RECORDS:  # the same for lines
+            raise InspectorError(too_many(name, number))
         if not line.strip():
             continue
         try:

@@ -41,6 +41,9 @@ def run_of(tail: RunTail, source: str = "") -> Run:
 
 def parse_run_bytes(data: bytes, name: str = "run file") -> Run:
     """Like :func:`read_run`, from the file's bytes (an upload)."""
+    if not data.strip():
+        raise InspectorError(f"{name} is empty{' (blank lines only)' if data else ''}: upload the run file "
+                             "that watch(...) or check_step wrote")
     if data[:4] == STREAM_MAGIC:
         return run_of(read_all(data=data, name=name))
     try:

@@ -16,7 +16,18 @@ import pandas as pd
 from ..sharding.findings import about
 from ..utils.findings import Finding, InspectorError, group_findings
 from .guard import regular_fd
-from .jsonlines import MAX_JSONL_BYTES, file_lines, loads, parse_lines, text_lines, too_long
+from .jsonlines import (
+    MAX_JSONL_BYTES,
+    MAX_JSONL_RECORDS,
+    count_lines,
+    file_lines,
+    loads,
+    parse_lines,
+    text_line_count,
+    text_lines,
+    too_long,
+    too_many,
+)
 from .record import FORMAT, RANK_NUMBERS, CheckRecord
 from .stream import STREAM_MAGIC, RunStream
 from .tail import RunTail, read_all, read_header
@@ -102,10 +113,13 @@ def read_check_run(path: str | os.PathLike) -> DistributedRun:
                 return _check_run(read_all(p), p.name)
             size = os.fstat(fh.fileno()).st_size
             fh.seek(0)
+            lines = count_lines(fh) if size <= MAX_JSONL_BYTES else 0
         except OSError as exc:
             raise InspectorError(f"run file {p.name} cannot be read ({exc.strerror or exc})") from None
         if size > MAX_JSONL_BYTES:
             raise InspectorError(too_long(p.name, size))
+        if lines > MAX_JSONL_RECORDS:
+            raise InspectorError(too_many(p.name, lines))
         return _run(*parse_lines(file_lines(fh, p.name), p.name), p.name)
 
 
@@ -172,6 +186,8 @@ def parse_run(text: str, name: str = "run file") -> DistributedRun:
     """Like :func:`read_check_run`, from the file's text (an upload)."""
     if len(text) > MAX_JSONL_BYTES:
         raise InspectorError(too_long(name, len(text)))
+    if text_line_count(text) > MAX_JSONL_RECORDS:
+        raise InspectorError(too_many(name, text_line_count(text)))
     return _run(*parse_lines(text_lines(text.lstrip("\ufeff")), name), name)
 
 

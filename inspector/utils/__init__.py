@@ -14,7 +14,8 @@
 - :mod:`.wrappers` and :mod:`.checks`: see through ``torch.compile``/DDP/FSDP wrappers, check arguments;
 - :mod:`.forward_state`, :mod:`.torch_state`, :mod:`.locks`: put back what a forward or a model
   file changed, one lock per model;
-- :mod:`.process_memory`, :mod:`.program`: resident memory, the command line's name.
+- :mod:`.process_memory`, :mod:`.program`: resident memory, the command line's name, how to install
+  an optional extra (:func:`install_hint`).
 """
 
 from __future__ import annotations
@@ -43,13 +44,14 @@ from .findings import (
 from .labels import BATCH_LABEL, LOSS_LABEL, ROOT_LABEL, module_label, natural_key
 from .norms import grouped_norms
 from .paths import Kind, confined, file_kind, regular_file
+from .program import EXTRAS, install_hint
 from .sizes import parse_size
 from .units import format_budget, format_bytes, format_count, format_number, progress_text
 
-__all__ = ["BATCH_LABEL", "CODES", "LOSS_LABEL", "Episodes", "Finding", "FindingCode", "InspectorError",
-           "Kind", "ROOT_LABEL",
+__all__ = ["BATCH_LABEL", "CODES", "EXTRAS", "LOSS_LABEL", "Episodes", "Finding", "FindingCode",
+           "InspectorError", "Kind", "ROOT_LABEL",
            "episode_starts", "finding_code", "first_line", "module_label", "natural_key", "recurs",
            "format_budget", "format_bytes", "format_count", "grouped_norms",
            "format_number", "group_findings", "markdown_code", "markdown_text", "parse_size", "plot_text",
            "progress_text", "sort_findings", "terminal_text", "visible_text", "grid_frame", "grid_text",
-           "tensorboard_text", "terminal_line", "confined", "file_kind", "regular_file"]
+           "tensorboard_text", "terminal_line", "confined", "file_kind", "regular_file", "install_hint"]

@@ -10,7 +10,7 @@ from safetensors.torch import save_file
 
 from sample_models import SAMPLES
 from tests.e2e.conftest import serve_app
-from ui.uploads import UPLOAD_DIR
+from ui.uploads import upload_base
 
 pytestmark = pytest.mark.e2e
 
@@ -25,7 +25,10 @@ def short_lived_sessions(chromium_path, artifacts):
 
 
 def _folders(pid: int) -> list:
-    return [d for d in UPLOAD_DIR.iterdir() if d.name.startswith(f"{pid}-")] if UPLOAD_DIR.is_dir() else []
+    """The session folders of the server ``pid`` (in its own folder of the user's uploads)."""
+    base = upload_base()
+    servers = [d for d in base.iterdir() if d.name.startswith(f"{pid}-")] if base.is_dir() else []
+    return [d for server in servers for d in server.iterdir() if d.is_dir()]
 
 
 def test_an_upload_is_removed_when_its_session_ends(short_lived_sessions, chromium, tmp_path, wait_for_app):

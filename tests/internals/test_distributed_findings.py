@@ -132,7 +132,7 @@ def test_a_line_that_is_not_a_record_is_named():
               '"tensors": [], "global": {}}')
     with pytest.raises(InspectorError, match="run.jsonl line 2 is not JSON"):
         parse_run_bytes((record + "\n{oops\n" + record).encode(), "run.jsonl")
-    with pytest.raises(InspectorError, match="x.jsonl holds no step records"):
+    with pytest.raises(InspectorError, match=r"x.jsonl is empty \(blank lines only\)"):
         parse_run_bytes(b"\n", "x.jsonl")
 
 

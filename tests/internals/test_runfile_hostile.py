@@ -456,3 +456,33 @@ def test_healthy_steps_nan_counts_are_kept_once_and_a_count_stays_at_its_step(tm
     assert run.at(bad[0])["nonfinite"].tolist() == [0.0] * 7 + [3.0] + [0.0] * (modules - 8)
     followed = LiveRun(path).read()
     np.testing.assert_array_equal(followed.matrix("nonfinite")[1], counts)
+
+
+@pytest.mark.parametrize("text", ["", "a", "a\n", "a\r\nb", "a\rb\r", "\r\n\r\n", "a\n\nb\r\r\nc"])
+def test_json_lines_are_counted_as_they_are_read(text):
+    from inspector.runfiles.jsonlines import count_lines, text_line_count, text_lines
+
+    assert text_line_count(text) == len(list(text_lines(text)))
+    assert count_lines(io.BytesIO(text.encode())) == len(list(text_lines(text)))
+
+
+def test_a_crlf_split_between_blocks_is_one_line_end():
+    from inspector.runfiles.jsonlines import count_lines
+
+    data = b"x" * ((1 << 16) - 1) + b"\r\n" + b"y\n"
+    fh = io.BytesIO(data)
+    assert count_lines(fh) == 2 and fh.tell() == 0
+
+
+@pytest.mark.parametrize("version, said", [("9" * 5000, "a number of 5,000 digits"),
+                                           ('"3"', "version '3' is not a whole number")])
+def test_a_forged_version_is_refused_in_words(tmp_path, version, said):
+    """Once Python's own text about its integer digit limit (or a TypeError) reached the message."""
+    text = _meta().to_json().replace('"version":2', f'"version":{version}')
+    assert text != _meta().to_json()
+    path = tmp_path / "forged.inspect"
+    path.write_bytes(file_schema().with_metadata({META_KEY: text.encode()}).serialize().to_pybytes()
+                     + b"\xff\xff\xff\xff\x00\x00\x00\x00")
+    with pytest.raises(InspectorError, match="forged.inspect") as caught:
+        read_run(path)
+    assert said in str(caught.value) and "sys.set_int_max_str_digits" not in str(caught.value)
