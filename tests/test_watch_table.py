@@ -253,7 +253,7 @@ def scenario_lr_raised(tmp_path) -> list[tuple[int, str, bool]]:
             w.log(loss=loss)
             opt.step()
             opt.zero_grad()
-    return [(f.step, f.code, "learning rate of param group 0 rose" in f.message) for f in w.result.findings]
+    return [(f.step, f.code, "learning rate rose" in f.message) for f in w.result.findings]
 
 
 # a NaN/Inf gradient the optimizer applies makes the weights NaN too: the post-step check names them

@@ -139,7 +139,9 @@ class Detectors:
         """``dead-gradient`` and ``exploding-gradient`` from one step's gradient norms."""
         out = []
         zero = ~has_grad | (param_grad == 0)
-        back = ~zero & (self.dead > 0)  # a gradient back after a gap: its group's gradients come and go
+        # a gradient back after a gap (not the zero gradients of a start, as a LoRA A's while B is 0): its
+        # group's gradients come and go
+        back = ~zero & (self.dead > 0) & (self.lost > 0)
         if back.any():
             np.maximum.at(self.gap, self.group[back], self.dead[back])
         self.lost = np.where(zero, np.where(self.dead == 0, self.streak, self.lost), 0)

@@ -324,8 +324,8 @@ class LearningRateRose:
         if not rose:
             return found
         ratio, g, low, lr = max(rose)
-        said = (f"; the learning rate of param group {g} rose {ratio:.3g}x within the last {len(past)} steps "
-                f"({low:.3g} -> {lr:.3g}): that change, by a scheduler or by hand, is the likely cause")
+        said = (f"; the learning rate rose {ratio:.3g}x within the last {len(past)} steps (param group {g}: "
+                f"{low:.3g} -> {lr:.3g}): that change, by a scheduler or by hand, is the likely cause")
         return [Finding(f.code, f.severity, f.where, f.message + said)
                 if f.code in ("loss-spike", "exploding-gradient") else f for f in found]
 
