@@ -431,7 +431,8 @@ def test_a_gradient_cut_off_after_a_settled_run_is_named_at_once(tmp_path):
 
 def test_a_whole_backbone_cut_off_is_one_dead_gradient_finding(tmp_path):
     # 4 Linear layers (8 parameters) behind a detach() from step 24 on: one finding naming them all,
-    # not eight; the head, which keeps its gradient, is not named
+    # not eight, placed where the gradient stops (the last layer before the detach); the head, which
+    # keeps its gradient, is not named
     torch.manual_seed(0)
     backbone = nn.Sequential(*[nn.Sequential(nn.Linear(4, 4), nn.Tanh()) for _ in range(4)])
     model = nn.Sequential(backbone, nn.Linear(4, 1))
@@ -445,13 +446,14 @@ def test_a_whole_backbone_cut_off_is_one_dead_gradient_finding(tmp_path):
             (model[1](h) - ys[s]).pow(2).mean().backward()
             opt.step()
             opt.zero_grad()
-    assert _found(w) == [(25, "dead-gradient", "0.0.0.weight")]
+    assert _found(w) == [(25, "dead-gradient", "0.3.0.weight")]
     message = w.findings[0].message
     assert message.startswith("8 parameters of 4 module(s) (0.0.0, 0.1.0, 0.2.0 and 1 more) each had a "
                               "gradient")
     assert "cut them off" in message
+    assert "The gradient stops at 0.3.0's output" in message  # the head still has its input: a cut
     run = read_run(tmp_path / "r.inspect")
-    assert [(f.step, f.code, f.where) for f in run.findings] == [(25, "dead-gradient", "0.0.0.weight")]
+    assert [(f.step, f.code, f.where) for f in run.findings] == [(25, "dead-gradient", "0.3.0.weight")]
 
 
 @pytest.mark.parametrize("how", ["fill", "data"])

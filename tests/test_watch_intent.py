@@ -361,3 +361,22 @@ def test_a_part_unfrozen_and_never_added_to_the_optimizer_is_named(tmp_path, add
             opt.step()
             opt.zero_grad()
     assert _alarms(w.result) == ([] if added else [(4, "not-in-optimizer", "0.weight")])
+
+
+# -- a layer whose output died --------------------------------------------------------------------
+def test_dead_units_are_placed_at_the_layer_whose_output_died(tmp_path):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 8), nn.ReLU(),
+                          nn.Linear(8, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    with watch(model, opt, tmp_path / "run.inspect") as w:
+        for i in range(30):
+            if i == 24:
+                with torch.no_grad():
+                    model[2].bias.fill_(-100.0)  # the second layer's ReLU never fires again
+            model(_batch(i)).pow(2).mean().backward()
+            opt.step()
+            opt.zero_grad()
+    found = _alarms(w.result)
+    assert found == [(25, "dead-gradient", "2.weight")]
+    assert "The gradient stops at 2: its output is zero (4, which takes it" in w.result.findings[0].message

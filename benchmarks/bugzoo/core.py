@@ -229,8 +229,10 @@ def judge(case: Case, variant: str, findings: list[Any], planted: int | None) ->
                       where=first.where if first else "", step=first.step if first else None,
                       planted=at, module_right=where_matches(first.where, case.where) if first else None,
                       findings=findings)
-    hits.sort(key=lambda f: (not where_matches(f.where, case.where), codes.index(f.code), f.step,
-                             not states_cause(f.message, case.cause)))
+    # what a reader of the run meets first: the right module, the earliest step, then the order the run
+    # reported them in
+    order = {id(f): i for i, f in enumerate(findings)}
+    hits.sort(key=lambda f: (not where_matches(f.where, case.where), f.step, order[id(f)]))
     f = hits[0]
     others = [o for o in findings if o is not f and o.step >= at - 1 and o.severity in ("warning", "error")]
     return Judged(case, variant, "caught", code=f.code, where=f.where, step=f.step, planted=at,

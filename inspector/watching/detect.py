@@ -189,8 +189,36 @@ class Detectors:
         if one:
             return [coded("dead-gradient", n, f"{n} {why}") for n in names]
         modules = list(dict.fromkeys(n.rpartition(".")[0] for n in names))
+        edge, after = self._edge(modules)
         text = f"{len(names)} parameters of {len(modules)} module(s) ({listed(modules)}) each {why}"
-        return [coded("dead-gradient", names[0], text)]
+        if after:  # the module after it lost (part of) its gradient too: what it takes is zero
+            text += (f". The gradient stops at {module_label(edge)}: its output is zero "
+                     f"({module_label(after)}, which takes it, lost its gradient too), so its units are dead "
+                     "(a ReLU or GELU that is never positive, a bias pushed far negative) or masked")
+        elif edge:
+            text += (f". The gradient stops at {module_label(edge)}'s output: everything before it lost "
+                     "its own")
+        return [coded("dead-gradient", self._first_of(edge) or names[0], text)]
+
+    def _edge(self, modules: list[str]) -> tuple[str, str]:
+        """Of the modules whose gradients went missing (model order): the last one whose parameters are all
+        without a gradient now, where the gradient stops (one with a weight and a bias first: a module with
+        a weight alone also loses it when only its input is zero); and the module after it when that one
+        lost a gradient too (its input, ``edge``'s output, is zero), else ""."""
+        dead = self.dead > 0
+        owned: dict[str, list[int]] = {}
+        for i, n in enumerate(self.layout.parameters):
+            owned.setdefault(n.rpartition(".")[0], []).append(i)
+        full = [m for m in modules if all(dead[i] for i in owned.get(m, []))]
+        if not full:
+            return "", ""
+        edge = ([m for m in full if len(owned[m]) > 1] or full)[-1]
+        order = list(owned)
+        nxt = order[order.index(edge) + 1] if order.index(edge) + 1 < len(order) else ""
+        return edge, nxt if nxt and any(dead[i] for i in owned[nxt]) else ""
+
+    def _first_of(self, module: str) -> str:
+        return next((n for n in self.layout.parameters if n.rpartition(".")[0] == module), "")
 
     def _exploding(self, now: np.ndarray, excess: np.ndarray, threshold: np.ndarray,
                    median: np.ndarray) -> list[Finding]:
