@@ -11,7 +11,7 @@ from typing import Any, Literal, Protocol
 import numpy as np
 import torch
 
-from ..utils.findings import Finding
+from ..utils.findings import Finding, InspectorError
 from .checks import GradientClearing, OptimizerSteps
 from .detect import Detectors
 from .numbers import Numbers
@@ -50,6 +50,20 @@ class At:
     loss: Any = None
     error: BaseException | None = None
     other: Any = None
+
+    @property
+    def n(self) -> Numbers:
+        """This rank's numbers of the step (the ``after-step`` phase has them)."""
+        if self.numbers is None:
+            raise InspectorError("a check read a step's numbers outside the after-step phase")
+        return self.numbers
+
+    @property
+    def st(self) -> StepState:
+        """The step's state (every phase of a step has it)."""
+        if self.state is None:
+            raise InspectorError("a check read the step's state outside a step")
+        return self.state
 
 
 @dataclass

@@ -212,7 +212,7 @@ class ReplicasAgree:
 
         layout = at.target.layout
         norms = torch.zeros(len(layout.parameters), dtype=torch.float64)
-        for idx, part in at.state.grad_parts:
+        for idx, part in at.st.grad_parts:
             norms[torch.from_numpy(idx)] = part.to("cpu", torch.float64)
         return found + check_step(at.target.model, at.step, path=None, group=at.ranks.group, loss=at.loss,
                                   timeout=at.ranks.timeout, grad_norms=(layout.parameters, norms)).findings
@@ -224,7 +224,7 @@ class WrittenWeights:
     version or storage moved) holds NaN/Inf when this step's forward used it."""
 
     def __call__(self, at: At, found: list[Finding]) -> list[Finding]:
-        return found + written_findings(at.state, at.target.layout.parameters)
+        return found + written_findings(at.st, at.target.layout.parameters)
 
 
 class Producers:
@@ -233,7 +233,7 @@ class Producers:
     backward turned a finite output gradient into a non-finite input gradient."""
 
     def __call__(self, at: At, found: list[Finding]) -> list[Finding]:
-        return found + nonfinite_findings(at.numbers, list(at.target.module_names), at.ranks.rank,
+        return found + nonfinite_findings(at.n, list(at.target.module_names), at.ranks.rank,
                                           at.ranks.world)
 
 
@@ -247,7 +247,7 @@ class ZeroGradientStep:
         return cls() if kit.target.optimizer is not None else None
 
     def __call__(self, at: At, found: list[Finding]) -> list[Finding]:
-        n, held = at.numbers, at.held_mask
+        n, held = at.n, at.held_mask
         if held is None or not len(held):
             return found
         trainable = held & np.array([p is not None and p.requires_grad for p in at.params], dtype=bool)
@@ -277,7 +277,7 @@ class GradientNorms:
         self.detectors = detectors
 
     def __call__(self, at: At, found: list[Finding]) -> list[Finding]:
-        n = at.numbers
+        n = at.n
         out = self.detectors.gradients(n.param_grad, n.has_grad, n.module_grad)
         if any(f.code == "zero-gradient-step" for f in found):  # the cause of the missing gradients
             out = [f for f in out if f.code != "dead-gradient"]
@@ -297,7 +297,7 @@ class Loss:
         self.detectors = detectors
 
     def __call__(self, at: At, found: list[Finding]) -> list[Finding]:
-        n = at.numbers
+        n = at.n
         return self.detectors.loss(float(n.loss), found) if n.loss_logged else found
 
 
@@ -335,7 +335,7 @@ class NonfiniteGradients:
     explains it (a producer, a non-finite loss, a written weight)."""
 
     def __call__(self, at: At, found: list[Finding]) -> list[Finding]:
-        return found + nonfinite_gradients(at.numbers.module_nonfinite, at.target.layout.modules, found)
+        return found + nonfinite_gradients(at.n.module_nonfinite, at.target.layout.modules, found)
 
 
 class UsedNonfiniteWeights:
@@ -349,7 +349,7 @@ class UsedNonfiniteWeights:
     def __call__(self, at: At, found: list[Finding]) -> list[Finding]:
         if self.bad:
             found = [f for f in found if not (f.code in PRODUCED and f.where in self.bad)]
-        n = at.numbers
+        n = at.n
         if n.checked:
             names = at.target.layout.parameters
             self.bad = {module_label(names[i].rpartition(".")[0]) for i in np.flatnonzero(~np.isfinite(
@@ -369,8 +369,8 @@ class NonfiniteWeights:
         self.detectors = detectors
 
     def __call__(self, at: At, found: list[Finding]) -> list[Finding]:
-        n = at.numbers
-        if not n.checked or at.state.written:
+        n = at.n
+        if not n.checked or at.st.written:
             return found
         return found + self.detectors.parameters(n.param_norm, n.buffer_norm, at.target.layout.buffers)
 
@@ -395,7 +395,7 @@ class Updates:
         self.progress = Progress(at.target.layout.parameters, start=start)
 
     def __call__(self, at: At, found: list[Finding]) -> list[Finding]:
-        n = at.numbers
+        n = at.n
         return found + self.progress.step(at.lrs, n.param_norm if n.checked else None, n.param_grad,
                                           n.has_grad, bool(n.skipped), at.held_mask)
 
@@ -438,7 +438,7 @@ class IdleGroups:
         """The parameters of flat param group ``group`` with a non-zero gradient this step."""
         groups = [g for o in at.target.optimizers for g in o.param_groups]
         ids = {id(p) for p in groups[group]["params"]}
-        n = at.numbers
+        n = at.n
         return [at.target.layout.parameters[i] for i, p in enumerate(at.params)
                 if p is not None and id(p) in ids and n.has_grad[i] and n.param_grad[i] != 0]
 
@@ -454,8 +454,8 @@ class GradientsUsed:
         self.clearing = clearing
 
     def __call__(self, at: At, found: list[Finding]) -> list[Finding]:
-        n = at.numbers
-        self.clearing.stepped(at.state.params, n.has_grad & (n.param_grad == 0))
+        n = at.n
+        self.clearing.stepped(at.st.params, n.has_grad & (n.param_grad == 0))
         return found
 
 
