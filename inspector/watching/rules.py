@@ -302,11 +302,13 @@ class Loss:
 
 
 class LearningRateRose:
-    """No finding of its own: a ``loss-spike`` or ``exploding-gradient`` at a step where a param group's
-    learning rate is ``factor`` (4) times or more its lowest non-zero value of the last ``steps`` (5)
-    steps says so in its message (a scheduler or a hand-made change is then the likely cause)."""
+    """No finding of its own: a ``loss-spike``, ``exploding-gradient`` or ``nonfinite-loss`` at a step where
+    a param group's learning rate is ``factor`` (4) times or more its lowest non-zero value of the last
+    ``steps`` (5) steps says so in its message (a scheduler or a hand-made change is then the likely
+    cause)."""
 
     factor, steps = 4.0, 5
+    codes = ("loss-spike", "exploding-gradient", "nonfinite-loss")
 
     def __init__(self) -> None:
         self.past: list[list[float]] = []  # the learning rates of the last steps, oldest first
@@ -314,7 +316,7 @@ class LearningRateRose:
     def __call__(self, at: At, found: list[Finding]) -> list[Finding]:
         lrs, past = at.lrs, self.past
         self.past = [*past[-(self.steps - 1):], lrs] if self.steps > 1 else [lrs]
-        if not past or not any(f.code in ("loss-spike", "exploding-gradient") for f in found):
+        if not past or not any(f.code in self.codes for f in found):
             return found
         rose = []
         for g, lr in enumerate(lrs):
@@ -327,7 +329,7 @@ class LearningRateRose:
         said = (f"; the learning rate rose {ratio:.3g}x within the last {len(past)} steps (param group {g}: "
                 f"{low:.3g} -> {lr:.3g}): that change, by a scheduler or by hand, is the likely cause")
         return [Finding(f.code, f.severity, f.where, f.message + said)
-                if f.code in ("loss-spike", "exploding-gradient") else f for f in found]
+                if f.code in self.codes else f for f in found]
 
 
 class NonfiniteGradients:

@@ -84,7 +84,7 @@ WATCH_CHECKS: tuple[Row, ...] = (
         after=(rules.WrittenWeights, rules.Producers, rules.GradientNorms),
         why="a named producer (a module, the batch, a written weight) explains a NaN/Inf loss, and a "
             "loss spike takes in the same step's whole-model exploding-gradient"),
-    Row("after-step", rules.LearningRateRose, ("loss-spike", "exploding-gradient"),
+    Row("after-step", rules.LearningRateRose, rules.LearningRateRose.codes,
         after=(rules.GradientNorms, rules.Loss),
         why="it adds the learning rate's rise to the spikes those rows found this step"),
     Row("after-step", rules.NonfiniteGradients, ("nonfinite-gradient",),
