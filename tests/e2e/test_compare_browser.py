@@ -70,7 +70,7 @@ def test_a_merged_adapter_is_named_first_and_its_bars_match_the_legend(
         # the low-rank-update message in full, outside the findings table and its "More columns"
         message = main.locator('[data-testid="stAlertContentInfo"] [data-testid="stMarkdownContainer"]',
                                has_text="low-rank-update").first
-        text = message.inner_text()
+        text = message.inner_text(timeout=30_000)
         assert text.startswith("low-rank-update: rank-2 update on 1 matrices") and MERGED in text, text
         assert "merged adapter (LoRA)" in text
         assert _in_first_screen(page, message)
