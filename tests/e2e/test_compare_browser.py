@@ -34,7 +34,8 @@ def _checkpoints(folder):
 
     torch.manual_seed(0)
     state = load_model("sample:tiny-gpt2").model.state_dict()
-    base = {k: (v + 0.01 * torch.randn_like(v)).contiguous() for k, v in state.items() if k != "lm_head.weight"}
+    base = {k: (v + 0.01 * torch.randn_like(v)).contiguous() for k, v in state.items()
+            if k != "lm_head.weight"}  # tied to the embedding: safetensors stores the tie once
     merged = dict(base)
     merged[MERGED] = base[MERGED] + 0.05 * torch.randn(48, 2) @ torch.randn(2, 16)
     save_file(base, str(folder / "base.safetensors"))
