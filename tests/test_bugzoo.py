@@ -46,7 +46,7 @@ def test_where_matching_rule() -> None:
 
 def test_every_bug_has_a_code_a_cause_rule_and_the_zoo_its_size() -> None:
     from benchmarks.bugzoo.runner import BUGS, HEALTHY
-    from inspector.utils.codes import CODES
+    from inspector.utils import CODES
 
     assert len(BUGS) >= 80 and len(HEALTHY) >= 50
     names = [c.name for c in BUGS + HEALTHY]
@@ -60,7 +60,7 @@ def test_every_bug_has_a_code_a_cause_rule_and_the_zoo_its_size() -> None:
 def test_stated_cause_is_judged_by_the_case_rule() -> None:
     from benchmarks.bugzoo.core import judge, states_cause
     from benchmarks.bugzoo.runner import select
-    from inspector.runfiles.tables import StepFinding
+    from inspector.runfiles import StepFinding
 
     case = select("mlp-zero-grad-before-step")[0]
     assert case.expect == ("zero-gradient-step",) and case.cause == ("zero_grad",)

@@ -59,7 +59,10 @@ def test_pages_and_sidebar_show_hostile_names_as_inert_text(page, hostile):
     at = _run(page, hostile)
     assert not at.exception, [e.value for e in at.exception]
     shown = _shown(at)
-    assert any(KEY in s or "127.0.0.1:9" in s for s in shown)  # the sidebar lists the finding
+    if page == "pages/7_Labs.py":  # a lab runs its own model: the picked one is neither loaded nor named
+        assert not any(KEY in s or "127.0.0.1:9" in s for s in shown)
+    else:
+        assert any(KEY in s or "127.0.0.1:9" in s for s in shown)  # the sidebar lists the finding
     for text in shown:
         assert not live_markdown(text), (text, live_markdown(text))
     for fig in _figures(at):

@@ -10,8 +10,10 @@ import pytest
 import torch
 from torch import nn
 
-from inspector import watch
-from inspector.watching.rules import LearningRateRose
+from inspector import InspectorError, watch
+from inspector.watching import WATCH_CHECKS
+
+LearningRateRose = next(r.check for r in WATCH_CHECKS if r.check.__name__ == "LearningRateRose")
 
 
 def _mlp() -> nn.Sequential:
@@ -309,7 +311,6 @@ def test_an_inner_optimizer_and_a_critic_are_not_lost(tmp_path):
 
 
 def test_use_optimizer_needs_a_watched_optimizer(tmp_path):
-    from inspector.utils.findings import InspectorError
 
     model = _mlp()
     with watch(model, None, tmp_path / "run.inspect") as w, pytest.raises(InspectorError, match="w.step"):

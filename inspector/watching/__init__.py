@@ -60,6 +60,7 @@ from .summary import (
     verdict,
 )
 from .synthetic import synthetic_run
+from .table import WATCH_CHECKS, Row, table_markdown
 from .train import OPTIMIZERS, make_optimizer, train_watched
 
 __all__ = [
@@ -104,4 +105,7 @@ __all__ = [
     "read_captures",
     "save_captures",
     "META_KEY",
+    "WATCH_CHECKS",
+    "Row",
+    "table_markdown",
 ]

@@ -20,7 +20,7 @@ from inspector.watching.events import PHASES, At, ByRank, Kit
 from inspector.watching.roles import Target, WatchOptions
 from inspector.watching.table import WATCH_CHECKS, Checks, Row, table_markdown
 
-DOCS = pathlib.Path(__file__).resolve().parents[1] / "docs" / "findings.md"
+DOCS = pathlib.Path(__file__).resolve().parents[2] / "docs" / "findings.md"
 
 
 def swapped(a: type, b: type) -> tuple[Row, ...]:
