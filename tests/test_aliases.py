@@ -221,10 +221,21 @@ def test_bad_model_gets_clear_error():
 
 
 def test_results_are_json_friendly():
-    a = alias_analysis(SliceBuffers())
-    json.dumps(a.to_dict())
-    json.dumps(snapshot_ties(same_object_model()).to_dict())
-    json.dumps(conversion_check(same_object_model(), "to-float64-overwrite").to_dict())
+    # each result read back from JSON says what the object said: full (4, 4) float32 = 64 bytes,
+    # rows a view of it; lin's 2x2 weight and 2 biases are the 6 unique elements
+    a = json.loads(json.dumps(alias_analysis(SliceBuffers()).to_dict()))
+    [g] = a["groups"]
+    assert (g["names"], g["kind"], g["numel"], g["nbytes"], g["objects"], g["shape"], g["dtype"]) == \
+        (["full", "rows"], "overlapping-view", 16, 64, 2, [4, 4], "float32")
+    assert (a["names"], a["unique_numel"], a["findings"]) == (4, 6, [])
+    s = json.loads(json.dumps(snapshot_ties(same_object_model()).to_dict()))
+    assert s["unique_numel"] == 18 and s["groups"][0]["names"] == ["0.weight", "1.weight"]
+    assert [(x["name"], x["obj"], x["shape"], x["stride"], x["storage_offset"]) for x in s["layouts"][0]] == \
+        [("0.weight", 0, [3, 4], [4, 1], 0), ("1.weight", 0, [3, 4], [4, 1], 0)]
+    c = json.loads(json.dumps(conversion_check(same_object_model(), "to-float64-overwrite").to_dict()))
+    assert (c["unique_before"], c["unique_after"], c["outcomes"][0]["outcome"], c["outcomes"][0]["storages"]) == \
+        (18, 30, "broken", 2)
+    assert [(f["code"], f["where"]) for f in c["findings"]] == [("tie-broken", "0.weight")]
 
 
 # --------------------------------------------------------------------------------------------
@@ -276,6 +287,36 @@ def test_retie_restores_overlapping_view():
     assert m.rows.untyped_storage().data_ptr() == m.full.untyped_storage().data_ptr()
     assert m.rows.storage_offset() == 4 and torch.equal(m.rows, m.full[1:3])
     assert compare_ties(snap, m) == []
+
+
+def test_a_view_moved_within_its_storage_is_broken_and_retied():
+    # rows was full[1:3] (storage offset 4); full[0:2] has the same storage, shape and stride
+    # but starts at offset 0: the tie now points at other rows, so it is broken, not kept
+    m = SliceBuffers()
+    snap = snapshot_ties(m)
+    m.rows = m.full[0:2]
+    assert m.rows.untyped_storage().data_ptr() == m.full.untyped_storage().data_ptr()
+    [f] = compare_ties(snap, m)
+    assert (f.code, f.severity, f.where) == ("tie-broken", "error", "full")
+    assert "full, rows (overlapping-view) no longer share memory: 2 objects over different places in one " \
+        "storage" in f.message
+    assert [x.code for x in retie(m, snap)] == ["tie-restored"]
+    assert m.rows.storage_offset() == 4 and torch.equal(m.rows, m.full[1:3])
+    assert compare_ties(snap, m) == []
+
+
+def test_a_tie_split_into_two_places_of_one_storage_is_broken():
+    # 0.weight and 1.weight were one Parameter; now two Parameters over one 24-element storage,
+    # at offsets 0 and 12: one memory, two places, so the weights train apart
+    m = same_object_model()
+    snap = snapshot_ties(m)
+    store = torch.randn(24)
+    m[0].weight = nn.Parameter(store[:12].view(3, 4))
+    m[1].weight = nn.Parameter(store[12:].view(3, 4))
+    [f] = compare_ties(snap, m)
+    assert (f.code, f.where) == ("tie-broken", "0.weight")
+    assert "2 objects over different places in one storage" in f.message
+    assert "from 18 to 30" in f.message  # 12 + 3 + 3 unique, then 12 + 3 + 12 + 3
 
 
 def test_retie_refuses_when_shapes_or_dtypes_differ():
