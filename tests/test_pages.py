@@ -29,8 +29,9 @@ def test_page_renders_on_default_model(page: Path):
     at = _run(page)
     assert not at.exception, [e.value for e in at.exception]
     assert at.session_state["mi_selection"].key == "sample:tiny-gpt2|None|cpu|None"
-    # The sidebar picker is there on every page (pages run on their own).
-    assert at.button(key="mi_load") is not None
+    # The sidebar picker is there on every page (pages run on their own), and says the model is loaded.
+    load = at.button(key="mi_load")
+    assert (load.label, load.disabled) == ("Loaded", True)
     if page.name in CHART_PAGES:
         assert len(at.get("plotly_chart")) >= 1, f"{page.name} drew no plotly chart"
     # A warm rerun works too (cached analyses, same widgets).
