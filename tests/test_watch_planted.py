@@ -48,7 +48,8 @@ def test_a_gradient_of_zeros_after_a_settled_run_is_a_dead_gradient(tmp_path):
     assert all(g is None for g in grads)  # zero_grad() cleared them: nothing was left to read
     assert _found(w) == [(25, "dead-gradient", "0.weight"), (25, "dead-gradient", "0.bias"),
                          (25, "dead-gradient", "2.weight")]
-    assert "had a gradient at each of the 24 steps before and none, or an all-zero one" in w.findings[0].message
+    assert "had a gradient at each of the 24 steps before and none, or an all-zero one" \
+        in w.findings[0].message
     run = read_run(tmp_path / "r.inspect")
     assert [(f.step, f.code, f.where) for f in run.findings] == _found(w)
     grad = run.parameters.pivot(index="step", columns="parameter", values="grad_norm")
@@ -104,7 +105,8 @@ def test_the_model_itself_is_named_as_the_producer(tmp_path):
     assert cap.order == ["(model)"]
     assert torch.equal(cap.inputs["(model)"], xs[2]) and torch.isnan(cap.outputs["(model)"]).all()
     run = read_run(tmp_path / "r.inspect")
-    assert [(f.step, f.where) for f in run.findings if f.code == "nonfinite-forward"] == [(2, "(model)"), (3, "a")]
+    assert [(f.step, f.where) for f in run.findings if f.code == "nonfinite-forward"] == \
+        [(2, "(model)"), (3, "a")]
     assert run.captures.order == ["(model)"] and torch.equal(run.captures.inputs["(model)"], xs[2])
 
 

@@ -67,7 +67,8 @@ def test_two_ranks_on_uneven_shards_compare_per_element():
     rows = [_row("w", [1.0, 12.0], [8, 4])]
     found = [f for f in step_findings(_record(rows, 2)) if f.code == "gradient-far-off"]
     assert [f.where for f in found] == ["ranks 0 and 1"]
-    assert "rank 1's gradients are 12x larger per element than rank 0's (RMS 12 against 1)" in found[0].message
+    assert "rank 1's gradients are 12x larger per element than rank 0's (RMS 12 against 1)" \
+        in found[0].message
     assert _found(_record([_row("w", [1.0, 9.0], [8, 4])], 2)) == [("shard-imbalance", "rank 0")]
 
 
