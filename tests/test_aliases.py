@@ -256,6 +256,14 @@ def test_compare_ties_broken_and_weakened(tiny_gpt2, overwrite_flag):
     assert "from 4,080 to 4,592" in f[0].message
 
 
+def test_ties_kept_by_move_model_are_silent(tiny_gpt2, overwrite_flag):
+    # the conversion that breaks the tie above, done by move_model: nothing to report, nothing to re-tie
+    snap = snapshot_ties(tiny_gpt2)
+    move_model(tiny_gpt2, dtype=torch.float64)
+    assert tiny_gpt2.lm_head.weight is tiny_gpt2.transformer.wte.weight
+    assert compare_ties(snap, tiny_gpt2) == [] and retie(tiny_gpt2, snap) == []
+
+
 def test_compare_ties_weakened(tiny_gpt2, overwrite_flag):
     snap = snapshot_ties(tiny_gpt2)
     m = tiny_gpt2.to(torch.float32)  # same dtype: new objects over the same storage
