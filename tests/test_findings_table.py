@@ -9,7 +9,7 @@ import re
 from functools import cache
 from pathlib import Path
 
-from inspector.utils.codes import CODES
+from inspector.utils import CODES
 
 ROOT = Path(__file__).resolve().parents[1]
 SECTION = "## Which tests plant and silence each code"
