@@ -271,6 +271,8 @@ def test_compare_ties_weakened(tiny_gpt2, overwrite_flag):
     assert [(x.code, x.severity, x.where) for x in f] == \
         [("tie-weakened", "warning", "transformer.wte.weight")]
     assert "were one object and are now 2 objects over one memory" in f[0].message
+    assert f[0].message.endswith("parameters() and an optimizer count the weight twice, and the next "
+                                 "conversion can split the memory. Re-tie them (retie).")
     assert "lm_head.weight" in f[0].message and "from 4,080 to 4,592" in f[0].message
 
 
@@ -348,6 +350,7 @@ def test_retie_places_views_relative_to_the_first_name():
     m = RowsFirst()
     snap = snapshot_ties(m)
     assert snap.groups[0].names == ("rows", "full")
+    assert compare_ties(snap, m) == []  # full sits 4 before rows, as it did
     m.full = m.full.clone()  # full gets its own memory; rows keeps the old one at offset 4
     [f] = retie(m, snap)
     assert (f.code, f.where) == ("tie-restored", "rows")
@@ -368,6 +371,40 @@ def test_retie_refuses_a_view_that_would_reach_outside_the_storage():
     assert str(err.value) == ("cannot re-tie full as a view of rows: it would reach outside that tensor's "
                               "storage; nothing was changed")
     assert m.full is before
+
+
+def test_retie_refuses_a_view_past_the_end_of_the_storage():
+    # rows moved to offset 4 of a 12-element storage: full, 16 elements from 4 before rows, would end at 16
+    m = RowsFirst()
+    snap = snapshot_ties(m)
+    m.rows = torch.arange(12.0)[4:].view(2, 4)
+    with pytest.raises(InspectorError, match="cannot re-tie full as a view of rows: it would reach outside"):
+        retie(m, snap)
+
+
+class Columns(nn.Module):
+    """``cols`` is full[:, 1:3]: shape (4, 2) with full's strides (4, 1), not contiguous."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("full", torch.arange(16.0).reshape(4, 4))
+        self.register_buffer("cols", self.full[:, 1:3])
+
+
+def test_retie_restores_a_non_contiguous_view_with_its_strides():
+    m = Columns()
+    snap = snapshot_ties(m)
+    m.cols = m.cols.clone()  # contiguous: strides (2, 1)
+    assert [x.code for x in retie(m, snap)] == ["tie-restored"]
+    assert (m.cols.stride(), m.cols.storage_offset()) == ((4, 1), 1) and torch.equal(m.cols, m.full[:, 1:3])
+
+
+def test_retie_of_a_same_object_tie_on_the_meta_device_needs_no_memory():
+    with torch.device("meta"):
+        m = same_object_model()
+        snap = snapshot_ties(m)
+        m[1].weight = nn.Parameter(torch.empty(3, 4))
+    assert [x.code for x in retie(m, snap)] == ["tie-restored"] and m[1].weight is m[0].weight
 
 
 def test_retie_keeps_each_parameter_object_and_its_dtype():
@@ -439,8 +476,10 @@ def test_a_tie_copied_into_two_storages_says_so():
     snap = snapshot_ties(m)
     m[1].weight = nn.Parameter(m[0].weight.detach().clone())
     [f] = compare_ties(snap, m)
-    assert f.message.startswith("0.weight, 1.weight (same-object) no longer share memory: 2 objects over 2 "
-                                "separate storages; the unique parameter count went from 18 to 30.")
+    assert f.message == ("0.weight, 1.weight (same-object) no longer share memory: 2 objects over 2 "
+                         "separate storages; the unique parameter count went from 18 to 30. Training updates "
+                         "each copy on its own. Re-tie them (retie) or convert with move_model, which keeps "
+                         "ties.")
 
 
 def test_a_tie_untied_on_the_meta_device_is_broken_over_separate_memory():
