@@ -399,6 +399,27 @@ def test_retie_restores_a_non_contiguous_view_with_its_strides():
     assert (m.cols.stride(), m.cols.storage_offset()) == ((4, 1), 1) and torch.equal(m.cols, m.full[:, 1:3])
 
 
+class SharedThrice(nn.Module):
+    """``a`` and ``b`` two Parameters over one (3, 4) tensor's memory; ``c`` is ``b`` itself."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        t = torch.randn(3, 4)
+        self.a, self.b = nn.Parameter(t), nn.Parameter(t)
+        self.register_parameter("c", self.b)
+
+
+def test_retie_gives_names_of_one_object_one_view():
+    m = SharedThrice()
+    snap = snapshot_ties(m)
+    assert snap.groups[0].names == ("a", "b", "c")
+    copy = nn.Parameter(m.b.detach().clone())  # b and c: still one object, now with memory of its own
+    m.b = copy
+    m.c = copy
+    assert [x.code for x in retie(m, snap)] == ["tie-restored"]
+    assert m.b is copy and m.c is copy and m.b.data_ptr() == m.a.data_ptr()
+
+
 def test_retie_of_a_same_object_tie_on_the_meta_device_needs_no_memory():
     with torch.device("meta"):
         m = same_object_model()
