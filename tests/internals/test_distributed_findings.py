@@ -425,3 +425,55 @@ def test_the_factor_is_compared_with_the_per_element_ratio(factor):
     rows = [_uneven_row("w", [1.0, 1.0, 10.0], [8, 8, 4])]
     far = [w for c, w in _codes(_uneven_record(rows, 3), far_factor=factor) if c == "gradient-far-off"]
     assert far == (["rank 2"] if factor == 8.0 else [])
+
+
+# ----------------------------------------------------------------------------------------------------
+# Where non-finite gradients started: the ranks the one spread finding is about, first the one at fault.
+
+
+def _spread(value_nan=None, value_inf=None, losses=None):
+    """Two tensors whose gradients are NaN on both ranks, with ``value_*`` on the first and the ranks'
+    ``loss_finite`` flags; the one ``nonfinite-gradient`` finding."""
+    from inspector.sharding.findings import ranks_of
+
+    rows = [_row(n, [None, None], [4, 4], nan=[4, 4]) for n in ("a", "b")]
+    if value_nan is not None:
+        rows[0]["value_nan"], rows[0]["value_inf"] = value_nan, value_inf
+    record = _record(rows)
+    if losses is not None:
+        record["ranks"] = [{"rank": r, "loss_finite": v} for r, v in enumerate(losses)]
+    [f] = [f for f in step_findings(record) if f.code == "nonfinite-gradient"]
+    return f, ranks_of(f)
+
+
+def test_the_spread_is_about_the_rank_whose_values_went_non_finite():
+    # rank 0's piece of a holds a NaN, rank 1's an Inf: both are where it started
+    f, ranks = _spread(value_nan=[1, 0], value_inf=[0, 1])
+    assert ranks == (0, 1) and "They start at ranks 0 and 1's piece of parameter a" in f.message
+    f, ranks = _spread(value_nan=[0, 0], value_inf=[0, 2])
+    assert ranks == (1,) and "They start at rank 1's piece of parameter a" in f.message
+
+
+def test_the_spread_is_about_the_rank_whose_loss_went_non_finite():
+    f, ranks = _spread(losses=[True, False])
+    assert ranks == (1,)
+    assert "They start at the loss of rank 1, which is not finite while the other ranks' is" in f.message
+
+
+def test_a_loss_non_finite_everywhere_names_no_rank_at_fault():
+    f, ranks = _spread(losses=[False, False])
+    assert ranks == (0, 1)  # every rank whose gradients hold NaN: none is singled out
+    assert "The loss is not finite on every rank: look at the model's forward pass and the batches" \
+        in f.message
+    f, ranks = _spread(losses=[True, True])
+    assert ranks == (0, 1)
+    assert "Every rank's values and loss are finite: the backward pass made them" in f.message
+    f, ranks = _spread()
+    assert ranks == (0, 1) and "pass loss= to check_step to name the rank" in f.message
+
+
+def test_a_plain_parameter_not_synchronised_says_what_to_do():
+    rows = [_row("head.weight", [3.0, 3.5], [6, 6], placements="", keys=[0, 0])]
+    [f] = step_findings(_record(rows))
+    assert f.message.endswith("its gradients are not averaged, so the replicas will drift apart. Shard it "
+                              "with fully_shard, wrap the model in DDP, or all-reduce its gradient.")
