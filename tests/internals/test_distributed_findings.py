@@ -477,3 +477,87 @@ def test_a_plain_parameter_not_synchronised_says_what_to_do():
     [f] = step_findings(_record(rows))
     assert f.message.endswith("its gradients are not averaged, so the replicas will drift apart. Shard it "
                               "with fully_shard, wrap the model in DDP, or all-reduce its gradient.")
+
+
+# ----------------------------------------------------------------------------------------------------
+# Replicas: which ranks must agree, and the buffers DDP copies from rank 0 at the next forward pass.
+
+
+def _buffer(keys, hashes, resync=None):
+    row = _row("bn.running_mean", [None] * len(keys), [4] * len(keys), placements="", kind="buffer",
+               keys=keys, hashes=hashes)
+    row["local_grad_norm"] = []  # a buffer has no gradient
+    if resync:
+        row["resync"] = resync
+    return row
+
+
+def test_a_buffer_ddp_copies_from_rank_0_is_resynchronised_not_a_drift():
+    rows = [_buffer([0] * 4, [[5, 1], [5, 1], [6, 1], [5, 1]], resync="buffers")]
+    [f] = step_findings(_record(rows, world=4))
+    assert (f.code, f.severity, f.where) == ("replica-resynchronised", "info", "bn.running_mean")
+    assert f.message == (
+        "buffer bn.running_mean differs between ranks 0, 1, 2 and 3 at step 7 (each rank updated it in its "
+        "own forward pass, as BatchNorm does with its running statistics). "
+        "DistributedDataParallel(broadcast_buffers=True) copies rank 0's buffers to every rank at the start "
+        "of the next forward pass, so the copies are re-synchronised: not a drift.")
+
+
+def test_a_replica_group_without_rank_0_is_not_resynchronised():
+    # ranks 1 and 2 hold one replica (rank 0 another key): DDP's copy from rank 0 does not reach them
+    rows = [_buffer([3, 0, 0], [[1, 1], [5, 1], [6, 1]], resync="buffers")]
+    [f] = step_findings(_record(rows, world=3))
+    assert (f.code, f.where) == ("replica-drift", "bn.running_mean")
+    assert f.message == (
+        "buffer bn.running_mean should be identical on ranks 1 and 2 but at step 7 rank 2 holds different "
+        "values from rank 1. Something updated it on one rank only (an unsynchronised buffer such as "
+        "BatchNorm running statistics, a parameter outside FSDP/DDP, a rank-dependent seed or in-place "
+        "edit); broadcast it from rank 0 or shard/wrap it.")
+
+
+def test_each_replica_group_is_compared_within_itself():
+    # ranks 0, 1 hold one replica and 2, 3 another (two pipeline stages): each pair agrees inside; the
+    # second group's pair disagrees in a second tensor
+    agree = _buffer([0, 0, 1, 1], [[5, 1], [5, 1], [6, 1], [6, 1]])
+    assert step_findings(_record([agree], world=4)) == []
+    split = _buffer([0, 0, 1, 1], [[5, 1], [5, 1], [6, 1], [7, 1]])
+    split["name"] = "other"
+    found = step_findings(_record([agree, split], world=4))
+    assert [(f.code, f.where) for f in found] == [("replica-drift", "other")]
+    # a tie of one against one: the first rank's value is taken as the majority
+    assert "should be identical on ranks 2 and 3 but at step 7 rank 3 holds different values from rank 2" \
+        in found[0].message
+    # three ranks of which two differ from the majority: "hold"
+    many = _buffer([0] * 5, [[5, 1], [6, 1], [5, 1], [7, 1], [5, 1]])
+    [f] = step_findings(_record([many], world=5))
+    assert "at step 7 ranks 1 and 3 hold different values from ranks 0, 2 and 4" in f.message
+
+
+def test_non_finite_values_on_one_of_two_ranks_say_the_other_is_finite():
+    rows = [_row("w", [1.0, 1.0], [4, 4])]
+    rows[0]["value_nan"], rows[0]["value_inf"] = [2, 0], [1, 0]
+    [f] = [f for f in step_findings(_record(rows)) if f.code == "nonfinite-parameter"]
+    assert f.message == (
+        "the values of parameter w (not its gradient) are not finite on rank 0 (rank 0: 2 NaN, 1 Inf in the "
+        "local piece); rank 1 is finite. Every forward pass now spreads it to the outputs and gradients of "
+        "every rank: look for what wrote it (an optimizer step on a non-finite gradient, an in-place edit, a "
+        "checkpoint load).")
+    rows[0]["value_nan"], rows[0]["value_inf"] = [2, 0], [0, 3]
+    [f] = [f for f in step_findings(_record(rows)) if f.code == "nonfinite-parameter"]
+    assert "not finite on ranks 0 and 1 (rank 0: 2 NaN, 0 Inf; rank 1: 0 NaN, 3 Inf in the local piece). " \
+        in f.message
+
+
+def test_three_tensors_are_named_without_more():
+    rows = [_row(n, [None, None], [4, 4], nan=[4, 4]) for n in ("a", "b", "c")]
+    [f] = step_findings(_record(rows))
+    assert "the gradients of 3 tensors are not finite on ranks 0 and 1 (a, b, c): non-finite" in f.message
+
+
+def test_a_sharded_buffer_is_no_imbalance_and_a_row_without_gradients_is_left_out():
+    # a buffer split 8/4 is not a parameter: no imbalance; its empty gradient list takes no part in the RMS
+    buffer = _row("stats", [1.0, 1.0], [8, 4], kind="buffer")
+    buffer["local_grad_norm"] = []
+    rows = [buffer, _row("w", [1.0, 20.0], [4, 4])]  # 20x: far off
+    found = step_findings(_record(rows))
+    assert [(f.code, f.where) for f in found] == [("gradient-far-off", "ranks 0 and 1")]
