@@ -11,6 +11,7 @@ test to run: a mutant that no covering test calls is a survivor too.
 
     python -m benchmarks.mutate                       # every module, one worker
     python -m benchmarks.mutate ties guard --fresh    # some of them, from scratch
+    python -m benchmarks.mutate ties --survivors      # the survivors again, after adding tests
 """
 
 from __future__ import annotations
@@ -100,20 +101,29 @@ print(json.dumps(out))
 """
 
 
-def run(name: str, workers: int, fresh: bool) -> dict:
-    """mutmut on module ``name``: ``{"seconds", "status" (name -> count), "survivors" (name -> diff)}``."""
+def _results(where: Path, env: dict[str, str]) -> dict[str, list[str]]:
+    """mutant name -> ``[status, diff]`` (no diff for a killed one) of the results kept in ``where``."""
+    if not (where / "mutants").is_dir():
+        return {}
+    report = subprocess.run([sys.executable, "-c", REPORT], cwd=where, env=env, capture_output=True,
+                            text=True, check=True)
+    return json.loads(report.stdout.strip().splitlines()[-1])
+
+
+def run(name: str, workers: int, fresh: bool, survivors: bool = False) -> dict:
+    """mutmut on module ``name``: ``{"seconds", "status" (name -> count), "survivors" (name -> diff)}``.
+    ``survivors``: run again only the mutants that survived last time (after tests were added)."""
     where = _prepare(name, fresh)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONDONTWRITEBYTECODE": "1"}
+    again = [k for k, (s, _) in _results(where, env).items() if s not in KILLED] if survivors else []
     start = time.monotonic()
-    done = subprocess.run([sys.executable, "-m", "mutmut", "run", "--max-children", str(workers)],
+    done = subprocess.run([sys.executable, "-m", "mutmut", "run", "--max-children", str(workers), *again],
                           cwd=where, env=env, capture_output=True, text=True)
     seconds = time.monotonic() - start
     if done.returncode != 0:
         tail = (done.stdout + done.stderr)[-3000:]
         raise SystemExit(f"mutmut failed on {name} (exit {done.returncode}):\n{tail}")
-    report = subprocess.run([sys.executable, "-c", REPORT], cwd=where, env=env, capture_output=True,
-                            text=True, check=True)
-    results = json.loads(report.stdout.strip().splitlines()[-1])
+    results = _results(where, env)
     status: dict[str, int] = {}
     for s, _ in results.values():
         status[s] = status.get(s, 0) + 1
@@ -133,12 +143,14 @@ def main(argv: list[str] | None = None) -> int:
                         help=f"some of: {', '.join(MODULES)} (default: all)")
     parser.add_argument("--workers", type=int, default=1, help="mutmut's --max-children (default 1)")
     parser.add_argument("--fresh", action="store_true", help="forget earlier results")
+    parser.add_argument("--survivors", action="store_true",
+                        help="run again only the mutants that survived the last run (after adding tests)")
     parser.add_argument("--quiet", action="store_true", help="scores only, no survivor diffs")
     args = parser.parse_args(argv)
     rows = []
     for name in args.modules or list(MODULES):
         print(f"== {name}: {', '.join(MODULES[name][0])}", flush=True)
-        result = run(name, args.workers, args.fresh)
+        result = run(name, args.workers, args.fresh, args.survivors)
         killed, counted = score(result["status"])
         rows.append((name, killed, counted, result["seconds"]))
         print(f"   {killed}/{counted} killed ({100 * killed / max(counted, 1):.1f}%) in "
