@@ -330,6 +330,8 @@ def test_each_refusal_says_what_the_path_is_and_what_to_give(tmp_path):
     assert confined(str(tmp_path), [tmp_path.parent], kind="any") == tmp_path.resolve()
     assert _refusal(lambda: confined(tmp_path / "gone.txt", [tmp_path])) == \
         "file " + str(tmp_path / "gone.txt") + " does not exist; give the path of an existing file"
+    assert _refusal(lambda: confined("gone", [tmp_path], kind="folder", what="runs folder")) == \
+        "runs folder gone does not exist; give the path of an existing folder"
 
 
 def test_a_special_file_of_no_known_kind_is_named_so():
