@@ -54,3 +54,9 @@ clean:
 # The bug zoo: planted bugs and healthy loops under the watch, with the baselines (a few minutes, one thread).
 zoo: $(VENV)/.test-installed
 	$(VENV)/bin/python -m benchmarks.bugzoo --baselines $(ZOO_ARGS)
+
+.PHONY: mutate
+# Mutation testing (mutmut, one worker): each trusted module against the tests that cover it; prints each
+# module's score and its surviving mutants (benchmarks/mutate.py; MUTATE_ARGS="ties guard --fresh").
+mutate: $(VENV)/.test-installed
+	$(VENV)/bin/python -m benchmarks.mutate $(MUTATE_ARGS)

@@ -273,7 +273,11 @@ def _terminal_stderr(config) -> int:
     """A file descriptor of the stderr pytest started with, outside its output capture."""
     capman = config.pluginmanager.getplugin("capturemanager")
     with capman.global_and_fixture_disabled() if capman else contextlib.nullcontext():
-        return os.dup(sys.stderr.fileno())
+        try:
+            return os.dup(sys.stderr.fileno())
+        except (AttributeError, OSError, ValueError):
+            # a stderr with no descriptor (a runner that collects the output, as mutmut does): the process's
+            return os.dup(2)
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -221,10 +221,25 @@ def test_bad_model_gets_clear_error():
 
 
 def test_results_are_json_friendly():
-    a = alias_analysis(SliceBuffers())
-    json.dumps(a.to_dict())
-    json.dumps(snapshot_ties(same_object_model()).to_dict())
-    json.dumps(conversion_check(same_object_model(), "to-float64-overwrite").to_dict())
+    # each result read back from JSON says what the object said: full (4, 4) float32 = 64 bytes,
+    # rows a view of it; lin's 2x2 weight and 2 biases are the 6 unique elements
+    a = json.loads(json.dumps(alias_analysis(SliceBuffers()).to_dict()))
+    [g] = a["groups"]
+    assert (g["names"], g["kind"], g["numel"], g["nbytes"], g["objects"], g["shape"], g["dtype"]) == \
+        (["full", "rows"], "overlapping-view", 16, 64, 2, [4, 4], "float32")
+    assert (a["names"], a["unique_numel"], a["findings"]) == (4, 6, [])
+    s = json.loads(json.dumps(snapshot_ties(same_object_model()).to_dict()))
+    assert (s["unique_numel"], s["identity_only"], s["groups"][0]["names"]) == \
+        (18, False, ["0.weight", "1.weight"])
+    assert s["layouts"][0] == [{"name": n, "tensor_kind": "parameter", "obj": 0, "shape": [3, 4],
+                                "stride": [4, 1], "storage_offset": 0, "dtype": "float32"}
+                               for n in ("0.weight", "1.weight")]
+    c = json.loads(json.dumps(conversion_check(same_object_model(), "to-float64-overwrite").to_dict()))
+    assert (c["unique_before"], c["unique_after"]) == (18, 30)
+    assert c["outcomes"] == [{"names": ["0.weight", "1.weight"], "kind": "same-object", "outcome": "broken",
+                              "same_object": False, "same_storage": False, "objects": 2, "storages": 2,
+                              "missing": []}]
+    assert [(f["code"], f["where"]) for f in c["findings"]] == [("tie-broken", "0.weight")]
 
 
 # --------------------------------------------------------------------------------------------
@@ -241,11 +256,23 @@ def test_compare_ties_broken_and_weakened(tiny_gpt2, overwrite_flag):
     assert "from 4,080 to 4,592" in f[0].message
 
 
+def test_ties_kept_by_move_model_are_silent(tiny_gpt2, overwrite_flag):
+    # the conversion that breaks the tie above, done by move_model: nothing to report, nothing to re-tie
+    snap = snapshot_ties(tiny_gpt2)
+    move_model(tiny_gpt2, dtype=torch.float64)
+    assert tiny_gpt2.lm_head.weight is tiny_gpt2.transformer.wte.weight
+    assert compare_ties(snap, tiny_gpt2) == [] and retie(tiny_gpt2, snap) == []
+
+
 def test_compare_ties_weakened(tiny_gpt2, overwrite_flag):
     snap = snapshot_ties(tiny_gpt2)
     m = tiny_gpt2.to(torch.float32)  # same dtype: new objects over the same storage
     f = compare_ties(snap, m)
-    assert [(x.code, x.severity) for x in f] == [("tie-weakened", "warning")]
+    assert [(x.code, x.severity, x.where) for x in f] == \
+        [("tie-weakened", "warning", "transformer.wte.weight")]
+    assert "were one object and are now 2 objects over one memory" in f[0].message
+    assert f[0].message.endswith("parameters() and an optimizer count the weight twice, and the next "
+                                 "conversion can split the memory. Re-tie them (retie).")
     assert "lm_head.weight" in f[0].message and "from 4,080 to 4,592" in f[0].message
 
 
@@ -278,6 +305,230 @@ def test_retie_restores_overlapping_view():
     assert compare_ties(snap, m) == []
 
 
+def test_a_view_moved_within_its_storage_is_broken_and_retied():
+    # rows was full[1:3] (storage offset 4); full[0:2] has the same storage, shape and stride
+    # but starts at offset 0: the tie now points at other rows, so it is broken, not kept
+    m = SliceBuffers()
+    snap = snapshot_ties(m)
+    m.rows = m.full[0:2]
+    assert m.rows.untyped_storage().data_ptr() == m.full.untyped_storage().data_ptr()
+    [f] = compare_ties(snap, m)
+    assert (f.code, f.severity, f.where) == ("tie-broken", "error", "full")
+    assert "full, rows (overlapping-view) no longer share memory: 2 objects over different places in one " \
+        "storage" in f.message
+    assert [x.code for x in retie(m, snap)] == ["tie-restored"]
+    assert m.rows.storage_offset() == 4 and torch.equal(m.rows, m.full[1:3])
+    assert compare_ties(snap, m) == []
+
+
+def test_a_tie_split_into_two_places_of_one_storage_is_broken():
+    # 0.weight and 1.weight were one Parameter; now two Parameters over one 24-element storage,
+    # at offsets 0 and 12: one memory, two places, so the weights train apart
+    m = same_object_model()
+    snap = snapshot_ties(m)
+    store = torch.randn(24)
+    m[0].weight = nn.Parameter(store[:12].view(3, 4))
+    m[1].weight = nn.Parameter(store[12:].view(3, 4))
+    [f] = compare_ties(snap, m)
+    assert (f.code, f.where) == ("tie-broken", "0.weight")
+    assert "2 objects over different places in one storage" in f.message
+    assert "from 18 to 30" in f.message  # 12 + 3 + 3 unique, then 12 + 3 + 12 + 3
+
+
+class RowsFirst(nn.Module):
+    """``rows`` (full[1:3], storage offset 4) registered before ``full`` (offset 0): the group's first
+    name sits 4 elements into the storage, so every other name is placed relative to it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        base = torch.arange(16.0).reshape(4, 4)
+        self.register_buffer("rows", base[1:3])
+        self.register_buffer("full", base)
+
+
+def test_retie_places_views_relative_to_the_first_name():
+    m = RowsFirst()
+    snap = snapshot_ties(m)
+    assert snap.groups[0].names == ("rows", "full")
+    assert compare_ties(snap, m) == []  # full sits 4 before rows, as it did
+    m.full = m.full.clone()  # full gets its own memory; rows keeps the old one at offset 4
+    [f] = retie(m, snap)
+    assert (f.code, f.where) == ("tie-restored", "rows")
+    assert f.message == "re-tied rows, full (overlapping-view, was broken) to the memory of rows"
+    # full starts 4 elements before rows: at offset 0 of rows' storage, rows being its rows 1 and 2
+    assert m.full.storage_offset() == 0 and m.full.untyped_storage().data_ptr() == \
+        m.rows.untyped_storage().data_ptr()
+    assert (m.full.stride(), m.full.dtype) == ((4, 1), torch.float32) and torch.equal(m.full[1:3], m.rows)
+
+
+def test_retie_refuses_a_view_that_would_reach_outside_the_storage():
+    m = RowsFirst()
+    snap = snapshot_ties(m)
+    m.rows = m.rows.clone()  # rows now owns 8 elements: full would have to start 4 before them
+    before = m.full
+    with pytest.raises(InspectorError) as err:
+        retie(m, snap)
+    assert str(err.value) == ("cannot re-tie full as a view of rows: it would reach outside that tensor's "
+                              "storage; nothing was changed")
+    assert m.full is before
+
+
+def test_retie_refuses_a_view_past_the_end_of_the_storage():
+    # rows moved to offset 4 of a 12-element storage: full, 16 elements from 4 before rows, would end at 16
+    m = RowsFirst()
+    snap = snapshot_ties(m)
+    m.rows = torch.arange(12.0)[4:].view(2, 4)
+    with pytest.raises(InspectorError, match="cannot re-tie full as a view of rows: it would reach outside"):
+        retie(m, snap)
+
+
+class Columns(nn.Module):
+    """``cols`` is full[:, 1:3]: shape (4, 2) with full's strides (4, 1), not contiguous."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("full", torch.arange(16.0).reshape(4, 4))
+        self.register_buffer("cols", self.full[:, 1:3])
+
+
+def test_retie_restores_a_non_contiguous_view_with_its_strides():
+    m = Columns()
+    snap = snapshot_ties(m)
+    m.cols = m.cols.clone()  # contiguous: strides (2, 1)
+    assert [x.code for x in retie(m, snap)] == ["tie-restored"]
+    assert (m.cols.stride(), m.cols.storage_offset()) == ((4, 1), 1) and torch.equal(m.cols, m.full[:, 1:3])
+
+
+class SharedThrice(nn.Module):
+    """``a`` and ``b`` two Parameters over one (3, 4) tensor's memory; ``c`` is ``b`` itself."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        t = torch.randn(3, 4)
+        self.a, self.b = nn.Parameter(t), nn.Parameter(t)
+        self.register_parameter("c", self.b)
+
+
+def test_retie_gives_names_of_one_object_one_view():
+    m = SharedThrice()
+    snap = snapshot_ties(m)
+    assert snap.groups[0].names == ("a", "b", "c")
+    copy = nn.Parameter(m.b.detach().clone())  # b and c: still one object, now with memory of its own
+    m.b = copy
+    m.c = copy
+    assert [x.code for x in retie(m, snap)] == ["tie-restored"]
+    assert m.b is copy and m.c is copy and m.b.data_ptr() == m.a.data_ptr()
+
+
+def test_retie_of_a_same_object_tie_on_the_meta_device_needs_no_memory():
+    with torch.device("meta"):
+        m = same_object_model()
+        snap = snapshot_ties(m)
+        m[1].weight = nn.Parameter(torch.empty(3, 4))
+    assert [x.code for x in retie(m, snap)] == ["tie-restored"] and m[1].weight is m[0].weight
+
+
+def test_retie_keeps_each_parameter_object_and_its_dtype():
+    # 0.weight and 1.weight: two float64 Parameters over one tensor's memory; 1.weight gets a copy, then
+    # retie gives the same Parameter object a view of 0.weight's memory again
+    m = two_linears().double()
+    t = torch.randn(3, 4, dtype=torch.float64)
+    m[0].weight, m[1].weight = nn.Parameter(t), nn.Parameter(t)
+    snap = snapshot_ties(m)
+    m[1].weight = nn.Parameter(t.clone())
+    kept = m[1].weight
+    assert [x.code for x in retie(m, snap)] == ["tie-restored"]
+    assert m[1].weight is kept and m[1].weight.dtype == torch.float64
+    assert m[1].weight.data_ptr() == m[0].weight.data_ptr() and compare_ties(snap, m) == []
+
+
+def test_bad_input_to_the_tie_functions_is_named():
+    m = same_object_model()
+    snap = snapshot_ties(m)
+    with pytest.raises(InspectorError) as err:
+        compare_ties(snap.to_dict(), m)
+    assert str(err.value) == "compare_ties needs a TieSnapshot from snapshot_ties(model), got dict"
+    with pytest.raises(InspectorError) as err:
+        retie(m, "snapshot")
+    assert str(err.value) == "retie needs a TieSnapshot from snapshot_ties(model), got str"
+    calls = {"snapshot_ties": lambda: snapshot_ties(None), "compare_ties": lambda: compare_ties(snap, None),
+             "retie": lambda: retie(None, snap)}
+    for name, call in calls.items():
+        with pytest.raises(InspectorError, match=rf"^{name} needs a torch nn.Module \(a model\), got None"):
+            call()
+
+
+def test_retie_refuses_a_snapshot_of_another_model():
+    # the snapshot names 0.weight, 0.bias, 1.weight, 1.bias; a model with only a.weight and a.bias
+    # lacks all four: more than half, refused, naming the first two missing in sorted order
+    snap = snapshot_ties(same_object_model())
+    other = nn.Sequential()
+    other.add_module("a", nn.Linear(4, 3))
+    with pytest.raises(InspectorError) as err:
+        retie(other, snap)
+    assert str(err.value) == (
+        "retie: the snapshot was taken of another model: 4 of the 4 tensors it names are not in this model "
+        "(first: 0.bias, 0.weight); nothing was changed. Take the snapshot of this model with "
+        "snapshot_ties(model) before converting it")
+
+
+def test_retie_of_a_model_missing_half_its_names_is_not_another_model():
+    # exactly half the names gone (0.bias and 1.bias deleted): the same model, whose tie is intact
+    m = same_object_model()
+    snap = snapshot_ties(m)
+    del m[0].bias, m[1].bias
+    assert retie(m, snap) == []
+
+
+def test_retie_names_what_is_missing():
+    m = same_object_model()
+    snap = snapshot_ties(m)
+    del m[1].weight
+    with pytest.raises(InspectorError) as err:
+        retie(m, snap)
+    assert str(err.value) == ("cannot re-tie 0.weight, 1.weight: 1.weight no longer exist in the model; "
+                              "nothing was changed")
+    [f] = compare_ties(snap, m)
+    assert (f.code, f.where) == ("tie-broken", "0.weight")
+
+
+def test_a_tie_copied_into_two_storages_says_so():
+    m = same_object_model()
+    snap = snapshot_ties(m)
+    m[1].weight = nn.Parameter(m[0].weight.detach().clone())
+    [f] = compare_ties(snap, m)
+    assert f.message == ("0.weight, 1.weight (same-object) no longer share memory: 2 objects over 2 "
+                         "separate storages; the unique parameter count went from 18 to 30. Training updates "
+                         "each copy on its own. Re-tie them (retie) or convert with move_model, which keeps "
+                         "ties.")
+
+
+def test_a_tie_untied_on_the_meta_device_is_broken_over_separate_memory():
+    with torch.device("meta"):
+        m = same_object_model()
+    snap = snapshot_ties(m)
+    with torch.device("meta"):
+        m[1].weight = nn.Parameter(torch.empty(3, 4))
+    [f] = compare_ties(snap, m)
+    assert (f.code, f.where) == ("tie-broken", "0.weight")
+    assert "2 objects over separate memory" in f.message
+
+
+def test_retie_of_a_view_on_the_meta_device_is_refused():
+    m = SliceBuffers()
+    snap = snapshot_ties(m)  # on the CPU: rows is a view of full
+    m.to("meta")
+    with pytest.raises(InspectorError) as err:
+        retie(m, snap)
+    assert str(err.value) == ("cannot re-tie full, rows (overlapping-view) on the meta device: there is no "
+                              "memory to share; materialise the model first")
+
+
+def test_a_snapshot_without_buffers_has_no_buffer_groups():
+    assert snapshot_ties(SliceBuffers(), include_buffers=False).groups == ()
+    assert [g.names for g in snapshot_ties(SliceBuffers()).groups] == [("full", "rows")]
+
+
 def test_retie_refuses_when_shapes_or_dtypes_differ():
     m = same_object_model()
     snap = snapshot_ties(m)
@@ -287,8 +538,10 @@ def test_retie_refuses_when_shapes_or_dtypes_differ():
         retie(m, snap)
     assert m[1].weight is before  # nothing changed
     m[1].weight = nn.Parameter(torch.zeros(3, 4, dtype=torch.float64))
-    with pytest.raises(InspectorError, match="dtypes differ"):
+    with pytest.raises(InspectorError) as err:
         retie(m, snap)
+    assert str(err.value) == ("cannot re-tie 1.weight (float64) to 0.weight (float32): dtypes differ; "
+                              "convert both to one dtype first; nothing was changed")
 
 
 # --------------------------------------------------------------------------------------------

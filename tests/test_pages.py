@@ -36,8 +36,9 @@ def test_page_renders_on_default_model(page: Path):
         assert "mi_selection" not in at.session_state  # no picker: the default model is not loaded
     else:
         assert at.session_state["mi_selection"].key == "sample:tiny-gpt2|None|cpu|None"
-        # The sidebar picker is there on every page (pages run on their own).
-        assert at.button(key="mi_load") is not None
+        # The sidebar picker is there on every page (pages run on their own), and says the model is loaded.
+        load = at.button(key="mi_load")
+        assert (load.label, load.disabled) == ("Loaded", True)
     if page.name in CHART_PAGES:
         assert len(at.get("plotly_chart")) >= 1, f"{page.name} drew no plotly chart"
     # A warm rerun works too (cached analyses, same widgets).

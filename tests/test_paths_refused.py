@@ -288,3 +288,53 @@ def test_a_fifo_piece_of_a_distributed_checkpoint_is_refused(tmp_path):
     os.mkfifo(piece)
     with pytest.raises(InspectorError, match=re.escape(f"dcp piece {piece.resolve()} is a FIFO")):
         read_checkpoint(folder)
+
+
+# --------------------------------------------------------------------------------------------
+# Each refusal's whole message: what the path is, and what to give instead
+
+
+def _refusal(call) -> str:
+    with pytest.raises(InspectorError) as err:
+        call()
+    return str(err.value)
+
+
+def test_each_refusal_says_what_the_path_is_and_what_to_give(tmp_path):
+    (tmp_path / "a.txt").write_text("x")
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    assert _refusal(lambda: regular_file(tmp_path / "gone")) == \
+        f"file {tmp_path / 'gone'} does not exist; give the path of an existing file"
+    assert _refusal(lambda: regular_file(tmp_path, "checkpoint")) == \
+        f"checkpoint {tmp_path} is a folder; give the path of a file"
+    assert _refusal(lambda: regular_file(fifo)) == (
+        f"file {fifo} is a FIFO (named pipe), not a regular file; reading it could block or never end: "
+        "give a regular file")
+    assert _refusal(lambda: confined("  ")) == "the file path is empty; give a path"
+    assert _refusal(lambda: confined("", [tmp_path])) == f"'' is not under the allowed folders ({tmp_path})"
+    assert _refusal(lambda: confined("a\x00b", [tmp_path])) == \
+        f"'a\\x00b' is not under the allowed folders ({tmp_path})"
+    assert _refusal(lambda: confined("/etc/passwd", [tmp_path, tmp_path / "x"])) == \
+        f"/etc/passwd is not under the allowed folders ({tmp_path}, {tmp_path / 'x'})"
+    assert _refusal(lambda: confined("/etc/passwd", [])) == \
+        "/etc/passwd is not under the allowed folders (none is configured)"
+    assert _refusal(lambda: confined("/etc/passwd", [tmp_path], refusal=lambda t: f"no: {t}")) == \
+        "no: /etc/passwd"
+    assert _refusal(lambda: confined(str(tmp_path), [tmp_path.parent])) == \
+        f"file {tmp_path} is a folder; give the path of a file"
+    assert _refusal(lambda: confined(str(fifo), what="run file")).startswith(f"run file {fifo} is a FIFO")
+    assert _refusal(lambda: confined("a.txt", [tmp_path], kind="folder", what="runs folder")) == \
+        "runs folder a.txt is not a folder; give a folder"
+    assert confined("a.txt", [tmp_path], kind="any") == (tmp_path / "a.txt").resolve()
+    assert confined(str(tmp_path), [tmp_path.parent], kind="any") == tmp_path.resolve()
+    assert _refusal(lambda: confined(tmp_path / "gone.txt", [tmp_path])) == \
+        "file " + str(tmp_path / "gone.txt") + " does not exist; give the path of an existing file"
+    assert _refusal(lambda: confined("gone", [tmp_path], kind="folder", what="runs folder")) == \
+        "runs folder gone does not exist; give the path of an existing folder"
+
+
+def test_a_special_file_of_no_known_kind_is_named_so():
+    # /dev/null is a character device; a path that is not there, or a regular file, is no special file
+    assert file_kind("/dev/null") == "a character device"
+    assert file_kind("/no/such/path") is None and file_kind(__file__) is None

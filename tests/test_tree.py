@@ -118,8 +118,11 @@ def test_formatters():
 def test_home_page_tree_lens_search_and_badges():
     at = AppTest.from_file(APP, default_timeout=120).run()
     assert not at.exception and not at.error
-    tree = next(c for c in at.get("plotly_chart") if "home_tree" in c.proto.id)
-    assert tree is not None
+    chart = next(c for c in at.get("plotly_chart") if "home_tree" in c.proto.id)
+    tree = json.loads(chart.proto.spec)["data"][0]
+    # tiny-gpt2: 4,080 float32 parameter elements (16,320 bytes) and a 16 x 16 bool causal mask (256)
+    assert (tree["type"], tree["ids"][0], tree["values"][0]) == ("treemap", "/", 16576)
+    assert {"/transformer", "/transformer.h.0.attn.c_attn", "/lm_head"} <= set(tree["ids"])
     at.text_input(key="home_tree_search").input("lm_head").run()
     assert at.selectbox(key="home_tree_module").options == ["lm_head"]
     assert at.selectbox(key="home_tree_module").value == "lm_head"

@@ -327,3 +327,237 @@ def test_a_step_check_pickles_with_its_record():
     back = pickle.loads(pickle.dumps(check))
     assert back.record == check.record and back.step == 4 and back.findings == check.findings
     assert back.record["tensors"][0]["name"] == "weight"
+
+
+# ----------------------------------------------------------------------------------------------------
+# Every per-rank statistic of a distributed step on uneven shards: each rank's own element count.
+# FSDP splits dimension 0 with ``torch.chunk``: a (5, 4) weight on 3 ranks is 2 + 2 + 1 rows (8, 8 and 4
+# elements), a (3, 4) weight on 2 ranks is 2 + 1 rows (8 and 4). A rank's gradient RMS per element divides
+# its own squared norm by its own count; with rank 0's count for every rank, a far-off rank is hidden
+# and a healthy one is named.
+
+
+def _uneven_row(name, per_element, local_numel, placements="Shard(0)", nan=None, inf=None):
+    """A sharded parameter whose every local gradient element is ``per_element[rank]``."""
+    world = len(local_numel)
+    norms = [g * math.sqrt(n) for g, n in zip(per_element, local_numel, strict=True)]
+    return {"name": name, "kind": "parameter", "placements": placements, "local_grad_norm": norms,
+            "local_numel": local_numel, "nan": nan or [0] * world, "inf": inf or [0] * world,
+            "replica_key": [-1] * world, "hash": [[0, 0]] * world}
+
+
+def _uneven_record(rows, world):
+    return {"step": 3, "world_size": world, "tensors": rows}
+
+
+def _codes(record, **kw):
+    return [(f.code, f.where) for f in step_findings(record, **kw)]
+
+
+def test_the_same_gradient_per_element_on_uneven_shards_is_not_far_off():
+    # weight (5, 4): 8/8/4 elements, bias (5,): 2/2/1; every element's gradient 0.5 on every rank:
+    # each rank's RMS is 0.5 whatever it holds. The shards themselves are uneven: 10/10/5, mean 8.33,
+    # rank 0 +20.0%
+    rows = [_uneven_row("w", [0.5] * 3, [8, 8, 4]), _uneven_row("b", [0.5] * 3, [2, 2, 1])]
+    found = step_findings(_uneven_record(rows, 3))
+    assert [(f.code, f.where) for f in found] == [("shard-imbalance", "rank 0")]
+    assert "rank 0 holds 10 sharded parameter elements, 20.0% above the mean of 8 (per rank: 10, 10, 5)" \
+        in found[0].message
+    assert "w (8/8/4), b (2/2/1)" in found[0].message
+
+
+def test_a_rank_far_above_on_a_smaller_shard_is_named_with_its_own_count():
+    # per element 1, 1 and 12 on 8/8/4 elements: RMS 1, 1, 12 -> 12x the median. Counting 8 elements
+    # on rank 2 would give sqrt(144 * 4 / 8) = 8.49: under the factor 10, not named
+    rows = [_uneven_row("w", [1.0, 1.0, 12.0], [8, 8, 4])]
+    found = [f for f in step_findings(_uneven_record(rows, 3)) if f.code == "gradient-far-off"]
+    assert [f.where for f in found] == ["rank 2"]
+    assert "rank 2's gradients are 12x larger per element than the median of the 3 ranks (RMS 12 against 1)" \
+        in found[0].message
+
+
+def test_a_healthy_rank_on_a_smaller_shard_is_not_named():
+    # per element 1, 1 and 0.12 on 8/8/4 elements: 8.33x below the median, inside the factor 10.
+    # Counting 8 elements on rank 2 would give sqrt(0.0144 * 4 / 8) = 0.0849: 11.8x, a false finding
+    rows = [_uneven_row("w", [1.0, 1.0, 0.12], [8, 8, 4])]
+    assert _codes(_uneven_record(rows, 3)) == [("shard-imbalance", "rank 0")]
+
+
+def test_two_ranks_on_uneven_shards_compare_per_element():
+    # (3, 4) weight on 2 ranks: 8 and 4 elements; per element 1 and 12 -> 12x, named.
+    # With 8 elements on rank 1 it would be 8.49x and silent
+    rows = [_uneven_row("w", [1.0, 12.0], [8, 4])]
+    found = [f for f in step_findings(_uneven_record(rows, 2)) if f.code == "gradient-far-off"]
+    assert [f.where for f in found] == ["ranks 0 and 1"]
+    assert "rank 1's gradients are 12x larger per element than rank 0's (RMS 12 against 1)" \
+        in found[0].message
+    healthy = _uneven_record([_uneven_row("w", [1.0, 9.0], [8, 4])], 2)  # 9x: under the factor
+    assert _codes(healthy) == [("shard-imbalance", "rank 0")]
+
+
+def test_a_rank_whose_larger_shard_holds_the_same_norm_is_far_below():
+    # the imbalance the other way: rank 0 holds 12 elements of a (9, 4) weight's 4 ranks (3/3/3/0 rows),
+    # rank 3 none (no RMS); the same squared norm over 12 elements on ranks 0-2 and a 100x smaller one
+    # per element on rank 1
+    rows = [_uneven_row("w", [1.0, 0.01, 1.0, 0.0], [12, 12, 12, 0])]
+    found = step_findings(_uneven_record(rows, 4), far_factor=10.0)
+    far = [f for f in found if f.code == "gradient-far-off"]
+    assert [f.where for f in far] == ["rank 1"]
+    assert "100x smaller per element than the median of the 3 ranks (RMS 0.01 against 1)" in far[0].message
+    imbalance = [f for f in found if f.code == "shard-imbalance"]
+    assert "rank 0 holds 12 sharded parameter elements, 33.3% above the mean of 9 (per rank: 12, 12, 12, 0)" \
+        in imbalance[0].message
+
+
+def test_non_finite_pieces_of_uneven_shards_are_counted_per_rank():
+    # rank 2's single row of w holds 4 Inf in its values; the other ranks' 8 elements are finite
+    rows = [_uneven_row("w", [1.0, 1.0, 1.0], [8, 8, 4])]
+    rows[0]["value_nan"], rows[0]["value_inf"] = [0, 0, 0], [0, 0, 4]
+    found = step_findings(_uneven_record(rows, 3))
+    assert [(f.code, f.where) for f in found][:1] == [("nonfinite-parameter", "w")]
+    assert "not finite on rank 2 (rank 2: 0 NaN, 4 Inf in the local piece); ranks 0 and 1 are finite" \
+        in found[0].message
+
+
+@pytest.mark.parametrize("factor", [8.0, 12.5])
+def test_the_factor_is_compared_with_the_per_element_ratio(factor):
+    # RMS 1, 1, 10 on 8/8/4 elements: 10x; named at factor 8, not at 12.5
+    rows = [_uneven_row("w", [1.0, 1.0, 10.0], [8, 8, 4])]
+    far = [w for c, w in _codes(_uneven_record(rows, 3), far_factor=factor) if c == "gradient-far-off"]
+    assert far == (["rank 2"] if factor == 8.0 else [])
+
+
+# ----------------------------------------------------------------------------------------------------
+# Where non-finite gradients started: the ranks the one spread finding is about, first the one at fault.
+
+
+def _spread(value_nan=None, value_inf=None, losses=None):
+    """Two tensors whose gradients are NaN on both ranks, with ``value_*`` on the first and the ranks'
+    ``loss_finite`` flags; the one ``nonfinite-gradient`` finding."""
+    from inspector.sharding.findings import ranks_of
+
+    rows = [_row(n, [None, None], [4, 4], nan=[4, 4]) for n in ("a", "b")]
+    if value_nan is not None:
+        rows[0]["value_nan"], rows[0]["value_inf"] = value_nan, value_inf
+    record = _record(rows)
+    if losses is not None:
+        record["ranks"] = [{"rank": r, "loss_finite": v} for r, v in enumerate(losses)]
+    [f] = [f for f in step_findings(record) if f.code == "nonfinite-gradient"]
+    return f, ranks_of(f)
+
+
+def test_the_spread_is_about_the_rank_whose_values_went_non_finite():
+    # rank 0's piece of a holds a NaN, rank 1's an Inf: both are where it started
+    f, ranks = _spread(value_nan=[1, 0], value_inf=[0, 1])
+    assert ranks == (0, 1) and "They start at ranks 0 and 1's piece of parameter a" in f.message
+    f, ranks = _spread(value_nan=[0, 0], value_inf=[0, 2])
+    assert ranks == (1,) and "They start at rank 1's piece of parameter a" in f.message
+
+
+def test_the_spread_is_about_the_rank_whose_loss_went_non_finite():
+    f, ranks = _spread(losses=[True, False])
+    assert ranks == (1,)
+    assert "They start at the loss of rank 1, which is not finite while the other ranks' is" in f.message
+
+
+def test_a_loss_non_finite_everywhere_names_no_rank_at_fault():
+    f, ranks = _spread(losses=[False, False])
+    assert ranks == (0, 1)  # every rank whose gradients hold NaN: none is singled out
+    assert "The loss is not finite on every rank: look at the model's forward pass and the batches" \
+        in f.message
+    f, ranks = _spread(losses=[True, True])
+    assert ranks == (0, 1)
+    assert "Every rank's values and loss are finite: the backward pass made them" in f.message
+    f, ranks = _spread()
+    assert ranks == (0, 1) and "pass loss= to check_step to name the rank" in f.message
+
+
+def test_a_plain_parameter_not_synchronised_says_what_to_do():
+    rows = [_row("head.weight", [3.0, 3.5], [6, 6], placements="", keys=[0, 0])]
+    [f] = step_findings(_record(rows))
+    assert f.message.endswith("its gradients are not averaged, so the replicas will drift apart. Shard it "
+                              "with fully_shard, wrap the model in DDP, or all-reduce its gradient.")
+
+
+# ----------------------------------------------------------------------------------------------------
+# Replicas: which ranks must agree, and the buffers DDP copies from rank 0 at the next forward pass.
+
+
+def _buffer(keys, hashes, resync=None):
+    row = _row("bn.running_mean", [None] * len(keys), [4] * len(keys), placements="", kind="buffer",
+               keys=keys, hashes=hashes)
+    row["local_grad_norm"] = []  # a buffer has no gradient
+    if resync:
+        row["resync"] = resync
+    return row
+
+
+def test_a_buffer_ddp_copies_from_rank_0_is_resynchronised_not_a_drift():
+    rows = [_buffer([0] * 4, [[5, 1], [5, 1], [6, 1], [5, 1]], resync="buffers")]
+    [f] = step_findings(_record(rows, world=4))
+    assert (f.code, f.severity, f.where) == ("replica-resynchronised", "info", "bn.running_mean")
+    assert f.message == (
+        "buffer bn.running_mean differs between ranks 0, 1, 2 and 3 at step 7 (each rank updated it in its "
+        "own forward pass, as BatchNorm does with its running statistics). "
+        "DistributedDataParallel(broadcast_buffers=True) copies rank 0's buffers to every rank at the start "
+        "of the next forward pass, so the copies are re-synchronised: not a drift.")
+
+
+def test_a_replica_group_without_rank_0_is_not_resynchronised():
+    # ranks 1 and 2 hold one replica (rank 0 another key): DDP's copy from rank 0 does not reach them
+    rows = [_buffer([3, 0, 0], [[1, 1], [5, 1], [6, 1]], resync="buffers")]
+    [f] = step_findings(_record(rows, world=3))
+    assert (f.code, f.where) == ("replica-drift", "bn.running_mean")
+    assert f.message == (
+        "buffer bn.running_mean should be identical on ranks 1 and 2 but at step 7 rank 2 holds different "
+        "values from rank 1. Something updated it on one rank only (an unsynchronised buffer such as "
+        "BatchNorm running statistics, a parameter outside FSDP/DDP, a rank-dependent seed or in-place "
+        "edit); broadcast it from rank 0 or shard/wrap it.")
+
+
+def test_each_replica_group_is_compared_within_itself():
+    # ranks 0, 1 hold one replica and 2, 3 another (two pipeline stages): each pair agrees inside; the
+    # second group's pair disagrees in a second tensor
+    agree = _buffer([0, 0, 1, 1], [[5, 1], [5, 1], [6, 1], [6, 1]])
+    assert step_findings(_record([agree], world=4)) == []
+    split = _buffer([0, 0, 1, 1], [[5, 1], [5, 1], [6, 1], [7, 1]])
+    split["name"] = "other"
+    found = step_findings(_record([agree, split], world=4))
+    assert [(f.code, f.where) for f in found] == [("replica-drift", "other")]
+    # a tie of one against one: the first rank's value is taken as the majority
+    assert "should be identical on ranks 2 and 3 but at step 7 rank 3 holds different values from rank 2" \
+        in found[0].message
+    # three ranks of which two differ from the majority: "hold"
+    many = _buffer([0] * 5, [[5, 1], [6, 1], [5, 1], [7, 1], [5, 1]])
+    [f] = step_findings(_record([many], world=5))
+    assert "at step 7 ranks 1 and 3 hold different values from ranks 0, 2 and 4" in f.message
+
+
+def test_non_finite_values_on_one_of_two_ranks_say_the_other_is_finite():
+    rows = [_row("w", [1.0, 1.0], [4, 4])]
+    rows[0]["value_nan"], rows[0]["value_inf"] = [2, 0], [1, 0]
+    [f] = [f for f in step_findings(_record(rows)) if f.code == "nonfinite-parameter"]
+    assert f.message == (
+        "the values of parameter w (not its gradient) are not finite on rank 0 (rank 0: 2 NaN, 1 Inf in the "
+        "local piece); rank 1 is finite. Every forward pass now spreads it to the outputs and gradients of "
+        "every rank: look for what wrote it (an optimizer step on a non-finite gradient, an in-place edit, a "
+        "checkpoint load).")
+    rows[0]["value_nan"], rows[0]["value_inf"] = [2, 0], [0, 3]
+    [f] = [f for f in step_findings(_record(rows)) if f.code == "nonfinite-parameter"]
+    assert "not finite on ranks 0 and 1 (rank 0: 2 NaN, 0 Inf; rank 1: 0 NaN, 3 Inf in the local piece). " \
+        in f.message
+
+
+def test_three_tensors_are_named_without_more():
+    rows = [_row(n, [None, None], [4, 4], nan=[4, 4]) for n in ("a", "b", "c")]
+    [f] = step_findings(_record(rows))
+    assert "the gradients of 3 tensors are not finite on ranks 0 and 1 (a, b, c): non-finite" in f.message
+
+
+def test_a_sharded_buffer_is_no_imbalance_and_a_row_without_gradients_is_left_out():
+    # a buffer split 8/4 is not a parameter: no imbalance; its empty gradient list takes no part in the RMS
+    buffer = _row("stats", [1.0, 1.0], [8, 4], kind="buffer")
+    buffer["local_grad_norm"] = []
+    rows = [buffer, _row("w", [1.0, 20.0], [4, 4])]  # 20x: far off
+    found = step_findings(_record(rows))
+    assert [(f.code, f.where) for f in found] == [("gradient-far-off", "ranks 0 and 1")]

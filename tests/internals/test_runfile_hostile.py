@@ -486,3 +486,31 @@ def test_a_forged_version_is_refused_in_words(tmp_path, version, said):
     with pytest.raises(InspectorError, match="forged.inspect") as caught:
         read_run(path)
     assert said in str(caught.value) and "sys.set_int_max_str_digits" not in str(caught.value)
+
+
+def _ranks_file(ranks: list[int], world: int) -> bytes:
+    """A two-module run of ``world`` ranks whose one step has a row for each of ``ranks``."""
+    sink = io.BytesIO()
+    sink.write(file_schema().with_metadata({META_KEY: _meta(2, world).to_json().encode()}).serialize()
+               .to_pybytes())
+    sink.write(record_batch([_record(0, r) for r in ranks]).serialize().to_pybytes())
+    return sink.getvalue() + b"\xff\xff\xff\xff\x00\x00\x00\x00"
+
+
+@pytest.mark.parametrize(("ranks", "bad"), [([0, 2], 2), ([0, 7], 7), ([-2, 1], -2)])
+def test_a_rank_outside_the_world_is_refused_by_every_reader(tmp_path, ranks, bad):
+    # ranks of a 2-rank run are 0 and 1 (and -1, the run's own rows): rank 2 is the world size itself
+    data = _ranks_file(ranks, 2)
+    (tmp_path / "r.inspect").write_bytes(data)
+    message = f"r.inspect: rank {bad} in a run of 2 ranks: the file is damaged"
+    with pytest.raises(InspectorError, match=message):
+        parse_run_bytes(data, "r.inspect")
+    with pytest.raises(InspectorError, match=message):
+        read_run(tmp_path / "r.inspect")
+    [entry] = list_runs([tmp_path])
+    assert describe(entry)["first finding"] == f"unreadable: {message}"
+
+
+def test_the_last_rank_and_the_run_rows_are_in_range(tmp_path):
+    run = parse_run_bytes(_ranks_file([-1, 0, 1], 2), "r.inspect")
+    assert run.steps["rank"].tolist() == [-1, 0, 1] and run.world_size == 2
