@@ -17,6 +17,7 @@ from inspector.comparison import (
 from inspector.figures import module_change_bars, run_divergence_figure
 from inspector.utils import markdown_text
 from inspector.watching import parse_run_bytes, read_run
+from ui.budget import request_budget
 from ui.cache import cached_analysis
 from ui.compare_view import (
     changed_first,
@@ -166,7 +167,9 @@ def _two_runs() -> None:
         if run_a is None or run_b is None:
             st.info("Choose two run files.")
         else:
-            show_runs(compare_runs(run_a, run_b, tolerance=float(tolerance)), (run_a, run_b))
+            with request_budget("comparing the two runs"):
+                result = compare_runs(run_a, run_b, tolerance=float(tolerance))
+            show_runs(result, (run_a, run_b))
         overlay_runs("cmp_overlay")
 
 

@@ -82,3 +82,27 @@ def test_report_page_refuses_a_huge_batch_and_names_its_controls():
     # The skipped lab section says what to do on the pages, not which library argument to pass.
     warning = next(w.value for w in at.warning if w.value.startswith("Lab results"))
     assert "Labs page" in warning and "lab=" not in warning
+
+
+def test_a_report_past_the_servers_wall_budget_says_so_and_the_page_goes_on(monkeypatch):
+    at = AppTest.from_file(PAGE, default_timeout=60)
+    at.run()
+    at.multiselect[0].set_value(["summary"])
+    monkeypatch.setenv("INSPECTOR_REQUEST_SECONDS", "1e-9")  # the server's budget of one analysis
+    at.button[0].click()
+    at.run()
+    assert not at.exception
+    [error] = [e.value for e in at.error]
+    assert "stopped after" in error and "ran past its wall budget of 1e-09 s" in error
+    assert "INSPECTOR_REQUEST_SECONDS" in error  # what to do
+    assert not _labels(at)  # nothing half-made is offered
+    monkeypatch.setenv("INSPECTOR_REQUEST_SECONDS", "banana")
+    at.button[0].click()
+    at.run()
+    assert [e.value for e in at.error] == ["INSPECTOR_REQUEST_SECONDS='banana' is not a positive number of "
+                                           "seconds: set it to e.g. 600, or unset it for the default"]
+    monkeypatch.delenv("INSPECTOR_REQUEST_SECONDS")
+    at.button[0].click()  # a stopped analysis cached nothing: built in full now
+    at.run()
+    assert not at.error, [e.value for e in at.error]
+    assert [label.split(" ")[0] for label in _labels(at)][:3] == ["HTML", "JSON", "Markdown"]

@@ -31,6 +31,9 @@ after changing the model in place (a re-tie) so nothing stale is shown.
 Work that adds hooks or runs forward/backward must still hold ``loaded.lock`` inside ``fn``
 (or around the call): the cache only avoids recomputing, it does not serialise.
 
+Every computation runs as one request (:func:`ui.budget.request_budget`): within the server's wall
+budget, and stopped once the browser session that asked for it has gone; a stopped one caches nothing.
+
 Both scopes keep their results in one kind of store, :class:`_Results`: a least-recently-used
 map with one computation per key. Streamlit's ``st.cache_resource`` (``max_entries``, even with
 ``scope="session"``) is not used for the results because it cannot list or drop the entries of
@@ -52,6 +55,7 @@ from torch import nn
 
 from inspector import LoadedModel
 
+from .budget import request_budget
 from .models import Selection
 
 T = TypeVar("T")
@@ -182,7 +186,14 @@ def cached_analysis(fn: Callable[..., T], /, *args: Any, cache_scope: Scope = "m
     """
     key = (current_model_key(), _function_id(fn), _freeze(args), _freeze(kwargs), _freeze(cache_key))
     store = _session_results() if cache_scope == "session" else _shared_results()
-    return store.get_or_compute(key, lambda: fn(*args, **kwargs))
+    what = getattr(fn, "__name__", "the analysis")
+    what = f"{what}()" if what.isidentifier() else "the analysis"
+
+    def compute() -> T:
+        with request_budget(what):
+            return fn(*args, **kwargs)
+
+    return store.get_or_compute(key, compute)
 
 
 def clear_analyses(model_key: str | None = None) -> None:

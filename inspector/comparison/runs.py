@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from ..utils.budget import check_budget
 from ..utils.findings import Finding, InspectorError
 from .result import RunComparison
 
@@ -119,6 +120,7 @@ def _module_diff(ra: Any, rb: Any, rank: int, common: np.ndarray, modules: list[
     norms, update ratios, nonfinite counts) per step; a number recorded by one run only is skipped."""
     diff = np.zeros((len(common), len(modules)))
     for column in MODULE_QUANTITIES:
+        check_budget()
         try:
             ma, mb = (_module_matrix(r, rank, common, modules, column) for r in (ra, rb))
         except (InspectorError, KeyError):
@@ -189,7 +191,9 @@ def compare_runs(a: Any, b: Any, *, tolerance: float = DEFAULT_TOLERANCE, rank: 
     import pyarrow as pa
 
     ra, rb = _read(a), _read(b)
+    check_budget()
     na, nb = _numbers(ra, rank), _numbers(rb, rank)
+    check_budget()
     common = np.intersect1d(na.steps, nb.steps)
     if not len(common):
         raise InspectorError(
@@ -201,6 +205,7 @@ def compare_runs(a: Any, b: Any, *, tolerance: float = DEFAULT_TOLERANCE, rank: 
     va, vb = na.on(union, ca), nb.on(union, cb)
     qdiff = relative_difference(va, vb)
     steps = _steps_table(union, quantities, va, vb, qdiff)
+    check_budget()
     at_common = np.searchsorted(union, common)
     logged = (na.logged[np.searchsorted(na.steps, common)] & nb.logged[np.searchsorted(nb.steps, common)])
     out = qdiff[at_common] > tolerance

@@ -11,6 +11,7 @@ from typing import Any, TypeVar
 import pandas as pd
 import torch
 
+from ..utils.budget import check_budget
 from .findings import weight_findings
 from .kernels import StatsStream, pair_stats, stream_dtype
 from .names import pair_names
@@ -44,6 +45,7 @@ def compare_sides(sa: TensorSource, sb: TensorSource, progress: Progress | None 
     rows: dict[str, dict[str, Any]] = {}
     read = 0
     for i, (na, nb) in enumerate(pairing.pairs):
+        check_budget()
         if progress is not None and i % 100 == 0:
             progress(f"comparing tensor {i + 1} of {len(pairing.pairs)}: {na}")
         if i + 1 < len(pairing.pairs):  # the disk reads the next pair while this one is compared
@@ -151,6 +153,7 @@ def pair_row(sa: TensorSource, sb: TensorSource, na: str, nb: str) -> dict[str, 
         stream = StatsStream(stream_dtype(ma.dtype), stream_dtype(mb.dtype), ma.shape)
         pairs = zip(sa.chunks(na), sb.chunks(nb), strict=True)
         for ca, cb in (read_ahead(pairs) if sa.streams or sb.streams else pairs):
+            check_budget()
             stream.add(ca, cb)
         stats, update_rank = stream.finish(), stream.update_rank()
         if stream.cast:
@@ -244,6 +247,7 @@ def _same_bits(sa: TensorSource, names_a: Sequence[str], sb: TensorSource, names
     out: list[tuple[str, str]] = []
     budget = _MAX_VALUE_MATCHES
     for na in names_a:
+        check_budget()
         m = sa.entries[na]
         candidates = groups.get((m.shape, m.dtype), [])
         if not candidates or "meta" in m.device or budget <= 0:

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from ..labs import Lab, TaskRecord, lab_results
+from ..utils.budget import check_budget
 from ..utils.checks import require_loaded
 from ..utils.dtensors import kept_sharded
 from ..utils.findings import Finding, InspectorError
@@ -56,6 +57,7 @@ def build_report(loaded: Any, sections: Iterable[str] | None = None, *,
     ctx = Context(loaded, opts, progress or (lambda _msg: None))
     built = []
     for sid in [s for s in SECTIONS if s in wanted]:
+        check_budget()
         if sid == "findings":
             built.append(Section("findings", SECTION_TITLES["findings"]))
             continue

@@ -13,6 +13,7 @@ import re
 from collections.abc import Iterable, Iterator
 from typing import Any
 
+from ..utils.budget import check_budget
 from ..utils.findings import Finding, InspectorError
 from .record import FORMAT, VERSION, CheckRecord
 
@@ -159,6 +160,8 @@ def parse_lines(lines: Iterable[str], name: str) -> tuple[list[CheckRecord], lis
     names: dict[str, str] = {}
     read = 0
     for number, line in enumerate(lines, 1):
+        if number % 1024 == 0:
+            check_budget()
         read += len(line)
         if read > MAX_JSONL_BYTES:  # a file that grew past the limit while it was read
             raise InspectorError(too_long(name, read))

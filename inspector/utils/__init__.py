@@ -1,6 +1,7 @@
 """The floor every layer stands on: small helpers that import nothing else of the library.
 
 - :mod:`.findings`: :class:`Finding` and :class:`InspectorError`, the one currency of problems;
+- :mod:`.budget`: :func:`work_budget` and :func:`check_budget`, a wall budget long loops check between chunks;
 - :mod:`.codes`: every finding code, its severity, meaning, what to do and whether it recurs;
 - :mod:`.norms`: :func:`grouped_norms`, the one fused L2 norm per (device, dtype) group;
 - :mod:`.labels`: the one label of the root module, ``(model)``, and of the batch, ``(batch)``, and
@@ -20,6 +21,7 @@
 
 from __future__ import annotations
 
+from .budget import WorkStopped, check_budget, work_budget
 from .codes import CODES, FindingCode, finding_code, recurs
 from .escaping import (
     grid_frame,
@@ -54,4 +56,4 @@ __all__ = ["BATCH_LABEL", "CODES", "EXTRAS", "LOSS_LABEL", "Episodes", "Finding"
            "format_budget", "format_bytes", "format_count", "grouped_norms",
            "format_number", "group_findings", "markdown_code", "markdown_text", "parse_size", "plot_text",
            "progress_text", "sort_findings", "terminal_text", "visible_text", "grid_frame", "grid_text",
-           "tensorboard_text", "terminal_line", "confined", "file_kind", "regular_file", "install_hint"]
+           "tensorboard_text", "terminal_line", "confined", "file_kind", "regular_file", "install_hint", "WorkStopped", "check_budget", "work_budget"]
