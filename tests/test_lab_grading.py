@@ -44,8 +44,9 @@ SCHEDULE = "the schedule's decay ends after one epoch: every learning rate is 0 
 ALL_TENSORS = ["embed.weight", "embed.bias", "block.scale", "block.pos_table", "block.fc1.weight",
                "block.fc1.bias", "block.fc2.weight", "block.fc2.bias", "block.fc3.weight", "block.fc3.bias",
                "head.weight", "head.bias"]
+# the lines a student picks from
 FIND_THE_OP_LINES = next(f for t in get_lab("find-the-op", labs_dir="").tasks for f in t.fields
-                         if f.key == "line").options_for(scenario("find-the-op"))  # the lines a student picks from
+                         if f.key == "line").options_for(scenario("find-the-op"))
 TRIVIAL = [
     ("broken-tie", "name-group",
      {"names": ["transformer.wte.weight", "lm_head.weight", "transformer.wpe.weight"], "code": "tie-broken",

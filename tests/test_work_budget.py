@@ -47,7 +47,8 @@ def test_a_compare_stops_at_the_check_after_its_session_goes(tmp_path):
     assert result.tensors.equals(compare(a, b).tensors)  # a budget not spent changes nothing
 
     gone = _Asked(5)
-    with pytest.raises(WorkStopped, match=r"^comparing stopped after \d+\.\d s: the browser session has gone$"), \
+    said = r"^comparing stopped after \d+\.\d s: the browser session has gone$"
+    with pytest.raises(WorkStopped, match=said), \
             work_budget(60, stop_if=gone, poll_seconds=0, what="comparing"):
         compare(a, b)
     assert gone.calls == 5  # stopped at the check that heard it, not at the end
@@ -57,7 +58,8 @@ def test_a_compare_of_runs_past_its_wall_budget_stops_with_what_to_do(tmp_path):
     a, b = tmp_path / "a.inspect", tmp_path / "b.inspect"
     synthetic_run(a, steps=200, modules=20, seed=0)
     synthetic_run(b, steps=200, modules=20, seed=1)
-    with pytest.raises(WorkStopped) as stopped, work_budget(1e-9, what="comparing the two runs", advice="Try less."):
+    with pytest.raises(WorkStopped) as stopped, \
+            work_budget(1e-9, what="comparing the two runs", advice="Try less."):
         compare(a, b)
     assert str(stopped.value).startswith("comparing the two runs stopped after ")
     assert str(stopped.value).endswith("it ran past its wall budget of 1e-09 s. Try less.")

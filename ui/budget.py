@@ -33,8 +33,8 @@ def request_seconds() -> float:
     except ValueError:
         seconds = float("nan")
     if not 0 < seconds < float("inf"):
-        raise InspectorError(f"{BUDGET_ENV}={text!r} is not a positive number of seconds: set it to e.g. 600, "
-                             "or unset it for the default")
+        raise InspectorError(f"{BUDGET_ENV}={text!r} is not a positive number of seconds: set it to e.g. "
+                             "600, or unset it for the default")
     return seconds
 
 

@@ -56,4 +56,5 @@ __all__ = ["BATCH_LABEL", "CODES", "EXTRAS", "LOSS_LABEL", "Episodes", "Finding"
            "format_budget", "format_bytes", "format_count", "grouped_norms",
            "format_number", "group_findings", "markdown_code", "markdown_text", "parse_size", "plot_text",
            "progress_text", "sort_findings", "terminal_text", "visible_text", "grid_frame", "grid_text",
-           "tensorboard_text", "terminal_line", "confined", "file_kind", "regular_file", "install_hint", "WorkStopped", "check_budget", "work_budget"]
+           "tensorboard_text", "terminal_line", "confined", "file_kind", "regular_file", "install_hint",
+           "WorkStopped", "check_budget", "work_budget"]

@@ -51,7 +51,8 @@ class _Budget:
                 raise WorkStopped(f"{self.what} stopped after {now - self.start:.1f} s: {reason}")
 
 
-_CURRENT: contextvars.ContextVar[_Budget | None] = contextvars.ContextVar("inspector_work_budget", default=None)
+_CURRENT: contextvars.ContextVar[_Budget | None] = contextvars.ContextVar("inspector_work_budget",
+                                                                      default=None)
 
 
 @contextmanager

@@ -42,7 +42,8 @@ def _log_line(log, text: str, timeout: float) -> str | None:
 def test_a_session_that_leaves_a_long_compare_stops_it_and_another_gets_its_page(
         chromium, tmp_path, artifacts, wait_for_app):
     (tmp_path / "many.py").write_text(MODEL)
-    save_file({f"p.t{i}": torch.full((4,), float(i) + 1) for i in range(TENSORS)}, str(tmp_path / "b.safetensors"))
+    save_file({f"p.t{i}": torch.full((4,), float(i) + 1) for i in range(TENSORS)},
+              str(tmp_path / "b.safetensors"))
     log = artifacts / "streamlit-budget.log"
     env = {**os.environ, "INSPECTOR_MODEL_DIRS": str(tmp_path)}
     with serve_app(log, env=env) as server:
