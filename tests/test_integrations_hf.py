@@ -225,7 +225,8 @@ def test_accelerate_stop_on_error_raises_naming_the_module(tmp_path):
 def test_a_grad_scaler_in_accelerates_optimizer_is_followed(tmp_path):
     """fp16 on a GPU gives the Trainer and accelerate an AcceleratedOptimizer holding a GradScaler;
     on the CPU the same classes are built by hand. The batch with the Inf makes the scaler skip its
-    update and halve the scale: the watch records no step for it, and the next step says so."""
+    update and halve the scale: the watch records that iteration as a skipped step, with the scale it
+    overflowed at, and the next step at the halved scale is a step like any other."""
     from accelerate.optimizer import AcceleratedOptimizer
 
     from inspector.integrations import WatchedTraining
@@ -245,7 +246,9 @@ def test_a_grad_scaler_in_accelerates_optimizer_is_followed(tmp_path):
         opt.zero_grad()
     session.finish()
     steps = read_run(tmp_path / "amp.inspect").steps
-    assert steps.scale.tolist() == [1024.0, 512.0, 512.0] and steps.skipped.tolist() == [False, True, False]
+    assert steps.step.tolist() == [0, 1, 2, 3]  # every iteration a row, as the Trainer counts them
+    assert steps.scale.tolist() == [1024.0, 1024.0, 512.0, 512.0]
+    assert steps.skipped.tolist() == [False, True, False, False]
     plain = Tiny()  # the same first batch without a scaler: the watch reports the unscaled norm
     x, y = torch.stack([d["x"] for d in data[:2]]), torch.stack([d["labels"] for d in data[:2]])
     plain(x, y)["loss"].backward()

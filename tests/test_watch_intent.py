@@ -5,13 +5,14 @@ stay silent, through the public ``watch``."""
 from __future__ import annotations
 
 import itertools
+import math
 
 import pytest
 import torch
 from torch import nn
 
 from inspector import InspectorError, watch
-from inspector.watching import WATCH_CHECKS
+from inspector.watching import WATCH_CHECKS, read_run
 
 LearningRateRose = next(r.check for r in WATCH_CHECKS if r.check.__name__ == "LearningRateRose")
 
@@ -157,38 +158,57 @@ def test_batchnorm_without_running_statistics_in_eval_is_intent(tmp_path):
 
 
 # -- an AMP GradScaler that skips every step ------------------------------------------------------
-def _amp_run(tmp_path, overflow_from: int, init_scale: float, iterations: int = 40):
-    """A loop under ``GradScaler`` (on the CPU): from ``overflow_from`` on, every step's loss is Inf, so the
-    scaler skips every step. Returns the result, the optimizer steps taken and the skipped ones."""
+def _amp_run(tmp_path, overflow_from: int, init_scale: float, iterations: int = 40, every: int = 1):
+    """A loop under ``GradScaler`` (on the CPU): from ``overflow_from`` on, every ``every``-th step's loss is
+    Inf, so the scaler skips it. Returns the result, whether the optimizer stepped at each iteration,
+    and the run file's steps."""
     model = _mlp()
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     scaler = torch.amp.GradScaler("cpu", init_scale=init_scale)
-    stepped = []
+    stepped: list[bool] = []
     with watch(model, opt, tmp_path / "run.inspect", scaler=scaler) as w:
         for i in range(iterations):
-            loss = model(_batch(i)).pow(2).mean() * 50 * (float("inf") if i >= overflow_from else 1.0)
+            bad = i >= overflow_from and (i - overflow_from) % every == 0
+            loss = model(_batch(i)).pow(2).mean() * 50 * (float("inf") if bad else 1.0)
             scaler.scale(loss).backward()
-            before = w.steps
+            w.log(loss=loss.detach())
+            before = model[0].weight.detach().clone()
             scaler.step(opt)
             scaler.update()
-            stepped.append(w.steps > before)
+            stepped.append(not torch.equal(before, model[0].weight))
             opt.zero_grad()
     assert "update" not in vars(scaler)  # the class's update() is back
-    return w.result, stepped
+    return w.result, stepped, read_run(tmp_path / "run.inspect").steps
 
 
 def test_a_scaler_that_skips_every_step_is_named(tmp_path):
-    result, stepped = _amp_run(tmp_path, overflow_from=20, init_scale=2.0**16)
+    result, stepped, steps = _amp_run(tmp_path, overflow_from=20, init_scale=2.0**16)
     assert stepped[:20] == [True] * 20 and not any(stepped[20:])
-    assert _alarms(result) == [(20, "scaler-skipping", "(model)")]
+    # every iteration is a row: a skipped one marked skipped, with the scale it overflowed at
+    assert steps["step"].tolist() == list(range(40))
+    assert steps["skipped"].tolist() == [False] * 20 + [True] * 20
+    assert steps["scale"].tolist() == [2.0**16] * 21 + [2.0**(15 - k) for k in range(19)]
+    assert steps["loss"].iloc[20:].tolist() == [math.inf] * 20  # the loss logged for the skipped steps
+    assert _alarms(result) == [(29, "scaler-skipping", "(model)")]  # the tenth skip in a row
     assert "skipped the last 10 optimizer steps in a row" in result.findings[0].message
+
+
+def test_a_scaler_skipping_on_and_off_is_named_when_its_scale_falls_under_the_floor(tmp_path):
+    # every other step overflows: never ten in a row, but the scale halves every two steps
+    result, stepped, steps = _amp_run(tmp_path, overflow_from=4, init_scale=2.0**8, every=2)
+    assert stepped[4:10] == [False, True] * 3
+    fell = int(steps.loc[steps["skipped"] & (steps["scale"] < 2.0), "step"].iloc[0])  # scale 1 skipped there
+    assert _alarms(result) == [(fell, "scaler-skipping", "(model)")]
+    assert "scale fell to 0.5, under 1" in result.findings[0].message
+    assert f"skipped 9 of the {fell + 1} steps so far" in result.findings[0].message
 
 
 def test_a_scaler_settling_from_a_huge_scale_is_silent(tmp_path):
     # the usual early skips: the scale halves until the scaled gradients fit in float32
-    result, stepped = _amp_run(tmp_path, overflow_from=10**6, init_scale=2.0**127)
+    result, stepped, steps = _amp_run(tmp_path, overflow_from=10**6, init_scale=2.0**127)
     skipped = stepped.index(True)
     assert 2 <= skipped < 10 and all(stepped[skipped:])
+    assert steps["skipped"].tolist() == [True] * skipped + [False] * (40 - skipped)
     assert _alarms(result) == []
 
 

@@ -28,6 +28,7 @@ from .core import Case, Ctx, cause_for
 from .loops import LOOP, NO_PLANT, Loop, Plant, make_optimizer, plain_loop
 from .models import MODELS
 
+SKIPS = 9  # scaler-skipping names the tenth skipped step in a row: the plant's step + 9
 FP16 = Loop("after", amp=torch.float16, scaler=True)
 FP16_EARLY = Loop("after", amp=torch.float16, scaler=True, init_scale=2.0**24)  # a few skips first
 LR_RAISED = (
@@ -451,8 +452,9 @@ HEALTHY = [
 
 # -- bugs --------------------------------------------------------------------------------------
 BUGS = [
-    # the GradScaler skips every step from the plant on (an overflow that never goes away)
-    bad("amp-scaler-skipping-mlp", "mlp", ("scaler-skipping",), None, FP16, Plant(_overflow("fc2")), grace=5),
+    # the GradScaler skips every step from the plant on (an overflow that never goes away): each skipped
+    # step is a row, so the tenth in a row, SKIPS steps after the plant, is where it is named
+    bad("amp-scaler-skipping-mlp", "mlp", ("scaler-skipping",), None, FP16, Plant(_overflow("fc2")), grace=SKIPS),
     bad(
         "amp-scaler-skipping-gpt2",
         "gpt2",
@@ -460,7 +462,7 @@ BUGS = [
         None,
         FP16,
         Plant(_overflow("transformer.h.1.mlp.c_fc")),
-        grace=5,
+        grace=SKIPS,
     ),
     bad(
         "amp-scaler-skipping-resnet",
@@ -469,10 +471,10 @@ BUGS = [
         None,
         FP16,
         Plant(_overflow("resnet.encoder.stages.1")),
-        grace=5,
+        grace=SKIPS,
     ),
     bad(
-        "amp-scaler-skipping-cnn", "cnn", ("scaler-skipping",), None, FP16, Plant(_overflow("conv2")), grace=5
+        "amp-scaler-skipping-cnn", "cnn", ("scaler-skipping",), None, FP16, Plant(_overflow("conv2")), grace=SKIPS
     ),
     # a param group at lr 0 while the others train
     bad(

@@ -73,7 +73,8 @@ CODES: dict[str, FindingCode] = {c.code: c for c in (
        "call optimizer.zero_grad() before backward() or after step(), never between them; check that the "
        "loss depends on the parameters"),
     _c("scaler-skipping", _E,
-       "the AMP GradScaler skipped many optimizer steps in a row: the gradients overflow at every step",
+       "the AMP GradScaler skipped many optimizer steps in a row (the gradients overflow at every step), "
+       "or its scale fell under 1 as skips came on and off",
        "find the overflow (watch with nonfinite=True), lower the lr, or train in bfloat16", "episode"),
     _c("optimizer-lost", _W,
        "an optimizer the watch was not given steps the parameters the watched optimizer holds: the watch "

@@ -254,20 +254,46 @@ class Watch:
 
     def _follow_scaler(self, scaler: Any) -> None:
         """Wrap ``scaler.update`` on the instance (the class's method is back at close): an update with no
-        optimizer step since the last one is a step the scaler skipped, and runs the ``skipped`` rows."""
+        optimizer step since the last one is a step the scaler skipped (:meth:`_skipped_step`)."""
         update, seen = scaler.update, [self.state.count]
 
         def followed(*args: Any, **kwargs: Any) -> Any:
             out = update(*args, **kwargs)
             if self.state.count == seen[0]:
-                for f in self.checks.run("skipped", self._at(), []):
-                    self._record_now(f, self.ranks.rank)
+                self._skipped_step(scaler, new_scale=bool(args or kwargs))
             seen[0] = self.state.count
             return out
 
         had = "update" in vars(scaler)
         scaler.update = followed
         self._stack.callback(lambda: setattr(scaler, "update", update) if had else vars(scaler).pop("update"))
+
+    def _skipped_step(self, scaler: Any, new_scale: bool) -> None:
+        """A step the GradScaler skipped (its gradients held Inf/NaN, so ``optimizer.step()`` never ran)
+        is a step of the run all the same: its own row, marked skipped, with the scale it overflowed at
+        (the scale now over the scaler's backoff factor, unless ``update()`` was given a new scale), the
+        scalars logged for it, and what the ``skipped`` rows find; the next step is the next number. Its
+        gradients are not measured: they are scaled, and Inf by definition. One host sync, on a skipped
+        step only."""
+        st, r = self.state, self.ranks
+        layout = self.target.layout
+        n = Numbers(len(layout.modules), len(layout.parameters), len(layout.buffers))
+        now = float(scaler.get_scale())
+        backoff = float(scaler.get_backoff_factor()) if hasattr(scaler, "get_backoff_factor") else 0.0
+        n.skipped, n.scale = 1.0, now if new_scale or not 0 < backoff < 1 else now / backoff
+        n.step_time = time.perf_counter() - st.start
+        logged = {k: float(v) for k, v in self.scalars.take().items()}
+        n.loss_logged = float("loss" in logged)
+        n.loss = logged.pop("loss", float("nan"))
+        found = self.checks.run("skipped", self._at(), [])
+        new = self.recorder.first_time(found, st.count, r.rank)
+        if self.recorder.writer is not None:
+            self.recorder.writer.write([step_record(st.count, r.rank, n, logged, self.target.lrs(), new)])
+        st.last_scale = now  # the next step's scale: no fall, not skipped again
+        st.count += 1
+        st.start = time.perf_counter()
+        if self.keeper is not None:
+            self.keeper.step_starts(st.count)
 
     def _record_now(self, f: Finding, rank: int) -> None:
         """Record ``f`` now, outside a step (a run that failed, a rank apart, a step the scaler skipped), on

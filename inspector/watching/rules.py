@@ -463,12 +463,15 @@ class GradientsUsed:
 
 # -- when the GradScaler skipped a step (its update() ran with no optimizer step since the last) -
 class ScalerSkips:
-    """``scaler-skipping``: the AMP ``GradScaler`` given as ``scaler=`` skipped ``in_a_row`` optimizer
-    steps in a row (its ``update()`` ran that many times with no optimizer step between): every step's
-    gradients overflow and the model no longer trains. The usual early skips, while the scale settles
-    from its initial value, are fewer."""
+    """``scaler-skipping``: the AMP ``GradScaler`` given as ``scaler=`` skipped ``in_a_row`` steps in a row
+    (its ``update()`` ran that many times with no optimizer step between): every step's gradients
+    overflow and the model no longer trains. Or, once, its scale fell under ``floor`` at a skipped step:
+    steps skipped on and off halve it faster than it grows back (it doubles only after 2,000 clean
+    steps), so the overflow is not the scale's to settle. The usual early skips, while the scale settles
+    from its initial value, are fewer and end far above the floor."""
 
     in_a_row = 10
+    floor = 1.0
 
     @classmethod
     def build(cls, kit: Kit) -> ScalerSkips | None:
@@ -477,23 +480,34 @@ class ScalerSkips:
 
     def __init__(self, scaler: Any) -> None:
         self.scaler = scaler
-        self.skips, self.at_step = 0, -1
+        self.skips, self.at_step, self.total = 0, -1, 0
         self.first_scale = math.nan
+        self.floored = False
 
     def __call__(self, at: At, found: list[Finding]) -> list[Finding]:
-        self.skips = self.skips + 1 if at.step == self.at_step else 1
+        self.skips = self.skips + 1 if at.step == self.at_step + 1 else 1  # each skipped step is a row
         self.at_step = at.step
+        self.total += 1
+        scale = float(self.scaler.get_scale())  # a host sync, on a skipped step only
         if self.skips == 1:
-            self.first_scale = float(self.scaler.get_scale())  # a host sync, on a skipped step only
-        if self.skips != self.in_a_row:
-            return found
-        scale = float(self.scaler.get_scale())
-        return found + [coded(
-            "scaler-skipping", ROOT_LABEL,
-            f"the GradScaler skipped the last {self.skips} optimizer steps in a row (its scale fell from "
-            f"{self.first_scale:.3g} to {scale:.3g}): the gradients hold Inf/NaN at every step, so "
-            "optimizer.step() is never called and the model no longer trains. Find the overflow (watch "
-            "with nonfinite=True names the module), lower the learning rate, or train in bfloat16")]
+            self.first_scale = scale
+        if self.skips == self.in_a_row:
+            self.floored = True  # said: the scale's fall that follows is the same overflow
+            return found + [coded(
+                "scaler-skipping", ROOT_LABEL,
+                f"the GradScaler skipped the last {self.skips} optimizer steps in a row (its scale fell from "
+                f"{self.first_scale:.3g} to {scale:.3g}): the gradients hold Inf/NaN at every step, so "
+                "optimizer.step() is never called and the model no longer trains. Find the overflow (watch "
+                "with nonfinite=True names the module), lower the learning rate, or train in bfloat16")]
+        if scale < self.floor and not self.floored:
+            self.floored = True
+            return found + [coded(
+                "scaler-skipping", ROOT_LABEL,
+                f"the GradScaler's scale fell to {scale:.3g}, under {self.floor:g}: it skipped {self.total} of "
+                f"the {at.step + 1} steps so far, on and off, and halves at each skip faster than it grows "
+                "back, so an overflow comes back whatever the scale. Find it (watch with nonfinite=True "
+                "names the module), lower the learning rate, or train in bfloat16")]
+        return found
 
 
 # -- when an optimizer the watch was not given steps ------------------------------------------------
