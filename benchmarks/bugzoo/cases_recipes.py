@@ -454,7 +454,8 @@ HEALTHY = [
 BUGS = [
     # the GradScaler skips every step from the plant on (an overflow that never goes away): each skipped
     # step is a row, so the tenth in a row, SKIPS steps after the plant, is where it is named
-    bad("amp-scaler-skipping-mlp", "mlp", ("scaler-skipping",), None, FP16, Plant(_overflow("fc2")), grace=SKIPS),
+    bad("amp-scaler-skipping-mlp", "mlp", ("scaler-skipping",), None, FP16, Plant(_overflow("fc2")),
+        grace=SKIPS),
     bad(
         "amp-scaler-skipping-gpt2",
         "gpt2",
@@ -474,7 +475,8 @@ BUGS = [
         grace=SKIPS,
     ),
     bad(
-        "amp-scaler-skipping-cnn", "cnn", ("scaler-skipping",), None, FP16, Plant(_overflow("conv2")), grace=SKIPS
+        "amp-scaler-skipping-cnn", "cnn", ("scaler-skipping",), None, FP16, Plant(_overflow("conv2")),
+        grace=SKIPS
     ),
     # a param group at lr 0 while the others train
     bad(

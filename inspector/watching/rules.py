@@ -503,9 +503,9 @@ class ScalerSkips:
             self.floored = True
             return found + [coded(
                 "scaler-skipping", ROOT_LABEL,
-                f"the GradScaler's scale fell to {scale:.3g}, under {self.floor:g}: it skipped {self.total} of "
-                f"the {at.step + 1} steps so far, on and off, and halves at each skip faster than it grows "
-                "back, so an overflow comes back whatever the scale. Find it (watch with nonfinite=True "
+                f"the GradScaler's scale fell to {scale:.3g}, under {self.floor:g}: it skipped "
+                f"{self.total} of the {at.step + 1} steps so far, on and off, and halves at each skip faster "
+                "than it grows back, so an overflow comes back whatever the scale. Find it (watch with nonfinite=True "
                 "names the module), lower the learning rate, or train in bfloat16")]
         return found
 
