@@ -505,8 +505,8 @@ class ScalerSkips:
                 "scaler-skipping", ROOT_LABEL,
                 f"the GradScaler's scale fell to {scale:.3g}, under {self.floor:g}: it skipped "
                 f"{self.total} of the {at.step + 1} steps so far, on and off, and halves at each skip faster "
-                "than it grows back, so an overflow comes back whatever the scale. Find it (watch with nonfinite=True "
-                "names the module), lower the learning rate, or train in bfloat16")]
+                "than it grows back, so an overflow comes back whatever the scale. Find it (watch with "
+                "nonfinite=True names the module), lower the learning rate, or train in bfloat16")]
         return found
 
 
