@@ -95,6 +95,36 @@ def test_groups_warming_up_from_zero_and_decaying_to_zero_are_silent(tmp_path):
     assert _alarms(w.result) == []
 
 
+# -- a module whose weights never move ------------------------------------------------------------
+def _two_rates(tmp_path, dtype: torch.dtype, steps: int = 8):
+    """The head at lr 1e-6 while the rest trains at 0.1: in bfloat16 the head's updates are below its
+    weights' precision (its weights near 0.3, bfloat16's step there about 0.002), in float32 they are not."""
+    model = _mlp().to(dtype)
+    opt = torch.optim.SGD([{"params": model[0].parameters(), "lr": 0.1},
+                           {"params": model[2].parameters(), "lr": 1e-6}])
+    head = model[2].weight.detach().clone()
+    with watch(model, opt, tmp_path / "run.inspect") as w:
+        for i in range(steps):
+            model(_batch(i).to(dtype)).pow(2).mean().backward()
+            opt.step()
+            opt.zero_grad()
+    return w.result, torch.equal(head, model[2].weight.detach())
+
+
+def test_a_module_whose_weights_never_move_is_named(tmp_path):
+    result, unmoved = _two_rates(tmp_path, torch.bfloat16)
+    assert unmoved  # the plant: not one of the head's weights moved
+    assert _alarms(result) == [(3, "no-update", "2.weight")]
+    message = result.findings[0].message
+    assert message.startswith("2's weights (bfloat16) have not changed in 3 steps although their gradient "
+                              "is non-zero") and "their lr is 1e-06" in message
+
+
+def test_a_module_with_a_small_lr_that_moves_is_silent(tmp_path):
+    result, unmoved = _two_rates(tmp_path, torch.float32)
+    assert not unmoved and _alarms(result) == []
+
+
 def test_a_frozen_group_at_lr_zero_is_not_named(tmp_path):
     model = _mlp()
     model[2].requires_grad_(False)

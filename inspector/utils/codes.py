@@ -66,7 +66,8 @@ CODES: dict[str, FindingCode] = {c.code: c for c in (
        "call optimizer.zero_grad() each step (or accumulate on purpose and say so)"),
     _c("no-update", _E,
        "nothing trains, or part of it does not: every lr is 0, a param group's lr is 0 while the others "
-       "train, or no parameter with a gradient changed, for two steps",
+       "train, or no parameter with a gradient changed, for two steps; or one module's weights stayed "
+       "exactly the same for three steps while the rest trained",
        "check the scheduler and the lr; bfloat16 weights need a larger update or float32 master weights"),
     _c("zero-gradient-step", _E,
        "the optimizer stepped while every gradient it holds was absent or all zero: nothing could move",

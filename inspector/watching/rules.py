@@ -445,6 +445,90 @@ class IdleGroups:
                 if p is not None and id(p) in ids and n.has_grad[i] and n.param_grad[i] != 0]
 
 
+class StillModules:
+    """``no-update``: for ``window`` check steps in a row, every parameter of one module that an optimizer
+    holds at an lr above 0, with a finite non-zero gradient, kept its values exactly (its norm unchanged
+    at each step, then its values compared with a copy taken when it first stood still), while
+    parameters elsewhere moved: that module never trains (an update below its weights' precision,
+    bfloat16 weights with a small lr, or its weights put back after each step). A whole model that
+    stands still is ``Updates``'s; a group at lr 0 is ``IdleGroups``'s. The copy is of that module's
+    parameters only, made when their norms first stay equal."""
+
+    window = 3
+
+    @classmethod
+    def build(cls, kit: Kit) -> StillModules | None:
+        return cls() if kit.target.optimizer is not None else None
+
+    def __init__(self) -> None:
+        self.last: np.ndarray | None = None
+        # module -> [check steps in a row it stood still, its parameters' indices, their copies, others moved]
+        self.still: dict[str, list[Any]] = {}
+
+    def __call__(self, at: At, found: list[Finding]) -> list[Finding]:
+        n = at.n
+        if not n.checked:
+            return found
+        norm = n.param_norm
+        last, self.last = self.last, np.array(norm, copy=True)
+        if last is None or len(last) != len(norm):
+            return found
+        moving = n.has_grad & np.isfinite(n.param_grad) & (n.param_grad > 0) & np.isfinite(norm)
+        if at.held_mask is not None and len(at.held_mask) == len(moving):
+            moving &= at.held_mask
+        same = moving & (norm == last)
+        if not same.any():
+            self.still.clear()
+            return found
+        names, lr = at.target.layout.parameters, self._lrs(at)
+        parts: dict[str, list[int]] = {}
+        for i in np.flatnonzero(moving):
+            p = at.params[i]
+            if p is not None and lr.get(id(p), 0.0) > 0:
+                parts.setdefault(names[i].rpartition(".")[0], []).append(int(i))
+        standing = {m: idx for m, idx in parts.items() if same[idx].all()}
+        out = []
+        for module, idx in standing.items():
+            elsewhere = bool((moving & ~same).any()) and not (moving & ~same)[idx].any()
+            kept = self.still.get(module)
+            if kept is None or kept[1] != idx:
+                self.still[module] = [1, idx, [at.params[i].detach().clone() for i in idx], elsewhere]
+                continue
+            kept[0] += 1
+            kept[3] = kept[3] or elsewhere
+            if kept[0] < self.window:
+                continue
+            del self.still[module]
+            if kept[3] and all(torch.equal(c, at.params[i]) for c, i in zip(kept[2], idx, strict=True)):
+                out.append(self._finding(at, module, idx, lr))
+        for module in [m for m in self.still if m not in standing]:
+            del self.still[module]
+        return found + out
+
+    def _finding(self, at: At, module: str, idx: list[int], lr: dict[int, float]) -> Finding:
+        n, names = at.n, at.target.layout.parameters
+        grad = float(np.sqrt(sum(float(n.param_grad[i]) ** 2 for i in idx)))
+        rates = sorted({lr[id(at.params[i])] for i in idx})
+        dtypes = sorted({str(at.params[i].dtype).removeprefix("torch.") for i in idx})
+        return coded(
+            "no-update", names[idx[0]],
+            f"{module_label(module)}'s weights ({listed(dtypes)}) have not changed in {self.window} "
+            f"steps although their gradient is non-zero (norm {grad:.3g}) and their lr is "
+            f"{listed([f'{r:g}' for r in rates])}, while the rest of the model trains: each update is below "
+            "the weights' precision (bfloat16 weights: keep float32 master weights, or raise this part's "
+            "lr), or something puts the weights back after each step")
+
+    @staticmethod
+    def _lrs(at: At) -> dict[int, float]:
+        """Each held parameter's learning rate, by id (its param group's, the first group holding it)."""
+        out: dict[int, float] = {}
+        for o in at.target.optimizers:
+            for g in o.param_groups:
+                for p in g["params"]:
+                    out.setdefault(id(p), float(g.get("lr", 0.0)))
+        return out
+
+
 class GradientsUsed:
     """No finding: remembers each gradient this step used, for ``gradient-not-cleared`` at the next."""
 

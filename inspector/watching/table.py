@@ -96,6 +96,7 @@ WATCH_CHECKS: tuple[Row, ...] = (
     Row("after-step", rules.NonfiniteWeights, ("nonfinite-parameter",)),
     Row("after-step", rules.Updates, ("no-update",)),
     Row("after-step", rules.IdleGroups, ("no-update",)),
+    Row("after-step", rules.StillModules, ("no-update",)),
     Row("after-step", rules.GradientsUsed, ()),
     # -- a step the GradScaler skipped
     Row("skipped", rules.ScalerSkips, ("scaler-skipping",)),
