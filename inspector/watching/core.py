@@ -363,6 +363,33 @@ class Watch:
         with torch.no_grad():
             self._pre_step()
 
+    def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0, error_if_nonfinite: bool = False,
+                        foreach: bool | None = None) -> torch.Tensor:
+        """``torch.nn.utils.clip_grad_norm_`` over the watched model's parameters, from the gradient norms
+        the watch takes for this step anyway: one pass over the gradients instead of two. Call it where
+        the loop clips, after ``backward()`` (and after ``scaler.unscale_(optimizer)`` under AMP); the run
+        then holds the pre-clip norms, and the step does not read the gradients again. Returns the total
+        norm (a tensor, as torch's does).
+
+        The 2-norm of plain tensors (one process, or DDP, whose gradients are already the same on every
+        rank) is shared; another ``norm_type``, or sharded DTensor gradients (FSDP2, tensor parallel,
+        whose total needs every rank's pieces), is torch's own ``clip_grad_norm_``, after the watch's
+        pass: correct, at the cost of the second pass."""
+        self.gradients_ready()
+        params = [p for p in self.state.params if p is not None and p.grad is not None]
+        parts = self.state.grad_parts
+        sparse = any(g is not None and g.layout != torch.strided for g in (p.grad for p in params))
+        if norm_type != 2.0 or self.target.sharded or not parts or sparse:
+            return torch.nn.utils.clip_grad_norm_(params, max_norm, norm_type, error_if_nonfinite, foreach)
+        device = parts[0][1].device
+        total = torch.stack([n.double().square().sum().to(device) for _, n in parts]).sum().sqrt().float()
+        if error_if_nonfinite and not bool(torch.isfinite(total)):
+            raise RuntimeError(f"The total norm of order {norm_type} for gradients from `parameters` is "
+                               "non-finite, so it cannot be clipped. To disable this error and scale the "
+                               "gradients by the non-finite norm anyway, set `error_if_nonfinite=False`")
+        torch.nn.utils.clip_grads_with_norm_(params, max_norm, total, foreach)
+        return total
+
     def _at(self, check: bool = False, **now: Any) -> At:
         return At(self.state.count, check, self.target, self.ranks, state=self.state,
                   held_mask=self._held_mask, **now)

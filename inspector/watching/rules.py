@@ -492,14 +492,14 @@ class StillModules:
             elsewhere = bool((moving & ~same).any()) and not (moving & ~same)[idx].any()
             kept = self.still.get(module)
             if kept is None or kept[1] != idx:
-                self.still[module] = [1, idx, [at.params[i].detach().clone() for i in idx], elsewhere]
+                self.still[module] = [1, idx, [_held(at, i).detach().clone() for i in idx], elsewhere]
                 continue
             kept[0] += 1
             kept[3] = kept[3] or elsewhere
             if kept[0] < self.window:
                 continue
             del self.still[module]
-            if kept[3] and all(torch.equal(c, at.params[i]) for c, i in zip(kept[2], idx, strict=True)):
+            if kept[3] and all(torch.equal(c, _held(at, i)) for c, i in zip(kept[2], idx, strict=True)):
                 out.append(self._finding(at, module, idx, lr))
         for module in [m for m in self.still if m not in standing]:
             del self.still[module]
@@ -509,7 +509,7 @@ class StillModules:
         n, names = at.n, at.target.layout.parameters
         grad = float(np.sqrt(sum(float(n.param_grad[i]) ** 2 for i in idx)))
         rates = sorted({lr[id(at.params[i])] for i in idx})
-        dtypes = sorted({str(at.params[i].dtype).removeprefix("torch.") for i in idx})
+        dtypes = sorted({str(_held(at, i).dtype).removeprefix("torch.") for i in idx})
         return coded(
             "no-update", names[idx[0]],
             f"{module_label(module)}'s weights ({listed(dtypes)}) have not changed in {self.window} "
@@ -527,6 +527,13 @@ class StillModules:
                 for p in g["params"]:
                     out.setdefault(id(p), float(g.get("lr", 0.0)))
         return out
+
+
+def _held(at: At, i: int) -> torch.Tensor:
+    """Parameter ``i`` of this step, one the caller knows is there."""
+    p = at.params[i]
+    assert p is not None
+    return p
 
 
 class GradientsUsed:
