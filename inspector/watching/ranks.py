@@ -4,8 +4,8 @@ others how they ended.
 Every rank checks in at two places of each step: when a training forward pass of the model begins (a
 forward pre-hook of the model as given, so before DDP's buffer broadcast, FSDP's all-gather and the
 backward's gradient all-reduce), and when the step begins (the optimizer's pre-step hook or ``w.step()``,
-before the watch's own ``all_gather``). The N-th check-in publishes ``(kind, step, training forward
-passes)`` under the key ``at/N`` of the process group's key-value store and waits up to ``timeout``
+before the watch's own ``all_gather``). The N-th check-in publishes ``(N, kind, step, training
+forward passes)`` under one of two keys of this rank in the process group's key-value store and waits up to ``timeout``
 seconds for the other ranks' N-th. The store is not a collective: no rank starts a collective the others
 will not join. Where the ranks' N-th check-ins differ, the rank out of step is named at once: a rank that
 began a forward pass where the others stepped skipped ``optimizer.step()`` (its backward ran) or ran an
@@ -129,6 +129,15 @@ class Meeting:
         except Exception:  # noqa: BLE001 - a store whose host is gone reads as nothing
             return None
 
+    def _slot(self, k: int, rank: int) -> str:
+        """The key of check-in ``k`` of ``rank``: two keys a rank, used in turn (a rank is never more than
+        one check-in ahead of another, and each value carries its number)."""
+        return self._key(f"at/{k % 2}", rank)
+
+    def _read(self, k: int, rank: int) -> dict[str, Any] | None:
+        v = self._get(f"at/{k % 2}", rank) if k >= 0 else None
+        return v if v is not None and v.get("n") == k else None
+
     def check_in(self, kind: str, step: int, forwards: int, back: bool) -> None:
         """Check in (``kind``: ``"forward"`` or ``"step"``) and wait for every rank's check-in of the same
         number; raise :class:`RanksApart` naming the ranks out of step, failed or late."""
@@ -136,42 +145,43 @@ class Meeting:
             return
         if self.apart is not None:
             raise self.apart
-        value: dict[str, Any] = {"kind": kind, "step": step, "forwards": forwards, "back": back}
+        value: dict[str, Any] = {"n": self.k, "kind": kind, "step": step, "forwards": forwards, "back": back}
         if self.k == 0:
             value["model"] = self.model
-        keys = [self._key(f"at/{self.k}", r) for r in self.others]
-        self.store.set(self._key(f"at/{self.k}", self.rank), json.dumps(value))
-        self._wait(keys, value)
-        store = self.store
-        raw = store.multi_get(keys) if hasattr(store, "multi_get") else [store.get(k) for k in keys]
-        values = {r: json.loads(v) for r, v in zip(self.others, raw, strict=True)}
+        self.store.set(self._slot(self.k, self.rank), json.dumps(value))
+        values = self._wait(value)
         ended = {r: v["end"] for r, v in values.items() if "end" in v}
         if ended:
             self._apart_ended(value, ended)
         self._compare({**values, self.rank: value}, value)
-        if self.k > 0:
-            try:
-                store.delete_key(self._key(f"at/{self.k - 1}", self.rank))  # every rank is past it
-            except Exception:  # noqa: BLE001 - only tidiness
-                pass
         self.previous = value
         self.k += 1
 
-    def _wait(self, keys: list[str], value: dict[str, Any]) -> None:
-        """Until every key is there (a look every few ms: no exception, no c10d warning), or the timeout."""
-        deadline = time.monotonic() + self.timeout
+    def _wait(self, value: dict[str, Any]) -> dict[int, dict[str, Any]]:
+        """Every other rank's check-in of this number (a look every few ms: no exception, no c10d
+        warning), or :meth:`_apart_late` once the timeout passes."""
+        k, store = self.k, self.store
+        keys = [self._slot(k, r) for r in self.others]
+        there = k >= 2  # every other rank wrote both its keys by now: read them without asking first
+        deadline = began = time.monotonic()
+        deadline += self.timeout
         pause = 0.0
         while True:
             try:
-                if self.store.check(keys):
-                    return
+                if there or store.check(keys):
+                    there = True
+                    raw = store.multi_get(keys) if hasattr(store, "multi_get") else [store.get(x) for x in keys]
+                    values = {r: json.loads(v) for r, v in zip(self.others, raw, strict=True)}
+                    if all(v.get("n") == k for v in values.values()):
+                        return values
             except Exception:  # noqa: BLE001 - the store's host is gone: wait out the timeout
                 pause = POLL
-            left = deadline - time.monotonic()
-            if left <= 0:
+            now = time.monotonic()
+            if now >= deadline:
                 self._apart_late(value)
-            time.sleep(min(pause, left))
-            pause = min(PAUSE, max(pause * 2, 5e-5))
+            if now - began > 0.002:  # ask again at once for 2 ms (each look waits for the store's answer)
+                time.sleep(min(pause, deadline - now))
+                pause = min(PAUSE if now - began > 0.05 else 5e-4, max(pause * 2, 5e-5))
 
     def _raise(self, text: dict[int, str], value: dict[str, Any]) -> None:
         ranks = sorted(text)
@@ -199,10 +209,10 @@ class Meeting:
         self._raise(text, value)
 
     def _apart_late(self, value: dict[str, Any]) -> None:
-        missing = [r for r in self.others if self._get(f"at/{self.k}", r) is None]
+        missing = [r for r in self.others if self._read(self.k, r) is None]
         if not missing:  # they came just now
             return
-        last = {r: self._get(f"at/{self.k - 1}", r) if self.k > 0 else None for r in missing}
+        last = {r: self._read(self.k - 1, r) for r in missing}
         prev = self.previous
         same = prev is not None and all(
             v is not None and (v["kind"], v["step"], v["forwards"]) == (prev["kind"], prev["step"], prev["forwards"])
@@ -211,7 +221,8 @@ class Meeting:
             text = {self.rank: (
                 f"rank {self.rank} ran an extra training forward pass: after {_where(prev)} it ran no backward "
                 f"pass and went on to {_where(value)}, while {_ranks(missing)} did not come within "
-                f"{self.timeout:g} s: they wait in a collective of the backward pass rank {self.rank} skipped "
+                f"{self.timeout:g} s: {'it waits' if len(missing) == 1 else 'they wait'} in a collective of the "
+                f"backward pass rank {self.rank} skipped "
                 "(DDP's gradient all-reduce). Every rank must run the same batches (an exception caught after "
                 "the forward pass?)")}
             self._raise(text, value)
@@ -274,7 +285,7 @@ class Meeting:
         end = {"step": step, "forwards": forwards, "failed": failed,
                "apart": {str(r): t for r, t in (apart or {}).items()}}
         try:
-            self.store.set(self._key(f"at/{self.k}", self.rank), json.dumps({"end": end}))
+            self.store.set(self._slot(self.k, self.rank), json.dumps({"n": self.k, "end": end}))
             self.store.set(self._key("end", self.rank), json.dumps(end))
         except Exception:  # noqa: BLE001 - the host of the store (rank 0) is gone: nobody to tell
             pass
@@ -288,7 +299,7 @@ class Meeting:
 
     def _last(self, r: int) -> dict[str, Any] | None:
         for k in (self.k, self.k - 1):
-            v = self._get(f"at/{k}", r) if k >= 0 else None
+            v = self._read(k, r)
             if v is not None and "end" not in v:
                 return v
         return None
