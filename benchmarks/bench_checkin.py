@@ -85,13 +85,14 @@ def _worker(rank: int, world: int, port: int, repeats: int, width: int, out: str
             with_, without = times["check-ins"], times["none"]
             diff = statistics.median(a - b for a, b in zip(with_, without, strict=True))
             ratio = statistics.median(a / b for a, b in zip(with_, without, strict=True))
-            print(f"DDP step, 8 x Linear({width}, {width}), batch 32, {repeats} paired rounds, world 2 (gloo, CPU)")
+            print(f"DDP step, 8 x Linear({width}, {width}), batch 32, {repeats} paired rounds, world 2 "
+                  "(gloo, CPU)")
             print(f"  step without check-ins  {statistics.median(without) * 1e3:8.3f} ms")
             print(f"  step with check-ins     {statistics.median(with_) * 1e3:8.3f} ms")
             print(f"  paired difference       {diff * 1e3:8.3f} ms per step (two check-ins)")
             print(f"  paired ratio            {ratio:8.3f}x")
-            print(f"  in the check-ins        {statistics.median(inside) * 1e3:8.3f} ms per step (median; waiting "
-                  "for the other rank there is waiting it would do in the first collective)")
+            print(f"  in the check-ins        {statistics.median(inside) * 1e3:8.3f} ms per step (median; "
+                  "waiting for the other rank there is waiting it would do in the first collective)")
             print(f"  one check-in alone      {alone * 1e3:8.3f} ms (1,000 in a row, both ranks in lockstep)")
     finally:
         end_group()

@@ -15,7 +15,7 @@ from ranks import init, spawn_ranks
 from torch import nn
 
 TIMEOUT = 5.0  # the watch's timeout in these runs: every case ends well within a minute
-CASES = ("healthy", "batch", "step", "model", "late", "forward")  # "forward" leaves a collective hanging: last
+CASES = ("healthy", "batch", "step", "model", "late", "forward")  # "forward" leaves a collective hanging
 
 
 def _net(wide: bool = False) -> nn.Module:

@@ -3,18 +3,18 @@ others how they ended.
 
 Every rank checks in at two places of each step: when a training forward pass of the model begins (a
 forward pre-hook of the model as given, so before DDP's buffer broadcast, FSDP's all-gather and the
-backward's gradient all-reduce), and when the step begins (the optimizer's pre-step hook or ``w.step()``,
-before the watch's own ``all_gather``). The N-th check-in publishes ``(N, kind, step, training
-forward passes)`` under one of two keys of this rank in the process group's key-value store and waits up to ``timeout``
-seconds for the other ranks' N-th. The store is not a collective: no rank starts a collective the others
-will not join. Where the ranks' N-th check-ins differ, the rank out of step is named at once: a rank that
-began a forward pass where the others stepped skipped ``optimizer.step()`` (its backward ran) or ran an
-extra forward pass (no backward after its last one); a rank that left the watch with fewer batches
-skipped a batch; a rank whose model differs (its first check-in carries the trainable parameters' names
-and shapes) watches another model. A rank that does not come within ``timeout`` seconds is named as late
-(it joined late, stopped, hangs or vanished); when this rank began a forward pass with no backward after
-its last one and the others stayed at that forward pass, this rank is named: the others wait in the
-collective of the backward it skipped.
+backward's gradient all-reduce), and when the step begins (the optimizer's pre-step hook or
+``w.step()``, before the watch's own ``all_gather``). The N-th check-in publishes ``(N, kind, step,
+training forward passes)`` under one of two keys of this rank in the process group's key-value store and
+waits up to ``timeout`` seconds for the other ranks' N-th. The store is not a collective: no rank starts
+a collective the others will not join. Where the ranks' N-th check-ins differ, the rank out of step is
+named at once: a rank that began a forward pass where the others stepped skipped ``optimizer.step()``
+(its backward ran) or ran an extra forward pass (no backward after its last one); a rank that left the
+watch with fewer batches skipped a batch; a rank whose model differs (its first check-in carries the
+trainable parameters' names and shapes) watches another model. A rank that does not come within
+``timeout`` seconds is named as late (it joined late, stopped, hangs or vanished); when this rank began
+a forward pass with no backward after its last one and the others stayed at that forward pass, this rank
+is named: the others wait in the collective of the backward it skipped.
 
 The wait looks at the store (``check``, no exception, nothing logged) every few milliseconds, so signals
 are handled while it waits and c10d prints nothing. A rank that stops (out of step, failed, completed)
@@ -161,6 +161,7 @@ class Meeting:
         """Every other rank's check-in of this number (a look every few ms: no exception, no c10d
         warning), or :meth:`_apart_late` once the timeout passes."""
         k, store = self.k, self.store
+        assert store is not None
         keys = [self._slot(k, r) for r in self.others]
         there = k >= 2  # every other rank wrote both its keys by now: read them without asking first
         deadline = began = time.monotonic()
@@ -170,7 +171,8 @@ class Meeting:
             try:
                 if there or store.check(keys):
                     there = True
-                    raw = store.multi_get(keys) if hasattr(store, "multi_get") else [store.get(x) for x in keys]
+                    raw = (store.multi_get(keys) if hasattr(store, "multi_get")
+                           else [store.get(x) for x in keys])
                     values = {r: json.loads(v) for r, v in zip(self.others, raw, strict=True)}
                     if all(v.get("n") == k for v in values.values()):
                         return values
@@ -204,8 +206,9 @@ class Meeting:
             what = ("a batch (no forward pass, no step: every rank must run as many batches)"
                     if e["forwards"] < mine else
                     "a step (optimizer.step() or w.step(): every rank must make as many)")
-            text[r] = (f"rank {r} left the watch after {e['step']} step(s) and {e['forwards']} training forward "
-                       f"pass(es) while rank {self.rank} went on to {_where(value)}: rank {r} skipped {what}")
+            text[r] = (f"rank {r} left the watch after {e['step']} step(s) and {e['forwards']} training "
+                       f"forward pass(es) while rank {self.rank} went on to {_where(value)}: rank {r} "
+                       f"skipped {what}")
         self._raise(text, value)
 
     def _apart_late(self, value: dict[str, Any]) -> None:
@@ -214,17 +217,16 @@ class Meeting:
             return
         last = {r: self._read(self.k - 1, r) for r in missing}
         prev = self.previous
-        same = prev is not None and all(
-            v is not None and (v["kind"], v["step"], v["forwards"]) == (prev["kind"], prev["step"], prev["forwards"])
-            for v in last.values())
-        if same and prev["kind"] == "forward" and not value["back"]:
+        point = ("kind", "step", "forwards")
+        if (prev is not None and prev["kind"] == "forward" and not value["back"] and all(
+                v is not None and [v[x] for x in point] == [prev[x] for x in point] for v in last.values())):
+            wait = "it waits" if len(missing) == 1 else "they wait"
             text = {self.rank: (
-                f"rank {self.rank} ran an extra training forward pass: after {_where(prev)} it ran no backward "
-                f"pass and went on to {_where(value)}, while {_ranks(missing)} did not come within "
-                f"{self.timeout:g} s: {'it waits' if len(missing) == 1 else 'they wait'} in a collective of the "
-                f"backward pass rank {self.rank} skipped "
-                "(DDP's gradient all-reduce). Every rank must run the same batches (an exception caught after "
-                "the forward pass?)")}
+                f"rank {self.rank} ran an extra training forward pass: after {_where(prev)} it ran no "
+                f"backward pass and went on to {_where(value)}, while {_ranks(missing)} did not come within "
+                f"{self.timeout:g} s: {wait} in a collective of the backward pass rank {self.rank} skipped "
+                "(DDP's gradient all-reduce). Every rank must run the same batches (an exception caught "
+                "after the forward pass?)")}
             self._raise(text, value)
         text = {}
         for r in missing:
@@ -234,8 +236,8 @@ class Meeting:
                            "loop, or hangs")
             else:
                 text[r] = (f"rank {r} did not reach {_where(value)} within {self.timeout:g} s (its last: "
-                           f"{_where(last[r])}): it stopped, hangs (in a collective another rank skipped?), "
-                           "vanished (killed, out of memory), or skipped a step")
+                           f"{_where(last[r] or value)}): it stopped, hangs (in a collective another rank "
+                           "skipped?), vanished (killed, out of memory), or skipped a step")
         self._raise(text, value)
 
     def _compare(self, values: dict[int, dict[str, Any]], value: dict[str, Any]) -> None:
@@ -248,8 +250,8 @@ class Meeting:
                 who = _ranks(sorted(r for r, m in models.items() if m == ref))
                 theirs = values[min(r for r, m in models.items() if m == ref)]["model"]
                 self._raise({r: (f"rank {r} watches another model than {who}: {_model(values[r]['model'])} "
-                                 f"against {_model(theirs)} (or other names or shapes); every rank must watch "
-                                 "the same model") for r, m in models.items() if m != ref}, value)
+                                 f"against {_model(theirs)} (or other names or shapes); every rank must "
+                                 "watch the same model") for r, m in models.items() if m != ref}, value)
         keys = {r: (v["kind"], v["step"], v["forwards"]) for r, v in values.items()}
         if len(set(keys.values())) == 1:
             return
@@ -262,9 +264,9 @@ class Meeting:
                 continue
             behind = (v["step"], v["kind"] == "step") < (there["step"], there["kind"] == "step")
             if behind and v["kind"] == "forward" and v["back"]:
-                text[r] = (f"rank {r} skipped optimizer.step() (or w.step()) at step {v['step']}: its forward "
-                           f"and backward passes ran, then it began {_where(v)} while {_ranks(on)} went on "
-                           f"to {_where(there)}")
+                text[r] = (f"rank {r} skipped optimizer.step() (or w.step()) at step {v['step']}: its "
+                           f"forward and backward passes ran, then it began {_where(v)} while {_ranks(on)} "
+                           f"went on to {_where(there)}")
             elif behind and v["kind"] == "forward":
                 text[r] = (f"rank {r} ran an extra training forward pass at step {v['step']}: it began "
                            f"{_where(v)} with no backward pass after its last one while {_ranks(on)} went on "
@@ -279,7 +281,8 @@ class Meeting:
         self._raise(text, value)
 
     def _publish(self, step: int, forwards: int, failed: str, apart: dict[int, str] | None = None) -> None:
-        """How this rank ended, over its pending check-in (a rank waiting there reads it) and under ``end``."""
+        """How this rank ended, over its pending check-in (a rank waiting there reads it) and under
+        ``end``."""
         if self.store is None:
             return
         end = {"step": step, "forwards": forwards, "failed": failed,
@@ -317,14 +320,15 @@ class Meeting:
             if len(ended) == len(self.others) or time.monotonic() >= deadline:
                 break
             time.sleep(0.1)
-        out = {}
+        out: dict[int, Finding] = {}
         for e in ended.values():
             for r, t in (e.get("apart") or {}).items():
                 out.setdefault(int(r), coded("run-failed", ROOT_LABEL, t))
         for r in self.others:
             e = ended.get(r)
             if e is not None and e.get("failed"):
-                out[r] = coded("run-failed", ROOT_LABEL, f"rank {r} failed at step {e['step']} by {e['failed']}")
+                out[r] = coded("run-failed", ROOT_LABEL,
+                               f"rank {r} failed at step {e['step']} by {e['failed']}")
             elif e is None and lost:
                 at = self._last(r)
                 last = f"last seen at {_where(at)}" if at is not None else "seen at no check-in"

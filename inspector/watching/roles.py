@@ -116,11 +116,12 @@ class Ranks:
         self.clock = ComputeClock(sharded)
 
     def open(self, model: dict[str, Any] | None = None) -> None:
-        self.meeting = Meeting(self.group, self.rank, self.world, self.timeout, model) if self.world > 1 else None
+        self.meeting = (Meeting(self.group, self.rank, self.world, self.timeout, model) if self.world > 1
+                        else None)
 
     def check_in(self, kind: str, step: int) -> None:
-        """Check in with the other ranks before a training forward pass (``"forward"``) or a step (``"step"``);
-        raises :class:`~.ranks.RanksApart` where they are out of step."""
+        """Check in with the other ranks before a training forward pass (``"forward"``) or a step
+        (``"step"``); raises :class:`~.ranks.RanksApart` where they are out of step."""
         if self.meeting is None:
             return
         back = self.back
