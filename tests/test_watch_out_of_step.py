@@ -37,6 +37,12 @@ def _case(case: str, rank: int, out: Path) -> None:
     with watch(model, opt, out / f"{case}.inspect", timeout=TIMEOUT):
         for step in range(4):
             odd = rank == 1 and step == 1
+            if case == "healthy":  # two micro-batches a step, and an evaluation on rank 0 alone: in step
+                with model.no_sync():
+                    model(torch.ones(2, 4)).pow(2).mean().backward()
+                if rank == 0:
+                    with torch.no_grad():
+                        model(torch.ones(2, 4))
             if case == "batch" and odd:
                 continue  # rank 1 skips a batch: no forward pass, no step
             loss = model(torch.full((2, 4), float(step + 1))).pow(2).mean()
