@@ -144,8 +144,7 @@ class Watch:
         if r.rank == 0:
             self.recorder.writer = RunWriter(self.path, self.meta)
         r.open(model_key(t.root, t.layout))
-        if r.meeting is not None:  # before the model's forward: before DDP's, FSDP's and the backward's
-            # collectives
+        if r.meeting is not None:  # first of the forward's hooks: before DDP's and FSDP's collectives
             hold(t.model.register_forward_pre_hook(self._forward_starts, prepend=True))
         if self.options.nonfinite:
             from ..runfiles.captured import remove_captures

@@ -107,7 +107,7 @@ class Ranks:
         self.world = dist.get_world_size(group) if initialised else 1
         self.rank = dist.get_rank(group) if initialised else 0
         self.distributed = self.world > 1 if distributed is None else distributed
-        if not timeout > 0:
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
             raise InspectorError(f"timeout must be a number of seconds over 0, got {timeout!r}")
         self.timeout = timeout
         self.meeting: Meeting | None = None
