@@ -28,7 +28,7 @@ from .checks import Optimizers, failure_finding
 from .layout import current, refresh
 from .numbers import Numbers
 from .producer import producer_at_forward_end
-from .ranks import RanksApart, gather_numbers, merge_findings
+from .ranks import RanksApart, gather_numbers, merge_findings, model_key
 from .result import WatchResult
 from .roles import Ranks, Recorder, Scalars, StopControl, Target, WatchOptions
 from .rows import step_record
@@ -49,7 +49,7 @@ class Watch:
                  window: int = 5, explode_factor: float = 8.0, loss_factor: float = 3.0,
                  recur_after: int = 5, capture_bytes: int = 64 << 20,
                  group: Any = None, distributed: bool | None = None, name: str = "", note: str = "",
-                 timeout: float = 300.0, on_finding: Callable[[StepFinding], None] | None = None,
+                 timeout: float = 60.0, on_finding: Callable[[StepFinding], None] | None = None,
                  keep: bool | int = False, keep_weights: bool = False, keep_bytes: int = 1 << 30) -> None:
         self.target = t = Target.of(model, optimizer)
         self.options = WatchOptions(every, nonfinite, update_ratio, scaler, window, explode_factor,
@@ -143,7 +143,9 @@ class Watch:
         t, r, hold = self.target, self.ranks, self._stack.enter_context
         if r.rank == 0:
             self.recorder.writer = RunWriter(self.path, self.meta)
-        r.open()
+        r.open(model_key(t.root, t.layout))
+        if r.meeting is not None:  # first of the forward's hooks: before DDP's and FSDP's collectives
+            hold(t.model.register_forward_pre_hook(self._forward_starts, prepend=True))
         if self.options.nonfinite:
             from ..runfiles.captured import remove_captures
 
@@ -178,7 +180,7 @@ class Watch:
         ``error`` that ended the block is recorded as a ``run-failed`` finding at the step it was in."""
         meeting = self.ranks.meeting
         if meeting is not None:  # the other ranks learn how this one ended; rank 0 records theirs
-            meeting.ended(self.state.count, None if isinstance(error, RanksApart) else error)
+            meeting.ended(self.state.count, self.ranks.forwards, error)
         for rank, f in self.checks.run("close", self._at(error=error), []):
             self._record_now(f, rank)
         self._stack.close()
@@ -310,7 +312,7 @@ class Watch:
 
     def _forwarded(self, module: nn.Module, args: Any, kwargs: Any, output: Any) -> None:
         if module.training and torch.is_grad_enabled():  # a training forward: its batch as the model took it
-            self.ranks.forwarded()
+            self.ranks.forwarded(output)
             if self.tracer is None:  # the tracer sees the batch itself
                 self.state.see_batch(args, kwargs)
 
@@ -341,13 +343,17 @@ class Watch:
             return args, {**kwargs, "closure": closure_then_measure}
         return (args[0], closure_then_measure, *args[2:]), kwargs
 
-    def _meet(self) -> None:
-        """Every rank at this step before the step's first collective (:mod:`.ranks`)."""
-        meeting = self.ranks.meeting
-        if meeting is None:
+    def _forward_starts(self, module: nn.Module, args: Any) -> None:
+        """The model's forward pre-hook: a training forward pass checks in before its first collective."""
+        if module.training and torch.is_grad_enabled():
+            self._check_in("forward")
+
+    def _check_in(self, kind: str) -> None:
+        """Every rank at the same forward pass or step before its first collective (:mod:`.ranks`)."""
+        if self.ranks.meeting is None:
             return
         try:
-            meeting.meet(self.state.count, self.ranks.forwards)
+            self.ranks.check_in(kind, self.state.count)
         except RanksApart as apart:  # recorded on the rank(s) at fault; no collective was started
             for r in apart.ranks:
                 self._record_now(apart.findings[r], r)
@@ -396,7 +402,7 @@ class Watch:
 
     def _pre_step(self) -> None:
         self._pre_done = True
-        self._meet()
+        self._check_in("step")
         t = self.target
         check = self.state.count % self.options.every == 0
         if check:

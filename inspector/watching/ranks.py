@@ -1,17 +1,28 @@
-"""The ranks of a watched run meet at each step, with a timeout, and tell rank 0 how they ended.
+"""The ranks of a watched run check in before each collective of a step, with a timeout, and tell the
+others how they ended.
 
-Before the step's ``all_gather`` every rank publishes ``(step, training forward passes)`` under a
-key of the process group's key-value store and waits up to ``timeout`` seconds for the other
-ranks' keys. The store is not a collective and takes a timeout, so no collective starts until
-every rank is at the same step: a rank that skipped ``w.step()`` or ran a batch it never stepped
-(an exception caught after its forward pass) is named at once, a rank that stopped or vanished
-when the timeout passes, instead of a hang.
+Every rank checks in at two places of each step: when a training forward pass of the model begins (a
+forward pre-hook of the model as given, so before DDP's buffer broadcast, FSDP's all-gather and the
+backward's gradient all-reduce), and when the step begins (the optimizer's pre-step hook or
+``w.step()``, before the watch's own ``all_gather``). The N-th check-in publishes ``(N, kind, step,
+training forward passes)`` under one of two keys of this rank in the process group's key-value store and
+waits up to ``timeout`` seconds for the other ranks' N-th. The store is not a collective: no rank starts
+a collective the others will not join. Where the ranks' N-th check-ins differ, the rank out of step is
+named at once: a rank that began a forward pass where the others stepped skipped ``optimizer.step()``
+(its backward ran) or ran an extra forward pass (no backward after its last one); a rank that left the
+watch with fewer batches skipped a batch; a rank whose model differs (its first check-in carries the
+trainable parameters' names and shapes) watches another model. A rank that does not come within
+``timeout`` seconds is named as late (it joined late, stopped, hangs or vanished); when this rank began
+a forward pass with no backward after its last one and the others stayed at that forward pass, this rank
+is named: the others wait in the collective of the backward it skipped.
 
-A rank whose watch ends publishes how: completed, or failed (step, exception type and message).
-A rank waiting at the meeting reads it and stops naming that rank; rank 0, which writes the run
-file, records every other rank's failure as a ``run-failed`` finding on that rank's row when its
-own watch ends. A rank that died without a word (SIGKILL, out of memory) is recorded as vanished
-when rank 0's own watch ends on a communication error, or when the meeting's timeout passes.
+The wait looks at the store (``check``, no exception, nothing logged) every few milliseconds, so signals
+are handled while it waits and c10d prints nothing. A rank that stops (out of step, failed, completed)
+writes how it ended over its next check-in and under ``end``: a rank that comes to that check-in later
+reads it and stops naming the same ranks; rank 0, which writes the run file, records every other rank's
+failure as a ``run-failed`` finding on that rank's row when its own watch ends. A rank that died without
+a word (SIGKILL, out of memory) is recorded as vanished when rank 0's own watch ends on a communication
+error, or when the check-in's timeout passes.
 """
 
 from __future__ import annotations
@@ -19,7 +30,7 @@ from __future__ import annotations
 import json
 import math
 import time
-from datetime import timedelta
+import zlib
 from typing import Any
 
 import torch
@@ -31,11 +42,12 @@ from ..utils.codes import coded
 from ..utils.dtensors import default_store
 from ..utils.findings import Finding, InspectorError
 from ..utils.labels import ROOT_LABEL
-from .layout import Layout
+from .layout import Layout, current
 from .numbers import Numbers
 
 _opened: dict[str, int] = {}  # group tag -> watches this process opened on it (the same on every rank)
-POLL = 0.5
+POLL = 0.5  # the pause after a store that failed at once
+PAUSE = 0.01  # the longest pause between two looks at the store while a check-in waits
 
 
 class RanksApart(InspectorError):
@@ -62,14 +74,44 @@ def communication_error(error: BaseException) -> bool:
         w in text for w in ("connection closed", "connection reset", "gloo", "nccl", "timed out", "peer"))
 
 
-class Meeting:
-    """One watch's meetings (a no-op without a store or with one rank)."""
+def model_key(root: nn.Module, layout: Layout) -> dict[str, Any]:
+    """What every rank's model must share: its trainable parameters (count, elements, and a checksum of
+    their names and global shapes)."""
+    params = current(root, layout.parameters)
+    shapes = [tuple(p.shape) if p is not None else () for p in params]
+    text = ";".join(f"{n}:{s}" for n, s in zip(layout.parameters, shapes, strict=True))
+    return {"n": len(shapes), "numel": sum(math.prod(s) for s in shapes),
+            "crc": zlib.crc32(text.encode()) & 0xFFFFFFFF}
 
-    def __init__(self, group: Any, rank: int, world: int, timeout: float) -> None:
+
+def _ranks(ranks: list[int]) -> str:
+    return f"rank {ranks[0]}" if len(ranks) == 1 else "ranks " + ", ".join(str(r) for r in ranks)
+
+
+def _where(v: dict[str, Any]) -> str:
+    """A check-in in words."""
+    if v["kind"] == "forward":
+        return f"training forward pass {v['forwards'] + 1} (at step {v['step']})"
+    return f"step {v['step']} (after {v['forwards']} training forward passes)"
+
+
+def _model(m: dict[str, Any]) -> str:
+    return f"{m['n']} trainable parameters of {m['numel']:,} elements"
+
+
+class Meeting:
+    """One watch's check-ins (a no-op without a store or with one rank)."""
+
+    def __init__(self, group: Any, rank: int, world: int, timeout: float,
+                 model: dict[str, Any] | None = None) -> None:
         self.rank, self.world, self.timeout = rank, world, timeout
+        self.model = model or {}
         self.store = default_store() if world > 1 else None
         self.tag = ""
-        self.last = -1
+        self.k = 0  # the next check-in
+        self.previous: dict[str, Any] | None = None  # this rank's last check-in
+        self.apart: RanksApart | None = None  # once out of step, every later check-in raises it again
+        self.others = [r for r in range(world) if r != rank]
         if self.store is not None:
             tag = _group_tag(group)
             _opened[tag] = _opened.get(tag, 0) + 1
@@ -87,116 +129,221 @@ class Meeting:
         except Exception:  # noqa: BLE001 - a store whose host is gone reads as nothing
             return None
 
-    def meet(self, step: int, forwards: int) -> None:
-        """Wait for every rank at ``step``; raise :class:`RanksApart` naming the ranks that are not."""
+    def _slot(self, k: int, rank: int) -> str:
+        """The key of check-in ``k`` of ``rank``: two keys a rank, used in turn (a rank is never more than
+        one check-in ahead of another, and each value carries its number)."""
+        return self._key(f"at/{k % 2}", rank)
+
+    def _read(self, k: int, rank: int) -> dict[str, Any] | None:
+        v = self._get(f"at/{k % 2}", rank) if k >= 0 else None
+        return v if v is not None and v.get("n") == k else None
+
+    def check_in(self, kind: str, step: int, forwards: int, back: bool) -> None:
+        """Check in (``kind``: ``"forward"`` or ``"step"``) and wait for every rank's check-in of the same
+        number; raise :class:`RanksApart` naming the ranks out of step, failed or late."""
         if self.store is None:
             return
-        self.store.set(self._key(f"at/{step}", self.rank), str(forwards))
-        others = [r for r in range(self.world) if r != self.rank]
-        keys = [self._key(f"at/{step}", r) for r in others]
-        deadline = time.monotonic() + self.timeout
+        if self.apart is not None:
+            raise self.apart
+        value: dict[str, Any] = {"n": self.k, "kind": kind, "step": step, "forwards": forwards, "back": back}
+        if self.k == 0:
+            value["model"] = self.model
+        self.store.set(self._slot(self.k, self.rank), json.dumps(value))
+        values = self._wait(value)
+        ended = {r: v["end"] for r, v in values.items() if "end" in v}
+        if ended:
+            self._apart_ended(value, ended)
+        self._compare({**values, self.rank: value}, value)
+        self.previous = value
+        self.k += 1
+
+    def _wait(self, value: dict[str, Any]) -> dict[int, dict[str, Any]]:
+        """Every other rank's check-in of this number (a look every few ms: no exception, no c10d
+        warning), or :meth:`_apart_late` once the timeout passes."""
+        k, store = self.k, self.store
+        assert store is not None
+        keys = [self._slot(k, r) for r in self.others]
+        there = k >= 2  # every other rank wrote both its keys by now: read them without asking first
+        deadline = began = time.monotonic()
+        deadline += self.timeout
+        pause = 0.0
         while True:
-            began = time.monotonic()
             try:
-                self.store.wait(keys, timedelta(seconds=max(0.001, min(POLL, deadline - time.monotonic()))))
-                break
-            except Exception:  # noqa: BLE001 - a slice of the wait passed (or the store's host is gone)
-                if time.monotonic() - began < POLL / 2:  # the store failed at once: do not spin
-                    time.sleep(min(POLL, max(0.0, deadline - time.monotonic())))
-                ended = {r: e for r in others if (e := self._get("end", r)) is not None}
-                if ended:
-                    self._apart_ended(step, ended)
-                if time.monotonic() >= deadline:
-                    self._apart_late(step, others)
-        store = self.store
-        values = store.multi_get(keys) if hasattr(store, "multi_get") else [store.get(k) for k in keys]
-        differ = {r: int(v) for r, v in zip(others, values, strict=True) if int(v) != forwards}
-        if differ:
-            self._apart_forwards(step, forwards, differ)
-        if step > 0:
-            try:
-                self.store.delete_key(self._key(f"at/{step - 1}", self.rank))  # every rank is past it
-            except Exception:  # noqa: BLE001 - only tidiness
-                pass
-        self.last = step
+                if there or store.check(keys):
+                    there = True
+                    raw = (store.multi_get(keys) if hasattr(store, "multi_get")
+                           else [store.get(x) for x in keys])
+                    values = {r: json.loads(v) for r, v in zip(self.others, raw, strict=True)}
+                    if all(v.get("n") == k for v in values.values()):
+                        return values
+            except Exception:  # noqa: BLE001 - the store's host is gone: wait out the timeout
+                pause = POLL
+            now = time.monotonic()
+            if now >= deadline:
+                self._apart_late(value)
+            if now - began > 0.002:  # ask again at once for 2 ms (each look waits for the store's answer)
+                time.sleep(min(pause, deadline - now))
+                pause = min(PAUSE if now - began > 0.05 else 5e-4, max(pause * 2, 5e-5))
 
-    def _last_step(self, r: int, step: int) -> int | None:
-        for s in range(step, max(step - 64, -1), -1):
-            if self._get(f"at/{s}", r) is not None:
-                return s
-        return None
+    def _raise(self, text: dict[int, str], value: dict[str, Any]) -> None:
+        ranks = sorted(text)
+        findings = {r: coded("run-failed", ROOT_LABEL, text[r]) for r in ranks}
+        self.apart = RanksApart(f"the watch on rank {self.rank} stopped at step {value['step']}: "
+                                + "; ".join(text[r] for r in ranks), ranks, findings)
+        self._publish(value["step"], value["forwards"], "", text)
+        raise self.apart
 
-    def _raise(self, ranks: list[int], text: dict[int, str], step: int) -> None:
-        findings = {r: coded("run-failed", ROOT_LABEL, t) for r, t in text.items()}
-        raise RanksApart(f"the watch on rank {self.rank} stopped at step {step}: " + "; ".join(text.values()),
-                         ranks, findings)
-
-    def _apart_ended(self, step: int, ended: dict[int, Any]) -> None:
+    def _apart_ended(self, value: dict[str, Any], ended: dict[int, Any]) -> None:
+        apart = {int(r): t for e in ended.values() for r, t in (e.get("apart") or {}).items()}
+        if apart:  # another rank named the ranks out of step already: the same ranks, in the same words
+            self._raise(apart, value)
         text = {}
+        mine = value["forwards"] + (value["kind"] == "forward")
         for r, e in ended.items():
             if e.get("failed"):
                 text[r] = f"rank {r} failed at step {e['step']} ({e['failed']}); the others stopped with it"
-            else:
-                text[r] = (f"rank {r} left the watch after {e['step']} step(s) while rank {self.rank} was at "
-                           f"step {step}: rank {r} skipped a step (every rank must make as many steps)")
-        self._raise(sorted(text), text, step)
-
-    def _apart_late(self, step: int, others: list[int]) -> None:
-        text = {}
-        for r in others:
-            if self._get(f"at/{step}", r) is not None:
                 continue
-            s = self._last_step(r, step - 1)
-            last = "made no step yet" if s is None else f"last reached step {s}"
-            text[r] = (f"rank {r} did not reach step {step} within {self.timeout:g} s ({last}): it stopped, "
-                       "hangs, was killed, or skipped a step")
-        self._raise(sorted(text), text, step)
+            what = ("a batch (no forward pass, no step: every rank must run as many batches)"
+                    if e["forwards"] < mine else
+                    "a step (optimizer.step() or w.step(): every rank must make as many)")
+            text[r] = (f"rank {r} left the watch after {e['step']} step(s) and {e['forwards']} training "
+                       f"forward pass(es) while rank {self.rank} went on to {_where(value)}: rank {r} "
+                       f"skipped {what}")
+        self._raise(text, value)
 
-    def _apart_forwards(self, step: int, forwards: int, differ: dict[int, Any]) -> None:
+    def _apart_late(self, value: dict[str, Any]) -> None:
+        missing = [r for r in self.others if self._read(self.k, r) is None]
+        if not missing:  # they came just now
+            return
+        last = {r: self._read(self.k - 1, r) for r in missing}
+        prev = self.previous
+        point = ("kind", "step", "forwards")
+        if (prev is not None and prev["kind"] == "forward" and not value["back"] and all(
+                v is not None and [v[x] for x in point] == [prev[x] for x in point] for v in last.values())):
+            wait = "it waits" if len(missing) == 1 else "they wait"
+            text = {self.rank: (
+                f"rank {self.rank} ran an extra training forward pass: after {_where(prev)} it ran no "
+                f"backward pass and went on to {_where(value)}, while {_ranks(missing)} did not come within "
+                f"{self.timeout:g} s: {wait} in a collective of the backward pass rank {self.rank} skipped "
+                "(DDP's gradient all-reduce). Every rank must run the same batches (an exception caught "
+                "after the forward pass?)")}
+            self._raise(text, value)
         text = {}
-        for r, f in differ.items():
-            more, fewer = (r, self.rank) if f > forwards else (self.rank, r)
-            text[more] = (f"rank {more} made {max(f, forwards)} training forward passes by step {step}, rank "
-                          f"{fewer} {min(f, forwards)}: rank {more} ran a batch it did not step (an "
-                          "exception caught after the forward pass?); every rank must run the same batches")
-        self._raise(sorted(text), text, step)
+        for r in missing:
+            if last[r] is None:
+                text[r] = (f"rank {r} made no check-in within {self.timeout:g} s of rank {self.rank}'s first "
+                           f"({_where(value)}): it joined late (its watch opened later), watches another "
+                           "loop, or hangs")
+            else:
+                text[r] = (f"rank {r} did not reach {_where(value)} within {self.timeout:g} s (its last: "
+                           f"{_where(last[r] or value)}): it stopped, hangs (in a collective another rank "
+                           "skipped?), vanished (killed, out of memory), or skipped a step")
+        self._raise(text, value)
 
-    def ended(self, step: int, error: BaseException | None) -> None:
-        """Tell the other ranks how this rank's watch ended (its failure, if any)."""
+    def _compare(self, values: dict[int, dict[str, Any]], value: dict[str, Any]) -> None:
+        """Raise naming the ranks whose check-in differs from the others' (the most ranks agreeing; between
+        as many, the ranks further on, or rank 0's model)."""
+        if self.k == 0:
+            models = {r: json.dumps(v.get("model", {}), sort_keys=True) for r, v in values.items()}
+            ref = _reference(models, lambda m: -min(r for r, v in models.items() if v == m))
+            if len(set(models.values())) > 1:
+                who = _ranks(sorted(r for r, m in models.items() if m == ref))
+                theirs = values[min(r for r, m in models.items() if m == ref)]["model"]
+                self._raise({r: (f"rank {r} watches another model than {who}: {_model(values[r]['model'])} "
+                                 f"against {_model(theirs)} (or other names or shapes); every rank must "
+                                 "watch the same model") for r, m in models.items() if m != ref}, value)
+        keys = {r: (v["kind"], v["step"], v["forwards"]) for r, v in values.items()}
+        if len(set(keys.values())) == 1:
+            return
+        ref = _reference(keys, lambda k: (k[1], k[0] == "step", -k[2]))
+        on = sorted(r for r, k in keys.items() if k == ref)
+        there = values[on[0]]
+        text = {}
+        for r, v in values.items():
+            if keys[r] == ref:
+                continue
+            behind = (v["step"], v["kind"] == "step") < (there["step"], there["kind"] == "step")
+            if behind and v["kind"] == "forward" and v["back"]:
+                text[r] = (f"rank {r} skipped optimizer.step() (or w.step()) at step {v['step']}: its "
+                           f"forward and backward passes ran, then it began {_where(v)} while {_ranks(on)} "
+                           f"went on to {_where(there)}")
+            elif behind and v["kind"] == "forward":
+                text[r] = (f"rank {r} ran an extra training forward pass at step {v['step']}: it began "
+                           f"{_where(v)} with no backward pass after its last one while {_ranks(on)} went on "
+                           f"to {_where(there)} (a batch whose backward and step were skipped: an exception "
+                           "caught after the forward pass?); every rank must run the same batches")
+            elif not behind and (v["step"], v["kind"]) != (there["step"], there["kind"]):
+                text[r] = (f"rank {r} went on to {_where(v)} while {_ranks(on)} began {_where(there)}: rank "
+                           f"{r} made a step the others did not (or they skipped theirs)")
+            else:
+                text[r] = (f"rank {r} made {v['forwards']} training forward passes by step {v['step']}, "
+                           f"{_ranks(on)} {there['forwards']}: every rank must run the same batches")
+        self._raise(text, value)
+
+    def _publish(self, step: int, forwards: int, failed: str, apart: dict[int, str] | None = None) -> None:
+        """How this rank ended, over its pending check-in (a rank waiting there reads it) and under
+        ``end``."""
         if self.store is None:
             return
-        failed = "" if error is None else f"{type(error).__name__}: {str(error).strip()[:300]}"
+        end = {"step": step, "forwards": forwards, "failed": failed,
+               "apart": {str(r): t for r, t in (apart or {}).items()}}
         try:
-            self.store.set(self._key("end", self.rank), json.dumps({"step": step, "failed": failed}))
+            self.store.set(self._slot(self.k, self.rank), json.dumps({"n": self.k, "end": end}))
+            self.store.set(self._key("end", self.rank), json.dumps(end))
         except Exception:  # noqa: BLE001 - the host of the store (rank 0) is gone: nobody to tell
             pass
 
+    def ended(self, step: int, forwards: int, error: BaseException | None) -> None:
+        """Tell the other ranks how this rank's watch ended (its failure, if any)."""
+        if self.store is None or self.apart is not None:  # out of step: told already
+            return
+        failed = "" if error is None else f"{type(error).__name__}: {str(error).strip()[:300]}"
+        self._publish(step, forwards, failed)
+
+    def _last(self, r: int) -> dict[str, Any] | None:
+        for k in (self.k, self.k - 1):
+            v = self._read(k, r)
+            if v is not None and "end" not in v:
+                return v
+        return None
+
     def failures(self, step: int, error: BaseException | None, grace: float = 3.0) -> dict[int, Finding]:
-        """On rank 0 at its end: every other rank's failure as a ``run-failed`` finding. When this rank's own
-        ``error`` is a collective's failure, a rank that sent no word within ``grace`` seconds vanished."""
+        """On rank 0 at its end: every other rank's failure as a ``run-failed`` finding, and the ranks another
+        rank named out of step. When this rank's own ``error`` is a collective's failure, a rank that sent no
+        word within ``grace`` seconds vanished."""
         if self.store is None or self.rank != 0:
             return {}
-        others = [r for r in range(self.world) if r != self.rank]
         lost = error is not None and communication_error(error) and not isinstance(error, RanksApart)
         deadline = time.monotonic() + (grace if lost else 0.0)
         while True:
-            ended = {r: e for r in others if (e := self._get("end", r)) is not None}
-            if len(ended) == len(others) or time.monotonic() >= deadline:
+            ended = {r: e for r in self.others if (e := self._get("end", r)) is not None}
+            if len(ended) == len(self.others) or time.monotonic() >= deadline:
                 break
             time.sleep(0.1)
-        out = {}
-        for r in others:
+        out: dict[int, Finding] = {}
+        for e in ended.values():
+            for r, t in (e.get("apart") or {}).items():
+                out.setdefault(int(r), coded("run-failed", ROOT_LABEL, t))
+        for r in self.others:
             e = ended.get(r)
             if e is not None and e.get("failed"):
                 out[r] = coded("run-failed", ROOT_LABEL,
-                                 f"rank {r} failed at step {e['step']} by {e['failed']}")
+                               f"rank {r} failed at step {e['step']} by {e['failed']}")
             elif e is None and lost:
-                at = self._last_step(r, step)
-                last = f"last seen at step {at}" if at is not None else "seen at no step"
+                at = self._last(r)
+                last = f"last seen at {_where(at)}" if at is not None else "seen at no check-in"
                 out[r] = coded("run-failed", ROOT_LABEL,
-                                 f"rank {r} vanished ({last}) without an exception of its own: killed by "
-                                 "a signal, out of memory, or its machine lost; rank 0's collective failed")
+                               f"rank {r} vanished ({last}) without an exception of its own: killed by "
+                               "a signal, out of memory, or its machine lost; rank 0's collective failed")
         return out
+
+
+def _reference(keys: dict[int, Any], further: Any) -> Any:
+    """The value the most ranks hold; between as many, the one ``further`` ranks highest."""
+    counts: dict[Any, int] = {}
+    for k in keys.values():
+        counts[k] = counts.get(k, 0) + 1
+    return max(counts, key=lambda k: (counts[k], further(k)))
 
 
 def gather_numbers(numbers: Numbers, layout: Layout, world: int, group: Any) -> list[Numbers]:
@@ -229,11 +376,18 @@ def merge_findings(own: list[Finding], numbers_all: list[Numbers], world: int,
 class ComputeClock:
     """A rank's own time before the step's first collective: from the step's start to the end of its
     first forward pass (to the forward's call under FSDP2 / tensor parallel, whose forward gathers;
-    the call of the outer wrapper comes before DDP's buffer broadcast)."""
+    the call of the outer wrapper comes before DDP's buffer broadcast), less the time it waited for the
+    other ranks at its check-in."""
 
     def __init__(self, sharded: bool) -> None:
         self.sharded = sharded
         self.called = self.forwarded = math.nan
+        self.waited = 0.0
+
+    def wait(self, seconds: float) -> None:
+        """``seconds`` waited for the other ranks, counted until the step's mark is taken."""
+        if math.isnan(self.called if self.sharded else self.forwarded):
+            self.waited += seconds
 
     def attach(self, model: nn.Module, root: nn.Module) -> list[RemovableHandle]:
         return [model.register_forward_pre_hook(self._call), root.register_forward_hook(self._end)]
@@ -250,7 +404,8 @@ class ComputeClock:
         """Seconds since ``start`` (NaN without a forward pass this step); starts the next step's."""
         end = self.called if self.sharded else self.forwarded
         self.called = self.forwarded = math.nan
-        return end - start
+        waited, self.waited = self.waited, 0.0
+        return end - start - waited
 
 
 def slow_ranks(times: list[float], at_least: float = 1.0, factor: float = 3.0) -> list[tuple[int, Finding]]:

@@ -7,6 +7,7 @@ each field names)."""
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,6 +26,7 @@ from .checks import Optimizers, optimizer_list
 from .layout import Layout
 from .ranks import ComputeClock, Meeting
 from .result import WatchResult
+from .tracer import floating
 
 
 @dataclass(frozen=True)
@@ -43,7 +45,7 @@ class WatchOptions:
     distributed: bool | None = None
     name: str = ""
     note: str = ""
-    timeout: float = 300.0
+    timeout: float = 60.0
     on_finding: Callable[[StepFinding], None] | None = None
 
     def __post_init__(self) -> None:
@@ -96,8 +98,8 @@ class Target:
 
 class Ranks:
     """The ranks a watch runs on: the process group, this rank and the world, whether the distributed
-    checks run, the meeting at each step (opened with the watch), the training forwards counted and
-    each rank's own time before the step's first collective."""
+    checks run, the check-ins before each forward pass and each step (opened with the watch), the training
+    forward passes counted and each rank's own time before the step's first collective."""
 
     def __init__(self, group: Any, distributed: bool | None, sharded: bool, timeout: float) -> None:
         initialised = dist.is_available() and dist.is_initialized()
@@ -105,17 +107,44 @@ class Ranks:
         self.world = dist.get_world_size(group) if initialised else 1
         self.rank = dist.get_rank(group) if initialised else 0
         self.distributed = self.world > 1 if distributed is None else distributed
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
+            raise InspectorError(f"timeout must be a number of seconds over 0, got {timeout!r}")
         self.timeout = timeout
         self.meeting: Meeting | None = None
-        self.forwards = 0  # training forward passes (grad on, train mode): every rank makes as many
+        self.forwards = 0  # training forward passes (grad on, train mode) begun: every rank makes as many
+        self.back = False  # a backward pass reached a training forward's output since the last forward began
         self.clock = ComputeClock(sharded)
 
-    def open(self) -> None:
-        self.meeting = Meeting(self.group, self.rank, self.world, self.timeout) if self.world > 1 else None
+    def open(self, model: dict[str, Any] | None = None) -> None:
+        self.meeting = (Meeting(self.group, self.rank, self.world, self.timeout, model) if self.world > 1
+                        else None)
 
-    def forwarded(self) -> None:
-        self.forwards += 1
+    def check_in(self, kind: str, step: int) -> None:
+        """Check in with the other ranks before a training forward pass (``"forward"``) or a step
+        (``"step"``); raises :class:`~.ranks.RanksApart` where they are out of step."""
+        if self.meeting is None:
+            return
+        back = self.back
+        if kind == "forward":
+            self.back = False
+        began = time.perf_counter()
+        self.meeting.check_in(kind, step, self.forwards, back)
+        self.clock.wait(time.perf_counter() - began)
+        if kind == "forward":
+            self.forwards += 1
 
+    def forwarded(self, output: Any) -> None:
+        """A training forward pass ended: its backward, when it comes, is noted (a hook on the output's
+        node, dropped with the graph)."""
+        if self.meeting is None:
+            return
+        for t in floating(output)[:8]:
+            node = t.grad_fn
+            if node is not None:
+                node.register_prehook(self._backward)
+
+    def _backward(self, grad_outputs: Any) -> None:
+        self.back = True
 
 class Recorder:
     """Builds the run: each finding once per (code, where, rank), or once per episode

@@ -667,8 +667,9 @@ class SpreadFolded:
 
 # -- when the watch closes (``found`` as (rank, finding) pairs, in the order they are recorded) -
 class RankFailures:
-    """``run-failed`` for another rank: it raised (its exception, at its step), or it vanished without
-    a word; recorded by rank 0 (not again for the ranks a :class:`RanksApart` already named)."""
+    """``run-failed`` for another rank: it raised (its exception, at its step), another rank's check-in
+    named it out of step, or it vanished without a word; recorded by rank 0 (not again for the ranks a
+    :class:`RanksApart` of its own already named)."""
 
     def __call__(self, at: At, found: list[Placed]) -> list[Placed]:
         meeting = at.ranks.meeting
