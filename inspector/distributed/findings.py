@@ -75,14 +75,35 @@ def _drift(row: dict[str, Any], step: int) -> list[Finding]:
                 )
             )
             continue
-        out.append(about(Finding(
-            "replica-drift", "error", row["name"],
-            f"{row['kind']} {row['name']} should be identical on {_ranks(ranks)} but at step {step} "
-            f"{_ranks(differ)} {'holds' if len(differ) == 1 else 'hold'} different values from "
-            f"{_ranks(agree)}. Something updated it on one rank only (an unsynchronised buffer such "
-            "as BatchNorm running statistics, a parameter outside FSDP/DDP, a rank-dependent "
-            "seed or in-place edit); broadcast it from rank 0 or shard/wrap it."), differ))
+        out.append(_drift_finding(row, step, ranks, agree, differ, counts))
     return out
+
+
+_DRIFT_CAUSES = ("Something updated it on one rank only (an unsynchronised buffer such as BatchNorm running "
+                 "statistics, a parameter outside FSDP/DDP, a rank-dependent seed or in-place edit)")
+
+
+def _drift_finding(row: dict[str, Any], step: int, ranks: list[int], agree: list[int], differ: list[int],
+                   counts: Counter) -> Finding:
+    """``replica-drift`` for one replica group. With a strict majority the other ranks are the odd ones
+    and the fix copies from a rank of the majority; without one (2 copies, or a tie) every copy is named
+    and no copy is taken as the right one."""
+    held = f"{row['kind']} {row['name']} should be identical on {_ranks(ranks)} but at step {step}"
+    top = counts.most_common(2)
+    if len(top) > 1 and top[0][1] == top[1][1]:  # no majority: nothing tells which copy is wrong
+        return about(Finding(
+            "replica-drift", "error", row["name"],
+            f"{held} {_ranks(ranks)} hold different values, {len(counts)} versions with no majority: nothing "
+            f"here tells which copy is wrong, so copying one onto the others may spread the bad one. Tell "
+            f"them apart first: compare each rank's copy with the last checkpoint, look at each rank's "
+            f"optimizer state for it (a step the others did not take moves its exp_avg / momentum), or "
+            f"run a third replica and keep the copy two agree on; then broadcast the right one from its "
+            f"rank, or shard/wrap it. {_DRIFT_CAUSES}."), ranks)
+    return about(Finding(
+        "replica-drift", "error", row["name"],
+        f"{held} {_ranks(differ)} {'holds' if len(differ) == 1 else 'hold'} different values from "
+        f"{_ranks(agree)}. {_DRIFT_CAUSES}; broadcast it from rank {agree[0]} (of the majority) or "
+        "shard/wrap it."), differ)
 
 
 def nonfinite_values(row: dict[str, Any]) -> list[Finding]:

@@ -396,14 +396,13 @@ class Watch:
     def _write(self, per_rank: list[Numbers], scalars: dict[str, float], gathered: ByRank,
                lrs: list[float]) -> None:
         step, writer = self.state.count, self.recorder.writer
-        records = []
-        for rank, n in enumerate(per_rank):
+        new: dict[int, list[Finding]] = {}
+        for rank in gathered.order or range(len(per_rank)):  # the table's order (the origin's rank first)
             self.recorder.first_time(gathered.quiet[rank], step, rank, quiet=True)
-            new = self.recorder.first_time(gathered.found[rank], step, rank)
-            if writer is not None:
-                records.append(step_record(step, rank, n, scalars if rank == 0 else {}, lrs, new))
-        if writer is not None:
-            writer.write(records)
+            new[rank] = self.recorder.first_time(gathered.found[rank], step, rank)
+        if writer is not None:  # rows in rank order; a reader puts the origin's findings first again
+            writer.write([step_record(step, rank, n, scalars if rank == 0 else {}, lrs, new[rank])
+                          for rank, n in enumerate(per_rank)])
 
 
 __all__ = ["Watch"]

@@ -68,10 +68,12 @@ class At:
 
 @dataclass
 class ByRank:
-    """The ``gathered`` phase's findings: each rank's to report, and each rank's to note as seen only."""
+    """The ``gathered`` phase's findings: each rank's to report, each rank's to note as seen only, and the
+    order in which the ranks' findings are recorded (empty: rank order)."""
 
     found: list[list[Finding]]
     quiet: list[list[Finding]]
+    order: list[int] = field(default_factory=list)
 
 
 class Check(Protocol):
