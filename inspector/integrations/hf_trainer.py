@@ -10,9 +10,10 @@ ranks and with NaN/Inf left out); the file closes at ``on_train_end``. :func:`wa
 when ``trainer.train()`` raises. Each step's gradients are taken once accelerate has unscaled them
 and before the Trainer clips them (``max_grad_norm``), so ``grad_norm`` is the pre-clip norm the
 Trainer logs: the accelerator's ``unscale_gradients`` and the Trainer's ``training_step`` are wrapped
-(on these instances) from ``on_train_begin`` to ``on_train_end``. A callback is handed no reference to its Trainer: ``watch_trainer`` gives it one,
-and a ``WatchCallback`` added by hand (``Trainer(callbacks=[...])``, ``add_callback``) finds the
-Trainer calling its ``on_train_begin`` among the few frames above it.
+(on these instances) from ``on_train_begin`` to ``on_train_end``. A callback is handed no reference to
+its Trainer: ``watch_trainer`` gives it one, and a ``WatchCallback`` added by hand
+(``Trainer(callbacks=[...])``, ``add_callback``) finds the Trainer calling its ``on_train_begin`` among
+the few frames above it.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from typing import Any
 import torch
 from transformers import TrainerCallback
 
-from .session import WatchedTraining, stop_message
+from .session import WatchedTraining
 
 
 class WatchCallback(TrainerCallback):
@@ -37,7 +38,7 @@ class WatchCallback(TrainerCallback):
         self.session = WatchedTraining(path, **options)
         self.trainer: Any = None  # set by watch_trainer; otherwise the Trainer calling on_train_begin
         self._unscale: Any = None
-        self._stepping: Any = None  # the Trainer whose training_step is wrapped
+        self._stepping: Any = None  # the Trainer whose training_step is wrapped, and its own attribute
 
     @property
     def result(self) -> Any:
@@ -83,7 +84,8 @@ class WatchCallback(TrainerCallback):
         original = getattr(trainer, "training_step", None)
         if original is None:
             return
-        session, summed = self.session, [None, -1]  # the step's loss so far, and the step it belongs to
+        session = self.session
+        summed: list[Any] = [None, -1]  # the step's loss so far, and the step it belongs to
 
         def step_then_log(*args: Any, **kwargs: Any) -> Any:
             loss = original(*args, **kwargs)
@@ -95,23 +97,26 @@ class WatchCallback(TrainerCallback):
                 session.log(loss=summed[0])
             return loss
 
+        self._stepping = (trainer, vars(trainer).get("training_step"))  # put back at the end
         trainer.training_step = step_then_log
-        self._stepping = trainer
 
     def _unfollow(self) -> None:
         accelerator, self._unscale = self._unscale, None
         if accelerator is not None:
             accelerator.__dict__.pop("unscale_gradients", None)
-        trainer, self._stepping = self._stepping, None
-        if trainer is not None:
+        stepping, self._stepping = self._stepping, None
+        if stepping is not None:
+            trainer, before = stepping
             trainer.__dict__.pop("training_step", None)
+            if before is not None:
+                trainer.training_step = before
 
     def on_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self.session.after_step()
         if self.session.should_stop and not control.should_training_stop:
             control.should_training_stop = True
             if self.session.rank == 0:
-                print(f"[inspector] {stop_message(self.session.stop_finding(), self.session.world)}", flush=True)
+                print(f"[inspector] {self.session.stop_line()}", flush=True)
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self._unfollow()

@@ -128,6 +128,10 @@ class WatchedTraining:
         return self.stopped_by or StepFinding(self.watch.state.count if self.watch else 0, None, "run-failed",
                                               "error", "", "another rank asked every rank to stop")
 
+    def stop_line(self) -> str:
+        """:func:`stop_message` of :meth:`stop_finding` (naming its rank on several ranks)."""
+        return stop_message(self.stop_finding(), self.world)
+
     def _found(self, f: StepFinding) -> None:
         # every rank holds every rank's findings (merged at the step): rank 0 reports each once
         if self.report is not None and self.rank == 0:

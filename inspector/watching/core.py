@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import replace
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -386,8 +387,9 @@ class Watch:
         found[r.rank] = own
         # the distributed check's findings are the same on every rank (worked out from the gathered
         # columns): each rank places them itself, on the row of the rank each is about
-        gathered = self.checks.run("gathered", self._at(check, numbers_all=numbers_all, measured=measured),
-                                   ByRank(found, [[] for _ in found]))
+        at = self._at(check, numbers_all=numbers_all, measured=measured,
+                      starts=partial(self.recorder.would_start, step))
+        gathered = self.checks.run("gathered", at, ByRank(found, [[] for _ in found]))
         self._write(numbers_all, scalars, gathered, lrs)
         st.post()
         if self.keeper is not None:

@@ -564,10 +564,12 @@ class OriginFirst:
     """No finding of its own: at a step where a rank's batch, forward, backward or loss went NaN/Inf
     (``nonfinite-forward``, ``nonfinite-backward``, ``nonfinite-loss``), that rank's findings are recorded
     first, then the other ranks' (the NaN/Inf the gradient reduction brought them): the cause leads the
-    run file, ``verdict()`` and the stop on the first error."""
+    run file, ``verdict()`` and the stop on the first error. Only what is recorded at this step counts
+    (a NaN loss that goes on from an earlier step does not lead), so every rank orders alike."""
 
     def __call__(self, at: At, found: ByRank) -> ByRank:
-        found.order = lead_ranks([[f.code for f in fs] for fs in found.found])
+        starts = at.starts or (lambda rank, f: True)
+        found.order = lead_ranks([[f.code for f in fs if starts(r, f)] for r, fs in enumerate(found.found)])
         return found
 
 

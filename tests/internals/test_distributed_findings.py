@@ -531,7 +531,8 @@ def test_two_copies_that_differ_name_both_ranks_and_what_tells_them_apart():
         assert check in f.message
     assert list(ranks_of(f)) == [0, 1]  # about both
     # a tie of two against two is no majority either
-    rows = [_row("w", [1.0] * 4, [4] * 4, placements="", keys=[0] * 4, hashes=[[9, 1], [5, 1], [9, 1], [5, 1]])]
+    rows = [_row("w", [1.0] * 4, [4] * 4, placements="", keys=[0] * 4,
+                 hashes=[[9, 1], [5, 1], [9, 1], [5, 1]])]
     [f] = [f for f in step_findings(_record(rows, world=4)) if f.code == "replica-drift"]
     assert "ranks 0, 1, 2 and 3 hold different values, 2 versions with no majority" in f.message
 
