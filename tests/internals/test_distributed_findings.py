@@ -530,6 +530,12 @@ def test_two_copies_that_differ_name_both_ranks_and_what_tells_them_apart():
     for check in ("last checkpoint", "optimizer state", "third replica"):
         assert check in f.message
     assert list(ranks_of(f)) == [0, 1]  # about both
+    # a copy holding NaN where the other is finite is the wrong one: that tells them apart
+    rows[0]["value_nan"], rows[0]["value_inf"] = [0, 3], [0, 0]
+    [f] = [f for f in step_findings(_record(rows)) if f.code == "replica-drift"]
+    assert ("at step 7 rank 1 holds different values from rank 0, and NaN/Inf where rank 0 is finite: the "
+            "non-finite copy is the wrong one") in f.message
+    assert f.message.endswith("broadcast it from rank 0 or shard/wrap it.") and list(ranks_of(f)) == [1]
     # a tie of two against two is no majority either
     rows = [_row("w", [1.0] * 4, [4] * 4, placements="", keys=[0] * 4,
                  hashes=[[9, 1], [5, 1], [9, 1], [5, 1]])]
