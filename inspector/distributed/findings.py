@@ -75,14 +75,44 @@ def _drift(row: dict[str, Any], step: int) -> list[Finding]:
                 )
             )
             continue
-        out.append(about(Finding(
-            "replica-drift", "error", row["name"],
-            f"{row['kind']} {row['name']} should be identical on {_ranks(ranks)} but at step {step} "
-            f"{_ranks(differ)} {'holds' if len(differ) == 1 else 'hold'} different values from "
-            f"{_ranks(agree)}. Something updated it on one rank only (an unsynchronised buffer such "
-            "as BatchNorm running statistics, a parameter outside FSDP/DDP, a rank-dependent "
-            "seed or in-place edit); broadcast it from rank 0 or shard/wrap it."), differ))
+        out.append(_drift_finding(row, step, ranks, agree, differ, counts))
     return out
+
+
+_DRIFT_CAUSES = ("Something updated it on one rank only (an unsynchronised buffer such as BatchNorm running "
+                 "statistics, a parameter outside FSDP/DDP, a rank-dependent seed or in-place edit)")
+
+
+def _drift_finding(row: dict[str, Any], step: int, ranks: list[int], agree: list[int], differ: list[int],
+                   counts: Counter) -> Finding:
+    """``replica-drift`` for one replica group. With a strict majority the other ranks are the odd ones
+    and the fix copies from a rank of the majority. Without one (2 copies, or a tie) a copy holding
+    NaN/Inf where the others are finite is the wrong one; else every copy is named and none is taken as
+    the right one."""
+    held = f"{row['kind']} {row['name']} should be identical on {_ranks(ranks)} but at step {step}"
+    top = counts.most_common(2)
+    tie = len(top) > 1 and top[0][1] == top[1][1]
+    nan, inf = row.get("value_nan") or [0] * len(row["hash"]), row.get("value_inf") or [0] * len(row["hash"])
+    bad = [r for r in ranks if nan[r] or inf[r]]
+    finite = ""
+    if tie and 0 < len(bad) < len(ranks):  # the values tell the copies apart
+        agree, differ = [r for r in ranks if r not in bad], bad
+        finite = (f", and NaN/Inf where {_ranks(agree)} {'is' if len(agree) == 1 else 'are'} finite: the "
+                  "non-finite copy is the wrong one")
+    elif tie:  # nothing here tells which copy is wrong
+        return about(Finding(
+            "replica-drift", "error", row["name"],
+            f"{held} {_ranks(ranks)} hold different values, {len(counts)} versions with no majority: nothing "
+            f"here tells which copy is wrong, so copying one onto the others may spread the bad one. Tell "
+            f"them apart first: compare each rank's copy with the last checkpoint, look at each rank's "
+            f"optimizer state for it (a step the others did not take moves its exp_avg / momentum), or "
+            f"run a third replica and keep the copy two agree on; then broadcast the right one from its "
+            f"rank, or shard/wrap it. {_DRIFT_CAUSES}."), ranks)
+    return about(Finding(
+        "replica-drift", "error", row["name"],
+        f"{held} {_ranks(differ)} {'holds' if len(differ) == 1 else 'hold'} different values from "
+        f"{_ranks(agree)}{finite}. {_DRIFT_CAUSES}; broadcast it from rank {agree[0]}"
+        f"{'' if finite else ' (of the majority)'} or shard/wrap it."), differ)
 
 
 def nonfinite_values(row: dict[str, Any]) -> list[Finding]:

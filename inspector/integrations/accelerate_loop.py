@@ -34,7 +34,7 @@ def watch_accelerator(accelerator: Any, model: nn.Module, optimizer: Any,
     if session.stop_on_error and session.watch is not None:
         def stop_here(module: nn.Module, args: Any) -> None:
             if session.should_stop:
-                raise TrainingStopped(session.stop_finding())
+                raise TrainingStopped(session.stop_finding(), session.world)
 
         handles.append(session.watch.root.register_forward_pre_hook(stop_here))
     completed, error = False, None

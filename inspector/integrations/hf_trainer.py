@@ -3,14 +3,17 @@
 The watch opens at ``on_train_begin`` on the Trainer's own model and its optimizer as
 accelerate prepared it (the torch optimizer inside, where the step hooks fire, and the
 accelerator's GradScaler under fp16); each optimizer step is a step (so gradient accumulation
-gives one step per update), checked again at ``on_optimizer_step``; the loss the Trainer logs
-goes into the run; the file closes at ``on_train_end``. :func:`watch_trainer` also closes it
+gives one step per update), checked again at ``on_optimizer_step``; the loss of each step is this
+rank's own (the sum of what the Trainer's ``training_step`` returned on this rank since the last step,
+as the Trainer sums it before it logs: not the logged loss, which comes a step late, averaged over the
+ranks and with NaN/Inf left out); the file closes at ``on_train_end``. :func:`watch_trainer` also closes it
 when ``trainer.train()`` raises. Each step's gradients are taken once accelerate has unscaled them
 and before the Trainer clips them (``max_grad_norm``), so ``grad_norm`` is the pre-clip norm the
-Trainer logs: the accelerator's ``unscale_gradients`` is wrapped from ``on_train_begin`` to
-``on_train_end``. A callback is handed no reference to its Trainer: ``watch_trainer`` gives it one,
-and a ``WatchCallback`` added by hand (``Trainer(callbacks=[...])``, ``add_callback``) finds the
-Trainer calling its ``on_train_begin`` among the few frames above it.
+Trainer logs: the accelerator's ``unscale_gradients`` and the Trainer's ``training_step`` are wrapped
+(on these instances) from ``on_train_begin`` to ``on_train_end``. A callback is handed no reference to
+its Trainer: ``watch_trainer`` gives it one, and a ``WatchCallback`` added by hand
+(``Trainer(callbacks=[...])``, ``add_callback``) finds the Trainer calling its ``on_train_begin`` among
+the few frames above it.
 """
 
 from __future__ import annotations
@@ -21,9 +24,10 @@ import sys
 from types import FrameType
 from typing import Any
 
+import torch
 from transformers import TrainerCallback
 
-from .session import WatchedTraining, stop_message
+from .session import WatchedTraining
 
 
 class WatchCallback(TrainerCallback):
@@ -34,6 +38,7 @@ class WatchCallback(TrainerCallback):
         self.session = WatchedTraining(path, **options)
         self.trainer: Any = None  # set by watch_trainer; otherwise the Trainer calling on_train_begin
         self._unscale: Any = None
+        self._stepping: Any = None  # the Trainer whose training_step is wrapped, and its own attribute
 
     @property
     def result(self) -> Any:
@@ -50,7 +55,9 @@ class WatchCallback(TrainerCallback):
         self.session.start(model, optimizer, scaler=scaler,
                            name=getattr(getattr(model, "config", None), "model_type", "") or "")
         self._unfollow()  # a wrapper left by a train() that raised (no on_train_end) is replaced
-        self._follow_unscale(self.trainer or _calling_trainer())
+        trainer = self.trainer or _calling_trainer()
+        self._follow_unscale(trainer)
+        self._follow_loss(trainer)
 
     def _follow_unscale(self, trainer: Any) -> None:
         """Wrap the accelerator's ``unscale_gradients`` (this instance only, until training ends): the
@@ -70,21 +77,46 @@ class WatchCallback(TrainerCallback):
         accelerator.unscale_gradients = unscale_then_read
         self._unscale = accelerator
 
+    def _follow_loss(self, trainer: Any) -> None:
+        """Wrap the Trainer's ``training_step`` (this instance only, until training ends): what it returns,
+        this rank's loss of one batch (divided by the accumulation steps), is summed over the step's
+        batches and logged as the step's loss before the optimizer steps."""
+        original = getattr(trainer, "training_step", None)
+        if original is None:
+            return
+        session = self.session
+        summed: list[Any] = [None, -1]  # the step's loss so far, and the step it belongs to
+
+        def step_then_log(*args: Any, **kwargs: Any) -> Any:
+            loss = original(*args, **kwargs)
+            w = session.watch
+            if w is not None and isinstance(loss, torch.Tensor) and loss.numel() == 1:
+                mine = loss.detach().reshape(())
+                summed[0] = mine if summed[1] != w.steps or summed[0] is None else summed[0] + mine
+                summed[1] = w.steps
+                session.log(loss=summed[0])
+            return loss
+
+        self._stepping = (trainer, vars(trainer).get("training_step"))  # put back at the end
+        trainer.training_step = step_then_log
+
     def _unfollow(self) -> None:
         accelerator, self._unscale = self._unscale, None
         if accelerator is not None:
             accelerator.__dict__.pop("unscale_gradients", None)
+        stepping, self._stepping = self._stepping, None
+        if stepping is not None:
+            trainer, before = stepping
+            trainer.__dict__.pop("training_step", None)
+            if before is not None:
+                trainer.training_step = before
 
     def on_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self.session.after_step()
         if self.session.should_stop and not control.should_training_stop:
             control.should_training_stop = True
             if self.session.rank == 0:
-                print(f"[inspector] {stop_message(self.session.stop_finding())}", flush=True)
-
-    def on_log(self, args: Any, state: Any, control: Any, logs: Any = None, **kwargs: Any) -> None:
-        if logs and isinstance(logs.get("loss"), (int, float)):
-            self.session.log(loss=float(logs["loss"]))
+                print(f"[inspector] {self.session.stop_line()}", flush=True)
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self._unfollow()

@@ -15,7 +15,7 @@ import os
 from typing import Any
 
 from ..utils.findings import InspectorError
-from .session import WatchedTraining, stop_message
+from .session import WatchedTraining
 
 try:  # the package the Trainer comes from decides which Callback class it accepts
     from pytorch_lightning import Callback
@@ -60,7 +60,7 @@ class LightningWatch(Callback):
         if self.session.should_stop and not trainer.should_stop:
             trainer.should_stop = True
             if self.session.rank == 0:
-                print(f"[inspector] {stop_message(self.session.stop_finding())}", flush=True)
+                print(f"[inspector] {self.session.stop_line()}", flush=True)
 
     def on_train_end(self, trainer: Any, pl_module: Any) -> None:
         self.session.finish(completed=not self.session.should_stop)

@@ -24,14 +24,16 @@ from .trackers import Export, make_export
 class TrainingStopped(InspectorError):
     """Raised (accelerate loops) or noted (Trainer, Lightning) when ``stop_on_error`` stops training."""
 
-    def __init__(self, finding: StepFinding) -> None:
+    def __init__(self, finding: StepFinding, world: int = 1) -> None:
         self.finding = finding
-        super().__init__(stop_message(finding))
+        super().__init__(stop_message(finding, world))
 
 
-def stop_message(f: StepFinding) -> str:
-    """Why training stopped, safe for a terminal (names come from the model)."""
-    return terminal_line(f"training stopped at step {f.step}: {f.code} at {module_label(f.where)} "
+def stop_message(f: StepFinding, world: int = 1) -> str:
+    """Why training stopped, safe for a terminal (names come from the model); on ``world`` > 1 ranks it
+    names the rank of the finding (rank 0 too)."""
+    on = f" on rank {f.rank}" if world > 1 and f.rank is not None else ""
+    return terminal_line(f"training stopped at step {f.step}{on}: {f.code} at {module_label(f.where)} "
                          f"({f.message}); the run file holds every step up to here")
 
 
@@ -74,6 +76,7 @@ class WatchedTraining:
         self.watch: Watch | None = None
         self.stopped_by: StepFinding | None = None
         self.rank = 0  # this process's rank in the watch's group: only rank 0 reports
+        self.world = 1  # the ranks in the watch's group
         self._agreed = False
         self.result: WatchResult | None = None
         self._follower: RunFollower | None = None
@@ -95,7 +98,7 @@ class WatchedTraining:
         plain: Any = ([plain_optimizer(o) for o in optimizer] if isinstance(optimizer, (list, tuple))
                       else plain_optimizer(optimizer))
         w = Watch(model, plain, self.path, on_finding=self._found, **options)
-        w.stop_on_error, self.rank = self.stop_on_error, w.rank
+        w.stop_on_error, self.rank, self.world = self.stop_on_error, w.rank, w.world
         try:
             w.open()
         except BaseException:
@@ -120,9 +123,14 @@ class WatchedTraining:
         return self._agreed
 
     def stop_finding(self) -> StepFinding:
-        """The finding training stopped at (another rank's error when this rank's own was not new)."""
+        """The finding training stopped at: the first error recorded, on any rank (at a step where a rank's
+        batch, forward or loss went NaN/Inf, that rank's finding: the watch records it first)."""
         return self.stopped_by or StepFinding(self.watch.state.count if self.watch else 0, None, "run-failed",
                                               "error", "", "another rank asked every rank to stop")
+
+    def stop_line(self) -> str:
+        """:func:`stop_message` of :meth:`stop_finding` (naming its rank on several ranks)."""
+        return stop_message(self.stop_finding(), self.world)
 
     def _found(self, f: StepFinding) -> None:
         # every rank holds every rank's findings (merged at the step): rank 0 reports each once

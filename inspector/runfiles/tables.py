@@ -10,6 +10,7 @@ import numpy as np
 import pandas as pd
 
 from ..capture import Captures
+from ..utils.codes import origin_first
 from ..utils.findings import Finding, InspectorError
 from ..utils.labels import module_label
 from .columns import RunMeta
@@ -261,4 +262,6 @@ _steps_frame = steps_frame  # check_as_run builds its steps table the same way
 
 
 def _findings(table: Any) -> list[StepFinding]:
-    return [StepFinding(*row) for row in finding_rows(table)]
+    """The file's findings in file order, but at each step the ranks where NaN/Inf began first (the
+    recorder's order: :func:`~inspector.utils.codes.origin_first`)."""
+    return origin_first(StepFinding(*row) for row in finding_rows(table))

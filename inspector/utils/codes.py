@@ -9,8 +9,10 @@ for some steps) or ``"every"`` (each step it is seen).
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from itertools import groupby
+from typing import Any, Literal, TypeVar
 
 from .findings import Finding, Severity
 
@@ -274,6 +276,35 @@ def coded(code: str, where: str, message: str) -> Finding:
     'warning'
     """
     return Finding(code, CODES[code].severity, where, message)
+
+
+# where NaN/Inf began on a rank: its batch or a module in its forward, a module's backward, its own loss
+ORIGINS = ("nonfinite-forward", "nonfinite-backward", "nonfinite-loss")
+_F = TypeVar("_F")
+
+
+def lead_ranks(codes_by_rank: Sequence[Iterable[str]]) -> list[int]:
+    """The order in which the ranks' findings of one step are told: the ranks where NaN/Inf began (a code
+    of ``ORIGINS``) first, then the others (what followed, through the gradient reduction), each in rank
+    order.
+
+    >>> lead_ranks([["nonfinite-gradient"], ["nonfinite-loss", "nonfinite-parameter"]])
+    [1, 0]
+    """
+    lead = [r for r, codes in enumerate(codes_by_rank) if any(c in ORIGINS for c in codes)]
+    return lead + [r for r in range(len(codes_by_rank)) if r not in lead]
+
+
+def origin_first(findings: Iterable[_F]) -> list[_F]:
+    """Findings (``step``, ``rank``, ``code``) in their order, except that among the findings of one step
+    (next to each other), those of the ranks where NaN/Inf began (:func:`lead_ranks`) come first: the
+    cause before its consequences on the other ranks."""
+    out: list[Any] = []
+    for _, same in groupby(findings, key=lambda f: f.step):  # type: ignore[attr-defined]
+        fs: list[Any] = list(same)
+        lead = {f.rank for f in fs if f.code in ORIGINS and f.rank is not None}
+        out += [f for f in fs if f.rank in lead] + [f for f in fs if f.rank not in lead] if lead else fs
+    return out
 
 
 def recurs(code: str) -> Recurs:

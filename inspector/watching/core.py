@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import replace
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -445,8 +446,9 @@ class Watch:
         found[r.rank] = own
         # the distributed check's findings are the same on every rank (worked out from the gathered
         # columns): each rank places them itself, on the row of the rank each is about
-        gathered = self.checks.run("gathered", self._at(check, numbers_all=numbers_all, measured=measured),
-                                   ByRank(found, [[] for _ in found]))
+        at = self._at(check, numbers_all=numbers_all, measured=measured,
+                      starts=partial(self.recorder.would_start, step))
+        gathered = self.checks.run("gathered", at, ByRank(found, [[] for _ in found]))
         self._write(numbers_all, scalars, gathered, lrs)
         st.post()
         if self.keeper is not None:
@@ -455,14 +457,13 @@ class Watch:
     def _write(self, per_rank: list[Numbers], scalars: dict[str, float], gathered: ByRank,
                lrs: list[float]) -> None:
         step, writer = self.state.count, self.recorder.writer
-        records = []
-        for rank, n in enumerate(per_rank):
+        new: dict[int, list[Finding]] = {}
+        for rank in gathered.order or range(len(per_rank)):  # the table's order (the origin's rank first)
             self.recorder.first_time(gathered.quiet[rank], step, rank, quiet=True)
-            new = self.recorder.first_time(gathered.found[rank], step, rank)
-            if writer is not None:
-                records.append(step_record(step, rank, n, scalars if rank == 0 else {}, lrs, new))
-        if writer is not None:
-            writer.write(records)
+            new[rank] = self.recorder.first_time(gathered.found[rank], step, rank)
+        if writer is not None:  # rows in rank order; a reader puts the origin's findings first again
+            writer.write([step_record(step, rank, n, scalars if rank == 0 else {}, lrs, new[rank])
+                          for rank, n in enumerate(per_rank)])
 
 
 __all__ = ["Watch"]

@@ -4,6 +4,7 @@ read-only :class:`At`, the gathered phase's :class:`ByRank`, the :class:`Check` 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, Literal, Protocol
@@ -31,7 +32,8 @@ class At:
     ``params``: the parameters under their names now; ``held``: the ids of the parameters the
     optimizers hold (at check steps with an optimizer), ``held_mask`` the same per parameter;
     ``numbers``: this rank's numbers of the step (``after-step``); ``numbers_all``: every rank's
-    (``gathered``); ``measured``: the ``measured`` phase's findings (``gathered``); ``loss``: the loss
+    (``gathered``); ``measured``: the ``measured`` phase's findings (``gathered``); ``starts``: whether a
+    rank's finding begins something at this step, so is recorded (``gathered``); ``loss``: the loss
     logged before the step (``measured``); ``error``: what ended the block (``close``); ``other``: the
     optimizer that stepped (``other-step``)."""
 
@@ -47,6 +49,7 @@ class At:
     numbers: Numbers | None = None
     numbers_all: list[Numbers] = field(default_factory=list)
     measured: list[Finding] = field(default_factory=list)
+    starts: Callable[[int, Finding], bool] | None = None
     loss: Any = None
     error: BaseException | None = None
     other: Any = None
@@ -68,10 +71,12 @@ class At:
 
 @dataclass
 class ByRank:
-    """The ``gathered`` phase's findings: each rank's to report, and each rank's to note as seen only."""
+    """The ``gathered`` phase's findings: each rank's to report, each rank's to note as seen only, and the
+    order in which the ranks' findings are recorded (empty: rank order)."""
 
     found: list[list[Finding]]
     quiet: list[list[Finding]]
+    order: list[int] = field(default_factory=list)
 
 
 class Check(Protocol):

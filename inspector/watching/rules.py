@@ -20,7 +20,7 @@ import torch
 from ..aliases import compare_ties, snapshot_ties
 from ..runfiles import StepFinding
 from ..sharding.findings import ranks_of
-from ..utils.codes import coded
+from ..utils.codes import coded, lead_ranks
 from ..utils.findings import Finding
 from ..utils.labels import ROOT_LABEL, listed, module_label
 from .checks import (
@@ -662,6 +662,19 @@ class SpreadFolded:
         for r, fs in enumerate(found.found):
             found.quiet[r] += [f for f in fs if f.code in SPREAD]
             found.found[r] = [f for f in fs if f.code not in SPREAD]
+        return found
+
+
+class OriginFirst:
+    """No finding of its own: at a step where a rank's batch, forward, backward or loss went NaN/Inf
+    (``nonfinite-forward``, ``nonfinite-backward``, ``nonfinite-loss``), that rank's findings are recorded
+    first, then the other ranks' (the NaN/Inf the gradient reduction brought them): the cause leads the
+    run file, ``verdict()`` and the stop on the first error. Only what is recorded at this step counts
+    (a NaN loss that goes on from an earlier step does not lead), so every rank orders alike."""
+
+    def __call__(self, at: At, found: ByRank) -> ByRank:
+        starts = at.starts or (lambda rank, f: True)
+        found.order = lead_ranks([[f.code for f in fs if starts(r, f)] for r, fs in enumerate(found.found)])
         return found
 
 

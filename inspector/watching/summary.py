@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import pandas as pd
 
 from ..runfiles.tables import Run, StepFinding
-from ..utils.codes import recurs
+from ..utils.codes import ORIGINS, origin_first, recurs
 from ..utils.findings import SEVERITY_ORDER, episode_starts
 from ..utils.labels import module_label
 
@@ -58,32 +58,37 @@ def finding_counts(run: Run) -> pd.DataFrame:
     return counts.sort_values("count", ascending=False, kind="stable").reset_index(drop=True)
 
 
-CAUSES_FIRST = ("nonfinite-forward",)  # at one step, the module that produced a NaN/Inf leads
+CAUSES_FIRST = ORIGINS  # at one step, where a NaN/Inf began (a producer, a rank's batch or loss) leads
 
 
 def ordered_findings(findings: Run | Iterable[StepFinding]) -> list[StepFinding]:
-    """Findings most severe first (error, warning, info), then by step; at one step a
-    ``nonfinite-forward`` (the producer) leads, the rest keep their order. A :class:`Run` gives its
+    """Findings most severe first (error, warning, info), then by step; at one step where a NaN/Inf began
+    leads (``nonfinite-forward``, ``nonfinite-backward``, ``nonfinite-loss``: the producer, the rank whose
+    batch or loss went non-finite), then that rank's other findings, then the other ranks' (what the
+    gradient reduction spread to them); the rest keep their order. A :class:`Run` gives its
     :func:`first_findings` (each once per episode)."""
-    found = first_findings(findings) if isinstance(findings, Run) else list(findings)
+    found = origin_first(first_findings(findings) if isinstance(findings, Run) else list(findings))
     return sorted(found, key=lambda f: (SEVERITY_ORDER.get(f.severity, len(SEVERITY_ORDER)), f.step,
                                         f.code not in CAUSES_FIRST))
 
 
 @dataclass(frozen=True)
 class Verdict:
-    """What a run comes to, in one line: its first error (``first``, None when there is none) and
-    how many findings of each severity began in it."""
+    """What a run comes to, in one line: its first error (``first``, None when there is none), how
+    many findings of each severity began in it, and whether they come from several ranks (the line
+    then names the rank, rank 0 too)."""
 
     first: StepFinding | None
     counts: dict[str, int]
+    ranked: bool = False
 
     def line(self) -> str:
-        """``First error: step 150 · nonfinite-forward at h.1.mlp.c_fc — <what happened>``, or what
-        the run holds instead (warnings only, information only, nothing)."""
+        """``First error: step 150 · nonfinite-forward at h.1.mlp.c_fc — <what happened>`` (``step 2 rank 1
+        · ...`` on several ranks), or what the run holds instead (warnings only, information only,
+        nothing)."""
         f = self.first
         if f is not None:
-            at = f" rank {f.rank}" if f.rank else ""
+            at = f" rank {f.rank}" if f.rank is not None and (self.ranked or f.rank) else ""
             more = self.counts.get("error", 0) - 1
             tail = f" ({more:,} more error{'s' if more != 1 else ''} after it)" if more > 0 else ""
             where = module_label(f.where)
@@ -110,7 +115,8 @@ def verdict(findings: Run | Iterable[StepFinding]) -> Verdict:
     ordered = ordered_findings(findings)
     counts = {sev: sum(f.severity == sev for f in ordered) for sev in SEVERITY_ORDER}
     first = ordered[0] if ordered and ordered[0].severity == "error" else None
-    return Verdict(first, counts)
+    ranked = findings.world_size > 1 if isinstance(findings, Run) else any(f.rank for f in ordered)
+    return Verdict(first, counts, ranked)
 
 
 def first_producer(run: Run) -> tuple[str, int] | None:

@@ -107,6 +107,8 @@ WATCH_CHECKS: tuple[Row, ...] = (
     Row("gathered", rules.ReplicaFindingsPlaced, _REPLICAS),
     Row("gathered", rules.SpreadFolded, (), after=(rules.ReplicaFindingsPlaced,),
         why="the NaN/Inf gradients and weights the distributed check places are folded too"),
+    # anywhere in its phase: it reads only the origin codes, which every rank's after-step rows found
+    Row("gathered", rules.OriginFirst, ()),
     # -- close
     Row("close", rules.RankFailures, ("run-failed",)),
     Row("close", rules.RunFailed, ("run-failed",)),  # after the other ranks': the run file's row order

@@ -11,6 +11,7 @@ from torch import nn
 
 from inspector.distributed import check_step, read_run
 from inspector.distributed.findings import step_findings
+from inspector.sharding.findings import ranks_of
 from inspector.utils.findings import InspectorError
 from inspector.watching import parse_run_bytes
 
@@ -504,15 +505,42 @@ def test_a_buffer_ddp_copies_from_rank_0_is_resynchronised_not_a_drift():
 
 
 def test_a_replica_group_without_rank_0_is_not_resynchronised():
-    # ranks 1 and 2 hold one replica (rank 0 another key): DDP's copy from rank 0 does not reach them
-    rows = [_buffer([3, 0, 0], [[1, 1], [5, 1], [6, 1]], resync="buffers")]
-    [f] = step_findings(_record(rows, world=3))
+    # ranks 1, 2 and 3 hold one replica (rank 0 another key): DDP's copy from rank 0 does not reach them;
+    # rank 2 is the odd one of the three, so the copy to keep is the majority's (rank 1's), not rank 0's
+    rows = [_buffer([3, 0, 0, 0], [[1, 1], [5, 1], [6, 1], [5, 1]], resync="buffers")]
+    [f] = step_findings(_record(rows, world=4))
     assert (f.code, f.where) == ("replica-drift", "bn.running_mean")
     assert f.message == (
-        "buffer bn.running_mean should be identical on ranks 1 and 2 but at step 7 rank 2 holds different "
-        "values from rank 1. Something updated it on one rank only (an unsynchronised buffer such as "
+        "buffer bn.running_mean should be identical on ranks 1, 2 and 3 but at step 7 rank 2 holds different "
+        "values from ranks 1 and 3. Something updated it on one rank only (an unsynchronised buffer such as "
         "BatchNorm running statistics, a parameter outside FSDP/DDP, a rank-dependent seed or in-place "
-        "edit); broadcast it from rank 0 or shard/wrap it.")
+        "edit); broadcast it from rank 1 (of the majority) or shard/wrap it.")
+    assert list(ranks_of(f)) == [2]
+
+
+def test_two_copies_that_differ_name_both_ranks_and_what_tells_them_apart():
+    # 2 ranks, rank 0's copy drifted: nothing in two hashes says which one is wrong, so copying rank 0's
+    # (the old advice) could spread the bad one
+    rows = [_row("w", [1.0, 1.0], [4, 4], placements="", keys=[0, 0], hashes=[[9, 1], [5, 1]])]
+    [f] = [f for f in step_findings(_record(rows)) if f.code == "replica-drift"]
+    assert f.message.startswith(
+        "parameter w should be identical on ranks 0 and 1 but at step 7 ranks 0 and 1 hold different values, "
+        "2 versions with no majority: nothing here tells which copy is wrong")
+    assert "broadcast it from rank 0" not in f.message
+    for check in ("last checkpoint", "optimizer state", "third replica"):
+        assert check in f.message
+    assert list(ranks_of(f)) == [0, 1]  # about both
+    # a copy holding NaN where the other is finite is the wrong one: that tells them apart
+    rows[0]["value_nan"], rows[0]["value_inf"] = [0, 3], [0, 0]
+    [f] = [f for f in step_findings(_record(rows)) if f.code == "replica-drift"]
+    assert ("at step 7 rank 1 holds different values from rank 0, and NaN/Inf where rank 0 is finite: the "
+            "non-finite copy is the wrong one") in f.message
+    assert f.message.endswith("broadcast it from rank 0 or shard/wrap it.") and list(ranks_of(f)) == [1]
+    # a tie of two against two is no majority either
+    rows = [_row("w", [1.0] * 4, [4] * 4, placements="", keys=[0] * 4,
+                 hashes=[[9, 1], [5, 1], [9, 1], [5, 1]])]
+    [f] = [f for f in step_findings(_record(rows, world=4)) if f.code == "replica-drift"]
+    assert "ranks 0, 1, 2 and 3 hold different values, 2 versions with no majority" in f.message
 
 
 def test_each_replica_group_is_compared_within_itself():
@@ -524,8 +552,8 @@ def test_each_replica_group_is_compared_within_itself():
     split["name"] = "other"
     found = step_findings(_record([agree, split], world=4))
     assert [(f.code, f.where) for f in found] == [("replica-drift", "other")]
-    # a tie of one against one: the first rank's value is taken as the majority
-    assert "should be identical on ranks 2 and 3 but at step 7 rank 3 holds different values from rank 2" \
+    # a tie of one against one: no copy is taken as the right one
+    assert "should be identical on ranks 2 and 3 but at step 7 ranks 2 and 3 hold different values" \
         in found[0].message
     # three ranks of which two differ from the majority: "hold"
     many = _buffer([0] * 5, [[5, 1], [6, 1], [5, 1], [7, 1], [5, 1]])

@@ -327,3 +327,18 @@ def test_spread_is_folded_after_the_distributed_findings_are_placed():
     assert _spread_after_placing(WATCH_CHECKS) == [["nonfinite-forward"], []]
     swapped_rows = swapped(rules.ReplicaFindingsPlaced, rules.SpreadFolded)
     assert _spread_after_placing(swapped_rows) != [["nonfinite-forward"], []]
+
+
+def test_the_rank_where_nan_began_is_recorded_first():
+    # rank 1's loss went NaN; rank 0 only holds the NaN gradients the reduction brought it: rank 1 leads
+    model = nn.Linear(2, 1)
+    target = Target.of(model, None)
+    checks = Checks(Kit(target, WatchOptions()))
+    checks.by_phase["gathered"] = [(r, c) for r, c in checks.by_phase["gathered"]
+                                   if r.check is not rules.SlowRanks]  # no compute times here
+    at = At(3, True, target, _Ranks(), numbers_all=[], measured=[])
+    found = [[Finding("nonfinite-gradient", "error", "(model)", "NaN gradients")],
+             [Finding("nonfinite-loss", "error", "(loss)", "the loss is nan")]]
+    assert checks.run("gathered", at, ByRank(found, [[], []])).order == [1, 0]
+    calm = [[Finding("dead-gradient", "warning", "weight", "none")], []]
+    assert checks.run("gathered", at, ByRank(calm, [[], []])).order == [0, 1]
