@@ -52,7 +52,9 @@ class Replay:
             within ``tolerance`` (relative, on a GPU); None when there is no loss to compare.
         loss: the loss of the step's last forward call as replayed (None without a loss function);
             ``losses``: one per forward call of the step.
-        recorded_loss: the loss the run file (else the replay file) recorded at that step.
+        recorded_loss: the loss the run file (else the replay file) recorded at that step; when the replay
+            computes the model's own loss (no ``loss`` given, none in the model file) and the step's last
+            call returned one (``outputs.loss``), that one as the watch kept it.
         grad_norm, recorded_grad_norm: the total gradient norm replayed and the one the run recorded
             (:attr:`gradients_match` compares them).
         ops: the ops that made NaN/Inf from finite inputs, forward first, each in the order it ran.
@@ -402,6 +404,9 @@ def replay(
                              "(its hooks would take the replay for a step)")
     _check_weights(f, net)
     recorded, recorded_norm = _recorded(path, step, rank, kept)
+    own = kept.calls[-1].loss if kept.calls else None
+    if loss is None and spec_loss is None and own is not None:
+        recorded = own  # what the replay computes: the model's own loss (a Trainer logs after the update)
     device = next((p.device for p in net.parameters()), torch.device("cpu"))
     tol = tolerance if tolerance is not None else (0.0 if device.type == "cpu" else 1e-5)
     named = {n or ROOT_LABEL: m for n, m in net.named_modules()}
