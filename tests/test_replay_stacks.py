@@ -121,7 +121,8 @@ def test_a_trainer_step_with_a_finite_loss_replays_bit_for_bit(tmp_path):
     model = Spiky()
     trainer = _trainer(tmp_path, model, rows)
     seen: list[float] = []  # each training forward's own loss, as the model returned it
-    model.register_forward_hook(lambda m, a, out: seen.append(float(out["loss"].detach())) if m.training else None)
+    model.register_forward_hook(
+        lambda m, a, out: seen.append(float(out["loss"].detach())) if m.training else None)
     cb = WatchCallback(tmp_path / "hf.inspect", keep=True, report=None)
     trainer.add_callback(cb)
     trainer.train()
