@@ -64,6 +64,13 @@ def test_each_error_finding_at_a_kept_step_opens_the_hook_captures_page_replayed
     _assert_replayed(at, run)
 
 
+def test_the_training_page_address_with_replay_goes_to_the_hook_captures_page(trained):
+    run, source = trained
+    at = run_in_app("8_Training.py", source=source, query={"run": str(run), "step": "2", "replay": "1"})
+    assert [t.value for t in at.title] == ["Hook captures"]
+    _assert_replayed(at, run)
+
+
 def test_the_address_opens_the_step_replayed_on_the_hook_captures_page(trained):
     run, source = trained
     at = run_page("4_Hook_captures.py", source=source, query={"run": str(run), "step": "2", "replay": "1"})
