@@ -19,28 +19,30 @@ from inspector.replaying import ReplayFile, replay_files
 
 
 class Normed(nn.Module):
-    """fc1 -> batch norm -> dropout -> fc2; from the call ``at`` on, a log of a negative in ``fc2``'s
-    output (NaN)."""
+    """fc1 -> batch norm -> dropout -> fc2; a batch whose first value is over 50 takes a log of a negative
+    in ``fc2``'s output (NaN)."""
 
-    def __init__(self, at: int = 3) -> None:
+    def __init__(self) -> None:
         super().__init__()
         self.fc1, self.bn = nn.Linear(4, 8), nn.BatchNorm1d(8)
         self.drop, self.fc2 = nn.Dropout(0.25), nn.Linear(8, 2)
-        self.at, self.calls = at, 0
+        self.calls = 0
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         self.calls += 1
         y = self.fc2(self.drop(self.bn(self.fc1(x))))
-        return torch.log(y - 100.0) if self.calls > self.at else y
+        return torch.log(y - 100.0) if bool(x[0, 0] > 50) else y
 
 
 def _loss(out: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     return out.pow(2).mean()
 
 
-def _train(path: Path, steps: int = 7, replay_at: int | None = None, scale_hook: bool = False) -> tuple:
-    """Train ``steps`` steps under a watch that keeps steps; after step ``replay_at`` ends (inside the block),
-    replay step 3 with ``w.replay``. Returns the model, the watch, the live replay and the state around it."""
+def _train(path: Path, steps: int = 12, replay_at: int | None = None, scale_hook: bool = False,
+           **options: Any) -> tuple:
+    """Train ``steps`` steps under a watch that keeps steps; in step ``replay_at``, between its backward and
+    its optimizer step, replay step 3 with ``w.replay``. Returns the model, the watch, the live replay and
+    the state around it."""
     torch.manual_seed(0)
     model = Normed()
     if scale_hook:  # the user's own tensor hook: it fires in the replay as in training
@@ -48,17 +50,21 @@ def _train(path: Path, steps: int = 7, replay_at: int | None = None, scale_hook:
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     data = torch.Generator().manual_seed(1)
     live, around = None, {}
-    with watch(model, opt, path, keep=True) as w:
+    with watch(model, opt, path, keep=True, **options) as w:
         for i in range(steps):
             x = torch.randn(16, 4, generator=data)
+            if i == 3:
+                x[0, 0] = 99.0  # step 3: a NaN loss
             loss = _loss(model(x), x)
             loss.backward()
-            w.log(loss=loss)
-            opt.step()
-            if replay_at is not None and i == replay_at:  # the gradients still there: not zeroed yet
+            for p in model.parameters():  # the loop drops NaN gradients: the steps after 3 are healthy again
+                p.grad.nan_to_num_(0.0)
+            if replay_at is not None and i == replay_at:  # in the middle of a step: its gradients are there
                 around["before"] = _state(model)
                 live = w.replay(3, loss=_loss)
                 around["after"] = _state(model)
+            w.log(loss=loss)
+            opt.step()
             opt.zero_grad()
     return model, w, live, around
 
@@ -89,7 +95,7 @@ def _bits(t: torch.Tensor) -> torch.Tensor:
 
 
 def test_a_live_replay_leaves_the_model_as_it_was(tmp_path: Path) -> None:
-    _, _, live, around = _train(tmp_path / "run.inspect", replay_at=4)
+    _, _, live, around = _train(tmp_path / "run.inspect", replay_at=10)
     before, after = around["before"], around["after"]
     assert live is not None and live.reproduced is True
     for k, t in before["tensors"].items():  # every bit, NaN included: weights and BatchNorm's statistics
@@ -105,9 +111,8 @@ def test_a_live_replay_leaves_the_model_as_it_was(tmp_path: Path) -> None:
 
 def test_a_live_replay_equals_the_replay_of_the_run_file(tmp_path: Path) -> None:
     path = tmp_path / "run.inspect"
-    model, _, live, _ = _train(path, replay_at=4, scale_hook=True)
+    model, _, live, _ = _train(path, replay_at=10, scale_hook=True)
     assert live is not None
-    model.calls = 4  # the plant follows the model's call counter: as it was when w.replay ran
     later = replay(path, 3, model=model, loss=_loss)
     assert live.file == later.file and live.step == later.step == 3
     assert live.reproduced is later.reproduced is True
@@ -125,13 +130,16 @@ def test_a_live_replay_equals_the_replay_of_the_run_file(tmp_path: Path) -> None
     assert [f.to_dict() for f in live.findings] == [f.to_dict() for f in later.findings]
 
 
-def test_the_run_goes_on_as_if_no_replay_had_happened(tmp_path: Path) -> None:
-    plain_model, plain, _, _ = _train(tmp_path / "plain.inspect")
-    model, w, live, _ = _train(tmp_path / "replayed.inspect", replay_at=4)
+@pytest.mark.parametrize("options", [{}, {"nonfinite": True, "update_ratio": True}])
+def test_the_run_goes_on_as_if_no_replay_had_happened(tmp_path: Path, options: dict[str, Any]) -> None:
+    plain_model, plain, _, _ = _train(tmp_path / "plain.inspect", **options)
+    model, w, live, _ = _train(tmp_path / "replayed.inspect", replay_at=10, **options)
     assert live is not None and live.ops  # it ran, and found the op
     a, b = read_run(tmp_path / "plain.inspect"), read_run(tmp_path / "replayed.inspect")
     cols = ["step", "loss", "grad_norm"]
     assert a.steps[cols].equals(b.steps[cols])
+    assert a.modules.drop(columns=[c for c in a.modules.columns if "time" in c]).equals(
+        b.modules.drop(columns=[c for c in b.modules.columns if "time" in c]))
     assert [(f.step, f.code, f.where) for f in plain.result.findings] == [
         (f.step, f.code, f.where) for f in w.result.findings
     ]
@@ -148,7 +156,6 @@ def test_the_run_goes_on_as_if_no_replay_had_happened(tmp_path: Path) -> None:
 def test_a_live_replay_after_the_block_and_of_a_step_not_kept(tmp_path: Path) -> None:
     path = tmp_path / "run.inspect"
     model, w, _, _ = _train(path)
-    model.calls = 4
     r = w.replay(3, loss=_loss)  # after the block: the same call
     assert r.reproduced is True and r.first is not None
     again = inspector.replay(path, 3, model=model, loss=_loss)
