@@ -24,6 +24,7 @@ from inspector.structure import model_bytes
 from inspector.utils import markdown_text
 from ui.cache import cached_analysis
 from ui.errors import guarded
+from ui.replays import replayed_section
 from ui.run_captures import run_captures_section, stats_layout
 from ui.running import model_runs
 from ui.sidebar import model_picker
@@ -43,6 +44,7 @@ def _header() -> LoadedModel | None:
                "reference: a following `ReLU(inplace=True)` or residual `+=` rewrites what it "
                "\"captured\". Modules whose live output changed after the hook are listed as mutated.")
     run_captures_section()  # a watched run's stored producer captures (no model needed)
+    replayed_section(loaded)  # ?run=...&step=N&replay=1: a kept step of a watched run, replayed
 
     if loaded is None:
         st.info("Load a model in the sidebar to capture its activations.")

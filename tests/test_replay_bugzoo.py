@@ -42,6 +42,12 @@ def _line(path: str, text: str) -> str:
             "transformer.h.1.mlp.c_fc",
             _line("benchmarks/bugzoo/cases_plain.py", "/ 0.0"),
         ),
+        (  # the loop's own loss at the planted step: p * log(p) with p = 0, outside the model
+            "mlp-loss-log0",
+            "forward aten.log.default",
+            "(loss)",
+            _line("benchmarks/bugzoo/cases_plain.py", "torch.log(p)"),
+        ),
         ("mlp-nan-batch", "(batch)", "args[0]", ""),
         ("llama-inf-weight", "(weights)", "model.layers.1.mlp.down_proj.weight", ""),
         ("lstm-exploding-head", "", "", ""),

@@ -1,15 +1,18 @@
-"""Keeping steps inside a training stack: Hugging Face's Trainer with ``WatchCallback(keep=True)`` and an
-accelerate loop with ``watch_accelerator(..., keep=True)`` (each hands its options to the watch) keep the
-step whose batch held an Inf, and the replay finds it.
-The Trainer logs its loss after the update, so a replayed step has no recorded loss to compare with."""
+"""Keeping steps inside a training stack: Hugging Face's Trainer with ``WatchCallback(keep=True)``, an
+accelerate loop with ``watch_accelerator(..., keep=True)`` and Lightning with ``LightningWatch(keep=True)``
+(each hands its options to the watch) keep the step that broke, and its replay gives the step's loss back
+bit for bit on the CPU. The Trainer logs its loss after the update (onto the next step): the replay compares
+the model's own loss (``outputs["loss"]``), which the watch keeps with the step."""
 
 from __future__ import annotations
+
+import struct
 
 import pytest
 import torch
 from torch import nn
 
-from inspector import replay
+from inspector import read_run, replay
 from inspector.integrations import WatchCallback
 from inspector.replaying import ReplayFile, replay_files
 
@@ -42,6 +45,33 @@ class Tiny(nn.Module):
         return {"loss": ((out.squeeze(-1) - labels) ** 2).mean(), "logits": out}
 
 
+class BackwardNaN(torch.autograd.Function):
+    """Identity forward; its backward returns NaN: a finite loss with NaN gradients."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor) -> torch.Tensor:
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:
+        return grad * float("nan")
+
+
+class Spiky(Tiny):
+    """Tiny whose backward makes NaN for a batch holding a value over 100 (its loss stays finite)."""
+
+    def forward(self, x: torch.Tensor, labels: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+        out = self.lin2(self.act(self.lin1(x)))
+        if bool((x.abs() > 100).any()):
+            out = BackwardNaN.apply(out)
+        return {"loss": ((out.squeeze(-1) - labels) ** 2).mean(), "logits": out}
+
+
+def _bits(x: float | None) -> bytes:
+    assert x is not None
+    return struct.pack("<d", x)
+
+
 def _rows(n: int, poison: int) -> list[dict[str, torch.Tensor]]:
     g = torch.Generator().manual_seed(1)
     out = []
@@ -72,9 +102,74 @@ def test_a_trainer_run_keeps_the_step_and_the_replay_names_the_batch(tmp_path):
     assert r.batch_nonfinite == ("kwargs['x']",)
     first = next(h["loss"] for h in trainer.state.log_history if "loss" in h)  # step 0's, as logged
     assert step == 0 and r.loss == pytest.approx(float(first), rel=1e-3)  # finite: the Inf made NaN gradients
-    # the Trainer logs its loss after the update, onto the next step: this step has none to compare with
-    assert r.reproduced is None and r.recorded_loss is None
+    # the Trainer logs its loss after the update, onto the next step: the step's own loss is compared
+    assert r.reproduced is True and _bits(r.recorded_loss) == _bits(r.loss)
     assert r.gradients_match is True  # NaN gradients, as the run recorded: the step did come back
+
+
+def _trainer(tmp_path, model, rows, steps: int = 6):
+    args = transformers.TrainingArguments(
+        output_dir=str(tmp_path / "out"), per_device_train_batch_size=2, learning_rate=0.05, logging_steps=1,
+        report_to=[], save_strategy="no", use_cpu=True, disable_tqdm=True, max_grad_norm=0.0, seed=0,
+        max_steps=steps)
+    return transformers.Trainer(model=model, args=args, train_dataset=rows)
+
+
+def test_a_trainer_step_with_a_finite_loss_replays_bit_for_bit(tmp_path):
+    rows = _rows(12, -1)
+    rows[9]["x"][1] = 1000.0  # finite; its batch's backward makes NaN gradients (a pre-step error: kept)
+    model = Spiky()
+    trainer = _trainer(tmp_path, model, rows)
+    seen: list[float] = []  # each training forward's own loss, as the model returned it
+    model.register_forward_hook(
+        lambda m, a, out: seen.append(float(out["loss"].detach())) if m.training else None)
+    cb = WatchCallback(tmp_path / "hf.inspect", keep=True, report=None)
+    trainer.add_callback(cb)
+    trainer.train()
+    (kept,) = replay_files(tmp_path / "hf.inspect")
+    step = ReplayFile(kept).meta.step
+    assert step > 0  # a step after the first: the run's loss column holds the step before's there
+    r = replay(tmp_path / "hf.inspect", step, model=model)
+    assert r.batch_nonfinite == () and r.first_in("backward") is not None  # the custom backward's NaN
+    assert r.loss is not None and r.loss == r.loss  # finite
+    assert r.reproduced is True and _bits(r.loss) == _bits(seen[step])  # the step's own loss, bit for bit
+    assert r.recorded_loss == seen[step]
+    logged = read_run(tmp_path / "hf.inspect").steps.set_index("step").loc[step, "loss"]
+    assert float(logged) != r.loss  # the Trainer's log at that row is another step's loss
+
+
+def test_a_lightning_step_replays_bit_for_bit(tmp_path):
+    pl = pytest.importorskip("pytorch_lightning")
+    from inspector.integrations import LightningWatch
+
+    class Module(pl.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = Spiky()
+
+        def forward(self, x: torch.Tensor, labels: torch.Tensor) -> dict[str, torch.Tensor]:
+            return self.net(x, labels)
+
+        def training_step(self, batch, batch_idx):
+            return self(batch["x"], labels=batch["labels"])["loss"]
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.05)
+
+    rows = _rows(8, -1)
+    rows[5]["x"][2] = 500.0  # batch 2 (no shuffling): NaN gradients at step 2
+    module = Module()
+    cb = LightningWatch(tmp_path / "pl.inspect", keep=True, report=None)
+    trainer = pl.Trainer(accelerator="cpu", max_epochs=1, logger=False, enable_checkpointing=False,
+                         enable_progress_bar=False, enable_model_summary=False, default_root_dir=tmp_path,
+                         callbacks=[cb])
+    trainer.fit(module, torch.utils.data.DataLoader(rows, batch_size=2))
+    (kept,) = replay_files(tmp_path / "pl.inspect")
+    assert ReplayFile(kept).meta.step == 2
+    r = replay(tmp_path / "pl.inspect", 2, model=module)  # the loss: the module's own outputs["loss"]
+    logged = read_run(tmp_path / "pl.inspect").steps.set_index("step").loc[2, "loss"]  # before the update
+    assert r.reproduced is True and r.loss is not None and _bits(r.loss) == _bits(float(logged))
+    assert r.first_in("backward") is not None and r.first_in("forward") is None
 
 
 def test_an_accelerate_loop_with_accumulation_replays_both_micro_batches(tmp_path):
@@ -101,3 +196,4 @@ def test_an_accelerate_loop_with_accumulation_replays_both_micro_batches(tmp_pat
     assert r.batch_nonfinite == ("kwargs['x']",)  # the first call's batch
     assert len(r.losses) == 2 and r.losses[1] == losses[3]  # both calls ran; the second is finite
     assert r.reproduced is True and r.gradients_match is True
+    assert _bits(r.loss) == _bits(losses[3])

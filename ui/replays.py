@@ -1,7 +1,12 @@
-"""The Training page's replay part: the steps a run kept (``watch(..., keep=True)``), one of them run again on
-the model loaded in the sidebar (:func:`inspector.replay`), its ops, gradients and module outputs.
+"""A kept step replayed in the dashboard.
 
-``?run=PATH&step=N&replay=1`` opens the page with step N replayed."""
+On the Training page (:func:`replay_part`) each error finding at a step the watch kept (``keep=True``) gets
+"Replay this step": the Hook captures page opens at ``?run=PATH&step=N&replay=1`` and there
+(:func:`replayed_section`) the step runs again on the model loaded in the sidebar
+(:func:`inspector.replay`) and shows as "Step N, replayed": reproduced or not, the op table (first culprit
+on top, with its file:line), every module's output with its NaN/Inf cells marked, the producer's inputs
+and the gradients. The same address opens it from a link. A page run on its own (no navigation to switch
+to) shows the replay where it is."""
 
 from __future__ import annotations
 
@@ -10,86 +15,184 @@ from typing import Any
 
 import pandas as pd
 import streamlit as st
+from streamlit.errors import StreamlitAPIException
 
 from inspector import LoadedModel, Replay, replay
+from inspector.figures import capture_heatmap
 from inspector.replaying import kept_steps
-from inspector.utils import markdown_text
+from inspector.utils import markdown_code, markdown_text
 from ui.errors import guarded
+from ui.run_captures import stats_layout
 from ui.tables import show_frame
 
+HOOK_CAPTURES = "pages/4_Hook_captures.py"
+STORED = "replayed"  # this browser session's last replay: (run, step, model, Replay); one is kept
+ASKED = "replay_asked"  # the step a "Replay this step" button asked for: (run, step)
 OP_COLUMNS = ["phase", "op", "module", "line", "code", "inputs", "nan", "inf"]
+STAT_COLUMNS = ["module", "kind", "path", "shape", "dtype", "nan", "inf", "min", "max"]
+MARK = "NaN/Inf"  # the ``marked`` column of a row whose tensor holds NaN or Inf
+
+
+# -- data (no drawing) ---------------------------------------------------------------------------
+def producer(r: Replay) -> str | None:
+    """The module whose inputs the view shows: the one whose forward made the first NaN/Inf (its inputs
+    were finite), else the first module whose output holds NaN/Inf; None when no output does."""
+    first = r.first_in("forward")
+    if first is not None and first.module in r.captures.inputs:
+        return first.module
+    bad = r.captures.stats
+    bad = bad[(bad["kind"] == "output") & ((bad["nan"] > 0) | (bad["inf"] > 0))]
+    return str(bad["module"].iloc[0]) if len(bad) else None
 
 
 def replay_tables(r: Replay) -> dict[str, pd.DataFrame]:
-    """What the part shows of a replay, as frames: ``ops`` (first culprit on top), ``gradients`` (NaN/Inf
-    first, then the largest), ``outputs`` (each module's output and inputs as replayed)."""
+    """What the view shows of a replay, as frames: ``ops`` (first culprit on top), ``outputs`` (each module's
+    output as replayed, in the order they ran, a ``marked`` column saying NaN/Inf), ``inputs`` (the
+    producer's inputs, the same columns), ``gradients`` (NaN/Inf first, then the largest)."""
     ops = pd.DataFrame([(o.phase, o.op, o.module, o.source, o.code, "; ".join(i.text() for i in o.inputs),
                          o.nan, o.inf) for o in r.ops], columns=OP_COLUMNS)
     grads = r.gradients[["name", "norm", "state"]].copy()
     grads["bad"] = grads["state"] == "nonfinite"
     grads = grads.sort_values(["bad", "norm"], ascending=[False, False]).drop(columns="bad")
     stats = r.captures.stats
-    columns = ["module", "kind", "path", "shape", "dtype", "min", "max", "nan", "inf"]
-    return {"ops": ops, "gradients": grads.reset_index(drop=True),
-            "outputs": stats[[c for c in columns if c in stats]].reset_index(drop=True)}
+    stats = stats[[c for c in STAT_COLUMNS if c in stats]].copy()
+    bad = zip(stats["nan"], stats["inf"], strict=True)
+    stats.insert(0, "marked", [MARK if n or i else "" for n, i in bad])
+    name = producer(r)
+    inputs = stats[(stats["kind"] == "input") & (stats["module"] == name)]
+    return {"ops": ops, "outputs": stats[stats["kind"] == "output"].reset_index(drop=True),
+            "inputs": inputs.reset_index(drop=True), "gradients": grads.reset_index(drop=True)}
 
 
-def _asked_step(steps: list[int]) -> int:
-    """The step the address names (``step=N``), when kept; else the first kept."""
-    try:
-        asked = int(st.query_params.get("step", ""))
-    except ValueError:
-        asked = -1
-    return steps.index(asked) if asked in steps else 0
+def replayable(steps: Sequence[int], findings: Sequence[Any]) -> list[Any]:
+    """The run's findings that a replay explains: each error (and ``exploding-gradient``, which the watch
+    keeps its step for) at a kept step, in the run's order."""
+    kept = set(steps)
+    return [f for f in findings
+            if f.step in kept and (f.severity == "error" or f.code == "exploding-gradient")]
 
 
-def step_labels(steps: list[int], findings: Sequence[Any]) -> dict[int, str]:
-    """Each kept step as the picker shows it: the step and the error findings that began there."""
-    out = {}
-    for s in steps:
-        codes = [f"{f.code} at {f.where}" for f in findings if f.step == s and f.severity == "error"]
-        more = ", ..." if len(codes) > 3 else ""
-        out[s] = f"step {s:,}" + (f": {', '.join(codes[:3])}{more}" if codes else "")
-    return out
+def replay_address(run: str, step: int) -> dict[str, str]:
+    """The Hook captures page's address that opens step ``step`` of ``run`` replayed."""
+    return {"run": run, "step": str(step), "replay": "1"}
 
 
+# -- the Training page ---------------------------------------------------------------------------
 def replay_part(run_path: str, loaded: LoadedModel | None, findings: Sequence[Any] = ()) -> None:
-    """The kept steps of the run at ``run_path`` (a file on the server), and the one replayed; ``findings``:
-    the run's, to label each step with what it found."""
+    """The run's error findings at kept steps, each with "Replay this step" (the Hook captures page opens
+    with the step replayed). ``findings``: the run's."""
     steps = kept_steps(run_path) if run_path else []
     if not steps:
         return
     st.subheader("Replay a kept step")
     st.caption("The watch kept these steps (`keep=True`) with the weights their forward used. Replaying "
-               "one runs it again on the model loaded in the sidebar: whether the loss comes back bit for "
-               "bit, the op, module and line that made the first NaN/Inf, every module's output.")
-    if loaded is None:
-        st.info("Load the model this run trained in the sidebar to replay a step.")
+               "one runs it again on the model loaded in the sidebar, on the Hook captures page: whether the "
+               "loss comes back bit for bit, the op, module and line that made the first NaN/Inf, every "
+               "module's output.")
+    rows = replayable(steps, findings)
+    shown = {f.step for f in rows}
+    for i, f in enumerate(rows):
+        left, right = st.columns([6, 1], vertical_alignment="center")
+        left.markdown(f"step {f.step:,} · **{markdown_text(f.code)}** at {markdown_code(f.where)} — "
+                      f"{markdown_text(f.message)}")
+        right.button("Replay this step", key=f"train_replay_{i}", on_click=_ask, args=(run_path, f.step),
+                     type="primary" if i == 0 else "secondary")
+    others = [s for s in steps if s not in shown]  # kept with no error of their own (the step before one)
+    if others:
+        st.caption("Also kept: " + ", ".join(f"step {s:,}" for s in others))
+        for s in others:
+            st.button(f"Replay step {s:,}", key=f"train_replay_step_{s}", on_click=_ask, args=(run_path, s))
+    asked = st.session_state.pop(ASKED, None)
+    if asked is None and st.query_params.get("replay") == "1":  # the Training page's address asks too
+        step = str(st.query_params.get("step", ""))
+        asked = (run_path, int(step)) if step.isdigit() and int(step) in steps else None
+    if asked is not None and asked[0] == run_path:
+        open_replayed(asked[0], asked[1], loaded)
+
+
+def _ask(run: str, step: int) -> None:
+    st.session_state[ASKED] = (run, step)
+
+
+def open_replayed(run: str, step: int, loaded: LoadedModel | None) -> None:
+    """Go to the Hook captures page with step ``step`` of ``run`` replayed; a page that runs on its own
+    (no navigation to switch to) shows the replay where it is."""
+    try:
+        st.switch_page(HOOK_CAPTURES, query_params=replay_address(run, step))
+    except StreamlitAPIException:  # not in the app's navigation: this page was run by itself
+        with guarded("replaying the step"):
+            show_replayed(run, step, loaded)
+
+
+# -- the Hook captures page ----------------------------------------------------------------------
+def replayed_section(loaded: LoadedModel | None) -> None:
+    """When the address asks for it (``?run=PATH&step=N&replay=1``): step N of the run, replayed on the
+    sidebar's model. The run must lie under the runs folders (or be this session's upload)."""
+    params = st.query_params
+    if params.get("replay") != "1":
         return
-    labels = step_labels(steps, findings)
-    step = st.selectbox("Kept step", steps, index=_asked_step(steps), key="train_replay_step",
-                        format_func=labels.get)
-    asked = st.query_params.get("replay") == "1" and st.query_params.get("step") == str(step)
-    stored: Any = st.session_state.get("train_replayed")
-    if st.button("Replay this step", key="train_replay") or (asked and stored is None):
-        with guarded("replaying the step"), loaded.lock:
-            stored = (run_path, step, replay(run_path, step, loaded))
-            st.session_state["train_replayed"] = stored
-    if stored is not None and stored[0] == run_path and stored[1] == step:
-        _draw(stored[2])
+    from ui.runs import checked_path
+
+    with guarded("replaying the step"):
+        run, step = str(params.get("run", "")), str(params.get("step", ""))
+        if not step.strip().isdigit():
+            st.warning(f"The address's step={markdown_text(step)} is no step number: nothing was replayed.")
+            return
+        show_replayed(checked_path(run), int(step), loaded)
 
 
-def _draw(r: Replay) -> None:
-    st.markdown(f"#### Step {r.step:,}, replayed")
+def show_replayed(run: str, step: int, loaded: LoadedModel | None) -> None:
+    """Step ``step`` of ``run`` replayed on ``loaded`` (once per browser session and model: the result is
+    kept), drawn."""
+    if loaded is None:
+        st.subheader(f"Step {step:,}, replayed")
+        st.info("Load the model this run trained in the sidebar to replay the step.")
+        return
+    stored: Any = st.session_state.get(STORED)
+    key = (run, step, id(loaded.model))
+    if stored is None or stored[:3] != key:
+        with st.spinner(f"Replaying step {step:,}…"), loaded.lock:
+            stored = (*key, replay(run, step, loaded))
+        st.session_state[STORED] = stored
+    draw_replay(stored[3])
+
+
+def draw_replay(r: Replay) -> None:
+    """"Step N, replayed": reproduced or not, the ops, the module outputs (NaN/Inf marked), the producer's
+    inputs, the gradients."""
+    st.subheader(f"Step {r.step:,}, replayed", anchor="replayed")
     (st.success if r.reproduced else st.warning)(markdown_text(r.verdict()))  # names, paths: no Markdown
+    c1, c2, c3 = st.columns(3)
+    c1.metric("Reproduced", {True: "yes", False: "no", None: "no loss"}[r.reproduced],
+              help="The replayed loss against the one the run recorded: bit for bit on the CPU, within "
+                   f"{r.tolerance:g} (relative) on a GPU")
+    c2.metric("Loss, replayed", "-" if r.loss is None else f"{r.loss:.6g}")
+    c3.metric("Loss, recorded", "-" if r.recorded_loss is None else f"{r.recorded_loss:.6g}")
     tables = replay_tables(r)
     if len(tables["ops"]):
         st.caption("Ops that made NaN/Inf from finite inputs, first culprit on top")
-        show_frame(tables["ops"], more_key="train_replay_ops_more", first=["op", "module", "line"])
+        show_frame(tables["ops"], more_key="replayed_ops_more", first=["op", "module", "line"])
     for note in r.notes:
         st.caption(markdown_text(note))
+    outputs = tables["outputs"]
+    st.caption("Module outputs as replayed, in the order they ran (NaN/Inf marked)")
+    show_frame(outputs.head(200), more_key="replayed_outputs_more", first=["marked", "module", "nan", "inf"],
+               **_layout(outputs))
+    name = producer(r)
+    modules = [m for m in r.captures.order if m in r.captures.outputs]
+    if modules:
+        shown = st.selectbox("Module output", modules, index=modules.index(name) if name in modules else 0,
+                             key="replayed_module")
+        st.plotly_chart(capture_heatmap(r.captures.outputs[shown], title=f"{shown}: output, NaN/Inf cells "
+                                        "marked"), key="replayed_heatmap")
+    if name is not None and len(tables["inputs"]):
+        st.caption(f"Inputs of {markdown_code(name)}, the module that made the first NaN/Inf")
+        show_frame(tables["inputs"], **_layout(tables["inputs"]))
     st.caption(f"Gradients at step {r.step:,}: NaN/Inf first, then the largest")
     show_frame(tables["gradients"].head(50))
-    st.caption("Module outputs and inputs, as replayed")
-    show_frame(tables["outputs"].head(200), more_key="train_replay_outputs_more",
-               first=["module", "nan", "inf"])
+
+
+def _layout(stats: pd.DataFrame) -> dict[str, Any]:
+    config = stats_layout(stats)["column_config"]
+    config["marked"] = st.column_config.TextColumn("marked", help="The tensor holds NaN or Inf")
+    return {"column_config": config}

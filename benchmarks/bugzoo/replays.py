@@ -18,6 +18,7 @@ from torch import nn
 
 from inspector import InspectorError, replay
 
+from .cases_plain import log_zero
 from .core import Case, Ctx, PlantedError, WatchMonitor
 from .models import MODELS, VOCAB
 from .runner import one_line, select, steps_for
@@ -62,6 +63,18 @@ def loss_for(model: str) -> Callable[[Any, Any], torch.Tensor] | None:
             out.reshape(-1, VOCAB), batch_of(ids)["ids"][:, 1:].reshape(-1)
         )
     return lambda out, x: nn.functional.cross_entropy(out, batch_of(x)["y"])
+
+
+LOOP_LOSSES = {"mlp-loss-log0": log_zero}  # cases whose loop changes the loss at the planted step
+
+
+def loss_at(case: Case, step: int, planted: int | None) -> Callable[[Any, Any], torch.Tensor] | None:
+    """The loss the zoo loop computed at ``step`` of ``case``: the task's (:func:`loss_for`), and at the
+    planted step the plant's change to it where the case plants one in the loss."""
+    base, plant = loss_for(case.model), LOOP_LOSSES.get(case.name)
+    if base is None or plant is None or step != planted:
+        return base
+    return lambda out, x: plant(base(out, x))
 
 
 @dataclass
@@ -112,7 +125,7 @@ def replay_case(case: Case, steps: int | None = None) -> Row:
 
         row.step = ReplayFile(w.keeper.written[0]).meta.step
         try:
-            r = replay(ctx.path, row.step, model=w.model, loss=loss_for(case.model))
+            r = replay(ctx.path, row.step, model=w.model, loss=loss_at(case, row.step, ctx.planted))
         except Exception as e:  # noqa: BLE001 - reported in the row
             row.error = f"replay failed: {one_line(e)}"
             return row

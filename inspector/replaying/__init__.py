@@ -5,7 +5,8 @@ batch, the generators' states; the weights only when a pre-step error is seen); 
 call's structure as plain JSON, checked when read; ``files``: the replay file next to the run file
 (safetensors and one :class:`ReplayMeta` record), read as untrusted input; ``ops``: the ops that made
 NaN/Inf from finite inputs, found by a dispatch mode active only during a replay; ``run``:
-:func:`replay` and its frozen :class:`Replay`.
+:func:`replay` and its frozen :class:`Replay`; ``live``: :func:`replay_live`, a replay on a model a watch
+still follows (``Watch.replay``).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from .files import (
     replay_path,
 )
 from .keeping import StepKeeper
+from .live import inspector_hooks_off, replay_live
 from .ops import InputRange, OpRecord, finding_ops
 from .run import Replay, replay
 
@@ -37,8 +39,10 @@ __all__ = [
     "ReplayMeta",
     "StepKeeper",
     "finding_ops",
+    "inspector_hooks_off",
     "kept_steps",
     "replay",
     "replay_files",
+    "replay_live",
     "replay_path",
 ]

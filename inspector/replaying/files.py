@@ -50,6 +50,7 @@ class KeptCall:
     autocast: dict[str, str]
     eval_modules: tuple[str, ...]
     written: tuple[str, ...] = ()  # batch tensors written in place after the step (their paths)
+    loss: float | None = None  # the model's own loss (``outputs.loss``) of that call, when it gave one
 
 
 @dataclass(frozen=True)
@@ -89,6 +90,7 @@ class ReplayMeta:
                 "autocast": c.autocast,
                 "eval": list(c.eval_modules),
                 "written": list(c.written),
+                "loss": _hex(c.loss),
             }
 
         return json.dumps(
@@ -106,13 +108,17 @@ class ReplayMeta:
                         "step": s.step,
                         "calls": [call(c) for c in s.calls],
                         "weights": s.weights,
-                        "loss": None if s.loss is None else float(s.loss).hex(),
+                        "loss": _hex(s.loss),
                     }
                     for s in self.steps
                 ],
             },
             allow_nan=False,
         )
+
+
+def _hex(x: float | None) -> str | None:
+    return None if x is None else float(x).hex()
 
 
 def replay_path(run_path: str | os.PathLike, step: int, rank: int = 0, world: int = 1) -> Path:
@@ -227,7 +233,8 @@ def _text_map(value: Any, path: Path, what: str) -> dict[str, str]:
 
 
 def _call(value: Any, path: Path) -> KeptCall:
-    if not isinstance(value, dict) or set(value) != {"args", "kwargs", "rng", "autocast", "eval", "written"}:
+    fields = {"args", "kwargs", "rng", "autocast", "eval", "written"}
+    if not isinstance(value, dict) or set(value) - {"loss"} != fields:  # loss: absent in older files
         raise _bad(path, "a kept call does not have the fields args, kwargs, rng, autocast, eval, written")
     return KeptCall(
         value["args"],
@@ -236,7 +243,17 @@ def _call(value: Any, path: Path) -> KeptCall:
         _text_map(value["autocast"], path, "autocast state"),
         _strings(value["eval"], path, "modules in eval mode"),
         _strings(value["written"], path, "batch tensors written in place"),
+        _loss(value.get("loss"), path, "a kept call's loss"),
     )
+
+
+def _loss(value: Any, path: Path, what: str) -> float | None:
+    if value is None:
+        return None
+    try:
+        return float.fromhex(value)
+    except (TypeError, ValueError):
+        raise _bad(path, f"{what} is not a float written as hex") from None
 
 
 def _step(value: Any, path: Path) -> KeptStep:
@@ -245,12 +262,7 @@ def _step(value: Any, path: Path) -> KeptStep:
     calls = value["calls"]
     if not isinstance(calls, list) or len(calls) > MAX_CALLS or not isinstance(value["weights"], bool):
         raise _bad(path, "a kept step's calls or weights flag is malformed")
-    loss = value["loss"]
-    if loss is not None:
-        try:
-            loss = float.fromhex(loss)
-        except (TypeError, ValueError):
-            raise _bad(path, "a kept step's loss is not a float written as hex") from None
+    loss = _loss(value["loss"], path, "a kept step's loss")
     return KeptStep(
         _int(value["step"], path, "step"), tuple(_call(c, path) for c in calls), value["weights"], loss
     )

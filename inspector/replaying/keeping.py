@@ -61,6 +61,7 @@ class _Call:
     eval_modules: tuple[str, ...]
     tensors: dict[str, torch.Tensor]  # t0, t1, ...: references to the call's own tensors
     versions: list[int]  # each one's version counter then (a later in-place write moves it)
+    own: torch.Tensor | None = None  # the model's own loss (``outputs.loss``), detached: read when written
 
 
 @dataclass
@@ -132,11 +133,19 @@ class StepKeeper:
                 "Keep steps on a run of the model that is not sharded (one process, or DDP)")
         remove_replay_files(self.run_path, self.rank, self.world)
         self._modules = list(self.root.named_modules())
-        return [self.root.register_forward_pre_hook(self._forward_starts, with_kwargs=True)]
+        return [self.root.register_forward_pre_hook(self._forward_starts, with_kwargs=True),
+                self.root.register_forward_hook(self._forward_ends)]
 
     def _forward_starts(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
         if module.training and torch.is_grad_enabled():
             self.batch(args, kwargs)
+
+    def _forward_ends(self, module: nn.Module, args: tuple, output: Any) -> None:
+        """A training forward's own loss (a Hugging Face model's ``outputs.loss``), by reference: a stack
+        that logs its loss after the update (the Trainer) still has the step's own to compare with."""
+        calls = self.current.calls
+        if calls and calls[-1].own is None and module.training and torch.is_grad_enabled():
+            calls[-1].own = own_loss(output)
 
     def batch(self, args: tuple, kwargs: dict) -> None:
         """A training forward begins with ``args`` and ``kwargs``: keep references to them, the
@@ -262,7 +271,8 @@ class StepKeeper:
                 written = tuple(
                     k for (k, t), v in zip(c.tensors.items(), c.versions, strict=True) if _version(t) != v
                 )
-                calls.append(KeptCall(args, kwargs, rng, c.autocast, c.eval_modules, written))
+                own = float(c.own.float()) if c.own is not None else None  # a sync, on a kept step only
+                calls.append(KeptCall(args, kwargs, rng, c.autocast, c.eval_modules, written, own))
             if s.weights is not None and s.buffers is not None:
                 tensors.update({f"s{s.step}/w/{n}": t for n, t in s.weights.items()})
                 tensors.update({f"s{s.step}/b/{n}": t for n, t in s.buffers.items()})
@@ -293,6 +303,17 @@ class StepKeeper:
             return
         self.bytes += size
         self.written.append(path)
+
+
+def own_loss(output: Any) -> torch.Tensor | None:
+    """The loss a model returns itself (``outputs.loss``, ``outputs["loss"]``) when it is one number,
+    detached; else None."""
+    loss = getattr(output, "loss", None)
+    if loss is None and isinstance(output, dict):
+        loss = output.get("loss")
+    if isinstance(loss, torch.Tensor) and loss.numel() == 1 and loss.is_floating_point():
+        return loss.detach()
+    return None
 
 
 def _median(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -52,7 +52,9 @@ class Replay:
             within ``tolerance`` (relative, on a GPU); None when there is no loss to compare.
         loss: the loss of the step's last forward call as replayed (None without a loss function);
             ``losses``: one per forward call of the step.
-        recorded_loss: the loss the run file (else the replay file) recorded at that step.
+        recorded_loss: the loss the run file (else the replay file) recorded at that step; when the replay
+            computes the model's own loss (no ``loss`` given, none in the model file) and the step's last
+            call returned one (``outputs.loss``), that one as the watch kept it.
         grad_norm, recorded_grad_norm: the total gradient norm replayed and the one the run recorded
             (:attr:`gradients_match` compares them).
         ops: the ops that made NaN/Inf from finite inputs, forward first, each in the order it ran.
@@ -278,6 +280,30 @@ def _weights_in(model: nn.Module, f: ReplayFile, step: int) -> Iterator[None]:
                 b.copy_(saved_b[n])
 
 
+@contextmanager
+def versions_kept(root: nn.Module) -> Iterator[None]:
+    """The version counters of ``root``'s parameters and buffers set back to what they were when the
+    block ends (the replay writes each twice: the kept weights in, the model's own back). Where torch
+    cannot set them (a torch without ``_unsafe_set_version_counter``), they are left moved."""
+    tensors, versions = [], []
+    for t in (*root.parameters(), *root.buffers()):
+        try:
+            versions.append(int(t._version))
+        except RuntimeError:  # an inference tensor has no version counter
+            continue
+        tensors.append(t)
+    try:
+        yield
+    finally:
+        setter = getattr(torch._C._autograd, "_unsafe_set_version_counter", None)
+        if setter is not None and tensors:
+            try:
+                setter(tuple(tensors), tuple(versions))
+            except TypeError:  # torch before 2.5: one tensor a call
+                for t, v in zip(tensors, versions, strict=True):
+                    setter(t, v)
+
+
 def _default_loss(outputs: Any, inputs: Any) -> torch.Tensor | None:
     loss = getattr(outputs, "loss", None)
     if loss is None and isinstance(outputs, dict):
@@ -373,17 +399,21 @@ def replay(
     net, spec_loss = _the_model(model, str(path))
     hooks = net._forward_pre_hooks.values()
     if any(isinstance(getattr(h, "__self__", None), StepKeeper) for h in hooks):
-        raise InspectorError(f"replay of {path.name}: the model is being watched with keep=True; replay a "
-                             "step after the `with watch(...)` block ends (its hooks would take the replay "
-                             "for a step)")
+        raise InspectorError(f"replay of {path.name}: the model is being watched with keep=True; call "
+                             "w.replay(step) on that watch, or replay after the `with watch(...)` block ends "
+                             "(its hooks would take the replay for a step)")
     _check_weights(f, net)
     recorded, recorded_norm = _recorded(path, step, rank, kept)
+    own = kept.calls[-1].loss if kept.calls else None
+    if loss is None and spec_loss is None and own is not None:
+        recorded = own  # what the replay computes: the model's own loss (a Trainer logs after the update)
     device = next((p.device for p in net.parameters()), torch.device("cpu"))
     tol = tolerance if tolerance is not None else (0.0 if device.type == "cpu" else 1e-5)
     named = {n or ROOT_LABEL: m for n, m in net.named_modules()}
     batch_bad, weights_bad, notes = _kept_nonfinite(f, kept)
     devices = [device.index or 0] if device.type == "cuda" else []
     with ExitStack() as stack:
+        stack.enter_context(versions_kept(net))  # entered first: set back after every write below
         stack.enter_context(torch.random.fork_rng(devices=devices))
         stack.enter_context(module_state_kept(list(named.items())))
         stack.enter_context(_weights_in(net, f, kept.step))

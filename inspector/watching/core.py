@@ -22,7 +22,7 @@ import torch
 from torch import nn
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
-from ..replaying import StepKeeper
+from ..replaying import Replay, StepKeeper, replay_live
 from ..runfiles import RunMeta, RunWriter, StepFinding
 from ..utils.findings import Finding, InspectorError
 from .checks import Optimizers, failure_finding
@@ -100,6 +100,15 @@ class Watch:
     @property
     def steps(self) -> int:
         return self.state.count
+
+    def replay(self, step: int, *, loss: Callable[[Any, Any], torch.Tensor] | None = None,
+               capture_bytes: int = 256 << 20, tolerance: float | None = None) -> Replay:
+        """Run kept step ``step`` again on the model in memory, inside the block or after it: what
+        ``inspector.replay(w.path, step, model=...)`` gives, with this rank's kept step. The watch's hooks
+        are quiet meanwhile and the model is left as it was (its weights, buffers, gradients, modes,
+        version counters, and the generators), so the run goes on as if nothing had run."""
+        return replay_live(self.path, step, self.target.root, rank=self.ranks.rank, loss=loss,
+                           capture_bytes=capture_bytes, tolerance=tolerance)
 
     # -- what the parts hold, read-only (the stop flags: :class:`StopControl`) ---------------------
     model = property(lambda self: self.target.model)
