@@ -21,14 +21,19 @@ are handled while it waits and c10d prints nothing. A rank that stops (out of st
 writes how it ended over its next check-in and under ``end``: a rank that comes to that check-in later
 reads it and stops naming the same ranks; rank 0, which writes the run file, records every other rank's
 failure as a ``run-failed`` finding on that rank's row when its own watch ends. A rank that died without
-a word (SIGKILL, out of memory) is recorded as vanished when rank 0's own watch ends on a communication
-error, or when the check-in's timeout passes.
+a word (SIGKILL, out of memory) is named at once by the ranks waiting for it on the same machine: each
+rank publishes its process id and host when its watch opens, and a rank that waits longer than
+``VANISHED_AFTER`` looks whether the process of each rank it waits for still runs (a process that ended,
+or a zombie, has vanished). On another machine it is recorded as vanished when rank 0's own watch ends on a
+communication error, or when the check-in's timeout passes.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import os
+import socket
 import time
 import zlib
 from typing import Any
@@ -48,6 +53,7 @@ from .numbers import Numbers
 _opened: dict[str, int] = {}  # group tag -> watches this process opened on it (the same on every rank)
 POLL = 0.5  # the pause after a store that failed at once
 PAUSE = 0.01  # the longest pause between two looks at the store while a check-in waits
+VANISHED_AFTER = 0.5  # seconds a check-in waits before it looks whether the ranks it waits for still run
 
 
 class RanksApart(InspectorError):
@@ -112,10 +118,12 @@ class Meeting:
         self.previous: dict[str, Any] | None = None  # this rank's last check-in
         self.apart: RanksApart | None = None  # once out of step, every later check-in raises it again
         self.others = [r for r in range(world) if r != rank]
+        self.processes: dict[int, dict[str, Any]] = {}  # rank -> its process id and host, once read
         if self.store is not None:
             tag = _group_tag(group)
             _opened[tag] = _opened.get(tag, 0) + 1
             self.tag = f"{tag}/{_opened[tag]}"
+            self.store.set(self._key("process", rank), json.dumps({"pid": os.getpid(), "host": _HOST}))
 
     def _key(self, what: str, rank: int) -> str:
         return f"{self.tag}/{what}/{rank}"
@@ -166,7 +174,7 @@ class Meeting:
         there = k >= 2  # every other rank wrote both its keys by now: read them without asking first
         deadline = began = time.monotonic()
         deadline += self.timeout
-        pause = 0.0
+        pause, looked = 0.0, began
         while True:
             try:
                 if there or store.check(keys):
@@ -181,6 +189,9 @@ class Meeting:
             now = time.monotonic()
             if now >= deadline:
                 self._apart_late(value)
+            if now - began > VANISHED_AFTER and now - looked > VANISHED_AFTER / 2:
+                looked = now
+                self._apart_vanished(value)
             if now - began > 0.002:  # ask again at once for 2 ms (each look waits for the store's answer)
                 time.sleep(min(pause, deadline - now))
                 pause = min(PAUSE if now - began > 0.05 else 5e-4, max(pause * 2, 5e-5))
@@ -210,6 +221,25 @@ class Meeting:
                        f"forward pass(es) while rank {self.rank} went on to {_where(value)}: rank {r} "
                        f"skipped {what}")
         self._raise(text, value)
+
+    def _apart_vanished(self, value: dict[str, Any]) -> None:
+        """Raise for the ranks this check-in waits for whose process, on this machine, has ended."""
+        gone = {}
+        for r in self.others:
+            if self._read(self.k, r) is not None:
+                continue
+            proc = self.processes.get(r) or self._get("process", r)
+            if proc is None:
+                continue
+            self.processes[r] = proc
+            if proc.get("host") == _HOST and not _alive(int(proc.get("pid", -1))):
+                at = self._last(r)
+                last = f"last seen at {_where(at)}" if at is not None else "seen at no check-in"
+                gone[r] = (f"rank {r} vanished ({last}): its process {proc['pid']} on this machine ended "
+                           f"without a word while rank {self.rank} waited at {_where(value)} (killed by a "
+                           "signal, out of memory, or os._exit)")
+        if gone:
+            self._raise(gone, value)
 
     def _apart_late(self, value: dict[str, Any]) -> None:
         missing = [r for r in self.others if self._read(self.k, r) is None]
@@ -336,6 +366,32 @@ class Meeting:
                                f"rank {r} vanished ({last}) without an exception of its own: killed by "
                                "a signal, out of memory, or its machine lost; rank 0's collective failed")
         return out
+
+
+_HOST = socket.gethostname()
+_PROC = os.path.isdir("/proc/self")  # Linux: a process's state, zombies told apart
+
+
+def _alive(pid: int) -> bool:
+    """Whether process ``pid`` of this machine still runs (a zombie, ended but not yet reaped, does not)."""
+    if pid <= 0:
+        return True  # nothing to look at: not called vanished
+    if _PROC:
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as fh:
+                state = fh.read().rpartition(b")")[2].split()[:1]
+            return state not in ([b"Z"], [b"X"])
+        except FileNotFoundError:
+            return False
+        except OSError:
+            pass
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True  # another user's: it runs
+    return True
 
 
 def _reference(keys: dict[int, Any], further: Any) -> Any:
