@@ -109,3 +109,17 @@ def test_another_model_in_the_sidebar_is_named_and_the_page_stays_usable(trained
         "('planted:build'): 4 parameter name(s) not in this model, first 'a.weight'; 16 of this model's not "
         "in the file, first 'transformer.wte.weight'. Pass the model the run trained"]
     assert at.metric  # the page's own capture of the sidebar model is still there
+
+
+def test_a_finding_on_another_rank_replays_that_ranks_kept_step():
+    from inspector.watching import StepFinding
+    from ui.replays import replay_address, replayable
+
+    nan1 = StepFinding(3, 1, "nonfinite-loss", "error", "(loss)", "rank 1's loss is NaN")
+    grad0 = StepFinding(3, 0, "nonfinite-gradient", "error", "(model)", "the reduction spread it")
+    whole = StepFinding(3, None, "replica-drift", "error", "w", "about the whole world")
+    # rank 1 kept step 3, rank 0 did not: only rank 1's finding (and none of rank 0's) is replayable there
+    assert replayable({(3, 1)}, [nan1, grad0, whole]) == [nan1]
+    assert replayable({(3, 0)}, [nan1, grad0, whole]) == [grad0, whole]
+    assert replay_address("r.inspect", 3, 1) == {"run": "r.inspect", "step": "3", "replay": "1", "rank": "1"}
+    assert replay_address("r.inspect", 3) == {"run": "r.inspect", "step": "3", "replay": "1"}

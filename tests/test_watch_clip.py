@@ -90,3 +90,35 @@ def test_a_non_finite_total_is_refused_when_asked(tmp_path):
         with pytest.raises(RuntimeError, match="non-finite"):
             w.clip_grad_norm_(1.0, error_if_nonfinite=True)
         w.step()
+
+
+def test_a_loop_with_w_step_records_the_pre_clip_norm_once(tmp_path):
+    model = _model()
+    expected = []
+    with watch(model, None, tmp_path / "run.inspect") as w:
+        for i in range(3):
+            model(_batch(i)).pow(2).mean().backward()
+            expected.append(float(w.clip_grad_norm_(0.5)))
+            w.step()  # the step's numbers were taken by the clip: not again, after it
+            model.zero_grad()
+    steps = read_run(tmp_path / "run.inspect").steps
+    assert max(expected) > 0.5  # the clip acted: a second reading would say 0.5
+    assert steps["grad_norm"].tolist() == pytest.approx(expected, rel=1e-6)
+
+
+def test_a_replay_between_a_ddp_forward_and_its_step_is_refused(tmp_path, world1):
+    from inspector import InspectorError
+
+    model = nn.parallel.DistributedDataParallel(_model())
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with watch(model, opt, tmp_path / "run.inspect", keep=True) as w:
+        model(_batch(0)).pow(2).mean().backward()
+        opt.step()
+        opt.zero_grad()
+        loss = model(_batch(1)).pow(2).mean()
+        said = r"w.replay\(0\) between a training forward pass and its step under DDP"
+        with pytest.raises(InspectorError, match=said):
+            w.replay(0)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()

@@ -125,6 +125,24 @@ def test_a_module_with_a_small_lr_that_moves_is_silent(tmp_path):
     assert not unmoved and _alarms(result) == []
 
 
+def test_a_second_optimizer_that_steps_every_fifth_step_is_not_a_module_standing_still(tmp_path):
+    # a GAN's pattern: the critic steps every step (the watch's steps), the generator every fifth
+    torch.manual_seed(0)
+    critic, generator = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1)), nn.Linear(4, 4)
+    model = nn.ModuleDict({"critic": critic, "generator": generator})
+    opt_c = torch.optim.Adam(critic.parameters(), lr=1e-3)
+    opt_g = torch.optim.Adam(generator.parameters(), lr=1e-3)
+    with watch(model, [opt_c, opt_g], tmp_path / "run.inspect") as w:
+        for i in range(12):
+            critic(generator(_batch(i))).mean().backward()
+            opt_c.step()
+            if i % 5 == 0:  # as WGAN loops do: the generator after every fifth critic step
+                opt_g.step()
+            opt_c.zero_grad()
+            opt_g.zero_grad()
+    assert _alarms(w.result) == []
+
+
 def test_a_frozen_group_at_lr_zero_is_not_named(tmp_path):
     model = _mlp()
     model[2].requires_grad_(False)

@@ -12,7 +12,7 @@ import torch
 from ranks import init, spawn_ranks
 from torch import nn
 
-TIMEOUT = 60.0  # the default: a vanished rank must be named long before it
+TIMEOUT = 300.0  # the default: a vanished rank must be named long before it
 
 
 def _worker(rank: int, world: int, port: int, out: str) -> None:
@@ -49,7 +49,7 @@ def test_a_rank_that_vanishes_is_named_at_once_by_the_rank_waiting_for_it(tmp_pa
     said = json.loads((tmp_path / "said.json").read_text())
     assert "rank 1 vanished (last seen at step 2 (after 3 training forward pass" in said["said"], said
     assert "while rank 0 waited at training forward pass 4 (at step 3)" in said["said"]
-    assert said["seconds"] < 10  # named within a second of waiting (the machine may be loaded), not 60 s
+    assert said["seconds"] < 10  # named within a second of waiting (the machine may be loaded), not 300 s
     run = read_run(tmp_path / "run.inspect")
     assert not run.complete
     f = run.failure

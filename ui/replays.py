@@ -64,64 +64,73 @@ def replay_tables(r: Replay) -> dict[str, pd.DataFrame]:
             "inputs": inputs.reset_index(drop=True), "gradients": grads.reset_index(drop=True)}
 
 
-def replayable(steps: Sequence[int], findings: Sequence[Any]) -> list[Any]:
+def _rank(f: Any) -> int:
+    return int(getattr(f, "rank", None) or 0)  # a finding about the whole world: rank 0's kept step
+
+
+def replayable(kept: set[tuple[int, int]], findings: Sequence[Any]) -> list[Any]:
     """The run's findings that a replay explains: each error (and ``exploding-gradient``, which the watch
-    keeps its step for) at a kept step, in the run's order."""
-    kept = set(steps)
+    keeps its step for) at a step its rank kept (``kept``: ``(step, rank)`` pairs), in the run's order."""
     return [f for f in findings
-            if f.step in kept and (f.severity == "error" or f.code == "exploding-gradient")]
+            if (f.step, _rank(f)) in kept and (f.severity == "error" or f.code == "exploding-gradient")]
 
 
-def replay_address(run: str, step: int) -> dict[str, str]:
-    """The Hook captures page's address that opens step ``step`` of ``run`` replayed."""
-    return {"run": run, "step": str(step), "replay": "1"}
+def replay_address(run: str, step: int, rank: int = 0) -> dict[str, str]:
+    """The Hook captures page's address that opens step ``step`` of ``run`` (``rank``'s) replayed."""
+    return {"run": run, "step": str(step), "replay": "1", **({"rank": str(rank)} if rank else {})}
 
 
 # -- the Training page ---------------------------------------------------------------------------
 def replay_part(run_path: str, loaded: LoadedModel | None, findings: Sequence[Any] = ()) -> None:
     """The run's error findings at kept steps, each with "Replay this step" (the Hook captures page opens
     with the step replayed). ``findings``: the run's."""
-    steps = kept_steps(run_path) if run_path else []
-    if not steps:
+    ranks = sorted({0} | {_rank(f) for f in findings})
+    kept = {(s, r) for r in ranks for s in (kept_steps(run_path, r) if run_path else [])}
+    if not kept:
         return
+    several = len(ranks) > 1
     st.subheader("Replay a kept step")
     st.caption("The watch kept these steps (`keep=True`) with the weights their forward used. Replaying "
                "one runs it again on the model loaded in the sidebar, on the Hook captures page: whether the "
                "loss comes back bit for bit, the op, module and line that made the first NaN/Inf, every "
                "module's output.")
-    rows = replayable(steps, findings)
-    shown = {f.step for f in rows}
+    rows = replayable(kept, findings)
+    shown = {(f.step, _rank(f)) for f in rows}
     for i, f in enumerate(rows):
         left, right = st.columns([6, 1], vertical_alignment="center")
-        left.markdown(f"step {f.step:,} · **{markdown_text(f.code)}** at {markdown_code(f.where)} — "
+        on = f" on rank {_rank(f)}" if several else ""
+        left.markdown(f"step {f.step:,}{on} · **{markdown_text(f.code)}** at {markdown_code(f.where)} — "
                       f"{markdown_text(f.message)}")
-        right.button("Replay this step", key=f"train_replay_{i}", on_click=_ask, args=(run_path, f.step),
-                     type="primary" if i == 0 else "secondary")
-    others = [s for s in steps if s not in shown]  # kept with no error of their own (the step before one)
+        right.button("Replay this step", key=f"train_replay_{i}", on_click=_ask,
+                     args=(run_path, f.step, _rank(f)), type="primary" if i == 0 else "secondary")
+    others = sorted(k for k in kept if k not in shown)  # kept with no error of their own (the step before)
     if others:
-        st.caption("Also kept: " + ", ".join(f"step {s:,}" for s in others))
-        for s in others:
-            st.button(f"Replay step {s:,}", key=f"train_replay_step_{s}", on_click=_ask, args=(run_path, s))
+        st.caption("Also kept: " + ", ".join(f"step {s:,}" + (f" (rank {r})" if several else "")
+                                              for s, r in others))
+        for s, r in others:
+            st.button(f"Replay step {s:,}" + (f" of rank {r}" if several else ""),
+                      key=f"train_replay_step_{s}_{r}", on_click=_ask, args=(run_path, s, r))
     asked = st.session_state.pop(ASKED, None)
     if asked is None and st.query_params.get("replay") == "1":  # the Training page's address asks too
-        step = str(st.query_params.get("step", ""))
-        asked = (run_path, int(step)) if step.isdigit() and int(step) in steps else None
+        step, rank = str(st.query_params.get("step", "")), str(st.query_params.get("rank", "0"))
+        wanted = (int(step), int(rank)) if step.isdigit() and rank.isdigit() else None
+        asked = (run_path, *wanted) if wanted in kept else None
     if asked is not None and asked[0] == run_path:
-        open_replayed(asked[0], asked[1], loaded)
+        open_replayed(asked[0], asked[1], loaded, asked[2])
 
 
-def _ask(run: str, step: int) -> None:
-    st.session_state[ASKED] = (run, step)
+def _ask(run: str, step: int, rank: int = 0) -> None:
+    st.session_state[ASKED] = (run, step, rank)
 
 
-def open_replayed(run: str, step: int, loaded: LoadedModel | None) -> None:
-    """Go to the Hook captures page with step ``step`` of ``run`` replayed; a page that runs on its own
-    (no navigation to switch to) shows the replay where it is."""
+def open_replayed(run: str, step: int, loaded: LoadedModel | None, rank: int = 0) -> None:
+    """Go to the Hook captures page with step ``step`` of ``run`` (``rank``'s) replayed; a page that runs
+    on its own (no navigation to switch to) shows the replay where it is."""
     try:
-        st.switch_page(HOOK_CAPTURES, query_params=replay_address(run, step))
+        st.switch_page(HOOK_CAPTURES, query_params=replay_address(run, step, rank))
     except StreamlitAPIException:  # not in the app's navigation: this page was run by itself
         with guarded("replaying the step"):
-            show_replayed(run, step, loaded)
+            show_replayed(run, step, loaded, rank)
 
 
 # -- the Hook captures page ----------------------------------------------------------------------
@@ -135,26 +144,29 @@ def replayed_section(loaded: LoadedModel | None) -> None:
 
     with guarded("replaying the step"):
         run, step = str(params.get("run", "")), str(params.get("step", ""))
-        if not step.strip().isdigit():
-            st.warning(f"The address's step={markdown_text(step)} is no step number: nothing was replayed.")
-            return
-        show_replayed(checked_path(run), int(step), loaded)
+        rank = str(params.get("rank", "0"))
+        for name, value in (("step", step), ("rank", rank)):
+            if not value.strip().isdigit():
+                st.warning(f"The address's {name}={markdown_text(value)} is no {name} number: nothing was "
+                           "replayed.")
+                return
+        show_replayed(checked_path(run), int(step), loaded, int(rank))
 
 
-def show_replayed(run: str, step: int, loaded: LoadedModel | None) -> None:
-    """Step ``step`` of ``run`` replayed on ``loaded`` (once per browser session and model: the result is
-    kept), drawn."""
+def show_replayed(run: str, step: int, loaded: LoadedModel | None, rank: int = 0) -> None:
+    """Step ``step`` of ``run`` (as ``rank`` kept it) replayed on ``loaded`` (once per browser session and
+    model: the result is kept), drawn."""
     if loaded is None:
         st.subheader(f"Step {step:,}, replayed")
         st.info("Load the model this run trained in the sidebar to replay the step.")
         return
     stored: Any = st.session_state.get(STORED)
-    key = (run, step, id(loaded.model))
-    if stored is None or stored[:3] != key:
+    key = (run, step, rank, id(loaded.model))
+    if stored is None or stored[:4] != key:
         with st.spinner(f"Replaying step {step:,}…"), loaded.lock:
-            stored = (*key, replay(run, step, loaded))
+            stored = (*key, replay(run, step, loaded, rank=rank))
         st.session_state[STORED] = stored
-    draw_replay(stored[3])
+    draw_replay(stored[4])
 
 
 def draw_replay(r: Replay) -> None:

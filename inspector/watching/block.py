@@ -42,7 +42,7 @@ def watch(
             median is a ``loss-spike``), ``recur_after`` (a finding that recurs, such as
             ``exploding-gradient``, ``loss-spike`` and ``nonfinite-*``, is reported again when it comes
             back after this many steps without it), ``capture_bytes``, ``group``, ``distributed``,
-            ``name``, ``note``, ``timeout`` (seconds, 60 by default, a rank waits at each check-in,
+            ``name``, ``note``, ``timeout`` (seconds, 300 by default, a rank waits at each check-in,
             before each training forward pass and each step, for the other ranks before it stops naming
             the rank that is late; a rank out of step is named at once), ``on_finding``
             (called with each new :class:`StepFinding`), ``keep`` (True or a number of steps: keep the last

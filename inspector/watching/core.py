@@ -50,7 +50,7 @@ class Watch:
                  window: int = 5, explode_factor: float = 8.0, loss_factor: float = 3.0,
                  recur_after: int = 5, capture_bytes: int = 64 << 20,
                  group: Any = None, distributed: bool | None = None, name: str = "", note: str = "",
-                 timeout: float = 60.0, on_finding: Callable[[StepFinding], None] | None = None,
+                 timeout: float = 300.0, on_finding: Callable[[StepFinding], None] | None = None,
                  keep: bool | int = False, keep_weights: bool = False, keep_bytes: int = 1 << 30) -> None:
         self.target = t = Target.of(model, optimizer)
         self.options = WatchOptions(every, nonfinite, update_ratio, scaler, window, explode_factor,
@@ -83,6 +83,7 @@ class Watch:
         self._held_mask: np.ndarray | None = None  # the parameters an optimizer holds, at the last check
         self._step_hooks: list[Any] = []  # the first optimizer's pre- and post-step hooks
         self._in_step = False  # between the first optimizer's pre- and post-step hooks
+        self._forward_open = False  # a training forward pass ran since the last step
 
     # -- the user's calls ------------------------------------------------------------------
     def log(self, **scalars: Any) -> None:
@@ -94,7 +95,8 @@ class Watch:
         if self.target.optimizer is not None:
             raise InspectorError("with an optimizer, each optimizer.step() is a step; w.step() is for loops "
                                  "without one")
-        self._pre_step()
+        if not self._pre_done:  # else taken already (w.clip_grad_norm_, gradients_ready)
+            self._pre_step()
         self._post_step()
 
     @property
@@ -107,6 +109,12 @@ class Watch:
         ``inspector.replay(w.path, step, model=...)`` gives, with this rank's kept step. The watch's hooks
         are quiet meanwhile and the model is left as it was (its weights, buffers, gradients, modes,
         version counters, and the generators), so the run goes on as if nothing had run."""
+        if self._forward_open and isinstance(self.target.model, nn.parallel.DistributedDataParallel):
+            raise InspectorError(
+                f"w.replay({step}) between a training forward pass and its step under DDP would hand DDP's "
+                "gradient all-reduce the replay's gradients instead of this step's: call it after "
+                "optimizer.step() (or after the watch block), or replay on another model object with "
+                f"inspector.replay({self.path!r}, {step}, model=...)")
         return replay_live(self.path, step, self.target.root, rank=self.ranks.rank, loss=loss,
                            capture_bytes=capture_bytes, tolerance=tolerance)
 
@@ -304,6 +312,12 @@ class Watch:
         st.last_scale = now  # the next step's scale: no fall, not skipped again
         st.count += 1
         st.start = time.perf_counter()
+        # what the skipped step carried is not the next step's: its gradient numbers, its trace, its batch
+        self._pre_done, self._forward_open = False, False
+        st.batch = []
+        if self.tracer is not None:
+            self.tracer.take()
+        self.ranks.clock.take(st.start)
         if self.keeper is not None:
             self.keeper.step_starts(st.count)
 
@@ -322,6 +336,7 @@ class Watch:
 
     def _forwarded(self, module: nn.Module, args: Any, kwargs: Any, output: Any) -> None:
         if module.training and torch.is_grad_enabled():  # a training forward: its batch as the model took it
+            self._forward_open = True
             self.ranks.forwarded(output)
             if self.tracer is None:  # the tracer sees the batch itself
                 self.state.see_batch(args, kwargs)
@@ -460,6 +475,7 @@ class Watch:
         gathered = self.checks.run("gathered", at, ByRank(found, [[] for _ in found]))
         self._write(numbers_all, scalars, gathered, lrs)
         st.post()
+        self._forward_open = False
         if self.keeper is not None:
             self.keeper.step_starts(st.count)
 

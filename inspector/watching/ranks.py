@@ -22,10 +22,11 @@ writes how it ended over its next check-in and under ``end``: a rank that comes 
 reads it and stops naming the same ranks; rank 0, which writes the run file, records every other rank's
 failure as a ``run-failed`` finding on that rank's row when its own watch ends. A rank that died without
 a word (SIGKILL, out of memory) is named at once by the ranks waiting for it on the same machine: each
-rank publishes its process id and host when its watch opens, and a rank that waits longer than
-``VANISHED_AFTER`` looks whether the process of each rank it waits for still runs (a process that ended,
-or a zombie, has vanished). On another machine it is recorded as vanished when rank 0's own watch ends on a
-communication error, or when the check-in's timeout passes.
+rank publishes its process id, with its host, boot and PID namespace, when its watch opens, and a rank
+that waits longer than ``VANISHED_AFTER`` looks whether the process of each rank it waits for still runs
+(a process that ended, or a zombie, has vanished). Elsewhere (another machine, another container) it is
+recorded as vanished when rank 0's own watch ends on a communication error, or when the check-in's
+timeout passes.
 """
 
 from __future__ import annotations
@@ -123,7 +124,7 @@ class Meeting:
             tag = _group_tag(group)
             _opened[tag] = _opened.get(tag, 0) + 1
             self.tag = f"{tag}/{_opened[tag]}"
-            self.store.set(self._key("process", rank), json.dumps({"pid": os.getpid(), "host": _HOST}))
+            self.store.set(self._key("process", rank), json.dumps({"pid": os.getpid(), "space": _SPACE}))
 
     def _key(self, what: str, rank: int) -> str:
         return f"{self.tag}/{what}/{rank}"
@@ -232,7 +233,7 @@ class Meeting:
             if proc is None:
                 continue
             self.processes[r] = proc
-            if proc.get("host") == _HOST and not _alive(int(proc.get("pid", -1))):
+            if proc.get("space") == _SPACE and not _alive(int(proc.get("pid", -1))):
                 at = self._last(r)
                 last = f"last seen at {_where(at)}" if at is not None else "seen at no check-in"
                 gone[r] = (f"rank {r} vanished ({last}): its process {proc['pid']} on this machine ended "
@@ -368,7 +369,20 @@ class Meeting:
         return out
 
 
-_HOST = socket.gethostname()
+def _space() -> str:
+    """Where a process id means the same process: this machine (its host name and boot) and this PID
+    namespace (containers on one host share its name but not their process ids)."""
+    parts = [socket.gethostname()]
+    try:
+        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as fh:
+            parts.append(fh.read().strip())
+        parts.append(str(os.stat("/proc/self/ns/pid").st_ino))
+    except OSError:
+        parts.append("no /proc")
+    return "/".join(parts)
+
+
+_SPACE = _space()
 _PROC = os.path.isdir("/proc/self")  # Linux: a process's state, zombies told apart
 
 

@@ -45,7 +45,7 @@ class WatchOptions:
     distributed: bool | None = None
     name: str = ""
     note: str = ""
-    timeout: float = 60.0
+    timeout: float = 300.0
     on_finding: Callable[[StepFinding], None] | None = None
 
     def __post_init__(self) -> None:

@@ -447,7 +447,8 @@ class IdleGroups:
 
 class StillModules:
     """``no-update``: for ``window`` check steps in a row, every parameter of one module that an optimizer
-    holds at an lr above 0, with a finite non-zero gradient, kept its values exactly (its norm unchanged
+    holds at an lr above 0 (the first optimizer given: its steps are the steps), with a finite non-zero
+    gradient, kept its values exactly (its norm unchanged
     at each step, then its values compared with a copy taken when it first stood still), while
     parameters elsewhere moved: that module never trains (an update below its weights' precision,
     bfloat16 weights with a small lr, or its weights put back after each step). A whole model that
@@ -520,9 +521,11 @@ class StillModules:
 
     @staticmethod
     def _lrs(at: At) -> dict[int, float]:
-        """Each held parameter's learning rate, by id (its param group's, the first group holding it)."""
+        """The learning rate of each parameter the first optimizer holds, by id (its param group's): the
+        first optimizer's steps are the watch's steps; another may step less often (a GAN's generator
+        every fifth step), so its parameters standing still between its steps say nothing."""
         out: dict[int, float] = {}
-        for o in at.target.optimizers:
+        for o in at.target.optimizers[:1]:
             for g in o.param_groups:
                 for p in g["params"]:
                     out.setdefault(id(p), float(g.get("lr", 0.0)))
