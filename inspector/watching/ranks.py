@@ -11,7 +11,7 @@ a collective the others will not join. Where the ranks' N-th check-ins differ, t
 named at once: a rank that began a forward pass where the others stepped skipped ``optimizer.step()``
 (its backward ran) or ran an extra forward pass (no backward after its last one); a rank that left the
 watch with fewer batches skipped a batch; a rank whose model differs (its first check-in carries the
-trainable parameters' names and shapes) watches another model. A rank that does not come within
+trainable parameters' names) watches another model. A rank that does not come within
 ``timeout`` seconds is named as late (it joined late, stopped, hangs or vanished); when this rank began
 a forward pass with no backward after its last one and the others stayed at that forward pass, this rank
 is named: the others wait in the collective of the backward it skipped.
@@ -82,13 +82,14 @@ def communication_error(error: BaseException) -> bool:
 
 
 def model_key(root: nn.Module, layout: Layout) -> dict[str, Any]:
-    """What every rank's model must share: its trainable parameters (count, elements, and a checksum of
-    their names and global shapes)."""
+    """What every rank's model must share: its trainable parameters' count and a checksum of their names
+    (``numel``, their elements here, is for the message only: FSDP with ``use_orig_params=True`` shows each
+    rank its own piece of a parameter, so shapes may differ between ranks of one model; DDP checks the
+    shapes itself when it wraps the model)."""
     params = current(root, layout.parameters)
     shapes = [tuple(p.shape) if p is not None else () for p in params]
-    text = ";".join(f"{n}:{s}" for n, s in zip(layout.parameters, shapes, strict=True))
     return {"n": len(shapes), "numel": sum(math.prod(s) for s in shapes),
-            "crc": zlib.crc32(text.encode()) & 0xFFFFFFFF}
+            "crc": zlib.crc32(";".join(layout.parameters).encode()) & 0xFFFFFFFF}
 
 
 def _ranks(ranks: list[int]) -> str:
@@ -275,13 +276,14 @@ class Meeting:
         """Raise naming the ranks whose check-in differs from the others' (the most ranks agreeing; between
         as many, the ranks further on, or rank 0's model)."""
         if self.k == 0:
-            models = {r: json.dumps(v.get("model", {}), sort_keys=True) for r, v in values.items()}
+            models = {r: json.dumps({k: x for k, x in v.get("model", {}).items() if k != "numel"},
+                                    sort_keys=True) for r, v in values.items()}
             ref = _reference(models, lambda m: -min(r for r, v in models.items() if v == m))
             if len(set(models.values())) > 1:
                 who = _ranks(sorted(r for r, m in models.items() if m == ref))
                 theirs = values[min(r for r, m in models.items() if m == ref)]["model"]
                 self._raise({r: (f"rank {r} watches another model than {who}: {_model(values[r]['model'])} "
-                                 f"against {_model(theirs)} (or other names or shapes); every rank must "
+                                 f"against {_model(theirs)} (or other parameter names); every rank must "
                                  "watch the same model") for r, m in models.items() if m != ref}, value)
         keys = {r: (v["kind"], v["step"], v["forwards"]) for r, v in values.items()}
         if len(set(keys.values())) == 1:
