@@ -33,6 +33,7 @@ import os
 import socket
 import sys
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -85,10 +86,12 @@ def _bench(
     x = torch.randn(batch_size, 140, generator=g).to(device) if factory == "many" else \
         sample.example_inputs(batch_size).to(device)
 
-    def train_step() -> None:
+    def train_step(clip: Any = None) -> None:
         optimizer.zero_grad(set_to_none=False)
         out = model(x)
         (out.pow(2).mean() if factory == "many" else sample.loss(out, x)).backward()
+        if clip is not None:
+            clip()
         optimizer.step()
 
     def sync() -> None:
@@ -115,6 +118,8 @@ def _bench(
     for every in (1, 10):
         paired = _watched(model, optimizer, train_step, repeats, sync, every)
         cpu[f"paired plain {every}"], cpu[f"watched {every}"] = paired
+        paired = _watched(model, optimizer, train_step, repeats, sync, every, clip=True)
+        cpu[f"paired plain+clip {every}"], cpu[f"watched+w.clip {every}"] = paired
     return (
         wall
         | {f"cpu {k}": v for k, v in cpu.items()}
@@ -122,11 +127,13 @@ def _bench(
     )
 
 
-def _watched(model, optimizer, train_step, repeats: int, sync, every: int = 1) -> tuple[float, float]:
+def _watched(model, optimizer, train_step, repeats: int, sync, every: int = 1,
+             clip: bool = False) -> tuple[float, float]:
     """CPU seconds per step, median over rounds, of the plain training step and of the same step inside
     ``inspector.watch(every=every)``, paired: each round runs 3 plain steps, then opens a watch for
     ``every`` steps after a first one (which builds what the watch keeps, not timed): one check step in
-    each round's timed steps, so the mean of a round is the cost per step at that ``every``."""
+    each round's timed steps, so the mean of a round is the cost per step at that ``every``. ``clip``:
+    the plain steps clip with torch's ``clip_grad_norm_``, the watched ones with ``w.clip_grad_norm_``."""
     import statistics
     import tempfile
     import time
@@ -137,18 +144,20 @@ def _watched(model, optimizer, train_step, repeats: int, sync, every: int = 1) -
     watched: list[float] = []
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(repeats):
+            torch_clip = (lambda: torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)) if clip else None
             t = time.process_time()
             for _ in range(3):
                 sync()
-                train_step()
+                train_step(torch_clip)
             plain.append((time.process_time() - t) / 3)
-            with watch(model, optimizer, Path(tmp) / f"run{r}.inspect", every=every):
+            with watch(model, optimizer, Path(tmp) / f"run{r}.inspect", every=every) as w:
+                watch_clip = (lambda: w.clip_grad_norm_(1.0)) if clip else None
                 sync()
-                train_step()
+                train_step(watch_clip)
                 t = time.process_time()
                 for _ in range(max(every, 3)):
                     sync()
-                    train_step()
+                    train_step(watch_clip)
                 watched.append((time.process_time() - t) / max(every, 3))
     return statistics.median(plain), statistics.median(watched)
 
@@ -208,6 +217,13 @@ def _worker(rank: int, world: int, port: int, args: argparse.Namespace) -> None:
                     plain, watched = result[f"cpu paired plain {every}"], result[f"cpu watched {every}"]
                     print(f"  by CPU time, paired: watched step (every={every}) {watched * 1e3:.3f} ms "
                           f"against {plain * 1e3:.3f} ms, {watched / plain:.3f}x (goal <= 1.05x at every=1)")
+                clip = result["cpu clip_grad_norm_"]
+                for every, goal in ((1, 1.0), (10, 0.5)):
+                    plain = result[f"cpu paired plain+clip {every}"]
+                    extra = result[f"cpu watched+w.clip {every}"] - plain
+                    print(f"  clipping loops, every={every}: the watch (w.clip_grad_norm_) adds "
+                          f"{extra * 1e3:.3f} ms to a step that clips ({plain * 1e3:.3f} ms): "
+                          f"{extra / clip:.2f}x the clip's {clip * 1e3:.3f} ms (goal <= {goal}x)")
     finally:
         dist.destroy_process_group()
 
