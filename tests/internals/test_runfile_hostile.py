@@ -13,6 +13,8 @@ import io
 import json
 import os
 import signal
+import socket
+import stat
 import struct
 import subprocess
 import sys
@@ -28,7 +30,7 @@ from hypothesis import strategies as st
 
 from inspector.runfiles import META_KEY, RunMeta, RunWriter, StepRecord, schema
 from inspector.runfiles.columns import file_schema, record_batch
-from inspector.runfiles.guard import MAX_LRS
+from inspector.runfiles.guard import MAX_LRS, regular_fd
 from inspector.runfiles.tail import SMALL, message_at
 from inspector.runfolders import describe, list_runs
 from inspector.utils.findings import InspectorError
@@ -514,3 +516,111 @@ def test_a_rank_outside_the_world_is_refused_by_every_reader(tmp_path, ranks, ba
 def test_the_last_rank_and_the_run_rows_are_in_range(tmp_path):
     run = parse_run_bytes(_ranks_file([-1, 0, 1], 2), "r.inspect")
     assert run.steps["rank"].tolist() == [-1, 0, 1] and run.world_size == 2
+
+
+# ------------------------------------------------------------------ each forgery refused by its own check
+# The checks overlap (a forged row count is caught by the header check, and Arrow's full validation would
+# catch most of what the header check does), so each case names the check that must refuse it: a header
+# check that lets its forgery through shows as another message here.
+def _body(data: bytes) -> int:
+    return _messages(data)[1][2]  # the first record batch's body bytes
+
+
+def _buffer(data: bytes, index: int, offset: int | None = None, length: int | None = None) -> bytes:
+    """``data`` with buffer ``index`` of its first record batch at ``offset`` and ``length``."""
+    out = bytearray(data)
+    pos, _ = _field_at(data, 1, 2)
+    for at, value in ((pos + 16 * index, offset), (pos + 16 * index + 8, length)):
+        if value is not None:
+            struct.pack_into("<q", out, at, value)
+    return bytes(out)
+
+
+def _compressed(codec: str) -> bytes:
+    """A run of the project's own columns, with its record batch compressed."""
+    sink = io.BytesIO()
+    sch = file_schema().with_metadata({META_KEY: _meta().to_json().encode()})
+    with pa.ipc.new_stream(sink, sch, options=pa.ipc.IpcWriteOptions(compression=codec)) as w:
+        w.write_batch(record_batch([_record(0)]))
+    return sink.getvalue()
+
+
+def _rows_said(rows: int, body: int) -> str:
+    return f"a record batch declares {rows:,} rows in {body:,} bytes; at most {body // 8:,} fit: the file " \
+           "is damaged or forged"
+
+
+B = _body(_good())  # 8 bytes a row at most: B // 8 rows fit in B bytes
+FORGED = {
+    "rows -1": (lambda: _declare(_good(), 1, rows=-1), _rows_said(-1, B)),
+    "one row past the limit": (lambda: _declare(_good(), 1, rows=B // 8 + 1), _rows_said(B // 8 + 1, B)),
+    "values -1": (lambda: _declare(_good(), 1, nodes=-1), f"a column declares more values than its {B:,} "
+                                                          "bytes hold"),
+    "one value past the limit": (lambda: _declare(_good(), 1, nodes=8 * B + 9),
+                                 f"a column declares more values than its {B:,} bytes hold"),
+    "a buffer one byte past the body": (lambda: _buffer(_good(), 1, offset=0, length=B + 1),
+                                        f"a buffer lies outside its record batch's {B:,} bytes"),
+    "a buffer at offset -1": (lambda: _buffer(_good(), 1, offset=-1),
+                              f"a buffer lies outside its record batch's {B:,} bytes"),
+    "a buffer of length -1": (lambda: _buffer(_good(), 1, length=-1),
+                              f"a buffer lies outside its record batch's {B:,} bytes"),
+    "lz4": (lambda: _compressed("lz4"), "a record batch with compressed buffers (LZ4/ZSTD); a run file is "
+                                        "never compressed: not read"),
+    "zstd": (lambda: _compressed("zstd"), "a record batch with compressed buffers (LZ4/ZSTD); a run file is "
+                                          "never compressed: not read"),
+    # at the limits the header checks let the batch through; Arrow's validation refuses it
+    "rows at the limit": (lambda: _declare(_good(), 1, rows=B // 8), "a message at byte "),
+    "values at the limit": (lambda: _declare(_good(), 1, nodes=8 * B + 8), "a message at byte "),
+}
+
+
+@pytest.mark.parametrize("case", list(FORGED))
+def test_each_forged_header_is_refused_by_its_own_check(child, tmp_path, case):
+    make, said = FORGED[case]
+    path = tmp_path / "f.inspect"
+    path.write_bytes(make())
+    out = child.read(path)
+    assert out["outcome"] == "refused", out
+    if said.startswith("a message at byte "):
+        assert out["message"].startswith(f"f.inspect: {said}") and "declares" not in out["message"], out
+    else:
+        assert out["message"] == f"f.inspect: {said}", out
+
+
+def test_an_empty_record_batch_reads_as_no_steps(tmp_path):
+    sink = io.BytesIO()
+    sch = file_schema().with_metadata({META_KEY: _meta().to_json().encode()})
+    with pa.ipc.new_stream(sink, sch) as w:
+        w.write_batch(record_batch([_record(0)]).slice(0, 0))
+    assert len(_messages(sink.getvalue())) == 2  # the schema and one batch, of no rows
+    (tmp_path / "e.inspect").write_bytes(sink.getvalue())
+    assert len(parse_run_bytes(sink.getvalue(), "e.inspect").steps) == 0
+    assert len(read_run(tmp_path / "e.inspect").steps) == 0
+
+
+def _block_device() -> Path | None:
+    return next((p for p in Path("/dev").iterdir() if p.exists() and stat.S_ISBLK(os.stat(p).st_mode)), None)
+
+
+@pytest.mark.timeout(30)
+def test_what_is_no_regular_file_is_named_before_it_is_opened(tmp_path):
+    os.mkfifo(tmp_path / "pipe.inspect")
+    (tmp_path / "folder.inspect").mkdir()
+    sock = socket.socket(socket.AF_UNIX)
+    sock.bind(str(tmp_path / "sock.inspect"))
+    try:
+        special = {"pipe.inspect": "a FIFO", "folder.inspect": "a folder", "sock.inspect": "a socket"}
+        for name, kind in special.items():
+            with pytest.raises(InspectorError) as err:
+                regular_fd(tmp_path / name)
+            assert str(err.value) == f"{name} is not a regular file ({kind}); a run file is a regular file " \
+                                     "written by inspector.watch or check_step"
+        with pytest.raises(InspectorError, match=r"^null is not a regular file \(a character device\); "):
+            regular_fd("/dev/null")
+        block = _block_device()
+        if block is not None:
+            said = rf"^{block.name} is not a regular file \(a block device\); "
+            with pytest.raises(InspectorError, match=said):
+                regular_fd(block)
+    finally:
+        sock.close()
