@@ -499,7 +499,7 @@ def _ranks_file(ranks: list[int], world: int) -> bytes:
     return sink.getvalue() + b"\xff\xff\xff\xff\x00\x00\x00\x00"
 
 
-@pytest.mark.parametrize(("ranks", "bad"), [([0, 2], 2), ([0, 7], 7), ([-2, 1], -2)])
+@pytest.mark.parametrize(("ranks", "bad"), [([0, 2], 2), ([0, 7], 7), ([-2, 1], -2), ([-1, 2], 2)])
 def test_a_rank_outside_the_world_is_refused_by_every_reader(tmp_path, ranks, bad):
     # ranks of a 2-rank run are 0 and 1 (and -1, the run's own rows): rank 2 is the world size itself
     data = _ranks_file(ranks, 2)
@@ -536,6 +536,22 @@ def _buffer(data: bytes, index: int, offset: int | None = None, length: int | No
     return bytes(out)
 
 
+def _length(data: bytes, column: int, length: int) -> bytes:
+    """``data`` with column ``column`` of its first record batch declaring ``length`` values (its null
+    count kept)."""
+    out = bytearray(data)
+    pos, _ = _field_at(data, 1, 1)
+    struct.pack_into("<q", out, pos + 16 * column, length)
+    return bytes(out)
+
+
+def _utf8_broken(data: bytes) -> bytes:
+    """``data`` with the scalar name ``acc`` of its first record batch made bytes that are no UTF-8."""
+    at, size, body = _messages(data)[1]
+    start = data.index(b"acc", at + size, at + size + body)
+    return data[:start] + b"\xff\xfe" + data[start + 2:]
+
+
 def _compressed(codec: str) -> bytes:
     """A run of the project's own columns, with its record batch compressed."""
     sink = io.BytesIO()
@@ -560,6 +576,10 @@ FORGED = {
                                  f"a column declares more values than its {B:,} bytes hold"),
     "a buffer one byte past the body": (lambda: _buffer(_good(), 1, offset=0, length=B + 1),
                                         f"a buffer lies outside its record batch's {B:,} bytes"),
+    "one column one value past the limit": (lambda: _length(_good(), 1, 8 * B + 9),
+                                            f"a column declares more values than its {B:,} bytes hold"),
+    "a buffer ending one byte past the body": (lambda: _buffer(_good(), 1, offset=B, length=1),
+                                               f"a buffer lies outside its record batch's {B:,} bytes"),
     "a buffer at offset -1": (lambda: _buffer(_good(), 1, offset=-1),
                               f"a buffer lies outside its record batch's {B:,} bytes"),
     "a buffer of length -1": (lambda: _buffer(_good(), 1, length=-1),
@@ -568,6 +588,8 @@ FORGED = {
                                         "never compressed: not read"),
     "zstd": (lambda: _compressed("zstd"), "a record batch with compressed buffers (LZ4/ZSTD); a run file is "
                                           "never compressed: not read"),
+    # only the full validation reads the strings' bytes
+    "a name that is no UTF-8": (lambda: _utf8_broken(_good()), "a record batch is damaged ("),
     # at the limits the header checks let the batch through; Arrow's validation refuses it
     "rows at the limit": (lambda: _declare(_good(), 1, rows=B // 8), "a message at byte "),
     "values at the limit": (lambda: _declare(_good(), 1, nodes=8 * B + 8), "a message at byte "),
@@ -581,7 +603,9 @@ def test_each_forged_header_is_refused_by_its_own_check(child, tmp_path, case):
     path.write_bytes(make())
     out = child.read(path)
     assert out["outcome"] == "refused", out
-    if said.startswith("a message at byte "):
+    if said.endswith("("):
+        assert out["message"].startswith(f"f.inspect: {said}") and out["message"].endswith("): not read"), out
+    elif said.startswith("a message at byte "):
         assert out["message"].startswith(f"f.inspect: {said}") and "declares" not in out["message"], out
     else:
         assert out["message"] == f"f.inspect: {said}", out
@@ -624,3 +648,34 @@ def test_what_is_no_regular_file_is_named_before_it_is_opened(tmp_path):
                 regular_fd(block)
     finally:
         sock.close()
+
+
+def _rows_file(records: list[StepRecord], modules: int = 2) -> bytes:
+    sink = io.BytesIO()
+    sink.write(file_schema().with_metadata({META_KEY: _meta(modules).to_json().encode()}).serialize()
+               .to_pybytes())
+    sink.write(record_batch(records).serialize().to_pybytes())
+    return sink.getvalue() + b"\xff\xff\xff\xff\x00\x00\x00\x00"
+
+
+def test_a_row_of_the_wrong_width_is_named_with_its_count():
+    # a run of 2 modules; step 1's row has 3 numbers per module
+    data = _rows_file([_record(0), _record(1, modules=3)])
+    with pytest.raises(InspectorError) as err:
+        parse_run_bytes(data, "w.inspect")
+    assert str(err.value) == "w.inspect: a row of module_grad_norm has 3 values, not one per module (2): " \
+                             "the file is damaged"
+
+
+@pytest.mark.parametrize("column", ["step", "rank"])
+def test_a_row_without_a_step_or_a_rank_is_refused(column):
+    table = pa.Table.from_batches([record_batch([_record(0), _record(1)])])
+    i = table.schema.get_field_index(column)
+    nulled = pa.array([table[column][0].as_py(), None], table.schema.field(i).type)
+    batch = table.set_column(i, table.schema.field(i), nulled).to_batches()[0]
+    sink = io.BytesIO()
+    sink.write(file_schema().with_metadata({META_KEY: _meta().to_json().encode()}).serialize().to_pybytes())
+    sink.write(batch.serialize().to_pybytes())
+    with pytest.raises(InspectorError) as err:
+        parse_run_bytes(sink.getvalue() + b"\xff\xff\xff\xff\x00\x00\x00\x00", "n.inspect")
+    assert str(err.value) == "n.inspect: a row without a step or rank: the file is damaged"
