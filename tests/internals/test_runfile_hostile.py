@@ -9,6 +9,7 @@ instead of the test run.
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import os
@@ -30,7 +31,7 @@ from hypothesis import strategies as st
 
 from inspector.runfiles import META_KEY, RunMeta, RunWriter, StepRecord, schema
 from inspector.runfiles.columns import file_schema, record_batch
-from inspector.runfiles.guard import MAX_LRS, regular_fd
+from inspector.runfiles.guard import MAX_LRS, MAX_SCALARS, check_rows, check_schema, regular_fd
 from inspector.runfiles.tail import SMALL, message_at
 from inspector.runfolders import describe, list_runs
 from inspector.utils.findings import InspectorError
@@ -665,6 +666,37 @@ def test_a_row_of_the_wrong_width_is_named_with_its_count():
         parse_run_bytes(data, "w.inspect")
     assert str(err.value) == "w.inspect: a row of module_grad_norm has 3 values, not one per module (2): " \
                              "the file is damaged"
+    wide = dataclasses.replace(_record(1), param_grad_norm=np.ones(3, np.float32))  # 3 for 2 parameters
+    with pytest.raises(InspectorError) as err:
+        parse_run_bytes(_rows_file([_record(0), wide]), "p.inspect")
+    assert str(err.value) == "p.inspect: a row of param_grad_norm has 3 values, not one per parameter (2): " \
+                             "the file is damaged"
+
+
+def test_a_row_with_more_scalar_names_than_values_is_refused():
+    odd = StepRecord(step=0, rank=0, time=0.0, scalar_names=["a", "b"], scalar_values=[1.0])
+    with pytest.raises(InspectorError) as err:
+        parse_run_bytes(_rows_file([odd]), "s.inspect")
+    assert str(err.value) == "s.inspect: a row has not as many scalar values as scalar names: the file is " \
+                             "damaged"
+
+
+def test_lrs_and_scalar_names_up_to_their_limits_pass_and_one_more_is_refused():
+    """On the batch, before any table is built (a table of 100,000 names is slow to build, not wrong)."""
+    names = [f"s{i}" for i in range(MAX_SCALARS + 1)]
+    at_limit = StepRecord(step=0, rank=0, time=0.0, lr=[0.1] * MAX_LRS, scalar_names=names[:-1],
+                          scalar_values=[1.0] * MAX_SCALARS)
+    check_rows(record_batch([at_limit]), _meta(0), "l.inspect")
+    over = StepRecord(step=0, rank=0, time=0.0, scalar_names=names, scalar_values=[1.0] * (MAX_SCALARS + 1))
+    with pytest.raises(InspectorError) as err:
+        check_rows(record_batch([over]), _meta(0), "l.inspect")
+    assert str(err.value) == f"l.inspect: a row logs {MAX_SCALARS + 1:,} scalars (at most {MAX_SCALARS:,})"
+
+
+def test_a_check_step_file_has_its_own_columns():
+    check_schema(file_schema("check"), "check", "c.inspect")  # the check and finding_ranks columns too
+    with pytest.raises(InspectorError, match="has columns the project never writes .check, finding_ranks."):
+        check_schema(file_schema("check"), "watch", "c.inspect")
 
 
 @pytest.mark.parametrize("column", ["step", "rank"])
