@@ -31,7 +31,18 @@ from hypothesis import strategies as st
 
 from inspector.runfiles import META_KEY, RunMeta, RunWriter, StepRecord, schema
 from inspector.runfiles.columns import file_schema, record_batch
-from inspector.runfiles.guard import MAX_LRS, MAX_SCALARS, check_rows, check_schema, regular_fd
+from inspector.runfiles.guard import (
+    MAX_LRS,
+    MAX_META_BYTES,
+    MAX_MODULES,
+    MAX_PARAMETERS,
+    MAX_SCALARS,
+    MAX_WORLD,
+    check_meta,
+    check_rows,
+    check_schema,
+    regular_fd,
+)
 from inspector.runfiles.tail import SMALL, message_at
 from inspector.runfolders import describe, list_runs
 from inspector.utils.findings import InspectorError
@@ -711,3 +722,49 @@ def test_a_row_without_a_step_or_a_rank_is_refused(column):
     with pytest.raises(InspectorError) as err:
         parse_run_bytes(sink.getvalue() + b"\xff\xff\xff\xff\x00\x00\x00\x00", "n.inspect")
     assert str(err.value) == "n.inspect: a row without a step or rank: the file is damaged"
+
+
+def _schema_refusal(sch: pa.Schema, kind: str = "watch") -> str:
+    with pytest.raises(InspectorError) as err:
+        check_schema(sch, kind, "c.inspect")
+    return str(err.value)
+
+
+def test_each_schema_fault_is_named():
+    watch = file_schema()
+    assert _schema_refusal(watch.remove(watch.get_field_index("loss"))) == \
+        "c.inspect lacks the column loss; it was not written by inspector.watch or check_step"
+    check_schema(watch, "check", "c.inspect")  # a version 1 check_step file: no check column, read as null
+    i = watch.get_field_index("loss")
+    assert _schema_refusal(watch.set(i, pa.field("loss", pa.string()))) == \
+        "c.inspect: column loss is string, not double as the project writes it: not read"
+    extra = watch
+    for n in range(6):
+        extra = extra.append(pa.field(f"x{n}", pa.int8()))
+    assert _schema_refusal(extra) == "c.inspect has columns the project never writes (x0, x1, x2, x3, x4): " \
+                                     "not read"
+    first, second = watch.field(0), watch.field(1)
+    assert _schema_refusal(watch.set(0, second).set(1, first)) == \
+        "c.inspect: its columns are not in the order the project writes them: not read"
+
+
+def _meta_refusal(raw: bytes) -> str:
+    with pytest.raises(InspectorError) as err:
+        check_meta(raw, "m.inspect")
+    return str(err.value)
+
+
+def test_each_metadata_limit_is_named():
+    assert _meta_refusal(b" " * (MAX_META_BYTES + 1)) == \
+        f"m.inspect: {MAX_META_BYTES + 1:,} bytes of run metadata (at most {MAX_META_BYTES:,})"
+    items = MAX_MODULES + 2 * MAX_PARAMETERS + 1000  # one item more than commas
+    assert _meta_refusal(b"," * items) == f"m.inspect: run metadata of {items + 1:,} items, more than " \
+                                          f"{MAX_MODULES:,} modules and {MAX_PARAMETERS:,} parameters take"
+    assert "items" not in _meta_refusal(b"," * (items - 1))  # at the limit: refused as JSON, not counted
+    assert _meta_refusal(b"[" * 100_000) == "m.inspect: its run metadata is nested too deeply to be a run's"
+    assert check_meta(_meta(world=MAX_WORLD).to_json().encode(), "m.inspect").world_size == MAX_WORLD
+    assert _meta_refusal(_meta(world=MAX_WORLD + 1).to_json().encode()) == \
+        f"m.inspect: 2 modules, 2 parameters and {MAX_WORLD + 1:,} ranks; at most {MAX_MODULES:,}, " \
+        f"{MAX_PARAMETERS:,} and {MAX_WORLD:,}"
+    assert _meta_refusal(_meta(modules=MAX_MODULES + 1).to_json().encode()).startswith(
+        f"m.inspect: {MAX_MODULES + 1:,} modules, {MAX_MODULES + 1:,} parameters and 1 ranks; ")
