@@ -609,18 +609,19 @@ FORGED = {
 
 
 @pytest.mark.parametrize("case", list(FORGED))
-def test_each_forged_header_is_refused_by_its_own_check(child, tmp_path, case):
+def test_each_forged_header_is_refused_by_its_own_check(case):
+    # in this process (the forgeries are small; the child above reads the bombs), so that a tool tracing
+    # which tests call the checks sees this one
     make, said = FORGED[case]
-    path = tmp_path / "f.inspect"
-    path.write_bytes(make())
-    out = child.read(path)
-    assert out["outcome"] == "refused", out
+    with pytest.raises(InspectorError) as err:
+        parse_run_bytes(make(), "f.inspect")
+    message = str(err.value)
     if said.endswith("("):
-        assert out["message"].startswith(f"f.inspect: {said}") and out["message"].endswith("): not read"), out
+        assert message.startswith(f"f.inspect: {said}") and message.endswith("): not read"), message
     elif said.startswith("a message at byte "):
-        assert out["message"].startswith(f"f.inspect: {said}") and "declares" not in out["message"], out
+        assert message.startswith(f"f.inspect: {said}") and "declares" not in message, message
     else:
-        assert out["message"] == f"f.inspect: {said}", out
+        assert message == f"f.inspect: {said}"
 
 
 def test_an_empty_record_batch_reads_as_no_steps(tmp_path):
