@@ -609,7 +609,7 @@ FORGED = {
 
 
 @pytest.mark.parametrize("case", list(FORGED))
-def test_each_forged_header_is_refused_by_its_own_check(case):
+def test_a_forged_header_is_refused_by_the_check_for_it(case):
     # in this process (the forgeries are small; the child above reads the bombs), so that a tool tracing
     # which tests call the checks sees this one
     make, said = FORGED[case]
