@@ -549,8 +549,8 @@ def _buffer(data: bytes, index: int, offset: int | None = None, length: int | No
 
 
 def _length(data: bytes, column: int, length: int) -> bytes:
-    """``data`` with column ``column`` of its first record batch declaring ``length`` values (its null
-    count kept)."""
+    """``data`` with array ``column`` of its first record batch (a field node: nested lists have one per
+    level) declaring ``length`` values (its null count kept)."""
     out = bytearray(data)
     pos, _ = _field_at(data, 1, 1)
     struct.pack_into("<q", out, pos + 16 * column, length)
@@ -590,6 +590,9 @@ FORGED = {
                                         f"a buffer lies outside its record batch's {B:,} bytes"),
     "one column one value past the limit": (lambda: _length(_good(), 1, 8 * B + 9),
                                             f"a column declares more values than its {B:,} bytes hold"),
+    "the last array one value past the limit": (
+        lambda: _length(_good(), _field_at(_good(), 1, 1)[1] - 1, 8 * B + 9),
+        f"a column declares more values than its {B:,} bytes hold"),
     "a buffer ending one byte past the body": (lambda: _buffer(_good(), 1, offset=B, length=1),
                                                f"a buffer lies outside its record batch's {B:,} bytes"),
     "a buffer at offset -1": (lambda: _buffer(_good(), 1, offset=-1),
