@@ -55,6 +55,7 @@ MODULES: dict[str, tuple[list[str], list[str]]] = {
 }
 
 KILLED = {"killed", "timeout"}
+UNCHECKED = "not checked"  # a run stopped before it reached the mutant
 
 
 def _toml_value(v: object) -> str:
@@ -115,7 +116,8 @@ def run(name: str, workers: int, fresh: bool, survivors: bool = False) -> dict:
     ``survivors``: run again only the mutants that survived last time (after tests were added)."""
     where = _prepare(name, fresh)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONDONTWRITEBYTECODE": "1"}
-    again = [k for k, (s, _) in _results(where, env).items() if s not in KILLED] if survivors else []
+    again = [k for k, (s, _) in _results(where, env).items() if s not in KILLED | {UNCHECKED}] \
+        if survivors else []
     start = time.monotonic()
     done = subprocess.run([sys.executable, "-m", "mutmut", "run", "--max-children", str(workers), *again],
                           cwd=where, env=env, capture_output=True, text=True)
@@ -127,13 +129,14 @@ def run(name: str, workers: int, fresh: bool, survivors: bool = False) -> dict:
     status: dict[str, int] = {}
     for s, _ in results.values():
         status[s] = status.get(s, 0) + 1
-    survivors = {k: diff for k, (s, diff) in sorted(results.items()) if s not in KILLED}
+    survivors = {k: diff for k, (s, diff) in sorted(results.items()) if s not in KILLED | {UNCHECKED}}
     return {"seconds": seconds, "status": status, "survivors": survivors}
 
 
 def score(status: dict[str, int]) -> tuple[int, int]:
-    """``(killed, counted)``: skipped mutants (none here) are left out, as mutmut leaves them."""
-    counted = sum(n for s, n in status.items() if s != "skipped")
+    """``(killed, counted)``: skipped mutants (none here) are left out, as mutmut leaves them, and so are
+    those a stopped run did not reach (``status`` says how many)."""
+    counted = sum(n for s, n in status.items() if s not in ("skipped", UNCHECKED))
     return sum(status.get(s, 0) for s in KILLED), counted
 
 
@@ -144,7 +147,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", type=int, default=1, help="mutmut's --max-children (default 1)")
     parser.add_argument("--fresh", action="store_true", help="forget earlier results")
     parser.add_argument("--survivors", action="store_true",
-                        help="run again only the mutants that survived the last run (after adding tests)")
+                        help="run again only the mutants that survived the last run (after adding tests); "
+                             "not those a stopped run did not reach")
     parser.add_argument("--quiet", action="store_true", help="scores only, no survivor diffs")
     args = parser.parse_args(argv)
     rows = []

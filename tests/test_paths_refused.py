@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -93,6 +94,51 @@ def test_fifos_and_devices_are_refused_before_opening(runs):
         confined("/dev/zero", None)  # no folders to stay in: still a regular file or nothing
     with pytest.raises(InspectorError, match="NUL"):
         confined("a\x00b", None)
+
+
+def _folders(tmp_path: Path, *names: str) -> list[Path]:
+    made = [tmp_path / n for n in names]
+    for folder in made:
+        folder.mkdir()
+    return made
+
+
+def test_a_relative_path_is_looked_for_in_the_next_folder_when_the_first_leads_out(tmp_path):
+    """Each allowed folder in turn: one where the name is a link out of it is passed over, and the
+    search goes on to the next folder (it does not end there)."""
+    out, first, second = _folders(tmp_path, "out", "first", "second")
+    (out / "run.inspect").write_text("outside")
+    (second / "run.inspect").write_text("inside")
+    (first / "run.inspect").symlink_to(out / "run.inspect")
+    assert confined("run.inspect", [first, second]) == (second / "run.inspect").resolve()
+    with pytest.raises(InspectorError, match="is not under the allowed folders"):
+        confined("run.inspect", [first])
+
+
+@pytest.mark.skipif(sys.version_info >= (3, 13), reason="resolve() raises on a loop before 3.13")
+def test_a_relative_path_is_looked_for_in_the_next_folder_when_the_first_holds_a_loop(tmp_path):
+    first, second = _folders(tmp_path, "first", "second")
+    (first / "run.inspect").symlink_to(first / "run.inspect")  # a link to itself: resolving it raises
+    (second / "run.inspect").write_text("inside")
+    assert confined("run.inspect", [first, second]) == (second / "run.inspect").resolve()
+
+
+def test_with_no_allowed_folder_an_absolute_path_in_the_extra_folder_is_taken(tmp_path):
+    """A server with no data folders still opens its uploads: ``extra`` holds for absolute paths."""
+    uploads, elsewhere = _folders(tmp_path, "uploads", "elsewhere")
+    (uploads / "model.pt").write_text("x")
+    (elsewhere / "model.pt").write_text("x")
+    assert confined(str(uploads / "model.pt"), [], extra=[uploads]) == (uploads / "model.pt").resolve()
+    with pytest.raises(InspectorError, match="is not under the allowed folders"):
+        confined(str(elsewhere / "model.pt"), [], extra=[uploads])
+    with pytest.raises(InspectorError, match="is not under the allowed folders"):
+        confined("model.pt", [], extra=[uploads])  # extra is never searched
+
+
+def test_no_path_at_all_is_an_empty_path(tmp_path):
+    """A text field with nothing typed gives None: refused in words, not with a TypeError."""
+    assert _refusal(lambda: confined(None)) == "the file path is empty; give a path"
+    assert _refusal(lambda: confined(None, [tmp_path])) == f"'' is not under the allowed folders ({tmp_path})"
 
 
 # ----------------------------------------------------------------------------- shards named by an index

@@ -9,10 +9,13 @@ instead of the test run.
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import os
 import signal
+import socket
+import stat
 import struct
 import subprocess
 import sys
@@ -28,7 +31,18 @@ from hypothesis import strategies as st
 
 from inspector.runfiles import META_KEY, RunMeta, RunWriter, StepRecord, schema
 from inspector.runfiles.columns import file_schema, record_batch
-from inspector.runfiles.guard import MAX_LRS
+from inspector.runfiles.guard import (
+    MAX_LRS,
+    MAX_META_BYTES,
+    MAX_MODULES,
+    MAX_PARAMETERS,
+    MAX_SCALARS,
+    MAX_WORLD,
+    check_meta,
+    check_rows,
+    check_schema,
+    regular_fd,
+)
 from inspector.runfiles.tail import SMALL, message_at
 from inspector.runfolders import describe, list_runs
 from inspector.utils.findings import InspectorError
@@ -497,7 +511,7 @@ def _ranks_file(ranks: list[int], world: int) -> bytes:
     return sink.getvalue() + b"\xff\xff\xff\xff\x00\x00\x00\x00"
 
 
-@pytest.mark.parametrize(("ranks", "bad"), [([0, 2], 2), ([0, 7], 7), ([-2, 1], -2)])
+@pytest.mark.parametrize(("ranks", "bad"), [([0, 2], 2), ([0, 7], 7), ([-2, 1], -2), ([-1, 2], 2)])
 def test_a_rank_outside_the_world_is_refused_by_every_reader(tmp_path, ranks, bad):
     # ranks of a 2-rank run are 0 and 1 (and -1, the run's own rows): rank 2 is the world size itself
     data = _ranks_file(ranks, 2)
@@ -514,3 +528,247 @@ def test_a_rank_outside_the_world_is_refused_by_every_reader(tmp_path, ranks, ba
 def test_the_last_rank_and_the_run_rows_are_in_range(tmp_path):
     run = parse_run_bytes(_ranks_file([-1, 0, 1], 2), "r.inspect")
     assert run.steps["rank"].tolist() == [-1, 0, 1] and run.world_size == 2
+
+
+# ------------------------------------------------------------------ each forgery refused by its own check
+# The checks overlap (a forged row count is caught by the header check, and Arrow's full validation would
+# catch most of what the header check does), so each case names the check that must refuse it: a header
+# check that lets its forgery through shows as another message here.
+def _body(data: bytes) -> int:
+    return _messages(data)[1][2]  # the first record batch's body bytes
+
+
+def _buffer(data: bytes, index: int, offset: int | None = None, length: int | None = None) -> bytes:
+    """``data`` with buffer ``index`` of its first record batch at ``offset`` and ``length``."""
+    out = bytearray(data)
+    pos, _ = _field_at(data, 1, 2)
+    for at, value in ((pos + 16 * index, offset), (pos + 16 * index + 8, length)):
+        if value is not None:
+            struct.pack_into("<q", out, at, value)
+    return bytes(out)
+
+
+def _length(data: bytes, column: int, length: int) -> bytes:
+    """``data`` with array ``column`` of its first record batch (a field node: nested lists have one per
+    level) declaring ``length`` values (its null count kept)."""
+    out = bytearray(data)
+    pos, _ = _field_at(data, 1, 1)
+    struct.pack_into("<q", out, pos + 16 * column, length)
+    return bytes(out)
+
+
+def _utf8_broken(data: bytes) -> bytes:
+    """``data`` with the scalar name ``acc`` of its first record batch made bytes that are no UTF-8."""
+    at, size, body = _messages(data)[1]
+    start = data.index(b"acc", at + size, at + size + body)
+    return data[:start] + b"\xff\xfe" + data[start + 2:]
+
+
+def _compressed(codec: str) -> bytes:
+    """A run of the project's own columns, with its record batch compressed."""
+    sink = io.BytesIO()
+    sch = file_schema().with_metadata({META_KEY: _meta().to_json().encode()})
+    with pa.ipc.new_stream(sink, sch, options=pa.ipc.IpcWriteOptions(compression=codec)) as w:
+        w.write_batch(record_batch([_record(0)]))
+    return sink.getvalue()
+
+
+def _rows_said(rows: int, body: int) -> str:
+    return f"a record batch declares {rows:,} rows in {body:,} bytes; at most {body // 8:,} fit: the file " \
+           "is damaged or forged"
+
+
+B = _body(_good())  # 8 bytes a row at most: B // 8 rows fit in B bytes
+FORGED = {
+    "rows -1": (lambda: _declare(_good(), 1, rows=-1), _rows_said(-1, B)),
+    "one row past the limit": (lambda: _declare(_good(), 1, rows=B // 8 + 1), _rows_said(B // 8 + 1, B)),
+    "values -1": (lambda: _declare(_good(), 1, nodes=-1), f"a column declares more values than its {B:,} "
+                                                          "bytes hold"),
+    "one value past the limit": (lambda: _declare(_good(), 1, nodes=8 * B + 9),
+                                 f"a column declares more values than its {B:,} bytes hold"),
+    "a buffer one byte past the body": (lambda: _buffer(_good(), 1, offset=0, length=B + 1),
+                                        f"a buffer lies outside its record batch's {B:,} bytes"),
+    "one column one value past the limit": (lambda: _length(_good(), 1, 8 * B + 9),
+                                            f"a column declares more values than its {B:,} bytes hold"),
+    "the last array one value past the limit": (
+        lambda: _length(_good(), _field_at(_good(), 1, 1)[1] - 1, 8 * B + 9),
+        f"a column declares more values than its {B:,} bytes hold"),
+    "a buffer ending one byte past the body": (lambda: _buffer(_good(), 1, offset=B, length=1),
+                                               f"a buffer lies outside its record batch's {B:,} bytes"),
+    "a buffer at offset -1": (lambda: _buffer(_good(), 1, offset=-1),
+                              f"a buffer lies outside its record batch's {B:,} bytes"),
+    "a buffer of length -1": (lambda: _buffer(_good(), 1, length=-1),
+                              f"a buffer lies outside its record batch's {B:,} bytes"),
+    "lz4": (lambda: _compressed("lz4"), "a record batch with compressed buffers (LZ4/ZSTD); a run file is "
+                                        "never compressed: not read"),
+    "zstd": (lambda: _compressed("zstd"), "a record batch with compressed buffers (LZ4/ZSTD); a run file is "
+                                          "never compressed: not read"),
+    # only the full validation reads the strings' bytes
+    "a name that is no UTF-8": (lambda: _utf8_broken(_good()), "a record batch is damaged ("),
+    # at the limits the header checks let the batch through; Arrow's validation refuses it
+    "rows at the limit": (lambda: _declare(_good(), 1, rows=B // 8), "a message at byte "),
+    "values at the limit": (lambda: _declare(_good(), 1, nodes=8 * B + 8), "a message at byte "),
+}
+
+
+@pytest.mark.parametrize("case", list(FORGED))
+def test_a_forged_header_is_refused_by_the_check_for_it(case):
+    # in this process (the forgeries are small; the child above reads the bombs), so that a tool tracing
+    # which tests call the checks sees this one
+    make, said = FORGED[case]
+    with pytest.raises(InspectorError) as err:
+        parse_run_bytes(make(), "f.inspect")
+    message = str(err.value)
+    if said.endswith("("):
+        assert message.startswith(f"f.inspect: {said}") and message.endswith("): not read"), message
+    elif said.startswith("a message at byte "):
+        assert message.startswith(f"f.inspect: {said}") and "declares" not in message, message
+    else:
+        assert message == f"f.inspect: {said}"
+
+
+def test_an_empty_record_batch_reads_as_no_steps(tmp_path):
+    sink = io.BytesIO()
+    sch = file_schema().with_metadata({META_KEY: _meta().to_json().encode()})
+    with pa.ipc.new_stream(sink, sch) as w:
+        w.write_batch(record_batch([_record(0)]).slice(0, 0))
+    assert len(_messages(sink.getvalue())) == 2  # the schema and one batch, of no rows
+    (tmp_path / "e.inspect").write_bytes(sink.getvalue())
+    assert len(parse_run_bytes(sink.getvalue(), "e.inspect").steps) == 0
+    assert len(read_run(tmp_path / "e.inspect").steps) == 0
+
+
+def _block_device() -> Path | None:
+    return next((p for p in Path("/dev").iterdir() if p.exists() and stat.S_ISBLK(os.stat(p).st_mode)), None)
+
+
+@pytest.mark.timeout(30)
+def test_what_is_no_regular_file_is_named_before_it_is_opened(tmp_path):
+    os.mkfifo(tmp_path / "pipe.inspect")
+    (tmp_path / "folder.inspect").mkdir()
+    sock = socket.socket(socket.AF_UNIX)
+    sock.bind(str(tmp_path / "sock.inspect"))
+    try:
+        special = {"pipe.inspect": "a FIFO", "folder.inspect": "a folder", "sock.inspect": "a socket"}
+        for name, kind in special.items():
+            with pytest.raises(InspectorError) as err:
+                regular_fd(tmp_path / name)
+            assert str(err.value) == f"{name} is not a regular file ({kind}); a run file is a regular file " \
+                                     "written by inspector.watch or check_step"
+        with pytest.raises(InspectorError, match=r"^null is not a regular file \(a character device\); "):
+            regular_fd("/dev/null")
+        block = _block_device()
+        if block is not None:
+            said = rf"^{block.name} is not a regular file \(a block device\); "
+            with pytest.raises(InspectorError, match=said):
+                regular_fd(block)
+    finally:
+        sock.close()
+
+
+def _rows_file(records: list[StepRecord], modules: int = 2) -> bytes:
+    sink = io.BytesIO()
+    sink.write(file_schema().with_metadata({META_KEY: _meta(modules).to_json().encode()}).serialize()
+               .to_pybytes())
+    sink.write(record_batch(records).serialize().to_pybytes())
+    return sink.getvalue() + b"\xff\xff\xff\xff\x00\x00\x00\x00"
+
+
+def test_a_row_of_the_wrong_width_is_named_with_its_count():
+    # a run of 2 modules; step 1's row has 3 numbers per module
+    data = _rows_file([_record(0), _record(1, modules=3)])
+    with pytest.raises(InspectorError) as err:
+        parse_run_bytes(data, "w.inspect")
+    assert str(err.value) == "w.inspect: a row of module_grad_norm has 3 values, not one per module (2): " \
+                             "the file is damaged"
+    wide = dataclasses.replace(_record(1), param_grad_norm=np.ones(3, np.float32))  # 3 for 2 parameters
+    with pytest.raises(InspectorError) as err:
+        parse_run_bytes(_rows_file([_record(0), wide]), "p.inspect")
+    assert str(err.value) == "p.inspect: a row of param_grad_norm has 3 values, not one per parameter (2): " \
+                             "the file is damaged"
+
+
+def test_a_row_with_more_scalar_names_than_values_is_refused():
+    odd = StepRecord(step=0, rank=0, time=0.0, scalar_names=["a", "b"], scalar_values=[1.0])
+    with pytest.raises(InspectorError) as err:
+        parse_run_bytes(_rows_file([odd]), "s.inspect")
+    assert str(err.value) == "s.inspect: a row has not as many scalar values as scalar names: the file is " \
+                             "damaged"
+
+
+def test_lrs_and_scalar_names_up_to_their_limits_pass_and_one_more_is_refused():
+    """On the batch, before any table is built (a table of 100,000 names is slow to build, not wrong)."""
+    names = [f"s{i}" for i in range(MAX_SCALARS + 1)]
+    at_limit = StepRecord(step=0, rank=0, time=0.0, lr=[0.1] * MAX_LRS, scalar_names=names[:-1],
+                          scalar_values=[1.0] * MAX_SCALARS)
+    check_rows(record_batch([at_limit]), _meta(0), "l.inspect")
+    over = StepRecord(step=0, rank=0, time=0.0, scalar_names=names, scalar_values=[1.0] * (MAX_SCALARS + 1))
+    with pytest.raises(InspectorError) as err:
+        check_rows(record_batch([over]), _meta(0), "l.inspect")
+    assert str(err.value) == f"l.inspect: a row logs {MAX_SCALARS + 1:,} scalars (at most {MAX_SCALARS:,})"
+
+
+def test_a_check_step_file_has_its_own_columns():
+    check_schema(file_schema("check"), "check", "c.inspect")  # the check and finding_ranks columns too
+    with pytest.raises(InspectorError, match="has columns the project never writes .check, finding_ranks."):
+        check_schema(file_schema("check"), "watch", "c.inspect")
+
+
+@pytest.mark.parametrize("column", ["step", "rank"])
+def test_a_row_without_a_step_or_a_rank_is_refused(column):
+    table = pa.Table.from_batches([record_batch([_record(0), _record(1)])])
+    i = table.schema.get_field_index(column)
+    nulled = pa.array([table[column][0].as_py(), None], table.schema.field(i).type)
+    batch = table.set_column(i, table.schema.field(i), nulled).to_batches()[0]
+    sink = io.BytesIO()
+    sink.write(file_schema().with_metadata({META_KEY: _meta().to_json().encode()}).serialize().to_pybytes())
+    sink.write(batch.serialize().to_pybytes())
+    with pytest.raises(InspectorError) as err:
+        parse_run_bytes(sink.getvalue() + b"\xff\xff\xff\xff\x00\x00\x00\x00", "n.inspect")
+    assert str(err.value) == "n.inspect: a row without a step or rank: the file is damaged"
+
+
+def _schema_refusal(sch: pa.Schema, kind: str = "watch") -> str:
+    with pytest.raises(InspectorError) as err:
+        check_schema(sch, kind, "c.inspect")
+    return str(err.value)
+
+
+def test_each_schema_fault_is_named():
+    watch = file_schema()
+    assert _schema_refusal(watch.remove(watch.get_field_index("loss"))) == \
+        "c.inspect lacks the column loss; it was not written by inspector.watch or check_step"
+    check_schema(watch, "check", "c.inspect")  # a version 1 check_step file: no check column, read as null
+    i = watch.get_field_index("loss")
+    assert _schema_refusal(watch.set(i, pa.field("loss", pa.string()))) == \
+        "c.inspect: column loss is string, not double as the project writes it: not read"
+    extra = watch
+    for n in range(6):
+        extra = extra.append(pa.field(f"x{n}", pa.int8()))
+    assert _schema_refusal(extra) == "c.inspect has columns the project never writes (x0, x1, x2, x3, x4): " \
+                                     "not read"
+    first, second = watch.field(0), watch.field(1)
+    assert _schema_refusal(watch.set(0, second).set(1, first)) == \
+        "c.inspect: its columns are not in the order the project writes them: not read"
+
+
+def _meta_refusal(raw: bytes) -> str:
+    with pytest.raises(InspectorError) as err:
+        check_meta(raw, "m.inspect")
+    return str(err.value)
+
+
+def test_each_metadata_limit_is_named():
+    assert _meta_refusal(b" " * (MAX_META_BYTES + 1)) == \
+        f"m.inspect: {MAX_META_BYTES + 1:,} bytes of run metadata (at most {MAX_META_BYTES:,})"
+    items = MAX_MODULES + 2 * MAX_PARAMETERS + 1000  # one item more than commas
+    assert _meta_refusal(b"," * items) == f"m.inspect: run metadata of {items + 1:,} items, more than " \
+                                          f"{MAX_MODULES:,} modules and {MAX_PARAMETERS:,} parameters take"
+    assert "items" not in _meta_refusal(b"," * (items - 1))  # at the limit: refused as JSON, not counted
+    assert _meta_refusal(b"[" * 100_000) == "m.inspect: its run metadata is nested too deeply to be a run's"
+    assert check_meta(_meta(world=MAX_WORLD).to_json().encode(), "m.inspect").world_size == MAX_WORLD
+    assert _meta_refusal(_meta(world=MAX_WORLD + 1).to_json().encode()) == \
+        f"m.inspect: 2 modules, 2 parameters and {MAX_WORLD + 1:,} ranks; at most {MAX_MODULES:,}, " \
+        f"{MAX_PARAMETERS:,} and {MAX_WORLD:,}"
+    assert _meta_refusal(_meta(modules=MAX_MODULES + 1).to_json().encode()).startswith(
+        f"m.inspect: {MAX_MODULES + 1:,} modules, {MAX_MODULES + 1:,} parameters and 1 ranks; ")
