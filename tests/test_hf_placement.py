@@ -95,7 +95,7 @@ def test_compare_when_accelerate_cannot_plan(models, hf_folders, capsys):
 
 
 DISPATCHED = '''
-import tempfile
+import os
 
 import torch
 from torch import nn
@@ -105,7 +105,8 @@ from accelerate import dispatch_model
 def build():
     torch.manual_seed(0)
     m = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 3))
-    return dispatch_model(m, device_map={"0": "cpu", "1": "cpu", "2": "disk"}, offload_dir=tempfile.mkdtemp())
+    offload = os.path.join(os.path.dirname(__file__), "offload")  # beside this file: in the test's folder
+    return dispatch_model(m, device_map={"0": "cpu", "1": "cpu", "2": "disk"}, offload_dir=offload)
 
 
 def example_inputs(batch_size):

@@ -236,7 +236,7 @@ def test_bad_arguments(tmp_path):
         with watch(m, None, tmp_path):  # a folder
             pass
     with pytest.raises(InspectorError, match="w.step"):
-        with watch(m, torch.optim.SGD(m.parameters(), lr=0.1), "/tmp/never-written.inspect") as w:
+        with watch(m, torch.optim.SGD(m.parameters(), lr=0.1), tmp_path / "never-stepped.inspect") as w:
             w.step()
 
 

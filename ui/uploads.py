@@ -191,13 +191,15 @@ class UploadStore:
     """The uploads of one browser session, in a folder of its own removed with the store.
 
     >>> import tempfile, gc
-    >>> store = UploadStore(Path(tempfile.mkdtemp()))
+    >>> parent = tempfile.TemporaryDirectory()
+    >>> store = UploadStore(Path(parent.name))
     >>> path = Path(store.save("w.safetensors", b"1234"))
     >>> path.read_bytes(), path.parent == store.folder
     (b'1234', True)
     >>> folder = store.folder; del store; _ = gc.collect()
     >>> folder.exists()
     False
+    >>> parent.cleanup()
     """
 
     def __init__(self, root: Path | None = None, limit: int | None = None) -> None:

@@ -52,12 +52,14 @@ def watch(
 
     >>> import tempfile, pathlib
     >>> m = nn.Linear(2, 1); opt = torch.optim.SGD(m.parameters(), lr=0.1)
-    >>> p = pathlib.Path(tempfile.mkdtemp()) / "run.inspect"
+    >>> folder = tempfile.TemporaryDirectory()
+    >>> p = pathlib.Path(folder.name) / "run.inspect"
     >>> with watch(m, opt, p) as w:
     ...     for _ in range(3):
     ...         m(torch.ones(1, 2)).sum().backward(); opt.step(); opt.zero_grad()
     >>> w.result.steps, len(read_run(p).steps)
     (3, 3)
+    >>> folder.cleanup()
     """
     w = Watch(model, optimizer, path, **options)
     completed, error = False, None

@@ -46,10 +46,12 @@ def finding_counts(run: Run) -> pd.DataFrame:
 
     >>> import tempfile, pathlib
     >>> from inspector.watching import read_run, synthetic_run
-    >>> p = pathlib.Path(tempfile.mkdtemp()) / "r.inspect"
+    >>> folder = tempfile.TemporaryDirectory()
+    >>> p = pathlib.Path(folder.name) / "r.inspect"
     >>> _ = synthetic_run(p, steps=40, modules=3)  # one explosion, at step 40 * 3 // 4
     >>> finding_counts(read_run(p)).values.tolist()
     [['exploding-gradient', 'warning', 1, 30, 30]]
+    >>> folder.cleanup()
     """
     found = first_findings(run)
     frame = pd.DataFrame([(f.code, f.severity, f.step) for f in found], columns=["code", "severity", "step"])
@@ -107,10 +109,12 @@ def verdict(findings: Run | Iterable[StepFinding]) -> Verdict:
 
     >>> import tempfile, pathlib
     >>> from inspector.watching import read_run, synthetic_run
-    >>> p = pathlib.Path(tempfile.mkdtemp()) / "r.inspect"
+    >>> folder = tempfile.TemporaryDirectory()
+    >>> p = pathlib.Path(folder.name) / "r.inspect"
     >>> _ = synthetic_run(p, steps=40, modules=3)  # one explosion at step 30: a warning, no error
     >>> verdict(read_run(p)).line()
     'No errors; 1 warning.'
+    >>> folder.cleanup()
     """
     ordered = ordered_findings(findings)
     counts = {sev: sum(f.severity == sev for f in ordered) for sev in SEVERITY_ORDER}

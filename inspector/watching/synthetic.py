@@ -23,9 +23,10 @@ def synthetic_run(path: str | os.PathLike, steps: int = 100, modules: int = 10, 
         the :class:`RunMeta` written.
 
     >>> import tempfile, pathlib
-    >>> p = pathlib.Path(tempfile.mkdtemp()) / "r.inspect"
-    >>> synthetic_run(p, steps=3, modules=2).modules
+    >>> folder = tempfile.TemporaryDirectory()
+    >>> synthetic_run(pathlib.Path(folder.name) / "r.inspect", steps=3, modules=2).modules
     ('layers.0', 'layers.1')
+    >>> folder.cleanup()
     """
     rng = np.random.default_rng(seed)
     names = tuple(f"layers.{i}" for i in range(modules))
