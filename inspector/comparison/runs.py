@@ -94,10 +94,12 @@ def _numbers(run: Any, rank: int) -> _Numbers:
     and memory are left out (they differ between any two runs)."""
     steps = run.steps
     logged = ~np.asarray(run.table.column("loss").is_null().to_numpy(zero_copy_only=False), dtype=bool)
-    mine = np.flatnonzero(steps["rank"].to_numpy() == rank)
+    # the step and rank columns from the Arrow table (same rows): a lookup by name in a table of 100,000
+    # columns would build its index's hash table, a Python string per column
+    mine = np.flatnonzero(run.table.column("rank").to_numpy() == rank)
     if not len(mine):
         raise InspectorError(f"{run.path} has no steps for rank {rank}")
-    at = steps["step"].to_numpy()[mine]
+    at = run.table.column("step").to_numpy()[mine]
     keep = len(at) - 1 - np.unique(at[::-1], return_index=True)[1]  # the last row of each step, by step
     rows = mine[keep]
     numeric = np.fromiter((pd.api.types.is_numeric_dtype(t) or pd.api.types.is_bool_dtype(t)

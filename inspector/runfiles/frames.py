@@ -61,12 +61,23 @@ def steps_frame(table: Any, size: int | None = None, name: str = "run file") -> 
     index = codes.indices.to_numpy(zero_copy_only=False)
     named = ~np.asarray(codes.is_null().to_numpy(zero_copy_only=False), dtype=bool)
     logged[np.repeat(np.arange(n), names_lengths)[named], index[named].astype(np.int64)] = values[named]
-    lr_names = [f"lr_{g}" for g in range(width)]
-    taken = {*frame.columns, *lr_names}
-    keep = [i for i, label in enumerate(dict.fromkeys(labels)) if label not in taken]
-    parts = [frame, pd.DataFrame(lr, columns=lr_names, index=frame.index),
+    # lr_0 ... lr_{width-1} made in Arrow: no Python string per learning rate (100,000 of them at the limit)
+    import pyarrow as pa
+
+    lr_names = pc.binary_join_element_wise("lr_", pc.cast(pa.array(np.arange(width)), pa.string()), "")
+    own = set(frame.columns)
+    keep = [i for i, label in enumerate(dict.fromkeys(labels))
+            if label not in own and not _lr_name(label, width)]
+    lr_index = pd.Index(pd.arrays.ArrowStringArray(lr_names)) if width else pd.Index([], dtype=object)
+    parts = [frame, pd.DataFrame(lr, columns=lr_index, index=frame.index),
              pd.DataFrame(logged[:, keep], columns=[labels[i] for i in keep], index=frame.index)]
     return pd.concat(parts, axis=1, copy=False)
+
+
+def _lr_name(label: str, width: int) -> bool:
+    """Whether ``label`` is one of ``lr_0 ... lr_{width-1}`` as :func:`steps_frame` names them."""
+    digits = label[3:]
+    return label.startswith("lr_") and digits.isdigit() and digits == str(int(digits)) and int(digits) < width
 
 
 def _flat(column: Any) -> tuple[np.ndarray, np.ndarray, Any]:
