@@ -349,19 +349,37 @@ def test_finding_messages_name_shapes_dtypes_and_counts():
     found = {f.code: f for f in offset_findings(model)}
     assert list(found) == ["non-contiguous", "mixed-dtypes", "frozen-shift"]
     assert found["non-contiguous"].severity == "warning"
-    assert found["non-contiguous"].message.startswith(
+    assert found["non-contiguous"].message == (
         "1.weight (shape (2, 4), stride (1, 2)) is not contiguous: parameters_to_vector calls view(-1) "
-        "on it and raises. Flatten with torch.cat([p.reshape(-1) for p in params]) instead")
-    assert found["mixed-dtypes"].severity == "warning"
-    assert found["mixed-dtypes"].message.startswith(
+        "on it and raises. Flatten with torch.cat([p.reshape(-1) for p in params]) instead; the offsets "
+        "shown hold for that row-major flattening.")
+    assert (found["mixed-dtypes"].severity, found["mixed-dtypes"].where) == ("warning", "")
+    assert found["mixed-dtypes"].message == (
         "parameters have several dtypes: float32 (4, first 0.weight), float16 (2, first 1.weight). "
         "parameters_to_vector promotes them all to float32, and vector_to_parameters then gives every "
-        "parameter float32 data")
+        "parameter float32 data, silently changing the dtype of the others. Flatten each dtype group "
+        "separately.")
     assert (found["frozen-shift"].severity, found["frozen-shift"].where) == ("info", "0.weight")
-    assert found["frozen-shift"].message.startswith(
-        "2 frozen parameters sit among trainable ones (first: 0.weight).")
-    assert found["frozen-shift"].message.endswith(
+    assert found["frozen-shift"].message == (
+        "2 frozen parameters sit among trainable ones (first: 0.weight). parameters() still yields them, "
+        "so parameters_to_vector(model.parameters()) includes them; a vector of trainable parameters only "
         "has different offsets for 4 trainable parameters after it (first: 1.weight).")
+
+
+def test_mixed_dtypes_name_the_dtype_they_are_promoted_to():
+    model = nn.Sequential(nn.Linear(2, 2), nn.Linear(2, 2).double()).half()
+    model[1].double()
+    (found,) = offset_findings(model)
+    assert found.message.startswith("parameters have several dtypes: float16 (2, first 0.weight), float64 "
+                                    "(2, first 1.weight). parameters_to_vector promotes them all to "
+                                    "float64, and vector_to_parameters then gives every parameter float64 "
+                                    "data")
+
+
+def test_what_is_no_model_is_refused_by_name():
+    for call, what in [(offset_map, "offset_map"), (offset_findings, "offset_findings")]:
+        with pytest.raises(InspectorError, match=rf"^{what} needs a torch nn.Module \(a model\), got str"):
+            call("model.pt")
 
 
 def test_frozen_parameters_shift_nothing_when_all_or_only_the_last_are_frozen():
@@ -381,11 +399,13 @@ def test_parameters_on_two_devices_and_on_meta_are_named():
     found = {f.code: f for f in offset_findings(model)}
     assert list(found) == ["several-devices", "meta"]
     assert found["several-devices"].severity == "warning" and found["several-devices"].where == ""
-    assert found["several-devices"].message.startswith(
+    assert found["several-devices"].message == (
         "parameters are on several devices: cpu (2, first 0.weight), meta (2, first 1.weight). "
-        "parameters_to_vector refuses them")
+        "parameters_to_vector refuses them ('Found two parameters on different devices'); flatten per "
+        "device.")
     assert (found["meta"].severity, found["meta"].where) == ("info", "")
-    assert found["meta"].message.startswith("the model is on the meta device: offsets come from shapes")
+    assert found["meta"].message == ("the model is on the meta device: offsets come from shapes alone; "
+                                     "there are no values, so no gradients and no flat vector.")
     # a non-contiguous meta parameter has no data to flatten: not flagged
     model[1].weight = nn.Parameter(torch.empty(2, 3, device="meta").t())
     assert [f.code for f in offset_findings(model)] == ["several-devices", "meta"]
