@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import psutil
 import pytest
 import torch
@@ -13,6 +14,7 @@ from torch.nn.utils import parameters_to_vector
 from inspector import InspectorError, gradient_norms, load_model, locate, offset_map
 from inspector.offsets import (
     OFFSET_COLUMNS,
+    display_table,
     flatten_roundtrip,
     gradient_report,
     offset_findings,
@@ -208,6 +210,205 @@ def test_locate_trainable_only_and_from_a_table():
     assert (loc.name, loc.element, loc.requires_grad) == ("layers.1.lora_B.weight", (10, 0), True)
     assert locate(offset_map(model, trainable_only=True), 100) == loc
     assert locate(model, 100).name == "layers.0.base.weight"  # the full map's answer
+
+
+# --------------------------------------------------------------------------- every word of the map
+
+
+def _thrice_tied() -> nn.Module:
+    """``a.weight`` (2, 2) reachable under two more names; ``a.bias`` (2,)."""
+    model = nn.Module()
+    model.a = nn.Linear(2, 2)
+    model.b, model.c = nn.Module(), nn.Module()
+    model.b.w = model.a.weight
+    model.c.w = model.a.weight
+    return model
+
+
+def test_display_table_writes_tuples_as_text_and_leaves_the_table_alone():
+    table = offset_map(_thrice_tied())
+    shown = display_table(table)
+    assert shown["aliases"].tolist() == ["b.w, c.w", ""]
+    assert shown["shape"].tolist() == ["(2, 2)", "(2,)"]
+    assert shown.drop(columns=["aliases", "shape"]).equals(table.drop(columns=["aliases", "shape"]))
+    assert table["aliases"].tolist() == [("b.w", "c.w"), ()] and table["shape"].tolist() == [(2, 2), (2,)]
+    # a table without those columns is shown as it is
+    part = table[["name", "start"]]
+    assert display_table(part).equals(part)
+
+
+def test_vector_lengths_count_each_alias_and_leave_buffers_out():
+    model = _thrice_tied()
+    model.a.bias.requires_grad_(False)
+    model.register_buffer("steps", torch.zeros(5))
+    n = vector_lengths(offset_map(model, include_buffers=True), offset_map(model, trainable_only=True))
+    assert n == {"total": 6, "frozen": 2, "trainable": 4, "tensors": 2, "aliases": 2}
+
+
+def test_offset_map_rows_name_their_module_aliases_and_kind():
+    model = _thrice_tied()
+    model.a.bias.requires_grad_(False)
+    model.register_buffer("steps", torch.zeros(3, dtype=torch.int64))
+    model.b.register_buffer("seen", torch.ones(1))
+    table = offset_map(model, trainable_only=True, include_buffers=True)
+    assert table[["name", "aliases", "module", "start", "end", "requires_grad", "kind", "dtype", "device"]
+                 ].values.tolist() == [
+        ["a.weight", ("b.w", "c.w"), "a", 0, 4, True, "parameter", "float32", "cpu"],
+        ["steps", (), "", 4, 7, False, "buffer", "int64", "cpu"],
+        ["b.seen", (), "b", 7, 8, False, "buffer", "float32", "cpu"],
+    ]
+
+
+def test_locate_describes_an_element_with_its_aliases_and_thousands():
+    loc = locate(_thrice_tied(), 1)
+    assert (loc.name, loc.aliases, loc.start, loc.end, loc.offset, loc.element, loc.shape) == \
+        ("a.weight", ("b.w", "c.w"), 0, 4, 1, (0, 1), (2, 2))
+    assert (loc.dtype, loc.device, loc.requires_grad, loc.kind, loc.total) == \
+        ("float32", "cpu", True, "parameter", 6)
+    assert loc.describe() == ("element 1 of the 6-element vector is a.weight[0, 1] (also b.w, c.w): "
+                              "element 1 of its 4 (range 0..3, shape (2, 2))")
+    # 0.weight 40 x 30 = 1,200, 0.bias 30 -> 1.weight (2, 30) is [1,230, 1,290); 1,234 is its [0, 4]
+    big = nn.Sequential(nn.Linear(40, 30), nn.Linear(30, 2))
+    assert locate(big, 1234).describe() == (
+        "element 1,234 of the 1,292-element vector is 1.weight[0, 4]: element 4 of its 60 "
+        "(range 1,230..1,289, shape (2, 30))")
+
+
+def test_locate_skips_empty_tensors_and_reads_scalars():
+    model = nn.Module()
+    model.empty = nn.Parameter(torch.zeros(0))
+    model.scale = nn.Parameter(torch.tensor(2.0))
+    model.none = nn.Parameter(torch.zeros(2, 0))
+    model.w = nn.Parameter(torch.zeros(2, 3))
+    # empty [0, 0), scale [0, 1), none [1, 1), w [1, 7)
+    first = locate(model, 0)
+    assert (first.name, first.element, first.shape, first.offset) == ("scale", (), (), 0)
+    assert first.describe().startswith("element 0 of the 7-element vector is scale[]:")
+    for index, element in [(1, (0, 0)), (3, (0, 2)), (4, (1, 0)), (6, (1, 2))]:
+        loc = locate(model, index)
+        assert (loc.name, loc.element, loc.offset) == ("w", element, index - 1)
+
+
+def test_locate_takes_numpy_integers_and_refuses_booleans():
+    model = nn.Linear(3, 2)
+    assert locate(model, np.int64(7)).name == "bias"
+    assert locate(model, np.int32(0)).element == (0, 0)
+    for bad in (True, False, "3", 2.0, None):
+        with pytest.raises(InspectorError, match="a flat index must be an integer, got"):
+            locate(model, bad)
+
+
+def test_locate_in_a_table_with_buffers_counts_parameters_only():
+    model = get_sample("cnn-bn").build()  # 1594 parameter elements, then 33 of buffers
+    table = offset_map(model, include_buffers=True)
+    assert locate(table, 1593).name == "fc.bias"
+    with pytest.raises(InspectorError, match=r"index 1594 is out of range: the flat vector has 1594 "
+                                              r"elements, so valid indices are 0\.\.1593"):
+        locate(table, 1594)
+
+
+def test_locate_in_an_empty_vector_says_why():
+    with pytest.raises(InspectorError, match=r"^the flat vector is empty: the model has no parameters$"):
+        locate(nn.ReLU(), 0)
+    frozen = nn.Linear(2, 2).requires_grad_(False)
+    with pytest.raises(InspectorError, match=r"^the trainable-only vector is empty: the model has no "
+                                              r"parameters that require gradients$"):
+        locate(frozen, 0, trainable_only=True)
+    with pytest.raises(InspectorError, match=r"index 4 is out of range: the trainable-only vector has 4 "):
+        locate(nn.Linear(1, 2).requires_grad_(True), 4, trainable_only=True)
+
+
+def test_tied_finding_counts_each_name():
+    found = offset_findings(_thrice_tied())
+    assert [(f.code, f.severity, f.where) for f in found] == [("tied", "info", "a.weight")]
+    assert found[0].message == ("a.weight is also reachable as b.w, c.w: it is one Parameter object, so it "
+                                "appears once in the flat vector (4 elements, not 12).")
+
+
+def test_findings_of_a_trainable_only_vector_leave_frozen_parameters_out():
+    model = nn.Sequential(nn.Linear(2, 2), nn.Linear(2, 2), nn.Linear(2, 2))
+    model[0].half().requires_grad_(False)
+    model[1].weight = nn.Parameter(torch.zeros(2, 2).t())
+    model[2].weight = model[1].weight
+    full = offset_findings(model)
+    assert [(f.code, f.where) for f in full] == [
+        ("non-contiguous", "1.weight"), ("mixed-dtypes", ""), ("frozen-shift", "0.weight"),
+        ("tied", "1.weight")]
+    trainable = offset_findings(model, trainable_only=True)
+    assert [(f.code, f.where) for f in trainable] == [
+        ("non-contiguous", "1.weight"), ("frozen-shift", "0.weight"), ("tied", "1.weight")]
+    model[1].weight.requires_grad_(False)
+    assert [f.code for f in offset_findings(model, trainable_only=True)] == ["frozen-shift"]
+
+
+def test_finding_messages_name_shapes_dtypes_and_counts():
+    model = nn.Sequential(nn.Linear(3, 4), nn.Linear(4, 2), nn.Linear(2, 2))
+    model[1].weight = nn.Parameter(torch.zeros(4, 2).t())
+    model[1].half()
+    model[0].requires_grad_(False)
+    found = {f.code: f for f in offset_findings(model)}
+    assert list(found) == ["non-contiguous", "mixed-dtypes", "frozen-shift"]
+    assert found["non-contiguous"].severity == "warning"
+    assert found["non-contiguous"].message == (
+        "1.weight (shape (2, 4), stride (1, 2)) is not contiguous: parameters_to_vector calls view(-1) "
+        "on it and raises. Flatten with torch.cat([p.reshape(-1) for p in params]) instead; the offsets "
+        "shown hold for that row-major flattening.")
+    assert (found["mixed-dtypes"].severity, found["mixed-dtypes"].where) == ("warning", "")
+    assert found["mixed-dtypes"].message == (
+        "parameters have several dtypes: float32 (4, first 0.weight), float16 (2, first 1.weight). "
+        "parameters_to_vector promotes them all to float32, and vector_to_parameters then gives every "
+        "parameter float32 data, silently changing the dtype of the others. Flatten each dtype group "
+        "separately.")
+    assert (found["frozen-shift"].severity, found["frozen-shift"].where) == ("info", "0.weight")
+    assert found["frozen-shift"].message == (
+        "2 frozen parameters sit among trainable ones (first: 0.weight). parameters() still yields them, "
+        "so parameters_to_vector(model.parameters()) includes them; a vector of trainable parameters only "
+        "has different offsets for 4 trainable parameters after it (first: 1.weight).")
+
+
+def test_mixed_dtypes_name_the_dtype_they_are_promoted_to():
+    model = nn.Sequential(nn.Linear(2, 2), nn.Linear(2, 2).double()).half()
+    model[1].double()
+    (found,) = offset_findings(model)
+    assert found.message.startswith("parameters have several dtypes: float16 (2, first 0.weight), float64 "
+                                    "(2, first 1.weight). parameters_to_vector promotes them all to "
+                                    "float64, and vector_to_parameters then gives every parameter float64 "
+                                    "data")
+
+
+def test_what_is_no_model_is_refused_by_name():
+    for call, what in [(offset_map, "offset_map"), (offset_findings, "offset_findings")]:
+        with pytest.raises(InspectorError, match=rf"^{what} needs a torch nn.Module \(a model\), got str"):
+            call("model.pt")
+
+
+def test_frozen_parameters_shift_nothing_when_all_or_only_the_last_are_frozen():
+    model = nn.Sequential(nn.Linear(2, 2), nn.Linear(2, 2))
+    model[1].requires_grad_(False)
+    assert offset_findings(model) == []
+    model[0].requires_grad_(False)
+    assert offset_findings(model) == []
+    model[1].bias.requires_grad_(True)
+    assert [(f.code, f.where) for f in offset_findings(model)] == [("frozen-shift", "0.weight")]
+    assert "after it (first: 1.bias)" in offset_findings(model)[0].message
+
+
+def test_parameters_on_two_devices_and_on_meta_are_named():
+    model = nn.Sequential(nn.Linear(2, 2), nn.Linear(2, 3))
+    model[1].to("meta")
+    found = {f.code: f for f in offset_findings(model)}
+    assert list(found) == ["several-devices", "meta"]
+    assert found["several-devices"].severity == "warning" and found["several-devices"].where == ""
+    assert found["several-devices"].message == (
+        "parameters are on several devices: cpu (2, first 0.weight), meta (2, first 1.weight). "
+        "parameters_to_vector refuses them ('Found two parameters on different devices'); flatten per "
+        "device.")
+    assert (found["meta"].severity, found["meta"].where) == ("info", "")
+    assert found["meta"].message == ("the model is on the meta device: offsets come from shapes alone; "
+                                     "there are no values, so no gradients and no flat vector.")
+    # a non-contiguous meta parameter has no data to flatten: not flagged
+    model[1].weight = nn.Parameter(torch.empty(2, 3, device="meta").t())
+    assert [f.code for f in offset_findings(model)] == ["several-devices", "meta"]
 
 
 # --------------------------------------------------------------------------- gradient norms
