@@ -16,7 +16,6 @@ from ui.replays import replay_part
 from ui.report_downloads import report_downloads
 from ui.runs import overlay_runs, pick_from_folders
 from ui.sidebar import model_picker
-from ui.tables import paged_table
 from ui.training import (
     Opened,
     available_columns,
@@ -27,14 +26,16 @@ from ui.training import (
     nearest_step,
     norm_grid_of,
     open_run,
+    picked_step,
     rank_steps,
-    step_view,
+    run_ranks,
+    step_part,
+    watch_file,
     watch_ranks_part,
 )
-from ui.training_findings import apply_address, set_address, show_findings, show_verdict
+from ui.training_findings import apply_address, keep_address, show_findings, show_verdict
 
 REFRESH_S = 3
-SCROLL_TO_STEP = "<script>document.getElementById('step')?.scrollIntoView({block: 'nearest'});</script>"
 
 
 def _header() -> None:
@@ -75,14 +76,10 @@ def _source() -> tuple[Any, str, bool]:
     return upload, path, follow
 
 
-def _ranks(opened: Opened) -> list[int]:
-    return sorted(int(r) for r in opened.run.steps["rank"].unique())
-
-
 def _overview(opened: Opened) -> tuple[int, Any]:
     """Which rank, the run in numbers, and its findings; returns the rank and its steps."""
     run = opened.run
-    ranks = _ranks(opened)
+    ranks = run_ranks(opened)
     rank = st.selectbox("Rank", ranks, key="train_rank") if len(ranks) > 1 else ranks[0]
     steps = rank_steps(run, rank)
     cols = st.columns(5)
@@ -114,7 +111,7 @@ def _norms(opened: Opened, rank: int, steps: Any) -> int:
         help="The step of the table below and of the dotted line; the nearest recorded step is shown.",
     )
     step = nearest_step(steps, int(wanted))
-    _keep_address(None if latest else step)
+    keep_address(None if latest else step)
     column = st.radio("Per module", available_columns(run), horizontal=True, key="train_column",
                       format_func=column_label)
     grid = norm_grid_of(opened, opened.key, column, rank)
@@ -128,34 +125,6 @@ def _norms(opened: Opened, rank: int, steps: Any) -> int:
     return step
 
 
-def _keep_address(step: int | None) -> None:
-    """The address follows the step picked by hand (``&step=N``), or drops it while following the latest;
-    ``&finding=K`` stays while its finding's step is the one shown."""
-    current = st.query_params.get("step")
-    if step is None and current is None or step is not None and current == str(step):
-        return
-    set_address(step, st.session_state.get("train_finding") if step is not None else None)
-
-
-def _picked(opened: Opened, rank: int) -> int | None:
-    """The step picked (by a button, a finding, the address or by hand), None while following the latest."""
-    if st.session_state.get("train_latest", True) or "train_step" not in st.session_state:
-        return None
-    return nearest_step(rank_steps(opened.run, rank), int(st.session_state["train_step"]))
-
-
-def _step_part(opened: Opened, step: int, rank: int) -> None:
-    """The modules at one step: the producer and the first NaN/Inf gradient marked and on top."""
-    view = step_view(opened.run, step, rank)
-    st.subheader(f"Modules at step {step:,}", anchor="step")
-    if st.session_state.pop("train_scroll", False):  # picked lower on the page: bring the view into sight
-        st.html(SCROLL_TO_STEP, unsafe_allow_javascript=True)
-    if view.missing:
-        st.caption(f"Not taken at this step: {', '.join(view.missing)} (a step whose gradients held NaN/Inf "
-                   "records no parameter norm or update ratio).")
-    paged_table(view.table, "train_modules", column_config=view.config, filter_columns=["module"])
-
-
 def _show(opened: Opened, loaded: Any = None) -> None:
     """Everything about one opened run: the verdict, the step picked right under it (a button, a
     finding or the address took the page there), then the run, its norms and its ranks (``loaded``: the
@@ -163,15 +132,15 @@ def _show(opened: Opened, loaded: Any = None) -> None:
     run = opened.run
     apply_address(opened)
     show_verdict(opened)
-    ranks = _ranks(opened)
+    ranks = run_ranks(opened)
     wanted_rank = st.session_state.get("train_rank")
-    picked = _picked(opened, wanted_rank if wanted_rank in ranks else ranks[0])
+    picked = picked_step(opened, wanted_rank if wanted_rank in ranks else ranks[0])
     if picked is not None:
-        _step_part(opened, picked, wanted_rank if wanted_rank in ranks else ranks[0])
+        step_part(opened, picked, wanted_rank if wanted_rank in ranks else ranks[0])
     rank, steps = _overview(opened)
     step = _norms(opened, rank, steps)
     if picked is None:
-        _step_part(opened, step, rank)
+        step_part(opened, step, rank)
 
     if run.kind == "check":
         distributed_part(run, step, rank)
@@ -205,13 +174,6 @@ def live(upload: Any, path: str, loaded: Any = None) -> None:
         return
     with guarded("showing the run"):
         _show(opened, loaded)
-
-
-def watch_file(path: str, seen: tuple[int, int] | None) -> None:
-    """Every ``REFRESH_S`` while a run is followed: one ``stat`` of the file, and the page runs again
-    only when its size or modification time changed (a run that stands still costs nothing more)."""
-    if file_key(path) != seen:
-        st.rerun(scope="app")
 
 
 def main() -> None:

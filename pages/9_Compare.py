@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-
 import streamlit as st
 
 from inspector import InspectorError, LoadedModel, compare
@@ -21,7 +19,9 @@ from ui.budget import request_budget
 from ui.cache import cached_analysis
 from ui.compare_view import (
     changed_first,
+    file_stamp,
     nonfinite_steps,
+    pick_b,
     run_module_config,
     run_module_rows,
     run_step_config,
@@ -30,11 +30,9 @@ from ui.compare_view import (
     went_nonfinite,
 )
 from ui.errors import guarded
-from ui.paths import server_source
 from ui.runs import checked_path, overlay_runs, pick_from_folders
 from ui.sidebar import model_picker
 from ui.tables import findings_table, paged_table
-from ui.uploads import session_uploads
 
 EVERY_NUMBER_SHOWN = 200  # step-level numbers the per-step table shows at most (a run may hold 100,000 lrs)
 
@@ -52,29 +50,6 @@ def _header() -> tuple[LoadedModel | None, str]:
     )
     mode = st.radio("Compare", ["the loaded model with B", "two run files"], horizontal=True, key="cmp_mode")
     return loaded, mode
-
-
-def _stamp(path: str) -> tuple:
-    try:
-        st_ = os.stat(path)
-        return (path, st_.st_mtime_ns, st_.st_size)
-    except OSError:
-        return (path,)
-
-
-def pick_b() -> str | None:
-    left, right = st.columns(2)
-    text = left.text_input(
-        "B: a source or a path on the server",
-        value=st.query_params.get("b", ""),
-        key="cmp_b",
-        placeholder="sample:tiny-gpt2, hf:/models/gpt2, /ckpt/model.safetensors, /ckpt/dcp",
-    )
-    upload = right.file_uploader("…or upload B (.safetensors / .pt / .bin)", key="cmp_upload",
-                                 type=["safetensors", "pt", "pth", "bin"])
-    if upload is not None:
-        return session_uploads().save(upload.name, upload.getvalue())
-    return server_source(text) if text.strip() else None  # the path gate: refused paths raise, named
 
 
 def show_weights(result: WeightComparison) -> None:
@@ -184,7 +159,7 @@ def _weights(loaded: LoadedModel) -> None:
             return
         with loaded.lock:
             result = cached_analysis(compare, loaded, b, device=str(loaded.device), cache_scope="session",
-                                     cache_key=_stamp(b))
+                                     cache_key=file_stamp(b))
         if not isinstance(result, WeightComparison):
             raise InspectorError(f"{b} is a run file; choose 'two run files' above to compare runs")
         st.caption(

@@ -3,6 +3,7 @@ the two-run tables with their differences named."""
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -12,6 +13,8 @@ import streamlit as st
 
 from inspector.utils import module_label
 from inspector.watching import main_steps
+from ui.paths import server_source
+from ui.uploads import session_uploads
 
 TEXT_COLUMNS = ("name_b", "dtype_a", "dtype_b", "device_a", "device_b")
 RELATIVE = "%.4g"
@@ -159,3 +162,28 @@ def went_nonfinite(runs: tuple[Any, Any], labels: tuple[str, str] = ("A", "B")) 
         what = "produced NaN/Inf from finite inputs" if lead.code == "nonfinite-forward" else f"{lead.code}"
         found.append((step, f"{label} went non-finite at step {step:,}: {module_label(lead.where)} — {what}"))
     return sorted(found, key=lambda p: p[0])
+
+
+def file_stamp(path: str) -> tuple:
+    """``path`` with its modification time and size (what a cached compare of it depends on)."""
+    try:
+        st_ = os.stat(path)
+        return (path, st_.st_mtime_ns, st_.st_size)
+    except OSError:
+        return (path,)
+
+
+def pick_b() -> str | None:
+    """B: a source typed (``?b=`` fills it) or an uploaded file, through the path gate; None when none."""
+    left, right = st.columns(2)
+    text = left.text_input(
+        "B: a source or a path on the server",
+        value=st.query_params.get("b", ""),
+        key="cmp_b",
+        placeholder="sample:tiny-gpt2, hf:/models/gpt2, /ckpt/model.safetensors, /ckpt/dcp",
+    )
+    upload = right.file_uploader("…or upload B (.safetensors / .pt / .bin)", key="cmp_upload",
+                                 type=["safetensors", "pt", "pth", "bin"])
+    if upload is not None:
+        return session_uploads().save(upload.name, upload.getvalue())
+    return server_source(text) if text.strip() else None  # the path gate: refused paths raise, named

@@ -409,3 +409,37 @@ def draw_watch_ranks(view: WatchRanksView) -> None:
 def watch_ranks_part(run: Run, step: int) -> None:
     """The ranks of a watched run side by side (:func:`watch_ranks_view`, drawn)."""
     draw_watch_ranks(watch_ranks_view(run, step))
+
+
+def run_ranks(opened: Opened) -> list[int]:
+    """The ranks with steps in the opened run, in order."""
+    return sorted(int(r) for r in opened.run.steps["rank"].unique())
+
+
+def picked_step(opened: Opened, rank: int) -> int | None:
+    """The step picked (by a button, a finding, the address or by hand), None while following the latest."""
+    if st.session_state.get("train_latest", True) or "train_step" not in st.session_state:
+        return None
+    return nearest_step(rank_steps(opened.run, rank), int(st.session_state["train_step"]))
+
+
+def watch_file(path: str, seen: tuple[int, int] | None) -> None:
+    """Every ``REFRESH_S`` while a run is followed: one ``stat`` of the file, and the page runs again
+    only when its size or modification time changed (a run that stands still costs nothing more)."""
+    if file_key(path) != seen:
+        st.rerun(scope="app")
+
+
+SCROLL_TO_STEP = "<script>document.getElementById('step')?.scrollIntoView({block: 'nearest'});</script>"
+
+
+def step_part(opened: Opened, step: int, rank: int) -> None:
+    """The modules at one step: the producer and the first NaN/Inf gradient marked and on top."""
+    view = step_view(opened.run, step, rank)
+    st.subheader(f"Modules at step {step:,}", anchor="step")
+    if st.session_state.pop("train_scroll", False):  # picked lower on the page: bring the view into sight
+        st.html(SCROLL_TO_STEP, unsafe_allow_javascript=True)
+    if view.missing:
+        st.caption(f"Not taken at this step: {', '.join(view.missing)} (a step whose gradients held NaN/Inf "
+                   "records no parameter norm or update ratio).")
+    paged_table(view.table, "train_modules", column_config=view.config, filter_columns=["module"])

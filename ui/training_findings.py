@@ -166,3 +166,12 @@ def _finding_picked(steps: list[int]) -> None:
     choice = st.session_state.get("train_jump")
     if choice is not None:
         go_to(int(steps[choice]), int(choice))
+
+
+def keep_address(step: int | None) -> None:
+    """The address follows the step picked by hand (``&step=N``), or drops it while following the latest;
+    ``&finding=K`` stays while its finding's step is the one shown."""
+    current = st.query_params.get("step")
+    if step is None and current is None or step is not None and current == str(step):
+        return
+    set_address(step, st.session_state.get("train_finding") if step is not None else None)
