@@ -1,0 +1,366 @@
+"""The checks after the optimizer's step, on this rank's numbers (:mod:`inspector.watching.rules`)."""
+
+
+from __future__ import annotations
+
+from contextlib import ExitStack
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+
+from ...utils.codes import coded
+from ...utils.findings import Finding
+from ...utils.labels import listed, module_label
+from ..checks import (
+    GradientClearing,
+    Progress,
+    nonfinite_gradients,
+)
+from ..detect import Detectors
+from ..layout import fused_norms, to_host
+from ..steps import nonfinite_findings, written_findings
+
+if TYPE_CHECKING:
+    from ..events import At, Kit
+
+
+PRODUCED = ("nonfinite-forward", "nonfinite-backward")
+SPREAD = ("nonfinite-gradient", "nonfinite-parameter")
+
+
+# -- after the step, on this rank's numbers ----------------------------------------------------
+class WrittenWeights:
+    """``nonfinite-parameter``: a parameter written outside the optimizer since the last step (its
+    version or storage moved) holds NaN/Inf when this step's forward used it."""
+
+    def __call__(self, at: At, found: list[Finding]) -> list[Finding]:
+        return found + written_findings(at.st, at.target.layout.parameters)
+
+
+class Producers:
+    """``nonfinite-forward`` / ``nonfinite-backward``: the step's trace (``nonfinite=True``) names the
+    first module (or the batch) whose output turned NaN/Inf from finite inputs, and the module whose
+    backward turned a finite output gradient into a non-finite input gradient."""
+
+    def __call__(self, at: At, found: list[Finding]) -> list[Finding]:
+        return found + nonfinite_findings(at.n, list(at.target.module_names), at.ranks.rank,
+                                          at.ranks.world)
+
+
+class ZeroGradientStep:
+    """``zero-gradient-step``: the optimizer stepped while every trainable parameter it holds had no
+    gradient or an all-zero one (``zero_grad()`` between ``backward()`` and ``step()``, a backward that
+    never ran, a loss that does not depend on the parameters). A NaN/Inf gradient is not zero."""
+
+    @classmethod
+    def build(cls, kit: Kit) -> ZeroGradientStep | None:
+        return cls() if kit.target.optimizer is not None else None
+
+    def __call__(self, at: At, found: list[Finding]) -> list[Finding]:
+        n, held = at.n, at.held_mask
+        if held is None or not len(held):
+            return found
+        trainable = held & np.array([p is not None and p.requires_grad for p in at.params], dtype=bool)
+        if not trainable.any() or (n.has_grad & (n.param_grad != 0))[trainable].any():
+            return found
+        names = [at.target.layout.parameters[i] for i in np.flatnonzero(trainable)]
+        absent = int((~n.has_grad[trainable]).sum())
+        return found + [coded(
+            "zero-gradient-step", names[0],
+            f"the optimizer stepped while all {len(names)} trainable parameters it holds had "
+            f"{'no gradient' if absent == len(names) else 'no gradient or an all-zero one'}: this step "
+            "moved nothing. optimizer.zero_grad() between loss.backward() and optimizer.step() does this "
+            "(call it before backward() or after step()); so does a backward that never ran or a loss "
+            "that does not depend on the parameters")]
+
+
+class GradientNorms:
+    """``dead-gradient``: a parameter without a gradient (or an all-zero one) for ``window`` steps, or
+    for two after a settled run of them; ``exploding-gradient``: a module's gradient norm over
+    ``explode_factor`` times its running median and its noise (:class:`Detectors`)."""
+
+    @classmethod
+    def build(cls, kit: Kit) -> GradientNorms | None:
+        return cls(kit.detectors)
+
+    def __init__(self, detectors: Detectors) -> None:
+        self.detectors = detectors
+
+    def __call__(self, at: At, found: list[Finding]) -> list[Finding]:
+        n = at.n
+        out = self.detectors.gradients(n.param_grad, n.has_grad, n.module_grad)
+        if any(f.code == "zero-gradient-step" for f in found):  # the cause of the missing gradients
+            out = [f for f in out if f.code != "dead-gradient"]
+        return found + out
+
+
+class Loss:
+    """``nonfinite-loss``: the logged loss is NaN/Inf and no producer (a module, the batch, a written
+    weight) is named this step; ``loss-spike``: it is over ``loss_factor`` times its running median and
+    its noise, and takes in this step's whole-model ``exploding-gradient``."""
+
+    @classmethod
+    def build(cls, kit: Kit) -> Loss | None:
+        return cls(kit.detectors)
+
+    def __init__(self, detectors: Detectors) -> None:
+        self.detectors = detectors
+
+    def __call__(self, at: At, found: list[Finding]) -> list[Finding]:
+        n = at.n
+        return self.detectors.loss(float(n.loss), found) if n.loss_logged else found
+
+
+class LearningRateRose:
+    """No finding of its own: a ``loss-spike``, ``exploding-gradient`` or ``nonfinite-loss`` at a step where
+    a param group's learning rate is ``factor`` (4) times or more its lowest non-zero value of the last
+    ``steps`` (5) steps says so in its message (a scheduler or a hand-made change is then the likely
+    cause)."""
+
+    factor, steps = 4.0, 5
+    codes = ("loss-spike", "exploding-gradient", "nonfinite-loss")
+
+    def __init__(self) -> None:
+        self.past: list[list[float]] = []  # the learning rates of the last steps, oldest first
+
+    def __call__(self, at: At, found: list[Finding]) -> list[Finding]:
+        lrs, past = at.lrs, self.past
+        self.past = [*past[-(self.steps - 1):], lrs] if self.steps > 1 else [lrs]
+        if not past or not any(f.code in self.codes for f in found):
+            return found
+        rose = []
+        for g, lr in enumerate(lrs):
+            low = min((p[g] for p in past if g < len(p) and p[g] > 0), default=0.0)
+            if low > 0 and lr >= self.factor * low:
+                rose.append((lr / low, g, low, lr))
+        if not rose:
+            return found
+        ratio, g, low, lr = max(rose)
+        said = (f"; the learning rate rose {ratio:.3g}x within the last {len(past)} steps (param group {g}: "
+                f"{low:.3g} -> {lr:.3g}): that change, by a scheduler or by hand, is the likely cause")
+        return [Finding(f.code, f.severity, f.where, f.message + said)
+                if f.code in self.codes else f for f in found]
+
+
+class NonfiniteGradients:
+    """``nonfinite-gradient``: some modules' gradients hold NaN/Inf and nothing found this step
+    explains it (a producer, a non-finite loss, a written weight)."""
+
+    def __call__(self, at: At, found: list[Finding]) -> list[Finding]:
+        return found + nonfinite_gradients(at.n.module_nonfinite, at.target.layout.modules, found)
+
+
+class UsedNonfiniteWeights:
+    """Folds a ``nonfinite-forward`` / ``nonfinite-backward`` at a module whose own parameters held
+    NaN/Inf at the last check step: those weights, named when they went non-finite, are the cause
+    (every forward after a NaN step is NaN); the module is not a new producer."""
+
+    def __init__(self) -> None:
+        self.bad: set[str] = set()  # the modules (as findings name them) that own non-finite parameters
+
+    def __call__(self, at: At, found: list[Finding]) -> list[Finding]:
+        if self.bad:
+            found = [f for f in found if not (f.code in PRODUCED and f.where in self.bad)]
+        n = at.n
+        if n.checked:
+            names = at.target.layout.parameters
+            self.bad = {module_label(names[i].rpartition(".")[0]) for i in np.flatnonzero(~np.isfinite(
+                n.param_norm)) if at.params[i] is not None}
+        return found
+
+
+class NonfiniteWeights:
+    """``nonfinite-parameter``: at a check step, a parameter's or buffer's values hold NaN/Inf after
+    the step (not when a write outside the optimizer was named before the step)."""
+
+    @classmethod
+    def build(cls, kit: Kit) -> NonfiniteWeights | None:
+        return cls(kit.detectors)
+
+    def __init__(self, detectors: Detectors) -> None:
+        self.detectors = detectors
+
+    def __call__(self, at: At, found: list[Finding]) -> list[Finding]:
+        n = at.n
+        if not n.checked or at.st.written:
+            return found
+        return found + self.detectors.parameters(n.param_norm, n.buffer_norm, at.target.layout.buffers)
+
+
+class Updates:
+    """``no-update``: every learning rate 0 for two steps, or no parameter an optimizer holds with a
+    finite non-zero gradient changed its norm for two check steps."""
+
+    @classmethod
+    def build(cls, kit: Kit) -> Updates | None:
+        return cls(kit.target.layout.parameters)
+
+    def __init__(self, names: tuple[str, ...]) -> None:
+        self.progress = Progress(names)
+
+    def attach(self, at: At, stack: ExitStack) -> None:
+        if at.target.sharded:  # a sharded model's norms are global only once stepped
+            return
+        start = np.full(len(at.params), np.nan)
+        for idx, part in fused_norms(at.params):
+            start[idx] = to_host([part])[0]
+        self.progress = Progress(at.target.layout.parameters, start=start)
+
+    def __call__(self, at: At, found: list[Finding]) -> list[Finding]:
+        n = at.n
+        return found + self.progress.step(at.lrs, n.param_norm if n.checked else None, n.param_grad,
+                                          n.has_grad, bool(n.skipped), at.held_mask)
+
+
+class IdleGroups:
+    """``no-update``: a param group's learning rate has been 0 for two steps while another group's is
+    not, and the group's parameters have non-zero gradients: that part of the model never trains."""
+
+    window = 2
+
+    @classmethod
+    def build(cls, kit: Kit) -> IdleGroups | None:
+        return cls() if kit.target.optimizer is not None else None
+
+    def __init__(self) -> None:
+        self.zero: list[int] = []  # steps in a row at lr 0, per param group (all optimizers, in order)
+
+    def __call__(self, at: At, found: list[Finding]) -> list[Finding]:
+        lrs = at.lrs
+        if len(self.zero) != len(lrs):
+            self.zero = [0] * len(lrs)
+        self.zero = [z + 1 if lr == 0 else 0 for z, lr in zip(self.zero, lrs, strict=True)]
+        if not any(lr > 0 for lr in lrs):
+            return found  # every lr at 0: Updates names it
+        out = []
+        for g in (i for i, z in enumerate(self.zero) if z == self.window):
+            names = self._moving(at, g)
+            if names:
+                modules = list(dict.fromkeys(n.rpartition(".")[0] for n in names))
+                out.append(coded(
+                    "no-update", names[0],
+                    f"param group {g} (holding {len(names)} parameters with a gradient, of "
+                    f"{listed(modules)}) has had lr 0 for {self.window} steps while other groups train: "
+                    "its parameters never change. Check that group's lr and the scheduler's lambda for it "
+                    "(freeze a part with requires_grad_(False) instead)"))
+        return found + out
+
+    @staticmethod
+    def _moving(at: At, group: int) -> list[str]:
+        """The parameters of flat param group ``group`` with a non-zero gradient this step."""
+        groups = [g for o in at.target.optimizers for g in o.param_groups]
+        ids = {id(p) for p in groups[group]["params"]}
+        n = at.n
+        return [at.target.layout.parameters[i] for i, p in enumerate(at.params)
+                if p is not None and id(p) in ids and n.has_grad[i] and n.param_grad[i] != 0]
+
+
+class StillModules:
+    """``no-update``: for ``window`` check steps in a row, every parameter of one module that an optimizer
+    holds at an lr above 0 (the first optimizer given: its steps are the steps), with a finite non-zero
+    gradient, kept its values exactly (its norm unchanged
+    at each step, then its values compared with a copy taken when it first stood still), while
+    parameters elsewhere moved: that module never trains (an update below its weights' precision,
+    bfloat16 weights with a small lr, or its weights put back after each step). A whole model that
+    stands still is ``Updates``'s; a group at lr 0 is ``IdleGroups``'s. The copy is of that module's
+    parameters only, made when their norms first stay equal."""
+
+    window = 3
+
+    @classmethod
+    def build(cls, kit: Kit) -> StillModules | None:
+        return cls() if kit.target.optimizer is not None else None
+
+    def __init__(self) -> None:
+        self.last: np.ndarray | None = None
+        # module -> [check steps in a row it stood still, its parameters' indices, their copies, others moved]
+        self.still: dict[str, list[Any]] = {}
+
+    def __call__(self, at: At, found: list[Finding]) -> list[Finding]:
+        n = at.n
+        if not n.checked:
+            return found
+        norm = n.param_norm
+        last, self.last = self.last, np.array(norm, copy=True)
+        if last is None or len(last) != len(norm):
+            return found
+        moving = n.has_grad & np.isfinite(n.param_grad) & (n.param_grad > 0) & np.isfinite(norm)
+        if at.held_mask is not None and len(at.held_mask) == len(moving):
+            moving &= at.held_mask
+        same = moving & (norm == last)
+        if not same.any():
+            self.still.clear()
+            return found
+        names, lr = at.target.layout.parameters, self._lrs(at)
+        parts: dict[str, list[int]] = {}
+        for i in np.flatnonzero(moving):
+            p = at.params[i]
+            if p is not None and lr.get(id(p), 0.0) > 0:
+                parts.setdefault(names[i].rpartition(".")[0], []).append(int(i))
+        standing = {m: idx for m, idx in parts.items() if same[idx].all()}
+        out = []
+        for module, idx in standing.items():
+            elsewhere = bool((moving & ~same).any()) and not (moving & ~same)[idx].any()
+            kept = self.still.get(module)
+            if kept is None or kept[1] != idx:
+                self.still[module] = [1, idx, [_held(at, i).detach().clone() for i in idx], elsewhere]
+                continue
+            kept[0] += 1
+            kept[3] = kept[3] or elsewhere
+            if kept[0] < self.window:
+                continue
+            del self.still[module]
+            if kept[3] and all(torch.equal(c, _held(at, i)) for c, i in zip(kept[2], idx, strict=True)):
+                out.append(self._finding(at, module, idx, lr))
+        for module in [m for m in self.still if m not in standing]:
+            del self.still[module]
+        return found + out
+
+    def _finding(self, at: At, module: str, idx: list[int], lr: dict[int, float]) -> Finding:
+        n, names = at.n, at.target.layout.parameters
+        grad = float(np.sqrt(sum(float(n.param_grad[i]) ** 2 for i in idx)))
+        rates = sorted({lr[id(at.params[i])] for i in idx})
+        dtypes = sorted({str(_held(at, i).dtype).removeprefix("torch.") for i in idx})
+        return coded(
+            "no-update", names[idx[0]],
+            f"{module_label(module)}'s weights ({listed(dtypes)}) have not changed in {self.window} "
+            f"steps although their gradient is non-zero (norm {grad:.3g}) and their lr is "
+            f"{listed([f'{r:g}' for r in rates])}, while the rest of the model trains: each update is below "
+            "the weights' precision (bfloat16 weights: keep float32 master weights, or raise this part's "
+            "lr), or something puts the weights back after each step")
+
+    @staticmethod
+    def _lrs(at: At) -> dict[int, float]:
+        """The learning rate of each parameter the first optimizer holds, by id (its param group's): the
+        first optimizer's steps are the watch's steps; another may step less often (a GAN's generator
+        every fifth step), so its parameters standing still between its steps say nothing."""
+        out: dict[int, float] = {}
+        for o in at.target.optimizers[:1]:
+            for g in o.param_groups:
+                for p in g["params"]:
+                    out.setdefault(id(p), float(g.get("lr", 0.0)))
+        return out
+
+
+def _held(at: At, i: int) -> torch.Tensor:
+    """Parameter ``i`` of this step, one the caller knows is there."""
+    p = at.params[i]
+    assert p is not None
+    return p
+
+
+class GradientsUsed:
+    """No finding: remembers each gradient this step used, for ``gradient-not-cleared`` at the next."""
+
+    @classmethod
+    def build(cls, kit: Kit) -> GradientsUsed | None:
+        return cls(kit.clearing)
+
+    def __init__(self, clearing: GradientClearing) -> None:
+        self.clearing = clearing
+
+    def __call__(self, at: At, found: list[Finding]) -> list[Finding]:
+        n = at.n
+        self.clearing.stepped(at.st.params, n.has_grad & (n.param_grad == 0))
+        return found

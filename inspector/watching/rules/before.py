@@ -1,0 +1,200 @@
+"""The checks of the watch's first events: when it opens, before the optimizer applies a step, and once
+the step's gradients are measured (:mod:`inspector.watching.rules`)."""
+
+
+from __future__ import annotations
+
+from contextlib import ExitStack
+from typing import TYPE_CHECKING
+
+import torch
+
+from ...aliases import compare_ties, snapshot_ties
+from ...utils.codes import coded
+from ...utils.findings import Finding
+from ...utils.labels import listed
+from ..checks import (
+    GradientClearing,
+    OptimizerSteps,
+    TrainingMode,
+    frozen_findings,
+    replaced_findings,
+)
+from ..detect import not_in_optimizer
+from ..layout import current
+
+if TYPE_CHECKING:
+    from ..events import At, Kit
+
+
+# -- when the watch opens -----------------------------------------------------------------------
+class FrozenParameters:
+    """``frozen-parameters``: when the watch opens, some parameters do not require grad (one finding
+    naming their modules)."""
+
+    def __call__(self, at: At, found: list[Finding]) -> list[Finding]:
+        return found + frozen_findings(at.target.root)
+
+
+class UnheldAtOpen:
+    """``not-in-optimizer``: when the watch opens, a parameter requires grad and no param group of
+    the optimizers holds it."""
+
+    @classmethod
+    def build(cls, kit: Kit) -> UnheldAtOpen | None:
+        return cls() if kit.target.optimizer is not None else None
+
+    def __call__(self, at: At, found: list[Finding]) -> list[Finding]:
+        return found + not_in_optimizer(at.target.layout.parameters, at.params, at.target.held())
+
+
+# -- before the optimizer applies the step -----------------------------------------------------
+class EvalMode:
+    """``eval-mode-module``: at a step, a BatchNorm / InstanceNorm (with running statistics) / Dropout
+    (p > 0) is in eval mode while its parent's parameters are not all frozen and, for a norm layer,
+    its own affine parameters are not all frozen (the whole model in eval mode: one finding at the
+    root)."""
+
+    @classmethod
+    def build(cls, kit: Kit) -> EvalMode | None:
+        return cls(TrainingMode(kit.target.root))
+
+    def __init__(self, modes: TrainingMode) -> None:
+        self.modes = modes
+
+    def __call__(self, at: At, found: list[Finding]) -> list[Finding]:
+        return found + self.modes.findings()
+
+
+class GradientsCleared:
+    """``gradient-not-cleared``: a parameter of an optimizer that stepped since the last step holds,
+    at this step, the very gradient the last step used, added onto by this step's backward (same
+    tensor, version moved by exactly the add). Hooks every trainable parameter (again at each check
+    step, for parameters swapped in)."""
+
+    @classmethod
+    def build(cls, kit: Kit) -> GradientsCleared | None:
+        return cls(kit.clearing, kit.optimizer_steps)
+
+    def __init__(self, clearing: GradientClearing, steps: OptimizerSteps | None) -> None:
+        self.clearing, self.steps = clearing, steps
+
+    def attach(self, at: At, stack: ExitStack) -> None:
+        self.clearing.attach(at.params)
+        stack.callback(self.clearing.remove)
+
+    def __call__(self, at: At, found: list[Finding]) -> list[Finding]:
+        steps = self.steps
+        # the optimizers that stepped since the last step: read before OptimizerStepped resets the counts
+        held = (lambda: at.target.held(steps.active(at.step))) if steps is not None else set
+        out = found + self.clearing.findings(at.target.layout.parameters, at.params, held)
+        if at.check and at.target.optimizer is not None:
+            self.clearing.attach(at.params)
+        return out
+
+
+class Membership:
+    """``not-in-optimizer`` at each check step for a trainable parameter no param group holds; after
+    step 0, two or more at once are one ``parameters-replaced`` (``load_state_dict(assign=True)``,
+    ``.to()``, a module swapped in)."""
+
+    @classmethod
+    def build(cls, kit: Kit) -> Membership | None:
+        return cls() if kit.target.optimizer is not None else None
+
+    def __call__(self, at: At, found: list[Finding]) -> list[Finding]:
+        if not at.check or at.held is None:
+            return found
+        return found + replaced_findings(not_in_optimizer(at.target.layout.parameters, at.params, at.held),
+                                         at.step)
+
+
+class Unfrozen:
+    """``not-in-optimizer`` at a check step for a parameter frozen when the watch opened (so not watched)
+    that now requires grad while no param group holds it: a part unfrozen mid-run and never added to
+    the optimizer (``add_param_group``) does not train."""
+
+    @classmethod
+    def build(cls, kit: Kit) -> Unfrozen | None:
+        return cls() if kit.target.optimizer is not None else None
+
+    def attach(self, at: At, stack: ExitStack) -> None:
+        self.frozen = [(n, p) for n, p in at.target.root.named_parameters() if not p.requires_grad]
+        self.said: set[str] = set()
+
+    def __call__(self, at: At, found: list[Finding]) -> list[Finding]:
+        if not at.check or at.held is None or not self.frozen:
+            return found
+        now = [n for n, p in self.frozen if p.requires_grad and id(p) not in at.held and n not in self.said]
+        if not now:
+            return found
+        self.said.update(now)
+        modules = list(dict.fromkeys(n.rpartition(".")[0] for n in now))
+        return found + [coded(
+            "not-in-optimizer", now[0],
+            f"{len(now)} parameter(s) of {listed(modules)} were frozen when the watch started and now "
+            "require grad, but no param group of the optimizer holds them: they never change. Add them with "
+            "optimizer.add_param_group({'params': [...], 'lr': ...}) when you unfreeze them")]
+
+
+class OptimizerStepped:
+    """``optimizer-not-stepped``: one of several optimizers has not stepped by the first one's second
+    step, or, having stepped, misses as many steps as :meth:`OptimizerSteps.findings` allows."""
+
+    @classmethod
+    def build(cls, kit: Kit) -> OptimizerStepped | None:
+        return cls(kit.optimizer_steps) if kit.optimizer_steps is not None else None
+
+    def __init__(self, steps: OptimizerSteps) -> None:
+        self.steps = steps
+
+    def attach(self, at: At, stack: ExitStack) -> None:
+        self.steps.attach([at.target.names_of(o) for o in at.target.optimizers])
+        stack.callback(self.steps.remove)
+
+    def __call__(self, at: At, found: list[Finding]) -> list[Finding]:
+        return found + self.steps.findings(at.step)
+
+
+class TiesKept:
+    """``tie-broken`` / ``tie-weakened`` at a check step when the objects behind the parameter names
+    are not those at the last check and a tie the model had when the watch opened is gone."""
+
+    def attach(self, at: At, stack: ExitStack) -> None:
+        root = at.target.root
+        self.ties = snapshot_ties(root)
+        self.names = tuple(n for n, _ in root.named_parameters(remove_duplicate=False))
+        self.ids = self._ids(root)
+
+    def _ids(self, root: torch.nn.Module) -> tuple[int, ...]:
+        """The object behind every parameter name, aliases included (read from the owners' registries)."""
+        return tuple(id(p) for p in current(root, self.names))
+
+    def __call__(self, at: At, found: list[Finding]) -> list[Finding]:
+        if not at.check:
+            return found
+        ids = self._ids(at.target.root)
+        if ids == self.ids:
+            return found
+        self.ids = ids
+        return found + compare_ties(self.ties, at.target.root)
+
+
+# -- once the step's gradients are measured, before the optimizer step (collectives allowed) ----
+class ReplicasAgree:
+    """The distributed step check (:func:`inspector.distributed.check_step`) at each check step with
+    the distributed checks on: ``replica-drift``, ``gradient-not-synchronized``, ``gradient-far-off``,
+    ``shard-imbalance``, ``nonfinite-*`` from every rank's gathered columns (the same on every rank;
+    placed on the row of the rank each is about once the numbers are gathered)."""
+
+    def __call__(self, at: At, found: list[Finding]) -> list[Finding]:
+        if not (at.check and at.ranks.distributed):
+            return found
+        from ...distributed import check_step  # here: inspector.distributed re-exports read_run
+
+        layout = at.target.layout
+        norms = torch.zeros(len(layout.parameters), dtype=torch.float64)
+        for idx, part in at.st.grad_parts:
+            norms[torch.from_numpy(idx)] = part.to("cpu", torch.float64)
+        return found + check_step(at.target.model, at.step, path=None, group=at.ranks.group, loss=at.loss,
+                                  timeout=at.ranks.timeout, grad_norms=(layout.parameters, norms)).findings
