@@ -219,6 +219,16 @@ class Lab:
                              f"{', '.join(t.id for t in self.tasks)}")
 
 
+def watch_findings(scenario: Scenario) -> Any:
+    """The findings of the watched run a scenario holds (``extras["run"]``), each at the step it first
+    appeared (a DataFrame): the view of the labs built on a watch."""
+    import pandas as pd
+
+    rows = [{"step": f.step, "code": f.code, "where": f.where, "message": f.message}
+            for f in scenario.extras["run"].findings]
+    return pd.DataFrame(rows, columns=["step", "code", "where", "message"])
+
+
 def grade(lab: Lab, task_id: str, scenario: Scenario, raw_answers: Mapping[str, Any]) -> CheckResult:
     """Parse the answers of one task and run its checker.
 

@@ -14,7 +14,7 @@ from torch import nn
 
 from ..loading.models import LoadedModel
 from ..utils.labels import ROOT_LABEL
-from .core import CheckResult, Field, Lab, Scenario, Task, View
+from .core import CheckResult, Field, Lab, Scenario, Task, View, watch_findings
 
 STEPS = 20
 GROWTH = 1.3  # the sharpening schedule multiplies the gate's sharpness by this every step
@@ -194,12 +194,6 @@ def _captures(scenario: Scenario) -> pd.DataFrame:
     return caps.stats[columns] if caps is not None else pd.DataFrame(columns=columns)
 
 
-def _findings(scenario: Scenario) -> pd.DataFrame:
-    rows = [{"step": f.step, "code": f.code, "where": f.where, "message": f.message}
-            for f in scenario.extras["run"].findings]
-    return pd.DataFrame(rows, columns=["step", "code", "where", "message"])
-
-
 LAB = Lab(
     id="late-overflow",
     title="The late overflow",
@@ -231,7 +225,8 @@ LAB = Lab(
     ),
     views=(
         View("Loss and gradient norm per step", _steps, "From the watch's run file."),
-        View("Findings of the watch", _findings, "Each at the step it first appeared.", after="producer"),
+        View("Findings of the watch", watch_findings, "Each at the step it first appeared.",
+             after="producer"),
         View("Inputs and outputs of the producer", _captures,
              "Copied by the watch when the module first produced NaN/Inf (stored next to the run file).",
              after="producer"),

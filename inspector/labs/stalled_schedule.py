@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from ..loading.models import LoadedModel
-from .core import CheckResult, Field, Lab, Scenario, Task, View
+from .core import CheckResult, Field, Lab, Scenario, Task, View, watch_findings
 
 EPOCHS, BATCHES, LR, WARMUP = 3, 8, 0.1, 3
 # The bug: total = BATCHES (one epoch), so the linear decay reaches 0 at step 8 and the next 16
@@ -177,12 +177,6 @@ def _grads(scenario: Scenario) -> pd.DataFrame:
     return scenario.extras["run"].steps[["step", "grad_norm"]]
 
 
-def _findings(scenario: Scenario) -> pd.DataFrame:
-    rows = [{"step": f.step, "code": f.code, "where": f.where, "message": f.message}
-            for f in scenario.extras["run"].findings]
-    return pd.DataFrame(rows, columns=["step", "code", "where", "message"])
-
-
 LAB = Lab(
     id="stalled-schedule",
     title="The stalled schedule",
@@ -217,8 +211,8 @@ LAB = Lab(
         View("Gradient norm per step", _grads, "The norm of all gradients before each optimizer step."),
         View("Learning rate per step", lambda s: _lrs(s.extras["run"]),
              "What the scheduler set before each step.", after="stopped"),
-        View("Findings of the watch", _findings, "Each at the step it first appeared, as the Training page "
-             "lists them.", after="stopped"),
+        View("Findings of the watch", watch_findings,
+             "Each at the step it first appeared, as the Training page lists them.", after="stopped"),
     ),
     solution=SOLUTION,
 )
