@@ -31,6 +31,7 @@ GATES = {
     "load_selection": "ui.sidebar",
     "open_run": "ui.training",
     "file_key": "ui.training",
+    "watch_file": "ui.training",
     "_previewable": "ui.sidebar",
 }
 # Calls that only show, escape or convert text: a path passed to them opens nothing.
