@@ -196,12 +196,18 @@ def batch_header(meta: bytes, header: tuple[int, int, int], body: int, name: str
     if rows < 0 or rows > min(MAX_WORLD, body // 8):
         raise InspectorError(f"{name}: a record batch declares {rows:,} rows in {body:,} bytes; at most "
                              f"{min(MAX_WORLD, body // 8):,} fit: the file is damaged or forged")
-    nodes, buffers = _vector(meta, _field(meta, header, 1)), _vector(meta, _field(meta, header, 2))
+    nodes, buffers = batch_layout(meta, header)
     if nodes and (min(nodes) < 0 or max(nodes[0::2]) > 8 * body + 8):
         raise InspectorError(f"{name}: a column declares more values than its {body:,} bytes hold")
     if buffers and (min(buffers) < 0 or max(map(sum, zip(buffers[0::2], buffers[1::2], strict=True))) > body):
         raise InspectorError(f"{name}: a buffer lies outside its record batch's {body:,} bytes")
     return rows
+
+
+def batch_layout(meta: bytes, header: tuple[int, int, int]) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """``(nodes, buffers)`` of a record batch header: each column's ``(length, null count)`` and each
+    buffer's ``(offset, length)`` in the body, as flat tuples in Arrow's order."""
+    return _vector(meta, _field(meta, header, 1)), _vector(meta, _field(meta, header, 2))
 
 
 def check_schema(schema: Any, kind: str, name: str) -> None:

@@ -23,8 +23,10 @@ from typing import Any
 import numpy as np
 
 from ..utils.findings import InspectorError
+from .alike import ALIKE_MIN, alike, read_alike
 from .guard import (
     batch_header,
+    batch_layout,
     check_meta,
     check_rows,
     check_schema,
@@ -45,8 +47,9 @@ ZERO_COLUMNS = ("module_nonfinite",)  # count columns whose all-zero values the 
 @dataclass
 class Scanned:
     """What :func:`scan` read: ``schema`` and ``meta`` (None when the schema message is not whole yet),
-    the validated ``batches`` (zero-copy into the buffer), ``end`` (bytes read: just past the last whole
-    message), ``need`` (the size of the next message when it is not whole in the buffer, else 0),
+    the validated ``batches`` (zero-copy into the buffer, or one copy of a run of messages laid out alike:
+    :mod:`.alike`), ``messages`` (the record batch messages they hold), ``end`` (bytes read: just past
+    the last whole message), ``need`` (the size of the next message when it is not whole in the buffer, else 0),
     ``closed`` (the end-of-stream marker was read)."""
 
     schema: Any
@@ -55,12 +58,13 @@ class Scanned:
     end: int = 0
     need: int = 0
     closed: bool = False
+    messages: int = 0
 
 
 def scan(buf: Any, schema: Any = None, meta: Any = None, *, name: str = "run file",
          header_only: bool = False, limit: int = 1 << 62, origin: int = 0) -> Scanned:
     """The messages of ``buf`` (a ``pyarrow.Buffer`` at a message's start), checked: the schema first
-    when ``schema`` is None, then at most ``limit`` record batches, up to the end of ``buf``, the
+    when ``schema`` is None, then at most ``limit`` record batch messages, up to the end of ``buf``, the
     end-of-stream marker, or a message not whole in ``buf`` (``need`` says how long it is).
     ``origin``: where ``buf`` starts in the file (for the messages).
 
@@ -90,7 +94,8 @@ def scan(buf: Any, schema: Any = None, meta: Any = None, *, name: str = "run fil
             out.meta = check_meta(raw, name)
             check_schema(out.schema, out.meta.kind, name)
             out.end = size
-        while not header_only and len(out.batches) < limit:
+        plain = 0  # up to here, messages are read one by one (a run that was not read at once)
+        while not header_only and out.messages < limit:
             got = message_at(view, out.end, name)
             if got is None:
                 out.need = 8 if len(view) > out.end else 0
@@ -106,10 +111,19 @@ def scan(buf: Any, schema: Any = None, meta: Any = None, *, name: str = "run fil
                 raise InspectorError(f"{name}: a {kind} message after the schema; a run file holds only "
                                      "record batches: not read")
             batch_header(meta_bytes, header, body, name)
-            batch = pa.ipc.read_record_batch(buf.slice(out.end, size + body), out.schema)
-            validate_batch(batch, name)
+            count = alike(view, out.end, size, body, limit - out.messages) if out.end >= plain else 1
+            batch = None
+            if count >= ALIKE_MIN:  # a run of steps laid out alike: read at once, one copy
+                batch = read_alike(view, out.end, count, size, body, *batch_layout(meta_bytes, header),
+                                   out.schema)
+                plain = out.end + count * (size + body) if batch is None else plain  # not tried twice
+            if batch is None:  # one message, or a run not read at once: one by one (a fault is named here)
+                count = 1
+                batch = pa.ipc.read_record_batch(buf.slice(out.end, size + body), out.schema)
+                validate_batch(batch, name)
             out.batches.append(batch)
-            out.end += size + body
+            out.messages += count
+            out.end += count * (size + body)
     except InspectorError:
         raise
     except (ValueError, TypeError, IndexError, OverflowError, struct.error, pa.ArrowException,
