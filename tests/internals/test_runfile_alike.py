@@ -1,0 +1,143 @@
+"""Steps laid out alike are read at once (:mod:`inspector.runfiles.alike`): the rows are those Arrow's own
+stream reader gives, a followed run's appended steps are not decoded one message at a time, and a
+damaged message in a run of alike ones is refused as when each is read alone."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from inspector.runfiles import RunMeta, RunWriter, StepRecord
+from inspector.runfiles.tail import PENDING, RunTail, message_at, read_all, scan
+from inspector.utils.findings import InspectorError
+from inspector.watching import LiveRun
+
+MODULES = 3
+
+
+def _meta(world: int = 1) -> RunMeta:
+    names = tuple(f"m{i}" for i in range(MODULES))
+    return RunMeta(model="toy", world_size=world, every=1, modules=names,
+                   parameters=tuple(f"{n}.w" for n in names), parameter_modules=tuple(range(MODULES)))
+
+
+def _record(step: int, rank: int = 0, **kw) -> StepRecord:
+    norms = np.full(MODULES, 1.0 + step, np.float32)
+    values = {"loss": 1.0 / (1 + step), "lr": [1e-3], **kw}
+    return StepRecord(step=step, rank=rank, time=float(step), grad_norm=float(step), module_grad_norm=norms,
+                      module_nonfinite=np.zeros(MODULES, np.int32), param_grad_norm=norms, **values)
+
+
+def _arrow_rows(path: Path) -> pa.Table:
+    """The file's rows as Arrow's own stream reader gives them."""
+    with pa.ipc.open_stream(pa.py_buffer(path.read_bytes())) as reader:
+        return reader.read_all()
+
+
+def _tail_rows(tail: RunTail) -> pa.Table:
+    return pa.Table.from_batches(tail.batches(), schema=tail.schema).combine_chunks()
+
+
+def _messages(data: bytes) -> list[int]:
+    """Where each record batch message of a run file's bytes starts."""
+    view, at, found = memoryview(data), 0, []
+    while (got := message_at(view, at, "run")) is not None and got[1] != "end":
+        if got[1] == "record batch":
+            found.append(at)
+        at += got[0] + got[2]
+    return found
+
+
+# one row's values; each is drawn from few choices so that runs of steps share a header
+_ROWS = st.fixed_dictionaries({
+    "loss": st.sampled_from([None, 0.5, 2.0]),
+    "scale": st.sampled_from([None, 1024.0]),
+    "skipped": st.booleans(),
+    "lr": st.sampled_from([[], [1e-3], [1e-3, float("inf")]]),
+    "names": st.sampled_from([[], ["ab"], ["cd"], ["ab", "é"]]),
+    "param_norm": st.booleans(),
+    "finding": st.sampled_from([None, ("nan-loss", "error"), ("lr-spike", "warn")]),
+})
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(rows=st.lists(st.tuples(_ROWS, st.integers(1, 12)), min_size=1, max_size=6), world=st.sampled_from([1, 2]))
+def test_steps_read_at_once_are_the_rows_arrow_reads(tmp_path, rows, world):
+    """Runs of steps (each drawn row repeated 1-12 times, on every rank) read at once or one by one give
+    exactly the rows of Arrow's stream reader, nulls, bits, strings and lists included."""
+    path = tmp_path / f"alike-{world}.inspect"
+    step = 0
+    with RunWriter(path, _meta(world)) as writer:
+        for values, times in rows:
+            for _ in range(times):
+                finding = values["finding"]
+                writer.write([_record(
+                    step, rank, loss=values["loss"] if rank == step % world else 1.0, scale=values["scale"],
+                    skipped=values["skipped"] ^ bool(step % 2), lr=values["lr"],
+                    scalar_names=values["names"], scalar_values=[float(step)] * len(values["names"]),
+                    module_param_norm=np.full(MODULES, 2.0, np.float32) if values["param_norm"] else None,
+                    findings=[] if finding is None else [{"code": finding[0], "severity": finding[1],
+                                                          "where": f"m{step % MODULES}", "message": "x" * step}])
+                    for rank in range(world)])
+                step += 1
+    assert _tail_rows(read_all(path)).equals(_arrow_rows(path))
+
+
+def test_a_followed_run_does_not_decode_its_new_steps_one_by_one(tmp_path, monkeypatch):
+    """2,000 steps appended to a followed run (one batch per step, as the watch writes) are read with a
+    few Arrow message reads, not one per step: reading cannot fall behind a fast writer by the cost of
+    a message per step. The rows are the steps written, in order."""
+    calls = []
+    real = pa.ipc.read_record_batch
+    monkeypatch.setattr(pa.ipc, "read_record_batch", lambda *a, **k: calls.append(1) or real(*a, **k))
+    path = tmp_path / "grow.inspect"
+    writer = RunWriter(path, _meta())
+    try:
+        for s in range(1_000):
+            writer.write([_record(s)])
+        live = LiveRun(path)
+        assert len(live.read().steps) == 1_000
+        for s in range(1_000, 3_000):
+            writer.write([_record(s)])
+        run = live.read()
+    finally:
+        writer.close()
+    assert run.steps["step"].tolist() == list(range(3_000))
+    assert len(calls) <= 2 * (3_000 // PENDING + 2), f"{len(calls)} messages decoded one at a time"
+
+
+def _alike_file(tmp_path: Path, steps: int = 12) -> tuple[Path, bytes, list[int]]:
+    path = tmp_path / "damaged.inspect"
+    with RunWriter(path, _meta()) as writer:
+        for s in range(steps):
+            writer.write([_record(s, scalar_names=["ab"], scalar_values=[1.0])])
+    data = path.read_bytes()
+    return path, data, _messages(data)
+
+
+def test_bad_utf8_in_a_run_of_alike_steps_is_refused_as_when_read_alone(tmp_path):
+    path, data, starts = _alike_file(tmp_path)
+    at = data.index(b"ab", starts[6])  # step 6's scalar name, same header as its neighbours
+    path.write_bytes(data[:at] + b"\xff\xfe" + data[at + 2:])
+    with pytest.raises(InspectorError, match=r"damaged\.inspect: a record batch is damaged .*Invalid UTF8"):
+        read_all(path)
+    assert read_all(data=data[:starts[6]]).rows == 6  # the steps before it read as before
+
+
+def test_a_forged_list_offset_in_a_run_of_alike_steps_is_refused_as_when_read_alone(tmp_path):
+    """Step 6's lr list claims 3 numbers where its header holds one: read at once, it would take its
+    neighbour's; it is refused as when read alone."""
+    path, data, starts = _alike_file(tmp_path)
+    one = np.array([0, 1], "<i4").tobytes()
+    header = message_at(memoryview(data), starts[6], "run")[0]
+    at = data.index(one, starts[6] + header)  # the first offsets in step 6's body (the lr list's)
+    path.write_bytes(data[:at] + np.array([0, 3], "<i4").tobytes() + data[at + len(one):])
+    with pytest.raises(InspectorError, match=r"a record batch is damaged .*out of bounds: 3 > 1"):
+        read_all(path)
+    got = scan(pa.py_buffer(data))  # the intact file: the 12 steps in one run
+    assert (got.messages, len(got.batches), got.batches[0].num_rows) == (12, 1, 12)
