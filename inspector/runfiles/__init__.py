@@ -13,6 +13,8 @@
 - :mod:`.tail`: :func:`~.tail.scan`, the checked reader of the stream's messages, and
   :class:`~.tail.RunTail`, a file (or an upload's bytes) read in blocks from where it stopped, its
   steps kept in a few large record batches (memory for the numbers, not per step);
+- :mod:`.alike`: steps whose batch headers repeat byte for byte (a healthy run's, one batch per step)
+  read as one batch, a strided copy per buffer, so a fast writer is not outrun by a message per step;
 - :mod:`.frames`: the steps table and the findings of the steps read, built column-wise in one step;
 - :mod:`.record`: :class:`CheckRecord` and its parts, built from every rank's numbers (format
   ``inspector-distributed``, versioned), and its Arrow type (:func:`~.record.check_type`): the

@@ -66,7 +66,8 @@ _ROWS = st.fixed_dictionaries({
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(rows=st.lists(st.tuples(_ROWS, st.integers(1, 12)), min_size=1, max_size=6), world=st.sampled_from([1, 2]))
+@given(rows=st.lists(st.tuples(_ROWS, st.integers(1, 12)), min_size=1, max_size=6),
+       world=st.sampled_from([1, 2]))
 def test_steps_read_at_once_are_the_rows_arrow_reads(tmp_path, rows, world):
     """Runs of steps (each drawn row repeated 1-12 times, on every rank) read at once or one by one give
     exactly the rows of Arrow's stream reader, nulls, bits, strings and lists included."""
@@ -81,8 +82,9 @@ def test_steps_read_at_once_are_the_rows_arrow_reads(tmp_path, rows, world):
                     skipped=values["skipped"] ^ bool(step % 2), lr=values["lr"],
                     scalar_names=values["names"], scalar_values=[float(step)] * len(values["names"]),
                     module_param_norm=np.full(MODULES, 2.0, np.float32) if values["param_norm"] else None,
-                    findings=[] if finding is None else [{"code": finding[0], "severity": finding[1],
-                                                          "where": f"m{step % MODULES}", "message": "x" * step}])
+                    findings=[] if finding is None else [
+                        {"code": finding[0], "severity": finding[1], "where": f"m{step % MODULES}",
+                         "message": "x" * step}])
                     for rank in range(world)])
                 step += 1
     assert _tail_rows(read_all(path)).equals(_arrow_rows(path))
