@@ -1,186 +1,22 @@
-"""The replay file: what the watch kept of a few steps, next to the run file, read back as untrusted input.
-
-``run.inspect.step30.replay.safetensors`` (``run.inspect.rank1.step30.replay.safetensors`` under several
-ranks) is a safetensors file. Its tensors: ``s30/w/<parameter>`` and ``s30/b/<buffer>`` (the weights
-as that step's forward used them, where kept), ``s30/c0/t0, t1, ...`` (the tensors of the step's first
-forward call), ``s30/c0/rng/cpu`` and ``s30/c0/rng/cuda0`` (the generators' states as that call
-began). Its metadata (``format``, ``version``, ``replay``): one :class:`ReplayMeta` as JSON, the one
-record written and read (floats as ``float.hex``, so a loss comes back bit for bit).
-
-Reading follows the run file's rules (:mod:`inspector.runfiles.guard`): a regular file only; the header's
-length checked against the file before safetensors parses it; the metadata's size, every field's type
-and every name checked before use; every tensor the record names must be in the file with the dtype
-and rank it must have, and the file holds nothing else. The file holds data only: nothing in it is
-imported or executed.
-"""
+"""Reading a replay file back as untrusted input: the header's length checked before safetensors
+parses it, every field of its record checked (:func:`parse_meta`), every tensor the record names
+(:func:`expected_keys`) present with the dtype it must have and nothing else (:class:`ReplayFile`)."""
 
 from __future__ import annotations
 
 import json
 import os
-import re
 import struct
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from ..runfiles.guard import MAX_META_BYTES, regular_fd
-from ..utils.findings import InspectorError
-
-FORMAT = "inspector-replay"
-VERSION = 1
-SUFFIX = ".replay.safetensors"
-MAX_STEPS = 64  # steps one file may hold
-MAX_CALLS = 4096  # forward calls one step may hold
-MAX_NAMES = 4_000_000  # weight names (the run file's MAX_PARAMETERS)
-_NAME = 4096  # characters of one name
+from ...runfiles.guard import MAX_META_BYTES, regular_fd
+from ...utils.findings import InspectorError
+from .record import _NAME, FORMAT, MAX_CALLS, MAX_NAMES, MAX_STEPS, VERSION, KeptCall, KeptStep, ReplayMeta
 
 
-@dataclass(frozen=True)
-class KeptCall:
-    """One training forward call: its structure (:mod:`.calls`), the generators' states as it began
-    (device -> tensor key), the autocast state (device type -> dtype name, where enabled) and the
-    modules that were in eval mode."""
-
-    args: Any
-    kwargs: Any
-    rng: dict[str, str]
-    autocast: dict[str, str]
-    eval_modules: tuple[str, ...]
-    written: tuple[str, ...] = ()  # batch tensors written in place after the step (their paths)
-    loss: float | None = None  # the model's own loss (``outputs.loss``) of that call, when it gave one
-
-
-@dataclass(frozen=True)
-class KeptStep:
-    """One step: its calls, whether its weights are in the file, the loss the watch read (or None)."""
-
-    step: int
-    calls: tuple[KeptCall, ...]
-    weights: bool
-    loss: float | None
-
-
-@dataclass(frozen=True)
-class ReplayMeta:
-    """The record of a replay file: the run it belongs to (file name, model name, rank, world), the
-    weights' names, the step whose error findings made it and those findings, the steps kept."""
-
-    run: str
-    model: str
-    rank: int
-    world: int
-    parameters: tuple[str, ...]
-    buffers: tuple[str, ...]
-    step: int
-    findings: tuple[tuple[str, str, str, str], ...]  # (code, severity, where, message)
-    steps: tuple[KeptStep, ...]
-
-    def kept(self, step: int) -> KeptStep | None:
-        return next((s for s in self.steps if s.step == step), None)
-
-    def to_json(self) -> str:
-        def call(c: KeptCall) -> dict[str, Any]:
-            return {
-                "args": c.args,
-                "kwargs": c.kwargs,
-                "rng": c.rng,
-                "autocast": c.autocast,
-                "eval": list(c.eval_modules),
-                "written": list(c.written),
-                "loss": _hex(c.loss),
-            }
-
-        return json.dumps(
-            {
-                "run": self.run,
-                "model": self.model,
-                "rank": self.rank,
-                "world": self.world,
-                "parameters": list(self.parameters),
-                "buffers": list(self.buffers),
-                "step": self.step,
-                "findings": [list(f) for f in self.findings],
-                "steps": [
-                    {
-                        "step": s.step,
-                        "calls": [call(c) for c in s.calls],
-                        "weights": s.weights,
-                        "loss": _hex(s.loss),
-                    }
-                    for s in self.steps
-                ],
-            },
-            allow_nan=False,
-        )
-
-
-def _hex(x: float | None) -> str | None:
-    return None if x is None else float(x).hex()
-
-
-def replay_path(run_path: str | os.PathLike, step: int, rank: int = 0, world: int = 1) -> Path:
-    """Where the replay file of ``step`` of ``run_path`` goes (for ``rank`` of ``world``)."""
-    p = Path(run_path)
-    return p.with_name(f"{p.name}{f'.rank{rank}' if world > 1 else ''}.step{step}{SUFFIX}")
-
-
-def kept_steps(run_path: str | os.PathLike, rank: int = 0) -> list[int]:
-    """The steps of ``run_path`` (for ``rank``) kept with their weights: the ones :func:`replay` can run.
-    A replay file that does not read is left out (replaying names what is wrong with it)."""
-    from ..utils.paths import confined
-
-    steps: set[int] = set()
-    for f in replay_files(run_path):
-        try:
-            meta = ReplayFile(confined(f, [Path(run_path).parent], what="replay file")).meta
-        except InspectorError:
-            continue
-        if meta.rank == rank:
-            steps |= {s.step for s in meta.steps if s.weights}
-    return sorted(steps)
-
-
-def replay_files(run_path: str | os.PathLike) -> list[Path]:
-    """The replay files next to ``run_path``, by rank then step."""
-    p = Path(run_path)
-    mine = re.compile(re.escape(p.name) + r"(?:\.rank(\d+))?\.step(\d+)" + re.escape(SUFFIX) + "$")
-    found = []
-    if p.parent.is_dir():
-        for f in p.parent.iterdir():
-            m = mine.match(f.name)
-            if m:
-                found.append((int(m.group(1) or 0), int(m.group(2)), f))
-    return [f for _, _, f in sorted(found)]
-
-
-def remove_replay_files(run_path: str | os.PathLike, rank: int, world: int) -> None:
-    """Remove this rank's replay files of an earlier run at ``run_path`` (a new run starts clean)."""
-    for f in replay_files(run_path):
-        if world == 1 and ".rank" not in f.name[len(Path(run_path).name) :] or f".rank{rank}." in f.name:
-            f.unlink(missing_ok=True)
-
-
-def write_replay(path: Path, meta: ReplayMeta, tensors: dict[str, torch.Tensor]) -> Path:
-    """Write ``tensors`` (copied to the host) and ``meta`` to ``path``, whole or not at all."""
-    from safetensors.torch import save_file
-
-    host = {k: t.detach().to("cpu", copy=True).contiguous() for k, t in tensors.items()}
-    tmp = path.with_name(path.name + ".tmp")
-    try:
-        save_file(
-            host, str(tmp), metadata={"format": FORMAT, "version": str(VERSION), "replay": meta.to_json()}
-        )
-        os.replace(tmp, path)  # a reader never sees half a file
-    except OSError as exc:
-        tmp.unlink(missing_ok=True)
-        raise InspectorError(f"cannot write the replay file {path} ({exc.strerror or exc})") from None
-    return path
-
-
-# -- reading ------------------------------------------------------------------------------------
 def _bad(path: Path, why: str) -> InspectorError:
     return InspectorError(
         f"replay file {path.name} was refused: {why}; a replay file is written by "
