@@ -143,3 +143,23 @@ def test_a_forged_list_offset_in_a_run_of_alike_steps_is_refused_as_when_read_al
         read_all(path)
     got = scan(pa.py_buffer(data))  # the intact file: the 12 steps in one run
     assert (got.messages, len(got.batches), got.batches[0].num_rows) == (12, 1, 12)
+
+
+def test_check_step_rows_read_at_once_are_the_rows_arrow_reads(tmp_path):
+    """check_step's rows (its nested ``check`` column: structs, lists, strings) read at once too, and
+    give Arrow's rows."""
+    import json
+
+    import torch
+
+    from inspector.distributed import check_step
+    from inspector.runfiles.stream import append_check
+
+    torch.manual_seed(0)
+    record = json.loads(json.dumps(check_step(torch.nn.Linear(2, 1), 0, path=None).record))
+    path = tmp_path / "check.inspect"
+    for step in range(20):
+        append_check(path, dict(record, step=step, time=float(step)))
+    got = scan(pa.py_buffer(path.read_bytes()))
+    assert (got.messages, len(got.batches)) == (20, 1)
+    assert _tail_rows(read_all(path)).equals(_arrow_rows(path))
