@@ -63,7 +63,6 @@ def write_source(path: Path, modules: int, first: int, mb: float) -> tuple[int, 
     rng = np.random.default_rng(0)
     zeros = np.zeros(modules, np.int32)
     writer = RunWriter(path, meta)
-    head = writer.bytes_written
     step, cut = 0, 0
     while True:
         norms = (1 + 0.1 * rng.standard_normal((500, modules))).astype(np.float32)
@@ -78,8 +77,6 @@ def write_source(path: Path, modules: int, first: int, mb: float) -> tuple[int, 
                 end = writer.bytes_written
                 writer._file.close()  # a run still being written: no end marker
                 return cut, end, step
-        del norms
-    return head, head, 0  # never reached
 
 
 def _start_append(source: Path, run: Path, cut: int, end: int, seconds: float) -> subprocess.Popen:
