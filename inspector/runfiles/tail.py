@@ -2,7 +2,8 @@
 
 :func:`scan` reads the messages of a buffer: the schema (checked against the one the project writes,
 its :class:`~.columns.RunMeta` within the limits), then each record batch, its header checked before
-Arrow reads it and the batch validated in full before it is returned. :class:`RunTail` reads a file
+Arrow reads it and the batch validated in full before it is returned (a run of batches whose headers
+are alike, as a healthy run's steps are, is read as one batch: :mod:`.alike`). :class:`RunTail` reads a file
 (or an upload's bytes) with it in blocks of at most ``BLOCK`` bytes, from where it stopped last time,
 and keeps the steps in a few large record batches (``CHUNK_ROWS`` rows each, and at most ``SMALL``
 pieces of the rows read since), so
@@ -47,10 +48,10 @@ ZERO_COLUMNS = ("module_nonfinite",)  # count columns whose all-zero values the 
 @dataclass
 class Scanned:
     """What :func:`scan` read: ``schema`` and ``meta`` (None when the schema message is not whole yet),
-    the validated ``batches`` (zero-copy into the buffer, or one copy of a run of messages laid out alike:
-    :mod:`.alike`), ``messages`` (the record batch messages they hold), ``end`` (bytes read: just past
-    the last whole message), ``need`` (the size of the next message when it is not whole in the buffer, else 0),
-    ``closed`` (the end-of-stream marker was read)."""
+    the validated ``batches`` (zero-copy into the buffer, or one copy of a run of messages laid out
+    alike: :mod:`.alike`), ``messages`` (the record batch messages they hold), ``end`` (bytes read: just
+    past the last whole message), ``need`` (the size of the next message when it is not whole in the
+    buffer, else 0), ``closed`` (the end-of-stream marker was read)."""
 
     schema: Any
     meta: Any
