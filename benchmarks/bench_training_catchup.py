@@ -95,11 +95,12 @@ def follow_in_process(source: Path, folder: Path, cut: int, end: int, steps: int
     append until a read holds ``steps`` steps."""
     import inspector.runfiles.tail as tail
     from inspector.figures import run_norm_grid
+    from inspector.runfiles.alike import ALIKE_MIN
     from inspector.watching import LiveRun, main_steps
 
     run = folder / f"grow-{'now' if at_once else 'before'}.inspect"
     run.write_bytes(source.read_bytes()[:cut])
-    tail.ALIKE_MIN = 4 if at_once else 1 << 62
+    tail.ALIKE_MIN = ALIKE_MIN if at_once else 1 << 62  # before: every message read alone
     live = LiveRun(run)
     live.read()
     appender = _start_append(source, run, cut, end, seconds)
