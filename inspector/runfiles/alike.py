@@ -25,6 +25,7 @@ import numpy as np
 
 ALIKE_MIN = 4  # messages in a row before reading them at once is worth it
 MAX_OFFSET = (1 << 31) - 1  # int32 offsets of a merged string or list column
+SPAN = 1 << 20  # bytes of the bodies a bitmap or string gather holds unpacked at a time
 
 
 class _Unlike(Exception):
@@ -51,13 +52,14 @@ def alike(view: memoryview, at: int, size: int, body: int, limit: int) -> int:
     return n
 
 
-def read_alike(view: memoryview, at: int, count: int, size: int, body: int, nodes: tuple[int, ...],
-               buffers: tuple[int, ...], schema: Any) -> Any:
+def read_alike(view: memoryview, at: int, count: int, size: int, body: int, rows: int,
+               nodes: tuple[int, ...], buffers: tuple[int, ...], schema: Any) -> Any:
     """The ``count`` messages at ``at`` (each ``size`` bytes of prefix and header, then ``body`` bytes,
-    all with the header whose field nodes and buffers are ``nodes`` and ``buffers``, flat pairs as
-    :func:`~.guard.batch_layout` gives them) as one record batch of ``schema``, a copy, validated in
-    full; None when they are not laid out as this reads them or do not validate (read them one by one
-    instead: that read names the fault)."""
+    all with the header of ``rows`` rows whose field nodes and buffers are ``nodes`` and ``buffers``, flat
+    pairs as :func:`~.guard.batch_layout` gives them) as one record batch of ``schema``, a copy, validated
+    in full; None when they are not laid out as this reads them or do not validate (read them one by one
+    instead: that read names the fault). Besides the copy, it holds at most a few ``SPAN`` bytes at a
+    time."""
     import pyarrow as pa
 
     stride = size + body
@@ -66,7 +68,8 @@ def read_alike(view: memoryview, at: int, count: int, size: int, body: int, node
     buffer_it = iter(zip(buffers[0::2], buffers[1::2], strict=True))
     try:
         arrays = [_array(f.type, bodies, node_it, buffer_it) for f in schema]
-        if next(node_it, None) is not None or next(buffer_it, None) is not None:
+        if (next(node_it, None) is not None or next(buffer_it, None) is not None
+                or any(len(a) != rows * count for a in arrays)):  # each column as long as the batch
             return None
         batch = pa.RecordBatch.from_arrays(arrays, schema=schema)
         batch.validate(full=True)  # offsets, lengths, UTF-8: a fault is named by the one-by-one read
@@ -91,31 +94,34 @@ def _array(typ: Any, bodies: np.ndarray, nodes: Iterator, buffers: Iterator) -> 
     length, nulls = _next(nodes)
     validity = _next(buffers)
     total = length * count
-    bitmap, null_count = (None, 0) if nulls == 0 else _bits(bodies, validity, length)
+    bitmap, zeros = (None, 0) if nulls == 0 else _bits(bodies, validity, length)
+    if zeros != nulls * count:  # Arrow takes the declared count, and full validation refuses a wrong one
+        raise _Unlike
     if pa.types.is_boolean(typ):
         data, _ = _bits(bodies, _next(buffers), length)
-        return pa.Array.from_buffers(typ, total, [bitmap, data], null_count)
+        return pa.Array.from_buffers(typ, total, [bitmap, data], nulls * count)
     if pa.types.is_string(typ):
         offsets = _offsets(bodies, _next(buffers), length)
         at, n = _next(buffers)
-        ends = offsets[:, -1]
-        if (offsets[:, 0] != 0).any() or (np.diff(offsets, axis=1) < 0).any() or (ends > n).any():
+        ends = offsets[:, -1].astype(np.int64)
+        if (offsets[:, 0] != 0).any() or (ends > n).any():
             raise _Unlike
-        chars = bodies[:, at:at + n][np.arange(n) < ends[:, None]]  # each body's characters, in order
-        return pa.Array.from_buffers(typ, total, [bitmap, _rebased(offsets, np.cumsum(ends) - ends),
-                                                  pa.py_buffer(chars)], null_count)
+        starts = np.cumsum(ends) - ends
+        return pa.Array.from_buffers(typ, total, [bitmap, _rebased(offsets, starts),
+                                                  _chars(bodies[:, at:at + n], starts, ends)], nulls * count)
     if pa.types.is_list(typ):
         offsets = _offsets(bodies, _next(buffers), length)
         child = _array(typ.value_type, bodies, nodes, buffers)
         per = len(child) // count
-        if ((offsets[:, 0] != 0).any() or (offsets[:, -1] != per).any()
-                or (np.diff(offsets, axis=1) < 0).any()):
+        if (offsets[:, 0] != 0).any() or (offsets[:, -1] != per).any():
             raise _Unlike
         return pa.Array.from_buffers(typ, total, [bitmap, _rebased(offsets, np.arange(count) * per)],
-                                     null_count, children=[child])
+                                     nulls * count, children=[child])
     if pa.types.is_struct(typ):
         children = [_array(typ.field(i).type, bodies, nodes, buffers) for i in range(typ.num_fields)]
-        return pa.Array.from_buffers(typ, total, [bitmap], null_count, children=children)
+        if any(len(c) != total for c in children):  # Arrow allows longer children; merged they would shift
+            raise _Unlike
+        return pa.Array.from_buffers(typ, total, [bitmap], nulls * count, children=children)
     width = getattr(typ, "bit_width", 0)
     if not (pa.types.is_integer(typ) or pa.types.is_floating(typ)) or width % 8:
         raise _Unlike
@@ -123,36 +129,74 @@ def _array(typ: Any, bodies: np.ndarray, nodes: Iterator, buffers: Iterator) -> 
     if length * width // 8 > n:
         raise _Unlike
     return pa.Array.from_buffers(typ, total, [bitmap, pa.py_buffer(
-        np.ascontiguousarray(bodies[:, at:at + length * width // 8]))], null_count)
+        np.ascontiguousarray(bodies[:, at:at + length * width // 8]))], nulls * count)
 
 
 def _bits(bodies: np.ndarray, buffer: tuple[int, int], length: int) -> tuple[Any, int]:
-    """The bitmap ``buffer`` of ``length`` bits of every body, one after another; and its 0 bits."""
+    """The bitmap ``buffer`` of ``length`` bits of every body, one after another; and its 0 bits. Bits
+    are unpacked ``SPAN`` bytes of bodies at a time (8 bytes a bit), and not at all when ``length`` is
+    whole bytes."""
     import pyarrow as pa
 
     at, n = buffer
-    if (length + 7) // 8 > n:
+    width = (length + 7) // 8
+    if width > n:
         raise _Unlike
-    bits = np.unpackbits(bodies[:, at:at + (length + 7) // 8], axis=1, bitorder="little")[:, :length]
-    return pa.py_buffer(np.packbits(bits.ravel(), bitorder="little")), int(bits.size - bits.sum())
+    count = len(bodies)
+    src = bodies[:, at:at + width]
+    if length % 8 == 0:
+        packed = np.ascontiguousarray(src).reshape(-1)
+    else:
+        packed = np.empty((count * length + 7) // 8, np.uint8)
+        step = 8 * max(1, SPAN // (64 * width))  # bodies a pass, a multiple of 8: a pass ends on a byte
+        for i in range(0, count, step):
+            bits = np.unpackbits(src[i:i + step], axis=1, count=length, bitorder="little")
+            part = np.packbits(bits, bitorder="little")
+            packed[i * length // 8:i * length // 8 + len(part)] = part
+    ones = sum(int(np.bitwise_count(packed[i:i + SPAN]).sum()) for i in range(0, len(packed), SPAN))
+    return pa.py_buffer(packed), count * length - ones
 
 
 def _offsets(bodies: np.ndarray, buffer: tuple[int, int], length: int) -> np.ndarray:
-    """The ``length + 1`` int32 offsets of ``buffer`` in every body, as int64 (count × (length + 1))."""
+    """The ``length + 1`` int32 offsets of ``buffer`` in every body (count × (length + 1), a view of the
+    bodies), each body's checked to never decrease."""
     at, n = buffer
     if length == 0 and n < 4:  # an empty column may carry no offsets at all
-        return np.zeros((len(bodies), 1), np.int64)
+        return np.zeros((len(bodies), 1), "<i4")
     if 4 * (length + 1) > n:
         raise _Unlike
-    return np.ascontiguousarray(bodies[:, at:at + 4 * (length + 1)]).view("<i4").astype(np.int64)
+    offsets = bodies[:, at:at + 4 * (length + 1)].view("<i4")
+    if (offsets[:, 1:] < offsets[:, :-1]).any():
+        raise _Unlike
+    return offsets
 
 
 def _rebased(offsets: np.ndarray, base: np.ndarray) -> Any:
-    """One offsets buffer of the bodies' ``offsets`` (each starting at 0), body ``k``'s moved by
-    ``base[k]``; the last body's end closes it."""
+    """One offsets buffer of the bodies' ``offsets`` (each starting at 0 and never decreasing), body
+    ``k``'s moved by ``base[k]`` (ascending); the last body's end closes it. Computed in int32, once its
+    last offset is known to fit."""
     import pyarrow as pa
 
-    merged = np.append((offsets[:, :-1] + base[:, None]).ravel(), base[-1] + offsets[-1, -1])
-    if merged[-1] > MAX_OFFSET:
+    count, width = offsets.shape
+    last = int(base[-1]) + int(offsets[-1, -1])
+    if last > MAX_OFFSET:
         raise _Unlike
-    return pa.py_buffer(merged.astype("<i4"))
+    merged = np.empty(count * (width - 1) + 1, "<i4")
+    np.add(offsets[:, :-1], base.astype("<i4")[:, None], out=merged[:-1].reshape(count, width - 1))
+    merged[-1] = last
+    return pa.py_buffer(merged)
+
+
+def _chars(data: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> Any:
+    """The first ``ends[k]`` bytes of each row ``k`` of ``data``, one after another (row ``k``'s at
+    ``starts[k]``), gathered ``SPAN`` bytes of rows at a time."""
+    import pyarrow as pa
+
+    count, n = data.shape
+    chars = np.empty(int(ends.sum()), np.uint8)
+    step = max(1, SPAN // max(n, 1))
+    for i in range(0, count, step):
+        part = data[i:i + step]
+        got = part[np.arange(n) < ends[i:i + step, None]]
+        chars[starts[i]:starts[i] + len(got)] = got
+    return pa.py_buffer(chars)

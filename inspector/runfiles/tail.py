@@ -111,12 +111,12 @@ def scan(buf: Any, schema: Any = None, meta: Any = None, *, name: str = "run fil
             if kind != "record batch" or header is None:
                 raise InspectorError(f"{name}: a {kind} message after the schema; a run file holds only "
                                      "record batches: not read")
-            batch_header(meta_bytes, header, body, name)
+            rows = batch_header(meta_bytes, header, body, name)
             count = alike(view, out.end, size, body, limit - out.messages) if out.end >= plain else 1
             batch = None
             if count >= ALIKE_MIN:  # a run of steps laid out alike: read at once, one copy
-                batch = read_alike(view, out.end, count, size, body, *batch_layout(meta_bytes, header),
-                                   out.schema)
+                batch = read_alike(view, out.end, count, size, body, rows,
+                                   *batch_layout(meta_bytes, header), out.schema)
                 plain = out.end + count * (size + body) if batch is None else plain  # not tried twice
             if batch is None:  # one message, or a run not read at once: one by one (a fault is named here)
                 count = 1

@@ -163,3 +163,159 @@ def test_check_step_rows_read_at_once_are_the_rows_arrow_reads(tmp_path):
     got = scan(pa.py_buffer(path.read_bytes()))
     assert (got.messages, len(got.batches)) == (20, 1)
     assert _tail_rows(read_all(path)).equals(_arrow_rows(path))
+
+
+def _patched(data: bytes, edit) -> bytes:
+    """``data`` with ``edit(out, start, size, nodes, buffers)`` applied to every record batch message
+    (``out`` a bytearray, ``nodes`` and ``buffers`` where each header entry's two int64 lie in it)."""
+    from inspector.runfiles.guard import _U32, _field
+
+    out = bytearray(data)
+    for start in _messages(data):
+        size, _, _, header, meta = message_at(memoryview(data), start, "run")
+        places = []
+        for index in (1, 2):  # the field nodes, then the buffers, of the header
+            at = _field(meta, header, index)
+            vec = at + _U32(meta, at)[0]
+            places.append([start + 8 + vec + 4 + 16 * i for i in range(_U32(meta, vec)[0])])
+        edit(out, start, size, *places)
+    return bytes(out)
+
+
+def _preorder(schema) -> list[tuple[pa.DataType, int]]:
+    """Each field node of ``schema``'s batches in Arrow's order, with the index of its first buffer."""
+    out: list[tuple[pa.DataType, int]] = []
+
+    def walk(typ: pa.DataType, buffer: int) -> int:
+        out.append((typ, buffer))
+        if pa.types.is_struct(typ):
+            buffer += 1
+            for i in range(typ.num_fields):
+                buffer = walk(typ.field(i).type, buffer)
+            return buffer
+        if pa.types.is_list(typ):
+            return walk(typ.value_type, buffer + 2)
+        return buffer + (3 if pa.types.is_string(typ) else 2)
+
+    buffer = 0
+    for field in schema:
+        buffer = walk(field.type, buffer)
+    return out
+
+
+def _one_by_one(monkeypatch, data: bytes):
+    """What reading ``data`` one message at a time gives: the rows, or the refusal's text."""
+    import inspector.runfiles.tail as tail
+
+    with monkeypatch.context() as m:
+        m.setattr(tail, "ALIKE_MIN", 1 << 40)
+        try:
+            return _tail_rows(read_all(data=data))
+        except InspectorError as exc:
+            return str(exc)
+
+
+def test_a_header_whose_rows_are_not_its_columns_length_is_refused_as_when_read_alone(tmp_path,
+                                                                                       monkeypatch):
+    """Every step's header says 2 rows while each column holds 1: read at once, the rows would be taken
+    from the columns; it is refused as when each is read alone."""
+    import struct
+
+    from inspector.runfiles.guard import _field
+
+    _, data, starts = _alike_file(tmp_path)
+    header = message_at(memoryview(data), starts[0], "run")
+
+    def two_rows(out, start, size, nodes, buffers):
+        struct.pack_into("<q", out, start + 8 + _field(header[4], header[3], 0), 2)
+
+    forged = _patched(data, two_rows)
+    alone = _one_by_one(monkeypatch, forged)
+    assert "Array length did not match record batch length" in alone
+    with pytest.raises(InspectorError, match="Array length did not match record batch length"):
+        read_all(data=forged)
+
+
+def test_a_null_count_its_bitmap_does_not_bear_out_is_refused_as_when_read_alone(tmp_path, monkeypatch):
+    """Every step's loss is null (null count 1); its validity bit forged to 1 in each: read at once, the
+    nulls would be counted from the bits and the batch accepted; refused as when read alone."""
+    import struct
+
+    path = tmp_path / "nulls.inspect"
+    with RunWriter(path, _meta()) as writer:
+        for s in range(8):
+            writer.write([_record(s, loss=None)])
+
+    schema = read_all(path).schema
+    validity = _preorder(schema)[schema.names.index("loss")][1]  # no nested column before it
+
+    def valid_loss(out, start, size, nodes, buffers):
+        out[start + size + struct.unpack_from("<q", out, buffers[validity])[0]] = 1
+
+    forged = _patched(path.read_bytes(), valid_loss)
+    assert "null_count value (1) doesn't match" in _one_by_one(monkeypatch, forged)
+    with pytest.raises(InspectorError, match=r"null_count value \(1\) doesn't match"):
+        read_all(data=forged)
+
+
+def test_struct_children_longer_than_their_struct_give_arrows_rows(tmp_path, monkeypatch):
+    """Each step holds two findings; its header forged to a struct of one finding (children still two
+    long, as Arrow allows) and its list to one: Arrow's rows are each step's first finding; read at once,
+    step k would take the children's row k."""
+    import struct
+
+    findings = [{"code": c, "severity": "error", "where": "m0", "message": c * 3} for c in ("a", "b")]
+    path = tmp_path / "struct.inspect"
+    with RunWriter(path, _meta()) as writer:
+        for s in range(8):
+            writer.write([_record(s, findings=findings)])
+    layout = _preorder(read_all(path).schema)
+    node = next(i for i, (typ, _) in enumerate(layout) if pa.types.is_struct(typ))  # findings' struct
+    offsets = layout[node - 1][1] + 1  # the findings list's offsets buffer, after its validity
+
+    def one_finding(out, start, size, nodes, buffers):
+        struct.pack_into("<q", out, nodes[node], 1)  # the struct: 1 long
+        at = start + size + struct.unpack_from("<q", out, buffers[offsets])[0]  # the list's offsets
+        assert struct.unpack_from("<2i", out, at) == (0, 2)
+        struct.pack_into("<2i", out, at, 0, 1)
+
+    forged = _patched(path.read_bytes(), one_finding)
+    with pa.ipc.open_stream(pa.py_buffer(forged)) as reader:
+        arrow = reader.read_all()
+    assert arrow.column("findings").to_pylist() == [findings[:1]] * 8
+    assert _one_by_one(monkeypatch, forged).equals(arrow)
+    assert _tail_rows(read_all(data=forged)).equals(arrow)
+
+
+def test_reading_at_once_holds_little_besides_its_copy():
+    """512 alike batches of 1,001 rows (a nullable bool, short nullable strings: bitmaps not whole bytes,
+    offsets outnumbering characters) read at once: numpy holds at most the copy and half as much again
+    (not 8 bytes a bit or 28 an offset), and the rows are Arrow's."""
+    import tracemalloc
+
+    from inspector.runfiles.alike import alike, read_alike
+    from inspector.runfiles.guard import batch_layout
+
+    rows = 1_001
+    schema = pa.schema([("flag", pa.bool_()), ("name", pa.string())])
+    batch = pa.record_batch([pa.array([None if i % 3 == 0 else i % 2 == 0 for i in range(rows)]),
+                             pa.array([None if i % 5 == 0 else "xy"[: i % 3] for i in range(rows)])],
+                            schema=schema)
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, schema) as writer:
+        for _ in range(512):
+            writer.write_batch(batch)
+    data = sink.getvalue().to_pybytes()
+    view = memoryview(data)
+    start = _messages(data)[0]
+    size, _, body, header, meta = message_at(view, start, "run")
+    count = alike(view, start, size, body, 1 << 20)
+    tracemalloc.start()
+    try:
+        got = read_alike(view, start, count, size, body, rows, *batch_layout(meta, header), schema)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    copy = got.get_total_buffer_size()
+    assert count == 512 and peak <= 1.5 * copy, f"{peak:,} bytes held for a copy of {copy:,}"
+    assert pa.Table.from_batches([got]).equals(pa.Table.from_batches([batch] * 512).combine_chunks())
