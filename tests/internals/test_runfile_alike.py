@@ -319,3 +319,19 @@ def test_reading_at_once_holds_little_besides_its_copy():
     copy = got.get_total_buffer_size()
     assert count == 512 and peak <= 1.5 * copy, f"{peak:,} bytes held for a copy of {copy:,}"
     assert pa.Table.from_batches([got]).equals(pa.Table.from_batches([batch] * 512).combine_chunks())
+
+
+def test_batches_of_many_steps_each_read_at_once_are_the_rows_arrow_reads(tmp_path):
+    """Batches of up to 64 steps each (consecutive ones of other row counts, so only runs of equal
+    batches share a header): runs of 64-step batches are read at once, the rows are Arrow's."""
+    path = tmp_path / "many.inspect"
+    sizes = [64] * 6 + [17] + [64] * 5 + [3, 5, 64, 64, 1] + [64] * 4
+    step = 0
+    with RunWriter(path, _meta()) as writer:
+        for size in sizes:
+            writer.write([_record(step + i, skipped=bool((step + i) % 3)) for i in range(size)])
+            step += size
+    got = scan(pa.py_buffer(path.read_bytes()))
+    assert got.messages == len(sizes)
+    assert [b.num_rows for b in got.batches] == [6 * 64, 17, 5 * 64, 3, 5, 64, 64, 1, 4 * 64]
+    assert _tail_rows(read_all(path)).equals(_arrow_rows(path))
