@@ -335,3 +335,27 @@ def test_batches_of_many_steps_each_read_at_once_are_the_rows_arrow_reads(tmp_pa
     assert got.messages == len(sizes)
     assert [b.num_rows for b in got.batches] == [6 * 64, 17, 5 * 64, 3, 5, 64, 64, 1, 4 * 64]
     assert _tail_rows(read_all(path)).equals(_arrow_rows(path))
+
+
+def test_offsets_that_do_not_start_at_0_give_arrows_rows(tmp_path, monkeypatch):
+    """Every step's lr list offsets forged from (0, 1) to (1, 1) and its scalar name's from (0, 2) to
+    (1, 2) (valid, as Arrow reads them: no lr, the name "b"): the run is read one by one, Arrow's rows."""
+    import struct
+
+    path, data, _ = _alike_file(tmp_path)
+    layout = _preorder(read_all(path).schema)
+    names = read_all(path).schema.names
+    lr = layout[names.index("lr")][1] + 1  # its offsets buffer, after its validity
+    name = layout[names.index("scalar_names") + 2][1] + 1  # the strings' offsets (lr's child before)
+
+    def shifted(out, start, size, nodes, buffers):
+        for buffer, was in ((lr, (0, 1)), (name, (0, 2))):
+            at = start + size + struct.unpack_from("<q", out, buffers[buffer])[0]
+            assert struct.unpack_from("<2i", out, at) == was
+            struct.pack_into("<i", out, at, 1)
+
+    forged = _patched(data, shifted)
+    with pa.ipc.open_stream(pa.py_buffer(forged)) as reader:
+        arrow = reader.read_all()
+    assert arrow.column("lr").to_pylist() == [[]] * 12 and arrow.column("scalar_names")[0].as_py() == ["b"]
+    assert _tail_rows(read_all(data=forged)).equals(arrow)
