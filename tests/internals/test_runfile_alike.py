@@ -359,3 +359,23 @@ def test_offsets_that_do_not_start_at_0_give_arrows_rows(tmp_path, monkeypatch):
         arrow = reader.read_all()
     assert arrow.column("lr").to_pylist() == [[]] * 12 and arrow.column("scalar_names")[0].as_py() == ["b"]
     assert _tail_rows(read_all(data=forged)).equals(arrow)
+
+
+def test_a_run_of_alike_steps_cut_anywhere_in_its_last_step_reads_the_whole_ones(tmp_path):
+    """A followed run whose writer is mid-step: cut at every byte of its last (alike) step, the steps
+    before it are read at once and the cut one waits; appended whole, it is read too."""
+    path, data, starts = _alike_file(tmp_path)
+    partial = tmp_path / "partial.inspect"
+    partial.write_bytes(data[:starts[-1]])
+    tail = RunTail(partial)
+    assert tail.poll() == 11
+    for end in range(starts[-1] + 1, len(data) - 8):  # the last step, less the end-of-stream marker
+        cut = RunTail(data=data[:end])
+        assert (cut.poll(), cut.cut) == (11, True), end
+        with partial.open("ab") as f:
+            f.write(data[end - 1:end])
+        assert tail.poll() == 0 and tail.cut
+    with partial.open("ab") as f:
+        f.write(data[len(data) - 9:])
+    assert tail.poll() == 1 and not tail.cut
+    assert _tail_rows(tail).equals(_arrow_rows(path))
