@@ -379,3 +379,50 @@ def test_a_run_of_alike_steps_cut_anywhere_in_its_last_step_reads_the_whole_ones
         f.write(data[len(data) - 9:])
     assert tail.poll() == 1 and not tail.cut
     assert _tail_rows(tail).equals(_arrow_rows(path))
+
+
+@pytest.fixture(scope="module")
+def _varied_steps(tmp_path_factory) -> Path:
+    """8 alike steps with a null loss, two lrs, two scalar names and two findings each."""
+    path = tmp_path_factory.mktemp("varied") / "varied.inspect"
+    findings = [{"code": "a", "severity": "error", "where": "m0", "message": "first"},
+                {"code": "bb", "severity": "warn", "where": "m1", "message": "é"}]
+    with RunWriter(path, _meta()) as writer:
+        for s in range(8):
+            writer.write([_record(s, loss=None, skipped=True, lr=[1e-3, 2e-3], scalar_names=["ab", "c"],
+                                  scalar_values=[1.0, 2.0], findings=findings, module_param_norm=None)])
+    return path
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(entry=st.tuples(st.sampled_from([1, 2]), st.integers(0, 200), st.integers(0, 1),
+                       st.sampled_from([0, 1, 2, 3, 4, 7, 8, 9, 16, 24, 40, 64, 200])),
+       byte=st.tuples(st.integers(0, 4_000), st.integers(0, 255), st.booleans()),
+       forge=st.sampled_from(["header", "body", "both"]))
+def test_forged_steps_read_at_once_give_what_one_by_one_gives(monkeypatch, _varied_steps, entry, byte, forge):
+    """A header entry (a node's length or null count, a buffer's place or size) forged alike in every
+    step, and/or a body byte forged in one step or all: read at once, the file is refused exactly when
+    it is refused read one message at a time, and otherwise gives the same rows."""
+    import struct
+
+    data = _varied_steps.read_bytes()
+    vector, index, half, value = entry
+    at, value_byte, every = byte
+    starts = _messages(data)
+
+    def edit(out, start, size, nodes, buffers):
+        places = nodes if vector == 1 else buffers
+        if forge != "body":
+            struct.pack_into("<q", out, places[index % len(places)] + 8 * half, value)
+        if forge != "header" and (every or start == starts[3]):
+            out[start + size + at % (starts[1] - start - size)] = value_byte
+
+    forged = _patched(data, edit)
+    alone = _one_by_one(monkeypatch, forged)
+    try:
+        at_once = _tail_rows(read_all(data=forged))
+    except InspectorError as exc:
+        assert isinstance(alone, str), f"refused read at once ({exc}), read alone"
+        return
+    assert not isinstance(alone, str), f"read at once, refused alone ({alone})"
+    assert at_once.equals(alone)
