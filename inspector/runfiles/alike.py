@@ -11,11 +11,11 @@ re-packed, strings compacted.
 
 It reads only what the checked header (:func:`~.guard.batch_header`) allows, and anything it does not
 read exactly as Arrow would (a layout it does not know, offsets that do not start at 0 or end at their
-child's length, a bitmap shorter than its column, a column not as long as the header's rows, a null count
-its bitmap does not bear out, struct children longer than their struct, a buffer not 8-byte aligned)
-makes it return None: the caller
-then reads those messages one by one as before, where Arrow and the guard say what is wrong. A batch it
-returns is validated in full like any other. Besides the copy it holds a few ``SPAN`` bytes at a time.
+child's length, a bitmap shorter than its column, a column not as long as the header's rows, a null
+count its bitmap does not bear out, struct children longer than their struct, a buffer not 8-byte
+aligned) makes it return None: the caller then reads those messages one by one as before, where Arrow
+and the guard say what is wrong. A batch it returns is validated in full like any other. Besides the
+copy it holds a few ``SPAN`` bytes at a time.
 """
 
 from __future__ import annotations
