@@ -165,7 +165,7 @@ def _offsets(bodies: np.ndarray, buffer: tuple[int, int], length: int) -> np.nda
     """The ``length + 1`` int32 offsets of ``buffer`` in every body (count × (length + 1), a view of the
     bodies), each body's checked to never decrease."""
     at, n = buffer
-    if length == 0 and n < 4:  # an empty column may carry no offsets at all
+    if length == 0 and n == 0:  # an empty column may carry no offsets at all (but not part of one)
         return np.zeros((len(bodies), 1), "<i4")
     if 4 * (length + 1) > n:
         raise _Unlike

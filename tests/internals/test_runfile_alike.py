@@ -426,3 +426,36 @@ def test_forged_steps_read_at_once_give_what_one_by_one_gives(monkeypatch, _vari
         return
     assert not isinstance(alone, str), f"read at once, refused alone ({alone})"
     assert at_once.equals(alone)
+
+
+def test_an_empty_column_with_part_of_an_offset_is_refused_as_when_read_alone(tmp_path, monkeypatch):
+    """check_step's steps hold empty lists; one's offsets buffer forged to 2 bytes in every step's header
+    (Arrow wants none or a whole offset): refused read at once as when read alone."""
+    import json
+    import struct
+
+    import torch
+
+    from inspector.distributed import check_step
+    from inspector.runfiles.guard import batch_layout
+    from inspector.runfiles.stream import append_check
+
+    torch.manual_seed(0)
+    record = json.loads(json.dumps(check_step(torch.nn.Linear(2, 1), 0, path=None).record))
+    path = tmp_path / "check.inspect"
+    for step in range(8):
+        append_check(path, dict(record, step=step, time=float(step)))
+    data = path.read_bytes()
+    _, _, _, header, meta = message_at(memoryview(data), _messages(data)[0], "run")
+    nodes, _ = batch_layout(meta, header)
+    layout = zip(_preorder(read_all(path).schema), nodes[0::2], strict=True)
+    offsets = next(first + 1 for (typ, first), length in layout  # an empty list's offsets buffer
+                   if length == 0 and (pa.types.is_list(typ) or pa.types.is_string(typ)))
+
+    def part(out, start, size, nodes, buffers):
+        struct.pack_into("<q", out, buffers[offsets] + 8, 2)
+
+    forged = _patched(data, part)
+    assert "isn't large enough for length: 0" in _one_by_one(monkeypatch, forged)
+    with pytest.raises(InspectorError, match="isn't large enough for length: 0"):
+        read_all(data=forged)
