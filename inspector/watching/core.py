@@ -38,6 +38,10 @@ from .table import At, ByRank, Checks, Kit
 from .tracer import NonfiniteTracer
 
 
+HOLD = 0.5  # seconds a step's row may wait before it is on disk: a reader following the file lags that much
+HOLD_STEPS = 64  # or this many steps held: written as one record batch
+
+
 class Terminated(BaseException):
     """The process was sent a signal that ends it (recorded as ``run-failed`` before it ends)."""
 
@@ -103,6 +107,12 @@ class Watch:
     def steps(self) -> int:
         return self.state.count
 
+    def flush(self) -> None:
+        """Write the steps held back now (the run file holds them for at most half a second, and writes a
+        step with a new finding, a stop or a failure at once; see docs/training.md)."""
+        if self.recorder.writer is not None:
+            self.recorder.writer.flush()
+
     def replay(self, step: int, *, loss: Callable[[Any, Any], torch.Tensor] | None = None,
                capture_bytes: int = 256 << 20, tolerance: float | None = None) -> Replay:
         """Run kept step ``step`` again on the model in memory, inside the block or after it: what
@@ -115,6 +125,7 @@ class Watch:
                 "gradient all-reduce the replay's gradients instead of this step's: call it after "
                 "optimizer.step() (or after the watch block), or replay on another model object with "
                 f"inspector.replay({self.path!r}, {step}, model=...)")
+        self.flush()  # the replay reads the run file's rows up to the step
         return replay_live(self.path, step, self.target.root, rank=self.ranks.rank, loss=loss,
                            capture_bytes=capture_bytes, tolerance=tolerance)
 
@@ -160,7 +171,7 @@ class Watch:
     def open(self) -> None:
         t, r, hold = self.target, self.ranks, self._stack.enter_context
         if r.rank == 0:
-            self.recorder.writer = RunWriter(self.path, self.meta)
+            self.recorder.writer = RunWriter(self.path, self.meta, hold=HOLD, hold_steps=HOLD_STEPS)
         r.open(model_key(t.root, t.layout))
         if r.meeting is not None:  # first of the forward's hooks: before DDP's and FSDP's collectives
             hold(t.model.register_forward_pre_hook(self._forward_starts, prepend=True))
@@ -308,7 +319,8 @@ class Watch:
         found = self.checks.run("skipped", self._at(), [])
         new = self.recorder.first_time(found, st.count, r.rank)
         if self.recorder.writer is not None:
-            self.recorder.writer.write([step_record(st.count, r.rank, n, logged, self.target.lrs(), new)])
+            self.recorder.writer.write([step_record(st.count, r.rank, n, logged, self.target.lrs(), new)],
+                                       now=bool(new))
         st.last_scale = now  # the next step's scale: no fall, not skipped again
         st.count += 1
         st.start = time.perf_counter()
@@ -330,7 +342,7 @@ class Watch:
             layout = self.target.layout
             n = Numbers(len(layout.modules), len(layout.parameters), len(layout.buffers))
             try:
-                writer.write([step_record(self.state.count, rank, n, {}, self.target.lrs(), new)])
+                writer.write([step_record(self.state.count, rank, n, {}, self.target.lrs(), new)], now=True)
             except Exception:  # noqa: BLE001 - the run's own error is the one to raise
                 pass
 
@@ -487,8 +499,10 @@ class Watch:
             self.recorder.first_time(gathered.quiet[rank], step, rank, quiet=True)
             new[rank] = self.recorder.first_time(gathered.found[rank], step, rank)
         if writer is not None:  # rows in rank order; a reader puts the origin's findings first again
+            # a finding or a stop is on disk at once; other steps may wait up to HOLD seconds
             writer.write([step_record(step, rank, n, scalars if rank == 0 else {}, lrs, new[rank])
-                          for rank, n in enumerate(per_rank)])
+                          for rank, n in enumerate(per_rank)],
+                         now=any(new.values()) or self.control.agreed or self.control.requested)
 
 
 __all__ = ["Watch"]

@@ -91,7 +91,10 @@ class Detectors:
         index = {k: i for i, k in enumerate(dict.fromkeys(keys))}
         self.group = np.array([index[k] for k in keys], dtype=np.int64)
         self.gap = np.zeros(len(index), dtype=np.int64)
-        self.history: deque[np.ndarray] = deque(maxlen=history)  # log gradient norms per module
+        # log gradient norms per module, the last ``history`` steps: a ring of rows (the oldest row is
+        # written over; the median does not care about the order), ``seen`` rows filled, the next at ``at``
+        self.past = np.full((history, len(layout.modules)), np.nan)
+        self.seen = self.at = 0
         self.losses: deque[float] = deque(maxlen=history)  # log losses
         self.surge: tuple[Finding, str, float] | None = None  # this step's whole-model finding, whose, factor
         self.settling = 0  # steps left not judged after a whole-model spike
@@ -116,7 +119,9 @@ class Detectors:
             return list(found)
         now = math.log(value)
         out = list(found)
-        if self.losses and not self.quiet:
+        # a spike is over the median, and the median is at least the lowest value: a loss not over the lowest
+        # by loss_factor is no spike, and the medians need not be worked out (most steps)
+        if self.losses and not self.quiet and now - min(self.losses) > math.log(self.loss_factor):
             excess, threshold, median = (float(x[0]) for x in _excess(
                 np.asarray(self.losses)[:, None], np.array([now]), self.loss_factor))
             if excess > threshold:
@@ -156,13 +161,21 @@ class Detectors:
         now = _log(module_grad)
         self.surge = None
         self.quiet, self.settling = self.settling > 0, max(self.settling - 1, 0)
-        if self.history and not self.quiet:
-            past = np.stack(self.history)
-            with np.errstate(all="ignore"):  # NaN where a module had no gradient
-                recent = np.nanmax(np.where(np.isfinite(past[-SUDDEN:]), past[-SUDDEN:], -np.inf), axis=0)
-            self.jump = now - recent
-            out += self._exploding(now, *_excess(past, now, self.explode_factor))
-        self.history.append(now)
+        if self.seen and not self.quiet:
+            past = self.past[:self.seen]
+            # over a module's median by explode_factor needs over its lowest value by as much (the median is
+            # not below the lowest): where no module is, the medians need not be worked out (most steps)
+            with np.errstate(all="ignore"):
+                over_low = now - np.fmin.reduce(past, axis=0) > math.log(self.explode_factor)
+            if over_low.any():
+                last = past[(self.at - 1 - np.arange(min(SUDDEN, self.seen))) % len(self.past)]
+                with np.errstate(all="ignore"):  # NaN where a module had no gradient
+                    recent = np.nanmax(np.where(np.isfinite(last), last, -np.inf), axis=0)
+                self.jump = now - recent
+                out += self._exploding(now, *_excess(past, now, self.explode_factor))
+        self.past[self.at] = now
+        self.at = (self.at + 1) % len(self.past)
+        self.seen = min(self.seen + 1, len(self.past))
         return out
 
     def _dead(self, which: np.ndarray, cut: bool, gap: int = 0) -> list[Finding]:
@@ -261,7 +274,7 @@ class Detectors:
                     "exploding-gradient",
                     module_label(name),
                     f"gradient norm of {name or 'the root module'} is {math.exp(excess[i]):.3g}x its median "
-                    f"over the last {len(self.history)} steps ({math.exp(now[i]):.3g} vs "
+                    f"over the last {self.seen} steps ({math.exp(now[i]):.3g} vs "
                     f"{math.exp(median[i]):.3g}): lower its learning rate, clip gradients, or check its "
                     "input",
                 )
