@@ -208,9 +208,11 @@ def main() -> None:
     wall, cpu, inside, per_tensor, tensors = measure(args.repeats, args.batch, args.seq, args.model, only,
                                                      max(1, args.steps), args.optimizer)
     targets = MANY_TARGETS if args.model == "many" else TARGETS
-    shape = f"{args.batch}x32 inputs" if args.model in ("many", "mlp") else f"{args.batch}x{args.seq} tokens"
+    small = args.model in ("many", "mlp")
+    shape = f"{args.batch}x32 inputs" if small else f"{args.batch}x{args.seq} tokens"
     print(
-        f"== {args.model} training step ({'SGD' if args.optimizer == 'sgd' else 'AdamW'}), CPU, {shape}, {args.repeats} repeats of {args.steps} steps, "
+        f"== {args.model} training step ({'SGD' if args.optimizer == 'sgd' else 'AdamW'}), CPU, {shape}, "
+        f"{args.repeats} repeats of {args.steps} steps, "
         f"{torch.get_num_threads()} thread(s), torch {torch.__version__}"
     )
     rw, rc = paired_ratios(wall), paired_ratios(cpu)

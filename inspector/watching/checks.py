@@ -333,7 +333,7 @@ def nonfinite_gradients(counts: np.ndarray, modules: tuple[str, ...], found: lis
     and nothing found this step explains it (a producer, a non-finite loss). Where every module's
     gradient is non-finite, the loss or a forward NaN made them so (``where``: the model); otherwise
     the last such module in the model's order is where the backward turned them non-finite."""
-    bad = np.flatnonzero(np.nan_to_num(counts) > 0)
+    bad = np.flatnonzero(counts > 0)  # a NaN count is not over 0
     if not len(bad) or any(f.code in EXPLAINED for f in found):
         return []
     total = int(np.nan_to_num(counts).sum())

@@ -144,6 +144,11 @@ class Detectors:
         """``dead-gradient`` and ``exploding-gradient`` from one step's gradient norms."""
         out = []
         zero = ~has_grad | (param_grad == 0)
+        if self.window and not zero.any() and not self.dead.any():  # every gradient there, now and before:
+            self.streak = self.streak + 1  # nothing missing to count (what the lines below come to then)
+            if self.lost.any():
+                self.lost = np.zeros_like(self.lost)
+            return out + self._spikes(module_grad)
         # a gradient back after a gap (not the zero gradients of a start, as a LoRA A's while B is 0): its
         # group's gradients come and go
         back = ~zero & (self.dead > 0) & (self.lost > 0)
@@ -158,6 +163,11 @@ class Detectors:
         out += self._dead(np.flatnonzero((self.dead == self.window) & (gap == 0) & ~cut), cut=False)
         late = (gap > 0) & (self.dead == np.maximum(2 * self.window, 3 * gap + 2))  # well past its own gaps
         out += self._dead(np.flatnonzero(late), cut=False, gap=int(gap[late].max()) if late.any() else 0)
+        return out + self._spikes(module_grad)
+
+    def _spikes(self, module_grad: np.ndarray) -> list[Finding]:
+        """``exploding-gradient`` from one step's module gradient norms, and the step into the history."""
+        out: list[Finding] = []
         now = _log(module_grad)
         self.surge = None
         self.quiet, self.settling = self.settling > 0, max(self.settling - 1, 0)
