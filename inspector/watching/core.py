@@ -506,10 +506,10 @@ class Watch:
             self.recorder.first_time(gathered.quiet[rank], step, rank, quiet=True)
             new[rank] = self.recorder.first_time(gathered.found[rank], step, rank)
         if writer is not None:  # rows in rank order; a reader puts the origin's findings first again
-            # a finding or a stop is on disk at once; other steps may wait up to HOLD seconds
+            # the first step, a finding or a stop is on disk at once; other steps may wait up to HOLD seconds
             writer.write([step_record(step, rank, n, scalars if rank == 0 else {}, lrs, new[rank])
                           for rank, n in enumerate(per_rank)],
-                         now=any(new.values()) or self.control.agreed or self.control.requested)
+                         now=step == 0 or any(new.values()) or self.control.agreed or self.control.requested)
 
 
 __all__ = ["Watch"]
