@@ -62,6 +62,10 @@ class ZeroGradientStep:
         n, held = at.n, at.held_mask
         if held is None or not len(held):
             return found
+        stepped = held & n.has_grad & (n.param_grad != 0)  # held, with a gradient not all zero
+        if len(stepped) == len(at.params) and any(at.params[i].requires_grad  # type: ignore[union-attr]
+                                                  for i in np.flatnonzero(stepped).tolist()):
+            return found  # a trainable parameter the optimizer holds had a gradient (most steps: the first)
         trainable = held & np.array([p is not None and p.requires_grad for p in at.params], dtype=bool)
         if not trainable.any() or (n.has_grad & (n.param_grad != 0))[trainable].any():
             return found
