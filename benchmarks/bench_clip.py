@@ -78,6 +78,8 @@ def main() -> None:
                     steps(w, clip, 1)  # the block's first step is not timed
                     c = time.process_time()
                     steps(w, clip, args.steps)
+                    if w is not None:  # the rows the run file holds back are written, and timed
+                        w.flush()
                     if i:  # the first round warms up
                         cpu[n].append((time.process_time() - c) / args.steps)
     med = {n: statistics.median(v) * 1e3 for n, v in cpu.items()}

@@ -28,7 +28,9 @@ The watch block is entered before the timed steps and left after them (opening i
 the ties, creates the file and sizes the tracer's buffers, is not a per-step cost); its first step
 is not timed, the ``--steps`` after it are (3 by default: the steady state, with the garbage
 collector's work on the objects the steps leave behind). Ratios are
-medians of paired per-repeat ratios against ``plain``, by the wall clock and by this process's
+medians of paired per-repeat ratios against ``plain`` (the timed steps' rows written to the run file
+inside the timing: the steps it holds back, up to half a second's, are flushed before the clock stops),
+by the wall clock and by this process's
 CPU time (on a shared machine the CPU time is the steadier; with one thread it is the work
 done), and, the steadiest, 1 + the CPU time spent inside the watch's own hooks over the plain
 step's. The hooks are timed on a second step, in a block of its own, so that the clock calls
@@ -172,11 +174,13 @@ def measure(repeats: int, batch: int, seq: int, name: str = "gpt2-small", only: 
                 _step(model, opt, loss_of)
         for i in range(repeats):
             for n in names[i % len(names):] + names[:i % len(names)]:
-                with variants[n]():
+                with variants[n]() as w:
                     _step(model, opt, loss_of)  # the block's first step: what the watch keeps is built
                     t, c = time.perf_counter(), time.process_time()
                     for _ in range(steps):  # steady state: the collector's work on what steps leave included
                         _step(model, opt, loss_of)
+                    if isinstance(w, Watch):  # the rows the run file holds back are written, and timed
+                        w.flush()
                     wall[n].append((time.perf_counter() - t) / steps)
                     cpu[n].append((time.process_time() - c) / steps)
                 with HookClock() as clock, variants[n]():  # a second step, timed inside the hooks only
