@@ -455,7 +455,8 @@ class Watch:
         held = None
         if check and t.optimizer is not None:
             held = t.held()
-            self._held_mask = np.array([p is not None and id(p) in held for p in params], dtype=bool)
+            self._held_mask = np.fromiter(map(held.__contains__, map(id, params)), dtype=bool,
+                                          count=len(params))
         found, self._pending = self.checks.run("before-step", self._at(check, params=params, held=held),
                                                self._pending), []
         self.state.pre(params, check and self.options.update_ratio, found)

@@ -337,6 +337,9 @@ def _sibling_key(name: str) -> str:
 
 def not_in_optimizer(names: tuple[str, ...], tensors: list, held: set[int]) -> list[Finding]:
     """``not-in-optimizer`` for each trainable parameter that no param group holds."""
+    if len(names) != len(tensors):
+        raise ValueError(f"{len(names)} names for {len(tensors)} tensors")
+    inside = np.fromiter(map(held.__contains__, map(id, tensors)), dtype=bool, count=len(tensors))
     return [
         coded(
             "not-in-optimizer",
@@ -345,6 +348,6 @@ def not_in_optimizer(names: tuple[str, ...], tensors: list, held: set[int]) -> l
             "the optimizer from model.parameters() after every change to the model (after "
             "load_state_dict(assign=True), .to(), or adding a layer)",
         )
-        for n, t in zip(names, tensors, strict=True)
-        if t is not None and id(t) not in held
+        for n, t in ((names[i], tensors[i]) for i in np.flatnonzero(~inside).tolist())  # one look each, in C
+        if t is not None
     ]
