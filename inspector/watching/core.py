@@ -17,7 +17,7 @@ from contextlib import ExitStack
 from dataclasses import replace
 from functools import partial
 from itertools import compress, repeat
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -426,7 +426,7 @@ class Watch:
         self.gradients_ready()
         grads = gradients(self.state.params)  # one pass in C each (1,000 parameters: no loop in Python)
         present = list(map(operator.is_not, grads, repeat(None)))
-        params = list(compress(self.state.params, present))
+        params = cast("list[torch.Tensor]", list(compress(self.state.params, present)))  # with a gradient
         parts = self.state.grad_parts
         sparse = set(map(_LAYOUT, compress(grads, present))) - {torch.strided}
         if norm_type != 2.0 or self.target.sharded or not parts or sparse:

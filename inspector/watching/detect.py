@@ -142,7 +142,7 @@ class Detectors:
         self, param_grad: np.ndarray, has_grad: np.ndarray, module_grad: np.ndarray
     ) -> list[Finding]:
         """``dead-gradient`` and ``exploding-gradient`` from one step's gradient norms."""
-        out = []
+        out: list[Finding] = []
         zero = ~has_grad | (param_grad == 0)
         if self.window and not zero.any() and not self.dead.any():  # every gradient there, now and before:
             self.streak = self.streak + 1  # nothing missing to count (what the lines below come to then)
