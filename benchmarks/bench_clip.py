@@ -11,7 +11,8 @@ pass is paid once. One model trains with SGD on the CPU (one torch thread), each
   watch+w.clip    the same, clipping with ``w.clip_grad_norm_``
 
 Printed, as medians of per-repeat CPU times: the clip's extra time over ``plain``, and the watch's extra
-time over ``clip`` with either way of clipping, as a multiple of the clip's extra. The issue's target on
+time over ``clip`` with either way of clipping, as a multiple of the clip's extra; then the same from the
+medians of each round's differences (paired: steadier on a loaded machine). The issue's target on
 ``many`` (1,000 tensors): at ``every=1`` the watch's extra at most 1.0x the clip's, at ``every=10`` at
 most 0.5x.
 
@@ -77,6 +78,8 @@ def main() -> None:
                     steps(w, clip, 1)  # the block's first step is not timed
                     c = time.process_time()
                     steps(w, clip, args.steps)
+                    if w is not None:  # the rows the run file holds back are written, and timed
+                        w.flush()
                     if i:  # the first round warms up
                         cpu[n].append((time.process_time() - c) / args.steps)
     med = {n: statistics.median(v) * 1e3 for n, v in cpu.items()}
@@ -90,6 +93,12 @@ def main() -> None:
         extra = med[n] - med["clip"]
         ratio = extra / clip_extra
         print(f"  {n + ' extra over clip:':<37} {extra:7.2f} ms = {ratio:5.2f}x the clip's extra")
+    # paired: each round's differences (the blocks of one round ran back to back), then their medians
+    paired_clip = statistics.median(c - p for c, p in zip(cpu["clip"], cpu["plain"], strict=True)) * 1e3
+    print(f"  paired, medians of each round's differences: the clip adds {paired_clip:.2f} ms")
+    for n in ("watch+clip", "watch+w.clip"):
+        extra = statistics.median(w - c for w, c in zip(cpu[n], cpu["clip"], strict=True)) * 1e3
+        print(f"  {n + ' adds over clip:':<37} {extra:7.2f} ms = {extra / paired_clip:5.2f}x the clip's")
 
 
 if __name__ == "__main__":

@@ -158,6 +158,7 @@ def _watched(model, optimizer, train_step, repeats: int, sync, every: int = 1,
                 for _ in range(max(every, 3)):
                     sync()
                     train_step(watch_clip)
+                w.flush()  # the rows the run file holds back (rank 0) are written, and timed
                 watched.append((time.process_time() - t) / max(every, 3))
     return statistics.median(plain), statistics.median(watched)
 

@@ -1,13 +1,16 @@
 """Cost of ``watch`` on a training step, next to the same step without it and under
 ``torch.autograd.detect_anomaly``, in one run.
 
-One model (random weights) trains with AdamW on the CPU. ``--model``:
+One model (random weights) trains with AdamW (``--optimizer sgd``: SGD) on the CPU. ``--model``:
 
   gpt2-small  124M parameters, 75 modules, batch ``--batch`` x ``--seq`` tokens (the default)
   gpt2-mini   the same code, 4 layers of width 256, vocabulary 8192 (5.3M parameters, 48
               modules): the same shape of work for a loaded machine
   many        1,000 small modules: 500 x (Linear(32, 32), Tanh) in an ``nn.Sequential``,
               batch ``--batch`` x 32 (the cost of the per-module hooks, with little work each)
+  mlp         a 32-64-64-1 MLP (ReLU), batch ``--batch`` x 32, mean squared error: a step of well
+              under a millisecond, so what is left is the watch's fixed per-step cost (run it with
+              ``--optimizer sgd --batch 16 --steps 50``: the target is at most 0.3 ms added per step)
 
 Every repeat runs each variant for one step, in a rotating order, on the same model and
 optimizer:
@@ -25,7 +28,9 @@ The watch block is entered before the timed steps and left after them (opening i
 the ties, creates the file and sizes the tracer's buffers, is not a per-step cost); its first step
 is not timed, the ``--steps`` after it are (3 by default: the steady state, with the garbage
 collector's work on the objects the steps leave behind). Ratios are
-medians of paired per-repeat ratios against ``plain``, by the wall clock and by this process's
+medians of paired per-repeat ratios against ``plain`` (the timed steps' rows written to the run file
+inside the timing: the steps it holds back, up to half a second's, are flushed before the clock stops),
+by the wall clock and by this process's
 CPU time (on a shared machine the CPU time is the steadier; with one thread it is the work
 done), and, the steadiest, 1 + the CPU time spent inside the watch's own hooks over the plain
 step's. The hooks are timed on a second step, in a block of its own, so that the clock calls
@@ -35,7 +40,9 @@ Targets: watch <= 1.03x, watch+nonfinite <= 1.10x (on ``many``: watch+nonfinite 
 Also printed: run file bytes per tensor per step.
 
 Run: ``python benchmarks/bench_watch.py [--model gpt2-small] [--repeats 7] [--batch 1] [--seq 128]
-[--threads 1] [--only watch,watch+nonfinite]``
+[--threads 1] [--only watch,watch+nonfinite] [--optimizer adamw] [--steps 3]``; the small model's fixed
+cost: ``python benchmarks/bench_watch.py --model mlp --optimizer sgd --batch 16 --steps 50 --repeats 15
+--only watch``
 """
 
 from __future__ import annotations
@@ -81,6 +88,12 @@ Loss = Callable[[torch.nn.Module], torch.Tensor]
 
 def setup(name: str, batch: int, seq: int) -> tuple[torch.nn.Module, Loss]:
     """The model and its loss on a fixed batch."""
+    if name == "mlp":
+        g = torch.Generator().manual_seed(0)
+        x, y = torch.randn(batch, 32, generator=g), torch.randn(batch, 1, generator=g)
+        mlp = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 64),
+                                  torch.nn.ReLU(), torch.nn.Linear(64, 1))
+        return mlp, lambda m: torch.nn.functional.mse_loss(m(x), y)
     if name == "many":
         x = torch.randn(batch, 32, generator=torch.Generator().manual_seed(0))
         return many_modules(), lambda m: m(x).pow(2).mean()
@@ -142,11 +155,12 @@ def _step(model: torch.nn.Module, opt: torch.optim.Optimizer,
 
 
 def measure(repeats: int, batch: int, seq: int, name: str = "gpt2-small", only: tuple[str, ...] = (),
-            steps: int = 3
+            steps: int = 3, optimizer: str = "adamw"
             ) -> tuple[dict[str, list[float]], dict[str, list[float]], dict[str, list[float]], float, int]:
     torch.manual_seed(0)
     model, loss_of = setup(name, batch, seq)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-5)
+    make = torch.optim.SGD if optimizer == "sgd" else torch.optim.AdamW
+    opt = make(model.parameters(), lr=1e-5)
     with tempfile.TemporaryDirectory() as tmp:
         variants = _variants(model, opt, Path(tmp))
         if only:
@@ -160,11 +174,13 @@ def measure(repeats: int, batch: int, seq: int, name: str = "gpt2-small", only: 
                 _step(model, opt, loss_of)
         for i in range(repeats):
             for n in names[i % len(names):] + names[:i % len(names)]:
-                with variants[n]():
+                with variants[n]() as w:
                     _step(model, opt, loss_of)  # the block's first step: what the watch keeps is built
                     t, c = time.perf_counter(), time.process_time()
                     for _ in range(steps):  # steady state: the collector's work on what steps leave included
                         _step(model, opt, loss_of)
+                    if isinstance(w, Watch):  # the rows the run file holds back are written, and timed
+                        w.flush()
                     wall[n].append((time.perf_counter() - t) / steps)
                     cpu[n].append((time.process_time() - c) / steps)
                 with HookClock() as clock, variants[n]():  # a second step, timed inside the hooks only
@@ -186,18 +202,21 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--seq", type=int, default=128)
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--model", choices=("gpt2-small", "gpt2-mini", "many"), default="gpt2-small")
+    parser.add_argument("--model", choices=("gpt2-small", "gpt2-mini", "many", "mlp"), default="gpt2-small")
+    parser.add_argument("--optimizer", choices=("adamw", "sgd"), default="adamw")
     parser.add_argument("--only", default="", help="comma-separated variants to run beside plain")
     parser.add_argument("--steps", type=int, default=3, help="steps timed in each block, after its first")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     only = tuple(v for v in args.only.split(",") if v)
     wall, cpu, inside, per_tensor, tensors = measure(args.repeats, args.batch, args.seq, args.model, only,
-                                                     max(1, args.steps))
+                                                     max(1, args.steps), args.optimizer)
     targets = MANY_TARGETS if args.model == "many" else TARGETS
-    shape = f"{args.batch}x32 inputs" if args.model == "many" else f"{args.batch}x{args.seq} tokens"
+    small = args.model in ("many", "mlp")
+    shape = f"{args.batch}x32 inputs" if small else f"{args.batch}x{args.seq} tokens"
     print(
-        f"== {args.model} training step (AdamW), CPU, {shape}, {args.repeats} repeats of {args.steps} steps, "
+        f"== {args.model} training step ({'SGD' if args.optimizer == 'sgd' else 'AdamW'}), CPU, {shape}, "
+        f"{args.repeats} repeats of {args.steps} steps, "
         f"{torch.get_num_threads()} thread(s), torch {torch.__version__}"
     )
     rw, rc = paired_ratios(wall), paired_ratios(cpu)
@@ -223,6 +242,11 @@ def main() -> None:
         print(f"watch+keep against watch: {kw:.3f}x wall, {kc:.3f}x cpu, {kh:.3f}x in hooks  "
               f"target <= 1.02x: "
               f"{'met' if kc <= 1.02 else 'NOT met'} (cpu), {'met' if kh <= 1.02 else 'NOT met'} (in hooks)")
+    plain_ms = statistics.median(cpu["plain"]) * 1e3
+    for n in wall:  # the fixed per-step cost, paired: each repeat's watched block against its plain one
+        if n != "plain":
+            added = statistics.median(a - b for a, b in zip(cpu[n], cpu["plain"], strict=True)) * 1e3
+            print(f"{n}: adds {added:.3f} ms per step (cpu, paired) to a plain step of {plain_ms:.3f} ms")
     print("in hooks: 1 + CPU seconds inside the watch's own hooks / the plain step's CPU seconds")
     print(f"run file: {per_tensor:.1f} bytes per tensor per step, {tensors} tensors (target <= 32)")
 

@@ -64,14 +64,16 @@ def test_follower_reads_each_step_once_while_the_file_grows(tmp_path):
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     follower = RunFollower(tmp_path / "f.inspect")
     seen = []
-    with watch(model, opt, tmp_path / "f.inspect"):
-        for _ in range(3):
+    with watch(model, opt, tmp_path / "f.inspect") as w:
+        for step in range(5):
             model(torch.ones(1, 2)).sum().backward()
             opt.step()
             opt.zero_grad()
+            if step < 3:
+                w.flush()  # steps 3 and 4 stay held (at most 0.5 s) until the block ends
             seen.append([r.step for r in follower.new_rows()])
-    seen.append([r.step for r in follower.new_rows()])  # the end-of-stream marker adds no step
-    assert seen == [[0], [1], [2], []]
+    seen.append([r.step for r in follower.new_rows()])  # the held steps, then the end-of-stream marker
+    assert seen[:3] == [[0], [1], [2]] and sum(seen[3:], []) == [3, 4]
     # d(sum(Wx+b))/dW = x = (1, 1), d/db = 1: the gradient norm is sqrt(3) at every step
     assert follower.meta is not None and follower.meta.modules == ("",)
 

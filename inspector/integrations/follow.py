@@ -1,8 +1,9 @@
 """Follow a growing watch run file: each call hands back the steps appended since the last one.
 
-The run file is an Arrow IPC stream, flushed after every step; :class:`RunFollower` keeps its
-byte offset and reads only the new messages (checked, :mod:`inspector.runfiles.guard`), so following
-a run costs one small read per step whatever its length. Used by the tracker exports (:mod:`.trackers`).
+The run file is an Arrow IPC stream (the watch writes its steps at most 0.5 s after they end);
+:class:`RunFollower` keeps its byte offset and reads only the new messages (checked,
+:mod:`inspector.runfiles.guard`), so following a run costs one small read per step whatever its length.
+Used by the tracker exports (:mod:`.trackers`).
 """
 
 from __future__ import annotations

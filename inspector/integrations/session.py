@@ -147,6 +147,8 @@ class WatchedTraining:
         """Send the steps written since the last call to the trackers."""
         if self._follower is None:
             return
+        if self.watch is not None:  # the run file holds steps for up to 0.5 s: the trackers get each step now
+            self.watch.flush()
         rows = self._follower.new_rows()
         if rows and self._follower.meta is not None:
             for e in self.exports:

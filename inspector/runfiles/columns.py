@@ -3,9 +3,10 @@
 The columns are defined once here (:func:`schema`); :class:`StepRecord` has exactly those
 fields, :class:`~.stream.RunWriter` writes them and :func:`inspector.read_run` reads them back by
 name. The file is an Arrow IPC *stream* (:mod:`.stream`): the schema (with :class:`RunMeta` as JSON in
-its metadata) followed by one record batch per step holding one row per rank. Each batch is
-flushed when written, so the file can be read while it grows, and a crash leaves every
-complete batch readable (a reader stops at the first incomplete one).
+its metadata) followed by record batches of one or more steps (the watch holds steps for at most
+half a second), one row per rank and step. Each batch is flushed when written, so the file can be read
+while it grows, and a crash leaves every complete batch readable (a reader stops at the first
+incomplete one).
 
 ``check_step`` writes the same file (``RunMeta.kind`` ``"check"``): one row per step with rank -1 (the
 whole world), the global numbers in the step columns, its findings, and the whole

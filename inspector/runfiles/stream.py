@@ -3,8 +3,9 @@ a buffer, checked), and its writers (:class:`RunWriter` for the watch, :func:`ap
 ``check_step``).
 
 The stream is the schema (with :class:`~.columns.RunMeta` as JSON in its metadata under
-:data:`META_KEY`), written when the file opens, one record batch per step, and, once the writer closes
-it, the end-of-stream marker. Every reader of the file (``inspector.read_run``,
+:data:`META_KEY`), written when the file opens, record batches of one or more steps (the watch holds
+steps for at most half a second, :class:`RunWriter`), and, once the writer closes it, the end-of-stream
+marker. Every reader of the file (``inspector.read_run``,
 :func:`~.run.read_check_run`, the tracker exports and the pages following a growing run) reads it
 through :func:`.tail.scan`, checked as :mod:`.guard` says, which stops at a batch cut short (a run
 still being written, or one that died mid-write) and keeps every whole one.
@@ -13,6 +14,8 @@ still being written, or one that died mid-write) and keeps every whole one.
 from __future__ import annotations
 
 import os
+import signal
+import threading
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -85,14 +88,24 @@ def read_stream(source: Any, schema: Any = None, *, header_only: bool = False,
 
 
 class RunWriter:
-    """Appends steps to a run file; each :meth:`write` is flushed to disk at once.
+    """Appends steps to a run file.
 
     Use as a context manager, or call :meth:`close`. The file is created (its folder too) and its
     schema written at once, so a run is a run file of 0 steps from its first byte; an existing file of
     that name is unlinked first, never truncated in place.
+
+    ``hold``: seconds a step may wait in memory before it is on disk (0, the default: each :meth:`write`
+    is one record batch, flushed at once). Above 0, the steps written meanwhile go out as one record batch
+    when ``hold_steps`` of them wait, when the oldest has waited ``hold`` seconds (a thread of the
+    writer's own sees to that while the program does something else: a reader following the file lags by
+    at most ``hold``), at a ``write(..., now=True)``, at :meth:`flush` and at :meth:`close`. One batch of
+    many steps costs about what one step's batch costs (the columns are built once), which is what the
+    watch's fixed per-step cost on a small model was made of. A process killed without a chance to close
+    (SIGKILL, ``os._exit``) loses the steps still held.
     """
 
-    def __init__(self, path: str | os.PathLike, meta: RunMeta) -> None:
+    def __init__(self, path: str | os.PathLike, meta: RunMeta, *, hold: float = 0.0,
+                 hold_steps: int = 64) -> None:
 
         self.path = Path(path)
         self.meta = meta
@@ -106,27 +119,89 @@ class RunWriter:
         sch = file_schema(meta.kind).with_metadata({META_KEY: meta.to_json().encode()})
         self._write(sch.serialize())  # the schema at once: a run is a run file from its first byte
         self.steps_written = 0
+        self.hold, self.hold_steps = hold, max(1, hold_steps)
+        self._held: list[StepRecord] = []  # the rows of the steps not written yet
+        self._steps_held = 0
+        self._lock = threading.RLock()  # the program's thread and the writer's own
+        self._due = threading.Event()  # steps are held: the writer's thread counts down ``hold``
+        self._closing = threading.Event()
+        self._thread: threading.Thread | None = None
+        if hold > 0:
+            self._thread = threading.Thread(target=self._follow, name=f"run writer {self.path.name}",
+                                             daemon=True)
+            self._thread.start()
 
     def _write(self, message: Any) -> None:
         self._file.write(message)
         self._file.flush()
         self.bytes_written = self._file.tell()
 
-    def write(self, records: list[StepRecord]) -> None:
-        """Append one batch (normally one step: one record per rank) and flush it."""
+    def write(self, records: list[StepRecord], now: bool = False) -> None:
+        """Append one step's records (one per rank); written at once when the writer holds nothing back
+        (``hold`` 0) or ``now`` (a finding, a stop, a failure: what a reader must see), else held as the
+        class says."""
         if not records:
             return
-        self._write(record_batch(records, self.meta.kind).serialize())
-        self.steps_written += 1
+        if self.hold <= 0:
+            self._write(record_batch(records, self.meta.kind).serialize())
+            self.steps_written += 1
+            return
+        with self._lock:
+            self._held += records
+            self._steps_held += 1
+            if now or self._steps_held >= self.hold_steps:
+                self._flush()
+            elif self._steps_held == 1:
+                self._due.set()
+
+    def flush(self) -> None:
+        """Write the steps held back, as one record batch, now."""
+        with self._lock:
+            self._flush()
+
+    def _flush(self) -> None:
+        if not self._held or self._file.closed:
+            return
+        # on the program's thread, SIGTERM / SIGINT wait until the batch is whole on disk: their handlers
+        # write a row of their own (run-failed), never into the middle of this one
+        mask = getattr(signal, "pthread_sigmask", None) if threading.current_thread() is \
+            threading.main_thread() else None
+        blocked = mask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT}) if mask else None
+        try:
+            message = record_batch(self._held, self.meta.kind).serialize()
+            self._write(message)
+            self.steps_written += self._steps_held
+            self._held, self._steps_held = [], 0
+            self._due.clear()
+        finally:
+            if mask is not None:
+                mask(signal.SIG_SETMASK, blocked)
+
+    def _follow(self) -> None:
+        """The writer's thread: ``hold`` seconds after a step is held, what is held is written."""
+        while True:
+            self._due.wait()
+            if self._closing.wait(self.hold):
+                return
+            try:
+                self.flush()
+            except Exception:  # noqa: BLE001 - the program's next write or close meets the same error
+                return
 
     def close(self) -> None:
-        """Write the end-of-stream marker and close the file (safe to call twice)."""
+        """Write what is held, the end-of-stream marker, and close the file (safe to call twice)."""
         if self._file.closed:
             return
-        try:
-            self._write(END_OF_STREAM)
-        finally:
-            self._file.close()
+        if self._thread is not None:
+            self._closing.set()
+            self._due.set()
+            self._thread.join()
+        with self._lock:
+            try:
+                self._flush()
+                self._write(END_OF_STREAM)
+            finally:
+                self._file.close()
 
     def __enter__(self) -> RunWriter:
         return self

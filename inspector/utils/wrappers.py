@@ -13,6 +13,7 @@ FSDP2's ``fully_shard`` changes the module in place and adds no wrapper: nothing
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,6 +22,7 @@ from torch import nn
 from .findings import Finding
 
 
+@functools.cache  # looked up at every step of a watch: the imports once
 def _wrapper_classes() -> tuple[type, ...]:
     import torch
 

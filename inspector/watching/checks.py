@@ -7,6 +7,7 @@ from __future__ import annotations
 import operator
 import weakref
 from collections.abc import Sequence
+from itertools import repeat
 from typing import Any
 
 import numpy as np
@@ -42,6 +43,7 @@ def optimizer_list(optimizer: Optimizers) -> list[torch.optim.Optimizer]:
 
 
 _VERSION = operator.attrgetter("_version")
+_REQUIRES_GRAD = operator.attrgetter("requires_grad")
 
 
 class GradientClearing:
@@ -68,8 +70,12 @@ class GradientClearing:
 
     def attach(self, params: list[torch.Tensor | None]) -> None:
         """Hook every parameter of ``params`` not hooked yet (new ones after a replacement included)."""
-        wanted = [p is not None and p.requires_grad for p in params]
-        if wanted == self.wanted and all(map(operator.is_, params, self.attached)):
+        try:  # one pass in C when no parameter is None
+            wanted = list(map(_REQUIRES_GRAD, params))
+        except AttributeError:
+            wanted = [p is not None and p.requires_grad for p in params]
+        if wanted == self.wanted and len(params) == len(self.attached) and all(
+                map(operator.is_, params, self.attached)):
             return  # the same parameters, as trainable as at the last call: hooked then
         self.attached, self.wanted = list(params), wanted
         for i, p in enumerate(params):
@@ -98,7 +104,10 @@ class GradientClearing:
         """After a step: remember each gradient the step used (not those all zero then, marked in
         ``zero``: a backward adding onto a zeroed gradient adds nothing old)."""
         grads = gradients(params)
-        idx = [i for i, g in enumerate(grads) if g is not None and (zero is None or not zero[i])]
+        keep = np.fromiter(map(operator.is_not, grads, repeat(None)), dtype=bool, count=len(grads))
+        if zero is not None:
+            keep &= ~np.asarray(zero, dtype=bool)
+        idx = np.flatnonzero(keep).tolist()
         used = [grads[i] for i in idx]
         self.after = dict(zip(idx, map(weakref.ref, used), strict=True))
         self.versions = dict(zip(idx, map(_VERSION, used), strict=True))
@@ -333,7 +342,7 @@ def nonfinite_gradients(counts: np.ndarray, modules: tuple[str, ...], found: lis
     and nothing found this step explains it (a producer, a non-finite loss). Where every module's
     gradient is non-finite, the loss or a forward NaN made them so (``where``: the model); otherwise
     the last such module in the model's order is where the backward turned them non-finite."""
-    bad = np.flatnonzero(np.nan_to_num(counts) > 0)
+    bad = np.flatnonzero(counts > 0)  # a NaN count is not over 0
     if not len(bad) or any(f.code in EXPLAINED for f in found):
         return []
     total = int(np.nan_to_num(counts).sum())

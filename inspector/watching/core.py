@@ -7,6 +7,7 @@ condition fires which finding, and in which order, is decided there, not here.""
 
 from __future__ import annotations
 
+import operator
 import os
 import signal
 import threading
@@ -15,7 +16,8 @@ from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import replace
 from functools import partial
-from typing import Any
+from itertools import compress, repeat
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -26,7 +28,7 @@ from ..replaying import Replay, StepKeeper, replay_live
 from ..runfiles import RunMeta, RunWriter, StepFinding
 from ..utils.findings import Finding, InspectorError
 from .checks import Optimizers, failure_finding
-from .layout import current, refresh
+from .layout import current, gradients, refresh
 from .numbers import Numbers
 from .producer import producer_at_forward_end
 from .ranks import RanksApart, gather_numbers, merge_findings, model_key
@@ -36,6 +38,12 @@ from .rows import step_record
 from .steps import StepState, transfer_step
 from .table import At, ByRank, Checks, Kit
 from .tracer import NonfiniteTracer
+
+HOLD = 0.5  # seconds a step's row may wait before it is on disk: a reader following the file lags that much
+HOLD_STEPS = 64  # or this many steps held: written as one record batch
+
+
+_LAYOUT = operator.attrgetter("layout")
 
 
 class Terminated(BaseException):
@@ -103,6 +111,12 @@ class Watch:
     def steps(self) -> int:
         return self.state.count
 
+    def flush(self) -> None:
+        """Write the steps held back now (the run file holds them for at most half a second, and writes a
+        step with a new finding, a stop or a failure at once; see docs/training.md)."""
+        if self.recorder.writer is not None:
+            self.recorder.writer.flush()
+
     def replay(self, step: int, *, loss: Callable[[Any, Any], torch.Tensor] | None = None,
                capture_bytes: int = 256 << 20, tolerance: float | None = None) -> Replay:
         """Run kept step ``step`` again on the model in memory, inside the block or after it: what
@@ -115,6 +129,7 @@ class Watch:
                 "gradient all-reduce the replay's gradients instead of this step's: call it after "
                 "optimizer.step() (or after the watch block), or replay on another model object with "
                 f"inspector.replay({self.path!r}, {step}, model=...)")
+        self.flush()  # the replay reads the run file's rows up to the step
         return replay_live(self.path, step, self.target.root, rank=self.ranks.rank, loss=loss,
                            capture_bytes=capture_bytes, tolerance=tolerance)
 
@@ -160,7 +175,7 @@ class Watch:
     def open(self) -> None:
         t, r, hold = self.target, self.ranks, self._stack.enter_context
         if r.rank == 0:
-            self.recorder.writer = RunWriter(self.path, self.meta)
+            self.recorder.writer = RunWriter(self.path, self.meta, hold=HOLD, hold_steps=HOLD_STEPS)
         r.open(model_key(t.root, t.layout))
         if r.meeting is not None:  # first of the forward's hooks: before DDP's and FSDP's collectives
             hold(t.model.register_forward_pre_hook(self._forward_starts, prepend=True))
@@ -185,6 +200,7 @@ class Watch:
             # any optimizer's step, to say at once when another one steps the watched parameters
             hold(register_optimizer_step_post_hook(self._any_step))
         self._on_terminate()
+        self._stack.callback(self.state.resident.close)
         scaler = self.options.scaler
         if scaler is not None and callable(getattr(scaler, "update", None)):
             self._follow_scaler(scaler)
@@ -308,7 +324,8 @@ class Watch:
         found = self.checks.run("skipped", self._at(), [])
         new = self.recorder.first_time(found, st.count, r.rank)
         if self.recorder.writer is not None:
-            self.recorder.writer.write([step_record(st.count, r.rank, n, logged, self.target.lrs(), new)])
+            self.recorder.writer.write([step_record(st.count, r.rank, n, logged, self.target.lrs(), new)],
+                                       now=bool(new))
         st.last_scale = now  # the next step's scale: no fall, not skipped again
         st.count += 1
         st.start = time.perf_counter()
@@ -330,7 +347,7 @@ class Watch:
             layout = self.target.layout
             n = Numbers(len(layout.modules), len(layout.parameters), len(layout.buffers))
             try:
-                writer.write([step_record(self.state.count, rank, n, {}, self.target.lrs(), new)])
+                writer.write([step_record(self.state.count, rank, n, {}, self.target.lrs(), new)], now=True)
             except Exception:  # noqa: BLE001 - the run's own error is the one to raise
                 pass
 
@@ -407,9 +424,11 @@ class Watch:
         whose total needs every rank's pieces), is torch's own ``clip_grad_norm_``, after the watch's
         pass: correct, at the cost of the second pass."""
         self.gradients_ready()
-        params = [p for p in self.state.params if p is not None and p.grad is not None]
+        grads = gradients(self.state.params)  # one pass in C each (1,000 parameters: no loop in Python)
+        present = list(map(operator.is_not, grads, repeat(None)))
+        params = cast("list[torch.Tensor]", list(compress(self.state.params, present)))  # with a gradient
         parts = self.state.grad_parts
-        sparse = any(g is not None and g.layout != torch.strided for g in (p.grad for p in params))
+        sparse = set(map(_LAYOUT, compress(grads, present))) - {torch.strided}
         if norm_type != 2.0 or self.target.sharded or not parts or sparse:
             return torch.nn.utils.clip_grad_norm_(params, max_norm, norm_type, error_if_nonfinite, foreach)
         device = parts[0][1].device
@@ -436,7 +455,8 @@ class Watch:
         held = None
         if check and t.optimizer is not None:
             held = t.held()
-            self._held_mask = np.array([p is not None and id(p) in held for p in params], dtype=bool)
+            self._held_mask = np.fromiter(map(held.__contains__, map(id, params)), dtype=bool,
+                                          count=len(params))
         found, self._pending = self.checks.run("before-step", self._at(check, params=params, held=held),
                                                self._pending), []
         self.state.pre(params, check and self.options.update_ratio, found)
@@ -487,8 +507,10 @@ class Watch:
             self.recorder.first_time(gathered.quiet[rank], step, rank, quiet=True)
             new[rank] = self.recorder.first_time(gathered.found[rank], step, rank)
         if writer is not None:  # rows in rank order; a reader puts the origin's findings first again
+            # the first step, a finding or a stop is on disk at once; other steps may wait up to HOLD seconds
             writer.write([step_record(step, rank, n, scalars if rank == 0 else {}, lrs, new[rank])
-                          for rank, n in enumerate(per_rank)])
+                          for rank, n in enumerate(per_rank)],
+                         now=step == 0 or any(new.values()) or self.control.agreed or self.control.requested)
 
 
 __all__ = ["Watch"]

@@ -91,7 +91,10 @@ class Detectors:
         index = {k: i for i, k in enumerate(dict.fromkeys(keys))}
         self.group = np.array([index[k] for k in keys], dtype=np.int64)
         self.gap = np.zeros(len(index), dtype=np.int64)
-        self.history: deque[np.ndarray] = deque(maxlen=history)  # log gradient norms per module
+        # log gradient norms per module, the last ``history`` steps: a ring of rows (the oldest row is
+        # written over; the median does not care about the order), ``seen`` rows filled, the next at ``at``
+        self.past = np.full((history, len(layout.modules)), np.nan)
+        self.seen = self.at = 0
         self.losses: deque[float] = deque(maxlen=history)  # log losses
         self.surge: tuple[Finding, str, float] | None = None  # this step's whole-model finding, whose, factor
         self.settling = 0  # steps left not judged after a whole-model spike
@@ -116,7 +119,9 @@ class Detectors:
             return list(found)
         now = math.log(value)
         out = list(found)
-        if self.losses and not self.quiet:
+        # a spike is over the median, and the median is at least the lowest value: a loss not over the lowest
+        # by loss_factor is no spike, and the medians need not be worked out (most steps)
+        if self.losses and not self.quiet and now - min(self.losses) > math.log(self.loss_factor):
             excess, threshold, median = (float(x[0]) for x in _excess(
                 np.asarray(self.losses)[:, None], np.array([now]), self.loss_factor))
             if excess > threshold:
@@ -137,8 +142,13 @@ class Detectors:
         self, param_grad: np.ndarray, has_grad: np.ndarray, module_grad: np.ndarray
     ) -> list[Finding]:
         """``dead-gradient`` and ``exploding-gradient`` from one step's gradient norms."""
-        out = []
+        out: list[Finding] = []
         zero = ~has_grad | (param_grad == 0)
+        if self.window and not zero.any() and not self.dead.any():  # every gradient there, now and before:
+            self.streak = self.streak + 1  # nothing missing to count (what the lines below come to then)
+            if self.lost.any():
+                self.lost = np.zeros_like(self.lost)
+            return out + self._spikes(module_grad)
         # a gradient back after a gap (not the zero gradients of a start, as a LoRA A's while B is 0): its
         # group's gradients come and go
         back = ~zero & (self.dead > 0) & (self.lost > 0)
@@ -153,16 +163,29 @@ class Detectors:
         out += self._dead(np.flatnonzero((self.dead == self.window) & (gap == 0) & ~cut), cut=False)
         late = (gap > 0) & (self.dead == np.maximum(2 * self.window, 3 * gap + 2))  # well past its own gaps
         out += self._dead(np.flatnonzero(late), cut=False, gap=int(gap[late].max()) if late.any() else 0)
+        return out + self._spikes(module_grad)
+
+    def _spikes(self, module_grad: np.ndarray) -> list[Finding]:
+        """``exploding-gradient`` from one step's module gradient norms, and the step into the history."""
+        out: list[Finding] = []
         now = _log(module_grad)
         self.surge = None
         self.quiet, self.settling = self.settling > 0, max(self.settling - 1, 0)
-        if self.history and not self.quiet:
-            past = np.stack(self.history)
-            with np.errstate(all="ignore"):  # NaN where a module had no gradient
-                recent = np.nanmax(np.where(np.isfinite(past[-SUDDEN:]), past[-SUDDEN:], -np.inf), axis=0)
-            self.jump = now - recent
-            out += self._exploding(now, *_excess(past, now, self.explode_factor))
-        self.history.append(now)
+        if self.seen and not self.quiet:
+            past = self.past[:self.seen]
+            # over a module's median by explode_factor needs over its lowest value by as much (the median is
+            # not below the lowest): where no module is, the medians need not be worked out (most steps)
+            with np.errstate(all="ignore"):
+                over_low = now - np.fmin.reduce(past, axis=0) > math.log(self.explode_factor)
+            if over_low.any():
+                last = past[(self.at - 1 - np.arange(min(SUDDEN, self.seen))) % len(self.past)]
+                with np.errstate(all="ignore"):  # NaN where a module had no gradient
+                    recent = np.nanmax(np.where(np.isfinite(last), last, -np.inf), axis=0)
+                self.jump = now - recent
+                out += self._exploding(now, *_excess(past, now, self.explode_factor))
+        self.past[self.at] = now
+        self.at = (self.at + 1) % len(self.past)
+        self.seen = min(self.seen + 1, len(self.past))
         return out
 
     def _dead(self, which: np.ndarray, cut: bool, gap: int = 0) -> list[Finding]:
@@ -261,7 +284,7 @@ class Detectors:
                     "exploding-gradient",
                     module_label(name),
                     f"gradient norm of {name or 'the root module'} is {math.exp(excess[i]):.3g}x its median "
-                    f"over the last {len(self.history)} steps ({math.exp(now[i]):.3g} vs "
+                    f"over the last {self.seen} steps ({math.exp(now[i]):.3g} vs "
                     f"{math.exp(median[i]):.3g}): lower its learning rate, clip gradients, or check its "
                     "input",
                 )
@@ -314,6 +337,9 @@ def _sibling_key(name: str) -> str:
 
 def not_in_optimizer(names: tuple[str, ...], tensors: list, held: set[int]) -> list[Finding]:
     """``not-in-optimizer`` for each trainable parameter that no param group holds."""
+    if len(names) != len(tensors):
+        raise ValueError(f"{len(names)} names for {len(tensors)} tensors")
+    inside = np.fromiter(map(held.__contains__, map(id, tensors)), dtype=bool, count=len(tensors))
     return [
         coded(
             "not-in-optimizer",
@@ -322,6 +348,6 @@ def not_in_optimizer(names: tuple[str, ...], tensors: list, held: set[int]) -> l
             "the optimizer from model.parameters() after every change to the model (after "
             "load_state_dict(assign=True), .to(), or adding a layer)",
         )
-        for n, t in zip(names, tensors, strict=True)
-        if t is not None and id(t) not in held
+        for n, t in ((names[i], tensors[i]) for i in np.flatnonzero(~inside).tolist())  # one look each, in C
+        if t is not None
     ]

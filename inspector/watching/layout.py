@@ -36,14 +36,14 @@ class Layout:
 
     def per_module(self, values: np.ndarray, how: str = "norm") -> np.ndarray:
         """Per-parameter ``values`` gathered into their modules: L2 (``"norm"``) or ``"sum"``."""
-        out = np.zeros(len(self.modules))
         v = np.asarray(values, dtype=np.float64)
-        np.add.at(out, self.owner, v * v if how == "norm" else v)
+        # bincount adds in the parameters' order, as np.add.at does, at a third of its cost
+        out = np.bincount(self.owner, weights=v * v if how == "norm" else v, minlength=len(self.modules))
         return np.sqrt(out) if how == "norm" else out
 
 
 _OWNERS: weakref.WeakKeyDictionary[
-    nn.Module, dict[tuple[str, tuple[str, ...]], list[tuple[nn.Module | None, str]]]
+    nn.Module, dict[tuple[str, tuple[str, ...]], tuple[list[nn.Module | None], list[str]]]
 ] = weakref.WeakKeyDictionary()
 # for each root, every (parent, child's name) -> (parent, child) on the paths to the owners found so far
 _EDGES: weakref.WeakKeyDictionary[nn.Module, dict[tuple[int, str], tuple[nn.Module, Any]]] = (
@@ -67,10 +67,18 @@ def current(model: nn.Module, names: tuple[str, ...], kind: str = "parameter") -
     owners = known.get((kind, names))
     if owners is None:
         edges = _EDGES.setdefault(root, {})
-        owners = known[(kind, names)] = [(_submodule(root, prefix, edges), leaf)
-                                         for prefix, _, leaf in (n.rpartition(".") for n in names)]
-    registry = "_parameters" if kind == "parameter" else "_buffers"
-    return [None if m is None else getattr(m, registry).get(leaf) for m, leaf in owners]
+        found = [(_submodule(root, prefix, edges), leaf)
+                 for prefix, _, leaf in (n.rpartition(".") for n in names)]
+        owners = known[(kind, names)] = ([m for m, _ in found], [leaf for _, leaf in found])
+    modules, leaves = owners
+    registry = _PARAMETERS if kind == "parameter" else _BUFFERS
+    try:  # one pass in C (1,000 parameters: about 0.1 ms against 0.4 ms)
+        return list(map(dict.get, map(registry, modules), leaves))
+    except (AttributeError, TypeError):  # a module gone (None), or a registry that is not a dict
+        return [None if m is None else registry(m).get(leaf) for m, leaf in zip(modules, leaves, strict=True)]
+
+
+_PARAMETERS, _BUFFERS = operator.attrgetter("_parameters"), operator.attrgetter("_buffers")
 
 
 def gradients(params: list[torch.Tensor | None]) -> list[torch.Tensor | None]:

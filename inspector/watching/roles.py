@@ -10,6 +10,7 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from itertools import chain
 from typing import Any
 
 import torch
@@ -85,8 +86,8 @@ class Target:
 
     def held(self, optimizers: list[torch.optim.Optimizer] | None = None) -> set[int]:
         """The ids of the parameters that ``optimizers`` (all of them by default) hold."""
-        return {id(p) for o in (self.optimizers if optimizers is None else optimizers)
-                for g in o.param_groups for p in g["params"]}
+        return set(map(id, chain.from_iterable(g["params"] for o in (
+            self.optimizers if optimizers is None else optimizers) for g in o.param_groups)))
 
     def names_of(self, optimizer: torch.optim.Optimizer) -> list[str]:
         held = self.held([optimizer])

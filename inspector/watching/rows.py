@@ -32,5 +32,6 @@ def step_record(step: int, rank: int, n: Numbers, scalars: dict[str, float], lrs
         module_grad_norm=n.module_grad.astype(f32),
         module_param_norm=None if np.isnan(n.module_param).all() else n.module_param.astype(f32),
         module_update_ratio=None if np.isnan(n.module_update).all() else n.module_update.astype(f32),
-        module_nonfinite=np.nan_to_num(n.module_nonfinite).astype(np.int32),
+        module_nonfinite=np.nan_to_num(n.module_nonfinite).astype(np.int32) if n.nonfinite else
+        np.zeros(len(n.module_nonfinite), dtype=np.int32),  # no NaN/Inf element: each module's count is 0
         param_grad_norm=n.param_grad.astype(f32), findings=[f.to_dict() for f in findings])

@@ -18,7 +18,7 @@ from ..utils.labels import listed, module_label
 from ..utils.norms import NormPlan
 from .flags import _PLAIN, _piece
 from .layout import Layout, current, fused_norms, global_norms, gradients, shard_key, to_host
-from .numbers import BATCH_PRODUCER, NO_PRODUCER, Numbers, memory
+from .numbers import BATCH_PRODUCER, NO_PRODUCER, Numbers, Resident, memory
 from .tracer import BATCH, NonfiniteTracer, Trace, floating
 
 
@@ -65,6 +65,7 @@ class StepState:
         self._keys: tuple[list[torch.Tensor | None], list[Any]] = ([], [])
         # the grouping of the norms of the gradients, parameters, buffers and updates, kept from step to step
         self.plans = {k: NormPlan() for k in ("grads", "params", "buffers", "updates")}
+        self.resident = Resident()  # this process's RSS, read every step (closed when the watch closes)
 
     def pre(self, params: list[torch.Tensor | None], snapshot: bool, findings: list[Finding]) -> None:
         self.params = params
@@ -273,7 +274,7 @@ def _fill(n: Numbers, w: Watched, params: list[torch.Tensor | None], update: np.
                 n.module_update = layout.per_module(np.nan_to_num(update, nan=0.0)) / n.module_param
     first = next((p for p in params if p is not None), None)
     device = first.device if first is not None else None
-    n.device_allocated, n.device_peak, n.rss = memory(device)
+    n.device_allocated, n.device_peak, n.rss = memory(device, w.state.resident)
     n.step_time = time.perf_counter() - w.state.start
 
 

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from contextlib import ExitStack
+from itertools import repeat
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -61,6 +62,10 @@ class ZeroGradientStep:
         n, held = at.n, at.held_mask
         if held is None or not len(held):
             return found
+        stepped = held & n.has_grad & (n.param_grad != 0)  # held, with a gradient not all zero
+        if len(stepped) == len(at.params) and any(at.params[i].requires_grad  # type: ignore[union-attr]
+                                                  for i in np.flatnonzero(stepped).tolist()):
+            return found  # a trainable parameter the optimizer holds had a gradient (most steps: the first)
         trainable = held & np.array([p is not None and p.requires_grad for p in at.params], dtype=bool)
         if not trainable.any() or (n.has_grad & (n.param_grad != 0))[trainable].any():
             return found
@@ -294,14 +299,17 @@ class StillModules:
             return found
         names, lr = at.target.layout.parameters, self._lrs(at)
         parts: dict[str, list[int]] = {}
-        for i in np.flatnonzero(moving):
-            p = at.params[i]
+        params = at.params
+        for i in np.flatnonzero(moving).tolist():
+            p = params[i]
             if p is not None and lr.get(id(p), 0.0) > 0:
-                parts.setdefault(names[i].rpartition(".")[0], []).append(int(i))
-        standing = {m: idx for m, idx in parts.items() if same[idx].all()}
+                parts.setdefault(names[i].rpartition(".")[0], []).append(i)
+        flags = same.tolist()
+        standing = {m: idx for m, idx in parts.items() if all(flags[i] for i in idx)}
+        # parameters that moved: none of a standing module's (all of its own stood still), so elsewhere
+        elsewhere = bool((moving & ~same).any())
         out = []
         for module, idx in standing.items():
-            elsewhere = bool((moving & ~same).any()) and not (moving & ~same)[idx].any()
             kept = self.still.get(module)
             if kept is None or kept[1] != idx:
                 self.still[module] = [1, idx, [_held(at, i).detach().clone() for i in idx], elsewhere]
@@ -336,10 +344,10 @@ class StillModules:
         first optimizer's steps are the watch's steps; another may step less often (a GAN's generator
         every fifth step), so its parameters standing still between its steps say nothing."""
         out: dict[int, float] = {}
-        for o in at.target.optimizers[:1]:
-            for g in o.param_groups:
-                for p in g["params"]:
-                    out.setdefault(id(p), float(g.get("lr", 0.0)))
+        for o in at.target.optimizers[:1]:  # written last to first, so a parameter's first group wins
+            for g in reversed(o.param_groups):
+                if g["params"]:
+                    out.update(zip(map(id, reversed(g["params"])), repeat(float(g.get("lr", 0.0)))))
         return out
 
 

@@ -168,7 +168,7 @@ class TiesKept:
 
     def _ids(self, root: torch.nn.Module) -> tuple[int, ...]:
         """The object behind every parameter name, aliases included (read from the owners' registries)."""
-        return tuple(id(p) for p in current(root, self.names))
+        return tuple(map(id, current(root, self.names)))
 
     def __call__(self, at: At, found: list[Finding]) -> list[Finding]:
         if not at.check:
