@@ -6,7 +6,8 @@ read-only :class:`~.table.At` and runs the rows of :data:`~.table.WATCH_CHECKS` 
 condition fires which finding, and in which order, is decided there, not here. Here: its parts, the
 user's calls, its hooks, and one step's work from its numbers to its row; what comes before the
 optimizer's step (the pre-step hook, the ranks' check-ins, the clip) is in :mod:`.prestep`, what is
-recorded outside a step (a signal, a step the scaler skipped) in :mod:`.outside`."""
+recorded outside a step (a signal, a step the scaler skipped) in :mod:`.outside` (its
+``Terminated`` is handed on here)."""
 
 from __future__ import annotations
 
@@ -31,6 +32,7 @@ from .gather import gather_numbers, merge_findings
 from .layout import current, refresh
 from .numbers import Numbers
 from .outside import OutsideSteps
+from .outside import Terminated as Terminated
 from .prestep import BeforeStep
 from .producer import producer_at_forward_end
 from .ranks import model_key

@@ -30,7 +30,8 @@ timeout passes.
 
 Whether a process still runs is :mod:`.processes`; a step's numbers and findings gathered across the
 ranks, :mod:`.gather`; each rank's time before the step's first collective and ``slow-rank``,
-:mod:`.clock` (``slow_ranks`` is handed on here).
+:mod:`.clock` (their ``gather_numbers``, ``merge_findings``, ``ComputeClock`` and ``slow_ranks`` are
+handed on here).
 """
 
 from __future__ import annotations
@@ -49,7 +50,10 @@ from ..utils.codes import coded
 from ..utils.dtensors import default_store
 from ..utils.findings import Finding, InspectorError
 from ..utils.labels import ROOT_LABEL
+from .clock import ComputeClock as ComputeClock
 from .clock import slow_ranks
+from .gather import gather_numbers as gather_numbers
+from .gather import merge_findings as merge_findings
 from .layout import Layout, current
 from .processes import _SPACE, _alive
 
