@@ -13,13 +13,17 @@ each with one interface; ``events``: what a check reads at one event (``At``) an
 ``checks``: the state behind the checks that follow the loop (gradients cleared, eval mode, frozen and
 replaced parameters, optimizers that do not step, nothing updating, a failed run); ``rows``: one step's
 numbers as the run file's row; ``core``: :class:`Watch`, the hooks and the per-step work around a
-training loop; ``block``: ``watch``, the context manager that opens and closes it; ``result``: its frozen
+training loop; ``prestep``: what comes before the optimizer's step (its pre-step hook, the ranks' check-ins,
+the clip); ``outside``: what is recorded outside a step (a signal that ends the process, a step the scaler
+skipped); ``block``: ``watch``, the context manager that opens and closes it; ``result``: its frozen
 result; ``detect``: findings from one step's numbers on the host (:class:`Detectors`, which can replay a
 run); ``layout``: which tensors a watch follows; ``flags``: the tracer's (low, high) buffers on the
 device; ``live``: a growing run file followed, reading only what was appended; ``numbers``: one rank's
 numbers at one step; ``producer``: a copy of the inputs and outputs of the module that first produced a
 NaN/Inf (``inspector.runfiles.captured`` stores and reads it); ``steps``: the per-step work of a watch;
-``ranks``: the ranks' meeting at each step, their failures, slow ranks; ``summary``: run files reduced
+``ranks``: the ranks' meeting at each step, their failures; ``processes``: whether a rank's process still
+runs; ``gather``: a step's numbers and findings gathered across the ranks; ``clock``: each rank's time
+before the step's first collective, slow ranks; ``summary``: run files reduced
 for display; ``synthetic``: a synthetic run file of any size; ``tracer``: non-finite forward and backward
 tracing without a host sync per module; ``train``: a short training loop under :func:`watch`.
 """

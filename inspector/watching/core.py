@@ -3,21 +3,21 @@
 A :class:`Watch` is made of parts with one role each (:mod:`.roles`): frozen options, the frozen target,
 the ranks, a recorder and a stop control. It orchestrates: at each event of a step it builds the
 read-only :class:`~.table.At` and runs the rows of :data:`~.table.WATCH_CHECKS` for that phase; which
-condition fires which finding, and in which order, is decided there, not here."""
+condition fires which finding, and in which order, is decided there, not here. Here: its parts, the
+user's calls, its hooks, and one step's work from its numbers to its row; what comes before the
+optimizer's step (the pre-step hook, the ranks' check-ins, the clip) is in :mod:`.prestep`, what is
+recorded outside a step (a signal, a step the scaler skipped) in :mod:`.outside` (its
+``Terminated`` is handed on here)."""
 
 from __future__ import annotations
 
-import operator
 import os
-import signal
-import threading
 import time
 from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import replace
 from functools import partial
-from itertools import compress, repeat
-from typing import Any, cast
+from typing import Any
 
 import numpy as np
 import torch
@@ -27,11 +27,15 @@ from torch.optim.optimizer import register_optimizer_step_post_hook
 from ..replaying import Replay, StepKeeper, replay_live
 from ..runfiles import RunMeta, RunWriter, StepFinding
 from ..utils.findings import Finding, InspectorError
-from .checks import Optimizers, failure_finding
-from .layout import current, gradients, refresh
+from .checks import Optimizers
+from .gather import gather_numbers, merge_findings
+from .layout import current, refresh
 from .numbers import Numbers
+from .outside import OutsideSteps
+from .outside import Terminated as Terminated
+from .prestep import BeforeStep
 from .producer import producer_at_forward_end
-from .ranks import RanksApart, gather_numbers, merge_findings, model_key
+from .ranks import model_key
 from .result import WatchResult
 from .roles import Ranks, Recorder, Scalars, StopControl, Target, WatchOptions
 from .rows import step_record
@@ -43,14 +47,7 @@ HOLD = 0.5  # seconds a step's row may wait before it is on disk: a reader follo
 HOLD_STEPS = 64  # or this many steps held: written as one record batch
 
 
-_LAYOUT = operator.attrgetter("layout")
-
-
-class Terminated(BaseException):
-    """The process was sent a signal that ends it (recorded as ``run-failed`` before it ends)."""
-
-
-class Watch:
+class Watch(BeforeStep, OutsideSteps):
     """The object ``with watch(...) as w`` gives: :meth:`log`, :meth:`step`, ``findings`` so far."""
 
     def __init__(self, model: nn.Module, optimizer: Optimizers, path: str | os.PathLike, *,
@@ -267,90 +264,6 @@ class Watch:
             for f in self.checks.run("other-step", self._at(other=optimizer), []):
                 self._record_now(f, self.ranks.rank)
 
-    def _on_terminate(self) -> None:
-        """SIGTERM (what torchrun, schedulers and ``kill`` send) with no handler of the program's own:
-        record ``run-failed`` naming the signal, then end as the signal would have (its default action,
-        its exit status). A program's own handler is left alone. Main thread only; put back at close."""
-        if threading.current_thread() is not threading.main_thread():
-            return
-        before = signal.getsignal(signal.SIGTERM)
-        if before not in (signal.SIG_DFL, None):
-            return
-
-        def terminated(signum: int, frame: Any) -> None:
-            name = signal.Signals(signum).name
-            self._record_now(failure_finding(Terminated(f"{name} (signal {signum}) from outside the "
-                                                        "program: torchrun, a scheduler or kill"),
-                                             self.state.count), self.ranks.rank)
-            signal.signal(signum, signal.SIG_DFL)
-            os.kill(os.getpid(), signum)
-
-        signal.signal(signal.SIGTERM, terminated)
-        self._stack.callback(signal.signal, signal.SIGTERM, before)
-
-    def _follow_scaler(self, scaler: Any) -> None:
-        """Wrap ``scaler.update`` on the instance (the class's method is back at close): an update with no
-        optimizer step since the last one is a step the scaler skipped (:meth:`_skipped_step`)."""
-        update, seen = scaler.update, [self.state.count]
-
-        def followed(*args: Any, **kwargs: Any) -> Any:
-            out = update(*args, **kwargs)
-            if self.state.count == seen[0]:
-                self._skipped_step(scaler, new_scale=bool(args or kwargs))
-            seen[0] = self.state.count
-            return out
-
-        had = "update" in vars(scaler)
-        scaler.update = followed
-        self._stack.callback(lambda: setattr(scaler, "update", update) if had else vars(scaler).pop("update"))
-
-    def _skipped_step(self, scaler: Any, new_scale: bool) -> None:
-        """A step the GradScaler skipped (its gradients held Inf/NaN, so ``optimizer.step()`` never ran)
-        is a step of the run all the same: its own row, marked skipped, with the scale it overflowed at
-        (the scale now over the scaler's backoff factor, unless ``update()`` was given a new scale), the
-        scalars logged for it, and what the ``skipped`` rows find; the next step is the next number. Its
-        gradients are not measured: they are scaled, and Inf by definition. One host sync, on a skipped
-        step only."""
-        st, r = self.state, self.ranks
-        layout = self.target.layout
-        n = Numbers(len(layout.modules), len(layout.parameters), len(layout.buffers))
-        now = float(scaler.get_scale())
-        backoff = float(scaler.get_backoff_factor()) if hasattr(scaler, "get_backoff_factor") else 0.0
-        n.skipped, n.scale = 1.0, now if new_scale or not 0 < backoff < 1 else now / backoff
-        n.step_time = time.perf_counter() - st.start
-        logged = {k: float(v) for k, v in self.scalars.take().items()}
-        n.loss_logged = float("loss" in logged)
-        n.loss = logged.pop("loss", float("nan"))
-        found = self.checks.run("skipped", self._at(), [])
-        new = self.recorder.first_time(found, st.count, r.rank)
-        if self.recorder.writer is not None:
-            self.recorder.writer.write([step_record(st.count, r.rank, n, logged, self.target.lrs(), new)],
-                                       now=bool(new))
-        st.last_scale = now  # the next step's scale: no fall, not skipped again
-        st.count += 1
-        st.start = time.perf_counter()
-        # what the skipped step carried is not the next step's: its gradient numbers, its trace, its batch
-        self._pre_done, self._forward_open = False, False
-        st.batch = []
-        if self.tracer is not None:
-            self.tracer.take()
-        self.ranks.clock.take(st.start)
-        if self.keeper is not None:
-            self.keeper.step_starts(st.count)
-
-    def _record_now(self, f: Finding, rank: int) -> None:
-        """Record ``f`` now, outside a step (a run that failed, a rank apart, a step the scaler skipped), on
-        ``rank``'s row of no step."""
-        new = self.recorder.first_time([f], self.state.count, rank)
-        writer = self.recorder.writer
-        if writer is not None and new:
-            layout = self.target.layout
-            n = Numbers(len(layout.modules), len(layout.parameters), len(layout.buffers))
-            try:
-                writer.write([step_record(self.state.count, rank, n, {}, self.target.lrs(), new)], now=True)
-            except Exception:  # noqa: BLE001 - the run's own error is the one to raise
-                pass
-
     def _forwarded(self, module: nn.Module, args: Any, kwargs: Any, output: Any) -> None:
         if module.training and torch.is_grad_enabled():  # a training forward: its batch as the model took it
             self._forward_open = True
@@ -365,81 +278,6 @@ class Watch:
                 self.ranks.rank, self.path, self.ranks.world)
 
     # -- one step ----------------------------------------------------------------------------
-    def _step_starts(self, optimizer: Any, args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
-        """The optimizer's pre-step hook. A step given a closure (Lightning, LBFGS) computes its
-        gradients inside it: the step's numbers are taken when the closure first returns."""
-        self._in_step = True  # another optimizer's step inside this one (a wrapper's inner one) is this one
-        closure = kwargs.get("closure", args[1] if len(args) > 1 else None)  # args[0]: the optimizer
-        if closure is None:
-            if not self._pre_done:  # else taken already (gradients_ready, before a clip)
-                self._pre_step()
-            return None
-
-        def closure_then_measure() -> Any:
-            out = closure()
-            if not self._pre_done:
-                with torch.no_grad():
-                    self._pre_step()
-            return out
-        if "closure" in kwargs:
-            return args, {**kwargs, "closure": closure_then_measure}
-        return (args[0], closure_then_measure, *args[2:]), kwargs
-
-    def _forward_starts(self, module: nn.Module, args: Any) -> None:
-        """The model's forward pre-hook: a training forward pass checks in before its first collective."""
-        if module.training and torch.is_grad_enabled():
-            self._check_in("forward")
-
-    def _check_in(self, kind: str) -> None:
-        """Every rank at the same forward pass or step before its first collective (:mod:`.ranks`)."""
-        if self.ranks.meeting is None:
-            return
-        try:
-            self.ranks.check_in(kind, self.state.count)
-        except RanksApart as apart:  # recorded on the rank(s) at fault; no collective was started
-            for r in apart.ranks:
-                self._record_now(apart.findings[r], r)
-            first = apart.ranks[0]
-            f = apart.findings[first]
-            apart.finding = StepFinding(self.state.count, first, f.code, f.severity, f.where, f.message)
-            raise
-
-    def gradients_ready(self) -> None:
-        """Take this step's gradient numbers now, before something changes the gradients ahead of the
-        optimizer's step (a clip: the Trainer's integration calls it once the gradients are unscaled,
-        so the run holds the pre-clip norm the Trainer logs); the step then does not take them again."""
-        with torch.no_grad():
-            self._pre_step()
-
-    def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0, error_if_nonfinite: bool = False,
-                        foreach: bool | None = None) -> torch.Tensor:
-        """``torch.nn.utils.clip_grad_norm_`` over the watched model's parameters, from the gradient norms
-        the watch takes for this step anyway: one pass over the gradients instead of two. Call it where
-        the loop clips, after ``backward()`` (and after ``scaler.unscale_(optimizer)`` under AMP); the run
-        then holds the pre-clip norms, and the step does not read the gradients again. Returns the total
-        norm (a tensor, as torch's does).
-
-        The 2-norm of plain tensors (one process, or DDP, whose gradients are already the same on every
-        rank) is shared; another ``norm_type``, or sharded DTensor gradients (FSDP2, tensor parallel,
-        whose total needs every rank's pieces), is torch's own ``clip_grad_norm_``, after the watch's
-        pass: correct, at the cost of the second pass."""
-        self.gradients_ready()
-        grads = gradients(self.state.params)  # one pass in C each (1,000 parameters: no loop in Python)
-        present = list(map(operator.is_not, grads, repeat(None)))
-        params = cast("list[torch.Tensor]", list(compress(self.state.params, present)))  # with a gradient
-        parts = self.state.grad_parts
-        sparse = set(map(_LAYOUT, compress(grads, present))) - {torch.strided}
-        if norm_type != 2.0 or self.target.sharded or not parts or sparse:
-            return torch.nn.utils.clip_grad_norm_(params, max_norm, norm_type, error_if_nonfinite, foreach)
-        device = parts[0][1].device
-        total = torch.stack([n.double().square().sum().to(device) for _, n in parts]).sum().sqrt().float()
-        if error_if_nonfinite and not bool(torch.isfinite(total)):
-            raise RuntimeError(f"The total norm of order {norm_type} for gradients from `parameters` is "
-                               "non-finite, so it cannot be clipped. To disable this error and scale the "
-                               "gradients by the non-finite norm anyway, set `error_if_nonfinite=False`")
-        torch.nn.utils.clip_grads_with_norm_(params, max_norm, total, foreach)
-        return total
-
     def _at(self, check: bool = False, **now: Any) -> At:
         return At(self.state.count, check, self.target, self.ranks, state=self.state,
                   held_mask=self._held_mask, **now)

@@ -27,6 +27,11 @@ that waits longer than ``VANISHED_AFTER`` looks whether the process of each rank
 (a process that ended, or a zombie, has vanished). Elsewhere (another machine, another container) it is
 recorded as vanished when rank 0's own watch ends on a communication error, or when the check-in's
 timeout passes.
+
+Whether a process still runs is :mod:`.processes`; a step's numbers and findings gathered across the
+ranks, :mod:`.gather`; each rank's time before the step's first collective and ``slow-rank``,
+:mod:`.clock` (their ``gather_numbers``, ``merge_findings``, ``ComputeClock`` and ``slow_ranks`` are
+handed on here).
 """
 
 from __future__ import annotations
@@ -34,22 +39,23 @@ from __future__ import annotations
 import json
 import math
 import os
-import socket
 import time
 import zlib
 from typing import Any
 
-import torch
 import torch.distributed as dist
 from torch import nn
-from torch.utils.hooks import RemovableHandle
 
 from ..utils.codes import coded
 from ..utils.dtensors import default_store
 from ..utils.findings import Finding, InspectorError
 from ..utils.labels import ROOT_LABEL
+from .clock import ComputeClock as ComputeClock
+from .clock import slow_ranks
+from .gather import gather_numbers as gather_numbers
+from .gather import merge_findings as merge_findings
 from .layout import Layout, current
-from .numbers import Numbers
+from .processes import _SPACE, _alive
 
 _opened: dict[str, int] = {}  # group tag -> watches this process opened on it (the same on every rank)
 POLL = 0.5  # the pause after a store that failed at once
@@ -371,133 +377,12 @@ class Meeting:
         return out
 
 
-def _space() -> str:
-    """Where a process id means the same process: this machine (its host name and boot) and this PID
-    namespace (containers on one host share its name but not their process ids)."""
-    parts = [socket.gethostname()]
-    try:
-        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as fh:
-            parts.append(fh.read().strip())
-        parts.append(str(os.stat("/proc/self/ns/pid").st_ino))
-    except OSError:
-        parts.append("no /proc")
-    return "/".join(parts)
-
-
-_SPACE = _space()
-_PROC = os.path.isdir("/proc/self")  # Linux: a process's state, zombies told apart
-
-
-def _alive(pid: int) -> bool:
-    """Whether process ``pid`` of this machine still runs (a zombie, ended but not yet reaped, does not)."""
-    if pid <= 0:
-        return True  # nothing to look at: not called vanished
-    if _PROC:
-        try:
-            with open(f"/proc/{pid}/stat", "rb") as fh:
-                state = fh.read().rpartition(b")")[2].split()[:1]
-            return state not in ([b"Z"], [b"X"])
-        except FileNotFoundError:
-            return False
-        except OSError:
-            pass
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:
-        return True  # another user's: it runs
-    return True
-
-
 def _reference(keys: dict[int, Any], further: Any) -> Any:
     """The value the most ranks hold; between as many, the one ``further`` ranks highest."""
     counts: dict[Any, int] = {}
     for k in keys.values():
         counts[k] = counts.get(k, 0) + 1
     return max(counts, key=lambda k: (counts[k], further(k)))
-
-
-def gather_numbers(numbers: Numbers, layout: Layout, world: int, group: Any) -> list[Numbers]:
-    """Every rank's numbers of this step, on every rank (one ``all_gather`` of one vector)."""
-    if world == 1:
-        return [numbers]
-    device = torch.device("cpu")
-    if "nccl" in str(dist.get_backend(group)).lower() and torch.cuda.is_available():
-        device = torch.device("cuda", torch.cuda.current_device())
-    moved = numbers.pack().to(device)
-    out = [torch.empty_like(moved) for _ in range(world)]
-    dist.all_gather(out, moved, group=group)
-    sizes = len(layout.modules), len(layout.parameters), len(layout.buffers)
-    return [Numbers.unpack(o.cpu().numpy(), *sizes) for o in out]
-
-
-def merge_findings(own: list[Finding], numbers_all: list[Numbers], world: int,
-                   group: Any) -> list[list[Finding]]:
-    """Every rank's findings (``own`` here), on every rank: one object gather, only at a step where a
-    rank has some (``Numbers.shared``)."""
-    if world == 1:
-        return [own]
-    if not any(n.shared for n in numbers_all):
-        return [[] for _ in numbers_all]
-    box: list[Any] = [None] * world
-    dist.all_gather_object(box, [f.to_dict() for f in own], group=group)
-    return [[Finding(**d) for d in b] for b in box]
-
-
-class ComputeClock:
-    """A rank's own time before the step's first collective: from the step's start to the end of its
-    first forward pass (to the forward's call under FSDP2 / tensor parallel, whose forward gathers;
-    the call of the outer wrapper comes before DDP's buffer broadcast), less the time it waited for the
-    other ranks at its check-in."""
-
-    def __init__(self, sharded: bool) -> None:
-        self.sharded = sharded
-        self.called = self.forwarded = math.nan
-        self.waited = 0.0
-
-    def wait(self, seconds: float) -> None:
-        """``seconds`` waited for the other ranks, counted until the step's mark is taken."""
-        if math.isnan(self.called if self.sharded else self.forwarded):
-            self.waited += seconds
-
-    def attach(self, model: nn.Module, root: nn.Module) -> list[RemovableHandle]:
-        return [model.register_forward_pre_hook(self._call), root.register_forward_hook(self._end)]
-
-    def _call(self, module: nn.Module, args: Any) -> None:
-        if math.isnan(self.called):
-            self.called = time.perf_counter()
-
-    def _end(self, module: nn.Module, args: Any, output: Any) -> None:
-        if math.isnan(self.forwarded):
-            self.forwarded = time.perf_counter()
-
-    def take(self, start: float) -> float:
-        """Seconds since ``start`` (NaN without a forward pass this step); starts the next step's."""
-        end = self.called if self.sharded else self.forwarded
-        self.called = self.forwarded = math.nan
-        waited, self.waited = self.waited, 0.0
-        return end - start - waited
-
-
-def slow_ranks(times: list[float], at_least: float = 1.0, factor: float = 3.0) -> list[tuple[int, Finding]]:
-    """``slow-rank`` for each rank whose time before the step's first collective (``times``, one per
-    rank) is ``at_least`` seconds and ``factor`` times over the median of the other ranks'."""
-    out = []
-    for r, t in enumerate(times):
-        others = sorted(v for i, v in enumerate(times) if i != r and v == v)
-        if t != t or not others:
-            continue
-        middle = others[len(others) // 2] if len(others) % 2 else (others[len(others) // 2 - 1]
-                                                                   + others[len(others) // 2]) / 2
-        if t - middle >= at_least and t >= factor * middle:
-            out.append((r, coded(
-                "slow-rank", ROOT_LABEL,
-                f"rank {r} took {t:.3g} s to load its batch and run its forward pass at this step, the other "
-                f"ranks {middle:.3g} s: every rank waited for it in the step's first collective, so the step "
-                "time is the same everywhere. Look at that rank's data loader, its batch sizes and its "
-                "machine")))
-    return out
 
 
 __all__ = ["Meeting", "RanksApart", "communication_error", "slow_ranks"]

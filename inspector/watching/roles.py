@@ -24,8 +24,9 @@ from ..utils.dtensors import is_dtensor
 from ..utils.findings import Episodes, Finding, InspectorError, group_findings
 from ..utils.wrappers import underlying
 from .checks import Optimizers, optimizer_list
+from .clock import ComputeClock
 from .layout import Layout
-from .ranks import ComputeClock, Meeting
+from .ranks import Meeting
 from .result import WatchResult
 from .tracer import floating
 

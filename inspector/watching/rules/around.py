@@ -15,7 +15,8 @@ from ...utils.labels import ROOT_LABEL
 from ..checks import (
     failure_finding,
 )
-from ..ranks import RanksApart, slow_ranks
+from ..clock import slow_ranks
+from ..ranks import RanksApart
 
 if TYPE_CHECKING:
     from ..events import At, ByRank, Kit, Placed
