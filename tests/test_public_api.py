@@ -138,7 +138,7 @@ def test_the_internal_tests_are_the_ones_this_list_names():
     public_only = [name for name in sorted(present)
                    if all(_public(m, n) for _, m, n in _inspector_imports(internals / name))]
     assert public_only == [], f"{public_only} import only public names: move them to tests/"
-    assert len(present) <= 10  # the documented list above, each with its reason
+    assert len(present) <= 11  # the documented list above, each with its reason
 
 
 def test_no_package_binds_a_name_of_its_own_submodules_to_something_else():

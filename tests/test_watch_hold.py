@@ -12,7 +12,8 @@ from torch import nn
 
 from inspector import watch
 from inspector.watching import RunMeta, RunWriter, StepRecord, read_run
-from inspector.watching.core import HOLD, HOLD_STEPS
+
+HOLD_PROMISED = 0.5  # docs/training.md: a step reaches the file within 0.5 s
 
 
 def _meta() -> RunMeta:
@@ -86,13 +87,12 @@ def _step(model, opt, w, loss_scale: float = 1.0) -> None:
 
 
 def test_a_live_reader_sees_a_healthy_step_within_the_hold_and_a_finding_at_once(tmp_path):
-    assert HOLD <= 0.5 and HOLD_STEPS >= 2
     model, opt = _model()
     path = tmp_path / "live.inspect"
     with watch(model, opt, path) as w:
         for _ in range(3):
             _step(model, opt, w)
-        _wait_for(path, [0, 1, 2], seconds=HOLD + 2.0)  # the loop paused: the steps arrive anyway
+        _wait_for(path, [0, 1, 2], seconds=HOLD_PROMISED + 2.0)  # the loop paused: the steps arrive anyway
         _step(model, opt, w)  # held again
         _step(model, opt, w, loss_scale=float("nan"))  # step 4: nonfinite-loss, on disk when the step ends
         run = read_run(path)
