@@ -43,14 +43,16 @@ from inspector.runfiles.guard import (
     check_schema,
     regular_fd,
 )
-from inspector.runfiles.tail import SMALL, message_at
+from inspector.runfiles.tail import SMALL, RunTail, message_at
 from inspector.runfolders import describe, list_runs
 from inspector.utils.findings import InspectorError
 from inspector.watching import LiveRun, parse_run_bytes, read_run
 
 CHILD = Path(__file__).parents[1] / "runfile_child.py"
 LIMIT_MB = 1024  # the child's address space beyond what it uses after its imports
-TIMEOUT_S = 60
+# a read in the child longer than this is a freeze (the child also ends itself then: runfile_child.py);
+# `make mutate` shortens it, so that a mutant that makes the reader spin costs seconds
+TIMEOUT_S = int(os.environ.get("INSPECTOR_CHILD_TIMEOUT_S", "60"))
 
 
 def _meta(modules: int = 2, world: int = 1) -> RunMeta:
@@ -408,6 +410,20 @@ def test_following_a_growing_file_gives_the_run_a_full_read_gives(tmp_path):
     assert len(live.read().steps) == 1
     rewritten.close()
 
+
+def test_a_file_that_shrinks_while_it_is_read_stops_at_what_is_there():
+    # the size was read (fstat), then the file was cut before its bytes were: each read gets less than
+    # it asked for, down to nothing; the reader keeps what is whole and waits, it does not loop on it
+    data = _good(4)
+    cut = _messages(data)[3][0] + 5  # the schema, two batches and 5 bytes of the third
+    tail = RunTail(data=data[:cut], name="shrunk.inspect")
+    view = memoryview(data[:cut])
+    _alarm(20)
+    try:
+        added = tail._read(lambda at, n: view[at:at + n], len(data))
+    finally:
+        signal.alarm(0)
+    assert (added, tail.rows, tail.offset, tail.cut, tail.closed) == (2, 2, cut - 5, True, False)
 
 def test_an_upload_reads_as_the_file_does(tmp_path):
     data = _good(5, 2, 2)
