@@ -55,7 +55,7 @@ MODULES: dict[str, tuple[list[str], list[str]]] = {
     "watching-rules": (["inspector/watching/rules/before.py", "inspector/watching/rules/after.py",
                         "inspector/watching/rules/around.py"],
                        ["tests/test_watch.py", "tests/test_watch_checks.py", "tests/test_watch_planted.py",
-                        "tests/internals/test_watch_table.py"]),
+                        "tests/test_watch_intent.py", "tests/internals/test_watch_table.py"]),
 }
 
 KILLED = {"killed", "timeout"}
