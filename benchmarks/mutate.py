@@ -29,7 +29,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRATCH = ROOT / "build" / "mutate"
-LINKED = ["inspector", "sample_models", "tests", "ui", "pages", "app.py", ".streamlit"]
+LINKED = ["inspector", "sample_models", "tests", "ui", "pages", "app.py", ".streamlit", "docs"]
 
 # name -> (the files mutated, the tests that cover them, as pytest arguments). Small modules whose word
 # users act on; tests that start process groups (``collectives``) are left out: they take minutes each.
