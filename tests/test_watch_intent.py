@@ -80,6 +80,22 @@ def test_a_param_group_at_lr_zero_while_the_others_train_is_named(tmp_path):
     assert "param group 1" in w.result.findings[0].message
 
 
+def test_a_param_group_at_lr_zero_whose_gradients_are_all_zero_is_not_called_idle(tmp_path):
+    # the group at lr 0 gets gradients of zeros (its branch is multiplied by 0): nothing of it would move
+    # at any lr, so it is not a group left out by its lr (the zeros are dead-gradient's to name)
+    model, side = _mlp(), nn.Linear(4, 1)
+    opt = torch.optim.SGD([{"params": model.parameters(), "lr": 0.1}, {"params": side.parameters(), "lr": 0.0}])
+    root = nn.ModuleDict({"model": model, "side": side})
+    with watch(root, opt, tmp_path / "run.inspect") as w:
+        for i in range(4):
+            x = _batch(i)
+            (model(x).pow(2).mean() + 0 * side(x).sum()).backward()
+            assert side.weight.grad is not None and not side.weight.grad.any()
+            opt.step()
+            opt.zero_grad()
+    assert [f for f in w.result.findings if f.code == "no-update"] == []
+
+
 def test_groups_warming_up_from_zero_and_decaying_to_zero_are_silent(tmp_path):
     model = _mlp()
     opt = torch.optim.SGD([{"params": model[0].parameters()}, {"params": model[2].parameters()}], lr=0.1)
@@ -103,25 +119,29 @@ def _two_rates(tmp_path, dtype: torch.dtype, steps: int = 8):
     opt = torch.optim.SGD([{"params": model[0].parameters(), "lr": 0.1},
                            {"params": model[2].parameters(), "lr": 1e-6}])
     head = model[2].weight.detach().clone()
+    norms = []  # the head's gradient norm (weight and bias together) at each step
     with watch(model, opt, tmp_path / "run.inspect") as w:
         for i in range(steps):
             model(_batch(i).to(dtype)).pow(2).mean().backward()
+            norms.append(torch.cat([p.grad.double().flatten() for p in model[2].parameters()]).norm().item())
             opt.step()
             opt.zero_grad()
-    return w.result, torch.equal(head, model[2].weight.detach())
+    return w.result, torch.equal(head, model[2].weight.detach()), norms
 
 
 def test_a_module_whose_weights_never_move_is_named(tmp_path):
-    result, unmoved = _two_rates(tmp_path, torch.bfloat16)
+    result, unmoved, norms = _two_rates(tmp_path, torch.bfloat16)
     assert unmoved  # the plant: not one of the head's weights moved
     assert _alarms(result) == [(3, "no-update", "2.weight")]
-    message = result.findings[0].message
-    assert message.startswith("2's weights (bfloat16) have not changed in 3 steps although their gradient "
-                              "is non-zero") and "their lr is 1e-06" in message
+    assert result.findings[0].message == (
+        f"2's weights (bfloat16) have not changed in 3 steps although their gradient is non-zero (norm "
+        f"{norms[3]:.3g}) and their lr is 1e-06, while the rest of the model trains: each update is below the "
+        "weights' precision (bfloat16 weights: keep float32 master weights, or raise this part's lr), or "
+        "something puts the weights back after each step")
 
 
 def test_a_module_with_a_small_lr_that_moves_is_silent(tmp_path):
-    result, unmoved = _two_rates(tmp_path, torch.float32)
+    result, unmoved, _ = _two_rates(tmp_path, torch.float32)
     assert not unmoved and _alarms(result) == []
 
 
@@ -341,6 +361,24 @@ def test_a_new_optimizer_not_handed_over_is_said_at_once(tmp_path):
     assert result.steps == 6
     assert _alarms(result) == [(6, "optimizer-lost", "0.weight")]
     assert "w.use_optimizer(new_optimizer)" in result.findings[0].message
+
+
+def test_a_new_optimizer_over_part_of_the_model_is_said_with_what_it_holds(tmp_path):
+    model = _mlp()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    with watch(model, opt, tmp_path / "run.inspect") as w:
+        for i in range(12):
+            if i == 6:  # a new optimizer for the head only
+                opt = torch.optim.SGD(model[2].parameters(), lr=0.01)
+            model(_batch(i)).pow(2).mean().backward()
+            opt.step()
+            opt.zero_grad()
+    assert _alarms(w.result) == [(6, "optimizer-lost", "2.weight")]
+    assert w.result.findings[0].message == (
+        "another optimizer (SGD, holding 2 parameters, 2 of them the watched optimizer's) stepped after step "
+        "6: a new optimizer built mid-run. The watch follows the optimizer it was given, which no longer "
+        "steps, so it lost track: the run file records no step from here. Hand it the new one with "
+        "w.use_optimizer(new_optimizer)")
 
 
 def test_a_new_optimizer_handed_over_is_followed(tmp_path):
