@@ -258,7 +258,19 @@ def test_a_scaler_that_skips_every_step_is_named(tmp_path):
     assert steps["scale"].tolist() == [2.0**16] * 21 + [2.0**(15 - k) for k in range(19)]
     assert steps["loss"].iloc[20:].tolist() == [math.inf] * 20  # the loss logged for the skipped steps
     assert _alarms(result) == [(29, "scaler-skipping", "(model)")]  # the tenth skip in a row
-    assert "skipped the last 10 optimizer steps in a row" in result.findings[0].message
+    # the scales as get_scale() gives them after each skip's update(): 2^15 after the first, 2^6 the tenth
+    assert result.findings[0].message == (
+        "the GradScaler skipped the last 10 optimizer steps in a row (its scale fell from 3.28e+04 to 64): the "
+        "gradients hold Inf/NaN at every step, so optimizer.step() is never called and the model no longer "
+        "trains. Find the overflow (watch with nonfinite=True names the module), lower the learning rate, or "
+        "train in bfloat16")
+
+
+def test_ten_skips_on_and_off_above_the_floor_are_not_skips_in_a_row(tmp_path):
+    # every other step overflows from step 4: 18 skips, never two in a row, the scale from 2^20 to 2^2
+    result, stepped, steps = _amp_run(tmp_path, overflow_from=4, init_scale=2.0**20, every=2)
+    assert int(steps["skipped"].sum()) == 18 and steps["scale"].min() >= 2.0
+    assert _alarms(result) == []
 
 
 def test_a_scaler_skipping_on_and_off_is_named_when_its_scale_falls_under_the_floor(tmp_path):
