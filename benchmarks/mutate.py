@@ -51,7 +51,7 @@ MODULES: dict[str, tuple[list[str], list[str]]] = {
     # last: inspector/watching is being reshaped; its mutants are named by function and move with it
     "watching-detect": (["inspector/watching/detect.py"],
                         ["tests/test_watch.py", "tests/test_watch_checks.py", "tests/test_watch_planted.py",
-                         "tests/test_watch_detectors.py"]),
+                         "tests/test_watch_detectors.py", "tests/test_watch_intent.py"]),
     "watching-rules": (["inspector/watching/rules/before.py", "inspector/watching/rules/after.py",
                         "inspector/watching/rules/around.py"],
                        ["tests/test_watch.py", "tests/test_watch_checks.py", "tests/test_watch_planted.py",

@@ -281,3 +281,59 @@ def test_a_jump_in_a_module_that_holds_almost_none_of_the_gradient_is_left_alone
         for _ in range(10):
             assert _grads(d, [base, 1]) == []
         assert _where(_grads(d, [20 * base, 1])) == ([("exploding-gradient", "m0")] if named else [])
+
+
+# -- where a group of dead gradients stops -------------------------------------------------------
+def _dead_run(params: list[str], dead: set[str], steps: int = 5, last: set[str] = frozenset()) -> list:
+    """``dead-gradient`` findings after ``steps`` steps in which the parameters ``dead`` have no gradient
+    (and ``last`` none at the last step only), the others a gradient of norm 1."""
+    modules = tuple(dict.fromkeys(p.rpartition(".")[0] for p in params))
+    owner = np.array([modules.index(p.rpartition(".")[0]) for p in params])
+    d = Detectors(Layout(tuple(params), modules, owner, ()))
+    out = []
+    for step in range(steps):
+        has = np.array([p not in dead and not (step == steps - 1 and p in last) for p in params])
+        g = np.where(has, 1.0, 0.0)
+        out += d.gradients(g, has, np.ones(len(modules)))
+    return [(f.where, f.message) for f in out if f.code == "dead-gradient"]
+
+
+GONE = ("each had no gradient, or an all-zero one, for 5 steps: they do not take part in the loss (an unused "
+        "branch, a detach(), a frozen path) or their gradients are killed (dead ReLUs, a zero mask)")
+TWO = ["a.weight", "a.bias", "b.weight", "b.bias", "c.weight", "c.bias", "d.weight", "d.bias"]
+
+
+def test_a_group_of_dead_gradients_stops_at_the_last_layer_with_a_bias_whose_next_lost_its_own():
+    # c (a weight alone) also loses its gradient when only its input is zero: the edge is b, before it
+    params = ["a.weight", "a.bias", "b.weight", "b.bias", "c.weight"]
+    assert _dead_run(params, set(params)) == [("b.weight", (
+        f"5 parameters of 3 module(s) (a, b, c) {GONE}. The gradient stops at b: its output is zero (c, which "
+        "takes it, lost its gradient too), so its units are dead (a ReLU or GELU that is never positive, a "
+        "bias pushed far negative) or masked"))]
+
+
+def test_the_next_layer_that_lost_its_gradient_only_now_still_says_the_output_is_zero():
+    params = ["z.weight", "a.weight", "a.bias", "b.weight", "b.bias", "c.weight", "c.bias"]
+    found = _dead_run(params, {"z.weight", "a.weight", "a.bias", "b.weight", "b.bias"}, last={"c.weight"})
+    assert found == [("b.weight", (
+        f"5 parameters of 3 module(s) (z, a, b) {GONE}. The gradient stops at b: its output is zero (c, which "
+        "takes it, lost its gradient too), so its units are dead (a ReLU or GELU that is never positive, a "
+        "bias pushed far negative) or masked"))]
+
+
+def test_a_module_that_lost_only_part_of_its_gradient_is_not_where_it_stops():
+    found = _dead_run(TWO, {"a.weight", "a.bias", "b.weight", "b.bias", "d.weight"})
+    assert found == [("b.weight", f"5 parameters of 3 module(s) (a, b, d) {GONE}. The gradient stops at b's "
+                                  "output: everything before it lost its own")]
+
+
+def test_a_group_that_ends_at_the_last_module_stops_at_its_output():
+    found = _dead_run(TWO, {"b.weight", "c.weight", "c.bias", "d.weight", "d.bias"})
+    assert found == [("d.weight", f"5 parameters of 3 module(s) (b, c, d) {GONE}. The gradient stops at d's "
+                                  "output: everything before it lost its own")]
+
+
+def test_a_group_with_no_module_wholly_dead_names_no_edge():
+    params = [f"{m}.{k}" for m in "abcde" for k in ("weight", "bias")]
+    found = _dead_run(params, {f"{m}.weight" for m in "abcde"})
+    assert found == [("a.weight", f"5 parameters of 5 module(s) (a, b, c and 2 more) {GONE}")]
