@@ -279,8 +279,16 @@ def test_a_scaler_skipping_on_and_off_is_named_when_its_scale_falls_under_the_fl
     assert stepped[4:10] == [False, True] * 3
     fell = int(steps.loc[steps["skipped"] & (steps["scale"] < 2.0), "step"].iloc[0])  # scale 1 skipped there
     assert _alarms(result) == [(fell, "scaler-skipping", "(model)")]
-    assert "scale fell to 0.5, under 1" in result.findings[0].message
-    assert f"skipped 9 of the {fell + 1} steps so far" in result.findings[0].message
+    assert result.findings[0].message == (
+        f"the GradScaler's scale fell to 0.5, under 1: it skipped 9 of the {fell + 1} steps so far, on and off, "
+        "and halves at each skip faster than it grows back, so an overflow comes back whatever the scale. "
+        "Find it (watch with nonfinite=True names the module), lower the learning rate, or train in bfloat16")
+
+
+def test_a_scaler_that_skips_from_the_first_step_is_named_at_its_tenth_skip(tmp_path):
+    result, stepped, steps = _amp_run(tmp_path, overflow_from=0, init_scale=2.0**16, iterations=12)
+    assert not any(stepped) and steps["skipped"].all()
+    assert _alarms(result) == [(9, "scaler-skipping", "(model)")]
 
 
 def test_a_scaler_settling_from_a_huge_scale_is_silent(tmp_path):
