@@ -488,6 +488,11 @@ def test_a_part_unfrozen_and_never_added_to_the_optimizer_is_named(tmp_path, add
             opt.step()
             opt.zero_grad()
     assert _alarms(w.result) == ([] if added else [(4, "not-in-optimizer", "0.weight")])
+    if not added:
+        assert next(f.message for f in w.result.findings if f.code == "not-in-optimizer") == (
+            "2 parameter(s) of 0 were frozen when the watch started and now require grad, but no param group "
+            "of the optimizer holds them: they never change. Add them with optimizer.add_param_group("
+            "{'params': [...], 'lr': ...}) when you unfreeze them")
 
 
 # -- a layer whose output died --------------------------------------------------------------------
