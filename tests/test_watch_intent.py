@@ -49,6 +49,39 @@ def test_zero_grad_between_backward_and_step_is_named_at_once_and_nothing_else(t
     assert ("no gradient" in message) and ("all-zero" in message) != set_to_none
 
 
+def _zeroed_before_step(tmp_path, head_only: bool, freeze_at: int | None = None) -> list:
+    """zero_grad() between backward() and step() from step 2 on; the optimizer holds the head only, or
+    everything with the first layer frozen at ``freeze_at``: the zero-gradient-step findings."""
+    model = _mlp()
+    opt = torch.optim.SGD(model[2].parameters() if head_only else model.parameters(), lr=0.1)
+    with watch(model, opt, tmp_path / "run.inspect") as w:
+        for i in range(4):
+            if i == freeze_at:
+                model[0].requires_grad_(False)
+            model(_batch(i)).pow(2).mean().backward()
+            if i >= 2:
+                opt.zero_grad()
+            opt.step()
+            opt.zero_grad()
+            model.zero_grad()
+    return [(f.step, f.where, f.message) for f in w.result.findings if f.code == "zero-gradient-step"]
+
+
+ZEROED = ("the optimizer stepped while all 2 trainable parameters it holds had no gradient: this step moved "
+          "nothing. optimizer.zero_grad() between loss.backward() and optimizer.step() does this (call it "
+          "before backward() or after step()); so does a backward that never ran or a loss that does not "
+          "depend on the parameters")
+
+
+def test_a_step_on_zeroed_gradients_counts_only_what_the_optimizer_holds(tmp_path):
+    # the first layer keeps its gradient (the optimizer does not hold it): the step still moved nothing
+    assert _zeroed_before_step(tmp_path, head_only=True) == [(2, "2.weight", ZEROED)]
+
+
+def test_a_step_on_zeroed_gradients_counts_only_parameters_that_require_grad(tmp_path):
+    # the first layer frozen at step 1, still in the optimizer: two trainable parameters are left
+    assert _zeroed_before_step(tmp_path, head_only=False, freeze_at=1) == [(2, "2.weight", ZEROED)]
+
 def test_zero_gradient_step_stays_silent_on_healthy_loops(tmp_path):
     # zero_grad before the forward, after the step, accumulation over two backward passes, a frozen part
     model = _mlp()
