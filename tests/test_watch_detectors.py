@@ -340,3 +340,24 @@ def test_a_group_with_no_module_wholly_dead_names_no_edge():
     params = [f"{m}.{k}" for m in "abcde" for k in ("weight", "bias")]
     found = _dead_run(params, {f"{m}.weight" for m in "abcde"})
     assert found == [("a.weight", f"5 parameters of 5 module(s) (a, b, c and 2 more) {GONE}")]
+
+
+def test_a_value_exactly_at_its_threshold_is_not_a_spike():
+    # ten values of 1 (median log 0, deviation 0): the loss's threshold is log 3, a gradient's log 8;
+    # a value of exactly 3x (8x) is at its threshold, not over it
+    d = _detectors()
+    _losses(d, [1.0] * 10)
+    assert d.loss(3.0) == []
+    d = _detectors(2)
+    for _ in range(10):
+        _grads(d, [1, 1])
+    assert _grads(d, [8, 8]) == [] and _grads(d, [1, 8]) == []
+
+
+def test_a_loss_spike_alone_is_said_in_full():
+    d = _detectors(2)
+    for _ in range(10):
+        d.loss(2.0, _grads(d, [1, 1]))
+    [spike] = d.loss(80.0, _grads(d, [1, 1]))
+    assert spike.message == ("the loss is 80, 40x its median over the last 10 steps (2): look at this step's "
+                             "batch and the gradient norms around it, or lower the learning rate")
