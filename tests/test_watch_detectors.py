@@ -361,3 +361,32 @@ def test_a_loss_spike_alone_is_said_in_full():
     [spike] = d.loss(80.0, _grads(d, [1, 1]))
     assert spike.message == ("the loss is 80, 40x its median over the last 10 steps (2): look at this step's "
                              "batch and the gradient norms around it, or lower the learning rate")
+
+
+def _after_ten_ones(modules: int, now: list[float]) -> list:
+    d = _detectors(modules)
+    for _ in range(10):
+        _grads(d, [1] * modules)
+    return [(f.where, f.message) for f in _grads(d, now)]
+
+
+WHOLE = ("grew about {}x at once ({} of {} modules over their own threshold): the loss or the batch of this step, "
+         "not one layer; look at this step's batch and loss, clip gradients or lower the learning rate")
+
+
+def test_the_whole_model_grew_by_its_middle_module():
+    # three modules, two 20x: the middle of the growths (log 0, log 20, log 20) is 20x, said in full
+    assert _after_ten_ones(3, [1, 20, 20]) == [("(model)", "the modules' gradients " + WHOLE.format(20, 2, 3))]
+
+
+def test_a_middle_growth_exactly_at_the_factor_is_not_the_whole_model():
+    # 8x, 8x and 100x: one module over its threshold; the middle growth is 8x, at explode_factor, not over
+    assert _after_ten_ones(3, [8, 8, 100]) == [("m2", "gradient norm of m2 is 100x its median over the last "
+                                                      "10 steps (100 vs 1): lower its learning rate, clip "
+                                                      "gradients, or check its input")]
+
+
+def test_a_module_exactly_8x_beyond_the_whole_models_growth_is_not_out_of_line():
+    # every module 32x, one 256x: log 256 - log 32 is log 8 exactly, at the threshold, not over it
+    assert _after_ten_ones(4, [32, 32, 32, 256]) == [("(model)", "every module's gradient "
+                                                                 + WHOLE.format(32, 4, 4))]

@@ -109,7 +109,26 @@ def test_a_param_group_at_lr_zero_while_the_others_train_is_named(tmp_path):
             opt.step()
             opt.zero_grad()
     assert _alarms(w.result) == [(1, "no-update", "2.weight")]
-    assert "param group 1" in w.result.findings[0].message
+    assert w.result.findings[0].message == IDLE.format("2")
+
+
+IDLE = ("param group 1 (holding 2 parameters with a gradient, of {}) has had lr 0 for 2 steps while other groups "
+        "train: its parameters never change. Check that group's lr and the scheduler's lambda for it (freeze a "
+        "part with requires_grad_(False) instead)")
+
+
+def test_a_param_group_at_lr_zero_names_its_modules_by_their_full_names(tmp_path):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Sequential(nn.Linear(8, 1)))
+    opt = torch.optim.SGD([{"params": model[0].parameters(), "lr": 0.1},
+                           {"params": model[2].parameters(), "lr": 0.0}])
+    with watch(model, opt, tmp_path / "run.inspect") as w:
+        for i in range(3):
+            model(_batch(i)).pow(2).mean().backward()
+            opt.step()
+            opt.zero_grad()
+    assert _alarms(w.result) == [(1, "no-update", "2.0.weight")]
+    assert w.result.findings[0].message == IDLE.format("2.0")
 
 
 def test_a_param_group_at_lr_zero_whose_gradients_are_all_zero_is_not_called_idle(tmp_path):
