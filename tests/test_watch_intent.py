@@ -163,13 +163,17 @@ def test_groups_warming_up_from_zero_and_decaying_to_zero_are_silent(tmp_path):
 
 
 # -- a module whose weights never move ------------------------------------------------------------
-def _two_rates(tmp_path, dtype: torch.dtype, steps: int = 8):
+def _two_rates(tmp_path, dtype: torch.dtype, steps: int = 8, nested: bool = False):
     """The head at lr 1e-6 while the rest trains at 0.1: in bfloat16 the head's updates are below its
-    weights' precision (its weights near 0.3, bfloat16's step there about 0.002), in float32 they are not."""
-    model = _mlp().to(dtype)
+    weights' precision (its weights near 0.3, bfloat16's step there about 0.002), in float32 they are not.
+    ``nested``: the head is a Linear inside a Sequential (``2.0``)."""
+    model = _mlp()
+    if nested:
+        model[2] = nn.Sequential(model[2])
+    model = model.to(dtype)
     opt = torch.optim.SGD([{"params": model[0].parameters(), "lr": 0.1},
                            {"params": model[2].parameters(), "lr": 1e-6}])
-    head = model[2].weight.detach().clone()
+    head = model[2].get_parameter("0.weight" if nested else "weight").detach().clone()
     norms = []  # the head's gradient norm (weight and bias together) at each step
     with watch(model, opt, tmp_path / "run.inspect") as w:
         for i in range(steps):
@@ -177,7 +181,7 @@ def _two_rates(tmp_path, dtype: torch.dtype, steps: int = 8):
             norms.append(torch.cat([p.grad.double().flatten() for p in model[2].parameters()]).norm().item())
             opt.step()
             opt.zero_grad()
-    return w.result, torch.equal(head, model[2].weight.detach()), norms
+    return w.result, torch.equal(head, model[2].get_parameter("0.weight" if nested else "weight")), norms
 
 
 def test_a_module_whose_weights_never_move_is_named(tmp_path):
@@ -189,6 +193,12 @@ def test_a_module_whose_weights_never_move_is_named(tmp_path):
         f"{norms[3]:.3g}) and their lr is 1e-06, while the rest of the model trains: each update is below the "
         "weights' precision (bfloat16 weights: keep float32 master weights, or raise this part's lr), or "
         "something puts the weights back after each step")
+
+
+def test_a_nested_module_whose_weights_never_move_is_named_by_its_full_name(tmp_path):
+    result, unmoved, norms = _two_rates(tmp_path, torch.bfloat16, nested=True)
+    assert unmoved and _alarms(result) == [(3, "no-update", "2.0.weight")]
+    assert result.findings[0].message.startswith("2.0's weights (bfloat16) have not changed in 3 steps")
 
 
 def test_a_module_with_a_small_lr_that_moves_is_silent(tmp_path):
