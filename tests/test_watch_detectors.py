@@ -390,3 +390,47 @@ def test_a_module_exactly_8x_beyond_the_whole_models_growth_is_not_out_of_line()
     # every module 32x, one 256x: log 256 - log 32 is log 8 exactly, at the threshold, not over it
     assert _after_ten_ones(4, [32, 32, 32, 256]) == [("(model)", "every module's gradient "
                                                                  + WHOLE.format(32, 4, 4))]
+
+
+def test_the_root_modules_own_gradient_is_named_as_the_root_module():
+    d = Detectors(Layout(("weight", "m1.weight"), ("", "m1"), np.array([0, 1]), ()))
+    for _ in range(10):
+        _grads(d, [1, 1])
+    assert _where_said(_grads(d, [100, 1])) == [(ROOT_LABEL, "gradient norm of the root module is 100x its median "
+                                                             "over the last 10 steps (100 vs 1): lower its learning "
+                                                             "rate, clip gradients, or check its input")]
+
+
+def _where_said(found) -> list[tuple[str, str]]:
+    return [(f.where, f.message) for f in found]
+
+
+def test_a_gradient_that_grows_2_5x_a_step_is_not_a_jump():
+    # 2.5x a step is under sqrt(8) = 2.83x over the largest of the last 3 steps: silent even at 39x
+    d = _detectors(2)
+    for _ in range(10):
+        _grads(d, [1, 1])
+    assert [f for k in range(1, 5) for f in _grads(d, [2.5 ** k, 1])] == []
+
+
+def test_a_module_without_a_gradient_holds_no_part_of_the_step():
+    # m0 jumps 20x to 0.012 beside m1 at 1: 1.2% of the step's norm; m2 has no gradient (NaN), counted 0
+    d = _detectors(3)
+    for _ in range(10):
+        _grads(d, [6e-4, 1, np.nan])
+    assert _where(_grads(d, [0.012, 1, np.nan])) == [("exploding-gradient", "m0")]
+
+
+def test_a_jump_under_1_percent_of_a_large_step_is_left_alone():
+    # 0.025 to 0.5 (20x) beside a module at 100: 0.5% of the step's norm
+    d = _detectors(2)
+    for _ in range(10):
+        _grads(d, [0.025, 100])
+    assert _grads(d, [0.5, 100]) == []
+
+
+def test_the_median_of_an_odd_count_is_its_middle_value():
+    d = _detectors()
+    _losses(d, [float(v) for v in range(1, 12)])
+    [spike] = d.loss(600.0)
+    assert spike.message.startswith("the loss is 600, 100x its median over the last 11 steps (6):")

@@ -201,6 +201,20 @@ def test_a_nested_module_whose_weights_never_move_is_named_by_its_full_name(tmp_
     assert result.findings[0].message.startswith("2.0's weights (bfloat16) have not changed in 3 steps")
 
 
+def test_two_modules_whose_weights_never_move_are_both_named(tmp_path):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 1)).to(torch.bfloat16)
+    opt = torch.optim.SGD([{"params": model[0].parameters(), "lr": 0.1},
+                           {"params": [*model[2].parameters(), *model[4].parameters()], "lr": 1e-6}])
+    with watch(model, opt, tmp_path / "run.inspect") as w:
+        for i in range(8):
+            model(_batch(i).to(torch.bfloat16)).pow(2).mean().backward()
+            opt.step()
+            opt.zero_grad()
+    still = [(f.step, f.where) for f in w.result.findings if "have not changed" in f.message]
+    assert still == [(3, "2.weight"), (3, "4.weight")]
+
+
 def test_a_module_with_a_small_lr_that_moves_is_silent(tmp_path):
     result, unmoved, _ = _two_rates(tmp_path, torch.float32)
     assert not unmoved and _alarms(result) == []
