@@ -434,3 +434,14 @@ def test_the_median_of_an_odd_count_is_its_middle_value():
     _losses(d, [float(v) for v in range(1, 12)])
     [spike] = d.loss(600.0)
     assert spike.message.startswith("the loss is 600, 100x its median over the last 11 steps (6):")
+
+
+def test_a_parameter_no_param_group_holds_is_said_in_full():
+    from inspector.watching.detect import not_in_optimizer
+
+    held, loose = torch.zeros(1), torch.zeros(1)
+    [f] = not_in_optimizer(("a.weight", "b.weight", "c.weight"), [held, loose, None], {id(held)})
+    assert (f.code, f.where, f.message) == ("not-in-optimizer", "b.weight", (
+        "b.weight requires grad but no param group of the optimizer holds it: it never changes. Build the "
+        "optimizer from model.parameters() after every change to the model (after load_state_dict(assign=True), "
+        ".to(), or adding a layer)"))
