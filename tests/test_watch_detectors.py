@@ -190,8 +190,8 @@ def test_a_nonfinite_loss_is_an_error_and_a_negative_loss_is_not_judged():
         assert (f.code, f.severity, f.where) == ("nonfinite-loss", "error", LOSS_LABEL)
         assert f.message == (
             f"the loss logged at this step is {value}: look for a log(0), a division by zero or a sqrt of a "
-            "negative in the loss, a NaN or Inf in the batch, or an fp16 overflow (a larger loss scale, bf16); "
-            "watch with nonfinite=True names the module that made it, if one did")
+            "negative in the loss, a NaN or Inf in the batch, or an fp16 overflow (a larger loss scale, "
+            "bf16); watch with nonfinite=True names the module that made it, if one did")
     assert _losses(d, [-1.0, 0.0] * 10) == [] and len(d.losses) == 0  # neither judged nor kept
 
 
@@ -310,18 +310,18 @@ def test_a_group_of_dead_gradients_stops_at_the_last_layer_with_a_bias_whose_nex
     # c (a weight alone) also loses its gradient when only its input is zero: the edge is b, before it
     params = ["a.weight", "a.bias", "b.weight", "b.bias", "c.weight"]
     assert _dead_run(params, set(params)) == [("b.weight", (
-        f"5 parameters of 3 module(s) (a, b, c) {GONE}. The gradient stops at b: its output is zero (c, which "
-        "takes it, lost its gradient too), so its units are dead (a ReLU or GELU that is never positive, a "
-        "bias pushed far negative) or masked"))]
+        f"5 parameters of 3 module(s) (a, b, c) {GONE}. The gradient stops at b: its output is zero (c, "
+        "which takes it, lost its gradient too), so its units are dead (a ReLU or GELU that is never "
+        "positive, a bias pushed far negative) or masked"))]
 
 
 def test_the_next_layer_that_lost_its_gradient_only_now_still_says_the_output_is_zero():
     params = ["z.weight", "a.weight", "a.bias", "b.weight", "b.bias", "c.weight", "c.bias"]
     found = _dead_run(params, {"z.weight", "a.weight", "a.bias", "b.weight", "b.bias"}, last={"c.weight"})
     assert found == [("b.weight", (
-        f"5 parameters of 3 module(s) (z, a, b) {GONE}. The gradient stops at b: its output is zero (c, which "
-        "takes it, lost its gradient too), so its units are dead (a ReLU or GELU that is never positive, a "
-        "bias pushed far negative) or masked"))]
+        f"5 parameters of 3 module(s) (z, a, b) {GONE}. The gradient stops at b: its output is zero (c, "
+        "which takes it, lost its gradient too), so its units are dead (a ReLU or GELU that is never "
+        "positive, a bias pushed far negative) or masked"))]
 
 
 def test_a_module_that_lost_only_part_of_its_gradient_is_not_where_it_stops():
@@ -370,13 +370,14 @@ def _after_ten_ones(modules: int, now: list[float]) -> list:
     return [(f.where, f.message) for f in _grads(d, now)]
 
 
-WHOLE = ("grew about {}x at once ({} of {} modules over their own threshold): the loss or the batch of this step, "
-         "not one layer; look at this step's batch and loss, clip gradients or lower the learning rate")
+WHOLE = ("grew about {}x at once ({} of {} modules over their own threshold): the loss or the batch of this "
+         "step, not one layer; look at this step's batch and loss, clip gradients or lower the learning rate")
 
 
 def test_the_whole_model_grew_by_its_middle_module():
     # three modules, two 20x: the middle of the growths (log 0, log 20, log 20) is 20x, said in full
-    assert _after_ten_ones(3, [1, 20, 20]) == [("(model)", "the modules' gradients " + WHOLE.format(20, 2, 3))]
+    said = "the modules' gradients " + WHOLE.format(20, 2, 3)
+    assert _after_ten_ones(3, [1, 20, 20]) == [("(model)", said)]
 
 
 def test_a_middle_growth_exactly_at_the_factor_is_not_the_whole_model():
@@ -396,9 +397,9 @@ def test_the_root_modules_own_gradient_is_named_as_the_root_module():
     d = Detectors(Layout(("weight", "m1.weight"), ("", "m1"), np.array([0, 1]), ()))
     for _ in range(10):
         _grads(d, [1, 1])
-    assert _where_said(_grads(d, [100, 1])) == [(ROOT_LABEL, "gradient norm of the root module is 100x its median "
-                                                             "over the last 10 steps (100 vs 1): lower its learning "
-                                                             "rate, clip gradients, or check its input")]
+    said = ("gradient norm of the root module is 100x its median over the last 10 steps (100 vs 1): lower "
+            "its learning rate, clip gradients, or check its input")
+    assert _where_said(_grads(d, [100, 1])) == [(ROOT_LABEL, said)]
 
 
 def _where_said(found) -> list[tuple[str, str]]:
@@ -443,5 +444,5 @@ def test_a_parameter_no_param_group_holds_is_said_in_full():
     [f] = not_in_optimizer(("a.weight", "b.weight", "c.weight"), [held, loose, None], {id(held)})
     assert (f.code, f.where, f.message) == ("not-in-optimizer", "b.weight", (
         "b.weight requires grad but no param group of the optimizer holds it: it never changes. Build the "
-        "optimizer from model.parameters() after every change to the model (after load_state_dict(assign=True), "
-        ".to(), or adding a layer)"))
+        "optimizer from model.parameters() after every change to the model (after "
+        "load_state_dict(assign=True), .to(), or adding a layer)"))

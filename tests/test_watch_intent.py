@@ -112,9 +112,9 @@ def test_a_param_group_at_lr_zero_while_the_others_train_is_named(tmp_path):
     assert w.result.findings[0].message == IDLE.format("2")
 
 
-IDLE = ("param group 1 (holding 2 parameters with a gradient, of {}) has had lr 0 for 2 steps while other groups "
-        "train: its parameters never change. Check that group's lr and the scheduler's lambda for it (freeze a "
-        "part with requires_grad_(False) instead)")
+IDLE = ("param group 1 (holding 2 parameters with a gradient, of {}) has had lr 0 for 2 steps while other "
+        "groups train: its parameters never change. Check that group's lr and the scheduler's lambda for it "
+        "(freeze a part with requires_grad_(False) instead)")
 
 
 def test_a_param_group_at_lr_zero_names_its_modules_by_their_full_names(tmp_path):
@@ -135,7 +135,8 @@ def test_a_param_group_at_lr_zero_whose_gradients_are_all_zero_is_not_called_idl
     # the group at lr 0 gets gradients of zeros (its branch is multiplied by 0): nothing of it would move
     # at any lr, so it is not a group left out by its lr (the zeros are dead-gradient's to name)
     model, side = _mlp(), nn.Linear(4, 1)
-    opt = torch.optim.SGD([{"params": model.parameters(), "lr": 0.1}, {"params": side.parameters(), "lr": 0.0}])
+    opt = torch.optim.SGD([{"params": model.parameters(), "lr": 0.1},
+                           {"params": side.parameters(), "lr": 0.0}])
     root = nn.ModuleDict({"model": model, "side": side})
     with watch(root, opt, tmp_path / "run.inspect") as w:
         for i in range(4):
@@ -190,8 +191,8 @@ def test_a_module_whose_weights_never_move_is_named(tmp_path):
     assert _alarms(result) == [(3, "no-update", "2.weight")]
     assert result.findings[0].message == (
         f"2's weights (bfloat16) have not changed in 3 steps although their gradient is non-zero (norm "
-        f"{norms[3]:.3g}) and their lr is 1e-06, while the rest of the model trains: each update is below the "
-        "weights' precision (bfloat16 weights: keep float32 master weights, or raise this part's lr), or "
+        f"{norms[3]:.3g}) and their lr is 1e-06, while the rest of the model trains: each update is below "
+        "the weights' precision (bfloat16 weights: keep float32 master weights, or raise this part's lr), or "
         "something puts the weights back after each step")
 
 
@@ -203,7 +204,8 @@ def test_a_nested_module_whose_weights_never_move_is_named_by_its_full_name(tmp_
 
 def test_two_modules_whose_weights_never_move_are_both_named(tmp_path):
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 1)).to(torch.bfloat16)
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 1))
+    model = model.to(torch.bfloat16)
     opt = torch.optim.SGD([{"params": model[0].parameters(), "lr": 0.1},
                            {"params": [*model[2].parameters(), *model[4].parameters()], "lr": 1e-6}])
     with watch(model, opt, tmp_path / "run.inspect") as w:
@@ -335,10 +337,10 @@ def test_a_scaler_that_skips_every_step_is_named(tmp_path):
     assert _alarms(result) == [(29, "scaler-skipping", "(model)")]  # the tenth skip in a row
     # the scales as get_scale() gives them after each skip's update(): 2^15 after the first, 2^6 the tenth
     assert result.findings[0].message == (
-        "the GradScaler skipped the last 10 optimizer steps in a row (its scale fell from 3.28e+04 to 64): the "
-        "gradients hold Inf/NaN at every step, so optimizer.step() is never called and the model no longer "
-        "trains. Find the overflow (watch with nonfinite=True names the module), lower the learning rate, or "
-        "train in bfloat16")
+        "the GradScaler skipped the last 10 optimizer steps in a row (its scale fell from 3.28e+04 to 64): "
+        "the gradients hold Inf/NaN at every step, so optimizer.step() is never called and the model no "
+        "longer trains. Find the overflow (watch with nonfinite=True names the module), lower the learning "
+        "rate, or train in bfloat16")
 
 
 def test_ten_skips_on_and_off_above_the_floor_are_not_skips_in_a_row(tmp_path):
@@ -355,9 +357,10 @@ def test_a_scaler_skipping_on_and_off_is_named_when_its_scale_falls_under_the_fl
     fell = int(steps.loc[steps["skipped"] & (steps["scale"] < 2.0), "step"].iloc[0])  # scale 1 skipped there
     assert _alarms(result) == [(fell, "scaler-skipping", "(model)")]
     assert result.findings[0].message == (
-        f"the GradScaler's scale fell to 0.5, under 1: it skipped 9 of the {fell + 1} steps so far, on and off, "
-        "and halves at each skip faster than it grows back, so an overflow comes back whatever the scale. "
-        "Find it (watch with nonfinite=True names the module), lower the learning rate, or train in bfloat16")
+        f"the GradScaler's scale fell to 0.5, under 1: it skipped 9 of the {fell + 1} steps so far, on and "
+        "off, and halves at each skip faster than it grows back, so an overflow comes back whatever the "
+        "scale. Find it (watch with nonfinite=True names the module), lower the learning rate, or train in "
+        "bfloat16")
 
 
 def test_a_scaler_that_skips_from_the_first_step_is_named_at_its_tenth_skip(tmp_path):

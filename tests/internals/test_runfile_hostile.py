@@ -729,7 +729,8 @@ def test_list_lengths_reads_a_slice_and_its_null_rows():
 def test_a_missing_file_is_named_and_a_run_file_opens_without_blocking(tmp_path):
     with pytest.raises(InspectorError) as err:
         regular_fd(tmp_path / "gone.inspect")
-    assert str(err.value) == f"run file {tmp_path / 'gone.inspect'} cannot be read (No such file or directory)"
+    gone = tmp_path / "gone.inspect"
+    assert str(err.value) == f"run file {gone} cannot be read (No such file or directory)"
     (tmp_path / "r.inspect").write_bytes(_good())
     fd = regular_fd(tmp_path / "r.inspect")
     try:  # a file swapped for a FIFO after the check would not block the reader
