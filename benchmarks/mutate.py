@@ -29,7 +29,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRATCH = ROOT / "build" / "mutate"
-LINKED = ["inspector", "sample_models", "tests", "ui", "pages", "app.py", ".streamlit"]
+LINKED = ["inspector", "sample_models", "tests", "ui", "pages", "app.py", ".streamlit", "docs"]
 
 # name -> (the files mutated, the tests that cover them, as pytest arguments). Small modules whose word
 # users act on; tests that start process groups (``collectives``) are left out: they take minutes each.
@@ -51,7 +51,11 @@ MODULES: dict[str, tuple[list[str], list[str]]] = {
     # last: inspector/watching is being reshaped; its mutants are named by function and move with it
     "watching-detect": (["inspector/watching/detect.py"],
                         ["tests/test_watch.py", "tests/test_watch_checks.py", "tests/test_watch_planted.py",
-                         "tests/test_watch_detectors.py"]),
+                         "tests/test_watch_detectors.py", "tests/test_watch_intent.py"]),
+    "watching-rules": (["inspector/watching/rules/before.py", "inspector/watching/rules/after.py",
+                        "inspector/watching/rules/around.py"],
+                       ["tests/test_watch.py", "tests/test_watch_checks.py", "tests/test_watch_planted.py",
+                        "tests/test_watch_intent.py", "tests/internals/test_watch_table.py"]),
 }
 
 KILLED = {"killed", "timeout"}
@@ -115,7 +119,10 @@ def run(name: str, workers: int, fresh: bool, survivors: bool = False) -> dict:
     """mutmut on module ``name``: ``{"seconds", "status" (name -> count), "survivors" (name -> diff)}``.
     ``survivors``: run again only the mutants that survived last time (after tests were added)."""
     where = _prepare(name, fresh)
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONDONTWRITEBYTECODE": "1"}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONDONTWRITEBYTECODE": "1",
+           # a mutant that makes the run-file reader spin in the hostile tests' child process fails
+           # that test (and ends the child) in 15 s, not 60 (tests/runfile_child.py)
+           "INSPECTOR_CHILD_TIMEOUT_S": "15"}
     again = [k for k, (s, _) in _results(where, env).items() if s not in KILLED | {UNCHECKED}] \
         if survivors else []
     start = time.monotonic()

@@ -7,12 +7,18 @@ dashboard and the CLI do (by path, as an upload's bytes, followed live, its runs
 answers one JSON line: ``outcome`` (``ok``, ``refused`` for an InspectorError, ``bug`` for any other
 exception), ``message``, ``rows`` and ``peak_mb`` (the growth of the process's peak RSS over the
 baseline, in MiB: cumulative, so never below any one file's own peak).
+
+A read that takes over ``INSPECTOR_CHILD_TIMEOUT_S`` seconds (60 by default) ends the process
+(``SIGALRM``): the test reports a freeze, and a reader that spins after its test was stopped does not
+outlive it by more than that.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import resource
+import signal
 import sys
 import traceback
 from pathlib import Path
@@ -53,7 +59,10 @@ def _warm(folder: Path) -> None:
 def main() -> None:
     limit_mb = int(sys.argv[1])
     folder = Path(sys.argv[2])
+    timeout = int(os.environ.get("INSPECTOR_CHILD_TIMEOUT_S", "60"))
+    signal.alarm(timeout)
     _warm(folder)
+    signal.alarm(0)
     with open("/proc/self/statm") as f:
         size_pages = int(f.read().split()[0])
     vsz = size_pages * resource.getpagesize()
@@ -61,6 +70,7 @@ def main() -> None:
     base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     print(json.dumps({"ready": True}), flush=True)
     for line in sys.stdin:
+        signal.alarm(timeout)  # the default action ends the process, even inside C code
         path = Path(line.strip())
         out: dict[str, object] = {"path": str(path)}
         try:
@@ -77,6 +87,7 @@ def main() -> None:
         except BaseException as exc:  # noqa: BLE001
             out["outcome"], out["message"] = "bug", f"describe raised {type(exc).__name__}: {exc}"
         out["peak_mb"] = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base) / 1024
+        signal.alarm(0)
         print(json.dumps(out), flush=True)
 
 

@@ -188,7 +188,10 @@ def test_a_nonfinite_loss_is_an_error_and_a_negative_loss_is_not_judged():
     for value in (math.nan, math.inf, -math.inf):
         [f] = d.loss(value)
         assert (f.code, f.severity, f.where) == ("nonfinite-loss", "error", LOSS_LABEL)
-        assert str(value) in f.message and "nonfinite=True" in f.message
+        assert f.message == (
+            f"the loss logged at this step is {value}: look for a log(0), a division by zero or a sqrt of a "
+            "negative in the loss, a NaN or Inf in the batch, or an fp16 overflow (a larger loss scale, "
+            "bf16); watch with nonfinite=True names the module that made it, if one did")
     assert _losses(d, [-1.0, 0.0] * 10) == [] and len(d.losses) == 0  # neither judged nor kept
 
 
@@ -281,3 +284,165 @@ def test_a_jump_in_a_module_that_holds_almost_none_of_the_gradient_is_left_alone
         for _ in range(10):
             assert _grads(d, [base, 1]) == []
         assert _where(_grads(d, [20 * base, 1])) == ([("exploding-gradient", "m0")] if named else [])
+
+
+# -- where a group of dead gradients stops -------------------------------------------------------
+def _dead_run(params: list[str], dead: set[str], steps: int = 5, last: set[str] = frozenset()) -> list:
+    """``dead-gradient`` findings after ``steps`` steps in which the parameters ``dead`` have no gradient
+    (and ``last`` none at the last step only), the others a gradient of norm 1."""
+    modules = tuple(dict.fromkeys(p.rpartition(".")[0] for p in params))
+    owner = np.array([modules.index(p.rpartition(".")[0]) for p in params])
+    d = Detectors(Layout(tuple(params), modules, owner, ()))
+    out = []
+    for step in range(steps):
+        has = np.array([p not in dead and not (step == steps - 1 and p in last) for p in params])
+        g = np.where(has, 1.0, 0.0)
+        out += d.gradients(g, has, np.ones(len(modules)))
+    return [(f.where, f.message) for f in out if f.code == "dead-gradient"]
+
+
+GONE = ("each had no gradient, or an all-zero one, for 5 steps: they do not take part in the loss (an unused "
+        "branch, a detach(), a frozen path) or their gradients are killed (dead ReLUs, a zero mask)")
+TWO = ["a.weight", "a.bias", "b.weight", "b.bias", "c.weight", "c.bias", "d.weight", "d.bias"]
+
+
+def test_a_group_of_dead_gradients_stops_at_the_last_layer_with_a_bias_whose_next_lost_its_own():
+    # c (a weight alone) also loses its gradient when only its input is zero: the edge is b, before it
+    params = ["a.weight", "a.bias", "b.weight", "b.bias", "c.weight"]
+    assert _dead_run(params, set(params)) == [("b.weight", (
+        f"5 parameters of 3 module(s) (a, b, c) {GONE}. The gradient stops at b: its output is zero (c, "
+        "which takes it, lost its gradient too), so its units are dead (a ReLU or GELU that is never "
+        "positive, a bias pushed far negative) or masked"))]
+
+
+def test_the_next_layer_that_lost_its_gradient_only_now_still_says_the_output_is_zero():
+    params = ["z.weight", "a.weight", "a.bias", "b.weight", "b.bias", "c.weight", "c.bias"]
+    found = _dead_run(params, {"z.weight", "a.weight", "a.bias", "b.weight", "b.bias"}, last={"c.weight"})
+    assert found == [("b.weight", (
+        f"5 parameters of 3 module(s) (z, a, b) {GONE}. The gradient stops at b: its output is zero (c, "
+        "which takes it, lost its gradient too), so its units are dead (a ReLU or GELU that is never "
+        "positive, a bias pushed far negative) or masked"))]
+
+
+def test_a_module_that_lost_only_part_of_its_gradient_is_not_where_it_stops():
+    found = _dead_run(TWO, {"a.weight", "a.bias", "b.weight", "b.bias", "d.weight"})
+    assert found == [("b.weight", f"5 parameters of 3 module(s) (a, b, d) {GONE}. The gradient stops at b's "
+                                  "output: everything before it lost its own")]
+
+
+def test_a_group_that_ends_at_the_last_module_stops_at_its_output():
+    found = _dead_run(TWO, {"b.weight", "c.weight", "c.bias", "d.weight", "d.bias"})
+    assert found == [("d.weight", f"5 parameters of 3 module(s) (b, c, d) {GONE}. The gradient stops at d's "
+                                  "output: everything before it lost its own")]
+
+
+def test_a_group_with_no_module_wholly_dead_names_no_edge():
+    params = [f"{m}.{k}" for m in "abcde" for k in ("weight", "bias")]
+    found = _dead_run(params, {f"{m}.weight" for m in "abcde"})
+    assert found == [("a.weight", f"5 parameters of 5 module(s) (a, b, c and 2 more) {GONE}")]
+
+
+def test_a_value_exactly_at_its_threshold_is_not_a_spike():
+    # ten values of 1 (median log 0, deviation 0): the loss's threshold is log 3, a gradient's log 8;
+    # a value of exactly 3x (8x) is at its threshold, not over it
+    d = _detectors()
+    _losses(d, [1.0] * 10)
+    assert d.loss(3.0) == []
+    d = _detectors(2)
+    for _ in range(10):
+        _grads(d, [1, 1])
+    assert _grads(d, [8, 8]) == [] and _grads(d, [1, 8]) == []
+
+
+def test_a_loss_spike_alone_is_said_in_full():
+    d = _detectors(2)
+    for _ in range(10):
+        d.loss(2.0, _grads(d, [1, 1]))
+    [spike] = d.loss(80.0, _grads(d, [1, 1]))
+    assert spike.message == ("the loss is 80, 40x its median over the last 10 steps (2): look at this step's "
+                             "batch and the gradient norms around it, or lower the learning rate")
+
+
+def _after_ten_ones(modules: int, now: list[float]) -> list:
+    d = _detectors(modules)
+    for _ in range(10):
+        _grads(d, [1] * modules)
+    return [(f.where, f.message) for f in _grads(d, now)]
+
+
+WHOLE = ("grew about {}x at once ({} of {} modules over their own threshold): the loss or the batch of this "
+         "step, not one layer; look at this step's batch and loss, clip gradients or lower the learning rate")
+
+
+def test_the_whole_model_grew_by_its_middle_module():
+    # three modules, two 20x: the middle of the growths (log 0, log 20, log 20) is 20x, said in full
+    said = "the modules' gradients " + WHOLE.format(20, 2, 3)
+    assert _after_ten_ones(3, [1, 20, 20]) == [("(model)", said)]
+
+
+def test_a_middle_growth_exactly_at_the_factor_is_not_the_whole_model():
+    # 8x, 8x and 100x: one module over its threshold; the middle growth is 8x, at explode_factor, not over
+    assert _after_ten_ones(3, [8, 8, 100]) == [("m2", "gradient norm of m2 is 100x its median over the last "
+                                                      "10 steps (100 vs 1): lower its learning rate, clip "
+                                                      "gradients, or check its input")]
+
+
+def test_a_module_exactly_8x_beyond_the_whole_models_growth_is_not_out_of_line():
+    # every module 32x, one 256x: log 256 - log 32 is log 8 exactly, at the threshold, not over it
+    assert _after_ten_ones(4, [32, 32, 32, 256]) == [("(model)", "every module's gradient "
+                                                                 + WHOLE.format(32, 4, 4))]
+
+
+def test_the_root_modules_own_gradient_is_named_as_the_root_module():
+    d = Detectors(Layout(("weight", "m1.weight"), ("", "m1"), np.array([0, 1]), ()))
+    for _ in range(10):
+        _grads(d, [1, 1])
+    said = ("gradient norm of the root module is 100x its median over the last 10 steps (100 vs 1): lower "
+            "its learning rate, clip gradients, or check its input")
+    assert _where_said(_grads(d, [100, 1])) == [(ROOT_LABEL, said)]
+
+
+def _where_said(found) -> list[tuple[str, str]]:
+    return [(f.where, f.message) for f in found]
+
+
+def test_a_gradient_that_grows_2_5x_a_step_is_not_a_jump():
+    # 2.5x a step is under sqrt(8) = 2.83x over the largest of the last 3 steps: silent even at 39x
+    d = _detectors(2)
+    for _ in range(10):
+        _grads(d, [1, 1])
+    assert [f for k in range(1, 5) for f in _grads(d, [2.5 ** k, 1])] == []
+
+
+def test_a_module_without_a_gradient_holds_no_part_of_the_step():
+    # m0 jumps 20x to 0.012 beside m1 at 1: 1.2% of the step's norm; m2 has no gradient (NaN), counted 0
+    d = _detectors(3)
+    for _ in range(10):
+        _grads(d, [6e-4, 1, np.nan])
+    assert _where(_grads(d, [0.012, 1, np.nan])) == [("exploding-gradient", "m0")]
+
+
+def test_a_jump_under_1_percent_of_a_large_step_is_left_alone():
+    # 0.025 to 0.5 (20x) beside a module at 100: 0.5% of the step's norm
+    d = _detectors(2)
+    for _ in range(10):
+        _grads(d, [0.025, 100])
+    assert _grads(d, [0.5, 100]) == []
+
+
+def test_the_median_of_an_odd_count_is_its_middle_value():
+    d = _detectors()
+    _losses(d, [float(v) for v in range(1, 12)])
+    [spike] = d.loss(600.0)
+    assert spike.message.startswith("the loss is 600, 100x its median over the last 11 steps (6):")
+
+
+def test_a_parameter_no_param_group_holds_is_said_in_full():
+    from inspector.watching.detect import not_in_optimizer
+
+    held, loose = torch.zeros(1), torch.zeros(1)
+    [f] = not_in_optimizer(("a.weight", "b.weight", "c.weight"), [held, loose, None], {id(held)})
+    assert (f.code, f.where, f.message) == ("not-in-optimizer", "b.weight", (
+        "b.weight requires grad but no param group of the optimizer holds it: it never changes. Build the "
+        "optimizer from model.parameters() after every change to the model (after "
+        "load_state_dict(assign=True), .to(), or adding a layer)"))

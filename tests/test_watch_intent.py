@@ -44,10 +44,42 @@ def test_zero_grad_between_backward_and_step_is_named_at_once_and_nothing_else(t
     found = _alarms(w.result)
     # step 0, at the first trainable parameter; no dead-gradient 4 steps later, no gradient-not-cleared
     assert found == [(0, "zero-gradient-step", "0.weight")]
-    message = w.result.findings[0].message
-    assert "zero_grad() between loss.backward() and optimizer.step()" in message
-    assert ("no gradient" in message) and ("all-zero" in message) != set_to_none
+    had = "no gradient" if set_to_none else "no gradient or an all-zero one"
+    assert w.result.findings[0].message == ZEROED.replace("all 2", "all 4").replace("no gradient", had)
 
+
+def _zeroed_before_step(tmp_path, head_only: bool, freeze_at: int | None = None) -> list:
+    """zero_grad() between backward() and step() from step 2 on; the optimizer holds the head only, or
+    everything with the first layer frozen at ``freeze_at``: the zero-gradient-step findings."""
+    model = _mlp()
+    opt = torch.optim.SGD(model[2].parameters() if head_only else model.parameters(), lr=0.1)
+    with watch(model, opt, tmp_path / "run.inspect") as w:
+        for i in range(4):
+            if i == freeze_at:
+                model[0].requires_grad_(False)
+            model(_batch(i)).pow(2).mean().backward()
+            if i >= 2:
+                opt.zero_grad()
+            opt.step()
+            opt.zero_grad()
+            model.zero_grad()
+    return [(f.step, f.where, f.message) for f in w.result.findings if f.code == "zero-gradient-step"]
+
+
+ZEROED = ("the optimizer stepped while all 2 trainable parameters it holds had no gradient: this step moved "
+          "nothing. optimizer.zero_grad() between loss.backward() and optimizer.step() does this (call it "
+          "before backward() or after step()); so does a backward that never ran or a loss that does not "
+          "depend on the parameters")
+
+
+def test_a_step_on_zeroed_gradients_counts_only_what_the_optimizer_holds(tmp_path):
+    # the first layer keeps its gradient (the optimizer does not hold it): the step still moved nothing
+    assert _zeroed_before_step(tmp_path, head_only=True) == [(2, "2.weight", ZEROED)]
+
+
+def test_a_step_on_zeroed_gradients_counts_only_parameters_that_require_grad(tmp_path):
+    # the first layer frozen at step 1, still in the optimizer: two trainable parameters are left
+    assert _zeroed_before_step(tmp_path, head_only=False, freeze_at=1) == [(2, "2.weight", ZEROED)]
 
 def test_zero_gradient_step_stays_silent_on_healthy_loops(tmp_path):
     # zero_grad before the forward, after the step, accumulation over two backward passes, a frozen part
@@ -77,7 +109,43 @@ def test_a_param_group_at_lr_zero_while_the_others_train_is_named(tmp_path):
             opt.step()
             opt.zero_grad()
     assert _alarms(w.result) == [(1, "no-update", "2.weight")]
-    assert "param group 1" in w.result.findings[0].message
+    assert w.result.findings[0].message == IDLE.format("2")
+
+
+IDLE = ("param group 1 (holding 2 parameters with a gradient, of {}) has had lr 0 for 2 steps while other "
+        "groups train: its parameters never change. Check that group's lr and the scheduler's lambda for it "
+        "(freeze a part with requires_grad_(False) instead)")
+
+
+def test_a_param_group_at_lr_zero_names_its_modules_by_their_full_names(tmp_path):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Sequential(nn.Linear(8, 1)))
+    opt = torch.optim.SGD([{"params": model[0].parameters(), "lr": 0.1},
+                           {"params": model[2].parameters(), "lr": 0.0}])
+    with watch(model, opt, tmp_path / "run.inspect") as w:
+        for i in range(3):
+            model(_batch(i)).pow(2).mean().backward()
+            opt.step()
+            opt.zero_grad()
+    assert _alarms(w.result) == [(1, "no-update", "2.0.weight")]
+    assert w.result.findings[0].message == IDLE.format("2.0")
+
+
+def test_a_param_group_at_lr_zero_whose_gradients_are_all_zero_is_not_called_idle(tmp_path):
+    # the group at lr 0 gets gradients of zeros (its branch is multiplied by 0): nothing of it would move
+    # at any lr, so it is not a group left out by its lr (the zeros are dead-gradient's to name)
+    model, side = _mlp(), nn.Linear(4, 1)
+    opt = torch.optim.SGD([{"params": model.parameters(), "lr": 0.1},
+                           {"params": side.parameters(), "lr": 0.0}])
+    root = nn.ModuleDict({"model": model, "side": side})
+    with watch(root, opt, tmp_path / "run.inspect") as w:
+        for i in range(4):
+            x = _batch(i)
+            (model(x).pow(2).mean() + 0 * side(x).sum()).backward()
+            assert side.weight.grad is not None and not side.weight.grad.any()
+            opt.step()
+            opt.zero_grad()
+    assert [f for f in w.result.findings if f.code == "no-update"] == []
 
 
 def test_groups_warming_up_from_zero_and_decaying_to_zero_are_silent(tmp_path):
@@ -96,32 +164,61 @@ def test_groups_warming_up_from_zero_and_decaying_to_zero_are_silent(tmp_path):
 
 
 # -- a module whose weights never move ------------------------------------------------------------
-def _two_rates(tmp_path, dtype: torch.dtype, steps: int = 8):
+def _two_rates(tmp_path, dtype: torch.dtype, steps: int = 8, nested: bool = False):
     """The head at lr 1e-6 while the rest trains at 0.1: in bfloat16 the head's updates are below its
-    weights' precision (its weights near 0.3, bfloat16's step there about 0.002), in float32 they are not."""
-    model = _mlp().to(dtype)
+    weights' precision (its weights near 0.3, bfloat16's step there about 0.002), in float32 they are not.
+    ``nested``: the head is a Linear inside a Sequential (``2.0``)."""
+    model = _mlp()
+    if nested:
+        model[2] = nn.Sequential(model[2])
+    model = model.to(dtype)
     opt = torch.optim.SGD([{"params": model[0].parameters(), "lr": 0.1},
                            {"params": model[2].parameters(), "lr": 1e-6}])
-    head = model[2].weight.detach().clone()
+    head = model[2].get_parameter("0.weight" if nested else "weight").detach().clone()
+    norms = []  # the head's gradient norm (weight and bias together) at each step
     with watch(model, opt, tmp_path / "run.inspect") as w:
         for i in range(steps):
             model(_batch(i).to(dtype)).pow(2).mean().backward()
+            norms.append(torch.cat([p.grad.double().flatten() for p in model[2].parameters()]).norm().item())
             opt.step()
             opt.zero_grad()
-    return w.result, torch.equal(head, model[2].weight.detach())
+    return w.result, torch.equal(head, model[2].get_parameter("0.weight" if nested else "weight")), norms
 
 
 def test_a_module_whose_weights_never_move_is_named(tmp_path):
-    result, unmoved = _two_rates(tmp_path, torch.bfloat16)
+    result, unmoved, norms = _two_rates(tmp_path, torch.bfloat16)
     assert unmoved  # the plant: not one of the head's weights moved
     assert _alarms(result) == [(3, "no-update", "2.weight")]
-    message = result.findings[0].message
-    assert message.startswith("2's weights (bfloat16) have not changed in 3 steps although their gradient "
-                              "is non-zero") and "their lr is 1e-06" in message
+    assert result.findings[0].message == (
+        f"2's weights (bfloat16) have not changed in 3 steps although their gradient is non-zero (norm "
+        f"{norms[3]:.3g}) and their lr is 1e-06, while the rest of the model trains: each update is below "
+        "the weights' precision (bfloat16 weights: keep float32 master weights, or raise this part's lr), or "
+        "something puts the weights back after each step")
+
+
+def test_a_nested_module_whose_weights_never_move_is_named_by_its_full_name(tmp_path):
+    result, unmoved, norms = _two_rates(tmp_path, torch.bfloat16, nested=True)
+    assert unmoved and _alarms(result) == [(3, "no-update", "2.0.weight")]
+    assert result.findings[0].message.startswith("2.0's weights (bfloat16) have not changed in 3 steps")
+
+
+def test_two_modules_whose_weights_never_move_are_both_named(tmp_path):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 1))
+    model = model.to(torch.bfloat16)
+    opt = torch.optim.SGD([{"params": model[0].parameters(), "lr": 0.1},
+                           {"params": [*model[2].parameters(), *model[4].parameters()], "lr": 1e-6}])
+    with watch(model, opt, tmp_path / "run.inspect") as w:
+        for i in range(8):
+            model(_batch(i).to(torch.bfloat16)).pow(2).mean().backward()
+            opt.step()
+            opt.zero_grad()
+    still = [(f.step, f.where) for f in w.result.findings if "have not changed" in f.message]
+    assert still == [(3, "2.weight"), (3, "4.weight")]
 
 
 def test_a_module_with_a_small_lr_that_moves_is_silent(tmp_path):
-    result, unmoved = _two_rates(tmp_path, torch.float32)
+    result, unmoved, _ = _two_rates(tmp_path, torch.float32)
     assert not unmoved and _alarms(result) == []
 
 
@@ -238,7 +335,19 @@ def test_a_scaler_that_skips_every_step_is_named(tmp_path):
     assert steps["scale"].tolist() == [2.0**16] * 21 + [2.0**(15 - k) for k in range(19)]
     assert steps["loss"].iloc[20:].tolist() == [math.inf] * 20  # the loss logged for the skipped steps
     assert _alarms(result) == [(29, "scaler-skipping", "(model)")]  # the tenth skip in a row
-    assert "skipped the last 10 optimizer steps in a row" in result.findings[0].message
+    # the scales as get_scale() gives them after each skip's update(): 2^15 after the first, 2^6 the tenth
+    assert result.findings[0].message == (
+        "the GradScaler skipped the last 10 optimizer steps in a row (its scale fell from 3.28e+04 to 64): "
+        "the gradients hold Inf/NaN at every step, so optimizer.step() is never called and the model no "
+        "longer trains. Find the overflow (watch with nonfinite=True names the module), lower the learning "
+        "rate, or train in bfloat16")
+
+
+def test_ten_skips_on_and_off_above_the_floor_are_not_skips_in_a_row(tmp_path):
+    # every other step overflows from step 4: 18 skips, never two in a row, the scale from 2^20 to 2^2
+    result, stepped, steps = _amp_run(tmp_path, overflow_from=4, init_scale=2.0**20, every=2)
+    assert int(steps["skipped"].sum()) == 18 and steps["scale"].min() >= 2.0
+    assert _alarms(result) == []
 
 
 def test_a_scaler_skipping_on_and_off_is_named_when_its_scale_falls_under_the_floor(tmp_path):
@@ -247,8 +356,17 @@ def test_a_scaler_skipping_on_and_off_is_named_when_its_scale_falls_under_the_fl
     assert stepped[4:10] == [False, True] * 3
     fell = int(steps.loc[steps["skipped"] & (steps["scale"] < 2.0), "step"].iloc[0])  # scale 1 skipped there
     assert _alarms(result) == [(fell, "scaler-skipping", "(model)")]
-    assert "scale fell to 0.5, under 1" in result.findings[0].message
-    assert f"skipped 9 of the {fell + 1} steps so far" in result.findings[0].message
+    assert result.findings[0].message == (
+        f"the GradScaler's scale fell to 0.5, under 1: it skipped 9 of the {fell + 1} steps so far, on and "
+        "off, and halves at each skip faster than it grows back, so an overflow comes back whatever the "
+        "scale. Find it (watch with nonfinite=True names the module), lower the learning rate, or train in "
+        "bfloat16")
+
+
+def test_a_scaler_that_skips_from_the_first_step_is_named_at_its_tenth_skip(tmp_path):
+    result, stepped, steps = _amp_run(tmp_path, overflow_from=0, init_scale=2.0**16, iterations=12)
+    assert not any(stepped) and steps["skipped"].all()
+    assert _alarms(result) == [(9, "scaler-skipping", "(model)")]
 
 
 def test_a_scaler_settling_from_a_huge_scale_is_silent(tmp_path):
@@ -343,6 +461,24 @@ def test_a_new_optimizer_not_handed_over_is_said_at_once(tmp_path):
     assert "w.use_optimizer(new_optimizer)" in result.findings[0].message
 
 
+def test_a_new_optimizer_over_part_of_the_model_is_said_with_what_it_holds(tmp_path):
+    model = _mlp()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    with watch(model, opt, tmp_path / "run.inspect") as w:
+        for i in range(12):
+            if i == 6:  # a new optimizer for the head only
+                opt = torch.optim.SGD(model[2].parameters(), lr=0.01)
+            model(_batch(i)).pow(2).mean().backward()
+            opt.step()
+            opt.zero_grad()
+    assert _alarms(w.result) == [(6, "optimizer-lost", "2.weight")]
+    assert w.result.findings[0].message == (
+        "another optimizer (SGD, holding 2 parameters, 2 of them the watched optimizer's) stepped after step "
+        "6: a new optimizer built mid-run. The watch follows the optimizer it was given, which no longer "
+        "steps, so it lost track: the run file records no step from here. Hand it the new one with "
+        "w.use_optimizer(new_optimizer)")
+
+
 def test_a_new_optimizer_handed_over_is_followed(tmp_path):
     result = _two_phases(tmp_path, hand_over=True)
     assert result.steps == 12 and len(result.run().steps) == 12
@@ -430,6 +566,11 @@ def test_a_part_unfrozen_and_never_added_to_the_optimizer_is_named(tmp_path, add
             opt.step()
             opt.zero_grad()
     assert _alarms(w.result) == ([] if added else [(4, "not-in-optimizer", "0.weight")])
+    if not added:
+        assert next(f.message for f in w.result.findings if f.code == "not-in-optimizer") == (
+            "2 parameter(s) of 0 were frozen when the watch started and now require grad, but no param group "
+            "of the optimizer holds them: they never change. Add them with optimizer.add_param_group("
+            "{'params': [...], 'lr': ...}) when you unfreeze them")
 
 
 # -- a layer whose output died --------------------------------------------------------------------

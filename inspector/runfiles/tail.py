@@ -236,7 +236,8 @@ class RunTail:
         want = BLOCK
         self.cut = False
         while self.offset < size and not self.closed:
-            buf = pa.py_buffer(fill(self.offset, min(size - self.offset, want)))
+            asked = min(size - self.offset, want)
+            buf = pa.py_buffer(fill(self.offset, asked))
             start = 0
             while True:
                 s = scan(buf.slice(start), self.schema, self.meta, name=self.name, limit=PENDING,
@@ -254,7 +255,15 @@ class RunTail:
             self._take(pending)
             pending = []
             need = s.need
+            # a pass that read nothing would read the same again: never loop on it
+            short, stuck = len(buf) < asked, start == 0 and not self.closed
             del buf, s  # nothing read from this block is held past here: the next fill reuses it
+            if stuck and short:  # the file shrank since its size was read: the next poll reads it again
+                self.cut = True
+                break
+            if stuck and need <= asked:
+                raise InspectorError(f"{self.name}: the message at byte {self.offset:,} does not read "
+                                     f"although its {need:,} bytes are there: the file is damaged: not read")
             if self.closed or not need:
                 continue
             if self.offset + need > size:  # the writer is mid-message, or died there

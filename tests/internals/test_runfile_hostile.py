@@ -41,16 +41,19 @@ from inspector.runfiles.guard import (
     check_meta,
     check_rows,
     check_schema,
+    list_lengths,
     regular_fd,
 )
-from inspector.runfiles.tail import SMALL, message_at
+from inspector.runfiles.tail import SMALL, RunTail, message_at
 from inspector.runfolders import describe, list_runs
 from inspector.utils.findings import InspectorError
 from inspector.watching import LiveRun, parse_run_bytes, read_run
 
 CHILD = Path(__file__).parents[1] / "runfile_child.py"
 LIMIT_MB = 1024  # the child's address space beyond what it uses after its imports
-TIMEOUT_S = 60
+# a read in the child longer than this is a freeze (the child also ends itself then: runfile_child.py);
+# `make mutate` shortens it, so that a mutant that makes the reader spin costs seconds
+TIMEOUT_S = int(os.environ.get("INSPECTOR_CHILD_TIMEOUT_S", "60"))
 
 
 def _meta(modules: int = 2, world: int = 1) -> RunMeta:
@@ -409,6 +412,20 @@ def test_following_a_growing_file_gives_the_run_a_full_read_gives(tmp_path):
     rewritten.close()
 
 
+def test_a_file_that_shrinks_while_it_is_read_stops_at_what_is_there():
+    # the size was read (fstat), then the file was cut before its bytes were: each read gets less than
+    # it asked for, down to nothing; the reader keeps what is whole and waits, it does not loop on it
+    data = _good(4)
+    cut = _messages(data)[3][0] + 5  # the schema, two batches and 5 bytes of the third
+    tail = RunTail(data=data[:cut], name="shrunk.inspect")
+    view = memoryview(data[:cut])
+    _alarm(20)
+    try:
+        added = tail._read(lambda at, n: view[at:at + n], len(data))
+    finally:
+        signal.alarm(0)
+    assert (added, tail.rows, tail.offset, tail.cut, tail.closed) == (2, 2, cut - 5, True, False)
+
 def test_an_upload_reads_as_the_file_does(tmp_path):
     data = _good(5, 2, 2)
     (tmp_path / "u.inspect").write_bytes(data)
@@ -626,6 +643,101 @@ def test_a_forged_header_is_refused_by_the_check_for_it(case):
     else:
         assert message == f"f.inspect: {said}"
 
+
+# ------------------------------------------------------------------ the framing of each message, forged
+def _framed(data: bytes, message: int, edit) -> bytes:
+    """``data`` with ``edit(meta, root, vtable)`` applied to the flatbuffer ``Message`` of message
+    ``message`` (a bytearray of its header, the root table's position and its vtable's)."""
+    at, size, _ = _messages(data)[message]
+    meta = bytearray(data[at + 8:at + size])
+    root = struct.unpack_from("<I", meta, 0)[0]
+    edit(meta, root, root - struct.unpack_from("<i", meta, root)[0])
+    return data[:at + 8] + bytes(meta) + data[at + size:]
+
+
+def _message_field(meta: bytearray, root: int, vt: int, field: int) -> int:
+    """Where field ``field`` of the ``Message`` is (0 version, 1 header type, 2 header, 3 body length)."""
+    return root + struct.unpack_from("<H", meta, vt + 4 + 2 * field)[0]
+
+
+def _prefix(data: bytes, marker: int | None = None, length: int | None = None) -> bytes:
+    """``data`` with the first record batch's continuation marker and header length forged."""
+    out, at = bytearray(data), _messages(data)[1][0]
+    if marker is not None:
+        struct.pack_into("<I", out, at, marker)
+    if length is not None:
+        struct.pack_into("<i", out, at + 4, length)
+    return bytes(out)
+
+
+AT = _messages(_good())[1][0]  # where the first record batch starts
+
+
+def _damaged(why: str) -> str:
+    return f"a message at byte {AT:,} is damaged ({why}): not read"
+
+
+ONLY_BATCHES = "message after the schema; a run file holds only record batches: not read"
+FRAMING = {
+    "no continuation marker": (lambda: _prefix(_good(), marker=0), _damaged(
+        "the bytes there are not an Arrow IPC message (no continuation marker)")),
+    "a header one byte over the limit": (lambda: _prefix(_good(), length=MAX_META_BYTES + 1), _damaged(
+        f"a message header of {MAX_META_BYTES + 1:,} bytes (at most {MAX_META_BYTES:,})")),
+    "a header of -1 bytes": (lambda: _prefix(_good(), length=-1), _damaged(
+        f"a message header of -1 bytes (at most {MAX_META_BYTES:,})")),
+    "a body of -1 bytes": (lambda: _framed(_good(), 1, lambda m, r, vt: struct.pack_into(
+        "<q", m, _message_field(m, r, vt, 3), -1)), _damaged("a message body of -1 bytes")),
+    "a root table whose vtable lies before the header": (lambda: _framed(_good(), 1, lambda m, r, vt: (
+        struct.pack_into("<i", m, r, r + 4))), _damaged("a message header points outside itself")),
+    # the root at 0 reads its own offset (0) as the distance to its vtable, which has no fields
+    "a root table at 0": (lambda: _framed(_good(), 1, lambda m, r, vt: struct.pack_into("<I", m, 0, 0)),
+                          f"a unknown {ONLY_BATCHES}"),
+    "a message type of 9": (lambda: _framed(_good(), 1, lambda m, r, vt: struct.pack_into(
+        "<B", m, _message_field(m, r, vt, 1), 9)), f"a unknown {ONLY_BATCHES}"),
+    "no message type": (lambda: _framed(_good(), 1, lambda m, r, vt: struct.pack_into("<H", m, vt + 6, 0)),
+                        f"a unknown {ONLY_BATCHES}"),
+    "a record batch without its header": (lambda: _framed(_good(), 1, lambda m, r, vt: struct.pack_into(
+        "<H", m, vt + 8, 0)), f"a record batch {ONLY_BATCHES}"),
+}
+
+
+@pytest.mark.parametrize("case", list(FRAMING))
+def test_a_forged_frame_is_refused_in_words(case):
+    make, said = FRAMING[case]
+    with pytest.raises(InspectorError) as err:
+        parse_run_bytes(make(), "f.inspect")
+    assert str(err.value) == f"f.inspect: {said}"
+
+
+def test_a_header_at_the_limit_is_a_message_not_whole_yet():
+    # 64 MiB of header is allowed: the message is then not whole in the file (a writer mid-step)
+    run = parse_run_bytes(_prefix(_good(), length=MAX_META_BYTES), "f.inspect")
+    assert (len(run.steps), run.complete) == (0, False)
+
+
+def test_list_lengths_reads_a_slice_and_its_null_rows():
+    column = pa.array([[1.0], [1.0, 2.0], None, [3.0, 4.0, 5.0], [6.0]], pa.list_(pa.float32()))
+    lengths, valid = list_lengths(column.slice(1, 3))  # its offsets start one row in and go on past it
+    assert (lengths.tolist(), valid.tolist()) == ([2, 0, 3], [True, False, True])
+    lengths, valid = list_lengths(column.slice(3))
+    assert (lengths.tolist(), valid.tolist()) == ([3, 1], [True, True])
+    for empty in (column.slice(5), pa.array([], pa.list_(pa.float32()))):
+        lengths, valid = list_lengths(empty)
+        assert (lengths.tolist(), valid.tolist(), lengths.dtype.kind) == ([], [], "i")
+
+
+def test_a_missing_file_is_named_and_a_run_file_opens_without_blocking(tmp_path):
+    with pytest.raises(InspectorError) as err:
+        regular_fd(tmp_path / "gone.inspect")
+    gone = tmp_path / "gone.inspect"
+    assert str(err.value) == f"run file {gone} cannot be read (No such file or directory)"
+    (tmp_path / "r.inspect").write_bytes(_good())
+    fd = regular_fd(tmp_path / "r.inspect")
+    try:  # a file swapped for a FIFO after the check would not block the reader
+        import fcntl
+        assert fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_NONBLOCK
+    finally:
+        os.close(fd)
 
 def test_an_empty_record_batch_reads_as_no_steps(tmp_path):
     sink = io.BytesIO()
