@@ -335,9 +335,10 @@ def test_a_scaler_that_skips_every_step_is_named(tmp_path):
     assert steps["scale"].tolist() == [2.0**16] * 21 + [2.0**(15 - k) for k in range(19)]
     assert steps["loss"].iloc[20:].tolist() == [math.inf] * 20  # the loss logged for the skipped steps
     assert _alarms(result) == [(29, "scaler-skipping", "(model)")]  # the tenth skip in a row
-    # the scales as get_scale() gives them after each skip's update(): 2^15 after the first, 2^6 the tenth
+    # from the scale the first skipped row records (2^16, the one it overflowed at) to get_scale() after
+    # the tenth skip's update() (2^6)
     assert result.findings[0].message == (
-        "the GradScaler skipped the last 10 optimizer steps in a row (its scale fell from 3.28e+04 to 64): "
+        "the GradScaler skipped the last 10 optimizer steps in a row (its scale fell from 6.55e+04 to 64): "
         "the gradients hold Inf/NaN at every step, so optimizer.step() is never called and the model no "
         "longer trains. Find the overflow (watch with nonfinite=True names the module), lower the learning "
         "rate, or train in bfloat16")
@@ -474,9 +475,9 @@ def test_a_new_optimizer_over_part_of_the_model_is_said_with_what_it_holds(tmp_p
     assert _alarms(w.result) == [(6, "optimizer-lost", "2.weight")]
     assert w.result.findings[0].message == (
         "another optimizer (SGD, holding 2 parameters, 2 of them the watched optimizer's) stepped after step "
-        "6: a new optimizer built mid-run. The watch follows the optimizer it was given, which no longer "
-        "steps, so it lost track: the run file records no step from here. Hand it the new one with "
-        "w.use_optimizer(new_optimizer)")
+        "5, the last the watch saw: a new optimizer built mid-run. The watch follows the optimizer it was "
+        "given, which no longer steps, so it lost track: the run file records no step from here. Hand it the "
+        "new one with w.use_optimizer(new_optimizer)")
 
 
 def test_a_new_optimizer_handed_over_is_followed(tmp_path):

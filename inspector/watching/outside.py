@@ -98,7 +98,7 @@ class OutsideSteps:
         logged = {k: float(v) for k, v in self.scalars.take().items()}
         n.loss_logged = float("loss" in logged)
         n.loss = logged.pop("loss", float("nan"))
-        found = self.checks.run("skipped", self._at(), [])
+        found = self.checks.run("skipped", self._at(numbers=n), [])
         new = self.recorder.first_time(found, st.count, r.rank)
         if self.recorder.writer is not None:
             self.recorder.writer.write([step_record(st.count, r.rank, n, logged, self.target.lrs(), new)],

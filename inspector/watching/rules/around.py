@@ -52,8 +52,8 @@ class ScalerSkips:
         self.at_step = at.step
         self.total += 1
         scale = float(self.scaler.get_scale())  # a host sync, on a skipped step only
-        if self.skips == 1:
-            self.first_scale = scale
+        if self.skips == 1:  # the scale this run of skips began to overflow at, as its row records it
+            self.first_scale = at.numbers.scale if at.numbers is not None else scale
         if self.skips == self.in_a_row:
             self.floored = True  # said: the scale's fall that follows is the same overflow
             return found + [coded(
@@ -93,10 +93,11 @@ class OptimizerLost:
         names = at.target.names_of(at.other)
         held = at.target.held()
         ours = [n for n, p in at.target.root.named_parameters() if id(p) in held and n in set(names)]
+        when = f"after step {at.step - 1}, the last the watch saw" if at.step else "before the first step"
         return found + [coded(
             "optimizer-lost", ours[0] if ours else ROOT_LABEL,
             f"another optimizer ({type(at.other).__name__}, holding {len(names)} parameters, {len(ours)} of "
-            f"them the watched optimizer's) stepped after step {at.step}: a new optimizer built mid-run. The "
+            f"them the watched optimizer's) stepped {when}: a new optimizer built mid-run. The "
             "watch follows the optimizer it was given, which no longer steps, so it lost track: the run "
             "file records no step from here. Hand it the new one with w.use_optimizer(new_optimizer)")]
 
