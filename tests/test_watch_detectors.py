@@ -437,12 +437,15 @@ def test_the_median_of_an_odd_count_is_its_middle_value():
     assert spike.message.startswith("the loss is 600, 100x its median over the last 11 steps (6):")
 
 
-def test_a_parameter_no_param_group_holds_is_said_in_full():
-    from inspector.watching.detect import not_in_optimizer
-
-    held, loose = torch.zeros(1), torch.zeros(1)
-    [f] = not_in_optimizer(("a.weight", "b.weight", "c.weight"), [held, loose, None], {id(held)})
-    assert (f.code, f.where, f.message) == ("not-in-optimizer", "b.weight", (
-        "b.weight requires grad but no param group of the optimizer holds it: it never changes. Build the "
+def test_a_parameter_no_param_group_holds_is_said_in_full(tmp_path):
+    model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Linear(4, 1, bias=False))
+    opt = torch.optim.SGD(model[0].parameters(), lr=0.1)  # 1.weight is left out
+    with watch(model, opt, tmp_path / "run.inspect") as w:
+        model(torch.randn(5, 3)).pow(2).mean().backward()
+        opt.step()
+        opt.zero_grad()
+    [f] = [f for f in w.result.findings if f.code == "not-in-optimizer"]
+    assert (f.where, f.message) == ("1.weight", (
+        "1.weight requires grad but no param group of the optimizer holds it: it never changes. Build the "
         "optimizer from model.parameters() after every change to the model (after "
         "load_state_dict(assign=True), .to(), or adding a layer)"))
