@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import gc
+import math
 import threading
 import weakref
 
@@ -761,3 +762,54 @@ def test_two_models_captured_in_two_threads_each_capture_sees_only_its_own_modul
     assert seen == [(1, 0), (1, 0)]
     for model in (a, b, plain_b):
         assert hook_state(model) == {n: () for n, _ in model.named_modules()}
+
+
+# -- tensor_stats, each figure worked out by hand ----------------------------------------------------
+def _stats(values, dtype=None):
+    from inspector.capture import tensor_stats
+    return tensor_stats(torch.tensor(values, dtype=dtype))
+
+
+def test_tensor_stats_of_finite_values():
+    s = _stats([1.0, 2.0, 3.0, 0.0])  # mean 6/4; variance (0.25 + 0.25 + 2.25 + 2.25) / 4 = 1.25
+    assert s == {"shape": "(4,)", "dtype": "float32", "device": "cpu", "bytes": 16, "mean": 1.5,
+                 "std": pytest.approx(math.sqrt(1.25)), "min": 0.0, "max": 3.0, "nan": 0, "inf": 0,
+                 "zero_fraction": 0.25}
+
+
+def test_tensor_stats_when_the_mean_dwarfs_the_spread_takes_the_exact_formula():
+    # 1e6 +- 1: one pass would lose the variance of 1 in (1e12 + 1) - 1e12
+    s = _stats([1e6 + 1, 1e6 - 1, 1e6 + 1, 1e6 - 1], torch.float64)
+    assert (s["mean"], s["std"], s["min"], s["max"], s["zero_fraction"]) == (1e6, 1.0, 1e6 - 1, 1e6 + 1, 0.0)
+    assert (s["dtype"], s["bytes"]) == ("float64", 32)
+
+
+def test_tensor_stats_count_nan_and_inf_and_describe_the_rest():
+    s = _stats([1.0, math.nan, math.inf, -3.0, 0.0])  # finite: 1, -3, 0
+    assert (s["nan"], s["inf"], s["min"], s["max"]) == (1, 1, -3.0, 1.0)
+    assert s["mean"] == pytest.approx(-2 / 3)
+    assert s["std"] == pytest.approx(math.sqrt(((5 / 3) ** 2 + (7 / 3) ** 2 + (2 / 3) ** 2) / 3))
+    assert s["zero_fraction"] == pytest.approx(1 / 5)  # the one 0 among all 5 values
+
+
+def test_tensor_stats_of_integers_complex_numbers_and_nothing_finite():
+    ints = _stats([3, -4], torch.int64)
+    assert (ints["mean"], ints["std"], ints["min"], ints["max"], ints["dtype"]) == (
+        -0.5, 3.5, -4.0, 3.0, "int64")
+    cplx = _stats([3 + 4j, 0j], torch.complex64)  # their magnitudes: 5 and 0
+    assert (cplx["mean"], cplx["std"], cplx["min"], cplx["max"], cplx["zero_fraction"]) == (
+        2.5, 2.5, 0.0, 5.0, 0.5)
+    only_nan = _stats([math.nan])
+    assert (only_nan["nan"], only_nan["mean"], only_nan["std"], only_nan["min"], only_nan["max"],
+            only_nan["zero_fraction"]) == (1, None, None, None, None, 0.0)
+
+
+def test_tensor_stats_of_an_empty_or_meta_tensor_give_its_layout_only():
+    from inspector.capture import tensor_stats
+    empty = tensor_stats(torch.empty(0, 3))
+    meta = tensor_stats(torch.empty(2, 3, device="meta", dtype=torch.bfloat16))
+    for s in (empty, meta):
+        assert (s["mean"], s["std"], s["min"], s["max"], s["nan"], s["inf"], s["zero_fraction"]) == (
+            None, None, None, None, 0, 0, None)
+    assert (empty["shape"], empty["bytes"]) == ("(0, 3)", 0)
+    assert (meta["shape"], meta["dtype"], meta["device"], meta["bytes"]) == ("(2, 3)", "bfloat16", "meta", 12)
