@@ -813,3 +813,42 @@ def test_tensor_stats_of_an_empty_or_meta_tensor_give_its_layout_only():
             None, None, None, None, 0, 0, None)
     assert (empty["shape"], empty["bytes"]) == ("(0, 3)", 0)
     assert (meta["shape"], meta["dtype"], meta["device"], meta["bytes"]) == ("(2, 3)", "bfloat16", "meta", 12)
+
+
+# -- reference_drift: how far the bare output moved from its copy, worked out by hand ---------------
+class _Source(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.clone()
+
+
+class _Writes(nn.Module):
+    def __init__(self, write) -> None:
+        super().__init__()
+        self.write = write
+
+    def forward(self, t: torch.Tensor) -> torch.Tensor:
+        self.write(t)
+        return t
+
+
+def _drift(x, write):
+    net = nn.Sequential(_Source(), _Writes(write))
+    with torch.no_grad():
+        cap = capture_activations(net, x, keep_references=True)
+    rows = reference_drift(cap)[["module", "max_abs_diff", "corrupted", "overwritten_by"]].values.tolist()
+    return [[m, d, c, by if isinstance(by, str) else None] for m, d, c, by in rows]  # pandas: None or NaN
+
+
+@pytest.mark.parametrize(("x", "write", "moved"), [
+    (torch.tensor([1.0, math.nan, 2.0]), lambda t: t[:1].add_(3), 3.0),  # a NaN kept is no change
+    (torch.tensor([5, 1]), lambda t: t[:1].sub_(7), 7.0),  # integers: 5 -> -2
+    (torch.tensor([math.nan, 1.0]), lambda t: t.nan_to_num_(0.0), math.inf),  # a NaN made finite
+    (torch.arange(16, dtype=torch.float32), lambda t: t[15:].mul_(-1), 30.0),  # 15 -> -15, in 64 bytes
+])
+def test_reference_drift_is_the_largest_change_written_into_an_output(x, write, moved):
+    assert _drift(x, write) == [["0", moved, True, "1"], ["1", 0.0, False, None]]
+
+
+def test_reference_drift_of_outputs_nobody_wrote_is_zero():
+    assert _drift(torch.tensor([1.0, 2.0], dtype=torch.float64), lambda t: None) == [
+        ["0", 0.0, False, None], ["1", 0.0, False, None]]
