@@ -143,7 +143,7 @@ def _table(buf: bytes, pos: int) -> tuple[int, int, int]:
     return pos, vt, _U16(buf, vt)[0]
 
 
-def _field(buf: bytes, table: tuple[int, int, int], index: int) -> int:
+def field_at(buf: bytes, table: tuple[int, int, int], index: int) -> int:
     """Where field ``index`` of ``table`` is (0 when absent)."""
     pos, vt, size = table
     at = 4 + 2 * index
@@ -170,13 +170,13 @@ def message_header(meta: bytes) -> tuple[str, int, tuple[int, int, int] | None]:
             body length).
     """
     message = _table(meta, _U32(meta, 0)[0])
-    at = _field(meta, message, 1)
+    at = field_at(meta, message, 1)
     kind = _MESSAGE_TYPES.get(_U8(meta, at)[0] if at else 0, "unknown")
-    at = _field(meta, message, 3)
+    at = field_at(meta, message, 3)
     body = _I64(meta, at)[0] if at else 0
     if body < 0:
         raise ValueError(f"a message body of {body} bytes")
-    at = _field(meta, message, 2)
+    at = field_at(meta, message, 2)
     return kind, body, _table(meta, at + _U32(meta, at)[0]) if at else None
 
 
@@ -188,9 +188,9 @@ def batch_header(meta: bytes, header: tuple[int, int, int], body: int, name: str
     Raises:
         InspectorError: naming ``name`` and the fault.
     """
-    at = _field(meta, header, 0)
+    at = field_at(meta, header, 0)
     rows = _I64(meta, at)[0] if at else 0
-    if _field(meta, header, 3):
+    if field_at(meta, header, 3):
         raise InspectorError(f"{name}: a record batch with compressed buffers (LZ4/ZSTD); a run file is "
                              "never compressed: not read")
     if rows < 0 or rows > min(MAX_WORLD, body // 8):
@@ -207,7 +207,7 @@ def batch_header(meta: bytes, header: tuple[int, int, int], body: int, name: str
 def batch_layout(meta: bytes, header: tuple[int, int, int]) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """``(nodes, buffers)`` of a record batch header: each column's ``(length, null count)`` and each
     buffer's ``(offset, length)`` in the body, as flat tuples in Arrow's order."""
-    return _vector(meta, _field(meta, header, 1)), _vector(meta, _field(meta, header, 2))
+    return _vector(meta, field_at(meta, header, 1)), _vector(meta, field_at(meta, header, 2))
 
 
 def check_schema(schema: Any, kind: str, name: str) -> None:

@@ -4,6 +4,7 @@ damaged message in a run of alike ones is refused as when each is read alone."""
 
 from __future__ import annotations
 
+import struct
 from pathlib import Path
 
 import numpy as np
@@ -168,16 +169,17 @@ def test_check_step_rows_read_at_once_are_the_rows_arrow_reads(tmp_path):
 def _patched(data: bytes, edit) -> bytes:
     """``data`` with ``edit(out, start, size, nodes, buffers)`` applied to every record batch message
     (``out`` a bytearray, ``nodes`` and ``buffers`` where each header entry's two int64 lie in it)."""
-    from inspector.runfiles.guard import _U32, _field
+    from inspector.runfiles.guard import field_at
 
     out = bytearray(data)
     for start in _messages(data):
         size, _, _, header, meta = message_at(memoryview(data), start, "run")
         places = []
         for index in (1, 2):  # the field nodes, then the buffers, of the header
-            at = _field(meta, header, index)
-            vec = at + _U32(meta, at)[0]
-            places.append([start + 8 + vec + 4 + 16 * i for i in range(_U32(meta, vec)[0])])
+            at = field_at(meta, header, index)
+            vec = at + struct.unpack_from("<I", meta, at)[0]
+            count = struct.unpack_from("<I", meta, vec)[0]
+            places.append([start + 8 + vec + 4 + 16 * i for i in range(count)])
         edit(out, start, size, *places)
     return bytes(out)
 
@@ -221,13 +223,13 @@ def test_a_header_whose_rows_are_not_its_columns_length_is_refused_as_when_read_
     from the columns; it is refused as when each is read alone."""
     import struct
 
-    from inspector.runfiles.guard import _field
+    from inspector.runfiles.guard import field_at
 
     _, data, starts = _alike_file(tmp_path)
     header = message_at(memoryview(data), starts[0], "run")
 
     def two_rows(out, start, size, nodes, buffers):
-        struct.pack_into("<q", out, start + 8 + _field(header[4], header[3], 0), 2)
+        struct.pack_into("<q", out, start + 8 + field_at(header[4], header[3], 0), 2)
 
     forged = _patched(data, two_rows)
     alone = _one_by_one(monkeypatch, forged)
