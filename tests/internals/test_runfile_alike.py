@@ -221,7 +221,6 @@ def test_a_header_whose_rows_are_not_its_columns_length_is_refused_as_when_read_
                                                                                        monkeypatch):
     """Every step's header says 2 rows while each column holds 1: read at once, the rows would be taken
     from the columns; it is refused as when each is read alone."""
-    import struct
 
     from inspector.runfiles.guard import field_at
 
@@ -241,7 +240,6 @@ def test_a_header_whose_rows_are_not_its_columns_length_is_refused_as_when_read_
 def test_a_null_count_its_bitmap_does_not_bear_out_is_refused_as_when_read_alone(tmp_path, monkeypatch):
     """Every step's loss is null (null count 1); its validity bit forged to 1 in each: read at once, the
     nulls would be counted from the bits and the batch accepted; refused as when read alone."""
-    import struct
 
     path = tmp_path / "nulls.inspect"
     with RunWriter(path, _meta()) as writer:
@@ -264,7 +262,6 @@ def test_struct_children_longer_than_their_struct_give_arrows_rows(tmp_path, mon
     """Each step holds two findings; its header forged to a struct of one finding (children still two
     long, as Arrow allows) and its list to one: Arrow's rows are each step's first finding; read at once,
     step k would take the children's row k."""
-    import struct
 
     findings = [{"code": c, "severity": "error", "where": "m0", "message": c * 3} for c in ("a", "b")]
     path = tmp_path / "struct.inspect"
@@ -342,7 +339,6 @@ def test_batches_of_many_steps_each_read_at_once_are_the_rows_arrow_reads(tmp_pa
 def test_offsets_that_do_not_start_at_0_give_arrows_rows(tmp_path, monkeypatch):
     """Every step's lr list offsets forged from (0, 1) to (1, 1) and its scalar name's from (0, 2) to
     (1, 2) (valid, as Arrow reads them: no lr, the name "b"): the run is read one by one, Arrow's rows."""
-    import struct
 
     path, data, _ = _alike_file(tmp_path)
     layout = _preorder(read_all(path).schema)
@@ -405,7 +401,6 @@ def test_forged_steps_read_at_once_give_what_one_by_one_gives(monkeypatch, _vari
     """A header entry (a node's length or null count, a buffer's place or size) forged alike in every
     step, and/or a body byte forged in one step or all: read at once, the file is refused exactly when
     it is refused read one message at a time, and otherwise gives the same rows."""
-    import struct
 
     data = _varied_steps.read_bytes()
     vector, index, half, value = entry
@@ -434,7 +429,6 @@ def test_an_empty_column_with_part_of_an_offset_is_refused_as_when_read_alone(tm
     """check_step's steps hold empty lists; one's offsets buffer forged to 2 bytes in every step's header
     (Arrow wants none or a whole offset): refused read at once as when read alone."""
     import json
-    import struct
 
     import torch
 
