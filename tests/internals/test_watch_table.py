@@ -1,6 +1,7 @@
 """The watch's rules table (``inspector.watching.table.WATCH_CHECKS``): every row's codes registered at
 their severity, the ordering rules it states, each tested by a real run that comes out wrong when the
-two rows are swapped, and docs/findings.md kept equal to the table."""
+two rows are swapped, and docs/findings.md kept equal to the table; the gathered phase's rules on
+findings built by hand."""
 
 from __future__ import annotations
 
@@ -12,12 +13,14 @@ import torch
 from torch import nn
 
 from inspector.sharding.findings import about
-from inspector.utils.codes import CODES
+from inspector.utils.codes import CODES, coded
 from inspector.utils.findings import Finding, InspectorError
 from inspector.watching import rules, watch
 from inspector.watching import table as watch_table
 from inspector.watching.events import PHASES, At, ByRank, Kit
-from inspector.watching.roles import Target, WatchOptions
+from inspector.watching.numbers import Numbers
+from inspector.watching.roles import Ranks, Target, WatchOptions
+from inspector.watching.rules.around import OriginFirst, ReplicaFindingsPlaced, SlowRanks, SpreadFolded
 from inspector.watching.table import WATCH_CHECKS, Checks, Row, table_markdown
 
 DOCS = pathlib.Path(__file__).resolve().parents[2] / "docs" / "findings.md"
@@ -342,3 +345,127 @@ def test_the_rank_where_nan_began_is_recorded_first():
     assert checks.run("gathered", at, ByRank(found, [[], []])).order == [1, 0]
     calm = [[Finding("dead-gradient", "warning", "weight", "none")], []]
     assert checks.run("gathered", at, ByRank(calm, [[], []])).order == [0, 1]
+
+# -- the gathered phase's rules, on findings built by hand --------------------------------------
+# Every rank's numbers and findings of a step side by side: which rank a slow step, a replica finding
+# and a NaN producer are placed on, what the gradient reduction's spread folds away, and which rank is
+# told first. The same rules run under real process groups in test_distributed_watch*.py; here each
+# rule's own decision is checked on numbers worked out by hand.
+def at_step(world: int, **kw) -> At:
+    """An ``At`` of step 3 on ``world`` ranks, as the gathered phase sees it."""
+    ranks = Ranks(None, None, False, 60.0)
+    ranks.world = world
+    return At(step=3, check=True, target=None, ranks=ranks, **kw)  # type: ignore[arg-type]
+
+
+def empty(world: int) -> ByRank:
+    return ByRank(found=[[] for _ in range(world)], quiet=[[] for _ in range(world)])
+
+
+def codes(found: ByRank) -> list[list[str]]:
+    return [[f"{f.code}@{f.where}" for f in fs] for fs in found.found]
+
+
+# -- SlowRanks ------------------------------------------------------------------------------------
+def numbers(*compute: float) -> list[Numbers]:
+    return [Numbers(modules=1, parameters=1, compute=c) for c in compute]
+
+
+def test_a_rank_4_s_behind_others_at_1_s_is_slow_and_said_in_full():
+    found = SlowRanks()(at_step(3, numbers_all=numbers(1.0, 4.0, 1.0)), empty(3))
+    assert codes(found) == [[], ["slow-rank@(model)"], []]
+    f = found.found[1][0]
+    assert f.severity == "warning"
+    assert f.message == (
+        "rank 1 took 4 s to load its batch and run its forward pass at this step, the other ranks 1 s: "
+        "every rank waited for it in the step's first collective, so the step time is the same everywhere. "
+        "Look at that rank's data loader, its batch sizes and its machine")
+
+
+@pytest.mark.parametrize("compute", [(1.0, 2.9, 1.0),     # 1.9 s behind but under 3x
+                                     (0.1, 0.9, 0.1),     # 9x but under 1 s behind
+                                     (1.0, float("nan"), 1.0)])
+def test_a_rank_under_both_bounds_or_unmeasured_is_not_slow(compute):
+    found = SlowRanks()(at_step(3, numbers_all=numbers(*compute)), empty(3))
+    assert codes(found) == [[], [], []]
+
+
+def test_the_other_ranks_median_is_the_middle_of_an_even_count():
+    # rank 3 at 6 s; the others 1, 2 and 2.5: median 2 (odd count), 6 >= 3 x 2 and 4 s behind: slow.
+    # with rank 4 at 10 s too, rank 3's others are 1, 2, 2.5, 10: median 2.25; 6 < 3 x 2.25: not slow
+    assert codes(SlowRanks()(at_step(4, numbers_all=numbers(1.0, 2.0, 2.5, 6.0)), empty(4)))[3] \
+        == ["slow-rank@(model)"]
+    found = SlowRanks()(at_step(5, numbers_all=numbers(1.0, 2.0, 2.5, 6.0, 10.0)), empty(5))
+    assert codes(found) == [[], [], [], [], ["slow-rank@(model)"]]
+    assert "the other ranks 2.25 s" in found.found[4][0].message
+
+
+# -- ReplicaFindingsPlaced ------------------------------------------------------------------------
+def test_a_replica_finding_is_placed_on_the_first_rank_it_is_about():
+    drift = about(coded("replica-drift", "fc.weight", "rank 2 holds different values"), [2, 0])
+    whole = coded("shard-imbalance", "fc.weight", "uneven")
+    found = ReplicaFindingsPlaced()(at_step(3, measured=[drift, whole]), empty(3))
+    assert codes(found) == [["shard-imbalance@fc.weight"], [], ["replica-drift@fc.weight"]]
+    assert found.found[2][0] is drift
+
+
+def test_a_replica_finding_about_a_rank_beyond_the_world_goes_to_rank_0():
+    stray = about(coded("replica-drift", "fc.weight", "rank 5 differs"), [5])
+    found = ReplicaFindingsPlaced()(at_step(2, measured=[stray]), empty(2))
+    assert codes(found) == [["replica-drift@fc.weight"], []]
+
+
+# -- SpreadFolded ---------------------------------------------------------------------------------
+def spread_case() -> ByRank:
+    found = empty(2)
+    found.found[0] = [coded("nonfinite-gradient", "fc", "NaN gradient"),
+                      coded("nonfinite-parameter", "fc", "NaN weights"),
+                      coded("loss-spike", "(model)", "the loss rose")]
+    found.found[1] = [coded("nonfinite-forward", "fc", "fc made NaN"),
+                      coded("nonfinite-gradient", "fc", "NaN gradient")]
+    return found
+
+
+def test_with_a_producer_named_the_spread_is_noted_as_seen_and_the_rest_kept():
+    found = SpreadFolded()(at_step(2), spread_case())
+    assert codes(found) == [["loss-spike@(model)"], ["nonfinite-forward@fc"]]
+    assert [[f.code for f in fs] for fs in found.quiet] == [["nonfinite-gradient", "nonfinite-parameter"],
+                                                            ["nonfinite-gradient"]]
+
+
+def test_a_backward_producer_folds_the_spread_too():
+    found = spread_case()
+    found.found[1][0] = coded("nonfinite-backward", "fc", "fc's backward made NaN")
+    found = SpreadFolded()(at_step(2), found)
+    assert codes(found) == [["loss-spike@(model)"], ["nonfinite-backward@fc"]]
+
+
+def test_without_a_producer_or_on_one_rank_nothing_is_folded():
+    no_producer = spread_case()
+    no_producer.found[1] = [coded("nonfinite-loss", "(model)", "the loss is NaN")]
+    assert codes(SpreadFolded()(at_step(2), no_producer)) == [
+        ["nonfinite-gradient@fc", "nonfinite-parameter@fc", "loss-spike@(model)"], ["nonfinite-loss@(model)"]]
+    one = empty(1)
+    one.found[0] = [coded("nonfinite-forward", "fc", "x"), coded("nonfinite-gradient", "fc", "y")]
+    folded = SpreadFolded()(at_step(1), one)
+    assert codes(folded) == [["nonfinite-forward@fc", "nonfinite-gradient@fc"]]
+    assert folded.quiet == [[]]
+
+
+# -- OriginFirst ----------------------------------------------------------------------------------
+def test_the_rank_whose_loss_went_nan_is_told_first():
+    found = empty(3)
+    found.found[0] = [coded("nonfinite-gradient", "fc", "spread")]
+    found.found[2] = [coded("nonfinite-loss", "(model)", "the loss is NaN")]
+    assert OriginFirst()(at_step(3), found).order == [2, 0, 1]
+
+
+def test_an_origin_that_goes_on_from_an_earlier_step_does_not_lead():
+    found = empty(2)
+    found.found[1] = [coded("nonfinite-loss", "(model)", "still NaN")]
+    found.found[0] = [coded("nonfinite-forward", "fc", "new")]
+    # rank 1's NaN loss began steps ago (not recorded again); rank 0's forward begins now
+    starts = (lambda rank, f: rank == 0)
+    assert OriginFirst()(at_step(2, starts=starts), found).order == [0, 1]
+    assert OriginFirst()(at_step(2, starts=lambda rank, f: rank == 1), found).order == [1, 0]
+    assert OriginFirst()(at_step(2, starts=lambda rank, f: False), found).order == [0, 1]
