@@ -449,3 +449,42 @@ def test_a_parameter_no_param_group_holds_is_said_in_full(tmp_path):
         "1.weight requires grad but no param group of the optimizer holds it: it never changes. Build the "
         "optimizer from model.parameters() after every change to the model (after "
         "load_state_dict(assign=True), .to(), or adding a layer)"))
+
+
+# -- nonfinite-parameter: one finding per kind, the first named and the others counted ----------
+NONFINITE_TAIL = ("holds NaN/Inf values (not only its gradient): the last optimizer step or a write into it "
+                  "made it so; every later output that uses it is non-finite")
+
+
+def _nonfinite_parameters(bad_params: list[int], bad_buffers: list[int]) -> list[tuple[str, str, str]]:
+    d = _detectors(6)
+    p = np.ones(6)
+    p[bad_params] = [np.nan, np.inf, -np.inf, np.nan, np.inf][:len(bad_params)]
+    b = np.ones(2)
+    b[bad_buffers] = np.nan
+    return [(f.code, f.where, f.message) for f in d.parameters(p, b, ("bn.running_mean", "bn.running_var"))]
+
+
+def test_one_nonfinite_parameter_is_named_alone():
+    assert _nonfinite_parameters([2], []) == [
+        ("nonfinite-parameter", "m2.weight", f"parameter m2.weight {NONFINITE_TAIL}")]
+
+
+def test_nonfinite_parameters_name_the_first_and_count_the_others():
+    assert _nonfinite_parameters([1, 3], []) == [
+        ("nonfinite-parameter", "m1.weight",
+         f"parameter m1.weight (and 1 other parameter: m3.weight) {NONFINITE_TAIL}")]
+    # four: the three others listed in full; five: three listed, then "..."
+    assert _nonfinite_parameters([0, 1, 2, 4], [])[0][2] == (
+        f"parameter m0.weight (and 3 other parameters: m1.weight, m2.weight, m4.weight) {NONFINITE_TAIL}")
+    assert _nonfinite_parameters([0, 1, 2, 4, 5], [])[0][2] == (
+        f"parameter m0.weight (and 4 other parameters: m1.weight, m2.weight, m4.weight, ...) {NONFINITE_TAIL}")
+
+
+def test_nonfinite_buffers_are_a_finding_of_their_own():
+    assert _nonfinite_parameters([5], [0, 1]) == [
+        ("nonfinite-parameter", "m5.weight", f"parameter m5.weight {NONFINITE_TAIL}"),
+        ("nonfinite-parameter", "bn.running_mean",
+         f"buffer bn.running_mean (and 1 other buffer: bn.running_var) {NONFINITE_TAIL}")]
+    assert _nonfinite_parameters([], [1]) == [
+        ("nonfinite-parameter", "bn.running_var", f"buffer bn.running_var {NONFINITE_TAIL}")]

@@ -305,7 +305,8 @@ class Detectors:
             if not bad:
                 continue
             others = (
-                f" (and {len(bad) - 1} other {kind}s: {', '.join(bad[1:4])}{', ...' if len(bad) > 4 else ''})"
+                f" (and {len(bad) - 1} other {kind}{'s' if len(bad) > 2 else ''}: {', '.join(bad[1:4])}"
+                f"{', ...' if len(bad) > 4 else ''})"
             )
             out.append(
                 coded(
