@@ -478,7 +478,8 @@ def test_nonfinite_parameters_name_the_first_and_count_the_others():
     assert _nonfinite_parameters([0, 1, 2, 4], [])[0][2] == (
         f"parameter m0.weight (and 3 other parameters: m1.weight, m2.weight, m4.weight) {NONFINITE_TAIL}")
     assert _nonfinite_parameters([0, 1, 2, 4, 5], [])[0][2] == (
-        f"parameter m0.weight (and 4 other parameters: m1.weight, m2.weight, m4.weight, ...) {NONFINITE_TAIL}")
+        "parameter m0.weight (and 4 other parameters: m1.weight, m2.weight, m4.weight, ...) "
+        f"{NONFINITE_TAIL}")
 
 
 def test_nonfinite_buffers_are_a_finding_of_their_own():
@@ -488,3 +489,77 @@ def test_nonfinite_buffers_are_a_finding_of_their_own():
          f"buffer bn.running_mean (and 1 other buffer: bn.running_var) {NONFINITE_TAIL}")]
     assert _nonfinite_parameters([], [1]) == [
         ("nonfinite-parameter", "bn.running_var", f"buffer bn.running_var {NONFINITE_TAIL}")]
+
+
+# -- dead-gradient said of one parameter, of a few, and after a cut or a gap ---------------------
+def _pattern(params: list[str], has) -> list[tuple[int, str, str]]:
+    """``(step, where, message)`` of the ``dead-gradient`` findings when ``has(step, name)`` says whether a
+    parameter has a gradient (norm 1) at each step, for ``has.steps`` steps."""
+    modules = tuple(dict.fromkeys(p.rpartition(".")[0] for p in params))
+    owner = np.array([modules.index(p.rpartition(".")[0]) for p in params])
+    d = Detectors(Layout(tuple(params), modules, owner, ()))
+    out = []
+    for step in range(has.steps):
+        h = np.array([has(step, p) for p in params])
+        found = d.gradients(np.where(h, 1.0, 0.0), h, np.ones(len(modules)))
+        out += [(step, f.where, f.message) for f in found if f.code == "dead-gradient"]
+    return out
+
+
+def _has(steps: int, rule):
+    rule.steps = steps
+    return rule
+
+
+ONE_GONE = ("had no gradient, or an all-zero one, for 5 steps: it does not take part in the loss (an unused "
+            "branch, a detach(), a frozen path) or its gradient is killed (dead ReLUs, a zero mask)")
+
+
+def test_one_parameter_without_a_gradient_is_said_in_the_singular():
+    params = ["a.weight", "a.bias", "b.weight"]
+    found = _pattern(params, _has(5, lambda s, p: p != "b.weight"))
+    assert found == [(4, "b.weight", f"b.weight {ONE_GONE}")]
+
+
+def test_four_parameters_at_once_are_four_findings_and_five_are_one():
+    params = [f"{m}.{k}" for m in "abc" for k in ("weight", "bias")]
+    four = {"a.weight", "a.bias", "b.weight", "b.bias"}
+    assert _pattern(params, _has(5, lambda s, p: p not in four)) == [
+        (4, p, f"{p} {ONE_GONE}") for p in ["a.weight", "a.bias", "b.weight", "b.bias"]]
+    five = four | {"c.weight"}
+    [(step, _, text)] = _pattern(params, _has(5, lambda s, p: p not in five))
+    assert step == 4 and text.startswith("5 parameters of 3 module(s) (a, b, c) each had no gradient, or an "
+                                         "all-zero one, for 5 steps: they do not take part in the loss")
+    assert "or their gradients are killed (dead ReLUs, a zero mask)" in text
+
+
+def test_a_gradient_cut_off_after_a_settled_run_is_said_as_cut():
+    params = ["a.weight", "a.bias", "b.weight"]
+    # b.weight has its gradient for 20 steps (SETTLED), then none: named at the second step without it
+    # (at step 24 the window's rule names it again, and the watch records it once while it lasts)
+    assert _pattern(params, _has(23, lambda s, p: p != "b.weight" or s < 20)) == [
+        (21, "b.weight", "b.weight had a gradient at each of the 20 steps before and none, or an all-zero "
+                         "one, for the last 2: something cut it off (a detach(), a frozen path, a branch no "
+                         "longer taken)")]
+
+
+def test_five_gradients_cut_off_at_once_are_one_finding_that_says_them():
+    params = [f"{m}.{k}" for m in "abc" for k in ("weight", "bias")]
+    gone = {"a.weight", "a.bias", "b.weight", "b.bias", "c.weight"}
+    [(step, where, text)] = _pattern(params, _has(23, lambda s, p: p not in gone or s < 20))
+    assert step == 21
+    assert text.startswith("5 parameters of 3 module(s) (a, b, c) each had a gradient at each of the 20 "
+                           "steps before and none, or an all-zero one, for the last 2: something cut them "
+                           "off (a detach(), a frozen path, a branch no longer taken)")
+
+
+def test_a_gradient_that_came_and_went_is_named_well_past_its_own_gaps():
+    params = ["a.weight", "b.weight"]
+    # b.weight: missing at steps 3 and 4 (a gap of 2), back at 5, then missing from step 8 on. Its own
+    # gaps allow max(2 x 5, 3 x 2 + 2) = 10 steps without a gradient: named at the tenth, step 17
+    has = _has(25, lambda s, p: p == "a.weight" or s in (0, 1, 2, 5, 6, 7))
+    assert _pattern(params, has) == [(17, "b.weight", (
+        "b.weight had no gradient, or an all-zero one, for 10 steps (its gradients came and went before, as "
+        "a routed expert's or an optional branch's do, but were never missing for more than 2 steps in a "
+        "row): it does not take part in the loss (an unused branch, a detach(), a frozen path) or its "
+        "gradient is killed (dead ReLUs, a zero mask)"))]
