@@ -563,3 +563,49 @@ def test_a_gradient_that_came_and_went_is_named_well_past_its_own_gaps():
         "a routed expert's or an optional branch's do, but were never missing for more than 2 steps in a "
         "row): it does not take part in the loss (an unused branch, a detach(), a frozen path) or its "
         "gradient is killed (dead ReLUs, a zero mask)"))]
+
+
+def test_a_window_of_2_names_a_lost_gradient_by_the_window_not_as_cut():
+    # the cut rule needs a window longer than its 2 steps: with window=2 the window's rule says it
+    d = Detectors(Layout(("a.weight", "b.weight"), ("a", "b"), np.arange(2), ()), window=2)
+    found = []
+    for step in range(23):
+        h = np.array([True, step < 20])
+        found += [(step, f.message) for f in d.gradients(np.where(h, 1.0, 0.0), h, np.ones(2))]
+    assert found == [(21, "b.weight had no gradient, or an all-zero one, for 2 steps: it does not take part "
+                          "in the loss (an unused branch, a detach(), a frozen path) or its gradient is "
+                          "killed (dead ReLUs, a zero mask)")]
+
+
+CUT_B = ("b.weight had a gradient at each of the 20 steps before and none, or an all-zero one, for the last "
+         "2: something cut it off (a detach(), a frozen path, a branch no longer taken)")
+
+
+def test_a_gradient_missing_at_the_start_does_not_come_and_go():
+    # b.weight (a LoRA A while its B is 0) has none at steps 0 to 2, then one for 20 steps, then none: the
+    # start is no gap of its own, so the loss at step 23 is a cut, named at step 24
+    has = _has(26, lambda s, p: p == "a.weight" or 3 <= s < 23)
+    assert _pattern(["a.weight", "b.weight"], has) == [(24, "b.weight", CUT_B)]
+
+
+def test_a_gradient_back_after_one_step_came_and_went():
+    # b.weight: one at step 0, none at 1 and 2, back from step 3: a gap of 2 after a streak of one step.
+    # Missing again from step 30, it is judged by its own gaps: named at max(10, 3 x 2 + 2) = 10 steps
+    has = _has(42, lambda s, p: p == "a.weight" or s == 0 or 3 <= s < 30)
+    assert [(s, w) for s, w, _ in _pattern(["a.weight", "b.weight"], has)] == [(39, "b.weight")]
+
+
+def test_the_streak_before_a_loss_starts_after_the_last_gap():
+    # b.weight: none at step 0, then one for 19 steps (1 to 19), then none: 19 steps are not SETTLED (20),
+    # so it is named by the window (5 steps) at step 24, not as cut
+    has = _has(26, lambda s, p: p == "a.weight" or 1 <= s < 20)
+    assert _pattern(["a.weight", "b.weight"], has) == [(24, "b.weight", f"b.weight {ONE_GONE}")]
+
+
+def test_a_loss_at_its_threshold_over_a_lower_minimum_is_not_a_spike():
+    # nine losses of 1 and one of 0.5: median log 0, deviation 0, so the threshold is log 3; 3.0 is over the
+    # lowest (0.5) by more than 3x, so the median is worked out, and it is exactly at the threshold
+    d = _detectors()
+    _losses(d, [0.5] + [1.0] * 9)
+    assert d.loss(3.0) == []
+    assert [f.code for f in d.loss(3.01)] == ["loss-spike"]

@@ -142,16 +142,13 @@ class Detectors:
         self, param_grad: np.ndarray, has_grad: np.ndarray, module_grad: np.ndarray
     ) -> list[Finding]:
         """``dead-gradient`` and ``exploding-gradient`` from one step's gradient norms."""
-        out: list[Finding] = []
         zero = ~has_grad | (param_grad == 0)
         if self.window and not zero.any() and not self.dead.any():  # every gradient there, now and before:
             self.streak = self.streak + 1  # nothing missing to count (what the lines below come to then)
-            if self.lost.any():
-                self.lost = np.zeros_like(self.lost)
-            return out + self._spikes(module_grad)
+            return self._spikes(module_grad)
         # a gradient back after a gap (not the zero gradients of a start, as a LoRA A's while B is 0): its
-        # group's gradients come and go
-        back = ~zero & (self.dead > 0) & (self.lost > 0)
+        # group's gradients come and go. (``lost`` is above 0 only while a gradient is missing.)
+        back = ~zero & (self.lost > 0)
         if back.any():
             np.maximum.at(self.gap, self.group[back], self.dead[back])
         self.lost = np.where(zero, np.where(self.dead == 0, self.streak, self.lost), 0)
@@ -159,7 +156,7 @@ class Detectors:
         self.dead = np.where(zero, self.dead + 1, 0)
         gap = self.gap[self.group]
         cut = (self.dead == CUT_AFTER) & (self.lost >= SETTLED) & (self.window > CUT_AFTER) & (gap == 0)
-        out += self._dead(np.flatnonzero(cut), cut=True)
+        out = self._dead(np.flatnonzero(cut), cut=True)
         out += self._dead(np.flatnonzero((self.dead == self.window) & (gap == 0) & ~cut), cut=False)
         late = (gap > 0) & (self.dead == np.maximum(2 * self.window, 3 * gap + 2))  # well past its own gaps
         out += self._dead(np.flatnonzero(late), cut=False, gap=int(gap[late].max()) if late.any() else 0)
