@@ -5,6 +5,7 @@ CNN+BatchNorm runs, one finding for one planted cause at the step it was planted
 from __future__ import annotations
 
 import math
+import warnings
 
 import numpy as np
 import pytest
@@ -609,3 +610,38 @@ def test_a_loss_at_its_threshold_over_a_lower_minimum_is_not_a_spike():
     _losses(d, [0.5] + [1.0] * 9)
     assert d.loss(3.0) == []
     assert [f.code for f in d.loss(3.01)] == ["loss-spike"]
+
+
+def test_a_module_without_a_gradient_one_step_ago_can_still_jump():
+    # m3 had no gradient at the step before (its log norm NaN): its last steps' largest is the finite 0
+    d = _detectors(4)
+    for _ in range(10):
+        _grads(d, [1, 1, 1, 1])
+    assert _grads(d, [1, 1, 1, 0]) == []
+    assert _where(_grads(d, [1, 1, 1, 100])) == [("exploding-gradient", "m3")]
+
+
+def test_huge_gradient_norms_are_judged_without_a_floating_point_warning():
+    # norms of 1e200 (a float64 model): their squares overflow unless scaled. m3 grows 1000x: named, and no
+    # overflow is reported
+    d = _detectors(4)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for _ in range(10):
+            _grads(d, [1e200] * 4)
+        found = _grads(d, [1e200, 1e200, 1e200, 1e203])
+    assert _where(found) == [("exploding-gradient", "m3")]
+    assert "(1e+203 vs 1e+200)" in found[0].message
+
+
+@pytest.mark.parametrize("e0, e1", [("experts.0.w1.weight", "experts.1.w1.weight"),
+                                    ("experts.expert_0.wi.weight", "experts.expert_1.wi.weight")])
+def test_siblings_in_a_module_list_share_their_gradients_history(e0, e1):
+    # expert 0's gradient went missing for 2 steps (5, 6) and came back: a routed expert. Expert 1, its
+    # sibling, loses its own from step 20: judged by the group's gaps (max(10, 3 x 2 + 2) = 10 steps), not
+    # as cut after a settled run
+    params = ["gate.weight", e0, e1]
+    has = _has(32, lambda s, p: p == "gate.weight" or (p == e0 and s not in (5, 6)) or (p == e1 and s < 20))
+    found = _pattern(params, has)
+    assert [(s, w) for s, w, _ in found] == [(29, e1)]
+    assert "came and went before" in found[0][2]

@@ -165,21 +165,20 @@ class Detectors:
     def _spikes(self, module_grad: np.ndarray) -> list[Finding]:
         """``exploding-gradient`` from one step's module gradient norms, and the step into the history."""
         out: list[Finding] = []
-        now = _log(module_grad)
+        now = _log(module_grad)  # finite or NaN: no arithmetic below raises a floating-point warning
         self.surge = None
         self.quiet, self.settling = self.settling > 0, max(self.settling - 1, 0)
         if self.seen and not self.quiet:
             past = self.past[:self.seen]
             # over a module's median by explode_factor needs over its lowest value by as much (the median is
             # not below the lowest): where no module is, the medians need not be worked out (most steps)
-            with np.errstate(all="ignore"):
-                over_low = now - np.fmin.reduce(past, axis=0) > math.log(self.explode_factor)
+            over_low = now - np.fmin.reduce(past, axis=0) > math.log(self.explode_factor)
             if over_low.any():
                 last = past[(self.at - 1 - np.arange(min(SUDDEN, self.seen))) % len(self.past)]
-                with np.errstate(all="ignore"):  # NaN where a module had no gradient
-                    recent = np.nanmax(np.where(np.isfinite(last), last, -np.inf), axis=0)
+                # the largest of the last steps' (NaN where a module had no gradient)
+                recent = np.nanmax(np.where(np.isfinite(last), last, -np.inf), axis=0)
                 self.jump = now - recent
-                out += self._exploding(now, *_excess(past, now, self.explode_factor))
+                out = self._exploding(now, *_excess(past, now, self.explode_factor))
         self.past[self.at] = now
         self.at = (self.at + 1) % len(self.past)
         self.seen = min(self.seen + 1, len(self.past))
@@ -271,9 +270,9 @@ class Detectors:
         over &= ~(self.jump <= math.log(self.explode_factor) / 2)
         # and one that matters: after the jump it holds at least SHARE of the step's gradient norm (an
         # attention key's gradient of 7e-4 beside others of 0.1 moves nothing, however much it grew)
-        with np.errstate(all="ignore"):
-            norms = np.where(np.isfinite(now), np.exp(now), 0.0)
-            over &= norms >= SHARE * math.sqrt(float(np.sum(norms * norms)))
+        # (the norms are scaled by the largest, so their squares cannot overflow)
+        norms = np.where(np.isfinite(now), np.exp(now - np.fmax.reduce(now)), 0.0)
+        over &= norms >= SHARE * math.sqrt(float(np.sum(norms * norms)))
         for i in np.flatnonzero(over):
             name = self.layout.modules[i]
             out.append(
