@@ -518,7 +518,9 @@ ONE_GONE = ("had no gradient, or an all-zero one, for 5 steps: it does not take 
 
 def test_one_parameter_without_a_gradient_is_said_in_the_singular():
     params = ["a.weight", "a.bias", "b.weight"]
-    found = _pattern(params, _has(5, lambda s, p: p != "b.weight"))
+    # named once, at the window's fifth step (not again at twice the window, the rule of a gradient that
+    # came and went)
+    found = _pattern(params, _has(12, lambda s, p: p != "b.weight"))
     assert found == [(4, "b.weight", f"b.weight {ONE_GONE}")]
 
 
@@ -635,7 +637,9 @@ def test_huge_gradient_norms_are_judged_without_a_floating_point_warning():
 
 
 @pytest.mark.parametrize("e0, e1", [("experts.0.w1.weight", "experts.1.w1.weight"),
-                                    ("experts.expert_0.wi.weight", "experts.expert_1.wi.weight")])
+                                    ("experts.expert_0.wi.weight", "experts.expert_1.wi.weight"),
+                                    ("experts.0.weight", "experts.1.weight"),  # a ModuleList of Linear
+                                    ("experts.0", "experts.1")])  # a ParameterList
 def test_siblings_in_a_module_list_share_their_gradients_history(e0, e1):
     # expert 0's gradient went missing for 2 steps (5, 6) and came back: a routed expert. Expert 1, its
     # sibling, loses its own from step 20: judged by the group's gaps (max(10, 3 x 2 + 2) = 10 steps), not
@@ -645,3 +649,21 @@ def test_siblings_in_a_module_list_share_their_gradients_history(e0, e1):
     found = _pattern(params, has)
     assert [(s, w) for s, w, _ in found] == [(29, e1)]
     assert "came and went before" in found[0][2]
+
+
+def test_a_gradient_that_was_missing_4_steps_at_once_waits_3_x_4_plus_2_steps():
+    # b.weight: none at steps 3 to 6 (a gap of 4), back from 7, none from 10: named at max(2 x 5, 3 x 4 + 2)
+    # = 14 steps without it, step 23
+    has = _has(30, lambda s, p: p == "a.weight" or s < 3 or 7 <= s < 10)
+    found = _pattern(["a.weight", "b.weight"], has)
+    assert [(s, w) for s, w, _ in found] == [(23, "b.weight")]
+    assert "for 14 steps (its gradients came and went before" in found[0][2]
+    assert "never missing for more than 4 steps in a row" in found[0][2]
+
+
+def test_the_loss_median_is_over_the_last_50_steps():
+    # 60 losses of 10, then 50 of 1: the last 50 are all 1, so 4 is a spike 4x their median
+    d = _detectors()
+    _losses(d, [10.0] * 60 + [1.0] * 50)
+    [f] = d.loss(4.0)
+    assert f.message.startswith("the loss is 4, 4x its median over the last 50 steps (1)")

@@ -159,7 +159,8 @@ class Detectors:
         out = self._dead(np.flatnonzero(cut), cut=True)
         out += self._dead(np.flatnonzero((self.dead == self.window) & (gap == 0) & ~cut), cut=False)
         late = (gap > 0) & (self.dead == np.maximum(2 * self.window, 3 * gap + 2))  # well past its own gaps
-        out += self._dead(np.flatnonzero(late), cut=False, gap=int(gap[late].max()) if late.any() else 0)
+        if late.any():
+            out += self._dead(np.flatnonzero(late), cut=False, gap=int(gap[late].max()))
         return out + self._spikes(module_grad)
 
     def _spikes(self, module_grad: np.ndarray) -> list[Finding]:
