@@ -24,8 +24,7 @@ SETTLE = 5  # steps after a spike of the whole model not judged: a large step's 
 def _log(values: np.ndarray | float) -> np.ndarray:
     """Natural log of the finite positive ``values``, NaN elsewhere."""
     v = np.asarray(values, dtype=np.float64)
-    with np.errstate(all="ignore"):
-        return np.where(np.isfinite(v) & (v > 0), np.log(np.where(v > 0, v, 1.0)), np.nan)
+    return np.log(v, out=np.full(v.shape, np.nan), where=np.isfinite(v) & (v > 0))
 
 
 def _median(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
