@@ -870,20 +870,21 @@ def test_reference_drift_of_outputs_nobody_wrote_is_zero():
     assert _drift(torch.tensor([1.0, 2.0], dtype=torch.float64), lambda t: None) == [
         ["0", 0.0, False, None], ["1", 0.0, False, None]]
     # over 256 KiB (compared byte by byte) and written in place with the values it held
-    assert _drift(torch.ones(256, 257), lambda t: t.mul_(1)) == [["0", 0.0, False, None], ["1", 0.0, False, None]]
+    assert _drift(torch.ones(256, 257), lambda t: t.mul_(1)) == [
+        ["0", 0.0, False, None], ["1", 0.0, False, None]]
     net = nn.Sequential(_Source(), _Writes(lambda t: t.mul_(1)))
     with torch.no_grad():
         cap = capture_activations(net, torch.ones(256, 257))
     assert cap.mutated == {} and list(cap.outputs) == ["0", "1"]
     assert [(f.code, f.where, f.message) for f in cap.findings] == [
-        ("capture-written-same-values", "0", "0 was written in place by 1 after its capture, but its values did "
-         "not change")]
+        ("capture-written-same-values", "0",
+         "0 was written in place by 1 after its capture, but its values did not change")]
 
 
 def test_reference_drift_without_references_or_captures_and_with_the_watch_off():
     from inspector.capture import DRIFT_COLUMNS, STATS_COLUMNS
     net = nn.Sequential(_Source(), _Writes(lambda t: t[1:].mul_(-1)))
-    plain = reference_drift(capture_activations(net, torch.ones(2)))  # no references: no difference, the watch
+    plain = reference_drift(capture_activations(net, torch.ones(2)))  # no references: no difference
     assert plain["max_abs_diff"].tolist() == [None, None] and plain["corrupted"].tolist() == [True, False]
     # the watch off: the bare reference moved (1 -> -1 in [1]), nobody named, still corrupted
     assert _drift(torch.ones(2), lambda t: t[1:].mul_(-1), watch_mutations=False) == [
@@ -1006,7 +1007,8 @@ def test_a_tuple_keeps_its_none_and_names_the_element_written(options):
     with torch.no_grad():
         cap = capture_activations(nn.Sequential(_WithNone(), _WritesThird()), torch.ones(2), **options)
     first, none, third = cap.outputs["0"]
-    assert none is None and torch.equal(first, torch.full((2,), 2.0)) and torch.equal(third, torch.full((2,), 2.0))
+    assert none is None and torch.equal(first, torch.full((2,), 2.0))
+    assert torch.equal(third, torch.full((2,), 2.0))
     assert cap.mutations == [Mutation("0", "[2]", "1", "version", 1.0)]  # 2 -> 3
     assert cap.mutated == {"0": "1"}
 
@@ -1187,8 +1189,9 @@ def test_the_callers_findings_come_last_in_the_capture():
     cap = capture_activations(net, torch.ones(1))
     assert net[0].calls == 0
     assert [(f.code, f.severity, f.where, f.message) for f in cap.findings] == [
-        ("forward-state-restored", "info", "", "the model's forward changed its own modules' state, which was "
-         "put back as it was before the pass (0: calls)")]
+        ("forward-state-restored", "info", "",
+         "the model's forward changed its own modules' state, which was put back as it was before the pass "
+         "(0: calls)")]
 
 
 def test_a_block_puts_back_the_training_flags_changed_inside_it():
@@ -1215,5 +1218,6 @@ def test_a_failure_inside_a_helper_object_names_the_module_that_called_it():
     net = nn.Sequential(nn.Linear(2, 2), _UsesHelper())
     with pytest.raises(InspectorError) as err:
         capture_activations(net, torch.ones(1, 2))
-    assert str(err.value) == "the forward pass of Sequential failed in module 1: ValueError: cannot run on (1, 2)"
+    assert str(err.value) == (
+        "the forward pass of Sequential failed in module 1: ValueError: cannot run on (1, 2)")
     assert hook_state(net) == {n: () for n, _ in net.named_modules()}
