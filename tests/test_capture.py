@@ -379,6 +379,7 @@ def test_cuda_outputs_copied_to_pinned_cpu_memory():
             on_cpu = capture_activations(model, x, keep_references=True)
             on_gpu = capture_activations(model, x, store_on="cuda")
         assert on_cpu.mutated == on_gpu.mutated == {"conv1": "relu1", "bn2": "relu2"}
+        assert (on_cpu.store_on, on_gpu.store_on) == ("cpu", "cuda:0")
         for name in CNN_ORDER:
             assert on_cpu.outputs[name].is_pinned()
             assert on_gpu.outputs[name].device.type == "cuda"
