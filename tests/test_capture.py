@@ -158,6 +158,9 @@ def test_byte_budget_stops_and_lists_what_it_skipped(cnn):
     assert cap.order == ["conv1", "relu1"]
     assert cap.total_bytes == 32768
     assert [(s.module, s.bytes) for s in cap.skipped] == [(n, CNN_BYTES[n]) for n in CNN_ORDER[2:]]
+    # each says what, where and why: 32 KiB of the 40,000 bytes (39.1 KiB) were used when conv2 came
+    assert {(s.kind, s.path, s.reason) for s in cap.skipped} == {
+        ("output", "", "over the byte budget (32.0 KiB of 39.1 KiB used)")}
     assert cap.skipped_table["bytes"].sum() == 32768 * 3 + 128 + 80
     assert [f.code for f in cap.findings if f.code.startswith("capture-over")] == ["capture-over-budget"]
     # everything fits exactly at the total
@@ -209,6 +212,9 @@ def test_non_tensor_outputs_are_skipped_with_a_reason():
     reasons = {(s.module, s.path): s.reason for s in cap.skipped}
     assert reasons[("text", "")] == "the output is a str, not a tensor or a structure holding tensors"
     assert "_Note is not a tensor" in reasons[("odd", "['note']")]
+    assert [(s.module, s.kind, s.path, s.bytes, s.reason) for s in cap.skipped] == [
+        ("text", "output", "", 0, "the output is a str, not a tensor or a structure holding tensors"),
+        ("odd", "output", "['note']", 0, "a _Note is not a tensor; it was left out (None in its place)")]
     assert {f.code for f in cap.findings} == {"capture-not-tensor"}
 
 
@@ -373,6 +379,7 @@ def test_cuda_outputs_copied_to_pinned_cpu_memory():
             on_cpu = capture_activations(model, x, keep_references=True)
             on_gpu = capture_activations(model, x, store_on="cuda")
         assert on_cpu.mutated == on_gpu.mutated == {"conv1": "relu1", "bn2": "relu2"}
+        assert (on_cpu.store_on, on_gpu.store_on) == ("cpu", "cuda:0")
         for name in CNN_ORDER:
             assert on_cpu.outputs[name].is_pinned()
             assert on_gpu.outputs[name].device.type == "cuda"
@@ -459,8 +466,9 @@ def test_bad_store_device(cnn):
     model, x = cnn
     with pytest.raises(InspectorError, match="not available on this machine"):
         capture_activations(model, x, store_on="cuda:7")
-    with pytest.raises(InspectorError, match="would keep no values"):
+    with pytest.raises(InspectorError, match="would keep no values") as err:
         capture_activations(model, x, store_on="meta")
+    assert str(err.value) == "store_on='meta' would keep no values; choose cpu or a GPU"
     assert hook_state(model) == {n: () for n, _ in model.named_modules()}
 
 
@@ -775,6 +783,15 @@ def test_tensor_stats_of_finite_values():
     assert s == {"shape": "(4,)", "dtype": "float32", "device": "cpu", "bytes": 16, "mean": 1.5,
                  "std": pytest.approx(math.sqrt(1.25)), "min": 0.0, "max": 3.0, "nan": 0, "inf": 0,
                  "zero_fraction": 0.25}
+    # one pass: the sums 6 and 14 are exact in float32, the variance 14/4 - 1.5**2 is worked in double
+    assert s["std"] == math.sqrt(1.25)
+
+
+def test_tensor_stats_keep_the_precision_of_float64_and_of_large_integers():
+    f64 = _stats([0.1, 0.2], torch.float64)  # in float32, 0.1 would read 0.10000000149011612
+    assert (f64["min"], f64["max"], f64["mean"]) == (0.1, 0.2, (0.1 + 0.2) / 2)
+    big = _stats([2**24 + 1, 0], torch.int64)  # 16777217 has no float32: it would read 16777216
+    assert (big["min"], big["max"], big["mean"], big["std"]) == (0.0, 16777217.0, 8388608.5, 8388608.5)
 
 
 def test_tensor_stats_when_the_mean_dwarfs_the_spread_takes_the_exact_formula():
@@ -831,10 +848,10 @@ class _Writes(nn.Module):
         return t
 
 
-def _drift(x, write):
+def _drift(x, write, **options):
     net = nn.Sequential(_Source(), _Writes(write))
     with torch.no_grad():
-        cap = capture_activations(net, x, keep_references=True)
+        cap = capture_activations(net, x, keep_references=True, **options)
     rows = reference_drift(cap)[["module", "max_abs_diff", "corrupted", "overwritten_by"]].values.tolist()
     return [[m, d, c, by if isinstance(by, str) else None] for m, d, c, by in rows]  # pandas: None or NaN
 
@@ -844,6 +861,7 @@ def _drift(x, write):
     (torch.tensor([5, 1]), lambda t: t[:1].sub_(7), 7.0),  # integers: 5 -> -2
     (torch.tensor([math.nan, 1.0]), lambda t: t.nan_to_num_(0.0), math.inf),  # a NaN made finite
     (torch.arange(16, dtype=torch.float32), lambda t: t[15:].mul_(-1), 30.0),  # 15 -> -15, in 64 bytes
+    (torch.ones(256, 257), lambda t: t[0, :1].sub_(2), 2.0),  # 1 -> -1 in 263,168 bytes (over 256 KiB)
 ])
 def test_reference_drift_is_the_largest_change_written_into_an_output(x, write, moved):
     assert _drift(x, write) == [["0", moved, True, "1"], ["1", 0.0, False, None]]
@@ -852,3 +870,355 @@ def test_reference_drift_is_the_largest_change_written_into_an_output(x, write, 
 def test_reference_drift_of_outputs_nobody_wrote_is_zero():
     assert _drift(torch.tensor([1.0, 2.0], dtype=torch.float64), lambda t: None) == [
         ["0", 0.0, False, None], ["1", 0.0, False, None]]
+    # over 256 KiB (compared byte by byte) and written in place with the values it held
+    assert _drift(torch.ones(256, 257), lambda t: t.mul_(1)) == [
+        ["0", 0.0, False, None], ["1", 0.0, False, None]]
+    net = nn.Sequential(_Source(), _Writes(lambda t: t.mul_(1)))
+    with torch.no_grad():
+        cap = capture_activations(net, torch.ones(256, 257))
+    assert cap.mutated == {} and list(cap.outputs) == ["0", "1"]
+    assert [(f.code, f.where, f.message) for f in cap.findings] == [
+        ("capture-written-same-values", "0",
+         "0 was written in place by 1 after its capture, but its values did not change")]
+
+
+def test_reference_drift_without_references_or_captures_and_with_the_watch_off():
+    from inspector.capture import DRIFT_COLUMNS, STATS_COLUMNS
+    net = nn.Sequential(_Source(), _Writes(lambda t: t[1:].mul_(-1)))
+    plain = reference_drift(capture_activations(net, torch.ones(2)))  # no references: no difference
+    assert plain["max_abs_diff"].tolist() == [None, None] and plain["corrupted"].tolist() == [True, False]
+    # the watch off: the bare reference moved (1 -> -1 in [1]), nobody named, still corrupted
+    assert _drift(torch.ones(2), lambda t: t[1:].mul_(-1), watch_mutations=False) == [
+        ["0", 2.0, True, None], ["1", 0.0, False, None]]
+    empty = capture_activations(net, torch.ones(2), max_bytes=0, keep_references=True)
+    assert list(reference_drift(empty).columns) == DRIFT_COLUMNS and len(reference_drift(empty)) == 0
+    assert list(empty.stats.columns) == STATS_COLUMNS
+
+
+# -- same_bytes and max_abs_change: the comparisons behind the watch, worked out by hand -------------
+def test_same_bytes_compares_the_bytes_of_contiguous_cpu_tensors():
+    from inspector.capture.compare import same_bytes
+    two = torch.tensor([1.0, math.nan])  # 8 bytes: read as one int64; a NaN's bytes equal themselves
+    assert same_bytes(two, two.clone()) is True
+    assert same_bytes(two, torch.tensor([1.0, 2.0])) is False
+    assert same_bytes(torch.tensor([0.0]), torch.tensor([-0.0])) is False  # equal values, other bytes
+    one = torch.tensor([1.5])  # 4 bytes; 9 bytes: not a multiple of 8, read byte by byte
+    nine = torch.arange(9, dtype=torch.uint8)
+    assert same_bytes(one, one.clone()) is True and same_bytes(nine, nine.clone()) is True
+    assert same_bytes(nine, nine.flip(0).contiguous()) is False
+    assert same_bytes(torch.tensor([7], dtype=torch.uint8), torch.tensor([7], dtype=torch.uint8)) is True
+
+
+def test_same_bytes_leaves_to_torch_what_it_cannot_read_as_bytes():
+    from inspector.capture.compare import same_bytes
+    t = torch.arange(6.0).reshape(2, 3)
+    assert same_bytes(t.t(), t.t().contiguous()) is None  # not contiguous, either side
+    assert same_bytes(t.t().contiguous(), t.t()) is None
+    assert same_bytes(torch.empty(0), torch.empty(0)) is None
+    z = torch.tensor([1 + 1j])
+    assert same_bytes(z.conj(), z.conj()) is None
+    assert same_bytes(torch.ones(2, device="meta"), torch.ones(2, device="meta")) is None
+
+
+def test_max_abs_change_worked_out_by_hand():
+    from inspector.capture.compare import max_abs_change
+    assert max_abs_change(torch.zeros(2), torch.zeros(3)) == math.inf  # another shape
+    assert max_abs_change(torch.zeros(2, dtype=torch.float64), torch.zeros(2)) == math.inf  # another dtype
+    big = torch.zeros(65536)  # 256 KiB: compared by its bytes, not torch.equal first
+    assert max_abs_change(big, big.clone()) == 0.0
+    moved = big.clone()
+    moved[5] = -2.5
+    assert max_abs_change(moved, big) == 2.5
+    nan = math.nan
+    assert max_abs_change(torch.tensor([nan, 1.0]), torch.tensor([nan, 1.5])) == 0.5  # a NaN kept: no change
+    assert max_abs_change(torch.tensor([0.0, 1.0]), torch.tensor([nan, 1.0])) == math.inf  # a NaN made 0
+    assert max_abs_change(torch.tensor([5, 1]), torch.tensor([-2, 1])) == 7.0  # integers
+    assert max_abs_change(torch.tensor([3 + 4j]), torch.tensor([0j])) == 5.0  # complex: |3 + 4i|
+    assert max_abs_change(torch.tensor([-0.0]), torch.tensor([0.0])) == 0.0
+    live = torch.arange(6.0).reshape(2, 3).t()  # not contiguous: compared by torch
+    copy = live.contiguous()
+    assert max_abs_change(live, copy) == 0.0
+    copy[0, 0] = 4.0
+    assert max_abs_change(live, copy) == 4.0
+
+
+# -- the recorder, path by path: what each kind of output leaves in the capture ----------------------
+def test_a_meta_model_leaves_each_output_out_with_a_reason():
+    from inspector.capture import Skipped
+    net = nn.Sequential(nn.Linear(2, 3), nn.ReLU()).to("meta")
+    for options in ({}, {"keep_references": True}):  # the short path and the long one
+        cap = capture_activations(net, torch.ones(1, 2, device="meta"), **options)
+        assert cap.outputs == {"0": None, "1": None} and cap.order == ["0", "1"]
+        assert cap.skipped == [Skipped(n, "output", "", 0, "a meta tensor has no values") for n in "01"]
+        assert [(f.code, f.severity, f.where, f.message) for f in cap.findings] == [
+            ("capture-not-tensor", "info", n, f"{n}: a meta tensor has no values") for n in "01"]
+    rows = reference_drift(cap)[["module", "max_abs_diff", "corrupted"]].values.tolist()
+    assert rows == [["0", None, False], ["1", None, False]]
+
+
+class _Triple(nn.Module):
+    def forward(self, x: torch.Tensor):
+        return x + 1, None, x.to_sparse()
+
+
+class _Sparse(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.to_sparse()
+
+
+def test_a_sparse_tensor_alone_or_after_a_none_is_copied_as_it_is():
+    cap = capture_activations(nn.Sequential(_Triple()), torch.eye(2))
+    first, none, sparse = cap.outputs["0"]
+    assert torch.equal(first, torch.eye(2) + 1) and none is None
+    assert sparse.layout == torch.sparse_coo and torch.equal(sparse.to_dense(), torch.eye(2))
+    assert cap.skipped == [] and cap.mutated == {}
+    alone = capture_activations(nn.Sequential(_Sparse()), torch.eye(2)).outputs["0"]
+    assert alone.layout == torch.sparse_coo and torch.equal(alone.to_dense(), torch.eye(2))
+
+
+_Pair = __import__("collections").namedtuple("_Pair", "first second")
+
+
+class _Named(nn.Module):
+    def forward(self, x: torch.Tensor) -> _Pair:
+        return _Pair(x + 1, x * 3)
+
+
+def test_a_named_tuple_output_is_copied_as_that_named_tuple():
+    cap = capture_activations(nn.Sequential(_Named()), torch.ones(2))
+    out = cap.outputs["0"]
+    assert type(out) is _Pair
+    assert torch.equal(out.first, torch.full((2,), 2.0)) and torch.equal(out.second, torch.full((2,), 3.0))
+
+
+class _WithNone(nn.Module):
+    def forward(self, x: torch.Tensor):
+        return x + 1, None, x * 2
+
+
+class _WritesThird(nn.Module):
+    def forward(self, out):
+        out[2].add_(1)
+        return out
+
+
+@pytest.mark.parametrize("options", [{}, {"keep_inputs": True}], ids=["short", "long"])
+def test_a_tuple_keeps_its_none_and_names_the_element_written(options):
+    from inspector.capture import Mutation
+    with torch.no_grad():
+        cap = capture_activations(nn.Sequential(_WithNone(), _WritesThird()), torch.ones(2), **options)
+    first, none, third = cap.outputs["0"]
+    assert none is None and torch.equal(first, torch.full((2,), 2.0))
+    assert torch.equal(third, torch.full((2,), 2.0))
+    assert cap.mutations == [Mutation("0", "[2]", "1", "version", 1.0)]  # 2 -> 3
+    assert cap.mutated == {"0": "1"}
+
+
+class _Transposed(nn.Module):
+    def forward(self, t: torch.Tensor) -> torch.Tensor:
+        return t.t()
+
+
+def test_a_transposed_output_is_copied_contiguous_and_its_change_measured():
+    net = nn.Sequential(_Source(), _Transposed(), _Writes(lambda t: t[0, :1].add_(5)))
+    x = torch.arange(6.0).reshape(2, 3)  # 1 is x.t(): [[0, 3], [1, 4], [2, 5]]; 2 writes 0 -> 5 in both
+    with torch.no_grad():
+        cap = capture_activations(net, x, keep_references=True)
+    assert cap.outputs["1"].is_contiguous() and torch.equal(cap.outputs["1"], x.t())
+    assert cap.mutated == {"0": "2", "1": "2"}
+    assert [(m.module, m.max_abs_change) for m in cap.mutations] == [("0", 5.0), ("1", 5.0)]
+    drift = reference_drift(cap)[["module", "max_abs_diff", "corrupted"]].values.tolist()
+    assert drift == [["0", 5.0, True], ["1", 5.0, True], ["2", 0.0, False]]
+    short = capture_activations(net, x)  # the short path copies the view contiguous too
+    assert short.outputs["1"].is_contiguous() and torch.equal(short.outputs["1"], x.t())
+
+
+def test_copies_are_detached_and_say_where_they_are():
+    net = nn.Sequential(nn.Linear(2, 2))
+    cap = capture_activations(net, torch.ones(1, 2))
+    assert cap.model_output.requires_grad
+    assert not cap.outputs["0"].requires_grad and cap.outputs["0"].grad_fn is None
+    assert cap.store_on == "cpu" and cap.placements == {}
+
+
+class _Double(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * 2
+
+
+class _Thrice(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.step = _Double()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.step(self.step(self.step(x)))
+
+
+@pytest.mark.parametrize("options", [{}, {"keep_inputs": True}], ids=["short", "long"])
+def test_a_module_called_three_times_gives_three_keys(options):
+    cap = capture_activations(_Thrice(), torch.ones(1), **options)
+    assert cap.order == ["step", "step#2", "step#3"]
+    assert [cap.outputs[k].item() for k in cap.order] == [2.0, 4.0, 8.0]
+    if options:
+        assert [cap.inputs[k].item() for k in cap.order] == [1.0, 2.0, 4.0]
+
+
+class _ScalesItsInput(nn.Module):
+    def forward(self, t: torch.Tensor) -> torch.Tensor:
+        t.mul_(3)  # written in place through its input; returns a new tensor
+        return t + 1
+
+
+class _ByKeyword(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.source, self.writer = _Source(), _ScalesItsInput()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.writer(t=self.source(x))
+
+
+def test_a_write_through_an_input_names_its_writer_by_position_and_by_keyword():
+    from inspector.capture import Mutation
+    positional = capture_activations(nn.Sequential(_Source(), _ScalesItsInput()), torch.ones(2))
+    assert positional.mutations == [Mutation("0", "", "1", "version", 2.0)]  # 1 -> 3
+    keyword = capture_activations(_ByKeyword(), torch.ones(2))
+    assert keyword.mutations == [Mutation("source", "", "writer", "version", 2.0)]
+    assert torch.equal(keyword.outputs["source"], torch.ones(2))
+
+
+class _Split(nn.Module):
+    def forward(self, t: torch.Tensor):
+        return t + 1, t * 2
+
+
+def test_a_tuple_output_after_a_captured_inference_tensor():
+    with torch.inference_mode():
+        cap = capture_activations(nn.Sequential(_Source(), _Split()), torch.ones(2))
+    first, second = cap.outputs["1"]
+    assert torch.equal(first, torch.full((2,), 2.0)) and torch.equal(second, torch.full((2,), 2.0))
+    assert cap.mutated == {} and not first.is_inference()
+
+
+class _Combine(nn.Module):
+    def forward(self, a: torch.Tensor, b: torch.Tensor, scale: torch.Tensor | None = None) -> torch.Tensor:
+        return (a + b) * (1 if scale is None else scale)
+
+
+class _Inputs(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.one, self.two = _Combine(), _Combine()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.two(self.one(x, x), x, scale=torch.full((2,), 3.0))
+
+
+@pytest.mark.parametrize("mode", ["no_grad", "inference_mode"])
+def test_inputs_keep_positions_and_keywords(mode):
+    x = torch.tensor([1.0, 2.0])  # one: x + x = [2, 4]; two: ([2, 4] + x) * 3 = [9, 18]
+    with GRAD_MODES[mode]():
+        cap = capture_activations(_Inputs(), x, keep_inputs=True)
+    one, two = cap.inputs["one"], cap.inputs["two"]
+    assert type(one) is tuple and [t.tolist() for t in one] == [[1.0, 2.0], [1.0, 2.0]]
+    assert list(two) == ["args", "kwargs"] and list(two["kwargs"]) == ["scale"]
+    assert [t.tolist() for t in two["args"]] == [[2.0, 4.0], [1.0, 2.0]]
+    assert two["kwargs"]["scale"].tolist() == [3.0, 3.0] and cap.outputs["two"].tolist() == [9.0, 18.0]
+    assert not any(t.is_inference() for t in (*one, *two["args"], two["kwargs"]["scale"]))
+
+
+def test_inputs_over_the_budget_are_named_as_inputs():
+    from inspector.capture import Skipped
+    cap = capture_activations(_Inputs(), torch.tensor([1.0, 2.0]), keep_inputs=True, max_bytes=8)
+    # one's input (x, x) is 16 bytes: over 8 from the start; then nothing else is kept
+    reason = "over the byte budget (0 B of 8 B used)"
+    assert cap.skipped == [Skipped("one", "input", "", 16, reason), Skipped("one", "output", "", 8, reason),
+                           Skipped("two", "input", "", 24, reason), Skipped("two", "output", "", 8, reason)]
+
+
+class _Pairs(nn.Module):
+    def forward(self, y: torch.Tensor):
+        return y * 1, y * 3
+
+
+class _Alone(nn.Module):
+    def forward(self, y: torch.Tensor):
+        return (y * 2,)
+
+
+def _linear() -> nn.Linear:
+    lin = nn.Linear(2, 2)
+    nn.init.constant_(lin.weight, 1.0)
+    nn.init.constant_(lin.bias, 0.0)
+    return lin
+
+
+def test_gradients_of_tuple_outputs_by_element():
+    x = torch.ones(1, 2)
+    # loss = 2 * sum(y) + 5 * sum(3y): d/d[0] = 2, d/d[1] = 5, d/dy = 2 + 15 = 17
+    cap = capture_activations(nn.Sequential(_linear(), _Pairs()), x, grads=True,
+                              loss_fn=lambda out, _: (out[0] * 2).sum() + (out[1] * 5).sum())
+    assert sorted(cap.grads["1"]) == ["[0]", "[1]"]
+    assert cap.grads["1"]["[0]"].tolist() == [[2.0, 2.0]] and cap.grads["1"]["[1]"].tolist() == [[5.0, 5.0]]
+    assert cap.grads["0"].tolist() == [[17.0, 17.0]]
+    alone = capture_activations(nn.Sequential(_linear(), _Alone()), x, grads=True)  # loss: sum of (2y,)
+    assert list(alone.grads["1"]) == ["[0]"] and alone.grads["1"]["[0]"].tolist() == [[1.0, 1.0]]
+    assert alone.grads["0"].tolist() == [[2.0, 2.0]]
+
+
+def test_gradients_over_the_budget_are_named_as_gradients():
+    from inspector.capture import Skipped
+    # the output (1, 2) float32 = 8 bytes fits in 8; its gradient, 8 more, does not
+    cap = capture_activations(nn.Sequential(_linear()), torch.ones(1, 2), grads=True, max_bytes=8)
+    assert list(cap.outputs) == ["0"] and cap.grads == {}
+    assert cap.skipped == [Skipped("0", "grad", "", 8, "over the byte budget (8 B of 8 B used)")]
+
+
+class _Counts(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls = 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        return x + 1
+
+
+def test_the_callers_findings_come_last_in_the_capture():
+    net = nn.Sequential(_Counts())
+    cap = capture_activations(net, torch.ones(1))
+    assert net[0].calls == 0
+    assert [(f.code, f.severity, f.where, f.message) for f in cap.findings] == [
+        ("forward-state-restored", "info", "",
+         "the model's forward changed its own modules' state, which was put back as it was before the pass "
+         "(0: calls)")]
+
+
+def test_a_block_puts_back_the_training_flags_changed_inside_it():
+    net = nn.Sequential(nn.Linear(2, 2), nn.Dropout(0.5)).eval()
+    net[0].train()  # a mixed model: the root in eval mode, one child training
+    with capturing(net) as cap:
+        net.train()
+        net(torch.ones(1, 2))
+    assert list(cap.outputs) == ["0", "1"]
+    assert (net.training, net[0].training, net[1].training) == (False, True, False)
+
+
+class _Helper:
+    def run(self, x: torch.Tensor) -> torch.Tensor:
+        raise ValueError(f"cannot run on {tuple(x.shape)}")
+
+
+class _UsesHelper(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return _Helper().run(x)
+
+
+def test_a_failure_inside_a_helper_object_names_the_module_that_called_it():
+    net = nn.Sequential(nn.Linear(2, 2), _UsesHelper())
+    with pytest.raises(InspectorError) as err:
+        capture_activations(net, torch.ones(1, 2))
+    assert str(err.value) == (
+        "the forward pass of Sequential failed in module 1: ValueError: cannot run on (1, 2)")
+    assert hook_state(net) == {n: () for n, _ in net.named_modules()}

@@ -77,6 +77,9 @@ def test_mutated_is_empty_and_says_the_watch_was_off_where_the_default_reports_i
         off = [f for f in cap.findings if f.code == "mutation-watch-off"]
         assert len(off) == 1 and off[0].severity == "info"
         assert "not checked" in off[0].message and ".mutated is empty" in off[0].message
+        assert (off[0].where, off[0].message) == (
+            "", "in-place writes to the captured outputs were not watched (watch_mutations=False): .mutated "
+            "is empty because it was not checked, not because nothing was overwritten")
         assert not any(f.code == "capture-mutated" for f in cap.findings)
         assert (cap.outputs["0"] < 0).all()  # the copy was taken before the ReLU wrote
         assert torch.equal(cap.outputs["0"], default.outputs["0"])

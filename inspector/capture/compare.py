@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -74,7 +75,7 @@ def max_abs_change(live: torch.Tensor, copy: torch.Tensor) -> float | None:
         with torch.inference_mode(False), torch.no_grad():
             a = live.detach().to(copy.device)
             if a.shape != copy.shape or a.dtype != copy.dtype:
-                return float("inf")
+                return math.inf
             same = same_bytes(a, copy)
             if same or (same is None and torch.equal(a, copy)):
                 return 0.0
@@ -82,7 +83,7 @@ def max_abs_change(live: torch.Tensor, copy: torch.Tensor) -> float | None:
                 diff = (a - copy).abs()  # in the tensors' own precision: no float64 temporaries
                 if not bool(torch.isfinite(diff).all()):
                     both_nan = torch.isnan(a) & torch.isnan(copy)
-                    diff = torch.nan_to_num(diff.masked_fill_(both_nan, 0), nan=float("inf"))
+                    diff = torch.nan_to_num(diff.masked_fill_(both_nan, 0), nan=math.inf)
                 return float(diff.max())
             return float((a.double() - copy.double()).abs().max())
     except RuntimeError:

@@ -52,7 +52,6 @@ def tensor_stats(t: torch.Tensor) -> dict[str, Any]:
     flat = x.reshape(-1)
     total = flat.sum()
     if bool(torch.isfinite(total)):  # a NaN or Inf anywhere would make the sum non-finite
-        nan = inf = 0
         zeros = n - int(torch.count_nonzero(flat))
         mean = float(total) / n
         mean_sq = float(torch.dot(flat, flat)) / n  # one pass each, no temporaries
@@ -63,7 +62,7 @@ def tensor_stats(t: torch.Tensor) -> dict[str, Any]:
             std_t, mean_t = torch.std_mean(flat, correction=0)
             std, mean = float(std_t), float(mean_t)
         lo, hi = torch.aminmax(flat)
-        row.update(nan=0, inf=0, zero_fraction=zeros / n, mean=mean, std=std, min=float(lo), max=float(hi))
+        row.update(zero_fraction=zeros / n, mean=mean, std=std, min=float(lo), max=float(hi))  # nan, inf: 0
         return row
     nan, inf = int(torch.isnan(flat).sum()), int(torch.isinf(flat).sum())
     x = flat[torch.isfinite(flat)]
