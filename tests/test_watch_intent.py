@@ -591,3 +591,21 @@ def test_dead_units_are_placed_at_the_layer_whose_output_died(tmp_path):
     found = _alarms(w.result)
     assert found == [(25, "dead-gradient", "2.weight")]
     assert "The gradient stops at 2: its output is zero (4, which takes it" in w.result.findings[0].message
+
+
+def test_an_optimizer_other_than_the_watched_one_from_the_first_step_is_said_before_it(tmp_path):
+    # the optimizer handed to the watch is not the one the loop steps: lost before the first step
+    model = _mlp()
+    given = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    stepped = torch.optim.SGD(model.parameters(), lr=0.01)
+    with watch(model, given, tmp_path / "run.inspect") as w:
+        for i in range(4):
+            model(_batch(i)).pow(2).mean().backward()
+            stepped.step()
+            stepped.zero_grad()
+    assert _alarms(w.result) == [(0, "optimizer-lost", "0.weight")]
+    assert w.result.findings[0].message == (
+        "another optimizer (SGD, holding 4 parameters, 4 of them the watched optimizer's) stepped before the "
+        "first step: the loop steps another optimizer than the one the watch was given. The watch follows "
+        "the optimizer it was given, which no longer steps, so it lost track: the run file records no step "
+        "from here. Hand it the new one with w.use_optimizer(new_optimizer)")

@@ -93,11 +93,13 @@ class OptimizerLost:
         names = at.target.names_of(at.other)
         held = at.target.held()
         ours = [n for n, p in at.target.root.named_parameters() if id(p) in held and n in set(names)]
-        when = f"after step {at.step - 1}, the last the watch saw" if at.step else "before the first step"
+        when = (f"after step {at.step - 1}, the last the watch saw: a new optimizer built mid-run" if at.step
+                else "before the first step: the loop steps another optimizer than the one the watch was "
+                     "given")
         return found + [coded(
             "optimizer-lost", ours[0] if ours else ROOT_LABEL,
             f"another optimizer ({type(at.other).__name__}, holding {len(names)} parameters, {len(ours)} of "
-            f"them the watched optimizer's) stepped {when}: a new optimizer built mid-run. The "
+            f"them the watched optimizer's) stepped {when}. The "
             "watch follows the optimizer it was given, which no longer steps, so it lost track: the run "
             "file records no step from here. Hand it the new one with w.use_optimizer(new_optimizer)")]
 
