@@ -53,7 +53,7 @@ class ScalerSkips:
         self.total += 1
         scale = float(self.scaler.get_scale())  # a host sync, on a skipped step only
         if self.skips == 1:  # the scale this run of skips began to overflow at, as its row records it
-            self.first_scale = at.numbers.scale if at.numbers is not None else scale
+            self.first_scale = at.n.scale
         if self.skips == self.in_a_row:
             self.floored = True  # said: the scale's fall that follows is the same overflow
             return found + [coded(
