@@ -70,7 +70,8 @@ class GradientsCleared:
     """``gradient-not-cleared``: a parameter of an optimizer that stepped since the last step holds,
     at this step, the very gradient the last step used, added onto by this step's backward (same
     tensor, version moved by exactly the add). Hooks every trainable parameter (again at each check
-    step, for parameters swapped in)."""
+    step, for parameters swapped in), and the model's forward, whose end may stand those hooks down for
+    the step (:class:`~inspector.watching.checks.GradientClearing`)."""
 
     @classmethod
     def build(cls, kit: Kit) -> GradientsCleared | None:
@@ -82,6 +83,8 @@ class GradientsCleared:
     def attach(self, at: At, stack: ExitStack) -> None:
         self.clearing.attach(at.params)
         stack.callback(self.clearing.remove)
+        clearing = self.clearing
+        stack.callback(at.target.root.register_forward_hook(lambda *_: clearing.forwarded()).remove)
 
     def __call__(self, at: At, found: list[Finding]) -> list[Finding]:
         steps = self.steps
