@@ -96,7 +96,8 @@ class GradientClearing:
                 known[1].remove()
             self.hooked[p] = (i, p.register_hook(self._hook(i, weakref.ref(p))))
         # a parameter hooked by an earlier call and dropped from this list may still be hooked (and alive)
-        self.only_attached = len(self.hooked) <= len({id(p) for p, w in zip(params, wanted, strict=True) if w})
+        hooked_here = {id(p) for p, w in zip(params, wanted, strict=True) if w}
+        self.only_attached = len(self.hooked) <= len(hooked_here)
 
     def _hook(self, i: int, param: weakref.ref) -> Any:
         def hook(grad: torch.Tensor) -> None:

@@ -6,6 +6,7 @@ import math
 import operator
 import time
 from collections.abc import Callable
+from itertools import repeat
 from typing import Any, Protocol
 
 import numpy as np
@@ -70,7 +71,7 @@ class StepState:
     def pre(self, params: list[torch.Tensor | None], snapshot: bool, findings: list[Finding]) -> None:
         self.params = params
         grads = gradients(params)
-        self.has_grad = np.array([g is not None for g in grads], dtype=bool)
+        self.has_grad = np.fromiter(map(operator.is_not, grads, repeat(None)), dtype=bool, count=len(grads))
         self.grad_parts = fused_norms(grads, self.plans["grads"])
         self.before = [p.detach().clone() for p in params if p is not None] if snapshot else None
         self.findings = findings
