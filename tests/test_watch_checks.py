@@ -98,6 +98,29 @@ def test_gradient_not_cleared_from_step_5(tmp_path, set_to_none):
     assert found == [(5, "gradient-not-cleared", "fc.weight")]
 
 
+@pytest.mark.parametrize("set_to_none", [True, False])
+def test_gradient_not_cleared_after_cleared_steps_and_an_evaluation_pass(tmp_path, set_to_none):
+    """Steps 0..4 clear their gradients (the hooks may stand down for those steps); from step 5 an
+    evaluation pass under no_grad and then the training forward run on the old gradients."""
+    torch.manual_seed(0)
+    model = Small()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    xs, ys = _data()
+    with watch(model, opt, tmp_path / "r.inspect") as w:
+        for s in range(STEPS):
+            if s < 5:
+                opt.zero_grad(set_to_none=set_to_none)
+            model.eval()
+            with torch.no_grad():
+                model(xs[s])
+            model.train()
+            for k in range(2):  # two micro-batches, one step
+                (model(xs[s][k * 8:(k + 1) * 8]) - ys[s][k * 8:(k + 1) * 8]).pow(2).mean().backward()
+            opt.step()
+    found = [f for f in _found(w) if f[1] == "gradient-not-cleared"]
+    assert found == [(5, "gradient-not-cleared", "fc.weight")]
+
+
 def test_closure_step_reads_this_steps_gradients(tmp_path):
     """A step given a closure (Lightning's automatic optimisation: forward, zero_grad, backward inside
     optimizer.step) records the gradient that step computed, not the last step's."""

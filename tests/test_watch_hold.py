@@ -117,3 +117,23 @@ def test_a_held_step_is_in_the_file_when_the_block_raises(tmp_path):
     run = read_run(path)
     assert run.steps["step"].tolist()[:2] == [0, 1]
     assert [f.code for f in run.findings] == ["run-failed"]
+
+
+def test_close_while_the_writers_thread_is_flushing_ends_it(tmp_path):
+    """close() during the writer thread's own flush (which clears the wake-up close() set): the thread
+    still ends and close() returns, with every step on disk."""
+    path = tmp_path / "c.inspect"
+    w = RunWriter(path, _meta(), hold=0.05, hold_steps=100)
+    w.write([_record(0)])
+    with w._lock:  # the writer's thread, done waiting its hold, blocks in its flush
+        time.sleep(0.3)
+        closer = threading.Thread(target=w.close)
+        closer.start()
+        time.sleep(0.2)  # close() has set its wake-up and waits for the thread
+    closer.join(timeout=5.0)
+    hung = closer.is_alive()
+    if hung:  # let both threads end before failing
+        w._due.set()
+        closer.join(timeout=5.0)
+    assert not hung
+    assert _steps(path) == [0] and read_run(path).complete

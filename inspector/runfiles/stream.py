@@ -179,7 +179,7 @@ class RunWriter:
 
     def _follow(self) -> None:
         """The writer's thread: ``hold`` seconds after a step is held, what is held is written."""
-        while True:
+        while not self._closing.is_set():  # a flush of its own may clear close()'s wake-up: checked here
             self._due.wait()
             if self._closing.wait(self.hold):
                 return

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any, Literal
 
 Severity = Literal["error", "warning", "info"]
@@ -36,7 +36,8 @@ class Finding:
             )
 
     def to_dict(self) -> dict[str, str]:
-        return asdict(self)
+        # the four strings as dataclasses.asdict gives them, without its recursive copy
+        return {"code": self.code, "severity": self.severity, "where": self.where, "message": self.message}
 
     @classmethod
     def from_dict(cls, data: Any) -> Finding:

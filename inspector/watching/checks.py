@@ -58,6 +58,11 @@ class GradientClearing:
     own parameters before its own backward), and reported when the next step still holds it. Zeroing
     before the forward, between forward and backward (Lightning) or after the step are all clearing;
     several backward passes before one step (accumulation) are one step.
+
+    The hooks stand down (return at once) from the end of a forward pass of the model at which no hooked
+    parameter holds a gradient the last step used (every one set to None or replaced: ``zero_grad()``'s
+    default) until the next step: from then on no backward can add onto one, so what they would look
+    at cannot be found. A gradient zeroed in place keeps them looking.
     """
 
     def __init__(self) -> None:
@@ -67,6 +72,9 @@ class GradientClearing:
         self.hooked: WeakIdKeyDictionary = WeakIdKeyDictionary()  # parameter -> (index, handle)
         self.attached: list[torch.Tensor | None] = []  # the list last hooked, and which of it trains
         self.wanted: list[bool] = []
+        self.used: set[int] = set()  # the ids of the gradients the last step used
+        self.looking = True  # whether the hooks look (False once no used gradient can be added onto)
+        self.only_attached = True  # every hooked parameter is in ``attached`` (else the hooks always look)
 
     def attach(self, params: list[torch.Tensor | None]) -> None:
         """Hook every parameter of ``params`` not hooked yet (new ones after a replacement included)."""
@@ -87,9 +95,14 @@ class GradientClearing:
             if known is not None:
                 known[1].remove()
             self.hooked[p] = (i, p.register_hook(self._hook(i, weakref.ref(p))))
+        # a parameter hooked by an earlier call and dropped from this list may still be hooked (and alive)
+        hooked_here = {id(p) for p, w in zip(params, wanted, strict=True) if w}
+        self.only_attached = len(self.hooked) <= len(hooked_here)
 
     def _hook(self, i: int, param: weakref.ref) -> Any:
         def hook(grad: torch.Tensor) -> None:
+            if not self.looking:
+                return
             key = self.dirty.pop(i, None)
             ref, version = (self.after.pop(i, None), self.versions.get(i, -1)) if key is None else key
             p = param()
@@ -112,6 +125,16 @@ class GradientClearing:
         self.after = dict(zip(idx, map(weakref.ref, used), strict=True))
         self.versions = dict(zip(idx, map(_VERSION, used), strict=True))
         self.dirty = {}
+        self.used = set(map(id, used))
+        self.looking = bool(used)
+
+    def forwarded(self) -> None:
+        """At the end of a forward pass of the model: when no hooked parameter holds a gradient the last
+        step used (an id that matches a new gradient at a reused address keeps the hooks looking), the
+        hooks stand down until the next step."""
+        if self.looking and self.only_attached and not self.dirty and self.used.isdisjoint(
+                map(id, gradients(self.attached))):
+            self.looking = False
 
     def findings(self, names: tuple[str, ...], params: list[torch.Tensor | None], held: Any) -> list[Finding]:
         """``gradient-not-cleared`` for the optimizer's parameters (``held()``: their ids) whose step now
@@ -137,6 +160,7 @@ class GradientClearing:
             handle.remove()
         self.hooked = WeakIdKeyDictionary()
         self.attached, self.wanted = [], []
+        self.looking, self.only_attached = True, True
 
 
 class TrainingMode:

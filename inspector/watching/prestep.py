@@ -15,7 +15,6 @@ from torch import nn
 
 from ..runfiles import StepFinding
 from ..utils.findings import Finding
-from .layout import gradients
 from .ranks import RanksApart
 from .roles import Ranks, Target
 from .steps import StepState
@@ -93,7 +92,7 @@ class BeforeStep:
         whose total needs every rank's pieces), is torch's own ``clip_grad_norm_``, after the watch's
         pass: correct, at the cost of the second pass."""
         self.gradients_ready()
-        grads = gradients(self.state.params)  # one pass in C each (1,000 parameters: no loop in Python)
+        grads = self.state.grads  # those just measured
         present = list(map(operator.is_not, grads, repeat(None)))
         params = cast("list[torch.Tensor]", list(compress(self.state.params, present)))  # with a gradient
         parts = self.state.grad_parts

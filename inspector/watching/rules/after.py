@@ -297,15 +297,19 @@ class StillModules:
         if not same.any():
             self.still.clear()
             return found
-        names, lr = at.target.layout.parameters, self._lrs(at)
-        parts: dict[str, list[int]] = {}
+        layout, lr = at.target.layout, self._lrs(at)
         params = at.params
-        for i in np.flatnonzero(moving).tolist():
-            p = params[i]
-            if p is not None and lr.get(id(p), 0.0) > 0:
-                parts.setdefault(names[i].rpartition(".")[0], []).append(i)
-        flags = same.tolist()
-        standing = {m: idx for m, idx in parts.items() if all(flags[i] for i in idx)}
+        # the parameters that count: moving, at an lr above 0; a module stands when all of its own stood
+        rates = np.fromiter(map(lr.get, map(id, params), repeat(0.0)), dtype=np.float64, count=len(params))
+        counted = np.flatnonzero(moving & (rates > 0))
+        owner = layout.owner[counted]
+        width = len(layout.modules)
+        stood = np.bincount(owner, weights=same[counted], minlength=width)
+        whole = np.bincount(owner, minlength=width)
+        kept_idx = counted[((whole > 0) & (stood == whole))[owner]]
+        standing: dict[str, list[int]] = {}  # in the order of each module's first counted parameter
+        for i, m in zip(kept_idx.tolist(), layout.owner[kept_idx].tolist(), strict=True):
+            standing.setdefault(layout.modules[m], []).append(i)
         # parameters that moved: none of a standing module's (all of its own stood still), so elsewhere
         elsewhere = bool((moving & ~same).any())
         out = []

@@ -70,7 +70,8 @@ class GradientsCleared:
     """``gradient-not-cleared``: a parameter of an optimizer that stepped since the last step holds,
     at this step, the very gradient the last step used, added onto by this step's backward (same
     tensor, version moved by exactly the add). Hooks every trainable parameter (again at each check
-    step, for parameters swapped in)."""
+    step, for parameters swapped in), and the model's forward, whose end may stand those hooks down for
+    the step (:class:`~inspector.watching.checks.GradientClearing`)."""
 
     @classmethod
     def build(cls, kit: Kit) -> GradientsCleared | None:
@@ -82,6 +83,8 @@ class GradientsCleared:
     def attach(self, at: At, stack: ExitStack) -> None:
         self.clearing.attach(at.params)
         stack.callback(self.clearing.remove)
+        clearing = self.clearing
+        stack.callback(at.target.root.register_forward_hook(lambda *_: clearing.forwarded()).remove)
 
     def __call__(self, at: At, found: list[Finding]) -> list[Finding]:
         steps = self.steps
@@ -164,16 +167,19 @@ class TiesKept:
         root = at.target.root
         self.ties = snapshot_ties(root)
         self.names = tuple(n for n, _ in root.named_parameters(remove_duplicate=False))
+        self.watched = self.names == at.target.layout.parameters  # no alias: the step's own list is read
         self.ids = self._ids(root)
 
-    def _ids(self, root: torch.nn.Module) -> tuple[int, ...]:
-        """The object behind every parameter name, aliases included (read from the owners' registries)."""
-        return tuple(map(id, current(root, self.names)))
+    def _ids(self, root: torch.nn.Module, params: list[torch.Tensor | None] | None = None) -> tuple[int, ...]:
+        """The object behind every parameter name, aliases included (read from the owners' registries;
+        ``params``: the same names read already)."""
+        return tuple(map(id, current(root, self.names) if params is None else params))
 
     def __call__(self, at: At, found: list[Finding]) -> list[Finding]:
         if not at.check:
             return found
-        ids = self._ids(at.target.root)
+        same = self.watched and len(at.params) == len(self.names)
+        ids = self._ids(at.target.root, at.params if same else None)
         if ids == self.ids:
             return found
         self.ids = ids

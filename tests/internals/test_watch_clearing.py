@@ -1,0 +1,53 @@
+"""The gradient-clearing hooks stand down for a step once a forward pass ends with no parameter holding
+a gradient the last step used, and keep looking while one does (``GradientClearing``)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from inspector import watch
+
+
+def _step(model: nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor) -> None:
+    model(x).pow(2).mean().backward()
+    opt.step()
+
+
+@pytest.mark.parametrize(("set_to_none", "looking"), [(True, False), (False, True)])
+def test_hooks_stand_down_only_when_every_used_gradient_is_gone(tmp_path, set_to_none, looking):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    x = torch.randn(16, 4)
+    with watch(model, opt, tmp_path / "r.inspect") as w:
+        clearing = w.kit.clearing
+        _step(model, opt, x)
+        assert clearing.looking  # the step used gradients: the next backward might add onto them
+        opt.zero_grad(set_to_none=set_to_none)
+        model(x)
+        assert clearing.looking is looking  # zeroed in place: the same tensors, still looked at
+        opt.zero_grad(set_to_none=set_to_none)
+        _step(model, opt, x)
+        assert clearing.looking  # a new step: looking again
+        model(x)  # not cleared: the old gradients are still there
+        assert clearing.looking
+    assert [f.code for f in w.findings if f.severity != "info"] == []
+
+
+def test_a_parameter_dropped_from_the_hooked_list_keeps_the_hooks_looking(tmp_path):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    x = torch.randn(16, 4)
+    with watch(model, opt, tmp_path / "r.inspect") as w:
+        clearing = w.kit.clearing
+        _step(model, opt, x)
+        old = list(clearing.attached)
+        clearing.attach(old[1:])  # the first parameter stays hooked but is no longer in the list
+        assert not clearing.only_attached
+        opt.zero_grad()
+        model(x)
+        assert clearing.looking
+        clearing.attach(old)
