@@ -895,53 +895,6 @@ def test_reference_drift_without_references_or_captures_and_with_the_watch_off()
     assert list(empty.stats.columns) == STATS_COLUMNS
 
 
-# -- same_bytes and max_abs_change: the comparisons behind the watch, worked out by hand -------------
-def test_same_bytes_compares_the_bytes_of_contiguous_cpu_tensors():
-    from inspector.capture.compare import same_bytes
-    two = torch.tensor([1.0, math.nan])  # 8 bytes: read as one int64; a NaN's bytes equal themselves
-    assert same_bytes(two, two.clone()) is True
-    assert same_bytes(two, torch.tensor([1.0, 2.0])) is False
-    assert same_bytes(torch.tensor([0.0]), torch.tensor([-0.0])) is False  # equal values, other bytes
-    one = torch.tensor([1.5])  # 4 bytes; 9 bytes: not a multiple of 8, read byte by byte
-    nine = torch.arange(9, dtype=torch.uint8)
-    assert same_bytes(one, one.clone()) is True and same_bytes(nine, nine.clone()) is True
-    assert same_bytes(nine, nine.flip(0).contiguous()) is False
-    assert same_bytes(torch.tensor([7], dtype=torch.uint8), torch.tensor([7], dtype=torch.uint8)) is True
-
-
-def test_same_bytes_leaves_to_torch_what_it_cannot_read_as_bytes():
-    from inspector.capture.compare import same_bytes
-    t = torch.arange(6.0).reshape(2, 3)
-    assert same_bytes(t.t(), t.t().contiguous()) is None  # not contiguous, either side
-    assert same_bytes(t.t().contiguous(), t.t()) is None
-    assert same_bytes(torch.empty(0), torch.empty(0)) is None
-    z = torch.tensor([1 + 1j])
-    assert same_bytes(z.conj(), z.conj()) is None
-    assert same_bytes(torch.ones(2, device="meta"), torch.ones(2, device="meta")) is None
-
-
-def test_max_abs_change_worked_out_by_hand():
-    from inspector.capture.compare import max_abs_change
-    assert max_abs_change(torch.zeros(2), torch.zeros(3)) == math.inf  # another shape
-    assert max_abs_change(torch.zeros(2, dtype=torch.float64), torch.zeros(2)) == math.inf  # another dtype
-    big = torch.zeros(65536)  # 256 KiB: compared by its bytes, not torch.equal first
-    assert max_abs_change(big, big.clone()) == 0.0
-    moved = big.clone()
-    moved[5] = -2.5
-    assert max_abs_change(moved, big) == 2.5
-    nan = math.nan
-    assert max_abs_change(torch.tensor([nan, 1.0]), torch.tensor([nan, 1.5])) == 0.5  # a NaN kept: no change
-    assert max_abs_change(torch.tensor([0.0, 1.0]), torch.tensor([nan, 1.0])) == math.inf  # a NaN made 0
-    assert max_abs_change(torch.tensor([5, 1]), torch.tensor([-2, 1])) == 7.0  # integers
-    assert max_abs_change(torch.tensor([3 + 4j]), torch.tensor([0j])) == 5.0  # complex: |3 + 4i|
-    assert max_abs_change(torch.tensor([-0.0]), torch.tensor([0.0])) == 0.0
-    live = torch.arange(6.0).reshape(2, 3).t()  # not contiguous: compared by torch
-    copy = live.contiguous()
-    assert max_abs_change(live, copy) == 0.0
-    copy[0, 0] = 4.0
-    assert max_abs_change(live, copy) == 4.0
-
-
 # -- the recorder, path by path: what each kind of output leaves in the capture ----------------------
 def test_a_meta_model_leaves_each_output_out_with_a_reason():
     from inspector.capture import Skipped
