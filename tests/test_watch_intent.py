@@ -609,3 +609,34 @@ def test_an_optimizer_other_than_the_watched_one_from_the_first_step_is_said_bef
         "first step: the loop steps another optimizer than the one the watch was given. The watch follows "
         "the optimizer it was given, which no longer steps, so it lost track: the run file records no step "
         "from here. Hand it the new one with w.use_optimizer(new_optimizer)")
+
+
+# -- parameters no param group holds --------------------------------------------------------------
+def test_two_parameters_left_out_from_the_start_are_each_named_and_not_called_replaced(tmp_path):
+    # the head is left out of the optimizer when it is built: not-in-optimizer for each of its two
+    # parameters at step 0, not one parameters-replaced (that is for tensors swapped in after step 0)
+    model = _mlp()
+    opt = torch.optim.SGD(model[0].parameters(), lr=0.01)
+    with watch(model, opt, tmp_path / "run.inspect") as w:
+        for i in range(3):
+            model(_batch(i)).pow(2).mean().backward()
+            opt.step()
+            opt.zero_grad()
+    assert _alarms(w.result) == [(0, "not-in-optimizer", "2.weight"), (0, "not-in-optimizer", "2.bias")]
+
+
+def test_a_nested_part_unfrozen_and_never_added_is_named_by_its_full_module_name(tmp_path):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 8)), nn.Linear(8, 1))
+    model[0][2].requires_grad_(False)
+    opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.01)
+    with watch(model, opt, tmp_path / "run.inspect") as w:
+        for i in range(6):
+            if i == 3:
+                model[0][2].requires_grad_(True)
+            model(_batch(i)).pow(2).mean().backward()
+            opt.step()
+            opt.zero_grad()
+    assert _alarms(w.result) == [(3, "not-in-optimizer", "0.2.weight")]
+    assert next(f.message for f in w.result.findings if f.code == "not-in-optimizer").startswith(
+        "2 parameter(s) of 0.2 were frozen when the watch started and now require grad")

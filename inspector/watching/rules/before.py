@@ -98,18 +98,24 @@ class GradientsCleared:
 
 class Membership:
     """``not-in-optimizer`` at each check step for a trainable parameter no param group holds; after
-    step 0, two or more at once are one ``parameters-replaced`` (``load_state_dict(assign=True)``,
-    ``.to()``, a module swapped in)."""
+    step 0, two or more newly unheld at once are one ``parameters-replaced``
+    (``load_state_dict(assign=True)``, ``.to()``, a module swapped in). A parameter left out from the
+    start is named once, never called replaced."""
 
     @classmethod
     def build(cls, kit: Kit) -> Membership | None:
         return cls() if kit.target.optimizer is not None else None
 
+    def __init__(self) -> None:
+        self.named: set[str] = set()  # the parameters already named as held by no param group
+
     def __call__(self, at: At, found: list[Finding]) -> list[Finding]:
         if not at.check or at.held is None:
             return found
-        return found + replaced_findings(not_in_optimizer(at.target.layout.parameters, at.params, at.held),
-                                         at.step)
+        new = [f for f in not_in_optimizer(at.target.layout.parameters, at.params, at.held)
+               if f.where not in self.named]
+        self.named.update(f.where for f in new)
+        return found + replaced_findings(new, at.step)
 
 
 class Unfrozen:
