@@ -190,7 +190,19 @@ class NonfiniteWeights:
         n = at.n
         if not n.checked or at.st.written:
             return found
-        return found + self.detectors.parameters(n.param_norm, n.buffer_norm, at.target.layout.buffers)
+        norms = n.param_norm
+        # NaN also where no norm was taken: a parameter emptied (a ``.data`` swap) or sparse holds no value
+        # that could be NaN/Inf (looked at only where a norm is NaN, so almost never)
+        unknown = [i for i in np.flatnonzero(np.isnan(norms)).tolist() if not _strided_values(at.params[i])]
+        if unknown:
+            norms = norms.copy()
+            norms[unknown] = 0.0
+        return found + self.detectors.parameters(norms, n.buffer_norm, at.target.layout.buffers)
+
+
+def _strided_values(t: torch.Tensor | None) -> bool:
+    """Whether the watch takes a norm of ``t``: a strided tensor with elements."""
+    return t is not None and t.layout == torch.strided and t.numel() > 0
 
 
 class Updates:
