@@ -640,3 +640,21 @@ def test_a_nested_part_unfrozen_and_never_added_is_named_by_its_full_module_name
     assert _alarms(w.result) == [(3, "not-in-optimizer", "0.2.weight")]
     assert next(f.message for f in w.result.findings if f.code == "not-in-optimizer").startswith(
         "2 parameter(s) of 0.2 were frozen when the watch started and now require grad")
+
+
+def test_a_module_swapped_after_its_late_param_group_is_called_replaced(tmp_path):
+    # the head is left out at first (named at step 0), added with add_param_group at step 3, then
+    # swapped for a new Linear at step 6: its new tensors are replaced ones
+    model = _mlp()
+    opt = torch.optim.SGD(model[0].parameters(), lr=0.01)
+    with watch(model, opt, tmp_path / "run.inspect") as w:
+        for i in range(9):
+            if i == 3:
+                opt.add_param_group({"params": list(model[2].parameters())})
+            if i == 6:
+                model[2] = nn.Linear(8, 1)
+            model(_batch(i)).pow(2).mean().backward()
+            opt.step()
+            model.zero_grad()  # the head's gradients too, while no param group holds it
+    assert _alarms(w.result) == [(0, "not-in-optimizer", "2.weight"), (0, "not-in-optimizer", "2.bias"),
+                                 (6, "parameters-replaced", "2.weight")]

@@ -134,3 +134,36 @@ class Holder(nn.Module):
 
     def forward(self, x):
         return x
+
+
+class EmptiedHolder(nn.Module):
+    """``q`` unused by the forward (emptied by a ``.data`` swap in the test); ``w`` scales the input, and
+    from ``bad`` on the output is divided by 0."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.q = nn.Parameter(torch.ones(3, 5))
+        self.w = nn.Parameter(torch.ones(4))
+        self.bad = False
+
+    def forward(self, x):
+        y = x * self.w
+        return y / 0 if self.bad else y
+
+
+def test_a_module_with_an_emptied_parameter_is_still_named_as_the_producer(tmp_path):
+    # ZeRO-3 and FSDP with use_orig_params empty the parameters other ranks hold: the module's own NaN
+    # output at step 4 is still its own, not the weights'
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 4), EmptiedHolder())
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    with watch(model, opt, tmp_path / "r.inspect", nonfinite=True) as w:
+        for step in range(6):
+            if step == 2:
+                model[1].q.data = torch.empty(0)
+            model[1].bad = step >= 4
+            model(torch.ones(2, 4)).pow(2).sum().backward()
+            opt.step()
+            opt.zero_grad()
+    assert [(f.step, f.code, f.where) for f in w.findings if f.severity == "error"][0] == (
+        4, "nonfinite-forward", "1")

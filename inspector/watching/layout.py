@@ -141,7 +141,7 @@ def fused_norms(tensors: list[torch.Tensor | None], plan: NormPlan | None = None
     """
     plain = (torch.Tensor, nn.Parameter)
     if plan is not None and set(map(type, tensors)) <= _PLAIN_OR_NONE:
-        return [(idx, norms.float()) for idx, norms in plan.norms(tensors, _measured)]
+        return [(idx, norms.float()) for idx, norms in plan.norms(tensors, has_norm)]
     pieces: list[torch.Tensor | None] = []
     for t in tensors:
         if t is None:
@@ -165,8 +165,10 @@ def fused_norms(tensors: list[torch.Tensor | None], plan: NormPlan | None = None
 _PLAIN_OR_NONE = {torch.Tensor, nn.Parameter, type(None)}
 
 
-def _measured(t: torch.Tensor) -> bool:
-    return t.layout == torch.strided and t.numel() > 0
+def has_norm(t: torch.Tensor | None) -> bool:
+    """Whether :func:`fused_norms` takes a norm of ``t``: a strided tensor with elements (None, empty and
+    sparse tensors are left out, their norm NaN where the step's numbers are spread out)."""
+    return t is not None and t.layout == torch.strided and t.numel() > 0
 
 
 def _replicated(t: torch.Tensor) -> torch.Tensor:

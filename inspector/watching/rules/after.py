@@ -19,7 +19,7 @@ from ..checks import (
     nonfinite_gradients,
 )
 from ..detect import Detectors
-from ..layout import fused_norms, to_host
+from ..layout import fused_norms, has_norm, to_host
 from ..steps import nonfinite_findings, written_findings
 
 if TYPE_CHECKING:
@@ -167,11 +167,10 @@ class UsedNonfiniteWeights:
     def __call__(self, at: At, found: list[Finding]) -> list[Finding]:
         if self.bad:
             found = [f for f in found if not (f.code in PRODUCED and f.where in self.bad)]
-        n = at.n
-        if n.checked:
+        if at.n.checked:
             names = at.target.layout.parameters
-            self.bad = {module_label(names[i].rpartition(".")[0]) for i in np.flatnonzero(~np.isfinite(
-                n.param_norm)) if at.params[i] is not None}
+            self.bad = {module_label(names[i].rpartition(".")[0])
+                        for i in np.flatnonzero(~np.isfinite(weighed(at)))}
         return found
 
 
@@ -190,19 +189,19 @@ class NonfiniteWeights:
         n = at.n
         if not n.checked or at.st.written:
             return found
-        norms = n.param_norm
-        # NaN also where no norm was taken: a parameter emptied (a ``.data`` swap) or sparse holds no value
-        # that could be NaN/Inf (looked at only where a norm is NaN, so almost never)
-        unknown = [i for i in np.flatnonzero(np.isnan(norms)).tolist() if not _strided_values(at.params[i])]
-        if unknown:
-            norms = norms.copy()
-            norms[unknown] = 0.0
-        return found + self.detectors.parameters(norms, n.buffer_norm, at.target.layout.buffers)
+        return found + self.detectors.parameters(weighed(at), n.buffer_norm, at.target.layout.buffers)
 
 
-def _strided_values(t: torch.Tensor | None) -> bool:
-    """Whether the watch takes a norm of ``t``: a strided tensor with elements."""
-    return t is not None and t.layout == torch.strided and t.numel() > 0
+def weighed(at: At) -> np.ndarray:
+    """The check step's parameter norms, 0 where no norm was taken (a parameter gone, emptied by a
+    ``.data`` swap as FSDP and ZeRO-3 do, or sparse: it holds no value that could be NaN/Inf), so that
+    NaN/Inf means values that are. Looked at only where a norm is NaN, so almost never."""
+    norms = at.n.param_norm
+    unknown = [i for i in np.flatnonzero(np.isnan(norms)).tolist() if not has_norm(at.params[i])]
+    if unknown:
+        norms = norms.copy()
+        norms[unknown] = 0.0
+    return norms
 
 
 class Updates:

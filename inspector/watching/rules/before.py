@@ -107,14 +107,14 @@ class Membership:
         return cls() if kit.target.optimizer is not None else None
 
     def __init__(self) -> None:
-        self.named: set[str] = set()  # the parameters already named as held by no param group
+        self.unheld: set[str] = set()  # the parameters no param group held at the last check step
 
     def __call__(self, at: At, found: list[Finding]) -> list[Finding]:
         if not at.check or at.held is None:
             return found
-        new = [f for f in not_in_optimizer(at.target.layout.parameters, at.params, at.held)
-               if f.where not in self.named]
-        self.named.update(f.where for f in new)
+        unheld = not_in_optimizer(at.target.layout.parameters, at.params, at.held)
+        new = [f for f in unheld if f.where not in self.unheld]
+        self.unheld = {f.where for f in unheld}
         return found + replaced_findings(new, at.step)
 
 
