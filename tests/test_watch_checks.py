@@ -597,3 +597,40 @@ def test_a_minus_inf_mask_in_the_batch_is_not_a_producer(tmp_path, nonfinite):
             opt.step()
             opt.zero_grad()
     assert [f for f in _found(w) if f[1] != "loss-spike"] == []
+
+
+# -- the distributed step check, asked for on one process ---------------------------------------
+def test_the_distributed_step_check_asked_for_on_one_process_names_rank_0(tmp_path):
+    # distributed=True without a process group: the step check compares this one process's numbers and
+    # names the NaN gradient planted at step 2 with its rank and counts
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    g = torch.Generator().manual_seed(1)
+    with watch(model, opt, tmp_path / "r.inspect", distributed=True) as w:
+        for step in range(3):
+            loss = model(torch.randn(8, 4, generator=g)).pow(2).mean()
+            loss.backward()
+            if step == 2:
+                model[2].weight.grad[0, 0] = float("nan")
+            w.log(loss=loss)
+            opt.step()
+            opt.zero_grad()
+    by_rank = [f for f in w.findings if f.code == "nonfinite-gradient" and f.where == "2.weight"]
+    assert [(f.step, f.rank) for f in by_rank] == [(2, 0)]
+    assert by_rank[0].message.startswith(
+        "the gradient of 2.weight is not finite on rank 0 (rank 0: 1 NaN, 0 Inf in the local piece). The "
+        "next optimizer step spreads it to the weights")
+
+
+def test_a_watch_without_an_optimizer_names_no_parameter_as_left_out(tmp_path):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 1))
+    with watch(model, None, tmp_path / "r.inspect") as w:
+        for _ in range(3):
+            model(torch.randn(8, 4)).pow(2).mean().backward()
+            with torch.no_grad():
+                for p in model.parameters():
+                    p -= 0.01 * p.grad
+            model.zero_grad()
+    assert [f.code for f in w.findings if f.code in ("not-in-optimizer", "parameters-replaced")] == []

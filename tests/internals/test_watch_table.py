@@ -20,6 +20,7 @@ from inspector.watching import table as watch_table
 from inspector.watching.events import PHASES, At, ByRank, Kit
 from inspector.watching.numbers import Numbers
 from inspector.watching.roles import Ranks, Target, WatchOptions
+from inspector.watching.rules.after import LearningRateRose
 from inspector.watching.rules.around import OriginFirst, ReplicaFindingsPlaced, SlowRanks, SpreadFolded
 from inspector.watching.table import WATCH_CHECKS, Checks, Row, table_markdown
 
@@ -469,3 +470,36 @@ def test_an_origin_that_goes_on_from_an_earlier_step_does_not_lead():
     assert OriginFirst()(at_step(2, starts=starts), found).order == [0, 1]
     assert OriginFirst()(at_step(2, starts=lambda rank, f: rank == 1), found).order == [1, 0]
     assert OriginFirst()(at_step(2, starts=lambda rank, f: False), found).order == [0, 1]
+
+
+# -- LearningRateRose: a spike's message says when the learning rate rose -------------------------
+def rose(history: list[list[float]], found: list[Finding]) -> list[Finding]:
+    """``found`` as LearningRateRose leaves it at the last of the steps whose learning rates are ``history``
+    (the findings only at that step)."""
+    rule = LearningRateRose()
+    for lrs in history[:-1]:
+        rule(at_step(1, lrs=lrs), [])
+    return rule(at_step(1, lrs=history[-1]), found)
+
+
+def spike() -> Finding:
+    return coded("loss-spike", "(model)", "the loss is 9")
+
+
+def test_a_rise_of_exactly_4x_is_said_on_the_spike_only():
+    other = coded("dead-gradient", "fc.weight", "no gradient")
+    [said, kept] = rose([[0.1, 1.0], [0.1, 1.0], [0.4, 1.0]], [spike(), other])
+    assert (said.code, said.where) == ("loss-spike", "(model)")
+    assert said.message == ("the loss is 9; the learning rate rose 4x within the last 2 steps (param group "
+                            "0: 0.1 -> 0.4): that change, by a scheduler or by hand, is the likely cause")
+    assert kept is other
+    assert rose([[0.1], [0.399]], [spike()])[0].message == "the loss is 9"
+
+
+def test_a_rise_from_0_is_a_warm_up_and_its_lowest_non_zero_value_counts():
+    assert rose([[0.0], [0.0], [5.0]], [spike()])[0].message == "the loss is 9"
+    assert "(param group 0: 0.1 -> 0.4)" in rose([[0.0], [0.1], [0.4]], [spike()])[0].message
+
+
+def test_a_param_group_added_at_this_step_has_no_past_to_rise_from():
+    assert rose([[0.1], [0.1], [0.1, 50.0]], [spike()])[0].message == "the loss is 9"
