@@ -208,19 +208,12 @@ class Updates:
     """``no-update``: every learning rate 0 for two steps, or no parameter an optimizer holds with a
     finite non-zero gradient changed its norm for two check steps."""
 
-    @classmethod
-    def build(cls, kit: Kit) -> Updates | None:
-        return cls(kit.target.layout.parameters)
-
-    def __init__(self, names: tuple[str, ...]) -> None:
-        self.progress = Progress(names)
-
     def attach(self, at: At, stack: ExitStack) -> None:
-        if at.target.sharded:  # a sharded model's norms are global only once stepped
-            return
-        start = np.full(len(at.params), np.nan)
-        for idx, part in fused_norms(at.params):
-            start[idx] = to_host([part])[0]
+        start = None  # a sharded model's norms are global only once stepped
+        if not at.target.sharded:
+            start = np.full(len(at.params), np.nan)
+            for idx, part in fused_norms(at.params):
+                start[idx] = to_host([part])[0]
         self.progress = Progress(at.target.layout.parameters, start=start)
 
     def __call__(self, at: At, found: list[Finding]) -> list[Finding]:
