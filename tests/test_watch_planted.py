@@ -167,3 +167,20 @@ def test_a_module_with_an_emptied_parameter_is_still_named_as_the_producer(tmp_p
             opt.zero_grad()
     assert [(f.step, f.code, f.where) for f in w.findings if f.severity == "error"][0] == (
         4, "nonfinite-forward", "1")
+
+
+def test_a_nested_module_whose_weights_went_nan_is_no_new_producer(tmp_path):
+    # the same run one level down: Scaled is the model's module "0", its layers "0.a" and "0.b"; step 3's
+    # NaN out of 0.a (its weights made NaN by step 2's update) is folded into step 2's producer
+    torch.manual_seed(0)
+    model = nn.Sequential(Scaled())
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    xs = torch.ones(4, 2, 4)
+    with watch(model, opt, tmp_path / "r.inspect", nonfinite=True) as w:
+        for s in range(4):
+            loss = model(xs[s]).pow(2).mean()
+            loss.backward()
+            w.log(loss=loss)
+            opt.step()
+            opt.zero_grad()
+    assert [(f.step, f.where) for f in w.findings if f.code == "nonfinite-forward"] == [(2, "0")]
