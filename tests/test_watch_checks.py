@@ -355,7 +355,8 @@ def test_an_exception_is_recorded_as_run_failed(tmp_path):
     run = read_run(tmp_path / "r.inspect")
     failed = [f for f in run.findings if f.code == "run-failed"]
     assert [(f.step, f.severity) for f in failed] == [(7, "error")]
-    assert "RuntimeError: CUDA out of memory (planted)" in failed[0].message
+    assert failed[0].message == ("the run ended at step 7 by RuntimeError: CUDA out of memory (planted); "
+                                 "every step before it is in the file")
     assert not run.complete and run.failure is not None and run.failure.step == 7
 
 
@@ -627,10 +628,11 @@ def test_a_watch_without_an_optimizer_names_no_parameter_as_left_out(tmp_path):
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 1))
     with watch(model, None, tmp_path / "r.inspect") as w:
-        for _ in range(3):
+        for step in range(4):
             model(torch.randn(8, 4)).pow(2).mean().backward()
             with torch.no_grad():
                 for p in model.parameters():
                     p -= 0.01 * p.grad
-            model.zero_grad()
-    assert [f.code for f in w.findings if f.code in ("not-in-optimizer", "parameters-replaced")] == []
+            if step != 1:  # step 2 adds onto step 1's gradients: no optimizer holds them, nothing to say
+                model.zero_grad()
+    assert [f.code for f in w.findings if f.severity in ("warning", "error")] == []

@@ -410,8 +410,9 @@ def test_a_replica_finding_is_placed_on_the_first_rank_it_is_about():
     assert found.found[2][0] is drift
 
 
-def test_a_replica_finding_about_a_rank_beyond_the_world_goes_to_rank_0():
-    stray = about(coded("replica-drift", "fc.weight", "rank 5 differs"), [5])
+@pytest.mark.parametrize("rank", [2, 5])
+def test_a_replica_finding_about_a_rank_beyond_the_world_goes_to_rank_0(rank):
+    stray = about(coded("replica-drift", "fc.weight", f"rank {rank} differs"), [rank])
     found = ReplicaFindingsPlaced()(at_step(2, measured=[stray]), empty(2))
     assert codes(found) == [["replica-drift@fc.weight"], []]
 
