@@ -670,3 +670,20 @@ def test_the_loss_median_is_over_the_last_50_steps():
     _losses(d, [10.0] * 60 + [1.0] * 50)
     [f] = d.loss(4.0)
     assert f.message.startswith("the loss is 4, 4x its median over the last 50 steps (1)")
+
+
+def test_a_module_8_5x_its_median_is_a_spike_by_the_default_factor():
+    d = _detectors(4)
+    for _ in range(10):
+        _grads(d, [1, 1, 1, 1])
+    assert _where(_grads(d, [8.5, 1, 1, 1])) == [("exploding-gradient", "m0")]
+
+
+def test_a_jump_in_a_module_under_1_percent_of_many_others_is_left_alone():
+    # 100 modules at 1 and m100 at 0.005, which jumps 10x to 0.05: the step's norm is about 10, so 0.05
+    # is under 1% of it (0.1)
+    d = _detectors(101)
+    for _ in range(10):
+        _grads(d, [1.0] * 100 + [0.005])
+    assert _grads(d, [1.0] * 100 + [0.05]) == []
+    assert _where(_grads(d, [1.0] * 100 + [0.5])) == [("exploding-gradient", "m100")]
