@@ -19,9 +19,16 @@ from inspector.watching import rules, watch
 from inspector.watching import table as watch_table
 from inspector.watching.events import PHASES, At, ByRank, Kit
 from inspector.watching.numbers import Numbers
+from inspector.watching.ranks import Meeting, RanksApart
 from inspector.watching.roles import Ranks, Target, WatchOptions
 from inspector.watching.rules.after import LearningRateRose
-from inspector.watching.rules.around import OriginFirst, ReplicaFindingsPlaced, SlowRanks, SpreadFolded
+from inspector.watching.rules.around import (
+    OriginFirst,
+    RankFailures,
+    ReplicaFindingsPlaced,
+    SlowRanks,
+    SpreadFolded,
+)
 from inspector.watching.table import WATCH_CHECKS, Checks, Row, table_markdown
 
 DOCS = pathlib.Path(__file__).resolve().parents[2] / "docs" / "findings.md"
@@ -504,3 +511,47 @@ def test_a_rise_from_0_is_a_warm_up_and_its_lowest_non_zero_value_counts():
 
 def test_a_param_group_added_at_this_step_has_no_past_to_rise_from():
     assert rose([[0.1], [0.1], [0.1, 50.0]], [spike()])[0].message == "the loss is 9"
+
+
+# -- RankFailures: what rank 0 records of the other ranks when its watch closes --------------------
+def meetings() -> tuple[Meeting, Meeting]:
+    """Rank 0's and rank 1's check-ins of one watch, on one real in-memory store (as two processes of a
+    2-rank job share the process group's store)."""
+    from torch.distributed import HashStore
+
+    store, pair = HashStore(), (Meeting(None, 0, 1, 60.0), Meeting(None, 1, 1, 60.0))
+    for m in pair:
+        m.store, m.world, m.others, m.tag = store, 2, [1 - m.rank], "inspector/watch/0,1/1"
+    return pair
+
+
+def closing(meeting: Meeting, error: BaseException | None = None) -> At:
+    at = at_step(2, error=error)
+    at.ranks.meeting = meeting
+    return at
+
+
+def test_a_rank_that_raised_is_recorded_by_rank_0_with_its_error_and_step():
+    zero, one = meetings()
+    one.ended(3, 4, RuntimeError("CUDA out of memory"))
+    [(rank, f)] = RankFailures()(closing(zero), [])
+    assert (rank, f.code, f.severity, f.where) == (1, "run-failed", "error", "(model)")
+    assert f.message == "rank 1 failed at step 3 by RuntimeError: CUDA out of memory"
+    assert RankFailures()(closing(one), []) == []  # only rank 0 records the others
+
+
+def test_a_rank_that_ended_well_is_not_a_failure_and_one_named_apart_is_not_recorded_twice():
+    zero, one = meetings()
+    one.ended(3, 4, None)
+    assert RankFailures()(closing(zero), []) == []
+    zero, one = meetings()
+    one.ended(3, 4, RuntimeError("boom"))
+    apart = RanksApart("rank 1 is at step 2", [1], {})
+    assert RankFailures()(closing(zero, apart), []) == []
+
+
+def test_a_rank_that_vanished_while_a_collective_failed_is_named():
+    zero, _ = meetings()  # rank 1 never tells how it ended
+    [(rank, f)] = RankFailures()(closing(zero, RuntimeError("Connection closed by peer")), [])
+    assert rank == 1 and f.message.startswith("rank 1 vanished (seen at no check-in) without an exception "
+                                              "of its own: killed by a signal, out of memory")
