@@ -187,6 +187,23 @@ def test_tie_broken_by_load_state_dict_assign(tmp_path):
     assert (2, "0.weight") in _codes(w, "not-in-optimizer")  # the new objects are not the optimizer's
 
 
+def test_tie_broken_by_replacing_the_alias_only(tmp_path):
+    # the head's weight, the embedding's by its other name, becomes a copy: the embedding's own parameter
+    # is the same object, only the alias changed
+    model = nn.Sequential(nn.Embedding(8, 4), nn.Linear(4, 8, bias=False))
+    model[1].weight = model[0].weight
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    ids = torch.tensor([[1, 2, 3]])
+    with watch(model, opt, tmp_path / "r.inspect") as w:
+        for step in range(4):
+            if step == 2:
+                model[1].weight = nn.Parameter(model[0].weight.detach().clone())
+            model(ids).sum().backward()
+            opt.step()
+            opt.zero_grad()
+    assert _codes(w, "tie-broken") == [(2, "0.weight")]
+
+
 def test_hooks_gone_and_model_unchanged_after_an_exception(tmp_path):
     torch.manual_seed(0)
     model = Net()

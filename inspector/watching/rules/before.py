@@ -174,18 +174,17 @@ class TiesKept:
         self.ties = snapshot_ties(root)
         self.names = tuple(n for n, _ in root.named_parameters(remove_duplicate=False))
         self.watched = self.names == at.target.layout.parameters  # no alias: the step's own list is read
-        self.ids = self._ids(root)
+        self.ids = self._ids(at)
 
-    def _ids(self, root: torch.nn.Module, params: list[torch.Tensor | None] | None = None) -> tuple[int, ...]:
-        """The object behind every parameter name, aliases included (read from the owners' registries;
-        ``params``: the same names read already)."""
-        return tuple(map(id, current(root, self.names) if params is None else params))
+    def _ids(self, at: At) -> tuple[int, ...]:
+        """The object behind every parameter name, aliases included: the step's list of the watched
+        parameters when no name is an alias, else read from the owners' registries."""
+        return tuple(map(id, at.params if self.watched else current(at.target.root, self.names)))
 
     def __call__(self, at: At, found: list[Finding]) -> list[Finding]:
         if not at.check:
             return found
-        same = self.watched and len(at.params) == len(self.names)
-        ids = self._ids(at.target.root, at.params if same else None)
+        ids = self._ids(at)
         if ids == self.ids:
             return found
         self.ids = ids
