@@ -658,3 +658,17 @@ def test_a_module_swapped_after_its_late_param_group_is_called_replaced(tmp_path
             model.zero_grad()  # the head's gradients too, while no param group holds it
     assert _alarms(w.result) == [(0, "not-in-optimizer", "2.weight"), (0, "not-in-optimizer", "2.bias"),
                                  (6, "parameters-replaced", "2.weight")]
+
+
+def test_every_learning_rate_at_0_is_said_as_such(tmp_path):
+    model = _mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.0)
+    with watch(model, opt, tmp_path / "run.inspect") as w:
+        for i in range(3):
+            model(_batch(i)).pow(2).mean().backward()
+            opt.step()
+            opt.zero_grad()
+    assert _alarms(w.result) == [(1, "no-update", "(model)")]
+    assert w.result.findings[0].message == (
+        "every learning rate has been 0 for 2 steps: nothing trains. Check the scheduler (a warm-up that "
+        "never leaves 0, a lambda that returns 0) and the lr given to the optimizer")
