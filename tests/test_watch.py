@@ -170,26 +170,9 @@ def test_exploding_gradient(tmp_path):
     assert _codes(w, "exploding-gradient") == [(10, "1"), (12, "(model)")]
 
 
-def test_tie_broken_by_load_state_dict_assign(tmp_path):
-    model = nn.Sequential(nn.Embedding(8, 4), nn.Linear(4, 8, bias=False))
-    model[1].weight = model[0].weight
-    opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    ids = torch.tensor([[1, 2, 3]])
-    with watch(model, opt, tmp_path / "r.inspect") as w:
-        for step in range(4):
-            if step == 2:  # a checkpoint whose tensors were copied one by one
-                copied = {k: v.clone() for k, v in model.state_dict().items()}
-                model.load_state_dict(copied, assign=True)
-            model(ids).sum().backward()
-            opt.step()
-            opt.zero_grad()
-    assert _codes(w, "tie-broken")[0][0] == 2
-    assert (2, "0.weight") in _codes(w, "not-in-optimizer")  # the new objects are not the optimizer's
-
-
-def test_tie_broken_by_replacing_the_alias_only(tmp_path):
-    # the head's weight, the embedding's by its other name, becomes a copy: the embedding's own parameter
-    # is the same object, only the alias changed
+def _tied_run(tmp_path, at_step_2):
+    """Four steps of an embedding tied to its head (``1.weight`` is ``0.weight``); ``at_step_2(model)``
+    runs before step 2's forward. Returns the watch."""
     model = nn.Sequential(nn.Embedding(8, 4), nn.Linear(4, 8, bias=False))
     model[1].weight = model[0].weight
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
@@ -197,11 +180,29 @@ def test_tie_broken_by_replacing_the_alias_only(tmp_path):
     with watch(model, opt, tmp_path / "r.inspect") as w:
         for step in range(4):
             if step == 2:
-                model[1].weight = nn.Parameter(model[0].weight.detach().clone())
+                at_step_2(model)
             model(ids).sum().backward()
             opt.step()
             opt.zero_grad()
-    assert _codes(w, "tie-broken") == [(2, "0.weight")]
+    return w
+
+
+def test_tie_broken_by_load_state_dict_assign(tmp_path):
+    def assign(model):  # a checkpoint whose tensors were copied one by one
+        model.load_state_dict({k: v.clone() for k, v in model.state_dict().items()}, assign=True)
+
+    w = _tied_run(tmp_path, assign)
+    assert _codes(w, "tie-broken")[0][0] == 2
+    assert (2, "0.weight") in _codes(w, "not-in-optimizer")  # the new objects are not the optimizer's
+
+
+def test_tie_broken_by_replacing_the_alias_only(tmp_path):
+    # the head's weight, the embedding's by its other name, becomes a copy: the embedding's own parameter
+    # is the same object, only the alias changed
+    def copy_head(model):
+        model[1].weight = nn.Parameter(model[0].weight.detach().clone())
+
+    assert _codes(_tied_run(tmp_path, copy_head), "tie-broken") == [(2, "0.weight")]
 
 
 def test_hooks_gone_and_model_unchanged_after_an_exception(tmp_path):

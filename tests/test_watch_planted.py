@@ -83,11 +83,10 @@ class Scaled(nn.Module):
         return self.b(self.a(x) * (math.inf if self.calls == 3 else 1.0))
 
 
-def test_the_model_itself_is_named_as_the_producer(tmp_path):
-    torch.manual_seed(0)
-    model = Scaled()
+def _scaled_run(tmp_path, model: nn.Module, xs: torch.Tensor):
+    """Four SGD steps of ``model`` (a ``Scaled``, or one inside another module) on ``xs``, watched with
+    ``nonfinite=True``. Returns the watch."""
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    xs = torch.ones(4, 2, 4)
     with watch(model, opt, tmp_path / "r.inspect", nonfinite=True) as w:
         for s in range(4):
             loss = model(xs[s]).pow(2).mean()
@@ -95,6 +94,13 @@ def test_the_model_itself_is_named_as_the_producer(tmp_path):
             w.log(loss=loss)
             opt.step()
             opt.zero_grad()
+    return w
+
+
+def test_the_model_itself_is_named_as_the_producer(tmp_path):
+    torch.manual_seed(0)
+    xs = torch.ones(4, 2, 4)
+    w = _scaled_run(tmp_path, Scaled(), xs)
     # step 2: not a, whose output was finite; not b, which only took the Inf. The step's NaN gradients
     # then reached a's weights through SGD, so at step 3 a makes NaN from finite inputs: a follow-up of
     # step 2, folded into it, never a new producer
@@ -173,14 +179,5 @@ def test_a_nested_module_whose_weights_went_nan_is_no_new_producer(tmp_path):
     # the same run one level down: Scaled is the model's module "0", its layers "0.a" and "0.b"; step 3's
     # NaN out of 0.a (its weights made NaN by step 2's update) is folded into step 2's producer
     torch.manual_seed(0)
-    model = nn.Sequential(Scaled())
-    opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    xs = torch.ones(4, 2, 4)
-    with watch(model, opt, tmp_path / "r.inspect", nonfinite=True) as w:
-        for s in range(4):
-            loss = model(xs[s]).pow(2).mean()
-            loss.backward()
-            w.log(loss=loss)
-            opt.step()
-            opt.zero_grad()
+    w = _scaled_run(tmp_path, nn.Sequential(Scaled()), torch.ones(4, 2, 4))
     assert [(f.step, f.where) for f in w.findings if f.code == "nonfinite-forward"] == [(2, "0")]
