@@ -3,6 +3,8 @@ silent. Tiny real models, real optimizers, the public API only."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 from torch import nn
@@ -636,3 +638,28 @@ def test_a_watch_without_an_optimizer_names_no_parameter_as_left_out(tmp_path):
             if step != 1:  # step 2 adds onto step 1's gradients: no optimizer holds them, nothing to say
                 model.zero_grad()
     assert [f.code for f in w.findings if f.severity in ("warning", "error")] == []
+
+
+def test_the_distributed_step_check_on_one_process_reads_the_loss_and_writes_no_file_of_its_own(
+        tmp_path, monkeypatch):
+    # a NaN loss at step 2: the step check is handed this rank's loss, so it says the loss is not finite
+    # (not "every rank's values are finite"); it writes no run file of its own in the working folder
+    monkeypatch.chdir(tmp_path)
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    g = torch.Generator().manual_seed(1)
+    with watch(model, opt, tmp_path / "r.inspect", distributed=True) as w:
+        for step in range(3):
+            loss = model(torch.randn(8, 4, generator=g)).pow(2).mean() * (math.nan if step == 2 else 1.0)
+            loss.backward()
+            w.log(loss=loss)
+            opt.step()
+            opt.zero_grad()
+    by_rank = [f for f in w.findings if f.code == "nonfinite-gradient" and "on rank 0" in f.message]
+    assert [f.step for f in by_rank] == [2]
+    assert by_rank[0].message == (
+        "the gradients of 4 tensors are not finite on rank 0 (0.weight, 0.bias, 2.weight and 1 more): "
+        "non-finite values spread through the forward pass and the gradient reduction. The loss is not "
+        "finite on every rank: look at the model's forward pass and the batches.")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["r.inspect"]
