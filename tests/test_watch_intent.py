@@ -672,3 +672,18 @@ def test_every_learning_rate_at_0_is_said_as_such(tmp_path):
     assert w.result.findings[0].message == (
         "every learning rate has been 0 for 2 steps: nothing trains. Check the scheduler (a warm-up that "
         "never leaves 0, a lambda that returns 0) and the lr given to the optimizer")
+
+
+def test_a_scaler_without_get_scale_is_watched_without_the_skip_check(tmp_path):
+    class PassThrough:  # a wrapper's own loss scaler: scale() only
+        def scale(self, loss):
+            return loss
+
+    model = _mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    with watch(model, opt, tmp_path / "run.inspect", scaler=PassThrough()) as w:
+        for i in range(3):
+            model(_batch(i)).pow(2).mean().backward()
+            opt.step()
+            opt.zero_grad()
+    assert _alarms(w.result) == [] and w.result.steps == 3

@@ -251,8 +251,8 @@ class Progress:
     learning rate is 0, or every parameter that had a gradient kept its norm exactly;
     ``optimizer-not-stepped`` when one of several optimizers has not stepped while the first did."""
 
-    def __init__(self, names: tuple[str, ...], window: int = 2, start: np.ndarray | None = None) -> None:
-        self.names, self.window = names, window
+    def __init__(self, window: int = 2, start: np.ndarray | None = None) -> None:
+        self.window = window
         self.last = start  # the parameters' norms before the first step, where known
         self.still = 0
         self.zero_lr = 0

@@ -214,7 +214,7 @@ class Updates:
             start = np.full(len(at.params), np.nan)
             for idx, part in fused_norms(at.params):
                 start[idx] = to_host([part])[0]
-        self.progress = Progress(at.target.layout.parameters, start=start)
+        self.progress = Progress(start=start)
 
     def __call__(self, at: At, found: list[Finding]) -> list[Finding]:
         n = at.n
