@@ -10,6 +10,13 @@ from torch import nn
 from inspector import watch
 
 
+def _mlp() -> tuple[nn.Module, torch.optim.Optimizer, torch.Tensor]:
+    """A small MLP, its SGD optimizer and one batch."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1))
+    return model, torch.optim.SGD(model.parameters(), lr=0.01), torch.randn(16, 4)
+
+
 def _step(model: nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor) -> None:
     model(x).pow(2).mean().backward()
     opt.step()
@@ -17,10 +24,7 @@ def _step(model: nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor) -> None
 
 @pytest.mark.parametrize(("set_to_none", "looking"), [(True, False), (False, True)])
 def test_hooks_stand_down_only_when_every_used_gradient_is_gone(tmp_path, set_to_none, looking):
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1))
-    opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    x = torch.randn(16, 4)
+    model, opt, x = _mlp()
     with watch(model, opt, tmp_path / "r.inspect") as w:
         clearing = w.kit.clearing
         _step(model, opt, x)
@@ -37,10 +41,7 @@ def test_hooks_stand_down_only_when_every_used_gradient_is_gone(tmp_path, set_to
 
 
 def test_a_parameter_dropped_from_the_hooked_list_keeps_the_hooks_looking(tmp_path):
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1))
-    opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    x = torch.randn(16, 4)
+    model, opt, x = _mlp()
     with watch(model, opt, tmp_path / "r.inspect") as w:
         clearing = w.kit.clearing
         _step(model, opt, x)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Callable
-from itertools import compress, repeat
+from itertools import compress
 from typing import Any, cast
 
 import torch
@@ -92,8 +92,7 @@ class BeforeStep:
         whose total needs every rank's pieces), is torch's own ``clip_grad_norm_``, after the watch's
         pass: correct, at the cost of the second pass."""
         self.gradients_ready()
-        grads = self.state.grads  # those just measured
-        present = list(map(operator.is_not, grads, repeat(None)))
+        grads, present = self.state.grads, self.state.has_grad  # those just measured
         params = cast("list[torch.Tensor]", list(compress(self.state.params, present)))  # with a gradient
         parts = self.state.grad_parts
         sparse = set(map(_LAYOUT, compress(grads, present))) - {torch.strided}
