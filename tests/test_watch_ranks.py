@@ -375,8 +375,39 @@ def _empty_piece_worker(rank: int, world: int, port: int, out: str) -> None:
                              for n, p in model.named_parameters()})
                 opt.step()
                 opt.zero_grad()
+        # the same training clipped by torch's clip_grad_norm_, then by the watch's from its own norms
+        clipped = {}
+        for how in ("torch", "watch"):
+            model = _OneOutput()
+            fully_shard(model, mesh=mesh)
+            opt = torch.optim.SGD(model.parameters(), lr=0.05)
+            totals, pre, calls = [], [], [0]
+            real = torch._foreach_norm, torch.linalg.vector_norm
+
+            def counted(real_norm):
+                def norm(*args, **kwargs):
+                    calls[0] += 1
+                    return real_norm(*args, **kwargs)
+                return norm
+            with watch(model, opt, Path(out) / f"clip-{how}.inspect") as w:
+                for step in range(3):
+                    x = torch.randn(4, 64, generator=torch.Generator().manual_seed(step * 10 + rank))
+                    model(x).pow(2).mean().backward()
+                    pre.append({n: float(p.grad.full_tensor().double().norm()) for n, p in model.named_parameters()})
+                    clip = w.clip_grad_norm_ if how == "watch" else (
+                        lambda m: torch.nn.utils.clip_grad_norm_(model.parameters(), m))
+                    torch._foreach_norm, torch.linalg.vector_norm = map(counted, real)  # the norm passes
+                    try:
+                        totals.append(float(clip(0.05)))
+                        opt.step()
+                    finally:
+                        torch._foreach_norm, torch.linalg.vector_norm = real
+                    opt.zero_grad()
+            clipped[how] = {"totals": totals, "pre": pre, "findings": [f.code for f in w.findings], "calls": calls[0],
+                            "weights": {n: p.full_tensor().tolist() for n, p in model.named_parameters()}}
         (Path(out) / f"empty{rank}.json").write_text(json.dumps(
-            {"pieces": pieces, "refs": refs, "findings": [(f.step, f.rank, f.code) for f in w.findings]}))
+            {"pieces": pieces, "refs": refs, "findings": [(f.step, f.rank, f.code) for f in w.findings],
+             "clipped": clipped}))
     finally:
         leave()
 
@@ -398,5 +429,35 @@ def test_an_empty_local_piece_under_fsdp2_is_empty_not_nan(tmp_path):
         for step in range(3):
             rows = params.query(f"rank == {rank} and step == {step}").set_index("parameter")
             for name, ref in got[0]["refs"][step].items():
+                np.testing.assert_allclose(rows.loc[name, "grad_norm"], ref, rtol=1e-5,
+                                           err_msg=f"rank {rank} step {step} {name}")
+
+
+def test_the_watchs_clip_under_fsdp2_is_torchs_from_the_norms_it_took(tmp_path):
+    """Sharded gradients with empty pieces on rank 1: ``w.clip_grad_norm_`` gives torch's total on every
+    rank and the same training, and the run still holds each parameter's global pre-clip norm (the clip's
+    reduction is not made twice)."""
+    import numpy as np
+
+    from inspector import read_run
+
+    spawn_ranks(_empty_piece_worker, 2, str(tmp_path), timeout=180)
+    got = [json.loads((tmp_path / f"empty{r}.json").read_text())["clipped"] for r in (0, 1)]
+    for r in (0, 1):
+        mine, torchs = got[r]["watch"], got[r]["torch"]
+        assert max(torchs["totals"]) > 0.05  # the clip acted
+        np.testing.assert_allclose(mine["totals"], torchs["totals"], rtol=1e-6)
+        np.testing.assert_allclose(mine["totals"], got[0]["torch"]["totals"], rtol=1e-6)  # every rank's
+        for name, weights in torchs["weights"].items():
+            np.testing.assert_allclose(mine["weights"][name], weights, rtol=1e-5, atol=1e-7, err_msg=name)
+        assert [c for c in mine["findings"] if c != "frozen-parameters"] == []
+        assert mine["calls"] < torchs["calls"]  # torch's clip in the watch reads the gradients a second time
+    run = read_run(tmp_path / "clip-watch.inspect")
+    np.testing.assert_allclose(run.steps.query("rank == 0")["grad_norm"], got[0]["watch"]["totals"], rtol=1e-6)
+    params = run.parameters
+    for rank in (0, 1):
+        for step in range(3):
+            rows = params.query(f"rank == {rank} and step == {step}").set_index("parameter")
+            for name, ref in got[0]["watch"]["pre"][step].items():
                 np.testing.assert_allclose(rows.loc[name, "grad_norm"], ref, rtol=1e-5,
                                            err_msg=f"rank {rank} step {step} {name}")

@@ -150,8 +150,17 @@ def check_step(model: nn.Module, step: int,
     >>> check_step(m, 0, path=None).record["global"]["grad_norm"] > 0
     True
     """
+    return checked_step(model, step, path, group=group, note=note, far_factor=far_factor, loss=loss,
+                        timeout=timeout, grad_norms=grad_norms)
+
+
+def checked_step(model: nn.Module, step: int, path: str | os.PathLike | None, *, group: Any = None,
+                 note: str = "", far_factor: float = 10.0, loss: Any = None, timeout: float = TIMEOUT,
+                 grad_norms: GradNorms | None = None, agreed: bool = False) -> StepCheck:
+    """:func:`check_step`; ``agreed``: every rank is known to be at this step already (the watch's ranks
+    checked in just before), so the store round trips that make sure of it are skipped."""
     gathered, rank, world = gather_step(model, step, group=group, note=note, loss=loss, timeout=timeout,
-                                        grad_norms=grad_norms)
+                                        grad_norms=grad_norms, agreed=agreed)
     findings = column_findings(gathered, far_factor)
 
     def record() -> dict[str, Any]:
@@ -182,15 +191,15 @@ def collect(model: nn.Module, step: int = 0, *, group: Any = None, note: str = "
 
 
 def gather_step(model: nn.Module, step: int = 0, *, group: Any = None, note: str = "", hashes: bool = True,
-                loss: Any = None, timeout: float = TIMEOUT, grad_norms: GradNorms | None = None
-                ) -> tuple[Gathered, int, int]:
+                loss: Any = None, timeout: float = TIMEOUT, grad_norms: GradNorms | None = None,
+                agreed: bool = False) -> tuple[Gathered, int, int]:
     """Every rank's numbers as columns (one all_gather), and this rank and the world size."""
     initialised = dist.is_available() and dist.is_initialized()
     world = dist.get_world_size(group) if initialised else 1
     rank = dist.get_rank(group) if initialised else 0
     plan = plan_for(model, world)
     call = next_call(group)
-    if initialised:
+    if initialised and not agreed:
         agree(group, rank, world, {"step": int(step), "call": call, "tensors": len(plan.tensors)}, timeout)
     device = _collective_device(group) if initialised else torch.device("cpu")
     stats, hash_values, factors = local_numbers(plan, call, hashes, grad_norms)

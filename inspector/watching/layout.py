@@ -214,33 +214,16 @@ def global_norms(sets: list[list[tuple[np.ndarray, torch.Tensor]]], keys: list[S
     sends the same length) are summed with one ``all_reduce`` per (mesh, sharding dimension)
     group, as ``clip_grad_norm_`` does; other norms are returned as they are. Nothing is synced
     to the host. Every rank must call it with the same sets and keys."""
-    import torch.distributed as dist
+    dense = global_squares(sets, keys, device)
+    return sets if dense is None else norm_pairs(sets, dense, keys, device)
 
-    groups: dict[ShardKey, list[int]] = {}
-    for i, key in enumerate(keys):
-        if key is not None:
-            groups.setdefault(key, []).append(i)
-    if not groups:
-        return sets
-    # each set's squared norms, then whether this rank measured the tensor at all: a rank whose local
-    # piece is empty (a 1-output head, a scalar, on more ranks than rows) adds nothing, and still gets
-    # the global norm the others measured
-    dense = []
-    for pairs in sets:
-        squares = torch.zeros(2 * len(keys), dtype=torch.float64, device=device)
-        for idx, norms in pairs:
-            at = torch.from_numpy(idx).to(device)
-            squares[at] = norms.to(device, torch.float64) ** 2
-            squares[at + len(keys)] = 1.0
-        dense.append(squares)
-    sharded = sorted(i for positions in groups.values() for i in positions)
-    for (mesh, dims), positions in groups.items():
-        where = torch.tensor(positions + [p + len(keys) for p in positions], device=device)
-        vec = torch.cat([d.index_select(0, where) for d in dense])
-        for dim in dims:
-            dist.all_reduce(vec, group=mesh.get_group(dim))  # type: ignore[attr-defined]
-        for k, d in enumerate(dense):
-            d.index_copy_(0, where, vec[k * len(where):(k + 1) * len(where)])
+
+def norm_pairs(sets: list[list[tuple[np.ndarray, torch.Tensor]]], dense: list[torch.Tensor],
+               keys: list[ShardKey | None], device: torch.device
+               ) -> list[list[tuple[np.ndarray, torch.Tensor]]]:
+    """The norms of :func:`global_squares`' ``dense`` as (positions, norms) pairs, one list per set: those
+    of ``sets``, and the sharded tensors not measured here (NaN where no rank measured them)."""
+    sharded = sorted(i for i, key in enumerate(keys) if key is not None)
     out = []
     for pairs, d in zip(sets, dense, strict=True):
         done = [(idx, d[torch.from_numpy(idx).to(device)].sqrt().to(norms.device, torch.float32))
@@ -253,3 +236,37 @@ def global_norms(sets: list[list[tuple[np.ndarray, torch.Tensor]]], keys: list[S
             done.append((elsewhere, norm.float()))
         out.append(done)
     return out
+
+
+def global_squares(sets: list[list[tuple[np.ndarray, torch.Tensor]]], keys: list[ShardKey | None],
+                   device: torch.device) -> list[torch.Tensor] | None:
+    """What :func:`global_norms` sums: per set, a (2 n,) float64 tensor on ``device``, the squared norm
+    of each of the n parameters (summed over the ranks for the sharded ones), then 1 where some rank
+    measured it (0: no gradient anywhere). None when no tensor is sharded."""
+    import torch.distributed as dist
+
+    groups: dict[ShardKey, list[int]] = {}
+    for i, key in enumerate(keys):
+        if key is not None:
+            groups.setdefault(key, []).append(i)
+    if not groups:
+        return None
+    # each set's squared norms, then whether this rank measured the tensor at all: a rank whose local
+    # piece is empty (a 1-output head, a scalar, on more ranks than rows) adds nothing, and still gets
+    # the global norm the others measured
+    dense = []
+    for pairs in sets:
+        squares = torch.zeros(2 * len(keys), dtype=torch.float64, device=device)
+        for idx, norms in pairs:
+            at = torch.from_numpy(idx).to(device)
+            squares[at] = norms.to(device, torch.float64) ** 2
+            squares[at + len(keys)] = 1.0
+        dense.append(squares)
+    for (mesh, dims), positions in groups.items():
+        where = torch.tensor(positions + [p + len(keys) for p in positions], device=device)
+        vec = torch.cat([d.index_select(0, where) for d in dense])
+        for dim in dims:
+            dist.all_reduce(vec, group=mesh.get_group(dim))  # type: ignore[attr-defined]
+        for k, d in enumerate(dense):
+            d.index_copy_(0, where, vec[k * len(where):(k + 1) * len(where)])
+    return dense

@@ -87,19 +87,23 @@ class BeforeStep:
         then holds the pre-clip norms, and the step does not read the gradients again. Returns the total
         norm (a tensor, as torch's does).
 
-        The 2-norm of plain tensors (one process, or DDP, whose gradients are already the same on every
-        rank) is shared; another ``norm_type``, or sharded DTensor gradients (FSDP2, tensor parallel,
-        whose total needs every rank's pieces), is torch's own ``clip_grad_norm_``, after the watch's
-        pass: correct, at the cost of the second pass."""
+        The 2-norm is shared: of plain tensors (one process, or DDP, whose gradients are already the same
+        on every rank) as they are; of sharded DTensor gradients (FSDP2, tensor parallel) from the squares
+        of the local pieces' norms summed over the ranks that hold the pieces, with one ``all_reduce`` per
+        mesh group (as torch's does; the step then does not reduce the gradients' norms again). Another
+        ``norm_type``, or sparse gradients, is torch's own ``clip_grad_norm_``, after the watch's pass:
+        correct, at the cost of the second pass."""
         self.gradients_ready()
         grads, present = self.state.grads, self.state.has_grad  # those just measured
         params = cast("list[torch.Tensor]", list(compress(self.state.params, present)))  # with a gradient
         parts = self.state.grad_parts
         sparse = set(map(_LAYOUT, compress(grads, present))) - {torch.strided}
-        if norm_type != 2.0 or self.target.sharded or not parts or sparse:
+        if norm_type != 2.0 or not parts or sparse:
             return torch.nn.utils.clip_grad_norm_(params, max_norm, norm_type, error_if_nonfinite, foreach)
-        device = parts[0][1].device
-        total = torch.stack([n.double().square().sum().to(device) for _, n in parts]).sum().sqrt().float()
+        total = self.state.global_grad_total() if self.target.sharded else None
+        if total is None:
+            device = parts[0][1].device
+            total = torch.stack([n.double().square().sum().to(device) for _, n in parts]).sum().sqrt().float()
         if error_if_nonfinite and not bool(torch.isfinite(total)):
             raise RuntimeError(f"The total norm of order {norm_type} for gradients from `parameters` is "
                                "non-finite, so it cannot be clipped. To disable this error and scale the "

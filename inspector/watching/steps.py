@@ -18,7 +18,17 @@ from ..utils.findings import Finding
 from ..utils.labels import listed, module_label
 from ..utils.norms import NormPlan
 from .flags import _PLAIN, _piece
-from .layout import Layout, current, fused_norms, global_norms, gradients, shard_key, to_host
+from .layout import (
+    Layout,
+    current,
+    fused_norms,
+    global_norms,
+    global_squares,
+    gradients,
+    norm_pairs,
+    shard_key,
+    to_host,
+)
 from .numbers import BATCH_PRODUCER, NO_PRODUCER, Numbers, Resident, memory
 from .tracer import BATCH, NonfiniteTracer, Trace, floating
 
@@ -54,6 +64,7 @@ class StepState:
         self.start = time.perf_counter()
         self.params: list[torch.Tensor | None] = []
         self.grad_parts: list[tuple[np.ndarray, torch.Tensor]] = []
+        self.grads_global = False  # grad_parts made global (every rank's pieces) by the clip
         self.grads: list[torch.Tensor | None] = []  # the gradients whose norms those are
         self.has_grad = np.zeros(0, dtype=bool)
         self.before: list[torch.Tensor] | None = None
@@ -74,6 +85,7 @@ class StepState:
         self.grads = grads = gradients(params)
         self.has_grad = np.fromiter(map(operator.is_not, grads, repeat(None)), dtype=bool, count=len(grads))
         self.grad_parts = fused_norms(grads, self.plans["grads"])
+        self.grads_global = False
         self.before = [p.detach().clone() for p in params if p is not None] if snapshot else None
         self.findings = findings
         versions, places = self.marks
@@ -83,6 +95,22 @@ class StepState:
             if v != -2 and nv != -2 and (v, a) != (nv, na)]
         parts = fused_norms([params[i] for i in moved]) if moved else []
         self.moved_parts = [(np.asarray(moved, dtype=np.int64)[idx], t) for idx, t in parts]
+
+    def global_grad_total(self) -> torch.Tensor | None:
+        """The 2-norm of all the gradients of a sharded model (every rank's pieces), from the norms just
+        measured; they are made global in place (:attr:`grads_global`), so the step does not reduce them
+        again. None when no parameter is sharded."""
+        keys = self.shard_keys(self.params)
+        first = next((p for p, k in zip(self.params, keys, strict=True) if k is not None), None)
+        if first is None:
+            return None
+        device = first.to_local().device  # type: ignore[attr-defined]
+        dense = global_squares([self.grad_parts], keys, device)
+        assert dense is not None  # a key is set
+        n = len(keys)
+        self.grad_parts = norm_pairs([self.grad_parts], dense, keys, device)[0]
+        self.grads_global = True
+        return torch.where(dense[0][n:] > 0, dense[0][:n], 0.0).sum().sqrt().float()
 
     def shard_keys(self, params: list[torch.Tensor | None]) -> list[Any]:
         """:func:`~.layout.shard_key` of each parameter, worked out again only when a parameter is
@@ -228,14 +256,15 @@ def _norm_parts(w: Watched, check: bool) -> tuple[Pairs, Pairs, Pairs, Pairs]:
         if first is not None:
             device = first.to_local().device  # type: ignore[attr-defined]
             sets = (
-                [grad_parts]
+                ([] if st.grads_global else [grad_parts])  # made global by the clip already
                 + ([param_parts] if check else [])
                 + ([update_parts] if st.before is not None else [])
             )
-            done = global_norms(sets, keys, device)
-            grad_parts = done[0]
-            param_parts = done[1] if check else param_parts
-            update_parts = done[-1] if st.before is not None else update_parts
+            done = global_norms(sets, keys, device) if sets else []
+            if not st.grads_global:
+                grad_parts = done.pop(0)
+            param_parts = done.pop(0) if check else param_parts
+            update_parts = done.pop(0) if st.before is not None else update_parts
     return grad_parts, param_parts, buffer_parts, update_parts
 
 

@@ -201,11 +201,13 @@ class ReplicasAgree:
     def __call__(self, at: At, found: list[Finding]) -> list[Finding]:
         if not (at.check and at.ranks.distributed):
             return found
-        from ...distributed import check_step  # here: inspector.distributed re-exports read_run
+        from ...distributed.check import checked_step  # here: inspector.distributed re-exports read_run
 
         layout = at.target.layout
         norms = torch.zeros(len(layout.parameters), dtype=torch.float64)
         for idx, part in at.st.grad_parts:
             norms[torch.from_numpy(idx)] = part.to("cpu", torch.float64)
-        return found + check_step(at.target.model, at.step, path=None, group=at.ranks.group, loss=at.loss,
-                                  timeout=at.ranks.timeout, grad_norms=(layout.parameters, norms)).findings
+        # the ranks checked in before this step (``Ranks.check_in``): no second agreement through the store
+        return found + checked_step(at.target.model, at.step, None, group=at.ranks.group, loss=at.loss,
+                                    timeout=at.ranks.timeout, grad_norms=(layout.parameters, norms),
+                                    agreed=at.ranks.meeting is not None).findings
