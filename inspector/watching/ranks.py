@@ -41,6 +41,7 @@ import math
 import os
 import time
 import zlib
+from itertools import repeat
 from typing import Any
 
 import torch.distributed as dist
@@ -59,6 +60,7 @@ from .processes import _SPACE, _alive
 
 _opened: dict[str, int] = {}  # group tag -> watches this process opened on it (the same on every rank)
 POLL = 0.5  # the pause after a store that failed at once
+AT_ONCE = 2e-4  # seconds a check-in asks again at once: each look costs both this rank and the store's host
 PAUSE = 0.01  # the longest pause between two looks at the store while a check-in waits
 VANISHED_AFTER = 0.5  # seconds a check-in waits before it looks whether the ranks it waits for still run
 
@@ -183,15 +185,15 @@ class Meeting:
         deadline = began = time.monotonic()
         deadline += self.timeout
         pause, looked = 0.0, began
+        number = b'{"n": %d,' % k  # how a check-in of this number begins (``json.dumps``, "n" first)
         while True:
             try:
                 if there or store.check(keys):
                     there = True
                     raw = (store.multi_get(keys) if hasattr(store, "multi_get")
                            else [store.get(x) for x in keys])
-                    values = {r: json.loads(v) for r, v in zip(self.others, raw, strict=True)}
-                    if all(v.get("n") == k for v in values.values()):
-                        return values
+                    if all(map(bytes.startswith, map(bytes, raw), repeat(number))):  # each rank's k-th:
+                        return {r: json.loads(v) for r, v in zip(self.others, raw, strict=True)}
             except Exception:  # noqa: BLE001 - the store's host is gone: wait out the timeout
                 pause = POLL
             now = time.monotonic()
@@ -200,7 +202,7 @@ class Meeting:
             if now - began > VANISHED_AFTER and now - looked > VANISHED_AFTER / 2:
                 looked = now
                 self._apart_vanished(value)
-            if now - began > 0.002:  # ask again at once for 2 ms (each look waits for the store's answer)
+            if now - began > AT_ONCE:  # ask again at once, briefly (each look waits for the store's answer)
                 time.sleep(min(pause, deadline - now))
                 pause = min(PAUSE if now - began > 0.05 else 5e-4, max(pause * 2, 5e-5))
 
