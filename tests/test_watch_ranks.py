@@ -352,6 +352,46 @@ class _OneOutput(nn.Module):
         return self.head(torch.tanh(self.body(x))) * self.temperature
 
 
+def _clipped(how: str, mesh, rank: int, out: Path) -> dict:
+    """Three FSDP2 steps of :class:`_OneOutput` inside a watch, clipped by torch's ``clip_grad_norm_`` or
+    by ``w.clip_grad_norm_``: the totals, the pre-clip norms, the findings, how many norm passes the
+    clips and steps made, and the weights after."""
+    from torch.distributed.fsdp import fully_shard
+
+    from inspector import watch
+
+    model = _OneOutput()
+    fully_shard(model, mesh=mesh)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    totals, pre, calls = [], [], [0]
+    real = torch._foreach_norm, torch.linalg.vector_norm
+
+    def counted(real_norm):
+        def norm(*args, **kwargs):
+            calls[0] += 1
+            return real_norm(*args, **kwargs)
+        return norm
+
+    def torch_clip(max_norm: float) -> torch.Tensor:
+        return torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+
+    with watch(model, opt, out / f"clip-{how}.inspect") as w:
+        clip = w.clip_grad_norm_ if how == "watch" else torch_clip
+        for step in range(3):
+            x = torch.randn(4, 64, generator=torch.Generator().manual_seed(step * 10 + rank))
+            model(x).pow(2).mean().backward()
+            pre.append({n: float(p.grad.full_tensor().double().norm()) for n, p in model.named_parameters()})
+            torch._foreach_norm, torch.linalg.vector_norm = map(counted, real)  # the norm passes
+            try:
+                totals.append(float(clip(0.05)))
+                opt.step()
+            finally:
+                torch._foreach_norm, torch.linalg.vector_norm = real
+            opt.zero_grad()
+    return {"totals": totals, "pre": pre, "findings": [f.code for f in w.findings], "calls": calls[0],
+            "weights": {n: p.full_tensor().tolist() for n, p in model.named_parameters()}}
+
+
 def _empty_piece_worker(rank: int, world: int, port: int, out: str) -> None:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
@@ -375,49 +415,43 @@ def _empty_piece_worker(rank: int, world: int, port: int, out: str) -> None:
                              for n, p in model.named_parameters()})
                 opt.step()
                 opt.zero_grad()
+        findings = [(f.step, f.rank, f.code) for f in w.findings]
         # the same training clipped by torch's clip_grad_norm_, then by the watch's from its own norms
-        clipped = {}
-        for how in ("torch", "watch"):
-            model = _OneOutput()
-            fully_shard(model, mesh=mesh)
-            opt = torch.optim.SGD(model.parameters(), lr=0.05)
-            totals, pre, calls = [], [], [0]
-            real = torch._foreach_norm, torch.linalg.vector_norm
-
-            def counted(real_norm):
-                def norm(*args, **kwargs):
-                    calls[0] += 1
-                    return real_norm(*args, **kwargs)
-                return norm
-            with watch(model, opt, Path(out) / f"clip-{how}.inspect") as w:
-                for step in range(3):
-                    x = torch.randn(4, 64, generator=torch.Generator().manual_seed(step * 10 + rank))
-                    model(x).pow(2).mean().backward()
-                    pre.append({n: float(p.grad.full_tensor().double().norm()) for n, p in model.named_parameters()})
-                    clip = w.clip_grad_norm_ if how == "watch" else (
-                        lambda m: torch.nn.utils.clip_grad_norm_(model.parameters(), m))
-                    torch._foreach_norm, torch.linalg.vector_norm = map(counted, real)  # the norm passes
-                    try:
-                        totals.append(float(clip(0.05)))
-                        opt.step()
-                    finally:
-                        torch._foreach_norm, torch.linalg.vector_norm = real
-                    opt.zero_grad()
-            clipped[how] = {"totals": totals, "pre": pre, "findings": [f.code for f in w.findings], "calls": calls[0],
-                            "weights": {n: p.full_tensor().tolist() for n, p in model.named_parameters()}}
+        clipped = {how: _clipped(how, mesh, rank, Path(out)) for how in ("torch", "watch")}
+        # a sharded module whose updates are under its weights' precision stands still: named, from each
+        # rank's own piece
+        model = _OneOutput()
+        fully_shard(model, mesh=mesh)
+        rest = [p for n, p in model.named_parameters() if not n.startswith("body.")]
+        opt = torch.optim.SGD([{"params": list(model.body.parameters()), "lr": 1e-12}, {"params": rest}],
+                              lr=0.05)
+        with watch(model, opt, Path(out) / "still.inspect") as w:
+            for step in range(5):
+                x = torch.randn(4, 64, generator=torch.Generator().manual_seed(step * 10 + rank))
+                model(x).pow(2).mean().backward()
+                opt.step()
+                opt.zero_grad()
+        still = [(f.rank, f.code, f.where) for f in w.findings if f.code != "frozen-parameters"]
         (Path(out) / f"empty{rank}.json").write_text(json.dumps(
-            {"pieces": pieces, "refs": refs, "findings": [(f.step, f.rank, f.code) for f in w.findings],
-             "clipped": clipped}))
+            {"pieces": pieces, "refs": refs, "findings": findings, "clipped": clipped, "still": still}))
     finally:
         leave()
 
 
-def test_an_empty_local_piece_under_fsdp2_is_empty_not_nan(tmp_path):
+@pytest.fixture(scope="module")
+def sharded_runs(tmp_path_factory) -> Path:
+    """The folder of :func:`_empty_piece_worker`'s runs on 2 ranks (made once for the tests that read it)."""
+    out = tmp_path_factory.mktemp("sharded")
+    spawn_ranks(_empty_piece_worker, 2, str(out), timeout=180)
+    return out
+
+
+def test_an_empty_local_piece_under_fsdp2_is_empty_not_nan(sharded_runs):
     import numpy as np
 
     from inspector import read_run
 
-    spawn_ranks(_empty_piece_worker, 2, str(tmp_path), timeout=180)
+    tmp_path = sharded_runs
     got = [json.loads((tmp_path / f"empty{r}.json").read_text()) for r in (0, 1)]
     assert got[1]["pieces"]["head.weight"] == 0 and got[1]["pieces"]["temperature"] == 0  # the case itself
     for r in (0, 1):
@@ -433,7 +467,15 @@ def test_an_empty_local_piece_under_fsdp2_is_empty_not_nan(tmp_path):
                                            err_msg=f"rank {rank} step {step} {name}")
 
 
-def test_the_watchs_clip_under_fsdp2_is_torchs_from_the_norms_it_took(tmp_path):
+def test_a_sharded_module_that_stands_still_is_named_on_every_rank(sharded_runs):
+    tmp_path = sharded_runs
+    got = [json.loads((tmp_path / f"empty{r}.json").read_text())["still"] for r in (0, 1)]
+    assert got[0] == got[1]  # every rank has the same findings
+    assert sorted({(r, code, where) for r, code, where in got[0]}) == [(0, "no-update", "body.weight"),
+                                                                        (1, "no-update", "body.weight")]
+
+
+def test_the_watchs_clip_under_fsdp2_is_torchs_from_the_norms_it_took(sharded_runs):
     """Sharded gradients with empty pieces on rank 1: ``w.clip_grad_norm_`` gives torch's total on every
     rank and the same training, and the run still holds each parameter's global pre-clip norm (the clip's
     reduction is not made twice)."""
@@ -441,7 +483,7 @@ def test_the_watchs_clip_under_fsdp2_is_torchs_from_the_norms_it_took(tmp_path):
 
     from inspector import read_run
 
-    spawn_ranks(_empty_piece_worker, 2, str(tmp_path), timeout=180)
+    tmp_path = sharded_runs
     got = [json.loads((tmp_path / f"empty{r}.json").read_text())["clipped"] for r in (0, 1)]
     for r in (0, 1):
         mine, torchs = got[r]["watch"], got[r]["torch"]
@@ -453,7 +495,8 @@ def test_the_watchs_clip_under_fsdp2_is_torchs_from_the_norms_it_took(tmp_path):
         assert [c for c in mine["findings"] if c != "frozen-parameters"] == []
         assert mine["calls"] < torchs["calls"]  # torch's clip in the watch reads the gradients a second time
     run = read_run(tmp_path / "clip-watch.inspect")
-    np.testing.assert_allclose(run.steps.query("rank == 0")["grad_norm"], got[0]["watch"]["totals"], rtol=1e-6)
+    np.testing.assert_allclose(run.steps.query("rank == 0")["grad_norm"], got[0]["watch"]["totals"],
+                               rtol=1e-6)
     params = run.parameters
     for rank in (0, 1):
         for step in range(3):

@@ -19,6 +19,7 @@ from ..checks import (
     nonfinite_gradients,
 )
 from ..detect import Detectors
+from ..flags import _piece
 from ..layout import fused_norms, has_norm, to_host
 from ..steps import nonfinite_findings, written_findings
 
@@ -273,7 +274,9 @@ class StillModules:
     parameters elsewhere moved: that module never trains (an update below its weights' precision,
     bfloat16 weights with a small lr, or its weights put back after each step). A whole model that
     stands still is ``Updates``'s; a group at lr 0 is ``IdleGroups``'s. The copy is of that module's
-    parameters only, made when their norms first stay equal."""
+    parameters only, made when their norms first stay equal; of a sharded parameter, this rank's piece
+    (compared here, with no collective: the norms that lead to it are global, so each rank holding a piece
+    compares its own)."""
 
     window = 3
 
@@ -320,14 +323,15 @@ class StillModules:
         for module, idx in standing.items():
             kept = self.still.get(module)
             if kept is None or kept[1] != idx:
-                self.still[module] = [1, idx, [_held(at, i).detach().clone() for i in idx], elsewhere]
+                self.still[module] = [1, idx, [_piece(_held(at, i)).clone() for i in idx], elsewhere]
                 continue
             kept[0] += 1
             kept[3] = kept[3] or elsewhere
             if kept[0] < self.window:
                 continue
             del self.still[module]
-            if kept[3] and all(torch.equal(c, _held(at, i)) for c, i in zip(kept[2], idx, strict=True)):
+            pieces = (_piece(_held(at, i)) for i in idx)
+            if kept[3] and all(map(torch.equal, kept[2], pieces)):
                 out.append(self._finding(at, module, idx, lr))
         for module in [m for m in self.still if m not in standing]:
             del self.still[module]
