@@ -100,6 +100,24 @@ def test_gradient_not_cleared_from_step_5(tmp_path, set_to_none):
     assert found == [(5, "gradient-not-cleared", "fc.weight")]
 
 
+def test_gradients_cleared_through_data_are_cleared_and_not_clearing_them_is_found(tmp_path):
+    """``p.grad.data.zero_()`` (an old idiom) zeroes the gradient without moving its version counter: it is
+    clearing, with two micro-batches a step too; from step 5 on nothing clears the gradients."""
+    torch.manual_seed(0)
+    model = Small()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    xs, ys = _data()
+    with watch(model, opt, tmp_path / "r.inspect") as w:
+        for s in range(STEPS):
+            for p in model.parameters():
+                if p.grad is not None and s < 5:
+                    p.grad.data.zero_()
+            for k in range(2):
+                (model(xs[s][k * 8:(k + 1) * 8]) - ys[s][k * 8:(k + 1) * 8]).pow(2).mean().backward()
+            opt.step()
+    assert _found(w) == [(5, "gradient-not-cleared", "fc.weight")]
+
+
 @pytest.mark.parametrize("set_to_none", [True, False])
 def test_gradient_not_cleared_after_cleared_steps_and_an_evaluation_pass(tmp_path, set_to_none):
     """Steps 0..4 clear their gradients (the hooks may stand down for those steps); from step 5 an

@@ -7,7 +7,7 @@ from __future__ import annotations
 import operator
 import weakref
 from collections.abc import Sequence
-from itertools import repeat
+from itertools import compress, repeat
 from typing import Any
 
 import numpy as np
@@ -19,6 +19,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 from ..utils.codes import coded
 from ..utils.findings import Finding, InspectorError
 from ..utils.labels import ROOT_LABEL, listed, module_label
+from .flags import _piece
 from .layout import gradients
 
 MODE_DEPENDENT = (nn.modules.batchnorm._BatchNorm, nn.modules.instancenorm._InstanceNorm,
@@ -53,11 +54,12 @@ class GradientClearing:
     A hook on each parameter runs before autograd accumulates into ``.grad``. After a step, the first
     one asks whether ``.grad`` is still the very tensor the step used (a weak reference, so a freed
     gradient whose address is reused never matches) with the same version counter (``zero_()`` and
-    every write move it): then this backward adds onto the used gradient. Such a gradient is washed
-    when a later backward finds it zeroed or replaced since (several optimizers, each zeroing only its
-    own parameters before its own backward), and reported when the next step still holds it. Zeroing
-    before the forward, between forward and backward (Lightning) or after the step are all clearing;
-    several backward passes before one step (accumulation) are one step.
+    every write move it): then this backward adds onto the used gradient, unless it holds only zeros
+    (cleared through ``.data``, which moves no version counter: ``p.grad.data.zero_()``). Such a
+    gradient is washed when a later backward finds it zeroed or replaced since (several optimizers, each
+    zeroing only its own parameters before its own backward), and reported when the next step still
+    holds it. Zeroing before the forward, between forward and backward (Lightning) or after the step
+    are all clearing; several backward passes before one step (accumulation) are one step.
 
     The hooks stand down (return at once) from the end of a forward pass of the model at which no hooked
     parameter holds a gradient the last step used (every one set to None or replaced: ``zero_grad()``'s
@@ -68,7 +70,8 @@ class GradientClearing:
     def __init__(self) -> None:
         self.after: dict[int, weakref.ref] = {}  # index -> the step's gradient,
         self.versions: dict[int, int] = {}  # and its version (two dicts: no tuple kept per parameter)
-        self.dirty: dict[int, tuple[weakref.ref, int]] = {}  # added onto: (gradient, version expected next)
+        # added onto: (gradient, version expected next, whether it held a non-zero value before: a tensor)
+        self.dirty: dict[int, tuple[weakref.ref, int, torch.Tensor]] = {}
         self.hooked: WeakIdKeyDictionary = WeakIdKeyDictionary()  # parameter -> (index, handle)
         self.attached: list[torch.Tensor | None] = []  # the list last hooked, and which of it trains
         self.wanted: list[bool] = []
@@ -104,13 +107,16 @@ class GradientClearing:
             if not self.looking:
                 return
             key = self.dirty.pop(i, None)
-            ref, version = (self.after.pop(i, None), self.versions.get(i, -1)) if key is None else key
+            ref, version = (self.after.pop(i, None), self.versions.get(i, -1)) if key is None else key[:2]
             p = param()
             if ref is None or p is None:
                 return
             g = p.grad
             if g is not None and g._version == version and ref() is g:
-                self.dirty[i] = (ref, version + 1)  # an in-place add moves the version by one
+                # an in-place add moves the version by one; whether the old values were cleared without
+                # moving it (``p.grad.data.zero_()``) is read once the step needs it: of this rank's piece,
+                # taken now, before the add (no host sync, no collective in a hook)
+                self.dirty[i] = (ref, version + 1, _piece(g).any() if key is None else key[2])
         return hook
 
     def stepped(self, params: list[torch.Tensor | None], zero: np.ndarray | None = None) -> None:
@@ -140,9 +146,12 @@ class GradientClearing:
         """``gradient-not-cleared`` for the optimizer's parameters (``held()``: their ids) whose step now
         uses a gradient added onto the last step's; one the optimizer does not hold is named by
         ``not-in-optimizer`` instead."""
-        kept = sorted(i for i, (ref, _) in self.dirty.items()
+        kept = sorted(i for i, (ref, _, _) in self.dirty.items()
                       if i < len(params) and (p := params[i]) is not None and p.grad is not None
                       and ref() is p.grad)
+        if kept:  # only a gradient that held a non-zero value was added onto (one host read for all)
+            device = self.dirty[kept[0]][2].device
+            kept = list(compress(kept, torch.stack([self.dirty[i][2].to(device) for i in kept]).tolist()))
         self.dirty = {}
         if not kept:
             return []
