@@ -1,5 +1,5 @@
 """The gradient-clearing hooks stand down for a step once a forward pass ends with no parameter holding
-a gradient the last step used, and keep looking while one does (``GradientClearing``)."""
+a gradient the last step used as it left it, and keep looking while one does (``GradientClearing``)."""
 
 from __future__ import annotations
 
@@ -22,17 +22,27 @@ def _step(model: nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor) -> None
     opt.step()
 
 
-@pytest.mark.parametrize(("set_to_none", "looking"), [(True, False), (False, True)])
-def test_hooks_stand_down_only_when_every_used_gradient_is_gone(tmp_path, set_to_none, looking):
+def _clear(model: nn.Module, opt: torch.optim.Optimizer, how: str) -> None:
+    if how == "data":  # zeroed through .data: the version counter does not move
+        for p in model.parameters():
+            p.grad.data.zero_()
+    else:
+        opt.zero_grad(set_to_none=how == "none")
+
+
+@pytest.mark.parametrize(("how", "looking"), [("none", False), ("zero_", False), ("data", True)])
+def test_hooks_stand_down_only_when_every_used_gradient_is_gone_or_written(tmp_path, how, looking):
     model, opt, x = _mlp()
     with watch(model, opt, tmp_path / "r.inspect") as w:
         clearing = w.kit.clearing
         _step(model, opt, x)
         assert clearing.looking  # the step used gradients: the next backward might add onto them
-        opt.zero_grad(set_to_none=set_to_none)
+        _clear(model, opt, how)
         model(x)
-        assert clearing.looking is looking  # zeroed in place: the same tensors, still looked at
-        opt.zero_grad(set_to_none=set_to_none)
+        # set to None, or zeroed in place (a new version): nothing left to find; zeroed through .data:
+        # the same tensor at the same version, still looked at
+        assert clearing.looking is looking
+        _clear(model, opt, how)
         _step(model, opt, x)
         assert clearing.looking  # a new step: looking again
         model(x)  # not cleared: the old gradients are still there

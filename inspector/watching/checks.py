@@ -63,8 +63,8 @@ class GradientClearing:
 
     The hooks stand down (return at once) from the end of a forward pass of the model at which no hooked
     parameter holds a gradient the last step used (every one set to None or replaced: ``zero_grad()``'s
-    default) until the next step: from then on no backward can add onto one, so what they would look
-    at cannot be found. A gradient zeroed in place keeps them looking.
+    default, or each one zeroed in place: ``zero_grad(set_to_none=False)``) until the next step: from then
+    on no backward can add onto one, so what they would look at cannot be found.
     """
 
     def __init__(self) -> None:
@@ -136,11 +136,19 @@ class GradientClearing:
 
     def forwarded(self) -> None:
         """At the end of a forward pass of the model: when no hooked parameter holds a gradient the last
-        step used (an id that matches a new gradient at a reused address keeps the hooks looking), the
+        step used, untouched since (an id that matches a new gradient at a reused address keeps the hooks
+        looking; a gradient written since, as ``zero_()`` does, can no longer be found added onto), the
         hooks stand down until the next step."""
-        if self.looking and self.only_attached and not self.dirty and self.used.isdisjoint(
-                map(id, gradients(self.attached))):
-            self.looking = False
+        if not (self.looking and self.only_attached and not self.dirty):
+            return
+        grads = gradients(self.attached)
+        if not self.used.isdisjoint(map(id, grads)):
+            versions, count = self.versions, len(grads)
+            for i, ref in self.after.items():
+                g = grads[i] if i < count else None
+                if g is not None and g._version == versions[i] and ref() is g:
+                    return  # a used gradient as the step left it: a backward may add onto it
+        self.looking = False
 
     def findings(self, names: tuple[str, ...], params: list[torch.Tensor | None], held: Any) -> list[Finding]:
         """``gradient-not-cleared`` for the optimizer's parameters (``held()``: their ids) whose step now
