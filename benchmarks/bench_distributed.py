@@ -22,7 +22,7 @@ Rank 0 prints milliseconds (wall clock and this process's CPU time) and the rati
 step and check / clip_grad_norm_.
 Target: the check under 5% of the training step on ``many``. Where CUDA is available,
 ``--device cuda`` runs world size 1 on NCCL. Run: ``python benchmarks/bench_distributed.py
-[--repeats N] [--world-size 2] [--device cpu|cuda]``.
+[--repeats N] [--world-size 2] [--device cpu|cuda] [--only many] [--wrap fsdp|ddp]``.
 """
 
 from __future__ import annotations
@@ -190,7 +190,7 @@ def _worker(rank: int, world: int, port: int, args: argparse.Namespace) -> None:
     try:
         for factory, batch, wrap in (("build", 32, "fsdp"), ("build_wide", 32, "fsdp"), ("many", 32, "fsdp"),
                                      ("many", 32, "ddp")):
-            if args.only and factory not in args.only:
+            if (args.only and factory not in args.only) or (args.wrap and wrap != args.wrap):
                 continue
             result = _bench(factory, device, args.repeats, batch, wrap)
             if rank == 0:
@@ -235,6 +235,7 @@ def main() -> None:
     parser.add_argument("--world-size", type=int, default=None)
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument("--only", nargs="*", default=None, help="factories to run (build, build_wide, many)")
+    parser.add_argument("--wrap", choices=("fsdp", "ddp"), default=None, help="one wrapper only")
     args = parser.parse_args()
     world = args.world_size or (1 if args.device == "cuda" else 2)
     with socket.socket() as s:
