@@ -47,6 +47,15 @@ _VERSION = operator.attrgetter("_version")
 _REQUIRES_GRAD = operator.attrgetter("requires_grad")
 
 
+def _held_values(flags: list[torch.Tensor]) -> list[bool]:
+    """The ``any()`` flags read to the host at once; True where they cannot be read (a meta tensor)."""
+    try:
+        device = flags[0].device
+        return [bool(v) for v in torch.stack([f.to(device) for f in flags]).tolist()]
+    except (RuntimeError, NotImplementedError):
+        return [True] * len(flags)
+
+
 class GradientClearing:
     """Whether the gradients a step used were cleared (set to None or zeroed) before a backward added to
     them and the next step used the sum.
@@ -158,8 +167,7 @@ class GradientClearing:
                       if i < len(params) and (p := params[i]) is not None and p.grad is not None
                       and ref() is p.grad)
         if kept:  # only a gradient that held a non-zero value was added onto (one host read for all)
-            device = self.dirty[kept[0]][2].device
-            kept = list(compress(kept, torch.stack([self.dirty[i][2].to(device) for i in kept]).tolist()))
+            kept = list(compress(kept, _held_values([self.dirty[i][2] for i in kept])))
         self.dirty = {}
         if not kept:
             return []
