@@ -250,6 +250,49 @@ def test_a_critic_stepped_every_third_step_is_not_stalled(tmp_path):
     assert _found(w) == []
 
 
+def test_a_wgan_critic_stepped_five_times_per_generator_step_is_healthy(tmp_path):
+    """The critic's optimizer given first (its steps are the steps), the generator stepped every fifth: the
+    generator has no gradient before its first step, and the critic's output bias none ever (a mean
+    difference does not change with a shift of the critic's output)."""
+    torch.manual_seed(0)
+    gan = Gan()
+    opt_d = torch.optim.Adam(gan.disc.parameters(), lr=1e-4)
+    opt_g = torch.optim.Adam(gan.gen.parameters(), lr=1e-4)
+    with watch(gan, [opt_d, opt_g], tmp_path / "r.inspect") as w:
+        for s in range(30):
+            real, z = torch.randn(16, 4) + 2, torch.randn(16, 2)
+            opt_d.zero_grad()
+            (gan.disc(gan.gen(z).detach()).mean() - gan.disc(real).mean()).backward()
+            opt_d.step()
+            if s % 5 == 4:
+                opt_g.zero_grad()
+                (-gan.disc(gan.gen(z)).mean()).backward()
+                opt_g.step()
+    assert _found(w) == []
+
+
+def test_a_part_trained_from_a_later_stage_by_its_own_optimizer_is_waiting(tmp_path):
+    """Stage two unfreezes the discriminator at step 6 and steps its optimizer from then on; an optimizer
+    that never steps while its parameters get gradients is still named (the test above)."""
+    torch.manual_seed(0)
+    gan = Gan()
+    gan.disc.requires_grad_(False)
+    opt_g = torch.optim.Adam(gan.gen.parameters(), lr=1e-3)
+    opt_d = torch.optim.Adam(gan.disc.parameters(), lr=1e-3)
+    with watch(gan, [opt_g, opt_d], tmp_path / "r.inspect") as w:
+        for s in range(STEPS):
+            if s == 6:
+                gan.disc.requires_grad_(True)
+            if s >= 6:
+                opt_d.zero_grad()
+                gan.disc(gan.gen(torch.randn(8, 2)).detach()).mean().backward()
+                opt_d.step()
+            opt_g.zero_grad()
+            gan.disc(gan.gen(torch.randn(8, 2))).mean().backward()
+            opt_g.step()
+    assert _found(w) == []
+
+
 def test_a_frozen_backbone_in_eval_mode_is_on_purpose(tmp_path):
     torch.manual_seed(0)
     model = nn.Sequential(nn.Sequential(nn.Linear(4, 8), nn.BatchNorm1d(8), nn.ReLU()), nn.Linear(8, 1))

@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from .core import Case, Ctx, PlantedError, cause_for
-from .loops import LOOP, NO_PLANT, Loop, Plant, gan_loop, plain_loop
+from .loops import LOOP, NO_PLANT, Loop, Plant, gan_loop, plain_loop, wgan_loop
 from .models import MODELS
 
 NONFINITE = ("nonfinite-parameter", "nonfinite-gradient", "nonfinite-forward", "nonfinite-backward",
@@ -55,6 +55,8 @@ HEALTHY = [
     healthy("lstm-between", "lstm", Loop("between")),
     healthy("mlp-compile", "mlp", Loop("after", compile=True)),
     Case("gan-two-optimizers", "gan", "torch", "two optimizers (G, D), zero_grad before backward", gan_loop),
+    Case("wgan-critic-5", "gan", "torch", "WGAN, the critic's optimizer first, G stepped every 5th step",
+         wgan_loop),
 ]
 
 
@@ -186,6 +188,9 @@ BUGS = [
         note="LambdaLR(lambda s: min(1, s // 1000)): lr 0 from the first step"),
     Case("gan-d-never-steps", "gan", "torch", "two optimizers, D's step() removed",
          partial(gan_loop, skip_d_step=True), ("optimizer-not-stepped",), ("disc",), grace=5,
+         cause=cause_for(("optimizer-not-stepped",))),
+    Case("wgan-g-never-steps", "gan", "torch", "WGAN, G's step() removed (its backward every 5th step)",
+         partial(wgan_loop, skip_g_step=True), ("optimizer-not-stepped",), ("gen",), grace=10,
          cause=cause_for(("optimizer-not-stepped",))),
     bug("cnn-bn-eval", "cnn", ("eval-mode-module",), ("bn1",), plant=Plant(set_eval("bn1"))),
     bug("bert-dropout-eval", "bert", ("eval-mode-module",), ("bert.embeddings.dropout",),

@@ -190,3 +190,33 @@ def gan_loop(ctx: Ctx, *, skip_d_step: bool = False, seed: int = 0) -> None:
             loss_g.backward()
             mon.log(loss_g.detach())
             opt_g.step()
+
+
+def wgan_loop(ctx: Ctx, *, skip_g_step: bool = False, n_critic: int = 5, seed: int = 0) -> None:
+    """A WGAN with weight clipping: the critic's optimizer given first (its steps are the watch's steps),
+    the generator stepped once every ``n_critic`` critic steps, the critic trained on detached samples;
+    with ``skip_g_step`` the generator's ``step()`` is gone (its backward stays)."""
+    torch.manual_seed(seed)
+    model, data = GAN(), gan_data(seed)
+    opt_d = torch.optim.RMSprop(model.disc.parameters(), lr=5e-4)
+    opt_g = torch.optim.RMSprop(model.gen.parameters(), lr=5e-4)
+    with ctx.monitor(model, [opt_d, opt_g]) as mon:
+        for i in range(ctx.steps):
+            ctx.i = i
+            b = data(i)
+            opt_d.zero_grad()
+            loss_d = model.disc(model.gen(b["z"]).detach()).mean() - model.disc(b["real"]).mean()
+            loss_d.backward()
+            mon.log(loss_d.detach())
+            opt_d.step()
+            with torch.no_grad():
+                for p in model.disc.parameters():
+                    p.clamp_(-0.1, 0.1)
+            if i % n_critic == n_critic - 1:
+                opt_g.zero_grad()
+                (-model.disc(model.gen(b["z"])).mean()).backward()
+                if skip_g_step:
+                    ctx.mark()
+                else:
+                    opt_g.step()
+

@@ -8,7 +8,7 @@ import operator
 import weakref
 from collections.abc import Sequence
 from itertools import compress, repeat
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -120,12 +120,13 @@ class GradientClearing:
             p = param()
             if ref is None or p is None:
                 return
-            g = p.grad
-            if g is not None and g._version == version and ref() is g:
-                # an in-place add moves the version by one; whether the old values were cleared without
-                # moving it (``p.grad.data.zero_()``) is read once the step needs it: of this rank's piece,
-                # taken now, before the add (no host sync, no collective in a hook)
-                self.dirty[i] = (ref, version + 1, _piece(g).any() if key is None else key[2])
+            g: torch.Tensor | None = p.grad
+            if g is None or g._version != version or ref() is not g:
+                return
+            # an in-place add moves the version by one; whether the old values were cleared without moving
+            # it (``p.grad.data.zero_()``) is read once the step needs it: of this rank's piece, taken now,
+            # before the add (no host sync, no collective in a hook)
+            self.dirty[i] = (ref, version + 1, _piece(cast(torch.Tensor, g)).any() if key is None else key[2])
         return hook
 
     def stepped(self, params: list[torch.Tensor | None], zero: np.ndarray | None = None) -> None:
@@ -321,6 +322,7 @@ class OptimizerSteps:
         self.last_step = [-1] * len(self.optimizers)
         self.gap = [0] * len(self.optimizers)  # the longest run of first-optimizer steps without one
         self.streak = [0] * len(self.optimizers)  # first-optimizer steps in a row with one
+        self.fed = [0] * len(self.optimizers)  # before it stepped: first-optimizer steps with its gradients
         self.handles: list[RemovableHandle] = []
 
     def attach(self, names: list[list[str]]) -> None:
@@ -339,7 +341,9 @@ class OptimizerSteps:
         return hook
 
     def findings(self, step: int, after: int = 2, settled: int = 10) -> list[Finding]:
-        """At the first optimizer's step ``step``: those that have not stepped by its ``after``-th step;
+        """At the first optimizer's step ``step``: those that have not stepped once while their parameters
+        held gradients at ``after`` of its steps (a generator stepped every fifth step, whose gradients
+        the critic's steps do not reach, or a part trained from a later stage, is waiting, not stalled);
         those that stepped with each of its last ``settled`` steps and then missed ``after``; the others
         once they miss twice their longest gap so far (at least ``settled`` steps)."""
         out = []
@@ -351,10 +355,12 @@ class OptimizerSteps:
                 self.last_step[i], self.counts[i] = step, 0
                 continue
             never = self.last_step[i] < 0
-            quiet = step + 1 if never else step - self.last_step[i]
+            fed = never and self._has_gradients(i)
+            self.fed[i] += fed
+            quiet = self.fed[i] if never else step - self.last_step[i]
             limit = after if never or (self.gap[i] == 0 and self.streak[i] >= settled) else max(
                 settled, 2 * self.gap[i] + 2)
-            if quiet == limit:
+            if quiet == limit and (fed or not never):
                 names = self.names[i]
                 modules = list(dict.fromkeys(n.rpartition(".")[0] for n in names))
                 what = "has not stepped once" if never else f"has not stepped for {quiet} steps"
@@ -363,6 +369,17 @@ class OptimizerSteps:
                                    f"{len(names)} parameters of {listed(modules)}) {what} while optimizer 0 "
                                    "stepped: its parameters do not train. Call its step() in the loop"))
         return out
+
+    def _has_gradients(self, i: int) -> bool:
+        """Whether a parameter of optimizer ``i`` holds a gradient now."""
+        return any(p.grad is not None for g in self.optimizers[i].param_groups for p in g["params"])
+
+    def waiting(self) -> set[str]:
+        """The names of the parameters only optimizers that have not stepped once hold (after the first):
+        their gradients come with their own optimizer's steps, not with the first one's."""
+        stepped = [i == 0 or self.last_step[i] >= 0 or self.counts[i] > 0 for i in range(len(self.names))]
+        held = {n for names, s in zip(self.names, stepped, strict=True) if s for n in names}
+        return {n for names, s in zip(self.names, stepped, strict=True) if not s for n in names} - held
 
     def active(self, step: int) -> list[torch.optim.Optimizer]:
         """The first optimizer and those that stepped since its last step (before :meth:`findings`)."""

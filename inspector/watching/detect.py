@@ -81,6 +81,7 @@ class Detectors:
         self.explode_factor = explode_factor
         self.loss_factor = loss_factor
         self.jump = np.zeros(len(layout.modules))  # log growth over the largest of the last SUDDEN steps
+        self.bias = np.array([n.rpartition(".")[2] == "bias" for n in layout.parameters], dtype=bool)
         self.dead = np.zeros(len(layout.parameters), dtype=np.int64)  # steps in a row without a gradient
         self.streak = np.zeros(len(layout.parameters), dtype=np.int64)  # steps in a row with one
         self.lost = np.zeros(len(layout.parameters), dtype=np.int64)  # the streak the gradient lost
@@ -138,10 +139,21 @@ class Detectors:
         return out
 
     def gradients(
-        self, param_grad: np.ndarray, has_grad: np.ndarray, module_grad: np.ndarray
+        self, param_grad: np.ndarray, has_grad: np.ndarray, module_grad: np.ndarray,
+        unjudged: np.ndarray | None = None,
     ) -> list[Finding]:
-        """``dead-gradient`` and ``exploding-gradient`` from one step's gradient norms."""
+        """``dead-gradient`` and ``exploding-gradient`` from one step's gradient norms. Counted as present:
+        the parameters ``unjudged`` marks, and an all-zero bias of a module whose other parameters have a
+        non-zero gradient (the loss does not change with a shift of that module's output)."""
         zero = ~has_grad | (param_grad == 0)
+        if self.bias.any() and zero.any():
+            flat = self.bias & has_grad & (param_grad == 0)
+            if flat.any():
+                owner = self.layout.owner
+                moving = has_grad & (param_grad > 0)
+                zero &= ~(flat & (np.bincount(owner[moving], minlength=len(self.layout.modules)) > 0)[owner])
+        if unjudged is not None:
+            zero &= ~unjudged
         if self.window and not zero.any() and not self.dead.any():  # every gradient there, now and before:
             self.streak = self.streak + 1  # nothing missing to count (what the lines below come to then)
             return self._spikes(module_grad)

@@ -15,6 +15,7 @@ from ...utils.findings import Finding
 from ...utils.labels import listed, module_label
 from ..checks import (
     GradientClearing,
+    OptimizerSteps,
     Progress,
     nonfinite_gradients,
 )
@@ -84,18 +85,30 @@ class ZeroGradientStep:
 class GradientNorms:
     """``dead-gradient``: a parameter without a gradient (or an all-zero one) for ``window`` steps, or
     for two after a settled run of them; ``exploding-gradient``: a module's gradient norm over
-    ``explode_factor`` times its running median and its noise (:class:`Detectors`)."""
+    ``explode_factor`` times its running median and its noise (:class:`Detectors`). Not judged: the
+    parameters of an optimizer given after the first that has not stepped once (a generator stepped
+    every fifth step, a part trained from a later stage), and an all-zero bias of a module whose other
+    parameters have gradients (the loss does not change with a shift of that module's output: a critic's
+    mean difference, a normalisation after it)."""
 
     @classmethod
     def build(cls, kit: Kit) -> GradientNorms | None:
-        return cls(kit.detectors)
+        return cls(kit.detectors, kit.optimizer_steps)
 
-    def __init__(self, detectors: Detectors) -> None:
-        self.detectors = detectors
+    def __init__(self, detectors: Detectors, steps: OptimizerSteps | None) -> None:
+        self.detectors, self.steps = detectors, steps
+        self.names: set[str] = set()
+        self.unjudged: np.ndarray | None = None
 
     def __call__(self, at: At, found: list[Finding]) -> list[Finding]:
         n = at.n
-        out = self.detectors.gradients(n.param_grad, n.has_grad, n.module_grad)
+        # the parameters of an optimizer that has not stepped yet (after the first) are not judged
+        names = self.steps.waiting() if self.steps is not None and len(self.steps.optimizers) > 1 else set()
+        if names != self.names:
+            self.names = names
+            self.unjudged = np.isin(np.asarray(at.target.layout.parameters, dtype=object),
+                                    list(names)) if names else None
+        out = self.detectors.gradients(n.param_grad, n.has_grad, n.module_grad, self.unjudged)
         if any(f.code == "zero-gradient-step" for f in found):  # the cause of the missing gradients
             out = [f for f in out if f.code != "dead-gradient"]
         return found + out

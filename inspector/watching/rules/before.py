@@ -147,8 +147,9 @@ class Unfrozen:
 
 
 class OptimizerStepped:
-    """``optimizer-not-stepped``: one of several optimizers has not stepped by the first one's second
-    step, or, having stepped, misses as many steps as :meth:`OptimizerSteps.findings` allows."""
+    """``optimizer-not-stepped``: one of several optimizers has not stepped once while its parameters held
+    gradients at two of the first one's steps, or, having stepped, misses as many steps as
+    :meth:`OptimizerSteps.findings` allows."""
 
     @classmethod
     def build(cls, kit: Kit) -> OptimizerStepped | None:
