@@ -293,6 +293,24 @@ def test_a_part_trained_from_a_later_stage_by_its_own_optimizer_is_waiting(tmp_p
     assert _found(w) == []
 
 
+def test_a_feature_extractor_run_under_no_grad_and_left_out_of_the_optimizer_is_frozen(tmp_path):
+    """Linear probing: the encoder's parameters still require grad, no optimizer holds them and its
+    forward runs under torch.no_grad(): frozen in effect, not a bug. From step 6 the loop also trains
+    through it (no_grad dropped) and nothing applies its gradients: that is named."""
+    torch.manual_seed(0)
+    model = nn.ModuleDict({"enc": nn.Sequential(nn.Linear(4, 8), nn.ReLU()), "head": nn.Linear(8, 1)})
+    opt = torch.optim.Adam(model["head"].parameters(), lr=1e-3)
+    xs, ys = _data()
+    with watch(model, opt, tmp_path / "r.inspect") as w:
+        for s in range(STEPS):
+            with torch.set_grad_enabled(s >= 6):
+                features = model["enc"](xs[s])
+            opt.zero_grad()
+            (model["head"](features) - ys[s]).pow(2).mean().backward()
+            opt.step()
+    assert _found(w) == [(6, "not-in-optimizer", "enc.0.weight"), (6, "not-in-optimizer", "enc.0.bias")]
+
+
 def test_a_frozen_backbone_in_eval_mode_is_on_purpose(tmp_path):
     torch.manual_seed(0)
     model = nn.Sequential(nn.Sequential(nn.Linear(4, 8), nn.BatchNorm1d(8), nn.ReLU()), nn.Linear(8, 1))

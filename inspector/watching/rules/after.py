@@ -86,8 +86,9 @@ class GradientNorms:
     """``dead-gradient``: a parameter without a gradient (or an all-zero one) for ``window`` steps, or
     for two after a settled run of them; ``exploding-gradient``: a module's gradient norm over
     ``explode_factor`` times its running median and its noise (:class:`Detectors`). Not judged: the
-    parameters of an optimizer given after the first that has not stepped once (a generator stepped
-    every fifth step, a part trained from a later stage), and an all-zero bias of a module whose other
+    parameters no optimizer holds (not trained: ``not-in-optimizer`` names one that gets gradients), those
+    of an optimizer given after the first that has not stepped once (a generator stepped every fifth
+    step, a part trained from a later stage), and an all-zero bias of a module whose other
     parameters have gradients (the loss does not change with a shift of that module's output: a critic's
     mean difference, a normalisation after it)."""
 
@@ -108,7 +109,11 @@ class GradientNorms:
             self.names = names
             self.unjudged = np.isin(np.asarray(at.target.layout.parameters, dtype=object),
                                     list(names)) if names else None
-        out = self.detectors.gradients(n.param_grad, n.has_grad, n.module_grad, self.unjudged)
+        unjudged = self.unjudged
+        held = at.held_mask  # a parameter no optimizer holds is not trained: whether its gradient is dead
+        if held is not None and len(held) == len(n.has_grad) and not held.all():  # is not judged either
+            unjudged = ~held if unjudged is None else unjudged | ~held
+        out = self.detectors.gradients(n.param_grad, n.has_grad, n.module_grad, unjudged)
         if any(f.code == "zero-gradient-step" for f in found):  # the cause of the missing gradients
             out = [f for f in out if f.code != "dead-gradient"]
         return found + out

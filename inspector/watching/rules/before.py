@@ -37,15 +37,23 @@ class FrozenParameters:
 
 
 class UnheldAtOpen:
-    """``not-in-optimizer``: when the watch opens, a parameter requires grad and no param group of
-    the optimizers holds it."""
+    """``not-in-optimizer``: when the watch opens, a parameter requires grad, holds a gradient (a
+    backward ran before the watch opened) and no param group of the optimizers holds it. One without a
+    gradient yet is judged at the first step (:class:`Membership`)."""
 
     @classmethod
     def build(cls, kit: Kit) -> UnheldAtOpen | None:
         return cls() if kit.target.optimizer is not None else None
 
     def __call__(self, at: At, found: list[Finding]) -> list[Finding]:
-        return found + not_in_optimizer(at.target.layout.parameters, at.params, at.target.held())
+        unheld = not_in_optimizer(at.target.layout.parameters, at.params, at.target.held())
+        return found + [f for f in unheld if f.where in _with_gradients(at)]
+
+
+def _with_gradients(at: At) -> set[str]:
+    """The names of this step's parameters that hold a gradient."""
+    return {n for n, p in zip(at.target.layout.parameters, at.params, strict=True)
+            if p is not None and p.grad is not None}
 
 
 # -- before the optimizer applies the step -----------------------------------------------------
@@ -97,10 +105,12 @@ class GradientsCleared:
 
 
 class Membership:
-    """``not-in-optimizer`` at each check step for a trainable parameter no param group holds; after
-    step 0, two or more newly unheld at once are one ``parameters-replaced``
-    (``load_state_dict(assign=True)``, ``.to()``, a module swapped in). A parameter left out from the
-    start is named once, never called replaced."""
+    """``not-in-optimizer`` at each check step for a trainable parameter no param group holds that
+    holds a gradient (it takes part in the loss, and nothing applies it); after step 0, two or more
+    newly unheld at once are one ``parameters-replaced`` (``load_state_dict(assign=True)``, ``.to()``,
+    a module swapped in). A parameter left out from the start is named once, never called replaced.
+    One that no optimizer holds and that gets no gradient (a part run under ``torch.no_grad()``, as a
+    frozen feature extractor is) is frozen in effect: named only once it holds a gradient."""
 
     @classmethod
     def build(cls, kit: Kit) -> Membership | None:
@@ -108,14 +118,22 @@ class Membership:
 
     def __init__(self) -> None:
         self.unheld: set[str] = set()  # the parameters no param group held at the last check step
+        self.waiting: set[str] = set()  # of those, the ones not named yet: no gradient so far
 
     def __call__(self, at: At, found: list[Finding]) -> list[Finding]:
         if not at.check or at.held is None:
             return found
         unheld = not_in_optimizer(at.target.layout.parameters, at.params, at.held)
+        if not unheld:
+            self.unheld, self.waiting = set(), set()
+            return found
+        graded = _with_gradients(at)
         new = [f for f in unheld if f.where not in self.unheld]
+        late = [f for f in unheld if f.where in self.waiting and f.where in graded]  # a gradient at last
+        self.waiting = {f.where for f in unheld if f.where not in graded and (
+            f.where in self.waiting or f.where not in self.unheld)}
         self.unheld = {f.where for f in unheld}
-        return found + replaced_findings(new, at.step)
+        return found + replaced_findings([f for f in new if f.where in graded], at.step) + late
 
 
 class Unfrozen:
