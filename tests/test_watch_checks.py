@@ -53,6 +53,13 @@ def _loop(model, opt, w, *, order="after", set_to_none=True, before=None, steps=
             opt.zero_grad(set_to_none=set_to_none)
 
 
+def _micro_batches(model, x, y, parts: int) -> None:
+    """One step's backward passes over ``parts`` equal slices of the batch (gradient accumulation)."""
+    n = len(x) // parts
+    for k in range(parts):
+        ((model(x[k * n:(k + 1) * n]) - y[k * n:(k + 1) * n]).pow(2).mean() / parts).backward()
+
+
 def _found(w, severity=("error", "warning")):
     return [(f.step, f.code, f.where) for f in w.findings if f.severity in severity]
 
@@ -77,8 +84,7 @@ def test_gradient_accumulation_cleared_each_step_is_silent(tmp_path):
     xs, ys = _data()
     with watch(model, opt, tmp_path / "r.inspect") as w:
         for s in range(STEPS):
-            for k in range(4):  # four micro-batches, one step
-                ((model(xs[s][k * 4:(k + 1) * 4]) - ys[s][k * 4:(k + 1) * 4]).pow(2).mean() / 4).backward()
+            _micro_batches(model, xs[s], ys[s], 4)  # four micro-batches, one step
             opt.step()
             opt.zero_grad()
     assert _found(w) == []
@@ -112,8 +118,7 @@ def test_gradients_cleared_through_data_are_cleared_and_not_clearing_them_is_fou
             for p in model.parameters():
                 if p.grad is not None and s < 5:
                     p.grad.data.zero_()
-            for k in range(2):
-                (model(xs[s][k * 8:(k + 1) * 8]) - ys[s][k * 8:(k + 1) * 8]).pow(2).mean().backward()
+            _micro_batches(model, xs[s], ys[s], 2)
             opt.step()
     assert _found(w) == [(5, "gradient-not-cleared", "fc.weight")]
 
@@ -233,21 +238,31 @@ def test_two_optimizers_healthy_and_one_never_stepped(tmp_path):
     assert _found(_gan(tmp_path, step_disc=10)) == [(11, "optimizer-not-stepped", "disc.0.weight")]
 
 
-def test_a_critic_stepped_every_third_step_is_not_stalled(tmp_path):
+def _gan_steps(tmp_path, steps: int, disc_steps, frozen_until: int = 0):
+    """A GAN whose discriminator trains (a backward on detached samples, then its step) at the steps
+    ``disc_steps(s)`` says, frozen before ``frozen_until``; the generator steps every step."""
     torch.manual_seed(0)
     gan = Gan()
+    gan.disc.requires_grad_(frozen_until == 0)
     opt_g = torch.optim.Adam(gan.gen.parameters(), lr=1e-3)
     opt_d = torch.optim.Adam(gan.disc.parameters(), lr=1e-3)
     with watch(gan, [opt_g, opt_d], tmp_path / "r.inspect") as w:
-        for s in range(24):
-            opt_d.zero_grad()
-            gan.disc(gan.gen(torch.randn(8, 2)).detach()).mean().backward()
-            if s % 3 == 0:
-                opt_d.step()
+        for s in range(steps):
+            if s == frozen_until:
+                gan.disc.requires_grad_(True)
+            if s >= frozen_until:
+                opt_d.zero_grad()
+                gan.disc(gan.gen(torch.randn(8, 2)).detach()).mean().backward()
+                if disc_steps(s):
+                    opt_d.step()
             opt_g.zero_grad()
             gan.disc(gan.gen(torch.randn(8, 2))).mean().backward()
             opt_g.step()
-    assert _found(w) == []
+    return w
+
+
+def test_a_critic_stepped_every_third_step_is_not_stalled(tmp_path):
+    assert _found(_gan_steps(tmp_path, 24, lambda s: s % 3 == 0)) == []
 
 
 def test_a_wgan_critic_stepped_five_times_per_generator_step_is_healthy(tmp_path):
@@ -274,23 +289,7 @@ def test_a_wgan_critic_stepped_five_times_per_generator_step_is_healthy(tmp_path
 def test_a_part_trained_from_a_later_stage_by_its_own_optimizer_is_waiting(tmp_path):
     """Stage two unfreezes the discriminator at step 6 and steps its optimizer from then on; an optimizer
     that never steps while its parameters get gradients is still named (the test above)."""
-    torch.manual_seed(0)
-    gan = Gan()
-    gan.disc.requires_grad_(False)
-    opt_g = torch.optim.Adam(gan.gen.parameters(), lr=1e-3)
-    opt_d = torch.optim.Adam(gan.disc.parameters(), lr=1e-3)
-    with watch(gan, [opt_g, opt_d], tmp_path / "r.inspect") as w:
-        for s in range(STEPS):
-            if s == 6:
-                gan.disc.requires_grad_(True)
-            if s >= 6:
-                opt_d.zero_grad()
-                gan.disc(gan.gen(torch.randn(8, 2)).detach()).mean().backward()
-                opt_d.step()
-            opt_g.zero_grad()
-            gan.disc(gan.gen(torch.randn(8, 2))).mean().backward()
-            opt_g.step()
-    assert _found(w) == []
+    assert _found(_gan_steps(tmp_path, STEPS, lambda s: True, frozen_until=6)) == []
 
 
 def test_a_feature_extractor_run_under_no_grad_and_left_out_of_the_optimizer_is_frozen(tmp_path):
