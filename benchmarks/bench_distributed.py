@@ -16,13 +16,15 @@ and under DDP), each rank times, interleaved and as medians:
   took (``grad_norms=``, as ``inspector.watch`` passes them), so it does not read the gradients;
 - ``watched step``: the training step inside ``inspector.watch(model, optimizer, every=1)`` (its
   per-step numbers, its findings and ``check_step`` every step) and ``every=10``, each against plain
-  steps taken in the same rounds (3 plain steps, then a watch block of 4, repeated).
+  steps taken in the same rounds (3 plain steps, then a watch block of ``--block`` timed steps after an
+  untimed first one, repeated).
 
 Rank 0 prints milliseconds (wall clock and this process's CPU time) and the ratios check / train
 step and check / clip_grad_norm_.
 Target: the check under 5% of the training step on ``many``. Where CUDA is available,
 ``--device cuda`` runs world size 1 on NCCL. Run: ``python benchmarks/bench_distributed.py
-[--repeats N] [--world-size 2] [--device cpu|cuda] [--only many] [--wrap fsdp|ddp]``.
+[--repeats N] [--world-size 2] [--device cpu|cuda] [--only many] [--wrap fsdp|ddp] [--block N]``
+(``--block``: timed steps per watched round, 3 by default; more steadies the paired figures).
 """
 
 from __future__ import annotations
@@ -64,7 +66,7 @@ class Many(torch.nn.Module):
 
 
 def _bench(
-    factory: str, device: torch.device, repeats: int, batch_size: int, wrap: str = "fsdp"
+    factory: str, device: torch.device, repeats: int, batch_size: int, wrap: str = "fsdp", block: int = 3
 ) -> dict[str, float]:
     from torch.distributed.fsdp import fully_shard
 
@@ -116,9 +118,9 @@ def _bench(
     wall = interleaved(fns, repeats, sync)
     cpu = _cpu_medians(fns, repeats, sync)
     for every in (1, 10):
-        paired = _watched(model, optimizer, train_step, repeats, sync, every)
+        paired = _watched(model, optimizer, train_step, repeats, sync, every, block=block)
         cpu[f"paired plain {every}"], cpu[f"watched {every}"] = paired
-        paired = _watched(model, optimizer, train_step, repeats, sync, every, clip=True)
+        paired = _watched(model, optimizer, train_step, repeats, sync, every, clip=True, block=block)
         cpu[f"paired plain+clip {every}"], cpu[f"watched+w.clip {every}"] = paired
     return (
         wall
@@ -128,11 +130,12 @@ def _bench(
 
 
 def _watched(model, optimizer, train_step, repeats: int, sync, every: int = 1,
-             clip: bool = False) -> tuple[float, float]:
+             clip: bool = False, block: int = 3) -> tuple[float, float]:
     """CPU seconds per step, median over rounds, of the plain training step and of the same step inside
-    ``inspector.watch(every=every)``, paired: each round runs 3 plain steps, then opens a watch for
-    ``every`` steps after a first one (which builds what the watch keeps, not timed): one check step in
-    each round's timed steps, so the mean of a round is the cost per step at that ``every``. ``clip``:
+    ``inspector.watch(every=every)``, paired: each round runs as many plain steps as it then times inside
+    a watch, after a first one (which builds what the watch keeps, not timed): ``block`` steps or more,
+    whole multiples of ``every`` (one check step in each ``every``), so the mean of a round is the cost
+    per step at that ``every``. ``clip``:
     the plain steps clip with torch's ``clip_grad_norm_``, the watched ones with ``w.clip_grad_norm_``."""
     import statistics
     import tempfile
@@ -140,26 +143,27 @@ def _watched(model, optimizer, train_step, repeats: int, sync, every: int = 1,
 
     from inspector import watch
 
+    steps = every * max(1, -(-block // every))  # whole blocks of `every`: one check step in each
     plain: list[float] = []
     watched: list[float] = []
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(repeats):
             torch_clip = (lambda: torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)) if clip else None
             t = time.process_time()
-            for _ in range(3):
+            for _ in range(steps):
                 sync()
                 train_step(torch_clip)
-            plain.append((time.process_time() - t) / 3)
+            plain.append((time.process_time() - t) / steps)
             with watch(model, optimizer, Path(tmp) / f"run{r}.inspect", every=every) as w:
                 watch_clip = (lambda: w.clip_grad_norm_(1.0)) if clip else None
                 sync()
                 train_step(watch_clip)
                 t = time.process_time()
-                for _ in range(max(every, 3)):
+                for _ in range(steps):
                     sync()
                     train_step(watch_clip)
                 w.flush()  # the rows the run file holds back (rank 0) are written, and timed
-                watched.append((time.process_time() - t) / max(every, 3))
+                watched.append((time.process_time() - t) / steps)
     return statistics.median(plain), statistics.median(watched)
 
 
@@ -192,7 +196,7 @@ def _worker(rank: int, world: int, port: int, args: argparse.Namespace) -> None:
                                      ("many", 32, "ddp")):
             if (args.only and factory not in args.only) or (args.wrap and wrap != args.wrap):
                 continue
-            result = _bench(factory, device, args.repeats, batch, wrap)
+            result = _bench(factory, device, args.repeats, batch, wrap, args.block)
             if rank == 0:
                 step, check = result["train step"], result["check_step"]
                 print(
@@ -236,6 +240,8 @@ def main() -> None:
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument("--only", nargs="*", default=None, help="factories to run (build, build_wide, many)")
     parser.add_argument("--wrap", choices=("fsdp", "ddp"), default=None, help="one wrapper only")
+    parser.add_argument("--block", type=int, default=3,
+                        help="timed steps per watched round, at least (whole multiples of every)")
     args = parser.parse_args()
     world = args.world_size or (1 if args.device == "cuda" else 2)
     with socket.socket() as s:
