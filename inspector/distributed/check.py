@@ -194,6 +194,42 @@ def gather_step(model: nn.Module, step: int = 0, *, group: Any = None, note: str
                 loss: Any = None, timeout: float = TIMEOUT, grad_norms: GradNorms | None = None,
                 agreed: bool = False) -> tuple[Gathered, int, int]:
     """Every rank's numbers as columns (one all_gather), and this rank and the world size."""
+    local = local_step(model, step, group=group, note=note, hashes=hashes, loss=loss, timeout=timeout,
+                       grad_norms=grad_norms, agreed=agreed)
+    device = _collective_device(group) if local.world > 1 else torch.device("cpu")
+    return local.gathered(_gather(local.packed, group, local.world, device)), local.rank, local.world
+
+
+@dataclass
+class LocalStep:
+    """This rank's numbers of one check, packed into one float64 vector for the ``all_gather``
+    (:meth:`gathered` reads every rank's), so a caller can send them with its own numbers."""
+
+    plan: Any
+    packed: torch.Tensor
+    factors: torch.Tensor
+    step: int
+    rank: int
+    world: int
+    backend: str
+    note: str
+
+    def gathered(self, rows: torch.Tensor) -> Gathered:
+        """The check's columns from the (world, len(packed)) float64 rows every rank sent."""
+        n = len(self.plan.tensors)
+        n_stats = n * PER_TENSOR
+        per_tensor = rows[:, :n_stats].reshape(self.world, n, PER_TENSOR)
+        per_rank = rows[:, n_stats:n_stats + PER_RANK]
+        hashes = rows[:, n_stats + PER_RANK:].contiguous().view(torch.int64).reshape(self.world, n, 2)
+        return Gathered(self.plan, per_tensor, per_rank, hashes, self.factors, self.step, self.world,
+                        self.backend, self.note)
+
+
+def local_step(model: nn.Module, step: int = 0, *, group: Any = None, note: str = "", hashes: bool = True,
+               loss: Any = None, timeout: float = TIMEOUT, grad_norms: GradNorms | None = None,
+               agreed: bool = False) -> LocalStep:
+    """This rank's part of :func:`gather_step`, up to the ``all_gather`` (the ranks agree first, unless
+    ``agreed``)."""
     initialised = dist.is_available() and dist.is_initialized()
     world = dist.get_world_size(group) if initialised else 1
     rank = dist.get_rank(group) if initialised else 0
@@ -201,9 +237,7 @@ def gather_step(model: nn.Module, step: int = 0, *, group: Any = None, note: str
     call = next_call(group)
     if initialised and not agreed:
         agree(group, rank, world, {"step": int(step), "call": call, "tensors": len(plan.tensors)}, timeout)
-    device = _collective_device(group) if initialised else torch.device("cpu")
     stats, hash_values, factors = local_numbers(plan, call, hashes, grad_norms)
-    n = len(plan.tensors)
     sizes = stats[:, 3] * plan.columns["element_size"]
     is_param = plan.columns["is_param"]
     param_bytes = float(sizes[is_param].sum())
@@ -215,10 +249,5 @@ def gather_step(model: nn.Module, step: int = 0, *, group: Any = None, note: str
     # one all_gather: the int64 hashes travel as float64 bit patterns (copied, never computed on)
     packed = torch.cat([stats.reshape(-1), torch.tensor(own, dtype=torch.float64),
                         hash_values.reshape(-1).view(torch.float64)])
-    gathered = _gather(packed, group, world, device)
-    n_stats = stats.numel()
-    per_tensor = gathered[:, :n_stats].reshape(world, n, PER_TENSOR)
-    per_rank = gathered[:, n_stats:n_stats + PER_RANK]
-    all_hashes = gathered[:, n_stats + PER_RANK:].contiguous().view(torch.int64).reshape(world, n, 2)
-    return (Gathered(plan, per_tensor, per_rank, all_hashes, factors, int(step), world,
-                     str(dist.get_backend(group)) if initialised else "none", note), rank, world)
+    return LocalStep(plan, packed, factors, int(step), rank, world,
+                     str(dist.get_backend(group)) if initialised else "none", note)

@@ -39,6 +39,7 @@ from .ranks import model_key
 from .result import WatchResult
 from .roles import Ranks, Recorder, Scalars, StopControl, Target, WatchOptions
 from .rows import step_record
+from .rules.before import check_findings
 from .steps import StepState, transfer_step
 from .table import At, ByRank, Checks, Kit
 from .tracer import NonfiniteTracer
@@ -322,8 +323,14 @@ class Watch(BeforeStep, OutsideSteps):
         numbers.compute = r.clock.take(st.start)
         measured, self._measured = self._measured, []
         numbers.stop = self.control.flag(any(f.severity == "error" for f in own + measured))
-        numbers_all = gather_numbers(numbers, t.layout, r.world, r.group)
+        local, st.check_local = st.check_local, None  # the distributed check's numbers, sent with these
+        numbers_all, rows = gather_numbers(numbers, t.layout, r.world, r.group,
+                                           None if local is None else local.packed)
         self.control.gathered([n.stop for n in numbers_all])
+        if local is not None:  # its findings are the same on every rank, and so is the stop they ask for
+            checked = check_findings(local, rows)
+            measured += checked
+            self.control.gathered([self.control.flag(any(f.severity == "error" for f in checked))])
         found = merge_findings(shipped, numbers_all, r.world, r.group)
         found[r.rank] = own
         # the distributed check's findings are the same on every rank (worked out from the gathered

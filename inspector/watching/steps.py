@@ -65,6 +65,7 @@ class StepState:
         self.params: list[torch.Tensor | None] = []
         self.grad_parts: list[tuple[np.ndarray, torch.Tensor]] = []
         self.grads_global = False  # grad_parts made global (every rank's pieces) by the clip
+        self.check_local: Any = None  # this rank's numbers of the distributed check, sent after the step
         self.grads: list[torch.Tensor | None] = []  # the gradients whose norms those are
         self.has_grad = np.zeros(0, dtype=bool)
         self.before: list[torch.Tensor] | None = None

@@ -5,7 +5,7 @@ the step's gradients are measured (:mod:`inspector.watching.rules`)."""
 from __future__ import annotations
 
 from contextlib import ExitStack
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -215,18 +215,31 @@ class ReplicasAgree:
     """The distributed step check (:func:`inspector.distributed.check_step`) at each check step with
     the distributed checks on: ``replica-drift``, ``gradient-not-synchronized``, ``gradient-far-off``,
     ``shard-imbalance``, ``nonfinite-*`` from every rank's gathered columns (the same on every rank;
-    placed on the row of the rank each is about once the numbers are gathered)."""
+    placed on the row of the rank each is about once the numbers are gathered). On several ranks this
+    rank's numbers are taken here, before the step, and travel with the step's own numbers in one
+    ``all_gather`` after it (:func:`check_findings` reads them)."""
 
     def __call__(self, at: At, found: list[Finding]) -> list[Finding]:
         if not (at.check and at.ranks.distributed):
             return found
-        from ...distributed.check import checked_step  # here: inspector.distributed re-exports read_run
+        from ...distributed.check import checked_step, local_step  # here: inspector.distributed re-exports
 
         layout = at.target.layout
         norms = torch.zeros(len(layout.parameters), dtype=torch.float64)
         for idx, part in at.st.grad_parts:
             norms[torch.from_numpy(idx)] = part.to("cpu", torch.float64)
+        options = {"group": at.ranks.group, "loss": at.loss, "timeout": at.ranks.timeout,
+                   "grad_norms": (layout.parameters, norms)}
+        if at.ranks.world == 1:
+            return found + checked_step(at.target.model, at.step, None, **options).findings
         # the ranks checked in before this step (``Ranks.check_in``): no second agreement through the store
-        return found + checked_step(at.target.model, at.step, None, group=at.ranks.group, loss=at.loss,
-                                    timeout=at.ranks.timeout, grad_norms=(layout.parameters, norms),
-                                    agreed=at.ranks.meeting is not None).findings
+        at.st.check_local = local_step(at.target.model, at.step, agreed=at.ranks.meeting is not None,
+                                       **options)
+        return found
+
+
+def check_findings(local: Any, rows: Any) -> list[Finding]:
+    """The findings of :class:`ReplicasAgree`'s check from every rank's numbers (``rows``, as gathered)."""
+    from ...distributed.columns import column_findings
+
+    return column_findings(local.gathered(rows))
