@@ -80,7 +80,9 @@ def _run(plan: list[Group], tensors: Sequence[torch.Tensor | None], kept: bool =
     RuntimeError where these no longer fit it (a group of several dtypes, where a stack would promote;
     an empty tensor among those ``_foreach_norm`` takes, which would get 0 instead of being left out)."""
     out = []
-    with torch.no_grad():
+    grad = torch.is_grad_enabled()  # what torch.no_grad() does, less its Python calls (a watch runs this
+    torch._C._set_grad_enabled(False)  # at every step)
+    try:
         for idx, stacks in plan:
             members = [tensors[i] for i in idx]
             if kept and len(set(map(_DTYPE, members))) != 1:
@@ -99,6 +101,8 @@ def _run(plan: list[Group], tensors: Sequence[torch.Tensor | None], kept: bool =
             if norms.shape != (len(idx),):  # a kept plan run on tensors of another rank: grouped afresh
                 raise RuntimeError(f"{len(idx)} norms expected, got shape {tuple(norms.shape)}")
             out.append((idx, norms))
+    finally:
+        torch._C._set_grad_enabled(grad)
     return out
 
 

@@ -117,11 +117,15 @@ class GradientClearing:
         """After a step: remember each gradient the step used (not those all zero then, marked in
         ``zero``: a backward adding onto a zeroed gradient adds nothing old)."""
         grads = gradients(params)
-        keep = np.fromiter(map(operator.is_not, grads, repeat(None)), dtype=bool, count=len(grads))
-        if zero is not None:
-            keep &= ~np.asarray(zero, dtype=bool)
-        idx = np.flatnonzero(keep).tolist()
-        used = [grads[i] for i in idx]
+        idx: Sequence[int]
+        if all(map(operator.is_not, grads, repeat(None))) and (zero is None or not np.any(zero)):
+            idx, used = range(len(grads)), grads  # every gradient there and none all zero (most steps)
+        else:
+            keep = np.fromiter(map(operator.is_not, grads, repeat(None)), dtype=bool, count=len(grads))
+            if zero is not None:
+                keep &= ~np.asarray(zero, dtype=bool)
+            idx = np.flatnonzero(keep).tolist()
+            used = [grads[i] for i in idx]
         self.after = dict(zip(idx, map(weakref.ref, used), strict=True))
         self.versions = dict(zip(idx, map(_VERSION, used), strict=True))
         self.dirty = {}
@@ -258,9 +262,11 @@ class Progress:
         self.zero_lr = 0
 
     def step(self, lrs: list[float], param_norm: np.ndarray | None, param_grad: np.ndarray,
-             has_grad: np.ndarray, skipped: bool, held: np.ndarray | None = None) -> list[Finding]:
+             has_grad: np.ndarray, skipped: bool, held: np.ndarray | None = None,
+             moving: np.ndarray | None = None) -> list[Finding]:
         """One step's check; ``held`` marks the parameters an optimizer holds (the others are named by
-        ``not-in-optimizer`` / ``parameters-replaced`` and left out here)."""
+        ``not-in-optimizer`` / ``parameters-replaced`` and left out here); ``moving``, where the caller
+        has it: the parameters with a finite non-zero gradient and a finite norm (worked out if not)."""
         out = []
         self.zero_lr = self.zero_lr + 1 if lrs and all(lr == 0 for lr in lrs) else 0
         if self.zero_lr == self.window:
@@ -270,9 +276,10 @@ class Progress:
                                "0) and the lr given to the optimizer"))
         if param_norm is None or skipped:
             return out
-        moving = has_grad & np.isfinite(param_grad) & (param_grad > 0) & np.isfinite(param_norm)
+        if moving is None:
+            moving = has_grad & np.isfinite(param_grad) & (param_grad > 0) & np.isfinite(param_norm)
         if held is not None:
-            moving &= held
+            moving = moving & held
         if self.last is not None and moving.any() and self.zero_lr < self.window:
             same = moving & (param_norm == self.last)
             self.still = self.still + 1 if same[moving].all() else 0

@@ -257,7 +257,8 @@ class Watch(BeforeStep, OutsideSteps):
     def _any_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         """Every optimizer's post-step hook: one the watch was not given, stepping the watched optimizers'
         parameters outside their own step, runs the ``other-step`` rows."""
-        if self._in_step or any(optimizer is o for o in self.target.optimizers):
+        if self._in_step or optimizer is self.target.optimizer or any(
+                optimizer is o for o in self.target.optimizers):
             return
         held = self.target.held()
         if any(id(p) in held for g in optimizer.param_groups for p in g["params"]):
@@ -295,14 +296,14 @@ class Watch(BeforeStep, OutsideSteps):
             held = t.held()
             self._held_mask = np.fromiter(map(held.__contains__, map(id, params)), dtype=bool,
                                           count=len(params))
-        found, self._pending = self.checks.run("before-step", self._at(check, params=params, held=held),
-                                               self._pending), []
+        loss = self.scalars.get("loss")
+        at = self._at(check, params=params, held=held, loss=loss)  # one event: the step's before and measured
+        found, self._pending = self.checks.run("before-step", at, self._pending), []
         self.state.pre(params, check and self.options.update_ratio, found)
         if self.keeper is not None:
-            self.keeper.weights(self.state.grad_parts, self.scalars.get("loss"))
+            self.keeper.weights(self.state.grad_parts, loss)
         # with the gradient norms just taken: the gradients are read once
-        self._measured = self.checks.run("measured", self._at(check, params=params,
-                                                              loss=self.scalars.get("loss")), [])
+        self._measured = self.checks.run("measured", at, [])
 
     def _post_step(self) -> None:
         if not self._pre_done:  # a closure the optimizer never called

@@ -138,10 +138,13 @@ class Detectors:
         return out
 
     def gradients(
-        self, param_grad: np.ndarray, has_grad: np.ndarray, module_grad: np.ndarray
+        self, param_grad: np.ndarray, has_grad: np.ndarray, module_grad: np.ndarray,
+        zero: np.ndarray | None = None,
     ) -> list[Finding]:
-        """``dead-gradient`` and ``exploding-gradient`` from one step's gradient norms."""
-        zero = ~has_grad | (param_grad == 0)
+        """``dead-gradient`` and ``exploding-gradient`` from one step's gradient norms (``zero``: no gradient
+        or an all-zero one, per parameter, where the caller has it)."""
+        if zero is None:
+            zero = ~has_grad | (param_grad == 0)
         if self.window and not zero.any() and not self.dead.any():  # every gradient there, now and before:
             self.streak = self.streak + 1  # nothing missing to count (what the lines below come to then)
             return self._spikes(module_grad)

@@ -6,6 +6,7 @@ import math
 import os
 import resource
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -79,6 +80,24 @@ class Numbers:
                 setattr(self, name, np.full(self.parameters, np.nan))
         if not len(self.buffer_norm):
             self.buffer_norm = np.full(self.buffers, np.nan)
+
+    # What several checks read of the step's numbers, worked out once per step on first use (the numbers
+    # are complete by then: a check reads them after :func:`~.steps.transfer_step` returns them)
+    @cached_property
+    def no_grad(self) -> np.ndarray:
+        """Per parameter: no gradient, or an all-zero one (norm 0); a NaN/Inf norm is not zero."""
+        return ~self.has_grad | (self.param_grad == 0)
+
+    @cached_property
+    def moving(self) -> np.ndarray:
+        """Per parameter: a finite non-zero gradient norm and a finite parameter norm (at a check step)."""
+        grad = self.param_grad
+        return self.has_grad & np.isfinite(grad) & (grad > 0) & np.isfinite(self.param_norm)
+
+    @cached_property
+    def weights_finite(self) -> bool:
+        """Every parameter and buffer norm is a finite number (none NaN, Inf or not taken)."""
+        return bool(np.isfinite(self.param_norm).all() and np.isfinite(self.buffer_norm).all())
 
     def pack(self) -> torch.Tensor:
         """Everything as one float64 vector of a length fixed by the layout."""

@@ -146,6 +146,7 @@ def transfer_step(w: Watched, check: bool, logged: dict[str, Any]) -> tuple[Numb
     grad_parts, param_parts, buffer_parts, update_parts = _norm_parts(w, check)
     parts: list[torch.Tensor] = [t for _, t in grad_parts + param_parts + buffer_parts + update_parts
                                  + st.moved_parts]
+    taken = len(parts)  # the norms; then the batch's range, the trace, the logged tensors and the scale
     if st.batch:
         parts.append(torch.stack([b.float().to(st.batch[0].device) for b in st.batch]))
     calls, meta, values = w.tracer.take() if w.tracer is not None else ([], [], [])
@@ -158,10 +159,9 @@ def transfer_step(w: Watched, check: bool, logged: dict[str, Any]) -> tuple[Numb
         parts.append(scale.reshape(1))
     host = to_host(parts)
     pos = 0
+    width = len(layout.parameters)
 
-    def spread(
-        pairs: list[tuple[np.ndarray, torch.Tensor]], width: int = len(layout.parameters)
-    ) -> np.ndarray:
+    def spread(pairs: list[tuple[np.ndarray, torch.Tensor]], width: int = width) -> np.ndarray:
         nonlocal pos
         out = np.full(width, np.nan)
         for idx, _ in pairs:
@@ -169,15 +169,21 @@ def transfer_step(w: Watched, check: bool, logged: dict[str, Any]) -> tuple[Numb
             pos += 1
         return out
 
-    n = Numbers(len(layout.modules), len(layout.parameters), len(layout.buffers), checked=float(check))
-    n.param_grad, n.has_grad = spread(grad_parts), st.has_grad
-    n.param_norm = spread(param_parts)
-    n.buffer_norm = spread(buffer_parts, len(layout.buffers))
-    update = spread(update_parts)
-    moved = spread(st.moved_parts)
-    if st.moved_parts:
+    # every norm measured is a finite number (most steps): no overflow to tell from an Inf, no NaN/Inf
+    # element to count, no parameter written outside the optimizer holding NaN/Inf
+    finite = not taken or bool(np.isfinite(np.concatenate(host[:taken])).all())
+    param_grad, param_norm = spread(grad_parts), spread(param_parts)
+    buffer_norm = spread(buffer_parts, len(layout.buffers))
+    update = spread(update_parts) if w.update_ratio else _NONE
+    moved = spread(st.moved_parts) if st.moved_parts else _NONE
+    if st.moved_parts and not finite:
         _overflowed(moved, lambda: params)  # a huge finite weight is not NaN/Inf
-    st.written = sorted(int(i) for idx, _ in st.moved_parts for i in idx if not np.isfinite(moved[i]))
+        st.written = sorted(int(i) for idx, _ in st.moved_parts for i in idx if not np.isfinite(moved[i]))
+    else:
+        st.written = []
+    n = Numbers(len(layout.modules), width, len(layout.buffers), checked=float(check), param_grad=param_grad,
+                param_norm=param_norm, buffer_norm=buffer_norm, module_update=np.full(len(layout.modules), np.nan))
+    n.has_grad = st.has_grad
     batch_bad = False
     if st.batch:
         batch_bad = not bool(np.isfinite(host[pos]).all())
@@ -193,7 +199,7 @@ def transfer_step(w: Watched, check: bool, logged: dict[str, Any]) -> tuple[Numb
         n.scale = float(w.scaler.get_scale())
     n.skipped = float(n.scale < st.last_scale)
     st.last_scale = n.scale
-    _fill(n, w, params, update, check)
+    _fill(n, w, params, update, check, finite)
     n.loss_logged = float("loss" in scalars)
     n.loss = scalars.pop("loss", math.nan)
     # a NaN/Inf that reached neither the loss nor a gradient (an additive mask of -inf, a masked padding
@@ -206,6 +212,7 @@ def transfer_step(w: Watched, check: bool, logged: dict[str, Any]) -> tuple[Numb
 
 
 Pairs = list[tuple[np.ndarray, torch.Tensor]]
+_NONE = np.zeros(0)  # a set of norms not taken this step (read by nothing)
 
 
 def _norm_parts(w: Watched, check: bool) -> tuple[Pairs, Pairs, Pairs, Pairs]:
@@ -213,8 +220,8 @@ def _norm_parts(w: Watched, check: bool) -> tuple[Pairs, Pairs, Pairs, Pairs]:
     st = w.state
     params = st.params
     param_parts = fused_norms(params, st.plans["params"]) if check else []
-    buffers = current(w.root, w.layout.buffers, "buffer") if check else []
-    buffer_parts = fused_norms(buffers, st.plans["buffers"]) if check else []
+    buffers = current(w.root, w.layout.buffers, "buffer") if check and w.layout.buffers else []
+    buffer_parts = fused_norms(buffers, st.plans["buffers"]) if buffers else []
     update_parts: Pairs = []
     if st.before is not None:
         live = [p.detach() for p in params if p is not None]
@@ -256,28 +263,41 @@ def _overflowed(norms: np.ndarray, tensors: Callable[[], list[torch.Tensor | Non
             norms[i] = float(torch.linalg.vector_norm(piece.double()))
 
 
-def _fill(n: Numbers, w: Watched, params: list[torch.Tensor | None], update: np.ndarray, check: bool) -> None:
+def _fill(n: Numbers, w: Watched, params: list[torch.Tensor | None], update: np.ndarray, check: bool,
+          finite: bool = False) -> None:
+    """The step's sums and per-module figures; ``finite``: every norm measured is a finite number, so
+    none overflowed (the float64 look at each Inf norm is skipped: there is none)."""
     layout = w.layout
-    _overflowed(n.param_grad, lambda: gradients(params))
-    if check:
-        _overflowed(n.param_norm, lambda: params)
-        _overflowed(n.buffer_norm, lambda: current(w.root, layout.buffers, "buffer"))
-    g = np.where(n.has_grad, n.param_grad, 0.0)
-    counts = np.zeros(len(params))
-    for i in np.flatnonzero(n.has_grad & ~np.isfinite(n.param_grad)):  # rare: a sync per bad tensor
-        grad = _grad(params[i])
-        if grad is not None:
-            counts[i] = float(torch.isnan(grad).sum() + torch.isinf(grad).sum())
-    n.nonfinite = float(counts.sum())
-    n.module_nonfinite = layout.per_module(counts, "sum")
-    n.module_grad = layout.per_module(g)
-    with np.errstate(all="ignore"):
-        n.grad_norm = float(np.sqrt(np.sum(g.astype(np.float64) ** 2)))
+    if not finite:
+        _overflowed(n.param_grad, lambda: gradients(params))
         if check:
-            n.module_param = layout.per_module(n.param_norm)
+            _overflowed(n.param_norm, lambda: params)
+            _overflowed(n.buffer_norm, lambda: current(w.root, layout.buffers, "buffer"))
+    g = np.where(n.has_grad, n.param_grad, 0.0)  # float64, as the norms are spread
+    bad = np.flatnonzero(n.has_grad & ~np.isfinite(n.param_grad))  # a NaN/Inf norm, or a gradient unmeasured
+    if len(bad):
+        counts = np.zeros(len(params))
+        for i in bad:  # rare: a sync per bad tensor
+            grad = _grad(params[i])
+            if grad is not None:
+                counts[i] = float(torch.isnan(grad).sum() + torch.isinf(grad).sum())
+        n.nonfinite = float(counts.sum())
+        n.module_nonfinite = layout.per_module(counts, "sum")
+    else:  # what the sums of no counts come to
+        n.nonfinite, n.module_nonfinite = 0.0, np.zeros(len(layout.modules))
+    with np.errstate(all="ignore"):
+        squares = g * g
+        # the same additions as per_module's (bincount, in the parameters' order) and np.sum's
+        n.module_grad = np.sqrt(np.bincount(layout.owner, weights=squares, minlength=len(layout.modules)))
+        n.grad_norm = float(np.sqrt(np.sum(squares)))
+        if check:
+            norms = n.param_norm  # per_module's sums, without its checks
+            n.module_param = np.sqrt(np.bincount(layout.owner, weights=norms * norms,
+                                                 minlength=len(layout.modules)))
             if w.update_ratio:
                 n.module_update = layout.per_module(np.nan_to_num(update, nan=0.0)) / n.module_param
-    first = next((p for p in params if p is not None), None)
+    first = params[0] if params and params[0] is not None else next(
+        (p for p in params if p is not None), None)
     device = first.device if first is not None else None
     n.device_allocated, n.device_peak, n.rss = memory(device, w.state.resident)
     n.step_time = time.perf_counter() - w.state.start

@@ -145,11 +145,13 @@ class Checks:
         """``found`` through every check of ``phase`` in order. A finding a row adds that is not one of
         its codes, or not at the registry's severity, raises: the table is wrong."""
         for row, check in self.by_phase[phase]:
-            before = {id(f) for f in _findings(found)} if found else set()
+            prior = _findings(found) if found else []
             found = check(at, found)
-            if not found:  # nothing found (most rows, most steps): nothing to check
+            now = _findings(found) if found else []
+            if not now:  # nothing found (most rows, most steps): nothing to check
                 continue
-            for f in _findings(found):
+            before = {id(f) for f in prior}
+            for f in now:
                 if id(f) not in before and (f.code not in row.codes or f.severity != CODES[f.code].severity):
                     raise InspectorError(
                         f"the watch's check {row.name!r} reported {f.code} ({f.severity}), which its row "

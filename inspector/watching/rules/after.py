@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from contextlib import ExitStack
 from itertools import repeat
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import torch
@@ -62,12 +62,15 @@ class ZeroGradientStep:
         n, held = at.n, at.held_mask
         if held is None or not len(held):
             return found
-        stepped = held & n.has_grad & (n.param_grad != 0)  # held, with a gradient not all zero
-        if len(stepped) == len(at.params) and any(at.params[i].requires_grad  # type: ignore[union-attr]
-                                                  for i in np.flatnonzero(stepped).tolist()):
-            return found  # a trainable parameter the optimizer holds had a gradient (most steps: the first)
+        stepped = held & ~n.no_grad  # held, with a gradient not all zero
+        if len(stepped) == len(at.params):
+            params = cast("list[torch.Tensor]", at.params)  # those with a gradient are there
+            first = int(stepped.argmax())  # the first such parameter (0 when there is none): most steps
+            if (stepped[first] and params[first].requires_grad) or any(
+                    params[i].requires_grad for i in np.flatnonzero(stepped).tolist()):
+                return found  # a trainable parameter the optimizer holds had a gradient
         trainable = held & np.array([p is not None and p.requires_grad for p in at.params], dtype=bool)
-        if not trainable.any() or (n.has_grad & (n.param_grad != 0))[trainable].any():
+        if not trainable.any() or (~n.no_grad)[trainable].any():
             return found
         names = [at.target.layout.parameters[i] for i in np.flatnonzero(trainable)]
         absent = int((~n.has_grad[trainable]).sum())
@@ -94,7 +97,7 @@ class GradientNorms:
 
     def __call__(self, at: At, found: list[Finding]) -> list[Finding]:
         n = at.n
-        out = self.detectors.gradients(n.param_grad, n.has_grad, n.module_grad)
+        out = self.detectors.gradients(n.param_grad, n.has_grad, n.module_grad, n.no_grad)
         if any(f.code == "zero-gradient-step" for f in found):  # the cause of the missing gradients
             out = [f for f in out if f.code != "dead-gradient"]
         return found + out
@@ -150,16 +153,20 @@ class LearningRateRose:
 
 class NonfiniteGradients:
     """``nonfinite-gradient``: some modules' gradients hold NaN/Inf and nothing found this step
-    explains it (a producer, a non-finite loss, a written weight)."""
+    explains it (a producer, a non-finite loss, a written weight). A step that counted no NaN/Inf
+    gradient element (``nonfinite`` 0, the sum of every module's count) is passed over at once."""
 
     def __call__(self, at: At, found: list[Finding]) -> list[Finding]:
+        if not at.n.nonfinite:
+            return found
         return found + nonfinite_gradients(at.n.module_nonfinite, at.target.layout.modules, found)
 
 
 class UsedNonfiniteWeights:
     """Folds a ``nonfinite-forward`` / ``nonfinite-backward`` at a module whose own parameters held
     NaN/Inf at the last check step: those weights, named when they went non-finite, are the cause
-    (every forward after a NaN step is NaN); the module is not a new producer."""
+    (every forward after a NaN step is NaN); the module is not a new producer. At a check step whose
+    parameter and buffer norms are all finite no module owns such a parameter, so none is looked up."""
 
     def __init__(self) -> None:
         self.bad: set[str] = set()  # the modules (as findings name them) that own non-finite parameters
@@ -169,14 +176,15 @@ class UsedNonfiniteWeights:
             found = [f for f in found if not (f.code in PRODUCED and f.where in self.bad)]
         if at.n.checked:
             names = at.target.layout.parameters
-            self.bad = {module_label(names[i].rpartition(".")[0])
-                        for i in np.flatnonzero(~np.isfinite(weighed(at)))}
+            self.bad = set() if at.n.weights_finite else {
+                module_label(names[i].rpartition(".")[0]) for i in np.flatnonzero(~np.isfinite(weighed(at)))}
         return found
 
 
 class NonfiniteWeights:
     """``nonfinite-parameter``: at a check step, a parameter's or buffer's values hold NaN/Inf after
-    the step (not when a write outside the optimizer was named before the step)."""
+    the step (not when a write outside the optimizer was named before the step). A check step whose
+    norms are all finite numbers (most) holds none: nothing is looked up."""
 
     @classmethod
     def build(cls, kit: Kit) -> NonfiniteWeights | None:
@@ -187,7 +195,7 @@ class NonfiniteWeights:
 
     def __call__(self, at: At, found: list[Finding]) -> list[Finding]:
         n = at.n
-        if not n.checked or at.st.written:
+        if not n.checked or at.st.written or n.weights_finite:
             return found
         return found + self.detectors.parameters(weighed(at), n.buffer_norm, at.target.layout.buffers)
 
@@ -219,7 +227,8 @@ class Updates:
     def __call__(self, at: At, found: list[Finding]) -> list[Finding]:
         n = at.n
         return found + self.progress.step(at.lrs, n.param_norm if n.checked else None, n.param_grad,
-                                          n.has_grad, bool(n.skipped), at.held_mask)
+                                          n.has_grad, bool(n.skipped), at.held_mask,
+                                          n.moving if n.checked else None)
 
 
 class IdleGroups:
@@ -294,9 +303,9 @@ class StillModules:
         last, self.last = self.last, np.array(norm, copy=True)
         if last is None or len(last) != len(norm):
             return found
-        moving = n.has_grad & np.isfinite(n.param_grad) & (n.param_grad > 0) & np.isfinite(norm)
+        moving = n.moving  # shared by the rows of the step: not written in place
         if at.held_mask is not None and len(at.held_mask) == len(moving):
-            moving &= at.held_mask
+            moving = moving & at.held_mask
         same = moving & (norm == last)
         if not same.any():
             self.still.clear()
@@ -378,5 +387,5 @@ class GradientsUsed:
 
     def __call__(self, at: At, found: list[Finding]) -> list[Finding]:
         n = at.n
-        self.clearing.stepped(at.st.params, n.has_grad & (n.param_grad == 0))
+        self.clearing.stepped(at.st.params, n.has_grad & n.no_grad)  # a gradient there, all zero
         return found

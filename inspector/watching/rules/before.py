@@ -100,7 +100,8 @@ class Membership:
     """``not-in-optimizer`` at each check step for a trainable parameter no param group holds; after
     step 0, two or more newly unheld at once are one ``parameters-replaced``
     (``load_state_dict(assign=True)``, ``.to()``, a module swapped in). A parameter left out from the
-    start is named once, never called replaced."""
+    start is named once, never called replaced. A step at which the optimizers hold every parameter (the
+    step's ``held_mask`` all true) has none to name and none newly unheld: nothing more is looked up."""
 
     @classmethod
     def build(cls, kit: Kit) -> Membership | None:
@@ -111,6 +112,9 @@ class Membership:
 
     def __call__(self, at: At, found: list[Finding]) -> list[Finding]:
         if not at.check or at.held is None:
+            return found
+        if at.held_mask is not None and len(at.held_mask) == len(at.params) and at.held_mask.all():
+            self.unheld = set()
             return found
         unheld = not_in_optimizer(at.target.layout.parameters, at.params, at.held)
         new = [f for f in unheld if f.where not in self.unheld]
