@@ -181,8 +181,9 @@ def transfer_step(w: Watched, check: bool, logged: dict[str, Any]) -> tuple[Numb
         st.written = sorted(int(i) for idx, _ in st.moved_parts for i in idx if not np.isfinite(moved[i]))
     else:
         st.written = []
-    n = Numbers(len(layout.modules), width, len(layout.buffers), checked=float(check), param_grad=param_grad,
-                param_norm=param_norm, buffer_norm=buffer_norm, module_update=np.full(len(layout.modules), np.nan))
+    modules = len(layout.modules)
+    n = Numbers(modules, width, len(layout.buffers), checked=float(check), param_grad=param_grad,
+                param_norm=param_norm, buffer_norm=buffer_norm, module_update=np.full(modules, np.nan))
     n.has_grad = st.has_grad
     batch_bad = False
     if st.batch:
