@@ -24,6 +24,7 @@ step scalars and framing.
 from __future__ import annotations
 
 import json
+import operator
 from dataclasses import asdict, dataclass, field, fields
 from functools import lru_cache
 from typing import Any
@@ -186,7 +187,10 @@ def _column(name: str, values: list[Any], typ: Any) -> Any:
     if name.startswith(("module_", "param_")):  # numeric lists: from numpy, no per-element Python
         value_type = typ.value_type.to_pandas_dtype()
         present = [v is not None for v in values]
-        arrays = [np.asarray(v, dtype=value_type).reshape(-1) for v in values if v is not None]
+        if all(type(v) is np.ndarray and v.dtype == value_type and v.ndim == 1 for v in values):
+            arrays = values  # the watch's rows: 1-d arrays of the column's type already (none is None)
+        else:
+            arrays = [np.asarray(v, dtype=value_type).reshape(-1) for v in values if v is not None]
         lengths = [len(a) for a in arrays]
         offsets = np.zeros(len(values) + 1, dtype=np.int32)
         it = iter(lengths)
@@ -217,5 +221,8 @@ def record_batch(records: list[StepRecord], kind: str = "watch") -> Any:
     import pyarrow as pa
 
     sch = file_schema(kind)
-    columns = [_column(f.name, [getattr(r, f.name) for r in records], f.type) for f in sch]
+    # every field of a record in one call, then the rows turned into columns (not one getattr a cell)
+    rows = list(map(operator.attrgetter(*sch.names), records))
+    values = list(zip(*rows, strict=True)) if rows else [() for _ in sch.names]
+    columns = [_column(f.name, list(v), f.type) for f, v in zip(sch, values, strict=True)]
     return pa.RecordBatch.from_arrays(columns, schema=sch)

@@ -118,7 +118,7 @@ class GradientClearing:
         ``zero``: a backward adding onto a zeroed gradient adds nothing old)."""
         grads = gradients(params)
         idx: Sequence[int]
-        if all(map(operator.is_not, grads, repeat(None))) and (zero is None or not np.any(zero)):
+        if all(map(operator.is_not, grads, repeat(None))) and (zero is None or not np.count_nonzero(zero)):
             idx, used = range(len(grads)), grads  # every gradient there and none all zero (most steps)
         else:
             keep = np.fromiter(map(operator.is_not, grads, repeat(None)), dtype=bool, count=len(grads))
@@ -280,16 +280,16 @@ class Progress:
             moving = has_grad & np.isfinite(param_grad) & (param_grad > 0) & np.isfinite(param_norm)
         if held is not None:
             moving = moving & held
-        if self.last is not None and moving.any() and self.zero_lr < self.window:
+        if self.last is not None and np.count_nonzero(moving) and self.zero_lr < self.window:
             same = moving & (param_norm == self.last)
-            self.still = self.still + 1 if same[moving].all() else 0
+            self.still = self.still + 1 if np.count_nonzero(same) == np.count_nonzero(moving) else 0
             if self.still == self.window:
                 out.append(coded("no-update", ROOT_LABEL,
                                    f"none of the {int(moving.sum())} parameters with a gradient changed in "
                                    f"{self.window} steps: optimizer.step() moves nothing (an lr of 0, an "
                                    "update below the weights' precision: bfloat16 weights with a small lr, "
                                    "or the weights restored after each step)"))
-        self.last = np.array(param_norm, copy=True)
+        self.last = param_norm.copy()
         return out
 
 

@@ -151,7 +151,8 @@ def fused_norms(tensors: list[torch.Tensor | None], plan: NormPlan | None = None
     """
     plain = (torch.Tensor, nn.Parameter)
     if plan is not None and set(map(type, tensors)) <= _PLAIN_OR_NONE:
-        return [(idx, norms.float()) for idx, norms in plan.norms(tensors, has_norm)]
+        return [(idx, norms if norms.dtype is _F32 else norms.float())
+                for idx, norms in plan.norms(tensors, has_norm)]
     pieces: list[torch.Tensor | None] = []
     for t in tensors:
         if t is None:
@@ -173,6 +174,7 @@ def fused_norms(tensors: list[torch.Tensor | None], plan: NormPlan | None = None
 
 
 _PLAIN_OR_NONE = {torch.Tensor, nn.Parameter, type(None)}
+_F32 = torch.float32
 
 
 def has_norm(t: torch.Tensor | None) -> bool:
@@ -190,6 +192,16 @@ def _replicated(t: torch.Tensor) -> torch.Tensor:
 
 def to_host(parts: list[torch.Tensor]) -> list[np.ndarray]:
     """``parts`` (1-d tensors) on the host, with one device-to-host copy per device."""
+    device = parts[0].device if parts else None
+    if parts and all(t.device == device and t.dtype is _F32 and t.dim() == 1 for t in parts):
+        # one device, 1-d float32 parts (a step's numbers as the watch makes them): no reshape or cast each
+        flat = torch.cat(parts).cpu().numpy()
+        pieces, start = [], 0
+        for t in parts:
+            end = start + t.shape[0]
+            pieces.append(flat[start:end])
+            start = end
+        return pieces
     by_device: dict[torch.device, list[int]] = {}
     for i, t in enumerate(parts):
         by_device.setdefault(t.device, []).append(i)

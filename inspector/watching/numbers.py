@@ -5,8 +5,8 @@ from __future__ import annotations
 import math
 import os
 import resource
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -36,6 +36,34 @@ _MODULE = ["module_grad", "module_param", "module_update", "module_nonfinite"]
 _PARAM = ["param_grad", "has_grad", "param_norm"]
 
 NO_PRODUCER, BATCH_PRODUCER = -1.0, -2.0
+
+
+def nans(width: int) -> np.ndarray:
+    """A new float64 array of ``width`` NaNs: a copy of one kept per width (a fifth of ``np.full``'s time,
+    which counts where a step makes a dozen)."""
+    kept = _NANS.get(width)
+    if kept is None:
+        kept = _NANS[width] = np.full(width, np.nan)
+    return kept.copy()
+
+
+_NANS: dict[int, np.ndarray] = {}
+
+
+class _once:
+    """``functools.cached_property`` without its lock (Python 3.11 takes one at every first read, which
+    cost more than the arrays worked out here): the value is stored on the instance, which is then read
+    instead of this descriptor."""
+
+    def __init__(self, fn: Callable[[Any], Any]) -> None:
+        self.fn, self.name = fn, fn.__name__
+        self.__doc__ = fn.__doc__
+
+    def __get__(self, obj: Any, cls: Any = None) -> Any:
+        if obj is None:
+            return self
+        value = obj.__dict__[self.name] = self.fn(obj)
+        return value
 
 
 @dataclass
@@ -74,27 +102,27 @@ class Numbers:
     def __post_init__(self) -> None:
         for name in _MODULE:
             if not len(getattr(self, name)):
-                setattr(self, name, np.full(self.modules, np.nan))
+                setattr(self, name, nans(self.modules))
         for name in _PARAM:
             if not len(getattr(self, name)):
-                setattr(self, name, np.full(self.parameters, np.nan))
+                setattr(self, name, nans(self.parameters))
         if not len(self.buffer_norm):
-            self.buffer_norm = np.full(self.buffers, np.nan)
+            self.buffer_norm = nans(self.buffers)
 
     # What several checks read of the step's numbers, worked out once per step on first use (the numbers
     # are complete by then: a check reads them after :func:`~.steps.transfer_step` returns them)
-    @cached_property
+    @_once
     def no_grad(self) -> np.ndarray:
         """Per parameter: no gradient, or an all-zero one (norm 0); a NaN/Inf norm is not zero."""
         return ~self.has_grad | (self.param_grad == 0)
 
-    @cached_property
+    @_once
     def moving(self) -> np.ndarray:
         """Per parameter: a finite non-zero gradient norm and a finite parameter norm (at a check step)."""
         grad = self.param_grad
         return self.has_grad & np.isfinite(grad) & (grad > 0) & np.isfinite(self.param_norm)
 
-    @cached_property
+    @_once
     def weights_finite(self) -> bool:
         """Every parameter and buffer norm is a finite number (none NaN, Inf or not taken)."""
         return bool(np.isfinite(self.param_norm).all() and np.isfinite(self.buffer_norm).all())

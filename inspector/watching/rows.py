@@ -20,6 +20,10 @@ def _int(value: float) -> int | None:
     return None if math.isnan(value) else int(value)
 
 
+def _all_nan(values: np.ndarray) -> bool:
+    return np.count_nonzero(values == values) == 0  # no value equal to itself: every one is NaN
+
+
 def step_record(step: int, rank: int, n: Numbers, scalars: dict[str, float], lrs: list[float],
             findings: list[Finding]) -> StepRecord:
     f32 = np.float32
@@ -30,8 +34,8 @@ def step_record(step: int, rank: int, n: Numbers, scalars: dict[str, float], lrs
         skipped=bool(n.skipped), device_allocated=_int(n.device_allocated), device_peak=_int(n.device_peak),
         rss=_int(n.rss), scalar_names=list(scalars), scalar_values=[float(v) for v in scalars.values()],
         module_grad_norm=n.module_grad.astype(f32),
-        module_param_norm=None if np.isnan(n.module_param).all() else n.module_param.astype(f32),
-        module_update_ratio=None if np.isnan(n.module_update).all() else n.module_update.astype(f32),
+        module_param_norm=None if _all_nan(n.module_param) else n.module_param.astype(f32),
+        module_update_ratio=None if _all_nan(n.module_update) else n.module_update.astype(f32),
         module_nonfinite=np.nan_to_num(n.module_nonfinite).astype(np.int32) if n.nonfinite else
         np.zeros(len(n.module_nonfinite), dtype=np.int32),  # no NaN/Inf element: each module's count is 0
         param_grad_norm=n.param_grad.astype(f32), findings=[f.to_dict() for f in findings])

@@ -19,7 +19,7 @@ from ..utils.labels import listed, module_label
 from ..utils.norms import NormPlan
 from .flags import _PLAIN, _piece
 from .layout import Layout, current, fused_norms, global_norms, gradients, shard_key, to_host
-from .numbers import BATCH_PRODUCER, NO_PRODUCER, Numbers, Resident, memory
+from .numbers import BATCH_PRODUCER, NO_PRODUCER, Numbers, Resident, memory, nans
 from .tracer import BATCH, NonfiniteTracer, Trace, floating
 
 
@@ -148,7 +148,10 @@ def transfer_step(w: Watched, check: bool, logged: dict[str, Any]) -> tuple[Numb
                                  + st.moved_parts]
     taken = len(parts)  # the norms; then the batch's range, the trace, the logged tensors and the scale
     if st.batch:
-        parts.append(torch.stack([b.float().to(st.batch[0].device) for b in st.batch]))
+        b = st.batch
+        device = b[0].device
+        parts.append(torch.stack(b if all(t.dtype is _F32 and t.device == device for t in b) else
+                                 [t.float().to(device) for t in b]))
     calls, meta, values = w.tracer.take() if w.tracer is not None else ([], [], [])
     if values:
         parts.append(torch.cat([v.reshape(-1) for v in values]))
@@ -163,7 +166,7 @@ def transfer_step(w: Watched, check: bool, logged: dict[str, Any]) -> tuple[Numb
 
     def spread(pairs: list[tuple[np.ndarray, torch.Tensor]], width: int = width) -> np.ndarray:
         nonlocal pos
-        out = np.full(width, np.nan)
+        out = nans(width)
         for idx, _ in pairs:
             out[idx] = host[pos]
             pos += 1
@@ -183,12 +186,11 @@ def transfer_step(w: Watched, check: bool, logged: dict[str, Any]) -> tuple[Numb
         st.written = []
     modules = len(layout.modules)
     n = Numbers(modules, width, len(layout.buffers), checked=float(check), param_grad=param_grad,
-                param_norm=param_norm, buffer_norm=buffer_norm, module_update=np.full(modules, np.nan))
+                param_norm=param_norm, buffer_norm=buffer_norm, module_grad=nans(modules),
+                module_param=nans(modules), module_update=nans(modules), module_nonfinite=nans(modules))
     n.has_grad = st.has_grad
-    batch_bad = False
-    if st.batch:
-        batch_bad = not bool(np.isfinite(host[pos]).all())
-        pos += 1
+    batch = host[pos] if st.batch else None
+    pos += 1 if st.batch else 0
     flags = host[pos] > 0 if values else np.zeros(0, dtype=bool)
     pos += 1 if values else 0
     scalars = {k: float(host[pos + i][0]) for i, k in enumerate(tensors)}
@@ -207,13 +209,14 @@ def transfer_step(w: Watched, check: bool, logged: dict[str, Any]) -> tuple[Numb
     # position) made nothing non-finite: no producer is named for it
     if n.nonfinite > 0 or (n.loss_logged and not math.isfinite(n.loss)):
         _producers(n, w.module_names, calls, meta, flags)
-        if batch_bad and n.forward == NO_PRODUCER:
+        if batch is not None and not np.isfinite(batch).all() and n.forward == NO_PRODUCER:
             n.forward = BATCH_PRODUCER
     return n, scalars
 
 
 Pairs = list[tuple[np.ndarray, torch.Tensor]]
 _NONE = np.zeros(0)  # a set of norms not taken this step (read by nothing)
+_F32 = torch.float32
 
 
 def _norm_parts(w: Watched, check: bool) -> tuple[Pairs, Pairs, Pairs, Pairs]:
@@ -275,7 +278,7 @@ def _fill(n: Numbers, w: Watched, params: list[torch.Tensor | None], update: np.
             _overflowed(n.param_norm, lambda: params)
             _overflowed(n.buffer_norm, lambda: current(w.root, layout.buffers, "buffer"))
     g = np.where(n.has_grad, n.param_grad, 0.0)  # float64, as the norms are spread
-    bad = np.flatnonzero(n.has_grad & ~np.isfinite(n.param_grad))  # a NaN/Inf norm, or a gradient unmeasured
+    bad = (n.has_grad & ~np.isfinite(n.param_grad)).nonzero()[0]  # a NaN/Inf norm, or a gradient unmeasured
     if len(bad):
         counts = np.zeros(len(params))
         for i in bad:  # rare: a sync per bad tensor
@@ -290,7 +293,7 @@ def _fill(n: Numbers, w: Watched, params: list[torch.Tensor | None], update: np.
         squares = g * g
         # the same additions as per_module's (bincount, in the parameters' order) and np.sum's
         n.module_grad = np.sqrt(np.bincount(layout.owner, weights=squares, minlength=len(layout.modules)))
-        n.grad_norm = float(np.sqrt(np.sum(squares)))
+        n.grad_norm = float(np.sqrt(np.add.reduce(squares)))  # np.sum's reduction, less its wrapper
         if check:
             norms = n.param_norm  # per_module's sums, without its checks
             n.module_param = np.sqrt(np.bincount(layout.owner, weights=norms * norms,

@@ -300,14 +300,14 @@ class StillModules:
         if not n.checked:
             return found
         norm = n.param_norm
-        last, self.last = self.last, np.array(norm, copy=True)
+        last, self.last = self.last, norm.copy()
         if last is None or len(last) != len(norm):
             return found
         moving = n.moving  # shared by the rows of the step: not written in place
         if at.held_mask is not None and len(at.held_mask) == len(moving):
             moving = moving & at.held_mask
         same = moving & (norm == last)
-        if not same.any():
+        if not np.count_nonzero(same):
             self.still.clear()
             return found
         layout, lr = at.target.layout, self._lrs(at)

@@ -7,6 +7,7 @@ from __future__ import annotations
 from contextlib import ExitStack
 from typing import TYPE_CHECKING
 
+import numpy as np
 import torch
 
 from ...aliases import compare_ties, snapshot_ties
@@ -113,7 +114,8 @@ class Membership:
     def __call__(self, at: At, found: list[Finding]) -> list[Finding]:
         if not at.check or at.held is None:
             return found
-        if at.held_mask is not None and len(at.held_mask) == len(at.params) and at.held_mask.all():
+        mask = at.held_mask
+        if mask is not None and len(mask) == len(at.params) and np.count_nonzero(mask) == len(mask):
             self.unheld = set()
             return found
         unheld = not_in_optimizer(at.target.layout.parameters, at.params, at.held)
