@@ -268,7 +268,7 @@ class Progress:
         ``not-in-optimizer`` / ``parameters-replaced`` and left out here); ``moving``, where the caller
         has it: the parameters with a finite non-zero gradient and a finite norm (worked out if not)."""
         out = []
-        self.zero_lr = self.zero_lr + 1 if lrs and all(lr == 0 for lr in lrs) else 0
+        self.zero_lr = self.zero_lr + 1 if lrs and not any(lrs) else 0  # every lr 0 (NaN is not)
         if self.zero_lr == self.window:
             out.append(coded("no-update", ROOT_LABEL,
                                f"every learning rate has been 0 for {self.window} steps: nothing trains. "

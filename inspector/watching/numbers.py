@@ -50,6 +50,13 @@ def nans(width: int) -> np.ndarray:
 _NANS: dict[int, np.ndarray] = {}
 
 
+def all_finite(values: np.ndarray) -> bool:
+    """Whether the sum of ``values`` is finite: then each of them is (a NaN or an Inf makes the sum NaN or
+    Inf); a sum that overflows says False for finite values, so a caller that takes False as "look at
+    each" is never wrong. One reduction, at a third of ``np.isfinite(values).all()``'s cost."""
+    return not len(values) or math.isfinite(np.add.reduce(values))
+
+
 class _once:
     """``functools.cached_property`` without its lock (Python 3.11 takes one at every first read, which
     cost more than the arrays worked out here): the value is stored on the instance, which is then read
@@ -124,8 +131,9 @@ class Numbers:
 
     @_once
     def weights_finite(self) -> bool:
-        """Every parameter and buffer norm is a finite number (none NaN, Inf or not taken)."""
-        return bool(np.isfinite(self.param_norm).all() and np.isfinite(self.buffer_norm).all())
+        """Every parameter and buffer norm is a finite number (none NaN, Inf or not taken); False also
+        where the sum of the norms overflows (the callers then look at each one)."""
+        return all_finite(self.param_norm) and all_finite(self.buffer_norm)
 
     def pack(self) -> torch.Tensor:
         """Everything as one float64 vector of a length fixed by the layout."""

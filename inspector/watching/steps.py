@@ -19,7 +19,7 @@ from ..utils.labels import listed, module_label
 from ..utils.norms import NormPlan
 from .flags import _PLAIN, _piece
 from .layout import Layout, current, fused_norms, global_norms, gradients, shard_key, to_host
-from .numbers import BATCH_PRODUCER, NO_PRODUCER, Numbers, Resident, memory, nans
+from .numbers import BATCH_PRODUCER, NO_PRODUCER, Numbers, Resident, all_finite, memory, nans
 from .tracer import BATCH, NonfiniteTracer, Trace, floating
 
 
@@ -174,7 +174,7 @@ def transfer_step(w: Watched, check: bool, logged: dict[str, Any]) -> tuple[Numb
 
     # every norm measured is a finite number (most steps): no overflow to tell from an Inf, no NaN/Inf
     # element to count, no parameter written outside the optimizer holding NaN/Inf
-    finite = not taken or bool(np.isfinite(np.concatenate(host[:taken])).all())
+    finite = all(map(all_finite, host[:taken]))
     param_grad, param_norm = spread(grad_parts), spread(param_parts)
     buffer_norm = spread(buffer_parts, len(layout.buffers))
     update = spread(update_parts) if w.update_ratio else _NONE

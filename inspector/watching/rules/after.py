@@ -233,7 +233,8 @@ class Updates:
 
 class IdleGroups:
     """``no-update``: a param group's learning rate has been 0 for two steps while another group's is
-    not, and the group's parameters have non-zero gradients: that part of the model never trains."""
+    not, and the group's parameters have non-zero gradients: that part of the model never trains. A step
+    with no lr at 0, after one with none, counts nothing: it is passed over at once."""
 
     window = 2
 
@@ -246,6 +247,8 @@ class IdleGroups:
 
     def __call__(self, at: At, found: list[Finding]) -> list[Finding]:
         lrs = at.lrs
+        if len(self.zero) == len(lrs) and 0 not in lrs and not any(self.zero):
+            return found  # no lr at 0, now or at the last step: nothing counts (most steps)
         if len(self.zero) != len(lrs):
             self.zero = [0] * len(lrs)
         self.zero = [z + 1 if lr == 0 else 0 for z, lr in zip(self.zero, lrs, strict=True)]
