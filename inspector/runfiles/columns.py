@@ -187,18 +187,33 @@ def _column(name: str, values: list[Any], typ: Any) -> Any:
     if name.startswith(("module_", "param_")):  # numeric lists: from numpy, no per-element Python
         value_type = typ.value_type.to_pandas_dtype()
         present = [v is not None for v in values]
-        if all(type(v) is np.ndarray and v.dtype == value_type and v.ndim == 1 for v in values):
-            arrays = values  # the watch's rows: 1-d arrays of the column's type already (none is None)
+        flat = _joined(values, value_type)
+        if flat is not None:  # the watch's rows: 1-d arrays of the column's type already, none None
+            lengths = list(map(len, values))
+            offsets = np.zeros(len(values) + 1, dtype=np.int32)
+            offsets[1:] = np.cumsum(lengths)
         else:
             arrays = [np.asarray(v, dtype=value_type).reshape(-1) for v in values if v is not None]
-        lengths = [len(a) for a in arrays]
-        offsets = np.zeros(len(values) + 1, dtype=np.int32)
-        it = iter(lengths)
-        offsets[1:] = np.cumsum([next(it) if p else 0 for p in present])
-        flat = np.concatenate(arrays) if arrays else np.zeros(0, dtype=value_type)
+            lengths = [len(a) for a in arrays]
+            offsets = np.zeros(len(values) + 1, dtype=np.int32)
+            it = iter(lengths)
+            offsets[1:] = np.cumsum([next(it) if p else 0 for p in present])
+            flat = np.concatenate(arrays) if arrays else np.zeros(0, dtype=value_type)
         mask = pa.array([not p for p in present])
         return pa.ListArray.from_arrays(pa.array(offsets), pa.array(flat, type=typ.value_type), mask=mask)
     return pa.array(values, type=typ)
+
+
+def _joined(values: list[Any], value_type: Any) -> np.ndarray | None:
+    """``values`` end to end when every one is a 1-d array of ``value_type`` (what each row's array comes to
+    then, without a conversion per row), else None."""
+    if not values or set(map(type, values)) != {np.ndarray}:
+        return None
+    try:
+        flat = np.concatenate(values)
+    except ValueError:  # 0-d arrays, or arrays of several dimensions
+        return None
+    return flat if flat.ndim == 1 and flat.dtype == value_type else None  # (joined: each was 1-d)
 
 
 @lru_cache(maxsize=2)
