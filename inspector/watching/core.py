@@ -322,7 +322,8 @@ class Watch(BeforeStep, OutsideSteps):
         numbers.shared = float(len(shipped))
         numbers.compute = r.clock.take(st.start)
         measured, self._measured = self._measured, []
-        numbers.stop = self.control.flag(any(f.severity == "error" for f in own + measured))
+        numbers.stop = self.control.flag(bool(own or measured) and any(
+            f.severity == "error" for f in own + measured))
         numbers_all = gather_numbers(numbers, t.layout, r.world, r.group)
         self.control.gathered([n.stop for n in numbers_all])
         found = merge_findings(shipped, numbers_all, r.world, r.group)

@@ -63,7 +63,9 @@ def current(model: nn.Module, names: tuple[str, ...], kind: str = "parameter") -
     True
     """
     root = underlying(model)
-    known = _OWNERS.setdefault(root, {})
+    known = _OWNERS.get(root)  # (setdefault would make a weak reference and a dict at every call)
+    if known is None:
+        known = _OWNERS[root] = {}
     owners = known.get((kind, names))
     if owners is None:
         _PATHS.pop(root, None)  # the paths are noted again below: refresh lists them afresh

@@ -32,10 +32,12 @@ def step_record(step: int, rank: int, n: Numbers, scalars: dict[str, float], lrs
         loss=float(n.loss) if n.loss_logged else None,
         grad_norm=_opt(n.grad_norm), nonfinite=int(n.nonfinite), lr=lrs, scale=_opt(n.scale),
         skipped=bool(n.skipped), device_allocated=_int(n.device_allocated), device_peak=_int(n.device_peak),
-        rss=_int(n.rss), scalar_names=list(scalars), scalar_values=[float(v) for v in scalars.values()],
+        rss=_int(n.rss), scalar_names=list(scalars),
+        scalar_values=[float(v) for v in scalars.values()] if scalars else [],
         module_grad_norm=n.module_grad.astype(f32),
         module_param_norm=None if _all_nan(n.module_param) else n.module_param.astype(f32),
         module_update_ratio=None if _all_nan(n.module_update) else n.module_update.astype(f32),
         module_nonfinite=np.nan_to_num(n.module_nonfinite).astype(np.int32) if n.nonfinite else
         np.zeros(len(n.module_nonfinite), dtype=np.int32),  # no NaN/Inf element: each module's count is 0
-        param_grad_norm=n.param_grad.astype(f32), findings=[f.to_dict() for f in findings])
+        param_grad_norm=n.param_grad.astype(f32),
+        findings=[f.to_dict() for f in findings] if findings else [])

@@ -98,7 +98,7 @@ class GradientNorms:
     def __call__(self, at: At, found: list[Finding]) -> list[Finding]:
         n = at.n
         out = self.detectors.gradients(n.param_grad, n.has_grad, n.module_grad, n.no_grad)
-        if any(f.code == "zero-gradient-step" for f in found):  # the cause of the missing gradients
+        if out and any(f.code == "zero-gradient-step" for f in found):  # the cause of the missing gradients
             out = [f for f in out if f.code != "dead-gradient"]
         return found + out
 
