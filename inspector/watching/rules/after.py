@@ -285,7 +285,9 @@ class StillModules:
     parameters elsewhere moved: that module never trains (an update below its weights' precision,
     bfloat16 weights with a small lr, or its weights put back after each step). A whole model that
     stands still is ``Updates``'s; a group at lr 0 is ``IdleGroups``'s. The copy is of that module's
-    parameters only, made when their norms first stay equal."""
+    parameters only, made when their norms first stay equal. Under one optimizer with every lr above 0,
+    the modules that stand are told from the parameters' owners alone (those with a parameter whose norm
+    stayed and none that moved), without each parameter's learning rate."""
 
     window = 3
 
@@ -295,6 +297,7 @@ class StillModules:
 
     def __init__(self) -> None:
         self.last: np.ndarray | None = None
+        self.owned: list[list[int]] | None = None
         # module -> [check steps in a row it stood still, its parameters' indices, their copies, others moved]
         self.still: dict[str, list[Any]] = {}
 
@@ -313,21 +316,36 @@ class StillModules:
         if not np.count_nonzero(same):
             self.still.clear()
             return found
-        layout, lr = at.target.layout, self._lrs(at)
-        params = at.params
-        # the parameters that count: moving, at an lr above 0; a module stands when all of its own stood
-        rates = np.fromiter(map(lr.get, map(id, params), repeat(0.0)), dtype=np.float64, count=len(params))
-        counted = np.flatnonzero(moving & (rates > 0))
-        owner = layout.owner[counted]
-        width = len(layout.modules)
-        stood = np.bincount(owner, weights=same[counted], minlength=width)
-        whole = np.bincount(owner, minlength=width)
-        kept_idx = counted[((whole > 0) & (stood == whole))[owner]]
-        standing: dict[str, list[int]] = {}  # in the order of each module's first counted parameter
-        for i, m in zip(kept_idx.tolist(), layout.owner[kept_idx].tolist(), strict=True):
-            standing.setdefault(layout.modules[m], []).append(i)
+        layout = at.target.layout
+        lr: dict[int, float] | None = None
+        standing: dict[str, list[int]]  # in the order of each module's first counted parameter
+        if self._simple(at, moving):  # the parameters that count are those moving
+            owner = layout.owner
+            stood = set(owner[same].tolist()) - set(owner[moving & ~same].tolist())
+            flags = moving.tolist()
+            standing = dict(sorted(
+                ((layout.modules[m], [i for i in self._owned(layout)[m] if flags[i]]) for m in stood),
+                key=lambda item: item[1][0]))
+        else:
+            lr = self._lrs(at)
+            params = at.params
+            # the parameters that count: moving, at an lr above 0; a module stands when all of its own stood
+            rates = np.fromiter(map(lr.get, map(id, params), repeat(0.0)), dtype=np.float64,
+                                count=len(params))
+            counted = np.flatnonzero(moving & (rates > 0))
+            owner = layout.owner[counted]
+            width = len(layout.modules)
+            tally = np.bincount(owner, weights=same[counted], minlength=width)
+            whole = np.bincount(owner, minlength=width)
+            kept_idx = counted[((whole > 0) & (tally == whole))[owner]]
+            standing = {}
+            for i, m in zip(kept_idx.tolist(), layout.owner[kept_idx].tolist(), strict=True):
+                standing.setdefault(layout.modules[m], []).append(i)
+        if not standing:
+            self.still.clear()
+            return found
         # parameters that moved: none of a standing module's (all of its own stood still), so elsewhere
-        elsewhere = bool((moving & ~same).any())
+        elsewhere = bool(np.count_nonzero(moving & ~same))
         out = []
         for module, idx in standing.items():
             kept = self.still.get(module)
@@ -340,10 +358,27 @@ class StillModules:
                 continue
             del self.still[module]
             if kept[3] and all(torch.equal(c, _held(at, i)) for c, i in zip(kept[2], idx, strict=True)):
-                out.append(self._finding(at, module, idx, lr))
+                out.append(self._finding(at, module, idx, lr if lr is not None else self._lrs(at)))
         for module in [m for m in self.still if m not in standing]:
             del self.still[module]
         return found + out
+
+    @staticmethod
+    def _simple(at: At, moving: np.ndarray) -> bool:
+        """One optimizer, holding every parameter counted here (``moving`` is masked by what it holds), and
+        every lr above 0: then the parameters that count are ``moving``, and no learning rate need be
+        looked up per parameter."""
+        held = at.held_mask
+        return (len(at.target.optimizers) == 1 and held is not None and len(held) == len(moving)
+                and all(lr > 0 for lr in at.lrs))
+
+    def _owned(self, layout: Any) -> list[list[int]]:
+        """Each module's parameter indices, in order (the layout does not change while the watch runs)."""
+        if self.owned is None:
+            self.owned = [[] for _ in layout.modules]
+            for i, m in enumerate(layout.owner.tolist()):
+                self.owned[m].append(i)
+        return self.owned
 
     def _finding(self, at: At, module: str, idx: list[int], lr: dict[int, float]) -> Finding:
         n, names = at.n, at.target.layout.parameters
