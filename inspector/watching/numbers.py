@@ -169,32 +169,44 @@ def memory(device: torch.device | None, rss: Resident | None = None) -> tuple[fl
 class Resident:
     """This process's resident set size in bytes, as :func:`~inspector.utils.process_memory.rss_and_peak`
     reads it (``/proc/self/statm``), with the file kept open: one ``pread`` a call (about 1 us against 9
-    us to open, read and close it, every step). Opened again in a forked child; :meth:`close` closes
-    it; NaN where there is no such file."""
+    us to open, read and close it, every step). Opened again in a forked child (told by a fork hook, not
+    by asking for the process id at every call); :meth:`close` closes it; NaN where there is no such
+    file."""
 
     def __init__(self) -> None:
         self._file: Any = None
-        self._pid = -1
+        self._fd = -1
+        self._opened = -1  # the fork generation it was opened in (-1: not yet)
 
     def __call__(self) -> float:
-        if self._pid != os.getpid():
+        if self._opened != _FORKS[0]:
             self.close()
-            self._pid = os.getpid()
+            self._opened = _FORKS[0]
             try:
                 self._file = open("/proc/self/statm", "rb", buffering=0)  # noqa: SIM115 - closed by close()
+                self._fd = self._file.fileno()
             except OSError:
                 self._file = None
         if self._file is None:
             return rss_and_peak()[0]
         try:
-            return float(int(os.pread(self._file.fileno(), 256, 0).split()[1]) * _PAGE)
+            return float(int(os.pread(self._fd, 256, 0).split()[1]) * _PAGE)
         except (OSError, ValueError, IndexError):
             return math.nan
 
     def close(self) -> None:
-        if self._file is not None and self._pid == os.getpid():
+        if self._file is not None and self._opened == _FORKS[0]:  # (a parent's file is the parent's)
             self._file.close()
-        self._file, self._pid = None, -1
+        self._file, self._fd, self._opened = None, -1, -1
 
 
 _PAGE = resource.getpagesize()
+_FORKS = [0]  # in a forked child, one more than in its parent: a Resident opened before the fork opens again
+
+
+def _forked() -> None:
+    _FORKS[0] += 1
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forked)

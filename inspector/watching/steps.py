@@ -6,6 +6,7 @@ import math
 import operator
 import time
 from collections.abc import Callable
+from contextlib import nullcontext
 from itertools import repeat
 from typing import Any, Protocol
 
@@ -166,6 +167,9 @@ def transfer_step(w: Watched, check: bool, logged: dict[str, Any]) -> tuple[Numb
 
     def spread(pairs: list[tuple[np.ndarray, torch.Tensor]], width: int = width) -> np.ndarray:
         nonlocal pos
+        if len(pairs) == 1 and _in_order(pairs[0][0], width):  # one group of every tensor, in order
+            pos += 1
+            return host[pos - 1].astype(np.float64)
         out = nans(width)
         for idx, _ in pairs:
             out[idx] = host[pos]
@@ -215,7 +219,24 @@ def transfer_step(w: Watched, check: bool, logged: dict[str, Any]) -> tuple[Numb
 
 
 Pairs = list[tuple[np.ndarray, torch.Tensor]]
+
+
+def _in_order(idx: np.ndarray, width: int) -> bool:
+    """Whether ``idx`` is ``0, 1, ..., width - 1``: worked out once per array (a norm plan keeps its
+    positions from step to step), the array kept with the answer so its id is not reused."""
+    if len(idx) != width:
+        return False
+    seen = _ORDERED.get(id(idx))
+    if seen is None or seen[0] is not idx:
+        if len(_ORDERED) > 64:
+            _ORDERED.clear()
+        seen = _ORDERED[id(idx)] = (idx, bool(np.array_equal(idx, np.arange(width))))
+    return seen[1]
+
+
+_ORDERED: dict[int, tuple[np.ndarray, bool]] = {}
 _NONE = np.zeros(0)  # a set of norms not taken this step (read by nothing)
+_QUIET = nullcontext()
 _F32 = torch.float32
 
 
@@ -289,7 +310,9 @@ def _fill(n: Numbers, w: Watched, params: list[torch.Tensor | None], update: np.
         n.module_nonfinite = layout.per_module(counts, "sum")
     else:  # what the sums of no counts come to
         n.nonfinite, n.module_nonfinite = 0.0, np.zeros(len(layout.modules))
-    with np.errstate(all="ignore"):
+    # every norm a finite float32 (most steps): no square, sum or root below can overflow or be invalid, and
+    # only the update ratios divide, so numpy's error state need not be set (a context of its own each step)
+    with np.errstate(all="ignore") if not finite or w.update_ratio else _QUIET:
         squares = g * g
         # the same additions as per_module's (bincount, in the parameters' order) and np.sum's
         n.module_grad = np.sqrt(np.bincount(layout.owner, weights=squares, minlength=len(layout.modules)))
