@@ -96,6 +96,7 @@ class Detectors:
         # written over; the median does not care about the order), ``seen`` rows filled, the next at ``at``
         self.past = np.full((history, len(layout.modules)), np.nan)
         self.seen = self.at = 0
+        self.low = np.full(len(layout.modules), np.nan)  # each module's lowest in the window (NaN: none)
         self.losses: deque[float] = deque(maxlen=history)  # log losses
         self.surge: tuple[Finding, str, float] | None = None  # this step's whole-model finding, whose, factor
         self.settling = 0  # steps left not judged after a whole-model spike
@@ -178,16 +179,21 @@ class Detectors:
             past = self.past[:self.seen]
             # over a module's median by explode_factor needs over its lowest value by as much (the median is
             # not below the lowest): where no module is, the medians need not be worked out (most steps)
-            over_low = now - np.fmin.reduce(past, axis=0) > math.log(self.explode_factor)
+            over_low = now - self.low > math.log(self.explode_factor)
             if np.count_nonzero(over_low):
                 last = past[(self.at - 1 - np.arange(min(SUDDEN, self.seen))) % len(self.past)]
                 # the largest of the last steps' (NaN where a module had no gradient)
                 recent = np.nanmax(np.where(np.isfinite(last), last, -np.inf), axis=0)
                 self.jump = now - recent
                 out = self._exploding(now, *_excess(past, now, self.explode_factor))
+        # the window's lowest values, kept as rows come and go: worked out again over the window only when the
+        # row written over held one of them (fmin.reduce over the window is what they always equal)
+        full = self.seen == len(self.past)
+        lowest_leaves = full and bool(np.count_nonzero(self.past[self.at] == self.low))
         self.past[self.at] = now
         self.at = (self.at + 1) % len(self.past)
         self.seen = min(self.seen + 1, len(self.past))
+        self.low = np.fmin.reduce(self.past, axis=0) if lowest_leaves else np.fmin(self.low, now)
         return out
 
     def _dead(self, which: np.ndarray, cut: bool, gap: int = 0) -> list[Finding]:
