@@ -144,6 +144,8 @@ class GradientClearing:
         """``gradient-not-cleared`` for the optimizer's parameters (``held()``: their ids) whose step now
         uses a gradient added onto the last step's; one the optimizer does not hold is named by
         ``not-in-optimizer`` instead."""
+        if not self.dirty:  # no backward added onto a used gradient (most steps)
+            return []
         kept = sorted(i for i, (ref, _) in self.dirty.items()
                       if i < len(params) and (p := params[i]) is not None and p.grad is not None
                       and ref() is p.grad)

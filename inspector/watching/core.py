@@ -268,7 +268,8 @@ class Watch(BeforeStep, OutsideSteps):
     def _forwarded(self, module: nn.Module, args: Any, kwargs: Any, output: Any) -> None:
         if module.training and torch.is_grad_enabled():  # a training forward: its batch as the model took it
             self._forward_open = True
-            self.ranks.forwarded(output)
+            if self.ranks.meeting is not None:
+                self.ranks.forwarded(output)
             if self.tracer is None:  # the tracer sees the batch itself
                 self.state.see_batch(args, kwargs)
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import time
 
 import numpy as np
@@ -12,14 +11,6 @@ from ..utils.findings import Finding
 from .numbers import Numbers
 
 
-def _opt(value: float) -> float | None:
-    return None if math.isnan(value) else float(value)
-
-
-def _int(value: float) -> int | None:
-    return None if math.isnan(value) else int(value)
-
-
 def _all_nan(values: np.ndarray) -> bool:
     return np.count_nonzero(values == values) == 0  # no value equal to itself: every one is NaN
 
@@ -27,12 +18,18 @@ def _all_nan(values: np.ndarray) -> bool:
 def step_record(step: int, rank: int, n: Numbers, scalars: dict[str, float], lrs: list[float],
             findings: list[Finding]) -> StepRecord:
     f32 = np.float32
+    # NaN (``v != v``) where a number was not taken: None in the row
+    step_time, grad_norm, scale = n.step_time, n.grad_norm, n.scale
+    allocated, peak, rss = n.device_allocated, n.device_peak, n.rss
     return StepRecord(
-        step=step, rank=rank, time=time.time(), step_time=_opt(n.step_time),
+        step=step, rank=rank, time=time.time(),
+        step_time=None if step_time != step_time else float(step_time),
         loss=float(n.loss) if n.loss_logged else None,
-        grad_norm=_opt(n.grad_norm), nonfinite=int(n.nonfinite), lr=lrs, scale=_opt(n.scale),
-        skipped=bool(n.skipped), device_allocated=_int(n.device_allocated), device_peak=_int(n.device_peak),
-        rss=_int(n.rss), scalar_names=list(scalars),
+        grad_norm=None if grad_norm != grad_norm else float(grad_norm), nonfinite=int(n.nonfinite), lr=lrs,
+        scale=None if scale != scale else float(scale), skipped=bool(n.skipped),
+        device_allocated=None if allocated != allocated else int(allocated),
+        device_peak=None if peak != peak else int(peak), rss=None if rss != rss else int(rss),
+        scalar_names=list(scalars),
         scalar_values=[float(v) for v in scalars.values()] if scalars else [],
         module_grad_norm=n.module_grad.astype(f32),
         module_param_norm=None if _all_nan(n.module_param) else n.module_param.astype(f32),

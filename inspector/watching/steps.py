@@ -21,7 +21,7 @@ from ..utils.norms import NormPlan
 from .flags import _PLAIN, _piece
 from .layout import Layout, current, fused_norms, global_norms, gradients, shard_key, to_host
 from .numbers import BATCH_PRODUCER, NO_PRODUCER, Numbers, Resident, all_finite, memory, nans
-from .tracer import BATCH, NonfiniteTracer, Trace, floating
+from .tracer import BATCH, CHECKED, NonfiniteTracer, Trace, floating
 
 
 class Watched(Protocol):
@@ -96,7 +96,12 @@ class StepState:
     def see_batch(self, args: Any, kwargs: Any) -> None:
         """When a training forward ends: the range of each floating tensor the model was given, as its
         forward took it (NaN or Inf there is the batch's, not the model's)."""
-        for t in floating((args, kwargs)):
+        first = args[0] if len(args) == 1 and not kwargs else None
+        if type(first) is torch.Tensor:  # one plain tensor (most models): no walk over the arguments
+            tensors = [first] if first.dtype in CHECKED and first.numel() else []
+        else:
+            tensors = floating((args, kwargs))
+        for t in tensors:
             low, high = torch.aminmax(_piece(t))
             self.batch += [low, high]
 

@@ -318,10 +318,12 @@ class StillModules:
             return found
         layout = at.target.layout
         lr: dict[int, float] | None = None
+        moved: np.ndarray | None = None
         standing: dict[str, list[int]]  # in the order of each module's first counted parameter
         if self._simple(at, moving):  # the parameters that count are those moving
             owner = layout.owner
-            stood = set(owner[same].tolist()) - set(owner[moving & ~same].tolist())
+            moved = moving & ~same
+            stood = set(owner[same].tolist()) - set(owner[moved].tolist())
             flags = moving.tolist()
             standing = dict(sorted(
                 ((layout.modules[m], [i for i in self._owned(layout)[m] if flags[i]]) for m in stood),
@@ -345,7 +347,7 @@ class StillModules:
             self.still.clear()
             return found
         # parameters that moved: none of a standing module's (all of its own stood still), so elsewhere
-        elsewhere = bool(np.count_nonzero(moving & ~same))
+        elsewhere = bool(np.count_nonzero(moved if moved is not None else moving & ~same))
         out = []
         for module, idx in standing.items():
             kept = self.still.get(module)
