@@ -13,7 +13,7 @@ from ..utils.codes import coded
 from ..utils.findings import Finding
 from ..utils.labels import LOSS_LABEL, ROOT_LABEL, listed, module_label
 from .layout import Layout
-from .numbers import nans
+from .numbers import all_finite, nans
 
 # Measured on 160 healthy runs of 200 steps (an MLP and a CNN with BatchNorm; SGD 0.1 and 0.3, Adam 1e-3
 # and 1e-2; ten seeds; batches of 16 and 32): see docs/training.md, "How spikes are judged".
@@ -25,6 +25,8 @@ SETTLE = 5  # steps after a spike of the whole model not judged: a large step's 
 def _log(values: np.ndarray | float) -> np.ndarray:
     """Natural log of the finite positive ``values``, NaN elsewhere."""
     v = np.asarray(values, dtype=np.float64)
+    if v.ndim == 1 and len(v) and all_finite(v) and np.minimum.reduce(v) > 0:  # every value finite, over 0
+        return np.log(v)
     out = nans(len(v)) if v.ndim == 1 else np.full(v.shape, np.nan)
     return np.log(v, out=out, where=np.isfinite(v) & (v > 0))
 

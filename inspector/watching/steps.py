@@ -195,8 +195,8 @@ def transfer_step(w: Watched, check: bool, logged: dict[str, Any]) -> tuple[Numb
         st.written = []
     modules = len(layout.modules)
     n = Numbers(modules, width, len(layout.buffers), checked=float(check), param_grad=param_grad,
-                param_norm=param_norm, buffer_norm=buffer_norm, module_grad=nans(modules),
-                module_param=nans(modules), module_update=nans(modules), module_nonfinite=nans(modules))
+                param_norm=param_norm, buffer_norm=buffer_norm, module_grad=_PLACEHOLDER,
+                module_param=nans(modules), module_update=nans(modules), module_nonfinite=_PLACEHOLDER)
     n.has_grad = st.has_grad
     batch = host[pos] if st.batch else None
     pos += 1 if st.batch else 0
@@ -211,7 +211,9 @@ def transfer_step(w: Watched, check: bool, logged: dict[str, Any]) -> tuple[Numb
         n.scale = float(w.scaler.get_scale())
     n.skipped = float(n.scale < st.last_scale)
     st.last_scale = n.scale
-    _fill(n, w, params, update, check, finite)
+    # every parameter's gradient measured, each a finite number (most steps): none to count NaN/Inf in
+    whole = finite and not w.sharded and sum(len(idx) for idx, _ in grad_parts) == width
+    _fill(n, w, params, update, check, finite, whole)
     n.loss_logged = float("loss" in scalars)
     n.loss = scalars.pop("loss", math.nan)
     # a NaN/Inf that reached neither the loss nor a gradient (an additive mask of -inf, a masked padding
@@ -242,6 +244,8 @@ def _in_order(idx: np.ndarray, width: int) -> bool:
 _ORDERED: dict[int, tuple[np.ndarray, bool]] = {}
 _NONE = np.zeros(0)  # a set of norms not taken this step (read by nothing)
 _QUIET = nullcontext()
+_NO_INDEX = np.zeros(0, dtype=np.int64)
+_PLACEHOLDER = np.zeros(1)  # a module array _fill always replaces
 _F32 = torch.float32
 
 
@@ -294,17 +298,21 @@ def _overflowed(norms: np.ndarray, tensors: Callable[[], list[torch.Tensor | Non
 
 
 def _fill(n: Numbers, w: Watched, params: list[torch.Tensor | None], update: np.ndarray, check: bool,
-          finite: bool = False) -> None:
+          finite: bool = False, whole: bool = False) -> None:
     """The step's sums and per-module figures; ``finite``: every norm measured is a finite number, so
-    none overflowed (the float64 look at each Inf norm is skipped: there is none)."""
+    none overflowed (the float64 look at each Inf norm is skipped: there is none); ``whole``: also every
+    parameter has a gradient, its norm measured (no gradient to leave out, no NaN/Inf to count)."""
     layout = w.layout
     if not finite:
         _overflowed(n.param_grad, lambda: gradients(params))
         if check:
             _overflowed(n.param_norm, lambda: params)
             _overflowed(n.buffer_norm, lambda: current(w.root, layout.buffers, "buffer"))
-    g = np.where(n.has_grad, n.param_grad, 0.0)  # float64, as the norms are spread
-    bad = (n.has_grad & ~np.isfinite(n.param_grad)).nonzero()[0]  # a NaN/Inf norm, or a gradient unmeasured
+    if whole:  # what the two lines below come to then
+        g, bad = n.param_grad, _NO_INDEX
+    else:
+        g = np.where(n.has_grad, n.param_grad, 0.0)  # float64, as the norms are spread
+        bad = (n.has_grad & ~np.isfinite(n.param_grad)).nonzero()[0]  # NaN/Inf, or a gradient unmeasured
     if len(bad):
         counts = np.zeros(len(params))
         for i in bad:  # rare: a sync per bad tensor
