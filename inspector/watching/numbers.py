@@ -118,15 +118,21 @@ class Numbers:
 
     # What several checks read of the step's numbers, worked out once per step on first use (the numbers
     # are complete by then: a check reads them after :func:`~.steps.transfer_step` returns them)
+    whole = False  # set by the step that measured them: every parameter has a gradient whose norm is finite
+
     @_once
     def no_grad(self) -> np.ndarray:
         """Per parameter: no gradient, or an all-zero one (norm 0); a NaN/Inf norm is not zero."""
+        if self.whole:  # (what the line below comes to then)
+            return self.param_grad == 0
         return ~self.has_grad | (self.param_grad == 0)
 
     @_once
     def moving(self) -> np.ndarray:
         """Per parameter: a finite non-zero gradient norm and a finite parameter norm (at a check step)."""
         grad = self.param_grad
+        if self.whole:  # (what the line below comes to then)
+            return (grad > 0) & np.isfinite(self.param_norm)
         return self.has_grad & np.isfinite(grad) & (grad > 0) & np.isfinite(self.param_norm)
 
     @_once

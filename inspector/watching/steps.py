@@ -212,7 +212,7 @@ def transfer_step(w: Watched, check: bool, logged: dict[str, Any]) -> tuple[Numb
     n.skipped = float(n.scale < st.last_scale)
     st.last_scale = n.scale
     # every parameter's gradient measured, each a finite number (most steps): none to count NaN/Inf in
-    whole = finite and not w.sharded and sum(len(idx) for idx, _ in grad_parts) == width
+    n.whole = whole = finite and not w.sharded and sum(len(idx) for idx, _ in grad_parts) == width
     _fill(n, w, params, update, check, finite, whole)
     n.loss_logged = float("loss" in scalars)
     n.loss = scalars.pop("loss", math.nan)

@@ -427,5 +427,5 @@ class GradientsUsed:
 
     def __call__(self, at: At, found: list[Finding]) -> list[Finding]:
         n = at.n
-        self.clearing.stepped(at.st.params, n.has_grad & n.no_grad)  # a gradient there, all zero
+        self.clearing.stepped(at.st.params, n.no_grad if n.whole else n.has_grad & n.no_grad)  # there, zero
         return found
