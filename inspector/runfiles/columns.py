@@ -205,15 +205,17 @@ def _column(name: str, values: list[Any], typ: Any) -> Any:
 
 
 def _joined(values: list[Any], value_type: Any) -> np.ndarray | None:
-    """``values`` end to end when every one is a 1-d array of ``value_type`` (what each row's array comes to
-    then, without a conversion per row), else None."""
+    """``values`` end to end, as ``value_type``, when every one is a 1-d array of that kind of number (float
+    or integer): what each row's array converted on its own comes to, with one conversion; else None."""
     if not values or set(map(type, values)) != {np.ndarray}:
         return None
     try:
         flat = np.concatenate(values)
     except ValueError:  # 0-d arrays, or arrays of several dimensions
         return None
-    return flat if flat.ndim == 1 and flat.dtype == value_type else None  # (joined: each was 1-d)
+    if flat.ndim != 1 or flat.dtype.kind != np.dtype(value_type).kind:  # (joined: each was 1-d)
+        return None
+    return flat if flat.dtype == value_type else flat.astype(value_type)
 
 
 @lru_cache(maxsize=2)

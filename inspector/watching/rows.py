@@ -17,7 +17,6 @@ def _all_nan(values: np.ndarray) -> bool:
 
 def step_record(step: int, rank: int, n: Numbers, scalars: dict[str, float], lrs: list[float],
             findings: list[Finding]) -> StepRecord:
-    f32 = np.float32
     # NaN (``v != v``) where a number was not taken: None in the row
     step_time, grad_norm, scale = n.step_time, n.grad_norm, n.scale
     allocated, peak, rss = n.device_allocated, n.device_peak, n.rss
@@ -31,10 +30,11 @@ def step_record(step: int, rank: int, n: Numbers, scalars: dict[str, float], lrs
         device_peak=None if peak != peak else int(peak), rss=None if rss != rss else int(rss),
         scalar_names=list(scalars),
         scalar_values=[float(v) for v in scalars.values()] if scalars else [],
-        module_grad_norm=n.module_grad.astype(f32),
-        module_param_norm=None if _all_nan(n.module_param) else n.module_param.astype(f32),
-        module_update_ratio=None if _all_nan(n.module_update) else n.module_update.astype(f32),
+        # (the float64 arrays as they are: the run file's writer makes each column float32 at once)
+        module_grad_norm=n.module_grad,
+        module_param_norm=None if _all_nan(n.module_param) else n.module_param,
+        module_update_ratio=None if _all_nan(n.module_update) else n.module_update,
         module_nonfinite=np.nan_to_num(n.module_nonfinite).astype(np.int32) if n.nonfinite else
         np.zeros(len(n.module_nonfinite), dtype=np.int32),  # no NaN/Inf element: each module's count is 0
-        param_grad_norm=n.param_grad.astype(f32),
+        param_grad_norm=n.param_grad,
         findings=[f.to_dict() for f in findings] if findings else [])
