@@ -20,6 +20,7 @@ from ..checks import (
 )
 from ..detect import Detectors
 from ..layout import fused_norms, has_norm, to_host
+from ..numbers import NO_PRODUCER
 from ..steps import nonfinite_findings, written_findings
 
 if TYPE_CHECKING:
@@ -36,15 +37,21 @@ class WrittenWeights:
     version or storage moved) holds NaN/Inf when this step's forward used it."""
 
     def __call__(self, at: At, found: list[Finding]) -> list[Finding]:
+        if not at.st.written:  # no such parameter (most steps)
+            return found
         return found + written_findings(at.st, at.target.layout.parameters)
 
 
 class Producers:
     """``nonfinite-forward`` / ``nonfinite-backward``: the step's trace (``nonfinite=True``) names the
     first module (or the batch) whose output turned NaN/Inf from finite inputs, and the module whose
-    backward turned a finite output gradient into a non-finite input gradient."""
+    backward turned a finite output gradient into a non-finite input gradient. A step whose trace names
+    neither (no producer: most steps, and every step without the trace) is passed over at once."""
 
     def __call__(self, at: At, found: list[Finding]) -> list[Finding]:
+        n = at.n
+        if n.forward == NO_PRODUCER and n.backward == NO_PRODUCER:
+            return found
         return found + nonfinite_findings(at.n, list(at.target.module_names), at.ranks.rank,
                                           at.ranks.world)
 
@@ -298,6 +305,8 @@ class StillModules:
     def __init__(self) -> None:
         self.last: np.ndarray | None = None
         self.owned: list[list[int]] | None = None
+        self.masks = b""  # the last step's masks (same, moved), and the modules they made stand (read only)
+        self.standing: dict[str, list[int]] = {}
         # module -> [check steps in a row it stood still, its parameters' indices, their copies, others moved]
         self.still: dict[str, list[Any]] = {}
 
@@ -321,13 +330,16 @@ class StillModules:
         moved: np.ndarray | None = None
         standing: dict[str, list[int]]  # in the order of each module's first counted parameter
         if self._simple(at, moving):  # the parameters that count are those moving
-            owner = layout.owner
             moved = moving & ~same
-            stood = set(owner[same].tolist()) - set(owner[moved].tolist())
-            flags = moving.tolist()
-            standing = dict(sorted(
-                ((layout.modules[m], [i for i in self._owned(layout)[m] if flags[i]]) for m in stood),
-                key=lambda item: item[1][0]))
+            key = same.tobytes() + moved.tobytes()  # the same masks as at the last step: the same modules
+            if key != self.masks:
+                owner = layout.owner
+                stood = set(owner[same].tolist()) - set(owner[moved].tolist())
+                flags = moving.tolist()
+                self.masks, self.standing = key, dict(sorted(
+                    ((layout.modules[m], [i for i in self._owned(layout)[m] if flags[i]]) for m in stood),
+                    key=lambda item: item[1][0]))
+            standing = self.standing
         else:
             lr = self._lrs(at)
             params = at.params

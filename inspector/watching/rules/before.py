@@ -64,6 +64,8 @@ class EvalMode:
         self.modes = modes
 
     def __call__(self, at: At, found: list[Finding]) -> list[Finding]:
+        if not self.modes.modules:  # no module whose mode matters (most models without BatchNorm or Dropout)
+            return found
         return found + self.modes.findings()
 
 
@@ -168,6 +170,8 @@ class OptimizerStepped:
         stack.callback(self.steps.remove)
 
     def __call__(self, at: At, found: list[Finding]) -> list[Finding]:
+        if len(self.steps.optimizers) < 2:  # one optimizer: no other one to miss its steps
+            return found
         return found + self.steps.findings(at.step)
 
 
