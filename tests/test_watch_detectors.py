@@ -687,3 +687,16 @@ def test_a_jump_in_a_module_under_1_percent_of_many_others_is_left_alone():
         _grads(d, [1.0] * 100 + [0.005])
     assert _grads(d, [1.0] * 100 + [0.05]) == []
     assert _where(_grads(d, [1.0] * 100 + [0.5])) == [("exploding-gradient", "m100")]
+
+
+def test_the_lowest_values_kept_are_those_of_the_window():
+    # a window of 5 steps: each module's lowest log norm, kept as rows come and go, is the window's own
+    # at every step (the row written over often held it; a NaN is a module without a gradient that step)
+    layout = Layout(("a.weight", "b.weight"), ("a", "b"), np.array([0, 1]), ())
+    d = Detectors(layout, history=5)
+    rng = np.random.default_rng(0)
+    for _ in range(60):
+        norms = rng.uniform(0.5, 2.0, 2)
+        norms[rng.random(2) < 0.2] = np.nan
+        d.gradients(norms, np.isfinite(norms), norms)
+        assert np.array_equal(d.low, np.fmin.reduce(d.past[:d.seen], axis=0), equal_nan=True)

@@ -15,6 +15,7 @@ from inspector.watching import (
     StepRecord,
     parse_run_bytes,
     read_run,
+    record_batch,
     schema,
     synthetic_run,
 )
@@ -325,3 +326,17 @@ def test_check_steps_findings_keep_their_rank_and_a_file_from_before_still_reads
     assert [(f.step, f.rank, f.code) for f in read_run(old).findings] == [(0, None, "nonfinite-parameter")]
     with pytest.raises(InspectorError, match="old.inspect exists and is not a check_step run file of this"):
         check_step(model, 1, old)
+
+
+def test_float64_norms_are_written_as_their_float32_values():
+    # the watch hands the writer its float64 norms; the batch casts each column to float32 once: the same
+    # bytes as rows of float32 arrays (values that float32 rounds: 0.1, 1/3, 1e-8 + 1)
+    values = np.array([0.1, 1 / 3, 1e-8 + 1], dtype=np.float64)
+    wide = [StepRecord(step=s, rank=0, time=1.0, lr=[0.1], module_grad_norm=values * (s + 1),
+                       module_param_norm=values, module_nonfinite=np.zeros(3, np.int32),
+                       param_grad_norm=values + s) for s in range(4)]
+    narrow = [dataclasses.replace(r, module_grad_norm=r.module_grad_norm.astype(np.float32),
+                                  module_param_norm=r.module_param_norm.astype(np.float32),
+                                  param_grad_norm=r.param_grad_norm.astype(np.float32)) for r in wide]
+    assert record_batch(wide).serialize().to_pybytes() == record_batch(narrow).serialize().to_pybytes()
+    assert record_batch(wide).column("param_grad_norm").type.value_type == "float"

@@ -24,6 +24,7 @@ step scalars and framing.
 from __future__ import annotations
 
 import json
+import operator
 from dataclasses import asdict, dataclass, field, fields
 from functools import lru_cache
 from typing import Any
@@ -186,15 +187,35 @@ def _column(name: str, values: list[Any], typ: Any) -> Any:
     if name.startswith(("module_", "param_")):  # numeric lists: from numpy, no per-element Python
         value_type = typ.value_type.to_pandas_dtype()
         present = [v is not None for v in values]
-        arrays = [np.asarray(v, dtype=value_type).reshape(-1) for v in values if v is not None]
-        lengths = [len(a) for a in arrays]
-        offsets = np.zeros(len(values) + 1, dtype=np.int32)
-        it = iter(lengths)
-        offsets[1:] = np.cumsum([next(it) if p else 0 for p in present])
-        flat = np.concatenate(arrays) if arrays else np.zeros(0, dtype=value_type)
+        flat = _joined(values, value_type)
+        if flat is not None:  # the watch's rows: 1-d arrays of the column's type already, none None
+            lengths = list(map(len, values))
+            offsets = np.zeros(len(values) + 1, dtype=np.int32)
+            offsets[1:] = np.cumsum(lengths)
+        else:
+            arrays = [np.asarray(v, dtype=value_type).reshape(-1) for v in values if v is not None]
+            lengths = [len(a) for a in arrays]
+            offsets = np.zeros(len(values) + 1, dtype=np.int32)
+            it = iter(lengths)
+            offsets[1:] = np.cumsum([next(it) if p else 0 for p in present])
+            flat = np.concatenate(arrays) if arrays else np.zeros(0, dtype=value_type)
         mask = pa.array([not p for p in present])
         return pa.ListArray.from_arrays(pa.array(offsets), pa.array(flat, type=typ.value_type), mask=mask)
     return pa.array(values, type=typ)
+
+
+def _joined(values: list[Any], value_type: Any) -> np.ndarray | None:
+    """``values`` end to end, as ``value_type``, when every one is a 1-d array of that kind of number (float
+    or integer): what each row's array converted on its own comes to, with one conversion; else None."""
+    if not values or set(map(type, values)) != {np.ndarray}:
+        return None
+    try:
+        flat = np.concatenate(values)
+    except ValueError:  # 0-d arrays, or arrays of several dimensions
+        return None
+    if flat.ndim != 1 or flat.dtype.kind != np.dtype(value_type).kind:  # (joined: each was 1-d)
+        return None
+    return flat if flat.dtype == value_type else flat.astype(value_type)
 
 
 @lru_cache(maxsize=2)
@@ -217,5 +238,8 @@ def record_batch(records: list[StepRecord], kind: str = "watch") -> Any:
     import pyarrow as pa
 
     sch = file_schema(kind)
-    columns = [_column(f.name, [getattr(r, f.name) for r in records], f.type) for f in sch]
+    # every field of a record in one call, then the rows turned into columns (not one getattr a cell)
+    rows = list(map(operator.attrgetter(*sch.names), records))
+    values = list(zip(*rows, strict=True)) if rows else [() for _ in sch.names]
+    columns = [_column(f.name, list(v), f.type) for f, v in zip(sch, values, strict=True)]
     return pa.RecordBatch.from_arrays(columns, schema=sch)

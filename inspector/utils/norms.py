@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 import operator
 from collections.abc import Callable, Sequence
+from itertools import repeat
 
 import numpy as np
 import torch
@@ -80,7 +81,9 @@ def _run(plan: list[Group], tensors: Sequence[torch.Tensor | None], kept: bool =
     RuntimeError where these no longer fit it (a group of several dtypes, where a stack would promote;
     an empty tensor among those ``_foreach_norm`` takes, which would get 0 instead of being left out)."""
     out = []
-    with torch.no_grad():
+    grad = torch.is_grad_enabled()  # what torch.no_grad() does, less its Python calls (a watch runs this
+    torch._C._set_grad_enabled(False)  # at every step)
+    try:
         for idx, stacks in plan:
             members = [tensors[i] for i in idx]
             if kept and len(set(map(_DTYPE, members))) != 1:
@@ -94,11 +97,13 @@ def _run(plan: list[Group], tensors: Sequence[torch.Tensor | None], kept: bool =
             if at < len(members):
                 if kept and not all(map(_NUMEL, members[at:])):
                     raise RuntimeError("an empty tensor")
-                parts.append(torch.stack(list(_foreach(members[at:]))))  # type: ignore[arg-type]
+                parts.append(torch.stack(_foreach(members[at:])))  # type: ignore[arg-type]
             norms = parts[0] if len(parts) == 1 else torch.cat(parts)
             if norms.shape != (len(idx),):  # a kept plan run on tensors of another rank: grouped afresh
                 raise RuntimeError(f"{len(idx)} norms expected, got shape {tuple(norms.shape)}")
             out.append((idx, norms))
+    finally:
+        torch._C._set_grad_enabled(grad)
     return out
 
 
@@ -120,9 +125,9 @@ class NormPlan:
               ) -> list[tuple[np.ndarray, torch.Tensor]]:
         """``(positions, norms)`` pairs as :func:`grouped_norms` gives them for ``tensors`` with those
         ``keep`` refuses as None (asked again of those only, while the plan holds), positions as arrays."""
-        nones = [t is None for t in tensors]
-        if nones == self.nones and not (keep is not None and any(keep(t) for i in self.dropped
-                                                                   if (t := tensors[i]) is not None)):
+        nones = list(map(operator.is_, tensors, repeat(None)))
+        if nones == self.nones and not (keep is not None and self.dropped and any(
+                keep(t) for i in self.dropped if (t := tensors[i]) is not None)):
             try:
                 return self._pairs(_run(self.plan, tensors, kept=True))
             except (RuntimeError, TypeError, IndexError):

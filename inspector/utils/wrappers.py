@@ -99,4 +99,6 @@ def unwrap(model: nn.Module) -> Unwrapped:
 
 def underlying(model: Any) -> Any:
     """``unwrap(model).module`` for a module; anything else as it is."""
-    return unwrap(model).module if isinstance(model, nn.Module) else model
+    if not isinstance(model, nn.Module) or _inner(model) is None:  # no wrapper (a watch's every step)
+        return model
+    return unwrap(model).module

@@ -133,11 +133,15 @@ class GradientClearing:
         """After a step: remember each gradient the step used (not those all zero then, marked in
         ``zero``: a backward adding onto a zeroed gradient adds nothing old)."""
         grads = gradients(params)
-        keep = np.fromiter(map(operator.is_not, grads, repeat(None)), dtype=bool, count=len(grads))
-        if zero is not None:
-            keep &= ~np.asarray(zero, dtype=bool)
-        idx = np.flatnonzero(keep).tolist()
-        used = [grads[i] for i in idx]
+        idx: Sequence[int]
+        if all(map(operator.is_not, grads, repeat(None))) and (zero is None or not np.count_nonzero(zero)):
+            idx, used = range(len(grads)), grads  # every gradient there and none all zero (most steps)
+        else:
+            keep = np.fromiter(map(operator.is_not, grads, repeat(None)), dtype=bool, count=len(grads))
+            if zero is not None:
+                keep &= ~np.asarray(zero, dtype=bool)
+            idx = np.flatnonzero(keep).tolist()
+            used = [grads[i] for i in idx]
         self.after = dict(zip(idx, map(weakref.ref, used), strict=True))
         self.versions = dict(zip(idx, map(_VERSION, used), strict=True))
         self.dirty = {}
@@ -164,6 +168,8 @@ class GradientClearing:
         """``gradient-not-cleared`` for the optimizer's parameters (``held()``: their ids) whose step now
         uses a gradient added onto the last step's; one the optimizer does not hold is named by
         ``not-in-optimizer`` instead."""
+        if not self.dirty:  # no backward added onto a used gradient (most steps)
+            return []
         kept = sorted(i for i, (ref, _, _) in self.dirty.items()
                       if i < len(params) and (p := params[i]) is not None and p.grad is not None
                       and ref() is p.grad)
@@ -284,11 +290,13 @@ class Progress:
         self.zero_lr = 0
 
     def step(self, lrs: list[float], param_norm: np.ndarray | None, param_grad: np.ndarray,
-             has_grad: np.ndarray, skipped: bool, held: np.ndarray | None = None) -> list[Finding]:
+             has_grad: np.ndarray, skipped: bool, held: np.ndarray | None = None,
+             moving: np.ndarray | None = None) -> list[Finding]:
         """One step's check; ``held`` marks the parameters an optimizer holds (the others are named by
-        ``not-in-optimizer`` / ``parameters-replaced`` and left out here)."""
+        ``not-in-optimizer`` / ``parameters-replaced`` and left out here); ``moving``, where the caller
+        has it: the parameters with a finite non-zero gradient and a finite norm (worked out if not)."""
         out = []
-        self.zero_lr = self.zero_lr + 1 if lrs and all(lr == 0 for lr in lrs) else 0
+        self.zero_lr = self.zero_lr + 1 if lrs and not any(lrs) else 0  # every lr 0 (NaN is not)
         if self.zero_lr == self.window:
             out.append(coded("no-update", ROOT_LABEL,
                                f"every learning rate has been 0 for {self.window} steps: nothing trains. "
@@ -296,19 +304,20 @@ class Progress:
                                "0) and the lr given to the optimizer"))
         if param_norm is None or skipped:
             return out
-        moving = has_grad & np.isfinite(param_grad) & (param_grad > 0) & np.isfinite(param_norm)
+        if moving is None:
+            moving = has_grad & np.isfinite(param_grad) & (param_grad > 0) & np.isfinite(param_norm)
         if held is not None:
-            moving &= held
-        if self.last is not None and moving.any() and self.zero_lr < self.window:
+            moving = moving & held
+        if self.last is not None and np.count_nonzero(moving) and self.zero_lr < self.window:
             same = moving & (param_norm == self.last)
-            self.still = self.still + 1 if same[moving].all() else 0
+            self.still = self.still + 1 if np.count_nonzero(same) == np.count_nonzero(moving) else 0
             if self.still == self.window:
                 out.append(coded("no-update", ROOT_LABEL,
                                    f"none of the {int(moving.sum())} parameters with a gradient changed in "
                                    f"{self.window} steps: optimizer.step() moves nothing (an lr of 0, an "
                                    "update below the weights' precision: bfloat16 weights with a small lr, "
                                    "or the weights restored after each step)"))
-        self.last = np.array(param_norm, copy=True)
+        self.last = param_norm.copy()
         return out
 
 

@@ -258,7 +258,8 @@ class Watch(BeforeStep, OutsideSteps):
     def _any_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         """Every optimizer's post-step hook: one the watch was not given, stepping the watched optimizers'
         parameters outside their own step, runs the ``other-step`` rows."""
-        if self._in_step or any(optimizer is o for o in self.target.optimizers):
+        if self._in_step or optimizer is self.target.optimizer or any(
+                optimizer is o for o in self.target.optimizers):
             return
         held = self.target.held()
         if any(id(p) in held for g in optimizer.param_groups for p in g["params"]):
@@ -268,7 +269,8 @@ class Watch(BeforeStep, OutsideSteps):
     def _forwarded(self, module: nn.Module, args: Any, kwargs: Any, output: Any) -> None:
         if module.training and torch.is_grad_enabled():  # a training forward: its batch as the model took it
             self._forward_open = True
-            self.ranks.forwarded(output)
+            if self.ranks.meeting is not None:
+                self.ranks.forwarded(output)
             if self.tracer is None:  # the tracer sees the batch itself
                 self.state.see_batch(args, kwargs)
 
@@ -296,14 +298,14 @@ class Watch(BeforeStep, OutsideSteps):
             held = t.held()
             self._held_mask = np.fromiter(map(held.__contains__, map(id, params)), dtype=bool,
                                           count=len(params))
-        found, self._pending = self.checks.run("before-step", self._at(check, params=params, held=held),
-                                               self._pending), []
+        loss = self.scalars.get("loss")
+        at = self._at(check, params=params, held=held, loss=loss)  # one event: the step's before and measured
+        found, self._pending = self.checks.run("before-step", at, self._pending), []
         self.state.pre(params, check and self.options.update_ratio, found)
         if self.keeper is not None:
-            self.keeper.weights(self.state.grad_parts, self.scalars.get("loss"))
+            self.keeper.weights(self.state.grad_parts, loss)
         # with the gradient norms just taken: the gradients are read once
-        self._measured = self.checks.run("measured", self._at(check, params=params,
-                                                              loss=self.scalars.get("loss")), [])
+        self._measured = self.checks.run("measured", at, [])
 
     def _post_step(self) -> None:
         if not self._pre_done:  # a closure the optimizer never called
@@ -322,7 +324,8 @@ class Watch(BeforeStep, OutsideSteps):
         numbers.shared = float(len(shipped))
         numbers.compute = r.clock.take(st.start)
         measured, self._measured = self._measured, []
-        numbers.stop = self.control.flag(any(f.severity == "error" for f in own + measured))
+        numbers.stop = self.control.flag(bool(own or measured) and any(
+            f.severity == "error" for f in own + measured))
         local, st.check_local = st.check_local, None  # the distributed check's numbers, sent with these
         numbers_all, rows = gather_numbers(numbers, t.layout, r.world, r.group,
                                            None if local is None else local.packed)

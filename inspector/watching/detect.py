@@ -13,6 +13,7 @@ from ..utils.codes import coded
 from ..utils.findings import Finding
 from ..utils.labels import LOSS_LABEL, ROOT_LABEL, listed, module_label
 from .layout import Layout
+from .numbers import all_finite, nans
 
 # Measured on 160 healthy runs of 200 steps (an MLP and a CNN with BatchNorm; SGD 0.1 and 0.3, Adam 1e-3
 # and 1e-2; ten seeds; batches of 16 and 32): see docs/training.md, "How spikes are judged".
@@ -24,7 +25,10 @@ SETTLE = 5  # steps after a spike of the whole model not judged: a large step's 
 def _log(values: np.ndarray | float) -> np.ndarray:
     """Natural log of the finite positive ``values``, NaN elsewhere."""
     v = np.asarray(values, dtype=np.float64)
-    return np.log(v, out=np.full(v.shape, np.nan), where=np.isfinite(v) & (v > 0))
+    if v.ndim == 1 and len(v) and all_finite(v) and np.minimum.reduce(v) > 0:  # every value finite, over 0
+        return np.log(v)
+    out = nans(len(v)) if v.ndim == 1 else np.full(v.shape, np.nan)
+    return np.log(v, out=out, where=np.isfinite(v) & (v > 0))
 
 
 def _median(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -82,6 +86,7 @@ class Detectors:
         self.loss_factor = loss_factor
         self.jump = np.zeros(len(layout.modules))  # log growth over the largest of the last SUDDEN steps
         self.bias = np.array([n.rpartition(".")[2] == "bias" for n in layout.parameters], dtype=bool)
+        self.biased = bool(self.bias.any())
         self.dead = np.zeros(len(layout.parameters), dtype=np.int64)  # steps in a row without a gradient
         self.streak = np.zeros(len(layout.parameters), dtype=np.int64)  # steps in a row with one
         self.lost = np.zeros(len(layout.parameters), dtype=np.int64)  # the streak the gradient lost
@@ -95,6 +100,7 @@ class Detectors:
         # written over; the median does not care about the order), ``seen`` rows filled, the next at ``at``
         self.past = np.full((history, len(layout.modules)), np.nan)
         self.seen = self.at = 0
+        self.low = np.full(len(layout.modules), np.nan)  # each module's lowest in the window (NaN: none)
         self.losses: deque[float] = deque(maxlen=history)  # log losses
         self.surge: tuple[Finding, str, float] | None = None  # this step's whole-model finding, whose, factor
         self.settling = 0  # steps left not judged after a whole-model spike
@@ -140,21 +146,26 @@ class Detectors:
 
     def gradients(
         self, param_grad: np.ndarray, has_grad: np.ndarray, module_grad: np.ndarray,
+        zero: np.ndarray | None = None,
         unjudged: np.ndarray | None = None,
     ) -> list[Finding]:
-        """``dead-gradient`` and ``exploding-gradient`` from one step's gradient norms. Counted as present:
-        the parameters ``unjudged`` marks, and an all-zero bias of a module whose other parameters have a
-        non-zero gradient (the loss does not change with a shift of that module's output)."""
-        zero = ~has_grad | (param_grad == 0)
-        if self.bias.any() and zero.any():
+        """``dead-gradient`` and ``exploding-gradient`` from one step's gradient norms (``zero``: no gradient
+        or an all-zero one, per parameter, where the caller has it). Counted as present: the parameters
+        ``unjudged`` marks, and an all-zero bias of a module whose other parameters have a non-zero
+        gradient (the loss does not change with a shift of that module's output)."""
+        if zero is None:
+            zero = ~has_grad | (param_grad == 0)
+        if self.biased and np.count_nonzero(zero):  # (new arrays: ``zero`` may be the caller's)
             flat = self.bias & has_grad & (param_grad == 0)
-            if flat.any():
+            if np.count_nonzero(flat):
                 owner = self.layout.owner
                 moving = has_grad & (param_grad > 0)
-                zero &= ~(flat & (np.bincount(owner[moving], minlength=len(self.layout.modules)) > 0)[owner])
+                mates = np.bincount(owner[moving], minlength=len(self.layout.modules)) > 0
+                zero = zero & ~(flat & mates[owner])
         if unjudged is not None:
-            zero &= ~unjudged
-        if self.window and not zero.any() and not self.dead.any():  # every gradient there, now and before:
+            zero = zero & ~unjudged
+        # every gradient there, now and before (count_nonzero: .any() less its Python wrapper, every step)
+        if self.window and not np.count_nonzero(zero) and not np.count_nonzero(self.dead):
             self.streak = self.streak + 1  # nothing missing to count (what the lines below come to then)
             return self._spikes(module_grad)
         # a gradient back after a gap (not the zero gradients of a start, as a LoRA A's while B is 0): its
@@ -184,16 +195,21 @@ class Detectors:
             past = self.past[:self.seen]
             # over a module's median by explode_factor needs over its lowest value by as much (the median is
             # not below the lowest): where no module is, the medians need not be worked out (most steps)
-            over_low = now - np.fmin.reduce(past, axis=0) > math.log(self.explode_factor)
-            if over_low.any():
+            over_low = now - self.low > math.log(self.explode_factor)
+            if np.count_nonzero(over_low):
                 last = past[(self.at - 1 - np.arange(min(SUDDEN, self.seen))) % len(self.past)]
                 # the largest of the last steps' (NaN where a module had no gradient)
                 recent = np.nanmax(np.where(np.isfinite(last), last, -np.inf), axis=0)
                 self.jump = now - recent
                 out = self._exploding(now, *_excess(past, now, self.explode_factor))
+        # the window's lowest values, kept as rows come and go: worked out again over the window only when the
+        # row written over held one of them (fmin.reduce over the window is what they always equal)
+        full = self.seen == len(self.past)
+        lowest_leaves = full and bool(np.count_nonzero(self.past[self.at] == self.low))
         self.past[self.at] = now
         self.at = (self.at + 1) % len(self.past)
         self.seen = min(self.seen + 1, len(self.past))
+        self.low = np.fmin.reduce(self.past, axis=0) if lowest_leaves else np.fmin(self.low, now)
         return out
 
     def _dead(self, which: np.ndarray, cut: bool, gap: int = 0) -> list[Finding]:

@@ -165,6 +165,8 @@ class Recorder:
     def first_time(self, found: list[Finding], step: int, rank: int, quiet: bool = False) -> list[Finding]:
         """The findings of ``found`` that begin something at their (code, where, rank): seen for the first
         time, or back after they cleared; ``quiet``: only noted as seen."""
+        if not found:  # nothing seen: nothing begins, nothing is noted (most steps)
+            return []
         place = rank if self.world > 1 else 0
         fresh = group_findings((step, place, f) for f in found)  # one per (code, where) in this step
         new = []

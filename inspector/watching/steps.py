@@ -6,6 +6,7 @@ import math
 import operator
 import time
 from collections.abc import Callable
+from contextlib import nullcontext
 from itertools import repeat
 from typing import Any, Protocol
 
@@ -29,8 +30,8 @@ from .layout import (
     shard_key,
     to_host,
 )
-from .numbers import BATCH_PRODUCER, NO_PRODUCER, Numbers, Resident, memory
-from .tracer import BATCH, NonfiniteTracer, Trace, floating
+from .numbers import BATCH_PRODUCER, NO_PRODUCER, Numbers, Resident, all_finite, memory, nans
+from .tracer import BATCH, CHECKED, NonfiniteTracer, Trace, floating
 
 
 class Watched(Protocol):
@@ -124,7 +125,12 @@ class StepState:
     def see_batch(self, args: Any, kwargs: Any) -> None:
         """When a training forward ends: the range of each floating tensor the model was given, as its
         forward took it (NaN or Inf there is the batch's, not the model's)."""
-        for t in floating((args, kwargs)):
+        first = args[0] if len(args) == 1 and not kwargs else None
+        if type(first) is torch.Tensor:  # one plain tensor (most models): no walk over the arguments
+            tensors = [first] if first.dtype in CHECKED and first.numel() else []
+        else:
+            tensors = floating((args, kwargs))
+        for t in tensors:
             low, high = torch.aminmax(_piece(t))
             self.batch += [low, high]
 
@@ -175,8 +181,12 @@ def transfer_step(w: Watched, check: bool, logged: dict[str, Any]) -> tuple[Numb
     grad_parts, param_parts, buffer_parts, update_parts = _norm_parts(w, check)
     parts: list[torch.Tensor] = [t for _, t in grad_parts + param_parts + buffer_parts + update_parts
                                  + st.moved_parts]
+    taken = len(parts)  # the norms; then the batch's range, the trace, the logged tensors and the scale
     if st.batch:
-        parts.append(torch.stack([b.float().to(st.batch[0].device) for b in st.batch]))
+        b = st.batch
+        device = b[0].device
+        parts.append(torch.stack(b if all(t.dtype is _F32 and t.device == device for t in b) else
+                                 [t.float().to(device) for t in b]))
     calls, meta, values = w.tracer.take() if w.tracer is not None else ([], [], [])
     if values:
         parts.append(torch.cat([v.reshape(-1) for v in values]))
@@ -187,30 +197,38 @@ def transfer_step(w: Watched, check: bool, logged: dict[str, Any]) -> tuple[Numb
         parts.append(scale.reshape(1))
     host = to_host(parts)
     pos = 0
+    width = len(layout.parameters)
 
-    def spread(
-        pairs: list[tuple[np.ndarray, torch.Tensor]], width: int = len(layout.parameters)
-    ) -> np.ndarray:
+    def spread(pairs: list[tuple[np.ndarray, torch.Tensor]], width: int = width) -> np.ndarray:
         nonlocal pos
-        out = np.full(width, np.nan)
+        if len(pairs) == 1 and _in_order(pairs[0][0], width):  # one group of every tensor, in order
+            pos += 1
+            return host[pos - 1].astype(np.float64)
+        out = nans(width)
         for idx, _ in pairs:
             out[idx] = host[pos]
             pos += 1
         return out
 
-    n = Numbers(len(layout.modules), len(layout.parameters), len(layout.buffers), checked=float(check))
-    n.param_grad, n.has_grad = spread(grad_parts), st.has_grad
-    n.param_norm = spread(param_parts)
-    n.buffer_norm = spread(buffer_parts, len(layout.buffers))
-    update = spread(update_parts)
-    moved = spread(st.moved_parts)
-    if st.moved_parts:
+    # every norm measured is a finite number (most steps): no overflow to tell from an Inf, no NaN/Inf
+    # element to count, no parameter written outside the optimizer holding NaN/Inf
+    finite = all(map(all_finite, host[:taken]))
+    param_grad, param_norm = spread(grad_parts), spread(param_parts)
+    buffer_norm = spread(buffer_parts, len(layout.buffers))
+    update = spread(update_parts) if w.update_ratio else _NONE
+    moved = spread(st.moved_parts) if st.moved_parts else _NONE
+    if st.moved_parts and not finite:
         _overflowed(moved, lambda: params)  # a huge finite weight is not NaN/Inf
-    st.written = sorted(int(i) for idx, _ in st.moved_parts for i in idx if not np.isfinite(moved[i]))
-    batch_bad = False
-    if st.batch:
-        batch_bad = not bool(np.isfinite(host[pos]).all())
-        pos += 1
+        st.written = sorted(int(i) for idx, _ in st.moved_parts for i in idx if not np.isfinite(moved[i]))
+    else:
+        st.written = []
+    modules = len(layout.modules)
+    n = Numbers(modules, width, len(layout.buffers), checked=float(check), param_grad=param_grad,
+                param_norm=param_norm, buffer_norm=buffer_norm, module_grad=_PLACEHOLDER,
+                module_param=nans(modules), module_update=nans(modules), module_nonfinite=_PLACEHOLDER)
+    n.has_grad = st.has_grad
+    batch = host[pos] if st.batch else None
+    pos += 1 if st.batch else 0
     flags = host[pos] > 0 if values else np.zeros(0, dtype=bool)
     pos += 1 if values else 0
     scalars = {k: float(host[pos + i][0]) for i, k in enumerate(tensors)}
@@ -222,14 +240,16 @@ def transfer_step(w: Watched, check: bool, logged: dict[str, Any]) -> tuple[Numb
         n.scale = float(w.scaler.get_scale())
     n.skipped = float(n.scale < st.last_scale)
     st.last_scale = n.scale
-    _fill(n, w, params, update, check)
+    # every parameter's gradient measured, each a finite number (most steps): none to count NaN/Inf in
+    n.whole = whole = finite and not w.sharded and sum(len(idx) for idx, _ in grad_parts) == width
+    _fill(n, w, params, update, check, finite, whole)
     n.loss_logged = float("loss" in scalars)
     n.loss = scalars.pop("loss", math.nan)
     # a NaN/Inf that reached neither the loss nor a gradient (an additive mask of -inf, a masked padding
     # position) made nothing non-finite: no producer is named for it
     if n.nonfinite > 0 or (n.loss_logged and not math.isfinite(n.loss)):
         _producers(n, w.module_names, calls, meta, flags)
-        if batch_bad and n.forward == NO_PRODUCER:
+        if batch is not None and not np.isfinite(batch).all() and n.forward == NO_PRODUCER:
             n.forward = BATCH_PRODUCER
     return n, scalars
 
@@ -237,13 +257,34 @@ def transfer_step(w: Watched, check: bool, logged: dict[str, Any]) -> tuple[Numb
 Pairs = list[tuple[np.ndarray, torch.Tensor]]
 
 
+def _in_order(idx: np.ndarray, width: int) -> bool:
+    """Whether ``idx`` is ``0, 1, ..., width - 1``: worked out once per array (a norm plan keeps its
+    positions from step to step), the array kept with the answer so its id is not reused."""
+    if len(idx) != width:
+        return False
+    seen = _ORDERED.get(id(idx))
+    if seen is None or seen[0] is not idx:
+        if len(_ORDERED) > 64:
+            _ORDERED.clear()
+        seen = _ORDERED[id(idx)] = (idx, bool(np.array_equal(idx, np.arange(width))))
+    return seen[1]
+
+
+_ORDERED: dict[int, tuple[np.ndarray, bool]] = {}
+_NONE = np.zeros(0)  # a set of norms not taken this step (read by nothing)
+_QUIET = nullcontext()
+_NO_INDEX = np.zeros(0, dtype=np.int64)
+_PLACEHOLDER = np.zeros(1)  # a module array _fill always replaces
+_F32 = torch.float32
+
+
 def _norm_parts(w: Watched, check: bool) -> tuple[Pairs, Pairs, Pairs, Pairs]:
     """Gradient, parameter, buffer and update norms on the device (global ones under FSDP2 / TP)."""
     st = w.state
     params = st.params
     param_parts = fused_norms(params, st.plans["params"]) if check else []
-    buffers = current(w.root, w.layout.buffers, "buffer") if check else []
-    buffer_parts = fused_norms(buffers, st.plans["buffers"]) if check else []
+    buffers = current(w.root, w.layout.buffers, "buffer") if check and w.layout.buffers else []
+    buffer_parts = fused_norms(buffers, st.plans["buffers"]) if buffers else []
     update_parts: Pairs = []
     if st.before is not None:
         live = [p.detach() for p in params if p is not None]
@@ -286,28 +327,47 @@ def _overflowed(norms: np.ndarray, tensors: Callable[[], list[torch.Tensor | Non
             norms[i] = float(torch.linalg.vector_norm(piece.double()))
 
 
-def _fill(n: Numbers, w: Watched, params: list[torch.Tensor | None], update: np.ndarray, check: bool) -> None:
+def _fill(n: Numbers, w: Watched, params: list[torch.Tensor | None], update: np.ndarray, check: bool,
+          finite: bool = False, whole: bool = False) -> None:
+    """The step's sums and per-module figures; ``finite``: every norm measured is a finite number, so
+    none overflowed (the float64 look at each Inf norm is skipped: there is none); ``whole``: also every
+    parameter has a gradient, its norm measured (no gradient to leave out, no NaN/Inf to count)."""
     layout = w.layout
-    _overflowed(n.param_grad, lambda: gradients(params))
-    if check:
-        _overflowed(n.param_norm, lambda: params)
-        _overflowed(n.buffer_norm, lambda: current(w.root, layout.buffers, "buffer"))
-    g = np.where(n.has_grad, n.param_grad, 0.0)
-    counts = np.zeros(len(params))
-    for i in np.flatnonzero(n.has_grad & ~np.isfinite(n.param_grad)):  # rare: a sync per bad tensor
-        grad = _grad(params[i])
-        if grad is not None:
-            counts[i] = float(torch.isnan(grad).sum() + torch.isinf(grad).sum())
-    n.nonfinite = float(counts.sum())
-    n.module_nonfinite = layout.per_module(counts, "sum")
-    n.module_grad = layout.per_module(g)
-    with np.errstate(all="ignore"):
-        n.grad_norm = float(np.sqrt(np.sum(g.astype(np.float64) ** 2)))
+    if not finite:
+        _overflowed(n.param_grad, lambda: gradients(params))
         if check:
-            n.module_param = layout.per_module(n.param_norm)
+            _overflowed(n.param_norm, lambda: params)
+            _overflowed(n.buffer_norm, lambda: current(w.root, layout.buffers, "buffer"))
+    if whole:  # what the two lines below come to then
+        g, bad = n.param_grad, _NO_INDEX
+    else:
+        g = np.where(n.has_grad, n.param_grad, 0.0)  # float64, as the norms are spread
+        bad = (n.has_grad & ~np.isfinite(n.param_grad)).nonzero()[0]  # NaN/Inf, or a gradient unmeasured
+    if len(bad):
+        counts = np.zeros(len(params))
+        for i in bad:  # rare: a sync per bad tensor
+            grad = _grad(params[i])
+            if grad is not None:
+                counts[i] = float(torch.isnan(grad).sum() + torch.isinf(grad).sum())
+        n.nonfinite = float(counts.sum())
+        n.module_nonfinite = layout.per_module(counts, "sum")
+    else:  # what the sums of no counts come to
+        n.nonfinite, n.module_nonfinite = 0.0, np.zeros(len(layout.modules))
+    # every norm a finite float32 (most steps): no square, sum or root below can overflow or be invalid, and
+    # only the update ratios divide, so numpy's error state need not be set (a context of its own each step)
+    with np.errstate(all="ignore") if not finite or w.update_ratio else _QUIET:
+        squares = g * g
+        # the same additions as per_module's (bincount, in the parameters' order) and np.sum's
+        n.module_grad = np.sqrt(np.bincount(layout.owner, weights=squares, minlength=len(layout.modules)))
+        n.grad_norm = float(np.sqrt(np.add.reduce(squares)))  # np.sum's reduction, less its wrapper
+        if check:
+            norms = n.param_norm  # per_module's sums, without its checks
+            n.module_param = np.sqrt(np.bincount(layout.owner, weights=norms * norms,
+                                                 minlength=len(layout.modules)))
             if w.update_ratio:
                 n.module_update = layout.per_module(np.nan_to_num(update, nan=0.0)) / n.module_param
-    first = next((p for p in params if p is not None), None)
+    first = params[0] if params and params[0] is not None else next(
+        (p for p in params if p is not None), None)
     device = first.device if first is not None else None
     n.device_allocated, n.device_peak, n.rss = memory(device, w.state.resident)
     n.step_time = time.perf_counter() - w.state.start

@@ -115,6 +115,13 @@ WATCH_CHECKS: tuple[Row, ...] = (
 )
 
 
+def _some(value: Any) -> bool:
+    """Whether a phase's threaded value holds a finding (a :class:`ByRank` of empty lists does not)."""
+    if isinstance(value, ByRank):
+        return any(value.found) or any(value.quiet)
+    return bool(value)
+
+
 def _findings(value: Any) -> list[Finding]:
     """The findings in a phase's threaded value (a list, pairs, or a :class:`ByRank`)."""
     if isinstance(value, ByRank):
@@ -144,12 +151,22 @@ class Checks:
     def run(self, phase: Phase, at: At, found: Any) -> Any:
         """``found`` through every check of ``phase`` in order. A finding a row adds that is not one of
         its codes, or not at the registry's severity, raises: the table is wrong."""
+        grouped = isinstance(found, ByRank)  # written in place by the rows: read before and after each
         for row, check in self.by_phase[phase]:
-            before = {id(f) for f in _findings(found)} if found else set()
-            found = check(at, found)
-            if not found:  # nothing found (most rows, most steps): nothing to check
+            if grouped:
+                prior = _findings(found) if _some(found) else []
+                found = check(at, found)
+                now = _findings(found) if _some(found) else []
+            else:  # a list: a row that found nothing hands back the list it was given, as it was, or []
+                given, size = found, len(found)
+                found = check(at, found)
+                if not found or (found is given and len(found) == size):
+                    continue  # nothing new (most rows, most steps): nothing to check
+                prior, now = _findings(given), _findings(found)
+            if not now:
                 continue
-            for f in _findings(found):
+            before = {id(f) for f in prior}
+            for f in now:
                 if id(f) not in before and (f.code not in row.codes or f.severity != CODES[f.code].severity):
                     raise InspectorError(
                         f"the watch's check {row.name!r} reported {f.code} ({f.severity}), which its row "

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from contextlib import ExitStack
 from itertools import repeat
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import torch
@@ -22,6 +22,7 @@ from ..checks import (
 from ..detect import Detectors
 from ..flags import _piece
 from ..layout import fused_norms, has_norm, to_host
+from ..numbers import NO_PRODUCER
 from ..steps import nonfinite_findings, written_findings
 
 if TYPE_CHECKING:
@@ -38,15 +39,21 @@ class WrittenWeights:
     version or storage moved) holds NaN/Inf when this step's forward used it."""
 
     def __call__(self, at: At, found: list[Finding]) -> list[Finding]:
+        if not at.st.written:  # no such parameter (most steps)
+            return found
         return found + written_findings(at.st, at.target.layout.parameters)
 
 
 class Producers:
     """``nonfinite-forward`` / ``nonfinite-backward``: the step's trace (``nonfinite=True``) names the
     first module (or the batch) whose output turned NaN/Inf from finite inputs, and the module whose
-    backward turned a finite output gradient into a non-finite input gradient."""
+    backward turned a finite output gradient into a non-finite input gradient. A step whose trace names
+    neither (no producer: most steps, and every step without the trace) is passed over at once."""
 
     def __call__(self, at: At, found: list[Finding]) -> list[Finding]:
+        n = at.n
+        if n.forward == NO_PRODUCER and n.backward == NO_PRODUCER:
+            return found
         return found + nonfinite_findings(at.n, list(at.target.module_names), at.ranks.rank,
                                           at.ranks.world)
 
@@ -64,12 +71,15 @@ class ZeroGradientStep:
         n, held = at.n, at.held_mask
         if held is None or not len(held):
             return found
-        stepped = held & n.has_grad & (n.param_grad != 0)  # held, with a gradient not all zero
-        if len(stepped) == len(at.params) and any(at.params[i].requires_grad  # type: ignore[union-attr]
-                                                  for i in np.flatnonzero(stepped).tolist()):
-            return found  # a trainable parameter the optimizer holds had a gradient (most steps: the first)
+        stepped = held & ~n.no_grad  # held, with a gradient not all zero
+        if len(stepped) == len(at.params):
+            params = cast("list[torch.Tensor]", at.params)  # those with a gradient are there
+            first = int(stepped.argmax())  # the first such parameter (0 when there is none): most steps
+            if (stepped[first] and params[first].requires_grad) or any(
+                    params[i].requires_grad for i in np.flatnonzero(stepped).tolist()):
+                return found  # a trainable parameter the optimizer holds had a gradient
         trainable = held & np.array([p is not None and p.requires_grad for p in at.params], dtype=bool)
-        if not trainable.any() or (n.has_grad & (n.param_grad != 0))[trainable].any():
+        if not trainable.any() or (~n.no_grad)[trainable].any():
             return found
         names = [at.target.layout.parameters[i] for i in np.flatnonzero(trainable)]
         absent = int((~n.has_grad[trainable]).sum())
@@ -113,8 +123,8 @@ class GradientNorms:
         held = at.held_mask  # a parameter no optimizer holds is not trained: whether its gradient is dead
         if held is not None and len(held) == len(n.has_grad) and not held.all():  # is not judged either
             unjudged = ~held if unjudged is None else unjudged | ~held
-        out = self.detectors.gradients(n.param_grad, n.has_grad, n.module_grad, unjudged)
-        if any(f.code == "zero-gradient-step" for f in found):  # the cause of the missing gradients
+        out = self.detectors.gradients(n.param_grad, n.has_grad, n.module_grad, n.no_grad, unjudged)
+        if out and any(f.code == "zero-gradient-step" for f in found):  # the cause of the missing gradients
             out = [f for f in out if f.code != "dead-gradient"]
         return found + out
 
@@ -169,16 +179,20 @@ class LearningRateRose:
 
 class NonfiniteGradients:
     """``nonfinite-gradient``: some modules' gradients hold NaN/Inf and nothing found this step
-    explains it (a producer, a non-finite loss, a written weight)."""
+    explains it (a producer, a non-finite loss, a written weight). A step that counted no NaN/Inf
+    gradient element (``nonfinite`` 0, the sum of every module's count) is passed over at once."""
 
     def __call__(self, at: At, found: list[Finding]) -> list[Finding]:
+        if not at.n.nonfinite:
+            return found
         return found + nonfinite_gradients(at.n.module_nonfinite, at.target.layout.modules, found)
 
 
 class UsedNonfiniteWeights:
     """Folds a ``nonfinite-forward`` / ``nonfinite-backward`` at a module whose own parameters held
     NaN/Inf at the last check step: those weights, named when they went non-finite, are the cause
-    (every forward after a NaN step is NaN); the module is not a new producer."""
+    (every forward after a NaN step is NaN); the module is not a new producer. At a check step whose
+    parameter and buffer norms are all finite no module owns such a parameter, so none is looked up."""
 
     def __init__(self) -> None:
         self.bad: set[str] = set()  # the modules (as findings name them) that own non-finite parameters
@@ -188,14 +202,15 @@ class UsedNonfiniteWeights:
             found = [f for f in found if not (f.code in PRODUCED and f.where in self.bad)]
         if at.n.checked:
             names = at.target.layout.parameters
-            self.bad = {module_label(names[i].rpartition(".")[0])
-                        for i in np.flatnonzero(~np.isfinite(weighed(at)))}
+            self.bad = set() if at.n.weights_finite else {
+                module_label(names[i].rpartition(".")[0]) for i in np.flatnonzero(~np.isfinite(weighed(at)))}
         return found
 
 
 class NonfiniteWeights:
     """``nonfinite-parameter``: at a check step, a parameter's or buffer's values hold NaN/Inf after
-    the step (not when a write outside the optimizer was named before the step)."""
+    the step (not when a write outside the optimizer was named before the step). A check step whose
+    norms are all finite numbers (most) holds none: nothing is looked up."""
 
     @classmethod
     def build(cls, kit: Kit) -> NonfiniteWeights | None:
@@ -206,7 +221,7 @@ class NonfiniteWeights:
 
     def __call__(self, at: At, found: list[Finding]) -> list[Finding]:
         n = at.n
-        if not n.checked or at.st.written:
+        if not n.checked or at.st.written or n.weights_finite:
             return found
         return found + self.detectors.parameters(weighed(at), n.buffer_norm, at.target.layout.buffers)
 
@@ -238,12 +253,14 @@ class Updates:
     def __call__(self, at: At, found: list[Finding]) -> list[Finding]:
         n = at.n
         return found + self.progress.step(at.lrs, n.param_norm if n.checked else None, n.param_grad,
-                                          n.has_grad, bool(n.skipped), at.held_mask)
+                                          n.has_grad, bool(n.skipped), at.held_mask,
+                                          n.moving if n.checked else None)
 
 
 class IdleGroups:
     """``no-update``: a param group's learning rate has been 0 for two steps while another group's is
-    not, and the group's parameters have non-zero gradients: that part of the model never trains."""
+    not, and the group's parameters have non-zero gradients: that part of the model never trains. A step
+    with no lr at 0, after one with none, counts nothing: it is passed over at once."""
 
     window = 2
 
@@ -256,6 +273,8 @@ class IdleGroups:
 
     def __call__(self, at: At, found: list[Finding]) -> list[Finding]:
         lrs = at.lrs
+        if len(self.zero) == len(lrs) and 0 not in lrs and not any(self.zero):
+            return found  # no lr at 0, now or at the last step: nothing counts (most steps)
         if len(self.zero) != len(lrs):
             self.zero = [0] * len(lrs)
         self.zero = [z + 1 if lr == 0 else 0 for z, lr in zip(self.zero, lrs, strict=True)]
@@ -294,7 +313,9 @@ class StillModules:
     stands still is ``Updates``'s; a group at lr 0 is ``IdleGroups``'s. The copy is of that module's
     parameters only, made when their norms first stay equal; of a sharded parameter, this rank's piece
     (compared here, with no collective: the norms that lead to it are global, so each rank holding a piece
-    compares its own)."""
+    compares its own). Under one optimizer with every lr above 0, the modules that stand are told from
+    the parameters' owners alone (those with a parameter whose norm stayed and none that moved), without
+    each parameter's learning rate."""
 
     window = 3
 
@@ -304,6 +325,9 @@ class StillModules:
 
     def __init__(self) -> None:
         self.last: np.ndarray | None = None
+        self.owned: list[list[int]] | None = None
+        self.masks = b""  # the last step's masks (same, moved), and the modules they made stand (read only)
+        self.standing: dict[str, list[int]] = {}
         # module -> [check steps in a row it stood still, its parameters' indices, their copies, others moved]
         self.still: dict[str, list[Any]] = {}
 
@@ -312,31 +336,51 @@ class StillModules:
         if not n.checked:
             return found
         norm = n.param_norm
-        last, self.last = self.last, np.array(norm, copy=True)
+        last, self.last = self.last, norm.copy()
         if last is None or len(last) != len(norm):
             return found
-        moving = n.has_grad & np.isfinite(n.param_grad) & (n.param_grad > 0) & np.isfinite(norm)
+        moving = n.moving  # shared by the rows of the step: not written in place
         if at.held_mask is not None and len(at.held_mask) == len(moving):
-            moving &= at.held_mask
+            moving = moving & at.held_mask
         same = moving & (norm == last)
-        if not same.any():
+        if not np.count_nonzero(same):
             self.still.clear()
             return found
-        layout, lr = at.target.layout, self._lrs(at)
-        params = at.params
-        # the parameters that count: moving, at an lr above 0; a module stands when all of its own stood
-        rates = np.fromiter(map(lr.get, map(id, params), repeat(0.0)), dtype=np.float64, count=len(params))
-        counted = np.flatnonzero(moving & (rates > 0))
-        owner = layout.owner[counted]
-        width = len(layout.modules)
-        stood = np.bincount(owner, weights=same[counted], minlength=width)
-        whole = np.bincount(owner, minlength=width)
-        kept_idx = counted[((whole > 0) & (stood == whole))[owner]]
-        standing: dict[str, list[int]] = {}  # in the order of each module's first counted parameter
-        for i, m in zip(kept_idx.tolist(), layout.owner[kept_idx].tolist(), strict=True):
-            standing.setdefault(layout.modules[m], []).append(i)
+        layout = at.target.layout
+        lr: dict[int, float] | None = None
+        moved: np.ndarray | None = None
+        standing: dict[str, list[int]]  # in the order of each module's first counted parameter
+        if self._simple(at, moving):  # the parameters that count are those moving
+            moved = moving & ~same
+            key = same.tobytes() + moved.tobytes()  # the same masks as at the last step: the same modules
+            if key != self.masks:
+                owner = layout.owner
+                stood = set(owner[same].tolist()) - set(owner[moved].tolist())
+                flags = moving.tolist()
+                self.masks, self.standing = key, dict(sorted(
+                    ((layout.modules[m], [i for i in self._owned(layout)[m] if flags[i]]) for m in stood),
+                    key=lambda item: item[1][0]))
+            standing = self.standing
+        else:
+            lr = self._lrs(at)
+            params = at.params
+            # the parameters that count: moving, at an lr above 0; a module stands when all of its own stood
+            rates = np.fromiter(map(lr.get, map(id, params), repeat(0.0)), dtype=np.float64,
+                                count=len(params))
+            counted = np.flatnonzero(moving & (rates > 0))
+            owner = layout.owner[counted]
+            width = len(layout.modules)
+            tally = np.bincount(owner, weights=same[counted], minlength=width)
+            whole = np.bincount(owner, minlength=width)
+            kept_idx = counted[((whole > 0) & (tally == whole))[owner]]
+            standing = {}
+            for i, m in zip(kept_idx.tolist(), layout.owner[kept_idx].tolist(), strict=True):
+                standing.setdefault(layout.modules[m], []).append(i)
+        if not standing:
+            self.still.clear()
+            return found
         # parameters that moved: none of a standing module's (all of its own stood still), so elsewhere
-        elsewhere = bool((moving & ~same).any())
+        elsewhere = bool(np.count_nonzero(moved if moved is not None else moving & ~same))
         out = []
         for module, idx in standing.items():
             kept = self.still.get(module)
@@ -350,10 +394,27 @@ class StillModules:
             del self.still[module]
             pieces = (_piece(_held(at, i)) for i in idx)
             if kept[3] and all(map(torch.equal, kept[2], pieces)):
-                out.append(self._finding(at, module, idx, lr))
+                out.append(self._finding(at, module, idx, lr if lr is not None else self._lrs(at)))
         for module in [m for m in self.still if m not in standing]:
             del self.still[module]
         return found + out
+
+    @staticmethod
+    def _simple(at: At, moving: np.ndarray) -> bool:
+        """One optimizer, holding every parameter counted here (``moving`` is masked by what it holds), and
+        every lr above 0: then the parameters that count are ``moving``, and no learning rate need be
+        looked up per parameter."""
+        held = at.held_mask
+        return (len(at.target.optimizers) == 1 and held is not None and len(held) == len(moving)
+                and all(lr > 0 for lr in at.lrs))
+
+    def _owned(self, layout: Any) -> list[list[int]]:
+        """Each module's parameter indices, in order (the layout does not change while the watch runs)."""
+        if self.owned is None:
+            self.owned = [[] for _ in layout.modules]
+            for i, m in enumerate(layout.owner.tolist()):
+                self.owned[m].append(i)
+        return self.owned
 
     def _finding(self, at: At, module: str, idx: list[int], lr: dict[int, float]) -> Finding:
         n, names = at.n, at.target.layout.parameters
@@ -400,5 +461,5 @@ class GradientsUsed:
 
     def __call__(self, at: At, found: list[Finding]) -> list[Finding]:
         n = at.n
-        self.clearing.stepped(at.st.params, n.has_grad & (n.param_grad == 0))
+        self.clearing.stepped(at.st.params, n.no_grad if n.whole else n.has_grad & n.no_grad)  # there, zero
         return found

@@ -107,9 +107,11 @@ class OptimizerLost:
 # -- once every rank's numbers are gathered (``found`` per rank) --------------------------------
 class SlowRanks:
     """``slow-rank``: a rank's time before the step's first collective is 1 s or more and 3x or more
-    the median of the other ranks'."""
+    the median of the other ranks' (on one process there are none: nothing to compare)."""
 
     def __call__(self, at: At, found: ByRank) -> ByRank:
+        if len(at.numbers_all) < 2:
+            return found
         for r, f in slow_ranks([n.compute for n in at.numbers_all]):
             found.found[r].append(f)
         return found
@@ -145,9 +147,12 @@ class OriginFirst:
     (``nonfinite-forward``, ``nonfinite-backward``, ``nonfinite-loss``), that rank's findings are recorded
     first, then the other ranks' (the NaN/Inf the gradient reduction brought them): the cause leads the
     run file, ``verdict()`` and the stop on the first error. Only what is recorded at this step counts
-    (a NaN loss that goes on from an earlier step does not lead), so every rank orders alike."""
+    (a NaN loss that goes on from an earlier step does not lead), so every rank orders alike. One rank's
+    findings need no order (rank order is the same)."""
 
     def __call__(self, at: At, found: ByRank) -> ByRank:
+        if len(found.found) < 2:
+            return found
         starts = at.starts or (lambda rank, f: True)
         found.order = lead_ranks([[f.code for f in fs if starts(r, f)] for r, fs in enumerate(found.found)])
         return found

@@ -7,6 +7,7 @@ from __future__ import annotations
 from contextlib import ExitStack
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import torch
 
 from ...aliases import compare_ties, snapshot_ties
@@ -71,6 +72,8 @@ class EvalMode:
         self.modes = modes
 
     def __call__(self, at: At, found: list[Finding]) -> list[Finding]:
+        if not self.modes.modules:  # no module whose mode matters (most models without BatchNorm or Dropout)
+            return found
         return found + self.modes.findings()
 
 
@@ -110,7 +113,9 @@ class Membership:
     newly unheld at once are one ``parameters-replaced`` (``load_state_dict(assign=True)``, ``.to()``,
     a module swapped in). A parameter left out from the start is named once, never called replaced.
     One that no optimizer holds and that gets no gradient (a part run under ``torch.no_grad()``, as a
-    frozen feature extractor is) is frozen in effect: named only once it holds a gradient."""
+    frozen feature extractor is) is frozen in effect: named only once it holds a gradient. A step at
+    which the optimizers hold every parameter (the step's ``held_mask`` all true) has none to name and
+    none newly unheld: nothing more is looked up."""
 
     @classmethod
     def build(cls, kit: Kit) -> Membership | None:
@@ -122,6 +127,10 @@ class Membership:
 
     def __call__(self, at: At, found: list[Finding]) -> list[Finding]:
         if not at.check or at.held is None:
+            return found
+        mask = at.held_mask
+        if mask is not None and len(mask) == len(at.params) and np.count_nonzero(mask) == len(mask):
+            self.unheld, self.waiting = set(), set()
             return found
         unheld = not_in_optimizer(at.target.layout.parameters, at.params, at.held)
         if not unheld:
@@ -181,6 +190,8 @@ class OptimizerStepped:
         stack.callback(self.steps.remove)
 
     def __call__(self, at: At, found: list[Finding]) -> list[Finding]:
+        if len(self.steps.optimizers) < 2:  # one optimizer: no other one to miss its steps
+            return found
         return found + self.steps.findings(at.step)
 
 
