@@ -83,7 +83,7 @@ def test_every_package_and_module_of_inspector_has_a_layer():
 
 def test_the_scan_sees_relative_and_lazy_imports():
     before = ROOT / "watching" / "rules" / "before.py"
-    assert any(m == "inspector.distributed.check_step" for _, m in _imported(before))
+    assert any(m == "inspector.distributed.check.local_step" for _, m in _imported(before))
     assert any(
         m == "inspector.sharding.with_rank_bytes" for _, m in _imported(ROOT / "placement" / "audits.py")
     )
@@ -183,7 +183,7 @@ def test_the_cycle_scan_finds_a_circle_and_counts_lazy_and_type_only_imports():
     assert _cycles(graph) == [["a", "b", "c"]]
     assert _circle(graph, ["a", "b", "c"]) == "a:1 -> b:2 -> c:3 -> a"
     real = _import_graph()
-    assert "inspector.distributed" in real["inspector.watching.rules.before"]  # lazy, inside a check
+    assert "inspector.distributed.check" in real["inspector.watching.rules.before"]  # lazy, inside a check
     assert "inspector.runfiles.captured" in real["inspector.watching.core"]  # lazy
     assert "inspector.runfiles.tables" in real["inspector.runfiles.reading"]
     assert real["inspector.report.model"].keys() >= {"inspector.report.render", "inspector.report.data"}

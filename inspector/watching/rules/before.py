@@ -233,7 +233,7 @@ class ReplicasAgree:
     def __call__(self, at: At, found: list[Finding]) -> list[Finding]:
         if not (at.check and at.ranks.distributed):
             return found
-        from ...distributed.check import checked_step, local_step  # here: inspector.distributed re-exports
+        from ...distributed.check import checked_step, local_step  # here: the package re-exports read_run
 
         layout = at.target.layout
         norms = torch.zeros(len(layout.parameters), dtype=torch.float64)
