@@ -53,7 +53,7 @@ MODULES: dict[str, tuple[list[str], list[str]]] = {
                         ["tests/test_watch.py", "tests/test_watch_checks.py", "tests/test_watch_planted.py",
                          "tests/test_watch_detectors.py", "tests/test_watch_intent.py"]),
     "watching-rules": (["inspector/watching/rules/before.py", "inspector/watching/rules/after.py",
-                        "inspector/watching/rules/around.py"],
+                        "inspector/watching/rules/around.py", "inspector/watching/rules/updates.py"],
                        ["tests/test_watch.py", "tests/test_watch_checks.py", "tests/test_watch_planted.py",
                         "tests/test_watch_intent.py", "tests/internals/test_watch_table.py"]),
 }

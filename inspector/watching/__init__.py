@@ -10,8 +10,9 @@ Modules: ``table``: the watch's rules in one ordered table (:data:`~.table.WATCH
 runs at which event, in which order, with which codes); ``rules``: the checks themselves, one small class
 each with one interface; ``events``: what a check reads at one event (``At``) and what it is built from;
 ``roles``: the parts a :class:`Watch` is made of (options, target, ranks, recorder, stop control);
-``checks``: the state behind the checks that follow the loop (gradients cleared, eval mode, frozen and
-replaced parameters, optimizers that do not step, nothing updating, a failed run); ``rows``: one step's
+``checks``: the state behind the checks that follow the loop (eval mode, frozen and replaced
+parameters, optimizers that do not step, nothing updating, a failed run); ``clearing``: whether the
+gradients a step used were cleared before a backward added onto them; ``rows``: one step's
 numbers as the run file's row; ``core``: :class:`Watch`, the hooks and the per-step work around a
 training loop; ``prestep``: what comes before the optimizer's step (its pre-step hook, the ranks' check-ins,
 the clip); ``outside``: what is recorded outside a step (a signal that ends the process, a step the scaler
@@ -21,6 +22,7 @@ run); ``layout``: which tensors a watch follows; ``flags``: the tracer's (low, h
 device; ``live``: a growing run file followed, reading only what was appended; ``numbers``: one rank's
 numbers at one step; ``producer``: a copy of the inputs and outputs of the module that first produced a
 NaN/Inf (``inspector.runfiles.captured`` stores and reads it); ``steps``: the per-step work of a watch;
+``stepfindings``: the NaN/Inf and written-weight findings read from one step's numbers;
 ``ranks``: the ranks' meeting at each step, their failures; ``processes``: whether a rank's process still
 runs; ``gather``: a step's numbers and findings gathered across the ranks; ``clock``: each rank's time
 before the step's first collective, slow ranks; ``summary``: run files reduced

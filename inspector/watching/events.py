@@ -13,7 +13,8 @@ import numpy as np
 import torch
 
 from ..utils.findings import Finding, InspectorError
-from .checks import GradientClearing, OptimizerSteps
+from .checks import OptimizerSteps
+from .clearing import GradientClearing
 from .detect import Detectors
 from .numbers import Numbers
 from .roles import Ranks, Target, WatchOptions

@@ -8,7 +8,8 @@ what undoes them on the exit stack the watch closes. Each class's docstring says
 severity of every finding comes from :data:`~inspector.utils.codes.CODES`.
 
 By event: ``before`` (the watch opening, before the optimizer's step, the gradients measured),
-``after`` (after the step, on this rank's numbers), ``around`` (a step the GradScaler skipped, an
+``after`` (after the step, on this rank's numbers), ``updates`` (after the step: whether training
+moves anything, per run, param group and module), ``around`` (a step the GradScaler skipped, an
 optimizer the watch was not given, the ranks' numbers gathered, the watch closing).
 """
 
@@ -19,14 +20,11 @@ from .after import (
     SPREAD,
     GradientNorms,
     GradientsUsed,
-    IdleGroups,
     LearningRateRose,
     Loss,
     NonfiniteGradients,
     NonfiniteWeights,
     Producers,
-    StillModules,
-    Updates,
     UsedNonfiniteWeights,
     WrittenWeights,
     ZeroGradientStep,
@@ -52,6 +50,7 @@ from .before import (
     Unfrozen,
     UnheldAtOpen,
 )
+from .updates import IdleGroups, StillModules, Updates
 
 __all__ = [
     "PRODUCED",

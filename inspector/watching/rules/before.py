@@ -15,12 +15,12 @@ from ...utils.codes import coded
 from ...utils.findings import Finding
 from ...utils.labels import listed
 from ..checks import (
-    GradientClearing,
     OptimizerSteps,
     TrainingMode,
     frozen_findings,
     replaced_findings,
 )
+from ..clearing import GradientClearing
 from ..detect import not_in_optimizer
 from ..layout import current
 
@@ -82,7 +82,7 @@ class GradientsCleared:
     at this step, the very gradient the last step used, added onto by this step's backward (same
     tensor, version moved by exactly the add). Hooks every trainable parameter (again at each check
     step, for parameters swapped in), and the model's forward, whose end may stand those hooks down for
-    the step (:class:`~inspector.watching.checks.GradientClearing`)."""
+    the step (:class:`~inspector.watching.clearing.GradientClearing`)."""
 
     @classmethod
     def build(cls, kit: Kit) -> GradientsCleared | None:
