@@ -48,7 +48,10 @@ class UnheldAtOpen:
 
     def __call__(self, at: At, found: list[Finding]) -> list[Finding]:
         unheld = not_in_optimizer(at.target.layout.parameters, at.params, at.target.held())
-        return found + [f for f in unheld if f.where in _with_gradients(at)]
+        if not unheld:
+            return found
+        graded = _with_gradients(at)  # once, not once per parameter named
+        return found + [f for f in unheld if f.where in graded]
 
 
 def _with_gradients(at: At) -> set[str]:
