@@ -286,6 +286,44 @@ def test_a_wgan_critic_stepped_five_times_per_generator_step_is_healthy(tmp_path
     assert _found(w) == []
 
 
+def _wgan_through(tmp_path, steps: int = 30, g_step: bool = True, g_zero: bool = True):
+    """A WGAN whose critic's backward also reaches the generator (no ``detach()``: the generator's
+    gradients pile up between its steps), the critic's optimizer first, the generator stepped every fifth
+    step after clearing its gradients; ``g_step`` / ``g_zero``: that step / that clearing kept."""
+    torch.manual_seed(0)
+    gan = Gan()
+    opt_d = torch.optim.Adam(gan.disc.parameters(), lr=1e-4)
+    opt_g = torch.optim.Adam(gan.gen.parameters(), lr=1e-4)
+    with watch(gan, [opt_d, opt_g], tmp_path / "r.inspect") as w:
+        for s in range(steps):
+            real, z = torch.randn(16, 4) + 2, torch.randn(16, 2)
+            opt_d.zero_grad()
+            (gan.disc(gan.gen(z)).mean() - gan.disc(real).mean()).backward()
+            opt_d.step()
+            if s % 5 == 4:
+                if g_zero:
+                    opt_g.zero_grad()
+                (-gan.disc(gan.gen(z)).mean()).backward()
+                if g_step:
+                    opt_g.step()
+    return w
+
+
+def test_a_wgan_whose_critic_backward_reaches_the_generator_is_healthy(tmp_path):
+    """The critic's backward adds onto the generator's gradients at every step, and the generator's own
+    step clears them first: no optimizer is stalled and no gradient the generator's step uses was added
+    onto (judged at the generator's own steps, not at the critic's)."""
+    assert _found(_wgan_through(tmp_path)) == []
+
+
+def test_that_wgan_without_the_generator_step_or_its_clearing_is_named(tmp_path):
+    """Its generator's step() gone: named once its own backward has made new gradients twice (steps 4 and
+    9); its clearing gone: its step at 9 uses the critic's piled-up gradients and its own of step 4,
+    named at the critic's next step."""
+    assert _found(_wgan_through(tmp_path, g_step=False)) == [(10, "optimizer-not-stepped", "gen.0.weight")]
+    assert _found(_wgan_through(tmp_path, g_zero=False)) == [(10, "gradient-not-cleared", "gen.0.weight")]
+
+
 def test_a_part_trained_from_a_later_stage_by_its_own_optimizer_is_waiting(tmp_path):
     """Stage two unfreezes the discriminator at step 6 and steps its optimizer from then on; an optimizer
     that never steps while its parameters get gradients is still named (the test above)."""

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Any
@@ -227,9 +227,9 @@ class LocalStep:
 
 def local_step(model: nn.Module, step: int = 0, *, group: Any = None, note: str = "", hashes: bool = True,
                loss: Any = None, timeout: float = TIMEOUT, grad_norms: GradNorms | None = None,
-               agreed: bool = False) -> LocalStep:
+               agreed: bool = False, grads: Sequence[torch.Tensor | None] | None = None) -> LocalStep:
     """This rank's part of :func:`gather_step`, up to the ``all_gather`` (the ranks agree first, unless
-    ``agreed``)."""
+    ``agreed``); ``grads``: the ``.grad`` of each parameter ``grad_norms`` names, as just read."""
     initialised = dist.is_available() and dist.is_initialized()
     world = dist.get_world_size(group) if initialised else 1
     rank = dist.get_rank(group) if initialised else 0
@@ -237,7 +237,7 @@ def local_step(model: nn.Module, step: int = 0, *, group: Any = None, note: str 
     call = next_call(group)
     if initialised and not agreed:
         agree(group, rank, world, {"step": int(step), "call": call, "tensors": len(plan.tensors)}, timeout)
-    stats, hash_values, factors = local_numbers(plan, call, hashes, grad_norms)
+    stats, hash_values, factors = local_numbers(plan, call, hashes, grad_norms, grads)
     sizes = stats[:, 3] * plan.columns["element_size"]
     is_param = plan.columns["is_param"]
     param_bytes = float(sizes[is_param].sum())

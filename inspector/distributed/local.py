@@ -3,7 +3,9 @@ tensor beyond collecting the gradients (and where something is not finite)."""
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Sequence
+from itertools import repeat
 
 import torch
 
@@ -14,21 +16,29 @@ from . import digest
 from .plan import Plan
 
 GradNorms = tuple[Sequence[str], torch.Tensor]
+_GRAD = operator.attrgetter("grad")
 
 
-def local_numbers(plan: Plan, call: int, with_hashes: bool, grad_norms: GradNorms | None = None
+def local_numbers(plan: Plan, call: int, with_hashes: bool, grad_norms: GradNorms | None = None,
+                  grads: Sequence[torch.Tensor | None] | None = None
                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Per-tensor stats (an (n, ``PER_TENSOR``) float64 tensor), hashes ((n, 2) int64, with the
-    part read) and how many ranks hold each gradient element ((n,) float64)."""
+    part read) and how many ranks hold each gradient element ((n,) float64). ``grads``: the ``.grad``
+    of each parameter ``grad_norms`` names, in that order, as the caller just read them (not read
+    again when those names are every parameter of the plan)."""
     n = len(plan.tensors)
-    pieces = [t._local_tensor if dt else t  # type: ignore[attr-defined]
-              for (_, _, t), dt in zip(plan.tensors, plan.dtensor, strict=True)]
+    pieces = plan.pieces if plan.pieces is not None else [
+        t._local_tensor if dt else t  # type: ignore[attr-defined]
+        for (_, _, t), dt in zip(plan.tensors, plan.dtensor, strict=True)]
     flats = plan.local_flats(pieces)
     stats = torch.zeros(n, PER_TENSOR, dtype=torch.float64)
     stats[:, 3] = plan.local_numel
     stats[:, 5] = plan.columns["keys"]
     factors = plan.columns["holders"]
-    grads: list[torch.Tensor | None] = [t.grad for t in plan.param_tensors]  # the local pieces, below
+    taken = plan.taken(tuple(grad_norms[0])) if grads is not None and grad_norms is not None else None
+    # the local pieces, below
+    grads = list(taken(grads)) if taken is not None and grads is not None else list(
+        map(_GRAD, plan.param_tensors))
     for k in plan.dtensor_params:
         g = grads[k]
         if g is None:
@@ -38,8 +48,8 @@ def local_numbers(plan: Plan, call: int, with_hashes: bool, grad_norms: GradNorm
             factors = factors.clone() if factors is plan.columns["holders"] else factors
             factors[plan.param_index[k]] = holders(g, plan.world)
         grads[k] = g._local_tensor  # type: ignore[attr-defined]
-    has = [i for i, g in zip(plan.param_index, grads, strict=True) if g is not None]
-    stats[torch.tensor(has, dtype=torch.long), 4] = 1.0
+    stats[plan.columns["param_index"], 4] = torch.tensor(list(map(operator.is_not, grads, repeat(None))),
+                                                         dtype=torch.float64)
     _grad_squares(plan, grads, stats, grad_norms)
     reads = plan.read(call)
     if bool(stats[:, 1:3].any()):  # non-finite gradients: read every value, to name where it started

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import operator
 import weakref
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from itertools import chain
 from typing import Any
@@ -17,6 +18,7 @@ from ..utils.dtensors import holders, is_dtensor, placements_text, replica_key
 from ..utils.wrappers import underlying
 from . import digest
 
+Taker = Callable[[Sequence[Any]], Sequence[Any]]
 _REGISTRIES = operator.attrgetter("_modules", "_parameters", "_buffers")
 
 
@@ -63,6 +65,8 @@ class Plan:
     positions: dict[tuple[str, ...], tuple[torch.Tensor, torch.Tensor, set[int]]] = field(
         default_factory=dict
     )
+    pieces: list[torch.Tensor] | None = None  # the tensors themselves, when none is a DTensor
+    takers: dict[tuple[str, ...], Taker | None] = field(default_factory=dict)  # by the names given
 
     def valid(self, world: int, resync: str) -> bool:
         """Whether the model still holds the same modules, parameters and buffers."""
@@ -95,6 +99,20 @@ class Plan:
             if key not in self.reads:
                 self.reads[key] = Reads.of(self, key)
         return [self.reads[None], self.reads[c]]
+
+    def taken(self, names: tuple[str, ...]) -> Taker | None:
+        """A function that picks, from a list in the order of ``names``, the entries of the plan's
+        parameters in plan order; None when ``names`` leaves one out (or holds one twice)."""
+        if names not in self.takers:
+            where = {name: k for k, name in enumerate(names)}
+            order = [where.get(self.tensors[i][0]) for i in self.param_index]
+            if None in order or len(where) != len(names):
+                self.takers[names] = None
+            else:
+                known = [k for k in order if k is not None]
+                self.takers[names] = (operator.itemgetter(*known) if len(known) > 1 else
+                                      lambda values: [values[k] for k in known])
+        return self.takers[names]
 
     def position(self, names: tuple[str, ...]) -> tuple[torch.Tensor, torch.Tensor, set[int]]:
         """For norms given per name: the plan's indices, the names' indices, and the plan indices covered."""
@@ -178,6 +196,7 @@ def plan_for(model: nn.Module, world: int) -> Plan:
     plan.param_tensors = [tensors[i][2] for i in plan.param_index]
     plan.dtensor_params = [k for k, i in enumerate(plan.param_index) if plan.dtensor[i]]
     plan.strided = [True] * len(tensors)
+    plan.pieces = None if any(plan.dtensor) else [t for _, _, t in tensors]
     _plans[inner] = plan
     return plan
 
@@ -193,6 +212,7 @@ def _columns(plan: Plan) -> dict[str, torch.Tensor]:
         "sharded": is_param
         & torch.tensor(["Shard" in s["placements"] for s in plan.static], dtype=torch.bool),
         "element_size": torch.tensor(plan.sizes, dtype=torch.float64),
+        "param_index": torch.tensor([i for i, p in enumerate(plan.is_param) if p], dtype=torch.long),
     }
 
 

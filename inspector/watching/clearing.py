@@ -105,10 +105,13 @@ class GradientClearing:
             self.dirty[i] = (ref, version + 1, _piece(cast(torch.Tensor, g)).any() if key is None else key[2])
         return hook
 
-    def stepped(self, params: list[torch.Tensor | None], zero: np.ndarray | None = None) -> None:
+    def stepped(self, params: list[torch.Tensor | None], zero: np.ndarray | None = None,
+                grads: list[torch.Tensor | None] | None = None) -> None:
         """After a step: remember each gradient the step used (not those all zero then, marked in
-        ``zero``: a backward adding onto a zeroed gradient adds nothing old)."""
-        grads = gradients(params)
+        ``zero``: a backward adding onto a zeroed gradient adds nothing old); ``grads``: those of
+        ``params`` as read before the step (the optimizer's step does not replace them), else read now."""
+        if grads is None or len(grads) != len(params):
+            grads = gradients(params)
         idx: Sequence[int]
         if all(map(operator.is_not, grads, repeat(None))) and (zero is None or not np.count_nonzero(zero)):
             idx, used = range(len(grads)), grads  # every gradient there and none all zero (most steps)

@@ -42,6 +42,7 @@ class BeforeStep:
             if not self._pre_done:  # else taken already (gradients_ready, before a clip)
                 self._pre_step()
             return None
+        self.state.closure = True
 
         def closure_then_measure() -> Any:
             out = closure()

@@ -66,6 +66,7 @@ class StepState:
         self.grads_global = False  # grad_parts made global (every rank's pieces) by the clip
         self.check_local: Any = None  # this rank's numbers of the distributed check, sent after the step
         self.grads: list[torch.Tensor | None] = []  # the gradients whose norms those are
+        self.closure = False  # the step was given a closure (it may make new gradients after they are read)
         self.has_grad = np.zeros(0, dtype=bool)
         self.before: list[torch.Tensor] | None = None
         self.findings: list[Finding] = []
@@ -137,7 +138,7 @@ class StepState:
         self.start = time.perf_counter()
         self.marks = _marks(self.params)
         self.params, self.grad_parts, self.before, self.moved_parts, self.batch = [], [], None, [], []
-        self.grads = []
+        self.grads, self.closure = [], False
 
 
 def _marks(params: list[torch.Tensor | None]) -> tuple[list[int], list[int]]:

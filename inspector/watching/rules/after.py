@@ -243,5 +243,6 @@ class GradientsUsed:
 
     def __call__(self, at: At, found: list[Finding]) -> list[Finding]:
         n = at.n
-        self.clearing.stepped(at.st.params, n.no_grad if n.whole else n.has_grad & n.no_grad)  # there, zero
+        self.clearing.stepped(at.st.params, n.no_grad if n.whole else n.has_grad & n.no_grad,  # there, zero
+                              None if at.st.closure else at.st.grads)
         return found

@@ -248,7 +248,7 @@ class ReplicasAgree:
             return found + checked_step(at.target.model, at.step, None, **options).findings
         # the ranks checked in before this step (``Ranks.check_in``): no second agreement through the store
         at.st.check_local = local_step(at.target.model, at.step, agreed=at.ranks.meeting is not None,
-                                       **options)
+                                       grads=at.st.grads, **options)
         return found
 
 

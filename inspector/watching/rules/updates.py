@@ -178,7 +178,8 @@ class StillModules:
             del self.still[module]
             pieces = (_piece(_held(at, i)) for i in idx)
             if kept[3] and all(map(torch.equal, kept[2], pieces)):
-                out.append(self._finding(at, module, idx, lr if lr is not None else self._lrs(at)))
+                lr = lr if lr is not None else self._lrs(at)  # looked up once a step, at its first finding
+                out.append(self._finding(at, module, idx, lr))
         for module in [m for m in self.still if m not in standing]:
             del self.still[module]
         return found + out
