@@ -317,11 +317,27 @@ def test_a_wgan_whose_critic_backward_reaches_the_generator_is_healthy(tmp_path)
 
 
 def test_that_wgan_without_the_generator_step_or_its_clearing_is_named(tmp_path):
-    """Its generator's step() gone: named once its own backward has made new gradients twice (steps 4 and
-    9); its clearing gone: its step at 9 uses the critic's piled-up gradients and its own of step 4,
-    named at the critic's next step."""
-    assert _found(_wgan_through(tmp_path, g_step=False)) == [(10, "optimizer-not-stepped", "gen.0.weight")]
+    """Its generator's step() gone: named once it got new gradients at two steps (the critic's first
+    backward made them at step 0, its own backward anew after its zero_grad() at step 4, seen at 5). Its
+    clearing gone: its step at 9 uses the very gradient its step at 4 used, added onto since, found at
+    its own step and named at the critic's next (10)."""
+    assert _found(_wgan_through(tmp_path, g_step=False)) == [(5, "optimizer-not-stepped", "gen.0.weight")]
     assert _found(_wgan_through(tmp_path, g_zero=False)) == [(10, "gradient-not-cleared", "gen.0.weight")]
+
+
+def test_an_optimizer_forgotten_with_its_clearing_is_named_once_its_gradients_piled_up_for_10_steps(tmp_path):
+    """The second optimizer is never cleared nor stepped: its gradients are there from step 0 and only
+    added onto, as a generator's are between its steps; named at the 10th step with them (9)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 1))
+    first = torch.optim.SGD(model[0].parameters(), lr=0.1)
+    second = torch.optim.SGD(model[2].parameters(), lr=0.1)
+    with watch(model, [first, second], tmp_path / "r.inspect") as w:
+        for _ in range(STEPS):
+            first.zero_grad()
+            model(torch.randn(8, 3)).pow(2).mean().backward()
+            first.step()
+    assert _found(w) == [(9, "optimizer-not-stepped", "2.weight")]
 
 
 def test_a_part_trained_from_a_later_stage_by_its_own_optimizer_is_waiting(tmp_path):

@@ -57,6 +57,9 @@ HEALTHY = [
     Case("gan-two-optimizers", "gan", "torch", "two optimizers (G, D), zero_grad before backward", gan_loop),
     Case("wgan-critic-5", "gan", "torch", "WGAN, the critic's optimizer first, G stepped every 5th step",
          wgan_loop),
+    Case("wgan-critic-through", "gan", "torch",
+         "WGAN, G every 5th step, the critic's backward reaching G (no detach; G clears before its own)",
+         partial(wgan_loop, detach=False)),
 ]
 
 
@@ -192,6 +195,10 @@ BUGS = [
     Case("wgan-g-never-steps", "gan", "torch", "WGAN, G's step() removed (its backward every 5th step)",
          partial(wgan_loop, skip_g_step=True), ("optimizer-not-stepped",), ("gen",), grace=10,
          cause=cause_for(("optimizer-not-stepped",))),
+    Case("wgan-through-g-not-cleared", "gan", "torch",
+         "WGAN, the critic's backward reaching G, G's zero_grad() removed (its step every 5th)",
+         partial(wgan_loop, detach=False, skip_g_zero=True), ("gradient-not-cleared",), ("gen",),
+         cause=cause_for(("gradient-not-cleared",))),
     bug("cnn-bn-eval", "cnn", ("eval-mode-module",), ("bn1",), plant=Plant(set_eval("bn1"))),
     bug("bert-dropout-eval", "bert", ("eval-mode-module",), ("bert.embeddings.dropout",),
         plant=Plant(set_eval("bert.embeddings.dropout"))),

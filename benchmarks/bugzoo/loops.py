@@ -192,10 +192,14 @@ def gan_loop(ctx: Ctx, *, skip_d_step: bool = False, seed: int = 0) -> None:
             opt_g.step()
 
 
-def wgan_loop(ctx: Ctx, *, skip_g_step: bool = False, n_critic: int = 5, seed: int = 0) -> None:
+def wgan_loop(ctx: Ctx, *, skip_g_step: bool = False, n_critic: int = 5, seed: int = 0, detach: bool = True,
+              skip_g_zero: bool = False) -> None:
     """A WGAN with weight clipping: the critic's optimizer given first (its steps are the watch's steps),
-    the generator stepped once every ``n_critic`` critic steps, the critic trained on detached samples;
-    with ``skip_g_step`` the generator's ``step()`` is gone (its backward stays)."""
+    the generator stepped once every ``n_critic`` critic steps, the critic trained on detached samples
+    (``detach=False``: on samples whose graph reaches the generator, so the critic's backward adds onto
+    the generator's gradients between its steps); with ``skip_g_step`` the generator's ``step()`` is gone
+    (its backward stays), with ``skip_g_zero`` its ``zero_grad()`` (its second step, the first to use a
+    gradient its last step used, is the bug's)."""
     torch.manual_seed(seed)
     model, data = GAN(), gan_data(seed)
     opt_d = torch.optim.RMSprop(model.disc.parameters(), lr=5e-4)
@@ -205,7 +209,8 @@ def wgan_loop(ctx: Ctx, *, skip_g_step: bool = False, n_critic: int = 5, seed: i
             ctx.i = i
             b = data(i)
             opt_d.zero_grad()
-            loss_d = model.disc(model.gen(b["z"]).detach()).mean() - model.disc(b["real"]).mean()
+            fake = model.gen(b["z"])
+            loss_d = model.disc(fake.detach() if detach else fake).mean() - model.disc(b["real"]).mean()
             loss_d.backward()
             mon.log(loss_d.detach())
             opt_d.step()
@@ -213,7 +218,10 @@ def wgan_loop(ctx: Ctx, *, skip_g_step: bool = False, n_critic: int = 5, seed: i
                 for p in model.disc.parameters():
                     p.clamp_(-0.1, 0.1)
             if i % n_critic == n_critic - 1:
-                opt_g.zero_grad()
+                if not skip_g_zero:
+                    opt_g.zero_grad()
+                elif i == 2 * n_critic - 1:
+                    ctx.mark()
                 (-model.disc(model.gen(b["z"])).mean()).backward()
                 if skip_g_step:
                     ctx.mark()

@@ -5,6 +5,7 @@ nothing updates (the gradients cleared between steps are :mod:`.clearing`'s)."""
 from __future__ import annotations
 
 import operator
+import weakref
 from collections.abc import Sequence
 from typing import Any
 
@@ -178,8 +179,13 @@ class OptimizerSteps:
         self.last_step = [-1] * len(self.optimizers)
         self.gap = [0] * len(self.optimizers)  # the longest run of first-optimizer steps without one
         self.streak = [0] * len(self.optimizers)  # first-optimizer steps in a row with one
-        self.fed = [0] * len(self.optimizers)  # before it stepped: first-optimizer steps with its gradients
+        self.fed = [0] * len(self.optimizers)  # before it stepped: first-optimizer steps with new gradients
+        self.held_steps = [0] * len(self.optimizers)  # and with any gradient
+        self.named_never = [False] * len(self.optimizers)
+        # before it stepped: each of its parameters' gradient at the last look (weakly) and its version
+        self.seen: list[dict[int, tuple[weakref.ref, int]]] = [{} for _ in self.optimizers]
         self.handles: list[RemovableHandle] = []
+        self._waiting: tuple[set[str], np.ndarray | None] = (set(), None)  # waiting() and its mask, last made
 
     def attach(self, names: list[list[str]]) -> None:
         """Count the steps of every optimizer after the first (``names``: each one's parameter names)."""
@@ -198,8 +204,10 @@ class OptimizerSteps:
 
     def findings(self, step: int, after: int = 2, settled: int = 10) -> list[Finding]:
         """At the first optimizer's step ``step``: those that have not stepped once while their parameters
-        held gradients at ``after`` of its steps (a generator stepped every fifth step, whose gradients
-        the critic's steps do not reach, or a part trained from a later stage, is waiting, not stalled);
+        got new gradients at ``after`` of its steps, or held gradients at ``settled`` of them (a generator
+        stepped every fifth step, whose gradients the critic's steps do not reach or only add onto, or a
+        part trained from a later stage, is waiting, not stalled: see :meth:`_new_gradients`; gradients
+        that only pile up for ``settled`` steps are an optimizer forgotten, its ``zero_grad()`` too);
         those that stepped with each of its last ``settled`` steps and then missed ``after``; the others
         once they miss twice their longest gap so far (at least ``settled`` steps)."""
         out = []
@@ -210,25 +218,57 @@ class OptimizerSteps:
                 self.streak[i] = self.streak[i] + 1 if step - self.last_step[i] == 1 else 1
                 self.last_step[i], self.counts[i] = step, 0
                 continue
-            never = self.last_step[i] < 0
-            fed = never and self._has_gradients(i)
-            self.fed[i] += fed
-            quiet = self.fed[i] if never else step - self.last_step[i]
-            limit = after if never or (self.gap[i] == 0 and self.streak[i] >= settled) else max(
-                settled, 2 * self.gap[i] + 2)
-            if quiet == limit and (fed or not never):
-                names = self.names[i]
-                modules = list(dict.fromkeys(n.rpartition(".")[0] for n in names))
-                what = "has not stepped once" if never else f"has not stepped for {quiet} steps"
-                out.append(coded("optimizer-not-stepped", names[0] if names else ROOT_LABEL,
-                                   f"optimizer {i} ({type(self.optimizers[i]).__name__}, holding "
-                                   f"{len(names)} parameters of {listed(modules)}) {what} while optimizer 0 "
-                                   "stepped: its parameters do not train. Call its step() in the loop"))
+            if self.last_step[i] < 0:
+                held, fed = self._new_gradients(i)
+                self.fed[i] += fed
+                self.held_steps[i] += held
+                due = (fed and self.fed[i] == after) or (held and self.held_steps[i] == settled)
+                if not due or self.named_never[i]:
+                    continue
+                self.named_never[i] = True
+                what = "has not stepped once"
+            else:
+                quiet = step - self.last_step[i]
+                limit = after if self.gap[i] == 0 and self.streak[i] >= settled else max(
+                    settled, 2 * self.gap[i] + 2)
+                if quiet != limit:
+                    continue
+                what = f"has not stepped for {quiet} steps"
+            names = self.names[i]
+            modules = list(dict.fromkeys(n.rpartition(".")[0] for n in names))
+            out.append(coded("optimizer-not-stepped", names[0] if names else ROOT_LABEL,
+                             f"optimizer {i} ({type(self.optimizers[i]).__name__}, holding "
+                             f"{len(names)} parameters of {listed(modules)}) {what} while optimizer 0 "
+                             "stepped: its parameters do not train. Call its step() in the loop"))
         return out
 
-    def _has_gradients(self, i: int) -> bool:
-        """Whether a parameter of optimizer ``i`` holds a gradient now."""
-        return any(p.grad is not None for g in self.optimizers[i].param_groups for p in g["params"])
+    def _new_gradients(self, i: int) -> tuple[bool, bool]:
+        """Whether a parameter of optimizer ``i`` holds a gradient, and whether one is new since the last
+        look: one it did not hold then, another tensor (``zero_grad()`` set it to None and a backward made
+        it again), or the same one written at least twice (zeroed in place, then a backward's add). A
+        backward that only adds onto it (a critic's, reaching a generator through samples not detached)
+        is not new: those gradients may wait for a step that clears them first."""
+        seen, now = self.seen[i], {}
+        new = False
+        for p in (p for g in self.optimizers[i].param_groups for p in g["params"]):
+            grad = p.grad
+            if grad is None:
+                continue
+            before = seen.get(id(p))
+            version = grad._version
+            new = new or before is None or before[0]() is not grad or version - before[1] >= 2
+            now[id(p)] = (weakref.ref(grad), version)
+        self.seen[i] = now
+        return bool(now), new
+
+    def waiting_mask(self, names: tuple[str, ...]) -> np.ndarray | None:
+        """:meth:`waiting` as a mask over ``names`` (None while no parameter waits), made again only when
+        the set changes."""
+        waiting = self.waiting() if len(self.optimizers) > 1 else set()
+        if waiting != self._waiting[0]:
+            mask = np.isin(np.asarray(names, dtype=object), list(waiting)) if waiting else None
+            self._waiting = (waiting, mask)
+        return self._waiting[1]
 
     def waiting(self) -> set[str]:
         """The names of the parameters only optimizers that have not stepped once hold (after the first):
@@ -236,11 +276,6 @@ class OptimizerSteps:
         stepped = [i == 0 or self.last_step[i] >= 0 or self.counts[i] > 0 for i in range(len(self.names))]
         held = {n for names, s in zip(self.names, stepped, strict=True) if s for n in names}
         return {n for names, s in zip(self.names, stepped, strict=True) if not s for n in names} - held
-
-    def active(self, step: int) -> list[torch.optim.Optimizer]:
-        """The first optimizer and those that stepped since its last step (before :meth:`findings`)."""
-        return [o for i, o in enumerate(self.optimizers)
-                if i == 0 or self.counts[i] or self.last_step[i] == step - 1]
 
     def remove(self) -> None:
         for h in self.handles:

@@ -106,12 +106,17 @@ class GradientClearing:
         return hook
 
     def stepped(self, params: list[torch.Tensor | None], zero: np.ndarray | None = None,
-                grads: list[torch.Tensor | None] | None = None) -> None:
+                grads: list[torch.Tensor | None] | None = None, only: set[int] | None = None) -> None:
         """After a step: remember each gradient the step used (not those all zero then, marked in
         ``zero``: a backward adding onto a zeroed gradient adds nothing old); ``grads``: those of
-        ``params`` as read before the step (the optimizer's step does not replace them), else read now."""
+        ``params`` as read before the step (the optimizer's step does not replace them), else read now.
+        ``only``: the ids of the parameters the optimizer that stepped holds (None: every parameter);
+        the others keep what their own optimizer's last step used."""
         if grads is None or len(grads) != len(params):
             grads = gradients(params)
+        if only is not None:
+            self._stepped_part(params, grads, zero, only)
+            return
         idx: Sequence[int]
         if all(map(operator.is_not, grads, repeat(None))) and (zero is None or not np.count_nonzero(zero)):
             idx, used = range(len(grads)), grads  # every gradient there and none all zero (most steps)
@@ -126,6 +131,21 @@ class GradientClearing:
         self.dirty = {}
         self.used = set(map(id, used))
         self.looking = bool(used)
+
+    def _stepped_part(self, params: list[torch.Tensor | None], grads: list[torch.Tensor | None],
+                      zero: np.ndarray | None, only: set[int]) -> None:
+        """:meth:`stepped` for the parameters ``only`` names (one optimizer of several stepped)."""
+        for i, p in enumerate(params):
+            if p is None or id(p) not in only:
+                continue
+            self.dirty.pop(i, None)
+            self.after.pop(i, None)
+            self.versions.pop(i, None)
+            g = grads[i]
+            if g is not None and not (zero is not None and i < len(zero) and zero[i]):
+                self.after[i], self.versions[i] = weakref.ref(g), g._version
+        self.used = {id(g) for ref in self.after.values() if (g := ref()) is not None}
+        self.looking = bool(self.used)
 
     def forwarded(self) -> None:
         """At the end of a forward pass of the model: when no hooked parameter holds a gradient the last
@@ -144,21 +164,22 @@ class GradientClearing:
         self.looking = False
 
     def findings(self, names: tuple[str, ...], params: list[torch.Tensor | None], held: Any) -> list[Finding]:
-        """``gradient-not-cleared`` for the optimizer's parameters (``held()``: their ids) whose step now
-        uses a gradient added onto the last step's; one the optimizer does not hold is named by
+        """``gradient-not-cleared`` for the parameters of the optimizer about to step (``held()``: their ids)
+        whose step now uses a gradient added onto the last step's. Only theirs are judged (and forgotten):
+        another optimizer's are judged at its own step; one no optimizer holds is named by
         ``not-in-optimizer`` instead."""
         if not self.dirty:  # no backward added onto a used gradient (most steps)
             return []
-        kept = sorted(i for i, (ref, _, _) in self.dirty.items()
-                      if i < len(params) and (p := params[i]) is not None and p.grad is not None
-                      and ref() is p.grad)
-        if kept:  # only a gradient that held a non-zero value was added onto (one host read for all)
-            kept = list(compress(kept, _held_values([self.dirty[i][2] for i in kept])))
-        self.dirty = {}
-        if not kept:
-            return []
         ids = held()
-        found = [names[i] for i in kept if id(params[i]) in ids]
+        judged = [i for i in self.dirty if i < len(params) and (p := params[i]) is not None and id(p) in ids]
+        kept = sorted(i for i in judged if (g := cast(torch.Tensor, params[i]).grad) is not None
+                      and self.dirty[i][0]() is g)
+        flags = [self.dirty[i][2] for i in kept]
+        for i in judged:
+            del self.dirty[i]
+        if kept:  # only a gradient that held a non-zero value was added onto (one host read for all)
+            kept = list(compress(kept, _held_values(flags)))
+        found = [names[i] for i in kept]
         if not found:
             return []
         return [coded("gradient-not-cleared", found[0],

@@ -101,18 +101,11 @@ class GradientNorms:
 
     def __init__(self, detectors: Detectors, steps: OptimizerSteps | None) -> None:
         self.detectors, self.steps = detectors, steps
-        self.names: set[str] = set()
-        self.unjudged: np.ndarray | None = None
 
     def __call__(self, at: At, found: list[Finding]) -> list[Finding]:
         n = at.n
         # the parameters of an optimizer that has not stepped yet (after the first) are not judged
-        names = self.steps.waiting() if self.steps is not None and len(self.steps.optimizers) > 1 else set()
-        if names != self.names:
-            self.names = names
-            self.unjudged = np.isin(np.asarray(at.target.layout.parameters, dtype=object),
-                                    list(names)) if names else None
-        unjudged = self.unjudged
+        unjudged = self.steps.waiting_mask(at.target.layout.parameters) if self.steps is not None else None
         held = at.held_mask  # a parameter no optimizer holds is not trained: whether its gradient is dead
         if held is not None and len(held) == len(n.has_grad) and not held.all():  # is not judged either
             unjudged = ~held if unjudged is None else unjudged | ~held
@@ -232,7 +225,9 @@ def weighed(at: At) -> np.ndarray:
 
 
 class GradientsUsed:
-    """No finding: remembers each gradient this step used, for ``gradient-not-cleared`` at the next."""
+    """No finding: remembers each gradient this step used, for ``gradient-not-cleared`` at the next (with
+    several optimizers, the first one's parameters and those no optimizer holds; another optimizer's
+    are remembered at its own steps, :class:`~inspector.watching.rules.before.GradientsCleared`)."""
 
     @classmethod
     def build(cls, kit: Kit) -> GradientsUsed | None:
@@ -242,7 +237,11 @@ class GradientsUsed:
         self.clearing = clearing
 
     def __call__(self, at: At, found: list[Finding]) -> list[Finding]:
-        n = at.n
-        self.clearing.stepped(at.st.params, n.no_grad if n.whole else n.has_grad & n.no_grad,  # there, zero
-                              None if at.st.closure else at.st.grads)
+        n, params = at.n, at.st.params
+        only = None
+        if len(at.target.optimizers) > 1:  # the others' parameters: remembered at their own steps
+            others = at.target.held(list(at.target.optimizers[1:]))
+            only = {id(p) for p in params if p is not None and id(p) not in others}
+        self.clearing.stepped(params, n.no_grad if n.whole else n.has_grad & n.no_grad,  # there, zero
+                              None if at.st.closure else at.st.grads, only)
         return found

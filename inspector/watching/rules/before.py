@@ -81,30 +81,44 @@ class EvalMode:
 
 
 class GradientsCleared:
-    """``gradient-not-cleared``: a parameter of an optimizer that stepped since the last step holds,
-    at this step, the very gradient the last step used, added onto by this step's backward (same
-    tensor, version moved by exactly the add). Hooks every trainable parameter (again at each check
-    step, for parameters swapped in), and the model's forward, whose end may stand those hooks down for
-    the step (:class:`~inspector.watching.clearing.GradientClearing`)."""
+    """``gradient-not-cleared``: a parameter of the optimizer about to step holds the very gradient the
+    last step used, added onto by a backward since (same tensor, version moved by exactly the add).
+    The first optimizer's parameters are judged at the step; another optimizer's at its own steps (its
+    pre-step hook, against what its own last step used; named at the next step), so a generator whose
+    gradients a critic's backward adds onto between its steps, and which clears them before its own
+    backward, is not named. Hooks every
+    trainable parameter (again at each check step, for parameters swapped in), and the model's forward,
+    whose end may stand those hooks down for the step
+    (:class:`~inspector.watching.clearing.GradientClearing`)."""
 
     @classmethod
     def build(cls, kit: Kit) -> GradientsCleared | None:
-        return cls(kit.clearing, kit.optimizer_steps)
+        return cls(kit.clearing)
 
-    def __init__(self, clearing: GradientClearing, steps: OptimizerSteps | None) -> None:
-        self.clearing, self.steps = clearing, steps
+    def __init__(self, clearing: GradientClearing) -> None:
+        self.clearing = clearing
+        self.later: list[Finding] = []  # found at another optimizer's step, named at the next step
 
     def attach(self, at: At, stack: ExitStack) -> None:
         self.clearing.attach(at.params)
         stack.callback(self.clearing.remove)
         clearing = self.clearing
         stack.callback(at.target.root.register_forward_hook(lambda *_: clearing.forwarded()).remove)
+        names, target = at.target.layout.parameters, at.target
+        for optimizer in target.optimizers[1:]:  # judged before its own step, remembered after it
+            def own_step(*_: Any, optimizer: torch.optim.Optimizer = optimizer) -> None:
+                self.later += clearing.findings(names, clearing.attached, lambda: target.held([optimizer]))
+
+            def own_used(*_: Any, optimizer: torch.optim.Optimizer = optimizer) -> None:
+                clearing.stepped(clearing.attached, only=target.held([optimizer]))
+            stack.callback(optimizer.register_step_pre_hook(own_step).remove)
+            stack.callback(optimizer.register_step_post_hook(own_used).remove)
 
     def __call__(self, at: At, found: list[Finding]) -> list[Finding]:
-        steps = self.steps
-        # the optimizers that stepped since the last step: read before OptimizerStepped resets the counts
-        held = (lambda: at.target.held(steps.active(at.step))) if steps is not None else set
-        out = found + self.clearing.findings(at.target.layout.parameters, at.params, held)
+        first = at.target.optimizers[:1]
+        later, self.later = self.later, []
+        out = found + later + self.clearing.findings(at.target.layout.parameters, at.params,
+                                                     lambda: at.target.held(list(first)) if first else set())
         if at.check and at.target.optimizer is not None:
             self.clearing.attach(at.params)
         return out
@@ -177,8 +191,9 @@ class Unfrozen:
 
 
 class OptimizerStepped:
-    """``optimizer-not-stepped``: one of several optimizers has not stepped once while its parameters held
-    gradients at two of the first one's steps, or, having stepped, misses as many steps as
+    """``optimizer-not-stepped``: one of several optimizers has not stepped once while its parameters got
+    new gradients at two of the first one's steps (not only added onto: a critic's backward reaching a
+    generator that clears them before its own), or, having stepped, misses as many steps as
     :meth:`OptimizerSteps.findings` allows."""
 
     @classmethod

@@ -19,12 +19,22 @@ from ..flags import _piece
 from ..layout import fused_norms, to_host
 
 if TYPE_CHECKING:
+    from ..checks import OptimizerSteps
     from ..events import At, Kit
 
 
 class Updates:
     """``no-update``: every learning rate 0 for two steps, or no parameter an optimizer holds with a
-    finite non-zero gradient changed its norm for two check steps."""
+    finite non-zero gradient changed its norm for two check steps (not counting those only an optimizer
+    that has not stepped once holds: a generator waiting for its first step, or one forgotten, which
+    ``optimizer-not-stepped`` names)."""
+
+    @classmethod
+    def build(cls, kit: Kit) -> Updates | None:
+        return cls(kit.optimizer_steps)
+
+    def __init__(self, steps: OptimizerSteps | None = None) -> None:
+        self.steps = steps
 
     def attach(self, at: At, stack: ExitStack) -> None:
         start = None  # a sharded model's norms are global only once stepped
@@ -36,8 +46,12 @@ class Updates:
 
     def __call__(self, at: At, found: list[Finding]) -> list[Finding]:
         n = at.n
+        held = at.held_mask
+        waiting = self.steps.waiting_mask(at.target.layout.parameters) if self.steps is not None else None
+        if waiting is not None and held is not None and len(held) == len(waiting):
+            held = held & ~waiting
         return found + self.progress.step(at.lrs, n.param_norm if n.checked else None, n.param_grad,
-                                          n.has_grad, bool(n.skipped), at.held_mask,
+                                          n.has_grad, bool(n.skipped), held,
                                           n.moving if n.checked else None)
 
 
