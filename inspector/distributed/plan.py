@@ -105,13 +105,12 @@ class Plan:
         parameters in plan order; None when ``names`` leaves one out (or holds one twice)."""
         if names not in self.takers:
             where = {name: k for k, name in enumerate(names)}
-            order = [where.get(self.tensors[i][0]) for i in self.param_index]
-            if None in order or len(where) != len(names):
+            order = [where.get(self.tensors[i][0], -1) for i in self.param_index]
+            if -1 in order or len(where) != len(names):
                 self.takers[names] = None
-            else:
-                known = [k for k in order if k is not None]
-                self.takers[names] = (operator.itemgetter(*known) if len(known) > 1 else
-                                      lambda values: [values[k] for k in known])
+            else:  # itemgetter of one index gives the entry itself, not a tuple
+                self.takers[names] = (operator.itemgetter(*order) if len(order) > 1 else
+                                      lambda values: [values[k] for k in order])
         return self.takers[names]
 
     def position(self, names: tuple[str, ...]) -> tuple[torch.Tensor, torch.Tensor, set[int]]:

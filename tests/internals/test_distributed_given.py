@@ -80,3 +80,14 @@ def test_names_that_leave_a_parameter_out_read_the_gradients_afresh():
     given = local_step(m, 0, grad_norms=(names, norms), grads=grads)
     read = local_step(m, 0, grad_norms=(names, norms))
     assert _same(read, given)
+
+
+def test_one_parameter_is_taken_as_a_list_of_one():
+    torch.manual_seed(0)
+    m = nn.Linear(2, 1, bias=False)
+    m(torch.ones(1, 2)).sum().backward()
+    norms = m.weight.grad.norm().reshape(1).double()
+    given = local_step(m, 0, grad_norms=(["weight"], norms), grads=[m.weight.grad])
+    read = local_step(m, 0, grad_norms=(["weight"], norms))
+    assert _same(read, given)
+    assert not _same(read, local_step(m, 0, grad_norms=(["weight"], norms), grads=[None]))
