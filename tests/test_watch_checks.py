@@ -340,6 +340,44 @@ def test_an_optimizer_forgotten_with_its_clearing_is_named_once_its_gradients_pi
     assert _found(w) == [(9, "optimizer-not-stepped", "2.weight")]
 
 
+def test_no_update_counts_only_the_parameters_of_optimizers_that_step(tmp_path):
+    """The first optimizer's updates are below float32's precision (nothing moves); the second never
+    steps (named by optimizer-not-stepped, not counted by no-update): no-update counts the first's 2."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(3, 4), nn.Tanh(), nn.Linear(4, 1))
+    first = torch.optim.SGD(model[0].parameters(), lr=1e-30)
+    second = torch.optim.SGD(model[2].parameters(), lr=0.1)
+    with watch(model, [first, second], tmp_path / "r.inspect") as w:
+        for _ in range(STEPS):
+            first.zero_grad()
+            model(torch.randn(8, 3)).pow(2).mean().backward()
+            first.step()
+    found = [f for f in w.findings if f.code == "no-update"]
+    assert [(f.step, f.where) for f in found] == [(1, "(model)")]
+    assert "none of the 2 parameters with a gradient changed" in found[0].message
+
+
+def test_the_first_of_two_optimizers_not_cleared_is_named(tmp_path):
+    """A GAN's first optimizer (the generator's) stops clearing its gradients at step 5; the second
+    clears its own before its own backward: the first's parameters are named at step 5."""
+    torch.manual_seed(0)
+    gan = Gan()
+    opt_g = torch.optim.Adam(gan.gen.parameters(), lr=1e-3)
+    opt_d = torch.optim.Adam(gan.disc.parameters(), lr=1e-3)
+    with watch(gan, [opt_g, opt_d], tmp_path / "r.inspect") as w:
+        for s in range(STEPS):
+            z = torch.randn(16, 2)
+            opt_d.zero_grad()
+            (gan.disc(gan.gen(z).detach()).mean() - gan.disc(torch.randn(16, 4)).mean()).backward()
+            opt_d.step()
+            if s < 5:
+                opt_g.zero_grad()
+            (-gan.disc(gan.gen(z)).mean()).backward()
+            opt_g.step()
+    found = [f for f in _found(w) if f[1] == "gradient-not-cleared"]
+    assert found == [(5, "gradient-not-cleared", "gen.0.weight")]
+
+
 def test_a_part_trained_from_a_later_stage_by_its_own_optimizer_is_waiting(tmp_path):
     """Stage two unfreezes the discriminator at step 6 and steps its optimizer from then on; an optimizer
     that never steps while its parameters get gradients is still named (the test above)."""
