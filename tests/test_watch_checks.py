@@ -286,14 +286,18 @@ def test_a_wgan_critic_stepped_five_times_per_generator_step_is_healthy(tmp_path
     assert _found(w) == []
 
 
+def _gan_adams(lr: float) -> tuple[Gan, torch.optim.Adam, torch.optim.Adam]:
+    """A seeded GAN and an Adam for its generator and one for its discriminator."""
+    torch.manual_seed(0)
+    gan = Gan()
+    return gan, torch.optim.Adam(gan.gen.parameters(), lr=lr), torch.optim.Adam(gan.disc.parameters(), lr=lr)
+
+
 def _wgan_through(tmp_path, steps: int = 30, g_step: bool = True, g_zero: bool = True):
     """A WGAN whose critic's backward also reaches the generator (no ``detach()``: the generator's
     gradients pile up between its steps), the critic's optimizer first, the generator stepped every fifth
     step after clearing its gradients; ``g_step`` / ``g_zero``: that step / that clearing kept."""
-    torch.manual_seed(0)
-    gan = Gan()
-    opt_d = torch.optim.Adam(gan.disc.parameters(), lr=1e-4)
-    opt_g = torch.optim.Adam(gan.gen.parameters(), lr=1e-4)
+    gan, opt_g, opt_d = _gan_adams(1e-4)
     with watch(gan, [opt_d, opt_g], tmp_path / "r.inspect") as w:
         for s in range(steps):
             real, z = torch.randn(16, 4) + 2, torch.randn(16, 2)
@@ -325,34 +329,31 @@ def test_that_wgan_without_the_generator_step_or_its_clearing_is_named(tmp_path)
     assert _found(_wgan_through(tmp_path, g_zero=False)) == [(10, "gradient-not-cleared", "gen.0.weight")]
 
 
-def test_an_optimizer_forgotten_with_its_clearing_is_named_once_its_gradients_piled_up_for_10_steps(tmp_path):
-    """The second optimizer is never cleared nor stepped: its gradients are there from step 0 and only
-    added onto, as a generator's are between its steps; named at the 10th step with them (9)."""
+def _second_forgotten(tmp_path, act: nn.Module, lr: float):
+    """Two optimizers over a 3-4-1 network (``act`` between): the first, at ``lr``, cleared and stepped
+    each step; the second never cleared nor stepped."""
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 1))
-    first = torch.optim.SGD(model[0].parameters(), lr=0.1)
+    model = nn.Sequential(nn.Linear(3, 4), act, nn.Linear(4, 1))
+    first = torch.optim.SGD(model[0].parameters(), lr=lr)
     second = torch.optim.SGD(model[2].parameters(), lr=0.1)
     with watch(model, [first, second], tmp_path / "r.inspect") as w:
         for _ in range(STEPS):
             first.zero_grad()
             model(torch.randn(8, 3)).pow(2).mean().backward()
             first.step()
-    assert _found(w) == [(9, "optimizer-not-stepped", "2.weight")]
+    return w
+
+
+def test_an_optimizer_forgotten_with_its_clearing_is_named_once_its_gradients_piled_up_for_10_steps(tmp_path):
+    """The second optimizer is never cleared nor stepped: its gradients are there from step 0 and only
+    added onto, as a generator's are between its steps; named at the 10th step with them (9)."""
+    assert _found(_second_forgotten(tmp_path, nn.ReLU(), 0.1)) == [(9, "optimizer-not-stepped", "2.weight")]
 
 
 def test_no_update_counts_only_the_parameters_of_optimizers_that_step(tmp_path):
     """The first optimizer's updates are below float32's precision (nothing moves); the second never
     steps (named by optimizer-not-stepped, not counted by no-update): no-update counts the first's 2."""
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(3, 4), nn.Tanh(), nn.Linear(4, 1))
-    first = torch.optim.SGD(model[0].parameters(), lr=1e-30)
-    second = torch.optim.SGD(model[2].parameters(), lr=0.1)
-    with watch(model, [first, second], tmp_path / "r.inspect") as w:
-        for _ in range(STEPS):
-            first.zero_grad()
-            model(torch.randn(8, 3)).pow(2).mean().backward()
-            first.step()
-    found = [f for f in w.findings if f.code == "no-update"]
+    found = [f for f in _second_forgotten(tmp_path, nn.Tanh(), 1e-30).findings if f.code == "no-update"]
     assert [(f.step, f.where) for f in found] == [(1, "(model)")]
     assert "none of the 2 parameters with a gradient changed" in found[0].message
 
@@ -360,10 +361,7 @@ def test_no_update_counts_only_the_parameters_of_optimizers_that_step(tmp_path):
 def test_the_first_of_two_optimizers_not_cleared_is_named(tmp_path):
     """A GAN's first optimizer (the generator's) stops clearing its gradients at step 5; the second
     clears its own before its own backward: the first's parameters are named at step 5."""
-    torch.manual_seed(0)
-    gan = Gan()
-    opt_g = torch.optim.Adam(gan.gen.parameters(), lr=1e-3)
-    opt_d = torch.optim.Adam(gan.disc.parameters(), lr=1e-3)
+    gan, opt_g, opt_d = _gan_adams(1e-3)
     with watch(gan, [opt_g, opt_d], tmp_path / "r.inspect") as w:
         for s in range(STEPS):
             z = torch.randn(16, 2)
