@@ -36,21 +36,21 @@ def local_numbers(plan: Plan, call: int, with_hashes: bool, grad_norms: GradNorm
     stats[:, 5] = plan.columns["keys"]
     factors = plan.columns["holders"]
     taken = plan.taken(tuple(grad_norms[0])) if grads is not None and grad_norms is not None else None
-    # the local pieces, below
-    grads = list(taken(grads)) if taken is not None and grads is not None else list(
-        map(_GRAD, plan.param_tensors))
+    # in plan order (made the local pieces below)
+    own: list[torch.Tensor | None] = (list(taken(grads)) if taken is not None and grads is not None
+                                      else list(map(_GRAD, plan.param_tensors)))
     for k in plan.dtensor_params:
-        g = grads[k]
+        g = own[k]
         if g is None:
             continue
         t = plan.param_tensors[k]
         if g.placements != t.placements:  # type: ignore[attr-defined]
             factors = factors.clone() if factors is plan.columns["holders"] else factors
             factors[plan.param_index[k]] = holders(g, plan.world)
-        grads[k] = g._local_tensor  # type: ignore[attr-defined]
-    stats[plan.columns["param_index"], 4] = torch.tensor(list(map(operator.is_not, grads, repeat(None))),
+        own[k] = g._local_tensor  # type: ignore[attr-defined]
+    stats[plan.columns["param_index"], 4] = torch.tensor(list(map(operator.is_not, own, repeat(None))),
                                                          dtype=torch.float64)
-    _grad_squares(plan, grads, stats, grad_norms)
+    _grad_squares(plan, own, stats, grad_norms)
     reads = plan.read(call)
     if bool(stats[:, 1:3].any()):  # non-finite gradients: read every value, to name where it started
         index = [i for i, f in enumerate(flats) if f is not None]

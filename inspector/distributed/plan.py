@@ -104,11 +104,12 @@ class Plan:
         """A function that picks, from a list in the order of ``names``, the entries of the plan's
         parameters in plan order; None when ``names`` leaves one out (or holds one twice)."""
         if names not in self.takers:
-            where = {name: k for k, name in enumerate(names)}
-            order = [where.get(self.tensors[i][0], -1) for i in self.param_index]
-            if -1 in order or len(where) != len(names):
+            plan_index, name_index, covered = self.position(names)
+            if len(covered) != len(self.param_index) or len(set(names)) != len(names):
                 self.takers[names] = None
             else:  # itemgetter of one index gives the entry itself, not a tuple
+                by_plan = dict(zip(plan_index.tolist(), name_index.tolist(), strict=True))
+                order = [by_plan[i] for i in self.param_index]
                 self.takers[names] = (operator.itemgetter(*order) if len(order) > 1 else
                                       lambda values: [values[k] for k in order])
         return self.takers[names]

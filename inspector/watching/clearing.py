@@ -59,6 +59,7 @@ class GradientClearing:
         self.dirty: dict[int, tuple[weakref.ref, int, torch.Tensor]] = {}
         self.hooked: WeakIdKeyDictionary = WeakIdKeyDictionary()  # parameter -> (index, handle)
         self.attached: list[torch.Tensor | None] = []  # the list last hooked, and which of it trains
+        self.index: dict[int, int] = {}  # a parameter's id -> its place in that list
         self.wanted: list[bool] = []
         self.used: set[int] = set()  # the ids of the gradients the last step used
         self.looking = True  # whether the hooks look (False once no used gradient can be added onto)
@@ -74,6 +75,7 @@ class GradientClearing:
                 map(operator.is_, params, self.attached)):
             return  # the same parameters, as trainable as at the last call: hooked then
         self.attached, self.wanted = list(params), wanted
+        self.index = {id(p): i for i, p in enumerate(params) if p is not None}
         for i, p in enumerate(params):
             if p is None or not p.requires_grad:
                 continue
@@ -112,11 +114,11 @@ class GradientClearing:
         ``params`` as read before the step (the optimizer's step does not replace them), else read now.
         ``only``: the ids of the parameters the optimizer that stepped holds (None: every parameter);
         the others keep what their own optimizer's last step used."""
-        if grads is None or len(grads) != len(params):
-            grads = gradients(params)
         if only is not None:
             self._stepped_part(params, grads, zero, only)
             return
+        if grads is None or len(grads) != len(params):
+            grads = gradients(params)
         idx: Sequence[int]
         if all(map(operator.is_not, grads, repeat(None))) and (zero is None or not np.count_nonzero(zero)):
             idx, used = range(len(grads)), grads  # every gradient there and none all zero (most steps)
@@ -132,19 +134,24 @@ class GradientClearing:
         self.used = set(map(id, used))
         self.looking = bool(used)
 
-    def _stepped_part(self, params: list[torch.Tensor | None], grads: list[torch.Tensor | None],
+    def _stepped_part(self, params: list[torch.Tensor | None], grads: list[torch.Tensor | None] | None,
                       zero: np.ndarray | None, only: set[int]) -> None:
-        """:meth:`stepped` for the parameters ``only`` names (one optimizer of several stepped)."""
-        for i, p in enumerate(params):
-            if p is None or id(p) not in only:
-                continue
+        """:meth:`stepped` for the parameters ``only`` names (one optimizer of several stepped): each found
+        by its id among those hooked, not by a pass over every parameter."""
+        given = grads is not None and len(grads) == len(params)
+        for pid in only:
+            i = self.index.get(pid)
+            if i is None or i >= len(params) or (p := params[i]) is None or id(p) != pid:
+                continue  # not hooked (yet): nothing could be found added onto
             self.dirty.pop(i, None)
-            self.after.pop(i, None)
             self.versions.pop(i, None)
-            g = grads[i]
+            old = self.after.pop(i, None)
+            if old is not None and (was := old()) is not None:
+                self.used.discard(id(was))
+            g = grads[i] if given else p.grad  # type: ignore[index]
             if g is not None and not (zero is not None and i < len(zero) and zero[i]):
                 self.after[i], self.versions[i] = weakref.ref(g), g._version
-        self.used = {id(g) for ref in self.after.values() if (g := ref()) is not None}
+                self.used.add(id(g))
         self.looking = bool(self.used)
 
     def forwarded(self) -> None:
@@ -191,7 +198,7 @@ class GradientClearing:
         for _, handle in list(self.hooked.values()):
             handle.remove()
         self.hooked = WeakIdKeyDictionary()
-        self.attached, self.wanted = [], []
+        self.attached, self.wanted, self.index = [], [], {}
         self.looking, self.only_attached = True, True
 
 

@@ -37,9 +37,14 @@ class Layout:
     def per_module(self, values: np.ndarray, how: str = "norm") -> np.ndarray:
         """Per-parameter ``values`` gathered into their modules: L2 (``"norm"``) or ``"sum"``."""
         v = np.asarray(values, dtype=np.float64)
-        # bincount adds in the parameters' order, as np.add.at does, at a third of its cost
-        out = np.bincount(self.owner, weights=v * v if how == "norm" else v, minlength=len(self.modules))
-        return np.sqrt(out) if how == "norm" else out
+        if how == "norm":
+            return self.norms_of_squares(v * v)
+        return np.bincount(self.owner, weights=v, minlength=len(self.modules))
+
+    def norms_of_squares(self, squares: np.ndarray) -> np.ndarray:
+        """Each module's L2 norm from its parameters' squared norms (float64): bincount adds in the
+        parameters' order, as np.add.at does, at a third of its cost."""
+        return np.sqrt(np.bincount(self.owner, weights=squares, minlength=len(self.modules)))
 
 
 _OWNERS: weakref.WeakKeyDictionary[

@@ -355,14 +355,12 @@ def _fill(n: Numbers, w: Watched, params: list[torch.Tensor | None], update: np.
     # every norm a finite float32 (most steps): no square, sum or root below can overflow or be invalid, and
     # only the update ratios divide, so numpy's error state need not be set (a context of its own each step)
     with np.errstate(all="ignore") if not finite or w.update_ratio else _QUIET:
-        squares = g * g
-        # the same additions as per_module's (bincount, in the parameters' order) and np.sum's
-        n.module_grad = np.sqrt(np.bincount(layout.owner, weights=squares, minlength=len(layout.modules)))
+        squares = g * g  # the squares once, for the modules' norms and the total
+        n.module_grad = layout.norms_of_squares(squares)
         n.grad_norm = float(np.sqrt(np.add.reduce(squares)))  # np.sum's reduction, less its wrapper
         if check:
-            norms = n.param_norm  # per_module's sums, without its checks
-            n.module_param = np.sqrt(np.bincount(layout.owner, weights=norms * norms,
-                                                 minlength=len(layout.modules)))
+            norms = n.param_norm
+            n.module_param = layout.norms_of_squares(norms * norms)
             if w.update_ratio:
                 n.module_update = layout.per_module(np.nan_to_num(update, nan=0.0)) / n.module_param
     first = params[0] if params and params[0] is not None else next(

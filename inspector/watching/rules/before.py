@@ -86,9 +86,8 @@ class GradientsCleared:
     The first optimizer's parameters are judged at the step; another optimizer's at its own steps (its
     pre-step hook, against what its own last step used; named at the next step), so a generator whose
     gradients a critic's backward adds onto between its steps, and which clears them before its own
-    backward, is not named. Hooks every
-    trainable parameter (again at each check step, for parameters swapped in), and the model's forward,
-    whose end may stand those hooks down for the step
+    backward, is not named. Hooks every trainable parameter (again at each check step, for parameters
+    swapped in), and the model's forward, whose end may stand those hooks down for the step
     (:class:`~inspector.watching.clearing.GradientClearing`)."""
 
     @classmethod
@@ -115,10 +114,10 @@ class GradientsCleared:
             stack.callback(optimizer.register_step_post_hook(own_used).remove)
 
     def __call__(self, at: At, found: list[Finding]) -> list[Finding]:
-        first = at.target.optimizers[:1]
         later, self.later = self.later, []
+        first = list(at.target.optimizers[:1])
         out = found + later + self.clearing.findings(at.target.layout.parameters, at.params,
-                                                     lambda: at.target.held(list(first)) if first else set())
+                                                     lambda: at.target.held(first))
         if at.check and at.target.optimizer is not None:
             self.clearing.attach(at.params)
         return out
